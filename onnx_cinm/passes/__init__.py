@@ -1,0 +1,128 @@
+"""Passes and the pass manager.
+
+A pass is a function ``fn(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto``
+registered under a name with :func:`register_pass`. A pipeline is data: an ordered list of pass
+names (:data:`DEFAULT_PIPELINE`). :class:`PassManager` runs a pipeline, times every pass, lets the
+user skip passes by name and stop after a level (``cinm`` or ``placement``).
+
+Passes read the level above them and write the level below (see DESIGN.md): the frontend passes
+(``canonicalize_opset`` .. ``fold_batchnorm``) keep standard ONNX, ``to_cinm`` writes
+device-agnostic ``cinm`` ops, ``placement`` annotates them with a device. No pass imports a device
+package; devices are reached through :mod:`onnx_cinm.devices` (the registry).
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+
+from ..errors import CinmError
+
+PassFn = Callable[[onnx.ModelProto, "PassContext"], onnx.ModelProto]
+
+_REGISTRY: dict[str, tuple[PassFn, str]] = {}
+
+#: The named pipeline run by ``onnx-cinm optimize``.
+DEFAULT_PIPELINE: list[str] = [
+    "canonicalize_opset",
+    "fold_constants",
+    "normalize",
+    "fold_batchnorm",
+    "to_cinm",
+    "placement",
+]
+
+#: ``--stop-after LEVEL`` -> the last pass of that level.
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement"}
+
+# Modules that define passes; imported lazily so that the registry is complete on first use.
+_PASS_MODULES = ["canonicalize", "to_cinm", "placement"]
+
+
+@dataclass
+class PassContext:
+    """State shared by the passes of one pipeline run.
+
+    Attributes:
+        options: pass options by key (e.g. ``"placement"`` -> ``"heuristic"``, ``"place"`` -> list of
+            ``(pattern, device)`` hints). Each pass documents the keys it reads.
+        stats: free-form counters a pass may record for the summary, by pass name.
+        log: a callable taking one string, for progress lines (``print`` in the CLI with ``-v``).
+    """
+
+    options: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    log: Callable[[str], None] = lambda msg: None
+
+
+def register_pass(name: str, doc: str = "") -> Callable[[PassFn], PassFn]:
+    """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the first docstring line."""
+
+    def deco(fn: PassFn) -> PassFn:
+        text = doc or (fn.__doc__ or "").strip().splitlines()[0] if (doc or fn.__doc__) else ""
+        _REGISTRY[name] = (fn, text)
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    for mod in _PASS_MODULES:
+        importlib.import_module(f"{__name__}.{mod}")
+
+
+def available_passes() -> dict[str, str]:
+    """Return ``{pass name: one-line description}`` for every registered pass."""
+    _load_all()
+    return {name: text for name, (_, text) in _REGISTRY.items()}
+
+
+def get_pass(name: str) -> PassFn:
+    """Return the pass called ``name``. Raises :class:`CinmError` if there is none."""
+    _load_all()
+    if name not in _REGISTRY:
+        raise CinmError(f"unknown pass '{name}' (known: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name][0]
+
+
+@dataclass
+class PassManager:
+    """Run a named pipeline of passes.
+
+    Args:
+        pipeline: pass names in order; defaults to :data:`DEFAULT_PIPELINE`.
+        skip: pass names not to run (``--skip-pass``); unknown names raise :class:`CinmError`.
+        stop_after: a level in :data:`STOP_LEVELS` or a pass name; passes after it are not run.
+
+    After :meth:`run`, ``timings`` holds ``(pass name, seconds)`` for each pass that ran.
+    """
+
+    pipeline: list[str] = field(default_factory=lambda: list(DEFAULT_PIPELINE))
+    skip: list[str] = field(default_factory=list)
+    stop_after: str | None = None
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    def run(self, model: onnx.ModelProto, ctx: PassContext | None = None) -> onnx.ModelProto:
+        """Run the pipeline on ``model`` and return the rewritten model."""
+        ctx = ctx or PassContext()
+        for name in self.skip:
+            get_pass(name)  # validates the name
+        last = STOP_LEVELS.get(self.stop_after, self.stop_after) if self.stop_after else None
+        if last is not None and last not in self.pipeline:
+            raise CinmError(
+                f"--stop-after '{self.stop_after}' is neither a level ({', '.join(STOP_LEVELS)}) "
+                "nor a pass of the pipeline"
+            )
+        for name in self.pipeline:
+            if name not in self.skip:
+                fn = get_pass(name)
+                t0 = time.perf_counter()
+                model = fn(model, ctx)
+                self.timings.append((name, time.perf_counter() - t0))
+                ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
+            if name == last:
+                break
+        return model
