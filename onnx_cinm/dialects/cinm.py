@@ -1,0 +1,615 @@
+"""The ``cinm`` domain: device-agnostic compute ops (the top abstraction level of CINM).
+
+Every op here says *what* to compute, never *where*. Each has
+
+* an :class:`onnx.defs.OpSchema` (registered on import) whose shape inference runs the op's
+  reference body, so shapes have one source of truth, and
+* a reference body: a model-local :class:`onnx.FunctionProto` made of standard ONNX ops.
+  :func:`attach_functions` adds the bodies a model needs, so every model we write passes
+  ``onnx.checker.check_model(full_check=True)`` and stock onnxruntime runs it with no
+  registration (it inlines local functions).
+
+Some ops have variants whose bodies differ (a Gemm with or without bias, the Reduce kinds, the
+Im2Col spatial rank, the SimSearch metric). ONNX functions cannot branch on attributes, so each
+variant is a function *overload* (IR version 10). The overload is derived from the node's
+attributes and arity by :func:`overload_of` whenever :func:`attach_functions` runs, so tools that
+drop ``NodeProto.overload`` (onnx-graphsurgeon does) lose nothing.
+
+Op catalogue (inputs -> outputs; attributes), with numpy-like semantics:
+
+==============  ==============================================  ==========================================
+op              signature                                        semantics
+==============  ==============================================  ==========================================
+Gemm            A[..., M, K], B[..., K, N], C? -> Y[..., M, N]   ``A @ B (+ C)``; matmul broadcasting, C
+                                                                 broadcast to Y
+Gemv            A[M, K], x[K], c?[M] -> y[M]                     ``A @ x (+ c)``
+Im2Col          X[N, C, *S] -> Y[N, *O, C*prod(kernel_shape)]    patches of X (zero padded), channel-major
+                kernel_shape, strides, pads, dilations           then kernel position, as Conv sees them
+Add Sub Mul     A, B -> Y                                        elementwise with broadcasting
+Div Max Min
+Relu Abs Neg    X -> Y                                           elementwise unary, ONNX semantics
+Exp Log Sqrt
+Sigmoid Tanh
+LeakyRelu       X -> Y; alpha                                    ONNX LeakyRelu
+HardSigmoid     X -> Y; alpha, beta                              ONNX HardSigmoid
+Clip            X, min?, max? -> Y                               ONNX Clip (opset 13 form)
+Reduce          X -> Y; kind in add|mul|max|min, axes, keepdims  reduction over explicit axes
+Scan            X -> Y; kind=add, axis, exclusive, reverse       inclusive/exclusive prefix sums (CumSum)
+TopK            X -> values, indices; k, axis, largest, sorted   ONNX TopK with k as an attribute
+Transpose       X -> Y; perm                                     ONNX Transpose
+Histogram       X -> counts[bins] int64; bins, min, max          ``numpy.histogram(X, bins, (min, max))``
+PopCount        X (bool or unsigned int) -> Y int64              set bits per element
+SimSearch       Q[Nq, d], D[Nd, d] -> values[Nq, k],             top-k of ``Q @ D.T`` (metric=dot) or of
+                indices[Nq, k]; k, metric in dot|cos             cosine similarity (metric=cos)
+MergePartial    P[S, ...] -> Y[...]; kind in add|mul|max|min     combine S partial results of a tiled op
+==============  ==============================================  ==========================================
+
+Every op also accepts the placement attributes ``device`` (a device name) and ``placement`` (the
+reason it was chosen); paradigm passes add their plan attributes the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import AttributeProto, FunctionProto, NodeProto, TensorProto, helper
+from onnx.defs import OpSchema
+
+DOMAIN = "cinm"
+VERSION = 1
+#: The oldest default-domain opset the reference bodies are written for (Constant value_ints,
+#: Unsqueeze/ReduceSum axes as inputs). ``canonicalize_opset`` lifts older models to it.
+MIN_OPSET = 13
+#: Minimum IR version: function overloads were added in IR 10.
+MIN_IR_VERSION = 10
+
+#: Attributes every cinm op accepts (written by the placement pass).
+PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.STRING}
+
+_NUMERIC = [
+    "tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)",
+    "tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)",
+    "tensor(uint8)", "tensor(uint16)", "tensor(uint32)", "tensor(uint64)",
+]
+_FLOAT = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
+_MATMUL = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)",
+           "tensor(int32)", "tensor(int64)", "tensor(uint32)", "tensor(uint64)"]
+_ANY = _NUMERIC + ["tensor(bool)"]
+
+BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min")
+UNARY_OPS = ("Relu", "Abs", "Neg", "Exp", "Log", "Sqrt", "Sigmoid", "Tanh", "LeakyRelu",
+             "HardSigmoid", "Clip")
+REDUCE_KINDS = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax", "min": "ReduceMin"}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Static description of one cinm op.
+
+    Attributes:
+        name: op type in domain ``cinm``.
+        inputs: formal inputs as ``(name, type var, optional)``.
+        outputs: formal outputs as ``(name, type var)``.
+        types: type constraints ``{type var: allowed types}``.
+        attrs: op attributes ``{name: (AttributeProto type, required)}`` (placement attrs excluded).
+        doc: one-line description.
+    """
+
+    name: str
+    inputs: tuple
+    outputs: tuple
+    types: dict
+    attrs: dict = field(default_factory=dict)
+    doc: str = ""
+
+
+_I, _F, _S, _IS = AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING, AttributeProto.INTS
+
+OPS: dict[str, OpSpec] = {}
+
+
+def _spec(*args, **kw) -> None:
+    s = OpSpec(*args, **kw)
+    OPS[s.name] = s
+
+
+_spec("Gemm", (("A", "T", False), ("B", "T", False), ("C", "T", True)), (("Y", "T"),),
+      {"T": _MATMUL}, doc="Y = A @ B (+ C), matmul broadcasting")
+_spec("Gemv", (("A", "T", False), ("x", "T", False), ("c", "T", True)), (("y", "T"),),
+      {"T": _MATMUL}, doc="y = A @ x (+ c) for a matrix A[M, K] and a vector x[K]")
+_spec("Im2Col", (("X", "T", False),), (("Y", "T"),), {"T": _ANY},
+      {"kernel_shape": (_IS, True), "strides": (_IS, True), "pads": (_IS, True),
+       "dilations": (_IS, True)},
+      doc="patch matrix of X[N, C, *S] for a convolution: Y[N, *O, C*prod(kernel_shape)]")
+for _op in BINARY_OPS:
+    _spec(_op, (("A", "T", False), ("B", "T", False)), (("Y", "T"),), {"T": _NUMERIC},
+          doc=f"elementwise {_op} with numpy broadcasting")
+for _op in UNARY_OPS:
+    if _op == "Clip":
+        _spec(_op, (("X", "T", False), ("min", "T", True), ("max", "T", True)), (("Y", "T"),),
+              {"T": _NUMERIC}, doc="elementwise clip to [min, max]")
+        continue
+    _attrs = {"LeakyRelu": {"alpha": (_F, False)},
+              "HardSigmoid": {"alpha": (_F, False), "beta": (_F, False)}}.get(_op, {})
+    _types = _NUMERIC if _op in ("Relu", "Abs", "Neg") else _FLOAT
+    _spec(_op, (("X", "T", False),), (("Y", "T"),), {"T": _types}, _attrs,
+          doc=f"elementwise {_op}")
+_spec("Reduce", (("X", "T", False),), (("Y", "T"),), {"T": _NUMERIC},
+      {"kind": (_S, True), "axes": (_IS, True), "keepdims": (_I, False)},
+      doc="reduce X over axes with kind add|mul|max|min")
+_spec("Scan", (("X", "T", False),), (("Y", "T"),),
+      {"T": ["tensor(float)", "tensor(double)", "tensor(int32)", "tensor(int64)",
+             "tensor(uint32)", "tensor(uint64)"]},
+      {"kind": (_S, False), "axis": (_I, True), "exclusive": (_I, False), "reverse": (_I, False)},
+      doc="prefix sums along axis (kind add), CumSum semantics")
+_spec("TopK", (("X", "T", False),), (("values", "T"), ("indices", "I")),
+      {"T": _NUMERIC, "I": ["tensor(int64)"]},
+      {"k": (_I, True), "axis": (_I, False), "largest": (_I, False), "sorted": (_I, False)},
+      doc="k largest (or smallest) elements along axis, with their indices")
+_spec("Transpose", (("X", "T", False),), (("Y", "T"),), {"T": _ANY}, {"perm": (_IS, True)},
+      doc="permute dimensions")
+_spec("Histogram", (("X", "T", False),), (("counts", "I"),),
+      {"T": ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(int32)",
+             "tensor(int64)", "tensor(uint8)", "tensor(int8)"], "I": ["tensor(int64)"]},
+      {"bins": (_I, True), "min": (_F, True), "max": (_F, True)},
+      doc="counts of X in `bins` equal bins over [min, max] (numpy.histogram semantics)")
+_spec("PopCount", (("X", "T", False),), (("Y", "I"),),
+      {"T": ["tensor(bool)", "tensor(uint8)", "tensor(uint16)", "tensor(uint32)",
+             "tensor(uint64)"], "I": ["tensor(int64)"]},
+      doc="number of set bits of every element")
+_spec("SimSearch", (("Q", "T", False), ("D", "T", False)), (("values", "T"), ("indices", "I")),
+      {"T": ["tensor(float)", "tensor(double)"], "I": ["tensor(int64)"]},
+      {"k": (_I, True), "metric": (_S, False)},
+      doc="top-k most similar rows of D for every row of Q, metric dot|cos")
+_spec("MergePartial", (("P", "T", False),), (("Y", "T"),), {"T": _NUMERIC},
+      {"kind": (_S, True)},
+      doc="combine partial results P[S, ...] of a tiled op over the leading axis (add|mul|max|min)")
+
+
+# --------------------------------------------------------------------------------------------
+# Variants (overloads)
+# --------------------------------------------------------------------------------------------
+
+def _attr(node_attrs: dict, name: str, default=None):
+    return node_attrs.get(name, default)
+
+
+def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
+    """Return the reference-function overload for a node.
+
+    Args:
+        op_type: cinm op type.
+        attrs: the node's attributes as python values (``helper.get_attribute_value``).
+        n_inputs: number of non-empty inputs of the node.
+
+    Returns:
+        The overload name ("" for the plain body).
+
+    Raises:
+        ValueError: if the attributes name an unknown variant (e.g. ``Reduce(kind="xor")``).
+    """
+    if op_type in ("Gemm", "Gemv"):
+        return "bias" if n_inputs >= 3 else ""
+    if op_type in ("Reduce", "MergePartial"):
+        kind = _as_str(attrs.get("kind"))
+        if kind not in REDUCE_KINDS:
+            raise ValueError(f"cinm.{op_type}: kind must be one of {sorted(REDUCE_KINDS)}, got {kind!r}")
+        return kind
+    if op_type == "Scan":
+        kind = _as_str(attrs.get("kind", "add"))
+        if kind != "add":
+            raise ValueError(f"cinm.Scan: only kind='add' is supported, got {kind!r}")
+        return ""
+    if op_type == "Im2Col":
+        return f"{len(attrs.get('kernel_shape', []))}d"
+    if op_type == "SimSearch":
+        metric = _as_str(attrs.get("metric", "dot"))
+        if metric not in ("dot", "cos"):
+            raise ValueError(f"cinm.SimSearch: metric must be 'dot' or 'cos', got {metric!r}")
+        return metric
+    if op_type == "Clip":
+        # which of min/max are given is encoded by empty input names, which a body handles.
+        return ""
+    return ""
+
+
+def _as_str(v) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# --------------------------------------------------------------------------------------------
+# Reference bodies
+# --------------------------------------------------------------------------------------------
+
+class _Body:
+    """Tiny builder for function bodies: unique temporaries, constants, nodes."""
+
+    def __init__(self) -> None:
+        self.nodes: list[NodeProto] = []
+        self._n = 0
+
+    def tmp(self) -> str:
+        self._n += 1
+        return f"t{self._n}"
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: list[str] | None = None,
+           **attrs) -> str | list[str]:
+        outs = out or [self.tmp() for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def const_ints(self, values: list[int]) -> str:
+        return self.op("Constant", [], value=helper.make_tensor("v", TensorProto.INT64, [len(values)], values))
+
+    def const_int(self, value: int) -> str:
+        return self.op("Constant", [], value=helper.make_tensor("v", TensorProto.INT64, [], [value]))
+
+    def ref(self, attr: str, name: str, atype: int) -> str:
+        """A Constant whose value comes from the calling node's attribute ``name``."""
+        a = AttributeProto()
+        a.name = attr
+        a.ref_attr_name = name
+        a.type = atype
+        out = self.tmp()
+        n = helper.make_node("Constant", [], [out])
+        n.attribute.append(a)
+        self.nodes.append(n)
+        return out
+
+
+def _ref_attr(attr: str, ref: str, atype: int) -> AttributeProto:
+    a = AttributeProto()
+    a.name, a.ref_attr_name, a.type = attr, ref, atype
+    return a
+
+
+def _node_with_refs(op_type, inputs, outputs, refs: list[AttributeProto], **attrs) -> NodeProto:
+    n = helper.make_node(op_type, inputs, outputs, **attrs)
+    n.attribute.extend(refs)
+    return n
+
+
+def _reduce_node(b: _Body, onnx_op: str, x: str, out: str, opset: int, axes_ref: str | None,
+                 axes: list[int] | None = None, keepdims_ref: bool = False, keepdims: int | None = None):
+    """Append ``onnx_op`` over axes (given by a node attribute ref or a literal) in the opset's form."""
+    axes_as_input = opset >= 18 or (onnx_op == "ReduceSum" and opset >= 13)
+    refs = [_ref_attr("keepdims", "keepdims", _I)] if keepdims_ref else []
+    kw = {} if keepdims is None else {"keepdims": keepdims}
+    if axes_as_input:
+        ax = b.ref("value_ints", axes_ref, _IS) if axes_ref else b.const_ints(axes)
+        b.nodes.append(_node_with_refs(onnx_op, [x, ax], [out], refs, **kw))
+    elif axes_ref:
+        b.nodes.append(_node_with_refs(onnx_op, [x], [out], refs + [_ref_attr("axes", axes_ref, _IS)], **kw))
+    else:
+        b.nodes.append(_node_with_refs(onnx_op, [x], [out], refs, axes=axes, **kw))
+
+
+def _im2col_body(b: _Body, rank: int) -> None:
+    """Pad, gather every kernel offset along each spatial axis, move channels/kernel last, flatten.
+
+    X[N, C, S1..Sr] -> Pad -> Xp[N, C, P1..Pr]; per axis a, Gather with an index matrix
+    I_a[k, o] = k*dilation_a + o*stride_a gives [N, C, K1, O1, ..., Kr, Or]; transpose to
+    [N, O1..Or, C, K1..Kr] and merge the last 1 + r axes.
+    """
+    ks = b.ref("value_ints", "kernel_shape", _IS)
+    st = b.ref("value_ints", "strides", _IS)
+    dl = b.ref("value_ints", "dilations", _IS)
+    pd = b.ref("value_ints", "pads", _IS)
+    zeros2 = b.const_ints([0, 0])
+    begins = b.op("Slice", [pd, b.const_ints([0]), b.const_ints([rank])])
+    ends = b.op("Slice", [pd, b.const_ints([rank]), b.const_ints([2 * rank])])
+    pads = b.op("Concat", [zeros2, begins, zeros2, ends], axis=0)
+    xp = b.op("Pad", ["X", pads])
+    spatial = b.op("Slice", [b.op("Shape", [xp]), b.const_ints([2]), b.const_ints([2 + rank])])
+    one = b.const_int(1)
+    zero = b.const_int(0)
+    # O = (P - dilation*(k-1) - 1) / stride + 1  (non-negative, so truncating Div is floor)
+    span = b.op("Mul", [dl, b.op("Sub", [ks, one])])
+    outs = b.op("Add", [b.op("Div", [b.op("Sub", [b.op("Sub", [spatial, span]), one]), st]), one])
+    cur = xp
+    for a in range(rank):
+        ia = b.const_int(a)
+        k_a, o_a = b.op("Gather", [ks, ia]), b.op("Gather", [outs, ia])
+        s_a, d_a = b.op("Gather", [st, ia]), b.op("Gather", [dl, ia])
+        koff = b.op("Mul", [b.op("Range", [zero, k_a, one]), d_a])
+        ooff = b.op("Mul", [b.op("Range", [zero, o_a, one]), s_a])
+        idx = b.op("Add", [b.op("Unsqueeze", [koff, b.const_ints([1])]),
+                           b.op("Unsqueeze", [ooff, b.const_ints([0])])])
+        cur = b.op("Gather", [cur, idx], axis=2 + 2 * a)
+    # cur: [N, C, K1, O1, ..., Kr, Or]
+    perm = [0] + [3 + 2 * a for a in range(rank)] + [1] + [2 + 2 * a for a in range(rank)]
+    t = b.op("Transpose", [cur], perm=perm)
+    b.op("Reshape", [t, b.const_ints([0] * (1 + rank) + [-1])], out=["Y"])
+
+
+def _histogram_body(b: _Body, opset: int) -> None:
+    """numpy.histogram with uniform bins: idx = floor((x - lo) * bins / (hi - lo)), x == hi in the last bin."""
+    dbl = TensorProto.DOUBLE
+    x = b.op("Reshape", [b.op("Cast", ["X"], to=dbl), b.const_ints([-1])])
+    lo = b.op("Cast", [b.ref("value_float", "min", _F)], to=dbl)
+    hi = b.op("Cast", [b.ref("value_float", "max", _F)], to=dbl)
+    nb = b.ref("value_int", "bins", _I)
+    t = b.op("Div", [b.op("Mul", [b.op("Sub", [x, lo]), b.op("Cast", [nb], to=dbl)]), b.op("Sub", [hi, lo])])
+    idx = b.op("Cast", [b.op("Floor", [t])], to=TensorProto.INT64)
+    last = b.op("Sub", [nb, b.const_int(1)])
+    idx = b.op("Min", [idx, last])
+    inside = b.op("And", [b.op("GreaterOrEqual", [x, lo]), b.op("LessOrEqual", [x, hi])])
+    idx = b.op("Where", [inside, idx, b.const_int(-1)])
+    bins = b.op("Range", [b.const_int(0), nb, b.const_int(1)])
+    onehot = b.op("Equal", [b.op("Unsqueeze", [idx, b.const_ints([1])]),
+                            b.op("Unsqueeze", [bins, b.const_ints([0])])])
+    counts = b.op("Cast", [onehot], to=TensorProto.INT64)
+    _reduce_node(b, "ReduceSum", counts, "counts", opset, None, axes=[0], keepdims=0)
+
+
+def _popcount_body(b: _Body, opset: int) -> None:
+    """Widen to uint64, shift right by 0..63, keep bit 0 (mod 2), sum over the bit axis."""
+    u = b.op("Cast", ["X"], to=TensorProto.UINT64)
+    u = b.op("Unsqueeze", [u, b.const_ints([-1])])
+    shifts = b.op("Constant", [], value=helper.make_tensor("s", TensorProto.UINT64, [64], list(range(64))))
+    two = b.op("Constant", [], value=helper.make_tensor("two", TensorProto.UINT64, [], [2]))
+    bits = b.op("Mod", [b.op("BitShift", [u, shifts], direction="RIGHT"), two])
+    bits = b.op("Cast", [bits], to=TensorProto.INT64)
+    _reduce_node(b, "ReduceSum", bits, "Y", opset, None, axes=[-1], keepdims=0)
+
+
+def _simsearch_body(b: _Body, metric: str, opset: int) -> None:
+    q, d = "Q", "D"
+    if metric == "cos":
+        qn, dn = b.tmp(), b.tmp()
+        _reduce_node(b, "ReduceL2", q, qn, opset, None, axes=[-1], keepdims=1)
+        _reduce_node(b, "ReduceL2", d, dn, opset, None, axes=[-1], keepdims=1)
+        q, d = b.op("Div", [q, qn]), b.op("Div", [d, dn])
+    scores = b.op("MatMul", [q, b.op("Transpose", [d], perm=[1, 0])])
+    k = b.op("Reshape", [b.ref("value_int", "k", _I), b.const_ints([1])])
+    b.op("TopK", [scores, k], out=["values", "indices"], axis=-1, largest=1, sorted=1)
+
+
+def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
+    """Build the reference body of ``cinm.<op_type>`` (variant ``overload``) for ``opset``.
+
+    Args:
+        op_type: a key of :data:`OPS`.
+        overload: the variant, as returned by :func:`overload_of`.
+        opset: the default-domain opset the body is written in; it must equal the model's
+            (the checker requires it) and be at least :data:`MIN_OPSET`.
+
+    Returns:
+        A FunctionProto in domain ``cinm`` whose formal inputs/outputs are the op's.
+
+    Raises:
+        ValueError: unknown op, unsupported variant, or ``opset < MIN_OPSET``.
+    """
+    if op_type not in OPS:
+        raise ValueError(f"unknown cinm op {op_type!r}")
+    if opset < MIN_OPSET:
+        raise ValueError(f"cinm reference bodies need opset >= {MIN_OPSET}, got {opset}")
+    spec = OPS[op_type]
+    inputs = [n for n, _, _ in spec.inputs]
+    outputs = [n for n, _ in spec.outputs]
+    b = _Body()
+    if op_type in ("Gemm", "Gemv"):
+        if overload == "bias":
+            b.op("Add", [b.op("MatMul", [inputs[0], inputs[1]]), inputs[2]], out=outputs)
+        else:
+            inputs = inputs[:2]
+            b.op("MatMul", inputs, out=outputs)
+    elif op_type == "Im2Col":
+        _im2col_body(b, int(overload[:-1]))
+    elif op_type in BINARY_OPS:
+        b.op(op_type, inputs, out=outputs)
+    elif op_type in UNARY_OPS:
+        refs = [_ref_attr(a, a, t) for a, (t, _) in spec.attrs.items()]
+        b.nodes.append(_node_with_refs(op_type, inputs, outputs, refs))
+    elif op_type in ("Reduce", "MergePartial"):
+        onnx_op = REDUCE_KINDS[overload]
+        if op_type == "Reduce":
+            _reduce_node(b, onnx_op, "X", "Y", opset, "axes", keepdims_ref=True)
+        else:
+            _reduce_node(b, onnx_op, "P", "Y", opset, None, axes=[0], keepdims=0)
+    elif op_type == "Scan":
+        axis = b.ref("value_int", "axis", _I)
+        b.nodes.append(_node_with_refs("CumSum", ["X", axis], ["Y"],
+                                       [_ref_attr("exclusive", "exclusive", _I),
+                                        _ref_attr("reverse", "reverse", _I)]))
+    elif op_type == "TopK":
+        k = b.op("Reshape", [b.ref("value_int", "k", _I), b.const_ints([1])])
+        b.nodes.append(_node_with_refs("TopK", ["X", k], outputs,
+                                       [_ref_attr(a, a, _I) for a in ("axis", "largest", "sorted")]))
+    elif op_type == "Transpose":
+        b.nodes.append(_node_with_refs("Transpose", ["X"], ["Y"], [_ref_attr("perm", "perm", _IS)]))
+    elif op_type == "Histogram":
+        _histogram_body(b, opset)
+    elif op_type == "PopCount":
+        _popcount_body(b, opset)
+    elif op_type == "SimSearch":
+        _simsearch_body(b, overload, opset)
+    else:  # pragma: no cover - every op of OPS is handled above
+        raise ValueError(f"no reference body for cinm.{op_type}")
+    fn = helper.make_function(DOMAIN, op_type, inputs, outputs, b.nodes,
+                              [helper.make_opsetid("", opset)],
+                              attributes=sorted(set(spec.attrs) | set(PLACEMENT_ATTRS)),
+                              doc_string=spec.doc)
+    fn.overload = overload
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas (static checking and shape inference in this process)
+# --------------------------------------------------------------------------------------------
+
+_INFER_OPSET = 18
+
+
+def _dims(t: onnx.TypeProto) -> list | None:
+    """Dims of a tensor type as ints (known), strings (symbolic) or None (unknown); None if no shape."""
+    tt = t.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+
+
+def _tensor_type(elem_type: int, dims: list | None) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(elem_type, dims)
+
+
+def _infer_im2col(types, attrs):
+    ks, st, pd, dl = (attrs[a] for a in ("kernel_shape", "strides", "pads", "dilations"))
+    x = _dims(types[0])
+    r = len(ks)
+    if x is None:
+        return [_tensor_type(types[0].tensor_type.elem_type, None)]
+    if len(x) != r + 2 or len(st) != r or len(dl) != r or len(pd) != 2 * r:
+        raise onnx.shape_inference.InferenceError(
+            f"cinm.Im2Col: input rank {len(x)} does not match kernel_shape {ks} (needs rank {r + 2}), "
+            f"strides {st}, dilations {dl}, pads {pd}")
+    out = [x[0]]
+    for a in range(r):
+        s = x[2 + a]
+        out.append((s + pd[a] + pd[r + a] - dl[a] * (ks[a] - 1) - 1) // st[a] + 1
+                   if isinstance(s, int) else None)
+    c = x[1]
+    out.append(c * _prod(ks) if isinstance(c, int) else None)
+    return [_tensor_type(types[0].tensor_type.elem_type, out)]
+
+
+def _prod(v) -> int:
+    p = 1
+    for e in v:
+        p *= e
+    return p
+
+
+def _infer_topk(types, attrs):
+    x = _dims(types[0])
+    if x is not None:
+        axis = attrs.get("axis", -1) % len(x)
+        x = x[:axis] + [attrs["k"]] + x[axis + 1:]
+    return [_tensor_type(types[0].tensor_type.elem_type, x), _tensor_type(TensorProto.INT64, x)]
+
+
+def _infer_simsearch(types, attrs):
+    q = _dims(types[0])
+    out = None if q is None else [q[0], attrs["k"]]
+    return [_tensor_type(types[0].tensor_type.elem_type, out), _tensor_type(TensorProto.INT64, out)]
+
+
+#: Ops whose output shapes depend on attribute *values* in ways body inference cannot propagate.
+_DIRECT_INFER = {"Im2Col": _infer_im2col, "TopK": _infer_topk, "SimSearch": _infer_simsearch}
+
+
+def _infer(op_type: str):
+    spec = OPS[op_type]
+
+    def infer(ctx) -> None:
+        n_in = ctx.get_num_inputs()
+        present = [i for i in range(n_in) if ctx.has_input(i)]
+        attrs = {}
+        protos = []
+        for name in spec.attrs:
+            a = ctx.get_attribute(name)
+            if a is not None:
+                protos.append(a)
+                attrs[name] = helper.get_attribute_value(a)
+        overload = overload_of(op_type, attrs, len(present))
+        if op_type in _DIRECT_INFER:
+            types = [ctx.get_input_type(i) for i in range(n_in)]
+            for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
+                ctx.set_output_type(i, t)
+            return
+        fn = build_function(op_type, overload, _INFER_OPSET)
+        types = [ctx.get_input_type(i) for i in range(len(fn.input))]
+        if op_type == "Clip":  # optional min/max: infer through the plain Clip semantics
+            ctx.set_output_type(0, types[0])
+            return
+        for i, t in enumerate(onnx.shape_inference.infer_function_output_types(fn, types, protos)):
+            ctx.set_output_type(i, t)
+
+    return infer
+
+
+def _make_schema(spec: OpSpec) -> OpSchema:
+    P = OpSchema.FormalParameterOption
+    inputs = [OpSchema.FormalParameter(n, t, param_option=P.Optional if opt else P.Single)
+              for n, t, opt in spec.inputs]
+    outputs = [OpSchema.FormalParameter(n, t) for n, t in spec.outputs]
+    attrs = [OpSchema.Attribute(n, OpSchema.AttrType(t), "", required=req)
+             for n, (t, req) in spec.attrs.items()]
+    attrs += [OpSchema.Attribute(n, OpSchema.AttrType(t), "placement annotation", required=False)
+              for n, t in PLACEMENT_ATTRS.items()]
+    schema = OpSchema(spec.name, DOMAIN, VERSION, doc=spec.doc, inputs=inputs, outputs=outputs,
+                      type_constraints=[(k, v, "") for k, v in spec.types.items()], attributes=attrs)
+    schema.set_type_and_shape_inference_function(_infer(spec.name))
+    return schema
+
+
+def register_schemas() -> None:
+    """Register the schemas of every cinm op with ``onnx.defs`` (idempotent)."""
+    for spec in OPS.values():
+        if not onnx.defs.has(spec.name, DOMAIN):
+            onnx.defs.register_schema(_make_schema(spec))
+
+
+register_schemas()
+
+
+# --------------------------------------------------------------------------------------------
+# Building and finishing models
+# --------------------------------------------------------------------------------------------
+
+def make_node(op_type: str, inputs: list[str], outputs: list[str], name: str | None = None,
+              **attrs) -> NodeProto:
+    """Create a ``cinm.<op_type>`` node. Raises ValueError for an unknown op or a missing required attribute."""
+    if op_type not in OPS:
+        raise ValueError(f"unknown cinm op {op_type!r}")
+    for a, (_, required) in OPS[op_type].attrs.items():
+        if required and a not in attrs:
+            raise ValueError(f"cinm.{op_type} needs attribute {a!r}")
+    return helper.make_node(op_type, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+
+
+def node_attrs(node: NodeProto) -> dict:
+    """The node's attributes as python values (strings decoded)."""
+    return {a.name: _as_str(helper.get_attribute_value(a)) for a in node.attribute}
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset version."""
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    raise ValueError("model has no default-domain opset import")
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give ``model`` the reference bodies of the cinm ops it uses (in place; also returned).
+
+    Sets each cinm node's overload, replaces the model's cinm functions by freshly built ones in
+    the model's default opset, adds the ``cinm`` opset import and lifts the IR version to
+    :data:`MIN_IR_VERSION`. Only the main graph is scanned (cinm ops are not placed in subgraphs).
+
+    Raises:
+        ValueError: a cinm node names an unknown op or variant, or the opset is below MIN_OPSET.
+    """
+    opset = default_opset(model)
+    needed: dict[tuple[str, str], None] = {}
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        if node.op_type not in OPS:
+            raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
+        n_in = sum(1 for i in node.input if i)
+        node.overload = overload_of(node.op_type, node_attrs(node), n_in)
+        needed[(node.op_type, node.overload)] = None
+    keep = [f for f in model.functions if f.domain != DOMAIN]
+    del model.functions[:]
+    model.functions.extend(keep + [build_function(op, ov, opset) for op, ov in needed])
+    imports = {o.domain: o for o in model.opset_import}
+    if needed and DOMAIN not in imports:
+        model.opset_import.append(helper.make_opsetid(DOMAIN, VERSION))
+    if not needed and DOMAIN in imports:
+        kept = [o for o in model.opset_import if o.domain != DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    model.ir_version = max(model.ir_version, MIN_IR_VERSION)
+    return model

@@ -1,0 +1,160 @@
+"""The cinm domain: reference bodies run in stock onnxruntime and equal numpy; schemas infer shapes."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnx_cinm.dialects import cinm
+
+OPSETS = [13, 17, 18, 21]
+
+
+def _vi(name, t, shape):
+    return h.make_tensor_value_info(name, t, shape)
+
+
+def _build(nodes, inputs, outputs, inits=(), opset=17):
+    g = h.make_graph(nodes, "g", inputs, [_vi(o, TP.UNDEFINED, None) for o in outputs], list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+    cinm.attach_functions(m)
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    by_name = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for o in m.graph.output:
+        o.CopyFrom(by_name[o.name])
+    return m
+
+
+def _run(m, feeds):
+    # A fresh, schema-free check: the model must be valid for any onnx consumer.
+    onnx.checker.check_model(m, full_check=True)
+    return ort.InferenceSession(m.SerializeToString()).run(None, feeds)
+
+
+def _im2col_numpy(x, ks, st, pads, dl):
+    r = len(ks)
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[a], pads[r + a]) for a in range(r)])
+    outs = [(xp.shape[2 + a] - dl[a] * (ks[a] - 1) - 1) // st[a] + 1 for a in range(r)]
+    n, c = x.shape[:2]
+    y = np.zeros([n] + outs + [c * int(np.prod(ks))], x.dtype)
+    for o in np.ndindex(*outs):
+        sl = tuple(slice(o[a] * st[a], o[a] * st[a] + dl[a] * (ks[a] - 1) + 1, dl[a]) for a in range(r))
+        y[(slice(None),) + o] = xp[(slice(None), slice(None)) + sl].reshape(n, -1)
+    return y
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("ks,st,pads,dl,shape", [
+    ([3, 2], [2, 1], [1, 0, 1, 1], [1, 2], (2, 3, 7, 6)),
+    ([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], (1, 4, 3, 3)),
+    ([3], [2], [2, 1], [3], (2, 2, 11)),
+])
+def test_im2col_matches_numpy_and_infers_shape(opset, ks, st, pads, dl, shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    node = cinm.make_node("Im2Col", ["x"], ["y"], kernel_shape=ks, strides=st, pads=pads, dilations=dl)
+    m = _build([node], [_vi("x", TP.FLOAT, ["N"] + list(shape[1:]))], ["y"], opset=opset)
+    (y,) = _run(m, {"x": x})
+    ref = _im2col_numpy(x, ks, st, pads, dl)
+    np.testing.assert_array_equal(y, ref)
+    dims = [d.dim_value or d.dim_param for d in m.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == ["N"] + list(ref.shape[1:])
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+def test_every_op_matches_numpy(opset):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 3)).astype(np.float32)
+    c = rng.standard_normal((3,)).astype(np.float32)
+    v = rng.standard_normal(5).astype(np.float32)
+    u = np.array([0, 1, 255, 7, 128], np.uint8)
+    mk = cinm.make_node
+    nodes = [
+        mk("Gemm", ["a", "b"], ["g1"]), mk("Gemm", ["a", "b", "c"], ["g2"]), mk("Gemv", ["a", "v"], ["gv"]),
+        mk("Reduce", ["a"], ["r1"], kind="max", axes=[1], keepdims=0),
+        mk("Reduce", ["a"], ["r2"], kind="add", axes=[0, 1], keepdims=1),
+        mk("Reduce", ["a"], ["r3"], kind="mul", axes=[0], keepdims=0),
+        mk("Reduce", ["a"], ["r4"], kind="min", axes=[1], keepdims=1),
+        mk("TopK", ["a"], ["tv", "ti"], k=2, axis=1),
+        mk("TopK", ["a"], ["sv1", "si1"], k=3, axis=0, largest=0),
+        mk("Scan", ["a"], ["sc"], axis=1, exclusive=1, reverse=1),
+        mk("Scan", ["a"], ["sc2"], axis=0),
+        mk("Transpose", ["a"], ["tr"], perm=[1, 0]),
+        mk("Histogram", ["a"], ["hi"], bins=4, min=-1.0, max=1.0),
+        mk("SimSearch", ["a", "a"], ["cv", "ci"], k=2, metric="cos"),
+        mk("SimSearch", ["a", "b_t"], ["dv", "di"], k=1),
+        mk("MergePartial", ["a"], ["mp"], kind="max"),
+        mk("LeakyRelu", ["a"], ["lr"], alpha=0.2), mk("Relu", ["a"], ["re"]),
+        mk("HardSigmoid", ["a"], ["hs"], alpha=0.25, beta=0.4),
+        mk("Clip", ["a", "", "cmax"], ["cl"]), mk("Sub", ["a", "v"], ["sb"]), mk("Max", ["a", "v"], ["mx"]),
+        mk("PopCount", ["u"], ["pc"]),
+    ]
+    outs = ["g1", "g2", "gv", "r1", "r2", "r3", "r4", "tv", "ti", "sv1", "si1", "sc", "sc2", "tr", "hi",
+            "cv", "ci", "dv", "di", "mp", "lr", "re", "hs", "cl", "sb", "mx", "pc"]
+    inits = [nh.from_array(b, "b"), nh.from_array(c, "c"), nh.from_array(np.float32(0.5), "cmax"),
+             nh.from_array(np.ascontiguousarray(b.T), "b_t")]
+    m = _build(nodes, [_vi("a", TP.FLOAT, [4, 5]), _vi("u", TP.UINT8, [5]), _vi("v", TP.FLOAT, [5])], outs,
+               inits, opset)
+    r = dict(zip(outs, _run(m, {"a": a, "u": u, "v": v})))
+    np.testing.assert_allclose(r["g1"], a @ b, rtol=1e-5)
+    np.testing.assert_allclose(r["g2"], a @ b + c, rtol=1e-5)
+    np.testing.assert_allclose(r["gv"], a @ v, rtol=1e-5)
+    np.testing.assert_array_equal(r["r1"], a.max(1))
+    np.testing.assert_allclose(r["r2"], a.sum(keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(r["r3"], a.prod(0), rtol=1e-5)
+    np.testing.assert_array_equal(r["r4"], a.min(1, keepdims=True))
+    np.testing.assert_array_equal(r["tv"], -np.sort(-a, 1)[:, :2])
+    np.testing.assert_array_equal(r["ti"], np.argsort(-a, 1, kind="stable")[:, :2])
+    np.testing.assert_array_equal(r["sv1"], np.sort(a, 0)[:3])
+    np.testing.assert_allclose(r["sc"], np.cumsum(a[:, ::-1], 1)[:, ::-1] - a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r["sc2"], np.cumsum(a, 0), rtol=1e-5)
+    np.testing.assert_array_equal(r["tr"], a.T)
+    np.testing.assert_array_equal(r["hi"], np.histogram(a, 4, (-1, 1))[0])
+    an = a / np.linalg.norm(a, axis=1, keepdims=True)
+    np.testing.assert_array_equal(r["ci"], np.argsort(-(an @ an.T), 1, kind="stable")[:, :2])
+    np.testing.assert_array_equal(r["di"][:, 0], np.argmax(a @ b, 1))
+    np.testing.assert_array_equal(r["mp"], a.max(0))
+    np.testing.assert_allclose(r["lr"], np.where(a > 0, a, 0.2 * a), rtol=1e-6)
+    np.testing.assert_array_equal(r["re"], np.maximum(a, 0))
+    np.testing.assert_allclose(r["hs"], np.clip(0.25 * a + 0.4, 0, 1), rtol=1e-6)
+    np.testing.assert_array_equal(r["cl"], np.minimum(a, 0.5))
+    np.testing.assert_array_equal(r["sb"], a - v)
+    np.testing.assert_array_equal(r["mx"], np.maximum(a, v))
+    np.testing.assert_array_equal(r["pc"], [0, 1, 8, 3, 1])
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
+    assert shapes["tv"] == [4, 2] and shapes["sv1"] == [3, 5] and shapes["cv"] == [4, 2]
+    assert shapes["hi"] == [4] and shapes["r2"] == [1, 1] and shapes["g2"] == [4, 3]
+
+
+def test_histogram_edges_follow_numpy():
+    x = np.array([-1.0, 1.0, 0.0, 2.0, -3.0, 0.9999, 0.25], np.float32)
+    m = _build([cinm.make_node("Histogram", ["x"], ["h"], bins=8, min=-1.0, max=1.0)],
+               [_vi("x", TP.FLOAT, [7])], ["h"])
+    (hist,) = _run(m, {"x": x})
+    np.testing.assert_array_equal(hist, np.histogram(x, 8, (-1.0, 1.0))[0])
+
+
+def test_popcount_wide_types():
+    x = np.array([0, 2**64 - 1, 2**63, 12345678901234], np.uint64)
+    m = _build([cinm.make_node("PopCount", ["x"], ["y"])], [_vi("x", TP.UINT64, [4])], ["y"])
+    (y,) = _run(m, {"x": x})
+    np.testing.assert_array_equal(y, [bin(int(v)).count("1") for v in x])
+
+
+def test_unknown_variant_and_missing_attribute_are_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        cinm.overload_of("Reduce", {"kind": "xor"}, 1)
+    with pytest.raises(ValueError, match="kernel_shape"):
+        cinm.make_node("Im2Col", ["x"], ["y"], strides=[1], pads=[0, 0], dilations=[1])
+    with pytest.raises(ValueError, match="opset"):
+        cinm.build_function("Gemm", "", 11)
+
+
+def test_attach_functions_is_idempotent_and_declares_domain():
+    m = _build([cinm.make_node("Gemm", ["a", "a"], ["y"], device="crossbar")], [_vi("a", TP.FLOAT, [3, 3])], ["y"])
+    cinm.attach_functions(m)
+    assert [(f.name, f.overload) for f in m.functions] == [("Gemm", "")]
+    assert sum(o.domain == "cinm" for o in m.opset_import) == 1
+    assert m.ir_version >= 10
