@@ -1,0 +1,575 @@
+"""The golden check: does the optimized model compute what the original computes?
+
+The oracle is stock onnxruntime on the CPU with **all graph optimizations disabled**
+(``ORT_DISABLE_ALL``): ORT's own fusions have produced silently wrong numbers before (e.g.
+GemmTransposeFusion, microsoft/onnxruntime#32228), and we want to compare *our* rewrite, not
+ORT's. Both models are run on the same input sets and their outputs are compared by name.
+
+Public API
+----------
+random_inputs(model, *, seed=0, dims=None, shapes=None, fill="random") -> dict[str, ndarray]
+run_onnxruntime(model_or_path, feeds) -> list[ndarray]
+compare(reference, candidate, *, n=1, rtol=1e-4, atol=1e-5, seed=0, dims=None, shapes=None,
+        fill="random", feeds=None) -> CheckReport
+
+Tolerances follow ``numpy.allclose`` with the *reference* as ``b``:
+``|candidate - reference| <= atol + rtol * |reference|``; the defaults (rtol 1e-4, atol 1e-5)
+are onnxsim's ``--check-rtol/--check-atol`` defaults.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence, Union
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .errors import CheckFailed, CinmError
+
+ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
+
+__all__ = [
+    "random_inputs",
+    "run_onnxruntime",
+    "compare",
+    "CheckReport",
+    "OutputCheck",
+    "DEFAULT_FIRST_DIM",
+    "DEFAULT_OTHER_DIM",
+]
+
+#: Size given to an unknown/symbolic first axis (the batch axis, by convention).
+DEFAULT_FIRST_DIM = 1
+#: Size given to any other unknown/symbolic axis.
+DEFAULT_OTHER_DIM = 8
+
+# ONNX element type -> numpy dtype, for the element types we can feed through ORT's Python API.
+_FEEDABLE: dict[int, np.dtype] = {
+    TensorProto.FLOAT: np.dtype(np.float32),
+    TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.DOUBLE: np.dtype(np.float64),
+    TensorProto.INT8: np.dtype(np.int8),
+    TensorProto.INT16: np.dtype(np.int16),
+    TensorProto.INT32: np.dtype(np.int32),
+    TensorProto.INT64: np.dtype(np.int64),
+    TensorProto.UINT8: np.dtype(np.uint8),
+    TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.UINT32: np.dtype(np.uint32),
+    TensorProto.UINT64: np.dtype(np.uint64),
+    TensorProto.BOOL: np.dtype(np.bool_),
+    TensorProto.STRING: np.dtype(object),
+}
+
+_FILLS = ("random", "arange", "ones", "zeros")
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    """First non-empty line of ``text``, shortened to ``limit`` characters."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[0] if lines else type(text).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _load_header(model: ModelLike) -> onnx.ModelProto:
+    """The model as a ModelProto; external weights are not loaded (only the graph is needed)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(model))
+        return onnx.load(os.fspath(model), load_external_data=False)
+    except FileNotFoundError:
+        raise CinmError(f"model file not found: {os.fspath(model)}") from None
+    except Exception as e:  # protobuf DecodeError and friends
+        raise CinmError(f"cannot read model {model if not isinstance(model, bytes) else '<bytes>'}: "
+                        f"{_one_line(e)}") from None
+
+
+def _real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are not initializers (old IR models list weights as inputs too)."""
+    inits = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    return [vi for vi in graph.input if vi.name not in inits]
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------
+def random_inputs(
+    model: ModelLike,
+    *,
+    seed: int = 0,
+    dims: Mapping[str, int] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill: str = "random",
+) -> dict[str, np.ndarray]:
+    """One input array per real graph input of ``model``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto or path or bytes
+        The model whose ``graph.input`` is read. Inputs that are also initializers (IR < 4
+        style) are skipped: they have a value already. A path is read without its external
+        data.
+    seed : int
+        Seed of the ``numpy.random.default_rng`` generator; the arrays are drawn in graph input
+        order, so the same ``(model, seed, dims, shapes)`` always gives the same arrays.
+    dims : dict[str, int], optional
+        Sizes for symbolic dimensions, by ``dim_param`` name (e.g. ``{"batch": 3}``). A symbolic
+        dimension not named here, or a dimension with neither a value nor a name (or a negative
+        value, as some exporters write), gets :data:`DEFAULT_FIRST_DIM` (1) on axis 0 and
+        :data:`DEFAULT_OTHER_DIM` (8) elsewhere. Unused names are ignored.
+    shapes : dict[str, list[int]], optional
+        Full shape per input name; overrides the declared shape and ``dims`` for that input.
+        Required for an input whose rank is unknown.
+    fill : {"random", "arange", "ones", "zeros"}
+        ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
+        unsigned integers in [0, 10], bool uniform, strings short random words.
+        ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
+        the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
+        are constant fills.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        Input name -> array with the input's dtype (float32 for ``FLOAT``, ...) and concrete
+        shape.
+
+    Raises
+    ------
+    CinmError
+        An input is not a tensor (sequence, map, optional, sparse), has an element type ORT's
+        Python API cannot feed (bfloat16, float8, int4, complex), has unknown rank and no entry
+        in ``shapes``, has a ``shapes`` entry of the wrong rank or with negative sizes; or
+        ``shapes`` names something that is not a real graph input; or ``fill`` is unknown.
+    """
+    if fill not in _FILLS:
+        raise CinmError(f"unknown input fill {fill!r}; choose one of {', '.join(_FILLS)}")
+    proto = _load_header(model)
+    dims = dict(dims or {})
+    shapes = {k: list(v) for k, v in (shapes or {}).items()}
+    inputs = _real_inputs(proto.graph)
+    names = [vi.name for vi in inputs]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise CinmError(
+            f"shape given for {', '.join(map(repr, unknown))}, which is not a graph input "
+            f"(inputs: {', '.join(names) or 'none'})"
+        )
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in inputs:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise CinmError(
+                f"input {vi.name!r} has type {kind or 'unknown'}; only tensor inputs are supported"
+            )
+        tt = vi.type.tensor_type
+        if tt.elem_type not in _FEEDABLE:
+            tname = TensorProto.DataType.Name(tt.elem_type) if tt.elem_type else "UNDEFINED"
+            raise CinmError(f"input {vi.name!r} has element type {tname}, which is not supported")
+        dtype = _FEEDABLE[tt.elem_type]
+        shape = _concrete_shape(vi, dims, shapes.get(vi.name))
+        feeds[vi.name] = _fill(rng, dtype, shape, fill)
+    return feeds
+
+
+def _concrete_shape(vi: onnx.ValueInfoProto, dims: Mapping[str, int],
+                    override: list[int] | None) -> tuple[int, ...]:
+    tt = vi.type.tensor_type
+    if override is not None:
+        if tt.HasField("shape") and len(tt.shape.dim) != len(override):
+            raise CinmError(
+                f"shape {override} for input {vi.name!r} has rank {len(override)}, "
+                f"but the model declares rank {len(tt.shape.dim)}"
+            )
+        if any(int(d) < 0 for d in override):
+            raise CinmError(f"shape {override} for input {vi.name!r} has a negative size")
+        return tuple(int(d) for d in override)
+    if not tt.HasField("shape"):
+        raise CinmError(f"input {vi.name!r} has unknown rank; give its shape explicitly")
+    out = []
+    for axis, d in enumerate(tt.shape.dim):
+        default = DEFAULT_FIRST_DIM if axis == 0 else DEFAULT_OTHER_DIM
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param in dims:
+            out.append(int(dims[d.dim_param]))
+        else:
+            out.append(default)
+    return tuple(out)
+
+
+def _fill(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], fill: str) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64))
+    if dtype == object:  # strings
+        if fill == "random":
+            letters = np.array(list("abcdefghij"))
+            words = ["".join(rng.choice(letters, size=int(rng.integers(1, 6)))) for _ in range(n)]
+            return np.array(words, dtype=object).reshape(shape)
+        return np.full(shape, "" if fill == "zeros" else "a", dtype=object)
+    if fill == "zeros":
+        return np.zeros(shape, dtype)
+    if fill == "ones":
+        return np.ones(shape, dtype)
+    if fill == "arange":
+        if dtype.kind == "f":
+            # same arithmetic as onnx.backend.test.runner.Runner.generate_dummy_data
+            return (np.arange(n).reshape(shape) / max(n, 1)).astype(dtype)
+        if dtype.kind == "b":
+            return (np.arange(n) % 2 == 1).reshape(shape)
+        return np.arange(n).reshape(shape).astype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape, dtype=np.float64).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype.kind == "i":
+        return rng.integers(-10, 10, size=shape, endpoint=True).astype(dtype)
+    return rng.integers(0, 10, size=shape, endpoint=True).astype(dtype)  # unsigned
+
+
+# --------------------------------------------------------------------------------------------
+# running
+# --------------------------------------------------------------------------------------------
+class _OrtModel:
+    """One onnxruntime CPU session with optimizations disabled; knows its I/O names."""
+
+    def __init__(self, model: ModelLike):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3  # errors only
+        if isinstance(model, onnx.ModelProto):
+            try:
+                source: object = model.SerializeToString()
+            except ValueError as e:  # > 2 GB
+                raise CinmError(f"cannot serialize the model ({_one_line(e)}); pass its path") from None
+        elif isinstance(model, (bytes, bytearray)):
+            source = bytes(model)
+        else:
+            source = os.fspath(model)
+            if not os.path.exists(source):
+                raise CinmError(f"model file not found: {source}")
+        try:
+            self.sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise CinmError(f"onnxruntime cannot load the model: {_one_line(e)}") from None
+        self.input_names = [i.name for i in self.sess.get_inputs()]
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise CinmError(f"no value given for model input(s) {', '.join(missing)}")
+        try:
+            return self.sess.run(None, {n: feeds[n] for n in self.input_names})
+        except Exception as e:
+            raise CinmError(f"onnxruntime failed to run the model: {_one_line(e)}") from None
+
+
+def run_onnxruntime(model_or_path: ModelLike, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a model once in stock onnxruntime (CPU, ``ORT_DISABLE_ALL``).
+
+    Parameters
+    ----------
+    model_or_path : onnx.ModelProto or path or bytes
+        A path is handed to ORT as a path, so external data next to it is found; a ModelProto is
+        serialized (must be < 2 GB and must not reference external data by relative path).
+    feeds : dict[str, numpy.ndarray]
+        Input name -> array. Entries the model does not take are ignored.
+
+    Returns
+    -------
+    list[numpy.ndarray]
+        The outputs in graph output order (sequence outputs come back as Python lists).
+
+    Raises
+    ------
+    CinmError
+        ORT cannot load or run the model, or a model input has no value in ``feeds``; the
+        message is one line.
+    """
+    return _OrtModel(model_or_path).run(feeds)
+
+
+# --------------------------------------------------------------------------------------------
+# comparison
+# --------------------------------------------------------------------------------------------
+@dataclass
+class OutputCheck:
+    """The comparison of one output, accumulated over all runs.
+
+    Attributes
+    ----------
+    name : str
+        Output name.
+    max_abs_err : float
+        Largest ``|candidate - reference|`` over all elements and runs (positions where both are
+        the same NaN/Inf count as 0; a NaN/Inf pattern mismatch counts as ``inf``). ``inf`` when
+        the output could not be compared (missing, shape or dtype mismatch).
+    max_rel_err : float
+        Largest ``|candidate - reference| / |reference|`` over positions where the reference is
+        finite and nonzero (zeros are judged by the absolute error alone).
+    ok : bool
+        Every element of every run within tolerance (exact for int/bool/string outputs).
+    mismatched : int
+        Number of elements outside tolerance, summed over runs.
+    elements : int
+        Number of elements compared, summed over runs.
+    dtype, shape : str, tuple
+        Of the reference output (last run).
+    note : str
+        Why it failed when it is not a numeric mismatch ("missing in candidate", "shape ...").
+    """
+
+    name: str
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    ok: bool = True
+    mismatched: int = 0
+    elements: int = 0
+    dtype: str = ""
+    shape: tuple = ()
+    note: str = ""
+
+    def _fail(self, note: str) -> None:
+        self.ok = False
+        self.max_abs_err = self.max_rel_err = float("inf")
+        if note and note not in self.note:
+            self.note = f"{self.note}; {note}" if self.note else note
+
+
+@dataclass
+class CheckReport:
+    """Result of :func:`compare`.
+
+    Attributes
+    ----------
+    ok : bool
+        All outputs matched in all runs and no structural problem was found.
+    runs : int
+        Number of input sets both models were run on.
+    outputs : list[OutputCheck]
+        One record per output name of either model (reference order, then candidate-only names).
+    rtol, atol : float
+        The tolerances used.
+    problems : list[str]
+        Model-level problems (e.g. the models take different inputs).
+    """
+
+    ok: bool
+    runs: int
+    outputs: list[OutputCheck] = field(default_factory=list)
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def max_abs_err(self) -> float:
+        return max((o.max_abs_err for o in self.outputs), default=0.0)
+
+    @property
+    def max_rel_err(self) -> float:
+        return max((o.max_rel_err for o in self.outputs), default=0.0)
+
+    def summary(self) -> str:
+        """One short line, e.g. ``check: 3 runs, 2 outputs, max abs err 1.2e-07, max rel err
+        3.4e-06: OK``; on failure the first few reasons follow ``FAILED``."""
+        head = (f"check: {self.runs} run{'s' * (self.runs != 1)}, {len(self.outputs)} "
+                f"output{'s' * (len(self.outputs) != 1)}, max abs err {self.max_abs_err:.2g}, "
+                f"max rel err {self.max_rel_err:.2g}")
+        if self.ok:
+            return f"{head}: OK"
+        reasons = list(self.problems)
+        for o in self.outputs:
+            if not o.ok:
+                reasons.append(f"{o.name}: {o.note}" if o.note
+                               else f"{o.name}: {o.mismatched} of {o.elements} elements off")
+        more = f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""
+        return f"{head}: FAILED ({'; '.join(reasons[:3])}{more})"
+
+    def table(self) -> str:
+        """A fixed-width table, one row per output, with the tolerances in the header."""
+        rows = [("output", "dtype", "shape", "max abs err", "max rel err", "off", "status")]
+        for o in self.outputs:
+            rows.append((
+                o.name, o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
+                f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}",
+                f"{o.mismatched}/{o.elements}",
+                "ok" if o.ok else ("FAIL: " + o.note if o.note else "FAIL"),
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = [f"golden check: {self.runs} runs, rtol {self.rtol:g}, atol {self.atol:g}"]
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        lines.extend(f"problem: {p}" for p in self.problems)
+        return "\n".join(lines)
+
+    def raise_if_failed(self) -> "CheckReport":
+        """Raise :class:`~onnx_cinm.errors.CheckFailed` with :meth:`summary` unless ``ok``."""
+        if not self.ok:
+            raise CheckFailed(self.summary())
+        return self
+
+
+def _as_array(value: object) -> np.ndarray | None:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception:
+        return None
+
+
+def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
+                    rtol: float, atol: float) -> None:
+    """Fold one run's comparison of one output into ``rec``."""
+    rec.dtype, rec.shape = str(ref.dtype), tuple(ref.shape)
+    if ref.dtype != cand.dtype:
+        rec._fail(f"dtype {ref.dtype} vs {cand.dtype}")
+        return
+    if ref.shape != cand.shape:
+        rec._fail(f"shape {ref.shape} vs {cand.shape}")
+        return
+    rec.elements += ref.size
+    if ref.size == 0:
+        return
+    if ref.dtype.kind in "fc":
+        r = ref.astype(np.float64) if ref.dtype.kind == "f" else ref.astype(np.complex128)
+        c = cand.astype(r.dtype)
+        close = np.isclose(c, r, rtol=rtol, atol=atol, equal_nan=True)
+        both_finite = np.isfinite(r) & np.isfinite(c)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(both_finite, np.abs(c - r), 0.0)
+        # NaN/Inf in one place but not the same special value in the other: infinite error
+        special_bad = ~both_finite & ~close
+        abs_err = float(np.max(diff)) if diff.size else 0.0
+        if special_bad.any():
+            abs_err = float("inf")
+        nz = both_finite & (r != 0)
+        rel_err = float(np.max(np.abs(c[nz] - r[nz]) / np.abs(r[nz]))) if nz.any() else 0.0
+        if special_bad.any():
+            rel_err = float("inf")
+        off = int((~close).sum())
+    elif ref.dtype.kind in "iub":
+        r, c = ref.astype(np.float64), cand.astype(np.float64)
+        d = np.abs(c - r)
+        abs_err = float(d.max())
+        nz = r != 0
+        rel_err = float((d[nz] / np.abs(r[nz])).max()) if nz.any() else 0.0
+        off = int((ref != cand).sum())
+    else:  # strings, objects: exact
+        neq = np.asarray(ref != cand)
+        off = int(neq.sum())
+        abs_err = rel_err = float("inf") if off else 0.0
+    rec.max_abs_err = max(rec.max_abs_err, abs_err)
+    rec.max_rel_err = max(rec.max_rel_err, rel_err)
+    if off:
+        rec.ok = False
+        rec.mismatched += off
+
+
+def compare(
+    reference: ModelLike,
+    candidate: ModelLike,
+    *,
+    n: int = 1,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    seed: int = 0,
+    dims: Mapping[str, int] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    fill: str = "random",
+    feeds: Iterable[Mapping[str, np.ndarray]] | None = None,
+) -> CheckReport:
+    """Run both models on the same inputs and compare their outputs by name.
+
+    Parameters
+    ----------
+    reference, candidate : onnx.ModelProto or path or bytes
+        The original and the rewritten model (paths keep external data working).
+    n : int
+        Number of random input sets; set ``i`` uses seed ``seed + i``. Ignored with ``feeds``.
+    rtol, atol : float
+        ``numpy.allclose`` tolerances for float outputs, reference as ``b``. NaN equals NaN and
+        Inf equals same-signed Inf in the same position. Integer, bool and string outputs must
+        match exactly.
+    seed, dims, shapes, fill
+        Passed to :func:`random_inputs` (inputs are generated from the *reference* model).
+    feeds : iterable of dict[str, numpy.ndarray], optional
+        Use these input sets instead of random ones (e.g. a real test set).
+
+    Returns
+    -------
+    CheckReport
+        ``ok`` is False for numeric mismatches and for structural differences: an output
+        present in only one model, a shape or dtype difference, or different input names.
+
+    Raises
+    ------
+    CinmError
+        The reference model cannot be read or run, or inputs cannot be generated
+        (see :func:`random_inputs`).
+    CheckFailed
+        The candidate model cannot be loaded or run by onnxruntime.
+    """
+    if feeds is None:
+        if n < 1:
+            raise CinmError(f"the number of check runs must be at least 1, got {n}")
+        input_sets = [random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill=fill)
+                      for i in range(n)]
+    else:
+        input_sets = [dict(f) for f in feeds]
+        if not input_sets:
+            raise CinmError("compare() got an empty list of input sets")
+
+    ref_model = _OrtModel(reference)
+    try:
+        cand_model = _OrtModel(candidate)
+    except CinmError as e:
+        raise CheckFailed(f"candidate model: {e}") from None
+
+    report = CheckReport(ok=True, runs=len(input_sets), rtol=rtol, atol=atol)
+    if set(ref_model.input_names) != set(cand_model.input_names):
+        only_ref = sorted(set(ref_model.input_names) - set(cand_model.input_names))
+        only_cand = sorted(set(cand_model.input_names) - set(ref_model.input_names))
+        parts = []
+        if only_ref:
+            parts.append(f"inputs only in reference: {', '.join(only_ref)}")
+        if only_cand:
+            parts.append(f"inputs only in candidate: {', '.join(only_cand)}")
+        report.problems.append("; ".join(parts))
+        report.ok = False
+
+    names = list(ref_model.output_names) + [
+        o for o in cand_model.output_names if o not in ref_model.output_names]
+    records = {name: OutputCheck(name) for name in names}
+    report.outputs = [records[name] for name in names]
+    for name in names:
+        if name not in cand_model.output_names:
+            records[name]._fail("missing in candidate")
+        elif name not in ref_model.output_names:
+            records[name]._fail("not in reference")
+
+    if report.problems:  # the candidate may not even be runnable on these feeds
+        report.ok = False
+        return report
+
+    for inputs in input_sets:
+        ref_out = dict(zip(ref_model.output_names, ref_model.run(inputs)))
+        try:
+            cand_out = dict(zip(cand_model.output_names, cand_model.run(inputs)))
+        except CinmError as e:
+            raise CheckFailed(f"candidate model: {e}") from None
+        for name in names:
+            if name not in ref_out or name not in cand_out:
+                continue
+            r, c = _as_array(ref_out[name]), _as_array(cand_out[name])
+            if r is None or c is None:
+                records[name]._fail("output is not a tensor")
+                continue
+            _compare_arrays(records[name], r, c, rtol, atol)
+    report.ok = all(o.ok for o in report.outputs) and not report.problems
+    return report
