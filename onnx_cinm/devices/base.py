@@ -1,0 +1,111 @@
+"""The device protocol: what a chip provides to the layers above it.
+
+The upper layers (frontend, dialects, passes) talk to devices only through these types and the
+registry in :mod:`onnx_cinm.devices`; they never import a device package. A device describes one
+chip: its name, its paradigm (``"cim"``, ``"cnm"`` or ``"host"``), its parameters (a dataclass
+whose fields carry units and sources) and which cinm ops it can run (:meth:`Device.supports`).
+Cost models, lowering and code generation join the protocol with the crossbar and UPMEM paths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What placement knows about one tensor.
+
+    Attributes:
+        name: tensor name in the graph.
+        dtype: numpy dtype of the elements, or None if unknown.
+        shape: dims as ints (known) or strings (symbolic); None if the rank is unknown.
+        const: True if the value is known at compile time (an initializer), e.g. weights.
+    """
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple | None
+    const: bool = False
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape with symbolic dims taken as 1 (e.g. a dynamic batch), None if rank unknown."""
+        if self.shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else 1 for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
+        s = self.static_shape
+        return 0 if s is None else int(np.prod(s, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """A cinm node as a device sees it.
+
+    Attributes:
+        name: node name.
+        op_type: cinm op type (e.g. ``"Gemm"``).
+        attrs: node attributes as python values.
+        inputs, outputs: :class:`TensorInfo` per (non-empty) input and output.
+        flops: arithmetic operations of one inference (multiply and add count separately;
+            symbolic dims taken as 1).
+    """
+
+    name: str
+    op_type: str
+    attrs: dict
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    flops: int = 0
+
+
+@dataclass(frozen=True)
+class Support:
+    """A device's answer to "can you run this op?": ``ok`` and, either way, the reason in words."""
+
+    ok: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@runtime_checkable
+class Device(Protocol):
+    """One device family, as the placement pass and the report see it.
+
+    Attributes:
+        name: registry name, used in ``--place PATTERN=NAME`` and in the ``device`` attribute.
+        paradigm: ``"cim"`` (compute-in-memory), ``"cnm"`` (compute-near-memory) or ``"host"``.
+        params: a dataclass of the device's parameters, each field documented with unit and source.
+    """
+
+    name: str
+    paradigm: str
+    params: object
+
+    def supports(self, op: OpInfo) -> Support:
+        """Whether this device can run ``op``, with the reason."""
+        ...
+
+
+@dataclass
+class Registry:
+    """Devices by name. Device packages register themselves; the upper layers only look up."""
+
+    devices: dict[str, Device] = field(default_factory=dict)
+
+    def register(self, device: Device) -> Device:
+        """Add ``device``; raises ValueError if its name is taken or its paradigm unknown."""
+        if device.name in self.devices:
+            raise ValueError(f"device {device.name!r} is already registered")
+        if device.paradigm not in ("cim", "cnm", "host"):
+            raise ValueError(f"device {device.name!r}: unknown paradigm {device.paradigm!r}")
+        self.devices[device.name] = device
+        return device

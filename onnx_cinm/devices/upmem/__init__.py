@@ -1,0 +1,56 @@
+"""UPMEM device (paradigm ``cnm``): a DPU next to every DRAM bank.
+
+Parameters are from the UPMEM SDK documentation (2025.1.0 mirror) and Gómez-Luna et al.,
+"Benchmarking a New Paradigm: ... a Real Processing-in-Memory System", IEEE Access 10 (2022),
+arXiv:2105.03814 (PrIM); see ``shared/field-notes/upmem.md`` §1.1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import register
+from ..base import OpInfo, Support
+
+
+@dataclass(frozen=True)
+class UpmemParams:
+    """UPMEM system parameters.
+
+    Attributes:
+        dpus: DPUs available (2048 by default; PrIM's system has 2,556 working DPUs of 2,560).
+        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM Table 1).
+        tasklets: tasklets per DPU used by default (16; the hardware allows at most 24, SDK docs).
+        frequency_hz: DPU clock, Hz (350e6 on the 2,556-DPU system; PrIM Table 1).
+        wram_bytes: scratchpad per DPU, bytes (65,536; SDK docs).
+        mram_bytes: DRAM bank per DPU, bytes (64 MiB; SDK docs).
+        dtypes: element types the kernels handle (integers natively; float32 emulated in software).
+    """
+
+    dpus: int = 2048
+    dpus_per_rank: int = 64
+    tasklets: int = 16
+    frequency_hz: float = 350e6
+    wram_bytes: int = 65536
+    mram_bytes: int = 64 * 2**20
+    dtypes: tuple = ("float32", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                     "uint64", "bool")
+
+
+@dataclass
+class UpmemDevice:
+    """UPMEM DPUs: runs every cinm op on the supported dtypes."""
+
+    name: str = "upmem"
+    paradigm: str = "cnm"
+    params: UpmemParams = UpmemParams()
+
+    def supports(self, op: OpInfo) -> Support:
+        for t in op.inputs + op.outputs:
+            if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
+                return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
+        return Support(True, "data-parallel op near memory")
+
+
+register(UpmemDevice())

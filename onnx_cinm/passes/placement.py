@@ -1,0 +1,124 @@
+"""Pass ``placement``: choose the device of every cinm op (first version: the paper's heuristic).
+
+The heuristic of CINM: a matrix product with a constant operand and enough work goes to a
+compute-in-memory device (crossbar), every other cinm op the compute-near-memory device (UPMEM)
+supports goes there, and the rest stays on the host. User hints win: ``--place PATTERN=DEVICE``
+(``fnmatch`` patterns over node names and op types; the first matching hint wins). A hint the
+device cannot honour falls back to the heuristic, and the reason says so.
+
+Each cinm node gets two attributes: ``device`` (a registry name) and ``placement`` (the reason,
+in words). Devices are reached only through :mod:`onnx_cinm.devices` (the registry).
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from .. import devices
+from ..analysis import op_info, tensor_infos
+from ..dialects import cinm
+from ..errors import CinmError
+from . import PassContext, register_pass
+
+_PARADIGM_ORDER = ("cim", "cnm")
+
+
+def parse_hint(text: str) -> tuple[str, str]:
+    """Parse ``PATTERN=DEVICE``; raises CinmError if malformed or the device is unknown."""
+    pattern, sep, dev = text.rpartition("=")
+    if not sep or not pattern or not dev:
+        raise CinmError(f"--place expects PATTERN=DEVICE, got '{text}'")
+    devices.get_device(dev)
+    return pattern, dev
+
+
+def load_hints(path: str) -> list[tuple[str, str]]:
+    """Read placement hints from a JSON or TOML file with a ``place`` table ``{pattern: device}``.
+
+    Raises CinmError if the file is missing, malformed or names an unknown device.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise CinmError(f"cannot read placement config '{path}': {e.strerror}") from None
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except (ValueError, ImportError) as e:
+        raise CinmError(f"placement config '{path}' is not valid {p.suffix[1:] or 'JSON'}: "
+                        f"{str(e).splitlines()[0]}") from None
+    place = data.get("place") if isinstance(data, dict) else None
+    if not isinstance(place, dict):
+        raise CinmError(f"placement config '{path}' needs a 'place' table of PATTERN = DEVICE")
+    return [parse_hint(f"{k}={v}") for k, v in place.items()]
+
+
+def _set_attr(node: onnx.NodeProto, name: str, value: str) -> None:
+    for a in list(node.attribute):
+        if a.name == name:
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _heuristic(info) -> tuple[str, str]:
+    why_not = []
+    for paradigm in _PARADIGM_ORDER:
+        for dev in devices.all_devices():
+            if dev.paradigm != paradigm:
+                continue
+            s = dev.supports(info)
+            if s:
+                return dev.name, f"heuristic: {s.reason}"
+            why_not.append(f"{dev.name}: {s.reason}")
+    return "host", "heuristic: no device takes it (" + "; ".join(why_not) + ")"
+
+
+@register_pass("placement")
+def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Annotate every cinm op with the device that runs it (paper heuristic plus user hints).
+
+    Reads ``ctx.options["placement"]`` (only ``"heuristic"`` so far) and ``ctx.options["place"]``
+    (a list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
+    "unused_hints": [...]}``.
+    """
+    strategy = ctx.options.get("placement", "heuristic")
+    if strategy != "heuristic":
+        raise CinmError(f"unknown placement strategy '{strategy}' (available: heuristic)")
+    hints = list(ctx.options.get("place", []))
+    used_hints: set[int] = set()
+    infos = tensor_infos(model)
+    counts: Counter = Counter()
+    for node in model.graph.node:
+        if node.domain != cinm.DOMAIN:
+            continue
+        info = op_info(node, infos)
+        chosen = None
+        for k, (pattern, dev_name) in enumerate(hints):
+            if fnmatch.fnmatchcase(node.name, pattern) or fnmatch.fnmatchcase(node.op_type, pattern):
+                used_hints.add(k)
+                s = devices.get_device(dev_name).supports(info)
+                if s:
+                    chosen = (dev_name, f"hint {pattern}={dev_name}: {s.reason}")
+                else:
+                    dev, why = _heuristic(info)
+                    chosen = (dev, f"hint {pattern}={dev_name} not possible ({s.reason}); {why}")
+                break
+        dev, reason = chosen or _heuristic(info)
+        _set_attr(node, "device", dev)
+        _set_attr(node, "placement", reason)
+        counts[dev] += 1
+    unused = [f"{p}={d}" for k, (p, d) in enumerate(hints) if k not in used_hints]
+    ctx.stats["placement"] = {"devices": counts, "unused_hints": unused}
+    for h in unused:
+        ctx.log(f"placement: hint {h} matched no cinm op")
+    return model

@@ -1,0 +1,145 @@
+"""``optimize()``: the whole compiler as one call, and the summary a person reads afterwards."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from . import frontend, golden
+from .analysis import node_flops, tensor_infos
+from .dialects import cinm
+from .errors import CheckFailed
+from .passes import PassContext, PassManager
+
+
+@dataclass
+class OptimizeResult:
+    """What :func:`optimize` produced.
+
+    Attributes:
+        model: the optimized model (not yet written anywhere).
+        nodes_before, nodes_after: node counts of the main graph.
+        cinm_by_device: cinm ops per device name (``"unplaced"`` before the placement pass).
+        flops_total: FLOPs of one inference of the optimized model (symbolic dims as 1).
+        flops_on_devices: the part of ``flops_total`` in cinm ops placed on a non-host device.
+        timings: ``(pass name, seconds)`` per pass run.
+        check: the golden-check report, or None when the check was off (``check=0``).
+        stats: per-pass statistics (see each pass).
+        placements: ``(node name, op type, device, reason)`` per cinm op.
+    """
+
+    model: onnx.ModelProto
+    nodes_before: int
+    nodes_after: int
+    cinm_by_device: Counter
+    flops_total: int
+    flops_on_devices: int
+    timings: list
+    check: object | None
+    stats: dict = field(default_factory=dict)
+    placements: list = field(default_factory=list)
+
+    @property
+    def device_flops_share(self) -> float:
+        """Fraction of the FLOPs in cinm ops on a memory-centric device (0..1)."""
+        return self.flops_on_devices / self.flops_total if self.flops_total else 0.0
+
+    def summary(self) -> str:
+        """A few lines for a person: nodes, devices, FLOPs share, check, pass times."""
+        n_cinm = sum(self.cinm_by_device.values())
+        per_dev = ", ".join(f"{d} {n}" for d, n in sorted(self.cinm_by_device.items())) or "none"
+        lines = [
+            f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
+            f"cinm ops per device: {per_dev}",
+            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP "
+            "(symbolic dims taken as 1)",
+        ]
+        kept = self.stats.get("to_cinm", {}).get("kept", {})
+        if kept:
+            reasons = "; ".join(f"{op} x{sum(c.values())} ({', '.join(c)})" for op, c in sorted(kept.items()))
+            lines.append(f"left on host: {reasons}")
+        lines.append(self.check.summary() if self.check is not None else "check: skipped (--check 0)")
+        lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
+        return "\n".join(lines)
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} "
+
+
+def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
+    infos = tensor_infos(model)
+    total = on_dev = 0
+    by_dev: Counter = Counter()
+    placements = []
+    for node in model.graph.node:
+        f = node_flops(node, infos)
+        total += f
+        if node.domain == cinm.DOMAIN:
+            at = cinm.node_attrs(node)
+            dev = at.get("device", "unplaced")
+            by_dev[dev] += 1
+            placements.append((node.name, node.op_type, dev, at.get("placement", "")))
+            if dev not in ("host", "unplaced"):
+                on_dev += f
+    return total, on_dev, by_dev, placements
+
+
+def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic",
+             place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
+             stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
+             check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
+             log: Callable[[str], None] | None = None) -> OptimizeResult:
+    """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
+
+    Args:
+        model: a ModelProto or a path (external data next to it is loaded).
+        placement: placement strategy (``"heuristic"``: the CINM paper's).
+        place: user hints ``(pattern, device)``; the first matching hint wins.
+        skip: pass names not to run.
+        stop_after: ``"cinm"``, ``"placement"`` or a pass name: the level to stop at.
+        input_shapes: ``{input name: dims}`` baked into the model before optimizing.
+        check: number of random-input runs comparing stock onnxruntime on the original and on the
+            result (0 disables the check).
+        check_rtol, check_atol: tolerances of the check (fp32 defaults 1e-4 / 1e-5).
+        log: callable receiving progress lines.
+
+    Returns:
+        An :class:`OptimizeResult`; nothing is written to disk.
+
+    Raises:
+        CinmError: bad input (unreadable model, unknown pass, device or input name).
+        CheckFailed: the optimized model does not match the original within tolerance.
+    """
+    log = log or (lambda msg: None)
+    original = frontend.load_model(model) if isinstance(model, (str, Path)) else model
+    if input_shapes:
+        original = frontend.overwrite_input_shapes(original, input_shapes)
+    work = onnx.ModelProto()
+    work.CopyFrom(original)
+    nodes_before = len(work.graph.node)
+    ctx = PassContext(options={"placement": placement, "place": list(place)}, log=log)
+    pm = PassManager(skip=list(skip), stop_after=stop_after)
+    work = pm.run(work, ctx)
+    cinm.attach_functions(work)
+    t0 = time.perf_counter()
+    del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
+    work = frontend.infer_shapes(work, strict=False)
+    timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
+    report = None
+    if check:
+        t0 = time.perf_counter()
+        report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol)
+        timings.append(("check", time.perf_counter() - t0))
+        if not report.ok:
+            raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
+    total, on_dev, by_dev, placements = _flops(work)
+    return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
+                          report, ctx.stats, placements)
