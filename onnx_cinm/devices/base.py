@@ -67,10 +67,15 @@ class OpInfo:
 
 @dataclass(frozen=True)
 class Support:
-    """A device's answer to "can you run this op?": ``ok`` and, either way, the reason in words."""
+    """A device's answer to "can you run this op?": ``ok`` and, either way, the reason in words.
+
+    ``applicable`` is False when the op is simply not of a kind the device computes (a crossbar
+    asked about a Relu); placement then leaves the refusal out of its explanation.
+    """
 
     ok: bool
     reason: str
+    applicable: bool = True
 
     def __bool__(self) -> bool:
         return self.ok

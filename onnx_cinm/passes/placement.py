@@ -78,8 +78,9 @@ def _heuristic(info) -> tuple[str, str]:
                 continue
             s = dev.supports(info)
             if s:
-                return dev.name, f"heuristic: {s.reason}"
-            why_not.append(f"{dev.name}: {s.reason}")
+                return dev.name, "heuristic: " + "; ".join(why_not + [s.reason])
+            if s.applicable:
+                why_not.append(f"not {dev.name}: {s.reason}")
     return "host", "heuristic: no device takes it (" + "; ".join(why_not) + ")"
 
 

@@ -59,7 +59,8 @@ class MemristorDevice:
 
     def supports(self, op: OpInfo) -> Support:
         if op.op_type not in ("Gemm", "Gemv"):
-            return Support(False, f"crossbars only compute matrix products, not {op.op_type}")
+            return Support(False, f"crossbars only compute matrix products, not {op.op_type}",
+                           applicable=False)
         weights = op.inputs[1] if op.op_type == "Gemm" else op.inputs[0]
         if not weights.const:
             return Support(False, "no constant operand to program into the crossbar")

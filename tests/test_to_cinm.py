@@ -1,0 +1,178 @@
+"""Pass to_cinm (and placement on its result): structure and numbers on tiny models.
+
+Expected numbers come from stock onnxruntime on the original model (helpers.assert_matches_ort).
+"""
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_matches_ort
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnx_cinm.dialects import cinm
+from onnx_cinm.passes import PassContext
+from onnx_cinm.passes.placement import placement
+from onnx_cinm.passes.to_cinm import to_cinm
+
+rng = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
+
+
+def _lower(m):
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    ctx = PassContext()
+    out = placement(to_cinm(out, ctx), ctx)
+    del out.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(out, strict_mode=True), ctx
+
+
+def _ops(m):
+    return [(n.domain + "." if n.domain else "") + n.op_type for n in m.graph.node]
+
+
+def _conv(xshape, wshape, bias, **attrs):
+    inits = [nh.from_array(rng.standard_normal(wshape).astype(np.float32), "W")]
+    ins = ["x", "W"]
+    if bias:
+        inits.append(nh.from_array(rng.standard_normal(wshape[0]).astype(np.float32), "B"))
+        ins.append("B")
+    return _model([h.make_node("Conv", ins, ["y"], **attrs)],
+                  [h.make_tensor_value_info("x", TP.FLOAT, ["N"] + list(xshape[1:]))],
+                  [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+
+
+CONVS = [
+    ((2, 3, 9, 8), (4, 3, 3, 3), True, {}),
+    ((2, 3, 9, 8), (4, 3, 3, 2), False, dict(strides=[2, 1], pads=[1, 0, 2, 1], dilations=[1, 2])),
+    ((1, 6, 7, 7), (6, 1, 3, 3), True, dict(group=6, pads=[1, 1, 1, 1])),  # depthwise
+    ((1, 6, 7, 7), (4, 3, 3, 3), True, dict(group=2, strides=[2, 2])),
+    ((1, 6, 7, 7), (12, 1, 3, 3), False, dict(group=6, auto_pad="SAME_UPPER", strides=[2, 2])),
+    ((1, 6, 8, 7), (4, 6, 2, 3), True, dict(auto_pad="SAME_LOWER")),
+    ((1, 6, 8, 7), (4, 6, 2, 3), True, dict(auto_pad="VALID")),
+    ((2, 3, 11), (5, 3, 3), True, dict(strides=[2], pads=[1, 2])),  # 1-D
+    ((2, 4, 11), (4, 2, 3), True, dict(group=2)),  # 1-D grouped
+]
+
+
+@pytest.mark.parametrize("xshape,wshape,bias,attrs", CONVS)
+def test_conv_becomes_im2col_gemm(xshape, wshape, bias, attrs):
+    m = _conv(xshape, wshape, bias, **attrs)
+    out, ctx = _lower(m)
+    ops = _ops(out)
+    assert "Conv" not in ops and ops[0] == "cinm.Im2Col" and ops.count("cinm.Gemm") == 1
+    assert ctx.stats["to_cinm"]["lowered"]["Conv"] == 1
+    assert_matches_ort(m, out, shapes={"x": list(xshape)})
+    # a symbolic batch stays symbolic
+    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_conv_with_runtime_weights_gets_explicit_reshapes():
+    m = _model([h.make_node("Conv", ["x", "w"], ["y"], group=2)],
+               [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 5, 5]),
+                h.make_tensor_value_info("w", TP.FLOAT, [6, 2, 3, 3])],
+               [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    out, _ = _lower(m)
+    assert "cinm.Im2Col" in _ops(out)
+    assert_matches_ort(m, out)
+
+
+@pytest.mark.parametrize("ashape,bshape,expect", [
+    ((4, 5), (5, 3), "Gemm"), ((2, 4, 5), (5, 3), "Gemm"), ((2, 4, 5), (2, 5, 3), "Gemm"),
+    ((4, 5), (5,), "Gemv"), ((5,), (5, 3), None), ((5,), (5,), "Gemv"), ((2, 3, 4, 5), (5,), "Gemm"),
+    ((5,), (2, 5, 3), "Gemm"),
+])
+@pytest.mark.parametrize("b_const", [True, False])
+def test_matmul_every_rank(ashape, bshape, expect, b_const):
+    b = rng.standard_normal(bshape).astype(np.float32)
+    inputs = [h.make_tensor_value_info("a", TP.FLOAT, list(ashape))]
+    inits = [nh.from_array(b, "b")] if b_const else []
+    if not b_const:
+        inputs.append(h.make_tensor_value_info("b", TP.FLOAT, list(bshape)))
+    m = _model([h.make_node("MatMul", ["a", "b"], ["y"])], inputs,
+               [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    out, _ = _lower(m)
+    if expect is None:  # vector times matrix: Gemv with the folded transpose when B is constant
+        expect = "Gemv" if b_const else "Gemm"
+    assert f"cinm.{expect}" in _ops(out) and "MatMul" not in _ops(out)
+    assert_matches_ort(m, out)
+
+
+def test_reduce_cumsum_topk_transpose_elementwise():
+    nodes = [h.make_node("ReduceSum", ["x", "ax"], ["r1"], keepdims=0),
+             h.make_node("ReduceMean", ["x"], ["r2"], axes=[-1]),
+             h.make_node("ReduceMax", ["x"], ["r3"]),
+             h.make_node("ReduceProd", ["x"], ["r4"], axes=[1], keepdims=1),
+             h.make_node("CumSum", ["x", "one"], ["c1"], exclusive=1, reverse=1),
+             h.make_node("TopK", ["x", "k"], ["tv", "ti"], axis=1, largest=0),
+             h.make_node("Transpose", ["x"], ["tr"]),
+             h.make_node("Add", ["x", "x"], ["s1"]), h.make_node("Relu", ["s1"], ["s2"]),
+             h.make_node("Clip", ["s2", "", "cm"], ["s3"]), h.make_node("Max", ["x", "s3"], ["s4"]),
+             h.make_node("LeakyRelu", ["s4"], ["s5"], alpha=0.3)]
+    outs = ["r1", "r2", "r3", "r4", "c1", "tv", "ti", "tr", "s5"]
+    inits = [nh.from_array(np.array([0, 2], np.int64), "ax"), nh.from_array(np.array(1, np.int64), "one"),
+             nh.from_array(np.array([2], np.int64), "k"), nh.from_array(np.float32(0.3), "cm")]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, ["N", 4, 5])],
+               [h.make_tensor_value_info(o, TP.INT64 if o == "ti" else TP.FLOAT, None) for o in outs], inits)
+    out, ctx = _lower(m)
+    lowered = ctx.stats["to_cinm"]["lowered"]
+    assert sum(lowered.values()) == len(nodes)
+    reduces = [n for n in out.graph.node if n.op_type == "Reduce"]
+    assert [cinm.node_attrs(n)["axes"] for n in reduces] == [[0, 2], [2], [0, 1, 2], [1]]
+    assert [cinm.node_attrs(n)["kind"] for n in reduces] == ["add", "add", "max", "mul"]
+    assert_matches_ort(m, out, shapes={"x": [3, 4, 5]})
+
+
+def test_shape_path_and_unsupported_ops_stay_on_host():
+    # Shape -> Gather -> Mul (shape arithmetic) must not become cinm; Softmax has no cinm form.
+    nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Mul", ["s", "two"], ["s2"]),
+             h.make_node("Reshape", ["x", "s2"], ["xr"]) if False else h.make_node("Softmax", ["x"], ["y"]),
+             h.make_node("Identity", ["s2"], ["z"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+               [h.make_tensor_value_info("y", TP.FLOAT, None), h.make_tensor_value_info("z", TP.INT64, None)],
+               [nh.from_array(np.array(2, np.int64), "two")])
+    out, ctx = _lower(m)
+    assert _ops(out) == ["Shape", "Mul", "Softmax", "Identity"]
+    assert ctx.stats["to_cinm"]["kept"]["Mul"] == {"shape computation": 1}
+    assert_matches_ort(m, out)
+
+
+def test_placement_heuristic_and_reasons():
+    # a big constant-weight Gemm goes to the crossbar, a tiny one and elementwise to UPMEM,
+    # a float64 op to the host (no device supports it).
+    w_big = rng.standard_normal((256, 128)).astype(np.float32)
+    w_small = rng.standard_normal((128, 2)).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "wb"], ["h1"]), h.make_node("Relu", ["h1"], ["h2"]),
+             h.make_node("MatMul", ["h2", "ws"], ["y"]), h.make_node("Relu", ["d"], ["dy"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, ["N", 256]),
+                       h.make_tensor_value_info("d", TP.DOUBLE, [3])],
+               [h.make_tensor_value_info("y", TP.FLOAT, None), h.make_tensor_value_info("dy", TP.DOUBLE, None)],
+               [nh.from_array(w_big, "wb"), nh.from_array(w_small, "ws")])
+    out, _ = _lower(m)
+    placed = {n.output[0]: cinm.node_attrs(n) for n in out.graph.node}
+    assert placed["h1"]["device"] == "memristor" and "32768 MACs" in placed["h1"]["placement"]
+    assert placed["h2"]["device"] == "upmem"
+    assert placed["y"]["device"] == "upmem" and "256 MACs" in placed["y"]["placement"]
+    assert placed["dy"]["device"] == "host"
+    assert_matches_ort(m, out)
+
+
+def test_placement_hints_first_match_wins_and_fall_back():
+    w = rng.standard_normal((256, 128)).astype(np.float32)
+    m = _model([h.make_node("MatMul", ["x", "w"], ["h1"], name="fc1"), h.make_node("Relu", ["h1"], ["y"], name="act")],
+               [h.make_tensor_value_info("x", TP.FLOAT, ["N", 256])], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+               [nh.from_array(w, "w")])
+    work = onnx.ModelProto()
+    work.CopyFrom(m)
+    ctx = PassContext(options={"place": [("fc1*", "upmem"), ("Gemm", "host"), ("Relu", "memristor")]})
+    out = placement(to_cinm(work, ctx), ctx)
+    placed = {n.op_type: cinm.node_attrs(n) for n in out.graph.node}
+    assert placed["Gemm"]["device"] == "upmem" and placed["Gemm"]["placement"].startswith("hint fc1*=upmem")
+    # Relu cannot run on a crossbar: the hint falls back to the heuristic and says so
+    assert placed["Relu"]["device"] == "upmem" and "not possible" in placed["Relu"]["placement"]
+    assert ctx.stats["placement"]["unused_hints"] == ["Gemm=host"]
