@@ -1,0 +1,110 @@
+"""The onnx-cinm command line: the main job, --stop-after levels, hints, and clean failures."""
+import json
+import subprocess
+import sys
+
+import onnx
+import pytest
+from helpers import assert_matches_ort
+
+from onnx_cinm.cli import main
+from onnx_cinm.examples import get_example
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _devices(path):
+    m = onnx.load(str(path))
+    return {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("device")
+            for n in m.graph.node if n.domain == "cinm"}
+
+
+def test_optimize_example_writes_checked_model(tmp_model_dir, capsys):
+    out = tmp_model_dir / "lenet.cinm.onnx"
+    code, stdout, err = _run(["optimize", "--example", "lenet", "-o", str(out)], capsys)
+    assert code == 0, err
+    assert "check: 1 run" in stdout and "OK" in stdout and "FLOPs on devices" in stdout
+    m = onnx.load(str(out))
+    onnx.checker.check_model(m, full_check=True)
+    assert_matches_ort(get_example("lenet"), m, dims={"batch": 3})
+    devices = set(_devices(out).values())
+    assert {"memristor", "upmem"} <= devices
+    assert not list(tmp_model_dir.glob("*.tmp*"))  # no temporaries left
+
+
+def test_stop_after_cinm_has_no_placement(tmp_model_dir, capsys):
+    out = tmp_model_dir / "level.onnx"
+    code, _, err = _run(["optimize", "--example", "mlp", "-o", str(out), "--stop-after", "cinm", "-q"], capsys)
+    assert code == 0, err
+    devs = _devices(out)
+    assert devs and all(d is None for d in devs.values())
+
+
+def test_place_hint_and_config(tmp_model_dir, capsys):
+    out = tmp_model_dir / "hinted.onnx"
+    cfg = tmp_model_dir / "place.json"
+    cfg.write_text(json.dumps({"place": {"Gemm": "host"}}))
+    code, _, err = _run(["optimize", "--example", "mlp", "-o", str(out), "--place", "Relu=memristor",
+                         "--place-config", str(cfg), "-q"], capsys)
+    assert code == 0, err
+    m = onnx.load(str(out))
+    for n in m.graph.node:
+        if n.domain == "cinm" and n.op_type == "Gemm":
+            assert {a.name: a.s for a in n.attribute}["device"] == b"host"
+
+
+@pytest.mark.parametrize("argv_tail,needle", [
+    (["missing.onnx"], "missing.onnx"),
+    (["--example", "nosuch"], "nosuch"),
+    (["--example", "mlp", "--place", "Gemm=tpu"], "unknown device 'tpu'"),
+    (["--example", "mlp", "--place", "no-equals-sign"], "PATTERN=DEVICE"),
+    (["--example", "mlp", "--skip-pass", "nosuchpass"], "unknown pass"),
+    (["--example", "mlp", "--overwrite-input-shape", "nosuch:1,64"], "nosuch"),
+])
+def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_model_dir, capsys):
+    out = tmp_model_dir / "out.onnx"
+    code, stdout, err = _run(["optimize", *argv_tail, "-o", str(out)], capsys)
+    assert code == 1
+    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and list(tmp_model_dir.iterdir()) == []
+
+
+def test_output_equal_to_input_is_refused(tmp_model_dir, capsys):
+    src = tmp_model_dir / "m.onnx"
+    onnx.save(get_example("mlp"), str(src))
+    before = src.read_bytes()
+    code, _, err = _run(["optimize", str(src), "-o", str(src)], capsys)
+    assert code == 1 and "input" in err
+    assert src.read_bytes() == before
+
+
+def test_not_onnx_file(tmp_model_dir, capsys):
+    src = tmp_model_dir / "junk.onnx"
+    src.write_bytes(b"\x00\xffnot a model at all" * 10)
+    out = tmp_model_dir / "out.onnx"
+    code, _, err = _run(["optimize", str(src), "-o", str(out)], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--example", "mlp"])  # no -o
+    assert e.value.code == 2
+    assert main([]) == 2
+
+
+def test_console_script_help_and_lists():
+    res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--help"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "--stop-after" in res.stdout and "--place" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--list-passes"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0
+    assert [line.split()[0] for line in res.stdout.splitlines()] == [
+        "canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm", "to_cinm", "placement"]
+    res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
+    assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 2.5e-06" in res.stdout
