@@ -19,7 +19,7 @@ def _run(argv, capsys):
 
 def _devices(path):
     m = onnx.load(str(path))
-    return {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("device")
+    return {n.name: {a.name: a.s.decode() for a in n.attribute if a.name == "device"}.get("device")
             for n in m.graph.node if n.domain == "cinm"}
 
 
