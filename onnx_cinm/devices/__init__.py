@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 
 from ..errors import CinmError
-from .base import Device, OpInfo, Registry, Support, TensorInfo
+from .base import Cost, Device, OpInfo, Registry, Support, TensorInfo
 
-__all__ = ["Device", "OpInfo", "Support", "TensorInfo", "register", "get_device", "all_devices",
+__all__ = ["Cost", "Device", "OpInfo", "Support", "TensorInfo", "register", "get_device", "all_devices",
            "device_names"]
 
 _registry = Registry()

@@ -66,6 +66,30 @@ class OpInfo:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What running one op costs on a device, for one inference.
+
+    Attributes:
+        latency_s: modeled wall time, seconds (device work only; host<->device transfers are
+            added by placement per edge).
+        energy_j: modeled energy, joules.
+        writes: device programming operations; for a crossbar, whole-tile writes (one tile is
+            ``rows x cols`` cells programmed at once, as OCC counts them). 0 for devices that
+            are not programmed.
+        bytes_moved: bytes crossing the device boundary (inputs in, results out, weights in).
+    """
+
+    latency_s: float
+    energy_j: float
+    writes: int = 0
+    bytes_moved: int = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.latency_s + other.latency_s, self.energy_j + other.energy_j,
+                    self.writes + other.writes, self.bytes_moved + other.bytes_moved)
+
+
+@dataclass(frozen=True)
 class Support:
     """A device's answer to "can you run this op?": ``ok`` and, either way, the reason in words.
 

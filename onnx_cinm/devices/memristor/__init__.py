@@ -31,9 +31,14 @@ class CrossbarParams:
             (2.1e-9: OCC "Mixed-signal energy").
         endurance_writes: writes a cell survives (3.2e7, as given for OCC's PCM model in the
             crossbar issue; NVMain's default mean endurance is 1e6).
+        clock_hz: clock of the periphery, Hz (1e9: OCC "1 GHz"); one busy cycle costs
+            ``periphery_energy_per_cycle_j``.
+        adc_energy_j: energy of one analog-to-digital conversion (one column of one MVM), joules
+            (0 for the OCC preset: OCC folds the ADCs into its mixed-signal periphery energy).
         dtypes: element types the ideal (exact fp32) mode accepts.
         min_macs: the paper heuristic's "enough work": a matmul with fewer multiply-accumulates
             than one tile holds (rows * cols) stays off the crossbar.
+        name: preset name, for reports.
     """
 
     rows: int = 64
@@ -45,8 +50,40 @@ class CrossbarParams:
     mvm_energy_j: float = 2e-13
     periphery_energy_per_cycle_j: float = 2.1e-9
     endurance_writes: float = 3.2e7
+    clock_hz: float = 1e9
+    adc_energy_j: float = 0.0
     dtypes: tuple = ("float32",)
     min_macs: int = 64 * 64
+    name: str = "pcm-occ"
+
+
+#: OCC's PCM model (field notes crossbar.md §1.4): the default parameters.
+PCM_OCC = CrossbarParams()
+
+#: A ReRAM crossbar after ISAAC/PUMA geometry and NVSim/MNSIM cell figures (field notes
+#: crossbar.md §2.4-2.6 and §2.8):
+#:
+#: - 128 x 128 cells (ISAAC; PUMA ``MVMU_DIM 128``; NeuroSim's default subarray);
+#: - a tile write programs one row at a time, all cells of a row in parallel (MNSIM
+#:   ``Crossbar.py``), 10 ns per row (NVSim ``sample_RRAM.cell`` SET/RESET 10 ns; MNSIM
+#:   ``Write_Latency``): 128 x 10 ns = 1.28 us per tile;
+#: - 0.6 pJ per cell switch (NVSim ``sample_RRAM.cell``): 128 * 128 * 0.6 pJ = 9.83 nJ per tile;
+#: - one MVM (a crossbar read cycle) 100 ns (ISAAC / PUMA ``xbar_ip_lat``), cell read energy
+#:   0.1 pJ (NVSim) over 128 * 128 cells = 1.64 nJ;
+#: - 8-bit ADC 1.67 pJ per conversion (ISAAC, via the ``hwcomponents_library`` model);
+#: - no separate always-on periphery term (the ADCs carry it, as in ISAAC);
+#: - endurance 1e6 writes (NVMain's default mean; HfOx RRAM endurance-model abstract).
+#: Not calibrated against a chip: an "ISAAC-like" profile for comparisons, as §6 suggests.
+RERAM_ISAAC = CrossbarParams(
+    rows=128, cols=128, crossbars=4,
+    write_latency_s=128 * 10e-9, write_energy_j=128 * 128 * 0.6e-12,
+    mvm_latency_s=100e-9, mvm_energy_j=128 * 128 * 0.1e-12,
+    periphery_energy_per_cycle_j=0.0, endurance_writes=1e6, clock_hz=1e9,
+    adc_energy_j=1.67e-12, min_macs=128 * 128, name="reram-isaac",
+)
+
+#: Parameter presets by name.
+PRESETS = {p.name: p for p in (PCM_OCC, RERAM_ISAAC)}
 
 
 @dataclass

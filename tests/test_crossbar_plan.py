@@ -1,0 +1,111 @@
+"""The crossbar schedule (devices/memristor/schedule.py): counts derived by hand from the formulas.
+
+Every expected number below is worked out in the comment next to it from the definitions in the
+module docstring (Kt = ceil(K/rows), Nt = ceil(N/cols), T = G*Kt*Nt, MVMs = G*M*Kt*Nt, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from onnx_cinm.devices import Cost
+from onnx_cinm.devices.memristor import PCM_OCC, PRESETS, RERAM_ISAAC
+from onnx_cinm.devices.memristor.schedule import plan, tile_cells
+
+P1 = replace(PCM_OCC, crossbars=1)
+
+
+def test_occ_worked_example():
+    # field notes §3: M=N=K=256, T=64, P=1 -> naive (OCC tiles M by 64) 4*4*4 = 64, WS 4*4 = 16
+    naive = plan(256, 256, 256, P1, "naive", m_block=64)
+    ws = plan(256, 256, 256, P1)
+    assert (naive.Kt, naive.Nt, naive.Mt) == (4, 4, 4)
+    assert naive.writes_per_inference == 64
+    assert ws.writes_cold == 16
+    # WS with P=1 and 16 tiles: 1 at load, 15 per inference (the bound T-P), 16 in a cold run
+    assert (ws.writes_load, ws.writes_per_inference, ws.writes_lower_bound) == (1, 15, 15)
+    assert naive.mvms == ws.mvms == 256 * 16
+
+
+def test_awkward_shapes_weight_stationary():
+    # K=100, N=70 on 64x64: Kt=2, Nt=2, T=4; P=4 -> fits, written once at load
+    p = plan(5, 100, 70, PCM_OCC)
+    assert (p.Kt, p.Nt, p.tiles, p.resident) == (2, 2, 4, True)
+    assert (p.writes_load, p.writes_per_inference) == (4, 0)
+    assert p.cell_writes_load == 100 * 70  # 64*64 + 64*6 + 36*64 + 36*6
+    assert tile_cells(100, 70, 64, 64) == [4096, 384, 2304, 216]
+    assert p.mvms == 5 * 4 and p.adc_conversions == 5 * 2 * 70
+    assert p.rounds == 1 and p.write_rounds == 0
+
+
+def test_capacity_limited():
+    # K=200, N=130: Kt=4, Nt=3, T=12 > P=4 -> load 4, per inference 8, rounds 3 (2 with writes)
+    p = plan(7, 200, 130, PCM_OCC)
+    assert (p.tiles, p.resident, p.writes_load, p.writes_per_inference) == (12, False, 4, 8)
+    assert p.writes_per_inference == p.writes_lower_bound
+    assert (p.rounds, p.write_rounds) == (3, 2)
+    cells = tile_cells(200, 130, 64, 64)
+    assert sum(cells) == 200 * 130
+    assert p.cell_writes_load == sum(cells[:4])
+    assert p.cell_writes_per_inference == ((200 * 130 - sum(cells[-4:])) + (200 * 130 - sum(cells[:4]))) // 2
+    # P=5 does not divide T=12: rounds ceil(12/5)=3, 7 writes per inference
+    q = plan(7, 200, 130, PCM_OCC, crossbars=5)
+    assert (q.writes_load, q.writes_per_inference, q.rounds, q.write_rounds) == (5, 7, 3, 2)
+
+
+def test_m1_k_small_single_tile():
+    # M=1, K=10 < 64, N=3: a single partial tile
+    p = plan(1, 10, 3, P1)
+    assert (p.Kt, p.Nt, p.tiles, p.writes_load, p.writes_per_inference) == (1, 1, 1, 1, 0)
+    assert p.cell_writes_load == 30 and p.mvms == 1 and p.adc_conversions == 3
+    n = plan(1, 10, 3, P1, "naive")
+    assert n.writes_per_inference == 1 and n.Mt == 1
+
+
+def test_naive_counts():
+    # M=9, K=130, N=65: Kt=3, Nt=2; naive m_block=1: Mt=9, writes 9*2*3 = 54; m_block=4: Mt=3 -> 18
+    assert plan(9, 130, 65, PCM_OCC, "naive").writes_per_inference == 54
+    n4 = plan(9, 130, 65, PCM_OCC, "mnk", m_block=4)
+    assert (n4.Mt, n4.writes_per_inference, n4.writes_load) == (3, 18, 0)
+    assert n4.cell_writes_per_inference == 3 * 130 * 65
+
+
+def test_groups():
+    # grouped conv: G=3 groups of K=27, N=8 -> T=3 tiles; P=4 -> resident
+    p = plan(50, 27, 8, PCM_OCC, groups=3)
+    assert (p.tiles, p.resident, p.writes_load, p.mvms) == (3, True, 3, 3 * 50)
+    assert plan(50, 27, 8, PCM_OCC, "naive", groups=3).writes_per_inference == 3 * 50
+
+
+def test_cost_formulas():
+    # P=1, M=2, K=N=64: T=1, resident: per inference 2 MVMs, no writes
+    p = plan(2, 64, 64, P1)
+    c = p.cost(P1)
+    assert isinstance(c, Cost) and c.writes == 0
+    assert c.latency_s == pytest.approx(2 * 1e-6)
+    assert c.energy_j == pytest.approx(2 * 2e-13 + 2 * 1e-6 * 1e9 * 2.1e-9)
+    load = p.cost(P1, load=True)
+    assert load.writes == 1 and load.latency_s == pytest.approx(2.5e-6)
+    assert load.energy_j == pytest.approx(2e-10 + 2.5e-6 * 1e9 * 2.1e-9)
+    # naive, P=1, M=2, K=128, N=64: Kt=2, writes 2*1*2=4, MVMs 4 -> OCC's serial sum
+    n = plan(2, 128, 64, P1, "naive")
+    assert n.cost(P1).latency_s == pytest.approx(4 * 2.5e-6 + 4 * 1e-6)
+    # capacity-limited, P=4, K=N=192 (T=9), M=3: rounds 3, write rounds 2
+    w = plan(3, 192, 192, PCM_OCC)
+    assert w.cost(PCM_OCC).latency_s == pytest.approx(2 * 2.5e-6 + 3 * 3 * 1e-6)
+    assert w.cost(PCM_OCC).writes == 5
+    # bytes: inputs M*K*Nt + outputs M*N*Kt + cells, fp32
+    assert p.bytes_moved == 4 * (2 * 64 * 1 + 2 * 64 * 1 + 0)
+
+
+def test_reram_preset_and_errors():
+    assert PRESETS["reram-isaac"] is RERAM_ISAAC and RERAM_ISAAC.rows == 128
+    p = plan(4, 300, 200, RERAM_ISAAC)  # Kt=3, Nt=2
+    assert p.tiles == 6 and p.writes_per_inference == 2
+    assert p.cost(RERAM_ISAAC).energy_j == pytest.approx(
+        2 * RERAM_ISAAC.write_energy_j + 24 * RERAM_ISAAC.mvm_energy_j + 4 * 3 * 200 * 1.67e-12)
+    with pytest.raises(ValueError, match="loop order"):
+        plan(1, 1, 1, PCM_OCC, "kmn")
+    with pytest.raises(ValueError, match="K must be"):
+        plan(1, 0, 1, PCM_OCC)
