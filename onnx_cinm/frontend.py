@@ -1,0 +1,596 @@
+"""The compiler's front door: load, check, save and shape-infer ONNX models.
+
+Everything here turns tool errors (protobuf, checker, shape inference, file system) into a
+:class:`~onnx_cinm.errors.CinmError` with a one-line message.
+
+Large models. A protobuf message cannot exceed 2 GiB, and copying or serializing big messages
+is slow with the ``upb`` protobuf backend (about 1 s per 200-500 MB on the project machines).
+So:
+
+- :func:`load_model` lets the C++ checker read the file itself (``check_model(path)``) instead of
+  serializing the loaded model again;
+- :func:`save_model` writes weights beyond a threshold to a side file (external data) without
+  copying the model;
+- :func:`infer_shapes` runs onnx shape inference on a *weightless* copy (:func:`strip_weights`)
+  and writes the result back (:func:`restore_weights`), so a 550 MB model costs the same as a
+  1 MB one; it only falls back to ``infer_shapes_path`` when even the weightless copy exceeds
+  2 GiB.
+
+:func:`infer_shapes` and :func:`overwrite_input_shapes` update the model **in place** and return
+it, for the same reason; callers that need the original keep their own copy.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from .errors import CinmError
+
+#: Oldest default-domain opset accepted by :func:`load_model`.
+MIN_OPSET = 9
+
+#: Largest protobuf message (bytes) that protobuf can serialize: 2 GiB - 1.
+PROTOBUF_LIMIT = 2**31 - 1
+
+#: Initializers with more elements than this are moved out of the weightless copy made by
+#: :func:`strip_weights`. Shape tensors (Reshape targets, Slice bounds, axes) are far smaller,
+#: so shape inference and data propagation still see every value they use.
+WEIGHTLESS_MAX_ELEMENTS = 1024
+
+#: Tensors smaller than this (bytes) stay inside the protobuf when writing external data.
+_EXTERNAL_MIN_TENSOR_BYTES = 1024
+
+#: Offsets of tensors in an external data file are multiples of this (page size; lets
+#: onnxruntime memory-map them).
+_EXTERNAL_ALIGNMENT = 4096
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _iter_graphs(graph: onnx.GraphProto):
+    """Yield ``graph`` and, recursively, every subgraph of its nodes (If/Loop/Scan bodies)."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _iter_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _iter_graphs(sub)
+
+
+def _iter_tensors(model: onnx.ModelProto):
+    """Yield every TensorProto that may hold data: initializers and tensor-valued attributes."""
+    nodes = [node for function in model.functions for node in function.node]
+    for graph in _iter_graphs(model.graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        nodes.extend(graph.node)
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                yield from attr.tensors
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _tensor_elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims, dtype=np.int64))
+
+
+def _check_opsets(model: onnx.ModelProto, path: str) -> None:
+    imported: dict[str, int] = {}
+    for opset in model.opset_import:
+        domain = "" if opset.domain in _DEFAULT_DOMAINS else opset.domain
+        imported[domain] = max(imported.get(domain, 0), opset.version)
+    default = imported.get("")
+    if default is not None and not MIN_OPSET <= default <= onnx.defs.onnx_opset_version():
+        raise CinmError(
+            f"'{path}': unsupported opset {default} (supported: {MIN_OPSET}.."
+            f"{onnx.defs.onnx_opset_version()})"
+        )
+    for graph in _iter_graphs(model.graph):
+        for node in graph.node:
+            domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
+            if domain not in imported:
+                raise CinmError(
+                    f"'{path}': node '{node.name or node.output[0]}' ({node.op_type}) uses domain "
+                    f"'{node.domain}' but the model has no opset_import for it"
+                )
+
+
+def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None:
+    for tensor in _iter_tensors(model):
+        if not _is_external(tensor):
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        normalized = os.path.normpath(location)
+        if not location or os.path.isabs(location) or normalized.split(os.sep)[0] == "..":
+            raise CinmError(
+                f"'{path}': external data location '{location}' of tensor '{tensor.name}' "
+                "is not a relative path inside the model's folder"
+            )
+        data_path = os.path.join(folder, normalized)
+        if not os.path.isfile(data_path):
+            raise CinmError(
+                f"'{path}': external data file '{location}' of tensor '{tensor.name}' not found"
+            )
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if end > os.path.getsize(data_path):
+            raise CinmError(
+                f"'{path}': external data file '{location}' is too short for tensor "
+                f"'{tensor.name}' (needs {end} bytes)"
+            )
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and check an ONNX model, with its external data.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.onnx`` file. External data files are resolved relative to its folder and must
+        stay inside that folder.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The model, external data loaded into the tensors, checked by ``onnx.checker``.
+
+    Raises
+    ------
+    CinmError
+        The file is missing, a directory, empty, unreadable, not an ONNX protobuf (random bytes,
+        truncated), has no graph, imports a default-domain opset outside ``[9,
+        onnx.defs.onnx_opset_version()]``, has a node whose domain is not imported, refers to
+        missing or escaping external data, or fails ``onnx.checker.check_model`` (the message is
+        the checker's first line).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CinmError(f"no such file: '{path}'")
+    if os.path.isdir(path):
+        raise CinmError(f"'{path}' is a directory, not an ONNX file")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise CinmError(f"'{path}' is empty")
+    if size > PROTOBUF_LIMIT:
+        raise CinmError(f"'{path}' is larger than 2 GiB and cannot be one ONNX protobuf")
+    try:
+        model = onnx.load_model(path, load_external_data=False)
+    except OSError as error:
+        raise CinmError(f"cannot read '{path}': {error.strerror or _first_line(error)}") from None
+    except (DecodeError, ValueError, RuntimeError) as error:
+        raise CinmError(
+            f"'{path}' is not an ONNX model (protobuf parse failed: {_first_line(error)})"
+        ) from None
+    if not model.HasField("graph"):
+        raise CinmError(f"'{path}' is not an ONNX model: it has no graph")
+    _check_opsets(model, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    _check_external_data(model, path, folder)
+    try:
+        onnx.checker.check_model(path)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise CinmError(f"'{path}' is not a valid ONNX model: {_first_line(error)}") from None
+    if any(_is_external(tensor) for tensor in _iter_tensors(model)):
+        onnx.external_data_helper.load_external_data_for_model(model, folder)
+    return model
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes of a tensor's data, computed from its shape (the data itself is not touched)."""
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return sum(len(s) for s in tensor.string_data)
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return _tensor_elements(tensor) * itemsize
+
+
+def _total_tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the data of every main-graph initializer."""
+    return sum(_tensor_bytes(tensor) for tensor in model.graph.initializer)
+
+
+def _copy_except(message, skipped_field: str):
+    """Copy a protobuf message except one (large) field, without touching that field."""
+    copy = type(message)()
+    for field, value in message.ListFields():
+        if field.name == skipped_field:
+            continue
+        if field.is_repeated:
+            getattr(copy, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(copy, field.name).CopyFrom(value)
+        else:
+            setattr(copy, field.name, value)
+    return copy
+
+
+def _external_skeleton(model: onnx.ModelProto, data_file, location: str) -> onnx.ModelProto:
+    """Write the large initializers of ``model`` to ``data_file``; return a model pointing at them.
+
+    ``model`` is not modified. Tensors smaller than 1 KiB, and tensors whose data is not in
+    ``raw_data`` (typed fields, strings), stay inside the returned protobuf.
+    """
+    skeleton = _copy_except(model, "graph")
+    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    for tensor in model.graph.initializer:
+        if _is_external(tensor):
+            raise CinmError(
+                f"tensor '{tensor.name}' still refers to external data; load it with load_model"
+            )
+        if not tensor.HasField("raw_data") or _tensor_bytes(tensor) < _EXTERNAL_MIN_TENSOR_BYTES:
+            skeleton.graph.initializer.append(tensor)
+            continue
+        data_file.write(b"\0" * (-data_file.tell() % _EXTERNAL_ALIGNMENT))
+        offset = data_file.tell()
+        data = tensor.raw_data
+        data_file.write(data)
+        reference = skeleton.graph.initializer.add()
+        reference.name = tensor.name
+        reference.data_type = tensor.data_type
+        reference.dims.extend(tensor.dims)
+        reference.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", offset), ("length", len(data))):
+            entry = reference.external_data.add()
+            entry.key, entry.value = key, str(value)
+    return skeleton
+
+
+def _new_temporary(folder: str, name: str) -> str:
+    handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)
+    return temporary
+
+
+def _write_file(path: str, writer) -> None:
+    with open(path, "wb") as handle:
+        writer(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    external_data_threshold_bytes: int = 1_800_000_000,
+) -> None:
+    """Write ``model`` to ``path`` atomically.
+
+    The model is written to a temporary file in the destination folder, then moved into place
+    with ``os.replace``: readers see the old file or the new one, never a partial one, and on
+    failure the old file is untouched. ``model`` itself is never modified.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model to write; its tensors must hold their data (not external references).
+    path : str or os.PathLike
+        Destination ``.onnx`` file.
+    external_data_threshold_bytes : int, optional
+        When the initializers of the main graph total more bytes than this (default 1.8 GB,
+        below the 2 GiB protobuf limit), every initializer of at least 1 KiB stored as
+        ``raw_data`` goes to ``<file name>.data`` next to the model (4 KiB aligned offsets,
+        also written to a temporary file and moved into place). Above 2 GiB external data is
+        used whatever the threshold.
+
+    Raises
+    ------
+    CinmError
+        The folder does not exist or is not writable, the disk is full, the model cannot be
+        serialized, or a tensor still refers to external data. Temporary files are removed.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    external = _total_tensor_bytes(model) > min(external_data_threshold_bytes, PROTOBUF_LIMIT)
+    temporaries: list[str] = []
+    try:
+        if not os.path.isdir(folder):
+            raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
+        model_temporary = _new_temporary(folder, name)
+        temporaries.append(model_temporary)
+        if external:
+            data_temporary = _new_temporary(folder, name + ".data")
+            temporaries.append(data_temporary)
+            with open(data_temporary, "wb") as data_file:
+                skeleton = _external_skeleton(model, data_file, name + ".data")
+                data_file.flush()
+                os.fsync(data_file.fileno())
+            _write_file(model_temporary, lambda handle: handle.write(skeleton.SerializeToString()))
+            os.replace(data_temporary, os.path.join(folder, name + ".data"))
+        else:
+            _write_file(model_temporary, lambda handle: handle.write(model.SerializeToString()))
+        os.replace(model_temporary, path)
+    except OSError as error:
+        raise CinmError(f"cannot write '{path}': {error.strerror or _first_line(error)}") from None
+    except ValueError as error:  # protobuf: message too large to serialize
+        raise CinmError(f"cannot write '{path}': {_first_line(error)}") from None
+    finally:
+        for temporary in temporaries:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+
+def strip_weights(
+    model: onnx.ModelProto, max_elements: int = WEIGHTLESS_MAX_ELEMENTS
+) -> tuple[onnx.ModelProto, set[str]]:
+    """Return a weightless copy of ``model`` for tools that only need the graph.
+
+    Every main-graph initializer with more than ``max_elements`` elements is left out; unless
+    it is already a graph input, it becomes a graph input of the same element type and shape.
+    Shape inference, data propagation and the version converter give the same result on the
+    copy, because they read values only of small (shape-like) tensors. The data of the large
+    initializers is not touched, so this costs almost nothing even for GB-sized models.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; not modified.
+    max_elements : int, optional
+        Initializers with more elements are left out.
+
+    Returns
+    -------
+    skeleton : onnx.ModelProto
+        The weightless copy.
+    moved : set of str
+        Names of the initializers that were added to the skeleton's graph inputs.
+    """
+    skeleton = _copy_except(model, "graph")
+    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    inputs = {value.name for value in model.graph.input}
+    moved: set[str] = set()
+    for tensor in model.graph.initializer:
+        if _tensor_elements(tensor) <= max_elements:
+            skeleton.graph.initializer.append(tensor)
+        elif tensor.name not in inputs:
+            moved.add(tensor.name)
+            skeleton.graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    return skeleton, moved
+
+
+def restore_weights(
+    model: onnx.ModelProto, skeleton: onnx.ModelProto, moved: set[str]
+) -> onnx.ModelProto:
+    """Update ``model`` in place from a rewritten weightless copy made by :func:`strip_weights`.
+
+    ``model`` takes the skeleton's ``ir_version``, ``opset_import``, nodes, graph inputs (minus
+    ``moved``), outputs, value_info and small initializers (new ones are added, same-named ones
+    replaced); its large initializers and its local functions are kept.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The original model, updated in place.
+    skeleton : onnx.ModelProto
+        The rewritten skeleton.
+    moved : set of str
+        As returned by :func:`strip_weights`.
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``model``.
+    """
+    model.ir_version = skeleton.ir_version
+    del model.opset_import[:]
+    model.opset_import.extend(skeleton.opset_import)
+    graph, rewritten = model.graph, skeleton.graph
+    for field in ("node", "output", "value_info"):
+        del getattr(graph, field)[:]
+        getattr(graph, field).extend(getattr(rewritten, field))
+    del graph.input[:]
+    graph.input.extend(value for value in rewritten.input if value.name not in moved)
+    small = {tensor.name: tensor for tensor in rewritten.initializer}
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name in small:
+            del graph.initializer[index]
+    graph.initializer.extend(small.values())
+    return model
+
+
+def _infer_skeleton(skeleton: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
+    options = dict(check_type=strict, strict_mode=strict, data_prop=True)
+    if skeleton.ByteSize() <= PROTOBUF_LIMIT:
+        return onnx.shape_inference.infer_shapes(skeleton, **options)
+    with tempfile.TemporaryDirectory(prefix="onnx_cinm_shapes_") as folder:
+        source, target = os.path.join(folder, "in.onnx"), os.path.join(folder, "out.onnx")
+        save_model(skeleton, source, external_data_threshold_bytes=0)
+        onnx.shape_inference.infer_shapes_path(source, target, **options)
+        return onnx.load_model(target, load_external_data=False)
+
+
+def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
+    """Give a rank to Reshape/Expand outputs that onnx left without a shape; True if any.
+
+    onnx infers nothing for ``Reshape(x, shape)`` and ``Expand(x, shape)`` when ``shape`` is
+    computed at run time from symbolic dimensions (e.g. ``Concat(Shape(x)[:2], [-1])``), although
+    the output rank is the length of ``shape`` (for Expand at least the rank of ``x``).
+    """
+    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    lengths = {t.name: list(t.dims) for t in graph.initializer}
+
+    def static_dims(name: str) -> list[int] | None:
+        if name in lengths:
+            return lengths[name]
+        tensor_type = infos[name].type.tensor_type if name in infos else None
+        if tensor_type is None or not tensor_type.HasField("shape"):
+            return None
+        dims = tensor_type.shape.dim
+        return [d.dim_value for d in dims] if all(d.HasField("dim_value") for d in dims) else None
+
+    added = False
+    for node in graph.node:
+        if node.op_type not in ("Reshape", "Expand") or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        output = infos.get(node.output[0])
+        if output is not None and output.type.tensor_type.HasField("shape"):
+            continue
+        target = static_dims(node.input[1])
+        if target is None or len(target) != 1:
+            continue
+        rank = target[0]
+        if node.op_type == "Expand":
+            data = infos.get(node.input[0])
+            if data is None or not data.type.tensor_type.HasField("shape"):
+                continue
+            rank = max(rank, len(data.type.tensor_type.shape.dim))
+        if output is None:
+            elem_type = infos[node.input[0]].type.tensor_type.elem_type if (
+                node.input[0] in infos) else 0
+            output = graph.value_info.add()
+            output.CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], elem_type, None))
+        for _ in range(rank):
+            output.type.tensor_type.shape.dim.add()
+        added = True
+    return added
+
+
+def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto:
+    """Run onnx shape inference (with data propagation) and store the result in ``model``.
+
+    Fills ``graph.value_info`` (and the value_info of subgraphs), and refines the types of the
+    graph outputs. Where onnx gives up on a ``Reshape``/``Expand`` whose target shape is
+    computed at run time, the output gets its rank (unknown dimensions) and inference runs
+    again, so ranks keep flowing downstream. Works on a weightless copy (:func:`strip_weights`),
+    so the cost does not grow with the size of the weights; if even that copy exceeds 2 GiB, it
+    goes through ``onnx.shape_inference.infer_shapes_path`` in a temporary folder.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Updated in place.
+    strict : bool, optional
+        Raise on inconsistencies (``strict_mode`` and ``check_type``) instead of leaving the
+        affected shapes unknown.
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``model``.
+
+    Raises
+    ------
+    CinmError
+        Shape inference failed (only when ``strict``), with onnx's first message line.
+    """
+    skeleton, moved = strip_weights(model)
+    try:
+        inferred = _infer_skeleton(skeleton, strict)
+        while _add_missing_ranks(inferred.graph):
+            inferred = _infer_skeleton(inferred, strict)
+    except (
+        onnx.shape_inference.InferenceError,
+        onnx.checker.ValidationError,
+        RuntimeError,
+    ) as error:
+        raise CinmError(f"shape inference failed: {_first_line(error)}") from None
+    return restore_weights(model, inferred, moved)
+
+
+def overwrite_input_shapes(
+    model: onnx.ModelProto, shapes: dict[str, list[int]]
+) -> onnx.ModelProto:
+    """Bake static dimensions into graph inputs (onnxsim's ``--overwrite-input-shape``).
+
+    The intermediate value_info is dropped and the output dimensions are made unknown (their
+    rank is kept), since both may have been computed from the old input shapes; run
+    :func:`infer_shapes` afterwards to refill them.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Updated in place.
+    shapes : dict of str to list of int
+        Input name -> new dimensions (all positive), e.g. ``{"x": [1, 3, 224, 224]}``.
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``model``.
+
+    Raises
+    ------
+    CinmError
+        A name is not a graph input (initializers are not inputs here), a rank differs from the
+        input's declared rank, or a dimension is not positive.
+    """
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise CinmError(
+                f"--overwrite-input-shape: the model has no input '{name}' "
+                f"(inputs: {', '.join(inputs) or 'none'})"
+            )
+        tensor_type = inputs[name].type.tensor_type
+        if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
+            raise CinmError(
+                f"--overwrite-input-shape: input '{name}' has rank {len(tensor_type.shape.dim)}, "
+                f"got {len(dims)} dimensions"
+            )
+        if any(int(d) <= 0 for d in dims):
+            raise CinmError(f"--overwrite-input-shape: dimensions of '{name}' must be positive")
+        tensor_type.shape.Clear()
+        for d in dims:
+            tensor_type.shape.dim.add().dim_value = int(d)
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        for dim in output.type.tensor_type.shape.dim:
+            dim.Clear()
+    return model
+
+
+def parse_shape_spec(text: str) -> tuple[str, list[int]]:
+    """Parse a CLI shape spec ``name:d0,d1,...`` (e.g. ``data_0:1,3,224,224``).
+
+    The name is everything before the *last* colon, so names such as ``input:0`` work.
+
+    Parameters
+    ----------
+    text : str
+        The spec.
+
+    Returns
+    -------
+    name : str
+    dims : list of int
+
+    Raises
+    ------
+    CinmError
+        No colon, an empty name or an empty/non-integer/non-positive dimension.
+    """
+    name, colon, dims_text = text.rpartition(":")
+    if not colon or not name:
+        raise CinmError(f"bad shape spec '{text}': expected name:d0,d1,... e.g. x:1,3,224,224")
+    try:
+        dims = [int(part) for part in dims_text.split(",")]
+    except ValueError:
+        raise CinmError(f"bad shape spec '{text}': dimensions must be integers") from None
+    if any(d <= 0 for d in dims):
+        raise CinmError(f"bad shape spec '{text}': dimensions must be positive")
+    return name, dims

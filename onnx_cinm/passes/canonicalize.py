@@ -1,0 +1,804 @@
+"""Frontend passes: bring any supported ONNX model into one canonical standard-ONNX form.
+
+========================  ==================================================================
+``canonicalize_opset``    default-domain opset >= 13, IR version 10..11, one opset_import per
+                          domain, initializers are not graph inputs
+``fold_constants``        every node computable from constants becomes an initializer
+``normalize``             Reduce* with explicit sorted axes, Gemm with transA=transB=0 and
+                          alpha=beta=1
+``fold_batchnorm``        Conv -> BatchNormalization becomes one Conv
+========================  ==================================================================
+
+Each pass keeps symbolic dimensions symbolic and its output runnable by stock onnxruntime.
+Passes rewrite the model they are given **in place** and return it: copying a model costs about
+a second per few hundred MB here, and the pipeline (``onnx_cinm.pipeline``) already works on its
+own copy.
+
+Constants. A tensor is constant when it is an initializer that is *not* a graph input (an
+initializer listed as an input is a default value the user may override). ``canonicalize_opset``
+removes initializers from the graph inputs, so after it every initializer is a constant; this
+is onnxsim's default (its ``--mutable-initializer`` keeps them overridable, we do not).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from ..errors import CinmError
+from ..frontend import infer_shapes, restore_weights, strip_weights
+from . import PassContext, register_pass
+
+#: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
+#: ``axes`` input).
+TARGET_OPSET = 13
+
+#: IR version range written by ``canonicalize_opset``: 10 allows model-local function overloads,
+#: 11 is the newest onnxruntime 1.32 is documented to load.
+MIN_IR_VERSION, MAX_IR_VERSION = 10, 11
+
+#: Never folded: their outputs change from run to run.
+NONDETERMINISTIC_OPS = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+     "Bernoulli"}
+)
+
+#: Reductions whose ``axes`` ``normalize`` makes explicit.
+REDUCE_OPS = frozenset(
+    {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
+)
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_FLOAT_TYPES = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+     onnx.TensorProto.BFLOAT16}
+)
+_SUBGRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+# --- graph queries ---------------------------------------------------------------------------
+
+
+def _is_default_domain(node: onnx.NodeProto) -> bool:
+    return node.domain in _DEFAULT_DOMAINS
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    return max(versions) if versions else None
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _subgraphs(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _names_read_by(node: onnx.NodeProto) -> set[str]:
+    """Names ``node`` reads: its inputs and everything its subgraphs read (captured values)."""
+    names = {name for name in node.input if name}
+    for graph in _subgraphs(node):
+        for inner in graph.node:
+            names |= _names_read_by(inner)
+        names.update(output.name for output in graph.output)
+    return names
+
+
+def _names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]:
+    """Names read by the nodes of ``graph`` (except those at indices ``skip``) or its outputs."""
+    names = {output.name for output in graph.output}
+    for index, node in enumerate(graph.node):
+        if index not in skip:
+            names |= _names_read_by(node)
+    return names
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Initializers that are not graph inputs, by name."""
+    inputs = {value.name for value in graph.input}
+    return {tensor.name: tensor for tensor in graph.initializer if tensor.name not in inputs}
+
+
+def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    return {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+
+
+class _TypeInfo:
+    """Element types and ranks of the values of a graph (initializers and value_info)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._tensors = {tensor.name: tensor for tensor in graph.initializer}
+        self._infos = _value_infos(graph)
+
+    def elem_type(self, name: str) -> int:
+        """Element type of ``name`` (0 = unknown)."""
+        if name in self._tensors:
+            return self._tensors[name].data_type
+        value = self._infos.get(name)
+        return value.type.tensor_type.elem_type if value is not None else 0
+
+    def rank(self, name: str) -> int | None:
+        """Rank of ``name`` (None = unknown)."""
+        if name in self._tensors:
+            return len(self._tensors[name].dims)
+        value = self._infos.get(name)
+        if value is None or not value.type.tensor_type.HasField("shape"):
+            return None
+        return len(value.type.tensor_type.shape.dim)
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Shapes of the values whose dimensions are all known numbers."""
+    shapes = {}
+    for name, value in _value_infos(graph).items():
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+            shapes[name] = [d.dim_value for d in dims]
+    return shapes
+
+
+class _Names:
+    """Hands out tensor/node names not used anywhere in a graph (subgraphs included)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._taken: set[str] = set()
+        self._collect(graph)
+
+    def _collect(self, graph: onnx.GraphProto) -> None:
+        self._taken.update(t.name for t in graph.initializer)
+        self._taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+        for node in graph.node:
+            self._taken.update((node.name, *node.input, *node.output))
+            for sub in _subgraphs(node):
+                self._collect(sub)
+
+    def fresh(self, base: str) -> str:
+        name, suffix = base, 0
+        while name in self._taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
+        self._taken.add(name)
+        return name
+
+
+# --- graph edits -----------------------------------------------------------------------------
+
+
+def _replace_nodes(graph: onnx.GraphProto | onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> None:
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _remove_dead_values(graph: onnx.GraphProto) -> None:
+    """Drop initializers nobody reads and value_info of names that are no node output anymore."""
+    read = _names_read(graph)
+    inputs = {value.name for value in graph.input}
+    for index in reversed(range(len(graph.initializer))):
+        name = graph.initializer[index].name
+        if name not in read and name not in inputs:
+            del graph.initializer[index]
+    produced = {name for node in graph.node for name in node.output}
+    stale = [v for v in graph.value_info if v.name not in produced]
+    for value in stale:
+        graph.value_info.remove(value)
+
+
+def _add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> None:
+    """Append ``array`` to the initializers as ``name``, with exactly its dtype.
+
+    Fills the new entry in place with ``raw_data``: appending a ready TensorProto would copy
+    it again, and ``numpy_helper.from_array`` makes further copies (seconds for the 550 MB of
+    light_vgg19).
+    """
+    tensor = graph.initializer.add()
+    if array.dtype.kind in "OSU":
+        tensor.CopyFrom(numpy_helper.from_array(array, name))
+        return
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.raw_data = np.ascontiguousarray(array).tobytes()
+
+
+# --- canonicalize_opset ----------------------------------------------------------------------
+
+
+def _dedupe_opset_imports(model: onnx.ModelProto) -> None:
+    """Keep one opset_import per domain (the highest version; ``ai.onnx`` counts as ``""``)."""
+    versions: dict[str, int] = {}
+    for opset in model.opset_import:
+        domain = "" if opset.domain in _DEFAULT_DOMAINS else opset.domain
+        versions[domain] = max(versions.get(domain, 0), opset.version)
+    del model.opset_import[:]
+    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in versions.items())
+
+
+def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
+    """Rewrite pre-13 ``Hardmax(x, axis=a)`` as ``Reshape(Hardmax(Flatten(x, a), 1), Shape(x))``.
+
+    Before opset 13, Hardmax flattens its input to 2-D at ``axis`` and works on whole rows;
+    from 13 it works along ``axis`` only. onnx's version converter has adapters for Softmax and
+    LogSoftmax but just relabels Hardmax, which changes the result for inputs of rank > 2. On
+    the flattened 2-D tensor both semantics agree, so the rewritten form survives the
+    conversion. Subgraphs are rewritten too.
+    """
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            _flatten_hardmax(sub, names)
+        if not (_is_default_domain(node) and node.op_type == "Hardmax"):
+            nodes.append(node)
+            continue
+        base = node.output[0]
+        shape, flat, hard = (names.fresh(f"{base}_{tag}") for tag in ("shape", "flat", "2d"))
+        nodes += [
+            onnx.helper.make_node("Shape", [node.input[0]], [shape], name=shape),
+            onnx.helper.make_node("Flatten", [node.input[0]], [flat], name=flat,
+                                  axis=_attributes(node).get("axis", 1)),
+            onnx.helper.make_node("Hardmax", [flat], [hard], name=node.name or hard, axis=1),
+            onnx.helper.make_node("Reshape", [hard, shape], [base], name=names.fresh(base)),
+        ]
+    _replace_nodes(graph, nodes)
+
+
+def _convert_version(model: onnx.ModelProto, what: str, version: int) -> onnx.ModelProto:
+    """``onnx.version_converter.convert_version`` to :data:`TARGET_OPSET`, errors as CinmError."""
+    try:
+        return onnx.version_converter.convert_version(model, TARGET_OPSET)
+    except Exception as error:  # the C++ converter raises RuntimeError, IndexError, ...
+        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise CinmError(
+            f"cannot convert {what} from opset {version} to {TARGET_OPSET}: {message}"
+        ) from None
+
+
+def _convert_function(function: onnx.FunctionProto) -> None:
+    """Lift a model-local function body below opset 13 to 13, in place.
+
+    The checker rejects a function whose default-domain opset differs from the model's when an
+    op it uses changed in between (e.g. Add at 13), so bodies follow the model.
+    """
+    versions = [o.version for o in function.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if not versions or max(versions) >= TARGET_OPSET:
+        return
+    graph = onnx.helper.make_graph(
+        list(function.node), function.name,
+        [onnx.ValueInfoProto(name=name) for name in function.input],
+        [onnx.ValueInfoProto(name=name) for name in function.output])
+    _flatten_hardmax(graph, _Names(graph))
+    body = onnx.helper.make_model(graph, opset_imports=list(function.opset_import),
+                                  ir_version=MIN_IR_VERSION)
+    converted = _convert_version(body, f"function {function.domain}.{function.name}",
+                                 max(versions))
+    _replace_nodes(function, list(converted.graph.node))
+    del function.opset_import[:]
+    function.opset_import.extend(converted.opset_import)
+
+
+@register_pass("canonicalize_opset")
+def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Lift the default-domain opset to >= 13 and the IR version to 10..11; drop initializer inputs.
+
+    - opset < 13 is converted with ``onnx.version_converter``, which also rewrites the pre-13
+      Softmax/LogSoftmax flatten-to-2-D semantics into explicit Flatten/Reshape; Hardmax, which
+      the converter merely relabels, is made explicit beforehand (:func:`_flatten_hardmax`).
+      The converter runs on a weightless copy; nodes of other domains (e.g. ``ai.onnx.ml``)
+      pass through unchanged and model-local functions (dropped by the converter) are kept,
+      their bodies converted too. A model without a default-domain import gets one (13).
+    - ``ir_version`` becomes ``min(max(ir, 10), 11)``; opset_import keeps one entry per domain.
+    - Graph inputs that are also initializers are removed (light models list every weight as
+      an input): they are constants for us, which lets ``fold_constants`` fold them.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+    ctx : PassContext
+        ``ctx.stats["canonicalize_opset"]`` receives ``{"from_opset": v, "to_opset": w}``.
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    CinmError
+        The version converter cannot convert the model (its first message line).
+    """
+    _dedupe_opset_imports(model)
+    version = _default_opset(model)
+    if version is None:
+        model.opset_import.append(onnx.helper.make_opsetid("", TARGET_OPSET))
+    elif version < TARGET_OPSET:
+        skeleton, moved = strip_weights(model)
+        _flatten_hardmax(skeleton.graph, _Names(skeleton.graph))
+        restore_weights(model, _convert_version(skeleton, "the model", version), moved)
+        _dedupe_opset_imports(model)
+    for function in model.functions:
+        _convert_function(function)
+    model.ir_version = min(max(model.ir_version, MIN_IR_VERSION), MAX_IR_VERSION)
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    kept = [value for value in model.graph.input if value.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    ctx.stats["canonicalize_opset"] = {"from_opset": version, "to_opset": _default_opset(model)}
+    return model
+
+
+# --- fold_constants --------------------------------------------------------------------------
+
+
+def _session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+def _run_nodes(
+    nodes: list[onnx.NodeProto],
+    feeds: dict[str, np.ndarray],
+    outputs: list[str],
+    opset_import,
+) -> dict[str, np.ndarray]:
+    """Evaluate ``nodes`` on ``feeds`` with one onnxruntime session (no graph optimizations).
+
+    Raises whatever onnxruntime raises; also raises ``TypeError`` if an output is not a tensor
+    (a sequence or an optional).
+    """
+    graph = onnx.helper.make_graph(
+        nodes,
+        "fold_constants",
+        [onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
+         for name, array in feeds.items()],
+        [onnx.ValueInfoProto(name=name) for name in outputs],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=opset_import, ir_version=MIN_IR_VERSION)
+    session = ort.InferenceSession(
+        model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"]
+    )
+    values = dict(zip(outputs, session.run(outputs, feeds)))
+    if not all(isinstance(value, np.ndarray) for value in values.values()):
+        raise TypeError("a folded value is not a tensor")
+    return values
+
+
+def _evaluate(
+    nodes: list[onnx.NodeProto],
+    feeds: dict[str, np.ndarray],
+    wanted: list[str],
+    opset_import,
+) -> tuple[list[bool], dict[str, np.ndarray]]:
+    """Evaluate constant ``nodes``; return which nodes could be evaluated, and the values.
+
+    First all nodes in one session (returning ``wanted``). If that fails (an op or type
+    onnxruntime cannot run, a sequence output), node by node, returning every computed value;
+    a node that fails stays unevaluated, and so does everything downstream of it.
+    """
+    try:
+        return [True] * len(nodes), _run_nodes(nodes, feeds, wanted, opset_import)
+    except Exception:  # any failure: retry node by node to find what can be folded
+        pass
+    values = dict(feeds)
+    evaluated = []
+    for node in nodes:
+        inputs = [name for name in node.input if name]
+        outputs = [name for name in node.output if name]
+        ok = all(name in values for name in inputs)
+        if ok:
+            try:
+                feeds_of_node = {name: values[name] for name in inputs}
+                values.update(_run_nodes([node], feeds_of_node, outputs, opset_import))
+            except Exception:  # onnxruntime cannot evaluate this node: it stays in the graph
+                ok = False
+        evaluated.append(ok)
+    return evaluated, values
+
+
+def _is_foldable(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool:
+    """Whether ``node`` may be replaced by its value when its inputs are constant."""
+    if not _is_default_domain(node) or node.op_type in NONDETERMINISTIC_OPS:
+        return False
+    if any(attr.type in _SUBGRAPH_ATTRIBUTES for attr in node.attribute):
+        return False
+    if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+        training_mode = constants.get(node.input[2])
+        return training_mode is not None and not numpy_helper.to_array(training_mode).any()
+    return True
+
+
+def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
+    """Value of ``Shape``/``Size`` of a tensor with static ``dims``."""
+    if node.op_type == "Size":
+        return np.array(np.prod(dims, dtype=np.int64), dtype=np.int64)
+    attrs = _attributes(node)
+    return np.array(dims[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)
+
+
+def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The ``value`` tensor of a default-domain ``Constant`` node (other nodes/forms: None)."""
+    if node.op_type != "Constant" or not _is_default_domain(node):
+        return None
+    return next((a.t for a in node.attribute if a.name == "value"), None)
+
+
+def _fold(
+    model: onnx.ModelProto,
+    static_shapes: dict[str, list[int]],
+    only: set[str] | None = None,
+) -> int:
+    """Replace constant-computable nodes by initializers; return how many nodes were removed.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+    static_shapes : dict of str to list of int
+        Known static shapes; ``Shape``/``Size`` of these values are folded even when the value
+        itself is not constant.
+    only : set of str, optional
+        If given, only nodes whose first output is in this set are considered.
+    """
+    graph = model.graph
+    constants = _constants(graph)
+    known = set(constants)
+    direct: dict[str, np.ndarray] = {}
+    folded: set[int] = set()
+    to_run: list[int] = []
+    for index, node in enumerate(graph.node):
+        if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants):
+            continue
+        inputs = [name for name in node.input if name]
+        if all(name in known for name in inputs):
+            to_run.append(index)
+        elif node.op_type in ("Shape", "Size") and inputs[0] in static_shapes:
+            direct[node.output[0]] = _shape_value(node, static_shapes[inputs[0]])
+        else:
+            continue
+        folded.add(index)
+        known.update(name for name in node.output if name)
+    if not folded:
+        return 0
+
+    run_nodes = [graph.node[index] for index in to_run]
+    produced_by_run = {name for node in run_nodes for name in node.output}
+    feeds = {**direct}
+    for node in run_nodes:
+        for name in node.input:
+            if name and name not in produced_by_run and name not in feeds:
+                feeds[name] = numpy_helper.to_array(constants[name])
+    wanted = sorted(_names_read(graph, skip=folded) & produced_by_run)
+    evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
+    values.update(direct)
+    folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
+
+    needed = _names_read(graph, skip=folded) & {
+        name for i in folded for name in graph.node[i].output if name
+    }
+    for name in sorted(needed):
+        _add_initializer(graph, values[name], name)
+    _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
+    _remove_dead_values(graph)
+    return len(folded)
+
+
+@register_pass("fold_constants")
+def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Replace every node computable from constants by initializers.
+
+    Folded: ``Constant`` nodes; any default-domain node whose inputs are all constant
+    (initializers that are not graph inputs, or folded values), evaluated by onnxruntime
+    (``ORT_DISABLE_ALL``, one session for the whole foldable subgraph), so dtypes are exactly
+    those onnxruntime computes (a ``value_float`` Constant stays float32); ``Shape``/``Size``
+    of a value whose dimensions are all static (after shape inference, repeated until
+    nothing more folds). Large constants such as the ``ConstantOfShape`` weights of the light
+    models become initializers.
+
+    Never folded: nondeterministic ops (:data:`NONDETERMINISTIC_OPS`, ``Dropout`` unless its
+    ``training_mode`` is a constant false) and what depends on them, ops with subgraphs
+    (If/Loop/Scan; their bodies are left alone), ops of other domains, ops onnxruntime cannot
+    evaluate and sequence/optional values. Folded values are not size-limited (an ``Expand``
+    of a constant becomes its full result).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+    ctx : PassContext
+        ``ctx.stats["fold_constants"]`` receives the number of nodes removed.
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    graph = model.graph
+    kept, count = [], 0
+    for node in graph.node:
+        value = _constant_value(node)
+        if value is None:
+            kept.append(node)
+        else:
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            count += 1
+    if count:
+        _replace_nodes(graph, kept)
+    while True:
+        infer_shapes(model, strict=False)
+        folded = _fold(model, _static_shapes(graph))
+        count += folded
+        if not folded or not any(node.op_type in ("Shape", "Size") for node in graph.node):
+            break
+    ctx.stats["fold_constants"] = count
+    return model
+
+
+# --- normalize -------------------------------------------------------------------------------
+
+
+def _reduce_axes_as_input(op_type: str, opset: int) -> bool:
+    return opset >= 18 or (op_type == "ReduceSum" and opset >= 13)
+
+
+def _normalize_reduce(
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    opset: int,
+    constants: dict[str, onnx.TensorProto],
+    types: _TypeInfo,
+    names: _Names,
+) -> bool:
+    """Give a Reduce* node explicit, sorted, non-negative axes; return whether it changed."""
+    attrs = _attributes(node)
+    as_input = _reduce_axes_as_input(node.op_type, opset)
+    axes_name = node.input[1] if as_input and len(node.input) > 1 else ""
+    if axes_name:
+        if axes_name not in constants:
+            return False  # axes computed at run time
+        axes = [int(a) for a in numpy_helper.to_array(constants[axes_name]).reshape(-1)]
+    else:
+        axes = list(attrs.get("axes", []))
+    rank = types.rank(node.input[0])
+    if not axes and as_input and attrs.get("noop_with_empty_axes", 0):
+        node.op_type = "Identity"
+        del node.input[1:]
+        del node.attribute[:]
+        return True
+    if rank is None or rank == 0 and not axes:
+        return False  # unknown rank (or a scalar reduced over no axes): leave as is
+    if not axes:
+        axes = list(range(rank))
+    elif any(a < 0 for a in axes):
+        axes = [a + rank if a < 0 else a for a in axes]
+    canonical = sorted(set(axes))
+    if as_input:
+        if axes_name and numpy_helper.to_array(constants[axes_name]).reshape(-1).tolist() == canonical:
+            return False
+        name = names.fresh(f"{node.output[0]}_axes")
+        _add_initializer(graph, np.array(canonical, dtype=np.int64), name)
+        del node.input[1:]
+        node.input.append(name)
+        for attr in [a for a in node.attribute if a.name == "noop_with_empty_axes"]:
+            node.attribute.remove(attr)
+        return True
+    if attrs.get("axes") == canonical:
+        return False
+    for attr in [a for a in node.attribute if a.name == "axes"]:
+        node.attribute.remove(attr)
+    node.attribute.append(onnx.helper.make_attribute("axes", canonical))
+    return True
+
+
+def _normalize_gemm(
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    constants: dict[str, onnx.TensorProto],
+    types: _TypeInfo,
+    names: _Names,
+) -> list[onnx.NodeProto] | None:
+    """Rewrite a Gemm to transA=transB=0, alpha=beta=1 in place.
+
+    Returns the Transpose/Mul nodes to insert before it (None: the Gemm is left unchanged,
+    because it is canonical already or because scaling needs a float type that is unknown).
+    ``alpha`` scales B when B is constant, else A; ``beta`` scales C; ``beta == 0`` drops C.
+    """
+    attrs = _attributes(node)
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+    has_c = len(node.input) > 2 and node.input[2] != ""
+    if not {"alpha", "beta", "transA", "transB"} & set(attrs):
+        return None
+    elem_type = types.elem_type(node.input[0])
+    if (alpha != 1.0 or (has_c and beta not in (0.0, 1.0))) and elem_type not in _FLOAT_TYPES:
+        return None
+    created: list[onnx.NodeProto] = []
+
+    def add(op_type: str, inputs: list[str], tag: str, **attributes) -> str:
+        output = names.fresh(f"{node.output[0]}_{tag}")
+        created.append(onnx.helper.make_node(op_type, inputs, [output], name=output,
+                                             **attributes))
+        return output
+
+    def scalar(value: float, tag: str) -> str:
+        name = names.fresh(f"{node.output[0]}_{tag}")
+        graph.initializer.add().CopyFrom(onnx.helper.make_tensor(name, elem_type, [], [value]))
+        return name
+
+    a, b = node.input[0], node.input[1]
+    if trans_a:
+        a = add("Transpose", [a], "a_t", perm=[1, 0])
+    if trans_b:
+        b = add("Transpose", [b], "b_t", perm=[1, 0])
+    if alpha != 1.0:
+        if node.input[1] in constants:
+            b = add("Mul", [b, scalar(alpha, "alpha")], "b_alpha")
+        else:
+            a = add("Mul", [a, scalar(alpha, "alpha")], "a_alpha")
+    inputs = [a, b]
+    if has_c and beta != 0.0:
+        c = node.input[2]
+        if beta != 1.0:
+            c = add("Mul", [c, scalar(beta, "beta")], "c_beta")
+        inputs.append(c)
+    del node.input[:]
+    node.input.extend(inputs)
+    for attr in [a for a in node.attribute if a.name in ("alpha", "beta", "transA", "transB")]:
+        node.attribute.remove(attr)
+    return created
+
+
+@register_pass("normalize")
+def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Rewrite opset-dependent forms into one canonical standard-ONNX form.
+
+    - ``Reduce*`` (:data:`REDUCE_OPS`): explicit, sorted, non-negative axes, as the ``axes``
+      input where the opset requires it (ReduceSum >= 13, all >= 18) and as the attribute
+      below. Without axes: ``noop_with_empty_axes=1`` becomes ``Identity``, otherwise all axes
+      (needs the input rank from shape inference; a node of unknown rank, or whose axes input
+      is computed at run time, is left unchanged).
+    - ``Gemm``: transA=0, transB=0, alpha=1, beta=1. Transposes and scales of constant
+      operands are folded numerically (onnxruntime evaluates them); for other operands explicit
+      ``Transpose``/``Mul`` nodes are inserted; beta=0 drops C. The C operand keeps its shape
+      (any of Gemm's unidirectional broadcast shapes). Input Transpose nodes are never merged
+      into trans flags (an identity ``perm`` is not a transpose: field notes §5 #7).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+    ctx : PassContext
+        ``ctx.stats["normalize"]`` receives the number of rewritten nodes.
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    infer_shapes(model, strict=False)
+    graph = model.graph
+    opset = _default_opset(model)
+    names = _Names(graph)
+    constants, types = _constants(graph), _TypeInfo(graph)
+    rewritten = 0
+    nodes: list[onnx.NodeProto] = []
+    created_outputs: set[str] = set()
+    for node in graph.node:
+        if _is_default_domain(node) and node.op_type in REDUCE_OPS:
+            rewritten += _normalize_reduce(graph, node, opset, constants, types, names)
+        elif _is_default_domain(node) and node.op_type == "Gemm":
+            created = _normalize_gemm(graph, node, constants, types, names)
+            if created is not None:
+                rewritten += 1
+                nodes.extend(created)
+                created_outputs.update(n.output[0] for n in created)
+        nodes.append(node)
+    _replace_nodes(graph, nodes)
+    if created_outputs:
+        _fold(model, {}, only=created_outputs)
+    _remove_dead_values(graph)
+    ctx.stats["normalize"] = rewritten
+    return model
+
+
+# --- fold_batchnorm --------------------------------------------------------------------------
+
+
+def _fold_into_conv(
+    graph: onnx.GraphProto,
+    conv: onnx.NodeProto,
+    batchnorm: onnx.NodeProto,
+    constants: dict[str, onnx.TensorProto],
+    names: _Names,
+) -> bool:
+    """Fold ``batchnorm`` (reading ``conv``'s output) into ``conv``; False if not possible."""
+    params = [*conv.input[1:3], *batchnorm.input[1:5]]
+    if len(batchnorm.input) < 5 or not all(name in constants for name in params if name):
+        return False
+    if _attributes(batchnorm).get("training_mode", 0):
+        return False
+    weight = numpy_helper.to_array(constants[conv.input[1]])
+    scale, bias, mean, var = (
+        numpy_helper.to_array(constants[name]).astype(np.float64) for name in batchnorm.input[1:5]
+    )
+    channels = weight.shape[0]
+    if any(p.shape != (channels,) for p in (scale, bias, mean, var)):
+        return False
+    has_bias = len(conv.input) > 2 and conv.input[2] != ""
+    conv_bias = (numpy_helper.to_array(constants[conv.input[2]]).astype(np.float64)
+                 if has_bias else np.zeros(channels))
+    epsilon = _attributes(batchnorm).get("epsilon", 1e-5)
+    factor = scale / np.sqrt(var + epsilon)
+    new_weight = weight.astype(np.float64) * factor.reshape((channels,) + (1,) * (weight.ndim - 1))
+    new_bias = (conv_bias - mean) * factor + bias
+    weight_name = names.fresh(f"{conv.input[1]}_bn")
+    bias_name = names.fresh(f"{conv.input[2] if has_bias else conv.output[0]}_bn_bias")
+    _add_initializer(graph, new_weight.astype(weight.dtype), weight_name)
+    _add_initializer(graph, new_bias.astype(weight.dtype), bias_name)
+    del conv.input[1:]
+    conv.input.extend([weight_name, bias_name])
+    conv.output[0] = batchnorm.output[0]
+    return True
+
+
+@register_pass("fold_batchnorm")
+def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Fold ``BatchNormalization`` into the ``Conv`` that feeds it.
+
+    Applies when the Conv weights (and bias) and all BN parameters are constants, the BN is
+    in inference form (no ``training_mode``, no used extra outputs) and the Conv output is read
+    by that BN only. Per output channel ``k``, with ``f = scale / sqrt(var + epsilon)``::
+
+        W'[k] = W[k] * f[k]
+        b'[k] = (b[k] - mean[k]) * f[k] + B[k]      (b = 0 when the Conv has no bias)
+
+    computed in float64 and cast back to the weight dtype. The new weights are new
+    initializers (the old ones may be shared); unused ones are removed.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Rewritten in place.
+    ctx : PassContext
+        ``ctx.stats["fold_batchnorm"]`` receives the number of folded BatchNormalization nodes.
+
+    Returns
+    -------
+    onnx.ModelProto
+    """
+    graph = model.graph
+    names, constants = _Names(graph), _constants(graph)
+    producers = {name: node for node in graph.node for name in node.output if name}
+    readers: dict[str, int] = {output.name: 1 for output in graph.output}
+    for node in graph.node:
+        for name in _names_read_by(node):
+            readers[name] = readers.get(name, 0) + 1
+    removed: set[int] = set()
+    for index, node in enumerate(graph.node):
+        if not (_is_default_domain(node) and node.op_type == "BatchNormalization"):
+            continue
+        conv = producers.get(node.input[0])
+        if conv is None or conv.op_type != "Conv" or not _is_default_domain(conv):
+            continue
+        if readers.get(node.input[0], 0) != 1:
+            continue
+        if any(readers.get(name, 0) for name in node.output[1:] if name):
+            continue
+        if _fold_into_conv(graph, conv, node, constants, names):
+            removed.add(index)
+    if removed:
+        _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in removed])
+        _remove_dead_values(graph)
+    ctx.stats["fold_batchnorm"] = len(removed)
+    return model

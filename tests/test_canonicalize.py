@@ -1,0 +1,562 @@
+"""Tests for the frontend passes (onnx_cinm/passes/canonicalize.py).
+
+Each pass gets tiny hand-built models (structure and numbers) and the real models (light CNNs,
+PP-OCR) through all four passes. Expected numbers always come from onnxruntime with graph
+optimizations disabled on the *original* model (``golden.compare`` / ``run_onnxruntime``),
+never from the code under test.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import assert_matches_ort, light_feeds, load_pb
+from onnx_cinm import frontend
+from onnx_cinm.errors import CinmError
+from onnx_cinm.golden import run_onnxruntime
+from onnx_cinm.passes import PassContext, get_pass
+from onnx_cinm.passes import canonicalize
+
+FRONTEND_PASSES = ["canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm"]
+RNG = np.random.default_rng(0)
+
+
+def _vi(name, shape, elem_type=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def _model(nodes, inputs, outputs, initializers=None, opset=13, ir_version=10, opsets=()):
+    graph = helper.make_graph(
+        nodes, "test", inputs, outputs,
+        initializer=[numpy_helper.from_array(np.asarray(v), k)
+                     for k, v in (initializers or {}).items()])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset), *opsets], ir_version=ir_version)
+
+
+def _copy(model):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _run_passes(model, *names):
+    """Run the named passes on a copy of ``model``; return (result, ctx)."""
+    ctx = PassContext()
+    result = _copy(model)
+    for name in names or FRONTEND_PASSES:
+        result = get_pass(name)(result, ctx)
+    return result, ctx
+
+
+def _ops(model):
+    return [node.op_type for node in model.graph.node]
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _initializer(model, name):
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+def _float(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# --- canonicalize_opset ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [[2, 3, 4], [1, 1000, 1, 1]])
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax", "Hardmax"])
+def test_canonicalize_opset_keeps_pre13_softmax_semantics(shape, op_type):
+    # opset 11, no axis: flatten to 2-D at axis 1, normalize each row (not just the last axis)
+    model = _model([helper.make_node(op_type, ["x"], ["y"])], [_vi("x", shape)],
+                   [_vi("y", shape)], opset=11, ir_version=6)
+    result, ctx = _run_passes(model, "canonicalize_opset")
+    assert ctx.stats["canonicalize_opset"] == {"from_opset": 11, "to_opset": 13}
+    assert (result.ir_version, canonicalize._default_opset(result)) == (10, 13)
+    assert_matches_ort(model, result, n=3)
+    # and after the other passes too (the Shape of the static input folds away)
+    assert_matches_ort(model, _run_passes(model)[0], n=3)
+
+
+def test_canonicalize_opset_dedupes_imports_caps_ir_and_drops_initializer_inputs():
+    w = _float(4, 4)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                   [_vi("x", ["N", 4]), _vi("w", [4, 4])], [_vi("y", ["N", 4])], {"w": w},
+                   opset=17, ir_version=13,
+                   opsets=[helper.make_opsetid("ai.onnx", 15), helper.make_opsetid("", 17)])
+    result, _ = _run_passes(model, "canonicalize_opset")
+    assert [(o.domain, o.version) for o in result.opset_import] == [("", 17)]
+    assert result.ir_version == 11
+    assert [i.name for i in result.graph.input] == ["x"]
+    x = _float(3, 4)
+    np.testing.assert_allclose(run_onnxruntime(result, {"x": x})[0],
+                               run_onnxruntime(model, {"x": x, "w": w})[0], rtol=1e-6)
+
+
+def test_canonicalize_opset_keeps_local_functions():
+    body = helper.make_function("cinm", "Double", ["a"], ["b"],
+                                [helper.make_node("Add", ["a", "a"], ["b"])],
+                                opset_imports=[helper.make_opsetid("", 11)])
+    model = _model([helper.make_node("Double", ["x"], ["t"], domain="cinm"),
+                    helper.make_node("Softmax", ["t"], ["y"])],
+                   [_vi("x", ["N", 5])], [_vi("y", ["N", 5])], opset=11, ir_version=8,
+                   opsets=[helper.make_opsetid("cinm", 1)])
+    model.functions.append(body)
+    result, _ = _run_passes(model, "canonicalize_opset")
+    assert [f.name for f in result.functions] == ["Double"]
+    assert {(o.domain, o.version) for o in result.opset_import} == {("", 13), ("cinm", 1)}
+    onnx.checker.check_model(result, full_check=True)
+    assert_matches_ort(model, result)
+
+
+def test_canonicalize_opset_converter_failure_is_cinm_error(monkeypatch):
+    def broken(model, target):
+        raise RuntimeError("adapter_lookup: Assertion `false` failed\nsecond line")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", broken)
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])],
+                   opset=11)
+    with pytest.raises(CinmError, match="cannot convert the model from opset 11 to 13") as info:
+        _run_passes(model, "canonicalize_opset")
+    assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def digits_classifier():
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+
+    x, y = load_digits(return_X_y=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        classifier = MLPClassifier((64, 32), max_iter=60, random_state=0).fit(x[:1300], y[:1300])
+    return classifier, x[1300:].astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+def test_sklearn_mlp_with_ai_onnx_ml_domain(digits_classifier, opset):
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+
+    classifier, x_test = digits_classifier
+    model = to_onnx(classifier, initial_types=[("X", FloatTensorType([None, 64]))],
+                    target_opset={"": opset, "ai.onnx.ml": 3},
+                    options={id(classifier): {"zipmap": False}})
+    result, _ = _run_passes(model)
+    assert "ArrayFeatureExtractor" in _ops(result)
+    domains = [o.domain for o in result.opset_import]
+    assert sorted(domains) == ["", "ai.onnx.ml"] and canonicalize._default_opset(result) >= 13
+    onnx.checker.check_model(result, full_check=True)
+    assert_matches_ort(model, result, feeds=[{"X": x_test[:50]}, {"X": x_test[50:51]}])
+
+
+# --- fold_constants --------------------------------------------------------------------------
+
+
+def test_fold_constants_value_float_constant_stays_float32():
+    # onnx-graphsurgeon's fold_constants turns this into a float64 initializer (field notes §2a)
+    model = _model([helper.make_node("Constant", [], ["c"], value_float=1.5),
+                    helper.make_node("Constant", [], ["k"], value_ints=[2, 3]),
+                    helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT16),
+                    helper.make_node("Add", ["x", "c"], ["y"]),
+                    helper.make_node("Identity", ["kf"], ["z"])],
+                   [_vi("x", ["N", 3])], [_vi("y", ["N", 3]), _vi("z", [2], TensorProto.FLOAT16)])
+    result, ctx = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Add"]
+    assert ctx.stats["fold_constants"] == 4
+    dtypes = {t.name: t.data_type for t in result.graph.initializer}
+    assert dtypes == {"c": TensorProto.FLOAT, "z": TensorProto.FLOAT16}
+    assert_matches_ort(model, result)
+
+
+def test_fold_constants_folds_static_shape_chains_but_keeps_symbolic_ones():
+    def chain(dims):
+        nodes = [helper.make_node("Shape", ["x"], ["s"]),
+                 helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+                 helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+                 helper.make_node("Concat", ["b1", "minus_one"], ["shape"], axis=0),
+                 helper.make_node("Reshape", ["x", "shape"], ["y"])]
+        return _model(nodes, [_vi("x", dims)], [_vi("y", None)],
+                      {"zero": np.array(0, np.int64), "axes": np.array([0], np.int64),
+                       "minus_one": np.array([-1], np.int64)})
+
+    static, _ = _run_passes(chain([2, 3, 4]), "fold_constants")
+    assert _ops(static) == ["Reshape"]
+    np.testing.assert_array_equal(_initializer(static, "shape"), [2, -1])
+    assert_matches_ort(chain([2, 3, 4]), static)
+    dynamic, ctx = _run_passes(chain(["batch", 3, 4]), "fold_constants")
+    assert _ops(dynamic) == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
+    assert ctx.stats["fold_constants"] == 0
+    for batch in (1, 5):
+        assert_matches_ort(chain(["batch", 3, 4]), dynamic, dims={"batch": batch})
+
+
+def test_fold_constants_never_folds_random_ops_or_what_follows():
+    nodes = [helper.make_node("RandomNormal", [], ["r"], shape=[2, 3], seed=1.0),
+             helper.make_node("Add", ["r", "one"], ["r1"]),
+             helper.make_node("RandomUniformLike", ["one"], ["u"]),
+             helper.make_node("Mul", ["u", "one"], ["u1"]),
+             helper.make_node("Bernoulli", ["half"], ["bern"]),
+             helper.make_node("Multinomial", ["logits"], ["multi"], sample_size=4),
+             helper.make_node("Add", ["one", "one"], ["two"]),
+             helper.make_node("Add", ["x", "two"], ["y"])]
+    outputs = [_vi("y", [2, 3]), _vi("r1", [2, 3]), _vi("u1", [2, 3]), _vi("bern", [2, 3]),
+               _vi("multi", [1, 4], TensorProto.INT32)]
+    model = _model(nodes, [_vi("x", [2, 3])], outputs,
+                   {"one": np.ones((2, 3), np.float32), "half": np.full((2, 3), 0.5, np.float32),
+                    "logits": np.zeros((1, 5), np.float32)}, opset=15)
+    result, ctx = _run_passes(model, "fold_constants")
+    assert ctx.stats["fold_constants"] == 1  # only one + one
+    assert _ops(result) == ["RandomNormal", "Add", "RandomUniformLike", "Mul", "Bernoulli",
+                            "Multinomial", "Add"]
+    np.testing.assert_array_equal(_initializer(result, "two"), np.full((2, 3), 2, np.float32))
+    onnx.checker.check_model(result, full_check=True)
+    run_onnxruntime(result, {"x": _float(2, 3)})
+
+
+@pytest.mark.parametrize("training, folded", [(None, True), (False, True), (True, False)])
+def test_fold_constants_dropout_only_in_inference_mode(training, folded):
+    inputs = ["w", "ratio"] + (["training"] if training is not None else [])
+    initializers = {"w": _float(4, 4), "ratio": np.array(0.5, np.float32)}
+    if training is not None:
+        initializers["training"] = np.array(training)
+    model = _model([helper.make_node("Dropout", inputs, ["d"]),
+                    helper.make_node("MatMul", ["x", "d"], ["y"])],
+                   [_vi("x", [2, 4])], [_vi("y", [2, 4])], initializers)
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == (["MatMul"] if folded else ["Dropout", "MatMul"])
+    if folded:
+        assert_matches_ort(model, result)
+
+
+def test_fold_constants_leaves_if_nodes_and_their_branches():
+    then_branch = helper.make_graph([helper.make_node("Add", ["w", "w"], ["t"])], "then", [],
+                                    [_vi("t", [3])])
+    else_branch = helper.make_graph([helper.make_node("Sub", ["w", "w"], ["e"])], "else", [],
+                                    [_vi("e", [3])])
+    model = _model([helper.make_node("Not", ["flag"], ["cond"]),
+                    helper.make_node("If", ["cond"], ["branch"], then_branch=then_branch,
+                                     else_branch=else_branch),
+                    helper.make_node("Add", ["x", "branch"], ["y"])],
+                   [_vi("x", [3])], [_vi("y", [3])],
+                   {"flag": np.array(False), "w": np.arange(3, dtype=np.float32)})
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["If", "Add"]
+    assert {t.name for t in result.graph.initializer} == {"cond", "w"}  # w read by the branches
+    assert_matches_ort(model, result)
+
+
+def test_fold_constants_keeps_what_onnxruntime_cannot_evaluate_as_a_tensor():
+    # a sequence read by a non-constant node cannot become an initializer: kept, rest folded
+    nodes = [helper.make_node("Add", ["a", "a"], ["a2"]),
+             helper.make_node("SequenceConstruct", ["a2", "a"], ["seq"]),
+             helper.make_node("SequenceAt", ["seq", "index"], ["picked"]),
+             helper.make_node("Add", ["picked", "x"], ["y"])]
+    model = _model(nodes, [_vi("x", [2]), _vi("index", [], TensorProto.INT64)], [_vi("y", [2])],
+                   {"a": np.array([1.0, 2.0], np.float32)})
+    result, ctx = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["SequenceConstruct", "SequenceAt", "Add"]
+    assert ctx.stats["fold_constants"] == 1
+    for index in (0, 1):
+        assert_matches_ort(model, result, feeds=[{"x": _float(2), "index": np.array(index)}])
+
+
+def test_fold_constants_light_models_become_initializers(light_model_paths):
+    original = frontend.load_model(light_model_paths["resnet50"])
+    result, ctx = _run_passes(original, "canonicalize_opset", "fold_constants")
+    assert "ConstantOfShape" not in _ops(result)
+    assert ctx.stats["fold_constants"] == 239
+    assert_matches_ort(original, result, n=1)
+
+
+# --- normalize: Reduce* -----------------------------------------------------------------------
+
+
+REDUCE_CASES = {
+    # id: (op, opset, axes given as, axes, noop_with_empty_axes, expected op, expected axes)
+    "sum11_attr": ("ReduceSum", 11, "attr", [-1, 0], None, "ReduceSum", [0, 2]),
+    "sum13_input": ("ReduceSum", 13, "input", [2, -3], None, "ReduceSum", [0, 2]),
+    "sum13_none_noop0": ("ReduceSum", 13, None, None, 0, "ReduceSum", [0, 1, 2]),
+    "sum13_none_noop1": ("ReduceSum", 13, None, None, 1, "Identity", None),
+    "sum13_empty_noop1": ("ReduceSum", 13, "input", [], 1, "Identity", None),
+    "mean17_attr": ("ReduceMean", 17, "attr", [-1], None, "ReduceMean", [2]),
+    "mean17_none": ("ReduceMean", 17, None, None, None, "ReduceMean", [0, 1, 2]),
+    "mean18_input": ("ReduceMean", 18, "input", [-1, 1], None, "ReduceMean", [1, 2]),
+    "max18_none_noop0": ("ReduceMax", 18, None, None, 0, "ReduceMax", [0, 1, 2]),
+    "l2_13_attr_duplicate": ("ReduceL2", 13, "attr", [-2, 1], None, "ReduceL2", [1]),
+    "logsumexp18_input": ("ReduceLogSumExp", 18, "input", [-2], None, "ReduceLogSumExp", [1]),
+}
+
+
+def _reduce_model(op_type, opset, form, axes, noop, keepdims=0, shape=("N", 3, 4)):
+    inputs, initializers, attrs = ["x"], {}, {"keepdims": keepdims}
+    if form == "attr":
+        attrs["axes"] = axes
+    elif form == "input":
+        inputs.append("axes")
+        initializers["axes"] = np.array(axes, np.int64)
+    if noop is not None:
+        attrs["noop_with_empty_axes"] = noop
+    return _model([helper.make_node(op_type, inputs, ["y"], **attrs)], [_vi("x", list(shape))],
+                  [_vi("y", None)], initializers, opset=opset)
+
+
+@pytest.mark.parametrize("case", REDUCE_CASES.values(), ids=REDUCE_CASES.keys())
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_normalize_reduce(case, keepdims):
+    op_type, opset, form, axes, noop, expected_op, expected_axes = case
+    model = _reduce_model(op_type, opset, form, axes, noop, keepdims)
+    result, ctx = _run_passes(model, "normalize")
+    (node,) = result.graph.node
+    assert node.op_type == expected_op
+    assert ctx.stats["normalize"] == 1
+    if expected_op == "Identity":
+        assert list(node.input) == ["x"] and not node.attribute
+    elif canonicalize._reduce_axes_as_input(op_type, opset):
+        assert "axes" not in _attrs(node) and "noop_with_empty_axes" not in _attrs(node)
+        assert _initializer(result, node.input[1]).tolist() == expected_axes
+    else:
+        assert len(node.input) == 1 and _attrs(node)["axes"] == expected_axes
+    assert_matches_ort(model, result, n=2, dims={"N": 2})
+
+
+def test_normalize_reduce_leaves_canonical_and_unknown_rank_nodes_alone():
+    canonical = _reduce_model("ReduceSum", 13, "input", [0, 2], None)
+    result, ctx = _run_passes(canonical, "normalize")
+    assert ctx.stats["normalize"] == 0 and result.graph.initializer[0].name == "axes"
+    # rank unknown: Reshape to a shape given at run time
+    model = _model([helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                    helper.make_node("ReduceSum", ["r"], ["y"], keepdims=0)],
+                   [_vi("x", [2, 6]), _vi("shape", ["k"], TensorProto.INT64)], [_vi("y", None)])
+    result, ctx = _run_passes(model, "normalize")
+    assert ctx.stats["normalize"] == 0 and len(result.graph.node[1].input) == 1
+
+
+def test_normalize_reduce_with_runtime_axes_is_left_alone():
+    model = _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"])],
+                   [_vi("x", [2, 3]), _vi("axes", [1], TensorProto.INT64)], [_vi("y", None)])
+    result, ctx = _run_passes(model, "normalize")
+    assert ctx.stats["normalize"] == 0 and list(result.graph.node[0].input) == ["x", "axes"]
+
+
+# --- normalize: Gemm ------------------------------------------------------------------------
+
+
+M, K, N = 3, 4, 5
+BIAS_SHAPES = {"none": None, "N": [N], "1xN": [1, N], "MxN": [M, N], "Mx1": [M, 1], "scalar": []}
+
+
+def _gemm_model(trans_a, trans_b, alpha, beta, bias_shape, constant_b=True, constant_c=True):
+    a_shape = [K, M] if trans_a else [M, K]
+    b_shape = [N, K] if trans_b else [K, N]
+    inputs, initializers = [_vi("a", a_shape)], {}
+    if constant_b:
+        initializers["b"] = _float(*b_shape)
+    else:
+        inputs.append(_vi("b", b_shape))
+    gemm_inputs = ["a", "b"]
+    if bias_shape is not None:
+        gemm_inputs.append("c")
+        if constant_c:
+            initializers["c"] = _float(*bias_shape)
+        else:
+            inputs.append(_vi("c", bias_shape))
+    attrs = {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta}
+    return _model([helper.make_node("Gemm", gemm_inputs, ["y"], **attrs)], inputs,
+                  [_vi("y", [M, N])], initializers)
+
+
+GEMM_ATTRS = [(0, 0, 1.0, 1.0), (1, 0, 1.0, 1.0), (0, 1, 1.0, 1.0), (1, 1, 0.5, 2.0),
+              (0, 1, 0.25, 0.0), (1, 0, 3.0, -1.5)]
+
+
+@pytest.mark.parametrize("constant", [True, False], ids=["const_bc", "input_bc"])
+@pytest.mark.parametrize("bias", BIAS_SHAPES, ids=BIAS_SHAPES.keys())
+@pytest.mark.parametrize("attrs", GEMM_ATTRS, ids=lambda a: "tA{}_tB{}_al{}_be{}".format(*a))
+def test_normalize_gemm(attrs, bias, constant):
+    trans_a, trans_b, alpha, beta = attrs
+    model = _gemm_model(trans_a, trans_b, alpha, beta, BIAS_SHAPES[bias], constant, constant)
+    result, _ = _run_passes(model, "normalize")
+    gemm = next(node for node in result.graph.node if node.op_type == "Gemm")
+    assert not {"transA", "transB", "alpha", "beta"} & set(_attrs(gemm))
+    assert len(gemm.input) == (3 if BIAS_SHAPES[bias] is not None and beta != 0 else 2)
+    # A is an input: its transpose is explicit. Constant B and C: transposes and scales folded.
+    # Otherwise explicit too, alpha scaling A (B is not constant).
+    expected_ops = ["Transpose"] * trans_a
+    if not constant:
+        expected_ops += ["Transpose"] * trans_b + ["Mul"] * (alpha != 1)
+        expected_ops += ["Mul"] * (BIAS_SHAPES[bias] is not None and beta not in (0, 1))
+    assert sorted(_ops(result)[:-1]) == sorted(expected_ops)
+    onnx.checker.check_model(result, full_check=True)
+    assert_matches_ort(model, result, n=2)
+
+
+@pytest.mark.parametrize("w_shape", [[4, 5], [4, 4]], ids=["non_square", "square"])
+@pytest.mark.parametrize("constant_w", [True, False], ids=["initializer", "input"])
+def test_normalize_gemm_after_identity_transpose(w_shape, constant_w):
+    # ORT GemmTransposeFusion once folded Transpose(perm=[0,1]) into transB=1 (field notes §5 #7)
+    initializers = {"bias": _float(w_shape[1])}
+    inputs = [_vi("x", [3, 4])]
+    if constant_w:
+        initializers["w"] = _float(*w_shape)
+    else:
+        inputs.append(_vi("w", w_shape))
+    model = _model([helper.make_node("Transpose", ["w"], ["wt"], perm=[0, 1]),
+                    helper.make_node("Gemm", ["x", "wt", "bias"], ["y"])],
+                   inputs, [_vi("y", [3, w_shape[1]])], initializers)
+    result, _ = _run_passes(model)
+    gemm = next(node for node in result.graph.node if node.op_type == "Gemm")
+    assert not _attrs(gemm)
+    assert _ops(result) == (["Gemm"] if constant_w else ["Transpose", "Gemm"])
+    assert_matches_ort(model, result, n=2)
+
+
+# --- fold_batchnorm ---------------------------------------------------------------------------
+
+
+def _conv_bn_model(with_bias=True, group=1, extra_reader=False, bn_params_as_inputs=False):
+    channels, per_group = 4, 4 // group
+    initializers = {"w": _float(channels, per_group, 3, 3)}
+    conv_inputs = ["x", "w"]
+    if with_bias:
+        initializers["b"] = _float(channels)
+        conv_inputs.append("b")
+    params = {"scale": _float(channels), "shift": _float(channels), "mean": _float(channels),
+              "var": RNG.uniform(0.5, 2.0, channels).astype(np.float32)}
+    inputs = [_vi("x", ["batch", 4, 8, 8])]
+    if bn_params_as_inputs:
+        inputs += [_vi(name, [channels]) for name in params]
+    else:
+        initializers.update(params)
+    nodes = [helper.make_node("Conv", conv_inputs, ["conv"], pads=[1, 1, 1, 1], group=group),
+             helper.make_node("BatchNormalization", ["conv", *params], ["y"], epsilon=1e-3)]
+    outputs = [_vi("y", ["batch", channels, 8, 8])]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["conv"], ["r"]))
+        outputs.append(_vi("r", ["batch", channels, 8, 8]))
+    return _model(nodes, inputs, outputs, initializers, opset=15)
+
+
+@pytest.mark.parametrize("with_bias, group", [(True, 1), (False, 1), (True, 2), (False, 4)])
+def test_fold_batchnorm(with_bias, group):
+    model = _conv_bn_model(with_bias, group)
+    result, ctx = _run_passes(model, "fold_batchnorm")
+    assert _ops(result) == ["Conv"]
+    assert ctx.stats["fold_batchnorm"] == 1
+    assert list(result.graph.node[0].output) == ["y"]
+    assert {t.name for t in result.graph.initializer} == set(result.graph.node[0].input[1:])
+    assert all(t.data_type == TensorProto.FLOAT for t in result.graph.initializer)
+    for batch in (1, 3):
+        assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": batch})
+
+
+@pytest.mark.parametrize("variant", ["extra_reader", "bn_params_as_inputs"])
+def test_fold_batchnorm_not_applicable(variant):
+    model = _conv_bn_model(**{variant: True})
+    result, ctx = _run_passes(model, "fold_batchnorm")
+    assert ctx.stats["fold_batchnorm"] == 0
+    assert "BatchNormalization" in _ops(result)
+
+
+# --- all four passes ---------------------------------------------------------------------------
+
+
+def _dynamic_batch_model():
+    """x ["batch", 3, 8, 8] -> Conv -> BN -> Reshape(Concat(Shape(x)[0], [-1])) -> Gemm(transB)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["bn"]),
+        helper.make_node("Shape", ["bn"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus_one"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["bn", "shape"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc", "fc_bias"], ["logits"], transB=1, alpha=0.5),
+        helper.make_node("ReduceSum", ["logits"], ["total"], keepdims=0),
+    ]
+    initializers = {
+        "w": _float(4, 3, 3, 3), "scale": _float(4), "shift": _float(4), "mean": _float(4),
+        "var": RNG.uniform(0.5, 2.0, 4).astype(np.float32), "zero": np.array(0, np.int64),
+        "axes": np.array([0], np.int64), "minus_one": np.array([-1], np.int64),
+        "fc": _float(10, 4 * 8 * 8), "fc_bias": _float(10),
+    }
+    return _model(nodes, [_vi("x", ["batch", 3, 8, 8])],
+                  [_vi("logits", ["batch", 10]), _vi("total", [])], initializers)
+
+
+def test_dynamic_batch_stays_symbolic_through_all_passes():
+    model = _dynamic_batch_model()
+    result, ctx = _run_passes(model)
+    assert ctx.stats["fold_batchnorm"] == 1 and ctx.stats["normalize"] == 2
+    assert result.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert result.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert "Shape" in _ops(result) and "BatchNormalization" not in _ops(result)
+    onnx.checker.check_model(result, full_check=True)
+    for batch in (1, 5):
+        assert_matches_ort(model, result, n=1, dims={"batch": batch})
+
+
+LIGHT_FAST = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+              "shufflenet", "squeezenet", "zfnet512"]
+
+
+def _assert_light_model(path, expected_paths):
+    """All passes on a light model; check it against ORT on the original and the shipped outputs."""
+    original = frontend.load_model(path)
+    result, _ = _run_passes(original)
+    assert not {"ConstantOfShape", "Constant"} & set(_ops(result))
+    assert canonicalize._default_opset(result) == 13
+    serialized = result.SerializeToString()  # once: the folded weights are up to 550 MB
+    onnx.checker.check_model(serialized, full_check=True)
+    feeds = light_feeds(original)
+    assert_matches_ort(original, serialized, feeds=[feeds], check=False)
+    if expected_paths:  # the outputs shipped with the onnx wheel, computed by Caffe2
+        outputs = run_onnxruntime(serialized, feeds)
+        for got, expected in zip(outputs, expected_paths):
+            np.testing.assert_allclose(got, load_pb(expected), rtol=1e-4, atol=1e-5)
+    return result
+
+
+@pytest.mark.parametrize("name", LIGHT_FAST)
+def test_light_models_through_all_passes(name, light_model_paths, light_expected_paths):
+    _assert_light_model(light_model_paths[name], light_expected_paths[name])
+
+
+@pytest.mark.slow
+def test_light_vgg19_through_all_passes(light_model_paths, light_expected_paths):
+    original = frontend.load_model(light_model_paths["vgg19"])
+    ctx, result = PassContext(), _copy(original)
+    start = time.perf_counter()
+    for name in ["canonicalize_opset", "fold_constants"]:
+        result = get_pass(name)(result, ctx)
+    assert time.perf_counter() - start < 10
+    assert sum(len(t.raw_data) for t in result.graph.initializer) > 500e6
+    _assert_light_model(light_model_paths["vgg19"], light_expected_paths["vgg19"])
+
+
+@pytest.mark.parametrize("key", ["det", "rec", "cls"])
+def test_ppocr_models_through_all_passes(key, ppocr_model_paths, ppocr_input_shapes):
+    original = frontend.load_model(ppocr_model_paths[key])
+    result, ctx = _run_passes(original)
+    assert "Constant" not in _ops(result)
+    assert ctx.stats["fold_batchnorm"] > 0
+    dims_before = [d.dim_param for d in original.graph.input[0].type.tensor_type.shape.dim]
+    dims_after = [d.dim_param for d in result.graph.input[0].type.tensor_type.shape.dim]
+    assert dims_after == dims_before  # dynamic dims stay symbolic
+    for node in result.graph.node:
+        if node.op_type.startswith("Reduce"):
+            axes = _attrs(node).get("axes") or _initializer(result, node.input[1]).tolist()
+            assert axes == sorted(axes) and min(axes) >= 0
+    onnx.checker.check_model(result, full_check=True)
+    assert_matches_ort(original, result, n=1, shapes={"x": ppocr_input_shapes[key]},
+                       check=False)
