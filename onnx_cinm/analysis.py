@@ -22,12 +22,15 @@ _PER_OUTPUT = {"Softmax": 5, "LogSoftmax": 5, "BatchNormalization": 2, "LRN": 6,
                "Gelu": 8, "Erf": 4}
 
 
-def tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
+def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, TensorInfo]:
     """Type, shape and constness of every tensor of the main graph that shape inference can tell.
 
     Runs (non-strict) shape inference on a copy without initializer data, so it is cheap for
-    big models. Initializers are ``const``.
+    big models; with ``infer=False`` it reads the model's value_info as it is (for a model that
+    was just inferred). Initializers are ``const``.
     """
+    if not infer:
+        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
@@ -47,8 +50,12 @@ def tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
         inferred = light
+    return _collect(inferred.graph, consts)
+
+
+def _collect(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             continue

@@ -75,7 +75,7 @@ def _si(x: float) -> str:
 
 
 def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
-    infos = tensor_infos(model)
+    infos = tensor_infos(model, infer=False)  # the model was just inferred
     total = on_dev = 0
     by_dev: Counter = Counter()
     placements = []

@@ -8,6 +8,7 @@ Cost models, lowering and code generation join the protocol with the crossbar an
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -41,7 +42,7 @@ class TensorInfo:
     def numel(self) -> int:
         """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
         s = self.static_shape
-        return 0 if s is None else int(np.prod(s, dtype=np.int64))
+        return 0 if s is None else math.prod(s)
 
 
 @dataclass(frozen=True)

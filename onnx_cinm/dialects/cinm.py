@@ -49,6 +49,7 @@ reason it was chosen); paradigm passes add their plan attributes the same way.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import onnx
@@ -498,6 +499,12 @@ def _infer_simsearch(types, attrs):
 _DIRECT_INFER = {"Im2Col": _infer_im2col, "TopK": _infer_topk, "SimSearch": _infer_simsearch}
 
 
+@functools.lru_cache(maxsize=None)
+def _inference_function(op_type: str, overload: str) -> FunctionProto:
+    """The body used for shape inference (shared; never mutate the result)."""
+    return build_function(op_type, overload, _INFER_OPSET)
+
+
 def _infer(op_type: str):
     spec = OPS[op_type]
 
@@ -517,7 +524,7 @@ def _infer(op_type: str):
             for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
                 ctx.set_output_type(i, t)
             return
-        fn = build_function(op_type, overload, _INFER_OPSET)
+        fn = _inference_function(op_type, overload)
         types = [ctx.get_input_type(i) for i in range(len(fn.input))]
         if op_type == "Clip":  # optional min/max: infer through the plain Clip semantics
             ctx.set_output_type(0, types[0])
