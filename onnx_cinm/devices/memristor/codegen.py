@@ -1,0 +1,84 @@
+"""Emit one ``.xbar`` command file (plus ``.npy`` sidecars) per crossbar kernel.
+
+The schedule written is exactly the one :func:`~onnx_cinm.devices.memristor.schedule.plan`
+counts: tiles in ``(g, k, n)`` order, tile ``j`` on crossbar ``j mod P``, rounds of ``P`` tiles
+ended by a barrier; weight-stationary files load the first ``P`` tiles and run ``order
+serpentine`` with residency on; naive files wrap the rounds (per ``(g, n)``, ``P`` k tiles per
+round) in ``FOR ROWS m_block`` with residency off (a write before every use, as CINM lowers).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from ...runtime.crossbar import COST_KEYS, FORMAT_VERSION
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def _tiles(plan) -> list[dict]:
+    return [{"g": g, "k": k, "n": n} for g in range(plan.groups) for k in range(plan.Kt)
+            for n in range(plan.Nt)]
+
+
+def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
+    """``(tiles programmed at load, rounds of one inference)``; each tile ``{x, g, k, n}``."""
+    P = plan.crossbars
+    if plan.loop_order == "naive":
+        rounds = []
+        for g in range(plan.groups):
+            for n in range(plan.Nt):
+                ks = list(range(plan.Kt))
+                for r in range(0, len(ks), P):
+                    rounds.append([{"x": i, "g": g, "k": k, "n": n}
+                                   for i, k in enumerate(ks[r:r + P])])
+        return [], rounds
+    tiles = _tiles(plan)
+    for j, t in enumerate(tiles):
+        t["x"] = j % P
+    rounds = [tiles[r:r + P] for r in range(0, len(tiles), P)]
+    return tiles[:P], rounds
+
+
+def render(plan, params, name: str, weight_file: str, bias_file: str | None = None) -> str:
+    """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``)."""
+    load, rounds = schedule_rounds(plan)
+    naive = plan.loop_order == "naive"
+    cost = {k: repr(float(getattr(params, k))) for k in COST_KEYS}
+    return _ENV.get_template("memristor/kernel.xbar.j2").render(
+        version=FORMAT_VERSION, name=name, plan=plan, cost=cost, load=load, rounds=rounds,
+        order="fixed" if (naive or plan.resident) else "serpentine",
+        residency="off" if naive else "on", loop_rows=plan.m_block if naive else 0,
+        weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None)
+
+
+def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
+                bias: np.ndarray | None = None) -> list[Path]:
+    """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
+    ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
+
+    ``W`` may be ``[K, N]`` (one group). Raises ValueError if its shape disagrees with ``plan``.
+    """
+    W = np.asarray(W, dtype=np.float32)
+    if W.ndim == 2:
+        W = W[None]
+    if W.shape != (plan.groups, plan.K, plan.N):
+        raise ValueError(f"weights {W.shape} do not match the plan "
+                         f"({plan.groups}, {plan.K}, {plan.N})")
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    wpath = out / f"{name}.W.npy"
+    np.save(wpath, W)
+    paths = [out / f"{name}.xbar", wpath]
+    bfile = None
+    if bias is not None:
+        bpath = out / f"{name}.C.npy"
+        np.save(bpath, np.asarray(bias, dtype=np.float32))
+        paths.append(bpath)
+        bfile = bpath.name
+    paths[0].write_text(render(plan, params, name, wpath.name, bfile))
+    return paths

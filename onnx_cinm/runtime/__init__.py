@@ -1,0 +1,1 @@
+"""Runtime: device kernels and simulators (``crossbar``: the ``.xbar`` simulator)."""

@@ -1,0 +1,534 @@
+"""The ``.xbar`` command-file format: parser and simulator of memristor crossbar kernels.
+
+The format is documented in ``docs/xbar-format.md`` (version 1). In short: a header (format
+version, geometry, dtype, mode, order, residency, cost parameters), declarations of named regions
+(``input``, ``weight``, ``bias``, ``output``; constants live in ``.npy`` sidecars), a ``LOAD``
+section run once when the kernel is loaded and a ``RUN`` section run per inference, with the
+commands ``PROGRAM``, ``MVM``, ``ACC``, ``BARRIER``, ``ADD``, ``READ`` and the block
+``FOR ROWS b ... END``.
+
+The simulator executes the file, never the ONNX node. It keeps the crossbars' contents across
+inferences (a resident tile is not rewritten when ``residency on``) and counts, per inference:
+tile and cell writes, skipped (resident) writes, MVMs (one per streamed row per tile), ADC
+conversions (one per used column per MVM), the maximum writes any cell received so far (wear),
+and the modeled latency and energy (same model as
+:mod:`onnx_cinm.devices.memristor.schedule`): each crossbar has a clock; ``PROGRAM`` adds
+``write_latency_s``, ``MVM`` adds ``rows * mvm_latency_s``, ``BARRIER`` sets every clock to the
+latest; energy is ``writes * write_energy_j + MVMs * mvm_energy_j + ADC * adc_energy_j +
+busy_seconds * clock_hz * periphery_energy_per_cycle_j``.
+
+Data path: numpy, vectorized over rows: one ``MVM`` is one ``(rows x k) @ (k x n)`` product; a
+``FOR ROWS`` block is executed once over all rows for the data, while its counters are derived
+from its first, one full and its last iteration (iterations in between are identical: the body
+programs every crossbar it streams through, so each iteration starts from the same state).
+Only ``mode ideal`` is implemented: exact fp32 products and fp32 accumulation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CinmError
+
+FORMAT_VERSION = 1
+
+#: Cost parameters a file may set in its header, with defaults (OCC's PCM model, field notes
+#: crossbar.md §1.4).
+COST_KEYS = {"write_latency_s": 2.5e-6, "write_energy_j": 2e-10, "mvm_latency_s": 1e-6,
+             "mvm_energy_j": 2e-13, "adc_energy_j": 0.0, "periphery_energy_per_cycle_j": 2.1e-9,
+             "clock_hz": 1e9}
+_HEADER_INT = ("crossbars", "rows", "cols")
+_HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal",), "order": ("fixed", "serpentine"),
+                   "residency": ("on", "off")}
+_REGION_ARITY = {"input": 2, "weight": 3, "bias": 0, "output": 2}
+
+
+class XbarError(CinmError):
+    """A malformed or inconsistent ``.xbar`` file; the message starts with ``file:line:``."""
+
+
+@dataclass
+class Cmd:
+    """One command: op name, its arguments (strings) and its 1-based line number."""
+
+    op: str
+    args: list
+    line: int
+
+
+@dataclass
+class ForRows:
+    """``FOR ROWS block`` ... ``END``: the body runs once per block of ``block`` input rows."""
+
+    block: int
+    body: list
+    line: int
+
+
+@dataclass
+class Region:
+    """A declared region: kind, name, dims (ints), and a sidecar file for constants."""
+
+    kind: str
+    name: str
+    dims: tuple
+    file: str | None
+    line: int
+
+
+@dataclass
+class XbarProgram:
+    """A parsed ``.xbar`` file."""
+
+    path: str
+    version: int
+    header: dict
+    cost: dict
+    regions: dict
+    load: list
+    run: list
+
+
+@dataclass
+class Counters:
+    """What one phase (the load, or one inference) did. Times in seconds, energies in joules.
+
+    ``max_cell_writes`` is the wear: the most writes any single cell has received since the
+    simulator was created (not only in this phase).
+    """
+
+    tile_writes: int = 0
+    tile_writes_skipped: int = 0
+    cell_writes: int = 0
+    mvms: int = 0
+    adc_conversions: int = 0
+    max_cell_writes: int = 0
+    latency_s: float = 0.0
+    energy_j: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ----------------------------------------------------------------------------------- parser
+
+
+def _err(path: str, line: int, msg: str) -> XbarError:
+    return XbarError(f"{path}:{line}: {msg}")
+
+
+def _int(path, line, text, what, lo=0) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise _err(path, line, f"{what} must be an integer, got {text!r}") from None
+    if v < lo:
+        raise _err(path, line, f"{what} must be >= {lo}, got {v}")
+    return v
+
+
+def parse(text: str, path: str = "<xbar>") -> XbarProgram:
+    """Parse the text of a ``.xbar`` file. Raises :class:`XbarError` with ``path:line:``."""
+    lines = [(i + 1, raw.split("#", 1)[0].split()) for i, raw in enumerate(text.splitlines())]
+    lines = [(n, toks) for n, toks in lines if toks]
+    if not lines or lines[0][1][0] != "XBAR":
+        raise _err(path, lines[0][0] if lines else 1, "a .xbar file starts with 'XBAR <version>'")
+    n0, toks = lines[0]
+    if len(toks) != 2:
+        raise _err(path, n0, "expected 'XBAR <version>'")
+    version = _int(path, n0, toks[1], "format version")
+    if version != FORMAT_VERSION:
+        raise _err(path, n0, f"format version {version} is not supported (this reader: "
+                             f"{FORMAT_VERSION})")
+    header: dict = {"order": "fixed", "residency": "on"}
+    cost = dict(COST_KEYS)
+    regions: dict[str, Region] = {}
+    load: list | None = None
+    run: list | None = None
+    i = 1
+    while i < len(lines):
+        n, toks = lines[i]
+        key = toks[0]
+        if key in ("LOAD", "RUN"):
+            if len(toks) != 1:
+                raise _err(path, n, f"'{key}' takes no arguments")
+            for req in ("crossbars", "rows", "cols", "dtype", "mode"):
+                if req not in header:
+                    raise _err(path, n, f"header lacks '{req}' before {key}")
+            if (key == "LOAD" and (load is not None or run is not None)) or \
+                    (key == "RUN" and run is not None):
+                raise _err(path, n, f"section {key} out of place (LOAD, then RUN, once each)")
+            body, i = _parse_block(lines, i + 1, path, header, regions, in_for=False)
+            if key == "LOAD":
+                load = body
+            else:
+                run = body
+            continue
+        if load is not None or run is not None:
+            raise _err(path, n, f"'{key}' after a section: only LOAD and RUN may follow")
+        if key in _HEADER_INT:
+            if len(toks) != 2:
+                raise _err(path, n, f"expected '{key} <int>'")
+            header[key] = _int(path, n, toks[1], key, lo=1)
+        elif key in _HEADER_CHOICES:
+            if len(toks) != 2 or toks[1] not in _HEADER_CHOICES[key]:
+                raise _err(path, n, f"'{key}' must be one of {', '.join(_HEADER_CHOICES[key])}")
+            header[key] = toks[1]
+        elif key == "cost":
+            if len(toks) != 3 or toks[1] not in COST_KEYS:
+                raise _err(path, n, f"expected 'cost <name> <value>' with name in "
+                                    f"{', '.join(COST_KEYS)}")
+            try:
+                v = float(toks[2])
+            except ValueError:
+                raise _err(path, n, f"cost {toks[1]} must be a number, got {toks[2]!r}") from None
+            if not math.isfinite(v) or v < 0:
+                raise _err(path, n, f"cost {toks[1]} must be finite and >= 0, got {v}")
+            cost[toks[1]] = v
+        elif key in _REGION_ARITY:
+            arity = _REGION_ARITY[key]
+            has_file = key in ("weight", "bias")
+            want = 2 + arity + (1 if has_file else 0)
+            if len(toks) != want:
+                shape = " ".join(["<name>"] + ["<int>"] * arity + (["<file.npy>"] if has_file else []))
+                raise _err(path, n, f"expected '{key} {shape}'")
+            name = toks[1]
+            if name in regions:
+                raise _err(path, n, f"region {name!r} declared twice (line {regions[name].line})")
+            dims = tuple(_int(path, n, t, f"{key} dim", lo=1) for t in toks[2:2 + arity])
+            regions[name] = Region(key, name, dims, toks[-1] if has_file else None, n)
+        else:
+            raise _err(path, n, f"unknown header key or command {key!r}")
+        i += 1
+    if run is None:
+        raise _err(path, lines[-1][0], "no RUN section")
+    prog = XbarProgram(path, version, header, cost, regions, load or [], run)
+    return prog
+
+
+_ARGS = {"PROGRAM": 5, "MVM": 4, "ACC": 4, "BARRIER": 0, "ADD": 2, "READ": 1}
+
+
+def _parse_block(lines, i, path, header, regions, in_for):
+    body: list = []
+    P = header["crossbars"]
+    while i < len(lines):
+        n, toks = lines[i]
+        op, args = toks[0], toks[1:]
+        if op == "END":
+            if len(args):
+                raise _err(path, n, "'END' takes no arguments")
+            if in_for and not (body and isinstance(body[-1], Cmd) and body[-1].op == "BARRIER"):
+                raise _err(path, n, "a FOR ROWS body must end with BARRIER")
+            return body, i + 1
+        if op == "FOR":
+            if in_for:
+                raise _err(path, n, "FOR ROWS blocks do not nest")
+            if len(args) != 2 or args[0] != "ROWS":
+                raise _err(path, n, "expected 'FOR ROWS <block>'")
+            block = _int(path, n, args[1], "row block", lo=1)
+            inner, i = _parse_block(lines, i + 1, path, header, regions, in_for=True)
+            programmed = set()
+            for c in inner:
+                if c.op == "PROGRAM":
+                    programmed.add(int(c.args[0]))
+                if c.op == "MVM" and int(c.args[0]) not in programmed:
+                    raise _err(path, c.line, "an MVM inside FOR ROWS must follow a PROGRAM of "
+                                             "its crossbar in the same body")
+            body.append(ForRows(block, inner, n))
+            continue
+        if op not in _ARGS:
+            raise _err(path, n, f"unknown command {op!r} (known: {', '.join(_ARGS)}, FOR, END)")
+        if len(args) != _ARGS[op]:
+            raise _err(path, n, f"{op} takes {_ARGS[op]} arguments, got {len(args)}")
+        _check_cmd(op, args, n, path, P, header, regions)
+        body.append(Cmd(op, args, n))
+        i += 1
+    raise _err(path, lines[-1][0], "missing END")
+
+
+def _region(path, n, regions, name, kind):
+    r = regions.get(name)
+    if r is None:
+        raise _err(path, n, f"unknown region {name!r}")
+    if r.kind != kind:
+        raise _err(path, n, f"region {name!r} is a {r.kind}, not a {kind}")
+    return r
+
+
+def _check_cmd(op, args, n, path, P, header, regions):
+    R, C = header["rows"], header["cols"]
+    if op in ("PROGRAM", "MVM"):
+        x = _int(path, n, args[0], "crossbar")
+        if x >= P:
+            raise _err(path, n, f"crossbar {x} out of range (crossbars {P})")
+    if op == "PROGRAM":  # PROGRAM x W g k n
+        w = _region(path, n, regions, args[1], "weight")
+        G, K, N = w.dims
+        g, k, t = (_int(path, n, a, nm) for a, nm in zip(args[2:], ("group", "k tile", "n tile")))
+        if g >= G or k >= -(-K // R) or t >= -(-N // C):
+            raise _err(path, n, f"tile ({g}, {k}, {t}) outside {args[1]} "
+                                f"({G} groups, {-(-K // R)} x {-(-N // C)} tiles)")
+    elif op == "MVM":  # MVM x X g k
+        _region(path, n, regions, args[1], "input")
+        _int(path, n, args[2], "group")
+        _int(path, n, args[3], "k tile")
+    elif op == "ACC":  # ACC Y g n x
+        _region(path, n, regions, args[0], "output")
+        _int(path, n, args[1], "group")
+        _int(path, n, args[2], "n tile")
+        x = _int(path, n, args[3], "crossbar")
+        if x >= P:
+            raise _err(path, n, f"crossbar {x} out of range (crossbars {P})")
+    elif op == "ADD":
+        _region(path, n, regions, args[0], "output")
+        _region(path, n, regions, args[1], "bias")
+    elif op == "READ":
+        _region(path, n, regions, args[0], "output")
+
+
+def load_file(path) -> XbarProgram:
+    """Read and parse a ``.xbar`` file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise XbarError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(text, str(p))
+
+
+# -------------------------------------------------------------------------------- simulator
+
+
+class _Phase:
+    """Counters plus the crossbar clocks of one phase."""
+
+    def __init__(self, P: int) -> None:
+        self.c = Counters()
+        self.clock = np.zeros(P)
+
+    def snapshot(self):
+        return (self.c.as_dict(), self.clock.copy())
+
+
+class CrossbarSimulator:
+    """Execute a parsed ``.xbar`` program.
+
+    Args:
+        program: an :class:`XbarProgram` (or a path to a ``.xbar`` file).
+        constants: arrays for ``weight``/``bias`` regions by name; regions not given are read
+            from their ``.npy`` sidecar next to the file.
+
+    ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
+    :meth:`run` is one inference; crossbar contents and wear persist between runs.
+    """
+
+    def __init__(self, program, constants: dict | None = None) -> None:
+        if not isinstance(program, XbarProgram):
+            program = load_file(program)
+        self.prog = program
+        h = program.header
+        self.P, self.R, self.C = h["crossbars"], h["rows"], h["cols"]
+        self.residency = h["residency"] == "on"
+        self.const: dict[str, np.ndarray] = {}
+        base = Path(program.path).parent
+        for r in program.regions.values():
+            if r.kind not in ("weight", "bias"):
+                continue
+            if constants and r.name in constants:
+                arr = np.asarray(constants[r.name])
+            else:
+                try:
+                    arr = np.load(base / r.file, allow_pickle=False)
+                except (OSError, ValueError) as e:
+                    raise _err(program.path, r.line, f"cannot load {r.file}: {e}") from None
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            if r.kind == "weight" and arr.shape != r.dims:
+                raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
+                                                 f"declared {r.dims}")
+            self.const[r.name] = arr
+        self.tags: list = [None] * self.P  # (weight, g, k, n) held by each crossbar
+        self.wear = np.zeros((self.P, self.R, self.C), dtype=np.int64)
+        self.inferences = 0
+        self._latch: list = [None] * self.P
+        self._read: list = []
+        self.load_counters = self._phase(program.load, rows=0, acts={}, outs={})
+
+    # -- helpers
+    def _tile(self, tag):
+        w, g, k, n = tag
+        R, C = self.R, self.C
+        return self.const[w][g, k * R:(k + 1) * R, n * C:(n + 1) * C]
+
+    def _energy(self, c: Counters) -> float:
+        k = self.prog.cost
+        busy = c.tile_writes * k["write_latency_s"] + c.mvms * k["mvm_latency_s"]
+        return (c.tile_writes * k["write_energy_j"] + c.mvms * k["mvm_energy_j"]
+                + c.adc_conversions * k["adc_energy_j"]
+                + busy * k["clock_hz"] * k["periphery_energy_per_cycle_j"])
+
+    def _phase(self, cmds, rows, acts, outs) -> Counters:
+        ph = _Phase(self.P)
+        self._exec(cmds, ph, rows, acts, outs, data=True)
+        ph.c.latency_s = float(ph.clock.max()) if self.P else 0.0
+        ph.c.max_cell_writes = int(self.wear.max())
+        ph.c.energy_j = self._energy(ph.c)
+        return ph.c
+
+    # -- execution
+    def _exec(self, cmds, ph, rows, acts, outs, data):
+        """Run ``cmds``; ``rows`` rows stream per MVM; ``ph`` None: data only, no counting."""
+        k = self.prog.cost
+        path = self.prog.path
+        for cmd in cmds:
+            if isinstance(cmd, ForRows):
+                self._for_rows(cmd, ph, rows, acts, outs)
+                continue
+            op, a = cmd.op, cmd.args
+            if op == "PROGRAM":
+                x, tag = int(a[0]), (a[1], int(a[2]), int(a[3]), int(a[4]))
+                if self.residency and self.tags[x] == tag:
+                    if ph:
+                        ph.c.tile_writes_skipped += 1
+                    continue
+                self.tags[x] = tag
+                if ph:
+                    t = self._tile(tag)
+                    ph.c.tile_writes += 1
+                    ph.c.cell_writes += t.size
+                    self.wear[x, :t.shape[0], :t.shape[1]] += 1
+                    ph.clock[x] += k["write_latency_s"]
+            elif op == "MVM":
+                x, name, g, kt = int(a[0]), a[1], int(a[2]), int(a[3])
+                tag = self.tags[x]
+                if tag is None:
+                    raise _err(path, cmd.line, f"MVM on crossbar {x}, which holds no tile")
+                if tag[1] != g or tag[2] != kt:
+                    raise _err(path, cmd.line, f"MVM streams group {g} k tile {kt} through "
+                                               f"crossbar {x}, which holds {tag[0]}{list(tag[1:])}")
+                t = self._tile(tag)
+                if ph:
+                    ph.c.mvms += rows
+                    ph.c.adc_conversions += rows * t.shape[1]
+                    ph.clock[x] += rows * k["mvm_latency_s"]
+                if data:
+                    X = acts[name]
+                    if g >= X.shape[0]:
+                        raise _err(path, cmd.line, f"group {g} outside input {name} "
+                                                   f"({X.shape[0]} groups)")
+                    self._latch[x] = X[g, :, kt * self.R:kt * self.R + t.shape[0]] @ t
+            elif op == "ACC":
+                name, g, nt, x = a[0], int(a[1]), int(a[2]), int(a[3])
+                tag = self.tags[x]
+                if tag is None or tag[1] != g or tag[3] != nt:
+                    raise _err(path, cmd.line, f"ACC into group {g} n tile {nt} from crossbar "
+                                               f"{x}, which holds {tag}")
+                if data:
+                    lat = self._latch[x]
+                    if lat is None:
+                        raise _err(path, cmd.line, f"ACC from crossbar {x} before any MVM")
+                    outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
+            elif op == "BARRIER":
+                if ph:
+                    ph.clock[:] = ph.clock.max()
+            elif op == "ADD":
+                if data:
+                    try:
+                        outs[a[0]] += self.const[a[1]]
+                    except ValueError:
+                        raise _err(path, cmd.line, f"bias {a[1]} {self.const[a[1]].shape} does "
+                                                   f"not broadcast to {outs[a[0]].shape}") from None
+            elif op == "READ":
+                if data:
+                    self._read.append(a[0])
+
+    def _for_rows(self, loop: ForRows, ph, rows, acts, outs):
+        if ph is not None:
+            ph.clock[:] = ph.clock.max()  # entering a FOR ROWS block is a barrier
+            b = loop.block
+            n = -(-rows // b) if rows else 0
+            sizes = [b] * (n - 1) + [rows - (n - 1) * b] if n else []
+            saved = list(self.tags)
+            if n >= 1:
+                self._exec(loop.body, ph, sizes[0], acts, outs, data=False)
+            if n >= 3:
+                before_c, before_clock = ph.snapshot()
+                before_wear = self.wear.copy()
+                self._exec(loop.body, ph, b, acts, outs, data=False)
+                after = ph.c.as_dict()
+                reps = n - 3
+                for key, v in after.items():
+                    setattr(ph.c, key, v + (v - before_c[key]) * reps)
+                ph.clock += (ph.clock - before_clock) * reps
+                self.wear += (self.wear - before_wear) * reps
+            if n >= 2:
+                self._exec(loop.body, ph, sizes[-1], acts, outs, data=False)
+            final = list(self.tags)
+            self.tags = saved
+        else:
+            final = None
+        # data: the whole row range at once
+        self._exec(loop.body, None, rows, acts, outs, data=True)
+        if final is not None:
+            self.tags = final
+
+    def run(self, inputs: dict) -> tuple[dict, Counters]:
+        """One inference. ``inputs``: ``{name: array [G, M, K] or [M, K]}`` for every ``input``.
+
+        Returns ``({output name: float32 array [G, M, N]}, Counters)``. Raises
+        :class:`XbarError` for missing or mis-shaped inputs.
+        """
+        prog = self.prog
+        acts, M = {}, None
+        for r in prog.regions.values():
+            if r.kind != "input":
+                continue
+            if r.name not in inputs:
+                raise _err(prog.path, r.line, f"input {r.name} not given")
+            X = np.asarray(inputs[r.name], dtype=np.float32)
+            if X.ndim == 2:
+                X = X[None]
+            if X.ndim != 3 or X.shape[0] != r.dims[0] or X.shape[2] != r.dims[1]:
+                raise _err(prog.path, r.line, f"input {r.name}: shape {np.shape(inputs[r.name])} "
+                                              f"!= [{r.dims[0]}, M, {r.dims[1]}]")
+            if M is not None and X.shape[1] != M:
+                raise _err(prog.path, r.line, f"inputs disagree on M ({M} vs {X.shape[1]})")
+            M = X.shape[1]
+            acts[r.name] = X
+        M = M or 0
+        outs = {r.name: np.zeros((r.dims[0], M, r.dims[1]), np.float32)
+                for r in prog.regions.values() if r.kind == "output"}
+        self._latch: list = [None] * self.P
+        self._read: list = []
+        body = prog.run
+        if prog.header["order"] == "serpentine" and self.inferences % 2 == 1:
+            body = _reverse_rounds(body)
+        c = self._phase(body, M, acts, outs)
+        self.inferences += 1
+        return {name: outs[name] for name in (self._read or outs)}, c
+
+
+def _reverse_rounds(body: list) -> list:
+    """The BARRIER-terminated rounds of ``body`` in reverse order; the tail stays last."""
+    rounds, cur = [], []
+    for c in body:
+        cur.append(c)
+        if isinstance(c, Cmd) and c.op == "BARRIER":
+            rounds.append(cur)
+            cur = []
+    return [c for r in reversed(rounds) for c in r] + cur
+
+
+def simulate(path, inputs: dict, runs: int = 1) -> tuple[dict, list[Counters], Counters]:
+    """Load ``path``, run ``runs`` inferences on ``inputs``; return (outputs of the last run,
+    counters per run, load counters)."""
+    sim = CrossbarSimulator(path)
+    per = []
+    outs = {}
+    for _ in range(runs):
+        outs, c = sim.run(inputs)
+        per.append(c)
+    return outs, per, sim.load_counters

@@ -1,0 +1,178 @@
+"""The .xbar simulator: numbers equal A @ B (+C), counters equal the hand formulas, errors name lines."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnx_cinm.devices.memristor import PCM_OCC, RERAM_ISAAC
+from onnx_cinm.devices.memristor.codegen import emit_kernel
+from onnx_cinm.devices.memristor.schedule import plan
+from onnx_cinm.runtime.crossbar import CrossbarSimulator, XbarError, parse
+
+SHAPES = [  # M, K, N, P, groups
+    (7, 200, 130, 4, 1),   # K, N not multiples of 64; T=12 > P
+    (1, 10, 3, 1, 1),      # M=1, K<64, a single tile
+    (9, 130, 65, 4, 1),    # T=6 > P=4, P does not divide T
+    (5, 100, 70, 4, 1),    # T=4 fits
+    (33, 27, 8, 2, 3),     # grouped, T=3 > P=2
+]
+
+
+def _kernel(tmp_path, M, K, N, P, G, order, m_block=1, bias=True, seed=0, params=PCM_OCC):
+    rng = np.random.default_rng(seed)
+    prm = replace(params, crossbars=P)
+    pl = plan(M, K, N, prm, order, groups=G, m_block=m_block)
+    W = rng.standard_normal((G, K, N)).astype(np.float32)
+    C = rng.standard_normal(N).astype(np.float32) if bias else None
+    paths = emit_kernel(pl, prm, W, tmp_path, f"k{M}_{K}_{N}_{order}", bias=C)
+    A = rng.standard_normal((G, M, K)).astype(np.float32)
+    ref = np.einsum("gmk,gkn->gmn", A.astype(np.float64), W.astype(np.float64))
+    if bias:
+        ref = ref + C
+    return pl, prm, paths, A, ref
+
+
+@pytest.mark.parametrize("order,m_block", [("weight_stationary", 1), ("naive", 1), ("naive", 4)])
+@pytest.mark.parametrize("M,K,N,P,G", SHAPES)
+def test_simulator_matches_numpy_and_formulas(tmp_path, M, K, N, P, G, order, m_block):
+    pl, prm, paths, A, ref = _kernel(tmp_path, M, K, N, P, G, order, m_block)
+    sim = CrossbarSimulator(paths[0])
+    assert sim.load_counters.tile_writes == pl.writes_load
+    assert sim.load_counters.cell_writes == pl.cell_writes_load
+    runs = []
+    for _ in range(3):  # forward, backward, forward (serpentine)
+        out, c = sim.run({"X": A})
+        np.testing.assert_allclose(out["Y"], ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+        runs.append(c)
+    cost = pl.cost(prm)
+    for c in runs:
+        assert c.tile_writes == pl.writes_per_inference
+        assert c.mvms == pl.mvms == G * M * pl.Kt * pl.Nt
+        assert c.adc_conversions == pl.adc_conversions == G * M * pl.Kt * N
+        assert c.latency_s == pytest.approx(cost.latency_s, rel=1e-12)
+    assert (runs[0].cell_writes + runs[1].cell_writes) // 2 == pl.cell_writes_per_inference
+    assert runs[1].energy_j == pytest.approx(cost.energy_j, rel=1e-12)
+    if order == "naive":
+        assert runs[0].tile_writes == G * -(-M // m_block) * pl.Nt * pl.Kt
+        assert runs[0].tile_writes_skipped == 0
+
+
+def test_weight_stationary_resident_and_wear(tmp_path):
+    # T = 2*2 = 4 tiles on P=4: written once at load, never again; each used cell written once
+    pl, prm, paths, A, ref = _kernel(tmp_path, 50, 100, 70, 4, 1, "weight_stationary")
+    sim = CrossbarSimulator(paths[0])
+    for _ in range(4):
+        out, c = sim.run({"X": A})
+        assert c.tile_writes == 0 and c.tile_writes_skipped == 4 and c.max_cell_writes == 1
+    # capacity-limited, P=1, T=4: each inference writes 3 tiles into the one crossbar
+    pl, prm, paths, A, ref = _kernel(tmp_path, 5, 100, 70, 1, 1, "weight_stationary")
+    sim = CrossbarSimulator(paths[0])
+    for r in range(3):
+        out, c = sim.run({"X": A})
+        assert c.tile_writes == 3
+    # cell (0, 0) holds part of every tile: 1 (load) + 3 * 3 writes
+    assert c.max_cell_writes == 1 + 3 * 3
+
+
+def test_occ_example_and_large_m(tmp_path):
+    # field notes §3: M=N=K=256, 64x64, P=1: naive (M tiled by 64) 64 writes, WS 16 cold
+    pl, prm, paths, A, ref = _kernel(tmp_path, 256, 256, 256, 1, 1, "naive", m_block=64, bias=False)
+    out, c = CrossbarSimulator(paths[0]).run({"X": A})
+    assert c.tile_writes == 64
+    pl, prm, paths, A, ref = _kernel(tmp_path, 256, 256, 256, 1, 1, "weight_stationary", bias=False)
+    sim = CrossbarSimulator(paths[0])
+    out, c = sim.run({"X": A})
+    assert sim.load_counters.tile_writes + c.tile_writes == 16
+    # conv-as-GEMM shaped: 25088 rows stream without a Python loop per row (naive too)
+    pl, prm, paths, A, ref = _kernel(tmp_path, 25088, 16, 256, 4, 1, "naive", bias=False)
+    out, c = CrossbarSimulator(paths[0]).run({"X": A})
+    assert c.tile_writes == 25088 * 4 and len(Path(paths[0]).read_text().splitlines()) < 60
+    np.testing.assert_allclose(out["Y"], ref, rtol=1e-5, atol=1e-4)
+
+
+def test_reram_preset_costs(tmp_path):
+    pl, prm, paths, A, ref = _kernel(tmp_path, 3, 300, 200, 4, 1, "weight_stationary",
+                                     params=RERAM_ISAAC)
+    out, c = CrossbarSimulator(paths[0]).run({"X": A})
+    assert c.energy_j == pytest.approx(pl.cost(prm).energy_j)
+    np.testing.assert_allclose(out["Y"], ref, rtol=1e-5, atol=1e-3)
+
+
+GOOD = """XBAR 1
+crossbars 1
+rows 2
+cols 2
+dtype float32
+mode ideal
+input X 1 3
+weight W 1 3 2 w.npy
+output Y 1 2
+LOAD
+END
+RUN
+PROGRAM 0 W 0 0 0
+MVM 0 X 0 0
+ACC Y 0 0 0
+BARRIER
+READ Y
+END
+"""
+
+
+@pytest.mark.parametrize("edit,line,msg", [
+    (("XBAR 1", "XBAR 2"), 1, "version 2"),
+    (("rows 2", "rows two"), 3, "integer"),
+    (("mode ideal", "mode noisy"), 6, "mode"),
+    (("PROGRAM 0 W 0 0 0", "PROGRAM 1 W 0 0 0"), 13, "crossbar 1 out of range"),
+    (("PROGRAM 0 W 0 0 0", "PROGRAM 0 W 0 2 0"), 13, "outside W"),
+    (("MVM 0 X 0 0", "MVN 0 X 0 0"), 14, "unknown command"),
+    (("ACC Y 0 0 0", "ACC Z 0 0 0"), 15, "unknown region"),
+    (("ACC Y 0 0 0", "ACC W 0 0 0"), 15, "is a weight"),
+    (("BARRIER\nREAD Y\nEND\n", "BARRIER\n"), 16, "missing END"),
+    (("mode ideal\n", ""), 9, "lacks 'mode'"),
+    (("RUN\nPROGRAM", "RUN\nFOR ROWS 2\nPROGRAM"), 19, "must end with BARRIER"),
+])
+def test_malformed_files_name_the_line(edit, line, msg):
+    bad = GOOD.replace(*edit)
+    with pytest.raises(XbarError, match=rf"^k\.xbar:{line}: .*{msg}"):
+        parse(bad, "k.xbar")
+
+
+def test_runtime_errors_name_the_line(tmp_path):
+    np.save(tmp_path / "w.npy", np.ones((1, 3, 2), np.float32))
+    (tmp_path / "k.xbar").write_text(GOOD.replace("MVM 0 X 0 0", "MVM 0 X 0 1"))
+    sim = CrossbarSimulator(tmp_path / "k.xbar")
+    with pytest.raises(XbarError, match=r"k\.xbar:14: MVM streams group 0 k tile 1"):
+        sim.run({"X": np.ones((4, 3), np.float32)})
+    (tmp_path / "k.xbar").write_text(GOOD)
+    out, c = CrossbarSimulator(tmp_path / "k.xbar").run({"X": np.ones((4, 3), np.float32)})
+    assert c.tile_writes == 1 and c.mvms == 4
+    with pytest.raises(XbarError, match=r"k\.xbar:7: input X"):
+        CrossbarSimulator(tmp_path / "k.xbar").run({"X": np.ones((4, 5), np.float32)})
+    np.save(tmp_path / "w.npy", np.ones((3, 2), np.float32))
+    with pytest.raises(XbarError, match=r"k\.xbar:8: W: sidecar shape"):
+        CrossbarSimulator(tmp_path / "k.xbar")
+
+
+def test_doc_worked_example(tmp_path):
+    doc = (Path(__file__).parents[1] / "docs" / "xbar-format.md").read_text()
+    text = doc.split("## Worked example")[1].split("```")[1]
+    (tmp_path / "example.xbar").write_text(text)
+    np.save(tmp_path / "example.W.npy", np.array([[[1, 2], [3, 4], [5, 6]]], np.float32))
+    sim = CrossbarSimulator(tmp_path / "example.xbar")
+    assert (sim.load_counters.tile_writes, sim.load_counters.cell_writes) == (1, 4)
+    X = np.array([[1, 1, 1], [1, 0, -1]], np.float32)
+    out, c = sim.run({"X": X})
+    np.testing.assert_array_equal(out["Y"][0], [[9, 12], [-4, -4]])
+    assert (c.tile_writes, c.tile_writes_skipped, c.cell_writes, c.mvms, c.adc_conversions) == \
+        (1, 1, 2, 4, 8)
+    assert c.latency_s == pytest.approx(6.5e-6)
+    assert c.energy_j == pytest.approx(1.36502008e-5)
+    out, c2 = sim.run({"X": X})
+    assert (c2.tile_writes, c2.cell_writes) == (1, 4)
+    out, c3 = sim.run({"X": X})
+    np.testing.assert_array_equal(out["Y"][0], [[9, 12], [-4, -4]])
+    assert c3.max_cell_writes == 4
