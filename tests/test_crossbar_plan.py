@@ -109,3 +109,21 @@ def test_reram_preset_and_errors():
         plan(1, 1, 1, PCM_OCC, "kmn")
     with pytest.raises(ValueError, match="K must be"):
         plan(1, 0, 1, PCM_OCC)
+
+
+def test_benchmark_targets(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "crossbar_writes.py"
+    spec = importlib.util.spec_from_file_location("crossbar_writes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recs = {r["kernel"]: r for r in mod.main(["--json"])}
+    capsys.readouterr()
+    for r in recs.values():
+        assert r["writes_opt"] == r["writes_lower_bound"]
+    for k in ("matmul_8x1024x256", "matmul_16x1024x128"):
+        assert recs[k]["writes_naive"] >= 7 * recs[k]["writes_opt"]
+    # 8 x 1024 @ 1024 x 256: Kt=16, Nt=4, T=64, P=4: naive 8*64 = 512, opt 64-4 = 60
+    assert (recs["matmul_8x1024x256"]["writes_naive"], recs["matmul_8x1024x256"]["writes_opt"]) == (512, 60)
