@@ -131,7 +131,12 @@ def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None
             raise CinmError(
                 f"'{path}': external data file '{location}' of tensor '{tensor.name}' not found"
             )
-        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        try:
+            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        except ValueError:
+            raise CinmError(
+                f"'{path}': bad external data offset/length of tensor '{tensor.name}'"
+            ) from None
         if end > os.path.getsize(data_path):
             raise CinmError(
                 f"'{path}': external data file '{location}' is too short for tensor "
@@ -431,11 +436,11 @@ def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
     the output rank is the length of ``shape`` (for Expand at least the rank of ``x``).
     """
     infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
-    lengths = {t.name: list(t.dims) for t in graph.initializer}
+    tensors = {t.name: t for t in graph.initializer}
 
     def static_dims(name: str) -> list[int] | None:
-        if name in lengths:
-            return lengths[name]
+        if name in tensors:
+            return list(tensors[name].dims)
         tensor_type = infos[name].type.tensor_type if name in infos else None
         if tensor_type is None or not tensor_type.HasField("shape"):
             return None
@@ -459,8 +464,13 @@ def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
                 continue
             rank = max(rank, len(data.type.tensor_type.shape.dim))
         if output is None:
-            elem_type = infos[node.input[0]].type.tensor_type.elem_type if (
-                node.input[0] in infos) else 0
+            data = node.input[0]
+            if data in tensors:
+                elem_type = tensors[data].data_type
+            elif data in infos and infos[data].type.tensor_type.elem_type:
+                elem_type = infos[data].type.tensor_type.elem_type
+            else:
+                continue  # unknown element type: leave it to onnx
             output = graph.value_info.add()
             output.CopyFrom(onnx.helper.make_tensor_value_info(node.output[0], elem_type, None))
         for _ in range(rank):

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import assert_matches_ort, light_feeds, load_pb
+from helpers import assert_matches_ort, light_feeds
 from onnx_cinm import frontend
 from onnx_cinm.errors import CinmError
 from onnx_cinm.golden import run_onnxruntime
@@ -340,6 +340,14 @@ def test_normalize_reduce_leaves_canonical_and_unknown_rank_nodes_alone():
                    [_vi("x", [2, 6]), _vi("shape", ["k"], TensorProto.INT64)], [_vi("y", None)])
     result, ctx = _run_passes(model, "normalize")
     assert ctx.stats["normalize"] == 0 and len(result.graph.node[1].input) == 1
+    # ... but non-negative axes only need sorting, which needs no rank
+    model.graph.node[1].input.append("axes")
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 0], np.int64), "axes"))
+    result, ctx = _run_passes(model, "normalize")
+    assert ctx.stats["normalize"] == 1
+    assert _initializer(result, result.graph.node[1].input[1]).tolist() == [0, 1]
+    feeds = {"x": _float(2, 6), "shape": np.array([3, 4], np.int64)}
+    assert_matches_ort(model, result, feeds=[feeds], check=False)  # y has no shape field
 
 
 def test_normalize_reduce_with_runtime_axes_is_left_alone():
@@ -510,38 +518,31 @@ LIGHT_FAST = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "re
               "shufflenet", "squeezenet", "zfnet512"]
 
 
-def _assert_light_model(path, expected_paths):
-    """All passes on a light model; check it against ORT on the original and the shipped outputs."""
+def _assert_light_model(path):
+    """All passes on a light model, compared with ORT on the original (which reproduces the
+    outputs shipped with the onnx wheel exactly, field notes §3a)."""
     original = frontend.load_model(path)
-    result, _ = _run_passes(original)
+    result, ctx = _run_passes(original)
     assert not {"ConstantOfShape", "Constant"} & set(_ops(result))
     assert canonicalize._default_opset(result) == 13
-    serialized = result.SerializeToString()  # once: the folded weights are up to 550 MB
-    onnx.checker.check_model(serialized, full_check=True)
-    feeds = light_feeds(original)
-    assert_matches_ort(original, serialized, feeds=[feeds], check=False)
-    if expected_paths:  # the outputs shipped with the onnx wheel, computed by Caffe2
-        outputs = run_onnxruntime(serialized, feeds)
-        for got, expected in zip(outputs, expected_paths):
-            np.testing.assert_allclose(got, load_pb(expected), rtol=1e-4, atol=1e-5)
-    return result
+    # the checker on the weightless copy: same verdict, without re-parsing up to 550 MB
+    onnx.checker.check_model(frontend.strip_weights(result)[0], full_check=True)
+    assert_matches_ort(original, result.SerializeToString(), feeds=[light_feeds(original)],
+                       check=False)
+    return ctx
 
 
 @pytest.mark.parametrize("name", LIGHT_FAST)
-def test_light_models_through_all_passes(name, light_model_paths, light_expected_paths):
-    _assert_light_model(light_model_paths[name], light_expected_paths[name])
+def test_light_models_through_all_passes(name, light_model_paths):
+    _assert_light_model(light_model_paths[name])
 
 
 @pytest.mark.slow
-def test_light_vgg19_through_all_passes(light_model_paths, light_expected_paths):
-    original = frontend.load_model(light_model_paths["vgg19"])
-    ctx, result = PassContext(), _copy(original)
+def test_light_vgg19_through_all_passes(light_model_paths):
     start = time.perf_counter()
-    for name in ["canonicalize_opset", "fold_constants"]:
-        result = get_pass(name)(result, ctx)
-    assert time.perf_counter() - start < 10
-    assert sum(len(t.raw_data) for t in result.graph.initializer) > 500e6
-    _assert_light_model(light_model_paths["vgg19"], light_expected_paths["vgg19"])
+    ctx = _assert_light_model(light_model_paths["vgg19"])
+    assert ctx.stats["fold_constants"] == 38 and ctx.stats["normalize"] == 3
+    assert time.perf_counter() - start < 60
 
 
 @pytest.mark.parametrize("key", ["det", "rec", "cls"])

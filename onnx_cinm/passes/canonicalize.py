@@ -175,7 +175,9 @@ class _Names:
 # --- graph edits -----------------------------------------------------------------------------
 
 
-def _replace_nodes(graph: onnx.GraphProto | onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> None:
+def _replace_nodes(
+    graph: onnx.GraphProto | onnx.FunctionProto, nodes: list[onnx.NodeProto]
+) -> None:
     del graph.node[:]
     graph.node.extend(nodes)
 
@@ -288,7 +290,7 @@ def _convert_function(function: onnx.FunctionProto) -> None:
 
 @register_pass("canonicalize_opset")
 def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
-    """Lift the default-domain opset to >= 13 and the IR version to 10..11; drop initializer inputs.
+    """Lift the default opset to >= 13 and the IR version to 10..11; drop initializer inputs.
 
     - opset < 13 is converted with ``onnx.version_converter``, which also rewrites the pre-13
       Softmax/LogSoftmax flatten-to-2-D semantics into explicit Flatten/Reshape; Hardmax, which
@@ -480,7 +482,10 @@ def _fold(
             if name and name not in produced_by_run and name not in feeds:
                 feeds[name] = numpy_helper.to_array(constants[name])
     wanted = sorted(_names_read(graph, skip=folded) & produced_by_run)
-    evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
+    if wanted:
+        evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
+    else:  # nothing outside reads them: dead code, nothing to evaluate
+        evaluated, values = [True] * len(run_nodes), {}
     values.update(direct)
     folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
 
@@ -568,25 +573,26 @@ def _normalize_reduce(
     if axes_name:
         if axes_name not in constants:
             return False  # axes computed at run time
-        axes = [int(a) for a in numpy_helper.to_array(constants[axes_name]).reshape(-1)]
+        given = numpy_helper.to_array(constants[axes_name]).reshape(-1).tolist()
     else:
-        axes = list(attrs.get("axes", []))
-    rank = types.rank(node.input[0])
-    if not axes and as_input and attrs.get("noop_with_empty_axes", 0):
+        given = list(attrs.get("axes", []))
+    if not given and as_input and attrs.get("noop_with_empty_axes", 0):
         node.op_type = "Identity"
         del node.input[1:]
         del node.attribute[:]
         return True
-    if rank is None or rank == 0 and not axes:
-        return False  # unknown rank (or a scalar reduced over no axes): leave as is
-    if not axes:
-        axes = list(range(rank))
-    elif any(a < 0 for a in axes):
-        axes = [a + rank if a < 0 else a for a in axes]
-    canonical = sorted(set(axes))
+    rank = types.rank(node.input[0])
+    if given and min(given) >= 0:
+        canonical = sorted(set(given))
+    elif rank is None or rank == 0:
+        return False  # the rank is needed but unknown (or a scalar: no axis to reduce)
+    elif given:
+        canonical = sorted({axis + rank if axis < 0 else axis for axis in given})
+    else:
+        canonical = list(range(rank))
+    if canonical == given:
+        return False  # already canonical
     if as_input:
-        if axes_name and numpy_helper.to_array(constants[axes_name]).reshape(-1).tolist() == canonical:
-            return False
         name = names.fresh(f"{node.output[0]}_axes")
         _add_initializer(graph, np.array(canonical, dtype=np.int64), name)
         del node.input[1:]
@@ -594,8 +600,6 @@ def _normalize_reduce(
         for attr in [a for a in node.attribute if a.name == "noop_with_empty_axes"]:
             node.attribute.remove(attr)
         return True
-    if attrs.get("axes") == canonical:
-        return False
     for attr in [a for a in node.attribute if a.name == "axes"]:
         node.attribute.remove(attr)
     node.attribute.append(onnx.helper.make_attribute("axes", canonical))
@@ -655,7 +659,7 @@ def _normalize_gemm(
         inputs.append(c)
     del node.input[:]
     node.input.extend(inputs)
-    for attr in [a for a in node.attribute if a.name in ("alpha", "beta", "transA", "transB")]:
+    for attr in [at for at in node.attribute if at.name in ("alpha", "beta", "transA", "transB")]:
         node.attribute.remove(attr)
     return created
 
