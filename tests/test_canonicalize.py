@@ -116,6 +116,12 @@ def test_canonicalize_opset_keeps_local_functions():
     assert {(o.domain, o.version) for o in result.opset_import} == {("", 13), ("cinm", 1)}
     onnx.checker.check_model(result, full_check=True)
     assert_matches_ort(model, result)
+    # a model already above 13 keeps its opset; the function body follows it
+    model.opset_import[0].version = 17
+    result, _ = _run_passes(model, "canonicalize_opset")
+    assert [(o.domain, o.version) for o in result.functions[0].opset_import] == [("", 17)]
+    onnx.checker.check_model(result, full_check=True)
+    assert_matches_ort(model, result)
 
 
 def test_canonicalize_opset_converter_failure_is_cinm_error(monkeypatch):

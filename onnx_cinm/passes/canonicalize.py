@@ -254,25 +254,27 @@ def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
     _replace_nodes(graph, nodes)
 
 
-def _convert_version(model: onnx.ModelProto, what: str, version: int) -> onnx.ModelProto:
-    """``onnx.version_converter.convert_version`` to :data:`TARGET_OPSET`, errors as CinmError."""
+def _convert_version(
+    model: onnx.ModelProto, target: int, what: str, version: int
+) -> onnx.ModelProto:
+    """``onnx.version_converter.convert_version`` with its errors as CinmError."""
     try:
-        return onnx.version_converter.convert_version(model, TARGET_OPSET)
+        return onnx.version_converter.convert_version(model, target)
     except Exception as error:  # the C++ converter raises RuntimeError, IndexError, ...
         message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise CinmError(
-            f"cannot convert {what} from opset {version} to {TARGET_OPSET}: {message}"
+            f"cannot convert {what} from opset {version} to {target}: {message}"
         ) from None
 
 
-def _convert_function(function: onnx.FunctionProto) -> None:
-    """Lift a model-local function body below opset 13 to 13, in place.
+def _convert_function(function: onnx.FunctionProto, target: int) -> None:
+    """Lift a model-local function body below the model's opset ``target`` to it, in place.
 
     The checker rejects a function whose default-domain opset differs from the model's when an
     op it uses changed in between (e.g. Add at 13), so bodies follow the model.
     """
     versions = [o.version for o in function.opset_import if o.domain in _DEFAULT_DOMAINS]
-    if not versions or max(versions) >= TARGET_OPSET:
+    if not versions or max(versions) >= target:
         return
     graph = onnx.helper.make_graph(
         list(function.node), function.name,
@@ -281,7 +283,7 @@ def _convert_function(function: onnx.FunctionProto) -> None:
     _flatten_hardmax(graph, _Names(graph))
     body = onnx.helper.make_model(graph, opset_imports=list(function.opset_import),
                                   ir_version=MIN_IR_VERSION)
-    converted = _convert_version(body, f"function {function.domain}.{function.name}",
+    converted = _convert_version(body, target, f"function {function.domain}.{function.name}",
                                  max(versions))
     _replace_nodes(function, list(converted.graph.node))
     del function.opset_import[:]
@@ -296,8 +298,10 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
       Softmax/LogSoftmax flatten-to-2-D semantics into explicit Flatten/Reshape; Hardmax, which
       the converter merely relabels, is made explicit beforehand (:func:`_flatten_hardmax`).
       The converter runs on a weightless copy; nodes of other domains (e.g. ``ai.onnx.ml``)
-      pass through unchanged and model-local functions (dropped by the converter) are kept,
-      their bodies converted too. A model without a default-domain import gets one (13).
+      pass through unchanged and model-local functions (dropped by the converter) are kept.
+      A model without a default-domain import gets one (13).
+    - Function bodies below the model's opset are lifted to it (the checker rejects a body
+      whose ops resolve to other versions than the model's).
     - ``ir_version`` becomes ``min(max(ir, 10), 11)``; opset_import keeps one entry per domain.
     - Graph inputs that are also initializers are removed (light models list every weight as
       an input): they are constants for us, which lets ``fold_constants`` fold them.
@@ -325,10 +329,11 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
     elif version < TARGET_OPSET:
         skeleton, moved = strip_weights(model)
         _flatten_hardmax(skeleton.graph, _Names(skeleton.graph))
-        restore_weights(model, _convert_version(skeleton, "the model", version), moved)
+        converted = _convert_version(skeleton, TARGET_OPSET, "the model", version)
+        restore_weights(model, converted, moved)
         _dedupe_opset_imports(model)
     for function in model.functions:
-        _convert_function(function)
+        _convert_function(function, _default_opset(model))
     model.ir_version = min(max(model.ir_version, MIN_IR_VERSION), MAX_IR_VERSION)
     initializers = {tensor.name for tensor in model.graph.initializer}
     kept = [value for value in model.graph.input if value.name not in initializers]
