@@ -121,6 +121,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
     log = log or (lambda msg: None)
     original = frontend.load_model(model) if isinstance(model, (str, Path)) else model
     if input_shapes:
+        if original is model:  # never change the caller's model
+            original = onnx.ModelProto()
+            original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
     work = onnx.ModelProto()
     work.CopyFrom(original)

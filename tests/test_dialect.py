@@ -158,3 +158,12 @@ def test_attach_functions_is_idempotent_and_declares_domain():
     assert [(f.name, f.overload) for f in m.functions] == [("Gemm", "")]
     assert sum(o.domain == "cinm" for o in m.opset_import) == 1
     assert m.ir_version >= 10
+
+
+def test_onnx_reference_still_imports_after_registration():
+    import subprocess
+    import sys
+
+    code = "import onnx_cinm.dialects.cinm; from onnx.reference import ReferenceEvaluator; print('ok')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

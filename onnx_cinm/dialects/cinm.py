@@ -551,7 +551,13 @@ def _make_schema(spec: OpSpec) -> OpSchema:
 
 
 def register_schemas() -> None:
-    """Register the schemas of every cinm op with ``onnx.defs`` (idempotent)."""
+    """Register the schemas of every cinm op with ``onnx.defs`` (idempotent).
+
+    ``onnx.reference`` indexes every registered schema by op name alone when it is first imported
+    and refuses duplicates across domains (cinm.Mul next to Mul), so it is imported first.
+    """
+    import onnx.reference  # noqa: F401  (see the docstring)
+
     for spec in OPS.values():
         if not onnx.defs.has(spec.name, DOMAIN):
             onnx.defs.register_schema(_make_schema(spec))

@@ -62,7 +62,8 @@ def register_pass(name: str, doc: str = "") -> Callable[[PassFn], PassFn]:
     """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the first docstring line."""
 
     def deco(fn: PassFn) -> PassFn:
-        text = doc or (fn.__doc__ or "").strip().splitlines()[0] if (doc or fn.__doc__) else ""
+        lines = (fn.__doc__ or "").strip().splitlines()
+        text = doc or (lines[0] if lines else "")
         _REGISTRY[name] = (fn, text)
         return fn
 
