@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -17,6 +18,20 @@ examples:
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
   onnx-cinm devices
 """
+
+
+def _count(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive count, got {v}")
+    return v
+
+
+def _tolerance(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--example", metavar="NAME",
                      help="use a model bundled with onnx-cinm instead of a file (see --list-examples)")
     o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
-    o.add_argument("--check", type=int, default=1, metavar="N",
+    o.add_argument("--check", type=_count, default=1, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables")
-    o.add_argument("--check-rtol", type=float, default=1e-4, help="relative tolerance of the check")
-    o.add_argument("--check-atol", type=float, default=1e-5, help="absolute tolerance of the check")
+    o.add_argument("--check-rtol", type=_tolerance, default=1e-4, help="relative tolerance of the check")
+    o.add_argument("--check-atol", type=_tolerance, default=1e-5, help="absolute tolerance of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="bake a static shape into an input (repeatable)")
     o.add_argument("--placement", default="heuristic", choices=["heuristic"],
@@ -110,15 +125,27 @@ def _cmd_optimize(args, parser) -> int:
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     say = (lambda msg: None) if args.quiet else print
     log = print if args.verbose else (lambda msg: None)
-    hints = [parse_hint(h) for h in args.place]
+    try:  # malformed option values are usage errors (exit 2)
+        hints = [parse_hint(h) for h in args.place]
+        shapes: dict = {}
+        for spec in args.overwrite_input_shape:
+            name, dims = frontend.parse_shape_spec(spec)
+            if name in shapes:
+                raise CinmError(f"--overwrite-input-shape given twice for input '{name}'")
+            shapes[name] = dims
+    except CinmError as e:
+        parser.error(str(e))
     if args.place_config:
         hints += load_hints(args.place_config)
-    shapes = dict(frontend.parse_shape_spec(s) for s in args.overwrite_input_shape)
+    if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
+        print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
     model = get_example(args.example) if args.example else frontend.load_model(args.input)
     result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
                       stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                       check_rtol=args.check_rtol, check_atol=args.check_atol, log=log)
     frontend.save_model(result.model, out)
+    for hint in result.stats.get("placement", {}).get("unused_hints", []):
+        print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():
@@ -142,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_optimize(args, parser)
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("onnx-cinm: interrupted; nothing was written", file=sys.stderr)

@@ -187,6 +187,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         ) from None
     if not model.HasField("graph"):
         raise CinmError(f"'{path}' is not an ONNX model: it has no graph")
+    if not model.graph.output:
+        raise CinmError(f"'{path}' has no graph outputs: nothing to compute")
     _check_opsets(model, path)
     folder = os.path.dirname(os.path.abspath(path))
     _check_external_data(model, path, folder)
@@ -313,6 +315,9 @@ def save_model(
     try:
         if not os.path.isdir(folder):
             raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
+        if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
+            raise CinmError(f"cannot write '{path}': it exists and is not a regular file "
+                            "(a device, pipe, folder or link); choose a file path")
         model_temporary = _new_temporary(folder, name)
         temporaries.append(model_temporary)
         if external:

@@ -201,7 +201,15 @@ def _concrete_shape(vi: onnx.ValueInfoProto, dims: Mapping[str, int],
     return tuple(out)
 
 
+#: Largest input the check generates (elements); bigger ones are a mistake in the shape given.
+MAX_INPUT_ELEMENTS = 2**28
+
+
 def _fill(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], fill: str) -> np.ndarray:
+    n = int(np.prod(shape, dtype=object))
+    if n > MAX_INPUT_ELEMENTS:
+        raise CinmError(f"a check input of shape {list(shape)} has {n:,} elements (limit "
+                        f"{MAX_INPUT_ELEMENTS:,}); fix the shape or disable the check with --check 0")
     n = int(np.prod(shape, dtype=np.int64))
     if dtype == object:  # strings
         if fill == "random":

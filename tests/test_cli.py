@@ -60,9 +60,8 @@ def test_place_hint_and_config(tmp_model_dir, capsys):
 @pytest.mark.parametrize("argv_tail,needle", [
     (["missing.onnx"], "missing.onnx"),
     (["--example", "nosuch"], "nosuch"),
-    (["--example", "mlp", "--place", "Gemm=tpu"], "unknown device 'tpu'"),
-    (["--example", "mlp", "--place", "no-equals-sign"], "PATTERN=DEVICE"),
     (["--example", "mlp", "--skip-pass", "nosuchpass"], "unknown pass"),
+    (["--example", "mlp", "--overwrite-input-shape", "input:99999999999,64"], "--check 0"),
     (["--example", "mlp", "--overwrite-input-shape", "nosuch:1,64"], "nosuch"),
 ])
 def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_model_dir, capsys):
@@ -71,6 +70,37 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     assert code == 1
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not out.exists() and list(tmp_model_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv_tail,needle", [
+    (["--place", "Gemm=tpu"], "unknown device 'tpu'"),
+    (["--place", "no-equals-sign"], "PATTERN=DEVICE"),
+    (["--check", "-1"], "--check"),
+    (["--check-rtol", "nan"], "--check-rtol"),
+    (["--overwrite-input-shape", "input:1,64", "--overwrite-input-shape", "input:2,64"], "twice"),
+])
+def test_malformed_options_are_usage_errors(argv_tail, needle, tmp_model_dir, capsys):
+    out = tmp_model_dir / "out.onnx"
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--example", "mlp", "-o", str(out), *argv_tail])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_special_output_files_are_not_replaced(tmp_model_dir, capsys):
+    import os
+
+    fifo = tmp_model_dir / "pipe.onnx"
+    os.mkfifo(fifo)
+    code, _, err = _run(["optimize", "--example", "mlp", "-o", str(fifo)], capsys)
+    assert code == 1 and "not a regular file" in err
+    assert fifo.is_fifo()
+
+
+def test_unused_hint_warns(tmp_model_dir, capsys):
+    code, _, err = _run(["optimize", "--example", "mlp", "-o", str(tmp_model_dir / "o.onnx"), "-q",
+                         "--place", "zzz=upmem"], capsys)
+    assert code == 0 and "hint zzz=upmem matched no cinm op" in err
 
 
 def test_output_equal_to_input_is_refused(tmp_model_dir, capsys):
