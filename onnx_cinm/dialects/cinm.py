@@ -171,10 +171,6 @@ _spec("MergePartial", (("P", "T", False),), (("Y", "T"),), {"T": _NUMERIC},
 # Variants (overloads)
 # --------------------------------------------------------------------------------------------
 
-def _attr(node_attrs: dict, name: str, default=None):
-    return node_attrs.get(name, default)
-
-
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     """Return the reference-function overload for a node.
 
@@ -208,10 +204,7 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
         if metric not in ("dot", "cos"):
             raise ValueError(f"cinm.SimSearch: metric must be 'dot' or 'cos', got {metric!r}")
         return metric
-    if op_type == "Clip":
-        # which of min/max are given is encoded by empty input names, which a body handles.
-        return ""
-    return ""
+    return ""  # one body serves every other op (Clip's absent min/max are empty input names)
 
 
 def _as_str(v) -> str | None:

@@ -26,7 +26,7 @@ Only ``mode ideal`` is implemented: exact fp32 products and fp32 accumulation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
