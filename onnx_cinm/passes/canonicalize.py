@@ -29,6 +29,10 @@ from onnx import numpy_helper
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
 from . import PassContext, register_pass
+from .graph_names import Names as _Names
+from .graph_names import names_read as _names_read
+from .graph_names import names_read_by as _names_read_by
+from .graph_names import subgraphs as _subgraphs
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
 #: ``axes`` input).
@@ -72,33 +76,6 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
 
 def _attributes(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _subgraphs(node: onnx.NodeProto):
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _names_read_by(node: onnx.NodeProto) -> set[str]:
-    """Names ``node`` reads: its inputs and everything its subgraphs read (captured values)."""
-    names = {name for name in node.input if name}
-    for graph in _subgraphs(node):
-        for inner in graph.node:
-            names |= _names_read_by(inner)
-        names.update(output.name for output in graph.output)
-    return names
-
-
-def _names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]:
-    """Names read by the nodes of ``graph`` (except those at indices ``skip``) or its outputs."""
-    names = {output.name for output in graph.output}
-    for index, node in enumerate(graph.node):
-        if index not in skip:
-            names |= _names_read_by(node)
-    return names
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -146,33 +123,6 @@ def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
         if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
             shapes[name] = [d.dim_value for d in dims]
     return shapes
-
-
-class _Names:
-    """Hands out tensor/node names not used anywhere in a graph (subgraphs included)."""
-
-    def __init__(self, graph: onnx.GraphProto):
-        self._taken: set[str] = set()
-        self._collect(graph)
-
-    def _collect(self, graph: onnx.GraphProto) -> None:
-        self._taken.update(t.name for t in graph.initializer)
-        self._taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
-        for node in graph.node:
-            self._taken.update((node.name, *node.input, *node.output))
-            for sub in _subgraphs(node):
-                self._collect(sub)
-
-    def fresh(self, base: str) -> str:
-        name, suffix = base, 0
-        while name in self._taken:
-            suffix += 1
-            name = f"{base}_{suffix}"
-        self._taken.add(name)
-        return name
-
-
-# --- graph edits -----------------------------------------------------------------------------
 
 
 def _replace_nodes(

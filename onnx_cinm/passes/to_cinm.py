@@ -41,6 +41,7 @@ from ..analysis import tensor_infos
 from ..devices.base import TensorInfo
 from ..dialects import cinm
 from . import PassContext, register_pass
+from .graph_names import Names, names_read
 
 _BINARY = set(cinm.BINARY_OPS)
 _UNARY = set(cinm.UNARY_OPS)
@@ -58,10 +59,7 @@ class _Rewriter:
         self.infos = tensor_infos(model)
         self.inits = {i.name: i for i in self.graph.initializer}
         self.new_inits: list[onnx.TensorProto] = []
-        self.names: set[str] = set(self.inits) | {i.name for i in self.graph.input}
-        for n in self.graph.node:
-            self.names.update(n.output)
-            self.names.add(n.name)
+        self.fresh = Names(self.graph).fresh
         self.opset = cinm.default_opset(model)
         self.shape_path = self._shape_path()
 
@@ -74,14 +72,6 @@ class _Rewriter:
                     all(i in path or i in self.inits or not i for i in n.input)):
                 path.update(n.output)
         return path
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
 
     def const(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)
@@ -406,19 +396,8 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     return model
 
 
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name read by a node of ``graph`` or of its subgraphs, and its outputs."""
-    used = {o.name for o in graph.output}
-    for n in graph.node:
-        used.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                used |= _used_names(sub)
-    return used
-
-
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = _used_names(model.graph)
+    used = names_read(model.graph)
     keep = [i for i in model.graph.initializer if i.name in used]
     if len(keep) != len(model.graph.initializer):
         del model.graph.initializer[:]

@@ -1,0 +1,56 @@
+"""Graph walking shared by the passes: subgraphs, names read, fresh names."""
+from __future__ import annotations
+
+import onnx
+
+
+def subgraphs(node: onnx.NodeProto):
+    """The subgraphs of ``node`` (If branches, Loop/Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def names_read_by(node: onnx.NodeProto) -> set[str]:
+    """Names ``node`` reads: its inputs and everything its subgraphs read (captured values)."""
+    names = {name for name in node.input if name}
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            names |= names_read_by(inner)
+        names.update(output.name for output in graph.output)
+    return names
+
+
+def names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]:
+    """Names read by the nodes of ``graph`` (except those at indices ``skip``) or its outputs."""
+    names = {output.name for output in graph.output}
+    for index, node in enumerate(graph.node):
+        if index not in skip:
+            names |= names_read_by(node)
+    return names
+
+
+class Names:
+    """Hands out tensor/node names not used anywhere in a graph (subgraphs included)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._taken: set[str] = set()
+        self._collect(graph)
+
+    def _collect(self, graph: onnx.GraphProto) -> None:
+        self._taken.update(t.name for t in graph.initializer)
+        self._taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+        for node in graph.node:
+            self._taken.update((node.name, *node.input, *node.output))
+            for sub in subgraphs(node):
+                self._collect(sub)
+
+    def fresh(self, base: str) -> str:
+        name, suffix = base, 0
+        while name in self._taken:
+            suffix += 1
+            name = f"{base}_{suffix}"
+        self._taken.add(name)
+        return name
