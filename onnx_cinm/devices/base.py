@@ -125,6 +125,34 @@ class Device(Protocol):
         ...
 
 
+@runtime_checkable
+class TargetDevice(Device, Protocol):
+    """A device that compiles cinm ops into kernels of its own (crossbars, DPUs).
+
+    The paradigm pass of the device's paradigm (``cim_tiling``, ``cnm_mapping``) calls
+    :meth:`lower` for every node placed on it and stores the returned plan as node attributes;
+    when the optimized model is written, :meth:`emit` writes the node's kernel files.
+    """
+
+    def cost(self, op: OpInfo) -> Cost:
+        """Modeled cost of one inference of ``op`` on this device (default options)."""
+        ...
+
+    def lower(self, op: OpInfo, options: dict) -> dict:
+        """The plan of ``op``: attributes to set on the node, named as in
+        ``onnx_cinm.dialects.cinm.PLAN_ATTRS`` (``cim_*`` / ``cnm_*``), plus ``kernel`` (the
+        kernel's path relative to the ``<model>.cinm/`` folder, unique in the model).
+        ``options`` are the pass options (``PassContext.options``). Raises CinmError on bad options.
+        """
+        ...
+
+    def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
+        """Write the kernel of a lowered node under ``root`` (the ``<model>.cinm/`` folder being
+        built) at ``attrs["kernel"]``; ``consts`` maps the node's constant input names to numpy
+        arrays. Returns the paths written."""
+        ...
+
+
 @dataclass
 class Registry:
     """Devices by name. Device packages register themselves; the upper layers only look up."""

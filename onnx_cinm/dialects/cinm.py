@@ -64,8 +64,30 @@ MIN_OPSET = 13
 #: Minimum IR version: function overloads were added in IR 10.
 MIN_IR_VERSION = 10
 
-#: Attributes every cinm op accepts (written by the placement pass).
-PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.STRING}
+#: Attributes every cinm op accepts, written by the placement pass and the device-level passes:
+#: ``device`` (a registry name), ``placement`` (the reason, in words) and ``kernel`` (the path of
+#: the node's generated kernel relative to the ``<model>.cinm/`` folder).
+PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.STRING,
+                   "kernel": AttributeProto.STRING}
+
+#: Plan attributes of the paradigm passes (a node's plan is attributes, never extra nodes).
+#: ``cim_*``: the crossbar schedule written by ``cim_tiling`` (counts are tile writes, MVMs; times
+#: in seconds, energies in joules, per inference unless ``_load``). ``cnm_*``: the UPMEM mapping
+#: written by ``cnm_mapping``.
+PLAN_ATTRS = {
+    "cim_rows": AttributeProto.INT, "cim_cols": AttributeProto.INT,
+    "cim_crossbars": AttributeProto.INT, "cim_loop_order": AttributeProto.STRING,
+    "cim_operand": AttributeProto.STRING, "cim_M": AttributeProto.INT,
+    "cim_K": AttributeProto.INT, "cim_N": AttributeProto.INT, "cim_groups": AttributeProto.INT,
+    "cim_tiles": AttributeProto.INT, "cim_resident": AttributeProto.INT,
+    "cim_writes_load": AttributeProto.INT, "cim_writes": AttributeProto.INT,
+    "cim_mvms": AttributeProto.INT, "cim_latency_s": AttributeProto.FLOAT,
+    "cim_energy_j": AttributeProto.FLOAT, "cim_mode": AttributeProto.STRING,
+    "cnm_dpus": AttributeProto.INT, "cnm_tasklets": AttributeProto.INT,
+    "cnm_block_bytes": AttributeProto.INT, "cnm_mram_bytes": AttributeProto.INT,
+    "cnm_inputs": AttributeProto.STRINGS, "cnm_merge": AttributeProto.STRING,
+    "cnm_latency_s": AttributeProto.FLOAT, "cnm_energy_j": AttributeProto.FLOAT,
+}
 
 _NUMERIC = [
     "tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)",
@@ -422,7 +444,7 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
         raise ValueError(f"no reference body for cinm.{op_type}")
     fn = helper.make_function(DOMAIN, op_type, inputs, outputs, b.nodes,
                               [helper.make_opsetid("", opset)],
-                              attributes=sorted(set(spec.attrs) | set(PLACEMENT_ATTRS)),
+                              attributes=sorted(set(spec.attrs) | set(PLACEMENT_ATTRS) | set(PLAN_ATTRS)),
                               doc_string=spec.doc)
     fn.overload = overload
     return fn
@@ -537,6 +559,8 @@ def _make_schema(spec: OpSpec) -> OpSchema:
              for n, (t, req) in spec.attrs.items()]
     attrs += [OpSchema.Attribute(n, OpSchema.AttrType(t), "placement annotation", required=False)
               for n, t in PLACEMENT_ATTRS.items()]
+    attrs += [OpSchema.Attribute(n, OpSchema.AttrType(t), "device plan", required=False)
+              for n, t in PLAN_ATTRS.items()]
     schema = OpSchema(spec.name, DOMAIN, VERSION, doc=spec.doc, inputs=inputs, outputs=outputs,
                       type_constraints=[(k, v, "") for k, v in spec.types.items()], attributes=attrs)
     schema.set_type_and_shape_inference_function(_infer(spec.name))

@@ -33,13 +33,14 @@ DEFAULT_PIPELINE: list[str] = [
     "fold_batchnorm",
     "to_cinm",
     "placement",
+    "cim_tiling",
 ]
 
 #: ``--stop-after LEVEL`` -> the last pass of that level.
-STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement"}
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement", "device": "cim_tiling"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "to_cinm", "placement"]
+_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "device_lowering"]
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""The paradigm passes: ``cim_tiling`` and ``cnm_mapping`` write each device's plan onto its nodes.
+
+Both work the same way: for every cinm node whose ``device`` belongs to the paradigm, ask the
+device (through the registry, never by import) for its plan, :meth:`TargetDevice.lower`, and store
+the plan as node attributes (``cim_*`` / ``cnm_*`` and ``kernel``; see
+``onnx_cinm.dialects.cinm.PLAN_ATTRS``). The plan is attributes, never one ONNX node per tile or
+per DPU. The device decides the schedule; the pass only walks the graph and records statistics.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import onnx
+from onnx import helper
+
+from .. import devices
+from ..analysis import op_info, tensor_infos
+from ..dialects import cinm
+from ..errors import CinmError
+from . import PassContext, register_pass
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def kernel_stem(node_name: str, index: int) -> str:
+    """A file-system-safe, unique stem for the kernel of the ``index``-th node (``0007_conv1``)."""
+    clean = _UNSAFE.sub("_", node_name).strip("._")[:60]
+    return f"{index:04d}_{clean}" if clean else f"{index:04d}"
+
+
+def _set(node: onnx.NodeProto, attrs: dict) -> None:
+    keep = [a for a in node.attribute if a.name not in attrs]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    for k, v in attrs.items():
+        if k not in cinm.PLAN_ATTRS and k not in cinm.PLACEMENT_ATTRS:
+            raise CinmError(f"device plan attribute '{k}' is not declared in cinm.PLAN_ATTRS")
+        node.attribute.append(helper.make_attribute(k, v))
+
+
+def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> tuple:
+    """Lower every cinm node placed on a device of ``paradigm`` (in place).
+
+    Each device's :meth:`lower` receives ``ctx.options`` plus ``"kernel_stem"`` (a unique,
+    file-safe stem for the node's kernel). Returns ``(model, stats)`` with ``stats = {"nodes":
+    Counter by device, "plans": [(node name, op type, device, plan attrs)]}``.
+
+    Raises:
+        CinmError: a device returns an attribute not declared in ``cinm.PLAN_ATTRS``, or rejects
+            the options.
+    """
+    infos = None
+    stats = {"nodes": Counter(), "plans": []}
+    for index, node in enumerate(model.graph.node):
+        if node.domain != cinm.DOMAIN:
+            continue
+        dev_name = cinm.node_attrs(node).get("device")
+        if dev_name is None:
+            continue
+        dev = devices.get_device(dev_name)
+        if dev.paradigm != paradigm or not hasattr(dev, "lower"):
+            continue
+        if infos is None:
+            infos = tensor_infos(model)
+        opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
+        plan = dev.lower(op_info(node, infos), opts)
+        _set(node, plan)
+        stats["nodes"][dev_name] += 1
+        stats["plans"].append((node.name, node.op_type, dev_name, plan))
+    return model, stats
+
+
+@register_pass("cim_tiling")
+def cim_tiling(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Tile crossbar matrix products and schedule their tile writes (cim paradigm level).
+
+    Options read (besides the device's own): ``cim_loop_order`` (``weight_stationary`` or
+    ``naive``), ``cim_crossbars`` (P), ``cim_rows``/``cim_cols``, ``cim_preset``.
+    """
+    model, stats = lower_paradigm(model, ctx, "cim")
+    ctx.stats["cim_tiling"] = stats
+    return model
