@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -25,6 +26,20 @@ def _count(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive count, got {v}")
     return v
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _size(text: str) -> tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
+    return _positive(rows), _positive(cols)
 
 
 def _tolerance(text: str) -> float:
@@ -71,6 +86,20 @@ def _parser() -> argparse.ArgumentParser:
                         "'Gemm=upmem' or '*conv1*=host'; the first matching hint wins (repeatable)")
     o.add_argument("--place-config", metavar="FILE",
                    help="JSON or TOML file with a 'place' table of PATTERN = DEVICE hints")
+    xb = o.add_argument_group("crossbar (memristor) options")
+    xb.add_argument("--cim-loop-order", default="weight_stationary", choices=["weight_stationary", "naive"],
+                    help="tile loop order: weight_stationary (k, n, m) writes each weight tile once "
+                         "and keeps it resident; naive (m, n, k) rewrites it for every input row, "
+                         "for comparison")
+    xb.add_argument("--cim-crossbars", type=_positive, default=None, metavar="P",
+                    help="crossbars on the device (default: the preset's, 4)")
+    xb.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
+                    help="cells per crossbar, e.g. 128x128 (default: the preset's, 64x64)")
+    xb.add_argument("--cim-preset", default="pcm-occ", choices=["pcm-occ", "reram-isaac"],
+                    help="device parameters: OCC's PCM model or an ISAAC-like ReRAM")
+    xb.add_argument("--cim-mode", default="ideal", metavar="MODE",
+                    help="'ideal' (exact fp32) or a non-ideal preset such as 'q8' (8-bit weights "
+                         "with per-channel scales, 8-bit ADC)")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -98,8 +127,18 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def _device_options(args) -> dict:
+    opts = {"cim_loop_order": args.cim_loop_order, "cim_preset": args.cim_preset,
+            "cim_mode": args.cim_mode}
+    if args.cim_crossbars is not None:
+        opts["cim_crossbars"] = args.cim_crossbars
+    if args.cim_size is not None:
+        opts["cim_rows"], opts["cim_cols"] = args.cim_size
+    return opts
+
+
 def _cmd_optimize(args, parser) -> int:
-    from . import frontend
+    from . import artifacts, frontend
     from .examples import EXAMPLES, get_example
     from .passes import DEFAULT_PIPELINE, available_passes
     from .passes.placement import load_hints, parse_hint
@@ -142,24 +181,42 @@ def _cmd_optimize(args, parser) -> int:
     model = get_example(args.example) if args.example else frontend.load_model(args.input)
     result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
                       stop_after=args.stop_after, input_shapes=shapes, check=args.check,
-                      check_rtol=args.check_rtol, check_atol=args.check_atol, log=log)
-    frontend.save_model(result.model, out)
+                      check_rtol=args.check_rtol, check_atol=args.check_atol,
+                      device_options=_device_options(args), log=log)
+    manifest = artifacts.save(result.model, out, log)
     for hint in result.stats.get("placement", {}).get("unused_hints", []):
         print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():
         say(f"  {line}")
+    if manifest is not None:
+        n_files = sum(len(k["files"]) for k in manifest["kernels"])
+        say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
+            f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
+    table = result.crossbar_table()
+    if table:
+        say("")
+        for line in table.splitlines():
+            say(f"  {line}")
     if args.verbose:
         for name, op, dev, why in result.placements:
             print(f"  {name:40s} {op:12s} {dev:10s} {why}")
     return 0
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
+        signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (embedded use)
+        pass
     if args.command is None:
         parser.print_help()
         return 2

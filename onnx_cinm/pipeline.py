@@ -66,12 +66,48 @@ class OptimizeResult:
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
         return "\n".join(lines)
 
+    def crossbar_table(self) -> str:
+        """Per crossbar kernel: tiles, tile writes (at load / per inference), MVMs, modeled
+        latency and energy per inference (OCC cost model); then the totals. Empty if none."""
+        plans = self.stats.get("cim_tiling", {}).get("plans", [])
+        if not plans:
+            return ""
+        head = (f"{'crossbar kernel':34s} {'operand':>7s} {'M x K x N':>20s} {'tiles':>6s} "
+                f"{'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} {'latency':>10s} {'energy':>10s}")
+        rows = [head, "-" * len(head)]
+        tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
+        for name, _op, _dev, a in plans:
+            mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
+            rows.append(f"{name[:34]:34s} {a['cim_operand']:>7s} {mkn:>20s} {a['cim_tiles']:>6d} "
+                        f"{a['cim_writes_load']:>11d} {a['cim_writes']:>10d} {a['cim_mvms']:>9d} "
+                        f"{_si(a['cim_latency_s']) + 's':>10s} {_si(a['cim_energy_j']) + 'J':>10s}")
+            for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
+                           ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
+                tot[k] += a[key]
+        rows.append("-" * len(head))
+        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':34s} {'':>7s} {'':>20s} {tot['tiles']:>6d} "
+                    f"{tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
+                    f"{_si(tot['lat']) + 's':>10s} {_si(tot['en']) + 'J':>10s}")
+        a0 = plans[0][3]
+        rows.append(f"({a0['cim_crossbars']} crossbars of {a0['cim_rows']}x{a0['cim_cols']}, "
+                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; latency and energy per "
+                    "inference, kernels run one after another)")
+        return "\n".join(rows)
+
 
 def _si(x: float) -> str:
+    """``x`` with an SI prefix, e.g. ``1.25 M`` or ``3.10 u`` (followed by the unit)."""
+    if x == 0:
+        return "0 "
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= scale:
             return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} "
+    if x >= 1:
+        return f"{x:.0f} " if float(x).is_integer() else f"{x:.2f} "
+    for unit, scale in (("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.2e} "
 
 
 def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
@@ -96,6 +132,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
              check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
+             device_options: dict | None = None,
              log: Callable[[str], None] | None = None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
@@ -109,6 +146,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check).
         check_rtol, check_atol: tolerances of the check (fp32 defaults 1e-4 / 1e-5).
+        device_options: options of the device-level passes, e.g. ``cim_loop_order``
+            (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
+            ``cim_cols``, ``cim_preset``, ``cim_mode``, ``upmem_dpus``, ``upmem_tasklets``.
         log: callable receiving progress lines.
 
     Returns:
@@ -128,7 +168,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
     work = onnx.ModelProto()
     work.CopyFrom(original)
     nodes_before = len(work.graph.node)
-    ctx = PassContext(options={"placement": placement, "place": list(place)}, log=log)
+    ctx = PassContext(options={"placement": placement, "place": list(place),
+                               **(device_options or {})}, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
     cinm.attach_functions(work)

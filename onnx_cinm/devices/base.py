@@ -95,12 +95,15 @@ class Support:
     """A device's answer to "can you run this op?": ``ok`` and, either way, the reason in words.
 
     ``applicable`` is False when the op is simply not of a kind the device computes (a crossbar
-    asked about a Relu); placement then leaves the refusal out of its explanation.
+    asked about a Relu); placement then leaves the refusal out of its explanation. ``preferred``
+    is False when the device can run the op but the paper heuristic should not choose it on its
+    own (a crossbar asked to program an activation every inference); a user hint still may.
     """
 
     ok: bool
     reason: str
     applicable: bool = True
+    preferred: bool = True
 
     def __bool__(self) -> bool:
         return self.ok

@@ -77,8 +77,11 @@ def _heuristic(info) -> tuple[str, str]:
             if dev.paradigm != paradigm:
                 continue
             s = dev.supports(info)
-            if s:
+            if s and s.preferred:
                 return dev.name, "heuristic: " + "; ".join(why_not + [s.reason])
+            if s:
+                why_not.append(f"not {dev.name} unless asked: {s.reason}")
+                continue
             if s.applicable:
                 why_not.append(f"not {dev.name}: {s.reason}")
     return "host", "heuristic: no device takes it (" + "; ".join(why_not) + ")"

@@ -8,12 +8,16 @@ crossbar tile (``rows x cols`` cells), as in OCC's write counts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from ...errors import CinmError
 from .. import register
-from ..base import OpInfo, Support
+from ..base import Cost, OpInfo, Support
+from . import codegen, layout, schedule
+from .schedule import LOOP_ORDERS
 
 
 @dataclass(frozen=True)
@@ -86,28 +90,193 @@ RERAM_ISAAC = CrossbarParams(
 PRESETS = {p.name: p for p in (PCM_OCC, RERAM_ISAAC)}
 
 
+_DEFAULT_LOOP_ORDER = "weight_stationary"
+
+
+def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> CrossbarParams:
+    """The crossbar parameters selected by pass options.
+
+    Keys (all optional): ``cim_preset`` (a name of :data:`PRESETS`), ``cim_rows``, ``cim_cols``
+    (cells per crossbar), ``cim_crossbars`` (``P``). Raises CinmError on an unknown preset or a
+    non-positive size.
+    """
+    preset = options.get("cim_preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise CinmError(f"unknown crossbar preset '{preset}' (known: {', '.join(PRESETS)})")
+        base = PRESETS[preset]
+    over = {}
+    for key, field_name in (("cim_rows", "rows"), ("cim_cols", "cols"), ("cim_crossbars", "crossbars")):
+        v = options.get(key)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise CinmError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")
+            over[field_name] = v
+    return replace(base, **over) if over else base
+
+
 @dataclass
 class MemristorDevice:
-    """Memristor crossbars: runs cinm Gemm with a constant B and Gemv with a constant A."""
+    """Memristor crossbars: runs cinm Gemm and Gemv with one operand programmed into the cells.
+
+    The programmed operand is the constant one (the weights, programmed once at load when they
+    fit, see :mod:`.schedule`); a product of two activations can be placed here by a hint, and
+    then the operand needing fewer tile writes is programmed every inference.
+    """
 
     name: str = "memristor"
     paradigm: str = "cim"
-    params: CrossbarParams = CrossbarParams()
+    params: CrossbarParams = PCM_OCC
+
+    # -- what it runs ---------------------------------------------------------------------
+    def _operands(self, op: OpInfo) -> tuple[str | None, str]:
+        """(programmed operand or None, why) from constness and shapes."""
+        if op.op_type == "Gemm":
+            a, b = op.inputs[0], op.inputs[1]
+            if b.const:
+                return "B", f"constant B {b.shape} programmed"
+            if a.const:
+                return "A", f"constant A {a.shape} programmed as A^T"
+        else:
+            a, b = op.inputs[0], op.inputs[1]
+            if a.const:
+                return "A", f"constant matrix {a.shape} programmed as A^T"
+            if b.const:
+                return "B", f"constant vector {b.shape} programmed as one column"
+        return None, "both operands are activations"
 
     def supports(self, op: OpInfo) -> Support:
         if op.op_type not in ("Gemm", "Gemv"):
             return Support(False, f"crossbars only compute matrix products, not {op.op_type}",
                            applicable=False)
-        weights = op.inputs[1] if op.op_type == "Gemm" else op.inputs[0]
-        if not weights.const:
-            return Support(False, "no constant operand to program into the crossbar")
-        if weights.dtype is None or np.dtype(weights.dtype).name not in self.params.dtypes:
-            return Support(False, f"dtype {weights.dtype} not in {list(self.params.dtypes)}")
+        if len(op.inputs) < 2 or any(t.shape is None for t in op.inputs[:2]):
+            return Support(False, "operand shapes unknown")
+        for t in op.inputs[:2]:
+            if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
+                return Support(False, f"dtype {t.dtype} not in {list(self.params.dtypes)}")
+        if op.op_type == "Gemm" and (len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2):
+            return Support(False, "a Gemm operand has rank < 2")
         macs = op.flops // 2
         if macs < self.params.min_macs:
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
-        return Support(True, f"matrix product with constant weights {weights.shape}, {macs} MACs: "
-                             "weight-stationary on crossbars")
+        operand, why = self._operands(op)
+        if operand is None:
+            return Support(True, f"{why}: the cheaper one would be reprogrammed every inference",
+                           preferred=False)
+        return Support(True, f"matrix product, {why}, {macs} MACs: weight-stationary on crossbars")
+
+    # -- plan -------------------------------------------------------------------------------
+    def _view(self, op: OpInfo, operand: str) -> layout.ProductView:
+        a, b = op.inputs[0].static_shape, op.inputs[1].static_shape
+        return layout.view(op.op_type, operand, a, b)
+
+    def _choose(self, op: OpInfo, params: CrossbarParams) -> tuple[str, bool, str]:
+        """(programmed operand, is it constant, why)."""
+        operand, why = self._operands(op)
+        if operand is not None:
+            return operand, True, why
+        tiles = {}
+        for cand in ("B", "A"):
+            v = self._view(op, cand)
+            tiles[cand] = v.G * -(-v.K // params.rows) * -(-v.N // params.cols)
+        pick = "B" if tiles["B"] <= tiles["A"] else "A"
+        return pick, False, (f"both operands are activations: programming {pick} costs "
+                             f"{tiles[pick]} tile writes per inference, the other "
+                             f"{tiles['B' if pick == 'A' else 'A']}")
+
+    def plan(self, op: OpInfo, options: dict | None = None) -> tuple:
+        """``(CrossbarPlan, ProductView, params, programmed operand is constant, why)`` for ``op``.
+
+        Options: see :func:`params_from_options`, plus ``cim_loop_order`` (``weight_stationary``
+        or ``naive``). Raises CinmError on bad options.
+        """
+        options = options or {}
+        params = params_from_options(options, self.params)
+        order = options.get("cim_loop_order") or _DEFAULT_LOOP_ORDER
+        if order not in LOOP_ORDERS:
+            raise CinmError(f"unknown crossbar loop order '{order}' (known: weight_stationary, naive)")
+        operand, const, why = self._choose(op, params)
+        v = self._view(op, operand)
+        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, order, groups=max(v.G, 1))
+        if not const:  # the programmed operand changes every inference: nothing stays resident
+            p = replace(p, resident=False, writes_load=0,
+                        writes_per_inference=p.writes_load + p.writes_per_inference,
+                        cell_writes_load=0,
+                        cell_writes_per_inference=p.cell_writes_load + p.cell_writes_per_inference)
+        return p, v, params, const, why
+
+    def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
+        """Modeled cost of one steady-state inference of ``op`` (writes in whole tiles)."""
+        p, _, params, _, _ = self.plan(op, options)
+        return p.cost(params)
+
+    def lower(self, op: OpInfo, options: dict) -> dict:
+        """The crossbar plan of ``op`` as ``cim_*`` node attributes plus ``kernel``."""
+        p, v, params, const, why = self.plan(op, options)
+        c = p.cost(params)
+        mode = options.get("cim_mode") or "ideal"
+        return {
+            "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
+            "cim_loop_order": p.loop_order, "cim_operand": v.operand, "cim_M": p.M,
+            "cim_K": p.K, "cim_N": p.N, "cim_groups": p.groups, "cim_tiles": p.tiles,
+            "cim_resident": int(p.resident), "cim_writes_load": p.writes_load,
+            "cim_writes": p.writes_per_inference, "cim_mvms": p.mvms,
+            "cim_latency_s": float(c.latency_s), "cim_energy_j": float(c.energy_j),
+            "cim_mode": mode, "placement": op.attrs.get("placement", "") + f"; {why}",
+            "kernel": f"memristor/{options['kernel_stem']}.xbar",
+        }
+
+    # -- code -------------------------------------------------------------------------------
+    def _replan(self, op: OpInfo, attrs: dict):
+        options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
+                   "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"]}
+        params = params_from_options(options, self.params)
+        v = self._view(op, attrs["cim_operand"])
+        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, attrs["cim_loop_order"],
+                          groups=max(v.G, 1))
+        return p, v, params
+
+    def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
+        """Write ``<stem>.xbar`` and its ``.npy`` sidecars (weights ``[G, K, N]`` float32, a
+        ``[G, 1, N]`` bias when it fits that form) under ``root/memristor``.
+
+        A programmed operand that is an activation has no sidecar: the runtime supplies it.
+        """
+        p, v, params = self._replan(op, attrs)
+        rel = Path(attrs["kernel"])
+        outdir = Path(root) / rel.parent
+        names = [t.name for t in op.inputs]
+        A, B = consts.get(names[0]), consts.get(names[1])
+        prog = A if v.operand == "A" else B
+        bias = None
+        if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
+            bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
+        mode = _mode(attrs)
+        if prog is not None:
+            return codegen.emit_kernel(p, params, layout.weights(v, A, B), outdir, rel.stem,
+                                       bias=bias, **mode)
+        outdir.mkdir(parents=True, exist_ok=True)
+        text = codegen.render(p, params, rel.stem, f"{rel.stem}.W.npy", None, **mode)
+        path = outdir / rel.name
+        path.write_text(text)
+        return [path]
+
+    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None):
+        """A callable running the node's ``.xbar`` kernel in the simulator (see
+        :class:`onnx_cinm.devices.memristor.kernel.CrossbarKernel`)."""
+        from .kernel import CrossbarKernel
+
+        return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {})
+
+
+def _mode(attrs: dict) -> dict:
+    """Keyword arguments selecting the non-ideal mode of the emitted file (ideal: none)."""
+    name = attrs.get("cim_mode", "ideal")
+    if name == "ideal":
+        return {}
+    from .nonideal import preset
+
+    return {"mode": preset(name)}
 
 
 register(MemristorDevice())

@@ -1,0 +1,203 @@
+"""The ``<model>.cinm/`` folder: every device kernel of an optimized model, plus a manifest.
+
+Layout (for ``out.onnx``)::
+
+    out.cinm/
+      manifest.json              format, version, and per kernel: node, op, device, files + sha256
+      memristor/0007_fc1.xbar    crossbar command files and their .npy sidecars
+      upmem/0012_relu/           host.c, dpu.c, Makefile and data per UPMEM kernel
+
+A node's ``kernel`` attribute is its kernel's path relative to this folder. The folder is built
+under a temporary name beside the destination and renamed into place, so a reader sees the old
+folder or the new one, never a partial one; :func:`save` writes the model and the folder
+together, with SIGINT/SIGTERM held off during the two renames.
+
+The emission reaches devices only through the registry (:mod:`onnx_cinm.devices`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import onnx
+from onnx import numpy_helper
+
+from . import devices, frontend
+from .analysis import op_info, tensor_infos
+from .dialects import cinm
+from .errors import CinmError
+
+MANIFEST = "manifest.json"
+FORMAT = "onnx-cinm-artifacts"
+VERSION = 1
+
+
+def artifact_dir(model_path) -> Path:
+    """The kernel folder of a model file: ``out.onnx`` -> ``out.cinm``."""
+    p = Path(model_path)
+    return p.with_suffix(".cinm") if p.suffix else p.with_name(p.name + ".cinm")
+
+
+def sha256(path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The cinm nodes of the main graph that have a ``kernel`` attribute."""
+    return [n for n in model.graph.node
+            if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)]
+
+
+def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Write every kernel of ``model`` and the manifest into the folder ``root`` (created).
+
+    Returns the manifest as a dict. Raises CinmError if a device cannot emit a node or two
+    nodes name the same kernel.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    nodes = kernel_nodes(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    infos = tensor_infos(model, infer=False) if nodes else {}
+    if nodes and not any(n.output[0] in infos for n in nodes):
+        infos = tensor_infos(model)
+    kernels, seen = [], set()
+    for k, node in enumerate(nodes, 1):
+        at = cinm.node_attrs(node)
+        rel = at["kernel"]
+        if rel in seen:
+            raise CinmError(f"two nodes name the kernel '{rel}'")
+        seen.add(rel)
+        dev = devices.get_device(at.get("device", "host"))
+        if not hasattr(dev, "emit"):
+            raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits no code")
+        consts = {n: numpy_helper.to_array(inits[n]) for n in node.input if n in inits}
+        paths = dev.emit(op_info(node, infos), at, consts, root)
+        files = []
+        for p in paths:
+            p = Path(p)
+            files.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size,
+                          "sha256": sha256(p)})
+        kernels.append({"node": node.name, "op_type": node.op_type, "device": dev.name,
+                        "kernel": rel, "files": files})
+        log(f"emit [{k}/{len(nodes)}] {node.name} -> {rel}")
+    manifest = {"format": FORMAT, "version": VERSION, "kernels": kernels}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def load_manifest(root) -> dict:
+    """Read and check ``root/manifest.json``. Raises CinmError if missing, malformed or foreign."""
+    path = Path(root) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise CinmError(f"cannot read kernel manifest '{path}': {e.strerror}") from None
+    except ValueError as e:
+        raise CinmError(f"kernel manifest '{path}' is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CinmError(f"'{path}' is not an onnx-cinm kernel manifest")
+    if data.get("version") != VERSION:
+        raise CinmError(f"kernel manifest '{path}' has version {data.get('version')}, "
+                        f"this onnx-cinm reads {VERSION}")
+    return data
+
+
+def verify(root, manifest: dict | None = None) -> dict:
+    """Check every file of the manifest exists with its recorded hash; return the manifest.
+
+    Raises CinmError naming the first missing or stale file.
+    """
+    root = Path(root)
+    manifest = manifest or load_manifest(root)
+    for k in manifest["kernels"]:
+        for f in k["files"]:
+            p = root / f["path"]
+            if not p.is_file():
+                raise CinmError(f"kernel file '{p}' of node '{k['node']}' is missing")
+            if sha256(p) != f["sha256"]:
+                raise CinmError(f"kernel file '{p}' of node '{k['node']}' is stale: its hash "
+                                "differs from the manifest (re-run onnx-cinm optimize)")
+    return manifest
+
+
+@contextmanager
+def _signals_held():
+    """Defer SIGINT/SIGTERM for the duration (main thread only), delivering them afterwards."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (ValueError, OSError):  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _is_ours(path: Path) -> bool:
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: None) -> dict | None:
+    """Write ``model`` to ``path`` and its kernels to :func:`artifact_dir` ``(path)``, atomically.
+
+    Everything is built under temporary names in the destination folder, then renamed into place
+    with signals held; on any error or interrupt before that, the temporaries are removed and the
+    old files stay as they were. An old kernel folder (one with our manifest) is replaced; a
+    model without kernels removes it, since it belonged to the model being replaced.
+
+    Returns the manifest, or None when the model has no device kernels.
+
+    Raises:
+        CinmError: the destination is not writable, or a folder that is not ours sits where the
+            kernel folder goes.
+    """
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    dest = artifact_dir(path)
+    if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
+        raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
+                        "kernel folder; move it away or choose another output name")
+    tmp = None
+    manifest = None
+    try:
+        if kernel_nodes(model):
+            try:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder))
+            except OSError as e:
+                raise CinmError(f"cannot write kernels next to '{path}': {e.strerror}") from None
+            manifest = emit(model, tmp, log)
+        with _signals_held():
+            frontend.save_model(model, path)
+            old = None
+            if dest.exists():
+                old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
+                os.replace(dest, old)
+            if tmp is not None:
+                os.replace(tmp, dest)
+                tmp = None
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise CinmError(f"cannot write kernels to '{dest}': {e.strerror}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return manifest

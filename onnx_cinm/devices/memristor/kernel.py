@@ -1,0 +1,79 @@
+"""The runtime side of a crossbar node: its ``.xbar`` file run by the simulator.
+
+The execution provider calls a :class:`CrossbarKernel` with the node's input arrays; the kernel
+lays the streamed operand out as ``X[G, rows, K]`` (:mod:`.layout`), runs one inference of the
+command file in :class:`~onnx_cinm.runtime.crossbar.CrossbarSimulator` (which never sees the ONNX
+node) and lays the result back out. When the programmed operand is a constant, one simulator
+lives as long as the kernel, so tiles programmed at load stay resident across runs, as on the
+chip; when it is an activation, every run programs it afresh.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ...runtime.crossbar import CrossbarSimulator, load_file
+from . import layout
+
+
+class CrossbarKernel:
+    """Run one cinm Gemm/Gemv node through its ``.xbar`` kernel.
+
+    Args:
+        op: the node as an :class:`~onnx_cinm.devices.base.OpInfo` (input names and shapes).
+        attrs: the node's ``cim_*`` plan attributes.
+        path: the ``.xbar`` file (its ``.npy`` sidecars beside it).
+        consts: constant inputs by name (used for a bias the file does not add).
+
+    Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
+    ``outputs`` a list with the float32 result, ``metrics`` the simulator's counters of this
+    inference (tile writes, MVMs, ADC conversions, latency in seconds, energy in joules) plus
+    ``bytes_moved`` (inputs in, result out, cells written, at 4 bytes each). Thread safe: calls are
+    serialized (one chip).
+
+    Raises:
+        XbarError: the file is missing or malformed, or an input does not fit it.
+    """
+
+    def __init__(self, op, attrs: dict, path, consts: dict) -> None:
+        self.op = op
+        self.operand = attrs["cim_operand"]
+        self.prog = load_file(path)
+        names = [t.name for t in op.inputs]
+        self.names = names
+        self.bias_name = names[2] if len(names) > 2 else None
+        self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
+        self.consts = consts
+        prog_name = names[0] if self.operand == "A" else names[1]
+        self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
+        self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
+        self.load_metrics = self._sim.load_counters.as_dict() if self._sim else None
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: list) -> tuple[list, dict]:
+        A = np.asarray(inputs[0], dtype=np.float32)
+        B = np.asarray(inputs[1], dtype=np.float32)
+        v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
+        X = layout.stream_rows(v, A, B)
+        with self._lock:
+            if self._sim is None:
+                sim = CrossbarSimulator(self.prog, {"W": layout.weights(v, A, B)})
+                outs, c = sim.run({"X": X})
+                c = _add(sim.load_counters.as_dict(), c.as_dict())
+            else:
+                outs, c = self._sim.run({"X": X})
+                c = c.as_dict()
+        Y = layout.unstream(v, outs["Y"])
+        if self.bias_name and not self.bias_in_file:
+            Y = Y + np.asarray(inputs[2], dtype=np.float32)
+        c["bytes_moved"] = 4 * (X.size + outs["Y"].size + c["cell_writes"])
+        return [np.ascontiguousarray(Y, dtype=np.float32)], c
+
+
+def _add(a: dict, b: dict) -> dict:
+    out = {}
+    for k in b:
+        out[k] = max(a[k], b[k]) if k == "max_cell_writes" else a[k] + b[k]
+    return out

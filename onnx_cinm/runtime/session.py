@@ -1,0 +1,375 @@
+"""The CINM execution provider: run an optimized model with host parts in onnxruntime and device
+nodes in their device kernels, with a per-node profile.
+
+onnxruntime has no Python API for a real execution provider, so this class does an EP's job
+around it (DESIGN.md §5):
+
+- *GetCapability*: a cinm node is claimed when its device has a runtime kernel in the chosen
+  mode: crossbar nodes run their ``.xbar`` file in the simulator; UPMEM nodes run their generated
+  C in the emulator (``upmem_mode="emulate"``) or stay inside the host partition, where
+  onnxruntime executes their reference body and the profile charges the cost model's figures
+  (``upmem_mode="model"``, the default: numpy-exact and fast).
+- *Partitioning*: every other node goes to a host partition. A host node joins the earliest
+  partition all its inputs are ready for (a *stage*: host partition ``s`` runs, then the device
+  nodes of stage ``s``), so each partition is a maximal host subgraph between device nodes. Each
+  partition is one onnxruntime session, created once and reused.
+- Arrays cross between partitions and kernels as numpy arrays without copies where the layouts
+  allow.
+
+The kernels are the files under ``<model>.cinm/`` listed in its manifest; their hashes are
+checked when the session is created.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from .. import artifacts, devices, frontend
+from ..analysis import op_info, tensor_infos
+from ..dialects import cinm
+from ..errors import CinmError
+from ..passes.graph_names import names_read_by
+
+PROVIDER = "CinmExecutionProvider"
+#: Provider options and their defaults.
+DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0}
+_UPMEM_MODES = ("model", "emulate")
+
+
+@dataclass
+class _Partition:
+    """One host partition: its nodes, the onnxruntime session over them, inputs and outputs."""
+
+    index: int
+    stage: int
+    nodes: list
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    session: object = None
+    modeled: list = field(default_factory=list)  # device nodes run in model mode inside it
+
+
+@dataclass
+class _DeviceNode:
+    node: onnx.NodeProto
+    stage: int
+    device: str
+    kernel: object
+    mode: str
+
+
+class InferenceSession:
+    """Run an optimized model like ``onnxruntime.InferenceSession``, with device kernels.
+
+    Args:
+        path_or_model: an optimized ``.onnx`` path (its kernels in ``<path>.cinm/``) or a
+            ModelProto (then ``kernel_dir`` names the kernel folder, if it has device kernels).
+        providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
+            ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
+        provider_options: one dict per provider; the CINM provider reads ``upmem_mode``
+            (``"model"`` or ``"emulate"``) and ``intra_op_threads`` (onnxruntime threads per
+            partition, 0 = its default).
+        kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
+
+    Raises:
+        CinmError: unreadable model, unknown provider or option, a missing or stale kernel file.
+    """
+
+    def __init__(self, path_or_model, providers=None, provider_options=None, kernel_dir=None):
+        providers = list(providers or [PROVIDER, "CPUExecutionProvider"])
+        for p in providers:
+            if p not in (PROVIDER, "CPUExecutionProvider"):
+                raise CinmError(f"unknown provider '{p}' (available: {PROVIDER}, CPUExecutionProvider)")
+        if provider_options is not None and len(provider_options) != len(providers):
+            raise CinmError("provider_options needs one dict per provider")
+        opts = dict(DEFAULT_OPTIONS)
+        if provider_options and PROVIDER in providers:
+            given = provider_options[providers.index(PROVIDER)] or {}
+            unknown = set(given) - set(DEFAULT_OPTIONS)
+            if unknown:
+                raise CinmError(f"unknown {PROVIDER} option(s) {', '.join(sorted(unknown))} "
+                                f"(known: {', '.join(DEFAULT_OPTIONS)})")
+            opts.update(given)
+        if opts["upmem_mode"] not in _UPMEM_MODES:
+            raise CinmError(f"upmem_mode must be one of {', '.join(_UPMEM_MODES)}, "
+                            f"got '{opts['upmem_mode']}'")
+        self._providers = providers
+        self._options = opts
+        if isinstance(path_or_model, onnx.ModelProto):
+            model = path_or_model
+            root = Path(kernel_dir) if kernel_dir else None
+        else:
+            model = frontend.load_model(path_or_model)
+            root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
+        self._model = model
+        self._root = root
+        self._profile: list[dict] = []
+        self._profile_lock = threading.Lock()
+        self._runs = 0
+        self._inputs = [vi for vi in model.graph.input
+                        if vi.name not in {i.name for i in model.graph.initializer}]
+        self._outputs = list(model.graph.output)
+        self._build(use_devices=PROVIDER in providers)
+
+    # ------------------------------------------------------------------ partitioning
+    def _claim(self, node, infos, consts, manifest_kernels) -> tuple | None:
+        """(device name, kernel, mode) if a device kernel runs ``node``, else None."""
+        if node.domain != cinm.DOMAIN:
+            return None
+        at = cinm.node_attrs(node)
+        dev_name = at.get("device", "host")
+        if dev_name == "host":
+            return None
+        dev = devices.get_device(dev_name)
+        if dev.paradigm == "cnm" and self._options["upmem_mode"] == "model":
+            return dev_name, None, "model"
+        if "kernel" not in at or not hasattr(dev, "kernel"):
+            return None
+        if self._root is None:
+            raise CinmError(f"node '{node.name}' runs on {dev_name} but no kernel folder was given")
+        if at["kernel"] not in manifest_kernels:
+            raise CinmError(f"node '{node.name}': kernel '{at['kernel']}' is not in "
+                            f"{self._root / artifacts.MANIFEST}")
+        node_consts = {n: consts[n] for n in node.input if n in consts}
+        mode = self._options["upmem_mode"] if dev.paradigm == "cnm" else "simulate"
+        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts)
+        return dev_name, kernel, mode
+
+    def _build(self, use_devices: bool) -> None:
+        g = self._model.graph
+        manifest_kernels: set = set()
+        has_kernels = use_devices and any(
+            n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute) for n in g.node)
+        if has_kernels and self._root is not None:
+            manifest = artifacts.verify(self._root)
+            manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
+        infos = tensor_infos(self._model, infer=False) if has_kernels else {}
+        inits = {i.name: i for i in g.initializer}
+        consts: dict = {}
+        if has_kernels:
+            consts = {n: numpy_helper.to_array(inits[n]) for node in g.node
+                      if node.domain == cinm.DOMAIN for n in node.input if n in inits}
+        ready: dict[str, int] = {vi.name: 0 for vi in self._inputs}
+        for name in inits:
+            ready[name] = 0
+        parts: dict[int, _Partition] = {}
+        self._device_nodes: list[_DeviceNode] = []
+        for node in g.node:
+            stage = max((ready.get(n, 0) for n in names_read_by(node)), default=0)
+            claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
+            if claim is not None and claim[1] is not None:
+                dev_name, kernel, mode = claim
+                self._device_nodes.append(_DeviceNode(node, stage, dev_name, kernel, mode))
+                for o in node.output:
+                    ready[o] = stage + 1
+                continue
+            part = parts.get(stage)
+            if part is None:
+                part = parts[stage] = _Partition(len(parts), stage, [])
+            part.nodes.append(node)
+            if claim is not None:  # model mode: runs in onnxruntime, charged by the cost model
+                part.modeled.append((node, claim[0]))
+            for o in node.output:
+                ready[o] = stage
+        self._parts = [parts[s] for s in sorted(parts)]
+        # partition boundaries
+        consumed_later: dict[str, set] = {}
+        for p in self._parts:
+            for node in p.nodes:
+                for n in names_read_by(node):
+                    consumed_later.setdefault(n, set()).add(("p", p.index))
+        for d in self._device_nodes:
+            for n in d.node.input:
+                if n:
+                    consumed_later.setdefault(n, set()).add(("d", id(d)))
+        graph_outputs = {o.name for o in g.output}
+        vis = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+        for p in self._parts:
+            produced = [o for node in p.nodes for o in node.output if o]
+            pset = set(produced)
+            needed = []
+            for node in p.nodes:
+                for n in names_read_by(node):
+                    if n not in pset and n not in inits and n not in needed:
+                        needed.append(n)
+            p.inputs = needed
+            p.outputs = [o for o in produced
+                         if o in graph_outputs or (consumed_later.get(o, set()) - {("p", p.index)})]
+            p.session = self._session(p, inits, vis)
+        self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
+        self._stages = sorted({p.stage for p in self._parts} | {d.stage for d in self._device_nodes})
+
+    def _session(self, p: _Partition, inits: dict, vis: dict):
+        g = self._model.graph
+        used = set()
+        for node in p.nodes:
+            used |= names_read_by(node)
+        missing = [n for n in p.inputs + p.outputs if n not in vis]
+        if missing:
+            raise CinmError(f"no type for tensor(s) {', '.join(missing[:3])} at a partition "
+                            "boundary; was the model written by onnx-cinm optimize?")
+        sub = helper.make_graph(
+            p.nodes, f"{g.name or 'graph'}_host{p.index}",
+            [vis[n] for n in p.inputs], [vis[n] for n in p.outputs],
+            initializer=[inits[n] for n in inits if n in used])
+        m = helper.make_model(sub, opset_imports=list(self._model.opset_import),
+                              ir_version=self._model.ir_version)
+        m.functions.extend(self._model.functions)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if self._options["intra_op_threads"]:
+            so.intra_op_num_threads = int(self._options["intra_op_threads"])
+        try:
+            return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
+            raise CinmError(f"onnxruntime rejects host partition {p.index}: "
+                            f"{str(e).splitlines()[0]}") from None
+
+    # ------------------------------------------------------------------ the ORT-like API
+    def get_inputs(self):
+        """Graph inputs as onnxruntime ``NodeArg``-like objects (name, shape, type)."""
+        return [_Arg.of(vi) for vi in self._inputs]
+
+    def get_outputs(self):
+        """Graph outputs as ``NodeArg``-like objects."""
+        return [_Arg.of(vi) for vi in self._outputs]
+
+    def get_providers(self) -> list[str]:
+        """The providers in use, in priority order."""
+        return list(self._providers)
+
+    def get_provider_options(self) -> dict:
+        """The CINM provider's options, defaults filled in."""
+        return {PROVIDER: dict(self._options)} if PROVIDER in self._providers else {}
+
+    def _check_feed(self, feed: dict) -> dict:
+        if not isinstance(feed, dict):
+            raise CinmError("input_feed must be a dict {input name: array}")
+        names = {vi.name for vi in self._inputs}
+        extra = set(feed) - names
+        if extra:
+            raise CinmError(f"unknown input(s) {', '.join(sorted(extra))} "
+                            f"(the model's inputs: {', '.join(sorted(names))})")
+        out = {}
+        for vi in self._inputs:
+            if vi.name not in feed:
+                raise CinmError(f"input '{vi.name}' is missing")
+            a = np.asarray(feed[vi.name])
+            tt = vi.type.tensor_type
+            want = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if a.dtype != want:
+                raise CinmError(f"input '{vi.name}' has dtype {a.dtype}, the model expects {want}")
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if len(dims) != a.ndim:
+                    raise CinmError(f"input '{vi.name}' has rank {a.ndim} {list(a.shape)}, the "
+                                    f"model expects rank {len(dims)}")
+                for i, d in enumerate(dims):
+                    if d.HasField("dim_value") and d.dim_value != a.shape[i]:
+                        raise CinmError(f"input '{vi.name}' has shape {list(a.shape)}, the model "
+                                        f"expects {_shape_text(vi)}")
+            out[vi.name] = a
+        return out
+
+    def run(self, output_names, input_feed: dict, run_options=None) -> list:
+        """One inference. ``output_names``: names or None for all; returns arrays in that order.
+
+        Raises CinmError for an unknown, missing or mis-shaped input or an unknown output name;
+        the session stays usable.
+        """
+        feed = self._check_feed(input_feed)
+        all_out = [o.name for o in self._outputs]
+        names = list(output_names) if output_names else all_out
+        bad = [n for n in names if n not in all_out]
+        if bad:
+            raise CinmError(f"unknown output(s) {', '.join(bad)} (outputs: {', '.join(all_out)})")
+        values = dict(feed)
+        records = []
+        with self._profile_lock:
+            run_index = self._runs
+            self._runs += 1
+        by_stage_parts = {}
+        for p in self._parts:
+            by_stage_parts.setdefault(p.stage, []).append(p)
+        by_stage_dev = {}
+        for d in self._device_nodes:
+            by_stage_dev.setdefault(d.stage, []).append(d)
+        for s in self._stages:
+            for p in by_stage_parts.get(s, []):
+                t0 = time.perf_counter()
+                try:
+                    outs = p.session.run(p.outputs, {n: values[n] for n in p.inputs})
+                except Exception as e:  # noqa: BLE001 - onnxruntime's own error types
+                    raise CinmError(f"host partition {p.index} failed: {str(e).splitlines()[0]}") from None
+                wall = time.perf_counter() - t0
+                values.update(zip(p.outputs, outs))
+                records.append({"run": run_index, "node": f"host partition {p.index}",
+                                "op_type": f"{len(p.nodes)} nodes", "device": "host",
+                                "mode": "onnxruntime", "wall_s": wall, "latency_s": None,
+                                "energy_j": None, "writes": 0, "bytes_moved": 0})
+                for node, dev in p.modeled:
+                    at = cinm.node_attrs(node)
+                    records.append({"run": run_index, "node": node.name, "op_type": node.op_type,
+                                    "device": dev, "mode": "model", "wall_s": None,
+                                    "latency_s": at.get("cnm_latency_s"),
+                                    "energy_j": at.get("cnm_energy_j"), "writes": 0,
+                                    "bytes_moved": None})
+            for d in by_stage_dev.get(s, []):
+                ins = [(values[n] if n in values else self._consts[n]) if n else None
+                       for n in d.node.input]
+                t0 = time.perf_counter()
+                outs, metrics = d.kernel(ins)
+                wall = time.perf_counter() - t0
+                values.update(zip([o for o in d.node.output if o], outs))
+                records.append({"run": run_index, "node": d.node.name, "op_type": d.node.op_type,
+                                "device": d.device, "mode": d.mode, "wall_s": wall,
+                                "latency_s": metrics.get("latency_s"),
+                                "energy_j": metrics.get("energy_j"),
+                                "writes": metrics.get("tile_writes", 0),
+                                "bytes_moved": metrics.get("bytes_moved")})
+        with self._profile_lock:
+            self._profile.extend(records)
+        return [values[n] for n in names]
+
+    def profile(self) -> list[dict]:
+        """Per-node records of every run so far: ``run``, ``node``, ``op_type``, ``device``,
+        ``mode``, ``wall_s`` (host wall time, seconds; None for nodes charged by a model),
+        ``latency_s`` and ``energy_j`` (modeled device time and energy; None on the host),
+        ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes)."""
+        with self._profile_lock:
+            return [dict(r) for r in self._profile]
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """``(kind, node count)`` in execution order, for inspection: host partitions and
+        device nodes."""
+        out = []
+        for s in self._stages:
+            out += [("host", len(p.nodes)) for p in self._parts if p.stage == s]
+            out += [(d.device, 1) for d in self._device_nodes if d.stage == s]
+        return out
+
+
+@dataclass(frozen=True)
+class _Arg:
+    name: str
+    shape: list
+    type: str
+
+    @staticmethod
+    def of(vi) -> "_Arg":
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in tt.shape.dim]
+        return _Arg(vi.name, shape, f"tensor({helper.tensor_dtype_to_np_dtype(tt.elem_type).name})")
+
+
+def _shape_text(vi) -> str:
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                           for d in vi.type.tensor_type.shape.dim) + "]"
