@@ -21,7 +21,14 @@ Data path: numpy, vectorized over rows: one ``MVM`` is one ``(rows x k) @ (k x n
 ``FOR ROWS`` block is executed once over all rows for the data, while its counters are derived
 from its first, one full and its last iteration (iterations in between are identical: the body
 programs every crossbar it streams through, so each iteration starts from the same state).
-Only ``mode ideal`` is implemented: exact fp32 products and fp32 accumulation.
+
+Modes. ``mode ideal``: exact fp32 products and fp32 accumulation (the hot path: one matmul per
+MVM, nothing else). ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
+``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
+runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per-channel weight
+quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
+seeded read noise, ADC), vectorized over rows and columns, float64 integer arithmetic, one
+batched matmul over the slices; the result is dequantized to float32 in the crossbar's latch.
 """
 from __future__ import annotations
 
@@ -41,8 +48,11 @@ COST_KEYS = {"write_latency_s": 2.5e-6, "write_energy_j": 2e-10, "mvm_latency_s"
              "mvm_energy_j": 2e-13, "adc_energy_j": 0.0, "periphery_energy_per_cycle_j": 2.1e-9,
              "clock_hz": 1e9}
 _HEADER_INT = ("crossbars", "rows", "cols")
-_HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal",), "order": ("fixed", "serpentine"),
-                   "residency": ("on", "off")}
+_HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal", "quantized"),
+                   "order": ("fixed", "serpentine"), "residency": ("on", "off")}
+#: Header keys of the non-ideal parameters (``mode quantized`` only) and their value types.
+_MODE_KEYS = {"weight_bits": int, "cell_bits": int, "differential": bool, "dac_bits": int,
+              "adc_bits": int, "adc_range": float, "noise_sigma": float, "seed": int}
 _REGION_ARITY = {"input": 2, "weight": 3, "bias": 0, "output": 2}
 
 
@@ -90,14 +100,27 @@ class XbarProgram:
     regions: dict
     load: list
     run: list
+    #: the header's :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`
+    mode: object = None
 
 
 @dataclass
 class Counters:
     """What one phase (the load, or one inference) did. Times in seconds, energies in joules.
 
-    ``max_cell_writes`` is the wear: the most writes any single cell has received since the
-    simulator was created (not only in this phase).
+    - ``tile_writes``: tiles programmed (one logical ``rows x cols`` crossbar each);
+      ``tile_writes_skipped``: ``PROGRAM`` lines skipped because the tile was resident.
+    - ``cell_writes``: physical cells programmed: ``rows_used * cols_used`` per tile in ideal
+      mode, times ``S * (2 if differential else 1)`` (bit slices, pairs) in quantized mode.
+    - ``mvms``: input vectors streamed through a tile (one per row per ``MVM`` line; the ``S``
+      slice arrays of a quantized tile are read in parallel by that one MVM).
+    - ``adc_conversions``: ``cols_used`` per MVM, times ``S`` in quantized mode (one per slice
+      column; a differential pair is subtracted in analog, one conversion); one DAC cycle.
+    - ``dac_conversions``: input values driven onto rows: ``rows_used`` per MVM.
+    - ``adc_clipped``: ADC conversions that saturated (quantized mode with ``adc_bits > 0``).
+    - ``max_cell_writes`` is the wear: the most writes any single cell has received since the
+      simulator was created (not only in this phase). All ``S`` (x2) cells of a weight are
+      written together, so the figure is the same for every physical cell of a logical one.
     """
 
     tile_writes: int = 0
@@ -108,6 +131,8 @@ class Counters:
     max_cell_writes: int = 0
     latency_s: float = 0.0
     energy_j: float = 0.0
+    dac_conversions: int = 0
+    adc_clipped: int = 0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -144,6 +169,9 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
         raise _err(path, n0, f"format version {version} is not supported (this reader: "
                              f"{FORMAT_VERSION})")
     header: dict = {"order": "fixed", "residency": "on"}
+    keylines: dict = {}  # header key -> line
+    mode_args: dict = {}
+    mode = None
     cost = dict(COST_KEYS)
     regions: dict[str, Region] = {}
     load: list | None = None
@@ -158,6 +186,8 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
             for req in ("crossbars", "rows", "cols", "dtype", "mode"):
                 if req not in header:
                     raise _err(path, n, f"header lacks '{req}' before {key}")
+            if mode is None:
+                mode = _make_mode(path, header, keylines, mode_args)
             if (key == "LOAD" and (load is not None or run is not None)) or \
                     (key == "RUN" and run is not None):
                 raise _err(path, n, f"section {key} out of place (LOAD, then RUN, once each)")
@@ -169,7 +199,26 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
             continue
         if load is not None or run is not None:
             raise _err(path, n, f"'{key}' after a section: only LOAD and RUN may follow")
-        if key in _HEADER_INT:
+        if key in keylines and key != "cost":
+            raise _err(path, n, f"header key '{key}' given twice (line {keylines[key]})")
+        if key in _HEADER_INT or key in _HEADER_CHOICES or key in _MODE_KEYS:
+            keylines[key] = n
+        if key in _MODE_KEYS:
+            if len(toks) != 2:
+                raise _err(path, n, f"expected '{key} <value>'")
+            typ = _MODE_KEYS[key]
+            if typ is bool:
+                if toks[1] not in ("on", "off"):
+                    raise _err(path, n, f"'{key}' must be on or off")
+                mode_args[key] = toks[1] == "on"
+            elif typ is int:
+                mode_args[key] = _int(path, n, toks[1], key)
+            else:
+                try:
+                    mode_args[key] = float(toks[1])
+                except ValueError:
+                    raise _err(path, n, f"{key} must be a number, got {toks[1]!r}") from None
+        elif key in _HEADER_INT:
             if len(toks) != 2:
                 raise _err(path, n, f"expected '{key} <int>'")
             header[key] = _int(path, n, toks[1], key, lo=1)
@@ -205,8 +254,23 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
         i += 1
     if run is None:
         raise _err(path, lines[-1][0], "no RUN section")
-    prog = XbarProgram(path, version, header, cost, regions, load or [], run)
+    prog = XbarProgram(path, version, header, cost, regions, load or [], run, mode)
     return prog
+
+
+def _make_mode(path, header, keylines, mode_args):
+    """The header's CrossbarMode; errors name the line of the offending key."""
+    from ..devices.memristor.nonideal import CrossbarMode
+
+    if header["mode"] == "ideal" and mode_args:
+        key = min(mode_args, key=lambda k: keylines[k])
+        raise _err(path, keylines[key], f"'{key}' needs 'mode quantized' (line "
+                                        f"{keylines['mode']} says mode ideal)")
+    try:
+        return CrossbarMode(header["mode"], **mode_args)
+    except ValueError as e:
+        field = str(e).split()[0]
+        raise _err(path, keylines.get(field, keylines["mode"]), str(e)) from None
 
 
 _ARGS = {"PROGRAM": 5, "MVM": 4, "ACC": 4, "BARRIER": 0, "ADD": 2, "READ": 1}
@@ -350,12 +414,92 @@ class CrossbarSimulator:
                 raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
                                                  f"declared {r.dims}")
             self.const[r.name] = arr
+        self.mode = program.mode
+        if self.mode is None:  # an XbarProgram built by hand, not by parse()
+            from ..devices.memristor.nonideal import CrossbarMode
+
+            self.mode = CrossbarMode(h["mode"])
+        self._quant = not self.mode.ideal
+        self._cells_per_weight = self.mode.cells_per_weight
+        self._adc_per_col = self.mode.slices
+        if self._quant:
+            self._init_quantized()
         self.tags: list = [None] * self.P  # (weight, g, k, n) held by each crossbar
         self.wear = np.zeros((self.P, self.R, self.C), dtype=np.int64)
         self.inferences = 0
         self._latch: list = [None] * self.P
         self._read: list = []
         self.load_counters = self._phase(program.load, rows=0, acts={}, outs={})
+
+    # -- quantized mode
+    def _init_quantized(self) -> None:
+        """Per-channel weight quantization of every weight region (nonideal.py, effect 1)."""
+        m = self.mode
+        Lw = m.weight_levels
+        self._q: dict[str, np.ndarray] = {}       # float64 integers [G, K, N] in -Lw..Lw
+        self._wscale: dict[str, np.ndarray] = {}  # float64 [G, N]
+        for r in self.prog.regions.values():
+            if r.kind != "weight":
+                continue
+            W = self.const[r.name].astype(np.float64)
+            s = np.abs(W).max(axis=1) / Lw
+            s[s == 0] = 1.0
+            self._q[r.name] = np.clip(np.rint(W / s[:, None, :]), -Lw, Lw)
+            self._wscale[r.name] = s
+        self._rng = np.random.default_rng(m.seed)
+        self._qtile: list = [None] * self.P  # (tag, prepared slices) per crossbar
+        self._Lx = 2 ** (m.dac_bits - 1) - 1 if m.dac_bits else 1
+        self._La = 2 ** (m.adc_bits - 1) - 1 if m.adc_bits else 0
+        self._shift = 2.0 ** (m.cell_bits * np.arange(m.slices))  # slice significance
+
+    def _prepare(self, x: int, tag):
+        """Cell levels of tile ``tag`` as programmed in crossbar ``x`` (cached per crossbar):
+        ``D [S, r, c]`` signed levels (``G+ - G-`` or the offset cell), ``G2 [S, r, c]`` the sum of
+        squared levels of the cells (read-noise variance), ``step [S, 1, c]`` ADC step."""
+        cached = self._qtile[x]
+        if cached is not None and cached[0] == tag:
+            return cached[1]
+        m = self.mode
+        w, g, k, n = tag
+        R, C = self.R, self.C
+        q = self._q[w][g, k * R:(k + 1) * R, n * C:(n + 1) * C]
+        stored = (np.abs(q) if m.differential else q + m.weight_levels).astype(np.int64)
+        mask = (1 << m.cell_bits) - 1
+        planes = np.stack([(stored >> (s * m.cell_bits)) & mask for s in range(m.slices)])
+        planes = planes.astype(np.float64)
+        D = planes * np.sign(q) if m.differential else planes
+        prep = {"D": D, "G2": planes * planes, "step": None}
+        if m.adc_bits:
+            F = m.adc_range * self._Lx * np.abs(D).sum(axis=1, keepdims=True)  # [S, 1, c]
+            prep["step"] = np.where(F > 0, F / self._La, 1.0)
+        self._qtile[x] = (tag, prep)
+        return prep
+
+    def _quantized_mvm(self, x: int, tag, Xk: np.ndarray) -> np.ndarray:
+        """One MVM in quantized mode: ``Xk`` float32 ``[M, r]`` -> float32 ``[M, c]``."""
+        m = self.mode
+        prep = self._prepare(x, tag)
+        xs = Xk.astype(np.float64)
+        sx = np.abs(xs).max(axis=1, keepdims=True)  # per-vector DAC scale [M, 1]
+        sx[sx == 0] = 1.0
+        xl = xs / sx
+        if m.dac_bits:
+            xl = np.rint(xl * self._Lx)
+        Ys = np.matmul(xl, prep["D"])  # column currents per slice [S, M, c]
+        if m.noise_sigma:
+            std = m.noise_sigma * np.sqrt(np.matmul(xl * xl, prep["G2"]))
+            Ys += std * self._rng.standard_normal(Ys.shape)
+        if m.adc_bits:
+            code = np.rint(Ys / prep["step"])
+            La = self._La
+            self._clipped += int(np.count_nonzero(np.abs(code) > La))
+            Ys = np.clip(code, -La, La) * prep["step"]
+        y = np.tensordot(self._shift, Ys, axes=1)  # shift-add over slices [M, c]
+        if not m.differential:
+            y -= m.weight_levels * xl.sum(axis=1, keepdims=True)  # digital offset removal
+        w, g, _, n = tag
+        ws = self._wscale[w][g, n * self.C:n * self.C + y.shape[1]]
+        return (y * (sx / self._Lx) * ws).astype(np.float32)
 
     # -- helpers
     def _tile(self, tag):
@@ -372,7 +516,9 @@ class CrossbarSimulator:
 
     def _phase(self, cmds, rows, acts, outs) -> Counters:
         ph = _Phase(self.P)
+        self._clipped = 0
         self._exec(cmds, ph, rows, acts, outs, data=True)
+        ph.c.adc_clipped = self._clipped
         ph.c.latency_s = float(ph.clock.max()) if self.P else 0.0
         ph.c.max_cell_writes = int(self.wear.max())
         ph.c.energy_j = self._energy(ph.c)
@@ -398,7 +544,7 @@ class CrossbarSimulator:
                 if ph:
                     t = self._tile(tag)
                     ph.c.tile_writes += 1
-                    ph.c.cell_writes += t.size
+                    ph.c.cell_writes += t.size * self._cells_per_weight
                     self.wear[x, :t.shape[0], :t.shape[1]] += 1
                     ph.clock[x] += k["write_latency_s"]
             elif op == "MVM":
@@ -412,14 +558,16 @@ class CrossbarSimulator:
                 t = self._tile(tag)
                 if ph:
                     ph.c.mvms += rows
-                    ph.c.adc_conversions += rows * t.shape[1]
+                    ph.c.adc_conversions += rows * t.shape[1] * self._adc_per_col
+                    ph.c.dac_conversions += rows * t.shape[0]
                     ph.clock[x] += rows * k["mvm_latency_s"]
                 if data:
                     X = acts[name]
                     if g >= X.shape[0]:
                         raise _err(path, cmd.line, f"group {g} outside input {name} "
                                                    f"({X.shape[0]} groups)")
-                    self._latch[x] = X[g, :, kt * self.R:kt * self.R + t.shape[0]] @ t
+                    Xk = X[g, :, kt * self.R:kt * self.R + t.shape[0]]
+                    self._latch[x] = self._quantized_mvm(x, tag, Xk) if self._quant else Xk @ t
             elif op == "ACC":
                 name, g, nt, x = a[0], int(a[1]), int(a[2]), int(a[3])
                 tag = self.tags[x]

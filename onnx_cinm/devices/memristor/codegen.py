@@ -5,6 +5,10 @@ counts: tiles in ``(g, k, n)`` order, tile ``j`` on crossbar ``j mod P``, rounds
 ended by a barrier; weight-stationary files load the first ``P`` tiles and run ``order
 serpentine`` with residency on; naive files wrap the rounds (per ``(g, n)``, ``P`` k tiles per
 round) in ``FOR ROWS m_block`` with residency off (a write before every use, as CINM lowers).
+
+``mode`` (a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`, default ideal) only
+writes header lines (``mode quantized`` and its parameters); the schedule is the same in every
+mode (the slices of a quantized tile sit in parallel arrays of one logical crossbar).
 """
 from __future__ import annotations
 
@@ -44,8 +48,15 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
     return tiles[:P], rounds
 
 
-def render(plan, params, name: str, weight_file: str, bias_file: str | None = None) -> str:
-    """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``)."""
+def render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
+           mode=None) -> str:
+    """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``).
+
+    ``mode``: a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`; None is ideal.
+    """
+    from .nonideal import IDEAL
+
+    mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)
     naive = plan.loop_order == "naive"
     cost = {k: repr(float(getattr(params, k))) for k in COST_KEYS}
@@ -53,13 +64,18 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         version=FORMAT_VERSION, name=name, plan=plan, cost=cost, load=load, rounds=rounds,
         order="fixed" if (naive or plan.resident) else "serpentine",
         residency="off" if naive else "on", loop_rows=plan.m_block if naive else 0,
-        weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None)
+        weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None,
+        mode_lines=mode.header_items())
 
 
 def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
-                bias: np.ndarray | None = None) -> list[Path]:
+                bias: np.ndarray | None = None, *, mode=None) -> list[Path]:
     """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
     ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
+
+    ``mode``: a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode` written into the
+    header (None: ideal). The weights are written unquantized; the simulator quantizes them at
+    load (per-output-channel scales are a function of the weights).
 
     ``W`` may be ``[K, N]`` (one group). Raises ValueError if its shape disagrees with ``plan``.
     """
@@ -80,5 +96,5 @@ def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
         np.save(bpath, np.asarray(bias, dtype=np.float32))
         paths.append(bpath)
         bfile = bpath.name
-    paths[0].write_text(render(plan, params, name, wpath.name, bfile))
+    paths[0].write_text(render(plan, params, name, wpath.name, bfile, mode=mode))
     return paths
