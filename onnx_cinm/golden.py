@@ -497,7 +497,9 @@ def compare(
     Parameters
     ----------
     reference, candidate : onnx.ModelProto or path or bytes
-        The original and the rewritten model (paths keep external data working).
+        The original and the rewritten model (paths keep external data working). The candidate
+        may also be a runner: an object with ``input_names``, ``output_names`` and
+        ``run(feeds) -> list of arrays`` (see ``InferenceSession.as_runner``).
     n : int
         Number of random input sets; set ``i`` uses seed ``seed + i``. Ignored with ``feeds``.
     rtol, atol : float
@@ -535,7 +537,9 @@ def compare(
 
     ref_model = _OrtModel(reference)
     try:
-        cand_model = _OrtModel(candidate)
+        # a runner object (``input_names``, ``output_names``, ``run(feeds)``, e.g. the CINM
+        # execution provider's) is used as it is; anything else is loaded into onnxruntime
+        cand_model = candidate if hasattr(candidate, "output_names") else _OrtModel(candidate)
     except CinmError as e:
         raise CheckFailed(f"candidate model: {e}") from None
 

@@ -338,6 +338,11 @@ class InferenceSession:
             self._profile.extend(records)
         return [values[n] for n in names]
 
+    def as_runner(self):
+        """This session as a runner for :func:`onnx_cinm.golden.compare` (``input_names``,
+        ``output_names``, ``run(feeds)``; inputs the model does not take are dropped)."""
+        return _Runner(self)
+
     def profile(self) -> list[dict]:
         """Per-node records of every run so far: ``run``, ``node``, ``op_type``, ``device``,
         ``mode``, ``wall_s`` (host wall time, seconds; None for nodes charged by a model),
@@ -354,6 +359,16 @@ class InferenceSession:
             out += [("host", len(p.nodes)) for p in self._parts if p.stage == s]
             out += [(d.device, 1) for d in self._device_nodes if d.stage == s]
         return out
+
+
+class _Runner:
+    def __init__(self, sess: InferenceSession) -> None:
+        self.sess = sess
+        self.input_names = [a.name for a in sess.get_inputs()]
+        self.output_names = [a.name for a in sess.get_outputs()]
+
+    def run(self, feeds) -> list:
+        return self.sess.run(None, {n: feeds[n] for n in self.input_names if n in feeds})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,199 @@
+"""The crossbar path end to end: cim_tiling plans -> .xbar kernels in out.cinm/ -> the execution
+provider running them in the simulator.
+
+Expected write counts are worked out from the formulas in the comments (Kt = ceil(K/64),
+Nt = ceil(N/64), T = G*Kt*Nt; weight-stationary: T at load and 0 per inference when T <= P,
+else P at load and T - P per inference; naive: M*Nt*Kt per inference, one row per write).
+Expected numbers come from numpy / onnxruntime on the original model.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.cli import main
+from onnx_cinm.dialects import cinm
+from onnx_cinm.errors import CinmError
+from onnx_cinm.golden import random_inputs, run_onnxruntime
+from onnx_cinm.runtime.session import InferenceSession
+
+
+def _matmul_model(M, K, N, *, const="B", bias=False, seed=0):
+    """Y = X @ W (+ b) with W constant (const="B"), W @ X (const="A") or X1 @ X2 (const=None)."""
+    rng = np.random.default_rng(seed)
+    inits, inputs = [], []
+    if const == "B":
+        inputs.append(helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, K]))
+        inits.append(numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "W"))
+        nodes = [helper.make_node("MatMul", ["X", "W"], ["P"], name="mm")]
+    elif const == "A":
+        inputs.append(helper.make_tensor_value_info("X", TensorProto.FLOAT, [K, N]))
+        inits.append(numpy_helper.from_array(rng.standard_normal((M, K)).astype(np.float32), "W"))
+        nodes = [helper.make_node("MatMul", ["W", "X"], ["P"], name="mm")]
+    else:
+        inputs += [helper.make_tensor_value_info("X1", TensorProto.FLOAT, [M, K]),
+                   helper.make_tensor_value_info("X2", TensorProto.FLOAT, [K, N])]
+        nodes = [helper.make_node("MatMul", ["X1", "X2"], ["P"], name="mm")]
+    out = "P"
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"))
+        nodes.append(helper.make_node("Add", ["P", "b"], ["Y"], name="bias"))
+        out = "Y"
+    g = helper.make_graph(nodes, "mm", inputs,
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, [M, N])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _crossbar_node(model):
+    (node,) = [n for n in model.graph.node
+               if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") == "memristor"]
+    return cinm.node_attrs(node)
+
+
+def _run(tmp_path, result, feeds, runs=2):
+    path = tmp_path / "out.onnx"
+    artifacts.save(result.model, path)
+    sess = InferenceSession(path)
+    outs = [sess.run(None, feeds) for _ in range(runs)]
+    recs = [r for r in sess.profile() if r["device"] == "memristor"]
+    return outs, recs, sess
+
+
+# (M, K, N, P, order) -> (tiles, writes at load, writes per inference), from the formulas
+CASES = [
+    # K=100, N=70: Kt=2, Nt=2, T=4 <= P=4: all 4 at load, 0 per inference
+    ((5, 100, 70, 4, "weight_stationary"), (4, 4, 0)),
+    # K=200, N=130: Kt=4, Nt=3, T=12 > 4: 4 at load, 12-4=8 per inference
+    ((7, 200, 130, 4, "weight_stationary"), (12, 4, 8)),
+    # same, P=5: 5 at load, 7 per inference
+    ((7, 200, 130, 5, "weight_stationary"), (12, 5, 7)),
+    # M=1, K=300, N=65: Kt=5, Nt=2, T=10 > 4
+    ((1, 300, 65, 4, "weight_stationary"), (10, 4, 6)),
+    # K=10 < 64, N=64: a single tile
+    ((8, 10, 64, 1, "weight_stationary"), (1, 1, 0)),
+    # naive: M*Nt*Kt per inference, nothing at load: 7*3*4 = 84
+    ((7, 200, 130, 4, "naive"), (12, 0, 84)),
+    # naive, M=1, K=100 N=70: 1*2*2 = 4
+    ((1, 100, 70, 4, "naive"), (4, 0, 4)),
+]
+
+
+@pytest.mark.parametrize("case,expected", CASES)
+def test_plan_attributes_and_simulated_writes(tmp_path, case, expected):
+    M, K, N, P, order = case
+    tiles, w_load, w_inf = expected
+    model = _matmul_model(M, K, N, bias=True)
+    res = optimize(model, place=[("mm*", "memristor")],
+                   device_options={"cim_crossbars": P, "cim_loop_order": order})
+    at = _crossbar_node(res.model)
+    assert (at["cim_tiles"], at["cim_writes_load"], at["cim_writes"]) == (tiles, w_load, w_inf)
+    assert (at["cim_M"], at["cim_K"], at["cim_N"], at["cim_crossbars"]) == (M, K, N, P)
+    assert at["cim_mvms"] == M * tiles
+    assert at["kernel"].startswith("memristor/") and at["kernel"].endswith(".xbar")
+    feeds = random_inputs(model, seed=3)
+    (ref,) = run_onnxruntime(model, feeds)
+    outs, recs, sess = _run(tmp_path, res, feeds, runs=3)
+    for (got,) in outs:
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    # the simulator's counters equal the formulas, on every inference (serpentine keeps P resident)
+    assert [r["writes"] for r in recs] == [w_inf] * 3
+    (k,) = sess._device_nodes
+    assert k.kernel.load_metrics["tile_writes"] == w_load
+
+
+def test_programmed_operand_a_and_activation_pair(tmp_path):
+    # constant left operand: Y = W[96, 80] @ X[80, 50] -> W^T programmed (K=80, N=96)
+    model = _matmul_model(96, 80, 50, const="A")
+    res = optimize(model, place=[("mm*", "memristor")])
+    at = _crossbar_node(res.model)
+    assert at["cim_operand"] == "A" and (at["cim_K"], at["cim_N"], at["cim_M"]) == (80, 96, 50)
+    feeds = random_inputs(model, seed=1)
+    (ref,) = run_onnxruntime(model, feeds)
+    (out,), _, _ = _run(tmp_path, res, feeds, runs=1)
+    np.testing.assert_allclose(out[0], ref, rtol=1e-4, atol=1e-4)
+
+    # two activations X1[8, 100] @ X2[100, 300]: programming X2 takes Kt*Nt = 2*5 = 10 tiles,
+    # programming X1^T takes 2*1 = 2 -> A is programmed, every inference (nothing resident)
+    model = _matmul_model(8, 100, 300, const=None)
+    res = optimize(model, place=[("mm*", "memristor")])
+    at = _crossbar_node(res.model)
+    assert at["cim_operand"] == "A" and at["cim_tiles"] == 2
+    assert (at["cim_writes_load"], at["cim_writes"], at["cim_resident"]) == (0, 2, 0)
+    assert "both operands are activations" in at["placement"]
+    feeds = random_inputs(model, seed=2)
+    (ref,) = run_onnxruntime(model, feeds)
+    outs, recs, _ = _run(tmp_path, res, feeds, runs=2)
+    np.testing.assert_allclose(outs[1][0], ref, rtol=1e-4, atol=1e-4)
+    assert [r["writes"] for r in recs] == [2, 2]
+
+
+def test_activation_pair_not_chosen_by_the_heuristic():
+    res = optimize(_matmul_model(8, 100, 300, const=None))
+    node = next(n for n in res.model.graph.node if n.op_type == "Gemm")
+    at = cinm.node_attrs(node)
+    assert at["device"] != "memristor" and "memristor unless asked" in at["placement"]
+
+
+def test_manifest_hashes_and_stale_kernel(tmp_path):
+    model = _matmul_model(4, 100, 70)
+    res = optimize(model, place=[("mm*", "memristor")])
+    path = tmp_path / "m.onnx"
+    manifest = artifacts.save(res.model, path)
+    root = tmp_path / "m.cinm"
+    (kernel,) = manifest["kernels"]
+    names = sorted(f["path"] for f in kernel["files"])
+    assert names == sorted([kernel["kernel"], kernel["kernel"][:-5] + ".W.npy"])
+    on_disk = json.loads((root / "manifest.json").read_text())
+    assert on_disk == manifest
+    W = np.load(root / (kernel["kernel"][:-5] + ".W.npy"))
+    np.testing.assert_array_equal(W[0], numpy_helper.to_array(model.graph.initializer[0]))
+    InferenceSession(path)  # fresh: fine
+    xbar = root / kernel["kernel"]
+    xbar.write_text(xbar.read_text().replace("BARRIER", "BARRIER ", 1))
+    with pytest.raises(CinmError, match="stale"):
+        InferenceSession(path)
+    xbar.unlink()
+    with pytest.raises(CinmError, match="missing"):
+        InferenceSession(path)
+
+
+def test_resave_replaces_and_all_host_removes_the_kernel_folder(tmp_path):
+    model = _matmul_model(4, 100, 70)
+    path = tmp_path / "m.onnx"
+    artifacts.save(optimize(model, place=[("mm*", "memristor")]).model, path)
+    assert (tmp_path / "m.cinm" / "manifest.json").is_file()
+    artifacts.save(optimize(model, place=[("*", "host")]).model, path)
+    assert not (tmp_path / "m.cinm").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    (tmp_path / "m.cinm").mkdir()  # not ours: refused, nothing written
+    (tmp_path / "m.cinm" / "notes.txt").write_text("mine")
+    with pytest.raises(CinmError, match="not an onnx-cinm kernel folder"):
+        artifacts.save(optimize(model, place=[("mm*", "memristor")]).model, path)
+    assert (tmp_path / "m.cinm" / "notes.txt").read_text() == "mine"
+
+
+def test_cli_report_and_loop_order(tmp_path, capsys):
+    model = _matmul_model(8, 200, 130)
+    src = tmp_path / "in.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
+    # T = 4*3 = 12 > P=4: 4 writes at load, 8 per inference, MVMs 8*12 = 96
+    assert row.split()[3:7] == ["12", "4", "8", "96"]
+    assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor",
+                 "--cim-loop-order", "naive", "--cim-crossbars", "2", "--cim-size", "128x128"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
+    # 128x128: Kt=2, Nt=2, T=4; naive: 8*2*2 = 32 writes per inference, none at load
+    assert row.split()[3:7] == ["4", "0", "32", "32"]
+    assert "2 crossbars of 128x128, naive order" in text
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", str(src), "-o", str(out), "--cim-size", "64"])
+    assert exc.value.code == 2
