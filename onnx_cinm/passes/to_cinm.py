@@ -75,7 +75,8 @@ class _Rewriter:
 
     def const(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)
-        self.new_inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        # np.array(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
+        self.new_inits.append(numpy_helper.from_array(np.array(array, order="C"), name))
         self.infos[name] = TensorInfo(name, array.dtype, tuple(array.shape), True)
         return name
 
@@ -259,7 +260,10 @@ def _lower_elementwise(rw: _Rewriter, node: onnx.NodeProto):
         return f"dtype {dt}"
     lo = _Lowering(rw, node)
     keep = {k: v for k, v in _attrs(node).items() if k in cinm.OPS[op].attrs}
-    lo.cinm(op, list(node.input), [node.output[0]], **keep)
+    inputs = list(node.input)
+    if op == "Clip":  # always 3 inputs: the cinm Clip schema's inference reads input 2 (max)
+        inputs += [""] * (3 - len(inputs))
+    lo.cinm(op, inputs, [node.output[0]], **keep)
     return lo.nodes
 
 
