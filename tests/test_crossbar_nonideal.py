@@ -313,6 +313,16 @@ def test_bad_mode_lines_name_the_line(edit, line, msg):
         parse(BAD_HEADER.replace(*edit), "k.xbar")
 
 
+def test_doc_quantized_header_is_q8():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "xbar-format.md").read_text()
+    block = doc.split("## Modes")[1].split("```")[1]
+    text = BAD_HEADER.replace("mode quantized\nweight_bits 8\ncell_bits 2\nadc_bits 8\n", block.strip() + "\n")
+    assert "seed 0\nadc_range" not in text and "noise_sigma 0.0\n" in text  # the doc's block
+    assert parse(text, "k.xbar").mode == Q8
+
+
 def test_defaults_for_omitted_mode_keys():
     m = parse(BAD_HEADER, "k.xbar").mode
     assert m == CrossbarMode("quantized", weight_bits=8, cell_bits=2, adc_bits=8)
