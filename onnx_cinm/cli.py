@@ -17,6 +17,8 @@ examples:
   onnx-cinm optimize --example lenet -o lenet.cinm.onnx
   onnx-cinm optimize model.onnx -o model.cinm.onnx --place 'Gemm=upmem' --check 3
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
+  onnx-cinm run lenet.cinm.onnx --random 3 --profile
+  onnx-cinm compare model.onnx model.cinm.onnx
   onnx-cinm devices
 """
 
@@ -110,6 +112,40 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     o.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
 
+    r = sub.add_parser(
+        "run", help="run an optimized model: host parts in onnxruntime, device nodes in their kernels",
+        description="Run a model written by 'onnx-cinm optimize' through the CINM execution "
+                    "provider: host partitions in onnxruntime, crossbar nodes in the simulator "
+                    "(their .xbar files), UPMEM nodes by the cost model or in the emulator.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array (repeatable); inputs not given are drawn at random")
+    r.add_argument("--random", type=_positive, default=1, metavar="N",
+                   help="number of runs (random inputs drawn with seeds 0..N-1 where not given)")
+    r.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="CinmExecutionProvider option, e.g. upmem_mode=emulate (repeatable)")
+    r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
+    r.add_argument("--profile", action="store_true", help="print the per-node profile")
+    r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
+    r.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    r.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
+    c = sub.add_parser(
+        "compare", help="run the original in onnxruntime and the optimized model through the provider",
+        description="Run the original model in stock onnxruntime and the optimized one through "
+                    "the CINM execution provider on the same random inputs; print the largest "
+                    "absolute and relative error per output; exit 1 on a mismatch.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    c.add_argument("original", help="the original .onnx model")
+    c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
+    c.add_argument("--runs", type=_positive, default=2, help="random input sets")
+    c.add_argument("--rtol", type=_tolerance, default=1e-4, help="relative tolerance")
+    c.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance")
+    c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="CinmExecutionProvider option (repeatable)")
+    c.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -125,6 +161,102 @@ def _cmd_devices(args) -> int:
         for f in fields(dev.params):
             print(f"  {f.name} = {getattr(dev.params, f.name)}")
     return 0
+
+
+def _provider_options(items: list[str], parser) -> dict:
+    opts: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--provider-option expects KEY=VALUE, got '{item}'")
+        opts[key] = int(value) if value.isdigit() else value
+    return opts
+
+
+def _session(path, provider_options: dict):
+    from .runtime.session import PROVIDER, InferenceSession
+
+    return InferenceSession(path, providers=[PROVIDER, "CPUExecutionProvider"],
+                            provider_options=[provider_options, {}])
+
+
+def _cmd_run(args, parser) -> int:
+    import numpy as np
+
+    from . import golden
+    from .runtime import profile
+
+    opts = _provider_options(args.provider_option, parser)
+    given: dict = {}
+    for item in args.input:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            parser.error(f"--input expects NAME=FILE.npy, got '{item}'")
+        try:
+            given[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CinmError(f"cannot read input '{name}' from '{file}': "
+                            f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}") from None
+    sess = _session(args.model, opts)
+    say = (lambda msg: None) if args.quiet else print
+    outs = None
+    for i in range(args.random):
+        feeds = golden.random_inputs(sess._model, seed=i) if len(given) < len(sess.get_inputs()) else {}
+        feeds.update(given)
+        outs = sess.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
+    for name, arr in zip(names, outs):
+        arr = np.asarray(arr)
+        say(f"  output {name}: {arr.dtype} {list(arr.shape)}"
+            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else ""))
+    if args.output:
+        _save_npz(args.output, dict(zip(names, outs)))
+        say(f"  outputs written to {args.output}")
+    if args.profile:
+        print(profile.table(sess.profile()))
+    if args.profile_out:
+        try:
+            profile.write(sess.profile(), args.profile_out)
+        except OSError as e:
+            raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
+        say(f"  profile written to {args.profile_out}")
+    return 0
+
+
+def _save_npz(path: str, arrays: dict) -> None:
+    import tempfile
+
+    import numpy as np
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".npz", dir=folder)
+    except OSError as e:
+        raise CinmError(f"cannot write '{path}': {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _cmd_compare(args, parser) -> int:
+    from . import frontend, golden
+
+    opts = _provider_options(args.provider_option, parser)
+    frontend.load_model(args.original)  # one-line errors for a bad original
+    sess = _session(args.optimized, opts)
+    report = golden.compare(args.original, sess.as_runner(), n=args.runs, rtol=args.rtol,
+                            atol=args.atol)
+    print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
+          f"{args.runs} random input set(s)")
+    print(report.table())
+    print(report.summary())
+    return 0 if report.ok else 1
 
 
 def _device_options(args) -> dict:
@@ -223,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "devices":
             return _cmd_devices(args)
+        if args.command == "run":
+            return _cmd_run(args, parser)
+        if args.command == "compare":
+            return _cmd_compare(args, parser)
         return _cmd_optimize(args, parser)
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)
