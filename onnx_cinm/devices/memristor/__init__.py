@@ -215,16 +215,18 @@ class MemristorDevice:
         p, v, params, const, why = self.plan(op, options)
         c = p.cost(params)
         mode = options.get("cim_mode") or "ideal"
-        return {
+        attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
             "cim_loop_order": p.loop_order, "cim_operand": v.operand, "cim_M": p.M,
             "cim_K": p.K, "cim_N": p.N, "cim_groups": p.groups, "cim_tiles": p.tiles,
             "cim_resident": int(p.resident), "cim_writes_load": p.writes_load,
             "cim_writes": p.writes_per_inference, "cim_mvms": p.mvms,
             "cim_latency_s": float(c.latency_s), "cim_energy_j": float(c.energy_j),
-            "cim_mode": mode, "placement": op.attrs.get("placement", "") + f"; {why}",
-            "kernel": f"memristor/{options['kernel_stem']}.xbar",
+            "cim_mode": mode, "kernel": f"memristor/{options['kernel_stem']}.xbar",
         }
+        if not const:  # the placement reason does not say which activation is programmed
+            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        return attrs
 
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):

@@ -1,0 +1,135 @@
+"""The CINM execution provider (runtime/session.py) and the `run` / `compare` commands.
+
+Expected outputs come from stock onnxruntime on the original model.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.cli import main
+from onnx_cinm.errors import CinmError
+from onnx_cinm.examples import get_example
+from onnx_cinm.golden import random_inputs, run_onnxruntime
+from onnx_cinm.runtime.session import InferenceSession
+
+
+@pytest.fixture(scope="module")
+def lenet(tmp_path_factory):
+    """LeNet optimized with the paper heuristic: convs and fc1 on crossbars, the rest on UPMEM,
+    and ``fc2`` forced to the host, so all three kinds of device run in one inference."""
+    d = tmp_path_factory.mktemp("lenet")
+    original = get_example("lenet")
+    onnx.save(original, d / "lenet.onnx")
+    res = optimize(original, place=[("fc2*", "host")])
+    artifacts.save(res.model, d / "opt.onnx")
+    return original, d / "lenet.onnx", d / "opt.onnx"
+
+
+def test_heterogeneous_run_matches_onnxruntime(lenet):
+    original, _, opt = lenet
+    sess = InferenceSession(opt)
+    assert sess.get_providers() == ["CinmExecutionProvider", "CPUExecutionProvider"]
+    kinds = [k for k, _ in sess.partitions()]
+    assert kinds.count("memristor") == 3 and "host" in kinds
+    for seed in range(3):
+        feeds = random_inputs(original, seed=seed)
+        (ref,) = run_onnxruntime(original, feeds)
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    prof = sess.profile()
+    devices = {r["device"] for r in prof}
+    assert devices == {"memristor", "upmem", "host"}
+    xb = [r for r in prof if r["device"] == "memristor"]
+    assert len(xb) == 9 and all(r["wall_s"] > 0 and r["latency_s"] > 0 for r in xb)
+    # conv1: M = 28*28 = 784 rows through one tile (K=25, N=6): 784 MVMs of 1 us each
+    conv1 = [r for r in xb if r["node"] == "conv1/Gemm"]
+    assert all(r["latency_s"] == pytest.approx(784e-6) for r in conv1)
+    # resident weights: nothing is rewritten by an inference for conv1 and conv2 (T <= 4),
+    # fc1 has 7*2 = 14 tiles > 4: 10 writes per inference
+    assert {r["node"]: r["writes"] for r in xb} == {"conv1/Gemm": 0, "conv2/Gemm": 0, "fc1/Gemm": 10}
+
+
+def test_cpu_provider_only_runs_everything_in_onnxruntime(lenet):
+    original, _, opt = lenet
+    sess = InferenceSession(opt, providers=["CPUExecutionProvider"])
+    assert [k for k, _ in sess.partitions()] == ["host"]
+    feeds = random_inputs(original, seed=0)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(original, feeds)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_bad_inputs_are_one_line_errors_and_the_session_survives(lenet):
+    original, _, opt = lenet
+    sess = InferenceSession(opt)
+    feeds = random_inputs(original, seed=0)
+    (name,) = feeds
+    with pytest.raises(CinmError, match="unknown input"):
+        sess.run(None, {**feeds, "nope": feeds[name]})
+    with pytest.raises(CinmError, match="missing"):
+        sess.run(None, {})
+    with pytest.raises(CinmError, match="dtype float64"):
+        sess.run(None, {name: feeds[name].astype(np.float64)})
+    with pytest.raises(CinmError, match="shape"):
+        sess.run(None, {name: feeds[name][..., :5]})
+    with pytest.raises(CinmError, match="unknown output"):
+        sess.run(["nope"], feeds)
+    (ref,) = run_onnxruntime(original, feeds)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_provider_options(lenet):
+    _, _, opt = lenet
+    with pytest.raises(CinmError, match="unknown CinmExecutionProvider option"):
+        InferenceSession(opt, provider_options=[{"colour": "red"}, {}])
+    with pytest.raises(CinmError, match="upmem_mode"):
+        InferenceSession(opt, provider_options=[{"upmem_mode": "fast"}, {}])
+    with pytest.raises(CinmError, match="unknown provider"):
+        InferenceSession(opt, providers=["CUDAExecutionProvider"])
+
+
+def test_four_threads_match_serial_runs(lenet):
+    original, _, opt = lenet
+    sess = InferenceSession(opt)
+    feeds = [random_inputs(original, seed=s) for s in range(8)]
+    serial = [sess.run(None, f)[0] for f in feeds]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda f: sess.run(None, f)[0], feeds))
+    for a, b in zip(serial, threaded):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_cli_run_and_compare(lenet, tmp_path, capsys):
+    original, src, opt = lenet
+    feeds = random_inputs(original, seed=5)
+    (name,) = feeds
+    np.save(tmp_path / "x.npy", feeds[name])
+    out = tmp_path / "y.npz"
+    prof = tmp_path / "p.json"
+    assert main(["run", str(opt), "--input", f"{name}={tmp_path / 'x.npy'}", "-o", str(out),
+                 "--profile", "--profile-out", str(prof), "--random", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "total memristor (3 nodes)" in text and "total upmem" in text
+    (ref,) = run_onnxruntime(original, feeds)
+    got = np.load(out)
+    np.testing.assert_allclose(got[original.graph.output[0].name], ref, rtol=1e-4, atol=1e-5)
+    records = json.loads(prof.read_text())
+    assert {r["run"] for r in records} == {0, 1}
+    assert main(["compare", str(src), str(opt), "--runs", "2"]) == 0
+    assert "OK" in capsys.readouterr().out
+    # a model computing something else: the comparison fails with exit 1
+    other = get_example("lenet")
+    for init in other.graph.initializer:
+        if init.dims and len(init.dims) == 4:
+            w = onnx.numpy_helper.to_array(init) * 2
+            init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+            break
+    onnx.save(other, tmp_path / "other.onnx")
+    assert main(["compare", str(tmp_path / "other.onnx"), str(opt)]) == 1
+    assert main(["run", str(tmp_path / "missing.onnx")]) == 1
+    assert "error" in capsys.readouterr().err
