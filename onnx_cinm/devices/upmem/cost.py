@@ -1,0 +1,375 @@
+"""UPMEM cost model: cycles, seconds, bytes and (estimated) joules of one DPU kernel launch.
+
+Every device constant below names its source. Sources (ids as in ``shared/field-notes/upmem.md``):
+
+* **PrIM** -- Gomez-Luna et al., "Benchmarking a New Paradigm: Experimental Analysis and
+  Characterization of a Real Processing-in-Memory System", IEEE Access 10:52565 (2022),
+  arXiv:2105.03814. §3.1 (pipeline, Fig. 4 arithmetic throughput), §3.2 (MRAM latency and
+  bandwidth, Fig. 6/7), §3.4 (CPU<->DPU transfers, Fig. 10), Table 1 (system).
+  Values the field notes mark "(recalled -- verify against the PDF)" are marked *recalled* here.
+* **uPIMulator** -- Hyun et al., HPCA 2024, defaults of ``VIA-Research/uPIMulator`` (11-cycle
+  revolver scheduling, 14 pipeline stages).
+* **SDK** -- UPMEM SDK documentation 2025.1.0 (WRAM 64 KB, DMA 8..2048 B, <= 24 tasklets).
+
+The model (field notes §4.3, stated here in full so a reader can redo every number by hand):
+
+* **Pipeline.** One tasklet issues at most one instruction every ``issue_interval`` = 11 cycles,
+  the DPU at most one per cycle. A kernel whose tasklets execute ``I_t`` instructions each, with
+  ``T`` tasklets, needs at least ``sum_t I_t`` cycles (pipeline bound) and at least
+  ``11 * max_t I_t`` cycles (one tasklet's chain); so >= 11 tasklets reach 1 instruction/cycle.
+* **Instructions per element** come from PrIM's measured arithmetic throughput (Fig. 4): its
+  microbenchmark loop runs ``f / MOPS`` instructions per element at f = 350 MHz; the loop is one
+  WRAM load, the operation, one WRAM store and 3 loop-control instructions (index update,
+  compare-and-branch; PrIM §3.1.2 counts 6 instructions for INT32 ADD), so the operation itself
+  costs ``round(350 / MOPS) - 5`` instructions: INT32 add 1, INT32 mul 29 (a ``mul_step``
+  sequence), INT64 add 2, FLOAT add 66 (software emulated), ...
+* **MRAM DMA.** A transfer of ``b`` bytes occupies the DPU's DMA engine ``alpha + beta * b``
+  cycles, alpha = 77 (read) / 61 (write), beta = 0.5 cycles/byte (PrIM §3.2.1, Fig. 6). Transfers
+  of one DPU are serialized; DMA and the pipeline overlap across tasklets, so
+  ``kernel = max(DMA total, pipeline bound, slowest tasklet chain) + serial sections``.
+* **Host transfers** (PrIM §3.4, Fig. 10): serial ``dpu_copy_to`` 0.33 GB/s and ``dpu_copy_from``
+  0.12 GB/s for one DPU; a parallel ``dpu_push_xfer`` to the 64 DPUs of a rank 6.68 GB/s
+  (CPU->DPU) and 4.74 GB/s (DPU->CPU, *recalled*); ``dpu_broadcast_to`` 16.88 GB/s per rank
+  (*recalled*). Between 1 and 64 DPUs we interpolate with a power law through the two measured
+  points (PrIM reports sub-linear growth); ranks transfer in parallel (SDK: one host thread per
+  rank), which we take as linear in ranks -- an optimistic assumption, see ``UpmemCostParams``.
+* **Launch and call overheads** and **energy** are *estimates* (no published table gives them);
+  they are parameters, marked as such.
+
+Units: cycles (DPU clock), seconds, bytes, joules.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+#: Clock at which PrIM measured the arithmetic throughputs below, Hz (PrIM Table 1: 350 MHz).
+PRIM_FREQUENCY_HZ = 350e6
+
+#: PrIM Fig. 4 (via field notes §1.5, *recalled*): arithmetic throughput in MOPS of one DPU with
+#: >= 11 tasklets, by (dtype class, operation).
+PRIM_MOPS = {
+    ("int32", "add"): 58.56, ("int32", "sub"): 58.45, ("int32", "mul"): 10.27, ("int32", "div"): 11.27,
+    ("int64", "add"): 50.16, ("int64", "sub"): 50.16, ("int64", "mul"): 2.56, ("int64", "div"): 1.40,
+    ("float32", "add"): 4.91, ("float32", "sub"): 4.59, ("float32", "mul"): 1.91, ("float32", "div"): 0.34,
+    ("float64", "add"): 3.32, ("float64", "sub"): 3.11, ("float64", "mul"): 0.53, ("float64", "div"): 0.16,
+}
+
+#: Non-arithmetic instructions of PrIM's throughput loop: WRAM load, WRAM store and 3 loop-control
+#: instructions (PrIM §3.1.2: the INT32 ADD loop is 6 instructions, one of them the add).
+PRIM_LOOP_BODY = 5
+#: Loop-control instructions per iteration (index update, compare, branch), part of the 5 above.
+LOOP_CONTROL = 3
+
+
+def _from_mops(dt: str, op: str) -> int:
+    return round(PRIM_FREQUENCY_HZ / 1e6 / PRIM_MOPS[(dt, op)]) - PRIM_LOOP_BODY
+
+
+#: Instructions of one operation (excluding loads, stores and loop control), by dtype class.
+#: add/sub/mul/div: derived from PRIM_MOPS (see the module docstring). Others:
+#:   - int32 max/min/compare: compare-and-branch + move = 2 (field notes §4.3 "compare+select ~ 2");
+#:     int64: twice the words = 4 (estimate, by analogy with add 1 -> 2);
+#:   - float compare/max/min: 10 (estimate: the soft-float comparison is an integer compare of the
+#:     sign-magnitude words plus fix-ups, far cheaper than an add);
+#:   - relu/abs/neg: int32 2 (compare-branch + move/negate), int64 4, float 2 (sign-bit test);
+#:   - shift/and (bin index by a power of two, predicates): 1 for 32-bit, 2 for 64-bit;
+#:   - popcount: 1 per 32-bit word (estimate: the DPU ISA has a count-ones instruction);
+#:   - exp/log/sqrt/sigmoid/tanh: 20 float operations (estimate: a polynomial of ~10 mul+add).
+def op_instructions(op: str, dtype: str) -> int:
+    """Instructions one ``op`` costs on one element of ``dtype`` on a DPU (no loads/stores/loop).
+
+    Args:
+        op: ``add sub mul div max min cmp relu abs neg shift popcount exp log sqrt sigmoid tanh
+            leakyrelu hardsigmoid clip``.
+        dtype: a numpy dtype name (``int8`` .. ``uint64``, ``float32``, ``float64``, ``bool``).
+    Returns:
+        instructions (int). Narrow integers cost as int32 (the DPU is a 32-bit core).
+    """
+    dt = dtype_class(dtype)
+    if op in ("add", "sub", "mul", "div"):
+        return _from_mops(dt, op)
+    wide = dt in ("int64", "float64")
+    flt = dt in ("float32", "float64")
+    if op in ("max", "min", "cmp"):
+        return 10 * (2 if wide else 1) if flt else (4 if wide else 2)
+    if op in ("relu", "abs", "neg"):
+        return 2 if flt else (4 if wide else 2)
+    if op in ("shift", "and"):
+        return 2 if wide else 1
+    if op == "popcount":
+        return 2 if wide else 1
+    if op in ("exp", "log", "sqrt", "sigmoid", "tanh"):
+        return 10 * (_from_mops(dt if flt else "float32", "mul") + _from_mops(dt if flt else "float32", "add"))
+    if op in ("leakyrelu", "hardsigmoid", "clip"):
+        return op_instructions("mul", dtype) + op_instructions("max", dtype) + op_instructions("min", dtype)
+    raise ValueError(f"no instruction cost for op {op!r}")
+
+
+def dtype_class(dtype: str) -> str:
+    """``int32`` for integers up to 32 bits (and bool), ``int64``, ``float32`` or ``float64``."""
+    d = str(dtype)
+    if d in ("float32", "float16", "bfloat16"):
+        return "float32"
+    if d == "float64":
+        return "float64"
+    if d in ("int64", "uint64"):
+        return "int64"
+    return "int32"
+
+
+@dataclass(frozen=True)
+class UpmemCostParams:
+    """Constants of the cost model, each with its unit and source.
+
+    Attributes:
+        frequency_hz: DPU clock, Hz. 350e6 (PrIM Table 1, 2,556-DPU system).
+        issue_interval: cycles between two instructions of one tasklet: 11 (PrIM §3.1.1;
+            uPIMulator ``num_revolver_scheduling_cycles = 11``).
+        dma_alpha_read, dma_alpha_write: fixed MRAM->WRAM / WRAM->MRAM DMA cost, cycles:
+            77 / 61 (PrIM §3.2.1, Fig. 6).
+        dma_beta: DMA cost per byte, cycles/byte: 0.5 (PrIM §3.2.1; 2 B/cycle = 700 MB/s peak).
+        dma_min, dma_max: DMA size limits, bytes: 8 and 2048, multiples of 8 (SDK ``mram.h``).
+        wram_bytes: WRAM per DPU, bytes: 65,536 (SDK; PrIM Table 1).
+        mram_bytes: MRAM per DPU, bytes: 64 MiB (SDK; PrIM Table 1).
+        max_tasklets: 24 (SDK ``dpu.lds`` asserts NR_TASKLETS <= 24).
+        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM §2.1).
+        h2d_serial_bps, d2h_serial_bps: ``dpu_copy_to`` / ``dpu_copy_from`` of one DPU, bytes/s:
+            0.33e9 / 0.12e9 (PrIM §3.4, Fig. 10, 32 MB, 1 DPU).
+        h2d_rank_bps, d2h_rank_bps: parallel ``dpu_push_xfer`` to/from the 64 DPUs of one rank,
+            bytes/s: 6.68e9 (PrIM Fig. 10) / 4.74e9 (PrIM Fig. 10, *recalled*).
+        bcast_rank_bps: ``dpu_broadcast_to`` one rank, bytes delivered/s: 16.88e9 (PrIM Fig. 10,
+            *recalled*).
+        xfer_call_s: fixed host cost of one transfer call per rank, seconds: 5e-6 (*estimate*:
+            PrIM's 8-byte transfers are latency bound at microseconds; no table gives the figure).
+        prepare_per_dpu_s: host cost of one ``dpu_prepare_xfer`` call, seconds: 1e-7 (*estimate*).
+        launch_s: fixed cost of one ``dpu_launch(DPU_SYNCHRONOUS)``, seconds: 20e-6 (*estimate*:
+            boot command plus status polling; Friesel et al., DIMES'23, argue such fixed costs
+            matter but we have no figure).
+        launch_per_rank_s: extra launch cost per rank (boot and poll every rank), s: 3e-6 (*estimate*).
+        host_merge_bps: host-side merge throughput (summing partials, compacting), bytes/s read:
+            5e9 (*estimate*: one core streaming through memory).
+        dpu_power_w: power of one busy DPU, watts: 0.12 (*estimate*: no per-DPU power figure in our
+            sources; PrIM measured energy only on its 640-DPU system and reports ratios).
+        dpu_idle_power_w: power of an allocated DPU waiting for the host, watts: 0.03 (*estimate*).
+        host_xfer_j_per_byte: energy per byte moved between host and MRAM, joules: 20e-12
+            (*estimate*: the order of a DDR4 DIMM access per byte; no UPMEM figure published).
+        host_power_w: host CPU power while it merges or drives transfers, watts: 30 (*estimate*).
+    """
+
+    frequency_hz: float = 350e6
+    issue_interval: int = 11
+    dma_alpha_read: float = 77.0
+    dma_alpha_write: float = 61.0
+    dma_beta: float = 0.5
+    dma_min: int = 8
+    dma_max: int = 2048
+    wram_bytes: int = 65536
+    mram_bytes: int = 64 * 2**20
+    max_tasklets: int = 24
+    dpus_per_rank: int = 64
+    h2d_serial_bps: float = 0.33e9
+    d2h_serial_bps: float = 0.12e9
+    h2d_rank_bps: float = 6.68e9
+    d2h_rank_bps: float = 4.74e9
+    bcast_rank_bps: float = 16.88e9
+    xfer_call_s: float = 5e-6
+    prepare_per_dpu_s: float = 1e-7
+    launch_s: float = 20e-6
+    launch_per_rank_s: float = 3e-6
+    host_merge_bps: float = 5e9
+    dpu_power_w: float = 0.12
+    dpu_idle_power_w: float = 0.03
+    host_xfer_j_per_byte: float = 20e-12
+    host_power_w: float = 30.0
+
+    # -- DMA -----------------------------------------------------------------------------------
+    def dma_cycles(self, nbytes: int, write: bool = False) -> float:
+        """Cycles one ``mram_read`` (or ``mram_write``) of ``nbytes`` occupies the DMA engine:
+        ``alpha + 0.5 * nbytes`` (PrIM §3.2.1)."""
+        return (self.dma_alpha_write if write else self.dma_alpha_read) + self.dma_beta * nbytes
+
+    def stream_dma_cycles(self, nbytes: int, block: int, write: bool = False) -> float:
+        """Cycles to stream ``nbytes`` through MRAM in DMA transfers of ``block`` bytes (the last
+        one shorter, rounded up to 8 bytes)."""
+        if nbytes <= 0:
+            return 0.0
+        full, rest = divmod(nbytes, block)
+        c = full * self.dma_cycles(block, write)
+        if rest:
+            c += self.dma_cycles(-(-rest // 8) * 8, write)
+        return c
+
+    # -- host <-> DPU ----------------------------------------------------------------------------
+    def _rank_bw(self, d: int, one: float, rank: float) -> float:
+        """Bandwidth of a parallel transfer to ``d`` DPUs of one rank: a power law through
+        ``one`` (1 DPU) and ``rank`` (64 DPUs), bytes/s (interpolation between PrIM's points)."""
+        if d <= 0:
+            return one
+        k = math.log(rank / one) / math.log(self.dpus_per_rank)
+        return one * min(d, self.dpus_per_rank) ** k
+
+    def _parallel_bw(self, dpus: int, one: float, rank: float) -> float:
+        full, rest = divmod(dpus, self.dpus_per_rank)
+        return full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0)
+
+    def ranks(self, dpus: int) -> int:
+        """Ranks spanned by ``dpus`` DPUs (64 per rank)."""
+        return max(1, -(-dpus // self.dpus_per_rank))
+
+    def push_s(self, bytes_per_dpu: int, dpus: int, to_dpu: bool = True) -> float:
+        """Seconds of a parallel ``dpu_prepare_xfer`` + ``dpu_push_xfer`` moving ``bytes_per_dpu``
+        to (or from) each of ``dpus`` DPUs."""
+        if bytes_per_dpu <= 0 or dpus <= 0:
+            return 0.0
+        one, rank = ((self.h2d_serial_bps, self.h2d_rank_bps) if to_dpu
+                     else (self.d2h_serial_bps, self.d2h_rank_bps))
+        bw = self._parallel_bw(dpus, one, rank)
+        return (bytes_per_dpu * dpus / bw + self.xfer_call_s * self.ranks(dpus)
+                + self.prepare_per_dpu_s * dpus)
+
+    def broadcast_s(self, nbytes: int, dpus: int) -> float:
+        """Seconds of ``dpu_broadcast_to`` of ``nbytes`` to each of ``dpus`` DPUs (bytes
+        delivered over the interpolated broadcast bandwidth)."""
+        if nbytes <= 0 or dpus <= 0:
+            return 0.0
+        bw = self._parallel_bw(dpus, self.h2d_serial_bps, self.bcast_rank_bps)
+        return nbytes * dpus / bw + self.xfer_call_s * self.ranks(dpus)
+
+    def serial_s(self, nbytes: int, to_dpu: bool = True) -> float:
+        """Seconds of one serial ``dpu_copy_to`` / ``dpu_copy_from`` of ``nbytes`` (one DPU)."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.h2d_serial_bps if to_dpu else self.d2h_serial_bps) + self.xfer_call_s
+
+    def launch_overhead_s(self, dpus: int) -> float:
+        """Seconds of one synchronous launch beyond the kernel itself (*estimate*)."""
+        return self.launch_s + self.launch_per_rank_s * self.ranks(dpus)
+
+
+DEFAULT_PARAMS = UpmemCostParams()
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """What one DPU does in one launch: the input to :func:`kernel_cycles`.
+
+    Attributes:
+        tasklets: tasklets per DPU (1..24).
+        instr_per_tasklet: instructions of the busiest tasklet in the parallel phase.
+        instr_total: instructions of all tasklets together in the parallel phase.
+        dma_cycles: DMA-engine cycles of the DPU in the parallel phase (all tasklets).
+        dma_cycles_per_tasklet: DMA cycles of the busiest tasklet (its own chain).
+        serial_cycles: cycles of phases where tasklets wait on each other (critical sections,
+            handshakes, barriers, tree merges); added, not overlapped.
+        serial_dma_cycles: DMA cycles in those serial phases (added to DMA, not overlapped).
+    """
+
+    tasklets: int
+    instr_per_tasklet: float
+    instr_total: float
+    dma_cycles: float
+    dma_cycles_per_tasklet: float
+    serial_cycles: float = 0.0
+    serial_dma_cycles: float = 0.0
+
+
+def kernel_cycles(w: KernelWork, params: UpmemCostParams = DEFAULT_PARAMS) -> dict:
+    """Cycles of one DPU kernel, with the bound that decided it.
+
+    ``parallel = max(instr_total, issue_interval * instr_per_tasklet + dma_per_tasklet, dma)``:
+    the pipeline issues at most one instruction per cycle, one tasklet at most one every 11
+    cycles and it waits for its own DMAs, the DMA engine serves one transfer at a time.
+    ``total = parallel + serial_cycles + serial_dma_cycles``.
+
+    Returns:
+        ``{"compute": pipeline-bound cycles, "chain": slowest tasklet chain, "dma": DMA cycles,
+        "parallel": max of the three, "serial": serial cycles, "total": cycles, "bound": name}``.
+    """
+    compute = float(w.instr_total)
+    chain = params.issue_interval * w.instr_per_tasklet + w.dma_cycles_per_tasklet
+    dma = float(w.dma_cycles)
+    parallel = max(compute, chain, dma)
+    bound = "dma" if parallel == dma else ("compute" if parallel == compute else "tasklet-chain")
+    serial = w.serial_cycles + w.serial_dma_cycles
+    return {"compute": compute, "chain": chain, "dma": dma, "parallel": parallel,
+            "serial": serial, "total": parallel + serial, "bound": bound}
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """Modeled cost of one op on UPMEM, one inference, split by where the time goes.
+
+    Times in seconds, energies in joules, bytes in bytes, cycles in DPU cycles.
+
+    Attributes:
+        dpus, tasklets: the workgroup the numbers are for.
+        kernel_cycles: cycles of the DPU kernel(s) (all launches; the slowest DPU).
+        compute_s: pipeline-bound part of the kernel (instructions at <= 1 per cycle), seconds.
+        dma_s: MRAM<->WRAM DMA time of the kernel, seconds.
+        kernel_s: the kernel as modeled (max of compute, tasklet chain and DMA, plus the serial
+            in-DPU sections such as the WRAM merge tree), seconds.
+        dpu_merge_s: the serial in-DPU merge/synchronisation part of ``kernel_s``, seconds.
+        host_in_s: CPU->DPU transfers (scatter and broadcast), seconds.
+        host_out_s: DPU->CPU transfers of results (and their assembly on the host, e.g. the
+            compaction of variable-length selections), seconds.
+        partials_out_s: DPU->CPU transfers of partial results to be merged, seconds.
+        merge_s: host-side merge of per-DPU partial results, seconds.
+        launch_s: launch overheads, seconds.
+        bytes_in, bytes_out: bytes moved host->DPUs and DPUs->host (including padding).
+        mram_bytes_per_dpu: MRAM footprint of one DPU, bytes.
+        launches: kernel launches.
+        bound: what limits the kernel: ``dma``, ``compute`` or ``tasklet-chain``.
+        energy_j: modeled energy, joules (*estimate*, see :class:`UpmemCostParams`).
+    """
+
+    dpus: int
+    tasklets: int
+    kernel_cycles: float
+    compute_s: float
+    dma_s: float
+    kernel_s: float
+    dpu_merge_s: float
+    host_in_s: float
+    host_out_s: float
+    partials_out_s: float
+    merge_s: float
+    launch_s: float
+    bytes_in: int
+    bytes_out: int
+    mram_bytes_per_dpu: int
+    launches: int
+    bound: str
+    energy_j: float = 0.0
+    notes: tuple = field(default=())
+
+    @property
+    def latency_s(self) -> float:
+        """End-to-end seconds: transfers in, launches, kernel, partials and results out, merge."""
+        return (self.host_in_s + self.launch_s + self.kernel_s + self.host_out_s
+                + self.partials_out_s + self.merge_s)
+
+    @property
+    def inter_dpu_s(self) -> float:
+        """PrIM's "Inter-DPU" figure: gathering the partial results and merging them, seconds."""
+        return self.partials_out_s + self.merge_s
+
+    @property
+    def kernel_and_merge_s(self) -> float:
+        """PrIM's "DPU kernel + inter-DPU" figure, seconds."""
+        return self.kernel_s + self.inter_dpu_s
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["latency_s"] = self.latency_s
+        d["inter_dpu_s"] = self.inter_dpu_s
+        return d
+
+
+def energy_j(kernel_s: float, dpus: int, bytes_moved: int, host_busy_s: float, idle_s: float,
+             params: UpmemCostParams = DEFAULT_PARAMS) -> float:
+    """Energy, joules (*estimate*): busy DPUs x ``dpu_power_w`` x kernel seconds, allocated DPUs
+    x ``dpu_idle_power_w`` while the host transfers or merges, bytes x ``host_xfer_j_per_byte``,
+    host power while it is busy."""
+    return (dpus * params.dpu_power_w * kernel_s + dpus * params.dpu_idle_power_w * idle_s
+            + bytes_moved * params.host_xfer_j_per_byte + params.host_power_w * host_busy_s)

@@ -1,0 +1,797 @@
+"""The cnm mapping of one cinm op onto UPMEM: workgroup, data distribution, WRAM blocks, merge.
+
+:func:`plan_op` turns an :class:`~onnx_cinm.devices.base.OpInfo` into a frozen :class:`CnmPlan`:
+
+* **workgroup** ``ranks x DPUs x tasklets``: tasklets default to 16 (>= 11 fills the pipeline,
+  PrIM §3.1); the DPU count is the one (among powers of two up to the limit, and the limit
+  itself) that minimizes the modeled end-to-end time, so small inputs do not pay 2048 DPUs of
+  transfer and launch overhead;
+* **inputs**: each is ``scatter`` (equal, padded share per DPU: elements, or whole rows for
+  matrix products and row-wise reductions) or ``broadcast`` (the whole tensor to every DPU);
+* **MRAM layout**: inputs then outputs back to back from ``DPU_MRAM_HEAP_POINTER``, every
+  region padded to a multiple of 8 bytes and the same length on every DPU (``dpu_push_xfer``
+  moves one length to all DPUs);
+* **WRAM block** per tasklet: the largest multiple of 8 <= 2048 bytes such that
+  ``tasklets * (stack + buffers * block + private) + shared + reserved <= 64 KB``
+  (:func:`wram_block`), but never more than one tasklet's share of the DPU's data (rounded up
+  to 8 bytes), so that small inputs still spread over all tasklets;
+* **merge** of partial results: ``tree`` (tasklet tree in WRAM, then the host combines one
+  partial per DPU), ``host`` (every tasklet's partial goes to the host: PrIM's default),
+  ``mutex`` (one shared WRAM histogram guarded by a mutex: PrIM HST-L), ``prefix`` (per-tasklet
+  counts/sums combined once; variable-length outputs compacted on the host), ``handshake``
+  (PrIM SEL/SCAN: a tasklet-to-tasklet handshake chain every block), or ``none``.
+
+Two schedules share the code: ``"cinm"`` (ours: the largest block, inner loops unrolled by
+:data:`UNROLL`, contiguous chunks per tasklet where order matters, private histograms, tree
+merges) and ``"prim"`` (PrIM's defaults: 16 tasklets, 1 KB blocks, no unrolling, block-cyclic
+loops with handshakes, shared mutex histogram, every tasklet's partial merged on the host).
+Both are costed by :mod:`onnx_cinm.devices.upmem.cost`; the difference between them is
+schedule, never constants.
+
+Instruction counts per element (``ld``/``st`` are WRAM loads/stores, 1 instruction each; ``op``
+from :func:`~onnx_cinm.devices.upmem.cost.op_instructions`; ``loop`` = 3 loop-control
+instructions / unroll):
+
+===============  ==========================================================================
+kind             instructions per element (per MAC for matrix products)
+===============  ==========================================================================
+elementwise      ld x inputs + op + st + loop (+2 per broadcast operand held in WRAM)
+gemv / gemm      ld a + ld x + mul + add + loop; per output row +2 (store, reset)
+reduce           ld + op + loop
+scan             pass 1: ld + add + loop; pass 2: ld + add + st + loop
+histogram        ld + bin index + range check (1) + address (1) + ld + add + st + loop
+select           ld + predicate (op + branch) + p * (st + count) + loop, p = kept fraction
+topk             ld + cmp + loop (insertions into the k-list are rare and ignored)
+transpose        ld + st + 2 address + loop
+===============  ==========================================================================
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ...errors import CinmError
+from ..base import Cost, OpInfo
+from . import cost as C
+from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemCostParams
+
+#: Inner-loop unrolling of our generated kernels: loop control (3 instructions) once per 8
+#: elements. PrIM's loops are not unrolled (its measured loops, PrIM §3.1.2).
+UNROLL = 8
+#: WRAM stack per tasklet, bytes (the generated Makefile's ``STACK_SIZE_DEFAULT``; the SDK
+#: requires a multiple of 8).
+STACK_BYTES = 1024
+#: WRAM kept for globals (``__host`` arguments, per-tasklet partial slots, barrier, runtime),
+#: bytes (estimate for our generated kernels).
+WRAM_RESERVED = 2048
+#: Instructions per DMA block outside the element loop (address, length, bounds, call).
+BLOCK_INSTR = 12
+#: Instructions of one barrier_wait per tasklet; barriers serialize on an atomic bit, so a
+#: barrier of T tasklets costs T * BARRIER_INSTR * 11 cycles (estimate).
+BARRIER_INSTR = 6
+#: Instructions of one handshake step (wait_for, add own count, notify) in PrIM's chains.
+HANDSHAKE_INSTR = 4
+#: Instructions inside a mutex-guarded histogram update: acquire, branch, address (2), ld, add,
+#: st, release.
+MUTEX_CS_INSTR = 8
+#: Fraction of elements a selection keeps when not known (PrIM SEL's predicate keeps half).
+SELECT_KEEP = 0.5
+#: Default and maximum DPUs of a workgroup; default tasklets.
+DEFAULT_DPUS = 2048
+DEFAULT_TASKLETS = 16
+
+_KINDS = {
+    **{op: "elementwise" for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Abs", "Neg",
+                                     "Exp", "Log", "Sqrt", "Sigmoid", "Tanh", "LeakyRelu",
+                                     "HardSigmoid", "Clip", "PopCount")},
+    "Gemv": "gemv", "Gemm": "gemm", "Reduce": "reduce", "MergePartial": "merge_partial",
+    "Scan": "scan", "Histogram": "histogram", "TopK": "topk", "Transpose": "transpose",
+    "Im2Col": "im2col", "SimSearch": "simsearch", "Select": "select", "Compress": "select",
+}
+_OP_NAME = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min",
+            "Relu": "relu", "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+            "Sigmoid": "sigmoid", "Tanh": "tanh", "LeakyRelu": "leakyrelu",
+            "HardSigmoid": "hardsigmoid", "Clip": "clip", "PopCount": "popcount"}
+
+
+def _r8(n: int) -> int:
+    """``n`` rounded up to a multiple of 8."""
+    return -(-int(n) // 8) * 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes: int = 0,
+               stack_bytes: int = STACK_BYTES, reserved: int = WRAM_RESERVED,
+               wram_bytes: int = 65536, dma_max: int = 2048) -> int:
+    """The WRAM block per tasklet, bytes: the largest multiple of 8 that is <= ``dma_max``
+    (2048, the DMA limit) with ``tasklets * (stack + buffers * block + private) + shared +
+    reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit.
+
+    Example: 16 tasklets, 2 buffers, 1024-B stacks, 2048 B reserved:
+    ``(65536 - 2048 - 16 * 1024) / (16 * 2) = 1472``.
+    """
+    free = wram_bytes - reserved - shared_bytes - tasklets * (stack_bytes + private_bytes)
+    if free <= 0 or buffers <= 0:
+        return 0 if buffers > 0 else min(dma_max, 8)
+    per = free // (tasklets * buffers)
+    return int(min(dma_max, per // 8 * 8))
+
+
+@dataclass(frozen=True)
+class CnmPlan:
+    """How one cinm op runs on UPMEM (frozen: plans are data).
+
+    Attributes:
+        op_type: cinm op type; ``kind``: the kernel family (``elementwise``, ``gemv``, ...).
+        dtype: element dtype name of the data streamed (the first input).
+        dpus, tasklets: the workgroup (ranks = ceil(dpus / 64)).
+        block_bytes: MRAM<->WRAM DMA block per tasklet, bytes (multiple of 8, <= 2048).
+        mram_bytes: MRAM used per DPU (all regions, each padded to 8 B), bytes.
+        inputs: ``"name:scatter"`` / ``"name:broadcast"`` per input, in input order.
+        merge: ``none | tree | host | mutex | prefix | handshake``.
+        schedule: ``"cinm"`` (ours) or ``"prim"`` (PrIM defaults, for comparison).
+        unroll: inner-loop unrolling.
+        geom: sizes of the problem as ``((key, value), ...)``: ``n`` elements, ``rows``/``cols``
+            of matrix products, ``outputs``/``length`` of reductions, ``bins`` ... (see
+            :func:`plan_op`).
+        params: cost-model constants; ``stack_bytes``: WRAM stack per tasklet, bytes.
+    """
+
+    op_type: str
+    kind: str
+    dtype: str
+    dpus: int
+    tasklets: int
+    block_bytes: int
+    mram_bytes: int
+    inputs: tuple
+    merge: str
+    schedule: str = "cinm"
+    unroll: int = UNROLL
+    geom: tuple = ()
+    params: UpmemCostParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
+    stack_bytes: int = STACK_BYTES
+
+    @property
+    def g(self) -> dict:
+        return dict(self.geom)
+
+    @property
+    def ranks(self) -> int:
+        return self.params.ranks(self.dpus)
+
+    def cost(self) -> CostBreakdown:
+        """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`)."""
+        return _COSTERS[self.kind](self)
+
+    def roofline(self) -> dict:
+        """Lower bounds of the kernel on one DPU, seconds: ``dma_s`` (the bytes the op must move
+        between MRAM and WRAM at the peak 2 B/cycle, no per-transfer alpha), ``compute_s`` (only
+        the arithmetic instructions, at 1 instruction/cycle) and ``bound_s`` (the larger)."""
+        return _roofline(self)
+
+    def to_cost(self) -> Cost:
+        """The device-protocol :class:`~onnx_cinm.devices.base.Cost` of this plan."""
+        b = self.cost()
+        return Cost(latency_s=b.latency_s, energy_j=b.energy_j, writes=0,
+                    bytes_moved=b.bytes_in + b.bytes_out)
+
+    def attrs(self) -> dict:
+        """Node attributes named as in ``onnx_cinm.dialects.cinm.PLAN_ATTRS``."""
+        b = self.cost()
+        return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
+                "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
+                "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
+                "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces of the per-kind models
+# ---------------------------------------------------------------------------------------------
+
+def _esize(dtype: str) -> int:
+    return 1 if dtype == "bool" else np.dtype(dtype).itemsize
+
+
+def _loop(p: CnmPlan) -> float:
+    return C.LOOP_CONTROL / p.unroll
+
+
+def _barrier(p: CnmPlan) -> float:
+    """Cycles of one barrier of all tasklets (serialized atomic updates)."""
+    return p.tasklets * BARRIER_INSTR * p.params.issue_interval if p.tasklets > 1 else 0.0
+
+
+def _tree_levels(t: int) -> int:
+    return max(0, math.ceil(math.log2(t))) if t > 1 else 0
+
+
+def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: int,
+                 writes: float, bufs_read: int | None = None) -> KernelWork:
+    """Work of streaming ``n`` elements of one DPU through WRAM in blocks of ``block_bytes``:
+    ``reads`` input streams and ``writes`` output streams (fractional for selections) of
+    ``esize``-byte elements; ``instr_per_elem`` instructions per element."""
+    pr, t, blk = p.params, p.tasklets, p.block_bytes
+    nbytes = _r8(n * esize)
+    blocks = _cdiv(nbytes, blk) if nbytes else 0
+    per_t_blocks = _cdiv(blocks, t) if blocks else 0
+    per_t_elems = min(n, per_t_blocks * blk // esize)
+    rd = reads * pr.stream_dma_cycles(nbytes, blk)
+    wr = pr.stream_dma_cycles(int(_r8(nbytes * writes)), blk, write=True) if writes else 0.0
+    rd_t = reads * per_t_blocks * pr.dma_cycles(blk)
+    wr_t = per_t_blocks * pr.dma_cycles(int(_r8(blk * writes)), write=True) if writes else 0.0
+    instr_t = per_t_elems * instr_per_elem + per_t_blocks * BLOCK_INSTR
+    instr_all = n * instr_per_elem + blocks * BLOCK_INSTR
+    return KernelWork(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
+
+
+def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_bytes: int,
+            bytes_out_dpu: int, merge_host_bytes: int = 0, partial_out_dpu: int = 0,
+            assemble_bytes: int = 0, notes: tuple = ()) -> CostBreakdown:
+    """Assemble a :class:`CostBreakdown` from per-launch kernel works and transfer sizes.
+
+    Args:
+        works: one :class:`KernelWork` per launch (per DPU; all DPUs run the same share).
+        serial: in-DPU serial cycles (merge trees, barriers, handshakes), added to the kernel.
+        bytes_in_dpu: bytes scattered to each DPU; bcast_bytes: bytes broadcast to every DPU.
+        bytes_out_dpu: result bytes gathered from each DPU.
+        merge_host_bytes: bytes of partials the host reads to merge them.
+        partial_out_dpu: partial-result bytes gathered from each DPU.
+        assemble_bytes: result bytes the host copies to assemble variable-length outputs.
+    """
+    pr, d = p.params, p.dpus
+    cyc = [C.kernel_cycles(w, pr) for w in works]
+    total = sum(c["total"] for c in cyc) + serial
+    f = pr.frequency_hz
+    kernel_s = total / f
+    compute_s = sum(c["compute"] for c in cyc) / f
+    dma_s = sum(c["dma"] for c in cyc) / f
+    host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
+    host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
+    partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
+    merge_s = merge_host_bytes / pr.host_merge_bps
+    launch = len(works) * pr.launch_overhead_s(d)
+    bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
+    bytes_in = (bytes_in_dpu + bcast_bytes) * d
+    bytes_out = (bytes_out_dpu + partial_out_dpu) * d
+    host_busy = merge_s + assemble_bytes / pr.host_merge_bps
+    e = C.energy_j(kernel_s, d, bytes_in + bytes_out, host_busy,
+                   host_in + host_out + partials + launch + merge_s, pr)
+    return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
+                         dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
+                         host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
+                         launch_s=launch, bytes_in=int(bytes_in), bytes_out=int(bytes_out),
+                         mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
+                         energy_j=e, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-kind models
+# ---------------------------------------------------------------------------------------------
+
+def _cost_elementwise(p: CnmPlan) -> CostBreakdown:
+    g, es = p.g, _esize(p.dtype)
+    n = g["n_dpu"]
+    op = op_instr = C.op_instructions(g["op"], p.dtype)
+    del op
+    instr = g["streams"] + op_instr + 1 + 2 * g["wram_bcast"] + _loop(p)
+    w = _stream_work(p, n, es, instr, reads=g["streams"], writes=1)
+    out_es = g.get("out_esize", es)
+    return _finish(p, [w], 0.0, g["streams"] * _r8(n * es), g["bcast_bytes"], _r8(n * out_es), 0)
+
+
+def _matvec_instr(p: CnmPlan) -> float:
+    mul = C.op_instructions("mul", p.dtype)
+    add = C.op_instructions("add", p.dtype)
+    return 2 + mul + add + _loop(p)
+
+
+def _cost_gemv(p: CnmPlan) -> CostBreakdown:
+    """Rows of A scattered (whole rows per DPU, rows split over tasklets), x broadcast; ours
+    keeps x in WRAM when it fits (read once per DPU), PrIM streams x with every row block."""
+    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
+    rows, k, batch = g["rows_dpu"], g["k"], g.get("cols", 1)
+    row_b = _r8(k * es)
+    rows_t = _cdiv(rows, t) if rows else 0
+    blk = p.block_bytes
+    row_blocks = _cdiv(row_b, blk)
+    per_row_instr = k * _matvec_instr(p) * batch + row_blocks * BLOCK_INSTR + 2 * batch
+    dma_row = pr.stream_dma_cycles(row_b, blk)
+    if not g["x_in_wram"]:
+        dma_row += batch * pr.stream_dma_cycles(row_b, blk)
+    out_row_b = batch * es
+    dma_out = pr.stream_dma_cycles(_r8(rows * out_row_b), blk, write=True)
+    dma_x = pr.stream_dma_cycles(_r8(k * es) * batch, blk) if g["x_in_wram"] else 0.0
+    w = KernelWork(t, rows_t * per_row_instr, rows * per_row_instr,
+                   rows * dma_row + dma_out + dma_x,
+                   rows_t * dma_row + dma_out / max(t, 1) + dma_x / max(t, 1))
+    bias = g.get("bias", 0)
+    return _finish(p, [w], 0.0, rows * row_b + bias * _r8(rows * es), g["bcast_bytes"],
+                   _r8(rows * out_row_b), 0)
+
+
+def _cost_gemm(p: CnmPlan) -> CostBreakdown:
+    """Rows of A (all batch x M rows) scattered, B broadcast. Every output row streams B."""
+    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
+    rows, k, n = g["rows_dpu"], g["k"], g["n"]
+    rows_t = _cdiv(rows, t) if rows else 0
+    blk = p.block_bytes
+    b_bytes = _r8(k * n * es)
+    per_row_instr = k * n * _matvec_instr(p) + (_cdiv(b_bytes, blk) + _cdiv(_r8(k * es), blk)) * BLOCK_INSTR + 2 * n
+    dma_row = pr.stream_dma_cycles(_r8(k * es), blk) + pr.stream_dma_cycles(b_bytes, blk)
+    dma_out = pr.stream_dma_cycles(_r8(rows * n * es), blk, write=True)
+    w = KernelWork(t, rows_t * per_row_instr, rows * per_row_instr, rows * dma_row + dma_out,
+                   rows_t * dma_row + dma_out / max(t, 1))
+    return _finish(p, [w], 0.0, rows * _r8(k * es), g["bcast_bytes"], _r8(rows * n * es), 0)
+
+
+def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int) -> tuple:
+    """In-DPU serial cycles and per-DPU bytes the host gathers for merging ``width`` partial
+    values per tasklet. ``tree``: log2(T) levels, each a barrier plus ``width`` (ld, ld, op, st)
+    per pair, the pairs' work split over all tasklets; ``host``: every tasklet's partial to
+    the host."""
+    pr, t = p.params, p.tasklets
+    if p.merge == "tree":
+        cyc = 0.0
+        for lvl in range(_tree_levels(t)):
+            pairs = t >> (lvl + 1) or 1
+            work = pairs * width * (3 + op_instr)
+            cyc += _barrier(p) + max(work, pr.issue_interval * _cdiv(work, t))
+        cyc += pr.dma_cycles(min(pr.dma_max, _r8(width * es)), write=True) * _cdiv(_r8(width * es), pr.dma_max)
+        return cyc, _r8(width * es)
+    # host: one barrier, then each tasklet writes its partial; the host reads all T partials
+    cyc = _barrier(p) + pr.dma_cycles(_r8(width * es), write=True) * _cdiv(_r8(width * es), pr.dma_max)
+    return cyc, t * _r8(width * es)
+
+
+def _cost_reduce(p: CnmPlan) -> CostBreakdown:
+    g, es = p.g, _esize(p.dtype)
+    op_instr = C.op_instructions(g["op"], p.dtype)
+    instr = 1 + op_instr + _loop(p)
+    if g["mode"] == "rows":  # whole rows per DPU, rows split over tasklets: no merge
+        n = g["rows_dpu"] * g["length"]
+        w = _stream_work(p, n, es, instr, reads=1, writes=0)
+        w = replace(w, instr_total=w.instr_total + g["rows_dpu"] * 4)
+        return _finish(p, [w], 0.0, _r8(n * es), 0, _r8(g["rows_dpu"] * es), 0)
+    n = g["n_dpu"]
+    width = g["outputs"]
+    w = _stream_work(p, n, es, instr, reads=1, writes=0)
+    serial, out_dpu = _merge_partials(p, width, es, op_instr)
+    host_bytes = out_dpu * p.dpus
+    return _finish(p, [w], serial, _r8(n * es), 0, 0, host_bytes, partial_out_dpu=out_dpu)
+
+
+def _cost_merge_partial(p: CnmPlan) -> CostBreakdown:
+    g, es = p.g, _esize(p.dtype)
+    s, n = g["parts"], g["n_dpu"]
+    op_instr = C.op_instructions(g["op"], p.dtype)
+    instr = s + (s - 1) * op_instr + 1 + _loop(p)
+    w = _stream_work(p, n, es, instr, reads=s, writes=1)
+    return _finish(p, [w], 0.0, s * _r8(n * es), 0, _r8(n * es), 0)
+
+
+def _cost_scan(p: CnmPlan) -> CostBreakdown:
+    """Ours (reduce-then-scan): launch 1 reduces each tasklet's contiguous chunk (the sums stay
+    in WRAM, persistent across launches), the host scans the per-DPU totals and pushes one
+    offset per DPU, launch 2 scans each chunk from its offset (read + write). PrIM's SCAN-SSA:
+    launch 1 scans (read + write, a handshake chain every block), launch 2 adds the offsets
+    (read + write)."""
+    pr, g, es = p.params, p.g, _esize(p.dtype)
+    add = C.op_instructions("add", p.dtype)
+    if g["mode"] == "rows":
+        n = g["rows_dpu"] * g["length"]
+        w = _stream_work(p, n, es, 1 + add + 1 + _loop(p), reads=1, writes=1)
+        return _finish(p, [w], 0.0, _r8(n * es), 0, _r8(n * es), 0)
+    n, t = g["n_dpu"], p.tasklets
+    if p.schedule == "prim":
+        w1 = _stream_work(p, n, es, 1 + add + 1 + _loop(p), reads=1, writes=1)
+        iters = _cdiv(_cdiv(_r8(n * es), p.block_bytes), t)
+        serial = iters * (t * HANDSHAKE_INSTR * pr.issue_interval + _barrier(p))
+        w2 = _stream_work(p, n, es, 1 + add + 1 + _loop(p), reads=1, writes=1)
+    else:
+        w1 = _stream_work(p, n, es, 1 + add + _loop(p), reads=1, writes=0)
+        serial = 2 * _barrier(p) + t * (2 + add) * pr.issue_interval  # tasklet offsets by tasklet 0
+        w2 = _stream_work(p, n, es, 1 + add + 1 + _loop(p), reads=1, writes=1)
+    host_bytes = p.dpus * _r8(es)
+    return _finish(p, [w1, w2], serial, _r8(n * es) + 8, 0, _r8(n * es), host_bytes,
+                   partial_out_dpu=_r8(es))
+
+
+def _hist_bin_instr(p: CnmPlan) -> int:
+    g = p.g
+    if g["pow2"]:
+        return C.op_instructions("sub", p.dtype) + C.op_instructions("shift", "int32")
+    # fixed-point reciprocal: (x - min) * scale >> s  (float: sub, mul, convert ~ one more mul)
+    if C.dtype_class(p.dtype).startswith("float"):
+        return (C.op_instructions("sub", p.dtype) + 2 * C.op_instructions("mul", p.dtype))
+    return C.op_instructions("sub", p.dtype) + C.op_instructions("mul", "int32") + 1
+
+
+def _cost_histogram(p: CnmPlan) -> CostBreakdown:
+    """``tree``: a private histogram per tasklet in WRAM, merged by a tasklet tree, one
+    histogram per DPU summed on the host. ``mutex`` (PrIM HST-L): one shared histogram per DPU,
+    every update a critical section of MUTEX_CS_INSTR instructions; critical sections of
+    different tasklets serialize, each at one instruction per 11 cycles."""
+    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
+    n, bins = g["n_dpu"], g["bins"]
+    binx = _hist_bin_instr(p)
+    rng = 1 if not C.dtype_class(p.dtype).startswith("float") else 2 * C.op_instructions("cmp", p.dtype)
+    if p.merge == "mutex":
+        par = 1 + binx + rng + _loop(p)
+        w = _stream_work(p, n, es, par + MUTEX_CS_INSTR, reads=1, writes=0)
+        serial_cs = n * MUTEX_CS_INSTR * pr.issue_interval
+        # the pipeline can overlap the parallel part of other tasklets with the critical section
+        w = replace(w, instr_total=max(w.instr_total, serial_cs))
+        serial = _barrier(p) + pr.dma_cycles(min(2048, bins * 4), write=True) * _cdiv(bins * 4, 2048)
+        return _finish(p, [w], serial, _r8(n * es), 0, 0, p.dpus * bins * 4,
+                       partial_out_dpu=_r8(bins * 4))
+    instr = 1 + binx + rng + 1 + 3 + _loop(p)
+    w = _stream_work(p, n, es, instr, reads=1, writes=0)
+    serial, out_dpu = _merge_partials(p, bins, 4, C.op_instructions("add", "int32"))
+    serial += _barrier(p) + _cdiv(t * bins, t) * pr.issue_interval  # zeroing the private bins
+    return _finish(p, [w], serial, _r8(n * es), 0, 0, out_dpu * p.dpus, partial_out_dpu=out_dpu)
+
+
+def _cost_select(p: CnmPlan) -> CostBreakdown:
+    """Keep the elements satisfying a predicate, in order. Ours: each tasklet a contiguous
+    chunk, compacting into its own MRAM region; one barrier and a prefix of the T counts at the
+    end; the host gathers the regions and compacts. PrIM SEL: block-cyclic, after every block a
+    handshake chain through all tasklets (to place the block's output) and a barrier."""
+    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
+    n, keep = g["n_dpu"], g["keep"]
+    pred = C.op_instructions("and", p.dtype) + 1
+    instr = 1 + pred + keep * 2 + _loop(p)
+    w = _stream_work(p, n, es, instr, reads=1, writes=keep)
+    if p.merge == "handshake":
+        iters = _cdiv(_cdiv(_r8(n * es), p.block_bytes), t)
+        serial = iters * (t * HANDSHAKE_INSTR * pr.issue_interval + _barrier(p))
+    else:
+        serial = _barrier(p) + t * 3 * pr.issue_interval
+    out_dpu = _r8(n * es * keep) + t * 8
+    return _finish(p, [w], serial, _r8(n * es), 0, out_dpu,
+                   assemble_bytes=int(p.dpus * n * es * keep))
+
+
+def _cost_topk(p: CnmPlan) -> CostBreakdown:
+    pr, g, es = p.params, p.g, _esize(p.dtype)
+    n, k = g["n_dpu"], g["k"]
+    instr = 1 + C.op_instructions("cmp", p.dtype) + _loop(p)
+    w = _stream_work(p, n, es, instr, reads=1, writes=0)
+    if g["mode"] == "rows":
+        return _finish(p, [w], 0.0, _r8(n * es), 0, _r8(g["rows_dpu"] * k * (es + 8)), 0)
+    serial, out_dpu = _merge_partials(p, k, es + 8, C.op_instructions("cmp", p.dtype))
+    del pr
+    return _finish(p, [w], serial, _r8(n * es), 0, 0, out_dpu * p.dpus, partial_out_dpu=out_dpu)
+
+
+def _cost_transpose(p: CnmPlan) -> CostBreakdown:
+    """Each DPU transposes a band of rows tile by tile in WRAM: s x s tiles (s * esize a
+    multiple of 8, s * s * esize <= block); each tile is s reads and s writes of s elements."""
+    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
+    n = g["n_dpu"]
+    s = max(8 // es, int(math.isqrt(max(1, p.block_bytes // es))) // max(1, 8 // es) * max(1, 8 // es))
+    seg = _r8(s * es)
+    tiles = _cdiv(n, s * s)
+    tiles_t = _cdiv(tiles, t)
+    per_tile_dma = s * (pr.dma_cycles(seg) + pr.dma_cycles(seg, write=True))
+    instr = (2 + 2 + _loop(p)) * s * s + 2 * s * BLOCK_INSTR
+    w = KernelWork(t, tiles_t * instr, tiles * instr, tiles * per_tile_dma, tiles_t * per_tile_dma)
+    return _finish(p, [w], 0.0, _r8(n * es), 0, _r8(n * es), 0)
+
+
+def _cost_im2col(p: CnmPlan) -> CostBreakdown:
+    g, es = p.g, _esize(p.dtype)
+    n_out = g["n_dpu"]
+    w = _stream_work(p, n_out, es, 2 + 3 + _loop(p), reads=1, writes=1)
+    return _finish(p, [w], 0.0, 0, g["bcast_bytes"], _r8(n_out * es), 0)
+
+
+def _cost_simsearch(p: CnmPlan) -> CostBreakdown:
+    g = p.g
+    gemm = replace(p, kind="gemm", geom=tuple({"rows_dpu": g["rows_dpu"], "k": g["k"],
+                                              "n": g["n"], "bcast_bytes": g["bcast_bytes"]}.items()))
+    b = _cost_gemm(gemm)
+    return b
+
+
+def _roofline(p: CnmPlan) -> dict:
+    g, es, k = p.g, _esize(p.dtype), p.kind
+    op = C.op_instructions
+    if k == "elementwise":
+        nb = (g["streams"] + 1) * g["n_dpu"] * es
+        ops = g["n_dpu"] * op(g["op"], p.dtype)
+    elif k == "gemv":
+        nb = g["rows_dpu"] * g["k"] * es + g["k"] * es + g["rows_dpu"] * es
+        ops = g["rows_dpu"] * g["k"] * (op("mul", p.dtype) + op("add", p.dtype))
+    elif k in ("gemm", "simsearch"):
+        nb = (g["rows_dpu"] * g["k"] + g["k"] * g["n"] + g["rows_dpu"] * g["n"]) * es
+        ops = g["rows_dpu"] * g["k"] * g["n"] * (op("mul", p.dtype) + op("add", p.dtype))
+    elif k in ("reduce", "topk"):
+        nb = g["n_dpu"] * es
+        ops = g["n_dpu"] * op(g["op"], p.dtype)
+    elif k == "merge_partial":
+        nb = (g["parts"] + 1) * g["n_dpu"] * es
+        ops = g["n_dpu"] * (g["parts"] - 1) * op(g["op"], p.dtype)
+    elif k == "scan":
+        nb = 2 * g["n_dpu"] * es
+        ops = g["n_dpu"] * op("add", p.dtype)
+    elif k == "histogram":
+        nb = g["n_dpu"] * es
+        ops = g["n_dpu"] * (_hist_bin_instr(p) + op("add", "int32"))
+    elif k == "select":
+        nb = g["n_dpu"] * es * (1 + g["keep"])
+        ops = g["n_dpu"] * op("and", p.dtype)
+    else:  # transpose, im2col: pure data movement
+        nb, ops = 2 * g["n_dpu"] * es, 0
+    f = p.params.frequency_hz
+    dma_s = nb * p.params.dma_beta / f
+    compute_s = ops / f
+    return {"dma_s": dma_s, "compute_s": compute_s, "bound_s": max(dma_s, compute_s)}
+
+
+_COSTERS = {"elementwise": _cost_elementwise, "gemv": _cost_gemv, "gemm": _cost_gemm,
+            "reduce": _cost_reduce, "merge_partial": _cost_merge_partial, "scan": _cost_scan,
+            "histogram": _cost_histogram, "select": _cost_select, "topk": _cost_topk,
+            "transpose": _cost_transpose, "im2col": _cost_im2col, "simsearch": _cost_simsearch}
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the plan
+# ---------------------------------------------------------------------------------------------
+
+def _shape(t) -> tuple:
+    s = t.static_shape
+    return tuple(s) if s is not None else (t.numel or 1,)
+
+
+def _dtype_name(t) -> str:
+    return "float32" if t.dtype is None else np.dtype(t.dtype).name
+
+
+def _share(n: int, d: int, es: int) -> int:
+    """Elements per DPU: ceil(n / d), rounded up so the share is a multiple of 8 bytes."""
+    per = _cdiv(max(n, 1), d)
+    unit = max(1, 8 // es) if 8 % es == 0 else 8
+    return _cdiv(per, unit) * unit
+
+
+def _candidates(limit: int, work_items: int) -> list[int]:
+    out, d = [], 1
+    while d < limit:
+        out.append(d)
+        d *= 2
+    out.append(limit)
+    cap = max(1, work_items)
+    return sorted({min(c, cap) for c in out})
+
+
+def _geometry(op: OpInfo, d: int, es: int) -> tuple[str, dict, list, int]:
+    """(kind, geom, inputs, buffers per tasklet) of ``op`` on ``d`` DPUs."""
+    kind = _KINDS.get(op.op_type)
+    if kind is None:
+        raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")
+    ins, outs = op.inputs, op.outputs
+    out = outs[0] if outs else ins[0]
+    a = op.attrs
+    if kind == "elementwise":
+        n = max(out.numel, 1)
+        streams, bcast, wram_b, names = 0, 0, 0, []
+        for t in ins:
+            if t.numel == n or op.op_type in ("Relu", "Abs", "Neg", "Exp", "Log", "Sqrt",
+                                               "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
+                                               "PopCount") and t is ins[0]:
+                streams += 1
+                names.append(f"{t.name}:scatter")
+            else:
+                bcast += _r8(max(t.numel, 1) * es)
+                wram_b += 1 if _r8(max(t.numel, 1) * es) <= 2048 else 0
+                names.append(f"{t.name}:broadcast")
+        streams = max(streams, 1)
+        geom = {"n": n, "n_dpu": _share(n, d, es), "op": _OP_NAME[op.op_type], "streams": streams,
+                "bcast_bytes": bcast, "wram_bcast": wram_b}
+        if outs and outs[0].dtype is not None:
+            geom["out_esize"] = _esize(_dtype_name(outs[0]))
+        return kind, geom, names, streams
+    if kind == "gemv":
+        m, k = _shape(ins[0])[-2], _shape(ins[0])[-1]
+        geom = {"rows": m, "rows_dpu": _cdiv(m, d), "k": k, "bcast_bytes": _r8(k * es),
+                "bias": 1 if len(ins) > 2 else 0}
+        names = [f"{ins[0].name}:scatter", f"{ins[1].name}:broadcast"] + \
+                ([f"{ins[2].name}:scatter"] if len(ins) > 2 else [])
+        return kind, geom, names, 2
+    if kind in ("gemm", "simsearch"):
+        sa, sb = _shape(ins[0]), _shape(ins[1])
+        k = sa[-1]
+        rows = math.prod(sa[:-1]) if len(sa) > 1 else 1
+        n = sb[-1] if kind == "gemm" else sb[0]
+        bb = _r8(math.prod(sb) * es)
+        if kind == "simsearch":  # D rows scattered, Q broadcast
+            rows, n, bb = sb[0], sa[0], _r8(math.prod(sa) * es)
+        if len(ins) > 2:
+            bb += _r8(max(ins[2].numel, 1) * es)
+        geom = {"rows": rows, "rows_dpu": _cdiv(rows, d), "k": k, "n": n, "bcast_bytes": bb}
+        names = ([f"{ins[0].name}:scatter", f"{ins[1].name}:broadcast"] if kind == "gemm"
+                 else [f"{ins[0].name}:broadcast", f"{ins[1].name}:scatter"])
+        names += [f"{t.name}:broadcast" for t in ins[2:]]
+        return kind, geom, names, 2
+    if kind in ("reduce", "topk", "scan"):
+        shape = _shape(ins[0])
+        rank = len(shape)
+        n = max(ins[0].numel, 1)
+        if kind == "reduce":
+            axes = [x % rank for x in (a.get("axes") or range(rank))] if rank else []
+            length = math.prod(shape[x] for x in axes) if axes else 1
+            opn = {"add": "add", "mul": "mul", "max": "max", "min": "min"}[str(a.get("kind", "add"))]
+        elif kind == "topk":
+            ax = int(a.get("axis", -1)) % max(rank, 1)
+            length, opn = (shape[ax] if shape else 1), "cmp"
+        else:
+            ax = int(a.get("axis", 0)) % max(rank, 1)
+            length, opn = (shape[ax] if shape else 1), "add"
+        outputs = max(1, n // max(length, 1))
+        mode = "rows" if outputs >= d and outputs > 1 else "split"
+        geom = {"n": n, "length": length, "outputs": outputs if mode == "rows" else 1, "op": opn,
+                "mode": mode, "rows_dpu": _cdiv(outputs, d),
+                "n_dpu": _cdiv(outputs, d) * length if mode == "rows" else _share(n, d, es)}
+        if mode == "split" and outputs > 1:  # partials per output
+            geom["outputs"] = outputs
+        if kind == "topk":
+            geom["k"] = int(a.get("k", 1))
+        return kind, geom, [f"{ins[0].name}:scatter"], 1
+    if kind == "merge_partial":
+        shape = _shape(ins[0])
+        s = shape[0] if shape else 1
+        n = max(ins[0].numel // max(s, 1), 1)
+        geom = {"n": n, "parts": s, "n_dpu": _share(n, d, es), "op": str(a.get("kind", "add"))}
+        return kind, geom, [f"{ins[0].name}:scatter"], s
+    if kind == "histogram":
+        n = max(ins[0].numel, 1)
+        bins = int(a.get("bins", 1))
+        lo, hi = float(a.get("min", 0.0)), float(a.get("max", 1.0))
+        width = (hi - lo) / max(bins, 1)
+        pow2 = (not _dtype_name(ins[0]).startswith("float") and width >= 1 and float(width).is_integer()
+                and (int(width) & (int(width) - 1)) == 0 and float(lo).is_integer())
+        geom = {"n": n, "n_dpu": _share(n, d, es), "bins": bins, "pow2": pow2}
+        return kind, geom, [f"{ins[0].name}:scatter"], 1
+    if kind == "select":
+        n = max(ins[0].numel, 1)
+        geom = {"n": n, "n_dpu": _share(n, d, es), "keep": float(a.get("keep", SELECT_KEEP))}
+        return kind, geom, [f"{t.name}:scatter" for t in ins], 2
+    if kind == "transpose":
+        n = max(ins[0].numel, 1)
+        return kind, {"n": n, "n_dpu": _share(n, d, es)}, [f"{ins[0].name}:scatter"], 2
+    if kind == "im2col":
+        n = max(out.numel, 1)
+        geom = {"n": n, "n_dpu": _share(n, d, es), "bcast_bytes": _r8(max(ins[0].numel, 1) * es)}
+        return kind, geom, [f"{ins[0].name}:broadcast"], 2
+    raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")  # pragma: no cover
+
+
+def _work_items(kind: str, geom: dict, es: int) -> int:
+    """How many DPUs can get work: rows for matrix products and row modes, else 8-byte words."""
+    if kind in ("gemv", "gemm", "simsearch"):
+        return geom["rows"]
+    if geom.get("mode") == "rows":
+        return geom["n"] // max(geom["length"], 1)
+    return max(1, _cdiv(geom["n"] * es, 8))
+
+
+def _mram_bytes(kind: str, geom: dict, es: int, tasklets: int) -> int:
+    """MRAM per DPU: every input/output region padded to 8 bytes, back to back."""
+    g = geom
+    if kind == "gemv":
+        return g["rows_dpu"] * _r8(g["k"] * es) + g["bcast_bytes"] + 2 * _r8(g["rows_dpu"] * es)
+    if kind in ("gemm", "simsearch"):
+        return g["rows_dpu"] * _r8(g["k"] * es) + g["bcast_bytes"] + _r8(g["rows_dpu"] * g["n"] * es)
+    if kind == "elementwise":
+        return (g["streams"] + 1) * _r8(g["n_dpu"] * es) + g["bcast_bytes"]
+    if kind == "merge_partial":
+        return (g["parts"] + 1) * _r8(g["n_dpu"] * es)
+    if kind in ("reduce", "topk"):
+        return _r8(g["n_dpu"] * es) + tasklets * _r8(g.get("k", 1) * (es + 8) * max(1, g.get("outputs", 1)))
+    if kind == "histogram":
+        return _r8(g["n_dpu"] * es) + _r8(g["bins"] * 4)
+    if kind == "scan":
+        return 2 * _r8(g["n_dpu"] * es) + 8
+    if kind in ("select", "transpose"):
+        return 2 * _r8(g["n_dpu"] * es) + tasklets * 8
+    if kind == "im2col":
+        return g["bcast_bytes"] + _r8(g["n_dpu"] * es)
+    return 0  # pragma: no cover
+
+
+def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
+              params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES) -> CnmPlan:
+    """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
+
+    ``schedule="prim"`` gives PrIM's default schedule (1 KB blocks, no unrolling, host merge of
+    every tasklet's partial, mutex histogram, handshake chains) for comparison.
+
+    Raises:
+        CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM.
+    """
+    dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
+    es = _esize(dt)
+    kind, geom, names, buffers = _geometry(op, dpus, es)
+    private, shared = 0, 0
+    if schedule == "prim":
+        merge = {"reduce": "host", "topk": "host", "histogram": "mutex", "select": "handshake",
+                 "scan": "handshake"}.get(kind, "none")
+        if kind == "gemv":
+            geom["x_in_wram"] = False
+        if kind == "reduce" and geom["mode"] == "rows":
+            merge = "none"
+        block, unroll = 1024, 1
+    else:
+        merge = {"reduce": "tree", "topk": "tree", "histogram": "tree", "select": "prefix",
+                 "scan": "tree"}.get(kind, "none")
+        if kind in ("reduce", "topk", "scan") and geom["mode"] == "rows":
+            merge = "none"
+        if kind == "histogram":
+            private = _r8(geom["bins"] * 4)
+            if wram_block(tasklets, buffers, private, 0, stack_bytes, wram_bytes=params.wram_bytes) < 64:
+                merge, private = "mutex", 0
+                shared = _r8(geom["bins"] * 4)
+        if kind == "gemv":
+            x_b = _r8(geom["k"] * es)
+            fits = wram_block(tasklets, 1, 0, x_b, stack_bytes, wram_bytes=params.wram_bytes) >= 256
+            geom["x_in_wram"] = fits
+            if fits:
+                shared, buffers = x_b, 1
+        if kind == "elementwise":
+            shared = geom["bcast_bytes"] if geom["wram_bcast"] else 0
+        block = wram_block(tasklets, buffers, private, shared, stack_bytes,
+                           wram_bytes=params.wram_bytes, dma_max=params.dma_max)
+        if "n_dpu" in geom and kind not in ("transpose", "im2col"):
+            # never a block larger than one tasklet's share: all tasklets get work
+            share = _r8(_cdiv(geom["n_dpu"] * es, tasklets))
+            block = min(block, max(8, share))
+        unroll = UNROLL
+    if schedule == "prim" and kind == "histogram":
+        shared = _r8(geom["bins"] * 4)
+    if block < 8 or (schedule == "prim" and wram_block(tasklets, buffers, private, shared, stack_bytes,
+                                                       wram_bytes=params.wram_bytes) < block):
+        raise CinmError(f"upmem: {op.op_type} {op.name!r} does not fit WRAM with {tasklets} tasklets "
+                        f"({buffers} buffers per tasklet, {private + shared} B of tables)")
+    mram = _mram_bytes(kind, geom, es, tasklets)
+    if mram > params.mram_bytes:
+        raise CinmError(f"upmem: {op.op_type} {op.name!r} needs {mram} B of MRAM per DPU on {dpus} "
+                        f"DPUs (> {params.mram_bytes})")
+    return CnmPlan(op_type=op.op_type, kind=kind, dtype=dt, dpus=dpus, tasklets=tasklets,
+                   block_bytes=block, mram_bytes=mram, inputs=tuple(names), merge=merge,
+                   schedule=schedule, unroll=unroll, geom=tuple(sorted(geom.items())),
+                   params=params, stack_bytes=stack_bytes)
+
+
+def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
+            params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+            dpus: int | None = None) -> CnmPlan:
+    """Choose the plan of ``op``: the DPU count (<= ``max_dpus``, or exactly ``dpus``) with the
+    least modeled end-to-end time (:attr:`CostBreakdown.latency_s`); ties go to fewer DPUs.
+
+    Raises:
+        CinmError: no DPU count gives a plan that fits (the message of the last failure).
+    """
+    if not op.inputs:
+        raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
+    dt = _dtype_name(op.inputs[0])
+    es = _esize(dt)
+    kind, geom, _, _ = _geometry(op, 1, es)
+    cands = [dpus] if dpus else _candidates(max_dpus, _work_items(kind, geom, es))
+    best, err = None, None
+    for d in cands:
+        try:
+            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes)
+        except CinmError as e:
+            err = e
+            continue
+        if best is None or p.cost().latency_s < best.cost().latency_s * (1 - 1e-9):
+            best = p
+    if best is None:
+        raise err
+    return best
