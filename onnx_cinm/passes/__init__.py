@@ -34,13 +34,14 @@ DEFAULT_PIPELINE: list[str] = [
     "to_cinm",
     "placement",
     "cim_tiling",
+    "cnm_mapping",
 ]
 
 #: ``--stop-after LEVEL`` -> the last pass of that level.
-STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement", "device": "cim_tiling"}
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement", "device": "cnm_mapping"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "device_lowering"]
+_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "device_lowering", "cnm_mapping"]
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import register
-from ..base import OpInfo, Support
+from ..base import Cost, OpInfo, Support
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,41 @@ class UpmemDevice:
             if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
         return Support(True, "data-parallel op near memory")
+
+    # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
+    def _workgroup(self, options: dict) -> tuple[int, int]:
+        """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``."""
+        from ...errors import CinmError
+
+        def _int(key, default, lo, hi):
+            v = options.get(key)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) <= hi:
+                raise CinmError(f"option {key}={v!r}: expected an integer in {lo}..{hi}")
+            return int(v)
+
+        return (_int("upmem_dpus", self.params.dpus, 1, 1 << 16),
+                _int("upmem_tasklets", self.params.tasklets, 1, 24))
+
+    def plan(self, op: OpInfo, options: dict | None = None):
+        """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
+        modeled time, up to ``upmem_dpus``; ``upmem_tasklets`` tasklets)."""
+        from .mapping import plan_op
+        dpus, tasklets = self._workgroup(options or {})
+        return plan_op(op, max_dpus=dpus, tasklets=tasklets)
+
+    def cost(self, op: OpInfo) -> Cost:
+        """Modeled cost of one inference of ``op`` (default workgroup limits): end-to-end
+        seconds (scatter, launch, kernel, gather, host merge) and estimated joules."""
+        return self.plan(op).to_cost()
+
+    def lower(self, op: OpInfo, options: dict) -> dict:
+        """Plan attributes (``cnm_*``, see ``cinm.PLAN_ATTRS``) plus ``kernel``.
+        Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets`` or an op that does not fit."""
+        attrs = self.plan(op, options).attrs()
+        attrs["kernel"] = f"upmem/{options['kernel_stem']}"
+        return attrs
 
 
 register(UpmemDevice())

@@ -1,0 +1,27 @@
+"""Pass ``cnm_mapping``: map every op placed on a compute-near-memory device (cnm paradigm level).
+
+For each cinm node whose ``device`` has paradigm ``cnm`` (UPMEM), the device chooses the
+workgroup (ranks x DPUs x tasklets), how each input is scattered or broadcast, the MRAM layout,
+the WRAM block per tasklet and how partial results merge, and the pass stores that plan as node
+attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_mram_bytes``,
+``cnm_inputs``, ``cnm_merge``, ``cnm_latency_s``, ``cnm_energy_j`` and ``kernel``; see
+``onnx_cinm.dialects.cinm.PLAN_ATTRS``). Like ``cim_tiling`` it only walks the graph; the device
+decides (:func:`onnx_cinm.passes.device_lowering.lower_paradigm`).
+
+Options read (by the device): ``upmem_dpus`` (most DPUs a workgroup may use, default 2048),
+``upmem_tasklets`` (tasklets per DPU, 1..24, default 16).
+"""
+from __future__ import annotations
+
+import onnx
+
+from . import PassContext, register_pass
+from .device_lowering import lower_paradigm
+
+
+@register_pass("cnm_mapping")
+def cnm_mapping(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Map ops placed on UPMEM onto DPU workgroups, WRAM blocks and merges (cnm paradigm level)."""
+    model, stats = lower_paradigm(model, ctx, "cnm")
+    ctx.stats["cnm_mapping"] = stats
+    return model
