@@ -11,8 +11,8 @@
 #ifndef STACK_SIZE_DEFAULT
 #define STACK_SIZE_DEFAULT 1024
 #endif
-extern char __start_emu_mram[] __attribute__((weak));
-extern char __stop_emu_mram[] __attribute__((weak));
+extern char __start_emu_mram[] __attribute__((weak, visibility("hidden")));
+extern char __stop_emu_mram[] __attribute__((weak, visibility("hidden")));
 const uint32_t __emu_nr_tasklets = NR_TASKLETS;
 const uint32_t __emu_stack_size = STACK_SIZE_DEFAULT;
 char *__emu_mram_section_start(void) { return __start_emu_mram; }

@@ -615,6 +615,28 @@ dpu_error_t dpu_prepare_xfer(struct dpu_set_t set, void *buffer)
 
 typedef struct { int mram; uint64_t off, size; } symref_t;
 
+/* The dynamic symbol of `name` in the DPU program (for its st_size). dladdr1 is not enough: it
+ * returns any symbol at the address (e.g. the linker's __start_emu_mram). GNU ld lays .dynsym
+ * out right before .dynstr, which bounds the table. */
+static const ElfW(Sym) *find_dynsym(sys_t *s, const char *name)
+{
+    struct link_map *lm = NULL;
+    if (dlinfo(s->handle, RTLD_DI_LINKMAP, &lm) != 0 || !lm) return NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)d->d_un.d_ptr;
+        if (d->d_tag == DT_STRTAB) strtab = (const char *)d->d_un.d_ptr;
+    }
+    if (!symtab || !strtab || (const char *)symtab >= strtab) return NULL;
+    size_t n = (size_t)(strtab - (const char *)symtab) / sizeof(ElfW(Sym));
+    for (size_t i = 1; i < n; i++)
+        if (symtab[i].st_shndx != SHN_UNDEF && strcmp(strtab + symtab[i].st_name, name) == 0 &&
+            ELF64_ST_VISIBILITY(symtab[i].st_other) == STV_DEFAULT)
+            return &symtab[i];
+    return NULL;
+}
+
 static dpu_error_t resolve(sys_t *s, const char *name, symref_t *r)
 {
     if (!s->handle) return DPU_ERR_INTERNAL;
@@ -626,9 +648,8 @@ static dpu_error_t resolve(sys_t *s, const char *name, symref_t *r)
     }
     void *a = dlsym(s->handle, name);
     if (!a) return DPU_ERR_UNKNOWN_SYMBOL;
-    Dl_info info;
-    const ElfW(Sym) *sym = NULL;
-    if (!dladdr1(a, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym) return DPU_ERR_UNKNOWN_SYMBOL;
+    const ElfW(Sym) *sym = find_dynsym(s, name);
+    if (!sym) return DPU_ERR_UNKNOWN_SYMBOL;
     uintptr_t p = (uintptr_t)a;
     if (s->msec_start && p >= s->msec_start && p < s->msec_stop) {
         r->mram = 1;
