@@ -10,8 +10,9 @@ commands ``PROGRAM``, ``MVM``, ``ACC``, ``BARRIER``, ``ADD``, ``READ`` and the b
 The simulator executes the file, never the ONNX node. It keeps the crossbars' contents across
 inferences (a resident tile is not rewritten when ``residency on``) and counts, per inference:
 tile and cell writes, skipped (resident) writes, MVMs (one per streamed row per tile), ADC
-conversions (one per used column per MVM), the maximum writes any cell received so far (wear),
-and the modeled latency and energy (same model as
+conversions (one per used column per MVM; times the bit slices in quantized mode), DAC
+conversions, saturated ADC conversions, the maximum writes any cell received so far (wear),
+and the modeled latency and energy (:class:`Counters` defines each; the same model as
 :mod:`onnx_cinm.devices.memristor.schedule`): each crossbar has a clock; ``PROGRAM`` adds
 ``write_latency_s``, ``MVM`` adds ``rows * mvm_latency_s``, ``BARRIER`` sets every clock to the
 latest; energy is ``writes * write_energy_j + MVMs * mvm_energy_j + ADC * adc_energy_j +
@@ -27,8 +28,9 @@ MVM, nothing else). ``mode quantized`` (header keys ``weight_bits``, ``cell_bits
 ``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
 runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per-channel weight
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
-seeded read noise, ADC), vectorized over rows and columns, float64 integer arithmetic, one
-batched matmul over the slices; the result is dequantized to float32 in the crossbar's latch.
+seeded read noise, ADC), vectorized over rows and columns in float64 (integer levels, exact),
+one matmul for all bit slices side by side; the result is dequantized to float32 in the
+crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM.
 """
 from __future__ import annotations
 
@@ -453,9 +455,11 @@ class CrossbarSimulator:
         self._shift = 2.0 ** (m.cell_bits * np.arange(m.slices))  # slice significance
 
     def _prepare(self, x: int, tag):
-        """Cell levels of tile ``tag`` as programmed in crossbar ``x`` (cached per crossbar):
-        ``D [S, r, c]`` signed levels (``G+ - G-`` or the offset cell), ``G2 [S, r, c]`` the sum of
-        squared levels of the cells (read-noise variance), ``step [S, 1, c]`` ADC step."""
+        """Cell levels of tile ``tag`` as programmed in crossbar ``x`` (cached per crossbar), the
+        ``S`` slices side by side along the columns (slice-major, ``[r, S * c]``): ``D`` the signed
+        levels (``G+ - G-`` of a pair, or the offset cell), ``G2`` the summed squared levels of the
+        cells (read-noise variance), ``step [S * c]`` the ADC step of each slice column, ``shift
+        [S, 1]`` the slice significances ``2**(s * cell_bits)``."""
         cached = self._qtile[x]
         if cached is not None and cached[0] == tag:
             return cached[1]
@@ -465,12 +469,12 @@ class CrossbarSimulator:
         q = self._q[w][g, k * R:(k + 1) * R, n * C:(n + 1) * C]
         stored = (np.abs(q) if m.differential else q + m.weight_levels).astype(np.int64)
         mask = (1 << m.cell_bits) - 1
-        planes = np.stack([(stored >> (s * m.cell_bits)) & mask for s in range(m.slices)])
-        planes = planes.astype(np.float64)
-        D = planes * np.sign(q) if m.differential else planes
+        planes = np.concatenate([(stored >> (s * m.cell_bits)) & mask for s in range(m.slices)],
+                                axis=1).astype(np.float64)  # [r, S * c]
+        D = planes * np.tile(np.sign(q), m.slices) if m.differential else planes
         prep = {"D": D, "G2": planes * planes, "step": None}
         if m.adc_bits:
-            F = m.adc_range * self._Lx * np.abs(D).sum(axis=1, keepdims=True)  # [S, 1, c]
+            F = m.adc_range * self._Lx * np.abs(D).sum(axis=0)  # full scale per slice column
             prep["step"] = np.where(F > 0, F / self._La, 1.0)
         self._qtile[x] = (tag, prep)
         return prep
@@ -479,27 +483,35 @@ class CrossbarSimulator:
         """One MVM in quantized mode: ``Xk`` float32 ``[M, r]`` -> float32 ``[M, c]``."""
         m = self.mode
         prep = self._prepare(x, tag)
-        xs = Xk.astype(np.float64)
-        sx = np.abs(xs).max(axis=1, keepdims=True)  # per-vector DAC scale [M, 1]
+        xl = Xk.astype(np.float64)
+        sx = np.abs(xl).max(axis=1, keepdims=True)  # per-vector DAC scale [M, 1]
         sx[sx == 0] = 1.0
-        xl = xs / sx
+        xl /= sx
         if m.dac_bits:
-            xl = np.rint(xl * self._Lx)
-        Ys = np.matmul(xl, prep["D"])  # column currents per slice [S, M, c]
+            xl *= self._Lx
+            np.rint(xl, out=xl)
+        Ys = xl @ prep["D"]  # column currents of every slice column [M, S * c]
         if m.noise_sigma:
-            std = m.noise_sigma * np.sqrt(np.matmul(xl * xl, prep["G2"]))
-            Ys += std * self._rng.standard_normal(Ys.shape)
+            std = (xl * xl) @ prep["G2"]
+            np.sqrt(std, out=std)
+            std *= m.noise_sigma
+            std *= self._rng.standard_normal(Ys.shape)
+            Ys += std
         if m.adc_bits:
-            code = np.rint(Ys / prep["step"])
             La = self._La
-            self._clipped += int(np.count_nonzero(np.abs(code) > La))
-            Ys = np.clip(code, -La, La) * prep["step"]
-        y = np.tensordot(self._shift, Ys, axes=1)  # shift-add over slices [M, c]
+            Ys /= prep["step"]
+            np.rint(Ys, out=Ys)
+            self._clipped += int(np.count_nonzero(np.abs(Ys) > La))
+            np.clip(Ys, -La, La, out=Ys)
+            Ys *= prep["step"]
+        c = Ys.shape[1] // m.slices
+        y = np.einsum("msc,s->mc", Ys.reshape(len(Ys), m.slices, c), self._shift)  # shift-add
         if not m.differential:
             y -= m.weight_levels * xl.sum(axis=1, keepdims=True)  # digital offset removal
         w, g, _, n = tag
-        ws = self._wscale[w][g, n * self.C:n * self.C + y.shape[1]]
-        return (y * (sx / self._Lx) * ws).astype(np.float32)
+        y *= sx / self._Lx
+        y *= self._wscale[w][g, n * self.C:n * self.C + c]
+        return y.astype(np.float32)
 
     # -- helpers
     def _tile(self, tag):
