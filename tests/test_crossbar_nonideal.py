@@ -106,7 +106,8 @@ def test_mode_validation_and_derived_counts():
     assert preset("q8") == Q8 and (Q8.weight_bits, Q8.adc_bits, Q8.mode) == (8, 8, "quantized")
     # int8 on 2-bit cells: 7 magnitude bits -> 4 slices, 8 cells with pairs; offset: 8 bits, 4
     assert (Q8.slices, Q8.cells_per_weight) == (4, 8)
-    assert (replace(Q8, differential=False).slices, replace(Q8, differential=False).cells_per_weight) == (4, 4)
+    offset = replace(Q8, differential=False)
+    assert (offset.slices, offset.cells_per_weight) == (4, 4)
     assert replace(Q8, cell_bits=3).slices == 3 and replace(Q8, cell_bits=1).slices == 7
     assert replace(Q8, cell_bits=8).slices == 1
     bad = [dict(mode="noisy"), dict(mode="quantized", weight_bits=1),
@@ -306,7 +307,8 @@ END
     (("adc_bits 8", "adc_bits 8\nnoise_sigma loud"), 10, "noise_sigma must be a number"),
     (("adc_bits 8", "adc_bits 8\nadc_range 2"), 10, r"adc_range must be in \(0, 1\]"),
     (("adc_bits 8", "adc_bits 8\nseed -3"), 10, "seed must be >= 0"),
-    (("adc_bits 8", "adc_bits 8\nweight_bits 4"), 10, "header key .weight_bits. given twice \\(line 7\\)"),
+    (("adc_bits 8", "adc_bits 8\nweight_bits 4"), 10,
+     r"header key 'weight_bits' given twice \(line 7\)"),
 ])
 def test_bad_mode_lines_name_the_line(edit, line, msg):
     with pytest.raises(XbarError, match=rf"^k\.xbar:{line}: {msg}"):
@@ -318,7 +320,8 @@ def test_doc_quantized_header_is_q8():
 
     doc = (Path(__file__).parents[1] / "docs" / "xbar-format.md").read_text()
     block = doc.split("## Modes")[1].split("```")[1]
-    text = BAD_HEADER.replace("mode quantized\nweight_bits 8\ncell_bits 2\nadc_bits 8\n", block.strip() + "\n")
+    ours = "mode quantized\nweight_bits 8\ncell_bits 2\nadc_bits 8\n"
+    text = BAD_HEADER.replace(ours, block.strip() + "\n")
     assert "seed 0\nadc_range" not in text and "noise_sigma 0.0\n" in text  # the doc's block
     assert parse(text, "k.xbar").mode == Q8
 

@@ -31,10 +31,10 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    ``dac_bits = b > 0`` it is rounded to the ``2**b - 1`` signed levels ``-Lx .. Lx``,
    ``Lx = 2**(b - 1) - 1`` (sign-magnitude DAC); ``dac_bits = 0`` applies the scaled value
    unrounded (an ideal DAC, ``Lx = 1``). One DAC cycle per MVM.
-5. **Read noise** (§2.1 CrossSim ``read_noise``, §2.2 aihwkit ``w_noise``): every programmed cell's
-   level ``G`` is read as ``G * (1 + noise_sigma * e)``, ``e ~ N(0, 1)`` independent per cell and
-   per MVM (re-sampled at every read, seeded). The sum over a column of independent Gaussians is
-   drawn in one go: the column current gets ``N(0, noise_sigma**2 * sum_i x_i**2 * G_i**2)``
+5. **Read noise** (§2.1 CrossSim ``read_noise``, §2.2 aihwkit ``w_noise``): every programmed
+   cell's level ``G`` is read as ``G * (1 + noise_sigma * e)``, ``e ~ N(0, 1)`` independent per
+   cell and per MVM (re-sampled at every read, seeded). The sum over a column of independent
+   Gaussians is drawn in one go: the column current gets ``N(0, noise_sigma**2 * sum_i x_i**2 * G_i**2)``
    (``G+`` and ``G-`` both counted for a pair). A cell at level 0 (the off state) is noiseless.
 6. **ADC** (§2.6 ISAAC resolution rule, §4 "ADC precision"): each slice column of each MVM is
    converted by a signed ``adc_bits = b`` ADC with ``2**b - 1`` levels ``-La .. La``,
@@ -130,8 +130,8 @@ class CrossbarMode:
         if self.mode == "ideal":
             for f in fields(self):
                 if f.name != "mode" and getattr(self, f.name) != f.default:
-                    raise ValueError(f"ideal mode takes no {f.name} (got {getattr(self, f.name)!r}); "
-                                     "use mode='quantized'")
+                    raise ValueError(f"ideal mode takes no {f.name} (got "
+                                     f"{getattr(self, f.name)!r}); use mode='quantized'")
 
     # -- derived quantities (integers; see the module docstring)
     @property
@@ -159,7 +159,7 @@ class CrossbarMode:
         return self.slices * (2 if self.differential else 1)
 
     def header_items(self) -> list[tuple[str, str]]:
-        """``(key, value)`` header lines of a ``.xbar`` file, in a fixed order (ideal: mode only)."""
+        """``(key, value)`` header lines of a ``.xbar`` file in a fixed order (ideal: mode only)."""
         items = [("mode", self.mode)]
         if not self.ideal:
             items += [("weight_bits", str(self.weight_bits)), ("cell_bits", str(self.cell_bits)),
