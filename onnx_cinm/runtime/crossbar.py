@@ -23,8 +23,11 @@ Data path: numpy, vectorized over rows: one ``MVM`` is one ``(rows x k) @ (k x n
 from its first, one full and its last iteration (iterations in between are identical: the body
 programs every crossbar it streams through, so each iteration starts from the same state).
 
-Modes. ``mode ideal``: exact fp32 products and fp32 accumulation (the hot path: one matmul per
-MVM, nothing else). ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
+Modes. ``mode ideal``: exact fp32 products and fp32 accumulation. It is the hot path of
+whole-model runs, so its products are deferred: each ``ACC`` records which input block meets
+which tile, and the records are summed at the next ``ADD``/``READ`` (or the end of the run) in
+ascending k order per column block -- one ``X[g] @ W[g]`` matmul when a group's records cover
+its weight tiles exactly once. The counters still come from walking every command. ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
 ``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
 runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per-channel weight
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
@@ -578,8 +581,11 @@ class CrossbarSimulator:
                     if g >= X.shape[0]:
                         raise _err(path, cmd.line, f"group {g} outside input {name} "
                                                    f"({X.shape[0]} groups)")
-                    Xk = X[g, :, kt * self.R:kt * self.R + t.shape[0]]
-                    self._latch[x] = self._quantized_mvm(x, tag, Xk) if self._quant else Xk @ t
+                    if self._quant:
+                        Xk = X[g, :, kt * self.R:kt * self.R + t.shape[0]]
+                        self._latch[x] = self._quantized_mvm(x, tag, Xk)
+                    else:  # ideal: the product is deferred to the flush (see _flush)
+                        self._latch[x] = (name, tag)
             elif op == "ACC":
                 name, g, nt, x = a[0], int(a[1]), int(a[2]), int(a[3])
                 tag = self.tags[x]
@@ -590,12 +596,16 @@ class CrossbarSimulator:
                     lat = self._latch[x]
                     if lat is None:
                         raise _err(path, cmd.line, f"ACC from crossbar {x} before any MVM")
-                    outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
+                    if isinstance(lat, tuple):
+                        self._pending.append((name, lat[0], lat[1]))
+                    else:
+                        outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
             elif op == "BARRIER":
                 if ph:
                     ph.clock[:] = ph.clock.max()
             elif op == "ADD":
                 if data:
+                    self._flush(acts, outs)
                     try:
                         outs[a[0]] += self.const[a[1]]
                     except ValueError:
@@ -603,7 +613,41 @@ class CrossbarSimulator:
                                                    f"not broadcast to {outs[a[0]].shape}") from None
             elif op == "READ":
                 if data:
+                    self._flush(acts, outs)
                     self._read.append(a[0])
+
+    def _flush(self, acts, outs) -> None:
+        """Add the deferred ideal-mode partial products into their outputs.
+
+        Each ``ACC`` of an ideal MVM records ``(output, input, tile)``; here the records are
+        summed per output column block in ascending k order, which is exactly the sum the
+        accumulator forms, independent of the order the rounds ran in (a serpentine inference
+        gives bit-identical results in both directions). When a group's records cover every
+        tile of its weight matrix exactly once (the normal case), the whole group is one
+        ``X[g] @ W[g]`` matmul instead of one small product per tile.
+        """
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        R, C = self.R, self.C
+        groups: dict = {}
+        for out, inp, (w, g, kt, nt) in pending:
+            groups.setdefault((out, inp, w, g), []).append((kt, nt))
+        for (out, inp, w, g), tiles in groups.items():
+            W = self.const[w][g]
+            X = acts[inp][g]
+            Y = outs[out][g]
+            kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
+            if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
+                Y += X[:, :W.shape[0]] @ W
+                continue
+            by_n: dict = {}
+            for kt, nt in tiles:
+                by_n.setdefault(nt, []).append(kt)
+            for nt, ks in by_n.items():
+                ks.sort()
+                for kt in ks:
+                    Y[:, nt * C:(nt + 1) * C] += X[:, kt * R:(kt + 1) * R] @ W[kt * R:(kt + 1) * R, nt * C:(nt + 1) * C]
 
     def _for_rows(self, loop: ForRows, ph, rows, acts, outs):
         if ph is not None:
@@ -663,10 +707,12 @@ class CrossbarSimulator:
                 for r in prog.regions.values() if r.kind == "output"}
         self._latch: list = [None] * self.P
         self._read: list = []
+        self._pending: list = []
         body = prog.run
         if prog.header["order"] == "serpentine" and self.inferences % 2 == 1:
             body = _reverse_rounds(body)
         c = self._phase(body, M, acts, outs)
+        self._flush(acts, outs)
         self.inferences += 1
         return {name: outs[name] for name in (self._read or outs)}, c
 

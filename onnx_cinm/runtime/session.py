@@ -224,6 +224,9 @@ class InferenceSession:
         m.functions.extend(self._model.functions)
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        # many sessions share the cores: idle threads must sleep, not spin, between partitions
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         if self._options["intra_op_threads"]:
             so.intra_op_num_threads = int(self._options["intra_op_threads"])
         try:
