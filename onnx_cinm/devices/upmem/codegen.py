@@ -1,0 +1,395 @@
+"""Generate UPMEM kernels: ``host.c``, ``dpu.c``, ``Makefile`` and ``kernel.json`` per cinm op.
+
+Each kernel is one Jinja template family under ``onnx_cinm/templates/upmem/<family>/``. The
+generated C uses only the documented UPMEM SDK API (host: ``dpu_alloc``, ``dpu_load``,
+``dpu_prepare_xfer``, ``dpu_push_xfer``, ``dpu_broadcast_to``, ``dpu_copy_to/from``,
+``dpu_launch``, ``dpu_free``, ``DPU_FOREACH``, ``DPU_ASSERT``; DPU: ``mram_read``,
+``mram_write``, ``me()``, ``NR_TASKLETS``, ``BARRIER_INIT``/``barrier_wait``,
+``mem_alloc``/``mem_reset``, ``__host``, ``__dma_aligned``) and compiles with
+``-Wall -Wextra -Werror``, so the same sources build with the SDK (``make``) and with the
+emulator (:mod:`onnx_cinm.runtime.upmem_emu`). The only extra is ``EMU_COUNT(n)``, an
+instruction-count hint defined away on a real DPU.
+
+The host program's command line is ``host DPU_BINARY IN... OUT...``: every op input in order
+(constants too: their sidecar files ``const<i>.bin`` sit in the kernel directory), then every
+output; raw little-endian C-order arrays. Shapes are compiled in (a kernel is specialised to
+its shapes; emit again for another batch size: builds are cached by content hash).
+``kernel.json`` records the kind, dtype, workgroup, block, the inputs (shape, dtype, constant
+file) and outputs (shape, dtype; ``null`` shape for a data-dependent length).
+
+Kernel families (``kind`` of :func:`emit_kernel`):
+
+=========== ================================================================================
+binary      Add Sub Mul Div Max Min with numpy broadcasting (host-side index arithmetic) [VA]
+unary       Relu Abs Neg LeakyRelu HardSigmoid Clip                                    [VA]
+gemm        ``Y[..., M, N] = A[..., M, K] @ B[..., K, N] (+ C)`` with matmul broadcasting,
+            optional fused ReLU (``relu=True``: the MLP layer)                  [GEMV/MLP]
+gemv        ``y[M] = A[M, K] @ x[K] (+ c[M])`` (the gemm kernel with N = 1)            [GEMV]
+reduce      add mul max min over ``axes`` (tasklet tree merge in WRAM, host merge)    [RED]
+histogram   ``numpy.histogram(X, bins, (min, max))`` counts as int64                  [HST-S]
+compress    ``X.ravel()[mask.ravel() != 0]`` (ONNX Compress without axis)             [SEL]
+scan        CumSum along ``axis`` (exclusive, reverse), scan-scan-add over DPUs   [SCAN-SSA]
+transpose   permutations that swap two adjacent groups of axes (tiled in WRAM)        [TRNS]
+topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index)
+=========== ================================================================================
+
+dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=False)
+
+#: numpy dtype name -> (C type, unsigned C type of the same width for wrapping arithmetic)
+CTYPES = {
+    "int32": ("int32_t", "uint32_t"), "uint32": ("uint32_t", "uint32_t"),
+    "int64": ("int64_t", "uint64_t"), "uint64": ("uint64_t", "uint64_t"),
+    "float32": ("float", "uint32_t"),
+}
+DTYPES = tuple(CTYPES)
+KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
+         "transpose", "topk")
+BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
+UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip")
+REDUCE = ("add", "mul", "max", "min")
+
+#: WRAM of one DPU, bytes (64 KB, SDK docs), and the stack we assume per tasklet (the SDK's
+#: STACK_SIZE_DEFAULT; our assumption, also the emulator's default): what block sizes must fit.
+WRAM_BYTES = 65536
+STACK_BYTES = 1024
+#: WRAM the generated globals take besides the per-tasklet buffers (arguments, barrier, partials
+#: are accounted per kernel); a margin for the runtime's own globals.
+WRAM_MARGIN = 512
+MRAM_BYTES = 64 << 20
+
+# Instruction-equivalents per element of a streaming loop, for the emulator's counters:
+# 350 MHz / measured MOPS of PrIM's arithmetic-throughput loops (>= 11 tasklets), field notes
+# upmem.md §1.5 (values recalled there, to verify against PrIM Fig. 4): INT32 add 58.56 MOPS ->
+# 6, mul 10.27 -> 34, div 11.27 -> 31; INT64 add 50.16 -> 7, mul 2.56 -> 137, div 1.40 -> 250;
+# FLOAT add 4.91 -> 71, sub 4.59 -> 76, mul 1.91 -> 183, div 0.34 -> 1029. Compare/select ops
+# are our estimate: the add loop plus 2 (integers) or a float compare (~ a float add).
+_INSTR = {
+    "int32": {"add": 6, "sub": 6, "mul": 34, "div": 31, "cmp": 8},
+    "int64": {"add": 7, "sub": 7, "mul": 137, "div": 250, "cmp": 10},
+    "float32": {"add": 71, "sub": 76, "mul": 183, "div": 1029, "cmp": 71},
+}
+_INSTR["uint32"], _INSTR["uint64"] = _INSTR["int32"], _INSTR["int64"]
+
+
+def instr_per_elem(dtype: str, what: str) -> int:
+    """Instruction-equivalents per element for op class ``what`` (add sub mul div cmp)."""
+    return _INSTR[dtype][what]
+
+
+@dataclass
+class _Tensor:
+    name: str
+    shape: tuple
+    dtype: str
+    const: str | None = None  # sidecar file name
+    bstrides: tuple = ()      # element strides broadcasting it to the output shape
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "const": self.const}
+
+
+@dataclass
+class _K:
+    """The template context of one kernel (``k`` in the templates)."""
+
+    kind: str
+    dtype: str
+    dpus: int
+    tasklets: int
+    block: int
+    inputs: list
+    outputs: list
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ctype(self) -> str:
+        return CTYPES[self.dtype][0]
+
+    @property
+    def utype(self) -> str:
+        return CTYPES[self.dtype][1]
+
+    @property
+    def esize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def __getattr__(self, name):  # extra fields read as attributes in the templates
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def _c_strides(shape) -> list[int]:
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= d
+    return st[::-1]
+
+
+def broadcast_strides(shape, out_shape) -> tuple:
+    """Element strides reading ``shape`` (numpy-broadcast) at every index of ``out_shape``."""
+    shape = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    st = _c_strides(shape)
+    return tuple(0 if s == 1 and o != 1 else t for s, o, t in zip(shape, out_shape, st))
+
+
+def _fit_block(block_bytes: int, tasklets: int, per_tasklet_blocks: float, fixed: int = 0,
+               cap: int | None = None) -> int:
+    """The largest block <= ``block_bytes`` (multiple of 8, 8..2048) such that
+    ``tasklets * (per_tasklet_blocks * block + stack) + fixed + margin <= 64 KB``; also at
+    most ``cap`` bytes (rounded up to 8). Raises ValueError if even 8 bytes do not fit."""
+    b = max(8, min(2048, int(block_bytes)) // 8 * 8)
+    if cap is not None:
+        b = min(b, max(8, _round_up(int(cap), 8)))
+    while b > 8 and tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+        b -= 8
+    if tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+        raise ValueError(f"{tasklets} tasklets do not fit in 64 KB of WRAM with their buffers")
+    return b
+
+
+def _c_float(v: float) -> str:
+    v = float(np.float32(v))
+    if math.isinf(v):
+        return "(-__builtin_inff())" if v < 0 else "__builtin_inff()"
+    return f"{v!r}f"
+
+
+def _c_lit(v, dtype: str) -> str:
+    """A C literal of ``v`` in ``dtype`` (integers cast, floats as float32)."""
+    if dtype == "float32":
+        return _c_float(v)
+    info = np.iinfo(np.dtype(dtype))
+    v = int(max(info.min, min(info.max, v)))
+    if dtype == "int64" and v == info.min:
+        return "INT64_MIN"
+    if dtype == "int32" and v == info.min:
+        return "INT32_MIN"
+    suffix = {"int32": "", "uint32": "u", "int64": "ll", "uint64": "ull"}[dtype]
+    return f"(({CTYPES[dtype][0]}){v}{suffix})"
+
+
+def _limits(dtype: str) -> tuple[str, str]:
+    if dtype == "float32":
+        return "(-__builtin_inff())", "__builtin_inff()"
+    info = np.iinfo(np.dtype(dtype))
+    return _c_lit(info.min, dtype), _c_lit(info.max, dtype)
+
+
+def _binary_expr(op: str, dtype: str) -> tuple[str, str, int]:
+    """C expression of ``op(a, b)``, its doc, instructions per element."""
+    flt = dtype == "float32"
+    if op in ("Add", "Sub", "Mul"):
+        sym = {"Add": "+", "Sub": "-", "Mul": "*"}[op]
+        cls = {"Add": "add", "Sub": "sub", "Mul": "mul"}[op]
+        e = f"a {sym} b" if flt else f"(T)((UT)a {sym} (UT)b)"  # wrap around, as numpy does
+        return e, f"A {sym} B", instr_per_elem(dtype, cls)
+    if op == "Div":
+        if flt:
+            return "a / b", "A / B", instr_per_elem(dtype, "div")
+        # C truncation (as onnxruntime); x / 0 -> 0 and MIN / -1 -> MIN instead of a trap
+        if dtype.startswith("u"):
+            return "b == 0 ? (T)0 : a / b", "A / B (truncating; x / 0 = 0)", instr_per_elem(dtype, "div")
+        return ("b == 0 ? (T)0 : (b == -1 ? (T)(0 - (UT)a) : a / b)",
+                "A / B (truncating; x / 0 = 0)", instr_per_elem(dtype, "div"))
+    if op in ("Max", "Min"):
+        sym = ">" if op == "Max" else "<"
+        return f"a {sym} b ? a : b", f"{op.lower()}(A, B)", instr_per_elem(dtype, "cmp")
+    raise ValueError(f"no UPMEM kernel for binary op {op!r}; expected one of {BINARY}")
+
+
+def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
+    flt = dtype == "float32"
+    cmp = instr_per_elem(dtype, "cmp")
+    unsigned = dtype.startswith("u")
+    if op == "Relu":
+        return ("a > 0 ? a : (T)0", "max(X, 0)", cmp)
+    if op == "Abs":
+        if unsigned:
+            return "a", "|X|", 1
+        return ("a < 0 ? -a : a" if flt else "a < 0 ? (T)(0 - (UT)a) : a"), "|X|", cmp
+    if op == "Neg":
+        if flt:
+            return "-a", "-X", cmp
+        return "(T)(0 - (UT)a)", "-X (wrapping)", instr_per_elem(dtype, "sub")
+    if op == "LeakyRelu":
+        if not flt:
+            raise ValueError("LeakyRelu needs float32")
+        al = _c_float(params.get("alpha", 0.01))
+        return f"a < 0 ? {al} * a : a", f"X < 0 ? {al} * X : X", cmp + instr_per_elem(dtype, "mul")
+    if op == "HardSigmoid":
+        if not flt:
+            raise ValueError("HardSigmoid needs float32")
+        al, be = _c_float(params.get("alpha", 0.2)), _c_float(params.get("beta", 0.5))
+        v = f"({al} * a + {be})"
+        return (f"{v} < 0.0f ? 0.0f : ({v} > 1.0f ? 1.0f : {v})",
+                f"clip({al} * X + {be}, 0, 1)",
+                2 * cmp + instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add"))
+    if op == "Clip":
+        lo_d, hi_d = _limits(dtype)
+        lo = lo_d if params.get("min") is None else _c_lit(params["min"], dtype)
+        hi = hi_d if params.get("max") is None else _c_lit(params["max"], dtype)
+        # ONNX Clip: min applied first, then max (so min > max gives max)
+        return (f"(a < {lo} ? {lo} : a) > {hi} ? {hi} : (a < {lo} ? {lo} : a)",
+                f"clip(X, {lo}, {hi})", 2 * cmp)
+    raise ValueError(f"no UPMEM kernel for unary op {op!r}; expected one of {UNARY}")
+
+
+def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for tmpl, name in (("host.c.j2", "host.c"), ("dpu.c.j2", "dpu.c"), ("Makefile.j2", "Makefile")):
+        text = _ENV.get_template(f"upmem/{family}/{tmpl}").render(k=k)
+        p = outdir / name
+        p.write_text(text)
+        paths.append(p)
+    man = {"format": "onnx-cinm-upmem-kernel/1", "kind": k.kind, "family": family,
+           "dtype": k.dtype, "dpus": k.dpus, "tasklets": k.tasklets, "block_bytes": k.block,
+           "argv": "host DPU_BINARY " + " ".join(t.name.upper() for t in k.inputs + k.outputs),
+           "inputs": [t.to_json() for t in k.inputs],
+           "outputs": [t.to_json() for t in k.outputs], **manifest}
+    p = outdir / "kernel.json"
+    p.write_text(json.dumps(man, indent=1) + "\n")
+    paths.append(p)
+    return paths
+
+
+def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
+    ts = []
+    for i, (n, s, dt) in enumerate(zip(names, shapes, dtypes)):
+        t = _Tensor(n, tuple(int(d) for d in s), dt)
+        if consts and i in consts and consts[i] is not None:
+            arr = np.ascontiguousarray(np.asarray(consts[i], dtype=np.dtype(dt)))
+            if arr.shape != t.shape:
+                raise ValueError(f"constant input {i} has shape {arr.shape}, expected {t.shape}")
+            t.const = f"const{i}.bin"
+            outdir.mkdir(parents=True, exist_ok=True)
+            arr.tofile(outdir / t.const)
+        ts.append(t)
+    return ts
+
+
+def _check_dtype(dtype: str) -> str:
+    dtype = np.dtype(dtype).name
+    if dtype not in CTYPES:
+        raise ValueError(f"no UPMEM kernel for dtype {dtype}; supported: {', '.join(DTYPES)}")
+    return dtype
+
+
+def _check_workgroup(dpus: int, tasklets: int) -> None:
+    if not 1 <= int(dpus) <= 2560:
+        raise ValueError(f"dpus={dpus}: expected 1..2560")
+    if not 1 <= int(tasklets) <= 24:
+        raise ValueError(f"tasklets={tasklets}: expected 1..24 (UPMEM hardware threads)")
+
+
+def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, block_bytes: int,
+                outdir, consts: dict | None = None, **params) -> list[Path]:
+    """Write one UPMEM kernel (``host.c``, ``dpu.c``, ``Makefile``, ``kernel.json``, constant
+    sidecars ``const<i>.bin``) into ``outdir``; return the paths written.
+
+    Args:
+        kind: one of :data:`KINDS` (see the module docstring).
+        dtype: element type of the data inputs (int32, uint32, int64, uint64, float32).
+            Compress's mask is bool/uint8; Histogram counts and TopK indices are int64.
+        shapes: the shapes of the op's inputs, in order (ints; symbolic dims resolved).
+        dpus: DPUs of the workgroup (1..2560; a kernel may use fewer when the data is small).
+        tasklets: tasklets per DPU (1..24).
+        block_bytes: MRAM<->WRAM transfer block per tasklet, bytes (8..2048, multiple of 8);
+            lowered if the kernel's WRAM buffers would not fit in 64 KB.
+        outdir: the kernel's directory (created).
+        consts: ``{input index: array}`` for inputs known at compile time (weights); written
+            as sidecar files, read by the host program like any input.
+        params: per kind: ``op`` (binary/unary), ``alpha``/``beta``/``min``/``max`` (unary),
+            ``bias`` (gemm/gemv: a third input C), ``relu`` (gemm), ``reduce`` (add|mul|max|min),
+            ``axes``, ``keepdims`` (reduce), ``bins``/``min``/``max`` (histogram), ``axis``,
+            ``exclusive``, ``reverse`` (scan), ``perm`` (transpose), ``k``, ``axis``,
+            ``largest`` (topk).
+
+    Raises:
+        ValueError: unknown kind, unsupported dtype/op/parameters, or data that does not fit
+            the DPUs' MRAM.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown UPMEM kernel kind {kind!r}; expected one of {KINDS}")
+    dtype = _check_dtype(dtype)
+    _check_workgroup(dpus, tasklets)
+    outdir = Path(outdir)
+    fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
+    return fn(kind, dtype, [tuple(int(d) for d in s) for s in shapes], int(dpus), int(tasklets),
+              int(block_bytes), outdir, consts or {}, params)
+
+
+def _check_mram(per_dpu_bytes: int, what: str) -> None:
+    if per_dpu_bytes > MRAM_BYTES:
+        raise ValueError(f"{what}: {per_dpu_bytes} bytes per DPU exceed the 64 MB MRAM; "
+                         "use more DPUs")
+
+
+# ----------------------------------------------------------------------------------------------
+# elementwise (VA)
+
+
+def _emit_binary(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    return _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params)
+
+
+def _emit_unary(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    return _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params)
+
+
+def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    op = params.get("op")
+    nin = 2 if kind == "binary" else 1
+    if len(shapes) != nin:
+        raise ValueError(f"{kind} {op}: expected {nin} input shape(s), got {len(shapes)}")
+    if kind == "binary":
+        expr, doc, instr = _binary_expr(op, dtype)
+        out_shape = tuple(np.broadcast_shapes(*shapes))
+    else:
+        expr, doc, instr = _unary_expr(op, dtype, params)
+        out_shape = shapes[0]
+    names = ["A", "B"] if nin == 2 else ["X"]
+    ins = _inputs(names, shapes, [dtype] * nin, consts, outdir)
+    for t in ins:
+        t.bstrides = broadcast_strides(t.shape, out_shape)
+    es = np.dtype(dtype).itemsize
+    n = math.prod(out_shape)
+    per = 8 // math.gcd(8, es)                       # elements per 8 bytes
+    cap = max(per, _round_up(_ceil(n, dpus), per))   # elements per DPU, 8-byte multiple
+    _check_mram((nin + 1) * cap * es, f"{op} of {n} elements on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, nin, cap=cap * es)
+    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
+           dict(op=op, expr=expr, expr_doc=doc, instr=instr, n=n, cap=cap, cap_bytes=cap * es,
+                out_shape=out_shape))
+    return _write(outdir, "elementwise", k, {"op": op, "params": {
+        x: params[x] for x in ("alpha", "beta", "min", "max") if params.get(x) is not None}})
