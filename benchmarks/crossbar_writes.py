@@ -1,85 +1,201 @@
-"""Crossbar writes of the CINM/OCC kernels: naive (m, n, k) vs weight-stationary (k, n, m).
+"""Crossbar writes of the CINM/OCC kernels and light ResNet50: naive (m, n, k) vs weight-stationary.
 
-Prints a table (or, with ``--json``, a list of records) per kernel: tile counts, writes per
-inference for the naive order (a write before every use, one vector per write: CINM's lowering)
-and for the weight-stationary order with residency, the lower bound ``max(0, T - P)`` for a
-steady inference, writes at load, MVMs, and the modeled latency and energy of one inference of
-each order. Every figure comes from :func:`onnx_cinm.devices.memristor.schedule.plan` (the
-simulator's counters equal them; ``tests/test_crossbar_sim.py``).
+Every kernel is an ONNX model compiled by ``onnx_cinm.optimize`` twice (``cim_loop_order`` naive
+and weight_stationary); the figures are the ``cim_*`` plan attributes the ``cim_tiling`` pass
+wrote, and ``writes_sim`` is what the crossbar simulator counted running the emitted ``.xbar``
+files for two inferences through the execution provider (mean per inference, steady state:
+both directions of a serpentine schedule), which must equal ``writes_opt``.
 
-Kernels (CINM, arXiv 2301.07486, and OCC's benchmark set, field notes crossbar.md §1.4):
-matmul 8x1024 @ 1024x256 and 16x1024 @ 1024x128; mv 4096x2048 and 16384x512 (a Gemv ``A x`` with
-constant ``A``: programmed as ``A^T``, one streamed vector); conv-as-GEMM 25088x16 @ 16x256 and
-6272x64 @ 64x256; a 3-layer MLP (batch 16, 1024-1024-1024-10), summed over its layers.
+- ``writes_naive``: tile writes per inference of the naive order (a write before every use, one
+  input vector per write: CINM's lowering);
+- ``writes_opt``: weight-stationary with residency (tiles programmed at load stay; with more
+  tiles than crossbars, ``T - P`` per inference);
+- ``writes_lower_bound``: ``max(0, T - P)`` per kernel, the fewest writes any schedule on ``P``
+  crossbars needs per steady inference;
+- ``mvms``, ``latency_*_s``, ``energy_*_j``: per inference, OCC's PCM cost model (field notes
+  crossbar.md §1.4).
 
-Usage: ``python benchmarks/crossbar_writes.py [--crossbars P] [--preset pcm-occ|reram-isaac]
-[--json]``. Light ResNet50 is not covered yet (it needs the ``cim_tiling`` pass over a model).
+Kernels (CINM, arXiv 2301.07486; OCC's benchmark set): matmul 8x1024 @ 1024x256 and
+16x1024 @ 1024x128; mv 4096x2048 and 16384x512 (``A x`` with constant ``A``); conv-as-GEMM
+25088x16 @ 16x256 and 6272x64 @ 64x256; a 3-layer MLP (batch 16, 1024-1024-1024-10), summed over
+its layers; light ResNet50 (onnx wheel), summed over its crossbar kernels.
+
+Speed: the median wall time of light ResNet50 through the execution provider (crossbar nodes in
+the simulator, ideal mode; the rest in onnxruntime, UPMEM nodes in model mode) next to stock
+onnxruntime on the original model, in the same process, and the simulator's own share.
+
+Usage: ``python benchmarks/crossbar_writes.py [--crossbars P] [--runs N] [--no-resnet] [--json]``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-from onnx_cinm.devices.memristor import PRESETS
-from onnx_cinm.devices.memristor.schedule import plan
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.dialects import cinm
+from onnx_cinm.golden import random_inputs
+from onnx_cinm.runtime.session import InferenceSession
 
 KERNELS = {
     "matmul_8x1024x256": [(8, 1024, 256)],
     "matmul_16x1024x128": [(16, 1024, 128)],
-    "mv_4096x2048": [(1, 2048, 4096)],
-    "mv_16384x512": [(1, 512, 16384)],
+    "mv_4096x2048": "mv:4096x2048",
+    "mv_16384x512": "mv:16384x512",
     "conv_25088x16x256": [(25088, 16, 256)],
     "conv_6272x64x256": [(6272, 64, 256)],
     "mlp3_b16_1024": [(16, 1024, 1024), (16, 1024, 1024), (16, 1024, 10)],
 }
 
 
-def record(kernel: str, layers, params) -> dict:
-    rec = {"kernel": kernel, "M": layers[0][0], "K": layers[0][1], "N": layers[-1][2],
-           "tiles": 0, "writes_naive": 0, "writes_opt": 0, "writes_lower_bound": 0,
-           "writes_load": 0, "mvms": 0, "latency_naive_s": 0.0, "latency_opt_s": 0.0,
-           "energy_naive_j": 0.0, "energy_opt_j": 0.0}
-    for M, K, N in layers:
-        ws, nv = plan(M, K, N, params), plan(M, K, N, params, "naive")
-        cw, cn = ws.cost(params), nv.cost(params)
-        rec["tiles"] += ws.tiles
-        rec["writes_naive"] += nv.writes_per_inference
-        rec["writes_opt"] += ws.writes_per_inference
-        rec["writes_lower_bound"] += ws.writes_lower_bound
-        rec["writes_load"] += ws.writes_load
-        rec["mvms"] += ws.mvms
-        rec["latency_naive_s"] += cn.latency_s
-        rec["latency_opt_s"] += cw.latency_s
-        rec["energy_naive_j"] += cn.energy_j
-        rec["energy_opt_j"] += cw.energy_j
+def _chain_model(layers, seed=0) -> onnx.ModelProto:
+    """X[M, K0] @ W0 @ W1 ... with constant weights (a ReLU between layers, as in an MLP)."""
+    rng = np.random.default_rng(seed)
+    M, K = layers[0][0], layers[0][1]
+    nodes, inits, cur = [], [], "X"
+    for i, (_, k, n) in enumerate(layers):
+        inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", [cur, f"W{i}"], [f"P{i}"], name=f"layer{i}"))
+        cur = f"P{i}"
+        if i + 1 < len(layers):
+            nodes.append(helper.make_node("Relu", [cur], [f"R{i}"], name=f"relu{i}"))
+            cur = f"R{i}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [M, layers[-1][2]])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _mv_model(rows: int, cols: int, seed=0) -> onnx.ModelProto:
+    """y = A x with a constant A[rows, cols] (MatMul A[M, K] b[K] -> cinm.Gemv)."""
+    rng = np.random.default_rng(seed)
+    A = numpy_helper.from_array(rng.standard_normal((rows, cols)).astype(np.float32), "A")
+    g = helper.make_graph([helper.make_node("MatMul", ["A", "x"], ["y"], name="mv")], "mv",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [cols])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows])], [A])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _plans(model, order: str, P: int | None) -> list[dict]:
+    opts = {"cim_loop_order": order}
+    if P:
+        opts["cim_crossbars"] = P
+    hints = [] if isinstance(model, (str, Path)) else [("layer*", "memristor"), ("mv", "memristor"),
+                                                          ("relu*", "host")]
+    res = optimize(model, check=0, device_options=opts, place=hints)
+    return res, [a for *_, a in res.stats.get("cim_tiling", {}).get("plans", [])]
+
+
+def _simulated_writes(res, workdir: Path, runs: int = 2) -> float:
+    path = workdir / "k.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(path)
+    feeds = random_inputs(res.model, seed=0)
+    for _ in range(runs):
+        sess.run(None, feeds)
+    xb = [r for r in sess.profile() if r["device"] == "memristor"]
+    return sum(r["writes"] for r in xb) / runs
+
+
+def record(kernel: str, model, P: int | None, workdir: Path) -> dict:
+    """One benchmark record for ``model`` (see the module docstring for the fields)."""
+    res_opt, opt = _plans(model, "weight_stationary", P)
+    _, naive = _plans(model, "naive", P)
+    if not opt:
+        raise SystemExit(f"{kernel}: no node went to the crossbars")
+    first = opt[0]
+    rec = {"kernel": kernel, "M": first["cim_M"], "K": first["cim_K"], "N": opt[-1]["cim_N"],
+           "kernels": len(opt), "tiles": sum(a["cim_tiles"] for a in opt),
+           "writes_naive": sum(a["cim_writes"] for a in naive),
+           "writes_opt": sum(a["cim_writes"] for a in opt),
+           "writes_lower_bound": sum(max(0, a["cim_tiles"] - a["cim_crossbars"]) for a in opt),
+           "writes_load": sum(a["cim_writes_load"] for a in opt),
+           "mvms": sum(a["cim_mvms"] for a in opt),
+           "latency_naive_s": sum(a["cim_latency_s"] for a in naive),
+           "latency_opt_s": sum(a["cim_latency_s"] for a in opt),
+           "energy_naive_j": sum(a["cim_energy_j"] for a in naive),
+           "energy_opt_j": sum(a["cim_energy_j"] for a in opt)}
+    rec["writes_sim"] = _simulated_writes(res_opt, workdir)
     return rec
+
+
+def resnet_speed(path: Path, runs: int, workdir: Path) -> dict:
+    """Median wall time of light ResNet50 through the provider vs onnxruntime on the original."""
+    import onnxruntime as ort
+
+    res = optimize(str(path), check=0)
+    out = workdir / "resnet50.onnx"
+    artifacts.save(res.model, out)
+    sess = InferenceSession(out)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
+    sess.run(None, feeds), ref.run(None, feeds)  # warm up both
+    ep, orig = [], []
+    for _ in range(runs):  # interleaved, so both see the same machine load
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        ep.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ref.run(None, feeds)
+        orig.append(time.perf_counter() - t)
+    last = max(r["run"] for r in sess.profile())
+    sim = sum(r["wall_s"] for r in sess.profile() if r["run"] == last and r["device"] == "memristor")
+    return {"model": "light_resnet50", "runs": runs, "provider_s": statistics.median(ep),
+            "onnxruntime_s": statistics.median(orig), "simulator_s_last_run": sim,
+            "ratio": statistics.median(ep) / statistics.median(orig)}
 
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--crossbars", type=int, default=None, help="P (default: the preset's, 4)")
-    ap.add_argument("--preset", default="pcm-occ", choices=sorted(PRESETS))
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs of light ResNet50")
+    ap.add_argument("--no-resnet", action="store_true", help="skip light ResNet50")
+    ap.add_argument("--json", action="store_true", help="print the records as JSON")
     args = ap.parse_args(argv)
-    params = PRESETS[args.preset]
-    if args.crossbars:
-        params = replace(params, crossbars=args.crossbars)
-    recs = [record(k, layers, params) for k, layers in KERNELS.items()]
+    recs, speed = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, spec in KERNELS.items():
+            if isinstance(spec, str):
+                rows, cols = map(int, spec.split(":")[1].split("x"))
+                model = _mv_model(rows, cols)
+            else:
+                model = _chain_model(spec)
+            recs.append(record(name, model, args.crossbars, work))
+            if not args.json:
+                print(f"  {name} done", file=sys.stderr)
+        if not args.no_resnet:
+            light = Path(os.path.dirname(onnx.__file__)) / "backend/test/data/light/light_resnet50.onnx"
+            recs.append(record("light_resnet50", str(light), args.crossbars, work))
+            speed = resnet_speed(light, args.runs, work)
     if args.json:
-        print(json.dumps(recs, indent=1))
+        print(json.dumps({"kernels": recs, "speed": speed}, indent=1))
         return recs
-    print(f"preset {params.name}, {params.rows}x{params.cols} tiles, P={params.crossbars}; writes per "
-          "inference (steady state), tile writes")
-    hdr = (f"{'kernel':22} {'tiles':>6} {'naive':>9} {'opt':>6} {'bound':>6} {'load':>5} "
+    hdr = (f"{'kernel':20} {'tiles':>6} {'naive':>9} {'opt':>6} {'sim':>7} {'bound':>6} {'load':>5} "
            f"{'ratio':>7} {'lat naive':>10} {'lat opt':>10} {'E naive':>10} {'E opt':>10}")
+    print("tile writes per inference (steady state); latency s, energy J per inference")
     print(hdr)
     for r in recs:
         ratio = r["writes_naive"] / r["writes_opt"] if r["writes_opt"] else float("inf")
-        print(f"{r['kernel']:22} {r['tiles']:6d} {r['writes_naive']:9d} {r['writes_opt']:6d} "
-              f"{r['writes_lower_bound']:6d} {r['writes_load']:5d} {ratio:7.1f} "
+        print(f"{r['kernel']:20} {r['tiles']:6d} {r['writes_naive']:9d} {r['writes_opt']:6d} "
+              f"{r['writes_sim']:7.1f} {r['writes_lower_bound']:6d} {r['writes_load']:5d} {ratio:7.1f} "
               f"{r['latency_naive_s']:10.3e} {r['latency_opt_s']:10.3e} "
               f"{r['energy_naive_j']:10.3e} {r['energy_opt_j']:10.3e}")
+    if speed:
+        print(f"\nlight ResNet50, median of {speed['runs']}: provider (crossbar simulator + onnxruntime) "
+              f"{speed['provider_s'] * 1e3:.0f} ms, onnxruntime on the original "
+              f"{speed['onnxruntime_s'] * 1e3:.0f} ms, ratio {speed['ratio']:.1f}x "
+              f"(simulator alone {speed['simulator_s_last_run'] * 1e3:.0f} ms in the last run)")
     return recs
 
 
