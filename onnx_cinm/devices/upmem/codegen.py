@@ -393,3 +393,69 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
                 out_shape=out_shape))
     return _write(outdir, "elementwise", k, {"op": op, "params": {
         x: params[x] for x in ("alpha", "beta", "min", "max") if params.get(x) is not None}})
+
+
+# ----------------------------------------------------------------------------------------------
+# gemm / gemv / MLP layer (GEMV, MLP)
+
+
+def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    bias = len(shapes) == 3
+    relu = bool(params.get("relu", kind == "mlp"))
+    if kind == "gemv":
+        if len(shapes[0]) != 2 or len(shapes[1]) != 1 or shapes[0][1] != shapes[1][0]:
+            raise ValueError(f"gemv: expected A[M, K], x[K], got {shapes}")
+        M, K = shapes[0]
+        ashape, bshape, yshape = (M, K), (K, 1), (M, 1)
+        cshape = (M, 1) if bias else None
+        names, out_shape = ["A", "x", "c"], (M,)
+        if bias and shapes[2] != (M,):
+            raise ValueError(f"gemv: bias must be [M] = [{M}], got {shapes[2]}")
+    else:
+        if len(shapes) not in (2, 3) or len(shapes[0]) < 2 or len(shapes[1]) < 2:
+            raise ValueError(f"{kind}: expected A[..., M, K], B[..., K, N] (, C), got {shapes}")
+        ashape, bshape = shapes[0], shapes[1]
+        if ashape[-1] != bshape[-2]:
+            raise ValueError(f"{kind}: inner dims differ: A{list(ashape)} @ B{list(bshape)}")
+        M, K, N = ashape[-2], ashape[-1], bshape[-1]
+        batch = tuple(np.broadcast_shapes(ashape[:-2], bshape[:-2]))
+        yshape = batch + (M, N)
+        cshape = shapes[2] if bias else None
+        if bias:
+            np.broadcast_shapes(cshape, yshape)
+            if tuple(np.broadcast_shapes(cshape, yshape)) != yshape:
+                raise ValueError(f"{kind}: C{list(cshape)} does not broadcast to Y{list(yshape)}")
+        names, out_shape = ["A", "B", "C"], yshape
+    M, K = ashape[-2], ashape[-1]
+    N = bshape[-1]
+    batch = yshape[:-2]
+    G = math.prod(batch)
+    GB = math.prod(bshape[:-2])
+    b_batched = GB > 1
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    K_pad, N_pad = _round_up(K, per), _round_up(N, per)
+    rows = G * M
+    row_cap = max(1, _ceil(rows, dpus))
+    R = 1 if b_batched else min(4, row_cap)
+    NT = min(N_pad, _round_up(64, per))
+    ins = _inputs(names[:len(shapes)], shapes, [dtype] * len(shapes), consts, outdir)
+    a_bstride = [s * M * K for s in broadcast_strides(ashape[:-2], batch)]
+    b_bstride = [s * K * N for s in broadcast_strides(bshape[:-2], batch)]
+    # per-DPU MRAM layout, bytes (8-aligned)
+    y_off = row_cap * K_pad * es
+    c_off = y_off + row_cap * N_pad * es
+    rb_off = c_off + (row_cap * N_pad * es if bias else 0)
+    b_off = rb_off + (row_cap * 8 if b_batched else 0)
+    _check_mram(b_off + GB * N_pad * K_pad * es, f"{kind} {list(ashape)} @ {list(bshape)} on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, R + 1, fixed=tasklets * (R * NT * es + 8), cap=K_pad * es)
+    mac = instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add") - 5
+    doc = (f"Y{list(yshape)} = A{list(ashape)} @ B{list(bshape)}" + (f" + C{list(cshape)}" if bias else "")
+           + (", then ReLU" if relu else "") + f" ({dtype}; integer products wrap around)")
+    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
+           dict(doc=doc, M=M, K=K, N=N, G=G, GB=GB, rows=rows, row_cap=row_cap, K_pad=K_pad,
+                N_pad=N_pad, R=R, NT=NT, y_off=y_off, c_off=c_off, rb_off=rb_off, b_off=b_off,
+                bias=bias, relu=relu, b_batched=b_batched, batch=batch, a_bstride=a_bstride,
+                b_bstride=b_bstride, y_shape=yshape,
+                c_strides=broadcast_strides(cshape, yshape) if bias else (), instr=mac))
+    return _write(outdir, "gemm", k, {"relu": relu, "bias": bias})
