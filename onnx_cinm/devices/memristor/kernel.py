@@ -49,6 +49,7 @@ class CrossbarKernel:
         prog_name = names[0] if self.operand == "A" else names[1]
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
         self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
+        self.prog_mode_cells = self.prog.mode.cells_per_weight if self.prog.mode else 1
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim else None
         self._lock = threading.Lock()
 
@@ -68,7 +69,9 @@ class CrossbarKernel:
         Y = layout.unstream(v, outs["Y"])
         if self.bias_name and not self.bias_in_file:
             Y = Y + np.asarray(inputs[2], dtype=np.float32)
-        c["bytes_moved"] = 4 * (X.size + outs["Y"].size + c["cell_writes"])
+        # weights written, in elements (a quantized mode programs several cells per weight)
+        weights = c["cell_writes"] // self.prog_mode_cells
+        c["bytes_moved"] = 4 * (X.size + outs["Y"].size + weights)
         return [np.ascontiguousarray(Y, dtype=np.float32)], c
 
 
