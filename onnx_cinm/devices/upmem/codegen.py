@@ -459,3 +459,77 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
                 b_bstride=b_bstride, y_shape=yshape,
                 c_strides=broadcast_strides(cshape, yshape) if bias else (), instr=mac))
     return _write(outdir, "gemm", k, {"relu": relu, "bias": bias})
+
+
+# ----------------------------------------------------------------------------------------------
+# row layouts shared by reduce / scan / topk: [O, L] split over a DR x DC grid of DPUs
+
+
+def _rows_layout(shape, axes, dpus, per, min_cols=1):
+    """Kept axes first, reduced/scanned axes last: ``(perm, O, L)``; and the DPU grid
+    ``(DR, DC, row_cap, c_cap)`` splitting L over DC DPUs (``c_cap`` a multiple of ``per``,
+    at least ``min_cols``) and the rows over DR."""
+    nd = len(shape)
+    axes = sorted({a % nd for a in axes}) if nd else []
+    keep = [a for a in range(nd) if a not in axes]
+    perm = keep + axes
+    O = math.prod(shape[a] for a in keep)
+    L = math.prod(shape[a] for a in axes)
+    DC = max(1, min(dpus, _ceil(L, max(per, min_cols))))
+    c_cap = _round_up(max(_ceil(L, DC), min_cols), per)
+    DC = _ceil(L, c_cap)
+    DR = max(1, min(dpus // DC, O))
+    row_cap = max(1, _ceil(O, DR))
+    DR = _ceil(O, row_cap) if O else 1
+    return perm, O, L, DR, DC, row_cap, c_cap
+
+
+def _perm_gather(shape, perm):
+    """(shape of X permuted by perm, strides reading X in that order)."""
+    st = _c_strides(shape)
+    return tuple(shape[p] for p in perm), tuple(st[p] for p in perm)
+
+
+def _combine(kind: str, dtype: str) -> tuple[str, str, int]:
+    """C expression combining ``a`` and ``b``, the identity, instructions per element."""
+    flt = dtype == "float32"
+    lo, hi = _limits(dtype)
+    if kind == "add":
+        return ("a + b" if flt else "(T)((UT)a + (UT)b)"), "(T)0", instr_per_elem(dtype, "add")
+    if kind == "mul":
+        return ("a * b" if flt else "(T)((UT)a * (UT)b)"), "(T)1", instr_per_elem(dtype, "mul")
+    if kind == "max":
+        return "a > b ? a : b", lo, instr_per_elem(dtype, "cmp")
+    if kind == "min":
+        return "a < b ? a : b", hi, instr_per_elem(dtype, "cmp")
+    raise ValueError(f"reduce kind must be one of {REDUCE}, got {kind!r}")
+
+
+def _emit_reduce(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    rk = params.get("reduce", "add")
+    axes = list(params.get("axes", range(len(shape))))
+    keepdims = int(params.get("keepdims", 1))
+    if math.prod(shape) == 0:
+        raise ValueError("reduce: empty input")
+    expr, ident, instr = _combine(rk, dtype)
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    perm, O, L, DR, DC, row_cap, c_cap = _rows_layout(shape, axes, dpus, per)
+    nd = len(shape)
+    axes_n = sorted({a % nd for a in axes}) if nd else []
+    out_shape = tuple((1 if a in axes_n else shape[a]) for a in range(nd)) if keepdims else \
+        tuple(shape[a] for a in range(nd) if a not in axes_n)
+    GR = min(_round_up(row_cap, per), max(per, 256 // es))
+    row_pad = _round_up(row_cap, GR)
+    p_off = row_cap * c_cap * es
+    _check_mram(p_off + row_pad * es, f"reduce {list(shape)} on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, 1, fixed=tasklets * GR * es, cap=c_cap * es)
+    pshape, pstride = _perm_gather(shape, perm)
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    k = _K(kind, dtype, DR * DC, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
+           dict(reduce=rk, axes=axes_n, O=O, L=L, DR=DR, DC=DC, row_cap=row_cap, row_pad=row_pad,
+                c_cap=c_cap, p_off=p_off, GR=GR, expr=expr, ident=ident, instr=instr,
+                pshape=pshape, pstride=pstride))
+    return _write(outdir, "reduce", k, {"reduce": rk, "axes": axes_n, "keepdims": keepdims,
+                                        "dpus_requested": dpus})
