@@ -133,3 +133,26 @@ def test_cli_run_and_compare(lenet, tmp_path, capsys):
     assert main(["compare", str(tmp_path / "other.onnx"), str(opt)]) == 1
     assert main(["run", str(tmp_path / "missing.onnx")]) == 1
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape,k,s,p,d,dtype", [
+    ((2, 3, 11), [3], [2], [1, 0], [2], np.float32),
+    ((1, 4, 9, 7), [3, 2], [1, 2], [1, 0, 2, 1], [1, 2], np.float32),
+    ((2, 2, 5, 6, 4), [2, 3, 1], [2, 1, 1], [0, 1, 0, 1, 1, 0], [1, 1, 1], np.int64),
+    ((1, 5, 7, 7), [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], np.float32),
+])
+def test_numpy_im2col_matches_the_reference_body(shape, k, s, p, d, dtype):
+    from onnx import TensorProto, helper
+
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.runtime.numpy_kernels import im2col
+
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.INT64
+    node = cinm.make_node("Im2Col", ["x"], ["y"], kernel_shape=k, strides=s, pads=p, dilations=d)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(shape))],
+                          [helper.make_tensor_value_info("y", elem, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    cinm.attach_functions(m)
+    x = (np.random.default_rng(0).standard_normal(shape) * 10).astype(dtype)
+    (ref,) = run_onnxruntime(m, {"x": x})
+    np.testing.assert_array_equal(im2col(x, k, s, p, d), ref)

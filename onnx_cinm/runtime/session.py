@@ -36,6 +36,7 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_read_by
+from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults.
@@ -54,6 +55,19 @@ class _Partition:
     outputs: list = field(default_factory=list)
     session: object = None
     modeled: list = field(default_factory=list)  # device nodes run in model mode inside it
+
+
+class _ModelKernel:
+    """A node run by a numpy kernel (its op's semantics) and charged the cost model's figures
+    from its plan attributes (``<prefix>_latency_s``, ``<prefix>_energy_j``); None on the host."""
+
+    def __init__(self, fn, attrs: dict, prefix: str | None) -> None:
+        self.fn, self.attrs = fn, attrs
+        self.metrics = ({"latency_s": attrs.get(f"{prefix}_latency_s"),
+                         "energy_j": attrs.get(f"{prefix}_energy_j")} if prefix else {})
+
+    def __call__(self, inputs: list) -> tuple[list, dict]:
+        return self.fn(inputs, self.attrs), dict(self.metrics)
 
 
 @dataclass
@@ -125,11 +139,12 @@ class InferenceSession:
             return None
         at = cinm.node_attrs(node)
         dev_name = at.get("device", "host")
+        fast = numpy_kernels.KERNELS.get(node.op_type)
         if dev_name == "host":
-            return None
+            return (dev_name, _ModelKernel(fast, at, None), "numpy") if fast else None
         dev = devices.get_device(dev_name)
         if dev.paradigm == "cnm" and self._options["upmem_mode"] == "model":
-            return dev_name, None, "model"
+            return dev_name, (_ModelKernel(fast, at, "cnm") if fast else None), "model"
         if "kernel" not in at or not hasattr(dev, "kernel"):
             return None
         if self._root is None:
