@@ -50,7 +50,12 @@ class UpmemDevice:
         for t in op.inputs + op.outputs:
             if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
-        return Support(True, "data-parallel op near memory")
+        from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
+        try:
+            kind = kernel_for(op)[0]
+        except ValueError as e:
+            return Support(False, f"no DPU kernel: {e}")
+        return Support(True, f"data-parallel op near memory ({kind} kernel)")
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
     def _workgroup(self, options: dict) -> tuple[int, int]:
@@ -86,6 +91,14 @@ class UpmemDevice:
         attrs = self.plan(op, options).attrs()
         attrs["kernel"] = f"upmem/{options['kernel_stem']}"
         return attrs
+
+    def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
+        """Write the node's kernel (``host.c``, ``dpu.c``, ``Makefile``, ``kernel.json``,
+        constant sidecars) into ``root / attrs["kernel"]``; see
+        :func:`onnx_cinm.devices.upmem.codegen.emit_op`. Raises ValueError if no kernel fits."""
+        from .codegen import emit_op
+        return emit_op(op, attrs, consts, root, default_dpus=min(self.params.dpus, 64),
+                       default_tasklets=self.params.tasklets)
 
 
 register(UpmemDevice())

@@ -280,6 +280,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     p = outdir / "kernel.json"
     p.write_text(json.dumps(man, indent=1) + "\n")
     paths.append(p)
+    paths += [outdir / t.const for t in k.inputs if t.const]
     return paths
 
 
@@ -533,3 +534,161 @@ def _emit_reduce(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
                 pshape=pshape, pstride=pstride))
     return _write(outdir, "reduce", k, {"reduce": rk, "axes": axes_n, "keepdims": keepdims,
                                         "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# cinm op -> kernel (UpmemDevice.supports / emit)
+
+
+def _attr(attrs: dict, name: str, default=None):
+    v = attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _transpose_groups(perm) -> tuple | None:
+    """``perm`` as a swap of two adjacent axis groups: ``(lead, a, b, trail)`` axis counts such
+    that Y = X[lead][A][B][trail] -> Y[lead][B][A][trail]; None if it is not one."""
+    perm = list(perm)
+    n = len(perm)
+    lead = 0
+    while lead < n and perm[lead] == lead:
+        lead += 1
+    trail = 0
+    while trail < n - lead and perm[n - 1 - trail] == n - 1 - trail:
+        trail += 1
+    mid = perm[lead:n - trail]
+    if not mid:
+        return (lead, 0, 0, trail)
+    # mid must be [b0..b_end) + [lead..b0): a rotation of the axes lead..n-trail-1
+    b0 = mid[0]
+    nb = n - trail - b0
+    want = list(range(b0, n - trail)) + list(range(lead, b0))
+    if mid != want:
+        return None
+    return (lead, b0 - lead, nb, trail)
+
+
+FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv": "gemm",
+          "mlp": "gemm", "reduce": "reduce", "histogram": "histogram", "compress": "compress",
+          "scan": "scan", "transpose": "transpose", "topk": "topk"}
+
+
+def kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
+    """The kernel that runs cinm ``op``, see :func:`_kernel_for`; ValueError if its template
+    family is not shipped."""
+    kind, dtype, shapes, params = _kernel_for(op, consts)
+    if not (Path(__file__).resolve().parents[2] / "templates" / "upmem" / FAMILY[kind]
+            / "dpu.c.j2").is_file():
+        raise ValueError(f"the {kind} kernel is not implemented yet")
+    return kind, dtype, shapes, params
+
+
+def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
+    """The kernel that runs cinm ``op`` (an :class:`~onnx_cinm.devices.base.OpInfo`):
+    ``(kind, dtype, input shapes, params)``. Symbolic dims are taken as 1 (the kernel is
+    specialised to the shapes). Constant operands that are parameters (Clip's min/max) are
+    read from ``consts`` (by tensor name) when given.
+
+    Raises:
+        ValueError: no UPMEM kernel for this op, dtype, shape or attribute (the reason).
+    """
+    t = op.op_type
+    ins = op.inputs
+    if not ins or any(x.dtype is None or x.shape is None for x in ins):
+        raise ValueError("input types or ranks unknown")
+    dtype = np.dtype(ins[0].dtype).name
+    shapes = [x.static_shape for x in ins]
+    a = op.attrs
+    kind_dtype = dtype
+
+    def need_dtype(dt):
+        if dt not in CTYPES:
+            raise ValueError(f"no DPU kernel for dtype {dt} (kernels: {', '.join(DTYPES)})")
+
+    if t in BINARY:
+        need_dtype(dtype)
+        return "binary", dtype, shapes, {"op": t}
+    if t in UNARY:
+        need_dtype(dtype)
+        params = {"op": t}
+        if t in ("LeakyRelu", "HardSigmoid") and dtype != "float32":
+            raise ValueError(f"{t} kernel is float32 only")
+        for k in ("alpha", "beta"):
+            if k in a:
+                params[k] = float(a[k])
+        if t == "Clip":
+            if len(ins) == 2:
+                raise ValueError("Clip with one bound: cannot tell min from max in OpInfo")
+            for name, x in zip(("min", "max"), ins[1:]):
+                if not x.const:
+                    raise ValueError(f"Clip {name} is not a constant")
+                if consts is not None and x.name in consts:
+                    params[name] = np.asarray(consts[x.name]).reshape(()).item()
+            shapes = shapes[:1]
+        return "unary", dtype, shapes, params
+    if t in ("Gemm", "Gemv"):
+        need_dtype(dtype)
+        if t == "Gemm" and (len(shapes[0]) < 2 or len(shapes[1]) < 2):
+            raise ValueError("Gemm with a 1-D operand")
+        return ("gemm" if t == "Gemm" else "gemv"), dtype, shapes, {}
+    if t in ("Reduce", "MergePartial"):
+        need_dtype(dtype)
+        if t == "MergePartial":
+            return "reduce", dtype, shapes, {"reduce": _attr(a, "kind"), "axes": [0], "keepdims": 0}
+        return "reduce", dtype, shapes, {"reduce": _attr(a, "kind"), "axes": list(a.get("axes", [])),
+                                         "keepdims": int(a.get("keepdims", 1))}
+    if t == "Histogram":
+        need_dtype(dtype)
+        return "histogram", dtype, shapes, {"bins": int(a["bins"]), "min": float(a["min"]),
+                                            "max": float(a["max"])}
+    if t == "Scan":
+        need_dtype(dtype)
+        return "scan", dtype, shapes, {"axis": int(a["axis"]), "exclusive": int(a.get("exclusive", 0)),
+                                       "reverse": int(a.get("reverse", 0))}
+    if t == "TopK":
+        need_dtype(dtype)
+        return "topk", dtype, shapes, {"k": int(a["k"]), "axis": int(a.get("axis", -1)),
+                                       "largest": int(a.get("largest", 1))}
+    if t == "Transpose":
+        need_dtype(dtype)
+        perm = list(a.get("perm", range(len(shapes[0]))[::-1]))
+        if _transpose_groups(perm) is None:
+            raise ValueError(f"perm {perm} is not a swap of two adjacent axis groups")
+        return "transpose", dtype, shapes, {"perm": perm}
+    raise ValueError(f"no UPMEM kernel for cinm.{t}")
+
+
+def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
+            default_tasklets: int = 16, default_block: int = 1024) -> list[Path]:
+    """Write the kernel of cinm ``op`` into ``root / attrs["kernel"]`` (see
+    :meth:`UpmemDevice.emit <onnx_cinm.devices.upmem.UpmemDevice.emit>`).
+
+    The workgroup and block come from the plan attributes ``cnm_dpus``, ``cnm_tasklets``,
+    ``cnm_block_bytes`` (the ``cnm_mapping`` pass), else the defaults. ``consts`` maps constant
+    input names to arrays: they become sidecar files. ``kernel.json`` also records, per input
+    and output, the graph tensor name (``tensor``).
+
+    Raises:
+        ValueError: no kernel for the op (see :func:`kernel_for`) or no ``kernel`` attribute.
+    """
+    if not attrs.get("kernel"):
+        raise ValueError(f"{op.name}: no 'kernel' attribute (run the cnm_mapping pass first)")
+    kind, dtype, shapes, params = kernel_for(op, consts)
+    outdir = Path(root) / _attr(attrs, "kernel")
+    dpus = int(attrs.get("cnm_dpus") or default_dpus)
+    tasklets = int(attrs.get("cnm_tasklets") or default_tasklets)
+    block = int(attrs.get("cnm_block_bytes") or default_block)
+    used = op.inputs[:len(shapes)]
+    cidx = {i: consts[x.name] for i, x in enumerate(used) if consts and x.name in consts}
+    paths = emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
+                        outdir=outdir, consts=cidx, **params)
+    man_p = outdir / "kernel.json"
+    man = json.loads(man_p.read_text())
+    for spec, x in zip(man["inputs"], used):
+        spec["tensor"] = x.name
+    for spec, x in zip(man["outputs"], op.outputs):
+        spec["tensor"] = x.name
+    man["node"] = op.name
+    man["op_type"] = op.op_type
+    man_p.write_text(json.dumps(man, indent=1) + "\n")
+    return paths

@@ -252,9 +252,10 @@ def run_kernel(kernel_dir, inputs: list, outputs: list | None = None, *, timeout
     Args:
         kernel_dir: the kernel's directory (``host.c``, ``dpu.c``, ``Makefile``, ``kernel.json``,
             constant sidecar files).
-        inputs: the runtime inputs, in the order of ``kernel.json["inputs"]`` (constants that
-            were baked into sidecar files are not passed). Each is written C-contiguous as raw
-            bytes; its dtype and shape must equal the manifest's (when there is one).
+        inputs: the runtime inputs, in the order of ``kernel.json["inputs"]`` leaving out the
+            constants (entries with a ``const`` sidecar file, passed to the program from the
+            kernel directory). Each is written C-contiguous as raw bytes; its dtype and shape
+            must equal the manifest's (when there is one).
         outputs: ``[(shape, dtype), ...]``; default ``kernel.json["outputs"]``. A shape of
             ``None`` means "whatever length the program wrote" (1-D; e.g. Compress).
 
@@ -269,20 +270,29 @@ def run_kernel(kernel_dir, inputs: list, outputs: list | None = None, *, timeout
     kdir = Path(kernel_dir).resolve()
     man = read_manifest(kdir)
     specs_in = man.get("inputs")
-    if specs_in is not None and len(specs_in) != len(inputs):
-        raise ValueError(f"{kdir.name}: expected {len(specs_in)} inputs, got {len(inputs)}")
     if outputs is None:
         outputs = [(o["shape"], o["dtype"]) for o in man.get("outputs", [])]
     with tempfile.TemporaryDirectory(prefix="upmem-io-") as tmp:
         tmp = Path(tmp)
         args = []
-        for i, x in enumerate(inputs):
-            x = np.asarray(x)
-            if specs_in is not None:
-                want_t, want_s = np.dtype(specs_in[i]["dtype"]), tuple(specs_in[i]["shape"])
+        if specs_in is None:  # no manifest: every input is given
+            specs_in = [{"const": None} for _ in inputs]
+        runtime = [s for s in specs_in if not s.get("const")]
+        if len(runtime) != len(inputs):
+            raise ValueError(f"{kdir.name}: expected {len(runtime)} runtime inputs "
+                             f"({', '.join(s.get('name', '?') for s in runtime)}), got {len(inputs)}")
+        it = iter(inputs)
+        for i, spec in enumerate(specs_in):
+            if spec.get("const"):
+                args.append(kdir / spec["const"])
+                continue
+            x = np.asarray(next(it))
+            if "dtype" in spec:
+                want_t, want_s = np.dtype(spec["dtype"]), tuple(spec["shape"])
                 if x.dtype != want_t or x.shape != want_s:
-                    raise ValueError(f"{kdir.name}: input {i} is {x.dtype}{list(x.shape)}, the "
-                                     f"kernel was generated for {want_t}{list(want_s)}")
+                    raise ValueError(f"{kdir.name}: input {spec.get('name', i)} is "
+                                     f"{x.dtype}{list(x.shape)}, the kernel was generated for "
+                                     f"{want_t}{list(want_s)}")
             p = tmp / f"in{i}.bin"
             np.ascontiguousarray(x).tofile(p)
             args.append(p)
