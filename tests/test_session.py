@@ -101,7 +101,7 @@ def test_four_threads_match_serial_runs(lenet):
     with ThreadPoolExecutor(4) as pool:
         threaded = list(pool.map(lambda f: sess.run(None, f)[0], feeds))
     for a, b in zip(serial, threaded):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(a, b)
 
 
 def test_cli_run_and_compare(lenet, tmp_path, capsys):

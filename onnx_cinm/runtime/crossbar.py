@@ -434,6 +434,11 @@ class CrossbarSimulator:
         self.inferences = 0
         self._latch: list = [None] * self.P
         self._read: list = []
+        self._trace = None
+        self._pending: list = []
+        self._cache: dict = {}
+        self._reversed = None
+        self._has_loop = any(isinstance(c, ForRows) for c in program.run)
         self.load_counters = self._phase(program.load, rows=0, acts={}, outs={})
 
     # -- quantized mode
@@ -598,6 +603,8 @@ class CrossbarSimulator:
                         raise _err(path, cmd.line, f"ACC from crossbar {x} before any MVM")
                     if isinstance(lat, tuple):
                         self._pending.append((name, lat[0], lat[1]))
+                        if self._trace is not None:
+                            self._trace.append(("acc", name, lat[0], lat[1]))
                     else:
                         outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
             elif op == "BARRIER":
@@ -605,16 +612,34 @@ class CrossbarSimulator:
                     ph.clock[:] = ph.clock.max()
             elif op == "ADD":
                 if data:
-                    self._flush(acts, outs)
-                    try:
-                        outs[a[0]] += self.const[a[1]]
-                    except ValueError:
-                        raise _err(path, cmd.line, f"bias {a[1]} {self.const[a[1]].shape} does "
-                                                   f"not broadcast to {outs[a[0]].shape}") from None
+                    self._add_bias(a[0], a[1], acts, outs, cmd.line)
+                    if self._trace is not None:
+                        self._trace.append(("add", a[0], a[1], cmd.line))
             elif op == "READ":
                 if data:
                     self._flush(acts, outs)
                     self._read.append(a[0])
+                    if self._trace is not None:
+                        self._trace.append(("read", a[0]))
+
+    def _add_bias(self, out, bias, acts, outs, line) -> None:
+        self._flush(acts, outs)
+        try:
+            outs[out] += self.const[bias]
+        except ValueError:
+            raise _err(self.prog.path, line, f"bias {bias} {self.const[bias].shape} does not "
+                                             f"broadcast to {outs[out].shape}") from None
+
+    def _replay(self, trace, acts, outs) -> None:
+        """The data path of a cached inference: the recorded ACC/ADD/READ events in order."""
+        for ev in trace:
+            if ev[0] == "acc":
+                self._pending.append(ev[1:])
+            elif ev[0] == "add":
+                self._add_bias(ev[1], ev[2], acts, outs, ev[3])
+            else:
+                self._flush(acts, outs)
+                self._read.append(ev[1])
 
     def _flush(self, acts, outs) -> None:
         """Add the deferred ideal-mode partial products into their outputs.
@@ -708,10 +733,34 @@ class CrossbarSimulator:
         self._latch: list = [None] * self.P
         self._read: list = []
         self._pending: list = []
-        body = prog.run
-        if prog.header["order"] == "serpentine" and self.inferences % 2 == 1:
-            body = _reverse_rounds(body)
-        c = self._phase(body, M, acts, outs)
+        reverse = prog.header["order"] == "serpentine" and self.inferences % 2 == 1
+        if reverse and self._reversed is None:
+            self._reversed = _reverse_rounds(prog.run)
+        body = self._reversed if reverse else prog.run
+        # Ideal weight-stationary inferences are deterministic given the rows and the tiles
+        # resident when they start: the second time round, replay the recorded counters, wear
+        # and data events instead of walking every command again.
+        key = None if (self._quant or self._has_loop) else (reverse, M, tuple(self.tags))
+        hit = self._cache.get(key) if key is not None else None
+        if hit is not None:
+            counts, tags, wear_delta, trace = hit
+            self.tags = list(tags)
+            if wear_delta is not None:
+                self.wear += wear_delta
+            c = Counters(**counts)
+            c.max_cell_writes = int(self.wear.max())
+            self._replay(trace, acts, outs)
+        else:
+            wear0 = self.wear.copy() if key is not None else None
+            self._trace = [] if key is not None else None
+            c = self._phase(body, M, acts, outs)
+            if key is not None:
+                delta = self.wear - wear0
+                if len(self._cache) >= 8:  # a few row counts (dynamic batch) x 2 directions
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[key] = (c.as_dict(), tuple(self.tags), delta if delta.any() else None,
+                                    self._trace)
+            self._trace = None
         self._flush(acts, outs)
         self.inferences += 1
         return {name: outs[name] for name in (self._read or outs)}, c
