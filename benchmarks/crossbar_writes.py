@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +40,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts, optimize
-from onnx_cinm.dialects import cinm
 from onnx_cinm.golden import random_inputs
 from onnx_cinm.runtime.session import InferenceSession
 
@@ -128,31 +125,13 @@ def record(kernel: str, model, P: int | None, workdir: Path) -> dict:
 
 
 def resnet_speed(path: Path, runs: int, workdir: Path) -> dict:
-    """Median wall time of light ResNet50 through the provider vs onnxruntime on the original."""
-    import onnxruntime as ort
+    """Median wall time of light ResNet50 through the provider vs onnxruntime on the original
+    (see ``runtime_overhead.measure``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runtime_overhead import measure
 
-    res = optimize(str(path), check=0)
-    out = workdir / "resnet50.onnx"
-    artifacts.save(res.model, out)
-    sess = InferenceSession(out)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    ref = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
-    sess.run(None, feeds), ref.run(None, feeds)  # warm up both
-    ep, orig = [], []
-    for _ in range(runs):  # interleaved, so both see the same machine load
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        ep.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        ref.run(None, feeds)
-        orig.append(time.perf_counter() - t)
-    last = max(r["run"] for r in sess.profile())
-    sim = sum(r["wall_s"] for r in sess.profile() if r["run"] == last and r["device"] == "memristor")
-    return {"model": "light_resnet50", "runs": runs, "provider_s": statistics.median(ep),
-            "onnxruntime_s": statistics.median(orig), "simulator_s_last_run": sim,
-            "ratio": statistics.median(ep) / statistics.median(orig)}
+    return measure(path, feeds, runs, workdir, "light_resnet50")
 
 
 def main(argv=None) -> list[dict]:
@@ -195,7 +174,7 @@ def main(argv=None) -> list[dict]:
         print(f"\nlight ResNet50, median of {speed['runs']}: provider (crossbar simulator + onnxruntime) "
               f"{speed['provider_s'] * 1e3:.0f} ms, onnxruntime on the original "
               f"{speed['onnxruntime_s'] * 1e3:.0f} ms, ratio {speed['ratio']:.1f}x "
-              f"(simulator alone {speed['simulator_s_last_run'] * 1e3:.0f} ms in the last run)")
+              f"(simulator alone {speed['simulator_s'] * 1e3:.0f} ms in the last run)")
     return recs
 
 

@@ -1,0 +1,101 @@
+"""Wall time of the CINM execution provider next to stock onnxruntime, side by side in one run.
+
+For each model: optimize it (paper heuristic placement), write it with its kernels, then time
+``InferenceSession.run`` of the provider (crossbar nodes in the simulator, ideal mode; UPMEM
+nodes in model mode; host partitions in onnxruntime) and ``onnxruntime.InferenceSession.run`` on
+the original model, interleaved run by run so both see the same machine load, and print the
+medians and their ratio. Target (issue 5): at most 2x onnxruntime on light ResNet50.
+
+Models: light ResNet50 and light SqueezeNet (onnx wheel), the digits MLP (trained here, batch of
+the 450 test images).
+
+Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--json]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.golden import random_inputs
+from onnx_cinm.runtime.session import InferenceSession
+
+LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+
+
+def measure(original, feeds: dict, runs: int, workdir: Path, name: str) -> dict:
+    """Median wall times (seconds) of the provider on the optimized ``original`` and of
+    onnxruntime on ``original`` itself, over ``runs`` interleaved runs after one warm-up each.
+
+    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, simulator_s, host_s, upmem_s}``
+    where the last three split the provider's last run by device (host wall time per device).
+    """
+    import onnxruntime as ort
+
+    res = optimize(original, check=0)
+    path = workdir / f"{name}.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(path)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    src = original.SerializeToString() if isinstance(original, onnx.ModelProto) else str(original)
+    ref = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    sess.run(None, feeds)
+    ref.run(None, feeds)
+    ep, orig = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        ep.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ref.run(None, feeds)
+        orig.append(time.perf_counter() - t)
+    last = max(r["run"] for r in sess.profile())
+    split = {"memristor": 0.0, "host": 0.0, "upmem": 0.0}
+    for r in sess.profile():
+        if r["run"] == last and r["wall_s"]:
+            split[r["device"]] = split.get(r["device"], 0.0) + r["wall_s"]
+    return {"model": name, "runs": runs, "provider_s": statistics.median(ep),
+            "onnxruntime_s": statistics.median(orig),
+            "ratio": statistics.median(ep) / statistics.median(orig),
+            "simulator_s": split["memristor"], "host_s": split["host"], "upmem_s": split["upmem"]}
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10, help="timed runs per model")
+    ap.add_argument("--json", action="store_true", help="print the records as JSON")
+    args = ap.parse_args(argv)
+    from onnx_cinm.examples.digits import build_digits_mlp
+
+    recs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for short in ("resnet50", "squeezenet"):
+            path = LIGHT / f"light_{short}.onnx"
+            feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
+            recs.append(measure(path, feeds, args.runs, work, f"light_{short}"))
+        model, x_test, _, _ = build_digits_mlp()
+        recs.append(measure(model, {"X": x_test.astype("float32")}, args.runs, work, "digits_mlp"))
+    if args.json:
+        print(json.dumps(recs, indent=1))
+        return recs
+    print(f"{'model':16} {'provider':>10} {'onnxruntime':>12} {'ratio':>6}   provider split "
+          "(simulator / host partitions / upmem model)")
+    for r in recs:
+        print(f"{r['model']:16} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
+              f"{r['ratio']:6.2f}   {r['simulator_s'] * 1e3:.1f} / {r['host_s'] * 1e3:.1f} / "
+              f"{r['upmem_s'] * 1e3:.1f} ms")
+    print(f"(median of {args.runs} interleaved runs each)")
+    return recs
+
+
+if __name__ == "__main__":
+    main()
