@@ -169,6 +169,10 @@ class CnmPlan:
         """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`)."""
         return _COSTERS[self.kind](self)
 
+    def mram_layout(self) -> list:
+        """MRAM regions of one DPU: ``[(name, offset, bytes)]`` (see :func:`mram_layout`)."""
+        return mram_layout(self)
+
     def roofline(self) -> dict:
         """Lower bounds of the kernel on one DPU, seconds: ``dma_s`` (the bytes the op must move
         between MRAM and WRAM at the peak 2 B/cycle, no per-transfer alpha), ``compute_s`` (only
@@ -681,28 +685,49 @@ def _work_items(kind: str, geom: dict, es: int) -> int:
     return max(1, _cdiv(geom["n"] * es, 8))
 
 
-def _mram_bytes(kind: str, geom: dict, es: int, tasklets: int) -> int:
-    """MRAM per DPU: every input/output region padded to 8 bytes, back to back."""
+def _mram_regions(kind: str, geom: dict, es: int, tasklets: int) -> list[tuple[str, int]]:
+    """MRAM regions of one DPU as ``(name, bytes)`` in heap order, each a multiple of 8 bytes
+    and the same on every DPU (inputs first, then outputs, then partials)."""
     g = geom
     if kind == "gemv":
-        return g["rows_dpu"] * _r8(g["k"] * es) + g["bcast_bytes"] + 2 * _r8(g["rows_dpu"] * es)
+        return [("A", g["rows_dpu"] * _r8(g["k"] * es)), ("x", g["bcast_bytes"]),
+                ("c", g.get("bias", 0) * _r8(g["rows_dpu"] * es)), ("y", _r8(g["rows_dpu"] * es))]
     if kind in ("gemm", "simsearch"):
-        return g["rows_dpu"] * _r8(g["k"] * es) + g["bcast_bytes"] + _r8(g["rows_dpu"] * g["n"] * es)
+        return [("A", g["rows_dpu"] * _r8(g["k"] * es)), ("B", g["bcast_bytes"]),
+                ("Y", _r8(g["rows_dpu"] * g["n"] * es))]
     if kind == "elementwise":
-        return (g["streams"] + 1) * _r8(g["n_dpu"] * es) + g["bcast_bytes"]
+        return ([(f"in{i}", _r8(g["n_dpu"] * es)) for i in range(g["streams"])]
+                + [("bcast", g["bcast_bytes"]), ("out", _r8(g["n_dpu"] * g.get("out_esize", es)))])
     if kind == "merge_partial":
-        return (g["parts"] + 1) * _r8(g["n_dpu"] * es)
+        return [(f"part{i}", _r8(g["n_dpu"] * es)) for i in range(g["parts"])] + \
+               [("out", _r8(g["n_dpu"] * es))]
     if kind in ("reduce", "topk"):
-        return _r8(g["n_dpu"] * es) + tasklets * _r8(g.get("k", 1) * (es + 8) * max(1, g.get("outputs", 1)))
+        width = g.get("k", 1) * max(1, g.get("outputs", 1)) if g["mode"] == "split" else 0
+        return [("X", _r8(g["n_dpu"] * es)),
+                ("partials", tasklets * _r8(width * (es + (8 if kind == "topk" else 0)))),
+                ("out", _r8(g["rows_dpu"] * g.get("k", 1) * es) if g["mode"] == "rows" else 0)]
     if kind == "histogram":
-        return _r8(g["n_dpu"] * es) + _r8(g["bins"] * 4)
+        return [("X", _r8(g["n_dpu"] * es)), ("counts", _r8(g["bins"] * 4))]
     if kind == "scan":
-        return 2 * _r8(g["n_dpu"] * es) + 8
-    if kind in ("select", "transpose"):
-        return 2 * _r8(g["n_dpu"] * es) + tasklets * 8
+        return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es)), ("offset", 8)]
+    if kind == "select":
+        return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es)), ("counts", tasklets * 8)]
+    if kind == "transpose":
+        return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es))]
     if kind == "im2col":
-        return g["bcast_bytes"] + _r8(g["n_dpu"] * es)
-    return 0  # pragma: no cover
+        return [("X", g["bcast_bytes"]), ("Y", _r8(g["n_dpu"] * es))]
+    return []  # pragma: no cover
+
+
+def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
+    """``[(region, offset, bytes)]`` from ``DPU_MRAM_HEAP_POINTER``: 8-byte aligned offsets,
+    sizes multiples of 8, identical on every DPU; empty regions are left out."""
+    out, off = [], 0
+    for name, size in _mram_regions(plan.kind, plan.g, _esize(plan.dtype), plan.tasklets):
+        if size:
+            out.append((name, off, size))
+            off += size
+    return out
 
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
@@ -758,7 +783,7 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                                                        wram_bytes=params.wram_bytes) < block):
         raise CinmError(f"upmem: {op.op_type} {op.name!r} does not fit WRAM with {tasklets} tasklets "
                         f"({buffers} buffers per tasklet, {private + shared} B of tables)")
-    mram = _mram_bytes(kind, geom, es, tasklets)
+    mram = sum(size for _, size in _mram_regions(kind, geom, es, tasklets))
     if mram > params.mram_bytes:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} needs {mram} B of MRAM per DPU on {dpus} "
                         f"DPUs (> {params.mram_bytes})")

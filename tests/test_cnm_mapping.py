@@ -1,0 +1,210 @@
+"""cnm mapping: WRAM-fit blocks, MRAM padding, DPU choice, merges, plan attributes on real models.
+
+Expected values are worked out by hand in the comments (64 KB WRAM, 1 KB stacks, 2 KB reserved
+for globals, DMA blocks multiples of 8 and at most 2048 bytes).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import onnx_cinm
+from onnx_cinm.devices import get_device
+from onnx_cinm.devices.base import Cost, OpInfo, TensorInfo
+from onnx_cinm.devices.upmem.mapping import make_plan, plan_op, wram_block
+from onnx_cinm.errors import CinmError
+from onnx_cinm.passes import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import prim_workloads as pw  # noqa: E402
+
+
+def _t(name, shape, dtype="int32"):
+    return TensorInfo(name, np.dtype(dtype), tuple(shape), False)
+
+
+def _va(n, dtype="int32"):
+    return OpInfo("va", "Add", {}, (_t("a", [n], dtype), _t("b", [n], dtype)), (_t("y", [n], dtype),))
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+# -- the WRAM-fit rule -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tasklets, buffers, stack, private, want", [
+    (1, 2, 1024, 0, 2048),    # (65536 - 2048 - 1024) / 2 = 31232 -> the 2048-B DMA limit
+    (11, 2, 1024, 0, 2048),   # (65536 - 2048 - 11264) / 22 = 2373 -> 2048
+    (16, 2, 1024, 0, 1472),   # (65536 - 2048 - 16384) / 32 = 1472
+    (24, 2, 1024, 0, 808),    # (65536 - 2048 - 24576) / 48 = 810.7 -> 808 (multiple of 8)
+    (24, 1, 1024, 0, 1616),   # 38912 / 24 = 1621.3 -> 1616
+    (16, 2, 2048, 0, 960),    # (65536 - 2048 - 32768) / 32 = 960
+    (16, 1, 1024, 1024, 1920),  # private 256-bin histograms: (65536 - 2048 - 16 * 2048) / 16
+    (24, 2, 2048, 0, 296),    # (65536 - 2048 - 49152) / 48 = 298.7 -> 296
+])
+def test_wram_block(tasklets, buffers, stack, private, want):
+    got = wram_block(tasklets, buffers, private, stack_bytes=stack)
+    assert got == want
+    assert got % 8 == 0 and got <= 2048
+    assert tasklets * (stack + buffers * got + private) + 2048 <= 65536
+
+
+def test_wram_block_zero_when_nothing_fits():
+    assert wram_block(24, 1, 2048, stack_bytes=1024) == 0   # 24 x 3 KB > 62 KB
+
+
+def test_plan_uses_the_fitted_block_for_each_tasklet_count():
+    # a large VA (every tasklet has many blocks): the block is exactly the WRAM-fit value
+    for t, want in ((1, 2048), (11, 2048), (16, 1472), (24, 808)):
+        p = plan_op(_va(1 << 22), dpus=8, tasklets=t)
+        assert (p.tasklets, p.block_bytes) == (t, want)
+
+
+def test_block_never_exceeds_a_tasklets_share():
+    # 1001 int32 on 1 DPU, 11 tasklets: 1002 elements (padded to 8 B) = 4008 B,
+    # 4008 / 11 = 364.4 -> 368 B per tasklet
+    p = plan_op(_va(1001), dpus=1, tasklets=11)
+    assert p.block_bytes == 368
+
+
+# -- MRAM alignment and padding ---------------------------------------------------------------
+
+def test_single_element_pads_to_8_bytes():
+    p = plan_op(_va(1))
+    assert p.dpus == 1                              # one 8-byte word of work: one DPU
+    assert p.mram_layout() == [("in0", 0, 8), ("in1", 8, 8), ("out", 16, 8)]
+    assert p.mram_bytes == 24
+    assert p.block_bytes == 8
+
+
+def test_n_not_a_multiple_of_dpus():
+    # 1001 int32 on 7 DPUs: ceil(1001 / 7) = 143 -> 144 (two int32 per 8 B) = 576 B per region
+    p = plan_op(_va(1001), dpus=7)
+    assert p.mram_layout() == [("in0", 0, 576), ("in1", 576, 576), ("out", 1152, 576)]
+    assert 7 * 144 >= 1001
+    # int64: 10 elements on 3 DPUs -> 4 per DPU = 32 B
+    p = plan_op(_va(10, "int64"), dpus=3)
+    assert [r[2] for r in p.mram_layout()] == [32, 32, 32]
+    for _, off, size in p.mram_layout():
+        assert off % 8 == 0 and size % 8 == 0
+
+
+def test_gemv_rows_padded_to_8_bytes():
+    # A[37, 53] int32 on 7 DPUs: ceil(37 / 7) = 6 rows of 212 B padded to 216 B = 1296 B;
+    # x broadcast: 212 -> 216 B; y: 6 x 4 = 24 B
+    op = OpInfo("mv", "Gemv", {}, (_t("A", [37, 53]), _t("x", [53])), (_t("y", [37]),))
+    p = plan_op(op, dpus=7)
+    assert p.mram_layout() == [("A", 0, 1296), ("x", 1296, 216), ("y", 1512, 24)]
+    assert p.inputs == ("A:scatter", "x:broadcast")
+
+
+# -- DPU count and merges ----------------------------------------------------------------------
+
+def test_small_inputs_do_not_use_all_dpus():
+    assert plan_op(_va(1000)).dpus <= 64
+    assert plan_op(_va(167_772_160)).dpus == 2048
+    assert plan_op(_va(167_772_160), max_dpus=512).dpus == 512
+
+
+def test_merges():
+    red = OpInfo("r", "Reduce", {"kind": "add", "axes": [0], "keepdims": 0},
+                 (_t("x", [1 << 20]),), (_t("y", []),))
+    assert plan_op(red).merge == "tree"
+    assert make_plan(red, 64, 16, "prim").merge == "host"
+    rows = OpInfo("r", "Reduce", {"kind": "max", "axes": [1], "keepdims": 0},
+                  (_t("x", [4096, 100]),), (_t("y", [4096]),))
+    assert plan_op(rows, dpus=64).merge == "none"        # whole rows per DPU
+    hst = OpInfo("h", "Histogram", {"bins": 256, "min": 0.0, "max": 4096.0},
+                 (_t("x", [1 << 20]),), (_t("c", [256], "int64"),))
+    assert plan_op(hst).merge == "tree"                  # 16 x 1 KB private histograms fit
+    big = OpInfo("h", "Histogram", {"bins": 8192, "min": 0.0, "max": 8192.0},
+                 (_t("x", [1 << 20]),), (_t("c", [8192], "int64"),))
+    assert plan_op(big).merge == "mutex"                 # 16 x 32 KB do not: one shared table
+
+
+def test_prim_schedule_is_never_faster_on_va_and_gemv():
+    gemv = OpInfo("mv", "Gemv", {}, (_t("A", [163840, 4096]), _t("x", [4096])), (_t("y", [163840]),))
+    for op in (_va(167_772_160), gemv):
+        ours = plan_op(op)
+        assert ours.cost().kernel_s <= make_plan(op, ours.dpus, 16, "prim").cost().kernel_s
+
+
+# -- the device and the pass -------------------------------------------------------------------
+
+def test_device_cost_and_lower_options():
+    dev = get_device("upmem")
+    c = dev.cost(_va(1 << 20))
+    assert isinstance(c, Cost) and c.latency_s > 0 and c.energy_j > 0
+    assert c.bytes_moved == 3 * (1 << 22)
+    attrs = dev.lower(_va(1001), {"kernel_stem": "0000_va", "upmem_dpus": 1, "upmem_tasklets": 11})
+    assert attrs["kernel"] == "upmem/0000_va"
+    assert (attrs["cnm_dpus"], attrs["cnm_tasklets"], attrs["cnm_block_bytes"]) == (1, 11, 368)
+    # 1002 int32 = 4008 B per region, 3 regions
+    assert attrs["cnm_mram_bytes"] == 3 * 4008
+    for bad in ({"upmem_tasklets": 25}, {"upmem_tasklets": 0}, {"upmem_dpus": 0},
+                {"upmem_dpus": "8"}, {"upmem_tasklets": True}):
+        with pytest.raises(CinmError, match="upmem_"):
+            dev.lower(_va(8), dict(bad, kernel_stem="k"))
+
+
+def test_pass_is_registered():
+    i = DEFAULT_PIPELINE.index("cim_tiling")
+    assert DEFAULT_PIPELINE[i + 1] == "cnm_mapping"
+    assert STOP_LEVELS["device"] == "cnm_mapping"
+
+
+def test_plan_attributes_on_optimized_model():
+    model = pw.build("VA", "int32", "small")           # 1001 int32
+    res = onnx_cinm.optimize(model, place=[("*", "upmem")])
+    (node,) = [n for n in res.model.graph.node if n.domain == "cinm"]
+    a = _attrs(node)
+    d = a["cnm_dpus"]
+    per = -(-1001 // d)
+    per += per % 2                                     # two int32 per 8 bytes
+    assert 1 <= d <= 64 and a["cnm_tasklets"] == 16
+    assert a["cnm_mram_bytes"] == 3 * per * 4
+    share = -(-per * 4 // 16)                          # one tasklet's bytes, rounded up to 8
+    assert a["cnm_block_bytes"] == min(1472, -(-share // 8) * 8)
+    assert a["cnm_inputs"] == [b"a:scatter", b"b:scatter"]
+    assert a["cnm_merge"] == b"none"
+    assert a["cnm_latency_s"] > 0 and a["cnm_energy_j"] > 0
+    assert a["kernel"].decode().startswith("upmem/")
+    feeds = pw.random_inputs(model)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(res.model.SerializeToString()).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_pass_options_reach_the_device():
+    model = pw.build("RED", "int32", "small")          # 1003 int32 summed
+    ctx = PassContext(options={"placement": "heuristic", "place": [("*", "upmem")],
+                               "upmem_dpus": 1, "upmem_tasklets": 11})
+    out = PassManager(stop_after="device").run(model, ctx)
+    (node,) = [n for n in out.graph.node if n.domain == "cinm"]
+    a = _attrs(node)
+    # 1003 -> 1004 int32 = 4016 B on one DPU; 4016 / 11 = 365.1 -> 368-B blocks
+    assert (a["cnm_dpus"], a["cnm_tasklets"], a["cnm_block_bytes"]) == (1, 11, 368)
+    assert a["cnm_merge"] == b"tree"
+    # X, then 11 tasklets' 8-byte partials
+    assert a["cnm_mram_bytes"] == 4016 + 11 * 8
+    assert ctx.stats["cnm_mapping"]["nodes"]["upmem"] == 1
+
+
+@pytest.mark.parametrize("name", ["GEMV", "HST", "SCAN", "TRNS", "MLP"])
+def test_workloads_keep_matching_onnxruntime(name):
+    model = pw.build(name, "int32", "small")
+    res = onnx_cinm.optimize(model, place=[("*", "upmem")])
+    for n in res.model.graph.node:   # every op UPMEM accepted carries its plan
+        if n.domain == "cinm" and _attrs(n).get("device") == b"upmem":
+            assert {"cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "kernel"} <= set(_attrs(n))
+    feeds = pw.random_inputs(model)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(res.model.SerializeToString()).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

@@ -1,0 +1,166 @@
+"""UPMEM cost model: every expected number is worked out by hand from the published constants.
+
+Constants used below (PrIM, Gomez-Luna et al. 2022; field notes upmem.md §1.5):
+f = 350 MHz; one instruction per 11 cycles per tasklet; MRAM DMA 77 (read) / 61 (write) cycles
++ 0.5 cycle/byte; arithmetic throughput (MOPS at 350 MHz) INT32 add 58.56, mul 10.27, INT64 add
+50.16, FLOAT add 4.91, mul 1.91, with a 6-instruction loop for INT32 add (5 of them load, store
+and 3 loop control); host transfers 0.33 / 0.12 GB/s (1 DPU), 6.68 / 4.74 GB/s (64-DPU rank).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from onnx_cinm.devices.base import OpInfo, TensorInfo
+from onnx_cinm.devices.upmem import cost as C
+from onnx_cinm.devices.upmem.mapping import make_plan, plan_op
+
+F = 350e6
+
+
+def _t(name, shape, dtype="int32"):
+    return TensorInfo(name, np.dtype(dtype), tuple(shape), False)
+
+
+def _va(n, dtype="int32"):
+    return OpInfo("va", "Add", {}, (_t("a", [n], dtype), _t("b", [n], dtype)), (_t("y", [n], dtype),))
+
+
+# -- instruction costs -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op, dtype, want", [
+    ("add", "int32", 1),      # 350 / 58.56 = 5.98 -> 6 instructions, minus the 5 of the loop
+    ("sub", "int32", 1),      # 350 / 58.45 = 5.99 -> 6 - 5
+    ("mul", "int32", 29),     # 350 / 10.27 = 34.08 -> 34 - 5: a mul_step sequence
+    ("add", "int64", 2),      # 350 / 50.16 = 6.98 -> 7 - 5: add + add-with-carry
+    ("mul", "int64", 132),    # 350 / 2.56 = 136.7 -> 137 - 5
+    ("add", "float32", 66),   # 350 / 4.91 = 71.3 -> 71 - 5: software float
+    ("mul", "float32", 178),  # 350 / 1.91 = 183.2 -> 183 - 5
+    ("div", "float32", 1024),  # 350 / 0.34 = 1029.4 -> 1029 - 5
+    ("add", "uint8", 1),      # narrow integers compute as 32-bit
+])
+def test_op_instructions_from_prim_throughput(op, dtype, want):
+    assert C.op_instructions(op, dtype) == want
+
+
+def test_unknown_op_has_no_cost():
+    with pytest.raises(ValueError):
+        C.op_instructions("fft", "int32")
+
+
+# -- DMA ---------------------------------------------------------------------------------------
+
+def test_dma_alpha_beta():
+    p = C.UpmemCostParams()
+    assert p.dma_cycles(2048) == 77 + 1024
+    assert p.dma_cycles(8, write=True) == 61 + 4
+    assert p.dma_cycles(1024) == 77 + 512
+
+
+def test_stream_dma_splits_blocks_and_rounds_the_tail_to_8_bytes():
+    p = C.UpmemCostParams()
+    # 3000 B in 1024-B blocks: 2 x (77 + 512) + tail 952 B (already a multiple of 8): 77 + 476
+    assert p.stream_dma_cycles(3000, 1024) == 2 * 589 + 553
+    # 1001 B: one transfer rounded up to 1008 B
+    assert p.stream_dma_cycles(1001, 2048, write=True) == 61 + 504
+    assert p.stream_dma_cycles(0, 1024) == 0
+
+
+# -- host transfers ----------------------------------------------------------------------------
+
+def test_push_bandwidths_at_the_measured_points():
+    p = C.UpmemCostParams()
+    call, prep = 5e-6, 1e-7   # the estimated per-call and per-DPU overheads
+    assert p.push_s(10**6, 1) == pytest.approx(1e6 / 0.33e9 + call + prep)
+    assert p.push_s(10**6, 64) == pytest.approx(64e6 / 6.68e9 + call + 64 * prep)
+    assert p.push_s(10**6, 64, to_dpu=False) == pytest.approx(64e6 / 4.74e9 + call + 64 * prep)
+    # two full ranks transfer in parallel
+    assert p.push_s(10**6, 128) == pytest.approx(128e6 / (2 * 6.68e9) + 2 * call + 128 * prep)
+    # 8 DPUs: power law through (1, 0.33 GB/s) and (64, 6.68 GB/s)
+    bw8 = 0.33e9 * 8 ** (math.log(6.68 / 0.33) / math.log(64))
+    assert p.push_s(10**6, 8) == pytest.approx(8e6 / bw8 + call + 8 * prep)
+    assert p.broadcast_s(10**6, 64) == pytest.approx(64e6 / 16.88e9 + call)
+    assert p.serial_s(10**6, to_dpu=False) == pytest.approx(1e6 / 0.12e9 + call)
+
+
+def test_ranks_and_launch_overhead():
+    p = C.UpmemCostParams()
+    assert [p.ranks(d) for d in (1, 64, 65, 2048)] == [1, 1, 2, 32]
+    assert p.launch_overhead_s(2048) == pytest.approx(20e-6 + 32 * 3e-6)
+
+
+# -- the pipeline rule -------------------------------------------------------------------------
+
+def test_kernel_cycles_takes_the_binding_bound():
+    # 16 tasklets x 100 instructions: the pipeline issues 1600 in 1600 cycles; one tasklet's
+    # chain is 11 x 100 + its 50 DMA cycles = 1150; DMA 500
+    c = C.kernel_cycles(C.KernelWork(16, 100, 1600, 500, 50))
+    assert (c["total"], c["bound"]) == (1600, "compute")
+    # 1 tasklet: 11 cycles per instruction, plus its own DMA waits: 1100 + 500
+    c = C.kernel_cycles(C.KernelWork(1, 100, 100, 500, 500))
+    assert (c["total"], c["bound"]) == (1600, "tasklet-chain")
+    # 11 tasklets reach one instruction per cycle: 11 x 100 = 1100 both ways
+    c = C.kernel_cycles(C.KernelWork(11, 100, 1100, 0, 0))
+    assert c["total"] == 1100
+    c = C.kernel_cycles(C.KernelWork(16, 10, 160, 5000, 400, serial_cycles=70))
+    assert (c["total"], c["bound"]) == (5070, "dma")
+
+
+# -- a whole kernel by hand: VA --------------------------------------------------------------
+
+def test_va_int32_on_4_dpus_by_hand():
+    """VA of N = 47,104 int32 on D = 4 DPUs, 16 tasklets.
+
+    Per DPU n = 11,776 elements = 47,104 B per operand. Block: (65,536 - 2,048 reserved
+    - 16 x 1,024 stack) / (16 tasklets x 2 buffers) = 1,472 B (= 368 elements), so 32 blocks
+    per operand, 2 per tasklet.
+    DMA: reads 2 x 32 x (77 + 736) = 52,032; writes 32 x (61 + 736) = 25,504; total 77,536.
+    Pipeline: per element 2 loads + 1 add + 1 store + 3/8 loop control = 4.375 instructions
+    (unrolled by 8), plus 12 per block: 11,776 x 4.375 + 32 x 12 = 51,904 < 77,536.
+    One tasklet: 11 x (736 x 4.375 + 2 x 12) + 2 x (2 x 813 + 797) = 35,684 + 4,846 = 40,530.
+    So the kernel is DMA-bound: 77,536 cycles = 221.53 us at 350 MHz.
+    """
+    plan = plan_op(_va(47104), dpus=4)
+    assert (plan.dpus, plan.tasklets, plan.block_bytes) == (4, 16, 1472)
+    b = plan.cost()
+    assert b.kernel_cycles == pytest.approx(77536)
+    assert b.bound == "dma"
+    assert b.kernel_s == pytest.approx(77536 / F)
+    assert b.compute_s == pytest.approx(51904 / F)
+    assert b.mram_bytes_per_dpu == 3 * 47104
+    # roofline: 12 B per element at 2 B/cycle = 70,656 cycles; compute 1 add per element
+    roof = plan.roofline()
+    assert roof["dma_s"] == pytest.approx(70656 / F)
+    assert roof["compute_s"] == pytest.approx(11776 / F)
+    assert b.kernel_s / roof["bound_s"] == pytest.approx(77536 / 70656)
+    # host: 2 operands of 47,104 B pushed to 4 DPUs, result pulled back
+    p = C.UpmemCostParams()
+    k = math.log(6.68 / 0.33) / math.log(64)
+    assert b.host_in_s == pytest.approx(2 * 47104 * 4 / (0.33e9 * 4 ** k) + 5e-6 + 4e-7)
+    assert b.bytes_in == 2 * 47104 * 4 and b.bytes_out == 47104 * 4
+    assert b.launch_s == pytest.approx(p.launch_s + p.launch_per_rank_s)
+
+
+def test_va_int32_prim_default_by_hand():
+    """The same VA under PrIM's default schedule: 1,024-B blocks (46 per operand per DPU), loops
+    not unrolled: 2 + 1 + 1 + 3 = 7 instructions per element.
+    Pipeline: 11,776 x 7 + 46 x 12 = 82,984. DMA: 2 x 46 x 589 + 46 x 573 = 80,546.
+    Compute-bound: 82,984 cycles."""
+    b = make_plan(_va(47104), 4, 16, "prim").cost()
+    assert b.kernel_cycles == pytest.approx(82984)
+    assert b.bound == "compute"
+
+
+def test_float_is_emulated_and_compute_bound():
+    """float32 VA per element: 2 loads + 66 (add) + 1 store + 3/8 = 69.375 instructions, far above
+    the 6 DMA cycles per element: compute-bound at 11,776 x 69.375 + 32 x 12 = 817,344 cycles."""
+    b = plan_op(_va(47104, "float32"), dpus=4).cost()
+    assert b.bound == "compute"
+    assert b.kernel_cycles == pytest.approx(11776 * 69.375 + 32 * 12)
+
+
+def test_energy_is_an_estimate_with_stated_terms():
+    # 2 DPUs busy 1 s at 0.12 W, idle 0.5 s at 0.03 W, 1e6 B at 20 pJ/B, host busy 0.1 s at 30 W
+    assert C.energy_j(1.0, 2, 10**6, 0.1, 0.5) == pytest.approx(0.24 + 0.03 + 20e-6 + 3.0)
