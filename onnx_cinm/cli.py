@@ -94,14 +94,17 @@ def _parser() -> argparse.ArgumentParser:
                          "and keeps it resident; naive (m, n, k) rewrites it for every input row, "
                          "for comparison")
     xb.add_argument("--cim-crossbars", type=_positive, default=None, metavar="P",
-                    help="crossbars on the device (default: the preset's, 4)")
+                    help="crossbars on the device (default: the preset's, 4)%(default).0s")
     xb.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
-                    help="cells per crossbar, e.g. 128x128 (default: the preset's, 64x64)")
+                    help="cells per crossbar, e.g. 128x128 (default: the preset's, 64x64 for "
+                         "pcm-occ, 128x128 for reram-isaac)%(default).0s")
     xb.add_argument("--cim-preset", default="pcm-occ", choices=["pcm-occ", "reram-isaac"],
                     help="device parameters: OCC's PCM model or an ISAAC-like ReRAM")
-    xb.add_argument("--cim-mode", default="ideal", metavar="MODE",
-                    help="'ideal' (exact fp32) or a non-ideal preset such as 'q8' (8-bit weights "
-                         "with per-channel scales, 8-bit ADC)")
+    xb.add_argument("--cim-mode", default="ideal", choices=["ideal", "q8", "q8-noisy"],
+                    help="data path of the emitted kernels: 'ideal' (exact fp32), 'q8' (8-bit "
+                         "weights with per-channel scales on 2-bit cells in differential pairs, "
+                         "8-bit DAC and ADC) or 'q8-noisy' (q8 plus 2%% seeded read noise); the "
+                         "check compares the cinm reference bodies, which are exact")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -215,6 +218,12 @@ def _cmd_run(args, parser) -> int:
         say(f"  outputs written to {args.output}")
     if args.profile:
         print(profile.table(sess.profile()))
+        load = sess.load_profile()
+        if load:
+            print(f"programmed at load (once per session): {sum(r['writes'] for r in load)} tile "
+                  f"writes on {len(load)} crossbar kernels, modeled "
+                  f"{sum(r['latency_s'] for r in load) * 1e6:.1f} us, "
+                  f"{sum(r['energy_j'] for r in load) * 1e6:.2f} uJ")
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)

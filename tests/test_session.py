@@ -53,6 +53,9 @@ def test_heterogeneous_run_matches_onnxruntime(lenet):
     # resident weights: nothing is rewritten by an inference for conv1 and conv2 (T <= 4),
     # fc1 has 7*2 = 14 tiles > 4: 10 writes per inference
     assert {r["node"]: r["writes"] for r in xb} == {"conv1/Gemm": 0, "conv2/Gemm": 0, "fc1/Gemm": 10}
+    # at load: conv1 1 tile, conv2 ceil(150/64)*1 = 3, fc1 min(14, P=4) = 4
+    assert {r["node"]: r["writes"] for r in sess.load_profile()} == {
+        "conv1/Gemm": 1, "conv2/Gemm": 3, "fc1/Gemm": 4}
 
 
 def test_cpu_provider_only_runs_everything_in_onnxruntime(lenet):

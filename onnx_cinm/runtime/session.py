@@ -369,6 +369,17 @@ class InferenceSession:
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
+    def load_profile(self) -> list[dict]:
+        """What creating the session did on the devices: per crossbar kernel, the tiles
+        programmed at load (``writes``), with modeled ``latency_s`` and ``energy_j``."""
+        out = []
+        for d in self._device_nodes:
+            load = getattr(d.kernel, "load_metrics", None)
+            if load:
+                out.append({"node": d.node.name, "device": d.device, "writes": load["tile_writes"],
+                            "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
+        return out
+
     def partitions(self) -> list[tuple[str, int]]:
         """``(kind, node count)`` in execution order, for inspection: host partitions and
         device nodes."""

@@ -215,6 +215,10 @@ class MemristorDevice:
         p, v, params, const, why = self.plan(op, options)
         c = p.cost(params)
         mode = options.get("cim_mode") or "ideal"
+        from .nonideal import PRESETS as MODES
+
+        if mode not in MODES:
+            raise CinmError(f"unknown crossbar mode '{mode}' (known: {', '.join(MODES)})")
         attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
             "cim_loop_order": p.loop_order, "cim_operand": v.operand, "cim_M": p.M,
