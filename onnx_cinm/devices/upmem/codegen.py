@@ -692,3 +692,50 @@ def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
     man["op_type"] = op.op_type
     man_p.write_text(json.dumps(man, indent=1) + "\n")
     return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# histogram (HST-S)
+
+
+def _c_double(v: float) -> str:
+    v = float(np.float32(v))  # the attribute is a float32 (ONNX AttributeProto.FLOAT)
+    if math.isinf(v):
+        return "(-__builtin_inf())" if v < 0 else "__builtin_inf()"
+    return f"({v!r})"
+
+
+def _max_tasklets(tasklets: int, per_tasklet: int, fixed: int = 0) -> int:
+    """The most tasklets (<= ``tasklets``) whose ``per_tasklet`` WRAM bytes plus stacks fit."""
+    t = tasklets
+    while t > 1 and t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+        t -= 1
+    if t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+        raise ValueError("does not fit in 64 KB of WRAM even with one tasklet")
+    return t
+
+
+def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    bins = int(params["bins"])
+    if not 1 <= bins <= 8192:
+        raise ValueError(f"histogram: bins={bins}, the kernel handles 1..8192")
+    lo, hi = float(params["min"]), float(params["max"])
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    N = math.prod(shape)
+    cap = max(per, _round_up(_ceil(N, dpus), per))
+    bins_pad = _round_up(bins, 2)
+    # private histograms: fewer tasklets when they would not fit (a choice HST-L avoids with
+    # a shared histogram and mutexes)
+    blk0 = max(8, min(2048, block) // 8 * 8)
+    tasklets = _max_tasklets(tasklets, bins_pad * 4 + min(blk0, cap * es))
+    blk = _fit_block(block, tasklets, 1, fixed=tasklets * bins_pad * 4, cap=cap * es)
+    _check_mram(cap * es + bins_pad * 4, f"histogram of {N} elements on {dpus} DPUs")
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    instr = 2 * instr_per_elem("float32", "cmp") + instr_per_elem("float32", "mul") + \
+        instr_per_elem("float32", "div")
+    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("counts", (bins,), "int64")],
+           dict(N=N, cap=cap, bins=bins, bins_pad=bins_pad, h_off=cap * es, lo=lo, hi=hi,
+                lo_c=_c_double(lo), hi_c=_c_double(hi), instr=instr))
+    return _write(outdir, "histogram", k, {"bins": bins, "min": lo, "max": hi})
