@@ -103,8 +103,8 @@ class _Tensor:
         return math.prod(self.shape)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "const": self.const}
+        return {"name": self.name, "shape": None if self.shape is None else list(self.shape),
+                "dtype": self.dtype, "const": self.const}
 
 
 @dataclass
@@ -739,3 +739,27 @@ def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
            dict(N=N, cap=cap, bins=bins, bins_pad=bins_pad, h_off=cap * es, lo=lo, hi=hi,
                 lo_c=_c_double(lo), hi_c=_c_double(hi), instr=instr))
     return _write(outdir, "histogram", k, {"bins": bins, "min": lo, "max": hi})
+
+
+# ----------------------------------------------------------------------------------------------
+# compress (SEL)
+
+
+def _emit_compress(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    if len(shapes) != 2 or math.prod(shapes[0]) != math.prod(shapes[1]):
+        raise ValueError(f"compress: expected X and a mask of as many elements, got {shapes}")
+    es = np.dtype(dtype).itemsize
+    N = math.prod(shapes[0])
+    TL = max(8, _round_up(_ceil(N, dpus * tasklets), 8))  # elements per tasklet, 8 of them = 8 mask bytes
+    cap = TL * tasklets
+    m_off = cap * es
+    y_off = m_off + cap
+    _check_mram(y_off + cap * es, f"compress of {N} elements on {dpus} DPUs")
+    # buffers: X block, staging block, mask block (BLOCK / sizeof(T) bytes); >= 8 mask bytes
+    blk = _fit_block(max(block, 8 * es), tasklets, 2 + 1 / es, cap=TL * es)
+    blk = max(blk, 8 * es) // (8 * es) * (8 * es)
+    ins = _inputs(["X", "mask"], shapes, [dtype, "bool"], consts, outdir)
+    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", None, dtype)],
+           dict(N=N, cap=cap, TL=TL, m_off=m_off, y_off=y_off,
+                instr=instr_per_elem("int32", "cmp") + 2))
+    return _write(outdir, "compress", k, {})
