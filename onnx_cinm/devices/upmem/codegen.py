@@ -804,3 +804,41 @@ def _emit_scan(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
                 instr=instr_per_elem(dtype, "add")))
     return _write(outdir, "scan", k, {"axis": axis, "exclusive": k.exclusive,
                                       "reverse": k.reverse, "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# topk
+
+
+def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    if not shape:
+        raise ValueError("topk: needs rank >= 1")
+    axis = int(params.get("axis", -1)) % len(shape)
+    kk = int(params["k"])
+    largest = 1 if int(params.get("largest", 1)) else 0
+    if not 1 <= kk <= shape[axis]:
+        raise ValueError(f"topk: k={kk} must be in 1..{shape[axis]} (the axis length)")
+    if kk > 256:
+        raise ValueError(f"topk: k={kk} > 256 (the WRAM candidate lists would not fit)")
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    KP = _round_up(kk, per)
+    # 2 KB WRAM lists per tasklet at most: fewer tasklets for a large k
+    tasklets = _max_tasklets(tasklets, KP * (es + 8) + 4 + 64)
+    perm, O, L, DR, DC, row_cap, c_cap = _rows_layout(shape, [axis], dpus, per)
+    v_off = row_cap * c_cap * es
+    i_off = v_off + row_cap * KP * es
+    _check_mram(i_off + row_cap * KP * 8, f"topk {list(shape)} on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, 1, fixed=tasklets * (KP * (es + 8) + 4), cap=c_cap * es)
+    pshape, pstride = _perm_gather(shape, perm)
+    yshape = tuple(kk if a == axis else d for a, d in enumerate(shape))
+    ishape, istride = _inverse_gather(yshape, perm)
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    k = _K(kind, dtype, DR * DC, tasklets, blk, ins,
+           [_Tensor("values", yshape, dtype), _Tensor("indices", yshape, "int64")],
+           dict(k=kk, axis=axis, largest=largest, KP=KP, O=O, L=L, DC=DC, row_cap=row_cap,
+                c_cap=c_cap, v_off=v_off, i_off=i_off, pshape=pshape, pstride=pstride,
+                ishape=ishape, istride=istride, instr=2 * instr_per_elem(dtype, "cmp")))
+    return _write(outdir, "topk", k, {"k": kk, "axis": axis, "largest": largest,
+                                      "dpus_requested": dpus})
