@@ -652,8 +652,12 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
     if t == "Transpose":
         need_dtype(dtype)
         perm = list(a.get("perm", range(len(shapes[0]))[::-1]))
-        if _transpose_groups(perm) is None:
+        groups = _transpose_groups(perm)
+        if groups is None:
             raise ValueError(f"perm {perm} is not a swap of two adjacent axis groups")
+        run = math.prod(shapes[0][sum(groups[:3]):]) * np.dtype(dtype).itemsize
+        if 8 // math.gcd(8, run) * run > 2048:
+            raise ValueError(f"trailing run of {run} bytes is too long for one DMA")
         return "transpose", dtype, shapes, {"perm": perm}
     raise ValueError(f"no UPMEM kernel for cinm.{t}")
 
@@ -842,3 +846,56 @@ def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
                 ishape=ishape, istride=istride, instr=2 * instr_per_elem(dtype, "cmp")))
     return _write(outdir, "topk", k, {"k": kk, "axis": axis, "largest": largest,
                                       "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# transpose (TRNS)
+
+
+def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    perm = [int(p) % max(1, len(shape)) for p in params.get("perm", range(len(shape))[::-1])]
+    if sorted(perm) != list(range(len(shape))):
+        raise ValueError(f"transpose: perm {perm} is not a permutation of {len(shape)} axes")
+    groups = _transpose_groups(perm)
+    if groups is None:
+        raise ValueError(f"transpose: perm {perm} is not a swap of two adjacent axis groups")
+    lead, na, nb, _ = groups
+    G = math.prod(shape[:lead])
+    A = math.prod(shape[lead:lead + na])
+    B = math.prod(shape[lead + na:lead + na + nb])
+    E = math.prod(shape[lead + na + nb:])
+    es = np.dtype(dtype).itemsize
+    u = E * es                       # bytes per unit of E elements
+    q = 8 // math.gcd(8, u)          # units per 8-byte-aligned run
+    if q * u > 2048:
+        raise ValueError(f"transpose: trailing run of {u} bytes cannot be moved in 8-aligned "
+                         "DMAs of at most 2048 bytes")
+    blk = _fit_block(block, tasklets, 2, cap=None)
+    m = max(1, math.isqrt(max(1, blk // (q * q * u))))
+    BW = min(q * m, _round_up(B, q))
+    AC = min(A, max(1, _ceil(G * A, dpus))) if A else 1
+    AW = min(q * m, _round_up(AC, q))
+    while AW * BW * u > max(blk, q * q * u) or BW * u > 2048 or AW * u > 2048:
+        if BW >= AW and BW > q:
+            BW -= q
+        elif AW > q:
+            AW -= q
+        else:
+            break
+    blk_used = _round_up(AW * BW * u, 8)
+    if tasklets * (2 * blk_used + STACK_BYTES) + WRAM_MARGIN > WRAM_BYTES:
+        raise ValueError("transpose: sub-tiles do not fit in WRAM")
+    AC_pad, B_pad = _round_up(AC, AW), _round_up(B, BW)
+    NA = _ceil(A, AC) if A else 1
+    units = G * NA
+    US = _ceil(units, dpus)
+    used = _ceil(units, US)
+    tile = AC_pad * B_pad * E * es
+    _check_mram(2 * US * tile, f"transpose {list(shape)} on {dpus} DPUs")
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    yshape = tuple(shape[p] for p in perm)
+    k = _K(kind, dtype, used, tasklets, blk_used, ins, [_Tensor("Y", yshape, dtype)],
+           dict(perm=perm, G=G, A=A, B=B, E=E, AC=AC, AC_pad=AC_pad, B_pad=B_pad, AW=AW, BW=BW,
+                NA=NA, units=units, US=US, out_off=US * tile, instr=4))
+    return _write(outdir, "transpose", k, {"perm": perm, "dpus_requested": dpus})
