@@ -14,11 +14,11 @@ from .errors import CinmError
 
 _EPILOG = """\
 examples:
-  onnx-cinm optimize --example lenet -o lenet.cinm.onnx
-  onnx-cinm optimize model.onnx -o model.cinm.onnx --place 'Gemm=upmem' --check 3
+  onnx-cinm optimize --example lenet -o lenet_opt.onnx
+  onnx-cinm optimize model.onnx -o model_opt.onnx --place 'Gemm=upmem' --check 3
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
-  onnx-cinm run lenet.cinm.onnx --random 3 --profile
-  onnx-cinm compare model.onnx model.cinm.onnx
+  onnx-cinm run lenet_opt.onnx --random 3 --profile
+  onnx-cinm compare model.onnx model_opt.onnx
   onnx-cinm devices
 """
 
