@@ -114,6 +114,145 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
                 )
 
 
+#: Domains whose ops a model may use without a model-local function: onnx's own, onnxruntime's
+#: contrib ops, and ours.
+_KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training",
+                            "com.microsoft", "com.microsoft.nchwc", "cinm"})
+
+#: Largest element count numpy, protobuf and onnxruntime can index (int64).
+_INT64_MAX = 2**63 - 1
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """All lines of an error message joined into one (onnx's checker breaks messages up)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    if node.name:
+        return f"'{node.name}' ({node.op_type})"
+    first = next((o for o in node.output if o), "")
+    return f"{node.op_type} writing '{first}'" if first else f"an unnamed {node.op_type}"
+
+
+def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
+    """Every op of a non-standard domain must be defined by a model-local function."""
+    local = {(f.domain, f.name) for f in model.functions}
+    for graph in _iter_graphs(model.graph):
+        for node in graph.node:
+            domain = node.domain or ""
+            if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
+                continue
+            if (domain, node.op_type) not in local:
+                raise CinmError(
+                    f"'{path}': node {_node_label(node)} uses op '{domain}:{node.op_type}', which "
+                    f"neither onnx nor onnxruntime defines and no model-local function provides"
+                )
+
+
+def _shape_of(value: onnx.ValueInfoProto) -> list | None:
+    tensor_type = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in tensor_type.shape.dim]
+
+
+def _check_shapes(model: onnx.ModelProto, path: str) -> None:
+    """No int64-overflowing shapes anywhere; no zero-sized or negative graph input dims."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    declared = [("input", v) for v in graph.input] + [("output", v) for v in graph.output] + \
+        [("value_info", v) for v in graph.value_info]
+    for kind, value in declared:
+        dims = _shape_of(value)
+        if dims is None:
+            continue
+        static = [d for d in dims if isinstance(d, int)]
+        if any(d < 0 for d in static):
+            raise CinmError(f"'{path}': graph {kind} '{value.name}' has a negative dimension "
+                            f"{dims}")
+        if int(np.prod([max(d, 1) for d in static], dtype=object)) > _INT64_MAX:
+            raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
+                            "element count overflows int64")
+        if kind == "input" and value.name not in initializers and 0 in static:
+            raise CinmError(f"'{path}': graph input '{value.name}' has a zero-sized dimension "
+                            f"{dims}: it holds no data, so there is nothing to compile")
+    for tensor in _iter_tensors(model):
+        if any(d < 0 for d in tensor.dims) or \
+                int(np.prod([max(d, 1) for d in tensor.dims], dtype=object)) > _INT64_MAX:
+            raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
+                            "which is negative or overflows int64")
+
+
+def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
+    """The main graph is a DAG in topological order, in SSA form, with no dangling reads.
+
+    onnx's checker finds most of these too, but reports a cycle, a dangling input and an
+    ordering problem alike and over several lines; this names the problem in one line.
+    """
+    inputs = [v.name for v in graph.input]
+    initializers = {t.name for t in graph.initializer} | \
+        {t.values.name for t in graph.sparse_initializer}
+    seen_inputs: set[str] = set()
+    for name in inputs:
+        if name in seen_inputs:
+            raise CinmError(f"'{path}' is not a valid ONNX model: graph input '{name}' is listed twice")
+        seen_inputs.add(name)
+    sources = set(inputs) | initializers
+    writer: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for out in node.output:
+            if not out:
+                continue
+            if out in writer:
+                raise CinmError(f"'{path}' is not a valid ONNX model: tensor '{out}' is written by two nodes, "
+                                f"{_node_label(writer[out])} and {_node_label(node)}")
+            if out in sources:
+                raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} writes '{out}', which is "
+                                "already a graph input or initializer")
+            writer[out] = node
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in sources and name not in writer:
+                raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
+                                "which no node, graph input or initializer produces")
+    for value in graph.output:
+        if value.name in set(inputs) - initializers:
+            raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is also a graph input (a "
+                            "pass-through); remove it from the outputs or copy it with Identity")
+        if value.name not in sources and value.name not in writer:
+            raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is not produced by any node")
+    # order: what cannot be scheduled in any order lies on a cycle; else the order is wrong
+    ready = set(sources)
+    order_problem = None
+    for node in graph.node:
+        missing = [name for name in node.input if name and name not in ready]
+        if missing and order_problem is None:
+            order_problem = (node, missing[0])
+        ready.update(o for o in node.output if o)
+    if order_problem is None:
+        return
+    available, remaining = set(sources), list(range(len(graph.node)))
+    progress = True
+    while remaining and progress:
+        progress = False
+        for i in list(remaining):
+            if all(not name or name in available for name in graph.node[i].input):
+                available.update(graph.node[i].output)
+                remaining.remove(i)
+                progress = True
+    if remaining:
+        names = ", ".join(_node_label(graph.node[i]) for i in remaining[:4])
+        more = ", ..." if len(remaining) > 4 else ""
+        raise CinmError(f"'{path}' is not a valid ONNX model: the graph has a cycle; these nodes can never run: "
+                        f"{names}{more}")
+    node, name = order_problem
+    raise CinmError(f"'{path}' is not a valid ONNX model: nodes are not in topological order: {_node_label(node)} reads "
+                    f"'{name}' before {_node_label(writer[name])} writes it")
+
+
 def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None:
     for tensor in _iter_tensors(model):
         if not _is_external(tensor):
@@ -190,12 +329,15 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.graph.output:
         raise CinmError(f"'{path}' has no graph outputs: nothing to compute")
     _check_opsets(model, path)
+    _check_unknown_ops(model, path)
+    _check_graph_structure(model.graph, path)
+    _check_shapes(model, path)
     folder = os.path.dirname(os.path.abspath(path))
     _check_external_data(model, path, folder)
     try:
         onnx.checker.check_model(path)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        raise CinmError(f"'{path}' is not a valid ONNX model: {_first_line(error)}") from None
+        raise CinmError(f"'{path}' is not a valid ONNX model: {_one_line(error)}") from None
     if any(_is_external(tensor) for tensor in _iter_tensors(model)):
         onnx.external_data_helper.load_external_data_for_model(model, folder)
     return model
