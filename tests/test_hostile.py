@@ -1,0 +1,329 @@
+"""Hostile input (issue 7, part 3): malformed models and paths through the CLI.
+
+Every case runs ``onnx-cinm optimize IN -o OUT`` and requires: a non-zero exit status (1: bad
+input), exactly one line on stderr that names the problem, no traceback anywhere, nothing on
+stdout, and no file written (the output folder is left exactly as it was). Most cases call
+``onnx_cinm.cli.main`` in-process; a few run the console entry point in a subprocess to see the
+real exit status. NaN/Inf weights are not an error: the model compiles and its outputs carry
+NaN/Inf exactly where onnxruntime puts them on the original.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+from onnx_cinm.cli import main
+
+X = h.make_tensor_value_info("x", TP.FLOAT, [2, 3])
+Y = h.make_tensor_value_info("y", TP.FLOAT, [2, 3])
+
+
+def _model(nodes, inputs=(X,), outputs=(Y,), inits=(), opset=17, ir=8) -> onnx.ModelProto:
+    graph = h.make_graph(list(nodes), "hostile", list(inputs), list(outputs), list(inits))
+    opsets = [h.make_opsetid("", opset)] if opset else []
+    return h.make_model(graph, opset_imports=opsets, ir_version=ir)
+
+
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    return _model([h.make_node("MatMul", ["x", "w"], ["y"])], (X,),
+                  (h.make_tensor_value_info("y", TP.FLOAT, [2, w.shape[1]]),),
+                  [numpy_helper.from_array(w, "w")])
+
+
+def _write(path: Path, content) -> Path:
+    path.write_bytes(content.SerializeToString() if isinstance(content, onnx.ModelProto)
+                     else content)
+    return path
+
+
+def _external(folder: Path, location: str, data: bytes | None = None) -> Path:
+    """A MatMul model whose 3x3 weight lives in external data at ``location``."""
+    model = _matmul_model(np.ones((3, 3), np.float32))
+    tensor = model.graph.initializer[0]
+    raw = tensor.raw_data
+    tensor.ClearField("raw_data")
+    tensor.data_location = TP.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(len(raw)))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    if data is not None:
+        (folder / location).write_bytes(data)
+    return _write(folder / "m.onnx", model)
+
+
+# ---------------------------------------------------------------------------------------------
+# the cases: name -> builder(in_dir, out_dir) -> (argv tail: [input, "-o", output], fragment)
+# ---------------------------------------------------------------------------------------------
+
+def _plain(model_or_bytes, fragment):
+    def build(src: Path, dst: Path):
+        return [str(_write(src / "m.onnx", model_or_bytes)), "-o", str(dst / "out.onnx")], fragment
+    return build
+
+
+def _good_bytes() -> bytes:
+    return _matmul_model(np.ones((3, 64), np.float32)).SerializeToString()
+
+
+def _no_outputs():
+    model = _model([h.make_node("Relu", ["x"], ["y"])])
+    del model.graph.output[:]
+    return model
+
+
+def _short_raw_data():
+    model = _matmul_model(np.ones((3, 3), np.float32))
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:20]
+    return model
+
+
+def _ext_missing(src, dst):
+    return [str(_external(src, "weights.bin")), "-o", str(dst / "out.onnx")], "'weights.bin'"
+
+
+def _ext_escapes(src, dst):
+    (src.parent / "outside.bin").write_bytes(np.ones(9, np.float32).tobytes())
+    return ([str(_external(src, "../outside.bin")), "-o", str(dst / "out.onnx")],
+            "not a relative path inside the model's folder")
+
+
+def _ext_absolute(src, dst):
+    target = src.parent / "abs.bin"
+    target.write_bytes(np.ones(9, np.float32).tobytes())
+    return ([str(_external(src, str(target))), "-o", str(dst / "out.onnx")],
+            "not a relative path inside the model's folder")
+
+
+def _ext_too_short(src, dst):
+    return ([str(_external(src, "w.bin", b"\0" * 8)), "-o", str(dst / "out.onnx")],
+            "too short")
+
+
+def _same_path(src, dst):
+    path = _write(src / "m.onnx", _good_bytes())
+    return [str(path), "-o", str(path)], "equals the input path"
+
+
+def _missing_input(src, dst):
+    return [str(src / "nope.onnx"), "-o", str(dst / "out.onnx")], "no such file"
+
+
+def _input_is_folder(src, dst):
+    (src / "dir.onnx").mkdir()
+    return [str(src / "dir.onnx"), "-o", str(dst / "out.onnx")], "is a directory"
+
+
+def _output_folder_missing(src, dst):
+    path = _write(src / "m.onnx", _good_bytes())
+    return [str(path), "-o", str(dst / "no" / "such" / "out.onnx")], "out.onnx"
+
+
+def _output_is_folder(src, dst):
+    path = _write(src / "m.onnx", _good_bytes())
+    (dst / "taken.onnx").mkdir()
+    return [str(path), "-o", str(dst / "taken.onnx")], "not a regular file"
+
+
+def _output_folder_is_a_file(src, dst):
+    path = _write(src / "m.onnx", _good_bytes())
+    (dst / "plain").write_bytes(b"x")
+    return [str(path), "-o", str(dst / "plain" / "out.onnx")], "Not a directory"
+
+
+CASES = {
+    "empty_file": _plain(b"", "is empty"),
+    "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
+    "truncated_protobuf": _plain(_good_bytes()[: len(_good_bytes()) // 2], "is not an ONNX model"),
+    "graph_with_a_cycle": _plain(_model([
+        h.make_node("Add", ["x", "b"], ["a"]), h.make_node("Relu", ["a"], ["b"]),
+        h.make_node("Relu", ["a"], ["y"])]), "has a cycle"),
+    "nodes_out_of_topological_order": _plain(_model([
+        h.make_node("Relu", ["a"], ["y"]), h.make_node("Neg", ["x"], ["a"])]),
+        "not in topological order: Relu writing 'y' reads 'a' before Neg writing 'a'"),
+    "dangling_input": _plain(_model([h.make_node("Add", ["x", "ghost"], ["y"])]),
+                             "reads tensor 'ghost', which no node"),
+    "two_nodes_write_one_tensor": _plain(_model([
+        h.make_node("Relu", ["x"], ["y"], name="first"),
+        h.make_node("Neg", ["x"], ["y"], name="second")]),
+        "tensor 'y' is written by two nodes, 'first' (Relu) and 'second' (Neg)"),
+    "node_overwrites_a_graph_input": _plain(_model([
+        h.make_node("Relu", ["x"], ["x"]), h.make_node("Neg", ["x"], ["y"])]),
+        "writes 'x', which is already a graph input"),
+    "unknown_opset_domain": _plain(
+        (lambda m: (m.opset_import.append(h.make_opsetid("com.unknown", 1)), m)[1])(
+            _model([h.make_node("Foo", ["x"], ["y"], domain="com.unknown")])),
+        "op 'com.unknown:Foo', which neither onnx nor onnxruntime defines"),
+    "missing_opset_import": _plain(_model([h.make_node("Relu", ["x"], ["y"])], opset=None),
+                                   "has no opset_import for it"),
+    "unsupported_opset_version": _plain(_model([h.make_node("Relu", ["x"], ["y"])], opset=99),
+                                        "unsupported opset 99"),
+    "unknown_default_domain_op": _plain(_model([h.make_node("NoSuchOp", ["x"], ["y"])]),
+                                        "No Op registered for NoSuchOp"),
+    "external_data_missing": _ext_missing,
+    "external_data_escapes_folder": _ext_escapes,
+    "external_data_absolute_path": _ext_absolute,
+    "external_data_too_short": _ext_too_short,
+    "zero_sized_dimension": _plain(_model(
+        [h.make_node("Relu", ["x"], ["y"])], (h.make_tensor_value_info("x", TP.FLOAT, [0, 3]),),
+        (h.make_tensor_value_info("y", TP.FLOAT, [0, 3]),)), "zero-sized dimension [0, 3]"),
+    "shape_overflows_int64": _plain(_model(
+        [h.make_node("Relu", ["x"], ["y"])],
+        (h.make_tensor_value_info("x", TP.FLOAT, [2**40, 2**40]),),
+        (h.make_tensor_value_info("y", TP.FLOAT, [2**40, 2**40]),)), "overflows int64"),
+    "output_is_also_an_input": _plain(_model(
+        [h.make_node("Relu", ["x"], ["y"])], (X,), (Y, X)),
+        "graph output 'x' is also a graph input"),
+    "no_graph_outputs": _plain(_no_outputs(), "no graph outputs"),
+    "input_listed_twice": _plain(_model([h.make_node("Relu", ["x"], ["y"])], (X, X)),
+                                 "graph input 'x' is listed twice"),
+    "weight_data_too_short": _plain(_short_raw_data(), "raw_data size (20 bytes) is too small"),
+    "ir_version_too_new": _plain(_model([h.make_node("Relu", ["x"], ["y"])], ir=99),
+                                 "ir_version 99"),
+    "output_path_equals_input_path": _same_path,
+    "input_file_missing": _missing_input,
+    "input_is_a_folder": _input_is_folder,
+    "output_folder_missing": _output_folder_missing,
+    "output_path_is_a_folder": _output_is_folder,
+    "output_folder_is_a_file": _output_folder_is_a_file,
+}
+
+
+def _listing(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def _dirs(tmp_path):
+    src, dst = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    dst.mkdir()
+    return src, dst
+
+
+def _assert_one_line_failure(code, out, err, fragment, dst, before):
+    assert code == 1, f"exit status {code}, stderr: {err!r}"
+    assert "Traceback" not in out + err
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    assert lines[0].startswith("onnx-cinm: error: ")
+    assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    assert _listing(dst) == before, "something was written to the output folder"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_input_is_one_line_exit_1_and_writes_nothing(name, tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    argv, fragment = CASES[name](src, dst)
+    before = _listing(dst)
+    in_before = _listing(src)
+    code = main(["optimize", *argv])
+    captured = capsys.readouterr()
+    _assert_one_line_failure(code, captured.out, captured.err, fragment, dst, before)
+    assert _listing(src) == in_before, "something was written next to the input"
+
+
+def test_case_count():
+    assert len(CASES) >= 20
+
+
+def test_unwritable_output_folder(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    path = _write(src / "m.onnx", _good_bytes())
+    locked = dst / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        probe = locked / "probe"
+        try:
+            probe.write_bytes(b"")  # root ignores permission bits
+            probe.unlink()
+            target = Path("/sys/onnx-cinm-test.onnx")  # read-only for root too
+            try:
+                target.write_bytes(b"")
+                target.unlink()
+                pytest.skip("no unwritable folder available (root and /sys writable)")
+            except OSError:
+                pass
+        except PermissionError:
+            target = locked / "out.onnx"
+        before = _listing(dst)
+        code = main(["optimize", str(path), "-o", str(target)])
+        captured = capsys.readouterr()
+        _assert_one_line_failure(code, captured.out, captured.err, str(target), dst, before)
+        assert not target.exists()
+    finally:
+        locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("name", ["random_bytes", "graph_with_a_cycle"])
+def test_hostile_input_through_the_console_script(name, tmp_path):
+    """The real process: exit status 1, one stderr line, no traceback, nothing written."""
+    src, dst = _dirs(tmp_path)
+    argv, fragment = CASES[name](src, dst)
+    before = _listing(dst)
+    proc = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", *argv],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    _assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr, fragment, dst, before)
+
+
+def test_nan_and_inf_weights_compile_and_propagate_like_onnxruntime(tmp_path, capsys):
+    """NaN/Inf weights are data, not an error: the golden check treats NaN == NaN in place."""
+    src, dst = _dirs(tmp_path)
+    w = np.array([[np.nan, 1, np.inf, 0], [0, -np.inf, 2, 1], [1, 1, 1, np.nan]], np.float32)
+    model = _matmul_model(w)
+    path = _write(src / "m.onnx", model)
+    out = dst / "out.onnx"
+    code = main(["optimize", str(path), "-o", str(out), "--check", "3"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    x = np.array([[1, 2, 3], [-1, 0, 0.5]], np.float32)
+    with np.errstate(invalid="ignore"):
+        reference = ort.InferenceSession(model.SerializeToString(),
+                                         providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.isnan(reference).any() and np.isinf(reference).any()  # the case is what it claims
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(reference))
+    np.testing.assert_array_equal(got, reference)  # equal_nan is the default for arrays
+
+
+@pytest.mark.slow
+def test_model_over_2_gib_through_external_data(tmp_path, capsys):
+    """A > 2 GiB model (external data) compiles, or fails in one line without writing."""
+    src, dst = _dirs(tmp_path)
+    k, n = 4, (2**31 // 16) + 1024  # 4 x 134 M float32 = 2.0 GiB + 16 KiB
+    w = np.zeros((k, n), np.float32)
+    w[:, :8] = np.arange(32, dtype=np.float32).reshape(4, 8)
+    model = _model([h.make_node("MatMul", ["x", "w"], ["y"])],
+                   (h.make_tensor_value_info("x", TP.FLOAT, [1, k]),),
+                   (h.make_tensor_value_info("y", TP.FLOAT, [1, n]),),
+                   [numpy_helper.from_array(w, "w")])
+    del w
+    onnx.save(model, src / "big.onnx", save_as_external_data=True, location="big.onnx.data",
+              size_threshold=1024)
+    del model
+    assert (src / "big.onnx.data").stat().st_size > 2**31
+    out = dst / "out.onnx"
+    before = _listing(dst)
+    code = main(["optimize", str(src / "big.onnx"), "-o", str(out)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    if code != 0:
+        _assert_one_line_failure(code, captured.out, captured.err, "", dst, before)
+        return
+    x = np.array([[1, 2, 3, 4]], np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = x @ np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(got[:, :8], expected)
+    assert not got[:, 8:].any()
