@@ -1,0 +1,477 @@
+"""Generated UPMEM kernels, built and run in the emulator, against numpy.
+
+Every kernel family and dtype runs on signed random data (never all-positive: PrIM's MLP hid a
+missing ReLU behind 0/1 data) at sizes that are not multiples of DPUs x tasklets x block,
+including fewer elements than one block and a single element. CI runs a covering subset: across
+the cases of a family every DPU count (1, 7, 64, 512) and tasklet count (1, 11, 16) appears; the
+full cross product is the ``slow`` test. Builds are cached by content hash, so a second run only
+runs programs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from onnx_cinm.devices import get_device
+from onnx_cinm.devices.base import OpInfo, TensorInfo
+from onnx_cinm.devices.upmem import codegen
+from onnx_cinm.runtime import upmem_emu as emu
+
+DTYPES = ["int32", "int64", "float32"]
+#: (dpus, tasklets, block bytes, size class) covering 1/7/64/512 DPUs and 1/11/16 tasklets;
+#: size classes: "one" (a single element), "small" (< one block), "odd" (not a multiple of
+#: DPUs x tasklets x block)
+CONFIGS = [(1, 1, 64, "one"), (7, 11, 128, "odd"), (64, 16, 256, "small"), (512, 16, 64, "odd"),
+           (7, 16, 2048, "odd"), (1, 11, 32, "small")]
+
+
+def _signed(rng, shape, dtype, scale=100.0):
+    x = rng.standard_normal(shape) * scale
+    if x.size > 1:  # both signs present, whatever the draw
+        x.flat[0], x.flat[1] = -abs(x.flat[0]) - 1, abs(x.flat[1]) + 1
+    return x.astype(dtype)
+
+
+def _run(tmp_path, kind, dtype, shapes, cfg, inputs, **params):
+    dpus, tasklets, block, _ = cfg
+    d = tmp_path / f"{kind}_{dtype}_{dpus}_{tasklets}"
+    codegen.emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
+                        outdir=d, **params)
+    outs, counters = emu.run_kernel(d, inputs)
+    return outs, counters
+
+
+def _same(y, ref, dtype, rtol=1e-5, atol=1e-4):
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    if dtype == "float32":
+        np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(y, ref)
+
+
+def _size(cls, big):
+    return {"one": 1, "small": 3, "odd": big}[cls]
+
+
+def _cases(n=2):
+    """Rotate through CONFIGS so every dtype of a family gets ``n`` configs and the family
+    covers all of them."""
+    out = []
+    for i, dt in enumerate(DTYPES):
+        for j in range(n):
+            out.append((dt, CONFIGS[(i * n + j) % len(CONFIGS)]))
+    return out
+
+
+def _ids(cases):
+    return [f"{dt}-{c[0]}dpu-{c[1]}t-{c[3]}" for dt, c in cases]
+
+
+# ------------------------------------------------------------------------------------------
+# elementwise (VA)
+
+def _trunc_div(a, b):
+    q = np.abs(a) // np.abs(b)
+    return (np.sign(a) * np.sign(b) * q).astype(a.dtype)
+
+
+BINARY_REF = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum,
+              "Min": np.minimum}
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min"])
+@pytest.mark.parametrize("dtype,cfg", _cases(1), ids=_ids(_cases(1)))
+def test_binary_broadcasting(tmp_path, op, dtype, cfg):
+    rng = np.random.default_rng(1)
+    n = _size(cfg[3], 997)
+    shapes = [(n, 1, 3), (5, 1)] if n > 1 else [(1,), (1,)]
+    a, b = _signed(rng, shapes[0], dtype), _signed(rng, shapes[1], dtype, 10)
+    if op == "Div":
+        b[b == 0] = 3
+    (y,), _ = _run(tmp_path, "binary", dtype, shapes, cfg, [a, b], op=op)
+    if op == "Div":
+        ref = a / b if dtype == "float32" else _trunc_div(*np.broadcast_arrays(a, b))
+    else:
+        with np.errstate(over="ignore"):
+            ref = BINARY_REF[op](a, b)
+    _same(y, ref.astype(dtype), dtype)
+
+
+UNARY = [("Relu", {}), ("Abs", {}), ("Neg", {}), ("Clip", {"min": -20, "max": 30}),
+         ("LeakyRelu", {"alpha": 0.1}), ("HardSigmoid", {"alpha": 0.02, "beta": 0.4})]
+
+
+def _unary_ref(op, x, p):
+    if op == "Relu":
+        return np.maximum(x, 0)
+    if op == "Abs":
+        return np.abs(x)
+    if op == "Neg":
+        return -x
+    if op == "Clip":
+        return np.minimum(np.maximum(x, x.dtype.type(p["min"])), x.dtype.type(p["max"]))
+    if op == "LeakyRelu":
+        return np.where(x < 0, np.float32(p["alpha"]) * x, x)
+    return np.clip(np.float32(p["alpha"]) * x + np.float32(p["beta"]), 0, 1).astype(np.float32)
+
+
+@pytest.mark.parametrize("op,params", UNARY, ids=[u[0] for u in UNARY])
+@pytest.mark.parametrize("dtype,cfg", _cases(1), ids=_ids(_cases(1)))
+def test_unary(tmp_path, op, params, dtype, cfg):
+    if op in ("LeakyRelu", "HardSigmoid") and dtype != "float32":
+        pytest.skip("float only (ONNX)")
+    rng = np.random.default_rng(2)
+    shape = (_size(cfg[3], 1001),)
+    x = _signed(rng, shape, dtype)
+    (y,), _ = _run(tmp_path, "unary", dtype, [shape], cfg, [x], op=op, **params)
+    _same(y, _unary_ref(op, x, params).astype(dtype), dtype)
+
+
+def test_elementwise_counters_match_hand_counts(tmp_path):
+    # 1000 int32 on 4 DPUs x 2 tasklets, 256-B blocks: 250 elements = 1000 B per DPU -> blocks of
+    # 256, 256, 256, 232 B; per DPU 8 reads (4 blocks x A, B) and 4 writes
+    a = np.arange(1000, dtype=np.int32) - 500
+    (y,), c = _run(tmp_path, "binary", "int32", [(1000,), (1000,)], (4, 2, 256, "odd"), [a, a],
+                   op="Add")
+    np.testing.assert_array_equal(y, 2 * a)
+    assert c["totals"]["dma_reads"] == 4 * 8 and c["totals"]["dma_writes"] == 4 * 4
+    assert c["totals"]["dma_read_bytes"] == 2 * 4000 and c["totals"]["dma_write_bytes"] == 4000
+    assert c["totals"]["instructions"] == 1000 * codegen.instr_per_elem("int32", "add")
+    assert c["h2d_bytes"] == 4 * 8 + 2 * 4000 and c["d2h_bytes"] == 4000
+
+
+# ------------------------------------------------------------------------------------------
+# gemm / gemv / MLP
+
+GEMM_SHAPES = {"one": [(1, 1), (1, 1), (1,)], "small": [(3, 2), (2, 3)],
+               "odd": [(2, 3, 13, 37), (3, 37, 11), (11,)]}
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_gemm_batched_with_bias(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(3)
+    shapes = GEMM_SHAPES[cfg[3]]
+    xs = [_signed(rng, s, dtype, 10) for s in shapes]
+    (y,), _ = _run(tmp_path, "gemm", dtype, shapes, cfg, xs)
+    ref = xs[0] @ xs[1] + (xs[2] if len(xs) == 3 else 0)
+    _same(y, ref.astype(dtype), dtype, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_gemv(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(4)
+    M, K = {"one": (1, 1), "small": (3, 2), "odd": (129, 77)}[cfg[3]]
+    A, x, c = _signed(rng, (M, K), dtype, 10), _signed(rng, (K,), dtype, 10), _signed(rng, (M,), dtype)
+    (y,), _ = _run(tmp_path, "gemv", dtype, [(M, K), (K,), (M,)], cfg, [A, x, c])
+    _same(y, (A @ x + c).astype(dtype), dtype, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_mlp_layer_applies_relu_on_the_dpu(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(5)
+    M, K, N = {"one": (1, 1, 1), "small": (3, 2, 3), "odd": (33, 45, 19)}[cfg[3]]
+    X, W, b = (_signed(rng, s, dtype, 10) for s in ((M, K), (K, N), (N,)))
+    (y,), _ = _run(tmp_path, "mlp", dtype, [(M, K), (K, N), (N,)], cfg, [X, W, b])
+    ref = np.maximum(X @ W + b, 0).astype(dtype)
+    if M * N > 1:
+        assert (X @ W + b < 0).any()  # the ReLU matters for this data
+    _same(y, ref, dtype, rtol=1e-4, atol=1e-3)
+
+
+def test_gemm_uint32_wraps_like_numpy(tmp_path):
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 2**32, (5, 9), dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, (9, 4), dtype=np.uint64).astype(np.uint32)
+    (y,), _ = _run(tmp_path, "gemm", "uint32", [a.shape, b.shape], (7, 11, 64, "odd"), [a, b])
+    np.testing.assert_array_equal(y, a @ b)
+
+
+# ------------------------------------------------------------------------------------------
+# reduce (RED)
+
+REDUCE_REF = {"add": np.sum, "mul": np.prod, "max": np.max, "min": np.min}
+
+
+@pytest.mark.parametrize("rk", ["add", "mul", "max", "min"])
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_reduce(tmp_path, rk, dtype, cfg):
+    rng = np.random.default_rng(7)
+    shape, axes, keep = {"one": ((1,), [0], 1), "small": ((3,), [0], 0),
+                         "odd": ((5, 3, 211), [0, 2], 1)}[cfg[3]]
+    if rk == "mul":  # signed products that neither overflow nor vanish: +-1 and a few +-2
+        x = _signed(rng, shape, dtype, 3)
+        if cfg[3] == "odd":
+            x = rng.choice(np.array([-1, 1, 1], dtype=dtype), size=shape)
+            x.flat[rng.integers(0, x.size, 12)] = -2
+    else:
+        x = _signed(rng, shape, dtype)
+    (y,), _ = _run(tmp_path, "reduce", dtype, [shape], cfg, [x], reduce=rk, axes=axes,
+                   keepdims=keep)
+    ref = REDUCE_REF[rk](x, axis=tuple(axes), keepdims=bool(keep)).astype(dtype)
+    _same(y, ref, dtype, rtol=1e-4, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------------------
+# histogram (HST)
+
+def _hist_ref(x, bins, lo, hi):
+    """cinm.Histogram's reference body: floor((x - lo) * bins / (hi - lo)) in double."""
+    x = x.astype(np.float64).ravel()
+    lo, hi = float(np.float32(lo)), float(np.float32(hi))
+    ok = (x >= lo) & (x <= hi)
+    idx = np.minimum(np.floor((x[ok] - lo) * bins / (hi - lo)).astype(np.int64), bins - 1)
+    return np.bincount(idx, minlength=bins).astype(np.int64)
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_histogram(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(8)
+    shape = (_size(cfg[3], 3001),)
+    x = _signed(rng, shape, dtype, 40)
+    bins, lo, hi = (37, -50.0, 60.0) if cfg[3] == "odd" else (4, -200.0, 200.0)
+    (y,), _ = _run(tmp_path, "histogram", dtype, [shape], cfg, [x], bins=bins, min=lo, max=hi)
+    np.testing.assert_array_equal(y, _hist_ref(x, bins, lo, hi))
+    if dtype != "float32":  # integer data never sits on a float edge: numpy agrees too
+        np.testing.assert_array_equal(y, np.histogram(x, bins, (lo, hi))[0])
+
+
+def test_histogram_many_bins_uses_fewer_tasklets(tmp_path):
+    x = _signed(np.random.default_rng(9), (5000,), "float32", 1)
+    d = tmp_path / "h"
+    codegen.emit_kernel("histogram", "float32", [x.shape], dpus=4, tasklets=16, block_bytes=256,
+                        outdir=d, bins=4000, min=-3, max=3)
+    assert json.loads((d / "kernel.json").read_text())["tasklets"] < 16
+    (y,), _ = emu.run_kernel(d, [x])
+    np.testing.assert_array_equal(y, _hist_ref(x, 4000, -3, 3))
+
+
+# ------------------------------------------------------------------------------------------
+# compress (SEL)
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_compress(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(10)
+    shape = (_size(cfg[3], 2999),)
+    x = _signed(rng, shape, dtype)
+    m = x > 0 if x.size > 1 else np.array([True])
+    (y,), _ = _run(tmp_path, "compress", dtype, [shape, shape], cfg, [x, m])
+    _same(y, x[m], dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# scan (SCAN-SSA)
+
+def _cumsum_ref(x, axis, exclusive, reverse):
+    if reverse:
+        x = np.flip(x, axis)
+    y = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        y = np.roll(y, 1, axis=axis)
+        idx = [slice(None)] * x.ndim
+        idx[axis] = 0
+        y[tuple(idx)] = 0
+    return np.flip(y, axis) if reverse else y
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 1)])
+def test_scan(tmp_path, dtype, cfg, exclusive, reverse):
+    rng = np.random.default_rng(11)
+    shape, axis = {"one": ((1,), 0), "small": ((3,), 0), "odd": ((3, 1001), 1)}[cfg[3]]
+    x = _signed(rng, shape, dtype)
+    (y,), c = _run(tmp_path, "scan", dtype, [shape], cfg, [x], axis=axis, exclusive=exclusive,
+                   reverse=reverse)
+    assert c["launches"] == 2
+    _same(y, _cumsum_ref(x, axis, exclusive, reverse), dtype, rtol=1e-4, atol=1e-2)
+
+
+def test_scan_along_a_leading_axis(tmp_path):
+    x = _signed(np.random.default_rng(12), (37, 5, 3), "int32")
+    (y,), _ = _run(tmp_path, "scan", "int32", [x.shape], (64, 11, 64, "odd"), [x], axis=0)
+    np.testing.assert_array_equal(y, np.cumsum(x, axis=0, dtype=np.int32))
+
+
+# ------------------------------------------------------------------------------------------
+# transpose (TRNS)
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_transpose(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(13)
+    shape, perm = {"one": ((1, 1), [1, 0]), "small": ((1, 3), [1, 0]),
+                   "odd": ((2, 13, 7, 5), [0, 2, 3, 1])}[cfg[3]]
+    x = _signed(rng, shape, dtype)
+    (y,), _ = _run(tmp_path, "transpose", dtype, [shape], cfg, [x], perm=perm)
+    _same(y, x.transpose(perm), dtype)
+
+
+@pytest.mark.parametrize("shape,perm", [((37, 53), [1, 0]), ((4, 3, 30), [2, 0, 1]),
+                                        ((3, 5, 7, 3), [0, 2, 1, 3]), ((2, 3, 4, 5), [0, 3, 1, 2])])
+def test_transpose_perms(tmp_path, shape, perm):
+    x = _signed(np.random.default_rng(14), shape, "int32")
+    (y,), _ = _run(tmp_path, "transpose", "int32", [shape], (7, 11, 256, "odd"), [x], perm=perm)
+    np.testing.assert_array_equal(y, x.transpose(perm))
+
+
+def test_transpose_refuses_a_general_perm():
+    with pytest.raises(ValueError, match="adjacent axis groups"):
+        codegen.emit_kernel("transpose", "int32", [(2, 3, 4, 5)], dpus=1, tasklets=1,
+                            block_bytes=64, outdir="/nonexistent", perm=[3, 1, 0, 2])
+
+
+# ------------------------------------------------------------------------------------------
+# topk
+
+def _topk_ref(x, k, axis, largest):
+    key = -x.astype(np.float64) if largest else x
+    idx = np.take(np.argsort(key, axis=axis, kind="stable"), np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_with_ties(tmp_path, dtype, cfg, largest):
+    rng = np.random.default_rng(15)
+    shape, k, axis = {"one": ((1,), 1, 0), "small": ((3,), 2, 0), "odd": ((3, 997), 9, 1)}[cfg[3]]
+    x = rng.integers(-30, 30, shape).astype(dtype)  # many ties: lower index first
+    (v, i), _ = _run(tmp_path, "topk", dtype, [shape], cfg, [x], k=k, axis=axis, largest=largest)
+    rv, ri = _topk_ref(x, k, axis, largest)
+    _same(v, rv, dtype)
+    np.testing.assert_array_equal(i, ri)
+
+
+# ------------------------------------------------------------------------------------------
+# generated files, the host program's command line, the device protocol
+
+def test_generated_files_and_makefile_for_the_sdk(tmp_path):
+    paths = codegen.emit_kernel("binary", "int32", [(10,), (10,)], dpus=7, tasklets=11,
+                                block_bytes=64, outdir=tmp_path / "k", op="Add",
+                                consts={1: np.arange(10, dtype=np.int32)})
+    names = [p.name for p in paths]
+    assert names == ["host.c", "dpu.c", "Makefile", "kernel.json", "const1.bin"]
+    mk = (tmp_path / "k" / "Makefile").read_text()
+    assert "dpu-upmem-dpurte-clang -O2 -Wall -Wextra -Werror -DNR_TASKLETS=$(NR_TASKLETS)" in mk.replace(
+        "$(DPU_CC)", "dpu-upmem-dpurte-clang")
+    assert "`dpu-pkg-config --cflags --libs dpu`" in mk and "NR_TASKLETS ?= 11" in mk
+    man = json.loads((tmp_path / "k" / "kernel.json").read_text())
+    assert man["argv"] == "host DPU_BINARY A B Y" and man["inputs"][1]["const"] == "const1.bin"
+    a = np.arange(10, dtype=np.int32) - 4
+    (y,), _ = emu.run_kernel(tmp_path / "k", [a])  # the constant comes from its sidecar
+    np.testing.assert_array_equal(y, a + np.arange(10))
+
+
+def test_host_program_command_line_and_input_size_check(tmp_path):
+    k = tmp_path / "k"
+    codegen.emit_kernel("unary", "float32", [(5,)], dpus=2, tasklets=2, block_bytes=64,
+                        outdir=k, op="Relu")
+    b = emu.build(k)
+    x = np.array([-1, 2, -3, 4, -5], np.float32)
+    x.tofile(tmp_path / "x.bin")
+    r = subprocess.run([b / "host", b / "dpu.so", tmp_path / "x.bin", tmp_path / "y.bin"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "y.bin", np.float32), np.maximum(x, 0))
+    x[:4].tofile(tmp_path / "short.bin")
+    r = subprocess.run([b / "host", b / "dpu.so", tmp_path / "short.bin", tmp_path / "y.bin"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "expected 20 bytes, found 16" in r.stderr
+    r = subprocess.run([b / "host", b / "dpu.so"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage:" in r.stderr
+    with pytest.raises(ValueError, match="generated for float32\\[5\\]"):
+        emu.run_kernel(k, [x[:4]])
+
+
+def _op(op_type, ins, outs, attrs=None):
+    return OpInfo(op_type.lower(), op_type, attrs or {},
+                  tuple(TensorInfo(n, np.dtype(d), s, c) for n, d, s, c in ins),
+                  tuple(TensorInfo(n, np.dtype(d), s) for n, d, s in outs))
+
+
+def test_device_supports_only_ops_with_a_kernel():
+    dev = get_device("upmem")
+    ok = dev.supports(_op("Gemm", [("x", "float32", ("N", 8), False), ("w", "float32", (8, 3), True)],
+                          [("y", "float32", ("N", 3))]))
+    assert ok and "gemm kernel" in ok.reason
+    no = dev.supports(_op("Exp", [("x", "float32", (3,), False)], [("y", "float32", (3,))]))
+    assert not no and "no UPMEM kernel for cinm.Exp" in no.reason
+    no = dev.supports(_op("Add", [("a", "int8", (3,), False), ("b", "int8", (3,), False)],
+                          [("y", "int8", (3,))]))
+    assert not no and "int8" in no.reason
+    no = dev.supports(_op("Transpose", [("x", "int32", (2, 3, 4, 5), False)],
+                          [("y", "int32", (5, 3, 2, 4))], {"perm": [3, 1, 0, 2]}))
+    assert not no and "adjacent axis groups" in no.reason
+
+
+def test_device_emit_writes_the_kernel_with_constants(tmp_path):
+    dev = get_device("upmem")
+    op = _op("Gemm", [("x", "float32", ("N", 8), False), ("w", "float32", (8, 3), True),
+                      ("b", "float32", (3,), True)], [("y", "float32", ("N", 3))])
+    w = np.arange(24, dtype=np.float32).reshape(8, 3) - 12
+    b = np.array([1, -2, 3], np.float32)
+    attrs = {"kernel": "upmem/0003_fc", "cnm_dpus": 3, "cnm_tasklets": 5, "cnm_block_bytes": 128}
+    paths = dev.emit(op, attrs, {"w": w, "b": b}, tmp_path)
+    kdir = tmp_path / "upmem" / "0003_fc"
+    assert set(p.name for p in paths) == {"host.c", "dpu.c", "Makefile", "kernel.json",
+                                          "const1.bin", "const2.bin"}
+    man = json.loads((kdir / "kernel.json").read_text())
+    assert (man["dpus"], man["tasklets"], man["block_bytes"]) == (3, 5, 32)  # block <= K row
+    assert [i["tensor"] for i in man["inputs"]] == ["x", "w", "b"]
+    x = _signed(np.random.default_rng(16), (1, 8), "float32", 1)  # symbolic N taken as 1
+    (y,), c = emu.run_kernel(kdir, [x])
+    np.testing.assert_allclose(y, x @ w + b, rtol=1e-5)
+    assert c["kernel_cycles"] > 0
+
+
+# ------------------------------------------------------------------------------------------
+# the full cross product (slow)
+
+FULL = list(itertools.product(["binary", "reduce", "gemv", "scan", "topk", "histogram",
+                               "compress", "transpose"], DTYPES, [1, 7, 64, 512], [1, 11, 16],
+                              ["one", "small", "odd"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,dtype,dpus,tasklets,size", FULL)
+def test_full_cross_product(tmp_path, kind, dtype, dpus, tasklets, size):
+    rng = np.random.default_rng(17)
+    cfg = (dpus, tasklets, 256, size)
+    n = _size(size, 1237)
+    if kind == "binary":
+        a, b = _signed(rng, (n,), dtype), _signed(rng, (n,), dtype)
+        (y,), _ = _run(tmp_path, kind, dtype, [(n,), (n,)], cfg, [a, b], op="Sub")
+        _same(y, a - b, dtype)
+    elif kind == "reduce":
+        x = _signed(rng, (2, n), dtype)
+        (y,), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], reduce="max", axes=[1], keepdims=0)
+        _same(y, x.max(axis=1), dtype)
+    elif kind == "gemv":
+        A, v = _signed(rng, (n, 9), dtype, 10), _signed(rng, (9,), dtype, 10)
+        (y,), _ = _run(tmp_path, kind, dtype, [A.shape, v.shape], cfg, [A, v])
+        _same(y, A @ v, dtype, rtol=1e-4, atol=1e-3)
+    elif kind == "scan":
+        x = _signed(rng, (n,), dtype)
+        (y,), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], axis=0)
+        _same(y, np.cumsum(x, dtype=x.dtype), dtype, rtol=1e-4, atol=1e-2)
+    elif kind == "topk":
+        x = rng.integers(-9, 9, (n,)).astype(dtype)
+        k = min(n, 3)
+        (v, i), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], k=k, axis=0)
+        rv, ri = _topk_ref(x, k, 0, 1)
+        _same(v, rv, dtype)
+        np.testing.assert_array_equal(i, ri)
+    elif kind == "histogram":
+        x = _signed(rng, (n,), dtype, 40)
+        (y,), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], bins=13, min=-50, max=60)
+        np.testing.assert_array_equal(y, _hist_ref(x, 13, -50, 60))
+    elif kind == "compress":
+        x = _signed(rng, (n,), dtype)
+        m = x > 0
+        (y,), _ = _run(tmp_path, kind, dtype, [x.shape, m.shape], cfg, [x, m])
+        _same(y, x[m], dtype)
+    else:
+        x = _signed(rng, (n, 7), dtype)
+        (y,), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], perm=[1, 0])
+        _same(y, x.T, dtype)
