@@ -100,8 +100,39 @@ def test_gemv_rows_padded_to_8_bytes():
     # x broadcast: 212 -> 216 B; y: 6 x 4 = 24 B
     op = OpInfo("mv", "Gemv", {}, (_t("A", [37, 53]), _t("x", [53])), (_t("y", [37]),))
     p = plan_op(op, dpus=7)
-    assert p.mram_layout() == [("A", 0, 1296), ("x", 1296, 216), ("y", 1512, 24)]
+    assert p.mram_layout() == [("A", 0, 1296), ("B", 1296, 216), ("Y", 1512, 24)]
     assert p.inputs == ("A:scatter", "x:broadcast")
+    assert p.attrs()["cnm_grid"] == [7, 1]              # 7 row blocks x 1 column block
+
+
+def test_fully_connected_layer_splits_columns_and_keeps_weights_resident():
+    # x[1, 9216] @ W[9216, 4096] (AlexNet's fc6 at batch 1): one row, so W's columns are split.
+    # On 64 DPUs: 64 columns each; K-rows of 9216 x 4 = 36,864 B; x broadcast 36,864 B,
+    # W^T block 64 x 36,864 = 2,359,296 B, y 64 x 4 = 256 B.
+    w = TensorInfo("W", np.dtype("float32"), (9216, 4096), True)
+    op = OpInfo("fc", "Gemm", {}, (_t("x", [1, 9216], "float32"), w), (_t("y", [1, 4096], "float32"),))
+    p = plan_op(op, dpus=64)
+    assert p.inputs == ("x:broadcast", "W:scatter")
+    assert p.attrs()["cnm_grid"] == [1, 64]
+    assert p.mram_layout() == [("A", 0, 36864), ("B", 36864, 2359296), ("Y", 2396160, 256)]
+    b = p.cost()
+    assert b.resident_bytes == 64 * 2359296 and b.load_s > 0
+    assert b.bytes_in == 64 * 36864            # per inference only x moves in
+    assert plan_op(op).inputs == ("x:broadcast", "W:scatter")   # also when the DPU count is free
+
+
+def test_convolution_with_few_pixels_uses_a_2d_grid():
+    # im2col rows [196, 2304] @ W[2304, 256] (ResNet50 stage 4): 196 rows, 256 columns.
+    # 4 x 16 grid on 64 DPUs: 49 rows and 16 columns per DPU
+    w = TensorInfo("W", np.dtype("float32"), (2304, 256), True)
+    op = OpInfo("conv", "Gemm", {}, (_t("cols", [1, 14, 14, 2304], "float32"), w),
+                (_t("y", [1, 14, 14, 256], "float32"),))
+    p = make_plan(op, 64, 16, col_blocks=16)
+    assert p.attrs()["cnm_grid"] == [4, 16]
+    assert p.inputs == ("cols:scatter", "W:scatter")
+    assert [r[2] for r in p.mram_layout()] == [49 * 2304 * 4, 16 * 2304 * 4, 49 * 16 * 4]
+    best = plan_op(op)
+    assert best.attrs()["cnm_grid"][0] > 1 and best.attrs()["cnm_grid"][1] > 1
 
 
 # -- DPU count and merges ----------------------------------------------------------------------

@@ -87,6 +87,7 @@ PLAN_ATTRS = {
     "cnm_block_bytes": AttributeProto.INT, "cnm_mram_bytes": AttributeProto.INT,
     "cnm_inputs": AttributeProto.STRINGS, "cnm_merge": AttributeProto.STRING,
     "cnm_latency_s": AttributeProto.FLOAT, "cnm_energy_j": AttributeProto.FLOAT,
+    "cnm_grid": AttributeProto.INTS,
 }
 
 _NUMERIC = [

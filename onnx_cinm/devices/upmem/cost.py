@@ -316,6 +316,9 @@ class CostBreakdown:
         partials_out_s: DPU->CPU transfers of partial results to be merged, seconds.
         merge_s: host-side merge of per-DPU partial results, seconds.
         launch_s: launch overheads, seconds.
+        load_s: one-time transfer of constant inputs (weights) kept resident in MRAM across
+            inferences, seconds (not part of ``latency_s``).
+        resident_bytes: bytes of those constant inputs over all DPUs.
         bytes_in, bytes_out: bytes moved host->DPUs and DPUs->host (including padding).
         mram_bytes_per_dpu: MRAM footprint of one DPU, bytes.
         launches: kernel launches.
@@ -335,6 +338,8 @@ class CostBreakdown:
     partials_out_s: float
     merge_s: float
     launch_s: float
+    load_s: float
+    resident_bytes: int
     bytes_in: int
     bytes_out: int
     mram_bytes_per_dpu: int

@@ -191,7 +191,8 @@ class CnmPlan:
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
-                "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j)}
+                "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
+                **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +237,8 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
 
 def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_bytes: int,
             bytes_out_dpu: int, merge_host_bytes: int = 0, partial_out_dpu: int = 0,
-            assemble_bytes: int = 0, notes: tuple = ()) -> CostBreakdown:
+            assemble_bytes: int = 0, resident: tuple = (0, 0),
+            notes: tuple = ()) -> CostBreakdown:
     """Assemble a :class:`CostBreakdown` from per-launch kernel works and transfer sizes.
 
     Args:
@@ -247,6 +249,8 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
         merge_host_bytes: bytes of partials the host reads to merge them.
         partial_out_dpu: partial-result bytes gathered from each DPU.
         assemble_bytes: result bytes the host copies to assemble variable-length outputs.
+        resident: ``(scattered, broadcast)`` bytes per DPU of constant inputs (weights): loaded
+            once (``load_s``), not per inference.
     """
     pr, d = p.params, p.dpus
     cyc = [C.kernel_cycles(w, pr) for w in works]
@@ -258,6 +262,7 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
     host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
     partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
+    load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d)
     merge_s = merge_host_bytes / pr.host_merge_bps
     launch = len(works) * pr.launch_overhead_s(d)
     bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
@@ -269,7 +274,8 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
                          dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
                          host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
-                         launch_s=launch, bytes_in=int(bytes_in), bytes_out=int(bytes_out),
+                         launch_s=launch, load_s=load, resident_bytes=int(sum(resident) * d),
+                         bytes_in=int(bytes_in), bytes_out=int(bytes_out),
                          mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
                          energy_j=e, notes=notes)
 
@@ -290,48 +296,73 @@ def _cost_elementwise(p: CnmPlan) -> CostBreakdown:
 
 
 def _matvec_instr(p: CnmPlan) -> float:
-    mul = C.op_instructions("mul", p.dtype)
-    add = C.op_instructions("add", p.dtype)
-    return 2 + mul + add + _loop(p)
+    """Instructions per multiply-accumulate: 2 WRAM loads, the multiply, the add, loop control."""
+    return 2 + C.op_instructions("mul", p.dtype) + C.op_instructions("add", p.dtype) + _loop(p)
 
 
-def _cost_gemv(p: CnmPlan) -> CostBreakdown:
-    """Rows of A scattered (whole rows per DPU, rows split over tasklets), x broadcast; ours
-    keeps x in WRAM when it fits (read once per DPU), PrIM streams x with every row block."""
-    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
-    rows, k, batch = g["rows_dpu"], g["k"], g.get("cols", 1)
-    row_b = _r8(k * es)
-    rows_t = _cdiv(rows, t) if rows else 0
-    blk = p.block_bytes
-    row_blocks = _cdiv(row_b, blk)
-    per_row_instr = k * _matvec_instr(p) * batch + row_blocks * BLOCK_INSTR + 2 * batch
-    dma_row = pr.stream_dma_cycles(row_b, blk)
-    if not g["x_in_wram"]:
-        dma_row += batch * pr.stream_dma_cycles(row_b, blk)
-    out_row_b = batch * es
-    dma_out = pr.stream_dma_cycles(_r8(rows * out_row_b), blk, write=True)
-    dma_x = pr.stream_dma_cycles(_r8(k * es) * batch, blk) if g["x_in_wram"] else 0.0
-    w = KernelWork(t, rows_t * per_row_instr, rows * per_row_instr,
-                   rows * dma_row + dma_out + dma_x,
-                   rows_t * dma_row + dma_out / max(t, 1) + dma_x / max(t, 1))
-    bias = g.get("bias", 0)
-    return _finish(p, [w], 0.0, rows * row_b + bias * _r8(rows * es), g["bcast_bytes"],
-                   _r8(rows * out_row_b), 0)
+def _cost_matmul(p: CnmPlan) -> CostBreakdown:
+    """Gemv/Gemm/SimSearch on one DPU: ``rows_dpu`` rows of A times ``n_dpu`` columns of B
+    (B stored transposed, one K-row per output column, rows padded to 8 bytes).
 
+    Tasklets take balanced contiguous row ranges (``ceil(rows / T)`` rows each); within its
+    range a tasklet works on groups of ``R`` rows (R = min(4, rows), 1 for a batched B) and
+    tiles of ``NT`` = 64 output columns: for every K block it reads the R A-row blocks and the
+    NT B-row blocks and accumulates R x NT outputs in WRAM, then writes them. With fewer rows
+    than tasklets, the (row group, column tile) pairs are spread over the tasklets instead, with
+    tiles narrowed (down to 8 bytes of columns) until there is one pair per tasklet.
+    PrIM's GEMV is R = NT = 1 (every row re-reads the vector), not unrolled, 1 KB blocks.
+    The DPUs form a grid of ``row blocks x column blocks`` (``grid``): A is scattered by row
+    blocks (broadcast if there is one row block), B by column blocks (broadcast if one).
+    One column block is the classic mapping; one row block suits a fully connected layer at
+    batch 1 (a big B, few rows); both at once suit convolutions with few output pixels.
+    """
+    pr, g, es, t, blk = p.params, p.g, _esize(p.dtype), p.tasklets, p.block_bytes
+    rows, n, k = g["rows_dpu"], g["n_dpu"], g["k"]
+    per = 8 // math.gcd(8, es)
+    kb = _cdiv(k, per) * per * es
+    n_pad = _cdiv(n, per) * per if n > 1 else 1
+    if p.schedule == "prim":
+        r_grp, nt = 1, 1
+    else:
+        r_grp = 1 if g.get("b_batched") else max(1, min(4, rows))
+        nt = min(n_pad, _cdiv(64, per) * per)
+        groups = _cdiv(rows, r_grp) if rows else 1
+        if rows < t and groups * _cdiv(n_pad, nt) < t:  # narrower tiles: every tasklet works
+            nt = max(per, _cdiv(_cdiv(n_pad, _cdiv(t, groups)), per) * per) if n_pad > 1 else 1
+    tiles = _cdiv(n_pad, nt)
+    kblocks = _cdiv(kb, blk)
+    mac = _matvec_instr(p)
 
-def _cost_gemm(p: CnmPlan) -> CostBreakdown:
-    """Rows of A (all batch x M rows) scattered, B broadcast. Every output row streams B."""
-    pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
-    rows, k, n = g["rows_dpu"], g["k"], g["n"]
-    rows_t = _cdiv(rows, t) if rows else 0
-    blk = p.block_bytes
-    b_bytes = _r8(k * n * es)
-    per_row_instr = k * n * _matvec_instr(p) + (_cdiv(b_bytes, blk) + _cdiv(_r8(k * es), blk)) * BLOCK_INSTR + 2 * n
-    dma_row = pr.stream_dma_cycles(_r8(k * es), blk) + pr.stream_dma_cycles(b_bytes, blk)
-    dma_out = pr.stream_dma_cycles(_r8(rows * n * es), blk, write=True)
-    w = KernelWork(t, rows_t * per_row_instr, rows * per_row_instr, rows * dma_row + dma_out,
-                   rows_t * dma_row + dma_out / max(t, 1))
-    return _finish(p, [w], 0.0, rows * _r8(k * es), g["bcast_bytes"], _r8(rows * n * es), 0)
+    def work(rows_x, groups_x, tiles_x, cols_x):
+        """(instructions, DMA cycles) of ``rows_x`` rows in ``groups_x`` groups against
+        ``cols_x`` columns in ``tiles_x`` tiles."""
+        instr = (rows_x * cols_x * k * mac + groups_x * tiles_x * kblocks * BLOCK_INSTR
+                 + 3 * rows_x * cols_x)
+        dma = (groups_x * tiles_x * r_grp * pr.stream_dma_cycles(kb, blk)      # A blocks
+               + groups_x * cols_x * pr.stream_dma_cycles(kb, blk)               # B rows
+               + rows_x * tiles_x * pr.stream_dma_cycles(_r8(min(nt, cols_x) * es), blk, write=True))
+        return instr, dma
+
+    if rows >= t:  # balanced contiguous row ranges
+        rows_t = _cdiv(rows, t)
+        shares = [rows_t] * (rows // rows_t) + ([rows % rows_t] if rows % rows_t else [])
+        parts = [work(r, _cdiv(r, r_grp), tiles, n_pad) for r in shares]
+        i_t, d_t = parts[0]
+        i_all, d_all = sum(x for x, _ in parts), sum(y for _, y in parts)
+    else:  # spread (row group, column tile) pairs over the tasklets
+        groups = _cdiv(rows, r_grp) if rows else 0
+        units_t = _cdiv(groups * tiles, t) if groups else 0
+        i_t, d_t = work(min(rows, r_grp), 1, units_t, min(n_pad, units_t * nt))
+        i_all, d_all = work(rows, groups, tiles, n_pad)
+    w = KernelWork(t, i_t, i_all, d_all, d_t)
+    a_b, b_b = g["a_bytes"], g["b_bytes"]
+    c_b = g.get("c_bytes", 0)
+    dr, dc = g["grid"]
+    scat = (a_b if dr > 1 else 0) + (b_b if dc > 1 else 0) + c_b
+    bcast = (b_b if dc == 1 else 0) + (a_b if dr == 1 else 0)
+    res_s, res_b = g.get("resident_scatter", 0), g.get("resident_bcast", 0)
+    return _finish(p, [w], 0.0, scat - res_s, bcast - res_b, _r8(rows * n * es),
+                   resident=(res_s, res_b))
 
 
 def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int) -> tuple:
@@ -495,26 +526,15 @@ def _cost_im2col(p: CnmPlan) -> CostBreakdown:
     return _finish(p, [w], 0.0, 0, g["bcast_bytes"], _r8(n_out * es), 0)
 
 
-def _cost_simsearch(p: CnmPlan) -> CostBreakdown:
-    g = p.g
-    gemm = replace(p, kind="gemm", geom=tuple({"rows_dpu": g["rows_dpu"], "k": g["k"],
-                                              "n": g["n"], "bcast_bytes": g["bcast_bytes"]}.items()))
-    b = _cost_gemm(gemm)
-    return b
-
-
 def _roofline(p: CnmPlan) -> dict:
     g, es, k = p.g, _esize(p.dtype), p.kind
     op = C.op_instructions
     if k == "elementwise":
         nb = (g["streams"] + 1) * g["n_dpu"] * es
         ops = g["n_dpu"] * op(g["op"], p.dtype)
-    elif k == "gemv":
-        nb = g["rows_dpu"] * g["k"] * es + g["k"] * es + g["rows_dpu"] * es
-        ops = g["rows_dpu"] * g["k"] * (op("mul", p.dtype) + op("add", p.dtype))
-    elif k in ("gemm", "simsearch"):
-        nb = (g["rows_dpu"] * g["k"] + g["k"] * g["n"] + g["rows_dpu"] * g["n"]) * es
-        ops = g["rows_dpu"] * g["k"] * g["n"] * (op("mul", p.dtype) + op("add", p.dtype))
+    elif k in ("gemv", "gemm", "simsearch"):
+        nb = (g["rows_dpu"] * g["k"] + g["k"] * g["n_dpu"] + g["rows_dpu"] * g["n_dpu"]) * es
+        ops = g["rows_dpu"] * g["k"] * g["n_dpu"] * (op("mul", p.dtype) + op("add", p.dtype))
     elif k in ("reduce", "topk"):
         nb = g["n_dpu"] * es
         ops = g["n_dpu"] * op(g["op"], p.dtype)
@@ -538,10 +558,10 @@ def _roofline(p: CnmPlan) -> dict:
     return {"dma_s": dma_s, "compute_s": compute_s, "bound_s": max(dma_s, compute_s)}
 
 
-_COSTERS = {"elementwise": _cost_elementwise, "gemv": _cost_gemv, "gemm": _cost_gemm,
+_COSTERS = {"elementwise": _cost_elementwise, "gemv": _cost_matmul, "gemm": _cost_matmul,
             "reduce": _cost_reduce, "merge_partial": _cost_merge_partial, "scan": _cost_scan,
             "histogram": _cost_histogram, "select": _cost_select, "topk": _cost_topk,
-            "transpose": _cost_transpose, "im2col": _cost_im2col, "simsearch": _cost_simsearch}
+            "transpose": _cost_transpose, "im2col": _cost_im2col, "simsearch": _cost_matmul}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,8 +594,56 @@ def _candidates(limit: int, work_items: int) -> list[int]:
     return sorted({min(c, cap) for c in out})
 
 
-def _geometry(op: OpInfo, d: int, es: int) -> tuple[str, dict, list, int]:
-    """(kind, geom, inputs, buffers per tasklet) of ``op`` on ``d`` DPUs."""
+def _matmul_geometry(op: OpInfo, kind: str, d: int, es: int, col_blocks: int) -> tuple:
+    """Geometry of Gemv (A[M, K] x[K]), Gemm (A[..., M, K] B[..., K, N]) and SimSearch
+    (Q[Nq, d] against D[Nd, d]: D is the scattered "B", Q the broadcast "A") on ``d`` DPUs.
+    The ``d`` DPUs form a grid of ``d / col_blocks`` row blocks x ``col_blocks`` column blocks."""
+    ins = op.inputs
+    per = 8 // math.gcd(8, es)
+    rpad = lambda k: _cdiv(k, per) * per * es  # noqa: E731 - one padded K-row, bytes
+    sa, sb = _shape(ins[0]), _shape(ins[1])
+    if kind == "gemv":
+        rows, k, n, gb, a_name, b_name = sa[-2], sa[-1], 1, 1, ins[0].name, ins[1].name
+        a_const, b_const = ins[0].const, ins[1].const
+    elif kind == "gemm":
+        k, n = sa[-1], sb[-1]
+        rows = math.prod(sa[:-1]) if len(sa) > 1 else 1
+        gb = math.prod(sb[:-2]) if len(sb) > 2 else 1
+        a_name, b_name, a_const, b_const = ins[0].name, ins[1].name, ins[0].const, ins[1].const
+    else:  # simsearch: scores = Q @ D^T; D rows are the columns of the product
+        rows, k, n, gb = sa[0], sa[-1], sb[0], 1
+        a_name, b_name, a_const, b_const = ins[0].name, ins[1].name, ins[0].const, ins[1].const
+    dc = max(1, int(col_blocks))
+    if d % dc or (dc > 1 and (gb > 1 or dc > n)) or d // dc > max(rows, 1):
+        raise CinmError(f"no {d // dc} x {dc} DPU grid for a {rows} x {n} product")
+    dr = d // dc
+    mode = "rows" if dc == 1 else ("cols" if dr == 1 else "grid")
+    rows_dpu = _cdiv(rows, dr)
+    n_dpu = _cdiv(n, dc)
+    a_bytes = rows_dpu * rpad(k)
+    b_bytes = gb * (_cdiv(n_dpu, per) * per if n_dpu > 1 else 1) * rpad(k)
+    geom = {"rows": rows, "n": n, "k": k, "mode": mode, "grid": (dr, dc),
+            "rows_dpu": rows_dpu, "n_dpu": n_dpu,
+            "a_bytes": a_bytes, "b_bytes": b_bytes, "b_batched": gb > 1}
+    a_how, b_how = ("scatter" if dr > 1 else "broadcast"), ("scatter" if dc > 1 else "broadcast")
+    names = [f"{a_name}:{a_how}", f"{b_name}:{b_how}"]
+    if len(ins) > 2:  # bias: scattered with the outputs it adds to
+        geom["c_bytes"] = _r8(rows_dpu * n_dpu * es)
+        names.append(f"{ins[2].name}:scatter")
+    geom["resident_scatter"] = ((a_bytes if a_const and dr > 1 else 0)
+                                + (b_bytes if b_const and dc > 1 else 0)
+                                + (geom.get("c_bytes", 0) if len(ins) > 2 and ins[2].const else 0))
+    geom["resident_bcast"] = ((b_bytes if b_const and dc == 1 else 0)
+                              + (a_bytes if a_const and dr == 1 else 0))
+    r_grp = 1 if gb > 1 else max(1, min(4, rows_dpu))
+    nt = min(_cdiv(max(n_dpu, 1), per) * per, _cdiv(64, per) * per)
+    geom["wram_private"] = r_grp * nt * es + 8   # the R x NT accumulators per tasklet
+    return kind, geom, names, r_grp + 1
+
+
+def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, dict, list, int]:
+    """(kind, geom, inputs, buffers per tasklet) of ``op`` on ``d`` DPUs (``col_blocks``: the
+    column blocks of a matrix product's DPU grid)."""
     kind = _KINDS.get(op.op_type)
     if kind is None:
         raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")
@@ -601,28 +669,8 @@ def _geometry(op: OpInfo, d: int, es: int) -> tuple[str, dict, list, int]:
         if outs and outs[0].dtype is not None:
             geom["out_esize"] = _esize(_dtype_name(outs[0]))
         return kind, geom, names, streams
-    if kind == "gemv":
-        m, k = _shape(ins[0])[-2], _shape(ins[0])[-1]
-        geom = {"rows": m, "rows_dpu": _cdiv(m, d), "k": k, "bcast_bytes": _r8(k * es),
-                "bias": 1 if len(ins) > 2 else 0}
-        names = [f"{ins[0].name}:scatter", f"{ins[1].name}:broadcast"] + \
-                ([f"{ins[2].name}:scatter"] if len(ins) > 2 else [])
-        return kind, geom, names, 2
-    if kind in ("gemm", "simsearch"):
-        sa, sb = _shape(ins[0]), _shape(ins[1])
-        k = sa[-1]
-        rows = math.prod(sa[:-1]) if len(sa) > 1 else 1
-        n = sb[-1] if kind == "gemm" else sb[0]
-        bb = _r8(math.prod(sb) * es)
-        if kind == "simsearch":  # D rows scattered, Q broadcast
-            rows, n, bb = sb[0], sa[0], _r8(math.prod(sa) * es)
-        if len(ins) > 2:
-            bb += _r8(max(ins[2].numel, 1) * es)
-        geom = {"rows": rows, "rows_dpu": _cdiv(rows, d), "k": k, "n": n, "bcast_bytes": bb}
-        names = ([f"{ins[0].name}:scatter", f"{ins[1].name}:broadcast"] if kind == "gemm"
-                 else [f"{ins[0].name}:broadcast", f"{ins[1].name}:scatter"])
-        names += [f"{t.name}:broadcast" for t in ins[2:]]
-        return kind, geom, names, 2
+    if kind in ("gemv", "gemm", "simsearch"):
+        return _matmul_geometry(op, kind, d, es, col_blocks)
     if kind in ("reduce", "topk", "scan"):
         shape = _shape(ins[0])
         rank = len(shape)
@@ -689,12 +737,9 @@ def _mram_regions(kind: str, geom: dict, es: int, tasklets: int) -> list[tuple[s
     """MRAM regions of one DPU as ``(name, bytes)`` in heap order, each a multiple of 8 bytes
     and the same on every DPU (inputs first, then outputs, then partials)."""
     g = geom
-    if kind == "gemv":
-        return [("A", g["rows_dpu"] * _r8(g["k"] * es)), ("x", g["bcast_bytes"]),
-                ("c", g.get("bias", 0) * _r8(g["rows_dpu"] * es)), ("y", _r8(g["rows_dpu"] * es))]
-    if kind in ("gemm", "simsearch"):
-        return [("A", g["rows_dpu"] * _r8(g["k"] * es)), ("B", g["bcast_bytes"]),
-                ("Y", _r8(g["rows_dpu"] * g["n"] * es))]
+    if kind in ("gemv", "gemm", "simsearch"):
+        return [("A", g["a_bytes"]), ("B", g["b_bytes"]), ("C", g.get("c_bytes", 0)),
+                ("Y", _r8(g["rows_dpu"] * g["n_dpu"] * es))]
     if kind == "elementwise":
         return ([(f"in{i}", _r8(g["n_dpu"] * es)) for i in range(g["streams"])]
                 + [("bcast", g["bcast_bytes"]), ("out", _r8(g["n_dpu"] * g.get("out_esize", es)))])
@@ -731,7 +776,8 @@ def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
 
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
-              params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES) -> CnmPlan:
+              params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+              col_blocks: int = 1) -> CnmPlan:
     """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
 
     ``schedule="prim"`` gives PrIM's default schedule (1 KB blocks, no unrolling, host merge of
@@ -742,13 +788,13 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     """
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
-    kind, geom, names, buffers = _geometry(op, dpus, es)
+    kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
     private, shared = 0, 0
     if schedule == "prim":
         merge = {"reduce": "host", "topk": "host", "histogram": "mutex", "select": "handshake",
                  "scan": "handshake"}.get(kind, "none")
-        if kind == "gemv":
-            geom["x_in_wram"] = False
+        if kind in ("gemv", "gemm", "simsearch"):
+            buffers = 2
         if kind == "reduce" and geom["mode"] == "rows":
             merge = "none"
         block, unroll = 1024, 1
@@ -762,17 +808,13 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
             if wram_block(tasklets, buffers, private, 0, stack_bytes, wram_bytes=params.wram_bytes) < 64:
                 merge, private = "mutex", 0
                 shared = _r8(geom["bins"] * 4)
-        if kind == "gemv":
-            x_b = _r8(geom["k"] * es)
-            fits = wram_block(tasklets, 1, 0, x_b, stack_bytes, wram_bytes=params.wram_bytes) >= 256
-            geom["x_in_wram"] = fits
-            if fits:
-                shared, buffers = x_b, 1
+        if kind in ("gemv", "gemm", "simsearch"):
+            private = geom["wram_private"]
         if kind == "elementwise":
             shared = geom["bcast_bytes"] if geom["wram_bcast"] else 0
         block = wram_block(tasklets, buffers, private, shared, stack_bytes,
                            wram_bytes=params.wram_bytes, dma_max=params.dma_max)
-        if "n_dpu" in geom and kind not in ("transpose", "im2col"):
+        if "n_dpu" in geom and kind not in ("transpose", "im2col", "gemv", "gemm", "simsearch"):
             # never a block larger than one tasklet's share: all tasklets get work
             share = _r8(_cdiv(geom["n_dpu"] * es, tasklets))
             block = min(block, max(8, share))
@@ -807,16 +849,25 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
     kind, geom, _, _ = _geometry(op, 1, es)
-    cands = [dpus] if dpus else _candidates(max_dpus, _work_items(kind, geom, es))
+    matmul = kind in ("gemm", "simsearch")
+    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
     best, err = None, None
-    for d in cands:
-        try:
-            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes)
-        except CinmError as e:
-            err = e
-            continue
-        if best is None or p.cost().latency_s < best.cost().latency_s * (1 - 1e-9):
-            best = p
+    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
+        splits, c = [1], 2
+        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
+            if d % c == 0:
+                splits.append(c)
+            c *= 2
+        if matmul and d not in splits:
+            splits.append(d)
+        for dc in splits:
+            try:
+                p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+            except CinmError as e:
+                err = e
+                continue
+            if best is None or p.cost().latency_s < best.cost().latency_s * (1 - 1e-9):
+                best = p
     if best is None:
         raise err
     return best
