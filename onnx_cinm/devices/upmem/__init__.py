@@ -100,5 +100,11 @@ class UpmemDevice:
         return emit_op(op, attrs, consts, root, default_dpus=min(self.params.dpus, 64),
                        default_tasklets=self.params.tasklets)
 
+    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None):
+        """A callable running the node's generated kernel in the UPMEM emulator (see
+        :class:`onnx_cinm.runtime.upmem_emu.kernel.UpmemKernel`)."""
+        from ...runtime.upmem_emu.kernel import UpmemKernel
+        return UpmemKernel(op, attrs, root, consts)
+
 
 register(UpmemDevice())

@@ -1,0 +1,85 @@
+"""A generated UPMEM kernel as a callable for the execution provider.
+
+:class:`UpmemKernel` runs the node's kernel directory (``host.c``/``dpu.c`` built by the
+emulator) on the node's input arrays. A kernel is specialised to the shapes it was generated for
+(symbolic dims were taken as 1); when the inputs have other shapes (a dynamic batch), the node is
+emitted again for those shapes into the build cache (``<cache>/respec/<hash>``) and that kernel
+runs; both the emission and the build are cached by content.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import cache_dir, read_manifest, run_kernel
+
+
+class UpmemKernel:
+    """Run one UPMEM node's generated kernel in the emulator.
+
+    Args:
+        op: the node as an :class:`~onnx_cinm.devices.base.OpInfo`.
+        attrs: the node's attributes (``kernel``, ``cnm_*``).
+        root: the ``<model>.cinm/`` folder.
+        consts: the node's constant inputs by tensor name (for re-emission at other shapes).
+
+    Calling it with the node's inputs (numpy arrays in node order, None for an absent optional
+    input) returns ``(outputs, metrics)``: ``metrics`` has ``latency_s`` (the cnm_mapping cost
+    model's ``cnm_latency_s`` when the node has it, else the emulator's kernel time),
+    ``energy_j`` (``cnm_energy_j`` or None), ``bytes_moved`` (host<->DPU bytes of this run),
+    ``emu_kernel_s`` and ``emu_kernel_cycles`` (the emulator's own model), ``dma_bytes``.
+    """
+
+    def __init__(self, op, attrs: dict, root, consts: dict | None = None):
+        self.op = op
+        self.attrs = dict(attrs)
+        self.root = Path(root)
+        self.kdir = self.root / self._s(attrs["kernel"])
+        self.consts = consts or {}
+        self.manifest = read_manifest(self.kdir)
+
+    @staticmethod
+    def _s(v):
+        return v.decode() if isinstance(v, bytes) else v
+
+    def _kernel_dir(self, arrays: list) -> Path:
+        """The kernel directory for these input shapes (the emitted one, or a re-emission)."""
+        specs = self.manifest.get("inputs", [])
+        if all(s.get("const") or tuple(s["shape"]) == a.shape for s, a in zip(specs, arrays)):
+            return self.kdir
+        from ...devices.upmem import codegen  # re-emission needs the device's code generator
+
+        ins = list(self.op.inputs)
+        for i, a in enumerate(arrays):
+            ins[i] = dataclasses.replace(ins[i], shape=tuple(a.shape))
+        op = dataclasses.replace(self.op, inputs=tuple(ins))
+        key = hashlib.sha256(json.dumps([str(self.kdir.resolve()), [list(a.shape) for a in arrays],
+                                         self.manifest.get("kind")]).encode()).hexdigest()[:24]
+        root = cache_dir() / "respec" / key
+        attrs = dict(self.attrs, kernel="k")
+        if not (root / "k" / "kernel.json").is_file():
+            codegen.emit_op(op, attrs, self.consts, root)
+        return root / "k"
+
+    def __call__(self, inputs: list) -> tuple[list, dict]:
+        arrays = [np.asarray(x) for x in inputs if x is not None]
+        kdir = self._kernel_dir(arrays)
+        specs = read_manifest(kdir).get("inputs", [])
+        runtime = [a for s, a in zip(specs, arrays) if not s.get("const")]
+        outs, c = run_kernel(kdir, runtime)
+        lat = self.attrs.get("cnm_latency_s")
+        metrics = {
+            "latency_s": float(lat) if lat is not None else c.get("kernel_s"),
+            "energy_j": self.attrs.get("cnm_energy_j"),
+            "bytes_moved": c.get("h2d_bytes", 0) + c.get("d2h_bytes", 0) + c.get("broadcast_bytes", 0),
+            "emu_kernel_s": c.get("kernel_s"),
+            "emu_kernel_cycles": c.get("kernel_cycles"),
+            "dma_bytes": c.get("totals", {}).get("dma_read_bytes", 0)
+            + c.get("totals", {}).get("dma_write_bytes", 0),
+            "wall_s": c.get("wall_s"),
+        }
+        return outs, metrics
