@@ -160,7 +160,10 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
 
 
 def _check_shapes(model: onnx.ModelProto, path: str) -> None:
-    """No int64-overflowing shapes anywhere; no zero-sized or negative graph input dims."""
+    """No int64-overflowing shapes anywhere, no negative tensor dims, no zero-sized graph input.
+
+    A negative dim in a declared (value info) shape means "unknown", as some exporters write it.
+    """
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     declared = [("input", v) for v in graph.input] + [("output", v) for v in graph.output] + \
@@ -169,10 +172,7 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         dims = _shape_of(value)
         if dims is None:
             continue
-        static = [d for d in dims if isinstance(d, int)]
-        if any(d < 0 for d in static):
-            raise CinmError(f"'{path}': graph {kind} '{value.name}' has a negative dimension "
-                            f"{dims}")
+        static = [d for d in dims if isinstance(d, int) and d >= 0]  # exporters write -1
         if int(np.prod([max(d, 1) for d in static], dtype=object)) > _INT64_MAX:
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")

@@ -327,3 +327,14 @@ def test_model_over_2_gib_through_external_data(tmp_path, capsys):
     expected = x @ np.arange(32, dtype=np.float32).reshape(4, 8)
     np.testing.assert_array_equal(got[:, :8], expected)
     assert not got[:, 8:].any()
+
+
+def test_negative_declared_dims_mean_unknown_not_an_error(tmp_path):
+    """Exporters write -1 for a dynamic dim (PP-OCR cls); the shape checks must accept it."""
+    from onnx_cinm import frontend
+
+    model = _model([h.make_node("Relu", ["x"], ["y"])],
+                   (h.make_tensor_value_info("x", TP.FLOAT, [-1, 3]),),
+                   (h.make_tensor_value_info("y", TP.FLOAT, [-1, 3]),))
+    loaded = frontend.load_model(_write(tmp_path / "m.onnx", model))
+    assert loaded.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
