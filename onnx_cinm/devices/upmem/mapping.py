@@ -7,7 +7,10 @@
   itself) that minimizes the modeled end-to-end time, so small inputs do not pay 2048 DPUs of
   transfer and launch overhead;
 * **inputs**: each is ``scatter`` (equal, padded share per DPU: elements, or whole rows for
-  matrix products and row-wise reductions) or ``broadcast`` (the whole tensor to every DPU);
+  row-wise reductions; for matrix products A by row blocks and B by column blocks of a
+  ``row blocks x column blocks`` DPU grid, attribute ``cnm_grid``) or ``broadcast`` (the whole
+  tensor to every DPU). Constant inputs (weights) stay resident in MRAM across inferences;
+  their transfer is a one-time ``load_s``;
 * **MRAM layout**: inputs then outputs back to back from ``DPU_MRAM_HEAP_POINTER``, every
   region padded to a multiple of 8 bytes and the same length on every DPU (``dpu_push_xfer``
   moves one length to all DPUs);
@@ -36,7 +39,7 @@ instructions / unroll):
 kind             instructions per element (per MAC for matrix products)
 ===============  ==========================================================================
 elementwise      ld x inputs + op + st + loop (+2 per broadcast operand held in WRAM)
-gemv / gemm      ld a + ld x + mul + add + loop; per output row +2 (store, reset)
+gemv / gemm      ld a + ld b + mul + add + loop; +3 per output (init, store); R x NT blocking
 reduce           ld + op + loop
 scan             pass 1: ld + add + loop; pass 2: ld + add + st + loop
 histogram        ld + bin index + range check (1) + address (1) + ld + add + st + loop
@@ -71,10 +74,11 @@ BLOCK_INSTR = 12
 #: Instructions of one barrier_wait per tasklet; barriers serialize on an atomic bit, so a
 #: barrier of T tasklets costs T * BARRIER_INSTR * 11 cycles (estimate).
 BARRIER_INSTR = 6
-#: Instructions of one handshake step (wait_for, add own count, notify) in PrIM's chains.
+#: Instructions of one handshake step (wait_for, add own count, notify) in PrIM's chains
+#: (estimate from the SDK's handshake API: a call, an add, a call).
 HANDSHAKE_INSTR = 4
-#: Instructions inside a mutex-guarded histogram update: acquire, branch, address (2), ld, add,
-#: st, release.
+#: Instructions inside a mutex-guarded histogram update (PrIM HST-L's ``mutex_lock; histo[d]
+#: += 1; mutex_unlock``): acquire, branch, address (2), ld, add, st, release.
 MUTEX_CS_INSTR = 8
 #: Fraction of elements a selection keeps when not known (PrIM SEL's predicate keeps half).
 SELECT_KEEP = 0.5
@@ -186,7 +190,15 @@ class CnmPlan:
                     bytes_moved=b.bytes_in + b.bytes_out)
 
     def attrs(self) -> dict:
-        """Node attributes named as in ``onnx_cinm.dialects.cinm.PLAN_ATTRS``."""
+        """Node attributes named as in ``onnx_cinm.dialects.cinm.PLAN_ATTRS``:
+
+        ``cnm_dpus`` (DPUs; ranks = ceil(dpus / 64)), ``cnm_tasklets``, ``cnm_block_bytes``
+        (MRAM<->WRAM DMA block per tasklet, bytes), ``cnm_mram_bytes`` (MRAM per DPU, bytes),
+        ``cnm_inputs`` (``"<input name>:scatter"`` or ``":broadcast"``, in input order),
+        ``cnm_merge`` (see the module docstring), ``cnm_latency_s`` (modeled seconds per
+        inference, end to end), ``cnm_energy_j`` (estimated joules per inference) and, for
+        matrix products only, ``cnm_grid`` (``[row blocks, column blocks]`` of the DPUs).
+        """
         b = self.cost()
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
@@ -851,7 +863,7 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     kind, geom, _, _ = _geometry(op, 1, es)
     matmul = kind in ("gemm", "simsearch")
     items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
-    best, err = None, None
+    best, best_lat, err = None, 0.0, None
     for d in ([dpus] if dpus else _candidates(max_dpus, items)):
         splits, c = [1], 2
         while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
@@ -866,8 +878,9 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
             except CinmError as e:
                 err = e
                 continue
-            if best is None or p.cost().latency_s < best.cost().latency_s * (1 - 1e-9):
-                best = p
+            lat = p.cost().latency_s
+            if best is None or lat < best_lat * (1 - 1e-9):
+                best, best_lat = p, lat
     if best is None:
         raise err
     return best
