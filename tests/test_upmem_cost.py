@@ -85,6 +85,12 @@ def test_push_bandwidths_at_the_measured_points():
     assert p.serial_s(10**6, to_dpu=False) == pytest.approx(1e6 / 0.12e9 + call)
 
 
+def test_host_bandwidth_cap():
+    p = C.UpmemCostParams(host_bw_cap_bps=20e9)
+    # 32 ranks would move 32 x 6.68 GB/s; the cap holds them at 20 GB/s
+    assert p.push_s(10**6, 2048) == pytest.approx(2048e6 / 20e9 + 32 * 5e-6 + 2048 * 1e-7)
+
+
 def test_ranks_and_launch_overhead():
     p = C.UpmemCostParams()
     assert [p.ranks(d) for d in (1, 64, 65, 2048)] == [1, 1, 2, 32]

@@ -140,6 +140,9 @@ class UpmemCostParams:
             bytes/s: 6.68e9 (PrIM Fig. 10) / 4.74e9 (PrIM Fig. 10, *recalled*).
         bcast_rank_bps: ``dpu_broadcast_to`` one rank, bytes delivered/s: 16.88e9 (PrIM Fig. 10,
             *recalled*).
+        host_bw_cap_bps: upper bound on the aggregate host<->DPU bandwidth of a multi-rank
+            transfer, bytes/s: infinite by default (ranks scale linearly). No published figure
+            bounds it; set it (e.g. to the host's memory bandwidth) to model a host limit.
         xfer_call_s: fixed host cost of one transfer call per rank, seconds: 5e-6 (*estimate*:
             PrIM's 8-byte transfers are latency bound at microseconds; no table gives the figure).
         prepare_per_dpu_s: host cost of one ``dpu_prepare_xfer`` call, seconds: 1e-7 (*estimate*).
@@ -173,6 +176,7 @@ class UpmemCostParams:
     h2d_rank_bps: float = 6.68e9
     d2h_rank_bps: float = 4.74e9
     bcast_rank_bps: float = 16.88e9
+    host_bw_cap_bps: float = math.inf
     xfer_call_s: float = 5e-6
     prepare_per_dpu_s: float = 1e-7
     launch_s: float = 20e-6
@@ -211,7 +215,8 @@ class UpmemCostParams:
 
     def _parallel_bw(self, dpus: int, one: float, rank: float) -> float:
         full, rest = divmod(dpus, self.dpus_per_rank)
-        return full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0)
+        return min(self.host_bw_cap_bps,
+                   full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0))
 
     def ranks(self, dpus: int) -> int:
         """Ranks spanned by ``dpus`` DPUs (64 per rank)."""
