@@ -170,3 +170,31 @@ def test_float_is_emulated_and_compute_bound():
 def test_energy_is_an_estimate_with_stated_terms():
     # 2 DPUs busy 1 s at 0.12 W, idle 0.5 s at 0.03 W, 1e6 B at 20 pJ/B, host busy 0.1 s at 30 W
     assert C.energy_j(1.0, 2, 10**6, 0.1, 0.5) == pytest.approx(0.24 + 0.03 + 20e-6 + 3.0)
+
+
+def test_reduce_with_tasklet_tree_by_hand():
+    """RED: sum of N = 16,384 int32 on 1 DPU, 16 tasklets.
+
+    65,536 B; one buffer per tasklet: (65,536 - 2,048 - 16,384) / 16 = 2,944 -> 2,048-B blocks,
+    32 blocks, 2 per tasklet. Per element: load + add + 3/8 = 2.375 instructions.
+    Pipeline: 16,384 x 2.375 + 32 x 12 = 39,296; DMA 32 x (77 + 1,024) = 35,232; one tasklet:
+    11 x (1,024 x 2.375 + 24) + 2 x 1,101 = 29,218. Parallel phase: 39,296 (compute).
+    Tree merge of one 4-byte partial per tasklet: 4 levels, each a barrier (16 x 6 x 11 =
+    1,056) plus max(pairs x 4 instructions, 11 x ceil(pairs x 4 / 16)): 32 + 16 + 11 + 11 = 70;
+    then one 8-byte MRAM write: 61 + 4 = 65. Serial: 4 x 1,056 + 70 + 65 = 4,359.
+    Total 43,655 cycles; the host gathers 8 bytes from the DPU.
+    """
+    op = OpInfo("r", "Reduce", {"kind": "add", "axes": [0], "keepdims": 0},
+                (_t("x", [16384]),), (_t("y", []),))
+    p = plan_op(op, dpus=1)
+    assert (p.block_bytes, p.merge) == (2048, "tree")
+    b = p.cost()
+    assert b.kernel_cycles == pytest.approx(43655)
+    assert b.dpu_merge_s == pytest.approx(4359 / F)
+    assert b.bytes_out == 8
+    # PrIM's default: 1,024-B blocks (64), 1 + 1 + 3 = 5 instructions per element:
+    # 16,384 x 5 + 64 x 12 = 82,688 (compute-bound; DMA 64 x 589 = 37,696); then one barrier
+    # and each tasklet's partial written (1,056 + 65); the host gathers 16 x 8 bytes.
+    q = make_plan(op, 1, 16, "prim").cost()
+    assert q.kernel_cycles == pytest.approx(82688 + 1056 + 65)
+    assert q.bytes_out == 16 * 8
