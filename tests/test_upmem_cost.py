@@ -198,3 +198,31 @@ def test_reduce_with_tasklet_tree_by_hand():
     q = make_plan(op, 1, 16, "prim").cost()
     assert q.kernel_cycles == pytest.approx(82688 + 1056 + 65)
     assert q.bytes_out == 16 * 8
+
+
+def test_histogram_private_tree_vs_shared_mutex_by_hand():
+    """HST: 16,384 int32 pixels, 256 bins over [0, 4096) (bin width 16: a shift), 1 DPU.
+
+    Ours: 16 private 1,024-B histograms; blocks (65,536 - 2,048 - 16 x (1,024 + 1,024)) / 16 =
+    1,920 B: 35 blocks (34 full, one of 256 B), 3 per tasklet (1,440 elements). Per element:
+    load 1 + bin (sub 1 + shift 1) + range check 1 + address 1 + load/add/store 3 + 3/8 = 8.375.
+    Pipeline 16,384 x 8.375 + 35 x 12 = 137,636; DMA 34 x (77 + 960) + (77 + 128) = 35,463;
+    chain 11 x (1,440 x 8.375 + 36) + 3 x 1,037 = 136,167 -> 137,636.
+    Serial: tree of 4 levels over 256 bins: barriers 4 x 1,056 plus 8,192 + 4,096 + 2,048 + 1,024
+    (pairs x 256 x 4, >= 11 x ceil(work / 16)) = 19,584; the 1,024-B histogram to MRAM 61 + 512;
+    a barrier 1,056 and zeroing 256 bins (256 x 11 = 2,816): 24,029. Total 161,665.
+
+    PrIM HST-L: one shared histogram; every update is a critical section of 8 instructions, and
+    critical sections of different tasklets serialize at 11 cycles per instruction:
+    16,384 x 8 x 11 = 1,441,792 cycles (the rest of the work, 16,384 x 15 + 64 x 12 = 246,528
+    instructions, overlaps it); then a barrier and the MRAM write: 1,056 + 573.
+    Total 1,443,421: 8.9x slower.
+    """
+    op = OpInfo("h", "Histogram", {"bins": 256, "min": 0.0, "max": 4096.0},
+                (_t("x", [16384]),), (_t("c", [256], "int64"),))
+    p = plan_op(op, dpus=1)
+    assert (p.block_bytes, p.merge) == (1920, "tree")
+    assert p.cost().kernel_cycles == pytest.approx(161665)
+    q = make_plan(op, 1, 16, "prim")
+    assert (q.block_bytes, q.merge) == (1024, "mutex")
+    assert q.cost().kernel_cycles == pytest.approx(1443421)
