@@ -491,16 +491,23 @@ def _cost_select(p: CnmPlan) -> CostBreakdown:
     handshake chain through all tasklets (to place the block's output) and a barrier."""
     pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
     n, keep = g["n_dpu"], g["keep"]
-    pred = C.op_instructions("and", p.dtype) + 1
-    instr = 1 + pred + keep * 2 + _loop(p)
+    pred = C.op_instructions("and", p.dtype) + 1   # test (a sign/bit test, or the mask) + branch
+    mask = g.get("mask_esize", 0)                    # ONNX Compress: a mask input streams too
+    instr = 1 + (1 if mask else 0) + pred + keep * 2 + _loop(p)
     w = _stream_work(p, n, es, instr, reads=1, writes=keep)
+    if mask:
+        mb = _r8(n * mask)
+        m_blk = max(8, _r8(p.block_bytes * mask // es))
+        per_t = _cdiv(_cdiv(mb, m_blk), t)
+        w = replace(w, dma_cycles=w.dma_cycles + pr.stream_dma_cycles(mb, m_blk),
+                    dma_cycles_per_tasklet=w.dma_cycles_per_tasklet + per_t * pr.dma_cycles(m_blk))
     if p.merge == "handshake":
         iters = _cdiv(_cdiv(_r8(n * es), p.block_bytes), t)
         serial = iters * (t * HANDSHAKE_INSTR * pr.issue_interval + _barrier(p))
     else:
         serial = _barrier(p) + t * 3 * pr.issue_interval
     out_dpu = _r8(n * es * keep) + t * 8
-    return _finish(p, [w], serial, _r8(n * es), 0, out_dpu,
+    return _finish(p, [w], serial, _r8(n * es) + (_r8(n * mask) if mask else 0), 0, out_dpu,
                    assemble_bytes=int(p.dpus * n * es * keep))
 
 
@@ -725,6 +732,8 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
     if kind == "select":
         n = max(ins[0].numel, 1)
         geom = {"n": n, "n_dpu": _share(n, d, es), "keep": float(a.get("keep", SELECT_KEEP))}
+        if len(ins) > 1:   # Compress(X, mask): the mask is a second scattered stream
+            geom["mask_esize"] = _esize(_dtype_name(ins[1])) if ins[1].dtype is not None else 1
         return kind, geom, [f"{t.name}:scatter" for t in ins], 2
     if kind == "transpose":
         n = max(ins[0].numel, 1)
@@ -768,7 +777,8 @@ def _mram_regions(kind: str, geom: dict, es: int, tasklets: int) -> list[tuple[s
     if kind == "scan":
         return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es)), ("offset", 8)]
     if kind == "select":
-        return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es)), ("counts", tasklets * 8)]
+        return [("X", _r8(g["n_dpu"] * es)), ("mask", _r8(g["n_dpu"] * g.get("mask_esize", 0))),
+                ("Y", _r8(g["n_dpu"] * es)), ("counts", tasklets * 8)]
     if kind == "transpose":
         return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es))]
     if kind == "im2col":
