@@ -84,3 +84,21 @@ def test_ppocr_det_through_the_simulator(ppocr_model_paths, ppocr_input_shapes, 
     original = onnx.load(str(ppocr_model_paths["det"]))
     feeds = random_inputs(original, seed=0, shapes={"x": ppocr_input_shapes["det"]})
     _assert_close(sess, original, feeds, rtol=1e-4, atol=1e-4)
+
+
+def test_digits_mlp_quantized_crossbars_keep_accuracy(digits_mlp, tmp_path):
+    """q8 (8-bit weights with per-channel scales, 8-bit DAC/ADC) through the whole product path:
+    optimize --cim-mode q8, the emitted files, the simulator: within 1 point of fp32."""
+    model, x_test, y_test, accuracy = digits_mlp
+    res = optimize(model, check=0, device_options={"cim_mode": "q8"})
+    path = tmp_path / "q8.onnx"
+    artifacts.save(res.model, path)
+    assert "mode quantized" in next((tmp_path / "q8.cinm" / "memristor").glob("*.xbar")).read_text()
+    sess = InferenceSession(path)
+    feeds = {"X": x_test.astype(np.float32)}
+    got, ref = sess.run(None, feeds), run_onnxruntime(model, feeds)
+    q8 = float(np.mean(got[0].reshape(-1) == y_test))
+    assert abs(q8 - accuracy) <= 0.01, (q8, accuracy)
+    # the quantized data path really ran: the probabilities moved, by less than 8-bit noise
+    diff = np.abs(got[1] - ref[1]).max()
+    assert 1e-6 < diff < 0.2, diff
