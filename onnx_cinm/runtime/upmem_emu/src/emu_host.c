@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -98,6 +99,17 @@ static __thread int t_tid = -1;
 static pthread_mutex_t g_mtx = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
 static uint32_t g_alive, g_blocked;
+
+/* Tasklet thread pool: NR_TASKLETS threads created at the first launch and reused for every DPU
+ * and launch (thread creation per DPU dominated runs with thousands of DPUs). */
+static pthread_mutex_t pool_mtx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_start = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;
+static pthread_t pool_threads[24];
+static uint32_t pool_size, pool_running;
+static uint64_t pool_gen;
+static int pool_quit;
+static __thread jmp_buf t_halt;
 
 /* ---------------------------------------------------------------------------------------- */
 /* rule violations                                                                            */
@@ -352,16 +364,68 @@ static void tasklet_done(void)
 
 void halt(void)
 {
-    tasklet_done();
-    pthread_exit(NULL);
+    longjmp(t_halt, 1);
 }
 
-static void *tasklet_main(void *arg)
+static void *pool_worker(void *arg)
 {
-    t_tid = (int)(intptr_t)arg;
-    g_sys->main_fn();
-    tasklet_done();
-    return NULL;
+    int id = (int)(intptr_t)arg;
+    volatile uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool_mtx);
+        while (pool_gen == seen && !pool_quit) pthread_cond_wait(&pool_start, &pool_mtx);
+        if (pool_quit) {
+            pthread_mutex_unlock(&pool_mtx);
+            return NULL;
+        }
+        seen = pool_gen;
+        pthread_mutex_unlock(&pool_mtx);
+        t_tid = id;
+        if (!setjmp(t_halt)) g_sys->main_fn();
+        tasklet_done();
+        t_tid = -1;
+        pthread_mutex_lock(&pool_mtx);
+        if (--pool_running == 0) pthread_cond_signal(&pool_done);
+        pthread_mutex_unlock(&pool_mtx);
+    }
+}
+
+static void pool_start_if_needed(uint32_t n)
+{
+    if (pool_size) return;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    for (uint32_t t = 0; t < n; t++)
+        if (pthread_create(&pool_threads[t], &attr, pool_worker, (void *)(intptr_t)t) != 0)
+            fatal("cannot create tasklet thread");
+    pthread_attr_destroy(&attr);
+    pool_size = n;
+}
+
+static void pool_stop(void)
+{
+    if (!pool_size) return;
+    pthread_mutex_lock(&pool_mtx);
+    pool_quit = 1;
+    pthread_cond_broadcast(&pool_start);
+    pthread_mutex_unlock(&pool_mtx);
+    for (uint32_t t = 0; t < pool_size; t++) pthread_join(pool_threads[t], NULL);
+    pool_size = 0;
+    pool_quit = 0;
+    pool_gen = 0;
+}
+
+/* Run the loaded program's main on every tasklet of the current DPU; return when all are done. */
+static void run_tasklets(uint32_t n)
+{
+    pool_start_if_needed(n);
+    pthread_mutex_lock(&pool_mtx);
+    pool_running = n;
+    pool_gen++;
+    pthread_cond_broadcast(&pool_start);
+    while (pool_running) pthread_cond_wait(&pool_done, &pool_mtx);
+    pthread_mutex_unlock(&pool_mtx);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -400,6 +464,7 @@ dpu_error_t dpu_free(struct dpu_set_t set)
     sys_t *s = sys_of(set);
     if (set.first != 0 || set.count != s->nr) return DPU_ERR_INVALID_DPU_SET;
     write_counters();
+    pool_stop();
     for (uint32_t i = 0; i < s->nr; i++) {
         if (s->dpus[i].mram) munmap(s->dpus[i].mram, MRAM_BYTES);
         free(s->dpus[i].image);
@@ -552,9 +617,6 @@ dpu_error_t __emu_dpu_launch(struct dpu_set_t set, dpu_launch_policy_t policy, c
     sys_t *s = sys_of(set);
     if (!s->handle) return DPU_ERR_INTERNAL;
     (void)file; (void)line;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
     double launch_max = 0;
     for (uint32_t k = 0; k < set.count; k++) {
         uint32_t id = set.first + k;
@@ -563,13 +625,9 @@ dpu_error_t __emu_dpu_launch(struct dpu_set_t set, dpu_launch_policy_t policy, c
         g_cur_id = id;
         for (uint32_t t = 0; t < s->nr_tasklets; t++) memset(&d->t[t].now, 0, sizeof(tstat_t));
         swap_image(s, d, 1);
-        pthread_t th[MAX_TASKLETS];
         g_alive = s->nr_tasklets;
         g_blocked = 0;
-        for (uint32_t t = 0; t < s->nr_tasklets; t++)
-            if (pthread_create(&th[t], &attr, tasklet_main, (void *)(intptr_t)t) != 0)
-                fatal("cannot create tasklet thread");
-        for (uint32_t t = 0; t < s->nr_tasklets; t++) pthread_join(th[t], NULL);
+        run_tasklets(s->nr_tasklets);
         swap_image(s, d, 0);
         /* cycles of this launch: compute (max(issue limit of the busiest tasklet, one
          * instruction per cycle for the pipeline)) overlapped with the DMA engine */
@@ -590,7 +648,6 @@ dpu_error_t __emu_dpu_launch(struct dpu_set_t set, dpu_launch_policy_t policy, c
         d->launches++;
         if (cyc > launch_max) launch_max = cyc;
     }
-    pthread_attr_destroy(&attr);
     g_cur = NULL;
     s->kernel_cycles += launch_max;
     s->launches++;
