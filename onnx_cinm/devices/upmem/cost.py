@@ -4,9 +4,11 @@ Every device constant below names its source. Sources (ids as in ``shared/field-
 
 * **PrIM** -- Gomez-Luna et al., "Benchmarking a New Paradigm: Experimental Analysis and
   Characterization of a Real Processing-in-Memory System", IEEE Access 10:52565 (2022),
-  arXiv:2105.03814. §3.1 (pipeline, Fig. 4 arithmetic throughput), §3.2 (MRAM latency and
-  bandwidth, Fig. 6/7), §3.4 (CPU<->DPU transfers, Fig. 10), Table 1 (system).
-  Values the field notes mark "(recalled -- verify against the PDF)" are marked *recalled* here.
+  arXiv:2105.03814, §3 (its microbenchmarks ``Arithmetic-Throughput``, ``MRAM-Latency``,
+  ``CPU-DPU``) and Table 1 (system), as summarised in ``shared/field-notes/upmem.md`` §1.1 and
+  §1.5. We cite sections and microbenchmarks, not figure numbers, except the arithmetic
+  throughput figure the notes name (Fig. 4). Values the notes mark "(recalled -- verify against
+  the PDF)" are marked *recalled* here.
 * **uPIMulator** -- Hyun et al., HPCA 2024, defaults of ``VIA-Research/uPIMulator`` (11-cycle
   revolver scheduling, 14 pipeline stages).
 * **SDK** -- UPMEM SDK documentation 2025.1.0 (WRAM 64 KB, DMA 8..2048 B, <= 24 tasklets).
@@ -20,14 +22,14 @@ The model (field notes §4.3, stated here in full so a reader can redo every num
 * **Instructions per element** come from PrIM's measured arithmetic throughput (Fig. 4): its
   microbenchmark loop runs ``f / MOPS`` instructions per element at f = 350 MHz; the loop is one
   WRAM load, the operation, one WRAM store and 3 loop-control instructions (index update,
-  compare-and-branch; PrIM §3.1.2 counts 6 instructions for INT32 ADD), so the operation itself
+  compare-and-branch; PrIM §3 counts 6 instructions for INT32 ADD), so the operation itself
   costs ``round(350 / MOPS) - 5`` instructions: INT32 add 1, INT32 mul 29 (a ``mul_step``
   sequence), INT64 add 2, FLOAT add 66 (software emulated), ...
 * **MRAM DMA.** A transfer of ``b`` bytes occupies the DPU's DMA engine ``alpha + beta * b``
-  cycles, alpha = 77 (read) / 61 (write), beta = 0.5 cycles/byte (PrIM §3.2.1, Fig. 6). Transfers
+  cycles, alpha = 77 (read) / 61 (write), beta = 0.5 cycles/byte (PrIM §3, MRAM-Latency). Transfers
   of one DPU are serialized; DMA and the pipeline overlap across tasklets, so
   ``kernel = max(DMA total, pipeline bound, slowest tasklet chain) + serial sections``.
-* **Host transfers** (PrIM §3.4, Fig. 10): serial ``dpu_copy_to`` 0.33 GB/s and ``dpu_copy_from``
+* **Host transfers** (PrIM §3, CPU-DPU microbenchmark): serial ``dpu_copy_to`` 0.33 GB/s and ``dpu_copy_from``
   0.12 GB/s for one DPU; a parallel ``dpu_push_xfer`` to the 64 DPUs of a rank 6.68 GB/s
   (CPU->DPU) and 4.74 GB/s (DPU->CPU, *recalled*); ``dpu_broadcast_to`` 16.88 GB/s per rank
   (*recalled*). Between 1 and 64 DPUs we interpolate with a power law through the two measured
@@ -56,7 +58,7 @@ PRIM_MOPS = {
 }
 
 #: Non-arithmetic instructions of PrIM's throughput loop: WRAM load, WRAM store and 3 loop-control
-#: instructions (PrIM §3.1.2: the INT32 ADD loop is 6 instructions, one of them the add).
+#: instructions (PrIM §3: the INT32 ADD loop is 6 instructions, one of them the add).
 PRIM_LOOP_BODY = 5
 #: Loop-control instructions per iteration (index update, compare, branch), part of the 5 above.
 LOOP_CONTROL = 3
@@ -124,22 +126,23 @@ class UpmemCostParams:
 
     Attributes:
         frequency_hz: DPU clock, Hz. 350e6 (PrIM Table 1, 2,556-DPU system).
-        issue_interval: cycles between two instructions of one tasklet: 11 (PrIM §3.1.1;
+        issue_interval: cycles between two instructions of one tasklet: 11 (PrIM §3;
             uPIMulator ``num_revolver_scheduling_cycles = 11``).
         dma_alpha_read, dma_alpha_write: fixed MRAM->WRAM / WRAM->MRAM DMA cost, cycles:
-            77 / 61 (PrIM §3.2.1, Fig. 6).
-        dma_beta: DMA cost per byte, cycles/byte: 0.5 (PrIM §3.2.1; 2 B/cycle = 700 MB/s peak).
+            77 / 61 (PrIM §3, MRAM-Latency microbenchmark).
+        dma_beta: DMA cost per byte, cycles/byte: 0.5 (PrIM §3, MRAM-Latency; 2 B/cycle = 700 MB/s peak).
         dma_min, dma_max: DMA size limits, bytes: 8 and 2048, multiples of 8 (SDK ``mram.h``).
         wram_bytes: WRAM per DPU, bytes: 65,536 (SDK; PrIM Table 1).
         mram_bytes: MRAM per DPU, bytes: 64 MiB (SDK; PrIM Table 1).
         max_tasklets: 24 (SDK ``dpu.lds`` asserts NR_TASKLETS <= 24).
-        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM §2.1).
+        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM §2, field notes §1.1).
         h2d_serial_bps, d2h_serial_bps: ``dpu_copy_to`` / ``dpu_copy_from`` of one DPU, bytes/s:
-            0.33e9 / 0.12e9 (PrIM §3.4, Fig. 10, 32 MB, 1 DPU).
+            0.33e9 / 0.12e9 (PrIM §3, CPU-DPU microbenchmark, 32 MB, 1 DPU).
         h2d_rank_bps, d2h_rank_bps: parallel ``dpu_push_xfer`` to/from the 64 DPUs of one rank,
-            bytes/s: 6.68e9 (PrIM Fig. 10) / 4.74e9 (PrIM Fig. 10, *recalled*).
-        bcast_rank_bps: ``dpu_broadcast_to`` one rank, bytes delivered/s: 16.88e9 (PrIM Fig. 10,
-            *recalled*).
+            bytes/s: 6.68e9 (PrIM §3, CPU-DPU; confirmed by a third-party note) / 4.74e9
+            (*recalled*).
+        bcast_rank_bps: ``dpu_broadcast_to`` one rank, bytes delivered/s: 16.88e9 (PrIM §3,
+            CPU-DPU, *recalled*).
         host_bw_cap_bps: upper bound on the aggregate host<->DPU bandwidth of a multi-rank
             transfer, bytes/s: infinite by default (ranks scale linearly). No published figure
             bounds it; set it (e.g. to the host's memory bandwidth) to model a host limit.
@@ -190,7 +193,7 @@ class UpmemCostParams:
     # -- DMA -----------------------------------------------------------------------------------
     def dma_cycles(self, nbytes: int, write: bool = False) -> float:
         """Cycles one ``mram_read`` (or ``mram_write``) of ``nbytes`` occupies the DMA engine:
-        ``alpha + 0.5 * nbytes`` (PrIM §3.2.1)."""
+        ``alpha + 0.5 * nbytes`` (PrIM §3, MRAM-Latency)."""
         return (self.dma_alpha_write if write else self.dma_alpha_read) + self.dma_beta * nbytes
 
     def stream_dma_cycles(self, nbytes: int, block: int, write: bool = False) -> float:

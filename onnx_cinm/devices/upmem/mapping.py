@@ -3,7 +3,7 @@
 :func:`plan_op` turns an :class:`~onnx_cinm.devices.base.OpInfo` into a frozen :class:`CnmPlan`:
 
 * **workgroup** ``ranks x DPUs x tasklets``: tasklets default to 16 (>= 11 fills the pipeline,
-  PrIM §3.1); the DPU count is the one (among powers of two up to the limit, and the limit
+  PrIM §3); the DPU count is the one (among powers of two up to the limit, and the limit
   itself) that minimizes the modeled end-to-end time, so small inputs do not pay 2048 DPUs of
   transfer and launch overhead;
 * **inputs**: each is ``scatter`` (equal, padded share per DPU: elements, or whole rows for
@@ -61,7 +61,7 @@ from . import cost as C
 from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemCostParams
 
 #: Inner-loop unrolling of our generated kernels: loop control (3 instructions) once per 8
-#: elements. PrIM's loops are not unrolled (its measured loops, PrIM §3.1.2).
+#: elements. PrIM's loops are not unrolled (its measured loops, PrIM §3).
 UNROLL = 8
 #: WRAM stack per tasklet, bytes (the generated Makefile's ``STACK_SIZE_DEFAULT``; the SDK
 #: requires a multiple of 8).
