@@ -22,8 +22,10 @@ Initial CPU->DPU and final DPU->CPU transfers are excluded, as in PrIM's DPU-vs-
 ``end_to_end_s`` of our plan includes them.
 
 ``emulator_wall_s`` is the wall time of the generated kernel in the emulator at a reduced size
-when ``onnx_cinm.devices.upmem.codegen`` and ``onnx_cinm.runtime.upmem_emu`` are importable,
-else null (with a note).
+(``small``; a warm run) when ``onnx_cinm.devices.upmem.codegen`` and
+``onnx_cinm.runtime.upmem_emu`` can build and run it, else null (with a note); the emulator's
+outputs are checked against onnxruntime, and its cycle counters are printed next to this
+model's cycles at the same size (``emulator_cycles``, ``modeled_cycles``).
 
 Usage: ``python benchmarks/upmem_prim.py [--json FILE] [--dpus N] [--tasklets T] [--only NAME]``
 """
@@ -130,14 +132,16 @@ def _codegen_call(op: OpInfo, plan) -> tuple[str, dict]:
     raise ValueError(f"no codegen kind for {t}")
 
 
-def _emulate(name: str, dtype: str) -> tuple[float | None, str]:
+def _emulate(name: str, dtype: str) -> tuple[float | None, str, dict]:
     """Wall seconds of the workload's generated kernels in the emulator at the ``small`` size
-    (a second, warm run: builds are cached), checked against onnxruntime; or None and why."""
+    (a second, warm run: builds are cached), checked against onnxruntime; or None and why.
+    The dict compares the emulator's cycle counters with our model at that size:
+    ``{"emulator_cycles": ..., "modeled_cycles": ...}`` (sums over the workload's kernels)."""
     try:
         from onnx_cinm.devices.upmem import codegen
         from onnx_cinm.runtime import upmem_emu
     except Exception as e:  # noqa: BLE001 - report why, never fail the benchmark
-        return None, f"emulator/codegen not available ({type(e).__name__}: {e})"
+        return None, f"emulator/codegen not available ({type(e).__name__}: {e})", {}
     try:
         import onnxruntime as ort
         from onnx import numpy_helper
@@ -149,7 +153,7 @@ def _emulate(name: str, dtype: str) -> tuple[float | None, str]:
         vals = dict(feeds)
         consts = {i.name: numpy_helper.to_array(i) for i in r.model.graph.initializer}
         vals.update(consts)
-        wall = 0.0
+        wall, cyc = 0.0, {"emulator_cycles": 0.0, "modeled_cycles": 0.0}
         with tempfile.TemporaryDirectory() as tmp:
             for i, node in enumerate(r.model.graph.node):
                 if node.op_type == "Greater":  # SEL's predicate stays on the host
@@ -161,7 +165,7 @@ def _emulate(name: str, dtype: str) -> tuple[float | None, str]:
                     op = OpInfo(node.name, "Select", {}, (infos[node.input[0]], infos[node.input[1]]),
                                 (infos[node.input[0]],))
                 else:
-                    return None, f"host op {node.op_type} in {name}: not emulated"
+                    return None, f"host op {node.op_type} in {name}: not emulated", {}
                 plan = plan_op(op)
                 kind, params = _codegen_call(op, plan)
                 ins = [vals[n] for n in node.input if n]
@@ -173,18 +177,20 @@ def _emulate(name: str, dtype: str) -> tuple[float | None, str]:
                 run_ins = [x for j, x in enumerate(ins) if j not in kc]
                 upmem_emu.run_kernel(kdir, run_ins)  # build (cached) and first run
                 t0 = time.perf_counter()
-                outs, _ = upmem_emu.run_kernel(kdir, run_ins)
+                outs, counters = upmem_emu.run_kernel(kdir, run_ins)
                 wall += time.perf_counter() - t0
+                cyc["emulator_cycles"] += float(counters.get("kernel_cycles", 0.0))
+                cyc["modeled_cycles"] += plan.cost().kernel_cycles
                 for n, v in zip(node.output, outs):
                     vals[n] = v
         got = [vals[o.name] for o in model.graph.output]
         ok = all(np.allclose(np.asarray(g, np.float64).ravel(), np.asarray(w, np.float64).ravel(),
                              rtol=1e-4, atol=1e-4) and np.size(g) == np.size(w)
                  for g, w in zip(got, want))
-        return wall, "small size, warm runs" + ("" if ok else "; OUTPUT MISMATCH vs onnxruntime")
+        return wall, "small size, warm runs" + ("" if ok else "; OUTPUT MISMATCH vs onnxruntime"), cyc
     except Exception as e:  # noqa: BLE001
         msg = " ".join(str(e).split())
-        return None, f"emulator run failed ({type(e).__name__}: {msg[:300]})"
+        return None, f"emulator run failed ({type(e).__name__}: {msg[:300]})", {}
 
 
 def measure(name: str, dtype: str, max_dpus: int = 2048, tasklets: int = 16,
@@ -211,8 +217,9 @@ def measure(name: str, dtype: str, max_dpus: int = 2048, tasklets: int = 16,
         rec["merge"].append(f"{ours.merge}/{prim.merge}")
         rec["block_bytes"].append(ours.block_bytes)
     if emulate:
-        rec["emulator_wall_s"], note = _emulate(name, dtype)
+        rec["emulator_wall_s"], note, cyc = _emulate(name, dtype)
         rec["notes"].append(f"emulator: {note}")
+        rec.update(cyc)
     gain = rec["prim_default_s"] / rec["modeled_s"]
     roof = rec["modeled_s"] / rec["roofline_s"] if rec["roofline_s"] else float("nan")
     checks = []
@@ -251,14 +258,22 @@ def main(argv=None) -> int:
               f"{r['vs_roofline']:6.2f} {g2:6.2f} {r['prim_default_s'] / r['modeled_no_unroll_s']:6.2f} "
               f"{r['end_to_end_s'] * 1e3:9.2f} {emu:>6}  "
               f"{','.join(sorted(set(r['bound'])))} / {','.join(sorted(set(r['merge'])))}  {tg}")
+    emu = [r for r in recs if r.get("emulator_cycles")]
+    if emu:
+        print("\nsmall size, one inference: kernel cycles counted by the emulator vs this model")
+        for r in emu:
+            print(f"  {r['workload']:5} {r['dtype']:7} emulator {r['emulator_cycles']:12.0f}  "
+                  f"model {r['modeled_cycles']:12.0f}  ratio {r['emulator_cycles'] / r['modeled_cycles']:5.2f}")
     notes = sorted({n for r in recs for n in r["notes"]})
     for n in notes:
         print("note:", n)
     if args.json:
         keep = ("workload", "dtype", "size", "dpus", "tasklets", "modeled_s", "prim_default_s",
                 "roofline_s", "emulator_wall_s", "modeled_inter_dpu_s", "prim_default_inter_dpu_s",
-                "end_to_end_s", "modeled_no_unroll_s", "gain", "vs_roofline", "targets", "notes")
-        Path(args.json).write_text(json.dumps([{k: r[k] for k in keep} for r in recs], indent=1))
+                "end_to_end_s", "modeled_no_unroll_s", "gain", "vs_roofline", "targets", "notes",
+                "emulator_cycles", "modeled_cycles")
+        Path(args.json).write_text(json.dumps([{k: r[k] for k in keep if k in r} for r in recs],
+                                              indent=1))
     return 0
 
 
