@@ -475,3 +475,34 @@ def test_full_cross_product(tmp_path, kind, dtype, dpus, tasklets, size):
         x = _signed(rng, (n, 7), dtype)
         (y,), _ = _run(tmp_path, kind, dtype, [x.shape], cfg, [x], perm=[1, 0])
         _same(y, x.T, dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# im2col (checked against cinm.Im2Col's reference body in onnxruntime)
+
+def _im2col_ref(x, **attrs):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from onnx_cinm.dialects import cinm
+
+    node = cinm.make_node("Im2Col", ["x"], ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    cinm.attach_functions(m)
+    return ort.InferenceSession(m.SerializeToString()).run(None, {"x": x.astype(np.float32)})[0]
+
+
+IM2COL = {"one": ((1, 1, 1, 1), dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1])),
+          "small": ((1, 2, 13), dict(kernel_shape=[3], strides=[2], pads=[1, 1], dilations=[1])),
+          "odd": ((2, 3, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 1], pads=[1, 0, 1, 2],
+                                      dilations=[1, 2]))}
+
+
+@pytest.mark.parametrize("dtype,cfg", _cases(), ids=_ids(_cases()))
+def test_im2col(tmp_path, dtype, cfg):
+    shape, attrs = IM2COL[cfg[3]]
+    x = _signed(np.random.default_rng(18), shape, dtype, 10)
+    (y,), _ = _run(tmp_path, "im2col", dtype, [shape], cfg, [x], **attrs)
+    np.testing.assert_array_equal(y.astype(np.float32), _im2col_ref(x, **attrs))

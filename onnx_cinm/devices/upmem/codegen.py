@@ -31,6 +31,7 @@ compress    ``X.ravel()[mask.ravel() != 0]`` (ONNX Compress without axis)       
 scan        CumSum along ``axis`` (exclusive, reverse), scan-scan-add over DPUs   [SCAN-SSA]
 transpose   permutations that swap two adjacent groups of axes (tiled in WRAM)        [TRNS]
 topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index)
+im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
 =========== ================================================================================
 
 dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU).
@@ -57,7 +58,7 @@ CTYPES = {
 }
 DTYPES = tuple(CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
-         "transpose", "topk")
+         "transpose", "topk", "im2col")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
 UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip")
 REDUCE = ("add", "mul", "max", "min")
@@ -570,7 +571,7 @@ def _transpose_groups(perm) -> tuple | None:
 
 FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv": "gemm",
           "mlp": "gemm", "reduce": "reduce", "histogram": "histogram", "compress": "compress",
-          "scan": "scan", "transpose": "transpose", "topk": "topk"}
+          "scan": "scan", "transpose": "transpose", "topk": "topk", "im2col": "im2col"}
 
 
 def kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
@@ -659,6 +660,17 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         if 8 // math.gcd(8, run) * run > 2048:
             raise ValueError(f"trailing run of {run} bytes is too long for one DMA")
         return "transpose", dtype, shapes, {"perm": perm}
+    if t == "Im2Col":
+        need_dtype(dtype)
+        ks = list(a.get("kernel_shape", []))
+        if len(ks) not in (1, 2):
+            raise ValueError(f"Im2Col kernel handles 1-D and 2-D kernels, not {len(ks)}-D")
+        dw = list(a.get("dilations", [1] * len(ks)))[-1]
+        span = _round_up((ks[-1] - 1) * dw * np.dtype(dtype).itemsize + 8, 8) + 8
+        if span > 2048:
+            raise ValueError(f"a kernel row spans {span} bytes (> 2048, one DMA)")
+        return "im2col", dtype, shapes, {k: list(a[k]) for k in ("kernel_shape", "strides", "pads",
+                                                                 "dilations")}
     raise ValueError(f"no UPMEM kernel for cinm.{t}")
 
 
@@ -899,3 +911,53 @@ def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
            dict(perm=perm, G=G, A=A, B=B, E=E, AC=AC, AC_pad=AC_pad, B_pad=B_pad, AW=AW, BW=BW,
                 NA=NA, units=units, US=US, out_off=US * tile, instr=4))
     return _write(outdir, "transpose", k, {"perm": perm, "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# im2col (the patch matrix of a convolution)
+
+
+def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    ks = list(params["kernel_shape"])
+    if len(ks) not in (1, 2) or len(shape) != 2 + len(ks):
+        raise ValueError(f"im2col: 1-D or 2-D kernels on X[N, C, *S], got X{list(shape)}, kernel {ks}")
+    st, dl, pd = list(params["strides"]), list(params["dilations"]), list(params["pads"])
+    if len(ks) == 1:  # 1-D as 2-D with one row
+        shape = (shape[0], shape[1], 1, shape[2])
+        ks, st, dl, pd = [1] + ks, [1] + st, [1] + dl, [0, pd[0], 0, pd[1]]
+    N, C, H, W = shape
+    KH, KW = ks
+    SH, SW = st
+    DH, DW = dl
+    PT, PL, PB, PR = pd
+    HP, WP = H + PT + PB, W + PL + PR
+    OH = (HP - DH * (KH - 1) - 1) // SH + 1
+    OW = (WP - DW * (KW - 1) - 1) // SW + 1
+    if OH < 1 or OW < 1:
+        raise ValueError("im2col: empty output")
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    win = _round_up((KW - 1) * DW * es + es, 8) + 8
+    if win > 2048:
+        raise ValueError(f"im2col: a kernel row spans {win} bytes (> 2048, one DMA)")
+    CK = C * KH * KW
+    CK_pad = _round_up(CK, per)
+    rows = N * OH * OW
+    row_cap = max(1, _ceil(rows, dpus))
+    used = _ceil(rows, row_cap)
+    xp_off = row_cap * CK_pad * es
+    xp_elems = _round_up(N * C * HP * WP, per) + per  # the last window may reach 8 bytes past
+    _check_mram(xp_off + xp_elems * es, f"im2col {list(shape)} on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, 1, fixed=tasklets * win, cap=CK_pad * es)
+    yshape = (N, OH, OW, CK) if params.get("rank", len(params["kernel_shape"])) == 2 else (N, OW, CK)
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", yshape, dtype)],
+           dict(N=N, C=C, H=H, W=W, HP=HP, WP=WP, PT=PT, PL=PL, OH=OH, OW=OW, KH=KH, KW=KW,
+                SH=SH, SW=SW, DH=DH, DW=DW, pads=pd, CK=CK, CK_pad=CK_pad, rows=rows,
+                row_cap=row_cap, xp_off=xp_off, xp_elems=xp_elems, win=win))
+    return _write(outdir, "im2col", k, {"kernel_shape": list(params["kernel_shape"]),
+                                        "strides": list(params["strides"]),
+                                        "pads": list(params["pads"]),
+                                        "dilations": list(params["dilations"]),
+                                        "dpus_requested": dpus})
