@@ -239,3 +239,14 @@ def test_workloads_keep_matching_onnxruntime(name):
     got = ort.InferenceSession(res.model.SerializeToString()).run(None, feeds)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_workload_script_writes_checked_models(tmp_path):
+    assert pw.main(["--out", str(tmp_path), "--size", "small"]) == 0
+    files = sorted(p.name for p in tmp_path.glob("*.onnx"))
+    assert len(files) == len(pw.NAMES) * 2 and "hst_int32_small.onnx" in files
+    prim = pw.build("VA", "float32", "prim")     # PrIM size: shapes only, a few hundred bytes
+    assert prim.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 167_772_160
+    assert prim.ByteSize() < 4096
+    x = pw.random_inputs(pw.build("MLP", "int32", "small"))["h0"]
+    assert (x < 0).any() and (x > 0).any()       # signed data, never all-positive
