@@ -506,3 +506,34 @@ def test_im2col(tmp_path, dtype, cfg):
     x = _signed(np.random.default_rng(18), shape, dtype, 10)
     (y,), _ = _run(tmp_path, "im2col", dtype, [shape], cfg, [x], **attrs)
     np.testing.assert_array_equal(y.astype(np.float32), _im2col_ref(x, **attrs))
+
+
+# ------------------------------------------------------------------------------------------
+# whole models through generated code (the execution provider's emulate mode)
+
+def test_digits_mlp_end_to_end_through_generated_code(tmp_path):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("skl2onnx")
+    import onnx
+
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.examples.digits import build_digits_mlp
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime.session import InferenceSession
+
+    d = build_digits_mlp()
+    res = optimize(d.model, place=[("*", "upmem")])
+    artifacts.save(res.model, tmp_path / "digits.onnx")
+    upmem = [n for n in res.model.graph.node if n.domain == "cinm"]
+    assert upmem and all(any(a.name == "device" and a.s == b"upmem" for a in n.attribute)
+                         for n in upmem)
+    sess = InferenceSession(tmp_path / "digits.onnx",
+                            provider_options=[{"upmem_mode": "emulate"}, {}])
+    X = d.X_test[:37]  # not the batch size the kernels were generated for (symbolic -> 1)
+    got = sess.run(None, {"X": X})
+    ref = run_onnxruntime(d.model, {"X": X})
+    np.testing.assert_array_equal(got[0], ref[0])  # labels
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-4, atol=1e-6)  # probabilities
+    modes = {r["mode"] for r in sess.profile() if r["device"] == "upmem"}
+    assert modes == {"emulate"}
+    assert isinstance(onnx.load(tmp_path / "digits.onnx"), onnx.ModelProto)
