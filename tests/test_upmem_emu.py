@@ -359,3 +359,37 @@ def test_build_error_carries_gcc_diagnostics(tmp_path):
     k = _kernel(tmp_path, "bad", "int main(void) { int unused; return 0; }\n", _launch_host(1))
     with pytest.raises(emu.UpmemBuildError, match="unused"):
         emu.build(k)
+
+
+def test_halt_ends_one_tasklet_and_the_next_launch_still_runs_all(tmp_path):
+    dpu = """
+    __host uint64_t done[NR_TASKLETS];
+    int main(void) {
+        uint32_t t = me();
+        if (t == 1) halt();
+        done[t] += 1;
+        return 0;
+    }
+    """
+    host = """
+    int main(int argc, char **argv) {
+        (void)argc;
+        struct dpu_set_t set;
+        uint64_t done[3];
+        DPU_ASSERT(dpu_alloc(2, NULL, &set));
+        DPU_ASSERT(dpu_load(set, argv[1], NULL));
+        DPU_ASSERT(dpu_launch(set, DPU_SYNCHRONOUS));
+        DPU_ASSERT(dpu_launch(set, DPU_SYNCHRONOUS));
+        struct dpu_set_t dpu;
+        DPU_FOREACH(set, dpu) {
+            DPU_ASSERT(dpu_copy_from(dpu, "done", 0, done, sizeof done));
+            printf("%llu %llu %llu\\n", (unsigned long long)done[0], (unsigned long long)done[1],
+                   (unsigned long long)done[2]);
+        }
+        DPU_ASSERT(dpu_free(set));
+        return 0;
+    }
+    """
+    proc, c = emu.run_program(_kernel(tmp_path, "halt", dpu, host, tasklets=3), [])
+    assert proc.stdout.splitlines() == ["2 0 2", "2 0 2"]
+    assert c["launches"] == 2
