@@ -65,6 +65,15 @@ def test_light_cnn_through_the_simulator(short, light_model_paths, tmp_path):
     assert all(r["mode"] == "simulate" and r["latency_s"] > 0 for r in recs)
 
 
+@pytest.mark.slow
+def test_light_vgg19_through_the_simulator(light_model_paths, tmp_path):
+    path = next(p for k, p in light_model_paths.items() if "vgg19" in k)
+    original = _logits(onnx.load(str(path)))
+    sess, n_xbar = _through_simulator(tmp_path, original)
+    assert n_xbar >= 16
+    _assert_close(sess, original, random_inputs(original, seed=0))
+
+
 def test_digits_mlp_through_the_simulator(digits_mlp, tmp_path):
     model, x_test, y_test, accuracy = digits_mlp
     sess, n_xbar = _through_simulator(tmp_path, model)
