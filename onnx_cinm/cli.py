@@ -37,6 +37,13 @@ def _positive(text: str) -> int:
     return v
 
 
+def _tasklets(text: str) -> int:
+    v = _positive(text)
+    if v > 24:  # UPMEM SDK: at most 24 tasklets per DPU
+        raise argparse.ArgumentTypeError(f"a DPU runs at most 24 tasklets, got {v}")
+    return v
+
+
 def _size(text: str) -> tuple[int, int]:
     rows, sep, cols = text.lower().partition("x")
     if not sep:
@@ -105,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
                          "weights with per-channel scales on 2-bit cells in differential pairs, "
                          "8-bit DAC and ADC) or 'q8-noisy' (q8 plus 2%% seeded read noise); the "
                          "check compares the cinm reference bodies, which are exact")
+    up = o.add_argument_group("UPMEM options")
+    up.add_argument("--upmem-dpus", type=_positive, default=None, metavar="N",
+                    help="most DPUs one op may use; the mapping picks the count with the lowest "
+                         "modeled time up to this (default: 2048)%(default).0s")
+    up.add_argument("--upmem-tasklets", type=_tasklets, default=None, metavar="T",
+                    help="tasklets per DPU, 1..24 (default: 16)%(default).0s")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -276,6 +289,10 @@ def _device_options(args) -> dict:
         opts["cim_crossbars"] = args.cim_crossbars
     if args.cim_size is not None:
         opts["cim_rows"], opts["cim_cols"] = args.cim_size
+    if args.upmem_dpus is not None:
+        opts["upmem_dpus"] = args.upmem_dpus
+    if args.upmem_tasklets is not None:
+        opts["upmem_tasklets"] = args.upmem_tasklets
     return opts
 
 

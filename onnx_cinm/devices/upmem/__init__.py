@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import CinmError
 from .. import register
 from ..base import Cost, OpInfo, Support
 
@@ -55,6 +56,10 @@ class UpmemDevice:
             kind = kernel_for(op)[0]
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
+        try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
+            self.plan(op)
+        except CinmError as e:
+            return Support(False, str(e))
         return Support(True, f"data-parallel op near memory ({kind} kernel)")
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
