@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from . import frontend
 from .devices.base import OpInfo, TensorInfo
 from .dialects import cinm
 
@@ -49,7 +50,8 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            light, strict_mode=False, data_prop=frontend.wants_data_propagation(model.graph))
     except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
         inferred = light
     return _collect(inferred.graph, consts)

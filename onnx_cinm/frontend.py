@@ -564,8 +564,26 @@ def restore_weights(
     return model
 
 
+def wants_data_propagation(graph: onnx.GraphProto) -> bool:
+    """Whether shape inference should propagate values: only shape arithmetic needs it (values
+    computed from ``Shape``/``Size``), and onnx's propagation materializes integer tensors,
+    which exhausts memory on large integer inputs (1e8 elements: PrIM's VA and RED)."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            if node.op_type in ("Shape", "Size"):
+                return True
+            stack.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+    return False
+
+
 def _infer_skeleton(skeleton: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
-    options = dict(check_type=strict, strict_mode=strict, data_prop=True)
+    options = dict(check_type=strict, strict_mode=strict,
+                   data_prop=wants_data_propagation(skeleton.graph))
     if skeleton.ByteSize() <= PROTOBUF_LIMIT:
         return onnx.shape_inference.infer_shapes(skeleton, **options)
     with tempfile.TemporaryDirectory(prefix="onnx_cinm_shapes_") as folder:
