@@ -194,6 +194,8 @@ class InferenceSession:
             for o in node.output:
                 ready[o] = stage
         self._parts = [parts[s] for s in sorted(parts)]
+        for i, p in enumerate(self._parts):  # number the partitions in execution order
+            p.index = i
         # partition boundaries
         consumed_later: dict[str, set] = {}
         for p in self._parts:
@@ -354,6 +356,10 @@ class InferenceSession:
                                 "bytes_moved": metrics.get("bytes_moved")})
         with self._profile_lock:
             self._profile.extend(records)
+        for n in names:  # an output that is a constant of the graph
+            if n not in values:
+                init = next(i for i in self._model.graph.initializer if i.name == n)
+                values[n] = numpy_helper.to_array(init)
         return [values[n] for n in names]
 
     def as_runner(self):
