@@ -87,12 +87,14 @@ def test_digits_mlp_through_the_simulator(digits_mlp, tmp_path):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
 
 
-def test_ppocr_det_through_the_simulator(ppocr_model_paths, ppocr_input_shapes, tmp_path):
-    sess, n_xbar = _through_simulator(tmp_path, str(ppocr_model_paths["det"]))
-    assert n_xbar >= 10
-    original = onnx.load(str(ppocr_model_paths["det"]))
-    feeds = random_inputs(original, seed=0, shapes={"x": ppocr_input_shapes["det"]})
-    _assert_close(sess, original, feeds, rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("which,min_xbar", [("det", 10), ("rec", 10), ("cls", 3)])
+def test_ppocr_through_the_simulator(which, min_xbar, ppocr_model_paths, ppocr_input_shapes,
+                                     tmp_path):
+    sess, n_xbar = _through_simulator(tmp_path, str(ppocr_model_paths[which]))
+    assert n_xbar >= min_xbar
+    original = onnx.load(str(ppocr_model_paths[which]))
+    feeds = random_inputs(original, seed=0, shapes={"x": ppocr_input_shapes[which]})
+    _assert_close(sess, original, feeds)
 
 
 def test_digits_mlp_quantized_crossbars_keep_accuracy(digits_mlp, tmp_path):
