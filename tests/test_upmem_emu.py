@@ -393,3 +393,24 @@ def test_halt_ends_one_tasklet_and_the_next_launch_still_runs_all(tmp_path):
     proc, c = emu.run_program(_kernel(tmp_path, "halt", dpu, host, tasklets=3), [])
     assert proc.stdout.splitlines() == ["2 0 2", "2 0 2"]
     assert c["launches"] == 2
+
+
+def _build_in_subprocess(args):
+    import os
+
+    kdir, cache = args
+    os.environ["ONNX_CINM_CACHE"] = cache
+    return str(emu.build(kdir))
+
+
+def test_concurrent_builds_of_one_kernel_agree(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    k = _kernel(tmp_path, "conc", "int main(void) { return 0; }\n", _launch_host(1))
+    cache = str(tmp_path / "cache")
+    with ProcessPoolExecutor(3) as ex:
+        dirs = list(ex.map(_build_in_subprocess, [(k, cache)] * 3))
+    assert len(set(dirs)) == 1
+    built = [p.name for p in (tmp_path / "cache").iterdir()]
+    assert not [n for n in built if n.startswith(".")]  # no temporary directory left behind
+    assert {p.name for p in (tmp_path / "cache" / dirs[0].rsplit("/", 1)[1]).iterdir()} == {"host", "dpu.so"}

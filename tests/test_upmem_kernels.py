@@ -537,3 +537,18 @@ def test_digits_mlp_end_to_end_through_generated_code(tmp_path):
     modes = {r["mode"] for r in sess.profile() if r["device"] == "upmem"}
     assert modes == {"emulate"}
     assert isinstance(onnx.load(tmp_path / "digits.onnx"), onnx.ModelProto)
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "uint64"])
+def test_unsigned_kernels(tmp_path, dtype):
+    rng = np.random.default_rng(19)
+    info = np.iinfo(dtype)
+    a = rng.integers(0, info.max, (301,), dtype=dtype, endpoint=True)
+    b = rng.integers(0, info.max, (301,), dtype=dtype, endpoint=True)
+    cfg = (7, 11, 64, "odd")
+    for op, ref in (("Sub", a - b), ("Max", np.maximum(a, b)), ("Div", a // np.maximum(b, 1))):
+        bb = np.maximum(b, 1) if op == "Div" else b
+        (y,), _ = _run(tmp_path / op, "binary", dtype, [a.shape, b.shape], cfg, [a, bb], op=op)
+        np.testing.assert_array_equal(y, ref)
+    (y,), _ = _run(tmp_path, "reduce", dtype, [a.shape], cfg, [a], reduce="min", axes=[0], keepdims=0)
+    np.testing.assert_array_equal(y, a.min(keepdims=False))
