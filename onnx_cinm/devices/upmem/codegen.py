@@ -21,7 +21,8 @@ Kernel families (``kind`` of :func:`emit_kernel`):
 
 =========== ================================================================================
 binary      Add Sub Mul Div Max Min with numpy broadcasting (host-side index arithmetic) [VA]
-unary       Relu Abs Neg LeakyRelu HardSigmoid Clip                                    [VA]
+unary       Relu Abs Neg LeakyRelu HardSigmoid Clip; Exp Log Sqrt Sigmoid Tanh (float32,
+            software double without libm)                                          [VA]
 gemm        ``Y[..., M, N] = A[..., M, K] @ B[..., K, N] (+ C)`` with matmul broadcasting,
             optional fused ReLU (``relu=True``: the MLP layer)                  [GEMV/MLP]
 gemv        ``y[M] = A[M, K] @ x[K] (+ c[M])`` (the gemm kernel with N = 1)            [GEMV]
@@ -60,7 +61,20 @@ DTYPES = tuple(CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
          "transpose", "topk", "im2col")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
-UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip")
+#: float32 ops computed in software double (a DPU has no libm): C expression, doc
+TRANSCENDENTAL = {
+    "Exp": ("(float)emu_exp((double)a)", "exp(X)"),
+    "Log": ("(float)emu_log((double)a)", "log(X)"),
+    "Sqrt": ("(float)emu_sqrt((double)a)", "sqrt(X)"),
+    "Sigmoid": ("(float)(1.0 / (1.0 + emu_exp(-(double)a)))", "1 / (1 + exp(-X))"),
+    "Tanh": ("(float)(a > 20.0f ? 1.0 : (a < -20.0f ? -1.0 : "
+             "emu_expm1(2.0 * (double)a) / (emu_expm1(2.0 * (double)a) + 2.0)))", "tanh(X)"),
+}
+#: instruction-equivalents of one transcendental in software double: ~20 double operations of
+#: ~150 instructions each (our estimate; PrIM measures DOUBLE add at 3.32 MOPS ~ 105
+#: instructions and mul at 0.53 MOPS ~ 660, field notes §1.5)
+_SOFT_DOUBLE_INSTR = 4000
+UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip") + tuple(TRANSCENDENTAL)
 REDUCE = ("add", "mul", "max", "min")
 
 #: WRAM of one DPU, bytes (64 KB, SDK docs), and the stack we assume per tasklet (the SDK's
@@ -262,6 +276,10 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
         # ONNX Clip: min applied first, then max (so min > max gives max)
         return (f"(a < {lo} ? {lo} : a) > {hi} ? {hi} : (a < {lo} ? {lo} : a)",
                 f"clip(X, {lo}, {hi})", 2 * cmp)
+    if op in TRANSCENDENTAL:
+        if not flt:
+            raise ValueError(f"{op} needs float32")
+        return TRANSCENDENTAL[op] + (_SOFT_DOUBLE_INSTR,)
     raise ValueError(f"no UPMEM kernel for unary op {op!r}; expected one of {UNARY}")
 
 
@@ -392,7 +410,7 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     blk = _fit_block(block, tasklets, nin, cap=cap * es)
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
            dict(op=op, expr=expr, expr_doc=doc, instr=instr, n=n, cap=cap, cap_bytes=cap * es,
-                out_shape=out_shape))
+                out_shape=out_shape, needs_math=op in TRANSCENDENTAL))
     return _write(outdir, "elementwise", k, {"op": op, "params": {
         x: params[x] for x in ("alpha", "beta", "min", "max") if params.get(x) is not None}})
 
@@ -612,7 +630,7 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
     if t in UNARY:
         need_dtype(dtype)
         params = {"op": t}
-        if t in ("LeakyRelu", "HardSigmoid") and dtype != "float32":
+        if (t in ("LeakyRelu", "HardSigmoid") or t in TRANSCENDENTAL) and dtype != "float32":
             raise ValueError(f"{t} kernel is float32 only")
         for k in ("alpha", "beta"):
             if k in a:
