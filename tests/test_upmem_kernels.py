@@ -567,3 +567,47 @@ def test_unsigned_kernels(tmp_path, dtype):
         np.testing.assert_array_equal(y, ref)
     (y,), _ = _run(tmp_path, "reduce", dtype, [a.shape], cfg, [a], reduce="min", axes=[0], keepdims=0)
     np.testing.assert_array_equal(y, a.min(keepdims=False))
+
+
+def test_every_cinm_op_kind_end_to_end_through_generated_code(tmp_path):
+    """MatMul, Clip (constant bounds), Sigmoid, Transpose, ReduceSum/Max, CumSum (exclusive,
+    reverse), TopK, Exp, Div through to_cinm, placement on UPMEM, emission and the execution
+    provider's emulate mode, at a batch size other than the generated one."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime.session import InferenceSession
+
+    rng = np.random.default_rng(20)
+    c = lambda name, v, t=np.float32: numpy_helper.from_array(np.array(v, t), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Clip", ["m", "lo", "hi"], ["c"]),
+        helper.make_node("Sigmoid", ["c"], ["s"]),
+        helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0]),
+        helper.make_node("ReduceSum", ["t", "ax"], ["r"], keepdims=1),
+        helper.make_node("CumSum", ["m", "one"], ["cs"], exclusive=1, reverse=1),
+        helper.make_node("TopK", ["cs", "k"], ["tv", "ti"], axis=1),
+        helper.make_node("Exp", ["tv"], ["e"]),
+        helper.make_node("ReduceMax", ["e", "ax"], ["emax"], keepdims=1),
+        helper.make_node("Div", ["e", "emax"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 24)).astype(np.float32), "W"),
+             c("lo", -1.5), c("hi", 2.0), c("ax", [1], np.int64), c("one", 1, np.int64),
+             c("k", [5], np.int64)]
+    outs = [helper.make_tensor_value_info(n, t, None)
+            for n, t in (("out", TensorProto.FLOAT), ("ti", TensorProto.INT64), ("r", TensorProto.FLOAT))]
+    g = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                          outs, inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    res = optimize(model, place=[("*", "upmem")])
+    kinds = {n.op_type for n in res.model.graph.node if n.domain == "cinm"}
+    assert kinds == {"Gemm", "Clip", "Sigmoid", "Transpose", "Reduce", "Scan", "TopK", "Exp", "Div"}
+    artifacts.save(res.model, tmp_path / "ops.onnx")
+    sess = InferenceSession(tmp_path / "ops.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    got, ref = sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert {r["mode"] for r in sess.profile() if r["device"] == "upmem"} == {"emulate"}
