@@ -23,6 +23,7 @@ Usage::
     python benchmarks/conformance.py            # table per op, then the expected failures
     python benchmarks/conformance.py --json     # {"run", "passed", "expected_failures", "failed"}
     python benchmarks/conformance.py -v         # one line per case
+    python benchmarks/conformance.py --runner cinm   # execute with the CINM execution provider
 """
 from __future__ import annotations
 
@@ -212,9 +213,11 @@ def _compare(case: Case, outputs, expected) -> None:
             np.testing.assert_array_equal(got, want, err_msg=f"output {i}")
 
 
-def _run(case: Case, backend) -> int:
-    """Run ``case`` through ``backend``; return its cinm op count, raise on any mismatch."""
-    rep = backend.prepare(case.model)
+def _run(case: Case, runner) -> int:
+    """Run ``case`` through ``CinmBackend``; return its cinm op count, raise on any mismatch."""
+    from onnx_cinm.backend import CinmBackend
+
+    rep = CinmBackend.prepare(case.model, runner=runner)
     for inputs, expected in case.data_sets:
         _compare(case, rep.run(inputs), expected)
     return sum(1 for n in rep.model.graph.node if n.domain == "cinm")
@@ -242,15 +245,17 @@ def expected_failure(case: Case) -> tuple[str, str, str] | None:
         if case.suite.endswith("-frozen") else None)
 
 
-def run_case(case: Case, backend=None) -> Outcome:
-    """Run one case and classify it as passed, xfail (expected, reason verified) or failed."""
-    if backend is None:
-        from onnx_cinm.backend import CinmBackend as backend
+def run_case(case: Case, runner=None) -> Outcome:
+    """Run one case and classify it as passed, xfail (expected, reason verified) or failed.
+
+    ``runner`` executes the optimized model (default: stock onnxruntime; see
+    ``onnx_cinm.backend.RUNNERS``).
+    """
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            cinm_ops = _run(case, backend)
+            cinm_ops = _run(case, runner)
             error = None
         except Exception as e:  # noqa: BLE001 - every failure is reported, one line
             cinm_ops, error = 0, e
@@ -316,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print only the counts as JSON")
     p.add_argument("-k", metavar="SUBSTRING", help="run only cases whose name contains this")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")
+    p.add_argument("--runner", default="onnxruntime", choices=["onnxruntime", "cinm"],
+                   help="what executes the optimized model: stock onnxruntime (default) or the "
+                        "CINM execution provider (device nodes in their kernels)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     import onnxruntime
@@ -325,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.k:
         cases = [c for c in cases if args.k in c.name]
     outcomes = []
+    from onnx_cinm.backend import RUNNERS
+
     for case in cases:
-        o = run_case(case)
+        o = run_case(case, RUNNERS[args.runner])
         outcomes.append(o)
         if args.verbose and not args.json:
             print(f"{o.status:7s} {o.case.suite:18s} {o.case.name} {o.message}", flush=True)

@@ -4,11 +4,11 @@
 off: the conformance suite brings its own expected outputs) and hands the optimized model to a
 *runner*, which executes it. The default runner is stock onnxruntime on the CPU, which runs the
 ``cinm`` ops through their reference bodies (model-local functions). The runner is the seam where
-the CINM execution provider plugs in later: any callable ``runner(model) -> session`` whose
-session has ``run(None, feeds) -> list[ndarray]`` and ``get_inputs()`` (the
-``onnxruntime.InferenceSession`` shape) works::
+the CINM execution provider plugs in: any callable ``runner(model) -> session`` whose session
+has ``run(None, feeds) -> list[ndarray]`` and ``get_inputs()`` (the
+``onnxruntime.InferenceSession`` shape) works, e.g. :func:`cinm_provider_runner`::
 
-    rep = CinmBackend.prepare(model, runner=my_provider_session)
+    rep = CinmBackend.prepare(model, runner=cinm_provider_runner)
     outputs = rep.run([x])
 
 This makes onnx's own backend test machinery usable on onnx-cinm: ``onnx.backend.test.BackendTest
@@ -51,6 +51,37 @@ def onnxruntime_runner(model: onnx.ModelProto, *, optimizations: bool = False) -
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4  # failures surface as Python exceptions; no duplicate log line
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def cinm_provider_runner(model: onnx.ModelProto) -> Any:
+    """Create a session of the CINM execution provider (:mod:`onnx_cinm.runtime.session`).
+
+    The model and its device kernels are written to a temporary folder (as ``onnx-cinm
+    optimize`` writes them) and loaded from there; device nodes run in their kernels, host
+    partitions in onnxruntime.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The optimized model.
+
+    Returns
+    -------
+    onnx_cinm.runtime.session.InferenceSession
+    """
+    import tempfile
+
+    from . import artifacts
+    from .runtime.session import InferenceSession
+
+    with tempfile.TemporaryDirectory(prefix="onnx_cinm_backend_") as folder:
+        path = f"{folder}/model.onnx"
+        artifacts.save(model, path)
+        return InferenceSession(path)
+
+
+#: Runners by name (``benchmarks/conformance.py --runner NAME``).
+RUNNERS: dict[str, Runner] = {"onnxruntime": onnxruntime_runner, "cinm": cinm_provider_runner}
 
 
 class CinmBackendRep(BackendRep):
