@@ -412,9 +412,11 @@ def test_device_supports_only_ops_with_a_kernel():
     assert not no and "no UPMEM kernel for cinm.PopCount" in no.reason
     no = dev.supports(_op("Exp", [("x", "int32", (3,), False)], [("y", "int32", (3,))]))
     assert not no and "float32 only" in no.reason
-    no = dev.supports(_op("Add", [("a", "int8", (3,), False), ("b", "int8", (3,), False)],
-                          [("y", "int8", (3,))]))
+    no = dev.supports(_op("Gemm", [("a", "int8", (3, 3), False), ("b", "int8", (3, 3), False)],
+                          [("y", "int8", (3, 3))]))
     assert not no and "int8" in no.reason
+    assert dev.supports(_op("Add", [("a", "int8", (3,), False), ("b", "int8", (3,), False)],
+                            [("y", "int8", (3,))]))
     no = dev.supports(_op("Transpose", [("x", "int32", (2, 3, 4, 5), False)],
                           [("y", "int32", (5, 3, 2, 4))], {"perm": [3, 1, 0, 2]}))
     assert not no and "adjacent axis groups" in no.reason
@@ -611,3 +613,27 @@ def test_every_cinm_op_kind_end_to_end_through_generated_code(tmp_path):
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert {r["mode"] for r in sess.profile() if r["device"] == "upmem"} == {"emulate"}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16"])
+def test_narrow_integer_elementwise(tmp_path, dtype):
+    rng = np.random.default_rng(21)
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, (203,), endpoint=True).astype(dtype)
+    b = rng.integers(info.min, info.max, (203,), endpoint=True).astype(dtype)
+    b[b == 0] = 7
+    cfg = (7, 11, 64, "odd")
+    with np.errstate(over="ignore"):
+        refs = {"Add": a + b, "Mul": a * b, "Min": np.minimum(a, b),
+                "Div": (np.sign(a.astype(np.int64) * b) * (np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64)))).astype(dtype)}
+    for op, ref in refs.items():
+        (y,), _ = _run(tmp_path / op, "binary", dtype, [a.shape, b.shape], cfg, [a, b], op=op)
+        np.testing.assert_array_equal(y, ref)
+    for op, p, ref in (("Neg", {}, (0 - a.astype(np.int64)).astype(dtype)), ("Relu", {}, np.maximum(a, 0)),
+                       ("Clip", {"min": -5, "max": 9}, np.clip(a.astype(np.int64), max(-5, info.min), 9).astype(dtype)),
+                       ("Clip", {"min": int(info.min)}, a)):
+        (y,), _ = _run(tmp_path / f"{op}{len(p)}", "unary", dtype, [a.shape], cfg, [a], op=op, **p)
+        np.testing.assert_array_equal(y, ref)
+    with pytest.raises(ValueError, match="no UPMEM gemm kernel for dtype"):
+        codegen.emit_kernel("gemm", dtype, [(2, 2), (2, 2)], dpus=1, tasklets=1, block_bytes=64,
+                            outdir=tmp_path / "g")

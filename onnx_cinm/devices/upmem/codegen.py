@@ -35,7 +35,8 @@ topk        k largest/smallest along ``axis`` with int64 indices (ties: lower in
 im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
 =========== ================================================================================
 
-dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU).
+dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU); the
+elementwise kernels also int8, uint8, int16, uint16.
 """
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ CTYPES = {
     "float32": ("float", "uint32_t"),
 }
 DTYPES = tuple(CTYPES)
+#: narrow integers, elementwise kernels only (binary, unary); arithmetic in uint32_t so that
+#: products do not overflow C's int promotion, then truncated (wraps like numpy)
+SMALL_CTYPES = {"int8": ("int8_t", "uint32_t"), "uint8": ("uint8_t", "uint32_t"),
+                "int16": ("int16_t", "uint32_t"), "uint16": ("uint16_t", "uint32_t")}
+ELEMENTWISE_DTYPES = DTYPES + tuple(SMALL_CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
          "transpose", "topk", "im2col")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
@@ -97,7 +103,9 @@ _INSTR = {
     "int64": {"add": 7, "sub": 7, "mul": 137, "div": 250, "cmp": 10},
     "float32": {"add": 71, "sub": 76, "mul": 183, "div": 1029, "cmp": 71},
 }
-_INSTR["uint32"], _INSTR["uint64"] = _INSTR["int32"], _INSTR["int64"]
+for _t in ("uint32", "int8", "uint8", "int16", "uint16"):
+    _INSTR[_t] = _INSTR["int32"]
+_INSTR["uint64"] = _INSTR["int64"]
 
 
 def instr_per_elem(dtype: str, what: str) -> int:
@@ -137,11 +145,11 @@ class _K:
 
     @property
     def ctype(self) -> str:
-        return CTYPES[self.dtype][0]
+        return {**CTYPES, **SMALL_CTYPES}[self.dtype][0]
 
     @property
     def utype(self) -> str:
-        return CTYPES[self.dtype][1]
+        return {**CTYPES, **SMALL_CTYPES}[self.dtype][1]
 
     @property
     def esize(self) -> int:
@@ -209,8 +217,9 @@ def _c_lit(v, dtype: str) -> str:
         return "INT64_MIN"
     if dtype == "int32" and v == info.min:
         return "INT32_MIN"
-    suffix = {"int32": "", "uint32": "u", "int64": "ll", "uint64": "ull"}[dtype]
-    return f"(({CTYPES[dtype][0]}){v}{suffix})"
+    suffix = {"int32": "", "uint32": "u", "int64": "ll", "uint64": "ull"}.get(dtype, "")
+    ctype = (CTYPES.get(dtype) or SMALL_CTYPES[dtype])[0]
+    return f"(({ctype}){v}{suffix})"
 
 
 def _limits(dtype: str) -> tuple[str, str]:
@@ -270,12 +279,24 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
                 f"clip({al} * X + {be}, 0, 1)",
                 2 * cmp + instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add"))
     if op == "Clip":
-        lo_d, hi_d = _limits(dtype)
-        lo = lo_d if params.get("min") is None else _c_lit(params["min"], dtype)
-        hi = hi_d if params.get("max") is None else _c_lit(params["max"], dtype)
-        # ONNX Clip: min applied first, then max (so min > max gives max)
-        return (f"(a < {lo} ? {lo} : a) > {hi} ? {hi} : (a < {lo} ? {lo} : a)",
-                f"clip(X, {lo}, {hi})", 2 * cmp)
+        # ONNX Clip: min applied first, then max (so min > max gives max). A bound that is
+        # absent or at the type's limit is left out (the comparison would be always false,
+        # which -Wtype-limits rejects).
+        lo_v, hi_v = params.get("min"), params.get("max")
+        e, doc = "a", "X"
+        if flt:
+            lo_ok, hi_ok = lo_v is not None, hi_v is not None
+        else:
+            info = np.iinfo(np.dtype(dtype))
+            lo_ok = lo_v is not None and lo_v > info.min
+            hi_ok = hi_v is not None and hi_v < info.max
+        if lo_ok:
+            lo = _c_lit(lo_v, dtype)
+            e, doc = f"(a < {lo} ? {lo} : a)", f"max(X, {lo})"
+        if hi_ok:
+            hi = _c_lit(hi_v, dtype)
+            e, doc = f"({e} > {hi} ? {hi} : {e})", f"min({doc}, {hi})"
+        return e, doc, 2 * cmp
     if op in TRANSCENDENTAL:
         if not flt:
             raise ValueError(f"{op} needs float32")
@@ -318,10 +339,11 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
     return ts
 
 
-def _check_dtype(dtype: str) -> str:
+def _check_dtype(dtype: str, kind: str = "") -> str:
     dtype = np.dtype(dtype).name
-    if dtype not in CTYPES:
-        raise ValueError(f"no UPMEM kernel for dtype {dtype}; supported: {', '.join(DTYPES)}")
+    ok = ELEMENTWISE_DTYPES if kind in ("binary", "unary") else DTYPES
+    if dtype not in ok:
+        raise ValueError(f"no UPMEM {kind} kernel for dtype {dtype}; supported: {', '.join(ok)}")
     return dtype
 
 
@@ -361,7 +383,7 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
     """
     if kind not in KINDS:
         raise ValueError(f"unknown UPMEM kernel kind {kind!r}; expected one of {KINDS}")
-    dtype = _check_dtype(dtype)
+    dtype = _check_dtype(dtype, kind)
     _check_workgroup(dpus, tasklets)
     outdir = Path(outdir)
     fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
@@ -620,15 +642,15 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
     a = op.attrs
     kind_dtype = dtype
 
-    def need_dtype(dt):
-        if dt not in CTYPES:
-            raise ValueError(f"no DPU kernel for dtype {dt} (kernels: {', '.join(DTYPES)})")
+    def need_dtype(dt, ok=DTYPES):
+        if dt not in ok:
+            raise ValueError(f"no DPU kernel for dtype {dt} (kernels: {', '.join(ok)})")
 
     if t in BINARY:
-        need_dtype(dtype)
+        need_dtype(dtype, ELEMENTWISE_DTYPES)
         return "binary", dtype, shapes, {"op": t}
     if t in UNARY:
-        need_dtype(dtype)
+        need_dtype(dtype, ELEMENTWISE_DTYPES)
         params = {"op": t}
         if (t in ("LeakyRelu", "HardSigmoid") or t in TRANSCENDENTAL) and dtype != "float32":
             raise ValueError(f"{t} kernel is float32 only")
