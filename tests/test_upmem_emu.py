@@ -414,3 +414,16 @@ def test_concurrent_builds_of_one_kernel_agree(tmp_path):
     built = [p.name for p in (tmp_path / "cache").iterdir()]
     assert not [n for n in built if n.startswith(".")]  # no temporary directory left behind
     assert {p.name for p in (tmp_path / "cache" / dirs[0].rsplit("/", 1)[1]).iterdir()} == {"host", "dpu.so"}
+
+
+def test_dereferencing_an_mram_pointer_is_a_dpu_fault(tmp_path):
+    dpu = """
+    __host uint64_t out;
+    int main(void) {
+        if (me() == 1) out = *(__mram_ptr uint64_t *)DPU_MRAM_HEAP_POINTER; /* BROKEN */
+        return 0;
+    }
+    """
+    e = _expect_rule(_kernel(tmp_path, "deref", dpu, _launch_host(1), tasklets=2), "dpu-fault",
+                     dpu=0, tasklet=1)
+    assert "SIGSEGV" in e.message

@@ -48,7 +48,7 @@ SRC = HERE / "src"
 RULE_EXIT = 86
 #: rule names the runtime reports (``upmem-emu: rule <name>: ...``)
 RULES = ("dma-size", "dma-wram-align", "dma-mram-align", "mram-range", "wram-size", "tasklets",
-         "host-xfer-align", "host-xfer-range", "push-unequal-length", "deadlock")
+         "host-xfer-align", "host-xfer-range", "push-unequal-length", "deadlock", "dpu-fault")
 #: warnings are errors: generated code must compile with -Wall -Wextra -Werror (issue 4)
 CFLAGS = ("-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fno-strict-aliasing")
 _RULE_LINE = re.compile(r"^upmem-emu: rule ([a-z-]+): (.*)$", re.M)

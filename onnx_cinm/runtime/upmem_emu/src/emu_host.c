@@ -21,6 +21,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -437,8 +438,31 @@ static sys_t *sys_of(struct dpu_set_t set)
     return set.sys;
 }
 
+/* A crash inside a tasklet (e.g. dereferencing an __mram_ptr, which holds a fake address, or an
+ * integer division by zero) is reported like a rule, with the DPU and tasklet. */
+static void on_fault(int sig)
+{
+    char msg[256];
+    const char *what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "signal";
+    if (t_tid >= 0)
+        snprintf(msg, sizeof msg, "upmem-emu: rule dpu-fault: %s in a tasklet (a direct dereference of an "
+                 "__mram_ptr, a WRAM access out of bounds, or a division by zero) [DPU %u, tasklet %d, at ?:0]\n",
+                 what, g_cur_id, t_tid);
+    else
+        snprintf(msg, sizeof msg, "upmem-emu: error: %s in the host program\n", what);
+    ssize_t w = write(2, msg, strlen(msg));
+    (void)w;
+    _exit(t_tid >= 0 ? RULE_EXIT : 3);
+}
+
 dpu_error_t dpu_alloc(uint32_t nr_dpus, const char *profile, struct dpu_set_t *set)
 {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fault;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGFPE, &sa, NULL);
     (void)profile;
     if (g_sys) return DPU_ERR_ALLOCATION; /* one allocation per process in the emulator */
     if (nr_dpus == DPU_ALLOCATE_ALL) {
