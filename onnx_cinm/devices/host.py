@@ -4,12 +4,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import register
-from .base import OpInfo, Support
+from .base import Cost, OpInfo, Support
 
 
 @dataclass(frozen=True)
 class HostParams:
-    """The host has no modeled parameters yet; a measured roofline arrives with cost placement."""
+    """The host's figures come from a measured roofline (:mod:`onnx_cinm.hostmodel`), cached per
+    machine; override with the ``host_roofline`` option or ``ONNX_CINM_HOST_ROOFLINE``."""
+
+
+def _tensor_bytes(t) -> int:
+    if t.dtype is None:
+        return 0
+    import numpy as np
+
+    return t.numel * np.dtype(t.dtype).itemsize
 
 
 @dataclass
@@ -22,6 +31,17 @@ class HostDevice:
 
     def supports(self, op: OpInfo) -> Support:
         return Support(True, "the host runs every op")
+
+    def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
+        """Roofline cost of ``op`` on the host: ``max(flops / FLOP/s, bytes / (bytes/s))``
+        seconds, times the host power for joules; bytes are all inputs and outputs (see
+        :mod:`onnx_cinm.hostmodel`; ``options["host_roofline"]`` selects the figures)."""
+        from .. import hostmodel
+
+        roof = hostmodel.get((options or {}).get("host_roofline"))
+        nbytes = sum(_tensor_bytes(t) for t in op.inputs + op.outputs)
+        return Cost(latency_s=roof.latency_s(op.flops, nbytes),
+                    energy_j=roof.energy_j(op.flops, nbytes), writes=0, bytes_moved=0)
 
 
 register(HostDevice())

@@ -1,6 +1,8 @@
-"""Pass ``placement``: choose the device of every cinm op (first version: the paper's heuristic).
+"""Pass ``placement``: choose the device of every cinm op.
 
-The heuristic of CINM: a matrix product with a constant operand and enough work goes to a
+Two strategies (``ctx.options["placement"]``): ``cost`` (:mod:`.cost_placement`: the device
+minimizing the modeled latency, energy or EDP of the whole graph under crossbar, endurance and
+DPU constraints) and ``heuristic``, the heuristic of CINM: a matrix product with a constant operand and enough work goes to a
 compute-in-memory device (crossbar), every other cinm op the compute-near-memory device (UPMEM)
 supports goes there, and the rest stays on the host. User hints win: ``--place PATTERN=DEVICE``
 (``fnmatch`` patterns over node names and op types; the first matching hint wins). A hint the
@@ -26,6 +28,9 @@ from ..errors import CinmError
 from . import PassContext, register_pass
 
 _PARADIGM_ORDER = ("cim", "cnm")
+
+#: Placement strategies by name.
+STRATEGIES = ("cost", "heuristic")
 
 
 def parse_hint(text: str) -> tuple[str, str]:
@@ -89,15 +94,24 @@ def _heuristic(info) -> tuple[str, str]:
 
 @register_pass("placement")
 def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
-    """Annotate every cinm op with the device that runs it (paper heuristic plus user hints).
+    """Annotate every cinm op with the device that runs it (cost model or paper heuristic, plus
+    user hints).
 
-    Reads ``ctx.options["placement"]`` (only ``"heuristic"`` so far) and ``ctx.options["place"]``
-    (a list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
-    "unused_hints": [...]}``.
+    Reads ``ctx.options["placement"]`` (``"heuristic"``, the default here, or ``"cost"``, whose
+    options are listed in :func:`.cost_placement.place_by_cost`) and ``ctx.options["place"]`` (a
+    list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
+    "unused_hints": [...]}`` (cost placement adds its totals, baselines and method).
     """
     strategy = ctx.options.get("placement", "heuristic")
-    if strategy != "heuristic":
-        raise CinmError(f"unknown placement strategy '{strategy}' (available: heuristic)")
+    if strategy not in STRATEGIES:
+        raise CinmError(f"unknown placement strategy '{strategy}' (available: {', '.join(STRATEGIES)})")
+    if strategy == "cost":
+        from .cost_placement import place_by_cost
+
+        ctx.stats["placement"] = stats = place_by_cost(model, ctx, _set_attr)
+        for h in stats["unused_hints"]:
+            ctx.log(f"placement: hint {h} matched no cinm op")
+        return model
     hints = list(ctx.options.get("place", []))
     used_hints: set[int] = set()
     infos = tensor_infos(model)

@@ -1,0 +1,844 @@
+"""Cost-model placement: every cinm op on the device that minimizes the objective over the graph.
+
+Strategy ``cost`` of the ``placement`` pass (``--placement cost``). For every cinm op it chooses a
+device among those that support it (the host always does) so that the whole graph's modeled
+latency, energy or energy-delay product (``--objective latency|energy|edp``) is smallest, under
+the constraints below. Devices are reached only through the registry (:mod:`onnx_cinm.devices`).
+
+The model (one inference, ops run one after another, so latencies and energies add up):
+
+* **Op cost** on a device: the device's ``cost(op, options)`` (``Cost.latency_s``, ``energy_j``,
+  ``writes``). A device whose ``cost()`` takes no options but has ``plan(op, options)`` returning
+  an object with ``to_cost()`` (UPMEM) is asked through its plan, so ``upmem_dpus`` and
+  ``upmem_tasklets`` reach the figures. An op a device refuses (``supports()`` false, or its
+  cost/plan raises, e.g. data that does not fit MRAM on the allowed DPUs) is not a candidate.
+  Non-cinm ops run on the host and cost the host roofline (:mod:`onnx_cinm.hostmodel`).
+* **Host cost**: roofline of this CPU, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
+  that time x 30 W (measured rates, cached; see :mod:`onnx_cinm.hostmodel`).
+* **Transfers**: a tensor whose producer and consumer sit on different devices crosses the host:
+  ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
+  (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
+  outputs end there; constant inputs (weights) are loaded once and never cross per inference.
+  Per device:
+
+  - a device with a ``transfer_cost(nbytes, to_device) -> Cost`` method (a plugin's choice) is
+    charged by it;
+  - ``cnm`` devices without one (UPMEM): nothing is added, because their ``cost()`` is end to end
+    and already charges the scatter/broadcast to and gather from the DPUs with the PrIM
+    host<->DPU bandwidths of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
+    6.68 GB/s per rank to, 4.74 GB/s from the DPUs); adding them again would count them twice;
+  - ``cim`` devices without one (crossbars): :data:`CROSSBAR_LINK`, an *assumption*: the
+    crossbar chip hangs off the host through one 6.4 GB/s link (the order of ISAAC's off-chip
+    HyperTransport link, *recalled*) at 20 pJ/byte (the same per-byte host transfer estimate as
+    the UPMEM model's ``host_xfer_j_per_byte``). The crossbar's own cost counts only the DAC/MVM/ADC
+    work (``CrossbarPlan.cost``). Override with the ``xbar_link_gbps`` option.
+
+Constraints (a placement that breaks one is never chosen; user hints still win and are reported):
+
+* **Crossbar residency** (crossbar count): a crossbar plan keeps ``cim_writes_load`` tiles
+  programmed across inferences (all tiles when they fit, ``P`` for a capacity-limited product)
+  and assumes nobody else overwrites them. The crossbars are shared by every crossbar kernel of
+  the model, one tile per crossbar, so the tiles kept by all kernels of one device must fit its
+  ``cim_crossbars``: ``sum(cim_writes_load) <= P``.
+* **Endurance** (``max_writes_per_cell``, CLI ``--max-writes-per-cell``): writes per cell per
+  inference = tile writes per inference summed over a device's crossbar kernels / ``P`` (the
+  weight-stationary schedules rotate tiles round-robin over the ``P`` crossbars, so wear is
+  even; a tile write programs each cell once). With ``lifetime_inferences = L`` (CLI
+  ``--lifetime-inferences``, default 1) the budget is for ``L`` inferences:
+  ``L * writes_per_inference / P <= max_writes_per_cell``. Writes at load (once per model load,
+  at most one per cell) are not counted. Example: PCM endures 3.2e7 writes per cell; to last
+  1e9 inferences give ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9``.
+* **DPU count and MRAM**: the UPMEM plan of every candidate op is made with ``upmem_dpus`` DPUs at
+  most; an op whose data do not fit those DPUs' MRAM makes the device refuse it. Constant inputs
+  kept resident in MRAM by all UPMEM ops together must fit ``dpus x mram_bytes``
+  (``cnm_capacity``).
+
+Search:
+
+* a dynamic program over the cinm ops in graph order, with the kept crossbar tiles as part of the
+  state (so the residency constraint is exact); on a chain (each op's data come from the one
+  before it) this is the exact optimum for ``latency`` and ``energy``;
+* from its result and from three more starts (all on host, the paper heuristic when it meets the
+  constraints, each op's cheapest device alone), a local search moves one op at a time to another
+  device while that lowers the exact objective and keeps every constraint; ``edp`` (total latency
+  x total energy, not a sum) is searched this way directly, from DP results for a few weightings
+  ``energy + lambda * latency``;
+* the best result is kept; the all-host placement and (when it meets the constraints) the
+  heuristic one are always among the candidates, so cost placement is never worse than either
+  on its own objective.
+
+Every op's ``placement`` attribute says what was chosen, at what modeled cost, what each
+alternative would have added, and which devices refused the op and why.
+"""
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from .. import devices
+from ..analysis import op_info, tensor_infos
+from ..devices.base import Cost
+from ..dialects import cinm
+from ..errors import CinmError
+
+OBJECTIVES = ("latency", "energy", "edp")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host<->device link: ``nbytes / bytes_per_s`` seconds and ``nbytes * joules_per_byte``
+    joules per crossing."""
+
+    bytes_per_s: float
+    joules_per_byte: float
+    source: str = ""
+
+    def cost(self, nbytes: int) -> tuple[float, float]:
+        """(seconds, joules) of moving ``nbytes`` bytes over the link."""
+        return nbytes / self.bytes_per_s, nbytes * self.joules_per_byte
+
+
+#: Host<->crossbar link, an *assumption* (see the module docstring): 6.4 GB/s, 20 pJ/byte.
+CROSSBAR_LINK = Link(6.4e9, 20e-12, "assumption: one 6.4 GB/s off-chip link (ISAAC's "
+                     "HyperTransport order, recalled), 20 pJ/B (UPMEM model's host transfer estimate)")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Budgets cost placement respects (see the module docstring for the definitions).
+
+    Attributes:
+        max_writes_per_cell: crossbar writes per cell allowed over ``lifetime_inferences``
+            inferences (None: no endurance budget).
+        lifetime_inferences: inferences the budget must last (1: the budget is per inference).
+        crossbar_residency: enforce that the tiles kept programmed by all crossbar kernels fit
+            the crossbars (True; False reproduces the per-kernel view of the plans).
+    """
+
+    max_writes_per_cell: float | None = None
+    lifetime_inferences: float = 1.0
+    crossbar_residency: bool = True
+
+    @classmethod
+    def from_options(cls, options: dict) -> "Constraints":
+        """Read ``max_writes_per_cell``, ``lifetime_inferences``, ``crossbar_residency`` options.
+        Raises CinmError on a negative or non-numeric budget."""
+        mw = options.get("max_writes_per_cell")
+        life = options.get("lifetime_inferences", 1.0)
+        try:
+            mw = None if mw is None else float(mw)
+            life = float(life if life is not None else 1.0)
+        except (TypeError, ValueError):
+            raise CinmError(f"max_writes_per_cell/lifetime_inferences must be numbers, got "
+                            f"{mw!r}/{life!r}") from None
+        if mw is not None and not (mw >= 0 and math.isfinite(mw)):
+            raise CinmError(f"--max-writes-per-cell must be a finite number >= 0, got {mw}")
+        if not (life > 0 and math.isfinite(life)):
+            raise CinmError(f"--lifetime-inferences must be a positive number, got {life}")
+        return cls(mw, life, bool(options.get("crossbar_residency", True)))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate device of one op, with its modeled cost.
+
+    ``kept_tiles``/``capacity``: crossbar tiles this op keeps programmed across inferences and
+    the crossbars of its device (cim devices; 0 otherwise). ``mram_resident``/``mram_capacity``:
+    constant bytes this op keeps in the device's memory and that memory's size (cnm devices with
+    ``dpus`` and ``mram_bytes`` parameters; 0 otherwise).
+    """
+
+    device: str
+    cost: Cost
+    kept_tiles: int = 0
+    capacity: int = 0
+    mram_resident: int = 0
+    mram_capacity: int = 0
+    note: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Device queries (cached: many ops of a model share their shapes)
+# --------------------------------------------------------------------------------------------
+
+_CACHE: dict = {}
+_CACHE_MAX = 20000
+_SKIP_OPTS = {"place", "placement", "objective", "kernel_stem", "max_writes_per_cell",
+              "lifetime_inferences", "crossbar_residency", "progress"}
+
+
+def _opts_key(options: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in options.items() if k not in _SKIP_OPTS))
+
+
+def _op_key(op) -> tuple:
+    attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()
+                         if k not in cinm.PLACEMENT_ATTRS and k not in cinm.PLAN_ATTRS))
+    ts = lambda t: (str(t.dtype), t.shape, t.const)  # noqa: E731
+    return (op.op_type, attrs, tuple(ts(t) for t in op.inputs), tuple(ts(t) for t in op.outputs),
+            op.flops)
+
+
+def _takes_options(fn) -> bool:
+    try:
+        return len(inspect.signature(fn).parameters) >= 2
+    except (TypeError, ValueError):
+        return False
+
+
+def device_cost(dev, op, options: dict) -> Cost:
+    """``dev``'s modeled cost of ``op`` under ``options`` (see the module docstring for how a
+    device whose ``cost()`` takes no options is asked). Raises whatever the device raises."""
+    if _takes_options(dev.cost):
+        return dev.cost(op, options)
+    plan = getattr(dev, "plan", None)
+    if plan is not None and _takes_options(plan):
+        p = plan(op, options)
+        if hasattr(p, "to_cost"):
+            return p.to_cost()
+    return dev.cost(op)
+
+
+def _tensor_bytes(t) -> int:
+    if t.dtype is None:
+        return 0
+    return int(t.numel) * int(np.dtype(t.dtype).itemsize)
+
+
+def _cim_plan(dev, op, options) -> dict:
+    try:
+        return dev.lower(op, dict(options, kernel_stem="probe"))
+    except Exception:  # noqa: BLE001 - a device without a usable plan has no residency figures
+        return {}
+
+
+def candidate(dev, op, options: dict) -> Choice | str:
+    """The :class:`Choice` of ``op`` on ``dev``, or the reason ``dev`` refuses it (a string)."""
+    key = (dev.name, id(dev), _op_key(op), _opts_key(options))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    s = dev.supports(op)
+    if not s:
+        return s.reason if s.applicable else ""
+    try:
+        c = device_cost(dev, op, options)
+    except Exception as e:  # noqa: BLE001 - e.g. data that do not fit the DPUs' MRAM
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    kept = cap = mram = mcap = 0
+    note = "" if s.preferred else s.reason
+    if dev.paradigm == "cim" and hasattr(dev, "lower"):
+        a = _cim_plan(dev, op, options)
+        kept, cap = int(a.get("cim_writes_load", 0)), int(a.get("cim_crossbars", 0))
+    elif dev.paradigm == "cnm":
+        dpus = options.get("upmem_dpus") if dev.name == "upmem" else None
+        dpus = dpus or getattr(dev.params, "dpus", 0)
+        mcap = int(dpus or 0) * int(getattr(dev.params, "mram_bytes", 0) or 0)
+        mram = sum(_tensor_bytes(t) for t in op.inputs if t.const) if mcap else 0
+    ch = Choice(dev.name, c, kept, cap, mram, mcap, note)
+    if len(_CACHE) > _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[key] = ch
+    return ch
+
+
+def link_cost(dev, nbytes: int, to_device: bool, options: dict) -> tuple[float, float]:
+    """(seconds, joules) of moving ``nbytes`` between the host and ``dev`` (see the module
+    docstring); 0 for the host."""
+    if dev is None or dev.paradigm == "host" or nbytes <= 0:
+        return 0.0, 0.0
+    tc = getattr(dev, "transfer_cost", None)
+    if tc is not None:
+        c = tc(nbytes, to_device)
+        return c.latency_s, c.energy_j
+    if dev.paradigm == "cim":
+        gbps = options.get("xbar_link_gbps")
+        link = CROSSBAR_LINK if gbps is None else Link(float(gbps) * 1e9, CROSSBAR_LINK.joules_per_byte)
+        return link.cost(nbytes)
+    return 0.0, 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# The problem: ops, candidates, tensors
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Tensor:
+    """A non-constant tensor: producer node index (-1: graph input), consumer node indices,
+    whether it is a graph output, and its size in bytes."""
+
+    name: str
+    nbytes: int
+    producer: int
+    consumers: list
+    output: bool
+
+
+@dataclass
+class Problem:
+    """A model as cost placement sees it (node indices are positions in ``graph.node``)."""
+
+    nodes: list
+    infos: dict
+    options: dict
+    constraints: Constraints
+    cands: dict = field(default_factory=dict)       # cinm node index -> [Choice]
+    refused: dict = field(default_factory=dict)     # cinm node index -> [(device, reason)]
+    fixed: dict = field(default_factory=dict)       # node index -> Choice (host ops, hints)
+    hint_note: dict = field(default_factory=dict)   # node index -> text
+    tensors: list = field(default_factory=list)
+    touch: dict = field(default_factory=dict)       # node index -> [tensor index]
+    decision: list = field(default_factory=list)    # cinm node indices not fixed, graph order
+
+    def device_of(self, assign: dict, i: int) -> str:
+        if i < 0:
+            return "host"
+        ch = self.fixed.get(i) or assign.get(i)
+        return ch.device if ch is not None else "host"
+
+    def choice(self, assign: dict, i: int) -> Choice:
+        return self.fixed.get(i) or assign[i]
+
+
+def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None,
+                  progress=None) -> Problem:
+    """Collect candidates and tensors of ``model`` (cinm ops already created)."""
+    infos = infos if infos is not None else tensor_infos(model)
+    prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
+    host = devices.get_device("host")
+    targets = [d for d in devices.all_devices() if d.paradigm != "host" and hasattr(d, "cost")]
+    used_hints: set[int] = set()
+    for i, node in enumerate(prob.nodes):
+        info = op_info(node, infos)
+        hc = Choice("host", device_cost(host, info, options))
+        if node.domain != cinm.DOMAIN:
+            prob.fixed[i] = hc
+            continue
+        cands, refused = [hc], []
+        for dev in targets:
+            r = candidate(dev, info, options)
+            if isinstance(r, Choice):
+                cands.append(r)
+            elif r:
+                refused.append((dev.name, r))
+        for k, (pattern, dev_name) in enumerate(hints):
+            if fnmatch.fnmatchcase(node.name, pattern) or fnmatch.fnmatchcase(node.op_type, pattern):
+                used_hints.add(k)
+                pick = next((c for c in cands if c.device == dev_name), None)
+                if pick is not None:
+                    prob.fixed[i] = pick
+                    prob.hint_note[i] = f"hint {pattern}={dev_name}"
+                else:
+                    why = next((r for d, r in refused if d == dev_name), "device does not support it")
+                    prob.hint_note[i] = f"hint {pattern}={dev_name} not possible ({why})"
+                break
+        prob.cands[i], prob.refused[i] = cands, refused
+        if i not in prob.fixed:
+            prob.decision.append(i)
+        if progress is not None:
+            progress(1)
+    prob.unused_hints = [f"{p}={d}" for k, (p, d) in enumerate(hints) if k not in used_hints]
+    # tensors
+    const = {t.name for t in model.graph.initializer}
+    producer = {}
+    for i, node in enumerate(prob.nodes):
+        for o in node.output:
+            if o:
+                producer[o] = i
+    index: dict[str, int] = {}
+    outputs = {o.name for o in model.graph.output}
+
+    def tensor(name: str) -> int | None:
+        if name in const or not name:
+            return None
+        if name not in index:
+            info = infos.get(name)
+            nb = _tensor_bytes(info) if info is not None else 0
+            index[name] = len(prob.tensors)
+            prob.tensors.append(Tensor(name, nb, producer.get(name, -1), [], name in outputs))
+        return index[name]
+
+    for i, node in enumerate(prob.nodes):
+        for n in node.input:
+            t = tensor(n)
+            if t is not None and i not in prob.tensors[t].consumers:
+                prob.tensors[t].consumers.append(i)
+        for n in node.output:
+            tensor(n)
+    for k, t in enumerate(prob.tensors):
+        for i in {t.producer, *t.consumers} - {-1}:
+            prob.touch.setdefault(i, []).append(k)
+    return prob
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Totals:
+    """Modeled figures of one placement, per inference.
+
+    Attributes:
+        latency_s, energy_j: ops plus transfers, seconds and joules.
+        transfer_s, transfer_j, transfer_bytes: the transfers alone.
+        writes: crossbar tile writes per inference (all cim devices).
+        kept_tiles: {cim device: tiles kept programmed}; capacity: {cim device: crossbars}.
+        writes_by_dev: {cim device: tile writes per inference}.
+        mram: {cnm device: resident constant bytes}; mram_capacity: {cnm device: bytes}.
+    """
+
+    latency_s: float = 0.0
+    energy_j: float = 0.0
+    transfer_s: float = 0.0
+    transfer_j: float = 0.0
+    transfer_bytes: int = 0
+    writes: int = 0
+    kept_tiles: dict = field(default_factory=Counter)
+    capacity: dict = field(default_factory=dict)
+    writes_by_dev: dict = field(default_factory=Counter)
+    mram: dict = field(default_factory=Counter)
+    mram_capacity: dict = field(default_factory=dict)
+
+    def edp(self) -> float:
+        """Energy-delay product, joule-seconds."""
+        return self.latency_s * self.energy_j
+
+    def value(self, objective: str) -> float:
+        """The figure ``objective`` minimizes."""
+        return {"latency": self.latency_s, "energy": self.energy_j, "edp": self.edp()}[objective]
+
+
+def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
+    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``."""
+    if t.nbytes <= 0:
+        return 0.0, 0.0, 0
+    a = dev_of(t.producer)
+    dests = {dev_of(c) for c in t.consumers}
+    if t.output:
+        dests.add("host")
+    s = j = 0.0
+    moved = 0
+    if a != "host" and any(d != a for d in dests):
+        ds, dj = link_cost(devices.get_device(a), t.nbytes, False, prob.options)
+        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    for d in dests - {a, "host"}:
+        ds, dj = link_cost(devices.get_device(d), t.nbytes, True, prob.options)
+        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    return s, j, moved
+
+
+def evaluate(prob: Problem, assign: dict) -> Totals:
+    """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
+    tot = Totals()
+    for i in range(len(prob.nodes)):
+        ch = prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
+        _add_choice(tot, ch)
+    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    for t in prob.tensors:
+        s, j, b = tensor_cost(prob, t, dev_of)
+        tot.transfer_s += s
+        tot.transfer_j += j
+        tot.transfer_bytes += b
+    tot.latency_s += tot.transfer_s
+    tot.energy_j += tot.transfer_j
+    return tot
+
+
+def _add_choice(tot: Totals, ch: Choice, sign: int = 1) -> None:
+    tot.latency_s += sign * ch.cost.latency_s
+    tot.energy_j += sign * ch.cost.energy_j
+    tot.writes += sign * ch.cost.writes
+    if ch.capacity:
+        tot.kept_tiles[ch.device] += sign * ch.kept_tiles
+        tot.capacity[ch.device] = ch.capacity
+        tot.writes_by_dev[ch.device] += sign * ch.cost.writes
+    elif ch.cost.writes:
+        tot.writes_by_dev[ch.device] += sign * ch.cost.writes
+    if ch.mram_capacity:
+        tot.mram[ch.device] += sign * ch.mram_resident
+        tot.mram_capacity[ch.device] = ch.mram_capacity
+
+
+def violations(prob: Problem, tot: Totals) -> list[str]:
+    """The constraints ``tot`` breaks, in words (empty: feasible)."""
+    out = []
+    c = prob.constraints
+    if c.crossbar_residency:
+        for dev, kept in tot.kept_tiles.items():
+            cap = tot.capacity.get(dev, 0)
+            if cap and kept > cap:
+                out.append(f"{dev}: {kept} tiles kept programmed > {cap} crossbars")
+    if c.max_writes_per_cell is not None:
+        for dev, w in tot.writes_by_dev.items():
+            per_cell = writes_per_cell(w, tot.capacity.get(dev, 0), c.lifetime_inferences)
+            if per_cell > c.max_writes_per_cell * (1 + 1e-12):
+                out.append(f"{dev}: {per_cell:.3g} writes per cell over {c.lifetime_inferences:g} "
+                           f"inference(s) > budget {c.max_writes_per_cell:g}")
+    for dev, b in tot.mram.items():
+        cap = tot.mram_capacity.get(dev, 0)
+        if cap and b > cap:
+            out.append(f"{dev}: {b} B of resident constants > {cap} B of memory")
+    return out
+
+
+def writes_per_cell(tile_writes: float, crossbars: int, lifetime: float = 1.0) -> float:
+    """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
+    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write)."""
+    return lifetime * tile_writes / max(crossbars, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Search
+# --------------------------------------------------------------------------------------------
+
+def _f(objective: str, lat: float, en: float, w=None) -> float:
+    if w is not None:
+        return w[0] * lat + w[1] * en
+    return {"latency": lat, "energy": en, "edp": lat * en}[objective]
+
+
+def _local_delta(prob: Problem, assign: dict, i: int, new: Choice) -> tuple[float, float]:
+    """Change of (latency, energy) if decision node ``i`` moves to ``new``."""
+    old = assign[i]
+    dl = new.cost.latency_s - old.cost.latency_s
+    de = new.cost.energy_j - old.cost.energy_j
+    for k in prob.touch.get(i, ()):
+        t = prob.tensors[k]
+        s0, j0, _ = tensor_cost(prob, t, lambda n: prob.device_of(assign, n))
+        s1, j1, _ = tensor_cost(prob, t, lambda n: new.device if n == i else prob.device_of(assign, n))
+        dl += s1 - s0
+        de += j1 - j0
+    return dl, de
+
+
+def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps: int = 30) -> dict:
+    """Move one op at a time to the device that lowers the objective most while every
+    constraint holds, until no move helps (each move lowers the exact objective: it ends)."""
+    assign = dict(assign)
+    tot = evaluate(prob, assign)
+    for _ in range(max_sweeps):
+        moved = False
+        for i in prob.decision:
+            cur = _f(objective, tot.latency_s, tot.energy_j, w)
+            best, best_val, best_d = None, cur, None
+            for ch in prob.cands[i]:
+                if ch is assign[i]:
+                    continue
+                dl, de = _local_delta(prob, assign, i, ch)
+                val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
+                if val < best_val - 1e-15 * max(abs(cur), 1e-30):
+                    trial = _swap_totals(tot, assign[i], ch, dl, de)
+                    if not violations(prob, trial):
+                        best, best_val, best_d = ch, val, trial
+            if best is not None:
+                assign[i] = best
+                tot = best_d
+                moved = True
+        if not moved:
+            break
+    return assign
+
+
+def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
+    t = Totals(tot.latency_s, tot.energy_j, tot.transfer_s, tot.transfer_j, tot.transfer_bytes,
+               tot.writes, Counter(tot.kept_tiles), dict(tot.capacity), Counter(tot.writes_by_dev),
+               Counter(tot.mram), dict(tot.mram_capacity))
+    # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
+    _add_choice(t, old, -1)
+    _add_choice(t, new, +1)
+    t.latency_s = tot.latency_s + dl
+    t.energy_j = tot.energy_j + de
+    return t
+
+
+def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
+    """Move ops off constrained devices until every constraint holds, each time the move that
+    costs the least objective; the all-host placement always satisfies them, so this ends."""
+    assign = dict(assign)
+    for _ in range(len(prob.decision) + 1):
+        tot = evaluate(prob, assign)
+        if not violations(prob, tot):
+            return assign
+        cur = _f(objective, tot.latency_s, tot.energy_j, w)
+        best = None
+        for i in prob.decision:
+            ch = assign[i]
+            if not (ch.kept_tiles or ch.cost.writes or ch.mram_resident):
+                continue
+            for alt in prob.cands[i]:
+                if alt.kept_tiles + alt.mram_resident >= ch.kept_tiles + ch.mram_resident and \
+                        alt.cost.writes >= ch.cost.writes:
+                    continue
+                dl, de = _local_delta(prob, assign, i, alt)
+                freed = (ch.kept_tiles - alt.kept_tiles) + (ch.cost.writes - alt.cost.writes) \
+                    + (ch.mram_resident - alt.mram_resident) / 2**20
+                loss = _f(objective, tot.latency_s + dl, tot.energy_j + de, w) - cur
+                score = loss / max(freed, 1e-9)
+                if best is None or score < best[0]:
+                    best = (score, i, alt)
+        if best is None:
+            break
+        assign[best[1]] = best[2]
+    host = {i: prob.cands[i][0] for i in prob.decision}
+    return assign if not violations(prob, evaluate(prob, assign)) else host
+
+
+def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
+    """Dynamic program over the decision ops in graph order minimizing ``w[0] * latency +
+    w[1] * energy``, with kept crossbar tiles per device in the state (residency exact).
+
+    Each tensor is charged at the last decision op touching it, with the previous decision op's
+    device known and every other op on its own device if fixed, else taken as the host. On a chain
+    (every tensor touches at most two consecutive decision ops) this is the exact optimum.
+    Returns ``(assignment, is_chain)``.
+    """
+    dec = prob.decision
+    pos = {i: k for k, i in enumerate(dec)}
+    owner: dict[int, list] = {}
+    chain = True
+    for k, t in enumerate(prob.tensors):
+        touching = sorted({pos[n] for n in {t.producer, *t.consumers} if n in pos})
+        if not touching:
+            continue
+        if len(touching) > 2 or (len(touching) == 2 and touching[1] - touching[0] != 1):
+            chain = False
+        owner.setdefault(dec[touching[-1]], []).append(k)
+    residency = prob.constraints.crossbar_residency
+    fixed_tot = Totals()
+    for i, ch in prob.fixed.items():
+        if prob.nodes[i].domain == cinm.DOMAIN:
+            _add_choice(fixed_tot, ch)
+    # state: (device name, kept-tiles tuple) -> (value, back pointer)
+    cim_devs = sorted({c.device for i in dec for c in prob.cands[i] if c.capacity})
+    caps = {}
+    for i in dec:
+        for c in prob.cands[i]:
+            if c.capacity:
+                caps[c.device] = c.capacity
+    start = tuple(fixed_tot.kept_tiles.get(d, 0) for d in cim_devs)
+    layers = [{(None, start): (0.0, None, None)}]
+    for k, i in enumerate(dec):
+        prev_i = dec[k - 1] if k else None
+        local: dict = {}
+        nxt: dict = {}
+        for (pdev, res), (val, _, _) in layers[-1].items():
+            for ch in prob.cands[i]:
+                r = list(res)
+                if ch.capacity and ch.device in cim_devs:
+                    j = cim_devs.index(ch.device)
+                    r[j] += ch.kept_tiles
+                    if residency and r[j] > caps[ch.device]:
+                        continue
+                key = (pdev, ch.device)
+                if key not in local:
+                    lat, en = ch.cost.latency_s, ch.cost.energy_j
+
+                    def dev_of(n, _p=pdev, _d=ch.device):
+                        if n == i:
+                            return _d
+                        if n == prev_i and _p is not None:
+                            return _p
+                        return prob.fixed[n].device if n in prob.fixed else "host"
+
+                    for tk in owner.get(i, ()):
+                        s, j_, _ = tensor_cost(prob, prob.tensors[tk], dev_of)
+                        lat += s
+                        en += j_
+                    local[key] = w[0] * lat + w[1] * en
+                v = val + local[key]
+                sk = (ch.device, tuple(r))
+                if sk not in nxt or v < nxt[sk][0]:
+                    nxt[sk] = (v, (pdev, res), ch)
+        if not nxt:  # no state meets the residency: fall back to the host for this op
+            host = prob.cands[i][0]
+            for (pdev, res), (val, _, _) in layers[-1].items():
+                sk = ("host", res)
+                if sk not in nxt or val < nxt[sk][0]:
+                    nxt[sk] = (val, (pdev, res), host)
+        layers.append(nxt)
+    assign: dict = {}
+    if dec:
+        state = min(layers[-1], key=lambda s: layers[-1][s][0])
+        for k in range(len(dec), 0, -1):
+            _, back, ch = layers[k][state]
+            assign[dec[k - 1]] = ch
+            state = back
+    return assign, chain
+
+
+@dataclass
+class Solution:
+    """The outcome of :func:`solve`: the assignment, its totals, how it was found, and the
+    totals of the baselines (all on host, heuristic) under the same model."""
+
+    assign: dict
+    totals: Totals
+    method: str
+    baselines: dict
+    exact: bool
+
+
+def heuristic_assign(prob: Problem) -> dict | None:
+    """The paper heuristic's devices as an assignment (None if one of its devices has no cost
+    for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
+    from .placement import _heuristic
+
+    out = {}
+    for i in prob.decision:
+        dev, _ = _heuristic(op_info(prob.nodes[i], prob.infos))
+        ch = next((c for c in prob.cands[i] if c.device == dev), None)
+        if ch is None:
+            return None
+        out[i] = ch
+    return out
+
+
+def solve(prob: Problem, objective: str) -> Solution:
+    """Choose the devices of ``prob``'s decision ops for ``objective`` (see the module docstring)."""
+    if objective not in OBJECTIVES:
+        raise CinmError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
+    host = {i: prob.cands[i][0] for i in prob.decision}
+    heur = heuristic_assign(prob)
+    greedy = {}
+    for i in prob.decision:
+        greedy[i] = min(prob.cands[i], key=lambda c: _f(objective, c.cost.latency_s, c.cost.energy_j,
+                                                        (1.0, 1.0) if objective == "edp" else None))
+    starts = {"all-host": host, "unary": greedy}
+    if heur is not None:
+        starts["heuristic"] = heur
+    t_host = evaluate(prob, host)
+    if objective == "edp":
+        lam0 = t_host.energy_j / max(t_host.latency_s, 1e-30)
+        weights = [(lam0 * f, 1.0) for f in (1e-2, 1e-1, 1.0, 10.0, 100.0)]
+    else:
+        weights = [(1.0, 0.0) if objective == "latency" else (0.0, 1.0)]
+    chain = True
+    for k, w in enumerate(weights):
+        a, chain = chain_dp(prob, w)
+        a = repair(prob, a, objective, w)
+        starts[f"dp{k}"] = a
+    results = {}
+    for name, a in starts.items():
+        if violations(prob, evaluate(prob, a)):
+            a = repair(prob, a, objective)
+        a = local_search(prob, a, objective)
+        tot = evaluate(prob, a)
+        if not violations(prob, tot):
+            results[name] = (tot.value(objective), a, tot)
+    baselines = {"all-host": t_host}
+    if heur is not None:
+        baselines["heuristic"] = evaluate(prob, heur)
+    best_name = min(results, key=lambda n: results[n][0])
+    _, assign, tot = results[best_name]
+    dp_best = min((results[n][0] for n in results if n.startswith("dp")), default=math.inf)
+    exact = chain and objective != "edp" and math.isclose(dp_best, results[best_name][0], rel_tol=1e-9) \
+        and prob.constraints.max_writes_per_cell is None
+    if exact:
+        method = "exact dynamic program (the cinm ops form a chain)"
+    else:
+        method = (f"dynamic program + local search ({'chain' if chain else 'DAG'}), "
+                  f"best start: {best_name if not best_name.startswith('dp') else 'dynamic program'}")
+    return Solution(assign, tot, method, baselines, exact)
+
+
+# --------------------------------------------------------------------------------------------
+# The pass strategy
+# --------------------------------------------------------------------------------------------
+
+def _fmt(x: float, unit: str) -> str:
+    if x == 0:
+        return f"0 {unit}"
+    for p, s in (("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
+        if abs(x) >= s:
+            return f"{x / s:.3g} {p}{unit}"
+    return f"{x:.2e} {unit}"
+
+
+def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
+    assign = sol.assign
+    ch = prob.choice(assign, i)
+    head = f"cost[{objective}]"
+    if i in prob.fixed:
+        base = prob.hint_note.get(i, "fixed")
+        return f"{base}: {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')} on {ch.device}"
+    parts = [f"{head}: {ch.device} {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')}"
+             + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
+             + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
+    cur = sol.totals
+    for alt in prob.cands[i]:
+        if alt is ch:
+            continue
+        dl, de = _local_delta(prob, assign, i, alt)
+        trial = _swap_totals(cur, ch, alt, dl, de)
+        bad = violations(prob, trial)
+        dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
+        unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
+        txt = f"{alt.device} {'+' if dv >= 0 else ''}{_fmt(dv, unit)}"
+        if bad:
+            txt += f" and breaks {bad[0]}"
+        parts.append(txt)
+    for dev, why in prob.refused.get(i, ()):
+        parts.append(f"not {dev}: {why}")
+    if i in prob.hint_note:
+        parts.insert(0, prob.hint_note[i])
+    return "; ".join(parts)
+
+
+def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
+    """Place every cinm op of ``model`` by cost (in place); returns the ``placement`` stats.
+
+    Options read: ``objective`` (``latency``, default, ``energy`` or ``edp``), ``place`` (hints),
+    ``max_writes_per_cell``, ``lifetime_inferences``, ``crossbar_residency``, ``host_roofline``,
+    ``xbar_link_gbps`` and the device options (``cim_*``, ``upmem_*``).
+    """
+    options = ctx.options
+    objective = options.get("objective") or "latency"
+    if objective not in OBJECTIVES:
+        raise CinmError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
+    hints = list(options.get("place", []))
+    progress = options.get("progress")
+    prob = build_problem(model, options, hints, progress=progress)
+    sol = solve(prob, objective)
+    counts: Counter = Counter()
+    for i, node in enumerate(prob.nodes):
+        if node.domain != cinm.DOMAIN:
+            continue
+        ch = prob.choice(sol.assign, i)
+        set_attr(node, "device", ch.device)
+        set_attr(node, "placement", _reason(prob, sol, i, objective))
+        counts[ch.device] += 1
+    bad = violations(prob, sol.totals)
+    for v in bad:
+        ctx.log(f"placement: user hints break a constraint: {v}")
+    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {_fmt(sol.totals.latency_s, 's')}, "
+            f"{_fmt(sol.totals.energy_j, 'J')}")
+    return {"devices": counts, "unused_hints": prob.unused_hints, "strategy": "cost",
+            "objective": objective, "method": sol.method, "exact": sol.exact,
+            "totals": sol.totals, "baselines": sol.baselines, "violations": bad}
+
+
+def evaluate_model(model: onnx.ModelProto, options: dict | None = None) -> tuple[Totals, list, Problem]:
+    """Modeled totals of the placement already recorded in ``model`` (the ``device`` attribute
+    of every cinm op), under the same model as cost placement: ``(totals, violations, problem)``.
+    Ops whose recorded device cannot run them under ``options`` are charged on the host and
+    named in the violations."""
+    options = dict(options or {})
+    prob = build_problem(model, options)
+    assign, bad = {}, []
+    for i in prob.decision:
+        dev = cinm.node_attrs(prob.nodes[i]).get("device", "host")
+        ch = next((c for c in prob.cands[i] if c.device == dev), None)
+        if ch is None:
+            bad.append(f"{prob.nodes[i].name}: {dev} cannot run it under these options")
+            ch = prob.cands[i][0]
+        assign[i] = ch
+    prob.assign = assign
+    tot = evaluate(prob, assign)
+    return tot, bad + violations(prob, tot), prob
