@@ -7,6 +7,7 @@ verified reason. Expected outputs come from onnx's test data, never from onnx-ci
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,8 @@ _SPEC.loader.exec_module(conformance)
 def outcomes():
     ort.set_default_logger_severity(4)
     try:
-        return [conformance.run_case(case) for case in conformance.collect_cases()]
+        jobs = min(2, os.cpu_count() or 1)
+        return conformance.run_all(conformance.collect_cases(), jobs=jobs)
     finally:
         ort.set_default_logger_severity(2)
 
