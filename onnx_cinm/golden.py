@@ -24,6 +24,7 @@ from typing import Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
 from .errors import CheckFailed, CinmError
@@ -252,8 +253,9 @@ class _OrtModel:
         if isinstance(model, onnx.ModelProto):
             try:
                 source: object = model.SerializeToString()
-            except ValueError as e:  # > 2 GB
-                raise CinmError(f"cannot serialize the model ({_one_line(e)}); pass its path") from None
+            except (ValueError, EncodeError):  # > 2 GiB: one protobuf cannot hold it
+                self._init_from_folder(model, so)
+                return
         elif isinstance(model, (bytes, bytearray)):
             source = bytes(model)
         else:
@@ -264,6 +266,24 @@ class _OrtModel:
             self.sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise CinmError(f"onnxruntime cannot load the model: {_one_line(e)}") from None
+        self.input_names = [i.name for i in self.sess.get_inputs()]
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+
+    def _init_from_folder(self, model: onnx.ModelProto, so) -> None:
+        """Create the session from a temporary copy with external data (models > 2 GiB)."""
+        import tempfile
+
+        import onnxruntime as ort
+
+        from .frontend import save_model
+
+        with tempfile.TemporaryDirectory(prefix="onnx_cinm_check_") as folder:
+            path = os.path.join(folder, "model.onnx")
+            save_model(model, path, external_data_threshold_bytes=0)
+            try:
+                self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            except Exception as e:
+                raise CinmError(f"onnxruntime cannot load the model: {_one_line(e)}") from None
         self.input_names = [i.name for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
 

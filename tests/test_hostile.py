@@ -300,33 +300,37 @@ def test_nan_and_inf_weights_compile_and_propagate_like_onnxruntime(tmp_path, ca
 
 @pytest.mark.slow
 def test_model_over_2_gib_through_external_data(tmp_path, capsys):
-    """A > 2 GiB model (external data) compiles, or fails in one line without writing."""
+    """A > 2 GiB model (external data) compiles and computes; about 2-3 minutes.
+
+    The weight file is sparse (written with ``truncate``), so building it costs no time; the
+    compiler still reads, checks and writes all 2 GiB.
+    """
     src, dst = _dirs(tmp_path)
-    k, n = 4, (2**31 // 16) + 1024  # 4 x 134 M float32 = 2.0 GiB + 16 KiB
-    w = np.zeros((k, n), np.float32)
-    w[:, :8] = np.arange(32, dtype=np.float32).reshape(4, 8)
+    k, n = 4, (2**31 // 16) + 1024  # 4 x 134 M float32 = 2 GiB + 16 KiB
+    head = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with open(src / "big.onnx.data", "wb") as data:
+        data.truncate(k * n * 4)
+        for row in range(k):
+            data.seek(row * n * 4)
+            data.write(head[row].tobytes())
+    weight = onnx.TensorProto(name="w", data_type=TP.FLOAT, dims=[k, n],
+                              data_location=TP.EXTERNAL)
+    for key, value in (("location", "big.onnx.data"), ("offset", "0"), ("length", str(k * n * 4))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
     model = _model([h.make_node("MatMul", ["x", "w"], ["y"])],
                    (h.make_tensor_value_info("x", TP.FLOAT, [1, k]),),
-                   (h.make_tensor_value_info("y", TP.FLOAT, [1, n]),),
-                   [numpy_helper.from_array(w, "w")])
-    del w
-    onnx.save(model, src / "big.onnx", save_as_external_data=True, location="big.onnx.data",
-              size_threshold=1024)
-    del model
-    assert (src / "big.onnx.data").stat().st_size > 2**31
+                   (h.make_tensor_value_info("y", TP.FLOAT, [1, n]),), [weight])
+    _write(src / "big.onnx", model)
     out = dst / "out.onnx"
-    before = _listing(dst)
     code = main(["optimize", str(src / "big.onnx"), "-o", str(out)])
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
-    if code != 0:
-        _assert_one_line_failure(code, captured.out, captured.err, "", dst, before)
-        return
+    assert code == 0, captured.err
     x = np.array([[1, 2, 3, 4]], np.float32)
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    expected = x @ np.arange(32, dtype=np.float32).reshape(4, 8)
-    np.testing.assert_array_equal(got[:, :8], expected)
-    assert not got[:, 8:].any()
+    np.testing.assert_array_equal(got[:, :8], x @ head)
+    assert got.shape == (1, n) and not got[:, 8:].any()
 
 
 def test_negative_declared_dims_mean_unknown_not_an_error(tmp_path):
