@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
 import multiprocessing
 import os

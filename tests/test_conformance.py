@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
