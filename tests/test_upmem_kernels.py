@@ -195,6 +195,33 @@ def test_mlp_layer_applies_relu_on_the_dpu(tmp_path, dtype, cfg):
     _same(y, ref, dtype, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("grid,shapes", [
+    ((1, 4), [(1, 300), (300, 37), (37,)]),        # a fully connected layer at batch 1: B by columns
+    ((3, 5), [(2, 11, 40), (40, 23), (2, 11, 23)]),  # rows and columns
+    ((7, 1), [(29, 8), (8, 3), (3,)]),
+])
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_gemm_dpu_grid(tmp_path, grid, shapes, dtype):
+    rng = np.random.default_rng(22)
+    xs = [_signed(rng, s, dtype, 10) for s in shapes]
+    d = tmp_path / "g"
+    codegen.emit_kernel("gemm", dtype, shapes, dpus=grid[0] * grid[1], tasklets=16,
+                        block_bytes=256, outdir=d, grid=list(grid))
+    man = json.loads((d / "kernel.json").read_text())
+    assert man["grid"] == list(grid) and man["dpus"] == grid[0] * grid[1]
+    (y,), c = emu.run_kernel(d, xs)
+    _same(y, (xs[0] @ xs[1] + xs[2]).astype(dtype), dtype, rtol=1e-4, atol=1e-3)
+    if grid == (1, 4):  # one row: the column tiles are narrowed so every tasklet works
+        busy = [t["dma_reads"] > 0 for t in c["per_dpu"][0]["tasklets"]]
+        assert sum(busy) >= 4
+
+
+def test_gemm_grid_refuses_column_blocks_with_a_batched_b(tmp_path):
+    with pytest.raises(ValueError, match="batched B"):
+        codegen.emit_kernel("gemm", "int32", [(2, 3, 4), (2, 4, 5)], dpus=4, tasklets=1,
+                            block_bytes=64, outdir=tmp_path, grid=[2, 2])
+
+
 def test_gemm_uint32_wraps_like_numpy(tmp_path):
     rng = np.random.default_rng(6)
     a = rng.integers(0, 2**32, (5, 9), dtype=np.uint64).astype(np.uint32)
@@ -434,7 +461,8 @@ def test_device_emit_writes_the_kernel_with_constants(tmp_path):
     assert set(p.name for p in paths) == {"host.c", "dpu.c", "Makefile", "kernel.json",
                                           "const1.bin", "const2.bin"}
     man = json.loads((kdir / "kernel.json").read_text())
-    assert (man["dpus"], man["tasklets"], man["block_bytes"]) == (3, 5, 32)  # block <= K row
+    # one row (symbolic N taken as 1): one DPU of the 3; the block is at most one K row
+    assert (man["dpus"], man["tasklets"], man["block_bytes"]) == (1, 5, 32)
     assert [i["tensor"] for i in man["inputs"]] == ["x", "w", "b"]
     x = _signed(np.random.default_rng(16), (1, 8), "float32", 1)  # symbolic N taken as 1
     (y,), c = emu.run_kernel(kdir, [x])

@@ -24,7 +24,8 @@ binary      Add Sub Mul Div Max Min with numpy broadcasting (host-side index ari
 unary       Relu Abs Neg LeakyRelu HardSigmoid Clip; Exp Log Sqrt Sigmoid Tanh (float32,
             software double without libm)                                          [VA]
 gemm        ``Y[..., M, N] = A[..., M, K] @ B[..., K, N] (+ C)`` with matmul broadcasting,
-            optional fused ReLU (``relu=True``: the MLP layer)                  [GEMV/MLP]
+            optional fused ReLU (``relu=True``: the MLP layer); a row-block x column-block
+            DPU grid (``grid``, the mapping's ``cnm_grid``)                     [GEMV/MLP]
 gemv        ``y[M] = A[M, K] @ x[K] (+ c[M])`` (the gemm kernel with N = 1)            [GEMV]
 reduce      add mul max min over ``axes`` (tasklet tree merge in WRAM, host merge)    [RED]
 histogram   ``numpy.histogram(X, bins, (min, max))`` counts as int64                  [HST-S]
@@ -372,7 +373,8 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
         consts: ``{input index: array}`` for inputs known at compile time (weights); written
             as sidecar files, read by the host program like any input.
         params: per kind: ``op`` (binary/unary), ``alpha``/``beta``/``min``/``max`` (unary),
-            ``bias`` (gemm/gemv: a third input C), ``relu`` (gemm), ``reduce`` (add|mul|max|min),
+            ``bias`` (gemm/gemv: a third input C), ``relu`` (gemm), ``grid`` (gemm/gemv:
+            ``[row blocks, column blocks]`` of the DPUs, default ``[dpus, 1]``), ``reduce`` (add|mul|max|min),
             ``axes``, ``keepdims`` (reduce), ``bins``/``min``/``max`` (histogram), ``axis``,
             ``exclusive``, ``reverse`` (scan), ``perm`` (transpose), ``k``, ``axis``,
             ``largest`` (topk).
@@ -476,31 +478,46 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     b_batched = GB > 1
     es = np.dtype(dtype).itemsize
     per = 8 // math.gcd(8, es)
-    K_pad, N_pad = _round_up(K, per), _round_up(N, per)
     rows = G * M
-    row_cap = max(1, _ceil(rows, dpus))
+    # DPU grid: DR row blocks x DC column blocks (the cnm mapping's cnm_grid), else all rows
+    grid = params.get("grid")
+    DR, DC = (int(grid[0]), int(grid[1])) if grid else (min(dpus, rows), 1)
+    if DR < 1 or DC < 1 or DR * DC > 2560 or (DC > 1 and b_batched) or DC > max(N, 1):
+        raise ValueError(f"{kind}: no {DR} x {DC} DPU grid for {rows} rows x {N} columns"
+                         + (" with a batched B" if b_batched and DC > 1 else ""))
+    K_pad = _round_up(K, per)
+    row_cap = max(1, _ceil(rows, DR))
+    N_cap = _round_up(_ceil(N, DC), per)
+    if not grid:  # our own choice: no DPU without rows; a given grid is kept as planned
+        DR = _ceil(rows, row_cap)
     R = 1 if b_batched else min(4, row_cap)
-    NT = min(N_pad, _round_up(64, per))
+    NT = min(N_cap, _round_up(64, per))
+    groups = _ceil(row_cap, R)
+    if row_cap < tasklets and groups * _ceil(N_cap, NT) < tasklets:
+        # few rows (a layer at batch 1): narrower column tiles so that every tasklet works
+        NT = max(per, _round_up(_ceil(N_cap, _ceil(tasklets, groups)), per))
     ins = _inputs(names[:len(shapes)], shapes, [dtype] * len(shapes), consts, outdir)
     a_bstride = [s * M * K for s in broadcast_strides(ashape[:-2], batch)]
     b_bstride = [s * K * N for s in broadcast_strides(bshape[:-2], batch)]
     # per-DPU MRAM layout, bytes (8-aligned)
     y_off = row_cap * K_pad * es
-    c_off = y_off + row_cap * N_pad * es
-    rb_off = c_off + (row_cap * N_pad * es if bias else 0)
+    c_off = y_off + row_cap * N_cap * es
+    rb_off = c_off + (row_cap * N_cap * es if bias else 0)
     b_off = rb_off + (row_cap * 8 if b_batched else 0)
-    _check_mram(b_off + GB * N_pad * K_pad * es, f"{kind} {list(ashape)} @ {list(bshape)} on {dpus} DPUs")
+    _check_mram(b_off + GB * N_cap * K_pad * es,
+                f"{kind} {list(ashape)} @ {list(bshape)} on a {DR} x {DC} DPU grid")
     blk = _fit_block(block, tasklets, R + 1, fixed=tasklets * (R * NT * es + 8), cap=K_pad * es)
     mac = instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add") - 5
     doc = (f"Y{list(yshape)} = A{list(ashape)} @ B{list(bshape)}" + (f" + C{list(cshape)}" if bias else "")
            + (", then ReLU" if relu else "") + f" ({dtype}; integer products wrap around)")
-    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
+    k = _K(kind, dtype, DR * DC, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
            dict(doc=doc, M=M, K=K, N=N, G=G, GB=GB, rows=rows, row_cap=row_cap, K_pad=K_pad,
-                N_pad=N_pad, R=R, NT=NT, y_off=y_off, c_off=c_off, rb_off=rb_off, b_off=b_off,
-                bias=bias, relu=relu, b_batched=b_batched, batch=batch, a_bstride=a_bstride,
-                b_bstride=b_bstride, y_shape=yshape,
+                N_cap=N_cap, DR=DR, DC=DC, R=R, NT=NT, y_off=y_off, c_off=c_off, rb_off=rb_off,
+                b_off=b_off, bias=bias, relu=relu, b_batched=b_batched, batch=batch,
+                a_bstride=a_bstride, b_bstride=b_bstride, y_shape=yshape,
                 c_strides=broadcast_strides(cshape, yshape) if bias else (), instr=mac))
-    return _write(outdir, "gemm", k, {"relu": relu, "bias": bias})
+    return _write(outdir, "gemm", k, {"relu": relu, "bias": bias, "grid": [DR, DC],
+                                      "dpus_requested": dpus})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -730,6 +747,8 @@ def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
     if not attrs.get("kernel"):
         raise ValueError(f"{op.name}: no 'kernel' attribute (run the cnm_mapping pass first)")
     kind, dtype, shapes, params = kernel_for(op, consts)
+    if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
+        params["grid"] = [int(x) for x in attrs["cnm_grid"]]
     outdir = Path(root) / _attr(attrs, "kernel")
     dpus = int(attrs.get("cnm_dpus") or default_dpus)
     tasklets = int(attrs.get("cnm_tasklets") or default_tasklets)
