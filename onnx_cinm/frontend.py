@@ -253,6 +253,34 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
                     f"'{name}' before {_node_label(writer[name])} writes it")
 
 
+def validate_structure(model: onnx.ModelProto, label: str = "<model>") -> None:
+    """Refuse a model whose structure onnx-cinm cannot compile, with a one-line message.
+
+    :func:`load_model` runs this on every file; call it for in-memory models too.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Not modified.
+    label : str
+        How the messages name the model (a path, or ``"<model>"``).
+
+    Raises
+    ------
+    CinmError
+        A default-domain opset outside ``[9, onnx.defs.onnx_opset_version()]``; a node whose
+        domain is not imported, or whose op no known domain or local function defines; a graph
+        input listed twice; a tensor written twice (or a graph input/initializer overwritten);
+        a read of a tensor nobody produces; a graph output nobody produces or that is a graph
+        input; a cycle; nodes out of topological order; a shape whose element count overflows
+        int64; a negative tensor dim; a zero-sized graph input dim.
+    """
+    _check_opsets(model, label)
+    _check_unknown_ops(model, label)
+    _check_graph_structure(model.graph, label)
+    _check_shapes(model, label)
+
+
 def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None:
     for tensor in _iter_tensors(model):
         if not _is_external(tensor):
@@ -301,10 +329,10 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     ------
     CinmError
         The file is missing, a directory, empty, unreadable, not an ONNX protobuf (random bytes,
-        truncated), has no graph, imports a default-domain opset outside ``[9,
-        onnx.defs.onnx_opset_version()]``, has a node whose domain is not imported, refers to
-        missing or escaping external data, or fails ``onnx.checker.check_model`` (the message is
-        the checker's first line).
+        truncated), has no graph or no outputs, fails :func:`validate_structure` (opsets,
+        unknown ops, cycles, order, dangling reads, double writes, bad shapes), refers to
+        missing, escaping or too short external data, or fails ``onnx.checker.check_model``
+        (its message joined into one line).
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -328,10 +356,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise CinmError(f"'{path}' is not an ONNX model: it has no graph")
     if not model.graph.output:
         raise CinmError(f"'{path}' has no graph outputs: nothing to compute")
-    _check_opsets(model, path)
-    _check_unknown_ops(model, path)
-    _check_graph_structure(model.graph, path)
-    _check_shapes(model, path)
+    validate_structure(model, path)
     folder = os.path.dirname(os.path.abspath(path))
     _check_external_data(model, path, folder)
     try:

@@ -342,3 +342,17 @@ def test_negative_declared_dims_mean_unknown_not_an_error(tmp_path):
                    (h.make_tensor_value_info("y", TP.FLOAT, [-1, 3]),))
     loaded = frontend.load_model(_write(tmp_path / "m.onnx", model))
     assert loaded.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1
+
+
+def test_validate_structure_checks_in_memory_models_too():
+    """The same one-line refusal for a ModelProto that never was a file."""
+    from onnx_cinm import frontend
+    from onnx_cinm.errors import CinmError
+
+    cycle = _model([h.make_node("Add", ["x", "b"], ["a"]), h.make_node("Relu", ["a"], ["b"]),
+                    h.make_node("Relu", ["a"], ["y"])])
+    with pytest.raises(CinmError) as info:
+        frontend.validate_structure(cycle)
+    assert str(info.value).startswith("'<model>' is not a valid ONNX model: the graph has a cycle")
+    assert "\n" not in str(info.value)
+    frontend.validate_structure(_model([h.make_node("Relu", ["x"], ["y"])]))  # a good one passes
