@@ -17,6 +17,9 @@ examples:
   onnx-cinm optimize --example lenet -o lenet_opt.onnx
   onnx-cinm optimize model.onnx -o model_opt.onnx --place 'Gemm=upmem' --check 3
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
+  onnx-cinm optimize model.onnx -o out.onnx --placement cost --objective energy --report out.report
+  onnx-cinm report out.onnx -o out.report
+  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set crossbar.count=4,64 -o sweep/
   onnx-cinm run lenet_opt.onnx --random 3 --profile
   onnx-cinm compare model.onnx model_opt.onnx
   onnx-cinm devices
@@ -49,6 +52,33 @@ def _size(text: str) -> tuple[int, int]:
     if not sep:
         raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
     return _positive(rows), _positive(cols)
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def _pos_float(text: str) -> float:
+    v = _nonneg_float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def _roofline(text: str) -> str:
+    from .hostmodel import parse
+
+    try:
+        parse(text)
+    except CinmError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _tolerance(text: str) -> float:
@@ -87,9 +117,29 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--check-atol", type=_tolerance, default=1e-5, help="absolute tolerance of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="bake a static shape into an input (repeatable)")
-    o.add_argument("--placement", default="heuristic", choices=["heuristic"],
-                   help="placement strategy: 'heuristic' is the CINM paper's (large matmuls with "
-                        "constant weights to the crossbar, other cinm ops to UPMEM)")
+    o.add_argument("--placement", default="heuristic", choices=["cost", "heuristic"],
+                   help="placement strategy: 'cost' minimizes the --objective over the whole graph "
+                        "(device cost models, transfers, a measured host roofline) under the "
+                        "crossbar, endurance and DPU constraints; 'heuristic' is the CINM paper's "
+                        "(large matmuls with constant weights to the crossbar, other cinm ops to UPMEM)")
+    cp = o.add_argument_group("cost placement options (--placement cost)")
+    cp.add_argument("--objective", default="latency", choices=["latency", "energy", "edp"],
+                    help="what cost placement minimizes: modeled seconds, joules, or their product "
+                         "per inference")
+    cp.add_argument("--max-writes-per-cell", type=_nonneg_float, default=None, metavar="W",
+                    help="endurance budget: crossbar writes any cell may take per inference (or over "
+                         "--lifetime-inferences inferences); tile writes rotate over the crossbars, "
+                         "so writes per cell = tile writes per inference / crossbars (default: none)")
+    cp.add_argument("--lifetime-inferences", type=_pos_float, default=1.0, metavar="L",
+                    help="inferences the --max-writes-per-cell budget must last")
+    cp.add_argument("--per-kernel-crossbars", action="store_true",
+                    help="do not pool crossbar residency: let every crossbar kernel keep its tiles as "
+                         "if it had the crossbars to itself (the plans' own view; by default the "
+                         "tiles kept by all kernels must fit the crossbars)")
+    cp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
+                    help="host figures instead of the measured, cached roofline ('nominal' = 50,10,30)")
+    o.add_argument("--report", metavar="DIR",
+                   help="also write the report (table, PNG pictures, HTML page) into DIR")
     o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
                    help="placement hint; PATTERN (fnmatch) matches node names or op types, e.g. "
                         "'Gemm=upmem' or '*conv1*=host'; the first matching hint wins (repeatable)")
@@ -162,6 +212,47 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
                    help="CinmExecutionProvider option (repeatable)")
     c.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
+    rp = sub.add_parser(
+        "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
+        description="Read an optimized model and write layers.csv, time_energy.png, graph.png and "
+                    "a self-contained report.html into a folder; print the per-layer table.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    rp.add_argument("model", help="optimized .onnx model")
+    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
+    rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
+                    help="host figures instead of the measured, cached roofline")
+    rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
+    rp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    rp.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
+    sw = sub.add_parser(
+        "sweep", help="compile a model under every combination of device parameters",
+        description="Evaluate the cartesian product of --set values (modeled latency, energy, "
+                    "writes of the compiled plans; no inference runs) in parallel worker processes "
+                    "or on a Dask cluster; write sweep.csv and sweep.png.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sw.add_argument("input", help="input .onnx model")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
+                    help="values of one parameter (repeatable); keys: crossbar.size, crossbar.count, "
+                         "crossbar.loop_order, crossbar.preset, upmem.dpus, upmem.tasklets, "
+                         "placement.strategy, placement.objective, placement.max_writes_per_cell")
+    sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
+    sw.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
+                    help="placement strategy of every configuration (unless swept)")
+    sw.add_argument("--objective", default="latency", choices=["latency", "energy", "edp"],
+                    help="cost placement objective (unless swept)")
+    sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
+                    help="local worker processes, a Dask cluster (--scheduler), or in this process")
+    sw.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    sw.add_argument("--workers", type=_positive, default=None, metavar="N",
+                    help="local worker processes (default: CPU count)%(default).0s")
+    sw.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
+                    help="host figures instead of the measured, cached roofline")
+    sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                    help="bake a static shape into an input (repeatable)")
+    sw.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    sw.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
 
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -293,7 +384,23 @@ def _device_options(args) -> dict:
         opts["upmem_dpus"] = args.upmem_dpus
     if args.upmem_tasklets is not None:
         opts["upmem_tasklets"] = args.upmem_tasklets
+    if getattr(args, "placement", "heuristic") == "cost":
+        opts["objective"] = args.objective
+        if args.max_writes_per_cell is not None:
+            opts["max_writes_per_cell"] = args.max_writes_per_cell
+        opts["lifetime_inferences"] = args.lifetime_inferences
+        opts["crossbar_residency"] = not args.per_kernel_crossbars
+    if getattr(args, "host_roofline", None):
+        opts["host_roofline"] = args.host_roofline
     return opts
+
+
+def _progress(total: int, desc: str, unit: str, quiet: bool):
+    """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                disable=quiet or not sys.stderr.isatty())
 
 
 def _cmd_optimize(args, parser) -> int:
@@ -322,7 +429,22 @@ def _cmd_optimize(args, parser) -> int:
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     say = (lambda msg: None) if args.quiet else print
-    log = print if args.verbose else (lambda msg: None)
+    if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
+                                     or args.objective != "latency"):
+        print("onnx-cinm: warning: --objective, --max-writes-per-cell and --per-kernel-crossbars "
+              "apply to --placement cost only", file=sys.stderr)
+    if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
+        raise CinmError(f"report folder '{args.report}' exists and is not a folder")
+    from .passes import DEFAULT_PIPELINE as _PIPE
+
+    bar = _progress(len(_PIPE) + (1 if args.check else 0), "optimize", "pass", args.quiet)
+
+    def log(msg: str) -> None:
+        if msg.startswith("pass "):
+            bar.update(1)
+            bar.set_postfix_str(msg[5:].split(":")[0])
+        if args.verbose:
+            bar.write(msg) if not bar.disable else print(msg)
     try:  # malformed option values are usage errors (exit 2)
         hints = [parse_hint(h) for h in args.place]
         shapes: dict = {}
@@ -338,10 +460,13 @@ def _cmd_optimize(args, parser) -> int:
     if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
         print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
     model = get_example(args.example) if args.example else frontend.load_model(args.input)
-    result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
-                      stop_after=args.stop_after, input_shapes=shapes, check=args.check,
-                      check_rtol=args.check_rtol, check_atol=args.check_atol,
-                      device_options=_device_options(args), log=log)
+    try:
+        result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
+                          stop_after=args.stop_after, input_shapes=shapes, check=args.check,
+                          check_rtol=args.check_rtol, check_atol=args.check_atol,
+                          device_options=_device_options(args), log=log)
+    finally:
+        bar.close()
     manifest = artifacts.save(result.model, out, log)
     for hint in result.stats.get("placement", {}).get("unused_hints", []):
         print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
@@ -358,9 +483,75 @@ def _cmd_optimize(args, parser) -> int:
         say("")
         for line in table.splitlines():
             say(f"  {line}")
+    st = result.stats.get("placement", {})
+    if st.get("strategy") == "cost":
+        t = st["totals"]
+        say(f"  cost placement ({st['objective']}): modeled {t.latency_s * 1e3:.3f} ms, "
+            f"{t.energy_j * 1e3:.3f} mJ, {t.writes} tile writes/inference; {st['method']}")
+        for name, b in st["baselines"].items():
+            say(f"    {name}: {b.latency_s * 1e3:.3f} ms, {b.energy_j * 1e3:.3f} mJ, {b.writes} tile writes/inference")
+        for v in st.get("violations", []):
+            print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
     if args.verbose:
         for name, op, dev, why in result.placements:
             print(f"  {name:40s} {op:12s} {dev:10s} {why}")
+    if args.report:
+        from . import report
+
+        res = report.write_report(result.model, args.report, _device_options(args), title=out.name)
+        say(f"  report: {', '.join(str(p) for p in res['files'])}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from . import frontend, report
+
+    path = Path(args.model)
+    model = frontend.load_model(str(path))
+    opts = report.options_from_plans(model)
+    if args.host_roofline:
+        opts["host_roofline"] = args.host_roofline
+    out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
+    res = report.write_report(model, out, opts, title=path.name)
+    if not args.quiet:
+        print(f"onnx-cinm report: {path} -> {out}/")
+        print(report.table(res["rows"], res["totals"], cinm_only=not args.all_nodes))
+        print(f"written: {', '.join(p.name for p in res['files'])}")
+    return 0
+
+
+def _cmd_sweep(args, parser) -> int:
+    from . import frontend, sweep
+
+    try:
+        sets = sweep.parse_sets(args.sets)
+        shapes: dict = {}
+        for spec in args.overwrite_input_shape:
+            name, dims = frontend.parse_shape_spec(spec)
+            shapes[name] = dims
+    except CinmError as e:
+        parser.error(str(e))
+    if not sets:
+        parser.error("give at least one --set KEY=V1,V2,...")
+    if args.executor == "dask" and not args.scheduler:
+        parser.error("--executor dask needs --scheduler ADDRESS")
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
+    model = frontend.load_model(args.input)
+    base = {"placement": args.placement, "objective": args.objective}
+    if args.host_roofline:
+        base["host_roofline"] = args.host_roofline
+    configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
+                                 workers=args.workers, scheduler=args.scheduler,
+                                 progress=not args.quiet, input_shapes=shapes or None)
+    paths = sweep.write(out, configs, results, title=Path(args.input).name)
+    if not args.quiet:
+        print(f"onnx-cinm sweep: {args.input}, {len(configs)} configurations ({args.executor})")
+        for c, r in zip(configs, results):
+            print(f"  {sweep.label(c):40s} {r['latency_s'] * 1e3:10.3f} ms {r['energy_j'] * 1e3:10.3f} mJ "
+                  f"{r['writes']:8d} writes  {r['devices']}" + (f"  BREAKS {r['violations']}" if r['violations'] else ""))
+        print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
 
 
@@ -386,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args, parser)
         if args.command == "compare":
             return _cmd_compare(args, parser)
+        if args.command == "report":
+            return _cmd_report(args)
+        if args.command == "sweep":
+            return _cmd_sweep(args, parser)
         return _cmd_optimize(args, parser)
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)

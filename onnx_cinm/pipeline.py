@@ -12,7 +12,7 @@ import onnx
 from . import frontend, golden
 from .analysis import node_flops, tensor_infos
 from .dialects import cinm
-from .errors import CheckFailed
+from .errors import CheckFailed, CinmError
 from .passes import PassContext, PassManager
 
 
@@ -133,12 +133,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
              check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
              device_options: dict | None = None,
-             log: Callable[[str], None] | None = None) -> OptimizeResult:
+             log: Callable[[str], None] | None = None, objective: str | None = None,
+             constraints: dict | None = None, host_roofline=None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
-        placement: placement strategy (``"heuristic"``: the CINM paper's).
+        placement: placement strategy: ``"heuristic"`` (the CINM paper's; the default here, for
+            backwards compatibility) or ``"cost"`` (:mod:`onnx_cinm.passes.cost_placement`).
         place: user hints ``(pattern, device)``; the first matching hint wins.
         skip: pass names not to run.
         stop_after: ``"cinm"``, ``"placement"`` or a pass name: the level to stop at.
@@ -150,6 +152,15 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
             (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
             ``cim_cols``, ``cim_preset``, ``cim_mode``, ``upmem_dpus``, ``upmem_tasklets``.
         log: callable receiving progress lines.
+        objective: what cost placement minimizes: ``"latency"`` (default), ``"energy"`` or
+            ``"edp"``.
+        constraints: cost placement budgets: ``max_writes_per_cell`` (crossbar writes per cell
+            over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:
+            the tiles kept by all crossbar kernels must fit the crossbars). See
+            :class:`onnx_cinm.passes.cost_placement.Constraints`.
+        host_roofline: the host's figures for cost placement (a
+            :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"`` or
+            ``"nominal"``); default: measured once on this machine and cached.
 
     Returns:
         An :class:`OptimizeResult`; nothing is written to disk.
@@ -168,8 +179,18 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
     work = onnx.ModelProto()
     work.CopyFrom(original)
     nodes_before = len(work.graph.node)
+    extra: dict = {}
+    if objective is not None:
+        extra["objective"] = objective
+    if host_roofline is not None:
+        extra["host_roofline"] = host_roofline
+    known = {"max_writes_per_cell", "lifetime_inferences", "crossbar_residency"}
+    for k, v in (constraints or {}).items():
+        if k not in known:
+            raise CinmError(f"unknown placement constraint '{k}' (known: {', '.join(sorted(known))})")
+        extra[k] = v
     ctx = PassContext(options={"placement": placement, "place": list(place),
-                               **(device_options or {})}, log=log)
+                               **(device_options or {}), **extra}, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
     cinm.attach_functions(work)

@@ -173,8 +173,15 @@ _SKIP_OPTS = {"place", "placement", "objective", "kernel_stem", "max_writes_per_
               "lifetime_inferences", "crossbar_residency", "progress"}
 
 
-def _opts_key(options: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in options.items() if k not in _SKIP_OPTS))
+#: Option families that only one paradigm reads (so a crossbar option does not invalidate the
+#: cached DPU costs and the other way round).
+_FOREIGN = {"cim": ("upmem_",), "cnm": ("cim_", "xbar_")}
+
+
+def _opts_key(options: dict, paradigm: str = "") -> tuple:
+    foreign = _FOREIGN.get(paradigm, ())
+    return tuple(sorted((k, repr(v)) for k, v in options.items()
+                        if k not in _SKIP_OPTS and not k.startswith(foreign)))
 
 
 def _op_key(op) -> tuple:
@@ -220,7 +227,7 @@ def _cim_plan(dev, op, options) -> dict:
 
 def candidate(dev, op, options: dict) -> Choice | str:
     """The :class:`Choice` of ``op`` on ``dev``, or the reason ``dev`` refuses it (a string)."""
-    key = (dev.name, id(dev), _op_key(op), _opts_key(options))
+    key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev.paradigm))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit

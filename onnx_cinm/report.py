@@ -1,0 +1,349 @@
+"""A report a person can read: per-layer table, totals, and pictures of an optimized model.
+
+``onnx-cinm report out.onnx -o DIR`` (or ``optimize ... --report DIR``) writes into ``DIR``:
+
+* ``layers.csv``: one row per node: op, output shape, FLOPs, device, modeled latency (seconds),
+  energy (joules), crossbar tile writes per inference, bytes moved, placement reason;
+* ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
+  device's colour, transfers in grey on top);
+* ``graph.png``: the graph, each node coloured by its device;
+* ``report.html``: one self-contained page with the totals, both pictures (embedded as base64
+  PNG) and the table.
+
+Figures per layer come from the node's plan attributes where a paradigm pass wrote them
+(``cim_latency_s``, ``cim_energy_j``, ``cim_writes``; ``cnm_latency_s``, ``cnm_energy_j``; see
+``onnx_cinm.dialects.cinm.PLAN_ATTRS``), and otherwise from the same models cost placement uses
+(:func:`onnx_cinm.passes.cost_placement.evaluate_model`: the host roofline for host ops, a plugin
+device's ``cost()``). Bytes moved: for an op on a DPU device, the bytes its plan moves to and from
+the DPUs (``Cost.bytes_moved``); plus, for every device, the bytes of tensors crossing between
+this op's device and the host (charged to the producer for the way out, to each consumer for the
+way in). Every file is written under a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .dialects import cinm
+from .errors import CinmError
+
+#: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
+COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
+TRANSFER_COLOUR = "#c7c7c7"
+#: Size of both pictures, pixels (width, height).
+PNG_SIZE = (1200, 700)
+_DPI = 100
+
+
+@dataclass
+class Layer:
+    """One node of the report (units: seconds, joules, bytes)."""
+
+    index: int
+    name: str
+    op: str
+    shape: str
+    flops: int
+    device: str
+    latency_s: float
+    energy_j: float
+    transfer_s: float
+    transfer_j: float
+    writes: int
+    bytes_moved: int
+    reason: str
+    cinm: bool
+
+
+def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[Layer], dict]:
+    """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
+    ``transfer_bytes``, ``by_device`` {device: [seconds, joules]}, ``violations``)."""
+    from . import devices
+    from .passes.cost_placement import evaluate_model, link_cost
+
+    tot, bad, prob = evaluate_model(model, options)
+    dev_of = lambda i: prob.device_of(prob.assign, i)  # noqa: E731
+    tr_s = [0.0] * len(prob.nodes)
+    tr_j = [0.0] * len(prob.nodes)
+    tr_b = [0] * len(prob.nodes)
+    for t in prob.tensors:
+        if t.nbytes <= 0:
+            continue
+        a = dev_of(t.producer)
+        dests = {dev_of(c) for c in t.consumers} | ({"host"} if t.output else set())
+        if a != "host" and any(d != a for d in dests) and t.producer >= 0:
+            s, j = link_cost(devices.get_device(a), t.nbytes, False, prob.options)
+            tr_s[t.producer] += s
+            tr_j[t.producer] += j
+            tr_b[t.producer] += t.nbytes
+        for c in t.consumers:
+            d = dev_of(c)
+            if d not in ("host", a):
+                s, j = link_cost(devices.get_device(d), t.nbytes, True, prob.options)
+                tr_s[c] += s
+                tr_j[c] += j
+                tr_b[c] += t.nbytes
+    rows = []
+    for i, node in enumerate(prob.nodes):
+        ch = prob.choice(prob.assign, i) if (i in prob.fixed or i in prob.assign) else prob.cands[i][0]
+        at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+        lat, en, writes = ch.cost.latency_s, ch.cost.energy_j, ch.cost.writes
+        if "cim_latency_s" in at:
+            lat, en, writes = at["cim_latency_s"], at["cim_energy_j"], at["cim_writes"]
+        elif "cnm_latency_s" in at:
+            lat, en = at["cnm_latency_s"], at["cnm_energy_j"]
+        moved = tr_b[i] + (ch.cost.bytes_moved if devices.get_device(ch.device).paradigm == "cnm" else 0)
+        out = prob.infos.get(node.output[0]) if node.output else None
+        shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
+        rows.append(Layer(i, node.name or f"{node.op_type}_{i}", node.op_type, shape,
+                          _flops(prob, i), ch.device, float(lat), float(en),
+                          tr_s[i], tr_j[i], int(writes), int(moved),
+                          at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
+                          node.domain == cinm.DOMAIN))
+    by_dev: dict = {}
+    for r in rows:
+        s = by_dev.setdefault(r.device, [0.0, 0.0])
+        s[0] += r.latency_s
+        s[1] += r.energy_j
+    totals = {"latency_s": sum(r.latency_s + r.transfer_s for r in rows),
+              "energy_j": sum(r.energy_j + r.transfer_j for r in rows),
+              "writes": sum(r.writes for r in rows), "transfer_bytes": tot.transfer_bytes,
+              "transfer_s": tot.transfer_s, "transfer_j": tot.transfer_j,
+              "by_device": by_dev, "violations": bad}
+    return rows, totals
+
+
+def _flops(prob, i) -> int:
+    from .analysis import node_flops
+
+    return node_flops(prob.nodes[i], prob.infos)
+
+
+def _colour(dev: str, seen: list) -> str:
+    if dev in COLOURS:
+        return COLOURS[dev]
+    import matplotlib
+
+    if dev not in seen:
+        seen.append(dev)
+    return matplotlib.colormaps["tab10"](2 + seen.index(dev) % 8)
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, plt.figure(figsize=(PNG_SIZE[0] / _DPI, PNG_SIZE[1] / _DPI), dpi=_DPI)
+
+
+def _png(fig, plt) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
+    """PNG bytes (``PNG_SIZE``): per-layer time (top) and energy (bottom), bars in the device's
+    colour with the transfers stacked on top in grey."""
+    from matplotlib.patches import Patch
+
+    plt, fig = _figure()
+    seen: list = []
+    cols = [_colour(r.device, seen) for r in rows]
+    x = list(range(len(rows)))
+    for k, (attr, tattr, label) in enumerate((("latency_s", "transfer_s", "time per inference (s)"),
+                                             ("energy_j", "transfer_j", "energy per inference (J)"))):
+        ax = fig.add_subplot(2, 1, k + 1)
+        own = [getattr(r, attr) for r in rows]
+        ax.bar(x, own, color=cols, width=1.0, linewidth=0)
+        ax.bar(x, [getattr(r, tattr) for r in rows], bottom=own, color=TRANSFER_COLOUR, width=1.0,
+               linewidth=0)
+        ax.set_ylabel(label)
+        ax.set_xlim(-0.5, max(len(rows), 1) - 0.5)
+        if k == 1:
+            ax.set_xlabel("layer (node index in graph order)")
+        else:
+            devs = list(dict.fromkeys(r.device for r in rows))
+            handles = [Patch(color=_colour(d, seen), label=d) for d in devs]
+            handles.append(Patch(color=TRANSFER_COLOUR, label="transfers"))
+            ax.legend(handles=handles, loc="upper right", fontsize=8)
+            if title:
+                ax.set_title(title)
+    fig.tight_layout()
+    return _png(fig, plt)
+
+
+def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> bytes:
+    """PNG bytes (``PNG_SIZE``): the graph, one dot per node in its device's colour, placed by
+    depth (longest path from the inputs, wrapped into bands of 40 columns), edges in grey."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Patch
+
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    depth = []
+    edges = []
+    for i, n in enumerate(nodes):
+        preds = [producer[t] for t in n.input if t in producer]
+        edges += [(p, i) for p in preds]
+        depth.append(1 + max((depth[p] for p in preds), default=-1))
+    per_depth: dict = {}
+    slot = []
+    for i, d in enumerate(depth):
+        slot.append(per_depth.get(d, 0))
+        per_depth[d] = slot[-1] + 1
+    width = max(per_depth.values(), default=1)
+    wrap = 40
+    pos = [(d % wrap, -((d // wrap) * (width + 1) + s)) for d, s in zip(depth, slot)]
+    plt, fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    ax.add_collection(LineCollection([(pos[a], pos[b]) for a, b in edges if depth[b] // wrap == depth[a] // wrap],
+                                     colors="#bbbbbb", linewidths=0.6, zorder=1))
+    seen: list = []
+    ax.scatter([p[0] for p in pos], [p[1] for p in pos], c=[_colour(r.device, seen) for r in rows],
+               s=[40 if r.cinm else 14 for r in rows], zorder=2, edgecolors="none")
+    devs = list(dict.fromkeys(r.device for r in rows))
+    ax.legend(handles=[Patch(color=_colour(d, seen), label=d) for d in devs], loc="lower right", fontsize=8)
+    ax.set_axis_off()
+    ax.autoscale()
+    ax.set_title(title or "graph: nodes by device (large dots: cinm ops)")
+    fig.tight_layout()
+    return _png(fig, plt)
+
+
+def _si(x: float, unit: str) -> str:
+    if x == 0:
+        return f"0 {unit}"
+    for p, s in (("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
+        if abs(x) >= s:
+            return f"{x / s:.3g} {p}{unit}"
+    return f"{x:.2e} {unit}"
+
+
+def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
+    """The per-layer table as text (one line per node), then the totals."""
+    head = (f"{'#':>4s} {'layer':30s} {'op':12s} {'shape':>16s} {'FLOPs':>10s} {'device':10s} "
+            f"{'latency':>10s} {'energy':>10s} {'writes':>7s} {'moved':>9s}  reason")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        if cinm_only and not r.cinm:
+            continue
+        out.append(f"{r.index:4d} {r.name[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
+                   f"{_si(r.flops, ''):>10s} {r.device[:10]:10s} {_si(r.latency_s + r.transfer_s, 's'):>10s} "
+                   f"{_si(r.energy_j + r.transfer_j, 'J'):>10s} {r.writes:7d} {_si(r.bytes_moved, 'B'):>9s}  "
+                   f"{r.reason[:120]}")
+    out.append("-" * len(head))
+    out.append(_totals_line(totals))
+    return "\n".join(out)
+
+
+def _totals_line(t: dict) -> str:
+    by = ", ".join(f"{d} {_si(v[0], 's')} / {_si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
+    line = (f"total: {_si(t['latency_s'], 's')}, {_si(t['energy_j'], 'J')}, {t['writes']} tile "
+            f"writes/inference, {_si(t['transfer_bytes'], 'B')} across device boundaries "
+            f"({_si(t['transfer_s'], 's')}); by device: {by}")
+    if t["violations"]:
+        line += "; BREAKS: " + "; ".join(t["violations"][:3])
+    return line
+
+
+def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
+    e = html.escape
+    imgs = "".join(f'<h2>{e(cap)}</h2><img alt="{e(cap)}" width="{PNG_SIZE[0]}" height="{PNG_SIZE[1]}" '
+                   f'src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+                   for cap, data in pngs.items())
+    head = ["#", "layer", "op", "shape", "FLOPs", "device", "latency (s)", "energy (J)",
+            "transfers (s)", "writes/inf", "bytes moved", "reason"]
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in (
+            r.index, r.name, r.op, r.shape, r.flops, r.device, f"{r.latency_s:.4g}",
+            f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.writes, r.bytes_moved, r.reason)) + "</tr>\n"
+        for r in rows)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
+            "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
+            "td,th{border:1px solid #ccc;padding:2px 4px;text-align:left}</style></head><body>"
+            f"<h1>{e(title)}</h1><p>{e(_totals_line(totals))}</p>"
+            "<p>Modeled figures per inference (devices' cost models; host: measured roofline). "
+            "Latency and energy are the op's own; transfers are listed apart.</p>"
+            f"{imgs}<h2>Layers</h2><table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}"
+            f"</tr></thead><tbody>\n{body}</tbody></table></body></html>\n")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, options: dict | None = None,
+                 title: str | None = None) -> dict:
+    """Write ``layers.csv``, ``time_energy.png``, ``graph.png`` and ``report.html`` into
+    ``out_dir`` (created if missing) and return ``{"rows", "totals", "files"}``.
+
+    Raises CinmError if the model cannot be read or the folder cannot be written.
+    """
+    from . import frontend
+
+    if not isinstance(model, onnx.ModelProto):
+        title = title or Path(model).name
+        model = frontend.load_model(model)
+    title = title or (model.graph.name or "model")
+    rows, totals = layers(model, options)
+    pngs = {"time and energy per layer, by device": plot_time_energy(rows, title),
+            "graph, nodes coloured by device": plot_graph(model, rows, title)}
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
+                "transfer_s", "transfer_j", "writes", "bytes_moved", "reason"])
+    for r in rows:
+        w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
+                    repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.writes, r.bytes_moved,
+                    r.reason])
+    files = {"layers.csv": buf.getvalue().encode(),
+             "time_energy.png": pngs["time and energy per layer, by device"],
+             "graph.png": pngs["graph, nodes coloured by device"],
+             "report.html": _html(f"onnx-cinm report: {title}", rows, totals, pngs).encode()}
+    out = Path(out_dir)
+    try:
+        if out.exists() and not out.is_dir():
+            raise CinmError(f"report folder '{out_dir}' exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, data in files.items():
+            _write_atomic(out / name, data)
+            written.append(out / name)
+    except OSError as e:
+        raise CinmError(f"cannot write the report into '{out_dir}': {e.strerror or e}") from None
+    return {"rows": rows, "totals": totals, "files": written}
+
+
+def options_from_plans(model: onnx.ModelProto) -> dict:
+    """Crossbar pass options recorded in the model's plan attributes (``cim_rows``,
+    ``cim_cols``, ``cim_crossbars``, ``cim_loop_order`` of its first crossbar kernel), so the
+    report judges residency with the crossbars the model was compiled for."""
+    for node in model.graph.node:
+        if node.domain == cinm.DOMAIN:
+            at = cinm.node_attrs(node)
+            if "cim_rows" in at:
+                return {k: at[k] for k in ("cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order")}
+    return {}

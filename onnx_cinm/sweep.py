@@ -1,0 +1,342 @@
+"""Design-space sweeps: compile one model under every configuration and tabulate the modeled cost.
+
+``onnx-cinm sweep in.onnx --set crossbar.size=32x32,64x64 --set crossbar.count=4,16 -o DIR``
+evaluates the cartesian product of the ``--set`` values. The model is brought to the cinm level
+once; every configuration then runs the placement and device passes (``placement``,
+``cim_tiling``, ``cnm_mapping``: the compiled plans) and is scored by the same model as cost
+placement (:func:`onnx_cinm.passes.cost_placement.evaluate_model`): modeled latency (seconds),
+energy (joules), crossbar tile writes per inference, bytes crossing device boundaries, cinm ops
+per device, and the constraints the placement breaks. No inference is run.
+
+Keys (``--set KEY=V1,V2,...``) and the pass options they set:
+
+=========================  ===================================  ==========================
+key                        option                               values
+=========================  ===================================  ==========================
+crossbar.size              ``cim_rows``, ``cim_cols``           ``ROWSxCOLS``
+crossbar.count             ``cim_crossbars``                    positive integers
+crossbar.loop_order        ``cim_loop_order``                   weight_stationary, naive
+crossbar.preset            ``cim_preset``                       pcm-occ, reram-isaac
+upmem.dpus                 ``upmem_dpus``                       positive integers
+upmem.tasklets             ``upmem_tasklets``                   1..24
+placement.strategy         ``placement``                        cost, heuristic
+placement.objective        ``objective``                        latency, energy, edp
+placement.max_writes_per_cell  ``max_writes_per_cell``          numbers >= 0
+=========================  ===================================  ==========================
+
+Configurations run in worker processes (:class:`concurrent.futures.ProcessPoolExecutor`, the
+model sent once per worker) or on a Dask cluster (``executor="dask"``, ``scheduler`` = the
+scheduler's address, or a ``distributed.Client``; the model is scattered once to every worker).
+Results come back in configuration order whatever the executor. Outputs: ``sweep.csv`` (one row
+per configuration) and ``sweep.png`` (latency, energy and writes per configuration), each written
+under a temporary name and renamed.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import onnx
+
+from .errors import CinmError
+
+
+def _size(v: str):
+    r, sep, c = v.lower().partition("x")
+    if not sep or not r.isdigit() or not c.isdigit() or int(r) < 1 or int(c) < 1:
+        raise CinmError(f"crossbar.size expects ROWSxCOLS such as 64x64, got '{v}'")
+    return {"cim_rows": int(r), "cim_cols": int(c)}
+
+
+def _int(key, option, lo=1, hi=1 << 20):
+    def conv(v: str):
+        try:
+            n = int(v)
+        except ValueError:
+            n = None
+        if n is None or not lo <= n <= hi:
+            raise CinmError(f"{key} expects an integer in {lo}..{hi}, got '{v}'")
+        return {option: n}
+    return conv
+
+
+def _choice(key, option, allowed):
+    def conv(v: str):
+        if v not in allowed:
+            raise CinmError(f"{key} expects one of {', '.join(allowed)}, got '{v}'")
+        return {option: v}
+    return conv
+
+
+def _float(key, option):
+    def conv(v: str):
+        try:
+            x = float(v)
+        except ValueError:
+            x = -1.0
+        if not x >= 0:
+            raise CinmError(f"{key} expects a number >= 0, got '{v}'")
+        return {option: x}
+    return conv
+
+
+#: ``--set`` keys and their converters (value text -> pass options).
+KEYS = {
+    "crossbar.size": _size,
+    "crossbar.count": _int("crossbar.count", "cim_crossbars"),
+    "crossbar.loop_order": _choice("crossbar.loop_order", "cim_loop_order", ("weight_stationary", "naive")),
+    "crossbar.preset": _choice("crossbar.preset", "cim_preset", ("pcm-occ", "reram-isaac")),
+    "upmem.dpus": _int("upmem.dpus", "upmem_dpus", 1, 1 << 16),
+    "upmem.tasklets": _int("upmem.tasklets", "upmem_tasklets", 1, 24),
+    "placement.strategy": _choice("placement.strategy", "placement", ("cost", "heuristic")),
+    "placement.objective": _choice("placement.objective", "objective", ("latency", "energy", "edp")),
+    "placement.max_writes_per_cell": _float("placement.max_writes_per_cell", "max_writes_per_cell"),
+}
+
+#: CSV columns after the configuration keys.
+COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "violations", "seconds"]
+
+
+def parse_sets(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``["crossbar.count=4,16", ...]`` -> ``[("crossbar.count", ["4", "16"]), ...]``, checked.
+
+    Raises CinmError on a malformed item, an unknown or repeated key, or a bad value."""
+    out, seen = [], set()
+    for item in items:
+        key, sep, vals = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not vals.strip():
+            raise CinmError(f"--set expects KEY=V1,V2,..., got '{item}'")
+        if key not in KEYS:
+            raise CinmError(f"unknown sweep key '{key}' (known: {', '.join(KEYS)})")
+        if key in seen:
+            raise CinmError(f"sweep key '{key}' given twice")
+        seen.add(key)
+        values = [v.strip() for v in vals.split(",") if v.strip()]
+        for v in values:
+            KEYS[key](v)
+        out.append((key, values))
+    return out
+
+
+def configurations(sets: list[tuple[str, list[str]]]) -> list[dict]:
+    """Every combination of the values, as ``{key: value text}`` in cartesian-product order."""
+    keys = [k for k, _ in sets]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*[v for _, v in sets])]
+
+
+def options_of(config: dict, base: dict | None = None) -> dict:
+    """Pass options of one configuration (``base`` first, then the keys' options)."""
+    opts = dict(base or {})
+    for k, v in config.items():
+        opts.update(KEYS[k](v))
+    return opts
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation of one configuration (runs in workers)
+# ---------------------------------------------------------------------------------------------
+
+_WORKER_MODEL: onnx.ModelProto | None = None
+
+
+def _init_worker(model_bytes: bytes) -> None:
+    global _WORKER_MODEL
+    _WORKER_MODEL = onnx.load_from_string(model_bytes)
+
+
+def evaluate(model: onnx.ModelProto, options: dict) -> dict:
+    """Place and lower the cinm-level ``model`` under ``options`` and return the modeled figures
+    (``COLUMNS``: seconds, joules, tile writes, bytes, ``device:count`` list, broken
+    constraints, wall seconds of the evaluation). A configuration a device rejects (e.g. a bad
+    option) gives its error in ``violations`` and NaN figures instead of stopping the sweep."""
+    from .passes import PassContext, PassManager
+    from .passes.cost_placement import evaluate_model
+
+    t0 = time.perf_counter()
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    opts = dict(options)
+    opts.setdefault("placement", "cost")
+    ctx = PassContext(options=opts)
+    try:
+        work = PassManager(pipeline=["placement", "cim_tiling", "cnm_mapping"]).run(work, ctx)
+        tot, bad, _ = evaluate_model(work, opts)
+    except CinmError as e:
+        nan = float("nan")
+        return {"latency_s": nan, "energy_j": nan, "writes": -1, "transfer_bytes": -1, "devices": "",
+                "violations": f"error: {e}", "seconds": time.perf_counter() - t0}
+    devs = ctx.stats.get("placement", {}).get("devices", {})
+    return {"latency_s": tot.latency_s, "energy_j": tot.energy_j, "writes": int(tot.writes),
+            "transfer_bytes": int(tot.transfer_bytes),
+            "devices": " ".join(f"{d}:{n}" for d, n in sorted(devs.items())),
+            "violations": "; ".join(bad), "seconds": time.perf_counter() - t0}
+
+
+def _evaluate_in_worker(options: dict) -> dict:
+    return evaluate(_WORKER_MODEL, options)
+
+
+def _evaluate_bytes(model, options: dict) -> dict:
+    if isinstance(model, bytes):
+        model = onnx.load_from_string(model)
+    return evaluate(model, options)
+
+
+def cinm_level(model, input_shapes: dict | None = None) -> onnx.ModelProto:
+    """``model`` (path or ModelProto) brought to the cinm level once for all configurations."""
+    from .pipeline import optimize
+
+    return optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes).model
+
+
+def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None = None,
+        executor: str = "process", workers: int | None = None, scheduler=None,
+        progress: bool = False, input_shapes: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """Evaluate every configuration of ``sets``; returns ``(configurations, results)`` in order.
+
+    Args:
+        model: path or ModelProto (any level; it is brought to the cinm level once).
+        sets: from :func:`parse_sets`.
+        base_options: pass options common to all configurations (e.g. ``host_roofline``).
+        executor: ``"process"`` (local worker processes), ``"dask"`` or ``"serial"``.
+        workers: local worker processes (default: CPU count, at most the configurations).
+        scheduler: Dask scheduler address (``tcp://host:8786``) or a ``distributed.Client``.
+        progress: show a tqdm bar on stderr (only when stderr is a terminal).
+    """
+    configs = configurations(sets)
+    opts = [options_of(c, base_options) for c in configs]
+    cinm_model = cinm_level(model, input_shapes)
+    data = cinm_model.SerializeToString()
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(configs), desc="sweep", unit="config", file=sys.stderr,
+               disable=not (progress and sys.stderr.isatty()))
+    results: list = [None] * len(configs)
+    try:
+        if executor == "serial":
+            for k, o in enumerate(opts):
+                results[k] = evaluate(cinm_model, o)
+                bar.update(1)
+        elif executor == "process":
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            n = max(1, min(workers or os.cpu_count() or 1, len(configs)))
+            with ProcessPoolExecutor(max_workers=n, initializer=_init_worker, initargs=(data,)) as ex:
+                futs = {ex.submit(_evaluate_in_worker, o): k for k, o in enumerate(opts)}
+                for f in as_completed(futs):
+                    results[futs[f]] = f.result()
+                    bar.update(1)
+        elif executor == "dask":
+            results = _run_dask(data, opts, scheduler, bar)
+        else:
+            raise CinmError(f"unknown executor '{executor}' (known: process, dask, serial)")
+    finally:
+        bar.close()
+    return configs, results
+
+
+def _run_dask(data: bytes, opts: list[dict], scheduler, bar) -> list[dict]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise CinmError("--executor dask needs dask[distributed] (pip install 'onnx-cinm[sweep]')") from None
+    own = not hasattr(scheduler, "submit")
+    if own and not scheduler:
+        raise CinmError("--executor dask needs --scheduler ADDRESS (e.g. tcp://127.0.0.1:8786)")
+    try:
+        client = Client(scheduler, timeout=10) if own else scheduler
+    except (OSError, TimeoutError) as e:
+        raise CinmError(f"cannot reach the Dask scheduler at '{scheduler}': {e}") from None
+    try:
+        blob = client.scatter(data, broadcast=True)
+        futs = [client.submit(_evaluate_bytes, blob, o, pure=False) for o in opts]
+        index = {f.key: k for k, f in enumerate(futs)}
+        results: list = [None] * len(opts)
+        for f in as_completed(futs):
+            results[index[f.key]] = f.result()
+            bar.update(1)
+        return results
+    finally:
+        if own:
+            client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------
+
+def label(config: dict) -> str:
+    """Short label of a configuration: ``size=64x64 count=16 dpus=256``."""
+    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in config.items())
+
+
+def to_csv(configs: list[dict], results: list[dict]) -> str:
+    """CSV text: the configuration keys, then :data:`COLUMNS`; one row per configuration."""
+    keys = list(configs[0]) if configs else []
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(keys + COLUMNS)
+    for c, r in zip(configs, results):
+        w.writerow([c[k] for k in keys] + [repr(r[k]) if isinstance(r[k], float) else r[k] for k in COLUMNS])
+    return buf.getvalue()
+
+
+#: Size of the sweep plot, pixels.
+PLOT_SIZE = (1200, 800)
+
+
+def plot(configs: list[dict], results: list[dict], title: str = "") -> bytes:
+    """PNG bytes: latency, energy and tile writes per configuration (three bar rows; a
+    configuration that breaks a constraint is hatched)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(PLOT_SIZE[0] / 100, PLOT_SIZE[1] / 100), dpi=100)
+    x = list(range(len(configs)))
+    for k, (key, lab, col) in enumerate((("latency_s", "latency (s)", "#1f77b4"),
+                                        ("energy_j", "energy (J)", "#ff7f0e"),
+                                        ("writes", "tile writes / inference", "#d62728"))):
+        ax = fig.add_subplot(3, 1, k + 1)
+        vals = [max(r[key], 0) if r[key] == r[key] else 0 for r in results]
+        bars = ax.bar(x, vals, color=col)
+        for b, r in zip(bars, results):
+            if r["violations"]:
+                b.set_hatch("//")
+        ax.set_ylabel(lab)
+        ax.set_xticks(x)
+        ax.set_xticklabels([label(c) for c in configs] if k == 2 else [""] * len(x), rotation=60,
+                           ha="right", fontsize=7)
+        if k == 0 and title:
+            ax.set_title(title + " (hatched: breaks a constraint)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write(out_dir, configs: list[dict], results: list[dict], title: str = "") -> list[Path]:
+    """Write ``sweep.csv`` and ``sweep.png`` into ``out_dir`` (atomically); returns the paths."""
+    from .report import _write_atomic
+
+    out = Path(out_dir)
+    files = {"sweep.csv": to_csv(configs, results).encode(), "sweep.png": plot(configs, results, title)}
+    try:
+        if out.exists() and not out.is_dir():
+            raise CinmError(f"sweep folder '{out_dir}' exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, data in files.items():
+            _write_atomic(out / name, data)
+            paths.append(out / name)
+    except OSError as e:
+        raise CinmError(f"cannot write the sweep into '{out_dir}': {e.strerror or e}") from None
+    return paths
