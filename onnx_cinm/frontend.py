@@ -160,12 +160,13 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
 
 
 def _check_shapes(model: onnx.ModelProto, path: str) -> None:
-    """No int64-overflowing shapes anywhere, no negative tensor dims, no zero-sized graph input.
+    """No int64-overflowing shapes anywhere and no negative tensor dims.
 
     A negative dim in a declared (value info) shape means "unknown", as some exporters write it.
+    A zero-sized dim is legal ONNX (an empty tensor; onnx's own suite has empty-set Reduce
+    cases) and is compiled, not refused.
     """
     graph = model.graph
-    initializers = {t.name for t in graph.initializer}
     declared = [("input", v) for v in graph.input] + [("output", v) for v in graph.output] + \
         [("value_info", v) for v in graph.value_info]
     for kind, value in declared:
@@ -176,9 +177,6 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if int(np.prod([max(d, 1) for d in static], dtype=object)) > _INT64_MAX:
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
-        if kind == "input" and value.name not in initializers and 0 in static:
-            raise CinmError(f"'{path}': graph input '{value.name}' has a zero-sized dimension "
-                            f"{dims}: it holds no data, so there is nothing to compile")
     for tensor in _iter_tensors(model):
         if any(d < 0 for d in tensor.dims) or \
                 int(np.prod([max(d, 1) for d in tensor.dims], dtype=object)) > _INT64_MAX:
@@ -273,7 +271,7 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>") -> None:
         input listed twice; a tensor written twice (or a graph input/initializer overwritten);
         a read of a tensor nobody produces; a graph output nobody produces or that is a graph
         input; a cycle; nodes out of topological order; a shape whose element count overflows
-        int64; a negative tensor dim; a zero-sized graph input dim.
+        int64; a negative tensor dim.
     """
     _check_opsets(model, label)
     _check_unknown_ops(model, label)

@@ -26,7 +26,8 @@ Transpose                       Transpose(perm)
 ==============================  =============================================================
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
-bookkeeping, not work for a device. Weights that are initializers are reshaped and transposed
+bookkeeping, not work for a device. Nor are ops with an empty operand or result (a static
+zero-sized dim): there is nothing to compute. Weights that are initializers are reshaped and transposed
 here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
@@ -90,6 +91,14 @@ class _Rewriter:
     def dtype_name(self, name: str) -> str | None:
         i = self.info(name)
         return None if i is None or i.dtype is None else np.dtype(i.dtype).name
+
+    def empty(self, names) -> bool:
+        """True when one of the tensors has a static zero-sized dim (it holds no elements)."""
+        for name in names:
+            i = self.info(name) if name else None
+            if i is not None and i.shape is not None and any(d == 0 for d in i.shape):
+                return True
+        return False
 
     def rank(self, name: str) -> int | None:
         i = self.info(name)
@@ -381,6 +390,8 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         if rule is not None and (only is None or node.op_type in only):
             if any(o in rw.shape_path for o in node.output):
                 result = "shape computation"
+            elif rw.empty(list(node.input) + list(node.output)):
+                result = "empty tensor (a zero-sized dim): no work for a device"
             else:
                 result = rule(rw, node)
         if isinstance(result, list):
