@@ -1,0 +1,101 @@
+"""The report: table, totals, PNG pictures and a self-contained HTML page naming every layer."""
+from __future__ import annotations
+
+import csv
+import io
+from html.parser import HTMLParser
+
+import onnx
+import pytest
+from PIL import Image
+
+from onnx_cinm import optimize, report
+from onnx_cinm.cli import main
+from onnx_cinm.dialects import cinm
+from onnx_cinm.examples import get_example
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.cells, self.imgs, self.tags = [], [], []
+        self._td = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "td":
+            self._td = True
+            self.cells.append("")
+        if tag == "img":
+            self.imgs.append(dict(attrs))
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self._td = False
+
+    def handle_data(self, data):
+        if self._td:
+            self.cells[-1] += data
+
+
+@pytest.fixture(scope="module")
+def lenet_opt():
+    return optimize(get_example("lenet"), check=0, host_roofline="nominal").model
+
+
+def test_report_files(lenet_opt, tmp_path):
+    res = report.write_report(lenet_opt, tmp_path / "rep", {"host_roofline": "nominal"}, title="lenet")
+    names = sorted(p.name for p in res["files"])
+    assert names == ["graph.png", "layers.csv", "report.html", "time_energy.png"]
+    for png in ("graph.png", "time_energy.png"):
+        with Image.open(tmp_path / "rep" / png) as im:
+            assert im.format == "PNG" and im.size == report.PNG_SIZE == (1200, 700)
+    import matplotlib.image as mpimg
+    assert mpimg.imread(str(tmp_path / "rep" / "graph.png")).shape[:2] == (700, 1200)
+
+    p = _Collect()
+    p.feed((tmp_path / "rep" / "report.html").read_text())
+    layer_names = [n.name for n in lenet_opt.graph.node]
+    for name in layer_names:
+        assert name in p.cells, name
+    assert len(p.imgs) == 2 and all(i["src"].startswith("data:image/png;base64,") for i in p.imgs)
+    assert "script" not in p.tags and not any(i["src"].startswith("http") for i in p.imgs)
+
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "rep" / "layers.csv").read_text())))
+    assert [r["layer"] for r in rows] == layer_names
+    # per-layer figures of crossbar and DPU kernels are their plan attributes
+    for node, row in zip(lenet_opt.graph.node, rows):
+        at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+        if "cim_latency_s" in at:
+            assert float(row["latency_s"]) == pytest.approx(at["cim_latency_s"], rel=1e-6)
+            assert int(row["writes"]) == at["cim_writes"] and row["device"] == "memristor"
+        if "cnm_energy_j" in at:
+            assert float(row["energy_j"]) == pytest.approx(at["cnm_energy_j"], rel=1e-6)
+    # host rows: the nominal roofline by hand, e.g. the first Transpose moves bytes only
+    t = res["totals"]
+    assert t["latency_s"] == pytest.approx(sum(float(r["latency_s"]) + float(r["transfer_s"]) for r in rows))
+    assert t["writes"] == sum(at.get("cim_writes", 0) for at in
+                              (cinm.node_attrs(n) for n in lenet_opt.graph.node if n.domain == cinm.DOMAIN))
+    text = report.table(res["rows"], t)
+    assert "total:" in text and "conv1/Gemm" in text
+
+
+def test_report_cli_and_optimize_report(tmp_path, capsys):
+    model = tmp_path / "l.onnx"
+    code = main(["optimize", "--example", "lenet", "-o", str(model), "--placement", "cost",
+                 "--host-roofline", "nominal", "--report", str(tmp_path / "r1"), "--check", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0 and (tmp_path / "r1" / "report.html").is_file()
+    assert "\r" not in err and "it/s" not in err and "pass/s" not in err  # no bar off a terminal
+    code = main(["report", str(model), "-o", str(tmp_path / "r2"), "--host-roofline", "nominal"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "total:" in out and (tmp_path / "r2" / "graph.png").is_file()
+    # default folder next to the model
+    assert main(["report", str(model), "-q"]) == 0 and (tmp_path / "l.report" / "layers.csv").is_file()
+    # bad input: one line, exit 1, nothing written
+    code = main(["report", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "r3")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and not (tmp_path / "r3").exists()
+    (tmp_path / "afile").write_text("x")
+    assert main(["report", str(model), "-o", str(tmp_path / "afile")]) == 1
+    assert (tmp_path / "afile").read_text() == "x"
