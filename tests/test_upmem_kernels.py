@@ -435,8 +435,10 @@ def test_device_supports_only_ops_with_a_kernel():
     ok = dev.supports(_op("Gemm", [("x", "float32", ("N", 8), False), ("w", "float32", (8, 3), True)],
                           [("y", "float32", ("N", 3))]))
     assert ok and "gemm kernel" in ok.reason
-    no = dev.supports(_op("PopCount", [("x", "uint32", (3,), False)], [("y", "int64", (3,))]))
-    assert not no and "no UPMEM kernel for cinm.PopCount" in no.reason
+    no = dev.supports(_op("SimSearch", [("q", "float32", (2, 4), False), ("d", "float32", (9, 4), False)],
+                          [("v", "float32", (2, 3)), ("i", "int64", (2, 3))], {"k": 3}))
+    assert not no and "no UPMEM kernel for cinm.SimSearch" in no.reason
+    assert dev.supports(_op("PopCount", [("x", "uint32", (3,), False)], [("y", "int64", (3,))]))
     no = dev.supports(_op("Exp", [("x", "int32", (3,), False)], [("y", "int32", (3,))]))
     assert not no and "float32 only" in no.reason
     no = dev.supports(_op("Gemm", [("a", "int8", (3, 3), False), ("b", "int8", (3, 3), False)],
@@ -665,3 +667,14 @@ def test_narrow_integer_elementwise(tmp_path, dtype):
     with pytest.raises(ValueError, match="no UPMEM gemm kernel for dtype"):
         codegen.emit_kernel("gemm", dtype, [(2, 2), (2, 2)], dpus=1, tasklets=1, block_bytes=64,
                             outdir=tmp_path / "g")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("cfg", [(1, 1, 64, "one"), (7, 11, 512, "odd"), (64, 16, 64, "small")])
+def test_popcount(tmp_path, dtype, cfg):
+    rng = np.random.default_rng(23)
+    n = _size(cfg[3], 1001)
+    x = rng.integers(0, 2, n).astype(bool) if dtype == "bool" else \
+        rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+    (y,), _ = _run(tmp_path, "popcount", dtype, [x.shape], cfg, [x])
+    np.testing.assert_array_equal(y, [bin(int(v)).count("1") for v in x.astype(np.uint64)])

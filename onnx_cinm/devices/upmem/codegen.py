@@ -34,6 +34,7 @@ scan        CumSum along ``axis`` (exclusive, reverse), scan-scan-add over DPUs 
 transpose   permutations that swap two adjacent groups of axes (tiled in WRAM)        [TRNS]
 topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index)
 im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
+popcount    set bits per element (cinm PopCount: bool/uint8/16/32/64 -> int64)
 =========== ================================================================================
 
 dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU); the
@@ -66,7 +67,7 @@ SMALL_CTYPES = {"int8": ("int8_t", "uint32_t"), "uint8": ("uint8_t", "uint32_t")
                 "int16": ("int16_t", "uint32_t"), "uint16": ("uint16_t", "uint32_t")}
 ELEMENTWISE_DTYPES = DTYPES + tuple(SMALL_CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
-         "transpose", "topk", "im2col")
+         "transpose", "topk", "im2col", "popcount")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
 #: float32 ops computed in software double (a DPU has no libm): C expression, doc
 TRANSCENDENTAL = {
@@ -146,11 +147,11 @@ class _K:
 
     @property
     def ctype(self) -> str:
-        return {**CTYPES, **SMALL_CTYPES}[self.dtype][0]
+        return {**CTYPES, **SMALL_CTYPES, "bool": ("uint8_t", "uint32_t")}[self.dtype][0]
 
     @property
     def utype(self) -> str:
-        return {**CTYPES, **SMALL_CTYPES}[self.dtype][1]
+        return {**CTYPES, **SMALL_CTYPES, "bool": ("uint8_t", "uint32_t")}[self.dtype][1]
 
     @property
     def esize(self) -> int:
@@ -343,6 +344,8 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
 def _check_dtype(dtype: str, kind: str = "") -> str:
     dtype = np.dtype(dtype).name
     ok = ELEMENTWISE_DTYPES if kind in ("binary", "unary") else DTYPES
+    if kind == "popcount":
+        ok = ("bool", "uint8", "uint16", "uint32", "uint64")
     if dtype not in ok:
         raise ValueError(f"no UPMEM {kind} kernel for dtype {dtype}; supported: {', '.join(ok)}")
     return dtype
@@ -628,7 +631,8 @@ def _transpose_groups(perm) -> tuple | None:
 
 FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv": "gemm",
           "mlp": "gemm", "reduce": "reduce", "histogram": "histogram", "compress": "compress",
-          "scan": "scan", "transpose": "transpose", "topk": "topk", "im2col": "im2col"}
+          "scan": "scan", "transpose": "transpose", "topk": "topk", "im2col": "im2col",
+          "popcount": "popcount"}
 
 
 def kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
@@ -717,6 +721,9 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         if 8 // math.gcd(8, run) * run > 2048:
             raise ValueError(f"trailing run of {run} bytes is too long for one DMA")
         return "transpose", dtype, shapes, {"perm": perm}
+    if t == "PopCount":
+        need_dtype(dtype, ("bool", "uint8", "uint16", "uint32", "uint64"))
+        return "popcount", dtype, shapes, {}
     if t == "Im2Col":
         need_dtype(dtype)
         ks = list(a.get("kernel_shape", []))
@@ -1020,3 +1027,22 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
                                         "pads": list(params["pads"]),
                                         "dilations": list(params["dilations"]),
                                         "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# popcount
+
+
+def _emit_popcount(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    (shape,) = shapes
+    es = np.dtype(dtype).itemsize
+    per = 8 // math.gcd(8, es)
+    n = math.prod(shape)
+    cap = max(per, _round_up(_ceil(n, dpus), per))
+    _check_mram(cap * (es + 8), f"popcount of {n} elements on {dpus} DPUs")
+    # buffers: a block of X and its int64 counts (8 / sizeof(T) times as large)
+    blk = _fit_block(block, tasklets, 1 + 8 / es, cap=cap * es)
+    ins = _inputs(["X"], shapes, [dtype], consts, outdir)
+    k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", shape, "int64")],
+           dict(n=n, cap=cap, y_off=cap * es, instr=16))
+    return _write(outdir, "popcount", k, {})
