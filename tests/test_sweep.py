@@ -1,0 +1,88 @@
+"""Sweeps: 12 configurations of light ResNet50, in local worker processes and on a Dask cluster."""
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from onnx_cinm import optimize, sweep
+from onnx_cinm.cli import main
+from onnx_cinm.dialects import cinm
+from onnx_cinm.errors import CinmError
+
+SETS = ["crossbar.size=32x32,64x64,128x128", "crossbar.count=4,16,64,256"]
+COMMON = ["--placement", "cost", "--objective", "energy", "--host-roofline", "nominal", "-q"]
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _check(rows):
+    assert len(rows) == 12
+    combos = [(r["crossbar.size"], r["crossbar.count"]) for r in rows]
+    assert combos == [(s, c) for s in ("32x32", "64x64", "128x128") for c in ("4", "16", "64", "256")]
+    for r in rows:
+        assert math.isfinite(float(r["latency_s"])) and float(r["energy_j"]) > 0
+        assert r["violations"] == ""   # cost placement keeps every budget
+
+
+@pytest.fixture(scope="module")
+def resnet(light_model_paths):
+    return str(light_model_paths["resnet50"])
+
+
+@pytest.fixture(scope="module")
+def local_rows(resnet, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep_local")
+    argv = ["sweep", resnet, *sum((["--set", s] for s in SETS), []), "-o", str(out),
+            "--workers", "2", *COMMON]
+    assert main(argv) == 0
+    assert (out / "sweep.png").stat().st_size > 0
+    return _rows(out / "sweep.csv")
+
+
+def test_local_sweep(local_rows, resnet):
+    _check(local_rows)
+    # one configuration compiled directly: its plans' tile writes are the row's writes
+    r = optimize(resnet, placement="cost", objective="energy", host_roofline="nominal", check=0,
+                 device_options={"cim_rows": 128, "cim_cols": 128, "cim_crossbars": 64})
+    writes = sum(cinm.node_attrs(n).get("cim_writes", 0) for n in r.model.graph.node if n.domain == cinm.DOMAIN)
+    row = next(x for x in local_rows if x["crossbar.size"] == "128x128" and x["crossbar.count"] == "64")
+    assert int(row["writes"]) == writes
+    # more crossbars never make the energy-optimal placement worse (a superset of choices)
+    for size in ("32x32", "64x64", "128x128"):
+        e = [float(x["energy_j"]) for x in local_rows if x["crossbar.size"] == size]
+        assert all(b <= a * (1 + 1e-9) for a, b in zip(e, e[1:])), (size, e)
+
+
+def test_dask_sweep_matches_local(local_rows, resnet, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster:
+        argv = ["sweep", resnet, *sum((["--set", s] for s in SETS), []), "-o", str(tmp_path),
+                "--executor", "dask", "--scheduler", cluster.scheduler_address, *COMMON]
+        assert main(argv) == 0
+    rows = _rows(tmp_path / "sweep.csv")
+    _check(rows)
+    for a, b in zip(rows, local_rows):
+        assert float(a["energy_j"]) == pytest.approx(float(b["energy_j"]), rel=1e-12)
+        assert a["writes"] == b["writes"] and a["devices"] == b["devices"]
+
+
+def test_bad_sweeps(tmp_path, capsys):
+    with pytest.raises(CinmError, match="unknown sweep key"):
+        sweep.parse_sets(["crossbar.colour=red"])
+    with pytest.raises(CinmError, match="ROWSxCOLS"):
+        sweep.parse_sets(["crossbar.size=64"])
+    with pytest.raises(CinmError, match="twice"):
+        sweep.parse_sets(["upmem.dpus=1", "upmem.dpus=2"])
+    assert len(sweep.configurations(sweep.parse_sets(["upmem.dpus=1,2,3", "crossbar.count=4,8"]))) == 6
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "x.onnx", "--set", "upmem.tasklets=99", "-o", str(tmp_path / "s")])
+    assert e.value.code == 2 and not (tmp_path / "s").exists()
+    capsys.readouterr()
+    assert main(["sweep", str(tmp_path / "none.onnx"), "--set", "upmem.dpus=1", "-o", str(tmp_path / "s")]) == 1
+    assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "s").exists()
