@@ -436,8 +436,13 @@ def test_device_supports_only_ops_with_a_kernel():
                           [("y", "float32", ("N", 3))]))
     assert ok and "gemm kernel" in ok.reason
     no = dev.supports(_op("SimSearch", [("q", "float32", (2, 4), False), ("d", "float32", (9, 4), False)],
-                          [("v", "float32", (2, 3)), ("i", "int64", (2, 3))], {"k": 3}))
-    assert not no and "no UPMEM kernel for cinm.SimSearch" in no.reason
+                          [("v", "float32", (2, 3)), ("i", "int64", (2, 3))], {"k": 12}))
+    assert not no and "k=12" in no.reason
+    no = dev.supports(_op("Im2Col", [("x", "float32", (1, 1, 4, 4, 4), False)],
+                          [("y", "float32", (1, 2, 2, 2, 8))],
+                          {"kernel_shape": [2, 2, 2], "strides": [1, 1, 1], "pads": [0] * 6,
+                           "dilations": [1, 1, 1]}))
+    assert not no and "3-D" in no.reason
     assert dev.supports(_op("PopCount", [("x", "uint32", (3,), False)], [("y", "int64", (3,))]))
     no = dev.supports(_op("Exp", [("x", "int32", (3,), False)], [("y", "int32", (3,))]))
     assert not no and "float32 only" in no.reason
@@ -678,3 +683,31 @@ def test_popcount(tmp_path, dtype, cfg):
         rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
     (y,), _ = _run(tmp_path, "popcount", dtype, [x.shape], cfg, [x])
     np.testing.assert_array_equal(y, [bin(int(v)).count("1") for v in x.astype(np.uint64)])
+
+
+def _simsearch_ref(q, d, k, metric):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from onnx_cinm.dialects import cinm
+
+    node = cinm.make_node("SimSearch", ["q", "d"], ["v", "i"], k=k, metric=metric)
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([node], "g", [vi("q", TensorProto.FLOAT, list(q.shape)), vi("d", TensorProto.FLOAT, list(d.shape))],
+                          [vi("v", TensorProto.FLOAT, None), vi("i", TensorProto.INT64, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    cinm.attach_functions(m)
+    return ort.InferenceSession(m.SerializeToString()).run(None, {"q": q, "d": d})
+
+
+@pytest.mark.parametrize("metric", ["dot", "cos"])
+@pytest.mark.parametrize("cfg,dims", [((512, 1, 64, "one"), (1, 1, 1, 1)), ((7, 11, 256, "odd"), (3, 100, 17, 5)),
+                                      ((64, 16, 256, "odd"), (20, 37, 700, 4))])
+def test_simsearch(tmp_path, metric, cfg, dims):
+    nq, nd, dim, k = dims
+    rng = np.random.default_rng(24)
+    q, d = _signed(rng, (nq, dim), "float32", 1), _signed(rng, (nd, dim), "float32", 1)
+    (v, i), _ = _run(tmp_path, "simsearch", "float32", [q.shape, d.shape], cfg, [q, d], k=k, metric=metric)
+    rv, ri = _simsearch_ref(q, d, k, metric)
+    np.testing.assert_allclose(v, rv, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(i, ri)

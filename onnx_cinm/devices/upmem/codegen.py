@@ -35,6 +35,7 @@ transpose   permutations that swap two adjacent groups of axes (tiled in WRAM)  
 topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index)
 im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
 popcount    set bits per element (cinm PopCount: bool/uint8/16/32/64 -> int64)
+simsearch   top-k rows of D by dot product or cosine for each query (cinm SimSearch, float32)
 =========== ================================================================================
 
 dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU); the
@@ -67,7 +68,7 @@ SMALL_CTYPES = {"int8": ("int8_t", "uint32_t"), "uint8": ("uint8_t", "uint32_t")
                 "int16": ("int16_t", "uint32_t"), "uint16": ("uint16_t", "uint32_t")}
 ELEMENTWISE_DTYPES = DTYPES + tuple(SMALL_CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
-         "transpose", "topk", "im2col", "popcount")
+         "transpose", "topk", "im2col", "popcount", "simsearch")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
 #: float32 ops computed in software double (a DPU has no libm): C expression, doc
 TRANSCENDENTAL = {
@@ -632,7 +633,7 @@ def _transpose_groups(perm) -> tuple | None:
 FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv": "gemm",
           "mlp": "gemm", "reduce": "reduce", "histogram": "histogram", "compress": "compress",
           "scan": "scan", "transpose": "transpose", "topk": "topk", "im2col": "im2col",
-          "popcount": "popcount"}
+          "popcount": "popcount", "simsearch": "simsearch"}
 
 
 def kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
@@ -721,6 +722,12 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         if 8 // math.gcd(8, run) * run > 2048:
             raise ValueError(f"trailing run of {run} bytes is too long for one DMA")
         return "transpose", dtype, shapes, {"perm": perm}
+    if t == "SimSearch":
+        need_dtype(dtype, ("float32",))
+        kk, nd = int(a["k"]), shapes[1][0]
+        if not 1 <= kk <= min(nd, 256):
+            raise ValueError(f"SimSearch k={kk} must be in 1..min(rows of D, 256)")
+        return "simsearch", dtype, shapes, {"k": kk, "metric": _attr(a, "metric", "dot")}
     if t == "PopCount":
         need_dtype(dtype, ("bool", "uint8", "uint16", "uint32", "uint64"))
         return "popcount", dtype, shapes, {}
@@ -1046,3 +1053,39 @@ def _emit_popcount(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, p
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", shape, "int64")],
            dict(n=n, cap=cap, y_off=cap * es, instr=16))
     return _write(outdir, "popcount", k, {})
+
+
+# ----------------------------------------------------------------------------------------------
+# simsearch
+
+
+def _emit_simsearch(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    if dtype != "float32" or len(shapes) != 2 or len(shapes[0]) != 2 or len(shapes[1]) != 2 \
+            or shapes[0][1] != shapes[1][1]:
+        raise ValueError(f"simsearch: float32 Q[Nq, d] and D[Nd, d], got {dtype} {shapes}")
+    metric = params.get("metric", "dot")
+    if metric not in ("dot", "cos"):
+        raise ValueError(f"simsearch: metric must be dot or cos, got {metric!r}")
+    (NQ, DIM), (ND, _) = shapes
+    kk = int(params["k"])
+    if not 1 <= kk <= min(ND, 256):
+        raise ValueError(f"simsearch: k={kk} must be in 1..min({ND}, 256)")
+    es = 4
+    per = 2
+    DIM_pad = _round_up(DIM, per)
+    KP = _round_up(kk, per)
+    ND_cap = max(1, _ceil(ND, dpus))
+    used = _ceil(ND, ND_cap)
+    q_off = ND_cap * DIM_pad * es
+    v_off = q_off + NQ * DIM_pad * es
+    i_off = v_off + NQ * KP * es
+    _check_mram(i_off + NQ * KP * 8, f"simsearch {shapes} on {dpus} DPUs")
+    tasklets = _max_tasklets(tasklets, KP * (es + 8) + 2 * 8)
+    blk = _fit_block(block, tasklets, 2, fixed=tasklets * KP * (es + 8), cap=DIM_pad * es)
+    ins = _inputs(["Q", "D"], shapes, [dtype] * 2, consts, outdir)
+    mac = instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add") - 5
+    k = _K(kind, dtype, used, tasklets, blk, ins,
+           [_Tensor("values", (NQ, kk), dtype), _Tensor("indices", (NQ, kk), "int64")],
+           dict(NQ=NQ, ND=ND, DIM=DIM, DIM_pad=DIM_pad, ND_cap=ND_cap, k=kk, KP=KP, q_off=q_off,
+                v_off=v_off, i_off=i_off, metric=metric, instr=mac))
+    return _write(outdir, "simsearch", k, {"k": kk, "metric": metric, "dpus_requested": dpus})
