@@ -728,6 +728,13 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         if not 1 <= kk <= min(nd, 256):
             raise ValueError(f"SimSearch k={kk} must be in 1..min(rows of D, 256)")
         return "simsearch", dtype, shapes, {"k": kk, "metric": _attr(a, "metric", "dot")}
+    if t in ("Compress", "Select"):  # ONNX Compress (1-D data, or no axis): no cinm op yet
+        need_dtype(dtype)
+        if len(ins) != 2 or (a.get("axis") is not None and len(shapes[0]) != 1):
+            raise ValueError("Compress kernel: 1-D data (or no axis) and a mask")
+        if math.prod(shapes[1]) != math.prod(shapes[0]):
+            raise ValueError("Compress kernel: the mask must have one entry per element")
+        return "compress", dtype, shapes, {}
     if t == "PopCount":
         need_dtype(dtype, ("bool", "uint8", "uint16", "uint32", "uint64"))
         return "popcount", dtype, shapes, {}
