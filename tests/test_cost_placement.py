@@ -247,3 +247,24 @@ def test_cli_cost_placement_and_bad_input(tmp_path, capsys):
     assert not (tmp_path / "x.onnx").exists()
     with pytest.raises(CinmError, match="unknown placement constraint"):
         optimize(get_example("lenet"), placement="cost", constraints={"max_writes": 1}, check=0)
+
+
+def test_benchmark_json_records():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "placement.py"
+    p = subprocess.run([sys.executable, str(script), "--models", "digits", "--json",
+                        "--host-roofline", "nominal"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(p.stdout)
+    assert [(r["strategy"], r["objective"]) for r in recs] == [
+        ("all-host", ""), ("heuristic", ""), ("cost", "latency"), ("cost", "energy"), ("cost", "edp")]
+    assert set(recs[0]) == {"model", "strategy", "objective", "latency_s", "energy_j", "writes",
+                            "transfers_bytes", "violations"}
+    by = {(r["strategy"], r["objective"]): r for r in recs}
+    for obj, f in (("latency", lambda r: r["latency_s"]), ("energy", lambda r: r["energy_j"]),
+                   ("edp", lambda r: r["latency_s"] * r["energy_j"])):
+        assert f(by[("cost", obj)]) <= min(f(by[("all-host", "")]), f(by[("heuristic", "")])) * (1 + 1e-9)
+        assert not by[("cost", obj)]["violations"]

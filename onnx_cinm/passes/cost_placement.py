@@ -727,9 +727,12 @@ def solve(prob: Problem, objective: str) -> Solution:
     else:
         weights = [(1.0, 0.0) if objective == "latency" else (0.0, 1.0)]
     chain = True
+    dp_feasible = True
     for k, w in enumerate(weights):
         a, chain = chain_dp(prob, w)
-        a = repair(prob, a, objective, w)
+        if violations(prob, evaluate(prob, a)):
+            dp_feasible = False
+            a = repair(prob, a, objective, w)
         starts[f"dp{k}"] = a
     results = {}
     for name, a in starts.items():
@@ -745,8 +748,10 @@ def solve(prob: Problem, objective: str) -> Solution:
     best_name = min(results, key=lambda n: results[n][0])
     _, assign, tot = results[best_name]
     dp_best = min((results[n][0] for n in results if n.startswith("dp")), default=math.inf)
-    exact = chain and objective != "edp" and math.isclose(dp_best, results[best_name][0], rel_tol=1e-9) \
-        and prob.constraints.max_writes_per_cell is None
+    # the DP is exact on a chain when its own result needed no repair (the endurance budget is
+    # not part of its state) and nothing better turned up elsewhere
+    exact = chain and dp_feasible and objective != "edp" and \
+        math.isclose(dp_best, results[best_name][0], rel_tol=1e-9)
     if exact:
         method = "exact dynamic program (the cinm ops form a chain)"
     else:

@@ -1,0 +1,173 @@
+"""Placement strategies side by side: modeled latency and energy of all-host, the paper heuristic
+and cost placement (latency, energy, EDP objectives) on light ResNet50, PP-OCR det, the digits MLP
+and a PrIM-style workload mix.
+
+Every strategy is scored by one model (:func:`onnx_cinm.passes.cost_placement.evaluate_model`:
+the devices' cost functions, the host roofline, transfers, per inference), so the columns compare.
+``all-host`` is the heuristic with the hint ``*=host``. The PrIM mix is the sum of one run of
+each PrIM workload at PrIM's sizes (``models/prim_workloads.py``: VA, GEMV, RED, HST, SEL, SCAN,
+TRNS, MLP; int32), each placed on its own.
+
+Target (checked, printed per row): cost placement for an objective is never worse on that
+objective than the heuristic (when the heuristic keeps the constraints) or all-host, and never
+breaks a constraint. With the default pooled crossbar residency the heuristic usually breaks it
+(it keeps more tiles programmed than there are crossbars); ``--per-kernel-crossbars`` scores
+everything the way the per-kernel plans assume instead, where the heuristic is admissible.
+
+Usage::
+
+    python benchmarks/placement.py [--host-roofline nominal|GFLOPS,GBPS[,W]] [--json]
+        [--per-kernel-crossbars] [--models resnet50,ppocr_det,digits,prim_mix]
+
+``--json`` prints one JSON list of ``{model, strategy, objective, latency_s, energy_j, writes,
+transfers_bytes, violations}`` records instead of the table.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "models"))
+
+STRATEGIES = [("all-host", "heuristic", None), ("heuristic", "heuristic", None),
+              ("cost", "cost", "latency"), ("cost", "cost", "energy"), ("cost", "cost", "edp")]
+
+
+def _models(names: list[str]):
+    """(name, [cinm-level ModelProto, ...]) per model; a mix has several parts."""
+    from onnx_cinm import frontend
+    from onnx_cinm.sweep import cinm_level
+
+    for name in names:
+        if name == "resnet50":
+            path = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
+            yield name, [cinm_level(str(path))]
+        elif name == "ppocr_det":
+            spec = importlib.util.find_spec("rapidocr_onnxruntime")
+            if spec is None or not spec.submodule_search_locations:
+                print("ppocr_det skipped: pip install --no-deps rapidocr-onnxruntime==1.4.4", file=sys.stderr)
+                continue
+            path = Path(list(spec.submodule_search_locations)[0]) / "models" / "ch_PP-OCRv4_det_infer.onnx"
+            model = frontend.load_model(str(path))
+            yield name, [cinm_level(model, {model.graph.input[0].name: [1, 3, 320, 320]})]
+        elif name == "digits":
+            from onnx_cinm.examples.digits import build_digits_mlp
+
+            yield name, [cinm_level(build_digits_mlp().model)]
+        elif name == "prim_mix":
+            import prim_workloads
+
+            yield name, [cinm_level(prim_workloads.build(w, "int32", "prim")) for w in prim_workloads.NAMES]
+        else:
+            raise SystemExit(f"unknown model '{name}'")
+
+
+def _score(parts, strategy: str, objective: str | None, base: dict) -> dict:
+    from onnx_cinm.passes import PassContext, PassManager
+    from onnx_cinm.passes.cost_placement import evaluate_model
+
+    tot = {"latency_s": 0.0, "energy_j": 0.0, "writes": 0, "transfers_bytes": 0, "violations": []}
+    for part in parts:
+        m = onnx.ModelProto()
+        m.CopyFrom(part)
+        opts = dict(base, placement=strategy)
+        if objective:
+            opts["objective"] = objective
+        m = PassManager(pipeline=["placement"]).run(m, PassContext(options=opts))
+        t, bad, _ = evaluate_model(m, opts)
+        tot["latency_s"] += t.latency_s
+        tot["energy_j"] += t.energy_j
+        tot["writes"] += int(t.writes)
+        tot["transfers_bytes"] += int(t.transfer_bytes)
+        tot["violations"] += bad
+    return tot
+
+
+def run(names: list[str], base: dict) -> list[dict]:
+    """Records of every (model, strategy, objective)."""
+    records = []
+    for name, parts in _models(names):
+        for label, strategy, objective in STRATEGIES:
+            opts = dict(base)
+            if label == "all-host":
+                opts["place"] = [("*", "host")]
+            t0 = time.perf_counter()
+            r = _score(parts, strategy, objective, opts)
+            records.append({"model": name, "strategy": label, "objective": objective or "",
+                            **r, "seconds": time.perf_counter() - t0})
+    return records
+
+
+def verdicts(records: list[dict]) -> list[str]:
+    """One line per (model, objective) of cost placement: OK or MISS against the target."""
+    out = []
+    key = {"latency": "latency_s", "energy": "energy_j"}
+    for rec in records:
+        if rec["strategy"] != "cost":
+            continue
+        obj = rec["objective"]
+        f = (lambda r: r["latency_s"] * r["energy_j"]) if obj == "edp" else (lambda r, k=key[obj]: r[k])
+        others = [r for r in records if r["model"] == rec["model"] and r["strategy"] in ("all-host", "heuristic")]
+        ok = not rec["violations"]
+        for o in others:
+            if o["strategy"] == "heuristic" and o["violations"]:
+                continue  # an inadmissible baseline
+            ok = ok and f(rec) <= f(o) * (1 + 1e-9)
+        out.append(f"{rec['model']:10s} cost[{obj}]: {'OK' if ok else 'MISS'}")
+    return out
+
+
+def table(records: list[dict]) -> str:
+    head = (f"{'model':10s} {'strategy':10s} {'objective':9s} {'latency':>12s} {'energy':>12s} "
+            f"{'EDP (J s)':>11s} {'writes':>8s} {'moved':>10s}  constraints")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(f"{r['model']:10s} {r['strategy']:10s} {r['objective']:9s} "
+                     f"{r['latency_s'] * 1e3:9.3f} ms {r['energy_j'] * 1e3:9.2f} mJ "
+                     f"{r['latency_s'] * r['energy_j']:11.4g} {r['writes']:8d} "
+                     f"{r['transfers_bytes'] / 1e6:7.2f} MB  "
+                     + ("ok" if not r["violations"] else f"BREAKS {r['violations'][0]}"
+                        + (f" (+{len(r['violations']) - 1})" if len(r["violations"]) > 1 else "")))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,ppocr_det,digits,prim_mix")
+    ap.add_argument("--host-roofline", default=None,
+                    help="GFLOPS,GBPS[,W] or 'nominal' (default: measured on this machine, cached)")
+    ap.add_argument("--per-kernel-crossbars", action="store_true",
+                    help="score without pooled crossbar residency (the plans' own view)")
+    ap.add_argument("--json", action="store_true", help="print JSON records instead of the table")
+    args = ap.parse_args(argv)
+    base: dict = {"crossbar_residency": not args.per_kernel_crossbars}
+    if args.host_roofline:
+        base["host_roofline"] = args.host_roofline
+    from onnx_cinm import hostmodel
+
+    roof = hostmodel.get(args.host_roofline)
+    records = run(args.models.split(","), base)
+    if args.json:
+        print(json.dumps([{k: r[k] for k in ("model", "strategy", "objective", "latency_s", "energy_j",
+                                            "writes", "transfers_bytes", "violations")} for r in records],
+                         indent=1))
+        return 0
+    print(f"host roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s, {roof.bytes_per_s / 1e9:.1f} GB/s, "
+          f"{roof.power_w:g} W ({roof.source}); crossbar residency "
+          f"{'per kernel' if args.per_kernel_crossbars else 'pooled over the crossbars'}")
+    print(table(records))
+    print()
+    for line in verdicts(records):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
