@@ -597,14 +597,19 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
     return assign if not violations(prob, evaluate(prob, assign)) else host
 
 
+#: Most states the dynamic program keeps per op (device x kept tiles); beyond it the best ones
+#: are kept and the result is no longer claimed exact.
+MAX_DP_STATES = 4096
+
+
 def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     """Dynamic program over the decision ops in graph order minimizing ``w[0] * latency +
     w[1] * energy``, with kept crossbar tiles per device in the state (residency exact).
 
     Each tensor is charged at the last decision op touching it, with the previous decision op's
     device known and every other op on its own device if fixed, else taken as the host. On a chain
-    (every tensor touches at most two consecutive decision ops) this is the exact optimum.
-    Returns ``(assignment, is_chain)``.
+    (every tensor touches at most two consecutive decision ops) this is the exact optimum, unless
+    more than :data:`MAX_DP_STATES` states had to be pruned. Returns ``(assignment, exact)``.
     """
     dec = prob.decision
     pos = {i: k for k, i in enumerate(dec)}
@@ -669,6 +674,10 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 sk = ("host", res)
                 if sk not in nxt or val < nxt[sk][0]:
                     nxt[sk] = (val, (pdev, res), host)
+        if len(nxt) > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
+            keep = sorted(nxt, key=lambda sk: nxt[sk][0])[:MAX_DP_STATES]
+            nxt = {sk: nxt[sk] for sk in keep}
+            chain = False  # no longer a proof of optimality
         layers.append(nxt)
     assign: dict = {}
     if dec:
