@@ -170,7 +170,7 @@ class Choice:
 _CACHE: dict = {}
 _CACHE_MAX = 20000
 _SKIP_OPTS = {"place", "placement", "objective", "kernel_stem", "max_writes_per_cell",
-              "lifetime_inferences", "crossbar_residency", "progress"}
+              "lifetime_inferences", "crossbar_residency"}
 
 
 #: Option families that only one paradigm reads (so a crossbar option does not invalidate the
@@ -313,8 +313,7 @@ class Problem:
         return self.fixed.get(i) or assign[i]
 
 
-def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None,
-                  progress=None) -> Problem:
+def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -> Problem:
     """Collect candidates and tensors of ``model`` (cinm ops already created)."""
     infos = infos if infos is not None else tensor_infos(model)
     prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
@@ -348,8 +347,6 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None,
         prob.cands[i], prob.refused[i] = cands, refused
         if i not in prob.fixed:
             prob.decision.append(i)
-        if progress is not None:
-            progress(1)
     prob.unused_hints = [f"{p}={d}" for k, (p, d) in enumerate(hints) if k not in used_hints]
     # tensors
     const = {t.name for t in model.graph.initializer}
@@ -824,8 +821,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     if objective not in OBJECTIVES:
         raise CinmError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
     hints = list(options.get("place", []))
-    progress = options.get("progress")
-    prob = build_problem(model, options, hints, progress=progress)
+    prob = build_problem(model, options, hints)
     sol = solve(prob, objective)
     counts: Counter = Counter()
     for i, node in enumerate(prob.nodes):
