@@ -66,8 +66,10 @@ def _collect(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo]:
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
         shape = None
         if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                          for d in tt.shape.dim)
+            # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like a
+            # dim_param
+            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                          else (d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
     for name, (dtype, dims) in consts.items():
         infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), dims, True)

@@ -292,7 +292,7 @@ class InferenceSession:
                     raise CinmError(f"input '{vi.name}' has rank {a.ndim} {list(a.shape)}, the "
                                     f"model expects rank {len(dims)}")
                 for i, d in enumerate(dims):
-                    if d.HasField("dim_value") and d.dim_value != a.shape[i]:
+                    if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != a.shape[i]:
                         raise CinmError(f"input '{vi.name}' has shape {list(a.shape)}, the model "
                                         f"expects {_shape_text(vi)}")
             out[vi.name] = a

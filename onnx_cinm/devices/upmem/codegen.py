@@ -332,7 +332,8 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
     for i, (n, s, dt) in enumerate(zip(names, shapes, dtypes)):
         t = _Tensor(n, tuple(int(d) for d in s), dt)
         if consts and i in consts and consts[i] is not None:
-            arr = np.ascontiguousarray(np.asarray(consts[i], dtype=np.dtype(dt)))
+            # np.asarray(order="C"), not ascontiguousarray: that one turns a scalar into shape (1,)
+            arr = np.asarray(consts[i], dtype=np.dtype(dt), order="C")
             if arr.shape != t.shape:
                 raise ValueError(f"constant input {i} has shape {arr.shape}, expected {t.shape}")
             t.const = f"const{i}.bin"
@@ -693,6 +694,15 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         need_dtype(dtype)
         if t == "Gemm" and (len(shapes[0]) < 2 or len(shapes[1]) < 2):
             raise ValueError("Gemm with a 1-D operand")
+        # a symbolic reduction dim on one side is the other side's (not 1): A[.., K] B[.., K, N]
+        ka, kb = (-1, -2) if t == "Gemm" else (-1, 0)
+        sa, sb = ins[0].shape, ins[1].shape
+        a_known, b_known = isinstance(sa[ka], int) and sa[ka] >= 0, isinstance(sb[kb], int) and sb[kb] >= 0
+        if a_known != b_known:
+            k = sa[ka] if a_known else sb[kb]
+            shapes = [list(x) for x in shapes]
+            shapes[0][ka] = shapes[1][kb] = k
+            shapes = [tuple(x) for x in shapes]
         return ("gemm" if t == "Gemm" else "gemv"), dtype, shapes, {}
     if t in ("Reduce", "MergePartial"):
         need_dtype(dtype)
