@@ -159,3 +159,37 @@ def test_numpy_im2col_matches_the_reference_body(shape, k, s, p, d, dtype):
     x = (np.random.default_rng(0).standard_normal(shape) * 10).astype(dtype)
     (ref,) = run_onnxruntime(m, {"x": x})
     np.testing.assert_array_equal(im2col(x, k, s, p, d), ref)
+
+
+def _without_softmax(model):
+    """The light CNNs' logits are equal and huge; their softmax turns one ulp into a one-hot
+    output (see test_crossbar_golden.py), so compare the logits."""
+    out = model.graph.output[0]
+    (last,) = [n for n in model.graph.node if out.name in n.output]
+    if last.op_type == "Softmax":
+        model.graph.node.remove(last)
+        out.name = last.input[0]
+    return model
+
+
+@pytest.mark.parametrize("which", ["digits", "squeezenet"])
+def test_upmem_emulate_mode_with_crossbars_and_host(which, digits_mlp, light_model_paths, tmp_path):
+    """The paper's heterogeneous execution for real: crossbar nodes in the simulator, UPMEM
+    nodes as generated C in the emulator, the rest in onnxruntime, in one inference."""
+    if which == "digits":
+        original = digits_mlp[0]
+        feeds = {"X": digits_mlp[1][:64].astype(np.float32)}
+    else:
+        path = next(p for k, p in light_model_paths.items() if "squeezenet" in k)
+        original = _without_softmax(onnx.load(str(path)))
+        feeds = random_inputs(original, seed=0)
+    res = optimize(original, check=0)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    got = sess.run(None, feeds)
+    for r, g in zip(run_onnxruntime(original, feeds), got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    modes = {(r["device"], r["mode"]) for r in sess.profile()}
+    assert ("upmem", "emulate") in modes and ("memristor", "simulate") in modes
+    emu = [r for r in sess.profile() if r["mode"] == "emulate"]
+    assert all(r["latency_s"] and r["latency_s"] > 0 for r in emu)
