@@ -67,31 +67,39 @@ class OptimizeResult:
         return "\n".join(lines)
 
     def crossbar_table(self) -> str:
-        """Per crossbar kernel: tiles, tile writes (at load / per inference), MVMs, modeled
-        latency and energy per inference (OCC cost model); then the totals. Empty if none."""
+        """Per crossbar kernel: crossbars used (``s``: shared with other kernels), tiles, tile
+        writes (at load / per inference), MVMs, modeled latency and energy per inference (OCC
+        cost model); then the totals. Empty if there is no crossbar kernel."""
         plans = self.stats.get("cim_tiling", {}).get("plans", [])
         if not plans:
             return ""
-        head = (f"{'crossbar kernel':34s} {'operand':>7s} {'M x K x N':>20s} {'tiles':>6s} "
-                f"{'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} {'latency':>10s} {'energy':>10s}")
+        head = (f"{'crossbar kernel':30s} {'operand':>7s} {'M x K x N':>18s} {'xbars':>5s} "
+                f"{'tiles':>6s} {'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} "
+                f"{'latency':>10s} {'energy':>10s}")
         rows = [head, "-" * len(head)]
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
         for name, _op, _dev, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
-            rows.append(f"{name[:34]:34s} {a['cim_operand']:>7s} {mkn:>20s} {a['cim_tiles']:>6d} "
-                        f"{a['cim_writes_load']:>11d} {a['cim_writes']:>10d} {a['cim_mvms']:>9d} "
-                        f"{_si(a['cim_latency_s']) + 's':>10s} {_si(a['cim_energy_j']) + 'J':>10s}")
+            xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
+            rows.append(f"{name[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
+                        f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
+                        f"{a['cim_mvms']:>9d} {_si(a['cim_latency_s']) + 's':>10s} "
+                        f"{_si(a['cim_energy_j']) + 'J':>10s}")
             for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
                            ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
                 tot[k] += a[key]
         rows.append("-" * len(head))
-        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':34s} {'':>7s} {'':>20s} {tot['tiles']:>6d} "
-                    f"{tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
+        # crossbars in use: each resident kernel's own, plus the streaming pool once
+        pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
+        used = sum(a["cim_crossbars"] for *_, a in plans if a["cim_resident"]) + max(pool, default=0)
+        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':30s} {'':>7s} {'':>18s} {used:>5d} "
+                    f"{tot['tiles']:>6d} {tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
                     f"{_si(tot['lat']) + 's':>10s} {_si(tot['en']) + 'J':>10s}")
         a0 = plans[0][3]
-        rows.append(f"({a0['cim_crossbars']} crossbars of {a0['cim_rows']}x{a0['cim_cols']}, "
-                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; latency and energy per "
-                    "inference, kernels run one after another)")
+        rows.append(f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
+                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
+                    "their tiles, the others stream through the rest ('s': evicted by each other); "
+                    "latency and energy per inference, kernels one after another)")
         return "\n".join(rows)
 
 

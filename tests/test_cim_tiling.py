@@ -185,15 +185,60 @@ def test_cli_report_and_loop_order(tmp_path, capsys):
     assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
-    # T = 4*3 = 12 > P=4: 4 writes at load, 8 per inference, MVMs 8*12 = 96
-    assert row.split()[3:7] == ["12", "4", "8", "96"]
+    # one kernel alone on P=4 crossbars; T = 4*3 = 12 > 4: 4 writes at load, 8 per inference,
+    # MVMs 8*12 = 96
+    assert row.split()[3:8] == ["4", "12", "4", "8", "96"]
     assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor",
                  "--cim-loop-order", "naive", "--cim-crossbars", "2", "--cim-size", "128x128"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
     # 128x128: Kt=2, Nt=2, T=4; naive: 8*2*2 = 32 writes per inference, none at load
-    assert row.split()[3:7] == ["4", "0", "32", "32"]
-    assert "2 crossbars of 128x128, naive order" in text
+    assert row.split()[3:8] == ["2", "4", "0", "32", "32"]
+    assert "crossbars of 128x128 shared by the model, naive order" in text
     with pytest.raises(SystemExit) as exc:
         main(["optimize", str(src), "-o", str(out), "--cim-size", "64"])
     assert exc.value.code == 2
+
+
+def _chain(M, dims, seed=0):
+    """X[M, dims[0]] @ W0[dims[0], dims[1]] @ W1[dims[1], dims[2]] ..., constant weights."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, cur = [], [], "X"
+    for i, (k, n) in enumerate(zip(dims[:-1], dims[1:])):
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", [cur, f"W{i}"], [f"Y{i}"], name=f"mm{i}"))
+        cur = f"Y{i}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [M, dims[0]])],
+                          [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [M, dims[-1]])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# dims -> per kernel (tiles, writes at load, writes per inference, crossbars, shared), P = 4
+SHARING = [
+    # tiles 1 and 1*2 = 2: 3 <= 4, everything resident
+    ([64, 64, 128], [(1, 1, 0, 1, 0), (2, 2, 0, 2, 0)]),
+    # tiles 2, 2, 5 = 9 > 4: the most tiles fitting P-1 = 3 crossbars is one kernel of 2 (the
+    # first); the other two stream through the 2 left and evict each other: 2 and 5 per inference
+    ([64, 128, 64, 320], [(2, 2, 0, 2, 0), (2, 0, 2, 2, 1), (5, 0, 5, 2, 1)]),
+    # tiles 1 and 10: pin the 1; the 10 streams alone through 3 crossbars, serpentine: 3 at
+    # load, 10 - 3 = 7 per inference
+    ([64, 64, 640], [(1, 1, 0, 1, 0), (10, 3, 7, 3, 0)]),
+]
+
+
+@pytest.mark.parametrize("dims,expected", SHARING)
+def test_kernels_share_the_crossbars(tmp_path, dims, expected):
+    model = _chain(8, dims)
+    res = optimize(model, place=[("mm*", "memristor")])
+    plans = [a for *_, a in res.stats["cim_tiling"]["plans"]]
+    got = [(a["cim_tiles"], a["cim_writes_load"], a["cim_writes"], a["cim_crossbars"],
+            a["cim_shared"]) for a in plans]
+    assert got == expected
+    feeds = random_inputs(model, seed=0)
+    (ref,) = run_onnxruntime(model, feeds)
+    outs, recs, sess = _run(tmp_path, res, feeds, runs=3)
+    np.testing.assert_allclose(outs[-1][0], ref, rtol=1e-4, atol=1e-4)
+    per_run = [sum(r["writes"] for r in recs if r["run"] == k) for k in range(3)]
+    assert per_run == [sum(e[2] for e in expected)] * 3
+    assert sum(r["writes"] for r in sess.load_profile()) == sum(e[1] for e in expected)

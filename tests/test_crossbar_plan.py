@@ -122,7 +122,10 @@ def test_benchmark_targets(capsys):
     recs = {r["kernel"]: r for r in mod.main(["--json", "--no-resnet"])}
     capsys.readouterr()
     for r in recs.values():
-        assert r["writes_opt"] == r["writes_lower_bound"]
+        if r["kernels"] == 1 or r["tiles"] <= 4:  # the bound is reached
+            assert r["writes_opt"] == r["writes_lower_bound"], r
+        else:  # kernels pinned whole: within P = 4 writes of the bound
+            assert r["writes_lower_bound"] <= r["writes_opt"] <= r["writes_lower_bound"] + 4, r
         assert r["writes_sim"] == r["writes_opt"]  # the simulator counted what the plan says
     for k in ("matmul_8x1024x256", "matmul_16x1024x128"):
         assert recs[k]["writes_naive"] >= 7 * recs[k]["writes_opt"]

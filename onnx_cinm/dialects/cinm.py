@@ -76,7 +76,8 @@ PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.
 #: written by ``cnm_mapping``.
 PLAN_ATTRS = {
     "cim_rows": AttributeProto.INT, "cim_cols": AttributeProto.INT,
-    "cim_crossbars": AttributeProto.INT, "cim_loop_order": AttributeProto.STRING,
+    "cim_crossbars": AttributeProto.INT, "cim_shared": AttributeProto.INT,
+    "cim_loop_order": AttributeProto.STRING,
     "cim_operand": AttributeProto.STRING, "cim_M": AttributeProto.INT,
     "cim_K": AttributeProto.INT, "cim_N": AttributeProto.INT, "cim_groups": AttributeProto.INT,
     "cim_tiles": AttributeProto.INT, "cim_resident": AttributeProto.INT,

@@ -242,7 +242,10 @@ def candidate(dev, op, options: dict) -> Choice | str:
     note = "" if s.preferred else s.reason
     if dev.paradigm == "cim" and hasattr(dev, "lower"):
         a = _cim_plan(dev, op, options)
-        kept, cap = int(a.get("cim_writes_load", 0)), int(a.get("cim_crossbars", 0))
+        # the kernel's own plan says what it keeps; the capacity is the device's crossbar count
+        # (``cim_crossbars`` of a plan is what that kernel uses, which may be fewer)
+        kept = int(a.get("cim_writes_load", 0))
+        cap = int(options.get("cim_crossbars") or getattr(dev.params, "crossbars", 0) or 0)
     elif dev.paradigm == "cnm":
         dpus = options.get("upmem_dpus") if dev.name == "upmem" else None
         dpus = dpus or getattr(dev.params, "dpus", 0)

@@ -43,7 +43,8 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
     """Lower every cinm node placed on a device of ``paradigm`` (in place).
 
     Each device's :meth:`lower` receives ``ctx.options`` plus ``"kernel_stem"`` (a unique,
-    file-safe stem for the node's kernel). Returns ``(model, stats)`` with ``stats = {"nodes":
+    file-safe stem for the node's kernel); a device with ``lower_all`` gets all its nodes at
+    once, in graph order, as ``[(OpInfo, options)]`` (crossbars shared by the whole model). Returns ``(model, stats)`` with ``stats = {"nodes":
     Counter by device, "plans": [(node name, op type, device, plan attrs)]}``.
 
     Raises:
@@ -52,6 +53,7 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
     """
     infos = None
     stats = {"nodes": Counter(), "plans": []}
+    by_device: dict[str, list] = {}
     for index, node in enumerate(model.graph.node):
         if node.domain != cinm.DOMAIN:
             continue
@@ -64,10 +66,17 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         if infos is None:
             infos = tensor_infos(model)
         opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
-        plan = dev.lower(op_info(node, infos), opts)
-        _set(node, plan)
-        stats["nodes"][dev_name] += 1
-        stats["plans"].append((node.name, node.op_type, dev_name, plan))
+        by_device.setdefault(dev_name, []).append((node, op_info(node, infos), opts))
+    for dev_name, items in by_device.items():
+        dev = devices.get_device(dev_name)
+        if hasattr(dev, "lower_all"):  # the device plans its nodes together (shared resources)
+            plans = dev.lower_all([(op, opts) for _, op, opts in items])
+        else:
+            plans = [dev.lower(op, opts) for _, op, opts in items]
+        for (node, _, _), plan in zip(items, plans):
+            _set(node, plan)
+            stats["nodes"][dev_name] += 1
+            stats["plans"].append((node.name, node.op_type, dev_name, plan))
     return model, stats
 
 

@@ -184,8 +184,11 @@ class MemristorDevice:
                              f"{tiles[pick]} tile writes per inference, the other "
                              f"{tiles['B' if pick == 'A' else 'A']}")
 
-    def plan(self, op: OpInfo, options: dict | None = None) -> tuple:
-        """``(CrossbarPlan, ProductView, params, programmed operand is constant, why)`` for ``op``.
+    def plan(self, op: OpInfo, options: dict | None = None, *, crossbars: int | None = None,
+             shared: bool = False) -> tuple:
+        """``(CrossbarPlan, ProductView, params, programmed operand is constant, why)`` for ``op``
+        alone on the device (or on ``crossbars`` of them, ``shared`` with other kernels: see
+        :meth:`lower_all`).
 
         Options: see :func:`params_from_options`, plus ``cim_loop_order`` (``weight_stationary``
         or ``naive``). Raises CinmError on bad options.
@@ -197,22 +200,74 @@ class MemristorDevice:
             raise CinmError(f"unknown crossbar loop order '{order}' (known: weight_stationary, naive)")
         operand, const, why = self._choose(op, params)
         v = self._view(op, operand)
-        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, order, groups=max(v.G, 1))
-        if not const:  # the programmed operand changes every inference: nothing stays resident
-            p = replace(p, resident=False, writes_load=0,
-                        writes_per_inference=p.writes_load + p.writes_per_inference,
-                        cell_writes_load=0,
-                        cell_writes_per_inference=p.cell_writes_load + p.cell_writes_per_inference)
+        # a programmed activation changes every inference: nothing can stay resident
+        shared = (shared or not const) and LOOP_ORDERS[order] == "weight_stationary"
+        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, order, groups=max(v.G, 1),
+                          crossbars=crossbars, shared=shared)
         return p, v, params, const, why
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
-        """Modeled cost of one steady-state inference of ``op`` (writes in whole tiles)."""
+        """Modeled cost of one steady-state inference of ``op`` alone on the device (writes in
+        whole tiles)."""
         p, _, params, _, _ = self.plan(op, options)
         return p.cost(params)
 
     def lower(self, op: OpInfo, options: dict) -> dict:
-        """The crossbar plan of ``op`` as ``cim_*`` node attributes plus ``kernel``."""
-        p, v, params, const, why = self.plan(op, options)
+        """The crossbar plan of ``op`` alone on the device, as node attributes (see
+        :meth:`lower_all`)."""
+        return self.lower_all([(op, options)])[0]
+
+    def lower_all(self, items: list) -> list[dict]:
+        """The plans of all the crossbar kernels of a model, which share the device's ``P``
+        crossbars; ``items`` is ``[(OpInfo, options)]`` in execution order. Returns one dict of
+        ``cim_*`` node attributes plus ``kernel`` per item.
+
+        Allocation (weight-stationary order):
+
+        - if every kernel's tiles fit together (``sum T_k <= P``), each kernel keeps its tiles
+          resident in crossbars of its own: all programmed once, at load, 0 writes per inference;
+        - otherwise whole kernels are pinned so that as many tiles as possible fit in ``P - 1``
+          crossbars (a 0/1 knapsack: every pinned tile saves one write per inference; one
+          crossbar must stay free for the rest); the other kernels stream through the
+          remaining ``P_s`` crossbars. If a single kernel streams, nothing else evicts its tiles
+          and it keeps the serpentine schedule (``T_k - P_s`` writes per inference); if several
+          do, each evicts the others' tiles, so each writes all its ``T_k`` tiles every
+          inference (``shared``). Kernels whose programmed operand is an activation always stream.
+
+        ``cim_crossbars`` is the number of crossbars the kernel uses; ``cim_shared`` says whether
+        other kernels use them too. The naive order never keeps tiles, so it needs no allocation.
+        Raises CinmError on bad options.
+        """
+        if not items:
+            return []
+        options = items[0][1]
+        params = params_from_options(options, self.params)
+        P = params.crossbars
+        alone = [self.plan(op, opts) for op, opts in items]
+        order = LOOP_ORDERS[alone[0][0].loop_order]
+        alloc: list[tuple[int | None, bool]] = [(None, False)] * len(items)
+        if order == "weight_stationary":
+            tiles = [a[0].tiles for a in alone]
+            const = [a[3] for a in alone]
+            if all(const) and sum(tiles) <= P:
+                alloc = [(t, False) for t in tiles]
+            else:
+                pinned = _pin(tiles, const, P - 1)
+                used = sum(tiles[i] for i in pinned)
+                stream = [i for i in range(len(items)) if i not in pinned]
+                for i in range(len(items)):
+                    if i in pinned:
+                        alloc[i] = (tiles[i], False)
+                    else:
+                        alloc[i] = (P - used, len(stream) > 1)
+        out = []
+        for (op, opts), (xbars, shared), a in zip(items, alloc, alone):
+            p, v, params, const, why = (a if xbars is None else
+                                        self.plan(op, opts, crossbars=xbars, shared=shared))
+            out.append(self._attrs(op, opts, p, v, params, const, why))
+        return out
+
+    def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)
         mode = options.get("cim_mode") or "ideal"
         from .nonideal import PRESETS as MODES
@@ -221,12 +276,13 @@ class MemristorDevice:
             raise CinmError(f"unknown crossbar mode '{mode}' (known: {', '.join(MODES)})")
         attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
-            "cim_loop_order": p.loop_order, "cim_operand": v.operand, "cim_M": p.M,
-            "cim_K": p.K, "cim_N": p.N, "cim_groups": p.groups, "cim_tiles": p.tiles,
-            "cim_resident": int(p.resident), "cim_writes_load": p.writes_load,
-            "cim_writes": p.writes_per_inference, "cim_mvms": p.mvms,
-            "cim_latency_s": float(c.latency_s), "cim_energy_j": float(c.energy_j),
-            "cim_mode": mode, "kernel": f"memristor/{options['kernel_stem']}.xbar",
+            "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
+            "cim_operand": v.operand, "cim_M": p.M, "cim_K": p.K, "cim_N": p.N,
+            "cim_groups": p.groups, "cim_tiles": p.tiles, "cim_resident": int(p.resident),
+            "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
+            "cim_mvms": p.mvms, "cim_latency_s": float(c.latency_s),
+            "cim_energy_j": float(c.energy_j), "cim_mode": mode,
+            "kernel": f"memristor/{options['kernel_stem']}.xbar",
         }
         if not const:  # the placement reason does not say which activation is programmed
             attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
@@ -239,7 +295,7 @@ class MemristorDevice:
         params = params_from_options(options, self.params)
         v = self._view(op, attrs["cim_operand"])
         p = schedule.plan(max(v.rows, 1), v.K, v.N, params, attrs["cim_loop_order"],
-                          groups=max(v.G, 1))
+                          groups=max(v.G, 1), shared=bool(attrs.get("cim_shared", 0)))
         return p, v, params
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
@@ -273,6 +329,21 @@ class MemristorDevice:
         from .kernel import CrossbarKernel
 
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {})
+
+
+def _pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
+    """Indices of the kernels to pin: the most tiles in at most ``capacity`` crossbars, whole
+    kernels with a constant programmed operand only (0/1 knapsack by dynamic programming over
+    the capacity; ties keep the earlier kernels)."""
+    best: list[tuple[int, tuple]] = [(0, ())] * (capacity + 1)
+    for i, (t, c) in enumerate(zip(tiles, const)):
+        if not c or t > capacity:
+            continue
+        for cap in range(capacity, t - 1, -1):
+            cand = best[cap - t][0] + t
+            if cand > best[cap][0]:
+                best[cap] = (cand, best[cap - t][1] + (i,))
+    return set(max(best, key=lambda b: b[0])[1])
 
 
 def _mode(attrs: dict) -> dict:

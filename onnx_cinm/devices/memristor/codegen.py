@@ -45,7 +45,7 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
     for j, t in enumerate(tiles):
         t["x"] = j % P
     rounds = [tiles[r:r + P] for r in range(0, len(tiles), P)]
-    return tiles[:P], rounds
+    return ([] if plan.shared else tiles[:P]), rounds
 
 
 def render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
@@ -62,8 +62,8 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
     cost = {k: repr(float(getattr(params, k))) for k in COST_KEYS}
     return _ENV.get_template("memristor/kernel.xbar.j2").render(
         version=FORMAT_VERSION, name=name, plan=plan, cost=cost, load=load, rounds=rounds,
-        order="fixed" if (naive or plan.resident) else "serpentine",
-        residency="off" if naive else "on", loop_rows=plan.m_block if naive else 0,
+        order="fixed" if (naive or plan.resident or plan.shared) else "serpentine",
+        residency="off" if (naive or plan.shared) else "on", loop_rows=plan.m_block if naive else 0,
         weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None,
         mode_lines=mode.header_items())
 

@@ -91,6 +91,9 @@ class CrossbarPlan:
             capacity-limited weight-stationary order, inferences alternate direction and the
             figure is the mean of a backward and a forward inference, rounded down).
         mvms, adc_conversions: per inference.
+        shared: the ``P`` crossbars are shared with other kernels of the model, which evict
+            this kernel's tiles between inferences: every tile is written every inference,
+            nothing at load (see :func:`plan`, ``shared=True``).
         rounds: barrier-delimited rounds per inference.
         write_rounds: rounds per inference in which at least one tile is written.
         round_rows: rows streamed per round (``M``, or ``m_block`` for naive).
@@ -120,11 +123,13 @@ class CrossbarPlan:
     rounds: int
     write_rounds: int
     itemsize: int = 4
+    shared: bool = False
 
     @property
     def writes_lower_bound(self) -> int:
-        """The fewest tile writes any schedule on ``P`` crossbars needs per steady inference."""
-        return max(0, self.tiles - self.crossbars)
+        """The fewest tile writes any schedule on ``P`` crossbars needs per steady inference
+        (``T`` when the crossbars are shared: the other kernels evict every tile)."""
+        return self.tiles if self.shared else max(0, self.tiles - self.crossbars)
 
     @property
     def writes_cold(self) -> int:
@@ -179,7 +184,7 @@ def tile_cells(K: int, N: int, rows: int, cols: int) -> list[int]:
 
 def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", *,
          groups: int = 1, m_block: int = 1, crossbars: int | None = None,
-         itemsize: int = 4) -> CrossbarPlan:
+         itemsize: int = 4, shared: bool = False) -> CrossbarPlan:
     """Plan ``[groups] x (M x K) @ (K x N)`` on the crossbars of ``params``.
 
     Args:
@@ -192,6 +197,9 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
             ``params.rows``: OCC's M tiling).
         crossbars: overrides ``params.crossbars`` (``P``).
         itemsize: bytes per element, for ``bytes_moved``.
+        shared: the crossbars are shared with other kernels (weight-stationary only): the tiles
+            are written every inference in ``ceil(T / P)`` rounds, none stays resident, nothing
+            is programmed at load: ``writes_per_inference = T``.
 
     Returns:
         A :class:`CrossbarPlan`; see the module docstring for every formula.
@@ -222,6 +230,10 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
                             rounds=groups * Mt * Nt * kr, write_rounds=groups * Mt * Nt * kr,
                             itemsize=itemsize)
     rounds = _ceil(T, P)
+    if shared:
+        return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, False,
+                            0, T, 0, sum(cells), mvms, adc, rounds=rounds, write_rounds=rounds,
+                            itemsize=itemsize, shared=True)
     if T <= P:
         return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, True,
                             T, 0, sum(cells), 0, mvms, adc, rounds=rounds, write_rounds=0,
