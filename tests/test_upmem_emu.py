@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -157,10 +158,57 @@ def test_globals_are_per_dpu_and_persist_mram_noinit_barriers_mutexes(tmp_path):
     assert tot["instructions"] == 24 * 10
     assert tot["barriers"] == 24 * 2
     assert c["launches"] == 2 and c["nr_dpus"] == 3 and c["nr_tasklets"] == 4
-    # per launch and DPU: DMA 4 x (77 + 8) + 4 x (61 + 8) = 616 cycles > compute max(10 x 11, 40)
-    assert c["kernel_cycles"] == pytest.approx(2 * 616)
+    # per launch and DPU, phases between barriers: before the first barrier nothing; the barrier
+    # 4 tasklets x 6 instructions x 11 = 264; then DMA 4 x (77 + 8) + 4 x (61 + 8) = 616 cycles >
+    # one tasklet's chain 10 x 11 + 85 + 69 = 264 > 40 instructions; the second barrier 264
+    assert c["kernel_cycles"] == pytest.approx(2 * (264 + 616 + 264))
+    assert c["per_dpu"][0]["sync_cycles"] == pytest.approx(2 * 2 * 264)
     assert c["per_dpu"][1]["tasklets"][3]["dma_reads"] == 2
     assert c["h2d_bytes"] == 3 * 8 + 3 * 128
+
+
+def test_cycles_count_barriers_and_serialized_critical_sections(tmp_path):
+    """Phases between barriers are costed like the cost model's kernel_cycles, barriers cost
+    T x 6 x 11 cycles, and critical sections of different tasklets serialize."""
+    dpu = """
+    BARRIER_INIT(bar, NR_TASKLETS);
+    MUTEX_INIT(lock);
+    __host uint64_t total;
+    int main(void) {
+        EMU_COUNT(50);
+        barrier_wait(&bar);
+        mutex_lock(lock);
+        total += 1;
+        EMU_COUNT(100);
+        mutex_unlock(lock);
+        EMU_COUNT(20);
+        return 0;
+    }
+    """
+    host = """
+    int main(int argc, char **argv) {
+        (void)argc;
+        struct dpu_set_t set;
+        DPU_ASSERT(dpu_alloc(1, NULL, &set));
+        DPU_ASSERT(dpu_load(set, argv[1], NULL));
+        DPU_ASSERT(dpu_launch(set, DPU_SYNCHRONOUS));
+        DPU_ASSERT(dpu_free(set));
+        return 0;
+    }
+    """
+    _, c = emu.run_program(_kernel(tmp_path, "cs", dpu, host, tasklets=16), [])
+    # phase 1: 16 x 50 = 800 instructions, one tasklet's chain 50 x 11 = 550 -> 800 cycles;
+    # barrier: 16 x 6 x 11 = 1056; phase 2: 16 critical sections of 100 instructions in a row at
+    # 11 cycles each = 17,600 (> 16 x 120 = 1,920 issued, > chain 120 x 11 = 1,320)
+    assert c["kernel_cycles"] == pytest.approx(800 + 1056 + 17600)
+    assert c["per_dpu"][0]["sync_cycles"] == pytest.approx(1056)
+
+
+def test_emulator_barrier_cost_is_the_mapping_constant():
+    src = (Path(emu.__file__).parent / "src" / "emu_host.c").read_text()
+    m = re.search(r"#define BARRIER_INSTR (\d+)", src)
+    from onnx_cinm.devices.upmem import mapping
+    assert m and int(m.group(1)) == mapping.BARRIER_INSTR
 
 
 def test_perfcounter_counts_instructions_and_modeled_cycles(tmp_path):

@@ -48,10 +48,15 @@
 #define DMA_ALPHA_WRITE 61.0
 #define DMA_BETA 0.5               /* cycles per byte */
 #define ISSUE_CYCLES 11            /* revolver pipeline: one issue per tasklet per 11 cycles */
+/* Instructions of one barrier_wait per tasklet; a barrier of T tasklets serializes on an atomic
+ * bit: T x BARRIER_INSTR x 11 cycles (an estimate; the same constant as
+ * onnx_cinm.devices.upmem.mapping.BARRIER_INSTR, checked by tests/test_upmem_emu.py). */
+#define BARRIER_INSTR 6
 #define FREQ_HZ 350e6              /* 2,556-DPU system (PrIM Table 1) */
 
 typedef struct {
     uint64_t dma_reads, dma_writes, read_bytes, write_bytes, instr, barriers;
+    uint64_t cs_instr; /* instructions counted while holding a mutex (critical sections) */
     double dma_cycles;
 } tstat_t;
 
@@ -59,6 +64,9 @@ typedef struct {
     tstat_t now;   /* since the start of the current launch */
     tstat_t total; /* over all launches */
     tstat_t pc_base;
+    tstat_t phase_base; /* `now` at the start of the current phase (between barriers) */
+    uint64_t lock_instr; /* `now.instr` when the tasklet took its mutex */
+    int locks;           /* mutexes held */
     int pc_mode;
 } tasklet_t;
 
@@ -70,6 +78,8 @@ typedef struct {
     void *xfer_buf;
     int xfer_set;
     double cycles;
+    double launch_cycles; /* cycles of the phases of the current launch closed so far */
+    double sync_cycles;   /* cycles spent in barriers, all launches */
     uint64_t launches;
     tasklet_t t[MAX_TASKLETS];
 } dpu_t;
@@ -277,6 +287,30 @@ void __emu_count(uint64_t n)
     if (t_tid >= 0 && g_cur) g_cur->t[t_tid].now.instr += n;
 }
 
+/* Close the current phase of DPU d (the work since the last barrier of all tasklets) and return
+ * its cycles, as onnx_cinm.devices.upmem.cost.kernel_cycles counts them: the largest of all
+ * instructions (the pipeline issues one per cycle), the slowest tasklet's chain (11 cycles per
+ * instruction plus its own DMA waits) and the DMA engine's busy cycles (one transfer at a time). */
+static double close_phase(dpu_t *d, uint32_t nt)
+{
+    double sum = 0, chain = 0, dma = 0, cs = 0;
+    for (uint32_t t = 0; t < nt; t++) {
+        tstat_t *n = &d->t[t].now, *b = &d->t[t].phase_base;
+        double di = (double)(n->instr - b->instr), dd = n->dma_cycles - b->dma_cycles;
+        double c = ISSUE_CYCLES * di + dd;
+        sum += di;
+        dma += dd;
+        cs += (double)(n->cs_instr - b->cs_instr);
+        if (c > chain) chain = c;
+        *b = *n;
+    }
+    /* critical sections of different tasklets serialize, each at one instruction per 11 cycles */
+    cs *= ISSUE_CYCLES;
+    double m = sum > chain ? sum : chain;
+    m = m > cs ? m : cs;
+    return m > dma ? m : dma;
+}
+
 static void block_or_deadlock(const char *what, const char *file, int line)
 {
     g_blocked++;
@@ -292,6 +326,12 @@ void __emu_barrier_wait(barrier_t *b, const char *file, int line)
     g_cur->t[t_tid].now.barriers++;
     uint32_t gen = b->generation;
     if (++b->waiting >= b->count) {
+        if (b->count == g_sys->nr_tasklets) {
+            /* every tasklet is here: the phase ends; the barrier itself serializes */
+            double sync = g_sys->nr_tasklets > 1 ? (double)g_sys->nr_tasklets * BARRIER_INSTR * ISSUE_CYCLES : 0;
+            g_cur->launch_cycles += close_phase(g_cur, g_sys->nr_tasklets) + sync;
+            g_cur->sync_cycles += sync;
+        }
         g_blocked -= b->waiting - 1; /* the released waiters are runnable from now on */
         b->waiting = 0;
         b->generation++;
@@ -309,6 +349,8 @@ void mutex_lock(mutex_id_t m)
     while (m->locked) pthread_cond_wait(&g_cond, &g_mtx); /* not deadlock-checked */
     m->locked = 1;
     m->owner = (uint32_t)t_tid;
+    tasklet_t *tk = &g_cur->t[t_tid];
+    if (tk->locks++ == 0) tk->lock_instr = tk->now.instr;
     pthread_mutex_unlock(&g_mtx);
 }
 
@@ -316,7 +358,12 @@ bool mutex_trylock(mutex_id_t m)
 {
     pthread_mutex_lock(&g_mtx);
     bool ok = !m->locked;
-    if (ok) { m->locked = 1; m->owner = (uint32_t)t_tid; }
+    if (ok) {
+        m->locked = 1;
+        m->owner = (uint32_t)t_tid;
+        tasklet_t *tk = &g_cur->t[t_tid];
+        if (tk->locks++ == 0) tk->lock_instr = tk->now.instr;
+    }
     pthread_mutex_unlock(&g_mtx);
     return ok;
 }
@@ -324,6 +371,8 @@ bool mutex_trylock(mutex_id_t m)
 void mutex_unlock(mutex_id_t m)
 {
     pthread_mutex_lock(&g_mtx);
+    tasklet_t *tk = &g_cur->t[t_tid];
+    if (tk->locks > 0 && --tk->locks == 0) tk->now.cs_instr += tk->now.instr - tk->lock_instr;
     m->locked = 0;
     pthread_cond_broadcast(&g_cond);
     pthread_mutex_unlock(&g_mtx);
@@ -647,27 +696,26 @@ dpu_error_t __emu_dpu_launch(struct dpu_set_t set, dpu_launch_policy_t policy, c
         dpu_t *d = &s->dpus[id];
         g_cur = d;
         g_cur_id = id;
-        for (uint32_t t = 0; t < s->nr_tasklets; t++) memset(&d->t[t].now, 0, sizeof(tstat_t));
+        for (uint32_t t = 0; t < s->nr_tasklets; t++) {
+            memset(&d->t[t].now, 0, sizeof(tstat_t));
+            memset(&d->t[t].phase_base, 0, sizeof(tstat_t));
+            d->t[t].locks = 0;
+        }
+        d->launch_cycles = 0;
         swap_image(s, d, 1);
         g_alive = s->nr_tasklets;
         g_blocked = 0;
         run_tasklets(s->nr_tasklets);
         swap_image(s, d, 0);
-        /* cycles of this launch: compute (max(issue limit of the busiest tasklet, one
-         * instruction per cycle for the pipeline)) overlapped with the DMA engine */
-        double sum_i = 0, max_i = 0, dma = 0;
+        /* cycles of this launch: the phases between barriers (close_phase) and the barriers */
+        double cyc = d->launch_cycles + close_phase(d, s->nr_tasklets);
         for (uint32_t t = 0; t < s->nr_tasklets; t++) {
             tstat_t *n = &d->t[t].now, *tot = &d->t[t].total;
-            sum_i += (double)n->instr;
-            if ((double)n->instr > max_i) max_i = (double)n->instr;
-            dma += n->dma_cycles;
             tot->dma_reads += n->dma_reads; tot->dma_writes += n->dma_writes;
             tot->read_bytes += n->read_bytes; tot->write_bytes += n->write_bytes;
             tot->instr += n->instr; tot->barriers += n->barriers; tot->dma_cycles += n->dma_cycles;
             d->t[t].pc_base = (tstat_t){0};
         }
-        double comp = max_i * ISSUE_CYCLES > sum_i ? max_i * ISSUE_CYCLES : sum_i;
-        double cyc = comp > dma ? comp : dma;
         d->cycles += cyc;
         d->launches++;
         if (cyc > launch_max) launch_max = cyc;
@@ -904,8 +952,9 @@ static void write_counters(void)
     write_tstat(f, &all);
     fprintf(f, ", \"per_dpu\": [");
     for (uint32_t i = 0; i < s->nr; i++) {
-        fprintf(f, "%s{\"cycles\": %.1f, \"launches\": %llu, \"tasklets\": [", i ? ", " : "",
-                s->dpus[i].cycles, (unsigned long long)s->dpus[i].launches);
+        fprintf(f, "%s{\"cycles\": %.1f, \"sync_cycles\": %.1f, \"launches\": %llu, \"tasklets\": [",
+                i ? ", " : "", s->dpus[i].cycles, s->dpus[i].sync_cycles,
+                (unsigned long long)s->dpus[i].launches);
         for (uint32_t t = 0; t < s->nr_tasklets; t++) {
             if (t) fprintf(f, ", ");
             write_tstat(f, &s->dpus[i].t[t].total);
