@@ -126,21 +126,22 @@ def test_va_int32_on_4_dpus_by_hand():
     Pipeline: per element 2 loads + 1 add + 1 store + 3/8 loop control = 4.375 instructions
     (unrolled by 8), plus 12 per block: 11,776 x 4.375 + 32 x 12 = 51,904 < 77,536.
     One tasklet: 11 x (736 x 4.375 + 2 x 12) + 2 x (2 x 813 + 797) = 35,684 + 4,846 = 40,530.
-    So the kernel is DMA-bound: 77,536 cycles = 221.53 us at 350 MHz.
+    So the parallel phase is DMA-bound: 77,536 cycles; plus the start barrier (tasklet 0's
+    mem_reset, then all 16 tasklets: 16 x 6 x 11 = 1,056): 78,592 cycles = 224.55 us at 350 MHz.
     """
     plan = plan_op(_va(47104), dpus=4)
     assert (plan.dpus, plan.tasklets, plan.block_bytes) == (4, 16, 1472)
     b = plan.cost()
-    assert b.kernel_cycles == pytest.approx(77536)
+    assert b.kernel_cycles == pytest.approx(78592)
     assert b.bound == "dma"
-    assert b.kernel_s == pytest.approx(77536 / F)
+    assert b.kernel_s == pytest.approx(78592 / F)
     assert b.compute_s == pytest.approx(51904 / F)
     assert b.mram_bytes_per_dpu == 3 * 47104
     # roofline: 12 B per element at 2 B/cycle = 70,656 cycles; compute 1 add per element
     roof = plan.roofline()
     assert roof["dma_s"] == pytest.approx(70656 / F)
     assert roof["compute_s"] == pytest.approx(11776 / F)
-    assert b.kernel_s / roof["bound_s"] == pytest.approx(77536 / 70656)
+    assert b.kernel_s / roof["bound_s"] == pytest.approx(78592 / 70656)
     # host: 2 operands of 47,104 B pushed to 4 DPUs, result pulled back
     p = C.UpmemCostParams()
     k = math.log(6.68 / 0.33) / math.log(64)
@@ -153,18 +154,19 @@ def test_va_int32_prim_default_by_hand():
     """The same VA under PrIM's default schedule: 1,024-B blocks (46 per operand per DPU), loops
     not unrolled: 2 + 1 + 1 + 3 = 7 instructions per element.
     Pipeline: 11,776 x 7 + 46 x 12 = 82,984. DMA: 2 x 46 x 589 + 46 x 573 = 80,546.
-    Compute-bound: 82,984 cycles."""
+    Compute-bound: 82,984 cycles, + the start barrier 1,056."""
     b = make_plan(_va(47104), 4, 16, "prim").cost()
-    assert b.kernel_cycles == pytest.approx(82984)
+    assert b.kernel_cycles == pytest.approx(82984 + 1056)
     assert b.bound == "compute"
 
 
 def test_float_is_emulated_and_compute_bound():
     """float32 VA per element: 2 loads + 66 (add) + 1 store + 3/8 = 69.375 instructions, far above
-    the 6 DMA cycles per element: compute-bound at 11,776 x 69.375 + 32 x 12 = 817,344 cycles."""
+    the 6 DMA cycles per element: compute-bound at 11,776 x 69.375 + 32 x 12 = 817,344 cycles,
+    + the start barrier 1,056."""
     b = plan_op(_va(47104, "float32"), dpus=4).cost()
     assert b.bound == "compute"
-    assert b.kernel_cycles == pytest.approx(11776 * 69.375 + 32 * 12)
+    assert b.kernel_cycles == pytest.approx(11776 * 69.375 + 32 * 12 + 1056)
 
 
 def test_energy_is_an_estimate_with_stated_terms():
@@ -179,50 +181,55 @@ def test_reduce_with_tasklet_tree_by_hand():
     32 blocks, 2 per tasklet. Per element: load + add + 3/8 = 2.375 instructions.
     Pipeline: 16,384 x 2.375 + 32 x 12 = 39,296; DMA 32 x (77 + 1,024) = 35,232; one tasklet:
     11 x (1,024 x 2.375 + 24) + 2 x 1,101 = 29,218. Parallel phase: 39,296 (compute).
-    Tree merge of one 4-byte partial per tasklet: 4 levels, each a barrier (16 x 6 x 11 =
-    1,056) plus max(pairs x 4 instructions, 11 x ceil(pairs x 4 / 16)): 32 + 16 + 11 + 11 = 70;
-    then one 8-byte MRAM write: 61 + 4 = 65. Serial: 4 x 1,056 + 70 + 65 = 4,359.
-    Total 43,655 cycles; the host gathers 8 bytes from the DPU.
+    Tree merge of one 4-byte partial per tasklet, as the kernel does it: a barrier (16 x 6 x 11
+    = 1,056) ends the parallel phase; 4 levels, each the left tasklet of every pair combining
+    (ld, ld, add, st = 4 instructions: max(pairs x 4, 11 x 4) = 44) and a barrier; then one
+    8-byte MRAM write: 61 + 4 = 65. Merge: 5 x 1,056 + 4 x 44 + 65 = 5,521; with the start
+    barrier (1,056) the serial part is 6,577. Total 45,873 cycles; the host gathers 8 bytes.
     """
     op = OpInfo("r", "Reduce", {"kind": "add", "axes": [0], "keepdims": 0},
                 (_t("x", [16384]),), (_t("y", []),))
     p = plan_op(op, dpus=1)
     assert (p.block_bytes, p.merge) == (2048, "tree")
     b = p.cost()
-    assert b.kernel_cycles == pytest.approx(43655)
-    assert b.dpu_merge_s == pytest.approx(4359 / F)
+    assert b.kernel_cycles == pytest.approx(45873)
+    assert b.dpu_merge_s == pytest.approx(6577 / F)
     assert b.bytes_out == 8
     # PrIM's default: 1,024-B blocks (64), 1 + 1 + 3 = 5 instructions per element:
     # 16,384 x 5 + 64 x 12 = 82,688 (compute-bound; DMA 64 x 589 = 37,696); then one barrier
-    # and each tasklet's partial written (1,056 + 65); the host gathers 16 x 8 bytes.
+    # and each tasklet's partial written (1,056 + 65), and the start barrier (1,056); the host
+    # gathers 16 x 8 bytes.
     q = make_plan(op, 1, 16, "prim").cost()
-    assert q.kernel_cycles == pytest.approx(82688 + 1056 + 65)
+    assert q.kernel_cycles == pytest.approx(82688 + 1056 + 65 + 1056)
     assert q.bytes_out == 16 * 8
 
 
 def test_histogram_private_tree_vs_shared_mutex_by_hand():
     """HST: 16,384 int32 pixels, 256 bins over [0, 4096) (bin width 16: a shift), 1 DPU.
 
-    Ours: 16 private 1,024-B histograms; blocks (65,536 - 2,048 - 16 x (1,024 + 1,024)) / 16 =
-    1,920 B: 35 blocks (34 full, one of 256 B), 3 per tasklet (1,440 elements). Per element:
-    load 1 + bin (sub 1 + shift 1) + range check 1 + address 1 + load/add/store 3 + 3/8 = 8.375.
-    Pipeline 16,384 x 8.375 + 35 x 12 = 137,636; DMA 34 x (77 + 960) + (77 + 128) = 35,463;
-    chain 11 x (1,440 x 8.375 + 36) + 3 x 1,037 = 136,167 -> 137,636.
-    Serial: tree of 4 levels over 256 bins: barriers 4 x 1,056 plus 8,192 + 4,096 + 2,048 + 1,024
-    (pairs x 256 x 4, >= 11 x ceil(work / 16)) = 19,584; the 1,024-B histogram to MRAM 61 + 512;
-    a barrier 1,056 and zeroing 256 bins (256 x 11 = 2,816): 24,029. Total 161,665.
+    Ours: 16 private histograms of 256 bins + 1 overflow slot (x == 4096), 1,032 B each; blocks
+    (65,536 - 2,048 - 16 x (1,024 + 1,032)) / 16 = 1,912 B: 35 blocks (34 full, one of 528 B),
+    3 per tasklet (1,434 elements). Per element: load 1 + bin (sub 1 + shift 1) + range check
+    (one unsigned compare) 1 + address 1 + load/add/store 3 + 3/8 = 8.375.
+    Pipeline 16,384 x 8.375 + 35 x 12 = 137,636; DMA 34 x (77 + 956) + (77 + 264) = 35,463;
+    chain 11 x (1,434 x 8.375 + 36) + 3 x 1,033 = 135,602 -> 137,636.
+    Serial: a barrier 1,056; a tree of 4 levels over 258 slots, each level's work striped over
+    all tasklets: pairs x 258 x 4 = 8,256 + 4,128 + 2,064 + 1,032 (each >= 11 x ceil(work / 16))
+    and a barrier each (4 x 1,056); the 1,032-B histogram to MRAM 61 + 516; zeroing 258 slots
+    before the start barrier, unrolled: 16 tasklets x 258 x 1.375 = 5,676; the start barrier
+    1,056: 1,056 + 15,480 + 4,224 + 577 + 5,676 + 1,056 = 28,069. Total 165,705.
 
     PrIM HST-L: one shared histogram; every update is a critical section of 8 instructions, and
     critical sections of different tasklets serialize at 11 cycles per instruction:
     16,384 x 8 x 11 = 1,441,792 cycles (the rest of the work, 16,384 x 15 + 64 x 12 = 246,528
-    instructions, overlaps it); then a barrier and the MRAM write: 1,056 + 573.
-    Total 1,443,421: 8.9x slower.
+    instructions, overlaps it); then a barrier and the MRAM write: 1,056 + 573, and the start
+    barrier 1,056. Total 1,444,477: 8.7x slower.
     """
     op = OpInfo("h", "Histogram", {"bins": 256, "min": 0.0, "max": 4096.0},
                 (_t("x", [16384]),), (_t("c", [256], "int64"),))
     p = plan_op(op, dpus=1)
-    assert (p.block_bytes, p.merge) == (1920, "tree")
-    assert p.cost().kernel_cycles == pytest.approx(161665)
+    assert (p.block_bytes, p.merge) == (1912, "tree")
+    assert p.cost().kernel_cycles == pytest.approx(165705)
     q = make_plan(op, 1, 16, "prim")
     assert (q.block_bytes, q.merge) == (1024, "mutex")
-    assert q.cost().kernel_cycles == pytest.approx(1443421)
+    assert q.cost().kernel_cycles == pytest.approx(1444477)

@@ -266,6 +266,9 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     """
     pr, d = p.params, p.dpus
     cyc = [C.kernel_cycles(w, pr) for w in works]
+    # every generated kernel starts with tasklet 0's mem_reset() and a barrier of all tasklets
+    # (as PrIM's kernels do): one barrier per launch
+    serial += len(works) * _barrier(p)
     total = sum(c["total"] for c in cyc) + serial
     f = pr.frequency_hz
     kernel_s = total / f
@@ -377,18 +380,28 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
                    resident=(res_s, res_b))
 
 
-def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int) -> tuple:
+def _tree_pairs(t: int, s: int) -> int:
+    """Pairs merged at the tree level of stride ``s``: tasklets ``d`` (a multiple of 2s) with a
+    partner ``d + s < t``."""
+    return sum(1 for d in range(0, t, 2 * s) if d + s < t)
+
+
+def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int, split: bool = True) -> tuple:
     """In-DPU serial cycles and per-DPU bytes the host gathers for merging ``width`` partial
-    values per tasklet. ``tree``: log2(T) levels, each a barrier plus ``width`` (ld, ld, op, st)
-    per pair, the pairs' work split over all tasklets; ``host``: every tasklet's partial to
-    the host."""
+    values per tasklet. ``tree`` (as the generated kernels do it): a barrier ends the parallel
+    phase; then log2(T) levels, each ``width`` (ld, ld, op, st) per pair followed by a barrier;
+    with ``split`` the pairs' work is spread over all tasklets (histogram: bins striped), else
+    each pair's left tasklet does it (reduce); then tasklet 0 writes the result to MRAM.
+    ``host``: a barrier, then each tasklet's partial goes to the host (PrIM's default)."""
     pr, t = p.params, p.tasklets
     if p.merge == "tree":
-        cyc = 0.0
-        for lvl in range(_tree_levels(t)):
-            pairs = t >> (lvl + 1) or 1
-            work = pairs * width * (3 + op_instr)
-            cyc += _barrier(p) + max(work, pr.issue_interval * _cdiv(work, t))
+        cyc = _barrier(p)
+        s = 1
+        while s < t:
+            work = _tree_pairs(t, s) * width * (3 + op_instr)
+            per_t = _cdiv(work, t) if split else width * (3 + op_instr)
+            cyc += max(work, pr.issue_interval * per_t) + _barrier(p)
+            s *= 2
         cyc += pr.dma_cycles(min(pr.dma_max, _r8(width * es)), write=True) * _cdiv(_r8(width * es), pr.dma_max)
         return cyc, _r8(width * es)
     # host: one barrier, then each tasklet writes its partial; the host reads all T partials
@@ -408,7 +421,7 @@ def _cost_reduce(p: CnmPlan) -> CostBreakdown:
     n = g["n_dpu"]
     width = g["outputs"]
     w = _stream_work(p, n, es, instr, reads=1, writes=0)
-    serial, out_dpu = _merge_partials(p, width, es, op_instr)
+    serial, out_dpu = _merge_partials(p, width, es, op_instr, split=False)
     host_bytes = out_dpu * p.dpus
     return _finish(p, [w], serial, _r8(n * es), 0, 0, host_bytes, partial_out_dpu=out_dpu)
 
@@ -449,14 +462,47 @@ def _cost_scan(p: CnmPlan) -> CostBreakdown:
                    partial_out_dpu=_r8(es))
 
 
+def hist_pow2_shift(dtype: str, bins: int, lo: float, hi: float) -> int | None:
+    """``s`` when the bins of an integer histogram are ``2**s`` wide and start at an integer
+    ``lo`` with ``lo`` and ``hi`` inside the dtype's range: then ``bin = (x - lo) >> s`` and one
+    unsigned compare ``(x - lo) <= hi - lo`` is the whole range check (the generated kernel
+    does exactly that); else None (the kernel bins in double). ``lo``/``hi`` are rounded to
+    float32 first (they are ONNX float attributes)."""
+    dt = str(dtype)
+    if not (dt.startswith("int") or dt.startswith("uint")) or bins < 1:
+        return None
+    lo, hi = float(np.float32(lo)), float(np.float32(hi))
+    if not (lo.is_integer() and hi.is_integer()) or hi <= lo:
+        return None
+    info = np.iinfo(np.dtype(dt))
+    if lo < info.min or hi > info.max:
+        return None
+    span = int(hi) - int(lo)
+    width, rem = divmod(span, bins)
+    if rem or width < 1 or width & (width - 1):
+        return None
+    return width.bit_length() - 1
+
+
+def hist_bin_instr(dtype: str, pow2: bool) -> int:
+    """Instructions to turn one element into a bin index and check its range (the generated
+    histogram kernel's two code paths):
+
+    * ``pow2`` (integer data, power-of-two bin width): subtract, shift (the bin), one unsigned
+      compare-and-branch (the range): ``sub + shift + 1``;
+    * otherwise the kernel converts to double and computes ``(v - lo) * bins / (hi - lo)``
+      after two compares: a conversion (costed as a float64 add), 2 float64 compares, sub,
+      mul, div in software double (PrIM's DOUBLE throughputs), + 1 for the integer cast.
+    """
+    if pow2:
+        return C.op_instructions("sub", dtype) + C.op_instructions("shift", "int32") + 1
+    return (C.op_instructions("add", "float64") + 2 * C.op_instructions("cmp", "float64")
+            + C.op_instructions("sub", "float64") + C.op_instructions("mul", "float64")
+            + C.op_instructions("div", "float64") + 1)
+
+
 def _hist_bin_instr(p: CnmPlan) -> int:
-    g = p.g
-    if g["pow2"]:
-        return C.op_instructions("sub", p.dtype) + C.op_instructions("shift", "int32")
-    # fixed-point reciprocal: (x - min) * scale >> s  (float: sub, mul, convert ~ one more mul)
-    if C.dtype_class(p.dtype).startswith("float"):
-        return (C.op_instructions("sub", p.dtype) + 2 * C.op_instructions("mul", p.dtype))
-    return C.op_instructions("sub", p.dtype) + C.op_instructions("mul", "int32") + 1
+    return hist_bin_instr(p.dtype, bool(p.g["pow2"]))
 
 
 def _cost_histogram(p: CnmPlan) -> CostBreakdown:
@@ -466,10 +512,9 @@ def _cost_histogram(p: CnmPlan) -> CostBreakdown:
     different tasklets serialize, each at one instruction per 11 cycles."""
     pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
     n, bins = g["n_dpu"], g["bins"]
-    binx = _hist_bin_instr(p)
-    rng = 1 if not C.dtype_class(p.dtype).startswith("float") else 2 * C.op_instructions("cmp", p.dtype)
+    binx = _hist_bin_instr(p)   # includes the range check
     if p.merge == "mutex":
-        par = 1 + binx + rng + _loop(p)
+        par = 1 + binx + _loop(p)
         w = _stream_work(p, n, es, par + MUTEX_CS_INSTR, reads=1, writes=0)
         serial_cs = n * MUTEX_CS_INSTR * pr.issue_interval
         # the pipeline can overlap the parallel part of other tasklets with the critical section
@@ -477,23 +522,35 @@ def _cost_histogram(p: CnmPlan) -> CostBreakdown:
         serial = _barrier(p) + pr.dma_cycles(min(2048, bins * 4), write=True) * _cdiv(bins * 4, 2048)
         return _finish(p, [w], serial, _r8(n * es), 0, 0, p.dpus * bins * 4,
                        partial_out_dpu=_r8(bins * 4))
-    instr = 1 + binx + rng + 1 + 3 + _loop(p)
+    # per element: ld, bin index + range check, address (1), ld + add + st of the count, loop
+    instr = 1 + binx + 1 + 3 + _loop(p)
     w = _stream_work(p, n, es, instr, reads=1, writes=0)
-    serial, out_dpu = _merge_partials(p, bins, 4, C.op_instructions("add", "int32"))
-    serial += _barrier(p) + _cdiv(t * bins, t) * pr.issue_interval  # zeroing the private bins
+    # the private histograms (integer path: + 1 overflow slot for x == max; padded to 8 B)
+    # merged by a bin-striped tree
+    hb = _r8((bins + (1 if g["pow2"] else 0)) * 4) // 4
+    serial, out_dpu = _merge_partials(p, hb, 4, C.op_instructions("add", "int32"))
+    # each tasklet zeroes its own histogram before the start barrier: one store per bin
+    serial += max(pr.issue_interval, t) * hb * (1 + _loop(p))
     return _finish(p, [w], serial, _r8(n * es), 0, 0, out_dpu * p.dpus, partial_out_dpu=out_dpu)
 
 
 def _cost_select(p: CnmPlan) -> CostBreakdown:
-    """Keep the elements satisfying a predicate, in order. Ours: each tasklet a contiguous
-    chunk, compacting into its own MRAM region; one barrier and a prefix of the T counts at the
-    end; the host gathers the regions and compacts. PrIM SEL: block-cyclic, after every block a
-    handshake chain through all tasklets (to place the block's output) and a barrier."""
+    """Keep the elements satisfying a predicate, in order. Ours (the generated compress kernel):
+    each tasklet streams a contiguous chunk and compacts it branch-free into a WRAM staging
+    block (per element: ld x, ld mask, st into the staging slot, a nonzero test and an add to
+    the staging index; every unrolled group one more compare: is the staging block full?),
+    writing full blocks to its own MRAM region; its count goes to a ``__host`` array, and the
+    host turns the T x DPUs counts into offsets while it compacts (no in-DPU merge).
+    PrIM SEL: block-cyclic, after every block a handshake chain through all tasklets (to place
+    the block's output) and a barrier; a branch per element, the store only when kept."""
     pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
     n, keep = g["n_dpu"], g["keep"]
-    pred = C.op_instructions("and", p.dtype) + 1   # test (a sign/bit test, or the mask) + branch
     mask = g.get("mask_esize", 0)                    # ONNX Compress: a mask input streams too
-    instr = 1 + (1 if mask else 0) + pred + keep * 2 + _loop(p)
+    test = C.op_instructions("and", p.dtype)         # a sign/bit test, or mask != 0
+    if p.schedule == "prim":
+        instr = 1 + (1 if mask else 0) + test + 1 + keep * 2 + _loop(p)
+    else:
+        instr = 1 + (1 if mask else 0) + test + 1 + 1 + (C.LOOP_CONTROL + 1) / p.unroll
     w = _stream_work(p, n, es, instr, reads=1, writes=keep)
     if mask:
         mb = _r8(n * mask)
@@ -505,7 +562,7 @@ def _cost_select(p: CnmPlan) -> CostBreakdown:
         iters = _cdiv(_cdiv(_r8(n * es), p.block_bytes), t)
         serial = iters * (t * HANDSHAKE_INSTR * pr.issue_interval + _barrier(p))
     else:
-        serial = _barrier(p) + t * 3 * pr.issue_interval
+        serial = 0.0
     out_dpu = _r8(n * es * keep) + t * 8
     return _finish(p, [w], serial, _r8(n * es) + (_r8(n * mask) if mask else 0), 0, out_dpu,
                    assemble_bytes=int(p.dpus * n * es * keep))
@@ -724,9 +781,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         n = max(ins[0].numel, 1)
         bins = int(a.get("bins", 1))
         lo, hi = float(a.get("min", 0.0)), float(a.get("max", 1.0))
-        width = (hi - lo) / max(bins, 1)
-        pow2 = (not _dtype_name(ins[0]).startswith("float") and width >= 1 and float(width).is_integer()
-                and (int(width) & (int(width) - 1)) == 0 and float(lo).is_integer())
+        pow2 = hist_pow2_shift(_dtype_name(ins[0]), bins, lo, hi) is not None
         geom = {"n": n, "n_dpu": _share(n, d, es), "bins": bins, "pow2": pow2}
         return kind, geom, [f"{ins[0].name}:scatter"], 1
     if kind == "select":
@@ -734,7 +789,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         geom = {"n": n, "n_dpu": _share(n, d, es), "keep": float(a.get("keep", SELECT_KEEP))}
         if len(ins) > 1:   # Compress(X, mask): the mask is a second scattered stream
             geom["mask_esize"] = _esize(_dtype_name(ins[1])) if ins[1].dtype is not None else 1
-        return kind, geom, [f"{t.name}:scatter" for t in ins], 2
+        return kind, geom, [f"{t.name}:scatter" for t in ins], 3
     if kind == "transpose":
         n = max(ins[0].numel, 1)
         return kind, {"n": n, "n_dpu": _share(n, d, es)}, [f"{ins[0].name}:scatter"], 2
@@ -815,7 +870,7 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     if schedule == "prim":
         merge = {"reduce": "host", "topk": "host", "histogram": "mutex", "select": "handshake",
                  "scan": "handshake"}.get(kind, "none")
-        if kind in ("gemv", "gemm", "simsearch"):
+        if kind in ("gemv", "gemm", "simsearch", "select"):
             buffers = 2
         if kind == "reduce" and geom["mode"] == "rows":
             merge = "none"
@@ -825,8 +880,8 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                  "scan": "tree"}.get(kind, "none")
         if kind in ("reduce", "topk", "scan") and geom["mode"] == "rows":
             merge = "none"
-        if kind == "histogram":
-            private = _r8(geom["bins"] * 4)
+        if kind == "histogram":   # + the overflow slot of the integer path (x == max)
+            private = _r8((geom["bins"] + (1 if geom["pow2"] else 0)) * 4)
             if wram_block(tasklets, buffers, private, 0, stack_bytes, wram_bytes=params.wram_bytes) < 64:
                 merge, private = "mutex", 0
                 shared = _r8(geom["bins"] * 4)
