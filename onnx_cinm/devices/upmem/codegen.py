@@ -48,8 +48,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import contextvars
+
 import jinja2
 import numpy as np
+
+from . import cost as _cost
+from . import mapping as _mapping
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
@@ -83,6 +88,11 @@ TRANSCENDENTAL = {
 #: ~150 instructions each (our estimate; PrIM measures DOUBLE add at 3.32 MOPS ~ 105
 #: instructions and mul at 0.53 MOPS ~ 660, field notes §1.5)
 _SOFT_DOUBLE_INSTR = 4000
+#: ONNX op -> the cost model's operation (cost.op_instructions)
+_COST_OP = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min",
+            "Relu": "relu", "Abs": "abs", "Neg": "neg", "LeakyRelu": "leakyrelu",
+            "HardSigmoid": "hardsigmoid", "Clip": "clip", "Exp": "exp", "Log": "log",
+            "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip") + tuple(TRANSCENDENTAL)
 REDUCE = ("add", "mul", "max", "min")
 
@@ -133,6 +143,16 @@ class _Tensor:
                 "dtype": self.dtype, "const": self.const}
 
 
+#: the unrolling of the kernel being emitted (set by :func:`emit_kernel`)
+_UNROLL: contextvars.ContextVar = contextvars.ContextVar("upmem_unroll", default=_mapping.UNROLL)
+
+
+def elem_instr(op: str, dtype: str) -> int:
+    """Instructions of one operation on one element, from the cost model
+    (:func:`onnx_cinm.devices.upmem.cost.op_instructions`): the same numbers the mapping charges."""
+    return _cost.op_instructions(op, dtype)
+
+
 @dataclass
 class _K:
     """The template context of one kernel (``k`` in the templates)."""
@@ -145,6 +165,19 @@ class _K:
     inputs: list
     outputs: list
     extra: dict = field(default_factory=dict)
+    #: inner-loop unrolling of the generated loops (``emit_kernel(unroll=...)``, default the
+    #: mapping's ``UNROLL``)
+    unroll: int = field(default_factory=lambda: _UNROLL.get())
+
+    @property
+    def loop_ctl(self) -> int:
+        """Loop-control instructions per loop iteration (cost model: ``LOOP_CONTROL``)."""
+        return _cost.LOOP_CONTROL
+
+    @property
+    def block_instr(self) -> int:
+        """Instructions per DMA block outside the element loop (mapping: ``BLOCK_INSTR``)."""
+        return _mapping.BLOCK_INSTR
 
     @property
     def ctype(self) -> str:
@@ -317,6 +350,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
         paths.append(p)
     man = {"format": "onnx-cinm-upmem-kernel/1", "kind": k.kind, "family": family,
            "dtype": k.dtype, "dpus": k.dpus, "tasklets": k.tasklets, "block_bytes": k.block,
+           "unroll": k.unroll,
            "argv": "host DPU_BINARY " + " ".join(t.name.upper() for t in k.inputs + k.outputs),
            "inputs": [t.to_json() for t in k.inputs],
            "outputs": [t.to_json() for t in k.outputs], **manifest}
@@ -392,10 +426,17 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
         raise ValueError(f"unknown UPMEM kernel kind {kind!r}; expected one of {KINDS}")
     dtype = _check_dtype(dtype, kind)
     _check_workgroup(dpus, tasklets)
+    unroll = int(params.pop("unroll", _mapping.UNROLL))
+    if not 1 <= unroll <= 64:
+        raise ValueError(f"unroll={unroll}: expected 1..64")
     outdir = Path(outdir)
     fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
-    return fn(kind, dtype, [tuple(int(d) for d in s) for s in shapes], int(dpus), int(tasklets),
-              int(block_bytes), outdir, consts or {}, params)
+    tok = _UNROLL.set(unroll)
+    try:
+        return fn(kind, dtype, [tuple(int(d) for d in s) for s in shapes], int(dpus), int(tasklets),
+                  int(block_bytes), outdir, consts or {}, params)
+    finally:
+        _UNROLL.reset(tok)
 
 
 def _check_mram(per_dpu_bytes: int, what: str) -> None:
@@ -431,6 +472,8 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     ins = _inputs(names, shapes, [dtype] * nin, consts, outdir)
     for t in ins:
         t.bstrides = broadcast_strides(t.shape, out_shape)
+    # per element: a WRAM load per input, the operation, a store (mapping's elementwise model)
+    instr = nin + elem_instr(_COST_OP[op], dtype) + 1
     es = np.dtype(dtype).itemsize
     n = math.prod(out_shape)
     per = 8 // math.gcd(8, es)                       # elements per 8 bytes
@@ -512,7 +555,8 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     _check_mram(b_off + GB * N_cap * K_pad * es,
                 f"{kind} {list(ashape)} @ {list(bshape)} on a {DR} x {DC} DPU grid")
     blk = _fit_block(block, tasklets, R + 1, fixed=tasklets * (R * NT * es + 8), cap=K_pad * es)
-    mac = instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add") - 5
+    # per multiply-accumulate: 2 WRAM loads, mul, add (mapping's matrix-product model)
+    mac = 2 + elem_instr("mul", dtype) + elem_instr("add", dtype)
     doc = (f"Y{list(yshape)} = A{list(ashape)} @ B{list(bshape)}" + (f" + C{list(cshape)}" if bias else "")
            + (", then ReLU" if relu else "") + f" ({dtype}; integer products wrap around)")
     k = _K(kind, dtype, DR * DC, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
@@ -520,7 +564,8 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
                 N_cap=N_cap, DR=DR, DC=DC, R=R, NT=NT, y_off=y_off, c_off=c_off, rb_off=rb_off,
                 b_off=b_off, bias=bias, relu=relu, b_batched=b_batched, batch=batch,
                 a_bstride=a_bstride, b_bstride=b_bstride, y_shape=yshape,
-                c_strides=broadcast_strides(cshape, yshape) if bias else (), instr=mac))
+                c_strides=broadcast_strides(cshape, yshape) if bias else (), instr=mac,
+                n_comp=1 if N == 1 else N_cap))
     return _write(outdir, "gemm", k, {"relu": relu, "bias": bias, "grid": [DR, DC],
                                       "dpus_requested": dpus})
 
@@ -593,7 +638,8 @@ def _emit_reduce(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, DR * DC, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
            dict(reduce=rk, axes=axes_n, O=O, L=L, DR=DR, DC=DC, row_cap=row_cap, row_pad=row_pad,
-                c_cap=c_cap, p_off=p_off, GR=GR, expr=expr, ident=ident, instr=instr,
+                c_cap=c_cap, p_off=p_off, GR=GR, expr=expr, ident=ident,
+                instr=1 + elem_instr(rk, dtype), op_instr=elem_instr(rk, dtype),
                 pshape=pshape, pstride=pstride))
     return _write(outdir, "reduce", k, {"reduce": rk, "axes": axes_n, "keepdims": keepdims,
                                         "dpus_requested": dpus})
@@ -831,7 +877,9 @@ def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     per = 8 // math.gcd(8, es)
     N = math.prod(shape)
     cap = max(per, _round_up(_ceil(N, dpus), per))
-    bins_pad = _round_up(bins, 2)
+    shift = _mapping.hist_pow2_shift(dtype, bins, lo, hi)
+    # the integer path keeps one overflow slot (x == max) after the bins
+    bins_pad = _round_up(bins + (1 if shift is not None else 0), 2)
     # private histograms: fewer tasklets when they would not fit (a choice HST-L avoids with
     # a shared histogram and mutexes)
     blk0 = max(8, min(2048, block) // 8 * 8)
@@ -839,11 +887,15 @@ def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     blk = _fit_block(block, tasklets, 1, fixed=tasklets * bins_pad * 4, cap=cap * es)
     _check_mram(cap * es + bins_pad * 4, f"histogram of {N} elements on {dpus} DPUs")
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
-    instr = 2 * instr_per_elem("float32", "cmp") + instr_per_elem("float32", "mul") + \
-        instr_per_elem("float32", "div")
+    # per element, as the mapping's histogram model: ld, bin + range check, address, ld/add/st
+    instr = 1 + _mapping.hist_bin_instr(dtype, shift is not None) + 1 + 3
+    flo, fhi = float(np.float32(lo)), float(np.float32(hi))
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("counts", (bins,), "int64")],
            dict(N=N, cap=cap, bins=bins, bins_pad=bins_pad, h_off=cap * es, lo=lo, hi=hi,
-                lo_c=_c_double(lo), hi_c=_c_double(hi), instr=instr))
+                lo_c=_c_double(lo), hi_c=_c_double(hi), instr=instr, shift=shift,
+                lo_i=_c_lit(int(flo) if shift is not None else 0, dtype),
+                span=(int(fhi) - int(flo) if shift is not None else 0),
+                add_instr=elem_instr("add", "int32")))
     return _write(outdir, "histogram", k, {"bins": bins, "min": lo, "max": hi})
 
 
@@ -862,12 +914,14 @@ def _emit_compress(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, p
     y_off = m_off + cap
     _check_mram(y_off + cap * es, f"compress of {N} elements on {dpus} DPUs")
     # buffers: X block, staging block, mask block (BLOCK / sizeof(T) bytes); >= 8 mask bytes
-    blk = _fit_block(max(block, 8 * es), tasklets, 2 + 1 / es, cap=TL * es)
+    blk = _fit_block(max(block, 8 * es), tasklets, 2 + 1 / es,
+                     fixed=tasklets * 2 * _UNROLL.get() * es, cap=TL * es)
     blk = max(blk, 8 * es) // (8 * es) * (8 * es)
     ins = _inputs(["X", "mask"], shapes, [dtype, "bool"], consts, outdir)
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", None, dtype)],
            dict(N=N, cap=cap, TL=TL, m_off=m_off, y_off=y_off,
-                instr=instr_per_elem("int32", "cmp") + 2))
+                # ld x, ld mask, st, the mask test, the index add (mapping's select model)
+                instr=1 + 1 + 1 + elem_instr("and", "int32") + elem_instr("add", "int32")))
     return _write(outdir, "compress", k, {})
 
 
@@ -1100,7 +1154,8 @@ def _emit_simsearch(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     tasklets = _max_tasklets(tasklets, KP * (es + 8) + 2 * 8)
     blk = _fit_block(block, tasklets, 2, fixed=tasklets * KP * (es + 8), cap=DIM_pad * es)
     ins = _inputs(["Q", "D"], shapes, [dtype] * 2, consts, outdir)
-    mac = instr_per_elem(dtype, "mul") + instr_per_elem(dtype, "add") - 5
+    # per multiply-accumulate: 2 WRAM loads, mul, add (mapping's matrix-product model)
+    mac = 2 + elem_instr("mul", dtype) + elem_instr("add", dtype)
     k = _K(kind, dtype, used, tasklets, blk, ins,
            [_Tensor("values", (NQ, kk), dtype), _Tensor("indices", (NQ, kk), "int64")],
            dict(NQ=NQ, ND=ND, DIM=DIM, DIM_pad=DIM_pad, ND_cap=ND_cap, k=kk, KP=KP, q_off=q_off,
