@@ -178,7 +178,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
         CheckFailed: the optimized model does not match the original within tolerance.
     """
     log = log or (lambda msg: None)
-    original = frontend.load_model(model) if isinstance(model, (str, Path)) else model
+    if isinstance(model, (str, Path)):
+        original = frontend.load_model(model)
+    else:  # load_model validates files; an in-memory model gets the same structural checks
+        frontend.validate_structure(model)
+        original = model
     if input_shapes:
         if original is model:  # never change the caller's model
             original = onnx.ModelProto()

@@ -541,11 +541,12 @@ def _infer(op_type: str):
             for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
                 ctx.set_output_type(i, t)
             return
-        fn = _inference_function(op_type, overload)
-        types = [ctx.get_input_type(i) for i in range(len(fn.input))]
-        if op_type == "Clip":  # optional min/max: infer through the plain Clip semantics
-            ctx.set_output_type(0, types[0])
+        if op_type == "Clip":  # optional min/max: the output has the input's type
+            ctx.set_output_type(0, ctx.get_input_type(0))
             return
+        fn = _inference_function(op_type, overload)
+        types = [ctx.get_input_type(i) if i < n_in else onnx.TypeProto()
+                 for i in range(len(fn.input))]
         for i, t in enumerate(onnx.shape_inference.infer_function_output_types(fn, types, protos)):
             ctx.set_output_type(i, t)
 

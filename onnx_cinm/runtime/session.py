@@ -219,7 +219,12 @@ class InferenceSession:
             p.inputs = needed
             p.outputs = [o for o in produced
                          if o in graph_outputs or (consumed_later.get(o, set()) - {("p", p.index)})]
-            p.session = self._session(p, inits, vis)
+            # a boundary input without a known type (e.g. produced inside a Loop body): the
+            # session is built at the first run, from the arrays that arrive
+            if all(n in vis for n in p.inputs):
+                p.session = self._session(p, inits, vis)
+        self._inits, self._vis = inits, vis
+        self._lazy_lock = threading.Lock()
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
         self._stages = sorted({p.stage for p in self._parts} | {d.stage for d in self._device_nodes})
 
@@ -228,13 +233,10 @@ class InferenceSession:
         used = set()
         for node in p.nodes:
             used |= names_read_by(node)
-        missing = [n for n in p.inputs + p.outputs if n not in vis]
-        if missing:
-            raise CinmError(f"no type for tensor(s) {', '.join(missing[:3])} at a partition "
-                            "boundary; was the model written by onnx-cinm optimize?")
+        # outputs may go untyped (onnxruntime infers them); inputs come typed (see run)
         sub = helper.make_graph(
             p.nodes, f"{g.name or 'graph'}_host{p.index}",
-            [vis[n] for n in p.inputs], [vis[n] for n in p.outputs],
+            [vis[n] for n in p.inputs], [vis.get(n) or onnx.ValueInfoProto(name=n) for n in p.outputs],
             initializer=[inits[n] for n in inits if n in used])
         m = helper.make_model(sub, opset_imports=list(self._model.opset_import),
                               ir_version=self._model.ir_version)
@@ -323,6 +325,8 @@ class InferenceSession:
             by_stage_dev.setdefault(d.stage, []).append(d)
         for s in self._stages:
             for p in by_stage_parts.get(s, []):
+                if p.session is None:
+                    self._late_session(p, values)
                 t0 = time.perf_counter()
                 try:
                     outs = p.session.run(p.outputs, {n: values[n] for n in p.inputs})
@@ -361,6 +365,19 @@ class InferenceSession:
                 init = next(i for i in self._model.graph.initializer if i.name == n)
                 values[n] = numpy_helper.to_array(init)
         return [values[n] for n in names]
+
+    def _late_session(self, p: _Partition, values: dict) -> None:
+        """Build partition ``p``'s session from the arrays arriving at its untyped inputs."""
+        with self._lazy_lock:
+            if p.session is not None:
+                return
+            vis = dict(self._vis)
+            for n in p.inputs:
+                if n not in vis:
+                    a = np.asarray(values[n])
+                    vis[n] = helper.make_tensor_value_info(
+                        n, helper.np_dtype_to_tensor_dtype(a.dtype), [None] * a.ndim)
+            p.session = self._session(p, self._inits, vis)
 
     def as_runner(self):
         """This session as a runner for :func:`onnx_cinm.golden.compare` (``input_names``,
