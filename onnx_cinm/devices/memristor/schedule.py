@@ -32,6 +32,10 @@ Loop orders.
     ``writes_load = P``, ``writes_per_inference = T - P``. That is the lower bound: an inference
     uses all ``T`` tiles and at most ``P`` can be resident when it starts; and
     ``writes_load + writes_per_inference = T`` is the bound for a cold start.
+- ``shared`` (weight-stationary, one kernel of a model whose kernels share the device's
+  crossbars; see ``MemristorDevice.lower_all``): the other kernels evict this one's tiles
+  between inferences, so all ``T`` tiles are written every inference, in ``ceil(T / P)``
+  rounds, and none at load.
 - ``naive`` (OCC's default order ``(m, n, k)``, ``k`` innermost; CINM's current lowering, which
   writes B before every product): for every row block of ``m_block`` rows of ``A`` (``Mt =
   ceil(M / m_block)`` blocks) and every ``(n, k)``, the tile is written, then the block streams
