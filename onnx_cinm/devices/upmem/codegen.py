@@ -170,6 +170,11 @@ class _K:
     unroll: int = field(default_factory=lambda: _UNROLL.get())
 
     @property
+    def merge(self) -> str:
+        """How partial results merge (``tree``, or ``mutex``/``host``: PrIM's, for comparison)."""
+        return self.extra.get("merge", "tree")
+
+    @property
     def loop_ctl(self) -> int:
         """Loop-control instructions per loop iteration (cost model: ``LOOP_CONTROL``)."""
         return _cost.LOOP_CONTROL
@@ -413,7 +418,11 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
             as sidecar files, read by the host program like any input.
         params: per kind: ``op`` (binary/unary), ``alpha``/``beta``/``min``/``max`` (unary),
             ``bias`` (gemm/gemv: a third input C), ``relu`` (gemm), ``grid`` (gemm/gemv:
-            ``[row blocks, column blocks]`` of the DPUs, default ``[dpus, 1]``), ``reduce`` (add|mul|max|min),
+            ``[row blocks, column blocks]`` of the DPUs, default ``[dpus, 1]``), ``prim_tiles``
+            (gemm/gemv: PrIM's GEMV tiling, one row x one column per item, for comparison),
+            ``merge`` (reduce: ``tree`` or PrIM's ``host``; histogram: ``tree`` or PrIM HST-L's
+            ``mutex``), ``unroll`` (inner loops, default ``mapping.UNROLL``; 1 = PrIM's loops),
+            ``reduce`` (add|mul|max|min),
             ``axes``, ``keepdims`` (reduce), ``bins``/``min``/``max`` (histogram), ``axis``,
             ``exclusive``, ``reverse`` (scan), ``perm`` (transpose), ``k``, ``axis``,
             ``largest`` (topk).
@@ -540,8 +549,10 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
         DR = _ceil(rows, row_cap)
     R = 1 if b_batched else min(4, row_cap)
     NT = min(N_cap, _round_up(64, per))
+    if params.get("prim_tiles"):   # PrIM's GEMV for comparison: one row and one column per item
+        R, NT = 1, per
     groups = _ceil(row_cap, R)
-    if row_cap < tasklets and groups * _ceil(N_cap, NT) < tasklets:
+    if not params.get("prim_tiles") and row_cap < tasklets and groups * _ceil(N_cap, NT) < tasklets:
         # few rows (a layer at batch 1): narrower column tiles so that every tasklet works
         NT = max(per, _round_up(_ceil(N_cap, _ceil(tasklets, groups)), per))
     ins = _inputs(names[:len(shapes)], shapes, [dtype] * len(shapes), consts, outdir)
@@ -631,18 +642,22 @@ def _emit_reduce(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
         tuple(shape[a] for a in range(nd) if a not in axes_n)
     GR = min(_round_up(row_cap, per), max(per, 256 // es))
     row_pad = _round_up(row_cap, GR)
+    merge = params.get("merge", "tree")
+    if merge not in ("tree", "host"):
+        raise ValueError(f"reduce: merge={merge!r}; expected 'tree' or 'host' (PrIM's default)")
     p_off = row_cap * c_cap * es
-    _check_mram(p_off + row_pad * es, f"reduce {list(shape)} on {dpus} DPUs")
+    _check_mram(p_off + row_pad * es * (tasklets if merge == "host" else 1),
+                f"reduce {list(shape)} on {dpus} DPUs")
     blk = _fit_block(block, tasklets, 1, fixed=tasklets * GR * es, cap=c_cap * es)
     pshape, pstride = _perm_gather(shape, perm)
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, DR * DC, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
            dict(reduce=rk, axes=axes_n, O=O, L=L, DR=DR, DC=DC, row_cap=row_cap, row_pad=row_pad,
                 c_cap=c_cap, p_off=p_off, GR=GR, expr=expr, ident=ident,
-                instr=1 + elem_instr(rk, dtype), op_instr=elem_instr(rk, dtype),
+                instr=1 + elem_instr(rk, dtype), op_instr=elem_instr(rk, dtype), merge=merge,
                 pshape=pshape, pstride=pstride))
     return _write(outdir, "reduce", k, {"reduce": rk, "axes": axes_n, "keepdims": keepdims,
-                                        "dpus_requested": dpus})
+                                        "dpus_requested": dpus, "merge": merge})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -882,21 +897,31 @@ def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     bins_pad = _round_up(bins + (1 if shift is not None else 0), 2)
     # private histograms: fewer tasklets when they would not fit (a choice HST-L avoids with
     # a shared histogram and mutexes)
+    merge = params.get("merge", "tree")
+    if merge not in ("tree", "mutex"):
+        raise ValueError(f"histogram: merge={merge!r}; expected 'tree' or 'mutex' (PrIM HST-L)")
     blk0 = max(8, min(2048, block) // 8 * 8)
-    tasklets = _max_tasklets(tasklets, bins_pad * 4 + min(blk0, cap * es))
-    blk = _fit_block(block, tasklets, 1, fixed=tasklets * bins_pad * 4, cap=cap * es)
+    if merge == "mutex":   # one shared histogram
+        tasklets = _max_tasklets(tasklets, min(blk0, cap * es), fixed=bins_pad * 4)
+        blk = _fit_block(block, tasklets, 1, fixed=bins_pad * 4, cap=cap * es)
+    else:
+        tasklets = _max_tasklets(tasklets, bins_pad * 4 + min(blk0, cap * es))
+        blk = _fit_block(block, tasklets, 1, fixed=tasklets * bins_pad * 4, cap=cap * es)
     _check_mram(cap * es + bins_pad * 4, f"histogram of {N} elements on {dpus} DPUs")
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     # per element, as the mapping's histogram model: ld, bin + range check, address, ld/add/st
-    instr = 1 + _mapping.hist_bin_instr(dtype, shift is not None) + 1 + 3
+    instr = 1 + _mapping.hist_bin_instr(dtype, shift is not None)
+    if merge == "tree":
+        instr += 1 + 3   # the count's address, ld/add/st (under the mutex: MUTEX_CS_INSTR)
     flo, fhi = float(np.float32(lo)), float(np.float32(hi))
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("counts", (bins,), "int64")],
            dict(N=N, cap=cap, bins=bins, bins_pad=bins_pad, h_off=cap * es, lo=lo, hi=hi,
                 lo_c=_c_double(lo), hi_c=_c_double(hi), instr=instr, shift=shift,
                 lo_i=_c_lit(int(flo) if shift is not None else 0, dtype),
                 span=(int(fhi) - int(flo) if shift is not None else 0),
-                add_instr=elem_instr("add", "int32")))
-    return _write(outdir, "histogram", k, {"bins": bins, "min": lo, "max": hi})
+                add_instr=elem_instr("add", "int32"), merge=merge,
+                cs_instr=_mapping.MUTEX_CS_INSTR))
+    return _write(outdir, "histogram", k, {"bins": bins, "min": lo, "max": hi, "merge": merge})
 
 
 # ----------------------------------------------------------------------------------------------

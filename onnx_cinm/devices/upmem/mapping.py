@@ -404,8 +404,9 @@ def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int, split: bool 
             s *= 2
         cyc += pr.dma_cycles(min(pr.dma_max, _r8(width * es)), write=True) * _cdiv(_r8(width * es), pr.dma_max)
         return cyc, _r8(width * es)
-    # host: one barrier, then each tasklet writes its partial; the host reads all T partials
-    cyc = _barrier(p) + pr.dma_cycles(_r8(width * es), write=True) * _cdiv(_r8(width * es), pr.dma_max)
+    # host: one barrier, then each tasklet writes its partial (the T writes serialize on the
+    # DMA engine); the host reads all T partials
+    cyc = _barrier(p) + t * pr.dma_cycles(_r8(width * es), write=True) * _cdiv(_r8(width * es), pr.dma_max)
     return cyc, t * _r8(width * es)
 
 
@@ -513,21 +514,25 @@ def _cost_histogram(p: CnmPlan) -> CostBreakdown:
     pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
     n, bins = g["n_dpu"], g["bins"]
     binx = _hist_bin_instr(p)   # includes the range check
+    # histogram slots: the bins (+ 1 overflow slot of the integer path for x == max), 8-B padded
+    hb = _r8((bins + (1 if g["pow2"] else 0)) * 4) // 4
     if p.merge == "mutex":
         par = 1 + binx + _loop(p)
         w = _stream_work(p, n, es, par + MUTEX_CS_INSTR, reads=1, writes=0)
         serial_cs = n * MUTEX_CS_INSTR * pr.issue_interval
         # the pipeline can overlap the parallel part of other tasklets with the critical section
         w = replace(w, instr_total=max(w.instr_total, serial_cs))
-        serial = _barrier(p) + pr.dma_cycles(min(2048, bins * 4), write=True) * _cdiv(bins * 4, 2048)
+        # zeroing the shared histogram striped over the tasklets (a loop, not unrolled), a
+        # barrier, tasklet 0 writes it
+        zero = max(hb, pr.issue_interval * _cdiv(hb, t)) * (1 + C.LOOP_CONTROL)
+        serial = (zero + _barrier(p)
+                  + pr.dma_cycles(min(2048, hb * 4), write=True) * _cdiv(hb * 4, 2048))
         return _finish(p, [w], serial, _r8(n * es), 0, 0, p.dpus * bins * 4,
-                       partial_out_dpu=_r8(bins * 4))
+                       partial_out_dpu=_r8(hb * 4))
     # per element: ld, bin index + range check, address (1), ld + add + st of the count, loop
     instr = 1 + binx + 1 + 3 + _loop(p)
     w = _stream_work(p, n, es, instr, reads=1, writes=0)
-    # the private histograms (integer path: + 1 overflow slot for x == max; padded to 8 B)
-    # merged by a bin-striped tree
-    hb = _r8((bins + (1 if g["pow2"] else 0)) * 4) // 4
+    # the private histograms merged by a bin-striped tree
     serial, out_dpu = _merge_partials(p, hb, 4, C.op_instructions("add", "int32"))
     # each tasklet zeroes its own histogram before the start barrier: one store per bin
     serial += max(pr.issue_interval, t) * hb * (1 + _loop(p))
@@ -546,7 +551,8 @@ def _cost_select(p: CnmPlan) -> CostBreakdown:
     pr, g, es, t = p.params, p.g, _esize(p.dtype), p.tasklets
     n, keep = g["n_dpu"], g["keep"]
     mask = g.get("mask_esize", 0)                    # ONNX Compress: a mask input streams too
-    test = C.op_instructions("and", p.dtype)         # a sign/bit test, or mask != 0
+    # mask != 0 on the 1-byte mask, else the predicate on the element
+    test = C.op_instructions("and", "bool" if mask else p.dtype)
     if p.schedule == "prim":
         instr = 1 + (1 if mask else 0) + test + 1 + keep * 2 + _loop(p)
     else:
