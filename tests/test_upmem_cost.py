@@ -15,6 +15,7 @@ import pytest
 
 from onnx_cinm.devices.base import OpInfo, TensorInfo
 from onnx_cinm.devices.upmem import cost as C
+from onnx_cinm.devices.upmem import mapping
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op
 
 F = 350e6
@@ -234,3 +235,26 @@ def test_histogram_private_tree_vs_shared_mutex_by_hand():
     q = make_plan(op, 1, 16, "prim")
     assert (q.block_bytes, q.merge) == (1024, "mutex")
     assert q.cost().kernel_cycles == pytest.approx(1445513)
+
+
+@pytest.mark.parametrize("dtype,bins,lo,hi,want", [
+    ("int32", 256, 0.0, 4096.0, 4),          # PrIM HST: 12-bit pixels, 256 bins of 16
+    ("int32", 64, -512.0, 512.0, 4),
+    ("uint32", 2, 0.0, 8.0, 2),
+    ("int64", 4, -2.0**31, 2.0**31, 30),
+    ("int32", 4, -2.0**31, 2.0**31, None),   # max beyond int32: the unsigned compare would wrap
+    ("int32", 37, -50.0, 60.0, None),        # width not a power of two
+    ("int32", 3, 0.0, 12.0, 2),              # 3 bins of 4
+    ("float32", 256, 0.0, 4096.0, None),     # float data: no shift
+])
+def test_histogram_shift_binning_applies_when_the_kernel_can_use_it(dtype, bins, lo, hi, want):
+    assert mapping.hist_pow2_shift(dtype, bins, lo, hi) == want
+
+
+def test_histogram_float_binning_is_costed_in_software_double():
+    """The kernel bins non-power-of-two (and float) data in double: a conversion (costed as a
+    float64 add, 350 / 3.32 - 5 = 100), two compares (20 each), sub (350 / 3.11 - 5 = 108), mul
+    (350 / 0.53 - 5 = 655), div (350 / 0.16 - 5 = 2,183) and the cast (1): 3,087; the shift path
+    is sub + shift + compare = 3."""
+    assert mapping.hist_bin_instr("float32", False) == 100 + 2 * 20 + 108 + 655 + 2183 + 1
+    assert mapping.hist_bin_instr("int32", True) == 3

@@ -714,3 +714,102 @@ def test_simsearch(tmp_path, metric, cfg, dims):
     rv, ri = _simsearch_ref(q, d, k, metric)
     np.testing.assert_allclose(v, rv, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(i, ri)
+
+
+# ------------------------------------------------------------------------------------------
+# the schedule the cost model charges: unrolled loops, shift binning, PrIM's variants
+
+@pytest.mark.parametrize("dtype,bins,lo,hi", [("int32", 256, 0.0, 4096.0), ("int32", 64, -512.0, 512.0),
+                                              ("int64", 4, -2.0**31, 2.0**31)])
+def test_histogram_power_of_two_bins_subtract_and_shift(tmp_path, dtype, bins, lo, hi):
+    """Integer data with power-of-two bins takes the subtract-and-shift path (no floating point)
+    and matches numpy, edges included (x == max lands in the last bin, x == min in the first,
+    out-of-range values and the dtype's extremes are not counted)."""
+    rng = np.random.default_rng(21)
+    width = (hi - lo) / bins
+    x = rng.integers(int(lo - 3 * width), int(hi + 3 * width), 40_000).astype(dtype)
+    info = np.iinfo(dtype)
+    x[:8] = [int(lo), int(hi), int(hi) - 1, int(lo) - 1, info.min, info.max, int(lo + width), -1]
+    d = tmp_path / "h"
+    codegen.emit_kernel("histogram", dtype, [x.shape], dpus=3, tasklets=16, block_bytes=2048,
+                        outdir=d, bins=bins, min=lo, max=hi)
+    src = (d / "dpu.c").read_text()
+    assert ">> SHIFT" in src and "double" not in src
+    (y,), _ = emu.run_kernel(d, [x])
+    np.testing.assert_array_equal(y, np.histogram(x, bins, (lo, hi))[0])
+
+
+def test_histogram_int32_instructions_per_element_match_the_model(tmp_path):
+    """The cost model charges an int32 histogram element with power-of-two bins 8 + 3/8 = 8.375
+    instructions (hand count: WRAM load 1, subtract 1, shift 1, one unsigned range compare 1,
+    the count's address 1, its load/add/store 3, loop control 3 per 8 unrolled elements). The
+    emulator's count over the whole kernel (plus 12 per DMA block, zeroing and merging the 16
+    private histograms) stays within 1.1x of that on 65,536 elements; the float path of
+    PrIM-style binning in software double would be far above."""
+    x = np.random.default_rng(22).integers(-64, 4160, 65536).astype(np.int32)
+    d = tmp_path / "h"
+    codegen.emit_kernel("histogram", "int32", [x.shape], dpus=1, tasklets=16, block_bytes=2048,
+                        outdir=d, bins=256, min=0.0, max=4096.0)
+    (y,), c = emu.run_kernel(d, [x])
+    np.testing.assert_array_equal(y, np.histogram(x, 256, (0, 4096))[0])
+    per_elem = c["totals"]["instructions"] / x.size
+    assert 8.375 <= per_elem <= 1.1 * 8.375
+
+
+def test_reduce_cycles_counted_by_hand(tmp_path):
+    """RED: 64 int32 on 1 DPU, 2 tasklets, 128-B blocks: one block (32 elements) per tasklet.
+    Unrolled by 8: 4 x (8 x 2 + 3) + 12 = 88 instructions and one 128-B read (77 + 64 = 141) per
+    tasklet. Phases: start barrier 2 x 6 x 11 = 132; streaming max(176 issued, 11 x 88 + 141 =
+    1,109 chain, 282 DMA) = 1,109; barrier 132; tree level 1: tasklet 0 combines one partial
+    (4 instructions: 44 cycles); barrier 132; tasklet 0 writes 8 bytes: 61 + 4 = 65.
+    Total 1,614. Not unrolled: 32 x (2 + 3) + 12 = 172 instructions, chain 11 x 172 + 141 =
+    2,033: 2,538."""
+    x = (np.arange(64) * 7919 % 201 - 100).astype(np.int32)
+    for unroll, want in ((8, 1614), (1, 2538)):
+        d = tmp_path / f"r{unroll}"
+        codegen.emit_kernel("reduce", "int32", [x.shape], dpus=1, tasklets=2, block_bytes=128,
+                            outdir=d, reduce="add", axes=[0], keepdims=0, unroll=unroll)
+        (y,), c = emu.run_kernel(d, [x])
+        assert int(y) == int(x.sum())
+        assert c["kernel_cycles"] == pytest.approx(want)
+
+
+def test_elementwise_loop_is_unrolled(tmp_path):
+    d = tmp_path / "va"
+    codegen.emit_kernel("binary", "int32", [(100,), (100,)], dpus=1, tasklets=2, block_bytes=64,
+                        outdir=d, op="Add")
+    src = (d / "dpu.c").read_text()
+    assert all(f"a[i_ + {u}u] = op(a[i_ + {u}u], b[i_ + {u}u]);" in src for u in range(8))
+    assert json.loads((d / "kernel.json").read_text())["unroll"] == 8
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prim_default_variants_match_numpy(tmp_path, dtype):
+    """The PrIM-default variants the benchmark emulates: RED with every tasklet's partial merged
+    on the host, HST-L's mutex-guarded shared histogram, GEMV one row per item, loops not
+    unrolled, 1 KB blocks; 7 DPUs x 11 tasklets at sizes that are no multiple of anything."""
+    rng = np.random.default_rng(23)
+    x = _signed(rng, (3001,), dtype)
+    (y,), _ = _run(tmp_path, "reduce", dtype, [x.shape], (7, 11, 1024, "odd"), [x], reduce="add",
+                   axes=[0], keepdims=0, merge="host", unroll=1)
+    _same(y, x.sum(dtype=dtype), dtype, rtol=1e-4, atol=1e-2)
+    lo, hi, bins = (0.0, 128.0, 16) if dtype != "float32" else (-50.0, 60.0, 37)
+    (h,), _ = _run(tmp_path, "histogram", dtype, [x.shape], (7, 11, 1024, "odd"), [x], bins=bins,
+                   min=lo, max=hi, merge="mutex", unroll=1)
+    np.testing.assert_array_equal(h, _hist_ref(x, bins, lo, hi))
+    A, v = _signed(rng, (37, 19), dtype, 10), _signed(rng, (19,), dtype, 10)
+    (g,), _ = _run(tmp_path, "gemv", dtype, [A.shape, v.shape], (7, 11, 1024, "odd"), [A, v],
+                   prim_tiles=True, unroll=1)
+    _same(g, A @ v, dtype, rtol=1e-4, atol=1e-3)
+
+
+def test_compress_keeps_everything_and_nothing(tmp_path):
+    """SEL's branch-free staging: all elements kept (the staging block fills every block) and
+    none kept, 1 and 16 tasklets."""
+    x = _signed(np.random.default_rng(24), (5003,), "int32")
+    for t in (1, 16):
+        for keep in (True, False):
+            m = np.full(x.shape, keep)
+            (y,), _ = _run(tmp_path / f"{t}{keep}", "compress", "int32", [x.shape, m.shape],
+                           (3, t, 256, "odd"), [x, m])
+            _same(y, x[m], "int32")
