@@ -21,11 +21,20 @@ per inference including host transfers and launch.
 Initial CPU->DPU and final DPU->CPU transfers are excluded, as in PrIM's DPU-vs-CPU comparison;
 ``end_to_end_s`` of our plan includes them.
 
-``emulator_wall_s`` is the wall time of the generated kernel in the emulator at a reduced size
+``emulator_wall_s`` is the wall time of the generated kernels in the emulator at a reduced size
 (``small``; a warm run) when ``onnx_cinm.devices.upmem.codegen`` and
-``onnx_cinm.runtime.upmem_emu`` can build and run it, else null (with a note); the emulator's
-outputs are checked against onnxruntime, and its cycle counters are printed next to this
-model's cycles at the same size (``emulator_cycles``, ``modeled_cycles``).
+``onnx_cinm.runtime.upmem_emu`` can build and run them, else null (with a note); their outputs
+are checked against onnxruntime.
+
+The second table backs the model with the emulator: our generated kernel runs on
+:data:`EMU_DPUS` DPUs that each hold our plan's per-DPU share at PrIM's size (so one DPU's
+cycles are the kernel cycles at PrIM's size), and the emulator's cycle count
+(``emulator_cycles``) is printed next to the model of that same kernel (``modeled_cycles``);
+likewise for a PrIM variant generated from the same templates (1 KB blocks, loops not
+unrolled, and PrIM's own merge or tiling where the template has it: ``prim_variant`` "default";
+else "params"). Its outputs are checked against numpy. A target is "ok" when the emulator backs
+it (model and emulator agree within 2% and, for a gain, the PrIM default itself was emulated
+and its emulated gain meets the target too), "ok (model only)" otherwise.
 
 Usage: ``python benchmarks/upmem_prim.py [--json FILE] [--dpus N] [--tasklets T] [--only NAME]``
 """

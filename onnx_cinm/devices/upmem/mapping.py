@@ -24,6 +24,13 @@
   counts/sums combined once; variable-length outputs compacted on the host), ``handshake``
   (PrIM SEL/SCAN: a tasklet-to-tasklet handshake chain every block), or ``none``.
 
+The generated kernels (``codegen`` + ``templates/upmem``) implement these counts: their
+``EMU_COUNT`` hints use the same :func:`~onnx_cinm.devices.upmem.cost.op_instructions` and loop
+structure, and the emulator costs phases and barriers like :func:`kernel_cycles`, so the
+emulator-counted cycles of a generated kernel can be compared with this model
+(``benchmarks/upmem_prim.py``). Every launch starts with one barrier (tasklet 0's
+``mem_reset``).
+
 Two schedules share the code: ``"cinm"`` (ours: the largest block, inner loops unrolled by
 :data:`UNROLL`, contiguous chunks per tasklet where order matters, private histograms, tree
 merges) and ``"prim"`` (PrIM's defaults: 16 tasklets, 1 KB blocks, no unrolling, block-cyclic
@@ -42,8 +49,10 @@ elementwise      ld x inputs + op + st + loop (+2 per broadcast operand held in 
 gemv / gemm      ld a + ld b + mul + add + loop; +3 per output (init, store); R x NT blocking
 reduce           ld + op + loop
 scan             pass 1: ld + add + loop; pass 2: ld + add + st + loop
-histogram        ld + bin index + range check (1) + address (1) + ld + add + st + loop
-select           ld + predicate (op + branch) + p * (st + count) + loop, p = kept fraction
+histogram        ld + bin index and range check (:func:`hist_bin_instr`) + address (1)
+                 + ld + add + st + loop
+select           ours: ld (+ ld mask) + test + st + index add + (loop + 1) / unroll, branch-free;
+                 PrIM: ld + test + branch + p * (st + count) + loop, p = kept fraction
 topk             ld + cmp + loop (insertions into the k-list are rare and ignored)
 transpose        ld + st + 2 address + loop
 ===============  ==========================================================================
