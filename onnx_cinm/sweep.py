@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import multiprocessing
 import os
 import sys
 import time
@@ -227,7 +228,11 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             n = max(1, min(workers or os.cpu_count() or 1, len(configs)))
-            with ProcessPoolExecutor(max_workers=n, initializer=_init_worker, initargs=(data,)) as ex:
+            # spawn, not fork: the parent holds onnxruntime thread pools, and a forked child can
+            # inherit one of their locks held (it then waits forever)
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=n, initializer=_init_worker, initargs=(data,),
+                                     mp_context=ctx) as ex:
                 futs = {ex.submit(_evaluate_in_worker, o): k for k, o in enumerate(opts)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
