@@ -171,6 +171,11 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise CinmError(f"cannot write '{path}': '{folder}' is a file, not a folder "
+                        "(Not a directory)")
+    if not folder.is_dir():
+        raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
     dest = artifact_dir(path)
     if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "

@@ -117,13 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--check-atol", type=_tolerance, default=1e-5, help="absolute tolerance of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="bake a static shape into an input (repeatable)")
-    o.add_argument("--placement", default="heuristic", choices=["cost", "heuristic"],
+    o.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
                    help="placement strategy: 'cost' minimizes the --objective over the whole graph "
                         "(device cost models, transfers, a measured host roofline) under the "
                         "crossbar, endurance and DPU constraints; 'heuristic' is the CINM paper's "
                         "(large matmuls with constant weights to the crossbar, other cinm ops to UPMEM)")
     cp = o.add_argument_group("cost placement options (--placement cost)")
-    cp.add_argument("--objective", default="latency", choices=["latency", "energy", "edp"],
+    cp.add_argument("--objective", default="energy", choices=["latency", "energy", "edp"],
                     help="what cost placement minimizes: modeled seconds, joules, or their product "
                          "per inference")
     cp.add_argument("--max-writes-per-cell", type=_nonneg_float, default=None, metavar="W",
@@ -240,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
     sw.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
                     help="placement strategy of every configuration (unless swept)")
-    sw.add_argument("--objective", default="latency", choices=["latency", "energy", "edp"],
+    sw.add_argument("--objective", default="energy", choices=["latency", "energy", "edp"],
                     help="cost placement objective (unless swept)")
     sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
                     help="local worker processes, a Dask cluster (--scheduler), or in this process")

@@ -136,7 +136,7 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
     return total, on_dev, by_dev, placements
 
 
-def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic",
+def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
              check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
@@ -147,8 +147,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
 
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
-        placement: placement strategy: ``"heuristic"`` (the CINM paper's; the default here, for
-            backwards compatibility) or ``"cost"`` (:mod:`onnx_cinm.passes.cost_placement`).
+        placement: placement strategy: ``"cost"`` (the default: every cinm op on the device
+            minimizing ``objective`` over the graph, :mod:`onnx_cinm.passes.cost_placement`) or
+            ``"heuristic"`` (the CINM paper's: large matmuls with constant weights to the
+            crossbar, other cinm ops to UPMEM).
         place: user hints ``(pattern, device)``; the first matching hint wins.
         skip: pass names not to run.
         stop_after: ``"cinm"``, ``"placement"`` or a pass name: the level to stop at.
@@ -160,7 +162,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "heuristic
             (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
             ``cim_cols``, ``cim_preset``, ``cim_mode``, ``upmem_dpus``, ``upmem_tasklets``.
         log: callable receiving progress lines.
-        objective: what cost placement minimizes: ``"latency"`` (default), ``"energy"`` or
+        objective: what cost placement minimizes: ``"energy"`` (default), ``"latency"`` or
             ``"edp"``.
         constraints: cost placement budgets: ``max_writes_per_cell`` (crossbar writes per cell
             over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:

@@ -133,7 +133,7 @@ def test_programmed_operand_a_and_activation_pair(tmp_path):
 
 
 def test_activation_pair_not_chosen_by_the_heuristic():
-    res = optimize(_matmul_model(8, 100, 300, const=None))
+    res = optimize(_matmul_model(8, 100, 300, const=None), placement="heuristic")
     node = next(n for n in res.model.graph.node if n.op_type == "Gemm")
     at = cinm.node_attrs(node)
     assert at["device"] != "memristor" and "memristor unless asked" in at["placement"]

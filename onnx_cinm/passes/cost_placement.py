@@ -820,7 +820,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     ``xbar_link_gbps`` and the device options (``cim_*``, ``upmem_*``).
     """
     options = ctx.options
-    objective = options.get("objective") or "latency"
+    objective = options.get("objective") or "energy"
     if objective not in OBJECTIVES:
         raise CinmError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
     hints = list(options.get("place", []))
