@@ -133,9 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--lifetime-inferences", type=_pos_float, default=1.0, metavar="L",
                     help="inferences the --max-writes-per-cell budget must last")
     cp.add_argument("--per-kernel-crossbars", action="store_true",
-                    help="do not pool crossbar residency: let every crossbar kernel keep its tiles as "
-                         "if it had the crossbars to itself (the plans' own view; by default the "
-                         "tiles kept by all kernels must fit the crossbars)")
+                    help="an optimistic estimate, as the CINM paper's: cost placement prices "
+                         "every crossbar kernel as if it had the crossbars to itself (by default "
+                         "the tiles kept by all kernels must fit the crossbars); the crossbar "
+                         "plans still share the device's crossbars")
     cp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
                     help="host figures instead of the measured, cached roofline ('nominal' = 50,10,30)")
     o.add_argument("--report", metavar="DIR",
