@@ -251,7 +251,8 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
                     f"'{name}' before {_node_label(writer[name])} writes it")
 
 
-def validate_structure(model: onnx.ModelProto, label: str = "<model>") -> None:
+def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
+                       opsets: bool = True) -> None:
     """Refuse a model whose structure onnx-cinm cannot compile, with a one-line message.
 
     :func:`load_model` runs this on every file; call it for in-memory models too.
@@ -262,6 +263,9 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>") -> None:
         Not modified.
     label : str
         How the messages name the model (a path, or ``"<model>"``).
+    opsets : bool
+        Also refuse default-domain opsets outside the range files are accepted with
+        (``optimize()`` on an in-memory model skips it: the version converter lifts older ones).
 
     Raises
     ------
@@ -273,7 +277,8 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>") -> None:
         input; a cycle; nodes out of topological order; a shape whose element count overflows
         int64; a negative tensor dim.
     """
-    _check_opsets(model, label)
+    if opsets:
+        _check_opsets(model, label)
     _check_unknown_ops(model, label)
     _check_graph_structure(model.graph, label)
     _check_shapes(model, label)

@@ -751,6 +751,14 @@ def solve(prob: Problem, objective: str) -> Solution:
         tot = evaluate(prob, a)
         if not violations(prob, tot):
             results[name] = (tot.value(objective), a, tot)
+    if not results:
+        # nothing meets every budget: hints pin too much on a device (e.g. more crossbar tiles
+        # than crossbars). The crossbar plans cope (kernels that do not fit stream), so keep
+        # the hinted placement and choose the rest by the objective alone.
+        for name, a in starts.items():
+            tot = evaluate(prob, a)
+            results[name] = (tot.value(objective), a, tot)
+        dp_feasible = False
     baselines = {"all-host": t_host}
     if heur is not None:
         baselines["heuristic"] = evaluate(prob, heur)
