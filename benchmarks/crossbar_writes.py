@@ -90,7 +90,8 @@ def _plans(model, order: str, P: int | None) -> list[dict]:
         opts["cim_crossbars"] = P
     hints = [] if isinstance(model, (str, Path)) else [("layer*", "memristor"), ("mv", "memristor"),
                                                           ("relu*", "host")]
-    res = optimize(model, check=0, device_options=opts, place=hints)
+    # the paper heuristic: every large matmul with constant weights on the crossbars
+    res = optimize(model, check=0, device_options=opts, place=hints, placement="heuristic")
     return res, [a for *_, a in res.stats.get("cim_tiling", {}).get("plans", [])]
 
 

@@ -1,6 +1,7 @@
 """Wall time of the CINM execution provider next to stock onnxruntime, side by side in one run.
 
-For each model: optimize it (paper heuristic placement), write it with its kernels, then time
+For each model: optimize it (the paper heuristic placement by default: the most work on
+devices), write it with its kernels, then time
 ``InferenceSession.run`` of the provider (crossbar nodes in the simulator, ideal mode; UPMEM
 nodes in model mode; host partitions in onnxruntime) and ``onnxruntime.InferenceSession.run`` on
 the original model, interleaved run by run so both see the same machine load, and print the
@@ -30,7 +31,8 @@ from onnx_cinm.runtime.session import InferenceSession
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
 
-def measure(original, feeds: dict, runs: int, workdir: Path, name: str) -> dict:
+def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
+            placement: str = "heuristic") -> dict:
     """Median wall times (seconds) of the provider on the optimized ``original`` and of
     onnxruntime on ``original`` itself, over ``runs`` interleaved runs after one warm-up each.
 
@@ -39,7 +41,7 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str) -> dict:
     """
     import onnxruntime as ort
 
-    res = optimize(original, check=0)
+    res = optimize(original, check=0, placement=placement)
     path = workdir / f"{name}.onnx"
     artifacts.save(res.model, path)
     sess = InferenceSession(path)
