@@ -186,6 +186,9 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
         if kernel_nodes(model):
             try:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder))
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the folder is not
             except OSError as e:
                 raise CinmError(f"cannot write kernels next to '{path}': {e.strerror}") from None
             manifest = emit(model, tmp, log)

@@ -26,6 +26,16 @@ examples:
 """
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Show an option's default in its help, unless it has none to show (None, off, empty)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def _count(text: str) -> int:
     v = int(text)
     if v < 0:
@@ -105,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(memristor crossbar, UPMEM or host) and check that stock onnxruntime computes "
                     "the same outputs on the result as on the original. The output is written only "
                     "after the check passes, through a temporary file and a rename.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     src = o.add_mutually_exclusive_group()
     src.add_argument("input", nargs="?", help="input .onnx model")
     src.add_argument("--example", metavar="NAME",
@@ -129,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--max-writes-per-cell", type=_nonneg_float, default=None, metavar="W",
                     help="endurance budget: crossbar writes any cell may take per inference (or over "
                          "--lifetime-inferences inferences); tile writes rotate over the crossbars, "
-                         "so writes per cell = tile writes per inference / crossbars (default: none)")
+                         "so writes per cell = tile writes per inference / crossbars")
     cp.add_argument("--lifetime-inferences", type=_pos_float, default=1.0, metavar="L",
                     help="inferences the --max-writes-per-cell budget must last")
     cp.add_argument("--per-kernel-crossbars", action="store_true",
@@ -185,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a model written by 'onnx-cinm optimize' through the CINM execution "
                     "provider: host partitions in onnxruntime, crossbar nodes in the simulator "
                     "(their .xbar files), UPMEM nodes by the cost model or in the emulator.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input array (repeatable); inputs not given are drawn at random")
@@ -204,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the original model in stock onnxruntime and the optimized one through "
                     "the CINM execution provider on the same random inputs; print the largest "
                     "absolute and relative error per output; exit 1 on a mismatch.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     c.add_argument("original", help="the original .onnx model")
     c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
     c.add_argument("--runs", type=_positive, default=2, help="random input sets")
@@ -218,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
         description="Read an optimized model and write layers.csv, time_energy.png, graph.png and "
                     "a self-contained report.html into a folder; print the per-layer table.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
     rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
@@ -232,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Evaluate the cartesian product of --set values (modeled latency, energy, "
                     "writes of the compiled plans; no inference runs) in parallel worker processes "
                     "or on a Dask cluster; write sweep.csv and sweep.png.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     sw.add_argument("input", help="input .onnx model")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
                     help="values of one parameter (repeatable); keys: crossbar.size, crossbar.count, "
@@ -302,11 +312,33 @@ def _cmd_run(args, parser) -> int:
         if not sep or not name or not file:
             parser.error(f"--input expects NAME=FILE.npy, got '{item}'")
         try:
-            given[name] = np.load(file, allow_pickle=False)
+            if name in given:
+                parser.error(f"--input given twice for '{name}'")
+            arr = np.load(file, allow_pickle=False)
+            if not isinstance(arr, np.ndarray):
+                raise ValueError("not a .npy array file (an .npz archive?)")
+            given[name] = arr
         except (OSError, ValueError) as e:
-            raise CinmError(f"cannot read input '{name}' from '{file}': "
-                            f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]}") from None
+            why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            if "pickled" in why:  # never suggest loading untrusted pickles
+                why = "not a .npy array file"
+            raise CinmError(f"cannot read input '{name}' from '{file}': {why}") from None
+    if args.profile_out and Path(args.profile_out).suffix.lower() not in (".json", ".csv"):
+        parser.error(f"--profile-out must end in .json or .csv, got '{args.profile_out}'")
+    for target in (args.output, args.profile_out):
+        if target and not Path(target).resolve().parent.is_dir():
+            raise CinmError(f"cannot write '{target}': folder '{Path(target).parent}' does not exist")
     sess = _session(args.model, opts)
+    kinds = [k for k, _ in sess.partitions()]
+    placed = [n for n in sess._model.graph.node if n.domain == "cinm"
+              and dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
+    unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
+    if not placed:
+        print("onnx-cinm: warning: no op of this model is placed on a device (was it written "
+              "by 'onnx-cinm optimize'?); everything runs in onnxruntime", file=sys.stderr)
+    elif unkerneled:
+        print(f"onnx-cinm: warning: {len(unkerneled)} device-placed op(s) have no kernel (compiled "
+              "with --stop-after?); they run in onnxruntime", file=sys.stderr)
     say = (lambda msg: None) if args.quiet else print
     outs = None
     for i in range(args.random):
@@ -315,6 +347,7 @@ def _cmd_run(args, parser) -> int:
         outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
+    say("  partitions: " + ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))))
     for name, arr in zip(names, outs):
         arr = np.asarray(arr)
         say(f"  output {name}: {arr.dtype} {list(arr.shape)}"
@@ -427,11 +460,14 @@ def _cmd_optimize(args, parser) -> int:
     if args.verbose and args.quiet:
         parser.error("-v and -q exclude each other")
     out = Path(args.output)
+    if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
+        raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "
+                        "output model's file path (e.g. out/model_opt.onnx)")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     say = (lambda msg: None) if args.quiet else print
     if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
-                                     or args.objective != "latency"):
+                                     or args.objective != "energy"):
         print("onnx-cinm: warning: --objective, --max-writes-per-cell and --per-kernel-crossbars "
               "apply to --placement cost only", file=sys.stderr)
     if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
@@ -469,6 +505,7 @@ def _cmd_optimize(args, parser) -> int:
     finally:
         bar.close()
     manifest = artifacts.save(result.model, out, log)
+    args.written = out  # an interrupt from here on must not claim that nothing was written
     for hint in result.stats.get("placement", {}).get("unused_hints", []):
         print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
@@ -590,7 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("onnx-cinm: interrupted; nothing was written", file=sys.stderr)
+        written = getattr(args, "written", None)
+        print(f"onnx-cinm: interrupted after writing {written} (complete)" if written
+              else "onnx-cinm: interrupted; nothing was written", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a bug of ours: one line unless --debug
         if getattr(args, "debug", False) or os.environ.get("ONNX_CINM_DEBUG"):

@@ -148,6 +148,9 @@ _WORKER_MODEL: onnx.ModelProto | None = None
 
 def _init_worker(model_bytes: bytes) -> None:
     global _WORKER_MODEL
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _WORKER_MODEL = onnx.load_from_string(model_bytes)
 
 

@@ -38,7 +38,7 @@ def _optimize_and_signal(out_dir, sig=None, delay=0.0):
 def test_interrupted_optimize_leaves_nothing_partial(tmp_path, sig, delay):
     code, err = _optimize_and_signal(tmp_path, sig, delay)
     left = sorted(p.name for p in tmp_path.iterdir())
-    if code == 0:  # finished before the signal: the complete pair
+    if code == 0 or "interrupted after writing" in err:  # written before the signal: complete
         assert left == ["out.cinm", "out.onnx"]
         artifacts.verify(tmp_path / "out.cinm")
         return

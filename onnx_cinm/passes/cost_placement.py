@@ -86,6 +86,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices.base import Cost
 from ..dialects import cinm
 from ..errors import CinmError
+from .placement import hint_matches
 
 OBJECTIVES = ("latency", "energy", "edp")
 
@@ -149,7 +150,10 @@ class Choice:
     """One candidate device of one op, with its modeled cost.
 
     ``kept_tiles``/``capacity``: crossbar tiles this op keeps programmed across inferences and
-    the crossbars of its device (cim devices; 0 otherwise). ``mram_resident``/``mram_capacity``:
+    the crossbars of its device (cim devices; 0 otherwise). A cim op has two choices on a
+    device: pinned (its tiles kept, priced as if alone) and ``streamed`` (through crossbars
+    shared with other kernels: every tile written every inference, nothing kept), as
+    ``MemristorDevice.lower_all`` builds them. ``mram_resident``/``mram_capacity``:
     constant bytes this op keeps in the device's memory and that memory's size (cnm devices with
     ``dpus`` and ``mram_bytes`` parameters; 0 otherwise).
     """
@@ -161,6 +165,7 @@ class Choice:
     mram_resident: int = 0
     mram_capacity: int = 0
     note: str = ""
+    streamed: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,8 +230,9 @@ def _cim_plan(dev, op, options) -> dict:
         return {}
 
 
-def candidate(dev, op, options: dict) -> Choice | str:
-    """The :class:`Choice` of ``op`` on ``dev``, or the reason ``dev`` refuses it (a string)."""
+def candidate(dev, op, options: dict) -> list | str:
+    """The :class:`Choice` list of ``op`` on ``dev`` (crossbars: pinned and streamed), or the
+    reason ``dev`` refuses it (a string)."""
     key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev.paradigm))
     hit = _CACHE.get(key)
     if hit is not None:
@@ -252,10 +258,19 @@ def candidate(dev, op, options: dict) -> Choice | str:
         mcap = int(dpus or 0) * int(getattr(dev.params, "mram_bytes", 0) or 0)
         mram = sum(_tensor_bytes(t) for t in op.inputs if t.const) if mcap else 0
     ch = Choice(dev.name, c, kept, cap, mram, mcap, note)
+    out = [ch]
+    if dev.paradigm == "cim" and kept and hasattr(dev, "cost_shared"):
+        try:
+            out.append(Choice(dev.name, dev.cost_shared(op, options), 0, cap, 0, 0, note,
+                              streamed=True))
+        except Exception:  # noqa: BLE001 - no streamed plan: only the pinned choice
+            pass
+    elif dev.paradigm == "cim" and not kept:
+        out = [Choice(dev.name, c, 0, cap, mram, mcap, note, streamed=True)]
     if len(_CACHE) > _CACHE_MAX:
         _CACHE.clear()
-    _CACHE[key] = ch
-    return ch
+    _CACHE[key] = out
+    return out
 
 
 def link_cost(dev, nbytes: int, to_device: bool, options: dict) -> tuple[float, float]:
@@ -332,12 +347,12 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
         cands, refused = [hc], []
         for dev in targets:
             r = candidate(dev, info, options)
-            if isinstance(r, Choice):
-                cands.append(r)
+            if isinstance(r, list):
+                cands.extend(r)
             elif r:
                 refused.append((dev.name, r))
         for k, (pattern, dev_name) in enumerate(hints):
-            if fnmatch.fnmatchcase(node.name, pattern) or fnmatch.fnmatchcase(node.op_type, pattern):
+            if hint_matches(node, pattern):
                 used_hints.add(k)
                 pick = next((c for c in cands if c.device == dev_name), None)
                 if pick is not None:
@@ -706,13 +721,47 @@ def heuristic_assign(prob: Problem) -> dict | None:
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
     from .placement import _heuristic
 
+    devs = {i: _heuristic(op_info(prob.nodes[i], prob.infos))[0] for i in prob.decision}
+    out = _with_variants(prob, devs)
+    return None if any(ch is None for ch in out.values()) else out
+
+
+def _pinned(prob: Problem, devs: dict) -> dict:
+    """``{op index: pinned?}`` for the ops ``devs`` puts on cim devices, as the device's
+    ``lower_all`` allocates the shared crossbars (the ``cim_writes_load`` already recorded on a
+    lowered node is used as it is)."""
+    out, groups = {}, {}
+    for i, dev in devs.items():
+        at = cinm.node_attrs(prob.nodes[i])
+        if "cim_writes_load" in at and at.get("device") == dev:
+            out[i] = at["cim_writes_load"] > 0
+        elif devices.get_device(dev).paradigm == "cim":
+            groups.setdefault(dev, []).append(i)
+    for dev, idx in groups.items():
+        d = devices.get_device(dev)
+        if not hasattr(d, "lower_all"):
+            continue
+        try:
+            plans = d.lower_all([(op_info(prob.nodes[i], prob.infos),
+                                  dict(prob.options, kernel_stem=f"probe{i}")) for i in idx])
+        except Exception:  # noqa: BLE001 - no plan: keep the pinned choice
+            continue
+        out.update({i: a.get("cim_writes_load", 0) > 0 for i, a in zip(idx, plans)})
+    return out
+
+
+def _with_variants(prob: Problem, devs: dict) -> dict:
+    """Choices for the device of every op in ``devs``: on a cim device the pinned or the
+    streamed one, as the model-wide crossbar allocation would build it; None if the device
+    has no choice for the op."""
+    pinned = _pinned(prob, devs)
     out = {}
-    for i in prob.decision:
-        dev, _ = _heuristic(op_info(prob.nodes[i], prob.infos))
-        ch = next((c for c in prob.cands[i] if c.device == dev), None)
-        if ch is None:
-            return None
-        out[i] = ch
+    for i, dev in devs.items():
+        opts = [c for c in prob.cands[i] if c.device == dev]
+        if i in pinned:
+            want = [c for c in opts if c.streamed != pinned[i]]
+            opts = want or opts
+        out[i] = opts[0] if opts else None
     return out
 
 
@@ -860,11 +909,10 @@ def evaluate_model(model: onnx.ModelProto, options: dict | None = None) -> tuple
     options = dict(options or {})
     prob = build_problem(model, options)
     assign, bad = {}, []
-    for i in prob.decision:
-        dev = cinm.node_attrs(prob.nodes[i]).get("device", "host")
-        ch = next((c for c in prob.cands[i] if c.device == dev), None)
+    devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
+    for i, ch in _with_variants(prob, devs).items():
         if ch is None:
-            bad.append(f"{prob.nodes[i].name}: {dev} cannot run it under these options")
+            bad.append(f"{prob.nodes[i].name}: {devs[i]} cannot run it under these options")
             ch = prob.cands[i][0]
         assign[i] = ch
     prob.assign = assign

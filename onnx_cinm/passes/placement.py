@@ -33,6 +33,14 @@ _PARADIGM_ORDER = ("cim", "cnm")
 STRATEGIES = ("cost", "heuristic")
 
 
+def hint_matches(node: onnx.NodeProto, pattern: str) -> bool:
+    """Whether a ``--place`` pattern (fnmatch) matches ``node``: its name, its op type, or the
+    name of the source node it was lowered from (``to_cinm`` names a cinm op ``<source>/<Op>``,
+    so ``fc1`` matches ``fc1/Gemm``)."""
+    source = node.name.rsplit("/", 1)[0] if "/" in node.name else node.name
+    return any(fnmatch.fnmatchcase(x, pattern) for x in (node.name, node.op_type, source))
+
+
 def parse_hint(text: str) -> tuple[str, str]:
     """Parse ``PATTERN=DEVICE``; raises CinmError if malformed or the device is unknown."""
     pattern, sep, dev = text.rpartition("=")
@@ -122,7 +130,7 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         info = op_info(node, infos)
         chosen = None
         for k, (pattern, dev_name) in enumerate(hints):
-            if fnmatch.fnmatchcase(node.name, pattern) or fnmatch.fnmatchcase(node.op_type, pattern):
+            if hint_matches(node, pattern):
                 used_hints.add(k)
                 s = devices.get_device(dev_name).supports(info)
                 if s:

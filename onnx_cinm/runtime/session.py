@@ -340,7 +340,7 @@ class InferenceSession:
                                 "energy_j": None, "writes": 0, "bytes_moved": 0})
                 for node, dev in p.modeled:
                     at = cinm.node_attrs(node)
-                    records.append({"run": run_index, "node": node.name, "op_type": node.op_type,
+                    records.append({"run": run_index, "node": self._label(node), "op_type": node.op_type,
                                     "device": dev, "mode": "model", "wall_s": None,
                                     "latency_s": at.get("cnm_latency_s"),
                                     "energy_j": at.get("cnm_energy_j"), "writes": 0,
@@ -352,7 +352,7 @@ class InferenceSession:
                 outs, metrics = d.kernel(ins)
                 wall = time.perf_counter() - t0
                 values.update(zip([o for o in d.node.output if o], outs))
-                records.append({"run": run_index, "node": d.node.name, "op_type": d.node.op_type,
+                records.append({"run": run_index, "node": self._label(d.node), "op_type": d.node.op_type,
                                 "device": d.device, "mode": d.mode, "wall_s": wall,
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
@@ -392,6 +392,14 @@ class InferenceSession:
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
+    def _label(self, node) -> str:
+        """The node's name in the profile; an unnamed node is ``<OpType #index>``."""
+        if node.name:
+            return node.name
+        if not hasattr(self, "_index"):
+            self._index = {id(n): k for k, n in enumerate(self._model.graph.node)}
+        return f"<{node.op_type} #{self._index.get(id(node), '?')}>"
+
     def load_profile(self) -> list[dict]:
         """What creating the session did on the devices: per crossbar kernel, the tiles
         programmed at load (``writes``), with modeled ``latency_s`` and ``energy_j``."""
@@ -399,7 +407,7 @@ class InferenceSession:
         for d in self._device_nodes:
             load = getattr(d.kernel, "load_metrics", None)
             if load:
-                out.append({"node": d.node.name, "device": d.device, "writes": load["tile_writes"],
+                out.append({"node": self._label(d.node), "device": d.device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
         return out
 

@@ -212,6 +212,12 @@ class MemristorDevice:
         p, _, params, _, _ = self.plan(op, options)
         return p.cost(params)
 
+    def cost_shared(self, op: OpInfo, options: dict | None = None) -> Cost:
+        """Modeled cost of one inference of ``op`` streaming through crossbars shared with other
+        kernels (all its tiles written every inference; see :meth:`lower_all`)."""
+        p, _, params, _, _ = self.plan(op, options, shared=True)
+        return p.cost(params)
+
     def lower(self, op: OpInfo, options: dict) -> dict:
         """The crossbar plan of ``op`` alone on the device, as node attributes (see
         :meth:`lower_all`)."""
