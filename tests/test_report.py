@@ -5,7 +5,6 @@ import csv
 import io
 from html.parser import HTMLParser
 
-import onnx
 import pytest
 from PIL import Image
 

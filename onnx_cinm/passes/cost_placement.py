@@ -72,7 +72,6 @@ alternative would have added, and which devices refused the op and why.
 """
 from __future__ import annotations
 
-import fnmatch
 import inspect
 import math
 from collections import Counter

@@ -724,7 +724,6 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
     dtype = np.dtype(ins[0].dtype).name
     shapes = [x.static_shape for x in ins]
     a = op.attrs
-    kind_dtype = dtype
 
     def need_dtype(dt, ok=DTYPES):
         if dt not in ok:
