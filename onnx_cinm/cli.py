@@ -373,23 +373,18 @@ def _cmd_run(args, parser) -> int:
 
 
 def _save_npz(path: str, arrays: dict) -> None:
-    import tempfile
+    import io
 
     import numpy as np
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from . import frontend
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".npz", dir=folder)
+        frontend.write_file_atomic(path, buf.getvalue())
     except OSError as e:
         raise CinmError(f"cannot write '{path}': {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _cmd_compare(args, parser) -> int:

@@ -430,6 +430,41 @@ def _external_skeleton(model: onnx.ModelProto, data_file, location: str) -> onnx
     return skeleton
 
 
+def write_file_atomic(path, data: bytes | str) -> None:
+    """Write ``data`` (bytes, or text as UTF-8) to ``path`` through a temporary file in the same
+    folder and a rename, with the permissions an ordinary new file gets (umask applied): readers
+    see the old file or the new one, never a partial one. Raises OSError (the temporary removed)."""
+    path = os.fspath(path)
+    raw = data.encode() if isinstance(data, str) else data
+    temporary = _new_temporary(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    try:
+        _write_file(temporary, lambda handle: handle.write(raw))
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def write_files_into(folder, files: dict, what: str) -> list:
+    """Write ``{file name: bytes or text}`` into ``folder`` (created), each atomically; return
+    the paths. Raises CinmError (one line naming ``what``) if ``folder`` is a file or a write fails."""
+    from pathlib import Path
+
+    out = Path(folder)
+    try:
+        if out.exists() and not out.is_dir():
+            raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, data in files.items():
+            write_file_atomic(out / name, data)
+            written.append(out / name)
+    except OSError as e:
+        raise CinmError(f"cannot write the {what} into '{folder}': {e.strerror or e}") from None
+    return written
+
+
 def _new_temporary(folder: str, name: str) -> str:
     handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     os.close(handle)

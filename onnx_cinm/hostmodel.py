@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import frontend
 from .errors import CinmError
 
 #: Host power while it computes, watts (*assumption*, see the module docstring).
@@ -125,19 +125,6 @@ def measure(n: int = 512, copy_mb: int = 64, reps: int = 3) -> HostRoofline:
     return HostRoofline(flops, bw, DEFAULT_POWER_W, f"measured on {platform.node() or 'this host'}")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 _memo: HostRoofline | None = None
 
 
@@ -169,7 +156,8 @@ def get(option=None) -> HostRoofline:
         pass
     _memo = measure()
     try:
-        _write_atomic(path, json.dumps({"key": key, "roofline": asdict(_memo)}, indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frontend.write_file_atomic(path, json.dumps({"key": key, "roofline": asdict(_memo)}, indent=1))
     except OSError:
         pass
     return _memo

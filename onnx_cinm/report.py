@@ -25,15 +25,12 @@ import base64
 import csv
 import html
 import io
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from .dialects import cinm
-from .errors import CinmError
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
 COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
@@ -280,21 +277,6 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
             f"</tr></thead><tbody>\n{body}</tbody></table></body></html>\n")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, options: dict | None = None,
                  title: str | None = None) -> dict:
     """Write ``layers.csv``, ``time_energy.png``, ``graph.png`` and ``report.html`` into
@@ -323,17 +305,7 @@ def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, optio
              "time_energy.png": pngs["time and energy per layer, by device"],
              "graph.png": pngs["graph, nodes coloured by device"],
              "report.html": _html(f"onnx-cinm report: {title}", rows, totals, pngs).encode()}
-    out = Path(out_dir)
-    try:
-        if out.exists() and not out.is_dir():
-            raise CinmError(f"report folder '{out_dir}' exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, data in files.items():
-            _write_atomic(out / name, data)
-            written.append(out / name)
-    except OSError as e:
-        raise CinmError(f"cannot write the report into '{out_dir}': {e.strerror or e}") from None
+    written = frontend.write_files_into(out_dir, files, "report")
     return {"rows": rows, "totals": totals, "files": written}
 
 

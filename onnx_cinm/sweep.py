@@ -44,6 +44,7 @@ from pathlib import Path
 
 import onnx
 
+from . import frontend
 from .errors import CinmError
 
 
@@ -333,18 +334,6 @@ def plot(configs: list[dict], results: list[dict], title: str = "") -> bytes:
 
 def write(out_dir, configs: list[dict], results: list[dict], title: str = "") -> list[Path]:
     """Write ``sweep.csv`` and ``sweep.png`` into ``out_dir`` (atomically); returns the paths."""
-    from .report import _write_atomic
 
-    out = Path(out_dir)
     files = {"sweep.csv": to_csv(configs, results).encode(), "sweep.png": plot(configs, results, title)}
-    try:
-        if out.exists() and not out.is_dir():
-            raise CinmError(f"sweep folder '{out_dir}' exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name, data in files.items():
-            _write_atomic(out / name, data)
-            paths.append(out / name)
-    except OSError as e:
-        raise CinmError(f"cannot write the sweep into '{out_dir}': {e.strerror or e}") from None
-    return paths
+    return frontend.write_files_into(out_dir, files, "sweep")

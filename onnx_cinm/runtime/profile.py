@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from .. import frontend
 
 FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "energy_j", "writes",
           "bytes_moved"]
@@ -99,12 +99,4 @@ def write(records: list[dict], path) -> None:
         text = buf.getvalue()
     else:
         text = json.dumps(records, indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    frontend.write_file_atomic(path, text)
