@@ -436,6 +436,7 @@ class CrossbarSimulator:
         self._read: list = []
         self._trace = None
         self._pending: list = []
+        self._untouched: set = set()
         self._cache: dict = {}
         self._reversed = None
         self._has_loop = any(isinstance(c, ForRows) for c in program.run)
@@ -607,6 +608,7 @@ class CrossbarSimulator:
                             self._trace.append(("acc", name, lat[0], lat[1]))
                     else:
                         outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
+                        self._untouched.discard((name, g))
             elif op == "BARRIER":
                 if ph:
                     ph.clock[:] = ph.clock.max()
@@ -624,6 +626,7 @@ class CrossbarSimulator:
 
     def _add_bias(self, out, bias, acts, outs, line) -> None:
         self._flush(acts, outs)
+        self._untouched = {k for k in self._untouched if k[0] != out}
         try:
             outs[out] += self.const[bias]
         except ValueError:
@@ -664,8 +667,13 @@ class CrossbarSimulator:
             Y = outs[out][g]
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
-                Y += X[:, :W.shape[0]] @ W
+                if (out, g) in self._untouched:  # still all zeros: write the product in place
+                    np.matmul(X[:, :W.shape[0]], W, out=Y)
+                else:
+                    Y += X[:, :W.shape[0]] @ W
+                self._untouched.discard((out, g))
                 continue
+            self._untouched.discard((out, g))
             by_n: dict = {}
             for kt, nt in tiles:
                 by_n.setdefault(nt, []).append(kt)
@@ -733,6 +741,7 @@ class CrossbarSimulator:
         self._latch: list = [None] * self.P
         self._read: list = []
         self._pending: list = []
+        self._untouched = {(name, g) for name, arr in outs.items() for g in range(arr.shape[0])}
         reverse = prog.header["order"] == "serpentine" and self.inferences % 2 == 1
         if reverse and self._reversed is None:
             self._reversed = _reverse_rounds(prog.run)
