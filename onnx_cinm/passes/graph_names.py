@@ -23,6 +23,26 @@ def names_read_by(node: onnx.NodeProto) -> set[str]:
     return names
 
 
+def names_used_by(node: onnx.NodeProto) -> set[str]:
+    """Exactly the names ``node`` takes from its scope: its inputs and the outer-scope values its
+    subgraphs capture (names a subgraph defines itself -- its inputs, initializers and node
+    outputs -- are not captures). :func:`names_read_by` over-approximates; this does not."""
+    names = {name for name in node.input if name}
+    for graph in subgraphs(node):
+        names |= _captured(graph)
+    return names
+
+
+def _captured(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for inner in graph.node:
+        read |= names_used_by(inner) - defined
+        defined.update(o for o in inner.output if o)
+    read |= {o.name for o in graph.output} - defined
+    return read
+
+
 def names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]:
     """Names read by the nodes of ``graph`` (except those at indices ``skip``) or its outputs."""
     names = {output.name for output in graph.output}

@@ -35,7 +35,7 @@ from .. import artifacts, devices, frontend
 from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
-from ..passes.graph_names import names_read_by
+from ..passes.graph_names import names_used_by
 from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
@@ -177,7 +177,7 @@ class InferenceSession:
         parts: dict[int, _Partition] = {}
         self._device_nodes: list[_DeviceNode] = []
         for node in g.node:
-            stage = max((ready.get(n, 0) for n in names_read_by(node)), default=0)
+            stage = max((ready.get(n, 0) for n in names_used_by(node)), default=0)
             claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
             if claim is not None and claim[1] is not None:
                 dev_name, kernel, mode = claim
@@ -200,7 +200,7 @@ class InferenceSession:
         consumed_later: dict[str, set] = {}
         for p in self._parts:
             for node in p.nodes:
-                for n in names_read_by(node):
+                for n in names_used_by(node):
                     consumed_later.setdefault(n, set()).add(("p", p.index))
         for d in self._device_nodes:
             for n in d.node.input:
@@ -213,7 +213,7 @@ class InferenceSession:
             pset = set(produced)
             needed = []
             for node in p.nodes:
-                for n in names_read_by(node):
+                for n in names_used_by(node):
                     if n not in pset and n not in inits and n not in needed:
                         needed.append(n)
             p.inputs = needed
@@ -232,11 +232,24 @@ class InferenceSession:
         g = self._model.graph
         used = set()
         for node in p.nodes:
-            used |= names_read_by(node)
-        # outputs may go untyped (onnxruntime infers them); inputs come typed (see run)
+            used |= names_used_by(node)
+        # Boundary tensors are declared by element type only: the arrays are checked where they
+        # enter the model, and a stale or over-specific shape in value_info (a [1] where the
+        # value is a scalar) would make onnxruntime refuse a partition the whole graph runs.
+        # Outputs may even go untyped (onnxruntime infers them); inputs need a type (see run).
+        graph_inputs = {vi.name for vi in self._inputs}
+
+        def declared(n):
+            vi = vis.get(n)
+            if vi is None:
+                return onnx.ValueInfoProto(name=n)
+            if n in graph_inputs or not vi.type.HasField("tensor_type"):
+                return vi
+            return helper.make_tensor_value_info(n, vi.type.tensor_type.elem_type, None)
+
         sub = helper.make_graph(
             p.nodes, f"{g.name or 'graph'}_host{p.index}",
-            [vis[n] for n in p.inputs], [vis.get(n) or onnx.ValueInfoProto(name=n) for n in p.outputs],
+            [declared(n) for n in p.inputs], [declared(n) for n in p.outputs],
             initializer=[inits[n] for n in inits if n in used])
         m = helper.make_model(sub, opset_imports=list(self._model.opset_import),
                               ir_version=self._model.ir_version)
