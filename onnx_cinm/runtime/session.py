@@ -261,8 +261,16 @@ class InferenceSession:
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         if self._options["intra_op_threads"]:
             so.intra_op_num_threads = int(self._options["intra_op_threads"])
+        data = m.SerializeToString()
         try:
-            return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - onnxruntime raises its own types
+            pass
+        # onnxruntime's graph optimizations can trip over a partition the plain graph runs
+        # (its constant folding re-infers shapes, e.g. a Range fed by a folded [1] tensor)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
             raise CinmError(f"onnxruntime rejects host partition {p.index}: "
                             f"{str(e).splitlines()[0]}") from None
