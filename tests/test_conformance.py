@@ -18,7 +18,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper
 
-from onnx_cinm.backend import CinmBackend, CinmBackendRep, onnxruntime_runner
+from onnx_cinm.backend import CinmBackend, CinmBackendRep, cinm_provider_runner, onnxruntime_runner
 
 _SPEC = importlib.util.spec_from_file_location(
     "onnx_cinm_conformance", Path(__file__).resolve().parents[1] / "benchmarks" / "conformance.py")
@@ -137,3 +137,19 @@ def test_regression_reduce_mean_to_scalar_keeps_rank_0():
     (y,) = CinmBackend.prepare(model).run([x])
     assert y.shape == ()
     assert float(y) == pytest.approx(3.5)
+
+
+def test_selection_through_the_cinm_execution_provider():
+    """The same cases executed by the CINM execution provider (device nodes in their kernels:
+    crossbar simulator, UPMEM model mode) instead of stock onnxruntime on the optimized model."""
+    ort.set_default_logger_severity(4)
+    try:
+        jobs = min(2, os.cpu_count() or 1)
+        outcomes = conformance.run_all(conformance.collect_cases(), cinm_provider_runner,
+                                       jobs=jobs)
+    finally:
+        ort.set_default_logger_severity(2)
+    counts = conformance.summarize(outcomes)
+    failed = [f"{o.case.name}: {o.message}" for o in outcomes if o.status == "failed"]
+    assert not failed, f"{len(failed)} failures through the provider:\n" + "\n".join(failed[:40])
+    assert counts["passed"] + counts["expected_failures"] == counts["run"] > 1000
