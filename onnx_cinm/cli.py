@@ -36,6 +36,13 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _common(p: argparse.ArgumentParser, quiet: bool = True) -> None:
+    """The flags every subcommand takes: -q (unless it prints nothing else) and --debug."""
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
+
 def _count(text: str) -> int:
     v = int(text)
     if v < 0:
@@ -187,8 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--list-passes", action="store_true", help="list the passes and exit")
     o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
     o.add_argument("-v", "--verbose", action="store_true", help="print progress and every placement")
-    o.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    o.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+    _common(o)
 
     r = sub.add_parser(
         "run", help="run an optimized model: host parts in onnxruntime, device nodes in their kernels",
@@ -206,8 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
     r.add_argument("--profile", action="store_true", help="print the per-node profile")
     r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
-    r.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    r.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+    _common(r)
 
     c = sub.add_parser(
         "compare", help="run the original in onnxruntime and the optimized model through the provider",
@@ -222,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance")
     c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
                    help="CinmExecutionProvider option (repeatable)")
-    c.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+    _common(c, quiet=False)
 
     rp = sub.add_parser(
         "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
@@ -234,8 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
                     help="host figures instead of the measured, cached roofline")
     rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
-    rp.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    rp.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+    _common(rp)
 
     sw = sub.add_parser(
         "sweep", help="compile a model under every combination of device parameters",
@@ -262,8 +266,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="host figures instead of the measured, cached roofline")
     sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                     help="bake a static shape into an input (repeatable)")
-    sw.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    sw.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+    _common(sw)
 
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

@@ -44,6 +44,11 @@ class TensorInfo:
         s = self.static_shape
         return 0 if s is None else math.prod(s)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor (:attr:`numel` times the element size); 0 if the dtype is unknown."""
+        return 0 if self.dtype is None else self.numel * np.dtype(self.dtype).itemsize
+
 
 @dataclass(frozen=True)
 class OpInfo:

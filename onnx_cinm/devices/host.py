@@ -13,13 +13,6 @@ class HostParams:
     machine; override with the ``host_roofline`` option or ``ONNX_CINM_HOST_ROOFLINE``."""
 
 
-def _tensor_bytes(t) -> int:
-    if t.dtype is None:
-        return 0
-    import numpy as np
-
-    return t.numel * np.dtype(t.dtype).itemsize
-
 
 @dataclass
 class HostDevice:
@@ -39,7 +32,7 @@ class HostDevice:
         from .. import hostmodel
 
         roof = hostmodel.get((options or {}).get("host_roofline"))
-        nbytes = sum(_tensor_bytes(t) for t in op.inputs + op.outputs)
+        nbytes = sum(t.nbytes for t in op.inputs + op.outputs)
         return Cost(latency_s=roof.latency_s(op.flops, nbytes),
                     energy_j=roof.energy_j(op.flops, nbytes), writes=0, bytes_moved=0)
 

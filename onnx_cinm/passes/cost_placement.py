@@ -77,7 +77,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 from .. import devices
@@ -216,12 +215,6 @@ def device_cost(dev, op, options: dict) -> Cost:
     return dev.cost(op)
 
 
-def _tensor_bytes(t) -> int:
-    if t.dtype is None:
-        return 0
-    return int(t.numel) * int(np.dtype(t.dtype).itemsize)
-
-
 def _cim_plan(dev, op, options) -> dict:
     try:
         return dev.lower(op, dict(options, kernel_stem="probe"))
@@ -255,7 +248,7 @@ def candidate(dev, op, options: dict) -> list | str:
         dpus = options.get("upmem_dpus") if dev.name == "upmem" else None
         dpus = dpus or getattr(dev.params, "dpus", 0)
         mcap = int(dpus or 0) * int(getattr(dev.params, "mram_bytes", 0) or 0)
-        mram = sum(_tensor_bytes(t) for t in op.inputs if t.const) if mcap else 0
+        mram = sum(t.nbytes for t in op.inputs if t.const) if mcap else 0
     ch = Choice(dev.name, c, kept, cap, mram, mcap, note)
     out = [ch]
     if dev.paradigm == "cim" and kept and hasattr(dev, "cost_shared"):
@@ -380,7 +373,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
             return None
         if name not in index:
             info = infos.get(name)
-            nb = _tensor_bytes(info) if info is not None else 0
+            nb = info.nbytes if info is not None else 0
             index[name] = len(prob.tensors)
             prob.tensors.append(Tensor(name, nb, producer.get(name, -1), [], name in outputs))
         return index[name]

@@ -45,7 +45,6 @@ class CrossbarKernel:
         self.names = names
         self.bias_name = names[2] if len(names) > 2 else None
         self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
-        self.consts = consts
         prog_name = names[0] if self.operand == "A" else names[1]
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
         self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
