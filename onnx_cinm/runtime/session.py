@@ -226,7 +226,11 @@ class InferenceSession:
         self._inits, self._vis = inits, vis
         self._lazy_lock = threading.Lock()
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
-        self._stages = sorted({p.stage for p in self._parts} | {d.stage for d in self._device_nodes})
+        # the execution order, once: per stage, its host partitions, then its device nodes
+        self._schedule = [(s, [p for p in self._parts if p.stage == s],
+                           [d for d in self._device_nodes if d.stage == s])
+                          for s in sorted({p.stage for p in self._parts}
+                                          | {d.stage for d in self._device_nodes})]
 
     def _session(self, p: _Partition, inits: dict, vis: dict):
         g = self._model.graph
@@ -338,14 +342,8 @@ class InferenceSession:
         with self._profile_lock:
             run_index = self._runs
             self._runs += 1
-        by_stage_parts = {}
-        for p in self._parts:
-            by_stage_parts.setdefault(p.stage, []).append(p)
-        by_stage_dev = {}
-        for d in self._device_nodes:
-            by_stage_dev.setdefault(d.stage, []).append(d)
-        for s in self._stages:
-            for p in by_stage_parts.get(s, []):
+        for _, stage_parts, stage_devices in self._schedule:
+            for p in stage_parts:
                 if p.session is None:
                     self._late_session(p, values)
                 t0 = time.perf_counter()
@@ -366,7 +364,7 @@ class InferenceSession:
                                     "latency_s": at.get("cnm_latency_s"),
                                     "energy_j": at.get("cnm_energy_j"), "writes": 0,
                                     "bytes_moved": None})
-            for d in by_stage_dev.get(s, []):
+            for d in stage_devices:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
                 t0 = time.perf_counter()
@@ -436,9 +434,9 @@ class InferenceSession:
         """``(kind, node count)`` in execution order, for inspection: host partitions and
         device nodes."""
         out = []
-        for s in self._stages:
-            out += [("host", len(p.nodes)) for p in self._parts if p.stage == s]
-            out += [(d.device, 1) for d in self._device_nodes if d.stage == s]
+        for _, stage_parts, stage_devices in self._schedule:
+            out += [("host", len(p.nodes)) for p in stage_parts]
+            out += [(d.device, 1) for d in stage_devices]
         return out
 
 
