@@ -621,6 +621,10 @@ def main(argv: list[str] | None = None) -> int:
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` or similar: stop quietly, like Unix tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except MemoryError:
         print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
         return 1
