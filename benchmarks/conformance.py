@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -278,28 +277,13 @@ def run_case(case: Case, runner=None) -> Outcome:
     return Outcome(case, "xfail", reason, cinm_ops, seconds)
 
 
-_POOL_CASES: list[Case] = []
-_POOL_RUNNER = None
+def run_all(cases: list[Case], runner=None) -> list[Outcome]:
+    """:func:`run_case` for every case, in this process.
 
-
-def _pool_run(index: int) -> tuple:
-    o = run_case(_POOL_CASES[index], _POOL_RUNNER)
-    return index, o.status, o.message, o.cinm_ops, o.seconds
-
-
-def run_all(cases: list[Case], runner=None, jobs: int = 1) -> list[Outcome]:
-    """:func:`run_case` for every case, in ``jobs`` forked worker processes (1: in-process)."""
-    global _POOL_CASES, _POOL_RUNNER
-    if jobs <= 1 or len(cases) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [run_case(case, runner) for case in cases]
-    _POOL_CASES, _POOL_RUNNER = cases, runner  # inherited by the forked workers
-    try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            results = pool.map(_pool_run, range(len(cases)), chunksize=8)
-    finally:
-        _POOL_CASES, _POOL_RUNNER = [], None
-    return [Outcome(cases[i], status, message, ops, seconds)
-            for i, status, message, ops, seconds in sorted(results)]
+    The whole selection takes about 40 s on one core. It is not split over forked workers:
+    a fork taken while onnxruntime's thread pools hold their locks can deadlock the child.
+    """
+    return [run_case(case, runner) for case in cases]
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
@@ -345,8 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print only the counts as JSON")
     p.add_argument("-k", metavar="SUBSTRING", help="run only cases whose name contains this")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per case")
-    p.add_argument("-j", "--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes (default: 2, or 1 on a single core)")
     p.add_argument("--runner", default="onnxruntime", choices=["onnxruntime", "cinm"],
                    help="what executes the optimized model: stock onnxruntime (default) or the "
                         "CINM execution provider (device nodes in their kernels)")
@@ -360,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if args.k in c.name]
     from onnx_cinm.backend import RUNNERS
 
-    outcomes = run_all(cases, RUNNERS[args.runner], args.jobs)
+    outcomes = run_all(cases, RUNNERS[args.runner])
     if args.verbose and not args.json:
         for o in outcomes:
             print(f"{o.status:7s} {o.case.suite:18s} {o.case.name} {o.message}")

@@ -2,9 +2,18 @@
 
 ``optimize(model_or_path, ...)`` runs the whole compiler and returns an
 :class:`~onnx_cinm.pipeline.OptimizeResult`; see :func:`onnx_cinm.pipeline.optimize`.
+
+The compiler (onnx, numpy, onnxruntime) is imported on first use, so ``onnx-cinm --help`` is
+quick and a Ctrl-C while the command line starts up is handled like any other interrupt.
 """
 __version__ = "0.1.0"
 
-from .pipeline import OptimizeResult, optimize  # noqa: E402
-
 __all__ = ["optimize", "OptimizeResult", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("optimize", "OptimizeResult"):
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'onnx_cinm' has no attribute {name!r}")

@@ -591,18 +591,46 @@ def _cmd_sweep(args, parser) -> int:
     return 0
 
 
+def _interrupted(args: argparse.Namespace) -> int:
+    written = getattr(args, "written", None)
+    print(f"onnx-cinm: interrupted after writing {written} (complete)" if written
+          else "onnx-cinm: interrupted; nothing was written", file=sys.stderr)
+    return 130
+
+
+def _caused_by_interrupt(e: BaseException) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = _parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while starting up
+        return _interrupted(argparse.Namespace())
     try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
-        signal.signal(signal.SIGTERM, _terminate)
+        previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread (embedded use)
-        pass
+        return _dispatch(args, parser)
+    try:
+        return _dispatch(args, parser)
+    finally:  # an embedding process (a test run, a notebook) gets its own handler back
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the chosen subcommand; turn every failure into a one-line message and an exit code."""
     if args.command is None:
         parser.print_help()
         return 2
@@ -629,11 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        written = getattr(args, "written", None)
-        print(f"onnx-cinm: interrupted after writing {written} (complete)" if written
-              else "onnx-cinm: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        return _interrupted(args)
     except Exception as e:  # noqa: BLE001 - a bug of ours: one line unless --debug
+        if _caused_by_interrupt(e):  # e.g. Ctrl-C inside a C extension's import: ImportError
+            return _interrupted(args)
         if getattr(args, "debug", False) or os.environ.get("ONNX_CINM_DEBUG"):
             traceback.print_exc()
         else:

@@ -7,7 +7,6 @@ verified reason. Expected outputs come from onnx's test data, never from onnx-ci
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -31,8 +30,7 @@ _SPEC.loader.exec_module(conformance)
 def outcomes():
     ort.set_default_logger_severity(4)
     try:
-        jobs = min(2, os.cpu_count() or 1)
-        return conformance.run_all(conformance.collect_cases(), jobs=jobs)
+        return conformance.run_all(conformance.collect_cases())
     finally:
         ort.set_default_logger_severity(2)
 
@@ -144,9 +142,7 @@ def test_selection_through_the_cinm_execution_provider():
     crossbar simulator, UPMEM model mode) instead of stock onnxruntime on the optimized model."""
     ort.set_default_logger_severity(4)
     try:
-        jobs = min(2, os.cpu_count() or 1)
-        outcomes = conformance.run_all(conformance.collect_cases(), cinm_provider_runner,
-                                       jobs=jobs)
+        outcomes = conformance.run_all(conformance.collect_cases(), cinm_provider_runner)
     finally:
         ort.set_default_logger_severity(2)
     counts = conformance.summarize(outcomes)

@@ -452,11 +452,13 @@ def _build_in_subprocess(args):
 
 
 def test_concurrent_builds_of_one_kernel_agree(tmp_path):
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     k = _kernel(tmp_path, "conc", "int main(void) { return 0; }\n", _launch_host(1))
     cache = str(tmp_path / "cache")
-    with ProcessPoolExecutor(3) as ex:
+    # spawn, not fork: a fork taken while onnxruntime's threads hold locks can hang the child
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as ex:
         dirs = list(ex.map(_build_in_subprocess, [(k, cache)] * 3))
     assert len(set(dirs)) == 1
     built = [p.name for p in (tmp_path / "cache").iterdir()]
