@@ -203,8 +203,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(their .xbar files), UPMEM nodes by the cost model or in the emulator.",
         formatter_class=_HelpFormatter)
     r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
-    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input array (repeatable); inputs not given are drawn at random")
+    _input_options(r)
     r.add_argument("--random", type=_positive, default=1, metavar="N",
                    help="number of runs (random inputs drawn with seeds 0..N-1 where not given)")
     r.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
@@ -217,12 +216,15 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "compare", help="run the original in onnxruntime and the optimized model through the provider",
         description="Run the original model in stock onnxruntime and the optimized one through "
-                    "the CINM execution provider on the same random inputs; print the largest "
+                    "the CINM execution provider on the same inputs (random, or --input files); "
+                    "print the largest "
                     "absolute and relative error per output; exit 1 on a mismatch.",
         formatter_class=_HelpFormatter)
     c.add_argument("original", help="the original .onnx model")
     c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
-    c.add_argument("--runs", type=_positive, default=2, help="random input sets")
+    _input_options(c)
+    c.add_argument("--runs", type=_positive, default=2,
+                   help="input sets (random where not given by --input; seeds 0..N-1)")
     c.add_argument("--rtol", type=_tolerance, default=1e-4, help="relative tolerance")
     c.add_argument("--atol", type=_tolerance, default=1e-5, help="absolute tolerance")
     c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
@@ -273,6 +275,44 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _input_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                    help="an input array (repeatable); inputs not given are drawn at random")
+    sp.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                    help="size of a symbolic dimension of the random inputs, e.g. batch=8 "
+                         "(repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
+
+
+def _given_inputs(args, parser) -> tuple[dict, dict]:
+    """``(arrays, dims)`` from ``--input NAME=FILE.npy`` and ``--dim NAME=SIZE``."""
+    import numpy as np
+
+    dims: dict = {}
+    for item in args.dim:
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            parser.error(f"--dim expects NAME=SIZE with a positive integer SIZE, got '{item}'")
+        dims[name] = int(size)
+    given: dict = {}
+    for item in args.input:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            parser.error(f"--input expects NAME=FILE.npy, got '{item}'")
+        if name in given:
+            parser.error(f"--input given twice for '{name}'")
+        try:
+            arr = np.load(file, allow_pickle=False)
+            if not isinstance(arr, np.ndarray):
+                raise ValueError("not a .npy array file (an .npz archive?)")
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            if "pickled" in why:  # never suggest loading untrusted pickles
+                why = "not a .npy array file"
+            raise CinmError(f"cannot read input '{name}' from '{file}': {why}") from None
+        given[name] = arr
+    return given, dims
+
+
 def _cmd_devices(args) -> int:
     from dataclasses import fields
 
@@ -309,23 +349,8 @@ def _cmd_run(args, parser) -> int:
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
-    given: dict = {}
-    for item in args.input:
-        name, sep, file = item.partition("=")
-        if not sep or not name or not file:
-            parser.error(f"--input expects NAME=FILE.npy, got '{item}'")
-        try:
-            if name in given:
-                parser.error(f"--input given twice for '{name}'")
-            arr = np.load(file, allow_pickle=False)
-            if not isinstance(arr, np.ndarray):
-                raise ValueError("not a .npy array file (an .npz archive?)")
-            given[name] = arr
-        except (OSError, ValueError) as e:
-            why = getattr(e, "strerror", None) or str(e).splitlines()[0]
-            if "pickled" in why:  # never suggest loading untrusted pickles
-                why = "not a .npy array file"
-            raise CinmError(f"cannot read input '{name}' from '{file}': {why}") from None
+    given, dims = _given_inputs(args, parser)
+    shapes = {name: arr.shape for name, arr in given.items()}
     if args.profile_out and Path(args.profile_out).suffix.lower() not in (".json", ".csv"):
         parser.error(f"--profile-out must end in .json or .csv, got '{args.profile_out}'")
     for target in (args.output, args.profile_out):
@@ -345,7 +370,8 @@ def _cmd_run(args, parser) -> int:
     say = (lambda msg: None) if args.quiet else print
     outs = None
     for i in range(args.random):
-        feeds = golden.random_inputs(sess._model, seed=i) if len(given) < len(sess.get_inputs()) else {}
+        feeds = golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes) \
+            if len(given) < len(sess.get_inputs()) else {}
         feeds.update(given)
         outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
@@ -394,12 +420,22 @@ def _cmd_compare(args, parser) -> int:
     from . import frontend, golden
 
     opts = _provider_options(args.provider_option, parser)
-    frontend.load_model(args.original)  # one-line errors for a bad original
+    given, dims = _given_inputs(args, parser)
+    original = frontend.load_model(args.original)  # one-line errors for a bad original
     sess = _session(args.optimized, opts)
+    feeds = None
+    if given:
+        unknown = sorted(set(given) - {i.name for i in original.graph.input})
+        if unknown:
+            raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
+        shapes = {name: arr.shape for name, arr in given.items()}
+        feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
+                 for i in range(args.runs)]
     report = golden.compare(args.original, sess.as_runner(), n=args.runs, rtol=args.rtol,
-                            atol=args.atol)
+                            atol=args.atol, dims=dims, feeds=feeds)
+    what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
     print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
-          f"{args.runs} random input set(s)")
+          f"{args.runs} input set(s) ({what})")
     print(report.table())
     print(report.summary())
     return 0 if report.ok else 1

@@ -141,6 +141,31 @@ def test_cli_run_and_compare(lenet, tmp_path, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_cli_dims_and_given_inputs(lenet, tmp_path, capsys):
+    """--dim sizes the symbolic batch of random inputs; compare --input feeds a file to both."""
+    original, src, opt = lenet
+    out = tmp_path / "y.npz"
+    assert main(["run", str(opt), "--dim", "batch=3", "-o", str(out), "-q"]) == 0
+    (y,) = np.load(out).values()
+    feeds = random_inputs(original, seed=0, dims={"batch": 3})
+    (ref,) = run_onnxruntime(original, feeds)
+    assert y.shape == (3, 10)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+    capsys.readouterr()
+    assert main(["compare", str(src), str(opt), "--dim", "batch=6", "--runs", "1"]) == 0
+    assert "6x10" in capsys.readouterr().out
+    x = random_inputs(original, seed=9, dims={"batch": 4})["input"]
+    np.save(tmp_path / "x.npy", x)
+    assert main(["compare", str(src), str(opt), "--input", f"input={tmp_path / 'x.npy'}"]) == 0
+    text = capsys.readouterr().out
+    assert "4x10" in text and "input from --input" in text
+    assert main(["compare", str(src), str(opt), "--input", f"nope={tmp_path / 'x.npy'}"]) == 1
+    assert "'nope' is not an input" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(opt), "--dim", "batch=0"])
+    assert e.value.code == 2
+
+
 @pytest.mark.parametrize("shape,k,s,p,d,dtype", [
     ((2, 3, 11), [3], [2], [1, 0], [2], np.float32),
     ((1, 4, 9, 7), [3, 2], [1, 2], [1, 0, 2, 1], [1, 2], np.float32),
