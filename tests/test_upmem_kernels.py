@@ -813,3 +813,78 @@ def test_compress_keeps_everything_and_nothing(tmp_path):
             (y,), _ = _run(tmp_path / f"{t}{keep}", "compress", "int32", [x.shape, m.shape],
                            (3, t, 256, "odd"), [x, m])
             _same(y, x[m], "int32")
+
+
+# ------------------------------------------------------------------------------------------
+# only the documented SDK API (so that `make` with the real SDK builds the kernels)
+
+#: the UPMEM SDK API of ../shared/field-notes/upmem.md (host dpu.h; DPU syslib headers)
+SDK_HOST = {"dpu_alloc", "dpu_load", "dpu_free", "dpu_get_nr_dpus", "dpu_get_nr_ranks",
+            "dpu_prepare_xfer", "dpu_push_xfer", "dpu_broadcast_to", "dpu_copy_to",
+            "dpu_copy_from", "dpu_launch", "dpu_sync", "DPU_FOREACH", "DPU_ASSERT"}
+SDK_DPU = {"me", "mram_read", "mram_write", "mem_alloc", "mem_reset", "BARRIER_INIT",
+           "barrier_wait", "MUTEX_INIT", "MUTEX_GET", "mutex_lock", "mutex_unlock",
+           "perfcounter_config", "perfcounter_get", "__dma_aligned", "__host", "__mram_noinit"}
+C_STD = {"printf", "fprintf", "snprintf", "puts", "fopen", "fclose", "fread", "fwrite", "fseek",
+         "ftell", "rewind", "malloc", "calloc", "free", "realloc", "memcpy", "memset", "memcmp",
+         "strcmp", "strtoul", "strtoull", "strtol", "strtod", "atoi", "exit", "abort", "sizeof",
+         "if", "for", "while", "switch", "return", "defined", "assert", "ferror", "perror",
+         "strerror", "fflush", "memmove",
+         # compiler builtins of GCC and Clang (the SDK's DPU compiler is a Clang)
+         "__builtin_inf", "__builtin_inff", "__builtin_nan", "__builtin_nanf"}
+SDK_HEADERS = {"dpu.h", "defs.h", "mram.h", "alloc.h", "barrier.h", "mutex.h", "perfcounter.h",
+               "attributes.h"}
+C_HEADERS = {"stdint.h", "stdio.h", "stdlib.h", "string.h", "stdbool.h", "stddef.h", "inttypes.h",
+             "errno.h", "assert.h", "limits.h", "math.h"}
+
+ONE_OF_EACH = [
+    ("binary", "int32", [(37,), (37,)], dict(op="Mul")),
+    ("unary", "float32", [(37,)], dict(op="Exp")),
+    ("unary", "float32", [(37,)], dict(op="Clip", min=-1.0, max=1.0)),
+    ("gemm", "float32", [(5, 9), (9, 6), (6,)], dict(bias=True, relu=True)),
+    ("gemv", "int64", [(13, 9), (9,)], {}),
+    ("mlp", "int32", [(5, 9), (9, 6), (6,)], {}),
+    ("reduce", "int32", [(4, 37)], dict(reduce="add", axes=[1], keepdims=0)),
+    ("reduce", "float32", [(4, 37)], dict(reduce="max", axes=[1], keepdims=1, merge="host")),
+    ("histogram", "int32", [(99,)], dict(bins=13, min=-50, max=60)),
+    ("histogram", "uint32", [(99,)], dict(bins=16, min=0, max=64, merge="mutex")),
+    ("compress", "float32", [(37,), (37,)], {}),
+    ("scan", "int64", [(37,)], dict(axis=0, exclusive=1, reverse=1)),
+    ("transpose", "float32", [(9, 7)], dict(perm=[1, 0])),
+    ("topk", "int32", [(37,)], dict(k=3, axis=0, largest=1)),
+    ("im2col", "float32", [(1, 2, 9, 11)], dict(kernel_shape=[3, 3], strides=[2, 1],
+                                                pads=[1, 0, 1, 2], dilations=[1, 2])),
+    ("popcount", "uint32", [(37,)], {}),
+    ("simsearch", "float32", [(3, 17), (20, 17)], dict(k=4, metric="cos")),
+]
+
+
+def _called_names(src: str) -> set[str]:
+    """Identifiers used as calls or function-like macros, minus those the file defines."""
+    import re
+
+    code = re.sub(r"/\*.*?\*/|//[^\n]*|\"(\\.|[^\"\\])*\"", " ", src, flags=re.S)
+    defined = set(re.findall(r"#\s*define\s+([A-Za-z_]\w*)\(", code))
+    code = re.sub(r"#\s*define\s+\w+", "", code)  # `#define N (x)` is no call of N
+    called = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", code))
+    defined |= set(re.findall(r"^[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\([^;]*?\)\s*\{", code,
+                              flags=re.M))
+    types = set(re.findall(r"\b(\w+_t|T|UT|AT|ACC|IT|MT)\b", code))  # casts: (T)(x)
+    return called - defined - types
+
+
+@pytest.mark.parametrize("kind,dtype,shapes,params", ONE_OF_EACH,
+                         ids=[f"{k}-{d}-{i}" for i, (k, d, _, _) in enumerate(ONE_OF_EACH)])
+def test_generated_code_uses_only_the_documented_sdk_api(tmp_path, kind, dtype, shapes, params):
+    import re
+
+    codegen.emit_kernel(kind, dtype, shapes, dpus=7, tasklets=11, block_bytes=64,
+                        outdir=tmp_path / "k", **params)
+    for name, api in (("host.c", SDK_HOST), ("dpu.c", SDK_DPU)):
+        src = (tmp_path / "k" / name).read_text()
+        assert "__emu" not in src  # the emulator's internals
+        headers = set(re.findall(r"#\s*include\s*<([^>]+)>", src))
+        assert headers <= SDK_HEADERS | C_HEADERS, (name, headers - SDK_HEADERS - C_HEADERS)
+        assert not re.findall(r"#\s*include\s*\"", src), f"{name} includes a local header"
+        unknown = _called_names(src) - api - C_STD
+        assert not unknown, f"{name} calls what the SDK does not document: {sorted(unknown)}"
