@@ -10,7 +10,7 @@ import traceback
 from pathlib import Path
 
 from . import __version__
-from .errors import CinmError
+from .errors import CinmError, ReferenceFailed
 
 _EPILOG = """\
 examples:
@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
     o.add_argument("--check", type=_count, default=1, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables")
+    o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic dimension in the check's random inputs, e.g. "
+                        "sequence=512 (repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
     o.add_argument("--check-rtol", type=_tolerance, default=1e-4, help="relative tolerance of the check")
     o.add_argument("--check-atol", type=_tolerance, default=1e-5, help="absolute tolerance of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
@@ -283,16 +286,22 @@ def _input_options(sp: argparse.ArgumentParser) -> None:
                          "(repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
 
 
-def _given_inputs(args, parser) -> tuple[dict, dict]:
-    """``(arrays, dims)`` from ``--input NAME=FILE.npy`` and ``--dim NAME=SIZE``."""
-    import numpy as np
-
+def _dims(items: list[str], parser) -> dict[str, int]:
+    """``{name: size}`` from ``--dim NAME=SIZE`` options (a usage error if malformed)."""
     dims: dict = {}
-    for item in args.dim:
+    for item in items:
         name, sep, size = item.partition("=")
         if not sep or not name or not size.isdigit() or int(size) < 1:
             parser.error(f"--dim expects NAME=SIZE with a positive integer SIZE, got '{item}'")
         dims[name] = int(size)
+    return dims
+
+
+def _given_inputs(args, parser) -> tuple[dict, dict]:
+    """``(arrays, dims)`` from ``--input NAME=FILE.npy`` and ``--dim NAME=SIZE``."""
+    import numpy as np
+
+    dims = _dims(args.dim, parser)
     given: dict = {}
     for item in args.input:
         name, sep, file = item.partition("=")
@@ -431,8 +440,12 @@ def _cmd_compare(args, parser) -> int:
         shapes = {name: arr.shape for name, arr in given.items()}
         feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
                  for i in range(args.runs)]
-    report = golden.compare(args.original, sess.as_runner(), n=args.runs, rtol=args.rtol,
-                            atol=args.atol, dims=dims, feeds=feeds)
+    try:
+        report = golden.compare(args.original, sess.as_runner(), n=args.runs, rtol=args.rtol,
+                                atol=args.atol, dims=dims, feeds=feeds)
+    except ReferenceFailed as e:
+        raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
+                        "--dim NAME=SIZE") from None
     what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
     print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
           f"{args.runs} input set(s) ({what})")
@@ -518,6 +531,7 @@ def _cmd_optimize(args, parser) -> int:
             bar.write(msg) if not bar.disable else print(msg)
     try:  # malformed option values are usage errors (exit 2)
         hints = [parse_hint(h) for h in args.place]
+        check_dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
             name, dims = frontend.parse_shape_spec(spec)
@@ -535,11 +549,16 @@ def _cmd_optimize(args, parser) -> int:
         result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
+                          check_dims=check_dims,
                           device_options=_device_options(args), log=log)
     finally:
         bar.close()
     manifest = artifacts.save(result.model, out, log)
     args.written = out  # an interrupt from here on must not claim that nothing was written
+    if result.check_skipped:
+        print(f"onnx-cinm: warning: golden check skipped: {result.check_skipped}; give sizes "
+              "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
+              "with 'onnx-cinm compare --input ...'", file=sys.stderr)
     for hint in result.stats.get("placement", {}).get("unused_hints", []):
         print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
     source = args.input or f"example '{args.example}'"

@@ -12,3 +12,8 @@ class CinmError(Exception):
 
 class CheckFailed(CinmError):
     """The optimized model does not compute what the original computes (golden check)."""
+
+
+class ReferenceFailed(CinmError):
+    """Onnxruntime cannot run the *original* model on the check's inputs (random inputs of the
+    wrong size for it, say), so the golden check cannot judge the optimized one."""

@@ -19,6 +19,7 @@ are onnxsim's ``--check-rtol/--check-atol`` defaults.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -27,7 +28,7 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
-from .errors import CheckFailed, CinmError
+from .errors import CheckFailed, CinmError, ReferenceFailed
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
 
@@ -71,6 +72,23 @@ def _one_line(text: object, limit: int = 300) -> str:
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     line = lines[0] if lines else type(text).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _ort_error(error: BaseException) -> str:
+    """Onnxruntime's run error in one short line: the innermost failing node and its message.
+
+    Onnxruntime prefixes ``[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :`` and nests
+    ``Non-zero status code returned while running <Op> node. Name:'<name>' Status Message:``
+    once per enclosing If/Loop/Scan; only the innermost node says what went wrong.
+    """
+    text = " ".join(str(error).split())
+    nodes = re.findall(r"running (\w+) node\. Name:'([^']*)' Status Message: ", text)
+    if nodes:
+        op, name = nodes[-1]
+        text = f"{op} node '{name}': {text.rsplit('Status Message: ', 1)[1]}"
+    else:
+        text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    return _one_line(text)
 
 
 def _load_header(model: ModelLike) -> onnx.ModelProto:
@@ -249,7 +267,7 @@ class _OrtModel:
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 3  # errors only
+        so.log_severity_level = 4  # a failure is raised as one CinmError; no ORT log line
         if isinstance(model, onnx.ModelProto):
             try:
                 source: object = model.SerializeToString()
@@ -294,7 +312,7 @@ class _OrtModel:
         try:
             return self.sess.run(None, {n: feeds[n] for n in self.input_names})
         except Exception as e:
-            raise CinmError(f"onnxruntime failed to run the model: {_one_line(e)}") from None
+            raise CinmError(f"onnxruntime failed to run the model: {_ort_error(e)}") from None
 
 
 def run_onnxruntime(model_or_path: ModelLike, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -540,8 +558,11 @@ def compare(
     Raises
     ------
     CinmError
-        The reference model cannot be read or run, or inputs cannot be generated
+        The reference model cannot be read, or inputs cannot be generated
         (see :func:`random_inputs`).
+    ReferenceFailed
+        Onnxruntime cannot run the reference model on the inputs (the message names their
+        shapes): random inputs may not suit it (give ``dims``, ``shapes`` or ``feeds``).
     CheckFailed
         The candidate model cannot be loaded or run by onnxruntime.
     """
@@ -590,7 +611,11 @@ def compare(
         return report
 
     for inputs in input_sets:
-        ref_out = dict(zip(ref_model.output_names, ref_model.run(inputs)))
+        try:
+            ref_out = dict(zip(ref_model.output_names, ref_model.run(inputs)))
+        except CinmError as e:
+            shapes_seen = ", ".join(f"{k} {list(np.shape(v))}" for k, v in inputs.items())
+            raise ReferenceFailed(f"{e} (inputs: {shapes_seen})") from None
         try:
             cand_out = dict(zip(cand_model.output_names, cand_model.run(inputs)))
         except CinmError as e:

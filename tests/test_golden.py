@@ -307,3 +307,58 @@ def test_compare_with_given_feeds():
     assert r.runs == 1 and not r.ok
     assert r.outputs[0].max_abs_err == pytest.approx(1.0)
     assert r.outputs[0].mismatched == 2  # one column, two rows
+
+
+def _needs_long_input():
+    """A reflect Pad of 6 per side on an input [1, seq], inside an If, then a MatMul by a 16x4
+    weight: onnxruntime runs it only when seq > 6 (a reflect pad must be shorter than the axis),
+    and the If nests its error message once."""
+    w = nh.from_array(np.arange(64, dtype=np.float32).reshape(16, 4) / 64, "W")
+    pads = nh.from_array(np.array([0, 6, 0, 6], np.int64), "pads")
+    branch = h.make_graph([h.make_node("Pad", ["x", "pads"], ["p"], mode="reflect")], "then", [],
+                          [_vi("p", TP.FLOAT, None)])
+    nodes = [h.make_node("Constant", [], ["c"], value=nh.from_array(np.array(True))),
+             h.make_node("If", ["c"], ["padded"], then_branch=branch, else_branch=branch),
+             h.make_node("Slice", ["padded", "zero", "sixteen", "one"], ["s"]),
+             h.make_node("MatMul", ["s", "W"], ["y"])]
+    inits = [w, pads] + [nh.from_array(np.array([v], np.int64), n)
+                         for n, v in (("zero", 0), ("sixteen", 16), ("one", 1))]
+    return _model(nodes, [_vi("x", TP.FLOAT, [1, "seq"])], [_vi("y", TP.FLOAT, [1, 4])], inits)
+
+
+def test_reference_that_cannot_run_raises_reference_failed_in_one_short_line():
+    from onnx_cinm.errors import ReferenceFailed
+
+    m = _needs_long_input()
+    with pytest.raises(ReferenceFailed) as e:
+        compare(m, m, dims={"seq": 4})
+    msg = str(e.value)
+    assert "\n" not in msg and "[ONNXRuntimeError]" not in msg
+    assert msg.startswith("onnxruntime failed to run the model: Pad node ")  # the innermost node
+    assert msg.endswith("(inputs: x [1, 4])")
+    assert compare(m, m, dims={"seq": 9}).ok
+
+
+def test_optimize_skips_the_check_when_the_original_cannot_run_and_says_why(tmp_path, capsys):
+    from onnx_cinm import optimize
+    from onnx_cinm.cli import main
+
+    m = _needs_long_input()
+    res = optimize(m, check_dims={"seq": 4})
+    assert res.check is None and "Pad node" in res.check_skipped
+    assert "check: skipped (the original does not run on the random inputs" in res.summary()
+    res = optimize(m, check_dims={"seq": 12})
+    assert res.check is not None and res.check.ok and res.check_skipped is None
+    # the CLI: a warning naming the remedies, exit 0, the model written
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
+                 "--dim", "seq=4"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: golden check skipped" in err and "--dim NAME=SIZE" in err
+    assert (tmp_path / "o.onnx").exists()
+    # compare cannot judge either: an error with the remedies, exit 1
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim",
+                 "seq=4"]) == 1
+    assert "--input NAME=FILE.npy" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim",
+                 "seq=10"]) == 0
