@@ -14,6 +14,9 @@ ppocr_model_paths : dict[str, Path]          (session)
 ppocr_input_shapes : dict[str, list[int]]    (session)
     ``det`` [1, 3, 320, 320], ``rec`` [1, 3, 48, 320], ``cls`` [1, 3, 48, 192]; each model's
     single input is named ``x``, so pass ``shapes={"x": ppocr_input_shapes["det"]}``.
+silero_dir : Path                            (session)
+    ``silero_vad/data`` of the ``silero-vad`` 6.2.3 wheel: Conv + LSTM voice-activity models,
+    flat and If-based.
 digits_mlp : onnx_cinm.examples.digits.DigitsMLP   (session)
     ``(model, X_test, y_test, accuracy)``, trained once per session (~3 s).
 tmp_model_dir : Path                         (function)
@@ -86,6 +89,18 @@ def ppocr_model_paths() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def ppocr_input_shapes() -> dict[str, list[int]]:
     return {k: list(v) for k, v in PPOCR_INPUT_SHAPES.items()}
+
+
+@pytest.fixture(scope="session")
+def silero_dir() -> Path:
+    spec = importlib.util.find_spec("silero_vad")  # without importing it (that needs torch)
+    hint = "pip install --no-deps silero-vad==6.2.3"
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"silero_vad is not installed; {hint}", pytrace=False)
+    data = Path(list(spec.submodule_search_locations)[0]) / "data"
+    if not (data / "silero_vad_16k_sequence.onnx").is_file():
+        pytest.fail(f"the Silero VAD models are not in {data}; {hint}", pytrace=False)
+    return data
 
 
 @pytest.fixture(scope="session")
