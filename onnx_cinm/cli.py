@@ -322,6 +322,37 @@ def _given_inputs(args, parser) -> tuple[dict, dict]:
     return given, dims
 
 
+def _check_writable_folder(folder: str, what: str) -> None:
+    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
+    p = Path(folder)
+    if p.exists() and not p.is_dir():
+        raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
+    existing = p
+    while not existing.exists():  # the nearest ancestor that exists must take new entries
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CinmError(f"cannot create the {what} folder '{folder}': '{existing}' is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CinmError(f"cannot write the {what} into '{folder}': '{existing}' is not writable")
+
+
+def _check_output_file(target: str, option: str, protected: dict) -> None:
+    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, a folder that
+    does not exist, or would overwrite one of ``protected`` (``{path: what it is}``; a folder
+    protects everything inside it)."""
+    p = Path(target)
+    if target.endswith(("/", os.sep)) or p.is_dir():
+        raise CinmError(f"{option} '{target}' names a folder, not a regular file")
+    if not p.resolve().parent.is_dir():
+        raise CinmError(f"cannot write '{target}': folder '{p.parent}' does not exist")
+    resolved = p.resolve()
+    for path, what in protected.items():
+        q = Path(path).resolve()
+        if resolved == q or q in resolved.parents:
+            verb = "overwrite" if resolved == q else "write into"
+            raise CinmError(f"{option} '{target}' would {verb} {what}; choose another path")
+
+
 def _cmd_devices(args) -> int:
     from dataclasses import fields
 
@@ -354,7 +385,7 @@ def _session(path, provider_options: dict):
 def _cmd_run(args, parser) -> int:
     import numpy as np
 
-    from . import golden
+    from . import artifacts, golden
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -362,9 +393,16 @@ def _cmd_run(args, parser) -> int:
     shapes = {name: arr.shape for name, arr in given.items()}
     if args.profile_out and Path(args.profile_out).suffix.lower() not in (".json", ".csv"):
         parser.error(f"--profile-out must end in .json or .csv, got '{args.profile_out}'")
-    for target in (args.output, args.profile_out):
-        if target and not Path(target).resolve().parent.is_dir():
-            raise CinmError(f"cannot write '{target}': folder '{Path(target).parent}' does not exist")
+    if args.output and Path(args.output).suffix.lower() != ".npz":
+        parser.error(f"-o/--output must end in .npz (a numpy archive), got '{args.output}'")
+    protected = {args.model: "the model being run",
+                 str(artifacts.artifact_dir(args.model)): "the model's kernel folder"}
+    protected.update({file: f"input file '{file}'" for file in
+                      (item.partition("=")[2] for item in args.input)})
+    for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
+        if target:
+            _check_output_file(target, option, protected)
+            protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     kinds = [k for k, _ in sess.partitions()]
     placed = [n for n in sess._model.graph.node if n.domain == "cinm"
@@ -517,8 +555,8 @@ def _cmd_optimize(args, parser) -> int:
                                      or args.objective != "energy"):
         print("onnx-cinm: warning: --objective, --max-writes-per-cell and --per-kernel-crossbars "
               "apply to --placement cost only", file=sys.stderr)
-    if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
-        raise CinmError(f"report folder '{args.report}' exists and is not a folder")
+    if args.report:
+        _check_writable_folder(args.report, "report")
     from .passes import DEFAULT_PIPELINE as _PIPE
 
     bar = _progress(len(_PIPE) + (1 if args.check else 0), "optimize", "pass", args.quiet)
@@ -553,6 +591,11 @@ def _cmd_optimize(args, parser) -> int:
                           device_options=_device_options(args), log=log)
     finally:
         bar.close()
+    if args.report:  # before the model: a report that cannot be written leaves nothing behind
+        from . import report
+
+        rendered = report.render_report(result.model, _device_options(args), title=out.name)
+        report_files = frontend.write_files_into(args.report, rendered["files"], "report")
     manifest = artifacts.save(result.model, out, log)
     args.written = out  # an interrupt from here on must not claim that nothing was written
     if result.check_skipped:
@@ -587,10 +630,7 @@ def _cmd_optimize(args, parser) -> int:
         for name, op, dev, why in result.placements:
             print(f"  {name:40s} {op:12s} {dev:10s} {why}")
     if args.report:
-        from . import report
-
-        res = report.write_report(result.model, args.report, _device_options(args), title=out.name)
-        say(f"  report: {', '.join(str(p) for p in res['files'])}")
+        say(f"  report: {', '.join(str(p) for p in report_files)}")
     return 0
 
 

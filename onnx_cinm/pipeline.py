@@ -202,6 +202,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         original = frontend.overwrite_input_shapes(original, input_shapes)
     work = onnx.ModelProto()
     work.CopyFrom(original)
+    if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
+        log("input already has planned cinm ops; their kernels and plans are recomputed")
     nodes_before = len(work.graph.node)
     extra: dict = {}
     if objective is not None:

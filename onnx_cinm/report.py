@@ -286,6 +286,18 @@ def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, optio
     """
     from . import frontend
 
+    rendered = render_report(model, options, title)
+    rendered["files"] = frontend.write_files_into(out_dir, rendered["files"], "report")
+    return rendered
+
+
+def render_report(model: onnx.ModelProto | str | Path, options: dict | None = None,
+                  title: str | None = None) -> dict:
+    """The report's files in memory: ``{"rows", "totals", "files": {name: bytes}}`` with the
+    files of :func:`write_report`; nothing is written. Raises CinmError if the model cannot
+    be read."""
+    from . import frontend
+
     if not isinstance(model, onnx.ModelProto):
         title = title or Path(model).name
         model = frontend.load_model(model)
@@ -305,8 +317,7 @@ def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, optio
              "time_energy.png": pngs["time and energy per layer, by device"],
              "graph.png": pngs["graph, nodes coloured by device"],
              "report.html": _html(f"onnx-cinm report: {title}", rows, totals, pngs).encode()}
-    written = frontend.write_files_into(out_dir, files, "report")
-    return {"rows": rows, "totals": totals, "files": written}
+    return {"rows": rows, "totals": totals, "files": files}
 
 
 def options_from_plans(model: onnx.ModelProto) -> dict:

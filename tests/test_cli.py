@@ -140,3 +140,63 @@ def test_console_script_help_and_lists():
         "cim_tiling", "cnm_mapping"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 2.5e-06" in res.stdout
+
+
+def test_run_never_overwrites_its_model_inputs_or_kernels(tmp_path, capsys):
+    import numpy as np
+
+    model = tmp_path / "h.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "--placement", "heuristic",
+                 "-q"]) == 0
+    x = tmp_path / "x.npz"  # .npy data under an .npz name: a valid -o target but for the guard
+    with open(x, "wb") as f:
+        np.save(f, np.zeros((1, 1, 28, 28), np.float32))
+    (tmp_path / "folder.npz").mkdir()
+    before = {p: p.read_bytes() for p in [model, x, *sorted((tmp_path / "h.cinm").rglob("*.*"))]}
+    for argv, needle in [
+        (["-o", str(tmp_path / "h.cinm" / "y.npz")], "would write into the model's kernel folder"),
+        (["--profile-out", str(tmp_path / "h.cinm" / "manifest.json")], "kernel folder"),
+        (["--profile-out", str(model.with_suffix(".json"))], None),  # fine: a new file
+        (["-o", str(tmp_path / "y.npz"), "--profile-out", str(tmp_path / "h.cinm" / "p.csv")],
+         "kernel folder"),
+        (["-o", str(tmp_path / "nodir" / "y.npz")], "does not exist"),
+        (["-o", str(tmp_path / "folder.npz")], "names a folder"),
+    ]:
+        code, _, err = _run(["run", str(model), "-q", *argv], capsys)
+        if needle is None:
+            assert code == 0, err
+            continue
+        assert code == 1 and needle in err and len(err.strip().splitlines()) == 1, (argv, err)
+    with pytest.raises(SystemExit) as e:  # an output that is no numpy archive: usage error
+        main(["run", str(model), "-o", str(model)])
+    assert e.value.code == 2
+    assert "must end in .npz" in capsys.readouterr().err
+    code, _, err = _run(["run", str(model), "--input", f"input={x}", "-o", str(x)], capsys)
+    assert code == 1 and "would overwrite input file" in err
+    assert all(p.read_bytes() == b for p, b in before.items())  # nothing of them changed
+
+
+def test_optimize_checks_the_report_folder_before_writing_anything(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for report in (blocker, blocker / "sub"):
+        code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"),
+                             "--report", str(report), "-q"], capsys)
+        assert code == 1 and "report" in err, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_an_optimized_model_can_be_optimized_again(tmp_path, capsys):
+    first = tmp_path / "h.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(first), "--placement", "heuristic",
+                 "-q"]) == 0
+    # cost placement moves ops the heuristic put on devices; stale kernels must not survive
+    assert main(["optimize", str(first), "-o", str(tmp_path / "again.onnx"), "-q"]) == 0, \
+        capsys.readouterr().err
+    onnx.save(get_example("lenet"), tmp_path / "lenet.onnx")
+    assert main(["compare", str(tmp_path / "lenet.onnx"), str(tmp_path / "again.onnx")]) == 0
+    again = onnx.load(str(tmp_path / "again.onnx"))
+    for n in again.graph.node:
+        at = {a.name: a for a in n.attribute}
+        if n.domain == "cinm" and "kernel" in at:
+            assert at["device"].s != b"host"

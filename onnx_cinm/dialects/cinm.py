@@ -606,6 +606,23 @@ def node_attrs(node: NodeProto) -> dict:
     return {a.name: _as_str(helper.get_attribute_value(a)) for a in node.attribute}
 
 
+def forget_plans(model: onnx.ModelProto) -> int:
+    """Drop the ``kernel`` and plan attributes (:data:`PLAN_ATTRS`) of every cinm node of the
+    main graph, in place, so that an already optimized model can be compiled again: placement
+    may move a node, and the device passes plan and emit afresh. ``device`` and ``placement``
+    stay (they are what ``--skip-pass placement`` keeps). Returns the number of nodes changed."""
+    changed = 0
+    for node in model.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        keep = [a for a in node.attribute if a.name != "kernel" and a.name not in PLAN_ATTRS]
+        if len(keep) != len(node.attribute):
+            del node.attribute[:]
+            node.attribute.extend(keep)
+            changed += 1
+    return changed
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's default-domain opset version."""
     for o in model.opset_import:
