@@ -23,7 +23,7 @@ import shutil
 import signal
 import tempfile
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Callable
 
 import onnx
@@ -98,37 +98,161 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
     return manifest
 
 
+def _show(value, limit: int | None = 80) -> str:
+    """A value quoted for a one-line message: control characters escaped, shortened to
+    ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return "'" + text + "'"
+
+
+def _kind(value) -> str:
+    """The JSON name of a value's type."""
+    if value is None:
+        return "null"
+    for typ, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"),
+                      (str, "a string"), (list, "a list"), (dict, "an object")):
+        if isinstance(value, typ):
+            return name
+    return type(value).__name__
+
+
+#: The fields of one kernel and of one of its files: name -> (check, what it must be).
+_KERNEL_FIELDS = {
+    "node": (lambda v: isinstance(v, str), "a string"),
+    "op_type": (lambda v: isinstance(v, str), "a string"),
+    "device": (lambda v: isinstance(v, str), "a string"),
+    "kernel": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "files": (lambda v: isinstance(v, list), "a list"),
+}
+_FILE_FIELDS = {
+    "path": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "a non-negative integer"),
+    "sha256": (lambda v: isinstance(v, str) and len(v) == 64
+               and all(c in "0123456789abcdef" for c in v), "64 lowercase hex digits"),
+}
+
+
+def _escapes(rel: str) -> bool:
+    """Whether a manifest path leaves its folder on its face: absolute (POSIX or Windows, or
+    with a drive) or climbing above the folder with ``..``."""
+    if rel.startswith(("/", "\\")) or PureWindowsPath(rel).drive:
+        return True
+    depth = 0
+    for part in rel.replace("\\", "/").split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
+
+
+def _fields(obj, fields: dict, where: str, bad: Callable[[str], None]) -> None:
+    if not isinstance(obj, dict):
+        bad(f"{where} must be an object, not {_kind(obj)}")
+    for name, (ok, what) in fields.items():
+        if name not in obj:
+            bad(f"{where} has no '{name}'")
+        if not ok(obj[name]):
+            value = obj[name]
+            shown = f" {_show(value)}" if isinstance(value, (str, int, float)) else ""
+            bad(f"{where}.{name} must be {what}, not {_kind(value)}{shown}")
+
+
+def check_manifest(data, path) -> dict:
+    """Check the structure of a manifest read from ``path`` (for messages); return it.
+
+    Every kernel is an object with the strings ``node``, ``op_type``, ``device`` and ``kernel``
+    and a list ``files`` of objects with ``path``, ``bytes`` and ``sha256``; ``kernel`` and each
+    file path are relative and stay inside the kernel folder. Raises CinmError naming the first
+    thing that is wrong.
+    """
+    def bad(what: str):
+        raise CinmError(f"'{path}' is malformed: {what}")
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CinmError(f"'{path}' is not an onnx-cinm kernel manifest")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version != VERSION:
+        raise CinmError(f"kernel manifest '{path}' has version {_show(version)}, "
+                        f"this onnx-cinm reads {VERSION}")
+    if "kernels" not in data:
+        bad("it has no 'kernels' list")
+    if not isinstance(data["kernels"], list):
+        bad(f"kernels must be a list, not {_kind(data['kernels'])}")
+    for i, k in enumerate(data["kernels"]):
+        _fields(k, _KERNEL_FIELDS, f"kernels[{i}]", bad)
+        if _escapes(k["kernel"]):
+            bad(f"kernels[{i}].kernel {_show(k['kernel'])} is a path outside the kernel folder")
+        for j, f in enumerate(k["files"]):
+            _fields(f, _FILE_FIELDS, f"kernels[{i}].files[{j}]", bad)
+            if "\0" in f["path"]:
+                bad(f"kernels[{i}].files[{j}].path {_show(f['path'])} contains a NUL character")
+            if _escapes(f["path"]):
+                bad(f"kernels[{i}].files[{j}].path {_show(f['path'])} is a path outside the "
+                    "kernel folder")
+    return data
+
+
 def load_manifest(root) -> dict:
     """Read and check ``root/manifest.json``. Raises CinmError if missing, malformed or foreign."""
     path = Path(root) / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise CinmError(f"cannot read kernel manifest '{path}': {e.strerror}") from None
-    except ValueError as e:
-        raise CinmError(f"kernel manifest '{path}' is not valid JSON: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CinmError(f"'{path}' is not an onnx-cinm kernel manifest")
-    if data.get("version") != VERSION:
-        raise CinmError(f"kernel manifest '{path}' has version {data.get('version')}, "
-                        f"this onnx-cinm reads {VERSION}")
-    return data
+    except ValueError as e:  # UnicodeDecodeError included
+        raise CinmError(f"kernel manifest '{path}' is not valid JSON: "
+                        f"{str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise CinmError(f"kernel manifest '{path}' is not valid JSON: nested too deeply") from None
+    return check_manifest(data, path)
+
+
+def _inside(root: Path, rel: str, where: str) -> Path:
+    """``root / rel``; raises CinmError unless it stays inside ``root`` once symlinks are
+    resolved. ``where`` names the entry for the message."""
+    try:
+        real_root = root.resolve()
+        target = (root / rel).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, say
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise CinmError(f"{where} {_show(rel)}: cannot resolve the path: {why}") from None
+    if target == real_root or not target.is_relative_to(real_root):
+        raise CinmError(f"{where} {_show(rel)} is a path outside the kernel folder")
+    return root / rel
 
 
 def verify(root, manifest: dict | None = None) -> dict:
     """Check every file of the manifest exists with its recorded hash; return the manifest.
 
-    Raises CinmError naming the first missing or stale file.
+    Raises CinmError naming the first malformed entry, path outside the folder (symlinks
+    resolved), or missing or stale file.
     """
     root = Path(root)
-    manifest = manifest or load_manifest(root)
-    for k in manifest["kernels"]:
-        for f in k["files"]:
-            p = root / f["path"]
+    where = root / MANIFEST
+    manifest = load_manifest(root) if manifest is None else check_manifest(manifest, where)
+    for i, k in enumerate(manifest["kernels"]):
+        _inside(root, k["kernel"], f"'{where}' is malformed: kernels[{i}].kernel")
+        node = _show(k["node"])
+        for j, f in enumerate(k["files"]):
+            p = _inside(root, f["path"], f"'{where}' is malformed: kernels[{i}].files[{j}].path")
+            shown = _show(str(p), None)
             if not p.is_file():
-                raise CinmError(f"kernel file '{p}' of node '{k['node']}' is missing")
-            if sha256(p) != f["sha256"]:
-                raise CinmError(f"kernel file '{p}' of node '{k['node']}' is stale: its hash "
+                raise CinmError(f"kernel file {shown} of node {node} is missing")
+            try:
+                digest = sha256(p)
+            except OSError as e:
+                raise CinmError(f"cannot read kernel file {shown} of node {node}: "
+                                f"{e.strerror}") from None
+            if digest != f["sha256"]:
+                raise CinmError(f"kernel file {shown} of node {node} is stale: its hash "
                                 "differs from the manifest (re-run onnx-cinm optimize)")
     return manifest
 

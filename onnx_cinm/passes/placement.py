@@ -53,23 +53,38 @@ def parse_hint(text: str) -> tuple[str, str]:
 def load_hints(path: str) -> list[tuple[str, str]]:
     """Read placement hints from a JSON or TOML file with a ``place`` table ``{pattern: device}``.
 
-    Raises CinmError if the file is missing, malformed or names an unknown device.
+    A ``.toml`` file is read as TOML, any other as JSON (whatever its extension).
+
+    Raises CinmError if the file is missing, not UTF-8 text, malformed or names an unknown device.
     """
     p = Path(path)
+    fmt = "TOML" if p.suffix.lower() == ".toml" else "JSON"
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise CinmError(f"cannot read placement config '{path}': {e.strerror}") from None
     try:
-        if p.suffix == ".toml":
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CinmError(f"placement config '{path}' is not valid {fmt}: it is not UTF-8 text "
+                        f"(byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    text = text.removeprefix("\ufeff")  # a leading byte-order mark (Notepad) is not an error
+    if fmt == "TOML":
+        try:
             import tomllib
-
+        except ImportError:  # Python 3.10
+            raise CinmError(f"placement config '{path}': reading TOML needs Python 3.11 or "
+                            "later; write it as JSON") from None
+    try:
+        if fmt == "TOML":
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
-    except (ValueError, ImportError) as e:
-        raise CinmError(f"placement config '{path}' is not valid {p.suffix[1:] or 'JSON'}: "
-                        f"{str(e).splitlines()[0]}") from None
+    except ValueError as e:
+        raise CinmError(f"placement config '{path}' is not valid {fmt}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except RecursionError:
+        raise CinmError(f"placement config '{path}' is not valid {fmt}: nested too deeply") from None
     place = data.get("place") if isinstance(data, dict) else None
     if not isinstance(place, dict):
         raise CinmError(f"placement config '{path}' needs a 'place' table of PATTERN = DEVICE")
