@@ -43,15 +43,22 @@ def _common(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     p.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+
+
 def _count(text: str) -> int:
-    v = int(text)
+    v = _int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive count, got {v}")
     return v
 
 
 def _positive(text: str) -> int:
-    v = int(text)
+    v = _int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
     return v
@@ -65,26 +72,33 @@ def _tasklets(text: str) -> int:
 
 
 def _size(text: str) -> tuple[int, int]:
-    rows, sep, cols = text.lower().partition("x")
-    if not sep:
+    parts = text.lower().split("x")
+    if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
-    return _positive(rows), _positive(cols)
+    return _positive(parts[0]), _positive(parts[1])
 
 
-def _nonneg_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    v = _number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return v
 
 
 def _pos_float(text: str) -> float:
-    v = _nonneg_float(text)
+    v = _number(text)
     if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
     return v
 
 
@@ -98,17 +112,20 @@ def _roofline(text: str) -> str:
     return text
 
 
-def _tolerance(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
+_tolerance = _nonneg_float
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line naming the (sub)command, with a pointer to its --help; exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def _parser() -> argparse.ArgumentParser:
     from .passes import STOP_LEVELS
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="onnx-cinm",
         description="Compile ONNX models for compute-in-memory (memristor crossbars) and "
                     "compute-near-memory (UPMEM) devices.",
@@ -275,6 +292,8 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    for command_parser in (o, r, c, rp, sw, d):  # usage errors name the subcommand
+        command_parser.set_defaults(command_parser=command_parser)
     return p
 
 
@@ -382,6 +401,26 @@ def _session(path, provider_options: dict):
                             provider_options=[provider_options, {}])
 
 
+def _warn_if_nothing_on_devices(sess) -> None:
+    """A warning on stderr when the provider will run (some of) the model in onnxruntime only."""
+    cinm_ops = [n for n in sess._model.graph.node if n.domain == "cinm"]
+    placed = [n for n in cinm_ops
+              if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
+    unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
+    if not cinm_ops:
+        why = "it has no cinm op (was it written by 'onnx-cinm optimize'?)"
+    elif not placed:
+        why = f"placement put all {len(cinm_ops)} cinm ops on the host"
+    elif unkerneled:
+        print(f"onnx-cinm: warning: {len(unkerneled)} device-placed op(s) have no kernel (compiled "
+              "with --stop-after?); they run in onnxruntime", file=sys.stderr)
+        return
+    else:
+        return
+    print(f"onnx-cinm: warning: no op of this model runs on a device: {why}; everything runs "
+          "in onnxruntime", file=sys.stderr)
+
+
 def _cmd_run(args, parser) -> int:
     import numpy as np
 
@@ -405,15 +444,7 @@ def _cmd_run(args, parser) -> int:
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     kinds = [k for k, _ in sess.partitions()]
-    placed = [n for n in sess._model.graph.node if n.domain == "cinm"
-              and dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
-    unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
-    if not placed:
-        print("onnx-cinm: warning: no op of this model is placed on a device (was it written "
-              "by 'onnx-cinm optimize'?); everything runs in onnxruntime", file=sys.stderr)
-    elif unkerneled:
-        print(f"onnx-cinm: warning: {len(unkerneled)} device-placed op(s) have no kernel (compiled "
-              "with --stop-after?); they run in onnxruntime", file=sys.stderr)
+    _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
     outs = None
     for i in range(args.random):
@@ -470,6 +501,7 @@ def _cmd_compare(args, parser) -> int:
     given, dims = _given_inputs(args, parser)
     original = frontend.load_model(args.original)  # one-line errors for a bad original
     sess = _session(args.optimized, opts)
+    _warn_if_nothing_on_devices(sess)
     feeds = None
     if given:
         unknown = sorted(set(given) - {i.name for i in original.graph.input})
@@ -729,6 +761,7 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    parser = args.command_parser
     try:
         if args.command == "devices":
             return _cmd_devices(args)

@@ -79,12 +79,20 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--check", "-1"], "--check"),
     (["--check-rtol", "nan"], "--check-rtol"),
     (["--overwrite-input-shape", "input:1,64", "--overwrite-input-shape", "input:2,64"], "twice"),
+    (["--check", "abc"], "--check: expected an integer, got 'abc'"),
+    (["--cim-size", "64x64x2"], "expected ROWSxCOLS"),
+    (["--lifetime-inferences", "0"], "must be a number > 0, got 0"),
+    (["--dim", "batch=-1"], "NAME=SIZE"),
 ])
 def test_malformed_options_are_usage_errors(argv_tail, needle, tmp_model_dir, capsys):
     out = tmp_model_dir / "out.onnx"
     with pytest.raises(SystemExit) as e:
         main(["optimize", "--example", "mlp", "-o", str(out), *argv_tail])
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err
+    # one line, naming the subcommand and where its help is; no internal helper names
+    assert err.count("\n") == 1 and err.startswith("onnx-cinm optimize: error: ")
+    assert "(see 'onnx-cinm optimize --help')" in err and "_count" not in err
     assert not out.exists()
 
 
