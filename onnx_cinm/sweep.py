@@ -33,12 +33,15 @@ under a temporary name and renamed.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
 import multiprocessing
 import os
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,12 +150,10 @@ def options_of(config: dict, base: dict | None = None) -> dict:
 _WORKER_MODEL: onnx.ModelProto | None = None
 
 
-def _init_worker(model_bytes: bytes) -> None:
+def _init_worker(model_path: str) -> None:
     global _WORKER_MODEL
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _WORKER_MODEL = onnx.load_from_string(model_bytes)
+    _WORKER_MODEL = onnx.load(model_path)
 
 
 def evaluate(model: onnx.ModelProto, options: dict) -> dict:
@@ -235,12 +236,31 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             # spawn, not fork: the parent holds onnxruntime thread pools, and a forked child can
             # inherit one of their locks held (it then waits forever)
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=n, initializer=_init_worker, initargs=(data,),
-                                     mp_context=ctx) as ex:
-                futs = {ex.submit(_evaluate_in_worker, o): k for k, o in enumerate(opts)}
+            # the workers read the model from a file: a start-up message of a few bytes instead
+            # of the whole model through each worker's pipe keeps the start quick
+            folder = tempfile.TemporaryDirectory(prefix="onnx_cinm_sweep_")
+            model_path = os.path.join(folder.name, "cinm.onnx")
+            with open(model_path, "wb") as f:
+                f.write(data)
+            ex = ProcessPoolExecutor(max_workers=n, initializer=_init_worker,
+                                     initargs=(model_path,), mp_context=ctx)
+            try:
+                # workers start on submit and inherit an ignored SIGINT, so a Ctrl-C cannot
+                # hit one still starting up (a traceback per worker); the parent's Ctrl-C is
+                # off for those milliseconds only
+                with _sigint_ignored():
+                    futs = {ex.submit(_evaluate_in_worker, o): k for k, o in enumerate(opts)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
                     bar.update(1)
+                ex.shutdown()
+            except BaseException:  # Ctrl-C, a failed config: stop the workers, do not wait
+                for proc in list((getattr(ex, "_processes", None) or {}).values()):
+                    proc.terminate()  # the pool sees its workers gone and winds down at once
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
+            finally:
+                folder.cleanup()
         elif executor == "dask":
             results = _run_dask(data, opts, scheduler, bar)
         else:
@@ -248,6 +268,20 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     finally:
         bar.close()
     return configs, results
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore SIGINT for the ``with`` body (processes started meanwhile inherit it ignored)."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _run_dask(data: bytes, opts: list[dict], scheduler, bar) -> list[dict]:
