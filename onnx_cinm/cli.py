@@ -240,8 +240,10 @@ def _parser() -> argparse.ArgumentParser:
                     "print the largest "
                     "absolute and relative error per output; exit 1 on a mismatch.",
         formatter_class=_HelpFormatter)
-    c.add_argument("original", help="the original .onnx model")
+    c.add_argument("original", nargs="?", help="the original .onnx model (or --example NAME)")
     c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
+    c.add_argument("--example", metavar="NAME",
+                   help="a bundled example model as the original (see optimize --list-examples)")
     _input_options(c)
     c.add_argument("--runs", type=_positive, default=2,
                    help="input sets (random where not given by --input; seeds 0..N-1)")
@@ -499,7 +501,15 @@ def _cmd_compare(args, parser) -> int:
 
     opts = _provider_options(args.provider_option, parser)
     given, dims = _given_inputs(args, parser)
-    original = frontend.load_model(args.original)  # one-line errors for a bad original
+    if (args.original is None) == (args.example is None):
+        parser.error("give the original model or --example NAME (one of them)")
+    if args.example:
+        from .examples import get_example
+
+        original = get_example(args.example)
+        args.original = f"example '{args.example}'"
+    else:
+        original = frontend.load_model(args.original)  # one-line errors for a bad original
     sess = _session(args.optimized, opts)
     _warn_if_nothing_on_devices(sess)
     feeds = None
@@ -511,7 +521,7 @@ def _cmd_compare(args, parser) -> int:
         feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
                  for i in range(args.runs)]
     try:
-        report = golden.compare(args.original, sess.as_runner(), n=args.runs, rtol=args.rtol,
+        report = golden.compare(original, sess.as_runner(), n=args.runs, rtol=args.rtol,
                                 atol=args.atol, dims=dims, feeds=feeds)
     except ReferenceFailed as e:
         raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "

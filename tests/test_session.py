@@ -128,6 +128,10 @@ def test_cli_run_and_compare(lenet, tmp_path, capsys):
     assert {r["run"] for r in records} == {0, 1}
     assert main(["compare", str(src), str(opt), "--runs", "2"]) == 0
     assert "OK" in capsys.readouterr().out
+    assert main(["compare", "--example", "lenet", str(opt), "--runs", "1"]) == 0  # same model
+    assert "example 'lenet' (onnxruntime)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # both or neither of ORIGINAL and --example: usage error
+        main(["compare", str(src), str(opt), "--example", "lenet"])
     # a model computing something else: the comparison fails with exit 1
     other = get_example("lenet")
     for init in other.graph.initializer:

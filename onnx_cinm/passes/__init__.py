@@ -61,11 +61,12 @@ class PassContext:
 
 
 def register_pass(name: str, doc: str = "") -> Callable[[PassFn], PassFn]:
-    """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the first docstring line."""
+    """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the docstring's
+    first paragraph, on one line."""
 
     def deco(fn: PassFn) -> PassFn:
-        lines = (fn.__doc__ or "").strip().splitlines()
-        text = doc or (lines[0] if lines else "")
+        first_paragraph = (fn.__doc__ or "").strip().split("\n\n")[0]
+        text = doc or " ".join(first_paragraph.split())
         _REGISTRY[name] = (fn, text)
         return fn
 
