@@ -706,6 +706,12 @@ def _cmd_sweep(args, parser) -> int:
         parser.error(str(e))
     if not sets:
         parser.error("give at least one --set KEY=V1,V2,...")
+    if args.scheduler and args.executor != "dask":
+        print(f"onnx-cinm: warning: --scheduler applies to --executor dask only; ignored with "
+              f"--executor {args.executor}", file=sys.stderr)
+    if args.workers and args.executor != "process":
+        print(f"onnx-cinm: warning: --workers applies to --executor process only; ignored with "
+              f"--executor {args.executor}", file=sys.stderr)
     if args.executor == "dask" and not args.scheduler:
         parser.error("--executor dask needs --scheduler ADDRESS")
     out = Path(args.output)
