@@ -50,34 +50,6 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
 
 
-def _count(text: str) -> int:
-    v = _int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive count, got {v}")
-    return v
-
-
-def _positive(text: str) -> int:
-    v = _int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
-
-
-def _tasklets(text: str) -> int:
-    v = _positive(text)
-    if v > 24:  # UPMEM SDK: at most 24 tasklets per DPU
-        raise argparse.ArgumentTypeError(f"a DPU runs at most 24 tasklets, got {v}")
-    return v
-
-
-def _size(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
-    return _positive(parts[0]), _positive(parts[1])
-
-
 def _number(text: str) -> float:
     try:
         v = float(text)
@@ -88,18 +60,30 @@ def _number(text: str) -> float:
     return v
 
 
-def _nonneg_float(text: str) -> float:
-    v = _number(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return v
+def _checked(parse, ok, must: str):
+    """An argparse type: ``parse(text)``, then a usage error 'must be MUST' unless ``ok``."""
+    def convert(text: str):
+        v = parse(text)
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return v
+    return convert
 
 
-def _pos_float(text: str) -> float:
-    v = _number(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return v
+_count = _checked(_int, lambda v: v >= 0, "0 (off) or a positive count")
+_positive = _checked(_int, lambda v: v >= 1, "a positive integer")
+_tasklets = _checked(_positive, lambda v: v <= 24,  # UPMEM SDK: at most 24 tasklets per DPU
+                     "at most 24 (the tasklets a DPU runs)")
+_nonneg_float = _checked(_number, lambda v: v >= 0, "a number >= 0")
+_pos_float = _checked(_number, lambda v: v > 0, "a number > 0")
+_tolerance = _nonneg_float
+
+
+def _size(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
+    return _positive(parts[0]), _positive(parts[1])
 
 
 def _roofline(text: str) -> str:
@@ -110,9 +94,6 @@ def _roofline(text: str) -> str:
     except CinmError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-_tolerance = _nonneg_float
 
 
 class _Parser(argparse.ArgumentParser):
