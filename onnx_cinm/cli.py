@@ -749,7 +749,13 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args, parser)
     try:
         return _dispatch(args, parser)
-    finally:  # an embedding process (a test run, a notebook) gets its own handler back
+    except KeyboardInterrupt:  # landed after the command had finished and reported
+        print("onnx-cinm: interrupted after the command finished", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None:  # the console script: the process exits next, and a late Ctrl-C must
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # not turn a finished run into -2
+        # an embedding process (a test run, a notebook) gets its own SIGTERM handler back
         signal.signal(signal.SIGTERM, previous)
 
 
