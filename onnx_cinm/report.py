@@ -322,11 +322,15 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
 
 def options_from_plans(model: onnx.ModelProto) -> dict:
     """Crossbar pass options recorded in the model's plan attributes (``cim_rows``,
-    ``cim_cols``, ``cim_crossbars``, ``cim_loop_order`` of its first crossbar kernel), so the
-    report judges residency with the crossbars the model was compiled for."""
-    for node in model.graph.node:
-        if node.domain == cinm.DOMAIN:
-            at = cinm.node_attrs(node)
-            if "cim_rows" in at:
-                return {k: at[k] for k in ("cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order")}
-    return {}
+    ``cim_cols``, ``cim_loop_order`` and the device's crossbar count ``cim_device_crossbars``
+    of its first crossbar kernel), so the report judges residency with the crossbars the
+    model was compiled for. Models written before ``cim_device_crossbars`` existed give the
+    largest ``cim_crossbars`` of a kernel (a lower bound)."""
+    plans = [cinm.node_attrs(n) for n in model.graph.node if n.domain == cinm.DOMAIN]
+    plans = [at for at in plans if "cim_rows" in at]
+    if not plans:
+        return {}
+    at = plans[0]
+    count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
+    return {"cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"], "cim_crossbars": count,
+            "cim_loop_order": at["cim_loop_order"]}

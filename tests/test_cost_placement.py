@@ -268,3 +268,55 @@ def test_benchmark_json_records():
                    ("edp", lambda r: r["latency_s"] * r["energy_j"])):
         assert f(by[("cost", obj)]) <= min(f(by[("all-host", "")]), f(by[("heuristic", "")])) * (1 + 1e-9)
         assert not by[("cost", obj)]["violations"]
+
+
+def _mlp3():
+    """16x300 -> 500 -> 200 -> 130 MatMul+Relu: crossbar tiles 40/32/12 at 64x64, 4/2/1 at
+    256x256 (ceil(K/size) * ceil(N/size))."""
+    rng = np.random.default_rng(0)
+    dims, nodes, inits, x = [300, 500, 200, 130], [], [], "x"
+    for i in range(3):
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((dims[i], dims[i + 1])).astype(np.float32), f"W{i}"))
+        nodes += [h.make_node("MatMul", [x, f"W{i}"], [f"m{i}"], name=f"fc{i + 1}"),
+                  h.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i + 1}")]
+        x = f"r{i}"
+    g = h.make_graph(nodes, "mlp3", [h.make_tensor_value_info("x", TP.FLOAT, [16, 300])],
+                     [h.make_tensor_value_info(x, TP.FLOAT, [16, 130])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("size,count,writes", [
+    # 84 tiles > 64: pin fc1 + fc3 (52 <= 63); fc2 streams alone through the 12 left: 32 - 12
+    (64, 64, 20),
+    # 7 tiles > 4: pin fc2 + fc3 (3 <= 3); fc1 streams alone through 1 crossbar: 4 - 1
+    (256, 4, 3),
+])
+def test_a_lone_streaming_kernel_is_priced_as_compiled(size, count, writes):
+    """A kernel streaming alone through the crossbars the pinned ones leave keeps some tiles
+    and runs on fewer crossbars: its writes and time are those of the compiled plan, in the
+    sweep, the heuristic baseline and the report (hand-counted writes above)."""
+    from onnx_cinm import report, sweep
+
+    model = _mlp3()
+    opts = {"cim_rows": size, "cim_cols": size, "cim_crossbars": count}
+    heur = optimize(model, check=0, placement="heuristic", host_roofline="nominal",
+                    device_options=opts)
+    plans = _plan_attrs(heur.model)
+    assert sum(a["cim_writes"] for a in plans) == writes
+    assert all(a["cim_device_crossbars"] == count for a in plans)
+    _, results = sweep.run(model, [("crossbar.size", [f"{size}x{size}"]),
+                                   ("crossbar.count", [str(count)])],
+                           base_options={"placement": "heuristic", "host_roofline": "nominal"},
+                           executor="serial")
+    assert results[0]["writes"] == writes and not results[0]["violations"]
+    # the report re-evaluates the compiled model with its own crossbar count: no false breach
+    rows, totals = report.layers(heur.model, dict(report.options_from_plans(heur.model),
+                                                  host_roofline="nominal"))
+    assert totals["writes"] == writes and not totals.get("violations")
+    xbar_latency = sum(a["cim_latency_s"] for a in plans)
+    assert math.isclose(sum(r.latency_s for r in rows if r.device == "memristor"), xbar_latency,
+                        rel_tol=1e-6)
+    # and cost placement's heuristic baseline is that same compiled plan
+    cost = optimize(model, check=0, host_roofline="nominal", device_options=opts)
+    assert cost.stats["placement"]["baselines"]["heuristic"].writes == writes

@@ -72,11 +72,13 @@ PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.
 
 #: Plan attributes of the paradigm passes (a node's plan is attributes, never extra nodes).
 #: ``cim_*``: the crossbar schedule written by ``cim_tiling`` (counts are tile writes, MVMs; times
-#: in seconds, energies in joules, per inference unless ``_load``). ``cnm_*``: the UPMEM mapping
+#: in seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
+#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share). ``cnm_*``: the UPMEM mapping
 #: written by ``cnm_mapping``.
 PLAN_ATTRS = {
     "cim_rows": AttributeProto.INT, "cim_cols": AttributeProto.INT,
     "cim_crossbars": AttributeProto.INT, "cim_shared": AttributeProto.INT,
+    "cim_device_crossbars": AttributeProto.INT,
     "cim_loop_order": AttributeProto.STRING,
     "cim_operand": AttributeProto.STRING, "cim_M": AttributeProto.INT,
     "cim_K": AttributeProto.INT, "cim_N": AttributeProto.INT, "cim_groups": AttributeProto.INT,

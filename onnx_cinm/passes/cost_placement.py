@@ -39,7 +39,11 @@ Constraints (a placement that breaks one is never chosen; user hints still win a
   programmed across inferences (all tiles when they fit, ``P`` for a capacity-limited product)
   and assumes nobody else overwrites them. The crossbars are shared by every crossbar kernel of
   the model, one tile per crossbar, so the tiles kept by all kernels of one device must fit its
-  ``cim_crossbars``: ``sum(cim_writes_load) <= P``.
+  ``cim_crossbars``: ``sum(cim_writes_load) <= P``. The search prices each crossbar op by two
+  candidates (pinned: its tiles kept, priced as if alone; streamed: every tile rewritten); every
+  assignment it reports (the result and the baselines) is priced from the model-wide plans of
+  ``MemristorDevice.lower_all`` instead, where a kernel streaming alone keeps some tiles on
+  the crossbars the pinned kernels leave it.
 * **Endurance** (``max_writes_per_cell``, CLI ``--max-writes-per-cell``): writes per cell per
   inference = tile writes per inference summed over a device's crossbar kernels / ``P`` (the
   weight-stationary schedules rotate tiles round-robin over the ``P`` crossbars, so wear is
@@ -718,15 +722,15 @@ def heuristic_assign(prob: Problem) -> dict | None:
     return None if any(ch is None for ch in out.values()) else out
 
 
-def _pinned(prob: Problem, devs: dict) -> dict:
-    """``{op index: pinned?}`` for the ops ``devs`` puts on cim devices, as the device's
-    ``lower_all`` allocates the shared crossbars (the ``cim_writes_load`` already recorded on a
-    lowered node is used as it is)."""
+def _plans(prob: Problem, devs: dict) -> dict:
+    """``{op index: plan attributes}`` for the ops ``devs`` puts on cim devices, as the device's
+    ``lower_all`` allocates the shared crossbars among all of them (the plan already recorded
+    on a lowered node is used as it is)."""
     out, groups = {}, {}
     for i, dev in devs.items():
         at = cinm.node_attrs(prob.nodes[i])
         if "cim_writes_load" in at and at.get("device") == dev:
-            out[i] = at["cim_writes_load"] > 0
+            out[i] = at
         elif devices.get_device(dev).paradigm == "cim":
             groups.setdefault(dev, []).append(i)
     for dev, idx in groups.items():
@@ -736,25 +740,45 @@ def _pinned(prob: Problem, devs: dict) -> dict:
         try:
             plans = d.lower_all([(op_info(prob.nodes[i], prob.infos),
                                   dict(prob.options, kernel_stem=f"probe{i}")) for i in idx])
-        except Exception:  # noqa: BLE001 - no plan: keep the pinned choice
+        except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
             continue
-        out.update({i: a.get("cim_writes_load", 0) > 0 for i, a in zip(idx, plans)})
+        out.update(zip(idx, plans))
     return out
 
 
 def _with_variants(prob: Problem, devs: dict) -> dict:
-    """Choices for the device of every op in ``devs``: on a cim device the pinned or the
-    streamed one, as the model-wide crossbar allocation would build it; None if the device
-    has no choice for the op."""
-    pinned = _pinned(prob, devs)
+    """Choices for the device of every op in ``devs``, priced as compiled: on a cim device from
+    the model-wide crossbar plan (the crossbars the kernel really gets, the tiles it really
+    keeps and writes), elsewhere the device's candidate; None if the device has no choice for
+    the op.
+
+    The search prices a crossbar op by one of two candidates (pinned with all ``P`` crossbars,
+    or streamed with every tile rewritten); a kernel that streams alone through the crossbars
+    the pinned ones leave keeps some tiles and runs on fewer crossbars than either assumes, so
+    every assignment that is reported is priced here, from the plans.
+    """
+    plans = _plans(prob, devs)
     out = {}
     for i, dev in devs.items():
         opts = [c for c in prob.cands[i] if c.device == dev]
-        if i in pinned:
-            want = [c for c in opts if c.streamed != pinned[i]]
-            opts = want or opts
-        out[i] = opts[0] if opts else None
+        if not opts:
+            out[i] = None
+            continue
+        a = plans.get(i)
+        if a is None or "cim_latency_s" not in a:
+            out[i] = opts[0]
+            continue
+        c = opts[0]
+        cost = Cost(float(a["cim_latency_s"]), float(a["cim_energy_j"]), int(a["cim_writes"]),
+                    c.cost.bytes_moved)
+        out[i] = Choice(dev, cost, int(a.get("cim_writes_load", 0)), c.capacity, 0, 0, c.note,
+                        streamed=bool(a.get("cim_shared", 0)) or int(a["cim_writes"]) > 0)
     return out
+
+
+def _as_compiled(prob: Problem, assign: dict) -> dict:
+    """``assign`` with its crossbar choices priced from the model-wide plans."""
+    return _with_variants(prob, {i: c.device for i, c in assign.items()})
 
 
 def solve(prob: Problem, objective: str) -> Solution:
@@ -785,10 +809,17 @@ def solve(prob: Problem, objective: str) -> Solution:
             a = repair(prob, a, objective, w)
         starts[f"dp{k}"] = a
     results = {}
+    searched = {}
     for name, a in starts.items():
         if violations(prob, evaluate(prob, a)):
             a = repair(prob, a, objective)
-        a = local_search(prob, a, objective)
+        searched[name] = local_search(prob, a, objective)
+    # the search prices crossbar ops by two candidates each; every outcome, and the starting
+    # points as they are, is priced as compiled (model-wide crossbar plans) and the best wins
+    finals = dict(searched)
+    finals.update({f"{n} as is": starts[n] for n in ("all-host", "heuristic") if n in starts})
+    finals = {n: _as_compiled(prob, a) for n, a in finals.items()}
+    for name, a in finals.items():
         tot = evaluate(prob, a)
         if not violations(prob, tot):
             results[name] = (tot.value(objective), a, tot)
@@ -796,7 +827,7 @@ def solve(prob: Problem, objective: str) -> Solution:
         # nothing meets every budget: hints pin too much on a device (e.g. more crossbar tiles
         # than crossbars). The crossbar plans cope (kernels that do not fit stream), so keep
         # the hinted placement and choose the rest by the objective alone.
-        for name, a in starts.items():
+        for name, a in finals.items():
             tot = evaluate(prob, a)
             results[name] = (tot.value(objective), a, tot)
         dp_feasible = False

@@ -240,8 +240,8 @@ class MemristorDevice:
           do, each evicts the others' tiles, so each writes all its ``T_k`` tiles every
           inference (``shared``). Kernels whose programmed operand is an activation always stream.
 
-        ``cim_crossbars`` is the number of crossbars the kernel uses; ``cim_shared`` says whether
-        other kernels use them too. The naive order never keeps tiles, so it needs no allocation.
+        ``cim_crossbars`` is the number of crossbars the kernel uses, ``cim_device_crossbars``
+        the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too. The naive order never keeps tiles, so it needs no allocation.
         Raises CinmError on bad options.
         """
         if not items:
@@ -268,9 +268,11 @@ class MemristorDevice:
                         alloc[i] = (P - used, len(stream) > 1)
         out = []
         for (op, opts), (xbars, shared), a in zip(items, alloc, alone):
-            p, v, params, const, why = (a if xbars is None else
-                                        self.plan(op, opts, crossbars=xbars, shared=shared))
-            out.append(self._attrs(op, opts, p, v, params, const, why))
+            p, v, params_k, const, why = (a if xbars is None else
+                                          self.plan(op, opts, crossbars=xbars, shared=shared))
+            attrs = self._attrs(op, opts, p, v, params_k, const, why)
+            attrs["cim_device_crossbars"] = P
+            out.append(attrs)
         return out
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
