@@ -97,11 +97,15 @@ class CinmBackendRep(BackendRep):
         The runner's session.
     """
 
-    def __init__(self, result, session, input_names: Sequence[str]) -> None:
+    def __init__(self, result, session, input_names: Sequence[str],
+                 frozen: Sequence[str] = ()) -> None:
         self.result = result
         self.model = result.model
         self.session = session
         self.input_names = list(input_names)
+        #: graph inputs of the original that were also initializers (overridable defaults in
+        #: ONNX): compiled as constants, so a value fed for one is refused, never ignored
+        self.frozen = set(frozen)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple:
         """Run the optimized model.
@@ -116,6 +120,12 @@ class CinmBackendRep(BackendRep):
         -------
         tuple of numpy.ndarray
             The outputs in graph output order.
+
+        Raises
+        ------
+        CinmError
+            A value is fed for an initializer that the original also lists as a graph input
+            (an overridable default in ONNX; compiled as a constant here), or too many inputs.
         """
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)
@@ -127,6 +137,12 @@ class CinmBackendRep(BackendRep):
                 raise CinmError(f"got {len(inputs)} inputs, the model takes {len(self.input_names)}")
             feeds = dict(zip(self.input_names, inputs))
         wanted = {i.name for i in self.session.get_inputs()}
+        overridden = sorted(k for k in feeds if k in self.frozen and k not in wanted)
+        if overridden:
+            raise CinmError(f"input(s) {', '.join(overridden)} are initializers of the model (default "
+                            "values); onnx-cinm compiles them as constants, so a value fed for "
+                            "them cannot be used")
+        # inputs the optimized model no longer reads (nothing depends on them) are dropped
         feeds = {k: np.asarray(v) for k, v in feeds.items() if k in wanted}
         return tuple(self.session.run(None, feeds))
 
@@ -166,7 +182,8 @@ class CinmBackend(Backend):
         input_names = [i.name for i in model.graph.input if i.name not in inits]
         result = optimize(model, check=check, **optimize_options)
         session = (runner or cls.runner)(result.model)
-        return CinmBackendRep(result, session, input_names)
+        frozen = [i.name for i in model.graph.input if i.name in inits]
+        return CinmBackendRep(result, session, input_names, frozen)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",

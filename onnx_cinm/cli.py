@@ -625,6 +625,11 @@ def _cmd_optimize(args, parser) -> int:
         print(f"onnx-cinm: warning: golden check skipped: {result.check_skipped}; give sizes "
               "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
               "with 'onnx-cinm compare --input ...'", file=sys.stderr)
+    frozen = result.stats.get("canonicalize_opset", {}).get("frozen_inputs", [])
+    if frozen and not args.quiet:
+        shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
+        print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
+              "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
     for hint in result.stats.get("placement", {}).get("unused_hints", []):
         print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
     source = args.input or f"example '{args.example}'"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
@@ -149,3 +150,29 @@ def test_selection_through_the_cinm_execution_provider():
     failed = [f"{o.case.name}: {o.message}" for o in outcomes if o.status == "failed"]
     assert not failed, f"{len(failed)} failures through the provider:\n" + "\n".join(failed[:40])
     assert counts["passed"] + counts["expected_failures"] == counts["run"] > 1000
+
+
+def test_a_value_fed_for_an_initializer_input_is_refused_not_ignored(capsys, tmp_path):
+    """IR 3 style: W and B are initializers *and* graph inputs (overridable defaults). onnx-cinm
+    compiles them as constants, so feeding them must fail loudly, not silently use the default."""
+    from onnx_cinm.cli import main
+    from onnx_cinm.errors import CinmError
+
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    b = np.array([1.0, -1.0], np.float32)
+    graph = h.make_graph([h.make_node("Gemm", ["x", "W", "B"], ["y"])], "g",
+                         [h.make_tensor_value_info(n, TP.FLOAT, s)
+                          for n, s in (("x", [1, 3]), ("W", [3, 2]), ("B", [2]))],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 2])],
+                         [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    rep = CinmBackend.prepare(model)
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    (y,) = rep.run({"x": x})
+    np.testing.assert_allclose(y, x @ w + b, rtol=1e-6)  # the defaults, when nothing is fed
+    with pytest.raises(CinmError, match="W are initializers"):
+        rep.run({"x": x, "W": w * 2})
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    assert "2 graph input(s) with initializers (W, B) are compiled as constants" in \
+        capsys.readouterr().err

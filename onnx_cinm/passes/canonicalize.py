@@ -261,7 +261,8 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
     model : onnx.ModelProto
         Rewritten in place.
     ctx : PassContext
-        ``ctx.stats["canonicalize_opset"]`` receives ``{"from_opset": v, "to_opset": w}``.
+        ``ctx.stats["canonicalize_opset"]`` receives ``{"from_opset": v, "to_opset": w,
+        "frozen_inputs": [graph inputs that were initializers, now constants]}``.
 
     Returns
     -------
@@ -287,9 +288,11 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
     model.ir_version = min(max(model.ir_version, MIN_IR_VERSION), MAX_IR_VERSION)
     initializers = {tensor.name for tensor in model.graph.initializer}
     kept = [value for value in model.graph.input if value.name not in initializers]
+    frozen = [value.name for value in model.graph.input if value.name in initializers]
     del model.graph.input[:]
     model.graph.input.extend(kept)
-    ctx.stats["canonicalize_opset"] = {"from_opset": version, "to_opset": _default_opset(model)}
+    ctx.stats["canonicalize_opset"] = {"from_opset": version, "to_opset": _default_opset(model),
+                                       "frozen_inputs": frozen}
     return model
 
 
