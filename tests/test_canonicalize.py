@@ -80,7 +80,7 @@ def test_canonicalize_opset_keeps_pre13_softmax_semantics(shape, op_type):
     model = _model([helper.make_node(op_type, ["x"], ["y"])], [_vi("x", shape)],
                    [_vi("y", shape)], opset=11, ir_version=6)
     result, ctx = _run_passes(model, "canonicalize_opset")
-    assert ctx.stats["canonicalize_opset"] == {"from_opset": 11, "to_opset": 13}
+    assert ctx.stats["canonicalize_opset"] == {"from_opset": 11, "to_opset": 13, "frozen_inputs": []}
     assert (result.ir_version, canonicalize._default_opset(result)) == (10, 13)
     assert_matches_ort(model, result, n=3)
     # and after the other passes too (the Shape of the static input folds away)
@@ -93,10 +93,11 @@ def test_canonicalize_opset_dedupes_imports_caps_ir_and_drops_initializer_inputs
                    [_vi("x", ["N", 4]), _vi("w", [4, 4])], [_vi("y", ["N", 4])], {"w": w},
                    opset=17, ir_version=13,
                    opsets=[helper.make_opsetid("ai.onnx", 15), helper.make_opsetid("", 17)])
-    result, _ = _run_passes(model, "canonicalize_opset")
+    result, ctx = _run_passes(model, "canonicalize_opset")
     assert [(o.domain, o.version) for o in result.opset_import] == [("", 17)]
     assert result.ir_version == 11
     assert [i.name for i in result.graph.input] == ["x"]
+    assert ctx.stats["canonicalize_opset"]["frozen_inputs"] == ["w"]
     x = _float(3, 4)
     np.testing.assert_allclose(run_onnxruntime(result, {"x": x})[0],
                                run_onnxruntime(model, {"x": x, "w": w})[0], rtol=1e-6)
