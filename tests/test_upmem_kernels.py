@@ -888,3 +888,38 @@ def test_generated_code_uses_only_the_documented_sdk_api(tmp_path, kind, dtype, 
         assert not re.findall(r"#\s*include\s*\"", src), f"{name} includes a local header"
         unknown = _called_names(src) - api - C_STD
         assert not unknown, f"{name} calls what the SDK does not document: {sorted(unknown)}"
+
+
+def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
+    """The cost model's kernel cycles against the emulator running the emitted code (which
+    counts instructions and DMA as they execute), for every UPMEM kernel of heuristic LeNet:
+    Im2Col (row ranges: the plan uses the DPUs the kernel gives work to), Relu and the fc2 Gemm
+    (one output column per DPU pads to 8 bytes: two columns of work)."""
+    import onnx
+
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.analysis import op_info, tensor_infos
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.devices.upmem import mapping
+    from onnx_cinm.examples import get_example
+
+    res = optimize(get_example("lenet"), placement="heuristic", check=0)
+    artifacts.save(res.model, tmp_path / "h.onnx")
+    infos = tensor_infos(res.model)
+    seen = set()
+    for node in res.model.graph.node:
+        at = cinm.node_attrs(node)
+        if node.domain != cinm.DOMAIN or at.get("device") != "upmem":
+            continue
+        plan = mapping.plan_op(op_info(node, infos), max_dpus=2048, tasklets=16)
+        kdir = tmp_path / "h.cinm" / at["kernel"]
+        man = json.loads((kdir / "kernel.json").read_text())
+        assert man["dpus"] == plan.dpus == at["cnm_dpus"], node.name
+        rng = np.random.default_rng(5)
+        ins = [_signed(rng, [d if isinstance(d, int) and d > 0 else 1 for d in i["shape"]],
+                       i["dtype"]) for i in man["inputs"] if not i.get("const")]
+        _, counters = emu.run_kernel(kdir, ins)
+        assert counters["kernel_cycles"] == pytest.approx(plan.cost().kernel_cycles, rel=1e-3), \
+            node.name
+        seen.add(node.op_type)
+    assert seen == {"Im2Col", "Relu", "Gemm"}

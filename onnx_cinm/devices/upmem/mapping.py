@@ -344,7 +344,8 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
     rows, n, k = g["rows_dpu"], g["n_dpu"], g["k"]
     per = 8 // math.gcd(8, es)
     kb = _cdiv(k, per) * per * es
-    n_pad = _cdiv(n, per) * per if n > 1 else 1
+    # a Gemv has one output per row; a Gemm pads every output row to 8 bytes, even one column
+    n_pad = _cdiv(n, per) * per if n > 1 or p.kind == "gemm" else 1
     if p.schedule == "prim":
         r_grp, nt = 1, 1
     else:
@@ -610,11 +611,57 @@ def _cost_transpose(p: CnmPlan) -> CostBreakdown:
     return _finish(p, [w], 0.0, _r8(n * es), 0, _r8(n * es), 0)
 
 
+#: Im2Col instructions per (channel, kernel row) window: KW * 4 copy + 10 address/loop
+#: (the generated dpu.c counts the same; templates/upmem/im2col/dpu.c.j2)
+IM2COL_WIN_INSTR = (4, 10)
+
+
+def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
+    """The generated Im2Col kernel's split: output rows (pixels) in contiguous ranges of
+    ``row_cap`` per DPU (``used`` DPUs get work), each row ``C * KH`` windows of ``KW`` taps.
+    A 1-D kernel is the 2-D one with one row. Unknown dims count as 1."""
+    dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
+    ks = list(attrs.get("kernel_shape") or [1] * (len(dims) - 2))
+    nd = len(ks)
+    st = list(attrs.get("strides") or [1] * nd)
+    dl = list(attrs.get("dilations") or [1] * nd)
+    pd = list(attrs.get("pads") or [0] * (2 * nd))
+    if nd == 1:
+        dims, ks, st, dl, pd = dims[:2] + [1] + dims[2:], [1] + ks, [1] + st, [1] + dl, \
+            [0, pd[0], 0, pd[1]]
+    n, c, h, w = (dims + [1, 1, 1, 1])[:4]
+    kh, kw = ks[0], ks[-1]
+    oh = max(1, (h + pd[0] + pd[2] - dl[0] * (kh - 1) - 1) // st[0] + 1)
+    ow = max(1, (w + pd[1] + pd[3] - dl[-1] * (kw - 1) - 1) // st[-1] + 1)
+    per = max(1, 8 // es) if 8 % es == 0 else 1
+    ck = c * kh * kw
+    ck_pad = _cdiv(ck, per) * per
+    rows = n * oh * ow
+    row_cap = _cdiv(rows, max(d, 1))
+    span = ((kw - 1) * dl[-1] + 1) * es
+    # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
+    offs = range(0, 8, es) if es < 8 else [0]
+    win_read = sum(_r8(o + span) for o in offs) / len(offs)
+    return {"n": rows * ck, "n_dpu": row_cap * ck_pad, "rows": rows, "row_cap": row_cap,
+            "used": _cdiv(rows, row_cap), "windows": c * kh, "kw": kw, "ck": ck,
+            "ck_pad": ck_pad, "win_read": win_read}
+
+
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
-    g, es = p.g, _esize(p.dtype)
-    n_out = g["n_dpu"]
-    w = _stream_work(p, n_out, es, 2 + 3 + _loop(p), reads=1, writes=1)
-    return _finish(p, [w], 0.0, 0, g["bcast_bytes"], _r8(n_out * es), 0)
+    """Im2Col as the generated kernel runs it: per output row, ``C * KH`` window reads (the KW
+    taps of one padded input row) and ``KW * 4 + 10`` instructions each, and the row written
+    in blocks of ``min(block, row pitch)``; tasklets take rows round-robin."""
+    g, es, pr, t = p.g, _esize(p.dtype), p.params, p.tasklets
+    blk = min(p.block_bytes, _r8(g["ck_pad"] * es))
+    be = max(1, blk // es)
+    full, rest = divmod(g["ck"], be)
+    dma_row = (g["windows"] * pr.dma_cycles(g["win_read"])
+               + full * pr.dma_cycles(blk, write=True)
+               + (pr.dma_cycles(_r8(rest * es), write=True) if rest else 0.0))
+    instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
+    rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
+    w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
+    return _finish(p, [w], 0.0, 0, g["bcast_bytes"], _r8(g["n_dpu"] * es), 0)
 
 
 def _roofline(p: CnmPlan) -> dict:
@@ -809,18 +856,21 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         n = max(ins[0].numel, 1)
         return kind, {"n": n, "n_dpu": _share(n, d, es)}, [f"{ins[0].name}:scatter"], 2
     if kind == "im2col":
-        n = max(out.numel, 1)
-        geom = {"n": n, "n_dpu": _share(n, d, es), "bcast_bytes": _r8(max(ins[0].numel, 1) * es)}
+        geom = _im2col_geometry(ins[0].shape, a, d, es)
+        geom["bcast_bytes"] = _r8(max(ins[0].numel, 1) * es)
         return kind, geom, [f"{ins[0].name}:broadcast"], 2
     raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")  # pragma: no cover
 
 
 def _work_items(kind: str, geom: dict, es: int) -> int:
-    """How many DPUs can get work: rows for matrix products and row modes, else 8-byte words."""
+    """How many DPUs can get work: rows for matrix products, row modes and Im2Col, else 8-byte
+    words."""
     if kind in ("gemv", "gemm", "simsearch"):
         return geom["rows"]
     if geom.get("mode") == "rows":
         return geom["n"] // max(geom["length"], 1)
+    if kind == "im2col":
+        return geom["rows"]
     return max(1, _cdiv(geom["n"] * es, 8))
 
 
@@ -881,6 +931,9 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
     kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
+    if kind == "im2col" and geom["used"] < dpus:  # contiguous row ranges leave the rest idle
+        dpus = geom["used"]
+        kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
     private, shared = 0, 0
     if schedule == "prim":
         merge = {"reduce": "host", "topk": "host", "histogram": "mutex", "select": "handshake",
