@@ -355,6 +355,30 @@ def _check_output_file(target: str, option: str, protected: dict) -> None:
             raise CinmError(f"{option} '{target}' would {verb} {what}; choose another path")
 
 
+def _attribute_docs(cls) -> dict[str, str]:
+    """``{field: description}`` from the ``Attributes:`` section of a dataclass docstring
+    (``name[, name2]: text`` lines, indented continuation lines joined)."""
+    import inspect
+    import re
+
+    doc = inspect.getdoc(cls) or ""
+    _, sep, section = doc.partition("Attributes:\n")
+    out: dict[str, str] = {}
+    names: list[str] = []
+    for line in section.splitlines() if sep else []:
+        m = re.match(r"    ([A-Za-z_][\w, ]*):\s*(.*)", line)
+        if m and not line.startswith("     "):
+            names = [n.strip() for n in m.group(1).split(",")]
+            for n in names:
+                out[n] = m.group(2)
+        elif line.startswith("        ") and names:
+            for n in names:
+                out[n] += " " + line.strip()
+        elif line.strip() and not line.startswith(" "):
+            break  # the next section
+    return out
+
+
 def _cmd_devices(args) -> int:
     from dataclasses import fields
 
@@ -362,8 +386,11 @@ def _cmd_devices(args) -> int:
 
     for dev in all_devices():
         print(f"{dev.name} ({dev.paradigm})")
+        docs = _attribute_docs(type(dev.params))
         for f in fields(dev.params):
-            print(f"  {f.name} = {getattr(dev.params, f.name)}")
+            value = f"  {f.name} = {getattr(dev.params, f.name)}"
+            note = docs.get(f.name, "")
+            print(f"{value:44s}  {note}" if note else value)
     return 0
 
 

@@ -148,6 +148,10 @@ def test_console_script_help_and_lists():
         "cim_tiling", "cnm_mapping"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 2.5e-06" in res.stdout
+    # every parameter with its unit and source, from the parameter class's docstring
+    lines = {ln.split("=")[0].strip(): ln for ln in res.stdout.splitlines() if "=" in ln}
+    assert "seconds (2.5e-6: OCC \"Write\")" in lines["write_latency_s"]
+    assert "Hz (350e6" in lines["frequency_hz"] and "bytes (64 MiB" in lines["mram_bytes"]
 
 
 def test_run_never_overwrites_its_model_inputs_or_kernels(tmp_path, capsys):
