@@ -163,27 +163,35 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
                                              ("energy_j", "transfer_j", "energy per inference (J)"))):
         ax = fig.add_subplot(2, 1, k + 1)
         own = [getattr(r, attr) for r in rows]
+        extra = [getattr(r, tattr) for r in rows]
         ax.bar(x, own, color=cols, width=1.0, linewidth=0)
-        ax.bar(x, [getattr(r, tattr) for r in rows], bottom=own, color=TRANSFER_COLOUR, width=1.0,
-               linewidth=0)
+        ax.bar(x, extra, bottom=own, color=TRANSFER_COLOUR, width=1.0, linewidth=0)
+        top = max((a + b for a, b in zip(own, extra)), default=0.0)
+        if top > 0:
+            ax.set_ylim(0, top * 1.08)  # the tallest bar does not touch the frame
         ax.set_ylabel(label)
         ax.set_xlim(-0.5, max(len(rows), 1) - 0.5)
         if k == 1:
             ax.set_xlabel("layer (node index in graph order)")
-        else:
-            devs = list(dict.fromkeys(r.device for r in rows))
-            handles = [Patch(color=_colour(d, seen), label=d) for d in devs]
-            handles.append(Patch(color=TRANSFER_COLOUR, label="transfers"))
-            ax.legend(handles=handles, loc="upper right", fontsize=8)
-            if title:
-                ax.set_title(title)
-    fig.tight_layout()
+    devs = list(dict.fromkeys(r.device for r in rows))
+    handles = [Patch(color=_colour(d, seen), label=d) for d in devs]
+    handles.append(Patch(color=TRANSFER_COLOUR, label="transfers"))
+    # above the plots, beside the title, where no bar can hide under it
+    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, x=0.02, ha="left", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _png(fig, plt)
+
+
+#: graphs up to this many nodes get each node's op type written next to its dot
+GRAPH_LABELS_UP_TO = 120
 
 
 def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> bytes:
     """PNG bytes (``PNG_SIZE``): the graph, one dot per node in its device's colour, placed by
-    depth (longest path from the inputs, wrapped into bands of 40 columns), edges in grey."""
+    depth (longest path from the inputs, wrapped into bands of 40 columns), edges in grey, op
+    types written beside the dots of graphs up to :data:`GRAPH_LABELS_UP_TO` nodes."""
     from matplotlib.collections import LineCollection
     from matplotlib.patches import Patch
 
@@ -210,6 +218,10 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     seen: list = []
     ax.scatter([p[0] for p in pos], [p[1] for p in pos], c=[_colour(r.device, seen) for r in rows],
                s=[40 if r.cinm else 14 for r in rows], zorder=2, edgecolors="none")
+    if len(rows) <= GRAPH_LABELS_UP_TO:  # small graphs: every node says what it is
+        for (px, py), r in zip(pos, rows):
+            ax.annotate(r.op, (px, py), xytext=(0, 5), textcoords="offset points", fontsize=7,
+                        rotation=45, ha="left", va="bottom", color="#333333")
     devs = list(dict.fromkeys(r.device for r in rows))
     ax.legend(handles=[Patch(color=_colour(d, seen), label=d) for d in devs], loc="lower right", fontsize=8)
     ax.set_axis_off()
