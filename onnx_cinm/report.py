@@ -254,6 +254,9 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
                    f"{r.reason[:120]}")
     out.append("-" * len(head))
     out.append(_totals_line(totals))
+    out.append("(latency and energy include the op's host<->device transfers, listed apart in the "
+               "CSV and HTML; moved: bytes the op's device reads and writes, while the total "
+               "counts only tensors that cross between devices)")
     return "\n".join(out)
 
 
