@@ -417,18 +417,19 @@ def _warn_if_nothing_on_devices(sess) -> None:
     placed = [n for n in cinm_ops
               if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
     unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
+    everything = "; everything runs in onnxruntime"
     if not cinm_ops:
-        why = "it has no cinm op (was it written by 'onnx-cinm optimize'?)"
+        warning = ("no op of this model runs on a device: it has no cinm op (was it written by "
+                   "'onnx-cinm optimize'?)" + everything)
     elif not placed:
-        why = f"placement put all {len(cinm_ops)} cinm ops on the host"
+        warning = (f"no op of this model runs on a device: placement put all {len(cinm_ops)} "
+                   "cinm ops on the host" + everything)
     elif unkerneled:
-        print(f"onnx-cinm: warning: {len(unkerneled)} device-placed op(s) have no kernel (compiled "
-              "with --stop-after?); they run in onnxruntime", file=sys.stderr)
-        return
+        warning = (f"{len(unkerneled)} device-placed op(s) have no kernel (compiled with "
+                   "--stop-after?); they run in onnxruntime")
     else:
         return
-    print(f"onnx-cinm: warning: no op of this model runs on a device: {why}; everything runs "
-          "in onnxruntime", file=sys.stderr)
+    print(f"onnx-cinm: warning: {warning}", file=sys.stderr)
 
 
 def _cmd_run(args, parser) -> int:
