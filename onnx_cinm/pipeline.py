@@ -61,6 +61,12 @@ class OptimizeResult:
             f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP "
             "(symbolic dims taken as 1)",
         ]
+        flow = _control_flow(self.model)
+        if flow:
+            ops = ", ".join(f"{op} x{n}" for op, (n, _) in sorted(flow.items()))
+            inner = sum(m for _, m in flow.values())
+            lines.append(f"control flow: {ops}; the {inner} nodes of their bodies run on the host "
+                         "as they are (onnx-cinm compiles the main graph only)")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
         if kept:
             reasons = "; ".join(f"{op} x{sum(c.values())} ({', '.join(c)})" for op, c in sorted(kept.items()))
@@ -140,6 +146,26 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
             if dev not in ("host", "unplaced"):
                 on_dev += f
     return total, on_dev, by_dev, placements
+
+
+def _control_flow(model: onnx.ModelProto) -> dict:
+    """``{op type: (count, nodes in its bodies, nested included)}`` of the main graph's nodes
+    with subgraphs (If, Loop, Scan)."""
+    def inside(graph: onnx.GraphProto) -> int:
+        return sum(1 + sum(inside(g) for g in _subgraphs(n)) for n in graph.node)
+
+    out: dict = {}
+    for node in model.graph.node:
+        bodies = _subgraphs(node)
+        if bodies:
+            n, m = out.get(node.op_type, (0, 0))
+            out[node.op_type] = (n + 1, m + sum(inside(g) for g in bodies))
+    return out
+
+
+def _subgraphs(node: onnx.NodeProto) -> list:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + \
+        [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
 
 
 def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",

@@ -116,6 +116,15 @@ def test_silero_vad_with_control_flow(name, silero_dir):
     path = silero_dir / f"{name}.onnx"
     result = optimize(str(path), placement="heuristic")
     assert result.check is None and "Pad" in result.check_skipped
+
+    def body_nodes(graph):  # every node inside the If bodies, nested ones included
+        return sum(1 + sum(body_nodes(a.g) for a in n.attribute if a.type == a.GRAPH)
+                   for n in graph.node)
+
+    ifs = [n for n in result.model.graph.node if n.op_type == "If"]
+    inner = sum(body_nodes(a.g) for n in ifs for a in n.attribute if a.type == a.GRAPH)
+    assert f"control flow: If x{len(ifs)}; the {inner} nodes of their bodies run on the host" \
+        in result.summary()
     rng = np.random.default_rng(4)
     feeds = [{"input": _speech(rng, (1, n)), "state": np.zeros((2, 1, 128), np.float32),
               "sr": np.array(sr, np.int64)} for sr, n in ((16000, 512), (8000, 256))]
