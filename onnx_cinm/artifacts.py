@@ -279,6 +279,18 @@ def _is_ours(path: Path) -> bool:
         return False
 
 
+def _foreign_files(path: Path) -> list[str]:
+    """Files in our kernel folder ``path`` that its manifest does not list (someone else's:
+    replacing the folder would delete them), as paths relative to ``path``."""
+    try:
+        listed = {f["path"] for k in load_manifest(path)["kernels"] for f in k["files"]}
+    except CinmError:
+        listed = set()
+    listed.add(MANIFEST)
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
+                  if not p.is_dir() and p.relative_to(path).as_posix() not in listed)
+
+
 def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: None) -> dict | None:
     """Write ``model`` to ``path`` and its kernels to :func:`artifact_dir` ``(path)``, atomically.
 
@@ -301,6 +313,11 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     if not folder.is_dir():
         raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
     dest = artifact_dir(path)
+    foreign = _foreign_files(dest) if dest.is_dir() and _is_ours(dest) else []
+    if foreign:
+        raise CinmError(f"cannot replace the kernel folder '{dest}': it also holds files onnx-cinm "
+                        f"did not write ({', '.join(foreign[:3])}); move them or choose another "
+                        "output")
     if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
                         "kernel folder; move it away or choose another output name")

@@ -601,6 +601,17 @@ def _cmd_optimize(args, parser) -> int:
                         "output model's file path (e.g. out/model_opt.onnx)")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
+    kernels = artifacts.artifact_dir(out).resolve()
+    if args.input and kernels in Path(args.input).resolve().parents:
+        raise CinmError(f"the input lies inside the output's kernel folder '{kernels}', which "
+                        "optimize replaces; choose another output or move the input")
+    if args.report is not None:
+        if not args.report:
+            parser.error("--report needs a folder name")
+        report_dir = Path(args.report).resolve()
+        if report_dir == out.resolve() or report_dir == kernels or kernels in report_dir.parents:
+            raise CinmError(f"--report '{args.report}' must be a folder of its own, not the output "
+                            "model or its kernel folder")
     say = (lambda msg: None) if args.quiet else print
     if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
                                      or args.objective != "energy"):
@@ -642,13 +653,17 @@ def _cmd_optimize(args, parser) -> int:
                           device_options=_device_options(args), log=log)
     finally:
         bar.close()
-    if args.report:  # before the model: a report that cannot be written leaves nothing behind
+    if args.report:  # rendered first: a report that cannot be made stops before any writing
         from . import report
 
         rendered = report.render_report(result.model, _device_options(args), title=out.name)
-        report_files = frontend.write_files_into(args.report, rendered["files"], "report")
     manifest = artifacts.save(result.model, out, log)
     args.written = out  # an interrupt from here on must not claim that nothing was written
+    if args.report:  # its folder was checked up front; a failure now still says what exists
+        try:
+            report_files = frontend.write_files_into(args.report, rendered["files"], "report")
+        except CinmError as e:
+            raise CinmError(f"{out} was written, but: {e}") from None
     if result.check_skipped:
         print(f"onnx-cinm: warning: golden check skipped: {result.check_skipped}; give sizes "
               "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "

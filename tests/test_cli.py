@@ -212,3 +212,25 @@ def test_an_optimized_model_can_be_optimized_again(tmp_path, capsys):
         at = {a.name: a for a in n.attribute}
         if n.domain == "cinm" and "kernel" in at:
             assert at["device"].s != b"host"
+
+
+def test_optimize_never_deletes_what_is_not_its_own(tmp_path, capsys):
+    """The kernel folder is replaced on every optimize: an input, a report or any file that is
+    not in its manifest must not be inside it, and a report may not take the output's place."""
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "-q"]) == 0
+    mine = tmp_path / "out.cinm" / "orig.onnx"
+    onnx.save(get_example("lenet"), mine)
+    code, _, err = _run(["optimize", str(mine), "-o", str(out), "-q"], capsys)
+    assert code == 1 and "inside the output's kernel folder" in err and mine.exists()
+    mine.unlink()
+    for report in (tmp_path / "out.cinm", tmp_path / "out.cinm" / "r", out):
+        code, _, err = _run(["optimize", "--example", "lenet", "-o", str(out), "-q",
+                             "--report", str(report)], capsys)
+        assert code == 1 and "must be a folder of its own" in err, report
+    assert not (tmp_path / "out.cinm" / "r").exists() and out.is_file()
+    (tmp_path / "out.cinm" / "notes").mkdir()
+    (tmp_path / "out.cinm" / "notes" / "mine.txt").write_text("keep me")
+    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(out), "-q"], capsys)
+    assert code == 1 and "also holds files onnx-cinm did not write (notes/mine.txt)" in err
+    assert (tmp_path / "out.cinm" / "notes" / "mine.txt").read_text() == "keep me"
