@@ -454,6 +454,7 @@ def _cmd_run(args, parser) -> int:
             _check_output_file(target, option, protected)
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
+    golden.check_dim_names(sess._model, dims)
     kinds = [k for k, _ in sess.partitions()]
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
@@ -519,6 +520,7 @@ def _cmd_compare(args, parser) -> int:
         args.original = f"example '{args.example}'"
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
+    golden.check_dim_names(original, dims)
     sess = _session(args.optimized, opts)
     _warn_if_nothing_on_devices(sess)
     feeds = None
@@ -788,7 +790,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status."""
     try:
         parser = _parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the subcommand they were given to
+            getattr(args, "command_parser", parser).error(
+                f"unrecognized arguments: {' '.join(extra)}")
     except KeyboardInterrupt:  # Ctrl-C while starting up
         return _interrupted(argparse.Namespace())
     try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
@@ -832,6 +837,10 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as e:  # the file system said no (a name too long, a full disk, ...)
+        where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
+        print(f"onnx-cinm: error: cannot access{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
     except MemoryError:
         print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
         return 1

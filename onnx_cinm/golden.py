@@ -138,7 +138,9 @@ def random_inputs(
         Sizes for symbolic dimensions, by ``dim_param`` name (e.g. ``{"batch": 3}``). A symbolic
         dimension not named here, or a dimension with neither a value nor a name (or a negative
         value, as some exporters write), gets :data:`DEFAULT_FIRST_DIM` (1) on axis 0 and
-        :data:`DEFAULT_OTHER_DIM` (8) elsewhere. Unused names are ignored.
+        :data:`DEFAULT_OTHER_DIM` (8) elsewhere; a name keeps the size of its first use (in
+        graph input order) in every later input. Unused names are ignored here (see
+        :func:`check_dim_names`).
     shapes : dict[str, list[int]], optional
         Full shape per input name; overrides the declared shape and ``dims`` for that input.
         Required for an input whose rank is unknown.
@@ -194,7 +196,7 @@ def random_inputs(
     return feeds
 
 
-def _concrete_shape(vi: onnx.ValueInfoProto, dims: Mapping[str, int],
+def _concrete_shape(vi: onnx.ValueInfoProto, dims: dict[str, int],
                     override: list[int] | None) -> tuple[int, ...]:
     tt = vi.type.tensor_type
     if override is not None:
@@ -217,7 +219,31 @@ def _concrete_shape(vi: onnx.ValueInfoProto, dims: Mapping[str, int],
             out.append(int(dims[d.dim_param]))
         else:
             out.append(default)
+            if d.HasField("dim_param") and d.dim_param:  # one name, one size in every input
+                dims[d.dim_param] = default
     return tuple(out)
+
+
+def symbolic_dims(model: ModelLike) -> list[str]:
+    """The names of the symbolic dimensions of ``model``'s real graph inputs, in order."""
+    proto = _load_header(model)
+    names: dict[str, None] = {}
+    for vi in _real_inputs(proto.graph):
+        if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.HasField("shape"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param:
+                    names[d.dim_param] = None
+    return list(names)
+
+
+def check_dim_names(model: ModelLike, dims: Mapping[str, int]) -> None:
+    """Raise CinmError if ``dims`` names a symbolic dimension ``model``'s inputs do not have
+    (a typo would otherwise be ignored)."""
+    known = symbolic_dims(model)
+    unknown = sorted(set(dims) - set(known))
+    if unknown:
+        raise CinmError(f"no input has a symbolic dimension named {', '.join(map(repr, unknown))} "
+                        f"(named ones: {', '.join(known) or 'none'})")
 
 
 #: Largest input the check generates (elements); bigger ones are a mistake in the shape given.
@@ -569,10 +595,14 @@ def compare(
     if feeds is None:
         if n < 1:
             raise CinmError(f"the number of check runs must be at least 1, got {n}")
-        input_sets = [random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill=fill)
-                      for i in range(n)]
+        random_inputs(reference, seed=seed, dims=dims, shapes=shapes, fill=fill)  # errors now
+        # one set at a time: n runs need the memory of one
+        input_sets = (random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill=fill)
+                      for i in range(n))
+        runs = n
     else:
         input_sets = [dict(f) for f in feeds]
+        runs = len(input_sets)
         if not input_sets:
             raise CinmError("compare() got an empty list of input sets")
 
@@ -584,7 +614,7 @@ def compare(
     except CinmError as e:
         raise CheckFailed(f"candidate model: {e}") from None
 
-    report = CheckReport(ok=True, runs=len(input_sets), rtol=rtol, atol=atol)
+    report = CheckReport(ok=True, runs=runs, rtol=rtol, atol=atol)
     if set(ref_model.input_names) != set(cand_model.input_names):
         only_ref = sorted(set(ref_model.input_names) - set(cand_model.input_names))
         only_cand = sorted(set(cand_model.input_names) - set(ref_model.input_names))

@@ -10,11 +10,11 @@ write bytes), best of a few repetitions. The result is cached as JSON in
 ``$XDG_CACHE_HOME/onnx-cinm/host_roofline.json`` (``~/.cache/onnx-cinm/`` by default), keyed by
 the host name, CPU count and numpy version, so the probe runs once per machine.
 
-Override, in this order of precedence:
+Override, in this order of precedence (an explicit option wins over the environment):
 
-* ``ONNX_CINM_HOST_ROOFLINE="GFLOPS,GBPS[,WATTS]"`` in the environment, e.g. ``"50,10"``;
 * the ``host_roofline`` pass option (a :class:`HostRoofline` or a ``"GFLOPS,GBPS[,WATTS]"`` string;
   CLI ``--host-roofline``);
+* ``ONNX_CINM_HOST_ROOFLINE="GFLOPS,GBPS[,WATTS]"`` in the environment, e.g. ``"50,10"``;
 * :data:`NOMINAL` (``"nominal"``): fixed, unmeasured figures for deterministic tests.
 
 ``power_w`` is not measured (no portable power counter): 30 W is an *assumption*, the same order
@@ -80,8 +80,9 @@ def parse(text: str, source: str = "option") -> HostRoofline:
     except ValueError:
         vals = []
     if len(vals) not in (2, 3) or not all(v > 0 and v < float("inf") for v in vals):
+        where = f" (from {source})" if source != "option" else ""
         raise CinmError(f"host roofline expects GFLOPS,GBPS[,WATTS] with positive numbers "
-                        f"(or 'nominal'), got '{text}'")
+                        f"(or 'nominal'), got '{text}'{where}")
     power = vals[2] if len(vals) == 3 else DEFAULT_POWER_W
     return HostRoofline(vals[0] * 1e9, vals[1] * 1e9, power, source)
 
@@ -129,19 +130,20 @@ _memo: HostRoofline | None = None
 
 
 def get(option=None) -> HostRoofline:
-    """The host roofline to use: environment override, then ``option`` (a HostRoofline or a
-    string for :func:`parse`), then the cached measurement (measured and cached if missing).
+    """The host roofline to use: ``option`` (a HostRoofline or a string for :func:`parse`),
+    then the ``ONNX_CINM_HOST_ROOFLINE`` environment variable, then the cached measurement
+    (measured and cached if missing).
 
     A cache that cannot be read or written is ignored (the probe simply runs again).
     """
     global _memo
-    env = os.environ.get("ONNX_CINM_HOST_ROOFLINE")
-    if env:
-        return parse(env, "env ONNX_CINM_HOST_ROOFLINE")
     if isinstance(option, HostRoofline):
         return option
     if isinstance(option, str) and option:
         return parse(option)
+    env = os.environ.get("ONNX_CINM_HOST_ROOFLINE")
+    if env:
+        return parse(env, "env ONNX_CINM_HOST_ROOFLINE")
     if _memo is not None:
         return _memo
     path, key = cache_path(), _machine_key()

@@ -226,6 +226,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             original = onnx.ModelProto()
             original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
+    if check and check_dims:
+        golden.check_dim_names(original, check_dims)
     work = onnx.ModelProto()
     work.CopyFrom(original)
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh

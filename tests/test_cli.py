@@ -234,3 +234,17 @@ def test_optimize_never_deletes_what_is_not_its_own(tmp_path, capsys):
     code, _, err = _run(["optimize", "--example", "lenet", "-o", str(out), "-q"], capsys)
     assert code == 1 and "also holds files onnx-cinm did not write (notes/mine.txt)" in err
     assert (tmp_path / "out.cinm" / "notes" / "mine.txt").read_text() == "keep me"
+
+
+def test_unknown_arguments_dims_and_impossible_names_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("onnx-cinm optimize: error: unrecognized arguments")
+    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"),
+                         "--dim", "bach=2", "-q"], capsys)
+    assert code == 1 and "no input has a symbolic dimension named 'bach'" in err
+    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / ("n" * 300 + ".onnx")),
+                         "-q"], capsys)
+    assert code == 1 and "File name too long" in err and "internal error" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -211,6 +211,12 @@ def test_host_roofline_cache_env_and_parse(tmp_path, monkeypatch):
     assert (r.flops_per_s, r.bytes_per_s, r.power_w) == (2e9, 4e9, 5.0)
     # 1 MFLOP over 1 MB at 2 GFLOP/s and 4 GB/s: compute bound, 0.5 ms, x 5 W
     assert r.latency_s(1e6, 1e6) == 5e-4 and r.energy_j(1e6, 1e6) == 5e-4 * 5
+    # an explicit option wins over the environment; a bad environment value says where it came from
+    assert hostmodel.get("nominal") == hostmodel.NOMINAL
+    monkeypatch.setenv("ONNX_CINM_HOST_ROOFLINE", "garbage")
+    assert hostmodel.get("1,2").flops_per_s == 1e9
+    with pytest.raises(CinmError, match="from env ONNX_CINM_HOST_ROOFLINE"):
+        hostmodel.get()
     for bad in ("x", "1", "0,1", "-1,2", "1,2,3,4"):
         with pytest.raises(CinmError):
             hostmodel.parse(bad)

@@ -362,3 +362,20 @@ def test_optimize_skips_the_check_when_the_original_cannot_run_and_says_why(tmp_
     assert "--input NAME=FILE.npy" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim",
                  "seq=10"]) == 0
+
+
+def test_a_symbolic_name_gets_one_size_in_every_input():
+    """Silero's input is [batch, sequence] and its state [2, batch, 128]: 'batch' must not be 1
+    in one input and 8 in the other."""
+    from onnx_cinm.golden import check_dim_names, symbolic_dims
+
+    m = _model([h.make_node("Identity", ["x"], ["y"]), h.make_node("Identity", ["s"], ["t"])],
+               [_vi("x", TP.FLOAT, ["batch", "seq"]), _vi("s", TP.FLOAT, [2, "batch", 4])],
+               [_vi("y", TP.FLOAT, ["batch", "seq"]), _vi("t", TP.FLOAT, [2, "batch", 4])])
+    feeds = random_inputs(m)
+    assert feeds["x"].shape == (DEFAULT_FIRST_DIM, DEFAULT_OTHER_DIM)
+    assert feeds["s"].shape == (2, DEFAULT_FIRST_DIM, 4)  # batch as in x, though not on axis 0
+    assert random_inputs(m, dims={"seq": 5})["s"].shape == (2, 1, 4)
+    assert symbolic_dims(m) == ["batch", "seq"]
+    with pytest.raises(CinmError, match="named 'sequence' .*named ones: batch, seq"):
+        check_dim_names(m, {"sequence": 512})
