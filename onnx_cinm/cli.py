@@ -671,7 +671,7 @@ def _cmd_optimize(args, parser) -> int:
               "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
               "with 'onnx-cinm compare --input ...'", file=sys.stderr)
     frozen = result.stats.get("canonicalize_opset", {}).get("frozen_inputs", [])
-    if frozen and not args.quiet:
+    if frozen and args.verbose:  # old exporters list every weight: a note, not a warning
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
         print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)

@@ -173,6 +173,6 @@ def test_a_value_fed_for_an_initializer_input_is_refused_not_ignored(capsys, tmp
     with pytest.raises(CinmError, match="W are initializers"):
         rep.run({"x": x, "W": w * 2})
     onnx.save(model, tmp_path / "m.onnx")
-    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-v"]) == 0
     assert "2 graph input(s) with initializers (W, B) are compiled as constants" in \
         capsys.readouterr().err
