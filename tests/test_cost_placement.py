@@ -326,3 +326,36 @@ def test_a_lone_streaming_kernel_is_priced_as_compiled(size, count, writes):
     # and cost placement's heuristic baseline is that same compiled plan
     cost = optimize(model, check=0, host_roofline="nominal", device_options=opts)
     assert cost.stats["placement"]["baselines"]["heuristic"].writes == writes
+
+
+def test_no_single_move_improves_the_result_as_compiled(light_model_paths):
+    """The search prices crossbar ops by two candidates; the result is then polished with
+    single-op moves priced from the compiled crossbar plans. On SqueezeNet with 16 crossbars
+    (latency) the unpolished result was all-host, which moving single Gemms beats."""
+    from onnx_cinm.passes.cost_placement import evaluate_model
+
+    path = str(light_model_paths["squeezenet"])
+    opts = {"cim_crossbars": 16, "host_roofline": "nominal", "objective": "latency"}
+    r = optimize(path, check=0, stop_after="placement", host_roofline="nominal",
+                 objective="latency", device_options={"cim_crossbars": 16})
+    mine, bad, _ = evaluate_model(r.model, opts)
+    assert not bad
+    assert mine.latency_s < evaluate_model(_with_devices(r.model, {}), opts)[0].latency_s
+    gemms = [n.name for n in r.model.graph.node if n.domain == cinm.DOMAIN and n.op_type == "Gemm"]
+    for name in gemms:
+        now = next(cinm.node_attrs(n)["device"] for n in r.model.graph.node if n.name == name)
+        for dev in {"host", "memristor"} - {now}:
+            moved, bad, _ = evaluate_model(_with_devices(r.model, {name: dev}), opts)
+            assert bad or moved.latency_s >= mine.latency_s * (1 - 1e-9), (name, dev)
+
+
+def _with_devices(model, devs: dict):
+    """A copy of the placed ``model`` with the named cinm ops moved (all to host if empty)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in m.graph.node:
+        if n.domain == cinm.DOMAIN and (not devs or n.name in devs):
+            for a in n.attribute:
+                if a.name == "device":
+                    a.s = (devs.get(n.name, "host") if devs else "host").encode()
+    return m
