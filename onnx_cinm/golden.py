@@ -18,6 +18,7 @@ are onnxsim's ``--check-rtol/--check-atol`` defaults.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -603,10 +604,11 @@ def compare(
     if feeds is None:
         if n < 1:
             raise CinmError(f"the number of check runs must be at least 1, got {n}")
-        random_inputs(reference, seed=seed, dims=dims, shapes=shapes, fill=fill)  # errors now
-        # one set at a time: n runs need the memory of one
-        input_sets = (random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill=fill)
-                      for i in range(n))
+        first = random_inputs(reference, seed=seed, dims=dims, shapes=shapes, fill=fill)
+        # the rest one set at a time: n runs need the memory of one
+        input_sets = itertools.chain([first], (
+            random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill=fill)
+            for i in range(1, n)))
         runs = n
     else:
         input_sets = [dict(f) for f in feeds]
