@@ -56,22 +56,29 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _iter_graphs(graph: onnx.GraphProto):
+def subgraphs(node: onnx.NodeProto) -> list:
+    """The bodies of ``node`` (If branches, Loop and Scan bodies), in attribute order."""
+    out = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            out.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            out.extend(attr.graphs)
+    return out
+
+
+def iter_graphs(graph: onnx.GraphProto):
     """Yield ``graph`` and, recursively, every subgraph of its nodes (If/Loop/Scan bodies)."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _iter_graphs(sub)
+        for sub in subgraphs(node):
+            yield from iter_graphs(sub)
 
 
 def _iter_tensors(model: onnx.ModelProto):
     """Yield every TensorProto that may hold data: initializers and tensor-valued attributes."""
     nodes = [node for function in model.functions for node in function.node]
-    for graph in _iter_graphs(model.graph):
+    for graph in iter_graphs(model.graph):
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield sparse.values
@@ -104,7 +111,7 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
             f"'{path}': unsupported opset {default} (supported: {MIN_OPSET}.."
             f"{onnx.defs.onnx_opset_version()})"
         )
-    for graph in _iter_graphs(model.graph):
+    for graph in iter_graphs(model.graph):
         for node in graph.node:
             domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
             if domain not in imported:
@@ -139,7 +146,7 @@ def _node_label(node: onnx.NodeProto) -> str:
 def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
     """Every op of a non-standard domain must be defined by a model-local function."""
     local = {(f.domain, f.name) for f in model.functions}
-    for graph in _iter_graphs(model.graph):
+    for graph in iter_graphs(model.graph):
         for node in graph.node:
             domain = node.domain or ""
             if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
@@ -631,17 +638,7 @@ def wants_data_propagation(graph: onnx.GraphProto) -> bool:
     """Whether shape inference should propagate values: only shape arithmetic needs it (values
     computed from ``Shape``/``Size``), and onnx's propagation materializes integer tensors,
     which exhausts memory on large integer inputs (1e8 elements: PrIM's VA and RED)."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        for node in g.node:
-            if node.op_type in ("Shape", "Size"):
-                return True
-            stack.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
-    return False
+    return any(node.op_type in ("Shape", "Size") for g in iter_graphs(graph) for node in g.node)
 
 
 def _infer_skeleton(skeleton: onnx.ModelProto, strict: bool) -> onnx.ModelProto:

@@ -151,21 +151,14 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
 def _control_flow(model: onnx.ModelProto) -> dict:
     """``{op type: (count, nodes in its bodies, nested included)}`` of the main graph's nodes
     with subgraphs (If, Loop, Scan)."""
-    def inside(graph: onnx.GraphProto) -> int:
-        return sum(1 + sum(inside(g) for g in _subgraphs(n)) for n in graph.node)
-
     out: dict = {}
     for node in model.graph.node:
-        bodies = _subgraphs(node)
+        bodies = frontend.subgraphs(node)
         if bodies:
             n, m = out.get(node.op_type, (0, 0))
-            out[node.op_type] = (n + 1, m + sum(inside(g) for g in bodies))
+            inner = sum(len(g.node) for body in bodies for g in frontend.iter_graphs(body))
+            out[node.op_type] = (n + 1, m + inner)
     return out
-
-
-def _subgraphs(node: onnx.NodeProto) -> list:
-    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + \
-        [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
 
 
 def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",

@@ -1090,18 +1090,10 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     ks = list(params["kernel_shape"])
     if len(ks) not in (1, 2) or len(shape) != 2 + len(ks):
         raise ValueError(f"im2col: 1-D or 2-D kernels on X[N, C, *S], got X{list(shape)}, kernel {ks}")
-    st, dl, pd = list(params["strides"]), list(params["dilations"]), list(params["pads"])
-    if len(ks) == 1:  # 1-D as 2-D with one row
-        shape = (shape[0], shape[1], 1, shape[2])
-        ks, st, dl, pd = [1] + ks, [1] + st, [1] + dl, [0, pd[0], 0, pd[1]]
-    N, C, H, W = shape
-    KH, KW = ks
-    SH, SW = st
-    DH, DW = dl
-    PT, PL, PB, PR = pd
-    HP, WP = H + PT + PB, W + PL + PR
-    OH = (HP - DH * (KH - 1) - 1) // SH + 1
-    OW = (WP - DW * (KW - 1) - 1) // SW + 1
+    g = _mapping.im2col_dims(shape, ks, params["strides"], params["pads"], params["dilations"])
+    N, C, H, W, KH, KW, SH, SW, DH, DW, PT, PL, PB, PR, HP, WP, OH, OW = (
+        g[k] for k in ("N", "C", "H", "W", "KH", "KW", "SH", "SW", "DH", "DW", "PT", "PL", "PB",
+                       "PR", "HP", "WP", "OH", "OW"))
     if OH < 1 or OW < 1:
         raise ValueError("im2col: empty output")
     es = np.dtype(dtype).itemsize
@@ -1112,8 +1104,7 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     CK = C * KH * KW
     CK_pad = _round_up(CK, per)
     rows = N * OH * OW
-    row_cap = max(1, _ceil(rows, dpus))
-    used = _ceil(rows, row_cap)
+    row_cap, used = _mapping.im2col_rows(rows, dpus)
     xp_off = row_cap * CK_pad * es
     xp_elems = _round_up(N * C * HP * WP, per) + per  # the last window may reach 8 bytes past
     _check_mram(xp_off + xp_elems * es, f"im2col {list(shape)} on {dpus} DPUs")
@@ -1122,7 +1113,7 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", yshape, dtype)],
            dict(N=N, C=C, H=H, W=W, HP=HP, WP=WP, PT=PT, PL=PL, OH=OH, OW=OW, KH=KH, KW=KW,
-                SH=SH, SW=SW, DH=DH, DW=DW, pads=pd, CK=CK, CK_pad=CK_pad, rows=rows,
+                SH=SH, SW=SW, DH=DH, DW=DW, pads=[PT, PL, PB, PR], CK=CK, CK_pad=CK_pad, rows=rows,
                 row_cap=row_cap, xp_off=xp_off, xp_elems=xp_elems, win=win))
     return _write(outdir, "im2col", k, {"kernel_shape": list(params["kernel_shape"]),
                                         "strides": list(params["strides"]),

@@ -616,34 +616,48 @@ def _cost_transpose(p: CnmPlan) -> CostBreakdown:
 IM2COL_WIN_INSTR = (4, 10)
 
 
+def im2col_dims(shape, kernel_shape, strides, pads, dilations) -> dict:
+    """The convolution geometry the Im2Col kernel works with, a 1-D kernel as the 2-D one with
+    one row: ``N, C, H, W`` of ``X``, ``KH, KW, SH, SW, DH, DW``, pads ``PT, PL, PB, PR``, the
+    padded ``HP, WP`` and the output ``OH, OW`` (< 1 for an empty output)."""
+    shape, ks, st, dl, pd = (list(shape), list(kernel_shape), list(strides), list(dilations),
+                             list(pads))
+    if len(ks) == 1:
+        shape, ks, st, dl, pd = shape[:2] + [1] + shape[2:], [1] + ks, [1] + st, [1] + dl, \
+            [0, pd[0], 0, pd[1]]
+    n, c, h, w = shape
+    hp, wp = h + pd[0] + pd[2], w + pd[1] + pd[3]
+    return dict(N=n, C=c, H=h, W=w, KH=ks[0], KW=ks[1], SH=st[0], SW=st[1], DH=dl[0], DW=dl[1],
+                PT=pd[0], PL=pd[1], PB=pd[2], PR=pd[3], HP=hp, WP=wp,
+                OH=(hp - dl[0] * (ks[0] - 1) - 1) // st[0] + 1,
+                OW=(wp - dl[1] * (ks[1] - 1) - 1) // st[1] + 1)
+
+
+def im2col_rows(rows: int, dpus: int) -> tuple[int, int]:
+    """``(rows per DPU, DPUs with work)``: Im2Col output rows in contiguous ranges."""
+    row_cap = max(1, _cdiv(rows, max(dpus, 1)))
+    return row_cap, _cdiv(rows, row_cap)
+
+
 def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
     """The generated Im2Col kernel's split: output rows (pixels) in contiguous ranges of
     ``row_cap`` per DPU (``used`` DPUs get work), each row ``C * KH`` windows of ``KW`` taps.
-    A 1-D kernel is the 2-D one with one row. Unknown dims count as 1."""
+    Unknown dims count as 1."""
     dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
-    ks = list(attrs.get("kernel_shape") or [1] * (len(dims) - 2))
-    nd = len(ks)
-    st = list(attrs.get("strides") or [1] * nd)
-    dl = list(attrs.get("dilations") or [1] * nd)
-    pd = list(attrs.get("pads") or [0] * (2 * nd))
-    if nd == 1:
-        dims, ks, st, dl, pd = dims[:2] + [1] + dims[2:], [1] + ks, [1] + st, [1] + dl, \
-            [0, pd[0], 0, pd[1]]
-    n, c, h, w = (dims + [1, 1, 1, 1])[:4]
-    kh, kw = ks[0], ks[-1]
-    oh = max(1, (h + pd[0] + pd[2] - dl[0] * (kh - 1) - 1) // st[0] + 1)
-    ow = max(1, (w + pd[1] + pd[3] - dl[-1] * (kw - 1) - 1) // st[-1] + 1)
+    nd = len(dims) - 2
+    g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
+                    attrs.get("pads") or [0] * (2 * nd), attrs.get("dilations") or [1] * nd)
     per = max(1, 8 // es) if 8 % es == 0 else 1
-    ck = c * kh * kw
+    ck = g["C"] * g["KH"] * g["KW"]
     ck_pad = _cdiv(ck, per) * per
-    rows = n * oh * ow
-    row_cap = _cdiv(rows, max(d, 1))
-    span = ((kw - 1) * dl[-1] + 1) * es
+    rows = g["N"] * max(1, g["OH"]) * max(1, g["OW"])
+    row_cap, used = im2col_rows(rows, d)
+    span = ((g["KW"] - 1) * g["DW"] + 1) * es
     # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
     offs = range(0, 8, es) if es < 8 else [0]
     win_read = sum(_r8(o + span) for o in offs) / len(offs)
     return {"n": rows * ck, "n_dpu": row_cap * ck_pad, "rows": rows, "row_cap": row_cap,
-            "used": _cdiv(rows, row_cap), "windows": c * kh, "kw": kw, "ck": ck,
+            "used": used, "windows": g["C"] * g["KH"], "kw": g["KW"], "ck": ck,
             "ck_pad": ck_pad, "win_read": win_read}
 
 
