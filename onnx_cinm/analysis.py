@@ -1,7 +1,9 @@
 """Static facts about a model: tensor types and shapes, constants, and FLOPs per node.
 
-FLOPs count multiplies and adds separately (a multiply-accumulate is 2), for one inference with
-symbolic dims taken as 1 (a dynamic batch counts as batch 1). Data movement (Reshape, Transpose,
+FLOPs count multiplies and adds separately (a multiply-accumulate is 2), for one inference at
+the sizes the model is planned for (:func:`onnx_cinm.frontend.planned_dims`, set by ``optimize
+--dim NAME=SIZE``); symbolic dims without a size are taken as 1 (a dynamic batch counts as batch
+1). Data movement (Reshape, Transpose,
 Concat, Gather, Im2Col, Pad, Cast, ...) counts 0.
 """
 from __future__ import annotations
@@ -29,9 +31,18 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     Runs (non-strict) shape inference on a copy without initializer data, so it is cheap for
     big models; with ``infer=False`` it reads the model's value_info as it is (for a model that
     was just inferred). Initializers are ``const``.
+
+    Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
+    before inference, so shapes computed from them (a sequence length through a Reshape) are
+    known too; with ``infer=False`` only the named dims are replaced.
+
+    Raises:
+        CinmError: the model's planned-dims record is malformed.
     """
+    dims = frontend.planned_dims(model)
     if not infer:
-        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
+        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer},
+                        dims)
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
@@ -40,6 +51,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
     g.value_info.extend(model.graph.value_info)
+    if dims:  # bound on the copy: the model itself stays dynamic
+        del g.value_info[:]  # entries computed from the symbolic sizes would contradict them
+        frontend.bind_dims(g, dims)
     consts = {}
     for init in model.graph.initializer:
         consts[init.name] = (init.data_type, tuple(init.dims))
@@ -54,10 +68,11 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
             light, strict_mode=False, data_prop=frontend.wants_data_propagation(model.graph))
     except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
         inferred = light
-    return _collect(inferred.graph, consts)
+    return _collect(inferred.graph, consts, dims)
 
 
-def _collect(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo]:
+def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:
+    dims = dims or {}
     infos: dict[str, TensorInfo] = {}
     for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
         tt = vi.type.tensor_type
@@ -69,7 +84,7 @@ def _collect(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo]:
             # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like a
             # dim_param
             shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                          else (d.dim_param or "?") for d in tt.shape.dim)
+                          else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
     for name, (dtype, dims) in consts.items():
         infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), dims, True)

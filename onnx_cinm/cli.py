@@ -129,8 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--check", type=_count, default=1, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables")
     o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                   help="size of a symbolic dimension in the check's random inputs, e.g. "
-                        "sequence=512 (repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
+                   help="size of a symbolic dimension, e.g. sequence=512 (repeatable): FLOPs, "
+                        "placement, tiling, mapping and the check use it, and the model records it "
+                        "for run and compare; dims without a size are planned as 1")
     o.add_argument("--check-rtol", type=_tolerance, default=1e-4, help="relative tolerance of the check")
     o.add_argument("--check-atol", type=_tolerance, default=1e-5, help="absolute tolerance of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
@@ -271,6 +272,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="host figures instead of the measured, cached roofline")
     sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                     help="bake a static shape into an input (repeatable)")
+    sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                    help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
+                         "default: the sizes the model records, else 1)")
     _common(sw)
 
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
@@ -285,7 +289,8 @@ def _input_options(sp: argparse.ArgumentParser) -> None:
                     help="an input array (repeatable); inputs not given are drawn at random")
     sp.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                     help="size of a symbolic dimension of the random inputs, e.g. batch=8 "
-                         "(repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
+                         "(repeatable; default: the sizes the model was optimized for, else "
+                         "1 on axis 0 and 8 elsewhere)")
 
 
 def _dims(items: list[str], parser) -> dict[str, int]:
@@ -435,7 +440,7 @@ def _warn_if_nothing_on_devices(sess) -> None:
 def _cmd_run(args, parser) -> int:
     import numpy as np
 
-    from . import artifacts, golden
+    from . import artifacts, frontend, golden
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -455,6 +460,7 @@ def _cmd_run(args, parser) -> int:
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
+    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
     kinds = [k for k, _ in sess.partitions()]
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
@@ -522,6 +528,7 @@ def _cmd_compare(args, parser) -> int:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
     golden.check_dim_names(original, dims)
     sess = _session(args.optimized, opts)
+    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
     _warn_if_nothing_on_devices(sess)
     feeds = None
     if given:
@@ -633,13 +640,13 @@ def _cmd_optimize(args, parser) -> int:
             bar.write(msg) if not bar.disable else print(msg)
     try:  # malformed option values are usage errors (exit 2)
         hints = [parse_hint(h) for h in args.place]
-        check_dims = _dims(args.dim, parser)
+        dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
-            name, dims = frontend.parse_shape_spec(spec)
+            name, shape = frontend.parse_shape_spec(spec)
             if name in shapes:
                 raise CinmError(f"--overwrite-input-shape given twice for input '{name}'")
-            shapes[name] = dims
+            shapes[name] = shape
     except CinmError as e:
         parser.error(str(e))
     if args.place_config:
@@ -651,7 +658,7 @@ def _cmd_optimize(args, parser) -> int:
         result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
-                          check_dims=check_dims,
+                          dims=dims,
                           device_options=_device_options(args), log=log)
     finally:
         bar.close()
@@ -729,10 +736,11 @@ def _cmd_sweep(args, parser) -> int:
 
     try:
         sets = sweep.parse_sets(args.sets)
+        dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
-            name, dims = frontend.parse_shape_spec(spec)
-            shapes[name] = dims
+            name, shape = frontend.parse_shape_spec(spec)
+            shapes[name] = shape
     except CinmError as e:
         parser.error(str(e))
     if not sets:
@@ -754,7 +762,7 @@ def _cmd_sweep(args, parser) -> int:
         base["host_roofline"] = args.host_roofline
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
-                                 progress=not args.quiet, input_shapes=shapes or None)
+                                 progress=not args.quiet, input_shapes=shapes or None, dims=dims)
     paths = sweep.write(out, configs, results, title=Path(args.input).name)
     if not args.quiet:
         print(f"onnx-cinm sweep: {args.input}, {len(configs)} configurations ({args.executor})")

@@ -829,3 +829,61 @@ def parse_shape_spec(text: str) -> tuple[str, list[int]]:
     if any(d <= 0 for d in dims):
         raise CinmError(f"bad shape spec '{text}': dimensions must be positive")
     return name, dims
+
+
+#: ``metadata_props`` key of the sizes of symbolic dimensions a model was planned for: a JSON
+#: object ``{"name": size}``. ``optimize --dim`` writes it; planning, FLOPs, ``run`` and
+#: ``compare`` read it, so a model is sized the same way at every step.
+PLANNED_DIMS_KEY = "onnx_cinm.planned_dims"
+
+#: Largest size accepted for one symbolic dimension (a size is a tensor extent: int32 range).
+_MAX_DIM = 2**31 - 1
+
+
+def planned_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """The symbolic-dimension sizes recorded in ``model`` (see :data:`PLANNED_DIMS_KEY`).
+
+    Returns:
+        ``{dim name: size}``; empty if the model records none.
+
+    Raises:
+        CinmError: the record is not a JSON object of names to positive integers (a model file
+            is untrusted input).
+    """
+    import json
+
+    text = next((p.value for p in model.metadata_props if p.key == PLANNED_DIMS_KEY), None)
+    if text is None:
+        return {}
+    try:
+        dims = json.loads(text)
+    except ValueError:
+        dims = None
+    if not isinstance(dims, dict) or not all(
+            isinstance(k, str) and k and type(v) is int and 1 <= v <= _MAX_DIM for k, v in dims.items()):
+        raise CinmError(f"the model's metadata '{PLANNED_DIMS_KEY}' is malformed: expected a JSON "
+                        "object of dimension names to positive integers")
+    return dims
+
+
+def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
+    """Record ``dims`` (``{dim name: size}``) as the sizes ``model`` is planned for, replacing any
+    earlier record; an empty ``dims`` removes it. ``model`` is changed in place."""
+    import json
+
+    keep = [p for p in model.metadata_props if p.key != PLANNED_DIMS_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    if dims:
+        model.metadata_props.add(key=PLANNED_DIMS_KEY, value=json.dumps(dict(sorted(dims.items()))))
+
+
+def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:
+    """Replace every symbolic dimension named in ``dims`` by its size, in the declared types of
+    ``graph``'s inputs, outputs and value_info (in place; subgraphs are left alone)."""
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            continue
+        for d in value.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in dims:
+                d.dim_value = dims[d.dim_param]

@@ -24,7 +24,7 @@ class OptimizeResult:
         model: the optimized model (not yet written anywhere).
         nodes_before, nodes_after: node counts of the main graph.
         cinm_by_device: cinm ops per device name (``"unplaced"`` before the placement pass).
-        flops_total: FLOPs of one inference of the optimized model (symbolic dims as 1).
+        flops_total: FLOPs of one inference of the optimized model, at ``dims``.
         flops_on_devices: the part of ``flops_total`` in cinm ops placed on a non-host device.
         timings: ``(pass name, seconds)`` per pass run.
         check: the golden-check report, or None when the check was off (``check=0``) or
@@ -32,6 +32,9 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass).
         placements: ``(node name, op type, device, reason)`` per cinm op.
+        dims: the sizes of symbolic dimensions everything was planned and counted at
+            (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
+        unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
     """
 
     model: onnx.ModelProto
@@ -45,6 +48,8 @@ class OptimizeResult:
     stats: dict = field(default_factory=dict)
     placements: list = field(default_factory=list)
     check_skipped: str | None = None
+    dims: dict = field(default_factory=dict)
+    unsized_dims: list = field(default_factory=list)
 
     @property
     def device_flops_share(self) -> float:
@@ -58,8 +63,8 @@ class OptimizeResult:
         lines = [
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
-            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP "
-            "(symbolic dims taken as 1)",
+            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP"
+            + _sizes_note(self.dims, self.unsized_dims),
         ]
         flow = _control_flow(self.model)
         if flow:
@@ -115,6 +120,16 @@ class OptimizeResult:
         return "\n".join(rows)
 
 
+def _sizes_note(dims: dict, unsized: list) -> str:
+    """`` (at batch=8; symbolic dims taken as 1: seq)`` or '' for a fully static model."""
+    parts = []
+    if dims:
+        parts.append("at " + ", ".join(f"{k}={v}" for k, v in sorted(dims.items())))
+    if unsized:
+        parts.append("symbolic dims taken as 1: " + ", ".join(unsized) + "; size them with --dim NAME=SIZE")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _si(x: float) -> str:
     """``x`` with an SI prefix, e.g. ``1.25 M`` or ``3.10 u`` (followed by the unit)."""
     if x == 0:
@@ -131,7 +146,8 @@ def _si(x: float) -> str:
 
 
 def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
-    infos = tensor_infos(model, infer=False)  # the model was just inferred
+    # the model was just inferred; with planned sizes, inferred again with them bound
+    infos = tensor_infos(model, infer=bool(frontend.planned_dims(model)))
     total = on_dev = 0
     by_dev: Counter = Counter()
     placements = []
@@ -165,7 +181,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
              check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
-             check_dims: dict[str, int] | None = None, device_options: dict | None = None,
+             dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
@@ -183,8 +199,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check).
         check_rtol, check_atol: tolerances of the check (fp32 defaults 1e-4 / 1e-5).
-        check_dims: sizes of symbolic dimensions in the check's random inputs, by name
-            (others: 1 on axis 0, 8 elsewhere; see :func:`onnx_cinm.golden.random_inputs`).
+        dims: sizes of symbolic dimensions, by name (``{"batch": 8, "seq": 128}``): FLOPs,
+            placement, tiling and mapping are planned at these sizes, the check's random inputs
+            have them, and the model records them (run and compare use them by default).
+            Symbolic dims without a size are planned as 1 (and drawn 1 on axis 0, 8 elsewhere
+            by the check; see :func:`onnx_cinm.golden.random_inputs`).
             If onnxruntime cannot run the *original* on those inputs (a model that needs a
             minimum length, say), the check is skipped, not failed: ``check_skipped`` says why.
         device_options: options of the device-level passes, e.g. ``cim_loop_order``
@@ -219,12 +238,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             original = onnx.ModelProto()
             original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
-    if check and check_dims:
-        golden.check_dim_names(original, check_dims)
+    dims = {**frontend.planned_dims(original), **(dims or {})}  # a re-optimized model keeps its sizes
+    golden.check_dim_names(original, dims)
     work = onnx.ModelProto()
     work.CopyFrom(original)
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
+    frontend.set_planned_dims(work, dims)
+    unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     extra: dict = {}
     if objective is not None:
@@ -250,7 +271,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         t0 = time.perf_counter()
         try:
             report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol,
-                                    dims=check_dims)
+                                    dims=dims)
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
             skipped = f"the original does not run on the random inputs: {e}"
             log(f"check skipped: {skipped}")
@@ -259,4 +280,4 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
     total, on_dev, by_dev, placements = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
-                          report, ctx.stats, placements, skipped)
+                          report, ctx.stats, placements, skipped, dims, unsized)

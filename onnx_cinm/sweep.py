@@ -194,16 +194,18 @@ def _evaluate_bytes(model, options: dict) -> dict:
     return evaluate(model, options)
 
 
-def cinm_level(model, input_shapes: dict | None = None) -> onnx.ModelProto:
-    """``model`` (path or ModelProto) brought to the cinm level once for all configurations."""
+def cinm_level(model, input_shapes: dict | None = None, dims: dict | None = None) -> onnx.ModelProto:
+    """``model`` (path or ModelProto) brought to the cinm level once for all configurations,
+    planned at ``dims`` (``{symbolic dim: size}``, recorded in the model)."""
     from .pipeline import optimize
 
-    return optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes).model
+    return optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes, dims=dims).model
 
 
 def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None = None,
         executor: str = "process", workers: int | None = None, scheduler=None,
-        progress: bool = False, input_shapes: dict | None = None) -> tuple[list[dict], list[dict]]:
+        progress: bool = False, input_shapes: dict | None = None,
+        dims: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Evaluate every configuration of ``sets``; returns ``(configurations, results)`` in order.
 
     Args:
@@ -214,10 +216,12 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
         workers: local worker processes (default: CPU count, at most the configurations).
         scheduler: Dask scheduler address (``tcp://host:8786``) or a ``distributed.Client``.
         progress: show a tqdm bar on stderr (only when stderr is a terminal).
+        input_shapes: ``{input: dims}`` baked into the model first.
+        dims: ``{symbolic dim: size}`` every configuration is planned at.
     """
     configs = configurations(sets)
     opts = [options_of(c, base_options) for c in configs]
-    cinm_model = cinm_level(model, input_shapes)
+    cinm_model = cinm_level(model, input_shapes, dims)
     data = cinm_model.SerializeToString()
     from tqdm import tqdm
 

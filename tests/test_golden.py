@@ -344,10 +344,10 @@ def test_optimize_skips_the_check_when_the_original_cannot_run_and_says_why(tmp_
     from onnx_cinm.cli import main
 
     m = _needs_long_input()
-    res = optimize(m, check_dims={"seq": 4})
+    res = optimize(m, dims={"seq": 4})
     assert res.check is None and "Pad node" in res.check_skipped
     assert "check: skipped (the original does not run on the random inputs" in res.summary()
-    res = optimize(m, check_dims={"seq": 12})
+    res = optimize(m, dims={"seq": 12})
     assert res.check is not None and res.check.ok and res.check_skipped is None
     # the CLI: a warning naming the remedies, exit 0, the model written
     onnx.save(m, tmp_path / "m.onnx")

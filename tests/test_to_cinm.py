@@ -2,6 +2,8 @@
 
 Expected numbers come from stock onnxruntime on the original model (helpers.assert_matches_ort).
 """
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -14,6 +16,7 @@ from onnx_cinm.dialects import cinm
 from onnx_cinm.passes import PassContext
 from onnx_cinm.passes.placement import placement
 from onnx_cinm.passes.to_cinm import to_cinm
+from onnx_cinm.runtime import InferenceSession
 
 rng = np.random.default_rng(0)
 
@@ -176,3 +179,24 @@ def test_placement_hints_first_match_wins_and_fall_back():
     # Relu cannot run on a crossbar: the hint falls back to the heuristic and says so
     assert placed["Relu"]["device"] == "upmem" and "not possible" in placed["Relu"]["placement"]
     assert ctx.stats["placement"]["unused_hints"] == ["Gemm=host"]
+
+
+@pytest.mark.parametrize("place", [(), (("*", "host"),)])
+def test_a_contrib_op_before_a_cinm_op_stays_on_the_host(place):
+    """com.microsoft.Gelu's output has no type for onnx's inference: the cinm Transpose after it
+    stays untyped instead of crashing optimize (it crashed with AttributeError, exit 3)."""
+    from onnx_cinm import optimize
+
+    g = h.make_graph([h.make_node("Gelu", ["x"], ["g"], domain="com.microsoft"),
+                      h.make_node("Transpose", ["g"], ["y"], perm=[0, 2, 1])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["N", 4, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["N", 8, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)],
+                     ir_version=10)
+    res = optimize(m, place=list(place), dims={"N": 3})
+    assert res.check is not None and res.check.ok
+    assert [n.op_type for n in res.model.graph.node] == ["Gelu", "Transpose"]
+    x = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    y = InferenceSession(res.model).run(None, {"x": x})[0]
+    gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2)))
+    np.testing.assert_allclose(y, gelu.transpose(0, 2, 1), rtol=1e-5, atol=1e-6)

@@ -538,6 +538,8 @@ def _infer(op_type: str):
                 protos.append(a)
                 attrs[name] = helper.get_attribute_value(a)
         overload = overload_of(op_type, attrs, len(present))
+        if any(ctx.get_input_type(i) is None for i in present):
+            return  # an input of unknown type (e.g. made by a contrib op): the output stays unknown
         if op_type in _DIRECT_INFER:
             types = [ctx.get_input_type(i) for i in range(n_in)]
             for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
