@@ -8,6 +8,8 @@ Concat, Gather, Im2Col, Pad, Cast, ...) counts 0.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -34,15 +36,15 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
 
     Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
     before inference, so shapes computed from them (a sequence length through a Reshape) are
-    known too; with ``infer=False`` only the named dims are replaced.
+    known too; such a model is always inferred afresh (its value_info holds the symbolic
+    shapes), whatever ``infer`` says.
 
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
     dims = frontend.planned_dims(model)
-    if not infer:
-        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer},
-                        dims)
+    if not infer and not dims:
+        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
@@ -72,9 +74,18 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:
+    """Infos of the main graph's tensors, then of subgraph tensors (If/Loop/Scan bodies) whose
+    names the main graph does not use."""
     dims = dims or {}
     infos: dict[str, TensorInfo] = {}
-    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+    values = list(graph.input) + list(graph.value_info) + list(graph.output)
+    for sub in list(frontend.iter_graphs(graph))[1:]:
+        values += list(sub.input) + list(sub.value_info) + list(sub.output)
+        for init in sub.initializer:
+            consts.setdefault(init.name, (init.data_type, tuple(init.dims)))
+    for vi in values:
+        if vi.name in infos:
+            continue
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             continue
@@ -95,15 +106,69 @@ def _numel(info: TensorInfo | None) -> int:
     return 0 if info is None else info.numel
 
 
+#: Gate count of the recurrent ops: per step, each gate is one row block of W (and of R).
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _recurrent_flops(node: onnx.NodeProto, ins: list) -> int:
+    """FLOPs of an ONNX LSTM/GRU/RNN: per time step, batch row and direction, the two matrix
+    products ``2 G H (I + H)`` (G gates of H units, I input features) plus ``(3 G + 5) H`` for the
+    bias adds, gate activations and state update. X is ``[seq, batch, I]`` (``[batch, seq, I]``
+    with ``layout=1``; one step of one row if its shape is unknown), W is ``[directions, G H, I]``."""
+    x, w = ins[0], ins[1] if len(ins) > 1 else None
+    if w is None or w.shape is None or len(w.shape) != 3:
+        return 0
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    sx, sw = (x.static_shape if x is not None and x.shape and len(x.shape) == 3 else (1, 1, 1)), w.static_shape
+    seq, batch = (sx[1], sx[0]) if layout else (sx[0], sx[1])  # unknown X: one step of one row
+    dirs, gh, n_in = sw
+    hidden = gh // _GATES[node.op_type]
+    per_step = 2 * gh * (n_in + hidden) + (3 * _GATES[node.op_type] + 5) * hidden
+    return seq * batch * dirs * per_step
+
+
+def _einsum_flops(node: onnx.NodeProto, ins: list, out: TensorInfo | None) -> int:
+    """FLOPs of an Einsum: one multiply per operand beyond the first and one add per summed term,
+    over every combination of the equation's indices (2 x the index space for two operands with
+    a contraction; 0 for a pure transpose). Falls back to the output size when the equation has an ellipsis or a shape
+    is unknown."""
+    eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "").replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # implicit output: the indices that appear once
+        rhs = "".join(c for c in set(lhs) - {","} if lhs.count(c) == 1)
+    if "." in eq or len(terms) != len(ins) or any(t is None or t.shape is None for t in ins):
+        return _numel(out)
+    sizes: dict = {}
+    for term, info in zip(terms, ins):
+        if len(term) != len(info.shape):
+            return _numel(out)
+        for letter, d in zip(term, info.static_shape):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    space = math.prod(sizes.values())
+    summed = bool(set(sizes) - set(rhs))
+    return space * (len(terms) - 1 + summed)
+
+
 def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
-    """FLOPs of one node for one inference (see the module docstring); 0 if shapes are unknown."""
+    """FLOPs of one node for one inference (see the module docstring); 0 if shapes are unknown.
+
+    The bodies of control flow (If/Loop/Scan) are not included: see :func:`body_flops`."""
     ins = [infos.get(n) for n in node.input]
     outs = [infos.get(n) for n in node.output]
     out = outs[0] if outs else None
     op = node.op_type
-    if op in _MOVE:
-        return 0
-    if op in ("MatMul", "Gemm", "Gemv", "MatMulInteger", "SimSearch") and ins and ins[0] and ins[0].shape:
+    if op in _MOVE or (op in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx")):
+        return 0  # control flow itself: its bodies are counted by body_flops
+    if op in _GATES and node.domain in ("", "ai.onnx"):
+        return _recurrent_flops(node, ins)
+    if op == "Einsum":
+        return _einsum_flops(node, ins, out)
+    if op == "QLinearMatMul" and len(ins) > 3:  # a, a_scale, a_zero_point, b, ...
+        ins = [ins[0], ins[3]]
+    if op == "QLinearConv" and len(ins) > 3:  # x, x_scale, x_zero_point, w, ...
+        ins, op = [ins[0], ins[3]], "Conv"
+    if op in ("MatMul", "Gemm", "Gemv", "MatMulInteger", "QLinearMatMul", "SimSearch") and ins and ins[0] and ins[0].shape:
         k = ins[0].static_shape[-1] if (op != "Gemm" or node.domain == cinm.DOMAIN) else None
         if op == "Gemm" and node.domain != cinm.DOMAIN:
             trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
@@ -127,6 +192,56 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     if op in ("GlobalAveragePool", "GlobalMaxPool"):
         return _numel(ins[0]) if ins else 0
     return _PER_OUTPUT.get(op, 1) * _numel(out)
+
+
+def graph_flops(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
+                values: dict[str, np.ndarray]) -> tuple[int, bool]:
+    """FLOPs of one run of ``graph``'s nodes, control-flow bodies included (:func:`body_flops`),
+    and whether the count is exact (False when a trip count or a branch is known only at run
+    time)."""
+    total, exact = 0, True
+    for node in graph.node:
+        total += node_flops(node, infos)
+        f, ok = body_flops(node, infos, values)
+        total, exact = total + f, exact and ok
+    return total, exact
+
+
+def body_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo],
+               values: dict[str, np.ndarray]) -> tuple[int, bool]:
+    """FLOPs of the bodies of an If, Loop or Scan node for one inference, and whether the count
+    is exact; ``(0, True)`` for a node without bodies.
+
+    - If: the larger branch (which one runs is known only at run time: not exact unless both
+      count the same).
+    - Loop: the body times the trip count ``M`` when it is a constant in ``values`` (an upper
+      bound when the condition can stop the loop early; not exact then); once otherwise.
+    - Scan: the body times the length of the first scan input along its scan axis (once if
+      that length is unknown).
+    ``values`` holds the constant tensors that may give a trip count (small initializers).
+    """
+    bodies = frontend.subgraphs(node)
+    if not bodies:
+        return 0, True
+    counts = [graph_flops(b, infos, values) for b in bodies]
+    if node.op_type == "If":
+        flops = max(f for f, _ in counts)
+        return flops, all(ok for _, ok in counts) and len({f for f, _ in counts}) == 1
+    flops, exact = sum(f for f, _ in counts), all(ok for _, ok in counts)
+    if node.op_type == "Loop":
+        trip = values.get(node.input[0]) if node.input and node.input[0] else None
+        cond = len(node.input) > 1 and node.input[1] != ""
+        if trip is None or trip.size != 1:
+            return flops, False
+        return flops * int(trip.reshape(-1)[0]), exact and not cond
+    if node.op_type == "Scan":
+        n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), [0])
+        first = infos.get(node.input[len(node.input) - n_scan]) if n_scan else None
+        if first is None or first.shape is None or not isinstance(first.shape[axes[0]], int):
+            return flops, False
+        return flops * first.shape[axes[0]], exact
+    return flops, False
 
 
 def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from . import frontend, golden
-from .analysis import node_flops, tensor_infos
+from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .passes import PassContext, PassManager
@@ -35,6 +37,10 @@ class OptimizeResult:
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
+        host_flops: FLOPs left on the host per op type (control-flow bodies under their If/
+            Loop/Scan node).
+        flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
+            trip count or an If branch known only at run time).
     """
 
     model: onnx.ModelProto
@@ -50,6 +56,8 @@ class OptimizeResult:
     check_skipped: str | None = None
     dims: dict = field(default_factory=dict)
     unsized_dims: list = field(default_factory=list)
+    host_flops: Counter = field(default_factory=Counter)
+    flops_exact: bool = True
 
     @property
     def device_flops_share(self) -> float:
@@ -64,8 +72,14 @@ class OptimizeResult:
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
             f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP"
+            + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
             + _sizes_note(self.dims, self.unsized_dims),
         ]
+        host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
+        if host and self.flops_total:
+            shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
+            more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
+            lines.append(f"FLOPs on host by op type: {shown}{more}")
         flow = _control_flow(self.model)
         if flow:
             ops = ", ".join(f"{op} x{n}" for op, (n, _) in sorted(flow.items()))
@@ -145,23 +159,33 @@ def _si(x: float) -> str:
     return f"{x:.2e} "
 
 
-def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list]:
-    # the model was just inferred; with planned sizes, inferred again with them bound
-    infos = tensor_infos(model, infer=bool(frontend.planned_dims(model)))
+def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bool]:
+    """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact)``."""
+    infos = tensor_infos(model, infer=False)  # the model was just inferred
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+              if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+              and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
     total = on_dev = 0
+    exact = True
     by_dev: Counter = Counter()
+    host: Counter = Counter()
     placements = []
     for node in model.graph.node:
         f = node_flops(node, infos)
+        inner, ok = body_flops(node, infos, values)
+        f, exact = f + inner, exact and ok
         total += f
+        dev = "host"
         if node.domain == cinm.DOMAIN:
             at = cinm.node_attrs(node)
             dev = at.get("device", "unplaced")
             by_dev[dev] += 1
             placements.append((node.name, node.op_type, dev, at.get("placement", "")))
-            if dev not in ("host", "unplaced"):
-                on_dev += f
-    return total, on_dev, by_dev, placements
+        if dev in ("host", "unplaced"):
+            host[node.op_type] += f
+        else:
+            on_dev += f
+    return total, on_dev, by_dev, placements, host, exact
 
 
 def _control_flow(model: onnx.ModelProto) -> dict:
@@ -278,6 +302,6 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
-    total, on_dev, by_dev, placements = _flops(work)
+    total, on_dev, by_dev, placements, host, exact = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
-                          report, ctx.stats, placements, skipped, dims, unsized)
+                          report, ctx.stats, placements, skipped, dims, unsized, host, exact)

@@ -90,7 +90,10 @@ def test_silero_vad_convs_on_crossbars_lstm_on_host(name, inputs, silero_dir, tm
 
     path = silero_dir / f"{name}.onnx"
     result = optimize(str(path), check=1, placement="heuristic")
-    assert result.check.ok and result.device_flops_share >= 0.90, result.summary()
+    # everything but the LSTM (its steps counted as 2*512*(128+128) + 17*128 FLOPs each) on devices
+    lstm = result.host_flops["LSTM"]
+    assert lstm > 0 and lstm % (2 * 512 * 256 + 17 * 128) == 0
+    assert result.check.ok and result.device_flops_share + lstm / result.flops_total >= 0.99, result.summary()
     ops = [(n.domain, n.op_type) for n in result.model.graph.node]
     assert ("", "LSTM") in ops and ("", "Conv") not in ops
     # six Convs, six cinm Gemms: five on crossbars; the decoder's 128 -> 1 Conv is one crossbar
