@@ -436,6 +436,23 @@ def test_normalize_gemm_after_identity_transpose(w_shape, constant_w):
     assert_matches_ort(model, result, n=2)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_gemms_sharing_a_weight_share_its_folded_transpose(alpha):
+    """Three Gemm(transB=1) over one W (an unrolled RNN's pattern) kept three transposed copies
+    of W, tripling the model; the folded transpose (and scale) is now made once."""
+    w = _float(64, 64)
+    nodes = [helper.make_node("Gemm", [src, "W"], [dst], transB=1, alpha=alpha)
+             for src, dst in (("x", "a"), ("a", "b"), ("b", "y"))]
+    model = _model(nodes, [_vi("x", [2, 64])], [_vi("y", [2, 64])], {"W": w})
+    result, _ = _run_passes(model)
+    assert _ops(result) == ["Gemm"] * 3
+    weights = {n.input[1] for n in result.graph.node}
+    assert len(weights) == 1 and len(result.graph.initializer) == 1
+    np.testing.assert_array_equal(_initializer(result, weights.pop()), w.T * np.float32(alpha))
+    assert result.ByteSize() < model.ByteSize() + 1024  # not 3x the weight bytes
+    assert_matches_ort(model, result, n=2)
+
+
 # --- fold_batchnorm ---------------------------------------------------------------------------
 
 

@@ -570,12 +570,15 @@ def _normalize_gemm(
     constants: dict[str, onnx.TensorProto],
     types: _TypeInfo,
     names: _Names,
+    shared: dict,
 ) -> list[onnx.NodeProto] | None:
     """Rewrite a Gemm to transA=transB=0, alpha=beta=1 in place.
 
     Returns the Transpose/Mul nodes to insert before it (None: the Gemm is left unchanged,
     because it is canonical already or because scaling needs a float type that is unknown).
     ``alpha`` scales B when B is constant, else A; ``beta`` scales C; ``beta == 0`` drops C.
+    ``shared`` maps an (op, inputs, attributes) key to the tensor an earlier Gemm already made,
+    so Gemms sharing one weight share its transpose too (one folded copy, not one per consumer).
     """
     attrs = _attributes(node)
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
@@ -589,15 +592,20 @@ def _normalize_gemm(
     created: list[onnx.NodeProto] = []
 
     def add(op_type: str, inputs: list[str], tag: str, **attributes) -> str:
-        output = names.fresh(f"{node.output[0]}_{tag}")
-        created.append(onnx.helper.make_node(op_type, inputs, [output], name=output,
-                                             **attributes))
-        return output
+        key = (op_type, tuple(inputs), tuple(sorted((k, repr(v)) for k, v in attributes.items())))
+        if key not in shared:
+            output = names.fresh(f"{node.output[0]}_{tag}")
+            created.append(onnx.helper.make_node(op_type, inputs, [output], name=output,
+                                                 **attributes))
+            shared[key] = output
+        return shared[key]
 
     def scalar(value: float, tag: str) -> str:
-        name = names.fresh(f"{node.output[0]}_{tag}")
-        graph.initializer.add().CopyFrom(onnx.helper.make_tensor(name, elem_type, [], [value]))
-        return name
+        key = ("scalar", elem_type, value)
+        if key not in shared:
+            shared[key] = names.fresh(f"{node.output[0]}_{tag}")
+            graph.initializer.add().CopyFrom(onnx.helper.make_tensor(shared[key], elem_type, [], [value]))
+        return shared[key]
 
     a, b = node.input[0], node.input[1]
     if trans_a:
@@ -656,11 +664,12 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     rewritten = 0
     nodes: list[onnx.NodeProto] = []
     created_outputs: set[str] = set()
+    shared: dict = {}  # transposes and scales made once for every Gemm that needs them
     for node in graph.node:
         if _is_default_domain(node) and node.op_type in REDUCE_OPS:
             rewritten += _normalize_reduce(graph, node, opset, constants, types, names)
         elif _is_default_domain(node) and node.op_type == "Gemm":
-            created = _normalize_gemm(graph, node, constants, types, names)
+            created = _normalize_gemm(graph, node, constants, types, names, shared)
             if created is not None:
                 rewritten += 1
                 nodes.extend(created)
