@@ -35,6 +35,7 @@ ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
 
 __all__ = [
     "random_inputs",
+    "index_ranges",
     "run_onnxruntime",
     "compare",
     "CheckReport",
@@ -107,7 +108,7 @@ def _load_header(model: ModelLike) -> onnx.ModelProto:
                         f"{_one_line(e)}") from None
 
 
-def _real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+def real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     """Graph inputs that are not initializers (old IR models list weights as inputs too)."""
     inits = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
     return [vi for vi in graph.input if vi.name not in inits]
@@ -116,6 +117,81 @@ def _real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
 # --------------------------------------------------------------------------------------------
 # inputs
 # --------------------------------------------------------------------------------------------
+#: Ops an index passes through unchanged on its way to a table lookup.
+_INDEX_PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand",
+                       "Transpose", "Slice"}
+
+#: Lookups ``(op type, index input position) -> table input position``; the table's axis is the
+#: op's ``axis`` attribute (0 by default). EmbedLayerNormalization is onnxruntime's fused BERT
+#: embedding (input_ids -> word_embedding, segment_ids -> segment_embedding).
+_LOOKUPS = {("Gather", 1): 0, ("GatherElements", 1): 0, ("EmbedLayerNormalization", 0): 2,
+            ("EmbedLayerNormalization", 1): 4}
+
+
+def index_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
+    """Valid ranges ``{input name: (low, high)}`` (``high`` exclusive) of the integer inputs
+    whose values index something, so random check inputs stay meaningful:
+
+    - an input reaching a table lookup (Gather/GatherElements indices, a OneHot's indices, the
+      ids of onnxruntime's EmbedLayerNormalization), directly or through shape-only ops
+      (Cast, Reshape, Unsqueeze, ...), with a constant table: ``(0, table size along the axis)``
+      (the smallest over all its lookups; an embedding's ``token_type_ids`` get ``(0, 2)``);
+    - an input whose name says it is a mask (``attention_mask``, ``mask``): ``(0, 2)``.
+
+    Random integers in [-10, 10] otherwise index outside an embedding (onnxruntime refuses the
+    run) or make an attention mask of large negative values that turns every output into NaN.
+    """
+    proto = _load_header(model)
+    g = proto.graph
+    table_dims = {t.name: list(t.dims) for t in g.initializer}
+    for node in g.node:
+        if node.op_type == "Constant" and node.output:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    table_dims[node.output[0]] = list(a.t.dims)
+    scalar_values = {t.name: t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) == 1}
+    consumers: dict[str, list] = {}
+    for node in g.node:
+        for pos, name in enumerate(node.input):
+            if name:
+                consumers.setdefault(name, []).append((node, pos))
+    ranges: dict[str, tuple[int, int]] = {}
+    for vi in real_inputs(g):
+        elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if elem not in _FEEDABLE or _FEEDABLE[elem].kind not in "iu":
+            continue
+        if "mask" in vi.name.lower():
+            ranges[vi.name] = (0, 2)
+            continue
+        high = None
+        seen, todo = set(), [vi.name]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for node, pos in consumers.get(name, []):
+                size = None
+                if node.op_type in _INDEX_PASS_THROUGH and pos == 0:
+                    todo.extend(o for o in node.output if o)
+                elif (node.op_type, pos) in _LOOKUPS:
+                    table = node.input[_LOOKUPS[(node.op_type, pos)]] \
+                        if len(node.input) > _LOOKUPS[(node.op_type, pos)] else ""
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    dims = table_dims.get(table)
+                    if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                        size = dims[axis]
+                elif node.op_type == "OneHot" and pos == 0 and len(node.input) > 1:
+                    depth = scalar_values.get(node.input[1])
+                    if depth is not None:
+                        size = int(onnx.numpy_helper.to_array(depth).reshape(-1)[0])
+                if size:
+                    high = size if high is None else min(high, size)
+        if high:
+            ranges[vi.name] = (0, high)
+    return ranges
+
+
 def random_inputs(
     model: ModelLike,
     *,
@@ -143,11 +219,14 @@ def random_inputs(
         graph input order) in every later input. Unused names are ignored here (see
         :func:`check_dim_names`).
     shapes : dict[str, list[int]], optional
-        Full shape per input name; overrides the declared shape and ``dims`` for that input.
+        Full shape per input name; overrides the declared shape and ``dims`` for that input,
+        and sizes its symbolic dims in the other inputs (unless ``dims`` names them).
         Required for an input whose rank is unknown.
     fill : {"random", "arange", "ones", "zeros"}
         ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
-        unsigned integers in [0, 10], bool uniform, strings short random words.
+        unsigned integers in [0, 10], bool uniform, strings short random words; integer
+        inputs that index a table or are masks are drawn within their valid range instead
+        (:func:`index_ranges`).
         ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
         the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
         are constant fills.
@@ -171,7 +250,7 @@ def random_inputs(
     proto = _load_header(model)
     dims = dict(dims or {})
     shapes = {k: list(v) for k, v in (shapes or {}).items()}
-    inputs = _real_inputs(proto.graph)
+    inputs = real_inputs(proto.graph)
     names = [vi.name for vi in inputs]
     unknown = sorted(set(shapes) - set(names))
     if unknown:
@@ -179,7 +258,14 @@ def random_inputs(
             f"shape given for {', '.join(map(repr, unknown))}, which is not a graph input "
             f"(inputs: {', '.join(names) or 'none'})"
         )
+    for vi in inputs:  # a given shape sizes its symbolic dims in the other inputs too
+        tt = vi.type.tensor_type
+        if vi.name in shapes and tt.HasField("shape") and len(tt.shape.dim) == len(shapes[vi.name]):
+            for d, size in zip(tt.shape.dim, shapes[vi.name]):
+                if d.HasField("dim_param") and d.dim_param and d.dim_param not in dims:
+                    dims[d.dim_param] = int(size)
     rng = np.random.default_rng(seed)
+    ranges = index_ranges(proto) if fill == "random" else {}
     feeds: dict[str, np.ndarray] = {}
     for vi in inputs:
         kind = vi.type.WhichOneof("value")
@@ -193,7 +279,12 @@ def random_inputs(
             raise CinmError(f"input {vi.name!r} has element type {tname}, which is not supported")
         dtype = _FEEDABLE[tt.elem_type]
         shape = _concrete_shape(vi, dims, shapes.get(vi.name))
-        feeds[vi.name] = _fill(rng, dtype, shape, fill)
+        if vi.name in ranges:
+            _fill(rng, dtype, shape, "zeros")  # only for its size limit (draws nothing)
+            low, high = ranges[vi.name]
+            feeds[vi.name] = rng.integers(low, high, size=shape).astype(dtype)
+        else:
+            feeds[vi.name] = _fill(rng, dtype, shape, fill)
     return feeds
 
 
@@ -229,7 +320,7 @@ def symbolic_dims(model: ModelLike) -> list[str]:
     """The names of the symbolic dimensions of ``model``'s real graph inputs, in order."""
     proto = _load_header(model)
     names: dict[str, None] = {}
-    for vi in _real_inputs(proto.graph):
+    for vi in real_inputs(proto.graph):
         if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.HasField("shape"):
             for d in vi.type.tensor_type.shape.dim:
                 if d.HasField("dim_param") and d.dim_param:
@@ -395,6 +486,11 @@ class OutputCheck:
         Of the reference output (last run).
     note : str
         Why it failed when it is not a numeric mismatch ("missing in candidate", "shape ...").
+    ref_nonfinite : int
+        Reference elements that are NaN or Inf, summed over runs (floats).
+    ref_values : set
+        The smallest and largest finite reference values seen (floats), until two differ: one
+        value means the reference was constant over every element of every run.
     """
 
     name: str
@@ -406,6 +502,20 @@ class OutputCheck:
     dtype: str = ""
     shape: tuple = ()
     note: str = ""
+    ref_nonfinite: int = 0
+    ref_values: set = field(default_factory=set, repr=False)
+
+    @property
+    def meaningless(self) -> str:
+        """Why comparing this output proves nothing ('' if it does): its reference is NaN or Inf
+        everywhere (a NaN equals a NaN whatever was computed), or it is one value everywhere.
+        (Some NaN/Inf among finite values leave the rest meaningful: :meth:`CheckReport.summary`
+        counts them.)"""
+        if self.elements and self.ref_nonfinite == self.elements:
+            return f"the reference '{self.name}' is NaN/Inf everywhere"
+        if self.elements > 1 and len(self.ref_values) == 1:
+            return f"the reference '{self.name}' is {next(iter(self.ref_values)) + 0.0:g} everywhere"  # no -0
+        return ""
 
     def _fail(self, note: str) -> None:
         self.ok = False
@@ -447,6 +557,12 @@ class CheckReport:
         return max((o.max_abs_err for o in self.outputs), default=0.0)
 
     @property
+    def meaningless(self) -> list[str]:
+        """Why the comparison proves nothing, per output (empty: it is meaningful). A check
+        that passes on such outputs is not reported as OK (see :meth:`summary`)."""
+        return [o.meaningless for o in self.outputs if o.meaningless]
+
+    @property
     def max_rel_err(self) -> float:
         return max((o.max_rel_err for o in self.outputs), default=0.0)
 
@@ -459,6 +575,14 @@ class CheckReport:
         if self.skipped:
             head += (f" ({len(self.skipped)} more input set{'s' * (len(self.skipped) != 1)} "
                      f"skipped: the original does not run on them)")
+        if self.ok and self.meaningless:
+            more = f" (+{len(self.meaningless) - 2} more)" if len(self.meaningless) > 2 else ""
+            return (f"{head}: NOT MEANINGFUL ({'; '.join(self.meaningless[:2])}{more}; give valid "
+                    "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE)")
+        nonfinite = [f"{o.name}: {o.ref_nonfinite} of {o.elements}" for o in self.outputs
+                     if o.ref_nonfinite and not o.meaningless]
+        if self.ok and nonfinite:
+            return f"{head}: OK on the finite elements (NaN/Inf in the reference, matched: {'; '.join(nonfinite[:2])})"
         if self.ok:
             return f"{head}: OK"
         reasons = list(self.problems)
@@ -515,6 +639,11 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
     rec.elements += ref.size
     if ref.size == 0:
         return
+    if ref.dtype.kind == "f":
+        finite = np.isfinite(ref)
+        rec.ref_nonfinite += int(ref.size - finite.sum())
+        if len(rec.ref_values) < 2 and finite.any():  # two distinct values: not constant
+            rec.ref_values.update({float(ref[finite].min()), float(ref[finite].max())})
     if ref.dtype.kind in "fc":
         r = ref.astype(np.float64) if ref.dtype.kind == "f" else ref.astype(np.complex128)
         c = cand.astype(r.dtype)

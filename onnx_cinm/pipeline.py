@@ -188,6 +188,20 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bo
     return total, on_dev, by_dev, placements, host, exact
 
 
+def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
+    """The check's input sets with the given ``inputs`` (None: all random)."""
+    if not inputs:
+        return None
+    names = [vi.name for vi in golden.real_inputs(model.graph)]
+    unknown = sorted(set(inputs) - set(names))
+    if unknown:
+        raise CinmError(f"--input '{unknown[0]}' is not an input of the model (inputs: {', '.join(names)})")
+    if set(names) <= set(inputs):
+        return [dict(inputs)]
+    shapes = {k: np.shape(v) for k, v in inputs.items()}
+    return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
+
+
 def _control_flow(model: onnx.ModelProto) -> dict:
     """``{op type: (count, nodes in its bodies, nested included)}`` of the main graph's nodes
     with subgraphs (If, Loop, Scan)."""
@@ -207,7 +221,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
              check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
              dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
-             constraints: dict | None = None, host_roofline=None) -> OptimizeResult:
+             constraints: dict | None = None, host_roofline=None,
+             inputs: dict | None = None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
     Args:
@@ -240,6 +255,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:
             the tiles kept by all crossbar kernels must fit the crossbars). See
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
+        inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); inputs
+            not given are drawn at random (valid indices and masks, see
+            :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
+            once, on them.
         host_roofline: the host's figures for cost placement (a
             :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"`` or
             ``"nominal"``); default: measured once on this machine and cached.
@@ -295,7 +314,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         t0 = time.perf_counter()
         try:
             report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol,
-                                    dims=dims)
+                                    dims=dims, feeds=_check_feeds(original, inputs, check, dims))
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
             skipped = f"the original does not run on the random inputs: {e}"
             log(f"check skipped: {skipped}")

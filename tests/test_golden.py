@@ -393,3 +393,117 @@ def test_sets_the_original_cannot_run_are_skipped_and_the_others_judged():
     rep = compare(m, m, n=6)
     assert rep.ok and rep.runs == len(seeds_ok) and len(rep.skipped) == 6 - len(seeds_ok)
     assert "skipped: the original does not run on them" in rep.summary()
+
+
+# --- meaningful check inputs and verdicts (issue: the check could pass on nothing) -------------
+def _bert_like(vocab=100, hidden=16):
+    """Word and token-type embeddings (Gather), an additive attention mask, a MatMul, Softmax."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "wemb"),
+             nh.from_array(rng.standard_normal((2, hidden)).astype(np.float32), "temb"),
+             nh.from_array(rng.standard_normal((hidden, hidden)).astype(np.float32), "W"),
+             nh.from_array(np.array(-10000.0, np.float32), "neg"),
+             nh.from_array(np.array(1.0, np.float32), "one"),
+             nh.from_array(np.array([-1], np.int64), "ax")]
+    nodes = [h.make_node("Cast", ["input_ids"], ["ids32"], to=TP.INT32),
+             h.make_node("Gather", ["wemb", "ids32"], ["e1"]),
+             h.make_node("Gather", ["temb", "token_type_ids"], ["e2"]),
+             h.make_node("Add", ["e1", "e2"], ["e"]),
+             h.make_node("MatMul", ["e", "W"], ["q"]),
+             h.make_node("Cast", ["attention_mask"], ["mf"], to=TP.FLOAT),
+             h.make_node("Sub", ["one", "mf"], ["inv"]),
+             h.make_node("Mul", ["inv", "neg"], ["bias"]),
+             h.make_node("Unsqueeze", ["bias", "ax"], ["b3"]),
+             h.make_node("Add", ["q", "b3"], ["s"]),
+             h.make_node("Softmax", ["s"], ["y"], axis=1)]
+    ins = [_vi(n, TP.INT64, ["batch", "seq"]) for n in ("input_ids", "token_type_ids", "attention_mask")]
+    return _model(nodes, ins, [_vi("y", TP.FLOAT, ["batch", "seq", hidden])], inits, opset=13)
+
+
+def test_index_inputs_are_drawn_within_their_tables():
+    from onnx_cinm.golden import index_ranges
+
+    m = _bert_like()
+    assert index_ranges(m) == {"input_ids": (0, 100), "token_type_ids": (0, 2), "attention_mask": (0, 2)}
+    for seed in range(3):
+        feeds = random_inputs(m, seed=seed, dims={"batch": 4, "seq": 64})
+        assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 100
+        assert set(np.unique(feeds["token_type_ids"])) <= {0, 1}
+        assert set(np.unique(feeds["attention_mask"])) == {0, 1}
+        assert feeds["input_ids"].dtype == np.int64
+    # the check now runs (it was always skipped: ids out of the embedding table)
+    from onnx_cinm import optimize
+
+    res = optimize(m, dims={"batch": 2, "seq": 12})
+    assert res.check is not None and res.check.ok and not res.check.meaningless
+    onehot = _model([h.make_node("OneHot", ["k", "depth", "vals"], ["y"])],
+                    [_vi("k", TP.INT64, [5])], [_vi("y", TP.FLOAT, [5, 7])],
+                    [nh.from_array(np.array(7, np.int64), "depth"),
+                     nh.from_array(np.array([0, 1], np.float32), "vals")])
+    assert index_ranges(onehot) == {"k": (0, 7)}
+
+
+def _log_model():
+    return _model([h.make_node("Log", ["x"], ["y"])], [_vi("x", TP.FLOAT, [4, 8])],
+                  [_vi("y", TP.FLOAT, [4, 8])])
+
+
+def test_a_reference_that_is_nan_everywhere_is_not_ok():
+    m = _model([h.make_node("Log", ["x"], ["l"]), h.make_node("Mul", ["l", "zero"], ["y"])],
+               [_vi("x", TP.FLOAT, [4, 8])], [_vi("y", TP.FLOAT, [4, 8])],
+               [nh.from_array(np.array(np.nan, np.float32), "zero")])
+    rep = compare(m, m, n=2)
+    assert rep.ok and rep.meaningless == ["the reference 'y' is NaN/Inf everywhere"]
+    assert ": NOT MEANINGFUL (the reference 'y' is NaN/Inf everywhere; give valid inputs" in rep.summary()
+    assert "OK" not in rep.summary()
+    # partly NaN (Log of negative inputs): judged on the rest, and the summary says so
+    rep = compare(_log_model(), _log_model(), n=1)
+    assert not rep.meaningless and rep.summary().endswith(
+        f"OK on the finite elements (NaN/Inf in the reference, matched: y: {rep.outputs[0].ref_nonfinite} of 32)")
+    assert 0 < rep.outputs[0].ref_nonfinite < 32
+
+
+def test_a_constant_reference_is_not_ok(tmp_path, capsys):
+    from onnx_cinm.cli import main
+
+    m = _model([h.make_node("Mul", ["x", "zero"], ["y"])], [_vi("x", TP.FLOAT, [4, 8])],
+               [_vi("y", TP.FLOAT, [4, 8])], [nh.from_array(np.array(0, np.float32), "zero")])
+    rep = compare(m, m, n=2)
+    assert rep.meaningless == ["the reference 'y' is 0 everywhere"]
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q"]) == 0
+    assert "warning: golden check not meaningful: the reference 'y' is 0 everywhere" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 1
+    assert "NOT MEANINGFUL" in capsys.readouterr().out
+
+
+def test_optimize_run_and_compare_take_real_inputs_from_npz(tmp_path, capsys):
+    from onnx_cinm.cli import main
+
+    m = _bert_like()
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(m, src)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 100, (2, 5))
+    np.savez(tmp_path / "feeds.npz", input_ids=ids, token_type_ids=np.zeros((2, 5), np.int64),
+             attention_mask=np.ones((2, 5), np.int64))
+    np.save(tmp_path / "ids.npy", ids)
+    assert main(["optimize", str(src), "-o", str(out), "--input", str(tmp_path / "feeds.npz")]) == 0
+    assert "check: 1 run, 1 output" in capsys.readouterr().out  # one run: every input was given
+    assert main(["run", str(out), "--input", str(tmp_path / "feeds.npz"), "-o", str(tmp_path / "y.npz")]) == 0
+    with np.load(tmp_path / "y.npz") as got:
+        np.testing.assert_allclose(got["y"], run_onnxruntime(m, dict(np.load(tmp_path / "feeds.npz")))[0],
+                                   rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert main(["compare", str(src), str(out), "--input", f"input_ids={tmp_path / 'ids.npy'}"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "--input", f"nope={tmp_path / 'ids.npy'}"]) == 1
+    assert "--input 'nope' is not an input of the model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error
+        main(["run", str(out), "--input", str(tmp_path / "feeds.npz"),
+              "--input", f"input_ids={tmp_path / 'ids.npy'}"])
+    assert e.value.code == 2
+    assert "--input given twice for 'input_ids'" in capsys.readouterr().err
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    assert main(["run", str(out), "--input", str(tmp_path / "bad.npz")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnx-cinm: error: cannot read inputs from") and "\n" not in err

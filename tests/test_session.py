@@ -243,3 +243,31 @@ def test_squeezenet_everything_on_upmem_through_generated_code(light_model_paths
     emulated = [r for r in sess.profile() if r["mode"] == "emulate"]
     n_cinm = sum(1 for n in res.model.graph.node if n.domain == "cinm")
     assert len(emulated) == n_cinm  # every cinm op ran on the DPUs
+
+
+def test_host_partitions_take_a_graph_optimization_level_and_compare_uses_the_references(lenet, monkeypatch):
+    import onnxruntime as ort
+
+    from onnx_cinm.runtime import session as session_mod
+
+    _, src, opt = lenet
+    for name, level in (("disable_all", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                        ("basic", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC),
+                        ("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
+        sess = InferenceSession(opt, provider_options=[{"graph_optimization": name}, {}])
+        got = {p.session.get_session_options().graph_optimization_level for p in sess._parts if p.session}
+        assert got == {level}
+    with pytest.raises(CinmError, match="graph_optimization must be one of disable_all, basic, extended, all"):
+        InferenceSession(opt, provider_options=[{"graph_optimization": "max"}, {}])
+    seen = []
+    real = session_mod.InferenceSession.__init__
+
+    def spy(self, path, providers=None, provider_options=None, kernel_dir=None):
+        seen.append(provider_options[0])
+        real(self, path, providers, provider_options, kernel_dir)
+
+    monkeypatch.setattr(session_mod.InferenceSession, "__init__", spy)
+    assert main(["compare", str(src), str(opt)]) == 0
+    assert seen[-1]["graph_optimization"] == "disable_all"  # as the reference runs
+    assert main(["run", str(opt)]) == 0
+    assert "graph_optimization" not in seen[-1]  # run keeps onnxruntime's default, all

@@ -40,8 +40,12 @@ from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults.
-DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0}
+DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0, "graph_optimization": "all"}
 _UPMEM_MODES = ("model", "emulate")
+#: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
+#: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
+#: are not mistaken for our error).
+_GRAPH_OPT_LEVELS = ("disable_all", "basic", "extended", "all")
 
 
 @dataclass
@@ -88,8 +92,10 @@ class InferenceSession:
         providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
         provider_options: one dict per provider; the CINM provider reads ``upmem_mode``
-            (``"model"`` or ``"emulate"``) and ``intra_op_threads`` (onnxruntime threads per
-            partition, 0 = its default).
+            (``"model"`` or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
+            partition, 0 = its default) and ``graph_optimization`` (onnxruntime's graph
+            optimization level of the host partitions: ``disable_all``, ``basic``,
+            ``extended`` or ``all``, the default).
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
@@ -114,6 +120,9 @@ class InferenceSession:
         if opts["upmem_mode"] not in _UPMEM_MODES:
             raise CinmError(f"upmem_mode must be one of {', '.join(_UPMEM_MODES)}, "
                             f"got '{opts['upmem_mode']}'")
+        if opts["graph_optimization"] not in _GRAPH_OPT_LEVELS:
+            raise CinmError(f"graph_optimization must be one of {', '.join(_GRAPH_OPT_LEVELS)}, "
+                            f"got '{opts['graph_optimization']}'")
         self._providers = providers
         self._options = opts
         if isinstance(path_or_model, onnx.ModelProto):
@@ -259,6 +268,9 @@ class InferenceSession:
                               ir_version=self._model.ir_version)
         m.functions.extend(self._model.functions)
         so = ort.SessionOptions()
+        level = self._options["graph_optimization"].upper()
+        so.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, f"ORT_{level if level == 'DISABLE_ALL' else 'ENABLE_' + level}")
         so.log_severity_level = 4  # a failed run raises one CinmError; no duplicate ORT log line
         # many sessions share the cores: idle threads must sleep, not spin, between partitions
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
