@@ -923,3 +923,78 @@ def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
             node.name
         seen.add(node.op_type)
     assert seen == {"Im2Col", "Relu", "Gemm"}
+
+
+# ------------------------------------------------------------------------------------------
+# NaN and Inf (issue 12 #5, issue 17 #3): every float elementwise kernel as onnxruntime
+
+_SPECIAL = np.array([np.nan, 1.0, np.inf, -np.inf, np.nan, 0.0, -0.5, 2.5, -np.inf, np.nan,
+                     np.inf, -3.0, 1e30, -1e30, 0.25], np.float32)
+
+
+def _ort_one_op(op, inputs, **attrs):
+    """onnxruntime's result of one standard op on float32 ``inputs`` (the oracle)."""
+    from onnx import TensorProto, helper
+
+    from onnx_cinm.golden import run_onnxruntime
+
+    names = [f"x{i}" for i in range(len(inputs))]
+    g = helper.make_graph([helper.make_node(op, names, ["y"], **attrs)], "one",
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape))
+                           for n, a in zip(names, inputs)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return run_onnxruntime(m, dict(zip(names, inputs)))[0]
+
+
+@pytest.mark.parametrize("op", codegen.BINARY)
+def test_binary_float_nan_and_inf_as_onnxruntime(tmp_path, op):
+    """Max/Min propagate a NaN from either operand ([nan, 1] vs [1, nan] gives [nan, nan]);
+    the arithmetic ops follow IEEE (inf - inf = NaN, x / 0 = inf)."""
+    a = np.concatenate([_SPECIAL, _SPECIAL[::-1]])
+    b = np.concatenate([_SPECIAL[::-1], _SPECIAL])
+    (y,), _ = _run(tmp_path, "binary", "float32", [a.shape, b.shape], (3, 4, 64, "odd"), [a, b], op=op)
+    ref = _ort_one_op(op, [a, b])
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_allclose(y, ref, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("Relu", {}), ("Abs", {}), ("Neg", {}), ("LeakyRelu", {"alpha": 0.1}),
+    ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}), ("Clip", {"min": -1.0, "max": 2.0}),
+    ("Exp", {}), ("Log", {}), ("Sqrt", {}), ("Sigmoid", {}), ("Tanh", {})])
+def test_unary_float_nan_and_inf_as_onnxruntime(tmp_path, op, attrs):
+    """Relu(NaN) = NaN (it was 0), Clip keeps NaN, Log(0) = -inf, Sqrt(-x) = NaN, ..."""
+    x = _SPECIAL
+    (y,), _ = _run(tmp_path, "unary", "float32", [x.shape], (2, 3, 64, "odd"), [x], op=op, **attrs)
+    if op == "Clip":  # bounds are inputs in opset 13
+        ref = _ort_one_op(op, [x, np.array(attrs["min"], np.float32), np.array(attrs["max"], np.float32)])
+    else:
+        ref = _ort_one_op(op, [x], **attrs)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_float_nan_ranks_as_onnxruntime(tmp_path, largest):
+    """onnxruntime's TopK ranks NaN above every number (first when largest, last when
+    smallest; ties by index); the kernel's comparisons alone never ranked a NaN anywhere."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm.golden import run_onnxruntime
+
+    x = np.tile(_SPECIAL, (3, 3))[:, :40].copy()
+    x[1, ::7] = np.nan
+    kk = 9
+    outs, _ = _run(tmp_path, "topk", "float32", [x.shape], (2, 3, 64, "odd"), [x], k=kk, axis=1,
+                   largest=largest)
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)], "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.array([kk], np.int64), "k")])
+    ref = run_onnxruntime(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                          {"x": x})
+    np.testing.assert_array_equal(outs[0], ref[0])  # NaN == NaN here
+    np.testing.assert_array_equal(outs[1], ref[1])

@@ -288,6 +288,9 @@ def _binary_expr(op: str, dtype: str) -> tuple[str, str, int]:
                 "A / B (truncating; x / 0 = 0)", instr_per_elem(dtype, "div"))
     if op in ("Max", "Min"):
         sym = ">" if op == "Max" else "<"
+        if flt:  # NaN in either operand gives NaN (onnxruntime's Max/Min; a != a is isnan)
+            return (f"(a {sym} b || a != a) ? a : b", f"{op.lower()}(A, B), NaN if either is NaN",
+                    instr_per_elem(dtype, "cmp"))
         return f"a {sym} b ? a : b", f"{op.lower()}(A, B)", instr_per_elem(dtype, "cmp")
     raise ValueError(f"no UPMEM kernel for binary op {op!r}; expected one of {BINARY}")
 
@@ -297,6 +300,8 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
     cmp = instr_per_elem(dtype, "cmp")
     unsigned = dtype.startswith("u")
     if op == "Relu":
+        if flt:  # Relu(NaN) = NaN, as onnxruntime (a > 0 would map NaN to 0)
+            return ("a < 0.0f ? 0.0f : a", "max(X, 0), NaN stays NaN", cmp)
         return ("a > 0 ? a : (T)0", "max(X, 0)", cmp)
     if op == "Abs":
         if unsigned:
@@ -994,6 +999,18 @@ def _emit_scan(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
 # topk
 
 
+def _topk_better(dtype: str, largest: int) -> str:
+    """C expression: does candidate ``(a, ia)`` rank before ``(b, ib)``? Ties go to the lower
+    index (ONNX). For floats NaN ranks as the largest value, equal to another NaN, as in
+    onnxruntime's TopK (first when largest=1, last when largest=0)."""
+    if dtype != "float32":
+        cmp, eq = ("a > b" if largest else "a < b"), "a == b"
+    else:
+        cmp = "(a > b || (a != a && b == b))" if largest else "(a < b || (a == a && b != b))"
+        eq = "(a == b || (a != a && b != b))"
+    return f"{cmp} || ({eq} && ia < ib)"
+
+
 def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
     (shape,) = shapes
     if not shape:
@@ -1021,7 +1038,7 @@ def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, DR * DC, tasklets, blk, ins,
            [_Tensor("values", yshape, dtype), _Tensor("indices", yshape, "int64")],
-           dict(k=kk, axis=axis, largest=largest, KP=KP, O=O, L=L, DC=DC, row_cap=row_cap,
+           dict(k=kk, axis=axis, largest=largest, better=_topk_better(dtype, largest), KP=KP, O=O, L=L, DC=DC, row_cap=row_cap,
                 c_cap=c_cap, v_off=v_off, i_off=i_off, pshape=pshape, pstride=pstride,
                 ishape=ishape, istride=istride, instr=2 * instr_per_elem(dtype, "cmp")))
     return _write(outdir, "topk", k, {"k": kk, "axis": axis, "largest": largest,
