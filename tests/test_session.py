@@ -243,3 +243,71 @@ def test_squeezenet_everything_on_upmem_through_generated_code(light_model_paths
     emulated = [r for r in sess.profile() if r["mode"] == "emulate"]
     n_cinm = sum(1 for n in res.model.graph.node if n.domain == "cinm")
     assert len(emulated) == n_cinm  # every cinm op ran on the DPUs
+
+
+# ------------------------------------------------------------------------------------------
+# empty batches in emulate mode (issue 17 #1, issue 12 #8): no kernel launch, ORT's outputs
+
+def _empty_batch_models():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(17)
+    c = lambda n, v, t=np.float32: nh.from_array(np.asarray(v, t), n)  # noqa: E731
+    one = lambda node, inits=(), x=("N", 8): h.make_model(  # noqa: E731
+        h.make_graph([node], "g", [h.make_tensor_value_info("x", TP.FLOAT, list(x))],
+                     [h.make_tensor_value_info(o, TP.INT64 if o == "i" else TP.FLOAT, None)
+                      for o in node.output], list(inits)),
+        opset_imports=[h.make_opsetid("", 18)], ir_version=9)
+    return {
+        "Add": one(h.make_node("Add", ["x", "c"], ["y"]), [c("c", rng.standard_normal(8))]),
+        "Relu": one(h.make_node("Relu", ["x"], ["y"])),
+        "MatMul": one(h.make_node("MatMul", ["x", "W"], ["y"]), [c("W", rng.standard_normal((8, 4)))]),
+        "ReduceSum": one(h.make_node("ReduceSum", ["x", "ax"], ["y"]), [c("ax", [0], np.int64)]),
+        "CumSum": one(h.make_node("CumSum", ["x", "ax"], ["y"]), [c("ax", 0, np.int64)]),
+        "TopK": one(h.make_node("TopK", ["x", "k"], ["y", "i"], axis=1), [c("k", [3], np.int64)]),
+        "Transpose": one(h.make_node("Transpose", ["x"], ["y"], perm=[1, 0])),
+        "Gemm_transA": one(h.make_node("Gemm", ["x", "W"], ["y"], transA=1),
+                           [c("W", rng.standard_normal((3, 4)))], x=(3, "N")),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_empty_batch_models()))
+def test_empty_batch_in_emulate_mode_launches_no_kernel(name, tmp_path):
+    """A (0, 8) batch used to fail: gcc -Werror=type-limits on the generated C (NR_DPUS 0),
+    'reduce: empty input', 'scan: needs a non-empty tensor', a ZeroDivisionError."""
+    model = _empty_batch_models()[name]
+    res = optimize(model, place=[("*", "upmem")])
+    assert any(n.domain == "cinm" for n in res.model.graph.node)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    x = np.zeros((3, 0) if name == "Gemm_transA" else (0, 8), np.float32)
+    got, want = sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)  # ReduceSum over 0 rows: zeros
+    upmem = [r for r in sess.profile() if r["device"] == "upmem"]
+    assert upmem and {r["mode"] for r in upmem} == {"empty"}
+    assert all(r["bytes_moved"] == 0 for r in upmem)
+    x = np.ones((3, 2) if name == "Gemm_transA" else (2, 8), np.float32)  # still runs its kernel
+    for g, w in zip(sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "emulate" in {r["mode"] for r in sess.profile() if r["device"] == "upmem"}
+
+
+def test_run_command_with_an_empty_batch_in_emulate_mode(tmp_path, capsys):
+    """`onnx-cinm run --input x=empty.npy --provider-option upmem_mode=emulate` exits 0 with
+    the empty output (it printed a 25-line gcc error about NR_DPUS 0 and exited 3)."""
+    model = onnx.shape_inference.infer_shapes(_empty_batch_models()["Relu"])
+    model.graph.output[0].CopyFrom(model.graph.value_info[0] if model.graph.value_info
+                                   else model.graph.output[0])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--place", "*=upmem", "-q"]) == 0
+    np.save(tmp_path / "x.npy", np.zeros((0, 8), np.float32))
+    code = main(["run", str(tmp_path / "o.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+                 "--provider-option", "upmem_mode=emulate", "-o", str(tmp_path / "y.npz")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert np.load(tmp_path / "y.npz")["y"].shape == (0, 8)
