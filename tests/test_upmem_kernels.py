@@ -998,3 +998,87 @@ def test_topk_float_nan_ranks_as_onnxruntime(tmp_path, largest):
                           {"x": x})
     np.testing.assert_array_equal(outs[0], ref[0])  # NaN == NaN here
     np.testing.assert_array_equal(outs[1], ref[1])
+
+
+# ------------------------------------------------------------------------------------------
+# placement accepts only what the code generator can emit (issue 17 #2): sizes past one WRAM
+# buffer / one DMA, through optimize, the emitted C and the emulator
+
+def _topk_model(shape, k, elem):
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1)], "topk",
+        [helper.make_tensor_value_info("x", elem, list(shape))],
+        [helper.make_tensor_value_info("v", elem, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.array([k], np.int64), "k")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _transpose_model(shape, perm, elem):
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=perm)], "transpose",
+                          [helper.make_tensor_value_info("x", elem, list(shape))],
+                          [helper.make_tensor_value_info("y", elem, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+_F32, _I64 = 1, 7  # TensorProto.FLOAT, INT64
+_PAST_WRAM = {  # id: model; the issue's sizes and their neighbours around 256 / 2048 bytes
+    "topk_k256": _topk_model([3, 300], 256, _F32),
+    "topk_k257": _topk_model([4, 300], 257, _F32),
+    "topk_k1000_i64": _topk_model([2, 1200], 1000, _I64),
+    "topk_k6000": _topk_model([2, 6100], 6000, _F32),       # one list > 64 KB: refused
+    "transpose_8x16x400": _transpose_model([8, 16, 400], [1, 0, 2], _F32),
+    "transpose_2x3x384": _transpose_model([2, 3, 384], [1, 0, 2], _F32),
+    "transpose_i64_run255": _transpose_model([3, 4, 255], [1, 0, 2], _I64),
+    "transpose_i64_run257": _transpose_model([3, 4, 257], [1, 0, 2], _I64),
+    "transpose_run1100": _transpose_model([2, 5, 3, 1100], [0, 2, 1, 3], _F32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PAST_WRAM))
+def test_sizes_past_one_wram_buffer_never_crash_optimize(name, tmp_path):
+    """optimize used to exit 3 on 'topk: k=257 > 256' and 'transpose: sub-tiles do not fit in
+    WRAM'. Now the kernels handle these sizes (chunked list writes, split runs, fewer
+    tasklets), or placement refuses with the reason; either way the result is onnxruntime's."""
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime.session import InferenceSession
+
+    model = _PAST_WRAM[name]
+    res = optimize(model, placement="heuristic")  # every cinm op it can to UPMEM
+    placed = {p[2] for p in res.placements}
+    if name == "topk_k6000":
+        assert placed == {"host"} and "does not fit WRAM" in res.placements[0][3]
+        return
+    assert placed == {"upmem"}, res.placements
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    vi = model.graph.input[0]
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(len(name))
+    x = (rng.permutation(int(np.prod(shape))).reshape(shape)  # no ties
+         .astype(np.float32 if vi.type.tensor_type.elem_type == _F32 else np.int64))
+    for got, want in zip(sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+    assert {r["mode"] for r in sess.profile() if r["device"] == "upmem"} == {"emulate"}
+
+
+def test_supports_refuses_what_the_code_generator_refuses():
+    """The device's supports runs the emitters' own checks (writing nothing): a Histogram of
+    10000 bins fits the mapping's WRAM model (one shared table) but the generator handles at
+    most 8192 bins; supports said yes and emission failed."""
+    dev = get_device("upmem")
+    hist = lambda bins: OpInfo("h", "Histogram", {"bins": bins, "min": 0.0, "max": 1.0},  # noqa: E731
+                               (TensorInfo("x", "float32", (4096,)),),
+                               (TensorInfo("c", "int64", (bins,)),))
+    assert dev.supports(hist(8192)).ok
+    s = dev.supports(hist(10000))
+    assert not s.ok and "bins=10000" in s.reason
+    topk = OpInfo("t", "TopK", {"k": 257, "axis": -1, "largest": 1},
+                  (TensorInfo("x", "float32", (4, 300)),),
+                  (TensorInfo("v", "float32", (4, 257)), TensorInfo("i", "int64", (4, 257))))
+    assert dev.supports(topk).ok  # the candidate lists are written in DMAs of <= 2048 bytes
