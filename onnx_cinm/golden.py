@@ -9,12 +9,18 @@ Public API
 ----------
 random_inputs(model, *, seed=0, dims=None, shapes=None, fill="random") -> dict[str, ndarray]
 run_onnxruntime(model_or_path, feeds) -> list[ndarray]
-compare(reference, candidate, *, n=1, rtol=1e-4, atol=1e-5, seed=0, dims=None, shapes=None,
+compare(reference, candidate, *, n=1, rtol=None, atol=None, seed=0, dims=None, shapes=None,
         fill="random", feeds=None) -> CheckReport
+default_tolerance(dtype) -> (rtol, atol)
 
 Tolerances follow ``numpy.allclose`` with the *reference* as ``b``:
-``|candidate - reference| <= atol + rtol * |reference|``; the defaults (rtol 1e-4, atol 1e-5)
-are onnxsim's ``--check-rtol/--check-atol`` defaults.
+``|candidate - reference| <= atol + rtol * |reference|``. Unless given, they follow each
+output's dtype (:func:`default_tolerance`): onnxsim's ``--check-rtol/--check-atol`` defaults
+(rtol 1e-4, atol 1e-5) for float32 and float64, widened to :data:`TOLERANCE_ULPS` units in the
+last place at magnitude 1 (``ULPS * eps``) for coarser floats: float16 gets rtol = atol =
+4 * 2**-10 = 0.0039, because a rewrite that only reorders or folds float16 arithmetic (BatchNorm
+into Conv, Gemm's alpha into B) moves results by an ulp or two, and 1e-4 is far below float16's
+resolution (0.00098 at 1).
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ __all__ = [
     "OutputCheck",
     "DEFAULT_FIRST_DIM",
     "DEFAULT_OTHER_DIM",
+    "default_tolerance",
 ]
 
 #: Size given to an unknown/symbolic first axis (the batch axis, by convention).
@@ -66,6 +73,24 @@ _FEEDABLE: dict[int, np.dtype] = {
 }
 
 _FILLS = ("random", "arange", "ones", "zeros")
+
+#: The float32 default tolerances (onnxsim's ``--check-rtol``/``--check-atol`` defaults).
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
+#: Units in the last place (at magnitude 1) a default tolerance allows at least, per dtype.
+TOLERANCE_ULPS = 4
+
+
+def default_tolerance(dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` of the check for an output of ``dtype`` when none are given: the float32
+    defaults (1e-4, 1e-5), or ``TOLERANCE_ULPS * eps(dtype)`` for both when that is larger
+    (float16: 0.0039; bfloat16: 0.031). Integers, bools and strings are compared exactly
+    whatever the tolerance."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "fc":
+        return DEFAULT_RTOL, DEFAULT_ATOL
+    eps = float(np.finfo(dt).eps)  # complex: the eps of its parts
+    wide = TOLERANCE_ULPS * eps
+    return max(DEFAULT_RTOL, wide), max(DEFAULT_ATOL, wide)
 
 
 def _one_line(text: object, limit: int = 300) -> str:
@@ -395,6 +420,8 @@ class OutputCheck:
         Of the reference output (last run).
     note : str
         Why it failed when it is not a numeric mismatch ("missing in candidate", "shape ...").
+    rtol, atol : float or None
+        The tolerances this output was judged with (None until compared).
     """
 
     name: str
@@ -406,6 +433,8 @@ class OutputCheck:
     dtype: str = ""
     shape: tuple = ()
     note: str = ""
+    rtol: float | None = None
+    atol: float | None = None
 
     def _fail(self, note: str) -> None:
         self.ok = False
@@ -426,8 +455,9 @@ class CheckReport:
         Number of input sets both models were run on.
     outputs : list[OutputCheck]
         One record per output name of either model (reference order, then candidate-only names).
-    rtol, atol : float
-        The tolerances used.
+    rtol, atol : float or None
+        The tolerances given; None when they follow each output's dtype
+        (:func:`default_tolerance`; each :class:`OutputCheck` records its own).
     problems : list[str]
         Model-level problems (e.g. the models take different inputs).
     skipped : list[str]
@@ -437,8 +467,8 @@ class CheckReport:
     ok: bool
     runs: int
     outputs: list[OutputCheck] = field(default_factory=list)
-    rtol: float = 1e-4
-    atol: float = 1e-5
+    rtol: float | None = None
+    atol: float | None = None
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -480,11 +510,22 @@ class CheckReport:
                 "ok" if o.ok else ("FAIL: " + o.note if o.note else "FAIL"),
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = [f"golden check: {self.runs} runs, rtol {self.rtol:g}, atol {self.atol:g}"]
+        lines = [f"golden check: {self.runs} runs, {self.tolerances()}"]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
         lines.extend(f"problem: {p}" for p in self.problems)
         return "\n".join(lines)
+
+    def tolerances(self) -> str:
+        """The tolerances in words: ``rtol 1e-4, atol 1e-5``, or per dtype when they follow it
+        (``rtol/atol by dtype: float16 0.0039/0.0039, float32 0.0001/1e-05``)."""
+        if self.rtol is not None and self.atol is not None:
+            return f"rtol {self.rtol:g}, atol {self.atol:g}"
+        by = sorted({(o.dtype, o.rtol, o.atol) for o in self.outputs
+                     if o.rtol is not None and o.dtype and np.dtype(o.dtype).kind in "fc"})
+        if not by:
+            return "tolerances by dtype"
+        return "rtol/atol by dtype: " + ", ".join(f"{d} {r:g}/{a:g}" for d, r, a in by)
 
     def raise_if_failed(self) -> "CheckReport":
         """Raise :class:`~onnx_cinm.errors.CheckFailed` with :meth:`summary` unless ``ok``."""
@@ -503,9 +544,14 @@ def _as_array(value: object) -> np.ndarray | None:
 
 
 def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
-                    rtol: float, atol: float) -> None:
-    """Fold one run's comparison of one output into ``rec``."""
+                    rtol: float | None, atol: float | None) -> None:
+    """Fold one run's comparison of one output into ``rec`` (None: the dtype's default)."""
     rec.dtype, rec.shape = str(ref.dtype), tuple(ref.shape)
+    if ref.dtype != object:
+        d_rtol, d_atol = default_tolerance(ref.dtype)
+        rtol = d_rtol if rtol is None else rtol
+        atol = d_atol if atol is None else atol
+        rec.rtol, rec.atol = rtol, atol
     if ref.dtype != cand.dtype:
         rec._fail(f"dtype {ref.dtype} vs {cand.dtype}")
         return
@@ -555,8 +601,8 @@ def compare(
     candidate: ModelLike,
     *,
     n: int = 1,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
+    rtol: float | None = None,
+    atol: float | None = None,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -573,10 +619,11 @@ def compare(
         ``run(feeds) -> list of arrays`` (see ``InferenceSession.as_runner``).
     n : int
         Number of random input sets; set ``i`` uses seed ``seed + i``. Ignored with ``feeds``.
-    rtol, atol : float
-        ``numpy.allclose`` tolerances for float outputs, reference as ``b``. NaN equals NaN and
-        Inf equals same-signed Inf in the same position. Integer, bool and string outputs must
-        match exactly.
+    rtol, atol : float, optional
+        ``numpy.allclose`` tolerances for float outputs, reference as ``b``; None (default):
+        each output's dtype decides (:func:`default_tolerance`: 1e-4/1e-5 for float32, 0.0039
+        for float16). NaN equals NaN and Inf equals same-signed Inf in the same position.
+        Integer, bool and string outputs must match exactly.
     seed, dims, shapes, fill
         Passed to :func:`random_inputs` (inputs are generated from the *reference* model).
     feeds : iterable of dict[str, numpy.ndarray], optional

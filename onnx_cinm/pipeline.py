@@ -164,7 +164,7 @@ def _control_flow(model: onnx.ModelProto) -> dict:
 def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
-             check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
+             check: int = 1, check_rtol: float | None = None, check_atol: float | None = None,
              check_dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None) -> OptimizeResult:
@@ -182,7 +182,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         input_shapes: ``{input name: dims}`` baked into the model before optimizing.
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check).
-        check_rtol, check_atol: tolerances of the check (fp32 defaults 1e-4 / 1e-5).
+        check_rtol, check_atol: tolerances of the check; None (default): by each output's
+            dtype (:func:`onnx_cinm.golden.default_tolerance`: 1e-4 / 1e-5 for float32,
+            4 ulps = 0.0039 for float16).
         check_dims: sizes of symbolic dimensions in the check's random inputs, by name
             (others: 1 on axis 0, 8 elsewhere; see :func:`onnx_cinm.golden.random_inputs`).
             If onnxruntime cannot run the *original* on those inputs (a model that needs a
