@@ -11,6 +11,7 @@ random_inputs(model, *, seed=0, dims=None, shapes=None, fill="random") -> dict[s
 run_onnxruntime(model_or_path, feeds) -> list[ndarray]
 compare(reference, candidate, *, n=1, rtol=None, atol=None, seed=0, dims=None, shapes=None,
         fill="random", feeds=None) -> CheckReport
+compare_special(reference, candidate, *, n=1, ...) -> CheckReport | None   (NaN/Inf inputs)
 default_tolerance(dtype) -> (rtol, atol)
 
 Tolerances follow ``numpy.allclose`` with the *reference* as ``b``:
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_FIRST_DIM",
     "DEFAULT_OTHER_DIM",
     "default_tolerance",
+    "compare_special",
 ]
 
 #: Size given to an unknown/symbolic first axis (the batch axis, by convention).
@@ -72,7 +74,9 @@ _FEEDABLE: dict[int, np.dtype] = {
     TensorProto.STRING: np.dtype(object),
 }
 
-_FILLS = ("random", "arange", "ones", "zeros")
+_FILLS = ("random", "arange", "ones", "zeros", "special")
+#: Share of the elements of a float input the ``special`` fill sets to NaN, +Inf and -Inf.
+SPECIAL_SHARE = 0.1
 
 #: The float32 default tolerances (onnxsim's ``--check-rtol``/``--check-atol`` defaults).
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
@@ -170,12 +174,14 @@ def random_inputs(
     shapes : dict[str, list[int]], optional
         Full shape per input name; overrides the declared shape and ``dims`` for that input.
         Required for an input whose rank is unknown.
-    fill : {"random", "arange", "ones", "zeros"}
+    fill : {"random", "arange", "ones", "zeros", "special"}
         ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
         unsigned integers in [0, 10], bool uniform, strings short random words.
         ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
         the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
-        are constant fills.
+        are constant fills. ``"special"``: ``"random"`` with NaN, +Inf and -Inf each at about
+        :data:`SPECIAL_SHARE` / 3 of the elements of every float input (at least one of each
+        when there is room): the input of the NaN/Inf check (:func:`compare_special`).
 
     Returns
     -------
@@ -218,8 +224,20 @@ def random_inputs(
             raise CinmError(f"input {vi.name!r} has element type {tname}, which is not supported")
         dtype = _FEEDABLE[tt.elem_type]
         shape = _concrete_shape(vi, dims, shapes.get(vi.name))
-        feeds[vi.name] = _fill(rng, dtype, shape, fill)
+        feeds[vi.name] = _fill(rng, dtype, shape, "random" if fill == "special" else fill)
+        if fill == "special" and dtype.kind == "f":
+            feeds[vi.name] = _with_specials(rng, feeds[vi.name])
     return feeds
+
+
+def _with_specials(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    """``a`` with NaN, +Inf and -Inf at random positions (see ``fill="special"``)."""
+    flat = a.reshape(-1).copy()
+    each = max(1, int(round(flat.size * SPECIAL_SHARE / 3))) if flat.size >= 3 else 0
+    pos = rng.permutation(flat.size)[:3 * each]
+    for i, v in enumerate((np.nan, np.inf, -np.inf)):
+        flat[pos[i * each:(i + 1) * each]] = v
+    return flat.reshape(a.shape)
 
 
 def _concrete_shape(vi: onnx.ValueInfoProto, dims: dict[str, int],
@@ -721,3 +739,26 @@ def compare(
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
     return report
+
+
+def has_float_input(model: ModelLike) -> bool:
+    """Whether ``model`` takes a float tensor input (where NaN/Inf can enter at all)."""
+    return any(vi.type.WhichOneof("value") == "tensor_type"
+               and _FEEDABLE.get(vi.type.tensor_type.elem_type, np.dtype(object)).kind == "f"
+               for vi in _real_inputs(_load_header(model).graph))
+
+
+def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
+                    rtol: float | None = None, atol: float | None = None, seed: int = 0,
+                    dims: Mapping[str, int] | None = None,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> CheckReport | None:
+    """The NaN/Inf check: :func:`compare` on ``fill="special"`` inputs (random values with NaN,
+    +Inf and -Inf in every float input), kept apart from the ordinary check so that one stays
+    meaningful (a NaN row hides every other difference in it). Outputs must carry NaN and
+    same-signed Inf exactly where the reference does; the finite rest is judged as usual.
+    Returns None when the model has no float input (nothing to inject). Raises as
+    :func:`compare`; ReferenceFailed when the reference cannot run on such inputs."""
+    if not has_float_input(reference):
+        return None
+    return compare(reference, candidate, n=n, rtol=rtol, atol=atol, seed=seed, dims=dims,
+                   shapes=shapes, fill="special")

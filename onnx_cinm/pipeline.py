@@ -32,6 +32,9 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass).
         placements: ``(node name, op type, device, reason)`` per cinm op.
+        check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
+            float input, run after the ordinary check passed), or None (no float input, the
+            original cannot run on such inputs, or no check).
     """
 
     model: onnx.ModelProto
@@ -45,6 +48,7 @@ class OptimizeResult:
     stats: dict = field(default_factory=dict)
     placements: list = field(default_factory=list)
     check_skipped: str | None = None
+    check_special: object | None = None
 
     @property
     def device_flops_share(self) -> float:
@@ -73,6 +77,8 @@ class OptimizeResult:
             lines.append(f"left on host: {reasons}")
         if self.check is not None:
             lines.append(self.check.summary())
+            if self.check_special is not None:
+                lines.append("NaN/Inf " + self.check_special.summary())
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
@@ -247,7 +253,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
-    report, skipped = None, None
+    report, skipped, special = None, None, None
     if check:
         t0 = time.perf_counter()
         try:
@@ -259,6 +265,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
+        if report is not None:  # then, apart, NaN/Inf inputs: they must land where ORT puts them
+            t0 = time.perf_counter()
+            try:
+                special = golden.compare_special(original, work, rtol=check_rtol, atol=check_atol,
+                                                 dims=check_dims)
+            except ReferenceFailed as e:
+                log(f"NaN/Inf check skipped: the original does not run on such inputs: {e}")
+            timings.append(("check_nan_inf", time.perf_counter() - t0))
+            if special is not None and not special.ok:
+                raise CheckFailed("the optimized model does not match the original on NaN/Inf "
+                                  f"inputs: {special.summary()}")
     total, on_dev, by_dev, placements = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
-                          report, ctx.stats, placements, skipped)
+                          report, ctx.stats, placements, skipped, special)

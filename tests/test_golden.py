@@ -447,3 +447,48 @@ def test_optimize_accepts_a_float16_conv_with_batchnorm_by_default():
     assert res.check.ok and res.check.max_abs_err > 0
     with pytest.raises(CheckFailed):
         optimize(m, check=3, check_rtol=1e-4, check_atol=1e-5)
+
+
+# --- the NaN/Inf check (issue 12 #5) ----------------------------------------------------------
+
+def _relu_model(nan_to_zero=False):
+    """y = Relu(x); or the same on finite x but NaN -> 0 (what a NaN-dropping kernel did)."""
+    nodes = [h.make_node("Relu", ["x"], ["r" if nan_to_zero else "y"])]
+    if nan_to_zero:
+        nodes += [h.make_node("IsNaN", ["x"], ["nan"]),
+                  h.make_node("Where", ["nan", "zero", "r"], ["y"])]
+    return _model(nodes, [_vi("x", TP.FLOAT, ["batch", 40])], [_vi("y", TP.FLOAT, ["batch", 40])],
+                  [nh.from_array(np.array(0, np.float32), "zero")] if nan_to_zero else [])
+
+
+def test_special_fill_puts_nan_and_both_infinities_in_float_inputs_only(many_inputs):
+    feeds = random_inputs(_relu_model(), fill="special", dims={"batch": 3})
+    x = feeds["x"]
+    assert np.isnan(x).sum() == 4 and (x == np.inf).sum() == 4 and (x == -np.inf).sum() == 4
+    assert np.isfinite(x).sum() == 120 - 12
+    assert random_inputs(_relu_model(), fill="special", dims={"batch": 3}).keys() == feeds.keys()
+    for name, a in random_inputs(many_inputs, fill="special").items():
+        if a.dtype.kind != "f":
+            assert a.dtype == object or np.all(np.isfinite(a.astype(np.float64)))
+
+
+def test_nan_inf_check_is_separate_and_catches_what_the_ordinary_check_cannot():
+    from onnx_cinm.golden import compare_special
+
+    ref, dropped = _relu_model(), _relu_model(nan_to_zero=True)
+    assert compare(ref, dropped, n=3).ok  # no NaN in ordinary inputs: looks right
+    r = compare_special(ref, dropped)
+    assert not r.ok and r.outputs[0].mismatched > 0 and r.max_abs_err == float("inf")
+    assert compare_special(ref, ref).ok
+    ints = _model([h.make_node("Neg", ["i"], ["y"])], [_vi("i", TP.INT32, [3])],
+                  [_vi("y", TP.INT32, [3])])
+    assert compare_special(ints, ints) is None  # nothing to inject
+
+
+def test_optimize_runs_the_nan_inf_check_after_the_ordinary_one():
+    from onnx_cinm import optimize
+
+    res = optimize(_linear(), check=2)
+    assert res.check.ok and res.check_special is not None and res.check_special.ok
+    assert res.check_special.runs == 1
+    assert "NaN/Inf check: 1 run" in res.summary()

@@ -311,3 +311,27 @@ def test_run_command_with_an_empty_batch_in_emulate_mode(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert np.load(tmp_path / "y.npz")["y"].shape == (0, 8)
+
+
+def test_compare_command_runs_the_nan_inf_check_through_emulated_kernels(tmp_path, capsys):
+    """`compare` judges NaN/Inf inputs apart from the ordinary run: UPMEM's generated Max and
+    Relu in the emulator put NaN where onnxruntime does (Relu(NaN) was 0, Max(NaN, 1) was 1)."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    c = nh.from_array(np.linspace(-1, 1, 16).astype(np.float32), "c")
+    model = h.make_model(h.make_graph(
+        [h.make_node("Max", ["x", "c"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "g",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 16])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["N", 16])], [c]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--place", "*=upmem", "-q"]) == 0
+    capsys.readouterr()
+    code = main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim", "N=3",
+                 "--provider-option", "upmem_mode=emulate"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "NaN/Inf check: 1 run, 1 output" in out and out.rstrip().endswith("OK")
