@@ -131,12 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension in the check's random inputs, e.g. "
                         "sequence=512 (repeatable; unnamed: 1 on axis 0, 8 elsewhere)")
-    o.add_argument("--check-rtol", type=_tolerance, default=None,
-                   help="relative tolerance of the check (default: by output dtype, 1e-4 for "
-                        "float32, 4 float16 ulps = 0.0039 for float16)")
-    o.add_argument("--check-atol", type=_tolerance, default=None,
-                   help="absolute tolerance of the check (default: by output dtype, 1e-5 for "
-                        "float32, 0.0039 for float16)")
+    _tolerance_options(o, "--check-rtol", "--check-atol", " of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="bake a static shape into an input (repeatable)")
     o.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
@@ -232,12 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     _input_options(c)
     c.add_argument("--runs", type=_positive, default=2,
                    help="input sets (random where not given by --input; seeds 0..N-1)")
-    c.add_argument("--rtol", type=_tolerance, default=None,
-                   help="relative tolerance (default: by output dtype, 1e-4 for float32, 0.0039 "
-                        "for float16)")
-    c.add_argument("--atol", type=_tolerance, default=None,
-                   help="absolute tolerance (default: by output dtype, 1e-5 for float32, 0.0039 "
-                        "for float16)")
+    _tolerance_options(c, "--rtol", "--atol", "")
     c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
                    help="CinmExecutionProvider option (repeatable)")
     _common(c, quiet=False)
@@ -286,6 +276,15 @@ def _parser() -> argparse.ArgumentParser:
     for command_parser in (o, r, c, rp, sw, d):  # usage errors name the subcommand
         command_parser.set_defaults(command_parser=command_parser)
     return p
+
+
+def _tolerance_options(p, rtol: str, atol: str, what: str) -> None:
+    """The golden check's tolerance flags; None (default) lets each output's dtype decide
+    (:func:`onnx_cinm.golden.default_tolerance`)."""
+    for flag, kind, f32 in ((rtol, "relative", "1e-4"), (atol, "absolute", "1e-5")):
+        p.add_argument(flag, type=_tolerance, default=None,
+                       help=f"{kind} tolerance{what} (default: by output dtype, {f32} for "
+                            "float32, 4 ulps = 0.0039 for float16)")
 
 
 def _input_options(sp: argparse.ArgumentParser) -> None:
