@@ -1,8 +1,11 @@
 """Long differential-fuzzing run: ``tests/test_fuzz.py`` with many more examples.
 
-Runs the seven hypothesis properties of ``tests/test_fuzz.py`` (Gemm, MatMul, Conv, Reduce,
-elementwise, CumSum/TopK/Transpose/Softmax, chains) under the ``long`` profile: a random seed
-unless ``--seed`` is given, ``--examples`` split evenly over the seven properties. Prints the
+Runs the eight hypothesis properties of ``tests/test_fuzz.py`` (Gemm, MatMul, Conv, Reduce,
+elementwise, CumSum/TopK/Transpose/Softmax, chains, and the UPMEM emulate path) under the
+``long`` profile: a random seed unless ``--seed`` is given, ``--examples`` split evenly over the
+eight properties. Every example also runs on an empty batch, a batch of 3 and NaN/Inf/extreme
+inputs; the emulate property builds generated C (about a second per kernel), so ``-k emulate``
+with a few hundred examples is a run of its own. Prints the
 examples compared, compared with at least one cinm op in the optimized model, and rejected
 (onnxruntime has no kernel for the original) per property, the time,
 and pytest's failure report with the minimized failing example, if any.
@@ -21,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-N_PROPERTIES = 7
+N_PROPERTIES = 8
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,19 @@ Public API
 ----------
 random_inputs(model, *, seed=0, dims=None, shapes=None, fill="random") -> dict[str, ndarray]
 run_onnxruntime(model_or_path, feeds) -> list[ndarray]
-compare(reference, candidate, *, n=1, rtol=1e-4, atol=1e-5, seed=0, dims=None, shapes=None,
+compare(reference, candidate, *, n=1, rtol=None, atol=None, seed=0, dims=None, shapes=None,
         fill="random", feeds=None) -> CheckReport
+compare_special(reference, candidate, *, n=1, ...) -> CheckReport | None   (NaN/Inf inputs)
+default_tolerance(dtype) -> (rtol, atol)
 
 Tolerances follow ``numpy.allclose`` with the *reference* as ``b``:
-``|candidate - reference| <= atol + rtol * |reference|``; the defaults (rtol 1e-4, atol 1e-5)
-are onnxsim's ``--check-rtol/--check-atol`` defaults.
+``|candidate - reference| <= atol + rtol * |reference|``. Unless given, they follow each
+output's dtype (:func:`default_tolerance`): onnxsim's ``--check-rtol/--check-atol`` defaults
+(rtol 1e-4, atol 1e-5) for float32 and float64, widened to :data:`TOLERANCE_ULPS` units in the
+last place at magnitude 1 (``ULPS * eps``) for coarser floats: float16 gets rtol = atol =
+4 * 2**-10 = 0.0039, because a rewrite that only reorders or folds float16 arithmetic (BatchNorm
+into Conv, Gemm's alpha into B) moves results by an ulp or two, and 1e-4 is far below float16's
+resolution (0.00098 at 1).
 """
 from __future__ import annotations
 
@@ -42,6 +49,8 @@ __all__ = [
     "OutputCheck",
     "DEFAULT_FIRST_DIM",
     "DEFAULT_OTHER_DIM",
+    "default_tolerance",
+    "compare_special",
 ]
 
 #: Size given to an unknown/symbolic first axis (the batch axis, by convention).
@@ -66,7 +75,27 @@ _FEEDABLE: dict[int, np.dtype] = {
     TensorProto.STRING: np.dtype(object),
 }
 
-_FILLS = ("random", "arange", "ones", "zeros")
+_FILLS = ("random", "arange", "ones", "zeros", "special")
+#: Share of the elements of a float input the ``special`` fill sets to NaN, +Inf and -Inf.
+SPECIAL_SHARE = 0.1
+
+#: The float32 default tolerances (onnxsim's ``--check-rtol``/``--check-atol`` defaults).
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
+#: Units in the last place (at magnitude 1) a default tolerance allows at least, per dtype.
+TOLERANCE_ULPS = 4
+
+
+def default_tolerance(dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` of the check for an output of ``dtype`` when none are given: the float32
+    defaults (1e-4, 1e-5), or ``TOLERANCE_ULPS * eps(dtype)`` for both when that is larger
+    (float16: 0.0039; bfloat16: 0.031). Integers, bools and strings are compared exactly
+    whatever the tolerance."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "fc":
+        return DEFAULT_RTOL, DEFAULT_ATOL
+    eps = float(np.finfo(dt).eps)  # complex: the eps of its parts
+    wide = TOLERANCE_ULPS * eps
+    return max(DEFAULT_RTOL, wide), max(DEFAULT_ATOL, wide)
 
 
 def _one_line(text: object, limit: int = 300) -> str:
@@ -222,14 +251,16 @@ def random_inputs(
         Full shape per input name; overrides the declared shape and ``dims`` for that input,
         and sizes its symbolic dims in the other inputs (unless ``dims`` names them).
         Required for an input whose rank is unknown.
-    fill : {"random", "arange", "ones", "zeros"}
+    fill : {"random", "arange", "ones", "zeros", "special"}
         ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
         unsigned integers in [0, 10], bool uniform, strings short random words; integer
         inputs that index a table or are masks are drawn within their valid range instead
         (:func:`index_ranges`).
         ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
         the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
-        are constant fills.
+        are constant fills. ``"special"``: ``"random"`` with NaN, +Inf and -Inf each at about
+        :data:`SPECIAL_SHARE` / 3 of the elements of every float input (at least one of each
+        when there is room): the input of the NaN/Inf check (:func:`compare_special`).
 
     Returns
     -------
@@ -265,7 +296,7 @@ def random_inputs(
                 if d.HasField("dim_param") and d.dim_param and d.dim_param not in dims:
                     dims[d.dim_param] = int(size)
     rng = np.random.default_rng(seed)
-    ranges = index_ranges(proto) if fill == "random" else {}
+    ranges = index_ranges(proto) if fill in ("random", "special") else {}
     feeds: dict[str, np.ndarray] = {}
     for vi in inputs:
         kind = vi.type.WhichOneof("value")
@@ -284,8 +315,20 @@ def random_inputs(
             low, high = ranges[vi.name]
             feeds[vi.name] = rng.integers(low, high, size=shape).astype(dtype)
         else:
-            feeds[vi.name] = _fill(rng, dtype, shape, fill)
+            feeds[vi.name] = _fill(rng, dtype, shape, "random" if fill == "special" else fill)
+        if fill == "special" and dtype.kind == "f":
+            feeds[vi.name] = _with_specials(rng, feeds[vi.name])
     return feeds
+
+
+def _with_specials(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    """``a`` with NaN, +Inf and -Inf at random positions (see ``fill="special"``)."""
+    flat = a.reshape(-1).copy()
+    each = max(1, int(round(flat.size * SPECIAL_SHARE / 3))) if flat.size >= 3 else 0
+    pos = rng.permutation(flat.size)[:3 * each]
+    for i, v in enumerate((np.nan, np.inf, -np.inf)):
+        flat[pos[i * each:(i + 1) * each]] = v
+    return flat.reshape(a.shape)
 
 
 def _concrete_shape(vi: onnx.ValueInfoProto, dims: dict[str, int],
@@ -491,6 +534,8 @@ class OutputCheck:
     ref_values : set
         The smallest and largest finite reference values seen (floats), until two differ: one
         value means the reference was constant over every element of every run.
+    rtol, atol : float or None
+        The tolerances this output was judged with (None until compared).
     """
 
     name: str
@@ -516,6 +561,8 @@ class OutputCheck:
         if self.elements > 1 and len(self.ref_values) == 1:
             return f"the reference '{self.name}' is {next(iter(self.ref_values)) + 0.0:g} everywhere"  # no -0
         return ""
+    rtol: float | None = None
+    atol: float | None = None
 
     def _fail(self, note: str) -> None:
         self.ok = False
@@ -536,21 +583,25 @@ class CheckReport:
         Number of input sets both models were run on.
     outputs : list[OutputCheck]
         One record per output name of either model (reference order, then candidate-only names).
-    rtol, atol : float
-        The tolerances used.
+    rtol, atol : float or None
+        The tolerances given; None when they follow each output's dtype
+        (:func:`default_tolerance`; each :class:`OutputCheck` records its own).
     problems : list[str]
         Model-level problems (e.g. the models take different inputs).
     skipped : list[str]
         Input sets the *reference* could not run (the reason per set); not counted in ``runs``.
+    special : bool
+        The NaN/Inf check (:func:`compare_special`): NaN/Inf in the references are expected.
     """
 
     ok: bool
     runs: int
     outputs: list[OutputCheck] = field(default_factory=list)
-    rtol: float = 1e-4
-    atol: float = 1e-5
+    rtol: float | None = None
+    atol: float | None = None
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    special: bool = False
 
     @property
     def max_abs_err(self) -> float:
@@ -559,8 +610,9 @@ class CheckReport:
     @property
     def meaningless(self) -> list[str]:
         """Why the comparison proves nothing, per output (empty: it is meaningful). A check
-        that passes on such outputs is not reported as OK (see :meth:`summary`)."""
-        return [o.meaningless for o in self.outputs if o.meaningless]
+        that passes on such outputs is not reported as OK (see :meth:`summary`). Empty for the
+        NaN/Inf check (``special``), whose references hold NaN/Inf by design."""
+        return [] if self.special else [o.meaningless for o in self.outputs if o.meaningless]
 
     @property
     def max_rel_err(self) -> float:
@@ -580,7 +632,7 @@ class CheckReport:
             return (f"{head}: NOT MEANINGFUL ({'; '.join(self.meaningless[:2])}{more}; give valid "
                     "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE)")
         nonfinite = [f"{o.name}: {o.ref_nonfinite} of {o.elements}" for o in self.outputs
-                     if o.ref_nonfinite and not o.meaningless]
+                     if o.ref_nonfinite and not o.meaningless and not self.special]
         if self.ok and nonfinite:
             return f"{head}: OK on the finite elements (NaN/Inf in the reference, matched: {'; '.join(nonfinite[:2])})"
         if self.ok:
@@ -604,11 +656,22 @@ class CheckReport:
                 "ok" if o.ok else ("FAIL: " + o.note if o.note else "FAIL"),
             ))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = [f"golden check: {self.runs} runs, rtol {self.rtol:g}, atol {self.atol:g}"]
+        lines = [f"golden check: {self.runs} runs, {self.tolerances()}"]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
         lines.extend(f"problem: {p}" for p in self.problems)
         return "\n".join(lines)
+
+    def tolerances(self) -> str:
+        """The tolerances in words: ``rtol 1e-4, atol 1e-5``, or per dtype when they follow it
+        (``rtol/atol by dtype: float16 0.0039/0.0039, float32 0.0001/1e-05``)."""
+        if self.rtol is not None and self.atol is not None:
+            return f"rtol {self.rtol:g}, atol {self.atol:g}"
+        by = sorted({(o.dtype, o.rtol, o.atol) for o in self.outputs
+                     if o.rtol is not None and o.dtype and np.dtype(o.dtype).kind in "fc"})
+        if not by:
+            return "tolerances by dtype"
+        return "rtol/atol by dtype: " + ", ".join(f"{d} {r:g}/{a:g}" for d, r, a in by)
 
     def raise_if_failed(self) -> "CheckReport":
         """Raise :class:`~onnx_cinm.errors.CheckFailed` with :meth:`summary` unless ``ok``."""
@@ -627,9 +690,14 @@ def _as_array(value: object) -> np.ndarray | None:
 
 
 def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
-                    rtol: float, atol: float) -> None:
-    """Fold one run's comparison of one output into ``rec``."""
+                    rtol: float | None, atol: float | None) -> None:
+    """Fold one run's comparison of one output into ``rec`` (None: the dtype's default)."""
     rec.dtype, rec.shape = str(ref.dtype), tuple(ref.shape)
+    if ref.dtype != object:
+        d_rtol, d_atol = default_tolerance(ref.dtype)
+        rtol = d_rtol if rtol is None else rtol
+        atol = d_atol if atol is None else atol
+        rec.rtol, rec.atol = rtol, atol
     if ref.dtype != cand.dtype:
         rec._fail(f"dtype {ref.dtype} vs {cand.dtype}")
         return
@@ -684,8 +752,8 @@ def compare(
     candidate: ModelLike,
     *,
     n: int = 1,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
+    rtol: float | None = None,
+    atol: float | None = None,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -702,10 +770,11 @@ def compare(
         ``run(feeds) -> list of arrays`` (see ``InferenceSession.as_runner``).
     n : int
         Number of random input sets; set ``i`` uses seed ``seed + i``. Ignored with ``feeds``.
-    rtol, atol : float
-        ``numpy.allclose`` tolerances for float outputs, reference as ``b``. NaN equals NaN and
-        Inf equals same-signed Inf in the same position. Integer, bool and string outputs must
-        match exactly.
+    rtol, atol : float, optional
+        ``numpy.allclose`` tolerances for float outputs, reference as ``b``; None (default):
+        each output's dtype decides (:func:`default_tolerance`: 1e-4/1e-5 for float32, 0.0039
+        for float16). NaN equals NaN and Inf equals same-signed Inf in the same position.
+        Integer, bool and string outputs must match exactly.
     seed, dims, shapes, fill
         Passed to :func:`random_inputs` (inputs are generated from the *reference* model).
     feeds : iterable of dict[str, numpy.ndarray], optional
@@ -753,7 +822,7 @@ def compare(
     except CinmError as e:
         raise CheckFailed(f"candidate model: {e}") from None
 
-    report = CheckReport(ok=True, runs=runs, rtol=rtol, atol=atol)
+    report = CheckReport(ok=True, runs=runs, rtol=rtol, atol=atol, special=fill == "special")
     if set(ref_model.input_names) != set(cand_model.input_names):
         only_ref = sorted(set(ref_model.input_names) - set(cand_model.input_names))
         only_cand = sorted(set(cand_model.input_names) - set(ref_model.input_names))
@@ -803,3 +872,26 @@ def compare(
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
     return report
+
+
+def has_float_input(model: ModelLike) -> bool:
+    """Whether ``model`` takes a float tensor input (where NaN/Inf can enter at all)."""
+    return any(vi.type.WhichOneof("value") == "tensor_type"
+               and _FEEDABLE.get(vi.type.tensor_type.elem_type, np.dtype(object)).kind == "f"
+               for vi in real_inputs(_load_header(model).graph))
+
+
+def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
+                    rtol: float | None = None, atol: float | None = None, seed: int = 0,
+                    dims: Mapping[str, int] | None = None,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> CheckReport | None:
+    """The NaN/Inf check: :func:`compare` on ``fill="special"`` inputs (random values with NaN,
+    +Inf and -Inf in every float input), kept apart from the ordinary check so that one stays
+    meaningful (a NaN row hides every other difference in it). Outputs must carry NaN and
+    same-signed Inf exactly where the reference does; the finite rest is judged as usual.
+    Returns None when the model has no float input (nothing to inject). Raises as
+    :func:`compare`; ReferenceFailed when the reference cannot run on such inputs."""
+    if not has_float_input(reference):
+        return None
+    return compare(reference, candidate, n=n, rtol=rtol, atol=atol, seed=seed, dims=dims,
+                   shapes=shapes, fill="special")

@@ -34,6 +34,9 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass).
         placements: ``(node name, op type, device, reason)`` per cinm op.
+        check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
+            float input, run after the ordinary check passed), or None (no float input, the
+            original cannot run on such inputs, or no check).
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
@@ -54,6 +57,7 @@ class OptimizeResult:
     stats: dict = field(default_factory=dict)
     placements: list = field(default_factory=list)
     check_skipped: str | None = None
+    check_special: object | None = None
     dims: dict = field(default_factory=dict)
     unsized_dims: list = field(default_factory=list)
     host_flops: Counter = field(default_factory=Counter)
@@ -92,6 +96,8 @@ class OptimizeResult:
             lines.append(f"left on host: {reasons}")
         if self.check is not None:
             lines.append(self.check.summary())
+            if self.check_special is not None:
+                lines.append("NaN/Inf " + self.check_special.summary())
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
@@ -218,7 +224,7 @@ def _control_flow(model: onnx.ModelProto) -> dict:
 def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
-             check: int = 1, check_rtol: float = 1e-4, check_atol: float = 1e-5,
+             check: int = 1, check_rtol: float | None = None, check_atol: float | None = None,
              dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None,
@@ -237,7 +243,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         input_shapes: ``{input name: dims}`` baked into the model before optimizing.
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check).
-        check_rtol, check_atol: tolerances of the check (fp32 defaults 1e-4 / 1e-5).
+        check_rtol, check_atol: tolerances of the check; None (default): by each output's
+            dtype (:func:`onnx_cinm.golden.default_tolerance`: 1e-4 / 1e-5 for float32,
+            4 ulps = 0.0039 for float16).
         dims: sizes of symbolic dimensions, by name (``{"batch": 8, "seq": 128}``): FLOPs,
             placement, tiling and mapping are planned at these sizes, the check's random inputs
             have them, and the model records them (run and compare use them by default).
@@ -309,7 +317,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
-    report, skipped = None, None
+    report, skipped, special = None, None, None
     if check:
         t0 = time.perf_counter()
         try:
@@ -321,6 +329,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
+        if report is not None:  # then, apart, NaN/Inf inputs: they must land where ORT puts them
+            t0 = time.perf_counter()
+            try:
+                special = golden.compare_special(original, work, rtol=check_rtol, atol=check_atol,
+                                                 dims=dims)
+            except ReferenceFailed as e:
+                log(f"NaN/Inf check skipped: the original does not run on such inputs: {e}")
+            timings.append(("check_nan_inf", time.perf_counter() - t0))
+            if special is not None and not special.ok:
+                raise CheckFailed("the optimized model does not match the original on NaN/Inf "
+                                  f"inputs: {special.summary()}")
     total, on_dev, by_dev, placements, host, exact = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
-                          report, ctx.stats, placements, skipped, dims, unsized, host, exact)
+                          report, ctx.stats, placements, skipped, special, dims, unsized, host, exact)

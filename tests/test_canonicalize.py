@@ -337,6 +337,24 @@ def test_normalize_reduce(case, keepdims):
     assert_matches_ort(model, result, n=2, dims={"N": 2})
 
 
+@pytest.mark.parametrize("op_type,expected_op,expected", [
+    ("ReduceL1", "Abs", np.abs), ("ReduceL2", "Abs", np.abs),
+    ("ReduceSumSquare", "Mul", np.square), ("ReduceLogSum", "Log", np.log),
+    ("ReduceLogSumExp", "Identity", lambda x: x), ("ReduceProd", "Identity", lambda x: x)])
+def test_normalize_reduce_noop_keeps_the_elementwise_step(op_type, expected_op, expected):
+    """Issue 17 #4: empty axes with noop_with_empty_axes=1 reduce nothing, but the ONNX spec,
+    onnxruntime and onnx.reference still apply |x|, x * x, log x (it was an Identity)."""
+    model = _reduce_model(op_type, 18, "input", [], 1, keepdims=1)
+    result, _ = _run_passes(model, "normalize")
+    (node,) = result.graph.node
+    assert node.op_type == expected_op and not node.attribute
+    x = np.array([[[-2.0, 0.5, 3.0, 1.0]] * 3] * 2, np.float32)
+    with np.errstate(invalid="ignore"):
+        want = expected(x)
+    np.testing.assert_allclose(run_onnxruntime(model, {"x": x})[0], want, rtol=1e-6)
+    np.testing.assert_allclose(run_onnxruntime(result, {"x": x})[0], want, rtol=1e-6)
+
+
 def test_normalize_reduce_leaves_canonical_and_unknown_rank_nodes_alone():
     canonical = _reduce_model("ReduceSum", 13, "input", [0, 2], None)
     result, ctx = _run_passes(canonical, "normalize")

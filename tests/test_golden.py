@@ -507,3 +507,100 @@ def test_optimize_run_and_compare_take_real_inputs_from_npz(tmp_path, capsys):
     assert main(["run", str(out), "--input", str(tmp_path / "bad.npz")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("onnx-cinm: error: cannot read inputs from") and "\n" not in err
+# --- tolerances follow the dtype (issue 17 #5) ------------------------------------------------
+
+def test_default_tolerance_is_four_ulps_of_coarse_floats_and_onnxsims_for_float32():
+    from onnx_cinm.golden import default_tolerance
+
+    assert default_tolerance(np.float32) == (1e-4, 1e-5)   # onnxsim's defaults
+    assert default_tolerance(np.float64) == (1e-4, 1e-5)
+    assert default_tolerance(np.float16) == (4 * 2.0**-10, 4 * 2.0**-10)  # 0.00390625
+    assert default_tolerance(np.int32) == (1e-4, 1e-5)     # integers: exact anyway
+
+
+def _half_gemm(alpha):
+    rng = np.random.default_rng(17)
+    w = rng.standard_normal((32, 64)).astype(np.float16)
+    b = rng.standard_normal(32).astype(np.float16)
+    return _model([h.make_node("Gemm", ["x", "w", "b"], ["y"], alpha=alpha, beta=0.7, transB=1)],
+                  [_vi("x", TP.FLOAT16, [4, 64])], [_vi("y", TP.FLOAT16, [4, 32])],
+                  [nh.from_array(w, "w"), nh.from_array(b, "b")])
+
+
+def test_float16_one_ulp_differences_pass_the_default_check_only():
+    """Folding alpha into B moves float16 results by an ulp (0.0039 near 4..8); the default
+    check judges float16 by its own resolution, a tolerance given explicitly is kept."""
+    folded = _half_gemm(1.0)
+    w = nh.to_array(folded.graph.initializer[0]).astype(np.float32)
+    folded.graph.initializer[0].CopyFrom(nh.from_array((w * np.float32(0.3)).astype(np.float16), "w"))
+    r = compare(_half_gemm(0.3), folded, n=3)
+    assert r.max_abs_err > 0  # the rounding really differs
+    assert r.ok, r.summary()
+    assert r.outputs[0].rtol == r.outputs[0].atol == 2.0**-8
+    assert "float16 0.00390625/0.00390625" in r.table()
+    strict = compare(_half_gemm(0.3), folded, n=3, rtol=1e-4, atol=1e-5)
+    assert not strict.ok and "rtol 0.0001, atol 1e-05" in strict.table()
+
+
+def test_optimize_accepts_a_float16_conv_with_batchnorm_by_default():
+    """The default --check-rtol 1e-4 refused correct float16 models (issue 17 #5)."""
+    from onnx_cinm import optimize
+
+    rng = np.random.default_rng(5)
+    t = lambda name, shape, lo=0.0: nh.from_array(  # noqa: E731
+        (rng.standard_normal(shape) + lo).astype(np.float16) if not lo else
+        (np.abs(rng.standard_normal(shape)) + lo).astype(np.float16), name)
+    m = _model([h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                h.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["y"])],
+               [_vi("x", TP.FLOAT16, [1, 4, 10, 10])], [_vi("y", TP.FLOAT16, [1, 8, 10, 10])],
+               [t("w", (8, 4, 3, 3)), t("s", (8,)), t("bb", (8,)), t("mu", (8,)),
+                t("var", (8,), 0.5)])
+    res = optimize(m, check=3)
+    assert res.check.ok and res.check.max_abs_err > 0
+    with pytest.raises(CheckFailed):
+        optimize(m, check=3, check_rtol=1e-4, check_atol=1e-5)
+
+
+# --- the NaN/Inf check (issue 12 #5) ----------------------------------------------------------
+
+def _relu_model(nan_to_zero=False):
+    """y = Relu(x); or the same on finite x but NaN -> 0 (what a NaN-dropping kernel did)."""
+    nodes = [h.make_node("Relu", ["x"], ["r" if nan_to_zero else "y"])]
+    if nan_to_zero:
+        nodes += [h.make_node("IsNaN", ["x"], ["nan"]),
+                  h.make_node("Where", ["nan", "zero", "r"], ["y"])]
+    return _model(nodes, [_vi("x", TP.FLOAT, ["batch", 40])], [_vi("y", TP.FLOAT, ["batch", 40])],
+                  [nh.from_array(np.array(0, np.float32), "zero")] if nan_to_zero else [])
+
+
+def test_special_fill_puts_nan_and_both_infinities_in_float_inputs_only(many_inputs):
+    feeds = random_inputs(_relu_model(), fill="special", dims={"batch": 3})
+    x = feeds["x"]
+    assert np.isnan(x).sum() == 4 and (x == np.inf).sum() == 4 and (x == -np.inf).sum() == 4
+    assert np.isfinite(x).sum() == 120 - 12
+    assert random_inputs(_relu_model(), fill="special", dims={"batch": 3}).keys() == feeds.keys()
+    for name, a in random_inputs(many_inputs, fill="special").items():
+        if a.dtype.kind != "f":
+            assert a.dtype == object or np.all(np.isfinite(a.astype(np.float64)))
+
+
+def test_nan_inf_check_is_separate_and_catches_what_the_ordinary_check_cannot():
+    from onnx_cinm.golden import compare_special
+
+    ref, dropped = _relu_model(), _relu_model(nan_to_zero=True)
+    assert compare(ref, dropped, n=3).ok  # no NaN in ordinary inputs: looks right
+    r = compare_special(ref, dropped)
+    assert not r.ok and r.outputs[0].mismatched > 0 and r.max_abs_err == float("inf")
+    assert compare_special(ref, ref).ok
+    ints = _model([h.make_node("Neg", ["i"], ["y"])], [_vi("i", TP.INT32, [3])],
+                  [_vi("y", TP.INT32, [3])])
+    assert compare_special(ints, ints) is None  # nothing to inject
+
+
+def test_optimize_runs_the_nan_inf_check_after_the_ordinary_one():
+    from onnx_cinm import optimize
+
+    res = optimize(_linear(), check=2)
+    assert res.check.ok and res.check_special is not None and res.check_special.ok
+    assert res.check_special.runs == 1
+    assert "NaN/Inf check: 1 run" in res.summary()

@@ -271,3 +271,93 @@ def test_host_partitions_take_a_graph_optimization_level_and_compare_uses_the_re
     assert seen[-1]["graph_optimization"] == "disable_all"  # as the reference runs
     assert main(["run", str(opt)]) == 0
     assert "graph_optimization" not in seen[-1]  # run keeps onnxruntime's default, all
+# ------------------------------------------------------------------------------------------
+# empty batches in emulate mode (issue 17 #1, issue 12 #8): no kernel launch, ORT's outputs
+
+def _empty_batch_models():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(17)
+    c = lambda n, v, t=np.float32: nh.from_array(np.asarray(v, t), n)  # noqa: E731
+    one = lambda node, inits=(), x=("N", 8): h.make_model(  # noqa: E731
+        h.make_graph([node], "g", [h.make_tensor_value_info("x", TP.FLOAT, list(x))],
+                     [h.make_tensor_value_info(o, TP.INT64 if o == "i" else TP.FLOAT, None)
+                      for o in node.output], list(inits)),
+        opset_imports=[h.make_opsetid("", 18)], ir_version=9)
+    return {
+        "Add": one(h.make_node("Add", ["x", "c"], ["y"]), [c("c", rng.standard_normal(8))]),
+        "Relu": one(h.make_node("Relu", ["x"], ["y"])),
+        "MatMul": one(h.make_node("MatMul", ["x", "W"], ["y"]), [c("W", rng.standard_normal((8, 4)))]),
+        "ReduceSum": one(h.make_node("ReduceSum", ["x", "ax"], ["y"]), [c("ax", [0], np.int64)]),
+        "CumSum": one(h.make_node("CumSum", ["x", "ax"], ["y"]), [c("ax", 0, np.int64)]),
+        "TopK": one(h.make_node("TopK", ["x", "k"], ["y", "i"], axis=1), [c("k", [3], np.int64)]),
+        "Transpose": one(h.make_node("Transpose", ["x"], ["y"], perm=[1, 0])),
+        "Gemm_transA": one(h.make_node("Gemm", ["x", "W"], ["y"], transA=1),
+                           [c("W", rng.standard_normal((3, 4)))], x=(3, "N")),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_empty_batch_models()))
+def test_empty_batch_in_emulate_mode_launches_no_kernel(name, tmp_path):
+    """A (0, 8) batch used to fail: gcc -Werror=type-limits on the generated C (NR_DPUS 0),
+    'reduce: empty input', 'scan: needs a non-empty tensor', a ZeroDivisionError."""
+    model = _empty_batch_models()[name]
+    res = optimize(model, place=[("*", "upmem")])
+    assert any(n.domain == "cinm" for n in res.model.graph.node)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    x = np.zeros((3, 0) if name == "Gemm_transA" else (0, 8), np.float32)
+    got, want = sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)  # ReduceSum over 0 rows: zeros
+    upmem = [r for r in sess.profile() if r["device"] == "upmem"]
+    assert upmem and {r["mode"] for r in upmem} == {"empty"}
+    assert all(r["bytes_moved"] == 0 for r in upmem)
+    x = np.ones((3, 2) if name == "Gemm_transA" else (2, 8), np.float32)  # still runs its kernel
+    for g, w in zip(sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "emulate" in {r["mode"] for r in sess.profile() if r["device"] == "upmem"}
+
+
+def test_run_command_with_an_empty_batch_in_emulate_mode(tmp_path, capsys):
+    """`onnx-cinm run --input x=empty.npy --provider-option upmem_mode=emulate` exits 0 with
+    the empty output (it printed a 25-line gcc error about NR_DPUS 0 and exited 3)."""
+    model = onnx.shape_inference.infer_shapes(_empty_batch_models()["Relu"])
+    model.graph.output[0].CopyFrom(model.graph.value_info[0] if model.graph.value_info
+                                   else model.graph.output[0])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--place", "*=upmem", "-q"]) == 0
+    np.save(tmp_path / "x.npy", np.zeros((0, 8), np.float32))
+    code = main(["run", str(tmp_path / "o.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+                 "--provider-option", "upmem_mode=emulate", "-o", str(tmp_path / "y.npz")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert np.load(tmp_path / "y.npz")["y"].shape == (0, 8)
+
+
+def test_compare_command_runs_the_nan_inf_check_through_emulated_kernels(tmp_path, capsys):
+    """`compare` judges NaN/Inf inputs apart from the ordinary run: UPMEM's generated Max and
+    Relu in the emulator put NaN where onnxruntime does (Relu(NaN) was 0, Max(NaN, 1) was 1)."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    c = nh.from_array(np.linspace(-1, 1, 16).astype(np.float32), "c")
+    model = h.make_model(h.make_graph(
+        [h.make_node("Max", ["x", "c"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "g",
+        [h.make_tensor_value_info("x", TP.FLOAT, ["N", 16])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["N", 16])], [c]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--place", "*=upmem", "-q"]) == 0
+    capsys.readouterr()
+    code = main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim", "N=3",
+                 "--provider-option", "upmem_mode=emulate"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "NaN/Inf check: 1 run, 1 output" in out and out.rstrip().endswith("OK")

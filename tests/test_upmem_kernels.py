@@ -923,3 +923,162 @@ def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
             node.name
         seen.add(node.op_type)
     assert seen == {"Im2Col", "Relu", "Gemm"}
+
+
+# ------------------------------------------------------------------------------------------
+# NaN and Inf (issue 12 #5, issue 17 #3): every float elementwise kernel as onnxruntime
+
+_SPECIAL = np.array([np.nan, 1.0, np.inf, -np.inf, np.nan, 0.0, -0.5, 2.5, -np.inf, np.nan,
+                     np.inf, -3.0, 1e30, -1e30, 0.25], np.float32)
+
+
+def _ort_one_op(op, inputs, **attrs):
+    """onnxruntime's result of one standard op on float32 ``inputs`` (the oracle)."""
+    from onnx import TensorProto, helper
+
+    from onnx_cinm.golden import run_onnxruntime
+
+    names = [f"x{i}" for i in range(len(inputs))]
+    g = helper.make_graph([helper.make_node(op, names, ["y"], **attrs)], "one",
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape))
+                           for n, a in zip(names, inputs)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return run_onnxruntime(m, dict(zip(names, inputs)))[0]
+
+
+@pytest.mark.parametrize("op", codegen.BINARY)
+def test_binary_float_nan_and_inf_as_onnxruntime(tmp_path, op):
+    """Max/Min propagate a NaN from either operand ([nan, 1] vs [1, nan] gives [nan, nan]);
+    the arithmetic ops follow IEEE (inf - inf = NaN, x / 0 = inf)."""
+    a = np.concatenate([_SPECIAL, _SPECIAL[::-1]])
+    b = np.concatenate([_SPECIAL[::-1], _SPECIAL])
+    (y,), _ = _run(tmp_path, "binary", "float32", [a.shape, b.shape], (3, 4, 64, "odd"), [a, b], op=op)
+    ref = _ort_one_op(op, [a, b])
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_allclose(y, ref, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("Relu", {}), ("Abs", {}), ("Neg", {}), ("LeakyRelu", {"alpha": 0.1}),
+    ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}), ("Clip", {"min": -1.0, "max": 2.0}),
+    ("Exp", {}), ("Log", {}), ("Sqrt", {}), ("Sigmoid", {}), ("Tanh", {})])
+def test_unary_float_nan_and_inf_as_onnxruntime(tmp_path, op, attrs):
+    """Relu(NaN) = NaN (it was 0), Clip keeps NaN, Log(0) = -inf, Sqrt(-x) = NaN, ..."""
+    x = _SPECIAL
+    (y,), _ = _run(tmp_path, "unary", "float32", [x.shape], (2, 3, 64, "odd"), [x], op=op, **attrs)
+    if op == "Clip":  # bounds are inputs in opset 13
+        ref = _ort_one_op(op, [x, np.array(attrs["min"], np.float32), np.array(attrs["max"], np.float32)])
+    else:
+        ref = _ort_one_op(op, [x], **attrs)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_float_nan_ranks_as_onnxruntime(tmp_path, largest):
+    """onnxruntime's TopK ranks NaN above every number (first when largest, last when
+    smallest; ties by index); the kernel's comparisons alone never ranked a NaN anywhere."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm.golden import run_onnxruntime
+
+    x = np.tile(_SPECIAL, (3, 3))[:, :40].copy()
+    x[1, ::7] = np.nan
+    kk = 9
+    outs, _ = _run(tmp_path, "topk", "float32", [x.shape], (2, 3, 64, "odd"), [x], k=kk, axis=1,
+                   largest=largest)
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)], "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.array([kk], np.int64), "k")])
+    ref = run_onnxruntime(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                          {"x": x})
+    np.testing.assert_array_equal(outs[0], ref[0])  # NaN == NaN here
+    np.testing.assert_array_equal(outs[1], ref[1])
+
+
+# ------------------------------------------------------------------------------------------
+# placement accepts only what the code generator can emit (issue 17 #2): sizes past one WRAM
+# buffer / one DMA, through optimize, the emitted C and the emulator
+
+def _topk_model(shape, k, elem):
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1)], "topk",
+        [helper.make_tensor_value_info("x", elem, list(shape))],
+        [helper.make_tensor_value_info("v", elem, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.array([k], np.int64), "k")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _transpose_model(shape, perm, elem):
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Transpose", ["x"], ["y"], perm=perm)], "transpose",
+                          [helper.make_tensor_value_info("x", elem, list(shape))],
+                          [helper.make_tensor_value_info("y", elem, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+_F32, _I64 = 1, 7  # TensorProto.FLOAT, INT64
+_PAST_WRAM = {  # id: model; the issue's sizes and their neighbours around 256 / 2048 bytes
+    "topk_k256": _topk_model([3, 300], 256, _F32),
+    "topk_k257": _topk_model([4, 300], 257, _F32),
+    "topk_k1000_i64": _topk_model([2, 1200], 1000, _I64),
+    "topk_k6000": _topk_model([2, 6100], 6000, _F32),       # one list > 64 KB: refused
+    "transpose_8x16x400": _transpose_model([8, 16, 400], [1, 0, 2], _F32),
+    "transpose_2x3x384": _transpose_model([2, 3, 384], [1, 0, 2], _F32),
+    "transpose_i64_run255": _transpose_model([3, 4, 255], [1, 0, 2], _I64),
+    "transpose_i64_run257": _transpose_model([3, 4, 257], [1, 0, 2], _I64),
+    "transpose_run1100": _transpose_model([2, 5, 3, 1100], [0, 2, 1, 3], _F32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PAST_WRAM))
+def test_sizes_past_one_wram_buffer_never_crash_optimize(name, tmp_path):
+    """optimize used to exit 3 on 'topk: k=257 > 256' and 'transpose: sub-tiles do not fit in
+    WRAM'. Now the kernels handle these sizes (chunked list writes, split runs, fewer
+    tasklets), or placement refuses with the reason; either way the result is onnxruntime's."""
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime.session import InferenceSession
+
+    model = _PAST_WRAM[name]
+    res = optimize(model, placement="heuristic")  # every cinm op it can to UPMEM
+    placed = {p[2] for p in res.placements}
+    if name == "topk_k6000":
+        assert placed == {"host"} and "does not fit WRAM" in res.placements[0][3]
+        return
+    assert placed == {"upmem"}, res.placements
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    vi = model.graph.input[0]
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(len(name))
+    x = (rng.permutation(int(np.prod(shape))).reshape(shape)  # no ties
+         .astype(np.float32 if vi.type.tensor_type.elem_type == _F32 else np.int64))
+    for got, want in zip(sess.run(None, {"x": x}), run_onnxruntime(model, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+    assert {r["mode"] for r in sess.profile() if r["device"] == "upmem"} == {"emulate"}
+
+
+def test_supports_refuses_what_the_code_generator_refuses():
+    """The device's supports runs the emitters' own checks (writing nothing): a Histogram of
+    10000 bins fits the mapping's WRAM model (one shared table) but the generator handles at
+    most 8192 bins; supports said yes and emission failed."""
+    dev = get_device("upmem")
+    hist = lambda bins: OpInfo("h", "Histogram", {"bins": bins, "min": 0.0, "max": 1.0},  # noqa: E731
+                               (TensorInfo("x", "float32", (4096,)),),
+                               (TensorInfo("c", "int64", (bins,)),))
+    assert dev.supports(hist(8192)).ok
+    s = dev.supports(hist(10000))
+    assert not s.ok and "bins=10000" in s.reason
+    topk = OpInfo("t", "TopK", {"k": 257, "axis": -1, "largest": 1},
+                  (TensorInfo("x", "float32", (4, 300)),),
+                  (TensorInfo("v", "float32", (4, 257)), TensorInfo("i", "int64", (4, 257))))
+    assert dev.supports(topk).ok  # the candidate lists are written in DMAs of <= 2048 bytes

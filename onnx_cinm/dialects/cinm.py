@@ -309,7 +309,8 @@ def _im2col_body(b: _Body, rank: int) -> None:
 
     X[N, C, S1..Sr] -> Pad -> Xp[N, C, P1..Pr]; per axis a, Gather with an index matrix
     I_a[k, o] = k*dilation_a + o*stride_a gives [N, C, K1, O1, ..., Kr, Or]; transpose to
-    [N, O1..Or, C, K1..Kr] and merge the last 1 + r axes.
+    [N, O1..Or, C, K1..Kr] and merge the last 1 + r axes (their length C * prod(kernel_shape)
+    is computed, not -1, so an empty batch reshapes too).
     """
     ks = b.ref("value_ints", "kernel_shape", _IS)
     st = b.ref("value_ints", "strides", _IS)
@@ -339,7 +340,11 @@ def _im2col_body(b: _Body, rank: int) -> None:
     # cur: [N, C, K1, O1, ..., Kr, Or]
     perm = [0] + [3 + 2 * a for a in range(rank)] + [1] + [2 + 2 * a for a in range(rank)]
     t = b.op("Transpose", [cur], perm=perm)
-    b.op("Reshape", [t, b.const_ints([0] * (1 + rank) + [-1])], out=["Y"])
+    # merged length C * prod(kernel_shape) spelled out: a -1 cannot be inferred for N = 0
+    lead = b.op("Slice", [b.op("Shape", [t]), b.const_ints([0]), b.const_ints([1 + rank])])
+    chans = b.op("Slice", [b.op("Shape", ["X"]), b.const_ints([1]), b.const_ints([2])])
+    merged = b.op("Mul", [chans, b.op("ReduceProd", [ks], keepdims=1)])
+    b.op("Reshape", [t, b.op("Concat", [lead, merged], axis=0)], out=["Y"])
 
 
 def _histogram_body(b: _Body, opset: int) -> None:

@@ -512,6 +512,12 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
 # --- normalize -------------------------------------------------------------------------------
 
 
+#: Reduce* with empty axes and ``noop_with_empty_axes=1``: the elementwise op that remains
+#: (any other Reduce* is the identity; log(exp(x)) is x for LogSumExp in onnxruntime too).
+_NOOP_REDUCE = {"ReduceL1": "Abs", "ReduceL2": "Abs", "ReduceSumSquare": "Mul",
+                "ReduceLogSum": "Log"}
+
+
 def _reduce_axes_as_input(op_type: str, opset: int) -> bool:
     return opset >= 18 or (op_type == "ReduceSum" and opset >= 13)
 
@@ -535,8 +541,12 @@ def _normalize_reduce(
     else:
         given = list(attrs.get("axes", []))
     if not given and as_input and attrs.get("noop_with_empty_axes", 0):
-        node.op_type = "Identity"
+        # "no reduction" still applies the elementwise step (ONNX spec, onnxruntime and
+        # onnx.reference agree): |x| for L1 and L2, x * x for SumSquare, log x for LogSum
+        node.op_type = _NOOP_REDUCE.get(node.op_type, "Identity")
         del node.input[1:]
+        if node.op_type == "Mul":
+            node.input.append(node.input[0])
         del node.attribute[:]
         return True
     rank = types.rank(node.input[0])
@@ -636,7 +646,8 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
 
     - ``Reduce*`` (:data:`REDUCE_OPS`): explicit, sorted, non-negative axes, as the ``axes``
       input where the opset requires it (ReduceSum >= 13, all >= 18) and as the attribute
-      below. Without axes: ``noop_with_empty_axes=1`` becomes ``Identity``, otherwise all axes
+      below. Without axes: ``noop_with_empty_axes=1`` becomes the elementwise step alone (``Abs``
+      for L1/L2, ``x * x`` for SumSquare, ``Log`` for LogSum, else ``Identity``), otherwise all axes
       (needs the input rank from shape inference; a node of unknown rank, or whose axes input
       is computed at run time, is left unchanged).
     - ``Gemm``: transA=0, transB=0, alpha=1, beta=1. Transposes and scales of constant

@@ -15,6 +15,9 @@ around it (DESIGN.md §5):
   partition is one onnxruntime session, created once and reused.
 - Arrays cross between partitions and kernels as numpy arrays without copies where the layouts
   allow.
+- A device node whose input is empty (a zero-size batch) launches no kernel: its outputs come
+  from the op's reference body in onnxruntime (empty, or a reduction's identity); the profile
+  records it with mode ``empty``.
 
 The kernels are the files under ``<model>.cinm/`` listed in its manifest; their hashes are
 checked when the session is created.
@@ -234,6 +237,7 @@ class InferenceSession:
                 p.session = self._session(p, inits, vis)
         self._inits, self._vis = inits, vis
         self._lazy_lock = threading.Lock()
+        self._empty_sessions: dict = {}
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
         # the execution order, once: per stage, its host partitions, then its device nodes
         self._schedule = [(s, [p for p in self._parts if p.stage == s],
@@ -380,11 +384,16 @@ class InferenceSession:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
                 t0 = time.perf_counter()
-                outs, metrics = d.kernel(ins)
+                empty = any(x is not None and np.size(x) == 0 for x in ins)
+                if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
+                    outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
+                                                              "bytes_moved": 0}
+                else:
+                    outs, metrics = d.kernel(ins)
                 wall = time.perf_counter() - t0
                 values.update(zip([o for o in d.node.output if o], outs))
                 records.append({"run": run_index, "node": self._label(d.node), "op_type": d.node.op_type,
-                                "device": d.device, "mode": d.mode, "wall_s": wall,
+                                "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
@@ -396,6 +405,40 @@ class InferenceSession:
                 init = next(i for i in self._model.graph.initializer if i.name == n)
                 values[n] = numpy_helper.to_array(init)
         return [values[n] for n in names]
+
+    def _run_empty(self, d: _DeviceNode, ins: list) -> list:
+        """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no
+        kernel runs; the op's reference body in onnxruntime gives the empty outputs (or a
+        reduction's identity, e.g. zeros for a sum over an empty axis). The session is built at
+        the first such run and kept."""
+        names = [n for n in d.node.input if n]
+        vals = [np.asarray(x) for n, x in zip(d.node.input, ins) if n]
+        key = (id(d), tuple((v.dtype.str, v.ndim) for v in vals))
+        with self._lazy_lock:
+            sess = self._empty_sessions.get(key)
+            if sess is None:
+                g = helper.make_graph(
+                    [d.node], "empty", [helper.make_tensor_value_info(
+                        n, helper.np_dtype_to_tensor_dtype(v.dtype), [None] * v.ndim)
+                        for n, v in zip(names, vals)],
+                    [onnx.ValueInfoProto(name=o) for o in d.node.output if o])
+                m = helper.make_model(g, opset_imports=list(self._model.opset_import),
+                                      ir_version=self._model.ir_version)
+                m.functions.extend(self._model.functions)
+                so = ort.SessionOptions()
+                so.log_severity_level = 4
+                try:
+                    sess = ort.InferenceSession(m.SerializeToString(), so,
+                                                providers=["CPUExecutionProvider"])
+                except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
+                    raise CinmError(f"node '{self._label(d.node)}' on an empty input: "
+                                    f"{str(e).splitlines()[0]}") from None
+                self._empty_sessions[key] = sess
+        try:
+            return sess.run(None, dict(zip(names, vals)))
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own error types
+            raise CinmError(f"node '{self._label(d.node)}' on an empty input: "
+                            f"{str(e).splitlines()[0]}") from None
 
     def _late_session(self, p: _Partition, values: dict) -> None:
         """Build partition ``p``'s session from the arrays arriving at its untyped inputs."""

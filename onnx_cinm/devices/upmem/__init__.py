@@ -57,10 +57,22 @@ class UpmemDevice:
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
-            self.plan(op)
+            plan = self.plan(op)
         except CinmError as e:
             return Support(False, str(e))
+        try:  # and the code generator must be able to write its kernel (issue 17 #2)
+            self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
+                                       "cnm_block_bytes": plan.block_bytes,
+                                       "cnm_grid": plan.g.get("grid")})
+        except ValueError as e:
+            return Support(False, f"no DPU kernel at this size: {e}")
         return Support(True, f"data-parallel op near memory ({kind} kernel)")
+
+    def _check_emittable(self, op: OpInfo, attrs: dict) -> None:
+        """ValueError if the code generator would refuse ``op`` with plan ``attrs``."""
+        from .codegen import check_emittable
+        check_emittable(op, attrs, default_dpus=min(self.params.dpus, 64),
+                        default_tasklets=self.params.tasklets)
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
     def _workgroup(self, options: dict) -> tuple[int, int]:
@@ -92,9 +104,15 @@ class UpmemDevice:
 
     def lower(self, op: OpInfo, options: dict) -> dict:
         """Plan attributes (``cnm_*``, see ``cinm.PLAN_ATTRS``) plus ``kernel``.
-        Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets`` or an op that does not fit."""
+        Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets``, an op that does not fit, or a
+        kernel the code generator cannot write with this plan."""
         attrs = self.plan(op, options).attrs()
         attrs["kernel"] = f"upmem/{options['kernel_stem']}"
+        try:
+            self._check_emittable(op, attrs)
+        except ValueError as e:
+            raise CinmError(f"upmem: no DPU kernel for {op.op_type} {op.name!r} with these "
+                            f"options: {e}") from None
         return attrs
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:

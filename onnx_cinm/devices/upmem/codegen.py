@@ -31,8 +31,11 @@ reduce      add mul max min over ``axes`` (tasklet tree merge in WRAM, host merg
 histogram   ``numpy.histogram(X, bins, (min, max))`` counts as int64                  [HST-S]
 compress    ``X.ravel()[mask.ravel() != 0]`` (ONNX Compress without axis)             [SEL]
 scan        CumSum along ``axis`` (exclusive, reverse), scan-scan-add over DPUs   [SCAN-SSA]
-transpose   permutations that swap two adjacent groups of axes (tiled in WRAM)        [TRNS]
-topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index)
+transpose   permutations that swap two adjacent groups of axes (tiled in WRAM; trailing
+            runs longer than one DMA are moved in 1 KB chunks)                        [TRNS]
+topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index;
+            float NaN ranks as the largest value, as in onnxruntime; k up to what one
+            tasklet's WRAM list holds, ~5000 float32)
 im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
 popcount    set bits per element (cinm PopCount: bool/uint8/16/32/64 -> int64)
 simsearch   top-k rows of D by dot product or cosine for each query (cinm SimSearch, float32)
@@ -40,6 +43,12 @@ simsearch   top-k rows of D by dot product or cosine for each query (cinm SimSea
 
 dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU); the
 elementwise kernels also int8, uint8, int16, uint16.
+
+NaN and Inf follow onnxruntime: float Max/Min return NaN when either operand is NaN, Relu,
+Clip, LeakyRelu and the transcendentals keep NaN (Log(0) = -inf, Sqrt of a negative is NaN).
+Reduce max/min of a row holding NaN may differ, as onnxruntime's own result depends on where the
+NaN sits. :func:`check_emittable` runs an emitter's checks without writing, so the device's
+``supports`` accepts only what can be emitted.
 """
 from __future__ import annotations
 
@@ -96,6 +105,9 @@ _COST_OP = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max"
 UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip") + tuple(TRANSCENDENTAL)
 REDUCE = ("add", "mul", "max", "min")
 
+#: Chunk of a long Transpose run (trailing elements moved together), bytes: one sub-tile
+#: buffer of 1 KB keeps 16 tasklets' two buffers and stacks within 64 KB (our choice)
+TRANSPOSE_CHUNK_BYTES = 1024
 #: WRAM of one DPU, bytes (64 KB, SDK docs), and the stack we assume per tasklet (the SDK's
 #: STACK_SIZE_DEFAULT; our assumption, also the emulator's default): what block sizes must fit.
 WRAM_BYTES = 65536
@@ -142,6 +154,10 @@ class _Tensor:
         return {"name": self.name, "shape": None if self.shape is None else list(self.shape),
                 "dtype": self.dtype, "const": self.const}
 
+
+#: True while :func:`check_emittable` runs the emitters: they compute and check their geometry
+#: but write nothing
+_DRY: contextvars.ContextVar = contextvars.ContextVar("upmem_dry_run", default=False)
 
 #: the unrolling of the kernel being emitted (set by :func:`emit_kernel`)
 _UNROLL: contextvars.ContextVar = contextvars.ContextVar("upmem_unroll", default=_mapping.UNROLL)
@@ -288,6 +304,9 @@ def _binary_expr(op: str, dtype: str) -> tuple[str, str, int]:
                 "A / B (truncating; x / 0 = 0)", instr_per_elem(dtype, "div"))
     if op in ("Max", "Min"):
         sym = ">" if op == "Max" else "<"
+        if flt:  # NaN in either operand gives NaN (onnxruntime's Max/Min; a != a is isnan)
+            return (f"(a {sym} b || a != a) ? a : b", f"{op.lower()}(A, B), NaN if either is NaN",
+                    instr_per_elem(dtype, "cmp"))
         return f"a {sym} b ? a : b", f"{op.lower()}(A, B)", instr_per_elem(dtype, "cmp")
     raise ValueError(f"no UPMEM kernel for binary op {op!r}; expected one of {BINARY}")
 
@@ -297,6 +316,8 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
     cmp = instr_per_elem(dtype, "cmp")
     unsigned = dtype.startswith("u")
     if op == "Relu":
+        if flt:  # Relu(NaN) = NaN, as onnxruntime (a > 0 would map NaN to 0)
+            return ("a < 0.0f ? 0.0f : a", "max(X, 0), NaN stays NaN", cmp)
         return ("a > 0 ? a : (T)0", "max(X, 0)", cmp)
     if op == "Abs":
         if unsigned:
@@ -346,6 +367,8 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
 
 
 def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
+    if _DRY.get():
+        return []
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for tmpl, name in (("host.c.j2", "host.c"), ("dpu.c.j2", "dpu.c"), ("Makefile.j2", "Makefile")):
@@ -376,8 +399,9 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
             if arr.shape != t.shape:
                 raise ValueError(f"constant input {i} has shape {arr.shape}, expected {t.shape}")
             t.const = f"const{i}.bin"
-            outdir.mkdir(parents=True, exist_ok=True)
-            arr.tofile(outdir / t.const)
+            if not _DRY.get():
+                outdir.mkdir(parents=True, exist_ok=True)
+                arr.tofile(outdir / t.const)
         ts.append(t)
     return ts
 
@@ -788,9 +812,6 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
         groups = _transpose_groups(perm)
         if groups is None:
             raise ValueError(f"perm {perm} is not a swap of two adjacent axis groups")
-        run = math.prod(shapes[0][sum(groups[:3]):]) * np.dtype(dtype).itemsize
-        if 8 // math.gcd(8, run) * run > 2048:
-            raise ValueError(f"trailing run of {run} bytes is too long for one DMA")
         return "transpose", dtype, shapes, {"perm": perm}
     if t == "SimSearch":
         need_dtype(dtype, ("float32",))
@@ -822,6 +843,21 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
     raise ValueError(f"no UPMEM kernel for cinm.{t}")
 
 
+def check_emittable(op, attrs: dict, *, default_dpus: int = 64, default_tasklets: int = 16,
+                    default_block: int = 1024) -> None:
+    """Raise ValueError (the emitter's reason) if :func:`emit_op` would refuse ``op`` with the
+    plan ``attrs`` (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``); nothing
+    is written. The device's ``supports`` and ``lower`` call it, so placement never accepts an
+    op whose kernel cannot be generated (issue 17 #2)."""
+    tok = _DRY.set(True)
+    try:
+        emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, Path("."),
+                default_dpus=default_dpus, default_tasklets=default_tasklets,
+                default_block=default_block)
+    finally:
+        _DRY.reset(tok)
+
+
 def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
             default_tasklets: int = 16, default_block: int = 1024) -> list[Path]:
     """Write the kernel of cinm ``op`` into ``root / attrs["kernel"]`` (see
@@ -848,6 +884,8 @@ def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
     cidx = {i: consts[x.name] for i, x in enumerate(used) if consts and x.name in consts}
     paths = emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
                         outdir=outdir, consts=cidx, **params)
+    if _DRY.get():
+        return paths
     man_p = outdir / "kernel.json"
     man = json.loads(man_p.read_text())
     for spec, x in zip(man["inputs"], used):
@@ -994,6 +1032,18 @@ def _emit_scan(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
 # topk
 
 
+def _topk_better(dtype: str, largest: int) -> str:
+    """C expression: does candidate ``(a, ia)`` rank before ``(b, ib)``? Ties go to the lower
+    index (ONNX). For floats NaN ranks as the largest value, equal to another NaN, as in
+    onnxruntime's TopK (first when largest=1, last when largest=0)."""
+    if dtype != "float32":
+        cmp, eq = ("a > b" if largest else "a < b"), "a == b"
+    else:
+        cmp = "(a > b || (a != a && b == b))" if largest else "(a < b || (a == a && b != b))"
+        eq = "(a == b || (a != a && b != b))"
+    return f"{cmp} || ({eq} && ia < ib)"
+
+
 def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
     (shape,) = shapes
     if not shape:
@@ -1003,13 +1053,16 @@ def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     largest = 1 if int(params.get("largest", 1)) else 0
     if not 1 <= kk <= shape[axis]:
         raise ValueError(f"topk: k={kk} must be in 1..{shape[axis]} (the axis length)")
-    if kk > 256:
-        raise ValueError(f"topk: k={kk} > 256 (the WRAM candidate lists would not fit)")
     es = np.dtype(dtype).itemsize
     per = 8 // math.gcd(8, es)
     KP = _round_up(kk, per)
-    # 2 KB WRAM lists per tasklet at most: fewer tasklets for a large k
-    tasklets = _max_tasklets(tasklets, KP * (es + 8) + 4 + 64)
+    # every tasklet keeps a sorted list of KP values and int64 indices in WRAM: fewer tasklets
+    # for a large k; ValueError when one list does not fit (k ~ 5000 float32, ~ 4000 int64)
+    try:
+        tasklets = _max_tasklets(tasklets, KP * (es + 8) + 4 + 64)
+    except ValueError:
+        raise ValueError(f"topk: k={kk}: a candidate list of {KP * (es + 8)} bytes does not fit "
+                         "in 64 KB of WRAM") from None
     perm, O, L, DR, DC, row_cap, c_cap = _rows_layout(shape, [axis], dpus, per)
     v_off = row_cap * c_cap * es
     i_off = v_off + row_cap * KP * es
@@ -1021,7 +1074,7 @@ def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, DR * DC, tasklets, blk, ins,
            [_Tensor("values", yshape, dtype), _Tensor("indices", yshape, "int64")],
-           dict(k=kk, axis=axis, largest=largest, KP=KP, O=O, L=L, DC=DC, row_cap=row_cap,
+           dict(k=kk, axis=axis, largest=largest, better=_topk_better(dtype, largest), KP=KP, O=O, L=L, DC=DC, row_cap=row_cap,
                 c_cap=c_cap, v_off=v_off, i_off=i_off, pshape=pshape, pstride=pstride,
                 ishape=ishape, istride=istride, instr=2 * instr_per_elem(dtype, "cmp")))
     return _write(outdir, "topk", k, {"k": kk, "axis": axis, "largest": largest,
@@ -1046,11 +1099,14 @@ def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     B = math.prod(shape[lead + na:lead + na + nb])
     E = math.prod(shape[lead + na + nb:])
     es = np.dtype(dtype).itemsize
-    u = E * es                       # bytes per unit of E elements
+    # a trailing run longer than one 8-aligned DMA of <= 2048 bytes is moved in NC chunks of EC
+    # elements (1 KB; the last one padded): each chunk is transposed as if it were its own run
+    EC = E
+    if (8 // math.gcd(8, E * es)) * E * es > 2048:
+        EC = TRANSPOSE_CHUNK_BYTES // es
+    NC = _ceil(E, EC)
+    u = EC * es                      # bytes per unit of EC elements
     q = 8 // math.gcd(8, u)          # units per 8-byte-aligned run
-    if q * u > 2048:
-        raise ValueError(f"transpose: trailing run of {u} bytes cannot be moved in 8-aligned "
-                         "DMAs of at most 2048 bytes")
     blk = _fit_block(block, tasklets, 2, cap=None)
     m = max(1, math.isqrt(max(1, blk // (q * q * u))))
     BW = min(q * m, _round_up(B, q))
@@ -1064,19 +1120,20 @@ def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
         else:
             break
     blk_used = _round_up(AW * BW * u, 8)
-    if tasklets * (2 * blk_used + STACK_BYTES) + WRAM_MARGIN > WRAM_BYTES:
-        raise ValueError("transpose: sub-tiles do not fit in WRAM")
+    # two sub-tile buffers per tasklet: fewer tasklets when a long run makes them large
+    tasklets = _max_tasklets(tasklets, 2 * blk_used)
     AC_pad, B_pad = _round_up(AC, AW), _round_up(B, BW)
     NA = _ceil(A, AC) if A else 1
-    units = G * NA
+    units = G * NC * NA
     US = _ceil(units, dpus)
     used = _ceil(units, US)
-    tile = AC_pad * B_pad * E * es
+    tile = AC_pad * B_pad * EC * es
     _check_mram(2 * US * tile, f"transpose {list(shape)} on {dpus} DPUs")
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     yshape = tuple(shape[p] for p in perm)
     k = _K(kind, dtype, used, tasklets, blk_used, ins, [_Tensor("Y", yshape, dtype)],
-           dict(perm=perm, G=G, A=A, B=B, E=E, AC=AC, AC_pad=AC_pad, B_pad=B_pad, AW=AW, BW=BW,
+           dict(perm=perm, G=G, A=A, B=B, E=E, EC=EC, NC=NC, AC=AC, AC_pad=AC_pad, B_pad=B_pad,
+                AW=AW, BW=BW,
                 NA=NA, units=units, US=US, out_off=US * tile, instr=4))
     return _write(outdir, "transpose", k, {"perm": perm, "dpus_requested": dpus})
 

@@ -969,6 +969,11 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                 shared = _r8(geom["bins"] * 4)
         if kind in ("gemv", "gemm", "simsearch"):
             private = geom["wram_private"]
+        if kind == "topk":  # each tasklet's sorted list of k values and int64 indices
+            private = _r8(geom["k"] * es) + _r8(geom["k"] * 8)
+            while tasklets > 1 and wram_block(tasklets, buffers, private, 0, stack_bytes,
+                                              wram_bytes=params.wram_bytes) < 8:
+                tasklets -= 1   # a large k: fewer tasklets (as the generated kernel does)
         if kind == "elementwise":
             shared = geom["bcast_bytes"] if geom["wram_bcast"] else 0
         block = wram_block(tasklets, buffers, private, shared, stack_bytes,
