@@ -361,3 +361,24 @@ def test_compare_command_runs_the_nan_inf_check_through_emulated_kernels(tmp_pat
     out = capsys.readouterr().out
     assert code == 0, out
     assert "NaN/Inf check: 1 run, 1 output" in out and out.rstrip().endswith("OK")
+
+
+def test_compare_reports_error_statistics_for_an_inexact_crossbar_mode(tmp_path, capsys):
+    """q8 crossbars quantize by design: compare gives the relative RMS error, not a FAIL that
+    contradicts optimize's passing check of the exact model."""
+    res = optimize(get_example("lenet"), placement="heuristic", device_options={"cim_mode": "q8"})
+    artifacts.save(res.model, tmp_path / "q8.onnx")
+    assert main(["compare", "--example", "lenet", str(tmp_path / "q8.onnx")]) == 0
+    out = capsys.readouterr().out
+    line = next(li for li in out.splitlines() if li.startswith("crossbar data path q8 is inexact"))
+    rms = float(line.split("relative RMS error: output ")[1].split(";")[0])
+    assert 0.001 < rms < 0.5  # 8-bit DAC/ADC: a few percent, not exact and not garbage
+    assert "FAIL" not in out
+
+
+def test_rel_rms_err_by_hand():
+    from onnx_cinm.golden import OutputCheck, _compare_arrays
+
+    rec = OutputCheck("y")
+    _compare_arrays(rec, np.array([3.0, 4.0, np.nan], np.float32), np.array([3.0, 5.0, np.nan], np.float32), None, None)
+    assert rec.rel_rms_err == pytest.approx(np.sqrt(1 / 25))
