@@ -13,6 +13,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from onnx_cinm.dialects import cinm
+from onnx_cinm.golden import run_onnxruntime
 from onnx_cinm.passes import PassContext
 from onnx_cinm.passes.placement import placement
 from onnx_cinm.passes.to_cinm import to_cinm
@@ -200,3 +201,74 @@ def test_a_contrib_op_before_a_cinm_op_stays_on_the_host(place):
     y = InferenceSession(res.model).run(None, {"x": x})[0]
     gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2)))
     np.testing.assert_allclose(y, gelu.transpose(0, 2, 1), rtol=1e-5, atol=1e-6)
+
+
+def _dynamic_quant_matmul(w_lo=-64, w_hi=64, k=256, n=128):
+    """onnxruntime's dynamic quantization pattern: DynamicQuantizeLinear + MatMulInteger + scales.
+    Weights in [-64, 64) are the quantizer's reduce_range: onnxruntime's u8s8 kernels are exact
+    there (full-range int8 can saturate int16 pair sums on x86 without VNNI)."""
+    w = rng.integers(w_lo, w_hi, (k, n)).astype(np.int8)
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xzp"]),
+             h.make_node("MatMulInteger", ["xq", "Wq", "xzp", "wzp"], ["acc"], name="mmi"),
+             h.make_node("Cast", ["acc"], ["accf"], to=TP.FLOAT),
+             h.make_node("Mul", ["xs", "ws"], ["sc"]), h.make_node("Mul", ["accf", "sc"], ["y"])]
+    inits = [nh.from_array(w, "Wq"), nh.from_array(np.array(3, np.int8), "wzp"),
+             nh.from_array(np.array(0.02, np.float32), "ws")]
+    return _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", k])],
+                  [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", n])], inits, opset=13), w
+
+
+def test_matmul_integer_becomes_an_exact_int32_gemm_on_a_device():
+    from onnx_cinm import optimize
+
+    m, _ = _dynamic_quant_matmul()
+    res = optimize(m, placement="heuristic", dims={"batch": 2, "seq": 16}, check=2)
+    assert res.check.ok and res.check.max_abs_err == 0  # exact: integer arithmetic
+    gemm = next(n for n in res.model.graph.node if n.domain == "cinm" and n.op_type == "Gemm")
+    assert cinm.node_attrs(gemm)["device"] == "upmem"  # int32: near memory, not the fp crossbars
+    assert "MatMulInteger" not in [n.op_type for n in res.model.graph.node]
+    assert res.device_flops_share > 0.95  # it was 0%: MatMulInteger stayed on the host
+    for shape in ((1, 3, 256), (4, 7, 256)):  # other batch sizes than planned
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(InferenceSession(res.model).run(None, {"x": x})[0],
+                                      run_onnxruntime(m, {"x": x})[0])
+
+
+def test_matmul_integer_with_full_range_weights_is_exact_int32_math():
+    """Full-range int8 weights: the lowered model computes (xq - xzp) @ (W - wzp) exactly; the
+    assertion is numpy's exact product (onnxruntime's u8s8 kernel may saturate here)."""
+    from onnx_cinm import optimize
+
+    m, w = _dynamic_quant_matmul(-127, 128)
+    res = optimize(m, placement="heuristic", dims={"batch": 1, "seq": 8}, check=0)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(res.model)
+    probe.graph.output.extend([h.make_tensor_value_info(n, t, None) for n, t in
+                               (("acc", TP.INT32), ("xq", TP.UINT8), ("xzp", TP.UINT8))])
+    x = rng.standard_normal((1, 8, 256)).astype(np.float32)
+    _, acc, xq, xzp = run_onnxruntime(probe, {"x": x})
+    exact = (xq.astype(np.int64) - int(xzp)) @ (w.astype(np.int64) - 3)
+    np.testing.assert_array_equal(acc, exact)
+
+
+def test_conv_integer_becomes_im2col_and_an_int32_gemm():
+    from onnx_cinm import optimize
+
+    w = rng.integers(0, 255, (8, 3, 3, 3)).astype(np.uint8)
+    inits = [nh.from_array(w, "W"), nh.from_array(np.array(7, np.uint8), "xzp"),
+             nh.from_array(np.array(120, np.uint8), "wzp")]
+    m = _model([h.make_node("ConvInteger", ["x", "W", "xzp", "wzp"], ["y"], pads=[1, 1, 1, 1], name="ci")],
+               [h.make_tensor_value_info("x", TP.UINT8, ["N", 3, 10, 10])],
+               [h.make_tensor_value_info("y", TP.INT32, ["N", 8, 10, 10])], inits, opset=13)
+    res = optimize(m, placement="heuristic", dims={"N": 2}, check=2)
+    assert res.check.ok and res.check.max_abs_err == 0
+    assert [n.op_type for n in res.model.graph.node if n.domain == "cinm"] == ["Im2Col", "Gemm"]
+    # the zero-padded border of x - 7 is the border ConvInteger pads with its zero point 7
+    x = rng.integers(0, 255, (2, 3, 10, 10)).astype(np.uint8)
+    xp = np.pad(x.astype(np.int64) - 7, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    wi = w.astype(np.int64) - 120
+    exact = np.zeros((2, 8, 10, 10), np.int64)
+    for i in range(3):
+        for j in range(3):
+            exact += np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 10, j:j + 10], wi[:, :, i, j])
+    np.testing.assert_array_equal(InferenceSession(res.model).run(None, {"x": x})[0], exact)

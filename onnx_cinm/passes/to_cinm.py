@@ -23,6 +23,8 @@ ReduceMean                      Reduce(add) then Div by the (static) element cou
 CumSum (constant axis)          Scan(axis, exclusive, reverse)
 TopK (constant k)               TopK(k, axis, largest, sorted)
 Transpose                       Transpose(perm)
+MatMulInteger A B a_zp? b_zp?   Gemm(int32(A) - a_zp, int32(B) - b_zp): exact int32, as ORT
+ConvInteger X W x_zp? w_zp?     the Conv lowering on int32(X) - x_zp, int32(W) - w_zp
 ==============================  =============================================================
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
@@ -199,7 +201,7 @@ def _lower_conv(rw: _Rewriter, node: onnx.NodeProto):
         return "input or weight shape unknown"
     if not all(isinstance(d, int) for d in wi.shape) or not isinstance(xi.shape[1], int):
         return "weight shape or channel count not static"
-    if rw.dtype_name(x) not in ("float32", "float64", "float16"):
+    if rw.dtype_name(x) not in ("float32", "float64", "float16", "int32"):  # int32: ConvInteger's
         return f"dtype {rw.dtype_name(x)}"
     r = len(wi.shape) - 2
     at = _attrs(node)
@@ -367,8 +369,71 @@ def _lower_transpose(rw: _Rewriter, node: onnx.NodeProto):
     return lo.nodes
 
 
+def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_shape: list | None,
+                      tag: str) -> str | None:
+    """``int32(x) - int32(zp)``: folded into an int32 initializer when both are constant, else a
+    Cast and a Sub on the host (a zero point made at run time, as DynamicQuantizeLinear's, is
+    cast too). ``zp_shape`` reshapes a per-row/per-channel zero point for broadcasting (None:
+    as it is). None if the shapes are unknown."""
+    xi, zi = rw.info(x), (rw.info(zp) if zp else None)
+    if xi is None or xi.shape is None or (zp and (zi is None or zi.shape is None)):
+        return None
+    z = rw.value(zp) if zp else None
+    z32 = None if z is None else z.astype(np.int32).reshape(zp_shape if zp_shape else z.shape)
+    x_val = rw.value(x)
+    if x_val is not None and (z32 is not None or not zp):
+        return rw.const(f"{lo.base}_{tag}", x_val.astype(np.int32) - (0 if z32 is None else z32))
+    out = lo.std("Cast", [x], to=onnx.TensorProto.INT32)
+    if z32 is not None and z32.any():
+        out = lo.std("Sub", [out, rw.const(f"{lo.base}_{tag}_zp", z32)])
+    elif zp and z is None:  # computed at run time: cast it, and make a 1-D one a column
+        zr = lo.std("Cast", [zp], to=onnx.TensorProto.INT32)
+        if zp_shape is not None and len(zi.shape) == 1:
+            zr = lo.std("Unsqueeze", [zr, lo.ints("axis", [-1])])
+        out = lo.std("Sub", [out, zr])
+    rw.infos[out] = TensorInfo(out, np.dtype(np.int32), xi.shape, False)
+    return out
+
+
+def _lower_integer(rw: _Rewriter, node: onnx.NodeProto):
+    """MatMulInteger / ConvInteger as an int32 cinm Gemm (and Im2Col) of zero-point-corrected
+    operands: ``(A - a_zp) @ (B - b_zp)``, exact in int32 as onnxruntime computes it. Padding a
+    corrected input with 0 equals padding the raw one with its zero point, as ConvInteger does."""
+    ins = list(node.input) + [""] * (4 - len(node.input))
+    x, w, xzp, wzp = ins[:4]
+    if rw.dtype_name(x) not in ("int8", "uint8") or rw.dtype_name(w) not in ("int8", "uint8"):
+        return f"dtype {rw.dtype_name(x)} x {rw.dtype_name(w)}"
+    lo = _Lowering(rw, node)
+    wi, xi = rw.info(w), rw.info(x)
+    if wi is None or wi.shape is None or xi is None or xi.shape is None:
+        return "operand shape unknown"
+    xz, wz = (rw.value(n) if n else None for n in (xzp, wzp))
+    if node.op_type == "MatMulInteger":
+        # a per-row zero point of a 2-D A is [M]: a column for broadcasting; B's per-column [N] as is
+        xzi = rw.info(xzp) if xzp else None
+        per_row = (xz is not None and xz.ndim == 1 and xz.size > 1) or \
+            (xz is None and xzi is not None and xzi.shape is not None and len(xzi.shape) == 1)
+        x_shape = [-1, 1] if per_row else None
+        w_shape = None
+    else:  # ConvInteger: x's zero point is a scalar; w's may be per output channel [M]
+        x_shape = None
+        w_shape = [-1] + [1] * (len(wi.shape) - 1) if wz is not None and wz.ndim == 1 and wz.size > 1 else None
+    x32 = _minus_zero_point(rw, lo, x, xzp or None, x_shape, "x32")
+    w32 = _minus_zero_point(rw, lo, w, wzp or None, w_shape, "w32")
+    if x32 is None or w32 is None:
+        return "operand or zero point shape unknown"
+    std_op = "MatMul" if node.op_type == "MatMulInteger" else "Conv"
+    proxy = helper.make_node(std_op, [x32, w32], list(node.output), name=node.name)
+    proxy.attribute.extend(a for a in node.attribute)
+    inner = _RULES[std_op](rw, proxy)
+    if isinstance(inner, str):
+        return inner
+    return lo.nodes + inner
+
+
 _RULES = {"MatMul": _lower_matmul, "Gemm": _lower_gemm, "Conv": _lower_conv, "CumSum": _lower_cumsum,
           "TopK": _lower_topk, "Transpose": _lower_transpose, "ReduceMean": _lower_reduce,
+          "MatMulInteger": _lower_integer, "ConvInteger": _lower_integer,
           **{op: _lower_reduce for op in _REDUCE}, **{op: _lower_elementwise for op in _BINARY | _UNARY}}
 
 
