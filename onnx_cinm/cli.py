@@ -451,6 +451,7 @@ def _cmd_run(args, parser) -> int:
                       (item.partition("=")[2] for item in args.input)})
     for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
         if target:
+            artifacts.check_output_outside_kernels(target, option)
             _check_output_file(target, option, protected)
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
@@ -601,6 +602,7 @@ def _cmd_optimize(args, parser) -> int:
     if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
         raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "
                         "output model's file path (e.g. out/model_opt.onnx)")
+    artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     kernels = artifacts.artifact_dir(out).resolve()
@@ -610,6 +612,7 @@ def _cmd_optimize(args, parser) -> int:
     if args.report is not None:
         if not args.report:
             parser.error("--report needs a folder name")
+        artifacts.check_output_outside_kernels(args.report, "--report")
         report_dir = Path(args.report).resolve()
         if report_dir == out.resolve() or report_dir == kernels or kernels in report_dir.parents:
             raise CinmError(f"--report '{args.report}' must be a folder of its own, not the output "
@@ -708,7 +711,7 @@ def _cmd_optimize(args, parser) -> int:
 
 
 def _cmd_report(args) -> int:
-    from . import frontend, report
+    from . import artifacts, frontend, report
 
     path = Path(args.model)
     model = frontend.load_model(str(path))
@@ -716,6 +719,7 @@ def _cmd_report(args) -> int:
     if args.host_roofline:
         opts["host_roofline"] = args.host_roofline
     out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
+    artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
     res = report.write_report(model, out, opts, title=path.name)
     if not args.quiet:
         print(f"onnx-cinm report: {path} -> {out}/")
@@ -725,7 +729,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_sweep(args, parser) -> int:
-    from . import frontend, sweep
+    from . import artifacts, frontend, sweep
 
     try:
         sets = sweep.parse_sets(args.sets)
@@ -746,6 +750,7 @@ def _cmd_sweep(args, parser) -> int:
     if args.executor == "dask" and not args.scheduler:
         parser.error("--executor dask needs --scheduler ADDRESS")
     out = Path(args.output)
+    artifacts.check_output_outside_kernels(out, "-o")
     if out.exists() and not out.is_dir():
         raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
     model = frontend.load_model(args.input)

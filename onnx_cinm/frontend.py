@@ -473,7 +473,9 @@ def write_files_into(folder, files: dict, what: str) -> list:
 
 
 def _new_temporary(folder: str, name: str) -> str:
-    handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    # the process id in the name lets a later save remove what a killed one left behind
+    handle, temporary = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp",
+                                         dir=folder)
     os.close(handle)
     umask = os.umask(0)
     os.umask(umask)

@@ -12,6 +12,7 @@ cases -- so they compile, stay on the host, and match onnxruntime).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,18 @@ def _output_folder_is_a_file(src, dst):
     return [str(path), "-o", str(dst / "plain" / "out.onnx")], "Not a directory"
 
 
+def _output_named_cinm(src, dst):
+    # the model would be its own kernel folder: it used to end up hidden, with exit 0
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "x.cinm")], \
+        "is the kernel folder"
+
+
+def _output_in_cinm(src, dst):
+    (dst / "a.cinm").mkdir()
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "a.cinm" / "b.onnx")], \
+        "lies inside the kernel folder"
+
+
 CASES = {
     "empty_file": _plain(b"", "is empty"),
     "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
@@ -194,6 +207,8 @@ CASES = {
     "output_folder_missing": _output_folder_missing,
     "output_path_is_a_folder": _output_is_folder,
     "output_folder_is_a_file": _output_folder_is_a_file,
+    "output_named_like_a_kernel_folder": _output_named_cinm,
+    "output_inside_a_kernel_folder": _output_in_cinm,
 }
 
 
@@ -396,3 +411,114 @@ def test_validate_structure_checks_in_memory_models_too():
     assert str(info.value).startswith("'<model>' is not a valid ONNX model: the graph has a cycle")
     assert "\n" not in str(info.value)
     frontend.validate_structure(_model([h.make_node("Relu", ["x"], ["y"])]))  # a good one passes
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12: a model and its kernels are one unit; kernel folders are untrusted input
+# ---------------------------------------------------------------------------------------------
+
+def _crossbar_model(seed: int) -> onnx.ModelProto:
+    """x[2, 64] @ w[64, 64], ``w`` drawn from ``seed``: one crossbar kernel under
+    ``--place Gemm=memristor``."""
+    w = np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32)
+    return _model([h.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                  (h.make_tensor_value_info("x", TP.FLOAT, [2, 64]),),
+                  (h.make_tensor_value_info("y", TP.FLOAT, [2, 64]),),
+                  [numpy_helper.from_array(w, "w")])
+
+
+def _optimize_crossbar(src: Path, out: Path, seed: int, capsys) -> int:
+    model = _write(src / f"m{seed}.onnx", _crossbar_model(seed))
+    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q"])
+    capsys.readouterr()
+    return code
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_failed_kernel_folder_replacement_keeps_the_old_model_too(tmp_path, capsys, monkeypatch):
+    """The kernel folder cannot be replaced (an immutable folder, say): the new model must not
+    be left beside the old kernels; both old files stay, and they still run correctly."""
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    model_before, kernels_before = out.read_bytes(), _tree(dst / "out.cinm")
+    real_replace = os.replace
+
+    def replace(a, b):
+        if Path(a) == dst / "out.cinm":
+            raise PermissionError(1, "Operation not permitted", str(a))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    model = _write(src / "m1.onnx", _crossbar_model(1))
+    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q"])
+    captured = capsys.readouterr()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert code == 1 and len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+    assert "Operation not permitted" in captured.err
+    assert out.read_bytes() == model_before
+    assert _tree(dst / "out.cinm") == kernels_before
+    assert sorted(p.name for p in dst.iterdir()) == ["out.cinm", "out.onnx"]
+    # the pair still runs, with the first model's weights (numpy on seed 0's weights)
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    np.save(src / "x.npy", x)
+    assert main(["run", str(out), "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz"),
+                 "-q"]) == 0
+    w0 = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    np.testing.assert_allclose(np.load(src / "y.npz")["y"], x @ w0, rtol=1e-5, atol=1e-5)
+
+
+def test_run_refuses_kernels_that_are_not_the_models_own(tmp_path, capsys):
+    """A folder of another model with a consistent manifest of its own used to run (exit 0,
+    wrong outputs); the model's recorded kernel digest now refuses it before anything runs."""
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "a.onnx", 0, capsys) == 0
+    assert _optimize_crossbar(src, dst / "b.onnx", 1, capsys) == 0
+    shutil.rmtree(dst / "a.cinm")
+    shutil.copytree(dst / "b.cinm", dst / "a.cinm")
+    code = main(["run", str(dst / "a.onnx"), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "is not the one model" in err and "re-run onnx-cinm optimize" in err
+    assert not (src / "y.npz").exists()
+    # a model stripped of its digest (written by an older onnx-cinm) is refused too
+    m = onnx.load(str(dst / "b.onnx"))
+    del m.metadata_props[:]
+    onnx.save(m, str(dst / "b.onnx"))
+    code = main(["run", str(dst / "b.onnx")])
+    err = capsys.readouterr().err
+    assert code == 1 and "records no kernel digest" in err and len(err.splitlines()) == 1
+
+
+def test_report_and_run_outputs_refuse_kernel_folders(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    before = _listing(dst)
+    for argv in (["report", str(dst / "out.onnx"), "-o", str(dst / "out.cinm" / "rep")],
+                 ["run", str(dst / "out.onnx"), "-o", str(dst / "other.cinm" / "y.npz")],
+                 ["optimize", str(src / "m0.onnx"), "-o", str(dst / "o2.onnx"),
+                  "--report", str(dst / "out.cinm")]):
+        code = main(argv)
+        captured = capsys.readouterr()
+        _assert_one_line_failure(code, captured.out, captured.err, "kernel folder", dst, before)
+
+
+def test_leftovers_of_a_killed_save_are_removed_by_the_next_one(tmp_path, capsys):
+    """After a SIGKILL mid-save, hidden temporaries (the old folder moved aside, the new one
+    being built, the model's temporary file) stay behind; the next save on that output removes
+    those of dead processes, and leaves a live process's alone."""
+    src, dst = _dirs(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (dst / f".out.cinm.old.{dead}").mkdir()
+    (dst / f".out.cinm.old.{dead}" / "manifest.json").write_text("{}")
+    (dst / f".out.cinm.{dead}.abc123.tmp").mkdir()
+    (dst / f".out.onnx.{dead}.xyz.tmp").write_bytes(b"partial")
+    live = dst / ".out.onnx.1.qqq.tmp"  # pid 1 is alive
+    live.write_bytes(b"someone else's")
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    assert sorted(p.name for p in dst.iterdir()) == [live.name, "out.cinm", "out.onnx"]

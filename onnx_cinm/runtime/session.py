@@ -16,8 +16,11 @@ around it (DESIGN.md §5):
 - Arrays cross between partitions and kernels as numpy arrays without copies where the layouts
   allow.
 
-The kernels are the files under ``<model>.cinm/`` listed in its manifest; their hashes are
-checked when the session is created.
+The kernels are the files under ``<model>.cinm/`` listed in its manifest. When the session is
+created, before anything else, the folder must be the model's own (the kernel digest the model
+records, :func:`onnx_cinm.artifacts.check_pair`) and every file must have its listed hash: that
+catches a stale or swapped folder, not tampering. The folder is untrusted input: paths stay
+inside it, and UPMEM kernels in emulate mode are regenerated from the model's plan.
 """
 from __future__ import annotations
 
@@ -119,7 +122,9 @@ class InferenceSession:
         if isinstance(path_or_model, onnx.ModelProto):
             model = path_or_model
             root = Path(kernel_dir) if kernel_dir else None
+            self._label_text = "the model"
         else:
+            self._label_text = f"model '{path_or_model}'"
             model = frontend.load_model(path_or_model)
             root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
         self._model = model
@@ -163,7 +168,7 @@ class InferenceSession:
         has_kernels = use_devices and any(
             n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute) for n in g.node)
         if has_kernels and self._root is not None:
-            manifest = artifacts.verify(self._root)
+            manifest = artifacts.check_pair(self._model, self._root, self._label_text)
             manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
         infos = tensor_infos(self._model, infer=False) if has_kernels else {}
         inits = {i.name: i for i in g.initializer}
