@@ -11,6 +11,7 @@ cases -- so they compile, stay on the host, and match onnxruntime).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -522,3 +523,84 @@ def test_leftovers_of_a_killed_save_are_removed_by_the_next_one(tmp_path, capsys
     live.write_bytes(b"someone else's")
     assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
     assert sorted(p.name for p in dst.iterdir()) == [live.name, "out.cinm", "out.onnx"]
+
+
+def _reseal(model_path: Path) -> None:
+    """What anyone who can edit a kernel folder can also do: rewrite the manifest's hashes and
+    the model's kernel digest to match the edited files. The stored hashes are no defence."""
+    from onnx_cinm import artifacts
+
+    root = artifacts.artifact_dir(model_path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for k in manifest["kernels"]:
+        for f in k["files"]:
+            f["sha256"] = artifacts.sha256(root / f["path"])
+            f["bytes"] = (root / f["path"]).stat().st_size
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    m = onnx.load(str(model_path))
+    for p in m.metadata_props:
+        if p.key == "onnx_cinm.kernels_sha256":
+            p.value = artifacts.kernel_digest(manifest)
+    onnx.save(m, str(model_path))
+
+
+@pytest.mark.parametrize("where", ["../../../w.npy", "ABSOLUTE", "symlink"])
+def test_xbar_sidecar_outside_the_kernel_folder_is_refused(where, tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    xbar = next((dst / "out.cinm" / "memristor").glob("*.xbar"))
+    outside = tmp_path / "w.npy"  # what the edited file points at: readable, well-formed
+    np.save(outside, np.full((1, 64, 64), 7, np.float32))
+    name = {"../../../w.npy": "../../../w.npy", "ABSOLUTE": str(outside), "symlink": "link.npy"}[where]
+    if where == "symlink":
+        (xbar.parent / "link.npy").symlink_to(outside)
+    text = xbar.read_text()
+    sidecar = next(w for w in text.split() if w.endswith(".W.npy"))
+    xbar.write_text(text.replace(sidecar, name))
+    _reseal(out)
+    code = main(["run", str(out), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "outside the .xbar file's folder" in err
+    assert not (src / "y.npz").exists()
+
+
+def test_emulate_mode_compiles_only_code_generated_from_the_plan(tmp_path, capsys, monkeypatch):
+    """An edited dpu.c (hashes resealed) used to be compiled and run as it stood."""
+    monkeypatch.setenv("ONNX_CINM_CACHE", str(tmp_path / "cache"))
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "relu.onnx", _model([h.make_node("Relu", ["x"], ["y"], name="r")]))
+    out = dst / "out.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--place", "Relu=upmem", "-q"]) == 0
+    capsys.readouterr()
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.save(src / "x.npy", x)
+    run = ["run", str(out), "--provider-option", "upmem_mode=emulate",
+           "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz")]
+    assert main(run) == 0  # the untouched folder runs, and gives max(x, 0)
+    capsys.readouterr()
+    np.testing.assert_array_equal(np.load(src / "y.npz")["y"], np.maximum(x, 0))
+    (src / "y.npz").unlink()
+    dpu = next((dst / "out.cinm" / "upmem").glob("*/dpu.c"))
+    dpu.write_text(dpu.read_text() + "\n/* someone else's code */\n")
+    _reseal(out)
+    code = main(run)
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "dpu.c" in err and "not the code onnx-cinm generates from the model's plan" in err
+    assert not (src / "y.npz").exists()
+    built = [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("k-")]
+    assert len(built) == 1  # only the generated kernel was ever compiled
+
+
+def test_upmem_build_cache_honours_xdg_cache_home(tmp_path, monkeypatch):
+    from onnx_cinm.hostmodel import cache_path
+    from onnx_cinm.runtime.upmem_emu import cache_dir
+
+    monkeypatch.delenv("ONNX_CINM_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "onnx-cinm" / "upmem"
+    assert cache_path().parent == cache_dir().parent  # one cache root for both
+    monkeypatch.setenv("ONNX_CINM_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
