@@ -451,8 +451,8 @@ def _cmd_run(args, parser) -> int:
                       (item.partition("=")[2] for item in args.input)})
     for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
         if target:
-            artifacts.check_output_outside_kernels(target, option)
             _check_output_file(target, option, protected)
+            artifacts.check_output_outside_kernels(target, option)
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
@@ -468,12 +468,21 @@ def _cmd_run(args, parser) -> int:
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
     say("  partitions: " + ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))))
-    for name, arr in zip(names, outs):
-        arr = np.asarray(arr)
-        say(f"  output {name}: {arr.dtype} {list(arr.shape)}"
-            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else ""))
+    arrays: dict = {}
+    for arg, value in zip(sess.get_outputs(), outs):
+        found = _output_arrays(arg.name, value)
+        arrays.update(found)
+        arr = found.get(arg.name)
+        kind = "" if arg.type.startswith("tensor(") else f"{arg.type} as "
+        say(f"  output {arg.name}: " + (f"{arg.type}" if arr is None else
+            f"{kind}{arr.dtype} {list(arr.shape)}"
+            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else "")))
     if args.output:
-        _save_npz(args.output, dict(zip(names, outs)))
+        unsaved = [n for n in names if n not in arrays]
+        if unsaved:
+            raise CinmError(f"output '{unsaved[0]}' has no array form to write to "
+                            f"{args.output}")
+        _save_npz(args.output, arrays)
         say(f"  outputs written to {args.output}")
     if args.profile:
         print(profile.table(sess.profile()))
@@ -490,6 +499,23 @@ def _cmd_run(args, parser) -> int:
             raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
         say(f"  profile written to {args.profile_out}")
     return 0
+
+
+def _output_arrays(name: str, value) -> dict:
+    """An output as arrays for display and ``.npz``: a tensor as ``{name: array}``; a map or a
+    sequence of maps (ZipMap) as its values ``{name: [len, keys]}`` plus ``{name.keys: keys}``;
+    a sequence of tensors of one shape stacked. ``{}`` if it has no array form (never pickled)."""
+    import numpy as np
+
+    from . import golden
+
+    if isinstance(value, np.ndarray):
+        return {name: value}
+    arr = golden.as_array(value)
+    if arr is None or arr.dtype == object:
+        return {}
+    keys = golden.map_keys(value)
+    return {name: arr, **({f"{name}.keys": np.asarray(keys)} if keys is not None else {})}
 
 
 def _save_npz(path: str, arrays: dict) -> None:
@@ -612,11 +638,11 @@ def _cmd_optimize(args, parser) -> int:
     if args.report is not None:
         if not args.report:
             parser.error("--report needs a folder name")
-        artifacts.check_output_outside_kernels(args.report, "--report")
         report_dir = Path(args.report).resolve()
         if report_dir == out.resolve() or report_dir == kernels or kernels in report_dir.parents:
             raise CinmError(f"--report '{args.report}' must be a folder of its own, not the output "
                             "model or its kernel folder")
+        artifacts.check_output_outside_kernels(args.report, "--report")
     say = (lambda msg: None) if args.quiet else print
     if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
                                      or args.objective != "energy"):

@@ -493,9 +493,28 @@ class CheckReport:
         return self
 
 
-def _as_array(value: object) -> np.ndarray | None:
+def map_keys(value: object) -> list | None:
+    """The sorted keys of a map output (a dict, or a non-empty sequence of dicts with one key
+    set: ZipMap's ``seq(map(...))``), else None."""
+    if isinstance(value, dict):
+        return sorted(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+        keys = sorted(value[0])
+        return keys if all(sorted(v) == keys for v in value) else None
+    return None
+
+
+def as_array(value: object) -> np.ndarray | None:
+    """An output value as a numeric array, so tolerances apply to it as to a tensor: a tensor
+    as it is; a map as its values in :func:`map_keys` order; a sequence of maps with one key set
+    as ``[len, keys]``; a sequence of tensors of one shape stacked. None if none of these."""
     if isinstance(value, np.ndarray):
         return value
+    keys = map_keys(value)
+    if keys is not None:
+        rows = [value] if isinstance(value, dict) else value
+        out = np.asarray([[row[k] for k in keys] for row in rows])
+        return out[0] if isinstance(value, dict) else out
     try:
         return np.asarray(value)
     except Exception:
@@ -664,7 +683,10 @@ def compare(
         for name in names:
             if name not in ref_out or name not in cand_out:
                 continue
-            r, c = _as_array(ref_out[name]), _as_array(cand_out[name])
+            if map_keys(ref_out[name]) != map_keys(cand_out[name]):
+                records[name]._fail("map keys differ")
+                continue
+            r, c = as_array(ref_out[name]), as_array(cand_out[name])
             if r is None or c is None:
                 records[name]._fail("output is not a tensor")
                 continue

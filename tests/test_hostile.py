@@ -498,6 +498,7 @@ def test_run_refuses_kernels_that_are_not_the_models_own(tmp_path, capsys):
 def test_report_and_run_outputs_refuse_kernel_folders(tmp_path, capsys):
     src, dst = _dirs(tmp_path)
     assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    assert _optimize_crossbar(src, dst / "other.onnx", 1, capsys) == 0
     before = _listing(dst)
     for argv in (["report", str(dst / "out.onnx"), "-o", str(dst / "out.cinm" / "rep")],
                  ["run", str(dst / "out.onnx"), "-o", str(dst / "other.cinm" / "y.npz")],
@@ -604,3 +605,58 @@ def test_upmem_build_cache_honours_xdg_cache_home(tmp_path, monkeypatch):
     assert cache_path().parent == cache_dir().parent  # one cache root for both
     monkeypatch.setenv("ONNX_CINM_CACHE", str(tmp_path / "mine"))
     assert cache_dir() == tmp_path / "mine"
+
+
+def _classifier() -> onnx.ModelProto:
+    """What skl2onnx exports for a scaled MLP classifier: Scaler (ai.onnx.ml), two MatMuls,
+    Softmax, ArgMax, and ZipMap's ``seq(map(int64, float))`` probabilities."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((4, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 3)).astype(np.float32)
+    nodes = [
+        h.make_node("Scaler", ["x"], ["xs"], domain="ai.onnx.ml", offset=[0.5] * 4,
+                    scale=[2.0] * 4),
+        h.make_node("MatMul", ["xs", "w1"], ["hid"], name="fc1"),
+        h.make_node("Relu", ["hid"], ["r"], name="relu"),
+        h.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
+        h.make_node("Softmax", ["logits"], ["prob"], axis=1),
+        h.make_node("ArgMax", ["prob"], ["label"], axis=1, keepdims=0),
+        h.make_node("ZipMap", ["prob"], ["probs"], domain="ai.onnx.ml",
+                    classlabels_int64s=[0, 1, 2]),
+    ]
+    probs = h.make_value_info("probs", h.make_sequence_type_proto(
+        h.make_map_type_proto(TP.INT64, h.make_tensor_type_proto(TP.FLOAT, []))))
+    graph = h.make_graph(nodes, "clf", [h.make_tensor_value_info("x", TP.FLOAT, [None, 4])],
+                         [h.make_tensor_value_info("label", TP.INT64, [None]), probs],
+                         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                              h.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_zipmap_outputs_run_and_compare_and_a_scaler_keeps_shapes_flowing(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    out = dst / "clf_opt.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--placement", "heuristic", "-q"]) == 0
+    capsys.readouterr()
+    placed = {n.name: n for n in onnx.load(str(out)).graph.node if n.domain == "cinm"}
+    # both matrix products after the Scaler became cinm ops and went to a device
+    assert {"fc1/Gemm", "fc2/Gemm"} <= set(placed)
+    devices = {k: next(a.s for a in n.attribute if a.name == "device") for k, n in placed.items()}
+    assert devices["fc2/Gemm"] != b"host"
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.save(src / "x.npy", x)
+    code = main(["run", str(out), "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "output probs: seq(map(int64,tensor(float32))) as float64 [2, 3]" in captured.out
+    label, probs = ort.InferenceSession(str(model)).run(None, {"x": x})
+    saved = np.load(src / "y.npz")  # no pickles: plain arrays
+    np.testing.assert_array_equal(saved["label"], label)
+    np.testing.assert_array_equal(saved["probs.keys"], [0, 1, 2])
+    np.testing.assert_allclose(saved["probs"], [[p[k] for k in (0, 1, 2)] for p in probs],
+                               rtol=1e-5, atol=1e-6)
+    code = main(["compare", str(model), str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "probs" in captured.out and "OK" in captured.out

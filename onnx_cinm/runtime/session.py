@@ -313,6 +313,9 @@ class InferenceSession:
         for vi in self._inputs:
             if vi.name not in feed:
                 raise CinmError(f"input '{vi.name}' is missing")
+            if vi.type.WhichOneof("value") != "tensor_type":  # a sequence or map: onnxruntime
+                out[vi.name] = feed[vi.name]                   # checks it
+                continue
             a = np.asarray(feed[vi.name])
             tt = vi.type.tensor_type
             want = helper.tensor_dtype_to_np_dtype(tt.elem_type)
@@ -463,10 +466,37 @@ class _Arg:
 
     @staticmethod
     def of(vi) -> "_Arg":
+        """A graph input or output; sequence, map and optional values (a ZipMap output) get
+        onnxruntime's type text, e.g. ``seq(map(int64,tensor(float)))``, and shape None."""
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return _Arg(vi.name, None, _type_text(vi.type))
         tt = vi.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                  for d in tt.shape.dim]
-        return _Arg(vi.name, shape, f"tensor({helper.tensor_dtype_to_np_dtype(tt.elem_type).name})")
+        return _Arg(vi.name, shape, _type_text(vi.type))
+
+
+def _elem_name(elem_type: int) -> str:
+    try:
+        return helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, TypeError):  # 0 (undefined) or a type numpy has no name for
+        return helper.tensor_dtype_to_string(elem_type).split(".")[-1].lower() \
+            if elem_type else "undefined"
+
+
+def _type_text(tp) -> str:
+    """onnxruntime's text for a TypeProto: ``tensor(float)``, ``seq(tensor(int64))``,
+    ``map(int64,tensor(float))``, ``optional(...)``."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({_elem_name(tp.tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"seq({_type_text(tp.sequence_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({_elem_name(tp.map_type.key_type)},{_type_text(tp.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(tp.optional_type.elem_type)})"
+    return kind or "undefined"
 
 
 def _shape_text(vi) -> str:
