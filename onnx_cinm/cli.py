@@ -87,8 +87,10 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def _roofline(text: str) -> str:
-    from .hostmodel import parse
+    from .hostmodel import MEASURE, parse
 
+    if text.strip().lower() == MEASURE:  # valid; the probe runs when the figures are needed
+        return text
     try:
         parse(text)
     except CinmError as e:
@@ -156,7 +158,10 @@ def _parser() -> argparse.ArgumentParser:
                          "the tiles kept by all kernels must fit the crossbars); the crossbar "
                          "plans still share the device's crossbars")
     cp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline ('nominal' = 50,10,30)")
+                    help="host figures for cost placement: 'nominal' (50,10,30: fixed, so placement is "
+                         "reproducible), 'measure' (probe this machine once, median of repeated "
+                         "runs, cached) or your own (default: $ONNX_CINM_HOST_ROOFLINE, else "
+                         "nominal)")
     o.add_argument("--report", metavar="DIR",
                    help="also write the report (table, PNG pictures, HTML page) into DIR")
     o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
@@ -242,7 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
     rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline")
+                    help="host figures ('nominal', 'measure' or your own; default: the figures the "
+                         "model was optimized with)")
     rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
     _common(rp)
 
@@ -268,7 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=_positive, default=None, metavar="N",
                     help="local worker processes (default: CPU count)%(default).0s")
     sw.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline")
+                    help="host figures ('nominal', 'measure' or your own; default: "
+                         "$ONNX_CINM_HOST_ROOFLINE, else nominal)")
     sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                     help="bake a static shape into an input (repeatable)")
     _common(sw)

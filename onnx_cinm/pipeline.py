@@ -9,7 +9,7 @@ from typing import Callable
 
 import onnx
 
-from . import frontend, golden
+from . import frontend, golden, hostmodel
 from .analysis import node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -76,6 +76,9 @@ class OptimizeResult:
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
+        roof = self.stats.get("host_roofline")
+        if roof is not None:
+            lines.append(f"host roofline: {roof.text()}")
         return "\n".join(lines)
 
     def crossbar_table(self) -> str:
@@ -198,8 +201,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             the tiles kept by all crossbar kernels must fit the crossbars). See
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
         host_roofline: the host's figures for cost placement (a
-            :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"`` or
-            ``"nominal"``); default: measured once on this machine and cached.
+            :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"``, ``"nominal"``
+            or ``"measure"``: probed once on this machine and cached); default: the
+            ``ONNX_CINM_HOST_ROOFLINE`` environment variable, else nominal figures. The figures
+            used are recorded in the model (``metadata_props``) and printed by the summary.
 
     Returns:
         An :class:`OptimizeResult`; nothing is written to disk.
@@ -241,6 +246,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
     cinm.attach_functions(work)
+    roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
+    ctx.stats["host_roofline"] = roof
+    for p in [p for p in work.metadata_props if p.key == hostmodel.METADATA_KEY]:
+        work.metadata_props.remove(p)
+    work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
     t0 = time.perf_counter()
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)

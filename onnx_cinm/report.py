@@ -30,6 +30,7 @@ from pathlib import Path
 
 import onnx
 
+from . import hostmodel
 from .dialects import cinm
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
@@ -340,12 +341,15 @@ def options_from_plans(model: onnx.ModelProto) -> dict:
     ``cim_cols``, ``cim_loop_order`` and the device's crossbar count ``cim_device_crossbars``
     of its first crossbar kernel), so the report judges residency with the crossbars the
     model was compiled for. Models written before ``cim_device_crossbars`` existed give the
-    largest ``cim_crossbars`` of a kernel (a lower bound)."""
+    largest ``cim_crossbars`` of a kernel (a lower bound). Also ``host_roofline``: the host
+    figures the model was optimized with (:func:`onnx_cinm.hostmodel.recorded`), if recorded."""
+    roof = hostmodel.recorded(model)
+    base = {"host_roofline": roof} if roof is not None else {}
     plans = [cinm.node_attrs(n) for n in model.graph.node if n.domain == cinm.DOMAIN]
     plans = [at for at in plans if "cim_rows" in at]
     if not plans:
-        return {}
+        return base
     at = plans[0]
     count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
-    return {"cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"], "cim_crossbars": count,
-            "cim_loop_order": at["cim_loop_order"]}
+    return {**base, "cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"],
+            "cim_crossbars": count, "cim_loop_order": at["cim_loop_order"]}

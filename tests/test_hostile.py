@@ -660,3 +660,65 @@ def test_zipmap_outputs_run_and_compare_and_a_scaler_keeps_shapes_flowing(tmp_pa
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "probs" in captured.out and "OK" in captured.out
+
+
+def test_placement_does_not_depend_on_a_cached_probe(tmp_path, capsys, monkeypatch):
+    """Five fresh probes on one machine read 6.3 to 145 GFLOP/s and flipped the README's
+    placement. The default is now the nominal figures, whatever a cache holds; the summary
+    prints the figures used and the model records them."""
+    from onnx_cinm import hostmodel
+
+    monkeypatch.delenv("ONNX_CINM_HOST_ROOFLINE", raising=False)
+    monkeypatch.setattr(hostmodel, "_memo", None)
+    results = []
+    for k, gflops in enumerate((6.3, 145.0)):  # two caches, as two fresh probes wrote them
+        cache = tmp_path / f"cache{k}"
+        (cache / "onnx-cinm").mkdir(parents=True)
+        (cache / "onnx-cinm" / "host_roofline.json").write_text(json.dumps(
+            {"key": hostmodel._machine_key(), "roofline": {
+                "flops_per_s": gflops * 1e9, "bytes_per_s": 8e9, "power_w": 30.0,
+                "source": "measured"}}))
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        monkeypatch.setattr(hostmodel, "_memo", None)
+        out = tmp_path / f"lenet{k}.onnx"
+        assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0"]) == 0
+        text = capsys.readouterr().out
+        assert "  host roofline: 50 GFLOP/s, 10 GB/s, 30 W (nominal)\n" in text
+        m = onnx.load(str(out))
+        placed = [(n.name, next(a.s for a in n.attribute if a.name == "device"))
+                  for n in m.graph.node if n.domain == "cinm"]
+        recorded = json.loads(next(p.value for p in m.metadata_props
+                                   if p.key == "onnx_cinm.host_roofline"))
+        assert recorded == {"flops_per_s": 50e9, "bytes_per_s": 10e9, "power_w": 30.0,
+                            "source": "nominal"}
+        results.append(placed)
+    assert results[0] == results[1]
+    # the README's tour: the crossbar takes fc1, the host the other 8 cinm ops
+    assert sorted(d for _, d in results[0]) == [b"host"] * 8 + [b"memristor"]
+    assert dict(results[0])["fc1/Gemm"] == b"memristor"
+    # on request, the probe's figures are used, printed and recorded
+    monkeypatch.setattr(hostmodel, "_memo", None)
+    out = tmp_path / "measured.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0",
+                 "--host-roofline", "measure"]) == 0
+    assert "  host roofline: 145 GFLOP/s, 8 GB/s, 30 W (measured)\n" in capsys.readouterr().out
+
+
+def test_host_probe_takes_the_median_of_its_repetitions(monkeypatch):
+    """One repetition 20x faster than the others (a moment alone on a shared machine) must not
+    decide: 2 * 512^3 FLOPs in a median 10 ms is 26.8 GFLOP/s (the best, 0.5 ms, would say 537)."""
+    from onnx_cinm import hostmodel
+
+    durations = iter([0.010] * 6 + [0.0005] + [0.004] * 7)  # 7 products, then 7 copies
+    clock = {"t": 0.0, "start": True}
+
+    def perf_counter():
+        if not clock["start"]:
+            clock["t"] += next(durations)
+        clock["start"] = not clock["start"]
+        return clock["t"]
+
+    monkeypatch.setattr(hostmodel.time, "perf_counter", perf_counter)
+    r = hostmodel.measure(n=512, copy_mb=64, reps=7)
+    assert r.flops_per_s == pytest.approx(2 * 512**3 / 0.010)
+    assert r.bytes_per_s == pytest.approx(2 * 64 * 2**20 / 0.004)
