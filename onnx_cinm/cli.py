@@ -601,6 +601,18 @@ def _device_options(args) -> dict:
     return opts
 
 
+def _printable(text: str) -> str:
+    """``text`` safe to print on one line: control characters (newlines, tabs) and Unicode
+    format characters (bidi overrides such as U+202E, zero-width joiners) escaped as ``\\n``,
+    ``\\u202e``; names from a model must not break a table row or reorder what a person reads."""
+    import unicodedata
+
+    if text.isprintable() and not any(unicodedata.category(c) == "Cf" for c in text):
+        return text
+    return "".join(c if c.isprintable() and unicodedata.category(c) != "Cf"
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _progress(total: int, desc: str, unit: str, quiet: bool):
     """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
     from tqdm import tqdm
@@ -613,7 +625,7 @@ def _cmd_optimize(args, parser) -> int:
     from . import artifacts, frontend
     from .examples import EXAMPLES, get_example
     from .passes import DEFAULT_PIPELINE, available_passes
-    from .passes.placement import load_hints, parse_hint
+    from .passes.placement import hint_warnings, load_hints, parse_hint
     from .pipeline import optimize
 
     if args.list_passes:
@@ -711,8 +723,8 @@ def _cmd_optimize(args, parser) -> int:
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
         print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
-    for hint in result.stats.get("placement", {}).get("unused_hints", []):
-        print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
+    for line in hint_warnings(result.stats.get("placement", {})):
+        print(f"onnx-cinm: warning: {_printable(line)}", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():

@@ -722,3 +722,26 @@ def test_host_probe_takes_the_median_of_its_repetitions(monkeypatch):
     r = hostmodel.measure(n=512, copy_mb=64, reps=7)
     assert r.flops_per_s == pytest.approx(2 * 512**3 / 0.010)
     assert r.bytes_per_s == pytest.approx(2 * 64 * 2**20 / 0.004)
+
+
+@pytest.mark.parametrize("strategy", ["cost", "heuristic"])
+def test_refused_and_shadowed_hints_are_told_apart_from_unmatched(strategy, tmp_path, capsys):
+    """A hint the device cannot honour used to vanish silently (visible only under -v), and a
+    hint shadowed by an earlier one was reported as matching nothing."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    code = main(["optimize", str(model), "-o", str(dst / "o.onnx"), "--check", "0", "-q",
+                 "--placement", strategy, "--place", "relu=memristor", "--place", "Gemm=upmem",
+                 "--place", "fc2=host", "--place", "nomatch*=host"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0
+    assert err == [
+        "onnx-cinm: warning: hint nomatch*=host matched no cinm op",
+        "onnx-cinm: warning: hint fc2=host matched only ops an earlier hint took (Gemm=upmem; "
+        "the first matching hint wins): it changed nothing",
+        "onnx-cinm: warning: hint relu=memristor refused for 1 op(s) (relu/Relu): memristor: "
+        "crossbars only compute matrix products, not Relu; placed without it",
+    ]
+    placed = {n.name: next(a.s for a in n.attribute if a.name == "device")
+              for n in onnx.load(str(dst / "o.onnx")).graph.node if n.domain == "cinm"}
+    assert placed["fc2/Gemm"] == b"upmem" and placed["relu/Relu"] != b"memristor"
