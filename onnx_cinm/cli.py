@@ -322,8 +322,10 @@ def _given_inputs(args, parser) -> tuple[dict, dict]:
             arr = np.load(file, allow_pickle=False)
             if not isinstance(arr, np.ndarray):
                 raise ValueError("not a .npy array file (an .npz archive?)")
-        except (OSError, ValueError) as e:
-            why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        except (OSError, ValueError, EOFError) as e:  # EOFError: an empty or cut-off file
+            why = getattr(e, "strerror", None) or (str(e).splitlines() or ["truncated"])[0]
+            if isinstance(e, EOFError):
+                why = f"not a .npy array file ({os.path.getsize(file)} bytes, cut off)"
             if "pickled" in why:  # never suggest loading untrusted pickles
                 why = "not a .npy array file"
             raise CinmError(f"cannot read input '{name}' from '{file}': {why}") from None

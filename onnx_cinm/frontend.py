@@ -309,11 +309,17 @@ def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None
                 f"'{path}': external data file '{location}' of tensor '{tensor.name}' not found"
             )
         try:
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
         except ValueError:
             raise CinmError(
                 f"'{path}': bad external data offset/length of tensor '{tensor.name}'"
             ) from None
+        if offset < 0 or length < 0:
+            raise CinmError(
+                f"'{path}': external data of tensor '{tensor.name}' has a negative "
+                f"{'offset' if offset < 0 else 'length'} ({min(offset, length)})"
+            )
+        end = offset + length
         if end > os.path.getsize(data_path):
             raise CinmError(
                 f"'{path}': external data file '{location}' is too short for tensor "

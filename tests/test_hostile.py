@@ -108,6 +108,14 @@ def _ext_absolute(src, dst):
             "not a relative path inside the model's folder")
 
 
+def _ext_negative_offset(src, dst):
+    path = _external(src, "w.bin", np.ones(9, np.float32).tobytes())
+    model = onnx.load(str(path), load_external_data=False)
+    next(e for e in model.graph.initializer[0].external_data if e.key == "offset").value = "-4"
+    _write(path, model)
+    return [str(path), "-o", str(dst / "out.onnx")], "has a negative offset (-4)"
+
+
 def _ext_too_short(src, dst):
     return ([str(_external(src, "w.bin", b"\0" * 8)), "-o", str(dst / "out.onnx")],
             "too short")
@@ -189,6 +197,7 @@ CASES = {
     "external_data_escapes_folder": _ext_escapes,
     "external_data_absolute_path": _ext_absolute,
     "external_data_too_short": _ext_too_short,
+    "external_data_negative_offset": _ext_negative_offset,
     "shape_overflows_int64": _plain(_model(
         [h.make_node("Relu", ["x"], ["y"])],
         (h.make_tensor_value_info("x", TP.FLOAT, [2**40, 2**40]),),
@@ -745,3 +754,72 @@ def test_refused_and_shadowed_hints_are_told_apart_from_unmatched(strategy, tmp_
     placed = {n.name: next(a.s for a in n.attribute if a.name == "device")
               for n in onnx.load(str(dst / "o.onnx")).graph.node if n.domain == "cinm"}
     assert placed["fc2/Gemm"] == b"upmem" and placed["relu/Relu"] != b"memristor"
+
+
+def test_empty_npy_input_is_a_one_line_error(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    (src / "empty.npy").write_bytes(b"")
+    before = _listing(dst)
+    code = main(["run", str(dst / "out.onnx"), "--input", f"x={src / 'empty.npy'}"])
+    captured = capsys.readouterr()
+    _assert_one_line_failure(code, captured.out, captured.err,
+                             "cannot read input 'x'", dst, before)
+    assert "not a .npy array file (0 bytes" in captured.err
+
+
+def test_device_attribute_the_device_cannot_run_with_placement_skipped(tmp_path, capsys):
+    """A cinm Relu carrying device=memristor (edited, or from another tool) reached the crossbar
+    planner with --skip-pass placement: IndexError, exit 3."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "relu.onnx", _model([h.make_node("Relu", ["x"], ["y"], name="r")]))
+    staged = src / "placed.onnx"
+    assert main(["optimize", str(model), "-o", str(staged), "--stop-after", "placement",
+                 "--check", "0", "-q"]) == 0
+    m = onnx.load(str(staged))
+    node = next(n for n in m.graph.node if n.domain == "cinm")
+    next(a for a in node.attribute if a.name == "device").s = b"memristor"
+    _write(staged, m)
+    capsys.readouterr()
+    before = _listing(dst)
+    code = main(["optimize", str(staged), "-o", str(dst / "out.onnx"), "--skip-pass",
+                 "placement"])
+    captured = capsys.readouterr()
+    _assert_one_line_failure(code, captured.out, captured.err,
+                             "node 'r/Relu' (Relu) is placed on memristor, which cannot run it",
+                             dst, before)
+
+
+_BAD_PLUGINS = {
+    "exits": ("exiting_plugin", "import sys\nsys.exit(0)\n", "exiting_plugin:Device"),
+    "dict_params": ("dict_plugin", "from dataclasses import dataclass\n"
+                    "class D:\n    name = 'dictdev'\n    paradigm = 'cnm'\n"
+                    "    params = {'dpus': 1}\n"
+                    "    def supports(self, op):\n        return False\n"
+                    "DEVICE = D()\n", "dict_plugin:DEVICE"),
+}
+
+
+def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
+    """A plugin calling sys.exit made every command, even `devices`, exit silently; one whose
+    params are a dict crashed `devices` (exit 3)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for key, (module, code, target) in _BAD_PLUGINS.items():
+        (site / f"{module}.py").write_text(code)
+        info = site / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[onnx_cinm.devices]\n{key} = {target}\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")] \
+        == ["host", "memristor", "upmem"]
+    assert proc.stderr.splitlines() == [
+        "onnx-cinm: warning: device plugin 'dict_params' (dict_plugin:DEVICE) not loaded: "
+        "TypeError: device 'dictdev': params must be a dataclass instance, not dict",
+        "onnx-cinm: warning: device plugin 'exits' (exiting_plugin:Device) not loaded: "
+        "SystemExit: it called sys.exit(0)",
+    ]
