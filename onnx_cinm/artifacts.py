@@ -43,6 +43,7 @@ from . import devices, frontend
 from .analysis import op_info, tensor_infos
 from .dialects import cinm
 from .errors import CinmError
+from .text import printable
 
 MANIFEST = "manifest.json"
 FORMAT = "onnx-cinm-artifacts"
@@ -167,11 +168,9 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
 
 
 def _show(value, limit: int | None = 80) -> str:
-    """A value quoted for a one-line message: control characters escaped, shortened to
-    ``limit`` characters."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    if not text.isprintable():
-        text = text.encode("unicode_escape").decode("ascii")
+    """A value quoted for a one-line message: control and bidi characters escaped
+    (:func:`onnx_cinm.text.printable`), shortened to ``limit`` characters."""
+    text = printable(value if isinstance(value, str) else json.dumps(value))
     if limit is not None and len(text) > limit:
         text = text[:limit - 3] + "..."
     return "'" + text + "'"

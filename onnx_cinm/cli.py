@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import CinmError, ReferenceFailed
+from .text import printable
 
 _EPILOG = """\
 examples:
@@ -465,7 +466,7 @@ def _cmd_run(args, parser) -> int:
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
-    kinds = [k for k, _ in sess.partitions()]
+    parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
     outs = None
@@ -476,7 +477,7 @@ def _cmd_run(args, parser) -> int:
         outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
-    say("  partitions: " + ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))))
+    say("  partitions: " + _partition_text(parts, sess.modeled_nodes()))
     arrays: dict = {}
     for arg, value in zip(sess.get_outputs(), outs):
         found = _output_arrays(arg.name, value)
@@ -508,6 +509,24 @@ def _cmd_run(args, parser) -> int:
             raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
         say(f"  profile written to {args.profile_out}")
     return 0
+
+
+def _partition_text(parts: list, modeled: list) -> str:
+    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
+    memristor 1 node``: the same counts ``--profile`` shows, with their units."""
+    from collections import Counter
+
+    host = [n for k, n in parts if k == "host"]
+    text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
+    by_dev = Counter(dev for _, dev in modeled)
+    if by_dev:
+        text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
+                                 for d, n in sorted(by_dev.items()))
+    text += ")"
+    devs = Counter(k for k, _ in parts if k != "host")
+    for d, n in sorted(devs.items()):
+        text += f", {d} {n} node{'s' * (n != 1)}"
+    return text
 
 
 def _output_arrays(name: str, value) -> dict:
@@ -603,18 +622,6 @@ def _device_options(args) -> dict:
     return opts
 
 
-def _printable(text: str) -> str:
-    """``text`` safe to print on one line: control characters (newlines, tabs) and Unicode
-    format characters (bidi overrides such as U+202E, zero-width joiners) escaped as ``\\n``,
-    ``\\u202e``; names from a model must not break a table row or reorder what a person reads."""
-    import unicodedata
-
-    if text.isprintable() and not any(unicodedata.category(c) == "Cf" for c in text):
-        return text
-    return "".join(c if c.isprintable() and unicodedata.category(c) != "Cf"
-                   else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 def _progress(total: int, desc: str, unit: str, quiet: bool):
     """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
     from tqdm import tqdm
@@ -680,6 +687,7 @@ def _cmd_optimize(args, parser) -> int:
             bar.update(1)
             bar.set_postfix_str(msg[5:].split(":")[0])
         if args.verbose:
+            msg = printable(msg)
             bar.write(msg) if not bar.disable else print(msg)
     try:  # malformed option values are usage errors (exit 2)
         hints = [parse_hint(h) for h in args.place]
@@ -726,7 +734,7 @@ def _cmd_optimize(args, parser) -> int:
         print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
     for line in hint_warnings(result.stats.get("placement", {})):
-        print(f"onnx-cinm: warning: {_printable(line)}", file=sys.stderr)
+        print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():
@@ -751,7 +759,7 @@ def _cmd_optimize(args, parser) -> int:
             print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
     if args.verbose:
         for name, op, dev, why in result.placements:
-            print(f"  {name:40s} {op:12s} {dev:10s} {why}")
+            print(f"  {printable(name):40s} {op:12s} {dev:10s} {printable(why)}")
     if args.report:
         say(f"  report: {', '.join(str(p) for p in report_files)}")
     return 0

@@ -30,6 +30,7 @@ from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
 from .errors import CheckFailed, CinmError, ReferenceFailed
+from .text import printable
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
 
@@ -147,7 +148,8 @@ def random_inputs(
         Required for an input whose rank is unknown.
     fill : {"random", "arange", "ones", "zeros"}
         ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
-        unsigned integers in [0, 10], bool uniform, strings short random words.
+        unsigned integers uniform over their range up to 16 bits ([0, 255] for uint8,
+        [0, 65535] wider), bool uniform, strings short random words.
         ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
         the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
         are constant fills.
@@ -280,7 +282,11 @@ def _fill(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], fil
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if dtype.kind == "i":
         return rng.integers(-10, 10, size=shape, endpoint=True).astype(dtype)
-    return rng.integers(0, 10, size=shape, endpoint=True).astype(dtype)  # unsigned
+    # unsigned: every bit of the low 16 (0..255 for uint8, 0..65535 wider), not only 0..10,
+    # where any bit above the fourth is always 0 (bitwise ops and shifts would go unchecked);
+    # capped at 16 bits so the product of two inputs still fits a uint32
+    top = min(int(np.iinfo(dtype).max), 0xFFFF)
+    return rng.integers(0, top, size=shape, endpoint=True).astype(dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,7 +480,7 @@ class CheckReport:
         rows = [("output", "dtype", "shape", "max abs err", "max rel err", "off", "status")]
         for o in self.outputs:
             rows.append((
-                o.name, o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
+                printable(o.name), o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
                 f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}",
                 f"{o.mismatched}/{o.elements}",
                 "ok" if o.ok else ("FAIL: " + o.note if o.note else "FAIL"),

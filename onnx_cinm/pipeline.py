@@ -14,6 +14,7 @@ from .analysis import node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .passes import PassContext, PassManager
+from .text import printable
 
 
 @dataclass
@@ -96,7 +97,7 @@ class OptimizeResult:
         for name, _op, _dev, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
-            rows.append(f"{name[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
+            rows.append(f"{printable(name)[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
                         f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
                         f"{a['cim_mvms']:>9d} {_si(a['cim_latency_s']) + 's':>10s} "
                         f"{_si(a['cim_energy_j']) + 'J':>10s}")

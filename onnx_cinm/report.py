@@ -32,6 +32,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
+from .text import printable
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
 COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
@@ -249,7 +250,7 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     for r in rows:
         if cinm_only and not r.cinm:
             continue
-        out.append(f"{r.index:4d} {r.name[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
+        out.append(f"{r.index:4d} {printable(r.name)[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
                    f"{_si(r.flops, ''):>10s} {r.device[:10]:10s} {_si(r.latency_s + r.transfer_s, 's'):>10s} "
                    f"{_si(r.energy_j + r.transfer_j, 'J'):>10s} {r.writes:7d} {_si(r.bytes_moved, 'B'):>9s}  "
                    f"{r.reason[:120]}")

@@ -823,3 +823,69 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
         "onnx-cinm: warning: device plugin 'exits' (exiting_plugin:Device) not loaded: "
         "SystemExit: it called sys.exit(0)",
     ]
+
+
+def test_unsigned_check_inputs_set_every_low_bit():
+    """Unsigned inputs were drawn in 0..10: bits above the fourth were never 1, so e.g. a
+    popcount or a right shift by 4 saw only zeros."""
+    from onnx_cinm.golden import random_inputs
+
+    vis = [h.make_tensor_value_info(n, t, [4096]) for n, t in
+           (("a", TP.UINT8), ("b", TP.UINT16), ("c", TP.UINT32), ("d", TP.UINT64))]
+    model = _model([h.make_node("Identity", [v.name], [v.name + "_o"]) for v in vis], vis,
+                   [h.make_tensor_value_info(v.name + "_o", v.type.tensor_type.elem_type, [4096])
+                    for v in vis])
+    feeds = random_inputs(model, seed=0)
+    for name, bits in (("a", 8), ("b", 16), ("c", 16), ("d", 16)):
+        x = feeds[name].astype(np.uint64)
+        ones = [(x >> np.uint64(k)) & np.uint64(1) for k in range(bits)]
+        # 4096 uniform draws: each bit is 1 about half the time
+        assert all(0.4 < float(o.mean()) < 0.6 for o in ones), name
+        assert int(x.max()) < 2 ** bits
+    assert random_inputs(model, seed=0)["c"].dtype == np.uint32
+
+
+def test_names_with_newlines_or_bidi_overrides_are_escaped_in_tables(tmp_path, capsys):
+    """A node named 'fc\\n1' broke the profile's and -v's rows in two; U+202E reordered them."""
+    src, dst = _dirs(tmp_path)
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    evil = "fc\n1\u202eevil"
+    model = _write(src / "m.onnx", _model(
+        [h.make_node("MatMul", ["x", "w"], ["y"], name=evil)],
+        (h.make_tensor_value_info("x", TP.FLOAT, [2, 64]),),
+        (h.make_tensor_value_info("y", TP.FLOAT, [2, 64]),), [numpy_helper.from_array(w, "w")]))
+    out = dst / "out.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-v"]) == 0
+    text = capsys.readouterr().out
+    assert main(["run", str(out), "--profile"]) == 0
+    text += capsys.readouterr().out
+    assert "\u202e" not in text
+    shown = "fc\\n1\\u202eevil/Gemm"
+    assert shown in text
+    rows = [line for line in text.splitlines() if "fc\\n1" in line]
+    # -v's emit and placement lines, the crossbar table, the profile: one whole row each
+    assert len(rows) == 4 and all(shown in line for line in rows), rows
+
+
+def test_run_summary_and_profile_count_partitions_and_nodes_alike(tmp_path, capsys):
+    """'partitions: host 5' counted partitions while the profile said 'host partition 0: 4
+    nodes' and 'total host (5 nodes)' counted rows: three numbers for one thing."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    out = dst / "clf_opt.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--placement", "heuristic", "-q"]) == 0
+    m = onnx.load(str(out))
+    n_nodes = len(m.graph.node)  # one host partition holds them all in model mode
+    n_upmem = sum(1 for n in m.graph.node if n.domain == "cinm" and
+                  next(a.s for a in n.attribute if a.name == "device") == b"upmem")
+    assert (n_nodes, n_upmem) == (7, 3)
+    capsys.readouterr()
+    assert main(["run", str(out), "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert (f"  partitions: 1 host partition ({n_nodes} nodes; {n_upmem} of them upmem nodes "
+            "charged by its cost model)") in text
+    assert f"profile: {1 + n_upmem} rows (1 host partition, {n_upmem} device nodes)" in text
+    row = next(line for line in text.splitlines() if line.startswith("host partition 0"))
+    assert row.split()[3:5] == [str(n_nodes), "nodes"]
+    assert f"total host (1 partition, {n_nodes} nodes)" in text
+    assert f"total upmem ({n_upmem} nodes)" in text

@@ -364,14 +364,15 @@ class InferenceSession:
                 records.append({"run": run_index, "node": f"host partition {p.index}",
                                 "op_type": f"{len(p.nodes)} nodes", "device": "host",
                                 "mode": "onnxruntime", "wall_s": wall, "latency_s": None,
-                                "energy_j": None, "writes": 0, "bytes_moved": 0})
+                                "energy_j": None, "writes": 0, "bytes_moved": 0,
+                                "nodes": len(p.nodes)})
                 for node, dev in p.modeled:
                     at = cinm.node_attrs(node)
                     records.append({"run": run_index, "node": self._label(node), "op_type": node.op_type,
                                     "device": dev, "mode": "model", "wall_s": None,
                                     "latency_s": at.get("cnm_latency_s"),
                                     "energy_j": at.get("cnm_energy_j"), "writes": 0,
-                                    "bytes_moved": None})
+                                    "bytes_moved": None, "nodes": 1})
             for d in stage_devices:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
@@ -384,7 +385,7 @@ class InferenceSession:
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved")})
+                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1})
         with self._profile_lock:
             self._profile.extend(records)
         for n in names:  # an output that is a constant of the graph
@@ -415,7 +416,9 @@ class InferenceSession:
         """Per-node records of every run so far: ``run``, ``node``, ``op_type``, ``device``,
         ``mode``, ``wall_s`` (host wall time, seconds; None for nodes charged by a model),
         ``latency_s`` and ``energy_j`` (modeled device time and energy; None on the host),
-        ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes)."""
+        ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes), ``nodes``
+        (graph nodes the record covers: all the nodes of a host partition's onnxruntime
+        session, UPMEM nodes charged by the cost model inside it included; 1 otherwise)."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
@@ -437,6 +440,11 @@ class InferenceSession:
                 out.append({"node": self._label(d.node), "device": d.device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
         return out
+
+    def modeled_nodes(self) -> list[tuple[str, str]]:
+        """``(node label, device)`` of the device nodes that run inside a host partition and
+        are charged by their device's cost model (UPMEM in ``upmem_mode="model"``)."""
+        return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled]
 
     def partitions(self) -> list[tuple[str, int]]:
         """``(kind, node count)`` in execution order, for inspection: host partitions and
