@@ -8,6 +8,12 @@ real exit status. Two inputs of the issue's list are not errors: NaN/Inf weights
 compiles and its outputs carry NaN/Inf exactly where onnxruntime puts them on the original) and
 zero-sized dimensions (empty tensors are legal ONNX -- onnx's own suite has empty-set Reduce
 cases -- so they compile, stay on the host, and match onnxruntime).
+
+The second half (issue 12) goes past optimize's input: a model and its kernel folder as one
+unit (a failed replacement, a swapped folder, leftovers of a killed save), kernel folders as
+untrusted input (.xbar sidecars outside the folder, edited UPMEM C with resealed hashes),
+ZipMap outputs, reproducible host figures, refused and shadowed hints, plain bad input that
+used to exit 3 or silently, and what a person reads (counts, escaped names, cache folders).
 """
 from __future__ import annotations
 
