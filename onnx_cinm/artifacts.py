@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shutil
 import signal
@@ -79,8 +80,12 @@ def check_output_outside_kernels(path, option: str) -> None:
 
 def kernel_digest(manifest: dict) -> str:
     """SHA-256 of a manifest's kernel list (node, op, device, kernel, files with their hashes)
-    in canonical JSON: the identity of a kernel set."""
-    text = json.dumps(manifest.get("kernels", []), sort_keys=True, separators=(",", ":"))
+    in canonical JSON, paths normalized (``upmem/../upmem/x`` is ``upmem/x``): the identity of
+    a kernel set."""
+    kernels = [{**k, "kernel": posixpath.normpath(k["kernel"]),
+                "files": [{**f, "path": posixpath.normpath(f["path"])} for f in k["files"]]}
+               for k in manifest.get("kernels", [])]
+    text = json.dumps(kernels, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -97,11 +102,12 @@ def _record_digest(model: onnx.ModelProto, digest: str | None) -> None:
 
 
 def check_pair(model: onnx.ModelProto, root, model_label: str = "the model") -> dict:
-    """Check that the kernel folder ``root`` is ``model``'s own (its manifest's
-    :func:`kernel_digest` equals the digest the model records), then :func:`verify` its files.
-    Returns the manifest. Raises CinmError (one line) otherwise."""
+    """Check the kernel folder ``root`` (:func:`verify`: its paths stay inside it, its files
+    have their listed hashes) and that it is ``model``'s own: its manifest's
+    :func:`kernel_digest` equals the digest the model records. Nothing of the folder is built
+    or run before this. Returns the manifest. Raises CinmError (one line) otherwise."""
     root = Path(root)
-    manifest = load_manifest(root)
+    manifest = verify(root)
     want = recorded_digest(model)
     if want is None:
         raise CinmError(f"{model_label} has device kernels but records no kernel digest (written "
@@ -111,7 +117,7 @@ def check_pair(model: onnx.ModelProto, root, model_label: str = "the model") -> 
         raise CinmError(f"the kernel folder '{root}' is not the one {model_label} was written "
                         "with (its kernel digest differs: an interrupted or failed optimize, or a "
                         "folder of another model); re-run onnx-cinm optimize")
-    return verify(root, manifest)
+    return manifest
 
 
 def sha256(path) -> str:
