@@ -13,8 +13,9 @@ The model (one inference, ops run one after another, so latencies and energies a
   ``upmem_tasklets`` reach the figures. An op a device refuses (``supports()`` false, or its
   cost/plan raises, e.g. data that does not fit MRAM on the allowed DPUs) is not a candidate.
   Non-cinm ops run on the host and cost the host roofline (:mod:`onnx_cinm.hostmodel`).
-* **Host cost**: roofline of this CPU, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
-  that time x 30 W (measured rates, cached; see :mod:`onnx_cinm.hostmodel`).
+* **Host cost**: a roofline of the host, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
+  that time x 30 W (nominal rates by default, this CPU's measured ones on request; see
+  :mod:`onnx_cinm.hostmodel`).
 * **Transfers**: a tensor whose producer and consumer sit on different devices crosses the host:
   ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
   (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
