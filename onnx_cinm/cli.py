@@ -443,8 +443,6 @@ def _warn_if_nothing_on_devices(sess) -> None:
 
 
 def _cmd_run(args, parser) -> int:
-    import numpy as np
-
     from . import artifacts, golden
     from .runtime import profile
 
