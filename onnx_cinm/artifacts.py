@@ -9,8 +9,17 @@ Layout (for ``out.onnx``)::
 
 A node's ``kernel`` attribute is its kernel's path relative to this folder. The folder is built
 under a temporary name beside the destination and renamed into place, so a reader sees the old
-folder or the new one, never a partial one; :func:`save` writes the model and the folder
-together, with SIGINT/SIGTERM held off during the two renames.
+folder or the new one, never a partial one; :func:`save` writes the model and the folder as one
+unit (both replaced or neither), with SIGINT/SIGTERM held off during the renames. The model
+records the digest of its kernel set (:data:`DIGEST_KEY` in its ``metadata_props``), and
+:func:`check_pair` refuses a folder whose manifest does not have that digest, so a model never
+runs with kernels that are not its own, even after a SIGKILL between the renames.
+
+The hashes catch accidents -- a stale, partial or swapped folder -- not tampering: whoever can
+edit the folder can edit its manifest and the model too. A kernel folder is untrusted input:
+every path it names must stay inside it (:func:`verify`, and the crossbar simulator for the
+``.npy`` files an ``.xbar`` file names), and the UPMEM emulator compiles only code regenerated
+from the model's plan, never the folder's C as it stands.
 
 The emission reaches devices only through the registry (:mod:`onnx_cinm.devices`).
 """
@@ -19,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
+import re
 import shutil
 import signal
 import tempfile
@@ -33,16 +44,80 @@ from . import devices, frontend
 from .analysis import op_info, tensor_infos
 from .dialects import cinm
 from .errors import CinmError
+from .text import printable
 
 MANIFEST = "manifest.json"
 FORMAT = "onnx-cinm-artifacts"
 VERSION = 1
+#: The ``metadata_props`` key under which a model records :func:`kernel_digest` of its kernels.
+DIGEST_KEY = "onnx_cinm.kernels_sha256"
 
 
 def artifact_dir(model_path) -> Path:
     """The kernel folder of a model file: ``out.onnx`` -> ``out.cinm``."""
     p = Path(model_path)
     return p.with_suffix(".cinm") if p.suffix else p.with_name(p.name + ".cinm")
+
+
+def kernel_folder_in(path) -> Path | None:
+    """The kernel folder (a ``*.cinm`` path component) that ``path`` names or lies inside,
+    or None. Outputs must not go there: ``optimize`` replaces kernel folders whole."""
+    p = Path(os.path.abspath(path))
+    for q in (p, *p.parents):
+        if q.suffix == ".cinm":
+            return q
+    return None
+
+
+def check_output_outside_kernels(path, option: str) -> None:
+    """Raise CinmError if ``path`` (written by ``option``) is a kernel folder or lies in one."""
+    k = kernel_folder_in(path)
+    if k is not None:
+        where = "is" if k == Path(os.path.abspath(path)) else "lies inside"
+        raise CinmError(f"{option} '{path}' {where} the kernel folder '{k}' (*.cinm folders belong "
+                        "to their model and are replaced whole); choose another path")
+
+
+def kernel_digest(manifest: dict) -> str:
+    """SHA-256 of a manifest's kernel list (node, op, device, kernel, files with their hashes)
+    in canonical JSON, paths normalized (``upmem/../upmem/x`` is ``upmem/x``): the identity of
+    a kernel set."""
+    kernels = [{**k, "kernel": posixpath.normpath(k["kernel"]),
+                "files": [{**f, "path": posixpath.normpath(f["path"])} for f in k["files"]]}
+               for k in manifest.get("kernels", [])]
+    text = json.dumps(kernels, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def recorded_digest(model: onnx.ModelProto) -> str | None:
+    """The kernel digest ``model`` records (``metadata_props[DIGEST_KEY]``), or None."""
+    return next((p.value for p in model.metadata_props if p.key == DIGEST_KEY), None)
+
+
+def _record_digest(model: onnx.ModelProto, digest: str | None) -> None:
+    for p in [p for p in model.metadata_props if p.key == DIGEST_KEY]:
+        model.metadata_props.remove(p)
+    if digest is not None:
+        model.metadata_props.add(key=DIGEST_KEY, value=digest)
+
+
+def check_pair(model: onnx.ModelProto, root, model_label: str = "the model") -> dict:
+    """Check the kernel folder ``root`` (:func:`verify`: its paths stay inside it, its files
+    have their listed hashes) and that it is ``model``'s own: its manifest's
+    :func:`kernel_digest` equals the digest the model records. Nothing of the folder is built
+    or run before this. Returns the manifest. Raises CinmError (one line) otherwise."""
+    root = Path(root)
+    manifest = verify(root)
+    want = recorded_digest(model)
+    if want is None:
+        raise CinmError(f"{model_label} has device kernels but records no kernel digest (written "
+                        "by an older onnx-cinm, or not by 'onnx-cinm optimize'); re-run "
+                        "onnx-cinm optimize")
+    if kernel_digest(manifest) != want:
+        raise CinmError(f"the kernel folder '{root}' is not the one {model_label} was written "
+                        "with (its kernel digest differs: an interrupted or failed optimize, or a "
+                        "folder of another model); re-run onnx-cinm optimize")
+    return manifest
 
 
 def sha256(path) -> str:
@@ -99,11 +174,9 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
 
 
 def _show(value, limit: int | None = 80) -> str:
-    """A value quoted for a one-line message: control characters escaped, shortened to
-    ``limit`` characters."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    if not text.isprintable():
-        text = text.encode("unicode_escape").decode("ascii")
+    """A value quoted for a one-line message: control and bidi characters escaped
+    (:func:`onnx_cinm.text.printable`), shortened to ``limit`` characters."""
+    text = printable(value if isinstance(value, str) else json.dumps(value))
     if limit is not None and len(text) > limit:
         text = text[:limit - 3] + "..."
     return "'" + text + "'"
@@ -291,19 +364,56 @@ def _foreign_files(path: Path) -> list[str]:
                   if not p.is_dir() and p.relative_to(path).as_posix() not in listed)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _remove_leftovers(folder: Path, names: list[str]) -> None:
+    """Remove the hidden temporaries a killed ``save`` left beside ``names`` in ``folder``:
+    ``.NAME.PID.*.tmp`` (files or folders) and ``.NAME.old.PID`` whose process ``PID`` is gone.
+    Those of a live process (a concurrent save) are left alone."""
+    pattern = re.compile(r"^\.(" + "|".join(re.escape(n) for n in names)
+                         + r")(?:\.data)?\.(?:old\.(\d+)|(\d+)\..*\.tmp)$")
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for e in entries:
+        m = pattern.match(e.name)
+        if not m or _alive(int(m.group(2) or m.group(3))):
+            continue
+        try:
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path, ignore_errors=True)
+            else:
+                os.unlink(e.path)
+        except OSError:
+            pass
+
+
 def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: None) -> dict | None:
-    """Write ``model`` to ``path`` and its kernels to :func:`artifact_dir` ``(path)``, atomically.
+    """Write ``model`` to ``path`` and its kernels to :func:`artifact_dir` ``(path)``, as one unit.
 
     Everything is built under temporary names in the destination folder, then renamed into place
-    with signals held; on any error or interrupt before that, the temporaries are removed and the
-    old files stay as they were. An old kernel folder (one with our manifest) is replaced; a
-    model without kernels removes it, since it belonged to the model being replaced.
+    with signals held: the kernel folder first, then the model; if the model cannot be written,
+    the old kernel folder is put back. On any error or interrupt the temporaries are removed and
+    the old files stay as they were. An old kernel folder (one with our manifest) is replaced; a
+    model without kernels removes it, since it belonged to the model being replaced. Hidden
+    temporaries a killed earlier save left for this output are removed first. ``model`` gets
+    the digest of its kernel set in its ``metadata_props`` (:data:`DIGEST_KEY`; removed when it
+    has no kernels), which :func:`check_pair` compares.
 
     Returns the manifest, or None when the model has no device kernels.
 
     Raises:
-        CinmError: the destination is not writable, or a folder that is not ours sits where the
-            kernel folder goes.
+        CinmError: the destination is not writable, is or lies in a kernel folder, or a folder
+            that is not ours sits where the kernel folder goes.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -312,7 +422,9 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
                         "(Not a directory)")
     if not folder.is_dir():
         raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
+    check_output_outside_kernels(path, "the model path")
     dest = artifact_dir(path)
+    _remove_leftovers(folder, [path.name, dest.name])
     foreign = _foreign_files(dest) if dest.is_dir() and _is_ours(dest) else []
     if foreign:
         raise CinmError(f"cannot replace the kernel folder '{dest}': it also holds files onnx-cinm "
@@ -321,32 +433,46 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
                         "kernel folder; move it away or choose another output name")
-    tmp = None
+    tmp = old = None
     manifest = None
     try:
         if kernel_nodes(model):
             try:
-                tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder))
+                tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp",
+                                            dir=folder))
                 umask = os.umask(0)
                 os.umask(umask)
                 os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the folder is not
             except OSError as e:
                 raise CinmError(f"cannot write kernels next to '{path}': {e.strerror}") from None
             manifest = emit(model, tmp, log)
+        _record_digest(model, kernel_digest(manifest) if manifest is not None else None)
         with _signals_held():
-            frontend.save_model(model, path)
-            old = None
-            if dest.exists():
-                old = dest.with_name(f".{dest.name}.old.{os.getpid()}")
-                os.replace(dest, old)
-            if tmp is not None:
-                os.replace(tmp, dest)
-                tmp = None
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            placed = False
+            try:
+                if dest.exists():
+                    hidden = dest.with_name(f".{dest.name}.old.{os.getpid()}")
+                    os.replace(dest, hidden)
+                    old = hidden
+                if tmp is not None:
+                    os.replace(tmp, dest)
+                    placed = True
+                frontend.save_model(model, path)  # atomic by itself: old model or new
+            except BaseException:  # both replaced or neither: put the old folder back
+                try:
+                    if placed:
+                        os.replace(dest, tmp)
+                    if old is not None:
+                        os.replace(old, dest)
+                        old = None
+                except OSError:
+                    pass  # the digest check keeps run from pairing the wrong halves
+                raise
     except OSError as e:
         raise CinmError(f"cannot write kernels to '{dest}': {e.strerror}") from None
     finally:
-        if tmp is not None:
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return manifest

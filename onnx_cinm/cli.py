@@ -7,10 +7,12 @@ import os
 import signal
 import sys
 import traceback
+import zipfile
 from pathlib import Path
 
 from . import __version__
 from .errors import CinmError, ReferenceFailed
+from .text import printable
 
 _EPILOG = """\
 examples:
@@ -87,8 +89,10 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def _roofline(text: str) -> str:
-    from .hostmodel import parse
+    from .hostmodel import MEASURE, parse
 
+    if text.strip().lower() == MEASURE:  # valid; the probe runs when the figures are needed
+        return text
     try:
         parse(text)
     except CinmError as e:
@@ -159,7 +163,10 @@ def _parser() -> argparse.ArgumentParser:
                          "the tiles kept by all kernels must fit the crossbars); the crossbar "
                          "plans still share the device's crossbars")
     cp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline ('nominal' = 50,10,30)")
+                    help="host figures for cost placement: 'nominal' (50,10,30: fixed, so placement is "
+                         "reproducible), 'measure' (probe this machine once, median of repeated "
+                         "runs, cached) or your own (default: $ONNX_CINM_HOST_ROOFLINE, else "
+                         "nominal)")
     o.add_argument("--report", metavar="DIR",
                    help="also write the report (table, PNG pictures, HTML page) into DIR")
     o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
@@ -244,7 +251,8 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
     rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline")
+                    help="host figures ('nominal', 'measure' or your own; default: the figures the "
+                         "model was optimized with)")
     rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
     _common(rp)
 
@@ -270,7 +278,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=_positive, default=None, metavar="N",
                     help="local worker processes (default: CPU count)%(default).0s")
     sw.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures instead of the measured, cached roofline")
+                    help="host figures ('nominal', 'measure' or your own; default: "
+                         "$ONNX_CINM_HOST_ROOFLINE, else nominal)")
     sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                     help="bake a static shape into an input (repeatable)")
     sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
@@ -356,10 +365,13 @@ def _given_inputs(args, parser) -> tuple[dict, dict]:
                 for k, arr in arrays.items():
                     add(k, arr, file)
                 continue
-        except (OSError, ValueError, EOFError) as e:
-            why = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # EOF: empty or cut off
+            kind = ".npy array file" if sep else ".npz archive"
+            why = getattr(e, "strerror", None) or (str(e).splitlines() or ["truncated"])[0]
+            if isinstance(e, (EOFError, zipfile.BadZipFile)):
+                why = f"not a {kind} ({os.path.getsize(file)} bytes, cut off)"
             if "pickled" in why:  # never suggest loading untrusted pickles
-                why = "not a .npy array file"
+                why = f"not a {kind}"
             what = f"input '{name}'" if sep else "inputs"
             raise CinmError(f"cannot read {what} from '{file}': {why}") from None
         add(name, data, file)
@@ -494,11 +506,12 @@ def _cmd_run(args, parser) -> int:
     for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
         if target:
             _check_output_file(target, option, protected)
+            artifacts.check_output_outside_kernels(target, option)
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
     dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
-    kinds = [k for k, _ in sess.partitions()]
+    parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
     outs = None
@@ -509,13 +522,22 @@ def _cmd_run(args, parser) -> int:
         outs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
-    say("  partitions: " + ", ".join(f"{k} {kinds.count(k)}" for k in sorted(set(kinds))))
-    for name, arr in zip(names, outs):
-        arr = np.asarray(arr)
-        say(f"  output {name}: {arr.dtype} {list(arr.shape)}"
-            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else ""))
+    say("  partitions: " + _partition_text(parts, sess.modeled_nodes()))
+    arrays: dict = {}
+    for arg, value in zip(sess.get_outputs(), outs):
+        found = _output_arrays(arg.name, value)
+        arrays.update(found)
+        arr = found.get(arg.name)
+        kind = "" if arg.type.startswith("tensor(") else f"{arg.type} as "
+        say(f"  output {arg.name}: " + (f"{arg.type}" if arr is None else
+            f"{kind}{arr.dtype} {list(arr.shape)}"
+            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else "")))
     if args.output:
-        _save_npz(args.output, dict(zip(names, outs)))
+        unsaved = [n for n in names if n not in arrays]
+        if unsaved:
+            raise CinmError(f"output '{unsaved[0]}' has no array form to write to "
+                            f"{args.output}")
+        _save_npz(args.output, arrays)
         say(f"  outputs written to {args.output}")
     if args.profile:
         print(profile.table(sess.profile()))
@@ -532,6 +554,41 @@ def _cmd_run(args, parser) -> int:
             raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
         say(f"  profile written to {args.profile_out}")
     return 0
+
+
+def _partition_text(parts: list, modeled: list) -> str:
+    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
+    memristor 1 node``: the same counts ``--profile`` shows, with their units."""
+    from collections import Counter
+
+    host = [n for k, n in parts if k == "host"]
+    text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
+    by_dev = Counter(dev for _, dev in modeled)
+    if by_dev:
+        text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
+                                 for d, n in sorted(by_dev.items()))
+    text += ")"
+    devs = Counter(k for k, _ in parts if k != "host")
+    for d, n in sorted(devs.items()):
+        text += f", {d} {n} node{'s' * (n != 1)}"
+    return text
+
+
+def _output_arrays(name: str, value) -> dict:
+    """An output as arrays for display and ``.npz``: a tensor as ``{name: array}``; a map or a
+    sequence of maps (ZipMap) as its values ``{name: [len, keys]}`` plus ``{name.keys: keys}``;
+    a sequence of tensors of one shape stacked. ``{}`` if it has no array form (never pickled)."""
+    import numpy as np
+
+    from . import golden
+
+    if isinstance(value, np.ndarray):
+        return {name: value}
+    arr = golden.as_array(value)
+    if arr is None or arr.dtype == object:
+        return {}
+    keys = golden.map_keys(value)
+    return {name: arr, **({f"{name}.keys": np.asarray(keys)} if keys is not None else {})}
 
 
 def _save_npz(path: str, arrays: dict) -> None:
@@ -651,7 +708,7 @@ def _cmd_optimize(args, parser) -> int:
     from . import artifacts, frontend
     from .examples import EXAMPLES, get_example
     from .passes import DEFAULT_PIPELINE, available_passes
-    from .passes.placement import load_hints, parse_hint
+    from .passes.placement import hint_warnings, load_hints, parse_hint
     from .pipeline import optimize
 
     if args.list_passes:
@@ -673,6 +730,7 @@ def _cmd_optimize(args, parser) -> int:
     if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
         raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "
                         "output model's file path (e.g. out/model_opt.onnx)")
+    artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     kernels = artifacts.artifact_dir(out).resolve()
@@ -686,6 +744,7 @@ def _cmd_optimize(args, parser) -> int:
         if report_dir == out.resolve() or report_dir == kernels or kernels in report_dir.parents:
             raise CinmError(f"--report '{args.report}' must be a folder of its own, not the output "
                             "model or its kernel folder")
+        artifacts.check_output_outside_kernels(args.report, "--report")
     say = (lambda msg: None) if args.quiet else print
     if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
                                      or args.objective != "energy"):
@@ -702,6 +761,7 @@ def _cmd_optimize(args, parser) -> int:
             bar.update(1)
             bar.set_postfix_str(msg[5:].split(":")[0])
         if args.verbose:
+            msg = printable(msg)
             bar.write(msg) if not bar.disable else print(msg)
     try:  # malformed option values are usage errors (exit 2)
         hints = [parse_hint(h) for h in args.place]
@@ -751,8 +811,8 @@ def _cmd_optimize(args, parser) -> int:
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
         print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
-    for hint in result.stats.get("placement", {}).get("unused_hints", []):
-        print(f"onnx-cinm: warning: hint {hint} matched no cinm op", file=sys.stderr)
+    for line in hint_warnings(result.stats.get("placement", {})):
+        print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():
@@ -777,14 +837,14 @@ def _cmd_optimize(args, parser) -> int:
             print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
     if args.verbose:
         for name, op, dev, why in result.placements:
-            print(f"  {name:40s} {op:12s} {dev:10s} {why}")
+            print(f"  {printable(name):40s} {op:12s} {dev:10s} {printable(why)}")
     if args.report:
         say(f"  report: {', '.join(str(p) for p in report_files)}")
     return 0
 
 
 def _cmd_report(args) -> int:
-    from . import frontend, report
+    from . import artifacts, frontend, report
 
     path = Path(args.model)
     model = frontend.load_model(str(path))
@@ -792,6 +852,7 @@ def _cmd_report(args) -> int:
     if args.host_roofline:
         opts["host_roofline"] = args.host_roofline
     out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
+    artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
     res = report.write_report(model, out, opts, title=path.name)
     if not args.quiet:
         print(f"onnx-cinm report: {path} -> {out}/")
@@ -801,7 +862,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_sweep(args, parser) -> int:
-    from . import frontend, sweep
+    from . import artifacts, frontend, sweep
 
     try:
         sets = sweep.parse_sets(args.sets)
@@ -823,6 +884,7 @@ def _cmd_sweep(args, parser) -> int:
     if args.executor == "dask" and not args.scheduler:
         parser.error("--executor dask needs --scheduler ADDRESS")
     out = Path(args.output)
+    artifacts.check_output_outside_kernels(out, "-o")
     if out.exists() and not out.is_dir():
         raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
     model = frontend.load_model(args.input)

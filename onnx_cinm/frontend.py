@@ -309,11 +309,17 @@ def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None
                 f"'{path}': external data file '{location}' of tensor '{tensor.name}' not found"
             )
         try:
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
         except ValueError:
             raise CinmError(
                 f"'{path}': bad external data offset/length of tensor '{tensor.name}'"
             ) from None
+        if offset < 0 or length < 0:
+            raise CinmError(
+                f"'{path}': external data of tensor '{tensor.name}' has a negative "
+                f"{'offset' if offset < 0 else 'length'} ({min(offset, length)})"
+            )
+        end = offset + length
         if end > os.path.getsize(data_path):
             raise CinmError(
                 f"'{path}': external data file '{location}' is too short for tensor "
@@ -473,7 +479,9 @@ def write_files_into(folder, files: dict, what: str) -> list:
 
 
 def _new_temporary(folder: str, name: str) -> str:
-    handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    # the process id in the name lets a later save remove what a killed one left behind
+    handle, temporary = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp",
+                                         dir=folder)
     os.close(handle)
     umask = os.umask(0)
     os.umask(umask)
@@ -704,13 +712,47 @@ def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
     return added
 
 
+#: ``ai.onnx.ml`` ops whose output has its input's shape, and the output element type (None:
+#: the input's). onnx registers no shape inference for them, so without this inference stops
+#: there and every op downstream (a MatMul after a Scaler) stays on the host.
+ML_SHAPE_PRESERVING = {"Scaler": onnx.TensorProto.FLOAT, "Normalizer": onnx.TensorProto.FLOAT,
+                       "Binarizer": None, "Imputer": None}
+
+
+def _add_ml_shapes(graph: onnx.GraphProto) -> bool:
+    """Type the outputs of :data:`ML_SHAPE_PRESERVING` nodes onnx left untyped (the input's
+    shape, the op's element type); True if any."""
+    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    added = False
+    for node in graph.node:
+        if node.domain != "ai.onnx.ml" or node.op_type not in ML_SHAPE_PRESERVING:
+            continue
+        src, out = infos.get(node.input[0]), infos.get(node.output[0])
+        if src is None or not src.type.tensor_type.elem_type:
+            continue
+        if out is not None and out.type.tensor_type.HasField("shape"):
+            continue
+        elem = ML_SHAPE_PRESERVING[node.op_type] or src.type.tensor_type.elem_type
+        typed = onnx.helper.make_tensor_value_info(node.output[0], elem, None)
+        if src.type.tensor_type.HasField("shape"):
+            typed.type.tensor_type.shape.CopyFrom(src.type.tensor_type.shape)
+        if out is None:
+            graph.value_info.add().CopyFrom(typed)
+        else:  # a graph output declared without a shape
+            out.type.CopyFrom(typed.type)
+        infos[node.output[0]] = typed
+        added = True
+    return added
+
+
 def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto:
     """Run onnx shape inference (with data propagation) and store the result in ``model``.
 
     Fills ``graph.value_info`` (and the value_info of subgraphs), and refines the types of the
     graph outputs. Where onnx gives up on a ``Reshape``/``Expand`` whose target shape is
-    computed at run time, the output gets its rank (unknown dimensions) and inference runs
-    again, so ranks keep flowing downstream. Works on a weightless copy (:func:`strip_weights`),
+    computed at run time, the output gets its rank (unknown dimensions), and the outputs of
+    shape-preserving ``ai.onnx.ml`` ops (:data:`ML_SHAPE_PRESERVING`) their input's shape; then
+    inference runs again, so shapes keep flowing downstream. Works on a weightless copy (:func:`strip_weights`),
     so the cost does not grow with the size of the weights; if even that copy exceeds 2 GiB, it
     goes through ``onnx.shape_inference.infer_shapes_path`` in a temporary folder.
 
@@ -735,7 +777,10 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto
     skeleton, moved = strip_weights(model)
     try:
         inferred = _infer_skeleton(skeleton, strict)
-        while _add_missing_ranks(inferred.graph):
+        while True:
+            ranks = _add_missing_ranks(inferred.graph)
+            if not (_add_ml_shapes(inferred.graph) or ranks):
+                break
             inferred = _infer_skeleton(inferred, strict)
     except (
         onnx.shape_inference.InferenceError,

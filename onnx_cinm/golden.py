@@ -37,6 +37,7 @@ from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
 from .errors import CheckFailed, CinmError, ReferenceFailed
+from .text import printable
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
 
@@ -309,9 +310,9 @@ def random_inputs(
         Required for an input whose rank is unknown.
     fill : {"random", "arange", "ones", "zeros", "special"}
         ``"random"``: floats standard normal (signed), signed integers uniform in [-10, 10],
-        unsigned integers in [0, 10], bool uniform, strings short random words; integer
-        inputs that index a table or are masks are drawn within their valid range instead
-        (:func:`index_ranges`).
+        unsigned integers uniform over their range up to 16 bits ([0, 255] for uint8,
+        [0, 65535] wider), bool uniform, strings short random words; integer inputs that index
+        a table or are masks are drawn within their valid range instead (:func:`index_ranges`).
         ``"arange"``: ``arange(n) / n`` reshaped (float inputs; integers get ``arange(n)``),
         the rule of ``onnx.backend.test.runner`` for the ``light`` models. ``"ones"``/``"zeros"``
         are constant fills. ``"special"``: ``"random"`` with NaN, +Inf and -Inf each at about
@@ -470,7 +471,11 @@ def _fill(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], fil
         return rng.integers(0, 2, size=shape).astype(np.bool_)
     if dtype.kind == "i":
         return rng.integers(-10, 10, size=shape, endpoint=True).astype(dtype)
-    return rng.integers(0, 10, size=shape, endpoint=True).astype(dtype)  # unsigned
+    # unsigned: every bit of the low 16 (0..255 for uint8, 0..65535 wider), not only 0..10,
+    # where any bit above the fourth is always 0 (bitwise ops and shifts would go unchecked);
+    # capped at 16 bits so the product of two inputs still fits a uint32
+    top = min(int(np.iinfo(dtype).max), 0xFFFF)
+    return rng.integers(0, top, size=shape, endpoint=True).astype(dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -717,7 +722,7 @@ class CheckReport:
         rows = [("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err", "off", "status")]
         for o in self.outputs:
             rows.append((
-                o.name, o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
+                printable(o.name), o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
                 f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", f"{o.rel_rms_err:.3g}",
                 f"{o.mismatched}/{o.elements}",
                 ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"),
@@ -747,9 +752,28 @@ class CheckReport:
         return self
 
 
-def _as_array(value: object) -> np.ndarray | None:
+def map_keys(value: object) -> list | None:
+    """The sorted keys of a map output (a dict, or a non-empty sequence of dicts with one key
+    set: ZipMap's ``seq(map(...))``), else None."""
+    if isinstance(value, dict):
+        return sorted(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+        keys = sorted(value[0])
+        return keys if all(sorted(v) == keys for v in value) else None
+    return None
+
+
+def as_array(value: object) -> np.ndarray | None:
+    """An output value as a numeric array, so tolerances apply to it as to a tensor: a tensor
+    as it is; a map as its values in :func:`map_keys` order; a sequence of maps with one key set
+    as ``[len, keys]``; a sequence of tensors of one shape stacked. None if none of these."""
     if isinstance(value, np.ndarray):
         return value
+    keys = map_keys(value)
+    if keys is not None:
+        rows = [value] if isinstance(value, dict) else value
+        out = np.asarray([[row[k] for k in keys] for row in rows])
+        return out[0] if isinstance(value, dict) else out
     try:
         return np.asarray(value)
     except Exception:
@@ -939,7 +963,10 @@ def compare(
         for name in names:
             if name not in ref_out or name not in cand_out:
                 continue
-            r, c = _as_array(ref_out[name]), _as_array(cand_out[name])
+            if map_keys(ref_out[name]) != map_keys(cand_out[name]):
+                records[name]._fail("map keys differ")
+                continue
+            r, c = as_array(ref_out[name]), as_array(cand_out[name])
             if r is None or c is None:
                 records[name]._fail("output is not a tensor")
                 continue

@@ -11,11 +11,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from . import frontend, golden
+from . import frontend, golden, hostmodel
 from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .passes import PassContext, PassManager
+from .text import printable
 
 
 @dataclass
@@ -101,6 +102,9 @@ class OptimizeResult:
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
+        roof = self.stats.get("host_roofline")
+        if roof is not None:
+            lines.append(f"host roofline: {roof.text()}")
         return "\n".join(lines)
 
     def crossbar_table(self) -> str:
@@ -118,7 +122,7 @@ class OptimizeResult:
         for name, _op, _dev, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
-            rows.append(f"{name[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
+            rows.append(f"{printable(name)[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
                         f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
                         f"{a['cim_mvms']:>9d} {_si(a['cim_latency_s']) + 's':>10s} "
                         f"{_si(a['cim_energy_j']) + 'J':>10s}")
@@ -268,8 +272,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
         host_roofline: the host's figures for cost placement (a
-            :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"`` or
-            ``"nominal"``); default: measured once on this machine and cached.
+            :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"``, ``"nominal"``
+            or ``"measure"``: probed once on this machine and cached); default: the
+            ``ONNX_CINM_HOST_ROOFLINE`` environment variable, else nominal figures. The figures
+            used are recorded in the model (``metadata_props``) and printed by the summary.
 
     Returns:
         An :class:`OptimizeResult`; nothing is written to disk.
@@ -313,6 +319,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
     cinm.attach_functions(work)
+    roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
+    ctx.stats["host_roofline"] = roof
+    for p in [p for p in work.metadata_props if p.key == hostmodel.METADATA_KEY]:
+        work.metadata_props.remove(p)
+    work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
     t0 = time.perf_counter()
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import onnx
 
+from . import hostmodel
 from .dialects import cinm
+from .text import printable
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
 COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
@@ -248,7 +250,7 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     for r in rows:
         if cinm_only and not r.cinm:
             continue
-        out.append(f"{r.index:4d} {r.name[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
+        out.append(f"{r.index:4d} {printable(r.name)[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
                    f"{_si(r.flops, ''):>10s} {r.device[:10]:10s} {_si(r.latency_s + r.transfer_s, 's'):>10s} "
                    f"{_si(r.energy_j + r.transfer_j, 'J'):>10s} {r.writes:7d} {_si(r.bytes_moved, 'B'):>9s}  "
                    f"{r.reason[:120]}")
@@ -340,12 +342,15 @@ def options_from_plans(model: onnx.ModelProto) -> dict:
     ``cim_cols``, ``cim_loop_order`` and the device's crossbar count ``cim_device_crossbars``
     of its first crossbar kernel), so the report judges residency with the crossbars the
     model was compiled for. Models written before ``cim_device_crossbars`` existed give the
-    largest ``cim_crossbars`` of a kernel (a lower bound)."""
+    largest ``cim_crossbars`` of a kernel (a lower bound). Also ``host_roofline``: the host
+    figures the model was optimized with (:func:`onnx_cinm.hostmodel.recorded`), if recorded."""
+    roof = hostmodel.recorded(model)
+    base = {"host_roofline": roof} if roof is not None else {}
     plans = [cinm.node_attrs(n) for n in model.graph.node if n.domain == cinm.DOMAIN]
     plans = [at for at in plans if "cim_rows" in at]
     if not plans:
-        return {}
+        return base
     at = plans[0]
     count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
-    return {"cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"], "cim_crossbars": count,
-            "cim_loop_order": at["cim_loop_order"]}
+    return {**base, "cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"],
+            "cim_crossbars": count, "cim_loop_order": at["cim_loop_order"]}

@@ -201,11 +201,14 @@ def test_host_roofline_cache_env_and_parse(tmp_path, monkeypatch):
     monkeypatch.setattr(hostmodel, "_memo", None)
     calls = []
     monkeypatch.setattr(hostmodel, "measure", lambda: calls.append(1) or hostmodel.HostRoofline(7e9, 3e9, 30.0, "fake"))
-    assert hostmodel.get().flops_per_s == 7e9
+    assert hostmodel.get() == hostmodel.NOMINAL and not calls  # the default measures nothing
+    assert hostmodel.get("measure").flops_per_s == 7e9
     data = json.loads((tmp_path / "onnx-cinm" / "host_roofline.json").read_text())
     assert data["roofline"]["bytes_per_s"] == 3e9
     monkeypatch.setattr(hostmodel, "_memo", None)
-    assert hostmodel.get().bytes_per_s == 3e9 and len(calls) == 1     # read back, not measured
+    assert hostmodel.get("measure").bytes_per_s == 3e9 and len(calls) == 1  # read back
+    monkeypatch.setenv("ONNX_CINM_HOST_ROOFLINE", "measure")
+    assert hostmodel.get().flops_per_s == 7e9 and len(calls) == 1
     monkeypatch.setenv("ONNX_CINM_HOST_ROOFLINE", "2,4,5")
     r = hostmodel.get()
     assert (r.flops_per_s, r.bytes_per_s, r.power_w) == (2e9, 4e9, 5.0)

@@ -8,10 +8,18 @@ real exit status. Two inputs of the issue's list are not errors: NaN/Inf weights
 compiles and its outputs carry NaN/Inf exactly where onnxruntime puts them on the original) and
 zero-sized dimensions (empty tensors are legal ONNX -- onnx's own suite has empty-set Reduce
 cases -- so they compile, stay on the host, and match onnxruntime).
+
+The second half (issue 12) goes past optimize's input: a model and its kernel folder as one
+unit (a failed replacement, a swapped folder, leftovers of a killed save), kernel folders as
+untrusted input (.xbar sidecars outside the folder, edited UPMEM C with resealed hashes),
+ZipMap outputs, reproducible host figures, refused and shadowed hints, plain bad input that
+used to exit 3 or silently, and what a person reads (counts, escaped names, cache folders).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +114,14 @@ def _ext_absolute(src, dst):
             "not a relative path inside the model's folder")
 
 
+def _ext_negative_offset(src, dst):
+    path = _external(src, "w.bin", np.ones(9, np.float32).tobytes())
+    model = onnx.load(str(path), load_external_data=False)
+    next(e for e in model.graph.initializer[0].external_data if e.key == "offset").value = "-4"
+    _write(path, model)
+    return [str(path), "-o", str(dst / "out.onnx")], "has a negative offset (-4)"
+
+
 def _ext_too_short(src, dst):
     return ([str(_external(src, "w.bin", b"\0" * 8)), "-o", str(dst / "out.onnx")],
             "too short")
@@ -142,6 +158,18 @@ def _output_folder_is_a_file(src, dst):
     return [str(path), "-o", str(dst / "plain" / "out.onnx")], "Not a directory"
 
 
+def _output_named_cinm(src, dst):
+    # the model would be its own kernel folder: it used to end up hidden, with exit 0
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "x.cinm")], \
+        "is the kernel folder"
+
+
+def _output_in_cinm(src, dst):
+    (dst / "a.cinm").mkdir()
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "a.cinm" / "b.onnx")], \
+        "lies inside the kernel folder"
+
+
 CASES = {
     "empty_file": _plain(b"", "is empty"),
     "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
@@ -175,6 +203,7 @@ CASES = {
     "external_data_escapes_folder": _ext_escapes,
     "external_data_absolute_path": _ext_absolute,
     "external_data_too_short": _ext_too_short,
+    "external_data_negative_offset": _ext_negative_offset,
     "shape_overflows_int64": _plain(_model(
         [h.make_node("Relu", ["x"], ["y"])],
         (h.make_tensor_value_info("x", TP.FLOAT, [2**40, 2**40]),),
@@ -194,6 +223,8 @@ CASES = {
     "output_folder_missing": _output_folder_missing,
     "output_path_is_a_folder": _output_is_folder,
     "output_folder_is_a_file": _output_folder_is_a_file,
+    "output_named_like_a_kernel_folder": _output_named_cinm,
+    "output_inside_a_kernel_folder": _output_in_cinm,
 }
 
 
@@ -396,3 +427,471 @@ def test_validate_structure_checks_in_memory_models_too():
     assert str(info.value).startswith("'<model>' is not a valid ONNX model: the graph has a cycle")
     assert "\n" not in str(info.value)
     frontend.validate_structure(_model([h.make_node("Relu", ["x"], ["y"])]))  # a good one passes
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12: a model and its kernels are one unit; kernel folders are untrusted input
+# ---------------------------------------------------------------------------------------------
+
+def _crossbar_model(seed: int) -> onnx.ModelProto:
+    """x[2, 64] @ w[64, 64], ``w`` drawn from ``seed``: one crossbar kernel under
+    ``--place Gemm=memristor``."""
+    w = np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32)
+    return _model([h.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                  (h.make_tensor_value_info("x", TP.FLOAT, [2, 64]),),
+                  (h.make_tensor_value_info("y", TP.FLOAT, [2, 64]),),
+                  [numpy_helper.from_array(w, "w")])
+
+
+def _optimize_crossbar(src: Path, out: Path, seed: int, capsys) -> int:
+    model = _write(src / f"m{seed}.onnx", _crossbar_model(seed))
+    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q"])
+    capsys.readouterr()
+    return code
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_failed_kernel_folder_replacement_keeps_the_old_model_too(tmp_path, capsys, monkeypatch):
+    """The kernel folder cannot be replaced (an immutable folder, say): the new model must not
+    be left beside the old kernels; both old files stay, and they still run correctly."""
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    model_before, kernels_before = out.read_bytes(), _tree(dst / "out.cinm")
+    real_replace = os.replace
+
+    def replace(a, b):
+        if Path(a) == dst / "out.cinm":
+            raise PermissionError(1, "Operation not permitted", str(a))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    model = _write(src / "m1.onnx", _crossbar_model(1))
+    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q"])
+    captured = capsys.readouterr()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert code == 1 and len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+    assert "Operation not permitted" in captured.err
+    assert out.read_bytes() == model_before
+    assert _tree(dst / "out.cinm") == kernels_before
+    assert sorted(p.name for p in dst.iterdir()) == ["out.cinm", "out.onnx"]
+    # the pair still runs, with the first model's weights (numpy on seed 0's weights)
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    np.save(src / "x.npy", x)
+    assert main(["run", str(out), "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz"),
+                 "-q"]) == 0
+    w0 = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    np.testing.assert_allclose(np.load(src / "y.npz")["y"], x @ w0, rtol=1e-5, atol=1e-5)
+
+
+def test_run_refuses_kernels_that_are_not_the_models_own(tmp_path, capsys):
+    """A folder of another model with a consistent manifest of its own used to run (exit 0,
+    wrong outputs); the model's recorded kernel digest now refuses it before anything runs."""
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "a.onnx", 0, capsys) == 0
+    assert _optimize_crossbar(src, dst / "b.onnx", 1, capsys) == 0
+    shutil.rmtree(dst / "a.cinm")
+    shutil.copytree(dst / "b.cinm", dst / "a.cinm")
+    code = main(["run", str(dst / "a.onnx"), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "is not the one model" in err and "re-run onnx-cinm optimize" in err
+    assert not (src / "y.npz").exists()
+    # a model stripped of its digest (written by an older onnx-cinm) is refused too
+    m = onnx.load(str(dst / "b.onnx"))
+    del m.metadata_props[:]
+    onnx.save(m, str(dst / "b.onnx"))
+    code = main(["run", str(dst / "b.onnx")])
+    err = capsys.readouterr().err
+    assert code == 1 and "records no kernel digest" in err and len(err.splitlines()) == 1
+
+
+def test_report_and_run_outputs_refuse_kernel_folders(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    assert _optimize_crossbar(src, dst / "other.onnx", 1, capsys) == 0
+    before = _listing(dst)
+    for argv in (["report", str(dst / "out.onnx"), "-o", str(dst / "out.cinm" / "rep")],
+                 ["run", str(dst / "out.onnx"), "-o", str(dst / "other.cinm" / "y.npz")],
+                 ["optimize", str(src / "m0.onnx"), "-o", str(dst / "o2.onnx"),
+                  "--report", str(dst / "out.cinm")]):
+        code = main(argv)
+        captured = capsys.readouterr()
+        _assert_one_line_failure(code, captured.out, captured.err, "kernel folder", dst, before)
+
+
+def test_leftovers_of_a_killed_save_are_removed_by_the_next_one(tmp_path, capsys):
+    """After a SIGKILL mid-save, hidden temporaries (the old folder moved aside, the new one
+    being built, the model's temporary file) stay behind; the next save on that output removes
+    those of dead processes, and leaves a live process's alone."""
+    src, dst = _dirs(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (dst / f".out.cinm.old.{dead}").mkdir()
+    (dst / f".out.cinm.old.{dead}" / "manifest.json").write_text("{}")
+    (dst / f".out.cinm.{dead}.abc123.tmp").mkdir()
+    (dst / f".out.onnx.{dead}.xyz.tmp").write_bytes(b"partial")
+    live = dst / ".out.onnx.1.qqq.tmp"  # pid 1 is alive
+    live.write_bytes(b"someone else's")
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    assert sorted(p.name for p in dst.iterdir()) == [live.name, "out.cinm", "out.onnx"]
+
+
+def _reseal(model_path: Path) -> None:
+    """What anyone who can edit a kernel folder can also do: rewrite the manifest's hashes and
+    the model's kernel digest to match the edited files. The stored hashes are no defence."""
+    from onnx_cinm import artifacts
+
+    root = artifacts.artifact_dir(model_path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for k in manifest["kernels"]:
+        for f in k["files"]:
+            f["sha256"] = artifacts.sha256(root / f["path"])
+            f["bytes"] = (root / f["path"]).stat().st_size
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    m = onnx.load(str(model_path))
+    for p in m.metadata_props:
+        if p.key == "onnx_cinm.kernels_sha256":
+            p.value = artifacts.kernel_digest(manifest)
+    onnx.save(m, str(model_path))
+
+
+@pytest.mark.parametrize("where", ["../../../w.npy", "ABSOLUTE", "symlink"])
+def test_xbar_sidecar_outside_the_kernel_folder_is_refused(where, tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    xbar = next((dst / "out.cinm" / "memristor").glob("*.xbar"))
+    outside = tmp_path / "w.npy"  # what the edited file points at: readable, well-formed
+    np.save(outside, np.full((1, 64, 64), 7, np.float32))
+    name = {"../../../w.npy": "../../../w.npy", "ABSOLUTE": str(outside), "symlink": "link.npy"}[where]
+    if where == "symlink":
+        (xbar.parent / "link.npy").symlink_to(outside)
+    text = xbar.read_text()
+    sidecar = next(w for w in text.split() if w.endswith(".W.npy"))
+    xbar.write_text(text.replace(sidecar, name))
+    _reseal(out)
+    code = main(["run", str(out), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "outside the .xbar file's folder" in err
+    assert not (src / "y.npz").exists()
+
+
+def test_emulate_mode_compiles_only_code_generated_from_the_plan(tmp_path, capsys, monkeypatch):
+    """An edited dpu.c (hashes resealed) used to be compiled and run as it stood."""
+    monkeypatch.setenv("ONNX_CINM_CACHE", str(tmp_path / "cache"))
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "relu.onnx", _model([h.make_node("Relu", ["x"], ["y"], name="r")]))
+    out = dst / "out.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--place", "Relu=upmem", "-q"]) == 0
+    capsys.readouterr()
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.save(src / "x.npy", x)
+    run = ["run", str(out), "--provider-option", "upmem_mode=emulate",
+           "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz")]
+    assert main(run) == 0  # the untouched folder runs, and gives max(x, 0)
+    capsys.readouterr()
+    np.testing.assert_array_equal(np.load(src / "y.npz")["y"], np.maximum(x, 0))
+    (src / "y.npz").unlink()
+    dpu = next((dst / "out.cinm" / "upmem").glob("*/dpu.c"))
+    dpu.write_text(dpu.read_text() + "\n/* someone else's code */\n")
+    _reseal(out)
+    code = main(run)
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "dpu.c" in err and "not the code onnx-cinm generates from the model's plan" in err
+    assert not (src / "y.npz").exists()
+    built = [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("k-")]
+    assert len(built) == 1  # only the generated kernel was ever compiled
+
+
+def test_upmem_build_cache_honours_xdg_cache_home(tmp_path, monkeypatch):
+    from onnx_cinm.hostmodel import cache_path
+    from onnx_cinm.runtime.upmem_emu import cache_dir
+
+    monkeypatch.delenv("ONNX_CINM_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "onnx-cinm" / "upmem"
+    assert cache_path().parent == cache_dir().parent  # one cache root for both
+    monkeypatch.setenv("ONNX_CINM_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+
+
+def _classifier() -> onnx.ModelProto:
+    """What skl2onnx exports for a scaled MLP classifier: Scaler (ai.onnx.ml), two MatMuls,
+    Softmax, ArgMax, and ZipMap's ``seq(map(int64, float))`` probabilities."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((4, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 3)).astype(np.float32)
+    nodes = [
+        h.make_node("Scaler", ["x"], ["xs"], domain="ai.onnx.ml", offset=[0.5] * 4,
+                    scale=[2.0] * 4),
+        h.make_node("MatMul", ["xs", "w1"], ["hid"], name="fc1"),
+        h.make_node("Relu", ["hid"], ["r"], name="relu"),
+        h.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
+        h.make_node("Softmax", ["logits"], ["prob"], axis=1),
+        h.make_node("ArgMax", ["prob"], ["label"], axis=1, keepdims=0),
+        h.make_node("ZipMap", ["prob"], ["probs"], domain="ai.onnx.ml",
+                    classlabels_int64s=[0, 1, 2]),
+    ]
+    probs = h.make_value_info("probs", h.make_sequence_type_proto(
+        h.make_map_type_proto(TP.INT64, h.make_tensor_type_proto(TP.FLOAT, []))))
+    graph = h.make_graph(nodes, "clf", [h.make_tensor_value_info("x", TP.FLOAT, [None, 4])],
+                         [h.make_tensor_value_info("label", TP.INT64, [None]), probs],
+                         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                              h.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_zipmap_outputs_run_and_compare_and_a_scaler_keeps_shapes_flowing(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    out = dst / "clf_opt.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--placement", "heuristic", "-q"]) == 0
+    capsys.readouterr()
+    placed = {n.name: n for n in onnx.load(str(out)).graph.node if n.domain == "cinm"}
+    # both matrix products after the Scaler became cinm ops and went to a device
+    assert {"fc1/Gemm", "fc2/Gemm"} <= set(placed)
+    devices = {k: next(a.s for a in n.attribute if a.name == "device") for k, n in placed.items()}
+    assert devices["fc2/Gemm"] != b"host"
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.save(src / "x.npy", x)
+    code = main(["run", str(out), "--input", f"x={src / 'x.npy'}", "-o", str(src / "y.npz")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "output probs: seq(map(int64,tensor(float32))) as float64 [2, 3]" in captured.out
+    label, probs = ort.InferenceSession(str(model)).run(None, {"x": x})
+    saved = np.load(src / "y.npz")  # no pickles: plain arrays
+    np.testing.assert_array_equal(saved["label"], label)
+    np.testing.assert_array_equal(saved["probs.keys"], [0, 1, 2])
+    np.testing.assert_allclose(saved["probs"], [[p[k] for k in (0, 1, 2)] for p in probs],
+                               rtol=1e-5, atol=1e-6)
+    code = main(["compare", str(model), str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "probs" in captured.out and "OK" in captured.out
+
+
+def test_placement_does_not_depend_on_a_cached_probe(tmp_path, capsys, monkeypatch):
+    """Five fresh probes on one machine read 6.3 to 145 GFLOP/s and flipped the README's
+    placement. The default is now the nominal figures, whatever a cache holds; the summary
+    prints the figures used and the model records them."""
+    from onnx_cinm import hostmodel
+
+    monkeypatch.delenv("ONNX_CINM_HOST_ROOFLINE", raising=False)
+    monkeypatch.setattr(hostmodel, "_memo", None)
+    results = []
+    for k, gflops in enumerate((6.3, 145.0)):  # two caches, as two fresh probes wrote them
+        cache = tmp_path / f"cache{k}"
+        (cache / "onnx-cinm").mkdir(parents=True)
+        (cache / "onnx-cinm" / "host_roofline.json").write_text(json.dumps(
+            {"key": hostmodel._machine_key(), "roofline": {
+                "flops_per_s": gflops * 1e9, "bytes_per_s": 8e9, "power_w": 30.0,
+                "source": "measured"}}))
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        monkeypatch.setattr(hostmodel, "_memo", None)
+        out = tmp_path / f"lenet{k}.onnx"
+        assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0"]) == 0
+        text = capsys.readouterr().out
+        assert "  host roofline: 50 GFLOP/s, 10 GB/s, 30 W (nominal)\n" in text
+        m = onnx.load(str(out))
+        placed = [(n.name, next(a.s for a in n.attribute if a.name == "device"))
+                  for n in m.graph.node if n.domain == "cinm"]
+        recorded = json.loads(next(p.value for p in m.metadata_props
+                                   if p.key == "onnx_cinm.host_roofline"))
+        assert recorded == {"flops_per_s": 50e9, "bytes_per_s": 10e9, "power_w": 30.0,
+                            "source": "nominal"}
+        results.append(placed)
+    assert results[0] == results[1]
+    # the README's tour: the crossbar takes fc1, the host the other 8 cinm ops
+    assert sorted(d for _, d in results[0]) == [b"host"] * 8 + [b"memristor"]
+    assert dict(results[0])["fc1/Gemm"] == b"memristor"
+    # on request, the probe's figures are used, printed and recorded
+    monkeypatch.setattr(hostmodel, "_memo", None)
+    out = tmp_path / "measured.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0",
+                 "--host-roofline", "measure"]) == 0
+    assert "  host roofline: 145 GFLOP/s, 8 GB/s, 30 W (measured)\n" in capsys.readouterr().out
+
+
+def test_host_probe_takes_the_median_of_its_repetitions(monkeypatch):
+    """One repetition 20x faster than the others (a moment alone on a shared machine) must not
+    decide: 2 * 512^3 FLOPs in a median 10 ms is 26.8 GFLOP/s (the best, 0.5 ms, would say 537)."""
+    from onnx_cinm import hostmodel
+
+    durations = iter([0.010] * 6 + [0.0005] + [0.004] * 7)  # 7 products, then 7 copies
+    clock = {"t": 0.0, "start": True}
+
+    def perf_counter():
+        if not clock["start"]:
+            clock["t"] += next(durations)
+        clock["start"] = not clock["start"]
+        return clock["t"]
+
+    monkeypatch.setattr(hostmodel.time, "perf_counter", perf_counter)
+    r = hostmodel.measure(n=512, copy_mb=64, reps=7)
+    assert r.flops_per_s == pytest.approx(2 * 512**3 / 0.010)
+    assert r.bytes_per_s == pytest.approx(2 * 64 * 2**20 / 0.004)
+
+
+@pytest.mark.parametrize("strategy", ["cost", "heuristic"])
+def test_refused_and_shadowed_hints_are_told_apart_from_unmatched(strategy, tmp_path, capsys):
+    """A hint the device cannot honour used to vanish silently (visible only under -v), and a
+    hint shadowed by an earlier one was reported as matching nothing."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    code = main(["optimize", str(model), "-o", str(dst / "o.onnx"), "--check", "0", "-q",
+                 "--placement", strategy, "--place", "relu=memristor", "--place", "Gemm=upmem",
+                 "--place", "fc2=host", "--place", "nomatch*=host"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0
+    assert err == [
+        "onnx-cinm: warning: hint nomatch*=host matched no cinm op",
+        "onnx-cinm: warning: hint fc2=host matched only ops an earlier hint took (Gemm=upmem; "
+        "the first matching hint wins): it changed nothing",
+        "onnx-cinm: warning: hint relu=memristor refused for 1 op(s) (relu/Relu): memristor: "
+        "crossbars only compute matrix products, not Relu; placed without it",
+    ]
+    placed = {n.name: next(a.s for a in n.attribute if a.name == "device")
+              for n in onnx.load(str(dst / "o.onnx")).graph.node if n.domain == "cinm"}
+    assert placed["fc2/Gemm"] == b"upmem" and placed["relu/Relu"] != b"memristor"
+
+
+def test_empty_npy_input_is_a_one_line_error(tmp_path, capsys):
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    (src / "empty.npy").write_bytes(b"")
+    before = _listing(dst)
+    code = main(["run", str(dst / "out.onnx"), "--input", f"x={src / 'empty.npy'}"])
+    captured = capsys.readouterr()
+    _assert_one_line_failure(code, captured.out, captured.err,
+                             "cannot read input 'x'", dst, before)
+    assert "not a .npy array file (0 bytes" in captured.err
+
+
+def test_device_attribute_the_device_cannot_run_with_placement_skipped(tmp_path, capsys):
+    """A cinm Relu carrying device=memristor (edited, or from another tool) reached the crossbar
+    planner with --skip-pass placement: IndexError, exit 3."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "relu.onnx", _model([h.make_node("Relu", ["x"], ["y"], name="r")]))
+    staged = src / "placed.onnx"
+    assert main(["optimize", str(model), "-o", str(staged), "--stop-after", "placement",
+                 "--check", "0", "-q"]) == 0
+    m = onnx.load(str(staged))
+    node = next(n for n in m.graph.node if n.domain == "cinm")
+    next(a for a in node.attribute if a.name == "device").s = b"memristor"
+    _write(staged, m)
+    capsys.readouterr()
+    before = _listing(dst)
+    code = main(["optimize", str(staged), "-o", str(dst / "out.onnx"), "--skip-pass",
+                 "placement"])
+    captured = capsys.readouterr()
+    _assert_one_line_failure(code, captured.out, captured.err,
+                             "node 'r/Relu' (Relu) is placed on memristor, which cannot run it",
+                             dst, before)
+
+
+_BAD_PLUGINS = {
+    "exits": ("exiting_plugin", "import sys\nsys.exit(0)\n", "exiting_plugin:Device"),
+    "dict_params": ("dict_plugin", "from dataclasses import dataclass\n"
+                    "class D:\n    name = 'dictdev'\n    paradigm = 'cnm'\n"
+                    "    params = {'dpus': 1}\n"
+                    "    def supports(self, op):\n        return False\n"
+                    "DEVICE = D()\n", "dict_plugin:DEVICE"),
+}
+
+
+def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
+    """A plugin calling sys.exit made every command, even `devices`, exit silently; one whose
+    params are a dict crashed `devices` (exit 3)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for key, (module, code, target) in _BAD_PLUGINS.items():
+        (site / f"{module}.py").write_text(code)
+        info = site / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[onnx_cinm.devices]\n{key} = {target}\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")] \
+        == ["host", "memristor", "upmem"]
+    assert proc.stderr.splitlines() == [
+        "onnx-cinm: warning: device plugin 'dict_params' (dict_plugin:DEVICE) not loaded: "
+        "TypeError: device 'dictdev': params must be a dataclass instance, not dict",
+        "onnx-cinm: warning: device plugin 'exits' (exiting_plugin:Device) not loaded: "
+        "SystemExit: it called sys.exit(0)",
+    ]
+
+
+def test_unsigned_check_inputs_set_every_low_bit():
+    """Unsigned inputs were drawn in 0..10: bits above the fourth were never 1, so e.g. a
+    popcount or a right shift by 4 saw only zeros."""
+    from onnx_cinm.golden import random_inputs
+
+    vis = [h.make_tensor_value_info(n, t, [4096]) for n, t in
+           (("a", TP.UINT8), ("b", TP.UINT16), ("c", TP.UINT32), ("d", TP.UINT64))]
+    model = _model([h.make_node("Identity", [v.name], [v.name + "_o"]) for v in vis], vis,
+                   [h.make_tensor_value_info(v.name + "_o", v.type.tensor_type.elem_type, [4096])
+                    for v in vis])
+    feeds = random_inputs(model, seed=0)
+    for name, bits in (("a", 8), ("b", 16), ("c", 16), ("d", 16)):
+        x = feeds[name].astype(np.uint64)
+        ones = [(x >> np.uint64(k)) & np.uint64(1) for k in range(bits)]
+        # 4096 uniform draws: each bit is 1 about half the time
+        assert all(0.4 < float(o.mean()) < 0.6 for o in ones), name
+        assert int(x.max()) < 2 ** bits
+    assert random_inputs(model, seed=0)["c"].dtype == np.uint32
+
+
+def test_names_with_newlines_or_bidi_overrides_are_escaped_in_tables(tmp_path, capsys):
+    """A node named 'fc\\n1' broke the profile's and -v's rows in two; U+202E reordered them."""
+    src, dst = _dirs(tmp_path)
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    evil = "fc\n1\u202eevil"
+    model = _write(src / "m.onnx", _model(
+        [h.make_node("MatMul", ["x", "w"], ["y"], name=evil)],
+        (h.make_tensor_value_info("x", TP.FLOAT, [2, 64]),),
+        (h.make_tensor_value_info("y", TP.FLOAT, [2, 64]),), [numpy_helper.from_array(w, "w")]))
+    out = dst / "out.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-v"]) == 0
+    text = capsys.readouterr().out
+    assert main(["run", str(out), "--profile"]) == 0
+    text += capsys.readouterr().out
+    assert "\u202e" not in text
+    shown = "fc\\n1\\u202eevil/Gemm"
+    assert shown in text
+    rows = [line for line in text.splitlines() if "fc\\n1" in line]
+    # -v's emit and placement lines, the crossbar table, the profile: one whole row each
+    assert len(rows) == 4 and all(shown in line for line in rows), rows
+
+
+def test_run_summary_and_profile_count_partitions_and_nodes_alike(tmp_path, capsys):
+    """'partitions: host 5' counted partitions while the profile said 'host partition 0: 4
+    nodes' and 'total host (5 nodes)' counted rows: three numbers for one thing."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "clf.onnx", _classifier())
+    out = dst / "clf_opt.onnx"
+    assert main(["optimize", str(model), "-o", str(out), "--placement", "heuristic", "-q"]) == 0
+    m = onnx.load(str(out))
+    n_nodes = len(m.graph.node)  # one host partition holds them all in model mode
+    n_upmem = sum(1 for n in m.graph.node if n.domain == "cinm" and
+                  next(a.s for a in n.attribute if a.name == "device") == b"upmem")
+    assert (n_nodes, n_upmem) == (7, 3)
+    capsys.readouterr()
+    assert main(["run", str(out), "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert (f"  partitions: 1 host partition ({n_nodes} nodes; {n_upmem} of them upmem nodes "
+            "charged by its cost model)") in text
+    assert f"profile: {1 + n_upmem} rows (1 host partition, {n_upmem} device nodes)" in text
+    row = next(line for line in text.splitlines() if line.startswith("host partition 0"))
+    assert row.split()[3:5] == [str(n_nodes), "nodes"]
+    assert f"total host (1 partition, {n_nodes} nodes)" in text
+    assert f"total upmem ({n_upmem} nodes)" in text

@@ -179,7 +179,11 @@ def test_placement_hints_first_match_wins_and_fall_back():
     assert placed["Gemm"]["device"] == "upmem" and placed["Gemm"]["placement"].startswith("hint fc1*=upmem")
     # Relu cannot run on a crossbar: the hint falls back to the heuristic and says so
     assert placed["Relu"]["device"] == "upmem" and "not possible" in placed["Relu"]["placement"]
-    assert ctx.stats["placement"]["unused_hints"] == ["Gemm=host"]
+    # Gemm=host matched the Gemm, but fc1*=upmem came first: shadowed, not unmatched (issue 12)
+    st = ctx.stats["placement"]
+    assert st["unused_hints"] == [] and st["shadowed_hints"] == [("Gemm=host", ["fc1*=upmem"])]
+    assert [(h, [n for n, _ in nodes]) for h, nodes in st["refused_hints"]] == \
+        [("Relu=memristor", ["act/Relu"])]
 
 
 @pytest.mark.parametrize("place", [(), (("*", "host"),)])

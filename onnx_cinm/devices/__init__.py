@@ -13,11 +13,13 @@ Plugins: an installed distribution adds a device through the entry-point group
 
 The entry point may name a device instance, a class or factory returning one (called without
 arguments), or a module that calls :func:`register` when imported. Plugins load after the
-built-ins, in entry-point name order; a plugin that fails (import error, bad object, name taken)
-is skipped with one line on stderr and listed by :func:`plugin_errors`; the built-ins stay.
+built-ins, in entry-point name order; a plugin that fails (import error, bad object, ``params``
+that are not a dataclass instance, name taken, even ``sys.exit()``) is skipped with one line on
+stderr and listed by :func:`plugin_errors`; the built-ins stay.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import types
@@ -37,8 +39,21 @@ _plugin_errors: list[str] = []
 ENTRY_POINT_GROUP = "onnx_cinm.devices"
 
 
+def _check_device(obj) -> None:
+    """Raise TypeError unless ``obj`` looks like a device: ``name``, ``paradigm``, ``params``
+    (a dataclass instance, as every command that lists parameters expects) and ``supports``."""
+    missing = [a for a in ("name", "paradigm", "params", "supports") if not hasattr(obj, a)]
+    if missing:
+        raise TypeError(f"{type(obj).__name__} is not a device (no {', '.join(missing)})")
+    if not dataclasses.is_dataclass(obj.params) or isinstance(obj.params, type):
+        raise TypeError(f"device '{obj.name}': params must be a dataclass instance, not "
+                        f"{type(obj.params).__name__}")
+
+
 def register(device: Device) -> Device:
-    """Register a device instance (called by device packages at import time)."""
+    """Register a device instance (called by device packages at import time). Raises TypeError
+    if it is not a device (see :func:`_check_device`)."""
+    _check_device(device)
     return _registry.register(device)
 
 
@@ -70,13 +85,14 @@ def _load_plugins() -> None:
                 continue  # the module registered its device(s) on import
             if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "supports")):
                 obj = obj()
-            missing = [a for a in ("name", "paradigm", "params", "supports") if not hasattr(obj, a)]
-            if missing:
-                raise TypeError(f"{type(obj).__name__} is not a device (no {', '.join(missing)})")
+            _check_device(obj)
             if _registry.devices.get(obj.name) is not obj:
                 _registry.register(obj)
-        except Exception as e:  # noqa: BLE001 - one bad plugin never breaks the others
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - one bad plugin never breaks the
+            # others; a plugin calling sys.exit() must not end every command silently
             first = str(e).splitlines()[0] if str(e) else ""
+            if isinstance(e, SystemExit):
+                first = f"it called sys.exit({'' if e.code is None else repr(e.code)})"
             _report(f"device plugin '{ep.name}' ({ep.value}) not loaded: {type(e).__name__}: {first}")
 
 

@@ -9,8 +9,9 @@ from .base import Cost, OpInfo, Support
 
 @dataclass(frozen=True)
 class HostParams:
-    """The host's figures come from a measured roofline (:mod:`onnx_cinm.hostmodel`), cached per
-    machine; override with the ``host_roofline`` option or ``ONNX_CINM_HOST_ROOFLINE``."""
+    """The host's figures come from a roofline (:mod:`onnx_cinm.hostmodel`): nominal (50 GFLOP/s,
+    10 GB/s, 30 W) unless the ``host_roofline`` option or ``ONNX_CINM_HOST_ROOFLINE`` gives
+    others or asks for ``measure`` (probed once per machine and cached)."""
 
 
 

@@ -556,6 +556,8 @@ def _infer(op_type: str):
         fn = _inference_function(op_type, overload)
         types = [ctx.get_input_type(i) if i < n_in else onnx.TypeProto()
                  for i in range(len(fn.input))]
+        if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
+            return                         # infer): the output stays unknown too
         for i, t in enumerate(onnx.shape_inference.infer_function_output_types(fn, types, protos)):
             ctx.set_output_type(i, t)
 

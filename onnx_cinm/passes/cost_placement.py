@@ -13,8 +13,9 @@ The model (one inference, ops run one after another, so latencies and energies a
   ``upmem_tasklets`` reach the figures. An op a device refuses (``supports()`` false, or its
   cost/plan raises, e.g. data that does not fit MRAM on the allowed DPUs) is not a candidate.
   Non-cinm ops run on the host and cost the host roofline (:mod:`onnx_cinm.hostmodel`).
-* **Host cost**: roofline of this CPU, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
-  that time x 30 W (measured rates, cached; see :mod:`onnx_cinm.hostmodel`).
+* **Host cost**: a roofline of the host, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
+  that time x 30 W (nominal rates by default, this CPU's measured ones on request; see
+  :mod:`onnx_cinm.hostmodel`).
 * **Transfers**: a tensor whose producer and consumer sit on different devices crosses the host:
   ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
   (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
@@ -88,7 +89,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices.base import Cost
 from ..dialects import cinm
 from ..errors import CinmError
-from .placement import hint_matches
+from .placement import HintLog
 
 OBJECTIVES = ("latency", "energy", "edp")
 
@@ -333,7 +334,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
     host = devices.get_device("host")
     targets = [d for d in devices.all_devices() if d.paradigm != "host" and hasattr(d, "cost")]
-    used_hints: set[int] = set()
+    hint_log = HintLog(hints)
     for i, node in enumerate(prob.nodes):
         info = op_info(node, infos)
         hc = Choice("host", device_cost(host, info, options))
@@ -347,21 +348,22 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
                 cands.extend(r)
             elif r:
                 refused.append((dev.name, r))
-        for k, (pattern, dev_name) in enumerate(hints):
-            if hint_matches(node, pattern):
-                used_hints.add(k)
-                pick = next((c for c in cands if c.device == dev_name), None)
-                if pick is not None:
-                    prob.fixed[i] = pick
-                    prob.hint_note[i] = f"hint {pattern}={dev_name}"
-                else:
-                    why = next((r for d, r in refused if d == dev_name), "device does not support it")
-                    prob.hint_note[i] = f"hint {pattern}={dev_name} not possible ({why})"
-                break
+        hint = hint_log.first(node)
+        if hint is not None:
+            k, pattern, dev_name = hint
+            pick = next((c for c in cands if c.device == dev_name), None)
+            if pick is not None:
+                prob.fixed[i] = pick
+                prob.hint_note[i] = f"hint {pattern}={dev_name}"
+            else:
+                why = next((r for d, r in refused if d == dev_name), None) \
+                    or devices.get_device(dev_name).supports(info).reason
+                prob.hint_note[i] = f"hint {pattern}={dev_name} not possible ({why})"
+                hint_log.refuse(k, node, f"{dev_name}: {why}")
         prob.cands[i], prob.refused[i] = cands, refused
         if i not in prob.fixed:
             prob.decision.append(i)
-    prob.unused_hints = [f"{p}={d}" for k, (p, d) in enumerate(hints) if k not in used_hints]
+    prob.hint_stats = hint_log.stats()
     # tensors
     const = {t.name for t in model.graph.initializer}
     producer = {}
@@ -952,7 +954,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
         ctx.log(f"placement: user hints break a constraint: {v}")
     ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {_fmt(sol.totals.latency_s, 's')}, "
             f"{_fmt(sol.totals.energy_j, 'J')}")
-    return {"devices": counts, "unused_hints": prob.unused_hints, "strategy": "cost",
+    return {"devices": counts, **prob.hint_stats, "strategy": "cost",
             "objective": objective, "method": sol.method, "exact": sol.exact,
             "totals": sol.totals, "baselines": sol.baselines, "violations": bad}
 

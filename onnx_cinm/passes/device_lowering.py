@@ -48,7 +48,9 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
     Counter by device, "plans": [(node name, op type, device, plan attrs)]}``.
 
     Raises:
-        CinmError: a device returns an attribute not declared in ``cinm.PLAN_ATTRS``, or rejects
+        CinmError: a node is placed on a device that does not support it (a ``device``
+            attribute the placement pass did not write), a device returns an attribute not
+            declared in ``cinm.PLAN_ATTRS``, or rejects
             the options.
     """
     infos = None
@@ -66,7 +68,14 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         if infos is None:
             infos = tensor_infos(model)
         opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
-        by_device.setdefault(dev_name, []).append((node, op_info(node, infos), opts))
+        info = op_info(node, infos)
+        # a device attribute placement did not write (--skip-pass placement): check it
+        ok = dev.supports(info) if "placement" not in ctx.stats else True
+        if not ok:
+            raise CinmError(f"node '{node.name or node.op_type}' ({node.op_type}) is placed on "
+                            f"{dev_name}, which cannot run it: {ok.reason} (let the placement "
+                            "pass choose, or fix its 'device' attribute)")
+        by_device.setdefault(dev_name, []).append((node, info, opts))
     for dev_name, items in by_device.items():
         dev = devices.get_device(dev_name)
         if hasattr(dev, "lower_all"):  # the device plans its nodes together (shared resources)

@@ -6,7 +6,8 @@ DPU constraints) and ``heuristic``, the heuristic of CINM: a matrix product with
 compute-in-memory device (crossbar), every other cinm op the compute-near-memory device (UPMEM)
 supports goes there, and the rest stays on the host. User hints win: ``--place PATTERN=DEVICE``
 (``fnmatch`` patterns over node names and op types; the first matching hint wins). A hint the
-device cannot honour falls back to the heuristic, and the reason says so.
+device cannot honour falls back to the strategy, the reason says so, and ``optimize`` warns
+(:func:`hint_warnings`: refused, shadowed by an earlier hint, or matching no cinm op).
 
 Each cinm node gets two attributes: ``device`` (a registry name) and ``placement`` (the reason,
 in words). Devices are reached only through :mod:`onnx_cinm.devices` (the registry).
@@ -39,6 +40,65 @@ def hint_matches(node: onnx.NodeProto, pattern: str) -> bool:
     so ``fc1`` matches ``fc1/Gemm``)."""
     source = node.name.rsplit("/", 1)[0] if "/" in node.name else node.name
     return any(fnmatch.fnmatchcase(x, pattern) for x in (node.name, node.op_type, source))
+
+
+class HintLog:
+    """What became of each placement hint, for both strategies: the first hint matching a node
+    wins it (:meth:`first`); a winning hint whose device cannot run the node is refused there
+    (:meth:`refuse`). :meth:`stats` then tells apart hints that matched no cinm op, hints every
+    match of which an earlier hint took (shadowed), and refusals with their reasons."""
+
+    def __init__(self, hints) -> None:
+        self.hints = list(hints)
+        self.matched: set[int] = set()
+        self.won: set[int] = set()
+        self.shadowed_by: dict[int, set[int]] = {}
+        self.refused: dict[int, list[tuple[str, str]]] = {}
+
+    def text(self, k: int) -> str:
+        pattern, dev = self.hints[k]
+        return f"{pattern}={dev}"
+
+    def first(self, node) -> tuple[int, str, str] | None:
+        """``(index, pattern, device)`` of the first hint matching ``node``, or None."""
+        ks = [k for k, (pattern, _) in enumerate(self.hints) if hint_matches(node, pattern)]
+        if not ks:
+            return None
+        self.matched.update(ks)
+        self.won.add(ks[0])
+        for k in ks[1:]:
+            self.shadowed_by.setdefault(k, set()).add(ks[0])
+        return (ks[0], *self.hints[ks[0]])
+
+    def refuse(self, k: int, node, why: str) -> None:
+        """Hint ``k`` won ``node`` but its device cannot run it, because ``why``."""
+        self.refused.setdefault(k, []).append((node.name or node.op_type, why))
+
+    def stats(self) -> dict:
+        """``unused_hints`` (matched no cinm op), ``shadowed_hints`` (``(hint, [earlier hints
+        that took its matches])``) and ``refused_hints`` (``(hint, [(node, why), ...])``)."""
+        n = range(len(self.hints))
+        return {
+            "unused_hints": [self.text(k) for k in n if k not in self.matched],
+            "shadowed_hints": [(self.text(k), [self.text(j) for j in sorted(self.shadowed_by[k])])
+                               for k in n if k in self.matched and k not in self.won],
+            "refused_hints": [(self.text(k), self.refused[k]) for k in n if k in self.refused],
+        }
+
+
+def hint_warnings(stats: dict) -> list[str]:
+    """One line per hint that was not (fully) honoured, for a person (from :meth:`HintLog.stats`
+    entries in the ``placement`` stats)."""
+    out = [f"hint {h} matched no cinm op" for h in stats.get("unused_hints", [])]
+    for h, by in stats.get("shadowed_hints", []):
+        out.append(f"hint {h} matched only ops an earlier hint took ({', '.join(by)}; the first "
+                   "matching hint wins): it changed nothing")
+    for h, nodes in stats.get("refused_hints", []):
+        name, why = nodes[0]
+        more = f" and {len(nodes) - 1} more" if len(nodes) > 1 else ""
+        out.append(f"hint {h} refused for {len(nodes)} op(s) ({name}{more}): {why}; "
+                   "placed without it")
+    return out
 
 
 def parse_hint(text: str) -> tuple[str, str]:
@@ -123,7 +183,8 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     Reads ``ctx.options["placement"]`` (``"heuristic"``, the default here, or ``"cost"``, whose
     options are listed in :func:`.cost_placement.place_by_cost`) and ``ctx.options["place"]`` (a
     list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
-    "unused_hints": [...]}`` (cost placement adds its totals, baselines and method).
+    "unused_hints": [...], "shadowed_hints": [...], "refused_hints": [...]}`` (see
+    :meth:`HintLog.stats`; cost placement adds its totals, baselines and method).
     """
     strategy = ctx.options.get("placement", "heuristic")
     if strategy not in STRATEGIES:
@@ -132,11 +193,10 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         from .cost_placement import place_by_cost
 
         ctx.stats["placement"] = stats = place_by_cost(model, ctx, _set_attr)
-        for h in stats["unused_hints"]:
-            ctx.log(f"placement: hint {h} matched no cinm op")
+        for line in hint_warnings(stats):
+            ctx.log(f"placement: {line}")
         return model
-    hints = list(ctx.options.get("place", []))
-    used_hints: set[int] = set()
+    hints = HintLog(ctx.options.get("place", []))
     infos = tensor_infos(model)
     counts: Counter = Counter()
     for node in model.graph.node:
@@ -144,22 +204,21 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             continue
         info = op_info(node, infos)
         chosen = None
-        for k, (pattern, dev_name) in enumerate(hints):
-            if hint_matches(node, pattern):
-                used_hints.add(k)
-                s = devices.get_device(dev_name).supports(info)
-                if s:
-                    chosen = (dev_name, f"hint {pattern}={dev_name}: {s.reason}")
-                else:
-                    dev, why = _heuristic(info)
-                    chosen = (dev, f"hint {pattern}={dev_name} not possible ({s.reason}); {why}")
-                break
+        hint = hints.first(node)
+        if hint is not None:
+            k, pattern, dev_name = hint
+            s = devices.get_device(dev_name).supports(info)
+            if s:
+                chosen = (dev_name, f"hint {pattern}={dev_name}: {s.reason}")
+            else:
+                hints.refuse(k, node, f"{dev_name}: {s.reason}")
+                dev, why = _heuristic(info)
+                chosen = (dev, f"hint {pattern}={dev_name} not possible ({s.reason}); {why}")
         dev, reason = chosen or _heuristic(info)
         _set_attr(node, "device", dev)
         _set_attr(node, "placement", reason)
         counts[dev] += 1
-    unused = [f"{p}={d}" for k, (p, d) in enumerate(hints) if k not in used_hints]
-    ctx.stats["placement"] = {"devices": counts, "unused_hints": unused}
-    for h in unused:
-        ctx.log(f"placement: hint {h} matched no cinm op")
+    ctx.stats["placement"] = stats = {"devices": counts, **hints.stats()}
+    for line in hint_warnings(stats):
+        ctx.log(f"placement: {line}")
     return model

@@ -389,7 +389,8 @@ class CrossbarSimulator:
     Args:
         program: an :class:`XbarProgram` (or a path to a ``.xbar`` file).
         constants: arrays for ``weight``/``bias`` regions by name; regions not given are read
-            from their ``.npy`` sidecar next to the file.
+            from their ``.npy`` sidecar next to the file (a sidecar path leading out of the
+            file's folder, by ``..``, an absolute path or a symlink, is an XbarError).
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
@@ -410,6 +411,11 @@ class CrossbarSimulator:
             if constants and r.name in constants:
                 arr = np.asarray(constants[r.name])
             else:
+                # a kernel folder is untrusted input: a sidecar stays beside its .xbar file
+                target = (base / r.file).resolve()
+                if not target.is_relative_to(base.resolve()):
+                    raise _err(program.path, r.line, f"{r.name}: sidecar '{r.file}' is outside "
+                                                     "the .xbar file's folder")
                 try:
                     arr = np.load(base / r.file, allow_pickle=False)
                 except (OSError, ValueError) as e:

@@ -1,7 +1,7 @@
 """The execution provider's profile: per-node records aggregated into a table, JSON or CSV.
 
 A record (see :meth:`InferenceSession.profile`) has ``run``, ``node``, ``op_type``, ``device``,
-``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
+``nodes`` (graph nodes it covers), ``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
 device), ``writes`` (crossbar tile writes) and ``bytes_moved``. Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 
 from .. import frontend
+from ..text import printable
 
 FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "energy_j", "writes",
-          "bytes_moved"]
+          "bytes_moved", "nodes"]
 _SUMMED = ("wall_s", "latency_s", "energy_j", "writes", "bytes_moved")
 
 
@@ -27,6 +28,7 @@ def aggregate(records: list[dict]) -> list[dict]:
     for r in records:
         row = rows.setdefault(r["node"], {"node": r["node"], "op_type": r["op_type"],
                                           "device": r["device"], "mode": r["mode"], "runs": 0,
+                                          "nodes": r.get("nodes", 1),
                                           **{k: None for k in _SUMMED}})
         row["runs"] += 1
         for k in _SUMMED:
@@ -40,12 +42,15 @@ def aggregate(records: list[dict]) -> list[dict]:
 
 
 def totals_by_device(rows: list[dict]) -> list[dict]:
-    """Per device: node count and the summed per-inference figures of :func:`aggregate` rows."""
+    """Per device: ``nodes`` (graph nodes, a host partition counting all of its own),
+    ``partitions`` (host partitions) and the summed per-inference figures of :func:`aggregate`
+    rows."""
     out: dict[str, dict] = {}
     for r in rows:
-        t = out.setdefault(r["device"], {"device": r["device"], "nodes": 0,
+        t = out.setdefault(r["device"], {"device": r["device"], "nodes": 0, "partitions": 0,
                                          **{k: 0.0 for k in _SUMMED}})
-        t["nodes"] += 1
+        t["nodes"] += r.get("nodes", 1)
+        t["partitions"] += r["mode"] == "onnxruntime"
         for k in _SUMMED:
             t[k] += r[k] or 0
     return list(out.values())
@@ -62,16 +67,24 @@ def _fmt(v, unit: str) -> str:
     return f"0 {unit}" if v == 0 else f"{v:.2e} {unit}"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def table(records: list[dict], max_rows: int | None = None) -> str:
     """A text table for a person: per node (per-inference means), then totals per device."""
     rows = aggregate(records)
     n_runs = len({r["run"] for r in records})
     head = (f"{'node':36s} {'op':10s} {'device':10s} {'mode':11s} {'wall':>10s} "
             f"{'modeled':>10s} {'energy':>10s} {'writes':>7s} {'bytes':>10s}")
-    lines = [f"profile: {len(rows)} nodes, mean of {n_runs} run(s)", head, "-" * len(head)]
+    parts = sum(r["mode"] == "onnxruntime" for r in rows)
+    lines = [f"profile: {len(rows)} rows ({_count(parts, 'host partition')}, "
+             f"{_count(len(rows) - parts, 'device node')}), mean of {n_runs} run(s)",
+             head, "-" * len(head)]
     shown = rows if max_rows is None else rows[:max_rows]
     for r in shown:
-        lines.append(f"{r['node'][:36]:36s} {r['op_type'][:10]:10s} {r['device']:10s} "
+        lines.append(f"{printable(r['node'])[:36]:36s} {printable(r['op_type'])[:10]:10s} "
+                     f"{r['device']:10s} "
                      f"{r['mode'][:11]:11s} {_fmt(r['wall_s'], 's'):>10s} "
                      f"{_fmt(r['latency_s'], 's'):>10s} {_fmt(r['energy_j'], 'J'):>10s} "
                      f"{_fmt(r['writes'], ''):>7s} {_fmt(r['bytes_moved'], ''):>10s}")
@@ -79,12 +92,17 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
         lines.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
     lines.append("-" * len(head))
     for t in totals_by_device(rows):
-        lines.append(f"{'total ' + t['device'] + ' (' + str(t['nodes']) + ' nodes)':36s} "
+        what = (f"{_count(t['partitions'], 'partition')}, " if t["partitions"] else "") \
+            + _count(t["nodes"], "node")
+        lines.append(f"{'total ' + t['device'] + ' (' + what + ')':36s} "
                      f"{'':10s} {'':10s} {'':11s} {_fmt(t['wall_s'], 's'):>10s} "
                      f"{_fmt(t['latency_s'], 's'):>10s} {_fmt(t['energy_j'], 'J'):>10s} "
                      f"{_fmt(t['writes'], ''):>7s} {_fmt(t['bytes_moved'], ''):>10s}")
     lines.append("wall: host time of this process; modeled: device latency from the cost model "
                  "(crossbar simulator counters, UPMEM cost model)")
+    if any(r["mode"] == "model" for r in rows):
+        lines.append("nodes in 'model' mode run inside a host partition (counted among its "
+                     "nodes) and are charged by their device's cost model")
     return "\n".join(lines)
 
 

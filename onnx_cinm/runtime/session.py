@@ -19,8 +19,11 @@ around it (DESIGN.md §5):
   from the op's reference body in onnxruntime (empty, or a reduction's identity); the profile
   records it with mode ``empty``.
 
-The kernels are the files under ``<model>.cinm/`` listed in its manifest; their hashes are
-checked when the session is created.
+The kernels are the files under ``<model>.cinm/`` listed in its manifest. When the session is
+created, before anything else, the folder must be the model's own (the kernel digest the model
+records, :func:`onnx_cinm.artifacts.check_pair`) and every file must have its listed hash: that
+catches a stale or swapped folder, not tampering. The folder is untrusted input: paths stay
+inside it, and UPMEM kernels in emulate mode are regenerated from the model's plan.
 """
 from __future__ import annotations
 
@@ -131,7 +134,9 @@ class InferenceSession:
         if isinstance(path_or_model, onnx.ModelProto):
             model = path_or_model
             root = Path(kernel_dir) if kernel_dir else None
+            self._label_text = "the model"
         else:
+            self._label_text = f"model '{path_or_model}'"
             model = frontend.load_model(path_or_model)
             root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
         self._model = model
@@ -175,7 +180,7 @@ class InferenceSession:
         has_kernels = use_devices and any(
             n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute) for n in g.node)
         if has_kernels and self._root is not None:
-            manifest = artifacts.verify(self._root)
+            manifest = artifacts.check_pair(self._model, self._root, self._label_text)
             manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
         infos = tensor_infos(self._model, infer=False) if has_kernels else {}
         inits = {i.name: i for i in g.initializer}
@@ -324,6 +329,9 @@ class InferenceSession:
         for vi in self._inputs:
             if vi.name not in feed:
                 raise CinmError(f"input '{vi.name}' is missing")
+            if vi.type.WhichOneof("value") != "tensor_type":  # a sequence or map: onnxruntime
+                out[vi.name] = feed[vi.name]                   # checks it
+                continue
             a = np.asarray(feed[vi.name])
             tt = vi.type.tensor_type
             want = helper.tensor_dtype_to_np_dtype(tt.elem_type)
@@ -372,14 +380,15 @@ class InferenceSession:
                 records.append({"run": run_index, "node": f"host partition {p.index}",
                                 "op_type": f"{len(p.nodes)} nodes", "device": "host",
                                 "mode": "onnxruntime", "wall_s": wall, "latency_s": None,
-                                "energy_j": None, "writes": 0, "bytes_moved": 0})
+                                "energy_j": None, "writes": 0, "bytes_moved": 0,
+                                "nodes": len(p.nodes)})
                 for node, dev in p.modeled:
                     at = cinm.node_attrs(node)
                     records.append({"run": run_index, "node": self._label(node), "op_type": node.op_type,
                                     "device": dev, "mode": "model", "wall_s": None,
                                     "latency_s": at.get("cnm_latency_s"),
                                     "energy_j": at.get("cnm_energy_j"), "writes": 0,
-                                    "bytes_moved": None})
+                                    "bytes_moved": None, "nodes": 1})
             for d in stage_devices:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
@@ -397,7 +406,7 @@ class InferenceSession:
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved")})
+                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1})
         with self._profile_lock:
             self._profile.extend(records)
         for n in names:  # an output that is a constant of the graph
@@ -462,7 +471,9 @@ class InferenceSession:
         """Per-node records of every run so far: ``run``, ``node``, ``op_type``, ``device``,
         ``mode``, ``wall_s`` (host wall time, seconds; None for nodes charged by a model),
         ``latency_s`` and ``energy_j`` (modeled device time and energy; None on the host),
-        ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes)."""
+        ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes), ``nodes``
+        (graph nodes the record covers: all the nodes of a host partition's onnxruntime
+        session, UPMEM nodes charged by the cost model inside it included; 1 otherwise)."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
@@ -484,6 +495,11 @@ class InferenceSession:
                 out.append({"node": self._label(d.node), "device": d.device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
         return out
+
+    def modeled_nodes(self) -> list[tuple[str, str]]:
+        """``(node label, device)`` of the device nodes that run inside a host partition and
+        are charged by their device's cost model (UPMEM in ``upmem_mode="model"``)."""
+        return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled]
 
     def partitions(self) -> list[tuple[str, int]]:
         """``(kind, node count)`` in execution order, for inspection: host partitions and
@@ -513,10 +529,37 @@ class _Arg:
 
     @staticmethod
     def of(vi) -> "_Arg":
+        """A graph input or output; sequence, map and optional values (a ZipMap output) get
+        onnxruntime's type text, e.g. ``seq(map(int64,tensor(float)))``, and shape None."""
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return _Arg(vi.name, None, _type_text(vi.type))
         tt = vi.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                  for d in tt.shape.dim]
-        return _Arg(vi.name, shape, f"tensor({helper.tensor_dtype_to_np_dtype(tt.elem_type).name})")
+        return _Arg(vi.name, shape, _type_text(vi.type))
+
+
+def _elem_name(elem_type: int) -> str:
+    try:
+        return helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, TypeError):  # 0 (undefined) or a type numpy has no name for
+        return helper.tensor_dtype_to_string(elem_type).split(".")[-1].lower() \
+            if elem_type else "undefined"
+
+
+def _type_text(tp) -> str:
+    """onnxruntime's text for a TypeProto: ``tensor(float)``, ``seq(tensor(int64))``,
+    ``map(int64,tensor(float))``, ``optional(...)``."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({_elem_name(tp.tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"seq({_type_text(tp.sequence_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({_elem_name(tp.map_type.key_type)},{_type_text(tp.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(tp.optional_type.elem_type)})"
+    return kind or "undefined"
 
 
 def _shape_text(vi) -> str:

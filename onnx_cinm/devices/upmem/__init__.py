@@ -124,10 +124,11 @@ class UpmemDevice:
                        default_tasklets=self.params.tasklets)
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None):
-        """A callable running the node's generated kernel in the UPMEM emulator (see
+        """A callable running the node's kernel in the UPMEM emulator, generated again from
+        the plan (the folder's C must equal it; see
         :class:`onnx_cinm.runtime.upmem_emu.kernel.UpmemKernel`)."""
         from ...runtime.upmem_emu.kernel import UpmemKernel
-        return UpmemKernel(op, attrs, root, consts)
+        return UpmemKernel(op, attrs, root, consts, emit=self.emit)
 
 
 register(UpmemDevice())

@@ -19,7 +19,7 @@ rule, the DPU, the tasklet and the source file and line; :func:`run_kernel` rais
 :class:`UpmemRuleError`.
 
 Builds are cached by content hash (sources, headers, runtime, flags, compiler version) under
-``$ONNX_CINM_CACHE`` or ``~/.cache/onnx-cinm/upmem``; a build is written to a temporary
+:func:`cache_dir` (``$ONNX_CINM_CACHE``, else ``$XDG_CACHE_HOME/onnx-cinm/upmem``); a build is written to a temporary
 directory and renamed into place, so concurrent processes never see half a build.
 """
 from __future__ import annotations
@@ -77,9 +77,14 @@ class UpmemRuleError(UpmemEmuError):
 
 
 def cache_dir() -> Path:
-    """Where builds are cached: ``$ONNX_CINM_CACHE`` or ``~/.cache/onnx-cinm/upmem``."""
+    """Where builds are cached: ``$ONNX_CINM_CACHE``, else ``$XDG_CACHE_HOME/onnx-cinm/upmem``
+    (``~/.cache/onnx-cinm/upmem`` when XDG_CACHE_HOME is unset or empty, as the XDG base
+    directory spec says and as the host roofline's cache does)."""
     env = os.environ.get("ONNX_CINM_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "onnx-cinm" / "upmem"
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "onnx-cinm" / "upmem"
 
 
 def _gcc() -> str:

@@ -1,20 +1,29 @@
 """A generated UPMEM kernel as a callable for the execution provider.
 
-:class:`UpmemKernel` runs the node's kernel directory (``host.c``/``dpu.c`` built by the
-emulator) on the node's input arrays. A kernel is specialised to the shapes it was generated for
-(symbolic dims were taken as 1); when the inputs have other shapes (a dynamic batch), the node is
-emitted again for those shapes into the build cache (``<cache>/respec/<hash>``) and that kernel
-runs; both the emission and the build are cached by content.
+:class:`UpmemKernel` runs the node's kernel (``host.c``/``dpu.c`` built by the emulator) on the
+node's input arrays. The kernel folder is untrusted input, so the C that is compiled is never
+the folder's as it stands: the kernel is generated again from the model's plan (the node's
+``cnm_*`` attributes and constant inputs) into the build cache (``<cache>/gen/<content hash>``),
+the folder's files must equal the generated ones byte for byte (else a one-line CinmError:
+edited or stale), and the generated copy is what gets built and run. A kernel is specialised to
+the shapes it was generated for (symbolic dims were taken as 1); when the inputs have other
+shapes (a dynamic batch), the node is emitted again for those shapes into the build cache
+(``<cache>/respec/<hash>``) and that kernel runs; both the emission and the build are cached by
+content.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ...errors import CinmError
 from . import cache_dir, read_manifest, run_kernel
 
 
@@ -25,22 +34,65 @@ class UpmemKernel:
         op: the node as an :class:`~onnx_cinm.devices.base.OpInfo`.
         attrs: the node's attributes (``kernel``, ``cnm_*``).
         root: the ``<model>.cinm/`` folder.
-        consts: the node's constant inputs by tensor name (for re-emission at other shapes).
+        consts: the node's constant inputs by tensor name.
+        emit: the device's code generator, ``emit(op, attrs, consts, root) -> [paths]``
+            (:meth:`UpmemDevice.emit <onnx_cinm.devices.upmem.UpmemDevice.emit>`).
 
     Calling it with the node's inputs (numpy arrays in node order, None for an absent optional
     input) returns ``(outputs, metrics)``: ``metrics`` has ``latency_s`` (the cnm_mapping cost
     model's ``cnm_latency_s`` when the node has it, else the emulator's kernel time),
     ``energy_j`` (``cnm_energy_j`` or None), ``bytes_moved`` (host<->DPU bytes of this run),
     ``emu_kernel_s`` and ``emu_kernel_cycles`` (the emulator's own model), ``dma_bytes``.
+
+    Raises:
+        CinmError: a file of the kernel folder differs from the generated code, or is missing.
     """
 
-    def __init__(self, op, attrs: dict, root, consts: dict | None = None):
+    def __init__(self, op, attrs: dict, root, consts: dict | None, emit):
         self.op = op
         self.attrs = dict(attrs)
         self.root = Path(root)
-        self.kdir = self.root / self._s(attrs["kernel"])
+        self.rel = self._s(attrs["kernel"])
         self.consts = consts or {}
+        self.emit = emit
+        self.kdir = self._regenerate()
         self.manifest = read_manifest(self.kdir)
+
+    def _regenerate(self) -> Path:
+        """Generate the kernel from the plan into the build cache, check the folder's files
+        equal it, and return the generated directory (content-addressed)."""
+        gen_root = cache_dir() / "gen"
+        gen_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=gen_root))
+        try:
+            paths = self.emit(self.op, self.attrs, self.consts, tmp)
+            gdir = tmp / self.rel
+            h = hashlib.sha256()
+            for p in sorted(Path(p) for p in paths):
+                rel = p.relative_to(gdir).as_posix()
+                data = p.read_bytes()
+                theirs = self.root / self.rel / rel
+                try:
+                    same = theirs.read_bytes() == data
+                except OSError:
+                    same = False
+                if not same:
+                    raise CinmError(
+                        f"kernel file '{theirs}' of node '{self.op.name}' is not the code "
+                        "onnx-cinm generates from the model's plan (edited, or written by "
+                        "another version); emulate mode compiles only generated code: re-run "
+                        "onnx-cinm optimize")
+                h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+            final = gen_root / h.hexdigest()[:32]
+            if not final.is_dir():
+                try:
+                    os.rename(gdir, final)
+                except OSError:
+                    if not final.is_dir():  # not a lost race with another process
+                        raise
+            return final
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @staticmethod
     def _s(v):
@@ -51,8 +103,6 @@ class UpmemKernel:
         specs = self.manifest.get("inputs", [])
         if all(s.get("const") or tuple(s["shape"]) == a.shape for s, a in zip(specs, arrays)):
             return self.kdir
-        from ...devices.upmem import codegen  # re-emission needs the device's code generator
-
         ins = list(self.op.inputs)
         for i, a in enumerate(arrays):
             ins[i] = dataclasses.replace(ins[i], shape=tuple(a.shape))
@@ -62,7 +112,7 @@ class UpmemKernel:
         root = cache_dir() / "respec" / key
         attrs = dict(self.attrs, kernel="k")
         if not (root / "k" / "kernel.json").is_file():
-            codegen.emit_op(op, attrs, self.consts, root)
+            self.emit(op, attrs, self.consts, root)
         return root / "k"
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
