@@ -33,7 +33,10 @@ runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
 seeded read noise, ADC), vectorized over rows and columns in float64 (integer levels, exact),
 one matmul for all bit slices side by side; the result is dequantized to float32 in the
-crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM.
+crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM. Device
+effects (header keys ``device``, ``prog_noise``, ``drift``, ``time_s``, ... of
+``docs/xbar-format.md``, "Device effects") are drawn per programmed tile and per ADC by
+:mod:`onnx_cinm.devices.memristor.physics`; without them the data path is unchanged.
 """
 from __future__ import annotations
 
