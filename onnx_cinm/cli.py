@@ -81,6 +81,32 @@ _pos_float = _checked(_number, lambda v: v > 0, "a number > 0")
 _tolerance = _nonneg_float
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
+          "y": 365.25 * 86400.0}
+
+
+def _duration(text: str) -> float:
+    """``'1h'`` -> 3600.0: a number of seconds, with an optional unit s, min (or m), h, d, w, y."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
+    if not m or m.group(2) not in _UNITS and m.group(2) != "":
+        raise argparse.ArgumentTypeError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
+    return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
+
+
+def _effects(text: str) -> list[str]:
+    """``'prog,drift'`` -> the effect names, checked against the crossbar devices'."""
+    from .devices import preset_names
+
+    names = [] if text.strip() == "none" else [e.strip() for e in text.split(",") if e.strip()]
+    known = preset_names("cim", "effects")
+    bad = [e for e in names if e not in known]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown effect '{bad[0]}' (known: {', '.join(known)})")
+    return names
+
+
 def _size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) != 2:
@@ -184,13 +210,26 @@ def _parser() -> argparse.ArgumentParser:
     xb.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
                     help="cells per crossbar, e.g. 128x128 (default: the preset's, 64x64 for "
                          "pcm-occ, 128x128 for reram-isaac)%(default).0s")
-    xb.add_argument("--cim-preset", default="pcm-occ", choices=["pcm-occ", "reram-isaac"],
-                    help="device parameters: OCC's PCM model or an ISAAC-like ReRAM")
-    xb.add_argument("--cim-mode", default="ideal", choices=["ideal", "q8", "q8-noisy"],
+    from .devices import preset_names
+
+    presets = preset_names("cim")
+    xb.add_argument("--cim-preset", default=presets[0], choices=presets,
+                    help="chip preset (geometry, cost and device parameters, sources in "
+                         "docs/crossbar-presets.md and 'onnx-cinm devices'); default %(default)s")
+    xb.add_argument("--cim-mode", default="ideal", choices=preset_names("cim", "modes"),
                     help="data path of the emitted kernels: 'ideal' (exact fp32), 'q8' (8-bit "
                          "weights with per-channel scales on 2-bit cells in differential pairs, "
-                         "8-bit DAC and ADC) or 'q8-noisy' (q8 plus 2%% seeded read noise); the "
-                         "check compares the cinm reference bodies, which are exact")
+                         "8-bit DAC and ADC), 'q8-noisy' (q8 plus 2%% seeded read noise) or "
+                         "'device' (the preset's precision and device physics: programming "
+                         "noise, drift, 1/f noise, drift compensation, stuck-at cells, IR drop, "
+                         "ADC errors; docs/xbar-format.md); the check compares the cinm "
+                         "reference bodies, which are exact")
+    xb.add_argument("--cim-time", type=_duration, default=0.0, metavar="T",
+                    help="time after programming at which the device effects are taken, e.g. "
+                         "1s, 1h, 1d, 1y (default 0: just programmed)")
+    xb.add_argument("--cim-effects", type=_effects, default=None, metavar="E1,E2",
+                    help="the device effects of --cim-mode (default: the mode's own); any of "
+                         + ", ".join(preset_names("cim", "effects")) + "; 'none' for none")
     up = o.add_argument_group("UPMEM options")
     up.add_argument("--upmem-dpus", type=_positive, default=None, metavar="N",
                     help="most DPUs one op may use; the mapping picks the count with the lowest "
@@ -442,9 +481,19 @@ def _cmd_devices(args) -> int:
         print(f"{dev.name} ({dev.paradigm})")
         docs = _attribute_docs(type(dev.params))
         for f in fields(dev.params):
+            if not f.repr:  # sources: listed with the presets below
+                continue
             value = f"  {f.name} = {getattr(dev.params, f.name)}"
             note = docs.get(f.name, "")
             print(f"{value:44s}  {note}" if note else value)
+        presets = getattr(dev, "presets", None)
+        if presets:
+            print("  presets (--cim-preset; fields marked * have no primary source):")
+            for name, p in presets.items():
+                print(f"    {name}: {p.summary()}")
+                for key, src in p.sources:
+                    mark = "*" if key in p.unverified else " "
+                    print(f"      {mark}{key}: {getattr(p, key)} ({src})")
     return 0
 
 
@@ -677,6 +726,10 @@ def _inexact_modes(model) -> list[str]:
 def _device_options(args) -> dict:
     opts = {"cim_loop_order": args.cim_loop_order, "cim_preset": args.cim_preset,
             "cim_mode": args.cim_mode}
+    if args.cim_time:
+        opts["cim_time_s"] = args.cim_time
+    if args.cim_effects is not None:
+        opts["cim_effects"] = args.cim_effects
     if args.cim_crossbars is not None:
         opts["cim_crossbars"] = args.cim_crossbars
     if args.cim_size is not None:

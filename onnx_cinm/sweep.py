@@ -16,7 +16,7 @@ key                        option                               values
 crossbar.size              ``cim_rows``, ``cim_cols``           ``ROWSxCOLS``
 crossbar.count             ``cim_crossbars``                    positive integers
 crossbar.loop_order        ``cim_loop_order``                   weight_stationary, naive
-crossbar.preset            ``cim_preset``                       pcm-occ, reram-isaac
+crossbar.preset            ``cim_preset``                       a chip preset (``onnx-cinm devices``)
 upmem.dpus                 ``upmem_dpus``                       positive integers
 upmem.tasklets             ``upmem_tasklets``                   1..24
 placement.strategy         ``placement``                        cost, heuristic
@@ -71,7 +71,12 @@ def _int(key, option, lo=1, hi=1 << 20):
 
 
 def _choice(key, option, allowed):
+    """A converter accepting the values in ``allowed`` (a tuple, or a function returning one,
+    called when first needed)."""
     def conv(v: str):
+        nonlocal allowed
+        if callable(allowed):
+            allowed = tuple(allowed())
         if v not in allowed:
             raise CinmError(f"{key} expects one of {', '.join(allowed)}, got '{v}'")
         return {option: v}
@@ -90,12 +95,18 @@ def _float(key, option):
     return conv
 
 
+def _cim_presets() -> list[str]:
+    from .devices import preset_names
+
+    return preset_names("cim")
+
+
 #: ``--set`` keys and their converters (value text -> pass options).
 KEYS = {
     "crossbar.size": _size,
     "crossbar.count": _int("crossbar.count", "cim_crossbars"),
     "crossbar.loop_order": _choice("crossbar.loop_order", "cim_loop_order", ("weight_stationary", "naive")),
-    "crossbar.preset": _choice("crossbar.preset", "cim_preset", ("pcm-occ", "reram-isaac")),
+    "crossbar.preset": _choice("crossbar.preset", "cim_preset", _cim_presets),
     "upmem.dpus": _int("upmem.dpus", "upmem_dpus", 1, 1 << 16),
     "upmem.tasklets": _int("upmem.tasklets", "upmem_tasklets", 1, 24),
     "placement.strategy": _choice("placement.strategy", "placement", ("cost", "heuristic")),

@@ -28,7 +28,7 @@ from ..errors import CinmError
 from .base import Cost, Device, OpInfo, Registry, Support, TensorInfo
 
 __all__ = ["Cost", "Device", "OpInfo", "Support", "TensorInfo", "register", "get_device", "all_devices",
-           "device_names", "plugin_errors", "ENTRY_POINT_GROUP"]
+           "device_names", "preset_names", "plugin_errors", "ENTRY_POINT_GROUP"]
 
 _registry = Registry()
 _BUILTIN = ("host", "memristor", "upmem")
@@ -125,3 +125,11 @@ def get_device(name: str) -> Device:
         return _registry.devices[name]
     except KeyError:
         raise CinmError(f"unknown device '{name}' (known: {', '.join(_registry.devices)})") from None
+
+
+def preset_names(paradigm: str = "cim", table: str = "presets") -> list[str]:
+    """Names in a device's optional table ``table`` (``presets``: parameter presets, e.g. the
+    crossbar chips of ``--cim-preset``; ``modes``, ``effects``: its data-path modes and effects)
+    over the devices of ``paradigm``, in registration order."""
+    return [name for dev in all_devices() if dev.paradigm == paradigm
+            for name in getattr(dev, table, None) or ()]

@@ -86,6 +86,8 @@ PLAN_ATTRS = {
     "cim_writes_load": AttributeProto.INT, "cim_writes": AttributeProto.INT,
     "cim_mvms": AttributeProto.INT, "cim_latency_s": AttributeProto.FLOAT,
     "cim_energy_j": AttributeProto.FLOAT, "cim_mode": AttributeProto.STRING,
+    "cim_preset": AttributeProto.STRING, "cim_time_s": AttributeProto.FLOAT,
+    "cim_effects": AttributeProto.STRING,
     "cnm_dpus": AttributeProto.INT, "cnm_tasklets": AttributeProto.INT,
     "cnm_block_bytes": AttributeProto.INT, "cnm_mram_bytes": AttributeProto.INT,
     "cnm_inputs": AttributeProto.STRINGS, "cnm_merge": AttributeProto.STRING,

@@ -33,7 +33,10 @@ runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
 seeded read noise, ADC), vectorized over rows and columns in float64 (integer levels, exact),
 one matmul for all bit slices side by side; the result is dequantized to float32 in the
-crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM.
+crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM. Device
+effects (header keys ``device``, ``prog_noise``, ``drift``, ``time_s``, ... of
+``docs/xbar-format.md``, "Device effects") are drawn per programmed tile and per ADC by
+:mod:`onnx_cinm.devices.memristor.physics`; without them the data path is unchanged.
 """
 from __future__ import annotations
 
@@ -57,7 +60,12 @@ _HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal", "quantized"),
                    "order": ("fixed", "serpentine"), "residency": ("on", "off")}
 #: Header keys of the non-ideal parameters (``mode quantized`` only) and their value types.
 _MODE_KEYS = {"weight_bits": int, "cell_bits": int, "differential": bool, "dac_bits": int,
-              "adc_bits": int, "adc_range": float, "noise_sigma": float, "seed": int}
+              "adc_bits": int, "adc_range": float, "noise_sigma": float, "seed": int,
+              # device effects (nonideal.py effect 7, physics.py)
+              "device": str, "prog_noise": float, "drift": float, "read_noise_1f": float,
+              "time_s": float, "drift_compensation": bool, "stuck_at_0": float,
+              "stuck_at_1": float, "wire_ohm_row": float, "wire_ohm_col": float,
+              "adc_offset_lsb": float, "adc_gain_std": float, "adc_inl_lsb": float}
 _REGION_ARITY = {"input": 2, "weight": 3, "bias": 0, "output": 2}
 
 
@@ -218,6 +226,8 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
                 mode_args[key] = toks[1] == "on"
             elif typ is int:
                 mode_args[key] = _int(path, n, toks[1], key)
+            elif typ is str:
+                mode_args[key] = toks[1]
             else:
                 try:
                     mode_args[key] = float(toks[1])
@@ -465,6 +475,12 @@ class CrossbarSimulator:
             self._wscale[r.name] = s
         self._rng = np.random.default_rng(m.seed)
         self._qtile: list = [None] * self.P  # (tag, prepared slices) per crossbar
+        if m.physical:  # device effects: their own generator, so read-noise draws stay put
+            from ..devices.memristor import physics
+
+            self._physics = physics
+            self._dev_rng = np.random.default_rng([m.seed, 15])
+            self._adc_err = physics.adc_errors(m, self.P, m.slices * self.C, self._dev_rng)
         self._Lx = 2 ** (m.dac_bits - 1) - 1 if m.dac_bits else 1
         self._La = 2 ** (m.adc_bits - 1) - 1 if m.adc_bits else 0
         self._shift = 2.0 ** (m.cell_bits * np.arange(m.slices))  # slice significance
@@ -486,11 +502,17 @@ class CrossbarSimulator:
         mask = (1 << m.cell_bits) - 1
         planes = np.concatenate([(stored >> (s * m.cell_bits)) & mask for s in range(m.slices)],
                                 axis=1).astype(np.float64)  # [r, S * c]
-        D = planes * np.tile(np.sign(q), m.slices) if m.differential else planes
-        prep = {"D": D, "G2": planes * planes, "step": None}
+        sign = np.tile(np.sign(q), m.slices)
+        if m.physical:  # conductances as programmed, drifted, ... (physics.tile_state)
+            prep = self._physics.tile_state(planes, sign, m, self._dev_rng)
+        else:
+            prep = {"D": planes * sign if m.differential else planes, "G2": planes * planes}
+        D = planes * sign if m.differential else planes  # the target levels set the ADC range
         if m.adc_bits:
             F = m.adc_range * self._Lx * np.abs(D).sum(axis=0)  # full scale per slice column
             prep["step"] = np.where(F > 0, F / self._La, 1.0)
+        else:
+            prep["step"] = None
         self._qtile[x] = (tag, prep)
         return prep
 
@@ -505,7 +527,8 @@ class CrossbarSimulator:
         if m.dac_bits:
             xl *= self._Lx
             np.rint(xl, out=xl)
-        Ys = xl @ prep["D"]  # column currents of every slice column [M, S * c]
+        # column currents of every slice column [M, S * c]
+        Ys = self._physics.column_currents(xl, prep, m) if m.physical else xl @ prep["D"]
         if m.noise_sigma:
             std = (xl * xl) @ prep["G2"]
             np.sqrt(std, out=std)
@@ -515,12 +538,21 @@ class CrossbarSimulator:
         if m.adc_bits:
             La = self._La
             Ys /= prep["step"]
-            np.rint(Ys, out=Ys)
-            self._clipped += int(np.count_nonzero(np.abs(Ys) > La))
-            np.clip(Ys, -La, La, out=Ys)
+            if m.physical:
+                cols = Ys.shape[1] // m.slices  # this tile's columns of each slice
+                off, gain = (e[x].reshape(m.slices, self.C)[:, :cols].ravel()
+                             for e in self._adc_err)
+                Ys, clipped = self._physics.adc_convert(Ys, La, off, gain, m.adc_inl_lsb)
+                self._clipped += clipped
+            else:
+                np.rint(Ys, out=Ys)
+                self._clipped += int(np.count_nonzero(np.abs(Ys) > La))
+                np.clip(Ys, -La, La, out=Ys)
             Ys *= prep["step"]
         c = Ys.shape[1] // m.slices
         y = np.einsum("msc,s->mc", Ys.reshape(len(Ys), m.slices, c), self._shift)  # shift-add
+        if m.physical and prep["alpha"] != 1.0:
+            y *= prep["alpha"]  # global drift compensation (digital)
         if not m.differential:
             y -= m.weight_levels * xl.sum(axis=1, keepdims=True)  # digital offset removal
         w, g, _, n = tag

@@ -1,6 +1,7 @@
 """Memristor crossbar device (paradigm ``cim``): weight-stationary matrix products in place.
 
-Parameters follow OCC's published model (Siemieniuk et al., "OCC", IEEE TCAD 41(6), 2022; the
+Chip presets (geometry, cost, precision, device physics, each constant with its source) are in
+:mod:`.presets`; the default, ``pcm-occ``, follows OCC's published model (Siemieniuk et al., "OCC", IEEE TCAD 41(6), 2022; the
 numbers are from its evaluation data, ``adam-smnk/Open-CIM-Compiler`` branch ``sim_build``,
 ``data/CIM_parallelization_factor.xlsx`` and ``data/CIM_stats.xlsx``; see
 ``shared/field-notes/crossbar.md`` §1.4). One "write" here is the programming of one whole
@@ -8,7 +9,7 @@ crossbar tile (``rows x cols`` cells), as in OCC's write counts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,77 +18,9 @@ from ...errors import CinmError
 from .. import register
 from ..base import Cost, OpInfo, Support
 from . import codegen, layout, schedule
+from .nonideal import EFFECTS, NAMED
+from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
 from .schedule import LOOP_ORDERS
-
-
-@dataclass(frozen=True)
-class CrossbarParams:
-    """Crossbar geometry and OCC's PCM cost parameters.
-
-    Attributes:
-        rows, cols: cells per crossbar (64 x 64: OCC ``TILE_SIZE = 64``, CINM's default).
-        crossbars: crossbars on the device (4: OCC ``NUM_TILES = 4``).
-        write_latency_s: time to program one tile, seconds (2.5e-6: OCC "Write").
-        write_energy_j: energy to program one tile, joules (2e-10: OCC "Write", 200 pJ).
-        mvm_latency_s: time of one matrix-vector product on a tile, seconds (1e-6: OCC "Read").
-        mvm_energy_j: energy of one MVM, joules (2e-13: OCC "Read", 0.2 pJ).
-        periphery_energy_per_cycle_j: mixed-signal periphery energy per cycle at 1 GHz, joules
-            (2.1e-9: OCC "Mixed-signal energy").
-        endurance_writes: writes a cell survives (3.2e7, as given for OCC's PCM model in the
-            crossbar issue; NVMain's default mean endurance is 1e6).
-        clock_hz: clock of the periphery, Hz (1e9: OCC "1 GHz"); one busy cycle costs
-            ``periphery_energy_per_cycle_j``.
-        adc_energy_j: energy of one analog-to-digital conversion (one column of one MVM), joules
-            (0 for the OCC preset: OCC folds the ADCs into its mixed-signal periphery energy).
-        dtypes: element types the ideal (exact fp32) mode accepts.
-        min_macs: the paper heuristic's "enough work": a matmul with fewer multiply-accumulates
-            than one tile holds (rows * cols) stays off the crossbar.
-        name: preset name, for reports.
-    """
-
-    rows: int = 64
-    cols: int = 64
-    crossbars: int = 4
-    write_latency_s: float = 2.5e-6
-    write_energy_j: float = 2e-10
-    mvm_latency_s: float = 1e-6
-    mvm_energy_j: float = 2e-13
-    periphery_energy_per_cycle_j: float = 2.1e-9
-    endurance_writes: float = 3.2e7
-    clock_hz: float = 1e9
-    adc_energy_j: float = 0.0
-    dtypes: tuple = ("float32",)
-    min_macs: int = 64 * 64
-    name: str = "pcm-occ"
-
-
-#: OCC's PCM model (field notes crossbar.md §1.4): the default parameters.
-PCM_OCC = CrossbarParams()
-
-#: A ReRAM crossbar after ISAAC/PUMA geometry and NVSim/MNSIM cell figures (field notes
-#: crossbar.md §2.4-2.6 and §2.8):
-#:
-#: - 128 x 128 cells (ISAAC; PUMA ``MVMU_DIM 128``; NeuroSim's default subarray);
-#: - a tile write programs one row at a time, all cells of a row in parallel (MNSIM
-#:   ``Crossbar.py``), 10 ns per row (NVSim ``sample_RRAM.cell`` SET/RESET 10 ns; MNSIM
-#:   ``Write_Latency``): 128 x 10 ns = 1.28 us per tile;
-#: - 0.6 pJ per cell switch (NVSim ``sample_RRAM.cell``): 128 * 128 * 0.6 pJ = 9.83 nJ per tile;
-#: - one MVM (a crossbar read cycle) 100 ns (ISAAC / PUMA ``xbar_ip_lat``), cell read energy
-#:   0.1 pJ (NVSim) over 128 * 128 cells = 1.64 nJ;
-#: - 8-bit ADC 1.67 pJ per conversion (ISAAC, via the ``hwcomponents_library`` model);
-#: - no separate always-on periphery term (the ADCs carry it, as in ISAAC);
-#: - endurance 1e6 writes (NVMain's default mean; HfOx RRAM endurance-model abstract).
-#: Not calibrated against a chip: an "ISAAC-like" profile for comparisons, as §6 suggests.
-RERAM_ISAAC = CrossbarParams(
-    rows=128, cols=128, crossbars=4,
-    write_latency_s=128 * 10e-9, write_energy_j=128 * 128 * 0.6e-12,
-    mvm_latency_s=100e-9, mvm_energy_j=128 * 128 * 0.1e-12,
-    periphery_energy_per_cycle_j=0.0, endurance_writes=1e6, clock_hz=1e9,
-    adc_energy_j=1.67e-12, min_macs=128 * 128, name="reram-isaac",
-)
-
-#: Parameter presets by name.
-PRESETS = {p.name: p for p in (PCM_OCC, RERAM_ISAAC)}
 
 
 _DEFAULT_LOOP_ORDER = "weight_stationary"
@@ -127,6 +60,11 @@ class MemristorDevice:
     name: str = "memristor"
     paradigm: str = "cim"
     params: CrossbarParams = PCM_OCC
+    #: chip presets by name (``--cim-preset``; :mod:`.presets`)
+    presets: dict = field(default_factory=lambda: dict(PRESETS))
+    #: data-path modes (``--cim-mode``) and device effects (``--cim-effects``), :mod:`.nonideal`
+    modes: tuple = tuple(NAMED)
+    effects: tuple = tuple(EFFECTS)
 
     # -- what it runs ---------------------------------------------------------------------
     def _operands(self, op: OpInfo) -> tuple[str | None, str]:
@@ -278,10 +216,9 @@ class MemristorDevice:
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)
         mode = options.get("cim_mode") or "ideal"
-        from .nonideal import PRESETS as MODES
-
-        if mode not in MODES:
-            raise CinmError(f"unknown crossbar mode '{mode}' (known: {', '.join(MODES)})")
+        time_s = options.get("cim_time_s", 0.0)
+        effects = options.get("cim_effects")
+        _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
         attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
             "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
@@ -292,6 +229,12 @@ class MemristorDevice:
             "cim_energy_j": float(c.energy_j), "cim_mode": mode,
             "kernel": f"memristor/{options['kernel_stem']}.xbar",
         }
+        if params.name != PCM_OCC.name:  # absent: the default preset (models written before)
+            attrs["cim_preset"] = params.name
+        if mode != "ideal" and time_s:
+            attrs["cim_time_s"] = float(time_s)
+        if effects is not None:
+            attrs["cim_effects"] = ",".join(effects)
         if not const:  # the placement reason does not say which activation is programmed
             attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
         return attrs
@@ -299,7 +242,8 @@ class MemristorDevice:
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):
         options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
-                   "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"]}
+                   "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"],
+                   "cim_preset": attrs.get("cim_preset")}
         params = params_from_options(options, self.params)
         v = self._view(op, attrs["cim_operand"])
         p = schedule.plan(max(v.rows, 1), v.K, v.N, params, attrs["cim_loop_order"],
@@ -321,7 +265,7 @@ class MemristorDevice:
         bias = None
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
             bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
-        mode = _mode(attrs)
+        mode = _mode(attrs, params)
         if prog is not None:
             return codegen.emit_kernel(p, params, layout.weights(v, A, B), outdir, rel.stem,
                                        bias=bias, **mode)
@@ -354,14 +298,26 @@ def _pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
     return set(max(best, key=lambda b: b[0])[1])
 
 
-def _mode(attrs: dict) -> dict:
-    """Keyword arguments selecting the non-ideal mode of the emitted file (ideal: none)."""
+def _compose(name: str, params: CrossbarParams, time_s, effects):
+    """The :class:`.nonideal.CrossbarMode` named ``name`` for chip ``params``; CinmError if the
+    mode, an effect or the time is bad."""
+    from .nonideal import compose
+
+    try:
+        return compose(name, params, time_s, effects)
+    except ValueError as e:
+        raise CinmError(str(e)) from None
+
+
+def _mode(attrs: dict, params: CrossbarParams) -> dict:
+    """Keyword arguments selecting the non-ideal mode of the emitted file (ideal: none), from
+    the node's ``cim_mode``, ``cim_time_s`` and ``cim_effects`` attributes."""
     name = attrs.get("cim_mode", "ideal")
     if name == "ideal":
         return {}
-    from .nonideal import preset
-
-    return {"mode": preset(name)}
+    effects = attrs.get("cim_effects")
+    effects = None if effects is None else [e for e in effects.split(",") if e]
+    return {"mode": _compose(name, params, attrs.get("cim_time_s", 0.0), effects)}
 
 
 register(MemristorDevice())

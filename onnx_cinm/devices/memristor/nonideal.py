@@ -45,6 +45,22 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    column never clips; ``adc_range < 1`` trades clipping for resolution. Values outside
    ``[-F, F]`` saturate (counted as ``adc_clipped``). ``adc_bits = 0``: an ideal ADC.
 
+7. **Device physics** (optional, all off by default; :mod:`.physics`, field notes
+   ``chips.md`` §2): each physical cell's level ``l`` (``0 .. Lc``, ``Lc = 2**cell_bits - 1``) is
+   the target conductance ``g_T = l / Lc * g_max`` of the ``device`` model; when a tile is
+   programmed the simulator draws, in this order, programming noise (``prog_noise`` scales the
+   model's sigma), drift to ``time_s`` seconds after programming (``drift`` scales the
+   exponents), 1/f read noise at that time (``read_noise_1f``) and stuck-at cells
+   (``stuck_at_0``, ``stuck_at_1`` rates), and computes with the resulting conductances (back in
+   level units ``g / g_max * Lc``). The ADC full scale stays calibrated to the *target* levels
+   (set when the tile is programmed), so drift shows as lost signal. ``drift_compensation``
+   multiplies each tile's digital output by ``sum(g after programming) / sum(g at time_s)``
+   (global drift compensation). ``wire_ohm_row``/``wire_ohm_col`` add first-order IR drop to
+   every MVM (each array of a pair on its own wires). ``adc_offset_lsb`` and ``adc_gain_std``
+   are the standard deviations of a per-column offset (LSB) and relative gain error, drawn once
+   per crossbar; ``adc_inl_lsb`` a parabolic INL bow peaking at mid-scale. The device draws use
+   their own generator, seeded from ``seed``, so they never change the read-noise draws.
+
 With ``adc_bits = 0`` and ``noise_sigma = 0`` the quantized mode is exact integer arithmetic:
 ``y = (x_levels @ q) * s_x * s_w`` (slices and pairs recombine exactly).
 
@@ -58,10 +74,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["CrossbarMode", "IDEAL", "Q8", "PRESETS", "preset", "MODES"]
+__all__ = ["CrossbarMode", "IDEAL", "Q8", "PRESETS", "preset", "MODES", "EFFECTS", "NAMED", "compose"]
 
 MODES = ("ideal", "quantized")
 _MAX_BITS = 16
+#: device-effect fields (effect 7), in header order
+_PHYSICS_KEYS = ("device", "prog_noise", "drift", "read_noise_1f", "time_s", "drift_compensation",
+                 "stuck_at_0", "stuck_at_1", "wire_ohm_row", "wire_ohm_col", "adc_offset_lsb",
+                 "adc_gain_std", "adc_inl_lsb")
+_PHYSICS_FLOATS = ("noise_sigma", "prog_noise", "drift", "read_noise_1f", "time_s", "stuck_at_0",
+                   "stuck_at_1", "wire_ohm_row", "wire_ohm_col", "adc_offset_lsb", "adc_gain_std",
+                   "adc_inl_lsb")
+#: effects that act on conductances, so need a device model (its g_max and formulas)
+_DEVICE_EFFECTS = ("prog_noise", "drift", "read_noise_1f", "stuck_at_0", "stuck_at_1",
+                   "wire_ohm_row", "wire_ohm_col")
 
 
 @dataclass(frozen=True)
@@ -81,7 +107,18 @@ class CrossbarMode:
             full scale ``F``.
         noise_sigma: relative read noise per cell per MVM (standard deviation as a fraction of
             the cell's level), finite, >= 0.
-        seed: seed of the read-noise generator, int >= 0 (one generator per simulator).
+        seed: seed of the read-noise generator, int >= 0 (one generator per simulator); the
+            device effects draw from a second generator seeded from it.
+        device: device model name in :data:`.physics.DEVICE_MODELS` ('' : none); required by
+            every effect below but the ADC ones.
+        prog_noise, drift, read_noise_1f: scales (>= 0; 0 off, 1 the published model) of the
+            device's programming noise, drift exponents and 1/f read noise.
+        time_s: seconds after programming at which the conductances are taken (>= 0).
+        drift_compensation: global drift compensation of each tile's output.
+        stuck_at_0, stuck_at_1: fractions of cells stuck at 0 / at ``g_max`` (sum <= 1).
+        wire_ohm_row, wire_ohm_col: wire resistance per cell, ohms (IR drop; 0 off).
+        adc_offset_lsb, adc_gain_std, adc_inl_lsb: ADC offset sigma (LSB), relative gain sigma
+            and peak INL (LSB); need ``adc_bits > 0``.
 
     Raises:
         ValueError: on an unknown mode, a parameter out of range, or a non-default parameter in
@@ -97,6 +134,19 @@ class CrossbarMode:
     adc_range: float = 1.0
     noise_sigma: float = 0.0
     seed: int = 0
+    device: str = ""
+    prog_noise: float = 0.0
+    drift: float = 0.0
+    read_noise_1f: float = 0.0
+    time_s: float = 0.0
+    drift_compensation: bool = False
+    stuck_at_0: float = 0.0
+    stuck_at_1: float = 0.0
+    wire_ohm_row: float = 0.0
+    wire_ohm_col: float = 0.0
+    adc_offset_lsb: float = 0.0
+    adc_gain_std: float = 0.0
+    adc_inl_lsb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -105,9 +155,10 @@ class CrossbarMode:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"{name} must be an int, got {v!r}")
-        if not isinstance(self.differential, bool):
-            raise ValueError(f"differential must be a bool, got {self.differential!r}")
-        for name in ("adc_range", "noise_sigma"):
+        for name in ("differential", "drift_compensation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("adc_range",) + _PHYSICS_FLOATS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v \
                     or v in (float("inf"), float("-inf")):
@@ -127,11 +178,39 @@ class CrossbarMode:
             raise ValueError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        self._check_physics()
         if self.mode == "ideal":
             for f in fields(self):
                 if f.name != "mode" and getattr(self, f.name) != f.default:
                     raise ValueError(f"ideal mode takes no {f.name} (got "
                                      f"{getattr(self, f.name)!r}); use mode='quantized'")
+
+    def _check_physics(self) -> None:
+        from .physics import DEVICE_MODELS
+
+        if not isinstance(self.device, str):
+            raise ValueError(f"device must be a str, got {self.device!r}")
+        for name in _PHYSICS_FLOATS:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.device and self.device not in DEVICE_MODELS:
+            raise ValueError(f"device must be one of {', '.join(DEVICE_MODELS)}, got "
+                             f"{self.device!r}")
+        if self.stuck_at_0 + self.stuck_at_1 > 1:
+            raise ValueError(f"stuck_at_0 + stuck_at_1 must be <= 1, got "
+                             f"{self.stuck_at_0 + self.stuck_at_1}")
+        needs_device = [n for n in _DEVICE_EFFECTS if getattr(self, n)]
+        if needs_device and not self.device:
+            raise ValueError(f"device must name a device model for {needs_device[0]}")
+        adc = [n for n in ("adc_offset_lsb", "adc_gain_std", "adc_inl_lsb") if getattr(self, n)]
+        if adc and not self.adc_bits:
+            raise ValueError(f"{adc[0]} needs adc_bits > 0")
+
+    @property
+    def physical(self) -> bool:
+        """Whether any device effect (module docstring, effect 7) is on."""
+        return any(getattr(self, f.name) != f.default for f in fields(self)
+                   if f.name in _PHYSICS_KEYS)
 
     # -- derived quantities (integers; see the module docstring)
     @property
@@ -167,22 +246,97 @@ class CrossbarMode:
                       ("dac_bits", str(self.dac_bits)), ("adc_bits", str(self.adc_bits)),
                       ("adc_range", repr(float(self.adc_range))),
                       ("noise_sigma", repr(float(self.noise_sigma))), ("seed", str(self.seed))]
+            if self.physical:  # the device effects that are on, in a fixed order
+                defaults = {f.name: f.default for f in fields(self)}
+                for name in _PHYSICS_KEYS:
+                    v = getattr(self, name)
+                    if v == defaults[name]:
+                        continue
+                    items.append((name, v if isinstance(v, str) else
+                                  ("on" if v else "off") if isinstance(v, bool) else repr(float(v))))
         return items
 
 
 #: Exact fp32 (the default everywhere).
 IDEAL = CrossbarMode()
 
-#: 8-bit weights on 2-bit cells (4 slices, differential pairs: ISAAC/PUMA cells, field notes
-#: §2.5-2.6), 8-bit DAC and 8-bit ADC (ISAAC's ADC), no read noise.
-Q8 = CrossbarMode("quantized", weight_bits=8, cell_bits=2, differential=True, dac_bits=8,
-                  adc_bits=8)
+#: The ``q8`` precision: 8-bit weights on 2-bit cells (4 slices, differential pairs: ISAAC/PUMA
+#: cells, field notes crossbar.md §2.5-2.6), 8-bit DAC and 8-bit ADC (ISAAC's ADC).
+_Q8_BITS = {"weight_bits": 8, "cell_bits": 2, "differential": True, "dac_bits": 8, "adc_bits": 8}
 
-#: Q8 plus 2 % relative read noise per cell (aihwkit's PCM-like ``w_noise`` is 1.75 %, §2.2).
-Q8_NOISY = CrossbarMode("quantized", weight_bits=8, cell_bits=2, differential=True, dac_bits=8,
-                        adc_bits=8, noise_sigma=0.02)
+#: Device effects by name (``--cim-effects``): the mode fields each sets, given the chip preset
+#: ``p`` (a :class:`.presets.CrossbarParams`) and the time after programming ``t``.
+#: ``read``: 2 % relative read noise per cell and MVM (aihwkit's PCM-like ``w_noise`` is 1.75 %,
+#: crossbar.md §2.2); ``stuck``: 0.1 % of the cells stuck at 0 and 0.1 % at g_max (MNSIM 2.0's
+#: default, which cites no source, chips.md §2.5); ``adc``: a 1 LSB INL bow (typical |INL| <= 1
+#: LSB, chips.md §2.7 [abs]) and a 0.5 LSB offset spread per column (ours: no published figure
+#: for CIM ADCs, chips.md §4 item 9); ``irdrop``: the preset's wire resistances.
+EFFECTS = {
+    "read": lambda p, t: {"noise_sigma": 0.02},
+    "prog": lambda p, t: {"prog_noise": 1.0},
+    "drift": lambda p, t: {"drift": 1.0, "time_s": t},
+    "read1f": lambda p, t: {"read_noise_1f": 1.0, "time_s": t},
+    "gdc": lambda p, t: {"drift_compensation": True},
+    "stuck": lambda p, t: {"stuck_at_0": 0.001, "stuck_at_1": 0.001},
+    "irdrop": lambda p, t: {"wire_ohm_row": p.wire_ohm_row, "wire_ohm_col": p.wire_ohm_col},
+    "adc": lambda p, t: {"adc_inl_lsb": 1.0, "adc_offset_lsb": 0.5},
+}
 
-#: Modes by name (the ``cim_mode`` node attribute).
+#: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
+#: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
+#: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
+#: IR drop, unless ``--cim-effects`` names others. Not by default: ``read`` (the 1/f model
+#: stands for the device's read noise) and ``adc`` (HERMES calibrates its ADCs digitally,
+#: chips.md §2.7, and with the full-scale rule of effect 6 a typical column sum spans a few LSB,
+#: so 1 LSB of INL is a large error: measured 47 % relative output error on a 256 x 256
+#: pcm-hermes tile with ReLU inputs, vs 12 % without).
+NAMED = {
+    "ideal": None,
+    "q8": ("q8", ()),
+    "q8-noisy": ("q8", ("read",)),
+    "device": ("chip", ("prog", "drift", "read1f", "gdc", "stuck", "irdrop")),
+}
+
+
+def compose(name: str, chip=None, time_s: float = 0.0, effects=None) -> CrossbarMode:
+    """The mode named ``name`` (a key of :data:`NAMED`) for chip preset ``chip`` (needed by
+    ``device``), ``time_s`` seconds after programming, with the effects ``effects`` (names of
+    :data:`EFFECTS`; None: the mode's own). Raises ValueError on an unknown name or effect."""
+    if name not in NAMED:
+        raise ValueError(f"unknown crossbar mode {name!r} (known: {', '.join(NAMED)})")
+    spec = NAMED[name]
+    if spec is None:
+        if effects:
+            raise ValueError("mode 'ideal' takes no effects")
+        return IDEAL
+    precision, default = spec
+    chosen = tuple(default if effects is None else effects)
+    bad = [e for e in chosen if e not in EFFECTS]
+    if bad:
+        raise ValueError(f"unknown crossbar effect {bad[0]!r} (known: {', '.join(EFFECTS)})")
+    if precision == "chip":
+        if chip is None:
+            raise ValueError("mode 'device' needs a chip preset")
+        kw = {"weight_bits": chip.weight_bits, "cell_bits": chip.cell_bits, "differential": True,
+              "dac_bits": chip.dac_bits, "adc_bits": chip.adc_bits}
+    else:
+        kw = dict(_Q8_BITS)
+    for e in chosen:
+        kw.update(EFFECTS[e](chip, float(time_s)))
+    if any(k in kw for k in _DEVICE_EFFECTS):
+        if chip is None:
+            raise ValueError(f"effects {', '.join(chosen)} need a chip preset")
+        kw["device"] = chip.device_model
+    return CrossbarMode("quantized", **kw)
+
+
+#: 8-bit weights on 2-bit cells, 8-bit DAC and ADC, no read noise (``compose("q8")``).
+Q8 = compose("q8")
+
+#: Q8 plus 2 % relative read noise per cell (``compose("q8-noisy")``).
+Q8_NOISY = compose("q8-noisy")
+
+#: Fixed modes by name (the chip-independent ones of :data:`NAMED`).
 PRESETS = {"ideal": IDEAL, "q8": Q8, "q8-noisy": Q8_NOISY}
 
 
