@@ -189,7 +189,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             minimum length, say), the check is skipped, not failed: ``check_skipped`` says why.
         device_options: options of the device-level passes, e.g. ``cim_loop_order``
             (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
-            ``cim_cols``, ``cim_preset``, ``cim_mode``, ``upmem_dpus``, ``upmem_tasklets``.
+            ``cim_cols``, ``cim_preset``, ``cim_mode``, ``upmem_dpus``, ``upmem_tasklets``, ``upmem_target``.
         log: callable receiving progress lines.
         objective: what cost placement minimizes: ``"energy"`` (default), ``"latency"`` or
             ``"edp"``.

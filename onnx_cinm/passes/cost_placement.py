@@ -24,9 +24,10 @@ The model (one inference, ops run one after another, so latencies and energies a
   - a device with a ``transfer_cost(nbytes, to_device) -> Cost`` method (a plugin's choice) is
     charged by it;
   - ``cnm`` devices without one (UPMEM): nothing is added, because their ``cost()`` is end to end
-    and already charges the scatter/broadcast to and gather from the DPUs with the PrIM
-    host<->DPU bandwidths of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
-    6.68 GB/s per rank to, 4.74 GB/s from the DPUs); adding them again would count them twice;
+    and already charges the scatter/broadcast to and gather from the DPUs with the measured
+    host<->DPU transfers of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
+    per-call and per-rank costs, rank bandwidth and the host's limit, calibrated in
+    ``benchmarks/upmem_calibration.py``); adding them again would count them twice;
   - ``cim`` devices without one (crossbars): :data:`CROSSBAR_LINK`, an *assumption*: the
     crossbar chip hangs off the host through one 6.4 GB/s link (the order of ISAAC's off-chip
     HyperTransport link, *recalled*) at 20 pJ/byte (the same per-byte host transfer estimate as

@@ -272,6 +272,9 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
         assemble_bytes: result bytes the host copies to assemble variable-length outputs.
         resident: ``(scattered, broadcast)`` bytes per DPU of constant inputs (weights): loaded
             once (``load_s``), not per inference.
+
+    ``load_s`` is the one-time cost: the resident constants plus ``dpu_load`` of the kernel's
+    DPU program (``program_load_s``), both before the first inference.
     """
     pr, d = p.params, p.dpus
     cyc = [C.kernel_cycles(w, pr) for w in works]
@@ -286,7 +289,7 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
     host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
     partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
-    load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d)
+    load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d) + pr.program_load_s
     merge_s = merge_host_bytes / pr.host_merge_bps
     launch = len(works) * pr.launch_overhead_s(d)
     bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
@@ -942,6 +945,8 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     Raises:
         CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM.
     """
+    if not 1 <= tasklets <= params.max_tasklets:
+        raise CinmError(f"upmem: {tasklets} tasklets per DPU; this DPU target runs 1..{params.max_tasklets}")
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
     kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
