@@ -187,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
                          "modeled time up to this (default: 2048)%(default).0s")
     up.add_argument("--upmem-tasklets", type=_tasklets, default=None, metavar="T",
                     help="tasklets per DPU, 1..24 (1..16 on v1b; default: 16)%(default).0s")
+    up.add_argument("--upmem-search", action="store_true",
+                    help="search DPUs, tasklets and WRAM blocks per op under the cost model "
+                         "(deterministic, bounded; never slower than the default mapping)")
     up.add_argument("--upmem-target", choices=("v1a", "v1b"), default=None,
                     help="DPU generation: 'v1a' (PrIM's chips: 24 tasklets, 64 KB WRAM, 350 MHz; "
                          "the default) or 'v1b' (16 tasklets, 63,488 B WRAM, 400 MHz)")
@@ -480,11 +483,13 @@ def _cmd_run(args, parser) -> int:
     if args.profile:
         print(profile.table(sess.profile()))
         load = sess.load_profile()
-        if load:
-            print(f"programmed at load (once per session): {sum(r['writes'] for r in load)} tile "
-                  f"writes on {len(load)} crossbar kernels, modeled "
-                  f"{sum(r['latency_s'] for r in load) * 1e6:.1f} us, "
-                  f"{sum(r['energy_j'] for r in load) * 1e6:.2f} uJ")
+        for dev in sorted({r["device"] for r in load}):
+            rs = [r for r in load if r["device"] == dev]
+            writes = sum(r["writes"] for r in rs)
+            print(f"at load (once per session, not per inference): {dev}, {len(rs)} kernels"
+                  + (f", {writes} tile writes" if writes else "") + ", modeled "
+                  f"{sum(r['latency_s'] for r in rs) * 1e6:.1f} us, "
+                  f"{sum(r['energy_j'] for r in rs) * 1e6:.2f} uJ")
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
@@ -561,6 +566,8 @@ def _device_options(args) -> dict:
         opts["upmem_tasklets"] = args.upmem_tasklets
     if args.upmem_target is not None:
         opts["upmem_target"] = args.upmem_target
+    if getattr(args, "upmem_search", False):
+        opts["upmem_search"] = True
     if getattr(args, "placement", "heuristic") == "cost":
         opts["objective"] = args.objective
         if args.max_writes_per_cell is not None:

@@ -252,6 +252,36 @@ def test_plan_attributes_on_optimized_model():
     np.testing.assert_array_equal(got[0], want[0])
 
 
+def test_the_provider_reports_the_one_time_load_apart_from_inferences(tmp_path):
+    """A Gemm with constant weights on UPMEM: the plan's ``cnm_load_s`` (its DPU program, 60 ms,
+    plus the weights pushed once) is in the session's load profile, once, and never in the
+    per-inference profile, which charges ``cnm_latency_s`` per run."""
+    from onnx_cinm import artifacts
+    from onnx_cinm.runtime.session import InferenceSession
+
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", 6, [64, 32], rng.integers(-9, 9, (64, 32)).astype(np.int32).ravel())
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "fc",
+                          [helper.make_tensor_value_info("x", 6, [1, 64])],
+                          [helper.make_tensor_value_info("y", 6, [1, 32])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = onnx_cinm.optimize(model, place=[("*", "upmem")])
+    artifacts.save(res.model, tmp_path / "fc.onnx")
+    (node,) = [n for n in res.model.graph.node if n.domain == "cinm"]
+    a = _attrs(node)
+    assert a["cnm_load_s"] > 60e-3 and a["cnm_load_j"] > 0
+    sess = InferenceSession(str(tmp_path / "fc.onnx"))
+    x = rng.integers(-9, 9, (1, 64)).astype(np.int32)
+    for _ in range(3):
+        sess.run(None, {"x": x})
+    (load,) = [r for r in sess.load_profile() if r["device"] == "upmem"]
+    assert load["latency_s"] == pytest.approx(a["cnm_load_s"], rel=1e-6)
+    runs = [r for r in sess.profile() if r["device"] == "upmem"]
+    assert len(runs) == 3
+    assert all(r["latency_s"] == pytest.approx(a["cnm_latency_s"], rel=1e-6) for r in runs)
+    assert a["cnm_latency_s"] < a["cnm_load_s"]
+
+
 def test_pass_options_reach_the_device():
     model = pw.build("RED", "int32", "small")          # 1003 int32 summed
     ctx = PassContext(options={"placement": "heuristic", "place": [("*", "upmem")],

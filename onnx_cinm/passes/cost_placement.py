@@ -19,6 +19,8 @@ The model (one inference, ops run one after another, so latencies and energies a
   ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
   (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
   outputs end there; constant inputs (weights) are loaded once and never cross per inference.
+  Likewise a device's one-time load (UPMEM's DPU programs and resident weights, its plans'
+  ``cnm_load_s``) is not part of the per-inference objective.
   Per device:
 
   - a device with a ``transfer_cost(nbytes, to_device) -> Cost`` method (a plugin's choice) is

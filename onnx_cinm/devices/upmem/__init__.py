@@ -91,10 +91,17 @@ class UpmemDevice:
     def plan(self, op: OpInfo, options: dict | None = None):
         """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
         modeled time, up to ``upmem_dpus``; ``upmem_tasklets`` tasklets; the WRAM, tasklet
-        limit and clock of ``upmem_target``)."""
-        from .mapping import plan_op
+        limit and clock of ``upmem_target``); with ``upmem_search`` true, the best plan a
+        search over DPUs, tasklets and WRAM blocks finds, never slower than the rule's."""
         options = options or {}
         dpus, tasklets = self._workgroup(options)
+        search = options.get("upmem_search", False)
+        if not isinstance(search, bool):
+            raise CinmError(f"option upmem_search={search!r}: expected true or false")
+        if search:  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
+            from .search import search_plan
+            return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
+        from .mapping import plan_op
         return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
 
     def cost(self, op: OpInfo) -> Cost:

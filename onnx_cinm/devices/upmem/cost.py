@@ -395,7 +395,8 @@ class CostBreakdown:
         mram_bytes_per_dpu: MRAM footprint of one DPU, bytes.
         launches: kernel launches.
         bound: what limits the kernel: ``dma``, ``compute`` or ``tasklet-chain``.
-        energy_j: modeled energy, joules (*estimate*, see :class:`UpmemCostParams`).
+        energy_j: modeled energy per inference, joules (*estimate*, see :class:`UpmemCostParams`).
+        load_j: modeled energy of the one-time load (``load_s``), joules (*estimate*).
     """
 
     dpus: int
@@ -418,6 +419,7 @@ class CostBreakdown:
     launches: int
     bound: str
     energy_j: float = 0.0
+    load_j: float = 0.0
     notes: tuple = field(default=())
 
     @property

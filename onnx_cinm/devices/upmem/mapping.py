@@ -153,6 +153,8 @@ class CnmPlan:
             of matrix products, ``outputs``/``length`` of reductions, ``bins`` ... (see
             :func:`plan_op`).
         params: cost-model constants; ``stack_bytes``: WRAM stack per tasklet, bytes.
+        search: what the mapping search tried and what won (:mod:`.search`), or ``""`` for the
+            default rule's plan.
     """
 
     op_type: str
@@ -169,6 +171,7 @@ class CnmPlan:
     geom: tuple = ()
     params: UpmemCostParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
     stack_bytes: int = STACK_BYTES
+    search: str = field(default="", compare=False)
 
     @property
     def g(self) -> dict:
@@ -205,14 +208,19 @@ class CnmPlan:
         (MRAM<->WRAM DMA block per tasklet, bytes), ``cnm_mram_bytes`` (MRAM per DPU, bytes),
         ``cnm_inputs`` (``"<input name>:scatter"`` or ``":broadcast"``, in input order),
         ``cnm_merge`` (see the module docstring), ``cnm_latency_s`` (modeled seconds per
-        inference, end to end), ``cnm_energy_j`` (estimated joules per inference) and, for
-        matrix products only, ``cnm_grid`` (``[row blocks, column blocks]`` of the DPUs).
+        inference, end to end), ``cnm_energy_j`` (estimated joules per inference),
+        ``cnm_load_s`` / ``cnm_load_j`` (the one-time load before the first inference: the DPU
+        program and the resident constants; seconds, estimated joules) and, for matrix
+        products only, ``cnm_grid`` (``[row blocks, column blocks]`` of the DPUs), and
+        ``cnm_search`` when a mapping search chose the plan (what it tried, what won).
         """
         b = self.cost()
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
                 "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
+                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
+                **({"cnm_search": self.search} if self.search else {}),
                 **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
 
 
@@ -298,13 +306,15 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     host_busy = merge_s + assemble_bytes / pr.host_merge_bps
     e = C.energy_j(kernel_s, d, bytes_in + bytes_out, host_busy,
                    host_in + host_out + partials + launch + merge_s, pr)
+    # the load: resident bytes moved while the allocated DPUs wait (no kernel, no merge)
+    load_j = C.energy_j(0.0, d, sum(resident) * d, 0.0, load, pr)
     return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
                          dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
                          host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
                          launch_s=launch, load_s=load, resident_bytes=int(sum(resident) * d),
                          bytes_in=int(bytes_in), bytes_out=int(bytes_out),
                          mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
-                         energy_j=e, notes=notes)
+                         energy_j=e, load_j=load_j, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,14 +946,17 @@ def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
               params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
-              col_blocks: int = 1) -> CnmPlan:
+              col_blocks: int = 1, block_bytes: int | None = None) -> CnmPlan:
     """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
 
     ``schedule="prim"`` gives PrIM's default schedule (1 KB blocks, no unrolling, host merge of
     every tasklet's partial, mutex histogram, handshake chains) for comparison.
+    ``block_bytes`` (ours only) asks for a smaller WRAM block than the largest that fits (the
+    mapping search tries some); it must be a multiple of 8 that fits.
 
     Raises:
-        CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM.
+        CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM, or
+            ``block_bytes`` is larger than what fits.
     """
     if not 1 <= tasklets <= params.max_tasklets:
         raise CinmError(f"upmem: {tasklets} tasklets per DPU; this DPU target runs 1..{params.max_tasklets}")
@@ -982,6 +995,10 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
             # never a block larger than one tasklet's share: all tasklets get work
             share = _r8(_cdiv(geom["n_dpu"] * es, tasklets))
             block = min(block, max(8, share))
+        if block_bytes is not None:
+            if block_bytes % 8 or not 8 <= block_bytes <= block:
+                raise CinmError(f"upmem: a {block_bytes}-byte block does not fit ({block} B at most)")
+            block = block_bytes
         unroll = UNROLL
     if schedule == "prim" and kind == "histogram":
         shared = _r8(geom["bins"] * 4)
@@ -999,6 +1016,29 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                    params=params, stack_bytes=stack_bytes)
 
 
+def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None) -> list:
+    """``[(DPUs, column blocks)]`` the mapping considers for ``op``: DPU counts that are powers
+    of two below ``max_dpus`` and ``max_dpus`` itself (or exactly ``dpus``); for matrix
+    products, every power of two dividing the count and the count itself as column blocks
+    (1 for other ops)."""
+    dt = _dtype_name(op.inputs[0])
+    es = _esize(dt)
+    kind, geom, _, _ = _geometry(op, 1, es)
+    matmul = kind in ("gemm", "simsearch")
+    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
+    out = []
+    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
+        splits, c = [1], 2
+        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
+            if d % c == 0:
+                splits.append(c)
+            c *= 2
+        if matmul and d not in splits:
+            splits.append(d)
+        out += [(d, dc) for dc in splits]
+    return out
+
+
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
             params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
             dpus: int | None = None) -> CnmPlan:
@@ -1010,29 +1050,16 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     """
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
-    dt = _dtype_name(op.inputs[0])
-    es = _esize(dt)
-    kind, geom, _, _ = _geometry(op, 1, es)
-    matmul = kind in ("gemm", "simsearch")
-    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
     best, best_lat, err = None, 0.0, None
-    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
-        splits, c = [1], 2
-        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
-            if d % c == 0:
-                splits.append(c)
-            c *= 2
-        if matmul and d not in splits:
-            splits.append(d)
-        for dc in splits:
-            try:
-                p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
-            except CinmError as e:
-                err = e
-                continue
-            lat = p.cost().latency_s
-            if best is None or lat < best_lat * (1 - 1e-9):
-                best, best_lat = p, lat
+    for d, dc in workgroups(op, max_dpus, dpus):
+        try:
+            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+        except CinmError as e:
+            err = e
+            continue
+        lat = p.cost().latency_s
+        if best is None or lat < best_lat * (1 - 1e-9):
+            best, best_lat = p, lat
     if best is None:
         raise err
     return best

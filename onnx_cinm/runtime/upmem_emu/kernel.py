@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..profile import load_metrics
 from . import cache_dir, read_manifest, run_kernel
 
 
@@ -41,6 +42,8 @@ class UpmemKernel:
         self.kdir = self.root / self._s(attrs["kernel"])
         self.consts = consts or {}
         self.manifest = read_manifest(self.kdir)
+        #: the one-time load (DPU program, resident weights) the plan charges, or None
+        self.load_metrics = load_metrics(self.attrs, "cnm")
 
     @staticmethod
     def _s(v):
