@@ -353,3 +353,15 @@ def test_decoder_benchmark_keeps_the_weights_resident():
     # break-even against the host: the load over the per-inference gain, when there is one
     gain = r["host_s"] - r["per_inf_s"]
     assert r["break_even"] == (math.ceil(r["load_s"] / gain) if gain > 0 else None)
+
+
+def test_tail_elements_of_an_unrolled_block_pay_full_loop_control():
+    """Regression (issue 14: the calibrated model moved LeNet's relu3 to 60 DPUs, where the model
+    and the emulator disagreed). Relu of 120 int32 on 60 DPUs x 16 tasklets: 2 elements per DPU,
+    one 8-byte block, so one tasklet works. Its loop runs the 2 elements as tail iterations (the
+    loop is unrolled by 8): 2 x (load 1 + relu 2 + store 1 + loop control 3) + 12 per block = 26
+    instructions; chain 11 x 26 + DMA (77 + 4) + (61 + 4) = 432 cycles; plus the start barrier
+    16 x 6 x 11 = 1,056: 1,488 cycles (what the emulator counts for the generated kernel)."""
+    op = OpInfo("r", "Relu", {}, (_t("x", [120]),), (_t("y", [120]),))
+    b = make_plan(op, 60, 16).cost()
+    assert b.kernel_cycles == pytest.approx(1488)

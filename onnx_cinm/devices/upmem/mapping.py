@@ -245,11 +245,26 @@ def _tree_levels(t: int) -> int:
     return max(0, math.ceil(math.log2(t))) if t > 1 else 0
 
 
+def _loop_tail(p: CnmPlan, elems: int, per_block: int) -> float:
+    """Loop-control instructions the unrolled per-block loops spend beyond ``_loop(p)`` per
+    element: ``elems`` elements in blocks of ``per_block`` (the last one shorter) each run
+    ``e // U`` unrolled iterations and ``e % U`` single ones (``_common.j2``'s ``unrolled``),
+    so every tail element pays ``LOOP_CONTROL * (1 - 1 / U)`` more than the amortized count."""
+    u = p.unroll
+    if u <= 1 or elems <= 0 or per_block <= 0:
+        return 0.0
+    full, rest = divmod(elems, per_block)
+    tails = full * (per_block % u) + rest % u
+    return tails * C.LOOP_CONTROL * (1 - 1 / u)
+
+
 def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: int,
-                 writes: float, bufs_read: int | None = None) -> KernelWork:
+                 writes: float, bufs_read: int | None = None, block_loops: bool = False) -> KernelWork:
     """Work of streaming ``n`` elements of one DPU through WRAM in blocks of ``block_bytes``:
     ``reads`` input streams and ``writes`` output streams (fractional for selections) of
-    ``esize``-byte elements; ``instr_per_elem`` instructions per element."""
+    ``esize``-byte elements; ``instr_per_elem`` instructions per element. ``block_loops``: the
+    kernel runs one unrolled loop per block, whose tail elements pay full loop control
+    (:func:`_loop_tail`)."""
     pr, t, blk = p.params, p.tasklets, p.block_bytes
     nbytes = _r8(n * esize)
     blocks = _cdiv(nbytes, blk) if nbytes else 0
@@ -261,6 +276,9 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
     wr_t = per_t_blocks * pr.dma_cycles(int(_r8(blk * writes)), write=True) if writes else 0.0
     instr_t = per_t_elems * instr_per_elem + per_t_blocks * BLOCK_INSTR
     instr_all = n * instr_per_elem + blocks * BLOCK_INSTR
+    if block_loops:
+        instr_t += _loop_tail(p, per_t_elems, blk // esize)
+        instr_all += _loop_tail(p, n, blk // esize)
     return KernelWork(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
 
 
@@ -327,7 +345,7 @@ def _cost_elementwise(p: CnmPlan) -> CostBreakdown:
     op = op_instr = C.op_instructions(g["op"], p.dtype)
     del op
     instr = g["streams"] + op_instr + 1 + 2 * g["wram_bcast"] + _loop(p)
-    w = _stream_work(p, n, es, instr, reads=g["streams"], writes=1)
+    w = _stream_work(p, n, es, instr, reads=g["streams"], writes=1, block_loops=True)
     out_es = g.get("out_esize", es)
     return _finish(p, [w], 0.0, g["streams"] * _r8(n * es), g["bcast_bytes"], _r8(n * out_es), 0)
 
