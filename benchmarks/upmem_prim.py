@@ -21,6 +21,12 @@ per inference including host transfers and launch.
 Initial CPU->DPU and final DPU->CPU transfers are excluded, as in PrIM's DPU-vs-CPU comparison;
 ``end_to_end_s`` of our plan includes them.
 
+A second table puts, per workload, the fixed mapping (the rule's plan above), the searched
+mapping (:func:`onnx_cinm.devices.upmem.search.search_plan`: DPUs, column blocks, tasklets and
+WRAM blocks under the same calibrated model, the rule as its floor) and PrIM's default schedule
+side by side, as kernel times and as end-to-end times per inference (transfers and launches
+included); the exit status is 1 if the search were ever worse than the fixed mapping end to end.
+
 ``emulator_wall_s`` is the wall time of the generated kernels in the emulator at a reduced size
 (``small``; a warm run) when ``onnx_cinm.devices.upmem.codegen`` and
 ``onnx_cinm.runtime.upmem_emu`` can build and run them, else null (with a note); their outputs
@@ -59,6 +65,7 @@ from onnx_cinm import optimize  # noqa: E402
 from onnx_cinm.analysis import op_info, tensor_infos  # noqa: E402
 from onnx_cinm.devices.base import OpInfo, TensorInfo  # noqa: E402
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op  # noqa: E402
+from onnx_cinm.devices.upmem.search import search_plan  # noqa: E402
 
 #: (workload, dtype) rows: int32 and float32 everywhere, plus PrIM's own int64 where PrIM uses it.
 ROWS = [(n, d) for n in pw.NAMES for d in ("int32", "float32")] + \
@@ -325,7 +332,8 @@ def measure(name: str, dtype: str, max_dpus: int = 2048, tasklets: int = 16,
     rec = {"workload": name, "dtype": dtype, "size": "prim", "dpus": 0, "tasklets": tasklets,
            "modeled_s": 0.0, "prim_default_s": 0.0, "roofline_s": 0.0, "emulator_wall_s": None,
            "modeled_inter_dpu_s": 0.0, "prim_default_inter_dpu_s": 0.0, "end_to_end_s": 0.0,
-           "modeled_no_unroll_s": 0.0,
+           "modeled_no_unroll_s": 0.0, "searched_s": 0.0, "searched_end_to_end_s": 0.0,
+           "prim_default_end_to_end_s": 0.0, "search": [],
            "bound": [], "merge": [], "block_bytes": [], "notes": []}
     cmp = {"ours": [0.0, 0.0], "prim_params": [0.0, 0.0]}
     covered, missing, emu_ok = 0, [], True
@@ -348,7 +356,12 @@ def measure(name: str, dtype: str, max_dpus: int = 2048, tasklets: int = 16,
                     cmp[tag][1] += c[tag]["modeled_cycles"]
                     emu_ok &= c[tag]["ok"]
         prim = make_plan(op, ours.dpus, 16, "prim")
-        bo, bp = ours.cost(), prim.cost()
+        found = search_plan(op, max_dpus=max_dpus, tasklets=tasklets)
+        bo, bp, bs = ours.cost(), prim.cost(), found.cost()
+        rec["searched_s"] += bs.kernel_s
+        rec["searched_end_to_end_s"] += bs.latency_s
+        rec["prim_default_end_to_end_s"] += bp.latency_s
+        rec["search"].append(found.search)
         rec["dpus"] = max(rec["dpus"], ours.dpus)
         rec["modeled_s"] += bo.kernel_s
         rec["modeled_no_unroll_s"] += replace(ours, unroll=1).cost().kernel_s
@@ -406,6 +419,10 @@ def main(argv=None) -> int:
     recs = [measure(n, d, args.dpus, args.tasklets, not args.no_emulator) for n, d in rows]
     hdr = (f"{'workload':8} {'dtype':7} {'dpus':>5} {'ours ms':>9} {'PrIM ms':>9} {'roof ms':>9} "
            f"{'gain':>6} {'/roof':>6} {'+inter':>6} {'no-unr':>6} {'e2e ms':>9} {'emu s':>6}  bound / merge (ours/PrIM)  targets")
+    # the fixed mapping (the rule), the searched mapping and PrIM's default, kernel and
+    # end-to-end (transfers and launches included), all under the calibrated model
+    hdr2 = (f"{'workload':8} {'dtype':7} {'fixed ms':>9} {'search ms':>9} {'PrIM ms':>9} "
+            f"{'fixed e2e':>10} {'search e2e':>10} {'PrIM e2e':>10} {'search/fixed':>12}")
     print(hdr)
     print("-" * len(hdr))
     for r in recs:
@@ -420,6 +437,18 @@ def main(argv=None) -> int:
               f"{r['vs_roofline']:6.2f} {g2:6.2f} {r['prim_default_s'] / r['modeled_no_unroll_s']:6.2f} "
               f"{r['end_to_end_s'] * 1e3:9.2f} {emu:>6}  "
               f"{','.join(sorted(set(r['bound'])))} / {','.join(sorted(set(r['merge'])))}  {tg}")
+    print("\nkernel and end-to-end ms per inference: fixed mapping (rule), searched mapping "
+          "(onnx_cinm.devices.upmem.search), PrIM's default schedule")
+    print(hdr2)
+    print("-" * len(hdr2))
+    for r in recs:
+        print(f"{r['workload']:8} {r['dtype']:7} {r['modeled_s'] * 1e3:9.3f} {r['searched_s'] * 1e3:9.3f} "
+              f"{r['prim_default_s'] * 1e3:9.3f} {r['end_to_end_s'] * 1e3:10.3f} "
+              f"{r['searched_end_to_end_s'] * 1e3:10.3f} {r['prim_default_end_to_end_s'] * 1e3:10.3f} "
+              f"{r['searched_end_to_end_s'] / r['end_to_end_s']:12.4f}")
+    worse = [r for r in recs if r["searched_end_to_end_s"] > r["end_to_end_s"] * (1 + 1e-9)]
+    print("search never worse than the fixed mapping end to end: "
+          + ("yes" if not worse else "NO: " + ", ".join(f"{r['workload']} {r['dtype']}" for r in worse)))
     emu = [r for r in recs if r.get("emulator_cycles")]
     if emu:
         print(f"\nkernel cycles of one DPU holding our plan's per-DPU share at PrIM's size "
@@ -444,12 +473,13 @@ def main(argv=None) -> int:
     if args.json:
         keep = ("workload", "dtype", "size", "dpus", "tasklets", "modeled_s", "prim_default_s",
                 "roofline_s", "emulator_wall_s", "modeled_inter_dpu_s", "prim_default_inter_dpu_s",
-                "end_to_end_s", "modeled_no_unroll_s", "gain", "vs_roofline", "targets", "notes",
+                "end_to_end_s", "modeled_no_unroll_s", "searched_s", "searched_end_to_end_s",
+                "prim_default_end_to_end_s", "search", "gain", "vs_roofline", "targets", "notes",
                 "emulator_cycles", "modeled_cycles", "prim_params_emulator_cycles",
                 "prim_params_modeled_cycles", "prim_variant", "emulated_dpus", "emulated_gain")
         Path(args.json).write_text(json.dumps([{k: r[k] for k in keep if k in r} for r in recs],
                                               indent=1))
-    return 0
+    return 1 if worse else 0
 
 
 if __name__ == "__main__":

@@ -235,7 +235,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="most DPUs one op may use; the mapping picks the count with the lowest "
                          "modeled time up to this (default: 2048)%(default).0s")
     up.add_argument("--upmem-tasklets", type=_tasklets, default=None, metavar="T",
-                    help="tasklets per DPU, 1..24 (default: 16)%(default).0s")
+                    help="tasklets per DPU, 1..24 (1..16 on v1b; default: 16)%(default).0s")
+    up.add_argument("--upmem-search", action="store_true",
+                    help="search DPUs, tasklets and WRAM blocks per op under the cost model "
+                         "(deterministic, bounded; never slower than the default mapping)")
+    up.add_argument("--upmem-target", choices=("v1a", "v1b"), default=None,
+                    help="DPU generation: 'v1a' (PrIM's chips: 24 tasklets, 64 KB WRAM, 350 MHz; "
+                         "the default) or 'v1b' (16 tasklets, 63,488 B WRAM, 400 MHz)")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -591,11 +597,13 @@ def _cmd_run(args, parser) -> int:
     if args.profile:
         print(profile.table(sess.profile()))
         load = sess.load_profile()
-        if load:
-            print(f"programmed at load (once per session): {sum(r['writes'] for r in load)} tile "
-                  f"writes on {len(load)} crossbar kernels, modeled "
-                  f"{sum(r['latency_s'] for r in load) * 1e6:.1f} us, "
-                  f"{sum(r['energy_j'] for r in load) * 1e6:.2f} uJ")
+        for dev in sorted({r["device"] for r in load}):
+            rs = [r for r in load if r["device"] == dev]
+            writes = sum(r["writes"] for r in rs)
+            print(f"at load (once per session, not per inference): {dev}, {len(rs)} kernels"
+                  + (f", {writes} tile writes" if writes else "") + ", modeled "
+                  f"{sum(r['latency_s'] for r in rs) * 1e6:.1f} us, "
+                  f"{sum(r['energy_j'] for r in rs) * 1e6:.2f} uJ")
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
@@ -738,6 +746,10 @@ def _device_options(args) -> dict:
         opts["upmem_dpus"] = args.upmem_dpus
     if args.upmem_tasklets is not None:
         opts["upmem_tasklets"] = args.upmem_tasklets
+    if args.upmem_target is not None:
+        opts["upmem_target"] = args.upmem_target
+    if getattr(args, "upmem_search", False):
+        opts["upmem_search"] = True
     if getattr(args, "placement", "heuristic") == "cost":
         opts["objective"] = args.objective
         if args.max_writes_per_cell is not None:
@@ -779,6 +791,8 @@ def _cmd_optimize(args, parser) -> int:
         parser.error("the output path -o/--output is required")
     if args.verbose and args.quiet:
         parser.error("-v and -q exclude each other")
+    if args.upmem_target == "v1b" and (args.upmem_tasklets or 0) > 16:
+        parser.error(f"--upmem-tasklets {args.upmem_tasklets}: a v1b DPU runs 1..16 tasklets")
     out = Path(args.output)
     if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
         raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "

@@ -261,7 +261,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
             ``cim_cols``, ``cim_preset``, ``cim_mode``, ``cim_time_s`` (seconds after
             programming), ``cim_effects`` (list of effect names), ``upmem_dpus``,
-            ``upmem_tasklets``.
+            ``upmem_tasklets``, ``upmem_target``.
         log: callable receiving progress lines.
         objective: what cost placement minimizes: ``"energy"`` (default), ``"latency"`` or
             ``"edp"``.

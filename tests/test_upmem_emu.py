@@ -287,8 +287,10 @@ def _dma_prog(stmt, guard="me() == 2"):
 
 @pytest.mark.parametrize("size", [4, 12, 2056, 4096])
 def test_rule_dma_size(tmp_path, size):
+    # a size known only at run time (``dummy`` is 0): a constant one is a compile error now,
+    # as with the SDK (tests/test_upmem_toolchain.py)
     k = _kernel(tmp_path, "dmasize", _dma_prog(
-        f"mram_read((__mram_ptr void const *)heap, buf[t], {size});"), _launch_host(2))
+        f"mram_read((__mram_ptr void const *)heap, buf[t], {size}u + (unsigned)dummy);"), _launch_host(2))
     e = _expect_rule(k, "dma-size", dpu=0, tasklet=2,
                      file_line=("dpu.c", _line_of(k / "dpu.c", "BROKEN")))
     assert f"{size} bytes" in e.message

@@ -92,6 +92,8 @@ PLAN_ATTRS = {
     "cnm_block_bytes": AttributeProto.INT, "cnm_mram_bytes": AttributeProto.INT,
     "cnm_inputs": AttributeProto.STRINGS, "cnm_merge": AttributeProto.STRING,
     "cnm_latency_s": AttributeProto.FLOAT, "cnm_energy_j": AttributeProto.FLOAT,
+    "cnm_load_s": AttributeProto.FLOAT, "cnm_load_j": AttributeProto.FLOAT,
+    "cnm_search": AttributeProto.STRING,
     "cnm_grid": AttributeProto.INTS,
 }
 

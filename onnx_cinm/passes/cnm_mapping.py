@@ -9,7 +9,9 @@ attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_mram_byte
 decides (:func:`onnx_cinm.passes.device_lowering.lower_paradigm`).
 
 Options read (by the device): ``upmem_dpus`` (most DPUs a workgroup may use, default 2048),
-``upmem_tasklets`` (tasklets per DPU, 1..24, default 16).
+``upmem_tasklets`` (tasklets per DPU, 1..24, default 16), ``upmem_target`` (``v1a``, default,
+or ``v1b``: at most 16 tasklets and 63,488 B of WRAM), ``upmem_search`` (search DPUs, tasklets
+and WRAM blocks per op, :mod:`onnx_cinm.devices.upmem.search`; default false).
 """
 from __future__ import annotations
 

@@ -20,14 +20,17 @@ The model (one inference, ops run one after another, so latencies and energies a
   ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
   (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
   outputs end there; constant inputs (weights) are loaded once and never cross per inference.
+  Likewise a device's one-time load (UPMEM's DPU programs and resident weights, its plans'
+  ``cnm_load_s``) is not part of the per-inference objective.
   Per device:
 
   - a device with a ``transfer_cost(nbytes, to_device) -> Cost`` method (a plugin's choice) is
     charged by it;
   - ``cnm`` devices without one (UPMEM): nothing is added, because their ``cost()`` is end to end
-    and already charges the scatter/broadcast to and gather from the DPUs with the PrIM
-    host<->DPU bandwidths of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
-    6.68 GB/s per rank to, 4.74 GB/s from the DPUs); adding them again would count them twice;
+    and already charges the scatter/broadcast to and gather from the DPUs with the measured
+    host<->DPU transfers of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
+    per-call and per-rank costs, rank bandwidth and the host's limit, calibrated in
+    ``benchmarks/upmem_calibration.py``); adding them again would count them twice;
   - ``cim`` devices without one (crossbars): :data:`CROSSBAR_LINK`, an *assumption*: the
     crossbar chip hangs off the host through one 6.4 GB/s link (the order of ISAAC's off-chip
     HyperTransport link, *recalled*) at 20 pJ/byte (the same per-byte host transfer estimate as

@@ -43,6 +43,7 @@ from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_used_by
 from . import numpy_kernels
+from .profile import load_metrics
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults.
@@ -75,6 +76,7 @@ class _ModelKernel:
         self.fn, self.attrs = fn, attrs
         self.metrics = ({"latency_s": attrs.get(f"{prefix}_latency_s"),
                          "energy_j": attrs.get(f"{prefix}_energy_j")} if prefix else {})
+        self.load_metrics = load_metrics(attrs, prefix) if prefix else None
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
         return self.fn(inputs, self.attrs), dict(self.metrics)
@@ -486,13 +488,17 @@ class InferenceSession:
         return f"<{node.op_type} #{self._index.get(id(node), '?')}>"
 
     def load_profile(self) -> list[dict]:
-        """What creating the session did on the devices: per crossbar kernel, the tiles
-        programmed at load (``writes``), with modeled ``latency_s`` and ``energy_j``."""
+        """What loading the model does on the devices, once per session and never per
+        inference: per crossbar kernel the tiles programmed at load (``writes``), per UPMEM
+        kernel its DPU program and resident weights; with modeled ``latency_s`` and
+        ``energy_j``. (:meth:`profile` holds the per-inference figures.)"""
         out = []
-        for d in self._device_nodes:
-            load = getattr(d.kernel, "load_metrics", None)
+        loads = [(d.node, d.device, getattr(d.kernel, "load_metrics", None)) for d in self._device_nodes]
+        loads += [(node, dev, load_metrics(cinm.node_attrs(node), "cnm"))
+                  for _, parts, _ in self._schedule for p in parts for node, dev in p.modeled]
+        for node, device, load in loads:
             if load:
-                out.append({"node": self._label(d.node), "device": d.device, "writes": load["tile_writes"],
+                out.append({"node": self._label(node), "device": device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
         return out
 

@@ -75,10 +75,19 @@ class UpmemDevice:
                         default_tasklets=self.params.tasklets)
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
-    def _workgroup(self, options: dict) -> tuple[int, int]:
-        """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``."""
-        from ...errors import CinmError
+    def target(self, options: dict):
+        """The cost-model parameters of the DPU generation named by option ``upmem_target``
+        (``v1a``, the default, or ``v1b``; :data:`~onnx_cinm.devices.upmem.cost.TARGETS`).
+        Raises CinmError on an unknown name."""
+        from .cost import TARGETS
+        name = options.get("upmem_target") or "v1a"
+        if name not in TARGETS:
+            raise CinmError(f"option upmem_target={name!r}: expected one of {', '.join(TARGETS)}")
+        return TARGETS[name]
 
+    def _workgroup(self, options: dict) -> tuple[int, int]:
+        """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``; the
+        tasklets at most the target's (24 on v1A, 16 on v1B)."""
         def _int(key, default, lo, hi):
             v = options.get(key)
             if v is None:
@@ -87,15 +96,25 @@ class UpmemDevice:
                 raise CinmError(f"option {key}={v!r}: expected an integer in {lo}..{hi}")
             return int(v)
 
+        most = self.target(options).max_tasklets
         return (_int("upmem_dpus", self.params.dpus, 1, 1 << 16),
-                _int("upmem_tasklets", self.params.tasklets, 1, 24))
+                _int("upmem_tasklets", min(self.params.tasklets, most), 1, most))
 
     def plan(self, op: OpInfo, options: dict | None = None):
         """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
-        modeled time, up to ``upmem_dpus``; ``upmem_tasklets`` tasklets)."""
+        modeled time, up to ``upmem_dpus``; ``upmem_tasklets`` tasklets; the WRAM, tasklet
+        limit and clock of ``upmem_target``); with ``upmem_search`` true, the best plan a
+        search over DPUs, tasklets and WRAM blocks finds, never slower than the rule's."""
+        options = options or {}
+        dpus, tasklets = self._workgroup(options)
+        search = options.get("upmem_search", False)
+        if not isinstance(search, bool):
+            raise CinmError(f"option upmem_search={search!r}: expected true or false")
+        if search:  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
+            from .search import search_plan
+            return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
         from .mapping import plan_op
-        dpus, tasklets = self._workgroup(options or {})
-        return plan_op(op, max_dpus=dpus, tasklets=tasklets)
+        return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
 
     def cost(self, op: OpInfo) -> Cost:
         """Modeled cost of one inference of ``op`` (default workgroup limits): end-to-end

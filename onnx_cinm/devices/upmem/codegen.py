@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,25 @@ TRANSCENDENTAL = {
     "Tanh": ("(float)(a > 20.0f ? 1.0 : (a < -20.0f ? -1.0 : "
              "emu_expm1(2.0 * (double)a) / (emu_expm1(2.0 * (double)a) + 2.0)))", "tanh(X)"),
 }
+#: the software-double helpers of ``_common.j2``'s ``math_helpers`` and the helpers each calls:
+#: a kernel gets only those its expression needs, because clang (the DPU compiler) rejects an
+#: unused ``static inline`` function under -Wall -Werror (gcc does not; issue 14)
+MATH_HELPER_DEPS = {"emu_exp2i": (), "emu_exp": ("emu_exp2i",), "emu_expm1": ("emu_exp",),
+                    "emu_log": (), "emu_sqrt": ()}
+
+
+def math_helpers_for(expr: str) -> frozenset:
+    """The math helpers (:data:`MATH_HELPER_DEPS`) the C expression ``expr`` calls, with their
+    dependencies; empty for an expression that calls none."""
+    need, todo = set(), [f for f in MATH_HELPER_DEPS if re.search(rf"\b{f}\(", expr)]
+    while todo:
+        f = todo.pop()
+        if f not in need:
+            need.add(f)
+            todo.extend(MATH_HELPER_DEPS[f])
+    return frozenset(need)
+
+
 #: instruction-equivalents of one transcendental in software double: ~20 double operations of
 #: ~150 instructions each (our estimate; PrIM measures DOUBLE add at 3.32 MOPS ~ 105
 #: instructions and mul at 0.53 MOPS ~ 660, field notes §1.5)
@@ -189,6 +209,13 @@ class _K:
     def merge(self) -> str:
         """How partial results merge (``tree``, or ``mutex``/``host``: PrIM's, for comparison)."""
         return self.extra.get("merge", "tree")
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the host program calls ``gather_strided`` (broadcast or permuted operands,
+        a bias): the prelude defines it only then, because clang rejects an unused static
+        function under -Wall -Werror (issue 14)."""
+        return self.kind in ("binary", "unary", "reduce", "scan", "topk") or bool(self.extra.get("bias"))
 
     @property
     def loop_ctl(self) -> int:
@@ -515,7 +542,7 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     blk = _fit_block(block, tasklets, nin, cap=cap * es)
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
            dict(op=op, expr=expr, expr_doc=doc, instr=instr, n=n, cap=cap, cap_bytes=cap * es,
-                out_shape=out_shape, needs_math=op in TRANSCENDENTAL))
+                out_shape=out_shape, math=math_helpers_for(expr)))
     return _write(outdir, "elementwise", k, {"op": op, "params": {
         x: params[x] for x in ("alpha", "beta", "min", "max") if params.get(x) is not None}})
 

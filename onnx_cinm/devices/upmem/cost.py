@@ -29,21 +29,28 @@ The model (field notes §4.3, stated here in full so a reader can redo every num
   cycles, alpha = 77 (read) / 61 (write), beta = 0.5 cycles/byte (PrIM §3, MRAM-Latency). Transfers
   of one DPU are serialized; DMA and the pipeline overlap across tasklets, so
   ``kernel = max(DMA total, pipeline bound, slowest tasklet chain) + serial sections``.
-* **Host transfers** (PrIM §3, CPU-DPU microbenchmark): serial ``dpu_copy_to`` 0.33 GB/s and ``dpu_copy_from``
-  0.12 GB/s for one DPU; a parallel ``dpu_push_xfer`` to the 64 DPUs of a rank 6.68 GB/s
-  (CPU->DPU) and 4.74 GB/s (DPU->CPU, *recalled*); ``dpu_broadcast_to`` 16.88 GB/s per rank
-  (*recalled*). Between 1 and 64 DPUs we interpolate with a power law through the two measured
-  points (PrIM reports sub-linear growth); ranks transfer in parallel (SDK: one host thread per
-  rank), which we take as linear in ranks -- an optimistic assumption, see ``UpmemCostParams``.
-* **Launch and call overheads** and **energy** are *estimates* (no published table gives them);
-  they are parameters, marked as such.
+* **Host transfers** (calibrated on measured UPMEM servers; ``benchmarks/upmem_calibration.py``
+  prints every measurement next to the model): a parallel ``dpu_push_xfer`` of ``b`` bytes to
+  each of ``d`` DPUs on ``r = ceil(d / 64)`` ranks takes
+  ``call + r * per_rank + max(b * d / (ranks' bandwidth), host_s(b, d))``: a fixed cost per
+  call, a fixed cost per rank (the host thread and the transposition set-up of every rank),
+  and the bytes at the slower of what the ranks take (a rank partly used gets a power law
+  between one DPU and a full rank) and what the host can move in total, which saturates far
+  below linear scaling in ranks (32 ranks move 24.3 GB/s to the DPUs, not 32 x a rank's) and
+  is lower for small per-DPU chunks. Broadcasts use the same shape. The constants, and which measurement each one comes from, are listed in
+  :class:`UpmemCostParams`.
+* **Launch** ``launch_s + launch_per_rank_s * ranks`` (an empty launch on 4 ranks: 183 us) and
+  **program load** (``program_load_s`` per DPU program, charged once per kernel, not per
+  inference: 40-80 ms, Cinnamon's measurement).
+* **Energy** constants are *estimates* (no published table gives them); they are parameters,
+  marked as such.
 
 Units: cycles (DPU clock), seconds, bytes, joules.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 #: Clock at which PrIM measured the arithmetic throughputs below, Hz (PrIM Table 1: 350 MHz).
 PRIM_FREQUENCY_HZ = 350e6
@@ -136,23 +143,44 @@ class UpmemCostParams:
         mram_bytes: MRAM per DPU, bytes: 64 MiB (SDK; PrIM Table 1).
         max_tasklets: 24 (SDK ``dpu.lds`` asserts NR_TASKLETS <= 24).
         dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM §2, field notes §1.1).
-        h2d_serial_bps, d2h_serial_bps: ``dpu_copy_to`` / ``dpu_copy_from`` of one DPU, bytes/s:
-            0.33e9 / 0.12e9 (PrIM §3, CPU-DPU microbenchmark, 32 MB, 1 DPU).
-        h2d_rank_bps, d2h_rank_bps: parallel ``dpu_push_xfer`` to/from the 64 DPUs of one rank,
-            bytes/s: 6.68e9 (PrIM §3, CPU-DPU; confirmed by a third-party note) / 4.74e9
-            (*recalled*).
+        h2d_serial_bps: CPU->DPU bandwidth of one DPU, bytes/s: 0.1865e9, the middle of the
+            0.177-0.196 GB/s PrIM's repository raw logs show for 4-8 MiB (CPU-DPU
+            microbenchmark, as quoted in issue 14; the paper's 0.33 GB/s is not what its logs
+            show). *Quoted*, not re-read here.
+        d2h_serial_bps: DPU->CPU bandwidth of one DPU, bytes/s: 0.12e9 (PrIM §3 via field notes
+            §1.5, *recalled*, **unverified**: no raw log seen).
+        h2d_rank_bps, d2h_rank_bps: parallel transfer bandwidth of one full rank (64 DPUs),
+            bytes/s: 1.82963e9 / 1.07288e9, solved from an UPMEM server moving 64 KiB to (from)
+            each of 256 DPUs on 4 ranks in 2351 us (4018 us) (issue 14, *quoted*: the log was
+            not re-read here), given the fixed costs below. PrIM's 6.68 / 4.74 GB/s per rank
+            (field notes §1.5) are not used: they disagree with these server measurements.
+        h2d_host_small_bps, h2d_host_large_bps, d2h_host_small_bps, d2h_host_large_bps: the
+            most the host moves over all ranks at once, bytes/s, for the first
+            ``host_knee_bytes`` of every DPU's share and for the rest: 16.0864e9 / 26.5069e9
+            to the DPUs, 9.30122e9 / 12.37644e9 from them. Solved, with the per-rank costs
+            below, from three sizes of one sweep on 32 ranks x 64 DPUs
+            (Loremkang/upmem-sdk-light ``results/UPMEM_1.txt``, the SDK's ``dpu_push_xfer``):
+            send 0.56379 / 8.77697 / 44.2215 ms and receive 1.05933 / 15.2639 / 91.1763 ms at
+            1 / 64 / 512 KiB per DPU (24.3 GB/s to and 11.8 GB/s from the DPUs at 512 KiB).
+            The host moves small per-DPU chunks less efficiently than large ones; the knee at
+            64 KiB is a measured size of that sweep (a fitting choice, *not* a hardware
+            constant); the other sizes of the sweep are held out and printed by
+            ``benchmarks/upmem_calibration.py``.
+        host_knee_bytes: see above: 65,536.
         bcast_rank_bps: ``dpu_broadcast_to`` one rank, bytes delivered/s: 16.88e9 (PrIM §3,
-            CPU-DPU, *recalled*).
-        host_bw_cap_bps: upper bound on the aggregate host<->DPU bandwidth of a multi-rank
-            transfer, bytes/s: infinite by default (ranks scale linearly). No published figure
-            bounds it; set it (e.g. to the host's memory bandwidth) to model a host limit.
-        xfer_call_s: fixed host cost of one transfer call per rank, seconds: 5e-6 (*estimate*:
-            PrIM's 8-byte transfers are latency bound at microseconds; no table gives the figure).
-        prepare_per_dpu_s: host cost of one ``dpu_prepare_xfer`` call, seconds: 1e-7 (*estimate*).
-        launch_s: fixed cost of one ``dpu_launch(DPU_SYNCHRONOUS)``, seconds: 20e-6 (*estimate*:
-            boot command plus status polling; Friesel et al., DIMES'23, argue such fixed costs
-            matter but we have no figure).
-        launch_per_rank_s: extra launch cost per rank (boot and poll every rank), s: 3e-6 (*estimate*).
+            CPU-DPU, *recalled*, **unverified**), host-limited like a push.
+        xfer_call_s: fixed host cost of one transfer call, seconds: 5e-6 (*estimate*,
+            **unverified**: PrIM's 8-byte transfers are latency bound at microseconds).
+        h2d_rank_s, d2h_rank_s: fixed cost per rank of one parallel transfer, seconds: 13.388e-6
+            / 25.9018e-6, the intercept of the same 32-rank sweep minus ``xfer_call_s``, over
+            32 ranks.
+        launch_s: fixed cost of one ``dpu_launch(DPU_SYNCHRONOUS)``, seconds: 20e-6
+            (*estimate*, **unverified**: the split between the fixed and the per-rank part).
+        launch_per_rank_s: launch cost per rank (boot and poll every rank), seconds: 40.75e-6,
+            so that an empty launch on 4 ranks costs the measured 183 us (issue 14, *quoted*).
+        program_load_s: ``dpu_load`` of one DPU program on the allocated DPUs, seconds: 60e-3,
+            the middle of the 40-80 ms Cinnamon measured (as quoted in issue 14, *quoted*);
+            charged once per kernel (``CostBreakdown.load_s``), never per inference.
         host_merge_bps: host-side merge throughput (summing partials, compacting), bytes/s read:
             5e9 (*estimate*: one core streaming through memory).
         dpu_power_w: power of one busy DPU, watts: 0.12 (*estimate*: no per-DPU power figure in our
@@ -174,16 +202,22 @@ class UpmemCostParams:
     mram_bytes: int = 64 * 2**20
     max_tasklets: int = 24
     dpus_per_rank: int = 64
-    h2d_serial_bps: float = 0.33e9
+    h2d_serial_bps: float = 0.1865e9
     d2h_serial_bps: float = 0.12e9
-    h2d_rank_bps: float = 6.68e9
-    d2h_rank_bps: float = 4.74e9
+    h2d_rank_bps: float = 1.82963e9
+    d2h_rank_bps: float = 1.07288e9
+    h2d_host_small_bps: float = 16.0864e9
+    h2d_host_large_bps: float = 26.5069e9
+    d2h_host_small_bps: float = 9.30122e9
+    d2h_host_large_bps: float = 12.37644e9
+    host_knee_bytes: int = 65536
     bcast_rank_bps: float = 16.88e9
-    host_bw_cap_bps: float = math.inf
     xfer_call_s: float = 5e-6
-    prepare_per_dpu_s: float = 1e-7
+    h2d_rank_s: float = 13.388e-6
+    d2h_rank_s: float = 25.9018e-6
     launch_s: float = 20e-6
-    launch_per_rank_s: float = 3e-6
+    launch_per_rank_s: float = 40.75e-6
+    program_load_s: float = 60e-3
     host_merge_bps: float = 5e9
     dpu_power_w: float = 0.12
     dpu_idle_power_w: float = 0.03
@@ -216,10 +250,20 @@ class UpmemCostParams:
         k = math.log(rank / one) / math.log(self.dpus_per_rank)
         return one * min(d, self.dpus_per_rank) ** k
 
-    def _parallel_bw(self, dpus: int, one: float, rank: float) -> float:
+    def _ranks_bw(self, dpus: int, one: float, rank: float) -> float:
+        """Bandwidth of ``dpus`` DPUs' ranks working in parallel: full ranks at ``rank``, a
+        partial one on the power law (:meth:`_rank_bw`), bytes/s."""
         full, rest = divmod(dpus, self.dpus_per_rank)
-        return min(self.host_bw_cap_bps,
-                   full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0))
+        return full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0)
+
+    def _host_s(self, bytes_per_dpu: float, dpus: int, to_dpu: bool) -> float:
+        """Seconds the host needs to move ``bytes_per_dpu`` to (from) each of ``dpus`` DPUs
+        at its own limit, whatever the ranks could take: the first ``host_knee_bytes`` of
+        every share at the small-chunk bandwidth, the rest at the large-chunk one."""
+        small, large = ((self.h2d_host_small_bps, self.h2d_host_large_bps) if to_dpu
+                        else (self.d2h_host_small_bps, self.d2h_host_large_bps))
+        head = min(bytes_per_dpu, self.host_knee_bytes)
+        return dpus * (head / small + (bytes_per_dpu - head) / large)
 
     def ranks(self, dpus: int) -> int:
         """Ranks spanned by ``dpus`` DPUs (64 per rank)."""
@@ -227,22 +271,27 @@ class UpmemCostParams:
 
     def push_s(self, bytes_per_dpu: int, dpus: int, to_dpu: bool = True) -> float:
         """Seconds of a parallel ``dpu_prepare_xfer`` + ``dpu_push_xfer`` moving ``bytes_per_dpu``
-        to (or from) each of ``dpus`` DPUs."""
+        to (or from) each of ``dpus`` DPUs: ``xfer_call_s + ranks * h2d_rank_s`` (or
+        ``d2h_rank_s``) plus the bytes at the slower of the ranks' bandwidth and the host's
+        limit (:meth:`_host_s`)."""
         if bytes_per_dpu <= 0 or dpus <= 0:
             return 0.0
-        one, rank = ((self.h2d_serial_bps, self.h2d_rank_bps) if to_dpu
-                     else (self.d2h_serial_bps, self.d2h_rank_bps))
-        bw = self._parallel_bw(dpus, one, rank)
-        return (bytes_per_dpu * dpus / bw + self.xfer_call_s * self.ranks(dpus)
-                + self.prepare_per_dpu_s * dpus)
+        if to_dpu:
+            one, rank, per_rank = self.h2d_serial_bps, self.h2d_rank_bps, self.h2d_rank_s
+        else:
+            one, rank, per_rank = self.d2h_serial_bps, self.d2h_rank_bps, self.d2h_rank_s
+        move = max(bytes_per_dpu * dpus / self._ranks_bw(dpus, one, rank),
+                   self._host_s(bytes_per_dpu, dpus, to_dpu))
+        return self.xfer_call_s + per_rank * self.ranks(dpus) + move
 
     def broadcast_s(self, nbytes: int, dpus: int) -> float:
         """Seconds of ``dpu_broadcast_to`` of ``nbytes`` to each of ``dpus`` DPUs (bytes
-        delivered over the interpolated broadcast bandwidth)."""
+        delivered at the ranks' broadcast bandwidth, host-limited like a push)."""
         if nbytes <= 0 or dpus <= 0:
             return 0.0
-        bw = self._parallel_bw(dpus, self.h2d_serial_bps, self.bcast_rank_bps)
-        return nbytes * dpus / bw + self.xfer_call_s * self.ranks(dpus)
+        move = max(nbytes * dpus / self._ranks_bw(dpus, self.h2d_serial_bps, self.bcast_rank_bps),
+                   self._host_s(nbytes, dpus, True))
+        return self.xfer_call_s + self.h2d_rank_s * self.ranks(dpus) + move
 
     def serial_s(self, nbytes: int, to_dpu: bool = True) -> float:
         """Seconds of one serial ``dpu_copy_to`` / ``dpu_copy_from`` of ``nbytes`` (one DPU)."""
@@ -251,11 +300,25 @@ class UpmemCostParams:
         return nbytes / (self.h2d_serial_bps if to_dpu else self.d2h_serial_bps) + self.xfer_call_s
 
     def launch_overhead_s(self, dpus: int) -> float:
-        """Seconds of one synchronous launch beyond the kernel itself (*estimate*)."""
+        """Seconds of one synchronous launch beyond the kernel itself: ``launch_s +
+        launch_per_rank_s * ranks`` (183 us on 4 ranks, measured)."""
         return self.launch_s + self.launch_per_rank_s * self.ranks(dpus)
 
 
 DEFAULT_PARAMS = UpmemCostParams()
+
+#: Selectable DPU generations (option ``upmem_target``). ``v1a``: the chips of PrIM's 2,556-DPU
+#: system (350 MHz, 24 tasklets, 64 KB WRAM): :data:`DEFAULT_PARAMS`. ``v1b``: the newer chip,
+#: at most 16 tasklets (``DPU_NR_THREADS_V1B``) and 63,488 B of WRAM (``DPU_WRAM_SIZE_V1B``),
+#: upmem/llvm-project ``DPUCharacteristics.h`` as the DPU linker driver uses them
+#: (``clang/lib/Driver/ToolChains/DPURTE.cpp`` passes them as ``--defsym``), and 400 MHz (SDK
+#: documentation 2025.1 chip table, field notes upmem.md §1.1). Host transfers and per-operation
+#: instruction counts are the v1A measurements: no v1B system has published figures (*unverified*
+#: for v1B).
+TARGETS = {
+    "v1a": DEFAULT_PARAMS,
+    "v1b": replace(DEFAULT_PARAMS, frequency_hz=400e6, wram_bytes=63488, max_tasklets=16),
+}
 
 
 @dataclass(frozen=True)
@@ -324,14 +387,16 @@ class CostBreakdown:
         partials_out_s: DPU->CPU transfers of partial results to be merged, seconds.
         merge_s: host-side merge of per-DPU partial results, seconds.
         launch_s: launch overheads, seconds.
-        load_s: one-time transfer of constant inputs (weights) kept resident in MRAM across
+        load_s: one-time cost: the DPU program load plus the transfer of constant inputs
+            (weights) kept resident in MRAM across
             inferences, seconds (not part of ``latency_s``).
         resident_bytes: bytes of those constant inputs over all DPUs.
         bytes_in, bytes_out: bytes moved host->DPUs and DPUs->host (including padding).
         mram_bytes_per_dpu: MRAM footprint of one DPU, bytes.
         launches: kernel launches.
         bound: what limits the kernel: ``dma``, ``compute`` or ``tasklet-chain``.
-        energy_j: modeled energy, joules (*estimate*, see :class:`UpmemCostParams`).
+        energy_j: modeled energy per inference, joules (*estimate*, see :class:`UpmemCostParams`).
+        load_j: modeled energy of the one-time load (``load_s``), joules (*estimate*).
     """
 
     dpus: int
@@ -354,6 +419,7 @@ class CostBreakdown:
     launches: int
     bound: str
     energy_j: float = 0.0
+    load_j: float = 0.0
     notes: tuple = field(default=())
 
     @property

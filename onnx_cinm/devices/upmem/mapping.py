@@ -153,6 +153,8 @@ class CnmPlan:
             of matrix products, ``outputs``/``length`` of reductions, ``bins`` ... (see
             :func:`plan_op`).
         params: cost-model constants; ``stack_bytes``: WRAM stack per tasklet, bytes.
+        search: what the mapping search tried and what won (:mod:`.search`), or ``""`` for the
+            default rule's plan.
     """
 
     op_type: str
@@ -169,6 +171,7 @@ class CnmPlan:
     geom: tuple = ()
     params: UpmemCostParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
     stack_bytes: int = STACK_BYTES
+    search: str = field(default="", compare=False)
 
     @property
     def g(self) -> dict:
@@ -205,14 +208,19 @@ class CnmPlan:
         (MRAM<->WRAM DMA block per tasklet, bytes), ``cnm_mram_bytes`` (MRAM per DPU, bytes),
         ``cnm_inputs`` (``"<input name>:scatter"`` or ``":broadcast"``, in input order),
         ``cnm_merge`` (see the module docstring), ``cnm_latency_s`` (modeled seconds per
-        inference, end to end), ``cnm_energy_j`` (estimated joules per inference) and, for
-        matrix products only, ``cnm_grid`` (``[row blocks, column blocks]`` of the DPUs).
+        inference, end to end), ``cnm_energy_j`` (estimated joules per inference),
+        ``cnm_load_s`` / ``cnm_load_j`` (the one-time load before the first inference: the DPU
+        program and the resident constants; seconds, estimated joules) and, for matrix
+        products only, ``cnm_grid`` (``[row blocks, column blocks]`` of the DPUs), and
+        ``cnm_search`` when a mapping search chose the plan (what it tried, what won).
         """
         b = self.cost()
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
                 "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
+                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
+                **({"cnm_search": self.search} if self.search else {}),
                 **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
 
 
@@ -237,11 +245,26 @@ def _tree_levels(t: int) -> int:
     return max(0, math.ceil(math.log2(t))) if t > 1 else 0
 
 
+def _loop_tail(p: CnmPlan, elems: int, per_block: int) -> float:
+    """Loop-control instructions the unrolled per-block loops spend beyond ``_loop(p)`` per
+    element: ``elems`` elements in blocks of ``per_block`` (the last one shorter) each run
+    ``e // U`` unrolled iterations and ``e % U`` single ones (``_common.j2``'s ``unrolled``),
+    so every tail element pays ``LOOP_CONTROL * (1 - 1 / U)`` more than the amortized count."""
+    u = p.unroll
+    if u <= 1 or elems <= 0 or per_block <= 0:
+        return 0.0
+    full, rest = divmod(elems, per_block)
+    tails = full * (per_block % u) + rest % u
+    return tails * C.LOOP_CONTROL * (1 - 1 / u)
+
+
 def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: int,
-                 writes: float, bufs_read: int | None = None) -> KernelWork:
+                 writes: float, bufs_read: int | None = None, block_loops: bool = False) -> KernelWork:
     """Work of streaming ``n`` elements of one DPU through WRAM in blocks of ``block_bytes``:
     ``reads`` input streams and ``writes`` output streams (fractional for selections) of
-    ``esize``-byte elements; ``instr_per_elem`` instructions per element."""
+    ``esize``-byte elements; ``instr_per_elem`` instructions per element. ``block_loops``: the
+    kernel runs one unrolled loop per block, whose tail elements pay full loop control
+    (:func:`_loop_tail`)."""
     pr, t, blk = p.params, p.tasklets, p.block_bytes
     nbytes = _r8(n * esize)
     blocks = _cdiv(nbytes, blk) if nbytes else 0
@@ -253,6 +276,9 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
     wr_t = per_t_blocks * pr.dma_cycles(int(_r8(blk * writes)), write=True) if writes else 0.0
     instr_t = per_t_elems * instr_per_elem + per_t_blocks * BLOCK_INSTR
     instr_all = n * instr_per_elem + blocks * BLOCK_INSTR
+    if block_loops:
+        instr_t += _loop_tail(p, per_t_elems, blk // esize)
+        instr_all += _loop_tail(p, n, blk // esize)
     return KernelWork(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
 
 
@@ -272,6 +298,9 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
         assemble_bytes: result bytes the host copies to assemble variable-length outputs.
         resident: ``(scattered, broadcast)`` bytes per DPU of constant inputs (weights): loaded
             once (``load_s``), not per inference.
+
+    ``load_s`` is the one-time cost: the resident constants plus ``dpu_load`` of the kernel's
+    DPU program (``program_load_s``), both before the first inference.
     """
     pr, d = p.params, p.dpus
     cyc = [C.kernel_cycles(w, pr) for w in works]
@@ -286,7 +315,7 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
     host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
     partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
-    load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d)
+    load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d) + pr.program_load_s
     merge_s = merge_host_bytes / pr.host_merge_bps
     launch = len(works) * pr.launch_overhead_s(d)
     bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
@@ -295,13 +324,15 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     host_busy = merge_s + assemble_bytes / pr.host_merge_bps
     e = C.energy_j(kernel_s, d, bytes_in + bytes_out, host_busy,
                    host_in + host_out + partials + launch + merge_s, pr)
+    # the load: resident bytes moved while the allocated DPUs wait (no kernel, no merge)
+    load_j = C.energy_j(0.0, d, sum(resident) * d, 0.0, load, pr)
     return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
                          dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
                          host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
                          launch_s=launch, load_s=load, resident_bytes=int(sum(resident) * d),
                          bytes_in=int(bytes_in), bytes_out=int(bytes_out),
                          mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
-                         energy_j=e, notes=notes)
+                         energy_j=e, load_j=load_j, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +345,7 @@ def _cost_elementwise(p: CnmPlan) -> CostBreakdown:
     op = op_instr = C.op_instructions(g["op"], p.dtype)
     del op
     instr = g["streams"] + op_instr + 1 + 2 * g["wram_bcast"] + _loop(p)
-    w = _stream_work(p, n, es, instr, reads=g["streams"], writes=1)
+    w = _stream_work(p, n, es, instr, reads=g["streams"], writes=1, block_loops=True)
     out_es = g.get("out_esize", es)
     return _finish(p, [w], 0.0, g["streams"] * _r8(n * es), g["bcast_bytes"], _r8(n * out_es), 0)
 
@@ -933,15 +964,20 @@ def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
               params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
-              col_blocks: int = 1) -> CnmPlan:
+              col_blocks: int = 1, block_bytes: int | None = None) -> CnmPlan:
     """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
 
     ``schedule="prim"`` gives PrIM's default schedule (1 KB blocks, no unrolling, host merge of
     every tasklet's partial, mutex histogram, handshake chains) for comparison.
+    ``block_bytes`` (ours only) asks for a smaller WRAM block than the largest that fits (the
+    mapping search tries some); it must be a multiple of 8 that fits.
 
     Raises:
-        CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM.
+        CinmError: the op has no UPMEM kernel, or its data does not fit WRAM/MRAM, or
+            ``block_bytes`` is larger than what fits.
     """
+    if not 1 <= tasklets <= params.max_tasklets:
+        raise CinmError(f"upmem: {tasklets} tasklets per DPU; this DPU target runs 1..{params.max_tasklets}")
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
     kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
@@ -982,6 +1018,10 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
             # never a block larger than one tasklet's share: all tasklets get work
             share = _r8(_cdiv(geom["n_dpu"] * es, tasklets))
             block = min(block, max(8, share))
+        if block_bytes is not None:
+            if block_bytes % 8 or not 8 <= block_bytes <= block:
+                raise CinmError(f"upmem: a {block_bytes}-byte block does not fit ({block} B at most)")
+            block = block_bytes
         unroll = UNROLL
     if schedule == "prim" and kind == "histogram":
         shared = _r8(geom["bins"] * 4)
@@ -999,6 +1039,29 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                    params=params, stack_bytes=stack_bytes)
 
 
+def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None) -> list:
+    """``[(DPUs, column blocks)]`` the mapping considers for ``op``: DPU counts that are powers
+    of two below ``max_dpus`` and ``max_dpus`` itself (or exactly ``dpus``); for matrix
+    products, every power of two dividing the count and the count itself as column blocks
+    (1 for other ops)."""
+    dt = _dtype_name(op.inputs[0])
+    es = _esize(dt)
+    kind, geom, _, _ = _geometry(op, 1, es)
+    matmul = kind in ("gemm", "simsearch")
+    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
+    out = []
+    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
+        splits, c = [1], 2
+        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
+            if d % c == 0:
+                splits.append(c)
+            c *= 2
+        if matmul and d not in splits:
+            splits.append(d)
+        out += [(d, dc) for dc in splits]
+    return out
+
+
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
             params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
             dpus: int | None = None) -> CnmPlan:
@@ -1010,29 +1073,16 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     """
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
-    dt = _dtype_name(op.inputs[0])
-    es = _esize(dt)
-    kind, geom, _, _ = _geometry(op, 1, es)
-    matmul = kind in ("gemm", "simsearch")
-    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
     best, best_lat, err = None, 0.0, None
-    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
-        splits, c = [1], 2
-        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
-            if d % c == 0:
-                splits.append(c)
-            c *= 2
-        if matmul and d not in splits:
-            splits.append(d)
-        for dc in splits:
-            try:
-                p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
-            except CinmError as e:
-                err = e
-                continue
-            lat = p.cost().latency_s
-            if best is None or lat < best_lat * (1 - 1e-9):
-                best, best_lat = p, lat
+    for d, dc in workgroups(op, max_dpus, dpus):
+        try:
+            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+        except CinmError as e:
+            err = e
+            continue
+        lat = p.cost().latency_s
+        if best is None or lat < best_lat * (1 - 1e-9):
+            best, best_lat = p, lat
     if best is None:
         raise err
     return best

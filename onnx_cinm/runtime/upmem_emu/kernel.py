@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CinmError
+from ..profile import load_metrics
 from . import cache_dir, read_manifest, run_kernel
 
 
@@ -57,6 +58,8 @@ class UpmemKernel:
         self.emit = emit
         self.kdir = self._regenerate()
         self.manifest = read_manifest(self.kdir)
+        #: the one-time load (DPU program, resident weights) the plan charges, or None
+        self.load_metrics = load_metrics(self.attrs, "cnm")
 
     def _regenerate(self) -> Path:
         """Generate the kernel from the plan into the build cache, check the folder's files
