@@ -94,6 +94,10 @@ class MemristorDevice:
                 return Support(False, f"dtype {t.dtype} not in {list(self.params.dtypes)}")
         if op.op_type == "Gemm" and (len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2):
             return Support(False, "a Gemm operand has rank < 2")
+        if op.op_type == "Gemm" and op.inputs[0].static_shape[-1] != op.inputs[1].static_shape[-2]:
+            # a symbolic contracted dim taken as 1 against the weight's real one: no tiling exists
+            return Support(False, f"contracted dim unknown at planning time "
+                                  f"({op.inputs[0].shape} x {op.inputs[1].shape})")
         macs = op.flops // 2
         if macs < self.params.min_macs:
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
