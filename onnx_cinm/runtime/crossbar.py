@@ -695,6 +695,11 @@ class CrossbarSimulator:
         pending, self._pending = self._pending, []
         if not pending:
             return
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs: IEEE, no warning
+            self._flush_groups(pending, acts, outs)
+
+    def _flush_groups(self, pending: list, acts, outs) -> None:
+        """The products of :meth:`_flush`, grouped per output column block."""
         R, C = self.R, self.C
         groups: dict = {}
         for out, inp, (w, g, kt, nt) in pending:
