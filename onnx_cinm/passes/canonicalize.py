@@ -30,6 +30,7 @@ from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
+from .graph_names import drop_unread_initializers
 from .graph_names import names_read as _names_read
 from .graph_names import names_read_by as _names_read_by
 from .graph_names import subgraphs as _subgraphs
@@ -134,12 +135,7 @@ def _replace_nodes(
 
 def _remove_dead_values(graph: onnx.GraphProto) -> None:
     """Drop initializers nobody reads and value_info of names that are no node output anymore."""
-    read = _names_read(graph)
-    inputs = {value.name for value in graph.input}
-    for index in reversed(range(len(graph.initializer))):
-        name = graph.initializer[index].name
-        if name not in read and name not in inputs:
-            del graph.initializer[index]
+    drop_unread_initializers(graph, keep={value.name for value in graph.input})
     produced = {name for node in graph.node for name in node.output}
     stale = [v for v in graph.value_info if v.name not in produced]
     for value in stale:

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CinmError
+from . import blas
 
 FORMAT_VERSION = 1
 
@@ -668,7 +669,7 @@ class CrossbarSimulator:
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
                 if (out, g) in self._untouched:  # still all zeros: write the product in place
-                    np.matmul(X[:, :W.shape[0]], W, out=Y)
+                    blas.current().matmul(X[:, :W.shape[0]], W, Y)
                 else:
                     Y += X[:, :W.shape[0]] @ W
                 self._untouched.discard((out, g))

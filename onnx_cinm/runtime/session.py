@@ -36,11 +36,12 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_used_by
-from . import numpy_kernels
+from . import blas, numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults.
-DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0}
+DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0, "blas_threads": 1,
+                   "matmul": "auto"}
 _UPMEM_MODES = ("model", "emulate")
 
 
@@ -88,8 +89,11 @@ class InferenceSession:
         providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
         provider_options: one dict per provider; the CINM provider reads ``upmem_mode``
-            (``"model"`` or ``"emulate"``) and ``intra_op_threads`` (onnxruntime threads per
-            partition, 0 = its default).
+            (``"model"`` or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
+            partition, 0 = its default), ``blas_threads`` (numpy BLAS threads while a run is
+            active, default 1, 0 = the library's own setting) and ``matmul`` (the crossbar
+            simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
+            ``"onnxruntime"``; see :mod:`onnx_cinm.runtime.blas`).
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
@@ -114,6 +118,10 @@ class InferenceSession:
         if opts["upmem_mode"] not in _UPMEM_MODES:
             raise CinmError(f"upmem_mode must be one of {', '.join(_UPMEM_MODES)}, "
                             f"got '{opts['upmem_mode']}'")
+        try:
+            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"])
+        except ValueError as e:
+            raise CinmError(f"{PROVIDER}: {e}") from None
         self._providers = providers
         self._options = opts
         if isinstance(path_or_model, onnx.ModelProto):
@@ -332,6 +340,10 @@ class InferenceSession:
         the session stays usable.
         """
         feed = self._check_feed(input_feed)
+        with self._kernels.active():
+            return self._run(output_names, feed)
+
+    def _run(self, output_names, feed: dict) -> list:
         all_out = [o.name for o in self._outputs]
         names = list(output_names) if output_names else all_out
         bad = [n for n in names if n not in all_out]
@@ -429,6 +441,16 @@ class InferenceSession:
                 out.append({"node": self._label(d.node), "device": d.device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
         return out
+
+    def configuration(self) -> dict:
+        """What the session runs under, for a report: the provider options, the BLAS libraries
+        and their thread limit during runs, the matrix kernel chosen per product shape (see
+        :mod:`onnx_cinm.runtime.blas`), and the partitions (``{kind: count}``: host
+        partitions and device nodes)."""
+        parts: dict = {}
+        for kind, _ in self.partitions():
+            parts[kind] = parts.get(kind, 0) + 1
+        return {"options": dict(self._options), **self._kernels.describe(), "partitions": parts}
 
     def partitions(self) -> list[tuple[str, int]]:
         """``(kind, node count)`` in execution order, for inspection: host partitions and
