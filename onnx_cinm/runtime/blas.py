@@ -98,7 +98,7 @@ class MatrixKernels:
         self.mode = matmul
         self._choice: dict = {}
         self._lock = threading.Lock()
-        self._ort = None
+        self._ort: dict = {}
 
     # -- activation -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -165,17 +165,22 @@ class MatrixKernels:
             self._choice[key] = kind
         return kind
 
-    def _session(self):
-        if self._ort is None:
+    def _session(self, transposed: bool):
+        """The onnxruntime session of ``X @ W`` (``transposed``: a Gemm fed ``X^T`` with
+        ``transA=1``, so a streamed operand that is a transposed view is not copied)."""
+        if transposed not in self._ort:
             with self._lock:
-                if self._ort is None:
+                if transposed not in self._ort:
                     import onnxruntime as ort
                     from onnx import TensorProto, helper
 
                     f = TensorProto.FLOAT
+                    node = (helper.make_node("Gemm", ["X", "W"], ["Y"], transA=1) if transposed
+                            else helper.make_node("MatMul", ["X", "W"], ["Y"]))
+                    x_dims = ["K", "M"] if transposed else ["M", "K"]
                     g = helper.make_graph(
-                        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "matmul",
-                        [helper.make_tensor_value_info("X", f, ["M", "K"]),
+                        [node], "matmul",
+                        [helper.make_tensor_value_info("X", f, x_dims),
                          helper.make_tensor_value_info("W", f, ["K", "N"])],
                         [helper.make_tensor_value_info("Y", f, ["M", "N"])])
                     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
@@ -185,14 +190,15 @@ class MatrixKernels:
                     so.intra_op_num_threads = max(self.threads, 1)
                     so.inter_op_num_threads = 1
                     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                    self._ort = ort.InferenceSession(model.SerializeToString(), so,
-                                                     providers=["CPUExecutionProvider"])
-        return self._ort
+                    self._ort[transposed] = ort.InferenceSession(
+                        model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return self._ort[transposed]
 
     def _ort_matmul(self, X, W, out) -> None:
-        sess = self._session()
+        transposed = not X.flags.c_contiguous and X.T.flags.c_contiguous
+        sess = self._session(transposed)
         b = sess.io_binding()
-        b.bind_cpu_input("X", np.ascontiguousarray(X, dtype=np.float32))
+        b.bind_cpu_input("X", X.T if transposed else np.ascontiguousarray(X, dtype=np.float32))
         b.bind_cpu_input("W", np.ascontiguousarray(W, dtype=np.float32))
         b.bind_output("Y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         sess.run_with_iobinding(b)
