@@ -156,7 +156,7 @@ def _add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> No
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    tensor.raw_data = np.ascontiguousarray(array).tobytes()
+    tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
 
 
 # --- canonicalize_opset ----------------------------------------------------------------------
@@ -440,16 +440,21 @@ def _fold(
         evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
     else:  # nothing outside reads them: dead code, nothing to evaluate
         evaluated, values = [True] * len(run_nodes), {}
+    del feeds  # copies of the inputs: free them before the results become initializers
     values.update(direct)
     folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
 
     needed = _names_read(graph, skip=folded) & {
         name for i in folded for name in graph.node[i].output if name
     }
-    for name in sorted(needed):
-        _add_initializer(graph, values[name], name)
+    results = {name: values.pop(name) for name in sorted(needed)}
+    del values
+    # the folded nodes go first, and with them the initializers only they read (e.g. a weight
+    # a Gemm transposed), so the old and the new weights are not both held
     _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
     _remove_dead_values(graph)
+    for name in sorted(results):
+        _add_initializer(graph, results.pop(name), name)
     return len(folded)
 
 
