@@ -321,7 +321,7 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
                         "kernel folder; move it away or choose another output name")
-    tmp = None
+    tmp = old = None
     manifest = None
     try:
         if kernel_nodes(model):
@@ -342,8 +342,8 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
             if tmp is not None:
                 os.replace(tmp, dest)
                 tmp = None
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+        if old is not None:  # already out of the way: deleting it needs no signals held
+            shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         raise CinmError(f"cannot write kernels to '{dest}': {e.strerror}") from None
     finally:

@@ -508,11 +508,17 @@ def _write_streamed(handle, model: onnx.ModelProto) -> None:
     handle.write(head.SerializeToString())
     graph_key = _varint(onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number << 3 | 2)
     init_key = _varint(onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number << 3 | 2)
+    raw_key = _varint(onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number << 3 | 2)
     for tensor in model.graph.initializer:
-        data = tensor.SerializeToString()
-        inner = init_key + _varint(len(data))
-        handle.write(graph_key + _varint(len(inner) + len(data)) + inner)
-        handle.write(data)
+        if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
+            meta = _copy_except(tensor, "raw_data").SerializeToString()
+            raw = tensor.raw_data
+            meta += raw_key + _varint(len(raw))
+        else:
+            meta, raw = tensor.SerializeToString(), b""
+        inner = init_key + _varint(len(meta) + len(raw))
+        handle.write(graph_key + _varint(len(inner) + len(meta) + len(raw)) + inner + meta)
+        handle.write(raw)
 
 
 def save_model(
