@@ -32,27 +32,22 @@ import numpy as np
 MATMULS = ("auto", "numpy", "onnxruntime")
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("onnx_cinm_matrix_kernels", default=None)
-_CONTROLLER = None
 _CONTROLLER_LOCK = threading.Lock()
 
 
 def _controller():
-    """threadpoolctl's view of the BLAS libraries loaded in this process (built once: it scans
-    the loaded libraries)."""
-    global _CONTROLLER
-    with _CONTROLLER_LOCK:
-        if _CONTROLLER is None:
-            from threadpoolctl import ThreadpoolController
+    """threadpoolctl's view of the BLAS libraries loaded in this process now (it scans the
+    loaded libraries: done once per session, when its first run starts)."""
+    from threadpoolctl import ThreadpoolController
 
-            _CONTROLLER = ThreadpoolController()
-        return _CONTROLLER
+    return ThreadpoolController()
 
 
 _ACTIVE = {"count": 0, "limiter": None}
 
 
 @contextlib.contextmanager
-def _limited(threads: int):
+def _limited(threads: int, ctl):
     """Limit the BLAS libraries to ``threads`` threads while any run is inside: the first run
     to enter sets the limit, the last to leave restores the libraries' setting (runs of one
     session may overlap in threads; a second session's different count waits for the next
@@ -62,7 +57,6 @@ def _limited(threads: int):
             _ACTIVE["limiter"] = None
         _ACTIVE["count"] += 1
     if _ACTIVE["limiter"] is None:
-        ctl = _controller()
         with _CONTROLLER_LOCK:
             if _ACTIVE["limiter"] is None:
                 _ACTIVE["limiter"] = ctl.limit(limits=threads, user_api="blas")
@@ -98,6 +92,8 @@ class MatrixKernels:
         self.mode = matmul
         self._choice: dict = {}
         self._lock = threading.Lock()
+        self._deciding = threading.Lock()
+        self._ctl = None
         self._ort: dict = {}
 
     # -- activation -----------------------------------------------------------------------
@@ -108,7 +104,9 @@ class MatrixKernels:
         token = _CURRENT.set(self)
         try:
             if self.threads:
-                with _limited(self.threads):
+                if self._ctl is None:
+                    self._ctl = _controller()
+                with _limited(self.threads, self._ctl):
                     yield self
             else:
                 yield self
@@ -118,38 +116,51 @@ class MatrixKernels:
     def describe(self) -> dict:
         """The configuration for a report: ``blas_threads`` (0: the libraries' own),
         ``blas`` (``[(library, internal API, threads it uses outside a run)]``), ``matmul`` (the
-        mode) and ``chosen`` (``{"MxKxN": kernel}`` decided so far)."""
+        mode) and ``chosen`` (``{"MxKxN": kernel}`` decided so far; ``T`` marks a product written
+        transposed)."""
         libs = [(i.get("prefix"), i.get("internal_api"), i.get("num_threads"))
-                for i in _controller().select(user_api="blas").info()]
+                for i in (self._ctl or _controller()).select(user_api="blas").info()]
         with self._lock:
-            chosen = {f"{m}x{k}x{n}": v for (m, k, n), v in sorted(self._choice.items())}
+            chosen = {f"{m}x{k}x{n}" + ("" if c else "T"): v
+                      for (m, k, n, c), v in sorted(self._choice.items())}
         return {"blas_threads": self.threads, "blas": libs, "matmul": self.mode, "chosen": chosen}
 
     # -- products -------------------------------------------------------------------------
     def matmul(self, X: np.ndarray, W: np.ndarray, out: np.ndarray) -> None:
-        """``out[:] = X @ W`` for 2-D float32 ``X[M, K]``, ``W[K, N]``, ``out[M, N]``."""
-        if self.mode == "numpy" or out.dtype != np.float32 or not out.flags.c_contiguous:
+        """``out[:] = X @ W`` for 2-D float32 ``X[M, K]``, ``W[K, N]``, ``out[M, N]``.
+
+        ``out`` may be the transpose of a C-contiguous array (a node whose result is the
+        transpose of the simulator's, see ``CrossbarSimulator.run``): then ``out^T = W^T X^T``
+        is computed in place, so the result never needs transposing back."""
+        if out.dtype != np.float32 or not (out.flags.c_contiguous or out.T.flags.c_contiguous):
             np.matmul(X, W, out=out)
+            return
+        if self.mode == "numpy":
+            _np_matmul(X, W, out)
             return
         if self.mode == "onnxruntime":
             self._ort_matmul(X, W, out)
             return
-        key = (X.shape[0], X.shape[1], W.shape[1])
+        key = (X.shape[0], X.shape[1], W.shape[1], bool(out.flags.c_contiguous))
         kind = self._choice.get(key)
         if kind is None:
-            kind = self._decide(key, X, W, out)
-        elif kind == "numpy":
-            np.matmul(X, W, out=out)
+            with self._deciding:  # one decision per shape, even when kernels run in threads
+                kind = self._choice.get(key)
+                if kind is None:
+                    self._decide(key, X, W, out)
+                    return
+        if kind == "numpy":
+            _np_matmul(X, W, out)
         else:
             self._ort_matmul(X, W, out)
 
     def _decide(self, key, X, W, out) -> str:
         """Time both kernels on this product (each run twice, the second timed: the first
         warms caches and builds the session) and keep the faster for its shape."""
-        other = np.empty_like(out)
-        np.matmul(X, W, out=out)
+        other = np.empty(out.shape[::-1], np.float32).T if key[3] is False else np.empty_like(out)
+        _np_matmul(X, W, out)
         t0 = time.perf_counter()
-        np.matmul(X, W, out=out)
+        _np_matmul(X, W, out)
         t_np = time.perf_counter() - t0
         try:
             self._ort_matmul(X, W, other)
@@ -165,23 +176,23 @@ class MatrixKernels:
             self._choice[key] = kind
         return kind
 
-    def _session(self, transposed: bool):
-        """The onnxruntime session of ``X @ W`` (``transposed``: a Gemm fed ``X^T`` with
-        ``transA=1``, so a streamed operand that is a transposed view is not copied)."""
-        if transposed not in self._ort:
+    def _session(self, trans_a: bool, trans_b: bool):
+        """The onnxruntime session of ``A @ B`` with ``A``/``B`` fed transposed (``transA`` /
+        ``transB`` of a Gemm) when they arrive as transposed views, so they are not copied."""
+        key = (trans_a, trans_b)
+        if key not in self._ort:
             with self._lock:
-                if transposed not in self._ort:
+                if key not in self._ort:
                     import onnxruntime as ort
                     from onnx import TensorProto, helper
 
                     f = TensorProto.FLOAT
-                    node = (helper.make_node("Gemm", ["X", "W"], ["Y"], transA=1) if transposed
-                            else helper.make_node("MatMul", ["X", "W"], ["Y"]))
-                    x_dims = ["K", "M"] if transposed else ["M", "K"]
+                    node = helper.make_node("Gemm", ["A", "B"], ["Y"], transA=int(trans_a),
+                                            transB=int(trans_b))
                     g = helper.make_graph(
                         [node], "matmul",
-                        [helper.make_tensor_value_info("X", f, x_dims),
-                         helper.make_tensor_value_info("W", f, ["K", "N"])],
+                        [helper.make_tensor_value_info("A", f, ["K", "M"] if trans_a else ["M", "K"]),
+                         helper.make_tensor_value_info("B", f, ["N", "K"] if trans_b else ["K", "N"])],
                         [helper.make_tensor_value_info("Y", f, ["M", "N"])])
                     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
                                               ir_version=8)
@@ -190,18 +201,35 @@ class MatrixKernels:
                     so.intra_op_num_threads = max(self.threads, 1)
                     so.inter_op_num_threads = 1
                     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                    self._ort[transposed] = ort.InferenceSession(
+                    self._ort[key] = ort.InferenceSession(
                         model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        return self._ort[transposed]
+        return self._ort[key]
 
     def _ort_matmul(self, X, W, out) -> None:
-        transposed = not X.flags.c_contiguous and X.T.flags.c_contiguous
-        sess = self._session(transposed)
+        A, B, Y = (X, W, out) if out.flags.c_contiguous else (W.T, X.T, out.T)
+        fed = []
+        for M in (A, B):
+            if M.flags.c_contiguous:
+                fed.append((M, False))
+            elif M.T.flags.c_contiguous:
+                fed.append((M.T, True))
+            else:
+                fed.append((np.ascontiguousarray(M), False))
+        sess = self._session(fed[0][1], fed[1][1])
         b = sess.io_binding()
-        b.bind_cpu_input("X", X.T if transposed else np.ascontiguousarray(X, dtype=np.float32))
-        b.bind_cpu_input("W", np.ascontiguousarray(W, dtype=np.float32))
-        b.bind_output("Y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        b.bind_cpu_input("A", np.asarray(fed[0][0], dtype=np.float32))
+        b.bind_cpu_input("B", np.asarray(fed[1][0], dtype=np.float32))
+        b.bind_output("Y", "cpu", 0, np.float32, list(Y.shape), Y.ctypes.data)
         sess.run_with_iobinding(b)
+
+
+def _np_matmul(X, W, out) -> None:
+    """numpy's product into ``out``; a transposed ``out`` gets ``out^T = W^T X^T`` (BLAS needs
+    rows of unit stride in its output)."""
+    if out.flags.c_contiguous:
+        np.matmul(X, W, out=out)
+    else:
+        np.matmul(W.T, X.T, out=out.T)
 
 
 _NUMPY = MatrixKernels(threads=0, matmul="numpy")
