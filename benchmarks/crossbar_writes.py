@@ -25,7 +25,9 @@ its layers; light ResNet50 (onnx wheel), summed over its crossbar kernels.
 
 Speed: the median wall time of light ResNet50 through the execution provider (crossbar nodes in
 the simulator, ideal mode; the rest in onnxruntime, UPMEM nodes in model mode) next to stock
-onnxruntime on the original model, in the same process, and the simulator's own share.
+onnxruntime on the original model, in the same process, and the simulator's own share; and the
+simulator's time on ResNet50's crossbar nodes next to the same matrix products done alone by the
+fastest kernel available (numpy or onnxruntime, per product), interleaved in the same run.
 
 Usage: ``python benchmarks/crossbar_writes.py [--crossbars P] [--runs N] [--no-resnet] [--json]``.
 """
@@ -34,8 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +148,72 @@ def resnet_speed(path: Path, runs: int, workdir: Path) -> dict:
     return measure(path, feeds, runs, workdir, "light_resnet50")
 
 
+def simulator_speed(path: Path, feeds: dict, runs: int) -> dict:
+    """The crossbar simulator next to the bare matrix products it computes, in one process.
+
+    Runs the optimized model at ``path`` once through the provider, keeping the inputs of every
+    crossbar node; then, interleaved ``runs`` times under the session's BLAS limit: every
+    crossbar kernel on its inputs (the simulator with its layout glue), and each node's product
+    ``A @ B`` (+ bias) alone through numpy and through onnxruntime's MatMul. Returns medians in
+    seconds: ``simulator_s``, ``numpy_s``, ``onnxruntime_s``, ``fastest_s`` (per product the
+    faster kernel, summed) and ``ratio`` (simulator / fastest), plus the ``config``.
+    """
+    import onnxruntime as ort
+
+    sess = InferenceSession(path)
+    captured = []
+    for d in sess._device_nodes:  # noqa: SLF001 - a benchmark may look inside
+        if d.device == "memristor":
+            inner = d.kernel
+
+            def rec(ins, _k=inner, _n=d.node):
+                captured.append((_k, _n, list(ins)))
+                return _k(ins)
+            d.kernel = rec
+    sess.run(None, feeds)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = max(sess.configuration()["blas_threads"], 1)
+    f = TensorProto.FLOAT
+    mm = ort.InferenceSession(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["Y"])], "mm",
+        [helper.make_tensor_value_info("A", f, None), helper.make_tensor_value_info("B", f, None)],
+        [helper.make_tensor_value_info("Y", f, None)]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(), so,
+        providers=["CPUExecutionProvider"])
+    prods = [(np.ascontiguousarray(ins[0], np.float32), np.ascontiguousarray(ins[1], np.float32),
+              None if len(ins) < 3 or ins[2] is None else np.asarray(ins[2], np.float32))
+             for _, _, ins in captured]
+    times: dict = {"simulator": [], "numpy": [], "onnxruntime": [], "fastest": []}
+    with sess._kernels.active():  # noqa: SLF001 - the same BLAS limit as the provider's runs
+        for _ in range(runs + 1):  # the first round warms up (and lets "auto" choose)
+            t = time.perf_counter()
+            for k, _, ins in captured:
+                k(ins)
+            sim = time.perf_counter() - t
+            per_np, per_ort = [], []
+            for A, B, C in prods:
+                t = time.perf_counter()
+                Y = A @ B
+                if C is not None:
+                    Y += C
+                per_np.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                Y = mm.run(None, {"A": A, "B": B})[0]
+                if C is not None:
+                    Y += C
+                per_ort.append(time.perf_counter() - t)
+            times["simulator"].append(sim)
+            times["numpy"].append(sum(per_np))
+            times["onnxruntime"].append(sum(per_ort))
+            times["fastest"].append(sum(min(a, b) for a, b in zip(per_np, per_ort)))
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {"runs": runs, "products": len(prods), "simulator_s": med["simulator"],
+            "numpy_s": med["numpy"], "onnxruntime_s": med["onnxruntime"],
+            "fastest_s": med["fastest"], "ratio": med["simulator"] / med["fastest"],
+            "config": sess.configuration()}
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--crossbars", type=int, default=None, help="P (default: the preset's, 4)")
@@ -167,6 +237,8 @@ def main(argv=None) -> list[dict]:
             light = Path(os.path.dirname(onnx.__file__)) / "backend/test/data/light/light_resnet50.onnx"
             recs.append(record("light_resnet50", str(light), args.crossbars, work))
             speed = resnet_speed(light, args.runs, work)
+            feeds = random_inputs(onnx.load(str(light), load_external_data=False), seed=0)
+            speed["products"] = simulator_speed(work / "light_resnet50.onnx", feeds, args.runs)
     if args.json:
         print(json.dumps({"kernels": recs, "speed": speed}, indent=1))
         return recs
@@ -184,7 +256,13 @@ def main(argv=None) -> list[dict]:
         print(f"\nlight ResNet50, median of {speed['runs']}: provider (crossbar simulator + onnxruntime) "
               f"{speed['provider_s'] * 1e3:.0f} ms, onnxruntime on the original "
               f"{speed['onnxruntime_s'] * 1e3:.0f} ms, ratio {speed['ratio']:.1f}x "
-              f"(simulator alone {speed['simulator_s'] * 1e3:.0f} ms in the last run)")
+              f"(simulator {speed['simulator_s'] * 1e3:.0f} ms: median per run)")
+        p = speed["products"]
+        print(f"crossbar products of light ResNet50 ({p['products']} nodes), median of {p['runs']} "
+              f"interleaved: simulator {p['simulator_s'] * 1e3:.0f} ms, numpy alone "
+              f"{p['numpy_s'] * 1e3:.0f} ms, onnxruntime alone {p['onnxruntime_s'] * 1e3:.0f} ms, "
+              f"fastest per product {p['fastest_s'] * 1e3:.0f} ms: ratio {p['ratio']:.2f} "
+              f"(BLAS threads {p['config']['blas_threads']}, products {p['config']['matmul']})")
     return recs
 
 

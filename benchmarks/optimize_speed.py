@@ -1,11 +1,20 @@
-"""Side-by-side wall time of ``onnx-cinm optimize --check 0`` and ``onnxsim`` on light CNNs.
+"""Side-by-side wall time of ``onnx-cinm optimize --check 0`` and ``onnxsim`` on light CNNs,
+and how optimize scales with model size.
 
 Both run as command-line programs in fresh processes (so both pay interpreter start-up), on the
 same model files from the onnx wheel, alternating, ``--repeat`` times each; the table shows the
-medians and their ratio (onnx-cinm / onnxsim; below 1 means onnx-cinm is faster).
+medians and their ratio (onnx-cinm / onnxsim; below 1 means onnx-cinm is faster). Target
+(issue 16): at most 0.5x onnxsim.
+
+Scaling table: ``optimize --check 0`` on MLP chains of 10, 100 and 1000 ``256 x 256`` Gemm+Relu
+layers and on a conv net (8 conv3x3+Relu layers, 64 channels) at input sizes 32 and 128, with the
+median wall time, the time per layer, the peak RSS of the process (``wait4``) and the memory per
+weight byte (the peak RSS over the smallest model's, per weight byte added). Target: time per
+layer and memory per weight byte flat within 2x from the smallest to the largest size.
 
     pip install -e '.[bench]'
-    python benchmarks/optimize_speed.py [--repeat 3] [--models resnet50 densenet121 vgg19] [--json]
+    python benchmarks/optimize_speed.py [--repeat 3] [--models resnet50 densenet121 vgg19]
+        [--no-scaling] [--json]
 """
 from __future__ import annotations
 
@@ -20,18 +29,90 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
 
+def _run(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of ``cmd`` in a fresh process; exits on failure."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n"
+                     f"{err.read().decode(errors='replace').strip()[-2000:]}")
+    return elapsed, usage.ru_maxrss * 1024
+
+
 def _time(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()[-2000:]}")
-    return elapsed
+    return _run(cmd)[0]
+
+
+def _mlp(layers: int, path: Path, d: int = 256) -> int:
+    """An MLP chain of ``layers`` ``d x d`` Gemm+Relu layers; returns its weight bytes."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits += [numpy_helper.from_array((rng.standard_normal((d, d)) * 0.05).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array(np.zeros(d, np.float32), f"b{i}")]
+        nodes += [helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"g{i}"], name=f"fc{i}"),
+                  helper.make_node("Relu", [f"g{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    _save(nodes, inits, [1, d], x, [1, d], path)
+    return layers * (d * d + d) * 4
+
+
+def _convnet(size: int, path: Path, layers: int = 8, c: int = 64) -> int:
+    """``layers`` conv3x3+Relu layers of ``c`` channels on a ``size x size`` input."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x, cin = [], [], "x", 3
+    for i in range(layers):
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((c, cin, 3, 3)) * 0.1).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        x, cin = f"r{i}", c
+    _save(nodes, inits, [1, 3, size, size], x, [1, c, size, size], path)
+    return sum(int(np.prod(t.dims)) * 4 for t in inits)
+
+
+def _save(nodes, inits, in_shape, out, out_shape, path: Path) -> None:
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", f, in_shape)],
+                          [helper.make_tensor_value_info(out, f, out_shape)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def scaling(cinm_exe: str, tmp: str, repeat: int, emit) -> list[dict]:
+    """The scaling table (see the module docstring): one record per model size."""
+    cases = [("mlp", n, n) for n in (10, 100, 1000)] + [("convnet", s, 8) for s in (32, 128)]
+    recs = []
+    for family, size, layers in cases:
+        path = Path(tmp) / f"{family}{size}.onnx"
+        # built in a child process: a child forked from a big parent inherits its peak RSS
+        out = subprocess.run([sys.executable, __file__, "--build", family, str(size), str(path)],
+                             capture_output=True, text=True, check=True)
+        wbytes = int(out.stdout.strip().splitlines()[-1])
+        runs = [_run([cinm_exe, "optimize", str(path), "-o", f"{tmp}/o_{family}{size}.onnx",
+                      "--check", "0", "-q"]) for _ in range(repeat)]
+        wall = statistics.median(r[0] for r in runs)
+        rss = max(r[1] for r in runs)
+        first = next((r for r in recs if r["family"] == family), None)
+        per_byte = ((rss - first["peak_rss_bytes"]) / (wbytes - first["weight_bytes"])
+                    if first and wbytes > first["weight_bytes"] else None)
+        recs.append({"family": family, "size": size, "layers": layers, "weight_bytes": wbytes,
+                     "wall_s": wall, "s_per_layer": wall / layers, "peak_rss_bytes": rss,
+                     "rss_per_weight_byte": per_byte, "repeat": repeat})
+        path.unlink()
+        emit(recs[-1])
+    return recs
 
 
 def main() -> int:
@@ -39,12 +120,19 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool and model")
     ap.add_argument("--models", nargs="+", default=["resnet50", "densenet121", "vgg19"])
     ap.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
+    ap.add_argument("--no-compare", action="store_true", help="skip the onnxsim comparison")
+    ap.add_argument("--build", nargs=3, metavar=("FAMILY", "SIZE", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.build:  # internal: build one scaling model, print its weight bytes
+        family, size, path = args.build
+        print((_mlp if family == "mlp" else _convnet)(int(size), Path(path)))
+        return 0
     cinm_exe = shutil.which("onnx-cinm") or sys.exit("onnx-cinm is not on PATH (pip install -e .)")
     sim_exe = shutil.which("onnxsim") or sys.exit("onnxsim is not on PATH (pip install -e '.[bench]')")
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for short in args.models:
+        for short in ([] if args.no_compare else args.models):
             model = LIGHT_DIR / f"light_{short}.onnx"
             if not model.exists():
                 sys.exit(f"no light model '{short}' in {LIGHT_DIR}")
@@ -59,6 +147,21 @@ def main() -> int:
             if not args.json:
                 print(f"{short:12s} onnx-cinm {med['onnx-cinm']:7.2f} s   onnxsim {med['onnxsim']:7.2f} s"
                       f"   ratio {records[-1]['ratio']:.2f}", flush=True)
+        if not args.no_scaling:
+            def emit(r):
+                if not args.json:
+                    pb = r["rss_per_weight_byte"]
+                    print(f"{r['family']:8s} {r['size']:5d} {r['weight_bytes'] / 2**20:9.1f} MB "
+                          f"{r['wall_s']:8.2f} s {r['s_per_layer'] * 1e3:9.1f} ms/layer "
+                          f"{r['peak_rss_bytes'] / 2**20:8.0f} MB "
+                          f"{'-' if pb is None else f'{pb:.2f}':>8s}", flush=True)
+            if not args.json:
+                print(f"\n{'scaling':8s} {'size':>5s} {'weights':>12s} {'wall':>10s} "
+                      f"{'per layer':>17s} {'peak RSS':>11s} {'RSS/B':>8s}")
+            records += scaling(cinm_exe, tmp, args.repeat, emit)
+            if not args.json:
+                print("(RSS/B: peak RSS above the smallest model of the family per weight byte added; "
+                      "size: layers for mlp, input side for convnet)")
     if args.json:
         print(json.dumps(records, indent=2))
     return 0

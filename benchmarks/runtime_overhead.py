@@ -10,7 +10,7 @@ medians and their ratio. Target (issue 5): at most 2x onnxruntime on light ResNe
 Models: light ResNet50 and light SqueezeNet (onnx wheel), the digits MLP (trained here, batch of
 the 450 test images).
 
-Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--json]``.
+Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--blas-threads N] [--matmul auto|numpy|onnxruntime] [--json]``.
 """
 from __future__ import annotations
 
@@ -26,25 +26,28 @@ import onnx
 
 from onnx_cinm import artifacts, optimize
 from onnx_cinm.golden import random_inputs
+from onnx_cinm.runtime import profile
 from onnx_cinm.runtime.session import InferenceSession
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
 
 def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
-            placement: str = "heuristic") -> dict:
+            placement: str = "heuristic", provider_options: dict | None = None) -> dict:
     """Median wall times (seconds) of the provider on the optimized ``original`` and of
     onnxruntime on ``original`` itself, over ``runs`` interleaved runs after one warm-up each.
 
-    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, simulator_s, host_s, upmem_s}``
-    where the last three split the provider's last run by device (host wall time per device).
+    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, simulator_s, host_s, upmem_s,
+    config}`` where ``simulator_s``/``host_s``/``upmem_s`` split the provider's time by device
+    (the median over the timed runs of each run's host wall time per device) and ``config`` is
+    the configuration the provider ran under (BLAS threads, product kernels, partitions).
     """
     import onnxruntime as ort
 
     res = optimize(original, check=0, placement=placement)
     path = workdir / f"{name}.onnx"
     artifacts.save(res.model, path)
-    sess = InferenceSession(path)
+    sess = InferenceSession(path, provider_options=[provider_options or {}, {}])
     so = ort.SessionOptions()
     so.log_severity_level = 3
     src = original.SerializeToString() if isinstance(original, onnx.ModelProto) else str(original)
@@ -59,22 +62,25 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
         t = time.perf_counter()
         ref.run(None, feeds)
         orig.append(time.perf_counter() - t)
-    last = max(r["run"] for r in sess.profile())
     split = {"memristor": 0.0, "host": 0.0, "upmem": 0.0}
-    for r in sess.profile():
-        if r["run"] == last and r["wall_s"]:
-            split[r["device"]] = split.get(r["device"], 0.0) + r["wall_s"]
+    split.update(profile.median_split([r for r in sess.profile() if r["run"] > 0]))  # not warm-up
     return {"model": name, "runs": runs, "provider_s": statistics.median(ep),
             "onnxruntime_s": statistics.median(orig),
             "ratio": statistics.median(ep) / statistics.median(orig),
-            "simulator_s": split["memristor"], "host_s": split["host"], "upmem_s": split["upmem"]}
+            "simulator_s": split["memristor"], "host_s": split["host"], "upmem_s": split["upmem"],
+            "config": sess.configuration()}
 
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="timed runs per model")
     ap.add_argument("--json", action="store_true", help="print the records as JSON")
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="the provider's BLAS threads (provider option blas_threads; 0: library default)")
+    ap.add_argument("--matmul", default="auto", choices=("auto", "numpy", "onnxruntime"),
+                    help="the crossbar simulator's product kernel (provider option matmul)")
     args = ap.parse_args(argv)
+    popts = {"blas_threads": args.blas_threads, "matmul": args.matmul}
     from onnx_cinm.examples.digits import build_digits_mlp
 
     recs = []
@@ -83,9 +89,11 @@ def main(argv=None) -> list[dict]:
         for short in ("resnet50", "squeezenet"):
             path = LIGHT / f"light_{short}.onnx"
             feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
-            recs.append(measure(path, feeds, args.runs, work, f"light_{short}"))
+            recs.append(measure(path, feeds, args.runs, work, f"light_{short}",
+                                provider_options=popts))
         model, x_test, _, _ = build_digits_mlp()
-        recs.append(measure(model, {"X": x_test.astype("float32")}, args.runs, work, "digits_mlp"))
+        recs.append(measure(model, {"X": x_test.astype("float32")}, args.runs, work, "digits_mlp",
+                            provider_options=popts))
     if args.json:
         print(json.dumps(recs, indent=1))
         return recs
@@ -95,7 +103,12 @@ def main(argv=None) -> list[dict]:
         print(f"{r['model']:16} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
               f"{r['ratio']:6.2f}   {r['simulator_s'] * 1e3:.1f} / {r['host_s'] * 1e3:.1f} / "
               f"{r['upmem_s'] * 1e3:.1f} ms")
-    print(f"(median of {args.runs} interleaved runs each)")
+    print(f"(median of {args.runs} interleaved runs each; split: median per run)")
+    for r in recs:
+        c = r["config"]
+        print(f"{r['model']:16} BLAS threads {c['blas_threads'] or 'library default'} "
+              f"{[lib for lib, _, _ in c['blas']]}, crossbar products {c['matmul']} "
+              f"{c['chosen'] or ''}, partitions {c['partitions']}")
     return recs
 
 

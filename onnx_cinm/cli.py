@@ -596,6 +596,13 @@ def _cmd_run(args, parser) -> int:
         say(f"  outputs written to {args.output}")
     if args.profile:
         print(profile.table(sess.profile()))
+        cfg = sess.configuration()
+        libs = ", ".join(f"{lib} ({api})" for lib, api, _ in cfg["blas"]) or "none loaded"
+        print(f"configuration: BLAS threads {cfg['blas_threads'] or 'library default'} [{libs}], "
+              f"crossbar products {cfg['matmul']}"
+              + (f" ({', '.join(f'{k}: {v}' for k, v in cfg['chosen'].items())})"
+                 if cfg["chosen"] else "")
+              + ", partitions " + ", ".join(f"{k} {v}" for k, v in cfg["partitions"].items()))
         load = sess.load_profile()
         for dev in sorted({r["device"] for r in load}):
             rs = [r for r in load if r["device"] == dev]

@@ -496,6 +496,39 @@ def _write_file(path: str, writer) -> None:
         os.fsync(handle.fileno())
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _write_streamed(handle, model: onnx.ModelProto) -> None:
+    """Write ``model`` serialized, one initializer at a time: the model without its weights,
+    then per initializer the encoding of a ModelProto whose graph holds just that tensor.
+    Protobuf parsing merges repeated occurrences of an embedded message (the graph) and appends
+    repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
+    but no serialization of the whole model (a second copy of every weight) is ever held."""
+    head = _copy_except(model, "graph")
+    head.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    handle.write(head.SerializeToString())
+    graph_key = _varint(onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number << 3 | 2)
+    init_key = _varint(onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number << 3 | 2)
+    raw_key = _varint(onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number << 3 | 2)
+    for tensor in model.graph.initializer:
+        if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
+            meta = _copy_except(tensor, "raw_data").SerializeToString()
+            raw = tensor.raw_data
+            meta += raw_key + _varint(len(raw))
+        else:
+            meta, raw = tensor.SerializeToString(), b""
+        inner = init_key + _varint(len(meta) + len(raw))
+        handle.write(graph_key + _varint(len(inner) + len(meta) + len(raw)) + inner + meta)
+        handle.write(raw)
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,
@@ -550,7 +583,7 @@ def save_model(
             _write_file(model_temporary, lambda handle: handle.write(skeleton.SerializeToString()))
             os.replace(data_temporary, os.path.join(folder, name + ".data"))
         else:
-            _write_file(model_temporary, lambda handle: handle.write(model.SerializeToString()))
+            _write_file(model_temporary, lambda handle: _write_streamed(handle, model))
         os.replace(model_temporary, path)
     except OSError as error:
         raise CinmError(f"cannot write '{path}': {error.strerror or _first_line(error)}") from None

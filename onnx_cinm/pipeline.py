@@ -299,8 +299,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         original = frontend.overwrite_input_shapes(original, input_shapes)
     dims = {**frontend.planned_dims(original), **(dims or {})}  # a re-optimized model keeps its sizes
     golden.check_dim_names(original, dims)
-    work = onnx.ModelProto()
-    work.CopyFrom(original)
+    if check or original is model:  # the check needs the original; the caller's stays as is
+        work = onnx.ModelProto()
+        work.CopyFrom(original)
+    else:  # loaded here and not needed again: rewrite it in place rather than hold two copies
+        work = original
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
     frontend.set_planned_dims(work, dims)

@@ -248,3 +248,14 @@ def test_unknown_arguments_dims_and_impossible_names_are_one_line_errors(tmp_pat
                          "-q"], capsys)
     assert code == 1 and "File name too long" in err and "internal error" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_does_not_import_onnx():
+    # `onnx-cinm --help` (and every subcommand's) must not pay for importing onnx (~0.2-3 s)
+    code = ("import sys\nfrom onnx_cinm import cli\n"
+            "for argv in (['--help'], ['optimize', '--help'], ['run', '--help']):\n"
+            "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+            "print('onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -320,3 +320,32 @@ def test_workload_script_writes_checked_models(tmp_path):
     assert prim.ByteSize() < 4096
     x = pw.random_inputs(pw.build("MLP", "int32", "small"))["h0"]
     assert (x < 0).any() and (x > 0).any()       # signed data, never all-positive
+
+
+def test_upmem_plan_memo_keeps_each_ops_own_names():
+    """Plans are memoized per op shape; an op of the same shape gets the plan with its own
+    tensor names (the kernels bind their inputs by them) and errors name the op asked about,
+    exactly as a fresh search gives them."""
+    import numpy as np
+
+    from onnx_cinm.devices.base import OpInfo, TensorInfo
+    from onnx_cinm.devices.upmem import mapping
+    from onnx_cinm.errors import CinmError
+
+    def gemm(tag, rows=64):
+        f = np.dtype("float32")
+        ins = (TensorInfo(f"x{tag}", f, (rows, 128)), TensorInfo(f"w{tag}", f, (128, 32), True))
+        return OpInfo(f"fc{tag}", "Gemm", {}, ins, (TensorInfo(f"y{tag}", f, (rows, 32)),),
+                      2 * rows * 128 * 32)
+
+    first, second = mapping.plan_op(gemm("a")), mapping.plan_op(gemm("b"))
+    assert second == mapping._search_plan(gemm("b"), mapping.DEFAULT_DPUS,
+                                          mapping.DEFAULT_TASKLETS, mapping.DEFAULT_PARAMS,
+                                          mapping.STACK_BYTES, None)
+    assert [e.split(":")[0] for e in second.inputs] == ["xb", "wb"]
+    assert [e.split(":")[0] for e in first.inputs] == ["xa", "wa"]
+    # a failure cached for one op names the other when it is asked
+    for tag in ("c", "d"):
+        with pytest.raises(CinmError) as e:
+            mapping.plan_op(gemm(tag, rows=1 << 22), max_dpus=1)
+        assert f"'fc{tag}'" in str(e.value)

@@ -131,3 +131,15 @@ def test_benchmark_targets(capsys):
         assert recs[k]["writes_naive"] >= 7 * recs[k]["writes_opt"]
     # 8 x 1024 @ 1024 x 256: Kt=16, Nt=4, T=64, P=4: naive 8*64 = 512, opt 64-4 = 60
     assert (recs["matmul_8x1024x256"]["writes_naive"], recs["matmul_8x1024x256"]["writes_opt"]) == (512, 60)
+
+
+def test_cells_prefix_matches_the_tile_enumeration():
+    # the closed form must equal summing the enumerated tiles (groups stacked in (g, k, n) order)
+    from onnx_cinm.devices.memristor.schedule import cells_prefix
+
+    for K, N, R, C, G in [(200, 130, 64, 64, 1), (100, 70, 64, 64, 3), (64, 64, 64, 64, 2),
+                          (1, 1, 64, 64, 1), (513, 257, 128, 128, 2), (25088, 4096, 64, 64, 1)]:
+        tiles = tile_cells(K, N, R, C) * G
+        for count in sorted({c for c in (0, 1, 2, 3, 5, len(tiles) // 3, len(tiles) - 1, len(tiles))
+                             if c <= len(tiles)}):
+            assert cells_prefix(count, K, N, R, C) == sum(tiles[:count]), (K, N, R, C, G, count)

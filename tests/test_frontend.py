@@ -421,3 +421,22 @@ def test_model_above_2gib_round_trip(tmp_model_dir):
     expected = sum(array[idx] for array in arrays.values())
     got = run_onnxruntime(str(tmp_model_dir / "again.onnx"), {"idx": idx})[0]
     np.testing.assert_array_equal(got, expected)
+
+
+def test_save_model_streams_initializers_and_reads_back_exactly(tmp_path):
+    """save_model writes the weights one initializer at a time (no serialization of the whole
+    model); the file must parse back to exactly the model, initializer order included."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), f"w{k}")
+             for k, s in enumerate([(300, 200), (3,), (1,), (64, 64, 3)])]
+    inits.append(numpy_helper.from_array(np.array([1, 2], np.int64), "shape"))
+    g = helper.make_graph([helper.make_node("Add", ["x", "w1"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], inits,
+                          doc_string="streamed")
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.metadata_props.add(key="k", value="v")
+    frontend.save_model(model, tmp_path / "m.onnx")
+    back = onnx.load(str(tmp_path / "m.onnx"))
+    assert back.SerializeToString() == model.SerializeToString()
+    assert [t.name for t in back.graph.initializer] == ["w0", "w1", "w2", "w3", "shape"]

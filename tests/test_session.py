@@ -275,6 +275,8 @@ def test_host_partitions_take_a_graph_optimization_level_and_compare_uses_the_re
     assert seen[-1]["graph_optimization"] == "disable_all"  # as the reference runs
     assert main(["run", str(opt)]) == 0
     assert "graph_optimization" not in seen[-1]  # run keeps onnxruntime's default, all
+
+
 # ------------------------------------------------------------------------------------------
 # empty batches in emulate mode (issue 17 #1, issue 12 #8): no kernel launch, ORT's outputs
 
@@ -386,3 +388,61 @@ def test_rel_rms_err_by_hand():
     rec = OutputCheck("y")
     _compare_arrays(rec, np.array([3.0, 4.0, np.nan], np.float32), np.array([3.0, 5.0, np.nan], np.float32), None, None)
     assert rec.rel_rms_err == pytest.approx(np.sqrt(1 / 25))
+
+
+def test_matrix_kernels_limit_blas_threads_only_during_a_run():
+    from threadpoolctl import threadpool_info
+
+    from onnx_cinm.runtime import blas
+
+    def counts():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = counts()
+    if not before:
+        pytest.skip("no BLAS library loaded")
+    k = blas.MatrixKernels(threads=2, matmul="numpy")
+    with k.active():
+        assert counts() == [2] * len(before)
+        assert blas.current() is k
+    assert counts() == before
+    assert blas.current() is not k
+
+
+def test_matrix_kernels_products_match_numpy():
+    from onnx_cinm.runtime import blas
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((300, 70)).astype(np.float32)
+    for X in (rng.standard_normal((50, 300)).astype(np.float32),          # contiguous
+              rng.standard_normal((300, 50)).astype(np.float32).T):       # a transposed view
+        ref = X.astype(np.float64) @ W.astype(np.float64)
+        for mode in blas.MATMULS:
+            out = np.empty((50, 70), np.float32)
+            blas.MatrixKernels(1, mode).matmul(X, W, out)
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="matmul"):
+        blas.MatrixKernels(1, "gpu")
+    with pytest.raises(ValueError, match="threads"):
+        blas.MatrixKernels(-1)
+
+
+def test_session_rejects_bad_kernel_options_and_reports_its_configuration(lenet):
+    _, _, opt = lenet
+    for bad in ({"blas_threads": -1}, {"matmul": "gpu"}):
+        with pytest.raises(CinmError, match="threads|matmul"):
+            InferenceSession(opt, provider_options=[bad, {}])
+    cfg = InferenceSession(opt, provider_options=[{"blas_threads": 1, "matmul": "numpy"}, {}]
+                           ).configuration()
+    assert (cfg["blas_threads"], cfg["matmul"]) == (1, "numpy")
+    assert sum(cfg["partitions"].values()) >= 1
+
+
+def test_profile_median_split_is_per_run():
+    from onnx_cinm.runtime.profile import median_split
+
+    recs = [{"run": r, "device": d, "wall_s": w} for r, d, w in [
+        (0, "host", 1.0), (0, "memristor", 2.0), (0, "memristor", 1.0),   # run 0: host 1, xbar 3
+        (1, "host", 5.0), (1, "memristor", 1.0),                          # run 1: host 5, xbar 1
+        (2, "host", 2.0), (2, "memristor", None), (2, "upmem", 4.0)]]     # run 2: host 2, xbar 0
+    assert median_split(recs) == {"host": 2.0, "memristor": 1.0, "upmem": 0.0}

@@ -15,13 +15,14 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
-import onnx
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import CinmError
 
-PassFn = Callable[[onnx.ModelProto, "PassContext"], onnx.ModelProto]
+if TYPE_CHECKING:  # annotations only: `onnx-cinm --help` must not pay for importing onnx
+    import onnx
+
+PassFn = Callable[["onnx.ModelProto", "PassContext"], "onnx.ModelProto"]
 
 _REGISTRY: dict[str, tuple[PassFn, str]] = {}
 

@@ -30,6 +30,7 @@ from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
+from .graph_names import drop_unread_initializers
 from .graph_names import names_read as _names_read
 from .graph_names import names_read_by as _names_read_by
 from .graph_names import subgraphs as _subgraphs
@@ -134,12 +135,7 @@ def _replace_nodes(
 
 def _remove_dead_values(graph: onnx.GraphProto) -> None:
     """Drop initializers nobody reads and value_info of names that are no node output anymore."""
-    read = _names_read(graph)
-    inputs = {value.name for value in graph.input}
-    for index in reversed(range(len(graph.initializer))):
-        name = graph.initializer[index].name
-        if name not in read and name not in inputs:
-            del graph.initializer[index]
+    drop_unread_initializers(graph, keep={value.name for value in graph.input})
     produced = {name for node in graph.node for name in node.output}
     stale = [v for v in graph.value_info if v.name not in produced]
     for value in stale:
@@ -160,7 +156,7 @@ def _add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> No
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    tensor.raw_data = np.ascontiguousarray(array).tobytes()
+    tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
 
 
 # --- canonicalize_opset ----------------------------------------------------------------------
@@ -444,16 +440,21 @@ def _fold(
         evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
     else:  # nothing outside reads them: dead code, nothing to evaluate
         evaluated, values = [True] * len(run_nodes), {}
+    del feeds  # copies of the inputs: free them before the results become initializers
     values.update(direct)
     folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
 
     needed = _names_read(graph, skip=folded) & {
         name for i in folded for name in graph.node[i].output if name
     }
-    for name in sorted(needed):
-        _add_initializer(graph, values[name], name)
+    results = {name: values.pop(name) for name in sorted(needed)}
+    del values
+    # the folded nodes go first, and with them the initializers only they read (e.g. a weight
+    # a Gemm transposed), so the old and the new weights are not both held
     _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
     _remove_dead_values(graph)
+    for name in sorted(results):
+        _add_initializer(graph, results.pop(name), name)
     return len(folded)
 
 

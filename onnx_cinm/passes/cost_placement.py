@@ -80,6 +80,7 @@ alternative would have added, and which devices refused the op and why.
 """
 from __future__ import annotations
 
+import heapq
 import inspect
 import math
 from collections import Counter
@@ -320,6 +321,9 @@ class Problem:
     tensors: list = field(default_factory=list)
     touch: dict = field(default_factory=dict)       # node index -> [tensor index]
     decision: list = field(default_factory=list)    # cinm node indices not fixed, graph order
+    ops: list = field(default_factory=list)         # node index -> OpInfo (built once)
+    neighbors: dict | None = None                   # see _neighbors
+    links: dict = field(default_factory=dict)       # see _link
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:
@@ -340,6 +344,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     hint_log = HintLog(hints)
     for i, node in enumerate(prob.nodes):
         info = op_info(node, infos)
+        prob.ops.append(info)
         hc = Choice("host", device_cost(host, info, options))
         if node.domain != cinm.DOMAIN:
             prob.fixed[i] = hc
@@ -449,12 +454,21 @@ def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
     s = j = 0.0
     moved = 0
     if a != "host" and any(d != a for d in dests):
-        ds, dj = link_cost(devices.get_device(a), t.nbytes, False, prob.options)
+        ds, dj = _link(prob, a, t.nbytes, False)
         s, j, moved = s + ds, j + dj, moved + t.nbytes
     for d in dests - {a, "host"}:
-        ds, dj = link_cost(devices.get_device(d), t.nbytes, True, prob.options)
+        ds, dj = _link(prob, d, t.nbytes, True)
         s, j, moved = s + ds, j + dj, moved + t.nbytes
     return s, j, moved
+
+
+def _link(prob: Problem, dev: str, nbytes: int, to_device: bool) -> tuple[float, float]:
+    """:func:`link_cost` of device ``dev`` (a name), memoized per problem (its options are fixed)."""
+    key = (dev, nbytes, to_device)
+    hit = prob.links.get(key)
+    if hit is None:
+        hit = prob.links[key] = link_cost(devices.get_device(dev), nbytes, to_device, prob.options)
+    return hit
 
 
 def evaluate(prob: Problem, assign: dict) -> Totals:
@@ -570,9 +584,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
-    t = Totals(tot.latency_s, tot.energy_j, tot.transfer_s, tot.transfer_j, tot.transfer_bytes,
-               tot.writes, Counter(tot.kept_tiles), dict(tot.capacity), Counter(tot.writes_by_dev),
-               Counter(tot.mram), dict(tot.mram_capacity))
+    t = _copy_totals(tot)
     # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
     _add_choice(t, old, -1)
     _add_choice(t, new, +1)
@@ -581,34 +593,83 @@ def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) ->
     return t
 
 
+def _neighbors(prob: Problem) -> dict:
+    """``{decision op: decision ops sharing a tensor with it}`` (whose move changes its
+    transfers)."""
+    if prob.neighbors is None:
+        dec = set(prob.decision)
+        out: dict = {i: set() for i in prob.decision}
+        for t in prob.tensors:
+            ops = {t.producer, *t.consumers} & dec
+            for i in ops:
+                out[i] |= ops
+        prob.neighbors = out
+    return prob.neighbors
+
+
 def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
     """Move ops off constrained devices until every constraint holds, each time the move that
-    costs the least objective; the all-host placement always satisfies them, so this ends."""
+    costs the least objective per unit of budget freed; the all-host placement always satisfies
+    them, so this ends.
+
+    Incremental: the moves of an op are priced once and again only after it or an op sharing a
+    tensor with it moved; for an objective that is a weighted sum (not ``edp``) the cheapest
+    move comes from a heap, so a repair of ``n`` moves costs ``O(n log n)``, not a re-scan of
+    the graph per move."""
     assign = dict(assign)
-    for _ in range(len(prob.decision) + 1):
-        tot = evaluate(prob, assign)
-        if not violations(prob, tot):
-            return assign
-        cur = _f(objective, tot.latency_s, tot.energy_j, w)
-        best = None
-        for i in prob.decision:
-            ch = assign[i]
-            if not (ch.kept_tiles or ch.cost.writes or ch.mram_resident):
-                continue
-            for alt in prob.cands[i]:
+    tot = evaluate(prob, assign)
+    linear = w is not None or objective != "edp"
+    pos = {i: k for k, i in enumerate(prob.decision)}
+    near = _neighbors(prob)
+    version = dict.fromkeys(prob.decision, 0)
+    moves: dict = {}
+    heap: list = []
+
+    def price(i: int) -> None:
+        ch, out = assign[i], []
+        if ch.kept_tiles or ch.cost.writes or ch.mram_resident:
+            cur = _f(objective, tot.latency_s, tot.energy_j, w)
+            for k, alt in enumerate(prob.cands[i]):
                 if alt.kept_tiles + alt.mram_resident >= ch.kept_tiles + ch.mram_resident and \
                         alt.cost.writes >= ch.cost.writes:
                     continue
                 dl, de = _local_delta(prob, assign, i, alt)
                 freed = (ch.kept_tiles - alt.kept_tiles) + (ch.cost.writes - alt.cost.writes) \
                     + (ch.mram_resident - alt.mram_resident) / 2**20
-                loss = _f(objective, tot.latency_s + dl, tot.energy_j + de, w) - cur
-                score = loss / max(freed, 1e-9)
-                if best is None or score < best[0]:
-                    best = (score, i, alt)
+                out.append((k, alt, dl, de, max(freed, 1e-9)))
+                if linear:
+                    loss = _f(objective, tot.latency_s + dl, tot.energy_j + de, w) - cur
+                    heapq.heappush(heap, (loss / out[-1][4], pos[i], k, version[i], i, len(out) - 1))
+        moves[i] = out
+
+    for i in prob.decision:
+        price(i)
+    for _ in range(len(prob.decision) + 1):
+        if not violations(prob, tot):
+            return assign
+        best = None
+        if linear:
+            while heap and heap[0][3] != version[heap[0][4]]:
+                heapq.heappop(heap)
+            if heap:
+                _, _, _, _, i, m = heap[0]
+                best = (i, moves[i][m])
+        else:
+            cur = _f(objective, tot.latency_s, tot.energy_j, w)
+            score = None
+            for i in prob.decision:
+                for mv in moves[i]:
+                    sc = (_f(objective, tot.latency_s + mv[2], tot.energy_j + mv[3], w) - cur) / mv[4]
+                    if score is None or sc < score:
+                        score, best = sc, (i, mv)
         if best is None:
             break
-        assign[best[1]] = best[2]
+        i, (_, alt, dl, de, _) = best
+        tot = _swap_totals(tot, assign[i], alt, dl, de)
+        assign[i] = alt
+        for j in near.get(i, ()) | {i}:
+            version[j] += 1
+            price(j)
     host = {i: prob.cands[i][0] for i in prob.decision}
     return assign if not violations(prob, evaluate(prob, assign)) else host
 
@@ -722,33 +783,64 @@ def heuristic_assign(prob: Problem) -> dict | None:
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
     from .placement import _heuristic
 
-    devs = {i: _heuristic(op_info(prob.nodes[i], prob.infos))[0] for i in prob.decision}
+    devs = {i: _heuristic(prob.ops[i])[0] for i in prob.decision}
     out = _with_variants(prob, devs)
     return None if any(ch is None for ch in out.values()) else out
 
 
+def _recorded(prob: Problem, i: int, dev: str) -> bool:
+    """Whether node ``i`` is already lowered onto ``dev`` (its recorded plan is used as it is)."""
+    at = prob.ops[i].attrs
+    return "cim_writes_load" in at and at.get("device") == dev
+
+
+def _cim_plans(prob: Problem, dev: str, idx: list) -> dict:
+    """``{op index: plan figures}`` of the ops ``idx`` (execution order) on the cim device
+    ``dev``, as its ``lower_all`` allocates the shared crossbars among all of them (through
+    ``price_all``, the same figures without the node attributes, when the device has it);
+    empty when the device has neither or cannot plan them (the candidates' figures stand)."""
+    d = devices.get_device(dev)
+    try:
+        if hasattr(d, "price_all"):
+            plans = d.price_all([(prob.ops[i], prob.options) for i in idx])
+        elif hasattr(d, "lower_all"):
+            plans = d.lower_all([(prob.ops[i], dict(prob.options, kernel_stem=f"probe{i}"))
+                                 for i in idx])
+        else:
+            return {}
+    except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
+        return {}
+    return dict(zip(idx, plans))
+
+
 def _plans(prob: Problem, devs: dict) -> dict:
-    """``{op index: plan attributes}`` for the ops ``devs`` puts on cim devices, as the device's
+    """``{op index: plan figures}`` for the ops ``devs`` puts on cim devices, as each device's
     ``lower_all`` allocates the shared crossbars among all of them (the plan already recorded
     on a lowered node is used as it is)."""
     out, groups = {}, {}
     for i, dev in devs.items():
-        at = cinm.node_attrs(prob.nodes[i])
-        if "cim_writes_load" in at and at.get("device") == dev:
-            out[i] = at
+        if _recorded(prob, i, dev):
+            out[i] = prob.ops[i].attrs
         elif devices.get_device(dev).paradigm == "cim":
             groups.setdefault(dev, []).append(i)
     for dev, idx in groups.items():
-        d = devices.get_device(dev)
-        if not hasattr(d, "lower_all"):
-            continue
-        try:
-            plans = d.lower_all([(op_info(prob.nodes[i], prob.infos),
-                                  dict(prob.options, kernel_stem=f"probe{i}")) for i in idx])
-        except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
-            continue
-        out.update(zip(idx, plans))
+        out.update(_cim_plans(prob, dev, idx))
     return out
+
+
+def _variant(prob: Problem, i: int, dev: str, a: dict | None) -> Choice | None:
+    """The choice of op ``i`` on ``dev`` priced from its model-wide plan figures ``a`` (a cim
+    device), else the device's first candidate; None if ``dev`` has no choice for the op."""
+    opts = [c for c in prob.cands[i] if c.device == dev]
+    if not opts:
+        return None
+    c = opts[0]
+    if a is None or "cim_latency_s" not in a:
+        return c
+    cost = Cost(float(a["cim_latency_s"]), float(a["cim_energy_j"]), int(a["cim_writes"]),
+                c.cost.bytes_moved)
+    return Choice(dev, cost, int(a.get("cim_writes_load", 0)), c.capacity, 0, 0, c.note,
+                  streamed=bool(a.get("cim_shared", 0)) or int(a["cim_writes"]) > 0)
 
 
 def _with_variants(prob: Problem, devs: dict) -> dict:
@@ -763,22 +855,7 @@ def _with_variants(prob: Problem, devs: dict) -> dict:
     every assignment that is reported is priced here, from the plans.
     """
     plans = _plans(prob, devs)
-    out = {}
-    for i, dev in devs.items():
-        opts = [c for c in prob.cands[i] if c.device == dev]
-        if not opts:
-            out[i] = None
-            continue
-        a = plans.get(i)
-        if a is None or "cim_latency_s" not in a:
-            out[i] = opts[0]
-            continue
-        c = opts[0]
-        cost = Cost(float(a["cim_latency_s"]), float(a["cim_energy_j"]), int(a["cim_writes"]),
-                    c.cost.bytes_moved)
-        out[i] = Choice(dev, cost, int(a.get("cim_writes_load", 0)), c.capacity, 0, 0, c.note,
-                        streamed=bool(a.get("cim_shared", 0)) or int(a["cim_writes"]) > 0)
-    return out
+    return {i: _variant(prob, i, dev, plans.get(i)) for i, dev in devs.items()}
 
 
 def _as_compiled(prob: Problem, assign: dict) -> dict:
@@ -786,7 +863,80 @@ def _as_compiled(prob: Problem, assign: dict) -> dict:
     return _with_variants(prob, {i: c.device for i, c in assign.items()})
 
 
-#: Most single-op moves :func:`_polish` prices (each compiles the crossbar plans afresh).
+def _copy_totals(tot: Totals) -> Totals:
+    return Totals(tot.latency_s, tot.energy_j, tot.transfer_s, tot.transfer_j, tot.transfer_bytes,
+                  tot.writes, Counter(tot.kept_tiles), dict(tot.capacity),
+                  Counter(tot.writes_by_dev), Counter(tot.mram), dict(tot.mram_capacity))
+
+
+class _Compiled:
+    """An assignment priced as compiled (:func:`_as_compiled`), whose single-op moves are priced
+    incrementally: a move re-prices the moved op, the transfers of the tensors it touches and,
+    on a cim device it leaves or joins, the model-wide plans of that device's ops (the only
+    ones the move can change), instead of compiling and evaluating the whole graph."""
+
+    def __init__(self, prob: Problem, assign: dict):
+        self.prob = prob
+        self.assign = _as_compiled(prob, assign)
+        self.tot = evaluate(prob, self.assign)
+        self._cim: dict = {}
+        self._variants: dict = {}
+
+    def _variant(self, i: int, dev: str, a: dict | None) -> Choice | None:
+        """:func:`_variant`, memoized per op and plan figures (the device's figure dicts are
+        memoized too, so most moves find the choices they priced before)."""
+        key = (i, dev, id(a))
+        hit = self._variants.get(key)
+        if hit is None or hit[0] is not a:
+            hit = self._variants[key] = (a, _variant(self.prob, i, dev, a))
+        return hit[1]
+
+    def _is_cim(self, dev: str) -> bool:
+        if dev not in self._cim:
+            self._cim[dev] = devices.get_device(dev).paradigm == "cim"
+        return self._cim[dev]
+
+    def trial(self, i: int, dev: str) -> tuple[dict, Totals]:
+        """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
+        prob, assign = self.prob, self.assign
+        old_dev = assign[i].device
+        changed = {}
+        for d in {old_dev, dev}:
+            if not self._is_cim(d):
+                continue
+            idx = [j for j in prob.decision
+                   if (dev if j == i else assign[j].device) == d and not _recorded(prob, j, d)]
+            plans = _cim_plans(prob, d, idx)
+            for j in idx:
+                ch = self._variant(j, d, plans.get(j))
+                if ch is not assign[j] and ch != assign[j]:
+                    changed[j] = ch
+        if i not in changed:
+            a = prob.ops[i].attrs if _recorded(prob, i, dev) else None
+            changed[i] = _variant(prob, i, dev, a)
+        tot = _copy_totals(self.tot)
+        for j, ch in changed.items():
+            _add_choice(tot, assign[j], -1)
+            _add_choice(tot, ch, +1)
+        for k in prob.touch.get(i, ()):
+            t = prob.tensors[k]
+            s0, j0, b0 = tensor_cost(prob, t, lambda n: prob.device_of(assign, n))
+            s1, j1, b1 = tensor_cost(prob, t, lambda n: dev if n == i else prob.device_of(assign, n))
+            tot.transfer_s += s1 - s0
+            tot.transfer_j += j1 - j0
+            tot.transfer_bytes += b1 - b0
+            tot.latency_s += s1 - s0
+            tot.energy_j += j1 - j0
+        return changed, tot
+
+    def apply(self, changed: dict, tot: Totals) -> None:
+        """Take a move :meth:`trial` priced."""
+        self.assign.update(changed)
+        self.tot = tot
+
+
+#: Most single-op moves :func:`_polish` prices (each re-prices the moved op, its tensors and
+#: the crossbar plans of the devices it leaves or joins).
 POLISH_MOVES = 400
 
 
@@ -795,20 +945,25 @@ def _polish(prob: Problem, assign: dict, objective: str) -> dict | None:
     or :data:`POLISH_MOVES` moves were priced. The search's two-candidate crossbar prices can
     miss what the model-wide plans make cheap (a kernel streaming through crossbars the others
     leave); this corrects for it on the result. Returns the improved assignment or None."""
-    best = evaluate(prob, assign).value(objective)
+    state = _Compiled(prob, assign)
+    best = state.tot.value(objective)
     moves, better = 0, None
     changed = True
     while changed and moves < POLISH_MOVES:
         changed = False
         for i in prob.decision:
+            tried: dict = {}
             for c in prob.cands[i]:
-                if c.device == assign[i].device or moves >= POLISH_MOVES:
+                if c.device == state.assign[i].device or moves >= POLISH_MOVES:
                     continue
                 moves += 1
-                trial = _as_compiled(prob, {**assign, i: c})
-                tot = evaluate(prob, trial)
+                if c.device not in tried:  # a device's second candidate prices the same
+                    tried[c.device] = state.trial(i, c.device)
+                diff, tot = tried[c.device]
                 if tot.value(objective) < best * (1 - 1e-9) and not violations(prob, tot):
-                    assign, best, better, changed = trial, tot.value(objective), trial, True
+                    state.apply(diff, tot)
+                    best, changed = tot.value(objective), True
+                    better = dict(state.assign)
                     break
     return better
 

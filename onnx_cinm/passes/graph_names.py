@@ -74,3 +74,17 @@ class Names:
             name = f"{base}_{suffix}"
         self._taken.add(name)
         return name
+
+
+def drop_unread_initializers(graph: onnx.GraphProto, keep: set[str] = frozenset()) -> int:
+    """Delete the initializers of ``graph`` nobody reads (but those named in ``keep``), in place:
+    each is deleted where it stands, so the others are neither copied nor moved to a new list
+    (rebuilding the list copies every weight). Returns how many were deleted."""
+    read = names_read(graph)
+    dropped = 0
+    for index in reversed(range(len(graph.initializer))):
+        name = graph.initializer[index].name
+        if name not in read and name not in keep:
+            del graph.initializer[index]
+            dropped += 1
+    return dropped

@@ -44,7 +44,7 @@ from ..analysis import tensor_infos
 from ..devices.base import TensorInfo
 from ..dialects import cinm
 from . import PassContext, register_pass
-from .graph_names import Names, names_read
+from .graph_names import Names, drop_unread_initializers
 
 _BINARY = set(cinm.BINARY_OPS)
 _UNARY = set(cinm.UNARY_OPS)
@@ -469,16 +469,9 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     del model.graph.node[:]
     model.graph.node.extend(out_nodes)
     model.graph.initializer.extend(rw.new_inits)
-    _drop_unused_initializers(model)
+    drop_unread_initializers(model.graph)
     cinm.attach_functions(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model
 
-
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = names_read(model.graph)
-    keep = [i for i in model.graph.initializer if i.name in used]
-    if len(keep) != len(model.graph.initializer):
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)

@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CinmError
+from . import blas
 
 FORMAT_VERSION = 1
 
@@ -711,7 +712,7 @@ class CrossbarSimulator:
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
                 if (out, g) in self._untouched:  # still all zeros: write the product in place
-                    np.matmul(X[:, :W.shape[0]], W, out=Y)
+                    blas.current().matmul(X[:, :W.shape[0]], W, Y)
                 else:
                     Y += X[:, :W.shape[0]] @ W
                 self._untouched.discard((out, g))
@@ -755,11 +756,13 @@ class CrossbarSimulator:
         if final is not None:
             self.tags = final
 
-    def run(self, inputs: dict) -> tuple[dict, Counters]:
+    def run(self, inputs: dict, transposed: bool = False) -> tuple[dict, Counters]:
         """One inference. ``inputs``: ``{name: array [G, M, K] or [M, K]}`` for every ``input``.
 
-        Returns ``({output name: float32 array [G, M, N]}, Counters)``. Raises
-        :class:`XbarError` for missing or mis-shaped inputs.
+        Returns ``({output name: float32 array [G, M, N]}, Counters)``; with ``transposed`` each
+        output is the ``[G, M, N]`` view of a C-contiguous ``[G, N, M]`` array, the layout of a
+        node whose result is ``Y^T`` (a programmed ``A``), so nobody transposes it back.
+        Raises :class:`XbarError` for missing or mis-shaped inputs.
         """
         prog = self.prog
         acts, M = {}, None
@@ -779,7 +782,8 @@ class CrossbarSimulator:
             M = X.shape[1]
             acts[r.name] = X
         M = M or 0
-        outs = {r.name: np.zeros((r.dims[0], M, r.dims[1]), np.float32)
+        outs = {r.name: (np.zeros((r.dims[0], r.dims[1], M), np.float32).transpose(0, 2, 1)
+                         if transposed else np.zeros((r.dims[0], M, r.dims[1]), np.float32))
                 for r in prog.regions.values() if r.kind == "output"}
         self._latch: list = [None] * self.P
         self._read: list = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from pathlib import Path
 
 from .. import frontend
@@ -66,6 +67,18 @@ def totals_by_device(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def median_split(records: list[dict]) -> dict:
+    """``{device: median over runs of that run's summed wall_s}`` in seconds: where a typical
+    run spent its host time (the median, not one run, so a run slowed by other work on the
+    machine does not decide the split). A device absent from a run counts 0 for it."""
+    runs: dict = {}
+    for r in records:
+        per = runs.setdefault(r["run"], {})
+        per[r["device"]] = per.get(r["device"], 0.0) + (r.get("wall_s") or 0.0)
+    devs = {d for per in runs.values() for d in per}
+    return {d: statistics.median(per.get(d, 0.0) for per in runs.values()) for d in sorted(devs)}
+
+
 def _fmt(v, unit: str) -> str:
     if v is None:
         return "-"
@@ -108,6 +121,9 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
                      f"{'':10s} {'':10s} {'':11s} {_fmt(t['wall_s'], 's'):>10s} "
                      f"{_fmt(t['latency_s'], 's'):>10s} {_fmt(t['energy_j'], 'J'):>10s} "
                      f"{_fmt(t['writes'], ''):>7s} {_fmt(t['bytes_moved'], ''):>10s}")
+    if n_runs > 1:
+        lines.append("median wall per run: " + ", ".join(
+            f"{d} {_fmt(v, 's')}" for d, v in median_split(records).items()))
     lines.append("wall: host time of this process; modeled: device latency from the cost model "
                  "(crossbar simulator counters, UPMEM cost model)")
     if any(r["mode"] == "model" for r in rows):

@@ -42,12 +42,13 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_used_by
-from . import numpy_kernels
+from . import blas, numpy_kernels
 from .profile import load_metrics
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults.
-DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0, "graph_optimization": "all"}
+DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0, "graph_optimization": "all",
+                   "blas_threads": 1, "matmul": "auto"}
 _UPMEM_MODES = ("model", "emulate")
 #: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
 #: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
@@ -101,9 +102,12 @@ class InferenceSession:
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
         provider_options: one dict per provider; the CINM provider reads ``upmem_mode``
             (``"model"`` or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
-            partition, 0 = its default) and ``graph_optimization`` (onnxruntime's graph
+            partition, 0 = its default), ``graph_optimization`` (onnxruntime's graph
             optimization level of the host partitions: ``disable_all``, ``basic``,
-            ``extended`` or ``all``, the default).
+            ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
+            a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
+            crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
+            ``"onnxruntime"``; see :mod:`onnx_cinm.runtime.blas`).
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
@@ -131,6 +135,10 @@ class InferenceSession:
         if opts["graph_optimization"] not in _GRAPH_OPT_LEVELS:
             raise CinmError(f"graph_optimization must be one of {', '.join(_GRAPH_OPT_LEVELS)}, "
                             f"got '{opts['graph_optimization']}'")
+        try:
+            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"])
+        except ValueError as e:
+            raise CinmError(f"{PROVIDER}: {e}") from None
         self._providers = providers
         self._options = opts
         if isinstance(path_or_model, onnx.ModelProto):
@@ -358,6 +366,10 @@ class InferenceSession:
         the session stays usable.
         """
         feed = self._check_feed(input_feed)
+        with self._kernels.active():
+            return self._run(output_names, feed)
+
+    def _run(self, output_names, feed: dict) -> list:
         all_out = [o.name for o in self._outputs]
         names = list(output_names) if output_names else all_out
         bad = [n for n in names if n not in all_out]
@@ -506,6 +518,15 @@ class InferenceSession:
         """``(node label, device)`` of the device nodes that run inside a host partition and
         are charged by their device's cost model (UPMEM in ``upmem_mode="model"``)."""
         return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled]
+    def configuration(self) -> dict:
+        """What the session runs under, for a report: the provider options, the BLAS libraries
+        and their thread limit during runs, the matrix kernel chosen per product shape (see
+        :mod:`onnx_cinm.runtime.blas`), and the partitions (``{kind: count}``: host
+        partitions and device nodes)."""
+        parts: dict = {}
+        for kind, _ in self.partitions():
+            parts[kind] = parts.get(kind, 0) + 1
+        return {"options": dict(self._options), **self._kernels.describe(), "partitions": parts}
 
     def partitions(self) -> list[tuple[str, int]]:
         """``(kind, node count)`` in execution order, for inspection: host partitions and

@@ -25,6 +25,22 @@ from .schedule import LOOP_ORDERS
 
 _DEFAULT_LOOP_ORDER = "weight_stationary"
 
+#: The options a crossbar plan reads (:func:`params_from_options` and the loop order).
+_PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order",
+                 "cim_mode", "cim_time_s", "cim_effects")
+
+#: Memo of :meth:`MemristorDevice.plan`, per parameter set: a plan depends only on the
+#: product's shapes and operand constness, the options above and the crossbar count; placement
+#: asks for the same plans many times (candidates, lowering, every polishing move). Plans are
+#: immutable.
+_PLANS: dict = {}
+_PLANS_MAX = 20000
+
+
+def _options_key(options: dict) -> tuple:
+    return tuple(tuple(v) if isinstance(v, list) else v
+                 for v in (options.get(k) for k in _PLAN_OPTIONS))
+
 
 def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> CrossbarParams:
     """The crossbar parameters selected by pass options.
@@ -136,6 +152,32 @@ class MemristorDevice:
         or ``naive``). Raises CinmError on bad options.
         """
         options = options or {}
+        return self._entry(op, options, _options_key(options), crossbars, shared)[0]
+
+    def _entry(self, op: OpInfo, options: dict, okey: tuple, crossbars: int | None,
+               shared: bool) -> list:
+        """The memo entry of :meth:`plan`: ``[plan tuple, price figures (see :meth:`price_all`)
+        or None until asked]``; ``okey`` is ``_options_key(options)``."""
+        memo = _PLANS.get(id(self.params))
+        if memo is None or memo[0] is not self.params:
+            if len(_PLANS) > 8:
+                _PLANS.clear()
+            memo = _PLANS[id(self.params)] = (self.params, {})
+        a, b = (op.inputs + (None, None))[:2]
+        key = (okey, crossbars, shared, op.op_type, a and (a.dtype, a.shape, a.const),
+               b and (b.dtype, b.shape, b.const))
+        try:
+            hit = memo[1].get(key)
+        except TypeError:  # an unhashable option value: _plan names what is wrong with it
+            return [self._plan(op, options, crossbars, shared), None]
+        if hit is None:
+            hit = [self._plan(op, options, crossbars, shared), None]
+            if len(memo[1]) > _PLANS_MAX:
+                memo[1].clear()
+            memo[1][key] = hit
+        return hit
+
+    def _plan(self, op: OpInfo, options: dict, crossbars: int | None, shared: bool) -> tuple:
         params = params_from_options(options, self.params)
         order = options.get("cim_loop_order") or _DEFAULT_LOOP_ORDER
         if order not in LOOP_ORDERS:
@@ -188,34 +230,63 @@ class MemristorDevice:
         """
         if not items:
             return []
-        options = items[0][1]
-        params = params_from_options(options, self.params)
-        P = params.crossbars
-        alone = [self.plan(op, opts) for op, opts in items]
-        order = LOOP_ORDERS[alone[0][0].loop_order]
-        alloc: list[tuple[int | None, bool]] = [(None, False)] * len(items)
-        if order == "weight_stationary":
-            tiles = [a[0].tiles for a in alone]
-            const = [a[3] for a in alone]
-            if all(const) and sum(tiles) <= P:
-                alloc = [(t, False) for t in tiles]
-            else:
-                pinned = _pin(tiles, const, P - 1)
-                used = sum(tiles[i] for i in pinned)
-                stream = [i for i in range(len(items)) if i not in pinned]
-                for i in range(len(items)):
-                    if i in pinned:
-                        alloc[i] = (tiles[i], False)
-                    else:
-                        alloc[i] = (P - used, len(stream) > 1)
+        P, planned = self._allocate(items)
         out = []
-        for (op, opts), (xbars, shared), a in zip(items, alloc, alone):
-            p, v, params_k, const, why = (a if xbars is None else
-                                          self.plan(op, opts, crossbars=xbars, shared=shared))
-            attrs = self._attrs(op, opts, p, v, params_k, const, why)
+        for (op, opts), e in zip(items, planned):
+            attrs = self._attrs(op, opts, *e[0])
             attrs["cim_device_crossbars"] = P
             out.append(attrs)
         return out
+
+    def price_all(self, items: list) -> list[dict]:
+        """What cost placement prices of :meth:`lower_all`'s plans, without building the node
+        attributes: per item ``cim_latency_s`` (seconds), ``cim_energy_j`` (joules),
+        ``cim_writes`` (tile writes per inference), ``cim_writes_load`` (tiles kept) and
+        ``cim_shared``, the same figures :meth:`lower_all` records. Raises CinmError on bad
+        options."""
+        if not items:
+            return []
+        opts0 = items[0][1]  # validates: unknown modes and effects raise
+        _compose(opts0.get("cim_mode") or "ideal", params_from_options(opts0, self.params),
+                 opts0.get("cim_time_s", 0.0), opts0.get("cim_effects"))
+        out = []
+        for e in self._allocate(items)[1]:
+            if e[1] is None:
+                p, _, params, _, _ = e[0]
+                c = p.cost(params)
+                e[1] = {"cim_latency_s": float(c.latency_s), "cim_energy_j": float(c.energy_j),
+                        "cim_writes": p.writes_per_inference, "cim_writes_load": p.writes_load,
+                        "cim_shared": int(p.shared)}
+            out.append(e[1])
+        return out
+
+    def _allocate(self, items: list) -> tuple[int, list]:
+        """``(P, [memo entry of :meth:`_entry` per item])`` under the allocation of
+        :meth:`lower_all`."""
+        options = items[0][1]
+        params = params_from_options(options, self.params)
+        P = params.crossbars
+        okeys: dict = {}
+        for _, opts in items:
+            if id(opts) not in okeys:
+                okeys[id(opts)] = _options_key(opts)
+
+        def entry(op, opts, crossbars=None, shared=False):
+            return self._entry(op, opts, okeys[id(opts)], crossbars, shared)
+
+        alone = [entry(op, opts) for op, opts in items]
+        order = LOOP_ORDERS[alone[0][0][0].loop_order]
+        if order != "weight_stationary":
+            return P, alone
+        tiles = [a[0][0].tiles for a in alone]
+        const = [a[0][3] for a in alone]
+        if all(const) and sum(tiles) <= P:  # each kernel on crossbars of its own
+            return P, [entry(op, opts, t) for (op, opts), t in zip(items, tiles)]
+        pinned = _pin(tiles, const, P - 1)
+        used = sum(tiles[i] for i in pinned)
+        shared = len(items) - len(pinned) > 1
+        return P, [entry(op, opts, tiles[i]) if i in pinned else entry(op, opts, P - used, shared)
+                   for i, (op, opts) in enumerate(items)]
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)

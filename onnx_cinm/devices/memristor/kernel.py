@@ -57,13 +57,15 @@ class CrossbarKernel:
         B = np.asarray(inputs[1], dtype=np.float32)
         v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
         X = layout.stream_rows(v, A, B)
+        # a programmed A gives the node's result transposed: the simulator writes it so
+        transposed = v.op_type == "Gemm" and v.operand == "A" and not v.y_batch
         with self._lock:
             if self._sim is None:
                 sim = CrossbarSimulator(self.prog, {"W": layout.weights(v, A, B)})
-                outs, c = sim.run({"X": X})
+                outs, c = sim.run({"X": X}, transposed=transposed)
                 c = _add(sim.load_counters.as_dict(), c.as_dict())
             else:
-                outs, c = self._sim.run({"X": X})
+                outs, c = self._sim.run({"X": X}, transposed=transposed)
                 c = c.as_dict()
         Y = layout.unstream(v, outs["Y"])
         if self.bias_name and not self.bias_in_file:

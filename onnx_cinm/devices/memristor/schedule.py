@@ -186,6 +186,25 @@ def tile_cells(K: int, N: int, rows: int, cols: int) -> list[int]:
     return [tile_extent(k, K, rows) * tile_extent(n, N, cols) for k in range(Kt) for n in range(Nt)]
 
 
+def cells_prefix(count: int, K: int, N: int, rows: int, cols: int) -> int:
+    """Used cells of the first ``count`` tiles of ``groups`` stacked ``K x N`` matrices in
+    schedule order ``(g, k, n)``, ``n`` fastest: ``sum(tile_cells(K, N, rows, cols) * groups)
+    [:count]`` in closed form (O(1), not a Python entry per tile).
+
+    Whole groups hold ``K * N`` cells; within a group, ``kr`` whole tile rows hold
+    ``min(kr * rows, K) * N`` cells, and the next ``rn`` tiles of tile row ``kr`` hold
+    ``extent(kr) * min(rn * cols, N)``.
+    """
+    Kt, Nt = _ceil(K, rows), _ceil(N, cols)
+    per_group = Kt * Nt
+    whole, r = divmod(max(count, 0), per_group)
+    kr, rn = divmod(r, Nt)
+    part = min(kr * rows, K) * N
+    if rn:
+        part += tile_extent(kr, K, rows) * min(rn * cols, N)
+    return whole * K * N + part
+
+
 def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", *,
          groups: int = 1, m_block: int = 1, crossbars: int | None = None,
          itemsize: int = 4, shared: bool = False) -> CrossbarPlan:
@@ -222,7 +241,7 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
     R, C = params.rows, params.cols
     Kt, Nt = _ceil(K, R), _ceil(N, C)
     T = groups * Kt * Nt
-    cells = tile_cells(K, N, R, C) * groups  # per tile, in schedule order
+    total = groups * K * N  # used cells of all tiles (each weight in exactly one tile)
     mvms = groups * M * Kt * Nt
     adc = groups * M * Kt * N  # every MVM converts the used columns of its tile
     if order == "naive":
@@ -236,15 +255,16 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
     rounds = _ceil(T, P)
     if shared:
         return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, False,
-                            0, T, 0, sum(cells), mvms, adc, rounds=rounds, write_rounds=rounds,
+                            0, T, 0, total, mvms, adc, rounds=rounds, write_rounds=rounds,
                             itemsize=itemsize, shared=True)
     if T <= P:
         return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, True,
-                            T, 0, sum(cells), 0, mvms, adc, rounds=rounds, write_rounds=0,
+                            T, 0, total, 0, mvms, adc, rounds=rounds, write_rounds=0,
                             itemsize=itemsize)
     # serpentine: a backward inference finds the last P tiles resident, a forward one the first P
-    total = sum(cells)
-    backward, forward = total - sum(cells[-P:]), total - sum(cells[:P])
+    first = cells_prefix(P, K, N, R, C)
+    last = total - cells_prefix(T - P, K, N, R, C)
+    backward, forward = total - last, total - first
     return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, False,
-                        P, T - P, sum(cells[:P]), (backward + forward) // 2, mvms, adc,
+                        P, T - P, first, (backward + forward) // 2, mvms, adc,
                         rounds=rounds, write_rounds=rounds - 1, itemsize=itemsize)

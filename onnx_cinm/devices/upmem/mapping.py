@@ -1060,6 +1060,28 @@ def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None
             splits.append(d)
         out += [(d, dc) for dc in splits]
     return out
+#: Memo of :func:`plan_op` (the search prices up to hundreds of DPU counts and column splits; the
+#: device's ``supports``, its cost and its lowering each ask for the same plan).
+_PLANS: dict = {}
+_PLANS_MAX = 20000
+
+
+def _op_key(op: OpInfo) -> tuple:
+    """What a plan depends on: the op's type, attributes (but the placement ones, which only
+    record decisions) and the dtype, shape and constness of its tensors (not the op's name:
+    ops of one shape share their plan)."""
+    ts = lambda t: (t.dtype, t.shape, t.const)  # noqa: E731
+    attrs = sorted((k, v) for k, v in op.attrs.items() if k not in ("device", "placement", "kernel"))
+    names = [t.name for t in op.inputs]
+    return (op.op_type, repr(attrs), tuple(map(ts, op.inputs)), tuple(map(ts, op.outputs)),
+            op.flops, tuple(names.index(n) for n in names))  # which inputs are one tensor
+
+
+def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
+    """``plan`` (made for an op of the same shape) with ``op``'s input names: ``template`` holds
+    ``(input position, how)`` per entry of ``plan.inputs``."""
+    names = tuple(f"{op.inputs[k].name}:{how}" for k, how in template)
+    return plan if names == plan.inputs else replace(plan, inputs=names)
 
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
@@ -1067,10 +1089,37 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
             dpus: int | None = None) -> CnmPlan:
     """Choose the plan of ``op``: the DPU count (<= ``max_dpus``, or exactly ``dpus``) with the
     least modeled end-to-end time (:attr:`CostBreakdown.latency_s`); ties go to fewer DPUs.
+    Memoized per op shape and arguments (plans are immutable; the search prices up to
+    hundreds of DPU counts and column splits, and placement, lowering and every op of the same
+    shape ask for the same plan).
 
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
+    try:
+        key = (_op_key(op), max_dpus, tasklets, repr(params), stack_bytes, dpus)
+        hit = _PLANS.get(key)
+    except TypeError:  # an attribute that cannot be a key: plan without the memo
+        return _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+    if hit is None:
+        try:
+            plan = _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+            names = [t.name for t in op.inputs]
+            hit = (plan, tuple((names.index(e.rsplit(":", 1)[0]), e.rsplit(":", 1)[1])
+                               for e in plan.inputs))
+        except CinmError as e:
+            hit = (str(e), op.name)
+        if len(_PLANS) > _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = hit
+    if isinstance(hit[0], str):  # the failure of an op of the same shape: name this one
+        message, name = hit
+        raise CinmError(message.replace(repr(name), repr(op.name)) if name != op.name else message)
+    return _renamed(hit[0], hit[1], op)
+
+
+def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemCostParams,
+                 stack_bytes: int, dpus: int | None) -> CnmPlan:
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
     best, best_lat, err = None, 0.0, None

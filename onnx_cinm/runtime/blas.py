@@ -1,0 +1,245 @@
+"""The matrix kernels the device simulators run their products on, and their BLAS threads.
+
+One :class:`MatrixKernels` per :class:`~onnx_cinm.runtime.session.InferenceSession`: while a
+session runs (:meth:`MatrixKernels.active`), numpy's BLAS is limited to ``threads`` threads
+through threadpoolctl (the limit is set when the run starts and restored when it ends, so the
+rest of the process keeps its own setting), and the crossbar simulator's ideal-mode products go
+through :meth:`MatrixKernels.matmul`, which runs each product shape on the faster of numpy's
+BLAS and onnxruntime's own matrix kernels (MLAS).
+
+Why: on a machine whose cores are shared with other work, OpenBLAS's worker threads spin and
+wait for each other; measured on the project's 2-core machine (issue 16), the provider ran
+light ResNet50 at 6.0x onnxruntime with 2 BLAS threads and 1.56x with one, and the crossbar
+products took 99 ms through onnxruntime's kernels against 185 ms through single-threaded numpy.
+So the default is one thread, and the kernel is chosen by measurement, not assumed.
+
+Choice (``matmul="auto"``): the first product of each ``(M, K, N)`` shape (and output layout)
+is computed by both kernels, a warm-up and three timed runs each, the least time counting; the
+faster one computes every later product of that shape, and its result is the one returned the
+first time too, so all runs of a shape use the same arithmetic (the two kernels may differ in
+the last bits: they sum in different orders). ``"numpy"`` or ``"onnxruntime"`` force one
+kernel.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+
+import numpy as np
+
+#: Kernel choices of :class:`MatrixKernels`.
+MATMULS = ("auto", "numpy", "onnxruntime")
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("onnx_cinm_matrix_kernels", default=None)
+_CONTROLLER_LOCK = threading.Lock()
+
+
+def _controller():
+    """threadpoolctl's view of the BLAS libraries loaded in this process now (it scans the
+    loaded libraries: done once per session, when its first run starts)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+_ACTIVE = {"count": 0, "limiter": None}
+
+
+@contextlib.contextmanager
+def _limited(threads: int, ctl):
+    """Limit the BLAS libraries to ``threads`` threads while any run is inside: the first run
+    to enter sets the limit, the last to leave restores the libraries' setting (runs of one
+    session may overlap in threads; a second session's different count waits for the next
+    first entrant)."""
+    with _CONTROLLER_LOCK:
+        if _ACTIVE["count"] == 0:
+            _ACTIVE["limiter"] = None
+        _ACTIVE["count"] += 1
+    if _ACTIVE["limiter"] is None:
+        with _CONTROLLER_LOCK:
+            if _ACTIVE["limiter"] is None:
+                _ACTIVE["limiter"] = ctl.limit(limits=threads, user_api="blas")
+    try:
+        yield
+    finally:
+        with _CONTROLLER_LOCK:
+            _ACTIVE["count"] -= 1
+            if _ACTIVE["count"] == 0 and _ACTIVE["limiter"] is not None:
+                _ACTIVE["limiter"].restore_original_limits()
+                _ACTIVE["limiter"] = None
+
+
+class MatrixKernels:
+    """Matrix products of the device simulators: BLAS thread count and kernel choice.
+
+    Args:
+        threads: BLAS threads while a run is active (>= 1), or 0 to leave the libraries'
+            own setting (``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS`` or all cores).
+        matmul: ``"auto"`` (per shape, the faster of numpy and onnxruntime, measured on the
+            first product), ``"numpy"`` or ``"onnxruntime"``.
+
+    Raises:
+        ValueError: a negative thread count or an unknown kernel name.
+    """
+
+    def __init__(self, threads: int = 1, matmul: str = "auto") -> None:
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
+            raise ValueError(f"BLAS threads must be an integer >= 0, got {threads!r}")
+        if matmul not in MATMULS:
+            raise ValueError(f"matmul must be one of {', '.join(MATMULS)}, got {matmul!r}")
+        self.threads = int(threads)
+        self.mode = matmul
+        self._choice: dict = {}
+        self._lock = threading.Lock()
+        self._deciding = threading.Lock()
+        self._ctl = None
+        self._ort: dict = {}
+
+    # -- activation -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def active(self):
+        """Make these kernels the current ones (for :func:`current`) and limit the BLAS threads
+        for the duration of the block."""
+        token = _CURRENT.set(self)
+        try:
+            if self.threads:
+                if self._ctl is None:
+                    self._ctl = _controller()
+                with _limited(self.threads, self._ctl):
+                    yield self
+            else:
+                yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def describe(self) -> dict:
+        """The configuration for a report: ``blas_threads`` (0: the libraries' own),
+        ``blas`` (``[(library, internal API, threads it uses outside a run)]``), ``matmul`` (the
+        mode) and ``chosen`` (``{"MxKxN": kernel}`` decided so far; ``T`` marks a product written
+        transposed)."""
+        libs = [(i.get("prefix"), i.get("internal_api"), i.get("num_threads"))
+                for i in (self._ctl or _controller()).select(user_api="blas").info()]
+        with self._lock:
+            chosen = {f"{m}x{k}x{n}" + ("" if c else "T"): v
+                      for (m, k, n, c), v in sorted(self._choice.items())}
+        return {"blas_threads": self.threads, "blas": libs, "matmul": self.mode, "chosen": chosen}
+
+    # -- products -------------------------------------------------------------------------
+    def matmul(self, X: np.ndarray, W: np.ndarray, out: np.ndarray) -> None:
+        """``out[:] = X @ W`` for 2-D float32 ``X[M, K]``, ``W[K, N]``, ``out[M, N]``.
+
+        ``out`` may be the transpose of a C-contiguous array (a node whose result is the
+        transpose of the simulator's, see ``CrossbarSimulator.run``): then ``out^T = W^T X^T``
+        is computed in place, so the result never needs transposing back."""
+        if out.dtype != np.float32 or not (out.flags.c_contiguous or out.T.flags.c_contiguous):
+            np.matmul(X, W, out=out)
+            return
+        if self.mode == "numpy":
+            _np_matmul(X, W, out)
+            return
+        if self.mode == "onnxruntime":
+            self._ort_matmul(X, W, out)
+            return
+        key = (X.shape[0], X.shape[1], W.shape[1], bool(out.flags.c_contiguous))
+        kind = self._choice.get(key)
+        if kind is None:
+            with self._deciding:  # one decision per shape, even when kernels run in threads
+                kind = self._choice.get(key)
+                if kind is None:
+                    self._decide(key, X, W, out)
+                    return
+        if kind == "numpy":
+            _np_matmul(X, W, out)
+        else:
+            self._ort_matmul(X, W, out)
+
+    def _decide(self, key, X, W, out) -> str:
+        """Time both kernels on this product (the least of three runs after a warm-up run that
+        also builds the session) and keep the faster for its shape."""
+        other = np.empty(out.shape[::-1], np.float32).T if key[3] is False else np.empty_like(out)
+
+        def best(fn, dst) -> float:  # the least of three timed runs after a warm-up
+            fn(X, W, dst)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn(X, W, dst)
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        t_np = best(_np_matmul, out)
+        try:
+            t_ort = best(self._ort_matmul, other)
+        except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
+            t_ort = float("inf")
+        kind = "onnxruntime" if t_ort < t_np else "numpy"
+        if kind == "onnxruntime":
+            out[...] = other
+        with self._lock:
+            self._choice[key] = kind
+        return kind
+
+    def _session(self, trans_a: bool, trans_b: bool):
+        """The onnxruntime session of ``A @ B`` with ``A``/``B`` fed transposed (``transA`` /
+        ``transB`` of a Gemm) when they arrive as transposed views, so they are not copied."""
+        key = (trans_a, trans_b)
+        if key not in self._ort:
+            with self._lock:
+                if key not in self._ort:
+                    import onnxruntime as ort
+                    from onnx import TensorProto, helper
+
+                    f = TensorProto.FLOAT
+                    node = helper.make_node("Gemm", ["A", "B"], ["Y"], transA=int(trans_a),
+                                            transB=int(trans_b))
+                    g = helper.make_graph(
+                        [node], "matmul",
+                        [helper.make_tensor_value_info("A", f, ["K", "M"] if trans_a else ["M", "K"]),
+                         helper.make_tensor_value_info("B", f, ["N", "K"] if trans_b else ["K", "N"])],
+                        [helper.make_tensor_value_info("Y", f, ["M", "N"])])
+                    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                              ir_version=8)
+                    so = ort.SessionOptions()
+                    so.log_severity_level = 3
+                    so.intra_op_num_threads = max(self.threads, 1)
+                    so.inter_op_num_threads = 1
+                    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                    self._ort[key] = ort.InferenceSession(
+                        model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return self._ort[key]
+
+    def _ort_matmul(self, X, W, out) -> None:
+        A, B, Y = (X, W, out) if out.flags.c_contiguous else (W.T, X.T, out.T)
+        fed = []
+        for M in (A, B):
+            if M.flags.c_contiguous:
+                fed.append((M, False))
+            elif M.T.flags.c_contiguous:
+                fed.append((M.T, True))
+            else:
+                fed.append((np.ascontiguousarray(M), False))
+        sess = self._session(fed[0][1], fed[1][1])
+        b = sess.io_binding()
+        b.bind_cpu_input("A", np.asarray(fed[0][0], dtype=np.float32))
+        b.bind_cpu_input("B", np.asarray(fed[1][0], dtype=np.float32))
+        b.bind_output("Y", "cpu", 0, np.float32, list(Y.shape), Y.ctypes.data)
+        sess.run_with_iobinding(b)
+
+
+def _np_matmul(X, W, out) -> None:
+    """numpy's product into ``out``; a transposed ``out`` gets ``out^T = W^T X^T`` (BLAS needs
+    rows of unit stride in its output)."""
+    if out.flags.c_contiguous:
+        np.matmul(X, W, out=out)
+    else:
+        np.matmul(W.T, X.T, out=out.T)
+
+
+_NUMPY = MatrixKernels(threads=0, matmul="numpy")
+
+
+def current() -> MatrixKernels:
+    """The kernels of the session running in this thread (plain numpy outside a session)."""
+    return _CURRENT.get() or _NUMPY
