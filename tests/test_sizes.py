@@ -119,3 +119,33 @@ def test_sweep_plans_at_the_given_sizes():
     assert big["latency_s"] == pytest.approx(static["latency_s"], rel=1e-12)
     assert big["energy_j"] == pytest.approx(static["energy_j"], rel=1e-12)
     assert big["latency_s"] > 5 * one["latency_s"]  # 4096 output pixels instead of 1 (and fixed costs)
+
+
+def test_a_crossbar_product_with_an_unsized_weight_or_group_dim_stays_off_the_crossbars(tmp_path):
+    """Attention scores q[batch, 12, seq, 32] @ k[b2, 12, 32, s2] with b2, s2 unsized: planned at
+    1, the programmed operand's kernel declared (1, 32, 1) tiles and the provider then refused
+    the run ('sidecar shape (12, 32, 64) != declared (1, 32, 64)' on a real MiniLM). It is now
+    refused at placement with the reason; sized, it runs on the crossbars."""
+    from onnx_cinm import artifacts
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime import InferenceSession
+
+    g = h.make_graph([h.make_node("MatMul", ["q", "k"], ["y"])], "g",
+                     [h.make_tensor_value_info("q", TP.FLOAT, ["batch", 12, "seq", 32]),
+                      h.make_tensor_value_info("k", TP.FLOAT, ["b2", 12, 32, "s2"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    res = optimize(m, dims={"batch": 1, "seq": 64}, place=[("*", "memristor")])
+    (gemm,) = [n for n in res.model.graph.node if n.domain == "cinm"]
+    attrs = {a.name: h.get_attribute_value(a) for a in gemm.attribute}
+    assert attrs["device"] != b"memristor"
+    assert b"a weight or group dim unknown at planning time" in attrs["placement"]
+    res = optimize(m, dims={"batch": 1, "seq": 64, "b2": 1, "s2": 64}, place=[("*", "memristor")])
+    (gemm,) = [n for n in res.model.graph.node if n.domain == "cinm"]
+    assert {a.name: h.get_attribute_value(a) for a in gemm.attribute}["device"] == b"memristor"
+    artifacts.save(res.model, tmp_path / "att.onnx")
+    rng = np.random.default_rng(3)
+    feeds = {"q": rng.standard_normal((1, 12, 64, 32)).astype(np.float32),
+             "k": rng.standard_normal((1, 12, 32, 64)).astype(np.float32)}
+    np.testing.assert_allclose(InferenceSession(tmp_path / "att.onnx").run(None, feeds)[0],
+                               run_onnxruntime(m, feeds)[0], rtol=1e-4, atol=1e-4)

@@ -114,6 +114,13 @@ class MemristorDevice:
             # a symbolic contracted dim taken as 1 against the weight's real one: no tiling exists
             return Support(False, f"contracted dim unknown at planning time "
                                   f"({op.inputs[0].shape} x {op.inputs[1].shape})")
+        a, b = op.inputs[0].shape, op.inputs[1].shape
+        if any(not isinstance(d, int) for d in b) or \
+                (len(b) > 2 and any(not isinstance(d, int) for d in a[:-2])):
+            # the programmed operand's tiles and group count are fixed at planning: a dim taken
+            # as 1 there would not match the arrays at run time (only A's rows may vary)
+            return Support(False, f"a weight or group dim unknown at planning time ({a} x {b}); "
+                                  "size it with --dim NAME=SIZE")
         macs = op.flops // 2
         if macs < self.params.min_macs:
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
