@@ -97,8 +97,8 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
             shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                           else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
-    for name, (dtype, dims) in consts.items():
-        infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), dims, True)
+    for name, (dtype, shape) in consts.items():
+        infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), shape, True)
     return infos
 
 
@@ -130,8 +130,8 @@ def _recurrent_flops(node: onnx.NodeProto, ins: list) -> int:
 def _einsum_flops(node: onnx.NodeProto, ins: list, out: TensorInfo | None) -> int:
     """FLOPs of an Einsum: one multiply per operand beyond the first and one add per summed term,
     over every combination of the equation's indices (2 x the index space for two operands with
-    a contraction; 0 for a pure transpose). Falls back to the output size when the equation has an ellipsis or a shape
-    is unknown."""
+    a contraction; 0 for a pure transpose). Falls back to the output size when the equation has
+    an ellipsis or a shape is unknown."""
     eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "").replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
