@@ -545,6 +545,7 @@ def _cmd_run(args, parser) -> int:
     import numpy as np
 
     from . import artifacts, frontend, golden
+    from .pipeline import _si  # one SI formatter for the optimize summary and this
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -607,10 +608,10 @@ def _cmd_run(args, parser) -> int:
         for dev in sorted({r["device"] for r in load}):
             rs = [r for r in load if r["device"] == dev]
             writes = sum(r["writes"] for r in rs)
-            print(f"at load (once per session, not per inference): {dev}, {len(rs)} kernels"
-                  + (f", {writes} tile writes" if writes else "") + ", modeled "
-                  f"{sum(r['latency_s'] for r in rs) * 1e6:.1f} us, "
-                  f"{sum(r['energy_j'] for r in rs) * 1e6:.2f} uJ")
+            print(f"at load (once per session, not per inference): {dev}, {len(rs)} "
+                  f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
+                  + f", modeled {_si(sum(r['latency_s'] for r in rs))}s, "
+                  f"{_si(sum(r['energy_j'] for r in rs))}J")
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
