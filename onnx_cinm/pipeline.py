@@ -364,6 +364,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol,
                                     dims=dims, feeds=_check_feeds(original, inputs, check, dims))
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
+            if inputs:  # the user's own arrays: their mistake to fix, not a skip to shrug at
+                raise CinmError(f"the original does not run on the given --input arrays: {e}") from None
             skipped = f"the original does not run on the random inputs: {e}"
             log(f"check skipped: {skipped}")
         timings.append(("check", time.perf_counter() - t0))

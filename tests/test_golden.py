@@ -650,3 +650,19 @@ def test_a_long_reduction_in_another_order_passes_and_a_real_error_does_not():
     bad = w.copy()
     bad[0, 0] += 0.05
     assert not compare(ref, _k_model(bad, TP.DOUBLE), n=2).ok
+
+
+def test_optimize_refuses_given_inputs_the_original_cannot_run(tmp_path, capsys):
+    """A float64 array for a float32 input was reported as 'check skipped (... random inputs)'
+    and the model written; the inputs were the user's, so it is an error naming them."""
+    from onnx_cinm.cli import main
+
+    m = _bert_like()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "bad.npz", input_ids=np.zeros((2, 5), np.float64),
+             token_type_ids=np.zeros((2, 5), np.int64), attention_mask=np.ones((2, 5), np.int64))
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--input", str(tmp_path / "bad.npz")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnx-cinm: error: the original does not run on the given --input arrays")
+    assert "\n" not in err and not (tmp_path / "o.onnx").exists()
