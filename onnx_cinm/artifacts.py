@@ -156,10 +156,10 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
             raise CinmError(f"two nodes name the kernel '{rel}'")
         seen.add(rel)
         dev = devices.get_device(at.get("device", "host"))
-        if not hasattr(dev, "emit"):
-            raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits no code")
         consts = {n: numpy_helper.to_array(inits[n]) for n in node.input if n in inits}
         paths = dev.emit(op_info(node, infos), at, consts, root)
+        if not paths:
+            raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits no code")
         files = []
         for p in paths:
             p = Path(p)

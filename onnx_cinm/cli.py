@@ -545,7 +545,7 @@ def _cmd_run(args, parser) -> int:
     import numpy as np
 
     from . import artifacts, frontend, golden
-    from .pipeline import _si  # one SI formatter for the optimize summary and this
+    from .text import si as _si  # one SI formatter for the optimize summary and this
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -896,7 +896,7 @@ def _cmd_optimize(args, parser) -> int:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    table = result.crossbar_table()
+    table = result.device_tables()
     if table:
         say("")
         for line in table.splitlines():

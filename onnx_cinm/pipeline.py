@@ -16,7 +16,7 @@ from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .passes import PassContext, PassManager
-from .text import printable
+from .text import printable, si as _si
 
 
 @dataclass
@@ -107,41 +107,18 @@ class OptimizeResult:
             lines.append(f"host roofline: {roof.text()}")
         return "\n".join(lines)
 
-    def crossbar_table(self) -> str:
-        """Per crossbar kernel: crossbars used (``s``: shared with other kernels), tiles, tile
-        writes (at load / per inference), MVMs, modeled latency and energy per inference (OCC
-        cost model); then the totals. Empty if there is no crossbar kernel."""
-        plans = self.stats.get("cim_tiling", {}).get("plans", [])
-        if not plans:
-            return ""
-        head = (f"{'crossbar kernel':30s} {'operand':>7s} {'M x K x N':>18s} {'xbars':>5s} "
-                f"{'tiles':>6s} {'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} "
-                f"{'latency':>10s} {'energy':>10s}")
-        rows = [head, "-" * len(head)]
-        tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
-        for name, _op, _dev, a in plans:
-            mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
-            xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
-            rows.append(f"{printable(name)[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
-                        f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
-                        f"{a['cim_mvms']:>9d} {_si(a['cim_latency_s']) + 's':>10s} "
-                        f"{_si(a['cim_energy_j']) + 'J':>10s}")
-            for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
-                           ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
-                tot[k] += a[key]
-        rows.append("-" * len(head))
-        # crossbars in use: each resident kernel's own, plus the streaming pool once
-        pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
-        used = sum(a["cim_crossbars"] for *_, a in plans if a["cim_resident"]) + max(pool, default=0)
-        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':30s} {'':>7s} {'':>18s} {used:>5d} "
-                    f"{tot['tiles']:>6d} {tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
-                    f"{_si(tot['lat']) + 's':>10s} {_si(tot['en']) + 'J':>10s}")
-        a0 = plans[0][3]
-        rows.append(f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
-                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
-                    "their tiles, the others stream through the rest ('s': evicted by each other); "
-                    "latency and energy per inference, kernels one after another)")
-        return "\n".join(rows)
+    def device_tables(self) -> str:
+        """Each device's table of the plans it made for this model (:meth:`Device.summary`,
+        e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order;
+        empty if no device has one."""
+        from . import devices
+
+        plans: dict = {}
+        for key in ("cim_tiling", "cnm_mapping"):
+            for name, op, dev, attrs in self.stats.get(key, {}).get("plans", []):
+                plans.setdefault(dev, []).append((name, op, attrs))
+        tables = [devices.get_device(d).summary(p) for d, p in plans.items()]
+        return "\n\n".join(t for t in tables if t)
 
 
 def _sizes_note(dims: dict, unsized: list) -> str:
@@ -152,21 +129,6 @@ def _sizes_note(dims: dict, unsized: list) -> str:
     if unsized:
         parts.append("symbolic dims taken as 1: " + ", ".join(unsized) + "; size them with --dim NAME=SIZE")
     return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _si(x: float) -> str:
-    """``x`` with an SI prefix, e.g. ``1.25 M`` or ``3.10 u`` (followed by the unit)."""
-    if x == 0:
-        return "0 "
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    if x >= 1:
-        return f"{x:.0f} " if float(x).is_integer() else f"{x:.2f} "
-    for unit, scale in (("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.2e} "
 
 
 def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bool]:

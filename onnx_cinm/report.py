@@ -95,10 +95,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
         ch = prob.choice(prob.assign, i) if (i in prob.fixed or i in prob.assign) else prob.cands[i][0]
         at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
         lat, en, writes = ch.cost.latency_s, ch.cost.energy_j, ch.cost.writes
-        if "cim_latency_s" in at:
-            lat, en, writes = at["cim_latency_s"], at["cim_energy_j"], at["cim_writes"]
-        elif "cnm_latency_s" in at:
-            lat, en = at["cnm_latency_s"], at["cnm_energy_j"]
+        rec = devices.get_device(at["device"]).recorded(at) if at.get("device") else None
+        if rec is not None:  # the plan's own figures, as compiled
+            lat, en, writes = rec.cost.latency_s, rec.cost.energy_j, rec.cost.writes
         moved = tr_b[i] + (ch.cost.bytes_moved if devices.get_device(ch.device).paradigm == "cnm" else 0)
         out = prob.infos.get(node.output[0]) if node.output else None
         shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
@@ -338,19 +337,21 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
 
 
 def options_from_plans(model: onnx.ModelProto) -> dict:
-    """Crossbar pass options recorded in the model's plan attributes (``cim_rows``,
-    ``cim_cols``, ``cim_loop_order`` and the device's crossbar count ``cim_device_crossbars``
-    of its first crossbar kernel), so the report judges residency with the crossbars the
-    model was compiled for. Models written before ``cim_device_crossbars`` existed give the
-    largest ``cim_crossbars`` of a kernel (a lower bound). Also ``host_roofline``: the host
-    figures the model was optimized with (:func:`onnx_cinm.hostmodel.recorded`), if recorded."""
+    """The device options recorded in the model's plan attributes (each device's
+    :meth:`Device.recorded_options`, e.g. the crossbars' size and count), so the report judges
+    residency with the configuration the model was compiled for. Also ``host_roofline``: the
+    host figures the model was optimized with (:func:`onnx_cinm.hostmodel.recorded`), if
+    recorded."""
+    from . import devices
+
     roof = hostmodel.recorded(model)
-    base = {"host_roofline": roof} if roof is not None else {}
-    plans = [cinm.node_attrs(n) for n in model.graph.node if n.domain == cinm.DOMAIN]
-    plans = [at for at in plans if "cim_rows" in at]
-    if not plans:
-        return base
-    at = plans[0]
-    count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
-    return {**base, "cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"],
-            "cim_crossbars": count, "cim_loop_order": at["cim_loop_order"]}
+    out = {"host_roofline": roof} if roof is not None else {}
+    plans: dict = {}
+    for n in model.graph.node:
+        if n.domain == cinm.DOMAIN:
+            at = cinm.node_attrs(n)
+            if at.get("device") in devices.device_names():
+                plans.setdefault(at["device"], []).append((n.name, n.op_type, at))
+    for dev, p in plans.items():
+        out.update(devices.get_device(dev).recorded_options(p))
+    return out

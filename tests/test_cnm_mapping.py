@@ -176,7 +176,7 @@ def test_device_cost_and_lower_options():
     c = dev.cost(_va(1 << 20))
     assert isinstance(c, Cost) and c.latency_s > 0 and c.energy_j > 0
     assert c.bytes_moved == 3 * (1 << 22)
-    attrs = dev.lower(_va(1001), {"kernel_stem": "0000_va", "upmem_dpus": 1, "upmem_tasklets": 11})
+    attrs = dev.lower([(_va(1001), {"kernel_stem": "0000_va", "upmem_dpus": 1, "upmem_tasklets": 11})])[0]
     assert attrs["kernel"] == "upmem/0000_va"
     assert (attrs["cnm_dpus"], attrs["cnm_tasklets"], attrs["cnm_block_bytes"]) == (1, 11, 368)
     # 1002 int32 = 4008 B per region, 3 regions
@@ -184,7 +184,7 @@ def test_device_cost_and_lower_options():
     for bad in ({"upmem_tasklets": 25}, {"upmem_tasklets": 0}, {"upmem_dpus": 0},
                 {"upmem_dpus": "8"}, {"upmem_tasklets": True}):
         with pytest.raises(CinmError, match="upmem_"):
-            dev.lower(_va(8), dict(bad, kernel_stem="k"))
+            dev.lower([(_va(8), dict(bad, kernel_stem="k"))])[0]
 
 
 def test_v1b_target_limits_tasklets_and_wram():

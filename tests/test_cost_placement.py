@@ -43,7 +43,7 @@ def _dev_cost(name, op, opts):
         return s, j, 0, 0
     if name == "memristor":
         c = dev.cost(op, opts)
-        kept = dev.lower(op, dict(opts, kernel_stem="t"))["cim_writes_load"]
+        kept = dev.lower([(op, dict(opts, kernel_stem="t"))])[0]["cim_writes_load"]
         return c.latency_s, c.energy_j, c.writes, kept
     c = dev.plan(op, opts).to_cost()
     return c.latency_s, c.energy_j, 0, 0

@@ -798,17 +798,22 @@ def test_device_attribute_the_device_cannot_run_with_placement_skipped(tmp_path,
 
 _BAD_PLUGINS = {
     "exits": ("exiting_plugin", "import sys\nsys.exit(0)\n", "exiting_plugin:Device"),
-    "dict_params": ("dict_plugin", "from dataclasses import dataclass\n"
-                    "class D:\n    name = 'dictdev'\n    paradigm = 'cnm'\n"
+    "dict_params": ("dict_plugin", "from onnx_cinm.devices import Device\n"
+                    "class D(Device):\n    name = 'dictdev'\n    paradigm = 'cnm'\n"
                     "    params = {'dpus': 1}\n"
                     "    def supports(self, op):\n        return False\n"
+                    "    def cost(self, op, options):\n        return None\n"
                     "DEVICE = D()\n", "dict_plugin:DEVICE"),
+    "plain": ("plain_plugin", "class P:\n    name = 'plain'\n    paradigm = 'cnm'\n"
+              "    def supports(self, op):\n        return False\n"
+              "DEVICE = P()\n", "plain_plugin:DEVICE"),
 }
 
 
 def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
     """A plugin calling sys.exit made every command, even `devices`, exit silently; one whose
-    params are a dict crashed `devices` (exit 3)."""
+    params are a dict crashed `devices` (exit 3); an object that is not a Device subclass is
+    refused at registration (issue 13: the contract is checked, not probed)."""
     site = tmp_path / "site"
     site.mkdir()
     for key, (module, code, target) in _BAD_PLUGINS.items():
@@ -828,6 +833,8 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
         "TypeError: device 'dictdev': params must be a dataclass instance, not dict",
         "onnx-cinm: warning: device plugin 'exits' (exiting_plugin:Device) not loaded: "
         "SystemExit: it called sys.exit(0)",
+        "onnx-cinm: warning: device plugin 'plain' (plain_plugin:DEVICE) not loaded: "
+        "TypeError: P is not a device (not a subclass of onnx_cinm.devices.Device)",
     ]
 
 

@@ -74,13 +74,13 @@ def test_the_search_finds_fewer_tasklets_for_a_tiny_input():
 
 def test_the_device_searches_on_request_and_the_plan_records_it():
     dev = get_device("upmem")
-    rule = dev.lower(_va(1000), {"kernel_stem": "k"})
-    found = dev.lower(_va(1000), {"kernel_stem": "k", "upmem_search": True})
+    rule = dev.lower([(_va(1000), {"kernel_stem": "k"})])[0]
+    found = dev.lower([(_va(1000), {"kernel_stem": "k", "upmem_search": True})])[0]
     assert "cnm_search" not in rule
     assert found["cnm_search"].startswith("exhaustive: ")
     assert found["cnm_latency_s"] <= rule["cnm_latency_s"]
     with pytest.raises(CinmError, match="upmem_search"):
-        dev.lower(_va(8), {"kernel_stem": "k", "upmem_search": "yes"})
+        dev.lower([(_va(8), {"kernel_stem": "k", "upmem_search": "yes"})])[0]
     # the v1B target bounds the tasklets the search tries
     v1b = dev.plan(_red(1 << 22), {"upmem_search": True, "upmem_target": "v1b"})
     assert v1b.tasklets <= 16
@@ -91,7 +91,7 @@ def test_a_searched_plan_compiles_and_computes_the_right_thing(tmp_path):
 
     dev = get_device("upmem")
     op = _va(1000)
-    attrs = dev.lower(op, {"kernel_stem": "va", "upmem_search": True})
+    attrs = dev.lower([(op, {"kernel_stem": "va", "upmem_search": True})])[0]
     assert attrs["cnm_tasklets"] != 16 or attrs["cnm_block_bytes"] != plan_op(op).block_bytes
     dev.emit(op, attrs, {}, tmp_path)
     rng = np.random.default_rng(1)

@@ -11,24 +11,31 @@ Plugins: an installed distribution adds a device through the entry-point group
     [project.entry-points."onnx_cinm.devices"]
     hbm_pim = "hbm_pim_device:HbmPimDevice"
 
-The entry point may name a device instance, a class or factory returning one (called without
-arguments), or a module that calls :func:`register` when imported. Plugins load after the
-built-ins, in entry-point name order; a plugin that fails (import error, bad object, ``params``
-that are not a dataclass instance, name taken, even ``sys.exit()``) is skipped with one line on
-stderr and listed by :func:`plugin_errors`; the built-ins stay.
+The entry point may name a device instance, a :class:`Device` subclass or a factory returning
+one (called without arguments), or a module that calls :func:`register` when imported. Plugins
+load after the built-ins, in entry-point name order; a plugin that fails (import error, an object
+that breaks the contract of :func:`~onnx_cinm.devices.base.check_device`, name, option or
+attribute prefix taken, even ``sys.exit()``) is skipped with one line on stderr and listed by
+:func:`plugin_errors`; the built-ins stay.
+
+Registering a device declares its plan attributes in the cinm dialect's schema
+(:func:`onnx_cinm.dialects.declare_plan_attrs`) and its options in the compiler's option
+schema (:func:`option_schema`).
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import sys
 import types
 
+from ..dialects import declare_plan_attrs
 from ..errors import CinmError
-from .base import Cost, Device, OpInfo, Registry, Support, TensorInfo
+from ..options import OptionSpec
+from .base import Cost, Device, OpInfo, Priced, Registry, Resources, Support, TensorInfo
 
-__all__ = ["Cost", "Device", "OpInfo", "Support", "TensorInfo", "register", "get_device", "all_devices",
-           "device_names", "preset_names", "plugin_errors", "ENTRY_POINT_GROUP"]
+__all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
+           "get_device", "all_devices", "device_names", "preset_names", "plugin_errors",
+           "option_schema", "ENTRY_POINT_GROUP"]
 
 _registry = Registry()
 _BUILTIN = ("host", "memristor", "upmem")
@@ -39,22 +46,18 @@ _plugin_errors: list[str] = []
 ENTRY_POINT_GROUP = "onnx_cinm.devices"
 
 
-def _check_device(obj) -> None:
-    """Raise TypeError unless ``obj`` looks like a device: ``name``, ``paradigm``, ``params``
-    (a dataclass instance, as every command that lists parameters expects) and ``supports``."""
-    missing = [a for a in ("name", "paradigm", "params", "supports") if not hasattr(obj, a)]
-    if missing:
-        raise TypeError(f"{type(obj).__name__} is not a device (no {', '.join(missing)})")
-    if not dataclasses.is_dataclass(obj.params) or isinstance(obj.params, type):
-        raise TypeError(f"device '{obj.name}': params must be a dataclass instance, not "
-                        f"{type(obj.params).__name__}")
-
-
 def register(device: Device) -> Device:
-    """Register a device instance (called by device packages at import time). Raises TypeError
-    if it is not a device (see :func:`_check_device`)."""
-    _check_device(device)
-    return _registry.register(device)
+    """Register a device instance (called by device packages at import time) and declare its
+    plan attributes in the cinm dialect. Raises TypeError if it breaks the contract
+    (:func:`~onnx_cinm.devices.base.check_device`), ValueError if its name, an option key or
+    its attribute prefix is taken."""
+    _registry.register(device)
+    try:
+        declare_plan_attrs(device.plan_attrs)
+    except ValueError:
+        del _registry.devices[device.name]
+        raise
+    return device
 
 
 def _load() -> None:
@@ -83,11 +86,10 @@ def _load_plugins() -> None:
             obj = ep.load()
             if isinstance(obj, types.ModuleType):
                 continue  # the module registered its device(s) on import
-            if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "supports")):
-                obj = obj()
-            _check_device(obj)
-            if _registry.devices.get(obj.name) is not obj:
-                _registry.register(obj)
+            if not isinstance(obj, Device) and callable(obj):
+                obj = obj()  # a Device subclass or a factory
+            if _registry.devices.get(getattr(obj, "name", None)) is not obj:
+                register(obj)
         except (Exception, SystemExit) as e:  # noqa: BLE001 - one bad plugin never breaks the
             # others; a plugin calling sys.exit() must not end every command silently
             first = str(e).splitlines()[0] if str(e) else ""
@@ -128,8 +130,17 @@ def get_device(name: str) -> Device:
 
 
 def preset_names(paradigm: str = "cim", table: str = "presets") -> list[str]:
-    """Names in a device's optional table ``table`` (``presets``: parameter presets, e.g. the
+    """Names in a device's table ``table`` (:meth:`Device.tables`: ``presets``, e.g. the
     crossbar chips of ``--cim-preset``; ``modes``, ``effects``: its data-path modes and effects)
     over the devices of ``paradigm``, in registration order."""
     return [name for dev in all_devices() if dev.paradigm == paradigm
-            for name in getattr(dev, table, None) or ()]
+            for name in dev.tables().get(table, ())]
+
+
+def option_schema() -> dict[str, OptionSpec]:
+    """Every registered device's options, keyed by flat name (``cim_rows``), in registration
+    order (see :mod:`onnx_cinm.options`)."""
+    out: dict[str, OptionSpec] = {}
+    for dev in all_devices():
+        out.update(dev.option_specs())
+    return out

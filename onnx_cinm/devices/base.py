@@ -1,75 +1,35 @@
-"""The device protocol: what a chip provides to the layers above it.
+"""The device contract: everything a chip provides to the layers above it.
 
-The upper layers (frontend, dialects, passes) talk to devices only through these types and the
-registry in :mod:`onnx_cinm.devices`; they never import a device package. A device describes one
-chip: its name, its paradigm (``"cim"``, ``"cnm"`` or ``"host"``), its parameters (a dataclass
-whose fields carry units and sources) and which cinm ops it can run (:meth:`Device.supports`).
-Cost models, lowering and code generation join the protocol with the crossbar and UPMEM paths.
+The upper layers (dialect, passes, runtime session, report, CLI) reach devices only through the
+registry in :mod:`onnx_cinm.devices` and the :class:`Device` base class here; they never import a
+device package and never probe a device for optional methods. A device is one subclass of
+:class:`Device` that declares, as class attributes, everything the layers above need:
+
+- ``name`` and ``paradigm`` (``"cim"``, ``"cnm"`` or ``"host"``), ``params`` (a dataclass whose
+  fields carry units and sources);
+- ``Options``: its typed options (a dataclass of :func:`onnx_cinm.options.option` fields, keyed
+  ``<option_prefix>_<field>``): CLI flags, sweep keys and config files come from it;
+- ``plan_attrs``: the node attributes its plans write, every name starting with
+  ``<attr_prefix>_``; the registry declares them in the cinm dialect's schema;
+- ``modes``: how the execution provider may run its nodes (provider option ``<name>_mode``).
+
+and implements :meth:`Device.supports` and :meth:`Device.cost`; the rest have defaults that make
+a *cost-model* device (priced and placed; its nodes run their reference bodies on the host):
+:meth:`~Device.resources`, :meth:`~Device.price`, :meth:`~Device.price_all`,
+:meth:`~Device.transfer_cost`, :meth:`~Device.lower`, :meth:`~Device.emit`,
+:meth:`~Device.kernel`, :meth:`~Device.recorded`, :meth:`~Device.summary`.
+The registry checks a device when it registers (:func:`check_device`).
 """
 from __future__ import annotations
 
-import math
+import dataclasses
+import re
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Callable, ClassVar
 
-import numpy as np
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """What placement knows about one tensor.
-
-    Attributes:
-        name: tensor name in the graph.
-        dtype: numpy dtype of the elements, or None if unknown.
-        shape: dims as ints (known) or strings (symbolic); None if the rank is unknown.
-        const: True if the value is known at compile time (an initializer), e.g. weights.
-    """
-
-    name: str
-    dtype: np.dtype | None
-    shape: tuple | None
-    const: bool = False
-
-    @property
-    def static_shape(self) -> tuple[int, ...] | None:
-        """The shape with symbolic dims taken as 1 (e.g. a dynamic batch), None if rank unknown."""
-        if self.shape is None:
-            return None
-        return tuple(d if isinstance(d, int) else 1 for d in self.shape)
-
-    @property
-    def numel(self) -> int:
-        """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
-        s = self.static_shape
-        return 0 if s is None else math.prod(s)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensor (:attr:`numel` times the element size); 0 if the dtype is unknown."""
-        return 0 if self.dtype is None else self.numel * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class OpInfo:
-    """A cinm node as a device sees it.
-
-    Attributes:
-        name: node name.
-        op_type: cinm op type (e.g. ``"Gemm"``).
-        attrs: node attributes as python values.
-        inputs, outputs: :class:`TensorInfo` per (non-empty) input and output.
-        flops: arithmetic operations of one inference (multiply and add count separately;
-            symbolic dims taken as 1).
-    """
-
-    name: str
-    op_type: str
-    attrs: dict
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
-    flops: int = 0
-
+from ..graph import OpInfo, TensorInfo  # noqa: F401  (re-exported: the contract's types)
+from ..options import OptionSpec, specs
 
 @dataclass(frozen=True)
 class Cost:
@@ -114,51 +74,197 @@ class Support:
         return self.ok
 
 
-@runtime_checkable
-class Device(Protocol):
-    """One device family, as the placement pass and the report see it.
+@dataclass(frozen=True)
+class Resources:
+    """What a device has that the ops placed on it share, for the placement's budgets.
 
     Attributes:
-        name: registry name, used in ``--place PATTERN=NAME`` and in the ``device`` attribute.
-        paradigm: ``"cim"`` (compute-in-memory), ``"cnm"`` (compute-near-memory) or ``"host"``.
-        params: a dataclass of the device's parameters, each field documented with unit and source.
+        crossbars: crossbar arrays (tiles kept programmed by all kernels must fit), 0 if none.
+        memory_bytes: device memory for resident constants (e.g. DPUs x MRAM), bytes; 0 if none.
     """
 
-    name: str
-    paradigm: str
-    params: object
+    crossbars: int = 0
+    memory_bytes: int = 0
 
+
+@dataclass(frozen=True)
+class Priced:
+    """One way a device can run one op, with what it costs and what it keeps.
+
+    Attributes:
+        cost: per-inference :class:`Cost`.
+        kept_crossbars: crossbar tiles this choice keeps programmed across inferences (each
+            holds one crossbar of :attr:`Resources.crossbars`), 0 if none.
+        resident_bytes: constant bytes kept in device memory (:attr:`Resources.memory_bytes`).
+        streamed: the choice shares the device's arrays with other kernels (its tiles are
+            rewritten every inference), as opposed to pinning them.
+        load_s, load_j: one-time cost of loading the resident data (seconds, joules); not part
+            of the per-inference cost.
+    """
+
+    cost: Cost
+    kept_crossbars: int = 0
+    resident_bytes: int = 0
+    streamed: bool = False
+    load_s: float = 0.0
+    load_j: float = 0.0
+
+
+class Device:
+    """Base class of every device. Subclasses set the class attributes below and implement
+    :meth:`supports` and :meth:`cost`; every other method has a working default.
+
+    Class attributes:
+        name: registry name (``--place PATTERN=NAME``, the node's ``device`` attribute).
+        paradigm: ``"cim"``, ``"cnm"`` or ``"host"``.
+        option_prefix: prefix of the device's option keys (``cim`` gives ``cim_rows``); empty
+            when the device has no options.
+        Options: dataclass of :func:`~onnx_cinm.options.option` fields (None: no options).
+        attr_prefix: prefix of its plan attribute names (``cnm`` gives ``cnm_dpus``).
+        plan_attrs: ``{attribute name: type}`` its :meth:`lower` writes, types named as in
+            :data:`onnx_cinm.dialects.ATTR_TYPE_NAMES` (``"int"``, ``"float"``, ``"string"``,
+            ``"ints"``, ``"floats"``, ``"strings"``).
+        modes: run modes of its nodes in the execution provider, the default first. ``"model"``
+            means: the node runs its reference body on the host and the profile charges the
+            plan's modeled cost; other modes run :meth:`kernel`. Provider option
+            ``<name>_mode`` picks one.
+        plans_together: the ops placed on the device share its resources (crossbars), so
+            :meth:`price_all` and :meth:`lower` must see all of them at once.
+
+    Instance attribute ``params``: a dataclass instance of the device's parameters (the figures
+    ``onnx-cinm devices`` prints), each field documented with unit and source.
+    """
+
+    name: ClassVar[str] = ""
+    paradigm: ClassVar[str] = ""
+    option_prefix: ClassVar[str] = ""
+    Options: ClassVar[type | None] = None
+    attr_prefix: ClassVar[str] = ""
+    plan_attrs: ClassVar[dict] = {}
+    modes: ClassVar[tuple] = ("model",)
+    plans_together: ClassVar[bool] = False
+    params: Any = None
+
+    # -- what it runs and what that costs ------------------------------------------------------
     def supports(self, op: OpInfo) -> Support:
-        """Whether this device can run ``op``, with the reason."""
-        ...
+        """Whether this device can run ``op``, with the reason in words."""
+        raise NotImplementedError
 
+    def cost(self, op: OpInfo, options: dict) -> Cost:
+        """Modeled cost of one inference of ``op`` alone on the device under ``options`` (the
+        pass options, keys as in :meth:`option_specs`). Raises CinmError on bad options or an
+        op that does not fit."""
+        raise NotImplementedError
 
-@runtime_checkable
-class TargetDevice(Device, Protocol):
-    """A device that compiles cinm ops into kernels of its own (crossbars, DPUs).
+    def option_specs(self) -> dict[str, OptionSpec]:
+        """The device's options, keyed by flat name (empty if it declares none)."""
+        if self.Options is None:
+            return {}
+        return specs(self.Options, self.option_prefix, self.name)
 
-    The paradigm pass of the device's paradigm (``cim_tiling``, ``cnm_mapping``) calls
-    :meth:`lower` for every node placed on it and stores the returned plan as node attributes;
-    when the optimized model is written, :meth:`emit` writes the node's kernel files.
-    """
+    def tables(self) -> dict[str, tuple]:
+        """Named lists the device offers (``{"presets": names}``), for ``onnx-cinm devices``."""
+        return {}
 
-    def cost(self, op: OpInfo) -> Cost:
-        """Modeled cost of one inference of ``op`` on this device (default options)."""
-        ...
+    def resources(self, options: dict) -> Resources:
+        """What the ops placed on the device share under ``options`` (default: nothing)."""
+        return Resources()
 
-    def lower(self, op: OpInfo, options: dict) -> dict:
-        """The plan of ``op``: attributes to set on the node, named as in
-        ``onnx_cinm.dialects.cinm.PLAN_ATTRS`` (``cim_*`` / ``cnm_*``), plus ``kernel`` (the
-        kernel's path relative to the ``<model>.cinm/`` folder, unique in the model).
-        ``options`` are the pass options (``PassContext.options``). Raises CinmError on bad options.
-        """
-        ...
+    def price(self, op: OpInfo, options: dict) -> list[Priced]:
+        """Every way the device can run ``op`` (e.g. crossbar tiles pinned or streamed), each
+        priced; default: one choice, :meth:`cost`, keeping nothing. Raises like :meth:`cost`."""
+        return [Priced(self.cost(op, options))]
 
-    def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
+    def price_all(self, items: list) -> list[Priced] | None:
+        """The choices the device's compiled plans make for all the ops placed on it together,
+        ``items`` being ``[(OpInfo, options)]`` in execution order, one :class:`Priced` per
+        item; None if the ops do not share anything (each is priced alone). Raises like
+        :meth:`cost`."""
+        return None
+
+    def transfer_cost(self, nbytes: int, to_device: bool, options: dict) -> Cost:
+        """Moving ``nbytes`` between host memory and the device (``to_device``: host to device).
+        Default: free (a device whose kernel costs include their transfers)."""
+        return Cost(0.0, 0.0, 0, 0)
+
+    # -- compiling -----------------------------------------------------------------------------
+    def lower(self, items: list) -> list[dict]:
+        """The plans of all the ops placed on the device, ``items`` being ``[(OpInfo, options)]``
+        in execution order (``options["kernel_stem"]``: a unique, file-safe stem for the node's
+        kernel). One dict of node attributes per item: names from :attr:`plan_attrs`, plus
+        ``kernel`` (the kernel's path under the ``<model>.cinm/`` folder) when it emits one.
+        Default: no plan (the node keeps its reference body). Raises CinmError on bad options."""
+        return [{} for _ in items]
+
+    def emit(self, op: OpInfo, attrs: dict, consts: dict, root: Path) -> list[Path]:
         """Write the kernel of a lowered node under ``root`` (the ``<model>.cinm/`` folder being
         built) at ``attrs["kernel"]``; ``consts`` maps the node's constant input names to numpy
-        arrays. Returns the paths written."""
-        ...
+        arrays. Returns the paths written. Default: nothing to write."""
+        return []
+
+    def kernel(self, op: OpInfo, attrs: dict, root: Path, consts: dict,
+               mode: str) -> Callable | None:
+        """A callable running the node's kernel in ``mode`` (one of :attr:`modes` other than
+        ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
+        numpy arrays (None for an absent optional input), ``metrics`` the per-call figures
+        (``latency_s`` seconds, ``energy_j`` joules, ``writes``, ``bytes_moved`` bytes; None
+        where unknown); its attribute ``load_metrics`` is the one-time load (``tile_writes``,
+        ``latency_s``, ``energy_j``) or None. None: the node runs its reference body on the
+        host. ``root`` is the ``<model>.cinm/`` folder; ``consts`` the node's constant inputs
+        by name."""
+        return None
+
+    # -- reading a compiled plan back ----------------------------------------------------------
+    def recorded(self, attrs: dict) -> Priced | None:
+        """The choice a node's recorded plan ``attrs`` made (per-inference cost, kept crossbars,
+        load cost), None if the node has no plan of this device."""
+        return None
+
+    def summary(self, plans: list) -> str:
+        """A table for people of the plans of a model's nodes on this device, ``plans`` being
+        ``[(node name, op type, attrs)]``; printed by ``optimize``. Default: none."""
+        return ""
+
+    def recorded_options(self, plans: list) -> dict:
+        """Options the plans were compiled with (``plans`` as in :meth:`summary`), so that a
+        report prices alternatives with the same device configuration. Default: none."""
+        return {}
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def check_device(dev: object) -> None:
+    """Raise TypeError unless ``dev`` keeps the contract: a :class:`Device` instance with a
+    lower-case ``name``, a known ``paradigm``, ``params`` a dataclass instance, ``modes``
+    starting with ``"model"``, and plan attributes and options named under its prefixes."""
+    if not isinstance(dev, Device):
+        raise TypeError(f"{type(dev).__name__} is not a device (not a subclass of "
+                        "onnx_cinm.devices.Device)")
+    if not isinstance(dev.name, str) or not _NAME.match(dev.name):
+        raise TypeError(f"device name {dev.name!r} must be lower-case letters, digits and _")
+    if dev.paradigm not in ("cim", "cnm", "host"):
+        raise TypeError(f"device '{dev.name}': unknown paradigm {dev.paradigm!r}")
+    if not dataclasses.is_dataclass(dev.params) or isinstance(dev.params, type):
+        raise TypeError(f"device '{dev.name}': params must be a dataclass instance, not "
+                        f"{type(dev.params).__name__}")
+    for meth in ("supports", "cost"):
+        if getattr(type(dev), meth) is getattr(Device, meth):
+            raise TypeError(f"device '{dev.name}' does not implement {meth}()")
+    if not isinstance(dev.modes, tuple) or not dev.modes or \
+            not all(isinstance(m, str) for m in dev.modes):
+        raise TypeError(f"device '{dev.name}': modes must be a non-empty tuple of names")
+    if dev.plan_attrs:
+        if not dev.attr_prefix:
+            raise TypeError(f"device '{dev.name}' declares plan attributes but no attr_prefix")
+        bad = [a for a in dev.plan_attrs if not a.startswith(dev.attr_prefix + "_")]
+        if bad:
+            raise TypeError(f"device '{dev.name}': plan attributes {bad} do not start with "
+                            f"'{dev.attr_prefix}_'")
+    if dev.Options is not None:
+        if not dev.option_prefix:
+            raise TypeError(f"device '{dev.name}' declares options but no option_prefix")
+        dev.option_specs()  # raises TypeError on a field that is not a typed option
 
 
 @dataclass
@@ -168,10 +274,18 @@ class Registry:
     devices: dict[str, Device] = field(default_factory=dict)
 
     def register(self, device: Device) -> Device:
-        """Add ``device``; raises ValueError if its name is taken or its paradigm unknown."""
+        """Add ``device`` after :func:`check_device`; raises TypeError if it breaks the contract
+        and ValueError if its name, an option key or a plan attribute prefix is taken."""
+        check_device(device)
         if device.name in self.devices:
             raise ValueError(f"device {device.name!r} is already registered")
-        if device.paradigm not in ("cim", "cnm", "host"):
-            raise ValueError(f"device {device.name!r}: unknown paradigm {device.paradigm!r}")
+        for other in self.devices.values():
+            if device.attr_prefix and device.attr_prefix == other.attr_prefix:
+                raise ValueError(f"device {device.name!r}: plan attribute prefix "
+                                 f"'{device.attr_prefix}_' is {other.name!r}'s")
+            clash = set(device.option_specs()) & set(other.option_specs())
+            if clash:
+                raise ValueError(f"device {device.name!r}: options {sorted(clash)} are "
+                                 f"{other.name!r}'s")
         self.devices[device.name] = device
         return device

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import register
-from .base import Cost, OpInfo, Support
+from .base import Cost, Device, OpInfo, Support
 
 
 @dataclass(frozen=True)
@@ -14,19 +14,19 @@ class HostParams:
     others or asks for ``measure`` (probed once per machine and cached)."""
 
 
-
-@dataclass
-class HostDevice:
+class HostDevice(Device):
     """The host CPU (paradigm ``host``); supports every op."""
 
-    name: str = "host"
-    paradigm: str = "host"
-    params: HostParams = HostParams()
+    name = "host"
+    paradigm = "host"
+
+    def __init__(self, params: HostParams = HostParams()):
+        self.params = params
 
     def supports(self, op: OpInfo) -> Support:
         return Support(True, "the host runs every op")
 
-    def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
+    def cost(self, op: OpInfo, options: dict) -> Cost:
         """Roofline cost of ``op`` on the host: ``max(flops / FLOP/s, bytes / (bytes/s))``
         seconds, times the host power for joules; bytes are all inputs and outputs (see
         :mod:`onnx_cinm.hostmodel`; ``options["host_roofline"]`` selects the figures)."""

@@ -70,32 +70,42 @@ MIN_IR_VERSION = 10
 PLACEMENT_ATTRS = {"device": AttributeProto.STRING, "placement": AttributeProto.STRING,
                    "kernel": AttributeProto.STRING}
 
-#: Plan attributes of the paradigm passes (a node's plan is attributes, never extra nodes).
-#: ``cim_*``: the crossbar schedule written by ``cim_tiling`` (counts are tile writes, MVMs; times
-#: in seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
-#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share). ``cnm_*``: the UPMEM mapping
-#: written by ``cnm_mapping``.
-PLAN_ATTRS = {
-    "cim_rows": AttributeProto.INT, "cim_cols": AttributeProto.INT,
-    "cim_crossbars": AttributeProto.INT, "cim_shared": AttributeProto.INT,
-    "cim_device_crossbars": AttributeProto.INT,
-    "cim_loop_order": AttributeProto.STRING,
-    "cim_operand": AttributeProto.STRING, "cim_M": AttributeProto.INT,
-    "cim_K": AttributeProto.INT, "cim_N": AttributeProto.INT, "cim_groups": AttributeProto.INT,
-    "cim_tiles": AttributeProto.INT, "cim_resident": AttributeProto.INT,
-    "cim_writes_load": AttributeProto.INT, "cim_writes": AttributeProto.INT,
-    "cim_mvms": AttributeProto.INT, "cim_latency_s": AttributeProto.FLOAT,
-    "cim_energy_j": AttributeProto.FLOAT, "cim_mode": AttributeProto.STRING,
-    "cim_preset": AttributeProto.STRING, "cim_time_s": AttributeProto.FLOAT,
-    "cim_effects": AttributeProto.STRING,
-    "cnm_dpus": AttributeProto.INT, "cnm_tasklets": AttributeProto.INT,
-    "cnm_block_bytes": AttributeProto.INT, "cnm_mram_bytes": AttributeProto.INT,
-    "cnm_inputs": AttributeProto.STRINGS, "cnm_merge": AttributeProto.STRING,
-    "cnm_latency_s": AttributeProto.FLOAT, "cnm_energy_j": AttributeProto.FLOAT,
-    "cnm_load_s": AttributeProto.FLOAT, "cnm_load_j": AttributeProto.FLOAT,
-    "cnm_search": AttributeProto.STRING,
-    "cnm_grid": AttributeProto.INTS,
-}
+#: Plan attributes: the node attributes the devices' plans write (a node's plan is attributes,
+#: never extra nodes). Each device declares its own, named under its prefix (``cim_*`` for the
+#: crossbars, ``cnm_*`` for UPMEM), and the device registry adds them here when the device
+#: registers (:func:`declare_plan_attrs`); the dialect itself knows no device.
+PLAN_ATTRS: dict[str, int] = {}
+
+
+#: Plan attribute types by the names devices declare them with.
+ATTR_TYPES = {"int": AttributeProto.INT, "float": AttributeProto.FLOAT,
+              "string": AttributeProto.STRING, "ints": AttributeProto.INTS,
+              "floats": AttributeProto.FLOATS, "strings": AttributeProto.STRINGS}
+
+
+def check_plan_attrs(attrs: dict) -> None:
+    """ValueError if a plan attribute name is an op attribute or a placement attribute."""
+    for name in attrs:
+        if name in PLACEMENT_ATTRS or any(name in spec.attrs for spec in OPS.values()):
+            raise ValueError(f"plan attribute '{name}' is an attribute of the cinm dialect")
+
+
+def sync_plan_attrs() -> None:
+    """Bring :data:`PLAN_ATTRS` up to the declared plan attributes
+    (:data:`onnx_cinm.dialects.DECLARED_PLAN_ATTRS`) and replace the registered op schemas, so
+    the checker accepts them."""
+    from . import DECLARED_PLAN_ATTRS
+
+    new = {k: ATTR_TYPES[t] for k, t in DECLARED_PLAN_ATTRS.items() if k not in PLAN_ATTRS}
+    if not new:
+        return
+    check_plan_attrs(new)
+    PLAN_ATTRS.update(new)
+    for spec in OPS.values():
+        if onnx.defs.has(spec.name, DOMAIN):
+            onnx.defs.deregister_schema(spec.name, VERSION, DOMAIN)
+    register_schemas()
+
 
 _NUMERIC = [
     "tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)",
@@ -599,6 +609,7 @@ def register_schemas() -> None:
 
 
 register_schemas()
+sync_plan_attrs()
 
 
 # --------------------------------------------------------------------------------------------

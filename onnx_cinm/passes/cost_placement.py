@@ -7,47 +7,33 @@ the constraints below. Devices are reached only through the registry (:mod:`onnx
 
 The model (one inference, ops run one after another, so latencies and energies add up):
 
-* **Op cost** on a device: the device's ``cost(op, options)`` (``Cost.latency_s``, ``energy_j``,
-  ``writes``). A device whose ``cost()`` takes no options but has ``plan(op, options)`` returning
-  an object with ``to_cost()`` (UPMEM) is asked through its plan, so ``upmem_dpus`` and
-  ``upmem_tasklets`` reach the figures. An op a device refuses (``supports()`` false, or its
-  cost/plan raises, e.g. data that does not fit MRAM on the allowed DPUs) is not a candidate.
-  Non-cinm ops run on the host and cost the host roofline (:mod:`onnx_cinm.hostmodel`).
+* **Op cost** on a device: the device's choices, :meth:`Device.price` (``Priced.cost``:
+  latency, energy, writes; what the choice keeps resident). An op a device refuses
+  (``supports()`` false, or its price raises, e.g. data that does not fit the device's memory
+  under the options) is not a candidate. Non-cinm ops run on the host and cost the host
+  roofline (:mod:`onnx_cinm.hostmodel`).
 * **Host cost**: a roofline of the host, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
   that time x 30 W (nominal rates by default, this CPU's measured ones on request; see
   :mod:`onnx_cinm.hostmodel`).
 * **Transfers**: a tensor whose producer and consumer sit on different devices crosses the host:
   ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
-  (a tensor read by three host ops crosses once). Graph inputs start on the host, graph
-  outputs end there; constant inputs (weights) are loaded once and never cross per inference.
-  Likewise a device's one-time load (UPMEM's DPU programs and resident weights, its plans'
-  ``cnm_load_s``) is not part of the per-inference objective.
-  Per device:
-
-  - a device with a ``transfer_cost(nbytes, to_device) -> Cost`` method (a plugin's choice) is
-    charged by it;
-  - ``cnm`` devices without one (UPMEM): nothing is added, because their ``cost()`` is end to end
-    and already charges the scatter/broadcast to and gather from the DPUs with the measured
-    host<->DPU transfers of the UPMEM cost model (``UpmemCostParams.push_s``/``broadcast_s``:
-    per-call and per-rank costs, rank bandwidth and the host's limit, calibrated in
-    ``benchmarks/upmem_calibration.py``); adding them again would count them twice;
-  - ``cim`` devices without one (crossbars): :data:`CROSSBAR_LINK`, an *assumption*: the
-    crossbar chip hangs off the host through one 6.4 GB/s link (the order of ISAAC's off-chip
-    HyperTransport link, *recalled*) at 20 pJ/byte (the same per-byte host transfer estimate as
-    the UPMEM model's ``host_xfer_j_per_byte``). The crossbar's own cost counts only the DAC/MVM/ADC
-    work (``CrossbarPlan.cost``). Override with the ``xbar_link_gbps`` option.
+  (a tensor read by three host ops crosses once), each priced by the device's
+  :meth:`Device.transfer_cost` (free for a device whose op costs include their transfers, such
+  as UPMEM's, whose measured scatter and gather are part of every kernel). Graph inputs start on
+  the host, graph outputs end there; constant inputs (weights) are loaded once and never cross
+  per inference. Likewise a device's one-time load (``Priced.load_s``) is not part of the
+  per-inference objective.
 
 Constraints (a placement that breaks one is never chosen; user hints still win and are reported):
 
-* **Crossbar residency** (crossbar count): a crossbar plan keeps ``cim_writes_load`` tiles
-  programmed across inferences (all tiles when they fit, ``P`` for a capacity-limited product)
-  and assumes nobody else overwrites them. The crossbars are shared by every crossbar kernel of
-  the model, one tile per crossbar, so the tiles kept by all kernels of one device must fit its
-  ``cim_crossbars``: ``sum(cim_writes_load) <= P``. The search prices each crossbar op by two
-  candidates (pinned: its tiles kept, priced as if alone; streamed: every tile rewritten); every
-  assignment it reports (the result and the baselines) is priced from the model-wide plans of
-  ``MemristorDevice.lower_all`` instead, where a kernel streaming alone keeps some tiles on
-  the crossbars the pinned kernels leave it.
+* **Crossbar residency** (a device's :attr:`Resources.crossbars` ``P``): a choice keeps
+  ``Priced.kept_crossbars`` tiles programmed across inferences and assumes nobody else
+  overwrites them. The crossbars are shared by every kernel on the device, one tile per
+  crossbar, so the tiles kept by all of them must fit: ``sum(kept) <= P``. The search prices an
+  op by the device's choices (a crossbar's: pinned, its tiles kept, priced as if alone;
+  streamed, every tile rewritten); every assignment it reports (the result and the baselines)
+  is priced from the device's model-wide plans (:meth:`Device.price_all`) instead, where a
+  kernel streaming alone keeps some tiles on the crossbars the pinned kernels leave it.
 * **Endurance** (``max_writes_per_cell``, CLI ``--max-writes-per-cell``): writes per cell per
   inference = tile writes per inference summed over a device's crossbar kernels / ``P`` (the
   weight-stationary schedules rotate tiles round-robin over the ``P`` crossbars, so wear is
@@ -56,10 +42,9 @@ Constraints (a placement that breaks one is never chosen; user hints still win a
   ``L * writes_per_inference / P <= max_writes_per_cell``. Writes at load (once per model load,
   at most one per cell) are not counted. Example: PCM endures 3.2e7 writes per cell; to last
   1e9 inferences give ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9``.
-* **DPU count and MRAM**: the UPMEM plan of every candidate op is made with ``upmem_dpus`` DPUs at
-  most; an op whose data do not fit those DPUs' MRAM makes the device refuse it. Constant inputs
-  kept resident in MRAM by all UPMEM ops together must fit ``dpus x mram_bytes``
-  (``cnm_capacity``).
+* **Device memory** (:attr:`Resources.memory_bytes`): constant inputs kept resident
+  (``Priced.resident_bytes``) by all ops on a device together must fit it (for UPMEM,
+  ``upmem_dpus x`` MRAM; an op whose data do not fit makes the device refuse it).
 
 Search:
 
@@ -81,7 +66,6 @@ alternative would have added, and which devices refused the op and why.
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,31 +74,12 @@ import onnx
 
 from .. import devices
 from ..analysis import op_info, tensor_infos
-from ..devices.base import Cost
+from ..devices import Cost, Device, Priced
 from ..dialects import cinm
 from ..errors import CinmError
 from .placement import HintLog
 
 OBJECTIVES = ("latency", "energy", "edp")
-
-
-@dataclass(frozen=True)
-class Link:
-    """A host<->device link: ``nbytes / bytes_per_s`` seconds and ``nbytes * joules_per_byte``
-    joules per crossing."""
-
-    bytes_per_s: float
-    joules_per_byte: float
-    source: str = ""
-
-    def cost(self, nbytes: int) -> tuple[float, float]:
-        """(seconds, joules) of moving ``nbytes`` bytes over the link."""
-        return nbytes / self.bytes_per_s, nbytes * self.joules_per_byte
-
-
-#: Host<->crossbar link, an *assumption* (see the module docstring): 6.4 GB/s, 20 pJ/byte.
-CROSSBAR_LINK = Link(6.4e9, 20e-12, "assumption: one 6.4 GB/s off-chip link (ISAAC's "
-                     "HyperTransport order, recalled), 20 pJ/B (UPMEM model's host transfer estimate)")
 
 
 @dataclass(frozen=True)
@@ -157,12 +122,11 @@ class Choice:
     """One candidate device of one op, with its modeled cost.
 
     ``kept_tiles``/``capacity``: crossbar tiles this op keeps programmed across inferences and
-    the crossbars of its device (cim devices; 0 otherwise). A cim op has two choices on a
-    device: pinned (its tiles kept, priced as if alone) and ``streamed`` (through crossbars
-    shared with other kernels: every tile written every inference, nothing kept), as
-    ``MemristorDevice.lower_all`` builds them. ``mram_resident``/``mram_capacity``:
-    constant bytes this op keeps in the device's memory and that memory's size (cnm devices with
-    ``dpus`` and ``mram_bytes`` parameters; 0 otherwise).
+    the crossbars of its device (:attr:`Priced.kept_crossbars`, :attr:`Resources.crossbars`;
+    0 for a device without crossbars). ``streamed``: the choice shares the device's crossbars
+    (every tile written every inference). ``mram_resident``/``mram_capacity``: constant bytes
+    this op keeps in the device's memory and that memory's size
+    (:attr:`Priced.resident_bytes`, :attr:`Resources.memory_bytes`; 0 otherwise).
     """
 
     device: str
@@ -185,15 +149,27 @@ _SKIP_OPTS = {"place", "placement", "objective", "kernel_stem", "max_writes_per_
               "lifetime_inferences", "crossbar_residency"}
 
 
-#: Option families that only one paradigm reads (so a crossbar option does not invalidate the
-#: cached DPU costs and the other way round).
-_FOREIGN = {"cim": ("upmem_",), "cnm": ("cim_", "xbar_")}
-
-
-def _opts_key(options: dict, paradigm: str = "") -> tuple:
-    foreign = _FOREIGN.get(paradigm, ())
+def _opts_key(options: dict, dev: Device | None = None) -> tuple:
+    """The options a device's figures depend on: its own and every option no device declares
+    (a crossbar option does not invalidate the cached DPU costs and the other way round)."""
+    foreign = _foreign(dev)
     return tuple(sorted((k, repr(v)) for k, v in options.items()
-                        if k not in _SKIP_OPTS and not k.startswith(foreign)))
+                        if k not in _SKIP_OPTS and k not in foreign))
+
+
+_FOREIGN: dict = {}
+
+
+def _foreign(dev: Device | None) -> frozenset:
+    if dev is None:
+        return frozenset()
+    key = (dev.name, id(dev))
+    hit = _FOREIGN.get(key)
+    if hit is None:
+        own = set(dev.option_specs())
+        hit = _FOREIGN[key] = frozenset(k for d in devices.all_devices() if d is not dev
+                                        for k in d.option_specs() if k not in own)
+    return hit
 
 
 def _op_key(op) -> tuple:
@@ -204,37 +180,15 @@ def _op_key(op) -> tuple:
             op.flops)
 
 
-def _takes_options(fn) -> bool:
-    try:
-        return len(inspect.signature(fn).parameters) >= 2
-    except (TypeError, ValueError):
-        return False
+def device_cost(dev: Device, op, options: dict) -> Cost:
+    """``dev``'s modeled cost of ``op`` under ``options``. Raises whatever the device raises."""
+    return dev.cost(op, options)
 
 
-def device_cost(dev, op, options: dict) -> Cost:
-    """``dev``'s modeled cost of ``op`` under ``options`` (see the module docstring for how a
-    device whose ``cost()`` takes no options is asked). Raises whatever the device raises."""
-    if _takes_options(dev.cost):
-        return dev.cost(op, options)
-    plan = getattr(dev, "plan", None)
-    if plan is not None and _takes_options(plan):
-        p = plan(op, options)
-        if hasattr(p, "to_cost"):
-            return p.to_cost()
-    return dev.cost(op)
-
-
-def _cim_plan(dev, op, options) -> dict:
-    try:
-        return dev.lower(op, dict(options, kernel_stem="probe"))
-    except Exception:  # noqa: BLE001 - a device without a usable plan has no residency figures
-        return {}
-
-
-def candidate(dev, op, options: dict) -> list | str:
-    """The :class:`Choice` list of ``op`` on ``dev`` (crossbars: pinned and streamed), or the
-    reason ``dev`` refuses it (a string)."""
-    key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev.paradigm))
+def candidate(dev: Device, op, options: dict) -> list | str:
+    """The :class:`Choice` list of ``op`` on ``dev`` (its :meth:`Device.price` choices, e.g. a
+    crossbar's pinned and streamed), or the reason ``dev`` refuses it (a string)."""
+    key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -242,52 +196,33 @@ def candidate(dev, op, options: dict) -> list | str:
     if not s:
         return s.reason if s.applicable else ""
     try:
-        c = device_cost(dev, op, options)
+        priced = dev.price(op, options)
+        res = dev.resources(options)
     except Exception as e:  # noqa: BLE001 - e.g. data that do not fit the DPUs' MRAM
         return str(e).splitlines()[0] if str(e) else type(e).__name__
-    kept = cap = mram = mcap = 0
     note = "" if s.preferred else s.reason
-    if dev.paradigm == "cim" and hasattr(dev, "lower"):
-        a = _cim_plan(dev, op, options)
-        # the kernel's own plan says what it keeps; the capacity is the device's crossbar count
-        # (``cim_crossbars`` of a plan is what that kernel uses, which may be fewer)
-        kept = int(a.get("cim_writes_load", 0))
-        cap = int(options.get("cim_crossbars") or getattr(dev.params, "crossbars", 0) or 0)
-    elif dev.paradigm == "cnm":
-        dpus = options.get("upmem_dpus") if dev.name == "upmem" else None
-        dpus = dpus or getattr(dev.params, "dpus", 0)
-        mcap = int(dpus or 0) * int(getattr(dev.params, "mram_bytes", 0) or 0)
-        mram = sum(t.nbytes for t in op.inputs if t.const) if mcap else 0
-    ch = Choice(dev.name, c, kept, cap, mram, mcap, note)
-    out = [ch]
-    if dev.paradigm == "cim" and kept and hasattr(dev, "cost_shared"):
-        try:
-            out.append(Choice(dev.name, dev.cost_shared(op, options), 0, cap, 0, 0, note,
-                              streamed=True))
-        except Exception:  # noqa: BLE001 - no streamed plan: only the pinned choice
-            pass
-    elif dev.paradigm == "cim" and not kept:
-        out = [Choice(dev.name, c, 0, cap, mram, mcap, note, streamed=True)]
+    out = [_choice(dev.name, p, res.crossbars, res.memory_bytes, note) for p in priced]
     if len(_CACHE) > _CACHE_MAX:
         _CACHE.clear()
     _CACHE[key] = out
     return out
 
 
-def link_cost(dev, nbytes: int, to_device: bool, options: dict) -> tuple[float, float]:
-    """(seconds, joules) of moving ``nbytes`` between the host and ``dev`` (see the module
-    docstring); 0 for the host."""
+def _choice(dev: str, p: Priced, capacity: int, memory: int, note: str = "",
+            bytes_moved: int | None = None) -> Choice:
+    cost = p.cost if bytes_moved is None else Cost(p.cost.latency_s, p.cost.energy_j,
+                                                   p.cost.writes, bytes_moved)
+    return Choice(dev, cost, p.kept_crossbars, capacity, p.resident_bytes if memory else 0,
+                  memory, note, streamed=p.streamed)
+
+
+def link_cost(dev: Device | None, nbytes: int, to_device: bool, options: dict) -> tuple[float, float]:
+    """(seconds, joules) of moving ``nbytes`` between the host and ``dev``
+    (:meth:`Device.transfer_cost`); 0 for the host."""
     if dev is None or dev.paradigm == "host" or nbytes <= 0:
         return 0.0, 0.0
-    tc = getattr(dev, "transfer_cost", None)
-    if tc is not None:
-        c = tc(nbytes, to_device)
-        return c.latency_s, c.energy_j
-    if dev.paradigm == "cim":
-        gbps = options.get("xbar_link_gbps")
-        link = CROSSBAR_LINK if gbps is None else Link(float(gbps) * 1e9, CROSSBAR_LINK.joules_per_byte)
-        return link.cost(nbytes)
-    return 0.0, 0.0
+    c = dev.transfer_cost(nbytes, to_device, options)
+    return c.latency_s, c.energy_j
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +275,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     infos = infos if infos is not None else tensor_infos(model)
     prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
     host = devices.get_device("host")
-    targets = [d for d in devices.all_devices() if d.paradigm != "host" and hasattr(d, "cost")]
+    targets = [d for d in devices.all_devices() if d.paradigm != "host"]
     hint_log = HintLog(hints)
     for i, node in enumerate(prob.nodes):
         info = op_info(node, infos)
@@ -416,9 +351,9 @@ class Totals:
     Attributes:
         latency_s, energy_j: ops plus transfers, seconds and joules.
         transfer_s, transfer_j, transfer_bytes: the transfers alone.
-        writes: crossbar tile writes per inference (all cim devices).
-        kept_tiles: {cim device: tiles kept programmed}; capacity: {cim device: crossbars}.
-        writes_by_dev: {cim device: tile writes per inference}.
+        writes: crossbar tile writes per inference (all devices with crossbars).
+        kept_tiles: {device: tiles kept programmed}; capacity: {device: crossbars}.
+        writes_by_dev: {device: tile writes per inference}.
         mram: {cnm device: resident constant bytes}; mram_capacity: {cnm device: bytes}.
     """
 
@@ -705,13 +640,13 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         if prob.nodes[i].domain == cinm.DOMAIN:
             _add_choice(fixed_tot, ch)
     # state: (device name, kept-tiles tuple) -> (value, back pointer)
-    cim_devs = sorted({c.device for i in dec for c in prob.cands[i] if c.capacity})
+    xbar_devs = sorted({c.device for i in dec for c in prob.cands[i] if c.capacity})
     caps = {}
     for i in dec:
         for c in prob.cands[i]:
             if c.capacity:
                 caps[c.device] = c.capacity
-    start = tuple(fixed_tot.kept_tiles.get(d, 0) for d in cim_devs)
+    start = tuple(fixed_tot.kept_tiles.get(d, 0) for d in xbar_devs)
     layers = [{(None, start): (0.0, None, None)}]
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
@@ -720,8 +655,8 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         for (pdev, res), (val, _, _) in layers[-1].items():
             for ch in prob.cands[i]:
                 r = list(res)
-                if ch.capacity and ch.device in cim_devs:
-                    j = cim_devs.index(ch.device)
+                if ch.capacity and ch.device in xbar_devs:
+                    j = xbar_devs.index(ch.device)
                     r[j] += ch.kept_tiles
                     if residency and r[j] > caps[ch.device]:
                         continue
@@ -788,66 +723,65 @@ def heuristic_assign(prob: Problem) -> dict | None:
     return None if any(ch is None for ch in out.values()) else out
 
 
-def _recorded(prob: Problem, i: int, dev: str) -> bool:
-    """Whether node ``i`` is already lowered onto ``dev`` (its recorded plan is used as it is)."""
+def _recorded(prob: Problem, i: int, dev: str) -> Priced | None:
+    """The choice node ``i``'s recorded plan made if it is already lowered onto ``dev`` (then
+    it is used as it is), else None."""
     at = prob.ops[i].attrs
-    return "cim_writes_load" in at and at.get("device") == dev
+    if at.get("device") != dev:
+        return None
+    return devices.get_device(dev).recorded(at)
 
 
-def _cim_plans(prob: Problem, dev: str, idx: list) -> dict:
-    """``{op index: plan figures}`` of the ops ``idx`` (execution order) on the cim device
-    ``dev``, as its ``lower_all`` allocates the shared crossbars among all of them (through
-    ``price_all``, the same figures without the node attributes, when the device has it);
-    empty when the device has neither or cannot plan them (the candidates' figures stand)."""
-    d = devices.get_device(dev)
+def _together(dev: str) -> bool:
+    """Whether ``dev`` plans the ops placed on it together (:attr:`Device.plans_together`)."""
+    return devices.get_device(dev).plans_together
+
+
+def _shared_plans(prob: Problem, dev: str, idx: list) -> dict:
+    """``{op index: Priced}`` of the ops ``idx`` (execution order) on ``dev``, a device that
+    plans its ops together, as its :meth:`Device.price_all` allocates the shared resources
+    among all of them; empty when it cannot plan them (the candidates' figures stand)."""
     try:
-        if hasattr(d, "price_all"):
-            plans = d.price_all([(prob.ops[i], prob.options) for i in idx])
-        elif hasattr(d, "lower_all"):
-            plans = d.lower_all([(prob.ops[i], dict(prob.options, kernel_stem=f"probe{i}"))
-                                 for i in idx])
-        else:
-            return {}
+        plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
     except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
         return {}
-    return dict(zip(idx, plans))
+    return {} if plans is None else dict(zip(idx, plans))
 
 
 def _plans(prob: Problem, devs: dict) -> dict:
-    """``{op index: plan figures}`` for the ops ``devs`` puts on cim devices, as each device's
-    ``lower_all`` allocates the shared crossbars among all of them (the plan already recorded
-    on a lowered node is used as it is)."""
+    """``{op index: Priced}`` for the ops ``devs`` puts on devices that plan together, as each
+    device's :meth:`Device.price_all` allocates the shared resources among all of them (the
+    plan already recorded on a lowered node is used as it is)."""
     out, groups = {}, {}
     for i, dev in devs.items():
-        if _recorded(prob, i, dev):
-            out[i] = prob.ops[i].attrs
-        elif devices.get_device(dev).paradigm == "cim":
+        rec = _recorded(prob, i, dev)
+        if rec is not None:
+            out[i] = rec
+        elif _together(dev):
             groups.setdefault(dev, []).append(i)
     for dev, idx in groups.items():
-        out.update(_cim_plans(prob, dev, idx))
+        out.update(_shared_plans(prob, dev, idx))
     return out
 
 
-def _variant(prob: Problem, i: int, dev: str, a: dict | None) -> Choice | None:
-    """The choice of op ``i`` on ``dev`` priced from its model-wide plan figures ``a`` (a cim
-    device), else the device's first candidate; None if ``dev`` has no choice for the op."""
+def _variant(prob: Problem, i: int, dev: str, a: Priced | None) -> Choice | None:
+    """The choice of op ``i`` on ``dev`` priced from its model-wide plan ``a`` (a device that
+    plans together, or a recorded plan), else the device's first candidate; None if ``dev``
+    has no choice for the op."""
     opts = [c for c in prob.cands[i] if c.device == dev]
     if not opts:
         return None
     c = opts[0]
-    if a is None or "cim_latency_s" not in a:
+    if a is None:
         return c
-    cost = Cost(float(a["cim_latency_s"]), float(a["cim_energy_j"]), int(a["cim_writes"]),
-                c.cost.bytes_moved)
-    return Choice(dev, cost, int(a.get("cim_writes_load", 0)), c.capacity, 0, 0, c.note,
-                  streamed=bool(a.get("cim_shared", 0)) or int(a["cim_writes"]) > 0)
+    return _choice(dev, a, c.capacity, c.mram_capacity, c.note, bytes_moved=c.cost.bytes_moved)
 
 
 def _with_variants(prob: Problem, devs: dict) -> dict:
-    """Choices for the device of every op in ``devs``, priced as compiled: on a cim device from
-    the model-wide crossbar plan (the crossbars the kernel really gets, the tiles it really
-    keeps and writes), elsewhere the device's candidate; None if the device has no choice for
-    the op.
+    """Choices for the device of every op in ``devs``, priced as compiled: on a device that plans
+    its ops together, from its model-wide plan (for crossbars: the crossbars the kernel really
+    gets, the tiles it really keeps and writes), elsewhere the device's candidate; None if the
+    device has no choice for the op.
 
     The search prices a crossbar op by one of two candidates (pinned with all ``P`` crossbars,
     or streamed with every tile rewritten); a kernel that streams alone through the crossbars
@@ -872,29 +806,23 @@ def _copy_totals(tot: Totals) -> Totals:
 class _Compiled:
     """An assignment priced as compiled (:func:`_as_compiled`), whose single-op moves are priced
     incrementally: a move re-prices the moved op, the transfers of the tensors it touches and,
-    on a cim device it leaves or joins, the model-wide plans of that device's ops (the only
-    ones the move can change), instead of compiling and evaluating the whole graph."""
+    on a device that plans together which it leaves or joins, the model-wide plans of that
+    device's ops (the only ones the move can change), instead of compiling and evaluating the whole graph."""
 
     def __init__(self, prob: Problem, assign: dict):
         self.prob = prob
         self.assign = _as_compiled(prob, assign)
         self.tot = evaluate(prob, self.assign)
-        self._cim: dict = {}
         self._variants: dict = {}
 
-    def _variant(self, i: int, dev: str, a: dict | None) -> Choice | None:
-        """:func:`_variant`, memoized per op and plan figures (the device's figure dicts are
-        memoized too, so most moves find the choices they priced before)."""
+    def _variant(self, i: int, dev: str, a: Priced | None) -> Choice | None:
+        """:func:`_variant`, memoized per op and plan (the device's plans are memoized too, so
+        most moves find the choices they priced before)."""
         key = (i, dev, id(a))
         hit = self._variants.get(key)
         if hit is None or hit[0] is not a:
             hit = self._variants[key] = (a, _variant(self.prob, i, dev, a))
         return hit[1]
-
-    def _is_cim(self, dev: str) -> bool:
-        if dev not in self._cim:
-            self._cim[dev] = devices.get_device(dev).paradigm == "cim"
-        return self._cim[dev]
 
     def trial(self, i: int, dev: str) -> tuple[dict, Totals]:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
@@ -902,18 +830,17 @@ class _Compiled:
         old_dev = assign[i].device
         changed = {}
         for d in {old_dev, dev}:
-            if not self._is_cim(d):
+            if not _together(d):
                 continue
             idx = [j for j in prob.decision
                    if (dev if j == i else assign[j].device) == d and not _recorded(prob, j, d)]
-            plans = _cim_plans(prob, d, idx)
+            plans = _shared_plans(prob, d, idx)
             for j in idx:
                 ch = self._variant(j, d, plans.get(j))
                 if ch is not assign[j] and ch != assign[j]:
                     changed[j] = ch
         if i not in changed:
-            a = prob.ops[i].attrs if _recorded(prob, i, dev) else None
-            changed[i] = _variant(prob, i, dev, a)
+            changed[i] = _variant(prob, i, dev, _recorded(prob, i, dev))
         tot = _copy_totals(self.tot)
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
@@ -1090,7 +1017,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
 
     Options read: ``objective`` (``latency``, default, ``energy`` or ``edp``), ``place`` (hints),
     ``max_writes_per_cell``, ``lifetime_inferences``, ``crossbar_residency``, ``host_roofline``,
-    ``xbar_link_gbps`` and the device options (``cim_*``, ``upmem_*``).
+    and the device options (:func:`onnx_cinm.devices.option_schema`).
     """
     options = ctx.options
     objective = options.get("objective") or "energy"

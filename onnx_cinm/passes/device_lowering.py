@@ -1,10 +1,10 @@
 """The paradigm passes: ``cim_tiling`` and ``cnm_mapping`` write each device's plan onto its nodes.
 
 Both work the same way: for every cinm node whose ``device`` belongs to the paradigm, ask the
-device (through the registry, never by import) for its plan, :meth:`TargetDevice.lower`, and store
-the plan as node attributes (``cim_*`` / ``cnm_*`` and ``kernel``; see
-``onnx_cinm.dialects.cinm.PLAN_ATTRS``). The plan is attributes, never one ONNX node per tile or
-per DPU. The device decides the schedule; the pass only walks the graph and records statistics.
+device (through the registry, never by import) for the plans of all its nodes at once,
+:meth:`Device.lower`, and store each plan as node attributes (the device's declared
+``plan_attrs`` and ``kernel``). The plan is attributes, never one ONNX node per tile or per
+DPU. The device decides the schedule; the pass only walks the graph and records statistics.
 """
 from __future__ import annotations
 
@@ -29,29 +29,31 @@ def kernel_stem(node_name: str, index: int) -> str:
     return f"{index:04d}_{clean}" if clean else f"{index:04d}"
 
 
-def _set(node: onnx.NodeProto, attrs: dict) -> None:
+def _set(node: onnx.NodeProto, attrs: dict, dev) -> None:
+    for k in attrs:
+        if k not in dev.plan_attrs and k not in cinm.PLACEMENT_ATTRS:
+            raise CinmError(f"device '{dev.name}' wrote plan attribute '{k}', which it does not "
+                            "declare in its plan_attrs")
     keep = [a for a in node.attribute if a.name not in attrs]
     del node.attribute[:]
     node.attribute.extend(keep)
     for k, v in attrs.items():
-        if k not in cinm.PLAN_ATTRS and k not in cinm.PLACEMENT_ATTRS:
-            raise CinmError(f"device plan attribute '{k}' is not declared in cinm.PLAN_ATTRS")
         node.attribute.append(helper.make_attribute(k, v))
 
 
 def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> tuple:
     """Lower every cinm node placed on a device of ``paradigm`` (in place).
 
-    Each device's :meth:`lower` receives ``ctx.options`` plus ``"kernel_stem"`` (a unique,
-    file-safe stem for the node's kernel); a device with ``lower_all`` gets all its nodes at
-    once, in graph order, as ``[(OpInfo, options)]`` (crossbars shared by the whole model). Returns ``(model, stats)`` with ``stats = {"nodes":
-    Counter by device, "plans": [(node name, op type, device, plan attrs)]}``.
+    Each device's :meth:`Device.lower` gets all its nodes at once, in graph order, as
+    ``[(OpInfo, options)]`` (``ctx.options`` plus ``"kernel_stem"``, a unique, file-safe stem
+    for the node's kernel; resources such as crossbars are shared by the whole model). Returns
+    ``(model, stats)`` with ``stats = {"nodes": Counter by device, "plans": [(node name, op
+    type, device, plan attrs)]}``.
 
     Raises:
         CinmError: a node is placed on a device that does not support it (a ``device``
-            attribute the placement pass did not write), a device returns an attribute not
-            declared in ``cinm.PLAN_ATTRS``, or rejects
-            the options.
+            attribute the placement pass did not write), a device returns an attribute it
+            does not declare, or rejects the options.
     """
     infos = None
     stats = {"nodes": Counter(), "plans": []}
@@ -63,7 +65,7 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         if dev_name is None:
             continue
         dev = devices.get_device(dev_name)
-        if dev.paradigm != paradigm or not hasattr(dev, "lower"):
+        if dev.paradigm != paradigm:
             continue
         if infos is None:
             infos = tensor_infos(model)
@@ -78,12 +80,11 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         by_device.setdefault(dev_name, []).append((node, info, opts))
     for dev_name, items in by_device.items():
         dev = devices.get_device(dev_name)
-        if hasattr(dev, "lower_all"):  # the device plans its nodes together (shared resources)
-            plans = dev.lower_all([(op, opts) for _, op, opts in items])
-        else:
-            plans = [dev.lower(op, opts) for _, op, opts in items]
+        plans = dev.lower([(op, opts) for _, op, opts in items])
+        if len(plans) != len(items):
+            raise CinmError(f"device '{dev_name}' returned {len(plans)} plans for {len(items)} nodes")
         for (node, _, _), plan in zip(items, plans):
-            _set(node, plan)
+            _set(node, plan, dev)
             stats["nodes"][dev_name] += 1
             stats["plans"].append((node.name, node.op_type, dev_name, plan))
     return model, stats

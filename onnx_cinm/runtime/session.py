@@ -43,13 +43,33 @@ from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_used_by
 from . import blas, numpy_kernels
-from .profile import load_metrics
 
 PROVIDER = "CinmExecutionProvider"
-#: Provider options and their defaults.
-DEFAULT_OPTIONS = {"upmem_mode": "model", "intra_op_threads": 0, "graph_optimization": "all",
+#: Provider options and their defaults; each device adds ``<name>_mode`` (:func:`mode_options`).
+DEFAULT_OPTIONS = {"intra_op_threads": 0, "graph_optimization": "all",
                    "blas_threads": 1, "matmul": "auto"}
-_UPMEM_MODES = ("model", "emulate")
+
+
+def mode_options() -> dict[str, tuple]:
+    """``{"<device>_mode": (modes, the default first)}`` for every device with a choice of run
+    modes (:attr:`Device.modes`), e.g. ``upmem_mode``: ``("model", "emulate")``."""
+    return {f"{d.name}_mode": d.modes for d in devices.all_devices()
+            if d.paradigm != "host" and len(d.modes) > 1}
+
+
+def _modeled(at: dict, dev) -> dict:
+    return {"latency_s": None, "energy_j": None} if dev is None else \
+        (lambda r: {"latency_s": r.cost.latency_s, "energy_j": r.cost.energy_j} if r else
+         {"latency_s": None, "energy_j": None})(dev.recorded(at))
+
+
+def _load_of(at: dict, dev) -> dict | None:
+    """The one-time load a node's recorded plan charges (``Priced.load_s``/``load_j``), in the
+    shape of a crossbar kernel's ``load_metrics``; None if it has none."""
+    r = dev.recorded(at) if dev is not None else None
+    if r is None or not (r.load_s or r.load_j):
+        return None
+    return {"tile_writes": 0, "latency_s": float(r.load_s), "energy_j": float(r.load_j)}
 #: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
 #: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
 #: are not mistaken for our error).
@@ -71,13 +91,12 @@ class _Partition:
 
 class _ModelKernel:
     """A node run by a numpy kernel (its op's semantics) and charged the cost model's figures
-    from its plan attributes (``<prefix>_latency_s``, ``<prefix>_energy_j``); None on the host."""
+    from its recorded plan (:meth:`Device.recorded` of ``dev``); none on the host."""
 
-    def __init__(self, fn, attrs: dict, prefix: str | None) -> None:
+    def __init__(self, fn, attrs: dict, dev) -> None:
         self.fn, self.attrs = fn, attrs
-        self.metrics = ({"latency_s": attrs.get(f"{prefix}_latency_s"),
-                         "energy_j": attrs.get(f"{prefix}_energy_j")} if prefix else {})
-        self.load_metrics = load_metrics(attrs, prefix) if prefix else None
+        self.metrics = _modeled(attrs, dev) if dev is not None else {}
+        self.load_metrics = _load_of(attrs, dev)
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
         return self.fn(inputs, self.attrs), dict(self.metrics)
@@ -100,8 +119,9 @@ class InferenceSession:
             ModelProto (then ``kernel_dir`` names the kernel folder, if it has device kernels).
         providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
-        provider_options: one dict per provider; the CINM provider reads ``upmem_mode``
-            (``"model"`` or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
+        provider_options: one dict per provider; the CINM provider reads ``<device>_mode``
+            per device with a choice of run modes (:func:`mode_options`; ``upmem_mode``:
+            ``"model"``, the default, or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
             partition, 0 = its default), ``graph_optimization`` (onnxruntime's graph
             optimization level of the host partitions: ``disable_all``, ``basic``,
             ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
@@ -121,17 +141,18 @@ class InferenceSession:
                 raise CinmError(f"unknown provider '{p}' (available: {PROVIDER}, CPUExecutionProvider)")
         if provider_options is not None and len(provider_options) != len(providers):
             raise CinmError("provider_options needs one dict per provider")
-        opts = dict(DEFAULT_OPTIONS)
+        modes = mode_options()
+        opts = dict(DEFAULT_OPTIONS, **{k: v[0] for k, v in modes.items()})
         if provider_options and PROVIDER in providers:
             given = provider_options[providers.index(PROVIDER)] or {}
-            unknown = set(given) - set(DEFAULT_OPTIONS)
+            unknown = set(given) - set(opts)
             if unknown:
                 raise CinmError(f"unknown {PROVIDER} option(s) {', '.join(sorted(unknown))} "
-                                f"(known: {', '.join(DEFAULT_OPTIONS)})")
+                                f"(known: {', '.join(opts)})")
             opts.update(given)
-        if opts["upmem_mode"] not in _UPMEM_MODES:
-            raise CinmError(f"upmem_mode must be one of {', '.join(_UPMEM_MODES)}, "
-                            f"got '{opts['upmem_mode']}'")
+        for key, allowed in modes.items():
+            if opts[key] not in allowed:
+                raise CinmError(f"{key} must be one of {', '.join(allowed)}, got '{opts[key]}'")
         if opts["graph_optimization"] not in _GRAPH_OPT_LEVELS:
             raise CinmError(f"graph_optimization must be one of {', '.join(_GRAPH_OPT_LEVELS)}, "
                             f"got '{opts['graph_optimization']}'")
@@ -170,9 +191,10 @@ class InferenceSession:
         if dev_name == "host":
             return (dev_name, _ModelKernel(fast, at, None), "numpy") if fast else None
         dev = devices.get_device(dev_name)
-        if dev.paradigm == "cnm" and self._options["upmem_mode"] == "model":
-            return dev_name, (_ModelKernel(fast, at, "cnm") if fast else None), "model"
-        if "kernel" not in at or not hasattr(dev, "kernel"):
+        mode = self._options.get(f"{dev_name}_mode", dev.modes[0])
+        if mode == "model":
+            return dev_name, (_ModelKernel(fast, at, dev) if fast else None), "model"
+        if "kernel" not in at:
             return None
         if self._root is None:
             raise CinmError(f"node '{node.name}' runs on {dev_name} but no kernel folder was given")
@@ -180,9 +202,8 @@ class InferenceSession:
             raise CinmError(f"node '{node.name}': kernel '{at['kernel']}' is not in "
                             f"{self._root / artifacts.MANIFEST}")
         node_consts = {n: consts[n] for n in node.input if n in consts}
-        mode = self._options["upmem_mode"] if dev.paradigm == "cnm" else "simulate"
-        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts)
-        return dev_name, kernel, mode
+        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode)
+        return None if kernel is None else (dev_name, kernel, mode)
 
     def _build(self, use_devices: bool) -> None:
         g = self._model.graph
@@ -397,11 +418,11 @@ class InferenceSession:
                                 "energy_j": None, "writes": 0, "bytes_moved": 0,
                                 "nodes": len(p.nodes)})
                 for node, dev in p.modeled:
-                    at = cinm.node_attrs(node)
+                    fig = _modeled(cinm.node_attrs(node), devices.get_device(dev))
                     records.append({"run": run_index, "node": self._label(node), "op_type": node.op_type,
                                     "device": dev, "mode": "model", "wall_s": None,
-                                    "latency_s": at.get("cnm_latency_s"),
-                                    "energy_j": at.get("cnm_energy_j"), "writes": 0,
+                                    "latency_s": fig["latency_s"],
+                                    "energy_j": fig["energy_j"], "writes": 0,
                                     "bytes_moved": None, "nodes": 1})
             for d in stage_devices:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
@@ -505,8 +526,8 @@ class InferenceSession:
         kernel its DPU program and resident weights; with modeled ``latency_s`` and
         ``energy_j``. (:meth:`profile` holds the per-inference figures.)"""
         out = []
-        loads = [(d.node, d.device, getattr(d.kernel, "load_metrics", None)) for d in self._device_nodes]
-        loads += [(node, dev, load_metrics(cinm.node_attrs(node), "cnm"))
+        loads = [(d.node, d.device, d.kernel.load_metrics) for d in self._device_nodes]
+        loads += [(node, dev, _load_of(cinm.node_attrs(node), devices.get_device(dev)))
                   for _, parts, _ in self._schedule for p in parts for node, dev in p.modeled]
         for node, device, load in loads:
             if load:

@@ -9,14 +9,16 @@ crossbar tile (``rows x cols`` cells), as in OCC's write counts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import CinmError
+from ...options import option
+from ...text import printable, si
 from .. import register
-from ..base import Cost, OpInfo, Support
+from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen, layout, schedule
 from .nonideal import EFFECTS, NAMED
 from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
@@ -25,9 +27,56 @@ from .schedule import LOOP_ORDERS
 
 _DEFAULT_LOOP_ORDER = "weight_stationary"
 
+
+
+@dataclass(frozen=True)
+class CrossbarOptions:
+    """The crossbar device's options (keys ``cim_<field>``; CLI ``--cim-<field>``)."""
+
+    preset: str | None = option(None, help="crossbar chip preset (geometry, costs, physics)",
+                                choices=lambda: tuple(PRESETS))
+    rows: int | None = option(None, help="cells per crossbar column (preset's by default)",
+                              low=1, high=1 << 16)
+    cols: int | None = option(None, help="cells per crossbar row (preset's by default)",
+                              low=1, high=1 << 16)
+    crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
+                                   "(preset's by default)", low=1, high=1 << 24)
+    loop_order: str | None = option(None, help="tile schedule: weight_stationary (tiles kept, "
+                                    "serpentine order) or naive (every tile written per MVM)",
+                                    choices=lambda: tuple(LOOP_ORDERS))
+    mode: str | None = option(None, help="data path the simulator runs (ideal: exact float)",
+                              choices=lambda: tuple(NAMED))
+    time_s: float = option(0.0, help="time since programming, for drift", unit="s", low=0.0)
+    effects: tuple | None = option(None, help="device effects of mode 'device' (comma-separated)",
+                                   choices=lambda: tuple(EFFECTS))
+    link_gbps: float | None = option(None, help="host<->crossbar link bandwidth (default 6.4, an "
+                                     "assumption: ISAAC's HyperTransport order)", unit="GB/s",
+                                     low=1e-6)
+
+
 #: The options a crossbar plan reads (:func:`params_from_options` and the loop order).
 _PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order",
                  "cim_mode", "cim_time_s", "cim_effects")
+
+#: Host<->crossbar link, an *assumption*: one 6.4 GB/s off-chip link (the order of ISAAC's
+#: HyperTransport link, recalled), 20 pJ/byte (the UPMEM cost model's host transfer estimate,
+#: ``UpmemCostParams.host_xfer_j_per_byte``). The crossbar plan's own cost counts only the
+#: DAC/MVM/ADC work. Override the bandwidth with option ``cim_link_gbps``.
+LINK_BYTES_PER_S = 6.4e9
+LINK_J_PER_BYTE = 20e-12
+
+#: The plan attributes of a crossbar kernel (counts are tile writes and MVMs; times in
+#: seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
+#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share).
+PLAN_ATTRS = {
+    "cim_rows": "int", "cim_cols": "int", "cim_crossbars": "int", "cim_shared": "int",
+    "cim_device_crossbars": "int", "cim_loop_order": "string", "cim_operand": "string",
+    "cim_M": "int", "cim_K": "int", "cim_N": "int", "cim_groups": "int",
+    "cim_tiles": "int", "cim_resident": "int", "cim_writes_load": "int",
+    "cim_writes": "int", "cim_mvms": "int", "cim_latency_s": "float",
+    "cim_energy_j": "float", "cim_mode": "string", "cim_preset": "string",
+    "cim_time_s": "float", "cim_effects": "string",
+}
 
 #: Memo of :meth:`MemristorDevice.plan`, per parameter set: a plan depends only on the
 #: product's shapes and operand constness, the options above and the crossbar count; placement
@@ -64,23 +113,35 @@ def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> Crossb
     return replace(base, **over) if over else base
 
 
-@dataclass
-class MemristorDevice:
+class MemristorDevice(Device):
     """Memristor crossbars: runs cinm Gemm and Gemv with one operand programmed into the cells.
 
     The programmed operand is the constant one (the weights, programmed once at load when they
     fit, see :mod:`.schedule`); a product of two activations can be placed here by a hint, and
-    then the operand needing fewer tile writes is programmed every inference.
+    then the operand needing fewer tile writes is programmed every inference. Its nodes always
+    run their ``.xbar`` file in the crossbar simulator (mode ``simulate``).
     """
 
-    name: str = "memristor"
-    paradigm: str = "cim"
-    params: CrossbarParams = PCM_OCC
-    #: chip presets by name (``--cim-preset``; :mod:`.presets`)
-    presets: dict = field(default_factory=lambda: dict(PRESETS))
-    #: data-path modes (``--cim-mode``) and device effects (``--cim-effects``), :mod:`.nonideal`
-    modes: tuple = tuple(NAMED)
-    effects: tuple = tuple(EFFECTS)
+    name = "memristor"
+    paradigm = "cim"
+    option_prefix = "cim"
+    Options = CrossbarOptions
+    attr_prefix = "cim"
+    plan_attrs = PLAN_ATTRS
+    modes = ("simulate",)
+    plans_together = True
+
+    def __init__(self, params: CrossbarParams = PCM_OCC):
+        self.params = params
+
+    def tables(self) -> dict[str, tuple]:
+        """Chip presets (``--cim-preset``; :mod:`.presets`), data-path modes (``--cim-mode``)
+        and device effects (``--cim-effects``; :mod:`.nonideal`)."""
+        return {"presets": tuple(PRESETS), "modes": tuple(NAMED), "effects": tuple(EFFECTS)}
+
+    def preset(self, name: str) -> CrossbarParams:
+        """The parameters of chip preset ``name`` (KeyError if unknown)."""
+        return PRESETS[name]
 
     # -- what it runs ---------------------------------------------------------------------
     def _operands(self, op: OpInfo) -> tuple[str | None, str]:
@@ -153,7 +214,7 @@ class MemristorDevice:
              shared: bool = False) -> tuple:
         """``(CrossbarPlan, ProductView, params, programmed operand is constant, why)`` for ``op``
         alone on the device (or on ``crossbars`` of them, ``shared`` with other kernels: see
-        :meth:`lower_all`).
+        :meth:`lower`).
 
         Options: see :func:`params_from_options`, plus ``cim_loop_order`` (``weight_stationary``
         or ``naive``). Raises CinmError on bad options.
@@ -203,18 +264,36 @@ class MemristorDevice:
         p, _, params, _, _ = self.plan(op, options)
         return p.cost(params)
 
-    def cost_shared(self, op: OpInfo, options: dict | None = None) -> Cost:
-        """Modeled cost of one inference of ``op`` streaming through crossbars shared with other
-        kernels (all its tiles written every inference; see :meth:`lower_all`)."""
-        p, _, params, _, _ = self.plan(op, options, shared=True)
-        return p.cost(params)
+    def resources(self, options: dict) -> Resources:
+        """The ``P`` crossbars all crossbar kernels share (``cim_crossbars`` or the preset's)."""
+        return Resources(crossbars=params_from_options(options, self.params).crossbars)
 
-    def lower(self, op: OpInfo, options: dict) -> dict:
-        """The crossbar plan of ``op`` alone on the device, as node attributes (see
-        :meth:`lower_all`)."""
-        return self.lower_all([(op, options)])[0]
+    def price(self, op: OpInfo, options: dict) -> list[Priced]:
+        """Two ways to run ``op``: *pinned* (its tiles kept programmed in crossbars of its own,
+        priced as if alone; ``kept_crossbars`` = tiles kept) and *streamed* (through crossbars
+        shared with other kernels: every tile written every inference, nothing kept). A kernel
+        that keeps nothing (an activation programmed, or the naive order) has only the second.
+        Raises CinmError on bad options."""
+        p, _, params, _, _ = self.plan(op, options)
+        alone = p.cost(params)
+        if not p.writes_load:
+            return [Priced(alone, streamed=True)]
+        out = [Priced(alone, kept_crossbars=p.writes_load)]
+        try:
+            ps, _, params, _, _ = self.plan(op, options, shared=True)
+            out.append(Priced(ps.cost(params), streamed=True))
+        except CinmError:
+            pass
+        return out
 
-    def lower_all(self, items: list) -> list[dict]:
+    def transfer_cost(self, nbytes: int, to_device: bool, options: dict) -> Cost:
+        """``nbytes`` over the host<->crossbar link (:data:`LINK_BYTES_PER_S`, or option
+        ``cim_link_gbps``; :data:`LINK_J_PER_BYTE`)."""
+        gbps = options.get("cim_link_gbps")
+        bps = LINK_BYTES_PER_S if gbps is None else float(gbps) * 1e9
+        return Cost(nbytes / bps, nbytes * LINK_J_PER_BYTE, 0, nbytes)
+
+    def lower(self, items: list) -> list[dict]:
         """The plans of all the crossbar kernels of a model, which share the device's ``P``
         crossbars; ``items`` is ``[(OpInfo, options)]`` in execution order. Returns one dict of
         ``cim_*`` node attributes plus ``kernel`` per item.
@@ -237,6 +316,7 @@ class MemristorDevice:
         """
         if not items:
             return []
+        _validate(items[0][1], self.params)
         P, planned = self._allocate(items)
         out = []
         for (op, opts), e in zip(items, planned):
@@ -245,31 +325,35 @@ class MemristorDevice:
             out.append(attrs)
         return out
 
-    def price_all(self, items: list) -> list[dict]:
-        """What cost placement prices of :meth:`lower_all`'s plans, without building the node
-        attributes: per item ``cim_latency_s`` (seconds), ``cim_energy_j`` (joules),
-        ``cim_writes`` (tile writes per inference), ``cim_writes_load`` (tiles kept) and
-        ``cim_shared``, the same figures :meth:`lower_all` records. Raises CinmError on bad
-        options."""
+    def price_all(self, items: list) -> list[Priced]:
+        """What :meth:`lower`'s plans cost, without building the node attributes: per item the
+        per-inference cost (tile writes per inference in ``cost.writes``), the tiles kept
+        (``kept_crossbars``) and whether the kernel streams (shares crossbars or rewrites
+        tiles). Raises CinmError on bad options."""
         if not items:
             return []
-        opts0 = items[0][1]  # validates: unknown modes and effects raise
-        _compose(opts0.get("cim_mode") or "ideal", params_from_options(opts0, self.params),
-                 opts0.get("cim_time_s", 0.0), opts0.get("cim_effects"))
+        _validate(items[0][1], self.params)
         out = []
         for e in self._allocate(items)[1]:
             if e[1] is None:
                 p, _, params, _, _ = e[0]
-                c = p.cost(params)
-                e[1] = {"cim_latency_s": float(c.latency_s), "cim_energy_j": float(c.energy_j),
-                        "cim_writes": p.writes_per_inference, "cim_writes_load": p.writes_load,
-                        "cim_shared": int(p.shared)}
+                e[1] = Priced(p.cost(params), kept_crossbars=p.writes_load,
+                              streamed=bool(p.shared) or p.writes_per_inference > 0)
             out.append(e[1])
         return out
 
+    def recorded(self, attrs: dict) -> Priced | None:
+        """The choice a lowered crossbar node made, from its ``cim_*`` attributes."""
+        if "cim_latency_s" not in attrs:
+            return None
+        writes = int(attrs["cim_writes"])
+        return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes, 0),
+                      kept_crossbars=int(attrs.get("cim_writes_load", 0)),
+                      streamed=bool(attrs.get("cim_shared", 0)) or writes > 0)
+
     def _allocate(self, items: list) -> tuple[int, list]:
         """``(P, [memo entry of :meth:`_entry` per item])`` under the allocation of
-        :meth:`lower_all`."""
+        :meth:`lower`."""
         options = items[0][1]
         params = params_from_options(options, self.params)
         P = params.crossbars
@@ -321,6 +405,57 @@ class MemristorDevice:
             attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
         return attrs
 
+    # -- reports ----------------------------------------------------------------------------
+    def summary(self, plans: list) -> str:
+        """Per crossbar kernel: crossbars used (``s``: shared with other kernels), tiles, tile
+        writes (at load / per inference), MVMs, modeled latency and energy per inference (OCC
+        cost model); then the totals. ``plans`` is ``[(node name, op type, attrs)]``."""
+        plans = [p for p in plans if "cim_M" in p[2]]
+        if not plans:
+            return ""
+        head = (f"{'crossbar kernel':30s} {'operand':>7s} {'M x K x N':>18s} {'xbars':>5s} "
+                f"{'tiles':>6s} {'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} "
+                f"{'latency':>10s} {'energy':>10s}")
+        rows = [head, "-" * len(head)]
+        tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
+        for name, _op, a in plans:
+            mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
+            xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
+            rows.append(f"{printable(name)[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
+                        f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
+                        f"{a['cim_mvms']:>9d} {si(a['cim_latency_s']) + 's':>10s} "
+                        f"{si(a['cim_energy_j']) + 'J':>10s}")
+            for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
+                           ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
+                tot[k] += a[key]
+        rows.append("-" * len(head))
+        # crossbars in use: each resident kernel's own, plus the streaming pool once
+        pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
+        used = sum(a["cim_crossbars"] for *_, a in plans if a["cim_resident"]) + max(pool, default=0)
+        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':30s} {'':>7s} {'':>18s} {used:>5d} "
+                    f"{tot['tiles']:>6d} {tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
+                    f"{si(tot['lat']) + 's':>10s} {si(tot['en']) + 'J':>10s}")
+        a0 = plans[0][2]
+        rows.append(f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
+                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
+                    "their tiles, the others stream through the rest ('s': evicted by each other); "
+                    "latency and energy per inference, kernels one after another)")
+        return "\n".join(rows)
+
+    def recorded_options(self, plans: list) -> dict:
+        """The crossbar options the plans were compiled with (``cim_rows``, ``cim_cols``,
+        ``cim_loop_order`` and the crossbar count ``cim_device_crossbars`` of the first
+        kernel), so a report judges residency with the crossbars the model was compiled for.
+        Models written before ``cim_device_crossbars`` existed give the largest
+        ``cim_crossbars`` of a kernel (a lower bound). ``plans`` as in :meth:`summary`."""
+        plans = [a for *_, a in plans if "cim_rows" in a]
+        if not plans:
+            return {}
+        at = plans[0]
+        count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
+        return {"cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"],
+                "cim_crossbars": count, "cim_loop_order": at["cim_loop_order"]}
+
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):
         options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
@@ -357,7 +492,8 @@ class MemristorDevice:
         path.write_text(text)
         return [path]
 
-    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None):
+    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
+               mode: str = "simulate"):
         """A callable running the node's ``.xbar`` kernel in the simulator (see
         :class:`onnx_cinm.devices.memristor.kernel.CrossbarKernel`)."""
         from .kernel import CrossbarKernel
@@ -378,6 +514,12 @@ def _pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
             if cand > best[cap][0]:
                 best[cap] = (cand, best[cap - t][1] + (i,))
     return set(max(best, key=lambda b: b[0])[1])
+
+
+def _validate(options: dict, base: CrossbarParams) -> None:
+    """CinmError if the mode, effects or time of ``options`` are bad."""
+    _compose(options.get("cim_mode") or "ideal", params_from_options(options, base),
+             options.get("cim_time_s", 0.0), options.get("cim_effects"))
 
 
 def _compose(name: str, params: CrossbarParams, time_s, effects):

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import CinmError
+from ...options import option
 from .. import register
-from ..base import Cost, OpInfo, Support
+from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,52 @@ class UpmemParams:
                      "uint64", "bool")
 
 
-@dataclass
-class UpmemDevice:
-    """UPMEM DPUs: runs every cinm op on the supported dtypes."""
+def _targets() -> tuple:
+    from .cost import TARGETS
+    return tuple(TARGETS)
 
-    name: str = "upmem"
-    paradigm: str = "cnm"
-    params: UpmemParams = UpmemParams()
+
+@dataclass(frozen=True)
+class UpmemOptions:
+    """The UPMEM device's options (keys ``upmem_<field>``; CLI ``--upmem-<field>``)."""
+
+    dpus: int | None = option(None, help="DPUs a kernel may use at most (default 2048)",
+                              low=1, high=1 << 16)
+    tasklets: int | None = option(None, help="tasklets per DPU (default 16; at most 24 on v1a, "
+                                  "16 on v1b)", low=1, high=24)
+    target: str | None = option(None, help="DPU generation of the cost model (default v1a)",
+                                choices=_targets)
+    search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per kernel "
+                          "instead of the mapping rule")
+
+
+#: The plan attributes of a UPMEM kernel (see :meth:`.mapping.CnmPlan.attrs`).
+PLAN_ATTRS = {
+    "cnm_dpus": "int", "cnm_tasklets": "int", "cnm_block_bytes": "int",
+    "cnm_mram_bytes": "int", "cnm_inputs": "strings", "cnm_merge": "string",
+    "cnm_latency_s": "float", "cnm_energy_j": "float", "cnm_load_s": "float",
+    "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints",
+}
+
+
+class UpmemDevice(Device):
+    """UPMEM DPUs: runs every cinm op on the supported dtypes.
+
+    Run modes (provider option ``upmem_mode``): ``model`` (the default: the node runs its
+    reference body on the host, numpy-exact and fast, and the profile charges the cost model)
+    and ``emulate`` (the generated C runs in the UPMEM emulator).
+    """
+
+    name = "upmem"
+    paradigm = "cnm"
+    option_prefix = "upmem"
+    Options = UpmemOptions
+    attr_prefix = "cnm"
+    plan_attrs = PLAN_ATTRS
+    modes = ("model", "emulate")
+
+    def __init__(self, params: UpmemParams = UpmemParams()):
+        self.params = params
 
     def supports(self, op: OpInfo) -> Support:
         for t in op.inputs + op.outputs:
@@ -116,12 +156,38 @@ class UpmemDevice:
         from .mapping import plan_op
         return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
 
-    def cost(self, op: OpInfo) -> Cost:
-        """Modeled cost of one inference of ``op`` (default workgroup limits): end-to-end
-        seconds (scatter, launch, kernel, gather, host merge) and estimated joules."""
-        return self.plan(op).to_cost()
+    def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
+        """Modeled cost of one inference of ``op`` under ``options`` (``upmem_dpus``,
+        ``upmem_tasklets``, ``upmem_target``, ``upmem_search``): end-to-end seconds (scatter,
+        launch, kernel, gather, host merge) and estimated joules."""
+        return self.plan(op, options).to_cost()
 
-    def lower(self, op: OpInfo, options: dict) -> dict:
+    def resources(self, options: dict) -> Resources:
+        """MRAM of the DPUs in use (``upmem_dpus`` or all) for resident constants, bytes."""
+        dpus = options.get("upmem_dpus") or self.params.dpus
+        return Resources(memory_bytes=int(dpus) * self.params.mram_bytes)
+
+    def price(self, op: OpInfo, options: dict) -> list[Priced]:
+        """One choice: the plan's cost, its constant inputs resident in MRAM (loaded once)."""
+        plan = self.plan(op, options)
+        return [Priced(plan.to_cost(), resident_bytes=sum(t.nbytes for t in op.inputs if t.const))]
+
+    def recorded(self, attrs: dict) -> Priced | None:
+        """The choice a lowered UPMEM node made, from its ``cnm_*`` attributes."""
+        if "cnm_latency_s" not in attrs:
+            return None
+        return Priced(Cost(float(attrs["cnm_latency_s"]), float(attrs["cnm_energy_j"]), 0, 0),
+                      load_s=float(attrs.get("cnm_load_s", 0.0)),
+                      load_j=float(attrs.get("cnm_load_j", 0.0)))
+
+    def lower(self, items: list) -> list[dict]:
+        """Plan attributes (``cnm_*``, :data:`PLAN_ATTRS`) plus ``kernel`` for each
+        ``(OpInfo, options)`` of ``items`` (every kernel is planned on its own: the DPUs run
+        one kernel at a time). Raises CinmError on bad ``upmem_*`` options, an op that does not
+        fit, or a kernel the code generator cannot write with its plan."""
+        return [self._lower_one(op, options) for op, options in items]
+
+    def _lower_one(self, op: OpInfo, options: dict) -> dict:
         """Plan attributes (``cnm_*``, see ``cinm.PLAN_ATTRS``) plus ``kernel``.
         Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets``, an op that does not fit, or a
         kernel the code generator cannot write with this plan."""
@@ -142,10 +208,13 @@ class UpmemDevice:
         return emit_op(op, attrs, consts, root, default_dpus=min(self.params.dpus, 64),
                        default_tasklets=self.params.tasklets)
 
-    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None):
+    def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
+               mode: str = "emulate"):
         """A callable running the node's kernel in the UPMEM emulator, generated again from
         the plan (the folder's C must equal it; see
-        :class:`onnx_cinm.runtime.upmem_emu.kernel.UpmemKernel`)."""
+        :class:`onnx_cinm.runtime.upmem_emu.kernel.UpmemKernel`); None in mode ``model``."""
+        if mode == "model":
+            return None
         from ...runtime.upmem_emu.kernel import UpmemKernel
         return UpmemKernel(op, attrs, root, consts, emit=self.emit)
 

@@ -1,10 +1,11 @@
 """A toy near-bank SIMD device in the style of Samsung HBM-PIM, as an onnx-cinm plugin.
 
 It exists to prove that a device is a package: it registers through the ``onnx_cinm.devices``
-entry point (see ``pyproject.toml``), implements the device protocol (``supports``, ``cost``,
-``transfer_cost``) and nothing above the registry knows it. It is a *cost-model* device: it has
-no ``lower``/``emit``, so ops placed on it are kept in the model with their reference bodies and
-run on the host by the execution provider.
+entry point (see ``pyproject.toml``), subclasses the device contract
+(:class:`onnx_cinm.devices.Device`: ``supports``, ``cost``, ``transfer_cost``) and nothing above
+the registry knows it. It is a *cost-model* device: it keeps the contract's default ``lower``
+and ``emit`` (no plan, no kernel), so ops placed on it are kept in the model with their
+reference bodies and run on the host by the execution provider.
 
 Model: one HBM2 stack whose banks each pair with a SIMD unit; an op streams its operands out of
 the banks at the internal bandwidth and the units compute at their peak rate, so one op takes
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnx_cinm.devices import Cost, OpInfo, Support
+from onnx_cinm.devices import Cost, Device, OpInfo, Support
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,14 @@ def _nbytes(t) -> int:
     return 0 if t.dtype is None else t.numel * np.dtype(t.dtype).itemsize
 
 
-@dataclass
-class HbmPimDevice:
+class HbmPimDevice(Device):
     """Near-bank SIMD units in an HBM2 stack: elementwise ops and Gemv (paradigm ``cnm``)."""
 
-    name: str = "hbm_pim"
-    paradigm: str = "cnm"
-    params: HbmPimParams = HbmPimParams()
+    name = "toy_pim"
+    paradigm = "cnm"
+
+    def __init__(self, params: HbmPimParams = HbmPimParams()):
+        self.params = params
 
     def supports(self, op: OpInfo) -> Support:
         kind = op.op_type
@@ -101,7 +103,7 @@ class HbmPimDevice:
         en = op.flops * p.flop_j + bank * p.bank_byte_j
         return Cost(latency_s=lat, energy_j=en, writes=0, bytes_moved=bank)
 
-    def transfer_cost(self, nbytes: int, to_device: bool) -> Cost:
+    def transfer_cost(self, nbytes: int, to_device: bool, options: dict | None = None) -> Cost:
         """Moving ``nbytes`` between host memory and the stack over the HBM interface."""
         p = self.params
         return Cost(latency_s=nbytes / p.external_bps, energy_j=nbytes * p.external_byte_j,

@@ -1,0 +1,68 @@
+"""Graph types every layer shares: what the compiler knows of one tensor and one cinm node.
+
+This module is the bottom of the layer stack (see ``docs/architecture.md``): it imports nothing
+of onnx_cinm, and the dialect, the devices, the passes and the runtime all describe tensors and
+ops with these two types. Walkers that build them from a model are in :mod:`onnx_cinm.analysis`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What placement knows about one tensor.
+
+    Attributes:
+        name: tensor name in the graph.
+        dtype: numpy dtype of the elements, or None if unknown.
+        shape: dims as ints (known) or strings (symbolic); None if the rank is unknown.
+        const: True if the value is known at compile time (an initializer), e.g. weights.
+    """
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple | None
+    const: bool = False
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape with symbolic dims taken as 1 (e.g. a dynamic batch), None if rank unknown."""
+        if self.shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else 1 for d in self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
+        s = self.static_shape
+        return 0 if s is None else math.prod(s)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor (:attr:`numel` times the element size); 0 if the dtype is unknown."""
+        return 0 if self.dtype is None else self.numel * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """A cinm node as a device sees it.
+
+    Attributes:
+        name: node name.
+        op_type: cinm op type (e.g. ``"Gemm"``).
+        attrs: node attributes as python values.
+        inputs, outputs: :class:`TensorInfo` per (non-empty) input and output.
+        flops: arithmetic operations of one inference (multiply and add count separately;
+            symbolic dims taken as 1).
+    """
+
+    name: str
+    op_type: str
+    attrs: dict
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    flops: int = 0
