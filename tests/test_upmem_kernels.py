@@ -1082,3 +1082,30 @@ def test_supports_refuses_what_the_code_generator_refuses():
                   (TensorInfo("x", "float32", (4, 300)),),
                   (TensorInfo("v", "float32", (4, 257)), TensorInfo("i", "int64", (4, 257))))
     assert dev.supports(topk).ok  # the candidate lists are written in DMAs of <= 2048 bytes
+
+
+def test_emulated_kernel_at_runtime_shapes_its_planned_grid_does_not_fit(tmp_path, monkeypatch):
+    """MiniLM int8 at --dim batch=1 --dim sequence=32, run with upmem_mode=emulate, crashed
+    (exit 3: "gemm: no 32 x 2 DPU grid for 384 rows x 32 columns with a batched B"): the
+    attention product's head count is a dim onnx shape inference cannot size, planned as 1,
+    and the kernel re-emitted for the 12 heads it really gets kept the planned DPU grid."""
+    from onnx_cinm import devices
+    from onnx_cinm.graph import OpInfo, TensorInfo
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    f = np.dtype("float32")
+
+    def qk(heads):
+        a, b, y = (TensorInfo(n, f, (1, heads, 32, 32)) for n in ("a", "b", "y"))
+        return OpInfo("qk", "Gemm", {"transA": 0, "transB": 0}, (a, b), (y,), 2 * heads * 32 ** 3)
+
+    dev = devices.get_device("upmem")
+    planned = qk(1)
+    attrs = dev.lower([(planned, {"kernel_stem": "qk"})])[0]
+    assert list(attrs["cnm_grid"]) == [32, 2]  # a grid made for 32 rows
+    dev.emit(planned, attrs, {}, tmp_path)
+    kernel = dev.kernel(planned, attrs, tmp_path, {}, "emulate")
+    rng = np.random.default_rng(0)
+    A, B = (rng.standard_normal((1, 12, 32, 32)).astype(np.float32) for _ in range(2))
+    (out,), _ = kernel([A, B])
+    np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)

@@ -115,7 +115,20 @@ class UpmemKernel:
         root = cache_dir() / "respec" / key
         attrs = dict(self.attrs, kernel="k")
         if not (root / "k" / "kernel.json").is_file():
-            self.emit(op, attrs, self.consts, root)
+            try:
+                self.emit(op, attrs, self.consts, root)
+            except ValueError:
+                # the plan's DPU grid was made for the planned shapes (a dim shape inference
+                # could not size was taken as 1): lay these shapes out on the emitter's default
+                attrs.pop("cnm_grid", None)
+                try:
+                    self.emit(op, attrs, self.consts, root)
+                except ValueError as e:
+                    raise CinmError(
+                        f"node '{self.op.name}': no DPU kernel for input shapes "
+                        f"{[list(a.shape) for a in arrays]} (planned for "
+                        f"{[list(s['shape']) for s in specs]}): {e}; optimize with --dim for "
+                        "these sizes, or run with upmem_mode=model") from None
         return root / "k"
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
