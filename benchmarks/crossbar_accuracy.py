@@ -2,8 +2,8 @@
 
 The MLP of :func:`onnx_cinm.examples.digits.build_digits_mlp` (64-64-32-10, scikit-learn, 450
 test images) runs with its three MatMuls as emitted ``.xbar`` kernels (64 x 64 crossbars, 4 of
-them, weight-stationary) in :class:`onnx_cinm.runtime.crossbar.CrossbarSimulator`; bias, ReLU and
-argmax run in numpy. Every mode is a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`
+them, weight-stationary) in :class:`onnx_cinm.sim.crossbar.CrossbarSimulator`; bias, ReLU and
+argmax run in numpy. Every mode is a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`
 (definitions and sources in that module). Tables:
 
 1. accuracy (%) by ``weight_bits`` (rows; ``cell_bits`` 2, differential, 8-bit DAC) and
@@ -29,10 +29,11 @@ from onnx import numpy_helper
 
 from onnx_cinm.devices.memristor import PCM_OCC
 from onnx_cinm.devices.memristor.codegen import emit_kernel
-from onnx_cinm.devices.memristor.nonideal import Q8, CrossbarMode
+from onnx_cinm.devices.memristor.nonideal import Q8
 from onnx_cinm.devices.memristor.schedule import plan
 from onnx_cinm.examples.digits import build_digits_mlp
-from onnx_cinm.runtime.crossbar import CrossbarSimulator
+from onnx_cinm.sim.crossbar import CrossbarSimulator
+from onnx_cinm.sim.crossbar.mode import CrossbarMode
 
 
 def mlp_layers(model):

@@ -43,8 +43,8 @@ import sys
 import numpy as np
 
 from onnx_cinm import hostmodel
-from onnx_cinm.devices.base import OpInfo, TensorInfo
 from onnx_cinm.devices.upmem.mapping import plan_op
+from onnx_cinm.graph import OpInfo, TensorInfo
 
 #: (model, [(layer name, K, N)])
 MODELS = {

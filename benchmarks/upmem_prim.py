@@ -29,7 +29,7 @@ included); the exit status is 1 if the search were ever worse than the fixed map
 
 ``emulator_wall_s`` is the wall time of the generated kernels in the emulator at a reduced size
 (``small``; a warm run) when ``onnx_cinm.devices.upmem.codegen`` and
-``onnx_cinm.runtime.upmem_emu`` can build and run them, else null (with a note); their outputs
+``onnx_cinm.sim.upmem_emu`` can build and run them, else null (with a note); their outputs
 are checked against onnxruntime.
 
 The second table backs the model with the emulator: our generated kernel runs on
@@ -63,9 +63,9 @@ import prim_workloads as pw  # noqa: E402
 
 from onnx_cinm import optimize  # noqa: E402
 from onnx_cinm.analysis import op_info, tensor_infos  # noqa: E402
-from onnx_cinm.devices.base import OpInfo, TensorInfo  # noqa: E402
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op  # noqa: E402
 from onnx_cinm.devices.upmem.search import search_plan  # noqa: E402
+from onnx_cinm.graph import OpInfo, TensorInfo  # noqa: E402
 
 #: (workload, dtype) rows: int32 and float32 everywhere, plus PrIM's own int64 where PrIM uses it.
 ROWS = [(n, d) for n in pw.NAMES for d in ("int32", "float32")] + \
@@ -208,7 +208,7 @@ def emulated_cycles(op: OpInfo, plan, dpus: int = EMU_DPUS) -> dict | None:
     evaluated for each kernel as generated (its DPUs, tasklets and block). Returns None if this
     kind is not covered."""
     from onnx_cinm.devices.upmem import codegen
-    from onnx_cinm.runtime import upmem_emu
+    from onnx_cinm.sim import upmem_emu
     got = _share_op(op, plan, dpus)
     if got is None:
         return None
@@ -272,7 +272,7 @@ def _emulate(name: str, dtype: str) -> tuple[float | None, str, dict]:
     ``{"emulator_cycles": ..., "modeled_cycles": ...}`` (sums over the workload's kernels)."""
     try:
         from onnx_cinm.devices.upmem import codegen
-        from onnx_cinm.runtime import upmem_emu
+        from onnx_cinm.sim import upmem_emu
     except Exception as e:  # noqa: BLE001 - report why, never fail the benchmark
         return None, f"emulator/codegen not available ({type(e).__name__}: {e})", {}
     try:

@@ -15,8 +15,8 @@ import onnx
 from onnx import helper
 
 from . import frontend
-from .devices.base import OpInfo, TensorInfo
 from .dialects import cinm
+from .graph import OpInfo, TensorInfo
 
 _MOVE = {"Reshape", "Transpose", "Concat", "Gather", "GatherElements", "GatherND", "Im2Col", "Pad",
          "Cast", "CastLike", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Slice",

@@ -781,7 +781,7 @@ def _cmd_optimize(args, parser) -> int:
     from . import artifacts, frontend
     from .examples import EXAMPLES, get_example
     from .passes import DEFAULT_PIPELINE, available_passes
-    from .passes.placement import hint_warnings, load_hints, parse_hint
+    from .passes.placement_rules import hint_warnings, load_hints, parse_hint
     from .pipeline import optimize
 
     if args.list_passes:

@@ -15,9 +15,10 @@ from onnx import helper
 
 import onnx_cinm
 from onnx_cinm.devices import get_device
-from onnx_cinm.devices.base import Cost, OpInfo, TensorInfo
+from onnx_cinm.devices.base import Cost
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op, wram_block
 from onnx_cinm.errors import CinmError
+from onnx_cinm.graph import OpInfo, TensorInfo
 from onnx_cinm.passes import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -328,7 +329,7 @@ def test_upmem_plan_memo_keeps_each_ops_own_names():
     exactly as a fresh search gives them."""
     import numpy as np
 
-    from onnx_cinm.devices.base import OpInfo, TensorInfo
+    from onnx_cinm.graph import OpInfo, TensorInfo
     from onnx_cinm.devices.upmem import mapping
     from onnx_cinm.errors import CinmError
 

@@ -1,5 +1,5 @@
 """Non-ideal crossbar mode: expected numbers are computed here with numpy (or by hand), from the
-definitions in ``onnx_cinm/devices/memristor/nonideal.py``, never taken from the simulator."""
+definitions in ``onnx_cinm/sim/crossbar/mode.py``, never taken from the simulator."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,9 +10,10 @@ from onnx import numpy_helper
 
 from onnx_cinm.devices.memristor import PCM_OCC
 from onnx_cinm.devices.memristor.codegen import emit_kernel, render
-from onnx_cinm.devices.memristor.nonideal import IDEAL, Q8, CrossbarMode, preset
+from onnx_cinm.devices.memristor.nonideal import Q8, preset
 from onnx_cinm.devices.memristor.schedule import plan
-from onnx_cinm.runtime.crossbar import CrossbarSimulator, XbarError, parse
+from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, parse
+from onnx_cinm.sim.crossbar.mode import IDEAL, CrossbarMode
 
 F64 = np.float64
 

@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from onnx_cinm.devices.memristor import physics
-from onnx_cinm.devices.memristor.physics import DEVICE_MODELS
+from onnx_cinm.sim.crossbar import physics
+from onnx_cinm.sim.crossbar.physics import DEVICE_MODELS
 
 JOSHI = DEVICE_MODELS["pcm-joshi2020"]
 HERMES = DEVICE_MODELS["pcm-hermes-1dev"]
@@ -231,10 +231,10 @@ def test_adc_offset_gain_and_inl():
 
 from onnx_cinm.devices.memristor import PCM_HERMES, PCM_OCC, RERAM_ISAAC  # noqa: E402
 from onnx_cinm.devices.memristor.codegen import emit_kernel  # noqa: E402
-from onnx_cinm.devices.memristor.nonideal import (CrossbarMode, compose,  # noqa: E402
-                                                  Q8, Q8_NOISY)
+from onnx_cinm.devices.memristor.nonideal import Q8, Q8_NOISY, compose  # noqa: E402
 from onnx_cinm.devices.memristor.schedule import plan  # noqa: E402
-from onnx_cinm.runtime.crossbar import CrossbarSimulator, XbarError, load_file  # noqa: E402
+from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, load_file  # noqa: E402
+from onnx_cinm.sim.crossbar.mode import CrossbarMode  # noqa: E402
 
 #: analog cells (one 7-bit magnitude per device), ideal DAC and ADC: only the device acts
 ANALOG = dict(mode="quantized", weight_bits=8, cell_bits=7, dac_bits=0, adc_bits=0)

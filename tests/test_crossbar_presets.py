@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from onnx_cinm.devices.memristor import PCM_HERMES, PCM_OCC, PRESETS, RRAM_NEURRAM
-from onnx_cinm.devices.memristor.physics import DEVICE_MODELS
+from onnx_cinm.sim.crossbar.physics import DEVICE_MODELS
 from onnx_cinm.devices.memristor.presets import CrossbarParams
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "crossbar-presets.md"

@@ -10,7 +10,7 @@ import pytest
 from onnx_cinm.devices.memristor import PCM_OCC, RERAM_ISAAC
 from onnx_cinm.devices.memristor.codegen import emit_kernel
 from onnx_cinm.devices.memristor.schedule import plan
-from onnx_cinm.runtime.crossbar import CrossbarSimulator, XbarError, parse
+from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, parse
 
 SHAPES = [  # M, K, N, P, groups
     (7, 200, 130, 4, 1),   # K, N not multiples of 64; T=12 > P

@@ -612,7 +612,7 @@ def test_emulate_mode_compiles_only_code_generated_from_the_plan(tmp_path, capsy
 
 def test_upmem_build_cache_honours_xdg_cache_home(tmp_path, monkeypatch):
     from onnx_cinm.hostmodel import cache_path
-    from onnx_cinm.runtime.upmem_emu import cache_dir
+    from onnx_cinm.sim.upmem_emu import cache_dir
 
     monkeypatch.delenv("ONNX_CINM_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

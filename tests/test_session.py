@@ -393,7 +393,7 @@ def test_rel_rms_err_by_hand():
 def test_matrix_kernels_limit_blas_threads_only_during_a_run():
     from threadpoolctl import threadpool_info
 
-    from onnx_cinm.runtime import blas
+    from onnx_cinm.sim import blas
 
     def counts():
         return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
@@ -410,7 +410,7 @@ def test_matrix_kernels_limit_blas_threads_only_during_a_run():
 
 
 def test_matrix_kernels_products_match_numpy():
-    from onnx_cinm.runtime import blas
+    from onnx_cinm.sim import blas
 
     rng = np.random.default_rng(0)
     W = rng.standard_normal((300, 70)).astype(np.float32)

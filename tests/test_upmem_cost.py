@@ -17,10 +17,10 @@ import math
 import numpy as np
 import pytest
 
-from onnx_cinm.devices.base import OpInfo, TensorInfo
 from onnx_cinm.devices.upmem import cost as C
 from onnx_cinm.devices.upmem import mapping
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op
+from onnx_cinm.graph import OpInfo, TensorInfo
 
 F = 350e6
 

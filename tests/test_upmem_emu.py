@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from onnx_cinm.runtime import upmem_emu as emu
+from onnx_cinm.sim import upmem_emu as emu
 
 HOST_HEAD = """\
 #include <dpu.h>

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from onnx_cinm.devices import get_device
-from onnx_cinm.devices.base import OpInfo, TensorInfo
 from onnx_cinm.devices.upmem import codegen
-from onnx_cinm.runtime import upmem_emu as emu
+from onnx_cinm.graph import OpInfo, TensorInfo
+from onnx_cinm.sim import upmem_emu as emu
 
 DTYPES = ["int32", "int64", "float32"]
 #: (dpus, tasklets, block bytes, size class) covering 1/7/64/512 DPUs and 1/11/16 tasklets;

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from onnx_cinm.devices import get_device
-from onnx_cinm.devices.base import OpInfo, TensorInfo
 from onnx_cinm.devices.upmem import search as S
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op, workgroups
 from onnx_cinm.errors import CinmError
+from onnx_cinm.graph import OpInfo, TensorInfo
 
 
 def _t(name, shape, dtype="int32", const=False):
@@ -87,7 +87,7 @@ def test_the_device_searches_on_request_and_the_plan_records_it():
 
 
 def test_a_searched_plan_compiles_and_computes_the_right_thing(tmp_path):
-    from onnx_cinm.runtime import upmem_emu as emu
+    from onnx_cinm.sim import upmem_emu as emu
 
     dev = get_device("upmem")
     op = _va(1000)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from onnx_cinm.devices.upmem import codegen
-from onnx_cinm.runtime import upmem_emu as emu
+from onnx_cinm.sim import upmem_emu as emu
 
 CLANG = shutil.which("clang")
 GCC = shutil.which("gcc")

@@ -77,7 +77,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices import Cost, Device, Priced
 from ..dialects import cinm
 from ..errors import CinmError
-from .placement import HintLog
+from .placement_rules import HintLog, heuristic
 
 OBJECTIVES = ("latency", "energy", "edp")
 
@@ -716,9 +716,7 @@ class Solution:
 def heuristic_assign(prob: Problem) -> dict | None:
     """The paper heuristic's devices as an assignment (None if one of its devices has no cost
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
-    from .placement import _heuristic
-
-    devs = {i: _heuristic(prob.ops[i])[0] for i in prob.decision}
+    devs = {i: heuristic(prob.ops[i])[0] for i in prob.decision}
     out = _with_variants(prob, devs)
     return None if any(ch is None for ch in out.values()) else out
 

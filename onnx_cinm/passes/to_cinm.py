@@ -41,8 +41,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..analysis import tensor_infos
-from ..devices.base import TensorInfo
 from ..dialects import cinm
+from ..graph import TensorInfo
 from . import PassContext, register_pass
 from .graph_names import Names, drop_unread_initializers
 

@@ -1,12 +1,13 @@
-"""Runtime: the CINM execution provider and the device simulators.
+"""Runtime: the CINM execution provider (:mod:`.session`) and its profile (:mod:`.profile`).
 
-``InferenceSession`` (:mod:`.session`) runs an optimized model like onnxruntime's session, with
-crossbar nodes in the ``.xbar`` simulator (:mod:`.crossbar`) and UPMEM nodes by the cost model
-or in the emulator (:mod:`.upmem_emu`).
+``InferenceSession`` runs an optimized model like onnxruntime's session; each device node runs
+the kernel its device returns (:meth:`onnx_cinm.devices.base.Device.kernel`: crossbar nodes in
+the ``.xbar`` simulator :mod:`onnx_cinm.sim.crossbar`, UPMEM nodes by the cost model or in the
+emulator :mod:`onnx_cinm.sim.upmem_emu`).
 """
 
 
-def __getattr__(name):  # lazy: importing the simulator alone does not load onnxruntime
+def __getattr__(name):  # lazy: importing the profile alone does not load onnxruntime
     if name in ("InferenceSession", "PROVIDER"):
         from . import session
 

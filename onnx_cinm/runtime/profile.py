@@ -22,16 +22,6 @@ FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "en
 _SUMMED = ("wall_s", "latency_s", "energy_j", "writes", "bytes_moved")
 
 
-def load_metrics(attrs: dict, prefix: str) -> dict | None:
-    """The one-time load a plan charges before the first inference (``<prefix>_load_s``,
-    ``<prefix>_load_j``: e.g. a DPU program and weights kept in MRAM), in the shape of a
-    crossbar kernel's ``load_metrics``; None if the plan has none."""
-    if attrs.get(f"{prefix}_load_s") is None:
-        return None
-    return {"tile_writes": 0, "latency_s": float(attrs[f"{prefix}_load_s"]),
-            "energy_j": float(attrs.get(f"{prefix}_load_j") or 0.0)}
-
-
 def aggregate(records: list[dict]) -> list[dict]:
     """One row per node, in first-seen order: the sums of each figure divided by the number of
     runs the node appeared in (a per-inference mean), plus ``runs``. None stays None."""

@@ -42,7 +42,8 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..passes.graph_names import names_used_by
-from . import blas, numpy_kernels
+from ..sim import blas
+from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
 #: Provider options and their defaults; each device adds ``<name>_mode`` (:func:`mode_options`).
@@ -127,7 +128,7 @@ class InferenceSession:
             ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
             a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
             crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
-            ``"onnxruntime"``; see :mod:`onnx_cinm.runtime.blas`).
+            ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`).
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
@@ -542,7 +543,7 @@ class InferenceSession:
     def configuration(self) -> dict:
         """What the session runs under, for a report: the provider options, the BLAS libraries
         and their thread limit during runs, the matrix kernel chosen per product shape (see
-        :mod:`onnx_cinm.runtime.blas`), and the partitions (``{kind: count}``: host
+        :mod:`onnx_cinm.sim.blas`), and the partitions (``{kind: count}``: host
         partitions and device nodes)."""
         parts: dict = {}
         for kind, _ in self.partitions():

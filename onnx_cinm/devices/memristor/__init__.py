@@ -523,8 +523,8 @@ def _validate(options: dict, base: CrossbarParams) -> None:
 
 
 def _compose(name: str, params: CrossbarParams, time_s, effects):
-    """The :class:`.nonideal.CrossbarMode` named ``name`` for chip ``params``; CinmError if the
-    mode, an effect or the time is bad."""
+    """The :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` named ``name`` for chip
+    ``params``; CinmError if the mode, an effect or the time is bad."""
     from .nonideal import compose
 
     try:

@@ -6,7 +6,7 @@ ended by a barrier; weight-stationary files load the first ``P`` tiles and run `
 serpentine`` with residency on; naive files wrap the rounds (per ``(g, n)``, ``P`` k tiles per
 round) in ``FOR ROWS m_block`` with residency off (a write before every use, as CINM lowers).
 
-``mode`` (a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`, default ideal) only
+``mode`` (a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`, default ideal) only
 writes header lines (``mode quantized`` and its parameters); the schedule is the same in every
 mode (the slices of a quantized tile sit in parallel arrays of one logical crossbar).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from ...runtime.crossbar import COST_KEYS, FORMAT_VERSION
+from ...sim.crossbar import COST_KEYS, FORMAT_VERSION
+from ...sim.crossbar.mode import IDEAL
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
@@ -52,10 +53,8 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
            mode=None) -> str:
     """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``).
 
-    ``mode``: a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`; None is ideal.
+    ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
     """
-    from .nonideal import IDEAL
-
     mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)
     naive = plan.loop_order == "naive"
@@ -73,7 +72,7 @@ def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
     """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
     ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
 
-    ``mode``: a :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode` written into the
+    ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` written into the
     header (None: ideal). The weights are written unquantized; the simulator quantizes them at
     load (per-output-channel scales are a function of the weights).
 

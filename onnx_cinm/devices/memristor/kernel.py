@@ -2,7 +2,7 @@
 
 The execution provider calls a :class:`CrossbarKernel` with the node's input arrays; the kernel
 lays the streamed operand out as ``X[G, rows, K]`` (:mod:`.layout`), runs one inference of the
-command file in :class:`~onnx_cinm.runtime.crossbar.CrossbarSimulator` (which never sees the ONNX
+command file in :class:`~onnx_cinm.sim.crossbar.CrossbarSimulator` (which never sees the ONNX
 node) and lays the result back out. When the programmed operand is a constant, one simulator
 lives as long as the kernel, so tiles programmed at load stay resident across runs, as on the
 chip; when it is an activation, every run programs it afresh.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...runtime.crossbar import CrossbarSimulator, load_file
+from ...sim.crossbar import CrossbarSimulator, load_file
 from . import layout
 
 
@@ -22,7 +22,7 @@ class CrossbarKernel:
     """Run one cinm Gemm/Gemv node through its ``.xbar`` kernel.
 
     Args:
-        op: the node as an :class:`~onnx_cinm.devices.base.OpInfo` (input names and shapes).
+        op: the node as an :class:`~onnx_cinm.graph.OpInfo` (input names and shapes).
         attrs: the node's ``cim_*`` plan attributes.
         path: the ``.xbar`` file (its ``.npy`` sidecars beside it).
         consts: constant inputs by name (used for a bias the file does not add).

@@ -10,8 +10,9 @@ primary source (chips.md ``[unconfirmed]``, or an estimate of ours): treat them 
 
 Only the cost fields (``rows`` .. ``adc_energy_j``) feed the cost model
 (:mod:`.schedule`); the precision fields feed the ``device`` data path (``--cim-mode device``),
-``device_model`` and the wire resistances feed :mod:`.physics`. The other fields are recorded for
-reports and are not charged yet (DAC energy, ADC time, area).
+``device_model`` and the wire resistances feed the simulator's
+:mod:`onnx_cinm.sim.crossbar.physics`. The other fields are recorded for reports and are not
+charged yet (DAC energy, ADC time, area).
 """
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ class CrossbarParams:
             ``mvm_energy_j`` or not published).
         adc_latency_s: time of one conversion, seconds (0: not published).
         array_area_mm2: area of one crossbar with its periphery, mm^2 (0: not published).
-        device_model: name of the device model in :data:`.physics.DEVICE_MODELS` (programming
-            noise, drift, read noise, conductance range).
+        device_model: name of the device model in
+            :data:`onnx_cinm.sim.crossbar.physics.DEVICE_MODELS` (programming noise, drift, read
+            noise, conductance range).
         wire_ohm_row, wire_ohm_col: wire resistance per cell pitch along a row / a column,
-            ohms, for the first-order IR-drop model (:func:`.physics.ir_drop`).
+            ohms, for the first-order IR-drop model
+            (:func:`onnx_cinm.sim.crossbar.physics.ir_drop`).
         sources: ``((field, source), ...)``: where each non-default constant comes from.
         unverified: fields whose value has no primary source (placeholders; see ``sources``).
     """
@@ -111,7 +114,8 @@ _OCC = "OCC data (crossbar.md §1.4)"
 #: (chips.md §2.6), unverified for any of these chips. NeuroSim's geometry gives 1.9 / 5.6 ohm
 #: (22 nm) or 2.5 / 7.6 ohm (14 nm) per dense 1T1R cell [derived], but with those a 256-row
 #: array at 10-40 uS has ``r * g * n^2 / 2`` of order 1, outside the first-order IR-drop model
-#: (:func:`.physics.ir_drop`) and at odds with the chips' published accuracy.
+#: (:func:`onnx_cinm.sim.crossbar.physics.ir_drop`) and at odds with the chips' published
+#: accuracy.
 _WIRE = "aihwkit IOParametersIRDropT 0.15 ohm (chips.md §2.6)"
 #: OCC's PCM model (field notes crossbar.md §1.4): the default parameters. OCC models no precision
 #: and no device: the precision is the ``q8`` mode's and the device the standard PCM statistical

@@ -212,10 +212,10 @@ class UpmemDevice(Device):
                mode: str = "emulate"):
         """A callable running the node's kernel in the UPMEM emulator, generated again from
         the plan (the folder's C must equal it; see
-        :class:`onnx_cinm.runtime.upmem_emu.kernel.UpmemKernel`); None in mode ``model``."""
+        :class:`onnx_cinm.devices.upmem.kernel.UpmemKernel`); None in mode ``model``."""
         if mode == "model":
             return None
-        from ...runtime.upmem_emu.kernel import UpmemKernel
+        from .kernel import UpmemKernel
         return UpmemKernel(op, attrs, root, consts, emit=self.emit)
 
 

@@ -7,7 +7,7 @@ generated C uses only the documented UPMEM SDK API (host: ``dpu_alloc``, ``dpu_l
 ``mram_write``, ``me()``, ``NR_TASKLETS``, ``BARRIER_INIT``/``barrier_wait``,
 ``mem_alloc``/``mem_reset``, ``__host``, ``__dma_aligned``) and compiles with
 ``-Wall -Wextra -Werror``, so the same sources build with the SDK (``make``) and with the
-emulator (:mod:`onnx_cinm.runtime.upmem_emu`). The only extra is ``EMU_COUNT(n)``, an
+emulator (:mod:`onnx_cinm.sim.upmem_emu`). The only extra is ``EMU_COUNT(n)``, an
 instruction-count hint defined away on a real DPU.
 
 The host program's command line is ``host DPU_BINARY IN... OUT...``: every op input in order

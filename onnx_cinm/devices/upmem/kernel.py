@@ -1,15 +1,15 @@
-"""A generated UPMEM kernel as a callable for the execution provider.
+"""The runtime side of an UPMEM node: its generated kernel run in the emulator.
 
-:class:`UpmemKernel` runs the node's kernel (``host.c``/``dpu.c`` built by the emulator) on the
-node's input arrays. The kernel folder is untrusted input, so the C that is compiled is never
-the folder's as it stands: the kernel is generated again from the model's plan (the node's
-``cnm_*`` attributes and constant inputs) into the build cache (``<cache>/gen/<content hash>``),
-the folder's files must equal the generated ones byte for byte (else a one-line CinmError:
-edited or stale), and the generated copy is what gets built and run. A kernel is specialised to
-the shapes it was generated for (symbolic dims were taken as 1); when the inputs have other
-shapes (a dynamic batch), the node is emitted again for those shapes into the build cache
-(``<cache>/respec/<hash>``) and that kernel runs; both the emission and the build are cached by
-content.
+:class:`UpmemKernel` runs the node's kernel (``host.c``/``dpu.c`` built by the emulator,
+:mod:`onnx_cinm.sim.upmem_emu`) on the node's input arrays. The kernel folder is untrusted input,
+so the C that is compiled is never the folder's as it stands: the kernel is generated again from
+the model's plan (the node's ``cnm_*`` attributes and constant inputs) into the build cache
+(``<cache>/gen/<content hash>``), the folder's files must equal the generated ones byte for byte
+(else a one-line CinmError: edited or stale), and the generated copy is what gets built and run. A
+kernel is specialised to the shapes it was generated for (symbolic dims were taken as 1); when the
+inputs have other shapes (a dynamic batch), the node is emitted again for those shapes into the
+build cache (``<cache>/respec/<hash>``) and that kernel runs; both the emission and the build are
+cached by content.
 """
 from __future__ import annotations
 
@@ -24,15 +24,24 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CinmError
-from ..profile import load_metrics
-from . import cache_dir, read_manifest, run_kernel
+from ...sim.upmem_emu import cache_dir, read_manifest, run_kernel
+
+
+def _load_metrics(attrs: dict) -> dict | None:
+    """The one-time load the plan charges before the first inference (``cnm_load_s`` seconds,
+    ``cnm_load_j`` joules: the DPU program and the weights kept in MRAM), in the shape of a
+    crossbar kernel's ``load_metrics``; None if the plan has none."""
+    if attrs.get("cnm_load_s") is None:
+        return None
+    return {"tile_writes": 0, "latency_s": float(attrs["cnm_load_s"]),
+            "energy_j": float(attrs.get("cnm_load_j") or 0.0)}
 
 
 class UpmemKernel:
     """Run one UPMEM node's generated kernel in the emulator.
 
     Args:
-        op: the node as an :class:`~onnx_cinm.devices.base.OpInfo`.
+        op: the node as an :class:`~onnx_cinm.graph.OpInfo`.
         attrs: the node's attributes (``kernel``, ``cnm_*``).
         root: the ``<model>.cinm/`` folder.
         consts: the node's constant inputs by tensor name.
@@ -59,7 +68,7 @@ class UpmemKernel:
         self.kdir = self._regenerate()
         self.manifest = read_manifest(self.kdir)
         #: the one-time load (DPU program, resident weights) the plan charges, or None
-        self.load_metrics = load_metrics(self.attrs, "cnm")
+        self.load_metrics = _load_metrics(self.attrs)
 
     def _regenerate(self) -> Path:
         """Generate the kernel from the plan into the build cache, check the folder's files

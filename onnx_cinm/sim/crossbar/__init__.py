@@ -29,14 +29,18 @@ which tile, and the records are summed at the next ``ADD``/``READ`` (or the end 
 ascending k order per column block -- one ``X[g] @ W[g]`` matmul when a group's records cover
 its weight tiles exactly once. The counters still come from walking every command. ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
 ``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
-runs the non-ideal data path of :mod:`onnx_cinm.devices.memristor.nonideal` (per-channel weight
+runs the non-ideal data path of :mod:`onnx_cinm.sim.crossbar.mode` (per-channel weight
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
 seeded read noise, ADC), vectorized over rows and columns in float64 (integer levels, exact),
 one matmul for all bit slices side by side; the result is dequantized to float32 in the
 crossbar's latch. Quantized mode costs several times the ideal mode's time per MVM. Device
 effects (header keys ``device``, ``prog_noise``, ``drift``, ``time_s``, ... of
 ``docs/xbar-format.md``, "Device effects") are drawn per programmed tile and per ADC by
-:mod:`onnx_cinm.devices.memristor.physics`; without them the data path is unchanged.
+:mod:`onnx_cinm.sim.crossbar.physics`; without them the data path is unchanged.
+
+This package is a leaf: it imports nothing of onnx_cinm but :mod:`onnx_cinm.errors` and
+:mod:`onnx_cinm.sim.blas`; the memristor device (:mod:`onnx_cinm.devices.memristor`) writes
+the files and runs them through it, never the reverse.
 """
 from __future__ import annotations
 
@@ -46,8 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CinmError
-from . import blas
+from ...errors import CinmError
+from .. import blas
+from . import physics
+from .mode import CrossbarMode
 
 FORMAT_VERSION = 1
 
@@ -62,7 +68,7 @@ _HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal", "quantized"),
 #: Header keys of the non-ideal parameters (``mode quantized`` only) and their value types.
 _MODE_KEYS = {"weight_bits": int, "cell_bits": int, "differential": bool, "dac_bits": int,
               "adc_bits": int, "adc_range": float, "noise_sigma": float, "seed": int,
-              # device effects (nonideal.py effect 7, physics.py)
+              # device effects (mode.py effect 7, physics.py)
               "device": str, "prog_noise": float, "drift": float, "read_noise_1f": float,
               "time_s": float, "drift_compensation": bool, "stuck_at_0": float,
               "stuck_at_1": float, "wire_ohm_row": float, "wire_ohm_col": float,
@@ -114,7 +120,7 @@ class XbarProgram:
     regions: dict
     load: list
     run: list
-    #: the header's :class:`~onnx_cinm.devices.memristor.nonideal.CrossbarMode`
+    #: the header's :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`
     mode: object = None
 
 
@@ -276,8 +282,6 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
 
 def _make_mode(path, header, keylines, mode_args):
     """The header's CrossbarMode; errors name the line of the offending key."""
-    from ..devices.memristor.nonideal import CrossbarMode
-
     if header["mode"] == "ideal" and mode_args:
         key = min(mode_args, key=lambda k: keylines[k])
         raise _err(path, keylines[key], f"'{key}' needs 'mode quantized' (line "
@@ -438,8 +442,6 @@ class CrossbarSimulator:
             self.const[r.name] = arr
         self.mode = program.mode
         if self.mode is None:  # an XbarProgram built by hand, not by parse()
-            from ..devices.memristor.nonideal import CrossbarMode
-
             self.mode = CrossbarMode(h["mode"])
         self._quant = not self.mode.ideal
         self._cells_per_weight = self.mode.cells_per_weight
@@ -461,7 +463,7 @@ class CrossbarSimulator:
 
     # -- quantized mode
     def _init_quantized(self) -> None:
-        """Per-channel weight quantization of every weight region (nonideal.py, effect 1)."""
+        """Per-channel weight quantization of every weight region (mode.py, effect 1)."""
         m = self.mode
         Lw = m.weight_levels
         self._q: dict[str, np.ndarray] = {}       # float64 integers [G, K, N] in -Lw..Lw
@@ -477,8 +479,6 @@ class CrossbarSimulator:
         self._rng = np.random.default_rng(m.seed)
         self._qtile: list = [None] * self.P  # (tag, prepared slices) per crossbar
         if m.physical:  # device effects: their own generator, so read-noise draws stay put
-            from ..devices.memristor import physics
-
             self._physics = physics
             self._dev_rng = np.random.default_rng([m.seed, 15])
             self._adc_err = physics.adc_errors(m, self.P, m.slices * self.C, self._dev_rng)

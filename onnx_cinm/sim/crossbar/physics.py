@@ -5,7 +5,7 @@ optional and they compose in the order :func:`realize` applies them (program -> 
 read noise -> stuck-at cells), then, per MVM, IR drop (:func:`ir_drop`) and the ADC transfer
 (:func:`adc_convert`), with global drift compensation (:func:`gdc_factor`) in the digital
 post-processing. Conductances are in microsiemens (uS), times in seconds, ``x = g_T / g_max`` is
-the normalized target conductance. The simulator (:mod:`onnx_cinm.runtime.crossbar`) maps cell
+the normalized target conductance. The simulator (:mod:`onnx_cinm.sim.crossbar`) maps cell
 levels to conductances, calls these, and maps back.
 
 Formulas and parameters are restated from the field notes ``shared/field-notes/chips.md`` §2
@@ -307,7 +307,7 @@ def tile_state(planes: np.ndarray, sign: np.ndarray, mode, rng: np.random.Genera
     ``planes``: ``[r, S * c]`` float64 cell levels ``0 .. Lc`` (``Lc = 2**cell_bits - 1``), the
     ``S`` bit slices side by side; ``sign``: ``[r, S * c]`` the sign of each weight (a
     differential pair programs ``G+`` where it is positive, ``G-`` where negative); ``mode``: a
-    :class:`.nonideal.CrossbarMode` with ``physical`` set. Levels map to target conductances
+    :class:`.mode.CrossbarMode` with ``physical`` set. Levels map to target conductances
     ``l / Lc * g_max`` of ``mode.device`` and go through :func:`realize` at ``mode.time_s``.
 
     Returns ``{"D": [r, S*c] signed effective levels (G+ - G-, or the offset cell), "G2": summed
