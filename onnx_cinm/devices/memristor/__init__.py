@@ -279,13 +279,22 @@ class MemristorDevice(Device):
         the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too.
         Raises CinmError on bad options.
         """
+        return self._lower(items, self._attrs)
+
+    def lower_paradigm(self, items: list) -> list[dict]:
+        """The cim paradigm's part of :meth:`lower`: the tiles, loop order, operand, crossbars
+        and residency (write and MVM counts) of each kernel, without the modeled cost, the
+        data-path mode and the kernel path. Raises CinmError on bad options."""
+        return self._lower(items, self._paradigm_attrs)
+
+    def _lower(self, items: list, attrs_of) -> list[dict]:
         if not items:
             return []
         _validate(items[0][1], self.params)
         P, planned = self._allocate(items)
         out = []
         for (op, opts), e in zip(items, planned):
-            attrs = self._attrs(op, opts, *e[0])
+            attrs = attrs_of(op, opts, *e[0])
             attrs["cim_device_crossbars"] = P
             out.append(attrs)
         return out
@@ -339,19 +348,31 @@ class MemristorDevice(Device):
         return P, [entry(op, opts, used, shared) for (op, opts), (used, shared)
                    in zip(items, residency.allocate(tiles, const, P))]
 
-    def _attrs(self, op, options, p, v, params, const, why) -> dict:
-        c = p.cost(params)
-        mode = options.get("cim_mode") or "ideal"
-        time_s = options.get("cim_time_s", 0.0)
-        effects = options.get("cim_effects")
-        _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
+    @staticmethod
+    def _paradigm_attrs(op, options, p, v, params, const, why) -> dict:
+        """The cim paradigm's attributes of plan ``p`` of view ``v`` (see :meth:`lower_paradigm`)."""
         attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
             "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
             "cim_operand": v.operand, "cim_M": p.M, "cim_K": p.K, "cim_N": p.N,
             "cim_groups": p.groups, "cim_tiles": p.tiles, "cim_resident": int(p.resident),
             "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
-            "cim_mvms": p.mvms, "cim_latency_s": float(c.latency_s),
+            "cim_mvms": p.mvms,
+        }
+        if not const:  # the placement reason does not say which activation is programmed
+            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        return attrs
+
+    def _attrs(self, op, options, p, v, params, const, why) -> dict:
+        c = p.cost(params)
+        mode = options.get("cim_mode") or "ideal"
+        time_s = options.get("cim_time_s", 0.0)
+        effects = options.get("cim_effects")
+        _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
+        paradigm = self._paradigm_attrs(op, options, p, v, params, const, why)
+        note = paradigm.pop("placement", None)
+        attrs = {
+            **paradigm, "cim_latency_s": float(c.latency_s),
             "cim_energy_j": float(c.energy_j), "cim_mode": mode,
             "kernel": f"memristor/{options['kernel_stem']}.xbar",
         }
@@ -361,8 +382,8 @@ class MemristorDevice(Device):
             attrs["cim_time_s"] = float(time_s)
         if effects is not None:
             attrs["cim_effects"] = ",".join(effects)
-        if not const:  # the placement reason does not say which activation is programmed
-            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        if note is not None:
+            attrs["placement"] = note
         return attrs
 
     # -- reports ----------------------------------------------------------------------------

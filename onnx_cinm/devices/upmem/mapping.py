@@ -237,12 +237,21 @@ class CnmPlan:
         ``cnm_search`` when a mapping search chose the plan (what it tried, what won).
         """
         b = self.cost()
+        pa = self.paradigm_attrs()
+        grid = pa.pop("cnm_grid", None)
+        return {**pa, "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
+                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
+                **({"cnm_search": self.search} if self.search else {}),
+                **({"cnm_grid": grid} if grid is not None else {})}
+
+    def paradigm_attrs(self) -> dict:
+        """The cnm paradigm's part of :meth:`attrs` (the ``paradigm`` level of ``--stop-after``):
+        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``), scratchpad block
+        (``cnm_block_bytes``), memory per unit (``cnm_mram_bytes``), distribution
+        (``cnm_inputs``) and merge (``cnm_merge``); no cost."""
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
-                "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
-                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
-                **({"cnm_search": self.search} if self.search else {}),
                 **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
 
 

@@ -1,4 +1,4 @@
-"""Residency: which kernels keep their tiles programmed when a model's kernels share ``P`` crossbars.
+"""Residency: which kernels keep their tiles programmed when they share a chip's ``P`` crossbars.
 
 A chip has ``P`` crossbars for all the crossbar kernels of a model (field notes ``crossbar.md``
 §3). With the weight-stationary order (:mod:`.schedule`):

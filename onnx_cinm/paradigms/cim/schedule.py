@@ -46,8 +46,9 @@ Loop orders.
   example of §3: ``M = N = K = 256``, 64 x 64 tiles, ``P = 1``: naive 4*4*4 = 64 writes,
   weight-stationary 4*4 = 16. The write reduction is ``Mt``.
 
-Cost (:meth:`CrossbarPlan.cost`), figures from the chip's :class:`~onnx_cinm.paradigms.cim.CrossbarArray`
-(e.g. the memristor device's ``CrossbarParams``, OCC, §1.4):
+Cost (:meth:`CrossbarPlan.cost`), figures from the chip's
+:class:`~onnx_cinm.paradigms.cim.CrossbarArray` (e.g. the memristor device's ``CrossbarParams``,
+OCC, §1.4):
 - latency: each round takes ``write_latency`` if any of its tiles is written (crossbars are
   programmed in parallel, one write driver per crossbar) plus ``rows_in_round * mvm_latency``
   (the rows stream through the round's crossbars in parallel). OCC's sheet, with one crossbar:

@@ -1,4 +1,4 @@
-"""The ``cnm`` paradigm: data-parallel ops on processing units beside memory banks, for any such chip.
+"""The ``cnm`` paradigm: data-parallel ops on processing units beside memory banks, any such chip.
 
 A compute-near-memory device has many *units*, each with its own memory (a DRAM bank or bank
 pair), a small local scratchpad, some hardware threads and a SIMD width (field notes
@@ -18,18 +18,21 @@ what does not depend on the chip:
 It is written against :class:`NearMemoryArray`, which a device fills from its sourced
 constants. Two examples:
 
-============================  ===================================  ==================================
-field                         UPMEM (``devices/upmem``)            HBM-PIM (Aquabolt-XL, ISCA 2021)
-============================  ===================================  ==================================
-``units``                     DPUs (2048; one per 64 MB bank)      PIM units (one per two banks)
-``units_per_group``           64 DPUs per rank                     PIM units per pseudo-channel
-``memory_bytes``              64 MiB MRAM per DPU                  the two banks of a unit
-``scratch_bytes``             64 KiB WRAM per DPU                  the GRFs (2 x 8 x 256 bit = 512 B)
-``threads``                   24 tasklets (16 on v1B)              1 (one instruction stream)
-``lanes``                     1 (scalar 32-bit core)               16 FP16 lanes
-``align_bytes``               8 (DMA granularity)                  32 (one 256-bit column access)
-``block_max_bytes``           2048 (largest DMA)                   32
-============================  ===================================  ==================================
+======================  ===================================  =======================================
+field                   UPMEM (``devices/upmem``)            HBM-PIM (Aquabolt-XL, ISCA 2021)
+======================  ===================================  =======================================
+``units``               DPUs (2048; one per 64 MB bank)      PIM units (128 per cube, 1 per 2 banks)
+``units_per_group``     64 DPUs per rank                     8 PIM units per pseudo-channel
+``memory_bytes``        64 MiB MRAM per DPU                  the two banks of a unit
+``scratch_bytes``       64 KiB WRAM per DPU                  GRF_A + GRF_B: 16 x 256 bit = 512 B
+``threads``             24 tasklets (16 on v1B)              1 (one instruction stream)
+``lanes``               1 (scalar 32-bit core)               16 FP16 lanes
+``align_bytes``         8 (DMA granularity)                  32 (one 256-bit column access)
+``block_max_bytes``     2048 (largest DMA)                   32
+======================  ===================================  =======================================
+
+(UPMEM: SDK documentation and PrIM, ``shared/field-notes/upmem.md`` §1.1; HBM-PIM: Lee et al.,
+ISCA 2021, and Samsung's PIMSimulator as summarised in ``shared/field-notes/chips.md``.)
 
 A device package builds its array once (``NearMemoryArray(units=..., ...)``), asks this
 package for the workgroup, the distribution of each input, the layout of a unit's memory and
