@@ -21,11 +21,11 @@ import numpy as np
 
 from ...errors import CinmError
 from ...options import option
+from ...paradigms.cim import layout, residency, schedule
+from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import printable, si
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
-from ...paradigms.cim import layout, residency, schedule
-from ...paradigms.cim.schedule import LOOP_ORDERS
 from . import codegen
 from .nonideal import EFFECTS, NAMED
 from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
