@@ -30,7 +30,7 @@ from onnx import numpy_helper
 from onnx_cinm.devices.memristor import PCM_OCC
 from onnx_cinm.devices.memristor.codegen import emit_kernel
 from onnx_cinm.devices.memristor.nonideal import Q8
-from onnx_cinm.devices.memristor.schedule import plan
+from onnx_cinm.paradigms.cim.schedule import plan
 from onnx_cinm.examples.digits import build_digits_mlp
 from onnx_cinm.sim.crossbar import CrossbarSimulator
 from onnx_cinm.sim.crossbar.mode import CrossbarMode

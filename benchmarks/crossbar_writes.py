@@ -1,7 +1,7 @@
 """Crossbar writes of the CINM/OCC kernels and light ResNet50: naive (m, n, k) vs weight-stationary.
 
 Every kernel is an ONNX model compiled by ``onnx_cinm.optimize`` twice (``cim_loop_order`` naive
-and weight_stationary); the figures are the ``cim_*`` plan attributes the ``cim_tiling`` pass
+and weight_stationary); the figures are the ``cim_*`` plan attributes the ``device_lowering`` pass
 wrote, and ``writes_sim`` is what the crossbar simulator counted running the emitted ``.xbar``
 files for two inferences through the execution provider (mean per inference, steady state:
 both directions of a serpentine schedule), which must equal ``writes_opt``.
@@ -96,7 +96,8 @@ def _plans(model, order: str, P: int | None) -> list[dict]:
                                                           ("relu*", "host")]
     # the paper heuristic: every large matmul with constant weights on the crossbars
     res = optimize(model, check=0, device_options=opts, place=hints, placement="heuristic")
-    return res, [a for *_, a in res.stats.get("cim_tiling", {}).get("plans", [])]
+    return res, [a for _, _, dev, a in res.stats.get("device_lowering", {}).get("plans", [])
+                 if dev == "memristor"]
 
 
 def _simulated_writes(res, workdir: Path, runs: int = 2) -> float:

@@ -246,7 +246,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
                    help="write the model at this level: 'cinm' (device-agnostic ops), 'placement' "
-                        "(ops annotated with devices) or 'device' (with crossbar and UPMEM plans)")
+                        "(ops annotated with devices), 'paradigm' (with crossbar tiles and "
+                        "near-memory workgroups) or 'device' (with costs and kernel paths)")
     o.add_argument("--list-passes", action="store_true", help="list the passes and exit")
     o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
     o.add_argument("-v", "--verbose", action="store_true", help="print progress and every placement")

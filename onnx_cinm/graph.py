@@ -1,4 +1,5 @@
-"""Graph types every layer shares: what the compiler knows of one tensor and one cinm node.
+"""Graph types every layer shares: what the compiler knows of one tensor and one cinm node, and
+what running one op costs.
 
 This module is the bottom of the layer stack (see ``docs/architecture.md``): it imports nothing
 of onnx_cinm, and the dialect, the devices, the passes and the runtime all describe tensors and
@@ -66,3 +67,27 @@ class OpInfo:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     flops: int = 0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What running one op costs on a device, for one inference.
+
+    Attributes:
+        latency_s: modeled wall time, seconds (device work only; host<->device transfers are
+            added by placement per edge).
+        energy_j: modeled energy, joules.
+        writes: device programming operations; for a crossbar, whole-tile writes (one tile is
+            ``rows x cols`` cells programmed at once, as OCC counts them). 0 for devices that
+            are not programmed.
+        bytes_moved: bytes crossing the device boundary (inputs in, results out, weights in).
+    """
+
+    latency_s: float
+    energy_j: float
+    writes: int = 0
+    bytes_moved: int = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.latency_s + other.latency_s, self.energy_j + other.energy_j,
+                    self.writes + other.writes, self.bytes_moved + other.bytes_moved)

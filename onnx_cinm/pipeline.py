@@ -114,7 +114,7 @@ class OptimizeResult:
         from . import devices
 
         plans: dict = {}
-        for key in ("cim_tiling", "cnm_mapping"):
+        for key in ("device_lowering",):
             for name, op, dev, attrs in self.stats.get(key, {}).get("plans", []):
                 plans.setdefault(dev, []).append((name, op, attrs))
         tables = [devices.get_device(d).summary(p) for d, p in plans.items()]
@@ -229,7 +229,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             crossbar, other cinm ops to UPMEM).
         place: user hints ``(pattern, device)``; the first matching hint wins.
         skip: pass names not to run.
-        stop_after: ``"cinm"``, ``"placement"`` or a pass name: the level to stop at.
+        stop_after: ``"cinm"``, ``"placement"``, ``"paradigm"``, ``"device"`` or a pass name: the
+            level to stop at (:data:`onnx_cinm.passes.STOP_LEVELS`).
         input_shapes: ``{input name: dims}`` baked into the model before optimizing.
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check).

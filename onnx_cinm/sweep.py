@@ -2,11 +2,11 @@
 
 ``onnx-cinm sweep in.onnx --set crossbar.size=32x32,64x64 --set crossbar.count=4,16 -o DIR``
 evaluates the cartesian product of the ``--set`` values. The model is brought to the cinm level
-once; every configuration then runs the placement and device passes (``placement``,
-``cim_tiling``, ``cnm_mapping``: the compiled plans) and is scored by the same model as cost
-placement (:func:`onnx_cinm.passes.cost_placement.evaluate_model`): modeled latency (seconds),
-energy (joules), crossbar tile writes per inference, bytes crossing device boundaries, cinm ops
-per device, and the constraints the placement breaks. No inference is run.
+once; every configuration then runs the placement, paradigm and device passes (``placement``,
+``cim_tiling``, ``cnm_mapping``, ``device_lowering``: the compiled plans) and is scored by the
+same model as cost placement (:func:`onnx_cinm.passes.cost_placement.evaluate_model`): modeled
+latency (seconds), energy (joules), crossbar tile writes per inference, bytes crossing device
+boundaries, cinm ops per device, and the constraints the placement breaks. No inference is run.
 
 Keys (``--set KEY=V1,V2,...``) and the pass options they set:
 
@@ -182,7 +182,8 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     opts.setdefault("placement", "cost")
     ctx = PassContext(options=opts)
     try:
-        work = PassManager(pipeline=["placement", "cim_tiling", "cnm_mapping"]).run(work, ctx)
+        work = PassManager(pipeline=["placement", "cim_tiling", "cnm_mapping",
+                                     "device_lowering"]).run(work, ctx)
         tot, bad, _ = evaluate_model(work, opts)
     except CinmError as e:
         nan = float("nan")

@@ -145,7 +145,7 @@ def test_console_script_help_and_lists():
     assert res.returncode == 0
     assert [line.split()[0] for line in res.stdout.splitlines()] == [
         "canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm", "to_cinm", "placement",
-        "cim_tiling", "cnm_mapping"]
+        "cim_tiling", "cnm_mapping", "device_lowering"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 2.5e-06" in res.stdout
     # every parameter with its unit and source, from the parameter class's docstring

@@ -228,7 +228,9 @@ def test_v1b_target_from_the_command_line(tmp_path, capsys):
 def test_pass_is_registered():
     i = DEFAULT_PIPELINE.index("cim_tiling")
     assert DEFAULT_PIPELINE[i + 1] == "cnm_mapping"
-    assert STOP_LEVELS["device"] == "cnm_mapping"
+    # the paradigm level ends with the cnm mapping; the device level adds costs and kernels
+    assert STOP_LEVELS["paradigm"] == "cnm_mapping"
+    assert STOP_LEVELS["device"] == "device_lowering" == DEFAULT_PIPELINE[i + 2]
 
 
 def test_plan_attributes_on_optimized_model():

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 from onnx_cinm.devices.memristor import PCM_OCC
 from onnx_cinm.devices.memristor.codegen import emit_kernel, render
 from onnx_cinm.devices.memristor.nonideal import Q8, preset
-from onnx_cinm.devices.memristor.schedule import plan
+from onnx_cinm.paradigms.cim.schedule import plan
 from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, parse
 from onnx_cinm.sim.crossbar.mode import IDEAL, CrossbarMode
 

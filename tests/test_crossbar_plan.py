@@ -1,4 +1,4 @@
-"""The crossbar schedule (devices/memristor/schedule.py): counts derived by hand from the formulas.
+"""The crossbar schedule (paradigms/cim/schedule.py): counts derived by hand from the formulas.
 
 Every expected number below is worked out in the comment next to it from the definitions in the
 module docstring (Kt = ceil(K/rows), Nt = ceil(N/cols), T = G*Kt*Nt, MVMs = G*M*Kt*Nt, ...).
@@ -11,7 +11,7 @@ import pytest
 
 from onnx_cinm.devices import Cost
 from onnx_cinm.devices.memristor import PCM_OCC, PRESETS, RERAM_ISAAC
-from onnx_cinm.devices.memristor.schedule import plan, tile_cells
+from onnx_cinm.paradigms.cim.schedule import plan, tile_cells
 
 P1 = replace(PCM_OCC, crossbars=1)
 
@@ -135,7 +135,7 @@ def test_benchmark_targets(capsys):
 
 def test_cells_prefix_matches_the_tile_enumeration():
     # the closed form must equal summing the enumerated tiles (groups stacked in (g, k, n) order)
-    from onnx_cinm.devices.memristor.schedule import cells_prefix
+    from onnx_cinm.paradigms.cim.schedule import cells_prefix
 
     for K, N, R, C, G in [(200, 130, 64, 64, 1), (100, 70, 64, 64, 3), (64, 64, 64, 64, 2),
                           (1, 1, 64, 64, 1), (513, 257, 128, 128, 2), (25088, 4096, 64, 64, 1)]:

@@ -9,7 +9,7 @@ import pytest
 
 from onnx_cinm.devices.memristor import PCM_OCC, RERAM_ISAAC
 from onnx_cinm.devices.memristor.codegen import emit_kernel
-from onnx_cinm.devices.memristor.schedule import plan
+from onnx_cinm.paradigms.cim.schedule import plan
 from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, parse
 
 SHAPES = [  # M, K, N, P, groups

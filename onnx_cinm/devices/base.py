@@ -16,7 +16,8 @@ device package and never probe a device for optional methods. A device is one su
 and implements :meth:`Device.supports` and :meth:`Device.cost`; the rest have defaults that make
 a *cost-model* device (priced and placed; its nodes run their reference bodies on the host):
 :meth:`~Device.resources`, :meth:`~Device.price`, :meth:`~Device.price_all`,
-:meth:`~Device.transfer_cost`, :meth:`~Device.lower`, :meth:`~Device.emit`,
+:meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`, :meth:`~Device.lower`,
+:meth:`~Device.emit`,
 :meth:`~Device.kernel`, :meth:`~Device.recorded`, :meth:`~Device.summary`.
 The registry checks a device when it registers (:func:`check_device`).
 """
@@ -28,32 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ..graph import OpInfo, TensorInfo  # noqa: F401  (re-exported: the contract's types)
+from ..graph import Cost, OpInfo, TensorInfo  # noqa: F401  (re-exported: the contract's types)
 from ..options import OptionSpec, specs
-
-@dataclass(frozen=True)
-class Cost:
-    """What running one op costs on a device, for one inference.
-
-    Attributes:
-        latency_s: modeled wall time, seconds (device work only; host<->device transfers are
-            added by placement per edge).
-        energy_j: modeled energy, joules.
-        writes: device programming operations; for a crossbar, whole-tile writes (one tile is
-            ``rows x cols`` cells programmed at once, as OCC counts them). 0 for devices that
-            are not programmed.
-        bytes_moved: bytes crossing the device boundary (inputs in, results out, weights in).
-    """
-
-    latency_s: float
-    energy_j: float
-    writes: int = 0
-    bytes_moved: int = 0
-
-    def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.latency_s + other.latency_s, self.energy_j + other.energy_j,
-                    self.writes + other.writes, self.bytes_moved + other.bytes_moved)
-
 
 @dataclass(frozen=True)
 class Support:
@@ -188,6 +165,16 @@ class Device:
         return Cost(0.0, 0.0, 0, 0)
 
     # -- compiling -----------------------------------------------------------------------------
+    def lower_paradigm(self, items: list) -> list[dict]:
+        """The paradigm-level part of :meth:`lower`'s plans (the ``paradigm`` level of
+        ``--stop-after``): per item, the attributes that say how the device's paradigm computes
+        the op -- cim: tiles, loop order, residency (:mod:`onnx_cinm.paradigms.cim`); cnm:
+        workgroup, distribution, memory, merge (:mod:`onnx_cinm.paradigms.cnm`) -- without the
+        device's modeled cost, run modes or kernel path. ``items`` as in :meth:`lower`; names
+        from :attr:`plan_attrs`. :meth:`lower` must write the same values again. Default:
+        nothing (the device level writes the whole plan). Raises CinmError on bad options."""
+        return [{} for _ in items]
+
     def lower(self, items: list) -> list[dict]:
         """The plans of all the ops placed on the device, ``items`` being ``[(OpInfo, options)]``
         in execution order (``options["kernel_stem"]``: a unique, file-safe stem for the node's

@@ -3,12 +3,14 @@
 A pass is a function ``fn(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto``
 registered under a name with :func:`register_pass`. A pipeline is data: an ordered list of pass
 names (:data:`DEFAULT_PIPELINE`). :class:`PassManager` runs a pipeline, times every pass, lets the
-user skip passes by name and stop after a level (``cinm`` or ``placement``).
+user skip passes by name and stop after a level (:data:`STOP_LEVELS`).
 
 Passes read the level above them and write the level below (see DESIGN.md): the frontend passes
 (``canonicalize_opset`` .. ``fold_batchnorm``) keep standard ONNX, ``to_cinm`` writes
-device-agnostic ``cinm`` ops, ``placement`` annotates them with a device. No pass imports a device
-package; devices are reached through :mod:`onnx_cinm.devices` (the registry).
+device-agnostic ``cinm`` ops, ``placement`` annotates them with a device, ``cim_tiling`` and
+``cnm_mapping`` add each paradigm's plan (tiles, workgroups), ``device_lowering`` the device's
+(cost, run mode, kernel path). No pass imports a device package; devices are reached through
+:mod:`onnx_cinm.devices` (the registry).
 """
 from __future__ import annotations
 
@@ -36,10 +38,15 @@ DEFAULT_PIPELINE: list[str] = [
     "placement",
     "cim_tiling",
     "cnm_mapping",
+    "device_lowering",
 ]
 
-#: ``--stop-after LEVEL`` -> the last pass of that level.
-STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement", "device": "cnm_mapping"}
+#: ``--stop-after LEVEL`` -> the last pass of that level: ``cinm`` (device-agnostic ops),
+#: ``placement`` (each op's device), ``paradigm`` (each paradigm's plan: crossbar tiles, loop
+#: order, residency; workgroups, distribution, merges), ``device`` (the devices' whole plans:
+#: modeled cost, run mode, kernel paths).
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement",
+                               "paradigm": "cnm_mapping", "device": "device_lowering"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
 _PASS_MODULES = ["canonicalize", "to_cinm", "placement", "device_lowering", "cnm_mapping"]

@@ -1,12 +1,13 @@
 """Pass ``cnm_mapping``: map every op placed on a compute-near-memory device (cnm paradigm level).
 
-For each cinm node whose ``device`` has paradigm ``cnm`` (UPMEM), the device chooses the
-workgroup (ranks x DPUs x tasklets), how each input is scattered or broadcast, the MRAM layout,
-the WRAM block per tasklet and how partial results merge, and the pass stores that plan as node
-attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_mram_bytes``,
-``cnm_inputs``, ``cnm_merge``, ``cnm_latency_s``, ``cnm_energy_j`` and ``kernel``; see
-``onnx_cinm.dialects.cinm.PLAN_ATTRS``). Like ``cim_tiling`` it only walks the graph; the device
-decides (:func:`onnx_cinm.passes.device_lowering.lower_paradigm`).
+For each cinm node whose ``device`` has paradigm ``cnm`` (UPMEM), the device chooses, with the
+cnm paradigm's rules (:mod:`onnx_cinm.paradigms.cnm`), the workgroup (ranks x DPUs x
+tasklets), how each input is scattered or broadcast, the MRAM layout, the WRAM block per
+tasklet and how partial results merge, and the pass stores that paradigm-level plan as node
+attributes (UPMEM: ``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``, ``cnm_block_bytes``,
+``cnm_mram_bytes``, ``cnm_inputs``, ``cnm_merge``). The modeled cost and the ``kernel`` path
+follow at the device level (pass ``device_lowering``). Like ``cim_tiling`` it only walks the
+graph; the device decides (:func:`onnx_cinm.passes.device_lowering.lower_paradigm`).
 
 Options read (by the device): ``upmem_dpus`` (most DPUs a workgroup may use, default 2048),
 ``upmem_tasklets`` (tasklets per DPU, 1..24, default 16), ``upmem_target`` (``v1a``, default,

@@ -1,10 +1,18 @@
-"""The paradigm passes: ``cim_tiling`` and ``cnm_mapping`` write each device's plan onto its nodes.
+"""The paradigm and device passes: they write each device's plan onto its nodes, in two levels.
 
-Both work the same way: for every cinm node whose ``device`` belongs to the paradigm, ask the
-device (through the registry, never by import) for the plans of all its nodes at once,
-:meth:`Device.lower`, and store each plan as node attributes (the device's declared
+- Paradigm level: ``cim_tiling`` (crossbar tiles, loop order, residency) and ``cnm_mapping``
+  (in :mod:`.cnm_mapping`: workgroup, distribution, memory, merge) store, for every cinm node
+  whose ``device`` belongs to the paradigm, the paradigm's part of the device's plan,
+  :meth:`Device.lower_paradigm` (``--stop-after paradigm`` writes the model here);
+- Device level: ``device_lowering`` stores every device's whole plan, :meth:`Device.lower`:
+  the paradigm attributes again plus the device's modeled cost, run mode and ``kernel`` path
+  (``--stop-after device``).
+
+All work the same way: ask each device (through the registry, never by import) for the plans
+of all its nodes at once and store each plan as node attributes (the device's declared
 ``plan_attrs`` and ``kernel``). The plan is attributes, never one ONNX node per tile or per
-DPU. The device decides the schedule; the pass only walks the graph and records statistics.
+DPU. The device decides the schedule with its paradigm's code (:mod:`onnx_cinm.paradigms`);
+the passes only walk the graph and record statistics.
 """
 from __future__ import annotations
 
@@ -42,7 +50,13 @@ def _set(node: onnx.NodeProto, attrs: dict, dev) -> None:
 
 
 def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> tuple:
-    """Lower every cinm node placed on a device of ``paradigm`` (in place).
+    """Write the paradigm-level plan of every cinm node placed on a device of ``paradigm`` (in
+    place): :meth:`Device.lower_paradigm`. Returns and raises as :func:`lower_devices`."""
+    return _lower(model, ctx, paradigm)
+
+
+def lower_devices(model: onnx.ModelProto, ctx: PassContext) -> tuple:
+    """Lower every cinm node placed on a device (in place).
 
     Each device's :meth:`Device.lower` gets all its nodes at once, in graph order, as
     ``[(OpInfo, options)]`` (``ctx.options`` plus ``"kernel_stem"``, a unique, file-safe stem
@@ -55,6 +69,12 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
             attribute the placement pass did not write), a device returns an attribute it
             does not declare, or rejects the options.
     """
+    return _lower(model, ctx, None)
+
+
+def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tuple:
+    """Paradigm-level plans of the devices of ``paradigm``, or (None) the whole plans of every
+    device but the host's."""
     infos = None
     stats = {"nodes": Counter(), "plans": []}
     by_device: dict[str, list] = {}
@@ -65,7 +85,7 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         if dev_name is None:
             continue
         dev = devices.get_device(dev_name)
-        if dev.paradigm != paradigm:
+        if dev.paradigm != paradigm and (paradigm is not None or dev.paradigm == "host"):
             continue
         if infos is None:
             infos = tensor_infos(model)
@@ -80,7 +100,8 @@ def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> t
         by_device.setdefault(dev_name, []).append((node, info, opts))
     for dev_name, items in by_device.items():
         dev = devices.get_device(dev_name)
-        plans = dev.lower([(op, opts) for _, op, opts in items])
+        lower = dev.lower if paradigm is None else dev.lower_paradigm
+        plans = lower([(op, opts) for _, op, opts in items])
         if len(plans) != len(items):
             raise CinmError(f"device '{dev_name}' returned {len(plans)} plans for {len(items)} nodes")
         for (node, _, _), plan in zip(items, plans):
@@ -99,4 +120,16 @@ def cim_tiling(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """
     model, stats = lower_paradigm(model, ctx, "cim")
     ctx.stats["cim_tiling"] = stats
+    return model
+
+
+@register_pass("device_lowering")
+def device_lowering(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Write each device's whole plan: cost, run mode and kernel path (device level).
+
+    Every node placed on a device gets :meth:`Device.lower`'s attributes (the paradigm's again,
+    plus the device's); ``optimize`` then emits the kernels named by ``kernel``.
+    """
+    model, stats = lower_devices(model, ctx)
+    ctx.stats["device_lowering"] = stats
     return model

@@ -6,6 +6,11 @@ numbers are from its evaluation data, ``adam-smnk/Open-CIM-Compiler`` branch ``s
 ``data/CIM_parallelization_factor.xlsx`` and ``data/CIM_stats.xlsx``; see
 ``shared/field-notes/crossbar.md`` §1.4). One "write" here is the programming of one whole
 crossbar tile (``rows x cols`` cells), as in OCC's write counts.
+
+Tiles, loop orders, residency and the product views are the cim paradigm's
+(:mod:`onnx_cinm.paradigms.cim`; :class:`CrossbarParams` is its ``CrossbarArray``); this package
+keeps the chip presets, device physics and non-idealities, the ``.xbar`` code generator and the
+simulator adapter.
 """
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ import numpy as np
 
 from ...errors import CinmError
 from ...options import option
+from ...paradigms.cim import layout, residency, schedule
+from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import printable, si
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
-from . import codegen, layout, schedule
+from . import codegen
 from .nonideal import EFFECTS, NAMED
 from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
-from .schedule import LOOP_ORDERS
 
 
 _DEFAULT_LOOP_ORDER = "weight_stationary"
@@ -144,22 +150,6 @@ class MemristorDevice(Device):
         return PRESETS[name]
 
     # -- what it runs ---------------------------------------------------------------------
-    def _operands(self, op: OpInfo) -> tuple[str | None, str]:
-        """(programmed operand or None, why) from constness and shapes."""
-        if op.op_type == "Gemm":
-            a, b = op.inputs[0], op.inputs[1]
-            if b.const:
-                return "B", f"constant B {b.shape} programmed"
-            if a.const:
-                return "A", f"constant A {a.shape} programmed as A^T"
-        else:
-            a, b = op.inputs[0], op.inputs[1]
-            if a.const:
-                return "A", f"constant matrix {a.shape} programmed as A^T"
-            if b.const:
-                return "B", f"constant vector {b.shape} programmed as one column"
-        return None, "both operands are activations"
-
     def supports(self, op: OpInfo) -> Support:
         if op.op_type not in ("Gemm", "Gemv"):
             return Support(False, f"crossbars only compute matrix products, not {op.op_type}",
@@ -185,31 +175,13 @@ class MemristorDevice(Device):
         macs = op.flops // 2
         if macs < self.params.min_macs:
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
-        operand, why = self._operands(op)
+        operand, why = layout.constant_operand(op)
         if operand is None:
             return Support(True, f"{why}: the cheaper one would be reprogrammed every inference",
                            preferred=False)
         return Support(True, f"matrix product, {why}, {macs} MACs: weight-stationary on crossbars")
 
     # -- plan -------------------------------------------------------------------------------
-    def _view(self, op: OpInfo, operand: str) -> layout.ProductView:
-        a, b = op.inputs[0].static_shape, op.inputs[1].static_shape
-        return layout.view(op.op_type, operand, a, b)
-
-    def _choose(self, op: OpInfo, params: CrossbarParams) -> tuple[str, bool, str]:
-        """(programmed operand, is it constant, why)."""
-        operand, why = self._operands(op)
-        if operand is not None:
-            return operand, True, why
-        tiles = {}
-        for cand in ("B", "A"):
-            v = self._view(op, cand)
-            tiles[cand] = v.G * -(-v.K // params.rows) * -(-v.N // params.cols)
-        pick = "B" if tiles["B"] <= tiles["A"] else "A"
-        return pick, False, (f"both operands are activations: programming {pick} costs "
-                             f"{tiles[pick]} tile writes per inference, the other "
-                             f"{tiles['B' if pick == 'A' else 'A']}")
-
     def plan(self, op: OpInfo, options: dict | None = None, *, crossbars: int | None = None,
              shared: bool = False) -> tuple:
         """``(CrossbarPlan, ProductView, params, programmed operand is constant, why)`` for ``op``
@@ -250,12 +222,11 @@ class MemristorDevice(Device):
         order = options.get("cim_loop_order") or _DEFAULT_LOOP_ORDER
         if order not in LOOP_ORDERS:
             raise CinmError(f"unknown crossbar loop order '{order}' (known: weight_stationary, naive)")
-        operand, const, why = self._choose(op, params)
-        v = self._view(op, operand)
+        operand, const, why = layout.choose_operand(op, params)
+        v = layout.op_view(op, operand)
         # a programmed activation changes every inference: nothing can stay resident
         shared = (shared or not const) and LOOP_ORDERS[order] == "weight_stationary"
-        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, order, groups=max(v.G, 1),
-                          crossbars=crossbars, shared=shared)
+        p = schedule.plan_product(v, params, order, crossbars=crossbars, shared=shared)
         return p, v, params, const, why
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
@@ -298,29 +269,32 @@ class MemristorDevice(Device):
         crossbars; ``items`` is ``[(OpInfo, options)]`` in execution order. Returns one dict of
         ``cim_*`` node attributes plus ``kernel`` per item.
 
-        Allocation (weight-stationary order):
-
-        - if every kernel's tiles fit together (``sum T_k <= P``), each kernel keeps its tiles
-          resident in crossbars of its own: all programmed once, at load, 0 writes per inference;
-        - otherwise whole kernels are pinned so that as many tiles as possible fit in ``P - 1``
-          crossbars (a 0/1 knapsack: every pinned tile saves one write per inference; one
-          crossbar must stay free for the rest); the other kernels stream through the
-          remaining ``P_s`` crossbars. If a single kernel streams, nothing else evicts its tiles
-          and it keeps the serpentine schedule (``T_k - P_s`` writes per inference); if several
-          do, each evicts the others' tiles, so each writes all its ``T_k`` tiles every
-          inference (``shared``). Kernels whose programmed operand is an activation always stream.
+        Allocation: the cim paradigm's residency rule
+        (:func:`onnx_cinm.paradigms.cim.residency.allocate`): all kernels resident when their
+        tiles fit together, else the knapsack pins whole kernels in ``P - 1`` crossbars and the
+        rest stream through the others (``shared`` when several do); the naive order keeps no
+        tile and needs no allocation.
 
         ``cim_crossbars`` is the number of crossbars the kernel uses, ``cim_device_crossbars``
-        the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too. The naive order never keeps tiles, so it needs no allocation.
+        the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too.
         Raises CinmError on bad options.
         """
+        return self._lower(items, self._attrs)
+
+    def lower_paradigm(self, items: list) -> list[dict]:
+        """The cim paradigm's part of :meth:`lower`: the tiles, loop order, operand, crossbars
+        and residency (write and MVM counts) of each kernel, without the modeled cost, the
+        data-path mode and the kernel path. Raises CinmError on bad options."""
+        return self._lower(items, self._paradigm_attrs)
+
+    def _lower(self, items: list, attrs_of) -> list[dict]:
         if not items:
             return []
         _validate(items[0][1], self.params)
         P, planned = self._allocate(items)
         out = []
         for (op, opts), e in zip(items, planned):
-            attrs = self._attrs(op, opts, *e[0])
+            attrs = attrs_of(op, opts, *e[0])
             attrs["cim_device_crossbars"] = P
             out.append(attrs)
         return out
@@ -371,13 +345,23 @@ class MemristorDevice(Device):
             return P, alone
         tiles = [a[0][0].tiles for a in alone]
         const = [a[0][3] for a in alone]
-        if all(const) and sum(tiles) <= P:  # each kernel on crossbars of its own
-            return P, [entry(op, opts, t) for (op, opts), t in zip(items, tiles)]
-        pinned = _pin(tiles, const, P - 1)
-        used = sum(tiles[i] for i in pinned)
-        shared = len(items) - len(pinned) > 1
-        return P, [entry(op, opts, tiles[i]) if i in pinned else entry(op, opts, P - used, shared)
-                   for i, (op, opts) in enumerate(items)]
+        return P, [entry(op, opts, used, shared) for (op, opts), (used, shared)
+                   in zip(items, residency.allocate(tiles, const, P))]
+
+    @staticmethod
+    def _paradigm_attrs(op, options, p, v, params, const, why) -> dict:
+        """The cim paradigm's attributes of plan ``p`` of view ``v`` (see :meth:`lower_paradigm`)."""
+        attrs = {
+            "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
+            "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
+            "cim_operand": v.operand, "cim_M": p.M, "cim_K": p.K, "cim_N": p.N,
+            "cim_groups": p.groups, "cim_tiles": p.tiles, "cim_resident": int(p.resident),
+            "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
+            "cim_mvms": p.mvms,
+        }
+        if not const:  # the placement reason does not say which activation is programmed
+            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        return attrs
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)
@@ -385,13 +369,10 @@ class MemristorDevice(Device):
         time_s = options.get("cim_time_s", 0.0)
         effects = options.get("cim_effects")
         _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
+        paradigm = self._paradigm_attrs(op, options, p, v, params, const, why)
+        note = paradigm.pop("placement", None)
         attrs = {
-            "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
-            "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
-            "cim_operand": v.operand, "cim_M": p.M, "cim_K": p.K, "cim_N": p.N,
-            "cim_groups": p.groups, "cim_tiles": p.tiles, "cim_resident": int(p.resident),
-            "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
-            "cim_mvms": p.mvms, "cim_latency_s": float(c.latency_s),
+            **paradigm, "cim_latency_s": float(c.latency_s),
             "cim_energy_j": float(c.energy_j), "cim_mode": mode,
             "kernel": f"memristor/{options['kernel_stem']}.xbar",
         }
@@ -401,8 +382,8 @@ class MemristorDevice(Device):
             attrs["cim_time_s"] = float(time_s)
         if effects is not None:
             attrs["cim_effects"] = ",".join(effects)
-        if not const:  # the placement reason does not say which activation is programmed
-            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        if note is not None:
+            attrs["placement"] = note
         return attrs
 
     # -- reports ----------------------------------------------------------------------------
@@ -462,9 +443,9 @@ class MemristorDevice(Device):
                    "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"],
                    "cim_preset": attrs.get("cim_preset")}
         params = params_from_options(options, self.params)
-        v = self._view(op, attrs["cim_operand"])
-        p = schedule.plan(max(v.rows, 1), v.K, v.N, params, attrs["cim_loop_order"],
-                          groups=max(v.G, 1), shared=bool(attrs.get("cim_shared", 0)))
+        v = layout.op_view(op, attrs["cim_operand"])
+        p = schedule.plan_product(v, params, attrs["cim_loop_order"],
+                                  shared=bool(attrs.get("cim_shared", 0)))
         return p, v, params
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
@@ -499,21 +480,6 @@ class MemristorDevice(Device):
         from .kernel import CrossbarKernel
 
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {})
-
-
-def _pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
-    """Indices of the kernels to pin: the most tiles in at most ``capacity`` crossbars, whole
-    kernels with a constant programmed operand only (0/1 knapsack by dynamic programming over
-    the capacity; ties keep the earlier kernels)."""
-    best: list[tuple[int, tuple]] = [(0, ())] * (capacity + 1)
-    for i, (t, c) in enumerate(zip(tiles, const)):
-        if not c or t > capacity:
-            continue
-        for cap in range(capacity, t - 1, -1):
-            cand = best[cap - t][0] + t
-            if cand > best[cap][0]:
-                best[cap] = (cand, best[cap - t][1] + (i,))
-    return set(max(best, key=lambda b: b[0])[1])
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:

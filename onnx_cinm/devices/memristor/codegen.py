@@ -1,6 +1,6 @@
 """Emit one ``.xbar`` command file (plus ``.npy`` sidecars) per crossbar kernel.
 
-The schedule written is exactly the one :func:`~onnx_cinm.devices.memristor.schedule.plan`
+The schedule written is exactly the one :func:`~onnx_cinm.paradigms.cim.schedule.plan`
 counts: tiles in ``(g, k, n)`` order, tile ``j`` on crossbar ``j mod P``, rounds of ``P`` tiles
 ended by a barrier; weight-stationary files load the first ``P`` tiles and run ``order
 serpentine`` with residency on; naive files wrap the rounds (per ``(g, n)``, ``P`` k tiles per

@@ -1,9 +1,10 @@
 """The runtime side of a crossbar node: its ``.xbar`` file run by the simulator.
 
 The execution provider calls a :class:`CrossbarKernel` with the node's input arrays; the kernel
-lays the streamed operand out as ``X[G, rows, K]`` (:mod:`.layout`), runs one inference of the
-command file in :class:`~onnx_cinm.sim.crossbar.CrossbarSimulator` (which never sees the ONNX
-node) and lays the result back out. When the programmed operand is a constant, one simulator
+lays the streamed operand out as ``X[G, rows, K]`` (:mod:`onnx_cinm.paradigms.cim.layout`),
+runs one inference of the command file in :class:`~onnx_cinm.sim.crossbar.CrossbarSimulator`
+(which never sees the ONNX node) and lays the result back out. When the programmed operand is a
+constant, one simulator
 lives as long as the kernel, so tiles programmed at load stay resident across runs, as on the
 chip; when it is an activation, every run programs it afresh.
 """
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ...paradigms.cim import layout
 from ...sim.crossbar import CrossbarSimulator, load_file
-from . import layout
 
 
 class CrossbarKernel:

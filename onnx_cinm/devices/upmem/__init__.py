@@ -180,6 +180,12 @@ class UpmemDevice(Device):
                       load_s=float(attrs.get("cnm_load_s", 0.0)),
                       load_j=float(attrs.get("cnm_load_j", 0.0)))
 
+    def lower_paradigm(self, items: list) -> list[dict]:
+        """The cnm paradigm's part of :meth:`lower`: workgroup, scratchpad block, memory,
+        distribution and merge of each op's plan (:meth:`.mapping.CnmPlan.paradigm_attrs`), no
+        cost and no kernel path. Raises CinmError on bad options or an op that does not fit."""
+        return [self.plan(op, options).paradigm_attrs() for op, options in items]
+
     def lower(self, items: list) -> list[dict]:
         """Plan attributes (``cnm_*``, :data:`PLAN_ATTRS`) plus ``kernel`` for each
         ``(OpInfo, options)`` of ``items`` (every kernel is planned on its own: the DPUs run

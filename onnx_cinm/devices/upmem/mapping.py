@@ -1,5 +1,11 @@
 """The cnm mapping of one cinm op onto UPMEM: workgroup, data distribution, WRAM blocks, merge.
 
+The rules that hold for any near-memory chip (unit counts, padded shares, the scratchpad block,
+scatter/broadcast, the product grid, the memory layout, the merge rule) are the cnm paradigm's,
+:mod:`onnx_cinm.paradigms.cnm`, applied here to a DPU (:func:`upmem_array`); this module keeps
+what is UPMEM's: the kernel families of the generated code, their geometry and the cost model
+of each.
+
 :func:`plan_op` turns an :class:`~onnx_cinm.devices.base.OpInfo` into a frozen :class:`CnmPlan`:
 
 * **workgroup** ``ranks x DPUs x tasklets``: tasklets default to 16 (>= 11 fills the pipeline,
@@ -65,6 +71,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...errors import CinmError
+from ...paradigms.cnm import NearMemoryArray
+from ...paradigms.cnm import distribution as D
+from ...paradigms.cnm import merge as Mg
+from ...paradigms.cnm import workgroup as W
+from ...paradigms.cnm.workgroup import cdiv as _cdiv
 from ..base import Cost, OpInfo
 from . import cost as C
 from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemCostParams
@@ -111,11 +122,21 @@ _OP_NAME = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max"
 
 def _r8(n: int) -> int:
     """``n`` rounded up to a multiple of 8."""
-    return -(-int(n) // 8) * 8
+    return W.align_up(n, 8)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
+def upmem_array(params: UpmemCostParams = DEFAULT_PARAMS,
+                dpus: int = DEFAULT_DPUS) -> NearMemoryArray:
+    """The cnm paradigm's view of ``dpus`` DPUs of ``params``: DPUs as units, ranks as groups,
+    MRAM as memory, WRAM as scratchpad, tasklets as threads, one lane, DMA words and blocks
+    (every figure from :class:`~onnx_cinm.devices.upmem.cost.UpmemCostParams`)."""
+    return NearMemoryArray(units=dpus, units_per_group=params.dpus_per_rank,
+                           memory_bytes=params.mram_bytes, scratch_bytes=params.wram_bytes,
+                           threads=params.max_tasklets, lanes=1, align_bytes=params.dma_min,
+                           block_max_bytes=params.dma_max)
+
+
+_ARRAY = upmem_array()
 
 
 def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes: int = 0,
@@ -123,16 +144,17 @@ def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes
                wram_bytes: int = 65536, dma_max: int = 2048) -> int:
     """The WRAM block per tasklet, bytes: the largest multiple of 8 that is <= ``dma_max``
     (2048, the DMA limit) with ``tasklets * (stack + buffers * block + private) + shared +
-    reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit.
+    reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit. The cnm paradigm's
+    :func:`~onnx_cinm.paradigms.cnm.workgroup.scratch_block` on a DPU's WRAM.
 
     Example: 16 tasklets, 2 buffers, 1024-B stacks, 2048 B reserved:
     ``(65536 - 2048 - 16 * 1024) / (16 * 2) = 1472``.
     """
-    free = wram_bytes - reserved - shared_bytes - tasklets * (stack_bytes + private_bytes)
-    if free <= 0 or buffers <= 0:
-        return 0 if buffers > 0 else min(dma_max, 8)
-    per = free // (tasklets * buffers)
-    return int(min(dma_max, per // 8 * 8))
+    arr = _ARRAY
+    if (wram_bytes, dma_max) != (arr.scratch_bytes, arr.block_max_bytes):
+        arr = replace(arr, scratch_bytes=wram_bytes, block_max_bytes=dma_max)
+    return W.scratch_block(arr, tasklets, buffers, private_bytes, shared_bytes, stack_bytes,
+                           reserved)
 
 
 @dataclass(frozen=True)
@@ -215,12 +237,21 @@ class CnmPlan:
         ``cnm_search`` when a mapping search chose the plan (what it tried, what won).
         """
         b = self.cost()
+        pa = self.paradigm_attrs()
+        grid = pa.pop("cnm_grid", None)
+        return {**pa, "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
+                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
+                **({"cnm_search": self.search} if self.search else {}),
+                **({"cnm_grid": grid} if grid is not None else {})}
+
+    def paradigm_attrs(self) -> dict:
+        """The cnm paradigm's part of :meth:`attrs` (the ``paradigm`` level of ``--stop-after``):
+        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``), scratchpad block
+        (``cnm_block_bytes``), memory per unit (``cnm_mram_bytes``), distribution
+        (``cnm_inputs``) and merge (``cnm_merge``); no cost."""
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
-                "cnm_latency_s": float(b.latency_s), "cnm_energy_j": float(b.energy_j),
-                "cnm_load_s": float(b.load_s), "cnm_load_j": float(b.load_j),
-                **({"cnm_search": self.search} if self.search else {}),
                 **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
 
 
@@ -239,10 +270,6 @@ def _loop(p: CnmPlan) -> float:
 def _barrier(p: CnmPlan) -> float:
     """Cycles of one barrier of all tasklets (serialized atomic updates)."""
     return p.tasklets * BARRIER_INSTR * p.params.issue_interval if p.tasklets > 1 else 0.0
-
-
-def _tree_levels(t: int) -> int:
-    return max(0, math.ceil(math.log2(t))) if t > 1 else 0
 
 
 def _loop_tail(p: CnmPlan, elems: int, per_block: int) -> float:
@@ -267,8 +294,7 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
     (:func:`_loop_tail`)."""
     pr, t, blk = p.params, p.tasklets, p.block_bytes
     nbytes = _r8(n * esize)
-    blocks = _cdiv(nbytes, blk) if nbytes else 0
-    per_t_blocks = _cdiv(blocks, t) if blocks else 0
+    blocks, per_t_blocks = W.blocks(nbytes, blk, t)
     per_t_elems = min(n, per_t_blocks * blk // esize)
     rd = reads * pr.stream_dma_cycles(nbytes, blk)
     wr = pr.stream_dma_cycles(int(_r8(nbytes * writes)), blk, write=True) if writes else 0.0
@@ -421,12 +447,6 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
                    resident=(res_s, res_b))
 
 
-def _tree_pairs(t: int, s: int) -> int:
-    """Pairs merged at the tree level of stride ``s``: tasklets ``d`` (a multiple of 2s) with a
-    partner ``d + s < t``."""
-    return sum(1 for d in range(0, t, 2 * s) if d + s < t)
-
-
 def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int, split: bool = True) -> tuple:
     """In-DPU serial cycles and per-DPU bytes the host gathers for merging ``width`` partial
     values per tasklet. ``tree`` (as the generated kernels do it): a barrier ends the parallel
@@ -439,7 +459,7 @@ def _merge_partials(p: CnmPlan, width: int, es: int, op_instr: int, split: bool 
         cyc = _barrier(p)
         s = 1
         while s < t:
-            work = _tree_pairs(t, s) * width * (3 + op_instr)
+            work = Mg.tree_pairs(t, s) * width * (3 + op_instr)
             per_t = _cdiv(work, t) if split else width * (3 + op_instr)
             cyc += max(work, pr.issue_interval * per_t) + _barrier(p)
             s *= 2
@@ -762,19 +782,7 @@ def _dtype_name(t) -> str:
 
 def _share(n: int, d: int, es: int) -> int:
     """Elements per DPU: ceil(n / d), rounded up so the share is a multiple of 8 bytes."""
-    per = _cdiv(max(n, 1), d)
-    unit = max(1, 8 // es) if 8 % es == 0 else 8
-    return _cdiv(per, unit) * unit
-
-
-def _candidates(limit: int, work_items: int) -> list[int]:
-    out, d = [], 1
-    while d < limit:
-        out.append(d)
-        d *= 2
-    out.append(limit)
-    cap = max(1, work_items)
-    return sorted({min(c, cap) for c in out})
+    return W.share(n, d, es, 8)
 
 
 def _matmul_geometry(op: OpInfo, kind: str, d: int, es: int, col_blocks: int) -> tuple:
@@ -797,10 +805,10 @@ def _matmul_geometry(op: OpInfo, kind: str, d: int, es: int, col_blocks: int) ->
         rows, k, n, gb = sa[0], sa[-1], sb[0], 1
         a_name, b_name, a_const, b_const = ins[0].name, ins[1].name, ins[0].const, ins[1].const
     dc = max(1, int(col_blocks))
-    if d % dc or (dc > 1 and (gb > 1 or dc > n)) or d // dc > max(rows, 1):
+    shape = D.grid(d, dc, rows, n, gb > 1)
+    if shape is None:
         raise CinmError(f"no {d // dc} x {dc} DPU grid for a {rows} x {n} product")
-    dr = d // dc
-    mode = "rows" if dc == 1 else ("cols" if dr == 1 else "grid")
+    dr, dc, mode = shape
     rows_dpu = _cdiv(rows, dr)
     n_dpu = _cdiv(n, dc)
     a_bytes = rows_dpu * rpad(k)
@@ -808,16 +816,14 @@ def _matmul_geometry(op: OpInfo, kind: str, d: int, es: int, col_blocks: int) ->
     geom = {"rows": rows, "n": n, "k": k, "mode": mode, "grid": (dr, dc),
             "rows_dpu": rows_dpu, "n_dpu": n_dpu,
             "a_bytes": a_bytes, "b_bytes": b_bytes, "b_batched": gb > 1}
-    a_how, b_how = ("scatter" if dr > 1 else "broadcast"), ("scatter" if dc > 1 else "broadcast")
-    names = [f"{a_name}:{a_how}", f"{b_name}:{b_how}"]
+    a_how, b_how = D.grid_inputs(dr, dc)
+    names = [D.entry(a_name, a_how), D.entry(b_name, b_how)]
+    moved = [(a_bytes, a_how, a_const), (b_bytes, b_how, b_const)]
     if len(ins) > 2:  # bias: scattered with the outputs it adds to
         geom["c_bytes"] = _r8(rows_dpu * n_dpu * es)
-        names.append(f"{ins[2].name}:scatter")
-    geom["resident_scatter"] = ((a_bytes if a_const and dr > 1 else 0)
-                                + (b_bytes if b_const and dc > 1 else 0)
-                                + (geom.get("c_bytes", 0) if len(ins) > 2 and ins[2].const else 0))
-    geom["resident_bcast"] = ((b_bytes if b_const and dc == 1 else 0)
-                              + (a_bytes if a_const and dr == 1 else 0))
+        names.append(D.entry(ins[2].name, D.SCATTER))
+        moved.append((geom["c_bytes"], D.SCATTER, ins[2].const))
+    geom["resident_scatter"], geom["resident_bcast"] = D.resident(moved)
     r_grp = 1 if gb > 1 else max(1, min(4, rows_dpu))
     nt = min(_cdiv(max(n_dpu, 1), per) * per, _cdiv(64, per) * per)
     geom["wram_private"] = r_grp * nt * es + 8   # the R x NT accumulators per tasklet
@@ -841,11 +847,11 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
                                                "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
                                                "PopCount") and t is ins[0]:
                 streams += 1
-                names.append(f"{t.name}:scatter")
+                names.append(D.entry(t.name, D.SCATTER))
             else:
                 bcast += _r8(max(t.numel, 1) * es)
                 wram_b += 1 if _r8(max(t.numel, 1) * es) <= 2048 else 0
-                names.append(f"{t.name}:broadcast")
+                names.append(D.entry(t.name, D.BROADCAST))
         streams = max(streams, 1)
         geom = {"n": n, "n_dpu": _share(n, d, es), "op": _OP_NAME[op.op_type], "streams": streams,
                 "bcast_bytes": bcast, "wram_bcast": wram_b}
@@ -877,33 +883,33 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
             geom["outputs"] = outputs
         if kind == "topk":
             geom["k"] = int(a.get("k", 1))
-        return kind, geom, [f"{ins[0].name}:scatter"], 1
+        return kind, geom, [D.entry(ins[0].name, D.SCATTER)], 1
     if kind == "merge_partial":
         shape = _shape(ins[0])
         s = shape[0] if shape else 1
         n = max(ins[0].numel // max(s, 1), 1)
         geom = {"n": n, "parts": s, "n_dpu": _share(n, d, es), "op": str(a.get("kind", "add"))}
-        return kind, geom, [f"{ins[0].name}:scatter"], s
+        return kind, geom, [D.entry(ins[0].name, D.SCATTER)], s
     if kind == "histogram":
         n = max(ins[0].numel, 1)
         bins = int(a.get("bins", 1))
         lo, hi = float(a.get("min", 0.0)), float(a.get("max", 1.0))
         pow2 = hist_pow2_shift(_dtype_name(ins[0]), bins, lo, hi) is not None
         geom = {"n": n, "n_dpu": _share(n, d, es), "bins": bins, "pow2": pow2}
-        return kind, geom, [f"{ins[0].name}:scatter"], 1
+        return kind, geom, [D.entry(ins[0].name, D.SCATTER)], 1
     if kind == "select":
         n = max(ins[0].numel, 1)
         geom = {"n": n, "n_dpu": _share(n, d, es), "keep": float(a.get("keep", SELECT_KEEP))}
         if len(ins) > 1:   # Compress(X, mask): the mask is a second scattered stream
             geom["mask_esize"] = _esize(_dtype_name(ins[1])) if ins[1].dtype is not None else 1
-        return kind, geom, [f"{t.name}:scatter" for t in ins], 3
+        return kind, geom, [D.entry(t.name, D.SCATTER) for t in ins], 3
     if kind == "transpose":
         n = max(ins[0].numel, 1)
-        return kind, {"n": n, "n_dpu": _share(n, d, es)}, [f"{ins[0].name}:scatter"], 2
+        return kind, {"n": n, "n_dpu": _share(n, d, es)}, [D.entry(ins[0].name, D.SCATTER)], 2
     if kind == "im2col":
         geom = _im2col_geometry(ins[0].shape, a, d, es)
         geom["bcast_bytes"] = _r8(max(ins[0].numel, 1) * es)
-        return kind, geom, [f"{ins[0].name}:broadcast"], 2
+        return kind, geom, [D.entry(ins[0].name, D.BROADCAST)], 2
     raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")  # pragma: no cover
 
 
@@ -953,13 +959,9 @@ def _mram_regions(kind: str, geom: dict, es: int, tasklets: int) -> list[tuple[s
 
 def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
     """``[(region, offset, bytes)]`` from ``DPU_MRAM_HEAP_POINTER``: 8-byte aligned offsets,
-    sizes multiples of 8, identical on every DPU; empty regions are left out."""
-    out, off = [], 0
-    for name, size in _mram_regions(plan.kind, plan.g, _esize(plan.dtype), plan.tasklets):
-        if size:
-            out.append((name, off, size))
-            off += size
-    return out
+    sizes multiples of 8, identical on every DPU; empty regions are left out
+    (:func:`~onnx_cinm.paradigms.cnm.distribution.memory_layout`)."""
+    return D.memory_layout(_mram_regions(plan.kind, plan.g, _esize(plan.dtype), plan.tasklets))
 
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
@@ -994,10 +996,7 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
             merge = "none"
         block, unroll = 1024, 1
     else:
-        merge = {"reduce": "tree", "topk": "tree", "histogram": "tree", "select": "prefix",
-                 "scan": "tree"}.get(kind, "none")
-        if kind in ("reduce", "topk", "scan") and geom["mode"] == "rows":
-            merge = "none"
+        merge = Mg.rule(kind, whole_rows=geom.get("mode") == "rows")
         if kind == "histogram":   # + the overflow slot of the integer path (x == max)
             private = _r8((geom["bins"] + (1 if geom["pow2"] else 0)) * 4)
             if wram_block(tasklets, buffers, private, 0, stack_bytes, wram_bytes=params.wram_bytes) < 64:
@@ -1049,17 +1048,7 @@ def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None
     kind, geom, _, _ = _geometry(op, 1, es)
     matmul = kind in ("gemm", "simsearch")
     items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
-    out = []
-    for d in ([dpus] if dpus else _candidates(max_dpus, items)):
-        splits, c = [1], 2
-        while matmul and c <= d:   # column blocks: powers of two dividing d, and d itself
-            if d % c == 0:
-                splits.append(c)
-            c *= 2
-        if matmul and d not in splits:
-            splits.append(d)
-        out += [(d, dc) for dc in splits]
-    return out
+    return W.workgroups(items, max_dpus, dpus, grid=matmul)
 #: Memo of :func:`plan_op` (the search prices up to hundreds of DPU counts and column splits; the
 #: device's ``supports``, its cost and its lowering each ask for the same plan).
 _PLANS: dict = {}
@@ -1080,7 +1069,7 @@ def _op_key(op: OpInfo) -> tuple:
 def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
     """``plan`` (made for an op of the same shape) with ``op``'s input names: ``template`` holds
     ``(input position, how)`` per entry of ``plan.inputs``."""
-    names = tuple(f"{op.inputs[k].name}:{how}" for k, how in template)
+    names = tuple(D.entry(op.inputs[k].name, how) for k, how in template)
     return plan if names == plan.inputs else replace(plan, inputs=names)
 
 
@@ -1105,7 +1094,7 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
         try:
             plan = _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
             names = [t.name for t in op.inputs]
-            hit = (plan, tuple((names.index(e.rsplit(":", 1)[0]), e.rsplit(":", 1)[1])
+            hit = (plan, tuple((names.index(D.split(e)[0]), D.split(e)[1])
                                for e in plan.inputs))
         except CinmError as e:
             hit = (str(e), op.name)

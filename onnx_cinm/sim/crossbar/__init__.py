@@ -13,7 +13,7 @@ tile and cell writes, skipped (resident) writes, MVMs (one per streamed row per 
 conversions (one per used column per MVM; times the bit slices in quantized mode), DAC
 conversions, saturated ADC conversions, the maximum writes any cell received so far (wear),
 and the modeled latency and energy (:class:`Counters` defines each; the same model as
-:mod:`onnx_cinm.devices.memristor.schedule`): each crossbar has a clock; ``PROGRAM`` adds
+:mod:`onnx_cinm.paradigms.cim.schedule`): each crossbar has a clock; ``PROGRAM`` adds
 ``write_latency_s``, ``MVM`` adds ``rows * mvm_latency_s``, ``BARRIER`` sets every clock to the
 latest; energy is ``writes * write_energy_j + MVMs * mvm_energy_j + ADC * adc_energy_j +
 busy_seconds * clock_hz * periphery_energy_per_cycle_j``.

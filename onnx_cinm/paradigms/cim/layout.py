@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ...graph import OpInfo
+    from . import CrossbarArray
 
 
 @dataclass(frozen=True)
@@ -147,3 +152,45 @@ def bias_array(v: ProductView, C: np.ndarray) -> np.ndarray:
                                                  for i in range(len(v.y_batch))) + (1, v.N))
     nb = len(v.y_batch)
     return np.ascontiguousarray(full.transpose(_perm(v) + [nb, nb + 1])).reshape(v.G, 1, v.N)
+
+
+def constant_operand(op: OpInfo) -> tuple[str | None, str]:
+    """``(programmed operand or None, why)`` of a cinm Gemm/Gemv from its operands' constness:
+    the constant operand is the one programmed (Gemm: ``B`` before ``A``; Gemv: the matrix
+    ``A`` before the vector); None when both are activations."""
+    if op.op_type == "Gemm":
+        a, b = op.inputs[0], op.inputs[1]
+        if b.const:
+            return "B", f"constant B {b.shape} programmed"
+        if a.const:
+            return "A", f"constant A {a.shape} programmed as A^T"
+    else:
+        a, b = op.inputs[0], op.inputs[1]
+        if a.const:
+            return "A", f"constant matrix {a.shape} programmed as A^T"
+        if b.const:
+            return "B", f"constant vector {b.shape} programmed as one column"
+    return None, "both operands are activations"
+
+
+def op_view(op: OpInfo, operand: str) -> ProductView:
+    """The :class:`ProductView` of a cinm Gemm/Gemv node with static shapes (symbolic dims as 1)."""
+    a, b = op.inputs[0].static_shape, op.inputs[1].static_shape
+    return view(op.op_type, operand, a, b)
+
+
+def choose_operand(op: OpInfo, array: CrossbarArray) -> tuple[str, bool, str]:
+    """``(programmed operand, is it constant, why)``: the constant operand
+    (:func:`constant_operand`), else the activation whose tiles on ``array`` are fewer (it is
+    rewritten every inference; ties program ``B``)."""
+    operand, why = constant_operand(op)
+    if operand is not None:
+        return operand, True, why
+    tiles = {}
+    for cand in ("B", "A"):
+        v = op_view(op, cand)
+        tiles[cand] = v.G * -(-v.K // array.rows) * -(-v.N // array.cols)
+    pick = "B" if tiles["B"] <= tiles["A"] else "A"
+    return pick, False, (f"both operands are activations: programming {pick} costs "
+                         f"{tiles[pick]} tile writes per inference, the other "
+                         f"{tiles['B' if pick == 'A' else 'A']}")

@@ -33,7 +33,7 @@ Loop orders.
     uses all ``T`` tiles and at most ``P`` can be resident when it starts; and
     ``writes_load + writes_per_inference = T`` is the bound for a cold start.
 - ``shared`` (weight-stationary, one kernel of a model whose kernels share the device's
-  crossbars; see ``MemristorDevice.lower_all``): the other kernels evict this one's tiles
+  crossbars; see :mod:`onnx_cinm.paradigms.cim.residency`): the other kernels evict this one's tiles
   between inferences, so all ``T`` tiles are written every inference, in ``ceil(T / P)``
   rounds, and none at load.
 - ``naive`` (OCC's default order ``(m, n, k)``, ``k`` innermost; CINM's current lowering, which
@@ -46,7 +46,9 @@ Loop orders.
   example of §3: ``M = N = K = 256``, 64 x 64 tiles, ``P = 1``: naive 4*4*4 = 64 writes,
   weight-stationary 4*4 = 16. The write reduction is ``Mt``.
 
-Cost (:meth:`CrossbarPlan.cost`), parameters from :class:`CrossbarParams` (OCC, §1.4):
+Cost (:meth:`CrossbarPlan.cost`), figures from the chip's
+:class:`~onnx_cinm.paradigms.cim.CrossbarArray` (e.g. the memristor device's ``CrossbarParams``,
+OCC, §1.4):
 - latency: each round takes ``write_latency`` if any of its tiles is written (crossbars are
   programmed in parallel, one write driver per crossbar) plus ``rows_in_round * mvm_latency``
   (the rows stream through the round's crossbars in parallel). OCC's sheet, with one crossbar:
@@ -64,7 +66,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import Cost
+from ...graph import Cost
+from . import CrossbarArray
+from .layout import ProductView
 
 LOOP_ORDERS = {"weight_stationary": "weight_stationary", "knm": "weight_stationary",
                "naive": "naive", "mnk": "naive"}
@@ -150,7 +154,8 @@ class CrossbarPlan:
     def cost(self, params, *, load: bool = False) -> Cost:
         """Modeled cost of one inference (``load=True``: of programming at load instead).
 
-        ``params`` is a :class:`CrossbarParams` (latencies in seconds, energies in joules).
+        ``params`` is a :class:`~onnx_cinm.paradigms.cim.CrossbarArray` (latencies in seconds,
+        energies in joules).
         """
         if load:
             writes, cells, mvms, adc = self.writes_load, self.cell_writes_load, 0, 0
@@ -205,7 +210,7 @@ def cells_prefix(count: int, K: int, N: int, rows: int, cols: int) -> int:
     return whole * K * N + part
 
 
-def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", *,
+def plan(M: int, K: int, N: int, params: CrossbarArray, loop_order: str = "weight_stationary", *,
          groups: int = 1, m_block: int = 1, crossbars: int | None = None,
          itemsize: int = 4, shared: bool = False) -> CrossbarPlan:
     """Plan ``[groups] x (M x K) @ (K x N)`` on the crossbars of ``params``.
@@ -213,7 +218,8 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
     Args:
         M: rows of A streamed per group (batch dims of A folded in), >= 1.
         K, N: the programmed matrix is ``K x N`` per group, >= 1.
-        params: :class:`~onnx_cinm.devices.memristor.CrossbarParams` (rows, cols, crossbars).
+        params: the chip, a :class:`~onnx_cinm.paradigms.cim.CrossbarArray` (rows, cols,
+            crossbars are read here).
         loop_order: ``"weight_stationary"`` (alias ``"knm"``) or ``"naive"`` (alias ``"mnk"``).
         groups: independent weight matrices (grouped convolutions), >= 1.
         m_block: rows of A per write in the naive order (1: one vector per write, as CINM;
@@ -268,3 +274,12 @@ def plan(M: int, K: int, N: int, params, loop_order: str = "weight_stationary", 
     return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, False,
                         P, T - P, first, (backward + forward) // 2, mvms, adc,
                         rounds=rounds, write_rounds=rounds - 1, itemsize=itemsize)
+
+
+def plan_product(v: ProductView, params: CrossbarArray, loop_order: str, *,
+                 crossbars: int | None = None, shared: bool = False) -> CrossbarPlan:
+    """:func:`plan` of the product a :class:`~.layout.ProductView` describes: ``v.rows`` streamed
+    rows (at least 1: a product with an empty batch still has its tiles), ``v.K x v.N``
+    programmed per group, ``v.G`` groups (at least 1). Arguments as in :func:`plan`."""
+    return plan(max(v.rows, 1), v.K, v.N, params, loop_order, groups=max(v.G, 1),
+                crossbars=crossbars, shared=shared)

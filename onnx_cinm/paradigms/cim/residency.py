@@ -1,0 +1,57 @@
+"""Residency: which kernels keep their tiles programmed when they share a chip's ``P`` crossbars.
+
+A chip has ``P`` crossbars for all the crossbar kernels of a model (field notes ``crossbar.md``
+§3). With the weight-stationary order (:mod:`.schedule`):
+
+- if every kernel's tiles fit together (``sum T_k <= P``) and every programmed operand is
+  constant, each kernel keeps its tiles resident in crossbars of its own: all are programmed
+  once, at load, and no tile is written per inference;
+- otherwise whole kernels are *pinned* so that as many tiles as possible fit in ``P - 1``
+  crossbars (:func:`pin`, a 0/1 knapsack: every pinned tile saves one write per inference; one
+  crossbar must stay free for the rest) and the others stream through the remaining ``P_s``
+  crossbars. One streaming kernel is evicted by nobody and keeps the serpentine schedule
+  (``T_k - P_s`` writes per inference); several evict each other, so each writes all its tiles
+  every inference (``shared``). A kernel whose programmed operand is an activation always
+  streams.
+
+The naive order keeps no tile, so it needs no allocation (the caller plans each kernel alone).
+"""
+from __future__ import annotations
+
+
+def pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
+    """Indices of the kernels to pin: the most tiles in at most ``capacity`` crossbars, whole
+    kernels with a constant programmed operand only (0/1 knapsack by dynamic programming over
+    the capacity; ties keep the earlier kernels)."""
+    best: list[tuple[int, tuple]] = [(0, ())] * (capacity + 1)
+    for i, (t, c) in enumerate(zip(tiles, const)):
+        if not c or t > capacity:
+            continue
+        for cap in range(capacity, t - 1, -1):
+            cand = best[cap - t][0] + t
+            if cand > best[cap][0]:
+                best[cap] = (cand, best[cap - t][1] + (i,))
+    return set(max(best, key=lambda b: b[0])[1])
+
+
+def allocate(tiles: list[int], const: list[bool], crossbars: int) -> list[tuple[int, bool]]:
+    """The crossbars of each kernel under the weight-stationary order (module docstring).
+
+    Args:
+        tiles: ``T_k`` of each kernel alone (``CrossbarPlan.tiles``), in execution order.
+        const: whether each kernel's programmed operand is constant.
+        crossbars: ``P``, the chip's crossbars.
+
+    Returns:
+        ``[(crossbars used, shared)]`` per kernel: a resident or pinned kernel gets ``T_k``
+        crossbars of its own (``shared`` False); a streaming one the ``P_s = P - pinned tiles``
+        left, ``shared`` when another kernel streams through them too. Plan each kernel with
+        ``schedule.plan(..., crossbars=used, shared=shared)``.
+    """
+    if all(const) and sum(tiles) <= crossbars:  # each kernel on crossbars of its own
+        return [(t, False) for t in tiles]
+    pinned = pin(tiles, const, crossbars - 1)
+    used = sum(tiles[i] for i in pinned)
+    shared = len(tiles) - len(pinned) > 1
+    return [(tiles[i], False) if i in pinned else (crossbars - used, shared)
+            for i in range(len(tiles))]
