@@ -27,11 +27,9 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from . import PassContext, register_pass
+from .pass_options import STRATEGIES, PlacementOptions, parse_hint  # noqa: F401 (re-exported)
 
 _PARADIGM_ORDER = ("cim", "cnm")
-
-#: Placement strategies by name.
-STRATEGIES = ("cost", "heuristic")
 
 
 def hint_matches(node: onnx.NodeProto, pattern: str) -> bool:
@@ -99,15 +97,6 @@ def hint_warnings(stats: dict) -> list[str]:
         out.append(f"hint {h} refused for {len(nodes)} op(s) ({name}{more}): {why}; "
                    "placed without it")
     return out
-
-
-def parse_hint(text: str) -> tuple[str, str]:
-    """Parse ``PATTERN=DEVICE``; raises CinmError if malformed or the device is unknown."""
-    pattern, sep, dev = text.rpartition("=")
-    if not sep or not pattern or not dev:
-        raise CinmError(f"--place expects PATTERN=DEVICE, got '{text}'")
-    devices.get_device(dev)
-    return pattern, dev
 
 
 def load_hints(path: str) -> list[tuple[str, str]]:
@@ -180,15 +169,14 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Annotate every cinm op with the device that runs it (cost model or paper heuristic, plus
     user hints).
 
-    Reads ``ctx.options["placement"]`` (``"heuristic"``, the default here, or ``"cost"``, whose
-    options are listed in :func:`.cost_placement.place_by_cost`) and ``ctx.options["place"]`` (a
+    Reads ``ctx.options["placement"]`` (``"cost"``, the default of
+    :class:`.pass_options.PlacementOptions`, whose options are listed in
+    :func:`.cost_placement.place_by_cost`, or ``"heuristic"``) and ``ctx.options["place"]`` (a
     list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
     "unused_hints": [...], "shadowed_hints": [...], "refused_hints": [...]}`` (see
     :meth:`HintLog.stats`; cost placement adds its totals, baselines and method).
     """
-    strategy = ctx.options.get("placement", "heuristic")
-    if strategy not in STRATEGIES:
-        raise CinmError(f"unknown placement strategy '{strategy}' (available: {', '.join(STRATEGIES)})")
+    strategy = ctx.options.get("placement") or PlacementOptions.strategy
     if strategy == "cost":
         from .cost_placement import place_by_cost
 

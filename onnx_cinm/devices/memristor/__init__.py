@@ -25,10 +25,6 @@ from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, Cr
 from .schedule import LOOP_ORDERS
 
 
-_DEFAULT_LOOP_ORDER = "weight_stationary"
-
-
-
 @dataclass(frozen=True)
 class CrossbarOptions:
     """The crossbar device's options (keys ``cim_<field>``; CLI ``--cim-<field>``)."""
@@ -41,11 +37,11 @@ class CrossbarOptions:
                               low=1, high=1 << 16)
     crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
                                    "(preset's by default)", low=1, high=1 << 24)
-    loop_order: str | None = option(None, help="tile schedule: weight_stationary (tiles kept, "
-                                    "serpentine order) or naive (every tile written per MVM)",
-                                    choices=lambda: tuple(LOOP_ORDERS))
-    mode: str | None = option(None, help="data path the simulator runs (ideal: exact float)",
-                              choices=lambda: tuple(NAMED))
+    loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
+                             "(tiles kept, serpentine order) or naive (every tile written per "
+                             "MVM)", choices=lambda: tuple(LOOP_ORDERS))
+    mode: str = option("ideal", help="data path the simulator runs (ideal: exact float; "
+                       "device: the preset's precision and physics)", choices=lambda: tuple(NAMED))
     time_s: float = option(0.0, help="time since programming, for drift", unit="s", low=0.0)
     effects: tuple | None = option(None, help="device effects of mode 'device' (comma-separated)",
                                    choices=lambda: tuple(EFFECTS))
@@ -92,24 +88,17 @@ def _options_key(options: dict) -> tuple:
 
 
 def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> CrossbarParams:
-    """The crossbar parameters selected by pass options.
+    """The crossbar parameters selected by pass options (checked against
+    :class:`CrossbarOptions` by the caller, :func:`onnx_cinm.passes.check_options`).
 
     Keys (all optional): ``cim_preset`` (a name of :data:`PRESETS`), ``cim_rows``, ``cim_cols``
-    (cells per crossbar), ``cim_crossbars`` (``P``). Raises CinmError on an unknown preset or a
-    non-positive size.
+    (cells per crossbar), ``cim_crossbars`` (``P``).
     """
     preset = options.get("cim_preset")
     if preset is not None:
-        if preset not in PRESETS:
-            raise CinmError(f"unknown crossbar preset '{preset}' (known: {', '.join(PRESETS)})")
         base = PRESETS[preset]
-    over = {}
-    for key, field_name in (("cim_rows", "rows"), ("cim_cols", "cols"), ("cim_crossbars", "crossbars")):
-        v = options.get(key)
-        if v is not None:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise CinmError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")
-            over[field_name] = v
+    over = {name: options[f"cim_{name}"] for name in ("rows", "cols", "crossbars")
+            if options.get(f"cim_{name}") is not None}
     return replace(base, **over) if over else base
 
 
@@ -247,9 +236,7 @@ class MemristorDevice(Device):
 
     def _plan(self, op: OpInfo, options: dict, crossbars: int | None, shared: bool) -> tuple:
         params = params_from_options(options, self.params)
-        order = options.get("cim_loop_order") or _DEFAULT_LOOP_ORDER
-        if order not in LOOP_ORDERS:
-            raise CinmError(f"unknown crossbar loop order '{order}' (known: weight_stationary, naive)")
+        order = options.get("cim_loop_order") or CrossbarOptions.loop_order
         operand, const, why = self._choose(op, params)
         v = self._view(op, operand)
         # a programmed activation changes every inference: nothing can stay resident
@@ -257,6 +244,11 @@ class MemristorDevice(Device):
         p = schedule.plan(max(v.rows, 1), v.K, v.N, params, order, groups=max(v.G, 1),
                           crossbars=crossbars, shared=shared)
         return p, v, params, const, why
+
+    def check_options(self, options: dict) -> None:
+        """CinmError if the data path options do not go together: effects for mode ``ideal``,
+        mode ``device`` or physical effects without a chip preset (:func:`.nonideal.compose`)."""
+        _validate(options, self.params)
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
         """Modeled cost of one steady-state inference of ``op`` alone on the device (writes in
@@ -381,10 +373,9 @@ class MemristorDevice(Device):
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)
-        mode = options.get("cim_mode") or "ideal"
-        time_s = options.get("cim_time_s", 0.0)
-        effects = options.get("cim_effects")
-        _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
+        mode = options.get("cim_mode") or CrossbarOptions.mode
+        time_s = options.get("cim_time_s", CrossbarOptions.time_s)
+        effects = options.get("cim_effects")  # checked with the mode by lower (_validate)
         attrs = {
             "cim_rows": p.rows, "cim_cols": p.cols, "cim_crossbars": p.crossbars,
             "cim_shared": int(p.shared), "cim_loop_order": p.loop_order,
@@ -517,9 +508,10 @@ def _pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:
-    """CinmError if the mode, effects or time of ``options`` are bad."""
-    _compose(options.get("cim_mode") or "ideal", params_from_options(options, base),
-             options.get("cim_time_s", 0.0), options.get("cim_effects"))
+    """CinmError if the mode, effects, time and preset of ``options`` do not go together
+    (e.g. effects for mode ``ideal``)."""
+    _compose(options.get("cim_mode") or CrossbarOptions.mode, params_from_options(options, base),
+             options.get("cim_time_s", CrossbarOptions.time_s), options.get("cim_effects"))
 
 
 def _compose(name: str, params: CrossbarParams, time_s, effects):
