@@ -143,11 +143,12 @@ def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
         if spec.type is bool:
             g.add_argument(flag, dest=key, default=None, action=argparse.BooleanOptionalAction,
                            help=text)
-            continue
-        allowed = spec.allowed()
-        metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
-                                         else {int: "N", float: "X"}.get(spec.type, "VALUE"))
-        g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar, help=text)
+        else:
+            allowed = spec.allowed()
+            metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
+                                             else {int: "N", float: "X"}.get(spec.type, "VALUE"))
+            g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar,
+                           help=text)
         if key == "cim_crossbars":
             g.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
                            help="cells per crossbar, e.g. 128x128: --cim-rows and --cim-cols "
@@ -492,6 +493,7 @@ def _cmd_devices(args) -> int:
             value = f"  {f.name} = {getattr(dev.params, f.name)}"
             note = docs.get(f.name, "")
             print(f"{value:44s}  {note}" if note else value)
+        _print_options(dev)
         presets = getattr(dev, "presets", None)
         if presets:
             print("  presets (--cim-preset; fields marked * have no primary source):")
@@ -501,6 +503,24 @@ def _cmd_devices(args) -> int:
                     mark = "*" if key in p.unverified else " "
                     print(f"      {mark}{key}: {getattr(p, key)} ({src})")
     return 0
+
+
+def _print_options(dev) -> None:
+    """``onnx-cinm devices``: the device's options from its declaration (key, what it takes with
+    its unit, default, help) and its run modes."""
+    from .options import help_text
+
+    opts = dev.option_specs()
+    if opts:
+        section = next(iter(opts.values())).section
+        print(f"  options (flags --{dev.option_prefix}-*, --config table [{section}], sweep keys "
+              f"{section}.*):")
+        width = max(len(k) for k in opts)
+        for key, spec in opts.items():
+            print(f"    {key:{width}s}  {help_text(spec)}")
+    if len(dev.modes) > 1:
+        print(f"  run modes (--provider-option {dev.name}_mode=...): {', '.join(dev.modes)} "
+              f"(default {dev.modes[0]})")
 
 
 def _provider_options(items: list[str], parser) -> dict:

@@ -29,22 +29,29 @@ from .schedule import LOOP_ORDERS
 class CrossbarOptions:
     """The crossbar device's options (keys ``cim_<field>``; CLI ``--cim-<field>``)."""
 
-    preset: str | None = option(None, help="crossbar chip preset (geometry, costs, physics)",
-                                choices=lambda: tuple(PRESETS))
-    rows: int | None = option(None, help="cells per crossbar column (preset's by default)",
-                              low=1, high=1 << 16)
-    cols: int | None = option(None, help="cells per crossbar row (preset's by default)",
+    preset: str | None = option(None, help="crossbar chip preset: geometry, cost and device "
+                                "parameters (sources in docs/crossbar-presets.md and 'onnx-cinm "
+                                "devices'; default pcm-occ)", choices=lambda: tuple(PRESETS))
+    rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 64 "
+                              "for pcm-occ, 128 for reram-isaac)", low=1, high=1 << 16)
+    cols: int | None = option(None, help="cells per crossbar row (default: the preset's)",
                               low=1, high=1 << 16)
     crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
-                                   "(preset's by default)", low=1, high=1 << 24)
+                                   "(default: the preset's, 4 for pcm-occ)", low=1, high=1 << 24)
     loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
-                             "(tiles kept, serpentine order) or naive (every tile written per "
-                             "MVM)", choices=lambda: tuple(LOOP_ORDERS))
-    mode: str = option("ideal", help="data path the simulator runs (ideal: exact float; "
-                       "device: the preset's precision and physics)", choices=lambda: tuple(NAMED))
-    time_s: float = option(0.0, help="time since programming, for drift", unit="s", low=0.0)
-    effects: tuple | None = option(None, help="device effects of mode 'device' (comma-separated)",
-                                   choices=lambda: tuple(EFFECTS))
+                             "(k, n, m: each weight tile written once and kept, serpentine "
+                             "order) or naive (m, n, k: every tile rewritten per input row, for "
+                             "comparison)", choices=lambda: tuple(LOOP_ORDERS))
+    mode: str = option("ideal", help="data path of the emitted kernels: 'ideal' (exact fp32), "
+                       "'q8' (8-bit weights with per-channel scales on 2-bit cells in "
+                       "differential pairs, 8-bit DAC and ADC), 'q8-noisy' (q8 plus 2% seeded "
+                       "read noise) or 'device' (the preset's precision and device physics, "
+                       "docs/xbar-format.md); the check compares the exact reference bodies",
+                       choices=lambda: tuple(NAMED))
+    time_s: float = option(0.0, help="time after programming at which the device effects are "
+                           "taken (0: just programmed)", unit="s", low=0.0)
+    effects: tuple | None = option(None, help="the device effects of the mode (default: the "
+                                   "mode's own; 'none' for none)", choices=lambda: tuple(EFFECTS))
     link_gbps: float | None = option(None, help="host<->crossbar link bandwidth (default 6.4, an "
                                      "assumption: ISAAC's HyperTransport order)", unit="GB/s",
                                      low=1e-6)

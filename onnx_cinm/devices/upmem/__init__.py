@@ -45,7 +45,8 @@ class UpmemParams:
 class UpmemOptions:
     """The UPMEM device's options (keys ``upmem_<field>``; CLI ``--upmem-<field>``)."""
 
-    dpus: int | None = option(None, help="DPUs a kernel may use at most (default 2048)",
+    dpus: int | None = option(None, help="most DPUs one op may use; the mapping picks the count "
+                              "with the lowest modeled time up to this (default 2048)",
                               low=1, high=1 << 16)
     tasklets: int | None = option(None, help="tasklets per DPU (default 16; at most 24 on v1a, "
                                   "16 on v1b)", low=1,
@@ -53,8 +54,9 @@ class UpmemOptions:
     target: str = option("v1a", help="DPU generation of the cost model (v1a: PrIM's chips, 24 "
                          "tasklets, 64 KB WRAM, 350 MHz; v1b: 16 tasklets, 63,488 B WRAM, "
                          "400 MHz)", choices=tuple(TARGETS))
-    search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per kernel "
-                          "instead of the mapping rule")
+    search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per op under the "
+                          "cost model (deterministic, bounded; never slower than the mapping "
+                          "rule)")
 
 
 #: The plan attributes of a UPMEM kernel (see :meth:`.mapping.CnmPlan.attrs`).
