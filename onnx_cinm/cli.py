@@ -21,7 +21,8 @@ examples:
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
   onnx-cinm optimize model.onnx -o out.onnx --placement cost --objective energy --report out.report
   onnx-cinm report out.onnx -o out.report
-  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set crossbar.count=4,64 -o sweep/
+  onnx-cinm optimize model.onnx -o out.onnx --config options.toml --cim-rows 128
+  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set cim.crossbars=4,64 -o sweep/
   onnx-cinm run lenet_opt.onnx --random 3 --profile
   onnx-cinm compare model.onnx model_opt.onnx
   onnx-cinm devices
