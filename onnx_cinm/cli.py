@@ -299,7 +299,9 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser(
         "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
         description="Read an optimized model and write layers.csv, time_energy.png, graph.png and "
-                    "a self-contained report.html into a folder; print the per-layer table.",
+                    "a self-contained report.html into a folder; print the per-layer table. "
+                    "Costs are priced with the options the model was compiled with and, unless "
+                    "--host-roofline says otherwise, the host figures it was optimized with.",
         formatter_class=_HelpFormatter)
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
