@@ -9,6 +9,11 @@ Passes read the level above them and write the level below (see DESIGN.md): the 
 (``canonicalize_opset`` .. ``fold_batchnorm``) keep standard ONNX, ``to_cinm`` writes
 device-agnostic ``cinm`` ops, ``placement`` annotates them with a device. No pass imports a device
 package; devices are reached through :mod:`onnx_cinm.devices` (the registry).
+
+Options: a pass declares the options it reads as typed fields (:mod:`onnx_cinm.options`) and
+registers them with :func:`register_options` (declarations in :mod:`.pass_options`);
+:func:`option_schema` is the compiler's whole schema (passes and devices) and
+:func:`check_options` the one place every option is checked.
 """
 from __future__ import annotations
 
