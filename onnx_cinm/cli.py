@@ -149,7 +149,7 @@ def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
             metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
                                              else {int: "N", float: "X"}.get(spec.type, "VALUE"))
             g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar,
-                           help=text)
+                           choices=allowed if spec.type is str else None, help=text)
         if key == "cim_crossbars":
             g.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
                            help="cells per crossbar, e.g. 128x128: --cim-rows and --cim-cols "
