@@ -21,7 +21,8 @@ examples:
   onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
   onnx-cinm optimize model.onnx -o out.onnx --placement cost --objective energy --report out.report
   onnx-cinm report out.onnx -o out.report
-  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set crossbar.count=4,64 -o sweep/
+  onnx-cinm optimize model.onnx -o out.onnx --config options.toml --cim-rows 128
+  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set cim.crossbars=4,64 -o sweep/
   onnx-cinm run lenet_opt.onnx --random 3 --profile
   onnx-cinm compare model.onnx model_opt.onnx
   onnx-cinm devices
@@ -74,11 +75,7 @@ def _checked(parse, ok, must: str):
 
 _count = _checked(_int, lambda v: v >= 0, "0 (off) or a positive count")
 _positive = _checked(_int, lambda v: v >= 1, "a positive integer")
-_tasklets = _checked(_positive, lambda v: v <= 24,  # UPMEM SDK: at most 24 tasklets per DPU
-                     "at most 24 (the tasklets a DPU runs)")
-_nonneg_float = _checked(_number, lambda v: v >= 0, "a number >= 0")
-_pos_float = _checked(_number, lambda v: v > 0, "a number > 0")
-_tolerance = _nonneg_float
+_tolerance = _checked(_number, lambda v: v >= 0, "a number >= 0")
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
@@ -95,18 +92,6 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
 
 
-def _effects(text: str) -> list[str]:
-    """``'prog,drift'`` -> the effect names, checked against the crossbar devices'."""
-    from .devices import preset_names
-
-    names = [] if text.strip() == "none" else [e.strip() for e in text.split(",") if e.strip()]
-    known = preset_names("cim", "effects")
-    bad = [e for e in names if e not in known]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown effect '{bad[0]}' (known: {', '.join(known)})")
-    return names
-
-
 def _size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     if len(parts) != 2:
@@ -114,16 +99,103 @@ def _size(text: str) -> tuple[int, int]:
     return _positive(parts[0]), _positive(parts[1])
 
 
-def _roofline(text: str) -> str:
-    from .hostmodel import MEASURE, parse
+def _typed(spec, parse=None):
+    """An argparse type for option ``spec``: the text read as the option's type and checked
+    against its declaration (:func:`onnx_cinm.options.from_text`), or by ``parse`` first (an
+    alias's own format, e.g. a duration); a bad value is a usage error naming the option."""
+    from .options import check, from_text
 
-    if text.strip().lower() == MEASURE:  # valid; the probe runs when the figures are needed
-        return text
+    def convert(text: str):
+        try:
+            return check(spec, parse(text)) if parse else from_text(spec, text)
+        except CinmError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+#: Option keys with a hand-written flag instead of a generated one (``--place`` is repeatable).
+_HAND_WRITTEN = {"place"}
+#: Metavars of generated flags whose values have a format of their own.
+_METAVARS = {"host_roofline": "GFLOPS,GBPS[,W]|nominal|measure", "cim_effects": "E1,E2|none",
+             "lower_ops": "OP1,OP2"}
+
+
+def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
+    """A flag ``--KEY`` (``_`` as ``-``) for every option of ``schema``, grouped by section,
+    typed, checked and documented (help, range, unit, default) by the option's declaration
+    (:mod:`onnx_cinm.options`); ``--no-KEY`` too for a true/false option. Every flag defaults
+    to None, "not given": the option's declared default applies unless ``--config`` sets it.
+    The older hand-written spellings stay as aliases: ``--cim-size ROWSxCOLS``, ``--cim-time T``
+    (with a unit: 10s, 1h, 1d, 1y), ``--per-kernel-crossbars``."""
+    from .devices import device_names
+    from .options import help_text
+
+    groups: dict = {}
+    for key, spec in schema.items():
+        if key in _HAND_WRITTEN:
+            continue
+        g = groups.get(spec.section)
+        if g is None:
+            owner = f"device {spec.owner}" if spec.owner in device_names() else f"pass {spec.owner}"
+            g = groups[spec.section] = p.add_argument_group(
+                f"{owner} options (--config table [{spec.section}])")
+        flag = "--" + key.replace("_", "-")
+        text = help_text(spec).replace("%", "%%")
+        if spec.type is bool:
+            g.add_argument(flag, dest=key, default=None, action=argparse.BooleanOptionalAction,
+                           help=text)
+        else:
+            allowed = spec.allowed()
+            metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
+                                             else {int: "N", float: "X"}.get(spec.type, "VALUE"))
+            g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar,
+                           choices=allowed if spec.type is str else None, help=text)
+        if key == "cim_crossbars":
+            g.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
+                           help="cells per crossbar, e.g. 128x128: --cim-rows and --cim-cols "
+                                "at once")
+        elif key == "cim_time_s":
+            g.add_argument("--cim-time", dest=key, type=_typed(spec, _duration), metavar="T",
+                           help="--cim-time-s with a unit: 10s, 1h, 1d, 1y")
+        elif key == "crossbar_residency":
+            g.add_argument("--per-kernel-crossbars", dest=key, action="store_const", const=False,
+                           help="--no-crossbar-residency: an optimistic estimate, as the CINM "
+                                "paper's (the crossbar plans still share the device's crossbars)")
+
+
+def _config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="options from a TOML file, one table per section of the flags below "
+                        "([cim] rows = 64, [upmem] dpus = 256, [placement] objective = "
+                        "\"energy\"); flags given on the command line win")
+
+
+def _pass_options(args, parser) -> dict:
+    """The pass options of ``optimize`` or ``sweep``: the ``--config`` file's, then the flags
+    given, checked together (:func:`onnx_cinm.passes.check_options`). A bad file is an error
+    naming it (exit 1); flags that contradict each other or the file are a usage error
+    (exit 2)."""
+    from .options import load_config
+    from .passes import check_options, option_schema
+
+    schema = option_schema()
+    opts: dict = {}
+    if getattr(args, "config", None):
+        opts = load_config(args.config, schema)
+        try:
+            check_options(opts)
+        except CinmError as e:
+            raise CinmError(f"config '{args.config}': {e}") from None
+    opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) is not None})
+    size = getattr(args, "cim_size", None)
+    if size is not None:  # --cim-size: both at once, unless --cim-rows/--cim-cols are given
+        for key, v in zip(("cim_rows", "cim_cols"), size):
+            if getattr(args, key, None) is None:
+                opts[key] = v
     try:
-        parse(text)
+        return check_options(opts)
     except CinmError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+        parser.error(str(e))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -134,7 +206,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .passes import STOP_LEVELS
+    from .passes import STOP_LEVELS, option_schema
 
     p = _Parser(
         prog="onnx-cinm",
@@ -168,31 +240,6 @@ def _parser() -> argparse.ArgumentParser:
     _tolerance_options(o, "--check-rtol", "--check-atol", " of the check")
     o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                    help="bake a static shape into an input (repeatable)")
-    o.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
-                   help="placement strategy: 'cost' minimizes the --objective over the whole graph "
-                        "(device cost models, transfers, a measured host roofline) under the "
-                        "crossbar, endurance and DPU constraints; 'heuristic' is the CINM paper's "
-                        "(large matmuls with constant weights to the crossbar, other cinm ops to UPMEM)")
-    cp = o.add_argument_group("cost placement options (--placement cost)")
-    cp.add_argument("--objective", default="energy", choices=["latency", "energy", "edp"],
-                    help="what cost placement minimizes: modeled seconds, joules, or their product "
-                         "per inference")
-    cp.add_argument("--max-writes-per-cell", type=_nonneg_float, default=None, metavar="W",
-                    help="endurance budget: crossbar writes any cell may take per inference (or over "
-                         "--lifetime-inferences inferences); tile writes rotate over the crossbars, "
-                         "so writes per cell = tile writes per inference / crossbars")
-    cp.add_argument("--lifetime-inferences", type=_pos_float, default=1.0, metavar="L",
-                    help="inferences the --max-writes-per-cell budget must last")
-    cp.add_argument("--per-kernel-crossbars", action="store_true",
-                    help="an optimistic estimate, as the CINM paper's: cost placement prices "
-                         "every crossbar kernel as if it had the crossbars to itself (by default "
-                         "the tiles kept by all kernels must fit the crossbars); the crossbar "
-                         "plans still share the device's crossbars")
-    cp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures for cost placement: 'nominal' (50,10,30: fixed, so placement is "
-                         "reproducible), 'measure' (probe this machine once, median of repeated "
-                         "runs, cached) or your own (default: $ONNX_CINM_HOST_ROOFLINE, else "
-                         "nominal)")
     o.add_argument("--report", metavar="DIR",
                    help="also write the report (table, PNG pictures, HTML page) into DIR")
     o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
@@ -200,48 +247,6 @@ def _parser() -> argparse.ArgumentParser:
                         "'Gemm=upmem' or '*conv1*=host'; the first matching hint wins (repeatable)")
     o.add_argument("--place-config", metavar="FILE",
                    help="JSON or TOML file with a 'place' table of PATTERN = DEVICE hints")
-    xb = o.add_argument_group("crossbar (memristor) options")
-    xb.add_argument("--cim-loop-order", default="weight_stationary", choices=["weight_stationary", "naive"],
-                    help="tile loop order: weight_stationary (k, n, m) writes each weight tile once "
-                         "and keeps it resident; naive (m, n, k) rewrites it for every input row, "
-                         "for comparison")
-    xb.add_argument("--cim-crossbars", type=_positive, default=None, metavar="P",
-                    help="crossbars on the device (default: the preset's, 4)%(default).0s")
-    xb.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
-                    help="cells per crossbar, e.g. 128x128 (default: the preset's, 64x64 for "
-                         "pcm-occ, 128x128 for reram-isaac)%(default).0s")
-    from .devices import preset_names
-
-    presets = preset_names("cim")
-    xb.add_argument("--cim-preset", default=presets[0], choices=presets,
-                    help="chip preset (geometry, cost and device parameters, sources in "
-                         "docs/crossbar-presets.md and 'onnx-cinm devices'); default %(default)s")
-    xb.add_argument("--cim-mode", default="ideal", choices=preset_names("cim", "modes"),
-                    help="data path of the emitted kernels: 'ideal' (exact fp32), 'q8' (8-bit "
-                         "weights with per-channel scales on 2-bit cells in differential pairs, "
-                         "8-bit DAC and ADC), 'q8-noisy' (q8 plus 2%% seeded read noise) or "
-                         "'device' (the preset's precision and device physics: programming "
-                         "noise, drift, 1/f noise, drift compensation, stuck-at cells, IR drop, "
-                         "ADC errors; docs/xbar-format.md); the check compares the cinm "
-                         "reference bodies, which are exact")
-    xb.add_argument("--cim-time", type=_duration, default=0.0, metavar="T",
-                    help="time after programming at which the device effects are taken, e.g. "
-                         "1s, 1h, 1d, 1y (default 0: just programmed)")
-    xb.add_argument("--cim-effects", type=_effects, default=None, metavar="E1,E2",
-                    help="the device effects of --cim-mode (default: the mode's own); any of "
-                         + ", ".join(preset_names("cim", "effects")) + "; 'none' for none")
-    up = o.add_argument_group("UPMEM options")
-    up.add_argument("--upmem-dpus", type=_positive, default=None, metavar="N",
-                    help="most DPUs one op may use; the mapping picks the count with the lowest "
-                         "modeled time up to this (default: 2048)%(default).0s")
-    up.add_argument("--upmem-tasklets", type=_tasklets, default=None, metavar="T",
-                    help="tasklets per DPU, 1..24 (1..16 on v1b; default: 16)%(default).0s")
-    up.add_argument("--upmem-search", action="store_true",
-                    help="search DPUs, tasklets and WRAM blocks per op under the cost model "
-                         "(deterministic, bounded; never slower than the default mapping)")
-    up.add_argument("--upmem-target", choices=("v1a", "v1b"), default=None,
-                    help="DPU generation: 'v1a' (PrIM's chips: 24 tasklets, 64 KB WRAM, 350 MHz; "
-                         "the default) or 'v1b' (16 tasklets, 63,488 B WRAM, 400 MHz)")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -252,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
     o.add_argument("-v", "--verbose", action="store_true", help="print progress and every placement")
     _common(o)
+    _config_option(o)
+    schema = option_schema()
+    _option_flags(o, schema)
 
     r = sub.add_parser(
         "run", help="run an optimized model: host parts in onnxruntime, device nodes in their kernels",
@@ -292,13 +300,13 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser(
         "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
         description="Read an optimized model and write layers.csv, time_energy.png, graph.png and "
-                    "a self-contained report.html into a folder; print the per-layer table.",
+                    "a self-contained report.html into a folder; print the per-layer table. "
+                    "Costs are priced with the options the model was compiled with and, unless "
+                    "--host-roofline says otherwise, the host figures it was optimized with.",
         formatter_class=_HelpFormatter)
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
-    rp.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures ('nominal', 'measure' or your own; default: the figures the "
-                         "model was optimized with)")
+    _option_flags(rp, {"host_roofline": schema["host_roofline"]})
     rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
     _common(rp)
 
@@ -310,28 +318,24 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter)
     sw.add_argument("input", help="input .onnx model")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
-                    help="values of one parameter (repeatable); keys: crossbar.size, crossbar.count, "
-                         "crossbar.loop_order, crossbar.preset, upmem.dpus, upmem.tasklets, "
-                         "placement.strategy, placement.objective, placement.max_writes_per_cell")
+                    help="values of one option (repeatable); keys: SECTION.NAME of every option "
+                         "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "
+                         "the names of a list option joined by +), and crossbar.size "
+                         "(ROWSxCOLS), crossbar.count, crossbar.loop_order, crossbar.preset")
     sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
-    sw.add_argument("--placement", default="cost", choices=["cost", "heuristic"],
-                    help="placement strategy of every configuration (unless swept)")
-    sw.add_argument("--objective", default="energy", choices=["latency", "energy", "edp"],
-                    help="cost placement objective (unless swept)")
     sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
                     help="local worker processes, a Dask cluster (--scheduler), or in this process")
     sw.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
     sw.add_argument("--workers", type=_positive, default=None, metavar="N",
                     help="local worker processes (default: CPU count)%(default).0s")
-    sw.add_argument("--host-roofline", type=_roofline, default=None, metavar="GFLOPS,GBPS[,W]",
-                    help="host figures ('nominal', 'measure' or your own; default: "
-                         "$ONNX_CINM_HOST_ROOFLINE, else nominal)")
     sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
                     help="bake a static shape into an input (repeatable)")
     sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                     help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
                          "default: the sizes the model records, else 1)")
     _common(sw)
+    _config_option(sw)
+    _option_flags(sw, schema)  # the options of every configuration, unless swept
 
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -493,6 +497,7 @@ def _cmd_devices(args) -> int:
             value = f"  {f.name} = {getattr(dev.params, f.name)}"
             note = docs.get(f.name, "")
             print(f"{value:44s}  {note}" if note else value)
+        _print_options(dev)
         presets = getattr(dev, "presets", None)
         if presets:
             print("  presets (--cim-preset; fields marked * have no primary source):")
@@ -504,13 +509,43 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def _print_options(dev) -> None:
+    """``onnx-cinm devices``: the device's options from its declaration (key, what it takes with
+    its unit, default, help) and its run modes."""
+    from .options import help_text
+
+    opts = dev.option_specs()
+    if opts:
+        section = next(iter(opts.values())).section
+        print(f"  options (flags --{dev.option_prefix}-*, --config table [{section}], sweep keys "
+              f"{section}.*):")
+        width = max(len(k) for k in opts)
+        for key, spec in opts.items():
+            print(f"    {key:{width}s}  {help_text(spec)}")
+    if len(dev.modes) > 1:
+        print(f"  run modes (--provider-option {dev.name}_mode=...): {', '.join(dev.modes)} "
+              f"(default {dev.modes[0]})")
+
+
 def _provider_options(items: list[str], parser) -> dict:
+    """``--provider-option KEY=VALUE`` items as typed provider options
+    (:func:`onnx_cinm.runtime.session.provider_option_specs`, e.g. ``upmem_mode`` from the
+    UPMEM device's run modes); an unknown key or a bad value is a usage error."""
+    from .options import from_text, unknown_key
+    from .runtime.session import PROVIDER, provider_option_specs
+
+    schema = provider_option_specs()
     opts: dict = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--provider-option expects KEY=VALUE, got '{item}'")
-        opts[key] = int(value) if value.isdigit() else value
+        try:
+            if key not in schema:
+                raise unknown_key(key, schema, f"{PROVIDER} option")
+            opts[key] = from_text(schema[key], value)
+        except CinmError as e:
+            parser.error(f"--provider-option {e}")
     return opts
 
 
@@ -740,36 +775,6 @@ def _inexact_modes(model) -> list[str]:
     return sorted(m for m in modes if m and m != "ideal")
 
 
-def _device_options(args) -> dict:
-    opts = {"cim_loop_order": args.cim_loop_order, "cim_preset": args.cim_preset,
-            "cim_mode": args.cim_mode}
-    if args.cim_time:
-        opts["cim_time_s"] = args.cim_time
-    if args.cim_effects is not None:
-        opts["cim_effects"] = args.cim_effects
-    if args.cim_crossbars is not None:
-        opts["cim_crossbars"] = args.cim_crossbars
-    if args.cim_size is not None:
-        opts["cim_rows"], opts["cim_cols"] = args.cim_size
-    if args.upmem_dpus is not None:
-        opts["upmem_dpus"] = args.upmem_dpus
-    if args.upmem_tasklets is not None:
-        opts["upmem_tasklets"] = args.upmem_tasklets
-    if args.upmem_target is not None:
-        opts["upmem_target"] = args.upmem_target
-    if getattr(args, "upmem_search", False):
-        opts["upmem_search"] = True
-    if getattr(args, "placement", "heuristic") == "cost":
-        opts["objective"] = args.objective
-        if args.max_writes_per_cell is not None:
-            opts["max_writes_per_cell"] = args.max_writes_per_cell
-        opts["lifetime_inferences"] = args.lifetime_inferences
-        opts["crossbar_residency"] = not args.per_kernel_crossbars
-    if getattr(args, "host_roofline", None):
-        opts["host_roofline"] = args.host_roofline
-    return opts
-
-
 def _progress(total: int, desc: str, unit: str, quiet: bool):
     """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
     from tqdm import tqdm
@@ -800,8 +805,6 @@ def _cmd_optimize(args, parser) -> int:
         parser.error("the output path -o/--output is required")
     if args.verbose and args.quiet:
         parser.error("-v and -q exclude each other")
-    if args.upmem_target == "v1b" and (args.upmem_tasklets or 0) > 16:
-        parser.error(f"--upmem-tasklets {args.upmem_tasklets}: a v1b DPU runs 1..16 tasklets")
     out = Path(args.output)
     if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
         raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "
@@ -822,10 +825,12 @@ def _cmd_optimize(args, parser) -> int:
                             "model or its kernel folder")
         artifacts.check_output_outside_kernels(args.report, "--report")
     say = (lambda msg: None) if args.quiet else print
-    if args.placement != "cost" and (args.max_writes_per_cell is not None or args.per_kernel_crossbars
-                                     or args.objective != "energy"):
-        print("onnx-cinm: warning: --objective, --max-writes-per-cell and --per-kernel-crossbars "
-              "apply to --placement cost only", file=sys.stderr)
+    options = _pass_options(args, parser)
+    cost_only = [k for k in ("objective", "max_writes_per_cell", "crossbar_residency")
+                 if k in options]
+    if options.get("placement") == "heuristic" and cost_only:
+        print(f"onnx-cinm: warning: {', '.join(cost_only)} apply to --placement cost only",
+              file=sys.stderr)
     if args.report:
         _check_writable_folder(args.report, "report")
     from .passes import DEFAULT_PIPELINE as _PIPE
@@ -853,21 +858,23 @@ def _cmd_optimize(args, parser) -> int:
     given, _ = _given_inputs(args, parser)
     if args.place_config:
         hints += load_hints(args.place_config)
+    if hints:  # on the command line: they replace the --config file's
+        options["place"] = hints
+    hints = options.get("place", [])
     if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
         print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
     model = get_example(args.example) if args.example else frontend.load_model(args.input)
     try:
-        result = optimize(model, placement=args.placement, place=hints, skip=args.skip_pass,
+        result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
-                          dims=dims, inputs=given,
-                          device_options=_device_options(args), log=log)
+                          dims=dims, inputs=given, device_options=options, log=log)
     finally:
         bar.close()
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from . import report
 
-        rendered = report.render_report(result.model, _device_options(args), title=out.name)
+        rendered = report.render_report(result.model, options, title=out.name)
     manifest = artifacts.save(result.model, out, log)
     args.written = out  # an interrupt from here on must not claim that nothing was written
     if args.report:  # its folder was checked up front; a failure now still says what exists
@@ -963,10 +970,8 @@ def _cmd_sweep(args, parser) -> int:
     artifacts.check_output_outside_kernels(out, "-o")
     if out.exists() and not out.is_dir():
         raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
+    base = _pass_options(args, parser)
     model = frontend.load_model(args.input)
-    base = {"placement": args.placement, "objective": args.objective}
-    if args.host_roofline:
-        base["host_roofline"] = args.host_roofline
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
                                  progress=not args.quiet, input_shapes=shapes or None, dims=dims)

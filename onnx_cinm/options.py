@@ -9,6 +9,11 @@ registered device and pass) is assembled by :func:`onnx_cinm.devices.option_sche
 flags, sweep keys, ``--config`` files and the Python API read that one schema, so an option
 exists, is typed and is documented in exactly one place.
 
+Besides the flat key, every option has a *section* and a *name* (``cim`` / ``rows``): the
+table and key of a ``--config`` file (``[cim] rows = 64``, :func:`load_config`) and the sweep
+key (``cim.rows``). Text from a command line or a sweep is read by :func:`from_text`; a whole
+options dict is checked by :func:`validate`.
+
 This module is at the bottom of the layer stack: it imports nothing of onnx_cinm but errors.
 """
 from __future__ import annotations
@@ -39,6 +44,13 @@ class OptionSpec:
             callable returning them (names known only once devices are loaded); None: any.
         low, high: inclusive range of a number; None: unbounded on that side.
         owner: the device or pass that declares it.
+        section, name: its table and key in a ``--config`` file, and its sweep key
+            ``section.name`` (``cim``, ``rows``); by default the declaring prefix (or owner)
+            and the field name.
+        parse: a callable taking the value and returning it normalized, raising CinmError or
+            ValueError when it is bad; replaces the type, range and choice checks of
+            :func:`check` (for values that are not one of the plain types, e.g. a roofline
+            object or ``PATTERN=DEVICE`` hints). None: the plain checks.
     """
 
     key: str
@@ -50,6 +62,9 @@ class OptionSpec:
     low: float | None = None
     high: float | None = None
     owner: str = ""
+    section: str = ""
+    name: str = ""
+    parse: Callable[[Any], Any] | None = None
 
     def allowed(self) -> tuple | None:
         """The allowed values of a choice option (evaluated now), None if any value goes."""
@@ -61,22 +76,33 @@ class OptionSpec:
         t = {int: "integer", float: "number", bool: "true/false", str: "name",
              tuple: "comma-separated names"}.get(self.type, self.type.__name__)
         allowed = self.allowed()
-        if allowed is not None:
+        if self.parse is not None:  # its own format, which the help gives
+            t = "see its help"
+        elif allowed is not None:
             t = f"one of {', '.join(map(str, allowed))}" if self.type is str else \
                 f"{t} from {', '.join(map(str, allowed))}"
         elif self.low is not None or self.high is not None:
-            lo = "" if self.low is None else f"{self.low:g}"
-            hi = "" if self.high is None else f"{self.high:g}"
+            lo = "" if self.low is None else _num(self.low)
+            hi = "" if self.high is None else _num(self.high)
             t += f" in {lo}..{hi}"
         if self.unit:
             t += f" ({self.unit})"
         return t
 
 
+def _num(v: float) -> str:
+    """``65536``, ``0.5``, ``1e-06``: a bound as a person reads it."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
+
 def option(default: Any = None, *, help: str, unit: str = "", choices=None,
-           low: float | None = None, high: float | None = None) -> Any:
-    """A dataclass field declaring one option (see :class:`OptionSpec` for the arguments)."""
-    meta = {"help": help, "unit": unit, "choices": choices, "low": low, "high": high}
+           low: float | None = None, high: float | None = None, key: str | None = None,
+           parse: Callable[[Any], Any] | None = None) -> Any:
+    """A dataclass field declaring one option (see :class:`OptionSpec` for the arguments;
+    ``key`` overrides the flat key ``<prefix>_<field>``, e.g. for a key older than its
+    declaration)."""
+    meta = {"help": help, "unit": unit, "choices": choices, "low": low, "high": high,
+            "key": key, "parse": parse}
     if isinstance(default, (list, dict, set)):
         raise TypeError("option defaults must be immutable (use a tuple)")
     return dataclasses.field(default=default, metadata={"onnx_cinm.option": meta})
@@ -97,18 +123,20 @@ def _field_type(cls: type, f: dataclasses.Field) -> type:
     return base
 
 
-def specs(cls: type, prefix: str, owner: str) -> dict[str, OptionSpec]:
+def specs(cls: type, prefix: str, owner: str, section: str | None = None) -> dict[str, OptionSpec]:
     """The :class:`OptionSpec` of each :func:`option` field of dataclass ``cls``, keyed
-    ``<prefix>_<field>`` (``<field>`` if ``prefix`` is empty). Raises TypeError if a field is
-    not an option or has an unsupported type."""
+    ``<prefix>_<field>`` (``<field>`` if ``prefix`` is empty) unless the field names its own
+    key; ``section`` (default: ``prefix``, else ``owner``) is its table in a config file.
+    Raises TypeError if a field is not an option or has an unsupported type."""
     out = {}
     for f in dataclasses.fields(cls):
-        meta = f.metadata.get("onnx_cinm.option")
-        if meta is None:
+        meta = dict(f.metadata.get("onnx_cinm.option") or {})
+        if not meta:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with options.option()")
-        key = f"{prefix}_{f.name}" if prefix else f.name
+        key = meta.pop("key") or (f"{prefix}_{f.name}" if prefix else f.name)
         default = None if f.default is _MISSING else f.default
-        out[key] = OptionSpec(key, _field_type(cls, f), default, owner=owner, **meta)
+        out[key] = OptionSpec(key, _field_type(cls, f), default, owner=owner,
+                              section=section or prefix or owner, name=f.name, **meta)
     return out
 
 
@@ -118,7 +146,12 @@ def check(spec: OptionSpec, value: Any) -> Any:
     Raises CinmError naming the option and what it expects."""
     if value is None:
         return None
-    bad = CinmError(f"option {spec.key}={value!r}: expected {spec.describe()}")
+    if spec.parse is not None:
+        try:
+            return spec.parse(value)
+        except (CinmError, ValueError, TypeError) as e:
+            raise CinmError(f"option {spec.key}={_shown(value)}: {e}") from None
+    bad = CinmError(f"option {spec.key}={_shown(value)}: expected {spec.describe()}")
     t = spec.type
     if t is bool:
         if not isinstance(value, bool):
@@ -160,9 +193,111 @@ def check(spec: OptionSpec, value: Any) -> Any:
     return value
 
 
-def unknown_key(key: str, known) -> CinmError:
+def unknown_key(key: str, known, what: str = "option") -> CinmError:
     """The error for an option nobody declares: names the closest known keys."""
     known = sorted(known)
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return CinmError(f"unknown option '{key}'{hint} (known: {', '.join(known)})")
+    return CinmError(f"unknown {what} '{key}'{hint} (known: {', '.join(known)})")
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def from_text(spec: OptionSpec, text: str) -> Any:
+    """The value of ``spec`` written as ``text`` (a command-line flag, a sweep value),
+    converted to the option's type and checked (:func:`check`): ``64``, ``0.5``,
+    ``true``/``false``, a name, or comma-separated names (``none`` for no names).
+    Raises CinmError naming the option and what it expects."""
+    t, raw = spec.type, text.strip()
+    if spec.parse is not None:
+        return check(spec, raw)
+    value: Any = raw
+    try:
+        if t is int:
+            value = int(raw)
+        elif t is float:
+            value = float(raw)
+        elif t is bool:
+            low = raw.lower()
+            if low not in _TRUE + _FALSE:
+                raise ValueError
+            value = low in _TRUE
+        elif t is tuple:
+            value = () if raw.lower() == "none" else raw
+        return check(spec, value)
+    except (ValueError, CinmError):  # the error shows the text as given
+        raise CinmError(f"option {spec.key}={raw!r}: expected {spec.describe()}") from None
+
+
+def help_text(spec: OptionSpec) -> str:
+    """One line for ``--help`` and listings: the help, what the option takes (with its unit)
+    and its default."""
+    default = spec.default
+    if isinstance(default, tuple):
+        default = ",".join(default) or "none"
+    elif isinstance(default, bool):
+        default = str(default).lower()
+    parts = ["" if spec.parse is not None else spec.describe(),
+             "" if default is None else f"default {default}"]
+    parts = [p for p in parts if p]
+    return f"{spec.help} [{'; '.join(parts)}]" if parts else spec.help
+
+
+def validate(options: dict, schema: dict[str, OptionSpec], what: str = "option") -> dict:
+    """``options`` (flat keys) checked against ``schema`` and normalized (:func:`check`).
+    Raises CinmError on an unknown key (an unknown ``what``, naming the closest known ones) or
+    a bad value."""
+    out = {}
+    for key, value in options.items():
+        spec = schema.get(key)
+        if spec is None:
+            raise unknown_key(key, schema, what)
+        out[key] = check(spec, value)
+    return out
+
+
+def load_config(path, schema: dict[str, OptionSpec]) -> dict:
+    """The options of a TOML file with one table per section (``[cim] rows = 64``,
+    ``[upmem] dpus = 256``, ``[placement] objective = "energy"``; the sections and names of
+    :class:`OptionSpec`), as flat keys, checked (:func:`check`). Raises CinmError naming the
+    file on a missing or unreadable file, invalid TOML, an unknown table or key (with the known
+    ones) or a bad value."""
+    import tomllib
+
+    where = f"config '{path}'"
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise CinmError(f"cannot read {where}: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CinmError(f"{where} is not valid TOML: {first}") from None
+    by_section: dict[str, dict[str, OptionSpec]] = {}
+    for spec in schema.values():
+        by_section.setdefault(spec.section, {})[spec.name] = spec
+    out = {}
+    for section, table in data.items():
+        if section not in by_section:
+            raise CinmError(f"{where}: {unknown_key(section, by_section, 'table')}")
+        if not isinstance(table, dict):
+            raise CinmError(f"{where}: '{section}' must be a table ([{section}] with NAME = VALUE "
+                            "lines)")
+        names = by_section[section]
+        for name, value in table.items():
+            spec = names.get(name)
+            if spec is None:
+                raise CinmError(f"{where}: [{section}] {unknown_key(name, names, 'key')}")
+            try:
+                out[spec.key] = check(spec, value)
+            except CinmError as e:
+                raise CinmError(f"{where}: [{section}] {e}") from None
+    return out

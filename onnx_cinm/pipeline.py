@@ -15,7 +15,8 @@ from . import frontend, golden, hostmodel
 from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
-from .passes import PassContext, PassManager
+from .options import unknown_key
+from .passes import PassContext, PassManager, check_options
 from .text import printable, si as _si
 
 
@@ -211,7 +212,28 @@ def _control_flow(model: onnx.ModelProto) -> dict:
     return out
 
 
-def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
+#: The ``constraints`` of :func:`optimize`: the budgets among the placement options.
+CONSTRAINTS = ("max_writes_per_cell", "lifetime_inferences", "crossbar_residency")
+
+
+def _options(placement, place, objective, constraints, host_roofline, device_options) -> dict:
+    """The pass options of one :func:`optimize` call, checked
+    (:func:`onnx_cinm.passes.check_options`)."""
+    opts = dict(device_options or {})
+    for k, v in (constraints or {}).items():
+        if k not in CONSTRAINTS:
+            raise unknown_key(k, CONSTRAINTS, "placement constraint")
+        opts[k] = v
+    for key, value in (("placement", placement), ("objective", objective),
+                       ("host_roofline", host_roofline)):
+        if value is not None:
+            opts[key] = value
+    if place:
+        opts["place"] = list(place)
+    return check_options(opts)
+
+
+def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = None,
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
              check: int = 1, check_rtol: float | None = None, check_atol: float | None = None,
@@ -223,10 +245,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
 
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
-        placement: placement strategy: ``"cost"`` (the default: every cinm op on the device
-            minimizing ``objective`` over the graph, :mod:`onnx_cinm.passes.cost_placement`) or
-            ``"heuristic"`` (the CINM paper's: large matmuls with constant weights to the
-            crossbar, other cinm ops to UPMEM).
+        placement: placement strategy: ``"cost"`` (the default, declared in
+            :class:`onnx_cinm.passes.pass_options.PlacementOptions`: every cinm op on the
+            device minimizing ``objective`` over the graph,
+            :mod:`onnx_cinm.passes.cost_placement`) or ``"heuristic"`` (the CINM paper's:
+            large matmuls with constant weights to the crossbar, other cinm ops to UPMEM).
         place: user hints ``(pattern, device)``; the first matching hint wins.
         skip: pass names not to run.
         stop_after: ``"cinm"``, ``"placement"``, ``"paradigm"``, ``"device"`` or a pass name: the
@@ -244,14 +267,16 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
             by the check; see :func:`onnx_cinm.golden.random_inputs`).
             If onnxruntime cannot run the *original* on those inputs (a model that needs a
             minimum length, say), the check is skipped, not failed: ``check_skipped`` says why.
-        device_options: options of the device-level passes, e.g. ``cim_loop_order``
-            (``"weight_stationary"`` or ``"naive"``), ``cim_crossbars``, ``cim_rows``,
-            ``cim_cols``, ``cim_preset``, ``cim_mode``, ``cim_time_s`` (seconds after
-            programming), ``cim_effects`` (list of effect names), ``upmem_dpus``,
-            ``upmem_tasklets``, ``upmem_target``.
+        device_options: options by flat key, checked against the schema of every device and
+            pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
+            devices'), e.g. ``cim_loop_order`` (``"weight_stationary"`` or ``"naive"``),
+            ``cim_crossbars``, ``cim_rows``, ``cim_cols``, ``cim_preset``, ``cim_mode``,
+            ``cim_time_s`` (seconds after programming), ``cim_effects`` (effect names),
+            ``upmem_dpus``, ``upmem_tasklets``, ``upmem_target``; the keyword arguments
+            above win over the same keys here.
         log: callable receiving progress lines.
-        objective: what cost placement minimizes: ``"energy"`` (default), ``"latency"`` or
-            ``"edp"``.
+        objective: what cost placement minimizes: ``"energy"`` (the default), ``"latency"``
+            or ``"edp"``.
         constraints: cost placement budgets: ``max_writes_per_cell`` (crossbar writes per cell
             over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:
             the tiles kept by all crossbar kernels must fit the crossbars). See
@@ -270,10 +295,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
         An :class:`OptimizeResult`; nothing is written to disk.
 
     Raises:
-        CinmError: bad input (unreadable model, unknown pass, device or input name).
+        CinmError: bad input (unreadable model, unknown pass, device or input name, an
+            unknown option key or a value of the wrong type or range, one line naming it).
         CheckFailed: the optimized model does not match the original within tolerance.
     """
     log = log or (lambda msg: None)
+    options = _options(placement, place, objective, constraints, host_roofline, device_options)
     if isinstance(model, (str, Path)):
         original = frontend.load_model(model)
     else:  # load_model validates files; an in-memory model gets the same structural checks
@@ -296,18 +323,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str = "cost",
     frontend.set_planned_dims(work, dims)
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
-    extra: dict = {}
-    if objective is not None:
-        extra["objective"] = objective
-    if host_roofline is not None:
-        extra["host_roofline"] = host_roofline
-    known = {"max_writes_per_cell", "lifetime_inferences", "crossbar_residency"}
-    for k, v in (constraints or {}).items():
-        if k not in known:
-            raise CinmError(f"unknown placement constraint '{k}' (known: {', '.join(sorted(known))})")
-        extra[k] = v
-    ctx = PassContext(options={"placement": placement, "place": list(place),
-                               **(device_options or {}), **extra}, log=log)
+    ctx = PassContext(options=options, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
     cinm.attach_functions(work)

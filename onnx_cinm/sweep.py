@@ -8,21 +8,15 @@ same model as cost placement (:func:`onnx_cinm.passes.cost_placement.evaluate_mo
 latency (seconds), energy (joules), crossbar tile writes per inference, bytes crossing device
 boundaries, cinm ops per device, and the constraints the placement breaks. No inference is run.
 
-Keys (``--set KEY=V1,V2,...``) and the pass options they set:
-
-=========================  ===================================  ==========================
-key                        option                               values
-=========================  ===================================  ==========================
-crossbar.size              ``cim_rows``, ``cim_cols``           ``ROWSxCOLS``
-crossbar.count             ``cim_crossbars``                    positive integers
-crossbar.loop_order        ``cim_loop_order``                   weight_stationary, naive
-crossbar.preset            ``cim_preset``                       a chip preset (``onnx-cinm devices``)
-upmem.dpus                 ``upmem_dpus``                       positive integers
-upmem.tasklets             ``upmem_tasklets``                   1..24
-placement.strategy         ``placement``                        cost, heuristic
-placement.objective        ``objective``                        latency, energy, edp
-placement.max_writes_per_cell  ``max_writes_per_cell``          numbers >= 0
-=========================  ===================================  ==========================
+Keys (``--set KEY=V1,V2,...``) come from the option schema
+(:func:`onnx_cinm.passes.option_schema`): every option is swept as ``SECTION.NAME``, its table
+and key in a ``--config`` file (``cim.rows``, ``cim.crossbars``, ``cim.preset``,
+``upmem.dpus``, ``upmem.tasklets``, ``upmem.target``, ``placement.strategy``,
+``placement.objective``, ``placement.max_writes_per_cell``, ``host.roofline``, ...), its values
+typed and checked as the option's. A value of a list option joins its names with ``+``
+(``cim.effects=prog+drift,none``). Older keys stay as aliases: ``crossbar.size`` (``ROWSxCOLS``,
+setting ``cim_rows`` and ``cim_cols``), ``crossbar.count`` (``cim.crossbars``),
+``crossbar.loop_order`` and ``crossbar.preset``.
 
 Configurations run in worker processes (:class:`concurrent.futures.ProcessPoolExecutor`, the
 model sent once per worker) or on a Dask cluster (``executor="dask"``, ``scheduler`` = the
@@ -49,70 +43,39 @@ import onnx
 
 from . import frontend
 from .errors import CinmError
+from .options import from_text, unknown_key
 
 
-def _size(v: str):
+def _size(v: str) -> dict:
     r, sep, c = v.lower().partition("x")
     if not sep or not r.isdigit() or not c.isdigit() or int(r) < 1 or int(c) < 1:
         raise CinmError(f"crossbar.size expects ROWSxCOLS such as 64x64, got '{v}'")
     return {"cim_rows": int(r), "cim_cols": int(c)}
 
 
-def _int(key, option, lo=1, hi=1 << 20):
-    def conv(v: str):
-        try:
-            n = int(v)
-        except ValueError:
-            n = None
-        if n is None or not lo <= n <= hi:
-            raise CinmError(f"{key} expects an integer in {lo}..{hi}, got '{v}'")
-        return {option: n}
+#: Sweep keys kept from before the option schema, as aliases of its keys.
+ALIASES = {"crossbar.count": "cim.crossbars", "crossbar.loop_order": "cim.loop_order",
+           "crossbar.preset": "cim.preset"}
+
+
+def _converter(spec):
+    """Value text -> ``{flat key: value}`` for option ``spec`` (:func:`onnx_cinm.options.from_text`;
+    the names of a list option joined by ``+``)."""
+    def conv(v: str) -> dict:
+        return {spec.key: from_text(spec, v.replace("+", ",") if spec.type is tuple else v)}
     return conv
 
 
-def _choice(key, option, allowed):
-    """A converter accepting the values in ``allowed`` (a tuple, or a function returning one,
-    called when first needed)."""
-    def conv(v: str):
-        nonlocal allowed
-        if callable(allowed):
-            allowed = tuple(allowed())
-        if v not in allowed:
-            raise CinmError(f"{key} expects one of {', '.join(allowed)}, got '{v}'")
-        return {option: v}
-    return conv
+def keys() -> dict:
+    """Every ``--set`` key and its converter (value text -> pass options): ``SECTION.NAME`` of
+    every option of the schema, then the aliases (:data:`ALIASES`, ``crossbar.size``)."""
+    from .passes import option_schema
 
+    out = {f"{s.section}.{s.name}": _converter(s) for s in option_schema().values()}
+    out.update({alias: out[key] for alias, key in ALIASES.items()})
+    out["crossbar.size"] = _size
+    return out
 
-def _float(key, option):
-    def conv(v: str):
-        try:
-            x = float(v)
-        except ValueError:
-            x = -1.0
-        if not x >= 0:
-            raise CinmError(f"{key} expects a number >= 0, got '{v}'")
-        return {option: x}
-    return conv
-
-
-def _cim_presets() -> list[str]:
-    from .devices import preset_names
-
-    return preset_names("cim")
-
-
-#: ``--set`` keys and their converters (value text -> pass options).
-KEYS = {
-    "crossbar.size": _size,
-    "crossbar.count": _int("crossbar.count", "cim_crossbars"),
-    "crossbar.loop_order": _choice("crossbar.loop_order", "cim_loop_order", ("weight_stationary", "naive")),
-    "crossbar.preset": _choice("crossbar.preset", "cim_preset", _cim_presets),
-    "upmem.dpus": _int("upmem.dpus", "upmem_dpus", 1, 1 << 16),
-    "upmem.tasklets": _int("upmem.tasklets", "upmem_tasklets", 1, 24),
-    "placement.strategy": _choice("placement.strategy", "placement", ("cost", "heuristic")),
-    "placement.objective": _choice("placement.objective", "objective", ("latency", "energy", "edp")),
-    "placement.max_writes_per_cell": _float("placement.max_writes_per_cell", "max_writes_per_cell"),
-}
 
 #: CSV columns after the configuration keys.
 COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "violations", "seconds"]
@@ -122,20 +85,21 @@ def parse_sets(items: list[str]) -> list[tuple[str, list[str]]]:
     """``["crossbar.count=4,16", ...]`` -> ``[("crossbar.count", ["4", "16"]), ...]``, checked.
 
     Raises CinmError on a malformed item, an unknown or repeated key, or a bad value."""
+    known = keys()
     out, seen = [], set()
     for item in items:
         key, sep, vals = item.partition("=")
         key = key.strip()
         if not sep or not key or not vals.strip():
             raise CinmError(f"--set expects KEY=V1,V2,..., got '{item}'")
-        if key not in KEYS:
-            raise CinmError(f"unknown sweep key '{key}' (known: {', '.join(KEYS)})")
+        if key not in known:
+            raise unknown_key(key, known, "sweep key")
         if key in seen:
             raise CinmError(f"sweep key '{key}' given twice")
         seen.add(key)
         values = [v.strip() for v in vals.split(",") if v.strip()]
         for v in values:
-            KEYS[key](v)
+            known[key](v)
         out.append((key, values))
     return out
 
@@ -148,9 +112,10 @@ def configurations(sets: list[tuple[str, list[str]]]) -> list[dict]:
 
 def options_of(config: dict, base: dict | None = None) -> dict:
     """Pass options of one configuration (``base`` first, then the keys' options)."""
+    known = keys()
     opts = dict(base or {})
     for k, v in config.items():
-        opts.update(KEYS[k](v))
+        opts.update(known[k](v))
     return opts
 
 
@@ -178,13 +143,11 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     t0 = time.perf_counter()
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    opts = dict(options)
-    opts.setdefault("placement", "cost")
-    ctx = PassContext(options=opts)
-    try:
+    ctx = PassContext(options=dict(options))
+    try:  # the pass manager checks the options: a bad combination is this row's error
         work = PassManager(pipeline=["placement", "cim_tiling", "cnm_mapping",
                                      "device_lowering"]).run(work, ctx)
-        tot, bad, _ = evaluate_model(work, opts)
+        tot, bad, _ = evaluate_model(work, ctx.options)
     except CinmError as e:
         nan = float("nan")
         return {"latency_s": nan, "energy_j": nan, "writes": -1, "transfer_bytes": -1, "devices": "",
@@ -223,7 +186,8 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     Args:
         model: path or ModelProto (any level; it is brought to the cinm level once).
         sets: from :func:`parse_sets`.
-        base_options: pass options common to all configurations (e.g. ``host_roofline``).
+        base_options: pass options common to all configurations (e.g. ``host_roofline``),
+            checked against the option schema (CinmError on an unknown key or a bad value).
         executor: ``"process"`` (local worker processes), ``"dask"`` or ``"serial"``.
         workers: local worker processes (default: CPU count, at most the configurations).
         scheduler: Dask scheduler address (``tcp://host:8786``) or a ``distributed.Client``.
@@ -231,8 +195,11 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
         input_shapes: ``{input: dims}`` baked into the model first.
         dims: ``{symbolic dim: size}`` every configuration is planned at.
     """
+    from .passes import check_options
+
     configs = configurations(sets)
-    opts = [options_of(c, base_options) for c in configs]
+    base = check_options(dict(base_options or {}))
+    opts = [options_of(c, base) for c in configs]
     cinm_model = cinm_level(model, input_shapes, dims)
     data = cinm_model.SerializeToString()
     from tqdm import tqdm

@@ -81,7 +81,11 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--overwrite-input-shape", "input:1,64", "--overwrite-input-shape", "input:2,64"], "twice"),
     (["--check", "abc"], "--check: expected an integer, got 'abc'"),
     (["--cim-size", "64x64x2"], "expected ROWSxCOLS"),
-    (["--lifetime-inferences", "0"], "must be a number > 0, got 0"),
+    (["--lifetime-inferences", "0"], "lifetime_inferences='0': expected number in 1.."),
+    (["--cim-rows", "0"], "cim_rows='0': expected integer in 1..65536"),
+    (["--upmem-tasklets", "many"], "upmem_tasklets='many': expected integer in 1..24"),
+    (["--cim-mode", "fast"], "cim_mode='fast': expected one of ideal, q8"),
+    (["--upmem-target", "v1b", "--upmem-tasklets", "20"], "upmem_tasklets=20: a v1b DPU runs 1..16"),
     (["--dim", "batch=-1"], "NAME=SIZE"),
 ])
 def test_malformed_options_are_usage_errors(argv_tail, needle, tmp_model_dir, capsys):

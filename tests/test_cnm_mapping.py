@@ -19,7 +19,7 @@ from onnx_cinm.devices.base import Cost
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op, wram_block
 from onnx_cinm.errors import CinmError
 from onnx_cinm.graph import OpInfo, TensorInfo
-from onnx_cinm.passes import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
+from onnx_cinm.passes import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager, check_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import prim_workloads as pw  # noqa: E402
@@ -182,10 +182,14 @@ def test_device_cost_and_lower_options():
     assert (attrs["cnm_dpus"], attrs["cnm_tasklets"], attrs["cnm_block_bytes"]) == (1, 11, 368)
     # 1002 int32 = 4008 B per region, 3 regions
     assert attrs["cnm_mram_bytes"] == 3 * 4008
+    # options are checked once, against the schema, before any pass or device sees them
     for bad in ({"upmem_tasklets": 25}, {"upmem_tasklets": 0}, {"upmem_dpus": 0},
                 {"upmem_dpus": "8"}, {"upmem_tasklets": True}):
         with pytest.raises(CinmError, match="upmem_"):
-            dev.lower([(_va(8), dict(bad, kernel_stem="k"))])[0]
+            check_options(bad)
+        with pytest.raises(CinmError, match="upmem_"):
+            PassManager(pipeline=["cnm_mapping"]).run(pw.build("VA", "int32", "small"),
+                                                       PassContext(options=bad))
 
 
 def test_v1b_target_limits_tasklets_and_wram():
@@ -202,10 +206,12 @@ def test_v1b_target_limits_tasklets_and_wram():
     assert dev.plan(_va(47104), {"upmem_tasklets": 20}).tasklets == 20
     with pytest.raises(CinmError, match="upmem_tasklets=20.*1..16"):
         dev.plan(_va(47104), {"upmem_tasklets": 20, "upmem_target": "v1b"})
+    with pytest.raises(CinmError, match="upmem_tasklets=20.*1..16"):  # a cross-option check
+        check_options({"upmem_tasklets": 20, "upmem_target": "v1b"})
     with pytest.raises(CinmError, match="1..16"):
         make_plan(_va(64), 1, 17, params=dev.target({"upmem_target": "v1b"}))
-    with pytest.raises(CinmError, match="upmem_target='v2'"):
-        dev.plan(_va(64), {"upmem_target": "v2"})
+    with pytest.raises(CinmError, match="upmem_target='v2': expected one of v1a, v1b"):
+        check_options({"upmem_target": "v2"})
 
 
 def test_v1b_target_from_the_command_line(tmp_path, capsys):

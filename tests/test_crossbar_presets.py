@@ -50,12 +50,16 @@ def test_default_preset_unchanged():
 
 def test_cli_and_docs_list_the_presets():
     from onnx_cinm.cli import _parser
-    from onnx_cinm.sweep import KEYS
+    from onnx_cinm.devices import get_device
+    from onnx_cinm.sweep import keys
 
     opt = _parser()._subparsers._group_actions[0].choices["optimize"]
     action = next(a for a in opt._actions if "--cim-preset" in a.option_strings)
-    assert list(action.choices) == list(PRESETS) and action.default == "pcm-occ"
-    assert KEYS["crossbar.preset"]("rram-neurram") == {"cim_preset": "rram-neurram"}
+    # the flag is generated from the option; unset, the device's own preset (pcm-occ) applies
+    assert list(action.choices) == list(PRESETS) and action.default is None
+    assert get_device("memristor").params is PCM_OCC and "default pcm-occ" in action.help
+    assert keys()["crossbar.preset"]("rram-neurram") == {"cim_preset": "rram-neurram"}
+    assert keys()["cim.preset"]("rram-neurram") == {"cim_preset": "rram-neurram"}
     text = DOC.read_text()
     for name in PRESETS:
         assert f"`{name}`" in text

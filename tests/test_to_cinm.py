@@ -30,7 +30,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 def _lower(m):
     out = onnx.ModelProto()
     out.CopyFrom(m)
-    ctx = PassContext()
+    ctx = PassContext(options={"placement": "heuristic"})  # cost placement is the default
     out = placement(to_cinm(out, ctx), ctx)
     del out.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(out, strict_mode=True), ctx
@@ -173,7 +173,8 @@ def test_placement_hints_first_match_wins_and_fall_back():
                [nh.from_array(w, "w")])
     work = onnx.ModelProto()
     work.CopyFrom(m)
-    ctx = PassContext(options={"place": [("fc1*", "upmem"), ("Gemm", "host"), ("Relu", "memristor")]})
+    ctx = PassContext(options={"placement": "heuristic",
+                               "place": [("fc1*", "upmem"), ("Gemm", "host"), ("Relu", "memristor")]})
     out = placement(to_cinm(work, ctx), ctx)
     placed = {n.op_type: cinm.node_attrs(n) for n in out.graph.node}
     assert placed["Gemm"]["device"] == "upmem" and placed["Gemm"]["placement"].startswith("hint fc1*=upmem")

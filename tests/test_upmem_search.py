@@ -11,6 +11,7 @@ from onnx_cinm.devices.upmem import search as S
 from onnx_cinm.devices.upmem.mapping import make_plan, plan_op, workgroups
 from onnx_cinm.errors import CinmError
 from onnx_cinm.graph import OpInfo, TensorInfo
+from onnx_cinm.passes import check_options
 
 
 def _t(name, shape, dtype="int32", const=False):
@@ -79,8 +80,8 @@ def test_the_device_searches_on_request_and_the_plan_records_it():
     assert "cnm_search" not in rule
     assert found["cnm_search"].startswith("exhaustive: ")
     assert found["cnm_latency_s"] <= rule["cnm_latency_s"]
-    with pytest.raises(CinmError, match="upmem_search"):
-        dev.lower([(_va(8), {"kernel_stem": "k", "upmem_search": "yes"})])[0]
+    with pytest.raises(CinmError, match="upmem_search='yes': expected true/false"):
+        check_options({"upmem_search": "yes"})  # options are checked once, by the schema
     # the v1B target bounds the tasklets the search tries
     v1b = dev.plan(_red(1 << 22), {"upmem_search": True, "upmem_target": "v1b"})
     assert v1b.tasklets <= 16

@@ -139,6 +139,12 @@ class Device:
             return {}
         return specs(self.Options, self.option_prefix, self.name)
 
+    def check_options(self, options: dict) -> None:
+        """Raise CinmError if options that are each valid (the schema checked their types,
+        ranges and choices before) contradict each other on this device, e.g. more tasklets
+        than the chosen DPU generation runs. Called at the one validation point
+        (:func:`onnx_cinm.passes.check_options`); default: nothing to check."""
+
     def tables(self) -> dict[str, tuple]:
         """Named lists the device offers (``{"presets": names}``), for ``onnx-cinm devices``."""
         return {}
@@ -251,7 +257,11 @@ def check_device(dev: object) -> None:
     if dev.Options is not None:
         if not dev.option_prefix:
             raise TypeError(f"device '{dev.name}' declares options but no option_prefix")
-        dev.option_specs()  # raises TypeError on a field that is not a typed option
+        bad = [k for k in dev.option_specs()  # TypeError on a field that is not a typed option
+               if not k.startswith(dev.option_prefix + "_")]
+        if bad:
+            raise TypeError(f"device '{dev.name}': options {bad} do not start with "
+                            f"'{dev.option_prefix}_'")
 
 
 @dataclass

@@ -3,8 +3,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..options import option
 from . import register
 from .base import Cost, Device, OpInfo, Support
+
+
+def _roofline(value):
+    """A :class:`~onnx_cinm.hostmodel.HostRoofline` as it is, or its text form checked:
+    ``nominal``, ``measure`` (probed when first needed, not now) or ``GFLOPS,GBPS[,WATTS]``.
+    Raises CinmError otherwise."""
+    from .. import hostmodel  # imports onnx: only when a roofline is given
+
+    if isinstance(value, hostmodel.HostRoofline):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected 'nominal', 'measure' or GFLOPS,GBPS[,WATTS]")
+    if value.strip().lower() != hostmodel.MEASURE:
+        hostmodel.parse(value)
+    return value
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """The host's options (keys ``host_<field>``)."""
+
+    roofline: str | None = option(
+        None, help="host figures for cost placement: 'nominal' (50 GFLOP/s, 10 GB/s, 30 W: "
+        "fixed, so placement is reproducible), 'measure' (probe this machine once, median of "
+        "repeated runs, cached) or GFLOPS,GBPS[,WATTS] (default: $ONNX_CINM_HOST_ROOFLINE, "
+        "else nominal)", parse=_roofline)
 
 
 @dataclass(frozen=True)
@@ -19,6 +46,8 @@ class HostDevice(Device):
 
     name = "host"
     paradigm = "host"
+    option_prefix = "host"
+    Options = HostOptions
 
     def __init__(self, params: HostParams = HostParams()):
         self.params = params

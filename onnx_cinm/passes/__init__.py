@@ -11,6 +11,11 @@ device-agnostic ``cinm`` ops, ``placement`` annotates them with a device, ``cim_
 ``cnm_mapping`` add each paradigm's plan (tiles, workgroups), ``device_lowering`` the device's
 (cost, run mode, kernel path). No pass imports a device package; devices are reached through
 :mod:`onnx_cinm.devices` (the registry).
+
+Options: a pass declares the options it reads as typed fields (:mod:`onnx_cinm.options`) and
+registers them with :func:`register_options` (declarations in :mod:`.pass_options`);
+:func:`option_schema` is the compiler's whole schema (passes and devices) and
+:func:`check_options` the one place every option is checked.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import CinmError
+from ..options import OptionSpec, specs, validate
 
 if TYPE_CHECKING:  # annotations only: `onnx-cinm --help` must not pay for importing onnx
     import onnx
@@ -57,8 +63,9 @@ class PassContext:
     """State shared by the passes of one pipeline run.
 
     Attributes:
-        options: pass options by key (e.g. ``"placement"`` -> ``"heuristic"``, ``"place"`` -> list of
-            ``(pattern, device)`` hints). Each pass documents the keys it reads.
+        options: pass options by flat key (e.g. ``"placement"`` -> ``"heuristic"``,
+            ``"place"`` -> list of ``(pattern, device)`` hints, ``"cim_rows"`` -> 64), every
+            key declared in :func:`option_schema` (checked by :meth:`PassManager.run`).
         stats: free-form counters a pass may record for the summary, by pass name.
         log: a callable taking one string, for progress lines (``print`` in the CLI with ``-v``).
     """
@@ -79,6 +86,61 @@ def register_pass(name: str, doc: str = "") -> Callable[[PassFn], PassFn]:
         return fn
 
     return deco
+
+
+_OPTIONS: dict[str, tuple[type, str]] = {}
+
+
+def register_options(owner: str, cls: type, prefix: str = "") -> type:
+    """Declare the options of pass ``owner``: ``cls`` is a dataclass of
+    :func:`onnx_cinm.options.option` fields, keyed ``<prefix>_<field>`` (the field name when
+    ``prefix`` is empty); their config table and sweep section is ``owner``. Declarations live
+    in :mod:`.pass_options` (importable without onnx). Raises TypeError on a field that is not
+    a typed option."""
+    specs(cls, prefix, owner, section=owner)
+    _OPTIONS[owner] = (cls, prefix)
+    return cls
+
+
+def pass_option_schema() -> dict[str, OptionSpec]:
+    """The options every pass declares, keyed by flat name (``objective``)."""
+    importlib.import_module(f"{__name__}.pass_options")
+    out: dict[str, OptionSpec] = {}
+    for owner, (cls, prefix) in _OPTIONS.items():
+        out.update(specs(cls, prefix, owner, section=owner))
+    return out
+
+
+def option_schema() -> dict[str, OptionSpec]:
+    """The whole compiler's options: every pass's and every registered device's
+    (:func:`onnx_cinm.devices.option_schema`), keyed by flat name. CLI flags, sweep keys,
+    ``--config`` tables and the checks of :func:`check_options` all come from it. Raises
+    TypeError if a device declares a key a pass declares."""
+    from .. import devices
+
+    out = pass_option_schema()
+    for key, spec in devices.option_schema().items():
+        if key in out:
+            raise TypeError(f"option '{key}' of device '{spec.owner}' is pass "
+                            f"'{out[key].owner}'s")
+        out[key] = spec
+    return out
+
+
+def check_options(options: dict) -> dict:
+    """The one check of pass options: every key must be declared (:func:`option_schema`; an
+    unknown key is an error naming the closest known ones), every value must have its
+    option's type, range and choices, and every device accepts the combination
+    (:meth:`Device.check_options`, e.g. tasklets within the chosen DPU generation's). Returns
+    the options normalized (a list of names as a tuple, ``PATTERN=DEVICE`` hints as pairs).
+    Raises CinmError, one line naming the option. Called by :func:`onnx_cinm.pipeline.optimize`,
+    :class:`PassManager` and the sweep."""
+    from .. import devices
+
+    out = validate(options, option_schema())
+    for dev in devices.all_devices():
+        dev.check_options(out)
+    return out
 
 
 def _load_all() -> None:
@@ -118,8 +180,10 @@ class PassManager:
     timings: list[tuple[str, float]] = field(default_factory=list)
 
     def run(self, model: onnx.ModelProto, ctx: PassContext | None = None) -> onnx.ModelProto:
-        """Run the pipeline on ``model`` and return the rewritten model."""
+        """Run the pipeline on ``model`` and return the rewritten model. Raises CinmError on
+        an unknown pass or level, or options that :func:`check_options` rejects."""
         ctx = ctx or PassContext()
+        ctx.options = check_options(ctx.options)
         for name in self.skip:
             get_pass(name)  # validates the name
         last = STOP_LEVELS.get(self.stop_after, self.stop_after) if self.stop_after else None

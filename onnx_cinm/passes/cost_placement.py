@@ -77,9 +77,9 @@ from ..analysis import op_info, tensor_infos
 from ..devices import Cost, Device, Priced
 from ..dialects import cinm
 from ..errors import CinmError
+from . import pass_option_schema
+from .pass_options import OBJECTIVES, PlacementOptions  # noqa: F401 (OBJECTIVES re-exported)
 from .placement_rules import HintLog, heuristic
-
-OBJECTIVES = ("latency", "energy", "edp")
 
 
 @dataclass(frozen=True)
@@ -94,27 +94,18 @@ class Constraints:
             the crossbars (True; False reproduces the per-kernel view of the plans).
     """
 
-    max_writes_per_cell: float | None = None
-    lifetime_inferences: float = 1.0
-    crossbar_residency: bool = True
+    max_writes_per_cell: float | None = PlacementOptions.max_writes_per_cell
+    lifetime_inferences: float = PlacementOptions.lifetime_inferences
+    crossbar_residency: bool = PlacementOptions.crossbar_residency
 
     @classmethod
     def from_options(cls, options: dict) -> "Constraints":
-        """Read ``max_writes_per_cell``, ``lifetime_inferences``, ``crossbar_residency`` options.
-        Raises CinmError on a negative or non-numeric budget."""
-        mw = options.get("max_writes_per_cell")
-        life = options.get("lifetime_inferences", 1.0)
-        try:
-            mw = None if mw is None else float(mw)
-            life = float(life if life is not None else 1.0)
-        except (TypeError, ValueError):
-            raise CinmError(f"max_writes_per_cell/lifetime_inferences must be numbers, got "
-                            f"{mw!r}/{life!r}") from None
-        if mw is not None and not (mw >= 0 and math.isfinite(mw)):
-            raise CinmError(f"--max-writes-per-cell must be a finite number >= 0, got {mw}")
-        if not (life > 0 and math.isfinite(life)):
-            raise CinmError(f"--lifetime-inferences must be a positive number, got {life}")
-        return cls(mw, life, bool(options.get("crossbar_residency", True)))
+        """Read the ``max_writes_per_cell``, ``lifetime_inferences`` and ``crossbar_residency``
+        options (checked by :func:`onnx_cinm.passes.check_options`; defaults from
+        :class:`.pass_options.PlacementOptions`)."""
+        get = lambda k: options[k] if options.get(k) is not None else getattr(cls, k)  # noqa: E731
+        return cls(get("max_writes_per_cell"), get("lifetime_inferences"),
+                   get("crossbar_residency"))
 
 
 @dataclass(frozen=True)
@@ -145,8 +136,8 @@ class Choice:
 
 _CACHE: dict = {}
 _CACHE_MAX = 20000
-_SKIP_OPTS = {"place", "placement", "objective", "kernel_stem", "max_writes_per_cell",
-              "lifetime_inferences", "crossbar_residency"}
+#: Options no device cost depends on: the passes' own (placement, objective, budgets, hints).
+_SKIP_OPTS = {"kernel_stem", *pass_option_schema()}
 
 
 def _opts_key(options: dict, dev: Device | None = None) -> tuple:
@@ -1013,14 +1004,13 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
 def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     """Place every cinm op of ``model`` by cost (in place); returns the ``placement`` stats.
 
-    Options read: ``objective`` (``latency``, default, ``energy`` or ``edp``), ``place`` (hints),
-    ``max_writes_per_cell``, ``lifetime_inferences``, ``crossbar_residency``, ``host_roofline``,
-    and the device options (:func:`onnx_cinm.devices.option_schema`).
+    Options read (:class:`.pass_options.PlacementOptions`): ``objective`` (``energy``, the
+    default, ``latency`` or ``edp``), ``place`` (hints), ``max_writes_per_cell``,
+    ``lifetime_inferences``, ``crossbar_residency``, and the device options
+    (:func:`onnx_cinm.devices.option_schema`, e.g. the host's ``host_roofline``).
     """
     options = ctx.options
-    objective = options.get("objective") or "energy"
-    if objective not in OBJECTIVES:
-        raise CinmError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
+    objective = options.get("objective") or PlacementOptions.objective
     hints = list(options.get("place", []))
     prob = build_problem(model, options, hints)
     sol = solve(prob, objective)

@@ -25,10 +25,11 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from . import PassContext, register_pass
+from .pass_options import STRATEGIES, PlacementOptions, parse_hint  # noqa: F401 (re-exported)
 from .placement_rules import HintLog, heuristic, hint_warnings
 
-#: Placement strategies by name.
-STRATEGIES = ("cost", "heuristic")
+_PARADIGM_ORDER = ("cim", "cnm")
+
 
 
 def _set_attr(node: onnx.NodeProto, name: str, value: str) -> None:
@@ -43,15 +44,14 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Annotate every cinm op with the device that runs it (cost model or paper heuristic, plus
     user hints).
 
-    Reads ``ctx.options["placement"]`` (``"heuristic"``, the default here, or ``"cost"``, whose
-    options are listed in :func:`.cost_placement.place_by_cost`) and ``ctx.options["place"]`` (a
+    Reads ``ctx.options["placement"]`` (``"cost"``, the default of
+    :class:`.pass_options.PlacementOptions`, whose options are listed in
+    :func:`.cost_placement.place_by_cost`, or ``"heuristic"``) and ``ctx.options["place"]`` (a
     list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
     "unused_hints": [...], "shadowed_hints": [...], "refused_hints": [...]}`` (see
     :meth:`HintLog.stats`; cost placement adds its totals, baselines and method).
     """
-    strategy = ctx.options.get("placement", "heuristic")
-    if strategy not in STRATEGIES:
-        raise CinmError(f"unknown placement strategy '{strategy}' (available: {', '.join(STRATEGIES)})")
+    strategy = ctx.options.get("placement") or PlacementOptions.strategy
     if strategy == "cost":
         from .cost_placement import place_by_cost
 

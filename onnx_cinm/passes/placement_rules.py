@@ -17,6 +17,7 @@ import onnx
 
 from .. import devices
 from ..errors import CinmError
+from .pass_options import parse_hint
 
 _PARADIGM_ORDER = ("cim", "cnm")
 
@@ -86,15 +87,6 @@ def hint_warnings(stats: dict) -> list[str]:
         out.append(f"hint {h} refused for {len(nodes)} op(s) ({name}{more}): {why}; "
                    "placed without it")
     return out
-
-
-def parse_hint(text: str) -> tuple[str, str]:
-    """Parse ``PATTERN=DEVICE``; raises CinmError if malformed or the device is unknown."""
-    pattern, sep, dev = text.rpartition("=")
-    if not sep or not pattern or not dev:
-        raise CinmError(f"--place expects PATTERN=DEVICE, got '{text}'")
-    devices.get_device(dev)
-    return pattern, dev
 
 
 def load_hints(path: str) -> list[tuple[str, str]]:

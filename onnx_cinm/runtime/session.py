@@ -41,14 +41,31 @@ from .. import artifacts, devices, frontend
 from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
+from ..options import OptionSpec, option, specs, validate
 from ..passes.graph_names import names_used_by
 from ..sim import blas
 from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
-#: Provider options and their defaults; each device adds ``<name>_mode`` (:func:`mode_options`).
-DEFAULT_OPTIONS = {"intra_op_threads": 0, "graph_optimization": "all",
-                   "blas_threads": 1, "matmul": "auto"}
+#: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
+#: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
+#: are not mistaken for our error).
+_GRAPH_OPT_LEVELS = ("disable_all", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class ProviderOptions:
+    """The provider's own options (each device adds ``<name>_mode``, :func:`mode_options`)."""
+
+    intra_op_threads: int = option(0, low=0, help="onnxruntime threads per host partition "
+                                   "(0: onnxruntime's default)")
+    graph_optimization: str = option("all", choices=_GRAPH_OPT_LEVELS,
+                                     help="onnxruntime's graph optimization level of the host "
+                                     "partitions")
+    blas_threads: int = option(1, low=0, help="numpy BLAS threads while a run is active (0: the "
+                               "library's own setting)")
+    matmul: str = option("auto", choices=blas.MATMULS,
+                         help="the crossbar simulator's product kernel")
 
 
 def mode_options() -> dict[str, tuple]:
@@ -56,6 +73,27 @@ def mode_options() -> dict[str, tuple]:
     modes (:attr:`Device.modes`), e.g. ``upmem_mode``: ``("model", "emulate")``."""
     return {f"{d.name}_mode": d.modes for d in devices.all_devices()
             if d.paradigm != "host" and len(d.modes) > 1}
+
+
+def provider_option_specs() -> dict[str, OptionSpec]:
+    """Every provider option, typed (:mod:`onnx_cinm.options`): :class:`ProviderOptions` and
+    one ``<device>_mode`` per device with a choice of run modes, its default the device's
+    first mode."""
+    out = specs(ProviderOptions, "", PROVIDER)
+    for key, modes in mode_options().items():
+        dev = key.removesuffix("_mode")
+        out[key] = OptionSpec(key, str, modes[0], help=f"how the {dev} nodes run", choices=modes,
+                              owner=dev, section=PROVIDER, name=key)
+    return out
+
+
+def check_provider_options(given: dict) -> dict:
+    """``given`` provider options checked against :func:`provider_option_specs` and completed
+    with the defaults. Raises CinmError naming an unknown option (and the known ones) or a bad
+    value."""
+    schema = provider_option_specs()
+    return {**{k: s.default for k, s in schema.items()},
+            **validate(given, schema, f"{PROVIDER} option")}
 
 
 def _modeled(at: dict, dev) -> dict:
@@ -71,10 +109,6 @@ def _load_of(at: dict, dev) -> dict | None:
     if r is None or not (r.load_s or r.load_j):
         return None
     return {"tile_writes": 0, "latency_s": float(r.load_s), "energy_j": float(r.load_j)}
-#: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
-#: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
-#: are not mistaken for our error).
-_GRAPH_OPT_LEVELS = ("disable_all", "basic", "extended", "all")
 
 
 @dataclass
@@ -142,21 +176,10 @@ class InferenceSession:
                 raise CinmError(f"unknown provider '{p}' (available: {PROVIDER}, CPUExecutionProvider)")
         if provider_options is not None and len(provider_options) != len(providers):
             raise CinmError("provider_options needs one dict per provider")
-        modes = mode_options()
-        opts = dict(DEFAULT_OPTIONS, **{k: v[0] for k, v in modes.items()})
+        given = {}
         if provider_options and PROVIDER in providers:
             given = provider_options[providers.index(PROVIDER)] or {}
-            unknown = set(given) - set(opts)
-            if unknown:
-                raise CinmError(f"unknown {PROVIDER} option(s) {', '.join(sorted(unknown))} "
-                                f"(known: {', '.join(opts)})")
-            opts.update(given)
-        for key, allowed in modes.items():
-            if opts[key] not in allowed:
-                raise CinmError(f"{key} must be one of {', '.join(allowed)}, got '{opts[key]}'")
-        if opts["graph_optimization"] not in _GRAPH_OPT_LEVELS:
-            raise CinmError(f"graph_optimization must be one of {', '.join(_GRAPH_OPT_LEVELS)}, "
-                            f"got '{opts['graph_optimization']}'")
+        opts = check_provider_options(given)
         try:
             self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"])
         except ValueError as e:

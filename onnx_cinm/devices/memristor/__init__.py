@@ -31,30 +31,33 @@ from .nonideal import EFFECTS, NAMED
 from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
 
 
-_DEFAULT_LOOP_ORDER = "weight_stationary"
-
-
-
 @dataclass(frozen=True)
 class CrossbarOptions:
     """The crossbar device's options (keys ``cim_<field>``; CLI ``--cim-<field>``)."""
 
-    preset: str | None = option(None, help="crossbar chip preset (geometry, costs, physics)",
-                                choices=lambda: tuple(PRESETS))
-    rows: int | None = option(None, help="cells per crossbar column (preset's by default)",
-                              low=1, high=1 << 16)
-    cols: int | None = option(None, help="cells per crossbar row (preset's by default)",
+    preset: str | None = option(None, help="crossbar chip preset: geometry, cost and device "
+                                "parameters (sources in docs/crossbar-presets.md and 'onnx-cinm "
+                                "devices'; default pcm-occ)", choices=lambda: tuple(PRESETS))
+    rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 64 "
+                              "for pcm-occ, 128 for reram-isaac)", low=1, high=1 << 16)
+    cols: int | None = option(None, help="cells per crossbar row (default: the preset's)",
                               low=1, high=1 << 16)
     crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
-                                   "(preset's by default)", low=1, high=1 << 24)
-    loop_order: str | None = option(None, help="tile schedule: weight_stationary (tiles kept, "
-                                    "serpentine order) or naive (every tile written per MVM)",
-                                    choices=lambda: tuple(LOOP_ORDERS))
-    mode: str | None = option(None, help="data path the simulator runs (ideal: exact float)",
-                              choices=lambda: tuple(NAMED))
-    time_s: float = option(0.0, help="time since programming, for drift", unit="s", low=0.0)
-    effects: tuple | None = option(None, help="device effects of mode 'device' (comma-separated)",
-                                   choices=lambda: tuple(EFFECTS))
+                                   "(default: the preset's, 4 for pcm-occ)", low=1, high=1 << 24)
+    loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
+                             "(k, n, m: each weight tile written once and kept, serpentine "
+                             "order) or naive (m, n, k: every tile rewritten per input row, for "
+                             "comparison)", choices=lambda: tuple(LOOP_ORDERS))
+    mode: str = option("ideal", help="data path of the emitted kernels: 'ideal' (exact fp32), "
+                       "'q8' (8-bit weights with per-channel scales on 2-bit cells in "
+                       "differential pairs, 8-bit DAC and ADC), 'q8-noisy' (q8 plus 2% seeded "
+                       "read noise) or 'device' (the preset's precision and device physics, "
+                       "docs/xbar-format.md); the check compares the exact reference bodies",
+                       choices=lambda: tuple(NAMED))
+    time_s: float = option(0.0, help="time after programming at which the device effects are "
+                           "taken (0: just programmed)", unit="s", low=0.0)
+    effects: tuple | None = option(None, help="the device effects of the mode (default: the "
+                                   "mode's own; 'none' for none)", choices=lambda: tuple(EFFECTS))
     link_gbps: float | None = option(None, help="host<->crossbar link bandwidth (default 6.4, an "
                                      "assumption: ISAAC's HyperTransport order)", unit="GB/s",
                                      low=1e-6)
@@ -98,24 +101,17 @@ def _options_key(options: dict) -> tuple:
 
 
 def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> CrossbarParams:
-    """The crossbar parameters selected by pass options.
+    """The crossbar parameters selected by pass options (checked against
+    :class:`CrossbarOptions` by the caller, :func:`onnx_cinm.passes.check_options`).
 
     Keys (all optional): ``cim_preset`` (a name of :data:`PRESETS`), ``cim_rows``, ``cim_cols``
-    (cells per crossbar), ``cim_crossbars`` (``P``). Raises CinmError on an unknown preset or a
-    non-positive size.
+    (cells per crossbar), ``cim_crossbars`` (``P``).
     """
     preset = options.get("cim_preset")
     if preset is not None:
-        if preset not in PRESETS:
-            raise CinmError(f"unknown crossbar preset '{preset}' (known: {', '.join(PRESETS)})")
         base = PRESETS[preset]
-    over = {}
-    for key, field_name in (("cim_rows", "rows"), ("cim_cols", "cols"), ("cim_crossbars", "crossbars")):
-        v = options.get(key)
-        if v is not None:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise CinmError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")
-            over[field_name] = v
+    over = {name: options[f"cim_{name}"] for name in ("rows", "cols", "crossbars")
+            if options.get(f"cim_{name}") is not None}
     return replace(base, **over) if over else base
 
 
@@ -219,15 +215,18 @@ class MemristorDevice(Device):
 
     def _plan(self, op: OpInfo, options: dict, crossbars: int | None, shared: bool) -> tuple:
         params = params_from_options(options, self.params)
-        order = options.get("cim_loop_order") or _DEFAULT_LOOP_ORDER
-        if order not in LOOP_ORDERS:
-            raise CinmError(f"unknown crossbar loop order '{order}' (known: weight_stationary, naive)")
+        order = options.get("cim_loop_order") or CrossbarOptions.loop_order
         operand, const, why = layout.choose_operand(op, params)
         v = layout.op_view(op, operand)
         # a programmed activation changes every inference: nothing can stay resident
         shared = (shared or not const) and LOOP_ORDERS[order] == "weight_stationary"
         p = schedule.plan_product(v, params, order, crossbars=crossbars, shared=shared)
         return p, v, params, const, why
+
+    def check_options(self, options: dict) -> None:
+        """CinmError if the data path options do not go together: effects for mode ``ideal``,
+        mode ``device`` or physical effects without a chip preset (:func:`.nonideal.compose`)."""
+        _validate(options, self.params)
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
         """Modeled cost of one steady-state inference of ``op`` alone on the device (writes in
@@ -365,10 +364,9 @@ class MemristorDevice(Device):
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
         c = p.cost(params)
-        mode = options.get("cim_mode") or "ideal"
-        time_s = options.get("cim_time_s", 0.0)
-        effects = options.get("cim_effects")
-        _compose(mode, params, time_s, effects)  # validates: unknown modes and effects raise
+        mode = options.get("cim_mode") or CrossbarOptions.mode
+        time_s = options.get("cim_time_s", CrossbarOptions.time_s)
+        effects = options.get("cim_effects")  # checked with the mode by lower (_validate)
         paradigm = self._paradigm_attrs(op, options, p, v, params, const, why)
         note = paradigm.pop("placement", None)
         attrs = {
@@ -483,9 +481,10 @@ class MemristorDevice(Device):
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:
-    """CinmError if the mode, effects or time of ``options`` are bad."""
-    _compose(options.get("cim_mode") or "ideal", params_from_options(options, base),
-             options.get("cim_time_s", 0.0), options.get("cim_effects"))
+    """CinmError if the mode, effects, time and preset of ``options`` do not go together
+    (e.g. effects for mode ``ideal``)."""
+    _compose(options.get("cim_mode") or CrossbarOptions.mode, params_from_options(options, base),
+             options.get("cim_time_s", CrossbarOptions.time_s), options.get("cim_effects"))
 
 
 def _compose(name: str, params: CrossbarParams, time_s, effects):

@@ -14,6 +14,7 @@ from ...errors import CinmError
 from ...options import option
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
+from .cost import TARGETS
 
 
 @dataclass(frozen=True)
@@ -40,23 +41,22 @@ class UpmemParams:
                      "uint64", "bool")
 
 
-def _targets() -> tuple:
-    from .cost import TARGETS
-    return tuple(TARGETS)
-
-
 @dataclass(frozen=True)
 class UpmemOptions:
     """The UPMEM device's options (keys ``upmem_<field>``; CLI ``--upmem-<field>``)."""
 
-    dpus: int | None = option(None, help="DPUs a kernel may use at most (default 2048)",
+    dpus: int | None = option(None, help="most DPUs one op may use; the mapping picks the count "
+                              "with the lowest modeled time up to this (default 2048)",
                               low=1, high=1 << 16)
     tasklets: int | None = option(None, help="tasklets per DPU (default 16; at most 24 on v1a, "
-                                  "16 on v1b)", low=1, high=24)
-    target: str | None = option(None, help="DPU generation of the cost model (default v1a)",
-                                choices=_targets)
-    search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per kernel "
-                          "instead of the mapping rule")
+                                  "16 on v1b)", low=1,
+                                  high=max(t.max_tasklets for t in TARGETS.values()))
+    target: str = option("v1a", help="DPU generation of the cost model (v1a: PrIM's chips, 24 "
+                         "tasklets, 64 KB WRAM, 350 MHz; v1b: 16 tasklets, 63,488 B WRAM, "
+                         "400 MHz)", choices=tuple(TARGETS))
+    search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per op under the "
+                          "cost model (deterministic, bounded; never slower than the mapping "
+                          "rule)")
 
 
 #: The plan attributes of a UPMEM kernel (see :meth:`.mapping.CnmPlan.attrs`).
@@ -118,27 +118,25 @@ class UpmemDevice(Device):
     def target(self, options: dict):
         """The cost-model parameters of the DPU generation named by option ``upmem_target``
         (``v1a``, the default, or ``v1b``; :data:`~onnx_cinm.devices.upmem.cost.TARGETS`).
-        Raises CinmError on an unknown name."""
-        from .cost import TARGETS
-        name = options.get("upmem_target") or "v1a"
-        if name not in TARGETS:
-            raise CinmError(f"option upmem_target={name!r}: expected one of {', '.join(TARGETS)}")
-        return TARGETS[name]
+        (The name is checked by the schema, :class:`UpmemOptions`.)"""
+        return TARGETS[options.get("upmem_target") or UpmemOptions.target]
 
     def _workgroup(self, options: dict) -> tuple[int, int]:
-        """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``; the
-        tasklets at most the target's (24 on v1A, 16 on v1B)."""
-        def _int(key, default, lo, hi):
-            v = options.get(key)
-            if v is None:
-                return default
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) <= hi:
-                raise CinmError(f"option {key}={v!r}: expected an integer in {lo}..{hi}")
-            return int(v)
-
+        """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``
+        (checked against :class:`UpmemOptions` before); CinmError if the tasklets exceed the
+        target's (24 on v1A, 16 on v1B)."""
         most = self.target(options).max_tasklets
-        return (_int("upmem_dpus", self.params.dpus, 1, 1 << 16),
-                _int("upmem_tasklets", min(self.params.tasklets, most), 1, most))
+        tasklets = options.get("upmem_tasklets")
+        if tasklets is not None and tasklets > most:
+            raise CinmError(f"option upmem_tasklets={tasklets}: a "
+                            f"{options.get('upmem_target') or UpmemOptions.target} "
+                            f"DPU runs 1..{most} tasklets")
+        return (options.get("upmem_dpus") or self.params.dpus,
+                tasklets or min(self.params.tasklets, most))
+
+    def check_options(self, options: dict) -> None:
+        """CinmError if ``upmem_tasklets`` exceeds what the ``upmem_target`` DPU runs."""
+        self._workgroup(options)
 
     def plan(self, op: OpInfo, options: dict | None = None):
         """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
@@ -147,10 +145,7 @@ class UpmemDevice(Device):
         search over DPUs, tasklets and WRAM blocks finds, never slower than the rule's."""
         options = options or {}
         dpus, tasklets = self._workgroup(options)
-        search = options.get("upmem_search", False)
-        if not isinstance(search, bool):
-            raise CinmError(f"option upmem_search={search!r}: expected true or false")
-        if search:  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
+        if options.get("upmem_search", UpmemOptions.search):  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
             from .search import search_plan
             return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
         from .mapping import plan_op
