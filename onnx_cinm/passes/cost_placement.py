@@ -378,22 +378,37 @@ class Totals:
         return {"latency": self.latency_s, "energy": self.energy_j, "edp": self.edp()}[objective]
 
 
-def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
-    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``."""
+def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, float, int]]:
+    """The transfers of tensor ``t`` given ``dev_of(node index) -> device name``, each as
+    ``(node index charged, seconds, joules, bytes)``: the way out of a device (when any reader,
+    or the graph output, sits elsewhere), charged to the producer; the way into each distinct
+    consumer device other than the producer's and the host, once, charged to the first consumer
+    (graph order) on that device. The one transfer rule: :func:`tensor_cost` sums it and
+    :func:`node_costs` spreads it over the nodes."""
     if t.nbytes <= 0:
-        return 0.0, 0.0, 0
+        return []
     a = dev_of(t.producer)
-    dests = {dev_of(c) for c in t.consumers}
-    if t.output:
-        dests.add("host")
+    dests: dict = {}
+    for c in t.consumers:
+        dests.setdefault(dev_of(c), c)
+    out = []
+    if a != "host" and (t.output or any(d != a for d in dests)):
+        ds, dj = _link(prob, a, t.nbytes, False)
+        out.append((t.producer, ds, dj, t.nbytes))
+    for d, first in dests.items():
+        if d not in (a, "host"):
+            ds, dj = _link(prob, d, t.nbytes, True)
+            out.append((first, ds, dj, t.nbytes))
+    return out
+
+
+def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
+    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``
+    (the sum of :func:`tensor_charges`)."""
     s = j = 0.0
     moved = 0
-    if a != "host" and any(d != a for d in dests):
-        ds, dj = _link(prob, a, t.nbytes, False)
-        s, j, moved = s + ds, j + dj, moved + t.nbytes
-    for d in dests - {a, "host"}:
-        ds, dj = _link(prob, d, t.nbytes, True)
-        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    for _, ds, dj, db in tensor_charges(prob, t, dev_of):
+        s, j, moved = s + ds, j + dj, moved + db
     return s, j, moved
 
 
@@ -406,12 +421,16 @@ def _link(prob: Problem, dev: str, nbytes: int, to_device: bool) -> tuple[float,
     return hit
 
 
+def _node_choice(prob: Problem, assign: dict, i: int) -> Choice:
+    """Node ``i``'s choice under ``assign`` (fixed nodes as fixed, unassigned ones on the host)."""
+    return prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
+
+
 def evaluate(prob: Problem, assign: dict) -> Totals:
     """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
     tot = Totals()
     for i in range(len(prob.nodes)):
-        ch = prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
-        _add_choice(tot, ch)
+        _add_choice(tot, _node_choice(prob, assign, i))
     dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
     for t in prob.tensors:
         s, j, b = tensor_cost(prob, t, dev_of)
@@ -421,6 +440,44 @@ def evaluate(prob: Problem, assign: dict) -> Totals:
     tot.latency_s += tot.transfer_s
     tot.energy_j += tot.transfer_j
     return tot
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's share of :func:`evaluate`'s totals, per inference.
+
+    Attributes:
+        device: the device the node runs on.
+        cost: the op on that device (:class:`Cost`: seconds, joules, tile writes, and the bytes
+            the device's own model moves across its boundary, ``Cost.bytes_moved``).
+        transfer_s, transfer_j, transfer_bytes: the tensor transfers :func:`tensor_charges`
+            charges to this node (seconds, joules, bytes).
+    """
+
+    device: str
+    cost: Cost
+    transfer_s: float = 0.0
+    transfer_j: float = 0.0
+    transfer_bytes: int = 0
+
+
+def node_costs(prob: Problem, assign: dict) -> list[NodeCost]:
+    """Per node (graph order), its op cost and the transfers charged to it under ``assign``:
+    summed over the nodes they give exactly :func:`evaluate`'s totals (``latency_s`` = op
+    seconds + ``transfer_s``, likewise joules; ``transfer_bytes``), because both use
+    :func:`tensor_charges`. The report's per-layer figures come from here."""
+    tr = [[0.0, 0.0, 0] for _ in prob.nodes]
+    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    for t in prob.tensors:
+        for i, s, j, b in tensor_charges(prob, t, dev_of):
+            tr[i][0] += s
+            tr[i][1] += j
+            tr[i][2] += b
+    out = []
+    for i in range(len(prob.nodes)):
+        ch = _node_choice(prob, assign, i)
+        out.append(NodeCost(ch.device, ch.cost, *tr[i]))
+    return out
 
 
 def _add_choice(tot: Totals, ch: Choice, sign: int = 1) -> None:
