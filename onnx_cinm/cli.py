@@ -74,8 +74,28 @@ def _checked(parse, ok, must: str):
 
 _count = _checked(_int, lambda v: v >= 0, "0 (off) or a positive count")
 _positive = _checked(_int, lambda v: v >= 1, "a positive integer")
-_tasklets = _checked(_positive, lambda v: v <= 24,  # UPMEM SDK: at most 24 tasklets per DPU
-                     "at most 24 (the tasklets a DPU runs)")
+
+
+def _upmem_spec(key: str):
+    """The UPMEM device's option spec ``key`` (:func:`onnx_cinm.devices.option_schema`)."""
+    from .devices import option_schema
+
+    return option_schema()[key]
+
+
+def _tasklets(text: str) -> int:
+    """``--upmem-tasklets``: at most the tasklets any DPU generation runs (the option's spec)."""
+    most = int(_upmem_spec("upmem_tasklets").high)
+    return _checked(_positive, lambda v: v <= most, f"at most {most} (the tasklets a DPU runs)")(text)
+
+
+def _most_tasklets(target: str | None) -> tuple[str, int]:
+    """(generation name, most tasklets) of DPU generation ``target`` (None: the default)."""
+    from .devices import get_device
+
+    p = get_device("upmem").target({"upmem_target": target})
+    return p.name, p.max_tasklets
+
 _nonneg_float = _checked(_number, lambda v: v >= 0, "a number >= 0")
 _pos_float = _checked(_number, lambda v: v > 0, "a number > 0")
 _tolerance = _nonneg_float
@@ -233,15 +253,14 @@ def _parser() -> argparse.ArgumentParser:
     up = o.add_argument_group("UPMEM options")
     up.add_argument("--upmem-dpus", type=_positive, default=None, metavar="N",
                     help="most DPUs one op may use; the mapping picks the count with the lowest "
-                         "modeled time up to this (default: 2048)%(default).0s")
+                         "modeled time up to this; " + _upmem_spec("upmem_dpus").help)
     up.add_argument("--upmem-tasklets", type=_tasklets, default=None, metavar="T",
-                    help="tasklets per DPU, 1..24 (1..16 on v1b; default: 16)%(default).0s")
+                    help=_upmem_spec("upmem_tasklets").help)
     up.add_argument("--upmem-search", action="store_true",
                     help="search DPUs, tasklets and WRAM blocks per op under the cost model "
                          "(deterministic, bounded; never slower than the default mapping)")
-    up.add_argument("--upmem-target", choices=("v1a", "v1b"), default=None,
-                    help="DPU generation: 'v1a' (PrIM's chips: 24 tasklets, 64 KB WRAM, 350 MHz; "
-                         "the default) or 'v1b' (16 tasklets, 63,488 B WRAM, 400 MHz)")
+    up.add_argument("--upmem-target", choices=_upmem_spec("upmem_target").allowed(), default=None,
+                    help=_upmem_spec("upmem_target").help)
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
                    help="do not run this pass (repeatable; see --list-passes)")
     o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
@@ -799,8 +818,10 @@ def _cmd_optimize(args, parser) -> int:
         parser.error("the output path -o/--output is required")
     if args.verbose and args.quiet:
         parser.error("-v and -q exclude each other")
-    if args.upmem_target == "v1b" and (args.upmem_tasklets or 0) > 16:
-        parser.error(f"--upmem-tasklets {args.upmem_tasklets}: a v1b DPU runs 1..16 tasklets")
+    if args.upmem_tasklets:
+        gen, most = _most_tasklets(args.upmem_target)
+        if args.upmem_tasklets > most:
+            parser.error(f"--upmem-tasklets {args.upmem_tasklets}: a {gen} DPU runs 1..{most} tasklets")
     out = Path(args.output)
     if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
         raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "

@@ -18,7 +18,7 @@ crossbar.count             ``cim_crossbars``                    positive integer
 crossbar.loop_order        ``cim_loop_order``                   weight_stationary, naive
 crossbar.preset            ``cim_preset``                       a chip preset (``onnx-cinm devices``)
 upmem.dpus                 ``upmem_dpus``                       positive integers
-upmem.tasklets             ``upmem_tasklets``                   1..24
+upmem.tasklets             ``upmem_tasklets``                   1..the most a DPU runs (24)
 placement.strategy         ``placement``                        cost, heuristic
 placement.objective        ``objective``                        latency, energy, edp
 placement.max_writes_per_cell  ``max_writes_per_cell``          numbers >= 0
@@ -59,7 +59,12 @@ def _size(v: str):
 
 
 def _int(key, option, lo=1, hi=1 << 20):
+    """A converter accepting integers in ``lo..hi`` (``hi`` a number, or a function returning
+    one, called when first needed)."""
     def conv(v: str):
+        nonlocal hi
+        if callable(hi):
+            hi = int(hi())
         try:
             n = int(v)
         except ValueError:
@@ -95,6 +100,13 @@ def _float(key, option):
     return conv
 
 
+def _spec_high(key: str) -> float:
+    """The upper bound of device option ``key`` (:func:`onnx_cinm.devices.option_schema`)."""
+    from .devices import option_schema
+
+    return option_schema()[key].high
+
+
 def _cim_presets() -> list[str]:
     from .devices import preset_names
 
@@ -107,8 +119,8 @@ KEYS = {
     "crossbar.count": _int("crossbar.count", "cim_crossbars"),
     "crossbar.loop_order": _choice("crossbar.loop_order", "cim_loop_order", ("weight_stationary", "naive")),
     "crossbar.preset": _choice("crossbar.preset", "cim_preset", _cim_presets),
-    "upmem.dpus": _int("upmem.dpus", "upmem_dpus", 1, 1 << 16),
-    "upmem.tasklets": _int("upmem.tasklets", "upmem_tasklets", 1, 24),
+    "upmem.dpus": _int("upmem.dpus", "upmem_dpus", 1, lambda: _spec_high("upmem_dpus")),
+    "upmem.tasklets": _int("upmem.tasklets", "upmem_tasklets", 1, lambda: _spec_high("upmem_tasklets")),
     "placement.strategy": _choice("placement.strategy", "placement", ("cost", "heuristic")),
     "placement.objective": _choice("placement.objective", "objective", ("latency", "energy", "edp")),
     "placement.max_writes_per_cell": _float("placement.max_writes_per_cell", "max_writes_per_cell"),

@@ -60,7 +60,7 @@ _PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loo
 
 #: Host<->crossbar link, an *assumption*: one 6.4 GB/s off-chip link (the order of ISAAC's
 #: HyperTransport link, recalled), 20 pJ/byte (the UPMEM cost model's host transfer estimate,
-#: ``UpmemCostParams.host_xfer_j_per_byte``). The crossbar plan's own cost counts only the
+#: ``UpmemParams.host_xfer_j_per_byte``). The crossbar plan's own cost counts only the
 #: DAC/MVM/ADC work. Override the bandwidth with option ``cim_link_gbps``.
 LINK_BYTES_PER_S = 6.4e9
 LINK_J_PER_BYTE = 20e-12

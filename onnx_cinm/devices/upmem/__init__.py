@@ -1,8 +1,12 @@
 """UPMEM device (paradigm ``cnm``): a DPU next to every DRAM bank.
 
-Parameters are from the UPMEM SDK documentation (2025.1.0 mirror) and Gómez-Luna et al.,
-"Benchmarking a New Paradigm: ... a Real Processing-in-Memory System", IEEE Access 10 (2022),
-arXiv:2105.03814 (PrIM); see ``shared/field-notes/upmem.md`` §1.1.
+Parameters: one :class:`~onnx_cinm.devices.upmem.cost.UpmemParams` per DPU generation
+(:data:`~onnx_cinm.devices.upmem.cost.TARGETS`), from the UPMEM SDK documentation (2025.1.0
+mirror) and Gómez-Luna et al., "Benchmarking a New Paradigm: ... a Real Processing-in-Memory
+System", IEEE Access 10 (2022), arXiv:2105.03814 (PrIM); see ``shared/field-notes/upmem.md``
+§1.1. The device's own :attr:`UpmemDevice.params` is the default generation: the cost model,
+mapping, search and code generator all read it (or the generation option ``upmem_target``
+names).
 """
 from __future__ import annotations
 
@@ -14,34 +18,10 @@ from ...errors import CinmError
 from ...options import option
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
-
-
-@dataclass(frozen=True)
-class UpmemParams:
-    """UPMEM system parameters.
-
-    Attributes:
-        dpus: DPUs available (2048 by default; PrIM's system has 2,556 working DPUs of 2,560).
-        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM Table 1).
-        tasklets: tasklets per DPU used by default (16; the hardware allows at most 24, SDK docs).
-        frequency_hz: DPU clock, Hz (350e6 on the 2,556-DPU system; PrIM Table 1).
-        wram_bytes: scratchpad per DPU, bytes (65,536; SDK docs).
-        mram_bytes: DRAM bank per DPU, bytes (64 MiB; SDK docs).
-        dtypes: element types the kernels handle (integers natively; float32 emulated in software).
-    """
-
-    dpus: int = 2048
-    dpus_per_rank: int = 64
-    tasklets: int = 16
-    frequency_hz: float = 350e6
-    wram_bytes: int = 65536
-    mram_bytes: int = 64 * 2**20
-    dtypes: tuple = ("float32", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
-                     "uint64", "bool")
+from .cost import DEFAULT_PARAMS, TARGETS, UpmemParams
 
 
 def _targets() -> tuple:
-    from .cost import TARGETS
     return tuple(TARGETS)
 
 
@@ -49,11 +29,15 @@ def _targets() -> tuple:
 class UpmemOptions:
     """The UPMEM device's options (keys ``upmem_<field>``; CLI ``--upmem-<field>``)."""
 
-    dpus: int | None = option(None, help="DPUs a kernel may use at most (default 2048)",
-                              low=1, high=1 << 16)
-    tasklets: int | None = option(None, help="tasklets per DPU (default 16; at most 24 on v1a, "
-                                  "16 on v1b)", low=1, high=24)
-    target: str | None = option(None, help="DPU generation of the cost model (default v1a)",
+    dpus: int | None = option(None, help=f"DPUs a kernel may use at most (default "
+                              f"{DEFAULT_PARAMS.dpus})", low=1, high=1 << 16)
+    tasklets: int | None = option(None, help=f"tasklets per DPU (default {DEFAULT_PARAMS.tasklets}; "
+                                  "at most " + ", ".join(f"{p.max_tasklets} on {n}"
+                                                         for n, p in TARGETS.items()),
+                                  low=1, high=max(p.max_tasklets for p in TARGETS.values()))
+    target: str | None = option(None, help="DPU generation: " + "; ".join(
+        f"{n} ({p.max_tasklets} tasklets, {p.wram_bytes} B WRAM, {p.frequency_hz / 1e6:g} MHz"
+        + (", the default)" if n == DEFAULT_PARAMS.name else ")") for n, p in TARGETS.items()),
                                 choices=_targets)
     search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per kernel "
                           "instead of the mapping rule")
@@ -64,7 +48,7 @@ PLAN_ATTRS = {
     "cnm_dpus": "int", "cnm_tasklets": "int", "cnm_block_bytes": "int",
     "cnm_mram_bytes": "int", "cnm_inputs": "strings", "cnm_merge": "string",
     "cnm_latency_s": "float", "cnm_energy_j": "float", "cnm_load_s": "float",
-    "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints",
+    "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints", "cnm_target": "string",
 }
 
 
@@ -84,8 +68,10 @@ class UpmemDevice(Device):
     plan_attrs = PLAN_ATTRS
     modes = ("model", "emulate")
 
-    def __init__(self, params: UpmemParams = UpmemParams()):
+    def __init__(self, params: UpmemParams = DEFAULT_PARAMS):
         self.params = params
+        #: the selectable generations, this device's own parameters under their name
+        self.targets = {**TARGETS, params.name: params}
 
     def supports(self, op: OpInfo) -> Support:
         for t in op.inputs + op.outputs:
@@ -93,7 +79,7 @@ class UpmemDevice(Device):
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
         from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
         try:
-            kind = kernel_for(op)[0]
+            kind = kernel_for(op, target=self.params)[0]
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
@@ -103,7 +89,8 @@ class UpmemDevice(Device):
         try:  # and the code generator must be able to write its kernel (issue 17 #2)
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
                                        "cnm_block_bytes": plan.block_bytes,
-                                       "cnm_grid": plan.g.get("grid")})
+                                       "cnm_grid": plan.g.get("grid"),
+                                       "cnm_target": plan.params.name})
         except ValueError as e:
             return Support(False, f"no DPU kernel at this size: {e}")
         return Support(True, f"data-parallel op near memory ({kind} kernel)")
@@ -111,23 +98,26 @@ class UpmemDevice(Device):
     def _check_emittable(self, op: OpInfo, attrs: dict) -> None:
         """ValueError if the code generator would refuse ``op`` with plan ``attrs``."""
         from .codegen import check_emittable
-        check_emittable(op, attrs, default_dpus=min(self.params.dpus, 64),
-                        default_tasklets=self.params.tasklets)
+        check_emittable(op, attrs, target=self._planned_target(attrs))
+
+    def _planned_target(self, attrs: dict) -> UpmemParams:
+        """The generation a plan was made for (attribute ``cnm_target``, else :attr:`params`).
+        Raises CinmError on an unknown name."""
+        return self.target({"upmem_target": attrs.get("cnm_target")})
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
-    def target(self, options: dict):
-        """The cost-model parameters of the DPU generation named by option ``upmem_target``
-        (``v1a``, the default, or ``v1b``; :data:`~onnx_cinm.devices.upmem.cost.TARGETS`).
+    def target(self, options: dict) -> UpmemParams:
+        """The parameters of the DPU generation named by option ``upmem_target`` (``v1a`` or
+        ``v1b``, :data:`~onnx_cinm.devices.upmem.cost.TARGETS`), by default :attr:`params`.
         Raises CinmError on an unknown name."""
-        from .cost import TARGETS
-        name = options.get("upmem_target") or "v1a"
-        if name not in TARGETS:
-            raise CinmError(f"option upmem_target={name!r}: expected one of {', '.join(TARGETS)}")
-        return TARGETS[name]
+        name = options.get("upmem_target") or self.params.name
+        if name not in self.targets:
+            raise CinmError(f"option upmem_target={name!r}: expected one of {', '.join(self.targets)}")
+        return self.targets[name]
 
     def _workgroup(self, options: dict) -> tuple[int, int]:
         """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``; the
-        tasklets at most the target's (24 on v1A, 16 on v1B)."""
+        tasklets at most the target's (:attr:`UpmemParams.max_tasklets`)."""
         def _int(key, default, lo, hi):
             v = options.get(key)
             if v is None:
@@ -136,9 +126,10 @@ class UpmemDevice(Device):
                 raise CinmError(f"option {key}={v!r}: expected an integer in {lo}..{hi}")
             return int(v)
 
-        most = self.target(options).max_tasklets
-        return (_int("upmem_dpus", self.params.dpus, 1, 1 << 16),
-                _int("upmem_tasklets", min(self.params.tasklets, most), 1, most))
+        target = self.target(options)
+        most = target.max_tasklets
+        return (_int("upmem_dpus", target.dpus, 1, 1 << 16),
+                _int("upmem_tasklets", min(target.tasklets, most), 1, most))
 
     def plan(self, op: OpInfo, options: dict | None = None):
         """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
@@ -164,8 +155,9 @@ class UpmemDevice(Device):
 
     def resources(self, options: dict) -> Resources:
         """MRAM of the DPUs in use (``upmem_dpus`` or all) for resident constants, bytes."""
-        dpus = options.get("upmem_dpus") or self.params.dpus
-        return Resources(memory_bytes=int(dpus) * self.params.mram_bytes)
+        target = self.target(options)
+        dpus = options.get("upmem_dpus") or target.dpus
+        return Resources(memory_bytes=int(dpus) * target.mram_bytes)
 
     def price(self, op: OpInfo, options: dict) -> list[Priced]:
         """One choice: the plan's cost, its constant inputs resident in MRAM (loaded once)."""
@@ -180,6 +172,12 @@ class UpmemDevice(Device):
                       load_s=float(attrs.get("cnm_load_s", 0.0)),
                       load_j=float(attrs.get("cnm_load_j", 0.0)))
 
+    def recorded_options(self, plans: list) -> dict:
+        """``upmem_target``: the DPU generation the model's UPMEM plans were made for (attribute
+        ``cnm_target``), when they agree on one."""
+        names = {a.get("cnm_target") for _, _, a in plans if a.get("cnm_target")}
+        return {"upmem_target": names.pop()} if len(names) == 1 else {}
+
     def lower(self, items: list) -> list[dict]:
         """Plan attributes (``cnm_*``, :data:`PLAN_ATTRS`) plus ``kernel`` for each
         ``(OpInfo, options)`` of ``items`` (every kernel is planned on its own: the DPUs run
@@ -191,7 +189,9 @@ class UpmemDevice(Device):
         """Plan attributes (``cnm_*``, see ``cinm.PLAN_ATTRS``) plus ``kernel``.
         Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets``, an op that does not fit, or a
         kernel the code generator cannot write with this plan."""
-        attrs = self.plan(op, options).attrs()
+        plan = self.plan(op, options)
+        attrs = plan.attrs()
+        attrs["cnm_target"] = plan.params.name
         attrs["kernel"] = f"upmem/{options['kernel_stem']}"
         try:
             self._check_emittable(op, attrs)
@@ -205,8 +205,7 @@ class UpmemDevice(Device):
         constant sidecars) into ``root / attrs["kernel"]``; see
         :func:`onnx_cinm.devices.upmem.codegen.emit_op`. Raises ValueError if no kernel fits."""
         from .codegen import emit_op
-        return emit_op(op, attrs, consts, root, default_dpus=min(self.params.dpus, 64),
-                       default_tasklets=self.params.tasklets)
+        return emit_op(op, attrs, consts, root, target=self._planned_target(attrs))
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "emulate"):

@@ -67,7 +67,7 @@ import numpy as np
 from ...errors import CinmError
 from ..base import Cost, OpInfo
 from . import cost as C
-from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemCostParams
+from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemParams
 
 #: Inner-loop unrolling of our generated kernels: loop control (3 instructions) once per 8
 #: elements. PrIM's loops are not unrolled (its measured loops, PrIM §3).
@@ -91,9 +91,9 @@ HANDSHAKE_INSTR = 4
 MUTEX_CS_INSTR = 8
 #: Fraction of elements a selection keeps when not known (PrIM SEL's predicate keeps half).
 SELECT_KEEP = 0.5
-#: Default and maximum DPUs of a workgroup; default tasklets.
-DEFAULT_DPUS = 2048
-DEFAULT_TASKLETS = 16
+#: Default and maximum DPUs of a workgroup; default tasklets (the default generation's).
+DEFAULT_DPUS = DEFAULT_PARAMS.dpus
+DEFAULT_TASKLETS = DEFAULT_PARAMS.tasklets
 
 _KINDS = {
     **{op: "elementwise" for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Abs", "Neg",
@@ -120,9 +120,10 @@ def _cdiv(a: int, b: int) -> int:
 
 def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes: int = 0,
                stack_bytes: int = STACK_BYTES, reserved: int = WRAM_RESERVED,
-               wram_bytes: int = 65536, dma_max: int = 2048) -> int:
+               wram_bytes: int = DEFAULT_PARAMS.wram_bytes,
+               dma_max: int = DEFAULT_PARAMS.dma_max) -> int:
     """The WRAM block per tasklet, bytes: the largest multiple of 8 that is <= ``dma_max``
-    (2048, the DMA limit) with ``tasklets * (stack + buffers * block + private) + shared +
+    (the DMA limit, :attr:`UpmemParams.dma_max`) with ``tasklets * (stack + buffers * block + private) + shared +
     reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit.
 
     Example: 16 tasklets, 2 buffers, 1024-B stacks, 2048 B reserved:
@@ -169,7 +170,7 @@ class CnmPlan:
     schedule: str = "cinm"
     unroll: int = UNROLL
     geom: tuple = ()
-    params: UpmemCostParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
+    params: UpmemParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
     stack_bytes: int = STACK_BYTES
     search: str = field(default="", compare=False)
 
@@ -567,7 +568,7 @@ def _cost_histogram(p: CnmPlan) -> CostBreakdown:
         # barrier, tasklet 0 writes it
         zero = max(hb, pr.issue_interval * _cdiv(hb, t)) * (1 + C.LOOP_CONTROL)
         serial = (zero + _barrier(p)
-                  + pr.dma_cycles(min(2048, hb * 4), write=True) * _cdiv(hb * 4, 2048))
+                  + pr.dma_cycles(min(pr.dma_max, hb * 4), write=True) * _cdiv(hb * 4, pr.dma_max))
         return _finish(p, [w], serial, _r8(n * es), 0, 0, p.dpus * bins * 4,
                        partial_out_dpu=_r8(hb * 4))
     # per element: ld, bin index + range check, address (1), ld + add + st of the count, loop
@@ -844,7 +845,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
                 names.append(f"{t.name}:scatter")
             else:
                 bcast += _r8(max(t.numel, 1) * es)
-                wram_b += 1 if _r8(max(t.numel, 1) * es) <= 2048 else 0
+                wram_b += 1 if _r8(max(t.numel, 1) * es) <= DEFAULT_PARAMS.dma_max else 0
                 names.append(f"{t.name}:broadcast")
         streams = max(streams, 1)
         geom = {"n": n, "n_dpu": _share(n, d, es), "op": _OP_NAME[op.op_type], "streams": streams,
@@ -963,7 +964,7 @@ def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
 
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
-              params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+              params: UpmemParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
               col_blocks: int = 1, block_bytes: int | None = None) -> CnmPlan:
     """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
 
@@ -1085,7 +1086,7 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
 
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
-            params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+            params: UpmemParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
             dpus: int | None = None) -> CnmPlan:
     """Choose the plan of ``op``: the DPU count (<= ``max_dpus``, or exactly ``dpus``) with the
     least modeled end-to-end time (:attr:`CostBreakdown.latency_s`); ties go to fewer DPUs.
@@ -1118,7 +1119,7 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     return _renamed(hit[0], hit[1], op)
 
 
-def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemCostParams,
+def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
                  stack_bytes: int, dpus: int | None) -> CnmPlan:
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
