@@ -35,7 +35,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
-from .text import printable
+from .text import Column, si, table as text_table
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
 COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
@@ -215,40 +215,30 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     return _png(fig, plt)
 
 
-def _si(x: float, unit: str) -> str:
-    if x == 0:
-        return f"0 {unit}"
-    for p, s in (("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if abs(x) >= s:
-            return f"{x / s:.3g} {p}{unit}"
-    return f"{x:.2e} {unit}"
+#: The columns of :func:`table` (cells cut to these widths; the shape keeps its last dims).
+COLUMNS = (Column("#", ">"), Column("layer", width=30), Column("op", width=12),
+           Column("shape", ">", 16, keep="end"), Column("FLOPs", ">"), Column("device", width=10),
+           Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
+           Column("moved", ">"), Column("reason", width=120))
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     """The per-layer table as text (one line per node), then the totals."""
-    head = (f"{'#':>4s} {'layer':30s} {'op':12s} {'shape':>16s} {'FLOPs':>10s} {'device':10s} "
-            f"{'latency':>10s} {'energy':>10s} {'writes':>7s} {'moved':>9s}  reason")
-    out = [head, "-" * len(head)]
-    for r in rows:
-        if cinm_only and not r.cinm:
-            continue
-        out.append(f"{r.index:4d} {printable(r.name)[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
-                   f"{_si(r.flops, ''):>10s} {r.device[:10]:10s} {_si(r.latency_s + r.transfer_s, 's'):>10s} "
-                   f"{_si(r.energy_j + r.transfer_j, 'J'):>10s} {r.writes:7d} {_si(r.bytes_moved, 'B'):>9s}  "
-                   f"{r.reason[:120]}")
-    out.append("-" * len(head))
-    out.append(_totals_line(totals))
-    out.append("(latency and energy include the op's host<->device transfers, listed apart in the "
-               "CSV and HTML; moved: bytes the op's device reads and writes, while the total "
-               "counts only tensors that cross between devices)")
-    return "\n".join(out)
+    body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
+             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"), r.reason)
+            for r in rows if r.cinm or not cinm_only]
+    return text_table(COLUMNS, body, notes=[
+        _totals_line(totals),
+        "(latency and energy include the transfers the cost model charges to the op, listed "
+        "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
+        "its own model, while the total counts only tensors that cross between devices)"])
 
 
 def _totals_line(t: dict) -> str:
-    by = ", ".join(f"{d} {_si(v[0], 's')} / {_si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
-    line = (f"total: {_si(t['latency_s'], 's')}, {_si(t['energy_j'], 'J')}, {t['writes']} tile "
-            f"writes/inference, {_si(t['transfer_bytes'], 'B')} across device boundaries "
-            f"({_si(t['transfer_s'], 's')}); by device: {by}")
+    by = ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
+    line = (f"total: {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
+            f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
+            f"({si(t['transfer_s'], 's')}); by device: {by}")
     if t["violations"]:
         line += "; BREAKS: " + "; ".join(t["violations"][:3])
     return line

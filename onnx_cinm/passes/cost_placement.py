@@ -77,6 +77,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices import Cost, Device, Priced
 from ..dialects import cinm
 from ..errors import CinmError
+from ..text import si
 from .placement import HintLog
 
 OBJECTIVES = ("latency", "energy", "edp")
@@ -1030,23 +1031,14 @@ def solve(prob: Problem, objective: str) -> Solution:
 # The pass strategy
 # --------------------------------------------------------------------------------------------
 
-def _fmt(x: float, unit: str) -> str:
-    if x == 0:
-        return f"0 {unit}"
-    for p, s in (("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if abs(x) >= s:
-            return f"{x / s:.3g} {p}{unit}"
-    return f"{x:.2e} {unit}"
-
-
 def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
     if i in prob.fixed:
         base = prob.hint_note.get(i, "fixed")
-        return f"{base}: {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')} on {ch.device}"
-    parts = [f"{head}: {ch.device} {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')}"
+        return f"{base}: {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')} on {ch.device}"
+    parts = [f"{head}: {ch.device} {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')}"
              + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
@@ -1058,7 +1050,7 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
         bad = violations(prob, trial)
         dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
         unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
-        txt = f"{alt.device} {'+' if dv >= 0 else ''}{_fmt(dv, unit)}"
+        txt = f"{alt.device} {'+' if dv >= 0 else ''}{si(dv, unit)}"
         if bad:
             txt += f" and breaks {bad[0]}"
         parts.append(txt)
@@ -1094,8 +1086,8 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     bad = violations(prob, sol.totals)
     for v in bad:
         ctx.log(f"placement: user hints break a constraint: {v}")
-    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {_fmt(sol.totals.latency_s, 's')}, "
-            f"{_fmt(sol.totals.energy_j, 'J')}")
+    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {si(sol.totals.latency_s, 's')}, "
+            f"{si(sol.totals.energy_j, 'J')}")
     return {"devices": counts, **prob.hint_stats, "strategy": "cost",
             "objective": objective, "method": sol.method, "exact": sol.exact,
             "totals": sol.totals, "baselines": sol.baselines, "violations": bad}
