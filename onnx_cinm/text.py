@@ -82,10 +82,11 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
           notes: Iterable[str] = (), header: bool = True, indent: str = "") -> str:
     """A text table for a person: a header line and a rule of ``-`` under it, one line per row,
     then (if any) a rule, the ``totals`` rows and the ``notes`` lines as they are; with
-    ``header`` false, the rows alone (no rules). Every cell goes through :meth:`Column.cell` (so names are
-    :func:`printable`); each column is as wide as its widest cell, columns are two spaces apart,
-    and no line ends in spaces. A plain string column is a left-aligned :class:`Column`; a row
-    may have fewer cells than columns (the rest are empty). The one table printer of the
+    ``header`` false, no header and no rules. Every cell goes through :meth:`Column.cell` (so
+    names are :func:`printable`); each column is as wide as its widest cell (see
+    :attr:`Column.fit`), columns are two spaces apart, and no line ends in spaces. A plain
+    string column is a left-aligned :class:`Column`; a row may have fewer cells than columns
+    (the rest are empty). The one table printer of the
     reports, the profile, ``optimize``'s summary and ``onnx-cinm devices``."""
     cols = [c if isinstance(c, Column) else Column(c) for c in columns]
     body = [[c.cell(v) for c, v in zip(cols, r)] for r in rows]

@@ -325,7 +325,8 @@ class UpmemParams:
 DEFAULT_PARAMS = UpmemParams()
 
 #: Selectable DPU generations (option ``upmem_target``), by :attr:`UpmemParams.name`. ``v1a``:
-#: the chips of PrIM's 2,556-DPU system (350 MHz, 24 tasklets, 64 KB WRAM): :data:`DEFAULT_PARAMS`. ``v1b``: the newer chip,
+#: the chips of PrIM's 2,556-DPU system (350 MHz, 24 tasklets, 64 KB WRAM): :data:`DEFAULT_PARAMS`.
+#: ``v1b``: the newer chip,
 #: at most 16 tasklets (``DPU_NR_THREADS_V1B``) and 63,488 B of WRAM (``DPU_WRAM_SIZE_V1B``),
 #: upmem/llvm-project ``DPUCharacteristics.h`` as the DPU linker driver uses them
 #: (``clang/lib/Driver/ToolChains/DPURTE.cpp`` passes them as ``--defsym``), and 400 MHz (SDK

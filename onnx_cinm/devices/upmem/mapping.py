@@ -123,8 +123,8 @@ def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes
                wram_bytes: int = DEFAULT_PARAMS.wram_bytes,
                dma_max: int = DEFAULT_PARAMS.dma_max) -> int:
     """The WRAM block per tasklet, bytes: the largest multiple of 8 that is <= ``dma_max``
-    (the DMA limit, :attr:`UpmemParams.dma_max`) with ``tasklets * (stack + buffers * block + private) + shared +
-    reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit.
+    (the DMA limit, :attr:`UpmemParams.dma_max`) with ``tasklets * (stack + buffers * block +
+    private) + shared + reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit.
 
     Example: 16 tasklets, 2 buffers, 1024-B stacks, 2048 B reserved:
     ``(65536 - 2048 - 16 * 1024) / (16 * 2) = 1472``.
