@@ -41,6 +41,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnx_cinm.text import Column, table as text_table
+
 #: Op types ``to_cinm`` lowers (MatMul, Gemm, Conv, elementwise, Reduce*, CumSum, TopK,
 #: Transpose) or the frontend passes rewrite (BatchNormalization folding, Gemm/Reduce
 #: normalization, Softmax/LogSoftmax/Hardmax opset lifting). A case is selected when its main
@@ -301,19 +303,17 @@ def table(outcomes: list[Outcome]) -> str:
         c[o.status] += 1
         c["lowered"] += o.cinm_ops > 0
         c["seconds"] += o.seconds
-    head = ("suite", "op", "cases", "passed", "xfail", "failed", "with cinm ops", "s")
-    lines = [head]
+    head = ("suite", "op") + tuple(Column(t, ">") for t in ("cases", "passed", "xfail", "failed",
+                                                              "with cinm ops", "s"))
+    lines = []
     for (suite, op), c in sorted(rows.items()):
         n = c["passed"] + c["xfail"] + c["failed"]
-        lines.append((suite, op, str(n), str(c["passed"]), str(c["xfail"]), str(c["failed"]),
-                      str(c["lowered"]), f"{c['seconds']:.2f}"))
+        lines.append((suite, op, n, c["passed"], c["xfail"], c["failed"], c["lowered"],
+                      f"{c['seconds']:.2f}"))
     s = summarize(outcomes)
-    lines.append(("total", "", str(s["run"]), str(s["passed"]), str(s["expected_failures"]),
-                  str(s["failed"]), str(sum(o.cinm_ops > 0 for o in outcomes)),
-                  f"{sum(o.seconds for o in outcomes):.2f}"))
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-            for r in lines]
+    total = ("total", "", s["run"], s["passed"], s["expected_failures"], s["failed"],
+             sum(o.cinm_ops > 0 for o in outcomes), f"{sum(o.seconds for o in outcomes):.2f}")
+    text = [text_table(head, lines, totals=[total])]
     for status, title in (("xfail", "expected failures"), ("failed", "FAILED")):
         listed = [o for o in outcomes if o.status == status]
         if listed:

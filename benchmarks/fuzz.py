@@ -49,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     run = getattr(module, "EXAMPLES_RUN", {})
     rejected = getattr(module, "EXAMPLES_REJECTED", {})
     lowered = getattr(module, "EXAMPLES_LOWERED", {})
-    print(f"\n{'property':12s} {'compared':>9s} {'with cinm':>10s} {'rejected':>9s}")
-    for name in sorted(set(run) | set(rejected)):
-        print(f"{name:12s} {run.get(name, 0):9d} {lowered.get(name, 0):10d} "
-              f"{rejected.get(name, 0):9d}")
-    print(f"{'total':12s} {sum(run.values()):9d} {sum(lowered.values()):10d} "
-          f"{sum(rejected.values()):9d}")
+    from onnx_cinm.text import Column, table
+
+    print()
+    print(table(("property",) + tuple(Column(t, ">") for t in ("compared", "with cinm", "rejected")),
+                [(n, run.get(n, 0), lowered.get(n, 0), rejected.get(n, 0))
+                 for n in sorted(set(run) | set(rejected))],
+                totals=[("total", sum(run.values()), sum(lowered.values()), sum(rejected.values()))]))
     print(f"{seconds:.1f} s, seed {args.seed if args.seed is not None else 'random'}, "
           f"{'no mismatches' if status == 0 else 'FAILURES (see above)'}")
     return int(status)

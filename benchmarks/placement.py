@@ -33,6 +33,8 @@ from pathlib import Path
 
 import onnx
 
+from onnx_cinm.text import Column, si, table as text_table
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "models"))
 
@@ -125,17 +127,14 @@ def verdicts(records: list[dict]) -> list[str]:
 
 
 def table(records: list[dict]) -> str:
-    head = (f"{'model':10s} {'strategy':10s} {'objective':9s} {'latency':>12s} {'energy':>12s} "
-            f"{'EDP (J s)':>11s} {'writes':>8s} {'moved':>10s}  constraints")
-    lines = [head, "-" * len(head)]
-    for r in records:
-        lines.append(f"{r['model']:10s} {r['strategy']:10s} {r['objective']:9s} "
-                     f"{r['latency_s'] * 1e3:9.3f} ms {r['energy_j'] * 1e3:9.2f} mJ "
-                     f"{r['latency_s'] * r['energy_j']:11.4g} {r['writes']:8d} "
-                     f"{r['transfers_bytes'] / 1e6:7.2f} MB  "
-                     + ("ok" if not r["violations"] else f"BREAKS {r['violations'][0]}"
-                        + (f" (+{len(r['violations']) - 1})" if len(r["violations"]) > 1 else "")))
-    return "\n".join(lines)
+    cols = ("model", "strategy", "objective", Column("latency", ">"), Column("energy", ">"),
+            Column("EDP", ">"), Column("writes", ">"), Column("moved", ">"), "constraints")
+    return text_table(cols, [
+        (r["model"], r["strategy"], r["objective"], si(r["latency_s"], "s"), si(r["energy_j"], "J"),
+         si(r["latency_s"] * r["energy_j"], "Js"), r["writes"], si(r["transfers_bytes"], "B"),
+         "ok" if not r["violations"] else f"BREAKS {r['violations'][0]}"
+         + (f" (+{len(r['violations']) - 1})" if len(r["violations"]) > 1 else ""))
+        for r in records])
 
 
 def main(argv=None) -> int:

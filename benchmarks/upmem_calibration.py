@@ -18,6 +18,7 @@ import sys
 
 from onnx_cinm.devices.upmem.cost import DEFAULT_PARAMS
 from onnx_cinm.devices.upmem.measurements import MEASUREMENTS, TOLERANCE
+from onnx_cinm.text import Column, table as text_table
 
 
 def rows(params=DEFAULT_PARAMS) -> list[dict]:
@@ -37,16 +38,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
     table = rows()
-    print(f"{'case':66s} {'unit':>5s} {'measured':>10s} {'model':>10s} {'ratio':>6s}  "
-          f"{'verdict':11s} source")
+    lines = []
     for role in ("calibration", "held-out"):
-        print(f"-- {role} rows" + (f" (target: ratio within 1 +- {TOLERANCE:.2f})"
-                                   if role == "calibration" else " (not fitted; reported only)"))
+        lines.append((f"-- {role} rows" + (f" (target: ratio within 1 +- {TOLERANCE:.2f})"
+                                           if role == "calibration" else " (not fitted; reported only)"),))
         for r in (r for r in table if r["role"] == role):
             verdict = ("ok" if r["ok"] else "MISS") if role == "calibration" else (
                 "within" if r["ok"] else "outside")
-            print(f"{r['case'][:66]:66s} {r['unit']:>5s} {r['measured']:10.4g} {r['model']:10.4g} "
-                  f"{r['ratio']:6.3f}  {verdict:11s} {r['source']}")
+            lines.append((r["case"], r["unit"], f"{r['measured']:.4g}", f"{r['model']:.4g}",
+                          f"{r['ratio']:.3f}", verdict, r["source"]))
+    print(text_table((Column("case", width=66, fit=66), Column("unit", ">"), Column("measured", ">"),
+                      Column("model", ">"), Column("ratio", ">"), "verdict", "source"), lines))
     cal = [r for r in table if r["role"] == "calibration"]
     worst = max(cal, key=lambda r: abs(r["ratio"] - 1))
     print(f"calibration: {sum(r['ok'] for r in cal)}/{len(cal)} within {TOLERANCE:.0%}; "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import CinmError, ReferenceFailed
-from .text import printable
+from .text import Column, printable, si, table
 
 _EPILOG = """\
 examples:
@@ -491,12 +491,10 @@ def _cmd_devices(args) -> int:
     for dev in all_devices():
         print(f"{dev.name} ({dev.paradigm})")
         docs = _attribute_docs(type(dev.params))
-        for f in fields(dev.params):
-            if not f.repr:  # sources: listed with the presets below
-                continue
-            value = f"  {f.name} = {getattr(dev.params, f.name)}"
-            note = docs.get(f.name, "")
-            print(f"{value:44s}  {note}" if note else value)
+        rows = [(f"{f.name} = {getattr(dev.params, f.name)}", docs.get(f.name, ""))
+                for f in fields(dev.params) if f.repr]  # not repr: sources, with the presets
+        if rows:
+            print(table((Column("parameter", fit=42), "meaning"), rows, header=False, indent="  "))
         _print_options(dev)
         presets = getattr(dev, "presets", None)
         if presets:
@@ -581,7 +579,6 @@ def _cmd_run(args, parser) -> int:
     import numpy as np
 
     from . import artifacts, frontend, golden
-    from .text import si as _si  # one SI formatter for the optimize summary and this
     from .runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -646,8 +643,8 @@ def _cmd_run(args, parser) -> int:
             writes = sum(r["writes"] for r in rs)
             print(f"at load (once per session, not per inference): {dev}, {len(rs)} "
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
-                  + f", modeled {_si(sum(r['latency_s'] for r in rs))}s, "
-                  f"{_si(sum(r['energy_j'] for r in rs))}J")
+                  + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
+                  f"{si(sum(r['energy_j'] for r in rs), 'J')}")
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
@@ -792,12 +789,13 @@ def _cmd_optimize(args, parser) -> int:
 
     if args.list_passes:
         descriptions = available_passes()
-        for name in DEFAULT_PIPELINE:
-            print(f"{name:20s} {descriptions.get(name, '')}")
+        print(table(("pass", "description"), [(n, descriptions.get(n, "")) for n in DEFAULT_PIPELINE],
+                    header=False))
         return 0
     if args.list_examples:
-        for name, fn in EXAMPLES.items():
-            print(f"{name:10s} {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+        print(table(("example", "description"), [
+            (name, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
+            for name, fn in EXAMPLES.items()], header=False))
         return 0
     if not args.input and not args.example:
         parser.error("give an input model or --example NAME")
@@ -904,23 +902,23 @@ def _cmd_optimize(args, parser) -> int:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    table = result.device_tables()
-    if table:
+    tables = result.device_tables()
+    if tables:
         say("")
-        for line in table.splitlines():
+        for line in tables.splitlines():
             say(f"  {line}")
     st = result.stats.get("placement", {})
     if st.get("strategy") == "cost":
         t = st["totals"]
-        say(f"  cost placement ({st['objective']}): modeled {t.latency_s * 1e3:.3f} ms, "
-            f"{t.energy_j * 1e3:.3f} mJ, {t.writes} tile writes/inference; {st['method']}")
+        say(f"  cost placement ({st['objective']}): modeled {si(t.latency_s, 's')}, "
+            f"{si(t.energy_j, 'J')}, {t.writes} tile writes/inference; {st['method']}")
         for name, b in st["baselines"].items():
-            say(f"    {name}: {b.latency_s * 1e3:.3f} ms, {b.energy_j * 1e3:.3f} mJ, {b.writes} tile writes/inference")
+            say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} tile writes/inference")
         for v in st.get("violations", []):
             print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
-    if args.verbose:
-        for name, op, dev, why in result.placements:
-            print(f"  {printable(name):40s} {op:12s} {dev:10s} {printable(why)}")
+    if args.verbose and result.placements:
+        print(table((Column("node", fit=40), "op", "device", "placement"), result.placements,
+                    header=False, indent="  "))
     if args.report:
         say(f"  report: {', '.join(str(p) for p in report_files)}")
     return 0
@@ -978,9 +976,11 @@ def _cmd_sweep(args, parser) -> int:
     paths = sweep.write(out, configs, results, title=Path(args.input).name)
     if not args.quiet:
         print(f"onnx-cinm sweep: {args.input}, {len(configs)} configurations ({args.executor})")
-        for c, r in zip(configs, results):
-            print(f"  {sweep.label(c):40s} {r['latency_s'] * 1e3:10.3f} ms {r['energy_j'] * 1e3:10.3f} mJ "
-                  f"{r['writes']:8d} writes  {r['devices']}" + (f"  BREAKS {r['violations']}" if r['violations'] else ""))
+        print(table(
+            ("configuration", Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
+             "devices", "breaks"),
+            [(sweep.label(c), si(r["latency_s"], "s"), si(r["energy_j"], "J"), r["writes"],
+              r["devices"], r["violations"] or "") for c, r in zip(configs, results)], indent="  "))
         print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
 

@@ -37,7 +37,7 @@ from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
 from .errors import CheckFailed, CinmError, ReferenceFailed
-from .text import printable
+from .text import table
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
 
@@ -719,20 +719,14 @@ class CheckReport:
     def table(self, verdict: bool = True) -> str:
         """A fixed-width table, one row per output, with the tolerances in the header;
         ``verdict=False`` (an inexact data path) leaves out the pass/fail of numeric errors."""
-        rows = [("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err", "off", "status")]
-        for o in self.outputs:
-            rows.append((
-                printable(o.name), o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
-                f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", f"{o.rel_rms_err:.3g}",
-                f"{o.mismatched}/{o.elements}",
-                ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"),
-            ))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        lines = [f"golden check: {self.runs} runs, {self.tolerances()}"]
-        for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-        lines.extend(f"problem: {p}" for p in self.problems)
-        return "\n".join(lines)
+        rows = [(o.name, o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
+                 f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", f"{o.rel_rms_err:.3g}",
+                 f"{o.mismatched}/{o.elements}",
+                 ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"))
+                for o in self.outputs]
+        return (f"golden check: {self.runs} runs, {self.tolerances()}\n"
+                + table(("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err",
+                         "off", "status"), rows, notes=[f"problem: {p}" for p in self.problems]))
 
     def tolerances(self) -> str:
         """The tolerances in words: ``rtol 1e-4, atol 1e-5``, or per dtype when they follow it

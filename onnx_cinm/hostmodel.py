@@ -24,7 +24,7 @@ Precedence: the ``host_roofline`` option, then ``ONNX_CINM_HOST_ROOFLINE``, then
 ``report`` reuses them.
 
 ``power_w`` is not measured (no portable power counter): 30 W is an *assumption*, the same order
-as the host power the UPMEM cost model charges while the host works (``UpmemCostParams
+as the host power the UPMEM cost model charges while the host works (``UpmemParams
 .host_power_w``, itself an estimate), so host and DPU energies are on one footing.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key
 from .passes import PassContext, PassManager, check_options
-from .text import printable, si as _si
+from .text import si
 
 
 @dataclass
@@ -77,7 +77,7 @@ class OptimizeResult:
         lines = [
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
-            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {_si(self.flops_total)}FLOP"
+            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {si(self.flops_total, 'FLOP')}"
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
             + _sizes_note(self.dims, self.unsized_dims),
         ]

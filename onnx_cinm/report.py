@@ -3,21 +3,24 @@
 ``onnx-cinm report out.onnx -o DIR`` (or ``optimize ... --report DIR``) writes into ``DIR``:
 
 * ``layers.csv``: one row per node: op, output shape, FLOPs, device, modeled latency (seconds),
-  energy (joules), crossbar tile writes per inference, bytes moved, placement reason;
+  energy (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
+  inference, bytes moved, placement reason;
 * ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
 * ``report.html``: one self-contained page with the totals, both pictures (embedded as base64
   PNG) and the table.
 
-Figures per layer come from the node's plan attributes where a paradigm pass wrote them
-(``cim_latency_s``, ``cim_energy_j``, ``cim_writes``; ``cnm_latency_s``, ``cnm_energy_j``; see
-``onnx_cinm.dialects.cinm.PLAN_ATTRS``), and otherwise from the same models cost placement uses
-(:func:`onnx_cinm.passes.cost_placement.evaluate_model`: the host roofline for host ops, a plugin
-device's ``cost()``). Bytes moved: for an op on a DPU device, the bytes its plan moves to and from
-the DPUs (``Cost.bytes_moved``); plus, for every device, the bytes of tensors crossing between
-this op's device and the host (charged to the producer for the way out, to each consumer for the
-way in). Every file is written under a temporary name and renamed into place.
+Figures per layer come from the cost model, the same one cost placement minimizes
+(:func:`onnx_cinm.passes.cost_placement.node_costs` of the placement recorded in the model): a
+lowered node's own plan (its device's :meth:`Device.recorded`, e.g. ``cim_latency_s``), else its
+device's price (the host roofline for host ops). Transfers follow the cost model's one rule
+(:func:`onnx_cinm.passes.cost_placement.tensor_charges`): a tensor leaving a device is charged
+to its producer, a tensor entering a device is charged once per device, to its first reader
+there; so the rows add up to the modeled totals. Bytes moved: what the op's device moves across
+its boundary by its own model (``Cost.bytes_moved``: for DPUs the scatter and gather of the
+plan, for crossbars the inputs, results and cells written). Every file is written under a
+temporary name and renamed into place.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
-from .text import printable
+from .text import Column, si, table as text_table
 
 #: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
 COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
@@ -44,7 +47,10 @@ _DPI = 100
 
 @dataclass
 class Layer:
-    """One node of the report (units: seconds, joules, bytes)."""
+    """One node of the report (units: seconds, joules, bytes): ``latency_s``/``energy_j`` the
+    op on its device, ``transfer_s``/``transfer_j``/``transfer_bytes`` the tensor transfers the
+    cost model charges to it, ``bytes_moved`` the bytes its device moves across its boundary
+    by the device's own model (:attr:`onnx_cinm.devices.Cost.bytes_moved`)."""
 
     index: int
     name: str
@@ -57,6 +63,7 @@ class Layer:
     transfer_s: float
     transfer_j: float
     writes: int
+    transfer_bytes: int
     bytes_moved: int
     reason: str
     cinm: bool
@@ -64,46 +71,24 @@ class Layer:
 
 def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[Layer], dict]:
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
-    ``transfer_bytes``, ``by_device`` {device: [seconds, joules]}, ``violations``)."""
-    from . import devices
-    from .passes.cost_placement import evaluate_model, link_cost
+    ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
+    joules]}, ``violations``).
+
+    Every figure is the cost model's (:func:`onnx_cinm.passes.cost_placement.node_costs` of
+    the placement recorded in ``model``), so the rows add up to the totals cost placement
+    optimizes."""
+    from .passes.cost_placement import evaluate_model, node_costs
 
     tot, bad, prob = evaluate_model(model, options)
-    dev_of = lambda i: prob.device_of(prob.assign, i)  # noqa: E731
-    tr_s = [0.0] * len(prob.nodes)
-    tr_j = [0.0] * len(prob.nodes)
-    tr_b = [0] * len(prob.nodes)
-    for t in prob.tensors:
-        if t.nbytes <= 0:
-            continue
-        a = dev_of(t.producer)
-        dests = {dev_of(c) for c in t.consumers} | ({"host"} if t.output else set())
-        if a != "host" and any(d != a for d in dests) and t.producer >= 0:
-            s, j = link_cost(devices.get_device(a), t.nbytes, False, prob.options)
-            tr_s[t.producer] += s
-            tr_j[t.producer] += j
-            tr_b[t.producer] += t.nbytes
-        for c in t.consumers:
-            d = dev_of(c)
-            if d not in ("host", a):
-                s, j = link_cost(devices.get_device(d), t.nbytes, True, prob.options)
-                tr_s[c] += s
-                tr_j[c] += j
-                tr_b[c] += t.nbytes
     rows = []
-    for i, node in enumerate(prob.nodes):
-        ch = prob.choice(prob.assign, i) if (i in prob.fixed or i in prob.assign) else prob.cands[i][0]
+    for i, (node, nc) in enumerate(zip(prob.nodes, node_costs(prob, prob.assign))):
         at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
-        lat, en, writes = ch.cost.latency_s, ch.cost.energy_j, ch.cost.writes
-        rec = devices.get_device(at["device"]).recorded(at) if at.get("device") else None
-        if rec is not None:  # the plan's own figures, as compiled
-            lat, en, writes = rec.cost.latency_s, rec.cost.energy_j, rec.cost.writes
-        moved = tr_b[i] + (ch.cost.bytes_moved if devices.get_device(ch.device).paradigm == "cnm" else 0)
         out = prob.infos.get(node.output[0]) if node.output else None
         shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
         rows.append(Layer(i, node.name or f"{node.op_type}_{i}", node.op_type, shape,
-                          _flops(prob, i), ch.device, float(lat), float(en),
-                          tr_s[i], tr_j[i], int(writes), int(moved),
+                          _flops(prob, i), nc.device, float(nc.cost.latency_s),
+                          float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,
+                          int(nc.cost.writes), int(nc.transfer_bytes), int(nc.cost.bytes_moved),
                           at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
                           node.domain == cinm.DOMAIN))
     by_dev: dict = {}
@@ -111,11 +96,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
         s = by_dev.setdefault(r.device, [0.0, 0.0])
         s[0] += r.latency_s
         s[1] += r.energy_j
-    totals = {"latency_s": sum(r.latency_s + r.transfer_s for r in rows),
-              "energy_j": sum(r.energy_j + r.transfer_j for r in rows),
-              "writes": sum(r.writes for r in rows), "transfer_bytes": tot.transfer_bytes,
-              "transfer_s": tot.transfer_s, "transfer_j": tot.transfer_j,
-              "by_device": by_dev, "violations": bad}
+    totals = {"latency_s": tot.latency_s, "energy_j": tot.energy_j, "writes": tot.writes,
+              "transfer_bytes": tot.transfer_bytes, "transfer_s": tot.transfer_s,
+              "transfer_j": tot.transfer_j, "by_device": by_dev, "violations": bad}
     return rows, totals
 
 
@@ -232,40 +215,30 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     return _png(fig, plt)
 
 
-def _si(x: float, unit: str) -> str:
-    if x == 0:
-        return f"0 {unit}"
-    for p, s in (("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if abs(x) >= s:
-            return f"{x / s:.3g} {p}{unit}"
-    return f"{x:.2e} {unit}"
+#: The columns of :func:`table` (cells cut to these widths; the shape keeps its last dims).
+COLUMNS = (Column("#", ">"), Column("layer", width=30), Column("op", width=12),
+           Column("shape", ">", 16, keep="end"), Column("FLOPs", ">"), Column("device", width=10),
+           Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
+           Column("moved", ">"), Column("reason", width=120))
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     """The per-layer table as text (one line per node), then the totals."""
-    head = (f"{'#':>4s} {'layer':30s} {'op':12s} {'shape':>16s} {'FLOPs':>10s} {'device':10s} "
-            f"{'latency':>10s} {'energy':>10s} {'writes':>7s} {'moved':>9s}  reason")
-    out = [head, "-" * len(head)]
-    for r in rows:
-        if cinm_only and not r.cinm:
-            continue
-        out.append(f"{r.index:4d} {printable(r.name)[:30]:30s} {r.op[:12]:12s} {r.shape[-16:]:>16s} "
-                   f"{_si(r.flops, ''):>10s} {r.device[:10]:10s} {_si(r.latency_s + r.transfer_s, 's'):>10s} "
-                   f"{_si(r.energy_j + r.transfer_j, 'J'):>10s} {r.writes:7d} {_si(r.bytes_moved, 'B'):>9s}  "
-                   f"{r.reason[:120]}")
-    out.append("-" * len(head))
-    out.append(_totals_line(totals))
-    out.append("(latency and energy include the op's host<->device transfers, listed apart in the "
-               "CSV and HTML; moved: bytes the op's device reads and writes, while the total "
-               "counts only tensors that cross between devices)")
-    return "\n".join(out)
+    body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
+             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"), r.reason)
+            for r in rows if r.cinm or not cinm_only]
+    return text_table(COLUMNS, body, notes=[
+        _totals_line(totals),
+        "(latency and energy include the transfers the cost model charges to the op, listed "
+        "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
+        "its own model, while the total counts only tensors that cross between devices)"])
 
 
 def _totals_line(t: dict) -> str:
-    by = ", ".join(f"{d} {_si(v[0], 's')} / {_si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
-    line = (f"total: {_si(t['latency_s'], 's')}, {_si(t['energy_j'], 'J')}, {t['writes']} tile "
-            f"writes/inference, {_si(t['transfer_bytes'], 'B')} across device boundaries "
-            f"({_si(t['transfer_s'], 's')}); by device: {by}")
+    by = ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
+    line = (f"total: {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
+            f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
+            f"({si(t['transfer_s'], 's')}); by device: {by}")
     if t["violations"]:
         line += "; BREAKS: " + "; ".join(t["violations"][:3])
     return line
@@ -277,11 +250,11 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
                    f'src="data:image/png;base64,{base64.b64encode(data).decode()}">'
                    for cap, data in pngs.items())
     head = ["#", "layer", "op", "shape", "FLOPs", "device", "latency (s)", "energy (J)",
-            "transfers (s)", "writes/inf", "bytes moved", "reason"]
+            "transfers (s)", "transfers (B)", "writes/inf", "bytes moved", "reason"]
     body = "".join(
         "<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in (
             r.index, r.name, r.op, r.shape, r.flops, r.device, f"{r.latency_s:.4g}",
-            f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.writes, r.bytes_moved, r.reason)) + "</tr>\n"
+            f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.transfer_bytes, r.writes, r.bytes_moved, r.reason)) + "</tr>\n"
         for r in rows)
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
@@ -324,11 +297,11 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
-                "transfer_s", "transfer_j", "writes", "bytes_moved", "reason"])
+                "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason"])
     for r in rows:
         w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
-                    repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.writes, r.bytes_moved,
-                    r.reason])
+                    repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
+                    r.writes, r.bytes_moved, r.reason])
     files = {"layers.csv": buf.getvalue().encode(),
              "time_energy.png": pngs["time and energy per layer, by device"],
              "graph.png": pngs["graph, nodes coloured by device"],

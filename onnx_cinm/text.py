@@ -1,13 +1,17 @@
-"""Text for people: names from a model made safe to print, and numbers with SI prefixes.
+"""Text for people: names from a model made safe to print, numbers with SI prefixes, and tables.
 
 Node, tensor and output names are arbitrary strings in ONNX. Printed raw, a newline in a name
 breaks a table row in two, and a Unicode bidi override (U+202E and friends, the "Trojan Source"
 characters, CVE-2021-42574) reorders the rest of the line as a terminal shows it. Every table
-and message that shows such a name passes it through :func:`printable`.
+and message that shows such a name passes it through :func:`printable`; :func:`table` does it
+for every cell. :func:`si` is the one number formatter.
 """
 from __future__ import annotations
 
+import math
 import unicodedata
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 
 def _safe(c: str) -> bool:
@@ -24,16 +28,86 @@ def printable(text: str) -> str:
     return "".join(c if _safe(c) else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def si(x: float) -> str:
-    """``x`` with an SI prefix, e.g. ``1.25 M`` or ``3.10 u`` (followed by the unit)."""
-    if x == 0:
-        return "0 "
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    if x >= 1:
-        return f"{x:.0f} " if float(x).is_integer() else f"{x:.2f} "
-    for unit, scale in (("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if x >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.2e} "
+#: SI prefixes :func:`si` uses, largest first (``u`` for micro: plain ASCII for terminals and logs).
+_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1e-3), ("u", 1e-6),
+             ("n", 1e-9), ("p", 1e-12))
+
+
+def si(x: float | None, unit: str = "") -> str:
+    """``x`` with an SI prefix (``p`` .. ``T``) and three significant digits, then ``unit``:
+    ``si(1.5e-6, "s")`` is ``"1.5 us"``, ``si(2.5e9, "FLOP")`` ``"2.5 GFLOP"``, ``si(0, "J")``
+    ``"0 J"``, ``si(512)`` ``"512"``; negative numbers keep their sign, numbers below a pico
+    are written in exponent form, and None (a figure not known) is ``"-"``. The one number
+    formatter of every table and message."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g} {unit}".rstrip()
+    for prefix, scale in _PREFIXES:
+        if abs(x) >= scale * (1 - 5e-4):  # 999.96 rounds to "1 k", not "1e+03"
+            return f"{x / scale:.3g} {prefix}{unit}".rstrip()
+    return f"{x:.2e} {unit}".rstrip()
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of :func:`table`.
+
+    Attributes:
+        title: the header cell.
+        align: ``"<"`` (left, for names) or ``">"`` (right, for numbers).
+        width: most characters a cell shows (None: all of them); a longer cell is cut.
+        keep: which end of a cut cell stays: ``"start"`` or ``"end"`` (e.g. the last dims of a
+            long shape).
+        fit: the column is as wide as its widest cell up to this many characters (None: no
+            limit); a longer cell is shown whole and shifts the rest of its line.
+    """
+
+    title: str
+    align: str = "<"
+    width: int | None = None
+    keep: str = "start"
+    fit: int | None = None
+
+    def cell(self, value) -> str:
+        """``value`` as this column shows it: ``str``, :func:`printable`, cut to ``width``."""
+        text = printable(value if isinstance(value, str) else str(value))
+        if self.width is not None and len(text) > self.width:
+            text = text[-self.width:] if self.keep == "end" else text[:self.width]
+        return text
+
+
+def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: Iterable[Sequence] = (),
+          notes: Iterable[str] = (), header: bool = True, indent: str = "") -> str:
+    """A text table for a person: a header line and a rule of ``-`` under it, one line per row,
+    then (if any) a rule, the ``totals`` rows and the ``notes`` lines as they are; with
+    ``header`` false, no header and no rules. Every cell goes through :meth:`Column.cell` (so
+    names are :func:`printable`); each column is as wide as its widest cell (see
+    :attr:`Column.fit`), columns are two spaces apart, and no line ends in spaces. A plain
+    string column is a left-aligned :class:`Column`; a row may have fewer cells than columns
+    (the rest are empty). The one table printer of the
+    reports, the profile, ``optimize``'s summary and ``onnx-cinm devices``."""
+    cols = [c if isinstance(c, Column) else Column(c) for c in columns]
+    body = [[c.cell(v) for c, v in zip(cols, r)] for r in rows]
+    tail = [[c.cell(v) for c, v in zip(cols, r)] for r in totals]
+    head = [c.title for c in cols] if header else []
+    widths = [max([len(r[i]) for r in [head] + body + tail
+                   if i < len(r) and (c.fit is None or len(r[i]) <= c.fit)], default=0)
+              for i, c in enumerate(cols)]
+
+    def line(cells: list) -> str:
+        parts = [f"{v:{c.align}{w}}" for c, v, w in zip(cols, cells, widths)]
+        return (indent + "  ".join(parts)).rstrip()
+
+    out = [line(head)] if header else []
+    rule = indent + "-" * (len(out[0]) - len(indent) if out else 0)  # as long as the header
+    if header:
+        out.append(rule)
+    notes = list(notes)
+    out += [line(r) for r in body]
+    if header and (tail or notes):
+        out.append(rule)
+    out += [line(r) for r in tail]
+    out += notes
+    return "\n".join(out)

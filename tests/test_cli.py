@@ -156,6 +156,10 @@ def test_console_script_help_and_lists():
     lines = {ln.split("=")[0].strip(): ln for ln in res.stdout.splitlines() if "=" in ln}
     assert "seconds (2.5e-6: OCC \"Write\")" in lines["write_latency_s"]
     assert "Hz (350e6" in lines["frequency_hz"] and "bytes (64 MiB" in lines["mram_bytes"]
+    # UPMEM shows the parameters its cost model, mapping and code generator read (issue 13: it
+    # showed a second class of which only some figures were used)
+    assert "cycles/byte: 0.5" in lines["dma_beta"] and lines["dma_max"].startswith("  dma_max = 2048 ")
+    assert lines["max_tasklets"].startswith("  max_tasklets = 24 ")
 
 
 def test_run_never_overwrites_its_model_inputs_or_kernels(tmp_path, capsys):

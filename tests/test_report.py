@@ -5,13 +5,17 @@ import csv
 import io
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
+from onnx import TensorProto as TP, helper as h, numpy_helper
 from PIL import Image
 
 from onnx_cinm import optimize, report
 from onnx_cinm.cli import main
 from onnx_cinm.dialects import cinm
+from onnx_cinm.devices.memristor import LINK_BYTES_PER_S, LINK_J_PER_BYTE
 from onnx_cinm.examples import get_example
+from onnx_cinm.passes.cost_placement import evaluate_model
 
 
 class _Collect(HTMLParser):
@@ -98,3 +102,38 @@ def test_report_cli_and_optimize_report(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["report", str(model), "-o", str(tmp_path / "afile")]) == 1
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def _fan_out(k=512, n1=256, n2=128):
+    """x[1, k] feeds two Gemms with constant weights; both results are graph outputs."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((k, n1)).astype(np.float32), "W1")
+    w2 = numpy_helper.from_array(rng.standard_normal((k, n2)).astype(np.float32), "W2")
+    g = h.make_graph([h.make_node("Gemm", ["x", "W1"], ["y1"], name="g1"),
+                      h.make_node("Gemm", ["x", "W2"], ["y2"], name="g2")], "fan_out",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, k])],
+                     [h.make_tensor_value_info("y1", TP.FLOAT, [1, n1]),
+                      h.make_tensor_value_info("y2", TP.FLOAT, [1, n2])], [w1, w2])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_report_transfers_are_the_cost_models_on_a_fan_out():
+    """One activation read by two crossbar Gemms crosses the host<->crossbar link once (issue
+    13: the report charged it to each reader, 2 x 2048 B instead of 2048 B)."""
+    opts = {"host_roofline": "nominal"}
+    m = optimize(_fan_out(), check=0, place=[("*", "memristor")], **opts).model
+    devs = [cinm.node_attrs(n)["device"] for n in m.graph.node if n.domain == cinm.DOMAIN]
+    assert devs == ["memristor", "memristor"]
+    rows, totals = report.layers(m, opts)
+    # by hand: x in once (1 x 512 float32 = 2048 B), y1 out (1024 B) and y2 out (512 B)
+    nbytes = 4 * 512 + 4 * 256 + 4 * 128
+    assert nbytes / LINK_BYTES_PER_S == pytest.approx(560e-9)
+    assert sum(r.transfer_s for r in rows) == pytest.approx(nbytes / LINK_BYTES_PER_S, rel=1e-12)
+    assert sum(r.transfer_j for r in rows) == pytest.approx(nbytes * LINK_J_PER_BYTE, rel=1e-12)
+    assert sum(r.transfer_bytes for r in rows) == totals["transfer_bytes"] == nbytes
+    # and the whole report adds up to what cost placement minimizes
+    tot, _, _ = evaluate_model(m, opts)
+    assert totals["transfer_s"] == pytest.approx(tot.transfer_s, rel=1e-12)
+    assert sum(r.latency_s + r.transfer_s for r in rows) == pytest.approx(tot.latency_s, rel=1e-12)
+    assert sum(r.energy_j + r.transfer_j for r in rows) == pytest.approx(tot.energy_j, rel=1e-12)
+    assert totals["latency_s"] == pytest.approx(tot.latency_s, rel=1e-12)

@@ -60,7 +60,7 @@ def test_heterogeneous_run_matches_onnxruntime(lenet):
     load = sess.load_profile()
     assert {r["node"]: r["writes"] for r in load if r["device"] == "memristor"} == {
         "conv1/Gemm": 0, "conv2/Gemm": 3, "fc1/Gemm": 0}
-    # every UPMEM kernel loads its DPU program once (60 ms, cost.UpmemCostParams.program_load_s)
+    # every UPMEM kernel loads its DPU program once (60 ms, cost.UpmemParams.program_load_s)
     up = [r for r in load if r["device"] == "upmem"]
     assert up and all(r["writes"] == 0 and r["latency_s"] >= 60e-3 * (1 - 1e-6) for r in up)
 

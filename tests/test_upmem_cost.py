@@ -4,7 +4,7 @@ Constants used below (PrIM, Gomez-Luna et al. 2022; field notes upmem.md §1.5):
 f = 350 MHz; one instruction per 11 cycles per tasklet; MRAM DMA 77 (read) / 61 (write) cycles
 + 0.5 cycle/byte; arithmetic throughput (MOPS at 350 MHz) INT32 add 58.56, mul 10.27, INT64 add
 50.16, FLOAT add 4.91, mul 1.91, with a 6-instruction loop for INT32 add (5 of them load, store
-and 3 loop control). Host transfers (issue 14's calibration, ``cost.UpmemCostParams``, every one
+and 3 loop control). Host transfers (issue 14's calibration, ``cost.UpmemParams``, every one
 from a measurement on UPMEM hardware): one DPU 0.1865 GB/s to (PrIM raw logs) / 0.12 GB/s from;
 a 64-DPU rank 1.82963 / 1.07288 GB/s; the host at most 16.0864 / 9.30122 GB/s for the first
 64 KiB of every DPU's share and 26.5069 / 12.37644 GB/s for the rest; 5 us per call, 13.388 /
@@ -58,14 +58,14 @@ def test_unknown_op_has_no_cost():
 # -- DMA ---------------------------------------------------------------------------------------
 
 def test_dma_alpha_beta():
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     assert p.dma_cycles(2048) == 77 + 1024
     assert p.dma_cycles(8, write=True) == 61 + 4
     assert p.dma_cycles(1024) == 77 + 512
 
 
 def test_stream_dma_splits_blocks_and_rounds_the_tail_to_8_bytes():
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     # 3000 B in 1024-B blocks: 2 x (77 + 512) + tail 952 B (already a multiple of 8): 77 + 476
     assert p.stream_dma_cycles(3000, 1024) == 2 * 589 + 553
     # 1001 B: one transfer rounded up to 1008 B
@@ -76,7 +76,7 @@ def test_stream_dma_splits_blocks_and_rounds_the_tail_to_8_bytes():
 # -- host transfers ----------------------------------------------------------------------------
 
 def test_push_bandwidths_at_the_measured_points():
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     call, to_rank, from_rank = 5e-6, 13.388e-6, 25.9018e-6   # fixed per call / per rank
     assert p.push_s(10**6, 1) == pytest.approx(1e6 / 0.1865e9 + call + to_rank)
     assert p.push_s(10**6, 64) == pytest.approx(64e6 / 1.82963e9 + call + to_rank)
@@ -93,14 +93,14 @@ def test_push_bandwidths_at_the_measured_points():
 def test_the_host_limits_a_many_rank_transfer():
     """32 ranks could take 32 x 1.83 GB/s = 58.5 GB/s; the host moves the first 64 KiB of each
     DPU's 1 MB at 16.0864 GB/s and the rest at 26.5069 GB/s (UPMEM_1.txt), which is slower."""
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     host = 2048 * (65536 / 16.0864e9 + (10**6 - 65536) / 26.5069e9)
     assert host > 2048e6 / (32 * 1.82963e9)
     assert p.push_s(10**6, 2048) == pytest.approx(host + 5e-6 + 32 * 13.388e-6)
 
 
 def test_ranks_and_launch_overhead():
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     assert [p.ranks(d) for d in (1, 64, 65, 2048)] == [1, 1, 2, 32]
     assert p.launch_overhead_s(2048) == pytest.approx(20e-6 + 32 * 40.75e-6)
     assert p.launch_overhead_s(256) == pytest.approx(183e-6)   # measured: empty launch, 4 ranks
@@ -181,7 +181,7 @@ def test_va_int32_on_4_dpus_by_hand():
     assert roof["compute_s"] == pytest.approx(11776 / F)
     assert b.kernel_s / roof["bound_s"] == pytest.approx(78592 / 70656)
     # host: 2 operands of 47,104 B pushed to 4 DPUs, result pulled back
-    p = C.UpmemCostParams()
+    p = C.UpmemParams()
     k = math.log(1.82963 / 0.1865) / math.log(64)
     assert b.host_in_s == pytest.approx(2 * 47104 * 4 / (0.1865e9 * 4 ** k) + 5e-6 + 13.388e-6)
     assert b.bytes_in == 2 * 47104 * 4 and b.bytes_out == 47104 * 4
@@ -365,3 +365,29 @@ def test_tail_elements_of_an_unrolled_block_pay_full_loop_control():
     op = OpInfo("r", "Relu", {}, (_t("x", [120]),), (_t("y", [120]),))
     b = make_plan(op, 60, 16).cost()
     assert b.kernel_cycles == pytest.approx(1488)
+
+
+def test_the_devices_clock_sets_the_modeled_kernel_time():
+    """One parameters class (issue 13): a device built with a 700 MHz clock models a kernel in
+    the same cycles as the 350 MHz default and so in half the seconds, by hand
+    ``cycles / 350e6`` and ``cycles / 700e6``; transfers and launches do not depend on the
+    clock, so the end-to-end latency drops by exactly that half. (The device's parameters used
+    to be a second class that the cost model never read.)"""
+    from dataclasses import replace
+
+    from onnx_cinm.devices.upmem import UpmemDevice
+
+    op = _va(1 << 16)
+    slow = UpmemDevice()
+    fast = UpmemDevice(replace(slow.params, frequency_hz=700e6))
+    opts = {"upmem_dpus": 1}
+    a, b = slow.plan(op, opts).cost(), fast.plan(op, opts).cost()
+    assert a.kernel_cycles == b.kernel_cycles > 0
+    assert a.kernel_s == pytest.approx(a.kernel_cycles / 350e6, rel=1e-12)
+    assert b.kernel_s == pytest.approx(a.kernel_cycles / 700e6, rel=1e-12)
+    assert a.latency_s - b.latency_s == pytest.approx(a.kernel_cycles / 700e6, rel=1e-9)
+    assert slow.cost(op, opts).latency_s == pytest.approx(a.latency_s, rel=1e-12)
+    assert fast.cost(op, opts).latency_s == pytest.approx(b.latency_s, rel=1e-12)
+    # the v1b generation is an instance of the same class, with its own clock
+    assert slow.target({"upmem_target": "v1b"}).frequency_hz == 400e6
+    assert type(slow.target({"upmem_target": "v1b"})) is type(slow.params)

@@ -1109,3 +1109,46 @@ def test_emulated_kernel_at_runtime_shapes_its_planned_grid_does_not_fit(tmp_pat
     A, B = (rng.standard_normal((1, 12, 32, 32)).astype(np.float32) for _ in range(2))
     (out,), _ = kernel([A, B])
     np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernels_wram_and_dma_limits_come_from_the_params(tmp_path):
+    """The code generator reads the DPU generation's parameters, not literals (issue 13). VA of
+    int32 with 16 tasklets and a 2048-B block asked for: two buffers and a 1024-B stack per
+    tasklet and a 512-B margin must fit the WRAM, so the block is the largest multiple of 8
+    with ``16 * (2 * b + 1024) + 512 <= WRAM``: v1a (65,536 B) 1,520 B, v1b (63,488 B) 1,456 B;
+    a generation whose DMAs move at most 1,024 B gets 1,024-B blocks and says so in the C."""
+    import json
+    from dataclasses import replace
+
+    from onnx_cinm.devices.upmem.cost import DEFAULT_PARAMS, TARGETS
+
+    n = 1 << 16
+    x = np.arange(n, dtype=np.int32)
+    blocks = {}
+    for name, target in (("v1a", TARGETS["v1a"]), ("v1b", TARGETS["v1b"]),
+                         ("dma1k", replace(DEFAULT_PARAMS, name="dma1k", dma_max=1024))):
+        d = tmp_path / name
+        codegen.emit_kernel("binary", "int32", [(n,), (n,)], dpus=1, tasklets=16, block_bytes=2048,
+                            outdir=d, op="Add", target=target)
+        blocks[name] = json.loads((d / "kernel.json").read_text())["block_bytes"]
+        assert f"#define DMA_MAX {target.dma_max}u" in (d / "dpu.c").read_text()
+    assert blocks == {"v1a": 1520, "v1b": 1456, "dma1k": 1024}
+    outs, _ = emu.run_kernel(tmp_path / "v1b", [x, x])
+    np.testing.assert_array_equal(outs[0], 2 * x)
+    # the tasklet limit is the generation's: 17 tasklets are too many for a v1b DPU
+    with pytest.raises(ValueError, match=r"1\.\.16"):
+        codegen.emit_kernel("binary", "int32", [(8,), (8,)], dpus=1, tasklets=17, block_bytes=64,
+                            outdir=tmp_path / "no", op="Add", target=TARGETS["v1b"])
+    # a lowered plan records its generation, and the device emits for it
+    from onnx_cinm.devices import get_device
+    from onnx_cinm.graph import OpInfo, TensorInfo
+
+    t = lambda nm: TensorInfo(nm, np.dtype("int32"), (n,), False)  # noqa: E731
+    op = OpInfo("va", "Add", {}, (t("a"), t("b")), (t("y"),))
+    attrs = get_device("upmem").lower([(op, {"upmem_target": "v1b", "upmem_dpus": 1,
+                                             "kernel_stem": "va"})])[0]
+    assert attrs["cnm_target"] == "v1b"
+    get_device("upmem").emit(op, attrs, {}, tmp_path / "dev")
+    assert "#define DMA_MAX 2048u" in (tmp_path / "dev" / attrs["kernel"] / "dpu.c").read_text()
+    assert json.loads((tmp_path / "dev" / attrs["kernel"] / "kernel.json").read_text())[
+        "block_bytes"] == attrs["cnm_block_bytes"]

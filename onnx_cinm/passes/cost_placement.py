@@ -77,6 +77,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices import Cost, Device, Priced
 from ..dialects import cinm
 from ..errors import CinmError
+from ..text import si
 from . import pass_option_schema
 from .pass_options import OBJECTIVES, PlacementOptions  # noqa: F401 (OBJECTIVES re-exported)
 from .placement_rules import HintLog, heuristic
@@ -369,22 +370,37 @@ class Totals:
         return {"latency": self.latency_s, "energy": self.energy_j, "edp": self.edp()}[objective]
 
 
-def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
-    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``."""
+def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, float, int]]:
+    """The transfers of tensor ``t`` given ``dev_of(node index) -> device name``, each as
+    ``(node index charged, seconds, joules, bytes)``: the way out of a device (when any reader,
+    or the graph output, sits elsewhere), charged to the producer; the way into each distinct
+    consumer device other than the producer's and the host, once, charged to the first consumer
+    (graph order) on that device. The one transfer rule: :func:`tensor_cost` sums it and
+    :func:`node_costs` spreads it over the nodes."""
     if t.nbytes <= 0:
-        return 0.0, 0.0, 0
+        return []
     a = dev_of(t.producer)
-    dests = {dev_of(c) for c in t.consumers}
-    if t.output:
-        dests.add("host")
+    dests: dict = {}
+    for c in t.consumers:
+        dests.setdefault(dev_of(c), c)
+    out = []
+    if a != "host" and (t.output or any(d != a for d in dests)):
+        ds, dj = _link(prob, a, t.nbytes, False)
+        out.append((t.producer, ds, dj, t.nbytes))
+    for d, first in dests.items():
+        if d not in (a, "host"):
+            ds, dj = _link(prob, d, t.nbytes, True)
+            out.append((first, ds, dj, t.nbytes))
+    return out
+
+
+def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
+    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``
+    (the sum of :func:`tensor_charges`)."""
     s = j = 0.0
     moved = 0
-    if a != "host" and any(d != a for d in dests):
-        ds, dj = _link(prob, a, t.nbytes, False)
-        s, j, moved = s + ds, j + dj, moved + t.nbytes
-    for d in dests - {a, "host"}:
-        ds, dj = _link(prob, d, t.nbytes, True)
-        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    for _, ds, dj, db in tensor_charges(prob, t, dev_of):
+        s, j, moved = s + ds, j + dj, moved + db
     return s, j, moved
 
 
@@ -397,12 +413,16 @@ def _link(prob: Problem, dev: str, nbytes: int, to_device: bool) -> tuple[float,
     return hit
 
 
+def _node_choice(prob: Problem, assign: dict, i: int) -> Choice:
+    """Node ``i``'s choice under ``assign`` (fixed nodes as fixed, unassigned ones on the host)."""
+    return prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
+
+
 def evaluate(prob: Problem, assign: dict) -> Totals:
     """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
     tot = Totals()
     for i in range(len(prob.nodes)):
-        ch = prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
-        _add_choice(tot, ch)
+        _add_choice(tot, _node_choice(prob, assign, i))
     dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
     for t in prob.tensors:
         s, j, b = tensor_cost(prob, t, dev_of)
@@ -412,6 +432,44 @@ def evaluate(prob: Problem, assign: dict) -> Totals:
     tot.latency_s += tot.transfer_s
     tot.energy_j += tot.transfer_j
     return tot
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's share of :func:`evaluate`'s totals, per inference.
+
+    Attributes:
+        device: the device the node runs on.
+        cost: the op on that device (:class:`Cost`: seconds, joules, tile writes, and the bytes
+            the device's own model moves across its boundary, ``Cost.bytes_moved``).
+        transfer_s, transfer_j, transfer_bytes: the tensor transfers :func:`tensor_charges`
+            charges to this node (seconds, joules, bytes).
+    """
+
+    device: str
+    cost: Cost
+    transfer_s: float = 0.0
+    transfer_j: float = 0.0
+    transfer_bytes: int = 0
+
+
+def node_costs(prob: Problem, assign: dict) -> list[NodeCost]:
+    """Per node (graph order), its op cost and the transfers charged to it under ``assign``:
+    summed over the nodes they give exactly :func:`evaluate`'s totals (``latency_s`` = op
+    seconds + ``transfer_s``, likewise joules; ``transfer_bytes``), because both use
+    :func:`tensor_charges`. The report's per-layer figures come from here."""
+    tr = [[0.0, 0.0, 0] for _ in prob.nodes]
+    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    for t in prob.tensors:
+        for i, s, j, b in tensor_charges(prob, t, dev_of):
+            tr[i][0] += s
+            tr[i][1] += j
+            tr[i][2] += b
+    out = []
+    for i in range(len(prob.nodes)):
+        ch = _node_choice(prob, assign, i)
+        out.append(NodeCost(ch.device, ch.cost, *tr[i]))
+    return out
 
 
 def _add_choice(tot: Totals, ch: Choice, sign: int = 1) -> None:
@@ -962,23 +1020,14 @@ def solve(prob: Problem, objective: str) -> Solution:
 # The pass strategy
 # --------------------------------------------------------------------------------------------
 
-def _fmt(x: float, unit: str) -> str:
-    if x == 0:
-        return f"0 {unit}"
-    for p, s in (("", 1.0), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if abs(x) >= s:
-            return f"{x / s:.3g} {p}{unit}"
-    return f"{x:.2e} {unit}"
-
-
 def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
     if i in prob.fixed:
         base = prob.hint_note.get(i, "fixed")
-        return f"{base}: {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')} on {ch.device}"
-    parts = [f"{head}: {ch.device} {_fmt(ch.cost.latency_s, 's')}, {_fmt(ch.cost.energy_j, 'J')}"
+        return f"{base}: {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')} on {ch.device}"
+    parts = [f"{head}: {ch.device} {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')}"
              + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
@@ -990,7 +1039,7 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
         bad = violations(prob, trial)
         dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
         unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
-        txt = f"{alt.device} {'+' if dv >= 0 else ''}{_fmt(dv, unit)}"
+        txt = f"{alt.device} {'+' if dv >= 0 else ''}{si(dv, unit)}"
         if bad:
             txt += f" and breaks {bad[0]}"
         parts.append(txt)
@@ -1025,8 +1074,8 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     bad = violations(prob, sol.totals)
     for v in bad:
         ctx.log(f"placement: user hints break a constraint: {v}")
-    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {_fmt(sol.totals.latency_s, 's')}, "
-            f"{_fmt(sol.totals.energy_j, 'J')}")
+    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {si(sol.totals.latency_s, 's')}, "
+            f"{si(sol.totals.energy_j, 'J')}")
     return {"devices": counts, **prob.hint_stats, "strategy": "cost",
             "objective": objective, "method": sol.method, "exact": sol.exact,
             "totals": sol.totals, "baselines": sol.baselines, "violations": bad}

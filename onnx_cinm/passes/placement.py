@@ -23,7 +23,6 @@ from onnx import helper
 from .. import devices
 from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
-from ..errors import CinmError
 from . import PassContext, register_pass
 from .pass_options import STRATEGIES, PlacementOptions, parse_hint  # noqa: F401 (re-exported)
 from .placement_rules import HintLog, heuristic, hint_warnings

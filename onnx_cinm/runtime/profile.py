@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from .. import frontend
-from ..text import printable
+from ..text import Column, si, table as text_table
 
 FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "energy_j", "writes",
           "bytes_moved", "nodes"]
@@ -69,57 +69,52 @@ def median_split(records: list[dict]) -> dict:
     return {d: statistics.median(per.get(d, 0.0) for per in runs.values()) for d in sorted(devs)}
 
 
-def _fmt(v, unit: str) -> str:
-    if v is None:
-        return "-"
-    if unit == "":
-        return f"{v:.0f}"
-    for prefix, scale in (("", 1), ("m", 1e-3), ("u", 1e-6), ("n", 1e-9), ("p", 1e-12)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {prefix}{unit}"
-    return f"0 {unit}" if v == 0 else f"{v:.2e} {unit}"
+def _whole(v) -> str:
+    """A count (a mean over runs) to the unit, or ``-`` when not known."""
+    return "-" if v is None else f"{v:.0f}"
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+#: The columns of :func:`table`.
+COLUMNS = (Column("node", width=36), Column("op", width=10), Column("device", width=10),
+           Column("mode", width=11), Column("wall", ">"), Column("modeled", ">"),
+           Column("energy", ">"), Column("writes", ">"), Column("bytes", ">"))
+
+
+def _figures(r: dict) -> tuple:
+    return (si(r["wall_s"], "s"), si(r["latency_s"], "s"), si(r["energy_j"], "J"),
+            _whole(r["writes"]), si(r["bytes_moved"], "B"))
+
+
 def table(records: list[dict], max_rows: int | None = None) -> str:
     """A text table for a person: per node (per-inference means), then totals per device."""
     rows = aggregate(records)
     n_runs = len({r["run"] for r in records})
-    head = (f"{'node':36s} {'op':10s} {'device':10s} {'mode':11s} {'wall':>10s} "
-            f"{'modeled':>10s} {'energy':>10s} {'writes':>7s} {'bytes':>10s}")
     parts = sum(r["mode"] == "onnxruntime" for r in rows)
-    lines = [f"profile: {len(rows)} rows ({_count(parts, 'host partition')}, "
-             f"{_count(len(rows) - parts, 'device node')}), mean of {n_runs} run(s)",
-             head, "-" * len(head)]
     shown = rows if max_rows is None else rows[:max_rows]
-    for r in shown:
-        lines.append(f"{printable(r['node'])[:36]:36s} {printable(r['op_type'])[:10]:10s} "
-                     f"{r['device']:10s} "
-                     f"{r['mode'][:11]:11s} {_fmt(r['wall_s'], 's'):>10s} "
-                     f"{_fmt(r['latency_s'], 's'):>10s} {_fmt(r['energy_j'], 'J'):>10s} "
-                     f"{_fmt(r['writes'], ''):>7s} {_fmt(r['bytes_moved'], ''):>10s}")
-    if len(shown) < len(rows):
-        lines.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
-    lines.append("-" * len(head))
+    body = [(r["node"], r["op_type"], r["device"], r["mode"], *_figures(r)) for r in shown]
+    totals = []
     for t in totals_by_device(rows):
         what = (f"{_count(t['partitions'], 'partition')}, " if t["partitions"] else "") \
             + _count(t["nodes"], "node")
-        lines.append(f"{'total ' + t['device'] + ' (' + what + ')':36s} "
-                     f"{'':10s} {'':10s} {'':11s} {_fmt(t['wall_s'], 's'):>10s} "
-                     f"{_fmt(t['latency_s'], 's'):>10s} {_fmt(t['energy_j'], 'J'):>10s} "
-                     f"{_fmt(t['writes'], ''):>7s} {_fmt(t['bytes_moved'], ''):>10s}")
+        totals.append((f"total {t['device']} ({what})", "", "", "", *_figures(t)))
+    notes = []
+    if len(shown) < len(rows):
+        notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
     if n_runs > 1:
-        lines.append("median wall per run: " + ", ".join(
-            f"{d} {_fmt(v, 's')}" for d, v in median_split(records).items()))
-    lines.append("wall: host time of this process; modeled: device latency from the cost model "
+        notes.append("median wall per run: " + ", ".join(
+            f"{d} {si(v, 's')}" for d, v in median_split(records).items()))
+    notes.append("wall: host time of this process; modeled: device latency from the cost model "
                  "(crossbar simulator counters, UPMEM cost model)")
     if any(r["mode"] == "model" for r in rows):
-        lines.append("nodes in 'model' mode run inside a host partition (counted among its "
+        notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
-    return "\n".join(lines)
+    head = (f"profile: {len(rows)} rows ({_count(parts, 'host partition')}, "
+            f"{_count(len(rows) - parts, 'device node')}), mean of {n_runs} run(s)")
+    return head + "\n" + text_table(COLUMNS, body, totals=totals, notes=notes)
 
 
 def write(records: list[dict], path) -> None:

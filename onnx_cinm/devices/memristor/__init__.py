@@ -23,7 +23,7 @@ from ...errors import CinmError
 from ...options import option
 from ...paradigms.cim import layout, residency, schedule
 from ...paradigms.cim.schedule import LOOP_ORDERS
-from ...text import printable, si
+from ...text import Column, si, table
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
@@ -69,7 +69,7 @@ _PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loo
 
 #: Host<->crossbar link, an *assumption*: one 6.4 GB/s off-chip link (the order of ISAAC's
 #: HyperTransport link, recalled), 20 pJ/byte (the UPMEM cost model's host transfer estimate,
-#: ``UpmemCostParams.host_xfer_j_per_byte``). The crossbar plan's own cost counts only the
+#: ``UpmemParams.host_xfer_j_per_byte``). The crossbar plan's own cost counts only the
 #: DAC/MVM/ADC work. Override the bandwidth with option ``cim_link_gbps``.
 LINK_BYTES_PER_S = 6.4e9
 LINK_J_PER_BYTE = 20e-12
@@ -392,34 +392,32 @@ class MemristorDevice(Device):
         plans = [p for p in plans if "cim_M" in p[2]]
         if not plans:
             return ""
-        head = (f"{'crossbar kernel':30s} {'operand':>7s} {'M x K x N':>18s} {'xbars':>5s} "
-                f"{'tiles':>6s} {'writes@load':>11s} {'writes/inf':>10s} {'MVMs':>9s} "
-                f"{'latency':>10s} {'energy':>10s}")
-        rows = [head, "-" * len(head)]
+        cols = (Column("crossbar kernel", width=30), Column("operand", ">"), Column("M x K x N", ">"),
+                Column("xbars", ">"), Column("tiles", ">"), Column("writes@load", ">"),
+                Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
+                Column("energy", ">"))
+        rows = []
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
         for name, _op, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
-            rows.append(f"{printable(name)[:30]:30s} {a['cim_operand']:>7s} {mkn:>18s} {xb:>5s} "
-                        f"{a['cim_tiles']:>6d} {a['cim_writes_load']:>11d} {a['cim_writes']:>10d} "
-                        f"{a['cim_mvms']:>9d} {si(a['cim_latency_s']) + 's':>10s} "
-                        f"{si(a['cim_energy_j']) + 'J':>10s}")
+            rows.append((name, a["cim_operand"], mkn, xb, a["cim_tiles"], a["cim_writes_load"],
+                         a["cim_writes"], a["cim_mvms"], si(a["cim_latency_s"], "s"),
+                         si(a["cim_energy_j"], "J")))
             for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
                            ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
                 tot[k] += a[key]
-        rows.append("-" * len(head))
         # crossbars in use: each resident kernel's own, plus the streaming pool once
         pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
         used = sum(a["cim_crossbars"] for *_, a in plans if a["cim_resident"]) + max(pool, default=0)
-        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':30s} {'':>7s} {'':>18s} {used:>5d} "
-                    f"{tot['tiles']:>6d} {tot['wl']:>11d} {tot['w']:>10d} {tot['mvms']:>9d} "
-                    f"{si(tot['lat']) + 's':>10s} {si(tot['en']) + 'J':>10s}")
+        total = (f"total ({len(plans)} kernels)", "", "", used, tot["tiles"], tot["wl"], tot["w"],
+                 tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"))
         a0 = plans[0][2]
-        rows.append(f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
-                    f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
-                    "their tiles, the others stream through the rest ('s': evicted by each other); "
-                    "latency and energy per inference, kernels one after another)")
-        return "\n".join(rows)
+        note = (f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
+                f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
+                "their tiles, the others stream through the rest ('s': evicted by each other); "
+                "latency and energy per inference, kernels one after another)")
+        return table(cols, rows, totals=[total], notes=[note])
 
     def recorded_options(self, plans: list) -> dict:
         """The crossbar options the plans were compiled with (``cim_rows``, ``cim_cols``,

@@ -1,8 +1,12 @@
 """UPMEM device (paradigm ``cnm``): a DPU next to every DRAM bank.
 
-Parameters are from the UPMEM SDK documentation (2025.1.0 mirror) and Gómez-Luna et al.,
-"Benchmarking a New Paradigm: ... a Real Processing-in-Memory System", IEEE Access 10 (2022),
-arXiv:2105.03814 (PrIM); see ``shared/field-notes/upmem.md`` §1.1.
+Parameters: one :class:`~onnx_cinm.devices.upmem.cost.UpmemParams` per DPU generation
+(:data:`~onnx_cinm.devices.upmem.cost.TARGETS`), from the UPMEM SDK documentation (2025.1.0
+mirror) and Gómez-Luna et al., "Benchmarking a New Paradigm: ... a Real Processing-in-Memory
+System", IEEE Access 10 (2022), arXiv:2105.03814 (PrIM); see ``shared/field-notes/upmem.md``
+§1.1. The device's own :attr:`UpmemDevice.params` is the default generation: the cost model,
+mapping, search and code generator all read it (or the generation option ``upmem_target``
+names).
 """
 from __future__ import annotations
 
@@ -14,46 +18,28 @@ from ...errors import CinmError
 from ...options import option
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
-from .cost import TARGETS
+from .cost import DEFAULT_PARAMS, TARGETS, UpmemParams
 
 
-@dataclass(frozen=True)
-class UpmemParams:
-    """UPMEM system parameters.
-
-    Attributes:
-        dpus: DPUs available (2048 by default; PrIM's system has 2,556 working DPUs of 2,560).
-        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM Table 1).
-        tasklets: tasklets per DPU used by default (16; the hardware allows at most 24, SDK docs).
-        frequency_hz: DPU clock, Hz (350e6 on the 2,556-DPU system; PrIM Table 1).
-        wram_bytes: scratchpad per DPU, bytes (65,536; SDK docs).
-        mram_bytes: DRAM bank per DPU, bytes (64 MiB; SDK docs).
-        dtypes: element types the kernels handle (integers natively; float32 emulated in software).
-    """
-
-    dpus: int = 2048
-    dpus_per_rank: int = 64
-    tasklets: int = 16
-    frequency_hz: float = 350e6
-    wram_bytes: int = 65536
-    mram_bytes: int = 64 * 2**20
-    dtypes: tuple = ("float32", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
-                     "uint64", "bool")
+def _targets() -> tuple:
+    return tuple(TARGETS)
 
 
 @dataclass(frozen=True)
 class UpmemOptions:
     """The UPMEM device's options (keys ``upmem_<field>``; CLI ``--upmem-<field>``)."""
 
-    dpus: int | None = option(None, help="most DPUs one op may use; the mapping picks the count "
-                              "with the lowest modeled time up to this (default 2048)",
-                              low=1, high=1 << 16)
-    tasklets: int | None = option(None, help="tasklets per DPU (default 16; at most 24 on v1a, "
-                                  "16 on v1b)", low=1,
-                                  high=max(t.max_tasklets for t in TARGETS.values()))
-    target: str = option("v1a", help="DPU generation of the cost model (v1a: PrIM's chips, 24 "
-                         "tasklets, 64 KB WRAM, 350 MHz; v1b: 16 tasklets, 63,488 B WRAM, "
-                         "400 MHz)", choices=tuple(TARGETS))
+    dpus: int | None = option(None, help=f"most DPUs one op may use; the mapping picks the count "
+                              f"with the lowest modeled time up to this (default "
+                              f"{DEFAULT_PARAMS.dpus})", low=1, high=1 << 16)
+    tasklets: int | None = option(None, help=f"tasklets per DPU (default {DEFAULT_PARAMS.tasklets}; "
+                                  "at most " + ", ".join(f"{p.max_tasklets} on {n}"
+                                                         for n, p in TARGETS.items()),
+                                  low=1, high=max(p.max_tasklets for p in TARGETS.values()))
+    target: str | None = option(None, help="DPU generation of the cost model: " + "; ".join(
+        f"{n} ({p.max_tasklets} tasklets, {p.wram_bytes} B WRAM, {p.frequency_hz / 1e6:g} MHz"
+        + (", the default)" if n == DEFAULT_PARAMS.name else ")") for n, p in TARGETS.items()),
+                                choices=_targets)
     search: bool = option(False, help="search DPUs, tasklets and WRAM blocks per op under the "
                           "cost model (deterministic, bounded; never slower than the mapping "
                           "rule)")
@@ -64,7 +50,7 @@ PLAN_ATTRS = {
     "cnm_dpus": "int", "cnm_tasklets": "int", "cnm_block_bytes": "int",
     "cnm_mram_bytes": "int", "cnm_inputs": "strings", "cnm_merge": "string",
     "cnm_latency_s": "float", "cnm_energy_j": "float", "cnm_load_s": "float",
-    "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints",
+    "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints", "cnm_target": "string",
 }
 
 
@@ -84,8 +70,10 @@ class UpmemDevice(Device):
     plan_attrs = PLAN_ATTRS
     modes = ("model", "emulate")
 
-    def __init__(self, params: UpmemParams = UpmemParams()):
+    def __init__(self, params: UpmemParams = DEFAULT_PARAMS):
         self.params = params
+        #: the selectable generations, this device's own parameters under their name
+        self.targets = {**TARGETS, params.name: params}
 
     def supports(self, op: OpInfo) -> Support:
         for t in op.inputs + op.outputs:
@@ -93,7 +81,7 @@ class UpmemDevice(Device):
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
         from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
         try:
-            kind = kernel_for(op)[0]
+            kind = kernel_for(op, target=self.params)[0]
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
@@ -103,7 +91,8 @@ class UpmemDevice(Device):
         try:  # and the code generator must be able to write its kernel (issue 17 #2)
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
                                        "cnm_block_bytes": plan.block_bytes,
-                                       "cnm_grid": plan.g.get("grid")})
+                                       "cnm_grid": plan.g.get("grid"),
+                                       "cnm_target": plan.params.name})
         except ValueError as e:
             return Support(False, f"no DPU kernel at this size: {e}")
         return Support(True, f"data-parallel op near memory ({kind} kernel)")
@@ -111,28 +100,31 @@ class UpmemDevice(Device):
     def _check_emittable(self, op: OpInfo, attrs: dict) -> None:
         """ValueError if the code generator would refuse ``op`` with plan ``attrs``."""
         from .codegen import check_emittable
-        check_emittable(op, attrs, default_dpus=min(self.params.dpus, 64),
-                        default_tasklets=self.params.tasklets)
+        check_emittable(op, attrs, target=self._planned_target(attrs))
+
+    def _planned_target(self, attrs: dict) -> UpmemParams:
+        """The generation a plan was made for (attribute ``cnm_target``, else :attr:`params`).
+        Raises CinmError on an unknown name."""
+        return self.target({"upmem_target": attrs.get("cnm_target")})
 
     # -- cnm mapping (onnx_cinm.devices.upmem.mapping / .cost) -----------------------------------
-    def target(self, options: dict):
-        """The cost-model parameters of the DPU generation named by option ``upmem_target``
-        (``v1a``, the default, or ``v1b``; :data:`~onnx_cinm.devices.upmem.cost.TARGETS`).
-        (The name is checked by the schema, :class:`UpmemOptions`.)"""
-        return TARGETS[options.get("upmem_target") or UpmemOptions.target]
+    def target(self, options: dict) -> UpmemParams:
+        """The parameters of the DPU generation named by option ``upmem_target`` (``v1a`` or
+        ``v1b``, :data:`~onnx_cinm.devices.upmem.cost.TARGETS`; the name is checked by the
+        schema, :class:`UpmemOptions`), by default :attr:`params`."""
+        return self.targets[options.get("upmem_target") or self.params.name]
 
     def _workgroup(self, options: dict) -> tuple[int, int]:
         """``(max DPUs, tasklets)`` from pass options ``upmem_dpus`` / ``upmem_tasklets``
         (checked against :class:`UpmemOptions` before); CinmError if the tasklets exceed the
-        target's (24 on v1A, 16 on v1B)."""
-        most = self.target(options).max_tasklets
+        target's (:attr:`UpmemParams.max_tasklets`)."""
+        target = self.target(options)
+        most = target.max_tasklets
         tasklets = options.get("upmem_tasklets")
         if tasklets is not None and tasklets > most:
-            raise CinmError(f"option upmem_tasklets={tasklets}: a "
-                            f"{options.get('upmem_target') or UpmemOptions.target} "
-                            f"DPU runs 1..{most} tasklets")
-        return (options.get("upmem_dpus") or self.params.dpus,
-                tasklets or min(self.params.tasklets, most))
+            raise CinmError(f"option upmem_tasklets={tasklets}: a {target.name} DPU runs "
+                            f"1..{most} tasklets")
+        return (options.get("upmem_dpus") or target.dpus, tasklets or min(target.tasklets, most))
 
     def check_options(self, options: dict) -> None:
         """CinmError if ``upmem_tasklets`` exceeds what the ``upmem_target`` DPU runs."""
@@ -159,8 +151,9 @@ class UpmemDevice(Device):
 
     def resources(self, options: dict) -> Resources:
         """MRAM of the DPUs in use (``upmem_dpus`` or all) for resident constants, bytes."""
-        dpus = options.get("upmem_dpus") or self.params.dpus
-        return Resources(memory_bytes=int(dpus) * self.params.mram_bytes)
+        target = self.target(options)
+        dpus = options.get("upmem_dpus") or target.dpus
+        return Resources(memory_bytes=int(dpus) * target.mram_bytes)
 
     def price(self, op: OpInfo, options: dict) -> list[Priced]:
         """One choice: the plan's cost, its constant inputs resident in MRAM (loaded once)."""
@@ -192,7 +185,9 @@ class UpmemDevice(Device):
         """Plan attributes (``cnm_*``, see ``cinm.PLAN_ATTRS``) plus ``kernel``.
         Raises CinmError on bad ``upmem_dpus``/``upmem_tasklets``, an op that does not fit, or a
         kernel the code generator cannot write with this plan."""
-        attrs = self.plan(op, options).attrs()
+        plan = self.plan(op, options)
+        attrs = plan.attrs()
+        attrs["cnm_target"] = plan.params.name
         attrs["kernel"] = f"upmem/{options['kernel_stem']}"
         try:
             self._check_emittable(op, attrs)
@@ -206,8 +201,7 @@ class UpmemDevice(Device):
         constant sidecars) into ``root / attrs["kernel"]``; see
         :func:`onnx_cinm.devices.upmem.codegen.emit_op`. Raises ValueError if no kernel fits."""
         from .codegen import emit_op
-        return emit_op(op, attrs, consts, root, default_dpus=min(self.params.dpus, 64),
-                       default_tasklets=self.params.tasklets)
+        return emit_op(op, attrs, consts, root, target=self._planned_target(attrs))
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "emulate"):

@@ -128,14 +128,12 @@ REDUCE = ("add", "mul", "max", "min")
 #: Chunk of a long Transpose run (trailing elements moved together), bytes: one sub-tile
 #: buffer of 1 KB keeps 16 tasklets' two buffers and stacks within 64 KB (our choice)
 TRANSPOSE_CHUNK_BYTES = 1024
-#: WRAM of one DPU, bytes (64 KB, SDK docs), and the stack we assume per tasklet (the SDK's
-#: STACK_SIZE_DEFAULT; our assumption, also the emulator's default): what block sizes must fit.
-WRAM_BYTES = 65536
-STACK_BYTES = 1024
+#: The stack we assume per tasklet (the SDK's STACK_SIZE_DEFAULT; our assumption, also the
+#: emulator's default; the mapping's): with the buffers, what must fit the target's WRAM.
+STACK_BYTES = _mapping.STACK_BYTES
 #: WRAM the generated globals take besides the per-tasklet buffers (arguments, barrier, partials
 #: are accounted per kernel); a margin for the runtime's own globals.
 WRAM_MARGIN = 512
-MRAM_BYTES = 64 << 20
 
 # Instruction-equivalents per element of a streaming loop, for the emulator's counters:
 # 350 MHz / measured MOPS of PrIM's arithmetic-throughput loops (>= 11 tasklets), field notes
@@ -182,6 +180,10 @@ _DRY: contextvars.ContextVar = contextvars.ContextVar("upmem_dry_run", default=F
 #: the unrolling of the kernel being emitted (set by :func:`emit_kernel`)
 _UNROLL: contextvars.ContextVar = contextvars.ContextVar("upmem_unroll", default=_mapping.UNROLL)
 
+#: the DPU generation the kernel being emitted is for (set by :func:`emit_kernel`): its WRAM,
+#: MRAM, DMA limit, tasklets and DPUs bound every kernel's geometry
+_TARGET: contextvars.ContextVar = contextvars.ContextVar("upmem_target", default=_cost.DEFAULT_PARAMS)
+
 
 def elem_instr(op: str, dtype: str) -> int:
     """Instructions of one operation on one element, from the cost model
@@ -216,6 +218,11 @@ class _K:
         a bias): the prelude defines it only then, because clang rejects an unused static
         function under -Wall -Werror (issue 14)."""
         return self.kind in ("binary", "unary", "reduce", "scan", "topk") or bool(self.extra.get("bias"))
+
+    @property
+    def dma_max(self) -> int:
+        """Most bytes one MRAM<->WRAM DMA moves on the target (``UpmemParams.dma_max``)."""
+        return _TARGET.get().dma_max
 
     @property
     def loop_ctl(self) -> int:
@@ -271,16 +278,18 @@ def broadcast_strides(shape, out_shape) -> tuple:
 
 def _fit_block(block_bytes: int, tasklets: int, per_tasklet_blocks: float, fixed: int = 0,
                cap: int | None = None) -> int:
-    """The largest block <= ``block_bytes`` (multiple of 8, 8..2048) such that
-    ``tasklets * (per_tasklet_blocks * block + stack) + fixed + margin <= 64 KB``; also at
-    most ``cap`` bytes (rounded up to 8). Raises ValueError if even 8 bytes do not fit."""
-    b = max(8, min(2048, int(block_bytes)) // 8 * 8)
+    """The largest block <= ``block_bytes`` (multiple of 8, 8..``dma_max`` of the target)
+    such that ``tasklets * (per_tasklet_blocks * block + stack) + fixed + margin <= WRAM``
+    (the target's ``wram_bytes``); also at most ``cap`` bytes (rounded up to 8). Raises
+    ValueError if even 8 bytes do not fit."""
+    tg = _TARGET.get()
+    b = max(8, min(tg.dma_max, int(block_bytes)) // 8 * 8)
     if cap is not None:
         b = min(b, max(8, _round_up(int(cap), 8)))
-    while b > 8 and tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+    while b > 8 and tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > tg.wram_bytes:
         b -= 8
-    if tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
-        raise ValueError(f"{tasklets} tasklets do not fit in 64 KB of WRAM with their buffers")
+    if tasklets * (per_tasklet_blocks * b + STACK_BYTES) + fixed + WRAM_MARGIN > tg.wram_bytes:
+        raise ValueError(f"{tasklets} tasklets do not fit in {tg.wram_bytes} B of WRAM with their buffers")
     return b
 
 
@@ -444,14 +453,17 @@ def _check_dtype(dtype: str, kind: str = "") -> str:
 
 
 def _check_workgroup(dpus: int, tasklets: int) -> None:
-    if not 1 <= int(dpus) <= 2560:
-        raise ValueError(f"dpus={dpus}: expected 1..2560")
-    if not 1 <= int(tasklets) <= 24:
-        raise ValueError(f"tasklets={tasklets}: expected 1..24 (UPMEM hardware threads)")
+    tg = _TARGET.get()
+    if not 1 <= int(dpus) <= tg.max_dpus:
+        raise ValueError(f"dpus={dpus}: expected 1..{tg.max_dpus}")
+    if not 1 <= int(tasklets) <= tg.max_tasklets:
+        raise ValueError(f"tasklets={tasklets}: expected 1..{tg.max_tasklets} (UPMEM hardware "
+                         f"threads on {tg.name})")
 
 
 def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, block_bytes: int,
-                outdir, consts: dict | None = None, **params) -> list[Path]:
+                outdir, consts: dict | None = None, target: _cost.UpmemParams = _cost.DEFAULT_PARAMS,
+                **params) -> list[Path]:
     """Write one UPMEM kernel (``host.c``, ``dpu.c``, ``Makefile``, ``kernel.json``, constant
     sidecars ``const<i>.bin``) into ``outdir``; return the paths written.
 
@@ -460,13 +472,16 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
         dtype: element type of the data inputs (int32, uint32, int64, uint64, float32).
             Compress's mask is bool/uint8; Histogram counts and TopK indices are int64.
         shapes: the shapes of the op's inputs, in order (ints; symbolic dims resolved).
-        dpus: DPUs of the workgroup (1..2560; a kernel may use fewer when the data is small).
-        tasklets: tasklets per DPU (1..24).
-        block_bytes: MRAM<->WRAM transfer block per tasklet, bytes (8..2048, multiple of 8);
-            lowered if the kernel's WRAM buffers would not fit in 64 KB.
+        dpus: DPUs of the workgroup (1..``target.max_dpus``; a kernel may use fewer when the
+            data is small).
+        tasklets: tasklets per DPU (1..``target.max_tasklets``).
+        block_bytes: MRAM<->WRAM transfer block per tasklet, bytes (8..``target.dma_max``,
+            multiple of 8); lowered if the kernel's WRAM buffers would not fit the target's WRAM.
         outdir: the kernel's directory (created).
         consts: ``{input index: array}`` for inputs known at compile time (weights); written
             as sidecar files, read by the host program like any input.
+        target: the DPU generation (:class:`~onnx_cinm.devices.upmem.cost.UpmemParams`): its
+            WRAM, MRAM, DMA limit, most tasklets and DPUs bound the kernel.
         params: per kind: ``op`` (binary/unary), ``alpha``/``beta``/``min``/``max`` (unary),
             ``bias`` (gemm/gemv: a third input C), ``relu`` (gemm), ``grid`` (gemm/gemv:
             ``[row blocks, column blocks]`` of the DPUs, default ``[dpus, 1]``), ``prim_tiles``
@@ -485,23 +500,25 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
     if kind not in KINDS:
         raise ValueError(f"unknown UPMEM kernel kind {kind!r}; expected one of {KINDS}")
     dtype = _check_dtype(dtype, kind)
-    _check_workgroup(dpus, tasklets)
     unroll = int(params.pop("unroll", _mapping.UNROLL))
     if not 1 <= unroll <= 64:
         raise ValueError(f"unroll={unroll}: expected 1..64")
     outdir = Path(outdir)
     fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
-    tok = _UNROLL.set(unroll)
+    tok, ttok = _UNROLL.set(unroll), _TARGET.set(target)
     try:
+        _check_workgroup(dpus, tasklets)
         return fn(kind, dtype, [tuple(int(d) for d in s) for s in shapes], int(dpus), int(tasklets),
                   int(block_bytes), outdir, consts or {}, params)
     finally:
         _UNROLL.reset(tok)
+        _TARGET.reset(ttok)
 
 
 def _check_mram(per_dpu_bytes: int, what: str) -> None:
-    if per_dpu_bytes > MRAM_BYTES:
-        raise ValueError(f"{what}: {per_dpu_bytes} bytes per DPU exceed the 64 MB MRAM; "
+    mram = _TARGET.get().mram_bytes
+    if per_dpu_bytes > mram:
+        raise ValueError(f"{what}: {per_dpu_bytes} bytes per DPU exceed the {mram} B of MRAM; "
                          "use more DPUs")
 
 
@@ -590,7 +607,7 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     # DPU grid: DR row blocks x DC column blocks (the cnm mapping's cnm_grid), else all rows
     grid = params.get("grid")
     DR, DC = (int(grid[0]), int(grid[1])) if grid else (min(dpus, rows), 1)
-    if DR < 1 or DC < 1 or DR * DC > 2560 or (DC > 1 and b_batched) or DC > max(N, 1):
+    if DR < 1 or DC < 1 or DR * DC > _TARGET.get().max_dpus or (DC > 1 and b_batched) or DC > max(N, 1):
         raise ValueError(f"{kind}: no {DR} x {DC} DPU grid for {rows} rows x {N} columns"
                          + (" with a batched B" if b_batched and DC > 1 else ""))
     K_pad = _round_up(K, per)
@@ -749,17 +766,19 @@ FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv
           "popcount": "popcount", "simsearch": "simsearch"}
 
 
-def kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
-    """The kernel that runs cinm ``op``, see :func:`_kernel_for`; ValueError if its template
-    family is not shipped."""
-    kind, dtype, shapes, params = _kernel_for(op, consts)
+def kernel_for(op, consts: dict | None = None,
+               target: _cost.UpmemParams = _cost.DEFAULT_PARAMS) -> tuple[str, str, list, dict]:
+    """The kernel that runs cinm ``op`` on DPU generation ``target``, see :func:`_kernel_for`;
+    ValueError if its template family is not shipped."""
+    kind, dtype, shapes, params = _kernel_for(op, consts, target)
     if not (Path(__file__).resolve().parents[2] / "templates" / "upmem" / FAMILY[kind]
             / "dpu.c.j2").is_file():
         raise ValueError(f"the {kind} kernel is not implemented yet")
     return kind, dtype, shapes, params
 
 
-def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
+def _kernel_for(op, consts: dict | None = None,
+                target: _cost.UpmemParams = _cost.DEFAULT_PARAMS) -> tuple[str, str, list, dict]:
     """The kernel that runs cinm ``op`` (an :class:`~onnx_cinm.devices.base.OpInfo`):
     ``(kind, dtype, input shapes, params)``. Symbolic dims are taken as 1 (the kernel is
     specialised to the shapes). Constant operands that are parameters (Clip's min/max) are
@@ -863,14 +882,16 @@ def _kernel_for(op, consts: dict | None = None) -> tuple[str, str, list, dict]:
             raise ValueError(f"Im2Col kernel handles 1-D and 2-D kernels, not {len(ks)}-D")
         dw = list(a.get("dilations", [1] * len(ks)))[-1]
         span = _round_up((ks[-1] - 1) * dw * np.dtype(dtype).itemsize + 8, 8) + 8
-        if span > 2048:
-            raise ValueError(f"a kernel row spans {span} bytes (> 2048, one DMA)")
+        dma_max = target.dma_max
+        if span > dma_max:
+            raise ValueError(f"a kernel row spans {span} bytes (> {dma_max}, one DMA)")
         return "im2col", dtype, shapes, {k: list(a[k]) for k in ("kernel_shape", "strides", "pads",
                                                                  "dilations")}
     raise ValueError(f"no UPMEM kernel for cinm.{t}")
 
 
-def check_emittable(op, attrs: dict, *, default_dpus: int = 64, default_tasklets: int = 16,
+def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAULT_PARAMS,
+                    default_dpus: int | None = None, default_tasklets: int | None = None,
                     default_block: int = 1024) -> None:
     """Raise ValueError (the emitter's reason) if :func:`emit_op` would refuse ``op`` with the
     plan ``attrs`` (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``); nothing
@@ -879,19 +900,21 @@ def check_emittable(op, attrs: dict, *, default_dpus: int = 64, default_tasklets
     tok = _DRY.set(True)
     try:
         emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, Path("."),
-                default_dpus=default_dpus, default_tasklets=default_tasklets,
+                target=target, default_dpus=default_dpus, default_tasklets=default_tasklets,
                 default_block=default_block)
     finally:
         _DRY.reset(tok)
 
 
-def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
-            default_tasklets: int = 16, default_block: int = 1024) -> list[Path]:
+def emit_op(op, attrs: dict, consts: dict, root, *,
+            target: _cost.UpmemParams = _cost.DEFAULT_PARAMS, default_dpus: int | None = None,
+            default_tasklets: int | None = None, default_block: int = 1024) -> list[Path]:
     """Write the kernel of cinm ``op`` into ``root / attrs["kernel"]`` (see
     :meth:`UpmemDevice.emit <onnx_cinm.devices.upmem.UpmemDevice.emit>`).
 
     The workgroup and block come from the plan attributes ``cnm_dpus``, ``cnm_tasklets``,
-    ``cnm_block_bytes`` (the ``cnm_mapping`` pass), else the defaults. ``consts`` maps constant
+    ``cnm_block_bytes`` (the ``cnm_mapping`` pass), else the defaults (DPUs: one rank, at most
+    ``target.dpus``; tasklets: ``target.tasklets``). ``target`` is the DPU generation. ``consts`` maps constant
     input names to arrays: they become sidecar files. ``kernel.json`` also records, per input
     and output, the graph tensor name (``tensor``).
 
@@ -900,17 +923,17 @@ def emit_op(op, attrs: dict, consts: dict, root, *, default_dpus: int = 64,
     """
     if not attrs.get("kernel"):
         raise ValueError(f"{op.name}: no 'kernel' attribute (run the cnm_mapping pass first)")
-    kind, dtype, shapes, params = kernel_for(op, consts)
+    kind, dtype, shapes, params = kernel_for(op, consts, target)
     if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
         params["grid"] = [int(x) for x in attrs["cnm_grid"]]
     outdir = Path(root) / _attr(attrs, "kernel")
-    dpus = int(attrs.get("cnm_dpus") or default_dpus)
-    tasklets = int(attrs.get("cnm_tasklets") or default_tasklets)
+    dpus = int(attrs.get("cnm_dpus") or default_dpus or min(target.dpus, target.dpus_per_rank))
+    tasklets = int(attrs.get("cnm_tasklets") or default_tasklets or target.tasklets)
     block = int(attrs.get("cnm_block_bytes") or default_block)
     used = op.inputs[:len(shapes)]
     cidx = {i: consts[x.name] for i, x in enumerate(used) if consts and x.name in consts}
     paths = emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
-                        outdir=outdir, consts=cidx, **params)
+                        outdir=outdir, consts=cidx, target=target, **params)
     if _DRY.get():
         return paths
     man_p = outdir / "kernel.json"
@@ -938,11 +961,11 @@ def _c_double(v: float) -> str:
 
 def _max_tasklets(tasklets: int, per_tasklet: int, fixed: int = 0) -> int:
     """The most tasklets (<= ``tasklets``) whose ``per_tasklet`` WRAM bytes plus stacks fit."""
-    t = tasklets
-    while t > 1 and t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
+    t, wram = tasklets, _TARGET.get().wram_bytes
+    while t > 1 and t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > wram:
         t -= 1
-    if t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > WRAM_BYTES:
-        raise ValueError("does not fit in 64 KB of WRAM even with one tasklet")
+    if t * (per_tasklet + STACK_BYTES) + fixed + WRAM_MARGIN > wram:
+        raise ValueError(f"does not fit in {wram} B of WRAM even with one tasklet")
     return t
 
 
@@ -964,7 +987,7 @@ def _emit_histogram(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     merge = params.get("merge", "tree")
     if merge not in ("tree", "mutex"):
         raise ValueError(f"histogram: merge={merge!r}; expected 'tree' or 'mutex' (PrIM HST-L)")
-    blk0 = max(8, min(2048, block) // 8 * 8)
+    blk0 = max(8, min(_TARGET.get().dma_max, block) // 8 * 8)
     if merge == "mutex":   # one shared histogram
         tasklets = _max_tasklets(tasklets, min(blk0, cap * es), fixed=bins_pad * 4)
         blk = _fit_block(block, tasklets, 1, fixed=bins_pad * 4, cap=cap * es)
@@ -1089,7 +1112,7 @@ def _emit_topk(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
         tasklets = _max_tasklets(tasklets, KP * (es + 8) + 4 + 64)
     except ValueError:
         raise ValueError(f"topk: k={kk}: a candidate list of {KP * (es + 8)} bytes does not fit "
-                         "in 64 KB of WRAM") from None
+                         f"in {_TARGET.get().wram_bytes} B of WRAM") from None
     perm, O, L, DR, DC, row_cap, c_cap = _rows_layout(shape, [axis], dpus, per)
     v_off = row_cap * c_cap * es
     i_off = v_off + row_cap * KP * es
@@ -1126,10 +1149,11 @@ def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     B = math.prod(shape[lead + na:lead + na + nb])
     E = math.prod(shape[lead + na + nb:])
     es = np.dtype(dtype).itemsize
-    # a trailing run longer than one 8-aligned DMA of <= 2048 bytes is moved in NC chunks of EC
-    # elements (1 KB; the last one padded): each chunk is transposed as if it were its own run
+    # a trailing run longer than one 8-aligned DMA (<= dma_max bytes) is moved in NC chunks of
+    # EC elements (1 KB; the last one padded): each chunk is transposed as if it were its own run
+    dma_max = _TARGET.get().dma_max
     EC = E
-    if (8 // math.gcd(8, E * es)) * E * es > 2048:
+    if (8 // math.gcd(8, E * es)) * E * es > dma_max:
         EC = TRANSPOSE_CHUNK_BYTES // es
     NC = _ceil(E, EC)
     u = EC * es                      # bytes per unit of EC elements
@@ -1139,7 +1163,7 @@ def _emit_transpose(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
     BW = min(q * m, _round_up(B, q))
     AC = min(A, max(1, _ceil(G * A, dpus))) if A else 1
     AW = min(q * m, _round_up(AC, q))
-    while AW * BW * u > max(blk, q * q * u) or BW * u > 2048 or AW * u > 2048:
+    while AW * BW * u > max(blk, q * q * u) or BW * u > dma_max or AW * u > dma_max:
         if BW >= AW and BW > q:
             BW -= q
         elif AW > q:
@@ -1183,8 +1207,9 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     es = np.dtype(dtype).itemsize
     per = 8 // math.gcd(8, es)
     win = _round_up((KW - 1) * DW * es + es, 8) + 8
-    if win > 2048:
-        raise ValueError(f"im2col: a kernel row spans {win} bytes (> 2048, one DMA)")
+    dma_max = _TARGET.get().dma_max
+    if win > dma_max:
+        raise ValueError(f"im2col: a kernel row spans {win} bytes (> {dma_max}, one DMA)")
     CK = C * KH * KW
     CK_pad = _round_up(CK, per)
     rows = N * OH * OW

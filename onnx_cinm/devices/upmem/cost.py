@@ -38,7 +38,7 @@ The model (field notes §4.3, stated here in full so a reader can redo every num
   between one DPU and a full rank) and what the host can move in total, which saturates far
   below linear scaling in ranks (32 ranks move 24.3 GB/s to the DPUs, not 32 x a rank's) and
   is lower for small per-DPU chunks. Broadcasts use the same shape. The constants, and which measurement each one comes from, are listed in
-  :class:`UpmemCostParams`.
+  :class:`UpmemParams`.
 * **Launch** ``launch_s + launch_per_rank_s * ranks`` (an empty launch on 4 ranks: 183 us) and
   **program load** (``program_load_s`` per DPU program, charged once per kernel, not per
   inference: 40-80 ms, Cinnamon's measurement).
@@ -128,21 +128,32 @@ def dtype_class(dtype: str) -> str:
 
 
 @dataclass(frozen=True)
-class UpmemCostParams:
-    """Constants of the cost model, each with its unit and source.
+class UpmemParams:
+    """The UPMEM device's parameters, one DPU generation (:data:`TARGETS`): what the cost model,
+    the mapping, the mapping search, the code generator and the device read (nothing else
+    writes these figures down). Each with its unit and source.
 
     Attributes:
-        frequency_hz: DPU clock, Hz. 350e6 (PrIM Table 1, 2,556-DPU system).
+        name: the generation (option ``upmem_target``): ``v1a`` or ``v1b``.
+        dpus: DPUs a kernel may use at most unless option ``upmem_dpus`` says otherwise: 2048
+            (our default: 32 ranks, the largest power of two of PrIM's system).
+        max_dpus: DPUs of the largest system a kernel is generated for: 2,560 (PrIM Table 1:
+            2,560 DPUs, 2,556 of them working).
+        tasklets: tasklets per DPU unless option ``upmem_tasklets`` says otherwise: 16
+            (>= 11 fill the pipeline, PrIM §3; our choice).
+        dtypes: element types the DPU kernels handle (integers natively; float32 emulated in
+            software; ``codegen.DTYPES``).
+        frequency_hz: DPU clock, Hz (350e6 on the 2,556-DPU system; PrIM Table 1).
         issue_interval: cycles between two instructions of one tasklet: 11 (PrIM §3;
             uPIMulator ``num_revolver_scheduling_cycles = 11``).
         dma_alpha_read, dma_alpha_write: fixed MRAM->WRAM / WRAM->MRAM DMA cost, cycles:
             77 / 61 (PrIM §3, MRAM-Latency microbenchmark).
         dma_beta: DMA cost per byte, cycles/byte: 0.5 (PrIM §3, MRAM-Latency; 2 B/cycle = 700 MB/s peak).
         dma_min, dma_max: DMA size limits, bytes: 8 and 2048, multiples of 8 (SDK ``mram.h``).
-        wram_bytes: WRAM per DPU, bytes: 65,536 (SDK; PrIM Table 1).
-        mram_bytes: MRAM per DPU, bytes: 64 MiB (SDK; PrIM Table 1).
-        max_tasklets: 24 (SDK ``dpu.lds`` asserts NR_TASKLETS <= 24).
-        dpus_per_rank: 64 (8 chips x 8 DPUs; PrIM §2, field notes §1.1).
+        wram_bytes: WRAM per DPU, bytes (65,536; SDK; PrIM Table 1).
+        mram_bytes: MRAM per DPU, bytes (64 MiB; SDK; PrIM Table 1).
+        max_tasklets: most tasklets per DPU: 24 (SDK ``dpu.lds`` asserts NR_TASKLETS <= 24).
+        dpus_per_rank: DPUs per rank: 64 (8 chips x 8 DPUs; PrIM §2, field notes §1.1).
         h2d_serial_bps: CPU->DPU bandwidth of one DPU, bytes/s: 0.1865e9, the middle of the
             0.177-0.196 GB/s PrIM's repository raw logs show for 4-8 MiB (CPU-DPU
             microbenchmark, as quoted in issue 14; the paper's 0.33 GB/s is not what its logs
@@ -191,6 +202,12 @@ class UpmemCostParams:
         host_power_w: host CPU power while it merges or drives transfers, watts: 30 (*estimate*).
     """
 
+    name: str = "v1a"
+    dpus: int = 2048
+    max_dpus: int = 2560
+    tasklets: int = 16
+    dtypes: tuple = ("float32", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                     "uint64", "bool")
     frequency_hz: float = 350e6
     issue_interval: int = 11
     dma_alpha_read: float = 77.0
@@ -305,10 +322,11 @@ class UpmemCostParams:
         return self.launch_s + self.launch_per_rank_s * self.ranks(dpus)
 
 
-DEFAULT_PARAMS = UpmemCostParams()
+DEFAULT_PARAMS = UpmemParams()
 
-#: Selectable DPU generations (option ``upmem_target``). ``v1a``: the chips of PrIM's 2,556-DPU
-#: system (350 MHz, 24 tasklets, 64 KB WRAM): :data:`DEFAULT_PARAMS`. ``v1b``: the newer chip,
+#: Selectable DPU generations (option ``upmem_target``), by :attr:`UpmemParams.name`. ``v1a``:
+#: the chips of PrIM's 2,556-DPU system (350 MHz, 24 tasklets, 64 KB WRAM): :data:`DEFAULT_PARAMS`.
+#: ``v1b``: the newer chip,
 #: at most 16 tasklets (``DPU_NR_THREADS_V1B``) and 63,488 B of WRAM (``DPU_WRAM_SIZE_V1B``),
 #: upmem/llvm-project ``DPUCharacteristics.h`` as the DPU linker driver uses them
 #: (``clang/lib/Driver/ToolChains/DPURTE.cpp`` passes them as ``--defsym``), and 400 MHz (SDK
@@ -317,7 +335,8 @@ DEFAULT_PARAMS = UpmemCostParams()
 #: for v1B).
 TARGETS = {
     "v1a": DEFAULT_PARAMS,
-    "v1b": replace(DEFAULT_PARAMS, frequency_hz=400e6, wram_bytes=63488, max_tasklets=16),
+    "v1b": replace(DEFAULT_PARAMS, name="v1b", frequency_hz=400e6, wram_bytes=63488,
+                   max_tasklets=16),
 }
 
 
@@ -326,7 +345,7 @@ class KernelWork:
     """What one DPU does in one launch: the input to :func:`kernel_cycles`.
 
     Attributes:
-        tasklets: tasklets per DPU (1..24).
+        tasklets: tasklets per DPU (1..``UpmemParams.max_tasklets``).
         instr_per_tasklet: instructions of the busiest tasklet in the parallel phase.
         instr_total: instructions of all tasklets together in the parallel phase.
         dma_cycles: DMA-engine cycles of the DPU in the parallel phase (all tasklets).
@@ -345,7 +364,7 @@ class KernelWork:
     serial_dma_cycles: float = 0.0
 
 
-def kernel_cycles(w: KernelWork, params: UpmemCostParams = DEFAULT_PARAMS) -> dict:
+def kernel_cycles(w: KernelWork, params: UpmemParams = DEFAULT_PARAMS) -> dict:
     """Cycles of one DPU kernel, with the bound that decided it.
 
     ``parallel = max(instr_total, issue_interval * instr_per_tasklet + dma_per_tasklet, dma)``:
@@ -395,7 +414,7 @@ class CostBreakdown:
         mram_bytes_per_dpu: MRAM footprint of one DPU, bytes.
         launches: kernel launches.
         bound: what limits the kernel: ``dma``, ``compute`` or ``tasklet-chain``.
-        energy_j: modeled energy per inference, joules (*estimate*, see :class:`UpmemCostParams`).
+        energy_j: modeled energy per inference, joules (*estimate*, see :class:`UpmemParams`).
         load_j: modeled energy of the one-time load (``load_s``), joules (*estimate*).
     """
 
@@ -446,7 +465,7 @@ class CostBreakdown:
 
 
 def energy_j(kernel_s: float, dpus: int, bytes_moved: int, host_busy_s: float, idle_s: float,
-             params: UpmemCostParams = DEFAULT_PARAMS) -> float:
+             params: UpmemParams = DEFAULT_PARAMS) -> float:
     """Energy, joules (*estimate*): busy DPUs x ``dpu_power_w`` x kernel seconds, allocated DPUs
     x ``dpu_idle_power_w`` while the host transfers or merges, bytes x ``host_xfer_j_per_byte``,
     host power while it is busy."""

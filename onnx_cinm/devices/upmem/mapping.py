@@ -78,7 +78,7 @@ from ...paradigms.cnm import workgroup as W
 from ...paradigms.cnm.workgroup import cdiv as _cdiv
 from ..base import Cost, OpInfo
 from . import cost as C
-from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemCostParams
+from .cost import DEFAULT_PARAMS, CostBreakdown, KernelWork, UpmemParams
 
 #: Inner-loop unrolling of our generated kernels: loop control (3 instructions) once per 8
 #: elements. PrIM's loops are not unrolled (its measured loops, PrIM §3).
@@ -102,9 +102,9 @@ HANDSHAKE_INSTR = 4
 MUTEX_CS_INSTR = 8
 #: Fraction of elements a selection keeps when not known (PrIM SEL's predicate keeps half).
 SELECT_KEEP = 0.5
-#: Default and maximum DPUs of a workgroup; default tasklets.
-DEFAULT_DPUS = 2048
-DEFAULT_TASKLETS = 16
+#: Default and maximum DPUs of a workgroup; default tasklets (the default generation's).
+DEFAULT_DPUS = DEFAULT_PARAMS.dpus
+DEFAULT_TASKLETS = DEFAULT_PARAMS.tasklets
 
 _KINDS = {
     **{op: "elementwise" for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Abs", "Neg",
@@ -125,11 +125,11 @@ def _r8(n: int) -> int:
     return W.align_up(n, 8)
 
 
-def upmem_array(params: UpmemCostParams = DEFAULT_PARAMS,
+def upmem_array(params: UpmemParams = DEFAULT_PARAMS,
                 dpus: int = DEFAULT_DPUS) -> NearMemoryArray:
     """The cnm paradigm's view of ``dpus`` DPUs of ``params``: DPUs as units, ranks as groups,
     MRAM as memory, WRAM as scratchpad, tasklets as threads, one lane, DMA words and blocks
-    (every figure from :class:`~onnx_cinm.devices.upmem.cost.UpmemCostParams`)."""
+    (every figure from :class:`~onnx_cinm.devices.upmem.cost.UpmemParams`)."""
     return NearMemoryArray(units=dpus, units_per_group=params.dpus_per_rank,
                            memory_bytes=params.mram_bytes, scratch_bytes=params.wram_bytes,
                            threads=params.max_tasklets, lanes=1, align_bytes=params.dma_min,
@@ -141,11 +141,12 @@ _ARRAY = upmem_array()
 
 def wram_block(tasklets: int, buffers: int, private_bytes: int = 0, shared_bytes: int = 0,
                stack_bytes: int = STACK_BYTES, reserved: int = WRAM_RESERVED,
-               wram_bytes: int = 65536, dma_max: int = 2048) -> int:
+               wram_bytes: int = DEFAULT_PARAMS.wram_bytes,
+               dma_max: int = DEFAULT_PARAMS.dma_max) -> int:
     """The WRAM block per tasklet, bytes: the largest multiple of 8 that is <= ``dma_max``
-    (2048, the DMA limit) with ``tasklets * (stack + buffers * block + private) + shared +
-    reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit. The cnm paradigm's
-    :func:`~onnx_cinm.paradigms.cnm.workgroup.scratch_block` on a DPU's WRAM.
+    (the DMA limit, :attr:`UpmemParams.dma_max`) with ``tasklets * (stack + buffers * block +
+    private) + shared + reserved <= wram_bytes``. Returns 0 if not even 8 bytes fit. The cnm
+    paradigm's :func:`~onnx_cinm.paradigms.cnm.workgroup.scratch_block` on a DPU's WRAM.
 
     Example: 16 tasklets, 2 buffers, 1024-B stacks, 2048 B reserved:
     ``(65536 - 2048 - 16 * 1024) / (16 * 2) = 1472``.
@@ -191,7 +192,7 @@ class CnmPlan:
     schedule: str = "cinm"
     unroll: int = UNROLL
     geom: tuple = ()
-    params: UpmemCostParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
+    params: UpmemParams = field(default=DEFAULT_PARAMS, repr=False, compare=False)
     stack_bytes: int = STACK_BYTES
     search: str = field(default="", compare=False)
 
@@ -587,7 +588,7 @@ def _cost_histogram(p: CnmPlan) -> CostBreakdown:
         # barrier, tasklet 0 writes it
         zero = max(hb, pr.issue_interval * _cdiv(hb, t)) * (1 + C.LOOP_CONTROL)
         serial = (zero + _barrier(p)
-                  + pr.dma_cycles(min(2048, hb * 4), write=True) * _cdiv(hb * 4, 2048))
+                  + pr.dma_cycles(min(pr.dma_max, hb * 4), write=True) * _cdiv(hb * 4, pr.dma_max))
         return _finish(p, [w], serial, _r8(n * es), 0, 0, p.dpus * bins * 4,
                        partial_out_dpu=_r8(hb * 4))
     # per element: ld, bin index + range check, address (1), ld + add + st of the count, loop
@@ -850,7 +851,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
                 names.append(D.entry(t.name, D.SCATTER))
             else:
                 bcast += _r8(max(t.numel, 1) * es)
-                wram_b += 1 if _r8(max(t.numel, 1) * es) <= 2048 else 0
+                wram_b += 1 if _r8(max(t.numel, 1) * es) <= DEFAULT_PARAMS.dma_max else 0
                 names.append(D.entry(t.name, D.BROADCAST))
         streams = max(streams, 1)
         geom = {"n": n, "n_dpu": _share(n, d, es), "op": _OP_NAME[op.op_type], "streams": streams,
@@ -965,7 +966,7 @@ def mram_layout(plan: "CnmPlan") -> list[tuple[str, int, int]]:
 
 
 def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
-              params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+              params: UpmemParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
               col_blocks: int = 1, block_bytes: int | None = None) -> CnmPlan:
     """The plan of ``op`` on exactly ``dpus`` DPUs and ``tasklets`` tasklets.
 
@@ -1074,7 +1075,7 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
 
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
-            params: UpmemCostParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
+            params: UpmemParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
             dpus: int | None = None) -> CnmPlan:
     """Choose the plan of ``op``: the DPU count (<= ``max_dpus``, or exactly ``dpus``) with the
     least modeled end-to-end time (:attr:`CostBreakdown.latency_s`); ties go to fewer DPUs.
@@ -1107,7 +1108,7 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     return _renamed(hit[0], hit[1], op)
 
 
-def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemCostParams,
+def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
                  stack_bytes: int, dpus: int | None) -> CnmPlan:
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")

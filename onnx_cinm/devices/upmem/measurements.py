@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .cost import DEFAULT_PARAMS, UpmemCostParams, op_instructions
+from .cost import DEFAULT_PARAMS, UpmemParams, op_instructions
 
 #: the calibration target: model / measurement within 1 +- 15 %
 TOLERANCE = 0.15
@@ -52,10 +52,10 @@ class Measurement:
     value: float
     unit: str
     source: str
-    model: Callable[[UpmemCostParams], float]
+    model: Callable[[UpmemParams], float]
     role: str = "calibration"
 
-    def ratio(self, params: UpmemCostParams = DEFAULT_PARAMS) -> float:
+    def ratio(self, params: UpmemParams = DEFAULT_PARAMS) -> float:
         """Model figure over the measured one."""
         return self.model(params) / self.value
 

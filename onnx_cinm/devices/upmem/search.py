@@ -1,6 +1,6 @@
 """A mapping search per op: DPUs, column blocks, tasklets and WRAM block sizes under the cost model.
 
-:func:`~onnx_cinm.devices.upmem.mapping.plan_op` maps by rule: 16 tasklets, the largest WRAM
+:func:`~onnx_cinm.devices.upmem.mapping.plan_op` maps by rule: the target's default tasklets, the largest WRAM
 block that fits, the best DPU count and column split. :func:`search_plan` searches the workgroup
 and the tiling jointly (after ATiM, ISCA 2025, and Cinnamon's search over DPUs, tasklets and
 tiles, as issue 14 summarises them) and keeps the rule's plan as its starting point and floor:
@@ -8,9 +8,9 @@ it returns a plan that is never slower under the model (:attr:`CostBreakdown.lat
 the rule's own plan when nothing beats it.
 
 The space: every ``(DPUs, column blocks)`` the rule considers
-(:func:`~onnx_cinm.devices.upmem.mapping.workgroups`) x tasklets in :data:`TASKLETS` (up to the
-target's limit) x WRAM blocks in :data:`BLOCKS` (the largest that fits, and smaller powers of
-two). If it holds at most ``max_plans`` plans it is searched exhaustively; otherwise by
+(:func:`~onnx_cinm.devices.upmem.mapping.workgroups`) x tasklets (:func:`tasklet_counts`: up to the
+target's limit) x WRAM blocks (:func:`blocks`: the largest that fits, the DMA limit and smaller
+powers of two). If it holds at most ``max_plans`` plans it is searched exhaustively; otherwise by
 coordinate descent from the rule's plan (each dimension in turn over all its values, the others
 fixed, until a round changes nothing). Both walk the space in a fixed order and break ties
 towards the earlier (simpler) plan, so the result is deterministic; ``max_plans`` bounds the
@@ -28,13 +28,26 @@ from dataclasses import replace
 
 from ...errors import CinmError
 from ..base import OpInfo
-from .cost import DEFAULT_PARAMS, UpmemCostParams
+from .cost import DEFAULT_PARAMS, UpmemParams
 from .mapping import DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, plan_op, workgroups
 
-#: Tasklet counts tried (>= 11 fill the pipeline, PrIM §3; fewer leave WRAM to larger blocks).
-TASKLETS = (1, 2, 4, 8, 11, 12, 14, 16, 20, 24)
-#: WRAM blocks tried besides the largest that fits (None), bytes.
-BLOCKS = (None, 2048, 1024, 512, 256, 128, 64)
+#: Tasklet counts tried below the target's most (>= 11 fill the pipeline, PrIM §3; fewer leave
+#: WRAM to larger blocks); the most itself is always tried (:func:`tasklet_counts`).
+TASKLETS = (1, 2, 4, 8, 11, 12, 14, 16, 20)
+#: WRAM blocks tried besides the largest that fits and the DMA limit (:func:`blocks`), bytes.
+BLOCKS = (1024, 512, 256, 128, 64)
+
+
+def tasklet_counts(params: UpmemParams) -> list[int]:
+    """The tasklet counts the search tries on ``params``' DPUs: :data:`TASKLETS` up to
+    ``params.max_tasklets``, and that most."""
+    return sorted({t for t in TASKLETS if t <= params.max_tasklets} | {params.max_tasklets})
+
+
+def blocks(params: UpmemParams) -> tuple:
+    """The WRAM blocks the search tries, bytes: the largest that fits (None), the DMA limit
+    ``params.dma_max`` and the smaller ones of :data:`BLOCKS`."""
+    return (None, params.dma_max) + tuple(b for b in BLOCKS if b < params.dma_max)
 #: Default evaluation bound of one search (plans costed).
 MAX_PLANS = 3000
 
@@ -43,7 +56,7 @@ def _lat(p: CnmPlan) -> float:
     return p.cost().latency_s
 
 
-def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemCostParams = DEFAULT_PARAMS,
+def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemParams = DEFAULT_PARAMS,
                 max_plans: int = MAX_PLANS, budget_s: float = 5.0,
                 tasklets: int = DEFAULT_TASKLETS) -> CnmPlan:
     """The best plan of ``op`` found by searching DPUs, column blocks, tasklets and WRAM blocks,
@@ -64,8 +77,8 @@ def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemCostParam
     floor = plan_op(op, max_dpus=max_dpus, tasklets=tasklets, params=params)
     floor_lat = _lat(floor)
     groups = workgroups(op, max_dpus)
-    tks = [t for t in TASKLETS if t <= params.max_tasklets]
-    space = len(groups) * len(tks) * len(BLOCKS)
+    tks, blks = tasklet_counts(params), blocks(params)
+    space = len(groups) * len(tks) * len(blks)
     seen: dict = {}
     state = {"evals": 0, "timeout": False}
 
@@ -100,7 +113,7 @@ def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemCostParam
         method = "exhaustive"
         for d, dc in groups:
             for t in tks:
-                for blk in BLOCKS:
+                for blk in blks:
                     consider((d, dc, t, blk))
     else:
         method = "coordinate descent"
@@ -113,7 +126,7 @@ def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemCostParam
             for tt in tks:
                 consider((d, dc, tt, blk))
             d, dc, t, blk = best_key
-            for bb in BLOCKS:
+            for bb in blks:
                 consider((d, dc, t, bb))
             if best_key == before or state["evals"] >= max_plans or state["timeout"]:
                 break
