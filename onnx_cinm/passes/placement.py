@@ -158,13 +158,13 @@ def _set_attr(node: onnx.NodeProto, name: str, value: str) -> None:
     node.attribute.append(helper.make_attribute(name, value))
 
 
-def _heuristic(info) -> tuple[str, str]:
+def _heuristic(info, options: dict) -> tuple[str, str]:
     why_not = []
     for paradigm in _PARADIGM_ORDER:
         for dev in devices.all_devices():
             if dev.paradigm != paradigm:
                 continue
-            s = dev.supports(info)
+            s = dev.supports_under(info, options)
             if s and s.preferred:
                 return dev.name, "heuristic: " + "; ".join(why_not + [s.reason])
             if s:
@@ -207,14 +207,14 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         hint = hints.first(node)
         if hint is not None:
             k, pattern, dev_name = hint
-            s = devices.get_device(dev_name).supports(info)
+            s = devices.get_device(dev_name).supports_under(info, ctx.options)
             if s:
                 chosen = (dev_name, f"hint {pattern}={dev_name}: {s.reason}")
             else:
                 hints.refuse(k, node, f"{dev_name}: {s.reason}")
-                dev, why = _heuristic(info)
+                dev, why = _heuristic(info, ctx.options)
                 chosen = (dev, f"hint {pattern}={dev_name} not possible ({s.reason}); {why}")
-        dev, reason = chosen or _heuristic(info)
+        dev, reason = chosen or _heuristic(info, ctx.options)
         _set_attr(node, "device", dev)
         _set_attr(node, "placement", reason)
         counts[dev] += 1
