@@ -24,7 +24,8 @@ ops match exactly; a product of length K within ``|y - y_ref| <= rtol |y_ref| + 
 ``rtol = 4 x 2^-10`` (4 FP16 ulps at 1) and ``atol = 4 x 2^-10 x sqrt(K) x rms(y_ref)`` -- the
 golden check's K-aware tolerance (:func:`onnx_cinm.golden.accumulation_atol`) with FP16's
 epsilon. The FP16 lane accumulation's error grows like ``2^-11 x sqrt(K/16)`` times the lane
-partial sums; the bound leaves a margin of about 10x at K = 1024 for independent random data.
+partial sums: measured on a 1024 x 1024 product of standard normal data, the largest error is
+0.13-0.19 against an ``atol`` of 4.0-5.5 (outputs of RMS 32-44; 4 seeds).
 """
 from __future__ import annotations
 
