@@ -217,6 +217,8 @@ def test_float32_only_with_accept_float32(tmp_path):
     ok, err, atol = _fp16_close(y, ref, n)
     assert y.dtype == np.float32 and ok, (err, atol)
     assert not np.allclose(y, ref, rtol=1e-4, atol=1e-5)  # it really computed in FP16
+    with pytest.raises(CinmError, match="hbm_pim_accept_float32='yes': expected true/false"):
+        optimize(m, placement="cost", device_options=dict(NOMINAL, hbm_pim_accept_float32="yes"))
     # a hint without the option is refused, with the reason
     r = optimize(m, placement="heuristic", place=[("gemv*", "hbm_pim")], device_options=NOMINAL)
     a = cinm.node_attrs(_cinm(r.model, "gemv"))
