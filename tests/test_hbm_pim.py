@@ -291,3 +291,25 @@ def test_devices_command_lists_it(capsys):
     text = capsys.readouterr().out
     part = text[text.index("hbm_pim (cnm)"):]
     assert "clock_hz = 300000000.0" in part and "pcus = 128" in part and "[unconfirmed]" in part
+
+
+def test_constant_elementwise_operand_is_resident(tmp_path):
+    n = 3000
+    b = np.random.default_rng(6).standard_normal(n).astype(np.float16)
+    m = _model([h.make_node("Add", ["x", "b"], ["y"], name="bias")],
+               [h.make_tensor_value_info("x", TP.FLOAT16, [n])],
+               [h.make_tensor_value_info("y", TP.FLOAT16, [n])], [numpy_helper.from_array(b, "b")])
+    r = optimize(m, placement="cost", device_options=NOMINAL)
+    a = cinm.node_attrs(_cinm(r.model, "bias"))
+    assert a["device"] == "hbm_pim", a["placement"]
+    # 3000 elements: 16 PCUs (2 pseudo-channels) of 2 banks x 8 columns x 16 lanes = 4096 slots;
+    # the constant's region of 16 x 2 x 8 columns of 32 B stays in the banks, loaded once
+    assert (a["pim_pcus"], a["pim_triggers"], a["pim_resident_bytes"]) == (16, 6 * 8 + 1, 8192)
+    assert a["pim_load_s"] == pytest.approx(8192 / (2 * CH_BW))
+    assert a["pim_load_j"] == pytest.approx(8192 * 8 * (E_EXT + E_INT))
+    out = tmp_path / "bias.onnx"
+    artifacts.save(r.model, out)
+    x = np.random.default_rng(7).standard_normal(n).astype(np.float16)
+    sess = _session(out)
+    assert np.array_equal(sess.run(None, {"x": x})[0], run_onnxruntime(m, {"x": x})[0])
+    assert sess.load_profile()[0]["latency_s"] == pytest.approx(8192 / (2 * CH_BW))

@@ -188,7 +188,8 @@ class HbmPimDevice(Device):
             plan = plan_gemv(M, K, runs, pcus, self.params.pcus_per_channel)
         else:
             pim_op, n, scalar = form
-            plan = plan_eltwise(pim_op, n, pcus, scalar, self.params.pcus_per_channel)
+            const = tuple(i for i, t in enumerate(op.inputs) if t.const)
+            plan = plan_eltwise(pim_op, n, pcus, scalar, self.params.pcus_per_channel, const)
         bank = self.params.capacity_bytes // (2 * self.params.pcus)
         if plan.bank_cols * self.params.column_bytes > bank:
             raise CinmError(f"hbm_pim: {op.op_type} '{op.name}' needs "
@@ -213,8 +214,9 @@ class HbmPimDevice(Device):
                          // self.params.pcus)
 
     def price(self, op: OpInfo, options: dict) -> list[Priced]:
-        """One choice: the kernel's cost, a GEMV's padded weights resident in the banks (loaded
-        once). Raises CinmError as :meth:`plan` does."""
+        """One choice: the kernel's cost, a GEMV's padded weights (or an elementwise op's
+        constant operands) resident in the banks, loaded once. Raises CinmError as :meth:`plan`
+        does."""
         plan, c = self._costed(op, options)
         return [Priced(Cost(c.latency_s, c.energy_j, 0, c.interface_bytes),
                        resident_bytes=c.resident_bytes, load_s=c.load_s, load_j=c.load_j)]

@@ -58,7 +58,8 @@ def describe(plan: PimPlan, form: str, precision: str, node: str) -> dict:
                     f"read {plan.pcus} x {plan.groups} x 8 partial-sum columns of 32 B per run"]
         per_run_loads = plan.groups * plan.tiles
     else:
-        sizes = {"n": plan.n, "cols": plan.cols, "scalar": plan.scalar}
+        sizes = {"n": plan.n, "cols": plan.cols, "scalar": plan.scalar,
+                 "resident_inputs": list(plan.resident)}
         two = plan.op in ("ADD", "MUL") and plan.scalar < 0
         regions = {"input A": [0, plan.cols]}
         if two:

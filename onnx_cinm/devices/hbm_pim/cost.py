@@ -19,8 +19,8 @@ Per inference of a kernel (:class:`~.program.PimPlan`, constants of
 
 Not modeled: row activations inside a stream (the bank rows are assumed open, an optimistic
 limit), refresh, the host's lane reduction (assumed to overlap the read-back) and host driver
-time. The one-time **load** of a GEMV's resident weights is their padded bytes over the
-interface, written into the banks: ``bytes / external bandwidth`` seconds and ``bytes x 8 x
+time. The one-time **load** of a GEMV's resident weights (or an elementwise op's constant
+operands) is their padded bytes over the interface, written into the banks: ``bytes / external bandwidth`` seconds and ``bytes x 8 x
 (external + internal J/bit)`` joules.
 """
 from __future__ import annotations
@@ -69,9 +69,10 @@ def interface_bytes_per_s(params: HbmPimParams, channels: int, pin_gbps: float |
 
 
 def resident_bytes(plan: PimPlan, params: HbmPimParams) -> int:
-    """Bank bytes of a GEMV's padded weights (both banks of every PCU), 0 otherwise."""
+    """Bank bytes a kernel keeps across inferences: a GEMV's padded weights, or the padded
+    regions of an elementwise op's constant operands (both banks of every PCU)."""
     if plan.op != "GEMV":
-        return 0
+        return len(plan.resident) * plan.pcus * 2 * plan.cols * params.column_bytes
     return plan.pcus * 2 * plan.groups * (plan.tiles // 2) * 64 * params.column_bytes
 
 

@@ -168,7 +168,8 @@ def _plan_of(doc: dict) -> PimPlan:
     if doc["op"] == "GEMV":
         return PimPlan("GEMV", M=int(s["M"]), K=int(s["K"]), runs=int(s["runs"]),
                        tiles=int(s["tiles"]), groups=int(s["groups"]), **common)
-    return PimPlan(doc["op"], n=int(s["n"]), cols=int(s["cols"]), scalar=int(s["scalar"]), **common)
+    return PimPlan(doc["op"], n=int(s["n"]), cols=int(s["cols"]), scalar=int(s["scalar"]),
+                   resident=tuple(int(i) for i in s.get("resident_inputs", ())), **common)
 
 
 class HbmPimKernel:
@@ -184,8 +185,8 @@ class HbmPimKernel:
     from the sidecar, not from its input) returns ``(outputs, metrics)``: the result in the
     node's output dtype, and ``latency_s``, ``energy_j``, ``bytes_moved`` (HBM interface bytes
     the kernel moves), ``triggers`` (AB-PIM commands per PCU, counted) of this inference, from
-    the cost model (:mod:`.cost`) at the runs actually made. ``load_metrics``: the weights'
-    one-time load (GEMV) or None. Calls are serialized (one device).
+    the cost model (:mod:`.cost`) at the runs actually made. ``load_metrics``: the one-time
+    load of its resident constants (GEMV weights, constant elementwise operands) or None. Calls are serialized (one device).
 
     Raises:
         CinmError: a missing or malformed file, a file that does not match the node, or inputs
@@ -219,7 +220,8 @@ class HbmPimKernel:
                 raise CinmError(f"hbm_pim: weights '{side}' are {w.dtype}{list(w.shape)}, not "
                                 f"float16{[P, 2, G, S, 8, 8, 16]}")
             self.weights = w.reshape(P, 2, G * S * 64, 16)
-            c = kernel_cost(self.plan, params, self.pin)
+        c = kernel_cost(self.plan, params, self.pin)
+        if c.resident_bytes:
             self.load_metrics = {"tile_writes": 0, "latency_s": c.load_s, "energy_j": c.load_j}
         self._lock = threading.Lock()
 

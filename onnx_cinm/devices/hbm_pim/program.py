@@ -151,6 +151,8 @@ class PimPlan:
         n: elements of an elementwise op (0 for GEMV).
         cols: bank columns per operand per bank (elementwise), a multiple of 8.
         scalar: which input is a scalar in the SRF (``0`` or ``1``), -1 if none.
+        resident: the inputs of an elementwise op that are constants, kept in their bank
+            regions across inferences (written once, at load).
         crf: the CRF program.
         stream: the host command stream of one run (see :func:`walk`).
         bank_cols: columns each bank holds for the kernel (weights/operands and results).
@@ -167,6 +169,7 @@ class PimPlan:
     n: int = 0
     cols: int = 0
     scalar: int = -1
+    resident: tuple = ()
     crf: tuple = ()
     stream: tuple = ()
     bank_cols: int = 0
@@ -288,9 +291,11 @@ def _elt_crf(op: str, blocks: int, scalar: bool) -> list[Instr]:
     return prog
 
 
-def plan_eltwise(op: str, n: int, pcus: int, scalar: int = -1, per_channel: int = 8) -> PimPlan:
+def plan_eltwise(op: str, n: int, pcus: int, scalar: int = -1, per_channel: int = 8,
+                 resident: tuple = ()) -> PimPlan:
     """The elementwise kernel ``op`` (``ADD``, ``MUL``, ``RELU``) over ``n`` elements on
-    ``pcus`` PCUs; ``scalar`` is the input (0 or 1) held in the SRF, -1 if none. Each bank holds
+    ``pcus`` PCUs; ``scalar`` is the input (0 or 1) held in the SRF, -1 if none; ``resident``
+    the constant inputs whose regions stay in the banks across inferences. Each bank holds
     ``cols`` columns of each operand: input A at ``[0, cols)``, input B at ``[cols, 2 cols)``
     (two-operand ops), the result after them. It takes as few whole pseudo-channels as keep
     one block of 8 columns per bank busy."""
@@ -312,7 +317,8 @@ def plan_eltwise(op: str, n: int, pcus: int, scalar: int = -1, per_channel: int 
     stream = [{"loop": "k", "count": blocks, "body": body},
               {"trigger": "NOP", "col": {}, "count": 1}]
     crf = tuple(i.encode() for i in _elt_crf(op, blocks, scalar >= 0))
-    return PimPlan(op, pcus, pcus // per_channel, n=n, cols=cols, scalar=scalar, crf=crf,
+    return PimPlan(op, pcus, pcus // per_channel, n=n, cols=cols, scalar=scalar,
+                   resident=tuple(i for i in resident if i != scalar), crf=crf,
                    stream=tuple(stream), bank_cols=out + cols)
 
 
