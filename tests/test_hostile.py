@@ -827,7 +827,7 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")] \
-        == ["host", "memristor", "upmem"]
+        == ["host", "memristor", "upmem", "hbm_pim"]
     assert proc.stderr.splitlines() == [
         "onnx-cinm: warning: device plugin 'dict_params' (dict_plugin:DEVICE) not loaded: "
         "TypeError: device 'dictdev': params must be a dataclass instance, not dict",

@@ -157,7 +157,7 @@ def test_config_file_round_trip(tmp_path, capsys):
 
 @pytest.mark.parametrize("content,needle", [
     ("[cim]\ncrossbar = 64\n", "[cim] unknown key 'crossbar'; did you mean crossbars"),
-    ("[crossbar]\nrows = 64\n", "unknown table 'crossbar' (known: cim, host, placement, to_cinm, upmem"),
+    ("[crossbar]\nrows = 64\n", "unknown table 'crossbar' (known: cim, hbm_pim, host, placement, to_cinm, upmem"),
     ("[upmem]\ntasklets = \"many\"\n", "[upmem] option upmem_tasklets='many': expected integer"),
     ("[upmem]\ntasklets = 20\ntarget = \"v1b\"\n", "upmem_tasklets=20: a v1b DPU runs 1..16"),
     ("cim = 3\n", "'cim' must be a table"),

@@ -128,4 +128,4 @@ def test_builtins_without_plugins(tmp_path):
     p = subprocess.run([sys.executable, "-c", "from onnx_cinm import devices; "
                         "print(devices.device_names(), devices.plugin_errors())"],
                        capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 0 and p.stdout.strip() == "['host', 'memristor', 'upmem'] []"
+    assert p.returncode == 0 and p.stdout.strip() == "['host', 'memristor', 'upmem', 'hbm_pim'] []"

@@ -9,7 +9,7 @@ Plugins: an installed distribution adds a device through the entry-point group
 ``onnx_cinm.devices`` (:data:`ENTRY_POINT_GROUP`), e.g. in its ``pyproject.toml``::
 
     [project.entry-points."onnx_cinm.devices"]
-    hbm_pim = "hbm_pim_device:HbmPimDevice"
+    my_chip = "my_chip_device:MyChipDevice"
 
 The entry point may name a device instance, a :class:`Device` subclass or a factory returning
 one (called without arguments), or a module that calls :func:`register` when imported. Plugins

@@ -15,9 +15,9 @@ device package and never probe a device for optional methods. A device is one su
 
 and implements :meth:`Device.supports` and :meth:`Device.cost`; the rest have defaults that make
 a *cost-model* device (priced and placed; its nodes run their reference bodies on the host):
-:meth:`~Device.resources`, :meth:`~Device.price`, :meth:`~Device.price_all`,
-:meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`, :meth:`~Device.lower`,
-:meth:`~Device.emit`,
+:meth:`~Device.supports_under`, :meth:`~Device.resources`, :meth:`~Device.price`,
+:meth:`~Device.price_all`, :meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`,
+:meth:`~Device.lower`, :meth:`~Device.emit`,
 :meth:`~Device.kernel`, :meth:`~Device.recorded`, :meth:`~Device.summary`.
 The registry checks a device when it registers (:func:`check_device`).
 """
@@ -126,6 +126,13 @@ class Device:
     def supports(self, op: OpInfo) -> Support:
         """Whether this device can run ``op``, with the reason in words."""
         raise NotImplementedError
+
+    def supports_under(self, op: OpInfo, options: dict) -> Support:
+        """Whether the device runs ``op`` under the pass ``options`` (keys as in
+        :meth:`option_specs`): :meth:`supports`, unless one of the device's options widens what
+        it takes (a dtype it computes only when asked to). Placement and lowering ask this one;
+        default: :meth:`supports`."""
+        return self.supports(op)
 
     def cost(self, op: OpInfo, options: dict) -> Cost:
         """Modeled cost of one inference of ``op`` alone on the device under ``options`` (the

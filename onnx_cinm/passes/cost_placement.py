@@ -184,7 +184,7 @@ def candidate(dev: Device, op, options: dict) -> list | str:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    s = dev.supports(op)
+    s = dev.supports_under(op, options)
     if not s:
         return s.reason if s.applicable else ""
     try:
@@ -292,7 +292,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
                 prob.hint_note[i] = f"hint {pattern}={dev_name}"
             else:
                 why = next((r for d, r in refused if d == dev_name), None) \
-                    or devices.get_device(dev_name).supports(info).reason
+                    or devices.get_device(dev_name).supports_under(info, options).reason
                 prob.hint_note[i] = f"hint {pattern}={dev_name} not possible ({why})"
                 hint_log.refuse(k, node, f"{dev_name}: {why}")
         prob.cands[i], prob.refused[i] = cands, refused
@@ -765,7 +765,7 @@ class Solution:
 def heuristic_assign(prob: Problem) -> dict | None:
     """The paper heuristic's devices as an assignment (None if one of its devices has no cost
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
-    devs = {i: heuristic(prob.ops[i])[0] for i in prob.decision}
+    devs = {i: heuristic(prob.ops[i], prob.options)[0] for i in prob.decision}
     out = _with_variants(prob, devs)
     return None if any(ch is None for ch in out.values()) else out
 

@@ -92,7 +92,7 @@ def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tu
         opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
         info = op_info(node, infos)
         # a device attribute placement did not write (--skip-pass placement): check it
-        ok = dev.supports(info) if "placement" not in ctx.stats else True
+        ok = dev.supports_under(info, ctx.options) if "placement" not in ctx.stats else True
         if not ok:
             raise CinmError(f"node '{node.name or node.op_type}' ({node.op_type}) is placed on "
                             f"{dev_name}, which cannot run it: {ok.reason} (let the placement "

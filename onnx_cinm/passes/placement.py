@@ -69,14 +69,14 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         hint = hints.first(node)
         if hint is not None:
             k, pattern, dev_name = hint
-            s = devices.get_device(dev_name).supports(info)
+            s = devices.get_device(dev_name).supports_under(info, ctx.options)
             if s:
                 chosen = (dev_name, f"hint {pattern}={dev_name}: {s.reason}")
             else:
                 hints.refuse(k, node, f"{dev_name}: {s.reason}")
-                dev, why = heuristic(info)
+                dev, why = heuristic(info, ctx.options)
                 chosen = (dev, f"hint {pattern}={dev_name} not possible ({s.reason}); {why}")
-        dev, reason = chosen or heuristic(info)
+        dev, reason = chosen or heuristic(info, ctx.options)
         _set_attr(node, "device", dev)
         _set_attr(node, "placement", reason)
         counts[dev] += 1

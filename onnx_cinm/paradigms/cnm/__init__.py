@@ -19,7 +19,7 @@ It is written against :class:`NearMemoryArray`, which a device fills from its so
 constants. Two examples:
 
 ======================  ===================================  =======================================
-field                   UPMEM (``devices/upmem``)            HBM-PIM (Aquabolt-XL, ISCA 2021)
+field                   UPMEM (``devices/upmem``)            bank-level FP16 PIM (chips.md §3)
 ======================  ===================================  =======================================
 ``units``               DPUs (2048; one per 64 MB bank)      PIM units (128 per cube, 1 per 2 banks)
 ``units_per_group``     64 DPUs per rank                     8 PIM units per pseudo-channel
@@ -31,8 +31,8 @@ field                   UPMEM (``devices/upmem``)            HBM-PIM (Aquabolt-X
 ``block_max_bytes``     2048 (largest DMA)                   32
 ======================  ===================================  =======================================
 
-(UPMEM: SDK documentation and PrIM, ``shared/field-notes/upmem.md`` §1.1; HBM-PIM: Lee et al.,
-ISCA 2021, and Samsung's PIMSimulator as summarised in ``shared/field-notes/chips.md``.)
+(UPMEM: SDK documentation and PrIM, ``shared/field-notes/upmem.md`` §1.1; bank-level PIM: the
+DRAM-PIM figures of ``shared/field-notes/chips.md`` §3.)
 
 A device package builds its array once (``NearMemoryArray(units=..., ...)``), asks this
 package for the workgroup, the distribution of each input, the layout of a unit's memory and
@@ -51,14 +51,14 @@ class NearMemoryArray:
     Attributes:
         units: processing units a kernel may use at most (UPMEM: DPUs).
         units_per_group: units one host transfer or launch drives together (UPMEM: 64 DPUs of a
-            rank; HBM-PIM: the units of a pseudo-channel).
+            rank; bank-level PIM: the units of a pseudo-channel).
         memory_bytes: memory of one unit, bytes (UPMEM: 64 MiB of MRAM).
-        scratch_bytes: local scratchpad of one unit, bytes (UPMEM: 64 KiB of WRAM; HBM-PIM: its
+        scratch_bytes: local scratchpad of one unit, bytes (UPMEM: 64 KiB of WRAM; bank-level PIM: its
             general register files).
-        threads: hardware threads of one unit at most (UPMEM: 24 tasklets; HBM-PIM: 1).
-        lanes: SIMD lanes of one thread (UPMEM: 1; HBM-PIM: 16 FP16 lanes).
+        threads: hardware threads of one unit at most (UPMEM: 24 tasklets; bank-level PIM: 1).
+        lanes: SIMD lanes of one thread (UPMEM: 1; bank-level PIM: 16 FP16 lanes).
         align_bytes: granularity of a transfer between a unit's memory and its scratchpad, and
-            of every memory region (UPMEM: 8-byte DMA; HBM-PIM: one 32-byte column).
+            of every memory region (UPMEM: 8-byte DMA; bank-level PIM: one 32-byte column).
         block_max_bytes: the largest such transfer, bytes (UPMEM: 2048).
     """
 
