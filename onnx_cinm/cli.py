@@ -496,14 +496,8 @@ def _cmd_devices(args) -> int:
         if rows:
             print(table((Column("parameter", fit=42), "meaning"), rows, header=False, indent="  "))
         _print_options(dev)
-        presets = getattr(dev, "presets", None)
-        if presets:
-            print("  presets (--cim-preset; fields marked * have no primary source):")
-            for name, p in presets.items():
-                print(f"    {name}: {p.summary()}")
-                for key, src in p.sources:
-                    mark = "*" if key in p.unverified else " "
-                    print(f"      {mark}{key}: {getattr(p, key)} ({src})")
+        for line in dev.catalog():
+            print(f"  {line}")
     return 0
 
 

@@ -160,6 +160,10 @@ def test_console_script_help_and_lists():
     # showed a second class of which only some figures were used)
     assert "cycles/byte: 0.5" in lines["dma_beta"] and lines["dma_max"].startswith("  dma_max = 2048 ")
     assert lines["max_tasklets"].startswith("  max_tasklets = 24 ")
+    # the crossbar chip presets with the source of every field (Device.catalog; issue 13's
+    # contract once dropped them, the device no longer having a `presets` attribute)
+    assert "presets (--cim-preset; fields marked * have no primary source):" in res.stdout
+    assert "rows: 128 (ISAAC 128x128 (crossbar.md §2.6))" in res.stdout
 
 
 def test_run_never_overwrites_its_model_inputs_or_kernels(tmp_path, capsys):

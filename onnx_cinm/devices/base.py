@@ -156,6 +156,11 @@ class Device:
         """Named lists the device offers (``{"presets": names}``), for ``onnx-cinm devices``."""
         return {}
 
+    def catalog(self) -> list[str]:
+        """Lines the device adds to ``onnx-cinm devices`` after its parameters and options (e.g.
+        its chip presets with their sources). Default: none."""
+        return []
+
     def resources(self, options: dict) -> Resources:
         """What the ops placed on the device share under ``options`` (default: nothing)."""
         return Resources()

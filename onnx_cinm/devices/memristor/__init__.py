@@ -141,6 +141,17 @@ class MemristorDevice(Device):
         and device effects (``--cim-effects``; :mod:`.nonideal`)."""
         return {"presets": tuple(PRESETS), "modes": tuple(NAMED), "effects": tuple(EFFECTS)}
 
+    def catalog(self) -> list[str]:
+        """The chip presets for ``onnx-cinm devices``: each preset's summary and every field
+        with its source (``*``: no primary source)."""
+        out = ["presets (--cim-preset; fields marked * have no primary source):"]
+        for name, p in PRESETS.items():
+            out.append(f"  {name}: {p.summary()}")
+            for key, src in p.sources:
+                mark = "*" if key in p.unverified else " "
+                out.append(f"    {mark}{key}: {getattr(p, key)} ({src})")
+        return out
+
     def preset(self, name: str) -> CrossbarParams:
         """The parameters of chip preset ``name`` (KeyError if unknown)."""
         return PRESETS[name]
