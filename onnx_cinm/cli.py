@@ -537,7 +537,7 @@ def _provider_options(items: list[str], parser) -> dict:
                 raise unknown_key(key, schema, f"{PROVIDER} option")
             opts[key] = from_text(schema[key], value)
         except CinmError as e:
-            parser.error(f"--provider-option {e}")
+            parser.error(f"--provider-option {str(e).removeprefix('option ')}")
     return opts
 
 

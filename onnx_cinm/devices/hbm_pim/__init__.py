@@ -156,12 +156,12 @@ class HbmPimDevice(Device):
         if form is None:
             return Support(False, f"HBM-PIM's ISA computes GEMV, Add, Mul and Relu, not "
                                   f"{op.op_type}", applicable=False)
-        if isinstance(form, str):
-            return Support(False, form)
         dt = self._dtype(op)
-        if dt == "float32" and not accept_float32:
+        if dt == "float32" and not accept_float32:  # before the shape: not this device's dtype
             return Support(False, "float32: the PCUs compute FP16 (hbm_pim_accept_float32=true "
                                   "rounds it to FP16)", applicable=False)
+        if isinstance(form, str):
+            return Support(False, form)
         if dt not in ("float16", "float32"):
             return Support(False, f"dtype {dt or 'mixed/unknown'}: the PCUs compute FP16")
         try:
