@@ -270,9 +270,11 @@ def load_config(path, schema: dict[str, OptionSpec]) -> dict:
     :class:`OptionSpec`), as flat keys, checked (:func:`check`). Raises CinmError naming the
     file on a missing or unreadable file, invalid TOML, an unknown table or key (with the known
     ones) or a bad value."""
-    import tomllib
-
     where = f"config '{path}'"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise CinmError(f"{where}: reading TOML needs Python 3.11 or later") from None
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
