@@ -28,6 +28,7 @@ from onnx import numpy_helper
 
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
+from ..rewrite import add_initializer
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers
@@ -140,23 +141,6 @@ def _remove_dead_values(graph: onnx.GraphProto) -> None:
     stale = [v for v in graph.value_info if v.name not in produced]
     for value in stale:
         graph.value_info.remove(value)
-
-
-def _add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> None:
-    """Append ``array`` to the initializers as ``name``, with exactly its dtype.
-
-    Fills the new entry in place with ``raw_data``: appending a ready TensorProto would copy
-    it again, and ``numpy_helper.from_array`` makes further copies (seconds for the 550 MB of
-    light_vgg19).
-    """
-    tensor = graph.initializer.add()
-    if array.dtype.kind in "OSU":
-        tensor.CopyFrom(numpy_helper.from_array(array, name))
-        return
-    tensor.name = name
-    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
-    tensor.dims.extend(array.shape)
-    tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
 
 
 # --- canonicalize_opset ----------------------------------------------------------------------
@@ -454,7 +438,7 @@ def _fold(
     _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
     _remove_dead_values(graph)
     for name in sorted(results):
-        _add_initializer(graph, results.pop(name), name)
+        add_initializer(graph, results.pop(name), name)
     return len(folded)
 
 
@@ -563,7 +547,7 @@ def _normalize_reduce(
         return False  # already canonical
     if as_input:
         name = names.fresh(f"{node.output[0]}_axes")
-        _add_initializer(graph, np.array(canonical, dtype=np.int64), name)
+        add_initializer(graph, np.array(canonical, dtype=np.int64), name)
         del node.input[1:]
         node.input.append(name)
         for attr in [a for a in node.attribute if a.name == "noop_with_empty_axes"]:
@@ -727,8 +711,8 @@ def _fold_into_conv(
     new_bias = (conv_bias - mean) * factor + bias
     weight_name = names.fresh(f"{conv.input[1]}_bn")
     bias_name = names.fresh(f"{conv.input[2] if has_bias else conv.output[0]}_bn_bias")
-    _add_initializer(graph, new_weight.astype(weight.dtype), weight_name)
-    _add_initializer(graph, new_bias.astype(weight.dtype), bias_name)
+    add_initializer(graph, new_weight.astype(weight.dtype), weight_name)
+    add_initializer(graph, new_bias.astype(weight.dtype), bias_name)
     del conv.input[1:]
     conv.input.extend([weight_name, bias_name])
     conv.output[0] = batchnorm.output[0]
