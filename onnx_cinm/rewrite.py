@@ -14,7 +14,8 @@ pattern, a condition, a replacement):
 - the *check*: ``check(edit, node)`` returns a string saying why the node stays as it is, or any
   other value (a binding: what the check worked out, handed to the replacement);
 - the *replacement*: ``replace(edit, node, binding)`` returns the new nodes (built with a
-  :class:`Builder`). A replacement may still refuse with a reason string when its last condition
+  :class:`Builder`), or a :class:`Replacement` when they replace more nodes than the anchor
+  (a pattern over several nodes, found by the check through use-def links). A replacement may still refuse with a reason string when its last condition
   can only be decided on what it builds (a rule delegating to another rule); what it built is
   then discarded.
 
@@ -28,16 +29,47 @@ copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_ci
 """
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from onnx import numpy_helper
 
 from .errors import CinmError
+
+
+class _Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module until one of its attributes is read, then imports
+    the real one (and leaves ``sys.modules`` to it). Its ``__spec__`` is None, so an ``import``
+    statement finding it there does not load it."""
+
+    def __getattr__(self, attr: str):
+        real = self.__dict__.get("_real")
+        if real is None:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            real = self.__dict__["_real"] = importlib.import_module(self.__name__)
+        return getattr(real, attr)
+
+
+def _import_onnx_ir():
+    """``import onnx_ir`` without importing sympy: onnx_ir 1.1 imports it eagerly (0.6 s of CPU
+    per process on the build machine, about 10% of ``optimize`` on ResNet-50; measured with
+    ``python -X importtime``) for symbolic-dimension arithmetic the passes never do. sympy and
+    onnx_ir's expression parser are deferred until first used (``tests/test_rewrite.py``
+    checks both: not loaded by a rewrite, and still working)."""
+    if "onnx_ir" not in sys.modules:
+        for name in ("sympy", "onnx_ir._symbolic_shapes"):
+            sys.modules.setdefault(name, _Deferred(name))
+    return importlib.import_module("onnx_ir")
+
+
+ir = _import_onnx_ir()
 
 
 def names_of(values) -> list[str]:
@@ -104,12 +136,16 @@ class Edit:
         return self._scope.get(name) if name else None
 
     def constant(self, name: str) -> np.ndarray | None:
-        """The array of the initializer ``name`` read by the focused node, if the model had it
-        before this edit (constants made by :meth:`const` are not folded again), else None."""
-        v = self.lookup(name)
-        if v is None or v not in self._original:
+        """The array of the initializer ``name`` read by the focused node (see :meth:`array`)."""
+        return self.array(self.lookup(name))
+
+    def array(self, value: ir.Value | None, inputs_too: bool = True) -> np.ndarray | None:
+        """The array of ``value`` if it is an initializer the model had before this edit
+        (constants made by :meth:`const` are not folded again), else None. ``inputs_too=False``:
+        None for an initializer that is also a graph input (a default the caller may override)."""
+        if value is None or value not in self._original or (not inputs_too and value.is_graph_input()):
             return None
-        t = v.const_value
+        t = value.const_value
         return numpy_helper.to_array(t.raw) if isinstance(t, ir.TensorProtoTensor) else t.numpy()
 
     def const(self, base: str, array: np.ndarray) -> str:
@@ -146,24 +182,28 @@ class Edit:
 
     # -- rewriting ---------------------------------------------------------------------------
 
-    def replace(self, old: ir.Node, new: list[ir.Node]) -> None:
-        """Put ``new`` where ``old`` is; every named output of ``old`` must be an output of
-        ``new`` (by name): its consumers and graph outputs move to that value."""
+    def replace(self, old: list[ir.Node], new: list[ir.Node]) -> None:
+        """Put ``new`` where the first of ``old`` is and remove ``old``. The consumers and graph
+        outputs of each output of ``old`` move to the output of ``new`` with the same name; an
+        output of ``old`` without one must have no readers outside ``old`` (else ValueError)."""
         made = {v.name: v for n in new for v in n.outputs if v.name}
-        for v in old.outputs:
-            if v.name:
-                v.replace_all_uses_with(made[v.name], replace_graph_outputs=True)
-        self.graph.insert_before(old, new)
+        for node in old:
+            for v in node.outputs:
+                if v.name in made:
+                    v.replace_all_uses_with(made[v.name], replace_graph_outputs=True)
+        self.graph.insert_before(old[0], new)
         self.graph.remove(old, safe=True)
 
-    def commit(self) -> onnx.ModelProto:
+    def commit(self, keep_graph_inputs: bool = False) -> onnx.ModelProto:
         """Write the graph back into the ``ModelProto`` and return it: the nodes, and the
-        initializers nothing reads any more deleted in place (weights are not copied); the
-        constants made by :meth:`const` that are read are appended, in the order made."""
+        initializers nothing reads any more deleted in place (weights are not copied; with
+        ``keep_graph_inputs``, those that are graph inputs stay); the constants made by
+        :meth:`const` that are read are appended, in the order made."""
         g = self.proto.graph
         del g.node[:]
         g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
-        dead = {v.name for v in self.graph.initializers.values() if not v.uses() and not v.is_graph_output()}
+        dead = {v.name for v in self.graph.initializers.values()
+                if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         for index in reversed(range(len(g.initializer))):
             if g.initializer[index].name in dead:
                 del g.initializer[index]
@@ -193,13 +233,27 @@ class Builder:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """What a replacement returns when it replaces more than its anchor node.
+
+    Attributes:
+        nodes: the new nodes, in order; they go where the first of ``removes`` was.
+        removes: the matched nodes they replace, anchor included, in graph order.
+    """
+
+    nodes: list[ir.Node]
+    removes: list[ir.Node]
+
+
+@dataclass(frozen=True)
 class Rule:
     """A rewrite rule: pattern (``ops``), check and replacement, see the module docstring.
 
     Attributes:
         ops: op types (default domain) of the nodes the rule anchors on.
         check: ``check(edit, node) -> str | binding``: a string is the reason the node stays.
-        replace: ``replace(edit, node, binding) -> list[ir.Node] | str``.
+        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | str``: a list
+            replaces ``node`` alone.
     """
 
     ops: frozenset[str]
@@ -225,14 +279,16 @@ def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] 
     kept: dict[str, Counter] = {}
     for node in list(edit.graph):
         rule = table.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if rule is None:
+        if rule is None or node.graph is not edit.graph:  # (no longer there: matched by a rule)
             continue
         edit.focus(node)
         result = guard(node)
         if result is None:
             result = rule(edit, node)
-        if isinstance(result, list):
-            edit.replace(node, result)
+        if isinstance(result, (list, Replacement)):
+            if isinstance(result, list):
+                result = Replacement(result, [node])
+            edit.replace(result.removes, result.nodes)
             rewritten[node.op_type] += 1
         elif result:
             kept.setdefault(node.op_type, Counter())[result] += 1

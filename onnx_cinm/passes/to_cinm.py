@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from onnx import helper
 
 from ..analysis import tensor_infos
 from ..devices.base import TensorInfo
 from ..dialects import cinm
-from ..rewrite import Builder, Edit, Rule, apply, names_of
+from ..rewrite import Builder, Edit, Rule, apply, ir, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
 
