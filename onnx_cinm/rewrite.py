@@ -94,6 +94,24 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
 
 
+def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:
+    """Clear, in place, the types onnx_ir 1.1 cannot read (maps, as in ZipMap's
+    ``seq(map(int64, float))`` output) of the graph's inputs, outputs and value_info, and return
+    them to be put back: the rules need no types (``commit`` does not write these back)."""
+    hidden = []
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.WhichOneof("value") in ("tensor_type", None):
+            continue
+        try:
+            ir.serde.deserialize_type_proto_for_type(value.type)
+        except Exception:  # noqa: BLE001 -- SerdeError wrapping NotImplementedError, ValueError
+            saved = onnx.TypeProto()
+            saved.CopyFrom(value.type)
+            value.ClearField("type")
+            hidden.append((value, saved))
+    return hidden
+
+
 class Edit:
     """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
 
@@ -111,6 +129,7 @@ class Edit:
 
     def __init__(self, model: onnx.ModelProto, fresh: Callable[[str], str]) -> None:
         self.proto = model
+        hidden = _hide_unreadable_types(model.graph)
         try:
             self.model = ir.from_proto(model)
         except Exception as e:  # noqa: BLE001 -- e.g. sparse tensors, which onnx_ir cannot read
@@ -119,6 +138,9 @@ class Edit:
                 cause = cause.__cause__
             raise CinmError(f"cannot rewrite the model: {type(cause).__name__}: "
                             f"{str(cause).splitlines()[0]}") from None
+        finally:
+            for value, saved in hidden:
+                value.type.CopyFrom(saved)
         self.graph = self.model.graph
         self.fresh = fresh
         self._original = {v for v in self.graph.initializers.values()}
