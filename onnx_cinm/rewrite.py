@@ -15,9 +15,9 @@ pattern, a condition, a replacement):
   other value (a binding: what the check worked out, handed to the replacement);
 - the *replacement*: ``replace(edit, node, binding)`` returns the new nodes (built with a
   :class:`Builder`), or a :class:`Replacement` when they replace more nodes than the anchor
-  (a pattern over several nodes, found by the check through use-def links). A replacement may still refuse with a reason string when its last condition
-  can only be decided on what it builds (a rule delegating to another rule); what it built is
-  then discarded.
+  (a pattern over several nodes, found by the check through use-def links). A replacement may
+  still refuse with a reason string when its last condition can only be decided on what it
+  builds (a rule delegating to another rule); what it built is then discarded.
 
 :func:`apply` runs a table of rules over the main graph, counts what it rewrote and why the rest
 stayed. Tensor names are kept: a replacement writes the replaced node's output names, so
