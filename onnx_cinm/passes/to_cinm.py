@@ -34,17 +34,16 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from ..analysis import tensor_infos
 from ..dialects import cinm
 from ..graph import TensorInfo
+from ..rewrite import Builder, Edit, Rule, apply, ir, names_of
 from . import PassContext, register_pass
-from .graph_names import Names, drop_unread_initializers
+from .graph_names import Names
 
 _BINARY = set(cinm.BINARY_OPS)
 _UNARY = set(cinm.UNARY_OPS)
@@ -53,39 +52,33 @@ _MATMUL_TYPES = {"float32", "float64", "float16", "int32", "int64", "uint32", "u
 _NUMERIC = _MATMUL_TYPES | {"int8", "uint8", "int16", "uint16"}
 
 
-class _Rewriter:
-    """Holds the model being rewritten: fresh names, constants, tensor infos."""
+class _Rewriter(Edit):
+    """The model being rewritten (an :class:`onnx_cinm.rewrite.Edit`) with its tensor infos (by
+    name; constants made here are added) and the values on the shape path."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
-        self.graph = model.graph
         self.infos = tensor_infos(model)
-        self.inits = {i.name: i for i in self.graph.initializer}
-        self.new_inits: list[onnx.TensorProto] = []
-        self.fresh = Names(self.graph).fresh
+        super().__init__(model, Names(model.graph).fresh)
         self.opset = cinm.default_opset(model)
         self.shape_path = self._shape_path()
 
-    def _shape_path(self) -> set[str]:
-        """Tensors computed from Shape/Size (shape bookkeeping)."""
-        path: set[str] = set()
-        for n in self.graph.node:
+    def _shape_path(self) -> set[ir.Value]:
+        """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
+        path: set[ir.Value] = set()
+        for n in self.graph:
             if n.op_type in ("Shape", "Size") or (
-                    any(i in path for i in n.input) and
-                    all(i in path or i in self.inits or not i for i in n.input)):
-                path.update(n.output)
+                    any(v in path for v in n.inputs if v is not None) and
+                    all(v is None or v in path or v in self._original for v in n.inputs)):
+                path.update(n.outputs)
         return path
 
     def const(self, base: str, array: np.ndarray) -> str:
-        name = self.fresh(base)
-        # np.array(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
-        self.new_inits.append(numpy_helper.from_array(np.array(array, order="C"), name))
+        name = super().const(base, array)
         self.infos[name] = TensorInfo(name, array.dtype, tuple(array.shape), True)
         return name
 
     def value(self, name: str) -> np.ndarray | None:
-        init = self.inits.get(name)
-        return None if init is None else numpy_helper.to_array(init)
+        return self.constant(name)
 
     def info(self, name: str) -> TensorInfo | None:
         return self.infos.get(name)
@@ -107,46 +100,52 @@ class _Rewriter:
         return None if i is None or i.shape is None else len(i.shape)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return cinm.node_attrs(node)
+def _attrs(node: ir.Node) -> dict:
+    return {k: a.value for k, a in node.attributes.items()}
 
 
-class _Lowering:
-    """Builds the replacement nodes of one source node."""
+def _ins(node: ir.Node) -> list[str]:
+    return names_of(node.inputs)
 
-    def __init__(self, rw: _Rewriter, node: onnx.NodeProto) -> None:
-        self.rw, self.node, self.nodes = rw, node, []
-        self.base = node.name or node.output[0]
+
+def _outs(node: ir.Node) -> list[str]:
+    return names_of(node.outputs)
+
+
+class _Lowering(Builder):
+    """Builds the replacement nodes of one source node: cinm ops, standard ops, int64 constants."""
 
     def cinm(self, op: str, inputs: list[str], outputs: list[str] | None = None, suffix: str = "",
              **attrs) -> str:
-        outs = outputs or [self.rw.fresh(f"{self.base}_{suffix or op.lower()}")]
-        self.nodes.append(cinm.make_node(op, inputs, outs, name=self.rw.fresh(f"{self.base}/{op}"),
-                                         **attrs))
-        return outs[0]
+        return self.node(cinm.make_node, op, inputs, outputs, suffix or op.lower(), **attrs)
 
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
-        outs = outputs or [self.rw.fresh(f"{self.base}_{op.lower()}")]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=self.rw.fresh(f"{self.base}/{op}"),
-                                           **attrs))
-        return outs[0]
+        return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
 
     def ints(self, suffix: str, values) -> str:
-        return self.rw.const(f"{self.base}_{suffix}", np.asarray(values, dtype=np.int64))
+        return self.edit.const(f"{self.base}_{suffix}", np.asarray(values, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------
-# Pattern rules: each returns the replacement nodes, or a string saying why the node stays.
+# Rules: a check (returns why the node stays, or what the replacement needs) beside its
+# replacement (returns the new nodes); the pattern is the op types in the table at the end.
 # ---------------------------------------------------------------------------------------------
 
-def _lower_matmul(rw: _Rewriter, node: onnx.NodeProto):
-    a, b = node.input
+def _check_matmul(rw: _Rewriter, node: ir.Node):
+    a, b = _ins(node)
     ra, rb = rw.rank(a), rw.rank(b)
     if ra is None or rb is None:
         return "operand rank unknown"
     if rw.dtype_name(a) not in _MATMUL_TYPES:
         return f"dtype {rw.dtype_name(a)}"
-    lo, y = _Lowering(rw, node), node.output[0]
+    if ra == 0 or (ra >= 2 and rb == 0):
+        return "unsupported ranks"
+    return ra, rb
+
+
+def _matmul(rw: _Rewriter, node: ir.Node, ranks):
+    (a, b), (ra, rb) = _ins(node), ranks
+    lo, y = _Lowering(rw, node), _outs(node)[0]
     if ra >= 2 and rb >= 2:
         lo.cinm("Gemm", [a, b], [y])
     elif ra == 2 and rb == 1:
@@ -160,23 +159,25 @@ def _lower_matmul(rw: _Rewriter, node: onnx.NodeProto):
     elif ra == 1 and rb == 1:  # dot product: a as a 1 x K matrix
         arow = lo.std("Unsqueeze", [a, lo.ints("axis", [0])])
         lo.std("Squeeze", [lo.cinm("Gemv", [arow, b]), lo.ints("axis", [0])], [y])
-    elif ra == 1:  # vector times (batched) matrix: a as a row
+    else:  # vector times (batched) matrix: a as a row
         arow = lo.std("Unsqueeze", [a, lo.ints("axis", [0])])
         lo.std("Squeeze", [lo.cinm("Gemm", [arow, b]), lo.ints("axis", [-2])], [y])
-    else:
-        return "unsupported ranks"
     return lo.nodes
 
 
-def _lower_gemm(rw: _Rewriter, node: onnx.NodeProto):
-    at = _attrs(node)
+def _check_gemm(rw: _Rewriter, node: ir.Node):
+    at, ins = _attrs(node), _ins(node)
     if at.get("transA", 0) or at.get("transB", 0) or at.get("alpha", 1.0) != 1.0 or \
-            (at.get("beta", 1.0) != 1.0 and len(node.input) > 2 and node.input[2]):
+            (at.get("beta", 1.0) != 1.0 and len(ins) > 2 and ins[2]):
         return "non-canonical Gemm attributes (the normalize pass was skipped)"
-    if rw.dtype_name(node.input[0]) not in _MATMUL_TYPES:
-        return f"dtype {rw.dtype_name(node.input[0])}"
+    if rw.dtype_name(ins[0]) not in _MATMUL_TYPES:
+        return f"dtype {rw.dtype_name(ins[0])}"
+    return True
+
+
+def _gemm(rw: _Rewriter, node: ir.Node, _):
     lo = _Lowering(rw, node)
-    lo.cinm("Gemm", [i for i in node.input if i], [node.output[0]])
+    lo.cinm("Gemm", [i for i in _ins(node) if i], [_outs(node)[0]])
     return lo.nodes
 
 
@@ -193,23 +194,21 @@ def _same_pads(in_dims, ks, st, dl, mode: str) -> list[int] | None:
     return begins + ends
 
 
-def _lower_conv(rw: _Rewriter, node: onnx.NodeProto):
-    x, w = node.input[0], node.input[1]
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    xi, wi = rw.info(x), rw.info(w)
+def _check_conv(rw: _Rewriter, node: ir.Node):
+    """Shapes and the explicit window of a Conv: {r, m, cg, ks, st, dl, g, pads}."""
+    ins = _ins(node)
+    xi, wi = rw.info(ins[0]), rw.info(ins[1])
     if xi is None or xi.shape is None or wi is None or wi.shape is None:
         return "input or weight shape unknown"
     if not all(isinstance(d, int) for d in wi.shape) or not isinstance(xi.shape[1], int):
         return "weight shape or channel count not static"
-    if rw.dtype_name(x) not in ("float32", "float64", "float16", "int32"):  # int32: ConvInteger's
-        return f"dtype {rw.dtype_name(x)}"
+    if rw.dtype_name(ins[0]) not in ("float32", "float64", "float16", "int32"):  # int32: ConvInteger's
+        return f"dtype {rw.dtype_name(ins[0])}"
     r = len(wi.shape) - 2
     at = _attrs(node)
-    m, cg = wi.shape[0], wi.shape[1]
     ks = list(at.get("kernel_shape", wi.shape[2:]))
     st = list(at.get("strides", [1] * r))
     dl = list(at.get("dilations", [1] * r))
-    g = int(at.get("group", 1))
     auto_pad = at.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = _same_pads(xi.shape[2:], ks, st, dl, auto_pad)
@@ -219,10 +218,20 @@ def _lower_conv(rw: _Rewriter, node: onnx.NodeProto):
         pads = [0] * (2 * r)
     else:
         pads = list(at.get("pads", [0] * (2 * r)))
-    kk = int(np.prod(ks))
+    return {"r": r, "m": wi.shape[0], "cg": wi.shape[1], "ks": ks, "st": st, "dl": dl,
+            "g": int(at.get("group", 1)), "pads": pads}
+
+
+def _conv(rw: _Rewriter, node: ir.Node, p: dict):
+    ins = _ins(node)
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 and ins[2] else None
+    r, m, cg, g = p["r"], p["m"], p["cg"], p["g"]
+    kk = int(np.prod(p["ks"]))
     lo = _Lowering(rw, node)
-    y = node.output[0]
-    cols = lo.cinm("Im2Col", [x], suffix="cols", kernel_shape=ks, strides=st, pads=pads, dilations=dl)
+    y = _outs(node)[0]
+    cols = lo.cinm("Im2Col", [x], suffix="cols", kernel_shape=p["ks"], strides=p["st"], pads=p["pads"],
+                   dilations=p["dl"])
     to_nchw = [0, r + 1] + list(range(1, r + 1))
     w_val = rw.value(w)
     if g == 1:
@@ -256,34 +265,39 @@ def _lower_conv(rw: _Rewriter, node: onnx.NodeProto):
     return lo.nodes
 
 
-def _lower_elementwise(rw: _Rewriter, node: onnx.NodeProto):
-    op = node.op_type
-    if op in ("Max", "Min") and len(node.input) != 2:
+def _check_elementwise(rw: _Rewriter, node: ir.Node):
+    op, ins = node.op_type, _ins(node)
+    if op in ("Max", "Min") and len(ins) != 2:
         return "variadic Max/Min"
-    if op in _BINARY and len(node.input) != 2:
+    if op in _BINARY and len(ins) != 2:
         return "unexpected arity"
     if op == "Clip" and rw.opset < 11:
         return "Clip below opset 11"
-    dt = rw.dtype_name(node.input[0])
+    dt = rw.dtype_name(ins[0])
     allowed = {"float32", "float64", "float16"} if op in ("Exp", "Log", "Sqrt", "Sigmoid", "Tanh",
                                                           "LeakyRelu", "HardSigmoid") else _NUMERIC
     if dt not in allowed:
         return f"dtype {dt}"
+    return True
+
+
+def _elementwise(rw: _Rewriter, node: ir.Node, _):
+    op = node.op_type
     lo = _Lowering(rw, node)
     keep = {k: v for k, v in _attrs(node).items() if k in cinm.OPS[op].attrs}
-    inputs = list(node.input)
+    inputs = _ins(node)
     if op == "Clip":  # always 3 inputs: the cinm Clip schema's inference reads input 2 (max)
         inputs += [""] * (3 - len(inputs))
-    lo.cinm(op, inputs, [node.output[0]], **keep)
+    lo.cinm(op, inputs, [_outs(node)[0]], **keep)
     return lo.nodes
 
 
-def _reduce_axes(rw: _Rewriter, node: onnx.NodeProto):
+def _reduce_axes(rw: _Rewriter, node: ir.Node):
     """Explicit, sorted, non-negative axes of a Reduce node, or a reason string."""
-    at = _attrs(node)
-    rank = rw.rank(node.input[0])
-    if len(node.input) > 1 and node.input[1]:
-        v = rw.value(node.input[1])
+    at, ins = _attrs(node), _ins(node)
+    rank = rw.rank(ins[0])
+    if len(ins) > 1 and ins[1]:
+        v = rw.value(ins[1])
         if v is None:
             return "axes are computed at run time"
         axes = [int(a) for a in v.reshape(-1)]
@@ -302,82 +316,100 @@ def _reduce_axes(rw: _Rewriter, node: onnx.NodeProto):
     return axes
 
 
-def _lower_reduce(rw: _Rewriter, node: onnx.NodeProto):
-    dt = rw.dtype_name(node.input[0])
+def _check_reduce(rw: _Rewriter, node: ir.Node):
+    """(axes, keepdims, dtype name)."""
+    x = _ins(node)[0]
+    dt = rw.dtype_name(x)
     if dt not in _NUMERIC:
         return f"dtype {dt}"
     axes = _reduce_axes(rw, node)
     if isinstance(axes, str):
         return axes
-    keepdims = int(_attrs(node).get("keepdims", 1))
+    if node.op_type == "ReduceMean":
+        shape = rw.info(x).shape
+        if not all(isinstance(shape[a], int) for a in axes) or dt not in ("float32", "float64", "float16"):
+            return "ReduceMean over dynamic dims"
+    return axes, int(_attrs(node).get("keepdims", 1)), dt
+
+
+def _reduce(rw: _Rewriter, node: ir.Node, binding):
+    (axes, keepdims, dt), x, y = binding, _ins(node)[0], _outs(node)[0]
     lo = _Lowering(rw, node)
     if node.op_type != "ReduceMean":
-        lo.cinm("Reduce", [node.input[0]], [node.output[0]], kind=_REDUCE[node.op_type], axes=axes,
-                keepdims=keepdims)
+        lo.cinm("Reduce", [x], [y], kind=_REDUCE[node.op_type], axes=axes, keepdims=keepdims)
         return lo.nodes
-    shape = rw.info(node.input[0]).shape
-    counted = [shape[a] for a in axes]
-    if not all(isinstance(c, int) for c in counted) or dt not in ("float32", "float64", "float16"):
-        return "ReduceMean over dynamic dims"
-    total = lo.cinm("Reduce", [node.input[0]], kind="add", axes=axes, keepdims=keepdims, suffix="sum")
-    count = rw.const(f"{lo.base}_count", np.array(int(np.prod(counted)), dtype=np.dtype(dt)))
-    lo.cinm("Div", [total, count], [node.output[0]])
+    shape = rw.info(x).shape
+    total = lo.cinm("Reduce", [x], kind="add", axes=axes, keepdims=keepdims, suffix="sum")
+    count = rw.const(f"{lo.base}_count", np.array(int(np.prod([shape[a] for a in axes])), dtype=np.dtype(dt)))
+    lo.cinm("Div", [total, count], [y])
     return lo.nodes
 
 
-def _lower_cumsum(rw: _Rewriter, node: onnx.NodeProto):
-    axis = rw.value(node.input[1])
+def _check_cumsum(rw: _Rewriter, node: ir.Node):
+    x, axis_name = _ins(node)[:2]
+    axis = rw.value(axis_name)
     if axis is None:
         return "axis computed at run time"
-    dt = rw.dtype_name(node.input[0])
+    dt = rw.dtype_name(x)
     if dt not in ("float32", "float64", "int32", "int64", "uint32", "uint64"):
         return f"dtype {dt}"
+    return int(axis.reshape(-1)[0])
+
+
+def _cumsum(rw: _Rewriter, node: ir.Node, axis: int):
     at = _attrs(node)
     lo = _Lowering(rw, node)
-    lo.cinm("Scan", [node.input[0]], [node.output[0]], kind="add", axis=int(axis.reshape(-1)[0]),
+    lo.cinm("Scan", [_ins(node)[0]], [_outs(node)[0]], kind="add", axis=axis,
             exclusive=int(at.get("exclusive", 0)), reverse=int(at.get("reverse", 0)))
     return lo.nodes
 
 
-def _lower_topk(rw: _Rewriter, node: onnx.NodeProto):
-    if rw.opset < 10 or len(node.input) < 2:
+def _check_topk(rw: _Rewriter, node: ir.Node):
+    ins = _ins(node)
+    if rw.opset < 10 or len(ins) < 2:
         return "TopK below opset 10"
-    k = rw.value(node.input[1])
+    k = rw.value(ins[1])
     if k is None:
         return "k computed at run time"
-    dt = rw.dtype_name(node.input[0])
+    dt = rw.dtype_name(ins[0])
     if dt not in _NUMERIC:
         return f"dtype {dt}"
+    return int(k.reshape(-1)[0])
+
+
+def _topk(rw: _Rewriter, node: ir.Node, k: int):
     at = _attrs(node)
     lo = _Lowering(rw, node)
-    outs = list(node.output) + [""] * (2 - len(node.output))
+    outs = _outs(node) + [""] * (2 - len(node.outputs))
     outs = [o or rw.fresh(f"{lo.base}_unused") for o in outs]
-    lo.cinm("TopK", [node.input[0]], outs, k=int(k.reshape(-1)[0]), axis=int(at.get("axis", -1)),
+    lo.cinm("TopK", [_ins(node)[0]], outs, k=k, axis=int(at.get("axis", -1)),
             largest=int(at.get("largest", 1)), sorted=int(at.get("sorted", 1)))
     return lo.nodes
 
 
-def _lower_transpose(rw: _Rewriter, node: onnx.NodeProto):
+def _check_transpose(rw: _Rewriter, node: ir.Node):
     perm = _attrs(node).get("perm")
     if perm is None:
-        rank = rw.rank(node.input[0])
+        rank = rw.rank(_ins(node)[0])
         if rank is None:
             return "rank unknown"
         perm = list(reversed(range(rank)))
+    return list(perm)
+
+
+def _transpose(rw: _Rewriter, node: ir.Node, perm: list[int]):
     lo = _Lowering(rw, node)
-    lo.cinm("Transpose", [node.input[0]], [node.output[0]], perm=list(perm))
+    lo.cinm("Transpose", [_ins(node)[0]], [_outs(node)[0]], perm=perm)
     return lo.nodes
 
 
 def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_shape: list | None,
-                      tag: str) -> str | None:
+                      tag: str) -> str:
     """``int32(x) - int32(zp)``: folded into an int32 initializer when both are constant, else a
     Cast and a Sub on the host (a zero point made at run time, as DynamicQuantizeLinear's, is
     cast too). ``zp_shape`` reshapes a per-row/per-channel zero point for broadcasting (None:
-    as it is). None if the shapes are unknown."""
+    as it is). The shapes of ``x`` and ``zp`` are known (see :func:`_check_integer`)."""
     xi, zi = rw.info(x), (rw.info(zp) if zp else None)
-    if xi is None or xi.shape is None or (zp and (zi is None or zi.shape is None)):
-        return None
     z = rw.value(zp) if zp else None
     z32 = None if z is None else z.astype(np.int32).reshape(zp_shape if zp_shape else z.shape)
     x_val = rw.value(x)
@@ -395,46 +427,61 @@ def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_s
     return out
 
 
-def _lower_integer(rw: _Rewriter, node: onnx.NodeProto):
-    """MatMulInteger / ConvInteger as an int32 cinm Gemm (and Im2Col) of zero-point-corrected
-    operands: ``(A - a_zp) @ (B - b_zp)``, exact in int32 as onnxruntime computes it. Padding a
-    corrected input with 0 equals padding the raw one with its zero point, as ConvInteger does."""
-    ins = list(node.input) + [""] * (4 - len(node.input))
-    x, w, xzp, wzp = ins[:4]
+def _check_integer(rw: _Rewriter, node: ir.Node):
+    """Operand dtypes and shapes known: the zero-point shapes for broadcasting (x's, w's)."""
+    x, w, xzp, wzp = (_ins(node) + [""] * 4)[:4]
     if rw.dtype_name(x) not in ("int8", "uint8") or rw.dtype_name(w) not in ("int8", "uint8"):
         return f"dtype {rw.dtype_name(x)} x {rw.dtype_name(w)}"
-    lo = _Lowering(rw, node)
     wi, xi = rw.info(w), rw.info(x)
     if wi is None or wi.shape is None or xi is None or xi.shape is None:
         return "operand shape unknown"
+    if any(zp and (rw.info(zp) is None or rw.info(zp).shape is None) for zp in (xzp, wzp)):
+        return "operand or zero point shape unknown"
     xz, wz = (rw.value(n) if n else None for n in (xzp, wzp))
     if node.op_type == "MatMulInteger":
         # a per-row zero point of a 2-D A is [M]: a column for broadcasting; B's per-column [N] as is
         xzi = rw.info(xzp) if xzp else None
         per_row = (xz is not None and xz.ndim == 1 and xz.size > 1) or \
             (xz is None and xzi is not None and xzi.shape is not None and len(xzi.shape) == 1)
-        x_shape = [-1, 1] if per_row else None
-        w_shape = None
-    else:  # ConvInteger: x's zero point is a scalar; w's may be per output channel [M]
-        x_shape = None
-        w_shape = [-1] + [1] * (len(wi.shape) - 1) if wz is not None and wz.ndim == 1 and wz.size > 1 else None
-    x32 = _minus_zero_point(rw, lo, x, xzp or None, x_shape, "x32")
-    w32 = _minus_zero_point(rw, lo, w, wzp or None, w_shape, "w32")
-    if x32 is None or w32 is None:
-        return "operand or zero point shape unknown"
+        return ([-1, 1] if per_row else None), None
+    # ConvInteger: x's zero point is a scalar; w's may be per output channel [M]
+    return None, ([-1] + [1] * (len(wi.shape) - 1) if wz is not None and wz.ndim == 1 and wz.size > 1 else None)
+
+
+def _integer(rw: _Rewriter, node: ir.Node, zp_shapes):
+    """MatMulInteger / ConvInteger as an int32 cinm Gemm (and Im2Col) of zero-point-corrected
+    operands: ``(A - a_zp) @ (B - b_zp)``, exact in int32 as onnxruntime computes it. Padding a
+    corrected input with 0 equals padding the raw one with its zero point, as ConvInteger does.
+    The MatMul/Conv rule lowers the corrected operands, and may still refuse (with its reason)."""
+    x, w, xzp, wzp = (_ins(node) + [""] * 4)[:4]
+    lo = _Lowering(rw, node)
+    x32 = _minus_zero_point(rw, lo, x, xzp or None, zp_shapes[0], "x32")
+    w32 = _minus_zero_point(rw, lo, w, wzp or None, zp_shapes[1], "w32")
     std_op = "MatMul" if node.op_type == "MatMulInteger" else "Conv"
-    proxy = helper.make_node(std_op, [x32, w32], list(node.output), name=node.name)
-    proxy.attribute.extend(a for a in node.attribute)
-    inner = _RULES[std_op](rw, proxy)
+    proxy = ir.Node("", std_op, [rw.lookup(x32), rw.lookup(w32)], name=node.name,
+                    attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+                    outputs=[ir.Value(name=o) for o in _outs(node)])
+    inner = _RULE_OF[std_op](rw, proxy)
+    rw.detach(proxy)
     if isinstance(inner, str):
+        for n in lo.nodes:
+            rw.detach(n)
         return inner
     return lo.nodes + inner
 
 
-_RULES = {"MatMul": _lower_matmul, "Gemm": _lower_gemm, "Conv": _lower_conv, "CumSum": _lower_cumsum,
-          "TopK": _lower_topk, "Transpose": _lower_transpose, "ReduceMean": _lower_reduce,
-          "MatMulInteger": _lower_integer, "ConvInteger": _lower_integer,
-          **{op: _lower_reduce for op in _REDUCE}, **{op: _lower_elementwise for op in _BINARY | _UNARY}}
+_RULES = [
+    Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
+    Rule(frozenset({"Gemm"}), _check_gemm, _gemm),
+    Rule(frozenset({"Conv"}), _check_conv, _conv),
+    Rule(frozenset({"CumSum"}), _check_cumsum, _cumsum),
+    Rule(frozenset({"TopK"}), _check_topk, _topk),
+    Rule(frozenset({"Transpose"}), _check_transpose, _transpose),
+    Rule(frozenset({"ReduceMean", *_REDUCE}), _check_reduce, _reduce),
+    Rule(frozenset({"MatMulInteger", "ConvInteger"}), _check_integer, _integer),
+    Rule(frozenset(_BINARY | _UNARY), _check_elementwise, _elementwise),
+]
+_RULE_OF = {op: rule for rule in _RULES for op in rule.ops}
 
 
 @register_pass("to_cinm")
@@ -443,35 +490,22 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
 
     Reads ``ctx.options["lower_ops"]`` (optional set of source op types to lower; default all).
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
+    Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
     """
     rw = _Rewriter(model)
     only = ctx.options.get("lower_ops")
-    lowered: Counter = Counter()
-    kept: dict[str, Counter] = {}
-    out_nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        result = None
-        if rule is not None and (only is None or node.op_type in only):
-            if any(o in rw.shape_path for o in node.output):
-                result = "shape computation"
-            elif rw.empty(list(node.input) + list(node.output)):
-                result = "empty tensor (a zero-sized dim): no work for a device"
-            else:
-                result = rule(rw, node)
-        if isinstance(result, list):
-            out_nodes.extend(result)
-            lowered[node.op_type] += 1
-        else:
-            if result:
-                kept.setdefault(node.op_type, Counter())[result] += 1
-            out_nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(out_nodes)
-    model.graph.initializer.extend(rw.new_inits)
-    drop_unread_initializers(model.graph)
+    rules = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace) for r in _RULES]
+
+    def guard(node: ir.Node) -> str | None:
+        if any(v in rw.shape_path for v in node.outputs):
+            return "shape computation"
+        if rw.empty(_ins(node) + _outs(node)):
+            return "empty tensor (a zero-sized dim): no work for a device"
+        return None
+
+    lowered, kept = apply(rw, rules, guard)
+    model = rw.commit()
     cinm.attach_functions(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model
-

@@ -1,0 +1,317 @@
+"""Rewriting ONNX graphs on onnx_ir: use-def links, and rules written as pattern, check, replacement.
+
+The passes rewrite models through this module instead of editing ``NodeProto`` lists and building
+their own producer/consumer/constant maps: :class:`Edit` opens a ``ModelProto`` as an ``onnx_ir``
+model, whose values know their producer, their uses and their constant, and writes the result
+back. Why onnx_ir and not onnx-graphsurgeon: ``docs/architecture.md`` ("Rewriting IR"), measured
+by ``benchmarks/rewrite_ir.py`` (graphsurgeon drops function overloads, tensor/graph/type
+attributes and metadata on a round trip; onnx_ir keeps them and rewrites faster).
+
+A :class:`Rule` puts side by side, as onnxscript's rewriter does (its ``RewriteRule``: a target
+pattern, a condition, a replacement):
+
+- the *pattern*: the op types of the node it anchors on (default domain);
+- the *check*: ``check(edit, node)`` returns a string saying why the node stays as it is, or any
+  other value (a binding: what the check worked out, handed to the replacement);
+- the *replacement*: ``replace(edit, node, binding)`` returns the new nodes (built with a
+  :class:`Builder`), or a :class:`Replacement` when they replace more nodes than the anchor
+  (a pattern over several nodes, found by the check through use-def links). A replacement may
+  still refuse with a reason string when its last condition can only be decided on what it
+  builds (a rule delegating to another rule); what it built is then discarded.
+
+:func:`apply` runs a table of rules over the main graph, counts what it rewrote and why the rest
+stayed. Tensor names are kept: a replacement writes the replaced node's output names, so
+consumers, graph outputs and recorded tensor infos stay valid.
+
+Write-back (:meth:`Edit.commit`) puts the nodes back into the same ``ModelProto`` and deletes or
+appends initializers in place, rather than serializing a new model with ``ir.to_proto``: that
+copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_cinm`` pass).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import CinmError
+
+
+class _Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module until one of its attributes is read, then imports
+    the real one (and leaves ``sys.modules`` to it). Its ``__spec__`` is None, so an ``import``
+    statement finding it there does not load it."""
+
+    def __getattr__(self, attr: str):
+        real = self.__dict__.get("_real")
+        if real is None:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            real = self.__dict__["_real"] = importlib.import_module(self.__name__)
+        return getattr(real, attr)
+
+
+def _import_onnx_ir():
+    """``import onnx_ir`` without importing sympy: onnx_ir 1.1 imports it eagerly (0.6 s of CPU
+    per process on the build machine, about 10% of ``optimize`` on ResNet-50; measured with
+    ``python -X importtime``) for symbolic-dimension arithmetic the passes never do. sympy and
+    onnx_ir's expression parser are deferred until first used (``tests/test_rewrite.py``
+    checks both: not loaded by a rewrite, and still working)."""
+    if "onnx_ir" not in sys.modules:
+        for name in ("sympy", "onnx_ir._symbolic_shapes"):
+            sys.modules.setdefault(name, _Deferred(name))
+    return importlib.import_module("onnx_ir")
+
+
+ir = _import_onnx_ir()
+
+
+def names_of(values) -> list[str]:
+    """Names of ``values`` (a node's inputs or outputs), ``""`` for an omitted optional one."""
+    return [v.name if v is not None else "" for v in values]
+
+
+def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> None:
+    """Append ``array`` to the initializers of ``graph`` as ``name``, with exactly its dtype.
+
+    Fills the new entry in place with ``raw_data``: appending a ready TensorProto would copy
+    it again, and ``numpy_helper.from_array`` makes further copies (seconds for the 550 MB of
+    light_vgg19).
+    """
+    tensor = graph.initializer.add()
+    if array.dtype.kind in "OSU":
+        tensor.CopyFrom(numpy_helper.from_array(array, name))
+        return
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
+
+
+def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:
+    """Clear, in place, the types onnx_ir 1.1 cannot read (maps, as in ZipMap's
+    ``seq(map(int64, float))`` output) of the graph's inputs, outputs and value_info, and return
+    them to be put back: the rules need no types (``commit`` does not write these back)."""
+    hidden = []
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.WhichOneof("value") in ("tensor_type", None):
+            continue
+        try:
+            ir.serde.deserialize_type_proto_for_type(value.type)
+        except Exception:  # noqa: BLE001 -- SerdeError wrapping NotImplementedError, ValueError
+            saved = onnx.TypeProto()
+            saved.CopyFrom(value.type)
+            value.ClearField("type")
+            hidden.append((value, saved))
+    return hidden
+
+
+class Edit:
+    """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
+
+    Args:
+        model: the model; it is changed in place by :meth:`commit` (and returned by it).
+        fresh: ``fresh(base) -> name``: a name used nowhere in the model, subgraphs included
+            (:class:`onnx_cinm.passes.graph_names.Names` hands them out).
+
+    Raises:
+        CinmError: onnx_ir cannot read the model (sparse tensors, say).
+
+    Attributes:
+        graph: the ``ir.Graph`` of the main graph: iterate it for the nodes in order.
+    """
+
+    def __init__(self, model: onnx.ModelProto, fresh: Callable[[str], str]) -> None:
+        self.proto = model
+        hidden = _hide_unreadable_types(model.graph)
+        try:
+            self.model = ir.from_proto(model)
+        except Exception as e:  # noqa: BLE001 -- e.g. sparse tensors, which onnx_ir cannot read
+            cause = e
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            raise CinmError(f"cannot rewrite the model: {type(cause).__name__}: "
+                            f"{str(cause).splitlines()[0]}") from None
+        finally:
+            for value, saved in hidden:
+                value.type.CopyFrom(saved)
+        self.graph = self.model.graph
+        self.fresh = fresh
+        self._original = {v for v in self.graph.initializers.values()}
+        self._new_consts: list[ir.Value] = []
+        self._scope: dict[str, ir.Value] = {}
+
+    # -- values ------------------------------------------------------------------------------
+
+    def focus(self, node: ir.Node) -> None:
+        """Start rewriting ``node``: its inputs become resolvable by name for the builders."""
+        self._scope = {v.name: v for v in node.inputs if v is not None}
+
+    def lookup(self, name: str) -> ir.Value | None:
+        """The value called ``name`` among the focused node's inputs and what was built for it."""
+        return self._scope.get(name) if name else None
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The array of the initializer ``name`` read by the focused node (see :meth:`array`)."""
+        return self.array(self.lookup(name))
+
+    def array(self, value: ir.Value | None, inputs_too: bool = True) -> np.ndarray | None:
+        """The array of ``value`` if it is an initializer the model had before this edit
+        (constants made by :meth:`const` are not folded again), else None. ``inputs_too=False``:
+        None for an initializer that is also a graph input (a default the caller may override)."""
+        if value is None or value not in self._original or (not inputs_too and value.is_graph_input()):
+            return None
+        t = value.const_value
+        return numpy_helper.to_array(t.raw) if isinstance(t, ir.TensorProtoTensor) else t.numpy()
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        """Add an initializer holding ``array`` under a fresh name from ``base``; returns the name."""
+        name = self.fresh(base)
+        # np.array(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
+        value = ir.Value(name=name, const_value=ir.Tensor(np.array(array, order="C"), name=name))
+        self.graph.register_initializer(value)
+        self._new_consts.append(value)
+        self._scope[name] = value
+        return name
+
+    def add(self, proto: onnx.NodeProto) -> ir.Node:
+        """An ``ir.Node`` made from ``proto`` (not yet in the graph), its inputs resolved by name
+        (:meth:`lookup`), its outputs new values resolvable from now on."""
+        inputs = []
+        for name in proto.input:
+            v = self.lookup(name)
+            if name and v is None:
+                raise KeyError(f"rewrite of {proto.name!r}: input {name!r} is neither an input of "
+                               "the replaced node nor built for it")
+            inputs.append(v)
+        node = ir.Node(proto.domain, proto.op_type, inputs, name=proto.name or None,
+                       attributes=[ir.serde.deserialize_attribute(a) for a in proto.attribute],
+                       outputs=[ir.Value(name=o) for o in proto.output])
+        self._scope.update((v.name, v) for v in node.outputs if v.name)
+        return node
+
+    @staticmethod
+    def detach(node: ir.Node) -> None:
+        """Drop ``node``'s uses of its inputs (a node built but not kept)."""
+        for i in range(len(node.inputs)):
+            node.replace_input_with(i, None)
+
+    # -- rewriting ---------------------------------------------------------------------------
+
+    def replace(self, old: list[ir.Node], new: list[ir.Node]) -> None:
+        """Put ``new`` where the first of ``old`` is and remove ``old``. The consumers and graph
+        outputs of each output of ``old`` move to the output of ``new`` with the same name; an
+        output of ``old`` without one must have no readers outside ``old`` (else ValueError)."""
+        made = {v.name: v for n in new for v in n.outputs if v.name}
+        for node in old:
+            for v in node.outputs:
+                if v.name in made:
+                    v.replace_all_uses_with(made[v.name], replace_graph_outputs=True)
+        self.graph.insert_before(old[0], new)
+        self.graph.remove(old, safe=True)
+
+    def commit(self, keep_graph_inputs: bool = False) -> onnx.ModelProto:
+        """Write the graph back into the ``ModelProto`` and return it: the nodes, and the
+        initializers nothing reads any more deleted in place (weights are not copied; with
+        ``keep_graph_inputs``, those that are graph inputs stay); the constants made by
+        :meth:`const` that are read are appended, in the order made."""
+        g = self.proto.graph
+        del g.node[:]
+        g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
+        dead = {v.name for v in self.graph.initializers.values()
+                if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
+        for index in reversed(range(len(g.initializer))):
+            if g.initializer[index].name in dead:
+                del g.initializer[index]
+        for v in self._new_consts:
+            if v.name not in dead:
+                add_initializer(g, v.const_value.numpy(), v.name)
+        return self.proto
+
+
+class Builder:
+    """Builds the replacement of one node (``nodes``, in order); fresh names start with the
+    node's name (or its first output's)."""
+
+    def __init__(self, edit: Edit, node: ir.Node) -> None:
+        self.edit, self.nodes = edit, []
+        self.base = node.name or node.outputs[0].name
+
+    def node(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
+             outputs: list[str] | None, suffix: str, **attrs) -> str:
+        """Append the node ``make(op, inputs, outputs, name=<base>/<op>, **attrs)`` (e.g.
+        ``onnx.helper.make_node``); returns the name of its first output (``outputs[0]`` or a
+        fresh ``<base>_<suffix>``)."""
+        outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
+        proto = make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
+        self.nodes.append(self.edit.add(proto))
+        return outs[0]
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a replacement returns when it replaces more than its anchor node.
+
+    Attributes:
+        nodes: the new nodes, in order; they go where the first of ``removes`` was.
+        removes: the matched nodes they replace, anchor included, in graph order.
+    """
+
+    nodes: list[ir.Node]
+    removes: list[ir.Node]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rewrite rule: pattern (``ops``), check and replacement, see the module docstring.
+
+    Attributes:
+        ops: op types (default domain) of the nodes the rule anchors on.
+        check: ``check(edit, node) -> str | binding``: a string is the reason the node stays.
+        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | str``: a list
+            replaces ``node`` alone.
+    """
+
+    ops: frozenset[str]
+    check: Callable[[Edit, ir.Node], Any]
+    replace: Callable[[Edit, ir.Node, Any], Any]
+
+    def __call__(self, edit: Edit, node: ir.Node):
+        """The replacement nodes of ``node``, or the reason it stays."""
+        binding = self.check(edit, node)
+        if isinstance(binding, str):
+            return binding
+        return self.replace(edit, node, binding)
+
+
+def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] = lambda n: None
+          ) -> tuple[Counter, dict[str, Counter]]:
+    """Run ``rules`` once over the nodes of the main graph, in order (default-domain nodes only;
+    the first rule whose pattern has the op type). ``guard(node)`` may veto a node with a reason
+    before its rule's check. Returns ``(rewritten: Counter by op type, kept: {op type: Counter of
+    reasons})``."""
+    table = {op: rule for rule in rules for op in rule.ops}
+    rewritten: Counter = Counter()
+    kept: dict[str, Counter] = {}
+    for node in list(edit.graph):
+        rule = table.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if rule is None or node.graph is not edit.graph:  # (no longer there: matched by a rule)
+            continue
+        edit.focus(node)
+        result = guard(node)
+        if result is None:
+            result = rule(edit, node)
+        if isinstance(result, (list, Replacement)):
+            if isinstance(result, list):
+                result = Replacement(result, [node])
+            edit.replace(result.removes, result.nodes)
+            rewritten[node.op_type] += 1
+        elif result:
+            kept.setdefault(node.op_type, Counter())[result] += 1
+    return rewritten, kept
