@@ -1,0 +1,165 @@
+"""Cost-model placement: every cinm op on the device that minimizes the objective over the graph.
+
+Strategy ``cost`` of the ``placement`` pass (``--placement cost``). For every cinm op it chooses a
+device among those that support it (the host always does) so that the whole graph's modeled
+latency, energy or energy-delay product (``--objective latency|energy|edp``) is smallest, under
+the constraints below. Devices are reached only through the registry (:mod:`onnx_cinm.devices`).
+
+The model (one inference, ops run one after another, so latencies and energies add up):
+
+* **Op cost** on a device: the device's choices, :meth:`Device.price` (``Priced.cost``:
+  latency, energy, writes; what the choice keeps resident). An op a device refuses
+  (``supports()`` false, or its price raises, e.g. data that does not fit the device's memory
+  under the options) is not a candidate. Non-cinm ops run on the host and cost the host
+  roofline (:mod:`onnx_cinm.hostmodel`).
+* **Host cost**: a roofline of the host, ``max(FLOPs / FLOP/s, bytes / (bytes/s))`` seconds and
+  that time x 30 W (nominal rates by default, this CPU's measured ones on request; see
+  :mod:`onnx_cinm.hostmodel`).
+* **Transfers**: a tensor whose producer and consumer sit on different devices crosses the host:
+  ``out(producer device) + in(consumer device)`` per distinct consumer device, once per tensor
+  (a tensor read by three host ops crosses once), each priced by the device's
+  :meth:`Device.transfer_cost` (free for a device whose op costs include their transfers, such
+  as UPMEM's, whose measured scatter and gather are part of every kernel). Graph inputs start on
+  the host, graph outputs end there; constant inputs (weights) are loaded once and never cross
+  per inference. Likewise a device's one-time load (``Priced.load_s``) is not part of the
+  per-inference objective.
+
+Constraints (a placement that breaks one is never chosen; user hints still win and are reported):
+
+* **Crossbar residency** (a device's :attr:`Resources.crossbars` ``P``): a choice keeps
+  ``Priced.kept_crossbars`` tiles programmed across inferences and assumes nobody else
+  overwrites them. The crossbars are shared by every kernel on the device, one tile per
+  crossbar, so the tiles kept by all of them must fit: ``sum(kept) <= P``. The search prices an
+  op by the device's choices (a crossbar's: pinned, its tiles kept, priced as if alone;
+  streamed, every tile rewritten); every assignment it reports (the result and the baselines)
+  is priced from the device's model-wide plans (:meth:`Device.price_all`) instead, where a
+  kernel streaming alone keeps some tiles on the crossbars the pinned kernels leave it.
+* **Endurance** (``max_writes_per_cell``, CLI ``--max-writes-per-cell``): writes per cell per
+  inference = tile writes per inference summed over a device's crossbar kernels / ``P`` (the
+  weight-stationary schedules rotate tiles round-robin over the ``P`` crossbars, so wear is
+  even; a tile write programs each cell once). With ``lifetime_inferences = L`` (CLI
+  ``--lifetime-inferences``, default 1) the budget is for ``L`` inferences:
+  ``L * writes_per_inference / P <= max_writes_per_cell``. Writes at load (once per model load,
+  at most one per cell) are not counted. Example: PCM endures 3.2e7 writes per cell; to last
+  1e9 inferences give ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9``.
+* **Device memory** (:attr:`Resources.memory_bytes`): constant inputs kept resident
+  (``Priced.resident_bytes``) by all ops on a device together must fit it (for UPMEM,
+  ``upmem_dpus x`` MRAM; an op whose data do not fit makes the device refuse it).
+
+Search:
+
+* a dynamic program over the cinm ops in graph order, with the kept crossbar tiles as part of the
+  state (so the residency constraint is exact); on a chain (each op's data come from the one
+  before it) this is the exact optimum for ``latency`` and ``energy``;
+* from its result and from three more starts (all on host, the paper heuristic when it meets the
+  constraints, each op's cheapest device alone), a local search moves one op at a time to another
+  device while that lowers the exact objective and keeps every constraint; ``edp`` (total latency
+  x total energy, not a sum) is searched this way directly, from DP results for a few weightings
+  ``energy + lambda * latency``;
+* the best result is kept; the all-host placement and (when it meets the constraints) the
+  heuristic one are always among the candidates, so cost placement is never worse than either
+  on its own objective.
+
+Every op's ``placement`` attribute says what was chosen, at what modeled cost, what each
+alternative would have added, and which devices refused the op and why.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+
+from ...dialects import cinm
+from ...text import si
+from ..pass_options import PlacementOptions
+from .evaluate import (NodeCost, Totals, _add_choice, evaluate, node_costs,  # noqa: F401 (API)
+                       tensor_charges, tensor_cost, violations, writes_per_cell)
+from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
+                      candidate, device_cost, link_cost)
+from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noqa: F401 (API)
+                     _with_variants, chain_dp, heuristic_assign, local_search, repair, solve)
+
+
+
+# --------------------------------------------------------------------------------------------
+# The pass strategy
+# --------------------------------------------------------------------------------------------
+
+def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
+    assign = sol.assign
+    ch = prob.choice(assign, i)
+    head = f"cost[{objective}]"
+    if i in prob.fixed:
+        base = prob.hint_note.get(i, "fixed")
+        return f"{base}: {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')} on {ch.device}"
+    parts = [f"{head}: {ch.device} {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')}"
+             + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
+             + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
+    cur = sol.totals
+    for alt in prob.cands[i]:
+        if alt is ch:
+            continue
+        dl, de = _local_delta(prob, assign, i, alt)
+        trial = _swap_totals(cur, ch, alt, dl, de)
+        bad = violations(prob, trial)
+        dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
+        unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
+        txt = f"{alt.device} {'+' if dv >= 0 else ''}{si(dv, unit)}"
+        if bad:
+            txt += f" and breaks {bad[0]}"
+        parts.append(txt)
+    for dev, why in prob.refused.get(i, ()):
+        parts.append(f"not {dev}: {why}")
+    if i in prob.hint_note:
+        parts.insert(0, prob.hint_note[i])
+    return "; ".join(parts)
+
+
+def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
+    """Place every cinm op of ``model`` by cost (in place); returns the ``placement`` stats.
+
+    Options read (:class:`.pass_options.PlacementOptions`): ``objective`` (``energy``, the
+    default, ``latency`` or ``edp``), ``place`` (hints), ``max_writes_per_cell``,
+    ``lifetime_inferences``, ``crossbar_residency``, and the device options
+    (:func:`onnx_cinm.devices.option_schema`, e.g. the host's ``host_roofline``).
+    """
+    options = ctx.options
+    objective = options.get("objective") or PlacementOptions.objective
+    hints = list(options.get("place", []))
+    prob = build_problem(model, options, hints)
+    sol = solve(prob, objective)
+    counts: Counter = Counter()
+    for i, node in enumerate(prob.nodes):
+        if node.domain != cinm.DOMAIN:
+            continue
+        ch = prob.choice(sol.assign, i)
+        set_attr(node, "device", ch.device)
+        set_attr(node, "placement", _reason(prob, sol, i, objective))
+        counts[ch.device] += 1
+    bad = violations(prob, sol.totals)
+    for v in bad:
+        ctx.log(f"placement: user hints break a constraint: {v}")
+    ctx.log(f"placement: cost[{objective}] {sol.method}; modeled {si(sol.totals.latency_s, 's')}, "
+            f"{si(sol.totals.energy_j, 'J')}")
+    return {"devices": counts, **prob.hint_stats, "strategy": "cost",
+            "objective": objective, "method": sol.method, "exact": sol.exact,
+            "totals": sol.totals, "baselines": sol.baselines, "violations": bad}
+
+
+def evaluate_model(model: onnx.ModelProto, options: dict | None = None) -> tuple[Totals, list, Problem]:
+    """Modeled totals of the placement already recorded in ``model`` (the ``device`` attribute
+    of every cinm op), under the same model as cost placement: ``(totals, violations, problem)``.
+    Ops whose recorded device cannot run them under ``options`` are charged on the host and
+    named in the violations."""
+    options = dict(options or {})
+    prob = build_problem(model, options)
+    assign, bad = {}, []
+    devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
+    for i, ch in _with_variants(prob, devs).items():
+        if ch is None:
+            bad.append(f"{prob.nodes[i].name}: {devs[i]} cannot run it under these options")
+            ch = prob.cands[i][0]
+        assign[i] = ch
+    prob.assign = assign
+    tot = evaluate(prob, assign)
+    return tot, bad + violations(prob, tot), prob

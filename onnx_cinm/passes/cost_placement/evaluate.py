@@ -1,0 +1,194 @@
+"""Cost placement's model of one assignment: totals, transfers charged per tensor and per node,
+and the budgets an assignment breaks."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+from ... import devices
+from ...devices import Cost
+from .problem import Choice, Problem, Tensor, link_cost
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Totals:
+    """Modeled figures of one placement, per inference.
+
+    Attributes:
+        latency_s, energy_j: ops plus transfers, seconds and joules.
+        transfer_s, transfer_j, transfer_bytes: the transfers alone.
+        writes: crossbar tile writes per inference (all devices with crossbars).
+        kept_tiles: {device: tiles kept programmed}; capacity: {device: crossbars}.
+        writes_by_dev: {device: tile writes per inference}.
+        mram: {cnm device: resident constant bytes}; mram_capacity: {cnm device: bytes}.
+    """
+
+    latency_s: float = 0.0
+    energy_j: float = 0.0
+    transfer_s: float = 0.0
+    transfer_j: float = 0.0
+    transfer_bytes: int = 0
+    writes: int = 0
+    kept_tiles: dict = field(default_factory=Counter)
+    capacity: dict = field(default_factory=dict)
+    writes_by_dev: dict = field(default_factory=Counter)
+    mram: dict = field(default_factory=Counter)
+    mram_capacity: dict = field(default_factory=dict)
+
+    def edp(self) -> float:
+        """Energy-delay product, joule-seconds."""
+        return self.latency_s * self.energy_j
+
+    def value(self, objective: str) -> float:
+        """The figure ``objective`` minimizes."""
+        return {"latency": self.latency_s, "energy": self.energy_j, "edp": self.edp()}[objective]
+
+
+def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, float, int]]:
+    """The transfers of tensor ``t`` given ``dev_of(node index) -> device name``, each as
+    ``(node index charged, seconds, joules, bytes)``: the way out of a device (when any reader,
+    or the graph output, sits elsewhere), charged to the producer; the way into each distinct
+    consumer device other than the producer's and the host, once, charged to the first consumer
+    (graph order) on that device. The one transfer rule: :func:`tensor_cost` sums it and
+    :func:`node_costs` spreads it over the nodes."""
+    if t.nbytes <= 0:
+        return []
+    a = dev_of(t.producer)
+    dests: dict = {}
+    for c in t.consumers:
+        dests.setdefault(dev_of(c), c)
+    out = []
+    if a != "host" and (t.output or any(d != a for d in dests)):
+        ds, dj = _link(prob, a, t.nbytes, False)
+        out.append((t.producer, ds, dj, t.nbytes))
+    for d, first in dests.items():
+        if d not in (a, "host"):
+            ds, dj = _link(prob, d, t.nbytes, True)
+            out.append((first, ds, dj, t.nbytes))
+    return out
+
+
+def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
+    """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``
+    (the sum of :func:`tensor_charges`)."""
+    s = j = 0.0
+    moved = 0
+    for _, ds, dj, db in tensor_charges(prob, t, dev_of):
+        s, j, moved = s + ds, j + dj, moved + db
+    return s, j, moved
+
+
+def _link(prob: Problem, dev: str, nbytes: int, to_device: bool) -> tuple[float, float]:
+    """:func:`link_cost` of device ``dev`` (a name), memoized per problem (its options are fixed)."""
+    key = (dev, nbytes, to_device)
+    hit = prob.links.get(key)
+    if hit is None:
+        hit = prob.links[key] = link_cost(devices.get_device(dev), nbytes, to_device, prob.options)
+    return hit
+
+
+def _node_choice(prob: Problem, assign: dict, i: int) -> Choice:
+    """Node ``i``'s choice under ``assign`` (fixed nodes as fixed, unassigned ones on the host)."""
+    return prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
+
+
+def evaluate(prob: Problem, assign: dict) -> Totals:
+    """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
+    tot = Totals()
+    for i in range(len(prob.nodes)):
+        _add_choice(tot, _node_choice(prob, assign, i))
+    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    for t in prob.tensors:
+        s, j, b = tensor_cost(prob, t, dev_of)
+        tot.transfer_s += s
+        tot.transfer_j += j
+        tot.transfer_bytes += b
+    tot.latency_s += tot.transfer_s
+    tot.energy_j += tot.transfer_j
+    return tot
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's share of :func:`evaluate`'s totals, per inference.
+
+    Attributes:
+        device: the device the node runs on.
+        cost: the op on that device (:class:`Cost`: seconds, joules, tile writes, and the bytes
+            the device's own model moves across its boundary, ``Cost.bytes_moved``).
+        transfer_s, transfer_j, transfer_bytes: the tensor transfers :func:`tensor_charges`
+            charges to this node (seconds, joules, bytes).
+    """
+
+    device: str
+    cost: Cost
+    transfer_s: float = 0.0
+    transfer_j: float = 0.0
+    transfer_bytes: int = 0
+
+
+def node_costs(prob: Problem, assign: dict) -> list[NodeCost]:
+    """Per node (graph order), its op cost and the transfers charged to it under ``assign``:
+    summed over the nodes they give exactly :func:`evaluate`'s totals (``latency_s`` = op
+    seconds + ``transfer_s``, likewise joules; ``transfer_bytes``), because both use
+    :func:`tensor_charges`. The report's per-layer figures come from here."""
+    tr = [[0.0, 0.0, 0] for _ in prob.nodes]
+    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    for t in prob.tensors:
+        for i, s, j, b in tensor_charges(prob, t, dev_of):
+            tr[i][0] += s
+            tr[i][1] += j
+            tr[i][2] += b
+    out = []
+    for i in range(len(prob.nodes)):
+        ch = _node_choice(prob, assign, i)
+        out.append(NodeCost(ch.device, ch.cost, *tr[i]))
+    return out
+
+
+def _add_choice(tot: Totals, ch: Choice, sign: int = 1) -> None:
+    tot.latency_s += sign * ch.cost.latency_s
+    tot.energy_j += sign * ch.cost.energy_j
+    tot.writes += sign * ch.cost.writes
+    if ch.capacity:
+        tot.kept_tiles[ch.device] += sign * ch.kept_tiles
+        tot.capacity[ch.device] = ch.capacity
+        tot.writes_by_dev[ch.device] += sign * ch.cost.writes
+    elif ch.cost.writes:
+        tot.writes_by_dev[ch.device] += sign * ch.cost.writes
+    if ch.mram_capacity:
+        tot.mram[ch.device] += sign * ch.mram_resident
+        tot.mram_capacity[ch.device] = ch.mram_capacity
+
+
+def violations(prob: Problem, tot: Totals) -> list[str]:
+    """The constraints ``tot`` breaks, in words (empty: feasible)."""
+    out = []
+    c = prob.constraints
+    if c.crossbar_residency:
+        for dev, kept in tot.kept_tiles.items():
+            cap = tot.capacity.get(dev, 0)
+            if cap and kept > cap:
+                out.append(f"{dev}: {kept} tiles kept programmed > {cap} crossbars")
+    if c.max_writes_per_cell is not None:
+        for dev, w in tot.writes_by_dev.items():
+            per_cell = writes_per_cell(w, tot.capacity.get(dev, 0), c.lifetime_inferences)
+            if per_cell > c.max_writes_per_cell * (1 + 1e-12):
+                out.append(f"{dev}: {per_cell:.3g} writes per cell over {c.lifetime_inferences:g} "
+                           f"inference(s) > budget {c.max_writes_per_cell:g}")
+    for dev, b in tot.mram.items():
+        cap = tot.mram_capacity.get(dev, 0)
+        if cap and b > cap:
+            out.append(f"{dev}: {b} B of resident constants > {cap} B of memory")
+    return out
+
+
+def writes_per_cell(tile_writes: float, crossbars: int, lifetime: float = 1.0) -> float:
+    """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
+    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write)."""
+    return lifetime * tile_writes / max(crossbars, 1)
