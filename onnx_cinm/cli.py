@@ -735,13 +735,13 @@ def _cmd_compare(args, parser) -> int:
     what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
     print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
           f"{args.runs} input set(s) ({what})")
-    inexact = _inexact_modes(sess._model)
+    inexact = sess.inexact_kernels()
     print(report.table(verdict=not inexact))
-    if inexact:  # quantized or noisy crossbars: error statistics, not a verdict
+    if inexact:  # quantized, noisy or narrower arithmetic: error statistics, not a verdict
         rms = ", ".join(f"{o.name} {o.rel_rms_err:.3g}" for o in report.outputs)
-        print(f"crossbar data path {', '.join(inexact)} is inexact by design: error statistics "
-              f"against onnxruntime, not a verdict (relative RMS error: {rms}; the exact model "
-              "was checked by optimize)")
+        print(f"{', '.join(inexact)}: inexact by design, so error statistics against "
+              f"onnxruntime, not a verdict (relative RMS error: {rms}; the exact model was "
+              "checked by optimize)")
         structural = report.problems or any(o.note for o in report.outputs)
         return 1 if structural else 0
     print(report.summary())
@@ -755,15 +755,6 @@ def _cmd_compare(args, parser) -> int:
         if special is not None:
             print("NaN/Inf " + special.summary())
     return 0 if report.ok and not report.meaningless and (special is None or special.ok) else 1
-
-
-def _inexact_modes(model) -> list[str]:
-    """The deliberately inexact crossbar data paths (``cim_mode`` other than ``ideal``) of an
-    optimized model's device nodes, e.g. ``["q8"]``."""
-    from .dialects import cinm
-
-    modes = {cinm.node_attrs(n).get("cim_mode") for n in model.graph.node if n.domain == cinm.DOMAIN}
-    return sorted(m for m in modes if m and m != "ideal")
 
 
 def _progress(total: int, desc: str, unit: str, quiet: bool):

@@ -219,6 +219,13 @@ class Device:
         by name."""
         return None
 
+    def inexact(self, attrs: dict, mode: str) -> str | None:
+        """Why a lowered node's kernel, run in ``mode``, differs from the exact op by design
+        (a quantized or noisy data path, arithmetic in a narrower type), in words; ``compare``
+        then reports error statistics instead of a pass/fail verdict. None: meant to be exact
+        (the default)."""
+        return None
+
     # -- reading a compiled plan back ----------------------------------------------------------
     def recorded(self, attrs: dict) -> Priced | None:
         """The choice a node's recorded plan ``attrs`` made (per-inference cost, kept crossbars,

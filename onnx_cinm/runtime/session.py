@@ -563,6 +563,25 @@ class InferenceSession:
         """``(node label, device)`` of the device nodes that run inside a host partition and
         are charged by their device's cost model (UPMEM in ``upmem_mode="model"``)."""
         return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled]
+
+    def inexact_kernels(self) -> list[str]:
+        """What makes this session's device kernels differ from the exact ops by design, one
+        entry per distinct reason (:meth:`Device.inexact` of each lowered node in the run mode
+        it runs in here, e.g. ``"crossbar data path q8"``); empty if every kernel is meant to
+        be exact."""
+        out: list[str] = []
+        for node in self._model.graph.node:
+            if node.domain != cinm.DOMAIN:
+                continue
+            at = cinm.node_attrs(node)
+            if at.get("device", "host") == "host":
+                continue
+            dev = devices.get_device(at["device"])
+            why = dev.inexact(at, self._options.get(f"{dev.name}_mode", dev.modes[0]))
+            if why and why not in out:
+                out.append(why)
+        return out
+
     def configuration(self) -> dict:
         """What the session runs under, for a report: the provider options, the BLAS libraries
         and their thread limit during runs, the matrix kernel chosen per product shape (see

@@ -297,6 +297,16 @@ class HbmPimDevice(Device):
                             self.params)
 
     # -- reading plans back ---------------------------------------------------------------------
+    def inexact(self, attrs: dict, mode: str) -> str | None:
+        """A GEMV simulated as the PCUs compute it accumulates in FP16 lanes (a float32 op, or an
+        FP16 one whose reference accumulates wider), so it differs from onnxruntime by design;
+        the elementwise kernels round once, as onnxruntime does."""
+        if mode == "simulate" and attrs.get("pim_op") == "GEMV":
+            return "HBM-PIM FP16 accumulation"
+        if mode == "simulate" and attrs.get("pim_precision") == "fp32 as fp16":
+            return "HBM-PIM float32 computed in FP16"
+        return None
+
     def recorded(self, attrs: dict) -> Priced | None:
         """The choice a lowered HBM-PIM node made, from its ``pim_*`` attributes."""
         if "pim_latency_s" not in attrs:

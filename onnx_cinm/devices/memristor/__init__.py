@@ -395,6 +395,12 @@ class MemristorDevice(Device):
             attrs["placement"] = note
         return attrs
 
+    def inexact(self, attrs: dict, mode: str) -> str | None:
+        """A crossbar data path other than ``ideal`` (``cim_mode``: q8, q8-noisy, device) is
+        inexact by design."""
+        m = attrs.get("cim_mode")
+        return f"crossbar data path {m}" if m and m != "ideal" else None
+
     # -- reports ----------------------------------------------------------------------------
     def summary(self, plans: list) -> str:
         """Per crossbar kernel: crossbars used (``s``: shared with other kernels), tiles, tile
