@@ -1,0 +1,110 @@
+"""The ``onnx-cinm`` command line: :func:`main` parses the arguments (:mod:`.args`) and runs one
+subcommand module (``cmd_*``), turning every failure into one line and an exit status."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import traceback
+
+from ..errors import CinmError
+from .args import _parser  # noqa: F401 (tests build the parser)
+from .cmd_devices import _cmd_devices
+from .cmd_optimize import _cmd_optimize
+from .cmd_report import _cmd_report
+from .cmd_run import _cmd_compare, _cmd_run
+from .cmd_sweep import _cmd_sweep
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    written = getattr(args, "written", None)
+    print(f"onnx-cinm: interrupted after writing {written} (complete)" if written
+          else "onnx-cinm: interrupted; nothing was written", file=sys.stderr)
+    return 130
+
+
+def _caused_by_interrupt(e: BaseException) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``onnx-cinm`` console script; returns the exit status."""
+    try:
+        parser = _parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the subcommand they were given to
+            getattr(args, "command_parser", parser).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+    except KeyboardInterrupt:  # Ctrl-C while starting up
+        return _interrupted(argparse.Namespace())
+    try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (embedded use)
+        return _dispatch(args, parser)
+    try:
+        return _dispatch(args, parser)
+    except KeyboardInterrupt:  # landed after the command had finished and reported
+        print("onnx-cinm: interrupted after the command finished", file=sys.stderr)
+        return 130
+    finally:
+        if argv is None:  # the console script: the process exits next, and a late Ctrl-C must
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # not turn a finished run into -2
+        # an embedding process (a test run, a notebook) gets its own SIGTERM handler back
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the chosen subcommand; turn every failure into a one-line message and an exit code."""
+    if args.command is None:
+        parser.print_help()
+        return 2
+    parser = args.command_parser
+    try:
+        if args.command == "devices":
+            return _cmd_devices(args)
+        if args.command == "run":
+            return _cmd_run(args, parser)
+        if args.command == "compare":
+            return _cmd_compare(args, parser)
+        if args.command == "report":
+            return _cmd_report(args)
+        if args.command == "sweep":
+            return _cmd_sweep(args, parser)
+        return _cmd_optimize(args, parser)
+    except CinmError as e:
+        print(f"onnx-cinm: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # output piped into `head` or similar: stop quietly, like Unix tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except OSError as e:  # the file system said no (a name too long, a full disk, ...)
+        where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
+        print(f"onnx-cinm: error: cannot access{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("onnx-cinm: error: out of memory (are the input shapes right?)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return _interrupted(args)
+    except Exception as e:  # noqa: BLE001 - a bug of ours: one line unless --debug
+        if _caused_by_interrupt(e):  # e.g. Ctrl-C inside a C extension's import: ImportError
+            return _interrupted(args)
+        if getattr(args, "debug", False) or os.environ.get("ONNX_CINM_DEBUG"):
+            traceback.print_exc()
+        else:
+            first = str(e).splitlines()[0] if str(e) else ""
+            print(f"onnx-cinm: internal error: {type(e).__name__}: {first} "
+                  "(rerun with --debug for the traceback, and please report it)", file=sys.stderr)
+        return 3

@@ -1,0 +1,457 @@
+"""Arguments of the ``onnx-cinm`` subcommands: flags generated from the option schema, typed
+value parsers, model inputs and output-path checks shared by the subcommands."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import zipfile
+from pathlib import Path
+
+from .. import __version__
+from ..errors import CinmError
+
+
+_EPILOG = """\
+examples:
+  onnx-cinm optimize --example lenet -o lenet_opt.onnx
+  onnx-cinm optimize model.onnx -o model_opt.onnx --place 'Gemm=upmem' --check 3
+  onnx-cinm optimize model.onnx -o level1.onnx --stop-after cinm
+  onnx-cinm optimize model.onnx -o out.onnx --placement cost --objective energy --report out.report
+  onnx-cinm report out.onnx -o out.report
+  onnx-cinm optimize model.onnx -o out.onnx --config options.toml --cim-rows 128
+  onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set cim.crossbars=4,64 -o sweep/
+  onnx-cinm run lenet_opt.onnx --random 3 --profile
+  onnx-cinm compare model.onnx model_opt.onnx
+  onnx-cinm devices
+"""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Show an option's default in its help, unless it has none to show (None, off, empty)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _common(p: argparse.ArgumentParser, quiet: bool = True) -> None:
+    """The flags every subcommand takes: -q (unless it prints nothing else) and --debug."""
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
+def _checked(parse, ok, must: str):
+    """An argparse type: ``parse(text)``, then a usage error 'must be MUST' unless ``ok``."""
+    def convert(text: str):
+        v = parse(text)
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return v
+    return convert
+
+
+_count = _checked(_int, lambda v: v >= 0, "0 (off) or a positive count")
+_positive = _checked(_int, lambda v: v >= 1, "a positive integer")
+_tolerance = _checked(_number, lambda v: v >= 0, "a number >= 0")
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
+          "y": 365.25 * 86400.0}
+
+
+def _duration(text: str) -> float:
+    """``'1h'`` -> 3600.0: a number of seconds, with an optional unit s, min (or m), h, d, w, y."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
+    if not m or m.group(2) not in _UNITS and m.group(2) != "":
+        raise argparse.ArgumentTypeError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
+    return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
+
+
+def _size(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
+    return _positive(parts[0]), _positive(parts[1])
+
+
+def _typed(spec, parse=None):
+    """An argparse type for option ``spec``: the text read as the option's type and checked
+    against its declaration (:func:`onnx_cinm.options.from_text`), or by ``parse`` first (an
+    alias's own format, e.g. a duration); a bad value is a usage error naming the option."""
+    from ..options import check, from_text
+
+    def convert(text: str):
+        try:
+            return check(spec, parse(text)) if parse else from_text(spec, text)
+        except CinmError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+#: Option keys with a hand-written flag instead of a generated one (``--place`` is repeatable).
+_HAND_WRITTEN = {"place"}
+#: Metavars of generated flags whose values have a format of their own.
+_METAVARS = {"host_roofline": "GFLOPS,GBPS[,W]|nominal|measure", "cim_effects": "E1,E2|none",
+             "lower_ops": "OP1,OP2"}
+
+
+def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
+    """A flag ``--KEY`` (``_`` as ``-``) for every option of ``schema``, grouped by section,
+    typed, checked and documented (help, range, unit, default) by the option's declaration
+    (:mod:`onnx_cinm.options`); ``--no-KEY`` too for a true/false option. Every flag defaults
+    to None, "not given": the option's declared default applies unless ``--config`` sets it.
+    The older hand-written spellings stay as aliases: ``--cim-size ROWSxCOLS``, ``--cim-time T``
+    (with a unit: 10s, 1h, 1d, 1y), ``--per-kernel-crossbars``."""
+    from ..devices import device_names
+    from ..options import help_text
+
+    groups: dict = {}
+    for key, spec in schema.items():
+        if key in _HAND_WRITTEN:
+            continue
+        g = groups.get(spec.section)
+        if g is None:
+            owner = f"device {spec.owner}" if spec.owner in device_names() else f"pass {spec.owner}"
+            g = groups[spec.section] = p.add_argument_group(
+                f"{owner} options (--config table [{spec.section}])")
+        flag = "--" + key.replace("_", "-")
+        text = help_text(spec).replace("%", "%%")
+        if spec.type is bool:
+            g.add_argument(flag, dest=key, default=None, action=argparse.BooleanOptionalAction,
+                           help=text)
+        else:
+            allowed = spec.allowed()
+            metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
+                                             else {int: "N", float: "X"}.get(spec.type, "VALUE"))
+            g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar,
+                           choices=allowed if spec.type is str else None, help=text)
+        if key == "cim_crossbars":
+            g.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
+                           help="cells per crossbar, e.g. 128x128: --cim-rows and --cim-cols "
+                                "at once")
+        elif key == "cim_time_s":
+            g.add_argument("--cim-time", dest=key, type=_typed(spec, _duration), metavar="T",
+                           help="--cim-time-s with a unit: 10s, 1h, 1d, 1y")
+        elif key == "crossbar_residency":
+            g.add_argument("--per-kernel-crossbars", dest=key, action="store_const", const=False,
+                           help="--no-crossbar-residency: an optimistic estimate, as the CINM "
+                                "paper's (the crossbar plans still share the device's crossbars)")
+
+
+def _config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="options from a TOML file, one table per section of the flags below "
+                        "([cim] rows = 64, [upmem] dpus = 256, [placement] objective = "
+                        "\"energy\"); flags given on the command line win")
+
+
+def _pass_options(args, parser) -> dict:
+    """The pass options of ``optimize`` or ``sweep``: the ``--config`` file's, then the flags
+    given, checked together (:func:`onnx_cinm.passes.check_options`). A bad file is an error
+    naming it (exit 1); flags that contradict each other or the file are a usage error
+    (exit 2)."""
+    from ..options import load_config
+    from ..passes import check_options, option_schema
+
+    schema = option_schema()
+    opts: dict = {}
+    if getattr(args, "config", None):
+        opts = load_config(args.config, schema)
+        try:
+            check_options(opts)
+        except CinmError as e:
+            raise CinmError(f"config '{args.config}': {e}") from None
+    opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) is not None})
+    size = getattr(args, "cim_size", None)
+    if size is not None:  # --cim-size: both at once, unless --cim-rows/--cim-cols are given
+        for key, v in zip(("cim_rows", "cim_cols"), size):
+            if getattr(args, key, None) is None:
+                opts[key] = v
+    try:
+        return check_options(opts)
+    except CinmError as e:
+        parser.error(str(e))
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line naming the (sub)command, with a pointer to its --help; exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..passes import STOP_LEVELS, option_schema
+
+    p = _Parser(
+        prog="onnx-cinm",
+        description="Compile ONNX models for compute-in-memory (memristor crossbars) and "
+                    "compute-near-memory (UPMEM) devices.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"onnx-cinm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    o = sub.add_parser(
+        "optimize", help="rewrite a model into cinm ops placed on devices, checked against the original",
+        description="Rewrite an ONNX model into device-agnostic cinm ops, place each on a device "
+                    "(memristor crossbar, UPMEM or host) and check that stock onnxruntime computes "
+                    "the same outputs on the result as on the original. The output is written only "
+                    "after the check passes, through a temporary file and a rename.",
+        formatter_class=_HelpFormatter)
+    src = o.add_mutually_exclusive_group()
+    src.add_argument("input", nargs="?", help="input .onnx model")
+    src.add_argument("--example", metavar="NAME",
+                     help="use a model bundled with onnx-cinm instead of a file (see --list-examples)")
+    o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
+    o.add_argument("--check", type=_count, default=1, metavar="N",
+                   help="random-input runs comparing onnxruntime on input and output; 0 disables")
+    o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic dimension, e.g. sequence=512 (repeatable): FLOPs, "
+                        "placement, tiling, mapping and the check use it, and the model records it "
+                        "for run and compare; dims without a size are planned as 1")
+    o.add_argument("--input", action="append", default=[], dest="feed", metavar="NAME=FILE.npy|FILE.npz",
+                   help="check on real data: " + _INPUT_HELP + "; with every input given, the "
+                        "check runs once, on them")
+    _tolerance_options(o, "--check-rtol", "--check-atol", " of the check")
+    o.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                   help="bake a static shape into an input (repeatable)")
+    o.add_argument("--report", metavar="DIR",
+                   help="also write the report (table, PNG pictures, HTML page) into DIR")
+    o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
+                   help="placement hint; PATTERN (fnmatch) matches node names or op types, e.g. "
+                        "'Gemm=upmem' or '*conv1*=host'; the first matching hint wins (repeatable)")
+    o.add_argument("--place-config", metavar="FILE",
+                   help="JSON or TOML file with a 'place' table of PATTERN = DEVICE hints")
+    o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",
+                   help="do not run this pass (repeatable; see --list-passes)")
+    o.add_argument("--stop-after", metavar="LEVEL", choices=sorted(STOP_LEVELS),
+                   help="write the model at this level: 'cinm' (device-agnostic ops), 'placement' "
+                        "(ops annotated with devices), 'paradigm' (with crossbar tiles and "
+                        "near-memory workgroups) or 'device' (with costs and kernel paths)")
+    o.add_argument("--list-passes", action="store_true", help="list the passes and exit")
+    o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
+    o.add_argument("-v", "--verbose", action="store_true", help="print progress and every placement")
+    _common(o)
+    _config_option(o)
+    schema = option_schema()
+    _option_flags(o, schema)
+
+    r = sub.add_parser(
+        "run", help="run an optimized model: host parts in onnxruntime, device nodes in their kernels",
+        description="Run a model written by 'onnx-cinm optimize' through the CINM execution "
+                    "provider: host partitions in onnxruntime, crossbar nodes in the simulator "
+                    "(their .xbar files), UPMEM nodes by the cost model or in the emulator.",
+        formatter_class=_HelpFormatter)
+    r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
+    _input_options(r)
+    r.add_argument("--random", type=_positive, default=1, metavar="N",
+                   help="number of runs (random inputs drawn with seeds 0..N-1 where not given)")
+    r.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="CinmExecutionProvider option, e.g. upmem_mode=emulate (repeatable)")
+    r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
+    r.add_argument("--profile", action="store_true", help="print the per-node profile")
+    r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
+    _common(r)
+
+    c = sub.add_parser(
+        "compare", help="run the original in onnxruntime and the optimized model through the provider",
+        description="Run the original model in stock onnxruntime and the optimized one through "
+                    "the CINM execution provider on the same inputs (random, or --input files); "
+                    "print the largest "
+                    "absolute and relative error per output; exit 1 on a mismatch.",
+        formatter_class=_HelpFormatter)
+    c.add_argument("original", nargs="?", help="the original .onnx model (or --example NAME)")
+    c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
+    c.add_argument("--example", metavar="NAME",
+                   help="a bundled example model as the original (see optimize --list-examples)")
+    _input_options(c)
+    c.add_argument("--runs", type=_positive, default=2,
+                   help="input sets (random where not given by --input; seeds 0..N-1)")
+    _tolerance_options(c, "--rtol", "--atol", "")
+    c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="CinmExecutionProvider option (repeatable)")
+    _common(c, quiet=False)
+
+    rp = sub.add_parser(
+        "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
+        description="Read an optimized model and write layers.csv, time_energy.png, graph.png and "
+                    "a self-contained report.html into a folder; print the per-layer table. "
+                    "Costs are priced with the options the model was compiled with and, unless "
+                    "--host-roofline says otherwise, the host figures it was optimized with.",
+        formatter_class=_HelpFormatter)
+    rp.add_argument("model", help="optimized .onnx model")
+    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
+    _option_flags(rp, {"host_roofline": schema["host_roofline"]})
+    rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
+    _common(rp)
+
+    sw = sub.add_parser(
+        "sweep", help="compile a model under every combination of device parameters",
+        description="Evaluate the cartesian product of --set values (modeled latency, energy, "
+                    "writes of the compiled plans; no inference runs) in parallel worker processes "
+                    "or on a Dask cluster; write sweep.csv and sweep.png.",
+        formatter_class=_HelpFormatter)
+    sw.add_argument("input", help="input .onnx model")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
+                    help="values of one option (repeatable); keys: SECTION.NAME of every option "
+                         "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "
+                         "the names of a list option joined by +), and crossbar.size "
+                         "(ROWSxCOLS), crossbar.count, crossbar.loop_order, crossbar.preset")
+    sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
+    sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
+                    help="local worker processes, a Dask cluster (--scheduler), or in this process")
+    sw.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    sw.add_argument("--workers", type=_positive, default=None, metavar="N",
+                    help="local worker processes (default: CPU count)%(default).0s")
+    sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                    help="bake a static shape into an input (repeatable)")
+    sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                    help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
+                         "default: the sizes the model records, else 1)")
+    _common(sw)
+    _config_option(sw)
+    _option_flags(sw, schema)  # the options of every configuration, unless swept
+
+    d = sub.add_parser("devices", help="list the registered devices and their parameters")
+    d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    for command_parser in (o, r, c, rp, sw, d):  # usage errors name the subcommand
+        command_parser.set_defaults(command_parser=command_parser)
+    return p
+
+
+_INPUT_HELP = ("an input array NAME=FILE.npy, or FILE.npz holding arrays by input name "
+               "(repeatable); inputs not given are drawn at random")
+
+
+def _tolerance_options(p, rtol: str, atol: str, what: str) -> None:
+    """The golden check's tolerance flags; None (default) lets each output's dtype decide
+    (:func:`onnx_cinm.golden.default_tolerance`)."""
+    for flag, kind, f32 in ((rtol, "relative", "1e-4"), (atol, "absolute", "1e-5")):
+        p.add_argument(flag, type=_tolerance, default=None,
+                       help=f"{kind} tolerance{what} (default: by output dtype, {f32} for "
+                            "float32, 4 ulps = 0.0039 for float16)")
+
+
+def _input_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--input", action="append", default=[], dest="feed",
+                    metavar="NAME=FILE.npy|FILE.npz", help=_INPUT_HELP)
+    sp.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                    help="size of a symbolic dimension of the random inputs, e.g. batch=8 "
+                         "(repeatable; default: the sizes the model was optimized for, else "
+                         "1 on axis 0 and 8 elsewhere)")
+
+
+def _dims(items: list[str], parser) -> dict[str, int]:
+    """``{name: size}`` from ``--dim NAME=SIZE`` options (a usage error if malformed)."""
+    dims: dict = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            parser.error(f"--dim expects NAME=SIZE with a positive integer SIZE, got '{item}'")
+        dims[name] = int(size)
+    return dims
+
+
+def _input_files(items: list[str]) -> list[str]:
+    """The files named by ``--input`` options (to protect them from being overwritten)."""
+    return [item.partition("=")[2] if "=" in item else item for item in items]
+
+
+def _given_inputs(args, parser) -> tuple[dict, dict]:
+    """``(arrays, dims)`` from ``--input NAME=FILE.npy`` / ``--input FILE.npz`` and
+    ``--dim NAME=SIZE``."""
+    import numpy as np
+
+    dims = _dims(args.dim, parser)
+    given: dict = {}
+
+    def add(name: str, arr, where: str) -> None:
+        if name in given:
+            parser.error(f"--input given twice for '{name}' (again in {where})")
+        given[name] = arr
+
+    for item in args.feed:
+        name, sep, file = item.partition("=")
+        if not sep and item.lower().endswith(".npz"):
+            file = item
+        elif not sep or not name or not file:
+            parser.error(f"--input expects NAME=FILE.npy or FILE.npz, got '{item}'")
+        try:
+            data = np.load(file, allow_pickle=False)
+            if sep and not isinstance(data, np.ndarray):
+                raise ValueError("not a .npy array file (an .npz archive? give it without NAME=)")
+            if not sep:
+                if not isinstance(data, np.lib.npyio.NpzFile):
+                    raise ValueError("not an .npz archive")
+                with data:
+                    arrays = {k: data[k] for k in data.files}
+                if not arrays:
+                    raise ValueError("the archive holds no arrays")
+                for k, arr in arrays.items():
+                    add(k, arr, file)
+                continue
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # EOF: empty or cut off
+            kind = ".npy array file" if sep else ".npz archive"
+            why = getattr(e, "strerror", None) or (str(e).splitlines() or ["truncated"])[0]
+            if isinstance(e, (EOFError, zipfile.BadZipFile)):
+                why = f"not a {kind} ({os.path.getsize(file)} bytes, cut off)"
+            if "pickled" in why:  # never suggest loading untrusted pickles
+                why = f"not a {kind}"
+            what = f"input '{name}'" if sep else "inputs"
+            raise CinmError(f"cannot read {what} from '{file}': {why}") from None
+        add(name, data, file)
+    return given, dims
+
+
+def _check_writable_folder(folder: str, what: str) -> None:
+    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
+    p = Path(folder)
+    if p.exists() and not p.is_dir():
+        raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
+    existing = p
+    while not existing.exists():  # the nearest ancestor that exists must take new entries
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CinmError(f"cannot create the {what} folder '{folder}': '{existing}' is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CinmError(f"cannot write the {what} into '{folder}': '{existing}' is not writable")
+
+
+def _check_output_file(target: str, option: str, protected: dict) -> None:
+    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, a folder that
+    does not exist, or would overwrite one of ``protected`` (``{path: what it is}``; a folder
+    protects everything inside it)."""
+    p = Path(target)
+    if target.endswith(("/", os.sep)) or p.is_dir():
+        raise CinmError(f"{option} '{target}' names a folder, not a regular file")
+    if not p.resolve().parent.is_dir():
+        raise CinmError(f"cannot write '{target}': folder '{p.parent}' does not exist")
+    resolved = p.resolve()
+    for path, what in protected.items():
+        q = Path(path).resolve()
+        if resolved == q or q in resolved.parents:
+            verb = "overwrite" if resolved == q else "write into"
+            raise CinmError(f"{option} '{target}' would {verb} {what}; choose another path")

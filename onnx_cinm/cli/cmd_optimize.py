@@ -1,0 +1,163 @@
+"""``onnx-cinm optimize``: the compiler on a model or a bundled example, its summary and the
+kernel folder."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..errors import CinmError
+from ..text import Column, printable, si, table
+from .args import _check_writable_folder, _dims, _given_inputs, _pass_options
+
+
+def _progress(total: int, desc: str, unit: str, quiet: bool):
+    """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
+                disable=quiet or not sys.stderr.isatty())
+
+
+def _cmd_optimize(args, parser) -> int:
+    from .. import artifacts, frontend
+    from ..examples import EXAMPLES, get_example
+    from ..passes import DEFAULT_PIPELINE, available_passes
+    from ..passes.placement_rules import hint_warnings, load_hints, parse_hint
+    from ..pipeline import optimize
+
+    if args.list_passes:
+        descriptions = available_passes()
+        print(table(("pass", "description"), [(n, descriptions.get(n, "")) for n in DEFAULT_PIPELINE],
+                    header=False))
+        return 0
+    if args.list_examples:
+        print(table(("example", "description"), [
+            (name, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
+            for name, fn in EXAMPLES.items()], header=False))
+        return 0
+    if not args.input and not args.example:
+        parser.error("give an input model or --example NAME")
+    if not args.output:
+        parser.error("the output path -o/--output is required")
+    if args.verbose and args.quiet:
+        parser.error("-v and -q exclude each other")
+    out = Path(args.output)
+    if args.output.endswith(("/", os.sep)) or out.is_dir() or not out.name or out.name in (".", ".."):
+        raise CinmError(f"-o '{args.output}' names a folder, not a regular file; give the "
+                        "output model's file path (e.g. out/model_opt.onnx)")
+    artifacts.check_output_outside_kernels(args.output, "-o")
+    if args.input and out.resolve() == Path(args.input).resolve():
+        raise CinmError("the output path equals the input path; refusing to overwrite the input")
+    kernels = artifacts.artifact_dir(out).resolve()
+    if args.input and kernels in Path(args.input).resolve().parents:
+        raise CinmError(f"the input lies inside the output's kernel folder '{kernels}', which "
+                        "optimize replaces; choose another output or move the input")
+    if args.report is not None:
+        if not args.report:
+            parser.error("--report needs a folder name")
+        report_dir = Path(args.report).resolve()
+        if report_dir == out.resolve() or report_dir == kernels or kernels in report_dir.parents:
+            raise CinmError(f"--report '{args.report}' must be a folder of its own, not the output "
+                            "model or its kernel folder")
+        artifacts.check_output_outside_kernels(args.report, "--report")
+    say = (lambda msg: None) if args.quiet else print
+    options = _pass_options(args, parser)
+    cost_only = [k for k in ("objective", "max_writes_per_cell", "crossbar_residency")
+                 if k in options]
+    if options.get("placement") == "heuristic" and cost_only:
+        print(f"onnx-cinm: warning: {', '.join(cost_only)} apply to --placement cost only",
+              file=sys.stderr)
+    if args.report:
+        _check_writable_folder(args.report, "report")
+    from ..passes import DEFAULT_PIPELINE as _PIPE
+
+    bar = _progress(len(_PIPE) + (1 if args.check else 0), "optimize", "pass", args.quiet)
+
+    def log(msg: str) -> None:
+        if msg.startswith("pass "):
+            bar.update(1)
+            bar.set_postfix_str(msg[5:].split(":")[0])
+        if args.verbose:
+            msg = printable(msg)
+            bar.write(msg) if not bar.disable else print(msg)
+    try:  # malformed option values are usage errors (exit 2)
+        hints = [parse_hint(h) for h in args.place]
+        dims = _dims(args.dim, parser)
+        shapes: dict = {}
+        for spec in args.overwrite_input_shape:
+            name, shape = frontend.parse_shape_spec(spec)
+            if name in shapes:
+                raise CinmError(f"--overwrite-input-shape given twice for input '{name}'")
+            shapes[name] = shape
+    except CinmError as e:
+        parser.error(str(e))
+    given, _ = _given_inputs(args, parser)
+    if args.place_config:
+        hints += load_hints(args.place_config)
+    if hints:  # on the command line: they replace the --config file's
+        options["place"] = hints
+    hints = options.get("place", [])
+    if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
+        print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
+    model = get_example(args.example) if args.example else frontend.load_model(args.input)
+    try:
+        result = optimize(model, skip=args.skip_pass,
+                          stop_after=args.stop_after, input_shapes=shapes, check=args.check,
+                          check_rtol=args.check_rtol, check_atol=args.check_atol,
+                          dims=dims, inputs=given, device_options=options, log=log)
+    finally:
+        bar.close()
+    if args.report:  # rendered first: a report that cannot be made stops before any writing
+        from .. import report
+
+        rendered = report.render_report(result.model, options, title=out.name)
+    manifest = artifacts.save(result.model, out, log)
+    args.written = out  # an interrupt from here on must not claim that nothing was written
+    if args.report:  # its folder was checked up front; a failure now still says what exists
+        try:
+            report_files = frontend.write_files_into(args.report, rendered["files"], "report")
+        except CinmError as e:
+            raise CinmError(f"{out} was written, but: {e}") from None
+    if result.check is not None and result.check.meaningless:
+        print(f"onnx-cinm: warning: golden check not meaningful: {'; '.join(result.check.meaningless)}; "
+              "check real data with --input NAME=FILE.npy (or FILE.npz)", file=sys.stderr)
+    if result.check_skipped:
+        print(f"onnx-cinm: warning: golden check skipped: {result.check_skipped}; give sizes "
+              "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
+              "with 'onnx-cinm compare --input ...'", file=sys.stderr)
+    frozen = result.stats.get("canonicalize_opset", {}).get("frozen_inputs", [])
+    if frozen and args.verbose:  # old exporters list every weight: a note, not a warning
+        shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
+        print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
+              "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
+    for line in hint_warnings(result.stats.get("placement", {})):
+        print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
+    source = args.input or f"example '{args.example}'"
+    say(f"onnx-cinm optimize: {source} -> {out}")
+    for line in result.summary().splitlines():
+        say(f"  {line}")
+    if manifest is not None:
+        n_files = sum(len(k["files"]) for k in manifest["kernels"])
+        say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
+            f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
+    tables = result.device_tables()
+    if tables:
+        say("")
+        for line in tables.splitlines():
+            say(f"  {line}")
+    st = result.stats.get("placement", {})
+    if st.get("strategy") == "cost":
+        t = st["totals"]
+        say(f"  cost placement ({st['objective']}): modeled {si(t.latency_s, 's')}, "
+            f"{si(t.energy_j, 'J')}, {t.writes} tile writes/inference; {st['method']}")
+        for name, b in st["baselines"].items():
+            say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} tile writes/inference")
+        for v in st.get("violations", []):
+            print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
+    if args.verbose and result.placements:
+        print(table((Column("node", fit=40), "op", "device", "placement"), result.placements,
+                    header=False, indent="  "))
+    if args.report:
+        say(f"  report: {', '.join(str(p) for p in report_files)}")
+    return 0

@@ -1,0 +1,23 @@
+"""``onnx-cinm report``: per-op figures of an optimized model, as text, CSV, pictures and HTML."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+
+def _cmd_report(args) -> int:
+    from .. import artifacts, frontend, report
+
+    path = Path(args.model)
+    model = frontend.load_model(str(path))
+    opts = report.options_from_plans(model)
+    if args.host_roofline:
+        opts["host_roofline"] = args.host_roofline
+    out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
+    artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
+    res = report.write_report(model, out, opts, title=path.name)
+    if not args.quiet:
+        print(f"onnx-cinm report: {path} -> {out}/")
+        print(report.table(res["rows"], res["totals"], cinm_only=not args.all_nodes))
+        print(f"written: {', '.join(p.name for p in res['files'])}")
+    return 0

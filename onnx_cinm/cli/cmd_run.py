@@ -1,0 +1,246 @@
+"""``onnx-cinm run`` and ``onnx-cinm compare``: the optimized model in the CINM execution
+provider, its profile, and its check against onnxruntime on the original."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import CinmError, ReferenceFailed
+from ..text import si
+from .args import _check_output_file, _given_inputs, _input_files
+
+
+def _provider_options(items: list[str], parser) -> dict:
+    """``--provider-option KEY=VALUE`` items as typed provider options
+    (:func:`onnx_cinm.runtime.session.provider_option_specs`, e.g. ``upmem_mode`` from the
+    UPMEM device's run modes); an unknown key or a bad value is a usage error."""
+    from ..options import from_text, unknown_key
+    from ..runtime.session import PROVIDER, provider_option_specs
+
+    schema = provider_option_specs()
+    opts: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--provider-option expects KEY=VALUE, got '{item}'")
+        try:
+            if key not in schema:
+                raise unknown_key(key, schema, f"{PROVIDER} option")
+            opts[key] = from_text(schema[key], value)
+        except CinmError as e:
+            parser.error(f"--provider-option {str(e).removeprefix('option ')}")
+    return opts
+
+
+def _session(path, provider_options: dict):
+    from ..runtime.session import PROVIDER, InferenceSession
+
+    return InferenceSession(path, providers=[PROVIDER, "CPUExecutionProvider"],
+                            provider_options=[provider_options, {}])
+
+
+def _warn_if_nothing_on_devices(sess) -> None:
+    """A warning on stderr when the provider will run (some of) the model in onnxruntime only."""
+    cinm_ops = [n for n in sess._model.graph.node if n.domain == "cinm"]
+    placed = [n for n in cinm_ops
+              if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
+    unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
+    everything = "; everything runs in onnxruntime"
+    if not cinm_ops:
+        warning = ("no op of this model runs on a device: it has no cinm op (was it written by "
+                   "'onnx-cinm optimize'?)" + everything)
+    elif not placed:
+        warning = (f"no op of this model runs on a device: placement put all {len(cinm_ops)} "
+                   "cinm ops on the host" + everything)
+    elif unkerneled:
+        warning = (f"{len(unkerneled)} device-placed op(s) have no kernel (compiled with "
+                   "--stop-after?); they run in onnxruntime")
+    else:
+        return
+    print(f"onnx-cinm: warning: {warning}", file=sys.stderr)
+
+
+def _cmd_run(args, parser) -> int:
+    from .. import artifacts, frontend, golden
+    from ..runtime import profile
+
+    opts = _provider_options(args.provider_option, parser)
+    given, dims = _given_inputs(args, parser)
+    shapes = {name: arr.shape for name, arr in given.items()}
+    if args.profile_out and Path(args.profile_out).suffix.lower() not in (".json", ".csv"):
+        parser.error(f"--profile-out must end in .json or .csv, got '{args.profile_out}'")
+    if args.output and Path(args.output).suffix.lower() != ".npz":
+        parser.error(f"-o/--output must end in .npz (a numpy archive), got '{args.output}'")
+    protected = {args.model: "the model being run",
+                 str(artifacts.artifact_dir(args.model)): "the model's kernel folder"}
+    protected.update({file: f"input file '{file}'" for file in
+                      _input_files(args.feed)})
+    for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
+        if target:
+            _check_output_file(target, option, protected)
+            artifacts.check_output_outside_kernels(target, option)
+            protected[target] = f"the {option} output"
+    sess = _session(args.model, opts)
+    golden.check_dim_names(sess._model, dims)
+    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
+    parts = sess.partitions()
+    _warn_if_nothing_on_devices(sess)
+    say = (lambda msg: None) if args.quiet else print
+    outs = None
+    for i in range(args.random):
+        feeds = golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes) \
+            if len(given) < len(sess.get_inputs()) else {}
+        feeds.update(given)
+        outs = sess.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
+    say("  partitions: " + _partition_text(parts, sess.modeled_nodes()))
+    arrays: dict = {}
+    for arg, value in zip(sess.get_outputs(), outs):
+        found = _output_arrays(arg.name, value)
+        arrays.update(found)
+        arr = found.get(arg.name)
+        kind = "" if arg.type.startswith("tensor(") else f"{arg.type} as "
+        say(f"  output {arg.name}: " + (f"{arg.type}" if arr is None else
+            f"{kind}{arr.dtype} {list(arr.shape)}"
+            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else "")))
+    if args.output:
+        unsaved = [n for n in names if n not in arrays]
+        if unsaved:
+            raise CinmError(f"output '{unsaved[0]}' has no array form to write to "
+                            f"{args.output}")
+        _save_npz(args.output, arrays)
+        say(f"  outputs written to {args.output}")
+    if args.profile:
+        print(profile.table(sess.profile()))
+        cfg = sess.configuration()
+        libs = ", ".join(f"{lib} ({api})" for lib, api, _ in cfg["blas"]) or "none loaded"
+        print(f"configuration: BLAS threads {cfg['blas_threads'] or 'library default'} [{libs}], "
+              f"crossbar products {cfg['matmul']}"
+              + (f" ({', '.join(f'{k}: {v}' for k, v in cfg['chosen'].items())})"
+                 if cfg["chosen"] else "")
+              + ", partitions " + ", ".join(f"{k} {v}" for k, v in cfg["partitions"].items()))
+        load = sess.load_profile()
+        for dev in sorted({r["device"] for r in load}):
+            rs = [r for r in load if r["device"] == dev]
+            writes = sum(r["writes"] for r in rs)
+            print(f"at load (once per session, not per inference): {dev}, {len(rs)} "
+                  f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
+                  + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
+                  f"{si(sum(r['energy_j'] for r in rs), 'J')}")
+    if args.profile_out:
+        try:
+            profile.write(sess.profile(), args.profile_out)
+        except OSError as e:
+            raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
+        say(f"  profile written to {args.profile_out}")
+    return 0
+
+
+def _partition_text(parts: list, modeled: list) -> str:
+    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
+    memristor 1 node``: the same counts ``--profile`` shows, with their units."""
+    from collections import Counter
+
+    host = [n for k, n in parts if k == "host"]
+    text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
+    by_dev = Counter(dev for _, dev in modeled)
+    if by_dev:
+        text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
+                                 for d, n in sorted(by_dev.items()))
+    text += ")"
+    devs = Counter(k for k, _ in parts if k != "host")
+    for d, n in sorted(devs.items()):
+        text += f", {d} {n} node{'s' * (n != 1)}"
+    return text
+
+
+def _output_arrays(name: str, value) -> dict:
+    """An output as arrays for display and ``.npz``: a tensor as ``{name: array}``; a map or a
+    sequence of maps (ZipMap) as its values ``{name: [len, keys]}`` plus ``{name.keys: keys}``;
+    a sequence of tensors of one shape stacked. ``{}`` if it has no array form (never pickled)."""
+    import numpy as np
+
+    from .. import golden
+
+    if isinstance(value, np.ndarray):
+        return {name: value}
+    arr = golden.as_array(value)
+    if arr is None or arr.dtype == object:
+        return {}
+    keys = golden.map_keys(value)
+    return {name: arr, **({f"{name}.keys": np.asarray(keys)} if keys is not None else {})}
+
+
+def _save_npz(path: str, arrays: dict) -> None:
+    import io
+
+    import numpy as np
+
+    from .. import frontend
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    try:
+        frontend.write_file_atomic(path, buf.getvalue())
+    except OSError as e:
+        raise CinmError(f"cannot write '{path}': {e.strerror}") from None
+
+
+def _cmd_compare(args, parser) -> int:
+    from .. import frontend, golden
+
+    opts = _provider_options(args.provider_option, parser)
+    given, dims = _given_inputs(args, parser)
+    if (args.original is None) == (args.example is None):
+        parser.error("give the original model or --example NAME (one of them)")
+    if args.example:
+        from ..examples import get_example
+
+        original = get_example(args.example)
+        args.original = f"example '{args.example}'"
+    else:
+        original = frontend.load_model(args.original)  # one-line errors for a bad original
+    golden.check_dim_names(original, dims)
+    # host partitions as the reference runs: onnxruntime's own fusions are not our error
+    opts.setdefault("graph_optimization", "disable_all")
+    sess = _session(args.optimized, opts)
+    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
+    _warn_if_nothing_on_devices(sess)
+    feeds = None
+    if given:
+        unknown = sorted(set(given) - {i.name for i in original.graph.input})
+        if unknown:
+            raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
+        shapes = {name: arr.shape for name, arr in given.items()}
+        feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
+                 for i in range(args.runs)]
+    try:
+        report = golden.compare(original, sess.as_runner(), n=args.runs, rtol=args.rtol,
+                                atol=args.atol, dims=dims, feeds=feeds)
+    except ReferenceFailed as e:
+        raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
+                        "--dim NAME=SIZE") from None
+    what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
+    print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
+          f"{args.runs} input set(s) ({what})")
+    inexact = sess.inexact_kernels()
+    print(report.table(verdict=not inexact))
+    if inexact:  # quantized, noisy or narrower arithmetic: error statistics, not a verdict
+        rms = ", ".join(f"{o.name} {o.rel_rms_err:.3g}" for o in report.outputs)
+        print(f"{', '.join(inexact)}: inexact by design, so error statistics against "
+              f"onnxruntime, not a verdict (relative RMS error: {rms}; the exact model was "
+              "checked by optimize)")
+        structural = report.problems or any(o.note for o in report.outputs)
+        return 1 if structural else 0
+    print(report.summary())
+    special = None
+    if not given:  # NaN/Inf inputs, apart: the provider's kernels must place them as ORT does
+        try:
+            special = golden.compare_special(original, sess.as_runner(), rtol=args.rtol,
+                                             atol=args.atol, dims=dims)
+        except ReferenceFailed:
+            special = None  # the original itself cannot run on NaN/Inf inputs: nothing to judge
+        if special is not None:
+            print("NaN/Inf " + special.summary())
+    return 0 if report.ok and not report.meaningless and (special is None or special.ok) else 1

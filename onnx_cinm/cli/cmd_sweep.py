@@ -1,0 +1,52 @@
+"""``onnx-cinm sweep``: a model optimized over a grid of device configurations."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import CinmError
+from ..text import Column, si, table
+from .args import _dims, _pass_options
+
+
+def _cmd_sweep(args, parser) -> int:
+    from .. import artifacts, frontend, sweep
+
+    try:
+        sets = sweep.parse_sets(args.sets)
+        dims = _dims(args.dim, parser)
+        shapes: dict = {}
+        for spec in args.overwrite_input_shape:
+            name, shape = frontend.parse_shape_spec(spec)
+            shapes[name] = shape
+    except CinmError as e:
+        parser.error(str(e))
+    if not sets:
+        parser.error("give at least one --set KEY=V1,V2,...")
+    if args.scheduler and args.executor != "dask":
+        print(f"onnx-cinm: warning: --scheduler applies to --executor dask only; ignored with "
+              f"--executor {args.executor}", file=sys.stderr)
+    if args.workers and args.executor != "process":
+        print(f"onnx-cinm: warning: --workers applies to --executor process only; ignored with "
+              f"--executor {args.executor}", file=sys.stderr)
+    if args.executor == "dask" and not args.scheduler:
+        parser.error("--executor dask needs --scheduler ADDRESS")
+    out = Path(args.output)
+    artifacts.check_output_outside_kernels(out, "-o")
+    if out.exists() and not out.is_dir():
+        raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
+    base = _pass_options(args, parser)
+    model = frontend.load_model(args.input)
+    configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
+                                 workers=args.workers, scheduler=args.scheduler,
+                                 progress=not args.quiet, input_shapes=shapes or None, dims=dims)
+    paths = sweep.write(out, configs, results, title=Path(args.input).name)
+    if not args.quiet:
+        print(f"onnx-cinm sweep: {args.input}, {len(configs)} configurations ({args.executor})")
+        print(table(
+            ("configuration", Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
+             "devices", "breaks"),
+            [(sweep.label(c), si(r["latency_s"], "s"), si(r["energy_j"], "J"), r["writes"],
+              r["devices"], r["violations"] or "") for c, r in zip(configs, results)], indent="  "))
+        print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
