@@ -335,3 +335,37 @@ def test_compare_reports_fp16_accumulation_as_inexact_not_a_failure(tmp_path, ca
     assert "HBM-PIM FP16 accumulation: inexact by design" in text and "relative RMS error" in text
     assert main(["compare", str(src), str(out)]) == 0  # model mode: the reference body, exact
     assert "inexact by design" not in capsys.readouterr().out
+
+
+def test_a_pcu_count_off_the_channel_grid_is_an_option_error(capsys):
+    """hbm_pim_pcus=12 passed the option checks and then turned the device off op by op (the
+    reason only in node attributes); it is an error where options are checked."""
+    m, _ = gemv_model(64, np.float16)
+    with pytest.raises(CinmError, match="hbm_pim_pcus=12: expected a multiple of 8"):
+        optimize(m, device_options={"hbm_pim_pcus": 12})
+    with pytest.raises(SystemExit) as e:  # a usage error, as other bad flag values
+        main(["optimize", "--example", "lenet", "-o", "/nonexistent/x.onnx", "--hbm-pim-pcus", "12"])
+    assert e.value.code == 2
+    assert "hbm_pim_pcus=12: expected a multiple of 8" in capsys.readouterr().err
+
+
+def test_compare_fails_an_fp16_overflow_even_when_inexact_by_design(tmp_path, capsys):
+    """A float32 constant beyond FP16's range (MiniLM's -3.4e38 attention mask) overflowed to
+    Inf in simulate mode, and compare, reporting error statistics, exited 0 with a relative RMS
+    error of 0."""
+    n = 4096
+    c = numpy_helper.from_array(np.array(-3.0e38, np.float32), "c")
+    m = _model([h.make_node("Mul", ["x", "c"], ["y"], name="mul")],
+               [h.make_tensor_value_info("x", TP.FLOAT, [n])],
+               [h.make_tensor_value_info("y", TP.FLOAT, [n])], [c])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(m, src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--hbm-pim-accept-float32",
+                 "--place", "mul*=hbm_pim"]) == 0
+    assert cinm.node_attrs(_cinm(onnx.load(out), "mul"))["device"] == "hbm_pim"
+    capsys.readouterr()
+    x = tmp_path / "x.npy"
+    np.save(x, np.full(n, 1e-3, np.float32))   # y = -3e35: finite in float32, -inf in FP16
+    assert main(["compare", str(src), str(out), "--input", f"x={x}",
+                 "--provider-option", "hbm_pim_mode=simulate"]) == 1
+    assert "FAILED: y: non-finite values where onnxruntime's are finite" in capsys.readouterr().out

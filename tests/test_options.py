@@ -155,6 +155,19 @@ def test_config_file_round_trip(tmp_path, capsys):
     assert a["mm1/Gemm"] == {"cim_rows": 64, "cim_cols": 32} and a["add1/Add"]["cnm_dpus"] == 8
 
 
+def test_config_file_placement_hints_are_applied(tmp_path, capsys):
+    """A fresh user's `[placement] place = ["*Gemm*=host"]` was checked, then erased by the
+    empty --place flag list: the hints changed nothing, silently."""
+    cfg = tmp_path / "hints.toml"
+    cfg.write_text('[placement]\nplace = ["mm1*=host"]\nstrategy = "heuristic"\n')
+    out = tmp_path / "m.onnx"
+    code, _, err = _run(["optimize", "--example", "mlp", "-o", str(out), "--config", str(cfg),
+                         "-q"], capsys)
+    assert code == 0, err
+    a = _attrs(out, "device", "placement")["mm1/Gemm"]
+    assert a["device"] == b"host" and a["placement"].startswith(b"hint mm1*=host")
+
+
 @pytest.mark.parametrize("content,needle", [
     ("[cim]\ncrossbar = 64\n", "[cim] unknown key 'crossbar'; did you mean crossbars"),
     ("[crossbar]\nrows = 64\n", "unknown table 'crossbar' (known: cim, hbm_pim, host, placement, to_cinm, upmem"),

@@ -184,7 +184,9 @@ def _pass_options(args, parser) -> dict:
             check_options(opts)
         except CinmError as e:
             raise CinmError(f"config '{args.config}': {e}") from None
-    opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) is not None})
+    # flags given on the command line win over the file; an unused list flag (--place) is [],
+    # not a value, and must not erase the file's hints
+    opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) not in (None, [])})
     size = getattr(args, "cim_size", None)
     if size is not None:  # --cim-size: both at once, unless --cim-rows/--cim-cols are given
         for key, v in zip(("cim_rows", "cim_cols"), size):

@@ -56,7 +56,7 @@ def _print_options(dev) -> None:
     opts = dev.option_specs()
     if opts:
         section = next(iter(opts.values())).section
-        print(f"  options (flags --{dev.option_prefix}-*, --config table [{section}], sweep keys "
+        print(f"  options (flags --{dev.option_prefix.replace('_', '-')}-*, --config table [{section}], sweep keys "
               f"{section}.*):")
         width = max(len(k) for k in opts)
         for key, spec in opts.items():

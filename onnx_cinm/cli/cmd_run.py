@@ -2,6 +2,7 @@
 provider, its profile, and its check against onnxruntime on the original."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -231,7 +232,13 @@ def _cmd_compare(args, parser) -> int:
         print(f"{', '.join(inexact)}: inexact by design, so error statistics against "
               f"onnxruntime, not a verdict (relative RMS error: {rms}; the exact model was "
               "checked by optimize)")
-        structural = report.problems or any(o.note for o in report.outputs)
+        # inexact arithmetic is not a licence for Inf/NaN where onnxruntime's values are finite
+        # (e.g. a float32 constant beyond FP16's range): that is a failure
+        broken = [o.name for o in report.outputs if not math.isfinite(o.max_abs_err)]
+        if broken:
+            print(f"FAILED: {', '.join(broken)}: non-finite values where onnxruntime's are finite "
+                  "(an overflow of the narrower arithmetic?)")
+        structural = report.problems or any(o.note for o in report.outputs) or broken
         return 1 if structural else 0
     print(report.summary())
     special = None

@@ -124,6 +124,12 @@ class HbmPimDevice(Device):
                             "(the PCUs of a pseudo-channel run in lockstep)")
         return pcus
 
+    def check_options(self, options: dict) -> None:
+        """CinmError unless ``hbm_pim_pcus`` is a multiple of the PCUs of a pseudo-channel (the
+        schema checks its range; this rule is the device's), so a bad value is an error where
+        options are checked, not a device that silently refuses every op."""
+        self._pcus(options)
+
     # -- what it runs ---------------------------------------------------------------------------
     def _dtype(self, op: OpInfo) -> str | None:
         names = {None if t.dtype is None else np.dtype(t.dtype).name for t in op.inputs + op.outputs}

@@ -286,8 +286,9 @@ class HbmPimKernel:
         pcu.banks[:, :, :C] = program.eltwise_layout(plan, big[0])
         if len(big) > 1:
             pcu.banks[:, :, C:2 * C] = program.eltwise_layout(plan, big[1])
-        if plan.scalar >= 0:
-            pcu.srf[8 if plan.op == "ADD" else 0] = np.float16(arrs[plan.scalar].reshape(-1)[0])
+        if plan.scalar >= 0:  # beyond FP16's range the register holds +-inf, as the chip's would
+            with np.errstate(over="ignore"):
+                pcu.srf[8 if plan.op == "ADD" else 0] = np.float16(arrs[plan.scalar].reshape(-1)[0])
         pcu.run(plan.stream)
         res = (2 if len(big) > 1 else 1) * C
         y = program.eltwise_unlayout(plan, pcu.banks[:, :, res:res + C])
