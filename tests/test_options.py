@@ -248,6 +248,23 @@ def test_bad_provider_option_is_a_usage_error(option, needle, optimized, capsys)
     assert err.startswith("onnx-cinm run: error: ")
 
 
+def test_a_provider_option_given_twice_is_a_usage_error(optimized, capsys):
+    """The last of two values silently won."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(optimized), "--provider-option", "upmem_mode=model",
+              "--provider-option", "upmem_mode=emulate"])
+    assert e.value.code == 2 and "--provider-option upmem_mode given twice" in capsys.readouterr().err
+
+
+def test_sweep_takes_a_bundled_example(tmp_path, capsys):
+    """`sweep --example` was an unrecognized argument, though optimize and compare take it."""
+    code, _, err = _run(["sweep", "--example", "lenet", "--set", "cim.rows=32,64", "-o",
+                         str(tmp_path / "sw"), "--executor", "serial", "-q"], capsys)
+    assert code == 0, err
+    rows = (tmp_path / "sw" / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 3  # header and the two crossbar sizes
+
+
 def test_provider_options_are_typed(optimized, capsys):
     code, out, err = _run(["run", str(optimized), "--provider-option", "upmem_mode=emulate",
                            "--provider-option", "blas_threads=2"], capsys)

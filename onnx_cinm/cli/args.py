@@ -316,7 +316,11 @@ def _parser() -> argparse.ArgumentParser:
                     "writes of the compiled plans; no inference runs) in parallel worker processes "
                     "or on a Dask cluster; write sweep.csv and sweep.png.",
         formatter_class=_HelpFormatter)
-    sw.add_argument("input", help="input .onnx model")
+    sw_src = sw.add_mutually_exclusive_group(required=True)
+    sw_src.add_argument("input", nargs="?", help="input .onnx model")
+    sw_src.add_argument("--example", metavar="NAME",
+                        help="a model bundled with onnx-cinm instead of a file (see optimize "
+                             "--list-examples)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
                     help="values of one option (repeatable); keys: SECTION.NAME of every option "
                          "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "

@@ -24,6 +24,8 @@ def _provider_options(items: list[str], parser) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--provider-option expects KEY=VALUE, got '{item}'")
+        if key in opts:  # two values for one key: which one was meant?
+            parser.error(f"--provider-option {key} given twice")
         try:
             if key not in schema:
                 raise unknown_key(key, schema, f"{PROVIDER} option")

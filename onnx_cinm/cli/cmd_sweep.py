@@ -36,7 +36,12 @@ def _cmd_sweep(args, parser) -> int:
     if out.exists() and not out.is_dir():
         raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
     base = _pass_options(args, parser)
-    model = frontend.load_model(args.input)
+    if args.example:
+        from ..examples import get_example
+
+        model, args.input = get_example(args.example), f"{args.example}.onnx"
+    else:
+        model = frontend.load_model(args.input)
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
                                  progress=not args.quiet, input_shapes=shapes or None, dims=dims)
