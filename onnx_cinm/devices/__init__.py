@@ -34,7 +34,7 @@ from ..options import OptionSpec
 from .base import Cost, Device, OpInfo, Priced, Registry, Resources, Support, TensorInfo
 
 __all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
-           "get_device", "all_devices", "device_names", "preset_names", "plugin_errors",
+           "get_device", "all_devices", "device_names", "plugin_errors",
            "option_schema", "ENTRY_POINT_GROUP"]
 
 _registry = Registry()
@@ -127,14 +127,6 @@ def get_device(name: str) -> Device:
         return _registry.devices[name]
     except KeyError:
         raise CinmError(f"unknown device '{name}' (known: {', '.join(_registry.devices)})") from None
-
-
-def preset_names(paradigm: str = "cim", table: str = "presets") -> list[str]:
-    """Names in a device's table ``table`` (:meth:`Device.tables`: ``presets``, e.g. the
-    crossbar chips of ``--cim-preset``; ``modes``, ``effects``: its data-path modes and effects)
-    over the devices of ``paradigm``, in registration order."""
-    return [name for dev in all_devices() if dev.paradigm == paradigm
-            for name in dev.tables().get(table, ())]
 
 
 def option_schema() -> dict[str, OptionSpec]:

@@ -15,10 +15,11 @@ device package and never probe a device for optional methods. A device is one su
 
 and implements :meth:`Device.supports` and :meth:`Device.cost`; the rest have defaults that make
 a *cost-model* device (priced and placed; its nodes run their reference bodies on the host):
-:meth:`~Device.supports_under`, :meth:`~Device.resources`, :meth:`~Device.price`,
-:meth:`~Device.price_all`, :meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`,
-:meth:`~Device.lower`, :meth:`~Device.emit`,
-:meth:`~Device.kernel`, :meth:`~Device.recorded`, :meth:`~Device.summary`.
+:meth:`~Device.supports_under`, :meth:`~Device.check_options`, :meth:`~Device.catalog`,
+:meth:`~Device.resources`, :meth:`~Device.price`, :meth:`~Device.price_all`,
+:meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`, :meth:`~Device.lower`,
+:meth:`~Device.emit`, :meth:`~Device.kernel`, :meth:`~Device.inexact`,
+:meth:`~Device.recorded`, :meth:`~Device.summary`, :meth:`~Device.recorded_options`.
 The registry checks a device when it registers (:func:`check_device`).
 """
 from __future__ import annotations
@@ -151,10 +152,6 @@ class Device:
         ranges and choices before) contradict each other on this device, e.g. more tasklets
         than the chosen DPU generation runs. Called at the one validation point
         (:func:`onnx_cinm.passes.check_options`); default: nothing to check."""
-
-    def tables(self) -> dict[str, tuple]:
-        """Named lists the device offers (``{"presets": names}``), for ``onnx-cinm devices``."""
-        return {}
 
     def catalog(self) -> list[str]:
         """Lines the device adds to ``onnx-cinm devices`` after its parameters and options (e.g.

@@ -136,11 +136,6 @@ class MemristorDevice(Device):
     def __init__(self, params: CrossbarParams = PCM_OCC):
         self.params = params
 
-    def tables(self) -> dict[str, tuple]:
-        """Chip presets (``--cim-preset``; :mod:`.presets`), data-path modes (``--cim-mode``)
-        and device effects (``--cim-effects``; :mod:`.nonideal`)."""
-        return {"presets": tuple(PRESETS), "modes": tuple(NAMED), "effects": tuple(EFFECTS)}
-
     def catalog(self) -> list[str]:
         """The chip presets for ``onnx-cinm devices``: each preset's summary and every field
         with its source (``*``: no primary source)."""
