@@ -193,6 +193,15 @@ def check(spec: OptionSpec, value: Any) -> Any:
     return value
 
 
+def parse_pair(text: str) -> tuple[int, int]:
+    """``"64x64"`` -> ``(64, 64)``: two positive integers joined by ``x`` (case-insensitive), as
+    in ROWSxCOLS. Raises ValueError naming the expected form."""
+    a, sep, b = str(text).lower().partition("x")
+    if not sep or not a.isdigit() or not b.isdigit() or int(a) < 1 or int(b) < 1:
+        raise ValueError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
+    return int(a), int(b)
+
+
 def unknown_key(key: str, known, what: str = "option") -> CinmError:
     """The error for an option nobody declares: names the closest known keys."""
     known = sorted(known)

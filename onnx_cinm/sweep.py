@@ -43,14 +43,15 @@ import onnx
 
 from . import frontend
 from .errors import CinmError
-from .options import from_text, unknown_key
+from .options import from_text, parse_pair, unknown_key
 
 
 def _size(v: str) -> dict:
-    r, sep, c = v.lower().partition("x")
-    if not sep or not r.isdigit() or not c.isdigit() or int(r) < 1 or int(c) < 1:
-        raise CinmError(f"crossbar.size expects ROWSxCOLS such as 64x64, got '{v}'")
-    return {"cim_rows": int(r), "cim_cols": int(c)}
+    try:
+        r, c = parse_pair(v)
+    except ValueError:
+        raise CinmError(f"crossbar.size expects ROWSxCOLS such as 64x64, got '{v}'") from None
+    return {"cim_rows": r, "cim_cols": c}
 
 
 #: Sweep keys kept from before the option schema, as aliases of its keys.

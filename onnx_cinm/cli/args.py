@@ -91,10 +91,13 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
-    return _positive(parts[0]), _positive(parts[1])
+    """``--cim-size ROWSxCOLS`` (:func:`onnx_cinm.options.parse_pair`)."""
+    from ..options import parse_pair
+
+    try:
+        return parse_pair(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _typed(spec, parse=None):
