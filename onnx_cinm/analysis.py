@@ -37,7 +37,10 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
     before inference, so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
-    shapes), whatever ``infer`` says.
+    shapes), whatever ``infer`` says. Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
+    bounded by ``Shape(x)[1]``, the attention heads behind it),
+    :func:`onnx_cinm.frontend.size_anonymous_dims` folds the shape arithmetic at those sizes and
+    takes a matrix product's reduction length from its constant operand.
 
     Raises:
         CinmError: the model's planned-dims record is malformed.
@@ -65,12 +68,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(
-            light, strict_mode=False, data_prop=frontend.wants_data_propagation(model.graph))
-    except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
-        inferred = light
-    return _collect(inferred.graph, consts, dims)
+    return _collect(frontend.size_anonymous_dims(light).graph, consts, dims)
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:

@@ -42,6 +42,9 @@ class OptimizeResult:
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
+        anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that shape inference
+            could not size even at ``dims`` (anonymous ``unk__N`` ones, or exporter-named ones
+            not among the inputs' dims), each with one tensor that has it; taken as 1.
         host_flops: FLOPs left on the host per op type (control-flow bodies under their If/
             Loop/Scan node).
         flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
@@ -64,6 +67,7 @@ class OptimizeResult:
     unsized_dims: list = field(default_factory=list)
     host_flops: Counter = field(default_factory=Counter)
     flops_exact: bool = True
+    anonymous_dims: dict = field(default_factory=dict)
 
     @property
     def device_flops_share(self) -> float:
@@ -81,6 +85,10 @@ class OptimizeResult:
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
             + _sizes_note(self.dims, self.unsized_dims),
         ]
+        if self.anonymous_dims:
+            shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
+            more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
+            lines.append(f"dims shape inference could not size (taken as 1): {shown}{more}")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
@@ -132,9 +140,18 @@ def _sizes_note(dims: dict, unsized: list) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bool]:
-    """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact)``."""
+def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bool, dict]:
+    """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact,
+    anonymous dims)`` (see :class:`OptimizeResult`)."""
     infos = tensor_infos(model, infer=False)  # the model was just inferred
+    named = set(golden.symbolic_dims(model))
+    anonymous: dict = {}
+    for node in model.graph.node:
+        for name in node.output:
+            shape = infos[name].shape if name in infos else None
+            for d in shape or ():
+                if isinstance(d, str) and d not in named:
+                    anonymous.setdefault(d, name)
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
               if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
@@ -158,7 +175,7 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bo
             host[node.op_type] += f
         else:
             on_dev += f
-    return total, on_dev, by_dev, placements, host, exact
+    return total, on_dev, by_dev, placements, host, exact, anonymous
 
 
 def _saturation_hint(model: onnx.ModelProto) -> str:
@@ -362,6 +379,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
                                   f"inputs: {special.summary()}")
-    total, on_dev, by_dev, placements, host, exact = _flops(work)
+    total, on_dev, by_dev, placements, host, exact, anonymous = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
-                          report, ctx.stats, placements, skipped, special, dims, unsized, host, exact)
+                          report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
+                          anonymous)

@@ -149,3 +149,84 @@ def test_a_crossbar_product_with_an_unsized_weight_or_group_dim_stays_off_the_cr
              "k": rng.standard_normal((1, 12, 32, 64)).astype(np.float32)}
     np.testing.assert_allclose(InferenceSession(tmp_path / "att.onnx").run(None, feeds)[0],
                                run_onnxruntime(m, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _attention_block(heads=4, width=64, table=128):
+    """x[batch, seq, width] + a position table cut to the sequence (``Slice(ids, 0,
+    Shape(x)[1])``, which onnx's shape inference leaves anonymous), then one attention layer whose
+    heads come from ``Reshape(q, Concat(Shape(q)[:2], [heads, -1]))`` and go back through
+    ``Reshape [0, 0, -1]``: the pattern of exported transformers (MiniLM, BERT)."""
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
+
+    def i64(name, value):
+        return nh.from_array(np.array(value, dtype=np.int64), name)
+
+    inits = [w("wq", width, width), w("wk", width, width), w("wv", width, width), w("wo", width, width),
+             w("pos", table, width), i64("ids", np.arange(table)[None]), i64("zero", [0]), i64("two", [2]),
+             i64("one", 1), i64("ax0", [0]), i64("ax1", [1]), i64("heads", [heads, -1]),
+             i64("flat", [0, 0, -1])]
+    n = h.make_node
+    nodes = [n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "one"], ["seq"]),
+             n("Unsqueeze", ["seq", "ax0"], ["seq1"]),
+             n("Slice", ["ids", "zero", "seq1", "ax1"], ["pid"]),
+             n("Gather", ["pos", "pid"], ["p"]), n("Add", ["x", "p"], ["xp"]),
+             n("Shape", ["xp"], ["s"]), n("Slice", ["s", "zero", "two"], ["bs"]),
+             n("Concat", ["bs", "heads"], ["hshape"], axis=0)]
+    for t in "qkv":
+        nodes += [n("MatMul", ["xp", f"w{t}"], [t]), n("Reshape", [t, "hshape"], [f"{t}h"])]
+    nodes += [n("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]), n("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+              n("Transpose", ["vh"], ["vt"], perm=[0, 2, 1, 3]),
+              n("MatMul", ["qt", "kt"], ["scores"]), n("Softmax", ["scores"], ["probs"], axis=-1),
+              n("MatMul", ["probs", "vt"], ["ctx"]), n("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
+              n("Reshape", ["ct", "flat"], ["c"]), n("MatMul", ["c", "wo"], ["y"])]
+    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", width])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", width])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def _attention_flops(seq, batch=1, width=64, heads=4):
+    """By hand: four width x width projections, scores and context (heads x seq x seq x
+    width/heads MACs each), the position Add (1 per element), Softmax (5 per element)."""
+    projections = 4 * 2 * batch * seq * width * width
+    attention = 2 * 2 * batch * heads * seq * seq * (width // heads)
+    return projections + attention + batch * seq * width + 5 * batch * heads * seq * seq
+
+
+def test_anonymous_dims_behind_shape_arithmetic_are_sized():
+    """onnx leaves the Slice bounded by Shape(x)[1] anonymous (unk__0); at batch 1 the Add
+    broadcasts 1 against it, so batch, the head width and the Reshape [0, 0, -1] width were
+    all planned as 1: 200448 FLOPs instead of 280320, scores' K of 1."""
+    from onnx_cinm import analysis
+
+    res = optimize(_attention_block(), dims={"batch": 1, "seq": 8}, placement="heuristic")
+    assert res.flops_total == _attention_flops(8) == 280_320
+    infos = analysis.tensor_infos(res.model)
+    assert infos["ctx"].shape == (1, 4, 8, 16) and infos["c"].shape == (1, 8, 64)
+    assert res.anonymous_dims == {} and "could not size" not in res.summary()
+    assert res.check.ok
+
+
+def test_a_matmul_takes_its_reduction_length_from_its_constant_operand():
+    """Without sizes the Reshape [0, 0, -1] width cannot be computed; the output projection's
+    K is then the constant weight's 64 rows, not 1 (24804 FLOPs before). The head width stays
+    unknown without sizes (taken as 1: scores and context count 2 * 2 * 4 heads instead of
+    x 16), and the summary names the dims it could not size."""
+    res = optimize(_attention_block(), placement="heuristic", check=0)
+    assert res.flops_total == _attention_flops(1) - 2 * 2 * 4 * (16 - 1) == 32_868
+    assert "dims shape inference could not size (taken as 1): " in res.summary()
+
+
+def test_the_summary_names_a_dim_shape_inference_cannot_size():
+    """NonZero's count is data-dependent: no size makes it known, so the summary says so."""
+    w = nh.from_array(np.ones((2, 8), np.float32), "w")
+    nodes = [h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Cast", ["nz"], ["f"], to=TP.FLOAT),
+             h.make_node("Transpose", ["f"], ["ft"]), h.make_node("MatMul", ["ft", "w"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [4, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], [w])
+    res = optimize(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10), check=0)
+    dim, tensor = next(iter(res.anonymous_dims.items()))
+    assert tensor == "nz" and dim.startswith("unk__")
+    assert f"dims shape inference could not size (taken as 1): {dim} (of 'nz')" in res.summary()
