@@ -416,6 +416,48 @@ def _concrete_shape(vi: onnx.ValueInfoProto, dims: dict[str, int],
     return tuple(out)
 
 
+def dims_from_shapes(model: ModelLike, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The sizes ``shapes`` (``{input name: shape}``, e.g. of the arrays a user gave, or of the
+    static inputs of a model optimized with ``--overwrite-input-shape``) give the symbolic
+    dimensions of ``model``'s real inputs: ``{dim name: size}``, the first use of a name
+    winning. Inputs of another rank, or not in ``model``, size nothing."""
+    proto = _load_header(model)
+    dims: dict[str, int] = {}
+    for vi in real_inputs(proto.graph):
+        tt = vi.type.tensor_type
+        shape = shapes.get(vi.name)
+        if shape is None or not tt.HasField("shape") or len(tt.shape.dim) != len(shape):
+            continue
+        for d, size in zip(tt.shape.dim, shape):
+            if d.HasField("dim_param") and d.dim_param and int(size) > 0:
+                dims.setdefault(d.dim_param, int(size))
+    return dims
+
+
+def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label: str = "--input") -> None:
+    """Raise a one-line CinmError when a given array cannot feed ``model``: not an input of it,
+    another element type (``float64`` for a ``float32`` input: numpy's default), another rank,
+    or another size on a static dimension. Arrays of the right kind pass unchanged."""
+    proto = _load_header(model)
+    inputs = {vi.name: vi for vi in real_inputs(proto.graph)}
+    for name, arr in arrays.items():
+        if name not in inputs:
+            raise CinmError(f"{label} '{name}' is not an input of the model (inputs: {', '.join(inputs)})")
+        tt = inputs[name].type.tensor_type
+        want = _FEEDABLE.get(tt.elem_type)
+        arr = np.asarray(arr)
+        if want is not None and arr.dtype != want:
+            raise CinmError(f"{label} '{name}' is a {arr.dtype} array, but the model's input is {want} "
+                            f"(convert it, e.g. numpy's a.astype(np.{want.name}))")
+        if not tt.HasField("shape"):
+            continue
+        declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                    for d in tt.shape.dim]
+        if arr.ndim != len(declared) or any(isinstance(d, int) and d != n for d, n in zip(declared, arr.shape)):
+            raise CinmError(f"{label} '{name}' has shape {list(arr.shape)}, but the model's input is "
+                            f"[{', '.join(map(str, declared))}]")
+
+
 def symbolic_dims(model: ModelLike) -> list[str]:
     """The names of the symbolic dimensions of ``model``'s real graph inputs, in order."""
     proto = _load_header(model)

@@ -79,7 +79,7 @@ def _count(n: int, noun: str) -> str:
 
 
 #: The columns of :func:`table`.
-COLUMNS = (Column("node", width=36), Column("op", width=10), Column("device", width=10),
+COLUMNS = (Column("node", fit=44), Column("op", width=10), Column("device", width=10),
            Column("mode", width=11), Column("wall", ">"), Column("modeled", ">"),
            Column("energy", ">"), Column("writes", ">"), Column("bytes", ">"))
 
@@ -96,10 +96,14 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
     parts = sum(r["mode"] == "onnxruntime" for r in rows)
     shown = rows if max_rows is None else rows[:max_rows]
     body = [(r["node"], r["op_type"], r["device"], r["mode"], *_figures(r)) for r in shown]
+    modeled = sum(r["mode"] == "model" for r in rows)
     totals = []
     for t in totals_by_device(rows):
-        what = (f"{_count(t['partitions'], 'partition')}, " if t["partitions"] else "") \
-            + _count(t["nodes"], "node")
+        what = _count(t["nodes"], "node")
+        if t["partitions"]:
+            what = f"{_count(t['partitions'], 'partition')}, {what}"
+        elif any(r["device"] == t["device"] and r["mode"] == "model" for r in rows):
+            what += ", in host partitions"
         totals.append((f"total {t['device']} ({what})", "", "", "", *_figures(t)))
     notes = []
     if len(shown) < len(rows):
@@ -109,11 +113,18 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
             f"{d} {si(v, 's')}" for d, v in median_split(records).items()))
     notes.append("wall: host time of this process; modeled: device latency from the cost model "
                  "(crossbar simulator counters, UPMEM cost model)")
-    if any(r["mode"] == "model" for r in rows):
+    if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
-    head = (f"profile: {len(rows)} rows ({_count(parts, 'host partition')}, "
-            f"{_count(len(rows) - parts, 'device node')}), mean of {n_runs} run(s)")
+    host_nodes = sum(r["nodes"] for r in rows if r["mode"] == "onnxruntime")
+    by_dev: dict = {}
+    for r in rows:
+        if r["mode"] not in ("onnxruntime", "model"):
+            by_dev[r["device"]] = by_dev.get(r["device"], 0) + 1
+    head = (f"profile: {len(rows)} rows, mean of {n_runs} run(s): {_count(parts, 'host partition')} "
+            f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "
+                                                "each also a row" if modeled else "") + ")"
+            + "".join(f", {d} {_count(n, 'node')}" for d, n in by_dev.items()))
     return head + "\n" + text_table(COLUMNS, body, totals=totals, notes=notes)
 
 
