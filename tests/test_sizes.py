@@ -230,3 +230,70 @@ def test_the_summary_names_a_dim_shape_inference_cannot_size():
     dim, tensor = next(iter(res.anonymous_dims.items()))
     assert tensor == "nz" and dim.startswith("unk__")
     assert f"dims shape inference could not size (taken as 1): {dim} (of 'nz')" in res.summary()
+
+
+def test_compare_after_overwrite_input_shape_needs_no_dim(tmp_path, capsys):
+    """The baked-in shape sizes the original's symbolic dims: compare drew the original's
+    inputs at height = width = 8 and the optimized model refused them."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--overwrite-input-shape",
+                 "images:2,3,16,16"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(src), str(out), "--rtol", "1e-3", "--atol", "1e-3"]) == 0
+    assert "2x32x8x8" in capsys.readouterr().out
+
+
+def _two_inputs():
+    """a[batch, n] + b[batch, n] -> Relu."""
+    nodes = [h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(x, TP.FLOAT, ["batch", "n"]) for x in "ab"],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "n"])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_run_draws_the_missing_inputs_at_the_given_arrays_sizes(tmp_path, capsys):
+    """Planned at n=4, run --input a=[3, 16] drew b at [1, 4] and onnxruntime refused the Add."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_two_inputs(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--dim", "n=4"]) == 0
+    np.savez(tmp_path / "part.npz", a=np.ones((3, 16), np.float32))
+    capsys.readouterr()
+    assert main(["run", str(out), "--input", str(tmp_path / "part.npz")]) == 0
+    assert "output y: float32 [3, 16]" in capsys.readouterr().out
+
+
+def test_run_at_other_sizes_says_the_modeled_figures_are_the_planned_ones(tmp_path, capsys):
+    """The profile's modeled figures come from the plans made at the planned sizes: a run at
+    other sizes printed them as if they were this run's."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic",
+                 "--dim", "height=32", "--dim", "width=32"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--profile"]) == 0
+    assert "note: this run had" not in capsys.readouterr().out
+    assert main(["run", str(out), "--profile", "--dim", "batch=2", "--dim", "height=8"]) == 0
+    text = capsys.readouterr().out
+    assert ("note: this run had batch=2, height=8, but the model was planned at batch=1, "
+            "height=32: the modeled figures") in text
+    assert "optimize again with --dim batch=2 --dim height=8 to cost these" in text
+
+
+def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, capsys):
+    """compare --input with a float64 array printed onnxruntime's raw 'Unexpected input data
+    type' and advised --dim."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--check", "0"]) == 0
+    np.save(tmp_path / "x64.npy", np.zeros((1, 3, 8, 8)))
+    np.save(tmp_path / "x4.npy", np.zeros((1, 4, 8, 8), np.float32))
+    capsys.readouterr()
+    for cmd in (["compare", str(src), str(out)], ["run", str(out)]):
+        assert main(cmd + ["--input", f"images={tmp_path / 'x64.npy'}"]) == 1
+        err = capsys.readouterr().err
+        assert err.strip() == ("onnx-cinm: error: --input 'images' is a float64 array, but the model's "
+                               "input is float32 (convert it, e.g. numpy's a.astype(np.float32))")
+        assert main(cmd + ["--input", f"images={tmp_path / 'x4.npy'}"]) == 1
+        assert "--input 'images' has shape [1, 4, 8, 8], but the model's input is [batch, 3, height, width]" \
+            in capsys.readouterr().err

@@ -85,7 +85,10 @@ def _cmd_run(args, parser) -> int:
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
-    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
+    golden.check_given_inputs(sess._model, given)
+    planned = frontend.planned_dims(sess._model)
+    # by default the sizes it was planned for, unless the given arrays have others
+    dims = {**planned, **golden.dims_from_shapes(sess._model, shapes), **dims}
     parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
@@ -95,6 +98,8 @@ def _cmd_run(args, parser) -> int:
             if len(given) < len(sess.get_inputs()) else {}
         feeds.update(given)
         outs = sess.run(None, feeds)
+    ran = golden.dims_from_shapes(sess._model, {k: v.shape for k, v in feeds.items()})
+    replanned = {k: v for k, v in sorted(ran.items()) if v != planned.get(k, 1)}
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
     say("  partitions: " + _partition_text(parts, sess.modeled_nodes()))
@@ -131,6 +136,8 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
+        if replanned:
+            print(_sizes_note(planned, replanned, sess.modeled_nodes()))
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
@@ -138,6 +145,33 @@ def _cmd_run(args, parser) -> int:
             raise CinmError(f"cannot write the profile to '{args.profile_out}': {e.strerror}") from None
         say(f"  profile written to {args.profile_out}")
     return 0
+
+
+def _static_inputs(model) -> dict:
+    """``{input name: shape}`` of ``model``'s inputs whose every dim is a number."""
+    from .. import golden
+
+    out = {}
+    for vi in golden.real_inputs(model.graph):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(
+                d.HasField("dim_value") and d.dim_value > 0 for d in tt.shape.dim):
+            out[vi.name] = [d.dim_value for d in tt.shape.dim]
+    return out
+
+
+def _sizes_note(planned: dict, replanned: dict, modeled: list) -> str:
+    """The warning that the modeled figures are for the sizes the model was planned at, not
+    the ones this run had (``replanned``: the dims whose size differs)."""
+    def text(d):
+        return ", ".join(f"{k}={v}" for k, v in sorted(d.items()))
+
+    was = text({k: planned.get(k, 1) for k in replanned})
+    what = ("the modeled figures (device latency and energy" + (", and the cost of the nodes in "
+            "'model' mode" if modeled else "") + ")")
+    return (f"note: this run had {text(replanned)}, but the model was planned at {was}: {what} "
+            f"are for the planned sizes; optimize again with --dim {' --dim '.join(text(replanned).split(', '))} "
+            "to cost these")
 
 
 def _partition_text(parts: list, modeled: list) -> str:
@@ -205,17 +239,21 @@ def _cmd_compare(args, parser) -> int:
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
     golden.check_dim_names(original, dims)
+    unknown = sorted(set(given) - {i.name for i in original.graph.input})
+    if unknown:
+        raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
+    golden.check_given_inputs(original, given)
     # host partitions as the reference runs: onnxruntime's own fusions are not our error
     opts.setdefault("graph_optimization", "disable_all")
     sess = _session(args.optimized, opts)
-    dims = {**frontend.planned_dims(sess._model), **dims}  # the sizes it was planned for, by default
+    shapes = {name: arr.shape for name, arr in given.items()}
+    # the sizes it was planned for, or baked in (optimize --overwrite-input-shape), by default;
+    # then those of the given arrays; then --dim
+    dims = {**frontend.planned_dims(sess._model), **golden.dims_from_shapes(original, _static_inputs(sess._model)),
+            **golden.dims_from_shapes(original, shapes), **dims}
     _warn_if_nothing_on_devices(sess)
     feeds = None
     if given:
-        unknown = sorted(set(given) - {i.name for i in original.graph.input})
-        if unknown:
-            raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
-        shapes = {name: arr.shape for name, arr in given.items()}
         feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
                  for i in range(args.runs)]
     try:
