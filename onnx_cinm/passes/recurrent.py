@@ -99,6 +99,8 @@ def check(rw, node: ir.Node):
     if rw.opset < 13:
         return "opset below 13"
     xi = rw.info(x)
+    if xi is not None and xi.shape is None and xi.dtype is not None:
+        xi = type(xi)(xi.name, xi.dtype, _reshaped(rw, node.inputs[0]), xi.const)
     if xi is None or xi.shape is None or len(xi.shape) != 3 or xi.dtype is None:
         return "input shape unknown"
     dtype = np.dtype(xi.dtype)
@@ -142,10 +144,74 @@ def check(rw, node: ir.Node):
     hidden = R.shape[-1]
     clip = at.get("clip")
     return {"S": S, "batch": batch, "input": size, "hidden": hidden, "dirs": dirs,
+            "x_shape": None if rw.info(x).shape is not None else xi.shape,
             "reverse": [direction == "reverse" or d == 1 for d in range(dirs)],
             "acts": [_ACTS[a.lower()] for a in acts], "layout": layout, "dtype": dtype,
             "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip),
             "lbr": int(at.get("linear_before_reset", 0))}
+
+
+#: Ops :func:`_evaluate` runs on the shape path (small int64 vectors).
+_SHAPE_OPS = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub",
+              "Mul", "Div", "Constant", "Identity"}
+
+
+def _reshaped(rw, value: ir.Value) -> tuple | None:
+    """The static shape of ``value`` when shape inference could not tell it but it is a
+    ``Reshape`` of a tensor of known static shape to a shape computed from ``Shape`` ops (a
+    CRNN's ``[width, batch, C*H]`` sequence): the shape computation evaluated at the planned
+    sizes. None otherwise."""
+    node = value.producer()
+    if node is None or node.op_type != "Reshape" or len(node.inputs) < 2:
+        return None
+    data = rw.info(node.inputs[0].name) if node.inputs[0] is not None else None
+    if data is None or data.shape is None or not all(isinstance(d, int) for d in data.shape):
+        return None
+    target = _evaluate(rw, node.inputs[1], 32)
+    if target is None or node.attributes.get("allowzero") and node.attributes["allowzero"].value:
+        return None
+    dims = [data.shape[i] if int(d) == 0 else int(d) for i, d in enumerate(target)]
+    if dims.count(-1) == 1:
+        known = int(np.prod([d for d in dims if d != -1]))
+        if known == 0:
+            return None
+        dims[dims.index(-1)] = int(np.prod(data.shape)) // known
+    return tuple(dims) if int(np.prod(dims)) == int(np.prod(data.shape)) else None
+
+
+def _evaluate(rw, value: ir.Value | None, budget: int) -> np.ndarray | None:
+    """The value of a small shape computation (ops in :data:`_SHAPE_OPS`, ``Shape`` of tensors
+    of known static shape, constants), run node by node in onnx's reference evaluator; None
+    when it depends on anything else or needs more than ``budget`` nodes."""
+    if value is None:
+        return None
+    arr = rw.array(value)
+    if arr is not None:
+        return arr
+    node = value.producer()
+    if node is None or budget <= 0 or node.op_type not in _SHAPE_OPS or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Shape":
+        info = rw.info(node.inputs[0].name)
+        if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            return None
+        at = {k: a.value for k, a in node.attributes.items()}
+        return np.asarray(info.shape[at.get("start", 0):at.get("end")], np.int64)
+    feeds = {}
+    for v in node.inputs:
+        if v is not None:
+            got = _evaluate(rw, v, budget - 1)
+            if got is None:
+                return None
+            feeds[v.name] = got
+    from onnx.reference import ReferenceEvaluator
+
+    proto = ir.serde.serialize_node(node)
+    try:
+        outs = ReferenceEvaluator(proto).run(None, feeds)
+    except Exception:  # noqa: BLE001 - not evaluable here: the shape stays unknown
+        return None
+    return np.asarray(outs[list(proto.output).index(value.name)])
 
 
 def replace(rw, node: ir.Node, p: dict):
@@ -156,6 +222,8 @@ def replace(rw, node: ir.Node, p: dict):
     S, H, G, dirs, dt = p["S"], p["hidden"], _GATES[op], p["dirs"], p["dtype"]
     c = _Cell(rw, node, dt, p["clip"])
     x = ins[0]
+    if p["x_shape"] is not None:  # known here only (see _reshaped): say it to shape inference
+        x = c.std("Reshape", [x, c.ints("xshape", p["x_shape"])])
     if p["layout"]:
         x = c.std("Transpose", [x], perm=[1, 0, 2])  # [S, batch, input]
     init_h, init_c = ins[5], (ins[6] if op == "LSTM" else "")
