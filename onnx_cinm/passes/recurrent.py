@@ -109,9 +109,10 @@ def check(rw, node: ir.Node):
     layout = int(at.get("layout", 0))
     S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
     if not isinstance(S, int):
+        how = ("size the inputs' symbolic dims with --dim NAME=SIZE" if S is None or
+               str(S).startswith("unk__") else f"size '{S}' with --dim {S}=SIZE")
         return ("sequence length dynamic: the recurrence cannot be unrolled, and ONNX "
-                f"{op} has no form taking a precomputed input projection (size '{S}' with "
-                "--dim NAME=SIZE)")
+                f"{op} has no form taking a precomputed input projection ({how})")
     if S == 0:
         return "empty sequence"
     W, R = rw.value(w), rw.value(r)
