@@ -25,6 +25,8 @@ TopK (constant k)               TopK(k, axis, largest, sorted)
 Transpose                       Transpose(perm)
 MatMulInteger A B a_zp? b_zp?   Gemm(int32(A) - a_zp, int32(B) - b_zp): exact int32, as ORT
 ConvInteger X W x_zp? w_zp?     the Conv lowering on int32(X) - x_zp, int32(W) - w_zp
+LSTM GRU RNN (static length)    Gemm for the input projection of all steps, a Gemm per step
+                                over the shared R, gate math as standard ops (.recurrent)
 ==============================  =============================================================
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
@@ -44,6 +46,7 @@ from ..graph import TensorInfo
 from ..rewrite import Builder, Edit, Rule, apply, ir, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
+from .recurrent import RULES as _RECURRENT_RULES
 
 _BINARY = set(cinm.BINARY_OPS)
 _UNARY = set(cinm.UNARY_OPS)
@@ -480,6 +483,7 @@ _RULES = [
     Rule(frozenset({"ReduceMean", *_REDUCE}), _check_reduce, _reduce),
     Rule(frozenset({"MatMulInteger", "ConvInteger"}), _check_integer, _integer),
     Rule(frozenset(_BINARY | _UNARY), _check_elementwise, _elementwise),
+    *_RECURRENT_RULES,
 ]
 _RULE_OF = {op: rule for rule in _RULES for op in rule.ops}
 

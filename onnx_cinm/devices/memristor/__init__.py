@@ -76,7 +76,11 @@ LINK_J_PER_BYTE = 20e-12
 
 #: The plan attributes of a crossbar kernel (counts are tile writes and MVMs; times in
 #: seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
-#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share).
+#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share). Kernels
+#: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
+#: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
+#: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's
+#: file, whose weight sidecar they read).
 PLAN_ATTRS = {
     "cim_rows": "int", "cim_cols": "int", "cim_crossbars": "int", "cim_shared": "int",
     "cim_device_crossbars": "int", "cim_loop_order": "string", "cim_operand": "string",
@@ -85,6 +89,7 @@ PLAN_ATTRS = {
     "cim_writes": "int", "cim_mvms": "int", "cim_latency_s": "float",
     "cim_energy_j": "float", "cim_mode": "string", "cim_preset": "string",
     "cim_time_s": "float", "cim_effects": "string",
+    "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
 }
 
 #: Memo of :meth:`MemristorDevice.plan`, per parameter set: a plan depends only on the
@@ -296,11 +301,17 @@ class MemristorDevice(Device):
         if not items:
             return []
         _validate(items[0][1], self.params)
-        P, planned = self._allocate(items)
+        P, planned, owners = self._allocate(items)
         out = []
-        for (op, opts), e in zip(items, planned):
+        for i, ((op, opts), e, (owner, uses)) in enumerate(zip(items, planned, owners)):
             attrs = attrs_of(op, opts, *e[0])
             attrs["cim_device_crossbars"] = P
+            if uses > 1:
+                attrs["cim_tile_users"] = uses
+            if owner != i:
+                attrs["cim_tile_owner"] = items[owner][0].name
+                if "kernel" in attrs:
+                    attrs["cim_tile_kernel"] = f"memristor/{items[owner][1]['kernel_stem']}.xbar"
             out.append(attrs)
         return out
 
@@ -330,9 +341,12 @@ class MemristorDevice(Device):
                       kept_crossbars=int(attrs.get("cim_writes_load", 0)),
                       streamed=bool(attrs.get("cim_shared", 0)) or writes > 0)
 
-    def _allocate(self, items: list) -> tuple[int, list]:
-        """``(P, [memo entry of :meth:`_entry` per item])`` under the allocation of
-        :meth:`lower`."""
+    def _allocate(self, items: list) -> tuple[int, list, list]:
+        """``(P, [memo entry of :meth:`_entry` per item], [(owner index, uses) per item])``
+        under the allocation of :meth:`lower`: kernels over one tile set (:func:`_tile_owners`)
+        share it, counted once in the residency; its first kernel (the owner) programs it at
+        load, the others have no load writes of their own. Under the naive order no tile is
+        kept, and every kernel is its own owner."""
         options = items[0][1]
         params = params_from_options(options, self.params)
         P = params.crossbars
@@ -347,11 +361,23 @@ class MemristorDevice(Device):
         alone = [entry(op, opts) for op, opts in items]
         order = LOOP_ORDERS[alone[0][0][0].loop_order]
         if order != "weight_stationary":
-            return P, alone
-        tiles = [a[0][0].tiles for a in alone]
-        const = [a[0][3] for a in alone]
-        return P, [entry(op, opts, used, shared) for (op, opts), (used, shared)
-                   in zip(items, residency.allocate(tiles, const, P))]
+            return P, alone, [(i, 1) for i in range(len(items))]
+        owner = _tile_owners(items, alone)
+        sets = [i for i in range(len(items)) if owner[i] == i]
+        uses = {i: 0 for i in sets}
+        for o in owner:
+            uses[o] += 1
+        alloc = dict(zip(sets, residency.allocate([alone[i][0][0].tiles for i in sets],
+                                                  [alone[i][0][3] for i in sets], P,
+                                                  [uses[i] for i in sets])))
+        out = []
+        for i, (op, opts) in enumerate(items):
+            e = entry(op, opts, *alloc[owner[i]])
+            if owner[i] != i:  # the set's first kernel programs the tiles at load
+                p = replace(e[0][0], writes_load=0, cell_writes_load=0)
+                e = [(p, *e[0][1:]), None]
+            out.append(e)
+        return P, out, [(owner[i], uses[owner[i]]) for i in range(len(items))]
 
     @staticmethod
     def _paradigm_attrs(op, options, p, v, params, const, why) -> dict:
@@ -398,9 +424,11 @@ class MemristorDevice(Device):
 
     # -- reports ----------------------------------------------------------------------------
     def summary(self, plans: list) -> str:
-        """Per crossbar kernel: crossbars used (``s``: shared with other kernels), tiles, tile
-        writes (at load / per inference), MVMs, modeled latency and energy per inference (OCC
-        cost model); then the totals. ``plans`` is ``[(node name, op type, attrs)]``."""
+        """Per crossbar kernel: crossbars used (``s``: shared with other kernels; ``=``: the
+        tiles of an earlier kernel over the same weights), tiles, tile writes (at load / per
+        inference), MVMs, modeled latency and energy per inference (OCC cost model); then the
+        totals, in which a tile set shared by several kernels counts once. ``plans`` is
+        ``[(node name, op type, attrs)]``."""
         plans = [p for p in plans if "cim_M" in p[2]]
         if not plans:
             return ""
@@ -413,21 +441,26 @@ class MemristorDevice(Device):
         for name, _op, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
+            xb = f"={xb}" if a.get("cim_tile_owner") else xb
             rows.append((name, a["cim_operand"], mkn, xb, a["cim_tiles"], a["cim_writes_load"],
                          a["cim_writes"], a["cim_mvms"], si(a["cim_latency_s"], "s"),
                          si(a["cim_energy_j"], "J")))
-            for k, key in (("tiles", "cim_tiles"), ("wl", "cim_writes_load"), ("w", "cim_writes"),
+            if not a.get("cim_tile_owner"):
+                tot["tiles"] += a["cim_tiles"]
+            for k, key in ( ("wl", "cim_writes_load"), ("w", "cim_writes"),
                            ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
                 tot[k] += a[key]
         # crossbars in use: each resident kernel's own, plus the streaming pool once
         pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
-        used = sum(a["cim_crossbars"] for *_, a in plans if a["cim_resident"]) + max(pool, default=0)
+        used = sum(a["cim_crossbars"] for *_, a in plans
+                   if a["cim_resident"] and not a.get("cim_tile_owner")) + max(pool, default=0)
         total = (f"total ({len(plans)} kernels)", "", "", used, tot["tiles"], tot["wl"], tot["w"],
                  tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"))
         a0 = plans[0][2]
         note = (f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
                 f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
-                "their tiles, the others stream through the rest ('s': evicted by each other); "
+                "their tiles, the others stream through the rest ('s': evicted by each other; '=': "
+                "on the tiles of an earlier kernel over the same weights); "
                 "latency and energy per inference, kernels one after another)")
         return table(cols, rows, totals=[total], notes=[note])
 
@@ -460,7 +493,9 @@ class MemristorDevice(Device):
         """Write ``<stem>.xbar`` and its ``.npy`` sidecars (weights ``[G, K, N]`` float32, a
         ``[G, 1, N]`` bias when it fits that form) under ``root/memristor``.
 
-        A programmed operand that is an activation has no sidecar: the runtime supplies it.
+        A programmed operand that is an activation has no sidecar: the runtime supplies it. A
+        kernel on the tiles of an earlier one (``cim_tile_kernel``) has no weight sidecar
+        either: its file names the owner's.
         """
         p, v, params = self._replan(op, attrs)
         rel = Path(attrs["kernel"])
@@ -472,6 +507,10 @@ class MemristorDevice(Device):
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
             bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
         mode = _mode(attrs, params)
+        owner = attrs.get("cim_tile_kernel")
+        if prog is not None and owner:  # the tiles (and their weights) are the owner's
+            return codegen.emit_kernel(p, params, None, outdir, rel.stem, bias=bias,
+                                       weight_file=f"{Path(owner).stem}.W.npy", **mode)
         if prog is not None:
             return codegen.emit_kernel(p, params, layout.weights(v, A, B), outdir, rel.stem,
                                        bias=bias, **mode)
@@ -488,6 +527,23 @@ class MemristorDevice(Device):
         from .kernel import CrossbarKernel
 
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {})
+
+
+def _tile_owners(items: list, planned: list) -> list[int]:
+    """Per kernel, the index of the first kernel over the same tile set (itself if none before
+    it): the same constant initializer (by name) programmed as the same operand into the same
+    ``[G, K, N]`` view. ``planned`` holds the memo entries (:meth:`MemristorDevice._entry`) of
+    ``items`` alone. A kernel whose programmed operand is an activation shares nothing."""
+    first: dict = {}
+    out = []
+    for i, ((op, _), e) in enumerate(zip(items, planned)):
+        _, v, _, const, _ = e[0]
+        if not const:
+            out.append(i)
+            continue
+        t = op.inputs[0] if v.operand == "A" else op.inputs[1]
+        out.append(first.setdefault((t.name, op.op_type, v.operand, v.G, v.K, v.N), i))
+    return out
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:

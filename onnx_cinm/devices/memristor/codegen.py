@@ -67,8 +67,9 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         mode_lines=mode.header_items())
 
 
-def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
-                bias: np.ndarray | None = None, *, mode=None) -> list[Path]:
+def emit_kernel(plan, params, W: np.ndarray | None, outdir, name: str,
+                bias: np.ndarray | None = None, *, mode=None,
+                weight_file: str | None = None) -> list[Path]:
     """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
     ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
 
@@ -76,24 +77,29 @@ def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
     header (None: ideal). The weights are written unquantized; the simulator quantizes them at
     load (per-output-channel scales are a function of the weights).
 
-    ``W`` may be ``[K, N]`` (one group). Raises ValueError if its shape disagrees with ``plan``.
+    ``W`` may be ``[K, N]`` (one group). ``weight_file`` (with ``W`` None): the file names this
+    sidecar of another kernel over the same weights in ``outdir`` instead of writing its own.
+    Raises ValueError if the shape of ``W`` disagrees with ``plan``.
     """
-    W = np.asarray(W, dtype=np.float32)
-    if W.ndim == 2:
-        W = W[None]
-    if W.shape != (plan.groups, plan.K, plan.N):
-        raise ValueError(f"weights {W.shape} do not match the plan "
-                         f"({plan.groups}, {plan.K}, {plan.N})")
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    wpath = out / f"{name}.W.npy"
-    np.save(wpath, W)
-    paths = [out / f"{name}.xbar", wpath]
+    paths = [out / f"{name}.xbar"]
+    if weight_file is None:
+        W = np.asarray(W, dtype=np.float32)
+        if W.ndim == 2:
+            W = W[None]
+        if W.shape != (plan.groups, plan.K, plan.N):
+            raise ValueError(f"weights {W.shape} do not match the plan "
+                             f"({plan.groups}, {plan.K}, {plan.N})")
+        wpath = out / f"{name}.W.npy"
+        np.save(wpath, W)
+        paths.append(wpath)
+        weight_file = wpath.name
     bfile = None
     if bias is not None:
         bpath = out / f"{name}.C.npy"
         np.save(bpath, np.asarray(bias, dtype=np.float32))
         paths.append(bpath)
         bfile = bpath.name
-    paths[0].write_text(render(plan, params, name, wpath.name, bfile, mode=mode))
+    paths[0].write_text(render(plan, params, name, weight_file, bfile, mode=mode))
     return paths

@@ -47,10 +47,15 @@ class CrossbarKernel:
         self.bias_name = names[2] if len(names) > 2 else None
         self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
         prog_name = names[0] if self.operand == "A" else names[1]
-        self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
+        owner = attrs.get("cim_tile_kernel")
+        wfile = Path(owner).with_suffix(".W.npy").name if owner else \
+            Path(path).with_suffix(".W.npy").name
+        self.programmed_const = prog_name in consts or (Path(path).parent / wfile).exists()
         self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
         self.prog_mode_cells = self.prog.mode.cells_per_weight if self.prog.mode else 1
-        self.load_metrics = self._sim.load_counters.as_dict() if self._sim else None
+        # on the tiles of an earlier kernel over the same weights: that kernel's load programs
+        # them (this simulator's copy of them stands for the same crossbars)
+        self.load_metrics = self._sim.load_counters.as_dict() if self._sim and not owner else None
         self._lock = threading.Lock()
 
     def __call__(self, inputs: list) -> tuple[list, dict]:

@@ -14,33 +14,46 @@ A chip has ``P`` crossbars for all the crossbar kernels of a model (field notes 
   every inference (``shared``). A kernel whose programmed operand is an activation always
   streams.
 
+Kernels over the same weights (one constant programmed the same way, e.g. the per-step
+recurrent Gemms of an unrolled LSTM over its ``R``) share one *tile set*: the caller passes each
+set once, with ``uses``, the kernels that run over it. A set's tiles are programmed once and
+count once against ``P``; pinning it saves one write per tile per *use*, so the knapsack values
+a set at ``T * uses`` (:func:`pin`).
+
 The naive order keeps no tile, so it needs no allocation (the caller plans each kernel alone).
 """
 from __future__ import annotations
 
 
-def pin(tiles: list[int], const: list[bool], capacity: int) -> set[int]:
-    """Indices of the kernels to pin: the most tiles in at most ``capacity`` crossbars, whole
-    kernels with a constant programmed operand only (0/1 knapsack by dynamic programming over
-    the capacity; ties keep the earlier kernels)."""
+def pin(tiles: list[int], const: list[bool], capacity: int,
+        uses: list[int] | None = None) -> set[int]:
+    """Indices of the tile sets to pin: the most tile writes saved per inference (``tiles[i] *
+    uses[i]``; ``uses`` defaults to 1 each) in at most ``capacity`` crossbars, whole sets with
+    a constant programmed operand only (0/1 knapsack by dynamic programming over the capacity;
+    ties keep the earlier sets)."""
+    uses = uses or [1] * len(tiles)
     best: list[tuple[int, tuple]] = [(0, ())] * (capacity + 1)
     for i, (t, c) in enumerate(zip(tiles, const)):
         if not c or t > capacity:
             continue
         for cap in range(capacity, t - 1, -1):
-            cand = best[cap - t][0] + t
+            cand = best[cap - t][0] + t * uses[i]
             if cand > best[cap][0]:
                 best[cap] = (cand, best[cap - t][1] + (i,))
     return set(max(best, key=lambda b: b[0])[1])
 
 
-def allocate(tiles: list[int], const: list[bool], crossbars: int) -> list[tuple[int, bool]]:
-    """The crossbars of each kernel under the weight-stationary order (module docstring).
+def allocate(tiles: list[int], const: list[bool], crossbars: int,
+             uses: list[int] | None = None) -> list[tuple[int, bool]]:
+    """The crossbars of each kernel (or tile set) under the weight-stationary order (module
+    docstring).
 
     Args:
-        tiles: ``T_k`` of each kernel alone (``CrossbarPlan.tiles``), in execution order.
+        tiles: ``T_k`` of each kernel alone (``CrossbarPlan.tiles``), in execution order; one
+            entry per tile set when kernels share one (the set's first kernel's place).
         const: whether each kernel's programmed operand is constant.
         crossbars: ``P``, the chip's crossbars.
+        uses: kernels running over each tile set (default 1 each): the knapsack's value.
 
     Returns:
         ``[(crossbars used, shared)]`` per kernel: a resident or pinned kernel gets ``T_k``
@@ -50,7 +63,7 @@ def allocate(tiles: list[int], const: list[bool], crossbars: int) -> list[tuple[
     """
     if all(const) and sum(tiles) <= crossbars:  # each kernel on crossbars of its own
         return [(t, False) for t in tiles]
-    pinned = pin(tiles, const, crossbars - 1)
+    pinned = pin(tiles, const, crossbars - 1, uses)
     used = sum(tiles[i] for i in pinned)
     shared = len(tiles) - len(pinned) > 1
     return [(tiles[i], False) if i in pinned else (crossbars - used, shared)

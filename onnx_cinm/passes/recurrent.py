@@ -1,0 +1,343 @@
+"""The ``to_cinm`` rules of the recurrent ops: LSTM, GRU and RNN expose their matrix products.
+
+An ONNX LSTM/GRU/RNN (operator specs in onnx's ``docs/Operators.md``; gate orders ``iofc``,
+``zrh``, ``i``) does two kinds of matrix product: the input projection ``X_t @ W^T`` of every
+step, which depends on no earlier step, and the recurrent product ``H_{t-1} @ R^T``, one per
+step. With a static sequence length ``S`` the rule rewrites the op into
+
+- one cinm ``Gemm`` per direction for the input projection of all steps at once:
+  ``X[S, batch, input] @ W^T[input, gates*hidden] + bias`` (``S*batch`` rows streamed through
+  one weight: the big GEMM);
+- per step, one cinm ``Gemm`` ``H_{t-1}[1, batch, hidden] @ R^T[hidden, gates*hidden]`` whose
+  weight is one initializer shared by the ``S`` steps (a crossbar programs it once: the tile
+  sets of :mod:`onnx_cinm.paradigms.cim.residency`). GRU with ``linear_before_reset = 0``
+  multiplies ``(r_t * H_{t-1})`` by ``R_h``, so it has two recurrent products per step, over
+  ``R_zr`` and ``R_h``;
+- the gate math as standard ONNX ops on the host: ``Split`` into gates, ``Add``, ``Mul``,
+  the activations (``Sigmoid``, ``Tanh``, ``Relu``), ``Clip`` to ``[-clip, clip]`` before
+  every activation, peepholes ``P``, and ``Concat`` of the step results into ``Y``, ``Y_h``
+  (``Y_c``).
+
+Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``initial_h``,
+``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
+equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; GRU's
+``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
+reason in the summary: a dynamic ``S`` (ONNX has no LSTM form that takes a precomputed input
+projection, and unrolling needs the step count: give it with ``--dim NAME=SIZE``), ``W``/``R``/
+``B``/``P`` computed at run time, ``sequence_lens`` given at run time or shorter than ``S``,
+LSTM ``input_forget = 1``, other activations, opset below 13.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from ..dialects import cinm
+from ..rewrite import Builder, Rule, ir, names_of
+
+#: Gates per op and the activations each direction takes (ONNX defaults).
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+_ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+
+
+class _Cell(Builder):
+    """Builds one recurrent op's replacement: standard ops, cinm Gemms and constants."""
+
+    def __init__(self, rw, node: ir.Node, dtype: np.dtype, clip: float | None) -> None:
+        super().__init__(rw, node)
+        self.rw, self.dtype, self.clip = rw, dtype, clip
+        self._consts: dict = {}
+
+    def once(self, suffix: str, array: np.ndarray) -> str:
+        """A constant made once per replacement (the same ``suffix`` gives the same one)."""
+        if suffix not in self._consts:
+            self._consts[suffix] = self.const(suffix, array)
+        return self._consts[suffix]
+
+    def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
+        return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
+
+    def multi(self, op: str, inputs: list[str], count: int, **attrs) -> list[str]:
+        """A standard op with ``count`` fresh outputs (Split)."""
+        outs = [self.rw.fresh(f"{self.base}_{op.lower()}") for _ in range(count)]
+        self.node(helper.make_node, op, inputs, outs, op.lower(), **attrs)
+        return outs
+
+    def gemm(self, inputs: list[str], suffix: str) -> str:
+        return self.node(cinm.make_node, "Gemm", inputs, None, suffix)
+
+    def const(self, suffix: str, array: np.ndarray) -> str:
+        return self.rw.const(f"{self.base}_{suffix}", np.asarray(array))
+
+    def ints(self, suffix: str, values) -> str:
+        return self.const(suffix, np.asarray(values, dtype=np.int64))
+
+    def act(self, name: str, x: str) -> str:
+        if self.clip is not None:
+            lim = [self.once("clip_lo", np.array(-self.clip, self.dtype)),
+                   self.once("clip_hi", np.array(self.clip, self.dtype))]
+            x = self.std("Clip", [x] + lim)
+        return self.std(name, [x])
+
+    def split(self, x: str, parts: int, width: int, axis: int = 2) -> list[str]:
+        if parts == 1:
+            return [x]
+        sizes = self.once(f"split{parts}x{width}", np.asarray([width] * parts, dtype=np.int64))
+        return self.multi("Split", [x, sizes], parts, axis=axis)
+
+
+def _attrs(node: ir.Node) -> dict:
+    return {k: a.value for k, a in node.attributes.items()}
+
+
+def check(rw, node: ir.Node):
+    """The binding of a recurrent op the rule rewrites, or the reason it stays whole."""
+    op, at = node.op_type, _attrs(node)
+    ins = names_of(node.inputs) + [""] * 8
+    x, w, r, b, seq_lens = ins[:5]
+    if rw.opset < 13:
+        return "opset below 13"
+    xi = rw.info(x)
+    if xi is not None and xi.shape is None and xi.dtype is not None:
+        xi = type(xi)(xi.name, xi.dtype, _reshaped(rw, node.inputs[0]), xi.const)
+    if xi is None or xi.shape is None or len(xi.shape) != 3 or xi.dtype is None:
+        return "input shape unknown"
+    dtype = np.dtype(xi.dtype)
+    if dtype.name not in ("float32", "float64"):
+        return f"dtype {dtype.name}"
+    layout = int(at.get("layout", 0))
+    S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
+    if not isinstance(S, int):
+        how = ("size the inputs' symbolic dims with --dim NAME=SIZE" if S is None or
+               str(S).startswith("unk__") else f"size '{S}' with --dim {S}=SIZE")
+        return ("sequence length dynamic: the recurrence cannot be unrolled, and ONNX "
+                f"{op} has no form taking a precomputed input projection ({how})")
+    if S == 0:
+        return "empty sequence"
+    W, R = rw.value(w), rw.value(r)
+    if W is None or R is None:
+        return "W or R computed at run time"
+    B = rw.value(b) if b else None
+    if b and B is None:
+        return "bias B computed at run time"
+    peep = ins[7] if op == "LSTM" else ""
+    P = rw.value(peep) if peep else None
+    if peep and P is None:
+        return "peepholes P computed at run time"
+    if seq_lens:
+        lens = rw.value(seq_lens)
+        if lens is None:
+            return "sequence_lens given at run time"
+        if np.any(lens != S):
+            return f"sequence_lens {lens.tolist()} shorter than the sequence ({S})"
+    if op == "LSTM" and int(at.get("input_forget", 0)):
+        return "input_forget=1"
+    dirs = W.shape[0]
+    direction = at.get("direction", "forward")
+    if (direction == "bidirectional") != (dirs == 2):
+        return f"direction {direction} with {dirs} weight sets"
+    acts = list(at.get("activations") or _DEFAULT_ACTS[op] * dirs)
+    if len(acts) != len(_DEFAULT_ACTS[op]) * dirs or any(a.lower() not in _ACTS for a in acts):
+        return f"activations {acts} (supported: Sigmoid, Tanh, Relu)"
+    if at.get("activation_alpha") or at.get("activation_beta"):
+        return "activation_alpha/beta"
+    hidden = R.shape[-1]
+    clip = at.get("clip")
+    return {"S": S, "batch": batch, "input": size, "hidden": hidden, "dirs": dirs,
+            "x_shape": None if rw.info(x).shape is not None else xi.shape,
+            "reverse": [direction == "reverse" or d == 1 for d in range(dirs)],
+            "acts": [_ACTS[a.lower()] for a in acts], "layout": layout, "dtype": dtype,
+            "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip),
+            "lbr": int(at.get("linear_before_reset", 0))}
+
+
+#: Ops :func:`_evaluate` runs on the shape path (small int64 vectors).
+_SHAPE_OPS = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub",
+              "Mul", "Div", "Constant", "Identity"}
+
+
+def _reshaped(rw, value: ir.Value) -> tuple | None:
+    """The static shape of ``value`` when shape inference could not tell it but it is a
+    ``Reshape`` of a tensor of known static shape to a shape computed from ``Shape`` ops (a
+    CRNN's ``[width, batch, C*H]`` sequence): the shape computation evaluated at the planned
+    sizes. None otherwise."""
+    node = value.producer()
+    if node is None or node.op_type != "Reshape" or len(node.inputs) < 2:
+        return None
+    data = rw.info(node.inputs[0].name) if node.inputs[0] is not None else None
+    if data is None or data.shape is None or not all(isinstance(d, int) for d in data.shape):
+        return None
+    target = _evaluate(rw, node.inputs[1], 32)
+    if target is None or node.attributes.get("allowzero") and node.attributes["allowzero"].value:
+        return None
+    dims = [data.shape[i] if int(d) == 0 else int(d) for i, d in enumerate(target)]
+    if dims.count(-1) == 1:
+        known = int(np.prod([d for d in dims if d != -1]))
+        if known == 0:
+            return None
+        dims[dims.index(-1)] = int(np.prod(data.shape)) // known
+    return tuple(dims) if int(np.prod(dims)) == int(np.prod(data.shape)) else None
+
+
+def _evaluate(rw, value: ir.Value | None, budget: int) -> np.ndarray | None:
+    """The value of a small shape computation (ops in :data:`_SHAPE_OPS`, ``Shape`` of tensors
+    of known static shape, constants), run node by node in onnx's reference evaluator; None
+    when it depends on anything else or needs more than ``budget`` nodes."""
+    if value is None:
+        return None
+    arr = rw.array(value)
+    if arr is not None:
+        return arr
+    node = value.producer()
+    if node is None or budget <= 0 or node.op_type not in _SHAPE_OPS or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Shape":
+        info = rw.info(node.inputs[0].name)
+        if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            return None
+        at = {k: a.value for k, a in node.attributes.items()}
+        return np.asarray(info.shape[at.get("start", 0):at.get("end")], np.int64)
+    feeds = {}
+    for v in node.inputs:
+        if v is not None:
+            got = _evaluate(rw, v, budget - 1)
+            if got is None:
+                return None
+            feeds[v.name] = got
+    from onnx.reference import ReferenceEvaluator
+
+    proto = ir.serde.serialize_node(node)
+    try:
+        outs = ReferenceEvaluator(proto).run(None, feeds)
+    except Exception:  # noqa: BLE001 - not evaluable here: the shape stays unknown
+        return None
+    return np.asarray(outs[list(proto.output).index(value.name)])
+
+
+def replace(rw, node: ir.Node, p: dict):
+    """The replacement nodes of a recurrent op (see the module docstring)."""
+    op = node.op_type
+    ins = names_of(node.inputs) + [""] * 8
+    outs = names_of(node.outputs) + [""] * 3
+    S, H, G, dirs, dt = p["S"], p["hidden"], _GATES[op], p["dirs"], p["dtype"]
+    c = _Cell(rw, node, dt, p["clip"])
+    x = ins[0]
+    if p["x_shape"] is not None:  # known here only (see _reshaped): say it to shape inference
+        x = c.std("Reshape", [x, c.ints("xshape", p["x_shape"])])
+    if p["layout"]:
+        x = c.std("Transpose", [x], perm=[1, 0, 2])  # [S, batch, input]
+    init_h, init_c = ins[5], (ins[6] if op == "LSTM" else "")
+    if p["layout"]:
+        init_h = init_h and c.std("Transpose", [init_h], perm=[1, 0, 2])
+        init_c = init_c and c.std("Transpose", [init_c], perm=[1, 0, 2])
+    zeros = None
+    ys, yhs, ycs = [], [], []
+    for d in range(dirs):
+        W, R = p["W"][d].astype(dt), p["R"][d].astype(dt)
+        B = np.zeros(2 * G * H, dt) if p["B"] is None else p["B"][d].astype(dt)
+        wb, rb = B[:G * H], B[G * H:]
+        if op == "GRU" and p["lbr"]:
+            x_bias, rec = wb, [(R, rb)]
+        elif op == "GRU":
+            x_bias, rec = wb + rb, [(R[:2 * H], None), (R[2 * H:], None)]
+        else:
+            x_bias, rec = wb + rb, [(R, None)]
+        xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
+        steps = c.split(xp, S, 1, axis=0)  # S x [1, batch, G*H]
+        rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
+               for k, (Rk, bk) in enumerate(rec)]
+
+        def state(given: str) -> str:
+            nonlocal zeros
+            if given:
+                return c.std("Gather", [given, c.ints(f"dir{d}", [d])], axis=0)  # [1, batch, H]
+            if zeros is None:
+                zeros = _zeros(c, x, p["batch"], H, dt)
+            return zeros
+
+        h = state(init_h)
+        cell = state(init_c) if op == "LSTM" else None
+        acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
+        peep = None if p["P"] is None else [c.const(f"P{d}_{k}", p["P"][d][k * H:(k + 1) * H].astype(dt))
+                                            for k in range(3)]
+        by_t: dict[int, str] = {}
+        for t in (reversed(range(S)) if p["reverse"][d] else range(S)):
+            if op == "LSTM":
+                h, cell = _lstm_step(c, steps[t], h, cell, rts[0][0], acts, peep, H)
+            elif op == "GRU":
+                h = _gru_step(c, steps[t], h, rts, acts, p["lbr"], H)
+            else:
+                pre = c.std("Add", [steps[t], c.gemm([h, rts[0][0]], "hproj")])
+                h = c.act(acts[0], pre)
+            by_t[t] = h
+        ys.append([by_t[t] for t in range(S)])
+        yhs.append(h)
+        ycs.append(cell)
+    y, y_h, y_c = outs[:3]
+    if y:
+        per_dir = [c.std("Unsqueeze", [c.std("Concat", hs, axis=0), c.ints("axis1", [1])])
+                   for hs in ys]  # [S, 1, batch, H]
+        full = per_dir[0] if dirs == 1 else c.std("Concat", per_dir, axis=1)
+        if p["layout"]:
+            full = c.std("Transpose", [full], perm=[2, 0, 1, 3])
+        c.std("Identity", [full], [y])
+    for name, finals in ((y_h, yhs), (y_c, ycs)):
+        if not name:
+            continue
+        last = finals[0] if dirs == 1 else c.std("Concat", finals, axis=0)  # [dirs, batch, H]
+        if p["layout"]:
+            last = c.std("Transpose", [last], perm=[1, 0, 2])
+        c.std("Identity", [last], [name])
+    return c.nodes
+
+
+def _zeros(c: _Cell, x: str, batch, H: int, dt: np.dtype) -> str:
+    """A zero state ``[1, batch, H]``: a constant, or built from ``x``'s shape when the batch
+    is symbolic."""
+    if isinstance(batch, int):
+        return c.const("zeros", np.zeros((1, batch, H), dt))
+    b = c.std("Slice", [c.std("Shape", [x]), c.ints("b0", [1]), c.ints("b1", [2])])
+    shape = c.std("Concat", [c.ints("one", [1]), b, c.ints("hid", [H])], axis=0)
+    return c.std("ConstantOfShape", [shape],
+                 value=helper.make_tensor("zero", helper.np_dtype_to_tensor_dtype(dt), [1], [0]))
+
+
+def _lstm_step(c: _Cell, xt: str, h: str, cell: str, rt: str, acts, peep, H: int):
+    """One LSTM step (gates i, o, f, c): returns ``(H_t, C_t)``, each ``[1, batch, H]``."""
+    f, g, hh = acts
+    pre = c.std("Add", [xt, c.gemm([h, rt], "hproj")])
+    i, o, fg, cc = c.split(pre, 4, H)
+    if peep is not None:
+        i = c.std("Add", [i, c.std("Mul", [peep[0], cell])])
+        fg = c.std("Add", [fg, c.std("Mul", [peep[2], cell])])
+    i, fg, cc = c.act(f, i), c.act(f, fg), c.act(g, cc)
+    cell = c.std("Add", [c.std("Mul", [fg, cell]), c.std("Mul", [i, cc])])
+    if peep is not None:
+        o = c.std("Add", [o, c.std("Mul", [peep[1], cell])])
+    o = c.act(f, o)
+    return c.std("Mul", [o, c.std(hh, [cell])]), cell
+
+
+def _gru_step(c: _Cell, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
+    """One GRU step (gates z, r, h): returns ``H_t`` ``[1, batch, H]``."""
+    f, g = acts
+    xz, xr, xh = c.split(xt, 3, H)
+    if lbr:
+        (rt, rb), = rts
+        hz, hr, hh = c.split(c.gemm([h, rt, rb], "hproj"), 3, H)
+        z = c.act(f, c.std("Add", [xz, hz]))
+        r = c.act(f, c.std("Add", [xr, hr]))
+        cand = c.act(g, c.std("Add", [xh, c.std("Mul", [r, hh])]))
+    else:
+        (rzr, _), (rh, _) = rts
+        hz, hr = c.split(c.gemm([h, rzr], "hproj"), 2, H)
+        z = c.act(f, c.std("Add", [xz, hz]))
+        r = c.act(f, c.std("Add", [xr, hr]))
+        cand = c.act(g, c.std("Add", [xh, c.gemm([c.std("Mul", [r, h]), rh], "hproj")]))
+    # H_t = (1 - z) * cand + z * H_{t-1}
+    keep = c.std("Sub", [c.once("one", np.array(1, c.dtype)), z])
+    return c.std("Add", [c.std("Mul", [keep, cand]), c.std("Mul", [z, h])])
+
+
+RULES = [Rule(frozenset(_GATES), check, replace)]
