@@ -217,6 +217,17 @@ def preset_table(seeds: int, records: list, tmp: Path, effects=TIME_EFFECTS) -> 
                 cells = "".join(
                     f"{_cell(summ[v, comp]):>21}" for _, v in TIMES)
                 print(f"{name:<13} {chip.device_model:<16} {'on' if comp else 'off':<12}{cells}")
+            first, last = TIMES[0][1], TIMES[-1][1]
+            fresh, off, on = (100 * summ[first, False]["mean"], 100 * summ[last, False]["mean"],
+                              100 * summ[last, True]["mean"])
+            if abs(on - off) < 0.05:
+                recovered = "compensation changes nothing (no drift)"
+            elif fresh - off > 0.5:
+                recovered = f"compensation recovers {100 * (on - off) / (fresh - off):.0f} % of the loss"
+            else:
+                recovered = "no loss to recover"
+            print(f"{'':<13} {TIMES[-1][0]} vs {TIMES[0][0]}: {off - fresh:+.1f} points without "
+                  f"compensation, {on - fresh:+.1f} with; {recovered}")
             if chip.device_model not in seen_trends:
                 seen_trends.append(chip.device_model)
             records += [{"table": "presets", "model": model_name, "preset": name,

@@ -187,3 +187,15 @@ def test_bad_input_is_one_line(digits_files, digits_mlp, capsys, tmp_path):
     assert "give --times" in _error(capsys, ev + [str(data), "--plot", str(tmp_path / "p.png")],
                                     code=2)
     assert not (tmp_path / "p.png").exists()
+
+
+def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):
+    # compiled exact; the run option cim_mode=device makes compare report statistics, and the
+    # device draws really run (the outputs move off onnxruntime's)
+    path, _, _ = digits_files
+    feed = {"X": digits_mlp.X_test[:64]}
+    exact = session_mod.InferenceSession(str(path))
+    dev = session_mod.InferenceSession(str(path), provider_options=[{"cim_mode": "device"}, {}])
+    assert exact.inexact_kernels() == [] and dev.inexact_kernels() == ["crossbar data path device"]
+    assert not np.array_equal(exact.run(["probabilities"], feed)[0],
+                              dev.run(["probabilities"], feed)[0])

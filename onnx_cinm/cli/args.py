@@ -367,24 +367,8 @@ def _list(parse, what: str):
     return convert
 
 
-def _adc_bits(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ADC bits (an integer), got '{text}'") from None
-    if v != 0 and not 2 <= v <= 16:
-        raise argparse.ArgumentTypeError(f"ADC bits must be 0 (ideal) or 2..16, got {v}")
-    return v
-
-
-def _rate(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction of cells, got '{text}'") from None
-    if not 0 <= v <= 0.5:
-        raise argparse.ArgumentTypeError(f"a stuck-at rate must be in 0..0.5, got {text}")
-    return v
+_adc_bits = _checked(_int, lambda v: v == 0 or 2 <= v <= 16, "0 (an ideal ADC) or 2..16 bits")
+_rate = _checked(_number, lambda v: 0 <= v <= 0.5, "a fraction of cells in 0..0.5")
 
 
 def _evaluate_parser(sub) -> argparse.ArgumentParser:

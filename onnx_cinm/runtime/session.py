@@ -172,7 +172,9 @@ class InferenceSession:
             ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
             a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
             crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
-            ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`).
+            ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`), and each device's run options
+            (:meth:`Device.run_option_specs`, e.g. the crossbar's ``cim_time_s``), handed to
+            its kernels.
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
