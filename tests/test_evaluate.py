@@ -46,7 +46,9 @@ def digits_files(digits_mlp, tmp_path_factory):
 
 def _json(capsys, argv) -> dict:
     assert main(argv) == 0
-    return json.loads(capsys.readouterr().out)
+    got = capsys.readouterr()
+    assert got.err == ""  # no progress bar in a pipe
+    return json.loads(got.out)
 
 
 def test_three_crossbar_kernels(digits_files):
@@ -82,6 +84,16 @@ def test_drift_costs_accuracy_and_compensation_recovers_it(digits_files, capsys,
     assert drifted < fresh - 0.01, acc
     assert compensated - drifted >= 0.5 * (fresh - drifted), acc
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_for_people(digits_files, capsys):
+    path, data, _ = digits_files
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                 "--cim-effects", "drift", "--times", "1h", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "450 samples" in out and "exact run (onnxruntime, reference bodies): accuracy" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("1 h")]
+    assert [r[2] for r in rows] == ["off", "on"] and all(r[-1] == "1" for r in rows)
 
 
 def test_adc_and_stuck_at_sweeps(digits_files, capsys):
