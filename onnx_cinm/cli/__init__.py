@@ -11,6 +11,7 @@ import traceback
 from ..errors import CinmError
 from .args import _parser  # noqa: F401 (tests build the parser)
 from .cmd_devices import _cmd_devices
+from .cmd_evaluate import _cmd_evaluate
 from .cmd_optimize import _cmd_optimize
 from .cmd_report import _cmd_report
 from .cmd_run import _cmd_compare, _cmd_run
@@ -81,6 +82,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _cmd_report(args)
         if args.command == "sweep":
             return _cmd_sweep(args, parser)
+        if args.command == "evaluate":
+            return _cmd_evaluate(args, parser)
         return _cmd_optimize(args, parser)
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)

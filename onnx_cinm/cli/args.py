@@ -23,6 +23,7 @@ examples:
   onnx-cinm sweep model.onnx --set crossbar.size=64x64,128x128 --set cim.crossbars=4,64 -o sweep/
   onnx-cinm run lenet_opt.onnx --random 3 --profile
   onnx-cinm compare model.onnx model_opt.onnx
+  onnx-cinm evaluate model_opt.onnx --data test.npz --cim-mode device --times 1s,1h,1d,1y
   onnx-cinm devices
 """
 
@@ -344,11 +345,103 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(sw)
     _option_flags(sw, schema)  # the options of every configuration, unless swept
 
+    ev = _evaluate_parser(sub)
     d = sub.add_parser("devices", help="list the registered devices and their parameters")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    for command_parser in (o, r, c, rp, sw, d):  # usage errors name the subcommand
+    for command_parser in (o, r, c, rp, sw, ev, d):  # usage errors name the subcommand
         command_parser.set_defaults(command_parser=command_parser)
     return p
+
+
+#: the run options ``evaluate`` sweeps itself (flags --times, --adc-bits, --stuck-at, --seeds)
+SWEPT = ("time_s", "drift_compensation", "adc_bits", "stuck_at", "seed")
+
+
+def _list(parse, what: str):
+    """An argparse type: comma-separated values, each read by ``parse``."""
+    def convert(text: str) -> list:
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        return [parse(t) for t in items]
+    return convert
+
+
+_adc_bits = _checked(_int, lambda v: v == 0 or 2 <= v <= 16, "0 (an ideal ADC) or 2..16 bits")
+_rate = _checked(_number, lambda v: 0 <= v <= 0.5, "a fraction of cells in 0..0.5")
+
+
+def _evaluate_parser(sub) -> argparse.ArgumentParser:
+    """The ``evaluate`` subcommand's parser; run-option flags (``--cim-mode``, ...) come from
+    the devices' run options that evaluate does not sweep itself (:data:`SWEPT`)."""
+    import textwrap
+
+    from ..devices import all_devices
+    from ..options import help_text
+
+    e = sub.add_parser(
+        "evaluate", help="accuracy under device effects over time after programming, seeds, "
+                         "ADC bits and stuck-at rates",
+        description=textwrap.fill(
+                    "Run a labeled data set through the CINM execution provider once per "
+                    "configuration: each time after programming (--times) with and without "
+                    "global drift compensation, each ADC width (--adc-bits) and stuck-at rate "
+                    "(--stuck-at), each over --seeds seeds of the device draws (the same seed "
+                    "at two times is the same programmed chip read later). Prints accuracy "
+                    "(mean, min, max over seeds) per configuration; without labels, the "
+                    "relative RMS error of an output against the exact run. The data path is "
+                    "the one the model was compiled with (optimize --cim-mode) unless "
+                    "--cim-mode/--cim-effects say otherwise; time, compensation, ADC bits and "
+                    "stuck-at rates need a data path with device effects (--cim-mode device).", 90),
+        epilog="examples:\n"
+               "  onnx-cinm optimize model.onnx -o opt.onnx --cim-preset pcm-hermes\n"
+               "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
+               "--times 1s,1h,1d,1y --seeds 5 --plot drift.png\n"
+               "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
+               "--adc-bits 4,6,8 --stuck-at 0,1e-3,1e-2 --json > records.json",
+        formatter_class=type("F", (_HelpFormatter, argparse.RawDescriptionHelpFormatter), {}))
+    e.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
+    e.add_argument("--data", required=True, metavar="FILE.npz",
+                   help="numpy archive: one array per model input (samples along axis 0) and "
+                        "the integer labels")
+    e.add_argument("--labels", metavar="KEY", default=None,
+                   help="the labels' array in --data (default: 'labels' if present; without "
+                        "labels the output error against the exact run is measured)")
+    e.add_argument("--output", metavar="NAME", dest="judged",
+                   help="the output judged (default: the first; without labels the first "
+                        "float one); class ids, or scores whose arg max is the class")
+    e.add_argument("--times", type=_list(_duration, "times like 1s,1h,1d,1y"), default=[],
+                   metavar="T1,T2,...",
+                   help="times after programming, units s, m (min), h, d, w, y: "
+                        "e.g. 1s,1h,1d,1y; each with drift compensation off and on")
+    e.add_argument("--adc-bits", type=_list(_adc_bits, "ADC bits like 4,6,8"), default=[],
+                   metavar="B1,B2,...", help="ADC widths including the sign (0: ideal ADC)")
+    e.add_argument("--stuck-at", type=_list(_rate, "rates like 0,1e-3,1e-2"), default=[],
+                   metavar="R1,R2,...",
+                   help="fractions of cells stuck at 0, and as many stuck at the largest "
+                        "conductance")
+    e.add_argument("--seeds", type=_positive, default=3, metavar="N",
+                   help="seeds of the device draws per configuration (0..N-1)")
+    e.add_argument("--batch", type=_positive, default=256, metavar="N",
+                   help="samples per inference when the model's batch size is not fixed")
+    e.add_argument("--plot", metavar="FILE.png",
+                   help="plot the time sweep (log time axis, with and without compensation)")
+    e.add_argument("--json", action="store_true",
+                   help="print the records and their summary as JSON instead of the table")
+    e.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="other CinmExecutionProvider options (repeatable)")
+    g = e.add_argument_group("run options of the device kernels (provider options)")
+    for dev in all_devices():
+        for key, spec in dev.run_option_specs().items():
+            if spec.name in SWEPT:
+                continue
+            flag = "--" + key.replace("_", "-")
+            g.add_argument(flag, dest=key, default=None, type=_typed(spec),
+                           metavar={str: "|".join(spec.allowed() or ()) or "NAME",
+                                    tuple: "E1,E2|none"}.get(spec.type, "VALUE"),
+                           help=help_text(spec).replace("%", "%%"))
+    _common(e)
+    return e
 
 
 _INPUT_HELP = ("an input array NAME=FILE.npy, or FILE.npz holding arrays by input name "

@@ -64,3 +64,10 @@ def _print_options(dev) -> None:
     if len(dev.modes) > 1:
         print(f"  run modes (--provider-option {dev.name}_mode=...): {', '.join(dev.modes)} "
               f"(default {dev.modes[0]})")
+    run = dev.run_option_specs()
+    if run:
+        print("  run options (--provider-option KEY=VALUE of run, compare and evaluate; unset: "
+              "as compiled):")
+        width = max(len(k) for k in run)
+        for key, spec in run.items():
+            print(f"    {key:{width}s}  {help_text(spec)}")

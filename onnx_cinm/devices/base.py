@@ -11,7 +11,10 @@ device package and never probe a device for optional methods. A device is one su
   ``<option_prefix>_<field>``): CLI flags, sweep keys and config files come from it;
 - ``plan_attrs``: the node attributes its plans write, every name starting with
   ``<attr_prefix>_``; the registry declares them in the cinm dialect's schema;
-- ``modes``: how the execution provider may run its nodes (provider option ``<name>_mode``).
+- ``modes``: how the execution provider may run its nodes (provider option ``<name>_mode``);
+- ``RunOptions``: typed options of a run (provider options ``<option_prefix>_<field>``) that
+  change what its kernels compute without compiling again (a crossbar's time after
+  programming, drift compensation, seed), handed to :meth:`Device.kernel`;
 
 and implements :meth:`Device.supports` and :meth:`Device.cost`; the rest have defaults that make
 a *cost-model* device (priced and placed; its nodes run their reference bodies on the host):
@@ -106,6 +109,10 @@ class Device:
             means: the node runs its reference body on the host and the profile charges the
             plan's modeled cost; other modes run :meth:`kernel`. Provider option
             ``<name>_mode`` picks one.
+        RunOptions: dataclass of :func:`~onnx_cinm.options.option` fields the execution
+            provider accepts as provider options (keys ``<option_prefix>_<field>``, e.g.
+            ``cim_time_s``) and passes to :meth:`kernel` (``run_options``, by field name):
+            what a run changes without compiling again (None: nothing).
         plans_together: the ops placed on the device share its resources (crossbars), so
             :meth:`price_all` and :meth:`lower` must see all of them at once.
 
@@ -120,6 +127,7 @@ class Device:
     attr_prefix: ClassVar[str] = ""
     plan_attrs: ClassVar[dict] = {}
     modes: ClassVar[tuple] = ("model",)
+    RunOptions: ClassVar[type | None] = None
     plans_together: ClassVar[bool] = False
     params: Any = None
 
@@ -146,6 +154,14 @@ class Device:
         if self.Options is None:
             return {}
         return specs(self.Options, self.option_prefix, self.name)
+
+    def run_option_specs(self) -> dict[str, OptionSpec]:
+        """The device's run options (:attr:`RunOptions`), keyed by flat name, as provider
+        options (section: the provider's); empty if it declares none."""
+        if self.RunOptions is None:
+            return {}
+        return specs(self.RunOptions, self.option_prefix, self.name,
+                     section="CinmExecutionProvider")
 
     def check_options(self, options: dict) -> None:
         """Raise CinmError if options that are each valid (the schema checked their types,
@@ -205,7 +221,7 @@ class Device:
         return []
 
     def kernel(self, op: OpInfo, attrs: dict, root: Path, consts: dict,
-               mode: str) -> Callable | None:
+               mode: str, run_options: dict | None = None) -> Callable | None:
         """A callable running the node's kernel in ``mode`` (one of :attr:`modes` other than
         ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
         numpy arrays (None for an absent optional input), ``metrics`` the per-call figures
@@ -213,11 +229,13 @@ class Device:
         where unknown); its attribute ``load_metrics`` is the one-time load (``tile_writes``,
         ``latency_s``, ``energy_j``) or None. None: the node runs its reference body on the
         host. ``root`` is the ``<model>.cinm/`` folder; ``consts`` the node's constant inputs
-        by name."""
+        by name; ``run_options`` the :attr:`RunOptions` given to the provider, by field name
+        (only those given; raise CinmError if they do not fit the node's plan)."""
         return None
 
-    def inexact(self, attrs: dict, mode: str) -> str | None:
-        """Why a lowered node's kernel, run in ``mode``, differs from the exact op by design
+    def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
+        """Why a lowered node's kernel, run in ``mode`` with ``run_options`` (as for
+        :meth:`kernel`), differs from the exact op by design
         (a quantized or noisy data path, arithmetic in a narrower type), in words; ``compare``
         then reports error statistics instead of a pass/fail verdict. None: meant to be exact
         (the default)."""
@@ -278,6 +296,10 @@ def check_device(dev: object) -> None:
         if bad:
             raise TypeError(f"device '{dev.name}': options {bad} do not start with "
                             f"'{dev.option_prefix}_'")
+    if dev.RunOptions is not None:
+        if not dev.option_prefix:
+            raise TypeError(f"device '{dev.name}' declares run options but no option_prefix")
+        dev.run_option_specs()  # TypeError on a field that is not a typed option
 
 
 @dataclass
@@ -296,7 +318,8 @@ class Registry:
             if device.attr_prefix and device.attr_prefix == other.attr_prefix:
                 raise ValueError(f"device {device.name!r}: plan attribute prefix "
                                  f"'{device.attr_prefix}_' is {other.name!r}'s")
-            clash = set(device.option_specs()) & set(other.option_specs())
+            clash = ({*device.option_specs(), *device.run_option_specs()}
+                     & {*other.option_specs(), *other.run_option_specs()})
             if clash:
                 raise ValueError(f"device {device.name!r}: options {sorted(clash)} are "
                                  f"{other.name!r}'s")

@@ -76,15 +76,25 @@ def mode_options() -> dict[str, tuple]:
 
 
 def provider_option_specs() -> dict[str, OptionSpec]:
-    """Every provider option, typed (:mod:`onnx_cinm.options`): :class:`ProviderOptions` and
-    one ``<device>_mode`` per device with a choice of run modes, its default the device's
-    first mode."""
+    """Every provider option, typed (:mod:`onnx_cinm.options`): :class:`ProviderOptions`, one
+    ``<device>_mode`` per device with a choice of run modes, its default the device's first
+    mode, and each device's run options (:meth:`Device.run_option_specs`, e.g. the crossbar's
+    ``cim_time_s``; unset by default: the kernels run as compiled)."""
     out = specs(ProviderOptions, "", PROVIDER)
     for key, modes in mode_options().items():
         dev = key.removesuffix("_mode")
         out[key] = OptionSpec(key, str, modes[0], help=f"how the {dev} nodes run", choices=modes,
                               owner=dev, section=PROVIDER, name=key)
+    for d in devices.all_devices():
+        out.update(d.run_option_specs())
     return out
+
+
+def run_options_of(dev, options: dict) -> dict:
+    """The run options of device ``dev`` set in the provider ``options``, by field name (what
+    :meth:`Device.kernel` takes)."""
+    return {spec.name: options[key] for key, spec in dev.run_option_specs().items()
+            if options.get(key) is not None}
 
 
 def check_provider_options(given: dict) -> dict:
@@ -162,7 +172,9 @@ class InferenceSession:
             ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
             a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
             crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
-            ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`).
+            ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`), and each device's run options
+            (:meth:`Device.run_option_specs`, e.g. the crossbar's ``cim_time_s``), handed to
+            its kernels.
         kernel_dir: the kernel folder when ``path_or_model`` is a ModelProto.
 
     Raises:
@@ -226,7 +238,8 @@ class InferenceSession:
             raise CinmError(f"node '{node.name}': kernel '{at['kernel']}' is not in "
                             f"{self._root / artifacts.MANIFEST}")
         node_consts = {n: consts[n] for n in node.input if n in consts}
-        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode)
+        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode,
+                            run_options_of(dev, self._options))
         return None if kernel is None else (dev_name, kernel, mode)
 
     def _build(self, use_devices: bool) -> None:
@@ -577,7 +590,8 @@ class InferenceSession:
             if at.get("device", "host") == "host":
                 continue
             dev = devices.get_device(at["device"])
-            why = dev.inexact(at, self._options.get(f"{dev.name}_mode", dev.modes[0]))
+            why = dev.inexact(at, self._options.get(f"{dev.name}_mode", dev.modes[0]),
+                              run_options_of(dev, self._options))
             if why and why not in out:
                 out.append(why)
         return out

@@ -293,7 +293,7 @@ class HbmPimDevice(Device):
                              op.name, path, weights)
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
-               mode: str = "simulate"):
+               mode: str = "simulate", run_options: dict | None = None):
         """The functional model running the node's emitted program (:class:`.kernel.
         HbmPimKernel`); None in mode ``model``."""
         if mode == "model":
@@ -303,7 +303,7 @@ class HbmPimDevice(Device):
                             self.params)
 
     # -- reading plans back ---------------------------------------------------------------------
-    def inexact(self, attrs: dict, mode: str) -> str | None:
+    def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
         """A GEMV simulated as the PCUs compute it accumulates in FP16 lanes (a float32 op, or an
         FP16 one whose reference accumulates wider), so it differs from onnxruntime by design;
         the elementwise kernels round once, as onnxruntime does."""

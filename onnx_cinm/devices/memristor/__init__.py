@@ -63,6 +63,31 @@ class CrossbarOptions:
                                      low=1e-6)
 
 
+@dataclass(frozen=True)
+class CrossbarRunOptions:
+    """The crossbar kernels' run options: provider options (keys ``cim_<field>``,
+    ``--provider-option cim_time_s=3600``; ``onnx-cinm evaluate`` sweeps them) that change
+    the data path of a run without compiling again. Unset: as the kernels were compiled
+    (``cim_mode``, ``cim_time_s``, ``cim_effects`` of each node)."""
+
+    mode: str | None = option(None, help="data path of this run (default: the one compiled "
+                              "in)", choices=lambda: tuple(NAMED))
+    effects: tuple | None = option(None, help="device effects of this run (default: the "
+                                   "compiled ones, or the mode's own when --cim-mode changes "
+                                   "it; 'none' for none)", choices=lambda: tuple(EFFECTS))
+    time_s: float | None = option(None, help="time after programming at which the device "
+                                  "effects are taken", unit="s", low=0.0)
+    drift_compensation: bool | None = option(None, help="global drift compensation on or off "
+                                             "(default: on when the effects include 'gdc')")
+    adc_bits: int | None = option(None, help="ADC bits including the sign (0: an ideal ADC; "
+                                  "default: the mode's)", low=0, high=16)
+    stuck_at: float | None = option(None, help="fraction of cells stuck at 0, and as many "
+                                    "stuck at g_max (default: the effects' own; 'stuck' is "
+                                    "0.001)", low=0.0, high=0.5)
+    seed: int | None = option(None, help="seed of the device and read-noise draws (default: "
+                              "the compiled one, 0)", low=0, high=2 ** 31 - 1)
+
+
 #: The options a crossbar plan reads (:func:`params_from_options` and the loop order).
 _PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order",
                  "cim_mode", "cim_time_s", "cim_effects")
@@ -133,6 +158,7 @@ class MemristorDevice(Device):
     paradigm = "cim"
     option_prefix = "cim"
     Options = CrossbarOptions
+    RunOptions = CrossbarRunOptions
     attr_prefix = "cim"
     plan_attrs = PLAN_ATTRS
     modes = ("simulate",)
@@ -416,10 +442,10 @@ class MemristorDevice(Device):
             attrs["placement"] = note
         return attrs
 
-    def inexact(self, attrs: dict, mode: str) -> str | None:
-        """A crossbar data path other than ``ideal`` (``cim_mode``: q8, q8-noisy, device) is
-        inexact by design."""
-        m = attrs.get("cim_mode")
+    def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
+        """A crossbar data path other than ``ideal`` (``cim_mode``, or run option ``mode``: q8,
+        q8-noisy, device) is inexact by design."""
+        m = (run_options or {}).get("mode") or attrs.get("cim_mode")
         return f"crossbar data path {m}" if m and m != "ideal" else None
 
     # -- reports ----------------------------------------------------------------------------
@@ -521,12 +547,16 @@ class MemristorDevice(Device):
         return [path]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
-               mode: str = "simulate"):
+               mode: str = "simulate", run_options: dict | None = None):
         """A callable running the node's ``.xbar`` kernel in the simulator (see
-        :class:`onnx_cinm.devices.memristor.kernel.CrossbarKernel`)."""
+        :class:`onnx_cinm.devices.memristor.kernel.CrossbarKernel`), in the data path the file
+        was compiled with, or the one ``run_options`` (:class:`CrossbarRunOptions` fields)
+        make of it. Raises CinmError if they do not go together (an ideal data path at a time
+        after programming)."""
         from .kernel import CrossbarKernel
 
-        return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {})
+        data_path = _run_mode(attrs, self.params, run_options) if run_options else None
+        return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path)
 
 
 def _tile_owners(items: list, planned: list) -> list[int]:
@@ -562,6 +592,33 @@ def _compose(name: str, params: CrossbarParams, time_s, effects):
         return compose(name, params, time_s, effects)
     except ValueError as e:
         raise CinmError(str(e)) from None
+
+
+def _run_mode(attrs: dict, base: CrossbarParams, run: dict):
+    """The :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` of a run: the node's compiled
+    data path (``cim_mode``, ``cim_time_s``, ``cim_effects``, its preset) changed by the run
+    options ``run`` (:class:`CrossbarRunOptions` fields). CinmError if they do not fit."""
+    params = params_from_options({"cim_preset": attrs.get("cim_preset")}, base)
+    compiled = attrs.get("cim_mode", "ideal")
+    name = run.get("mode") or compiled
+    effects = run.get("effects")
+    if effects is None and name == compiled and attrs.get("cim_effects") is not None:
+        effects = [e for e in attrs["cim_effects"].split(",") if e]
+    time_s = run.get("time_s")
+    if name == "ideal" and time_s:
+        raise CinmError("crossbar mode 'ideal' has no time after programming (exact fp32 "
+                        "arithmetic); choose a data path with device effects: cim_mode=device "
+                        "(evaluate --cim-mode device)")
+    if time_s is None:
+        time_s = attrs.get("cim_time_s", 0.0)
+    try:
+        from .nonideal import compose
+
+        return compose(name, params, time_s, effects, seed=run.get("seed") or 0,
+                       adc_bits=run.get("adc_bits"), stuck_at=run.get("stuck_at"),
+                       drift_compensation=run.get("drift_compensation"))
+    except ValueError as e:
+        raise CinmError(f"crossbar run options: {e}") from None
 
 
 def _mode(attrs: dict, params: CrossbarParams) -> dict:

@@ -11,6 +11,7 @@ chip; when it is an activation, every run programs it afresh.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,8 @@ class CrossbarKernel:
         attrs: the node's ``cim_*`` plan attributes.
         path: the ``.xbar`` file (its ``.npy`` sidecars beside it).
         consts: constant inputs by name (used for a bias the file does not add).
+        mode: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` to run instead of the
+            file's header (None: the file's).
 
     Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
     ``outputs`` a list with the float32 result, ``metrics`` the simulator's counters of this
@@ -38,10 +41,12 @@ class CrossbarKernel:
         XbarError: the file is missing or malformed, or an input does not fit it.
     """
 
-    def __init__(self, op, attrs: dict, path, consts: dict) -> None:
+    def __init__(self, op, attrs: dict, path, consts: dict, mode=None) -> None:
         self.op = op
         self.operand = attrs["cim_operand"]
         self.prog = load_file(path)
+        if mode is not None:  # a run's own data path (run options) instead of the file's
+            self.prog = replace(self.prog, mode=mode)
         names = [t.name for t in op.inputs]
         self.names = names
         self.bias_name = names[2] if len(names) > 2 else None

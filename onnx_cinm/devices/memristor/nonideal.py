@@ -47,16 +47,30 @@ NAMED = {
 }
 
 
-def compose(name: str, chip=None, time_s: float = 0.0, effects=None) -> CrossbarMode:
+def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: int = 0,
+            adc_bits: int | None = None, stuck_at: float | None = None,
+            drift_compensation: bool | None = None) -> CrossbarMode:
     """The mode named ``name`` (a key of :data:`NAMED`) for chip preset ``chip`` (needed by
     ``device``), ``time_s`` seconds after programming, with the effects ``effects`` (names of
-    :data:`EFFECTS`; None: the mode's own). Raises ValueError on an unknown name or effect."""
+    :data:`EFFECTS`; None: the mode's own).
+
+    The keywords change one quantity of the result, whatever the mode and effects say (the run
+    options of the crossbar kernels, ``onnx-cinm evaluate``'s sweeps): ``seed`` of the device
+    and read-noise draws; ``adc_bits`` (0: an ideal ADC); ``stuck_at``: the fraction of cells
+    stuck at 0 and, as many, stuck at ``g_max`` (the ``stuck`` effect is 1e-3); global drift
+    compensation on or off. Mode ``ideal`` takes none of them but ``seed`` (it draws nothing).
+    Raises ValueError on an unknown name or effect, or a value the mode refuses."""
     if name not in NAMED:
         raise ValueError(f"unknown crossbar mode {name!r} (known: {', '.join(NAMED)})")
     spec = NAMED[name]
     if spec is None:
         if effects:
             raise ValueError("mode 'ideal' takes no effects")
+        given = [what for what, v in (("ADC bits", adc_bits), ("stuck-at cells", stuck_at),
+                                      ("drift compensation", drift_compensation)) if v is not None]
+        if given:
+            raise ValueError(f"mode 'ideal' has no {given[0]} (exact fp32 arithmetic); choose "
+                             f"mode {', '.join(repr(n) for n in NAMED if n != 'ideal')}")
         return IDEAL
     precision, default = spec
     chosen = tuple(default if effects is None else effects)
@@ -72,6 +86,13 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None) -> Crossbar
         kw = dict(_Q8_BITS)
     for e in chosen:
         kw.update(EFFECTS[e](chip, float(time_s)))
+    kw["seed"] = seed
+    if adc_bits is not None:
+        kw["adc_bits"] = adc_bits
+    if stuck_at is not None:
+        kw["stuck_at_0"] = kw["stuck_at_1"] = float(stuck_at)
+    if drift_compensation is not None:
+        kw["drift_compensation"] = drift_compensation
     if any(k in kw for k in DEVICE_EFFECTS):
         if chip is None:
             raise ValueError(f"effects {', '.join(chosen)} need a chip preset")

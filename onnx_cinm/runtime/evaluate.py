@@ -1,0 +1,358 @@
+"""Accuracy of an optimized model under device effects, over time after programming and over
+seeds (``onnx-cinm evaluate``): a labeled data set run through the execution provider once per
+configuration, each a fresh session with its own provider options.
+
+What a configuration changes is a device's *run options* (:meth:`Device.run_option_specs`),
+found by field name among the devices the model's kernels run on, never by device: ``time_s``
+(seconds after programming), ``drift_compensation``, ``adc_bits``, ``stuck_at`` and ``seed``.
+A device that offers them (the crossbar: :class:`~onnx_cinm.devices.memristor.
+CrossbarRunOptions`) draws its device effects from the seed, so one seed at several times is
+the same programmed chip read later. With labels the figure is the accuracy (the model's
+predicted class: an integer output, or the arg max over the last axis of a float one);
+without, the relative RMS error of one float output against the exact run (every node in
+onnxruntime, the reference bodies): ``sqrt(sum((y - y_ref)**2) / sum(y_ref**2))``.
+
+The data go through the model in batches along axis 0 (the input's fixed batch size, if it has
+one; else ``batch`` samples per call).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import devices
+from ..errors import CinmError
+from .session import InferenceSession
+
+__all__ = ["Point", "Evaluator", "summarize", "table", "plot", "SWEEPS"]
+
+#: sweep name -> the run option (field name) it sets
+SWEEPS = {"time": "time_s", "adc_bits": "adc_bits", "stuck_at": "stuck_at"}
+_COMPENSATION = "drift_compensation"
+_SEED = "seed"
+#: how a sweep's values read in a table
+_TITLES = {"time": "time after programming", "adc_bits": "ADC bits", "stuck_at": "stuck-at rate",
+           "compiled": "configuration"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of an evaluation.
+
+    Attributes:
+        sweep: ``"time"``, ``"adc_bits"``, ``"stuck_at"`` (:data:`SWEEPS`) or ``"compiled"``
+            (the run options given, nothing swept).
+        value: the swept value (seconds for ``time``; bits; a fraction of cells), None for
+            ``compiled``.
+        compensation: global drift compensation on/off (``time`` only; None: as the effects
+            say).
+        seed: seed of the device draws.
+    """
+
+    sweep: str
+    value: float | None
+    compensation: bool | None
+    seed: int
+
+
+@dataclass
+class Evaluator:
+    """A labeled (or unlabeled) data set and an optimized model, ready to run configurations.
+
+    Args:
+        model_path: the optimized ``.onnx`` (its kernels in ``<model>.cinm/``).
+        data: ``{input name: array}``, every model input, the samples along axis 0.
+        labels: integer class ids ``[N]``, or None (then the output error is measured).
+        output: the output to judge (default: the first output with labels; the first float
+            output without).
+        options: provider options of every run (e.g. ``{"cim_mode": "device"}``), checked.
+        batch: samples per session call when the model's batch size is not fixed.
+
+    Raises:
+        CinmError: the model has no device kernel with run options (nothing to evaluate), an
+            input array is missing or has the wrong sample count or dtype kind, labels of the
+            wrong length or not integers, an unknown output, bad provider options.
+    """
+
+    model_path: str
+    data: dict
+    labels: np.ndarray | None = None
+    output: str | None = None
+    options: dict = field(default_factory=dict)
+    batch: int = 256
+
+    def __post_init__(self) -> None:
+        base = InferenceSession(self.model_path, provider_options=[dict(self.options), {}])
+        self._inputs = base.get_inputs()
+        self._outputs = base.get_outputs()
+        used = sorted({kind for kind, _ in base.partitions() if kind != "host"})
+        self._run_specs = {k: s for d in used
+                           for k, s in devices.get_device(d).run_option_specs().items()}
+        if not self._run_specs:
+            raise CinmError(f"model '{self.model_path}' has no device kernels that take run "
+                            "options (device effects, time after programming, e.g. crossbar "
+                            "kernels): nothing to evaluate" + (
+                                f" (its device nodes run on {', '.join(used)})" if used else
+                                " (everything runs on the host)"))
+        self.samples = self._check_data()
+        self._output_index = self._choose_output()
+        ref = InferenceSession(self.model_path, providers=["CPUExecutionProvider"])
+        self._reference = self._outputs_of(ref)
+        #: accuracy of the exact run (every node in onnxruntime), None without labels
+        self.exact = (float(np.mean(self._predicted(self._reference) == self.labels))
+                      if self.labels is not None else None)
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check_data(self) -> int:
+        names = [a.name for a in self._inputs]
+        missing = [n for n in names if n not in self.data]
+        if missing:
+            held = ", ".join(sorted(self.data)) or "nothing"
+            raise CinmError(f"the data have no array '{missing[0]}' (an input of the model; "
+                            f"they hold: {held})")
+        counts = {n: np.shape(self.data[n])[0] if np.ndim(self.data[n]) else None for n in names}
+        if any(c is None for c in counts.values()):
+            raise CinmError(f"input array '{next(n for n, c in counts.items() if c is None)}' "
+                            "is a scalar; the samples must lie along axis 0")
+        if len(set(counts.values())) > 1:
+            raise CinmError("the input arrays hold different numbers of samples: "
+                            + ", ".join(f"{n} {c}" for n, c in counts.items()))
+        n = next(iter(counts.values()))
+        if n == 0:
+            raise CinmError("the data hold no samples")
+        self._dtypes = {}
+        for arg in self._inputs:
+            want = _np_dtype(arg.type)
+            have = np.asarray(self.data[arg.name]).dtype
+            if want is not None and have != want:
+                if have.kind != want.kind and not (have.kind in "iu" and want.kind in "iu"):
+                    raise CinmError(f"input array '{arg.name}' has dtype {have}, the model "
+                                    f"expects {want}")
+                self._dtypes[arg.name] = want
+        self._fixed = {a.name: a.shape[0] for a in self._inputs
+                       if a.shape and isinstance(a.shape[0], int)}
+        for name, b in self._fixed.items():
+            if n % b:
+                raise CinmError(f"{n} samples do not split into the model's fixed batch of {b} "
+                                f"(input '{name}')")
+        if self.labels is not None:
+            lab = np.asarray(self.labels)
+            if lab.ndim != 1 or len(lab) != n:
+                raise CinmError(f"the labels have shape {list(lab.shape)}; the inputs hold {n} "
+                                f"samples, so they must be [{n}]")
+            if lab.dtype.kind not in "iub" and not (lab.dtype.kind == "f"
+                                                    and np.all(lab == np.rint(lab))):
+                raise CinmError(f"the labels must be integer class ids, not {lab.dtype}")
+            self.labels = lab.astype(np.int64)
+        return n
+
+    def _choose_output(self) -> int:
+        names = [o.name for o in self._outputs]
+        if self.output is not None:
+            if self.output not in names:
+                raise CinmError(f"the model has no output '{self.output}' (outputs: "
+                                f"{', '.join(names)})")
+            return names.index(self.output)
+        if self.labels is not None:
+            return 0
+        for i, o in enumerate(self._outputs):
+            dt = _np_dtype(o.type)
+            if dt is not None and dt.kind == "f":
+                return i
+        raise CinmError("the model has no float output to measure an error on; give labels")
+
+    # -- runs ------------------------------------------------------------------------------
+    @property
+    def output_name(self) -> str:
+        return self._outputs[self._output_index].name
+
+    def offers(self, run_option: str) -> bool:
+        """Whether a device of the model's kernels takes run option ``run_option`` (a field
+        name: ``time_s``, ``adc_bits``, ...)."""
+        return any(s.name == run_option for s in self._run_specs.values())
+
+    def points(self, times=(), adc_bits=(), stuck_at=(), seeds: int = 1) -> list[Point]:
+        """The configurations: every time with compensation off and on, every ADC width and
+        stuck-at rate (as compiled otherwise), each over seeds ``0 .. seeds - 1``; only the
+        compiled configuration if nothing is swept. Raises CinmError if no device of the model
+        takes a swept run option."""
+        out = []
+        sweeps = (("time", times), ("adc_bits", adc_bits), ("stuck_at", stuck_at))
+        for sweep, values in sweeps:
+            if values and not self.offers(SWEEPS[sweep]):
+                raise CinmError(f"no device kernel of this model takes run option "
+                                f"'{SWEEPS[sweep]}' ({_TITLES[sweep]})")
+        if times and not self.offers(_COMPENSATION):
+            raise CinmError(f"no device kernel of this model takes run option '{_COMPENSATION}'")
+        for sweep, values in sweeps:
+            for v in values:
+                for comp in ((False, True) if sweep == "time" else (None,)):
+                    out += [Point(sweep, v, comp, s) for s in range(seeds)]
+        if not out:
+            out = [Point("compiled", None, None, s) for s in range(seeds)]
+        return out
+
+    def options_of(self, point: Point) -> dict:
+        """The provider options of ``point``: the given ones with the point's run options set
+        on every device that takes them."""
+        opts = dict(self.options)
+        for key, spec in self._run_specs.items():
+            if point.sweep in SWEEPS and spec.name == SWEEPS[point.sweep]:
+                opts[key] = point.value
+            elif spec.name == _COMPENSATION and point.compensation is not None:
+                opts[key] = point.compensation
+            elif spec.name == _SEED:
+                opts[key] = point.seed
+        return opts
+
+    def run(self, point: Point) -> dict:
+        """One configuration: a record ``{sweep, value, compensation, seed, accuracy}`` (with
+        labels; a fraction in [0, 1]) or ``{..., rel_rms}`` (without)."""
+        sess = InferenceSession(self.model_path, provider_options=[self.options_of(point), {}])
+        y = self._outputs_of(sess)
+        rec = {"sweep": point.sweep, "value": point.value, "compensation": point.compensation,
+               "seed": point.seed}
+        if self.labels is not None:
+            rec["accuracy"] = float(np.mean(self._predicted(y) == self.labels))
+        else:
+            ref = self._reference.astype(np.float64)
+            err = np.sqrt(np.sum((y.astype(np.float64) - ref) ** 2))
+            norm = np.sqrt(np.sum(ref ** 2))
+            rec["rel_rms"] = float(err / norm) if norm > 0 else float(err)
+        return rec
+
+    def _outputs_of(self, sess) -> np.ndarray:
+        """The chosen output over the whole data set, the batches concatenated."""
+        step = min(self._fixed.values()) if self._fixed else max(1, min(self.batch, self.samples))
+        parts = []
+        for lo in range(0, self.samples, step):
+            feed = {a.name: np.asarray(self.data[a.name][lo:lo + step],
+                                       dtype=self._dtypes.get(a.name)) for a in self._inputs}
+            parts.append(np.asarray(sess.run([self.output_name], feed)[0]))
+        try:
+            return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        except ValueError:
+            raise CinmError(f"output '{self.output_name}' does not hold one result per sample "
+                            "along axis 0") from None
+
+    def _predicted(self, y: np.ndarray) -> np.ndarray:
+        pred = y if y.dtype.kind in "iub" else (y.argmax(axis=-1) if y.ndim >= 2 else None)
+        if pred is not None and pred.ndim > 1 and pred.size == self.samples:
+            pred = pred.reshape(-1)
+        if pred is None or pred.shape != (self.samples,):
+            raise CinmError(f"output '{self.output_name}' {list(y.shape)} {y.dtype} gives no "
+                            f"class per sample (want integer [{self.samples}] or scores "
+                            f"[{self.samples}, classes]); choose another output")
+        return pred
+
+
+def _np_dtype(type_text: str):
+    """``tensor(float32)`` -> ``float32`` (the session's type text); None for other types."""
+    if not type_text.startswith("tensor("):
+        return None
+    try:
+        return np.dtype(type_text[7:-1])
+    except TypeError:
+        return None
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Records grouped by ``(sweep, value, compensation)`` in first-seen order: ``{sweep,
+    value, compensation, seeds, metric, mean, min, max}`` (``metric``: ``accuracy`` or
+    ``rel_rms``)."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault((r["sweep"], r["value"], r["compensation"]), []).append(r)
+    out = []
+    for (sweep, value, comp), rs in groups.items():
+        metric = "accuracy" if "accuracy" in rs[0] else "rel_rms"
+        v = np.array([r[metric] for r in rs])
+        out.append({"sweep": sweep, "value": value, "compensation": comp, "seeds": len(rs),
+                    "metric": metric, "mean": float(v.mean()), "min": float(v.min()),
+                    "max": float(v.max())})
+    return out
+
+
+def duration_text(seconds: float) -> str:
+    """``3600.0`` -> ``1 h``: a time in the largest unit (s, min, h, d, y) it is at least one
+    of, to 3 significant digits."""
+    for unit, s in (("y", 365.25 * 86400), ("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= s:
+            return f"{seconds / s:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def _value_text(sweep: str, value) -> str:
+    if sweep == "time":
+        return duration_text(value)
+    if sweep == "compiled":
+        return "as compiled"
+    return f"{value:g}"
+
+
+def table(summary: list[dict]) -> str:
+    """The summary as text, one table per sweep: value, compensation (time only), and the
+    metric's mean, min and max over seeds (accuracy in %, relative RMS error as is)."""
+    from ..text import Column
+    from ..text import table as text_table
+
+    blocks = []
+    for sweep in dict.fromkeys(s["sweep"] for s in summary):
+        rows = [s for s in summary if s["sweep"] == sweep]
+        acc = rows[0]["metric"] == "accuracy"
+        scale, unit = (100.0, " %") if acc else (1.0, "")
+        name = "accuracy" if acc else "rel. RMS error"
+        cols = [Column(_TITLES[sweep])]
+        if sweep == "time":
+            cols.append(Column("drift compensation"))
+        cols += [Column(f"{name}{unit} mean", ">"), Column("min", ">"), Column("max", ">"),
+                 Column("seeds", ">")]
+        body = []
+        for s in rows:
+            fmt = (lambda v: f"{scale * v:.2f}") if acc else (lambda v: f"{v:.4g}")
+            row = [_value_text(sweep, s["value"])]
+            if sweep == "time":
+                row.append("on" if s["compensation"] else "off")
+            body.append(row + [fmt(s["mean"]), fmt(s["min"]), fmt(s["max"]), s["seeds"]])
+        blocks.append(text_table(cols, body))
+    return "\n\n".join(blocks)
+
+
+def plot(summary: list[dict], title: str = "") -> bytes:
+    """A PNG (bytes) of the time sweep: the metric against time after programming (log x),
+    one line with and one without drift compensation, bars from min to max over seeds. Raises
+    CinmError if the summary has no time sweep."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [s for s in summary if s["sweep"] == "time"]
+    if not rows:
+        raise CinmError("nothing to plot: no time sweep (give --times)")
+    acc = rows[0]["metric"] == "accuracy"
+    scale = 100.0 if acc else 1.0
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for comp, style in ((False, "o-"), (True, "s--")):
+        rs = sorted((s for s in rows if s["compensation"] is comp), key=lambda s: s["value"])
+        t = np.array([s["value"] for s in rs])
+        m = scale * np.array([s["mean"] for s in rs])
+        lo = m - scale * np.array([s["min"] for s in rs])
+        hi = scale * np.array([s["max"] for s in rs]) - m
+        ax.errorbar(t, m, yerr=[lo, hi], fmt=style, capsize=3,
+                    label=f"drift compensation {'on' if comp else 'off'}")
+    ax.set_xscale("log")
+    ax.set_xlabel("time after programming (s)")
+    ax.set_ylabel("accuracy (%)" if acc else "relative RMS error")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
