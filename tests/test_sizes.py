@@ -289,7 +289,8 @@ def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, c
     np.save(tmp_path / "x64.npy", np.zeros((1, 3, 8, 8)))
     np.save(tmp_path / "x4.npy", np.zeros((1, 4, 8, 8), np.float32))
     capsys.readouterr()
-    for cmd in (["compare", str(src), str(out)], ["run", str(out)]):
+    for cmd in (["compare", str(src), str(out)], ["run", str(out)],
+                ["optimize", str(src), "-o", str(tmp_path / "o2.onnx")]):
         assert main(cmd + ["--input", f"images={tmp_path / 'x64.npy'}"]) == 1
         err = capsys.readouterr().err
         assert err.strip() == ("onnx-cinm: error: --input 'images' is a float64 array, but the model's "
