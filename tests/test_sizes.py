@@ -298,3 +298,46 @@ def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, c
         assert main(cmd + ["--input", f"images={tmp_path / 'x4.npy'}"]) == 1
         assert "--input 'images' has shape [1, 4, 8, 8], but the model's input is [batch, 3, height, width]" \
             in capsys.readouterr().err
+
+
+def test_the_report_shows_the_planned_sizes_and_whole_names_and_reasons(tmp_path, capsys):
+    """A fresh user's report: shapes 'unk__0x8x64' where the model records its sizes, layer
+    names cut at 30 characters, reasons cut mid-text."""
+    m = _attention_block()
+    for node in m.graph.node:  # exporter-style long names
+        node.name = f"/model/encoder/layer.0/attention/self/{node.op_type}_{node.output[0]}"
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(m, src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic",
+                 "--dim", "batch=1", "--dim", "seq=8"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "-o", str(tmp_path / "rep"), "--all-nodes"]) == 0
+    text = capsys.readouterr().out
+    assert "unk__" not in text
+    rows = {line.split()[1]: line for line in text.splitlines() if "/model/encoder/" in line}
+    name = "/model/encoder/layer.0/attention/self/Reshape_c"
+    assert name in rows and " 1x8x64 " in rows[name]
+    row = rows["/model/encoder/layer.0/attention/self/MatMul_scores/Gemm"]
+    assert " 1x4x8x8 " in row
+    placed = next(n for n in onnx.load(out).graph.node if n.name.endswith("MatMul_scores/Gemm"))
+    why = next(h.get_attribute_value(a).decode() for a in placed.attribute if a.name == "placement")
+    assert len(why) > 120 and row.rstrip().endswith(why)
+
+
+def test_output_folders_are_created_but_never_a_chain_of_them(tmp_path, capsys):
+    """report -o a/b/c created a/ and a/b/ while optimize -o a/b/c.onnx refused: every output
+    folder is created only when its parent exists."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    deep = tmp_path / "a" / "b" / "rep"
+    assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    for cmd in (["report", str(tmp_path / "o.onnx"), "-o", str(deep)],
+                ["optimize", str(src), "-o", str(tmp_path / "o2.onnx"), "--report", str(deep)]):
+        assert main(cmd) == 1
+        assert capsys.readouterr().err.strip() == (
+            f"onnx-cinm: error: cannot write the report into '{deep}': folder '{deep.parent}' "
+            "does not exist")
+        assert not (tmp_path / "a").exists() and not (tmp_path / "o2.onnx").exists()
+    assert main(["report", str(tmp_path / "o.onnx"), "-o", str(tmp_path / "rep"), "-q"]) == 0
+    assert (tmp_path / "rep" / "report.html").is_file()
