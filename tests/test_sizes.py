@@ -151,7 +151,7 @@ def test_a_crossbar_product_with_an_unsized_weight_or_group_dim_stays_off_the_cr
                                run_onnxruntime(m, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def _attention_block(heads=4, width=64, table=128):
+def _attention_block(heads=4, width=64, table=128, dtype=np.float32):
     """x[batch, seq, width] + a position table cut to the sequence (``Slice(ids, 0,
     Shape(x)[1])``, which onnx's shape inference leaves anonymous), then one attention layer whose
     heads come from ``Reshape(q, Concat(Shape(q)[:2], [heads, -1]))`` and go back through
@@ -159,7 +159,7 @@ def _attention_block(heads=4, width=64, table=128):
     rng = np.random.default_rng(0)
 
     def w(name, *shape):
-        return nh.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
+        return nh.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype), name)
 
     def i64(name, value):
         return nh.from_array(np.array(value, dtype=np.int64), name)
@@ -182,8 +182,9 @@ def _attention_block(heads=4, width=64, table=128):
               n("MatMul", ["qt", "kt"], ["scores"]), n("Softmax", ["scores"], ["probs"], axis=-1),
               n("MatMul", ["probs", "vt"], ["ctx"]), n("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
               n("Reshape", ["ct", "flat"], ["c"]), n("MatMul", ["c", "wo"], ["y"])]
-    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", width])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", width])], inits)
+    elem = nh.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", elem, ["batch", "seq", width])],
+                     [h.make_tensor_value_info("y", elem, ["batch", "seq", width])], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
@@ -341,3 +342,23 @@ def test_output_folders_are_created_but_never_a_chain_of_them(tmp_path, capsys):
         assert not (tmp_path / "a").exists() and not (tmp_path / "o2.onnx").exists()
     assert main(["report", str(tmp_path / "o.onnx"), "-o", str(tmp_path / "rep"), "-q"]) == 0
     assert (tmp_path / "rep" / "report.html").is_file()
+
+
+def test_hbm_pim_takes_the_same_products_at_batch_one_as_at_batch_two():
+    """FP16 MiniLM on HBM-PIM got 19 ops at batch 1 and 34 at batch 2: at batch 1 the Add
+    broadcasting 1 against the anonymous position dim left batch, heads and widths unsized,
+    and a product of unknown K is not an HBM-PIM GEMV. The only op that may differ is the
+    position Add, which broadcasts at batch 2 (HBM-PIM takes same shapes or a scalar)."""
+    from onnx_cinm.dialects import cinm
+
+    m = _attention_block(width=256, dtype=np.float16)
+    on = {}
+    for batch in (1, 2):
+        res = optimize(m, dims={"batch": batch, "seq": 32}, check=0, place=[("*", "hbm_pim")])
+        on[batch] = {n.name: cinm.node_attrs(n) for n in res.model.graph.node if n.domain == "cinm"}
+        assert res.flops_total == _attention_flops(32, batch, width=256)
+    products = {b: sorted(k for k, a in on[b].items() if a["device"] == "hbm_pim" and k.endswith("Gemm"))
+                for b in on}
+    assert products[1] == products[2] == ["k/Gemm", "q/Gemm", "v/Gemm", "y/Gemm"]
+    assert on[1]["xp/Add"]["device"] == "hbm_pim"
+    assert on[2]["xp/Add"]["device"] == "host" and "broadcasting" in on[2]["xp/Add"]["placement"]
