@@ -925,8 +925,13 @@ def _fold_shape_values(model: onnx.ModelProto) -> bool:
     if pending:
         try:
             folded.update(_evaluate(model, pending, {**known, **folded}))
-        except Exception:  # noqa: BLE001 - best effort: what cannot be evaluated stays as it is
-            pass
+        except Exception:  # noqa: BLE001 - then one by one: what fails stays, and what needs it
+            for node in pending:
+                if all(not i or i in known or i in folded for i in node.input):
+                    try:
+                        folded.update(_evaluate(model, [node], {**known, **folded}))
+                    except Exception:  # noqa: BLE001 - best effort
+                        pass
     done = {name for name, value in folded.items() if value.size <= _SHAPE_VALUE_MAX_ELEMENTS}
     replaced = [n for n in graph.node if n.output and all(not o or o in done for o in n.output)]
     if not any(n.op_type != "Constant" for n in replaced):  # constants alone size nothing new
