@@ -459,16 +459,29 @@ def write_file_atomic(path, data: bytes | str) -> None:
         raise
 
 
+def missing_parent(folder, what: str) -> None:
+    """Raise CinmError if the output folder ``folder`` does not exist and neither does its
+    parent: an output folder is created, never a chain of them (a typo in a path would
+    otherwise create a tree), as an output file's folder must exist."""
+    from pathlib import Path
+
+    out = Path(folder)
+    if not out.exists() and not out.absolute().parent.is_dir():
+        raise CinmError(f"cannot write the {what} into '{folder}': folder '{out.parent}' does not exist")
+
+
 def write_files_into(folder, files: dict, what: str) -> list:
-    """Write ``{file name: bytes or text}`` into ``folder`` (created), each atomically; return
-    the paths. Raises CinmError (one line naming ``what``) if ``folder`` is a file or a write fails."""
+    """Write ``{file name: bytes or text}`` into ``folder`` (created if missing; its parent must
+    exist, as for every output file), each atomically; return the paths. Raises CinmError (one
+    line naming ``what``) if ``folder`` is a file, its parent is missing or a write fails."""
     from pathlib import Path
 
     out = Path(folder)
     try:
         if out.exists() and not out.is_dir():
             raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
+        missing_parent(out, what)
+        out.mkdir(exist_ok=True)
         written = []
         for name, data in files.items():
             write_file_atomic(out / name, data)
@@ -912,8 +925,13 @@ def _fold_shape_values(model: onnx.ModelProto) -> bool:
     if pending:
         try:
             folded.update(_evaluate(model, pending, {**known, **folded}))
-        except Exception:  # noqa: BLE001 - best effort: what cannot be evaluated stays as it is
-            pass
+        except Exception:  # noqa: BLE001 - then one by one: what fails stays, and what needs it
+            for node in pending:
+                if all(not i or i in known or i in folded for i in node.input):
+                    try:
+                        folded.update(_evaluate(model, [node], {**known, **folded}))
+                    except Exception:  # noqa: BLE001 - best effort
+                        pass
     done = {name for name, value in folded.items() if value.size <= _SHAPE_VALUE_MAX_ELEMENTS}
     replaced = [n for n in graph.node if n.output and all(not o or o in done for o in n.output)]
     if not any(n.op_type != "Constant" for n in replaced):  # constants alone size nothing new

@@ -26,6 +26,7 @@ resolution (0.00098 at 1).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -639,6 +640,11 @@ class OutputCheck:
         value means the reference was constant over every element of every run.
     rtol, atol : float or None
         The tolerances this output was judged with (None until compared).
+    rel_err_ref : float
+        ``|reference|`` at the element of ``max_rel_err`` (floats): a relative error far above
+        ``rtol`` on an element this close to 0 is covered by ``atol`` (:meth:`rel_err_note`).
+    k : int
+        The reduction length ``atol`` was widened for (1: not widened).
     """
 
     name: str
@@ -654,6 +660,8 @@ class OutputCheck:
     ref_values: set = field(default_factory=set, repr=False)
     sq_err: float = 0.0
     sq_ref: float = 0.0
+    rel_err_ref: float = 0.0
+    k: int = 1
 
     @property
     def rel_rms_err(self) -> float:
@@ -676,6 +684,17 @@ class OutputCheck:
         return ""
     rtol: float | None = None
     atol: float | None = None
+
+    def rel_err_note(self) -> str:
+        """Why a passing output's ``max_rel_err`` exceeds ``rtol`` ('' if it does not): the
+        element is so close to 0 that ``atol`` bounds its error instead (``|c - r| <= atol +
+        rtol |r|``), ``atol`` widened for the rounding of a ``k``-long reduction."""
+        if not self.ok or self.rtol is None or not math.isfinite(self.max_rel_err) \
+                or self.max_rel_err <= self.rtol:
+            return ""
+        widened = f", widened for the rounding of a sum of {self.k} terms" if self.k > 1 else ""
+        return (f"'{self.name}' max rel err {self.max_rel_err:.2g} is at an element near 0 "
+                f"(|reference| {self.rel_err_ref:.2g}), judged by atol {self.atol:.2g}{widened}")
 
     def _fail(self, note: str) -> None:
         self.ok = False
@@ -746,10 +765,13 @@ class CheckReport:
                     "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE)")
         nonfinite = [f"{o.name}: {o.ref_nonfinite} of {o.elements}" for o in self.outputs
                      if o.ref_nonfinite and not o.meaningless and not self.special]
+        notes = [o.rel_err_note() for o in self.outputs if o.rel_err_note()]
+        why = f" ({notes[0]}{f'; +{len(notes) - 1} more' if len(notes) > 1 else ''})" if notes else ""
         if self.ok and nonfinite:
-            return f"{head}: OK on the finite elements (NaN/Inf in the reference, matched: {'; '.join(nonfinite[:2])})"
+            return (f"{head}: OK on the finite elements (NaN/Inf in the reference, matched: "
+                    f"{'; '.join(nonfinite[:2])}){why}")
         if self.ok:
-            return f"{head}: OK"
+            return f"{head}: OK{why}"
         reasons = list(self.problems)
         for o in self.outputs:
             if not o.ok:
@@ -823,8 +845,8 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
     rec.dtype, rec.shape = str(ref.dtype), tuple(ref.shape)
     if ref.dtype != object:
         d_rtol, d_atol = default_tolerance(ref.dtype)
-        if atol is None and ref.dtype.kind == "f":
-            d_atol = max(d_atol, accumulation_atol(ref, k))
+        if atol is None and ref.dtype.kind == "f" and accumulation_atol(ref, k) > d_atol:
+            d_atol, rec.k = accumulation_atol(ref, k), max(rec.k, k)
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
         rec.rtol, rec.atol = rtol, max(atol, rec.atol or 0.0)
@@ -858,7 +880,13 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         if special_bad.any():
             abs_err = float("inf")
         nz = both_finite & (r != 0)
-        rel_err = float(np.max(np.abs(c[nz] - r[nz]) / np.abs(r[nz]))) if nz.any() else 0.0
+        rel_err = 0.0
+        if nz.any():
+            rel = np.abs(c[nz] - r[nz]) / np.abs(r[nz])
+            at = int(np.argmax(rel))
+            rel_err = float(rel[at])
+            if rel_err > rec.max_rel_err:
+                rec.rel_err_ref = float(np.abs(r[nz][at]))
         if special_bad.any():
             rel_err = float("inf")
         off = int((~close).sum())

@@ -215,11 +215,13 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     return _png(fig, plt)
 
 
-#: The columns of :func:`table` (cells cut to these widths; the shape keeps its last dims).
-COLUMNS = (Column("#", ">"), Column("layer", width=30), Column("op", width=12),
-           Column("shape", ">", 16, keep="end"), Column("FLOPs", ">"), Column("device", width=10),
+#: The columns of :func:`table`. Names and shapes are shown whole: the layer and shape columns
+#: are as wide as their cells up to 48 and 24 characters, a longer cell shifts the rest of its
+#: line; the reason, last, is never cut.
+COLUMNS = (Column("#", ">"), Column("layer", fit=48), Column("op", fit=12),
+           Column("shape", ">", fit=24), Column("FLOPs", ">"), Column("device", fit=10),
            Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
-           Column("moved", ">"), Column("reason", width=120))
+           Column("moved", ">"), Column("reason"))
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:

@@ -298,6 +298,15 @@ def _run_dask(data: bytes, opts: list[dict], scheduler, bar) -> list[dict]:
 # Outputs
 # ---------------------------------------------------------------------------------------------
 
+def rejection(result: dict) -> str:
+    """Why a device rejected the configuration of ``result`` (a row of :func:`evaluate`), ''
+    if it was evaluated: such a row has no figures (NaN), only the error."""
+    why = result.get("violations") or ""
+    if why.startswith("error: ") and result["latency_s"] != result["latency_s"]:
+        return why.removeprefix("error: ")
+    return ""
+
+
 def label(config: dict) -> str:
     """Short label of a configuration: ``size=64x64 count=16 dpus=256``."""
     return " ".join(f"{k.split('.')[-1]}={v}" for k, v in config.items())

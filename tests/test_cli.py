@@ -271,3 +271,17 @@ def test_help_does_not_import_onnx():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_devices_prints_a_shared_description_once(capsys):
+    """UPMEM's paired fields (h2d/d2h bandwidths) share one docstring entry, and `devices`
+    printed its 700 characters four times over."""
+    assert main(["devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in lines if line.startswith("  ") and " = " in line}
+    assert rows["d2h_rank_bps"].rstrip().endswith("see h2d_rank_bps")
+    for name in ("h2d_host_large_bps", "d2h_host_small_bps", "d2h_host_large_bps"):
+        assert rows[name].rstrip().endswith("see h2d_host_small_bps")
+    text = "\n".join(lines)
+    assert text.count("Loremkang/upmem-sdk-light") == 1
+    assert "solved from an UPMEM server" in rows["h2d_rank_bps"]

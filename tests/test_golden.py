@@ -664,5 +664,23 @@ def test_optimize_refuses_given_inputs_the_original_cannot_run(tmp_path, capsys)
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
                  "--input", str(tmp_path / "bad.npz")]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("onnx-cinm: error: the original does not run on the given --input arrays")
+    assert err.startswith("onnx-cinm: error: --input 'input_ids' is a float64 array, but the model's "
+                          "input is int64")
     assert "\n" not in err and not (tmp_path / "o.onnx").exists()
+
+
+def test_an_ok_with_a_large_relative_error_says_why():
+    """'check ... max rel err 1.3: OK' alarmed a user: the largest relative error sits on an
+    element that cancels to near 0, judged by the K-widened atol; the summary now says so."""
+    w = np.random.default_rng(5).standard_normal((4096, 64)).astype(np.float32)
+    rep = compare(_k_model(w), _k_model(w, TP.DOUBLE), n=2)
+    (out,) = rep.outputs
+    assert rep.ok and out.max_rel_err > out.rtol and out.k == 4096
+    # the element of the largest relative error is one whose error atol covers
+    assert out.max_rel_err * out.rel_err_ref <= out.atol
+    assert rep.summary().endswith(
+        f": OK ('y' max rel err {out.max_rel_err:.2g} is at an element near 0 (|reference| "
+        f"{out.rel_err_ref:.2g}), judged by atol {out.atol:.2g}, widened for the rounding of a sum "
+        "of 4096 terms)")
+    same = compare(_k_model(w), _k_model(w), n=1)
+    assert same.summary().endswith(": OK")  # nothing to explain

@@ -369,3 +369,18 @@ def test_compare_fails_an_fp16_overflow_even_when_inexact_by_design(tmp_path, ca
     assert main(["compare", str(src), str(out), "--input", f"x={x}",
                  "--provider-option", "hbm_pim_mode=simulate"]) == 1
     assert "FAILED: y: non-finite values where onnxruntime's are finite" in capsys.readouterr().out
+
+
+def test_the_pin_rate_reads_back_as_given(tmp_path):
+    """A FLOAT attribute is float32: the plan's 2.4 Gb/s read back as 2.4000000953674316 in the
+    recorded options (and priced the simulated runs with it)."""
+    m, _ = gemv_model(256)
+    for rate in (None, 2.1):
+        opts = dict(NOMINAL, **({} if rate is None else {"hbm_pim_pin_gbps": rate}))
+        r = optimize(m, placement="cost", device_options=opts, check=0)
+        a = cinm.node_attrs(_cinm(r.model, "gemv"))
+        assert a["device"] == "hbm_pim"
+        want = 2.4 if rate is None else rate
+        assert a["pim_pin_gbps"] == repr(want)
+        plans = [(n.name, n.op_type, cinm.node_attrs(n)) for n in r.model.graph.node if n.domain == cinm.DOMAIN]
+        assert devices.get_device("hbm_pim").recorded_options(plans)["hbm_pim_pin_gbps"] == want

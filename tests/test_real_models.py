@@ -31,11 +31,15 @@ def _merge_heads_then_project() -> onnx.ModelProto:
 
 
 def test_heuristic_with_unknown_contracted_dim_does_not_crash():
+    """The contracted dim is now taken from the constant operand (W's 384 rows; the merged
+    tensor's last dim must match it for the MatMul to run at all), so the projection is a
+    whole crossbar product instead of an upmem op with an unknown K."""
     model = _merge_heads_then_project()
     result = optimize(model, placement="heuristic", check=0)
     (name, op, device, reason), = result.placements
-    assert (op, device) == ("Gemm", "upmem")
-    assert "contracted dim unknown" in reason
+    assert (op, device) == ("Gemm", "memristor"), reason
+    assert "constant B (384, 384) programmed" in reason
+    assert result.flops_total == 2 * 64 * 384 * 384  # M = 64 rows, K = N = 384
     # the compiled model still computes the original's output (reference: onnxruntime)
     report = golden.compare(model, result.model, shapes={"x": [1, 64, 12, 32]}, n=2)
     assert report.ok, report.summary()

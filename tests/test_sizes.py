@@ -151,7 +151,7 @@ def test_a_crossbar_product_with_an_unsized_weight_or_group_dim_stays_off_the_cr
                                run_onnxruntime(m, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-def _attention_block(heads=4, width=64, table=128):
+def _attention_block(heads=4, width=64, table=128, dtype=np.float32):
     """x[batch, seq, width] + a position table cut to the sequence (``Slice(ids, 0,
     Shape(x)[1])``, which onnx's shape inference leaves anonymous), then one attention layer whose
     heads come from ``Reshape(q, Concat(Shape(q)[:2], [heads, -1]))`` and go back through
@@ -159,7 +159,7 @@ def _attention_block(heads=4, width=64, table=128):
     rng = np.random.default_rng(0)
 
     def w(name, *shape):
-        return nh.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
+        return nh.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype), name)
 
     def i64(name, value):
         return nh.from_array(np.array(value, dtype=np.int64), name)
@@ -182,8 +182,9 @@ def _attention_block(heads=4, width=64, table=128):
               n("MatMul", ["qt", "kt"], ["scores"]), n("Softmax", ["scores"], ["probs"], axis=-1),
               n("MatMul", ["probs", "vt"], ["ctx"]), n("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
               n("Reshape", ["ct", "flat"], ["c"]), n("MatMul", ["c", "wo"], ["y"])]
-    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", width])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", width])], inits)
+    elem = nh.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", elem, ["batch", "seq", width])],
+                     [h.make_tensor_value_info("y", elem, ["batch", "seq", width])], inits)
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
@@ -289,7 +290,8 @@ def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, c
     np.save(tmp_path / "x64.npy", np.zeros((1, 3, 8, 8)))
     np.save(tmp_path / "x4.npy", np.zeros((1, 4, 8, 8), np.float32))
     capsys.readouterr()
-    for cmd in (["compare", str(src), str(out)], ["run", str(out)]):
+    for cmd in (["compare", str(src), str(out)], ["run", str(out)],
+                ["optimize", str(src), "-o", str(tmp_path / "o2.onnx")]):
         assert main(cmd + ["--input", f"images={tmp_path / 'x64.npy'}"]) == 1
         err = capsys.readouterr().err
         assert err.strip() == ("onnx-cinm: error: --input 'images' is a float64 array, but the model's "
@@ -297,3 +299,66 @@ def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, c
         assert main(cmd + ["--input", f"images={tmp_path / 'x4.npy'}"]) == 1
         assert "--input 'images' has shape [1, 4, 8, 8], but the model's input is [batch, 3, height, width]" \
             in capsys.readouterr().err
+
+
+def test_the_report_shows_the_planned_sizes_and_whole_names_and_reasons(tmp_path, capsys):
+    """A fresh user's report: shapes 'unk__0x8x64' where the model records its sizes, layer
+    names cut at 30 characters, reasons cut mid-text."""
+    m = _attention_block()
+    for node in m.graph.node:  # exporter-style long names
+        node.name = f"/model/encoder/layer.0/attention/self/{node.op_type}_{node.output[0]}"
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(m, src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic",
+                 "--dim", "batch=1", "--dim", "seq=8"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "-o", str(tmp_path / "rep"), "--all-nodes"]) == 0
+    text = capsys.readouterr().out
+    assert "unk__" not in text
+    rows = {line.split()[1]: line for line in text.splitlines() if "/model/encoder/" in line}
+    name = "/model/encoder/layer.0/attention/self/Reshape_c"
+    assert name in rows and " 1x8x64 " in rows[name]
+    row = rows["/model/encoder/layer.0/attention/self/MatMul_scores/Gemm"]
+    assert " 1x4x8x8 " in row
+    placed = next(n for n in onnx.load(out).graph.node if n.name.endswith("MatMul_scores/Gemm"))
+    why = next(h.get_attribute_value(a).decode() for a in placed.attribute if a.name == "placement")
+    assert len(why) > 120 and row.rstrip().endswith(why)
+
+
+def test_output_folders_are_created_but_never_a_chain_of_them(tmp_path, capsys):
+    """report -o a/b/c created a/ and a/b/ while optimize -o a/b/c.onnx refused: every output
+    folder is created only when its parent exists."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    deep = tmp_path / "a" / "b" / "rep"
+    assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    for cmd in (["report", str(tmp_path / "o.onnx"), "-o", str(deep)],
+                ["optimize", str(src), "-o", str(tmp_path / "o2.onnx"), "--report", str(deep)]):
+        assert main(cmd) == 1
+        assert capsys.readouterr().err.strip() == (
+            f"onnx-cinm: error: cannot write the report into '{deep}': folder '{deep.parent}' "
+            "does not exist")
+        assert not (tmp_path / "a").exists() and not (tmp_path / "o2.onnx").exists()
+    assert main(["report", str(tmp_path / "o.onnx"), "-o", str(tmp_path / "rep"), "-q"]) == 0
+    assert (tmp_path / "rep" / "report.html").is_file()
+
+
+def test_hbm_pim_takes_the_same_products_at_batch_one_as_at_batch_two():
+    """FP16 MiniLM on HBM-PIM got 19 ops at batch 1 and 34 at batch 2: at batch 1 the Add
+    broadcasting 1 against the anonymous position dim left batch, heads and widths unsized,
+    and a product of unknown K is not an HBM-PIM GEMV. The only op that may differ is the
+    position Add, which broadcasts at batch 2 (HBM-PIM takes same shapes or a scalar)."""
+    from onnx_cinm.dialects import cinm
+
+    m = _attention_block(width=256, dtype=np.float16)
+    on = {}
+    for batch in (1, 2):
+        res = optimize(m, dims={"batch": batch, "seq": 32}, check=0, place=[("*", "hbm_pim")])
+        on[batch] = {n.name: cinm.node_attrs(n) for n in res.model.graph.node if n.domain == "cinm"}
+        assert res.flops_total == _attention_flops(32, batch, width=256)
+    products = {b: sorted(k for k, a in on[b].items() if a["device"] == "hbm_pim" and k.endswith("Gemm"))
+                for b in on}
+    assert products[1] == products[2] == ["k/Gemm", "q/Gemm", "v/Gemm", "y/Gemm"]
+    assert on[1]["xp/Add"]["device"] == "hbm_pim"
+    assert on[2]["xp/Add"]["device"] == "host" and "broadcasting" in on[2]["xp/Add"]["placement"]

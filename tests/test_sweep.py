@@ -86,3 +86,18 @@ def test_bad_sweeps(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sweep", str(tmp_path / "none.onnx"), "--set", "upmem.dpus=1", "-o", str(tmp_path / "s")]) == 1
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "s").exists()
+
+
+def test_a_rejected_configuration_says_so_instead_of_nan(tmp_path, capsys):
+    """A configuration a device refuses printed 'nan s  nan J  -1' beside the error."""
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.target=v1a,v1b", "--set",
+                 "upmem.tasklets=24", "-o", str(tmp_path / "sw"), "--executor", "serial"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "tasklets=24" in line]
+    assert len(rows) == 2 and "nan" not in " ".join(rows)
+    assert rows[1].split()[:4] == ["target=v1b", "tasklets=24", "rejected", "-"]
+    assert rows[1].rstrip().endswith("option upmem_tasklets=24: a v1b DPU runs 1..16 tasklets")
+    assert "rejected" not in rows[0]
+    # and a missing parent of -o is refused before the sweep runs, not after it
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.target=v1a", "-o",
+                 str(tmp_path / "no" / "sw"), "--executor", "serial", "-q"]) == 1
+    assert "folder '" + str(tmp_path / "no") + "' does not exist" in capsys.readouterr().err

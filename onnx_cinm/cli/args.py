@@ -533,6 +533,9 @@ def _check_writable_folder(folder: str, what: str) -> None:
     p = Path(folder)
     if p.exists() and not p.is_dir():
         raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
+    from .. import frontend
+
+    frontend.missing_parent(p, what)
     existing = p
     while not existing.exists():  # the nearest ancestor that exists must take new entries
         existing = existing.parent

@@ -8,7 +8,8 @@ from ..text import Column, table
 
 def _attribute_docs(cls) -> dict[str, str]:
     """``{field: description}`` from the ``Attributes:`` section of a dataclass docstring
-    (``name[, name2]: text`` lines, indented continuation lines joined)."""
+    (``name[, name2]: text`` lines, indented continuation lines joined). Fields described
+    together get the text once, on the first of them; the others refer to it."""
     import inspect
     import re
 
@@ -27,6 +28,10 @@ def _attribute_docs(cls) -> dict[str, str]:
                 out[n] += " " + line.strip()
         elif line.strip() and not line.startswith(" "):
             break  # the next section
+        if m and len(names) > 1:
+            for n in names[1:]:
+                out[n] = f"see {names[0]}"
+            names = names[:1]
     return out
 
 

@@ -136,8 +136,8 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
-        if replanned:
-            print(_sizes_note(planned, replanned, sess.modeled_nodes()))
+    if replanned and (args.profile or (args.profile_out and not args.quiet)):
+        print(_sizes_note(planned, replanned, sess.modeled_nodes()))
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)

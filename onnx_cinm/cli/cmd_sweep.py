@@ -35,6 +35,7 @@ def _cmd_sweep(args, parser) -> int:
     artifacts.check_output_outside_kernels(out, "-o")
     if out.exists() and not out.is_dir():
         raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
+    frontend.missing_parent(out, "sweep")  # before the sweep, not after it
     base = _pass_options(args, parser)
     if args.example:
         from ..examples import get_example
@@ -51,7 +52,8 @@ def _cmd_sweep(args, parser) -> int:
         print(table(
             ("configuration", Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
              "devices", "breaks"),
-            [(sweep.label(c), si(r["latency_s"], "s"), si(r["energy_j"], "J"), r["writes"],
-              r["devices"], r["violations"] or "") for c, r in zip(configs, results)], indent="  "))
+            [(sweep.label(c), "rejected", "-", "-", "-", sweep.rejection(r)) if sweep.rejection(r)
+             else (sweep.label(c), si(r["latency_s"], "s"), si(r["energy_j"], "J"), r["writes"],
+                   r["devices"], r["violations"] or "") for c, r in zip(configs, results)], indent="  "))
         print(f"written: {', '.join(str(p) for p in paths)}")
     return 0

@@ -43,7 +43,7 @@ PLAN_ATTRS = {
     "pim_pcus": "int", "pim_channels": "int", "pim_M": "int", "pim_K": "int",
     "pim_runs": "int", "pim_grf_tiles": "int", "pim_row_groups": "int",
     "pim_elements": "int", "pim_scalar": "int", "pim_instructions": "int",
-    "pim_triggers": "int", "pim_resident_bytes": "int", "pim_pin_gbps": "float",
+    "pim_triggers": "int", "pim_resident_bytes": "int", "pim_pin_gbps": "string",
     "pim_latency_s": "float", "pim_energy_j": "float", "pim_load_s": "float",
     "pim_load_j": "float",
 }
@@ -257,7 +257,8 @@ class HbmPimDevice(Device):
             "pim_row_groups": plan.groups, "pim_elements": plan.n, "pim_scalar": plan.scalar,
             "pim_instructions": len(plan.crf), "pim_triggers": c.triggers,
             "pim_resident_bytes": c.resident_bytes,
-            "pim_pin_gbps": float(self.params.pin_gbps if pin is None else pin),
+            # decimal text: a FLOAT attribute is float32, and 2.4 read back 2.4000000953674316
+            "pim_pin_gbps": repr(float(self.params.pin_gbps if pin is None else pin)),
             "pim_latency_s": float(c.latency_s), "pim_energy_j": float(c.energy_j),
             "pim_load_s": float(c.load_s), "pim_load_j": float(c.load_j),
             "kernel": f"hbm_pim/{options['kernel_stem']}.pim",
@@ -328,7 +329,7 @@ class HbmPimDevice(Device):
         plans = [a for *_, a in plans if "pim_pcus" in a]
         if not plans:
             return {}
-        out = {"hbm_pim_pcus": plans[0]["pim_pcus"], "hbm_pim_pin_gbps": plans[0]["pim_pin_gbps"]}
+        out = {"hbm_pim_pcus": plans[0]["pim_pcus"], "hbm_pim_pin_gbps": float(plans[0]["pim_pin_gbps"])}
         if any(a.get("pim_precision") == "fp32 as fp16" for a in plans):
             out["hbm_pim_accept_float32"] = True
         return out

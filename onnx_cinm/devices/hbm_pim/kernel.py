@@ -204,7 +204,7 @@ class HbmPimKernel:
         if self.plan.op != attrs.get("pim_op") or len(self.plan.crf) != attrs.get("pim_instructions"):
             raise CinmError(f"hbm_pim: kernel '{path}' does not match node '{op.name}' "
                             "(compile it again)")
-        self.pin = attrs.get("pim_pin_gbps")
+        self.pin = float(attrs["pim_pin_gbps"]) if "pim_pin_gbps" in attrs else None
         self.out_dtype = np.dtype(op.outputs[0].dtype)
         self.weights = None
         self.load_metrics = None
