@@ -212,3 +212,28 @@ def test_length_computed_by_a_reshape_is_unrolled_at_the_planned_size():
     assert len(gemms) == 6
     # the Gemm FLOPs (the gate math adds a few hundred elementwise FLOPs on top)
     assert 2560 + 5 * 256 <= res.flops_total < 2560 + 5 * 256 + 1000
+
+
+def test_an_if_chosen_by_a_shape_is_not_shape_computation():
+    # If(cond = Shape(x)[0] == 4) returns x * 2 (then) or x (else): its output is data, read
+    # from the outer scope by the bodies, though its only input is on the shape path. The Relu
+    # after it is work for a device, not "shape computation" (Silero VAD's decoder Conv was).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n0"], axis=0),
+             helper.make_node("Equal", ["n0", "four"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Relu", ["y"], ["z"], name="relu")]
+    inits = [two, numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(4, np.int64), "four")]
+    g = helper.make_graph(nodes, "ifshape", [x],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, stop_after="cinm", check=0)
+    assert "Relu" not in res.stats["to_cinm"]["kept"]
+    assert [n.op_type for n in res.model.graph.node if n.domain == cinm.DOMAIN] == ["Relu"]
