@@ -143,18 +143,35 @@ def test_recurrent_weight_is_one_initializer_shared_by_the_steps():
     assert list(inits[gemms[0].input[1]].dims) == [5, 32]
 
 
-@pytest.mark.parametrize("why,kwargs", [
-    ("sequence length dynamic", {"seq_dim": "T"}),
-    ("input_forget", {}),
-])
-def test_kept_whole_with_the_reason(why, kwargs):
-    model = _model("LSTM", 4, 2, 3, 4, **kwargs)
-    if why == "input_forget":
-        model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
+def test_input_forget_is_kept_whole_with_the_reason():
+    model = _model("LSTM", 4, 2, 3, 4)
+    model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
     res = optimize(model, stop_after="cinm")
     assert [n.op_type for n in res.model.graph.node] == ["LSTM"]
-    kept = res.stats["to_cinm"]["kept"]["LSTM"]
-    assert any(why in reason for reason in kept)
+    assert any("input_forget" in reason for reason in res.stats["to_cinm"]["kept"]["LSTM"])
+
+
+@pytest.mark.parametrize("op,opts", [
+    ("LSTM", {"direction": "bidirectional", "init": True, "peep": True, "clip": 0.8}),
+    ("GRU", {"lbr": 0, "direction": "reverse"}),
+    ("GRU", {"lbr": 1, "init": True}),
+    ("RNN", {}),
+])
+def test_dynamic_length_hoists_the_input_projection_and_scans_the_steps(op, opts):
+    # length T unknown: one cinm Gemm per direction (the input projection of all steps), the
+    # steps in a Scan per direction; the model runs at any length, as onnxruntime's op does
+    model = _model(op, 4, 2, 5, 6, seq_dim="T", **opts)
+    res = optimize(model)
+    dirs = 2 if opts.get("direction") == "bidirectional" else 1
+    assert [n.op_type for n in res.model.graph.node if n.op_type in ("Scan", op)] == ["Scan"] * dirs
+    assert len(_gemms(res.model)) == dirs
+    for S in (1, 3, 7):
+        rng = np.random.default_rng(S)
+        feeds = {vi.name: rng.standard_normal(
+            [S if d.dim_param == "T" else d.dim_value for d in vi.type.tensor_type.shape.dim]
+        ).astype(np.float32) for vi in model.graph.input}
+        for g, r in zip(run_onnxruntime(res.model, feeds), run_onnxruntime(model, feeds)):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_length_sized_by_dim_is_unrolled():
