@@ -174,6 +174,17 @@ def test_dynamic_length_hoists_the_input_projection_and_scans_the_steps(op, opts
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
+def test_a_long_sequence_runs_in_a_scan(monkeypatch):
+    # above MAX_UNROLL steps the steps are not unrolled: input projection + a Scan
+    from onnx_cinm.passes import recurrent
+
+    monkeypatch.setattr(recurrent, "MAX_UNROLL", 4)
+    model = _model("GRU", 5, 2, 3, 4, lbr=1)
+    res = optimize(model)
+    assert [n.op_type for n in res.model.graph.node if n.op_type in ("Scan", "GRU")] == ["Scan"]
+    assert len(_gemms(res.model)) == 1 and res.check.ok
+
+
 def test_dynamic_length_sized_by_dim_is_unrolled():
     model = _model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1)
     res = optimize(model, stop_after="cinm", dims={"T": 5})

@@ -18,7 +18,7 @@ step. With a static sequence length ``S`` the rule rewrites the op into
   every activation, peepholes ``P``, and ``Concat`` of the step results into ``Y``, ``Y_h``
   (``Y_c``).
 
-With a dynamic ``S`` the input projection is hoisted the same way (one cinm Gemm over all
+With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the same way (one cinm Gemm over all
 steps, whatever their number) and the steps run in a ``Scan`` per direction whose body does
 one step with standard ops (its recurrent product a host ``MatMul``: control-flow bodies are
 not compiled). ONNX's LSTM/GRU/RNN themselves have no form taking a precomputed projection.
@@ -43,6 +43,9 @@ from ..rewrite import Builder, Rule, ir, names_of
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+#: Longest sequence unrolled: each step is about 15 nodes and a crossbar kernel file per
+#: direction; a longer one runs its steps in a Scan, as a dynamic length does.
+MAX_UNROLL = 256
 
 
 class _Ops:
@@ -153,8 +156,8 @@ def check(rw, node: ir.Node):
         return f"dtype {dtype.name}"
     layout = int(at.get("layout", 0))
     S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
-    if not isinstance(S, int):
-        S = None  # dynamic: the steps run in a Scan (see replace)
+    if not isinstance(S, int) or S > MAX_UNROLL:
+        S = None  # dynamic (or too long to unroll): the steps run in a Scan (see replace)
     if S == 0:
         return "empty sequence"
     W, R = rw.value(w), rw.value(r)
