@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_OTHER_DIM",
     "default_tolerance",
     "compare_special",
+    "lowered_nan_squashers",
 ]
 
 #: Size given to an unknown/symbolic first axis (the batch axis, by convention).
@@ -1063,3 +1064,28 @@ def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
         return None
     return compare(reference, candidate, n=n, rtol=rtol, atol=atol, seed=seed, dims=dims,
                    shapes=shapes, fill="special")
+
+
+#: Ops whose onnxruntime kernels turn NaN inputs into finite outputs: their activations clamp
+#: their inputs (MLAS's logistic and tanh), which the ONNX spec leaves undefined.
+NAN_SQUASHERS = ("GRU", "LSTM", "RNN")
+
+
+def lowered_nan_squashers(reference: ModelLike, candidate: ModelLike) -> list[str]:
+    """The op types of :data:`NAN_SQUASHERS` of which ``reference``'s main graph has more than
+    ``candidate``'s: lowered into standard ops, which propagate NaN as ONNX's Sigmoid and Tanh
+    do, so a NaN/Inf check would compare onnxruntime's clamping against that (callers skip it
+    and say why)."""
+    def count(model: ModelLike) -> dict:
+        ops = [n.op_type for n in _load_header(model).graph.node if n.domain in ("", "ai.onnx")]
+        return {op: ops.count(op) for op in NAN_SQUASHERS}
+
+    ref, cand = count(reference), count(candidate)
+    return [op for op in NAN_SQUASHERS if ref[op] > cand[op]]
+
+
+def nan_squash_note(ops: list[str]) -> str:
+    """Why the NaN/Inf check is skipped for the lowered ``ops`` (:func:`lowered_nan_squashers`)."""
+    return (f"NaN/Inf check skipped: onnxruntime's {'/'.join(ops)} kernels clamp the inputs of "
+            "their activations, so a NaN input gives finite outputs (the ONNX spec leaves it "
+            "undefined); the lowered gate math propagates NaN as Sigmoid/Tanh do")

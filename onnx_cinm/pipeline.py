@@ -251,13 +251,6 @@ def _options(placement, place, objective, constraints, host_roofline, device_opt
     return check_options(opts)
 
 
-#: Ops whose onnxruntime kernels turn NaN inputs into finite outputs (their activations clamp
-#: their inputs, MLAS's logistic and tanh): when ``to_cinm`` lowered one into standard ops, the
-#: NaN/Inf check would compare the ONNX ops' NaN propagation against that clamping, so it is
-#: skipped (the ordinary check still runs).
-_NAN_SQUASHERS = frozenset({"LSTM", "GRU", "RNN"})
-
-
 def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = None,
              place: list[tuple[str, str]] | tuple = (), skip: list[str] | tuple = (),
              stop_after: str | None = None, input_shapes: dict[str, list[int]] | None = None,
@@ -376,11 +369,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         if report is not None and not report.ok:
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}"
                               + _saturation_hint(original))
-        squashers = sorted(set(ctx.stats.get("to_cinm", {}).get("lowered", {})) & _NAN_SQUASHERS)
-        if report is not None and squashers:
-            log(f"NaN/Inf check skipped: onnxruntime's {'/'.join(squashers)} kernels clamp the "
-                "inputs of their activations, so a NaN input gives finite outputs (the ONNX spec "
-                "leaves it undefined); the lowered gate math propagates NaN as Sigmoid/Tanh do")
+        squashers = golden.lowered_nan_squashers(original, work) if report is not None else []
+        if squashers:
+            log(golden.nan_squash_note(squashers))
         elif report is not None:  # then, apart, NaN/Inf inputs: they must land where ORT puts them
             t0 = time.perf_counter()
             try:

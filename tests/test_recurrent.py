@@ -143,18 +143,46 @@ def test_recurrent_weight_is_one_initializer_shared_by_the_steps():
     assert list(inits[gemms[0].input[1]].dims) == [5, 32]
 
 
-@pytest.mark.parametrize("why,kwargs", [
-    ("sequence length dynamic", {"seq_dim": "T"}),
-    ("input_forget", {}),
-])
-def test_kept_whole_with_the_reason(why, kwargs):
-    model = _model("LSTM", 4, 2, 3, 4, **kwargs)
-    if why == "input_forget":
-        model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
+def test_input_forget_is_kept_whole_with_the_reason():
+    model = _model("LSTM", 4, 2, 3, 4)
+    model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
     res = optimize(model, stop_after="cinm")
     assert [n.op_type for n in res.model.graph.node] == ["LSTM"]
-    kept = res.stats["to_cinm"]["kept"]["LSTM"]
-    assert any(why in reason for reason in kept)
+    assert any("input_forget" in reason for reason in res.stats["to_cinm"]["kept"]["LSTM"])
+
+
+@pytest.mark.parametrize("op,opts", [
+    ("LSTM", {"direction": "bidirectional", "init": True, "peep": True, "clip": 0.8}),
+    ("GRU", {"lbr": 0, "direction": "reverse"}),
+    ("GRU", {"lbr": 1, "init": True}),
+    ("RNN", {}),
+])
+def test_dynamic_length_hoists_the_input_projection_and_scans_the_steps(op, opts):
+    # length T unknown: one cinm Gemm per direction (the input projection of all steps), the
+    # steps in a Scan per direction; the model runs at any length, as onnxruntime's op does
+    model = _model(op, 4, 2, 5, 6, seq_dim="T", **opts)
+    res = optimize(model)
+    dirs = 2 if opts.get("direction") == "bidirectional" else 1
+    assert [n.op_type for n in res.model.graph.node if n.op_type in ("Scan", op)] == ["Scan"] * dirs
+    assert len(_gemms(res.model)) == dirs
+    for S in (1, 3, 7):
+        rng = np.random.default_rng(S)
+        feeds = {vi.name: rng.standard_normal(
+            [S if d.dim_param == "T" else d.dim_value for d in vi.type.tensor_type.shape.dim]
+        ).astype(np.float32) for vi in model.graph.input}
+        for g, r in zip(run_onnxruntime(res.model, feeds), run_onnxruntime(model, feeds)):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_sequence_runs_in_a_scan(monkeypatch):
+    # above MAX_UNROLL steps the steps are not unrolled: input projection + a Scan
+    from onnx_cinm.passes import recurrent
+
+    monkeypatch.setattr(recurrent, "MAX_UNROLL", 4)
+    model = _model("GRU", 5, 2, 3, 4, lbr=1)
+    res = optimize(model)
+    assert [n.op_type for n in res.model.graph.node if n.op_type in ("Scan", "GRU")] == ["Scan"]
+    assert len(_gemms(res.model)) == 1 and res.check.ok
 
 
 def test_dynamic_length_sized_by_dim_is_unrolled():
@@ -212,3 +240,43 @@ def test_length_computed_by_a_reshape_is_unrolled_at_the_planned_size():
     assert len(gemms) == 6
     # the Gemm FLOPs (the gate math adds a few hundred elementwise FLOPs on top)
     assert 2560 + 5 * 256 <= res.flops_total < 2560 + 5 * 256 + 1000
+
+
+def test_an_if_chosen_by_a_shape_is_not_shape_computation():
+    # If(cond = Shape(x)[0] == 4) returns x * 2 (then) or x (else): its output is data, read
+    # from the outer scope by the bodies, though its only input is on the shape path. The Relu
+    # after it is work for a device, not "shape computation" (Silero VAD's decoder Conv was).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n0"], axis=0),
+             helper.make_node("Equal", ["n0", "four"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Relu", ["y"], ["z"], name="relu")]
+    inits = [two, numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(4, np.int64), "four")]
+    g = helper.make_graph(nodes, "ifshape", [x],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, stop_after="cinm", check=0)
+    assert "Relu" not in res.stats["to_cinm"]["kept"]
+    assert [n.op_type for n in res.model.graph.node if n.domain == cinm.DOMAIN] == ["Relu"]
+
+
+def test_compare_skips_the_nan_check_of_a_lowered_lstm(tmp_path, capsys):
+    # onnxruntime's LSTM turns a NaN input into finite outputs, the lowered gate math keeps
+    # NaN: `compare` says why it skips the NaN/Inf check instead of failing it (it used to
+    # report "stateN: 246 of 256 elements off" on Silero VAD)
+    from onnx_cinm.cli import main
+
+    model = _model("LSTM", 3, 2, 4, 5, init=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    res = optimize(model, placement="heuristic")
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "NaN/Inf check skipped: onnxruntime's LSTM kernels clamp" in out

@@ -81,6 +81,9 @@ class Priced:
             rewritten every inference), as opposed to pinning them.
         load_s, load_j: one-time cost of loading the resident data (seconds, joules); not part
             of the per-inference cost.
+        tile_set: names the programmed data the kept crossbars hold when other ops can run
+            over the same (a crossbar's weight initializer, programmed the same way); choices
+            of one device with the same non-empty ``tile_set`` keep one copy between them.
     """
 
     cost: Cost
@@ -89,6 +92,7 @@ class Priced:
     streamed: bool = False
     load_s: float = 0.0
     load_j: float = 0.0
+    tile_set: str = ""
 
 
 class Device:

@@ -18,19 +18,23 @@ step. With a static sequence length ``S`` the rule rewrites the op into
   every activation, peepholes ``P``, and ``Concat`` of the step results into ``Y``, ``Y_h``
   (``Y_c``).
 
+With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the same way (one cinm Gemm over all
+steps, whatever their number) and the steps run in a ``Scan`` per direction whose body does
+one step with standard ops (its recurrent product a host ``MatMul``: control-flow bodies are
+not compiled). ONNX's LSTM/GRU/RNN themselves have no form taking a precomputed projection.
+
 Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``initial_h``,
 ``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
 equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; GRU's
 ``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
-reason in the summary: a dynamic ``S`` (ONNX has no LSTM form that takes a precomputed input
-projection, and unrolling needs the step count: give it with ``--dim NAME=SIZE``), ``W``/``R``/
-``B``/``P`` computed at run time, ``sequence_lens`` given at run time or shorter than ``S``,
-LSTM ``input_forget = 1``, other activations, opset below 13.
+reason in the summary: ``W``/``R``/``B``/``P`` computed at run time, ``sequence_lens`` given at
+run time, shorter than ``S`` or with a dynamic ``S``, LSTM ``input_forget = 1``, other
+activations, opset below 13.
 """
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..dialects import cinm
 from ..rewrite import Builder, Rule, ir, names_of
@@ -39,36 +43,22 @@ from ..rewrite import Builder, Rule, ir, names_of
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+#: Longest sequence unrolled: each step is about 15 nodes and a crossbar kernel file per
+#: direction; a longer one runs its steps in a Scan, as a dynamic length does.
+MAX_UNROLL = 256
 
 
-class _Cell(Builder):
-    """Builds one recurrent op's replacement: standard ops, cinm Gemms and constants."""
+class _Ops:
+    """Gate-math helpers over ``std``/``multi``/``const`` (see :class:`_Cell`, :class:`_Body`)."""
 
-    def __init__(self, rw, node: ir.Node, dtype: np.dtype, clip: float | None) -> None:
-        super().__init__(rw, node)
-        self.rw, self.dtype, self.clip = rw, dtype, clip
-        self._consts: dict = {}
+    dtype: np.dtype
+    clip: float | None
 
     def once(self, suffix: str, array: np.ndarray) -> str:
-        """A constant made once per replacement (the same ``suffix`` gives the same one)."""
+        """A constant made once per builder (the same ``suffix`` gives the same one)."""
         if suffix not in self._consts:
             self._consts[suffix] = self.const(suffix, array)
         return self._consts[suffix]
-
-    def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
-        return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
-
-    def multi(self, op: str, inputs: list[str], count: int, **attrs) -> list[str]:
-        """A standard op with ``count`` fresh outputs (Split)."""
-        outs = [self.rw.fresh(f"{self.base}_{op.lower()}") for _ in range(count)]
-        self.node(helper.make_node, op, inputs, outs, op.lower(), **attrs)
-        return outs
-
-    def gemm(self, inputs: list[str], suffix: str) -> str:
-        return self.node(cinm.make_node, "Gemm", inputs, None, suffix)
-
-    def const(self, suffix: str, array: np.ndarray) -> str:
-        return self.rw.const(f"{self.base}_{suffix}", np.asarray(array))
 
     def ints(self, suffix: str, values) -> str:
         return self.const(suffix, np.asarray(values, dtype=np.int64))
@@ -85,6 +75,64 @@ class _Cell(Builder):
             return [x]
         sizes = self.once(f"split{parts}x{width}", np.asarray([width] * parts, dtype=np.int64))
         return self.multi("Split", [x, sizes], parts, axis=axis)
+
+
+class _Cell(Builder, _Ops):
+    """Builds one recurrent op's replacement: standard ops, cinm Gemms and constants."""
+
+    def __init__(self, rw, node: ir.Node, dtype: np.dtype, clip: float | None) -> None:
+        super().__init__(rw, node)
+        self.rw, self.dtype, self.clip = rw, dtype, clip
+        self._consts: dict = {}
+
+    def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
+        return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
+
+    def multi(self, op: str, inputs: list[str], count: int, **attrs) -> list[str]:
+        """A standard op with ``count`` fresh outputs (Split)."""
+        outs = [self.rw.fresh(f"{self.base}_{op.lower()}") for _ in range(count)]
+        self.node(helper.make_node, op, inputs, outs, op.lower(), **attrs)
+        return outs
+
+    def gemm(self, inputs: list[str], suffix: str) -> str:
+        return self.node(cinm.make_node, "Gemm", inputs, None, suffix)
+
+    def const(self, suffix: str, array: np.ndarray) -> str:
+        return self.rw.const(f"{self.base}_{suffix}", np.asarray(array))
+
+
+class _Body(_Ops):
+    """Builds the body of the ``Scan`` of a recurrence of dynamic length: standard ops only
+    (``MatMul`` for the recurrent product, ``Constant`` nodes for its weights), as NodeProtos
+    with names fresh in the whole model."""
+
+    def __init__(self, rw, base: str, dtype: np.dtype, clip: float | None) -> None:
+        self.rw, self.base, self.dtype, self.clip = rw, base, dtype, clip
+        self.nodes: list = []
+        self._consts: dict = {}
+
+    def fresh(self, suffix: str) -> str:
+        return self.rw.fresh(f"{self.base}_{suffix}")
+
+    def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
+        outs = outputs or [self.fresh(op.lower())]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=self.fresh(op), **attrs))
+        return outs[0]
+
+    def multi(self, op: str, inputs: list[str], count: int, **attrs) -> list[str]:
+        outs = [self.fresh(op.lower()) for _ in range(count)]
+        self.std(op, inputs, outs, **attrs)
+        return outs
+
+    def gemm(self, inputs: list[str], suffix: str) -> str:
+        y = self.std("MatMul", inputs[:2])
+        return self.std("Add", [y, inputs[2]]) if len(inputs) > 2 and inputs[2] else y
+
+    def const(self, suffix: str, array: np.ndarray) -> str:
+        name = self.fresh(suffix)
+        self.nodes.append(helper.make_node("Constant", [], [name], name=self.fresh("Constant"),
+                                           value=numpy_helper.from_array(np.asarray(array), name)))
+        return name
 
 
 def _attrs(node: ir.Node) -> dict:
@@ -108,11 +156,8 @@ def check(rw, node: ir.Node):
         return f"dtype {dtype.name}"
     layout = int(at.get("layout", 0))
     S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
-    if not isinstance(S, int):
-        how = ("size the inputs' symbolic dims with --dim NAME=SIZE" if S is None or
-               str(S).startswith("unk__") else f"size '{S}' with --dim {S}=SIZE")
-        return ("sequence length dynamic: the recurrence cannot be unrolled, and ONNX "
-                f"{op} has no form taking a precomputed input projection ({how})")
+    if not isinstance(S, int) or S > MAX_UNROLL:
+        S = None  # dynamic (or too long to unroll): the steps run in a Scan (see replace)
     if S == 0:
         return "empty sequence"
     W, R = rw.value(w), rw.value(r)
@@ -129,6 +174,8 @@ def check(rw, node: ir.Node):
         lens = rw.value(seq_lens)
         if lens is None:
             return "sequence_lens given at run time"
+        if S is None:
+            return "sequence_lens with a dynamic sequence length"
         if np.any(lens != S):
             return f"sequence_lens {lens.tolist()} shorter than the sequence ({S})"
     if op == "LSTM" and int(at.get("input_forget", 0)):
@@ -231,7 +278,6 @@ def replace(rw, node: ir.Node, p: dict):
     if p["layout"]:
         init_h = init_h and c.std("Transpose", [init_h], perm=[1, 0, 2])
         init_c = init_c and c.std("Transpose", [init_c], perm=[1, 0, 2])
-    zeros = None
     ys, yhs, ycs = [], [], []
     for d in range(dirs):
         W, R = p["W"][d].astype(dt), p["R"][d].astype(dt)
@@ -244,41 +290,33 @@ def replace(rw, node: ir.Node, p: dict):
         else:
             x_bias, rec = wb + rb, [(R, None)]
         xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
+        acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
+        if S is None:  # dynamic length: the input projection above, the steps in a Scan
+            h, cell, ystack = _scan(c, rw, op, xp, [state(init_h, d, x, p, c, H, dt)] +
+                                    ([state(init_c, d, x, p, c, H, dt)] if op == "LSTM" else []),
+                                    rec, acts, p, d)
+            ys.append(ystack)
+            yhs.append(h)
+            ycs.append(cell)
+            continue
         steps = c.split(xp, S, 1, axis=0)  # S x [1, batch, G*H]
         rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
                for k, (Rk, bk) in enumerate(rec)]
 
-        def state(given: str) -> str:
-            nonlocal zeros
-            if given:
-                return c.std("Gather", [given, c.ints(f"dir{d}", [d])], axis=0)  # [1, batch, H]
-            if zeros is None:
-                zeros = _zeros(c, x, p["batch"], H, dt)
-            return zeros
-
-        h = state(init_h)
-        cell = state(init_c) if op == "LSTM" else None
-        acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
-        peep = None if p["P"] is None else [c.const(f"P{d}_{k}", p["P"][d][k * H:(k + 1) * H].astype(dt))
-                                            for k in range(3)]
+        h = state(init_h, d, x, p, c, H, dt)
+        cell = state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
+        peep = _peepholes(c, p, d)
         by_t: dict[int, str] = {}
         for t in (reversed(range(S)) if p["reverse"][d] else range(S)):
-            if op == "LSTM":
-                h, cell = _lstm_step(c, steps[t], h, cell, rts[0][0], acts, peep, H)
-            elif op == "GRU":
-                h = _gru_step(c, steps[t], h, rts, acts, p["lbr"], H)
-            else:
-                pre = c.std("Add", [steps[t], c.gemm([h, rts[0][0]], "hproj")])
-                h = c.act(acts[0], pre)
+            h, cell = _step(c, op, steps[t], h, cell, rts, acts, peep, p["lbr"], H)
             by_t[t] = h
-        ys.append([by_t[t] for t in range(S)])
+        ys.append(c.std("Unsqueeze", [c.std("Concat", [by_t[t] for t in range(S)], axis=0),
+                                      c.ints("axis1", [1])]))  # [S, 1, batch, H]
         yhs.append(h)
         ycs.append(cell)
     y, y_h, y_c = outs[:3]
     if y:
-        per_dir = [c.std("Unsqueeze", [c.std("Concat", hs, axis=0), c.ints("axis1", [1])])
-                   for hs in ys]  # [S, 1, batch, H]
-        full = per_dir[0] if dirs == 1 else c.std("Concat", per_dir, axis=1)
+        full = ys[0] if dirs == 1 else c.std("Concat", ys, axis=1)  # [S, dirs, batch, H]
         if p["layout"]:
             full = c.std("Transpose", [full], perm=[2, 0, 1, 3])
         c.std("Identity", [full], [y])
@@ -290,6 +328,57 @@ def replace(rw, node: ir.Node, p: dict):
             last = c.std("Transpose", [last], perm=[1, 0, 2])
         c.std("Identity", [last], [name])
     return c.nodes
+
+
+def state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) -> str:
+    """Direction ``d``'s initial state ``[1, batch, H]``: from ``given`` (``[dirs, batch, H]``)
+    or zeros (made once per replacement)."""
+    if given:
+        return c.std("Gather", [given, c.ints(f"dir{d}", [d])], axis=0)
+    if "zeros" not in c._consts:
+        c._consts["zeros"] = _zeros(c, x, p["batch"], H, dt)
+    return c._consts["zeros"]
+
+
+def _peepholes(c: _Ops, p: dict, d: int) -> list | None:
+    if p["P"] is None:
+        return None
+    H = p["hidden"]
+    return [c.const(f"P{d}_{k}", p["P"][d][k * H:(k + 1) * H].astype(p["dtype"])) for k in range(3)]
+
+
+def _step(c: _Ops, op: str, xt: str, h: str, cell: str | None, rts, acts, peep, lbr: int, H: int):
+    """One step of ``op``: ``(H_t, C_t or None)``."""
+    if op == "LSTM":
+        return _lstm_step(c, xt, h, cell, rts[0][0], acts, peep, H)
+    if op == "GRU":
+        return _gru_step(c, xt, h, rts, acts, lbr, H), None
+    return c.act(acts[0], c.std("Add", [xt, c.gemm([h, rts[0][0]], "hproj")])), None
+
+
+def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: int):
+    """The steps of direction ``d`` of a dynamic length as one ``Scan`` over the input
+    projection ``xp`` ``[S, batch, G*H]``: its body runs one step (standard ops, the recurrent
+    product a host ``MatMul``; bodies are not compiled), reversed for a reverse direction.
+    Returns ``(H_final, C_final or None, Y_d [S, 1, batch, H])``."""
+    H, dt = p["hidden"], p["dtype"]
+    b = _Body(rw, f"{c.base}_scan{d}", dt, p["clip"])
+    elem = helper.np_dtype_to_tensor_dtype(dt)
+    ins = [b.fresh("h"), b.fresh("c")][:len(states)] + [b.fresh("x")]
+    xt = b.std("Unsqueeze", [ins[-1], b.ints("axis0", [0])])  # [1, batch, G*H]
+    rts = [(b.const(f"R{d}T_{k}", Rk.T), None if bk is None else b.const(f"RB{d}_{k}", bk))
+           for k, (Rk, bk) in enumerate(rec)]
+    h, cell = _step(b, op, xt, ins[0], ins[1] if op == "LSTM" else None, rts, acts,
+                    _peepholes(b, p, d), p["lbr"], H)
+    outs = [h] + ([cell] if op == "LSTM" else [])
+    outs = [b.std("Identity", [v]) for v in outs] + [b.std("Identity", [h])]
+    body = helper.make_graph(b.nodes, f"{c.base}_scan{d}",
+                             [helper.make_tensor_value_info(n, elem, None) for n in ins],
+                             [helper.make_tensor_value_info(n, elem, None) for n in outs])
+    rev = int(p["reverse"][d])
+    results = c.multi("Scan", states + [xp], len(outs), body=body, num_scan_inputs=1,
+                      scan_input_directions=[rev], scan_output_directions=[rev])
+    return results[0], (results[1] if op == "LSTM" else None), results[-1]
 
 
 def _zeros(c: _Cell, x: str, batch, H: int, dt: np.dtype) -> str:

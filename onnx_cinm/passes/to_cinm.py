@@ -69,6 +69,8 @@ class _Rewriter(Edit):
         """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
         path: set[ir.Value] = set()
         for n in self.graph:
+            if any(a.type == ir.AttributeType.GRAPH for a in n.attributes.values()):
+                continue  # If/Loop/Scan: their bodies read outer values, not only the inputs
             if n.op_type in ("Shape", "Size") or (
                     any(v in path for v in n.inputs if v is not None) and
                     all(v is None or v in path or v in self._original for v in n.inputs)):
@@ -329,7 +331,9 @@ def _check_reduce(rw: _Rewriter, node: ir.Node):
     if isinstance(axes, str):
         return axes
     if node.op_type == "ReduceMean":
-        shape = rw.info(x).shape
+        shape = rw.info(x).shape if rw.info(x) is not None else None
+        if shape is None:
+            return "ReduceMean over dims of unknown size"
         if not all(isinstance(shape[a], int) for a in axes) or dt not in ("float32", "float64", "float16"):
             return "ReduceMean over dynamic dims"
     return axes, int(_attrs(node).get("keepdims", 1)), dt

@@ -277,15 +277,16 @@ class MemristorDevice(Device):
 
     def price(self, op: OpInfo, options: dict) -> list[Priced]:
         """Two ways to run ``op``: *pinned* (its tiles kept programmed in crossbars of its own,
-        priced as if alone; ``kept_crossbars`` = tiles kept) and *streamed* (through crossbars
+        priced as if alone; ``kept_crossbars`` = tiles kept, ``tile_set`` names them, so kernels
+        over the same weights keep one copy) and *streamed* (through crossbars
         shared with other kernels: every tile written every inference, nothing kept). A kernel
         that keeps nothing (an activation programmed, or the naive order) has only the second.
         Raises CinmError on bad options."""
-        p, _, params, _, _ = self.plan(op, options)
+        p, v, params, const, _ = self.plan(op, options)
         alone = p.cost(params)
         if not p.writes_load:
             return [Priced(alone, streamed=True)]
-        out = [Priced(alone, kept_crossbars=p.writes_load)]
+        out = [Priced(alone, kept_crossbars=p.writes_load, tile_set=_tile_set(op, v) if const else "")]
         try:
             ps, _, params, _, _ = self.plan(op, options, shared=True)
             out.append(Priced(ps.cost(params), streamed=True))
@@ -571,9 +572,16 @@ def _tile_owners(items: list, planned: list) -> list[int]:
         if not const:
             out.append(i)
             continue
-        t = op.inputs[0] if v.operand == "A" else op.inputs[1]
-        out.append(first.setdefault((t.name, op.op_type, v.operand, v.G, v.K, v.N), i))
+        out.append(first.setdefault(_tile_set(op, v), i))
     return out
+
+
+def _tile_set(op: OpInfo, v) -> str:
+    """The tile set of ``op``'s constant programmed operand under view ``v``: its initializer's
+    name, the op type, the operand and the ``[G, K, N]`` view (kernels with the same one program
+    the same tiles)."""
+    t = op.inputs[0] if v.operand == "A" else op.inputs[1]
+    return f"{t.name}|{op.op_type}|{v.operand}|{v.G}x{v.K}x{v.N}"
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:

@@ -2,7 +2,7 @@
 device contract and cached), the budgets, and the tensors that may cross devices."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -51,6 +51,8 @@ class Choice:
     (every tile written every inference). ``mram_resident``/``mram_capacity``: constant bytes
     this op keeps in the device's memory and that memory's size
     (:attr:`Priced.resident_bytes`, :attr:`Resources.memory_bytes`; 0 otherwise).
+    ``tile_set``: :attr:`Priced.tile_set`; of the ops whose choices keep one tile set, only the
+    first in graph order counts its tiles (:func:`build_problem`).
     """
 
     device: str
@@ -61,6 +63,7 @@ class Choice:
     mram_capacity: int = 0
     note: str = ""
     streamed: bool = False
+    tile_set: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,7 +102,8 @@ def _foreign(dev: Device | None) -> frozenset:
 def _op_key(op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()
                          if k not in cinm.PLACEMENT_ATTRS and k not in cinm.PLAN_ATTRS))
-    ts = lambda t: (str(t.dtype), t.shape, t.const)  # noqa: E731
+    # a constant's name too: a choice may name the tiles it keeps after it (Priced.tile_set)
+    ts = lambda t: (str(t.dtype), t.shape, t.const, t.name if t.const else "")  # noqa: E731
     return (op.op_type, attrs, tuple(ts(t) for t in op.inputs), tuple(ts(t) for t in op.outputs),
             op.flops)
 
@@ -137,7 +141,7 @@ def _choice(dev: str, p: Priced, capacity: int, memory: int, note: str = "",
     cost = p.cost if bytes_moved is None else Cost(p.cost.latency_s, p.cost.energy_j,
                                                    p.cost.writes, bytes_moved)
     return Choice(dev, cost, p.kept_crossbars, capacity, p.resident_bytes if memory else 0,
-                  memory, note, streamed=p.streamed)
+                  memory, note, streamed=p.streamed, tile_set=p.tile_set)
 
 
 def link_cost(dev: Device | None, nbytes: int, to_device: bool, options: dict) -> tuple[float, float]:
@@ -194,6 +198,25 @@ class Problem:
         return self.fixed.get(i) or assign[i]
 
 
+def _share_tile_sets(prob: Problem) -> None:
+    """Choices keeping a tile set an earlier op's choice keeps (same device and
+    :attr:`Choice.tile_set`) keep no tiles of their own: the set counts once against the
+    crossbars, as the device's model-wide plan programs it once. (The search may still pin a
+    later op whose earlier one streams; every reported assignment is priced from the plans.)"""
+    seen: set = set()
+    for i in sorted(prob.cands):
+        cands = prob.cands[i]
+        keys = {(c.device, c.tile_set) for c in cands if c.tile_set and c.kept_tiles}
+        shared = keys & seen
+        if shared:
+            new = [replace(c, kept_tiles=0) if (c.device, c.tile_set) in shared else c for c in cands]
+            k = next((k for k, c in enumerate(cands) if c is prob.fixed.get(i)), None)
+            if k is not None:
+                prob.fixed[i] = new[k]
+            prob.cands[i] = new
+        seen |= keys
+
+
 def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -> Problem:
     """Collect candidates and tensors of ``model`` (cinm ops already created)."""
     infos = infos if infos is not None else tensor_infos(model)
@@ -231,6 +254,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
         if i not in prob.fixed:
             prob.decision.append(i)
     prob.hint_stats = hint_log.stats()
+    _share_tile_sets(prob)
     # tensors
     const = {t.name for t in model.graph.initializer}
     producer = {}
