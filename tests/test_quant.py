@@ -231,3 +231,80 @@ def test_integer_xbar_rejects_weights_beyond_its_bits(tmp_path):
         CrossbarSimulator(prog, {"W": ok * 2 + 1})
     with pytest.raises(XbarError, match="dtype int32 needs mode ideal"):
         parse(text.replace("mode ideal\nweight_bits 4\ncell_bits 2\n", "mode quantized\n"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the check on quantized models: an exact reference where onnxruntime saturates, one step
+# ---------------------------------------------------------------------------------------------
+
+def _full_range_qlinear():
+    w = rng.integers(-127, 128, (64, 16)).astype(np.int8)
+    w[:, 0] = 127  # column 0 saturates the u8s8 int16 pair sums for a = 255
+    inits = [nh.from_array(np.array(0.05, np.float32), "a_s"), nh.from_array(np.array(0, np.uint8), "a_zp"),
+             nh.from_array(w, "B"), nh.from_array(np.array(0.01, np.float32), "b_s"),
+             nh.from_array(np.array(0, np.int8), "b_zp"), nh.from_array(np.array(40.0, np.float32), "y_s"),
+             nh.from_array(np.array(128, np.uint8), "y_zp")]
+    nodes = [h.make_node("QLinearMatMul", ["a", "a_s", "a_zp", "B", "b_s", "b_zp", "y_s", "y_zp"], ["y"], name="q"),
+             h.make_node("MatMulInteger", ["a", "B"], ["acc"], name="mi")]
+    return _model(nodes, [h.make_tensor_value_info("a", TP.UINT8, [4, 64])],
+                  [h.make_tensor_value_info("y", TP.UINT8, [4, 16]), h.make_tensor_value_info("acc", TP.INT32, [4, 16])],
+                  inits), w
+
+
+def test_exact_reference_computes_full_range_int8_products_like_numpy():
+    from onnx_cinm import quantref
+
+    m, w = _full_range_qlinear()
+    exact_model, count = quantref.exact_integer_products(m)
+    assert count == (2 if quantref.u8s8_saturates() else 0)
+    a = np.full((4, 64), 255, np.uint8)
+    a[1:] = rng.integers(0, 256, (3, 64))
+    y, acc = run_onnxruntime(exact_model, {"a": a})
+    want = a.astype(np.int64) @ w.astype(np.int64)
+    np.testing.assert_array_equal(acc, want)
+    mult = np.float32(0.05) * np.float32(0.01) / np.float32(40.0)
+    np.testing.assert_array_equal(y, np.clip(np.rint(want.astype(np.float32) * mult) + 128, 0, 255))
+    if quantref.u8s8_saturates():  # the reason for all this: onnxruntime's own result is off here
+        assert not np.array_equal(run_onnxruntime(m, {"a": a})[1], want)
+
+
+def test_check_of_a_full_range_int8_model_is_exact_and_says_how(tmp_path):
+    """The check used to fail on this CPU (no VNNI) while the lowered model was exact: it
+    compared with onnxruntime's saturated u8s8 sums."""
+    from onnx_cinm import quantref
+
+    m, _ = _full_range_qlinear()
+    res = optimize(m, placement="heuristic", check=3)
+    assert res.check.ok and res.check.max_abs_err == 0
+    said = "computed exactly in int32" in res.check.summary()
+    assert said == quantref.u8s8_saturates()
+
+
+def test_an_output_on_a_quantization_grid_may_be_one_step_off():
+    from onnx_cinm import golden, quantref
+
+    nodes = [h.make_node("MatMul", ["x", "W"], ["f"]), h.make_node("QuantizeLinear", ["f", "s", "zp"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]), h.make_node("Sigmoid", ["d"], ["y"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [2, 8])],
+               [h.make_tensor_value_info(n, t, [2, 4]) for n, t in (("y", TP.FLOAT), ("d", TP.FLOAT), ("q", TP.UINT8))],
+               [nh.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W"),
+                nh.from_array(np.array(0.05, np.float32), "s"), nh.from_array(np.array(128, np.uint8), "zp")])
+    assert quantref.output_steps(m) == {"y": pytest.approx(0.05), "d": pytest.approx(0.05), "q": 1.0}
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    y, d, q = run_onnxruntime(m, {"x": x})
+
+    class Off:  # a candidate whose levels sit `levels` steps away
+        input_names, output_names = ["x"], ["y", "d", "q"]
+
+        def __init__(self, levels):
+            self.levels = levels
+
+        def run(self, feeds):
+            return [y, (d + np.float32(0.05) * self.levels).astype(np.float32),
+                    (q.astype(np.int32) + self.levels).astype(np.uint8)]
+
+    assert golden.compare(m, Off(1), feeds=[{"x": x}]).ok
+    bad = golden.compare(m, Off(2), feeds=[{"x": x}])
+    assert not bad.ok and {o.name for o in bad.outputs if not o.ok} == {"d", "q"}
+    # with tolerances given, a float output is judged by them alone
+    assert not golden.compare(m, Off(1), feeds=[{"x": x}], rtol=1e-4, atol=1e-5).ok
