@@ -308,3 +308,21 @@ def test_an_output_on_a_quantization_grid_may_be_one_step_off():
     assert not bad.ok and {o.name for o in bad.outputs if not o.ok} == {"d", "q"}
     # with tolerances given, a float output is judged by them alone
     assert not golden.compare(m, Off(1), feeds=[{"x": x}], rtol=1e-4, atol=1e-5).ok
+
+
+def test_integer_product_of_two_activations_on_a_crossbar_is_exact(tmp_path):
+    """Attention's Q @ K^T in a QDQ model: both operands are activations; the crossbar programs
+    one of them every inference (16-bit cell mapping) and the product is still exact."""
+    m = _model([h.make_node("MatMulInteger", ["a", "b", "azp", "bzp"], ["y"], name="qk")],
+               [h.make_tensor_value_info("a", TP.UINT8, [2, 96, 80]), h.make_tensor_value_info("b", TP.UINT8, [2, 80, 96])],
+               [h.make_tensor_value_info("y", TP.INT32, [2, 96, 96])],
+               [nh.from_array(np.array(3, np.uint8), "azp"), nh.from_array(np.array(250, np.uint8), "bzp")])
+    res = optimize(m, place=[("*", "memristor")], device_options={"cim_preset": "pcm-occ"}, check=1)
+    gemm = next(g for g in res.model.graph.node if g.domain == cinm.DOMAIN and g.op_type == "Gemm")
+    assert cinm.node_attrs(gemm)["device"] == "memristor"
+    a = rng.integers(0, 256, (2, 96, 80)).astype(np.uint8)
+    b = rng.integers(0, 256, (2, 80, 96)).astype(np.uint8)
+    got = _session(res.model, tmp_path).run(None, {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(got, (a.astype(np.int64) - 3) @ (b.astype(np.int64) - 250))
+    text = next((tmp_path / "opt.cinm" / "memristor").glob("*.xbar")).read_text().split()
+    assert text[text.index("weight_bits") + 1] == "16"

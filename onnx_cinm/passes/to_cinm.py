@@ -29,7 +29,7 @@ QLinearMatMul, QLinearConv      the MatMulInteger/ConvInteger lowering (QLinearC
                                 bias in the Gemm), then Cast, Mul by the float32 multiplier
                                 (x_scale * w_scale) / y_scale and QuantizeLinear(scale 1,
                                 y_zp) on the host: onnxruntime's requantization, bit-exact
-MatMul/Conv/Gemm of two          Gemm(int32(x_q) - x_zp, int32(w_q) - w_zp), Cast, Mul by
+MatMul/Conv/Gemm of two         Gemm(int32(x_q) - x_zp, int32(w_q) - w_zp), Cast, Mul by
 DequantizeLinear outputs (QDQ)  x_scale * w_scale (+ a float bias) on the host; the weight's
                                 DequantizeLinear is not folded (canonicalize keeps it)
 ==============================  =============================================================

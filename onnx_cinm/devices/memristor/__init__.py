@@ -96,14 +96,15 @@ INT_DTYPES = ("int32",)
 MAX_INT_WEIGHT_BITS = 16
 
 
-def int_cells(W: np.ndarray, params: CrossbarParams) -> list[tuple[str, str]]:
+def int_cells(W: np.ndarray | None, params: CrossbarParams) -> list[tuple[str, str]]:
     """The ``.xbar`` header lines putting the integer weights ``W`` in cells without
-    re-quantization: ``weight_bits`` just wide enough for ``max |W|`` (signed, at least 2),
-    the preset's ``cell_bits`` per slice (at most the magnitude's bits) and differential
-    pairs, as the ``device`` mode maps weights (field notes crossbar.md §4: int8 on 2-bit cells
-    is 4 slices, 8 cells per weight). Raises CinmError when ``W`` needs more than
+    re-quantization: ``weight_bits`` just wide enough for ``max |W|`` (signed, at least 2;
+    :data:`MAX_INT_WEIGHT_BITS` for an operand programmed at run time, ``W`` None), the
+    preset's ``cell_bits`` per slice (at most the magnitude's bits) and differential pairs, as
+    the ``device`` mode maps weights (field notes crossbar.md §4: int8 on 2-bit cells is 4
+    slices, 8 cells per weight). Raises CinmError when ``W`` needs more than
     :data:`MAX_INT_WEIGHT_BITS`."""
-    top = int(np.abs(W).max(initial=0))
+    top = (1 << (MAX_INT_WEIGHT_BITS - 1)) - 1 if W is None else int(np.abs(W).max(initial=0))
     bits = max(2, top.bit_length() + 1)
     if bits > MAX_INT_WEIGHT_BITS:
         raise CinmError(f"integer weights up to {top} need {bits} bits; a crossbar cell mapping "
@@ -209,9 +210,10 @@ class MemristorDevice(Device):
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
         operand, why = layout.constant_operand(op)
         if _is_int(op):
-            if operand is None:  # the cells' bit slices follow from the weights' values
-                return Support(False, "integer product of two activations: only constant integer "
-                                      "weights are mapped to cells")
+            if operand is None:
+                return Support(True, f"integer product, {why}: the cheaper one would be "
+                                     f"reprogrammed every inference ({MAX_INT_WEIGHT_BITS}-bit "
+                                     "cell mapping)", preferred=False)
             return Support(True, f"integer product, {why}, {macs} MACs: int weights in cells as "
                                  "they are, exact int32 accumulation")
         if operand is None:
@@ -518,8 +520,9 @@ class MemristorDevice(Device):
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
             bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
         mode = _mode(attrs, params)
-        if _is_int(op) and prog is not None:  # integer weights in cells as they are (dtype int32)
-            mode = {"int_cells": int_cells(layout.weights(v, A, B), params)}
+        if _is_int(op):  # integer weights in cells as they are (dtype int32)
+            W = layout.weights(v, A, B) if prog is not None else None
+            mode = {"int_cells": int_cells(W, params)}
             if bias is not None:
                 bias = layout.bias_array(v, np.asarray(consts[names[2]]))
         if prog is not None:

@@ -818,6 +818,9 @@ class CrossbarSimulator:
                                               f"!= [{r.dims[0]}, M, {r.dims[1]}]")
             if M is not None and X.shape[1] != M:
                 raise _err(prog.path, r.line, f"inputs disagree on M ({M} vs {X.shape[1]})")
+            if self._int and X.size and not (np.abs(X).max() < 2**16 and np.array_equal(X, np.rint(X))):
+                raise _err(prog.path, r.line, f"input {r.name}: dtype int32 takes integers of "
+                                              "magnitude below 2**16")
             M = X.shape[1]
             acts[r.name] = X
         M = M or 0
