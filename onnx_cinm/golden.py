@@ -936,8 +936,11 @@ def compare(
                             "weights computed exactly in int32, as onnxruntime's u8s8 kernels "
                             "saturate on this CPU")
     if steps:
-        report.notes.append(f"{len(steps)} output{'s' * (len(steps) != 1)} on a quantization grid "
-                            "allowed one step")
+        named = ", ".join(f"{k} {v:.3g}" for k, v in list(steps.items())[:2])
+        more = f" (+{len(steps) - 2} more)" if len(steps) > 2 else ""
+        report.notes.append(f"allowed one quantization step ({named}{more}): an exact int32 product "
+                            "and onnxruntime's float32 sum of dequantized terms can round to "
+                            "neighbouring levels")
     if set(ref_model.input_names) != set(cand_model.input_names):
         only_ref = sorted(set(ref_model.input_names) - set(cand_model.input_names))
         only_cand = sorted(set(cand_model.input_names) - set(ref_model.input_names))
