@@ -326,3 +326,30 @@ def test_integer_product_of_two_activations_on_a_crossbar_is_exact(tmp_path):
     np.testing.assert_array_equal(got, (a.astype(np.int64) - 3) @ (b.astype(np.int64) - 250))
     text = next((tmp_path / "opt.cinm" / "memristor").glob("*.xbar")).read_text().split()
     assert text[text.index("weight_bits") + 1] == "16"
+
+
+def test_qdq_gemm_with_transposed_per_channel_weights_and_bias():
+    """A PyTorch Linear in QDQ form: Gemm(transB=1) of DequantizeLinear(x) and a per-output-
+    channel DequantizeLinear(W[N, K], axis 0), float bias: normalize's Transpose of the weight is
+    seen through, the product is an int32 Gemm of the int8 values."""
+    n, k = 40, 72
+    w = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.01, n).astype(np.float32)
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xzp"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xzp"], ["xd"]),
+             h.make_node("DequantizeLinear", ["Wq", "ws"], ["W"], axis=0),
+             h.make_node("Gemm", ["xd", "W", "b"], ["y"], transB=1, name="fc")]
+    inits = [nh.from_array(np.array(0.02, np.float32), "xs"), nh.from_array(np.array(120, np.uint8), "xzp"),
+             nh.from_array(w, "Wq"), nh.from_array(ws, "ws"), nh.from_array(rng.standard_normal(n).astype(np.float32), "b")]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [6, k])],
+               [h.make_tensor_value_info("y", TP.FLOAT, [6, n])], inits)
+    res = optimize(m, placement="heuristic", check=2)
+    assert res.check.ok
+    gemm = next(g for g in res.model.graph.node if g.domain == cinm.DOMAIN and g.op_type == "Gemm")
+    wt = next(i for i in res.model.graph.initializer if i.name == gemm.input[1])
+    np.testing.assert_array_equal(nh.to_array(wt), w.T.astype(np.int32))  # the int8 values, as [K, N]
+    assert "DequantizeLinear" not in [g.op_type for g in res.model.graph.node]
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    xq = np.clip(np.rint(x / np.float32(0.02)) + 120, 0, 255)
+    exact = ((xq - 120) @ w.T.astype(np.float64)) * (np.float64(0.02) * ws) + nh.to_array(inits[-1])
+    np.testing.assert_allclose(run_onnxruntime(res.model, {"x": x})[0], exact, rtol=1e-5, atol=1e-5)
