@@ -353,3 +353,25 @@ def test_qdq_gemm_with_transposed_per_channel_weights_and_bias():
     xq = np.clip(np.rint(x / np.float32(0.02)) + 120, 0, 255)
     exact = ((xq - 120) @ w.T.astype(np.float64)) * (np.float64(0.02) * ws) + nh.to_array(inits[-1])
     np.testing.assert_allclose(run_onnxruntime(res.model, {"x": x})[0], exact, rtol=1e-5, atol=1e-5)
+
+
+def test_onnxruntime_dynamic_quantization_is_exact_against_an_exact_reference(tmp_path):
+    """quantize_dynamic (full-range int8 weights, no reduce_range): DynamicQuantizeLinear +
+    MatMulInteger/ConvInteger. The lowered integer Gemms (int8 weights in crossbar cells) are
+    exact: the provider's output equals onnxruntime's on the model with exact integer products
+    (its own u8s8 kernels may saturate on full-range weights, see quantref)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "d.onnx"
+    onnx.save(_float_model(), src)
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    m = onnx.load(str(dst))
+    assert [n.op_type for n in m.graph.node].count("MatMulInteger") == 2
+    res = optimize(m, placement="heuristic", device_options={"cim_preset": "pcm-occ"}, check=2)
+    assert res.check.ok and res.check.max_abs_err == 0
+    assert _cinm_ops(res.model).count("Gemm") >= 2
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    from onnx_cinm import quantref
+
+    want = run_onnxruntime(quantref.exact_integer_products(m)[0], {"x": x})[0]
+    np.testing.assert_array_equal(_session(res.model, tmp_path).run(None, {"x": x})[0], want)
