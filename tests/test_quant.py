@@ -375,3 +375,13 @@ def test_onnxruntime_dynamic_quantization_is_exact_against_an_exact_reference(tm
 
     want = run_onnxruntime(quantref.exact_integer_products(m)[0], {"x": x})[0]
     np.testing.assert_array_equal(_session(res.model, tmp_path).run(None, {"x": x})[0], want)
+
+
+def test_integer_products_stay_off_crossbars_that_would_re_quantize():
+    w = rng.integers(-127, 128, (256, 128)).astype(np.int8)
+    m = _model([h.make_node("MatMulInteger", ["x", "W"], ["y"], name="mmi")],
+               [h.make_tensor_value_info("x", TP.UINT8, [8, 256])],
+               [h.make_tensor_value_info("y", TP.INT32, [8, 128])], [nh.from_array(w, "W")])
+    res = optimize(m, place=[("*Gemm", "memristor")], device_options={"cim_mode": "q8"}, check=1)
+    (_, _, device, why), = res.placements
+    assert device != "memristor" and "--cim-mode q8 would re-quantize" in why
