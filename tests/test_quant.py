@@ -385,3 +385,21 @@ def test_integer_products_stay_off_crossbars_that_would_re_quantize():
     res = optimize(m, place=[("*Gemm", "memristor")], device_options={"cim_mode": "q8"}, check=1)
     (_, _, device, why), = res.placements
     assert device != "memristor" and "--cim-mode q8 would re-quantize" in why
+
+
+def test_blocked_weight_scales_are_not_taken_for_per_channel_ones():
+    """DequantizeLinear with block_size (opset 21) scales blocks of a column, not whole ones: such
+    a product is not the QDQ rule's (it stays a float product) and still matches."""
+    w = rng.integers(-127, 128, (32, 16)).astype(np.int8)
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xzp"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xzp"], ["xd"]),
+             h.make_node("DequantizeLinear", ["Wq", "ws"], ["W"], axis=1, block_size=4),
+             h.make_node("MatMul", ["xd", "W"], ["y"], name="mm")]
+    inits = [nh.from_array(np.array(0.02, np.float32), "xs"), nh.from_array(np.array(120, np.uint8), "xzp"),
+             nh.from_array(w, "Wq"), nh.from_array(rng.uniform(0.001, 0.01, (32, 4)).astype(np.float32), "ws")]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [6, 32])],
+               [h.make_tensor_value_info("y", TP.FLOAT, [6, 16])], inits, opset=21)
+    res = optimize(m, placement="heuristic", check=2)
+    assert res.check.ok
+    gemm = next(g for g in res.model.graph.node if g.domain == cinm.DOMAIN and g.op_type == "Gemm")
+    assert not any(i.name == gemm.input[1] and i.data_type == TP.INT32 for i in res.model.graph.initializer)

@@ -607,8 +607,9 @@ def _check_qdq(rw: _Rewriter, node: ir.Node):
         return "weight shape unknown"
     rank = len(wi.shape)
     out_axis = 0 if std_op == "Conv" else (0 if transposed else rank - 1)
-    if ws.size > 1 and (axis % rank != out_axis or (std_op == "MatMul" and rank != 2)):
-        return "weight scale not per output channel"
+    if ws.size > 1 and (axis % rank != out_axis or (std_op == "MatMul" and rank != 2) or
+                        ws.ndim != 1 or ws.size != wi.shape[axis % rank]):
+        return "weight scale not per output channel"  # (blocked scales among them)
     if transposed:  # a constant: transpose q (and its per-channel zero point needs no change)
         wq = rw.const(f"{node.name or ins[0]}_wqT", rw.value(wq).T)
     zps = _zp_shapes(rw, std_op, xq, wq, xzp, wzp)
