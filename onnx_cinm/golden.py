@@ -37,6 +37,7 @@ import onnx
 from google.protobuf.message import EncodeError
 from onnx import TensorProto
 
+from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .text import table
 
@@ -725,6 +726,9 @@ class CheckReport:
         Input sets the *reference* could not run (the reason per set); not counted in ``runs``.
     special : bool
         The NaN/Inf check (:func:`compare_special`): NaN/Inf in the references are expected.
+    notes : list[str]
+        How the reference was computed when not as given (exact integer products, see
+        :func:`compare`), shown by :meth:`summary`.
     """
 
     ok: bool
@@ -735,6 +739,7 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     special: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def max_abs_err(self) -> float:
@@ -760,6 +765,8 @@ class CheckReport:
         if self.skipped:
             head += (f" ({len(self.skipped)} more input set{'s' * (len(self.skipped) != 1)} "
                      f"skipped: the original does not run on them)")
+        for note in self.notes:
+            head += f" ({note})"
         if self.ok and self.meaningless:
             more = f" (+{len(self.meaningless) - 2} more)" if len(self.meaningless) > 2 else ""
             return (f"{head}: NOT MEANINGFUL ({'; '.join(self.meaningless[:2])}{more}; give valid "
@@ -840,14 +847,20 @@ def as_array(value: object) -> np.ndarray | None:
 
 
 def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
-                    rtol: float | None, atol: float | None, k: int = 1) -> None:
+                    rtol: float | None, atol: float | None, k: int = 1, step: float = 0.0) -> None:
     """Fold one run's comparison of one output into ``rec`` (None: the dtype's default; a
-    default ``atol`` widens with the reduction length ``k``, :func:`accumulation_atol`)."""
+    default ``atol`` widens with the reduction length ``k``, :func:`accumulation_atol`, and to
+    one quantization ``step`` of an output on a quantization grid,
+    :func:`onnx_cinm.quantref.output_steps`; an integer output of a QuantizeLinear may be
+    ``step`` = 1 level off)."""
     rec.dtype, rec.shape = str(ref.dtype), tuple(ref.shape)
     if ref.dtype != object:
         d_rtol, d_atol = default_tolerance(ref.dtype)
-        if atol is None and ref.dtype.kind == "f" and accumulation_atol(ref, k) > d_atol:
-            d_atol, rec.k = accumulation_atol(ref, k), max(rec.k, k)
+        if atol is None and ref.dtype.kind == "f":
+            acc = accumulation_atol(ref, k)
+            if acc > d_atol:
+                rec.k = max(rec.k, k)
+            d_atol = max(d_atol, acc, step)
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
         rec.rtol, rec.atol = rtol, max(atol, rec.atol or 0.0)
@@ -897,7 +910,7 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         abs_err = float(d.max())
         nz = r != 0
         rel_err = float((d[nz] / np.abs(r[nz])).max()) if nz.any() else 0.0
-        off = int((ref != cand).sum())
+        off = int((d > step).sum())
     else:  # strings, objects: exact
         neq = np.asarray(ref != cand)
         off = int(neq.sum())
@@ -979,16 +992,29 @@ def compare(
         if not input_sets:
             raise CinmError("compare() got an empty list of input sets")
 
+    reference, exact = _exact_integers(reference)
     ref_model = _OrtModel(reference)
     k = reduction_length(reference) if atol is None else 1  # widens the default atol only
+    steps = quantref.output_steps(_load_header(reference))
     try:
         # a runner object (``input_names``, ``output_names``, ``run(feeds)``, e.g. the CINM
         # execution provider's) is used as it is; anything else is loaded into onnxruntime
-        cand_model = candidate if hasattr(candidate, "output_names") else _OrtModel(candidate)
+        cand_model = candidate if hasattr(candidate, "output_names") else \
+            _OrtModel(_exact_integers(candidate)[0])
     except CinmError as e:
         raise CheckFailed(f"candidate model: {e}") from None
 
     report = CheckReport(ok=True, runs=runs, rtol=rtol, atol=atol, special=fill == "special")
+    if exact:
+        report.notes.append(f"reference: {exact} MatMulInteger/QLinearMatMul with full-range int8 "
+                            "weights computed exactly in int32, as onnxruntime's u8s8 kernels "
+                            "saturate on this CPU")
+    if steps:
+        named = ", ".join(f"{k} {v:.3g}" for k, v in list(steps.items())[:2])
+        more = f" (+{len(steps) - 2} more)" if len(steps) > 2 else ""
+        report.notes.append(f"allowed one quantization step ({named}{more}): an exact int32 product "
+                            "and onnxruntime's float32 sum of dequantized terms can round to "
+                            "neighbouring levels")
     if set(ref_model.input_names) != set(cand_model.input_names):
         only_ref = sorted(set(ref_model.input_names) - set(cand_model.input_names))
         only_cand = sorted(set(cand_model.input_names) - set(ref_model.input_names))
@@ -1035,12 +1061,27 @@ def compare(
             if r is None or c is None:
                 records[name]._fail("output is not a tensor")
                 continue
-            _compare_arrays(records[name], r, c, rtol, atol, k)
+            _compare_arrays(records[name], r, c, rtol, atol, k, steps.get(name, 0.0))
     report.runs -= len(report.skipped)
     if not report.runs:  # not one set ran: the check cannot judge anything
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
     return report
+
+
+def _exact_integers(model: ModelLike) -> tuple[ModelLike, int]:
+    """``model`` with the integer products onnxruntime saturates here rewritten to exact ones
+    (:func:`onnx_cinm.quantref.exact_integer_products`) and their count; the model as given
+    when there are none (a path is read whole only when it has MatMulInteger/QLinearMatMul)."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        header = _load_header(model)
+        if not any(n.op_type in ("MatMulInteger", "QLinearMatMul") for n in header.graph.node) \
+                or not quantref.u8s8_saturates():
+            return model, 0
+        proto = header if isinstance(model, (bytes, bytearray)) else onnx.load(os.fspath(model))
+    return quantref.exact_integer_products(proto)
 
 
 def has_float_input(model: ModelLike) -> bool:

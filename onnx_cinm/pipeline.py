@@ -178,30 +178,6 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bo
     return total, on_dev, by_dev, placements, host, exact, anonymous
 
 
-def _saturation_hint(model: onnx.ModelProto) -> str:
-    """A note for a failed check when the original's reference itself may be off: MatMulInteger
-    or ConvInteger with int8 weights beyond the quantizer's reduce_range (7 bits, |w| <= 64).
-    onnxruntime's u8s8 kernels on x86 CPUs without VNNI sum pairs of products in
-    int16 and saturate there, while the lowered int32 Gemm is exact ('' otherwise)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    count = 0
-    for node in model.graph.node:
-        if node.op_type not in ("MatMulInteger", "ConvInteger") or len(node.input) < 2:
-            continue
-        w = inits.get(node.input[1])
-        if w is None or w.data_type != onnx.TensorProto.INT8:
-            continue
-        # the kernels multiply the raw bytes (zero points apart): a pair of u8 x s8 products
-        # stays within int16 only while |w| <= 64 (255 * 64 * 2 = 32640)
-        if np.abs(numpy_helper.to_array(w).astype(np.int32)).max(initial=0) > 64:
-            count += 1
-    if not count:
-        return ""
-    return (f"; note: {count} MatMulInteger/ConvInteger of the original use full-range int8 weights, "
-            "where onnxruntime's u8s8 kernels saturate on CPUs without VNNI, so the reference may "
-            "be off while the lowered int32 Gemm is exact (--check 0 skips the check)")
-
-
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
     """The check's input sets with the given ``inputs`` (None: all random)."""
     if not inputs:
@@ -367,8 +343,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             log(f"check skipped: {skipped}")
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
-            raise CheckFailed(f"the optimized model does not match the original: {report.summary()}"
-                              + _saturation_hint(original))
+            raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
         squashers = golden.lowered_nan_squashers(original, work) if report is not None else []
         if squashers:
             log(golden.nan_squash_note(squashers))

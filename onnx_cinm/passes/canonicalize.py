@@ -358,6 +358,28 @@ def _is_foldable(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -
     return True
 
 
+def _qdq_weights(graph: onnx.GraphProto) -> set[str]:
+    """Outputs of the DequantizeLinear nodes of QDQ weights, kept unfolded: read (directly or
+    through a Transpose) as input 1 of a MatMul, Gemm or Conv whose input 0 is also a
+    DequantizeLinear output. ``to_cinm`` lowers such a product to an integer Gemm of the int8
+    values; folded, the weight would be a float32 copy (4x the bytes) and the product float."""
+    made = {o: n for n in graph.node for o in n.output if o}
+    keep = set()
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm", "Conv") or len(node.input) < 2 or \
+                not _is_default_domain(node):
+            continue
+        x, w = made.get(node.input[0]), made.get(node.input[1])
+        chain = [w]
+        if w is not None and w.op_type == "Transpose":  # normalize's transB
+            w = made.get(w.input[0])
+            chain.append(w)
+        if x is not None and x.op_type == "DequantizeLinear" and w is not None and \
+                w.op_type == "DequantizeLinear":
+            keep.update(n.output[0] for n in chain)
+    return keep
+
+
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
     """Value of ``Shape``/``Size`` of a tensor with static ``dims``."""
     if node.op_type == "Size":
@@ -396,8 +418,10 @@ def _fold(
     direct: dict[str, np.ndarray] = {}
     folded: set[int] = set()
     to_run: list[int] = []
+    keep = _qdq_weights(graph)
     for index, node in enumerate(graph.node):
-        if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants):
+        if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants) \
+                or node.output[0] in keep:
             continue
         inputs = [name for name in node.input if name]
         if all(name in known for name in inputs):

@@ -27,6 +27,13 @@ MatMulInteger A B a_zp? b_zp?   Gemm(int32(A) - a_zp, int32(B) - b_zp): exact in
 ConvInteger X W x_zp? w_zp?     the Conv lowering on int32(X) - x_zp, int32(W) - w_zp
 LSTM GRU RNN (static length)    Gemm for the input projection of all steps, a Gemm per step
                                 over the shared R, gate math as standard ops (.recurrent)
+QLinearMatMul, QLinearConv      the MatMulInteger/ConvInteger lowering (QLinearConv's int32
+                                bias in the Gemm), then Cast, Mul by the float32 multiplier
+                                (x_scale * w_scale) / y_scale and QuantizeLinear(scale 1,
+                                y_zp) on the host: onnxruntime's requantization, bit-exact
+MatMul/Conv/Gemm of two         Gemm(int32(x_q) - x_zp, int32(w_q) - w_zp), Cast, Mul by
+DequantizeLinear outputs (QDQ)  x_scale * w_scale (+ a float bias) on the host; the weight's
+                                DequantizeLinear is not folded (canonicalize keeps it)
 ==============================  =============================================================
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
@@ -83,7 +90,19 @@ class _Rewriter(Edit):
         return name
 
     def value(self, name: str) -> np.ndarray | None:
-        return self.constant(name)
+        """The array of constant ``name``: an initializer of the model, or one made by this
+        pass (a rule lowering the zero-point-corrected weight of another rule folds it too)."""
+        got = self.constant(name)
+        if got is None:
+            v = self.lookup(name)
+            if v is not None and any(v is c for c in self._new_consts):
+                got = v.const_value.numpy()
+        return got
+
+    def reach(self, node: ir.Node) -> None:
+        """Make the inputs of ``node`` (a producer of the focused node's inputs, matched by a
+        multi-node pattern) resolvable by name too."""
+        self._scope.update((v.name, v) for v in node.inputs if v is not None)
 
     def info(self, name: str) -> TensorInfo | None:
         return self.infos.get(name)
@@ -437,22 +456,23 @@ def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_s
 def _check_integer(rw: _Rewriter, node: ir.Node):
     """Operand dtypes and shapes known: the zero-point shapes for broadcasting (x's, w's)."""
     x, w, xzp, wzp = (_ins(node) + [""] * 4)[:4]
-    if rw.dtype_name(x) not in ("int8", "uint8") or rw.dtype_name(w) not in ("int8", "uint8"):
-        return f"dtype {rw.dtype_name(x)} x {rw.dtype_name(w)}"
-    wi, xi = rw.info(w), rw.info(x)
-    if wi is None or wi.shape is None or xi is None or xi.shape is None:
-        return "operand shape unknown"
-    if any(zp and (rw.info(zp) is None or rw.info(zp).shape is None) for zp in (xzp, wzp)):
-        return "operand or zero point shape unknown"
-    xz, wz = (rw.value(n) if n else None for n in (xzp, wzp))
-    if node.op_type == "MatMulInteger":
-        # a per-row zero point of a 2-D A is [M]: a column for broadcasting; B's per-column [N] as is
-        xzi = rw.info(xzp) if xzp else None
-        per_row = (xz is not None and xz.ndim == 1 and xz.size > 1) or \
-            (xz is None and xzi is not None and xzi.shape is not None and len(xzi.shape) == 1)
-        return ([-1, 1] if per_row else None), None
-    # ConvInteger: x's zero point is a scalar; w's may be per output channel [M]
-    return None, ([-1] + [1] * (len(wi.shape) - 1) if wz is not None and wz.ndim == 1 and wz.size > 1 else None)
+    return _zp_shapes(rw, "MatMul" if node.op_type == "MatMulInteger" else "Conv", x, w, xzp, wzp)
+
+
+def _integer_product(rw: _Rewriter, lo: _Lowering, node: ir.Node, std_op: str, operands: list[str],
+                     y: str):
+    """The MatMul/Conv rule's lowering of ``std_op`` (the attributes of ``node``) on the int32
+    ``operands`` (x, w and an optional bias), writing ``y``: its nodes, or the reason it
+    refuses (the nodes built so far by ``lo`` are then dropped)."""
+    proxy = ir.Node("", std_op, [rw.lookup(o) for o in operands], name=node.name,
+                    attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+                    outputs=[ir.Value(name=y)])
+    inner = _RULE_OF[std_op](rw, proxy)
+    rw.detach(proxy)
+    if isinstance(inner, str):
+        for n in lo.nodes:
+            rw.detach(n)
+    return inner
 
 
 def _integer(rw: _Rewriter, node: ir.Node, zp_shapes):
@@ -465,31 +485,222 @@ def _integer(rw: _Rewriter, node: ir.Node, zp_shapes):
     x32 = _minus_zero_point(rw, lo, x, xzp or None, zp_shapes[0], "x32")
     w32 = _minus_zero_point(rw, lo, w, wzp or None, zp_shapes[1], "w32")
     std_op = "MatMul" if node.op_type == "MatMulInteger" else "Conv"
-    proxy = ir.Node("", std_op, [rw.lookup(x32), rw.lookup(w32)], name=node.name,
-                    attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
-                    outputs=[ir.Value(name=o) for o in _outs(node)])
-    inner = _RULE_OF[std_op](rw, proxy)
-    rw.detach(proxy)
+    inner = _integer_product(rw, lo, node, std_op, [x32, w32], _outs(node)[0])
+    return inner if isinstance(inner, str) else lo.nodes + inner
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized products: QLinearMatMul / QLinearConv (int32 product, then requantization), and the
+# QDQ form (DequantizeLinear on activation and weight -> MatMul / Conv / Gemm). The product is
+# the int32 cinm Gemm of MatMulInteger's rule; the scales stay on the host, after it.
+# ---------------------------------------------------------------------------------------------
+
+_INT8 = ("int8", "uint8")
+
+
+def _zp_shapes(rw: _Rewriter, std_op: str, x: str, w: str, xzp: str, wzp: str):
+    """The broadcast shapes of x's and w's zero points in an integer ``std_op`` (MatMul or
+    Conv) of int8/uint8 operands, or why the operands do not fit."""
+    if rw.dtype_name(x) not in _INT8 or rw.dtype_name(w) not in _INT8:
+        return f"dtype {rw.dtype_name(x)} x {rw.dtype_name(w)}"
+    wi, xi = rw.info(w), rw.info(x)
+    if wi is None or wi.shape is None or xi is None or xi.shape is None:
+        return "operand shape unknown"
+    if any(zp and (rw.info(zp) is None or rw.info(zp).shape is None) for zp in (xzp, wzp)):
+        return "operand or zero point shape unknown"
+    xz, wz = (rw.value(n) if n else None for n in (xzp, wzp))
+    if std_op == "MatMul":
+        # a per-row zero point of a 2-D A is [M]: a column for broadcasting; B's per-column [N] as is
+        xzi = rw.info(xzp) if xzp else None
+        per_row = (xz is not None and xz.ndim == 1 and xz.size > 1) or \
+            (xz is None and xzi is not None and xzi.shape is not None and len(xzi.shape) == 1)
+        return ([-1, 1] if per_row else None), None
+    # Conv: x's zero point is a scalar; w's may be per output channel [M]
+    return None, ([-1] + [1] * (len(wi.shape) - 1) if wz is not None and wz.ndim == 1 and wz.size > 1 else None)
+
+
+def _requantize(rw: _Rewriter, lo: _Lowering, acc: str, multiplier: np.ndarray, y_zp: str, y: str) -> None:
+    """``y = saturate(round_half_even(float32(acc) * multiplier) + y_zp)`` as host ops (Cast, Mul,
+    QuantizeLinear with scale 1, whose division by 1 is exact): what onnxruntime's QLinearMatMul
+    and QLinearConv do after their int32 product (MLAS ``MlasRequantizeOutput``: the float32
+    multiplier ``(x_scale * w_scale) / y_scale``, rounding to nearest even, clamping to the
+    output type), so the result is bit-exact wherever onnxruntime's product is."""
+    f = lo.std("Cast", [acc], to=onnx.TensorProto.FLOAT)
+    f = lo.std("Mul", [f, rw.const(f"{lo.base}_requant", multiplier)])
+    lo.std("QuantizeLinear", [f, rw.const(f"{lo.base}_one", np.array(1.0, np.float32)), y_zp], [y])
+
+
+def _check_qlinear(rw: _Rewriter, node: ir.Node):
+    """QLinearMatMul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) and QLinearConv (x,
+    x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?): constant scales, per-tensor for the
+    activation and the output, per-tensor or per output channel for the weight."""
+    x, xs, xzp, w, ws, wzp, ys, yzp, bias = (_ins(node) + [""] * 9)[:9]
+    std_op = "MatMul" if node.op_type == "QLinearMatMul" else "Conv"
+    shapes = _zp_shapes(rw, std_op, x, w, xzp, wzp)
+    if isinstance(shapes, str):
+        return shapes
+    scales = [rw.value(n) for n in (xs, ws, ys)]
+    if any(v is None for v in scales):
+        return "scales computed at run time"
+    if scales[0].size != 1 or scales[2].size != 1:
+        return "per-row activation or output scale"
+    x_s, w_s, y_s = (v.astype(np.float32) for v in scales)
+    mult = (x_s.reshape(()) * w_s.reshape(-1)) / y_s.reshape(())  # float32, onnxruntime's order
+    if std_op == "Conv" and mult.size > 1:
+        mult = mult.reshape([-1] + [1] * (len(rw.info(w).shape) - 2))  # per channel of [N, M, *S]
+    elif mult.size == 1:
+        mult = mult.reshape(())
+    return shapes, mult
+
+
+def _qlinear(rw: _Rewriter, node: ir.Node, binding):
+    """QLinearMatMul / QLinearConv as the int32 Gemm of MatMulInteger / ConvInteger (QLinearConv's
+    int32 bias added in the Gemm, as onnxruntime adds it before scaling), then
+    :func:`_requantize` on the host."""
+    (zp_shapes, mult), (x, _, xzp, w, _, wzp, _, yzp, bias) = binding, (_ins(node) + [""] * 9)[:9]
+    lo = _Lowering(rw, node)
+    x32 = _minus_zero_point(rw, lo, x, xzp or None, zp_shapes[0], "x32")
+    w32 = _minus_zero_point(rw, lo, w, wzp or None, zp_shapes[1], "w32")
+    std_op = "MatMul" if node.op_type == "QLinearMatMul" else "Conv"
+    acc = rw.fresh(f"{lo.base}_acc")
+    inner = _integer_product(rw, lo, node, std_op, [x32, w32] + ([bias] if bias else []), acc)
     if isinstance(inner, str):
-        for n in lo.nodes:
-            rw.detach(n)
         return inner
-    return lo.nodes + inner
+    lo.nodes += inner
+    _requantize(rw, lo, acc, mult, yzp, _outs(node)[0])
+    return lo.nodes
 
 
+def _dequantized(rw: _Rewriter, value: ir.Value | None, weight: bool):
+    """``(q, scale, zero point name, transposed)`` when ``value`` is ``DequantizeLinear(q, scale,
+    zp)`` of an int8/uint8 ``q`` with a constant scale (a weight's may be per output channel;
+    ``weight`` allows a ``Transpose`` [1, 0] of a constant 2-D q in between, as ``normalize``
+    leaves a Gemm's transB), else None."""
+    node = value.producer() if value is not None else None
+    transposed = False
+    if weight and node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx", cinm.DOMAIN):
+        perm = _attrs(node).get("perm")
+        inner = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if list(perm or []) == [1, 0] and inner is not None:
+            rw.reach(node)
+            node, transposed = inner, True
+    if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+        return None
+    q, s, zp = (names_of(node.inputs) + ["", ""])[:3]
+    rw.reach(node)
+    scale = rw.value(s)
+    if rw.dtype_name(q) not in _INT8 or scale is None or (not weight and scale.size != 1):
+        return None
+    if transposed and rw.value(q) is None:
+        return None
+    axis = int(_attrs(node).get("axis", 1))
+    return q, scale.astype(np.float32), zp, transposed, axis
+
+
+def _check_qdq(rw: _Rewriter, node: ir.Node):
+    """MatMul / Conv / canonical Gemm on ``DequantizeLinear`` outputs: the int8 operands, their
+    zero points and the float32 rescale ``x_scale * w_scale`` (per output channel or one)."""
+    ins = _ins(node)
+    if node.op_type == "Gemm" and isinstance(_check_gemm(rw, node), str):
+        return "non-canonical Gemm"
+    x = _dequantized(rw, node.inputs[0], weight=False)
+    w = _dequantized(rw, node.inputs[1], weight=True)
+    if x is None or w is None:
+        return "operands not both DequantizeLinear outputs of int8/uint8 with constant scales"
+    (xq, xs, xzp, _, _), (wq, ws, wzp, transposed, axis) = x, w
+    std_op = "Conv" if node.op_type == "Conv" else "MatMul"
+    wi = rw.info(wq)
+    if wi is None or wi.shape is None:
+        return "weight shape unknown"
+    rank = len(wi.shape)
+    out_axis = 0 if std_op == "Conv" else (0 if transposed else rank - 1)
+    if ws.size > 1 and (axis % rank != out_axis or (std_op == "MatMul" and rank != 2) or
+                        ws.ndim != 1 or ws.size != wi.shape[axis % rank]):
+        return "weight scale not per output channel"  # (blocked scales among them)
+    if transposed:  # a constant: transpose q (and its per-channel zero point needs no change)
+        wq = rw.const(f"{node.name or ins[0]}_wqT", rw.value(wq).T)
+    zps = _zp_shapes(rw, std_op, xq, wq, xzp, wzp)
+    if isinstance(zps, str):
+        return zps
+    scale = xs.reshape(()) * ws.reshape(-1)
+    if std_op == "Conv" and scale.size > 1:
+        scale = scale.reshape([-1] + [1] * (rank - 2))
+    elif scale.size == 1:
+        scale = scale.reshape(())
+    bias = ins[2] if len(ins) > 2 and ins[2] else None
+    if bias and std_op == "Conv" and rw.value(bias) is None:
+        return "Conv bias computed at run time"
+    return std_op, xq, xzp, wq, wzp, zps, scale, bias
+
+
+def _qdq(rw: _Rewriter, node: ir.Node, binding):
+    """``float32(Gemm_int32(x_q - x_zp, w_q - w_zp)) * (x_scale * w_scale) (+ bias)``: the
+    product runs in exact int32 on the int8 values; the float rescale (and a float bias) on the
+    host. The reference multiplies the dequantized floats and sums in float32, so the two differ
+    by float32 accumulation error (a QuantizeLinear after may round one step apart)."""
+    std_op, xq, xzp, wq, wzp, zps, scale, bias = binding
+    lo = _Lowering(rw, node)
+    x32 = _minus_zero_point(rw, lo, xq, xzp or None, zps[0], "x32")
+    w32 = _minus_zero_point(rw, lo, wq, wzp or None, zps[1], "w32")
+    acc = rw.fresh(f"{lo.base}_acc")
+    attrs_node = node if std_op == "Conv" else ir.Node("", "MatMul", [], name=node.name)
+    inner = _integer_product(rw, lo, attrs_node, std_op, [x32, w32], acc)
+    if isinstance(inner, str):
+        return inner
+    lo.nodes += inner
+    f = lo.std("Cast", [acc], to=onnx.TensorProto.FLOAT)
+    y = _outs(node)[0]
+    f = lo.std("Mul", [f, rw.const(f"{lo.base}_rescale", scale)], None if bias else [y])
+    if bias:
+        b = rw.value(bias)
+        if std_op == "Conv":
+            bias = rw.const(f"{lo.base}_bias", b.reshape([-1] + [1] * (len(rw.info(wq).shape) - 2)))
+        lo.std("Add", [f, bias], [y])
+    return lo.nodes
+
+
+def _check_product(rw: _Rewriter, node: ir.Node):
+    """MatMul / Gemm / Conv: the QDQ rule where it matches, else the float rule."""
+    q = _check_qdq(rw, node)
+    if not isinstance(q, str):
+        return _qdq, q
+    rule = _FLOAT_RULES[node.op_type]
+    binding = rule.check(rw, node)
+    return binding if isinstance(binding, str) else (rule.replace, binding)
+
+
+def _product(rw: _Rewriter, node: ir.Node, binding):
+    replace, inner = binding
+    return replace(rw, node, inner)
+
+
+def _drop_dead_dequantize(rw: _Rewriter) -> None:
+    """Remove the DequantizeLinear nodes (and a Transpose of one) nothing reads any more: the
+    QDQ rule read their int8 inputs instead. Their float copies of the weights go with them."""
+    for node in reversed(list(rw.graph)):
+        if any(v.uses() or v.is_graph_output() for v in node.outputs):
+            continue
+        src = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if node.op_type == "DequantizeLinear" or (
+                node.op_type == "Transpose" and src is not None and src.op_type == "DequantizeLinear"):
+            rw.graph.remove(node, safe=True)
+
+
+_FLOAT_RULES = {"MatMul": Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
+                "Gemm": Rule(frozenset({"Gemm"}), _check_gemm, _gemm),
+                "Conv": Rule(frozenset({"Conv"}), _check_conv, _conv)}
 _RULES = [
-    Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
-    Rule(frozenset({"Gemm"}), _check_gemm, _gemm),
-    Rule(frozenset({"Conv"}), _check_conv, _conv),
+    Rule(frozenset(_FLOAT_RULES), _check_product, _product),
     Rule(frozenset({"CumSum"}), _check_cumsum, _cumsum),
     Rule(frozenset({"TopK"}), _check_topk, _topk),
     Rule(frozenset({"Transpose"}), _check_transpose, _transpose),
     Rule(frozenset({"ReduceMean", *_REDUCE}), _check_reduce, _reduce),
     Rule(frozenset({"MatMulInteger", "ConvInteger"}), _check_integer, _integer),
+    Rule(frozenset({"QLinearMatMul", "QLinearConv"}), _check_qlinear, _qlinear),
     Rule(frozenset(_BINARY | _UNARY), _check_elementwise, _elementwise),
     *_RECURRENT_RULES,
 ]
-_RULE_OF = {op: rule for rule in _RULES for op in rule.ops}
+_RULE_OF = {op: rule for rule in _RULES for op in rule.ops} | _FLOAT_RULES
 
 
 @register_pass("to_cinm")
@@ -512,6 +723,7 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         return None
 
     lowered, kept = apply(rw, rules, guard)
+    _drop_dead_dequantize(rw)
     model = rw.commit()
     cinm.attach_functions(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}

@@ -117,6 +117,36 @@ PLAN_ATTRS = {
     "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
 }
 
+#: Integer products the crossbars take besides the preset's float dtypes: the zero-point-
+#: corrected int8/uint8 operands of MatMulInteger, ConvInteger, QLinear* and QDQ products
+#: (``to_cinm``), computed exactly (``.xbar`` ``dtype int32``, docs/xbar-format.md), with
+#: their constant integer weights in cells as they are (:func:`int_cells`).
+INT_DTYPES = ("int32",)
+#: The widest integer weight a cell mapping takes (signed bits; the ``.xbar`` limit).
+MAX_INT_WEIGHT_BITS = 16
+
+
+def int_cells(W: np.ndarray | None, params: CrossbarParams) -> list[tuple[str, str]]:
+    """The ``.xbar`` header lines putting the integer weights ``W`` in cells without
+    re-quantization: ``weight_bits`` just wide enough for ``max |W|`` (signed, at least 2;
+    :data:`MAX_INT_WEIGHT_BITS` for an operand programmed at run time, ``W`` None), the
+    preset's ``cell_bits`` per slice (at most the magnitude's bits) and differential pairs, as
+    the ``device`` mode maps weights (field notes crossbar.md §4: int8 on 2-bit cells is 4
+    slices, 8 cells per weight). Raises CinmError when ``W`` needs more than
+    :data:`MAX_INT_WEIGHT_BITS`."""
+    top = (1 << (MAX_INT_WEIGHT_BITS - 1)) - 1 if W is None else int(np.abs(W).max(initial=0))
+    bits = max(2, top.bit_length() + 1)
+    if bits > MAX_INT_WEIGHT_BITS:
+        raise CinmError(f"integer weights up to {top} need {bits} bits; a crossbar cell mapping "
+                        f"takes at most {MAX_INT_WEIGHT_BITS}")
+    return [("weight_bits", str(bits)), ("cell_bits", str(min(params.cell_bits, bits - 1))),
+            ("differential", "on")]
+
+
+def _is_int(op: OpInfo) -> bool:
+    return any(t.dtype is not None and np.dtype(t.dtype).name in INT_DTYPES for t in op.inputs[:2])
+
+
 #: Memo of :meth:`MemristorDevice.plan`, per parameter set: a plan depends only on the
 #: product's shapes and operand constness, the options above and the crossbar count; placement
 #: asks for the same plans many times (candidates, lowering, every polishing move). Plans are
@@ -189,9 +219,10 @@ class MemristorDevice(Device):
                            applicable=False)
         if len(op.inputs) < 2 or any(t.shape is None for t in op.inputs[:2]):
             return Support(False, "operand shapes unknown")
+        dtypes = tuple(self.params.dtypes) + INT_DTYPES
         for t in op.inputs[:2]:
-            if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
-                return Support(False, f"dtype {t.dtype} not in {list(self.params.dtypes)}")
+            if t.dtype is None or np.dtype(t.dtype).name not in dtypes:
+                return Support(False, f"dtype {t.dtype} not in {list(dtypes)}")
         if op.op_type == "Gemm" and (len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2):
             return Support(False, "a Gemm operand has rank < 2")
         if op.op_type == "Gemm" and op.inputs[0].static_shape[-1] != op.inputs[1].static_shape[-2]:
@@ -209,10 +240,27 @@ class MemristorDevice(Device):
         if macs < self.params.min_macs:
             return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
         operand, why = layout.constant_operand(op)
+        if _is_int(op):
+            if operand is None:
+                return Support(True, f"integer product, {why}: the cheaper one would be "
+                                     f"reprogrammed every inference ({MAX_INT_WEIGHT_BITS}-bit "
+                                     "cell mapping)", preferred=False)
+            return Support(True, f"integer product, {why}, {macs} MACs: int weights in cells as "
+                                 "they are, exact int32 accumulation")
         if operand is None:
             return Support(True, f"{why}: the cheaper one would be reprogrammed every inference",
                            preferred=False)
         return Support(True, f"matrix product, {why}, {macs} MACs: weight-stationary on crossbars")
+
+    def supports_under(self, op: OpInfo, options: dict) -> Support:
+        """:meth:`supports`, except integer products under a non-ideal data path (``cim_mode``
+        q8, q8-noisy, device): those re-quantize per channel, the integer path does not."""
+        s = self.supports(op)
+        mode = options.get("cim_mode") or CrossbarOptions.mode
+        if s.ok and mode != "ideal" and op.op_type in ("Gemm", "Gemv") and _is_int(op):
+            return Support(False, f"integer product: its weights go to cells as they are, which "
+                                  f"--cim-mode {mode} would re-quantize (use ideal)")
+        return s
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self, op: OpInfo, options: dict | None = None, *, crossbars: int | None = None,
@@ -534,6 +582,11 @@ class MemristorDevice(Device):
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
             bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
         mode = _mode(attrs, params)
+        if _is_int(op):  # integer weights in cells as they are (dtype int32)
+            W = layout.weights(v, A, B) if prog is not None else None
+            mode = {"int_cells": int_cells(W, params)}
+            if bias is not None:
+                bias = layout.bias_array(v, np.asarray(consts[names[2]]))
         owner = attrs.get("cim_tile_kernel")
         if prog is not None and owner:  # the tiles (and their weights) are the owner's
             return codegen.emit_kernel(p, params, None, outdir, rel.stem, bias=bias,

@@ -50,10 +50,12 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
 
 
 def render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
-           mode=None) -> str:
+           mode=None, int_cells=None) -> str:
     """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``).
 
     ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
+    ``int_cells``: header lines ``[(key, value)]`` of an integer kernel (``dtype int32``, its
+    weights in cells as they are; :func:`onnx_cinm.devices.memristor.int_cells`), ideal mode.
     """
     mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)
@@ -64,28 +66,31 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         order="fixed" if (naive or plan.resident or plan.shared) else "serpentine",
         residency="off" if (naive or plan.shared) else "on", loop_rows=plan.m_block if naive else 0,
         weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None,
-        mode_lines=mode.header_items())
+        dtype="int32" if int_cells else "float32",
+        mode_lines=mode.header_items() + list(int_cells or ()))
 
 
 def emit_kernel(plan, params, W: np.ndarray | None, outdir, name: str,
-                bias: np.ndarray | None = None, *, mode=None,
+                bias: np.ndarray | None = None, *, mode=None, int_cells=None,
                 weight_file: str | None = None) -> list[Path]:
     """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
     ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
 
     ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` written into the
     header (None: ideal). The weights are written unquantized; the simulator quantizes them at
-    load (per-output-channel scales are a function of the weights).
+    load (per-output-channel scales are a function of the weights). ``int_cells``: an integer
+    kernel (see :func:`render`): weights and bias are written as int32.
 
     ``W`` may be ``[K, N]`` (one group). ``weight_file`` (with ``W`` None): the file names this
     sidecar of another kernel over the same weights in ``outdir`` instead of writing its own.
     Raises ValueError if the shape of ``W`` disagrees with ``plan``.
     """
+    dtype = np.int32 if int_cells else np.float32  # integer weights stay integers
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.xbar"]
     if weight_file is None:
-        W = np.asarray(W, dtype=np.float32)
+        W = np.asarray(W, dtype=dtype)
         if W.ndim == 2:
             W = W[None]
         if W.shape != (plan.groups, plan.K, plan.N):
@@ -98,8 +103,8 @@ def emit_kernel(plan, params, W: np.ndarray | None, outdir, name: str,
     bfile = None
     if bias is not None:
         bpath = out / f"{name}.C.npy"
-        np.save(bpath, np.asarray(bias, dtype=np.float32))
+        np.save(bpath, np.asarray(bias, dtype=dtype))
         paths.append(bpath)
         bfile = bpath.name
-    paths[0].write_text(render(plan, params, name, weight_file, bfile, mode=mode))
+    paths[0].write_text(render(plan, params, name, weight_file, bfile, mode=mode, int_cells=int_cells))
     return paths

@@ -32,7 +32,7 @@ class CrossbarKernel:
             file's header (None: the file's).
 
     Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
-    ``outputs`` a list with the float32 result, ``metrics`` the simulator's counters of this
+    ``outputs`` a list with the float32 result (int32 for an integer kernel, ``dtype int32``), ``metrics`` the simulator's counters of this
     inference (tile writes, MVMs, ADC conversions, latency in seconds, energy in joules) plus
     ``bytes_moved`` (inputs in, result out, cells written, at 4 bytes each). Thread safe: calls are
     serialized (one chip).
@@ -57,15 +57,18 @@ class CrossbarKernel:
             Path(path).with_suffix(".W.npy").name
         self.programmed_const = prog_name in consts or (Path(path).parent / wfile).exists()
         self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
-        self.prog_mode_cells = self.prog.mode.cells_per_weight if self.prog.mode else 1
+        self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
+        cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
+        self.prog_mode_cells = cells.cells_per_weight if cells else 1
         # on the tiles of an earlier kernel over the same weights: that kernel's load programs
         # them (this simulator's copy of them stands for the same crossbars)
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim and not owner else None
         self._lock = threading.Lock()
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
-        A = np.asarray(inputs[0], dtype=np.float32)
-        B = np.asarray(inputs[1], dtype=np.float32)
+        dt = np.float64 if self.integer else np.float32  # integers: exact in float64
+        A = np.asarray(inputs[0], dtype=dt)
+        B = np.asarray(inputs[1], dtype=dt)
         v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
         X = layout.stream_rows(v, A, B)
         # a programmed A gives the node's result transposed: the simulator writes it so
@@ -80,11 +83,11 @@ class CrossbarKernel:
                 c = c.as_dict()
         Y = layout.unstream(v, outs["Y"])
         if self.bias_name and not self.bias_in_file:
-            Y = Y + np.asarray(inputs[2], dtype=np.float32)
+            Y = Y + np.asarray(inputs[2], dtype=Y.dtype)
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
         c["bytes_moved"] = 4 * (X.size + outs["Y"].size + weights)
-        return [np.ascontiguousarray(Y, dtype=np.float32)], c
+        return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
 
 
 def _add(a: dict, b: dict) -> dict:

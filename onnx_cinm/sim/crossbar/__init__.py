@@ -38,6 +38,18 @@ effects (header keys ``device``, ``prog_noise``, ``drift``, ``time_s``, ... of
 ``docs/xbar-format.md``, "Device effects") are drawn per programmed tile and per ADC by
 :mod:`onnx_cinm.sim.crossbar.physics`; without them the data path is unchanged.
 
+Integer kernels. ``dtype int32`` (ideal mode only; header keys ``weight_bits``, ``cell_bits``
+and ``differential`` say how the weights sit in cells): the weights are integers in
+``-Lw .. Lw`` programmed as they are, never re-quantized; each is cut into ``S`` bit slices of
+``cell_bits`` (differential pairs, or offset cells), as :mod:`.mode` describes, so a tile
+writes ``S * (2 if differential else 1)`` cells per weight and an MVM makes ``S`` ADC
+conversions per column. With an ideal DAC and ADC the shift-add of the slice products is the
+integer product itself, so the data path computes ``X @ W`` once, on integer-valued float64
+arrays: every partial sum is an integer below 2**53 (|x| < 2**16, |w| < 2**15, K < 2**21), so
+the float64 products and sums are exact, and the result is returned as int32 (wrapping as
+onnxruntime's int32 MatMul does). fp32 would not be exact: int8 x uint8 sums pass 2**24 from
+K = 518 on.
+
 This package is a leaf: it imports nothing of onnx_cinm but :mod:`onnx_cinm.errors` and
 :mod:`onnx_cinm.sim.blas`; the memristor device (:mod:`onnx_cinm.devices.memristor`) writes
 the files and runs them through it, never the reverse.
@@ -63,7 +75,7 @@ COST_KEYS = {"write_latency_s": 2.5e-6, "write_energy_j": 2e-10, "mvm_latency_s"
              "mvm_energy_j": 2e-13, "adc_energy_j": 0.0, "periphery_energy_per_cycle_j": 2.1e-9,
              "clock_hz": 1e9}
 _HEADER_INT = ("crossbars", "rows", "cols")
-_HEADER_CHOICES = {"dtype": ("float32",), "mode": ("ideal", "quantized"),
+_HEADER_CHOICES = {"dtype": ("float32", "int32"), "mode": ("ideal", "quantized"),
                    "order": ("fixed", "serpentine"), "residency": ("on", "off")}
 #: Header keys of the non-ideal parameters (``mode quantized`` only) and their value types.
 _MODE_KEYS = {"weight_bits": int, "cell_bits": int, "differential": bool, "dac_bits": int,
@@ -280,8 +292,29 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
     return prog
 
 
+#: Header keys that describe how the integer weights of a ``dtype int32`` file sit in cells.
+_INT_CELL_KEYS = ("weight_bits", "cell_bits", "differential")
+
+
 def _make_mode(path, header, keylines, mode_args):
-    """The header's CrossbarMode; errors name the line of the offending key."""
+    """The header's CrossbarMode; errors name the line of the offending key. A ``dtype int32``
+    file computes in ideal mode; its ``weight_bits``, ``cell_bits`` and ``differential`` say
+    how its integer weights sit in cells (``header["int_cells"]``, a CrossbarMode used for its
+    slice and cell counts only)."""
+    if header["dtype"] == "int32":
+        if header["mode"] != "ideal":
+            raise _err(path, keylines["mode"], "dtype int32 needs mode ideal: integer weights "
+                                               "sit in the cells as they are, never re-quantized")
+        cells = {k: mode_args.pop(k) for k in _INT_CELL_KEYS if k in mode_args}
+        if mode_args:
+            key = min(mode_args, key=lambda k: keylines[k])
+            raise _err(path, keylines[key], f"'{key}' does not apply to dtype int32")
+        try:
+            header["int_cells"] = CrossbarMode("quantized", **cells, dac_bits=0, adc_bits=0)
+        except ValueError as e:
+            field = str(e).split()[0]
+            raise _err(path, keylines.get(field, keylines["dtype"]), str(e)) from None
+        return CrossbarMode("ideal")
     if header["mode"] == "ideal" and mode_args:
         key = min(mode_args, key=lambda k: keylines[k])
         raise _err(path, keylines[key], f"'{key}' needs 'mode quantized' (line "
@@ -418,6 +451,9 @@ class CrossbarSimulator:
         h = program.header
         self.P, self.R, self.C = h["crossbars"], h["rows"], h["cols"]
         self.residency = h["residency"] == "on"
+        # dtype int32: exact integer products (module docstring, "Integer kernels")
+        self._int = h.get("dtype") == "int32"
+        self._dt = np.float64 if self._int else np.float32
         self.const: dict[str, np.ndarray] = {}
         base = Path(program.path).parent
         for r in program.regions.values():
@@ -435,17 +471,20 @@ class CrossbarSimulator:
                     arr = np.load(base / r.file, allow_pickle=False)
                 except (OSError, ValueError) as e:
                     raise _err(program.path, r.line, f"cannot load {r.file}: {e}") from None
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            arr = np.ascontiguousarray(arr, dtype=self._dt)
             if r.kind == "weight" and arr.shape != r.dims:
                 raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
                                                  f"declared {r.dims}")
+            if self._int:
+                _check_integer(program, r, arr)
             self.const[r.name] = arr
         self.mode = program.mode
         if self.mode is None:  # an XbarProgram built by hand, not by parse()
             self.mode = CrossbarMode(h["mode"])
         self._quant = not self.mode.ideal
-        self._cells_per_weight = self.mode.cells_per_weight
-        self._adc_per_col = self.mode.slices
+        cells = h["int_cells"] if self._int else self.mode
+        self._cells_per_weight = cells.cells_per_weight
+        self._adc_per_col = cells.slices
         if self._quant:
             self._init_quantized()
         self.tags: list = [None] * self.P  # (weight, g, k, n) held by each crossbar
@@ -771,7 +810,7 @@ class CrossbarSimulator:
                 continue
             if r.name not in inputs:
                 raise _err(prog.path, r.line, f"input {r.name} not given")
-            X = np.asarray(inputs[r.name], dtype=np.float32)
+            X = np.asarray(inputs[r.name], dtype=self._dt)
             if X.ndim == 2:
                 X = X[None]
             if X.ndim != 3 or X.shape[0] != r.dims[0] or X.shape[2] != r.dims[1]:
@@ -779,11 +818,14 @@ class CrossbarSimulator:
                                               f"!= [{r.dims[0]}, M, {r.dims[1]}]")
             if M is not None and X.shape[1] != M:
                 raise _err(prog.path, r.line, f"inputs disagree on M ({M} vs {X.shape[1]})")
+            if self._int and X.size and not (np.abs(X).max() < 2**16 and np.array_equal(X, np.rint(X))):
+                raise _err(prog.path, r.line, f"input {r.name}: dtype int32 takes integers of "
+                                              "magnitude below 2**16")
             M = X.shape[1]
             acts[r.name] = X
         M = M or 0
-        outs = {r.name: (np.zeros((r.dims[0], r.dims[1], M), np.float32).transpose(0, 2, 1)
-                         if transposed else np.zeros((r.dims[0], M, r.dims[1]), np.float32))
+        outs = {r.name: (np.zeros((r.dims[0], r.dims[1], M), self._dt).transpose(0, 2, 1)
+                         if transposed else np.zeros((r.dims[0], M, r.dims[1]), self._dt))
                 for r in prog.regions.values() if r.kind == "output"}
         self._latch: list = [None] * self.P
         self._read: list = []
@@ -819,7 +861,23 @@ class CrossbarSimulator:
             self._trace = None
         self._flush(acts, outs)
         self.inferences += 1
+        if self._int:  # exact integers in float64; int32 wraps as onnxruntime's int32 MatMul
+            outs = {k: v.astype(np.int64).astype(np.int32) for k, v in outs.items()}
         return {name: outs[name] for name in (self._read or outs)}, c
+
+
+def _check_integer(program: XbarProgram, region: Region, arr: np.ndarray) -> None:
+    """XbarError unless the weights of a ``dtype int32`` file are integers within the signed
+    levels of its ``weight_bits`` (``-Lw .. Lw``, ``Lw = 2**(weight_bits - 1) - 1``)."""
+    if region.kind != "weight":
+        if not np.array_equal(arr, np.rint(arr)):
+            raise _err(program.path, region.line, f"{region.name}: dtype int32 needs integer values")
+        return
+    Lw = program.header["int_cells"].weight_levels
+    if not np.array_equal(arr, np.rint(arr)) or (arr.size and np.abs(arr).max() > Lw):
+        raise _err(program.path, region.line, f"{region.name}: dtype int32 weights must be integers "
+                                              f"in -{Lw}..{Lw} (weight_bits "
+                                              f"{program.header['int_cells'].weight_bits})")
 
 
 def _reverse_rounds(body: list) -> list:

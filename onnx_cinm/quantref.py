@@ -1,0 +1,175 @@
+"""What the golden check needs to judge quantized models: an exact reference for the integer
+products onnxruntime gets wrong on this CPU, and the size of one quantization step of an output.
+
+**Saturating u8s8 products.** onnxruntime's MatMulInteger and QLinearMatMul with uint8
+activations and int8 weights run MLAS u8s8 kernels; on x86 CPUs without VNNI (SSE4.1, AVX2,
+AVX-512 without VNNI: ``VPMADDUBSW``) they add each pair of u8 x s8 products in int16 and
+saturate there, so int8 weights outside [-64, 64] can give wrong sums (onnxruntime PR #12088,
+"x86/64 U8S8 Gemm Precision Fix", which adds the opt-in session option
+``session.x64quantprecision`` to convert such weights to u8 at graph-optimization level 2; the
+quantizer's ``reduce_range`` keeps weights in 7 bits for the same reason). The lowered model's
+int32 Gemm is exact, so comparing it with such a reference compares it with onnxruntime's
+saturation. :func:`u8s8_saturates` probes this machine once (255 x 127 twice: 64770 exact, 32767
+saturated); where it does, :func:`exact_integer_products` rewrites the affected nodes of a model
+into standard ops that onnxruntime computes exactly (int32 ``MatMul`` of the zero-point-
+corrected operands; QLinearMatMul's requantization after it, the float32 multiplier in
+onnxruntime's order), and the check says so. The level-2 route was not taken: it also fuses and
+reorders the float parts of the reference. ConvInteger takes no int8 weights in onnxruntime;
+QLinearConv is not rewritten (its float32 Conv would not be exact beyond 2**24).
+
+**Quantization steps.** A QDQ model's outputs are rounded to a grid (``DequantizeLinear`` of a
+``QuantizeLinear``): a product computed exactly in int32 and rescaled in float32 differs from
+onnxruntime's float32 sum of dequantized terms by rounding, and where a value sits at a rounding
+tie of a ``QuantizeLinear`` the two land on neighbouring levels. :func:`output_steps` gives, per
+output, the step of the last ``QuantizeLinear``/``DequantizeLinear`` grid it comes from
+(through shape ops and 1-Lipschitz elementwise ops: Relu, Sigmoid, Tanh, which move a one-step
+difference by at most one step); the check allows that one step (``golden.compare``).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: int8 weights within this magnitude never saturate the u8s8 int16 pair sums (255 * 64 * 2 =
+#: 32640 <= 32767): the quantizer's reduce_range.
+SAFE_INT8 = 64
+
+#: Ops that pass a one-step difference on unchanged in size or smaller (shape ops, and
+#: elementwise ops with a slope of at most 1).
+_PASS_THROUGH = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Relu",
+                 "Sigmoid", "Tanh", "Clip"}
+
+
+@functools.lru_cache(maxsize=1)
+def u8s8_saturates() -> bool:
+    """Whether this machine's onnxruntime MatMulInteger sums u8 x s8 pairs in saturating int16
+    (a 1 x 2 by 2 x 1 product of 255s and 127s: 32767 instead of 64770)."""
+    import onnxruntime as ort
+
+    g = helper.make_graph([helper.make_node("MatMulInteger", ["x", "w"], ["y"])], "probe",
+                          [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
+                          [numpy_helper.from_array(np.full((2, 1), 127, np.int8), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.full((1, 2), 255, np.uint8)})[0]
+    return int(y.reshape(-1)[0]) != 2 * 255 * 127
+
+
+def _full_range_weights(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """MatMulInteger / QLinearMatMul nodes with a constant int8 weight beyond ``SAFE_INT8``."""
+    inits = {t.name: t for t in graph.initializer}
+    out = []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMulInteger", "QLinearMatMul"):
+            continue
+        w = inits.get(node.input[1] if node.op_type == "MatMulInteger" else node.input[3])
+        if w is not None and w.data_type == TensorProto.INT8 and \
+                np.abs(numpy_helper.to_array(w).astype(np.int32)).max(initial=0) > SAFE_INT8:
+            out.append(node)
+    return out
+
+
+def saturating_nodes(model: onnx.ModelProto) -> int:
+    """How many nodes of ``model`` onnxruntime computes with saturating u8s8 kernels here (0 on
+    a machine whose kernels are exact)."""
+    return len(_full_range_weights(model.graph)) if u8s8_saturates() else 0
+
+
+def exact_integer_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``(model', count)``: ``model`` (unchanged, count 0) or a copy whose ``count``
+    MatMulInteger / QLinearMatMul nodes with full-range int8 weights are standard ops onnxruntime
+    computes exactly: ``MatMul(int32(A) - a_zp, int32(B) - b_zp)``, for QLinearMatMul then
+    ``QuantizeLinear(float32(acc) * ((a_scale * b_scale) / y_scale), 1, y_zp)`` (onnxruntime's
+    requantization). Only where :func:`u8s8_saturates`."""
+    nodes = _full_range_weights(model.graph) if u8s8_saturates() else []
+    if not nodes:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    rewrite = {n.name or n.output[0] for n in nodes}
+    new_nodes: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        key = node.name or node.output[0]
+        if key in rewrite and node.op_type in ("MatMulInteger", "QLinearMatMul"):
+            new_nodes.extend(_exact(node, out.graph))
+        else:
+            new_nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(new_nodes)
+    return out, len(nodes)
+
+
+def _exact(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The standard-op form of one MatMulInteger / QLinearMatMul (see
+    :func:`exact_integer_products`)."""
+    base = f"{node.name or node.output[0]}__exact"
+    made: list[onnx.NodeProto] = []
+
+    def op(kind, inputs, **attrs):
+        name = f"{base}_{len(made)}"
+        made.append(helper.make_node(kind, inputs, [name], name=name, **attrs))
+        return name
+
+    def corrected(x, zp, per_row):
+        v = op("Cast", [x], to=TensorProto.INT32)
+        if zp:
+            z = op("Cast", [zp], to=TensorProto.INT32)
+            if per_row:  # a per-row zero point [M] of a 2-D A: a column
+                z = op("Unsqueeze", [z, _const(graph, f"{base}_axis", np.array([-1], np.int64))])
+            v = op("Sub", [v, z])
+        return v
+
+    ins = list(node.input) + [""] * 8
+    if node.op_type == "MatMulInteger":
+        a, b, azp, bzp = ins[:4]
+    else:
+        a, a_s, azp, b, b_s, bzp, y_s, yzp = ins[:8]
+    acc = op("MatMul", [corrected(a, azp, _is_vector(graph, azp)), corrected(b, bzp, False)])
+    if node.op_type == "MatMulInteger":
+        made[-1].output[0] = node.output[0]
+        return made
+    mult = op("Div", [op("Mul", [a_s, b_s]), y_s])
+    f = op("Mul", [op("Cast", [acc], to=TensorProto.FLOAT), mult])
+    made.append(helper.make_node("QuantizeLinear", [f, _const(graph, f"{base}_one", np.array(1.0, np.float32)), yzp],
+                                 [node.output[0]], name=f"{base}_q"))
+    return made
+
+
+def _is_vector(graph: onnx.GraphProto, name: str) -> bool:
+    """Whether initializer ``name`` is a 1-D tensor of more than one element (a per-row zero
+    point); a zero point computed at run time is taken as a scalar."""
+    t = next((t for t in graph.initializer if t.name == name), None) if name else None
+    return t is not None and len(t.dims) == 1 and t.dims[0] > 1
+
+
+def _const(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
+    graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
+
+
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """``{output name: step}`` for the graph outputs that come from a quantization grid: the
+    largest scale of the ``DequantizeLinear`` (float outputs) they come from through
+    :data:`_PASS_THROUGH` ops, or 1 for an integer output of a ``QuantizeLinear`` (one level).
+    Scales must be initializers; other outputs are not listed."""
+    made = {o: n for n in model.graph.node for o in n.output if o}
+    inits = {t.name: t for t in model.graph.initializer}
+    steps: dict[str, float] = {}
+    for out in model.graph.output:
+        node = made.get(out.name)
+        if node is not None and node.op_type == "QuantizeLinear":
+            steps[out.name] = 1.0
+            continue
+        while node is not None and node.op_type in _PASS_THROUGH and node.input:
+            node = made.get(node.input[0])
+        scale = inits.get(node.input[1]) if node is not None and len(node.input) > 1 else None
+        if node is not None and node.op_type == "DequantizeLinear" and scale is not None and \
+                scale.data_location != TensorProto.EXTERNAL:
+            steps[out.name] = float(np.abs(numpy_helper.to_array(scale)).max(initial=0))
+    return steps
