@@ -253,7 +253,8 @@ def test_im2col_moves_to_each_dpu_only_the_rows_its_band_needs(tmp_path):
 @pytest.mark.parametrize("shape,ks,st,pads,dpus", [
     ((3, 2, 9, 11), [3, 3], [2, 1], [1, 0, 1, 2], 7),   # bands of 2 images' lines, a ragged last band
     ((5, 2, 6, 6), [3, 3], [1, 1], [1, 1, 1, 1], 2),    # fewer DPUs than images: whole images
-    ((2, 1, 7, 5), [5, 1], [2, 1], [2, 0, 2, 0], 64),   # more DPUs than lines: one line each
+    ((2, 1, 7, 5), [5, 1], [2, 1], [2, 0, 2, 0], 16),   # more DPUs than lines: column blocks
+    ((1, 2, 6, 13), [3, 3], [1, 2], [1, 1, 1, 1], 32),  # column blocks of 2 with a ragged last one
 ])
 def test_emulated_conv_on_upmem_im2col_matches_onnxruntime(tmp_path, shape, ks, st, pads, dpus):
     rng = np.random.default_rng(8)
@@ -280,3 +281,31 @@ def test_layernorm_keeps_the_shape_for_what_follows():
                inits=[_init("s", np.ones(8)), _init("w", w)])
     res = optimize(m, dims={"batch": 16}, check=0, stop_after="cinm")
     assert res.flops_total == 2 * 16 * 8 * 4 + 8 * 16 * 8   # the Gemm, and LayerNorm's 8 per output
+
+
+def _conv_patches(x, ks, st, pads):
+    """numpy: rows (n, oh, ow), columns (c, kh, kw) of the zero-padded input."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, c, hp, wp = xp.shape
+    oh, ow = (hp - ks[0]) // st[0] + 1, (wp - ks[1]) // st[1] + 1
+    return np.stack([xp[b, :, i * st[0]:i * st[0] + ks[0], j * st[1]:j * st[1] + ks[1]].reshape(-1)
+                     for b in range(n) for i in range(oh) for j in range(ow)])
+
+
+@pytest.mark.parametrize("shape,ks,st,pads,dpus,split", [
+    ((2, 2, 5, 9), [3, 3], [1, 2], [1, 1, 1, 1], 30, (1, 1, 2)),   # column blocks, ragged
+    ((2, 1, 7, 5), [5, 1], [2, 1], [2, 0, 2, 0], 40, (1, 1, 1)),   # one pixel per DPU
+    ((3, 2, 9, 11), [3, 3], [2, 1], [1, 0, 1, 2], 7, (1, 3, 11)),  # bands of 3 + 2 lines
+    ((5, 2, 6, 6), [3, 3], [1, 1], [1, 1, 1, 1], 2, (3, 6, 6)),    # whole images
+])
+def test_im2col_tiles_with_halos_in_the_emulator(tmp_path, shape, ks, st, pads, dpus, split):
+    """Every split of :func:`mapping.im2col_split` (images, bands of lines, column blocks)
+    gathers the patches numpy does."""
+    op = _im2col_op(shape, ks, st, pads)
+    plan = mapping.make_plan(op, dpus, 4)
+    assert (plan.g["nb"], plan.g["lb"], plan.g["cb"]) == split
+    codegen.emit_op(op, dict(plan.attrs(), kernel="k"), {}, tmp_path)
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    (y,), counters = emu.run_kernel(tmp_path / "k", [x])
+    assert counters["h2d_bytes"] == plan.cost().bytes_in + 8 * plan.dpus   # + ARGS per DPU
+    np.testing.assert_array_equal(y.reshape(-1, y.shape[-1]), _conv_patches(x, ks, st, pads))

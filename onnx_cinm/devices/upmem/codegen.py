@@ -1238,13 +1238,15 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     CK = C * KH * KW
     CK_pad = _round_up(CK, per)
     rows = N * OH * OW
-    # each DPU: NB images x a band of LB output lines, and only the HB padded input rows (per
-    # image and channel) the band reads (mapping.im2col_split: the cost model's split)
-    NB, LB, used = _mapping.im2col_split(N, OH, dpus)
-    HB = _mapping.im2col_band_rows(LB, KH, SH, DH)
-    row_cap = NB * LB * OW
+    # each DPU: NB images x a tile of LB output lines x CB columns, and only the HB x WB padded
+    # input rows and columns (per image and channel) the tile reads (mapping.im2col_split:
+    # the cost model's split)
+    NB, LB, CB, used = _mapping.im2col_split(N, OH, OW, dpus)
+    HB = _mapping.im2col_halo(LB, KH, SH, DH)
+    WB = _mapping.im2col_halo(CB, KW, SW, DW)
+    row_cap = NB * LB * CB
     xp_off = row_cap * CK_pad * es
-    xs_elems = _round_up(NB * C * HB * WP, per) + per  # the last window may reach 8 bytes past
+    xs_elems = _round_up(NB * C * HB * WB, per) + per  # the last window may reach 8 bytes past
     _check_mram(xp_off + xs_elems * es, f"im2col {list(shape)} on {dpus} DPUs")
     blk = _fit_block(block, tasklets, 1, fixed=tasklets * win, cap=CK_pad * es)
     yshape = (N, OH, OW, CK) if params.get("rank", len(params["kernel_shape"])) == 2 else (N, OW, CK)
@@ -1252,8 +1254,8 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", yshape, dtype)],
            dict(N=N, C=C, H=H, W=W, HP=HP, WP=WP, PT=PT, PL=PL, OH=OH, OW=OW, KH=KH, KW=KW,
                 SH=SH, SW=SW, DH=DH, DW=DW, pads=[PT, PL, PB, PR], CK=CK, CK_pad=CK_pad, rows=rows,
-                row_cap=row_cap, xp_off=xp_off, xs_elems=xs_elems, win=win, NB=NB, LB=LB, HB=HB,
-                BANDS=_ceil(OH, LB)))
+                row_cap=row_cap, xp_off=xp_off, xs_elems=xs_elems, win=win, NB=NB, LB=LB, CB=CB,
+                HB=HB, WB=WB, BANDS=_ceil(OH, LB), CBLOCKS=_ceil(OW, CB)))
     return _write(outdir, "im2col", k, {"kernel_shape": list(params["kernel_shape"]),
                                         "strides": list(params["strides"]),
                                         "pads": list(params["pads"]),

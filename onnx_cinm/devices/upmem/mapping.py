@@ -686,34 +686,38 @@ def im2col_dims(shape, kernel_shape, strides, pads, dilations) -> dict:
                 OW=(wp - dl[1] * (ks[1] - 1) - 1) // st[1] + 1)
 
 
-def im2col_split(n: int, oh: int, dpus: int) -> tuple[int, int, int]:
-    """How the Im2Col kernel splits its output over ``dpus`` DPUs: ``(NB, LB, used)``. Each DPU
-    gets ``NB`` whole images' band of ``LB`` output lines (every line ``OW`` patch rows):
-    with at least as many DPUs as images, every image is cut into ``ceil(OH / LB)`` bands of
-    ``LB = ceil(OH / (dpus // n))`` lines (``NB = 1``); with fewer, each DPU takes ``NB =
-    ceil(n / dpus)`` whole images (``LB = OH``). ``used`` DPUs get work. The host scatters to
-    each DPU only the padded input rows its band needs (:func:`im2col_band_rows`), so a DPU
-    never receives the whole input."""
-    n, oh, dpus = max(1, n), max(1, oh), max(1, dpus)
+def im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, int]:
+    """How the Im2Col kernel splits its output over ``dpus`` DPUs: ``(NB, LB, CB, used)``.
+    Each DPU gets ``NB`` images' tile of ``LB`` output lines x ``CB`` output columns (every
+    output pixel one patch row): with at least as many DPUs as output lines (``n * oh``),
+    single lines cut into ``ceil(ow / CB)`` column blocks of ``CB = ceil(ow / (dpus // (n *
+    oh)))``; with at least as many DPUs as images, every image cut into bands of ``LB =
+    ceil(oh / (dpus // n))`` whole lines; with fewer, ``NB = ceil(n / dpus)`` whole images per
+    DPU. ``used`` DPUs get work. The host scatters to each DPU only the padded input rows and
+    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input."""
+    n, oh, ow, dpus = max(1, n), max(1, oh), max(1, ow), max(1, dpus)
+    if dpus >= n * oh:
+        cb = _cdiv(ow, min(ow, dpus // (n * oh)))
+        return 1, 1, cb, n * oh * _cdiv(ow, cb)
     if dpus >= n:
         lb = _cdiv(oh, min(oh, dpus // n))
-        return 1, lb, n * _cdiv(oh, lb)
+        return 1, lb, ow, n * _cdiv(oh, lb)
     nb = _cdiv(n, dpus)
-    return nb, oh, _cdiv(n, nb)
+    return nb, oh, ow, _cdiv(n, nb)
 
 
-def im2col_band_rows(lb: int, kh: int, sh: int, dh: int) -> int:
-    """Padded input rows one band of ``lb`` output lines reads (per image and channel): the
-    rows of its first line's window through its last line's, ``(lb - 1) * SH + (KH - 1) * DH
-    + 1`` (the halo: the ``(KH - 1) * DH + 1 - SH`` rows two neighbouring bands share)."""
-    return (lb - 1) * sh + (kh - 1) * dh + 1
+def im2col_halo(lines: int, k: int, stride: int, dilation: int) -> int:
+    """Padded input rows (or columns) a tile of ``lines`` output lines (columns) reads: from
+    its first window's through its last's, ``(lines - 1) * stride + (k - 1) * dilation + 1``
+    (the halo: ``(k - 1) * dilation + 1 - stride`` of them shared with the next tile)."""
+    return (lines - 1) * stride + (k - 1) * dilation + 1
 
 
 def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
     """The generated Im2Col kernel's split (:func:`im2col_split`): each of ``used`` DPUs gets
-    ``row_cap = NB * LB * OW`` output rows (pixels), each row ``C * KH`` windows of ``KW``
+    ``row_cap = NB * LB * CB`` output rows (pixels), each row ``C * KH`` windows of ``KW``
     taps, and ``xs_bytes`` of input: its ``NB`` images' ``C`` channels of ``HB`` padded rows
-    of ``WP`` elements (the rows its band needs, halo included). Unknown dims count as 1."""
+    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1."""
     dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
     nd = len(dims) - 2
     g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
@@ -723,18 +727,19 @@ def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
     ck_pad = _cdiv(ck, per) * per
     oh, ow = max(1, g["OH"]), max(1, g["OW"])
     rows = g["N"] * oh * ow
-    nb, lb, used = im2col_split(g["N"], oh, d)
-    hb = im2col_band_rows(lb, g["KH"], g["SH"], g["DH"])
+    nb, lb, cb, used = im2col_split(g["N"], oh, ow, d)
+    hb = im2col_halo(lb, g["KH"], g["SH"], g["DH"])
+    wb = im2col_halo(cb, g["KW"], g["SW"], g["DW"])
     span = ((g["KW"] - 1) * g["DW"] + 1) * es
     # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
     offs = range(0, 8, es) if es < 8 else [0]
     win_read = sum(_r8(o + span) for o in offs) / len(offs)
-    # the scattered input: NB x C x HB x WP elements, and 8 bytes a last window may reach past
-    xs_bytes = _r8(nb * g["C"] * hb * g["WP"] * es) + 8
-    return {"n": rows * ck, "n_dpu": nb * lb * ow * ck_pad, "rows": rows, "row_cap": nb * lb * ow,
+    # the scattered input: NB x C x HB x WB elements, and 8 bytes a last window may reach past
+    xs_bytes = _r8(nb * g["C"] * hb * wb * es) + 8
+    return {"n": rows * ck, "n_dpu": nb * lb * cb * ck_pad, "rows": rows, "row_cap": nb * lb * cb,
             "used": used, "windows": g["C"] * g["KH"], "kw": g["KW"], "ck": ck,
-            "ck_pad": ck_pad, "win_read": win_read, "nb": nb, "lb": lb, "hb": hb,
-            "xs_bytes": xs_bytes}
+            "ck_pad": ck_pad, "win_read": win_read, "nb": nb, "lb": lb, "cb": cb, "hb": hb,
+            "wb": wb, "xs_bytes": xs_bytes}
 
 
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
