@@ -309,3 +309,25 @@ def test_im2col_tiles_with_halos_in_the_emulator(tmp_path, shape, ks, st, pads, 
     (y,), counters = emu.run_kernel(tmp_path / "k", [x])
     assert counters["h2d_bytes"] == plan.cost().bytes_in + 8 * plan.dpus   # + ARGS per DPU
     np.testing.assert_array_equal(y.reshape(-1, y.shape[-1]), _conv_patches(x, ks, st, pads))
+
+
+@pytest.mark.parametrize("op,bias,transpose", [("Gelu", False, True), ("BiasGelu", True, False),
+                                                ("FastGelu", True, False), ("FastGelu", False, True)])
+def test_onnxruntime_contrib_gelus_run_on_upmem(tmp_path, op, bias, transpose):
+    """com.microsoft Gelu (here before a Transpose, finding 6's shape), BiasGelu and FastGelu
+    (tanh; with and without its bias) become cinm Gelus; the oracle is onnxruntime running the
+    contrib op itself."""
+    rng = np.random.default_rng(10)
+    b = rng.standard_normal(16).astype(np.float32)
+    nodes = [helper.make_node(op, ["x"] + (["b"] if bias else []), ["g"], domain="com.microsoft")]
+    nodes.append(helper.make_node("Transpose", ["g"], ["y"], perm=[1, 0]) if transpose
+                 else helper.make_node("Identity", ["g"], ["y"]))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [_init("b", b)] if bias else [])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    x = (rng.standard_normal((3, 16)) * 3).astype(np.float32)
+    (y,), on = _emulate(model, tmp_path, x)
+    assert "Gelu" in on
+    np.testing.assert_allclose(y, run_onnxruntime(model, {"x": x})[0], rtol=1e-5, atol=2e-6)

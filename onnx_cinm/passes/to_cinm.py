@@ -29,6 +29,8 @@ Softmax (last axis, float32)    Softmax (another axis stays on the host)
 LayerNormalization (float32,    LayerNorm(X, Scale, B; axis, epsilon) when only Y is read
 static normalized dims)
 Gelu (opset 20, float32)        Gelu(approximate)
+com.microsoft Gelu, BiasGelu,   Gelu (none; tanh for FastGelu), after an Add of the bias
+FastGelu (float32)
 Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused before the
 sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
 Mul x -> Mul 0.5 (any order)
@@ -557,18 +559,33 @@ def _layernorm(rw: _Rewriter, node: ir.Node, binding):
     return lo.nodes
 
 
+#: onnxruntime's contrib Gelus (com.microsoft): their approximation (FastGelu is the tanh one)
+_CONTRIB_GELU = {"Gelu": "none", "BiasGelu": "none", "FastGelu": "tanh"}
+
+
 def _check_gelu(rw: _Rewriter, node: ir.Node):
+    """``(approximate, bias or None)`` of ONNX Gelu-20 or a com.microsoft Gelu/BiasGelu/
+    FastGelu (whose optional second input is a bias added first)."""
     rank = _float32_input(rw, node)
     if isinstance(rank, str):
         return rank
+    ins = _ins(node)
+    if node.domain == "com.microsoft":
+        bias = ins[1] if len(ins) > 1 and ins[1] else None
+        if bias and rw.dtype_name(bias) != "float32":
+            return f"bias dtype {rw.dtype_name(bias)}"
+        return _CONTRIB_GELU[node.op_type], bias
     approx = _attrs(node).get("approximate", "none")
-    return (approx,) if approx in ("none", "tanh") else f"approximate={approx!r}"
+    return (approx, None) if approx in ("none", "tanh") else f"approximate={approx!r}"
 
 
 def _gelu(rw: _Rewriter, node: ir.Node, binding: tuple):
-    (approx,) = binding
+    approx, bias = binding
     lo = _Lowering(rw, node)
-    lo.cinm("Gelu", [_ins(node)[0]], [_outs(node)[0]], approximate=approx)
+    x = _ins(node)[0]
+    if bias:
+        x = lo.cinm("Add", [x, bias], suffix="biased")
+    lo.cinm("Gelu", [x], [_outs(node)[0]], approximate=approx)
     return lo.nodes
 
 
@@ -665,7 +682,7 @@ _FUSIONS = [Rule(frozenset({"Erf"}), _check_erf_gelu, _erf_gelu)]
 _RULES = [
     Rule(frozenset({"Softmax"}), _check_softmax, _softmax),
     Rule(frozenset({"LayerNormalization"}), _check_layernorm, _layernorm),
-    Rule(frozenset({"Gelu"}), _check_gelu, _gelu),
+    Rule(frozenset({"Gelu", *(f"com.microsoft::{op}" for op in _CONTRIB_GELU)}), _check_gelu, _gelu),
     Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
     Rule(frozenset({"Gemm"}), _check_gemm, _gemm),
     Rule(frozenset({"Conv"}), _check_conv, _conv),
