@@ -24,7 +24,7 @@ _MOVE = {"Reshape", "Transpose", "Concat", "Gather", "GatherElements", "GatherND
          "SpaceToDepth", "Resize", "Upsample", "ScatterND", "ScatterElements", "Range", "NonZero"}
 _PER_OUTPUT = {"Softmax": 5, "LogSoftmax": 5, "BatchNormalization": 2, "LRN": 6,
                "InstanceNormalization": 5, "LayerNormalization": 8, "HardSigmoid": 3, "HardSwish": 4,
-               "Gelu": 8, "Erf": 4}
+               "Gelu": 8, "Erf": 4, "LayerNorm": 8}
 
 
 def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, TensorInfo]:

@@ -272,7 +272,8 @@ class Rule:
     """A rewrite rule: pattern (``ops``), check and replacement, see the module docstring.
 
     Attributes:
-        ops: op types (default domain) of the nodes the rule anchors on.
+        ops: op types of the nodes the rule anchors on: default domain, or
+            ``"<domain>::<op type>"`` (``"com.microsoft::Gelu"``).
         check: ``check(edit, node) -> str | binding``: a string is the reason the node stays.
         replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | str``: a list
             replaces ``node`` alone.
@@ -292,15 +293,15 @@ class Rule:
 
 def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] = lambda n: None
           ) -> tuple[Counter, dict[str, Counter]]:
-    """Run ``rules`` once over the nodes of the main graph, in order (default-domain nodes only;
-    the first rule whose pattern has the op type). ``guard(node)`` may veto a node with a reason
+    """Run ``rules`` once over the nodes of the main graph, in order (the first rule whose pattern
+    has the op type; a node of another domain matches ``"<domain>::<op type>"``). ``guard(node)`` may veto a node with a reason
     before its rule's check. Returns ``(rewritten: Counter by op type, kept: {op type: Counter of
     reasons})``."""
     table = {op: rule for rule in rules for op in rule.ops}
     rewritten: Counter = Counter()
     kept: dict[str, Counter] = {}
     for node in list(edit.graph):
-        rule = table.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = table.get(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}")
         if rule is None or node.graph is not edit.graph:  # (no longer there: matched by a rule)
             continue
         edit.focus(node)

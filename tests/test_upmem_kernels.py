@@ -893,8 +893,8 @@ def test_generated_code_uses_only_the_documented_sdk_api(tmp_path, kind, dtype, 
 def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
     """The cost model's kernel cycles against the emulator running the emitted code (which
     counts instructions and DMA as they execute), for every UPMEM kernel of heuristic LeNet:
-    Im2Col (row ranges: the plan uses the DPUs the kernel gives work to), Relu and the fc2 Gemm
-    (one output column per DPU pads to 8 bytes: two columns of work)."""
+    Im2Col (row bands: the plan uses the DPUs the kernel gives work to), Relu, the fc2 Gemm
+    (one output column per DPU pads to 8 bytes: two columns of work) and the final Softmax."""
     import onnx
 
     from onnx_cinm import artifacts, optimize
@@ -922,7 +922,7 @@ def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
         assert counters["kernel_cycles"] == pytest.approx(plan.cost().kernel_cycles, rel=1e-3), \
             node.name
         seen.add(node.op_type)
-    assert seen == {"Im2Col", "Relu", "Gemm"}
+    assert seen == {"Im2Col", "Relu", "Gemm", "Softmax"}
 
 
 # ------------------------------------------------------------------------------------------

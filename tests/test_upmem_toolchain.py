@@ -41,9 +41,10 @@ def _cases():
         for op in codegen.BINARY:
             yield "binary", dt, [(5, 37), (37,)], dict(op=op)
         for op in codegen.UNARY:
-            if dt != "float32" and (op in codegen.TRANSCENDENTAL or op in ("LeakyRelu", "HardSigmoid")):
+            if dt != "float32" and (op in codegen.TRANSCENDENTAL or op in ("LeakyRelu", "HardSigmoid", "Gelu")):
                 continue
             yield "unary", dt, [(37,)], dict(op=op, **({"min": -1, "max": 1} if op == "Clip" else {}))
+    yield "unary", "float32", [(37,)], dict(op="Gelu", approximate="tanh")
     for dt in codegen.DTYPES:
         for relu in (False, True):
             yield "gemm", dt, [(5, 9), (9, 6), (6,)], dict(bias=True, relu=relu)
@@ -70,6 +71,12 @@ def _cases():
         yield "popcount", dt, [(37,)], {}
     for metric in ("dot", "cos"):
         yield "simsearch", "float32", [(3, 17), (20, 17)], dict(k=4, metric=metric)
+    # rows that fit one block (64 B here) and rows streamed through it; LayerNorm with and
+    # without B
+    for shape in ((5, 9), (3, 37)):
+        yield "softmax", "float32", [shape], {}
+        yield "layernorm", "float32", [shape, shape[1:], shape[1:]], dict(axis=-1, epsilon=1e-5)
+    yield "layernorm", "float32", [(3, 37), (37,)], dict(axis=1, epsilon=1e-5)
 
 
 def test_the_corpus_covers_every_kernel_kind():

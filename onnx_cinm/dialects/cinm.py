@@ -42,6 +42,12 @@ PopCount        X (bool or unsigned int) -> Y int64              set bits per el
 SimSearch       Q[Nq, d], D[Nd, d] -> values[Nq, k],             top-k of ``Q @ D.T`` (metric=dot) or of
                 indices[Nq, k]; k, metric in dot|cos             cosine similarity (metric=cos)
 MergePartial    P[S, ...] -> Y[...]; kind in add|mul|max|min     combine S partial results of a tiled op
+Softmax         X[..., L] -> Y[..., L] (float32)                 softmax over the last axis
+LayerNorm       X, Scale, B? -> Y; axis, epsilon (float32)       ``(x - mean) / sqrt(var + eps) * Scale + B``
+                                                                 over the axes from ``axis`` on (ONNX
+                                                                 LayerNormalization, Y only)
+Gelu            X -> Y; approximate in none|tanh (float32)       ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
+                                                                 its tanh approximation (ONNX Gelu-20)
 ==============  ==============================================  ==========================================
 
 Every op also accepts the placement attributes ``device`` (a device name) and ``placement`` (the
@@ -205,6 +211,16 @@ _spec("SimSearch", (("Q", "T", False), ("D", "T", False)), (("values", "T"), ("i
 _spec("MergePartial", (("P", "T", False),), (("Y", "T"),), {"T": _NUMERIC},
       {"kind": (_S, True)},
       doc="combine partial results P[S, ...] of a tiled op over the leading axis (add|mul|max|min)")
+# the rest of a transformer block (issue 11): float32 only, the dtype their UPMEM kernels take
+_spec("Softmax", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
+      doc="softmax over the last axis")
+_spec("LayerNorm", (("X", "T", False), ("Scale", "T", False), ("B", "T", True)), (("Y", "T"),),
+      {"T": ["tensor(float)"]}, {"axis": (_I, True), "epsilon": (_F, True)},
+      doc="layer normalization over the axes from `axis` on, times Scale plus B (ONNX "
+          "LayerNormalization's Y)")
+_spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
+      {"approximate": (_S, False)},
+      doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh')")
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,6 +260,13 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
         if metric not in ("dot", "cos"):
             raise ValueError(f"cinm.SimSearch: metric must be 'dot' or 'cos', got {metric!r}")
         return metric
+    if op_type == "LayerNorm":
+        return "bias" if n_inputs >= 3 else ""
+    if op_type == "Gelu":
+        approx = _as_str(attrs.get("approximate", "none"))
+        if approx not in ("none", "tanh"):
+            raise ValueError(f"cinm.Gelu: approximate must be 'none' or 'tanh', got {approx!r}")
+        return "" if approx == "none" else "tanh"
     return ""  # one body serves every other op (Clip's absent min/max are empty input names)
 
 
@@ -404,6 +427,40 @@ def _simsearch_body(b: _Body, metric: str, opset: int) -> None:
     b.op("TopK", [scores, k], out=["values", "indices"], axis=-1, largest=1, sorted=1)
 
 
+def _const_float(b: _Body, value: float) -> str:
+    return b.op("Constant", [], value=helper.make_tensor("v", TensorProto.FLOAT, [], [value]))
+
+
+def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
+    """X flattened to [outer, L] at ``axis``; mean and (two-pass) variance per row; Scale and B
+    read as [1, L] rows; the result reshaped back to X's shape."""
+    x2 = b.tmp()
+    b.nodes.append(_node_with_refs("Flatten", ["X"], [x2], [_ref_attr("axis", "axis", _I)]))
+    mean, var = b.tmp(), b.tmp()
+    _reduce_node(b, "ReduceMean", x2, mean, opset, None, axes=[1], keepdims=1)
+    d = b.op("Sub", [x2, mean])
+    _reduce_node(b, "ReduceMean", b.op("Mul", [d, d]), var, opset, None, axes=[1], keepdims=1)
+    eps = b.ref("value_float", "epsilon", _F)
+    y = b.op("Div", [d, b.op("Sqrt", [b.op("Add", [var, eps])])])
+    row = b.const_ints([1, -1])
+    y = b.op("Mul", [y, b.op("Reshape", ["Scale", row])])
+    if bias:
+        y = b.op("Add", [y, b.op("Reshape", ["B", row])])
+    b.op("Reshape", [y, b.op("Shape", ["X"])], out=["Y"])
+
+
+def _gelu_body(b: _Body, tanh: bool) -> None:
+    """0.5 x (1 + erf(x / sqrt 2)), or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+    if tanh:
+        x3 = b.op("Mul", [b.op("Mul", ["X", "X"]), "X"])
+        inner = b.op("Add", ["X", b.op("Mul", [x3, _const_float(b, 0.044715)])])
+        t = b.op("Tanh", [b.op("Mul", [inner, _const_float(b, 0.7978845608028654)])])
+    else:
+        t = b.op("Erf", [b.op("Mul", ["X", _const_float(b, 0.7071067811865476)])])
+    half_x = b.op("Mul", ["X", _const_float(b, 0.5)])
+    b.op("Mul", [half_x, b.op("Add", [t, _const_float(b, 1.0)])], out=["Y"])
+
+
 def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
     """Build the reference body of ``cinm.<op_type>`` (variant ``overload``) for ``opset``.
 
@@ -463,6 +520,14 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
         _popcount_body(b, opset)
     elif op_type == "SimSearch":
         _simsearch_body(b, overload, opset)
+    elif op_type == "Softmax":  # opset >= 13: Softmax normalizes over the one axis it is given
+        b.op("Softmax", ["X"], out=["Y"], axis=-1)
+    elif op_type == "LayerNorm":
+        if overload != "bias":
+            inputs = inputs[:2]
+        _layernorm_body(b, overload == "bias", opset)
+    elif op_type == "Gelu":
+        _gelu_body(b, overload == "tanh")
     else:  # pragma: no cover - every op of OPS is handled above
         raise ValueError(f"no reference body for cinm.{op_type}")
     fn = helper.make_function(DOMAIN, op_type, inputs, outputs, b.nodes,
@@ -533,8 +598,15 @@ def _infer_simsearch(types, attrs):
     return [_tensor_type(types[0].tensor_type.elem_type, out), _tensor_type(TensorProto.INT64, out)]
 
 
+def _infer_like_x(types, attrs):
+    """Y has X's type and shape (LayerNorm's body reshapes to ``Shape(X)``, which body
+    inference cannot follow)."""
+    return [types[0]]
+
+
 #: Ops whose output shapes depend on attribute *values* in ways body inference cannot propagate.
-_DIRECT_INFER = {"Im2Col": _infer_im2col, "TopK": _infer_topk, "SimSearch": _infer_simsearch}
+_DIRECT_INFER = {"Im2Col": _infer_im2col, "TopK": _infer_topk, "SimSearch": _infer_simsearch,
+                 "LayerNorm": _infer_like_x}
 
 
 @functools.lru_cache(maxsize=None)

@@ -34,6 +34,15 @@ QLinearMatMul, QLinearConv      the MatMulInteger/ConvInteger lowering (QLinearC
 MatMul/Conv/Gemm of two         Gemm(int32(x_q) - x_zp, int32(w_q) - w_zp), Cast, Mul by
 DequantizeLinear outputs (QDQ)  x_scale * w_scale (+ a float bias) on the host; the weight's
                                 DequantizeLinear is not folded (canonicalize keeps it)
+Softmax (last axis, float32)    Softmax (another axis stays on the host)
+LayerNormalization (float32,    LayerNorm(X, Scale, B; axis, epsilon) when only Y is read
+static normalized dims)
+Gelu (opset 20, float32)        Gelu(approximate)
+com.microsoft Gelu, BiasGelu,   Gelu (none; tanh for FastGelu), after an Add of the bias
+FastGelu (float32)
+Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused before the
+sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
+Mul x -> Mul 0.5 (any order)
 ==============================  =============================================================
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
@@ -50,7 +59,7 @@ from onnx import helper
 from ..analysis import tensor_infos
 from ..dialects import cinm
 from ..graph import TensorInfo
-from ..rewrite import Builder, Edit, Rule, apply, ir, names_of
+from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
 from .recurrent import RULES as _RECURRENT_RULES
@@ -689,7 +698,211 @@ def _drop_dead_dequantize(rw: _Rewriter) -> None:
 _FLOAT_RULES = {"MatMul": Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
                 "Gemm": Rule(frozenset({"Gemm"}), _check_gemm, _gemm),
                 "Conv": Rule(frozenset({"Conv"}), _check_conv, _conv)}
+
+# ---------------------------------------------------------------------------------------------
+# The rest of a transformer block (issue 11): Softmax, LayerNormalization, Gelu and the erf
+# pattern of Gelu, float32 (what the device kernels take).
+# ---------------------------------------------------------------------------------------------
+
+def _float32_input(rw: _Rewriter, node: ir.Node):
+    """X's rank when X is float32 with a known rank, else the reason the node stays."""
+    x = _ins(node)[0]
+    if rw.dtype_name(x) != "float32":
+        return f"dtype {rw.dtype_name(x)} (the cinm op is float32)"
+    rank = rw.rank(x)
+    if not rank:
+        return "rank unknown or 0"
+    return rank
+
+
+def _check_softmax(rw: _Rewriter, node: ir.Node):
+    rank = _float32_input(rw, node)
+    if isinstance(rank, str):
+        return rank
+    axis = int(_attrs(node).get("axis", -1 if rw.opset >= 13 else 1))
+    if axis % rank != rank - 1:
+        return f"Softmax over axis {axis}, not the last"
+    return True
+
+
+def _softmax(rw: _Rewriter, node: ir.Node, _):
+    lo = _Lowering(rw, node)
+    lo.cinm("Softmax", [_ins(node)[0]], [_outs(node)[0]])
+    return lo.nodes
+
+
+def _read(v) -> bool:
+    """Whether a value is read (by a node or as a graph output)."""
+    return v is not None and (bool(v.uses()) or v.is_graph_output())
+
+
+def _check_layernorm(rw: _Rewriter, node: ir.Node):
+    """``(axis, epsilon, Scale, B)``: float32 X with static normalized dims, Scale and B of as
+    many elements (or broadcast to them from a constant), Mean and InvStdDev not read."""
+    rank = _float32_input(rw, node)
+    if isinstance(rank, str):
+        return rank
+    if any(_read(v) for v in node.outputs[1:]):
+        return "its Mean or InvStdDev output is read"
+    at, ins = _attrs(node), _ins(node) + [""]
+    axis = int(at.get("axis", -1)) % rank
+    norm = rw.info(ins[0]).shape[axis:]
+    if not all(isinstance(d, int) and d > 0 for d in norm):
+        return "normalized dims not static"
+    operands = []
+    for name in ins[1:3]:
+        if not name:
+            operands.append(None)
+            continue
+        i = rw.info(name)
+        if rw.dtype_name(name) != "float32" or i is None or i.shape is None:
+            return "Scale or B of unknown type or shape"
+        if tuple(i.shape) != tuple(norm):
+            v = rw.value(name)
+            if v is None or np.broadcast_shapes(v.shape, tuple(norm)) != tuple(norm):
+                return f"Scale or B of shape {list(i.shape)}, not the normalized {list(norm)}"
+            name = ("broadcast", np.broadcast_to(v, norm).copy())
+        operands.append(name)
+    return axis, float(at.get("epsilon", 1e-5)), operands[0], operands[1]
+
+
+def _layernorm(rw: _Rewriter, node: ir.Node, binding):
+    axis, eps, scale, bias = binding
+    lo = _Lowering(rw, node)
+    ins = [_ins(node)[0]]
+    for tag, x in (("scale", scale), ("bias", bias)):
+        if isinstance(x, tuple):  # a constant broadcast to the normalized shape
+            x = rw.const(f"{lo.base}_{tag}", x[1])
+        if x:
+            ins.append(x)
+    lo.cinm("LayerNorm", ins, [_outs(node)[0]], axis=axis, epsilon=eps)
+    return lo.nodes
+
+
+#: onnxruntime's contrib Gelus (com.microsoft): their approximation (FastGelu is the tanh one)
+_CONTRIB_GELU = {"Gelu": "none", "BiasGelu": "none", "FastGelu": "tanh"}
+
+
+def _check_gelu(rw: _Rewriter, node: ir.Node):
+    """``(approximate, bias or None)`` of ONNX Gelu-20 or a com.microsoft Gelu/BiasGelu/
+    FastGelu (whose optional second input is a bias added first)."""
+    rank = _float32_input(rw, node)
+    if isinstance(rank, str):
+        return rank
+    ins = _ins(node)
+    if node.domain == "com.microsoft":
+        bias = ins[1] if len(ins) > 1 and ins[1] else None
+        if bias and rw.dtype_name(bias) != "float32":
+            return f"bias dtype {rw.dtype_name(bias)}"
+        return _CONTRIB_GELU[node.op_type], bias
+    approx = _attrs(node).get("approximate", "none")
+    return (approx, None) if approx in ("none", "tanh") else f"approximate={approx!r}"
+
+
+def _gelu(rw: _Rewriter, node: ir.Node, binding: tuple):
+    approx, bias = binding
+    lo = _Lowering(rw, node)
+    x = _ins(node)[0]
+    if bias:
+        x = lo.cinm("Add", [x, bias], suffix="biased")
+    lo.cinm("Gelu", [x], [_outs(node)[0]], approximate=approx)
+    return lo.nodes
+
+
+def _scalar(rw: _Rewriter, v) -> float | None:
+    """The value of a one-element constant (an initializer or a Constant node's), else None."""
+    if v is None:
+        return None
+    a = rw.array(v)
+    p = v.producer()
+    if a is None and p is not None and p.op_type == "Constant" and "value" in p.attributes:
+        a = p.attributes["value"].value.numpy()
+    if a is None or a.size != 1 or a.dtype.kind != "f":
+        return None
+    return float(a.reshape(-1)[0])
+
+
+def _only_use(v):
+    """The node reading ``v`` when it is its one reader (and no graph output), else None."""
+    if v is None or v.is_graph_output():
+        return None
+    uses = list(v.uses())
+    if len(uses) != 1:
+        return None
+    return uses[0][0]
+
+
+def _other(node, v):
+    """The input of a two-input ``node`` that is not ``v``, or None."""
+    ins = list(node.inputs)
+    if len(ins) != 2:
+        return None
+    return ins[1] if ins[0] is v else (ins[0] if ins[1] is v else None)
+
+
+def _near(a: float | None, b: float) -> bool:
+    return a is not None and abs(a - b) <= 1e-4 * abs(b)
+
+
+def _check_erf_gelu(rw: _Rewriter, erf: ir.Node):
+    """``(x, nodes of the pattern in graph order, output)`` for x / 2 * (1 + erf(x / sqrt 2))
+    written as Div(x, sqrt 2) or Mul(x, 1 / sqrt 2), Erf, Add 1, then Mul by x and Mul by 0.5
+    in either order (or Mul by Mul(x, 0.5)), each intermediate read once; else the reason."""
+    t = erf.inputs[0]
+    scale = t.producer() if t is not None else None
+    if scale is None or _only_use(t) is not erf or scale.op_type not in ("Div", "Mul")             or len(scale.inputs) != 2:
+        return "not the erf pattern of Gelu"
+    a, b = scale.inputs
+    if scale.op_type == "Div" and _near(_scalar(rw, b), 2 ** 0.5):
+        x = a
+    elif scale.op_type == "Mul" and _near(_scalar(rw, b), 2 ** -0.5):
+        x = a
+    elif scale.op_type == "Mul" and _near(_scalar(rw, a), 2 ** -0.5):
+        x = b
+    else:
+        return "not the erf pattern of Gelu"
+    if rw.dtype_name(x.name) != "float32":
+        return f"dtype {rw.dtype_name(x.name)}"
+    add = _only_use(erf.outputs[0])
+    if add is None or add.op_type != "Add" or not _near(_scalar(rw, _other(add, erf.outputs[0])), 1.0):
+        return "not the erf pattern of Gelu"
+    m1 = _only_use(add.outputs[0])
+    if m1 is None or m1.op_type != "Mul":
+        return "not the erf pattern of Gelu"
+    other = _other(m1, add.outputs[0])
+    nodes = [scale, erf, add, m1]
+    if other is x:  # x * (1 + erf) then * 0.5
+        m2 = _only_use(m1.outputs[0])
+        if m2 is None or m2.op_type != "Mul" or not _near(_scalar(rw, _other(m2, m1.outputs[0])), 0.5):
+            return "not the erf pattern of Gelu"
+        nodes.append(m2)
+        out = m2.outputs[0]
+    else:  # (x * 0.5) * (1 + erf)
+        h = other.producer() if other is not None else None
+        if h is None or h.op_type != "Mul" or _only_use(other) is not m1 or _other(h, x) is None                 or not _near(_scalar(rw, _other(h, x)), 0.5):
+            return "not the erf pattern of Gelu"
+        nodes.append(h)
+        out = m1.outputs[0]
+    order = {n: i for i, n in enumerate(rw.graph)}
+    return x, scale, sorted(nodes, key=order.__getitem__), out
+
+
+def _erf_gelu(rw: _Rewriter, erf: ir.Node, binding):
+    x, scale, nodes, out = binding
+    rw.focus(scale)  # x is an input of the scaling node, not of the anchor (Erf)
+    lo = _Lowering(rw, erf)
+    lo.cinm("Gelu", [x.name], [out.name], approximate="none")
+    return Replacement(lo.nodes, nodes)
+
+
+#: run before :data:`_RULES`: patterns over several nodes whose parts another rule would take
+_FUSIONS = [Rule(frozenset({"Erf"}), _check_erf_gelu, _erf_gelu)]
+
+
 _RULES = [
+    Rule(frozenset({"Softmax"}), _check_softmax, _softmax),
+    Rule(frozenset({"LayerNormalization"}), _check_layernorm, _layernorm),
+    Rule(frozenset({"Gelu", *(f"com.microsoft::{op}" for op in _CONTRIB_GELU)}), _check_gelu, _gelu),
     Rule(frozenset(_FLOAT_RULES), _check_product, _product),
     Rule(frozenset({"CumSum"}), _check_cumsum, _cumsum),
     Rule(frozenset({"TopK"}), _check_topk, _topk),
@@ -722,8 +935,12 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             return "empty tensor (a zero-sized dim): no work for a device"
         return None
 
+    fusions = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace)
+               for r in _FUSIONS]
+    fused, _ = apply(rw, fusions, guard)  # the Erf left unfused stays, as before, on the host
     lowered, kept = apply(rw, rules, guard)
     _drop_dead_dequantize(rw)
+    lowered.update(fused)
     model = rw.commit()
     cinm.attach_functions(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}

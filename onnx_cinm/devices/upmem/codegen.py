@@ -36,9 +36,14 @@ transpose   permutations that swap two adjacent groups of axes (tiled in WRAM; t
 topk        k largest/smallest along ``axis`` with int64 indices (ties: lower index;
             float NaN ranks as the largest value, as in onnxruntime; k up to what one
             tasklet's WRAM list holds, ~5000 float32)
-im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs
+im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on the DPUs;
+            each DPU gets a band of output lines and only the input rows it reads (halo)
 popcount    set bits per element (cinm PopCount: bool/uint8/16/32/64 -> int64)
 simsearch   top-k rows of D by dot product or cosine for each query (cinm SimSearch, float32)
+softmax     softmax over the last axis (cinm Softmax, float32: ``emu_expf``), whole rows per
+            tasklet, three passes over a row's blocks (a row longer than a block is streamed)
+layernorm   LayerNorm over the trailing axes with Scale and optional B (cinm LayerNorm,
+            float32), the same row scheme: mean, variance, normalize
 =========== ================================================================================
 
 dtypes: int32, uint32, int64, uint64, float32 (float is software-emulated on a real DPU); the
@@ -83,7 +88,7 @@ SMALL_CTYPES = {"int8": ("int8_t", "uint32_t"), "uint8": ("uint8_t", "uint32_t")
                 "int16": ("int16_t", "uint32_t"), "uint16": ("uint16_t", "uint32_t")}
 ELEMENTWISE_DTYPES = DTYPES + tuple(SMALL_CTYPES)
 KINDS = ("binary", "unary", "gemm", "gemv", "mlp", "reduce", "histogram", "compress", "scan",
-         "transpose", "topk", "im2col", "popcount", "simsearch")
+         "transpose", "topk", "im2col", "popcount", "simsearch", "softmax", "layernorm")
 BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min")
 #: float32 ops computed in software double (a DPU has no libm): C expression, doc
 TRANSCENDENTAL = {
@@ -98,7 +103,12 @@ TRANSCENDENTAL = {
 #: a kernel gets only those its expression needs, because clang (the DPU compiler) rejects an
 #: unused ``static inline`` function under -Wall -Werror (gcc does not; issue 14)
 MATH_HELPER_DEPS = {"emu_exp2i": (), "emu_exp": ("emu_exp2i",), "emu_expm1": ("emu_exp",),
-                    "emu_log": (), "emu_sqrt": ()}
+                    "emu_log": (), "emu_sqrt": (), "emu_expf": (), "emu_erff": ("emu_expf",),
+                    "emu_gelu": ("emu_erff",), "emu_gelu_tanh": ("emu_expf",)}
+#: Gelu (cinm Gelu) in float32 helpers, by ``approximate``: C expression, doc, cost-model op
+GELU = {"none": ("emu_gelu(a)", "x / 2 * (1 + erf(x / sqrt 2))", "gelu"),
+        "tanh": ("emu_gelu_tanh(a)", "x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))",
+                 "gelu_tanh")}
 
 
 def math_helpers_for(expr: str) -> frozenset:
@@ -122,7 +132,7 @@ _COST_OP = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max"
             "Relu": "relu", "Abs": "abs", "Neg": "neg", "LeakyRelu": "leakyrelu",
             "HardSigmoid": "hardsigmoid", "Clip": "clip", "Exp": "exp", "Log": "log",
             "Sqrt": "sqrt", "Sigmoid": "sigmoid", "Tanh": "tanh"}
-UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip") + tuple(TRANSCENDENTAL)
+UNARY = ("Relu", "Abs", "Neg", "LeakyRelu", "HardSigmoid", "Clip") + tuple(TRANSCENDENTAL) + ("Gelu",)
 REDUCE = ("add", "mul", "max", "min")
 
 #: Chunk of a long Transpose run (trailing elements moved together), bytes: one sub-tile
@@ -399,6 +409,11 @@ def _unary_expr(op: str, dtype: str, params: dict) -> tuple[str, str, int]:
         if not flt:
             raise ValueError(f"{op} needs float32")
         return TRANSCENDENTAL[op] + (_SOFT_DOUBLE_INSTR,)
+    if op == "Gelu":
+        if not flt:
+            raise ValueError("Gelu needs float32")
+        expr, doc, cop = GELU[params.get("approximate", "none")]
+        return expr, doc, elem_instr(cop, dtype)
     raise ValueError(f"no UPMEM kernel for unary op {op!r}; expected one of {UNARY}")
 
 
@@ -550,7 +565,8 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     for t in ins:
         t.bstrides = broadcast_strides(t.shape, out_shape)
     # per element: a WRAM load per input, the operation, a store (mapping's elementwise model)
-    instr = nin + elem_instr(_COST_OP[op], dtype) + 1
+    cop = GELU[params.get("approximate", "none")][2] if op == "Gelu" else _COST_OP[op]
+    instr = nin + elem_instr(cop, dtype) + 1
     es = np.dtype(dtype).itemsize
     n = math.prod(out_shape)
     per = 8 // math.gcd(8, es)                       # elements per 8 bytes
@@ -561,7 +577,8 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
            dict(op=op, expr=expr, expr_doc=doc, instr=instr, n=n, cap=cap, cap_bytes=cap * es,
                 out_shape=out_shape, math=math_helpers_for(expr)))
     return _write(outdir, "elementwise", k, {"op": op, "params": {
-        x: params[x] for x in ("alpha", "beta", "min", "max") if params.get(x) is not None}})
+        x: params[x] for x in ("alpha", "beta", "min", "max", "approximate")
+        if params.get(x) is not None}})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -763,7 +780,8 @@ def _transpose_groups(perm) -> tuple | None:
 FAMILY = {"binary": "elementwise", "unary": "elementwise", "gemm": "gemm", "gemv": "gemm",
           "mlp": "gemm", "reduce": "reduce", "histogram": "histogram", "compress": "compress",
           "scan": "scan", "transpose": "transpose", "topk": "topk", "im2col": "im2col",
-          "popcount": "popcount", "simsearch": "simsearch"}
+          "popcount": "popcount", "simsearch": "simsearch", "softmax": "rownorm",
+          "layernorm": "rownorm"}
 
 
 def kernel_for(op, consts: dict | None = None,
@@ -805,11 +823,13 @@ def _kernel_for(op, consts: dict | None = None,
     if t in UNARY:
         need_dtype(dtype, ELEMENTWISE_DTYPES)
         params = {"op": t}
-        if (t in ("LeakyRelu", "HardSigmoid") or t in TRANSCENDENTAL) and dtype != "float32":
+        if (t in ("LeakyRelu", "HardSigmoid", "Gelu") or t in TRANSCENDENTAL) and dtype != "float32":
             raise ValueError(f"{t} kernel is float32 only")
         for k in ("alpha", "beta"):
             if k in a:
                 params[k] = float(a[k])
+        if t == "Gelu":
+            params["approximate"] = _attr(a, "approximate", "none")
         if t == "Clip":
             if len(ins) == 2:
                 raise ValueError("Clip with one bound: cannot tell min from max in OpInfo")
@@ -875,6 +895,11 @@ def _kernel_for(op, consts: dict | None = None,
     if t == "PopCount":
         need_dtype(dtype, ("bool", "uint8", "uint16", "uint32", "uint64"))
         return "popcount", dtype, shapes, {}
+    if t in ("Softmax", "LayerNorm"):
+        need_dtype(dtype, ("float32",))
+        if t == "Softmax":
+            return "softmax", dtype, shapes, {}
+        return "layernorm", dtype, shapes, {"axis": int(a["axis"]), "epsilon": float(a["epsilon"])}
     if t == "Im2Col":
         need_dtype(dtype)
         ks = list(a.get("kernel_shape", []))
@@ -1213,17 +1238,24 @@ def _emit_im2col(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, par
     CK = C * KH * KW
     CK_pad = _round_up(CK, per)
     rows = N * OH * OW
-    row_cap, used = _mapping.im2col_rows(rows, dpus)
+    # each DPU: NB images x a tile of LB output lines x CB columns, and only the HB x WB padded
+    # input rows and columns (per image and channel) the tile reads (mapping.im2col_split:
+    # the cost model's split)
+    NB, LB, CB, used = _mapping.im2col_split(N, OH, OW, dpus)
+    HB = _mapping.im2col_halo(LB, KH, SH, DH)
+    WB = _mapping.im2col_halo(CB, KW, SW, DW)
+    row_cap = NB * LB * CB
     xp_off = row_cap * CK_pad * es
-    xp_elems = _round_up(N * C * HP * WP, per) + per  # the last window may reach 8 bytes past
-    _check_mram(xp_off + xp_elems * es, f"im2col {list(shape)} on {dpus} DPUs")
+    xs_elems = _round_up(NB * C * HB * WB, per) + per  # the last window may reach 8 bytes past
+    _check_mram(xp_off + xs_elems * es, f"im2col {list(shape)} on {dpus} DPUs")
     blk = _fit_block(block, tasklets, 1, fixed=tasklets * win, cap=CK_pad * es)
     yshape = (N, OH, OW, CK) if params.get("rank", len(params["kernel_shape"])) == 2 else (N, OW, CK)
     ins = _inputs(["X"], shapes, [dtype], consts, outdir)
     k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", yshape, dtype)],
            dict(N=N, C=C, H=H, W=W, HP=HP, WP=WP, PT=PT, PL=PL, OH=OH, OW=OW, KH=KH, KW=KW,
                 SH=SH, SW=SW, DH=DH, DW=DW, pads=[PT, PL, PB, PR], CK=CK, CK_pad=CK_pad, rows=rows,
-                row_cap=row_cap, xp_off=xp_off, xp_elems=xp_elems, win=win))
+                row_cap=row_cap, xp_off=xp_off, xs_elems=xs_elems, win=win, NB=NB, LB=LB, CB=CB,
+                HB=HB, WB=WB, BANDS=_ceil(OH, LB), CBLOCKS=_ceil(OW, CB)))
     return _write(outdir, "im2col", k, {"kernel_shape": list(params["kernel_shape"]),
                                         "strides": list(params["strides"]),
                                         "pads": list(params["pads"]),
@@ -1285,3 +1317,50 @@ def _emit_simsearch(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
            dict(NQ=NQ, ND=ND, DIM=DIM, DIM_pad=DIM_pad, ND_cap=ND_cap, k=kk, KP=KP, q_off=q_off,
                 v_off=v_off, i_off=i_off, metric=metric, instr=mac))
     return _write(outdir, "simsearch", k, {"k": kk, "metric": metric, "dpus_requested": dpus})
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax / layernorm (row-wise: whole rows per tasklet)
+
+
+def _emit_softmax(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    return _emit_rownorm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params)
+
+
+def _emit_layernorm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    return _emit_rownorm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params)
+
+
+def _emit_rownorm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
+    if dtype != "float32":
+        raise ValueError(f"{kind}: float32 only, got {dtype}")
+    shape = shapes[0]
+    if not shape or math.prod(shape) == 0:
+        raise ValueError(f"{kind}: needs a non-empty X of rank >= 1, got {list(shape)}")
+    ln = kind == "layernorm"
+    axis = int(params.get("axis", -1)) % len(shape) if ln else len(shape) - 1
+    R, L = _mapping.rownorm_rows(shape, axis)
+    if ln:
+        if len(shapes) not in (2, 3) or any(math.prod(s) != L for s in shapes[1:]):
+            raise ValueError(f"layernorm: Scale (and B) of {L} elements, got {shapes[1:]}")
+    elif len(shapes) != 1:
+        raise ValueError(f"softmax: one input, got {len(shapes)}")
+    es = 4
+    row_bytes = _round_up(L * es, 8)
+    row_cap, used = _mapping.rownorm_split(R, dpus)
+    nparams = len(shapes) - 1
+    y_off = row_cap * row_bytes
+    s_off = 2 * y_off
+    _check_mram(s_off + nparams * row_bytes, f"{kind} {list(shape)} on {dpus} DPUs")
+    blk = _fit_block(block, tasklets, 1 + nparams, cap=row_bytes)
+    (i1, i2, i3), i_row = _mapping.rownorm_instr(kind, dtype, nparams > 1)
+    names = ["X", "Scale", "B"][:len(shapes)]
+    ins = _inputs(names, shapes, [dtype] * len(shapes), consts, outdir)
+    eps = float(np.float32(params.get("epsilon", 1e-5)))
+    k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", shape, dtype)],
+           dict(R=R, L=L, row_bytes=row_bytes, row_cap=row_cap, y_off=y_off, s_off=s_off,
+                nparams=nparams, one=row_bytes <= blk, i1=i1, i2=i2, i3=i3, i_row=i_row,
+                eps=_c_float(eps), inv_l=_c_float(1.0 / L),
+                math=frozenset({"emu_expf"}) if kind == "softmax" else frozenset({"emu_sqrt"})))
+    return _write(outdir, "rownorm", k, {"axis": axis, "dpus_requested": dpus,
+                                         **({"epsilon": eps} if ln else {})})

@@ -85,12 +85,29 @@ def _from_mops(dt: str, op: str) -> int:
 #:   - shift/and (bin index by a power of two, predicates): 1 for 32-bit, 2 for 64-bit;
 #:   - popcount: 1 per 32-bit word (estimate: the DPU ISA has a count-ones instruction);
 #:   - exp/log/sqrt/sigmoid/tanh: 20 float operations (estimate: a polynomial of ~10 mul+add).
+#:   - expf, erf, gelu, gelu_tanh: the float32 helpers of the generated kernels (``_common.j2``
+#:     ``emu_expf``/``emu_erff``/``emu_gelu``/``emu_gelu_tanh``), counted operation by operation
+#:     in :data:`FLOAT_HELPER_OPS` and priced with PrIM's measured float add/mul/div; a float
+#:     compare or float<->int conversion costs a float compare (10, estimate above), an integer
+#:     bit operation 1.
+#: Operations of the float32 helpers of the generated kernels, counted in their C source
+#: (``templates/upmem/_common.j2``): ``emu_expf`` (Cody-Waite reduction by ln 2, Taylor to r^7,
+#: 2^k by exponent bits in two steps), ``emu_erff`` (Abramowitz & Stegun 7.1.26, one expf),
+#: ``emu_gelu`` (x / 2 * (1 + erf(x / sqrt 2))), ``emu_gelu_tanh`` (tanh by one expf).
+FLOAT_HELPER_OPS = {
+    "expf": {"mul": 12, "add": 10, "cmp": 6, "int": 8},
+    "erf": {"expf": 1, "div": 1, "mul": 8, "add": 6, "cmp": 2, "int": 2},
+    "gelu": {"erf": 1, "mul": 3, "add": 1},
+    "gelu_tanh": {"expf": 1, "div": 1, "mul": 6, "add": 3, "cmp": 2},
+}
+
+
 def op_instructions(op: str, dtype: str) -> int:
     """Instructions one ``op`` costs on one element of ``dtype`` on a DPU (no loads/stores/loop).
 
     Args:
         op: ``add sub mul div max min cmp relu abs neg shift popcount exp log sqrt sigmoid tanh
-            leakyrelu hardsigmoid clip``.
+            leakyrelu hardsigmoid clip expf erf gelu gelu_tanh``.
         dtype: a numpy dtype name (``int8`` .. ``uint64``, ``float32``, ``float64``, ``bool``).
     Returns:
         instructions (int). Narrow integers cost as int32 (the DPU is a 32-bit core).
@@ -112,6 +129,9 @@ def op_instructions(op: str, dtype: str) -> int:
         return 10 * (_from_mops(dt if flt else "float32", "mul") + _from_mops(dt if flt else "float32", "add"))
     if op in ("leakyrelu", "hardsigmoid", "clip"):
         return op_instructions("mul", dtype) + op_instructions("max", dtype) + op_instructions("min", dtype)
+    if op in FLOAT_HELPER_OPS:
+        return sum(n * (1 if what == "int" else op_instructions(what, "float32"))
+                   for what, n in FLOAT_HELPER_OPS[op].items())
     raise ValueError(f"no instruction cost for op {op!r}")
 
 

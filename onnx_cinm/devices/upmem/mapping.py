@@ -109,7 +109,8 @@ DEFAULT_TASKLETS = DEFAULT_PARAMS.tasklets
 _KINDS = {
     **{op: "elementwise" for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "Abs", "Neg",
                                      "Exp", "Log", "Sqrt", "Sigmoid", "Tanh", "LeakyRelu",
-                                     "HardSigmoid", "Clip", "PopCount")},
+                                     "HardSigmoid", "Clip", "PopCount", "Gelu")},
+    "Softmax": "rownorm", "LayerNorm": "rownorm",
     "Gemv": "gemv", "Gemm": "gemm", "Reduce": "reduce", "MergePartial": "merge_partial",
     "Scan": "scan", "Histogram": "histogram", "TopK": "topk", "Transpose": "transpose",
     "Im2Col": "im2col", "SimSearch": "simsearch", "Select": "select", "Compress": "select",
@@ -117,7 +118,7 @@ _KINDS = {
 _OP_NAME = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max", "Min": "min",
             "Relu": "relu", "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
             "Sigmoid": "sigmoid", "Tanh": "tanh", "LeakyRelu": "leakyrelu",
-            "HardSigmoid": "hardsigmoid", "Clip": "clip", "PopCount": "popcount"}
+            "HardSigmoid": "hardsigmoid", "Clip": "clip", "PopCount": "popcount", "Gelu": "gelu"}
 
 
 def _r8(n: int) -> int:
@@ -685,16 +686,38 @@ def im2col_dims(shape, kernel_shape, strides, pads, dilations) -> dict:
                 OW=(wp - dl[1] * (ks[1] - 1) - 1) // st[1] + 1)
 
 
-def im2col_rows(rows: int, dpus: int) -> tuple[int, int]:
-    """``(rows per DPU, DPUs with work)``: Im2Col output rows in contiguous ranges."""
-    row_cap = max(1, _cdiv(rows, max(dpus, 1)))
-    return row_cap, _cdiv(rows, row_cap)
+def im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, int]:
+    """How the Im2Col kernel splits its output over ``dpus`` DPUs: ``(NB, LB, CB, used)``.
+    Each DPU gets ``NB`` images' tile of ``LB`` output lines x ``CB`` output columns (every
+    output pixel one patch row): with at least as many DPUs as output lines (``n * oh``),
+    single lines cut into ``ceil(ow / CB)`` column blocks of ``CB = ceil(ow / (dpus // (n *
+    oh)))``; with at least as many DPUs as images, every image cut into bands of ``LB =
+    ceil(oh / (dpus // n))`` whole lines; with fewer, ``NB = ceil(n / dpus)`` whole images per
+    DPU. ``used`` DPUs get work. The host scatters to each DPU only the padded input rows and
+    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input."""
+    n, oh, ow, dpus = max(1, n), max(1, oh), max(1, ow), max(1, dpus)
+    if dpus >= n * oh:
+        cb = _cdiv(ow, min(ow, dpus // (n * oh)))
+        return 1, 1, cb, n * oh * _cdiv(ow, cb)
+    if dpus >= n:
+        lb = _cdiv(oh, min(oh, dpus // n))
+        return 1, lb, ow, n * _cdiv(oh, lb)
+    nb = _cdiv(n, dpus)
+    return nb, oh, ow, _cdiv(n, nb)
+
+
+def im2col_halo(lines: int, k: int, stride: int, dilation: int) -> int:
+    """Padded input rows (or columns) a tile of ``lines`` output lines (columns) reads: from
+    its first window's through its last's, ``(lines - 1) * stride + (k - 1) * dilation + 1``
+    (the halo: ``(k - 1) * dilation + 1 - stride`` of them shared with the next tile)."""
+    return (lines - 1) * stride + (k - 1) * dilation + 1
 
 
 def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
-    """The generated Im2Col kernel's split: output rows (pixels) in contiguous ranges of
-    ``row_cap`` per DPU (``used`` DPUs get work), each row ``C * KH`` windows of ``KW`` taps.
-    Unknown dims count as 1."""
+    """The generated Im2Col kernel's split (:func:`im2col_split`): each of ``used`` DPUs gets
+    ``row_cap = NB * LB * CB`` output rows (pixels), each row ``C * KH`` windows of ``KW``
+    taps, and ``xs_bytes`` of input: its ``NB`` images' ``C`` channels of ``HB`` padded rows
+    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1."""
     dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
     nd = len(dims) - 2
     g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
@@ -702,21 +725,28 @@ def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
     per = max(1, 8 // es) if 8 % es == 0 else 1
     ck = g["C"] * g["KH"] * g["KW"]
     ck_pad = _cdiv(ck, per) * per
-    rows = g["N"] * max(1, g["OH"]) * max(1, g["OW"])
-    row_cap, used = im2col_rows(rows, d)
+    oh, ow = max(1, g["OH"]), max(1, g["OW"])
+    rows = g["N"] * oh * ow
+    nb, lb, cb, used = im2col_split(g["N"], oh, ow, d)
+    hb = im2col_halo(lb, g["KH"], g["SH"], g["DH"])
+    wb = im2col_halo(cb, g["KW"], g["SW"], g["DW"])
     span = ((g["KW"] - 1) * g["DW"] + 1) * es
     # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
     offs = range(0, 8, es) if es < 8 else [0]
     win_read = sum(_r8(o + span) for o in offs) / len(offs)
-    return {"n": rows * ck, "n_dpu": row_cap * ck_pad, "rows": rows, "row_cap": row_cap,
+    # the scattered input: NB x C x HB x WB elements, and 8 bytes a last window may reach past
+    xs_bytes = _r8(nb * g["C"] * hb * wb * es) + 8
+    return {"n": rows * ck, "n_dpu": nb * lb * cb * ck_pad, "rows": rows, "row_cap": nb * lb * cb,
             "used": used, "windows": g["C"] * g["KH"], "kw": g["KW"], "ck": ck,
-            "ck_pad": ck_pad, "win_read": win_read}
+            "ck_pad": ck_pad, "win_read": win_read, "nb": nb, "lb": lb, "cb": cb, "hb": hb,
+            "wb": wb, "xs_bytes": xs_bytes}
 
 
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
     """Im2Col as the generated kernel runs it: per output row, ``C * KH`` window reads (the KW
     taps of one padded input row) and ``KW * 4 + 10`` instructions each, and the row written
-    in blocks of ``min(block, row pitch)``; tasklets take rows round-robin."""
+    in blocks of ``min(block, row pitch)``; tasklets take rows round-robin. Each DPU receives
+    its band's ``xs_bytes`` of input by a scatter (never the whole input)."""
     g, es, pr, t = p.g, _esize(p.dtype), p.params, p.tasklets
     blk = min(p.block_bytes, _r8(g["ck_pad"] * es))
     be = max(1, blk // es)
@@ -727,7 +757,109 @@ def _cost_im2col(p: CnmPlan) -> CostBreakdown:
     instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
     rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
     w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
-    return _finish(p, [w], 0.0, 0, g["bcast_bytes"], _r8(g["n_dpu"] * es), 0)
+    return _finish(p, [w], 0.0, g["xs_bytes"], 0, _r8(g["n_dpu"] * es), 0)
+
+
+def rownorm_rows(shape, axis: int) -> tuple[int, int]:
+    """``(rows, length)`` of a row-wise op (Softmax over the last axis, LayerNorm over the axes
+    from ``axis`` on) on X of ``shape``: the rows are everything before ``axis``."""
+    shape = [int(x) if isinstance(x, int) and x > 0 else 1 for x in shape] or [1]
+    axis %= len(shape)
+    return math.prod(shape[:axis]), math.prod(shape[axis:])
+
+
+def rownorm_split(rows: int, dpus: int) -> tuple[int, int]:
+    """``(rows per DPU, DPUs with work)``: whole rows in contiguous ranges."""
+    row_cap = max(1, _cdiv(rows, max(dpus, 1)))
+    return row_cap, _cdiv(rows, row_cap)
+
+
+def _rownorm_geometry(op: OpInfo, d: int, es: int) -> tuple:
+    """Softmax (over the last axis) and LayerNorm (over the axes from ``axis`` on) on ``d``
+    DPUs: ``row_cap`` whole rows of ``length`` elements (padded to ``row_bytes``, a multiple
+    of 8) per DPU, scattered; LayerNorm's Scale and B broadcast (resident when constant).
+    Unknown dims count as 1."""
+    ins, a = op.inputs, op.attrs
+    shape = list(ins[0].shape or [1])
+    ln = op.op_type == "LayerNorm"
+    rows, length = rownorm_rows(shape, int(a.get("axis", -1)) if ln else -1)
+    row_cap, used = rownorm_split(rows, d)
+    row_bytes = _r8(length * es)
+    geom = {"rows": rows, "length": length, "row_cap": row_cap, "used": used,
+            "row_bytes": row_bytes, "n": rows * length, "n_dpu": row_cap * length,
+            "op": "layernorm" if ln else "softmax", "params": len(ins) - 1 if ln else 0}
+    names = [D.entry(ins[0].name, D.SCATTER)]
+    moved = []
+    for t in ins[1:] if ln else []:
+        names.append(D.entry(t.name, D.BROADCAST))
+        moved.append((row_bytes, D.BROADCAST, t.const))
+    geom["resident_scatter"], geom["resident_bcast"] = D.resident(moved)
+    geom["bcast_bytes"] = row_bytes * geom["params"]
+    return "rownorm", geom, names, 1 + geom["params"]
+
+
+#: Instructions per element of each pass of the row-wise kernels, and per row outside the
+#: element loops (the generated ``templates/upmem/rownorm/dpu.c.j2`` counts the same), from
+#: :func:`~onnx_cinm.devices.upmem.cost.op_instructions` (PrIM-measured float add/mul/div,
+#: the counted ``expf`` helper): ``ld``/``st`` are one WRAM load/store each.
+def rownorm_instr(kind: str, dtype: str = "float32", bias: bool = True) -> tuple:
+    """``((pass 1, pass 2, pass 3) instructions per element, instructions per row)``.
+
+    Softmax: max (ld, cmp); exp(x - max) stored and summed (ld, sub, expf, st, add); times
+    1 / sum (ld, mul, st); per row one division. LayerNorm: sum (ld, add); squared deviations
+    (ld, sub, mul, add); ``(x - mean) * inv * scale (+ bias)`` (ld x, ld scale, [ld bias,] sub,
+    2 mul, [add,] st); per row 2 mul (mean and variance), an add (epsilon), a square root in
+    software double (the ``emu_sqrt`` helper: 6 Newton steps of a double division and add;
+    PrIM's DOUBLE div 0.16 MOPS ~ 2183 instructions) and a division."""
+    op = lambda o: C.op_instructions(o, dtype)  # noqa: E731
+    if kind == "softmax":
+        return (1 + op("cmp"), 1 + op("sub") + op("expf") + 1 + op("add"), 1 + op("mul") + 1), op("div")
+    p3 = 2 + op("sub") + 2 * op("mul") + 1 + ((1 + op("add")) if bias else 0)
+    sqrt_d = 6 * (C.op_instructions("div", "float64") + C.op_instructions("add", "float64")
+                  + C.op_instructions("mul", "float64"))
+    return (1 + op("add"), 1 + op("sub") + op("mul") + op("add"), p3), \
+        2 * op("mul") + op("add") + sqrt_d + op("div")
+
+
+def _unrolled_instr(n: int, body: float, unroll: int) -> float:
+    """Instructions of ``_common.j2``'s ``unrolled`` loop over ``n`` elements of ``body``."""
+    return n * body + (n // unroll + n % unroll) * C.LOOP_CONTROL
+
+
+def _cost_rownorm(p: CnmPlan) -> CostBreakdown:
+    """Softmax / LayerNorm as the generated kernel runs them: tasklets take whole rows
+    round-robin; every row is three passes over its blocks (max, exp and sum, scale; mean,
+    variance, normalize). A row that fits one block (``row_bytes <= block``) is read once and
+    written once (and a LayerNorm's Scale and B read once per tasklet); a longer row is read
+    in every pass (and Softmax's exponentials written in pass 2, read back in pass 3; Scale and
+    B read block by block in pass 3)."""
+    g, es, pr, t = p.g, _esize(p.dtype), p.params, p.tasklets
+    rb, blk, length = g["row_bytes"], p.block_bytes, g["length"]
+    (i1, i2, i3), i_row = rownorm_instr(g["op"], p.dtype, g["params"] > 1)
+    one = rb <= blk
+    nblk = _cdiv(rb, blk)
+    blocks = [(min(blk, rb - o), min(blk, rb - o) // es if o + blk < rb else length - o // es)
+              for o in range(0, rb, blk)]
+    instr_row = i_row + sum(_unrolled_instr(n, i, p.unroll) + BLOCK_INSTR
+                            for _, n in blocks for i in (i1, i2, i3))
+    rd = sum(pr.dma_cycles(b) for b, _ in blocks)
+    wr = sum(pr.dma_cycles(b, write=True) for b, _ in blocks)
+    params = g["params"]
+    if one:
+        dma_row = rd + wr
+        setup = params * pr.dma_cycles(rb)          # Scale and B once per tasklet
+    else:
+        passes = 3 if g["op"] == "layernorm" else 2  # reads of X (softmax: + one of Y)
+        dma_row = (passes * rd + wr + params * rd) if g["op"] == "layernorm" else (3 * rd + 2 * wr)
+        setup = 0.0
+    rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
+    busy = min(t, rows)
+    w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row + busy * setup,
+                   rows_t * dma_row + setup)
+    del nblk
+    res_s, res_b = g.get("resident_scatter", 0), g.get("resident_bcast", 0)
+    return _finish(p, [w], 0.0, rows * rb, g["bcast_bytes"] - res_b, rows * rb,
+                   resident=(res_s, res_b))
 
 
 def _roofline(p: CnmPlan) -> dict:
@@ -754,6 +886,10 @@ def _roofline(p: CnmPlan) -> dict:
     elif k == "select":
         nb = g["n_dpu"] * es * (1 + g["keep"])
         ops = g["n_dpu"] * op("and", p.dtype)
+    elif k == "rownorm":
+        nb = 2 * g["n_dpu"] * es
+        (i1, i2, i3), _ = rownorm_instr(g["op"], p.dtype, g["params"] > 1)
+        ops = g["n_dpu"] * (i1 + i2 + i3 - 5)
     else:  # transpose, im2col: pure data movement
         nb, ops = 2 * g["n_dpu"] * es, 0
     f = p.params.frequency_hz
@@ -765,7 +901,8 @@ def _roofline(p: CnmPlan) -> dict:
 _COSTERS = {"elementwise": _cost_elementwise, "gemv": _cost_matmul, "gemm": _cost_matmul,
             "reduce": _cost_reduce, "merge_partial": _cost_merge_partial, "scan": _cost_scan,
             "histogram": _cost_histogram, "select": _cost_select, "topk": _cost_topk,
-            "transpose": _cost_transpose, "im2col": _cost_im2col, "simsearch": _cost_matmul}
+            "transpose": _cost_transpose, "im2col": _cost_im2col, "simsearch": _cost_matmul,
+            "rownorm": _cost_rownorm}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -846,7 +983,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         for t in ins:
             if t.numel == n or op.op_type in ("Relu", "Abs", "Neg", "Exp", "Log", "Sqrt",
                                                "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
-                                               "PopCount") and t is ins[0]:
+                                               "PopCount", "Gelu") and t is ins[0]:
                 streams += 1
                 names.append(D.entry(t.name, D.SCATTER))
             else:
@@ -854,7 +991,11 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
                 wram_b += 1 if _r8(max(t.numel, 1) * es) <= DEFAULT_PARAMS.dma_max else 0
                 names.append(D.entry(t.name, D.BROADCAST))
         streams = max(streams, 1)
-        geom = {"n": n, "n_dpu": _share(n, d, es), "op": _OP_NAME[op.op_type], "streams": streams,
+        opn = _OP_NAME[op.op_type]
+        approx = a.get("approximate", "none")
+        if op.op_type == "Gelu" and (approx.decode() if isinstance(approx, bytes) else approx) == "tanh":
+            opn = "gelu_tanh"
+        geom = {"n": n, "n_dpu": _share(n, d, es), "op": opn, "streams": streams,
                 "bcast_bytes": bcast, "wram_bcast": wram_b}
         if outs and outs[0].dtype is not None:
             geom["out_esize"] = _esize(_dtype_name(outs[0]))
@@ -909,8 +1050,9 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         return kind, {"n": n, "n_dpu": _share(n, d, es)}, [D.entry(ins[0].name, D.SCATTER)], 2
     if kind == "im2col":
         geom = _im2col_geometry(ins[0].shape, a, d, es)
-        geom["bcast_bytes"] = _r8(max(ins[0].numel, 1) * es)
-        return kind, geom, [D.entry(ins[0].name, D.BROADCAST)], 2
+        return kind, geom, [D.entry(ins[0].name, D.SCATTER)], 2
+    if kind == "rownorm":
+        return _rownorm_geometry(op, d, es)
     raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")  # pragma: no cover
 
 
@@ -921,7 +1063,7 @@ def _work_items(kind: str, geom: dict, es: int) -> int:
         return geom["rows"]
     if geom.get("mode") == "rows":
         return geom["n"] // max(geom["length"], 1)
-    if kind == "im2col":
+    if kind in ("im2col", "rownorm"):
         return geom["rows"]
     return max(1, _cdiv(geom["n"] * es, 8))
 
@@ -954,7 +1096,10 @@ def _mram_regions(kind: str, geom: dict, es: int, tasklets: int) -> list[tuple[s
     if kind == "transpose":
         return [("X", _r8(g["n_dpu"] * es)), ("Y", _r8(g["n_dpu"] * es))]
     if kind == "im2col":
-        return [("X", g["bcast_bytes"]), ("Y", _r8(g["n_dpu"] * es))]
+        return [("Y", _r8(g["n_dpu"] * es)), ("X", g["xs_bytes"])]
+    if kind == "rownorm":
+        return [("X", g["row_cap"] * g["row_bytes"]), ("Y", g["row_cap"] * g["row_bytes"]),
+                ("Scale", g["row_bytes"] * g["params"])]
     return []  # pragma: no cover
 
 
@@ -984,7 +1129,7 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
     kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
-    if kind == "im2col" and geom["used"] < dpus:  # contiguous row ranges leave the rest idle
+    if kind in ("im2col", "rownorm") and geom["used"] < dpus:  # row ranges leave the rest idle
         dpus = geom["used"]
         kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
     private, shared = 0, 0
@@ -1014,7 +1159,10 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
             shared = geom["bcast_bytes"] if geom["wram_bcast"] else 0
         block = wram_block(tasklets, buffers, private, shared, stack_bytes,
                            wram_bytes=params.wram_bytes, dma_max=params.dma_max)
-        if "n_dpu" in geom and kind not in ("transpose", "im2col", "gemv", "gemm", "simsearch"):
+        if kind == "rownorm":  # never a block longer than one (padded) row
+            block = min(block, geom["row_bytes"])
+        if "n_dpu" in geom and kind not in ("transpose", "im2col", "gemv", "gemm", "simsearch",
+                                            "rownorm"):
             # never a block larger than one tasklet's share: all tasklets get work
             share = _r8(_cdiv(geom["n_dpu"] * es, tasklets))
             block = min(block, max(8, share))

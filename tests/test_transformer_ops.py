@@ -1,0 +1,333 @@
+"""Softmax, LayerNormalization and Gelu (and the erf pattern of Gelu) as cinm ops that UPMEM runs
+(issue 11 #5), and the UPMEM Im2Col that scatters row bands with their halos (issue 11 #7).
+
+The oracle is onnxruntime on the *original* model (standard ONNX ops), never the code under
+test. The UPMEM kernels compute in float32 with software helpers (``emu_expf``: Taylor to r^7
+after a reduction by ln 2; ``emu_erff``: Abramowitz & Stegun 7.1.26, absolute error < 1.5e-7),
+so the emulated results are compared with stated tolerances: Softmax rtol 1e-5 / atol 1e-7
+(probabilities; exp's relative error < 1e-7 plus float rounding over the sum), LayerNorm
+rtol 1e-4 / atol 1e-5 (normalized values of order 1; a two-pass variance against
+onnxruntime's one-pass), Gelu atol 1e-6 (the erf approximation times x / 2).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.devices.upmem import codegen, mapping
+from onnx_cinm.dialects import cinm
+from onnx_cinm.golden import run_onnxruntime
+from onnx_cinm.graph import OpInfo, TensorInfo
+from onnx_cinm.runtime.session import InferenceSession
+from onnx_cinm.sim import upmem_emu as emu
+
+TOL = {"Softmax": dict(rtol=1e-5, atol=1e-7), "LayerNorm": dict(rtol=1e-4, atol=1e-5),
+       "Gelu": dict(rtol=1e-5, atol=1e-6)}
+
+
+def _model(nodes, x_shape, outs=("y",), inits=(), opset=17):
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+                          list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _init(name, v):
+    return numpy_helper.from_array(np.asarray(v, np.float32), name)
+
+
+def _softmax_model(shape):
+    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], shape)
+
+
+def _layernorm_model(shape, axis, bias=True, rng=None):
+    rng = rng or np.random.default_rng(0)
+    norm = list(shape[axis:])
+    inits = [_init("s", rng.standard_normal(norm) + 1.0)] + ([_init("b", rng.standard_normal(norm))] if bias else [])
+    ins = ["x", "s"] + (["b"] if bias else [])
+    return _model([helper.make_node("LayerNormalization", ins, ["y"], axis=axis, epsilon=1e-5)],
+                  shape, inits=inits)
+
+
+def _erf_gelu_model(shape, variant=0):
+    """x / 2 * (1 + erf(x / sqrt 2)) as PyTorch exports it (variant 0: Div, Mul x, Mul 0.5;
+    variant 1: Mul by 1 / sqrt 2, Mul(x, 0.5) times (1 + erf))."""
+    if variant == 0:
+        nodes = [helper.make_node("Div", ["x", "r2"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+                 helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+                 helper.make_node("Mul", ["m", "half"], ["y"])]
+        inits = [_init("r2", 1.4142135381698608), _init("one", 1.0), _init("half", 0.5)]
+    else:
+        nodes = [helper.make_node("Mul", ["ir2", "x"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+                 helper.make_node("Add", ["one", "e"], ["a"]), helper.make_node("Mul", ["x", "half"], ["h"]),
+                 helper.make_node("Mul", ["h", "a"], ["y"])]
+        inits = [_init("ir2", 0.7071067690849304), _init("one", 1.0), _init("half", 0.5)]
+    return _model(nodes, shape, inits=inits)
+
+
+def _emulate(model, tmp_path, x, place="upmem", **opts):
+    """optimize with every cinm op on ``place``, run in the provider's emulate mode; returns
+    (outputs, the cinm op types on UPMEM)."""
+    res = optimize(model, place=[("*", place)], **opts)
+    on = sorted(n.op_type for n in res.model.graph.node
+                if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") == "upmem")
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    return sess.run(None, {"x": x}), on
+
+
+# -- reference bodies against onnxruntime's own ops ---------------------------------------------
+
+@pytest.mark.parametrize("opset", [13, 17, 18])
+def test_layernorm_reference_body_equals_onnx_layernormalization(opset):
+    """cinm.LayerNorm's body (Flatten, two ReduceMeans, ...) in opsets without
+    LayerNormalization, against onnxruntime's LayerNormalization (opset 17)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    ref_model = _layernorm_model(x.shape, 2, rng=np.random.default_rng(2))
+    ref = run_onnxruntime(ref_model, {"x": x})[0]
+    s, b = (numpy_helper.to_array(t) for t in ref_model.graph.initializer)
+    node = cinm.make_node("LayerNorm", ["x", "s", "b"], ["y"], axis=2, epsilon=1e-5)
+    m = _model([node], x.shape, inits=[_init("s", s), _init("b", b)], opset=opset)
+    cinm.attach_functions(m)
+    np.testing.assert_allclose(run_onnxruntime(m, {"x": x})[0], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+def test_gelu_reference_body_equals_onnx_gelu_20(approx):
+    x = np.linspace(-8, 8, 301, dtype=np.float32)
+    ref = run_onnxruntime(_model([helper.make_node("Gelu", ["x"], ["y"], approximate=approx)],
+                                 x.shape, opset=20), {"x": x})[0]
+    m = _model([cinm.make_node("Gelu", ["x"], ["y"], approximate=approx)], x.shape, opset=13)
+    cinm.attach_functions(m)
+    np.testing.assert_allclose(run_onnxruntime(m, {"x": x})[0], ref, rtol=1e-6, atol=1e-6)
+
+
+# -- to_cinm -----------------------------------------------------------------------------------
+
+def _cinm_ops(model, **kw):
+    res = optimize(model, stop_after="cinm", check=0, **kw)
+    return sorted(n.op_type for n in res.model.graph.node if n.domain == cinm.DOMAIN), res
+
+
+@pytest.mark.parametrize("variant", [0, 1])
+def test_the_erf_pattern_becomes_one_gelu(variant):
+    ops, res = _cinm_ops(_erf_gelu_model((2, 9), variant))
+    assert ops == ["Gelu"]
+    assert [n.op_type for n in res.model.graph.node] == ["Gelu"]
+
+
+def test_an_erf_that_is_not_gelu_stays():
+    """Erf(x / 2) + 1: the constant is not sqrt 2, so no Gelu (the Div and Add still lower)."""
+    m = _model([helper.make_node("Div", ["x", "two"], ["t"]), helper.make_node("Erf", ["t"], ["y"])],
+               (4,), inits=[_init("two", 2.0)])
+    ops, _ = _cinm_ops(m)
+    assert ops == ["Div"]
+
+
+def test_softmax_over_another_axis_and_layernorm_with_read_statistics_stay_on_the_host():
+    m = _model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], (2, 3, 4))
+    ops, res = _cinm_ops(m)
+    assert ops == []
+    assert "not the last" in str(res.stats["to_cinm"]["kept"]["Softmax"])
+    ln = helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean"], axis=-1)
+    m = _model([ln], (2, 4), outs=("y", "mean"), inits=[_init("s", np.ones(4))])
+    ops, res = _cinm_ops(m)
+    assert ops == [] and "Mean" in str(res.stats["to_cinm"]["kept"]["LayerNormalization"])
+
+
+# -- UPMEM kernels in the emulator against onnxruntime on the original model -------------------
+
+#: (shape, why): a short row, a batch of rows, a row longer than a WRAM block (and than one DMA)
+SHAPES = [((1, 7), "one short row"), ((4, 3, 33), "a batch > 1"), ((2, 1100), "rows > 2048 B")]
+
+
+@pytest.mark.parametrize("shape", [s for s, _ in SHAPES], ids=[w for _, w in SHAPES])
+def test_softmax_on_upmem_matches_onnxruntime(tmp_path, shape):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    model = _softmax_model(shape)
+    (y,), on = _emulate(model, tmp_path, x)
+    assert on == ["Softmax"]
+    np.testing.assert_allclose(y, run_onnxruntime(model, {"x": x})[0], **TOL["Softmax"])
+
+
+@pytest.mark.parametrize("shape,axis,bias", [((1, 6), -1, True), ((3, 2, 5, 8), 2, True),
+                                             ((2, 3, 700), -1, False), ((2, 1, 1025), 1, True)],
+                         ids=["short", "batch-two-axes", "long-no-bias", "long-odd"])
+def test_layernorm_on_upmem_matches_onnxruntime(tmp_path, shape, axis, bias):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    model = _layernorm_model(shape, axis, bias, rng)
+    (y,), on = _emulate(model, tmp_path, x)
+    assert on == ["LayerNorm"]
+    np.testing.assert_allclose(y, run_onnxruntime(model, {"x": x})[0], **TOL["LayerNorm"])
+
+
+@pytest.mark.parametrize("make,shape", [
+    (lambda s: _erf_gelu_model(s, 0), (3, 700)),
+    (lambda s: _erf_gelu_model(s, 1), (1, 5)),
+    (lambda s: _model([helper.make_node("Gelu", ["x"], ["y"])], s, opset=20), (2, 3, 40)),
+    (lambda s: _model([helper.make_node("Gelu", ["x"], ["y"], approximate="tanh")], s, opset=20), (4, 33)),
+], ids=["erf-pattern", "erf-pattern-mul", "gelu-20", "gelu-20-tanh"])
+def test_gelu_on_upmem_matches_onnxruntime(tmp_path, make, shape):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.flat[:4] = [0.0, -12.0, 12.0, 1e-3]
+    model = make(shape)
+    (y,), on = _emulate(model, tmp_path, x)
+    assert on == ["Gelu"]
+    np.testing.assert_allclose(y, run_onnxruntime(model, {"x": x})[0], **TOL["Gelu"])
+
+
+def _op(op_type, ins, out_shape, attrs=None):
+    return OpInfo(op_type.lower(), op_type, attrs or {},
+                  tuple(TensorInfo(n, np.dtype("float32"), s, c) for n, s, c in ins),
+                  (TensorInfo("y", np.dtype("float32"), out_shape),))
+
+
+@pytest.mark.parametrize("op", [
+    _op("Softmax", [("x", (40, 24), False)], (40, 24)),
+    _op("Softmax", [("x", (5, 1100), False)], (5, 1100)),
+    _op("LayerNorm", [("x", (33, 96), False), ("s", (96,), True), ("b", (96,), True)], (33, 96),
+        {"axis": -1, "epsilon": 1e-5}),
+    _op("LayerNorm", [("x", (3, 900), False), ("s", (900,), True)], (3, 900),
+        {"axis": 1, "epsilon": 1e-5}),
+], ids=["softmax-one-block", "softmax-streamed", "layernorm-one-block", "layernorm-streamed"])
+def test_modeled_kernel_cycles_equal_the_emulators(tmp_path, op):
+    """The cost model's cycles (mapping._cost_rownorm) against the emulator counting the
+    generated kernel's instructions and DMAs as they execute."""
+    plan = mapping.plan_op(op, max_dpus=8, tasklets=16)
+    attrs = dict(plan.attrs(), kernel="k")
+    consts = {t.name: np.ones(t.shape, np.float32) for t in op.inputs if t.const}
+    codegen.emit_op(op, attrs, consts, tmp_path)
+    man = json.loads((tmp_path / "k" / "kernel.json").read_text())
+    assert man["dpus"] == plan.dpus
+    x = np.random.default_rng(6).standard_normal(op.inputs[0].shape).astype(np.float32)
+    _, counters = emu.run_kernel(tmp_path / "k", [x])
+    assert counters["kernel_cycles"] == pytest.approx(plan.cost().kernel_cycles, rel=1e-3)
+
+
+def test_the_cost_of_a_softmax_follows_prims_float_measurements():
+    """Per element, exp alone is 12 float multiplies and 10 float adds (PrIM: FLOAT mul 1.91,
+    add 4.91 MOPS at 350 MHz -> 183 - 5 and 71 - 5 instructions), so a 64-element row on one
+    tasklet cannot take fewer than 64 * (12 * 178 + 10 * 66) * 11 cycles."""
+    op = _op("Softmax", [("x", (1, 64), False)], (1, 64))
+    plan = mapping.make_plan(op, 1, 16)
+    assert plan.cost().kernel_cycles >= 64 * (12 * 178 + 10 * 66) * 11
+
+
+# -- Im2Col: row bands with halos ----------------------------------------------------------------
+
+def _im2col_op(shape, ks, st, pads):
+    n, c, h, w = shape
+    return OpInfo("cols", "Im2Col", {"kernel_shape": ks, "strides": st, "pads": pads, "dilations": [1, 1]},
+                  (TensorInfo("x", np.dtype("float32"), shape),),
+                  (TensorInfo("y", np.dtype("float32"), (n, h, w, c * ks[0] * ks[1])),))
+
+
+def test_im2col_moves_to_each_dpu_only_the_rows_its_band_needs(tmp_path):
+    """X[1, 3, 32, 32], 3x3, stride 1, pads 1 on 8 DPUs: each DPU builds 4 of the 32 output
+    lines, which read padded rows 4b .. 4b + 5: 6 rows x 3 channels x 34 padded columns x
+    4 bytes = 2448 bytes (+ 8 bytes the last 8-aligned window may read past), not the whole
+    padded input (3 x 34 x 34 x 4 = 13872 bytes) on every DPU."""
+    op = _im2col_op((1, 3, 32, 32), [3, 3], [1, 1], [1, 1, 1, 1])
+    plan = mapping.make_plan(op, 8, 16)
+    per_dpu = 6 * 3 * 34 * 4 + 8
+    assert plan.dpus == 8 and plan.inputs == ("x:scatter",)
+    assert plan.cost().bytes_in == 8 * per_dpu
+    codegen.emit_op(op, dict(plan.attrs(), kernel="k"), {}, tmp_path)
+    x = np.random.default_rng(7).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    (y,), counters = emu.run_kernel(tmp_path / "k", [x])
+    assert counters["broadcast_bytes"] == 0
+    assert counters["h2d_bytes"] == 8 * per_dpu + 8 * 8   # + ARGS (8 bytes) per DPU
+    cols = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.stack([cols[0, :, i:i + 3, j:j + 3].reshape(-1) for i in range(32) for j in range(32)])
+    np.testing.assert_array_equal(y.reshape(-1, 27), ref)
+
+
+@pytest.mark.parametrize("shape,ks,st,pads,dpus", [
+    ((3, 2, 9, 11), [3, 3], [2, 1], [1, 0, 1, 2], 7),   # bands of 2 images' lines, a ragged last band
+    ((5, 2, 6, 6), [3, 3], [1, 1], [1, 1, 1, 1], 2),    # fewer DPUs than images: whole images
+    ((2, 1, 7, 5), [5, 1], [2, 1], [2, 0, 2, 0], 16),   # more DPUs than lines: column blocks
+    ((1, 2, 6, 13), [3, 3], [1, 2], [1, 1, 1, 1], 32),  # column blocks of 2 with a ragged last one
+])
+def test_emulated_conv_on_upmem_im2col_matches_onnxruntime(tmp_path, shape, ks, st, pads, dpus):
+    rng = np.random.default_rng(8)
+    m = shape[1] * 2
+    w = rng.standard_normal((m, shape[1], *ks)).astype(np.float32)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=ks, strides=st, pads=pads)],
+                   shape, inits=[_init("w", w)], opset=17)
+    x = rng.standard_normal(shape).astype(np.float32)
+    res = optimize(model, place=[("*", "upmem")], device_options={"upmem_dpus": dpus})
+    im = [n for n in res.model.graph.node if n.op_type == "Im2Col"]
+    assert [v.decode() for v in cinm.node_attrs(im[0])["cnm_inputs"]] == ["x:scatter"]
+    artifacts.save(res.model, tmp_path / "c.onnx")
+    sess = InferenceSession(tmp_path / "c.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_layernorm_keeps_the_shape_for_what_follows():
+    """Regression: the body's Reshape(.., Shape(X)) hid Y's shape from shape inference, so the
+    MatMul after a LayerNorm had no shape (its FLOPs counted 0, its placement at size 1)."""
+    w = np.ones((8, 4), np.float32)
+    m = _model([helper.make_node("LayerNormalization", ["x", "s"], ["n"], axis=-1),
+                helper.make_node("MatMul", ["n", "w"], ["y"])], ("batch", 8),
+               inits=[_init("s", np.ones(8)), _init("w", w)])
+    res = optimize(m, dims={"batch": 16}, check=0, stop_after="cinm")
+    assert res.flops_total == 2 * 16 * 8 * 4 + 8 * 16 * 8   # the Gemm, and LayerNorm's 8 per output
+
+
+def _conv_patches(x, ks, st, pads):
+    """numpy: rows (n, oh, ow), columns (c, kh, kw) of the zero-padded input."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, c, hp, wp = xp.shape
+    oh, ow = (hp - ks[0]) // st[0] + 1, (wp - ks[1]) // st[1] + 1
+    return np.stack([xp[b, :, i * st[0]:i * st[0] + ks[0], j * st[1]:j * st[1] + ks[1]].reshape(-1)
+                     for b in range(n) for i in range(oh) for j in range(ow)])
+
+
+@pytest.mark.parametrize("shape,ks,st,pads,dpus,split", [
+    ((2, 2, 5, 9), [3, 3], [1, 2], [1, 1, 1, 1], 30, (1, 1, 2)),   # column blocks, ragged
+    ((2, 1, 7, 5), [5, 1], [2, 1], [2, 0, 2, 0], 40, (1, 1, 1)),   # one pixel per DPU
+    ((3, 2, 9, 11), [3, 3], [2, 1], [1, 0, 1, 2], 7, (1, 3, 11)),  # bands of 3 + 2 lines
+    ((5, 2, 6, 6), [3, 3], [1, 1], [1, 1, 1, 1], 2, (3, 6, 6)),    # whole images
+])
+def test_im2col_tiles_with_halos_in_the_emulator(tmp_path, shape, ks, st, pads, dpus, split):
+    """Every split of :func:`mapping.im2col_split` (images, bands of lines, column blocks)
+    gathers the patches numpy does."""
+    op = _im2col_op(shape, ks, st, pads)
+    plan = mapping.make_plan(op, dpus, 4)
+    assert (plan.g["nb"], plan.g["lb"], plan.g["cb"]) == split
+    codegen.emit_op(op, dict(plan.attrs(), kernel="k"), {}, tmp_path)
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    (y,), counters = emu.run_kernel(tmp_path / "k", [x])
+    assert counters["h2d_bytes"] == plan.cost().bytes_in + 8 * plan.dpus   # + ARGS per DPU
+    np.testing.assert_array_equal(y.reshape(-1, y.shape[-1]), _conv_patches(x, ks, st, pads))
+
+
+@pytest.mark.parametrize("op,bias,transpose", [("Gelu", False, True), ("BiasGelu", True, False),
+                                                ("FastGelu", True, False), ("FastGelu", False, True)])
+def test_onnxruntime_contrib_gelus_run_on_upmem(tmp_path, op, bias, transpose):
+    """com.microsoft Gelu (here before a Transpose, finding 6's shape), BiasGelu and FastGelu
+    (tanh; with and without its bias) become cinm Gelus; the oracle is onnxruntime running the
+    contrib op itself."""
+    rng = np.random.default_rng(10)
+    b = rng.standard_normal(16).astype(np.float32)
+    nodes = [helper.make_node(op, ["x"] + (["b"] if bias else []), ["g"], domain="com.microsoft")]
+    nodes.append(helper.make_node("Transpose", ["g"], ["y"], perm=[1, 0]) if transpose
+                 else helper.make_node("Identity", ["g"], ["y"]))
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [_init("b", b)] if bias else [])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    x = (rng.standard_normal((3, 16)) * 3).astype(np.float32)
+    (y,), on = _emulate(model, tmp_path, x)
+    assert "Gelu" in on
+    np.testing.assert_allclose(y, run_onnxruntime(model, {"x": x})[0], rtol=1e-5, atol=2e-6)
