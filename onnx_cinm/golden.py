@@ -1006,7 +1006,7 @@ def compare(
 
     report = CheckReport(ok=True, runs=runs, rtol=rtol, atol=atol, special=fill == "special")
     if exact:
-        report.notes.append(f"reference: {exact} MatMulInteger/QLinearMatMul with full-range int8 "
+        report.notes.append(f"reference: {exact} MatMulInteger/QLinearMatMul/QLinearConv with full-range int8 "
                             "weights computed exactly in int32, as onnxruntime's u8s8 kernels "
                             "saturate on this CPU")
     if steps:
@@ -1077,7 +1077,7 @@ def _exact_integers(model: ModelLike) -> tuple[ModelLike, int]:
         proto = model
     else:
         header = _load_header(model)
-        if not any(n.op_type in ("MatMulInteger", "QLinearMatMul") for n in header.graph.node) \
+        if not any(n.op_type in quantref.REWRITTEN for n in header.graph.node) \
                 or not quantref.u8s8_saturates():
             return model, 0
         proto = header if isinstance(model, (bytes, bytearray)) else onnx.load(os.fspath(model))

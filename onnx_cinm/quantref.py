@@ -12,10 +12,12 @@ int32 Gemm is exact, so comparing it with such a reference compares it with onnx
 saturation. :func:`u8s8_saturates` probes this machine once (255 x 127 twice: 64770 exact, 32767
 saturated); where it does, :func:`exact_integer_products` rewrites the affected nodes of a model
 into standard ops that onnxruntime computes exactly (int32 ``MatMul`` of the zero-point-
-corrected operands; QLinearMatMul's requantization after it, the float32 multiplier in
-onnxruntime's order), and the check says so. The level-2 route was not taken: it also fuses and
-reorders the float parts of the reference. ConvInteger takes no int8 weights in onnxruntime;
-QLinearConv is not rewritten (its float32 Conv would not be exact beyond 2**24).
+corrected operands; for QLinearConv, ``ConvInteger`` on the weights moved to uint8 (``w + 128``,
+zero point + 128: its u8u8 kernels widen to 16 bits before multiplying, so they do not
+saturate); the QLinear requantization after it, the float32 multiplier in onnxruntime's order),
+and the check says so. The level-2 route was not taken: it also fuses and reorders the float
+parts of the reference. ConvInteger takes no int8 weights in onnxruntime; a QLinearConv with
+per-channel weight zero points that differ is not rewritten (ConvInteger takes one).
 
 **Quantization steps.** A QDQ model's outputs are rounded to a grid (``DequantizeLinear`` of a
 ``QuantizeLinear``): a product computed exactly in int32 and rescaled in float32 differs from
@@ -62,17 +64,35 @@ def u8s8_saturates() -> bool:
 
 
 def _full_range_weights(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """MatMulInteger / QLinearMatMul nodes with a constant int8 weight beyond ``SAFE_INT8``."""
+    """MatMulInteger / QLinearMatMul / QLinearConv nodes with a constant int8 weight beyond
+    ``SAFE_INT8`` (QLinearConv: with one weight zero point)."""
     inits = {t.name: t for t in graph.initializer}
     out = []
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMulInteger", "QLinearMatMul"):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in REWRITTEN:
             continue
         w = inits.get(node.input[1] if node.op_type == "MatMulInteger" else node.input[3])
-        if w is not None and w.data_type == TensorProto.INT8 and \
-                np.abs(numpy_helper.to_array(w).astype(np.int32)).max(initial=0) > SAFE_INT8:
-            out.append(node)
+        if w is None or w.data_type != TensorProto.INT8 or \
+                np.abs(numpy_helper.to_array(w).astype(np.int32)).max(initial=0) <= SAFE_INT8:
+            continue
+        if node.op_type == "QLinearConv" and _one_zero_point(graph, node.input[5]) is None:
+            continue
+        out.append(node)
     return out
+
+
+#: The ops :func:`exact_integer_products` rewrites.
+REWRITTEN = ("MatMulInteger", "QLinearMatMul", "QLinearConv")
+
+
+def _one_zero_point(graph: onnx.GraphProto, name: str) -> int | None:
+    """The single value of weight zero point ``name`` (0 when absent; None when computed at run
+    time or when its per-channel values differ)."""
+    if not name:
+        return 0
+    t = next((t for t in graph.initializer if t.name == name), None)
+    values = None if t is None else np.unique(numpy_helper.to_array(t))
+    return int(values[0]) if values is not None and values.size == 1 else None
 
 
 def saturating_nodes(model: onnx.ModelProto) -> int:
@@ -96,7 +116,7 @@ def exact_integer_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int
     new_nodes: list[onnx.NodeProto] = []
     for node in out.graph.node:
         key = node.name or node.output[0]
-        if key in rewrite and node.op_type in ("MatMulInteger", "QLinearMatMul"):
+        if key in rewrite and node.op_type in REWRITTEN:
             new_nodes.extend(_exact(node, out.graph))
         else:
             new_nodes.append(node)
@@ -125,11 +145,26 @@ def _exact(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]
             v = op("Sub", [v, z])
         return v
 
-    ins = list(node.input) + [""] * 8
+    ins = list(node.input) + [""] * 9
     if node.op_type == "MatMulInteger":
         a, b, azp, bzp = ins[:4]
     else:
-        a, a_s, azp, b, b_s, bzp, y_s, yzp = ins[:8]
+        a, a_s, azp, b, b_s, bzp, y_s, yzp, bias = ins[:9]
+    if node.op_type == "QLinearConv":  # int8 weights as uint8 (+128) for ConvInteger's u8u8
+        w = next(t for t in graph.initializer if t.name == b)
+        wu8 = (numpy_helper.to_array(w).astype(np.int16) + 128).astype(np.uint8)
+        zp = np.array(_one_zero_point(graph, bzp) + 128, np.uint8)
+        acc = op("ConvInteger", [a, _const(graph, f"{base}_w", wu8), azp, _const(graph, f"{base}_wzp", zp)],
+                 **{at.name: helper.get_attribute_value(at) for at in node.attribute})
+        # per output channel [M] -> [M, 1, ...] against the [N, M, *S] result
+        trailing = _const(graph, f"{base}_axes", np.arange(1, len(w.dims) - 1, dtype=np.int64))
+        if bias:
+            acc = op("Add", [acc, op("Unsqueeze", [bias, trailing])])
+        mult = op("Unsqueeze", [op("Div", [op("Mul", [a_s, op("Reshape", [b_s, _const(graph, f"{base}_flat", np.array([-1], np.int64))])]), y_s]), trailing])
+        f = op("Mul", [op("Cast", [acc], to=TensorProto.FLOAT), mult])
+        made.append(helper.make_node("QuantizeLinear", [f, _const(graph, f"{base}_one", np.array(1.0, np.float32)), yzp],
+                                     [node.output[0]], name=f"{base}_q"))
+        return made
     acc = op("MatMul", [corrected(a, azp, _is_vector(graph, azp)), corrected(b, bzp, False)])
     if node.op_type == "MatMulInteger":
         made[-1].output[0] = node.output[0]

@@ -403,3 +403,37 @@ def test_blocked_weight_scales_are_not_taken_for_per_channel_ones():
     assert res.check.ok
     gemm = next(g for g in res.model.graph.node if g.domain == cinm.DOMAIN and g.op_type == "Gemm")
     assert not any(i.name == gemm.input[1] and i.data_type == TP.INT32 for i in res.model.graph.initializer)
+
+
+def test_check_of_a_full_range_int8_qlinear_conv_is_exact():
+    """QLinearConv u8 x s8 with full-range weights: onnxruntime's kernels saturate on CPUs
+    without VNNI (the check failed), the reference now takes ConvInteger on the weights moved to
+    uint8, which is exact; both are compared with numpy's exact requantization."""
+    from onnx_cinm import quantref
+
+    c, m_out = 8, 4
+    w = rng.integers(-127, 128, (m_out, c, 3, 3)).astype(np.int8)
+    w[0] = 127  # channel 0 saturates for bright inputs
+    ws = rng.uniform(0.5, 1.0, m_out).astype(np.float32)
+    bias = rng.integers(-500, 500, m_out).astype(np.int32)
+    inits = [nh.from_array(np.array(1.0, np.float32), "xs"), nh.from_array(np.array(0, np.uint8), "xzp"),
+             nh.from_array(w, "W"), nh.from_array(ws, "ws"), nh.from_array(np.zeros(m_out, np.int8), "wzp"),
+             nh.from_array(np.array(4000.0, np.float32), "ys"), nh.from_array(np.array(60, np.uint8), "yzp"),
+             nh.from_array(bias, "B")]
+    node = h.make_node("QLinearConv", ["x", "xs", "xzp", "W", "ws", "wzp", "ys", "yzp", "B"], ["y"], pads=[1, 1, 1, 1])
+    m = _model([node], [h.make_tensor_value_info("x", TP.UINT8, [1, c, 6, 6])],
+               [h.make_tensor_value_info("y", TP.UINT8, [1, m_out, 6, 6])], inits)
+    x = rng.integers(200, 256, (1, c, 6, 6)).astype(np.uint8)
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    acc = np.zeros((1, m_out, 6, 6), np.int64) + bias[None, :, None, None]
+    for i in range(3):
+        for j in range(3):
+            acc += np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 6, j:j + 6], w[:, :, i, j].astype(np.int64))
+    mult = (np.float32(1.0) * ws / np.float32(4000.0)).astype(np.float32)[None, :, None, None]
+    want = np.clip(np.rint(acc.astype(np.float32) * mult) + 60, 0, 255).astype(np.uint8)
+    exact_model, count = quantref.exact_integer_products(m)
+    assert count == (1 if quantref.u8s8_saturates() else 0)
+    np.testing.assert_array_equal(run_onnxruntime(exact_model, {"x": x})[0], want)
+    res = optimize(m, placement="heuristic", check=3)
+    assert res.check.ok and res.check.max_abs_err == 0
+    np.testing.assert_array_equal(run_onnxruntime(res.model, {"x": x})[0], want)
