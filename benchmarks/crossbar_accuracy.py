@@ -19,6 +19,9 @@ argmax run in numpy. Every mode is a :class:`~onnx_cinm.sim.crossbar.mode.Crossb
    ``onnx-cinm evaluate`` runs) in the preset's ``device`` data path, at 1 s, 1 h, 1 day and
    1 year after programming, with and without global drift compensation; mean and min/max over
    ``--seeds`` seeds, next to the published trend the device should follow (:data:`TRENDS`).
+   Then the device model alone (:func:`float_drift_reference`): the CNN's float weights drifted
+   directly for a year, without and with one compensation factor per layer, which tells what
+   the drift law does from what the crossbar simulation adds.
 
 Usage: ``python benchmarks/crossbar_accuracy.py [--seeds 5] [--json] [--tables quant,presets]``.
 Tables 1-3 take about 5 s (most of it training the MLP); table 4 a few minutes on 2 busy cores.
@@ -92,6 +95,50 @@ TRENDS = {
 TIMES = (("1 s", 1.0), ("1 h", 3600.0), ("1 d", 86400.0), ("1 y", 365.25 * 86400.0))
 
 
+def _patches(X):
+    """``X`` ``[n, 64]`` (8x8 images) -> the 3x3 patches ``[n, 36, 9]`` of the CNN's conv."""
+    img = X.reshape(len(X), 8, 8)
+    return np.stack([img[:, i:i + 3, j:j + 3].reshape(len(X), 9)
+                     for i in range(6) for j in range(6)], axis=1)
+
+
+def cnn_predict(params, X) -> np.ndarray:
+    """Classes ``[n]`` of images ``X`` (``[n, 64]`` or ``[n, 1, 8, 8]``) by the CNN of
+    :func:`train_cnn` with ``params = (Wc, bc, Wd, bd)``, in float64 numpy."""
+    Wc, bc, Wd, bd = (np.asarray(p, np.float64) for p in params)
+    n = len(X)
+    a1 = np.maximum(_patches(np.asarray(X, np.float64).reshape(n, 64)) @ Wc + bc, 0)
+    pooled = a1.reshape(n, 3, 2, 3, 2, 8).max(axis=(2, 4))
+    return (pooled.transpose(0, 3, 1, 2).reshape(n, 72) @ Wd + bd).argmax(axis=1)
+
+
+def float_drift_reference(params, X, y, device_model: str, t_s: float, seeds: int):
+    """Accuracy of the CNN with its float weights drifted directly, no crossbar: each weight
+    times ``((t + t0) / t0)^-nu``, ``nu`` drawn per weight from its magnitude over its column's
+    largest (the device's per-column mapping) by :func:`physics.drift_exponents`, and with global
+    compensation one :func:`physics.gdc_factor` per layer. No tiles, slices, quantization, ADC
+    or other effect: what the device model alone does. Returns ``(off, on)``, lists over seeds."""
+    from onnx_cinm.sim.crossbar import physics
+
+    model = physics.DEVICE_MODELS[device_model]
+    off, on = [], []
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        drifted, factors = [], []
+        for k, p in enumerate(params):
+            p = np.asarray(p, np.float64)
+            if k % 2 == 0:  # the weights Wc, Wd; biases stay digital
+                x = np.abs(p) / np.where(np.abs(p).max(axis=0) > 0, np.abs(p).max(axis=0), 1.0)
+                dp = physics.drift(p, physics.drift_exponents(x, model, rng), t_s, model)
+                factors.append(physics.gdc_factor(p, dp))
+                p = dp
+            drifted.append(p)
+        off.append(float(np.mean(cnn_predict(drifted, X) == y)))
+        comp = [p * factors[k // 2] if k % 2 == 0 else p for k, p in enumerate(drifted)]
+        on.append(float(np.mean(cnn_predict(comp, X) == y)))
+    return off, on
+
+
 def train_cnn(X_train, y_train, epochs: int = 40, seed: int = 0):
     """A small CNN on 8x8 digits, trained with numpy (SGD with momentum, cross-entropy):
     conv 3x3 (1 -> 8 channels, no padding) + ReLU -> 2x2 max-pool -> flatten (channel-major,
@@ -99,9 +146,7 @@ def train_cnn(X_train, y_train, epochs: int = 40, seed: int = 0):
     ``(Wc [9, 8], bc [8], Wd [72, 10], bd [10])``."""
     rng = np.random.default_rng(seed)
     n = len(X_train)
-    img = X_train.reshape(n, 8, 8)
-    cols = np.stack([img[:, i:i + 3, j:j + 3].reshape(n, 9)
-                     for i in range(6) for j in range(6)], axis=1)  # [n, 36, 9]
+    cols = _patches(X_train)
     Wc = rng.standard_normal((9, 8)) * np.sqrt(2 / 9)
     bc = np.zeros(8)
     Wd = rng.standard_normal((72, 10)) * np.sqrt(2 / 72)
@@ -158,16 +203,17 @@ def cnn_model(Wc, bc, Wd, bd):
 
 
 def digits_cnn(seed: int = 0):
-    """``(model, X_test [450, 1, 8, 8], y_test, numpy accuracy)``: the CNN trained on the MLP's
-    split of scikit-learn's digits (``train_test_split(X / 16, y, test_size=0.25,
-    random_state=0)``)."""
+    """``(model, X_test [450, 1, 8, 8], y_test, params)``: the CNN trained on the MLP's split of
+    scikit-learn's digits (``train_test_split(X / 16, y, test_size=0.25, random_state=0)``) and
+    its float32 ``(Wc, bc, Wd, bd)``."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     X, y = load_digits(return_X_y=True)
     X_tr, X_te, y_tr, y_te = train_test_split(X / 16.0, y, test_size=0.25, random_state=0)
     params = train_cnn(X_tr, y_tr, seed=seed)
-    return cnn_model(*params), X_te.astype(np.float32).reshape(-1, 1, 8, 8), y_te.astype(np.int64)
+    return (cnn_model(*params), X_te.astype(np.float32).reshape(-1, 1, 8, 8),
+            y_te.astype(np.int64), params)
 
 
 #: The device effects of table 4: the ``device`` mode's own but IR drop, which does not change
@@ -186,9 +232,10 @@ def preset_table(seeds: int, records: list, tmp: Path, effects=TIME_EFFECTS) -> 
     from onnx_cinm.devices.memristor.presets import PRESETS
     from onnx_cinm.pipeline import optimize
     from onnx_cinm.runtime.evaluate import Evaluator, summarize
+    from onnx_cinm.sim.crossbar.physics import DEVICE_MODELS
 
     d = build_digits_mlp()
-    cnn, Xc, yc = digits_cnn()
+    cnn, Xc, yc, cnn_params = digits_cnn()
     models = {"digits MLP": (d.model, {"X": d.X_test}, d.y_test),
               "digits CNN": (cnn, {"X": Xc}, yc)}
     seen_trends = []
@@ -234,6 +281,16 @@ def preset_table(seeds: int, records: list, tmp: Path, effects=TIME_EFFECTS) -> 
                          "device_model": chip.device_model, "exact": exact, **r} for r in recs]
             records.append({"table": "presets-wall", "model": model_name, "preset": name,
                             "wall_s": time.perf_counter() - t})
+    # the device model alone, on the CNN's float weights: tells the device physics from the
+    # crossbar simulation (docs/crossbar-presets.md, "Drift and its compensation")
+    ref_seeds = max(seeds, 40)
+    print(f"\ndigits CNN, float weights drifted directly (no crossbar, drift only, {TIMES[-1][0]}, "
+          f"{ref_seeds} seeds): accuracy % mean without / with one compensation factor per layer")
+    for dm in (dm for dm in seen_trends if DEVICE_MODELS[dm].drifts):
+        off, on = float_drift_reference(cnn_params, Xc, yc, dm, TIMES[-1][1], ref_seeds)
+        print(f"  {dm:<16} {100 * np.mean(off):.1f} / {100 * np.mean(on):.1f}")
+        records.append({"table": "float-drift-reference", "model": "digits CNN",
+                        "device_model": dm, "time_s": TIMES[-1][1], "off": off, "on": on})
     print("\npublished trends:")
     for dm in seen_trends:
         print(f"  {dm}: {TRENDS.get(dm, 'no published trend recorded')}")

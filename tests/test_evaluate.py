@@ -132,7 +132,7 @@ def test_output_error_follows_the_drift_law(tmp_path):
     # mean factor E[((t + t0) / t0)^-nu] = exp(-mu L + sd^2 L^2 / 2), L = ln((t + t0) / t0):
     # 0.500 after a year (the notes' table: 0.49 at nu = 0.05), and the error is 1 - that
     # (plus 8-bit quantization and the spread of nu, each under 1 %). Compensation rescales
-    # each tile by its summed conductance, leaving those.
+    # each tile by its summed weight magnitude (a one-hot calibration read), leaving those.
     rng = np.random.default_rng(3)
     path = _linear_model(tmp_path, rng)
     X = rng.uniform(0.0, 1.0, (200, 256)).astype(np.float32)

@@ -54,9 +54,11 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    (``stuck_at_0``, ``stuck_at_1`` rates), and computes with the resulting conductances (back in
    level units ``g / g_max * Lc``). The ADC full scale stays calibrated to the *target* levels
    (set when the tile is programmed), so drift shows as lost signal. ``drift_compensation``
-   multiplies each tile's digital output by ``sum(g after programming) / sum(g at time_s)``
-   (global drift compensation). ``wire_ohm_row``/``wire_ohm_col`` add first-order IR drop to
-   every MVM (each array of a pair on its own wires). ``adc_offset_lsb`` and ``adc_gain_std``
+   multiplies each tile's digital output by ``sum|W after programming| / sum|W at time_s|``,
+   ``W`` the tile's weights as a one-hot calibration read sees them (``G+ - G-``, slices
+   recombined by significance; global drift compensation, :func:`.physics.gdc_factor`).
+   ``wire_ohm_row``/``wire_ohm_col`` add first-order IR drop to every MVM (each array of a pair
+   on its own wires). ``adc_offset_lsb`` and ``adc_gain_std``
    are the standard deviations of a per-column offset (LSB) and relative gain error, drawn once
    per crossbar; ``adc_inl_lsb`` a parabolic INL bow peaking at mid-scale. The device draws use
    their own generator, seeded from ``seed``, so they never change the read-noise draws.

@@ -23,9 +23,14 @@ taken from them):
 - **Stuck-at cells** (§2.5, MNSIM semantics): one uniform draw per cell, ``u < p0``: stuck at
   0 (HRS), ``u >= 1 - p1``: stuck at ``g_max`` (LRS); a stuck cell neither takes its target nor
   drifts nor fluctuates.
-- **Global drift compensation** (§2.1, Le Gallo et al. 2018 as in aihwkit's docs): one factor per
-  crossbar, ``alpha = sum(g just after programming) / sum(g at t)``, the summed current of the
-  whole array under one constant read voltage, applied to the digital output.
+- **Global drift compensation** (§2.1, Le Gallo et al. 2018; aihwkit ``GlobalDriftCompensation``):
+  one factor per tile, ``alpha = sum|W_eff(0)| / sum|W_eff(t)|`` (:func:`gdc_factor`), where
+  ``W_eff`` is what a calibration read of the tile returns for each one-hot input row: the
+  weight the devices hold, ``G+ - G-`` of each pair, with the bit slices recombined by their
+  significance (shift-add), as the digital output sees them. Applied to the tile's digital
+  output after the ADC. It undoes a drift shared by every device exactly; with a
+  state-dependent exponent it leaves an error that no single factor removes (see
+  ``docs/crossbar-presets.md``, "Drift and its compensation").
 - **IR drop**, first order (§2.6; our derivation, see :func:`ir_drop`).
 - **ADC** offset, gain error and integral non-linearity (§2.7; see :func:`adc_convert`).
 
@@ -228,10 +233,24 @@ def realize(g_t: np.ndarray, model: DeviceModel, rng: np.random.Generator, *, t_
     return g, g0
 
 
-def gdc_factor(g_ref: np.ndarray, g_now: np.ndarray) -> float:
-    """Global drift compensation factor ``sum(g_ref) / sum(g_now)`` (1 if either sum is 0)."""
-    a, b = float(np.sum(g_ref)), float(np.sum(g_now))
+def gdc_factor(w_ref: np.ndarray, w_now: np.ndarray) -> float:
+    """Global drift compensation factor ``sum|w_ref| / sum|w_now|`` (1 if either sum is 0).
+
+    ``w_ref``, ``w_now``: the tile's effective weights (any shape, any unit) as a calibration
+    read returns them just after programming and at inference time: the output of each one-hot
+    input row, i.e. ``G+ - G-`` of each pair with the bit slices recombined by significance.
+    The ratio of the mean absolute readouts is aihwkit's ``GlobalDriftCompensation`` (chips.md
+    §2.1). Summing raw conductances instead weighs a low-order slice as much as the high-order
+    one that dominates the output, and counts both devices of a pair."""
+    a, b = float(np.abs(w_ref).sum()), float(np.abs(w_now).sum())
     return a / b if a > 0 and b > 0 else 1.0
+
+
+def _recombined(D: np.ndarray, slices: int, cell_bits: int) -> np.ndarray:
+    """``[r, S * c]`` slice-major signed levels -> ``[r, c]`` weights in LSB units (shift-add)."""
+    r, sc = D.shape
+    shift = 2.0 ** (cell_bits * np.arange(slices))
+    return np.einsum("rsc,s->rc", D.reshape(r, slices, sc // slices), shift)
 
 
 # ------------------------------------------------------------------------- per-MVM effects
@@ -312,7 +331,10 @@ def tile_state(planes: np.ndarray, sign: np.ndarray, mode, rng: np.random.Genera
 
     Returns ``{"D": [r, S*c] signed effective levels (G+ - G-, or the offset cell), "G2": summed
     squared levels (the per-read noise variance), "alpha": the drift-compensation factor (1 when
-    off), "ir": [(sign, [r, S*c] conductances in siemens)] per array when IR drop is on, else None, "siemens_per_level": g_max / Lc in siemens}``.
+    off; :func:`gdc_factor` of the recombined weights just after programming and at
+    ``mode.time_s``, read exactly: the calibration averages many reads), "ir": [(sign, [r, S*c]
+    conductances in siemens)] per array when IR drop is on, else None, "siemens_per_level":
+    g_max / Lc in siemens}``.
     """
     model = DEVICE_MODELS[mode.device] if mode.device else None
     arrays = ([(1.0, planes * (sign > 0)), (-1.0, planes * (sign < 0))] if mode.differential
@@ -322,20 +344,22 @@ def tile_state(planes: np.ndarray, sign: np.ndarray, mode, rng: np.random.Genera
                 "alpha": 1.0, "ir": None, "siemens_per_level": 1.0}
     per_level = model.g_max_us / (2 ** mode.cell_bits - 1)  # uS per level
     D = np.zeros_like(planes)
+    D0 = np.zeros_like(planes)  # as just after programming: the calibration reference
     G2 = np.zeros_like(planes)
-    ref = now = 0.0
     ir = [] if (mode.wire_ohm_row or mode.wire_ohm_col) else None
     for s, lv in arrays:
         g, g0 = realize(lv * per_level, model, rng, t_s=mode.time_s, prog_noise=mode.prog_noise,
                         drift_scale=mode.drift, read_noise=mode.read_noise_1f,
                         stuck_at_0=mode.stuck_at_0, stuck_at_1=mode.stuck_at_1)
-        ref += float(g0.sum())
-        now += float(g.sum())
         D += s * g / per_level
+        D0 += s * g0 / per_level
         G2 += (g / per_level) ** 2
         if ir is not None:
             ir.append((s, g * 1e-6))
-    alpha = (ref / now if ref > 0 and now > 0 else 1.0) if mode.drift_compensation else 1.0
+    alpha = 1.0
+    if mode.drift_compensation:
+        alpha = gdc_factor(_recombined(D0, mode.slices, mode.cell_bits),
+                           _recombined(D, mode.slices, mode.cell_bits))
     return {"D": D, "G2": G2, "alpha": alpha, "ir": ir, "siemens_per_level": per_level * 1e-6}
 
 
