@@ -143,12 +143,27 @@ def test_recurrent_weight_is_one_initializer_shared_by_the_steps():
     assert list(inits[gemms[0].input[1]].dims) == [5, 32]
 
 
-def test_input_forget_is_kept_whole_with_the_reason():
-    model = _model("LSTM", 4, 2, 3, 4)
+@pytest.mark.parametrize("opts", [{}, {"peep": True, "init": True, "direction": "bidirectional"}])
+def test_input_forget_couples_the_gates_as_onnxruntime(opts):
+    # input_forget = 1: onnxruntime takes the forget gate as 1 - i_t
+    model = _model("LSTM", 4, 2, 3, 5, **opts)
     model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
     res = optimize(model, stop_after="cinm")
+    assert "LSTM" not in [n.op_type for n in res.model.graph.node]
+    feeds = _feeds(model)
+    for g, r in zip(run_onnxruntime(res.model, feeds), run_onnxruntime(model, feeds)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_lens_at_run_time_is_kept_whole_with_the_reason():
+    model = _model("LSTM", 4, 2, 3, 4)
+    model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [2]))
+    node = model.graph.node[0]
+    node.input.extend([""] * (5 - len(node.input)))
+    node.input[4] = "lens"
+    res = optimize(model, stop_after="cinm", check=0)
     assert [n.op_type for n in res.model.graph.node] == ["LSTM"]
-    assert any("input_forget" in reason for reason in res.stats["to_cinm"]["kept"]["LSTM"])
+    assert any("sequence_lens given at run time" in r for r in res.stats["to_cinm"]["kept"]["LSTM"])
 
 
 @pytest.mark.parametrize("op,opts", [
