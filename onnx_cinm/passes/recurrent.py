@@ -18,15 +18,16 @@ step. With a static sequence length ``S`` the rule rewrites the op into
   every activation, peepholes ``P``, and ``Concat`` of the step results into ``Y``, ``Y_h``
   (``Y_c``).
 
-With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the same way (one cinm Gemm over all
-steps, whatever their number) and the steps run in a ``Scan`` per direction whose body does
-one step with standard ops (its recurrent product a host ``MatMul``: control-flow bodies are
-not compiled). ONNX's LSTM/GRU/RNN themselves have no form taking a precomputed projection.
+With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the
+same way (one cinm Gemm over all steps, whatever their number) and the steps run in a ``Scan``
+per direction whose body does one step with standard ops (its recurrent product a host
+``MatMul``: control-flow bodies are not compiled). ONNX's LSTM/GRU/RNN themselves have no
+form taking a precomputed projection.
 
 Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``initial_h``,
 ``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
-equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; ``input_forget``; GRU's
-``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
+equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; ``input_forget``;
+GRU's ``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
 reason in the summary: ``W``/``R``/``B``/``P`` computed at run time, ``sequence_lens`` given at
 run time, shorter than ``S`` or with a dynamic ``S``, other activations, opset below 13.
 LSTM ``input_forget = 1`` couples the gates as onnxruntime does: ``f_t = 1 - i_t``.
@@ -291,8 +292,8 @@ def replace(rw, node: ir.Node, p: dict):
         xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
         acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
         if S is None:  # dynamic length: the input projection above, the steps in a Scan
-            h, cell, ystack = _scan(c, rw, op, xp, [state(init_h, d, x, p, c, H, dt)] +
-                                    ([state(init_c, d, x, p, c, H, dt)] if op == "LSTM" else []),
+            h, cell, ystack = _scan(c, rw, op, xp, [_state(init_h, d, x, p, c, H, dt)] +
+                                    ([_state(init_c, d, x, p, c, H, dt)] if op == "LSTM" else []),
                                     rec, acts, p, d)
             ys.append(ystack)
             yhs.append(h)
@@ -302,8 +303,8 @@ def replace(rw, node: ir.Node, p: dict):
         rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
                for k, (Rk, bk) in enumerate(rec)]
 
-        h = state(init_h, d, x, p, c, H, dt)
-        cell = state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
+        h = _state(init_h, d, x, p, c, H, dt)
+        cell = _state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
         peep = _peepholes(c, p, d)
         by_t: dict[int, str] = {}
         for t in (reversed(range(S)) if p["reverse"][d] else range(S)):
@@ -329,7 +330,7 @@ def replace(rw, node: ir.Node, p: dict):
     return c.nodes
 
 
-def state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) -> str:
+def _state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) -> str:
     """Direction ``d``'s initial state ``[1, batch, H]``: from ``given`` (``[dirs, batch, H]``)
     or zeros (made once per replacement)."""
     if given:
@@ -416,7 +417,7 @@ def _lstm_step(c: _Ops, xt: str, h: str, cell: str, rt: str, acts, peep, H: int,
     return c.std("Mul", [o, c.std(hh, [cell])]), cell
 
 
-def _gru_step(c: _Cell, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
+def _gru_step(c: _Ops, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
     """One GRU step (gates z, r, h): returns ``H_t`` ``[1, batch, H]``."""
     f, g = acts
     xz, xr, xh = c.split(xt, 3, H)
