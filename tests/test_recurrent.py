@@ -295,3 +295,33 @@ def test_compare_skips_the_nan_check_of_a_lowered_lstm(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
     out = capsys.readouterr().out
     assert "NaN/Inf check skipped: onnxruntime's LSTM kernels clamp" in out
+
+
+def test_onnx_node_cases_with_frozen_weights_match_their_expected_outputs():
+    # onnx's own LSTM/GRU/RNN node cases (expected outputs from onnx's test data, layout 1 ones
+    # included, which onnxruntime cannot run) with W, R, B, P frozen as initializers: all lowered
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [tc for tc in load_model_tests(kind="node")
+                 if any(n.op_type in GATES for n in tc.model.graph.node)]
+    assert len(cases) >= 18
+    for tc in cases:
+        m = onnx.ModelProto()
+        m.CopyFrom(tc.model)
+        ins, outs = tc.data_sets[0]
+        names = [i.name for i in m.graph.input]
+        keep = {names[0], "initial_h", "initial_c"}
+        m.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in zip(names, ins)
+                                   if n not in keep)
+        inputs = [i for i in m.graph.input if i.name in keep]
+        del m.graph.input[:]
+        m.graph.input.extend(inputs)
+        res = optimize(m, check=0, stop_after="cinm")
+        assert not res.stats["to_cinm"]["kept"], tc.name
+        got = run_onnxruntime(res.model, {n: a for n, a in zip(names, ins) if n in keep})
+        for g, e in zip(got, outs):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=tc.name)
