@@ -143,12 +143,27 @@ def test_recurrent_weight_is_one_initializer_shared_by_the_steps():
     assert list(inits[gemms[0].input[1]].dims) == [5, 32]
 
 
-def test_input_forget_is_kept_whole_with_the_reason():
-    model = _model("LSTM", 4, 2, 3, 4)
+@pytest.mark.parametrize("opts", [{}, {"peep": True, "init": True, "direction": "bidirectional"}])
+def test_input_forget_couples_the_gates_as_onnxruntime(opts):
+    # input_forget = 1: onnxruntime takes the forget gate as 1 - i_t
+    model = _model("LSTM", 4, 2, 3, 5, **opts)
     model.graph.node[0].attribute.append(helper.make_attribute("input_forget", 1))
     res = optimize(model, stop_after="cinm")
+    assert "LSTM" not in [n.op_type for n in res.model.graph.node]
+    feeds = _feeds(model)
+    for g, r in zip(run_onnxruntime(res.model, feeds), run_onnxruntime(model, feeds)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_lens_at_run_time_is_kept_whole_with_the_reason():
+    model = _model("LSTM", 4, 2, 3, 4)
+    model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [2]))
+    node = model.graph.node[0]
+    node.input.extend([""] * (5 - len(node.input)))
+    node.input[4] = "lens"
+    res = optimize(model, stop_after="cinm", check=0)
     assert [n.op_type for n in res.model.graph.node] == ["LSTM"]
-    assert any("input_forget" in reason for reason in res.stats["to_cinm"]["kept"]["LSTM"])
+    assert any("sequence_lens given at run time" in r for r in res.stats["to_cinm"]["kept"]["LSTM"])
 
 
 @pytest.mark.parametrize("op,opts", [
@@ -280,3 +295,33 @@ def test_compare_skips_the_nan_check_of_a_lowered_lstm(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
     out = capsys.readouterr().out
     assert "NaN/Inf check skipped: onnxruntime's LSTM kernels clamp" in out
+
+
+def test_onnx_node_cases_with_frozen_weights_match_their_expected_outputs():
+    # onnx's own LSTM/GRU/RNN node cases (expected outputs from onnx's test data, layout 1 ones
+    # included, which onnxruntime cannot run) with W, R, B, P frozen as initializers: all lowered
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [tc for tc in load_model_tests(kind="node")
+                 if any(n.op_type in GATES for n in tc.model.graph.node)]
+    assert len(cases) >= 18
+    for tc in cases:
+        m = onnx.ModelProto()
+        m.CopyFrom(tc.model)
+        ins, outs = tc.data_sets[0]
+        names = [i.name for i in m.graph.input]
+        keep = {names[0], "initial_h", "initial_c"}
+        m.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in zip(names, ins)
+                                   if n not in keep)
+        inputs = [i for i in m.graph.input if i.name in keep]
+        del m.graph.input[:]
+        m.graph.input.extend(inputs)
+        res = optimize(m, check=0, stop_after="cinm")
+        assert not res.stats["to_cinm"]["kept"], tc.name
+        got = run_onnxruntime(res.model, {n: a for n, a in zip(names, ins) if n in keep})
+        for g, e in zip(got, outs):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=tc.name)

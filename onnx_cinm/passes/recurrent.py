@@ -18,18 +18,19 @@ step. With a static sequence length ``S`` the rule rewrites the op into
   every activation, peepholes ``P``, and ``Concat`` of the step results into ``Y``, ``Y_h``
   (``Y_c``).
 
-With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the same way (one cinm Gemm over all
-steps, whatever their number) and the steps run in a ``Scan`` per direction whose body does
-one step with standard ops (its recurrent product a host ``MatMul``: control-flow bodies are
-not compiled). ONNX's LSTM/GRU/RNN themselves have no form taking a precomputed projection.
+With a dynamic ``S`` (or one above :data:`MAX_UNROLL`) the input projection is hoisted the
+same way (one cinm Gemm over all steps, whatever their number) and the steps run in a ``Scan``
+per direction whose body does one step with standard ops (its recurrent product a host
+``MatMul``: control-flow bodies are not compiled). ONNX's LSTM/GRU/RNN themselves have no
+form taking a precomputed projection.
 
 Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``initial_h``,
 ``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
-equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; GRU's
-``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
+equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; ``input_forget``;
+GRU's ``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
 reason in the summary: ``W``/``R``/``B``/``P`` computed at run time, ``sequence_lens`` given at
-run time, shorter than ``S`` or with a dynamic ``S``, LSTM ``input_forget = 1``, other
-activations, opset below 13.
+run time, shorter than ``S`` or with a dynamic ``S``, other activations, opset below 13.
+LSTM ``input_forget = 1`` couples the gates as onnxruntime does: ``f_t = 1 - i_t``.
 """
 from __future__ import annotations
 
@@ -178,8 +179,6 @@ def check(rw, node: ir.Node):
             return "sequence_lens with a dynamic sequence length"
         if np.any(lens != S):
             return f"sequence_lens {lens.tolist()} shorter than the sequence ({S})"
-    if op == "LSTM" and int(at.get("input_forget", 0)):
-        return "input_forget=1"
     dirs = W.shape[0]
     direction = at.get("direction", "forward")
     if (direction == "bidirectional") != (dirs == 2):
@@ -196,7 +195,8 @@ def check(rw, node: ir.Node):
             "reverse": [direction == "reverse" or d == 1 for d in range(dirs)],
             "acts": [_ACTS[a.lower()] for a in acts], "layout": layout, "dtype": dtype,
             "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip),
-            "lbr": int(at.get("linear_before_reset", 0))}
+            "lbr": int(at.get("linear_before_reset", 0)),
+            "coupled": op == "LSTM" and bool(int(at.get("input_forget", 0)))}
 
 
 #: Ops :func:`_evaluate` runs on the shape path (small int64 vectors).
@@ -292,8 +292,8 @@ def replace(rw, node: ir.Node, p: dict):
         xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
         acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
         if S is None:  # dynamic length: the input projection above, the steps in a Scan
-            h, cell, ystack = _scan(c, rw, op, xp, [state(init_h, d, x, p, c, H, dt)] +
-                                    ([state(init_c, d, x, p, c, H, dt)] if op == "LSTM" else []),
+            h, cell, ystack = _scan(c, rw, op, xp, [_state(init_h, d, x, p, c, H, dt)] +
+                                    ([_state(init_c, d, x, p, c, H, dt)] if op == "LSTM" else []),
                                     rec, acts, p, d)
             ys.append(ystack)
             yhs.append(h)
@@ -303,12 +303,12 @@ def replace(rw, node: ir.Node, p: dict):
         rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
                for k, (Rk, bk) in enumerate(rec)]
 
-        h = state(init_h, d, x, p, c, H, dt)
-        cell = state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
+        h = _state(init_h, d, x, p, c, H, dt)
+        cell = _state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
         peep = _peepholes(c, p, d)
         by_t: dict[int, str] = {}
         for t in (reversed(range(S)) if p["reverse"][d] else range(S)):
-            h, cell = _step(c, op, steps[t], h, cell, rts, acts, peep, p["lbr"], H)
+            h, cell = _step(c, op, steps[t], h, cell, rts, acts, peep, p)
             by_t[t] = h
         ys.append(c.std("Unsqueeze", [c.std("Concat", [by_t[t] for t in range(S)], axis=0),
                                       c.ints("axis1", [1])]))  # [S, 1, batch, H]
@@ -330,7 +330,7 @@ def replace(rw, node: ir.Node, p: dict):
     return c.nodes
 
 
-def state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) -> str:
+def _state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) -> str:
     """Direction ``d``'s initial state ``[1, batch, H]``: from ``given`` (``[dirs, batch, H]``)
     or zeros (made once per replacement)."""
     if given:
@@ -347,10 +347,11 @@ def _peepholes(c: _Ops, p: dict, d: int) -> list | None:
     return [c.const(f"P{d}_{k}", p["P"][d][k * H:(k + 1) * H].astype(p["dtype"])) for k in range(3)]
 
 
-def _step(c: _Ops, op: str, xt: str, h: str, cell: str | None, rts, acts, peep, lbr: int, H: int):
+def _step(c: _Ops, op: str, xt: str, h: str, cell: str | None, rts, acts, peep, p: dict):
     """One step of ``op``: ``(H_t, C_t or None)``."""
+    lbr, H = p["lbr"], p["hidden"]
     if op == "LSTM":
-        return _lstm_step(c, xt, h, cell, rts[0][0], acts, peep, H)
+        return _lstm_step(c, xt, h, cell, rts[0][0], acts, peep, H, p["coupled"])
     if op == "GRU":
         return _gru_step(c, xt, h, rts, acts, lbr, H), None
     return c.act(acts[0], c.std("Add", [xt, c.gemm([h, rts[0][0]], "hproj")])), None
@@ -369,7 +370,7 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
     rts = [(b.const(f"R{d}T_{k}", Rk.T), None if bk is None else b.const(f"RB{d}_{k}", bk))
            for k, (Rk, bk) in enumerate(rec)]
     h, cell = _step(b, op, xt, ins[0], ins[1] if op == "LSTM" else None, rts, acts,
-                    _peepholes(b, p, d), p["lbr"], H)
+                    _peepholes(b, p, d), p)
     outs = [h] + ([cell] if op == "LSTM" else [])
     outs = [b.std("Identity", [v]) for v in outs] + [b.std("Identity", [h])]
     body = helper.make_graph(b.nodes, f"{c.base}_scan{d}",
@@ -392,15 +393,23 @@ def _zeros(c: _Cell, x: str, batch, H: int, dt: np.dtype) -> str:
                  value=helper.make_tensor("zero", helper.np_dtype_to_tensor_dtype(dt), [1], [0]))
 
 
-def _lstm_step(c: _Cell, xt: str, h: str, cell: str, rt: str, acts, peep, H: int):
-    """One LSTM step (gates i, o, f, c): returns ``(H_t, C_t)``, each ``[1, batch, H]``."""
+def _lstm_step(c: _Ops, xt: str, h: str, cell: str, rt: str, acts, peep, H: int,
+               coupled: bool = False):
+    """One LSTM step (gates i, o, f, c): returns ``(H_t, C_t)``, each ``[1, batch, H]``.
+    ``coupled`` (``input_forget = 1``): the forget gate is ``1 - i_t``, as onnxruntime
+    computes it."""
     f, g, hh = acts
     pre = c.std("Add", [xt, c.gemm([h, rt], "hproj")])
     i, o, fg, cc = c.split(pre, 4, H)
     if peep is not None:
         i = c.std("Add", [i, c.std("Mul", [peep[0], cell])])
-        fg = c.std("Add", [fg, c.std("Mul", [peep[2], cell])])
-    i, fg, cc = c.act(f, i), c.act(f, fg), c.act(g, cc)
+    i, cc = c.act(f, i), c.act(g, cc)
+    if coupled:
+        fg = c.std("Sub", [c.once("one", np.array(1, c.dtype)), i])
+    else:
+        if peep is not None:
+            fg = c.std("Add", [fg, c.std("Mul", [peep[2], cell])])
+        fg = c.act(f, fg)
     cell = c.std("Add", [c.std("Mul", [fg, cell]), c.std("Mul", [i, cc])])
     if peep is not None:
         o = c.std("Add", [o, c.std("Mul", [peep[1], cell])])
@@ -408,7 +417,7 @@ def _lstm_step(c: _Cell, xt: str, h: str, cell: str, rt: str, acts, peep, H: int
     return c.std("Mul", [o, c.std(hh, [cell])]), cell
 
 
-def _gru_step(c: _Cell, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
+def _gru_step(c: _Ops, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
     """One GRU step (gates z, r, h): returns ``H_t`` ``[1, batch, H]``."""
     f, g = acts
     xz, xr, xh = c.split(xt, 3, H)
