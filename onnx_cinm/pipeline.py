@@ -88,7 +88,9 @@ class OptimizeResult:
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
-            lines.append(f"dims shape inference could not size (taken as 1): {shown}{more}")
+            what = ("dims shape inference could not size (taken as 1)" if not self.unsized_dims else
+                    "dims left unsized (taken as 1; most follow from the unsized inputs' dims)")
+            lines.append(f"{what}: {shown}{more}")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
