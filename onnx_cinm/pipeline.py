@@ -301,7 +301,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:
             the tiles kept by all crossbar kernels must fit the crossbars). See
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
-        inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); inputs
+        inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); they
+            also size the symbolic dims they cover for planning (``dims`` wins); inputs
             not given are drawn at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
@@ -331,7 +332,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             original = onnx.ModelProto()
             original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
-    dims = {**frontend.planned_dims(original), **(dims or {})}  # a re-optimized model keeps its sizes
+    # a re-optimized model keeps its sizes; real input arrays size what they cover; --dim wins
+    given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
+    dims = {**frontend.planned_dims(original), **given, **(dims or {})}
     golden.check_dim_names(original, dims)
     if check or original is model:  # the check needs the original; the caller's stays as is
         work = onnx.ModelProto()
