@@ -88,7 +88,9 @@ class OptimizeResult:
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
-            lines.append(f"dims shape inference could not size (taken as 1): {shown}{more}")
+            what = ("dims shape inference could not size (taken as 1)" if not self.unsized_dims else
+                    "dims left unsized (taken as 1; most follow from the unsized inputs' dims)")
+            lines.append(f"{what}: {shown}{more}")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
@@ -275,7 +277,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             over ``lifetime_inferences`` inferences, default 1), ``crossbar_residency`` (True:
             the tiles kept by all crossbar kernels must fit the crossbars). See
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
-        inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); inputs
+        inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); they
+            also size the symbolic dims they cover for planning (``dims`` wins); inputs
             not given are drawn at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
@@ -305,7 +308,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             original = onnx.ModelProto()
             original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
-    dims = {**frontend.planned_dims(original), **(dims or {})}  # a re-optimized model keeps its sizes
+    # a re-optimized model keeps its sizes; real input arrays size what they cover; --dim wins
+    given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
+    dims = {**frontend.planned_dims(original), **given, **(dims or {})}
     golden.check_dim_names(original, dims)
     if check or original is model:  # the check needs the original; the caller's stays as is
         work = onnx.ModelProto()

@@ -217,7 +217,7 @@ def test_a_matmul_takes_its_reduction_length_from_its_constant_operand():
     x 16), and the summary names the dims it could not size."""
     res = optimize(_attention_block(), placement="heuristic", check=0)
     assert res.flops_total == _attention_flops(1) - 2 * 2 * 4 * (16 - 1) == 32_868
-    assert "dims shape inference could not size (taken as 1): " in res.summary()
+    assert "dims left unsized (taken as 1; most follow from the unsized inputs' dims): " in res.summary()
 
 
 def test_the_summary_names_a_dim_shape_inference_cannot_size():
@@ -362,3 +362,14 @@ def test_hbm_pim_takes_the_same_products_at_batch_one_as_at_batch_two():
     assert products[1] == products[2] == ["k/Gemm", "q/Gemm", "v/Gemm", "y/Gemm"]
     assert on[1]["xp/Add"]["device"] == "hbm_pim"
     assert on[2]["xp/Add"]["device"] == "host" and "broadcasting" in on[2]["xp/Add"]["placement"]
+
+
+def test_optimize_plans_at_the_sizes_of_the_given_arrays():
+    """optimize --input drew the check at the arrays' sizes but planned at 1."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    res = optimize(_dynamic_convnet(), inputs={"images": x}, placement="heuristic")
+    assert res.flops_total == _flops_at(16)
+    assert frontend.planned_dims(res.model) == {"batch": 1, "height": 16, "width": 16}
+    assert res.check.ok and res.check.runs == 1
+    res = optimize(_dynamic_convnet(), inputs={"images": x}, dims={"height": 8}, check=0)
+    assert frontend.planned_dims(res.model) == {"batch": 1, "height": 8, "width": 16}
