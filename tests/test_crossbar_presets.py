@@ -155,3 +155,27 @@ def test_a_plan_without_preset_is_read_as_the_old_default():
     assert dev.recorded_options([("n", "Gemm", attrs)])["cim_preset"] == "pcm-occ"
     assert dev.recorded_options([("n", "Gemm", dict(attrs, cim_preset="reram-isaac"))])[
         "cim_preset"] == "reram-isaac"
+
+
+def test_placement_benchmark_preset_table():
+    """benchmarks/placement.py --presets on the digits MLP: on the default chip its three
+    matrix products (one tile each) are resident and carry every Gemm FLOP, no tile is written
+    per inference, and the chip's crossbar area is 64 cores x 0.62 mm^2."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parents[1] / "benchmarks" / "placement.py"
+    spec = importlib.util.spec_from_file_location("placement_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recs = mod.preset_records(["digits"], ["pcm-hermes"], {"host_roofline": "nominal"}, "energy",
+                              Path("."))
+    host, hermes = recs
+    assert host["preset"] == "all-host" and host["flops_share"] == 0.0
+    # Gemm FLOPs by hand: 2 x (64 x 64 + 64 x 32 + 32 x 10) = 13,056; the rest (3 bias adds of
+    # 106 elements, 2 ReLUs of 96, a Softmax of 10) is a few hundred: share between 0.97 and 1
+    assert 0.97 < hermes["flops_share"] < 1.0
+    assert hermes["writes"] == 0 and hermes["kept"] == 3
+    assert hermes["chip_area_mm2"] == pytest.approx(64 * 0.62)
+    assert hermes["energy_j"] < host["energy_j"]
+    sys.modules.pop("placement_bench", None)
