@@ -16,7 +16,8 @@ both directions of a serpentine schedule), which must equal ``writes_opt``.
   ``P`` writes above this bound (the layers run in a fixed order, so the last kernel's
   tiles left in the crossbars are never the first kernel's);
 - ``mvms``, ``latency_*_s``, ``energy_*_j``: per inference, OCC's PCM cost model (field notes
-  crossbar.md §1.4).
+  crossbar.md §1.4): the kernels are compiled for the CINM paper's chip, ``--preset pcm-occ``
+  (64 x 64 x 4), not the device's default, unless ``--preset`` says otherwise.
 
 Kernels (CINM, arXiv 2301.07486; OCC's benchmark set): matmul 8x1024 @ 1024x256 and
 16x1024 @ 1024x128; mv 4096x2048 and 16384x512 (``A x`` with constant ``A``); conv-as-GEMM
@@ -88,8 +89,12 @@ def _mv_model(rows: int, cols: int, seed=0) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+#: The crossbar chip preset the kernels are compiled for (``--preset``).
+PRESET = "pcm-occ"
+
+
 def _plans(model, order: str, P: int | None) -> list[dict]:
-    opts = {"cim_loop_order": order}
+    opts = {"cim_loop_order": order, "cim_preset": PRESET}
     if P:
         opts["cim_crossbars"] = P
     hints = [] if isinstance(model, (str, Path)) else [("layer*", "memristor"), ("mv", "memristor"),
@@ -114,7 +119,7 @@ def _simulated_writes(res, workdir: Path, runs: int = 2) -> float:
 def _crossbars(P: int | None) -> int:
     from onnx_cinm.devices import get_device
 
-    return P or get_device("memristor").params.crossbars
+    return P or get_device("memristor").preset(PRESET).crossbars
 
 
 def record(kernel: str, model, P: int | None, workdir: Path) -> dict:
@@ -218,10 +223,14 @@ def simulator_speed(path: Path, feeds: dict, runs: int) -> dict:
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--crossbars", type=int, default=None, help="P (default: the preset's, 4)")
+    ap.add_argument("--preset", default="pcm-occ", help="crossbar chip preset (default pcm-occ, "
+                    "the CINM paper's)")
     ap.add_argument("--runs", type=int, default=5, help="timed runs of light ResNet50")
     ap.add_argument("--no-resnet", action="store_true", help="skip light ResNet50")
     ap.add_argument("--json", action="store_true", help="print the records as JSON")
     args = ap.parse_args(argv)
+    global PRESET
+    PRESET = args.preset
     recs, speed = [], None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

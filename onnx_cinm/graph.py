@@ -8,7 +8,8 @@ ops with these two types. Walkers that build them from a model are in :mod:`onnx
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -69,6 +70,17 @@ class OpInfo:
     flops: int = 0
 
 
+class CostPart(NamedTuple):
+    """One term of a :class:`Cost` broken down by what spends it (e.g. a crossbar's ``array``,
+    ``adc_dac`` and ``periphery``): seconds and joules of one inference, and the chip area
+    (mm^2) the op occupies for that term. The parts of a cost add up to its latency and energy."""
+
+    term: str
+    latency_s: float
+    energy_j: float
+    area_mm2: float = 0.0
+
+
 @dataclass(frozen=True)
 class Cost:
     """What running one op costs on a device, for one inference.
@@ -81,12 +93,16 @@ class Cost:
             ``rows x cols`` cells programmed at once, as OCC counts them). 0 for devices that
             are not programmed.
         bytes_moved: bytes crossing the device boundary (inputs in, results out, weights in).
+        parts: the latency, energy and area by component (:class:`CostPart`; summed they give
+            ``latency_s`` and ``energy_j``), when the device models them; ``()`` otherwise.
+            Not compared, and a sum of costs has none.
     """
 
     latency_s: float
     energy_j: float
     writes: int = 0
     bytes_moved: int = 0
+    parts: tuple = field(default=(), compare=False)
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.latency_s + other.latency_s, self.energy_j + other.energy_j,

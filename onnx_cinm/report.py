@@ -4,7 +4,10 @@
 
 * ``layers.csv``: one row per node: op, output shape, FLOPs, device, modeled latency (seconds),
   energy (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
-  inference, bytes moved, placement reason;
+  inference, bytes moved, placement reason, then per part of the op's cost that its device
+  breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and ``periphery``) its
+  latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``, ``<part>_area_mm2``;
+  empty for ops without that part);
 * ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
@@ -50,7 +53,8 @@ class Layer:
     """One node of the report (units: seconds, joules, bytes): ``latency_s``/``energy_j`` the
     op on its device, ``transfer_s``/``transfer_j``/``transfer_bytes`` the tensor transfers the
     cost model charges to it, ``bytes_moved`` the bytes its device moves across its boundary
-    by the device's own model (:attr:`onnx_cinm.devices.Cost.bytes_moved`)."""
+    by the device's own model (:attr:`onnx_cinm.devices.Cost.bytes_moved`); ``parts`` the op's
+    cost by component (:class:`onnx_cinm.graph.CostPart`), when its device breaks it down."""
 
     index: int
     name: str
@@ -67,12 +71,14 @@ class Layer:
     bytes_moved: int
     reason: str
     cinm: bool
+    parts: tuple = ()
 
 
 def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[Layer], dict]:
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
     ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
-    joules]}, ``violations``).
+    joules]}, ``by_part`` {part: [seconds, joules]} of the ops whose device breaks its cost
+    down, ``violations``).
 
     Every figure is the cost model's (:func:`onnx_cinm.passes.cost_placement.node_costs` of
     the placement recorded in ``model``), so the rows add up to the totals cost placement
@@ -90,15 +96,21 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
                           float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,
                           int(nc.cost.writes), int(nc.transfer_bytes), int(nc.cost.bytes_moved),
                           at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
-                          node.domain == cinm.DOMAIN))
+                          node.domain == cinm.DOMAIN, tuple(nc.cost.parts)))
     by_dev: dict = {}
+    by_part: dict = {}
     for r in rows:
         s = by_dev.setdefault(r.device, [0.0, 0.0])
         s[0] += r.latency_s
         s[1] += r.energy_j
+        for p in r.parts:
+            s = by_part.setdefault(p.term, [0.0, 0.0])
+            s[0] += p.latency_s
+            s[1] += p.energy_j
     totals = {"latency_s": tot.latency_s, "energy_j": tot.energy_j, "writes": tot.writes,
               "transfer_bytes": tot.transfer_bytes, "transfer_s": tot.transfer_s,
-              "transfer_j": tot.transfer_j, "by_device": by_dev, "violations": bad}
+              "transfer_j": tot.transfer_j, "by_device": by_dev, "by_part": by_part,
+              "violations": bad}
     return rows, totals
 
 
@@ -221,19 +233,35 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
 COLUMNS = (Column("#", ">"), Column("layer", fit=48), Column("op", fit=12),
            Column("shape", ">", fit=24), Column("FLOPs", ">"), Column("device", fit=10),
            Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
-           Column("moved", ">"), Column("reason"))
+           Column("moved", ">"), Column("energy by part", fit=36), Column("area", ">"),
+           Column("reason"))
+
+
+def _parts_text(r: Layer) -> str:
+    """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``)."""
+    tot = sum(p.energy_j for p in r.parts)
+    return ", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts) if tot else ""
+
+
+def _area_text(r: Layer) -> str:
+    area = sum(p.area_mm2 for p in r.parts)
+    return f"{area:.4g} mm2" if area else ""
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     """The per-layer table as text (one line per node), then the totals."""
     body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
-             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"), r.reason)
+             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"),
+             _parts_text(r), _area_text(r), r.reason)
             for r in rows if r.cinm or not cinm_only]
     return text_table(COLUMNS, body, notes=[
         _totals_line(totals),
         "(latency and energy include the transfers the cost model charges to the op, listed "
         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
-        "its own model, while the total counts only tensors that cross between devices)"])
+        "its own model, while the total counts only tensors that cross between devices; "
+        "energy by part: the op's own energy split by its device's cost model (crossbars: the "
+        "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
+        "the CSV; area: the chip area the op occupies)"])
 
 
 def _totals_line(t: dict) -> str:
@@ -241,6 +269,9 @@ def _totals_line(t: dict) -> str:
     line = (f"total: {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
             f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
             f"({si(t['transfer_s'], 's')}); by device: {by}")
+    if t.get("by_part"):
+        line += "; by part: " + ", ".join(f"{k} {si(v[0], 's')} / {si(v[1], 'J')}"
+                                          for k, v in t["by_part"].items())
     if t["violations"]:
         line += "; BREAKS: " + "; ".join(t["violations"][:3])
     return line
@@ -252,11 +283,14 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
                    f'src="data:image/png;base64,{base64.b64encode(data).decode()}">'
                    for cap, data in pngs.items())
     head = ["#", "layer", "op", "shape", "FLOPs", "device", "latency (s)", "energy (J)",
-            "transfers (s)", "transfers (B)", "writes/inf", "bytes moved", "reason"]
+            "transfers (s)", "transfers (B)", "writes/inf", "bytes moved", "energy by part",
+            "area (mm2)", "reason"]
     body = "".join(
         "<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in (
             r.index, r.name, r.op, r.shape, r.flops, r.device, f"{r.latency_s:.4g}",
-            f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.transfer_bytes, r.writes, r.bytes_moved, r.reason)) + "</tr>\n"
+            f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.transfer_bytes, r.writes, r.bytes_moved,
+            _parts_text(r), f"{sum(p.area_mm2 for p in r.parts):.4g}" if r.parts else "",
+            r.reason)) + "</tr>\n"
         for r in rows)
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
@@ -298,12 +332,17 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
             "graph, nodes coloured by device": plot_graph(model, rows, title)}
     buf = io.StringIO()
     w = csv.writer(buf)
+    terms = list(dict.fromkeys(p.term for r in rows for p in r.parts))
     w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
-                "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason"])
+                "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason"]
+               + [f"{t}_{q}" for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     for r in rows:
+        part = {p.term: p for p in r.parts}
         w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
                     repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
-                    r.writes, r.bytes_moved, r.reason])
+                    r.writes, r.bytes_moved, r.reason]
+                   + [repr(float(getattr(part[t], q))) if t in part else ""
+                      for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     files = {"layers.csv": buf.getvalue().encode(),
              "time_energy.png": pngs["time and energy per layer, by device"],
              "graph.png": pngs["graph, nodes coloured by device"],

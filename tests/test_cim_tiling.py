@@ -49,6 +49,10 @@ def _matmul_model(M, K, N, *, const="B", bias=False, seed=0):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+#: the CINM paper's chip (64 x 64 x 4), which the expected figures of these tests are for
+OCC = {"cim_preset": "pcm-occ"}
+
+
 def _crossbar_node(model):
     (node,) = [n for n in model.graph.node
                if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") == "memristor"]
@@ -89,7 +93,8 @@ def test_plan_attributes_and_simulated_writes(tmp_path, case, expected):
     tiles, w_load, w_inf = expected
     model = _matmul_model(M, K, N, bias=True)
     res = optimize(model, place=[("mm*", "memristor")],
-                   device_options={"cim_crossbars": P, "cim_loop_order": order})
+                   device_options={"cim_preset": "pcm-occ", "cim_crossbars": P,
+                                   "cim_loop_order": order})
     at = _crossbar_node(res.model)
     assert (at["cim_tiles"], at["cim_writes_load"], at["cim_writes"]) == (tiles, w_load, w_inf)
     assert (at["cim_M"], at["cim_K"], at["cim_N"], at["cim_crossbars"]) == (M, K, N, P)
@@ -109,7 +114,7 @@ def test_plan_attributes_and_simulated_writes(tmp_path, case, expected):
 def test_programmed_operand_a_and_activation_pair(tmp_path):
     # constant left operand: Y = W[96, 80] @ X[80, 50] -> W^T programmed (K=80, N=96)
     model = _matmul_model(96, 80, 50, const="A")
-    res = optimize(model, place=[("mm*", "memristor")])
+    res = optimize(model, place=[("mm*", "memristor")], device_options=OCC)
     at = _crossbar_node(res.model)
     assert at["cim_operand"] == "A" and (at["cim_K"], at["cim_N"], at["cim_M"]) == (80, 96, 50)
     feeds = random_inputs(model, seed=1)
@@ -120,7 +125,7 @@ def test_programmed_operand_a_and_activation_pair(tmp_path):
     # two activations X1[8, 100] @ X2[100, 300]: programming X2 takes Kt*Nt = 2*5 = 10 tiles,
     # programming X1^T takes 2*1 = 2 -> A is programmed, every inference (nothing resident)
     model = _matmul_model(8, 100, 300, const=None)
-    res = optimize(model, place=[("mm*", "memristor")])
+    res = optimize(model, place=[("mm*", "memristor")], device_options=OCC)
     at = _crossbar_node(res.model)
     assert at["cim_operand"] == "A" and at["cim_tiles"] == 2
     assert (at["cim_writes_load"], at["cim_writes"], at["cim_resident"]) == (0, 2, 0)
@@ -182,14 +187,16 @@ def test_cli_report_and_loop_order(tmp_path, capsys):
     src = tmp_path / "in.onnx"
     onnx.save(model, src)
     out = tmp_path / "out.onnx"
-    assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor"]) == 0
+    assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor",
+                 "--cim-preset", "pcm-occ"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
     # one kernel alone on P=4 crossbars; T = 4*3 = 12 > 4: 4 writes at load, 8 per inference,
     # MVMs 8*12 = 96
     assert row.split()[3:8] == ["4", "12", "4", "8", "96"]
     assert main(["optimize", str(src), "-o", str(out), "--place", "mm*=memristor",
-                 "--cim-loop-order", "naive", "--cim-crossbars", "2", "--cim-size", "128x128"]) == 0
+                 "--cim-loop-order", "naive", "--cim-crossbars", "2", "--cim-size", "128x128",
+                 "--cim-preset", "pcm-occ"]) == 0
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.strip().startswith("mm"))
     # 128x128: Kt=2, Nt=2, T=4; naive: 8*2*2 = 32 writes per inference, none at load
@@ -230,7 +237,7 @@ SHARING = [
 @pytest.mark.parametrize("dims,expected", SHARING)
 def test_kernels_share_the_crossbars(tmp_path, dims, expected):
     model = _chain(8, dims)
-    res = optimize(model, place=[("mm*", "memristor")])
+    res = optimize(model, place=[("mm*", "memristor")], device_options=OCC)
     plans = [a for *_, a in res.stats["cim_tiling"]["plans"]]
     got = [(a["cim_tiles"], a["cim_writes_load"], a["cim_writes"], a["cim_crossbars"],
             a["cim_shared"]) for a in plans]

@@ -156,7 +156,7 @@ def test_tight_budgets_are_kept():
     big = chain_model(256, 384)   # 4 x 6 = 24 tiles of 64 x 64 per weight matrix
     for P, W, L in ((4, 0.0, 1.0), (16, 1e3, 1e6), (2, 0.5, 1.0), (8, 1.0, 1.0)):
         r = optimize(big, placement="cost", objective="energy", host_roofline="nominal", check=0,
-                     device_options={"cim_crossbars": P},
+                     device_options={"cim_preset": "pcm-occ", "cim_crossbars": P},
                      constraints={"max_writes_per_cell": W, "lifetime_inferences": L})
         plans = _plan_attrs(r.model)
         assert sum(a["cim_writes_load"] for a in plans) <= P
@@ -164,7 +164,7 @@ def test_tight_budgets_are_kept():
         assert not r.stats["placement"]["violations"]
     # without budgets the same objective uses the crossbars with writes (so the budget bit)
     r = optimize(big, placement="cost", objective="energy", host_roofline="nominal", check=0,
-                 device_options={"cim_crossbars": 8})
+                 device_options={"cim_preset": "pcm-occ", "cim_crossbars": 8})
     assert sum(a["cim_writes"] for a in _plan_attrs(r.model)) / 8 > 1.0
 
 
@@ -397,7 +397,7 @@ def test_repair_frees_the_cheapest_budget_first():
                      [h.make_tensor_value_info(x, TP.FLOAT, [8, 64])], inits)
     model = optimize(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9),
                      check=0, stop_after="cinm").model
-    prob = cp.build_problem(model, {"host_roofline": "nominal"})
+    prob = cp.build_problem(model, {"host_roofline": "nominal", "cim_preset": "pcm-occ"})
     pinned = {i: next(c for c in prob.cands[i] if c.kept_tiles) for i in prob.decision}
     assert cp.violations(prob, cp.evaluate(prob, pinned))
     got = cp.repair(prob, pinned, "energy")

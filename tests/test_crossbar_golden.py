@@ -26,6 +26,8 @@ LIGHT = ["alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "
 
 
 def _through_simulator(tmp_path, model_or_path, **kw):
+    # the paper's heuristic on the paper's chip (pcm-occ): its 64 x 64 tiles take many kernels
+    kw.setdefault("device_options", {"cim_preset": "pcm-occ"})
     res = optimize(model_or_path, check=0, placement="heuristic", **kw)
     path = tmp_path / "opt.onnx"
     artifacts.save(res.model, path)
@@ -102,7 +104,8 @@ def test_digits_mlp_quantized_crossbars_keep_accuracy(digits_mlp, tmp_path):
     """q8 (8-bit weights with per-channel scales, 8-bit DAC/ADC) through the whole product path:
     optimize --cim-mode q8, the emitted files, the simulator: within 1 point of fp32."""
     model, x_test, y_test, accuracy = digits_mlp
-    res = optimize(model, check=0, placement="heuristic", device_options={"cim_mode": "q8"})
+    res = optimize(model, check=0, placement="heuristic",
+                   device_options={"cim_mode": "q8", "cim_preset": "pcm-occ"})
     path = tmp_path / "q8.onnx"
     artifacts.save(res.model, path)
     assert "mode quantized" in next((tmp_path / "q8.cinm" / "memristor").glob("*.xbar")).read_text()

@@ -103,8 +103,11 @@ def test_reram_preset_and_errors():
     assert PRESETS["reram-isaac"] is RERAM_ISAAC and RERAM_ISAAC.rows == 128
     p = plan(4, 300, 200, RERAM_ISAAC)  # Kt=3, Nt=2
     assert p.tiles == 6 and p.writes_per_inference == 2
+    # + DAC drives: each of the 4 x 300 inputs drives its row in each of Nt = 2 column tiles,
+    # 0.42 pJ each (ISAAC's 1-bit DAC, chips.md §1.2)
     assert p.cost(RERAM_ISAAC).energy_j == pytest.approx(
-        2 * RERAM_ISAAC.write_energy_j + 24 * RERAM_ISAAC.mvm_energy_j + 4 * 3 * 200 * 1.67e-12)
+        2 * RERAM_ISAAC.write_energy_j + 24 * RERAM_ISAAC.mvm_energy_j + 4 * 3 * 200 * 1.67e-12
+        + 4 * 300 * 2 * 0.42e-12)
     with pytest.raises(ValueError, match="loop order"):
         plan(1, 1, 1, PCM_OCC, "kmn")
     with pytest.raises(ValueError, match="K must be"):

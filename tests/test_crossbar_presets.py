@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from onnx_cinm.devices.memristor import PCM_HERMES, PCM_OCC, PRESETS, RRAM_NEURRAM
+from onnx_cinm.devices.memristor import (DEFAULT, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC,
+                                         RRAM_NEURRAM)
 from onnx_cinm.sim.crossbar.physics import DEVICE_MODELS
 from onnx_cinm.devices.memristor.presets import CrossbarParams
 
@@ -43,8 +44,9 @@ def test_every_constant_has_a_source(name):
     assert p.min_macs == p.rows * p.cols
 
 
-def test_default_preset_unchanged():
-    assert next(iter(PRESETS)) == "pcm-occ" and PRESETS["pcm-occ"] == PCM_OCC
+def test_default_is_hermes_and_occ_is_unchanged():
+    assert next(iter(PRESETS)) == "pcm-hermes" and DEFAULT is PCM_HERMES
+    assert PRESETS["pcm-occ"] == PCM_OCC
     assert (PCM_OCC.rows, PCM_OCC.crossbars, PCM_OCC.write_latency_s) == (64, 4, 2.5e-6)
 
 
@@ -55,11 +57,125 @@ def test_cli_and_docs_list_the_presets():
 
     opt = _parser()._subparsers._group_actions[0].choices["optimize"]
     action = next(a for a in opt._actions if "--cim-preset" in a.option_strings)
-    # the flag is generated from the option; unset, the device's own preset (pcm-occ) applies
+    # the flag is generated from the option; unset, the device's own preset (pcm-hermes) applies
     assert list(action.choices) == list(PRESETS) and action.default is None
-    assert get_device("memristor").params is PCM_OCC and "default pcm-occ" in action.help
+    assert get_device("memristor").params is PCM_HERMES and "default pcm-hermes" in action.help
     assert keys()["crossbar.preset"]("rram-neurram") == {"cim_preset": "rram-neurram"}
     assert keys()["cim.preset"]("rram-neurram") == {"cim_preset": "rram-neurram"}
     text = DOC.read_text()
     for name in PRESETS:
         assert f"`{name}`" in text
+
+
+def test_breakdown_by_hand_isaac():
+    """4 x 300 @ 300 x 200 on reram-isaac (Kt = 3, Nt = 2: 6 tiles on 4 crossbars, serpentine:
+    2 writes, 24 MVMs, 2 rounds of which 1 writes), each part from the preset's sources."""
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    p = plan(4, 300, 200, RERAM_ISAAC)
+    assert (p.writes_per_inference, p.mvms, p.rounds, p.write_rounds) == (2, 24, 2, 1)
+    c = p.cost(RERAM_ISAAC)
+    parts = {q.term: q for q in c.parts}
+    # array: 2 writes x 676,000/32 pJ (PUMA) + 24 MVMs x 128 x 128 x 0.1 pJ (NVSim cell read)
+    assert parts["array"].energy_j == pytest.approx(2 * 21.125e-9 + 24 * 1.6384e-9)
+    # ADC/DAC: 4 rows x 3 k-tiles x 200 columns conversions x 1.67 pJ + 4 x 300 x 2 drives x 0.42 pJ
+    assert parts["adc_dac"].energy_j == pytest.approx(2400 * 1.67e-12 + 2400 * 0.42e-12)
+    assert parts["periphery"].energy_j == 0.0  # ISAAC's ADCs carry it
+    # latency: 1 write round x 351/32 us + 2 rounds x 4 rows x 100 ns; one ADC converts 128
+    # columns x 1/1.2 GHz = 106.7 ns > 100 ns: the whole MVM time is conversion
+    assert c.latency_s == pytest.approx(351e-6 / 32 + 8 * 100e-9)
+    assert parts["adc_dac"].latency_s == pytest.approx(8 * 100e-9)
+    assert parts["array"].latency_s == pytest.approx(351e-6 / 32)
+    # area: the 4 crossbars it streams through, each 25 + 1221.25 + 30 um^2
+    assert parts["array"].area_mm2 == pytest.approx(4 * 25e-6)
+    assert parts["adc_dac"].area_mm2 == pytest.approx(4 * 1221.25e-6)
+    assert parts["periphery"].area_mm2 == pytest.approx(4 * 30e-6)
+    assert sum(q.energy_j for q in c.parts) == pytest.approx(c.energy_j, rel=1e-12)
+    assert sum(q.latency_s for q in c.parts) == pytest.approx(c.latency_s, rel=1e-12)
+
+
+def test_breakdown_by_hand_hermes_and_occ():
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    # HERMES: 10 x 256 @ 256 x 256, one tile, resident: 10 MVMs of 132.9 ns, 76.8 ns of each
+    # converting (256 ADCs, one conversion each); energy and area only as wholes (array)
+    c = plan(10, 256, 256, PCM_HERMES).cost(PCM_HERMES)
+    parts = {q.term: q for q in c.parts}
+    assert parts["adc_dac"].latency_s == pytest.approx(10 * 76.8e-9)
+    assert parts["array"].latency_s == pytest.approx(10 * (131072 / (63.1e12 / 64) - 76.8e-9))
+    assert parts["array"].energy_j == pytest.approx(10 * 131072 / 9.76e12) == c.energy_j
+    assert parts["array"].area_mm2 == pytest.approx(0.62)
+    assert PCM_HERMES.folded == ("adc_dac", "periphery")
+    assert PCM_HERMES.chip_area_mm2 == pytest.approx(64 * 0.62)
+    # OCC: 1 x 64 @ 64 x 64 resident: 1 MVM (1 us, 0.2 pJ) + 1000 busy cycles x 2.1 nJ periphery
+    c = plan(1, 64, 64, PCM_OCC).cost(PCM_OCC)
+    parts = {q.term: q for q in c.parts}
+    assert parts["array"].energy_j == pytest.approx(0.2e-12)
+    assert parts["periphery"].energy_j == pytest.approx(1000 * 2.1e-9)
+    assert parts["adc_dac"].energy_j == 0.0 and c.latency_s == parts["array"].latency_s == 1e-6
+
+
+def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
+    """Under the default preset and cost placement, LeNet's four matrix products fit (tiles by
+    hand: conv1 25x6 -> 1, conv2 150x16 -> 1, fc1 400x120 -> 2, fc2 120x10 -> 1) and run on the
+    crossbars, programmed once at load; the plan's parts add up to its totals, and the report
+    reads them back."""
+    from onnx_cinm import artifacts, optimize, report
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.examples import get_example
+
+    res = optimize(get_example("lenet"), host_roofline="nominal", check=0)
+    plans = {n.name: cinm.node_attrs(n) for n in res.model.graph.node
+             if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") == "memristor"}
+    assert {k: a["cim_tiles"] for k, a in plans.items()} == \
+        {"conv1/Gemm": 1, "conv2/Gemm": 1, "fc1/Gemm": 2, "fc2/Gemm": 1}
+    assert all(a["cim_writes"] == 0 and a["cim_preset"] == "pcm-hermes" for a in plans.values())
+    assert sum(a["cim_writes_load"] for a in plans.values()) == 5
+    for a in plans.values():
+        assert sum(a["cim_energy_parts_j"]) == pytest.approx(a["cim_energy_j"], rel=1e-6)
+        assert sum(a["cim_latency_parts_s"]) == pytest.approx(a["cim_latency_s"], rel=1e-6)
+        assert sum(a["cim_area_parts_mm2"]) == pytest.approx(0.62 * a["cim_tiles"], rel=1e-6)
+    path = tmp_path / "l.onnx"
+    artifacts.save(res.model, path)
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    fc1 = next(r for r in rows if r.name == "fc1/Gemm")
+    assert [p.term for p in fc1.parts] == ["array", "adc_dac", "periphery"]
+    assert sum(p.energy_j for p in fc1.parts) == pytest.approx(fc1.energy_j, rel=1e-6)
+    assert totals["by_part"]["array"][1] == pytest.approx(
+        sum(a["cim_energy_j"] for a in plans.values()), rel=1e-6)
+
+
+def test_a_plan_without_preset_is_read_as_the_old_default():
+    """Models written before the default changed carry no cim_preset: they were compiled for
+    pcm-occ, and the report must price them with it, not with the new default."""
+    from onnx_cinm.devices import get_device
+
+    dev = get_device("memristor")
+    attrs = {"cim_rows": 64, "cim_cols": 64, "cim_crossbars": 4, "cim_loop_order": "weight_stationary"}
+    assert dev.recorded_options([("n", "Gemm", attrs)])["cim_preset"] == "pcm-occ"
+    assert dev.recorded_options([("n", "Gemm", dict(attrs, cim_preset="reram-isaac"))])[
+        "cim_preset"] == "reram-isaac"
+
+
+def test_placement_benchmark_preset_table():
+    """benchmarks/placement.py --presets on the digits MLP: on the default chip its three
+    matrix products (one tile each) are resident and carry every Gemm FLOP, no tile is written
+    per inference, and the chip's crossbar area is 64 cores x 0.62 mm^2."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parents[1] / "benchmarks" / "placement.py"
+    spec = importlib.util.spec_from_file_location("placement_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recs = mod.preset_records(["digits"], ["pcm-hermes"], {"host_roofline": "nominal"}, "energy",
+                              Path("."))
+    host, hermes = recs
+    assert host["preset"] == "all-host" and host["flops_share"] == 0.0
+    # Gemm FLOPs by hand: 2 x (64 x 64 + 64 x 32 + 32 x 10) = 13,056; the rest (3 bias adds of
+    # 106 elements, 2 ReLUs of 96, a Softmax of 10) is a few hundred: share between 0.97 and 1
+    assert 0.97 < hermes["flops_share"] < 1.0
+    assert hermes["writes"] == 0 and hermes["kept"] == 3
+    assert hermes["chip_area_mm2"] == pytest.approx(64 * 0.62)
+    assert hermes["energy_j"] < host["energy_j"]
+    sys.modules.pop("placement_bench", None)

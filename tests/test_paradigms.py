@@ -31,6 +31,12 @@ class _OtherChip:
     adc_energy_j: float = 0.0
     clock_hz: float = 1e9
     periphery_energy_per_cycle_j: float = 0.0
+    dac_energy_j: float = 0.0
+    adc_latency_s: float = 0.0
+    adcs_per_array: int = 0
+    cell_area_mm2: float = 0.0
+    adc_dac_area_mm2: float = 0.0
+    periphery_area_mm2: float = 0.0
 
 
 def test_a_second_crossbar_chip_plans_through_the_protocol():
@@ -117,9 +123,13 @@ def _plans(model):
 
 def test_stop_after_paradigm_has_tiles_and_workgroups_but_no_device_plan():
     place = [("mm*", "memristor"), ("relu*", "upmem")]
-    par = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="paradigm").model)
-    dev = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="device").model)
-    placed = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="placement").model)
+    occ = {"cim_preset": "pcm-occ"}  # the figures below are for the CINM paper's chip
+    par = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="paradigm",
+                          device_options=occ).model)
+    dev = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="device",
+                          device_options=occ).model)
+    placed = _plans(optimize(_mm_relu(), place=place, check=0, stop_after="placement",
+                             device_options=occ).model)
     assert not any(k.startswith(("cim_", "cnm_")) for a in placed.values() for k in a)
     mm, relu = par["Gemm"], par["Relu"]
     # 128 x 96 on 64 x 64 tiles: 2 x 2 = 4 tiles = P (OCC's 4 crossbars): resident, written at

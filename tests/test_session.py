@@ -26,7 +26,8 @@ def lenet(tmp_path_factory):
     d = tmp_path_factory.mktemp("lenet")
     original = get_example("lenet")
     onnx.save(original, d / "lenet.onnx")
-    res = optimize(original, place=[("fc2*", "host")], placement="heuristic")
+    res = optimize(original, place=[("fc2*", "host")], placement="heuristic",
+                   device_options={"cim_preset": "pcm-occ"})  # the CINM paper's chip
     artifacts.save(res.model, d / "opt.onnx")
     return original, d / "lenet.onnx", d / "opt.onnx"
 
@@ -219,7 +220,8 @@ def test_upmem_emulate_mode_with_crossbars_and_host(which, digits_mlp, light_mod
         path = next(p for k, p in light_model_paths.items() if "squeezenet" in k)
         original = _without_softmax(onnx.load(str(path)))
         feeds = random_inputs(original, seed=0)
-    res = optimize(original, check=0, placement="heuristic")
+    # the paper's heuristic on the paper's chip (its small tiles take the digits MLP's layers)
+    res = optimize(original, check=0, placement="heuristic", device_options={"cim_preset": "pcm-occ"})
     artifacts.save(res.model, tmp_path / "m.onnx")
     sess = InferenceSession(tmp_path / "m.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
     got = sess.run(None, feeds)

@@ -111,7 +111,7 @@ def test_a_typo_in_dims_is_refused_even_without_the_check():
 def test_sweep_plans_at_the_given_sizes():
     from onnx_cinm import sweep
 
-    sets = sweep.parse_sets(["placement.strategy=heuristic"])
+    sets = sweep.parse_sets(["placement.strategy=heuristic", "cim.preset=pcm-occ"])
     one = sweep.run(_dynamic_convnet(), sets, executor="serial")[1][0]
     big = sweep.run(_dynamic_convnet(), sets, executor="serial", dims={"height": 64, "width": 64})[1][0]
     static = sweep.run(_dynamic_convnet(), sets, executor="serial",

@@ -27,10 +27,10 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
     return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=10)
 
 
-def _lower(m):
+def _lower(m, **options):
     out = onnx.ModelProto()
     out.CopyFrom(m)
-    ctx = PassContext(options={"placement": "heuristic"})  # cost placement is the default
+    ctx = PassContext(options={"placement": "heuristic", **options})  # cost placement is the default
     out = placement(to_cinm(out, ctx), ctx)
     del out.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(out, strict_mode=True), ctx
@@ -158,7 +158,7 @@ def test_placement_heuristic_and_reasons():
                        h.make_tensor_value_info("d", TP.DOUBLE, [3])],
                [h.make_tensor_value_info("y", TP.FLOAT, None), h.make_tensor_value_info("dy", TP.DOUBLE, None)],
                [nh.from_array(w_big, "wb"), nh.from_array(w_small, "ws")])
-    out, _ = _lower(m)
+    out, _ = _lower(m, cim_preset="pcm-occ")  # "big": more than one 64 x 64 tile of the paper's chip
     placed = {n.output[0]: cinm.node_attrs(n) for n in out.graph.node}
     assert placed["h1"]["device"] == "memristor" and "32768 MACs" in placed["h1"]["placement"]
     assert placed["h2"]["device"] == "upmem"

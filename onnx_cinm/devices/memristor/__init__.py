@@ -1,11 +1,12 @@
 """Memristor crossbar device (paradigm ``cim``): weight-stationary matrix products in place.
 
 Chip presets (geometry, cost, precision, device physics, each constant with its source) are in
-:mod:`.presets`; the default, ``pcm-occ``, follows OCC's published model (Siemieniuk et al., "OCC", IEEE TCAD 41(6), 2022; the
-numbers are from its evaluation data, ``adam-smnk/Open-CIM-Compiler`` branch ``sim_build``,
-``data/CIM_parallelization_factor.xlsx`` and ``data/CIM_stats.xlsx``; see
-``shared/field-notes/crossbar.md`` §1.4). One "write" here is the programming of one whole
-crossbar tile (``rows x cols`` cells), as in OCC's write counts.
+:mod:`.presets`; the default, ``pcm-hermes``, is IBM's HERMES 64-core PCM chip (Le Gallo et
+al., Nat. Electron. 2023); ``pcm-occ`` follows OCC's published model, the CINM paper's
+(Siemieniuk et al., "OCC", IEEE TCAD 41(6), 2022; the numbers are from its evaluation data,
+``adam-smnk/Open-CIM-Compiler`` branch ``sim_build``, ``data/CIM_parallelization_factor.xlsx``
+and ``data/CIM_stats.xlsx``; see ``shared/field-notes/crossbar.md`` §1.4). One "write" here is
+the programming of one whole crossbar tile (``rows x cols`` cells), as in OCC's write counts.
 
 Tiles, loop orders, residency and the product views are the cim paradigm's
 (:mod:`onnx_cinm.paradigms.cim`; :class:`CrossbarParams` is its ``CrossbarArray``); this package
@@ -25,10 +26,12 @@ from ...paradigms.cim import layout, residency, schedule
 from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, si, table
 from .. import register
+from ...graph import CostPart
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
 from .nonideal import EFFECTS, NAMED
-from .presets import PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM, CrossbarParams
+from .presets import (DEFAULT, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
+                      CrossbarParams)
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,14 @@ class CrossbarOptions:
 
     preset: str | None = option(None, help="crossbar chip preset: geometry, cost and device "
                                 "parameters (sources in docs/crossbar-presets.md and 'onnx-cinm "
-                                "devices'; default pcm-occ)", choices=lambda: tuple(PRESETS))
-    rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 64 "
-                              "for pcm-occ, 128 for reram-isaac)", low=1, high=1 << 16)
+                                "devices'; default pcm-hermes; pcm-occ is the CINM paper's)",
+                                choices=lambda: tuple(PRESETS))
+    rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 256 "
+                              "for pcm-hermes, 64 for pcm-occ)", low=1, high=1 << 16)
     cols: int | None = option(None, help="cells per crossbar row (default: the preset's)",
                               low=1, high=1 << 16)
     crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
-                                   "(default: the preset's, 4 for pcm-occ)", low=1, high=1 << 24)
+                                   "(default: the preset's, 64 for pcm-hermes, 4 for pcm-occ)", low=1, high=1 << 24)
     loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
                              "(k, n, m: each weight tile written once and kept, serpentine "
                              "order) or naive (m, n, k: every tile rewritten per input row, for "
@@ -88,6 +92,10 @@ class CrossbarRunOptions:
                               "the compiled one, 0)", low=0, high=2 ** 31 - 1)
 
 
+#: The preset of a crossbar node without ``cim_preset``: models written before the default
+#: became ``pcm-hermes`` recorded no preset for the then default ``pcm-occ``.
+OLD_DEFAULT = PCM_OCC.name
+
 #: The options a crossbar plan reads (:func:`params_from_options` and the loop order).
 _PLAN_OPTIONS = ("cim_preset", "cim_rows", "cim_cols", "cim_crossbars", "cim_loop_order",
                  "cim_mode", "cim_time_s", "cim_effects")
@@ -101,7 +109,9 @@ LINK_J_PER_BYTE = 20e-12
 
 #: The plan attributes of a crossbar kernel (counts are tile writes and MVMs; times in
 #: seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
-#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share). Kernels
+#: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share;
+#: ``cim_*_parts_*`` the latency, energy and area of the kernel's array, ADC/DAC and periphery,
+#: :data:`PART_TERMS`, summing to ``cim_latency_s`` and ``cim_energy_j``). Kernels
 #: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
 #: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
 #: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's
@@ -115,7 +125,12 @@ PLAN_ATTRS = {
     "cim_energy_j": "float", "cim_mode": "string", "cim_preset": "string",
     "cim_time_s": "float", "cim_effects": "string",
     "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
+    "cim_latency_parts_s": "floats", "cim_energy_parts_j": "floats", "cim_area_parts_mm2": "floats",
 }
+
+#: The terms of the cost breakdown (``Cost.parts``, plan attributes ``cim_*_parts_*`` in this
+#: order; :mod:`onnx_cinm.paradigms.cim.schedule`).
+PART_TERMS = ("array", "adc_dac", "periphery")
 
 #: Integer products the crossbars take besides the preset's float dtypes: the zero-point-
 #: corrected int8/uint8 operands of MatMulInteger, ConvInteger, QLinear* and QDQ products
@@ -160,7 +175,7 @@ def _options_key(options: dict) -> tuple:
                  for v in (options.get(k) for k in _PLAN_OPTIONS))
 
 
-def params_from_options(options: dict, base: CrossbarParams = PCM_OCC) -> CrossbarParams:
+def params_from_options(options: dict, base: CrossbarParams = DEFAULT) -> CrossbarParams:
     """The crossbar parameters selected by pass options (checked against
     :class:`CrossbarOptions` by the caller, :func:`onnx_cinm.passes.check_options`).
 
@@ -194,7 +209,7 @@ class MemristorDevice(Device):
     modes = ("simulate",)
     plans_together = True
 
-    def __init__(self, params: CrossbarParams = PCM_OCC):
+    def __init__(self, params: CrossbarParams = DEFAULT):
         self.params = params
 
     def catalog(self) -> list[str]:
@@ -214,6 +229,20 @@ class MemristorDevice(Device):
 
     # -- what it runs ---------------------------------------------------------------------
     def supports(self, op: OpInfo) -> Support:
+        """Whether ``op`` can run on the default chip's crossbars (see :meth:`supports_under`)."""
+        return self._supports(op, self.params.min_macs)
+
+    def supports_under(self, op: OpInfo, options: dict) -> Support:
+        """:meth:`supports` on the chip the options select: the paper heuristic's "enough
+        work" is one tile of that chip (``rows * cols`` MACs, after ``cim_preset``,
+        ``cim_rows``, ``cim_cols``); an op with less is still priced by cost placement."""
+        try:
+            p = params_from_options(options, self.params)
+        except (KeyError, TypeError):  # a bad option: check_options names it
+            p = self.params
+        return self._supports(op, p.rows * p.cols)
+
+    def _supports(self, op: OpInfo, min_macs: int) -> Support:
         if op.op_type not in ("Gemm", "Gemv"):
             return Support(False, f"crossbars only compute matrix products, not {op.op_type}",
                            applicable=False)
@@ -237,8 +266,10 @@ class MemristorDevice(Device):
             return Support(False, f"a weight or group dim unknown at planning time ({a} x {b}); "
                                   "size it with --dim NAME=SIZE")
         macs = op.flops // 2
-        if macs < self.params.min_macs:
-            return Support(False, f"{macs} MACs < {self.params.min_macs} (less than one tile of work)")
+        if macs < min_macs:
+            # the paper heuristic's "enough work"; cost placement still prices it
+            return Support(True, f"{macs} MACs < {min_macs} (less than one tile of work)",
+                           preferred=False)
         operand, why = layout.constant_operand(op)
         if _is_int(op):
             if operand is None:
@@ -412,7 +443,13 @@ class MemristorDevice(Device):
         if "cim_latency_s" not in attrs:
             return None
         writes = int(attrs["cim_writes"])
-        return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes, 0),
+        parts = ()
+        if "cim_energy_parts_j" in attrs:
+            parts = tuple(CostPart(t, float(lat), float(en), float(ar)) for t, lat, en, ar in zip(
+                PART_TERMS, attrs["cim_latency_parts_s"], attrs["cim_energy_parts_j"],
+                attrs["cim_area_parts_mm2"]))
+        return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes, 0,
+                           parts),
                       kept_crossbars=int(attrs.get("cim_writes_load", 0)),
                       streamed=bool(attrs.get("cim_shared", 0)) or writes > 0)
 
@@ -476,13 +513,17 @@ class MemristorDevice(Device):
         effects = options.get("cim_effects")  # checked with the mode by lower (_validate)
         paradigm = self._paradigm_attrs(op, options, p, v, params, const, why)
         note = paradigm.pop("placement", None)
+        parts = {p.term: p for p in c.parts}
         attrs = {
             **paradigm, "cim_latency_s": float(c.latency_s),
             "cim_energy_j": float(c.energy_j), "cim_mode": mode,
             "kernel": f"memristor/{options['kernel_stem']}.xbar",
+            # always recorded: a model written before the default changed has none (pcm-occ)
+            "cim_preset": params.name,
+            "cim_latency_parts_s": [float(parts[t].latency_s) for t in PART_TERMS],
+            "cim_energy_parts_j": [float(parts[t].energy_j) for t in PART_TERMS],
+            "cim_area_parts_mm2": [float(parts[t].area_mm2) for t in PART_TERMS],
         }
-        if params.name != PCM_OCC.name:  # absent: the default preset (models written before)
-            attrs["cim_preset"] = params.name
         if mode != "ideal" and time_s:
             attrs["cim_time_s"] = float(time_s)
         if effects is not None:
@@ -501,46 +542,75 @@ class MemristorDevice(Device):
     def summary(self, plans: list) -> str:
         """Per crossbar kernel: crossbars used (``s``: shared with other kernels; ``=``: the
         tiles of an earlier kernel over the same weights), tiles, tile writes (at load / per
-        inference), MVMs, modeled latency and energy per inference (OCC cost model); then the
-        totals, in which a tile set shared by several kernels counts once. ``plans`` is
-        ``[(node name, op type, attrs)]``."""
+        inference), MVMs, modeled latency and energy per inference, the energy of its array,
+        ADC/DAC and periphery, the conversions' share of the latency and the area of its
+        crossbars; then the totals, in which a tile set shared by several kernels counts once.
+        ``plans`` is ``[(node name, op type, attrs)]``."""
         plans = [p for p in plans if "cim_M" in p[2]]
         if not plans:
             return ""
         cols = (Column("crossbar kernel", width=30), Column("operand", ">"), Column("M x K x N", ">"),
                 Column("xbars", ">"), Column("tiles", ">"), Column("writes@load", ">"),
                 Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
-                Column("energy", ">"))
+                Column("energy", ">"), Column("E array", ">"), Column("E adc/dac", ">"),
+                Column("E periph", ">"), Column("t adc/dac", ">"), Column("area", ">"))
         rows = []
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
+        parts_tot = [[0.0, 0.0, 0.0] for _ in PART_TERMS]  # latency, energy, area per term
+        shared_area = 0.0
         for name, _op, a in plans:
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
             xb = f"={xb}" if a.get("cim_tile_owner") else xb
+            lat_p = list(a.get("cim_latency_parts_s") or [0.0] * 3)
+            en_p = list(a.get("cim_energy_parts_j") or [0.0] * 3)
+            ar_p = list(a.get("cim_area_parts_mm2") or [0.0] * 3)
+            share = lat_p[1] / a["cim_latency_s"] if a["cim_latency_s"] else 0.0
             rows.append((name, a["cim_operand"], mkn, xb, a["cim_tiles"], a["cim_writes_load"],
                          a["cim_writes"], a["cim_mvms"], si(a["cim_latency_s"], "s"),
-                         si(a["cim_energy_j"], "J")))
+                         si(a["cim_energy_j"], "J"), si(en_p[0], "J"), si(en_p[1], "J"),
+                         si(en_p[2], "J"), f"{100 * share:.0f}%", _mm2(sum(ar_p))))
             if not a.get("cim_tile_owner"):
                 tot["tiles"] += a["cim_tiles"]
-            for k, key in ( ("wl", "cim_writes_load"), ("w", "cim_writes"),
+            for k, key in (("wl", "cim_writes_load"), ("w", "cim_writes"),
                            ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
                 tot[k] += a[key]
+            for i in range(len(PART_TERMS)):
+                parts_tot[i][0] += lat_p[i]
+                parts_tot[i][1] += en_p[i]
+                if a["cim_resident"] and not a.get("cim_tile_owner"):  # a shared set once
+                    parts_tot[i][2] += ar_p[i]
+            if not a["cim_resident"]:
+                shared_area = max(shared_area, sum(ar_p))
         # crossbars in use: each resident kernel's own, plus the streaming pool once
         pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
         used = sum(a["cim_crossbars"] for *_, a in plans
                    if a["cim_resident"] and not a.get("cim_tile_owner")) + max(pool, default=0)
+        t_conv = parts_tot[1][0] / tot["lat"] if tot["lat"] else 0.0
+        area = sum(p[2] for p in parts_tot) + shared_area
         total = (f"total ({len(plans)} kernels)", "", "", used, tot["tiles"], tot["wl"], tot["w"],
-                 tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"))
+                 tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"), si(parts_tot[0][1], "J"),
+                 si(parts_tot[1][1], "J"), si(parts_tot[2][1], "J"), f"{100 * t_conv:.0f}%",
+                 _mm2(area))
         a0 = plans[0][2]
-        note = (f"(crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
+        preset = a0.get("cim_preset", OLD_DEFAULT)
+        note = (f"({preset} crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
                 f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
                 "their tiles, the others stream through the rest ('s': evicted by each other; '=': "
                 "on the tiles of an earlier kernel over the same weights); "
-                "latency and energy per inference, kernels one after another)")
-        return table(cols, rows, totals=[total], notes=[note])
+                "latency and energy per inference, kernels one after another; E array/adc/dac/"
+                "periph: energy of the cells (writes and MVMs), the converters and the rest of "
+                "the periphery; t adc/dac: the conversions' share of the latency; area: the "
+                "kernel's crossbars with their converters and periphery, '-' if not published)")
+        notes = [note]
+        folded = PRESETS[preset].folded if preset in PRESETS else ()
+        if folded:
+            notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
+                         "inside the array's figures: they are counted under E array)")
+        return table(cols, rows, totals=[total], notes=notes)
 
     def recorded_options(self, plans: list) -> dict:
-        """The crossbar options the plans were compiled with (``cim_rows``, ``cim_cols``,
+        """The crossbar options the plans were compiled with (``cim_preset``, ``cim_rows``, ``cim_cols``,
         ``cim_loop_order`` and the crossbar count ``cim_device_crossbars`` of the first
         kernel), so a report judges residency with the crossbars the model was compiled for.
         Models written before ``cim_device_crossbars`` existed give the largest
@@ -550,14 +620,15 @@ class MemristorDevice(Device):
             return {}
         at = plans[0]
         count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
-        return {"cim_rows": at["cim_rows"], "cim_cols": at["cim_cols"],
-                "cim_crossbars": count, "cim_loop_order": at["cim_loop_order"]}
+        return {"cim_preset": at.get("cim_preset", OLD_DEFAULT), "cim_rows": at["cim_rows"],
+                "cim_cols": at["cim_cols"], "cim_crossbars": count,
+                "cim_loop_order": at["cim_loop_order"]}
 
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):
         options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
                    "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"],
-                   "cim_preset": attrs.get("cim_preset")}
+                   "cim_preset": attrs.get("cim_preset", OLD_DEFAULT)}
         params = params_from_options(options, self.params)
         v = layout.op_view(op, attrs["cim_operand"])
         p = schedule.plan_product(v, params, attrs["cim_loop_order"],
@@ -635,6 +706,11 @@ def _tile_set(op: OpInfo, v) -> str:
     the same tiles)."""
     t = op.inputs[0] if v.operand == "A" else op.inputs[1]
     return f"{t.name}|{op.op_type}|{v.operand}|{v.G}x{v.K}x{v.N}"
+
+
+def _mm2(area: float) -> str:
+    """An area in mm^2 for the kernel table ('-': not published)."""
+    return f"{area:.4g} mm2" if area else "-"
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:

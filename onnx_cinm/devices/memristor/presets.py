@@ -8,24 +8,26 @@ notes ``shared/field-notes/chips.md`` (``§1`` presets, ``§2`` device models) a
 ``[derived]`` arithmetic shown here. Fields listed in :attr:`CrossbarParams.unverified` have no
 primary source (chips.md ``[unconfirmed]``, or an estimate of ours): treat them as placeholders.
 
-Only the cost fields (``rows`` .. ``adc_energy_j``) feed the cost model
-(:mod:`.schedule`); the precision fields feed the ``device`` data path (``--cim-mode device``),
-``device_model`` and the wire resistances feed the simulator's
-:mod:`onnx_cinm.sim.crossbar.physics`. The other fields are recorded for reports and are not
-charged yet (DAC energy, ADC time, area).
+The cost fields (``rows`` .. ``adc_energy_j``, ``dac_energy_j``, ``adc_latency_s``,
+``adcs_per_array`` and the three areas) feed the cost model and its breakdown into array,
+ADC/DAC and periphery (:mod:`onnx_cinm.paradigms.cim.schedule`); the precision fields feed the
+``device`` data path (``--cim-mode device``), ``device_model`` and the wire resistances feed the
+simulator's :mod:`onnx_cinm.sim.crossbar.physics`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CrossbarParams", "PCM_OCC", "RERAM_ISAAC", "PCM_HERMES", "RRAM_NEURRAM", "PRESETS"]
+__all__ = ["CrossbarParams", "PCM_OCC", "RERAM_ISAAC", "PCM_HERMES", "RRAM_NEURRAM", "PRESETS",
+           "DEFAULT"]
 
 
 @dataclass(frozen=True)
 class CrossbarParams:
     """Crossbar geometry, cost, precision and device parameters of one chip.
 
-    Defaults: OCC's PCM model (field notes crossbar.md §1.4). ``rows`` .. ``min_macs`` feed the
+    Field defaults: OCC's PCM model (field notes crossbar.md §1.4), the ``pcm-occ`` preset; the
+    device's default preset is :data:`DEFAULT`. ``rows`` .. ``min_macs`` feed the
     cost model; ``technology`` .. ``unverified`` describe the chip (see the module docstring).
 
     Attributes:
@@ -56,7 +58,14 @@ class CrossbarParams:
         dac_energy_j: energy of one DAC drive (one row of one MVM), joules (0: folded into
             ``mvm_energy_j`` or not published).
         adc_latency_s: time of one conversion, seconds (0: not published).
-        array_area_mm2: area of one crossbar with its periphery, mm^2 (0: not published).
+        adcs_per_array: ADCs converting one crossbar's columns (0: not published); one MVM
+            spends ``adc_latency_s * ceil(cols / adcs_per_array)`` converting.
+        cell_area_mm2: area of one crossbar's cell array, mm^2 (0: not published).
+        adc_dac_area_mm2: area of one crossbar's ADCs and DACs, mm^2 (0: not published).
+        periphery_area_mm2: area of the rest of one crossbar's periphery, mm^2.
+        folded: the cost terms (``"adc_dac"``, ``"periphery"``) whose energy and area the
+            preset's published figures include in the array's (``mvm_energy_j``,
+            ``cell_area_mm2``) because the publication gives only the sum.
         device_model: name of the device model in
             :data:`onnx_cinm.sim.crossbar.physics.DEVICE_MODELS` (programming noise, drift, read
             noise, conductance range).
@@ -89,12 +98,27 @@ class CrossbarParams:
     adc_bits: int = 8
     dac_energy_j: float = 0.0
     adc_latency_s: float = 0.0
-    array_area_mm2: float = 0.0
+    adcs_per_array: int = 0
+    cell_area_mm2: float = 0.0
+    adc_dac_area_mm2: float = 0.0
+    periphery_area_mm2: float = 0.0
+    folded: tuple = ()
     device_model: str = "pcm-joshi2020"
     wire_ohm_row: float = 0.0
     wire_ohm_col: float = 0.0
     sources: tuple = field(default=(), compare=False, repr=False)
     unverified: tuple = field(default=(), compare=False, repr=False)
+
+    @property
+    def array_area_mm2(self) -> float:
+        """Area of one crossbar with its converters and periphery, mm^2 (0: not published)."""
+        return self.cell_area_mm2 + self.adc_dac_area_mm2 + self.periphery_area_mm2
+
+    @property
+    def chip_area_mm2(self) -> float:
+        """Area of all ``crossbars`` arrays with their converters and periphery, mm^2 (the
+        arrays only: no buffers, network or host interface; 0: not published)."""
+        return self.crossbars * self.array_area_mm2
 
     def source(self, name: str) -> str:
         """The recorded source of field ``name`` ('' if none)."""
@@ -138,14 +162,19 @@ PCM_OCC = CrossbarParams(
 #: crossbar.md §2.4-2.6 and §2.8):
 #:
 #: - 128 x 128 cells (ISAAC; PUMA ``MVMU_DIM 128``; NeuroSim's default subarray);
-#: - a tile write programs one row at a time, all cells of a row in parallel (MNSIM
-#:   ``Crossbar.py``), 10 ns per row (NVSim ``sample_RRAM.cell`` SET/RESET 10 ns; MNSIM
-#:   ``Write_Latency``): 128 x 10 ns = 1.28 us per tile;
-#: - 0.6 pJ per cell switch (NVSim ``sample_RRAM.cell``): 128 * 128 * 0.6 pJ = 9.83 nJ per tile;
+#: - a tile write, with its periphery: PUMA's ISAAC-derived whole-array constants
+#:   (``puma-simulator`` ``include/constants.py``, "models from ISAAC paper", chips.md §1.2)
+#:   ``xbar_wr_lat`` 351 / 32 us = 10.97 us and 676,000 / 32 pJ = 21.1 nJ per 128 x 128 array
+#:   [code, derived] (the earlier NVSim cell figures, 10 ns and 0.6 pJ per cell row by row,
+#:   gave 1.28 us and 9.83 nJ without the periphery);
 #: - one MVM (a crossbar read cycle) 100 ns (ISAAC / PUMA ``xbar_ip_lat``), cell read energy
 #:   0.1 pJ (NVSim) over 128 * 128 cells = 1.64 nJ;
 #: - 8-bit ADC 1.67 pJ per conversion (ISAAC, via the ``hwcomponents_library`` model), 1.2 GS/s,
-#:   1200 um^2 (chips.md §1.2); 1-bit DAC 0.42 pJ per drive (chips.md §1.2);
+#:   1200 um^2, 8 ADCs per IMA of 8 crossbars: one per crossbar (chips.md §1.2); 1-bit DAC
+#:   0.42 pJ per drive, 170 um^2 per 8 x 128 DACs (chips.md §1.2);
+#: - area per crossbar [derived]: cells 25 um^2 (PUMA ``xbar_area_dict``), ADC and 128 DACs
+#:   1200 + 170 / 8 = 1221.25 um^2, shift-and-add 4 x 60 um^2 per IMA / 8 crossbars = 30 um^2
+#:   (the IMA's and tile's buffers and network are not counted);
 #: - no separate always-on periphery term (the ADCs carry it, as in ISAAC);
 #: - endurance 1e6 writes (NVMain's default mean; HfOx RRAM endurance-model abstract);
 #: - ISAAC stores 16-bit weights in 8 slices of 2-bit cells with offset encoding (chips.md §1.1);
@@ -154,17 +183,21 @@ PCM_OCC = CrossbarParams(
 #: suggests; 4 crossbars, not ISAAC's 8 per IMA x 12 IMAs per tile x (unconfirmed) 168 tiles.
 RERAM_ISAAC = CrossbarParams(
     rows=128, cols=128, crossbars=4,
-    write_latency_s=128 * 10e-9, write_energy_j=128 * 128 * 0.6e-12,
+    write_latency_s=351e-6 / 32, write_energy_j=676_000e-12 / 32,
     mvm_latency_s=100e-9, mvm_energy_j=128 * 128 * 0.1e-12,
     periphery_energy_per_cycle_j=0.0, endurance_writes=1e6, clock_hz=1e9,
     adc_energy_j=1.67e-12, min_macs=128 * 128, name="reram-isaac",
     technology="ReRAM", node_nm=32, weight_bits=16, cell_bits=2, dac_bits=16, adc_bits=8,
-    dac_energy_j=0.42e-12, adc_latency_s=1 / 1.2e9, device_model="rram-wan2022",
+    dac_energy_j=0.42e-12, adc_latency_s=1 / 1.2e9, adcs_per_array=1, cell_area_mm2=25e-6,
+    adc_dac_area_mm2=(1200 + 170 / 8) * 1e-6, periphery_area_mm2=4 * 60e-6 / 8,
+    device_model="rram-wan2022",
     wire_ohm_row=0.15, wire_ohm_col=0.15,
     sources=(("rows", "ISAAC 128x128 (crossbar.md §2.6)"), ("cols", "ISAAC (crossbar.md §2.6)"),
              ("crossbars", "ours: a 4-crossbar profile"),
-             ("write_latency_s", "NVSim sample_RRAM.cell 10 ns x 128 rows (crossbar.md §2.8)"),
-             ("write_energy_j", "NVSim 0.6 pJ per cell switch (crossbar.md §2.8)"),
+             ("write_latency_s", "PUMA constants.py xbar_wr_lat 351/32 us, ISAAC-derived "
+              "(chips.md §1.2) [code]"),
+             ("write_energy_j", "PUMA constants.py 676,000/32 pJ per array write (chips.md "
+              "§1.2) [code, derived]"),
              ("mvm_latency_s", "PUMA xbar_ip_lat (chips.md §1.2)"),
              ("mvm_energy_j", "NVSim 0.1 pJ cell read (crossbar.md §2.8)"),
              ("endurance_writes", "NVMain default; HfOx RRAM abstract (crossbar.md §2.8)"),
@@ -172,6 +205,12 @@ RERAM_ISAAC = CrossbarParams(
              ("periphery_energy_per_cycle_j", "0: ISAAC's ADCs carry it (crossbar.md §2.6)"),
              ("adc_latency_s", "ISAAC ADC 1.2 GS/s (chips.md §1.2)"),
              ("dac_energy_j", "hwcomponents IsaacDAC (chips.md §1.2)"),
+             ("adcs_per_array", "ISAAC 8 ADCs per IMA of 8 crossbars (chips.md §1.1)"),
+             ("cell_area_mm2", "PUMA xbar_area_dict 128x128 25 um^2 (chips.md §1.2)"),
+             ("adc_dac_area_mm2", "hwcomponents IsaacADC 1200 um^2 + IsaacDAC 170/8 um^2 "
+              "(chips.md §1.2) [derived]"),
+             ("periphery_area_mm2", "hwcomponents IsaacShiftAdd 4 x 60 um^2 per IMA / 8 "
+              "(chips.md §1.2) [derived]"),
              ("node_nm", "ISAAC 32 nm (chips.md §1.1)"),
              ("weight_bits", "ISAAC 16 b weights (chips.md §1.1)"),
              ("cell_bits", "ISAAC 2 b cells (chips.md §1.1)"),
@@ -179,7 +218,7 @@ RERAM_ISAAC = CrossbarParams(
              ("adc_bits", "ISAAC 8 b SAR (chips.md §1.2)"),
              ("device_model", "aihwkit ReRamWan2022NoiseModel (chips.md §2.4)"),
              ("wire_ohm_row", _WIRE), ("wire_ohm_col", _WIRE)),
-    unverified=("crossbars", "device_model", "wire_ohm_row", "wire_ohm_col"),
+    unverified=("crossbars", "device_model", "wire_ohm_row", "wire_ohm_col", "periphery_area_mm2"),
 )
 
 _HERMES = "Le Gallo et al., Nat. Electron. 2023 [abs] (chips.md §1.5)"
@@ -197,11 +236,18 @@ _HCORE = "Khaddam-Aljameh et al., JSSC 2022 [abs] (chips.md §1.5)"
 #: - weights as one analog conductance per polarity (1 device each; g_max 10.35 uS, aihwkit
 #:   ``HermesNoiseModel``, chips.md §2.2): 8-bit signed weights, a 7-bit magnitude per cell;
 #: - core area 0.62 mm^2 [derived, unverified]: the core's 1.59 TOPS/mm^2 [abs] at the one-phase
-#:   core throughput 0.986 TOPS (63.1 / 64);
-#: - programming (closed-loop program-verify) time and energy are not published: placeholders of
+#:   core throughput 0.986 TOPS (63.1 / 64); the core's cells, ADCs and periphery are not
+#:   published apart, so the whole core counts as ``cell_area_mm2`` (``folded``);
+#: - 256 ADCs per core [abs]: one conversion each per MVM, 76.8 of the 132.9 ns;
+#: - programming (closed-loop program-verify) time and energy: not found in the chip's
+#:   abstracts, the Nature Electronics figure captions (Extended Data Fig. 5 describes the
+#:   two-device program-verify algorithm, no time or energy), aihwkit's docs, Joshi et al. 2020
+#:   or Le Gallo's program-verify precision paper (searched this session): placeholders of
 #:   ours, one row at a time with a PCM SET pulse of 150 ns (NVSim sample_PCRAM, crossbar.md
 #:   §2.8): 256 * 150 ns = 38.4 us, and OCC's per-cell write energy (200 pJ per 4096 cells) for
-#:   65,536 cells = 3.2 nJ; both without the (unpublished) verify iterations;
+#:   65,536 cells = 3.2 nJ; both without the (unpublished) verify iterations. They enter a
+#:   model's cost only when its weights do not fit the 64 cores (programming at load is not
+#:   per inference);
 #: - endurance: OCC's PCM figure (unverified for this chip);
 #: - wire resistance per cell: 0.15 ohm (``_WIRE``), unverified for this chip.
 PCM_HERMES = CrossbarParams(
@@ -210,7 +256,8 @@ PCM_HERMES = CrossbarParams(
     mvm_latency_s=131072 / (63.1e12 / 64), mvm_energy_j=131072 / 9.76e12,
     periphery_energy_per_cycle_j=0.0, endurance_writes=3.2e7, clock_hz=1e9, adc_energy_j=0.0,
     min_macs=256 * 256, name="pcm-hermes", technology="PCM", node_nm=14, weight_bits=8,
-    cell_bits=7, dac_bits=8, adc_bits=8, adc_latency_s=256 * 0.3e-9, array_area_mm2=0.62,
+    cell_bits=7, dac_bits=8, adc_bits=8, adc_latency_s=256 * 0.3e-9, adcs_per_array=256,
+    cell_area_mm2=0.62, folded=("adc_dac", "periphery"),
     device_model="pcm-hermes-1dev", wire_ohm_row=0.15, wire_ohm_col=0.15,
     sources=(("rows", _HCORE + " 256x256"), ("cols", _HCORE), ("crossbars", _HERMES + " 64 cores"),
              ("write_latency_s", "ours: 256 rows x 150 ns PCM SET (NVSim, crossbar.md §2.8)"),
@@ -224,10 +271,12 @@ PCM_HERMES = CrossbarParams(
              ("cell_bits", "analog: the 7-bit magnitude in one device (aihwkit Hermes, chips.md §2.2)"),
              ("dac_bits", _HERMES + " 8-bit inputs"), ("adc_bits", _HERMES + " 8-bit outputs"),
              ("adc_latency_s", _HCORE + " 300 ps/LSB x 256 [derived]"),
-             ("array_area_mm2", _HCORE + " 1.59 TOPS/mm^2 [derived]"),
+             ("adcs_per_array", _HCORE + " 256 CCO ADCs per core"),
+             ("cell_area_mm2", _HCORE + " 1.59 TOPS/mm^2 [derived]: the whole core"),
+             ("folded", "ADCs and periphery inside the chip's TOPS/W and the core's TOPS/mm^2"),
              ("device_model", "aihwkit HermesNoiseModel, 1 device (chips.md §2.2)"),
              ("wire_ohm_row", _WIRE), ("wire_ohm_col", _WIRE)),
-    unverified=("write_latency_s", "write_energy_j", "endurance_writes", "array_area_mm2",
+    unverified=("write_latency_s", "write_energy_j", "endurance_writes", "cell_area_mm2",
                 "wire_ohm_row", "wire_ohm_col"),
 )
 
@@ -243,7 +292,11 @@ _ACCELERGY = "Accelergy hwcomponents neurram.py [code/sec] (chips.md §1.6)"
 #: - one MVM per 1 us cycle, per column 1.2 pJ analog sample + 0.25 pJ integrator, so 256 * 1.45 pJ
 #:   = 371 pJ per MVM, plus 0.3 pJ per ADC read (Accelergy's estimates of the paper's circuits
 #:   [code/sec]);
-#: - programming (iterative write-verify) [unconfirmed]: NVSim's ReRAM cell (10 ns, 0.6 pJ per
+#: - the per-column sample and integrator energies are the neurons' (periphery), counted in
+#:   ``mvm_energy_j`` (``folded``); cell read energy and areas are not published;
+#: - programming (iterative write-verify, Extended Data Fig. 3 of the paper: incremental
+#:   SET/RESET pulses until the conductance is within an acceptance range; no time or energy
+#:   given in the captions found) [unconfirmed]: NVSim's ReRAM cell (10 ns, 0.6 pJ per
 #:   switch, crossbar.md §2.8), row by row: 256 * 10 ns = 2.56 us and 65,536 * 0.6 pJ = 39.3 nJ
 #:   per tile, without verify iterations; endurance 1e6 (NVMain default) [unconfirmed];
 #: - device: aihwkit ``ReRamWan2022NoiseModel`` (g_max 40 uS, fitted on this chip's data,
@@ -255,7 +308,7 @@ RRAM_NEURRAM = CrossbarParams(
     mvm_latency_s=1e-6, mvm_energy_j=256 * (1.2e-12 + 0.25e-12),
     periphery_energy_per_cycle_j=0.0, endurance_writes=1e6, clock_hz=1e6, adc_energy_j=0.3e-12,
     min_macs=256 * 256, name="rram-neurram", technology="ReRAM", node_nm=130, weight_bits=4,
-    cell_bits=3, dac_bits=4, adc_bits=8, device_model="rram-wan2022",
+    cell_bits=3, dac_bits=4, adc_bits=8, device_model="rram-wan2022", folded=("periphery",),
     wire_ohm_row=0.15, wire_ohm_col=0.15,
     sources=(("rows", "review fig. of " + _NEURRAM + " [sec]"), ("cols", "same [sec]"),
              ("crossbars", "issue 15 / chips.md §1.6 (48 cores)"),
@@ -265,6 +318,7 @@ RRAM_NEURRAM = CrossbarParams(
              ("mvm_energy_j", _ACCELERGY + " sample + integrator per column"),
              ("adc_energy_j", _ACCELERGY + " 0.3 pJ per read"),
              ("periphery_energy_per_cycle_j", "0: the per-column sample/integrate energies"),
+             ("folded", "the neurons' sample/integrate energies in mvm_energy_j"),
              ("endurance_writes", "NVMain default (crossbar.md §2.8)"),
              ("clock_hz", _ACCELERGY + " 1 us cycle"),
              ("node_nm", "chips.md §1.1 [unconfirmed]"),
@@ -277,5 +331,11 @@ RRAM_NEURRAM = CrossbarParams(
                 "cell_bits", "dac_bits", "adc_bits", "wire_ohm_row", "wire_ohm_col"),
 )
 
-#: Parameter presets by name (``--cim-preset``; the first is the default).
-PRESETS = {p.name: p for p in (PCM_OCC, RERAM_ISAAC, PCM_HERMES, RRAM_NEURRAM)}
+#: The default chip (``--cim-preset`` unset): IBM's HERMES 64-core PCM chip, the only preset
+#: whose geometry, precision, MVM time and energy all come from a measured chip and whose
+#: device model was fitted on it; 4.19 M weights on chip hold the small and mid-size models
+#: (docs/crossbar-presets.md, "Which default"). ``pcm-occ`` reproduces the CINM paper.
+DEFAULT = PCM_HERMES
+
+#: Parameter presets by name (``--cim-preset``; the first is the default, :data:`DEFAULT`).
+PRESETS = {p.name: p for p in (PCM_HERMES, PCM_OCC, RERAM_ISAAC, RRAM_NEURRAM)}

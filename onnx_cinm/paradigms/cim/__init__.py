@@ -40,6 +40,11 @@ class CrossbarArray(Protocol):
         adc_energy_j: one analog-to-digital conversion (one column of one MVM), joules.
         clock_hz: periphery clock, Hz (busy time x clock = busy cycles).
         periphery_energy_per_cycle_j: mixed-signal periphery energy per busy cycle, joules.
+        dac_energy_j: one DAC drive (one row of one MVM), joules.
+        adc_latency_s: one conversion, seconds (0: not separated from ``mvm_latency_s``).
+        adcs_per_array: ADCs serving one array's columns (0: not published).
+        cell_area_mm2, adc_dac_area_mm2, periphery_area_mm2: area per array of the cells, of
+            its converters and of the rest of its periphery, mm^2 (0: not published).
     """
 
     rows: int
@@ -52,6 +57,12 @@ class CrossbarArray(Protocol):
     adc_energy_j: float
     clock_hz: float
     periphery_energy_per_cycle_j: float
+    dac_energy_j: float
+    adc_latency_s: float
+    adcs_per_array: int
+    cell_area_mm2: float
+    adc_dac_area_mm2: float
+    periphery_area_mm2: float
 
 
 __all__ = ["CrossbarArray"]

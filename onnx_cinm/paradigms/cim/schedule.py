@@ -54,10 +54,21 @@ OCC, §1.4):
   (the rows stream through the round's crossbars in parallel). OCC's sheet, with one crossbar:
   ``writes * 2.5 us + reads * 1 us``; ours reduces to exactly that for ``P = 1``.
 - energy: ``writes * write_energy + MVMs * mvm_energy + ADC conversions * adc_energy +
-  busy_cycles * periphery_energy_per_cycle``, where busy cycles are the summed busy time of all
-  crossbars (``writes * write_latency + MVMs * mvm_latency``) times the clock: OCC charges
-  2.1 nJ per CIM cycle; parallel crossbars each keep their periphery busy, so ``P`` does not
-  change the energy.
+  DAC drives * dac_energy + busy_cycles * periphery_energy_per_cycle``, where busy cycles are
+  the summed busy time of all crossbars (``writes * write_latency + MVMs * mvm_latency``) times
+  the clock: OCC charges 2.1 nJ per CIM cycle; parallel crossbars each keep their periphery
+  busy, so ``P`` does not change the energy. DAC drives: ``groups * M * K * Nt`` (each input
+  element drives its row of each column tile once).
+- breakdown (``Cost.parts``, summing to the totals): ``array`` = tile writes and the analog
+  MVMs (energy ``writes * write_energy + MVMs * mvm_energy``; latency the write rounds plus the
+  MVM time not spent converting); ``adc_dac`` = the conversions (energy ``ADC conversions *
+  adc_energy + DAC drives * dac_energy``; latency the MVM time times
+  :func:`conversion_share`); ``periphery`` = the periphery energy per busy cycle (no time of its
+  own: the digital post-processing overlaps the conversions). Area per term: the crossbars the
+  kernel occupies (``min(P, T)``: its own tiles when resident, else the crossbars it streams
+  through) times the chip's ``cell_area_mm2``, ``adc_dac_area_mm2`` and
+  ``periphery_area_mm2`` per array. A chip whose published MVM figure already includes its
+  converters and periphery (HERMES's TOPS/W) shows them under ``array``.
 - bytes moved: ``itemsize * (inputs + outputs + cells written)`` with inputs ``groups * M * K *
   Nt`` (each row k-slice goes to each of the ``Nt`` column tiles), outputs ``groups * M * N * Kt``
   (one partial sum per k tile, merged on the accumulator side).
@@ -66,7 +77,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...graph import Cost
+from ...graph import Cost, CostPart
 from . import CrossbarArray
 from .layout import ProductView
 
@@ -145,6 +156,14 @@ class CrossbarPlan:
         return self.writes_load + self.writes_per_inference
 
     @property
+    def dac_drives(self) -> int:
+        """DAC drives per inference: every MVM drives the used rows of its tile, so each
+        element of ``A`` is driven once per column tile: ``groups * M * K * Nt`` (one drive per
+        input element, as one conversion per output column: bit-serial input cycles and weight
+        slices are not multiplied in)."""
+        return self.groups * self.M * self.K * self.Nt
+
+    @property
     def bytes_moved(self) -> int:
         """Bytes in and out per inference (see the module docstring)."""
         g = self.groups
@@ -172,12 +191,39 @@ class CrossbarPlan:
             else:
                 latency = (self.write_rounds * params.write_latency_s
                            + self.rounds * self.M * params.mvm_latency_s)
+        dac = 0 if load else self.dac_drives
         busy = writes * params.write_latency_s + mvms * params.mvm_latency_s
-        energy = (writes * params.write_energy_j + mvms * params.mvm_energy_j
-                  + adc * params.adc_energy_j
-                  + busy * params.clock_hz * params.periphery_energy_per_cycle_j)
+        e_array = writes * params.write_energy_j + mvms * params.mvm_energy_j
+        e_conv = adc * params.adc_energy_j + dac * params.dac_energy_j
+        e_peri = busy * params.clock_hz * params.periphery_energy_per_cycle_j
+        # the MVM share of the latency, and the conversions' share of one MVM
+        if load:
+            t_mvm = 0.0
+        elif self.loop_order == "naive":
+            t_mvm = self.groups * self.Nt * _ceil(self.Kt, self.crossbars) * self.M * params.mvm_latency_s
+        else:
+            t_mvm = self.rounds * self.M * params.mvm_latency_s
+        t_conv = t_mvm * conversion_share(params)
+        used = min(self.crossbars, self.tiles)  # a resident kernel's own, or the pool
+        area = [used * a for a in (params.cell_area_mm2, params.adc_dac_area_mm2,
+                                             params.periphery_area_mm2)]
+        parts = (CostPart("array", latency - t_conv, e_array, area[0]),
+                 CostPart("adc_dac", t_conv, e_conv, area[1]),
+                 CostPart("periphery", 0.0, e_peri, area[2]))
         moved = self.itemsize * cells if load else self.bytes_moved
-        return Cost(latency_s=latency, energy_j=energy, writes=writes, bytes_moved=moved)
+        return Cost(latency_s=latency, energy_j=e_array + e_conv + e_peri, writes=writes,
+                    bytes_moved=moved, parts=parts)
+
+
+def conversion_share(params) -> float:
+    """The fraction of one MVM's latency spent converting: the ADC time of one MVM, ``ceil(cols
+    / adcs_per_array)`` conversions of ``adc_latency_s`` one after another on each ADC, at most
+    the whole MVM; 0 when the chip publishes no conversion time (``adc_latency_s`` or
+    ``adcs_per_array`` 0) or folds it into the MVM figure."""
+    if not (params.adc_latency_s and params.adcs_per_array and params.mvm_latency_s):
+        return 0.0
+    t = params.adc_latency_s * _ceil(params.cols, params.adcs_per_array)
+    return min(1.0, t / params.mvm_latency_s)
 
 
 def tile_extent(index: int, size: int, full: int) -> int:

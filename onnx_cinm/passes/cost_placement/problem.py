@@ -139,7 +139,7 @@ def candidate(dev: Device, op, options: dict) -> list | str:
 def _choice(dev: str, p: Priced, capacity: int, memory: int, note: str = "",
             bytes_moved: int | None = None) -> Choice:
     cost = p.cost if bytes_moved is None else Cost(p.cost.latency_s, p.cost.energy_j,
-                                                   p.cost.writes, bytes_moved)
+                                                   p.cost.writes, bytes_moved, p.cost.parts)
     return Choice(dev, cost, p.kept_crossbars, capacity, p.resident_bytes if memory else 0,
                   memory, note, streamed=p.streamed, tile_set=p.tile_set)
 

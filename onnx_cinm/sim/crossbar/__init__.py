@@ -16,7 +16,7 @@ and the modeled latency and energy (:class:`Counters` defines each; the same mod
 :mod:`onnx_cinm.paradigms.cim.schedule`): each crossbar has a clock; ``PROGRAM`` adds
 ``write_latency_s``, ``MVM`` adds ``rows * mvm_latency_s``, ``BARRIER`` sets every clock to the
 latest; energy is ``writes * write_energy_j + MVMs * mvm_energy_j + ADC * adc_energy_j +
-busy_seconds * clock_hz * periphery_energy_per_cycle_j``.
+DAC * dac_energy_j + busy_seconds * clock_hz * periphery_energy_per_cycle_j``.
 
 Data path: numpy, vectorized over rows: one ``MVM`` is one ``(rows x k) @ (k x n)`` product; a
 ``FOR ROWS`` block is executed once over all rows for the data, while its counters are derived
@@ -73,7 +73,7 @@ FORMAT_VERSION = 1
 #: crossbar.md §1.4).
 COST_KEYS = {"write_latency_s": 2.5e-6, "write_energy_j": 2e-10, "mvm_latency_s": 1e-6,
              "mvm_energy_j": 2e-13, "adc_energy_j": 0.0, "periphery_energy_per_cycle_j": 2.1e-9,
-             "clock_hz": 1e9}
+             "clock_hz": 1e9, "dac_energy_j": 0.0}
 _HEADER_INT = ("crossbars", "rows", "cols")
 _HEADER_CHOICES = {"dtype": ("float32", "int32"), "mode": ("ideal", "quantized"),
                    "order": ("fixed", "serpentine"), "residency": ("on", "off")}
@@ -610,7 +610,7 @@ class CrossbarSimulator:
         k = self.prog.cost
         busy = c.tile_writes * k["write_latency_s"] + c.mvms * k["mvm_latency_s"]
         return (c.tile_writes * k["write_energy_j"] + c.mvms * k["mvm_energy_j"]
-                + c.adc_conversions * k["adc_energy_j"]
+                + c.adc_conversions * k["adc_energy_j"] + c.dac_conversions * k["dac_energy_j"]
                 + busy * k["clock_hz"] * k["periphery_energy_per_cycle_j"])
 
     def _phase(self, cmds, rows, acts, outs) -> Counters:
