@@ -235,12 +235,19 @@ class MemristorDevice(Device):
     def supports_under(self, op: OpInfo, options: dict) -> Support:
         """:meth:`supports` on the chip the options select: the paper heuristic's "enough
         work" is one tile of that chip (``rows * cols`` MACs, after ``cim_preset``,
-        ``cim_rows``, ``cim_cols``); an op with less is still priced by cost placement."""
+        ``cim_rows``, ``cim_cols``); an op with less is still priced by cost placement.
+        Integer products under a non-ideal data path (``cim_mode`` q8, q8-noisy, device) are
+        refused: those re-quantize per channel, the integer path does not."""
         try:
             p = params_from_options(options, self.params)
         except (KeyError, TypeError):  # a bad option: check_options names it
             p = self.params
-        return self._supports(op, p.rows * p.cols)
+        s = self._supports(op, p.rows * p.cols)
+        mode = options.get("cim_mode") or CrossbarOptions.mode
+        if s.ok and mode != "ideal" and op.op_type in ("Gemm", "Gemv") and _is_int(op):
+            return Support(False, f"integer product: its weights go to cells as they are, which "
+                                  f"--cim-mode {mode} would re-quantize (use ideal)")
+        return s
 
     def _supports(self, op: OpInfo, min_macs: int) -> Support:
         if op.op_type not in ("Gemm", "Gemv"):
@@ -282,16 +289,6 @@ class MemristorDevice(Device):
             return Support(True, f"{why}: the cheaper one would be reprogrammed every inference",
                            preferred=False)
         return Support(True, f"matrix product, {why}, {macs} MACs: weight-stationary on crossbars")
-
-    def supports_under(self, op: OpInfo, options: dict) -> Support:
-        """:meth:`supports`, except integer products under a non-ideal data path (``cim_mode``
-        q8, q8-noisy, device): those re-quantize per channel, the integer path does not."""
-        s = self.supports(op)
-        mode = options.get("cim_mode") or CrossbarOptions.mode
-        if s.ok and mode != "ideal" and op.op_type in ("Gemm", "Gemv") and _is_int(op):
-            return Support(False, f"integer product: its weights go to cells as they are, which "
-                                  f"--cim-mode {mode} would re-quantize (use ideal)")
-        return s
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self, op: OpInfo, options: dict | None = None, *, crossbars: int | None = None,
