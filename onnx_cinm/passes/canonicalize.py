@@ -716,7 +716,9 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     channels = weight.shape[0]
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
-    new_weight = weight.astype(np.float64) * factor.reshape((channels,) + (1,) * (weight.ndim - 1))
+    # one float64 temporary (not a float64 copy of the weight and then the product)
+    new_weight = np.multiply(weight, factor.reshape((channels,) + (1,) * (weight.ndim - 1)),
+                             dtype=np.float64)
     new_bias = ((conv_bias if conv_bias is not None else np.zeros(channels)) - mean) * factor + bias
     w_in = conv.inputs[1].name
     weight_name = edit.const(f"{w_in}_bn", new_weight.astype(weight.dtype))
@@ -759,6 +761,10 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     -------
     onnx.ModelProto
     """
+    if not any(node.op_type == "BatchNormalization" and _is_default_domain(node)
+               for node in model.graph.node):  # nothing to fold: no need to open the graph
+        ctx.stats["fold_batchnorm"] = 0
+        return model
     edit = Edit(model, _Names(model.graph).fresh)
     folded = sum(apply(edit, [_FOLD_BATCHNORM])[0].values())
     if folded:
