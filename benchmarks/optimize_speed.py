@@ -12,9 +12,13 @@ median wall time, the time per layer, the peak RSS of the process (``wait4``) an
 weight byte (the peak RSS over the smallest model's, per weight byte added). Target: time per
 layer and memory per weight byte flat within 2x from the smallest to the largest size.
 
+Every child process runs with ``OMP_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` set to
+``--threads`` (default 1: both tools single-threaded, so a shared machine's other work does not
+decide the ratio); the first line printed says so, with the load average.
+
     pip install -e '.[bench]'
     python benchmarks/optimize_speed.py [--repeat 3] [--models resnet50 densenet121 vgg19]
-        [--no-scaling] [--json]
+        [--threads 1] [--no-scaling] [--json]
 """
 from __future__ import annotations
 
@@ -36,11 +40,15 @@ from onnx import TensorProto, helper, numpy_helper
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
 
+#: Environment of the measured processes (``--threads`` sets the thread counts).
+_ENV = dict(os.environ)
+
+
 def _run(cmd: list[str]) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes) of ``cmd`` in a fresh process; exits on failure."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=_ENV)
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -122,8 +130,11 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
     ap.add_argument("--no-compare", action="store_true", help="skip the onnxsim comparison")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS and OPENBLAS_NUM_THREADS of the measured processes")
     ap.add_argument("--build", nargs=3, metavar=("FAMILY", "SIZE", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    _ENV.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
     if args.build:  # internal: build one scaling model, print its weight bytes
         family, size, path = args.build
         print((_mlp if family == "mlp" else _convnet)(int(size), Path(path)))
@@ -131,6 +142,10 @@ def main() -> int:
     cinm_exe = shutil.which("onnx-cinm") or sys.exit("onnx-cinm is not on PATH (pip install -e .)")
     sim_exe = shutil.which("onnxsim") or sys.exit("onnxsim is not on PATH (pip install -e '.[bench]')")
     records = []
+    if not args.json:
+        print(f"OMP_NUM_THREADS=OPENBLAS_NUM_THREADS={args.threads}, {args.repeat} run(s) per tool "
+              f"and model (medians), load average {os.getloadavg()[0]:.1f} at the start; "
+              "targets (issue 16): ratio <= 0.5, per-layer time and RSS/B flat within 2x", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for short in ([] if args.no_compare else args.models):
             model = LIGHT_DIR / f"light_{short}.onnx"
@@ -158,10 +173,19 @@ def main() -> int:
             if not args.json:
                 print(f"\n{'scaling':8s} {'size':>5s} {'weights':>12s} {'wall':>10s} "
                       f"{'per layer':>17s} {'peak RSS':>11s} {'RSS/B':>8s}")
-            records += scaling(cinm_exe, tmp, args.repeat, emit)
+            recs = scaling(cinm_exe, tmp, args.repeat, emit)
+            records += recs
             if not args.json:
                 print("(RSS/B: peak RSS above the smallest model of the family per weight byte added; "
                       "size: layers for mlp, input side for convnet)")
+                for family in ("mlp", "convnet"):
+                    rs = [r for r in recs if r["family"] == family]
+                    per_layer = rs[-1]["s_per_layer"] / rs[0]["s_per_layer"]
+                    line = f"{family}: time per layer largest / smallest {per_layer:.2f}"
+                    per_byte = [r["rss_per_weight_byte"] for r in rs if r["rss_per_weight_byte"]]
+                    if len(per_byte) > 1:
+                        line += f", RSS/B largest / smallest {per_byte[-1] / per_byte[0]:.2f}"
+                    print(line)
     if args.json:
         print(json.dumps(records, indent=2))
     return 0
