@@ -3,8 +3,10 @@ and how optimize scales with model size.
 
 Both run as command-line programs in fresh processes (so both pay interpreter start-up), on the
 same model files from the onnx wheel, alternating, ``--repeat`` times each; the table shows the
-medians and their ratio (onnx-cinm / onnxsim; below 1 means onnx-cinm is faster). Target
-(issue 16): at most 0.5x onnxsim.
+medians and their ratio (onnx-cinm / onnxsim; below 1 means onnx-cinm is faster), of wall time
+and of CPU time (user + system of the process: on a machine shared with other work, wall time
+swings with the load, CPU time much less), and each tool's peak RSS. Target (issue 16): at
+most 0.5x onnxsim.
 
 Scaling table: ``optimize --check 0`` on MLP chains of 10, 100 and 1000 ``256 x 256`` Gemm+Relu
 layers and on a conv net (8 conv3x3+Relu layers, 64 channels) at input sizes 32 and 128, with the
@@ -44,8 +46,9 @@ LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" /
 _ENV = dict(os.environ)
 
 
-def _run(cmd: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of ``cmd`` in a fresh process; exits on failure."""
+def _run(cmd: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS bytes, CPU seconds: user + system) of ``cmd`` in a fresh process;
+    exits on failure."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=_ENV)
@@ -56,11 +59,7 @@ def _run(cmd: list[str]) -> tuple[float, int]:
             err.seek(0)
             sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n"
                      f"{err.read().decode(errors='replace').strip()[-2000:]}")
-    return elapsed, usage.ru_maxrss * 1024
-
-
-def _time(cmd: list[str]) -> float:
-    return _run(cmd)[0]
+    return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def _mlp(layers: int, path: Path, d: int = 256) -> int:
@@ -111,12 +110,14 @@ def scaling(cinm_exe: str, tmp: str, repeat: int, emit) -> list[dict]:
         runs = [_run([cinm_exe, "optimize", str(path), "-o", f"{tmp}/o_{family}{size}.onnx",
                       "--check", "0", "-q"]) for _ in range(repeat)]
         wall = statistics.median(r[0] for r in runs)
+        cpu = statistics.median(r[2] for r in runs)
         rss = max(r[1] for r in runs)
         first = next((r for r in recs if r["family"] == family), None)
         per_byte = ((rss - first["peak_rss_bytes"]) / (wbytes - first["weight_bytes"])
                     if first and wbytes > first["weight_bytes"] else None)
         recs.append({"family": family, "size": size, "layers": layers, "weight_bytes": wbytes,
-                     "wall_s": wall, "s_per_layer": wall / layers, "peak_rss_bytes": rss,
+                     "wall_s": wall, "cpu_s": cpu, "s_per_layer": wall / layers,
+                     "cpu_s_per_layer": cpu / layers, "peak_rss_bytes": rss,
                      "rss_per_weight_byte": per_byte, "repeat": repeat})
         path.unlink()
         emit(recs[-1])
@@ -151,28 +152,38 @@ def main() -> int:
             model = LIGHT_DIR / f"light_{short}.onnx"
             if not model.exists():
                 sys.exit(f"no light model '{short}' in {LIGHT_DIR}")
-            times = {"onnx-cinm": [], "onnxsim": []}
+            runs = {"onnx-cinm": [], "onnxsim": []}
             for k in range(args.repeat):
-                times["onnx-cinm"].append(_time([cinm_exe, "optimize", str(model), "-o",
-                                                 f"{tmp}/c{k}.onnx", "--check", "0", "-q"]))
-                times["onnxsim"].append(_time([sim_exe, str(model), f"{tmp}/s{k}.onnx", "0"]))
-            med = {tool: statistics.median(ts) for tool, ts in times.items()}
+                runs["onnx-cinm"].append(_run([cinm_exe, "optimize", str(model), "-o",
+                                               f"{tmp}/c{k}.onnx", "--check", "0", "-q"]))
+                runs["onnxsim"].append(_run([sim_exe, str(model), f"{tmp}/s{k}.onnx", "0"]))
+            med = {tool: statistics.median(r[0] for r in rs) for tool, rs in runs.items()}
+            cpu = {tool: statistics.median(r[2] for r in rs) for tool, rs in runs.items()}
+            rss = {tool: max(r[1] for r in rs) for tool, rs in runs.items()}
             records.append({"model": short, "onnx_cinm_s": med["onnx-cinm"], "onnxsim_s": med["onnxsim"],
-                            "ratio": med["onnx-cinm"] / med["onnxsim"], "repeat": args.repeat})
+                            "ratio": med["onnx-cinm"] / med["onnxsim"],
+                            "onnx_cinm_cpu_s": cpu["onnx-cinm"], "onnxsim_cpu_s": cpu["onnxsim"],
+                            "cpu_ratio": cpu["onnx-cinm"] / cpu["onnxsim"],
+                            "onnx_cinm_peak_rss_bytes": rss["onnx-cinm"],
+                            "onnxsim_peak_rss_bytes": rss["onnxsim"], "repeat": args.repeat})
             if not args.json:
-                print(f"{short:12s} onnx-cinm {med['onnx-cinm']:7.2f} s   onnxsim {med['onnxsim']:7.2f} s"
-                      f"   ratio {records[-1]['ratio']:.2f}", flush=True)
+                r = records[-1]
+                print(f"{short:12s} onnx-cinm {med['onnx-cinm']:7.2f} s ({cpu['onnx-cinm']:6.2f} s CPU, "
+                      f"{rss['onnx-cinm'] / 2**20:5.0f} MB)   onnxsim {med['onnxsim']:7.2f} s "
+                      f"({cpu['onnxsim']:6.2f} s CPU, {rss['onnxsim'] / 2**20:5.0f} MB)   ratio "
+                      f"{r['ratio']:.2f} (CPU {r['cpu_ratio']:.2f})", flush=True)
         if not args.no_scaling:
             def emit(r):
                 if not args.json:
                     pb = r["rss_per_weight_byte"]
                     print(f"{r['family']:8s} {r['size']:5d} {r['weight_bytes'] / 2**20:9.1f} MB "
                           f"{r['wall_s']:8.2f} s {r['s_per_layer'] * 1e3:9.1f} ms/layer "
+                          f"{r['cpu_s_per_layer'] * 1e3:9.1f} ms CPU "
                           f"{r['peak_rss_bytes'] / 2**20:8.0f} MB "
                           f"{'-' if pb is None else f'{pb:.2f}':>8s}", flush=True)
             if not args.json:
                 print(f"\n{'scaling':8s} {'size':>5s} {'weights':>12s} {'wall':>10s} "
-                      f"{'per layer':>17s} {'peak RSS':>11s} {'RSS/B':>8s}")
+                      f"{'per layer':>17s} {'CPU per layer':>16s} {'peak RSS':>11s} {'RSS/B':>8s}")
             recs = scaling(cinm_exe, tmp, args.repeat, emit)
             records += recs
             if not args.json:
@@ -181,7 +192,9 @@ def main() -> int:
                 for family in ("mlp", "convnet"):
                     rs = [r for r in recs if r["family"] == family]
                     per_layer = rs[-1]["s_per_layer"] / rs[0]["s_per_layer"]
-                    line = f"{family}: time per layer largest / smallest {per_layer:.2f}"
+                    cpu_layer = rs[-1]["cpu_s_per_layer"] / rs[0]["cpu_s_per_layer"]
+                    line = (f"{family}: time per layer largest / smallest {per_layer:.2f} "
+                            f"(CPU {cpu_layer:.2f})")
                     per_byte = [r["rss_per_weight_byte"] for r in rs if r["rss_per_weight_byte"]]
                     if len(per_byte) > 1:
                         line += f", RSS/B largest / smallest {per_byte[-1] / per_byte[0]:.2f}"
