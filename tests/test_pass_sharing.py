@@ -87,3 +87,53 @@ def test_cli_optimize_rewrites_the_loaded_model_in_place(tmp_path, monkeypatch, 
                  "--cim-preset", "pcm-occ", "-q"]) == 0
     assert len(loaded) == 1 and len(saved) == 1
     assert (saved[0] is not loaded[0]) == copied
+
+
+def test_normalize_transposes_constant_weights_without_a_session(monkeypatch):
+    """A Gemm with transB on a constant weight: the transposed weight is computed by numpy, not
+    by an onnxruntime session (which held the weight, its transpose and the returned copy at
+    once), and it is exactly W.T; the model computes what onnxruntime computes on the original."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.passes import canonicalize
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 32)).astype(np.float32)  # [N, K]: transB
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 48])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    want = run_onnxruntime(model, {"x": x})[0]
+    sessions = []
+    real = canonicalize._run_nodes
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: sessions.append(a) or real(*a))
+    out = canonicalize.normalize(model, PassContext())
+    assert sessions == []
+    (gemm,) = out.graph.node
+    assert [a.name for a in gemm.attribute] == []
+    (bt,) = [t for t in out.graph.initializer if t.name == gemm.input[1]]
+    np.testing.assert_array_equal(numpy_helper.to_array(bt), w.T)
+    assert [t.name for t in out.graph.initializer] == [gemm.input[1]]  # w itself is gone
+    np.testing.assert_allclose(run_onnxruntime(out, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, perm", [((300, 130), [1, 0]), ((129, 1), None), ((1, 1000), [1, 0]),
+                                         ((5,), [0]), ((2, 3, 4), [2, 0, 1]), ((2, 3, 4), None)])
+def test_constant_transpose_matches_numpy(shape, perm):
+    """The folded Transpose (tiled for matrices, partial tiles included) is numpy's transpose,
+    C-ordered."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from onnx_cinm.passes.canonicalize import _transpose_value
+
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    node = helper.make_node("Transpose", ["a"], ["b"], **({"perm": perm} if perm else {}))
+    got = _transpose_value(node, numpy_helper.from_array(a, "a"))
+    np.testing.assert_array_equal(got, np.transpose(a, perm))
+    assert got.flags.c_contiguous
