@@ -7,8 +7,9 @@ Large models. A protobuf message cannot exceed 2 GiB, and copying or serializing
 is slow with the ``upb`` protobuf backend (about 1 s per 200-500 MB on the project machines).
 So:
 
-- :func:`load_model` lets the C++ checker read the file itself (``check_model(path)``) instead of
-  serializing the loaded model again;
+- :func:`load_model` parses the file once: ``onnx.checker`` gets the model without its large
+  weights (a few KB to parse again), and those weights get the checker's tensor rules from their
+  sizes in the file's wire format;
 - :func:`save_model` writes weights beyond a threshold to a side file (external data) without
   copying the model;
 - :func:`infer_shapes` runs onnx shape inference on a *weightless* copy (:func:`strip_weights`)
@@ -327,6 +328,117 @@ def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None
             )
 
 
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """The protobuf varint at ``buf[pos]`` and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _wire_fields(buf: memoryview, start: int, end: int):
+    """Yield ``(field number, value start, value end)`` of the length-delimited fields of the
+    serialized message ``buf[start:end]`` (other wire types are skipped)."""
+    pos = start
+    while pos < end:
+        key, pos = _read_varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _read_varint(buf, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = _read_varint(buf, pos)
+            yield key >> 3, pos, pos + length
+            pos += length
+        else:  # groups: not used by onnx.proto
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+
+
+_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+
+
+def _initializer_raw_sizes(buf: memoryview, count: int) -> list:
+    """``len(raw_data)`` (None: no raw_data) of each main-graph initializer of the serialized
+    model ``buf``, in order, read from the wire format: reading ``tensor.raw_data`` from the
+    parsed model would copy the bytes (upb hands out a new ``bytes`` object each time). All
+    None if the walk does not find ``count`` initializers."""
+    sizes: list = []
+    try:
+        for number, start, end in _wire_fields(buf, 0, len(buf)):
+            if number != _GRAPH_FIELD:
+                continue
+            for inner, t_start, t_end in _wire_fields(buf, start, end):
+                if inner == _INITIALIZER_FIELD:
+                    size = None
+                    for field, r_start, r_end in _wire_fields(buf, t_start, t_end):
+                        if field == _RAW_DATA_FIELD:
+                            size = r_end - r_start
+                    sizes.append(size)
+    except (IndexError, ValueError):
+        sizes = []
+    return sizes if len(sizes) == count else [None] * count
+
+
+def _external_length(tensor: onnx.TensorProto, folder: str) -> int:
+    """Bytes that loading the external data of ``tensor`` puts in its raw_data."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    offset = int(info.get("offset", 0))
+    if "length" in info:
+        return int(info["length"])
+    return os.path.getsize(os.path.join(folder, os.path.normpath(info["location"]))) - offset
+
+
+#: Element types whose raw_data holds ``elements * itemsize`` bytes (no packed 4/2-bit types,
+#: no strings): :func:`_checker_skeleton` checks such tensors itself.
+_PLAIN_TYPES = {t: onnx.helper.tensor_dtype_to_np_dtype(t).itemsize for t in (
+    onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
+    onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.UINT32,
+    onnx.TensorProto.UINT64, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128,
+    onnx.TensorProto.BFLOAT16)}
+
+_VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data",
+                 "uint64_data")
+
+
+def _checker_skeleton(model: onnx.ModelProto, raw_sizes: list, path: str) -> onnx.ModelProto:
+    """What ``onnx.checker`` checks of ``model`` when :func:`load_model` reads it: the model
+    with its large raw_data initializers (more than :data:`WEIGHTLESS_MAX_ELEMENTS` elements of
+    a :data:`_PLAIN_TYPES` type) left out, each as a graph input of its type and shape (as
+    :func:`strip_weights` does), so the checker parses a few KB instead of the weights again.
+    Those tensors get the checker's tensor rules here, from their raw sizes (``raw_sizes``,
+    per main-graph initializer): raw_data the only value field, at least ``elements *
+    itemsize`` bytes. Raises CinmError with the checker's wording."""
+    skeleton = _copy_except(model, "graph")
+    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    inputs = {value.name for value in model.graph.input}
+    for tensor, size in zip(model.graph.initializer, raw_sizes):
+        itemsize = _PLAIN_TYPES.get(tensor.data_type)
+        elements = _tensor_elements(tensor)
+        if size is None or itemsize is None or elements <= WEIGHTLESS_MAX_ELEMENTS:
+            skeleton.graph.initializer.append(tensor)
+            continue
+        label = f"'{path}' is not a valid ONNX model: TensorProto (tensor name: {tensor.name})"
+        if any(len(getattr(tensor, field)) for field in _VALUE_FIELDS):
+            raise CinmError(f"{label} should contain one and only one value field.")
+        if size < elements * itemsize:
+            raise CinmError(f"{label} raw_data size ({size} bytes) is too small for the declared "
+                            f"shape and type ({elements * itemsize} bytes required).")
+        if tensor.name not in inputs:
+            skeleton.graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    return skeleton
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Load and check an ONNX model, with its external data.
 
@@ -361,7 +473,9 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if size > PROTOBUF_LIMIT:
         raise CinmError(f"'{path}' is larger than 2 GiB and cannot be one ONNX protobuf")
     try:
-        model = onnx.load_model(path, load_external_data=False)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        model = onnx.load_model_from_string(data)  # the one parse of the file
     except OSError as error:
         raise CinmError(f"cannot read '{path}': {error.strerror or _first_line(error)}") from None
     except (DecodeError, ValueError, RuntimeError) as error:
@@ -375,12 +489,18 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     validate_structure(model, path)
     folder = os.path.dirname(os.path.abspath(path))
     _check_external_data(model, path, folder)
+    raw_sizes = _initializer_raw_sizes(memoryview(data), len(model.graph.initializer))
+    del data
+    if any(_is_external(tensor) for tensor in _iter_tensors(model)):
+        for index, tensor in enumerate(model.graph.initializer):
+            if _is_external(tensor):  # its raw_data will be the stored byte range
+                raw_sizes[index] = _external_length(tensor, folder)
+        onnx.external_data_helper.load_external_data_for_model(model, folder)
+    skeleton = _checker_skeleton(model, raw_sizes, path)
     try:
-        onnx.checker.check_model(path)
+        onnx.checker.check_model(skeleton)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise CinmError(f"'{path}' is not a valid ONNX model: {_one_line(error)}") from None
-    if any(_is_external(tensor) for tensor in _iter_tensors(model)):
-        onnx.external_data_helper.load_external_data_for_model(model, folder)
     return model
 
 
@@ -398,17 +518,21 @@ def _total_tensor_bytes(model: onnx.ModelProto) -> int:
 
 
 def _copy_except(message, skipped_field: str):
-    """Copy a protobuf message except one (large) field, without touching that field."""
+    """Copy a protobuf message except one (large) field, without touching that field (not even
+    reading it: ``ListFields`` would hand out a copy of a tensor's raw_data)."""
     copy = type(message)()
-    for field, value in message.ListFields():
+    for field in message.DESCRIPTOR.fields:
         if field.name == skipped_field:
             continue
         if field.is_repeated:
-            getattr(copy, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(copy, field.name).CopyFrom(value)
-        else:
-            setattr(copy, field.name, value)
+            values = getattr(message, field.name)
+            if len(values):
+                getattr(copy, field.name).extend(values)
+        elif message.HasField(field.name):
+            if field.message_type is not None:
+                getattr(copy, field.name).CopyFrom(getattr(message, field.name))
+            else:
+                setattr(copy, field.name, getattr(message, field.name))
     return copy
 
 

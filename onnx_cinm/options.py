@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from dataclasses import dataclass
@@ -127,7 +128,14 @@ def specs(cls: type, prefix: str, owner: str, section: str | None = None) -> dic
     """The :class:`OptionSpec` of each :func:`option` field of dataclass ``cls``, keyed
     ``<prefix>_<field>`` (``<field>`` if ``prefix`` is empty) unless the field names its own
     key; ``section`` (default: ``prefix``, else ``owner``) is its table in a config file.
-    Raises TypeError if a field is not an option or has an unsupported type."""
+    Raises TypeError if a field is not an option or has an unsupported type. Computed once per
+    arguments (``typing.get_type_hints`` per field cost placement seconds on DenseNet121, where
+    a device reads its options per op); the dict returned is the caller's own."""
+    return dict(_specs(cls, prefix, owner, section))
+
+
+@functools.lru_cache(maxsize=None)
+def _specs(cls: type, prefix: str, owner: str, section: str | None) -> dict[str, OptionSpec]:
     out = {}
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata.get("onnx_cinm.option") or {})

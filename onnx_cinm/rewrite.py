@@ -91,7 +91,9 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    tensor.raw_data = array.tobytes()  # C order in one copy, whatever the array's layout
+    raw = array.tobytes()  # C order in one copy, whatever the array's layout
+    del array  # the caller's last reference (``add_initializer(g, values.pop(k), k)``): freed
+    tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
 
 
 def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:
@@ -173,8 +175,9 @@ class Edit:
     def const(self, base: str, array: np.ndarray) -> str:
         """Add an initializer holding ``array`` under a fresh name from ``base``; returns the name."""
         name = self.fresh(base)
-        # np.array(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
-        value = ir.Value(name=name, const_value=ir.Tensor(np.array(array, order="C"), name=name))
+        # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into
+        # 1-d; no copy of an array that is C-ordered already (a weight the rule just computed)
+        value = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array, order="C"), name=name))
         self.graph.register_initializer(value)
         self._new_consts.append(value)
         self._scope[name] = value

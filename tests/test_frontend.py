@@ -440,3 +440,74 @@ def test_save_model_streams_initializers_and_reads_back_exactly(tmp_path):
     back = onnx.load(str(tmp_path / "m.onnx"))
     assert back.SerializeToString() == model.SerializeToString()
     assert [t.name for t in back.graph.initializer] == ["w0", "w1", "w2", "w3", "shape"]
+
+
+# --- load_model parses the file once ---------------------------------------------------------
+
+
+def _big_weights_model(rows=256):
+    """y = x @ w; w float32 [rows, 64] (more elements than frontend.WEIGHTLESS_MAX_ELEMENTS)."""
+    w = np.arange(rows * 64, dtype=np.float32).reshape(rows, 64)
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])], {"w": w})
+
+
+def test_load_parses_the_file_once(tmp_path, monkeypatch):
+    """One protobuf parse of the file; the checker gets the model without the large weight (it
+    parsed the whole file again before: a second copy of every weight, in C++)."""
+    path = tmp_path / "big.onnx"
+    onnx.save(_big_weights_model(), path)
+    parses, checked = [], []
+    real_parse, real_load, real_check = (onnx.load_model_from_string, onnx.load_model,
+                                         onnx.checker.check_model)
+    monkeypatch.setattr(onnx, "load_model_from_string",
+                        lambda data, *a, **k: parses.append(len(data)) or real_parse(data, *a, **k))
+    monkeypatch.setattr(onnx, "load_model", lambda *a, **k: parses.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(onnx.checker, "check_model",
+                        lambda m, *a, **k: checked.append(m) or real_check(m, *a, **k))
+    model = frontend.load_model(path)
+    assert parses == [path.stat().st_size]
+    assert len(checked) == 1 and isinstance(checked[0], onnx.ModelProto)
+    assert checked[0].ByteSize() < 1024  # the 64 KiB weight is not in it
+    assert [t.name for t in checked[0].graph.initializer] == []
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]),
+                                  np.arange(256 * 64, dtype=np.float32).reshape(256, 64))
+
+
+def test_load_big_tensor_short_raw_data_is_refused(tmp_path):
+    """The checker's rule for the weights it no longer sees: raw_data at least elements x itemsize."""
+    model = _big_weights_model()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    path = _write(tmp_path / "short.onnx", model.SerializeToString())
+    _assert_cinm_error(path, "not a valid ONNX model", "tensor name: w",
+                       "raw_data size (65532 bytes) is too small", "65536 bytes required")
+
+
+def test_load_big_tensor_two_value_fields_is_refused(tmp_path):
+    model = _big_weights_model()
+    model.graph.initializer[0].float_data.append(1.0)
+    path = _write(tmp_path / "two.onnx", model.SerializeToString())
+    _assert_cinm_error(path, "not a valid ONNX model", "one and only one value field")
+
+
+def test_load_big_tensor_checked_by_onnx_still(tmp_path):
+    """A large weight of a type the frontend does not check itself (strings) still goes to the
+    checker: a STRING tensor in raw_data is refused as before."""
+    model = _big_weights_model()
+    tensor = model.graph.initializer[0]
+    tensor.data_type = TensorProto.STRING
+    path = _write(tmp_path / "str.onnx", model.SerializeToString())
+    _assert_cinm_error(path, "not a valid ONNX model", "STRING data")
+
+
+def test_load_big_external_tensor_short_length_is_refused(tmp_path):
+    model = _big_weights_model()
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="w.data",
+              size_threshold=0)
+    saved = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    for entry in saved.graph.initializer[0].external_data:
+        if entry.key == "length":
+            entry.value = "1000"
+    path = _write(tmp_path / "ext.onnx", saved.SerializeToString())
+    _assert_cinm_error(path, "raw_data size (1000 bytes) is too small")

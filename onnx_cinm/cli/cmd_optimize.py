@@ -100,7 +100,9 @@ def _cmd_optimize(args, parser) -> int:
     hints = options.get("place", [])
     if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
         print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
-    model = get_example(args.example) if args.example else frontend.load_model(args.input)
+    # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
+    # (a model handed in is copied first, a second copy of every weight)
+    model = get_example(args.example) if args.example else args.input
     try:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,

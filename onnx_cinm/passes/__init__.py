@@ -34,6 +34,10 @@ PassFn = Callable[["onnx.ModelProto", "PassContext"], "onnx.ModelProto"]
 
 _REGISTRY: dict[str, tuple[PassFn, str]] = {}
 
+#: Passes that only add node attributes (no shape changes): the tensor infos they share
+#: (:meth:`PassContext.tensor_infos`) stay valid across them.
+_KEEPS_SHAPES: set[str] = set()
+
 #: The named pipeline run by ``onnx-cinm optimize``.
 DEFAULT_PIPELINE: list[str] = [
     "canonicalize_opset",
@@ -73,16 +77,38 @@ class PassContext:
     options: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     log: Callable[[str], None] = lambda msg: None
+    _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def tensor_infos(self, model: onnx.ModelProto) -> dict:
+        """:func:`onnx_cinm.analysis.tensor_infos` of ``model``, inferred once for the passes
+        that only annotate nodes (``register_pass(..., keeps_shapes=True)``: placement and the
+        paradigm and device passes, which add attributes no shape depends on); the
+        :class:`PassManager` forgets it after every other pass. Whole-graph shape inference
+        ran once per such pass before (4 of them on every optimize)."""
+        from ..analysis import tensor_infos
+
+        key = (id(model), len(model.graph.node))
+        if self._infos is None or self._infos[0] != key:
+            self._infos = (key, tensor_infos(model))
+        return self._infos[1]
+
+    def forget_infos(self) -> None:
+        """Drop the tensor infos of :meth:`tensor_infos` (the graph's shapes may change)."""
+        self._infos = None
 
 
-def register_pass(name: str, doc: str = "") -> Callable[[PassFn], PassFn]:
+def register_pass(name: str, doc: str = "", keeps_shapes: bool = False) -> Callable[[PassFn], PassFn]:
     """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the docstring's
-    first paragraph, on one line."""
+    first paragraph, on one line. ``keeps_shapes``: the pass changes no tensor's type or shape
+    (it only annotates nodes), so the tensor infos of :meth:`PassContext.tensor_infos` stay
+    valid after it."""
 
     def deco(fn: PassFn) -> PassFn:
         first_paragraph = (fn.__doc__ or "").strip().split("\n\n")[0]
         text = doc or " ".join(first_paragraph.split())
         _REGISTRY[name] = (fn, text)
+        if keeps_shapes:
+            _KEEPS_SHAPES.add(name)
         return fn
 
     return deco
@@ -197,6 +223,8 @@ class PassManager:
                 fn = get_pass(name)
                 t0 = time.perf_counter()
                 model = fn(model, ctx)
+                if name not in _KEEPS_SHAPES:
+                    ctx.forget_infos()
                 self.timings.append((name, time.perf_counter() - t0))
                 ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
             if name == last:

@@ -378,6 +378,38 @@ def _qdq_weights(graph: onnx.GraphProto) -> set[str]:
                 w.op_type == "DequantizeLinear":
             keep.update(n.output[0] for n in chain)
     return keep
+#: Element types whose arrays :func:`_transpose_value` permutes (one element per array item; not
+#: strings or packed 4/2-bit types).
+_PERMUTABLE_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL})
+
+
+def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarray:
+    """``Transpose`` of the initializer ``tensor`` (``perm``, default: reversed axes), computed
+    by numpy: a permutation of the elements, so exactly onnxruntime's result, without feeding
+    the weight to a session (one session was fed a copy of every transposed weight at once:
+    the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
+    perm = _attributes(node).get("perm")
+    array = numpy_helper.to_array(tensor)
+    if array.ndim != 2 or list(perm or [1, 0]) != [1, 0]:
+        # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
+        return np.asarray(np.transpose(array, perm or None), order="C")
+    # a matrix (a Gemm's B) in 128 x 128 tiles: numpy's element-by-element strided copy is
+    # about 3x slower than onnxruntime's blocked transpose on a VGG19 FC weight; tiles match it
+    out = np.empty(array.shape[::-1], array.dtype)
+    for i in range(0, array.shape[0], _TILE):
+        for j in range(0, array.shape[1], _TILE):
+            out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
+    return out
+
+
+#: Side of the tiles :func:`_transpose_value` copies a matrix in (a 128 x 128 float32 tile and
+#: its transpose fit a 256 KB L2 cache).
+_TILE = 128
 
 
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
@@ -424,7 +456,10 @@ def _fold(
                 or node.output[0] in keep:
             continue
         inputs = [name for name in node.input if name]
-        if all(name in known for name in inputs):
+        if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
+                constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
+            direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
+        elif all(name in known for name in inputs):
             to_run.append(index)
         elif node.op_type in ("Shape", "Size") and inputs[0] in static_shapes:
             direct[node.output[0]] = _shape_value(node, static_shapes[inputs[0]])
@@ -449,6 +484,7 @@ def _fold(
         evaluated, values = [True] * len(run_nodes), {}
     del feeds  # copies of the inputs: free them before the results become initializers
     values.update(direct)
+    del direct  # the results below are the only references: each is freed once stored
     folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
 
     needed = _names_read(graph, skip=folded) & {
@@ -740,7 +776,9 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     channels = weight.shape[0]
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
-    new_weight = weight.astype(np.float64) * factor.reshape((channels,) + (1,) * (weight.ndim - 1))
+    # one float64 temporary (not a float64 copy of the weight and then the product)
+    new_weight = np.multiply(weight, factor.reshape((channels,) + (1,) * (weight.ndim - 1)),
+                             dtype=np.float64)
     new_bias = ((conv_bias if conv_bias is not None else np.zeros(channels)) - mean) * factor + bias
     w_in = conv.inputs[1].name
     weight_name = edit.const(f"{w_in}_bn", new_weight.astype(weight.dtype))
@@ -783,6 +821,10 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     -------
     onnx.ModelProto
     """
+    if not any(node.op_type == "BatchNormalization" and _is_default_domain(node)
+               for node in model.graph.node):  # nothing to fold: no need to open the graph
+        ctx.stats["fold_batchnorm"] = 0
+        return model
     edit = Edit(model, _Names(model.graph).fresh)
     folded = sum(apply(edit, [_FOLD_BATCHNORM])[0].values())
     if folded:

@@ -22,7 +22,7 @@ from . import PassContext, register_pass
 from .device_lowering import lower_paradigm
 
 
-@register_pass("cnm_mapping")
+@register_pass("cnm_mapping", keeps_shapes=True)
 def cnm_mapping(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Map ops placed on UPMEM onto DPU workgroups, WRAM blocks and merges (cnm paradigm level)."""
     model, stats = lower_paradigm(model, ctx, "cnm")

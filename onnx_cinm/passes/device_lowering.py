@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from .. import devices
-from ..analysis import op_info, tensor_infos
+from ..analysis import op_info
 from ..dialects import cinm
 from ..errors import CinmError
 from . import PassContext, register_pass
@@ -88,7 +88,7 @@ def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tu
         if dev.paradigm != paradigm and (paradigm is not None or dev.paradigm == "host"):
             continue
         if infos is None:
-            infos = tensor_infos(model)
+            infos = ctx.tensor_infos(model)
         opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
         info = op_info(node, infos)
         # a device attribute placement did not write (--skip-pass placement): check it
@@ -111,7 +111,7 @@ def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tu
     return model, stats
 
 
-@register_pass("cim_tiling")
+@register_pass("cim_tiling", keeps_shapes=True)
 def cim_tiling(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Tile crossbar matrix products and schedule their tile writes (cim paradigm level).
 
@@ -123,7 +123,7 @@ def cim_tiling(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     return model
 
 
-@register_pass("device_lowering")
+@register_pass("device_lowering", keeps_shapes=True)
 def device_lowering(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Write each device's whole plan: cost, run mode and kernel path (device level).
 

@@ -21,7 +21,7 @@ import onnx
 from onnx import helper
 
 from .. import devices
-from ..analysis import op_info, tensor_infos
+from ..analysis import op_info
 from ..dialects import cinm
 from . import PassContext, register_pass
 from .pass_options import STRATEGIES, PlacementOptions, parse_hint  # noqa: F401 (re-exported)
@@ -38,7 +38,7 @@ def _set_attr(node: onnx.NodeProto, name: str, value: str) -> None:
     node.attribute.append(helper.make_attribute(name, value))
 
 
-@register_pass("placement")
+@register_pass("placement", keeps_shapes=True)
 def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Annotate every cinm op with the device that runs it (cost model or paper heuristic, plus
     user hints).
@@ -59,7 +59,7 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             ctx.log(f"placement: {line}")
         return model
     hints = HintLog(ctx.options.get("place", []))
-    infos = tensor_infos(model)
+    infos = ctx.tensor_infos(model)
     counts: Counter = Counter()
     for node in model.graph.node:
         if node.domain != cinm.DOMAIN:

@@ -126,7 +126,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     options = ctx.options
     objective = options.get("objective") or PlacementOptions.objective
     hints = list(options.get("place", []))
-    prob = build_problem(model, options, hints)
+    prob = build_problem(model, options, hints, infos=ctx.tensor_infos(model))
     sol = solve(prob, objective)
     counts: Counter = Counter()
     for i, node in enumerate(prob.nodes):

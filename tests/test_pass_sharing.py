@@ -1,0 +1,139 @@
+"""What the passes share instead of redoing: the tensor infos of the annotating passes
+(placement, cim_tiling, cnm_mapping, device_lowering), inferred once per pipeline run, with the
+same result as inferring them in every pass; option specs computed once per declaration."""
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from onnx_cinm import examples, options
+from onnx_cinm.passes import PassContext, PassManager, pass_options
+
+ANNOTATING = ["placement", "cim_tiling", "cnm_mapping", "device_lowering"]
+
+
+def _to_cinm(name: str):
+    model = examples.get_example(name)
+    ctx = PassContext(options={"cim_preset": "pcm-occ"})
+    model = PassManager(stop_after="cinm").run(model, ctx)
+    return model, ctx
+
+
+def _inferences(monkeypatch) -> list:
+    calls: list = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("example", ["lenet", "mlp"])
+def test_annotating_passes_infer_shapes_once(monkeypatch, example):
+    """The four annotating passes ran onnx shape inference once each (4 per optimize); they
+    now share one inference, and write exactly the model they wrote with an inference each."""
+    shared, ctx = _to_cinm(example)
+    fresh, ctx_fresh = _to_cinm(example)
+    calls = _inferences(monkeypatch)
+    PassManager(pipeline=ANNOTATING).run(shared, ctx)
+    assert len(calls) == 1
+    for name in ANNOTATING:  # one pass per manager run: the manager forgets nothing in between,
+        ctx_fresh.forget_infos()  # so forget by hand to infer afresh in every pass
+        PassManager(pipeline=[name]).run(fresh, ctx_fresh)
+    assert len(calls) - 1 >= 3  # every pass with nodes of its level inferred on its own
+    assert shared.SerializeToString(deterministic=True) == fresh.SerializeToString(deterministic=True)
+    assert any(a.name == "device" for n in shared.graph.node for a in n.attribute)
+
+
+def test_a_rewriting_pass_makes_the_infos_stale(monkeypatch):
+    """After a pass that may change shapes (to_cinm), the next annotating pass infers again."""
+    model = examples.get_example("lenet")
+    ctx = PassContext(options={"cim_preset": "pcm-occ"})
+    model = PassManager(stop_after="fold_batchnorm").run(model, ctx)
+    ctx.tensor_infos(model)  # cached before to_cinm rewrites the graph
+    calls = _inferences(monkeypatch)
+    PassManager(pipeline=["to_cinm", "placement"]).run(model, ctx)
+    assert len(calls) == 2  # to_cinm's own and placement's, not the stale cache
+
+
+def test_option_specs_are_computed_once(monkeypatch):
+    """``specs`` read the type hints of every field on every call (placement called it per op,
+    seconds on DenseNet121); now once per declaration, and each caller gets its own dict."""
+    cls = pass_options.PlacementOptions
+    first = options.specs(cls, "", "placement")
+    hints = []
+    real = options.typing.get_type_hints
+    monkeypatch.setattr(options.typing, "get_type_hints", lambda *a, **k: hints.append(1) or real(*a, **k))
+    second = options.specs(cls, "", "placement")
+    assert hints == [] and second == first and second is not first
+    second.clear()
+    assert options.specs(cls, "", "placement") == first
+
+
+@pytest.mark.parametrize("check, copied", [("0", False), ("1", True)])
+def test_cli_optimize_rewrites_the_loaded_model_in_place(tmp_path, monkeypatch, check, copied):
+    """``onnx-cinm optimize --check 0`` loaded the model, then optimize() copied it (a second copy
+    of every weight, held to the end); now optimize() loads it and rewrites that one. With a
+    check the original is still needed, so the passes work on a copy."""
+    from onnx_cinm import artifacts, frontend
+    from onnx_cinm.cli import main
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(examples.get_example("mlp"), path)
+    loaded, saved = [], []
+    real_load, real_save = frontend.load_model, artifacts.save
+    monkeypatch.setattr(frontend, "load_model", lambda p: loaded.append(real_load(p)) or loaded[-1])
+    monkeypatch.setattr(artifacts, "save", lambda m, *a, **k: saved.append(m) or real_save(m, *a, **k))
+    assert main(["optimize", str(path), "-o", str(tmp_path / "out.onnx"), "--check", check,
+                 "--cim-preset", "pcm-occ", "-q"]) == 0
+    assert len(loaded) == 1 and len(saved) == 1
+    assert (saved[0] is not loaded[0]) == copied
+
+
+def test_normalize_transposes_constant_weights_without_a_session(monkeypatch):
+    """A Gemm with transB on a constant weight: the transposed weight is computed by numpy, not
+    by an onnxruntime session (which held the weight, its transpose and the returned copy at
+    once), and it is exactly W.T; the model computes what onnxruntime computes on the original."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.passes import canonicalize
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 32)).astype(np.float32)  # [N, K]: transB
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 48])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    want = run_onnxruntime(model, {"x": x})[0]
+    sessions = []
+    real = canonicalize._run_nodes
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: sessions.append(a) or real(*a))
+    out = canonicalize.normalize(model, PassContext())
+    assert sessions == []
+    (gemm,) = out.graph.node
+    assert [a.name for a in gemm.attribute] == []
+    (bt,) = [t for t in out.graph.initializer if t.name == gemm.input[1]]
+    np.testing.assert_array_equal(numpy_helper.to_array(bt), w.T)
+    assert [t.name for t in out.graph.initializer] == [gemm.input[1]]  # w itself is gone
+    np.testing.assert_allclose(run_onnxruntime(out, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, perm", [((300, 130), [1, 0]), ((129, 1), None), ((1, 1000), [1, 0]),
+                                         ((5,), [0]), ((2, 3, 4), [2, 0, 1]), ((2, 3, 4), None)])
+def test_constant_transpose_matches_numpy(shape, perm):
+    """The folded Transpose (tiled for matrices, partial tiles included) is numpy's transpose,
+    C-ordered."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from onnx_cinm.passes.canonicalize import _transpose_value
+
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    node = helper.make_node("Transpose", ["a"], ["b"], **({"perm": perm} if perm else {}))
+    got = _transpose_value(node, numpy_helper.from_array(a, "a"))
+    np.testing.assert_array_equal(got, np.transpose(a, perm))
+    assert got.flags.c_contiguous
