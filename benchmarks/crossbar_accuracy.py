@@ -23,7 +23,12 @@ argmax run in numpy. Every mode is a :class:`~onnx_cinm.sim.crossbar.mode.Crossb
    directly for a year, without and with one compensation factor per layer, which tells what
    the drift law does from what the crossbar simulation adds.
 
-Usage: ``python benchmarks/crossbar_accuracy.py [--seeds 5] [--json] [--tables quant,presets]``.
+``--plot FILE.png`` draws table 4: one panel per model and preset, accuracy against the time
+after programming (log scale), with and without drift compensation, bars from min to max over
+the seeds, the onnxruntime accuracy of the original as a dotted line.
+
+Usage: ``python benchmarks/crossbar_accuracy.py [--seeds 5] [--json] [--tables quant,presets]
+[--plot FILE.png]``.
 Tables 1-3 take about 5 s (most of it training the MLP); table 4 a few minutes on 2 busy cores.
 """
 from __future__ import annotations
@@ -296,6 +301,49 @@ def preset_table(seeds: int, records: list, tmp: Path, effects=TIME_EFFECTS) -> 
         print(f"  {dm}: {TRENDS.get(dm, 'no published trend recorded')}")
 
 
+def plot_presets(records: list, path: Path) -> None:
+    """Write table 4 as a PNG to ``path``: a grid of panels (rows: models, columns: presets),
+    accuracy (%) against time after programming (s, log x), compensation off and on, bars from
+    min to max over seeds, the exact (onnxruntime) accuracy dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from onnx_cinm.runtime.evaluate import summarize
+
+    rows = [r for r in records if r["table"] == "presets"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    fig, axes = plt.subplots(len(models), len(presets), figsize=(3.2 * len(presets), 2.8 * len(models)),
+                             squeeze=False, sharex=True, sharey="row")
+    for i, model in enumerate(models):
+        for j, preset in enumerate(presets):
+            ax = axes[i][j]
+            recs = [r for r in rows if r["model"] == model and r["preset"] == preset]
+            summ = summarize(recs)
+            for comp, style in ((False, "o-"), (True, "s--")):
+                ss = sorted((s for s in summ if s["compensation"] is comp), key=lambda s: s["value"])
+                t = np.array([s["value"] for s in ss])
+                m = 100 * np.array([s["mean"] for s in ss])
+                err = [m - 100 * np.array([s["min"] for s in ss]),
+                       100 * np.array([s["max"] for s in ss]) - m]
+                ax.errorbar(t, m, yerr=err, fmt=style, capsize=2, markersize=4,
+                            label=f"compensation {'on' if comp else 'off'}")
+            ax.axhline(100 * recs[0]["exact"], color="grey", linestyle=":", label="onnxruntime")
+            ax.set_xscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{model}, {preset}", fontsize=9)
+            if i == len(models) - 1:
+                ax.set_xlabel("time after programming (s)")
+            if j == 0:
+                ax.set_ylabel("accuracy (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _cell(s: dict) -> str:
     return f"{100 * s['mean']:.1f} [{100 * s['min']:.1f}, {100 * s['max']:.1f}]"
 
@@ -308,7 +356,13 @@ def main(argv=None) -> int:
                     help="which tables: quant (1-3), presets (4), or both")
     ap.add_argument("--effects", default=",".join(TIME_EFFECTS),
                     help="device effects of table 4 (add irdrop for IR drop: much slower)")
+    ap.add_argument("--plot", type=Path, metavar="FILE.png",
+                    help="also draw table 4 (accuracy against time, per model and preset)")
     args = ap.parse_args(argv)
+    if args.plot and "presets" not in args.tables.split(","):
+        ap.error("--plot draws table 4: add presets to --tables")
+    if args.plot and not args.plot.parent.is_dir():
+        ap.error(f"--plot: folder '{args.plot.parent}' does not exist")
     tables = set(args.tables.split(","))
     records = []
     if "quant" in tables:
@@ -323,6 +377,9 @@ def main(argv=None) -> int:
                     preset_table(args.seeds, records, Path(tmp), args.effects.split(","))
             else:
                 preset_table(args.seeds, records, Path(tmp), args.effects.split(","))
+    if args.plot:
+        plot_presets(records, args.plot)
+        print(f"plot: {args.plot}")
     if args.json:
         print(json.dumps(records, indent=1))
     return 0
