@@ -572,13 +572,31 @@ def test_xbar_sidecar_outside_the_kernel_folder_is_refused(where, tmp_path, caps
     if where == "symlink":
         (xbar.parent / "link.npy").symlink_to(outside)
     text = xbar.read_text()
-    sidecar = next(w for w in text.split() if w.endswith(".W.npy"))
-    xbar.write_text(text.replace(sidecar, name))
+    source = next(w for w in text.split() if w.startswith("model:"))  # the weight's source
+    xbar.write_text(text.replace(source, name))
     _reseal(out)
     code = main(["run", str(out), "-o", str(src / "y.npz")])
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "outside the .xbar file's folder" in err
+    assert not (src / "y.npz").exists()
+
+
+def test_xbar_weight_naming_another_tensor_of_the_model_is_refused(tmp_path, capsys):
+    """A kernel's weights are the model's tensor its file names (issue 16): an edited file
+    naming another tensor (resealed) must not run with it."""
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    xbar = next((dst / "out.cinm" / "memristor").glob("*.xbar"))
+    text = xbar.read_text()
+    source = next(w for w in text.split() if w.startswith("model:"))
+    xbar.write_text(text.replace(source, "model:x"))  # the graph input, not the weights
+    _reseal(out)
+    code = main(["run", str(out), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "names tensor 'x', not the node's constant programmed operand" in err
     assert not (src / "y.npz").exists()
 
 

@@ -457,26 +457,25 @@ class MemristorDevice(Device):
         return p, v, params
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
-        """Write ``<stem>.xbar`` and its ``.npy`` sidecars (weights ``[G, K, N]`` float32, a
-        ``[G, 1, N]`` bias when it fits that form) under ``root/memristor``.
+        """Write ``<stem>.xbar`` under ``root/memristor`` and return its path.
 
-        A programmed operand that is an activation has no sidecar: the runtime supplies it.
+        The weights are not copied: the file names the model's tensors (``weight W G K N
+        model:<programmed operand>``, and ``bias C model:<bias>`` when the bias fits the
+        ``[G, 1, N]`` form), which :meth:`kernel` hands to the simulator from the model. So the
+        model and its kernel folder hold one copy of every weight (``docs/xbar-format.md``).
+        A programmed operand that is an activation is named too; the runtime supplies it.
         """
         p, v, params = self._replan(op, attrs)
         rel = Path(attrs["kernel"])
         outdir = Path(root) / rel.parent
         names = [t.name for t in op.inputs]
-        A, B = consts.get(names[0]), consts.get(names[1])
-        prog = A if v.operand == "A" else B
+        prog = names[0] if v.operand == "A" else names[1]
         bias = None
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
-            bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
-        mode = _mode(attrs, params)
-        if prog is not None:
-            return codegen.emit_kernel(p, params, layout.weights(v, A, B), outdir, rel.stem,
-                                       bias=bias, **mode)
+            bias = codegen.model_source(names[2])
         outdir.mkdir(parents=True, exist_ok=True)
-        text = codegen.render(p, params, rel.stem, f"{rel.stem}.W.npy", None, **mode)
+        text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias,
+                              **_mode(attrs, params))
         path = outdir / rel.name
         path.write_text(text)
         return [path]

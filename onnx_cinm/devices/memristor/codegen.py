@@ -1,4 +1,8 @@
-"""Emit one ``.xbar`` command file (plus ``.npy`` sidecars) per crossbar kernel.
+"""Emit one ``.xbar`` command file per crossbar kernel.
+
+A compiled model's kernels name the model's own tensors as their weights (:func:`model_source`,
+written by the device's ``emit``): the weights live once, in the ``.onnx``. :func:`emit_kernel`
+writes a self-contained kernel with ``.npy`` sidecars, for the simulator on its own.
 
 The schedule written is exactly the one :func:`~onnx_cinm.paradigms.cim.schedule.plan`
 counts: tiles in ``(g, k, n)`` order, tile ``j`` on crossbar ``j mod P``, rounds of ``P`` tiles
@@ -12,12 +16,13 @@ mode (the slices of a quantized tile sit in parallel arrays of one logical cross
 """
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
 import jinja2
 import numpy as np
 
-from ...sim.crossbar import COST_KEYS, FORMAT_VERSION
+from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
 _ENV = jinja2.Environment(
@@ -49,11 +54,19 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
     return ([] if plan.shared else tiles[:P]), rounds
 
 
+def model_source(tensor: str) -> str:
+    """The source of a constant region naming the model's tensor ``tensor``: ``model:`` and
+    the name percent-encoded (a name may hold spaces or ``#``, which end a token or start a
+    comment in a ``.xbar`` file)."""
+    return MODEL_SOURCE + urllib.parse.quote(tensor, safe="")
+
+
 def render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
            mode=None) -> str:
     """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``).
 
-    ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
+    ``weight_file``/``bias_file``: where the constants come from: a ``.npy`` sidecar name or
+    :func:`model_source` of a tensor of the model. ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
     """
     mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)

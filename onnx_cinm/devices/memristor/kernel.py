@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...paradigms.cim import layout
-from ...sim.crossbar import CrossbarSimulator, load_file
+from ...sim.crossbar import CrossbarSimulator, XbarError, load_file
 
 
 class CrossbarKernel:
@@ -25,8 +25,10 @@ class CrossbarKernel:
     Args:
         op: the node as an :class:`~onnx_cinm.graph.OpInfo` (input names and shapes).
         attrs: the node's ``cim_*`` plan attributes.
-        path: the ``.xbar`` file (its ``.npy`` sidecars beside it).
-        consts: constant inputs by name (used for a bias the file does not add).
+        path: the ``.xbar`` file (``.npy`` sidecars, if it names any, beside it).
+        consts: constant inputs by name: the programmed weights and bias when the file names
+            them as the model's tensors (``model:<name>``, the form ``emit`` writes), and a bias
+            the file does not add.
 
     Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
     ``outputs`` a list with the float32 result, ``metrics`` the simulator's counters of this
@@ -47,11 +49,38 @@ class CrossbarKernel:
         self.bias_name = names[2] if len(names) > 2 else None
         self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
         prog_name = names[0] if self.operand == "A" else names[1]
+        constants = self._model_constants(prog_name, consts)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
-        self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
+        self._sim = CrossbarSimulator(self.prog, constants) if self.programmed_const else None
         self.prog_mode_cells = self.prog.mode.cells_per_weight if self.prog.mode else 1
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim else None
         self._lock = threading.Lock()
+
+    def _model_constants(self, prog_name: str, consts: dict) -> dict:
+        """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
+        ``docs/xbar-format.md``): the weight ``W[G, K, N]`` from the programmed operand (``B``
+        as it is, ``A`` transposed; :func:`~onnx_cinm.paradigms.cim.layout.weights`), a bias
+        as ``[G, 1, N]``. The region must name the node's own constant input in its role
+        (XbarError otherwise: the folder is untrusted input)."""
+        want = {"weight": prog_name, "bias": self.bias_name}
+        out = {}
+        for r in self.prog.regions.values():
+            if r.tensor is None or (r.kind == "weight" and r.tensor == prog_name
+                                    and prog_name not in consts):
+                continue  # a sidecar, or a programmed activation (given at every run)
+            if r.tensor != want.get(r.kind) or r.tensor not in consts:
+                role = "programmed operand" if r.kind == "weight" else "bias"
+                raise XbarError(f"{self.prog.path}:{r.line}: {r.name} names tensor "
+                                f"{r.tensor!r}, not the node's constant {role} "
+                                f"{want.get(r.kind)!r}")
+            v = layout.op_view(self.op, self.operand)
+            arr = np.asarray(consts[r.tensor], dtype=np.float32)
+            if r.kind == "weight":
+                A, B = (arr, None) if self.operand == "A" else (None, arr)
+                out[r.name] = layout.weights(v, A, B)
+            else:
+                out[r.name] = layout.bias_array(v, arr)
+        return out
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
         A = np.asarray(inputs[0], dtype=np.float32)

@@ -2,7 +2,8 @@
 
 The format is documented in ``docs/xbar-format.md`` (version 1). In short: a header (format
 version, geometry, dtype, mode, order, residency, cost parameters), declarations of named regions
-(``input``, ``weight``, ``bias``, ``output``; constants live in ``.npy`` sidecars), a ``LOAD``
+(``input``, ``weight``, ``bias``, ``output``; a constant is a tensor of the model, which the
+caller passes in, or a ``.npy`` sidecar beside the file), a ``LOAD``
 section run once when the kernel is loaded and a ``RUN`` section run per inference, with the
 commands ``PROGRAM``, ``MVM``, ``ACC``, ``BARRIER``, ``ADD``, ``READ`` and the block
 ``FOR ROWS b ... END``.
@@ -45,6 +46,7 @@ the files and runs them through it, never the reverse.
 from __future__ import annotations
 
 import math
+import urllib.parse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -98,15 +100,23 @@ class ForRows:
     line: int
 
 
+#: Prefix of a constant region's source naming a tensor of the model the file belongs to
+#: (``weight W 1 512 1000 model:fc.weight``), percent-encoded: the caller supplies it.
+MODEL_SOURCE = "model:"
+
+
 @dataclass
 class Region:
-    """A declared region: kind, name, dims (ints), and a sidecar file for constants."""
+    """A declared region: kind, name, dims (ints), and where a constant comes from: a sidecar
+    ``file`` beside the ``.xbar`` file, or the model's ``tensor`` (:data:`MODEL_SOURCE`; given
+    to :class:`CrossbarSimulator` in ``constants``)."""
 
     kind: str
     name: str
     dims: tuple
     file: str | None
     line: int
+    tensor: str | None = None
 
 
 @dataclass
@@ -270,7 +280,13 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
             if name in regions:
                 raise _err(path, n, f"region {name!r} declared twice (line {regions[name].line})")
             dims = tuple(_int(path, n, t, f"{key} dim", lo=1) for t in toks[2:2 + arity])
-            regions[name] = Region(key, name, dims, toks[-1] if has_file else None, n)
+            source, tensor = (toks[-1] if has_file else None), None
+            if source is not None and source.startswith(MODEL_SOURCE):
+                tensor = urllib.parse.unquote(source[len(MODEL_SOURCE):])
+                if not tensor:
+                    raise _err(path, n, f"'{MODEL_SOURCE}' names no tensor")
+                source = None
+            regions[name] = Region(key, name, dims, source, n, tensor)
         else:
             raise _err(path, n, f"unknown header key or command {key!r}")
         i += 1
@@ -403,9 +419,11 @@ class CrossbarSimulator:
 
     Args:
         program: an :class:`XbarProgram` (or a path to a ``.xbar`` file).
-        constants: arrays for ``weight``/``bias`` regions by name; regions not given are read
+        constants: arrays for ``weight``/``bias`` regions by name (a weight ``float32 [G, K,
+            N]``, used as given when it is float32: never copied); regions not given are read
             from their ``.npy`` sidecar next to the file (a sidecar path leading out of the
-            file's folder, by ``..``, an absolute path or a symlink, is an XbarError).
+            file's folder, by ``..``, an absolute path or a symlink, is an XbarError). A region
+            whose source is a tensor of the model (``model:<name>``) must be given here.
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
@@ -425,6 +443,9 @@ class CrossbarSimulator:
                 continue
             if constants and r.name in constants:
                 arr = np.asarray(constants[r.name])
+            elif r.tensor is not None:
+                raise _err(program.path, r.line, f"{r.name} is the model's tensor {r.tensor!r}: "
+                                                 "pass its array in constants")
             else:
                 # a kernel folder is untrusted input: a sidecar stays beside its .xbar file
                 target = (base / r.file).resolve()
@@ -435,7 +456,7 @@ class CrossbarSimulator:
                     arr = np.load(base / r.file, allow_pickle=False)
                 except (OSError, ValueError) as e:
                     raise _err(program.path, r.line, f"cannot load {r.file}: {e}") from None
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            arr = np.asarray(arr, dtype=np.float32)  # a strided view stays one (BLAS takes it)
             if r.kind == "weight" and arr.shape != r.dims:
                 raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
                                                  f"declared {r.dims}")
@@ -833,10 +854,12 @@ def _reverse_rounds(body: list) -> list:
     return [c for r in reversed(rounds) for c in r] + cur
 
 
-def simulate(path, inputs: dict, runs: int = 1) -> tuple[dict, list[Counters], Counters]:
+def simulate(path, inputs: dict, runs: int = 1,
+             constants: dict | None = None) -> tuple[dict, list[Counters], Counters]:
     """Load ``path``, run ``runs`` inferences on ``inputs``; return (outputs of the last run,
-    counters per run, load counters)."""
-    sim = CrossbarSimulator(path)
+    counters per run, load counters). ``constants``: the arrays of regions the file takes from
+    its model (``model:<tensor>``), by region name (see :class:`CrossbarSimulator`)."""
+    sim = CrossbarSimulator(path, constants)
     per = []
     outs = {}
     for _ in range(runs):
