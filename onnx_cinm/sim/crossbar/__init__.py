@@ -312,12 +312,45 @@ def _make_mode(path, header, keylines, mode_args):
 _ARGS = {"PROGRAM": 5, "MVM": 4, "ACC": 4, "BARRIER": 0, "ADD": 2, "READ": 1}
 
 
-def _parse_block(lines, i, path, header, regions, in_for):
+def _fast_check(header, regions):
+    """A check of one command's arguments that says only whether they are valid (True), for
+    the millions of lines of a large model: a False (or an exception) sends the command to
+    :func:`_check_cmd`, which names what is wrong. Accepts exactly what :func:`_check_cmd`
+    accepts."""
+    P, R, C = header["crossbars"], header["rows"], header["cols"]
+    tiles = {r.name: (r.dims[0], -(-r.dims[1] // R), -(-r.dims[2] // C))
+             for r in regions.values() if r.kind == "weight"}
+    kinds = {r.name: r.kind for r in regions.values()}
+
+    def ok(op, a) -> bool:
+        try:
+            if op == "PROGRAM":
+                lim = tiles.get(a[1])
+                return (lim is not None and 0 <= int(a[0]) < P and 0 <= int(a[2]) < lim[0]
+                        and 0 <= int(a[3]) < lim[1] and 0 <= int(a[4]) < lim[2])
+            if op == "MVM":
+                return (0 <= int(a[0]) < P and kinds.get(a[1]) == "input" and int(a[2]) >= 0
+                        and int(a[3]) >= 0)
+            if op == "ACC":
+                return (kinds.get(a[0]) == "output" and int(a[1]) >= 0 and int(a[2]) >= 0
+                        and 0 <= int(a[3]) < P)
+            return op == "BARRIER"
+        except ValueError:
+            return False
+    return ok
+
+
+def _parse_block(lines, i, path, header, regions, in_for, ok=None):
     body: list = []
     P = header["crossbars"]
+    ok = ok or _fast_check(header, regions)
     while i < len(lines):
         n, toks = lines[i]
         op, args = toks[0], toks[1:]
+        if op in ("PROGRAM", "MVM", "ACC", "BARRIER") and len(args) == _ARGS[op] and ok(op, args):
+            body.append(Cmd(op, args, n))
+            i += 1
+            continue
         if op == "END":
             if len(args):
                 raise _err(path, n, "'END' takes no arguments")
@@ -330,7 +363,7 @@ def _parse_block(lines, i, path, header, regions, in_for):
             if len(args) != 2 or args[0] != "ROWS":
                 raise _err(path, n, "expected 'FOR ROWS <block>'")
             block = _int(path, n, args[1], "row block", lo=1)
-            inner, i = _parse_block(lines, i + 1, path, header, regions, in_for=True)
+            inner, i = _parse_block(lines, i + 1, path, header, regions, in_for=True, ok=ok)
             programmed = set()
             for c in inner:
                 if c.op == "PROGRAM":
