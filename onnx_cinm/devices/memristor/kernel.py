@@ -55,6 +55,7 @@ class CrossbarKernel:
         self.prog_mode_cells = self.prog.mode.cells_per_weight if self.prog.mode else 1
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim else None
         self._lock = threading.Lock()
+        self._views: dict = {}
 
     def _model_constants(self, prog_name: str, consts: dict) -> dict:
         """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
@@ -85,7 +86,10 @@ class CrossbarKernel:
     def __call__(self, inputs: list) -> tuple[list, dict]:
         A = np.asarray(inputs[0], dtype=np.float32)
         B = np.asarray(inputs[1], dtype=np.float32)
-        v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
+        v = self._views.get((A.shape, B.shape))
+        if v is None:  # one view per input shapes, not one per run
+            v = self._views[(A.shape, B.shape)] = layout.view(self.op.op_type, self.operand,
+                                                              A.shape, B.shape)
         X = layout.stream_rows(v, A, B)
         # a programmed A gives the node's result transposed: the simulator writes it so
         transposed = v.op_type == "Gemm" and v.operand == "A" and not v.y_batch

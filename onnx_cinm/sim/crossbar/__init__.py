@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +165,7 @@ class Counters:
     adc_clipped: int = 0
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self.__dict__)  # the fields in order; dataclasses.fields is 5x slower
 
 
 # ----------------------------------------------------------------------------------- parser
