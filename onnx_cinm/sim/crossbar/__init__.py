@@ -46,6 +46,7 @@ the files and runs them through it, never the reverse.
 from __future__ import annotations
 
 import math
+import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -509,7 +510,8 @@ class CrossbarSimulator:
         self._read: list = []
         self._trace = None
         self._pending: list = []
-        self._untouched: set = set()
+        self._untouched: set = set()  # (output, group) not written in this inference
+        self._buffers: dict = {}  # reused output arrays (see _output)
         self._cache: dict = {}
         self._reversed = None
         self._has_loop = any(isinstance(c, ForRows) for c in program.run)
@@ -700,8 +702,8 @@ class CrossbarSimulator:
                         if self._trace is not None:
                             self._trace.append(("acc", name, lat[0], lat[1]))
                     else:
+                        self._touch(outs, name, g)
                         outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
-                        self._untouched.discard((name, g))
             elif op == "BARRIER":
                 if ph:
                     ph.clock[:] = ph.clock.max()
@@ -717,9 +719,34 @@ class CrossbarSimulator:
                     if self._trace is not None:
                         self._trace.append(("read", a[0]))
 
+    def _touch(self, outs, out, g) -> None:
+        """Group ``g`` of output ``out`` is about to be added to: zero it if nothing wrote it
+        yet in this inference (a reused buffer holds the last inference's values)."""
+        if (out, g) in self._untouched:
+            outs[out][g] = 0.0
+            self._untouched.discard((out, g))
+
+    def _output(self, name: str, shape: tuple, transposed: bool) -> np.ndarray:
+        """The ``[G, M, N]`` accumulator of output ``name`` for one inference (with
+        ``transposed`` the view of a C-contiguous ``[G, N, M]`` array), its contents undefined:
+        :meth:`_touch` zeroes a group before it is added to, and a group written whole by a
+        product is never zeroed. The array of the last inference is reused when nobody holds it
+        any more (its reference count: this simulator's dict, the local name and the call's
+        argument), so a large output does not fault in fresh pages at every inference, the
+        way onnxruntime's arena reuses its buffers; an output the caller still holds is never
+        written."""
+        key = (name, shape, transposed)
+        buf = self._buffers.get(key)
+        if buf is None or sys.getrefcount(buf) > 3:
+            G, M, N = shape
+            buf = np.empty((G, N, M) if transposed else shape, np.float32)
+            self._buffers[key] = buf
+        return buf.transpose(0, 2, 1) if transposed else buf
+
     def _add_bias(self, out, bias, acts, outs, line) -> None:
         self._flush(acts, outs)
-        self._untouched = {k for k in self._untouched if k[0] != out}
+        for g in range(outs[out].shape[0]):
+            self._touch(outs, out, g)
         try:
             outs[out] += self.const[bias]
         except ValueError:
@@ -765,13 +792,13 @@ class CrossbarSimulator:
             Y = outs[out][g]
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
-                if (out, g) in self._untouched:  # still all zeros: write the product in place
+                if (out, g) in self._untouched:  # not written yet: the product overwrites it
                     blas.current().matmul(X[:, :W.shape[0]], W, Y)
                 else:
                     Y += X[:, :W.shape[0]] @ W
                 self._untouched.discard((out, g))
                 continue
-            self._untouched.discard((out, g))
+            self._touch(outs, out, g)
             by_n: dict = {}
             for kt, nt in tiles:
                 by_n.setdefault(nt, []).append(kt)
@@ -836,8 +863,7 @@ class CrossbarSimulator:
             M = X.shape[1]
             acts[r.name] = X
         M = M or 0
-        outs = {r.name: (np.zeros((r.dims[0], r.dims[1], M), np.float32).transpose(0, 2, 1)
-                         if transposed else np.zeros((r.dims[0], M, r.dims[1]), np.float32))
+        outs = {r.name: self._output(r.name, (r.dims[0], M, r.dims[1]), transposed)
                 for r in prog.regions.values() if r.kind == "output"}
         self._latch: list = [None] * self.P
         self._read: list = []
@@ -872,6 +898,8 @@ class CrossbarSimulator:
                                     self._trace)
             self._trace = None
         self._flush(acts, outs)
+        for name, g in list(self._untouched):  # nothing reached it: the accumulator's zeros
+            self._touch(outs, name, g)
         self.inferences += 1
         return {name: outs[name] for name in (self._read or outs)}, c
 
