@@ -512,6 +512,7 @@ class CrossbarSimulator:
         self._pending: list = []
         self._untouched: set = set()  # (output, group) not written in this inference
         self._buffers: dict = {}  # reused output arrays (see _output)
+        self._free_refs = None  # the reference count of a free one (see _refs)
         self._cache: dict = {}
         self._reversed = None
         self._has_loop = any(isinstance(c, ForRows) for c in program.run)
@@ -731,17 +732,26 @@ class CrossbarSimulator:
         ``transposed`` the view of a C-contiguous ``[G, N, M]`` array), its contents undefined:
         :meth:`_touch` zeroes a group before it is added to, and a group written whole by a
         product is never zeroed. The array of the last inference is reused when nobody holds it
-        any more (its reference count: this simulator's dict, the local name and the call's
-        argument), so a large output does not fault in fresh pages at every inference, the
+        any more (its reference count is that of a free array, :meth:`_refs`), so a large output does not fault in fresh pages at every inference, the
         way onnxruntime's arena reuses its buffers; an output the caller still holds is never
         written."""
         key = (name, shape, transposed)
         buf = self._buffers.get(key)
-        if buf is None or sys.getrefcount(buf) > 3:
+        if buf is not None and self._refs(key) > self._free_refs:
+            buf = None  # the caller still holds it (or a view of it)
+        if buf is None:
             G, M, N = shape
             buf = np.empty((G, N, M) if transposed else shape, np.float32)
             self._buffers[key] = buf
+            if self._free_refs is None:  # measured as _refs measures it, on a free array
+                self._free_refs = self._refs(key)
         return buf.transpose(0, 2, 1) if transposed else buf
+
+    def _refs(self, key) -> int:
+        """The reference count of buffer ``key`` while :meth:`_output` holds it in a local name
+        (the baseline of a free buffer is taken the same way, so the interpreter's own count
+        of borrowed references does not matter)."""
+        return sys.getrefcount(self._buffers[key])
 
     def _add_bias(self, out, bias, acts, outs, line) -> None:
         self._flush(acts, outs)
