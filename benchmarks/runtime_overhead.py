@@ -5,12 +5,17 @@ devices), write it with its kernels, then time
 ``InferenceSession.run`` of the provider (crossbar nodes in the simulator, ideal mode; UPMEM
 nodes in model mode; host partitions in onnxruntime) and ``onnxruntime.InferenceSession.run`` on
 the original model, interleaved run by run so both see the same machine load, and print the
-medians and their ratio. Target (issue 5): at most 2x onnxruntime on light ResNet50.
+medians and their ratio. Targets (issue 16): at most 1.5x onnxruntime on light ResNet50 and 2x
+on light SqueezeNet. Both sides run with the same onnxruntime threads (``--intra-op-threads``,
+default 1: on a machine whose cores are shared with other work, onnxruntime's second thread
+waits for a core, and its Transpose and the whole model ran several times slower with two
+threads than with one, measured on the project machine at a load average of 12).
 
 Models: light ResNet50 and light SqueezeNet (onnx wheel), the digits MLP (trained here, batch of
 the 450 test images).
 
-Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--blas-threads N] [--matmul auto|numpy|onnxruntime] [--json]``.
+Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--blas-threads N] [--intra-op-threads N]
+[--matmul auto|numpy|onnxruntime] [--json]``.
 """
 from __future__ import annotations
 
@@ -36,20 +41,28 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
             placement: str = "heuristic", provider_options: dict | None = None) -> dict:
     """Median wall times (seconds) of the provider on the optimized ``original`` and of
     onnxruntime on ``original`` itself, over ``runs`` interleaved runs after one warm-up each.
+    onnxruntime gets the provider's ``intra_op_threads`` (0: its default), so both run with
+    the same threads.
 
     Returns ``{model, runs, provider_s, onnxruntime_s, ratio, simulator_s, host_s, upmem_s,
-    config}`` where ``simulator_s``/``host_s``/``upmem_s`` split the provider's time by device
-    (the median over the timed runs of each run's host wall time per device) and ``config`` is
-    the configuration the provider ran under (BLAS threads, product kernels, partitions).
+    glue_s, session_s, config}`` where ``simulator_s``/``host_s``/``upmem_s`` split the
+    provider's time by device (the median over the timed runs of each run's host wall time
+    per device), ``glue_s`` is the median over runs of what the profile does not account for
+    (the run's wall time minus its records' sum: the provider's own Python), ``session_s`` the
+    provider's session creation and ``config`` the configuration the provider ran under (BLAS
+    threads, onnxruntime threads, product kernels, partitions).
     """
     import onnxruntime as ort
 
     res = optimize(original, check=0, placement=placement)
     path = workdir / f"{name}.onnx"
     artifacts.save(res.model, path)
+    t = time.perf_counter()
     sess = InferenceSession(path, provider_options=[provider_options or {}, {}])
+    session_s = time.perf_counter() - t
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.intra_op_num_threads = int((provider_options or {}).get("intra_op_threads", 0))
     src = original.SerializeToString() if isinstance(original, onnx.ModelProto) else str(original)
     ref = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     sess.run(None, feeds)
@@ -62,13 +75,18 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
         t = time.perf_counter()
         ref.run(None, feeds)
         orig.append(time.perf_counter() - t)
+    records = [r for r in sess.profile() if r["run"] > 0]  # not the warm-up
     split = {"memristor": 0.0, "host": 0.0, "upmem": 0.0}
-    split.update(profile.median_split([r for r in sess.profile() if r["run"] > 0]))  # not warm-up
+    split.update(profile.median_split(records))
+    accounted = [0.0] * runs
+    for r in records:
+        accounted[r["run"] - 1] += r.get("wall_s") or 0.0
     return {"model": name, "runs": runs, "provider_s": statistics.median(ep),
             "onnxruntime_s": statistics.median(orig),
             "ratio": statistics.median(ep) / statistics.median(orig),
             "simulator_s": split["memristor"], "host_s": split["host"], "upmem_s": split["upmem"],
-            "config": sess.configuration()}
+            "glue_s": statistics.median(w - a for w, a in zip(ep, accounted)),
+            "session_s": session_s, "config": sess.configuration()}
 
 
 def main(argv=None) -> list[dict]:
@@ -79,8 +97,12 @@ def main(argv=None) -> list[dict]:
                     help="the provider's BLAS threads (provider option blas_threads; 0: library default)")
     ap.add_argument("--matmul", default="auto", choices=("auto", "numpy", "onnxruntime"),
                     help="the crossbar simulator's product kernel (provider option matmul)")
+    ap.add_argument("--intra-op-threads", type=int, default=1,
+                    help="onnxruntime threads of the provider's host partitions and of the "
+                    "reference session (provider option intra_op_threads; 0: onnxruntime's default)")
     args = ap.parse_args(argv)
-    popts = {"blas_threads": args.blas_threads, "matmul": args.matmul}
+    popts = {"blas_threads": args.blas_threads, "matmul": args.matmul,
+             "intra_op_threads": args.intra_op_threads}
     from onnx_cinm.examples.digits import build_digits_mlp
 
     recs = []
@@ -98,15 +120,18 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(recs, indent=1))
         return recs
     print(f"{'model':16} {'provider':>10} {'onnxruntime':>12} {'ratio':>6}   provider split "
-          "(simulator / host partitions / upmem model)")
+          "(simulator / host partitions / upmem numpy / glue), session creation")
     for r in recs:
         print(f"{r['model']:16} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
               f"{r['ratio']:6.2f}   {r['simulator_s'] * 1e3:.1f} / {r['host_s'] * 1e3:.1f} / "
-              f"{r['upmem_s'] * 1e3:.1f} ms")
-    print(f"(median of {args.runs} interleaved runs each; split: median per run)")
+              f"{r['upmem_s'] * 1e3:.1f} / {r['glue_s'] * 1e3:.1f} ms, {r['session_s']:.2f} s")
+    print(f"(median of {args.runs} interleaved runs each; split: median per run of each part; "
+          "glue: median per run of the wall time the profile does not cover)")
     for r in recs:
         c = r["config"]
-        print(f"{r['model']:16} BLAS threads {c['blas_threads'] or 'library default'} "
+        threads = c["options"]["intra_op_threads"]
+        print(f"{r['model']:16} onnxruntime threads {threads or 'default'} (both), "
+              f"BLAS threads {c['blas_threads'] or 'library default'} "
               f"{[lib for lib, _, _ in c['blas']]}, crossbar products {c['matmul']} "
               f"{c['chosen'] or ''}, partitions {c['partitions']}")
     return recs

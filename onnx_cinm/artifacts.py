@@ -4,7 +4,7 @@ Layout (for ``out.onnx``)::
 
     out.cinm/
       manifest.json              format, version, and per kernel: node, op, device, files + sha256
-      memristor/0007_fc1.xbar    crossbar command files and their .npy sidecars
+      memristor/0007_fc1.xbar    crossbar command files (weights: the model's tensors they name)
       upmem/0012_relu/           host.c, dpu.c, Makefile and data per UPMEM kernel
 
 A node's ``kernel`` attribute is its kernel's path relative to this folder. The folder is built
@@ -302,8 +302,31 @@ def _inside(root: Path, rel: str, where: str) -> Path:
     return root / rel
 
 
+def _symlinks(root: Path) -> bool:
+    """Whether the folder ``root`` or anything under it is a symbolic link (one walk of the
+    folder: a few hundred directory entries, no path resolved)."""
+    if root.is_symlink():
+        return True
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for e in entries:
+                    if e.is_symlink():
+                        return True
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+        except OSError:
+            return True  # unreadable: let the resolving checks name it
+    return False
+
+
 def verify(root, manifest: dict | None = None) -> dict:
     """Check every file of the manifest exists with its recorded hash; return the manifest.
+
+    Paths stay inside the folder: :func:`check_manifest` refuses absolute and climbing ones on
+    their face, and when the folder holds a symbolic link every path is resolved as well (a
+    folder without links, the normal case, needs no resolution: one walk of the folder decides).
 
     Raises CinmError naming the first malformed entry, path outside the folder (symlinks
     resolved), or missing or stale file.
@@ -311,22 +334,25 @@ def verify(root, manifest: dict | None = None) -> dict:
     root = Path(root)
     where = root / MANIFEST
     manifest = load_manifest(root) if manifest is None else check_manifest(manifest, where)
+    resolve = _symlinks(root)
     for i, k in enumerate(manifest["kernels"]):
-        _inside(root, k["kernel"], f"'{where}' is malformed: kernels[{i}].kernel")
-        node = _show(k["node"])
+        if resolve:
+            _inside(root, k["kernel"], f"'{where}' is malformed: kernels[{i}].kernel")
         for j, f in enumerate(k["files"]):
-            p = _inside(root, f["path"], f"'{where}' is malformed: kernels[{i}].files[{j}].path")
-            shown = _show(str(p), None)
-            if not p.is_file():
-                raise CinmError(f"kernel file {shown} of node {node} is missing")
+            p = _inside(root, f["path"], f"'{where}' is malformed: kernels[{i}].files[{j}].path") \
+                if resolve else root / f["path"]
             try:
                 digest = sha256(p)
             except OSError as e:
+                shown, node = _show(str(p), None), _show(k["node"])
+                if not p.is_file():
+                    raise CinmError(f"kernel file {shown} of node {node} is missing") from None
                 raise CinmError(f"cannot read kernel file {shown} of node {node}: "
                                 f"{e.strerror}") from None
             if digest != f["sha256"]:
-                raise CinmError(f"kernel file {shown} of node {node} is stale: its hash "
-                                "differs from the manifest (re-run onnx-cinm optimize)")
+                raise CinmError(f"kernel file {_show(str(p), None)} of node {_show(k['node'])} "
+                                "is stale: its hash differs from the manifest (re-run onnx-cinm "
+                                "optimize)")
     return manifest
 
 
@@ -360,8 +386,12 @@ def _foreign_files(path: Path) -> list[str]:
     except CinmError:
         listed = set()
     listed.add(MANIFEST)
-    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
-                  if not p.is_dir() and p.relative_to(path).as_posix() not in listed)
+    found = []
+    for top, dirs, files in os.walk(path):  # one walk, strings only (3,000 entries: 0.4 s
+        rel = os.path.relpath(top, path)     # through pathlib before)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        found += [prefix + f for f in files]
+    return sorted(f for f in found if f not in listed)
 
 
 def _alive(pid: int) -> bool:

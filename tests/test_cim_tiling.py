@@ -151,12 +151,12 @@ def test_manifest_hashes_and_stale_kernel(tmp_path):
     manifest = artifacts.save(res.model, path)
     root = tmp_path / "m.cinm"
     (kernel,) = manifest["kernels"]
-    names = sorted(f["path"] for f in kernel["files"])
-    assert names == sorted([kernel["kernel"], kernel["kernel"][:-5] + ".W.npy"])
+    # one file: the weights stay in the model, which the .xbar file names (issue 16)
+    assert [f["path"] for f in kernel["files"]] == [kernel["kernel"]]
     on_disk = json.loads((root / "manifest.json").read_text())
     assert on_disk == manifest
-    W = np.load(root / (kernel["kernel"][:-5] + ".W.npy"))
-    np.testing.assert_array_equal(W[0], numpy_helper.to_array(model.graph.initializer[0]))
+    node = next(n for n in res.model.graph.node if n.op_type == "Gemm")
+    assert f"weight W 1 100 70 model:{node.input[1]}" in (root / kernel["kernel"]).read_text()
     InferenceSession(path)  # fresh: fine
     xbar = root / kernel["kernel"]
     xbar.write_text(xbar.read_text().replace("BARRIER", "BARRIER ", 1))
@@ -165,6 +165,43 @@ def test_manifest_hashes_and_stale_kernel(tmp_path):
     xbar.unlink()
     with pytest.raises(CinmError, match="missing"):
         InferenceSession(path)
+
+
+@pytest.mark.parametrize("const", ["B", "A"])
+def test_weights_are_stored_once(const, tmp_path):
+    """Issue 16: the crossbar kernels used to copy their weights into ``.npy`` sidecars beside
+    the model that already held them (494 MB twice on VGG19). The output model plus its
+    kernel folder must not be larger than the input plus what the plans add (the ``.xbar``
+    text, the manifest and the nodes' plan attributes, 64 KiB here), and the kernel reads the
+    weights from the model: a 512 x 512 crossbar Gemm (1 MiB of weights) under a weight name
+    with a space and a ``#`` (a comment in a ``.xbar`` file), checked against numpy."""
+    model = _matmul_model(4, 512, 512, const=const, bias=const == "B")
+    for init in model.graph.initializer:
+        if init.name == "W":
+            init.name = "my W #1"
+    for node in model.graph.node:
+        node.input[:] = ["my W #1" if n == "W" else n for n in node.input]
+    src = tmp_path / "in.onnx"
+    onnx.save(model, str(src))
+    res = optimize(src, place=[("mm*", "memristor")], check=0,
+                   device_options={"cim_preset": "pcm-occ"})
+    out = tmp_path / "out.onnx"
+    artifacts.save(res.model, out)
+    folder = [p for p in (tmp_path / "out.cinm").rglob("*") if p.is_file()]
+    assert folder and all(p.suffix in (".xbar", ".json") for p in folder)
+    total = out.stat().st_size + sum(p.stat().st_size for p in folder)
+    assert total <= src.stat().st_size + sum(p.stat().st_size for p in folder) + 64 * 1024
+    feeds = random_inputs(res.model, seed=1)
+    W = numpy_helper.to_array(model.graph.initializer[0])
+    (x,) = feeds.values()
+    want = x @ W if const == "B" else W @ x
+    if const == "B":
+        want = want + numpy_helper.to_array(model.graph.initializer[1])
+    sess = InferenceSession(out)
+    assert [r["device"] for r in sess.profile()] == []
+    got = sess.run(None, feeds)[0]
+    assert any(r["device"] == "memristor" for r in sess.profile())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_resave_replaces_and_all_host_removes_the_kernel_folder(tmp_path):

@@ -443,9 +443,10 @@ def _crossbar_model(seed: int) -> onnx.ModelProto:
                   [numpy_helper.from_array(w, "w")])
 
 
-def _optimize_crossbar(src: Path, out: Path, seed: int, capsys) -> int:
+def _optimize_crossbar(src: Path, out: Path, seed: int, capsys, extra=()) -> int:
     model = _write(src / f"m{seed}.onnx", _crossbar_model(seed))
-    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q"])
+    code = main(["optimize", str(model), "-o", str(out), "--place", "Gemm=memristor", "-q",
+                 *extra])
     capsys.readouterr()
     return code
 
@@ -490,10 +491,13 @@ def test_failed_kernel_folder_replacement_keeps_the_old_model_too(tmp_path, caps
 
 def test_run_refuses_kernels_that_are_not_the_models_own(tmp_path, capsys):
     """A folder of another model with a consistent manifest of its own used to run (exit 0,
-    wrong outputs); the model's recorded kernel digest now refuses it before anything runs."""
+    wrong outputs); the model's recorded kernel digest now refuses it before anything runs.
+    (The kernels name their weights in the model, so the other model has other kernels: 32-row
+    tiles.)"""
     src, dst = _dirs(tmp_path)
     assert _optimize_crossbar(src, dst / "a.onnx", 0, capsys) == 0
-    assert _optimize_crossbar(src, dst / "b.onnx", 1, capsys) == 0
+    assert _optimize_crossbar(src, dst / "b.onnx", 1, capsys,
+                              ["--cim-rows", "32", "--cim-preset", "pcm-occ"]) == 0
     shutil.rmtree(dst / "a.cinm")
     shutil.copytree(dst / "b.cinm", dst / "a.cinm")
     code = main(["run", str(dst / "a.onnx"), "-o", str(src / "y.npz")])
@@ -572,13 +576,31 @@ def test_xbar_sidecar_outside_the_kernel_folder_is_refused(where, tmp_path, caps
     if where == "symlink":
         (xbar.parent / "link.npy").symlink_to(outside)
     text = xbar.read_text()
-    sidecar = next(w for w in text.split() if w.endswith(".W.npy"))
-    xbar.write_text(text.replace(sidecar, name))
+    source = next(w for w in text.split() if w.startswith("model:"))  # the weight's source
+    xbar.write_text(text.replace(source, name))
     _reseal(out)
     code = main(["run", str(out), "-o", str(src / "y.npz")])
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "outside the .xbar file's folder" in err
+    assert not (src / "y.npz").exists()
+
+
+def test_xbar_weight_naming_another_tensor_of_the_model_is_refused(tmp_path, capsys):
+    """A kernel's weights are the model's tensor its file names (issue 16): an edited file
+    naming another tensor (resealed) must not run with it."""
+    src, dst = _dirs(tmp_path)
+    out = dst / "out.onnx"
+    assert _optimize_crossbar(src, out, 0, capsys) == 0
+    xbar = next((dst / "out.cinm" / "memristor").glob("*.xbar"))
+    text = xbar.read_text()
+    source = next(w for w in text.split() if w.startswith("model:"))
+    xbar.write_text(text.replace(source, "model:x"))  # the graph input, not the weights
+    _reseal(out)
+    code = main(["run", str(out), "-o", str(src / "y.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "names tensor 'x', not the node's constant programmed operand" in err
     assert not (src / "y.npz").exists()
 
 

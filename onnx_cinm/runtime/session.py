@@ -132,6 +132,8 @@ class _Partition:
     outputs: list = field(default_factory=list)
     session: object = None
     modeled: list = field(default_factory=list)  # device nodes run in model mode inside it
+    #: their profile records but ``run``: the cost model's figures, computed once
+    modeled_records: list = field(default_factory=list)
 
 
 class _ModelKernel:
@@ -154,6 +156,8 @@ class _DeviceNode:
     device: str
     kernel: object
     mode: str
+    label: str = ""  # its name in the profile
+    outputs: list = field(default_factory=list)  # its non-empty output names
 
 
 class InferenceSession:
@@ -312,6 +316,16 @@ class InferenceSession:
         self._lazy_lock = threading.Lock()
         self._empty_sessions: dict = {}
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
+        # what every run would otherwise recompute per node: labels, outputs, modeled figures
+        for d in self._device_nodes:
+            d.label, d.outputs = self._label(d.node), [o for o in d.node.output if o]
+        for p in self._parts:
+            p.modeled_records = [
+                {"node": self._label(node), "op_type": node.op_type, "device": dev,
+                 "mode": "model", "wall_s": None,
+                 **_modeled(cinm.node_attrs(node), devices.get_device(dev)),
+                 "writes": 0, "bytes_moved": None, "nodes": 1}
+                for node, dev in p.modeled]
         # the execution order, once: per stage, its host partitions, then its device nodes
         self._schedule = [(s, [p for p in self._parts if p.stage == s],
                            [d for d in self._device_nodes if d.stage == s])
@@ -454,13 +468,7 @@ class InferenceSession:
                                 "mode": "onnxruntime", "wall_s": wall, "latency_s": None,
                                 "energy_j": None, "writes": 0, "bytes_moved": 0,
                                 "nodes": len(p.nodes)})
-                for node, dev in p.modeled:
-                    fig = _modeled(cinm.node_attrs(node), devices.get_device(dev))
-                    records.append({"run": run_index, "node": self._label(node), "op_type": node.op_type,
-                                    "device": dev, "mode": "model", "wall_s": None,
-                                    "latency_s": fig["latency_s"],
-                                    "energy_j": fig["energy_j"], "writes": 0,
-                                    "bytes_moved": None, "nodes": 1})
+                records += [{"run": run_index, **r} for r in p.modeled_records]
             for d in stage_devices:
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
@@ -472,8 +480,8 @@ class InferenceSession:
                 else:
                     outs, metrics = d.kernel(ins)
                 wall = time.perf_counter() - t0
-                values.update(zip([o for o in d.node.output if o], outs))
-                records.append({"run": run_index, "node": self._label(d.node), "op_type": d.node.op_type,
+                values.update(zip(d.outputs, outs))
+                records.append({"run": run_index, "node": d.label, "op_type": d.node.op_type,
                                 "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),

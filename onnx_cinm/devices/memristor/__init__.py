@@ -633,37 +633,31 @@ class MemristorDevice(Device):
         return p, v, params
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
-        """Write ``<stem>.xbar`` and its ``.npy`` sidecars (weights ``[G, K, N]`` float32, a
-        ``[G, 1, N]`` bias when it fits that form) under ``root/memristor``.
+        """Write ``<stem>.xbar`` under ``root/memristor`` and return its path.
 
-        A programmed operand that is an activation has no sidecar: the runtime supplies it. A
-        kernel on the tiles of an earlier one (``cim_tile_kernel``) has no weight sidecar
-        either: its file names the owner's.
+        The weights are not copied: the file names the model's tensors (``weight W G K N
+        model:<programmed operand>``, and ``bias C model:<bias>`` when the bias fits the
+        ``[G, 1, N]`` form), which :meth:`kernel` hands to the simulator from the model. So the
+        model and its kernel folder hold one copy of every weight (``docs/xbar-format.md``).
+        A programmed operand that is an activation is named too; the runtime supplies it.
+        Kernels over one tile set (``cim_tile_kernel``: the tiles of an earlier kernel over the
+        same weights) name the same tensor; that kernel's load programs the tiles.
         """
         p, v, params = self._replan(op, attrs)
         rel = Path(attrs["kernel"])
         outdir = Path(root) / rel.parent
         names = [t.name for t in op.inputs]
-        A, B = consts.get(names[0]), consts.get(names[1])
-        prog = A if v.operand == "A" else B
+        prog = names[0] if v.operand == "A" else names[1]
         bias = None
         if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
-            bias = layout.bias_array(v, np.asarray(consts[names[2]], np.float32))
+            bias = codegen.model_source(names[2])
         mode = _mode(attrs, params)
         if _is_int(op):  # integer weights in cells as they are (dtype int32)
-            W = layout.weights(v, A, B) if prog is not None else None
-            mode = {"int_cells": int_cells(W, params)}
-            if bias is not None:
-                bias = layout.bias_array(v, np.asarray(consts[names[2]]))
-        owner = attrs.get("cim_tile_kernel")
-        if prog is not None and owner:  # the tiles (and their weights) are the owner's
-            return codegen.emit_kernel(p, params, None, outdir, rel.stem, bias=bias,
-                                       weight_file=f"{Path(owner).stem}.W.npy", **mode)
-        if prog is not None:
-            return codegen.emit_kernel(p, params, layout.weights(v, A, B), outdir, rel.stem,
-                                       bias=bias, **mode)
+            A, B = consts.get(names[0]), consts.get(names[1])
+            mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
+                                           params)}
         outdir.mkdir(parents=True, exist_ok=True)
-        text = codegen.render(p, params, rel.stem, f"{rel.stem}.W.npy", None, **mode)
+        text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
         path = outdir / rel.name
         path.write_text(text)
         return [path]

@@ -1,4 +1,8 @@
-"""Emit one ``.xbar`` command file (plus ``.npy`` sidecars) per crossbar kernel.
+"""Emit one ``.xbar`` command file per crossbar kernel.
+
+A compiled model's kernels name the model's own tensors as their weights (:func:`model_source`,
+written by the device's ``emit``): the weights live once, in the ``.onnx``. :func:`emit_kernel`
+writes a self-contained kernel with ``.npy`` sidecars, for the simulator on its own.
 
 The schedule written is exactly the one :func:`~onnx_cinm.paradigms.cim.schedule.plan`
 counts: tiles in ``(g, k, n)`` order, tile ``j`` on crossbar ``j mod P``, rounds of ``P`` tiles
@@ -12,12 +16,13 @@ mode (the slices of a quantized tile sit in parallel arrays of one logical cross
 """
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
 import jinja2
 import numpy as np
 
-from ...sim.crossbar import COST_KEYS, FORMAT_VERSION
+from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
 _ENV = jinja2.Environment(
@@ -49,11 +54,20 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
     return ([] if plan.shared else tiles[:P]), rounds
 
 
+def model_source(tensor: str) -> str:
+    """The source of a constant region naming the model's tensor ``tensor``: ``model:`` and
+    the name percent-encoded (a name may hold spaces or ``#``, which end a token or start a
+    comment in a ``.xbar`` file)."""
+    return MODEL_SOURCE + urllib.parse.quote(tensor, safe="")
+
+
 def render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
            mode=None, int_cells=None) -> str:
     """The text of the ``.xbar`` file for ``plan`` (see ``docs/xbar-format.md``).
 
-    ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
+    ``weight_file``/``bias_file``: where the constants come from: a ``.npy`` sidecar name or
+    :func:`model_source` of a tensor of the model. ``mode``: a
+    :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode`; None is ideal.
     ``int_cells``: header lines ``[(key, value)]`` of an integer kernel (``dtype int32``, its
     weights in cells as they are; :func:`onnx_cinm.devices.memristor.int_cells`), ideal mode.
     """
@@ -70,41 +84,37 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         mode_lines=mode.header_items() + list(int_cells or ()))
 
 
-def emit_kernel(plan, params, W: np.ndarray | None, outdir, name: str,
-                bias: np.ndarray | None = None, *, mode=None, int_cells=None,
-                weight_file: str | None = None) -> list[Path]:
-    """Write ``<name>.xbar``, ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias,
-    ``<name>.C.npy`` into ``outdir``; return the paths written (the ``.xbar`` first).
+def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,
+                bias: np.ndarray | None = None, *, mode=None, int_cells=None) -> list[Path]:
+    """Write a self-contained kernel for the simulator on its own: ``<name>.xbar``,
+    ``<name>.W.npy`` (float32 ``[G, K, N]``) and, with a bias, ``<name>.C.npy`` into ``outdir``;
+    return the paths written (the ``.xbar`` first). (A compiled model's kernels name the model's
+    tensors instead: :func:`model_source`.)
 
     ``mode``: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` written into the
     header (None: ideal). The weights are written unquantized; the simulator quantizes them at
     load (per-output-channel scales are a function of the weights). ``int_cells``: an integer
     kernel (see :func:`render`): weights and bias are written as int32.
 
-    ``W`` may be ``[K, N]`` (one group). ``weight_file`` (with ``W`` None): the file names this
-    sidecar of another kernel over the same weights in ``outdir`` instead of writing its own.
-    Raises ValueError if the shape of ``W`` disagrees with ``plan``.
+    ``W`` may be ``[K, N]`` (one group). Raises ValueError if its shape disagrees with ``plan``.
     """
     dtype = np.int32 if int_cells else np.float32  # integer weights stay integers
+    W = np.asarray(W, dtype=dtype)
+    if W.ndim == 2:
+        W = W[None]
+    if W.shape != (plan.groups, plan.K, plan.N):
+        raise ValueError(f"weights {W.shape} do not match the plan "
+                         f"({plan.groups}, {plan.K}, {plan.N})")
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.xbar"]
-    if weight_file is None:
-        W = np.asarray(W, dtype=dtype)
-        if W.ndim == 2:
-            W = W[None]
-        if W.shape != (plan.groups, plan.K, plan.N):
-            raise ValueError(f"weights {W.shape} do not match the plan "
-                             f"({plan.groups}, {plan.K}, {plan.N})")
-        wpath = out / f"{name}.W.npy"
-        np.save(wpath, W)
-        paths.append(wpath)
-        weight_file = wpath.name
+    wpath = out / f"{name}.W.npy"
+    np.save(wpath, W)
+    paths = [out / f"{name}.xbar", wpath]
     bfile = None
     if bias is not None:
         bpath = out / f"{name}.C.npy"
         np.save(bpath, np.asarray(bias, dtype=dtype))
         paths.append(bpath)
         bfile = bpath.name
-    paths[0].write_text(render(plan, params, name, weight_file, bfile, mode=mode, int_cells=int_cells))
+    paths[0].write_text(render(plan, params, name, wpath.name, bfile, mode=mode, int_cells=int_cells))
     return paths

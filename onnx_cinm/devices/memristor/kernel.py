@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...paradigms.cim import layout
-from ...sim.crossbar import CrossbarSimulator, load_file
+from ...sim.crossbar import CrossbarSimulator, XbarError, load_file
 
 
 class CrossbarKernel:
@@ -26,8 +26,10 @@ class CrossbarKernel:
     Args:
         op: the node as an :class:`~onnx_cinm.graph.OpInfo` (input names and shapes).
         attrs: the node's ``cim_*`` plan attributes.
-        path: the ``.xbar`` file (its ``.npy`` sidecars beside it).
-        consts: constant inputs by name (used for a bias the file does not add).
+        path: the ``.xbar`` file (``.npy`` sidecars, if it names any, beside it).
+        consts: constant inputs by name: the programmed weights and bias when the file names
+            them as the model's tensors (``model:<name>``, the form ``emit`` writes), and a bias
+            the file does not add.
         mode: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` to run instead of the
             file's header (None: the file's).
 
@@ -53,23 +55,53 @@ class CrossbarKernel:
         self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
         prog_name = names[0] if self.operand == "A" else names[1]
         owner = attrs.get("cim_tile_kernel")
-        wfile = Path(owner).with_suffix(".W.npy").name if owner else \
-            Path(path).with_suffix(".W.npy").name
-        self.programmed_const = prog_name in consts or (Path(path).parent / wfile).exists()
-        self._sim = CrossbarSimulator(self.prog) if self.programmed_const else None
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
+        constants = self._model_constants(prog_name, consts)
+        self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
+        self._sim = CrossbarSimulator(self.prog, constants) if self.programmed_const else None
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
         # on the tiles of an earlier kernel over the same weights: that kernel's load programs
         # them (this simulator's copy of them stands for the same crossbars)
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim and not owner else None
         self._lock = threading.Lock()
+        self._views: dict = {}
+
+    def _model_constants(self, prog_name: str, consts: dict) -> dict:
+        """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
+        ``docs/xbar-format.md``): the weight ``W[G, K, N]`` from the programmed operand (``B``
+        as it is, ``A`` transposed; :func:`~onnx_cinm.paradigms.cim.layout.weights`), a bias
+        as ``[G, 1, N]``. The region must name the node's own constant input in its role
+        (XbarError otherwise: the folder is untrusted input)."""
+        want = {"weight": prog_name, "bias": self.bias_name}
+        out = {}
+        for r in self.prog.regions.values():
+            if r.tensor is None or (r.kind == "weight" and r.tensor == prog_name
+                                    and prog_name not in consts):
+                continue  # a sidecar, or a programmed activation (given at every run)
+            if r.tensor != want.get(r.kind) or r.tensor not in consts:
+                role = "programmed operand" if r.kind == "weight" else "bias"
+                raise XbarError(f"{self.prog.path}:{r.line}: {r.name} names tensor "
+                                f"{r.tensor!r}, not the node's constant {role} "
+                                f"{want.get(r.kind)!r}")
+            v = layout.op_view(self.op, self.operand)
+            # integer kernels exactly (an int32 bias does not fit float32's mantissa)
+            arr = np.asarray(consts[r.tensor], dtype=np.float64 if self.integer else np.float32)
+            if r.kind == "weight":
+                A, B = (arr, None) if self.operand == "A" else (None, arr)
+                out[r.name] = layout.weights(v, A, B)
+            else:
+                out[r.name] = layout.bias_array(v, arr)
+        return out
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
         dt = np.float64 if self.integer else np.float32  # integers: exact in float64
         A = np.asarray(inputs[0], dtype=dt)
         B = np.asarray(inputs[1], dtype=dt)
-        v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
+        v = self._views.get((A.shape, B.shape))
+        if v is None:  # one view per input shapes, not one per run
+            v = self._views[(A.shape, B.shape)] = layout.view(self.op.op_type, self.operand,
+                                                              A.shape, B.shape)
         X = layout.stream_rows(v, A, B)
         # a programmed A gives the node's result transposed: the simulator writes it so
         transposed = v.op_type == "Gemm" and v.operand == "A" and not v.y_batch

@@ -2,7 +2,8 @@
 
 The format is documented in ``docs/xbar-format.md`` (version 1). In short: a header (format
 version, geometry, dtype, mode, order, residency, cost parameters), declarations of named regions
-(``input``, ``weight``, ``bias``, ``output``; constants live in ``.npy`` sidecars), a ``LOAD``
+(``input``, ``weight``, ``bias``, ``output``; a constant is a tensor of the model, which the
+caller passes in, or a ``.npy`` sidecar beside the file), a ``LOAD``
 section run once when the kernel is loaded and a ``RUN`` section run per inference, with the
 commands ``PROGRAM``, ``MVM``, ``ACC``, ``BARRIER``, ``ADD``, ``READ`` and the block
 ``FOR ROWS b ... END``.
@@ -57,7 +58,9 @@ the files and runs them through it, never the reverse.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import sys
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -110,15 +113,23 @@ class ForRows:
     line: int
 
 
+#: Prefix of a constant region's source naming a tensor of the model the file belongs to
+#: (``weight W 1 512 1000 model:fc.weight``), percent-encoded: the caller supplies it.
+MODEL_SOURCE = "model:"
+
+
 @dataclass
 class Region:
-    """A declared region: kind, name, dims (ints), and a sidecar file for constants."""
+    """A declared region: kind, name, dims (ints), and where a constant comes from: a sidecar
+    ``file`` beside the ``.xbar`` file, or the model's ``tensor`` (:data:`MODEL_SOURCE`; given
+    to :class:`CrossbarSimulator` in ``constants``)."""
 
     kind: str
     name: str
     dims: tuple
     file: str | None
     line: int
+    tensor: str | None = None
 
 
 @dataclass
@@ -167,7 +178,7 @@ class Counters:
     adc_clipped: int = 0
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self.__dict__)  # the fields in order; dataclasses.fields is 5x slower
 
 
 # ----------------------------------------------------------------------------------- parser
@@ -282,7 +293,13 @@ def parse(text: str, path: str = "<xbar>") -> XbarProgram:
             if name in regions:
                 raise _err(path, n, f"region {name!r} declared twice (line {regions[name].line})")
             dims = tuple(_int(path, n, t, f"{key} dim", lo=1) for t in toks[2:2 + arity])
-            regions[name] = Region(key, name, dims, toks[-1] if has_file else None, n)
+            source, tensor = (toks[-1] if has_file else None), None
+            if source is not None and source.startswith(MODEL_SOURCE):
+                tensor = urllib.parse.unquote(source[len(MODEL_SOURCE):])
+                if not tensor:
+                    raise _err(path, n, f"'{MODEL_SOURCE}' names no tensor")
+                source = None
+            regions[name] = Region(key, name, dims, source, n, tensor)
         else:
             raise _err(path, n, f"unknown header key or command {key!r}")
         i += 1
@@ -329,12 +346,45 @@ def _make_mode(path, header, keylines, mode_args):
 _ARGS = {"PROGRAM": 5, "MVM": 4, "ACC": 4, "BARRIER": 0, "ADD": 2, "READ": 1}
 
 
-def _parse_block(lines, i, path, header, regions, in_for):
+def _fast_check(header, regions):
+    """A check of one command's arguments that says only whether they are valid (True), for
+    the millions of lines of a large model: a False (or an exception) sends the command to
+    :func:`_check_cmd`, which names what is wrong. Accepts exactly what :func:`_check_cmd`
+    accepts."""
+    P, R, C = header["crossbars"], header["rows"], header["cols"]
+    tiles = {r.name: (r.dims[0], -(-r.dims[1] // R), -(-r.dims[2] // C))
+             for r in regions.values() if r.kind == "weight"}
+    kinds = {r.name: r.kind for r in regions.values()}
+
+    def ok(op, a) -> bool:
+        try:
+            if op == "PROGRAM":
+                lim = tiles.get(a[1])
+                return (lim is not None and 0 <= int(a[0]) < P and 0 <= int(a[2]) < lim[0]
+                        and 0 <= int(a[3]) < lim[1] and 0 <= int(a[4]) < lim[2])
+            if op == "MVM":
+                return (0 <= int(a[0]) < P and kinds.get(a[1]) == "input" and int(a[2]) >= 0
+                        and int(a[3]) >= 0)
+            if op == "ACC":
+                return (kinds.get(a[0]) == "output" and int(a[1]) >= 0 and int(a[2]) >= 0
+                        and 0 <= int(a[3]) < P)
+            return op == "BARRIER"
+        except ValueError:
+            return False
+    return ok
+
+
+def _parse_block(lines, i, path, header, regions, in_for, ok=None):
     body: list = []
     P = header["crossbars"]
+    ok = ok or _fast_check(header, regions)
     while i < len(lines):
         n, toks = lines[i]
         op, args = toks[0], toks[1:]
+        if op in ("PROGRAM", "MVM", "ACC", "BARRIER") and len(args) == _ARGS[op] and ok(op, args):
+            body.append(Cmd(op, args, n))
+            i += 1
+            continue
         if op == "END":
             if len(args):
                 raise _err(path, n, "'END' takes no arguments")
@@ -347,7 +397,7 @@ def _parse_block(lines, i, path, header, regions, in_for):
             if len(args) != 2 or args[0] != "ROWS":
                 raise _err(path, n, "expected 'FOR ROWS <block>'")
             block = _int(path, n, args[1], "row block", lo=1)
-            inner, i = _parse_block(lines, i + 1, path, header, regions, in_for=True)
+            inner, i = _parse_block(lines, i + 1, path, header, regions, in_for=True, ok=ok)
             programmed = set()
             for c in inner:
                 if c.op == "PROGRAM":
@@ -436,9 +486,11 @@ class CrossbarSimulator:
 
     Args:
         program: an :class:`XbarProgram` (or a path to a ``.xbar`` file).
-        constants: arrays for ``weight``/``bias`` regions by name; regions not given are read
+        constants: arrays for ``weight``/``bias`` regions by name (a weight ``float32 [G, K,
+            N]``, used as given when it is float32: never copied); regions not given are read
             from their ``.npy`` sidecar next to the file (a sidecar path leading out of the
-            file's folder, by ``..``, an absolute path or a symlink, is an XbarError).
+            file's folder, by ``..``, an absolute path or a symlink, is an XbarError). A region
+            whose source is a tensor of the model (``model:<name>``) must be given here.
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
@@ -461,6 +513,9 @@ class CrossbarSimulator:
                 continue
             if constants and r.name in constants:
                 arr = np.asarray(constants[r.name])
+            elif r.tensor is not None:
+                raise _err(program.path, r.line, f"{r.name} is the model's tensor {r.tensor!r}: "
+                                                 "pass its array in constants")
             else:
                 # a kernel folder is untrusted input: a sidecar stays beside its .xbar file
                 target = (base / r.file).resolve()
@@ -471,7 +526,7 @@ class CrossbarSimulator:
                     arr = np.load(base / r.file, allow_pickle=False)
                 except (OSError, ValueError) as e:
                     raise _err(program.path, r.line, f"cannot load {r.file}: {e}") from None
-            arr = np.ascontiguousarray(arr, dtype=self._dt)
+            arr = np.asarray(arr, dtype=self._dt)  # a strided view stays one (BLAS takes it)
             if r.kind == "weight" and arr.shape != r.dims:
                 raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
                                                  f"declared {r.dims}")
@@ -494,7 +549,9 @@ class CrossbarSimulator:
         self._read: list = []
         self._trace = None
         self._pending: list = []
-        self._untouched: set = set()
+        self._untouched: set = set()  # (output, group) not written in this inference
+        self._buffers: dict = {}  # reused output arrays (see _output)
+        self._free_refs = None  # the reference count of a free one (see _refs)
         self._cache: dict = {}
         self._reversed = None
         self._has_loop = any(isinstance(c, ForRows) for c in program.run)
@@ -685,8 +742,8 @@ class CrossbarSimulator:
                         if self._trace is not None:
                             self._trace.append(("acc", name, lat[0], lat[1]))
                     else:
+                        self._touch(outs, name, g)
                         outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
-                        self._untouched.discard((name, g))
             elif op == "BARRIER":
                 if ph:
                     ph.clock[:] = ph.clock.max()
@@ -702,9 +759,43 @@ class CrossbarSimulator:
                     if self._trace is not None:
                         self._trace.append(("read", a[0]))
 
+    def _touch(self, outs, out, g) -> None:
+        """Group ``g`` of output ``out`` is about to be added to: zero it if nothing wrote it
+        yet in this inference (a reused buffer holds the last inference's values)."""
+        if (out, g) in self._untouched:
+            outs[out][g] = 0.0
+            self._untouched.discard((out, g))
+
+    def _output(self, name: str, shape: tuple, transposed: bool) -> np.ndarray:
+        """The ``[G, M, N]`` accumulator of output ``name`` for one inference (with
+        ``transposed`` the view of a C-contiguous ``[G, N, M]`` array), its contents undefined:
+        :meth:`_touch` zeroes a group before it is added to, and a group written whole by a
+        product is never zeroed. The array of the last inference is reused when nobody holds it
+        any more (its reference count is that of a free array, :meth:`_refs`), so a large output does not fault in fresh pages at every inference, the
+        way onnxruntime's arena reuses its buffers; an output the caller still holds is never
+        written."""
+        key = (name, shape, transposed)
+        buf = self._buffers.get(key)
+        if buf is not None and self._refs(key) > self._free_refs:
+            buf = None  # the caller still holds it (or a view of it)
+        if buf is None:
+            G, M, N = shape
+            buf = np.empty((G, N, M) if transposed else shape, self._dt)
+            self._buffers[key] = buf
+            if self._free_refs is None:  # measured as _refs measures it, on a free array
+                self._free_refs = self._refs(key)
+        return buf.transpose(0, 2, 1) if transposed else buf
+
+    def _refs(self, key) -> int:
+        """The reference count of buffer ``key`` while :meth:`_output` holds it in a local name
+        (the baseline of a free buffer is taken the same way, so the interpreter's own count
+        of borrowed references does not matter)."""
+        return sys.getrefcount(self._buffers[key])
+
     def _add_bias(self, out, bias, acts, outs, line) -> None:
         self._flush(acts, outs)
-        self._untouched = {k for k in self._untouched if k[0] != out}
+        for g in range(outs[out].shape[0]):
+            self._touch(outs, out, g)
         try:
             outs[out] += self.const[bias]
         except ValueError:
@@ -750,13 +841,13 @@ class CrossbarSimulator:
             Y = outs[out][g]
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
-                if (out, g) in self._untouched:  # still all zeros: write the product in place
+                if (out, g) in self._untouched:  # not written yet: the product overwrites it
                     blas.current().matmul(X[:, :W.shape[0]], W, Y)
                 else:
                     Y += X[:, :W.shape[0]] @ W
                 self._untouched.discard((out, g))
                 continue
-            self._untouched.discard((out, g))
+            self._touch(outs, out, g)
             by_n: dict = {}
             for kt, nt in tiles:
                 by_n.setdefault(nt, []).append(kt)
@@ -824,8 +915,7 @@ class CrossbarSimulator:
             M = X.shape[1]
             acts[r.name] = X
         M = M or 0
-        outs = {r.name: (np.zeros((r.dims[0], r.dims[1], M), self._dt).transpose(0, 2, 1)
-                         if transposed else np.zeros((r.dims[0], M, r.dims[1]), self._dt))
+        outs = {r.name: self._output(r.name, (r.dims[0], M, r.dims[1]), transposed)
                 for r in prog.regions.values() if r.kind == "output"}
         self._latch: list = [None] * self.P
         self._read: list = []
@@ -860,6 +950,8 @@ class CrossbarSimulator:
                                     self._trace)
             self._trace = None
         self._flush(acts, outs)
+        for name, g in list(self._untouched):  # nothing reached it: the accumulator's zeros
+            self._touch(outs, name, g)
         self.inferences += 1
         if self._int:  # exact integers in float64; int32 wraps as onnxruntime's int32 MatMul
             outs = {k: v.astype(np.int64).astype(np.int32) for k, v in outs.items()}
@@ -891,10 +983,12 @@ def _reverse_rounds(body: list) -> list:
     return [c for r in reversed(rounds) for c in r] + cur
 
 
-def simulate(path, inputs: dict, runs: int = 1) -> tuple[dict, list[Counters], Counters]:
+def simulate(path, inputs: dict, runs: int = 1,
+             constants: dict | None = None) -> tuple[dict, list[Counters], Counters]:
     """Load ``path``, run ``runs`` inferences on ``inputs``; return (outputs of the last run,
-    counters per run, load counters)."""
-    sim = CrossbarSimulator(path)
+    counters per run, load counters). ``constants``: the arrays of regions the file takes from
+    its model (``model:<tensor>``), by region name (see :class:`CrossbarSimulator`)."""
+    sim = CrossbarSimulator(path, constants)
     per = []
     outs = {}
     for _ in range(runs):
