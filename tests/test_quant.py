@@ -212,8 +212,12 @@ def test_int8_gemm_on_a_crossbar_is_the_exact_int32_product(tmp_path):
     text = xbar.read_text().split()
     for key, value in (("dtype", "int32"), ("weight_bits", "8"), ("cell_bits", "2"), ("differential", "on")):
         assert text[text.index(key) + 1] == value
-    assert np.load(xbar.with_suffix(".W.npy")).dtype == np.int32
-    load = CrossbarSimulator(load_file(xbar)).load_counters  # the first P = 4 tiles of 64 x 24
+    # its weights are the model's own integer tensor (no sidecar copy): the B of the Gemm
+    src = text[text.index("weight") + 5]
+    assert src == f"model:{gemm.input[1]}" and not list(xbar.parent.glob("*.npy"))
+    W = next(nh.to_array(t) for t in res.model.graph.initializer if t.name == gemm.input[1])
+    assert W.dtype.kind == "i" and W.shape == (k, n)
+    load = CrossbarSimulator(load_file(xbar), {"W": W[None]}).load_counters  # the first P = 4 tiles of 64 x 24
     assert load.tile_writes == 4 and load.cell_writes == 4 * (64 * n) * 4 * 2
 
 
