@@ -115,7 +115,7 @@ LINK_J_PER_BYTE = 20e-12
 #: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
 #: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
 #: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's
-#: file, whose weight sidecar they read).
+#: file; all of them name the same tensor of the model).
 PLAN_ATTRS = {
     "cim_rows": "int", "cim_cols": "int", "cim_crossbars": "int", "cim_shared": "int",
     "cim_device_crossbars": "int", "cim_loop_order": "string", "cim_operand": "string",
