@@ -286,3 +286,16 @@ def test_kernels_share_the_crossbars(tmp_path, dims, expected):
     per_run = [sum(r["writes"] for r in recs if r["run"] == k) for k in range(3)]
     assert per_run == [sum(e[2] for e in expected)] * 3
     assert sum(r["writes"] for r in sess.load_profile()) == sum(e[1] for e in expected)
+
+
+def test_crossbar_table_shows_long_kernel_names_whole(tmp_path, capsys):
+    """A fresh user's finding: the optimize summary's crossbar table cut names at 30 characters,
+    so 20 of a detector's 22 rows read '/model/model/conv/conv_net/con'."""
+    model = _matmul_model(8, 128, 128)
+    long = "/model/model/conv/conv_net/conv_block_3/layer_7/mm"
+    model.graph.node[0].name = long
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--check",
+                 "0", "--place", "*=memristor", "--cim-preset", "pcm-occ"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith(long)]
+    assert len(rows) == 1 and rows[0].split()[0] == f"{long}/Gemm"

@@ -546,7 +546,7 @@ class MemristorDevice(Device):
         plans = [p for p in plans if "cim_M" in p[2]]
         if not plans:
             return ""
-        cols = (Column("crossbar kernel", width=30), Column("operand", ">"), Column("M x K x N", ">"),
+        cols = (Column("crossbar kernel", fit=48), Column("operand", ">"), Column("M x K x N", ">"),
                 Column("xbars", ">"), Column("tiles", ">"), Column("writes@load", ">"),
                 Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
                 Column("energy", ">"), Column("E array", ">"), Column("E adc/dac", ">"),
