@@ -421,3 +421,23 @@ def test_repair_frees_the_cheapest_budget_first():
         ref[best[1]] = best[2]
     assert {i: c.device for i, c in got.items()} == {i: c.device for i, c in ref.items()}
     assert math.isclose(tot.energy_j, cp.evaluate(prob, ref).energy_j, rel_tol=1e-12)
+
+
+def test_baselines_leave_the_hints_out():
+    """``--place`` hints are the user's choice for the placed model, not for the baselines the
+    report compares it with: with ``Gemm=memristor`` the all-host line was priced with LeNet's
+    four Gemms on the crossbars (10 tile writes/inference on pcm-occ). The all-host baseline
+    has no tile writes, no transfers and, on the nominal 30 W host roofline, energy = 30 W x
+    latency; both baselines equal the no-hint run's."""
+    opts = {"cim_preset": "pcm-occ"}
+    runs = [optimize(get_example("lenet"), check=0, stop_after="placement",
+                     host_roofline="nominal", device_options=opts, place=place).stats["placement"]
+            for place in ((), [("Gemm", "memristor")])]
+    plain, hinted = (s["baselines"] for s in runs)
+    assert runs[1]["totals"].writes > 0  # the hinted model itself does write tiles
+    host = hinted["all-host"]
+    assert host.writes == 0 and host.transfer_bytes == 0 and not host.kept_tiles
+    assert math.isclose(host.energy_j, 30.0 * host.latency_s, rel_tol=1e-9)
+    for name in ("all-host", "heuristic"):
+        assert (hinted[name].latency_s, hinted[name].energy_j, hinted[name].writes) == \
+            (plain[name].latency_s, plain[name].energy_j, plain[name].writes), name
