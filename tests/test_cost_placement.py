@@ -441,3 +441,24 @@ def test_baselines_leave_the_hints_out():
     for name in ("all-host", "heuristic"):
         assert (hinted[name].latency_s, hinted[name].energy_j, hinted[name].writes) == \
             (plain[name].latency_s, plain[name].energy_j, plain[name].writes), name
+
+
+@pytest.mark.parametrize("strategy", ["cost", "heuristic"])
+def test_a_hint_puts_a_product_below_one_tile_on_the_crossbars(strategy, tmp_path, capsys):
+    """A hint takes any op the device can run: LeNet's fc2 (120 x 10 = 1200 MACs, below
+    pcm-occ's one 64x64 tile of work, 4096) is on the crossbars under ``--place
+    Gemm=memristor`` (it was refused: "1200 MACs < 4096"), and the model still matches
+    onnxruntime (optimize's check). A hint the device cannot run (Relu) is still refused."""
+    out = tmp_path / "l.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "--cim-preset", "pcm-occ",
+                 "--placement", strategy, "--place", "Gemm=memristor",
+                 "--place", "relu1=memristor"]) == 0
+    captured = capsys.readouterr()
+    assert "refused for 1 op(s) (relu1/Relu)" in captured.err
+    assert "fc2/Gemm" not in captured.err
+    check = [ln.strip() for ln in captured.out.splitlines() if ln.strip().startswith("check:")]
+    assert len(check) == 1 and check[0].endswith(": OK"), captured.out
+    devs = {n.name: cinm.node_attrs(n)["device"] for n in onnx.load(out).graph.node
+            if n.domain == cinm.DOMAIN and n.op_type == "Gemm"}
+    assert devs == dict.fromkeys(["conv1/Gemm", "conv2/Gemm", "fc1/Gemm", "fc2/Gemm"],
+                                 "memristor")
