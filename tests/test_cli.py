@@ -87,6 +87,9 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--cim-mode", "fast"], "cim_mode='fast': expected one of ideal, q8"),
     (["--upmem-target", "v1b", "--upmem-tasklets", "20"], "upmem_tasklets=20: a v1b DPU runs 1..16"),
     (["--dim", "batch=-1"], "NAME=SIZE"),
+    # an op type to_cinm has no rule for lowered nothing, silently (exit 0, "0 cinm ops")
+    (["--lower-ops", "conv"], "to_cinm cannot lower op type 'conv'; did you mean Conv?"),
+    (["--lower-ops", "Gemm,Foo"], "to_cinm cannot lower op type 'Foo' (known: Abs, Add, "),
 ])
 def test_malformed_options_are_usage_errors(argv_tail, needle, tmp_model_dir, capsys):
     out = tmp_model_dir / "out.onnx"
@@ -285,3 +288,15 @@ def test_devices_prints_a_shared_description_once(capsys):
     text = "\n".join(lines)
     assert text.count("Loremkang/upmem-sdk-light") == 1
     assert "solved from an UPMEM server" in rows["h2d_rank_bps"]
+
+
+@pytest.mark.parametrize("ops, cinm_ops", [
+    # LeNet: conv1, conv2 (each an Im2Col and a Gemm), fc1, fc2 (a Gemm each)
+    ("Conv", 4), ("Gemm", 2), ("Gemm,Conv", 6), ("none", 0),
+])
+def test_lower_ops_lowers_exactly_the_named_op_types(ops, cinm_ops, tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "--lower-ops", ops, "-q",
+                 "--check", "0"]) == 0
+    capsys.readouterr()
+    assert sum(n.domain == "cinm" for n in onnx.load(out).graph.node) == cinm_ops

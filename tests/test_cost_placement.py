@@ -421,3 +421,44 @@ def test_repair_frees_the_cheapest_budget_first():
         ref[best[1]] = best[2]
     assert {i: c.device for i, c in got.items()} == {i: c.device for i, c in ref.items()}
     assert math.isclose(tot.energy_j, cp.evaluate(prob, ref).energy_j, rel_tol=1e-12)
+
+
+def test_baselines_leave_the_hints_out():
+    """``--place`` hints are the user's choice for the placed model, not for the baselines the
+    report compares it with: with ``Gemm=memristor`` the all-host line was priced with LeNet's
+    four Gemms on the crossbars (10 tile writes/inference on pcm-occ). The all-host baseline
+    has no tile writes, no transfers and, on the nominal 30 W host roofline, energy = 30 W x
+    latency; both baselines equal the no-hint run's."""
+    opts = {"cim_preset": "pcm-occ"}
+    runs = [optimize(get_example("lenet"), check=0, stop_after="placement",
+                     host_roofline="nominal", device_options=opts, place=place).stats["placement"]
+            for place in ((), [("Gemm", "memristor")])]
+    plain, hinted = (s["baselines"] for s in runs)
+    assert runs[1]["totals"].writes > 0  # the hinted model itself does write tiles
+    host = hinted["all-host"]
+    assert host.writes == 0 and host.transfer_bytes == 0 and not host.kept_tiles
+    assert math.isclose(host.energy_j, 30.0 * host.latency_s, rel_tol=1e-9)
+    for name in ("all-host", "heuristic"):
+        assert (hinted[name].latency_s, hinted[name].energy_j, hinted[name].writes) == \
+            (plain[name].latency_s, plain[name].energy_j, plain[name].writes), name
+
+
+@pytest.mark.parametrize("strategy", ["cost", "heuristic"])
+def test_a_hint_puts_a_product_below_one_tile_on_the_crossbars(strategy, tmp_path, capsys):
+    """A hint takes any op the device can run: LeNet's fc2 (120 x 10 = 1200 MACs, below
+    pcm-occ's one 64x64 tile of work, 4096) is on the crossbars under ``--place
+    Gemm=memristor`` (it was refused: "1200 MACs < 4096"), and the model still matches
+    onnxruntime (optimize's check). A hint the device cannot run (Relu) is still refused."""
+    out = tmp_path / "l.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(out), "--cim-preset", "pcm-occ",
+                 "--placement", strategy, "--place", "Gemm=memristor",
+                 "--place", "relu1=memristor"]) == 0
+    captured = capsys.readouterr()
+    assert "refused for 1 op(s) (relu1/Relu)" in captured.err
+    assert "fc2/Gemm" not in captured.err
+    check = [ln.strip() for ln in captured.out.splitlines() if ln.strip().startswith("check:")]
+    assert len(check) == 1 and check[0].endswith(": OK"), captured.out
+    devs = {n.name: cinm.node_attrs(n)["device"] for n in onnx.load(out).graph.node
+            if n.domain == cinm.DOMAIN and n.op_type == "Gemm"}
+    assert devs == dict.fromkeys(["conv1/Gemm", "conv2/Gemm", "fc1/Gemm", "fc2/Gemm"],
+                                 "memristor")

@@ -87,12 +87,42 @@ class PlacementOptions:
                           "node names and op types; the first matching hint wins)")
 
 
+def _lower_ops(value) -> tuple[str, ...]:
+    """Source op types to lower, from ``"Gemm,MatMul"`` or a list of names, each one
+    ``to_cinm`` has a rule for (:func:`.to_cinm.lowerable_ops`): an op type it cannot lower
+    (``conv`` for ``Conv``, a typo) would lower nothing without a word, so it is an error
+    naming the close matches, else the known ones."""
+    import difflib
+
+    from .to_cinm import lowerable_ops
+
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise ValueError("expected comma-separated op types such as Gemm,MatMul")
+    ops = tuple(v.strip() for v in items if v.strip())
+    known = lowerable_ops()
+    for op in ops:
+        if op in known:
+            continue
+        close = [k for k in known if k.lower() == op.lower()] or \
+            difflib.get_close_matches(op, known, n=3, cutoff=0.6)
+        if close:
+            raise ValueError(f"to_cinm cannot lower op type '{op}'; did you mean "
+                             f"{' or '.join(close)}?")
+        raise ValueError(f"to_cinm cannot lower op type '{op}' (known: {', '.join(known)})")
+    return ops
+
+
 @dataclass(frozen=True)
 class ToCinmOptions:
     """Options of the ``to_cinm`` pass."""
 
-    lower_ops: tuple | None = option(None, help="source op types to lower to cinm ops, e.g. "
-                                     "Gemm,MatMul (default: every op with a rule)")
+    lower_ops: tuple | None = option(None, parse=_lower_ops, help="source op types to lower to "
+                                     "cinm ops, e.g. Gemm,MatMul, as ONNX spells them; 'none' for "
+                                     "none (default: every op with a rule; an op type without "
+                                     "one is an error naming those that have)")
 
 
 register_options("placement", PlacementOptions)

@@ -916,6 +916,13 @@ _RULES = [
 _RULE_OF = {op: rule for rule in _RULES for op in rule.ops} | _FLOAT_RULES
 
 
+def lowerable_ops() -> tuple[str, ...]:
+    """The source op types ``to_cinm`` has a rule for (its rewrites and fusions), sorted: the
+    names ``lower_ops`` (``--lower-ops``) accepts, exactly as ONNX spells them (a contrib op
+    as ``com.microsoft::Name``)."""
+    return tuple(sorted({op for rule in (*_RULES, *_FUSIONS) for op in rule.ops}))
+
+
 @register_pass("to_cinm")
 def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Rewrite MatMul/Gemm/Conv, elementwise, Reduce*, CumSum, TopK, Transpose into cinm ops.

@@ -77,7 +77,7 @@ from .evaluate import (NodeCost, Totals, _add_choice, evaluate, node_costs,  # n
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
 from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noqa: F401 (API)
-                     _with_variants, chain_dp, heuristic_assign, local_search, repair, solve)
+                     _with_variants, baselines, chain_dp, heuristic_assign, local_search, repair, solve)
 
 
 
@@ -126,8 +126,12 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     options = ctx.options
     objective = options.get("objective") or PlacementOptions.objective
     hints = list(options.get("place", []))
-    prob = build_problem(model, options, hints, infos=ctx.tensor_infos(model))
+    infos = ctx.tensor_infos(model)
+    prob = build_problem(model, options, hints, infos=infos)
     sol = solve(prob, objective)
+    # the baselines are the real all-host and heuristic placements, hints left out (solve
+    # prices them only from a hint-free problem)
+    base = sol.baselines or baselines(build_problem(model, options, infos=infos))
     counts: Counter = Counter()
     for i, node in enumerate(prob.nodes):
         if node.domain != cinm.DOMAIN:
@@ -143,7 +147,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
             f"{si(sol.totals.energy_j, 'J')}")
     return {"devices": counts, **prob.hint_stats, "strategy": "cost",
             "objective": objective, "method": sol.method, "exact": sol.exact,
-            "totals": sol.totals, "baselines": sol.baselines, "violations": bad}
+            "totals": sol.totals, "baselines": base, "violations": bad}
 
 
 def evaluate_model(model: onnx.ModelProto, options: dict | None = None) -> tuple[Totals, list, Problem]:

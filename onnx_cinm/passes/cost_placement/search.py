@@ -256,13 +256,28 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
 @dataclass
 class Solution:
     """The outcome of :func:`solve`: the assignment, its totals, how it was found, and the
-    totals of the baselines (all on host, heuristic) under the same model."""
+    totals of the baselines (:func:`baselines`: all on host, heuristic) under the same model;
+    empty when the problem has hints (the baselines leave them out, so they need a problem
+    built without them)."""
 
     assign: dict
     totals: Totals
     method: str
     baselines: dict
     exact: bool
+
+
+def baselines(prob: Problem) -> dict:
+    """Totals of the reference placements of ``prob`` (:class:`Totals`, keyed by name):
+    ``all-host`` (every op on the host) and, when the heuristic's devices all price its ops,
+    ``heuristic`` (:func:`heuristic_assign`). ``prob`` must be built without hints: they are
+    the user's choice for the placed model, and an all-host plan with hinted crossbar ops is
+    no all-host plan (:func:`.place_by_cost` builds a hint-free problem for them)."""
+    out = {"all-host": evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})}
+    heur = heuristic_assign(prob)
+    if heur is not None:
+        out["heuristic"] = evaluate(prob, heur)
+    return out
 
 
 def heuristic_assign(prob: Problem) -> dict | None:
@@ -495,9 +510,6 @@ def solve(prob: Problem, objective: str) -> Solution:
             tot = evaluate(prob, a)
             results[name] = (tot.value(objective), a, tot)
         dp_feasible = False
-    baselines = {"all-host": t_host}
-    if heur is not None:
-        baselines["heuristic"] = evaluate(prob, heur)
     best_name = min(results, key=lambda n: results[n][0])
     _, assign, tot = results[best_name]
     if not violations(prob, tot):
@@ -516,4 +528,4 @@ def solve(prob: Problem, objective: str) -> Solution:
     else:
         method = (f"dynamic program + local search ({'chain' if chain else 'DAG'}), "
                   f"best start: {best_name if not best_name.startswith('dp') else 'dynamic program'}")
-    return Solution(assign, tot, method, baselines, exact)
+    return Solution(assign, tot, method, baselines(prob) if not prob.hint_note else {}, exact)
