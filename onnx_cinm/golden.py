@@ -796,7 +796,7 @@ class CheckReport:
                  f"{o.mismatched}/{o.elements}",
                  ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"))
                 for o in self.outputs]
-        return (f"golden check: {self.runs} runs, {self.tolerances()}\n"
+        return (f"golden check: {self.runs} run{'s' * (self.runs != 1)}, {self.tolerances()}\n"
                 + table(("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err",
                          "off", "status"), rows, notes=[f"problem: {p}" for p in self.problems]))
 

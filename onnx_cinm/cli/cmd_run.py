@@ -253,7 +253,11 @@ def _cmd_compare(args, parser) -> int:
             **golden.dims_from_shapes(original, shapes), **dims}
     _warn_if_nothing_on_devices(sess)
     feeds = None
-    if given:
+    every = bool(given) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(given)
+    if every:  # nothing left to draw at random: more runs would repeat the same data
+        args.runs = 1
+        feeds = [given]
+    elif given:
         feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
                  for i in range(args.runs)]
     try:
@@ -262,9 +266,10 @@ def _cmd_compare(args, parser) -> int:
     except ReferenceFailed as e:
         raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
                         "--dim NAME=SIZE") from None
-    what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
+    what = ("all inputs from --input" if every else
+            f"{', '.join(sorted(given))} from --input, the rest random" if given else "random")
     print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
-          f"{args.runs} input set(s) ({what})")
+          f"{args.runs} input set{'s' * (args.runs != 1)} ({what})")
     inexact = sess.inexact_kernels()
     print(report.table(verdict=not inexact))
     if inexact:  # quantized, noisy or narrower arithmetic: error statistics, not a verdict
