@@ -167,7 +167,7 @@ def test_cli_dims_and_given_inputs(lenet, tmp_path, capsys):
     np.save(tmp_path / "x.npy", x)
     assert main(["compare", str(src), str(opt), "--input", f"input={tmp_path / 'x.npy'}"]) == 0
     text = capsys.readouterr().out
-    assert "4x10" in text and "input from --input" in text
+    assert "4x10" in text and "1 input set (all inputs from --input)" in text
     assert main(["compare", str(src), str(opt), "--input", f"nope={tmp_path / 'x.npy'}"]) == 1
     assert "'nope' is not an input" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
