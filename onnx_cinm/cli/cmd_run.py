@@ -179,6 +179,9 @@ def _partition_text(parts: list, modeled: list) -> str:
     memristor 1 node``: the same counts ``--profile`` shows, with their units."""
     from collections import Counter
 
+    from ..runtime.profile import own_nodes_text
+    from ..runtime.session import HOST_KERNEL
+
     host = [n for k, n in parts if k == "host"]
     text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
     by_dev = Counter(dev for _, dev in modeled)
@@ -186,10 +189,8 @@ def _partition_text(parts: list, modeled: list) -> str:
         text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
                                  for d, n in sorted(by_dev.items()))
     text += ")"
-    devs = Counter(k for k, _ in parts if k != "host")
-    for d, n in sorted(devs.items()):
-        text += f", {d} {n} node{'s' * (n != 1)}"
-    return text
+    devs = Counter("host" if k == HOST_KERNEL else k for k, _ in parts if k != "host")
+    return text + own_nodes_text(dict(sorted(devs.items())))
 
 
 def _output_arrays(name: str, value) -> dict:
