@@ -796,7 +796,7 @@ class CheckReport:
                  f"{o.mismatched}/{o.elements}",
                  ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"))
                 for o in self.outputs]
-        return (f"golden check: {self.runs} runs, {self.tolerances()}\n"
+        return (f"golden check: {self.runs} run{'s' * (self.runs != 1)}, {self.tolerances()}\n"
                 + table(("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err",
                          "off", "status"), rows, notes=[f"problem: {p}" for p in self.problems]))
 
@@ -1125,8 +1125,14 @@ def lowered_nan_squashers(reference: ModelLike, candidate: ModelLike) -> list[st
     return [op for op in NAN_SQUASHERS if ref[op] > cand[op]]
 
 
+def nan_squash_reason(ops: list[str]) -> str:
+    """Why the NaN/Inf check is skipped for the lowered ``ops`` (:func:`lowered_nan_squashers`),
+    one clause without the "skipped" lead (``optimize``'s summary puts it in parentheses)."""
+    return (f"onnxruntime's {'/'.join(ops)} kernels clamp the inputs of their activations, so a "
+            "NaN input gives finite outputs (the ONNX spec leaves it undefined); the lowered "
+            "gate math propagates NaN as Sigmoid/Tanh do")
+
+
 def nan_squash_note(ops: list[str]) -> str:
-    """Why the NaN/Inf check is skipped for the lowered ``ops`` (:func:`lowered_nan_squashers`)."""
-    return (f"NaN/Inf check skipped: onnxruntime's {'/'.join(ops)} kernels clamp the inputs of "
-            "their activations, so a NaN input gives finite outputs (the ONNX spec leaves it "
-            "undefined); the lowered gate math propagates NaN as Sigmoid/Tanh do")
+    """:func:`nan_squash_reason` as a line of its own, as ``compare`` prints it."""
+    return "NaN/Inf check skipped: " + nan_squash_reason(ops)

@@ -39,6 +39,9 @@ class OptimizeResult:
         check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
             float input, run after the ordinary check passed), or None (no float input, the
             original cannot run on such inputs, or no check).
+        special_skipped: why the NaN/Inf check did not run although the ordinary check did
+            (the model's recurrent ops were lowered, or the original cannot run on such
+            inputs), or None.
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
@@ -68,6 +71,7 @@ class OptimizeResult:
     host_flops: Counter = field(default_factory=Counter)
     flops_exact: bool = True
     anonymous_dims: dict = field(default_factory=dict)
+    special_skipped: str | None = None
 
     @property
     def device_flops_share(self) -> float:
@@ -110,6 +114,8 @@ class OptimizeResult:
             lines.append(self.check.summary())
             if self.check_special is not None:
                 lines.append("NaN/Inf " + self.check_special.summary())
+            elif self.special_skipped:
+                lines.append(f"NaN/Inf check: skipped ({self.special_skipped})")
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
@@ -335,7 +341,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
-    report, skipped, special = None, None, None
+    report, skipped, special, special_skipped = None, None, None, None
     if check:
         t0 = time.perf_counter()
         try:
@@ -351,14 +357,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
         squashers = golden.lowered_nan_squashers(original, work) if report is not None else []
         if squashers:
-            log(golden.nan_squash_note(squashers))
+            special_skipped = golden.nan_squash_reason(squashers)
         elif report is not None:  # then, apart, NaN/Inf inputs: they must land where ORT puts them
             t0 = time.perf_counter()
             try:
                 special = golden.compare_special(original, work, rtol=check_rtol, atol=check_atol,
                                                  dims=dims)
             except ReferenceFailed as e:
-                log(f"NaN/Inf check skipped: the original does not run on such inputs: {e}")
+                special_skipped = f"the original does not run on such inputs: {e}"
             timings.append(("check_nan_inf", time.perf_counter() - t0))
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
@@ -366,4 +372,4 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     total, on_dev, by_dev, placements, host, exact, anonymous = _flops(work)
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
-                          anonymous)
+                          anonymous, special_skipped)

@@ -300,3 +300,27 @@ def test_lower_ops_lowers_exactly_the_named_op_types(ops, cinm_ops, tmp_path, ca
                  "--check", "0"]) == 0
     capsys.readouterr()
     assert sum(n.domain == "cinm" for n in onnx.load(out).graph.node) == cinm_ops
+def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
+    # an .npz giving every input used to print "2 input set(s) (x from --input, the rest
+    # random)" and run the same data twice; and "--runs 1" printed "1 runs"
+    import numpy as np
+
+    lenet = get_example("lenet")
+    onnx.save(lenet, tmp_path / "lenet.onnx")
+    assert main(["optimize", str(tmp_path / "lenet.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "-q"]) == 0
+    (x,) = lenet.graph.input
+    shape = [d.dim_value for d in x.type.tensor_type.shape.dim]
+    np.savez(tmp_path / "all.npz", **{x.name: np.random.default_rng(0).standard_normal(shape)
+                                      .astype(np.float32)})
+    capsys.readouterr()
+    code, out, err = _run(["compare", str(tmp_path / "lenet.onnx"), str(tmp_path / "o.onnx"),
+                           "--input", str(tmp_path / "all.npz")], capsys)
+    assert code == 0, err
+    assert "1 input set (all inputs from --input)" in out.splitlines()[0]
+    assert "golden check: 1 run, " in out
+    code, out, err = _run(["compare", str(tmp_path / "lenet.onnx"), str(tmp_path / "o.onnx"),
+                           "--runs", "1"], capsys)
+    assert code == 0, err
+    assert "1 input set (random)" in out.splitlines()[0]
+    assert "golden check: 1 run, " in out and "1 runs" not in out

@@ -211,3 +211,49 @@ def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):
     assert exact.inexact_kernels() == [] and dev.inexact_kernels() == ["crossbar data path device"]
     assert not np.array_equal(exact.run(["probabilities"], feed)[0],
                               dev.run(["probabilities"], feed)[0])
+
+
+@pytest.mark.parametrize("option, how", [
+    ("cim_time_s=31536000", "use --times"),  # was shown in the header, then run at --times
+    ("cim_seed=5", "use --seeds"),  # was shown, and seeds 0..N-1 were used
+    ("cim_mode=ideal", "use --cim-mode"),  # lost silently against --cim-mode device
+    ("cim_effects=drift", "use --cim-effects"),
+    ("cim_drift_compensation=true", "--times runs each time with drift compensation off and on"),
+    ("cim_adc_bits=4", "use --adc-bits"),
+    ("cim_stuck_at=0.1", "use --stuck-at"),
+])
+def test_run_options_evaluate_sets_are_not_provider_options(digits_files, capsys, option, how):
+    path, data, _ = digits_files
+    err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                          "--times", "1s", "--seeds", "1", "--provider-option", option], code=2)
+    assert f"--provider-option {option.split('=')[0]}: evaluate sets it itself; {how}" in err
+
+
+def test_header_lists_the_run_options_applied(digits_files, capsys):
+    path, data, _ = digits_files
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                 "--cim-effects", "drift", "--times", "1h", "--seeds", "1"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.endswith("; 1 seed(s); run options cim_mode=device, cim_effects=drift"), head
+
+
+def test_a_time_needs_an_effect_that_depends_on_it(digits_files, capsys):
+    # q8 has no drift: `--times 1y` used to print rows identical to the fresh chip's
+    path, data, _ = digits_files
+    ev = ["evaluate", str(path), "--data", str(data), "--seeds", "1", "--times", "1y"]
+    err = _error(capsys, ev + ["--cim-mode", "q8"])
+    assert "a time after programming changes nothing on mode 'q8' with effects none" in err
+    err = _error(capsys, ev + ["--cim-mode", "device", "--cim-effects", "read,stuck"])
+    assert "changes nothing on mode 'device' with effects read,stuck" in err
+    # with drift it runs (q8 precision, the preset's drift)
+    assert main(ev + ["--cim-mode", "q8", "--cim-effects", "drift", "--json"]) == 0
+    assert [s["value"] for s in json.loads(capsys.readouterr().out)["summary"]] == [YEAR, YEAR]
+
+
+def test_a_negative_time_is_read_as_a_value_and_refused(digits_files, capsys):
+    # argparse took "-1s" for an option ("expected one argument")
+    path, data, _ = digits_files
+    for times in ("-1s", "1s,-1h"):
+        err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                              "--times", times], code=2)
+        assert f"argument --times: a time cannot be negative, got '{times.split(',')[-1]}'" in err

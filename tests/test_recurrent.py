@@ -325,3 +325,17 @@ def test_onnx_node_cases_with_frozen_weights_match_their_expected_outputs():
         got = run_onnxruntime(res.model, {n: a for n, a in zip(names, ins) if n in keep})
         for g, e in zip(got, outs):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=tc.name)
+
+
+def test_optimize_summary_says_the_nan_check_of_a_lowered_lstm_was_skipped(tmp_path, capsys):
+    # `optimize` used to print nothing about the skipped NaN/Inf check (only with -v): the
+    # summary reads as if the check ran in full
+    from onnx_cinm.cli import main
+
+    onnx.save(_model("LSTM", 3, 2, 4, 5, init=True), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--placement", "heuristic"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    skipped = [ln.strip() for ln in lines if ln.strip().startswith("NaN/Inf check: skipped (")]
+    assert len(skipped) == 1
+    assert "onnxruntime's LSTM kernels clamp the inputs of their activations" in skipped[0]

@@ -167,7 +167,7 @@ def test_cli_dims_and_given_inputs(lenet, tmp_path, capsys):
     np.save(tmp_path / "x.npy", x)
     assert main(["compare", str(src), str(opt), "--input", f"input={tmp_path / 'x.npy'}"]) == 0
     text = capsys.readouterr().out
-    assert "4x10" in text and "input from --input" in text
+    assert "4x10" in text and "1 input set (all inputs from --input)" in text
     assert main(["compare", str(src), str(opt), "--input", f"nope={tmp_path / 'x.npy'}"]) == 1
     assert "'nope' is not an input" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
@@ -451,3 +451,68 @@ def test_profile_median_split_is_per_run():
         (1, "host", 5.0), (1, "memristor", 1.0),                          # run 1: host 5, xbar 1
         (2, "host", 2.0), (2, "memristor", None), (2, "upmem", 4.0)]]     # run 2: host 2, xbar 0
     assert median_split(recs) == {"host": 2.0, "memristor": 1.0, "upmem": 0.0}
+
+
+def _conv_lstm():
+    """Conv 2->4 (3x3, pad 1) + Relu on X [1, 2, 8, 6], read as 8 steps of 24 features by an
+    LSTM (hidden 16, a static length: unrolled), its last state through a MatMul to 10."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def r(*s):
+        return (rng.standard_normal(s) * 0.3).astype(np.float32)
+
+    nodes = [
+        helper.make_node("Conv", ["X", "Wc", "Bc"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["cr"], name="relu"),
+        helper.make_node("Transpose", ["cr"], ["ct"], perm=[2, 0, 1, 3], name="tr"),
+        helper.make_node("Reshape", ["ct", "shape"], ["seq"], name="rs"),
+        helper.make_node("LSTM", ["seq", "W", "R", "B"], ["Y", "Yh", "Yc"], hidden_size=16,
+                         name="lstm"),
+        helper.make_node("Squeeze", ["Yh", "ax"], ["Yh2"], name="sq"),
+        helper.make_node("MatMul", ["Yh2", "Wo"], ["out"], name="head")]
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("Wc", r(4, 2, 3, 3)), ("Bc", r(4)), ("shape", np.array([8, 1, 24], np.int64)),
+        ("W", r(1, 64, 24)), ("R", r(1, 64, 16)), ("B", r(1, 128)), ("Wo", r(16, 10)),
+        ("ax", np.array([0], np.int64))]]
+    g = helper.make_graph(nodes, "conv_lstm",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 8, 6])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 10])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("place", [[], [("Im2Col", "host")]])
+def test_run_profile_counts_partitions_alike_with_nodes_outside_them(tmp_path, capsys, place):
+    # The run line counted a host cinm op on a numpy kernel as a host partition ('3 host
+    # partitions (111 nodes...)' against the profile's '2 host partitions' and 'total host
+    # (2 partitions, 111 nodes)'), and the profile counted a model-mode UPMEM node run on its
+    # own (Im2Col) among the nodes inside host partitions ('14 of them' against the run line's 13)
+    from onnx_cinm.cli import main
+
+    res = optimize(_conv_lstm(), placement="heuristic", place=place)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    cinm_dev = [next(a.s.decode() for a in n.attribute if a.name == "device")
+                for n in res.model.graph.node if n.domain == "cinm"]
+    n_nodes = len(res.model.graph.node)
+    im2col = "host" if place else "upmem"  # the one op with a numpy kernel runs on its own
+    assert cinm_dev.count("upmem") == 13 + (im2col == "upmem")  # conv's Gemm, Relu,
+    # Transpose, 9 LSTM Gemms (1 input projection, 8 steps), the head
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "o.onnx"), "--profile"]) == 0
+    out = capsys.readouterr().out
+    sess = InferenceSession(tmp_path / "o.onnx")
+    n_parts = [k for k, _ in sess.partitions()].count("host")
+    own = ("host 1 node on numpy kernels" if place else "upmem 1 node")
+    assert (f"  partitions: {n_parts} host partitions ({n_nodes - 1} nodes; 13 of them upmem "
+            f"nodes charged by its cost model), {own}\n") in out
+    assert (f"mean of 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
+            f"device nodes in model mode, each also a row), {own}\n") in out
+    if place:
+        assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes; 1 node on numpy " \
+               "kernels)" in out
+        assert "total upmem (13 nodes, in host partitions)" in out
+    else:
+        assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes)" in out
+        assert "total upmem (14 nodes, 13 of them in host partitions)" in out

@@ -9,7 +9,7 @@ import sys
 import traceback
 
 from ..errors import CinmError
-from .args import _parser  # noqa: F401 (tests build the parser)
+from .args import _parser, join_negative_values  # noqa: F401 (tests build the parser)
 from .cmd_devices import _cmd_devices
 from .cmd_evaluate import _cmd_evaluate
 from .cmd_optimize import _cmd_optimize
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status."""
     try:
         parser = _parser()
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(
+            join_negative_values(sys.argv[1:] if argv is None else list(argv), parser))
         if extra:  # named by the subcommand they were given to
             getattr(args, "command_parser", parser).error(
                 f"unrecognized arguments: {' '.join(extra)}")

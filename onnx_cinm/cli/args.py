@@ -85,10 +85,36 @@ def _duration(text: str) -> float:
     """``'1h'`` -> 3600.0: a number of seconds, with an optional unit s, min (or m), h, d, w, y."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
+    m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
     if not m or m.group(2) not in _UNITS and m.group(2) != "":
         raise argparse.ArgumentTypeError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
+    if float(m.group(1)) < 0:
+        raise argparse.ArgumentTypeError(f"a time cannot be negative, got '{text.strip()}'")
     return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
+
+
+def join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``["--times", "-1s"]`` -> ``["--times=-1s"]`` for every option of ``parser`` or its
+    subcommands that takes a value: argparse reads a token like ``-1s`` (not a plain negative
+    number) as an option and says "expected one argument", hiding the real error (a negative
+    time, ...) that the option's own type gives."""
+    import re
+
+    takes_value = {flag for q in [parser, *_subparsers(parser)] for a in q._actions
+                   if a.option_strings and a.nargs != 0 for flag in a.option_strings
+                   if flag.startswith("--")}
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1] in takes_value and re.match(r"-\.?[0-9]", tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list:
+    return [q for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+            for q in a.choices.values()]
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -353,8 +379,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-#: the run options ``evaluate`` sweeps itself (flags --times, --adc-bits, --stuck-at, --seeds)
-SWEPT = ("time_s", "drift_compensation", "adc_bits", "stuck_at", "seed")
+#: the run options ``evaluate`` sweeps itself (field name -> how to set them instead)
+SWEPT = {"time_s": "use --times", "drift_compensation": "--times runs each time with drift "
+         "compensation off and on", "adc_bits": "use --adc-bits", "stuck_at": "use --stuck-at",
+         "seed": "use --seeds"}
+
+
+def evaluate_flag(key: str, spec) -> str:
+    """How ``evaluate`` sets run option ``key`` (a provider option such as ``cim_time_s``,
+    declared by ``spec``): a sweep of :data:`SWEPT` (``"use --times"``), else the flag made
+    from the key (``"use --cim-mode"``)."""
+    return SWEPT.get(spec.name) or "use --" + key.replace("_", "-")
 
 
 def _list(parse, what: str):

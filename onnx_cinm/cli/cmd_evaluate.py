@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import CinmError
-from .args import _check_output_file
+from .args import _check_output_file, evaluate_flag
 
 
 def _load_data(path: str) -> dict:
@@ -44,7 +44,10 @@ def _cmd_evaluate(args, parser) -> int:
     from ..devices import all_devices
 
     for dev in all_devices():
-        for key in dev.run_option_specs():
+        for key, spec in dev.run_option_specs().items():
+            if key in opts:  # evaluate sets these itself: a second way in would be overridden
+                parser.error(f"--provider-option {key}: evaluate sets it itself; "
+                             f"{evaluate_flag(key, spec)}")
             if getattr(args, key, None) is not None:
                 opts[key] = getattr(args, key)
     if args.plot:

@@ -179,6 +179,9 @@ def _partition_text(parts: list, modeled: list) -> str:
     memristor 1 node``: the same counts ``--profile`` shows, with their units."""
     from collections import Counter
 
+    from ..runtime.profile import own_nodes_text
+    from ..runtime.session import HOST_KERNEL
+
     host = [n for k, n in parts if k == "host"]
     text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
     by_dev = Counter(dev for _, dev in modeled)
@@ -186,10 +189,8 @@ def _partition_text(parts: list, modeled: list) -> str:
         text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
                                  for d, n in sorted(by_dev.items()))
     text += ")"
-    devs = Counter(k for k, _ in parts if k != "host")
-    for d, n in sorted(devs.items()):
-        text += f", {d} {n} node{'s' * (n != 1)}"
-    return text
+    devs = Counter("host" if k == HOST_KERNEL else k for k, _ in parts if k != "host")
+    return text + own_nodes_text(dict(sorted(devs.items())))
 
 
 def _output_arrays(name: str, value) -> dict:
@@ -253,7 +254,11 @@ def _cmd_compare(args, parser) -> int:
             **golden.dims_from_shapes(original, shapes), **dims}
     _warn_if_nothing_on_devices(sess)
     feeds = None
-    if given:
+    every = bool(given) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(given)
+    if every:  # nothing left to draw at random: more runs would repeat the same data
+        args.runs = 1
+        feeds = [given]
+    elif given:
         feeds = [{**golden.random_inputs(original, seed=i, dims=dims, shapes=shapes), **given}
                  for i in range(args.runs)]
     try:
@@ -262,9 +267,10 @@ def _cmd_compare(args, parser) -> int:
     except ReferenceFailed as e:
         raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
                         "--dim NAME=SIZE") from None
-    what = f"{', '.join(sorted(given))} from --input, the rest random" if given else "random"
+    what = ("all inputs from --input" if every else
+            f"{', '.join(sorted(given))} from --input, the rest random" if given else "random")
     print(f"onnx-cinm compare: {args.original} (onnxruntime) vs {args.optimized} (CINM provider), "
-          f"{args.runs} input set(s) ({what})")
+          f"{args.runs} input set{'s' * (args.runs != 1)} ({what})")
     inexact = sess.inexact_kernels()
     print(report.table(verdict=not inexact))
     if inexact:  # quantized, noisy or narrower arithmetic: error statistics, not a verdict

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import devices
 from ..errors import CinmError
+from . import session as session_mod
 from .session import InferenceSession
 
 __all__ = ["Point", "Evaluator", "summarize", "table", "plot", "SWEEPS"]
@@ -86,7 +87,8 @@ class Evaluator:
         base = InferenceSession(self.model_path, provider_options=[dict(self.options), {}])
         self._inputs = base.get_inputs()
         self._outputs = base.get_outputs()
-        used = sorted({kind for kind, _ in base.partitions() if kind != "host"})
+        used = sorted({kind for kind, _ in base.partitions()
+                       if kind not in ("host", session_mod.HOST_KERNEL)})
         self._run_specs = {k: s for d in used
                            for k, s in devices.get_device(d).run_option_specs().items()}
         if not self._run_specs:

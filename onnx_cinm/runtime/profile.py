@@ -1,7 +1,8 @@
 """The execution provider's profile: per-node records aggregated into a table, JSON or CSV.
 
 A record (see :meth:`InferenceSession.profile`) has ``run``, ``node``, ``op_type``, ``device``,
-``nodes`` (graph nodes it covers), ``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
+``nodes`` (graph nodes it covers), ``in_partition`` (a model-mode device node inside a host
+partition; absent otherwise), ``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
 device), ``writes`` (crossbar tile writes) and ``bytes_moved``. Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
@@ -30,6 +31,7 @@ def aggregate(records: list[dict]) -> list[dict]:
         row = rows.setdefault(r["node"], {"node": r["node"], "op_type": r["op_type"],
                                           "device": r["device"], "mode": r["mode"], "runs": 0,
                                           "nodes": r.get("nodes", 1),
+                                          "in_partition": r.get("in_partition", False),
                                           **{k: None for k in _SUMMED}})
         row["runs"] += 1
         for k in _SUMMED:
@@ -78,6 +80,14 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def own_nodes_text(counts: dict) -> str:
+    """``", host 2 nodes on numpy kernels, upmem 1 node"``: the nodes the provider runs itself,
+    outside the host partitions, per device (``{device: count}``; a cinm op on the host runs
+    on a numpy kernel), as the run line and the profile both say it."""
+    return "".join(f", {d} {_count(n, 'node')}" + (" on numpy kernels" if d == "host" else "")
+                   for d, n in counts.items())
+
+
 #: The columns of :func:`table`.
 COLUMNS = (Column("node", fit=44), Column("op", width=10), Column("device", width=10),
            Column("mode", width=11), Column("wall", ">"), Column("modeled", ">"),
@@ -96,15 +106,28 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
     parts = sum(r["mode"] == "onnxruntime" for r in rows)
     shown = rows if max_rows is None else rows[:max_rows]
     body = [(r["node"], r["op_type"], r["device"], r["mode"], *_figures(r)) for r in shown]
-    modeled = sum(r["mode"] == "model" for r in rows)
+    modeled = sum(r["in_partition"] for r in rows)
+    # the nodes the provider runs itself, outside the host partitions, per device
+    own: dict = {}
+    for r in rows:
+        if r["mode"] != "onnxruntime" and not r["in_partition"]:
+            own[r["device"]] = own.get(r["device"], 0) + 1
     totals = []
     for t in totals_by_device(rows):
-        what = _count(t["nodes"], "node")
-        if t["partitions"]:
-            what = f"{_count(t['partitions'], 'partition')}, {what}"
-        elif any(r["device"] == t["device"] and r["mode"] == "model" for r in rows):
-            what += ", in host partitions"
-        totals.append((f"total {t['device']} ({what})", "", "", "", *_figures(t)))
+        dev = t["device"]
+        inside = sum(r["in_partition"] for r in rows if r["device"] == dev)
+        if t["partitions"]:  # the same counts as the head: partitions, their nodes, the rest
+            in_parts = sum(r["nodes"] for r in rows if r["device"] == dev
+                           and r["mode"] == "onnxruntime")
+            what = f"{_count(t['partitions'], 'partition')}, {_count(in_parts, 'node')}"
+            if own.get(dev):
+                what += f"; {_count(own[dev], 'node')} on numpy kernels"
+        else:
+            what = _count(t["nodes"], "node")
+            if inside:
+                what += (", in host partitions" if inside == t["nodes"] else
+                         f", {inside} of them in host partitions")
+        totals.append((f"total {dev} ({what})", "", "", "", *_figures(t)))
     notes = []
     if len(shown) < len(rows):
         notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
@@ -117,14 +140,10 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
     host_nodes = sum(r["nodes"] for r in rows if r["mode"] == "onnxruntime")
-    by_dev: dict = {}
-    for r in rows:
-        if r["mode"] not in ("onnxruntime", "model"):
-            by_dev[r["device"]] = by_dev.get(r["device"], 0) + 1
     head = (f"profile: {len(rows)} rows, mean of {n_runs} run(s): {_count(parts, 'host partition')} "
             f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "
                                                 "each also a row" if modeled else "") + ")"
-            + "".join(f", {d} {_count(n, 'node')}" for d, n in by_dev.items()))
+            + own_nodes_text(own))
     return head + "\n" + text_table(COLUMNS, body, totals=totals, notes=notes)
 
 

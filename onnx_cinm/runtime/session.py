@@ -47,6 +47,9 @@ from ..sim import blas
 from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
+#: The kind (:meth:`InferenceSession.partitions`) of a cinm op on the host that the provider
+#: runs with a numpy kernel, outside any host partition.
+HOST_KERNEL = "host-numpy"
 #: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
 #: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
 #: are not mistaken for our error).
@@ -324,7 +327,7 @@ class InferenceSession:
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
                  "mode": "model", "wall_s": None,
                  **_modeled(cinm.node_attrs(node), devices.get_device(dev)),
-                 "writes": 0, "bytes_moved": None, "nodes": 1}
+                 "writes": 0, "bytes_moved": None, "nodes": 1, "in_partition": True}
                 for node, dev in p.modeled]
         # the execution order, once: per stage, its host partitions, then its device nodes
         self._schedule = [(s, [p for p in self._parts if p.stage == s],
@@ -553,7 +556,9 @@ class InferenceSession:
         ``latency_s`` and ``energy_j`` (modeled device time and energy; None on the host),
         ``writes`` (crossbar tile writes), ``bytes_moved`` (host<->device bytes), ``nodes``
         (graph nodes the record covers: all the nodes of a host partition's onnxruntime
-        session, UPMEM nodes charged by the cost model inside it included; 1 otherwise)."""
+        session, UPMEM nodes charged by the cost model inside it included; 1 otherwise);
+        ``in_partition`` is True on the records of such model-mode nodes inside a host
+        partition (absent otherwise)."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
@@ -615,12 +620,14 @@ class InferenceSession:
         return {"options": dict(self._options), **self._kernels.describe(), "partitions": parts}
 
     def partitions(self) -> list[tuple[str, int]]:
-        """``(kind, node count)`` in execution order, for inspection: host partitions and
-        device nodes."""
+        """``(kind, node count)`` in execution order, for inspection: ``("host", n)`` per host
+        partition (one onnxruntime session over ``n`` graph nodes, model-mode device nodes
+        included), ``(device, 1)`` per device node the provider runs itself; a cinm op on the
+        host run by a numpy kernel is kind :data:`HOST_KERNEL`, not a host partition."""
         out = []
         for _, stage_parts, stage_devices in self._schedule:
             out += [("host", len(p.nodes)) for p in stage_parts]
-            out += [(d.device, 1) for d in stage_devices]
+            out += [(HOST_KERNEL if d.device == "host" else d.device, 1) for d in stage_devices]
         return out
 
 

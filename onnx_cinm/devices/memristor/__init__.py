@@ -744,7 +744,8 @@ def _run_mode(attrs: dict, base: CrossbarParams, run: dict):
 
         return compose(name, params, time_s, effects, seed=run.get("seed") or 0,
                        adc_bits=run.get("adc_bits"), stuck_at=run.get("stuck_at"),
-                       drift_compensation=run.get("drift_compensation"))
+                       drift_compensation=run.get("drift_compensation"),
+                       timed=run.get("time_s") is not None)
     except ValueError as e:
         raise CinmError(f"crossbar run options: {e}") from None
 

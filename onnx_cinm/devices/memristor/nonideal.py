@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...sim.crossbar.mode import DEVICE_EFFECTS, IDEAL, CrossbarMode
 
-__all__ = ["Q8", "Q8_NOISY", "PRESETS", "preset", "EFFECTS", "NAMED", "compose"]
+__all__ = ["Q8", "Q8_NOISY", "PRESETS", "preset", "EFFECTS", "TIMED", "NAMED", "compose"]
 
 #: The ``q8`` precision: 8-bit weights on 2-bit cells (4 slices, differential pairs: ISAAC/PUMA
 #: cells, field notes crossbar.md §2.5-2.6), 8-bit DAC and 8-bit ADC (ISAAC's ADC).
@@ -31,6 +31,10 @@ EFFECTS = {
     "adc": lambda p, t: {"adc_inl_lsb": 1.0, "adc_offset_lsb": 0.5},
 }
 
+#: The effects that depend on the time after programming (they read ``t``): a time changes
+#: nothing on a data path without one of them.
+TIMED = ("drift", "read1f")
+
 #: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
 #: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
 #: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
@@ -49,7 +53,7 @@ NAMED = {
 
 def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: int = 0,
             adc_bits: int | None = None, stuck_at: float | None = None,
-            drift_compensation: bool | None = None) -> CrossbarMode:
+            drift_compensation: bool | None = None, timed: bool = False) -> CrossbarMode:
     """The mode named ``name`` (a key of :data:`NAMED`) for chip preset ``chip`` (needed by
     ``device``), ``time_s`` seconds after programming, with the effects ``effects`` (names of
     :data:`EFFECTS`; None: the mode's own).
@@ -59,7 +63,8 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
     and read-noise draws; ``adc_bits`` (0: an ideal ADC); ``stuck_at``: the fraction of cells
     stuck at 0 and, as many, stuck at ``g_max`` (the ``stuck`` effect is 1e-3); global drift
     compensation on or off. Mode ``ideal`` takes none of them but ``seed`` (it draws nothing).
-    Raises ValueError on an unknown name or effect, or a value the mode refuses."""
+    ``timed``: the caller asks for a time after programming (a run option, not the compiled
+    one), so the effects must include one of :data:`TIMED`. Raises ValueError on an unknown name or effect, or a value the mode refuses."""
     if name not in NAMED:
         raise ValueError(f"unknown crossbar mode {name!r} (known: {', '.join(NAMED)})")
     spec = NAMED[name]
@@ -77,6 +82,11 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
     bad = [e for e in chosen if e not in EFFECTS]
     if bad:
         raise ValueError(f"unknown crossbar effect {bad[0]!r} (known: {', '.join(EFFECTS)})")
+    if timed and not set(chosen) & set(TIMED):
+        raise ValueError(f"a time after programming changes nothing on mode {name!r} with "
+                         f"effects {','.join(chosen) or 'none'}: none of them depends on the "
+                         f"time ({', '.join(TIMED)}); choose mode 'device' (its effects include "
+                         "drift) or add effect 'drift'")
     if precision == "chip":
         if chip is None:
             raise ValueError("mode 'device' needs a chip preset")
