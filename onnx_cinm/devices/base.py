@@ -292,18 +292,17 @@ def check_device(dev: object) -> None:
         if bad:
             raise TypeError(f"device '{dev.name}': plan attributes {bad} do not start with "
                             f"'{dev.attr_prefix}_'")
-    if dev.Options is not None:
+    for what, cls, declared in (("options", dev.Options, dev.option_specs),
+                                ("run options", dev.RunOptions, dev.run_option_specs)):
+        if cls is None:
+            continue
         if not dev.option_prefix:
-            raise TypeError(f"device '{dev.name}' declares options but no option_prefix")
-        bad = [k for k in dev.option_specs()  # TypeError on a field that is not a typed option
+            raise TypeError(f"device '{dev.name}' declares {what} but no option_prefix")
+        bad = [k for k in declared()  # TypeError on a field that is not a typed option
                if not k.startswith(dev.option_prefix + "_")]
-        if bad:
-            raise TypeError(f"device '{dev.name}': options {bad} do not start with "
+        if bad:  # a field may name its own key: it must still be the device's
+            raise TypeError(f"device '{dev.name}': {what} {bad} do not start with "
                             f"'{dev.option_prefix}_'")
-    if dev.RunOptions is not None:
-        if not dev.option_prefix:
-            raise TypeError(f"device '{dev.name}' declares run options but no option_prefix")
-        dev.run_option_specs()  # TypeError on a field that is not a typed option
 
 
 @dataclass
