@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from . import frontend
+from .anonymous_dims import size_anonymous_dims
 from .dialects import cinm
 from .graph import OpInfo, TensorInfo
 
@@ -39,8 +40,8 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     known too; such a model is always inferred afresh (its value_info holds the symbolic
     shapes), whatever ``infer`` says. Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
     bounded by ``Shape(x)[1]``, the attention heads behind it),
-    :func:`onnx_cinm.frontend.size_anonymous_dims` folds the shape arithmetic at those sizes and
-    takes a matrix product's reduction length from its constant operand.
+    :func:`onnx_cinm.anonymous_dims.size_anonymous_dims` folds the shape arithmetic at those
+    sizes and takes a matrix product's reduction length from its constant operand.
 
     Raises:
         CinmError: the model's planned-dims record is malformed.
@@ -68,7 +69,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    return _collect(frontend.size_anonymous_dims(light).graph, consts, dims)
+    return _collect(size_anonymous_dims(light).graph, consts, dims)
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:
