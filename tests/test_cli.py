@@ -87,6 +87,14 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--cim-mode", "fast"], "cim_mode='fast': expected one of ideal, q8"),
     (["--upmem-target", "v1b", "--upmem-tasklets", "20"], "upmem_tasklets=20: a v1b DPU runs 1..16"),
     (["--dim", "batch=-1"], "NAME=SIZE"),
+    # values argparse alone takes for options ("expected one argument"): the option's own check
+    # speaks instead (join_negative_values)
+    (["--check-rtol", "-1e-3"], "argument --check-rtol: must be a number >= 0, got -1e-3"),
+    (["--cim-time", "-1h"], "argument --cim-time: a time cannot be negative, got '-1h'"),
+    (["--dim", "-1"], "--dim expects NAME=SIZE with a positive integer SIZE, got '-1'"),
+    (["--host-roofline", "-1,2"], "host_roofline='-1,2': host roofline expects GFLOPS,GBPS"),
+    (["--upmem-dpus", "-1"], "upmem_dpus='-1': expected integer in 1..65536"),
+    (["--verbose", "-1"], "argument -v/--verbose: ignored explicit argument '-1'"),
     # an op type to_cinm has no rule for lowered nothing, silently (exit 0, "0 cinm ops")
     (["--lower-ops", "conv"], "to_cinm cannot lower op type 'conv'; did you mean Conv?"),
     (["--lower-ops", "Gemm,Foo"], "to_cinm cannot lower op type 'Foo' (known: Abs, Add, "),
@@ -101,6 +109,28 @@ def test_malformed_options_are_usage_errors(argv_tail, needle, tmp_model_dir, ca
     assert err.count("\n") == 1 and err.startswith("onnx-cinm optimize: error: ")
     assert "(see 'onnx-cinm optimize --help')" in err and "_count" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--times", "-1s"], ["--times=-1s"]),
+    (["--check", "-1", "--stuck-at", "-1e-3,0"], ["--check=-1", "--stuck-at=-1e-3,0"]),
+    (["--adc-bits", "-.5"], ["--adc-bits=-.5"]),
+    # a value that does not start with '-' and a digit, an option already joined, a short option
+    (["--dim", "x=-1", "--times=-1s", "-o", "-1.onnx"],
+     ["--dim", "x=-1", "--times=-1s", "-o", "-1.onnx"]),
+    (["--times", "-x"], ["--times", "-x"]),
+    (["optimize", "-1.onnx"], ["optimize", "-1.onnx"]),
+    # after '--' every token is a positional, as argparse reads it
+    (["--check", "--", "-1"], ["--check", "--", "-1"]),
+    (["--", "--times", "-1s"], ["--", "--times", "-1s"]),
+    ([], []),
+])
+def test_join_negative_values(argv, expected):
+    from onnx_cinm.cli.args import join_negative_values
+
+    before = list(argv)
+    assert join_negative_values(argv) == expected
+    assert argv == before
 
 
 def test_special_output_files_are_not_replaced(tmp_model_dir, capsys):

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = _parser()
         args, extra = parser.parse_known_args(
-            join_negative_values(sys.argv[1:] if argv is None else list(argv), parser))
+            join_negative_values(sys.argv[1:] if argv is None else list(argv)))
         if extra:  # named by the subcommand they were given to
             getattr(args, "command_parser", parser).error(
                 f"unrecognized arguments: {' '.join(extra)}")

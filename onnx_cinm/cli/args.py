@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -83,8 +84,6 @@ _UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 6048
 
 def _duration(text: str) -> float:
     """``'1h'`` -> 3600.0: a number of seconds, with an optional unit s, min (or m), h, d, w, y."""
-    import re
-
     m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
     if not m or m.group(2) not in _UNITS and m.group(2) != "":
         raise argparse.ArgumentTypeError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
@@ -93,28 +92,45 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
 
 
-def join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """``["--times", "-1s"]`` -> ``["--times=-1s"]`` for every option of ``parser`` or its
-    subcommands that takes a value: argparse reads a token like ``-1s`` (not a plain negative
-    number) as an option and says "expected one argument", hiding the real error (a negative
-    time, ...) that the option's own type gives."""
-    import re
+#: A token that reads as a negative number or starts like one (``-1``, ``-1s``, ``-.5``,
+#: ``-1e-3``, ``-1,4``): no option string of onnx-cinm starts with ``-`` and a digit, so such a
+#: token is always a value, never an option.
+_NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
 
-    takes_value = {flag for q in [parser, *_subparsers(parser)] for a in q._actions
-                   if a.option_strings and a.nargs != 0 for flag in a.option_strings
-                   if flag.startswith("--")}
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``["--times", "-1s"]`` -> ``["--times=-1s"]``: a long option followed by a token that
+    looks like a negative value (:data:`_NEGATIVE_VALUE`) is joined to it in argparse's
+    documented ``--option=value`` form.
+
+    argparse reads only plain negative numbers (``-1``, ``-0.5``) as values; ``-1s``, ``-1e-3``
+    or ``-1,4`` it takes for an option and reports "expected one argument", hiding the real
+    error (a negative time, a rate out of range) that the option's own type gives. Tokens after
+    ``--`` (the end of the options) and an option already written ``--option=value`` are left
+    alone. An option that takes no value, joined this way, is still a usage error (argparse's
+    "ignored explicit argument").
+
+    Parameters
+    ----------
+    argv : list of str
+        The command line without the program name.
+
+    Returns
+    -------
+    list of str
+        A new list; ``argv`` is not changed.
+    """
     out: list[str] = []
-    for tok in argv:
-        if out and out[-1] in takes_value and re.match(r"-\.?[0-9]", tok):
-            out[-1] = f"{out[-1]}={tok}"
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            return out + argv[i:]
+        prev = out[-1] if out else ""
+        if (prev.startswith("--") and len(prev) > 2 and "=" not in prev
+                and _NEGATIVE_VALUE.match(tok)):
+            out[-1] = f"{prev}={tok}"
         else:
             out.append(tok)
     return out
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> list:
-    return [q for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-            for q in a.choices.values()]
 
 
 def _size(text: str) -> tuple[int, int]:
