@@ -52,6 +52,10 @@ class OptionSpec:
             ValueError when it is bad; replaces the type, range and choice checks of
             :func:`check` (for values that are not one of the plain types, e.g. a roofline
             object or ``PATTERN=DEVICE`` hints). None: the plain checks.
+        aliases: other spellings of the option (:class:`Alias`) on the command line and in
+            sweeps, their ``keys`` resolved to flat keys.
+        metavar: how ``--help`` shows its value (``E1,E2|none``); "" for the type's default
+            (``N``, ``X``, the choices of a name, ``VALUE``).
     """
 
     key: str
@@ -66,6 +70,8 @@ class OptionSpec:
     section: str = ""
     name: str = ""
     parse: Callable[[Any], Any] | None = None
+    aliases: tuple = ()
+    metavar: str = ""
 
     def allowed(self) -> tuple | None:
         """The allowed values of a choice option (evaluated now), None if any value goes."""
@@ -96,14 +102,70 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
 
 
+@dataclass(frozen=True)
+class Alias:
+    """Another spelling of an option, declared with it (:func:`option`), so that the command
+    line and sweeps take it without their code naming the option's owner: an older flag or
+    sweep key, a shorter form with a unit, several options in one value.
+
+    Attributes:
+        flag: a command-line flag (``--cim-size``), "" for none. A device's flags start with
+            ``--<option_prefix>-`` (:func:`onnx_cinm.devices.base.check_device`).
+        sweep: a sweep key (``crossbar.size``), "" for none.
+        also: fields of the same options class set at once with the declaring one (``--cim-size
+            ROWSxCOLS`` on ``rows`` sets ``cols`` too); an option's own flag wins over a value
+            the alias gives it this way.
+        parse: the alias's text -> the value (with ``also``: a tuple, one value per field, the
+            declaring one first), each then checked as its option's (:func:`check`); raises
+            ValueError naming the form expected. None: the text is read as the option's own
+            (:func:`from_text`).
+        const: the value of a flag that takes none (``--per-kernel-crossbars``: False); None:
+            the flag takes a value.
+        metavar, help: for ``--help``.
+        keys: the flat keys it sets, the declaring option's first (filled by :func:`specs`).
+    """
+
+    flag: str = ""
+    sweep: str = ""
+    also: tuple = ()
+    parse: Callable[[str], Any] | None = None
+    const: Any = None
+    metavar: str = ""
+    help: str = ""
+    keys: tuple = ()
+
+    @property
+    def label(self) -> str:
+        """How the alias is written: its flag, else its sweep key."""
+        return self.flag or self.sweep
+
+
+def alias_values(alias: Alias, schema: dict[str, OptionSpec], text: str | None = None) -> dict:
+    """``{flat key: value}`` that ``alias`` sets, given as ``text`` (None for a flag without a
+    value), each value checked as its option's. Raises CinmError naming the alias (its
+    :attr:`~Alias.label`) and the form it expects."""
+    if alias.const is not None:
+        values: tuple = (alias.const,)
+    elif alias.parse is None:
+        return {alias.keys[0]: from_text(schema[alias.keys[0]], text)}
+    else:
+        try:
+            v = alias.parse(text)
+        except ValueError as e:
+            raise CinmError(f"{alias.label}: {e}") from None
+        values = tuple(v) if len(alias.keys) > 1 else (v,)
+    return {k: check(schema[k], v) for k, v in zip(alias.keys, values)}
+
+
 def option(default: Any = None, *, help: str, unit: str = "", choices=None,
            low: float | None = None, high: float | None = None, key: str | None = None,
-           parse: Callable[[Any], Any] | None = None) -> Any:
+           parse: Callable[[Any], Any] | None = None, aliases: tuple = (),
+           metavar: str = "") -> Any:
     """A dataclass field declaring one option (see :class:`OptionSpec` for the arguments;
     ``key`` overrides the flat key ``<prefix>_<field>``, e.g. for a key older than its
-    declaration)."""
+    declaration; ``aliases``: its other spellings, :class:`Alias`)."""
     meta = {"help": help, "unit": unit, "choices": choices, "low": low, "high": high,
-            "key": key, "parse": parse}
+            "key": key, "parse": parse, "aliases": tuple(aliases), "metavar": metavar}
     if isinstance(default, (list, dict, set)):
         raise TypeError("option defaults must be immutable (use a tuple)")
     return dataclasses.field(default=default, metadata={"onnx_cinm.option": meta})
@@ -137,14 +199,27 @@ def specs(cls: type, prefix: str, owner: str, section: str | None = None) -> dic
 @functools.lru_cache(maxsize=None)
 def _specs(cls: type, prefix: str, owner: str, section: str | None) -> dict[str, OptionSpec]:
     out = {}
+    keys = {}
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata.get("onnx_cinm.option") or {})
         if not meta:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with options.option()")
-        key = meta.pop("key") or (f"{prefix}_{f.name}" if prefix else f.name)
+        keys[f.name] = meta.pop("key") or (f"{prefix}_{f.name}" if prefix else f.name)
         default = None if f.default is _MISSING else f.default
-        out[key] = OptionSpec(key, _field_type(cls, f), default, owner=owner,
-                              section=section or prefix or owner, name=f.name, **meta)
+        out[keys[f.name]] = OptionSpec(keys[f.name], _field_type(cls, f), default, owner=owner,
+                                       section=section or prefix or owner, name=f.name, **meta)
+    for key, spec in out.items():
+        if not spec.aliases:
+            continue
+        resolved = []
+        for alias in spec.aliases:
+            bad = [a for a in alias.also if a not in keys]
+            if not isinstance(alias, Alias) or not alias.label or bad:
+                raise TypeError(f"{cls.__name__}.{spec.name}: an alias must be an Alias with a "
+                                f"flag or a sweep key, its 'also' naming fields of the class "
+                                f"(unknown: {bad})")
+            resolved.append(dataclasses.replace(alias, keys=(key, *(keys[a] for a in alias.also))))
+        out[key] = dataclasses.replace(spec, aliases=tuple(resolved))
     return out
 
 
@@ -208,6 +283,25 @@ def parse_pair(text: str) -> tuple[int, int]:
     if not sep or not a.isdigit() or not b.isdigit() or int(a) < 1 or int(b) < 1:
         raise ValueError(f"expected ROWSxCOLS such as 64x64, got '{text}'")
     return int(a), int(b)
+
+
+#: Units of :func:`parse_duration`, in seconds (a year of 365.25 days).
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
+                  "y": 365.25 * 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"1h"`` -> ``3600.0``: a number of seconds with an optional unit of
+    :data:`DURATION_UNITS` (s, min or m, h, d, w, y). Raises ValueError on another form or a
+    negative time."""
+    import re
+
+    m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", str(text))
+    if not m or m.group(2) not in DURATION_UNITS and m.group(2) != "":
+        raise ValueError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
+    if float(m.group(1)) < 0:
+        raise ValueError(f"a time cannot be negative, got '{str(text).strip()}'")
+    return float(m.group(1)) * DURATION_UNITS.get(m.group(2), 1.0)
 
 
 def unknown_key(key: str, known, what: str = "option") -> CinmError:

@@ -40,8 +40,7 @@ from . import hostmodel
 from .dialects import cinm
 from .text import Column, si, table as text_table
 
-#: Colours of devices in the pictures (others get matplotlib's tab10 colours in order).
-COLOURS = {"host": "#7f7f7f", "memristor": "#d62728", "upmem": "#1f77b4"}
+#: Colour of the transfers in the pictures (a device's own is its ``Device.colour``).
 TRANSFER_COLOUR = "#c7c7c7"
 #: Size of both pictures, pixels (width, height).
 PNG_SIZE = (1200, 700)
@@ -121,13 +120,22 @@ def _flops(prob, i) -> int:
 
 
 def _colour(dev: str, seen: list) -> str:
-    if dev in COLOURS:
-        return COLOURS[dev]
+    """The colour of device ``dev`` in the pictures: the one it declares (``Device.colour``),
+    else a colour of matplotlib's ``tab10`` no registered device declares, in the order the
+    devices without one appear in ``seen`` (updated)."""
     import matplotlib
+    from matplotlib.colors import to_hex
 
+    from . import devices
+
+    declared = {d.name: d.colour for d in devices.all_devices() if d.colour}
+    if dev in declared:
+        return declared[dev]
+    free = [c for c in map(to_hex, matplotlib.colormaps["tab10"].colors)
+            if c not in {v.lower() for v in declared.values()} and c != TRANSFER_COLOUR]
     if dev not in seen:
         seen.append(dev)
-    return matplotlib.colormaps["tab10"](2 + seen.index(dev) % 8)
+    return free[seen.index(dev) % len(free)]
 
 
 def _figure():

@@ -14,9 +14,9 @@ and key in a ``--config`` file (``cim.rows``, ``cim.crossbars``, ``cim.preset``,
 ``upmem.dpus``, ``upmem.tasklets``, ``upmem.target``, ``placement.strategy``,
 ``placement.objective``, ``placement.max_writes_per_cell``, ``host.roofline``, ...), its values
 typed and checked as the option's. A value of a list option joins its names with ``+``
-(``cim.effects=prog+drift,none``). Older keys stay as aliases: ``crossbar.size`` (``ROWSxCOLS``,
-setting ``cim_rows`` and ``cim_cols``), ``crossbar.count`` (``cim.crossbars``),
-``crossbar.loop_order`` and ``crossbar.preset``.
+(``cim.effects=prog+drift,none``). The sweep keys an option declares as its aliases
+(:class:`onnx_cinm.options.Alias`) are keys too: the crossbar's older ``crossbar.size``
+(``ROWSxCOLS``, setting ``cim_rows`` and ``cim_cols``), ``crossbar.count``, ... .
 
 Configurations run in worker processes (:class:`concurrent.futures.ProcessPoolExecutor`, the
 model sent once per worker) or on a Dask cluster (``executor="dask"``, ``scheduler`` = the
@@ -43,38 +43,32 @@ import onnx
 
 from . import frontend
 from .errors import CinmError
-from .options import from_text, parse_pair, unknown_key
+from .options import alias_values, from_text, unknown_key
 
 
-def _size(v: str) -> dict:
-    try:
-        r, c = parse_pair(v)
-    except ValueError:
-        raise CinmError(f"crossbar.size expects ROWSxCOLS such as 64x64, got '{v}'") from None
-    return {"cim_rows": r, "cim_cols": c}
-
-
-#: Sweep keys kept from before the option schema, as aliases of its keys.
-ALIASES = {"crossbar.count": "cim.crossbars", "crossbar.loop_order": "cim.loop_order",
-           "crossbar.preset": "cim.preset"}
-
-
-def _converter(spec):
-    """Value text -> ``{flat key: value}`` for option ``spec`` (:func:`onnx_cinm.options.from_text`;
-    the names of a list option joined by ``+``)."""
+def _converter(spec, alias=None, schema=None):
+    """Value text -> ``{flat key: value}`` for option ``spec`` (:func:`onnx_cinm.options.from_text`)
+    or its ``alias`` (:func:`onnx_cinm.options.alias_values`); the names of a list option
+    joined by ``+``."""
     def conv(v: str) -> dict:
-        return {spec.key: from_text(spec, v.replace("+", ",") if spec.type is tuple else v)}
+        if spec.type is tuple:
+            v = v.replace("+", ",")
+        if alias is not None:
+            return alias_values(alias, schema, v)
+        return {spec.key: from_text(spec, v)}
     return conv
 
 
 def keys() -> dict:
     """Every ``--set`` key and its converter (value text -> pass options): ``SECTION.NAME`` of
-    every option of the schema, then the aliases (:data:`ALIASES`, ``crossbar.size``)."""
+    every option of the schema, then the sweep keys of the options' aliases
+    (:class:`onnx_cinm.options.Alias`, e.g. ``crossbar.size``)."""
     from .passes import option_schema
 
-    out = {f"{s.section}.{s.name}": _converter(s) for s in option_schema().values()}
-    out.update({alias: out[key] for alias, key in ALIASES.items()})
-    out["crossbar.size"] = _size
+    schema = option_schema()
+    out = {f"{s.section}.{s.name}": _converter(s) for s in schema.values()}
+    out.update({a.sweep: _converter(s, a, schema) for s in schema.values() for a in s.aliases
+                if a.sweep})
     return out
 
 

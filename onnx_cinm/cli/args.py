@@ -78,18 +78,14 @@ _positive = _checked(_int, lambda v: v >= 1, "a positive integer")
 _tolerance = _checked(_number, lambda v: v >= 0, "a number >= 0")
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0,
-          "y": 365.25 * 86400.0}
-
-
 def _duration(text: str) -> float:
-    """``'1h'`` -> 3600.0: a number of seconds, with an optional unit s, min (or m), h, d, w, y."""
-    m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*", text)
-    if not m or m.group(2) not in _UNITS and m.group(2) != "":
-        raise argparse.ArgumentTypeError(f"expected a time like 10s, 1h, 1d or 1y, got '{text}'")
-    if float(m.group(1)) < 0:
-        raise argparse.ArgumentTypeError(f"a time cannot be negative, got '{text.strip()}'")
-    return float(m.group(1)) * _UNITS.get(m.group(2), 1.0)
+    """``'1h'`` -> 3600.0 (:func:`onnx_cinm.options.parse_duration`), as an argparse type."""
+    from ..options import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 #: A token that reads as a negative number or starts like one (``-1``, ``-1s``, ``-.5``,
@@ -133,35 +129,52 @@ def join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _size(text: str) -> tuple[int, int]:
-    """``--cim-size ROWSxCOLS`` (:func:`onnx_cinm.options.parse_pair`)."""
-    from ..options import parse_pair
-
-    try:
-        return parse_pair(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _typed(spec, parse=None):
+def _typed(spec):
     """An argparse type for option ``spec``: the text read as the option's type and checked
-    against its declaration (:func:`onnx_cinm.options.from_text`), or by ``parse`` first (an
-    alias's own format, e.g. a duration); a bad value is a usage error naming the option."""
-    from ..options import check, from_text
+    against its declaration (:func:`onnx_cinm.options.from_text`); a bad value is a usage error
+    naming the option."""
+    from ..options import from_text
 
     def convert(text: str):
         try:
-            return check(spec, parse(text)) if parse else from_text(spec, text)
+            return from_text(spec, text)
         except CinmError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return convert
 
 
+def _alias_typed(alias, schema: dict):
+    """An argparse type for an option alias (:class:`onnx_cinm.options.Alias`) setting one
+    option: the value it gives that option, checked as the option's."""
+    from ..options import alias_values
+
+    def convert(text: str):
+        try:
+            return alias_values(alias, schema, text)[alias.keys[0]]
+        except CinmError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{alias.flag}: ")) from None
+    return convert
+
+
+def _alias_typed_all(alias, schema: dict):
+    """An argparse type for an option alias setting several options: ``{flat key: value}``."""
+    from ..options import alias_values
+
+    def convert(text: str):
+        try:
+            return alias_values(alias, schema, text)
+        except CinmError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{alias.flag}: ")) from None
+    return convert
+
+
+def _alias_dest(alias) -> str:
+    """Where argparse keeps the value of an alias setting several options (``cim_size``)."""
+    return alias.flag.lstrip("-").replace("-", "_")
+
+
 #: Option keys with a hand-written flag instead of a generated one (``--place`` is repeatable).
 _HAND_WRITTEN = {"place"}
-#: Metavars of generated flags whose values have a format of their own.
-_METAVARS = {"host_roofline": "GFLOPS,GBPS[,W]|nominal|measure", "cim_effects": "E1,E2|none",
-             "lower_ops": "OP1,OP2"}
 
 
 def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
@@ -169,8 +182,8 @@ def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
     typed, checked and documented (help, range, unit, default) by the option's declaration
     (:mod:`onnx_cinm.options`); ``--no-KEY`` too for a true/false option. Every flag defaults
     to None, "not given": the option's declared default applies unless ``--config`` sets it.
-    The older hand-written spellings stay as aliases: ``--cim-size ROWSxCOLS``, ``--cim-time T``
-    (with a unit: 10s, 1h, 1d, 1y), ``--per-kernel-crossbars``."""
+    The other spellings an option declares (:class:`onnx_cinm.options.Alias`, e.g.
+    ``--cim-size ROWSxCOLS``) follow its flag."""
     from ..devices import device_names
     from ..options import help_text
 
@@ -190,21 +203,24 @@ def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
                            help=text)
         else:
             allowed = spec.allowed()
-            metavar = _METAVARS.get(key) or ("|".join(allowed) if allowed and spec.type is str
-                                             else {int: "N", float: "X"}.get(spec.type, "VALUE"))
+            metavar = spec.metavar or ("|".join(allowed) if allowed and spec.type is str
+                                       else {int: "N", float: "X"}.get(spec.type, "VALUE"))
             g.add_argument(flag, dest=key, default=None, type=_typed(spec), metavar=metavar,
                            choices=allowed if spec.type is str else None, help=text)
-        if key == "cim_crossbars":
-            g.add_argument("--cim-size", type=_size, default=None, metavar="ROWSxCOLS",
-                           help="cells per crossbar, e.g. 128x128: --cim-rows and --cim-cols "
-                                "at once")
-        elif key == "cim_time_s":
-            g.add_argument("--cim-time", dest=key, type=_typed(spec, _duration), metavar="T",
-                           help="--cim-time-s with a unit: 10s, 1h, 1d, 1y")
-        elif key == "crossbar_residency":
-            g.add_argument("--per-kernel-crossbars", dest=key, action="store_const", const=False,
-                           help="--no-crossbar-residency: an optimistic estimate, as the CINM "
-                                "paper's (the crossbar plans still share the device's crossbars)")
+        for alias in spec.aliases:
+            if not alias.flag:
+                continue
+            text = alias.help.replace("%", "%%")
+            if alias.const is not None:  # one option, a fixed value
+                g.add_argument(alias.flag, dest=key, action="store_const", const=alias.const,
+                               help=text)
+            elif len(alias.keys) == 1:  # the option itself in another form: the last one wins
+                g.add_argument(alias.flag, dest=key, type=_alias_typed(alias, schema),
+                               metavar=alias.metavar or None, help=text)
+            else:  # several options: their own flags win (_pass_options)
+                g.add_argument(alias.flag, dest=_alias_dest(alias), default=None,
+                               type=_alias_typed_all(alias, schema),
+                               metavar=alias.metavar or None, help=text)
 
 
 def _config_option(p: argparse.ArgumentParser) -> None:
@@ -233,11 +249,12 @@ def _pass_options(args, parser) -> dict:
     # flags given on the command line win over the file; an unused list flag (--place) is [],
     # not a value, and must not erase the file's hints
     opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) not in (None, [])})
-    size = getattr(args, "cim_size", None)
-    if size is not None:  # --cim-size: both at once, unless --cim-rows/--cim-cols are given
-        for key, v in zip(("cim_rows", "cim_cols"), size):
-            if getattr(args, key, None) is None:
-                opts[key] = v
+    for spec in schema.values():  # aliases setting several options, e.g. --cim-size ROWSxCOLS:
+        for alias in spec.aliases:  # each option its own flag does not set
+            given = getattr(args, _alias_dest(alias), None) if len(alias.keys) > 1 else None
+            for key, v in (given or {}).items():
+                if getattr(args, key, None) is None:
+                    opts[key] = v
     try:
         return check_options(opts)
     except CinmError as e:
@@ -370,8 +387,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
                     help="values of one option (repeatable); keys: SECTION.NAME of every option "
                          "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "
-                         "the names of a list option joined by +), and crossbar.size "
-                         "(ROWSxCOLS), crossbar.count, crossbar.loop_order, crossbar.preset")
+                         "the names of a list option joined by +), and their aliases "
+                         + ", ".join(f"{a.sweep} ({a.metavar})" if a.metavar else a.sweep
+                                     for spec in schema.values() for a in spec.aliases if a.sweep))
     sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
     sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
                     help="local worker processes, a Dask cluster (--scheduler), or in this process")
@@ -488,8 +506,8 @@ def _evaluate_parser(sub) -> argparse.ArgumentParser:
                 continue
             flag = "--" + key.replace("_", "-")
             g.add_argument(flag, dest=key, default=None, type=_typed(spec),
-                           metavar={str: "|".join(spec.allowed() or ()) or "NAME",
-                                    tuple: "E1,E2|none"}.get(spec.type, "VALUE"),
+                           metavar=spec.metavar or {str: "|".join(spec.allowed() or ()) or "NAME",
+                                                    tuple: "A,B|none"}.get(spec.type, "VALUE"),
                            help=help_text(spec).replace("%", "%%"))
     _common(e)
     return e

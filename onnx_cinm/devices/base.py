@@ -8,7 +8,10 @@ device package and never probe a device for optional methods. A device is one su
 - ``name`` and ``paradigm`` (``"cim"``, ``"cnm"`` or ``"host"``), ``params`` (a dataclass whose
   fields carry units and sources);
 - ``Options``: its typed options (a dataclass of :func:`onnx_cinm.options.option` fields, keyed
-  ``<option_prefix>_<field>``): CLI flags, sweep keys and config files come from it;
+  ``<option_prefix>_<field>``): CLI flags, sweep keys and config files come from it, and so do
+  the other spellings a field declares (:class:`onnx_cinm.options.Alias`: ``--cim-size
+  ROWSxCOLS``, the sweep key ``crossbar.count``);
+- ``colour``: its colour in the report's pictures;
 - ``plan_attrs``: the node attributes its plans write, every name starting with
   ``<attr_prefix>_``; the registry declares them in the cinm dialect's schema;
 - ``modes``: how the execution provider may run its nodes (provider option ``<name>_mode``);
@@ -119,6 +122,8 @@ class Device:
             what a run changes without compiling again (None: nothing).
         plans_together: the ops placed on the device share its resources (crossbars), so
             :meth:`price_all` and :meth:`lower` must see all of them at once.
+        colour: ``#rrggbb``, the device's colour in the report's pictures (bars, graph nodes);
+            "" for one picked from matplotlib's ``tab10`` in order of appearance.
 
     Instance attribute ``params``: a dataclass instance of the device's parameters (the figures
     ``onnx-cinm devices`` prints), each field documented with unit and source.
@@ -133,6 +138,7 @@ class Device:
     modes: ClassVar[tuple] = ("model",)
     RunOptions: ClassVar[type | None] = None
     plans_together: ClassVar[bool] = False
+    colour: ClassVar[str] = ""
     params: Any = None
 
     # -- what it runs and what that costs ------------------------------------------------------
@@ -263,12 +269,21 @@ class Device:
 
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
+
+
+def _alias_labels(dev: Device) -> set[str]:
+    """The flags and sweep keys of the aliases of ``dev``'s options
+    (:class:`~onnx_cinm.options.Alias`)."""
+    return {label for spec in dev.option_specs().values() for a in spec.aliases
+            for label in (a.flag, a.sweep) if label}
 
 
 def check_device(dev: object) -> None:
     """Raise TypeError unless ``dev`` keeps the contract: a :class:`Device` instance with a
     lower-case ``name``, a known ``paradigm``, ``params`` a dataclass instance, ``modes``
-    starting with ``"model"``, and plan attributes and options named under its prefixes."""
+    starting with ``"model"``, plan attributes, options and option alias flags named under its
+    prefixes, and ``colour`` empty or ``#rrggbb``."""
     if not isinstance(dev, Device):
         raise TypeError(f"{type(dev).__name__} is not a device (not a subclass of "
                         "onnx_cinm.devices.Device)")
@@ -303,6 +318,14 @@ def check_device(dev: object) -> None:
         if bad:  # a field may name its own key: it must still be the device's
             raise TypeError(f"device '{dev.name}': {what} {bad} do not start with "
                             f"'{dev.option_prefix}_'")
+    flag = f"--{dev.option_prefix.replace('_', '-')}-"
+    bad = sorted(a.flag for spec in dev.option_specs().values() for a in spec.aliases
+                 if a.flag and not a.flag.startswith(flag))
+    if bad:
+        raise TypeError(f"device '{dev.name}': option alias flags {bad} do not start with "
+                        f"'{flag}'")
+    if not isinstance(dev.colour, str) or dev.colour and not _COLOUR.match(dev.colour):
+        raise TypeError(f"device '{dev.name}': colour {dev.colour!r} is not '#rrggbb'")
 
 
 @dataclass
@@ -325,6 +348,10 @@ class Registry:
                      & {*other.option_specs(), *other.run_option_specs()})
             if clash:
                 raise ValueError(f"device {device.name!r}: options {sorted(clash)} are "
+                                 f"{other.name!r}'s")
+            clash = _alias_labels(device) & _alias_labels(other)
+            if clash:
+                raise ValueError(f"device {device.name!r}: option aliases {sorted(clash)} are "
                                  f"{other.name!r}'s")
         self.devices[device.name] = device
         return device

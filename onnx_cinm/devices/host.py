@@ -31,7 +31,7 @@ class HostOptions:
         None, help="host figures for cost placement: 'nominal' (50 GFLOP/s, 10 GB/s, 30 W: "
         "fixed, so placement is reproducible), 'measure' (probe this machine once, median of "
         "repeated runs, cached) or GFLOPS,GBPS[,WATTS] (default: $ONNX_CINM_HOST_ROOFLINE, "
-        "else nominal)", parse=_roofline)
+        "else nominal)", parse=_roofline, metavar="GFLOPS,GBPS[,W]|nominal|measure")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class HostDevice(Device):
     """The host CPU (paradigm ``host``); supports every op."""
 
     name = "host"
+    colour = "#7f7f7f"  # in the report's pictures
     paradigm = "host"
     option_prefix = "host"
     Options = HostOptions

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CinmError
-from ..options import option
+from ..options import Alias, option
 from . import register_options
 
 #: Placement strategies (``placement`` option).
@@ -82,7 +82,11 @@ class PlacementOptions:
     crossbar_residency: bool = option(True, help="cost placement requires the tiles kept by all "
                                       "crossbar kernels to fit the crossbars (false: price every "
                                       "crossbar kernel as if it had the crossbars to itself, as "
-                                      "the CINM paper does)")
+                                      "the CINM paper does)",
+                                      aliases=(Alias(flag="--per-kernel-crossbars", const=False,
+                                                     help="--no-crossbar-residency: an optimistic "
+                                                     "estimate, as the CINM paper's (the crossbar "
+                                                     "plans still share the device's crossbars)"),))
     place: tuple = option((), parse=_hints, help="placement hints PATTERN=DEVICE (fnmatch over "
                           "node names and op types; the first matching hint wins)")
 
@@ -122,7 +126,7 @@ class ToCinmOptions:
     lower_ops: tuple | None = option(None, parse=_lower_ops, help="source op types to lower to "
                                      "cinm ops, e.g. Gemm,MatMul, as ONNX spells them; 'none' for "
                                      "none (default: every op with a rule; an op type without "
-                                     "one is an error naming those that have)")
+                                     "one is an error naming those that have)", metavar="OP1,OP2")
 
 
 register_options("placement", PlacementOptions)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CinmError
-from ...options import option
+from ...options import Alias, option, parse_duration, parse_pair
 from ...paradigms.cim import layout, residency, schedule
 from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, si, table
@@ -41,17 +41,24 @@ class CrossbarOptions:
     preset: str | None = option(None, help="crossbar chip preset: geometry, cost and device "
                                 "parameters (sources in docs/crossbar-presets.md and 'onnx-cinm "
                                 "devices'; default pcm-hermes; pcm-occ is the CINM paper's)",
-                                choices=lambda: tuple(PRESETS))
+                                choices=lambda: tuple(PRESETS),
+                                aliases=(Alias(sweep="crossbar.preset"),))
     rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 256 "
-                              "for pcm-hermes, 64 for pcm-occ)", low=1, high=1 << 16)
+                              "for pcm-hermes, 64 for pcm-occ)", low=1, high=1 << 16,
+                              aliases=(Alias(flag="--cim-size", sweep="crossbar.size",
+                                             also=("cols",), parse=parse_pair, metavar="ROWSxCOLS",
+                                             help="cells per crossbar, e.g. 128x128: --cim-rows "
+                                                  "and --cim-cols at once"),))
     cols: int | None = option(None, help="cells per crossbar row (default: the preset's)",
                               low=1, high=1 << 16)
     crossbars: int | None = option(None, help="crossbars P shared by all crossbar kernels "
-                                   "(default: the preset's, 64 for pcm-hermes, 4 for pcm-occ)", low=1, high=1 << 24)
+                                   "(default: the preset's, 64 for pcm-hermes, 4 for pcm-occ)",
+                                   low=1, high=1 << 24, aliases=(Alias(sweep="crossbar.count"),))
     loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
                              "(k, n, m: each weight tile written once and kept, serpentine "
                              "order) or naive (m, n, k: every tile rewritten per input row, for "
-                             "comparison)", choices=lambda: tuple(LOOP_ORDERS))
+                             "comparison)", choices=lambda: tuple(LOOP_ORDERS),
+                             aliases=(Alias(sweep="crossbar.loop_order"),))
     mode: str = option("ideal", help="data path of the emitted kernels: 'ideal' (exact fp32), "
                        "'q8' (8-bit weights with per-channel scales on 2-bit cells in "
                        "differential pairs, 8-bit DAC and ADC), 'q8-noisy' (q8 plus 2% seeded "
@@ -59,9 +66,12 @@ class CrossbarOptions:
                        "docs/xbar-format.md); the check compares the exact reference bodies",
                        choices=lambda: tuple(NAMED))
     time_s: float = option(0.0, help="time after programming at which the device effects are "
-                           "taken (0: just programmed)", unit="s", low=0.0)
+                           "taken (0: just programmed)", unit="s", low=0.0,
+                           aliases=(Alias(flag="--cim-time", parse=parse_duration, metavar="T",
+                                          help="--cim-time-s with a unit: 10s, 1h, 1d, 1y"),))
     effects: tuple | None = option(None, help="the device effects of the mode (default: the "
-                                   "mode's own; 'none' for none)", choices=lambda: tuple(EFFECTS))
+                                   "mode's own; 'none' for none)", choices=lambda: tuple(EFFECTS),
+                                   metavar="E1,E2|none")
     link_gbps: float | None = option(None, help="host<->crossbar link bandwidth (default 6.4, an "
                                      "assumption: ISAAC's HyperTransport order)", unit="GB/s",
                                      low=1e-6)
@@ -78,7 +88,8 @@ class CrossbarRunOptions:
                               "in)", choices=lambda: tuple(NAMED))
     effects: tuple | None = option(None, help="device effects of this run (default: the "
                                    "compiled ones, or the mode's own when --cim-mode changes "
-                                   "it; 'none' for none)", choices=lambda: tuple(EFFECTS))
+                                   "it; 'none' for none)", choices=lambda: tuple(EFFECTS),
+                                   metavar="E1,E2|none")
     time_s: float | None = option(None, help="time after programming at which the device "
                                   "effects are taken", unit="s", low=0.0)
     drift_compensation: bool | None = option(None, help="global drift compensation on or off "
@@ -200,6 +211,7 @@ class MemristorDevice(Device):
     """
 
     name = "memristor"
+    colour = "#d62728"  # in the report's pictures
     paradigm = "cim"
     option_prefix = "cim"
     Options = CrossbarOptions

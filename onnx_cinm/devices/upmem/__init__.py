@@ -63,6 +63,7 @@ class UpmemDevice(Device):
     """
 
     name = "upmem"
+    colour = "#1f77b4"  # in the report's pictures
     paradigm = "cnm"
     option_prefix = "upmem"
     Options = UpmemOptions
