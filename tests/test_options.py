@@ -281,3 +281,55 @@ def test_devices_lists_each_devices_options(capsys):
     assert "(s); default 0.0]" in line
     assert any("--config table [cim]" in x for x in lines)
     assert any("run modes (--provider-option upmem_mode=...): model, emulate" in x for x in lines)
+
+
+# -- aliases an option declares -----------------------------------------------------------------
+
+def test_aliases_resolve_to_flat_keys_and_check_their_values():
+    from dataclasses import dataclass
+
+    from onnx_cinm.options import Alias, alias_values, option, parse_pair, specs
+
+    @dataclass(frozen=True)
+    class Opts:
+        rows: int = option(1, help="rows", low=1, high=100, aliases=(
+            Alias(flag="--x-size", sweep="x.size", also=("cols",), parse=parse_pair),))
+        cols: int = option(1, help="cols", low=1, high=100)
+        on: bool = option(True, help="on", aliases=(Alias(flag="--x-off", const=False),))
+
+    schema = specs(Opts, "x", "x")
+    size, = schema["x_rows"].aliases
+    assert size.keys == ("x_rows", "x_cols") and size.label == "--x-size"
+    assert alias_values(size, schema, "16x32") == {"x_rows": 16, "x_cols": 32}
+    # each value is checked as its option's, and a bad form names the alias
+    with pytest.raises(CinmError, match=r"option x_cols=200: expected integer in 1\.\.100"):
+        alias_values(size, schema, "16x200")
+    with pytest.raises(CinmError, match=r"^--x-size: expected ROWSxCOLS such as 64x64, got '16'"):
+        alias_values(size, schema, "16")
+    assert alias_values(schema["x_on"].aliases[0], schema) == {"x_on": False}
+
+    @dataclass(frozen=True)
+    class Bad:
+        rows: int = option(1, help="rows", aliases=(Alias(flag="--b", also=("nope",)),))
+
+    with pytest.raises(TypeError, match=r"Bad.rows: an alias .* \(unknown: \['nope'\]\)"):
+        specs(Bad, "b", "b")
+
+
+@pytest.mark.parametrize("text,seconds", [("1", 1.0), ("10s", 10.0), ("2min", 120.0),
+                                          ("2m", 120.0), ("1.5h", 5400.0), ("1d", 86400.0),
+                                          ("1w", 604800.0), ("1y", 31557600.0), ("1e-6s", 1e-6)])
+def test_parse_duration(text, seconds):
+    from onnx_cinm.options import parse_duration
+
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("text,message", [("-1s", "a time cannot be negative, got '-1s'"),
+                                          ("1 fortnight", "expected a time like 10s, 1h"),
+                                          ("", "expected a time like")])
+def test_parse_duration_errors(text, message):
+    from onnx_cinm.options import parse_duration
+
+    with pytest.raises(ValueError, match=message):
+        parse_duration(text)

@@ -66,6 +66,15 @@ SCRIPT = textwrap.dedent(r'''
                     "reason": cinm.node_attrs(node)["placement"], "flops": op.flops,
                     "in_bytes": sum(t.numel * 4 for t in op.inputs), "out_bytes": op.outputs[0].numel * 4,
                     "costs": costs, "check": r.check.ok}
+    # what the plugin declares reaches the CLI, sweeps and report with no edit above
+    from onnx_cinm import report, sweep
+    from onnx_cinm.cli.args import _parser, _pass_options
+    parser = _parser()
+    args = parser.parse_args(["optimize", "--example", "mlp", "-o", "x.onnx",
+                              "--toy-pim-launch", "3e-6s"])
+    out["flag"] = _pass_options(args, parser)["toy_pim_launch_s"]
+    out["sweep"] = sweep.keys()["toy.launch"]("1min")
+    out["colour"] = report._colour("toy_pim", [])
     print(json.dumps(out))
 ''')
 
@@ -124,6 +133,10 @@ def test_plugin_registers_and_wins_where_cheapest(tmp_path):
     assert host_s < sum(a["costs"]["toy_pim"])  # 2 us launch dominates
     assert a["device"] == "host", a["reason"]
 
+    # its declarations: the colour, a flag with a unit (3e-6 s) and a sweep key (1 min = 60 s)
+    assert out["colour"] == "#17becf"
+    assert out["flag"] == 3e-6 and out["sweep"] == {"toy_pim_launch_s": 60.0}
+
 
 def test_builtins_without_plugins(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -131,3 +144,43 @@ def test_builtins_without_plugins(tmp_path):
                         "print(devices.device_names(), devices.plugin_errors())"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "['host', 'memristor', 'upmem', 'hbm_pim'] []"
+
+
+def _device(name="chip", colour="", aliases=(), prefix="chip"):
+    """A minimal device class with one option ``<prefix>_size`` carrying ``aliases``."""
+    from dataclasses import dataclass, make_dataclass
+
+    from onnx_cinm.devices import Cost, Device, Support
+    from onnx_cinm.options import option
+
+    @dataclass(frozen=True)
+    class Params:
+        n: int = 1
+
+    opts = make_dataclass("Opts", [("size", "int | None", option(None, help="size",
+                                                                   aliases=aliases))],
+                          frozen=True)
+    attrs = dict(name=name, paradigm="cnm", option_prefix=prefix, Options=opts, colour=colour,
+                 params=Params(), supports=lambda self, op: Support(False, "no"),
+                 cost=lambda self, op, options: Cost(0.0, 0.0, 0, 0))
+    return type("Chip", (Device,), attrs)()
+
+
+def test_the_contract_checks_colours_and_alias_flags():
+    import pytest
+
+    from onnx_cinm.devices.base import Registry, check_device
+    from onnx_cinm.options import Alias
+
+    check_device(_device(colour="#00aaFF", aliases=(Alias(flag="--chip-big", const=4),)))
+    with pytest.raises(TypeError, match=r"device 'chip': colour 'red' is not '#rrggbb'"):
+        check_device(_device(colour="red"))
+    # a device's flags stay under its prefix, so they cannot take a pass's or another's flag
+    with pytest.raises(TypeError, match=r"option alias flags \['--size'\] do not start with "
+                                        r"'--chip-'"):
+        check_device(_device(aliases=(Alias(flag="--size"),)))
+    reg = Registry()
+    reg.register(_device(aliases=(Alias(sweep="array.size"),)))
+    with pytest.raises(ValueError, match=r"device 'other': option aliases \['array.size'\] are "
+                                         r"taken by device 'chip'"):
+        reg.register(_device("other", prefix="other", aliases=(Alias(sweep="array.size"),)))

@@ -352,6 +352,6 @@ class Registry:
             clash = _alias_labels(device) & _alias_labels(other)
             if clash:
                 raise ValueError(f"device {device.name!r}: option aliases {sorted(clash)} are "
-                                 f"{other.name!r}'s")
+                                 f"taken by device {other.name!r}")
         self.devices[device.name] = device
         return device

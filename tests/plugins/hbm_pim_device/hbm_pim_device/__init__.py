@@ -5,7 +5,9 @@ entry point (see ``pyproject.toml``), subclasses the device contract
 (:class:`onnx_cinm.devices.Device`: ``supports``, ``cost``, ``transfer_cost``) and nothing above
 the registry knows it. It is a *cost-model* device: it keeps the contract's default ``lower``
 and ``emit`` (no plan, no kernel), so ops placed on it are kept in the model with their
-reference bodies and run on the host by the execution provider.
+reference bodies and run on the host by the execution provider. Its colour in the report's
+pictures and its option's other spellings (a flag with a unit, a sweep key) are declared here
+too, and the CLI, sweeps and report take them without an edit.
 
 Model: one HBM2 stack whose banks each pair with a SIMD unit; an op streams its operands out of
 the banks at the internal bandwidth and the units compute at their peak rate, so one op takes
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx_cinm.devices import Cost, Device, OpInfo, Support
+from onnx_cinm.options import Alias, option, parse_duration
 
 
 @dataclass(frozen=True)
@@ -73,11 +76,24 @@ def _nbytes(t) -> int:
     return 0 if t.dtype is None else t.numel * np.dtype(t.dtype).itemsize
 
 
+@dataclass(frozen=True)
+class ToyPimOptions:
+    """The toy device's options (keys ``toy_pim_<field>``)."""
+
+    launch_s: float | None = option(
+        None, help="fixed cost of one kernel (default: the params', 2 us)", unit="s", low=0.0,
+        aliases=(Alias(flag="--toy-pim-launch", sweep="toy.launch", parse=parse_duration,
+                       metavar="T", help="--toy-pim-launch-s with a unit"),))
+
+
 class HbmPimDevice(Device):
     """Near-bank SIMD units in an HBM2 stack: elementwise ops and Gemv (paradigm ``cnm``)."""
 
     name = "toy_pim"
     paradigm = "cnm"
+    option_prefix = "toy_pim"
+    Options = ToyPimOptions
+    colour = "#17becf"
 
     def __init__(self, params: HbmPimParams = HbmPimParams()):
         self.params = params
@@ -99,7 +115,9 @@ class HbmPimDevice(Device):
         read from the banks are all inputs (the resident matrix of a Gemv included)."""
         p = self.params
         bank = sum(_nbytes(t) for t in op.inputs) + sum(_nbytes(t) for t in op.outputs)
-        lat = p.launch_s + max(op.flops / p.peak_flops, bank / p.internal_bps)
+        launch = (options or {}).get("toy_pim_launch_s")
+        lat = (p.launch_s if launch is None else launch) + max(op.flops / p.peak_flops,
+                                                               bank / p.internal_bps)
         en = op.flops * p.flop_j + bank * p.bank_byte_j
         return Cost(latency_s=lat, energy_j=en, writes=0, bytes_moved=bank)
 
