@@ -260,10 +260,10 @@ def worker(name: str, cache: Path, quick: bool, out: Path) -> None:
     def check():
         # optimize's own check (golden.compare, 1 run of random inputs, default tolerances),
         # run here so that a failure keeps the other columns (optimize raises CheckFailed)
-        from onnx_cinm import sizes
+        from onnx_cinm import frontend
         from onnx_cinm.errors import ReferenceFailed
 
-        ref_model = sizes.overwrite_input_shapes(original, shapes) if shapes else original
+        ref_model = frontend.overwrite_input_shapes(original, shapes) if shapes else original
         try:
             report = golden.compare(ref_model, holder["cost"].model, n=1, dims=dims)
         except ReferenceFailed as e:

@@ -1,7 +1,7 @@
 """Static facts about a model: tensor types and shapes, constants, and FLOPs per node.
 
 FLOPs count multiplies and adds separately (a multiply-accumulate is 2), for one inference at
-the sizes the model is planned for (:func:`onnx_cinm.sizes.planned_dims`, set by ``optimize
+the sizes the model is planned for (:func:`onnx_cinm.frontend.planned_dims`, set by ``optimize
 --dim NAME=SIZE``); symbolic dims without a size are taken as 1 (a dynamic batch counts as batch
 1). Data movement (Reshape, Transpose,
 Concat, Gather, Im2Col, Pad, Cast, ...) counts 0.
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from . import frontend, sizes
+from . import frontend
 from .anonymous_dims import size_anonymous_dims
 from .dialects import cinm
 from .graph import OpInfo, TensorInfo
@@ -35,7 +35,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     big models; with ``infer=False`` it reads the model's value_info as it is (for a model that
     was just inferred). Initializers are ``const``.
 
-    Symbolic dims with a planned size (:func:`onnx_cinm.sizes.planned_dims`) are bound to it
+    Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
     before inference, so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
     shapes), whatever ``infer`` says. Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
@@ -46,7 +46,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
-    dims = sizes.planned_dims(model)
+    dims = frontend.planned_dims(model)
     if not infer and not dims:
         return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.
@@ -59,7 +59,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     g.value_info.extend(model.graph.value_info)
     if dims:  # bound on the copy: the model itself stays dynamic
         del g.value_info[:]  # entries computed from the symbolic sizes would contradict them
-        sizes.bind_dims(g, dims)
+        frontend.bind_dims(g, dims)
     consts = {}
     for init in model.graph.initializer:
         consts[init.name] = (init.data_type, tuple(init.dims))

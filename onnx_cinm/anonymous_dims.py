@@ -171,7 +171,7 @@ def _has_unsized(graph: onnx.GraphProto) -> bool:
 
 def size_anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     """Non-strict shape inference of a *weightless, sized copy* (inputs bound to their sizes by
-    :func:`onnx_cinm.sizes.bind_dims`), going further than onnx where it leaves dims
+    :func:`onnx_cinm.frontend.bind_dims`), going further than onnx where it leaves dims
     anonymous (``unk__N``).
 
     onnx's data propagation computes ``Shape``/``Gather``/``Concat`` values, but ops such as

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from . import frontend, golden, hostmodel, sizes
+from . import frontend, golden, hostmodel
 from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -43,7 +43,7 @@ class OptimizeResult:
             (the model's recurrent ops were lowered, or the original cannot run on such
             inputs), or None.
         dims: the sizes of symbolic dimensions everything was planned and counted at
-            (recorded in the model, see :func:`onnx_cinm.sizes.planned_dims`).
+            (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
         anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that shape inference
             could not size even at ``dims`` (anonymous ``unk__N`` ones, or exporter-named ones
@@ -313,10 +313,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         if original is model:  # never change the caller's model
             original = onnx.ModelProto()
             original.CopyFrom(model)
-        original = sizes.overwrite_input_shapes(original, input_shapes)
+        original = frontend.overwrite_input_shapes(original, input_shapes)
     # a re-optimized model keeps its sizes; real input arrays size what they cover; --dim wins
     given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
-    dims = {**sizes.planned_dims(original), **given, **(dims or {})}
+    dims = {**frontend.planned_dims(original), **given, **(dims or {})}
     golden.check_dim_names(original, dims)
     if check or original is model:  # the check needs the original; the caller's stays as is
         work = onnx.ModelProto()
@@ -325,7 +325,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         work = original
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
-    sizes.set_planned_dims(work, dims)
+    frontend.set_planned_dims(work, dims)
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)

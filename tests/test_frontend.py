@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_cinm import frontend, sizes
+from onnx_cinm import frontend
 from onnx_cinm.errors import CinmError
 from onnx_cinm.golden import run_onnxruntime
 
@@ -347,7 +347,7 @@ def test_infer_shapes_through_a_file_above_the_protobuf_limit(monkeypatch):
 
 def test_overwrite_input_shapes_bakes_dims_and_reinference_refreshes_outputs():
     model = frontend.infer_shapes(_reshape_chain_model(["batch", 4, 4]))
-    sizes.overwrite_input_shapes(model, {"x": [2, 4, 4]})
+    frontend.overwrite_input_shapes(model, {"x": [2, 4, 4]})
     assert _dims(model.graph.input[0]) == [2, 4, 4]
     frontend.infer_shapes(model)
     assert _dims(model.graph.output[0]) == [2, 16]
@@ -357,9 +357,9 @@ def test_overwrite_input_shapes_bakes_dims_and_reinference_refreshes_outputs():
 
 def test_overwrite_input_shapes_skips_initializer_inputs(light_model_paths):
     model = frontend.load_model(light_model_paths["squeezenet"])
-    sizes.overwrite_input_shapes(model, {"data_0": [1, 3, 224, 224]})
+    frontend.overwrite_input_shapes(model, {"data_0": [1, 3, 224, 224]})
     with pytest.raises(CinmError, match="no input 'conv1_w_0'"):
-        sizes.overwrite_input_shapes(model, {"conv1_w_0": [64, 3, 3, 3]})
+        frontend.overwrite_input_shapes(model, {"conv1_w_0": [64, 3, 3, 3]})
 
 
 @pytest.mark.parametrize("shapes, fragment", [
@@ -369,7 +369,7 @@ def test_overwrite_input_shapes_skips_initializer_inputs(light_model_paths):
 ])
 def test_overwrite_input_shapes_errors(shapes, fragment):
     with pytest.raises(CinmError, match=fragment) as info:
-        sizes.overwrite_input_shapes(_reshape_chain_model(["batch", 4, 4]), shapes)
+        frontend.overwrite_input_shapes(_reshape_chain_model(["batch", 4, 4]), shapes)
     assert "\n" not in str(info.value)
 
 
@@ -379,13 +379,13 @@ def test_overwrite_input_shapes_errors(shapes, fragment):
     ("gpu_0/data_0:7", ("gpu_0/data_0", [7])),
 ])
 def test_parse_shape_spec(text, expected):
-    assert sizes.parse_shape_spec(text) == expected
+    assert frontend.parse_shape_spec(text) == expected
 
 
 @pytest.mark.parametrize("text", ["x", ":1,2", "x:", "x:1,,2", "x:1,a", "x:1,-3", "x:0"])
 def test_parse_shape_spec_errors(text):
     with pytest.raises(CinmError, match="bad shape spec") as info:
-        sizes.parse_shape_spec(text)
+        frontend.parse_shape_spec(text)
     assert "\n" not in str(info.value)
 
 

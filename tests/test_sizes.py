@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from onnx_cinm import optimize, sizes
+from onnx_cinm import frontend, optimize
 from onnx_cinm.cli import main
 from onnx_cinm.errors import CinmError
 
@@ -54,7 +54,7 @@ def test_dims_reach_flops_and_plans_as_a_static_shape_would():
     # the model stays dynamic and records the sizes it was planned for
     dims = sized.model.graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param for d in dims] == ["batch", "", "height", "width"]
-    assert sizes.planned_dims(sized.model) == {"height": 64, "width": 64}
+    assert frontend.planned_dims(sized.model) == {"height": 64, "width": 64}
     line = next(li for li in sized.summary().splitlines() if li.startswith("FLOPs"))
     assert "at height=64, width=64" in line and "taken as 1: batch" in line
 
@@ -93,13 +93,13 @@ def test_a_malformed_size_record_is_a_one_line_error(tmp_path):
     for bad in ("[1, 2]", '{"height": -3}', '{"height": "64"}', "not json", '{"height": true}'):
         m2 = onnx.ModelProto()
         m2.CopyFrom(m)
-        m2.metadata_props.add(key=sizes.PLANNED_DIMS_KEY, value=bad)
+        m2.metadata_props.add(key=frontend.PLANNED_DIMS_KEY, value=bad)
         with pytest.raises(CinmError, match="metadata 'onnx_cinm.planned_dims' is malformed"):
-            sizes.planned_dims(m2)
-    sizes.set_planned_dims(m, {"width": 3, "height": 2})
-    sizes.set_planned_dims(m, {"height": 5})
-    assert [(p.key, json.loads(p.value)) for p in m.metadata_props] == [(sizes.PLANNED_DIMS_KEY, {"height": 5})]
-    sizes.set_planned_dims(m, {})
+            frontend.planned_dims(m2)
+    frontend.set_planned_dims(m, {"width": 3, "height": 2})
+    frontend.set_planned_dims(m, {"height": 5})
+    assert [(p.key, json.loads(p.value)) for p in m.metadata_props] == [(frontend.PLANNED_DIMS_KEY, {"height": 5})]
+    frontend.set_planned_dims(m, {})
     assert not m.metadata_props
 
 
@@ -369,7 +369,7 @@ def test_optimize_plans_at_the_sizes_of_the_given_arrays():
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     res = optimize(_dynamic_convnet(), inputs={"images": x}, placement="heuristic")
     assert res.flops_total == _flops_at(16)
-    assert sizes.planned_dims(res.model) == {"batch": 1, "height": 16, "width": 16}
+    assert frontend.planned_dims(res.model) == {"batch": 1, "height": 16, "width": 16}
     assert res.check.ok and res.check.runs == 1
     res = optimize(_dynamic_convnet(), inputs={"images": x}, dims={"height": 8}, check=0)
-    assert sizes.planned_dims(res.model) == {"batch": 1, "height": 8, "width": 16}
+    assert frontend.planned_dims(res.model) == {"batch": 1, "height": 8, "width": 16}

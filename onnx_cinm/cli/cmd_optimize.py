@@ -20,7 +20,7 @@ def _progress(total: int, desc: str, unit: str, quiet: bool):
 
 
 def _cmd_optimize(args, parser) -> int:
-    from .. import artifacts, frontend, sizes
+    from .. import artifacts, frontend
     from ..examples import EXAMPLES, get_example
     from ..passes import DEFAULT_PIPELINE, available_passes
     from ..passes.placement_rules import hint_warnings, load_hints, parse_hint
@@ -86,7 +86,7 @@ def _cmd_optimize(args, parser) -> int:
         dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
-            name, shape = sizes.parse_shape_spec(spec)
+            name, shape = frontend.parse_shape_spec(spec)
             if name in shapes:
                 raise CinmError(f"--overwrite-input-shape given twice for input '{name}'")
             shapes[name] = shape

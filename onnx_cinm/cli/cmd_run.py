@@ -64,7 +64,7 @@ def _warn_if_nothing_on_devices(sess) -> None:
 
 
 def _cmd_run(args, parser) -> int:
-    from .. import artifacts, golden, sizes
+    from .. import artifacts, frontend, golden
     from ..runtime import profile
 
     opts = _provider_options(args.provider_option, parser)
@@ -86,7 +86,7 @@ def _cmd_run(args, parser) -> int:
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
     golden.check_given_inputs(sess._model, given)
-    planned = sizes.planned_dims(sess._model)
+    planned = frontend.planned_dims(sess._model)
     # by default the sizes it was planned for, unless the given arrays have others
     dims = {**planned, **golden.dims_from_shapes(sess._model, shapes), **dims}
     parts = sess.partitions()
@@ -226,7 +226,7 @@ def _save_npz(path: str, arrays: dict) -> None:
 
 
 def _cmd_compare(args, parser) -> int:
-    from .. import frontend, golden, sizes
+    from .. import frontend, golden
 
     opts = _provider_options(args.provider_option, parser)
     given, dims = _given_inputs(args, parser)
@@ -250,7 +250,7 @@ def _cmd_compare(args, parser) -> int:
     shapes = {name: arr.shape for name, arr in given.items()}
     # the sizes it was planned for, or baked in (optimize --overwrite-input-shape), by default;
     # then those of the given arrays; then --dim
-    dims = {**sizes.planned_dims(sess._model), **golden.dims_from_shapes(original, _static_inputs(sess._model)),
+    dims = {**frontend.planned_dims(sess._model), **golden.dims_from_shapes(original, _static_inputs(sess._model)),
             **golden.dims_from_shapes(original, shapes), **dims}
     _warn_if_nothing_on_devices(sess)
     feeds = None

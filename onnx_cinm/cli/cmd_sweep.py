@@ -10,14 +10,14 @@ from .args import _dims, _pass_options
 
 
 def _cmd_sweep(args, parser) -> int:
-    from .. import artifacts, frontend, sizes, sweep
+    from .. import artifacts, frontend, sweep
 
     try:
         sets = sweep.parse_sets(args.sets)
         dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
-            name, shape = sizes.parse_shape_spec(spec)
+            name, shape = frontend.parse_shape_spec(spec)
             shapes[name] = shape
     except CinmError as e:
         parser.error(str(e))
