@@ -140,10 +140,12 @@ class Alias:
         return self.flag or self.sweep
 
 
-def alias_values(alias: Alias, schema: dict[str, OptionSpec], text: str | None = None) -> dict:
+def alias_values(alias: Alias, schema: dict[str, OptionSpec], text: str | None = None,
+                 name: str = "") -> dict:
     """``{flat key: value}`` that ``alias`` sets, given as ``text`` (None for a flag without a
-    value), each value checked as its option's. Raises CinmError naming the alias (its
-    :attr:`~Alias.label`) and the form it expects."""
+    value), each value checked as its option's. Raises CinmError naming the alias as it was
+    written (``name``: its flag or its sweep key; default :attr:`~Alias.label`) and the form
+    it expects, or naming the option whose check a value fails."""
     if alias.const is not None:
         values: tuple = (alias.const,)
     elif alias.parse is None:
@@ -152,7 +154,7 @@ def alias_values(alias: Alias, schema: dict[str, OptionSpec], text: str | None =
         try:
             v = alias.parse(text)
         except ValueError as e:
-            raise CinmError(f"{alias.label}: {e}") from None
+            raise CinmError(f"{name or alias.label}: {e}") from None
         values = tuple(v) if len(alias.keys) > 1 else (v,)
     return {k: check(schema[k], v) for k, v in zip(alias.keys, values)}
 

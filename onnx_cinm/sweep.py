@@ -54,7 +54,7 @@ def _converter(spec, alias=None, schema=None):
         if spec.type is tuple:
             v = v.replace("+", ",")
         if alias is not None:
-            return alias_values(alias, schema, v)
+            return alias_values(alias, schema, v, alias.sweep)
         return {spec.key: from_text(spec, v)}
     return conv
 

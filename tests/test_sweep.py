@@ -75,7 +75,7 @@ def test_dask_sweep_matches_local(local_rows, resnet, tmp_path):
 def test_bad_sweeps(tmp_path, capsys):
     with pytest.raises(CinmError, match="unknown sweep key"):
         sweep.parse_sets(["crossbar.colour=red"])
-    with pytest.raises(CinmError, match="ROWSxCOLS"):
+    with pytest.raises(CinmError, match="^crossbar.size: expected ROWSxCOLS such as 64x64, got '64'"):
         sweep.parse_sets(["crossbar.size=64"])
     with pytest.raises(CinmError, match="twice"):
         sweep.parse_sets(["upmem.dpus=1", "upmem.dpus=2"])
