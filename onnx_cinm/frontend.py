@@ -30,6 +30,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import CinmError
+from .protowire import copy_except, initializer_raw_sizes, write_streamed
 
 #: Oldest default-domain opset accepted by :func:`load_model`.
 MIN_OPSET = 9
@@ -328,66 +329,6 @@ def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> None
             )
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    """The protobuf varint at ``buf[pos]`` and the position after it."""
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _wire_fields(buf: memoryview, start: int, end: int):
-    """Yield ``(field number, value start, value end)`` of the length-delimited fields of the
-    serialized message ``buf[start:end]`` (other wire types are skipped)."""
-    pos = start
-    while pos < end:
-        key, pos = _read_varint(buf, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _read_varint(buf, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _read_varint(buf, pos)
-            yield key >> 3, pos, pos + length
-            pos += length
-        else:  # groups: not used by onnx.proto
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-
-
-_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
-_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
-_RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
-
-
-def _initializer_raw_sizes(buf: memoryview, count: int) -> list:
-    """``len(raw_data)`` (None: no raw_data) of each main-graph initializer of the serialized
-    model ``buf``, in order, read from the wire format: reading ``tensor.raw_data`` from the
-    parsed model would copy the bytes (upb hands out a new ``bytes`` object each time). All
-    None if the walk does not find ``count`` initializers."""
-    sizes: list = []
-    try:
-        for number, start, end in _wire_fields(buf, 0, len(buf)):
-            if number != _GRAPH_FIELD:
-                continue
-            for inner, t_start, t_end in _wire_fields(buf, start, end):
-                if inner == _INITIALIZER_FIELD:
-                    size = None
-                    for field, r_start, r_end in _wire_fields(buf, t_start, t_end):
-                        if field == _RAW_DATA_FIELD:
-                            size = r_end - r_start
-                    sizes.append(size)
-    except (IndexError, ValueError):
-        sizes = []
-    return sizes if len(sizes) == count else [None] * count
-
-
 def _external_length(tensor: onnx.TensorProto, folder: str) -> int:
     """Bytes that loading the external data of ``tensor`` puts in its raw_data."""
     info = {entry.key: entry.value for entry in tensor.external_data}
@@ -418,8 +359,8 @@ def _checker_skeleton(model: onnx.ModelProto, raw_sizes: list, path: str) -> onn
     Those tensors get the checker's tensor rules here, from their raw sizes (``raw_sizes``,
     per main-graph initializer): raw_data the only value field, at least ``elements *
     itemsize`` bytes. Raises CinmError with the checker's wording."""
-    skeleton = _copy_except(model, "graph")
-    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    skeleton = copy_except(model, "graph")
+    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
     inputs = {value.name for value in model.graph.input}
     for tensor, size in zip(model.graph.initializer, raw_sizes):
         itemsize = _PLAIN_TYPES.get(tensor.data_type)
@@ -489,7 +430,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     validate_structure(model, path)
     folder = os.path.dirname(os.path.abspath(path))
     _check_external_data(model, path, folder)
-    raw_sizes = _initializer_raw_sizes(memoryview(data), len(model.graph.initializer))
+    raw_sizes = initializer_raw_sizes(memoryview(data), len(model.graph.initializer))
     del data
     if any(_is_external(tensor) for tensor in _iter_tensors(model)):
         for index, tensor in enumerate(model.graph.initializer):
@@ -517,33 +458,14 @@ def _total_tensor_bytes(model: onnx.ModelProto) -> int:
     return sum(_tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 
-def _copy_except(message, skipped_field: str):
-    """Copy a protobuf message except one (large) field, without touching that field (not even
-    reading it: ``ListFields`` would hand out a copy of a tensor's raw_data)."""
-    copy = type(message)()
-    for field in message.DESCRIPTOR.fields:
-        if field.name == skipped_field:
-            continue
-        if field.is_repeated:
-            values = getattr(message, field.name)
-            if len(values):
-                getattr(copy, field.name).extend(values)
-        elif message.HasField(field.name):
-            if field.message_type is not None:
-                getattr(copy, field.name).CopyFrom(getattr(message, field.name))
-            else:
-                setattr(copy, field.name, getattr(message, field.name))
-    return copy
-
-
 def _external_skeleton(model: onnx.ModelProto, data_file, location: str) -> onnx.ModelProto:
     """Write the large initializers of ``model`` to ``data_file``; return a model pointing at them.
 
     ``model`` is not modified. Tensors smaller than 1 KiB, and tensors whose data is not in
     ``raw_data`` (typed fields, strings), stay inside the returned protobuf.
     """
-    skeleton = _copy_except(model, "graph")
-    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    skeleton = copy_except(model, "graph")
+    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
     for tensor in model.graph.initializer:
         if _is_external(tensor):
             raise CinmError(
@@ -633,39 +555,6 @@ def _write_file(path: str, writer) -> None:
         os.fsync(handle.fileno())
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _write_streamed(handle, model: onnx.ModelProto) -> None:
-    """Write ``model`` serialized, one initializer at a time: the model without its weights,
-    then per initializer the encoding of a ModelProto whose graph holds just that tensor.
-    Protobuf parsing merges repeated occurrences of an embedded message (the graph) and appends
-    repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
-    but no serialization of the whole model (a second copy of every weight) is ever held."""
-    head = _copy_except(model, "graph")
-    head.graph.CopyFrom(_copy_except(model.graph, "initializer"))
-    handle.write(head.SerializeToString())
-    graph_key = _varint(onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number << 3 | 2)
-    init_key = _varint(onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number << 3 | 2)
-    raw_key = _varint(onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number << 3 | 2)
-    for tensor in model.graph.initializer:
-        if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
-            meta = _copy_except(tensor, "raw_data").SerializeToString()
-            raw = tensor.raw_data
-            meta += raw_key + _varint(len(raw))
-        else:
-            meta, raw = tensor.SerializeToString(), b""
-        inner = init_key + _varint(len(meta) + len(raw))
-        handle.write(graph_key + _varint(len(inner) + len(meta) + len(raw)) + inner + meta)
-        handle.write(raw)
-
-
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,
@@ -720,7 +609,7 @@ def save_model(
             _write_file(model_temporary, lambda handle: handle.write(skeleton.SerializeToString()))
             os.replace(data_temporary, os.path.join(folder, name + ".data"))
         else:
-            _write_file(model_temporary, lambda handle: _write_streamed(handle, model))
+            _write_file(model_temporary, lambda handle: write_streamed(handle, model))
         os.replace(model_temporary, path)
     except OSError as error:
         raise CinmError(f"cannot write '{path}': {error.strerror or _first_line(error)}") from None
@@ -757,8 +646,8 @@ def strip_weights(
     moved : set of str
         Names of the initializers that were added to the skeleton's graph inputs.
     """
-    skeleton = _copy_except(model, "graph")
-    skeleton.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    skeleton = copy_except(model, "graph")
+    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
     inputs = {value.name for value in model.graph.input}
     moved: set[str] = set()
     for tensor in model.graph.initializer:

@@ -1,0 +1,124 @@
+"""The protobuf wire format of ONNX models, for what the ``protobuf`` API does slowly or not at
+all on large models: copying a message without one (large) field, reading the raw sizes of the
+initializers from the serialized bytes without parsing them into ``bytes`` objects, and writing
+a model one initializer at a time. Encoding: protobuf's documented wire format
+(https://protobuf.dev/programming-guides/encoding/): varints, and field keys ``number << 3 |
+wire type``, length-delimited fields (wire type 2) holding strings, bytes and messages.
+"""
+from __future__ import annotations
+
+import onnx
+
+
+def copy_except(message, skipped_field: str):
+    """Copy a protobuf message except one (large) field, without touching that field (not even
+    reading it: ``ListFields`` would hand out a copy of a tensor's raw_data)."""
+    copy = type(message)()
+    for field in message.DESCRIPTOR.fields:
+        if field.name == skipped_field:
+            continue
+        if field.is_repeated:
+            values = getattr(message, field.name)
+            if len(values):
+                getattr(copy, field.name).extend(values)
+        elif message.HasField(field.name):
+            if field.message_type is not None:
+                getattr(copy, field.name).CopyFrom(getattr(message, field.name))
+            else:
+                setattr(copy, field.name, getattr(message, field.name))
+    return copy
+
+
+def read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """The protobuf varint at ``buf[pos]`` and the position after it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def length_delimited_fields(buf: memoryview, start: int, end: int):
+    """Yield ``(field number, value start, value end)`` of the length-delimited fields of the
+    serialized message ``buf[start:end]`` (other wire types are skipped)."""
+    pos = start
+    while pos < end:
+        key, pos = read_varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = read_varint(buf, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = read_varint(buf, pos)
+            yield key >> 3, pos, pos + length
+            pos += length
+        else:  # groups: not used by onnx.proto
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+
+
+_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+
+
+def initializer_raw_sizes(buf: memoryview, count: int) -> list:
+    """``len(raw_data)`` (None: no raw_data) of each main-graph initializer of the serialized
+    model ``buf``, in order, read from the wire format: reading ``tensor.raw_data`` from the
+    parsed model would copy the bytes (upb hands out a new ``bytes`` object each time). All
+    None if the walk does not find ``count`` initializers."""
+    sizes: list = []
+    try:
+        for number, start, end in length_delimited_fields(buf, 0, len(buf)):
+            if number != _GRAPH_FIELD:
+                continue
+            for inner, t_start, t_end in length_delimited_fields(buf, start, end):
+                if inner == _INITIALIZER_FIELD:
+                    size = None
+                    for field, r_start, r_end in length_delimited_fields(buf, t_start, t_end):
+                        if field == _RAW_DATA_FIELD:
+                            size = r_end - r_start
+                    sizes.append(size)
+    except (IndexError, ValueError):
+        sizes = []
+    return sizes if len(sizes) == count else [None] * count
+
+
+def varint(n: int) -> bytes:
+    """The varint encoding of ``n >= 0`` (7 bits a byte, least significant first, the high bit
+    set on every byte but the last); :func:`read_varint` reads it back."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def write_streamed(handle, model: onnx.ModelProto) -> None:
+    """Write ``model`` serialized, one initializer at a time: the model without its weights,
+    then per initializer the encoding of a ModelProto whose graph holds just that tensor.
+    Protobuf parsing merges repeated occurrences of an embedded message (the graph) and appends
+    repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
+    but no serialization of the whole model (a second copy of every weight) is ever held."""
+    head = copy_except(model, "graph")
+    head.graph.CopyFrom(copy_except(model.graph, "initializer"))
+    handle.write(head.SerializeToString())
+    graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
+    init_key = varint(_INITIALIZER_FIELD << 3 | 2)
+    raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
+    for tensor in model.graph.initializer:
+        if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
+            meta = copy_except(tensor, "raw_data").SerializeToString()
+            raw = tensor.raw_data
+            meta += raw_key + varint(len(raw))
+        else:
+            meta, raw = tensor.SerializeToString(), b""
+        inner = init_key + varint(len(meta) + len(raw))
+        handle.write(graph_key + varint(len(inner) + len(meta) + len(raw)) + inner + meta)
+        handle.write(raw)
