@@ -104,6 +104,20 @@ def test_report_cli_and_optimize_report(tmp_path, capsys):
     assert (tmp_path / "afile").read_text() == "x"
 
 
+def test_device_colours_are_declared_and_the_others_do_not_reuse_them():
+    from onnx_cinm import devices
+    from onnx_cinm.report import TRANSFER_COLOUR, _colour
+
+    # the pictures' colours of the built-in devices (their Device.colour)
+    seen: list = []
+    assert [_colour(d, seen) for d in ("host", "memristor", "upmem")] == [
+        "#7f7f7f", "#d62728", "#1f77b4"]
+    declared = {d.colour for d in devices.all_devices() if d.colour} | {TRANSFER_COLOUR}
+    # a device without a colour gets one of tab10's that no other has, the same one each time
+    picked = [_colour(d, seen) for d in ("newchip", "otherchip", "newchip")]
+    assert picked[0] == picked[2] != picked[1] and not declared & set(picked)
+
+
 def _fan_out(k=512, n1=256, n2=128):
     """x[1, k] feeds two Gemms with constant weights; both results are graph outputs."""
     rng = np.random.default_rng(0)
@@ -138,16 +152,3 @@ def test_report_transfers_are_the_cost_models_on_a_fan_out():
     assert sum(r.energy_j + r.transfer_j for r in rows) == pytest.approx(tot.energy_j, rel=1e-12)
     assert totals["latency_s"] == pytest.approx(tot.latency_s, rel=1e-12)
 
-
-def test_device_colours_are_declared_and_the_others_do_not_reuse_them():
-    from onnx_cinm import devices
-    from onnx_cinm.report import TRANSFER_COLOUR, _colour
-
-    # the pictures' colours of the built-in devices (their Device.colour)
-    seen: list = []
-    assert [_colour(d, seen) for d in ("host", "memristor", "upmem")] == [
-        "#7f7f7f", "#d62728", "#1f77b4"]
-    declared = {d.colour for d in devices.all_devices() if d.colour} | {TRANSFER_COLOUR}
-    # a device without a colour gets one of tab10's that no other has, the same one each time
-    picked = [_colour(d, seen) for d in ("newchip", "otherchip", "newchip")]
-    assert picked[0] == picked[2] != picked[1] and not declared & set(picked)
