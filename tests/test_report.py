@@ -151,4 +151,3 @@ def test_report_transfers_are_the_cost_models_on_a_fan_out():
     assert sum(r.latency_s + r.transfer_s for r in rows) == pytest.approx(tot.latency_s, rel=1e-12)
     assert sum(r.energy_j + r.transfer_j for r in rows) == pytest.approx(tot.energy_j, rel=1e-12)
     assert totals["latency_s"] == pytest.approx(tot.latency_s, rel=1e-12)
-
