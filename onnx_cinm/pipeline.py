@@ -331,6 +331,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     ctx = PassContext(options=options, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
+    if any(n.op_type == "If" for n in work.graph.node):
+        from .passes.control_flow import compile_if_bodies
+
+        t0 = time.perf_counter()
+        feeds = _check_feeds(original, inputs, check, dims)
+        feeds = feeds[0] if feeds else golden.random_inputs(work, seed=0, dims=dims)
+        work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
+        pm.timings.append(("if_bodies", time.perf_counter() - t0))
     cinm.attach_functions(work)
     roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
     ctx.stats["host_roofline"] = roof
