@@ -229,7 +229,8 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
         return model
     dims = frontend.planned_dims(model)
     del model.graph.value_info[:]
-    frontend.infer_shapes(model, strict=False)
+    model = frontend.infer_shapes(model, strict=False)
+    ifs = _if_nodes(model.graph)
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     vis = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
