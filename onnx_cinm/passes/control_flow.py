@@ -18,9 +18,10 @@ The branch model runs the pipeline from ``fold_constants`` (the opset is the mod
 canonical) to the same ``--stop-after`` level, with the same options (``fold_constants``
 replaces an If whose condition folds, a rank test say, by the branch it takes); the Ifs left
 are compiled the same way, recursively. A branch that gained cinm ops replaces the original one,
-with value_info at the planned sizes for the tensors its nodes read and write (the FLOP count,
-the kernels' emission and the provider read them); a branch without any keeps its original
-nodes. Kernel stems get the branch's path as prefix (``if0012t_``: then-branch of node 12,
+with its value_info (symbolic; the sizes of the dims named here are recorded under
+:data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`, which tensor infos bind, so the FLOP count, the
+kernels' emission and the provider see the planned shapes); a branch without any keeps its
+original nodes. Kernel stems get the branch's path as prefix (``if0012t_``: then-branch of node 12,
 :attr:`PassContext.scope`). Names the branch creates that the rest of the model uses are renamed.
 
 Loop and Scan bodies are not compiled: their captured values change per iteration, and the
@@ -37,7 +38,6 @@ import onnxruntime as ort
 from onnx import helper
 
 from .. import frontend
-from ..analysis import tensor_infos
 from ..dialects import cinm
 from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
 from .graph_names import Names, captured
@@ -185,21 +185,12 @@ def _merge_stats(into: dict, add: dict) -> None:
             into[k] = have + v
 
 
-def _shaped_value_info(sub: onnx.ModelProto) -> list:
-    """value_info of the branch's tensors whose shapes are static at its planned sizes."""
-    infos = tensor_infos(sub)
-    names = {o for n in sub.graph.node for o in (*n.input, *n.output) if o}
-    names -= {i.name for i in sub.graph.input} | {t.name for t in sub.graph.initializer}
-    names -= {o.name for o in sub.graph.output}
-    out = []
-    for n in sorted(names):
-        i = infos.get(n)
-        if i is None or i.dtype is None or i.shape is None or \
-                not all(isinstance(d, int) for d in i.shape):
-            continue
-        out.append(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(i.dtype)),
-                                                 list(i.shape)))
-    return out
+def _value_info(sub: onnx.ModelProto) -> list:
+    """value_info of the branch's tensors, inferred without binding the planned sizes (a dim
+    keeps its name: a model planned at batch 1 still runs at batch 4)."""
+    del sub.graph.value_info[:]
+    sub = frontend.infer_shapes(sub, strict=False)
+    return list(sub.graph.value_info)
 
 
 def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop_after=None,
@@ -240,6 +231,7 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
         taken = _condition(probed.get(node.input[0]))
         if taken is not None:
             ctx.stats["if_taken"][node.name] = taken
+    named = frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY)
     for index, node in ifs:
         for attr in node.attribute:
             if attr.type != onnx.AttributeProto.GRAPH:
@@ -275,11 +267,14 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
                 continue
             body = _merged_body(model, node, attr.g, sub, inits)
             attr.g.CopyFrom(body)
+            named.update({k: v for k, v in planned.items() if k not in dims})
+            named.update(frontend.planned_dims(sub, frontend.BRANCH_DIMS_KEY))
             record.update(compiled=True, cinm=n_cinm, nodes=len(body.node))
             stats = {k: v for k, v in sub_ctx.stats.items() if k != "to_cinm"}
             stats["to_cinm"] = {"lowered": sub_ctx.stats.get("to_cinm", {}).get("lowered", Counter())}
             _merge_stats(ctx.stats, stats)
             ctx.log(f"{node.name}/{attr.name}: compiled, {n_cinm} cinm ops")
+    frontend.set_planned_dims(model, named, frontend.BRANCH_DIMS_KEY)
     return model
 
 
@@ -293,7 +288,7 @@ def captured_all(node: onnx.NodeProto) -> set[str]:
 
 def _merged_body(model, node, original, sub, inits) -> onnx.GraphProto:
     """The compiled branch model ``sub`` as the body of ``node``: outer initializers it
-    captured dropped again, value_info at the planned sizes, names the rest of the model uses
+    captured dropped again, its value_info (symbolic), names the rest of the model uses
     renamed."""
     body = onnx.GraphProto(name=original.name)
     body.node.extend(sub.graph.node)
@@ -301,7 +296,7 @@ def _merged_body(model, node, original, sub, inits) -> onnx.GraphProto:
                             if t.name not in inits or t.dims != inits[t.name].dims
                             or t.data_type != inits[t.name].data_type)
     body.output.extend(original.output)
-    body.value_info.extend(_shaped_value_info(sub))
+    body.value_info.extend(_value_info(sub))
     outside = _all_names(model.graph, skip=node)
     new = _defined(body) - _defined(original)
     clash = sorted(new & outside)

@@ -317,12 +317,14 @@ class InferenceSession:
     @classmethod
     def _branch(cls, parent: "InferenceSession", model: onnx.ModelProto) -> "InferenceSession":
         """A session over ``model``, an If branch made a model (:class:`_IfKernel`), sharing
-        ``parent``'s options, matrix kernels, kernel folder and its checked manifest."""
+        ``parent``'s options, matrix kernels, kernel folder, its checked manifest and its tensor
+        infos (which cover the branches' tensors at the planned sizes)."""
         self = cls.__new__(cls)
         self._kernels, self._providers = parent._kernels, parent._providers
         self._options, self._label_text = parent._options, parent._label_text
         self._setup(model, parent._root)
-        self._build(use_devices=True, manifest_kernels=parent._manifest_kernels)
+        self._build(use_devices=True, manifest_kernels=parent._manifest_kernels,
+                    infos=parent._infos)
         return self
 
     # ------------------------------------------------------------------ partitioning
@@ -351,7 +353,8 @@ class InferenceSession:
                             run_options_of(dev, self._options))
         return None if kernel is None else (dev_name, kernel, mode)
 
-    def _build(self, use_devices: bool, manifest_kernels: set | None = None) -> None:
+    def _build(self, use_devices: bool, manifest_kernels: set | None = None,
+               infos: dict | None = None) -> None:
         g = self._model.graph
         has_kernels = use_devices and any(
             n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)
@@ -362,7 +365,9 @@ class InferenceSession:
                 manifest = artifacts.check_pair(self._model, self._root, self._label_text)
                 manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
         self._manifest_kernels = manifest_kernels
-        infos = tensor_infos(self._model, infer=False) if has_kernels else {}
+        if infos is None:  # a branch's session has its parent's (they cover the bodies)
+            infos = tensor_infos(self._model, infer=False) if has_kernels else {}
+        self._infos = infos
         inits = {i.name: i for i in g.initializer}
         consts: dict = {}
         if has_kernels:
