@@ -258,15 +258,15 @@ def _control_flow(model: onnx.ModelProto) -> str | None:
     if not count:
         return None
     parts = [", ".join(f"{op} x{n}" for op, n in sorted(count.items()))]
-    if branches:
-        if compiled:
-            where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "")
-            parts.append(f"{compiled} of {branches} If branches compiled ({on_dev + host_cinm} "
-                         f"cinm ops: {where}; their other {other} nodes run on the host)")
-        else:
-            parts.append(f"no If branch holds work for a device ({branches} branches)")
+    if branches and compiled:
+        where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "")
+        parts.append(f"{compiled} of {branches} If branches compiled ({on_dev + host_cinm} "
+                     f"cinm ops: {where}; their other {other} nodes run on the host)")
         if plain:
             parts.append(f"the {plain} nodes of the other branches run on the host as they are")
+    elif branches:
+        parts.append(f"no If branch has work for a device: the {plain} nodes of the {branches} "
+                     "branches run on the host as they are")
     if loop_nodes:
         parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
                      "(onnx-cinm compiles If branches only)")
