@@ -234,7 +234,7 @@ def _control_flow(model: onnx.ModelProto) -> str | None:
     Loop, Scan): which If branches were compiled (hold cinm ops), how many of their cinm ops
     run on a device, and what stays on the host as it is; None without control flow."""
     count: Counter = Counter()
-    branches = compiled = on_dev = host_cinm = other = plain = loop_nodes = 0
+    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = 0
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
         if not bodies:
@@ -251,17 +251,19 @@ def _control_flow(model: onnx.ModelProto) -> str | None:
                 plain += len(inner)
                 continue
             compiled += 1
-            dev = sum(1 for n in ops if cinm.node_attrs(n).get("device", "unplaced")
-                      not in ("host", "unplaced"))
-            on_dev, host_cinm, other = on_dev + dev, host_cinm + len(ops) - dev, \
-                other + len(inner) - len(ops)
+            where = Counter(cinm.node_attrs(n).get("device", "unplaced") for n in ops)
+            on_dev += len(ops) - where["host"] - where["unplaced"]
+            host_cinm, unplaced = host_cinm + where["host"], unplaced + where["unplaced"]
+            other += len(inner) - len(ops)
     if not count:
         return None
     parts = [", ".join(f"{op} x{n}" for op, n in sorted(count.items()))]
     if branches and compiled:
-        where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "")
-        parts.append(f"{compiled} of {branches} If branches compiled ({on_dev + host_cinm} "
-                     f"cinm ops: {where}; their other {other} nodes run on the host)")
+        where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "") \
+            + (f", {unplaced} not placed" if unplaced else "")
+        rest = f"; their other {other} nodes run on the host" if other else ""
+        parts.append(f"{compiled} of {branches} If branches compiled ({on_dev + host_cinm + unplaced} "
+                     f"cinm ops: {where}{rest})")
         if plain:
             parts.append(f"the {plain} nodes of the other branches run on the host as they are")
     elif branches:
