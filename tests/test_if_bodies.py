@@ -174,3 +174,57 @@ def test_compare_cli_on_silero_planned_at_batch_1_run_at_batch_4(silero_dir, tmp
     capsys.readouterr()
     assert main(["compare", str(src), str(out), "--input", str(tmp_path / "b4.npz")]) == 0
     assert "check: 1 run, 2 outputs" in capsys.readouterr().out
+
+
+def _nested_model() -> onnx.ModelProto:
+    """y = MatMul(x, W1) named 'mm' in the main graph, then If(c, then: If(d, then: MatMul(h, W2)
+    named 'mm' too, else: MatMul(h, W1)), else: Relu(h)) on h = the main MatMul's output: a
+    nested If, and a branch node named like a main-graph node (its lowering makes the same
+    names)."""
+    vi = lambda name, shape=None: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    inner_then = helper.make_graph([helper.make_node("MatMul", ["h", "W2"], ["it"], name="mm")],
+                                   "inner_then", [], [vi("it", ["n", K])])
+    inner_else = helper.make_graph([helper.make_node("MatMul", ["h", "W3"], ["ie"], name="mm3")],
+                                   "inner_else", [], [vi("ie", ["n", K])])
+    outer_then = helper.make_graph(
+        [helper.make_node("If", ["d"], ["ot"], then_branch=inner_then, else_branch=inner_else,
+                          name="inner")], "outer_then", [], [vi("ot", ["n", K])])
+    outer_else = helper.make_graph([helper.make_node("Relu", ["h"], ["oe"], name="relu")],
+                                   "outer_else", [], [vi("oe", ["n", K])])
+    rng = np.random.default_rng(5)
+    ws = {n: rng.standard_normal((K, K)).astype(np.float32) / 8 for n in ("W0", "W2", "W3")}
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W0"], ["h"], name="mm"),
+         helper.make_node("If", ["c"], ["y"], then_branch=outer_then, else_branch=outer_else,
+                          name="outer")],
+        "nested", [vi("x", ["n", K]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info("d", TensorProto.BOOL, [])],
+        [vi("y", ["n", K])], [numpy_helper.from_array(w, k) for k, w in ws.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), ws
+
+
+def test_nested_ifs_compile_and_run_every_path(tmp_path):
+    model, ws = _nested_model()
+    res = optimize(model, placement="heuristic", dims={"n": ROWS})
+    onnx.checker.check_model(res.model, full_check=True)  # names stay unique (SSA)
+    outer = next(n for n in res.model.graph.node if n.op_type == "If")
+    inner = next(n for a in outer.attribute if a.name == "then_branch" for n in a.g.node
+                 if n.op_type == "If")
+    kernels = sorted(cinm.node_attrs(n)["kernel"] for a in inner.attribute
+                     for n in a.g.node if n.domain == cinm.DOMAIN)
+    assert kernels == ["memristor/if0001t_if0000e_0000_mm3_Gemm.xbar",
+                       "memristor/if0001t_if0000t_0000_mm_Gemm.xbar"]
+    artifacts.save(res.model, tmp_path / "n.onnx")
+    sess = InferenceSession(str(tmp_path / "n.onnx"))
+    x = np.random.default_rng(6).standard_normal((ROWS, K)).astype(np.float32)
+    h = x @ ws["W0"]
+    # the inner 'mm' lowers to a node named like the main graph's 'mm/Gemm': renamed
+    for c, d, want, row in [(True, True, h @ ws["W2"], "outer[then] inner[then] mm/Gemm_1"),
+                            (True, False, h @ ws["W3"], "outer[then] inner[else] mm3/Gemm"),
+                            (False, True, np.maximum(h, 0), None)]:
+        before = len(sess.profile())
+        (y,) = sess.run(None, {"x": x, "c": np.array(c), "d": np.array(d)})
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        rows = [r["node"] for r in sess.profile()[before:]]
+        assert rows[0] == "mm/Gemm"
+        assert (row in rows) if row else not any("inner[" in r for r in rows), rows

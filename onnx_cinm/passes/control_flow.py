@@ -62,9 +62,8 @@ def probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, np
     so.log_severity_level = 4
     try:
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        wanted = [n for n in names]
         feed = {i.name: feeds[i.name] for i in sess.get_inputs() if i.name in feeds}
-        return dict(zip(wanted, sess.run(wanted, feed)))
+        return dict(zip(names, sess.run(list(names), feed)))
     except Exception:  # noqa: BLE001 - onnxruntime's own types: no probe, no harm
         return {}
 
