@@ -53,15 +53,18 @@ def probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, np
     model on them (then nothing is probed: the caller compiles without)."""
     if not names or feeds is None:
         return {}
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    known = {o.name for o in m.graph.output}
-    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    outputs = len(model.graph.output)
+    known = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    try:  # the model's bytes with the probed values as outputs, then the model as it was
+        data = model.SerializeToString()
+    finally:
+        del model.graph.output[outputs:]
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
     try:
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         feed = {i.name: feeds[i.name] for i in sess.get_inputs() if i.name in feeds}
         return dict(zip(names, sess.run(list(names), feed)))
     except Exception:  # noqa: BLE001 - onnxruntime's own types: no probe, no harm
