@@ -306,6 +306,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
              inputs: dict | None = None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
+    The branches of the main graph's If nodes go through the same passes, each as a model of
+    its own (:func:`onnx_cinm.passes.control_flow.compile_if_bodies`; what their captured
+    values look like at the planned sizes comes from one onnxruntime run of the model on the
+    check's first input set, or random inputs with ``check=0``); Loop and Scan bodies stay as
+    they are.
+
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
         placement: placement strategy: ``"cost"`` (the default, declared in
