@@ -194,7 +194,6 @@ class _IfKernel:
         self.parent, self.node = parent, node
         self.branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
         self.sessions: dict = {}
-        self.load_metrics = None
         self._lock = threading.Lock()
 
     def _model(self, branch: str, values: dict | None) -> onnx.ModelProto | None:
