@@ -35,8 +35,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     big models; with ``infer=False`` it reads the model's value_info as it is (for a model that
     was just inferred). Initializers are ``const``.
 
-    Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
-    before inference, so shapes computed from them (a sequence length through a Reshape) are
+    Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`, and the dims
+    named inside compiled If branches, :data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`) are bound
+    to it before inference (in the bodies' declared types too), so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
     shapes), whatever ``infer`` says. Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
     bounded by ``Shape(x)[1]``, the attention heads behind it),
@@ -46,7 +47,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
-    dims = frontend.planned_dims(model)
+    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
     if not infer and not dims:
         return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.

@@ -130,8 +130,9 @@ def sha256(path) -> str:
 
 
 def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The cinm nodes of the main graph that have a ``kernel`` attribute."""
-    return [n for n in model.graph.node
+    """The cinm nodes that have a ``kernel`` attribute: the main graph's, then those compiled
+    into If branches (:mod:`onnx_cinm.passes.control_flow`)."""
+    return [n for n in cinm.all_nodes(model.graph)
             if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)]
 
 
@@ -144,7 +145,8 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     nodes = kernel_nodes(model)
-    inits = {i.name: i for i in model.graph.initializer}
+    inits = {i.name: i for g in frontend.iter_graphs(model.graph)
+             for i in g.initializer}  # a weight lowered in an If branch is the branch's
     infos = tensor_infos(model, infer=False) if nodes else {}
     if nodes and not any(n.output[0] in infos for n in nodes):
         infos = tensor_infos(model)

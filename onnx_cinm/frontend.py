@@ -974,12 +974,20 @@ def parse_shape_spec(text: str) -> tuple[str, list[int]]:
 #: ``compare`` read it, so a model is sized the same way at every step.
 PLANNED_DIMS_KEY = "onnx_cinm.planned_dims"
 
+#: ``metadata_props`` key of the sizes of the symbolic dims onnx-cinm named itself inside If
+#: branches (a captured value whose shape the outer graph's inference does not know, sized by
+#: a probe run: :mod:`onnx_cinm.passes.control_flow`), a JSON object like
+#: :data:`PLANNED_DIMS_KEY`'s. Tensor infos bind them as planned sizes; they are no input's
+#: dims, so nothing else reads them.
+BRANCH_DIMS_KEY = "onnx_cinm.branch_dims"
+
 #: Largest size accepted for one symbolic dimension (a size is a tensor extent: int32 range).
 _MAX_DIM = 2**31 - 1
 
 
-def planned_dims(model: onnx.ModelProto) -> dict[str, int]:
-    """The symbolic-dimension sizes recorded in ``model`` (see :data:`PLANNED_DIMS_KEY`).
+def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[str, int]:
+    """The symbolic-dimension sizes recorded in ``model`` (see :data:`PLANNED_DIMS_KEY`; with
+    ``key`` :data:`BRANCH_DIMS_KEY`, the dims named inside If branches).
 
     Returns:
         ``{dim name: size}``; empty if the model records none.
@@ -990,7 +998,7 @@ def planned_dims(model: onnx.ModelProto) -> dict[str, int]:
     """
     import json
 
-    text = next((p.value for p in model.metadata_props if p.key == PLANNED_DIMS_KEY), None)
+    text = next((p.value for p in model.metadata_props if p.key == key), None)
     if text is None:
         return {}
     try:
@@ -999,26 +1007,31 @@ def planned_dims(model: onnx.ModelProto) -> dict[str, int]:
         dims = None
     if not isinstance(dims, dict) or not all(
             isinstance(k, str) and k and type(v) is int and 1 <= v <= _MAX_DIM for k, v in dims.items()):
-        raise CinmError(f"the model's metadata '{PLANNED_DIMS_KEY}' is malformed: expected a JSON "
+        raise CinmError(f"the model's metadata '{key}' is malformed: expected a JSON "
                         "object of dimension names to positive integers")
     return dims
 
 
-def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
-    """Record ``dims`` (``{dim name: size}``) as the sizes ``model`` is planned for, replacing any
-    earlier record; an empty ``dims`` removes it. ``model`` is changed in place."""
+def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int],
+                     key: str = PLANNED_DIMS_KEY) -> None:
+    """Record ``dims`` (``{dim name: size}``) as the sizes ``model`` is planned for (under
+    ``key``, see :func:`planned_dims`), replacing any earlier record; an empty ``dims`` removes
+    it. ``model`` is changed in place."""
     import json
 
-    keep = [p for p in model.metadata_props if p.key != PLANNED_DIMS_KEY]
+    keep = [p for p in model.metadata_props if p.key != key]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
     if dims:
-        model.metadata_props.add(key=PLANNED_DIMS_KEY, value=json.dumps(dict(sorted(dims.items()))))
+        model.metadata_props.add(key=key, value=json.dumps(dict(sorted(dims.items()))))
 
 
 def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:
     """Replace every symbolic dimension named in ``dims`` by its size, in the declared types of
-    ``graph``'s inputs, outputs and value_info (in place; subgraphs are left alone)."""
+    ``graph``'s inputs, outputs and value_info, and of its subgraphs' (in place)."""
+    for node in graph.node:
+        for sub in subgraphs(node):
+            bind_dims(sub, dims)
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
         if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             continue

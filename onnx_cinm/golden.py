@@ -39,6 +39,7 @@ from onnx import TensorProto
 
 from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
+from .frontend import iter_graphs
 from .text import table
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
@@ -1113,12 +1114,13 @@ NAN_SQUASHERS = ("GRU", "LSTM", "RNN")
 
 
 def lowered_nan_squashers(reference: ModelLike, candidate: ModelLike) -> list[str]:
-    """The op types of :data:`NAN_SQUASHERS` of which ``reference``'s main graph has more than
-    ``candidate``'s: lowered into standard ops, which propagate NaN as ONNX's Sigmoid and Tanh
+    """The op types of :data:`NAN_SQUASHERS` of which ``reference`` (its If/Loop/Scan bodies
+    included) has more than ``candidate``: lowered into standard ops, which propagate NaN as ONNX's Sigmoid and Tanh
     do, so a NaN/Inf check would compare onnxruntime's clamping against that (callers skip it
     and say why)."""
     def count(model: ModelLike) -> dict:
-        ops = [n.op_type for n in _load_header(model).graph.node if n.domain in ("", "ai.onnx")]
+        ops = [n.op_type for g in iter_graphs(_load_header(model).graph) for n in g.node
+               if n.domain in ("", "ai.onnx")]
         return {op: ops.count(op) for op in NAN_SQUASHERS}
 
     ref, cand = count(reference), count(candidate)

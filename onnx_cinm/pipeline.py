@@ -48,10 +48,13 @@ class OptimizeResult:
         anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that shape inference
             could not size even at ``dims`` (anonymous ``unk__N`` ones, or exporter-named ones
             not among the inputs' dims), each with one tensor that has it; taken as 1.
-        host_flops: FLOPs left on the host per op type (control-flow bodies under their If/
-            Loop/Scan node).
+        host_flops: FLOPs left on the host per op type (the ops of the counted If branch
+            under their own type, Loop and Scan bodies under their Loop/Scan node).
         flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
-            trip count or an If branch known only at run time).
+            trip count, or an If branch neither the probe saw nor equal to the other).
+        branches_from: which inputs chose the counted If branches (``"the check's first
+            input set"``, ``"random inputs at the planned sizes"``), or None: no If, or none
+            seen (each If then counts its larger branch).
     """
 
     model: onnx.ModelProto
@@ -72,6 +75,7 @@ class OptimizeResult:
     flops_exact: bool = True
     anonymous_dims: dict = field(default_factory=dict)
     special_skipped: str | None = None
+    branches_from: str | None = None
 
     @property
     def device_flops_share(self) -> float:
@@ -87,6 +91,8 @@ class OptimizeResult:
             f"cinm ops per device: {per_dev}",
             f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {si(self.flops_total, 'FLOP')}"
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
+            + (f" (If branches: those {self.branches_from} take)" if self.flops_exact
+               and self.branches_from else "")
             + _sizes_note(self.dims, self.unsized_dims),
         ]
         if self.anonymous_dims:
@@ -102,10 +108,7 @@ class OptimizeResult:
             lines.append(f"FLOPs on host by op type: {shown}{more}")
         flow = _control_flow(self.model)
         if flow:
-            ops = ", ".join(f"{op} x{n}" for op, (n, _) in sorted(flow.items()))
-            inner = sum(m for _, m in flow.values())
-            lines.append(f"control flow: {ops}; the {inner} nodes of their bodies run on the host "
-                         "as they are (onnx-cinm compiles the main graph only)")
+            lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
         if kept:
             reasons = "; ".join(f"{op} x{sum(c.values())} ({', '.join(c)})" for op, c in sorted(kept.items()))
@@ -148,9 +151,10 @@ def _sizes_note(dims: dict, unsized: list) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bool, dict]:
+def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact,
-    anonymous dims)`` (see :class:`OptimizeResult`)."""
+    anonymous dims)`` (see :class:`OptimizeResult`). ``taken``: ``{If name: condition}`` for
+    the Ifs whose branch is known (the probe's, :mod:`onnx_cinm.passes.control_flow`)."""
     infos = tensor_infos(model, infer=False)  # the model was just inferred
     named = set(golden.symbolic_dims(model))
     anonymous: dict = {}
@@ -163,27 +167,51 @@ def _flops(model: onnx.ModelProto) -> tuple[int, int, Counter, list, Counter, bo
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
               if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
-    total = on_dev = 0
-    exact = True
     by_dev: Counter = Counter()
-    host: Counter = Counter()
     placements = []
-    for node in model.graph.node:
-        f = node_flops(node, infos)
-        inner, ok = body_flops(node, infos, values)
-        f, exact = f + inner, exact and ok
-        total += f
-        dev = "host"
+    for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
             at = cinm.node_attrs(node)
             dev = at.get("device", "unplaced")
             by_dev[dev] += 1
             placements.append((node.name, node.op_type, dev, at.get("placement", "")))
+    total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
+    return total, on_dev, by_dev, placements, host, exact, anonymous
+
+
+def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict) -> tuple:
+    """``(total, on devices, host FLOPs per op type, exact)`` of one run of ``graph``.
+
+    An If counts the branch ``taken`` names, else its larger branch (then not exact unless
+    both count the same); its branches' ops count as themselves (a cinm op on a device is
+    device work, any other host work under its own op type). Loop and Scan bodies are host
+    work under the Loop/Scan (:func:`onnx_cinm.analysis.body_flops`)."""
+    total = on_dev = 0
+    exact = True
+    host: Counter = Counter()
+    for node in graph.node:
+        branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        if node.op_type == "If" and set(branches) == {"then_branch", "else_branch"}:
+            counts = {k: _graph_flops(g, infos, values, taken) for k, g in branches.items()}
+            if node.name in taken:
+                pick = counts["then_branch" if taken[node.name] else "else_branch"]
+                ok = pick[3]
+            else:
+                pick = max(counts.values(), key=lambda c: c[0])
+                ok = pick[3] and len({c[0] for c in counts.values()}) == 1
+            total, on_dev, exact = total + pick[0], on_dev + pick[1], exact and ok
+            host.update(pick[2])
+            continue
+        f = node_flops(node, infos)
+        inner, ok = body_flops(node, infos, values)
+        f, exact = f + inner, exact and ok
+        total += f
+        dev = cinm.node_attrs(node).get("device", "unplaced") if node.domain == cinm.DOMAIN else "host"
         if dev in ("host", "unplaced"):
             host[node.op_type] += f
         else:
             on_dev += f
-    return total, on_dev, by_dev, placements, host, exact, anonymous
+    return total, on_dev, host, exact
 
 
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
@@ -201,17 +229,50 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
 
 
-def _control_flow(model: onnx.ModelProto) -> dict:
-    """``{op type: (count, nodes in its bodies, nested included)}`` of the main graph's nodes
-    with subgraphs (If, Loop, Scan)."""
-    out: dict = {}
+def _control_flow(model: onnx.ModelProto) -> str | None:
+    """The summary's ``control flow:`` line for the main graph's nodes with subgraphs (If,
+    Loop, Scan): which If branches were compiled (hold cinm ops), how many of their cinm ops
+    run on a device, and what stays on the host as it is; None without control flow."""
+    count: Counter = Counter()
+    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = 0
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
-        if bodies:
-            n, m = out.get(node.op_type, (0, 0))
-            inner = sum(len(g.node) for body in bodies for g in frontend.iter_graphs(body))
-            out[node.op_type] = (n + 1, m + inner)
-    return out
+        if not bodies:
+            continue
+        count[node.op_type] += 1
+        for body in bodies:
+            inner = [n for g in frontend.iter_graphs(body) for n in g.node]
+            if node.op_type != "If":
+                loop_nodes += len(inner)
+                continue
+            branches += 1
+            ops = [n for n in inner if n.domain == cinm.DOMAIN]
+            if not ops:
+                plain += len(inner)
+                continue
+            compiled += 1
+            where = Counter(cinm.node_attrs(n).get("device", "unplaced") for n in ops)
+            on_dev += len(ops) - where["host"] - where["unplaced"]
+            host_cinm, unplaced = host_cinm + where["host"], unplaced + where["unplaced"]
+            other += len(inner) - len(ops)
+    if not count:
+        return None
+    parts = [", ".join(f"{op} x{n}" for op, n in sorted(count.items()))]
+    if branches and compiled:
+        where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "") \
+            + (f", {unplaced} not placed" if unplaced else "")
+        rest = f"; their other {other} nodes run on the host" if other else ""
+        parts.append(f"{compiled} of {branches} If branches compiled ({on_dev + host_cinm + unplaced} "
+                     f"cinm ops: {where}{rest})")
+        if plain:
+            parts.append(f"the {plain} nodes of the other branches run on the host as they are")
+    elif branches:
+        parts.append(f"no If branch has work for a device: the {plain} nodes of the {branches} "
+                     "branches run on the host as they are")
+    if loop_nodes:
+        parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
+                     "(onnx-cinm compiles If branches only)")
+    return "; ".join(parts)
 
 
 #: The ``constraints`` of :func:`optimize`: the budgets among the placement options.
@@ -244,6 +305,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
              constraints: dict | None = None, host_roofline=None,
              inputs: dict | None = None) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
+
+    The branches of the main graph's If nodes go through the same passes, each as a model of
+    its own (:func:`onnx_cinm.passes.control_flow.compile_if_bodies`; what their captured
+    values look like at the planned sizes comes from one onnxruntime run of the model on the
+    check's first input set, or random inputs with ``check=0``); Loop and Scan bodies stay as
+    they are.
 
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
@@ -331,6 +398,20 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     ctx = PassContext(options=options, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     work = pm.run(work, ctx)
+    branches_from = None
+    if any(n.op_type == "If" for n in work.graph.node):
+        from .passes.control_flow import compile_if_bodies
+
+        t0 = time.perf_counter()
+        feeds = _check_feeds(original, inputs, check, dims)
+        branches_from = "the given --input arrays" if feeds and inputs and len(feeds) == 1 and \
+            check else "the check's first input set" if check else "random inputs at the planned sizes"
+        try:
+            feeds = feeds[0] if feeds else golden.random_inputs(original, seed=0, dims=dims)
+        except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
+            feeds = None
+        work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
+        pm.timings.append(("if_bodies", time.perf_counter() - t0))
     cinm.attach_functions(work)
     roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
     ctx.stats["host_roofline"] = roof
@@ -369,7 +450,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
                                   f"inputs: {special.summary()}")
-    total, on_dev, by_dev, placements, host, exact, anonymous = _flops(work)
+    total, on_dev, by_dev, placements, host, exact, anonymous = _flops(
+        work, ctx.stats.get("if_taken"))
+    if not ctx.stats.get("if_taken"):
+        branches_from = None
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
-                          anonymous, special_skipped)
+                          anonymous, special_skipped, branches_from)

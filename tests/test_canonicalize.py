@@ -246,7 +246,8 @@ def test_fold_constants_dropout_only_in_inference_mode(training, folded):
         assert_matches_ort(model, result)
 
 
-def test_fold_constants_leaves_if_nodes_and_their_branches():
+def test_fold_constants_replaces_an_if_whose_condition_folds_by_its_branch():
+    # cond = Not(False) folds to True: the then-branch (w + w) replaces the If and folds too
     then_branch = helper.make_graph([helper.make_node("Add", ["w", "w"], ["t"])], "then", [],
                                     [_vi("t", [3])])
     else_branch = helper.make_graph([helper.make_node("Sub", ["w", "w"], ["e"])], "else", [],
@@ -258,9 +259,24 @@ def test_fold_constants_leaves_if_nodes_and_their_branches():
                    [_vi("x", [3])], [_vi("y", [3])],
                    {"flag": np.array(False), "w": np.arange(3, dtype=np.float32)})
     result, _ = _run_passes(model, "fold_constants")
-    assert _ops(result) == ["If", "Add"]
-    assert {t.name for t in result.graph.initializer} == {"cond", "w"}  # w read by the branches
+    assert _ops(result) == ["Add"]
+    folded = {t.name: numpy_helper.to_array(t) for t in result.graph.initializer}
+    np.testing.assert_array_equal(folded["branch"], [0.0, 2.0, 4.0])  # 2 * arange(3)
     assert_matches_ort(model, result)
+
+
+def test_fold_constants_leaves_an_if_with_a_run_time_condition():
+    then_branch = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t"])], "then", [],
+                                    [_vi("t", [3])])
+    else_branch = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["e"])], "else", [],
+                                    [_vi("e", [3])])
+    model = _model([helper.make_node("If", ["flag"], ["y"], then_branch=then_branch,
+                                     else_branch=else_branch)],
+                   [_vi("x", [3]), helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                   [_vi("y", [3])], {"w": np.arange(3, dtype=np.float32)})
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["If"]
+    assert {t.name for t in result.graph.initializer} == {"w"}  # read by the branches
 
 
 def test_fold_constants_keeps_what_onnxruntime_cannot_evaluate_as_a_tensor():

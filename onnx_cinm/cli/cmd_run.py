@@ -44,7 +44,9 @@ def _session(path, provider_options: dict):
 
 def _warn_if_nothing_on_devices(sess) -> None:
     """A warning on stderr when the provider will run (some of) the model in onnxruntime only."""
-    cinm_ops = [n for n in sess._model.graph.node if n.domain == "cinm"]
+    from ..dialects.cinm import all_nodes
+
+    cinm_ops = [n for n in all_nodes(sess._model.graph) if n.domain == "cinm"]  # If branches too
     placed = [n for n in cinm_ops
               if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
     unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]

@@ -704,13 +704,25 @@ def node_attrs(node: NodeProto) -> dict:
     return {a.name: _as_str(helper.get_attribute_value(a)) for a in node.attribute}
 
 
+def all_nodes(graph: onnx.GraphProto):
+    """Yield every node of ``graph`` and, recursively, of its nodes' subgraphs (If branches,
+    Loop and Scan bodies), each graph's nodes in order before its subgraphs' are visited."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
+                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+            for sub in subs:
+                yield from all_nodes(sub)
+
+
 def forget_plans(model: onnx.ModelProto) -> int:
     """Drop the ``kernel`` and plan attributes (:data:`PLAN_ATTRS`) of every cinm node of the
-    main graph, in place, so that an already optimized model can be compiled again: placement
+    model (control-flow bodies included), in place, so that an already optimized model can be compiled again: placement
     may move a node, and the device passes plan and emit afresh. ``device`` and ``placement``
     stay (they are what ``--skip-pass placement`` keeps). Returns the number of nodes changed."""
     changed = 0
-    for node in model.graph.node:
+    for node in all_nodes(model.graph):
         if node.domain != DOMAIN:
             continue
         keep = [a for a in node.attribute if a.name != "kernel" and a.name not in PLAN_ATTRS]
@@ -734,14 +746,15 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
 
     Sets each cinm node's overload, replaces the model's cinm functions by freshly built ones in
     the model's default opset, adds the ``cinm`` opset import and lifts the IR version to
-    :data:`MIN_IR_VERSION`. Only the main graph is scanned (cinm ops are not placed in subgraphs).
+    :data:`MIN_IR_VERSION`. Control-flow bodies are scanned too (cinm ops compiled inside If
+    branches).
 
     Raises:
         ValueError: a cinm node names an unknown op or variant, or the opset is below MIN_OPSET.
     """
     opset = default_opset(model)
     needed: dict[tuple[str, str], None] = {}
-    for node in model.graph.node:
+    for node in all_nodes(model.graph):
         if node.domain != DOMAIN:
             continue
         if node.op_type not in OPS:

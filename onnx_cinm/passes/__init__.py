@@ -72,11 +72,16 @@ class PassContext:
             key declared in :func:`option_schema` (checked by :meth:`PassManager.run`).
         stats: free-form counters a pass may record for the summary, by pass name.
         log: a callable taking one string, for progress lines (``print`` in the CLI with ``-v``).
+        scope: prefix of the kernel stems the device passes hand out: empty for the main graph;
+            for a control-flow body compiled on its own (:mod:`.control_flow`) the path of its
+            If node, e.g. ``if0012t_`` (then-branch of the main graph's node 12), so the kernels
+            of every graph of a model have distinct files.
     """
 
     options: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     log: Callable[[str], None] = lambda msg: None
+    scope: str = ""
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:

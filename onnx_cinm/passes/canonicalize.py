@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
@@ -501,6 +501,43 @@ def _fold(
     return len(folded)
 
 
+def _if_nodes(graph: onnx.GraphProto) -> list:
+    return [(k, n) for k, n in enumerate(graph.node)
+            if n.op_type == "If" and _is_default_domain(n)]
+
+
+def _condition(array: np.ndarray) -> bool | None:
+    return None if array.size != 1 else bool(array.reshape(-1)[0])
+
+
+def inline_constant_ifs(model: onnx.ModelProto) -> int:
+    """Replace every If of the main graph whose condition is an initializer by the nodes of the
+    branch it takes (its outputs renamed to the If's; its initializers moved out), in place;
+    repeated for the Ifs those branches bring. Returns how many Ifs went."""
+    done = 0
+    while True:
+        g = model.graph
+        inits = {i.name: i for i in g.initializer}
+        found = next(((k, n) for k, n in _if_nodes(g) if n.input[0] in inits), None)
+        if found is None:
+            return done
+        k, node = found
+        cond = _condition(numpy_helper.to_array(inits[node.input[0]]))
+        if cond is None:
+            return done
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if cond else "else_branch"))
+        nodes = list(branch.node)
+        g.initializer.extend(branch.initializer)
+        for out, target in zip(branch.output, node.output):
+            if target:
+                nodes.append(helper.make_node("Identity", [out.name], [target],
+                                              name=f"{node.name or 'If'}_{target}_taken"))
+        rest = list(g.node)
+        del g.node[:]
+        g.node.extend(rest[:k] + nodes + rest[k + 1:])
+        done += 1
+
+
 @register_pass("fold_constants")
 def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Replace every node computable from constants by initializers.
@@ -517,7 +554,8 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     ``training_mode`` is a constant false) and what depends on them, ops with subgraphs
     (If/Loop/Scan; their bodies are left alone), ops of other domains, ops onnxruntime cannot
     evaluate and sequence/optional values. Folded values are not size-limited (an ``Expand``
-    of a constant becomes its full result).
+    of a constant becomes its full result). An If whose condition folds is replaced by the
+    branch it takes (:func:`inline_constant_ifs`), and folding goes on in its nodes.
 
     Parameters
     ----------
@@ -546,8 +584,10 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     while True:
         infer_shapes(model, strict=False)
         folded = _fold(model, _static_shapes(graph))
-        count += folded
-        if not folded or not any(node.op_type in ("Shape", "Size") for node in graph.node):
+        inlined = inline_constant_ifs(model)
+        count += folded + inlined
+        if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")
+                                                  for node in graph.node)):
             break
     ctx.stats["fold_constants"] = count
     return model

@@ -62,7 +62,7 @@ def lower_devices(model: onnx.ModelProto, ctx: PassContext) -> tuple:
     ``[(OpInfo, options)]`` (``ctx.options`` plus ``"kernel_stem"``, a unique, file-safe stem
     for the node's kernel; resources such as crossbars are shared by the whole model). Returns
     ``(model, stats)`` with ``stats = {"nodes": Counter by device, "plans": [(node name, op
-    type, device, plan attrs)]}``.
+    type, device, plan attrs)]}``. Kernel stems start with ``ctx.scope`` (a body's path).
 
     Raises:
         CinmError: a node is placed on a device that does not support it (a ``device``
@@ -89,7 +89,8 @@ def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tu
             continue
         if infos is None:
             infos = ctx.tensor_infos(model)
-        opts = dict(ctx.options, kernel_stem=kernel_stem(node.name or node.op_type, index))
+        opts = dict(ctx.options,
+                    kernel_stem=ctx.scope + kernel_stem(node.name or node.op_type, index))
         info = op_info(node, infos)
         # a device attribute placement did not write (--skip-pass placement): check it
         ok = dev.supports_under(info, ctx.options) if "placement" not in ctx.stats else True

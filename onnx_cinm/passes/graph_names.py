@@ -29,11 +29,13 @@ def names_used_by(node: onnx.NodeProto) -> set[str]:
     outputs -- are not captures). :func:`names_read_by` over-approximates; this does not."""
     names = {name for name in node.input if name}
     for graph in subgraphs(node):
-        names |= _captured(graph)
+        names |= captured(graph)
     return names
 
 
-def _captured(graph: onnx.GraphProto) -> set[str]:
+def captured(graph: onnx.GraphProto) -> set[str]:
+    """The outer-scope names ``graph`` (a body) reads: names neither its inputs, initializers
+    nor node outputs define, its nested bodies' captures included."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     read: set[str] = set()
     for inner in graph.node:
@@ -66,6 +68,10 @@ class Names:
             self._taken.update((node.name, *node.input, *node.output))
             for sub in subgraphs(node):
                 self._collect(sub)
+
+    def reserve(self, names) -> None:
+        """Mark ``names`` as used: :meth:`fresh` never hands them out."""
+        self._taken.update(names)
 
     def fresh(self, base: str) -> str:
         name, suffix = base, 0

@@ -42,7 +42,7 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..options import OptionSpec, option, specs, validate
-from ..passes.graph_names import names_used_by
+from ..passes.graph_names import captured, names_used_by
 from ..sim import blas
 from . import numpy_kernels
 
@@ -163,6 +163,93 @@ class _DeviceNode:
     outputs: list = field(default_factory=list)  # its non-empty output names
 
 
+def _inside(if_label: str, branch: str, label: str) -> str:
+    """The profile's name of node or partition ``label`` of an If's branch:
+    ``/dec/If_1[then] /dec/rnn/LSTM/Gemm``, ``/dec/If_1[else] host partition 0``."""
+    return f"{if_label}[{branch.removesuffix('_branch')}] {label}"
+
+
+def _has_device_nodes(node: onnx.NodeProto) -> bool:
+    """True for an If whose branches (nested bodies included) hold a cinm op placed on a
+    device: the provider runs it itself (:class:`_IfKernel`)."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return False
+    return any(n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device", "host") != "host"
+               for g in frontend.subgraphs(node) for n in cinm.all_nodes(g))
+
+
+class _IfKernel:
+    """An If whose branches hold device nodes, run by the provider: the condition picks the
+    branch, which runs as a session of its own (:meth:`InferenceSession._branch`: its host
+    partitions in onnxruntime, its device nodes in their kernels) on the values of the outer
+    graph it reads. An If without device nodes stays inside its host partition.
+
+    Each branch becomes a model: its nodes, its initializers plus the outer initializers it
+    reads, an input for every other outer value it reads (typed by element type from the outer
+    graph, or at the first run from the arrays that arrive). Sessions are built when the
+    parent is (both branches: their kernels are loaded once), or at the first run of a branch
+    whose inputs have no known type."""
+
+    def __init__(self, parent: "InferenceSession", node: onnx.NodeProto) -> None:
+        self.parent, self.node = parent, node
+        self.branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        self.sessions: dict = {}
+        self._lock = threading.Lock()
+
+    def _model(self, branch: str, values: dict | None) -> onnx.ModelProto | None:
+        """Branch ``branch`` as a model, or None when an input's type is not known yet."""
+        graph, parent = self.branches[branch], self.parent
+        reads = sorted(captured(graph))
+        inputs, consts = [], []
+        for n in reads:
+            if n in parent._inits:
+                consts.append(parent._inits[n])
+                continue
+            vi = parent._vis.get(n)
+            elem = vi.type.tensor_type.elem_type if vi is not None and \
+                vi.type.HasField("tensor_type") else 0
+            if not elem and values is not None and n in values:
+                elem = helper.np_dtype_to_tensor_dtype(np.asarray(values[n]).dtype)
+            if not elem:
+                return None
+            inputs.append(helper.make_tensor_value_info(n, elem, None))
+        g = helper.make_graph(list(graph.node), graph.name or branch, inputs, list(graph.output),
+                              initializer=list(graph.initializer) + consts,
+                              value_info=list(graph.value_info))
+        m = helper.make_model(g, opset_imports=list(parent._model.opset_import),
+                              ir_version=parent._model.ir_version)
+        m.functions.extend(parent._model.functions)
+        return m
+
+    def build_eagerly(self) -> None:
+        """Build the sessions of the branches whose inputs have known types."""
+        for branch in self.branches:
+            m = self._model(branch, None)
+            if m is not None:
+                self.sessions[branch] = InferenceSession._branch(self.parent, m)
+
+    def run(self, values: dict, run_index: int, label: str) -> tuple[list, list]:
+        """``(the If's outputs, the profile records of the branch that ran)``; the records'
+        ``node`` says the If and branch (:func:`_inside`). Raises CinmError on a condition
+        that is not one element."""
+        cond = np.asarray(values[self.node.input[0]])
+        if cond.size != 1:
+            raise CinmError(f"If '{label}': its condition has {cond.size} elements, expected 1")
+        branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        sess = self.sessions.get(branch)
+        if sess is None:
+            with self._lock:
+                sess = self.sessions.get(branch)
+                if sess is None:
+                    sess = self.sessions[branch] = InferenceSession._branch(
+                        self.parent, self._model(branch, values))
+        feed = {vi.name: values[vi.name] for vi in sess._inputs}
+        out, records = sess._execute(feed, run_index)
+        names = [o.name for o in self.branches[branch].output]
+        return sess._values_of(out, names), [{**r, "node": _inside(label, branch, r["node"])}
+                                             for r in records]
+
+
 class InferenceSession:
     """Run an optimized model like ``onnxruntime.InferenceSession``, with device kernels.
 
@@ -213,6 +300,10 @@ class InferenceSession:
             self._label_text = f"model '{path_or_model}'"
             model = frontend.load_model(path_or_model)
             root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
+        self._setup(model, root)
+        self._build(use_devices=PROVIDER in providers)
+
+    def _setup(self, model: onnx.ModelProto, root) -> None:
         self._model = model
         self._root = root
         self._profile: list[dict] = []
@@ -221,7 +312,19 @@ class InferenceSession:
         self._inputs = [vi for vi in model.graph.input
                         if vi.name not in {i.name for i in model.graph.initializer}]
         self._outputs = list(model.graph.output)
-        self._build(use_devices=PROVIDER in providers)
+
+    @classmethod
+    def _branch(cls, parent: "InferenceSession", model: onnx.ModelProto) -> "InferenceSession":
+        """A session over ``model``, an If branch made a model (:class:`_IfKernel`), sharing
+        ``parent``'s options, matrix kernels, kernel folder, its checked manifest and its tensor
+        infos (which cover the branches' tensors at the planned sizes)."""
+        self = cls.__new__(cls)
+        self._kernels, self._providers = parent._kernels, parent._providers
+        self._options, self._label_text = parent._options, parent._label_text
+        self._setup(model, parent._root)
+        self._build(use_devices=True, manifest_kernels=parent._manifest_kernels,
+                    infos=parent._infos)
+        return self
 
     # ------------------------------------------------------------------ partitioning
     def _claim(self, node, infos, consts, manifest_kernels) -> tuple | None:
@@ -249,15 +352,21 @@ class InferenceSession:
                             run_options_of(dev, self._options))
         return None if kernel is None else (dev_name, kernel, mode)
 
-    def _build(self, use_devices: bool) -> None:
+    def _build(self, use_devices: bool, manifest_kernels: set | None = None,
+               infos: dict | None = None) -> None:
         g = self._model.graph
-        manifest_kernels: set = set()
         has_kernels = use_devices and any(
-            n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute) for n in g.node)
-        if has_kernels and self._root is not None:
-            manifest = artifacts.check_pair(self._model, self._root, self._label_text)
-            manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
-        infos = tensor_infos(self._model, infer=False) if has_kernels else {}
+            n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)
+            for n in cinm.all_nodes(g))
+        if manifest_kernels is None:  # a branch's session has its parent's, checked
+            manifest_kernels = set()
+            if has_kernels and self._root is not None:
+                manifest = artifacts.check_pair(self._model, self._root, self._label_text)
+                manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
+        self._manifest_kernels = manifest_kernels
+        if infos is None:  # a branch's session has its parent's (they cover the bodies)
+            infos = tensor_infos(self._model, infer=False) if has_kernels else {}
+        self._infos = infos
         inits = {i.name: i for i in g.initializer}
         consts: dict = {}
         if has_kernels:
@@ -271,6 +380,8 @@ class InferenceSession:
         for node in g.node:
             stage = max((ready.get(n, 0) for n in names_used_by(node)), default=0)
             claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
+            if claim is None and use_devices and _has_device_nodes(node):
+                claim = ("If", _IfKernel(self, node), "branch")
             if claim is not None and claim[1] is not None:
                 dev_name, kernel, mode = claim
                 self._device_nodes.append(_DeviceNode(node, stage, dev_name, kernel, mode))
@@ -295,9 +406,8 @@ class InferenceSession:
                 for n in names_used_by(node):
                     consumed_later.setdefault(n, set()).add(("p", p.index))
         for d in self._device_nodes:
-            for n in d.node.input:
-                if n:
-                    consumed_later.setdefault(n, set()).add(("d", id(d)))
+            for n in names_used_by(d.node):  # an If's: its condition and what its branches read
+                consumed_later.setdefault(n, set()).add(("d", id(d)))
         graph_outputs = {o.name for o in g.output}
         vis = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
         for p in self._parts:
@@ -317,6 +427,9 @@ class InferenceSession:
                 p.session = self._session(p, inits, vis)
         self._inits, self._vis = inits, vis
         self._lazy_lock = threading.Lock()
+        for d in self._device_nodes:
+            if isinstance(d.kernel, _IfKernel):
+                d.kernel.build_eagerly()
         self._empty_sessions: dict = {}
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
         # what every run would otherwise recompute per node: labels, outputs, modeled figures
@@ -450,11 +563,28 @@ class InferenceSession:
         bad = [n for n in names if n not in all_out]
         if bad:
             raise CinmError(f"unknown output(s) {', '.join(bad)} (outputs: {', '.join(all_out)})")
-        values = dict(feed)
-        records = []
         with self._profile_lock:
             run_index = self._runs
             self._runs += 1
+        values, records = self._execute(feed, run_index)
+        with self._profile_lock:
+            self._profile.extend(records)
+        return self._values_of(values, names)
+
+    def _values_of(self, values: dict, names: list) -> list:
+        """``values[n]`` for each of ``names``; a name no node computes is a constant of the
+        graph (an output that is an initializer)."""
+        for n in names:
+            if n not in values:
+                init = next(i for i in self._model.graph.initializer if i.name == n)
+                values[n] = numpy_helper.to_array(init)
+        return [values[n] for n in names]
+
+    def _execute(self, feed: dict, run_index: int) -> tuple[dict, list]:
+        """Run every partition and device node once on ``feed``: ``(every value computed, by
+        name; the profile records of this run)``."""
+        values = dict(feed)
+        records: list = []
         for _, stage_parts, stage_devices in self._schedule:
             for p in stage_parts:
                 if p.session is None:
@@ -473,6 +603,11 @@ class InferenceSession:
                                 "nodes": len(p.nodes)})
                 records += [{"run": run_index, **r} for r in p.modeled_records]
             for d in stage_devices:
+                if isinstance(d.kernel, _IfKernel):
+                    outs, inner = d.kernel.run(values, run_index, d.label)
+                    values.update((o, v) for o, v in zip(d.node.output, outs) if o)
+                    records += inner
+                    continue
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
                        for n in d.node.input]
                 t0 = time.perf_counter()
@@ -490,13 +625,7 @@ class InferenceSession:
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
                                 "bytes_moved": metrics.get("bytes_moved"), "nodes": 1})
-        with self._profile_lock:
-            self._profile.extend(records)
-        for n in names:  # an output that is a constant of the graph
-            if n not in values:
-                init = next(i for i in self._model.graph.initializer if i.name == n)
-                values[n] = numpy_helper.to_array(init)
-        return [values[n] for n in names]
+        return values, records
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
         """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no
@@ -576,19 +705,30 @@ class InferenceSession:
         kernel its DPU program and resident weights; with modeled ``latency_s`` and
         ``energy_j``. (:meth:`profile` holds the per-inference figures.)"""
         out = []
-        loads = [(d.node, d.device, d.kernel.load_metrics) for d in self._device_nodes]
+        loads = [(d.node, d.device, d.kernel.load_metrics) for d in self._device_nodes
+                 if not isinstance(d.kernel, _IfKernel)]
         loads += [(node, dev, _load_of(cinm.node_attrs(node), devices.get_device(dev)))
                   for _, parts, _ in self._schedule for p in parts for node, dev in p.modeled]
         for node, device, load in loads:
             if load:
                 out.append({"node": self._label(node), "device": device, "writes": load["tile_writes"],
                             "latency_s": load["latency_s"], "energy_j": load["energy_j"]})
+        for d, branch, sess in self._branch_sessions():  # both branches' kernels are loaded
+            out += [{**r, "node": _inside(d.label, branch, r["node"])} for r in sess.load_profile()]
         return out
+
+    def _branch_sessions(self) -> list:
+        """``(If device node, branch name, its session)`` of the branch sessions built so far."""
+        return [(d, b, sess) for d in self._device_nodes if isinstance(d.kernel, _IfKernel)
+                for b, sess in d.kernel.sessions.items()]
 
     def modeled_nodes(self) -> list[tuple[str, str]]:
         """``(node label, device)`` of the device nodes that run inside a host partition and
-        are charged by their device's cost model (UPMEM in ``upmem_mode="model"``)."""
-        return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled]
+        are charged by their device's cost model (UPMEM in ``upmem_mode="model"``); those of
+        If branches labelled as :func:`_inside` says."""
+        return [(self._label(node), dev) for p in self._parts for node, dev in p.modeled] + \
+            [(_inside(d.label, b, label), dev) for d, b, sess in self._branch_sessions()
+             for label, dev in sess.modeled_nodes()]
 
     def inexact_kernels(self) -> list[str]:
         """What makes this session's device kernels differ from the exact ops by design, one
@@ -596,7 +736,7 @@ class InferenceSession:
         it runs in here, e.g. ``"crossbar data path q8"``); empty if every kernel is meant to
         be exact."""
         out: list[str] = []
-        for node in self._model.graph.node:
+        for node in cinm.all_nodes(self._model.graph):
             if node.domain != cinm.DOMAIN:
                 continue
             at = cinm.node_attrs(node)
@@ -623,11 +763,19 @@ class InferenceSession:
         """``(kind, node count)`` in execution order, for inspection: ``("host", n)`` per host
         partition (one onnxruntime session over ``n`` graph nodes, model-mode device nodes
         included), ``(device, 1)`` per device node the provider runs itself; a cinm op on the
-        host run by a numpy kernel is kind :data:`HOST_KERNEL`, not a host partition."""
+        host run by a numpy kernel is kind :data:`HOST_KERNEL`, not a host partition. An If
+        the provider runs itself (its branches hold device nodes) counts as the partitions of
+        both its branches, in branch order, though one branch runs per inference."""
         out = []
         for _, stage_parts, stage_devices in self._schedule:
             out += [("host", len(p.nodes)) for p in stage_parts]
-            out += [(HOST_KERNEL if d.device == "host" else d.device, 1) for d in stage_devices]
+            for d in stage_devices:
+                if isinstance(d.kernel, _IfKernel):
+                    for branch in d.kernel.branches:
+                        sess = d.kernel.sessions.get(branch)
+                        out += sess.partitions() if sess is not None else []
+                else:
+                    out.append((HOST_KERNEL if d.device == "host" else d.device, 1))
         return out
 
 

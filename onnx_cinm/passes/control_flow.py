@@ -1,0 +1,309 @@
+"""Compile the branches of If nodes: each branch on its own, through the same passes as the main
+graph, then back into its If.
+
+A branch reads values of the graph around it (captured values). To compile it alone it becomes
+a model of its own (:func:`_branch_model`):
+
+- a captured initializer of the outer graph becomes one of its initializers (a weight the
+  crossbar can hold, a Slice bound the folder can read);
+- every other captured value becomes an input, typed from the outer graph's shape inference;
+  where that knows no shape (the output of another If whose branches differ in rank, as in
+  Silero VAD) the dims come from a *probe*: one onnxruntime run of the outer model at the
+  planned sizes (the check's first input set, or random inputs) that also records every If
+  condition. Each such dim gets a symbolic name of its own with the probed size as its planned
+  size, so the branch is planned at the probed sizes but its shape arithmetic is not folded to
+  them (a Shape of it stays a Shape).
+
+The branch model runs the pipeline from ``fold_constants`` (the opset is the model's, already
+canonical) to the same ``--stop-after`` level, with the same options (``fold_constants``
+replaces an If whose condition folds, a rank test say, by the branch it takes); the Ifs left
+are compiled the same way, recursively. A branch that gained cinm ops replaces the original one,
+with its value_info (symbolic; the sizes of the dims named here are recorded under
+:data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`, which tensor infos bind, so the FLOP count, the
+kernels' emission and the provider see the planned shapes); a branch without any keeps its
+original nodes. Kernel stems get the branch's path as prefix (``if0012t_``: then-branch of node 12,
+:attr:`PassContext.scope`). Names the branch creates that the rest of the model uses are renamed.
+
+Loop and Scan bodies are not compiled: their captured values change per iteration, and the
+provider runs them inside host partitions.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from .. import frontend
+from ..dialects import cinm
+from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
+from .graph_names import Names, captured
+
+#: The passes run on a branch: the main pipeline but the opset canonicalization.
+BODY_PIPELINE = [p for p in DEFAULT_PIPELINE if p != "canonicalize_opset"]
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, np.ndarray]:
+    """The values of the tensors ``names`` of ``model``'s main graph on the inputs ``feeds``,
+    computed by onnxruntime (``ORT_DISABLE_ALL``); ``{}`` when onnxruntime cannot run the
+    model on them (then nothing is probed: the caller compiles without)."""
+    if not names or feeds is None:
+        return {}
+    outputs = len(model.graph.output)
+    known = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    try:  # the model's bytes with the probed values as outputs, then the model as it was
+        data = model.SerializeToString()
+    finally:
+        del model.graph.output[outputs:]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        feed = {i.name: feeds[i.name] for i in sess.get_inputs() if i.name in feeds}
+        return dict(zip(names, sess.run(list(names), feed)))
+    except Exception:  # noqa: BLE001 - onnxruntime's own types: no probe, no harm
+        return {}
+
+
+def _condition(value) -> bool | None:
+    a = np.asarray(value) if value is not None else None
+    return None if a is None or a.size != 1 else bool(a.reshape(-1)[0])
+
+
+def _if_nodes(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodeProto]]:
+    return [(k, n) for k, n in enumerate(graph.node)
+            if n.op_type == "If" and n.domain in ("", "ai.onnx")]
+
+
+def _all_names(graph: onnx.GraphProto, skip: onnx.NodeProto | None = None) -> set[str]:
+    """Every tensor and node name of ``graph`` and its bodies, but those inside ``skip``."""
+    names = {t.name for t in graph.initializer}
+    names.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+    for node in graph.node:
+        names.update((node.name, *node.input, *node.output))
+        if node is not skip:
+            for sub in frontend.subgraphs(node):
+                names |= _all_names(sub)
+    names.discard("")
+    return names
+
+
+def _defined(graph: onnx.GraphProto) -> set[str]:
+    out = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    for node in graph.node:
+        out.update(o for o in node.output if o)
+        out.add(node.name)
+        for sub in frontend.subgraphs(node):
+            out |= _defined(sub)
+    out.discard("")
+    return out
+
+
+def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename tensors and nodes of ``graph`` and its bodies by ``mapping``, in place."""
+    for t in graph.initializer:
+        t.name = mapping.get(t.name, t.name)
+    for v in (*graph.output, *graph.value_info):
+        v.name = mapping.get(v.name, v.name)
+    for node in graph.node:
+        node.name = mapping.get(node.name, node.name)
+        for field in (node.input, node.output):
+            for i, n in enumerate(field):
+                field[i] = mapping.get(n, n)
+        for sub in frontend.subgraphs(node):
+            _rename(sub, mapping)
+
+
+def _input_type(name: str, vi, value, dims: dict, fresh: dict, base: str):
+    """The input declaring captured value ``name`` in its branch model, or None when neither the
+    outer inference (``vi``) nor the probe (``value``) gives its element type."""
+    tt = vi.type.tensor_type if vi is not None and vi.type.HasField("tensor_type") else None
+    elem = tt.elem_type if tt is not None and tt.elem_type else (
+        helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype) if value is not None else 0)
+    if not elem:
+        return None
+    declared = list(tt.shape.dim) if tt is not None and tt.HasField("shape") else None
+    shape = np.shape(value) if value is not None else None
+    if declared is None and shape is None:
+        return helper.make_tensor_value_info(name, elem, None)
+    rank = len(shape) if shape is not None else len(declared)
+    out = []
+    for axis in range(rank):
+        d = declared[axis] if declared is not None and axis < len(declared) else None
+        if d is not None and d.HasField("dim_value") and d.dim_value > 0:
+            out.append(d.dim_value)
+        elif d is not None and d.dim_param in dims:
+            out.append(d.dim_param)
+        elif shape is not None:
+            key = f"{base}_{len(fresh)}"
+            fresh[key] = max(int(shape[axis]), 1)
+            out.append(key)
+        else:
+            out.append(None)
+    return helper.make_tensor_value_info(name, elem, out)
+
+
+def _branch_model(model, body, inits, vis, probed, dims, base):
+    """The branch ``body`` as a model of its own (see the module docstring), its planned dims,
+    and why it cannot be (None then)."""
+    fresh: dict = {}
+    inputs, consts = [], []
+    for name in sorted(captured(body)):
+        if name in inits:
+            consts.append(inits[name])
+            continue
+        vi = _input_type(name, vis.get(name), probed.get(name), dims, fresh, base)
+        if vi is None:
+            return None, None, f"captured value '{name}' has no known type"
+        inputs.append(vi)
+    g = helper.make_graph(list(body.node), body.name or base, inputs, list(body.output),
+                          initializer=list(body.initializer) + consts)
+    sub = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    sub.functions.extend(model.functions)
+    planned = {**dims, **fresh}
+    frontend.set_planned_dims(sub, planned)
+    return sub, planned, None
+
+
+def _merge_stats(into: dict, add: dict) -> None:
+    for k, v in add.items():
+        have = into.get(k)
+        if have is None:
+            into[k] = v
+        elif isinstance(have, Counter) and isinstance(v, Counter):
+            have.update(v)
+        elif isinstance(have, list) and isinstance(v, list):
+            have.extend(v)
+        elif isinstance(have, dict) and isinstance(v, dict):
+            _merge_stats(have, v)
+        elif isinstance(have, (int, float)) and isinstance(v, (int, float)) and \
+                not isinstance(have, bool):
+            into[k] = have + v
+
+
+def _value_info(sub: onnx.ModelProto) -> list:
+    """value_info of the branch's tensors, inferred without binding the planned sizes (a dim
+    keeps its name: a model planned at batch 1 still runs at batch 4)."""
+    del sub.graph.value_info[:]
+    sub = frontend.infer_shapes(sub, strict=False)
+    return list(sub.graph.value_info)
+
+
+def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop_after=None,
+                      feeds: dict | None = None) -> onnx.ModelProto:
+    """Compile the branches of the If nodes of ``model``'s main graph (see the module
+    docstring), in place; the model must have been through the main pipeline.
+
+    Args:
+        model: the model (its planned dims recorded, :func:`onnx_cinm.frontend.planned_dims`).
+        ctx: the main pipeline's context: its options; the branches' statistics are added to
+            its ``stats`` (``to_cinm``, ``placement``, ``device_lowering`` ... as the main
+            graph's), plus ``stats["if_bodies"]``: one dict per branch, ``node`` (the If's
+            name), ``branch``, ``compiled`` (cinm ops went in), ``cinm`` (their count),
+            ``nodes`` (the branch's nodes after), ``why`` (why not compiled, or None).
+            ``stats["if_taken"]``: ``{If name: True|False}`` for the Ifs whose condition the
+            probe saw.
+        skip, stop_after: as the main :class:`PassManager`'s.
+        feeds: one input set for the probe (``{input name: array}``); None: nothing probed.
+
+    Returns the model. Raises CinmError as the passes do (a bad option, a device refusing).
+    """
+    ifs = _if_nodes(model.graph)
+    ctx.stats.setdefault("if_bodies", [])
+    ctx.stats.setdefault("if_taken", {})
+    last = STOP_LEVELS.get(stop_after, stop_after) if stop_after else None
+    if not ifs or (last is not None and last not in BODY_PIPELINE[BODY_PIPELINE.index("to_cinm"):]):
+        return model
+    dims = frontend.planned_dims(model)
+    del model.graph.value_info[:]
+    model = frontend.infer_shapes(model, strict=False)
+    ifs = _if_nodes(model.graph)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    vis = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
+    wanted = sorted({n for _, node in ifs for n in captured_all(node)} - set(inits))
+    probed = probe(model, wanted, feeds)
+    for _, node in ifs:
+        taken = _condition(probed.get(node.input[0]))
+        if taken is not None:
+            ctx.stats["if_taken"][node.name] = taken
+    named = frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY)
+    for index, node in ifs:
+        for attr in node.attribute:
+            if attr.type != onnx.AttributeProto.GRAPH:
+                continue
+            tag = "t" if attr.name == "then_branch" else "e"
+            scope = f"{ctx.scope}if{index:04d}{tag}_"
+            record = {"node": node.name, "branch": attr.name, "compiled": False, "cinm": 0,
+                      "nodes": len(attr.g.node), "why": None}
+            ctx.stats["if_bodies"].append(record)
+            base = _UNSAFE.sub("_", f"{node.name or 'If'}_{tag}").strip("_")
+            sub, planned, why = _branch_model(model, attr.g, inits, vis, probed, dims, base)
+            if sub is None:
+                record["why"] = why
+                continue
+            sub_ctx = PassContext(options=ctx.options, scope=scope,
+                                  log=lambda m, label=f"{node.name}/{attr.name}": ctx.log(f"{label}: {m}"))
+            pm = PassManager(pipeline=list(BODY_PIPELINE),
+                             skip=[s for s in skip if s in BODY_PIPELINE], stop_after=stop_after)
+            sub = pm.run(sub, sub_ctx)
+            sub_feeds = {i.name: probed[i.name] for i in sub.graph.input if i.name in probed}
+            if len(sub_feeds) < len(sub.graph.input):
+                sub_feeds = None
+            sub = compile_if_bodies(sub, sub_ctx, skip=skip, stop_after=stop_after, feeds=sub_feeds)
+            n_cinm = sum(1 for n in cinm.all_nodes(sub.graph) if n.domain == cinm.DOMAIN)
+            kept = sub_ctx.stats.get("to_cinm", {}).get("kept")
+            if kept:  # what stayed on the host is true of the original branch as well
+                _merge_stats(ctx.stats.setdefault("to_cinm", {}), {"kept": kept})
+            if not n_cinm:
+                record["why"] = "nothing to lower"
+                continue
+            if [o.name for o in sub.graph.output] != [o.name for o in attr.g.output]:
+                record["why"] = "the passes renamed its outputs"
+                continue
+            body = _merged_body(model, node, attr.g, sub, inits)
+            attr.g.CopyFrom(body)
+            named.update({k: v for k, v in planned.items() if k not in dims})
+            named.update(frontend.planned_dims(sub, frontend.BRANCH_DIMS_KEY))
+            record.update(compiled=True, cinm=n_cinm, nodes=len(body.node))
+            stats = {k: v for k, v in sub_ctx.stats.items() if k != "to_cinm"}
+            stats["to_cinm"] = {"lowered": sub_ctx.stats.get("to_cinm", {}).get("lowered", Counter())}
+            _merge_stats(ctx.stats, stats)
+            ctx.log(f"{node.name}/{attr.name}: compiled, {n_cinm} cinm ops")
+    frontend.set_planned_dims(model, named, frontend.BRANCH_DIMS_KEY)
+    return model
+
+
+def captured_all(node: onnx.NodeProto) -> set[str]:
+    """The condition of If ``node`` and every outer value its branches capture."""
+    out = {node.input[0]}
+    for sub in frontend.subgraphs(node):
+        out |= captured(sub)
+    return out
+
+
+def _merged_body(model, node, original, sub, inits) -> onnx.GraphProto:
+    """The compiled branch model ``sub`` as the body of ``node``: outer initializers it
+    captured dropped again, its value_info (symbolic), names the rest of the model uses
+    renamed."""
+    body = onnx.GraphProto(name=original.name)
+    body.node.extend(sub.graph.node)
+    body.initializer.extend(t for t in sub.graph.initializer
+                            if t.name not in inits or t.dims != inits[t.name].dims
+                            or t.data_type != inits[t.name].data_type)
+    body.output.extend(original.output)
+    body.value_info.extend(_value_info(sub))
+    outside = _all_names(model.graph, skip=node)
+    new = _defined(body) - _defined(original)
+    clash = sorted(new & outside)
+    if clash:
+        names = Names(model.graph)
+        names.reserve(_defined(body))
+        _rename(body, {n: names.fresh(n) for n in clash})
+    return body

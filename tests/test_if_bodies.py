@@ -1,0 +1,230 @@
+"""If branches compiled into cinm ops on devices (:mod:`onnx_cinm.passes.control_flow`) and run
+by the execution provider (``_IfKernel``): a hand-built If with a different Gemm per branch, and
+Silero VAD, whose LSTM sits in an If of its decoder."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.dialects import cinm
+from onnx_cinm.runtime import InferenceSession
+
+K, N, ROWS = 128, 64, 16
+_RNG = np.random.default_rng(11)
+W1 = _RNG.standard_normal((K, N)).astype(np.float32)
+B1 = _RNG.standard_normal(N).astype(np.float32)
+W2 = _RNG.standard_normal((K, N)).astype(np.float32)
+
+
+def _if_model() -> onnx.ModelProto:
+    """y = If(c, then: Gemm(x, W1, B1), else: MatMul(x, W2)), x[n, 128] -> y[n, 64]; the
+    weights are initializers of the main graph the branches read. At n = 16 each product is
+    131,072 MACs, above the heuristic's one tile of work (65,536), so it goes to the crossbar."""
+    out = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n", N])  # noqa: E731
+    then = helper.make_graph([helper.make_node("Gemm", ["x", "W1", "B1"], ["t"], name="then_gemm")],
+                             "then", [], [out("t")])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "W2"], ["e"], name="else_matmul")],
+                              "else", [], [out("e")])
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="pick")],
+        "if_gemms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", K]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [out("y")],
+        [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(B1, "B1"),
+         numpy_helper.from_array(W2, "W2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _branch_cinm(model: onnx.ModelProto) -> dict:
+    """``{branch name: [(op, device, kernel)]}`` of the If's cinm nodes."""
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    out = {}
+    for a in node.attribute:
+        out[a.name] = [(n.op_type, cinm.node_attrs(n).get("device"), cinm.node_attrs(n).get("kernel"))
+                       for n in cinm.all_nodes(a.g) if n.domain == cinm.DOMAIN]
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled_if(tmp_path_factory):
+    res = optimize(_if_model(), placement="heuristic", dims={"n": ROWS})
+    path = tmp_path_factory.mktemp("if") / "o.onnx"
+    artifacts.save(res.model, path)
+    return res, path
+
+
+def test_each_branch_gemm_is_a_device_kernel_of_its_own(compiled_if):
+    res, path = compiled_if
+    assert res.check.ok
+    branches = _branch_cinm(res.model)
+    assert [(op, dev) for op, dev, _ in branches["then_branch"]] == [("Gemm", "memristor")]
+    assert [(op, dev) for op, dev, _ in branches["else_branch"]] == [("Gemm", "memristor")]
+    # kernel files prefixed by the branch's path (node 0, then/else), all in the manifest
+    kernels = sorted(k for b in branches.values() for _, _, k in b)
+    assert kernels == ["memristor/if0000e_0000_else_matmul_Gemm.xbar",
+                       "memristor/if0000t_0000_then_gemm_Gemm.xbar"]
+    manifest = artifacts.load_manifest(artifacts.artifact_dir(path))
+    assert sorted(k["kernel"] for k in manifest["kernels"]) == kernels
+    # both branches multiply [16, 128] by [128, 64]: 2 * 16 * 128 * 64 FLOPs (the bias add of the
+    # then-Gemm is inside the cinm Gemm, not counted), all on the crossbar, whichever ran
+    assert res.flops_total == 2 * ROWS * K * N and res.flops_exact
+    assert res.device_flops_share == 1.0
+    line = next(li for li in res.summary().splitlines() if li.startswith("control flow:"))
+    assert line == "control flow: If x1; 2 of 2 If branches compiled (2 cinm ops: 2 on devices)"
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_the_provider_runs_the_branch_the_condition_picks(compiled_if, cond):
+    _, path = compiled_if
+    x = np.random.default_rng(3).standard_normal((ROWS, K)).astype(np.float32)
+    feed = {"x": x, "c": np.array(cond)}
+    sess = InferenceSession(str(path))
+    (y,) = sess.run(None, feed)
+    want = x @ W1 + B1 if cond else x @ W2  # numpy, independent of onnx-cinm
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    (ref,) = ort.InferenceSession(_if_model().SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feed)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    branch, gemm = ("then", "then_gemm/Gemm") if cond else ("else", "else_matmul/Gemm")
+    rows = [(r["node"], r["device"], r["mode"]) for r in sess.profile()]
+    assert rows == [(f"pick[{branch}] {gemm}", "memristor", "simulate")]
+    # a batch other than the planned one runs too (the branch's shapes stayed symbolic)
+    (y3,) = sess.run(None, {"x": x[:3], "c": np.array(cond)})
+    np.testing.assert_allclose(y3, want[:3], rtol=1e-4, atol=1e-4)
+
+
+def test_both_branches_load_their_kernels_once(compiled_if):
+    _, path = compiled_if
+    sess = InferenceSession(str(path))
+    assert sorted(r["node"] for r in sess.load_profile()) == ["pick[else] else_matmul/Gemm",
+                                                              "pick[then] then_gemm/Gemm"]
+    assert sess.partitions() == [("memristor", 1), ("memristor", 1)]
+
+
+def test_an_if_without_device_nodes_stays_in_its_host_partition(tmp_path):
+    res = optimize(_if_model(), placement="heuristic", dims={"n": ROWS}, place=[("*", "host")])
+    assert {dev for b in _branch_cinm(res.model).values() for _, dev, _ in b} == {"host"}
+    assert res.device_flops_share == 0.0
+    artifacts.save(res.model, tmp_path / "h.onnx")
+    sess = InferenceSession(str(tmp_path / "h.onnx"))
+    assert sess.partitions() == [("host", 1)]
+    x = np.ones((2, K), np.float32)
+    (y,) = sess.run(None, {"x": x, "c": np.array(False)})
+    np.testing.assert_allclose(y, x @ W2, rtol=1e-5, atol=1e-4)
+    assert [r["node"] for r in sess.profile()] == ["host partition 0"]
+
+
+# --------------------------------------------------------------------------- Silero VAD
+def _speech(batch: int, seed: int) -> dict:
+    """Silero's inputs for ``batch`` clips of 512 samples at 16 kHz: two voiced tones with a
+    syllable-rate envelope plus noise (not zeros: the LSTM state and the VAD output move)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(512) / 16000.0
+    x = np.stack([0.3 * np.sin(2 * np.pi * (180 + 40 * b) * t)
+                  + 0.2 * np.sin(2 * np.pi * (720 + 90 * b) * t) * np.sin(2 * np.pi * 4 * t)
+                  + 0.05 * rng.standard_normal(512) for b in range(batch)]).astype(np.float32)
+    return {"input": x, "state": (0.1 * rng.standard_normal((2, batch, 128))).astype(np.float32),
+            "sr": np.array(16000, np.int64)}
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_silero_vad_decoder_lstm_runs_on_crossbars_inside_its_if(batch, silero_dir, tmp_path):
+    path = silero_dir / "silero_vad_16k_op15.onnx"
+    feed = _speech(batch, seed=batch)
+    res = optimize(str(path), placement="heuristic", dims={"batch": batch, "sequence": 512},
+                   inputs=feed)
+    assert res.check.ok, res.summary()
+    # the LSTM (inside /model/decoder/If_1, both branches) became crossbar Gemms: input
+    # projection and the one recurrent step of a 512-sample clip
+    node = next(n for n in res.model.graph.node if n.name == "/model/decoder/If_1")
+    for a in node.attribute:
+        ops = [(n.op_type, cinm.node_attrs(n)["device"]) for n in cinm.all_nodes(a.g)
+               if n.domain == cinm.DOMAIN]
+        assert ops == [("Gemm", "memristor")] * 2, a.name
+        assert not any(n.op_type == "LSTM" for n in cinm.all_nodes(a.g))
+    assert res.device_flops_share >= 0.9 and res.flops_exact, res.summary()
+    assert "(If branches: those the given --input arrays take)" in res.summary()
+    out = tmp_path / "s.onnx"
+    artifacts.save(res.model, out)
+    sess = InferenceSession(str(out))
+    got = sess.run(None, feed)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5)
+    assert 0.0 < float(ref[0].min()) and float(np.abs(ref[1]).max()) > 0.01  # not a zero run
+    rows = {r["node"]: r["device"] for r in sess.profile()}
+    assert rows["/model/decoder/If_1[then] /model/decoder/rnn/LSTM/Gemm"] == "memristor"
+    assert rows["/model/decoder/If_1[then] /model/decoder/rnn/LSTM/Gemm_1"] == "memristor"
+
+
+def test_compare_cli_on_silero_planned_at_batch_1_run_at_batch_4(silero_dir, tmp_path, capsys):
+    from onnx_cinm.cli import main
+
+    src = silero_dir / "silero_vad_16k_op15.onnx"
+    out = tmp_path / "s.onnx"
+    np.savez(tmp_path / "b1.npz", **_speech(1, seed=1))
+    np.savez(tmp_path / "b4.npz", **_speech(4, seed=4))
+    assert main(["optimize", str(src), "-o", str(out), "--placement", "heuristic", "--dim",
+                 "batch=1", "--dim", "sequence=512", "--input", str(tmp_path / "b1.npz")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(src), str(out), "--input", str(tmp_path / "b4.npz")]) == 0
+    assert "check: 1 run, 2 outputs" in capsys.readouterr().out
+
+
+def _nested_model() -> onnx.ModelProto:
+    """y = MatMul(x, W1) named 'mm' in the main graph, then If(c, then: If(d, then: MatMul(h, W2)
+    named 'mm' too, else: MatMul(h, W1)), else: Relu(h)) on h = the main MatMul's output: a
+    nested If, and a branch node named like a main-graph node (its lowering makes the same
+    names)."""
+    vi = lambda name, shape=None: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    inner_then = helper.make_graph([helper.make_node("MatMul", ["h", "W2"], ["it"], name="mm")],
+                                   "inner_then", [], [vi("it", ["n", K])])
+    inner_else = helper.make_graph([helper.make_node("MatMul", ["h", "W3"], ["ie"], name="mm3")],
+                                   "inner_else", [], [vi("ie", ["n", K])])
+    outer_then = helper.make_graph(
+        [helper.make_node("If", ["d"], ["ot"], then_branch=inner_then, else_branch=inner_else,
+                          name="inner")], "outer_then", [], [vi("ot", ["n", K])])
+    outer_else = helper.make_graph([helper.make_node("Relu", ["h"], ["oe"], name="relu")],
+                                   "outer_else", [], [vi("oe", ["n", K])])
+    rng = np.random.default_rng(5)
+    ws = {n: rng.standard_normal((K, K)).astype(np.float32) / 8 for n in ("W0", "W2", "W3")}
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W0"], ["h"], name="mm"),
+         helper.make_node("If", ["c"], ["y"], then_branch=outer_then, else_branch=outer_else,
+                          name="outer")],
+        "nested", [vi("x", ["n", K]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info("d", TensorProto.BOOL, [])],
+        [vi("y", ["n", K])], [numpy_helper.from_array(w, k) for k, w in ws.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), ws
+
+
+def test_nested_ifs_compile_and_run_every_path(tmp_path):
+    model, ws = _nested_model()
+    res = optimize(model, placement="heuristic", dims={"n": ROWS})
+    onnx.checker.check_model(res.model, full_check=True)  # names stay unique (SSA)
+    outer = next(n for n in res.model.graph.node if n.op_type == "If")
+    inner = next(n for a in outer.attribute if a.name == "then_branch" for n in a.g.node
+                 if n.op_type == "If")
+    kernels = sorted(cinm.node_attrs(n)["kernel"] for a in inner.attribute
+                     for n in a.g.node if n.domain == cinm.DOMAIN)
+    assert kernels == ["memristor/if0001t_if0000e_0000_mm3_Gemm.xbar",
+                       "memristor/if0001t_if0000t_0000_mm_Gemm.xbar"]
+    artifacts.save(res.model, tmp_path / "n.onnx")
+    sess = InferenceSession(str(tmp_path / "n.onnx"))
+    x = np.random.default_rng(6).standard_normal((ROWS, K)).astype(np.float32)
+    h = x @ ws["W0"]
+    # the inner 'mm' lowers to a node named like the main graph's 'mm/Gemm': renamed
+    for c, d, want, row in [(True, True, h @ ws["W2"], "outer[then] inner[then] mm/Gemm_1"),
+                            (True, False, h @ ws["W3"], "outer[then] inner[else] mm3/Gemm"),
+                            (False, True, np.maximum(h, 0), None)]:
+        before = len(sess.profile())
+        (y,) = sess.run(None, {"x": x, "c": np.array(c), "d": np.array(d)})
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        rows = [r["node"] for r in sess.profile()[before:]]
+        assert rows[0] == "mm/Gemm"
+        assert (row in rows) if row else not any("inner[" in r for r in rows), rows
