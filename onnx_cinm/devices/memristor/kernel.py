@@ -58,7 +58,8 @@ class CrossbarKernel:
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
         constants = self._model_constants(prog_name, consts)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
-        self._sim = CrossbarSimulator(self.prog, constants) if self.programmed_const else None
+        self._sim = (CrossbarSimulator(self.prog, constants, resident=True)
+                     if self.programmed_const else None)
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
         # on the tiles of an earlier kernel over the same weights: that kernel's load programs
