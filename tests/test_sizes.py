@@ -281,6 +281,22 @@ def test_run_at_other_sizes_says_the_modeled_figures_are_the_planned_ones(tmp_pa
     assert "optimize again with --dim batch=2 --dim height=8 to cost these" in text
 
 
+def test_run_takes_an_unsized_dim_at_the_size_it_was_planned_at(tmp_path, capsys):
+    """optimize without --dim plans every symbolic dim at 1; run drew height and width at 8
+    (the random inputs' default off axis 0) and then noted that its run was not the planned
+    one. The Convs keep the size (pad 1, then stride 2 of 1 -> 1)."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "output y: float32 [1, 32, 1, 1]" in text
+    assert "note: this run had" not in text
+    assert main(["run", str(out), "--dim", "height=8"]) == 0  # a size given still wins
+    assert "output y: float32 [1, 32, 4, 1]" in capsys.readouterr().out
+
+
 def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, capsys):
     """compare --input with a float64 array printed onnxruntime's raw 'Unexpected input data
     type' and advised --dim."""

@@ -87,8 +87,10 @@ def _cmd_run(args, parser) -> int:
     golden.check_dim_names(sess._model, dims)
     golden.check_given_inputs(sess._model, given)
     planned = frontend.planned_dims(sess._model)
-    # by default the sizes it was planned for, unless the given arrays have others
-    dims = {**planned, **golden.dims_from_shapes(sess._model, shapes), **dims}
+    # by default the sizes it was planned for (a dim optimize was given no size for: 1, as
+    # its plans took it), unless the given arrays have others
+    unsized = {d: 1 for d in golden.symbolic_dims(sess._model) if d not in planned}
+    dims = {**unsized, **planned, **golden.dims_from_shapes(sess._model, shapes), **dims}
     parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
