@@ -297,6 +297,26 @@ def test_run_takes_an_unsized_dim_at_the_size_it_was_planned_at(tmp_path, capsys
     assert "output y: float32 [1, 32, 4, 1]" in capsys.readouterr().out
 
 
+def test_a_dim_given_arrays_size_otherwise_is_said(tmp_path, capsys):
+    """run/compare fed the [1, 3, 8, 8] array and ignored --dim height=16 without a word;
+    optimize planned at 16 and checked at 8, silently too."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32))
+    feed = ["--input", f"images={tmp_path / 'x.npy'}"]
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--dim", "height=16"] + feed) == 0
+    assert capsys.readouterr().err.strip() == (
+        "onnx-cinm: warning: --dim height=16 and --input 'images' (height=8) differ: planned at "
+        "height=16, checked on the array at height=8")
+    for cmd in (["run", str(out)], ["compare", str(src), str(out)]):
+        assert main(cmd + feed + ["--dim", "height=16"]) == 1
+        assert capsys.readouterr().err.strip() == (
+            "onnx-cinm: error: --dim height=16 conflicts with --input 'images', whose height is 8; "
+            "drop the --dim or give an array of that size")
+        assert main(cmd + feed + ["--dim", "height=8"]) == 0  # agreeing sizes: nothing to say
+        assert capsys.readouterr().err == ""
+
+
 def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, capsys):
     """compare --input with a float64 array printed onnxruntime's raw 'Unexpected input data
     type' and advised --dim."""

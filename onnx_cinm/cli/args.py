@@ -563,6 +563,17 @@ def _given_inputs(args, parser) -> tuple[dict, dict]:
     return given, dims
 
 
+def _refuse_dim_conflicts(model, given: dict, dims: dict) -> None:
+    """Raise a one-line CinmError when a ``--dim`` sizes a dim another way than a given
+    ``--input`` array does (``run``/``compare`` feed the array as it is: the ``--dim`` would be
+    silently ignored, and random inputs drawn at it would disagree with the array)."""
+    from .. import golden
+
+    for dim, size, name, has in golden.dim_conflicts(model, given, dims)[:1]:
+        raise CinmError(f"--dim {dim}={size} conflicts with --input '{name}', whose {dim} is "
+                        f"{has}; drop the --dim or give an array of that size")
+
+
 def _check_writable_folder(folder: str, what: str) -> None:
     """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
     p = Path(folder)

@@ -103,6 +103,13 @@ def _cmd_optimize(args, parser) -> int:
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
+    if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
+        from ..golden import dim_conflicts
+
+        for dim, size, name, has in dim_conflicts(model, given, dims):
+            print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
+                  f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
+                  file=sys.stderr)
     try:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,

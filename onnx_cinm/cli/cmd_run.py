@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CinmError, ReferenceFailed
 from ..text import si
-from .args import _check_output_file, _given_inputs, _input_files
+from .args import _check_output_file, _given_inputs, _input_files, _refuse_dim_conflicts
 
 
 def _provider_options(items: list[str], parser) -> dict:
@@ -86,6 +86,7 @@ def _cmd_run(args, parser) -> int:
     sess = _session(args.model, opts)
     golden.check_dim_names(sess._model, dims)
     golden.check_given_inputs(sess._model, given)
+    _refuse_dim_conflicts(sess._model, given, dims)
     planned = frontend.planned_dims(sess._model)
     # by default the sizes it was planned for (a dim optimize was given no size for: 1, as
     # its plans took it), unless the given arrays have others
@@ -246,6 +247,7 @@ def _cmd_compare(args, parser) -> int:
     if unknown:
         raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
     golden.check_given_inputs(original, given)
+    _refuse_dim_conflicts(original, given, dims)
     # host partitions as the reference runs: onnxruntime's own fusions are not our error;
     # crossbar products in onnxruntime's matrix kernels, which sum in the reference's order
     # (numpy's order differs in the last bit, and a DynamicQuantizeLinear after the product can
