@@ -15,6 +15,7 @@ from onnx import numpy_helper as nh
 from onnx_cinm import frontend, optimize
 from onnx_cinm.cli import main
 from onnx_cinm.errors import CinmError
+from onnx_cinm.golden import run_onnxruntime
 
 
 def _dynamic_convnet():
@@ -315,6 +316,32 @@ def test_a_dim_given_arrays_size_otherwise_is_said(tmp_path, capsys):
             "drop the --dim or give an array of that size")
         assert main(cmd + feed + ["--dim", "height=8"]) == 0  # agreeing sizes: nothing to say
         assert capsys.readouterr().err == ""
+
+
+def test_the_labeled_archive_evaluate_takes_feeds_run_and_compare(tmp_path, capsys):
+    """run --input data.npz refused evaluate's archive: "--input 'labels' is not an input"."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", images=x, labels=np.array([3, 1]))
+    np.save(tmp_path / "labels.npy", np.array([3, 1]))
+    np.save(tmp_path / "x.npy", x)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    note = (f"onnx-cinm: note: --input {tmp_path / 'data.npz'}: array 'labels' is not an input "
+            "of the model (a labeled data set's labels, as evaluate takes them); ignored")
+    assert main(["run", str(out), "--input", str(tmp_path / "data.npz"), "-o", str(tmp_path / "y.npz")]) == 0
+    assert capsys.readouterr().err.strip() == note
+    want = run_onnxruntime(_dynamic_convnet(), {"images": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], want, rtol=1e-4, atol=1e-4)
+    assert main(["compare", str(src), str(out), "--input", str(tmp_path / "data.npz")]) == 0
+    assert capsys.readouterr().err.strip() == note
+    # named explicitly, it is an input the model does not have: still refused
+    assert main(["run", str(out), "--input", f"images={tmp_path / 'data.npz'}"]) == 1
+    capsys.readouterr()
+    assert main(["run", str(out), "--input", f"images={tmp_path / 'x.npy'}",
+                 "--input", f"labels={tmp_path / 'labels.npy'}"]) == 1
+    assert "is not an input of the model" in capsys.readouterr().err
 
 
 def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, capsys):

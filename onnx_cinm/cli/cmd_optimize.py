@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CinmError
 from ..text import Column, printable, si, table
-from .args import _check_writable_folder, _dims, _given_inputs, _pass_options
+from .args import _check_writable_folder, _dims, _drop_labels, _given_inputs, _pass_options
 
 
 def _progress(total: int, desc: str, unit: str, quiet: bool):
@@ -103,6 +103,8 @@ def _cmd_optimize(args, parser) -> int:
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
+    if given:
+        _drop_labels(args, model, given)
     if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
         from ..golden import dim_conflicts
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import CinmError, ReferenceFailed
 from ..text import si
-from .args import _check_output_file, _given_inputs, _input_files, _refuse_dim_conflicts
+from .args import (_check_output_file, _drop_labels, _given_inputs, _input_files,
+                   _refuse_dim_conflicts)
 
 
 def _provider_options(items: list[str], parser) -> dict:
@@ -69,7 +70,6 @@ def _cmd_run(args, parser) -> int:
 
     opts = _provider_options(args.provider_option, parser)
     given, dims = _given_inputs(args, parser)
-    shapes = {name: arr.shape for name, arr in given.items()}
     if args.profile_out and Path(args.profile_out).suffix.lower() not in (".json", ".csv"):
         parser.error(f"--profile-out must end in .json or .csv, got '{args.profile_out}'")
     if args.output and Path(args.output).suffix.lower() != ".npz":
@@ -84,6 +84,8 @@ def _cmd_run(args, parser) -> int:
             artifacts.check_output_outside_kernels(target, option)
             protected[target] = f"the {option} output"
     sess = _session(args.model, opts)
+    _drop_labels(args, sess._model, given)
+    shapes = {name: arr.shape for name, arr in given.items()}
     golden.check_dim_names(sess._model, dims)
     golden.check_given_inputs(sess._model, given)
     _refuse_dim_conflicts(sess._model, given, dims)
@@ -243,6 +245,7 @@ def _cmd_compare(args, parser) -> int:
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
     golden.check_dim_names(original, dims)
+    _drop_labels(args, original, given)
     unknown = sorted(set(given) - {i.name for i in original.graph.input})
     if unknown:
         raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
