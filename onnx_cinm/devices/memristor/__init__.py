@@ -499,8 +499,9 @@ class MemristorDevice(Device):
             "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
             "cim_mvms": p.mvms,
         }
-        if not const:  # the placement reason does not say which activation is programmed
-            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        base = op.attrs.get("placement", "")
+        if not const and why not in base:  # the reason does not say which activation is
+            attrs["placement"] = f"{base}; {why}"  # programmed (said once, not per lowering)
         return attrs
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
