@@ -497,7 +497,9 @@ class InferenceSession:
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1})
+                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
+                                **({"bytes_note": metrics["bytes_note"]}
+                                   if metrics.get("bytes_note") else {})})
         with self._profile_lock:
             self._profile.extend(records)
         for n in names:  # an output that is a constant of the graph
