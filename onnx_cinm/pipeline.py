@@ -100,7 +100,12 @@ class OptimizeResult:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
             more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
             lines.append(f"FLOPs on host by op type: {shown}{more}")
-        flow = _control_flow(self.model)
+        flow, made = _control_flow(self.model)
+        if made:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(made.items()))
+            lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
+                         "are cinm ops, their steps run in a Scan on the host (sized with --dim, "
+                         "the steps are unrolled into cinm ops too)")
         if flow:
             ops = ", ".join(f"{op} x{n}" for op, (n, _) in sorted(flow.items()))
             inner = sum(m for _, m in flow.values())
@@ -201,17 +206,24 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
 
 
-def _control_flow(model: onnx.ModelProto) -> dict:
-    """``{op type: (count, nodes in its bodies, nested included)}`` of the main graph's nodes
-    with subgraphs (If, Loop, Scan)."""
+def _control_flow(model: onnx.ModelProto) -> tuple[dict, Counter]:
+    """``({op type: (count, nodes in its bodies, nested included)}, made)`` of the main graph's
+    nodes with subgraphs (If, Loop, Scan) the model has; ``made`` counts, per recurrent op
+    type, the recurrences of dynamic length whose steps ``to_cinm`` put in Scans (not the
+    model's control flow: :func:`onnx_cinm.passes.recurrent.made_scan`)."""
+    from .passes.recurrent import made_scan
+
     out: dict = {}
+    made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
-        if bodies:
+        if bodies and made_scan(node):
+            made.setdefault(made_scan(node), set()).add(node.doc_string)
+        elif bodies:
             n, m = out.get(node.op_type, (0, 0))
             inner = sum(len(g.node) for body in bodies for g in frontend.iter_graphs(body))
             out[node.op_type] = (n + 1, m + inner)
-    return out
+    return out, Counter({op: len(docs) for op, docs in made.items()})
 
 
 #: The ``constraints`` of :func:`optimize`: the budgets among the placement options.

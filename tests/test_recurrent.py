@@ -189,6 +189,18 @@ def test_dynamic_length_hoists_the_input_projection_and_scans_the_steps(op, opts
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
+def test_the_scans_of_a_dynamic_length_are_not_called_the_models_control_flow():
+    # a bidirectional LSTM of dynamic length: two Scans the compiler made (one per direction);
+    # the summary said "control flow: Scan x2; the 38 nodes of their bodies run on the host as
+    # they are", as for a model's own If/Loop/Scan. One recurrence, said as such.
+    res = optimize(_model("LSTM", 4, 2, 5, 6, seq_dim="T", direction="bidirectional"))
+    assert [n.op_type for n in res.model.graph.node].count("Scan") == 2
+    lines = res.summary().splitlines()
+    assert not [ln for ln in lines if ln.startswith("control flow:")]
+    assert [ln.split(";")[0] for ln in lines if ln.startswith("recurrences")] == [
+        "recurrences of a dynamic length: LSTM x1"]
+
+
 def test_a_long_sequence_runs_in_a_scan(monkeypatch):
     # above MAX_UNROLL steps the steps are not unrolled: input projection + a Scan
     from onnx_cinm.passes import recurrent

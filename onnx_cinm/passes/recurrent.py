@@ -46,6 +46,21 @@ from ..rewrite import Builder, Rule, ir, names_of
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+#: The ``doc_string`` of a ``Scan`` this pass makes (the steps of a recurrence of a dynamic
+#: length): the compiler's, not the model's control flow (:func:`made_scan`).
+SCAN_DOC = "onnx-cinm: the steps of {op} '{name}' (a sequence of dynamic length)"
+
+
+def made_scan(node) -> str | None:
+    """The recurrent op type (``LSTM``, ``GRU``, ``RNN``) whose steps ``node`` (a NodeProto)
+    runs, if it is a ``Scan`` this pass made; else None."""
+    head = SCAN_DOC.split("{op}")[0]
+    if node.op_type != "Scan" or not node.doc_string.startswith(head):
+        return None
+    op = node.doc_string[len(head):].split(" ")[0]
+    return op if op in _GATES else None
+
+
 #: Longest sequence unrolled: each step is about 15 nodes and a crossbar kernel file per
 #: direction; a longer one runs its steps in a Scan, as a dynamic length does.
 MAX_UNROLL = 256
@@ -420,7 +435,8 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
                              [helper.make_tensor_value_info(n, elem, None) for n in outs])
     rev = int(p["reverse"][d])
     results = c.multi("Scan", states + [xp], len(outs), body=body, num_scan_inputs=1,
-                      scan_input_directions=[rev], scan_output_directions=[rev])
+                      scan_input_directions=[rev], scan_output_directions=[rev],
+                      doc_string=SCAN_DOC.format(op=op, name=c.source.name or c.base))
     return results[0], (results[1] if op == "LSTM" else None), results[-1]
 
 
