@@ -298,6 +298,29 @@ def test_run_takes_an_unsized_dim_at_the_size_it_was_planned_at(tmp_path, capsys
     assert "output y: float32 [1, 32, 4, 1]" in capsys.readouterr().out
 
 
+def test_run_of_a_model_too_small_at_its_planned_sizes(tmp_path, capsys):
+    """A 3x3 Conv without padding cannot run at height = width = 1 (the sizes optimize planned
+    at without --dim): run says so and runs at the random inputs' sizes (8: 8 - 3 + 1 = 6);
+    --dim height=1 itself is a one-line error, not the numpy kernel's ValueError."""
+    rng = np.random.default_rng(0)
+    w = nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], name="conv")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 3, "height", "width"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 4, "h", "w"])], [w])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 0
+    got = capsys.readouterr()
+    assert "output y: float32 [1, 4, 6, 6]" in got.out
+    assert got.err.startswith("onnx-cinm: note: the model does not run with batch, height, width "
+                              "at 1, the size its plans took (node 'conv/Im2Col' on host failed")
+    assert main(["run", str(out), "--dim", "height=1"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]  # after the note on width, the error
+    assert last.startswith("onnx-cinm: error: node 'conv/Im2Col' on host failed: Im2Col: ")
+
+
 def test_a_dim_given_arrays_size_otherwise_is_said(tmp_path, capsys):
     """run/compare fed the [1, 3, 8, 8] array and ignored --dim height=16 without a word;
     optimize planned at 16 and checked at 8, silently too."""

@@ -92,8 +92,10 @@ def _cmd_run(args, parser) -> int:
     planned = frontend.planned_dims(sess._model)
     # by default the sizes it was planned for (a dim optimize was given no size for: 1, as
     # its plans took it), unless the given arrays have others
-    unsized = {d: 1 for d in golden.symbolic_dims(sess._model) if d not in planned}
-    dims = {**unsized, **planned, **golden.dims_from_shapes(sess._model, shapes), **dims}
+    from_arrays = golden.dims_from_shapes(sess._model, shapes)
+    at_one = [d for d in golden.symbolic_dims(sess._model)
+              if d not in planned and d not in from_arrays and d not in dims]
+    dims = {**{d: 1 for d in at_one}, **planned, **from_arrays, **dims}
     parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
@@ -102,7 +104,19 @@ def _cmd_run(args, parser) -> int:
         feeds = golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes) \
             if len(given) < len(sess.get_inputs()) else {}
         feeds.update(given)
-        outs = sess.run(None, feeds)
+        try:
+            outs = sess.run(None, feeds)
+        except CinmError as e:
+            if i or not at_one:
+                raise
+            # too small to run at all (a pooling window wider than 1): the random inputs' sizes
+            print(f"onnx-cinm: note: the model does not run with {', '.join(at_one)} at 1, the "
+                  f"size its plans took ({e}); ran at the random inputs' sizes instead (give "
+                  "--dim NAME=SIZE)", file=sys.stderr)
+            dims = {k: v for k, v in dims.items() if k not in at_one}
+            at_one = []
+            feeds = {**golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes), **given}
+            outs = sess.run(None, feeds)
     ran = golden.dims_from_shapes(sess._model, {k: v.shape for k, v in feeds.items()})
     replanned = {k: v for k, v in sorted(ran.items()) if v != planned.get(k, 1)}
     names = [o.name for o in sess.get_outputs()]

@@ -489,7 +489,11 @@ class InferenceSession:
                     outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
                                                               "bytes_moved": 0}
                 else:
-                    outs, metrics = d.kernel(ins)
+                    try:
+                        outs, metrics = d.kernel(ins)
+                    except ValueError as e:  # inputs the kernel cannot take (too small, ...)
+                        raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                        f"{str(e).splitlines()[0]}") from None
                 wall = time.perf_counter() - t0
                 values.update(zip(d.outputs, outs))
                 records.append({"run": run_index, "node": d.label, "op_type": d.node.op_type,
