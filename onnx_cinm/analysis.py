@@ -38,8 +38,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`) are bound to it
     before inference, so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
-    shapes), whatever ``infer`` says. ``dims`` (``{dim name: size}``) replaces the planned
-    sizes (to ask what a shape would be at other sizes). Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
+    shapes), whatever ``infer`` says. ``dims`` (``{dim name: size}``) replaces the planned sizes
+    (to ask what a shape would be at other sizes). Where onnx leaves dims anonymous (``unk__N``:
+    a ``Slice``
     bounded by ``Shape(x)[1]``, the attention heads behind it),
     :func:`onnx_cinm.frontend.size_anonymous_dims` folds the shape arithmetic at those sizes and
     takes a matrix product's reduction length from its constant operand.

@@ -28,10 +28,11 @@ Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``ini
 ``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
 equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; ``input_forget``;
 GRU's ``linear_before_reset`` 0 and 1; batch static or symbolic. A length sized only by
-``--dim`` fixes that dim: the pass records it (:func:`onnx_cinm.frontend.unrolled_dims`) and the
-execution provider refuses another size of it in one line; a batch sized so stays free. Kept whole on the host, with the
-reason in the summary: ``W``/``R``/``B``/``P`` computed at run time, ``sequence_lens`` given at
-run time, shorter than ``S`` or with a dynamic ``S``, other activations, opset below 13.
+``--dim`` fixes that dim: the pass records it (:func:`onnx_cinm.frontend.unrolled_dims`) and
+the execution provider refuses another size of it in one line; a batch sized so stays free.
+Kept whole on the host, with the reason in the summary: ``W``/``R``/``B``/``P`` computed at run
+time, ``sequence_lens`` given at run time, shorter than ``S`` or with a dynamic ``S``, other
+activations, opset below 13.
 LSTM ``input_forget = 1`` couples the gates as onnxruntime does: ``f_t = 1 - i_t``.
 """
 from __future__ import annotations

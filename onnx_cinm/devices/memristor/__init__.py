@@ -112,8 +112,9 @@ LINK_J_PER_BYTE = 20e-12
 #: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share;
 #: ``cim_*_parts_*`` the latency, energy and area of the kernel's array, ADC/DAC and periphery,
 #: :data:`PART_TERMS`, summing to ``cim_latency_s`` and ``cim_energy_j``; ``cim_bytes_moved``
-#: the bytes in and out per inference, :attr:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan.bytes_moved`,
-#: which the runtime's kernel counts alike). Kernels
+#: the bytes in and out per inference, the plan's
+#: :attr:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan.bytes_moved`, which the runtime's
+#: kernel counts alike). Kernels
 #: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
 #: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
 #: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's

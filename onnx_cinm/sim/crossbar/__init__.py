@@ -494,7 +494,8 @@ class CrossbarSimulator:
 
         resident: the weights stay this simulator's for its lifetime (a session's programmed
             constants, not an activation programmed for one run): the ideal products may then
-            keep them in a matrix kernel of their own (:meth:`onnx_cinm.sim.blas.MatrixKernels.matmul`).
+            keep them in a matrix kernel of their own
+            (:meth:`onnx_cinm.sim.blas.MatrixKernels.matmul`).
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
