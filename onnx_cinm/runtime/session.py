@@ -214,6 +214,7 @@ class InferenceSession:
             model = frontend.load_model(path_or_model)
             root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
         self._model = model
+        self._unrolled = frontend.unrolled_dims(model)  # sizes its graph is fixed to
         self._root = root
         self._profile: list[dict] = []
         self._profile_lock = threading.Lock()
@@ -406,7 +407,7 @@ class InferenceSession:
         if not isinstance(feed, dict):
             raise CinmError("input_feed must be a dict {input name: array}")
         names = {vi.name for vi in self._inputs}
-        fixed = frontend.unrolled_dims(self._model)
+        fixed = self._unrolled
         extra = set(feed) - names
         if extra:
             raise CinmError(f"unknown input(s) {', '.join(sorted(extra))} "
