@@ -28,7 +28,8 @@ _PER_OUTPUT = {"Softmax": 5, "LogSoftmax": 5, "BatchNormalization": 2, "LRN": 6,
                "Gelu": 8, "Erf": 4, "LayerNorm": 8}
 
 
-def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, TensorInfo]:
+def tensor_infos(model: onnx.ModelProto, infer: bool = True,
+                 dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
     """Type, shape and constness of every tensor of the main graph that shape inference can tell.
 
     Runs (non-strict) shape inference on a copy without initializer data, so it is cheap for
@@ -39,7 +40,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     named inside compiled If branches, :data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`) are bound
     to it before inference (in the bodies' declared types too), so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
-    shapes), whatever ``infer`` says. Where onnx leaves dims anonymous (``unk__N``: a ``Slice``
+    shapes), whatever ``infer`` says. ``dims`` (``{dim name: size}``) replaces the planned sizes
+    (to ask what a shape would be at other sizes). Where onnx leaves dims anonymous (``unk__N``:
+    a ``Slice``
     bounded by ``Shape(x)[1]``, the attention heads behind it),
     :func:`onnx_cinm.anonymous_dims.size_anonymous_dims` folds the shape arithmetic at those
     sizes and takes a matrix product's reduction length from its constant operand.
@@ -47,7 +50,8 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True) -> dict[str, Tensor
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
-    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
+    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
+            **(frontend.planned_dims(model) if dims is None else dims)}
     if not infer and not dims:
         return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.

@@ -996,6 +996,12 @@ def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[st
         CinmError: the record is not a JSON object of names to positive integers (a model file
             is untrusted input).
     """
+    return _dims_record(model, key)
+
+
+def _dims_record(model: onnx.ModelProto, key: str) -> dict[str, int]:
+    """The ``{dim name: size}`` JSON object under metadata ``key`` ({} if absent); CinmError if
+    it is malformed."""
     import json
 
     text = next((p.value for p in model.metadata_props if p.key == key), None)
@@ -1012,11 +1018,7 @@ def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[st
     return dims
 
 
-def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int],
-                     key: str = PLANNED_DIMS_KEY) -> None:
-    """Record ``dims`` (``{dim name: size}``) as the sizes ``model`` is planned for (under
-    ``key``, see :func:`planned_dims`), replacing any earlier record; an empty ``dims`` removes
-    it. ``model`` is changed in place."""
+def _set_dims_record(model: onnx.ModelProto, key: str, dims: dict[str, int]) -> None:
     import json
 
     keep = [p for p in model.metadata_props if p.key != key]
@@ -1024,6 +1026,34 @@ def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int],
     model.metadata_props.extend(keep)
     if dims:
         model.metadata_props.add(key=key, value=json.dumps(dict(sorted(dims.items()))))
+
+
+#: ``metadata_props`` key of the symbolic dimensions whose planned size the compiled graph
+#: bakes in (a recurrence unrolled over a sequence sized by ``--dim``: one ``Split`` output per
+#: step): a JSON object ``{"name": size}``. The execution provider refuses other sizes of them
+#: with a one-line error instead of the ``Split`` failing inside onnxruntime.
+UNROLLED_DIMS_KEY = "onnx_cinm.unrolled_dims"
+
+
+def unrolled_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """The dims ``model`` was unrolled for (see :data:`UNROLLED_DIMS_KEY`): ``{dim name: size}``,
+    empty if none. Raises CinmError if the record is malformed."""
+    return _dims_record(model, UNROLLED_DIMS_KEY)
+
+
+def add_unrolled_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
+    """Add ``dims`` (``{dim name: size}``) to the record of the dims ``model``'s graph was
+    unrolled for (in place); an empty ``dims`` changes nothing."""
+    if dims:
+        _set_dims_record(model, UNROLLED_DIMS_KEY, {**unrolled_dims(model), **dims})
+
+
+def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int],
+                     key: str = PLANNED_DIMS_KEY) -> None:
+    """Record ``dims`` (``{dim name: size}``) as the sizes ``model`` is planned for (under
+    ``key``, see :func:`planned_dims`), replacing any earlier record; an empty ``dims`` removes
+    it. ``model`` is changed in place."""
+    _set_dims_record(model, key, dims)
 
 
 def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:

@@ -438,6 +438,27 @@ def dims_from_shapes(model: ModelLike, shapes: Mapping[str, Sequence[int]]) -> d
     return dims
 
 
+def dim_conflicts(model: ModelLike, arrays: Mapping[str, np.ndarray],
+                  dims: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
+    """The sizes ``dims`` (``--dim NAME=SIZE``) gives symbolic dimensions that a given array
+    (``{input name: array}``) has at another size: ``[(dim, size in dims, input name, size in
+    the array)]``, one per dim (the first input using it), in input order."""
+    if not dims or not arrays:
+        return []
+    out, seen = [], set()
+    for vi in real_inputs(_load_header(model).graph):
+        arr = arrays.get(vi.name)
+        tt = vi.type.tensor_type
+        if arr is None or not tt.HasField("shape") or len(tt.shape.dim) != np.ndim(arr):
+            continue
+        for d, size in zip(tt.shape.dim, np.shape(arr)):
+            name = d.dim_param if d.HasField("dim_param") else ""
+            if name in dims and name not in seen and int(size) != dims[name]:
+                seen.add(name)
+                out.append((name, int(dims[name]), vi.name, int(size)))
+    return out
+
+
 def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label: str = "--input") -> None:
     """Raise a one-line CinmError when a given array cannot feed ``model``: not an input of it,
     another element type (``float64`` for a ``float32`` input: numpy's default), another rank,

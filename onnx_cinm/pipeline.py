@@ -106,7 +106,12 @@ class OptimizeResult:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
             more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
             lines.append(f"FLOPs on host by op type: {shown}{more}")
-        flow = _control_flow(self.model)
+        flow, made = _control_flow(self.model)
+        if made:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(made.items()))
+            lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
+                         "are cinm ops, their steps run in a Scan on the host (sized with --dim, "
+                         "the steps are unrolled into cinm ops too)")
         if flow:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
@@ -229,15 +234,24 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
 
 
-def _control_flow(model: onnx.ModelProto) -> str | None:
-    """The summary's ``control flow:`` line for the main graph's nodes with subgraphs (If,
-    Loop, Scan): which If branches were compiled (hold cinm ops), how many of their cinm ops
-    run on a device, and what stays on the host as it is; None without control flow."""
+def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
+    """``(line, made)``: the summary's ``control flow:`` line for the main graph's nodes with
+    subgraphs (If, Loop, Scan): which If branches were compiled (hold cinm ops), how many of
+    their cinm ops run on a device, and what stays on the host as it is (None without control
+    flow); ``made`` counts, per recurrent op type, the recurrences of dynamic length whose steps
+    ``to_cinm`` put in Scans (not the model's control flow:
+    :func:`onnx_cinm.passes.recurrent.made_scan`)."""
+    from .passes.recurrent import made_scan
+
+    made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
     count: Counter = Counter()
     branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = 0
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
         if not bodies:
+            continue
+        if made_scan(node):
+            made.setdefault(made_scan(node), set()).add(node.doc_string)
             continue
         count[node.op_type] += 1
         for body in bodies:
@@ -255,8 +269,9 @@ def _control_flow(model: onnx.ModelProto) -> str | None:
             on_dev += len(ops) - where["host"] - where["unplaced"]
             host_cinm, unplaced = host_cinm + where["host"], unplaced + where["unplaced"]
             other += len(inner) - len(ops)
+    made_count = Counter({op: len(docs) for op, docs in made.items()})
     if not count:
-        return None
+        return None, made_count
     parts = [", ".join(f"{op} x{n}" for op, n in sorted(count.items()))]
     if branches and compiled:
         where = f"{on_dev} on devices" + (f", {host_cinm} on the host" if host_cinm else "") \
@@ -272,7 +287,7 @@ def _control_flow(model: onnx.ModelProto) -> str | None:
     if loop_nodes:
         parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
                      "(onnx-cinm compiles If branches only)")
-    return "; ".join(parts)
+    return "; ".join(parts), made_count
 
 
 #: The ``constraints`` of :func:`optimize`: the budgets among the placement options.

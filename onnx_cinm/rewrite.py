@@ -195,7 +195,8 @@ class Edit:
             inputs.append(v)
         node = ir.Node(proto.domain, proto.op_type, inputs, name=proto.name or None,
                        attributes=[ir.serde.deserialize_attribute(a) for a in proto.attribute],
-                       outputs=[ir.Value(name=o) for o in proto.output])
+                       outputs=[ir.Value(name=o) for o in proto.output],
+                       doc_string=proto.doc_string or None)
         self._scope.update((v.name, v) for v in node.outputs if v.name)
         return node
 

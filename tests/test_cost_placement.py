@@ -462,3 +462,26 @@ def test_a_hint_puts_a_product_below_one_tile_on_the_crossbars(strategy, tmp_pat
             if n.domain == cinm.DOMAIN and n.op_type == "Gemm"}
     assert devs == dict.fromkeys(["conv1/Gemm", "conv2/Gemm", "fc1/Gemm", "fc2/Gemm"],
                                  "memristor")
+
+
+def test_placement_reasons_name_each_device_kind_once():
+    # att = a @ b (two activations, hinted to the crossbars), then a float product over a
+    # constant weight: its candidates include the crossbar pinned and streamed. The reasons
+    # used to read "memristor +0 J; memristor +3.2 nJ" (which is which?) and to repeat the
+    # activation note ("both operands are activations: ...") once per lowering pass.
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((256, 64)).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["a", "b"], ["y"], name="att"),
+             h.make_node("MatMul", ["y", "W"], ["z"], name="fc")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("a", TP.FLOAT, [64, 512]),
+                                  h.make_tensor_value_info("b", TP.FLOAT, [512, 256])],
+                     [h.make_tensor_value_info("z", TP.FLOAT, [64, 64])],
+                     [numpy_helper.from_array(W, "W")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    res = optimize(model, place=[("att", "memristor")], check=0)
+    why = {n.name: cinm.node_attrs(n)["placement"] for n in res.model.graph.node if n.domain == cinm.DOMAIN}
+    assert why["att/Gemm"].count("both operands are activations") == 1
+    parts = [p.split(" ")[0] + (" " + p.split(" ")[1] if p.split(" ")[1].startswith("(") else "")
+             for p in why["fc/Gemm"].split(": ", 1)[1].split("; ") if not p.startswith("not ")]
+    assert len(parts) == len(set(parts)), why["fc/Gemm"]
+    assert {"memristor (pinned)", "memristor (streamed)"} <= set(parts), why["fc/Gemm"]

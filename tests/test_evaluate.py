@@ -257,3 +257,25 @@ def test_a_negative_time_is_read_as_a_value_and_refused(digits_files, capsys):
         err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
                               "--times", times], code=2)
         assert f"argument --times: a time cannot be negative, got '{times.split(',')[-1]}'" in err
+
+
+def test_a_fixed_batch_the_data_do_not_fill_is_padded(digits_mlp, tmp_path, capsys):
+    # batch fixed at 64 (--overwrite-input-shape X:64,64), 450 samples: 7 batches, the last
+    # one 2 short of full. evaluate refused it ("450 samples do not split into the model's
+    # fixed batch of 64"); now it pads that batch with copies of its last sample and drops
+    # their results: the exact accuracy is onnxruntime's on the original over the 450 samples
+    res = optimize(digits_mlp.model, check=0, place=[("Gemm", "memristor")],
+                   device_options=PRESET, input_shapes={"X": [64, 64]})
+    path = tmp_path / "fixed.onnx"
+    artifacts.save(res.model, path)
+    data = tmp_path / "digits.npz"
+    np.savez(data, X=digits_mlp.X_test, labels=digits_mlp.y_test)
+    probs = ort.InferenceSession(digits_mlp.model.SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(
+        ["probabilities"], {"X": digits_mlp.X_test})[0]
+    want = float(np.mean(np.argmax(probs, axis=1) == digits_mlp.y_test))
+    assert len(digits_mlp.y_test) % 64
+    out = _json(capsys, ["evaluate", str(path), "--data", str(data), "--cim-mode", "ideal",
+                         "--seeds", "1", "--json"])
+    assert out["exact"] == want and out["samples"] == 450
+    assert [s["mean"] for s in out["summary"]] == [want]

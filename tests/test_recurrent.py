@@ -189,6 +189,18 @@ def test_dynamic_length_hoists_the_input_projection_and_scans_the_steps(op, opts
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
+def test_the_scans_of_a_dynamic_length_are_not_called_the_models_control_flow():
+    # a bidirectional LSTM of dynamic length: two Scans the compiler made (one per direction);
+    # the summary said "control flow: Scan x2; the 38 nodes of their bodies run on the host as
+    # they are", as for a model's own If/Loop/Scan. One recurrence, said as such.
+    res = optimize(_model("LSTM", 4, 2, 5, 6, seq_dim="T", direction="bidirectional"))
+    assert [n.op_type for n in res.model.graph.node].count("Scan") == 2
+    lines = res.summary().splitlines()
+    assert not [ln for ln in lines if ln.startswith("control flow:")]
+    assert [ln.split(";")[0] for ln in lines if ln.startswith("recurrences")] == [
+        "recurrences of a dynamic length: LSTM x1"]
+
+
 def test_a_long_sequence_runs_in_a_scan(monkeypatch):
     # above MAX_UNROLL steps the steps are not unrolled: input projection + a Scan
     from onnx_cinm.passes import recurrent
@@ -204,6 +216,39 @@ def test_dynamic_length_sized_by_dim_is_unrolled():
     model = _model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1)
     res = optimize(model, stop_after="cinm", dims={"T": 5})
     assert len(_gemms(res.model)) == 1 + 5
+
+
+def test_a_model_unrolled_for_a_length_refuses_another_in_one_line(tmp_path):
+    # planned at T = 5, N = 2: the steps are 5 Split outputs, so T is fixed (recorded), the
+    # batch N is not. Another batch runs and matches onnxruntime; T = 7 used to fail inside
+    # onnxruntime ("Cannot split using values in 'split' attribute ... Input shape={7,2,24}")
+    from onnx_cinm import frontend
+    from onnx_cinm.errors import CinmError
+
+    model = _model("LSTM", 5, "N", 4, 6, seq_dim="T")
+    res = optimize(model, dims={"T": 5, "N": 2}, placement="heuristic")
+    assert frontend.unrolled_dims(res.model) == {"T": 5}
+    path = tmp_path / "lstm.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(str(path))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    for g, r in zip(sess.run(None, {"X": x}), run_onnxruntime(model, {"X": x})):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    with pytest.raises(CinmError, match=r"^model '.*lstm.onnx' was unrolled for T=5 \(input 'X' "
+                       r"has T=7\); re-optimize with --dim T=7, or without sizing T"):
+        sess.run(None, {"X": np.zeros((7, 3, 4), np.float32)})
+
+
+def test_run_at_another_length_than_unrolled_is_a_one_line_error(tmp_path, capsys):
+    from onnx_cinm.cli import main
+
+    res = optimize(_model("GRU", 4, 2, 3, 5, seq_dim="T", lbr=1), dims={"T": 4})
+    artifacts.save(res.model, tmp_path / "gru.onnx")
+    assert main(["run", str(tmp_path / "gru.onnx"), "--dim", "T=6"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was unrolled for T=4 (input 'X' has T=6)" in err
+    assert "Split" not in err
 
 
 def test_lstm_on_crossbars_programs_r_once(tmp_path):
@@ -253,6 +298,8 @@ def test_length_computed_by_a_reshape_is_unrolled_at_the_planned_size():
     assert not [n for n in res.model.graph.node if n.op_type == "LSTM"]
     gemms = _gemms(res.model)
     assert len(gemms) == 6
+    from onnx_cinm import frontend
+    assert frontend.unrolled_dims(res.model) == {"T": 5}  # through the Reshape
     # the Gemm FLOPs (the gate math adds a few hundred elementwise FLOPs on top)
     assert 2560 + 5 * 256 <= res.flops_total < 2560 + 5 * 256 + 1000
 

@@ -151,3 +151,28 @@ def test_report_transfers_are_the_cost_models_on_a_fan_out():
     assert sum(r.latency_s + r.transfer_s for r in rows) == pytest.approx(tot.latency_s, rel=1e-12)
     assert sum(r.energy_j + r.transfer_j for r in rows) == pytest.approx(tot.energy_j, rel=1e-12)
     assert totals["latency_s"] == pytest.approx(tot.latency_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("opts", [
+    {},                                                                     # pcm-hermes, resident
+    {"placement": "heuristic", "device_options": {"cim_preset": "pcm-occ"}},  # streamed kernels
+])
+def test_profile_bytes_of_crossbar_nodes_are_the_reports(tmp_path, opts):
+    # report's bytes_moved (the plan: each input row once per column tile, each partial sum
+    # once per row tile, cells written) and run --profile's differed: the simulator counted
+    # X and Y once (LeNet's fc1 on 256 x 256 crossbars: 2080 B against 2560 B)
+    from onnx_cinm import artifacts
+    from onnx_cinm.runtime.session import InferenceSession
+
+    res = optimize(get_example("lenet"), **opts)
+    path = tmp_path / "l.onnx"
+    artifacts.save(res.model, path)
+    rows, _ = report.layers(res.model, report.options_from_plans(res.model))
+    want = {r.name: r.bytes_moved for r in rows if r.device == "memristor"}
+    sess = InferenceSession(str(path))
+    sess.run(None, {"input": np.ones((1, 1, 28, 28), np.float32)})
+    sess.run(None, {"input": np.ones((1, 1, 28, 28), np.float32)})
+    got = {r["node"]: r["bytes_moved"] for r in sess.profile() if r["device"] == "memristor" and r["run"] == 1}
+    assert got and got == {n.split(" ")[0]: b for n, b in want.items()} | {}
+    if not opts:  # hand count: fc1 [1, 400] @ [400, 120], Kt = 2, Nt = 1, no writes
+        assert got["fc1/Gemm"] == 4 * (400 * 1 + 120 * 2) == 2560

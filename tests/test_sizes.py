@@ -15,6 +15,7 @@ from onnx import numpy_helper as nh
 from onnx_cinm import frontend, optimize
 from onnx_cinm.cli import main
 from onnx_cinm.errors import CinmError
+from onnx_cinm.golden import run_onnxruntime
 
 
 def _dynamic_convnet():
@@ -279,6 +280,91 @@ def test_run_at_other_sizes_says_the_modeled_figures_are_the_planned_ones(tmp_pa
     assert ("note: this run had batch=2, height=8, but the model was planned at batch=1, "
             "height=32: the modeled figures") in text
     assert "optimize again with --dim batch=2 --dim height=8 to cost these" in text
+
+
+def test_run_takes_an_unsized_dim_at_the_size_it_was_planned_at(tmp_path, capsys):
+    """optimize without --dim plans every symbolic dim at 1; run drew height and width at 8
+    (the random inputs' default off axis 0) and then noted that its run was not the planned
+    one. The Convs keep the size (pad 1, then stride 2 of 1 -> 1)."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "output y: float32 [1, 32, 1, 1]" in text
+    assert "note: this run had" not in text
+    assert main(["run", str(out), "--dim", "height=8"]) == 0  # a size given still wins
+    assert "output y: float32 [1, 32, 4, 1]" in capsys.readouterr().out
+
+
+def test_run_of_a_model_too_small_at_its_planned_sizes(tmp_path, capsys):
+    """A 3x3 Conv without padding cannot run at height = width = 1 (the sizes optimize planned
+    at without --dim): run says so and runs at the random inputs' sizes (8: 8 - 3 + 1 = 6);
+    --dim height=1 itself is a one-line error, not the numpy kernel's ValueError."""
+    rng = np.random.default_rng(0)
+    w = nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], name="conv")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["batch", 3, "height", "width"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["batch", 4, "h", "w"])], [w])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 0
+    got = capsys.readouterr()
+    assert "output y: float32 [1, 4, 6, 6]" in got.out
+    assert got.err.startswith("onnx-cinm: note: the model does not run with batch, height, width "
+                              "at 1, the size its plans took (node 'conv/Im2Col' on host failed")
+    assert main(["run", str(out), "--dim", "height=1"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]  # after the note on width, the error
+    assert last.startswith("onnx-cinm: error: node 'conv/Im2Col' on host failed: Im2Col: ")
+
+
+def test_a_dim_given_arrays_size_otherwise_is_said(tmp_path, capsys):
+    """run/compare fed the [1, 3, 8, 8] array and ignored --dim height=16 without a word;
+    optimize planned at 16 and checked at 8, silently too."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32))
+    feed = ["--input", f"images={tmp_path / 'x.npy'}"]
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--dim", "height=16"] + feed) == 0
+    assert capsys.readouterr().err.strip() == (
+        "onnx-cinm: warning: --dim height=16 and --input 'images' (height=8) differ: planned at "
+        "height=16, checked on the array at height=8")
+    for cmd in (["run", str(out)], ["compare", str(src), str(out)]):
+        assert main(cmd + feed + ["--dim", "height=16"]) == 1
+        assert capsys.readouterr().err.strip() == (
+            "onnx-cinm: error: --dim height=16 conflicts with --input 'images', whose height is 8; "
+            "drop the --dim or give an array of that size")
+        assert main(cmd + feed + ["--dim", "height=8"]) == 0  # agreeing sizes: nothing to say
+        assert capsys.readouterr().err == ""
+
+
+def test_the_labeled_archive_evaluate_takes_feeds_run_and_compare(tmp_path, capsys):
+    """run --input data.npz refused evaluate's archive: "--input 'labels' is not an input"."""
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", images=x, labels=np.array([3, 1]))
+    np.save(tmp_path / "labels.npy", np.array([3, 1]))
+    np.save(tmp_path / "x.npy", x)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    note = (f"onnx-cinm: note: --input {tmp_path / 'data.npz'}: array 'labels' is not an input "
+            "of the model (a labeled data set's labels, as evaluate takes them); ignored")
+    assert main(["run", str(out), "--input", str(tmp_path / "data.npz"), "-o", str(tmp_path / "y.npz")]) == 0
+    assert capsys.readouterr().err.strip() == note
+    want = run_onnxruntime(_dynamic_convnet(), {"images": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], want, rtol=1e-4, atol=1e-4)
+    assert main(["compare", str(src), str(out), "--input", str(tmp_path / "data.npz")]) == 0
+    assert capsys.readouterr().err.strip() == note
+    # named explicitly, it is an input the model does not have: still refused
+    assert main(["run", str(out), "--input", f"images={tmp_path / 'data.npz'}"]) == 1
+    capsys.readouterr()
+    assert main(["run", str(out), "--input", f"images={tmp_path / 'x.npy'}",
+                 "--input", f"labels={tmp_path / 'labels.npy'}"]) == 1
+    assert "is not an input of the model" in capsys.readouterr().err
 
 
 def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, capsys):

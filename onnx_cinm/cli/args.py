@@ -597,6 +597,41 @@ def _given_inputs(args, parser) -> tuple[dict, dict]:
     return given, dims
 
 
+#: The labels' array of a labeled ``.npz`` (``evaluate --data``'s default ``--labels`` key).
+LABELS_KEY = "labels"
+
+
+def _drop_labels(args, model, given: dict) -> None:
+    """Drop (in place, with a note on stderr) the labels' array of an ``--input FILE.npz``
+    archive that ``model`` has no input for: the labeled archive ``evaluate --data`` takes
+    feeds ``run``, ``compare`` and ``optimize`` as it is. An array given by name
+    (``--input labels=FILE.npy``) is left for the input checks to refuse."""
+    import sys
+
+    from .. import golden
+
+    named = {item.partition("=")[0] for item in args.feed if "=" in item}
+    if LABELS_KEY not in given or LABELS_KEY in named:
+        return
+    if LABELS_KEY in {vi.name for vi in golden.real_inputs(golden._load_header(model).graph)}:
+        return
+    archive = next((item for item in args.feed if "=" not in item), "")
+    del given[LABELS_KEY]
+    print(f"onnx-cinm: note: --input {archive}: array '{LABELS_KEY}' is not an input of the "
+          "model (a labeled data set's labels, as evaluate takes them); ignored", file=sys.stderr)
+
+
+def _refuse_dim_conflicts(model, given: dict, dims: dict) -> None:
+    """Raise a one-line CinmError when a ``--dim`` sizes a dim another way than a given
+    ``--input`` array does (``run``/``compare`` feed the array as it is: the ``--dim`` would be
+    silently ignored, and random inputs drawn at it would disagree with the array)."""
+    from .. import golden
+
+    for dim, size, name, has in golden.dim_conflicts(model, given, dims)[:1]:
+        raise CinmError(f"--dim {dim}={size} conflicts with --input '{name}', whose {dim} is "
+                        f"{has}; drop the --dim or give an array of that size")
+
+
 def _check_writable_folder(folder: str, what: str) -> None:
     """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
     p = Path(folder)

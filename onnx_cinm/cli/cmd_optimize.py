@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CinmError
 from ..text import Column, printable, si, table
-from .args import _check_writable_folder, _dims, _given_inputs, _pass_options
+from .args import _check_writable_folder, _dims, _drop_labels, _given_inputs, _pass_options
 
 
 def _progress(total: int, desc: str, unit: str, quiet: bool):
@@ -103,6 +103,15 @@ def _cmd_optimize(args, parser) -> int:
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
+    if given:
+        _drop_labels(args, model, given)
+    if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
+        from ..golden import dim_conflicts
+
+        for dim, size, name, has in dim_conflicts(model, given, dims):
+            print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
+                  f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
+                  file=sys.stderr)
     try:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,

@@ -27,9 +27,12 @@ form taking a precomputed projection.
 Supported: directions forward, reverse and bidirectional; layouts 0 and 1; ``initial_h``,
 ``initial_c`` (any tensor), ``B`` and ``P`` (constant); ``sequence_lens`` absent or a constant
 equal to ``S`` for every batch row; activations Sigmoid/Tanh/Relu; ``clip``; ``input_forget``;
-GRU's ``linear_before_reset`` 0 and 1; batch static or symbolic. Kept whole on the host, with the
-reason in the summary: ``W``/``R``/``B``/``P`` computed at run time, ``sequence_lens`` given at
-run time, shorter than ``S`` or with a dynamic ``S``, other activations, opset below 13.
+GRU's ``linear_before_reset`` 0 and 1; batch static or symbolic. A length sized only by
+``--dim`` fixes that dim: the pass records it (:func:`onnx_cinm.frontend.unrolled_dims`) and
+the execution provider refuses another size of it in one line; a batch sized so stays free.
+Kept whole on the host, with the reason in the summary: ``W``/``R``/``B``/``P`` computed at run
+time, ``sequence_lens`` given at run time, shorter than ``S`` or with a dynamic ``S``, other
+activations, opset below 13.
 LSTM ``input_forget = 1`` couples the gates as onnxruntime does: ``f_t = 1 - i_t``.
 """
 from __future__ import annotations
@@ -44,6 +47,21 @@ from ..rewrite import Builder, Rule, ir, names_of
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+#: The ``doc_string`` of a ``Scan`` this pass makes (the steps of a recurrence of a dynamic
+#: length): the compiler's, not the model's control flow (:func:`made_scan`).
+SCAN_DOC = "onnx-cinm: the steps of {op} '{name}' (a sequence of dynamic length)"
+
+
+def made_scan(node) -> str | None:
+    """The recurrent op type (``LSTM``, ``GRU``, ``RNN``) whose steps ``node`` (a NodeProto)
+    runs, if it is a ``Scan`` this pass made; else None."""
+    head = SCAN_DOC.split("{op}")[0]
+    if node.op_type != "Scan" or not node.doc_string.startswith(head):
+        return None
+    op = node.doc_string[len(head):].split(" ")[0]
+    return op if op in _GATES else None
+
+
 #: Longest sequence unrolled: each step is about 15 nodes and a crossbar kernel file per
 #: direction; a longer one runs its steps in a Scan, as a dynamic length does.
 MAX_UNROLL = 256
@@ -83,7 +101,7 @@ class _Cell(Builder, _Ops):
 
     def __init__(self, rw, node: ir.Node, dtype: np.dtype, clip: float | None) -> None:
         super().__init__(rw, node)
-        self.rw, self.dtype, self.clip = rw, dtype, clip
+        self.rw, self.source, self.dtype, self.clip = rw, node, dtype, clip
         self._consts: dict = {}
 
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
@@ -147,9 +165,7 @@ def check(rw, node: ir.Node):
     x, w, r, b, seq_lens = ins[:5]
     if rw.opset < 13:
         return "opset below 13"
-    xi = rw.info(x)
-    if xi is not None and xi.shape is None and xi.dtype is not None:
-        xi = type(xi)(xi.name, xi.dtype, _reshaped(rw, node.inputs[0]), xi.const)
+    xi = _input_info(rw, node)
     if xi is None or xi.shape is None or len(xi.shape) != 3 or xi.dtype is None:
         return "input shape unknown"
     dtype = np.dtype(xi.dtype)
@@ -197,6 +213,43 @@ def check(rw, node: ir.Node):
             "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip),
             "lbr": int(at.get("linear_before_reset", 0)),
             "coupled": op == "LSTM" and bool(int(at.get("input_forget", 0)))}
+
+
+def _input_info(rw, node: ir.Node):
+    """The TensorInfo of ``node``'s sequence input ``X`` (its shape from :func:`_reshaped` when
+    shape inference could not tell it), or None."""
+    xi = rw.info(node.inputs[0].name) if node.inputs and node.inputs[0] is not None else None
+    if xi is not None and xi.shape is None and xi.dtype is not None:
+        xi = type(xi)(xi.name, xi.dtype, _reshaped(rw, node.inputs[0]), xi.const)
+    return xi
+
+
+class _At:
+    """``rw`` seen with the tensor infos ``infos`` (shapes at other dim sizes)."""
+
+    def __init__(self, rw, infos: dict) -> None:
+        self.rw, self.infos = rw, infos
+
+    def info(self, name: str):
+        return self.infos.get(name)
+
+    def array(self, value):
+        return self.rw.array(value)
+
+
+def _follows(rw, node: ir.Node, axis: int, size: int) -> dict[str, int]:
+    """The planned dims (``rw.planned``) that the static extent ``size`` of axis ``axis`` of
+    ``node``'s input ``X`` follows: ``{name: planned size}`` of each dim at whose double the
+    extent is another number (a dim it does not follow leaves it as it is). A graph built for
+    that extent (unrolled steps, a zero state of that batch) runs at that size only."""
+    out = {}
+    for name, planned in rw.planned.items():
+        xi = _input_info(_At(rw, rw.infos_at({**rw.planned, name: 2 * planned})), node)
+        if xi is not None and xi.shape is not None and len(xi.shape) == 3:
+            other = xi.shape[axis]
+            if isinstance(other, int) and other != size:
+                out[name] = planned
+    return out
 
 
 #: Ops :func:`_evaluate` runs on the shape path (small int64 vectors).
@@ -299,6 +352,8 @@ def replace(rw, node: ir.Node, p: dict):
             yhs.append(h)
             ycs.append(cell)
             continue
+        if d == 0:  # the steps below exist for this length only: say which dims fix it
+            rw.unrolled.update(_follows(rw, node, 1 if p["layout"] else 0, S))
         steps = c.split(xp, S, 1, axis=0)  # S x [1, batch, G*H]
         rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
                for k, (Rk, bk) in enumerate(rec)]
@@ -336,7 +391,10 @@ def _state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) 
     if given:
         return c.std("Gather", [given, c.ints(f"dir{d}", [d])], axis=0)
     if "zeros" not in c._consts:
-        c._consts["zeros"] = _zeros(c, x, p["batch"], H, dt)
+        batch = p["batch"]
+        if isinstance(batch, int) and _follows(c.rw, c.source, 0 if p["layout"] else 1, batch):
+            batch = None  # sized by a planned dim, not fixed: the state follows the input
+        c._consts["zeros"] = _zeros(c, x, batch, H, dt)
     return c._consts["zeros"]
 
 
@@ -378,13 +436,14 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
                              [helper.make_tensor_value_info(n, elem, None) for n in outs])
     rev = int(p["reverse"][d])
     results = c.multi("Scan", states + [xp], len(outs), body=body, num_scan_inputs=1,
-                      scan_input_directions=[rev], scan_output_directions=[rev])
+                      scan_input_directions=[rev], scan_output_directions=[rev],
+                      doc_string=SCAN_DOC.format(op=op, name=c.source.name or c.base))
     return results[0], (results[1] if op == "LSTM" else None), results[-1]
 
 
 def _zeros(c: _Cell, x: str, batch, H: int, dt: np.dtype) -> str:
     """A zero state ``[1, batch, H]``: a constant, or built from ``x``'s shape when the batch
-    is symbolic."""
+    is symbolic (``None``: also a batch sized only by a planned dim)."""
     if isinstance(batch, int):
         return c.const("zeros", np.zeros((1, batch, H), dt))
     b = c.std("Slice", [c.std("Shape", [x]), c.ints("b0", [1]), c.ints("b1", [2])])

@@ -56,6 +56,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .. import frontend
 from ..analysis import tensor_infos
 from ..dialects import cinm
 from ..graph import TensorInfo
@@ -80,6 +81,19 @@ class _Rewriter(Edit):
         super().__init__(model, Names(model.graph).fresh)
         self.opset = cinm.default_opset(model)
         self.shape_path = self._shape_path()
+        self.planned = frontend.planned_dims(model)
+        #: ``{dim name: size}`` the rewritten graph is fixed to (a recurrence unrolled over a
+        #: sequence that dim sizes; see :func:`onnx_cinm.frontend.unrolled_dims`)
+        self.unrolled: dict[str, int] = {}
+        self._infos_at: dict = {}
+
+    def infos_at(self, dims: dict[str, int]) -> dict:
+        """The tensor infos of the model as it was before this edit, with the symbolic dims
+        bound to ``dims`` instead of the planned sizes (computed once per ``dims``)."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._infos_at:
+            self._infos_at[key] = tensor_infos(self.proto, dims=dims)
+        return self._infos_at[key]
 
     def _shape_path(self) -> set[ir.Value]:
         """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
@@ -950,6 +964,7 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     lowered.update(fused)
     model = rw.commit()
     cinm.attach_functions(model)
+    frontend.add_unrolled_dims(model, rw.unrolled)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model

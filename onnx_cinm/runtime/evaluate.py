@@ -13,7 +13,8 @@ without, the relative RMS error of one float output against the exact run (every
 onnxruntime, the reference bodies): ``sqrt(sum((y - y_ref)**2) / sum(y_ref**2))``.
 
 The data go through the model in batches along axis 0 (the input's fixed batch size, if it has
-one; else ``batch`` samples per call).
+one; else ``batch`` samples per call). A fixed batch the data do not fill at the end is padded
+with copies of its last sample, whose results are dropped: they count in no accuracy.
 """
 from __future__ import annotations
 
@@ -134,10 +135,9 @@ class Evaluator:
                 self._dtypes[arg.name] = want
         self._fixed = {a.name: a.shape[0] for a in self._inputs
                        if a.shape and isinstance(a.shape[0], int)}
-        for name, b in self._fixed.items():
-            if n % b:
-                raise CinmError(f"{n} samples do not split into the model's fixed batch of {b} "
-                                f"(input '{name}')")
+        if len(set(self._fixed.values())) > 1:
+            raise CinmError("the model's inputs have different fixed batch sizes: " + ", ".join(
+                f"{k} {v}" for k, v in self._fixed.items()))
         if self.labels is not None:
             lab = np.asarray(self.labels)
             if lab.ndim != 1 or len(lab) != n:
@@ -231,7 +231,12 @@ class Evaluator:
         for lo in range(0, self.samples, step):
             feed = {a.name: np.asarray(self.data[a.name][lo:lo + step],
                                        dtype=self._dtypes.get(a.name)) for a in self._inputs}
-            parts.append(np.asarray(sess.run([self.output_name], feed)[0]))
+            real = min(step, self.samples - lo)
+            if self._fixed and real < step:  # a fixed batch the data do not fill: pad it with
+                feed = {k: np.concatenate([v, np.repeat(v[-1:], step - real, axis=0)])
+                        for k, v in feed.items()}  # copies of its last sample, dropped below
+            y = np.asarray(sess.run([self.output_name], feed)[0])
+            parts.append(y[:real] if self._fixed and real < step and y.ndim else y)
         try:
             return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
         except ValueError:

@@ -3,7 +3,8 @@
 A record (see :meth:`InferenceSession.profile`) has ``run``, ``node``, ``op_type``, ``device``,
 ``nodes`` (graph nodes it covers), ``in_partition`` (a model-mode device node inside a host
 partition; absent otherwise), ``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
-device), ``writes`` (crossbar tile writes) and ``bytes_moved``. Missing figures are None: host
+device), ``writes`` (crossbar tile writes) and ``bytes_moved`` (with ``bytes_note`` when a
+kernel counts them otherwise than its plan does). Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
 """
@@ -135,7 +136,11 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
         notes.append("median wall per run: " + ", ".join(
             f"{d} {si(v, 's')}" for d, v in median_split(records).items()))
     notes.append("wall: host time of this process; modeled: device latency from the cost model "
-                 "(crossbar simulator counters, UPMEM cost model)")
+                 "(crossbar simulator counters, UPMEM cost model); bytes: across the device's "
+                 "boundary in one inference, as its plan counts them (report's bytes_moved)")
+    for (dev, mode), note in sorted({(r["device"], r["mode"]): r["bytes_note"]
+                                     for r in records if r.get("bytes_note")}.items()):
+        notes.append(f"bytes of {dev} in {mode} mode: {note}")
     if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")

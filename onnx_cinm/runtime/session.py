@@ -305,6 +305,7 @@ class InferenceSession:
 
     def _setup(self, model: onnx.ModelProto, root) -> None:
         self._model = model
+        self._unrolled = frontend.unrolled_dims(model)  # sizes its graph is fixed to
         self._root = root
         self._profile: list[dict] = []
         self._profile_lock = threading.Lock()
@@ -519,6 +520,7 @@ class InferenceSession:
         if not isinstance(feed, dict):
             raise CinmError("input_feed must be a dict {input name: array}")
         names = {vi.name for vi in self._inputs}
+        fixed = self._unrolled
         extra = set(feed) - names
         if extra:
             raise CinmError(f"unknown input(s) {', '.join(sorted(extra))} "
@@ -544,6 +546,13 @@ class InferenceSession:
                     if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != a.shape[i]:
                         raise CinmError(f"input '{vi.name}' has shape {list(a.shape)}, the model "
                                         f"expects {_shape_text(vi)}")
+                    size = fixed.get(d.dim_param) if d.HasField("dim_param") else None
+                    if size is not None and a.shape[i] != size:  # its Split would fail in ORT
+                        raise CinmError(
+                            f"{self._label_text} was unrolled for {d.dim_param}={size} (input "
+                            f"'{vi.name}' has {d.dim_param}={a.shape[i]}); re-optimize with --dim "
+                            f"{d.dim_param}={a.shape[i]}, or without sizing {d.dim_param} to keep "
+                            "its steps in a Scan that runs at any length")
             out[vi.name] = a
         return out
 
@@ -616,7 +625,11 @@ class InferenceSession:
                     outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
                                                               "bytes_moved": 0}
                 else:
-                    outs, metrics = d.kernel(ins)
+                    try:
+                        outs, metrics = d.kernel(ins)
+                    except ValueError as e:  # inputs the kernel cannot take (too small, ...)
+                        raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                        f"{str(e).splitlines()[0]}") from None
                 wall = time.perf_counter() - t0
                 values.update(zip(d.outputs, outs))
                 records.append({"run": run_index, "node": d.label, "op_type": d.node.op_type,
@@ -624,7 +637,9 @@ class InferenceSession:
                                 "latency_s": metrics.get("latency_s"),
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1})
+                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
+                                **({"bytes_note": metrics["bytes_note"]}
+                                   if metrics.get("bytes_note") else {})})
         return values, records
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:

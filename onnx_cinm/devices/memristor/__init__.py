@@ -122,7 +122,10 @@ LINK_J_PER_BYTE = 20e-12
 #: seconds, energies in joules, per inference unless ``_load``; ``cim_crossbars`` is what the
 #: kernel uses, ``cim_device_crossbars`` the crossbars all kernels of the model share;
 #: ``cim_*_parts_*`` the latency, energy and area of the kernel's array, ADC/DAC and periphery,
-#: :data:`PART_TERMS`, summing to ``cim_latency_s`` and ``cim_energy_j``). Kernels
+#: :data:`PART_TERMS`, summing to ``cim_latency_s`` and ``cim_energy_j``; ``cim_bytes_moved``
+#: the bytes in and out per inference, the plan's
+#: :attr:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan.bytes_moved`, which the runtime's
+#: kernel counts alike). Kernels
 #: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
 #: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
 #: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's
@@ -137,6 +140,7 @@ PLAN_ATTRS = {
     "cim_time_s": "float", "cim_effects": "string",
     "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
     "cim_latency_parts_s": "floats", "cim_energy_parts_j": "floats", "cim_area_parts_mm2": "floats",
+    "cim_bytes_moved": "int",
 }
 
 #: The terms of the cost breakdown (``Cost.parts``, plan attributes ``cim_*_parts_*`` in this
@@ -457,8 +461,8 @@ class MemristorDevice(Device):
             parts = tuple(CostPart(t, float(lat), float(en), float(ar)) for t, lat, en, ar in zip(
                 PART_TERMS, attrs["cim_latency_parts_s"], attrs["cim_energy_parts_j"],
                 attrs["cim_area_parts_mm2"]))
-        return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes, 0,
-                           parts),
+        return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes,
+                           int(attrs.get("cim_bytes_moved", 0)), parts),
                       kept_crossbars=int(attrs.get("cim_writes_load", 0)),
                       streamed=bool(attrs.get("cim_shared", 0)) or writes > 0)
 
@@ -511,8 +515,9 @@ class MemristorDevice(Device):
             "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
             "cim_mvms": p.mvms,
         }
-        if not const:  # the placement reason does not say which activation is programmed
-            attrs["placement"] = f"{op.attrs.get('placement', '')}; {why}"
+        base = op.attrs.get("placement", "")
+        if not const and why not in base:  # the reason does not say which activation is
+            attrs["placement"] = f"{base}; {why}"  # programmed (said once, not per lowering)
         return attrs
 
     def _attrs(self, op, options, p, v, params, const, why) -> dict:
@@ -532,6 +537,7 @@ class MemristorDevice(Device):
             "cim_latency_parts_s": [float(parts[t].latency_s) for t in PART_TERMS],
             "cim_energy_parts_j": [float(parts[t].energy_j) for t in PART_TERMS],
             "cim_area_parts_mm2": [float(parts[t].area_mm2) for t in PART_TERMS],
+            "cim_bytes_moved": int(c.bytes_moved),
         }
         if mode != "ideal" and time_s:
             attrs["cim_time_s"] = float(time_s)

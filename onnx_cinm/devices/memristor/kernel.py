@@ -36,7 +36,8 @@ class CrossbarKernel:
     Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
     ``outputs`` a list with the float32 result (int32 for an integer kernel, ``dtype int32``), ``metrics`` the simulator's counters of this
     inference (tile writes, MVMs, ADC conversions, latency in seconds, energy in joules) plus
-    ``bytes_moved`` (inputs in, result out, cells written, at 4 bytes each). Thread safe: calls are
+    ``bytes_moved`` (inputs in once per column tile, partial sums out once per row tile, cells
+    written, at 4 bytes each: the plan's count at this run's rows). Thread safe: calls are
     serialized (one chip).
 
     Raises:
@@ -58,7 +59,8 @@ class CrossbarKernel:
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
         constants = self._model_constants(prog_name, consts)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
-        self._sim = CrossbarSimulator(self.prog, constants) if self.programmed_const else None
+        self._sim = (CrossbarSimulator(self.prog, constants, resident=True)
+                     if self.programmed_const else None)
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
         # on the tiles of an earlier kernel over the same weights: that kernel's load programs
@@ -118,7 +120,13 @@ class CrossbarKernel:
             Y = Y + np.asarray(inputs[2], dtype=Y.dtype)
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
-        c["bytes_moved"] = 4 * (X.size + outs["Y"].size + weights)
+        # as the plan counts them (paradigms.cim.schedule, "bytes moved"; report's
+        # bytes_moved): each input row to each column tile, each partial sum out of each row
+        # tile, at this run's rows
+        h = self.prog.header
+        k_tiles = -(-X.shape[-1] // h["rows"])
+        n_tiles = -(-outs["Y"].shape[-1] // h["cols"])
+        c["bytes_moved"] = 4 * (X.size * n_tiles + outs["Y"].size * k_tiles + weights)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
 
 

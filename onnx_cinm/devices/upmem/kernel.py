@@ -27,6 +27,13 @@ from ...errors import CinmError
 from ...sim.upmem_emu import cache_dir, read_manifest, run_kernel
 
 
+#: What an emulated kernel's ``bytes_moved`` counts, for the profile: not the cost model's
+#: figure that ``report`` shows (constants resident in MRAM, a broadcast once per DPU).
+BYTES_NOTE = ("the transfers its generated host program made in this run: constant operands "
+              "pushed again each run, scatters padded, a broadcast counted once; report's "
+              "bytes_moved is the cost model's (constants resident, a broadcast once per DPU)")
+
+
 def _load_metrics(attrs: dict) -> dict | None:
     """The one-time load the plan charges before the first inference (``cnm_load_s`` seconds,
     ``cnm_load_j`` joules: the DPU program and the weights kept in MRAM), in the shape of a
@@ -51,7 +58,8 @@ class UpmemKernel:
     Calling it with the node's inputs (numpy arrays in node order, None for an absent optional
     input) returns ``(outputs, metrics)``: ``metrics`` has ``latency_s`` (the cnm_mapping cost
     model's ``cnm_latency_s`` when the node has it, else the emulator's kernel time),
-    ``energy_j`` (``cnm_energy_j`` or None), ``bytes_moved`` (host<->DPU bytes of this run),
+    ``energy_j`` (``cnm_energy_j`` or None), ``bytes_moved`` (host<->DPU bytes of this run,
+    :data:`BYTES_NOTE`) and ``bytes_note``,
     ``emu_kernel_s`` and ``emu_kernel_cycles`` (the emulator's own model), ``dma_bytes``.
 
     Raises:
@@ -151,6 +159,7 @@ class UpmemKernel:
             "latency_s": float(lat) if lat is not None else c.get("kernel_s"),
             "energy_j": self.attrs.get("cnm_energy_j"),
             "bytes_moved": c.get("h2d_bytes", 0) + c.get("d2h_bytes", 0) + c.get("broadcast_bytes", 0),
+            "bytes_note": BYTES_NOTE,
             "emu_kernel_s": c.get("kernel_s"),
             "emu_kernel_cycles": c.get("kernel_cycles"),
             "dma_bytes": c.get("totals", {}).get("dma_read_bytes", 0)

@@ -85,26 +85,46 @@ from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noq
 # The pass strategy
 # --------------------------------------------------------------------------------------------
 
+def _kind(ch) -> str:
+    """How a choice keeps its operand: ``pinned``/``streamed`` on crossbars, ``resident`` or
+    not in a device's memory."""
+    if ch.capacity:
+        return "streamed" if ch.streamed else "pinned"
+    if ch.mram_capacity:
+        return "resident" if ch.mram_resident else "not resident"
+    return ""
+
+
 def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
+    """The ``placement`` attribute of op ``i``: its choice and what every other candidate
+    would change. A device with several candidates (pinned and streamed crossbar kernels) is
+    named with the kind of each, and listed once per kind."""
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
+    per_device = Counter(c.device for c in prob.cands[i])
+
+    def name(c) -> str:
+        return f"{c.device} ({_kind(c)})" if per_device[c.device] > 1 and _kind(c) else c.device
+
     if i in prob.fixed:
         base = prob.hint_note.get(i, "fixed")
-        return f"{base}: {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')} on {ch.device}"
-    parts = [f"{head}: {ch.device} {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')}"
+        return f"{base}: {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')} on {name(ch)}"
+    parts = [f"{head}: {name(ch)} {si(ch.cost.latency_s, 's')}, {si(ch.cost.energy_j, 'J')}"
              + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
+    said = {name(ch)}
     for alt in prob.cands[i]:
-        if alt is ch:
+        if alt is ch or name(alt) in said:
             continue
+        said.add(name(alt))
         dl, de = _local_delta(prob, assign, i, alt)
         trial = _swap_totals(cur, ch, alt, dl, de)
         bad = violations(prob, trial)
         dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
         unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
-        txt = f"{alt.device} {'+' if dv >= 0 else ''}{si(dv, unit)}"
+        txt = f"{name(alt)} {'+' if dv >= 0 else ''}{si(dv, unit)}"
         if bad:
             txt += f" and breaks {bad[0]}"
         parts.append(txt)

@@ -339,7 +339,9 @@ def _variant(prob: Problem, i: int, dev: str, a: Priced | None) -> Choice | None
     c = opts[0]
     if a is None:
         return c
-    return _choice(dev, a, c.capacity, c.mram_capacity, c.note, bytes_moved=c.cost.bytes_moved)
+    # a plan that does not count its bytes (a recorded UPMEM plan) takes the candidate's
+    return _choice(dev, a, c.capacity, c.mram_capacity, c.note,
+                   bytes_moved=a.cost.bytes_moved or c.cost.bytes_moved)
 
 
 def _with_variants(prob: Problem, devs: dict) -> dict:

@@ -492,11 +492,16 @@ class CrossbarSimulator:
             file's folder, by ``..``, an absolute path or a symlink, is an XbarError). A region
             whose source is a tensor of the model (``model:<name>``) must be given here.
 
+        resident: the weights stay this simulator's for its lifetime (a session's programmed
+            constants, not an activation programmed for one run): the ideal products may then
+            keep them in a matrix kernel of their own
+            (:meth:`onnx_cinm.sim.blas.MatrixKernels.matmul`).
+
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
     """
 
-    def __init__(self, program, constants: dict | None = None) -> None:
+    def __init__(self, program, constants: dict | None = None, resident: bool = False) -> None:
         if not isinstance(program, XbarProgram):
             program = load_file(program)
         self.prog = program
@@ -507,6 +512,7 @@ class CrossbarSimulator:
         self._int = h.get("dtype") == "int32"
         self._dt = np.float64 if self._int else np.float32
         self.const: dict[str, np.ndarray] = {}
+        self._resident = resident
         base = Path(program.path).parent
         for r in program.regions.values():
             if r.kind not in ("weight", "bias"):
@@ -842,7 +848,7 @@ class CrossbarSimulator:
             kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
                 if (out, g) in self._untouched:  # not written yet: the product overwrites it
-                    blas.current().matmul(X[:, :W.shape[0]], W, Y)
+                    blas.current().matmul(X[:, :W.shape[0]], W, Y, const=self._resident)
                 else:
                     Y += X[:, :W.shape[0]] @ W
                 self._untouched.discard((out, g))
