@@ -371,3 +371,19 @@ def test_silero_report_and_run_line_count_the_branch_that_ran(silero_dir, tmp_pa
     assert re.search(counts, line).groups() == re.search(counts, head).groups()
     ran_text, whole = line.split(" ran; the model holds ")
     assert "memristor 4 nodes" in ran_text and "memristor 6 nodes" in whole
+
+
+def test_report_of_a_malformed_branch_record_is_a_one_line_error(compiled_then, tmp_path, capsys):
+    from onnx_cinm import frontend
+    from onnx_cinm.cli import main
+
+    model = onnx.ModelProto()
+    model.CopyFrom(compiled_then[0].model)
+    frontend.set_if_taken(model, {})
+    model.metadata_props.add(key=frontend.IF_TAKEN_KEY, value='{"pick": "yes"}')
+    path = tmp_path / "bad.onnx"
+    artifacts.save(model, path)
+    assert main(["report", str(path), "-o", str(tmp_path / "rep")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "metadata 'onnx_cinm.if_taken' is malformed" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "rep").exists()  # nothing half-written
