@@ -3,13 +3,13 @@
 ``onnx-cinm report out.onnx -o DIR`` (or ``optimize ... --report DIR``) writes into ``DIR``:
 
 * ``layers.csv``: one row per node (an If's branches' nodes after it, named
-  ``<If>[then] <node>``): op, output shape, FLOPs, device, modeled latency (seconds),
-  energy (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
+  ``<If>[then] <node>``): op, output shape, FLOPs, device, modeled latency (seconds), energy
+  (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
   inference, bytes moved, placement reason, ``counted`` (1 if the totals count it: 0 for the
-  branch of an If the planning probe did not see taken), then per part of the op's cost that its device
-  breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and ``periphery``) its
-  latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``, ``<part>_area_mm2``;
-  empty for ops without that part);
+  branch of an If the planning probe did not see taken), then per part of the op's cost that
+  its device breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and
+  ``periphery``) its latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``,
+  ``<part>_area_mm2``; empty for ops without that part);
 * ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
@@ -24,10 +24,10 @@ device's price (the host roofline for host ops). Transfers follow the cost model
 to its producer, a tensor entering a device is charged once per device, to its first reader
 there; so the rows add up to the modeled totals. One branch of an If runs per inference: the
 totals count the one the planning probe took (recorded by ``optimize``), and say so; an If it
-did not see counts both branches, and the totals say they are an upper bound. Bytes moved: what the op's device moves across
-its boundary by its own model (``Cost.bytes_moved``: for DPUs the scatter and gather of the
-plan, for crossbars the inputs, results and cells written). Every file is written under a
-temporary name and renamed into place.
+did not see counts both branches, and the totals say they are an upper bound. Bytes moved:
+what the op's device moves across its boundary by its own model (``Cost.bytes_moved``: for
+DPUs the scatter and gather of the plan, for crossbars the inputs, results and cells
+written). Every file is written under a temporary name and renamed into place.
 """
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ def _graph_layers(model, options, infos, taken, rows, graphs, ifs, label, prefix
         for branch in ("then_branch", "else_branch"):
             _graph_layers(_branch_model(model, branches[branch]), options, infos, taken, rows,
                           graphs, ifs, label + cinm.branch_label(name, branch),
-                          f"{prefix}{i}{branch[0]}", counted and seen in (None, branch == "then_branch"))
+                          f"{prefix}{i}{branch[0]}",
+                          counted and seen in (None, branch == "then_branch"))
 
 
 def _branch_model(outer: onnx.ModelProto, body: onnx.GraphProto) -> onnx.ModelProto:
@@ -352,8 +353,8 @@ def _reason_text(r: Layer) -> str:
 def _totals_line(t: dict) -> str:
     by = ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
     ifs = if_rule(t.get("ifs", {}), "rows marked 'not counted'")
-    line = (f"total{f' ({ifs})' if ifs else ''}: {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, "
-            f"{t['writes']} tile "
+    line = (f"total{f' ({ifs})' if ifs else ''}: {si(t['latency_s'], 's')}, "
+            f"{si(t['energy_j'], 'J')}, {t['writes']} tile "
             f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
             f"({si(t['transfer_s'], 's')}); by device: {by}")
     if t.get("by_part"):

@@ -256,7 +256,7 @@ def compiled_then(tmp_path_factory):
 def test_report_lists_both_branches_and_counts_the_one_the_probe_took(compiled_then, tmp_path):
     from onnx_cinm import frontend, report
 
-    res, path, x = compiled_then
+    _, path, x = compiled_then
     model = frontend.load_model(str(path))
     assert frontend.if_taken(model) == {"pick": True}
     rows, totals = report.layers(model, report.options_from_plans(model))
@@ -350,7 +350,8 @@ def test_silero_report_and_run_line_count_the_branch_that_ran(silero_dir, tmp_pa
     rows, totals = report.layers(res.model, report.options_from_plans(res.model))
     gemms = {r.name: r for r in rows if r.device == "memristor" and not isinstance(r.index, int)}
     assert sorted(gemms) == [f"/model/decoder/If_1[{b}] /model/decoder/{rnn}/LSTM/{g}"
-                             for b, rnn in (("else", "rnn_1"), ("then", "rnn")) for g in ("Gemm", "Gemm_1")]
+                             for b, rnn in (("else", "rnn_1"), ("then", "rnn"))
+                             for g in ("Gemm", "Gemm_1")]
     # one LSTM step of one row: [1, 128] x [128, 4 gates x 128] each
     assert {r.flops for r in gemms.values()} == {2 * 128 * 4 * 128}
     counted = {n for n, r in gemms.items() if r.counted}

@@ -154,8 +154,9 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
     if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
+    host_nodes = counts["nodes"]
     head = (f"profile: {len(rows)} rows, mean of {n_runs} run(s): {_count(parts, 'host partition')} "
-            f"({_count(counts['nodes'], 'node')}" + (f", {modeled} of them device nodes in model mode, "
+            f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "
                                                 "each also a row" if modeled else "") + ")"
             + own_nodes_text(own))
     return head + "\n" + text_table(COLUMNS, body, totals=totals, notes=notes)

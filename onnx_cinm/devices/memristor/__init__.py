@@ -606,8 +606,9 @@ class MemristorDevice(Device):
         t_conv = parts_tot[1][0] / tot["lat"] if tot["lat"] else 0.0
         area = sum(p[2] for p in parts_tot) + shared_area
         n_inf = sum(flags)
-        total = (f"total ({len(plans)} kernels" + (f", {n_inf} per inference" if n_inf < len(plans)
-                                                   else "") + ")", "", "", used, tot["tiles"], tot["wl"], tot["w"],
+        label = f"total ({len(plans)} kernels" + (
+            f", {n_inf} per inference)" if n_inf < len(plans) else ")")
+        total = (label, "", "", used, tot["tiles"], tot["wl"], tot["w"],
                  tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"), si(parts_tot[0][1], "J"),
                  si(parts_tot[1][1], "J"), si(parts_tot[2][1], "J"), f"{100 * t_conv:.0f}%",
                  _mm2(area))
