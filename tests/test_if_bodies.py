@@ -388,3 +388,26 @@ def test_report_of_a_malformed_branch_record_is_a_one_line_error(compiled_then, 
     err = capsys.readouterr().err.strip()
     assert "metadata 'onnx_cinm.if_taken' is malformed" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "rep").exists()  # nothing half-written
+
+
+def test_nested_ifs_report_counts_the_probed_path():
+    """c true, d false: the path outer[then] inner[else] runs; inner[then] and outer[else]
+    (a Relu on the DPUs) are listed, not counted, in the report and the crossbar table."""
+    from onnx_cinm import report
+
+    model, _ = _nested_model()
+    x = np.random.default_rng(9).standard_normal((ROWS, K)).astype(np.float32)
+    res = optimize(model, placement="heuristic", dims={"n": ROWS},
+                   inputs={"x": x, "c": np.array(True), "d": np.array(False)})
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    assert [(r.index, r.name, r.counted) for r in rows] == [
+        (0, "mm/Gemm", True), (1, "outer", True), ("1t0", "outer[then] inner", True),
+        ("1t0t0", "outer[then] inner[then] mm/Gemm_1", False),
+        ("1t0e0", "outer[then] inner[else] mm3/Gemm", True),
+        ("1e0", "outer[else] relu/Relu", False)]
+    assert totals["ifs"] == {"taken": 2, "both": 0}
+    # [16, 128] x [128, 128]: 2 * 16 * 128 * 128 FLOPs per product; two products run
+    assert sum(r.flops for r in rows if r.counted) == 2 * (2 * ROWS * K * K)
+    total = next(li for li in res.device_tables().splitlines() if li.startswith("total ("))
+    # three kernels loaded (one tile each), two run per inference: 2 x 16 MVMs
+    assert total.split()[5:11] == ["inference)", "3", "3", "3", "0", "32"]
