@@ -981,6 +981,12 @@ PLANNED_DIMS_KEY = "onnx_cinm.planned_dims"
 #: dims, so nothing else reads them.
 BRANCH_DIMS_KEY = "onnx_cinm.branch_dims"
 
+#: ``metadata_props`` key of the branches the planning probe saw the model's If nodes take
+#: (:mod:`onnx_cinm.passes.control_flow`): a JSON object ``{If node name: true (then) | false
+#: (else)}``. The report counts those branches in its per-inference totals; an If it does not
+#: name counts both of its branches (an upper bound).
+IF_TAKEN_KEY = "onnx_cinm.if_taken"
+
 #: Largest size accepted for one symbolic dimension (a size is a tensor extent: int32 range).
 _MAX_DIM = 2**31 - 1
 
@@ -1054,6 +1060,43 @@ def set_planned_dims(model: onnx.ModelProto, dims: dict[str, int],
     ``key``, see :func:`planned_dims`), replacing any earlier record; an empty ``dims`` removes
     it. ``model`` is changed in place."""
     _set_dims_record(model, key, dims)
+
+
+def if_taken(model: onnx.ModelProto) -> dict[str, bool]:
+    """The If branches the planning probe saw taken (see :data:`IF_TAKEN_KEY`): ``{If node
+    name: True for then, False for else}``; empty if the model records none.
+
+    Raises:
+        CinmError: the record is not a JSON object of names to booleans (a model file is
+            untrusted input).
+    """
+    import json
+
+    text = next((p.value for p in model.metadata_props if p.key == IF_TAKEN_KEY), None)
+    if text is None:
+        return {}
+    try:
+        taken = json.loads(text)
+    except ValueError:
+        taken = None
+    if not isinstance(taken, dict) or not all(isinstance(k, str) and isinstance(v, bool)
+                                              for k, v in taken.items()):
+        raise CinmError(f"the model's metadata '{IF_TAKEN_KEY}' is malformed: expected a JSON "
+                        "object of If node names to true or false")
+    return taken
+
+
+def set_if_taken(model: onnx.ModelProto, taken: dict[str, bool]) -> None:
+    """Record ``taken`` (``{If node name: condition}``, see :data:`IF_TAKEN_KEY`) in ``model``,
+    replacing any earlier record; an empty ``taken`` removes it. In place."""
+    import json
+
+    keep = [p for p in model.metadata_props if p.key != IF_TAKEN_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    if taken:
+        model.metadata_props.add(key=IF_TAKEN_KEY, value=json.dumps(
+            {k: bool(v) for k, v in sorted(taken.items())}))
 
 
 def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:

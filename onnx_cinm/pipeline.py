@@ -17,7 +17,7 @@ from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key
 from .passes import PassContext, PassManager, check_options
-from .text import si
+from .text import if_rule, si
 
 
 @dataclass
@@ -138,12 +138,25 @@ class OptimizeResult:
         empty if no device has one."""
         from . import devices
 
+        if "device_lowering" not in self.stats:  # stopped before: no plans to show
+            return ""
         plans: dict = {}
-        for key in ("device_lowering",):
-            for name, op, dev, attrs in self.stats.get(key, {}).get("plans", []):
-                plans.setdefault(dev, []).append((name, op, attrs))
-        tables = [devices.get_device(d).summary(p) for d, p in plans.items()]
-        return "\n\n".join(t for t in tables if t)
+        counted: dict = {}
+        ifs: dict = {}
+        inside = False
+        for label, node, count in cinm.labelled_nodes(self.model.graph,
+                                                      frontend.if_taken(self.model), ifs):
+            at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+            if at.get("device", "host") != "host" and at.get("kernel"):
+                plans.setdefault(at["device"], []).append((label + node.name, node.op_type, at))
+                counted.setdefault(at["device"], []).append(count)
+                inside = inside or bool(label)
+        tables = [devices.get_device(d).summary(p, counted[d]) for d, p in plans.items()]
+        tables = [t for t in tables if t]
+        if tables and inside:
+            tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; per-inference "
+                           f"totals: {if_rule(ifs, 'its kernels count at load only')})")
+        return "\n\n".join(tables)
 
 
 def _sizes_note(dims: dict, unsized: list) -> str:
@@ -427,6 +440,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             feeds = None
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
         pm.timings.append(("if_bodies", time.perf_counter() - t0))
+    # which branch the probe saw each If take: the report's per-inference totals count it
+    frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
     cinm.attach_functions(work)
     roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
     ctx.stats["host_roofline"] = roof

@@ -2,12 +2,14 @@
 
 ``onnx-cinm report out.onnx -o DIR`` (or ``optimize ... --report DIR``) writes into ``DIR``:
 
-* ``layers.csv``: one row per node: op, output shape, FLOPs, device, modeled latency (seconds),
-  energy (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
-  inference, bytes moved, placement reason, then per part of the op's cost that its device
-  breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and ``periphery``) its
-  latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``, ``<part>_area_mm2``;
-  empty for ops without that part);
+* ``layers.csv``: one row per node (an If's branches' nodes after it, named
+  ``<If>[then] <node>``): op, output shape, FLOPs, device, modeled latency (seconds), energy
+  (joules), transfers charged to it (seconds, joules, bytes), crossbar tile writes per
+  inference, bytes moved, placement reason, ``counted`` (1 if the totals count it: 0 for the
+  branch of an If the planning probe did not see taken), then per part of the op's cost that
+  its device breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and
+  ``periphery``) its latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``,
+  ``<part>_area_mm2``; empty for ops without that part);
 * ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
@@ -20,10 +22,12 @@ lowered node's own plan (its device's :meth:`Device.recorded`, e.g. ``cim_latenc
 device's price (the host roofline for host ops). Transfers follow the cost model's one rule
 (:func:`onnx_cinm.passes.cost_placement.tensor_charges`): a tensor leaving a device is charged
 to its producer, a tensor entering a device is charged once per device, to its first reader
-there; so the rows add up to the modeled totals. Bytes moved: what the op's device moves across
-its boundary by its own model (``Cost.bytes_moved``: for DPUs the scatter and gather of the
-plan, for crossbars the inputs, results and cells written). Every file is written under a
-temporary name and renamed into place.
+there; so the rows add up to the modeled totals. One branch of an If runs per inference: the
+totals count the one the planning probe took (recorded by ``optimize``), and say so; an If it
+did not see counts both branches, and the totals say they are an upper bound. Bytes moved:
+what the op's device moves across its boundary by its own model (``Cost.bytes_moved``: for
+DPUs the scatter and gather of the plan, for crossbars the inputs, results and cells
+written). Every file is written under a temporary name and renamed into place.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
-from .text import Column, si, table as text_table
+from .text import Column, if_rule, si, table as text_table
 
 #: Colour of the transfers in the pictures (a device's own is its ``Device.colour``).
 TRANSFER_COLOUR = "#c7c7c7"
@@ -55,7 +59,7 @@ class Layer:
     by the device's own model (:attr:`onnx_cinm.devices.Cost.bytes_moved`); ``parts`` the op's
     cost by component (:class:`onnx_cinm.graph.CostPart`), when its device breaks it down."""
 
-    index: int
+    index: int | str
     name: str
     op: str
     shape: str
@@ -71,34 +75,43 @@ class Layer:
     reason: str
     cinm: bool
     parts: tuple = ()
+    #: in the per-inference totals; False for the nodes of an If branch the planning probe
+    #: did not see taken (the other branch of that If is counted)
+    counted: bool = True
 
 
 def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[Layer], dict]:
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
     ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
     joules]}, ``by_part`` {part: [seconds, joules]} of the ops whose device breaks its cost
-    down, ``violations``).
+    down, ``violations``, ``ifs`` {``"taken"``: Ifs counted by the branch the planning probe
+    saw, ``"both"``: Ifs counted with both branches}).
 
-    Every figure is the cost model's (:func:`onnx_cinm.passes.cost_placement.node_costs` of
-    the placement recorded in ``model``), so the rows add up to the totals cost placement
-    optimizes."""
-    from .passes.cost_placement import evaluate_model, node_costs
+    One row per node of the main graph in graph order; after an If's row, the nodes of its
+    then and else branches (nested Ifs alike), named ``<If>[then] <node>`` as the provider's
+    profile names them, indexed ``<If index>t<node index>`` (``e`` for else). Every figure is
+    the cost model's (:func:`onnx_cinm.passes.cost_placement.node_costs` of the placement
+    recorded in ``model``; a branch is priced as a graph of its own whose captured values
+    arrive from the host, as the provider runs it), so the counted rows add up to the totals.
 
-    tot, bad, prob = evaluate_model(model, options)
-    rows = []
-    for i, (node, nc) in enumerate(zip(prob.nodes, node_costs(prob, prob.assign))):
-        at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
-        out = prob.infos.get(node.output[0]) if node.output else None
-        shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
-        rows.append(Layer(i, node.name or f"{node.op_type}_{i}", node.op_type, shape,
-                          _flops(prob, i), nc.device, float(nc.cost.latency_s),
-                          float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,
-                          int(nc.cost.writes), int(nc.transfer_bytes), int(nc.cost.bytes_moved),
-                          at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
-                          node.domain == cinm.DOMAIN, tuple(nc.cost.parts)))
+    Per inference one branch of an If runs: the totals count the branch the planning probe saw
+    taken (:func:`onnx_cinm.frontend.if_taken`), the other's rows have ``counted`` False; an If
+    whose branch the probe did not see counts both branches, so the totals are an upper bound
+    then (``ifs["both"]`` > 0)."""
+    from . import frontend
+    from .analysis import tensor_infos
+
+    graphs: list = []
+    rows: list[Layer] = []
+    ifs = {"taken": 0, "both": 0}
+    _graph_layers(model, options, tensor_infos(model), frontend.if_taken(model), rows, graphs,
+                  ifs, "", "", True)
+    counted = [t for t, _, c in graphs if c]
     by_dev: dict = {}
     by_part: dict = {}
     for r in rows:
+        if not r.counted:
+            continue
         s = by_dev.setdefault(r.device, [0.0, 0.0])
         s[0] += r.latency_s
         s[1] += r.energy_j
@@ -106,11 +119,67 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s = by_part.setdefault(p.term, [0.0, 0.0])
             s[0] += p.latency_s
             s[1] += p.energy_j
-    totals = {"latency_s": tot.latency_s, "energy_j": tot.energy_j, "writes": tot.writes,
-              "transfer_bytes": tot.transfer_bytes, "transfer_s": tot.transfer_s,
-              "transfer_j": tot.transfer_j, "by_device": by_dev, "by_part": by_part,
-              "violations": bad}
+    totals = {k: sum(getattr(t, k) for t in counted) for k in
+              ("latency_s", "energy_j", "writes", "transfer_bytes", "transfer_s", "transfer_j")}
+    totals.update(by_device=by_dev, by_part=by_part,
+                  violations=[v for _, bad, _ in graphs for v in bad], ifs=ifs)
     return rows, totals
+
+
+def _graph_layers(model, options, infos, taken, rows, graphs, ifs, label, prefix, counted) -> None:
+    """Append the rows of ``model``'s main graph (each name after ``label``, each index after
+    ``prefix``, ``counted`` as given) and, after each If, those of its branches, to ``rows``;
+    ``(totals, violations, counted)`` of each graph priced to ``graphs``; count the Ifs of
+    counted graphs in ``ifs``."""
+    from .passes.cost_placement import evaluate_model, node_costs
+
+    tot, bad, prob = evaluate_model(model, options, infos=infos)
+    graphs.append((tot, [f"{label}{v}" for v in bad], counted))
+    for i, (node, nc) in enumerate(zip(prob.nodes, node_costs(prob, prob.assign))):
+        at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+        out = prob.infos.get(node.output[0]) if node.output else None
+        shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
+        name = node.name or f"{node.op_type}_{i}"
+        rows.append(Layer(f"{prefix}{i}" if prefix else i, label + name, node.op_type, shape,
+                          _flops(prob, i), nc.device, float(nc.cost.latency_s),
+                          float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,
+                          int(nc.cost.writes), int(nc.transfer_bytes), int(nc.cost.bytes_moved),
+                          at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
+                          node.domain == cinm.DOMAIN, tuple(nc.cost.parts), counted))
+        if not cinm.is_if(node):
+            continue
+        seen = taken.get(node.name)
+        if counted:
+            ifs["both" if seen is None else "taken"] += 1
+        branches = {a.name: a.g for a in node.attribute}
+        for branch in ("then_branch", "else_branch"):
+            _graph_layers(_branch_model(model, branches[branch]), options, infos, taken, rows,
+                          graphs, ifs, label + cinm.branch_label(name, branch),
+                          f"{prefix}{i}{branch[0]}",
+                          counted and seen in (None, branch == "then_branch"))
+
+
+def _branch_model(outer: onnx.ModelProto, body: onnx.GraphProto) -> onnx.ModelProto:
+    """If branch ``body`` of ``outer``'s main graph as a model to price: its nodes and outputs,
+    every value it captures an input, but ``outer``'s initializers, which stay constants (a
+    programmed weight crosses nothing per inference). Initializers without their bytes: the
+    tensor infos come from the whole model."""
+    from .passes.graph_names import captured
+
+    inits = {t.name: t for t in outer.graph.initializer}
+    g = onnx.GraphProto(name=body.name)
+    g.node.extend(body.node)
+    g.output.extend(body.output)
+    for name in sorted(captured(body)):
+        if name in inits:
+            g.initializer.add(name=name, data_type=inits[name].data_type, dims=inits[name].dims)
+        else:
+            g.input.add(name=name)
+    for t in body.initializer:
+        g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+    m = onnx.ModelProto(ir_version=outer.ir_version, opset_import=outer.opset_import, graph=g)
+    m.metadata_props.extend(outer.metadata_props)
+    return m
 
 
 def _flops(prob, i) -> int:
@@ -176,7 +245,8 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
         ax.set_ylabel(label)
         ax.set_xlim(-0.5, max(len(rows), 1) - 0.5)
         if k == 1:
-            ax.set_xlabel("layer (node index in graph order)")
+            ax.set_xlabel("layer (graph order, an If's branches after it; a branch not "
+                          "counted left out)")
     devs = list(dict.fromkeys(r.device for r in rows))
     handles = [Patch(color=_colour(d, seen), label=d) for d in devs]
     handles.append(Patch(color=TRANSFER_COLOUR, label="transfers"))
@@ -236,9 +306,9 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
 
 
 #: The columns of :func:`table`. Names and shapes are shown whole: the layer and shape columns
-#: are as wide as their cells up to 48 and 24 characters, a longer cell shifts the rest of its
+#: are as wide as their cells up to 64 and 24 characters, a longer cell shifts the rest of its
 #: line; the reason, last, is never cut.
-COLUMNS = (Column("#", ">"), Column("layer", fit=48), Column("op", fit=12),
+COLUMNS = (Column("#", ">"), Column("layer", fit=64), Column("op", fit=12),
            Column("shape", ">", fit=24), Column("FLOPs", ">"), Column("device", fit=10),
            Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
            Column("moved", ">"), Column("energy by part", fit=36), Column("area", ">"),
@@ -260,7 +330,7 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
     """The per-layer table as text (one line per node), then the totals."""
     body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
              si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"),
-             _parts_text(r), _area_text(r), r.reason)
+             _parts_text(r), _area_text(r), _reason_text(r))
             for r in rows if r.cinm or not cinm_only]
     return text_table(COLUMNS, body, notes=[
         _totals_line(totals),
@@ -272,9 +342,19 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
         "the CSV; area: the chip area the op occupies)"])
 
 
+#: What the reason column says first of a row the totals do not count.
+NOT_COUNTED = "not counted (the planning probe took the other branch)"
+
+
+def _reason_text(r: Layer) -> str:
+    return r.reason if r.counted else f"{NOT_COUNTED}; {r.reason}"
+
+
 def _totals_line(t: dict) -> str:
     by = ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in sorted(t["by_device"].items()))
-    line = (f"total: {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
+    ifs = if_rule(t.get("ifs", {}), "rows marked 'not counted'")
+    line = (f"total{f' ({ifs})' if ifs else ''}: {si(t['latency_s'], 's')}, "
+            f"{si(t['energy_j'], 'J')}, {t['writes']} tile "
             f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
             f"({si(t['transfer_s'], 's')}); by device: {by}")
     if t.get("by_part"):
@@ -298,7 +378,7 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
             r.index, r.name, r.op, r.shape, r.flops, r.device, f"{r.latency_s:.4g}",
             f"{r.energy_j:.4g}", f"{r.transfer_s:.3g}", r.transfer_bytes, r.writes, r.bytes_moved,
             _parts_text(r), f"{sum(p.area_mm2 for p in r.parts):.4g}" if r.parts else "",
-            r.reason)) + "</tr>\n"
+            _reason_text(r))) + "</tr>\n"
         for r in rows)
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
@@ -336,19 +416,22 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
         model = frontend.load_model(model)
     title = title or (model.graph.name or "model")
     rows, totals = layers(model, options)
-    pngs = {"time and energy per layer, by device": plot_time_energy(rows, title),
-            "graph, nodes coloured by device": plot_graph(model, rows, title)}
+    pngs = {"time and energy per layer, by device":
+            plot_time_energy([r for r in rows if r.counted], title),
+            "graph, nodes coloured by device":  # the main graph's nodes (branch rows: str index)
+            plot_graph(model, [r for r in rows if isinstance(r.index, int)], title)}
     buf = io.StringIO()
     w = csv.writer(buf)
     terms = list(dict.fromkeys(p.term for r in rows for p in r.parts))
     w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
-                "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason"]
+                "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason",
+                "counted"]
                + [f"{t}_{q}" for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     for r in rows:
         part = {p.term: p for p in r.parts}
         w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
                     repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
-                    r.writes, r.bytes_moved, r.reason]
+                    r.writes, r.bytes_moved, r.reason, int(r.counted)]
                    + [repr(float(getattr(part[t], q))) if t in part else ""
                       for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     files = {"layers.csv": buf.getvalue().encode(),
@@ -369,7 +452,7 @@ def options_from_plans(model: onnx.ModelProto) -> dict:
     roof = hostmodel.recorded(model)
     out = {"host_roofline": roof} if roof is not None else {}
     plans: dict = {}
-    for n in model.graph.node:
+    for n in cinm.all_nodes(model.graph):  # If branches too: a model may lower only there
         if n.domain == cinm.DOMAIN:
             at = cinm.node_attrs(n)
             if at.get("device") in devices.device_names():

@@ -111,3 +111,19 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
     out += [line(r) for r in tail]
     out += notes
     return "\n".join(out)
+
+
+def if_rule(ifs: dict, others: str) -> str:
+    """How per-inference totals count If branches, in words: ``ifs`` counts the Ifs whose
+    taken branch the planning probe saw (``"taken"``) and those counted with both branches
+    (``"both"``), as :func:`onnx_cinm.dialects.cinm.labelled_nodes` counts them; ``others``
+    names what shows the branches left out. '' without an If."""
+    taken, both = ifs.get("taken", 0), ifs.get("both", 0)
+    out = []
+    if taken:
+        out.append(f"one branch per If, the one the planning probe took ({taken} "
+                   f"If{'s' * (taken != 1)}; the other branch: {others})")
+    if both:
+        out.append(f"UPPER BOUND: both branches summed of {both} If{'s' * (both != 1)} whose "
+                   "branch the planning probe did not see")
+    return "; ".join(out)

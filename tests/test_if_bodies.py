@@ -3,6 +3,10 @@ by the execution provider (``_IfKernel``): a hand-built If with a different Gemm
 Silero VAD, whose LSTM sits in an If of its decoder."""
 from __future__ import annotations
 
+import csv
+import io
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -228,3 +232,182 @@ def test_nested_ifs_compile_and_run_every_path(tmp_path):
         rows = [r["node"] for r in sess.profile()[before:]]
         assert rows[0] == "mm/Gemm"
         assert (row in rows) if row else not any("inner[" in r for r in rows), rows
+
+
+# --------------------------------------------------------------------------- reporting
+# Per inference one branch of an If runs. The report, optimize's device tables and the run line
+# count the branch that ran (the report: the one the planning probe took), and say so.
+GEMM_FLOPS = 2 * ROWS * K * N  # one branch's product, multiplies and adds
+# bytes a branch moves to and from the crossbar: x [16, 128] in, the [16, 64] result out (float32)
+BRANCH_BYTES = 4 * ROWS * K + 4 * ROWS * N
+
+
+@pytest.fixture(scope="module")
+def compiled_then(tmp_path_factory):
+    """The If model planned with the condition true: the probe sees the then-branch taken."""
+    x = np.random.default_rng(8).standard_normal((ROWS, K)).astype(np.float32)
+    res = optimize(_if_model(), placement="heuristic", dims={"n": ROWS},
+                   inputs={"x": x, "c": np.array(True)})
+    path = tmp_path_factory.mktemp("ifrep") / "o.onnx"
+    artifacts.save(res.model, path)
+    return res, path, x
+
+
+def test_report_lists_both_branches_and_counts_the_one_the_probe_took(compiled_then, tmp_path):
+    from onnx_cinm import frontend, report
+
+    _, path, x = compiled_then
+    model = frontend.load_model(str(path))
+    assert frontend.if_taken(model) == {"pick": True}
+    rows, totals = report.layers(model, report.options_from_plans(model))
+    assert [(r.index, r.name, r.device, r.flops, r.counted) for r in rows] == [
+        (0, "pick", "host", 0, True),
+        ("0t0", "pick[then] then_gemm/Gemm", "memristor", GEMM_FLOPS, True),
+        ("0e0", "pick[else] else_matmul/Gemm", "memristor", GEMM_FLOPS, False)]
+    assert [r.transfer_bytes for r in rows] == [0, BRANCH_BYTES, BRANCH_BYTES]
+    # the totals: the If and the then-branch, not the else-branch
+    assert totals["transfer_bytes"] == BRANCH_BYTES
+    assert totals["ifs"] == {"taken": 1, "both": 0}
+    then = rows[1]
+    assert totals["latency_s"] == pytest.approx(rows[0].latency_s + then.latency_s + then.transfer_s)
+    assert totals["by_device"]["memristor"][1] == pytest.approx(then.energy_j)
+    # the crossbar simulator running the then-branch charges the energy the cost model reports
+    sess = InferenceSession(str(path))
+    sess.run(None, {"x": x, "c": np.array(True)})
+    (rec,) = sess.profile()
+    assert rec["node"] == then.name and rec["energy_j"] == pytest.approx(then.energy_j, rel=1e-6)
+    text = report.table(rows, totals)
+    assert "total (one branch per If, the one the planning probe took (1 If; the other branch: " \
+        "rows marked 'not counted'))" in text
+    line = next(li for li in text.splitlines() if "pick[else]" in li)
+    assert report.NOT_COUNTED in line
+    out = report.write_report(model, tmp_path / "rep", report.options_from_plans(model))
+    csv_rows = list(csv.DictReader(io.StringIO((tmp_path / "rep" / "layers.csv").read_text())))
+    assert [(r["index"], r["layer"], r["counted"]) for r in csv_rows] == [
+        ("0", "pick", "1"), ("0t0", "pick[then] then_gemm/Gemm", "1"),
+        ("0e0", "pick[else] else_matmul/Gemm", "0")]
+    assert len(out["files"]) == 4
+
+
+def test_report_without_a_probed_branch_sums_both_and_says_upper_bound(compiled_then):
+    from onnx_cinm import frontend, report
+
+    model = onnx.ModelProto()
+    model.CopyFrom(compiled_then[0].model)
+    frontend.set_if_taken(model, {})  # a model whose planning probe saw no condition
+    rows, totals = report.layers(model, report.options_from_plans(model))
+    assert all(r.counted for r in rows)
+    assert totals["transfer_bytes"] == 2 * BRANCH_BYTES
+    assert totals["ifs"] == {"taken": 0, "both": 1}
+    assert "total (UPPER BOUND: both branches summed of 1 If whose branch the planning probe " \
+        "did not see)" in report.table(rows, totals)
+
+
+def test_optimize_crossbar_table_counts_the_taken_branch_per_inference(compiled_then):
+    res = compiled_then[0]
+    lines = res.device_tables().splitlines()
+    then = next(li for li in lines if li.startswith("pick[then] then_gemm/Gemm")).split()
+    other = next(li for li in lines if li.startswith("pick[else] else_matmul/Gemm")).split()
+    total = next(li for li in lines if li.startswith("total (2 kernels, 1 per inference)")).split()
+    # [16, 128] x [128, 64] on 256x256 crossbars: one tile (one crossbar, one write at load),
+    # 16 MVMs (one per row of x) per inference
+    assert then[2:9] == ["B", "16x128x64", "1", "1", "1", "0", "16"]
+    assert other[2:9] == ["B", "16x128x64", "1", "1", "1", "(0)", "(16)"]  # not per inference
+    at = total.index("inference)") + 1
+    # load-time columns (crossbars, tiles, writes at load) count both kernels, per-inference
+    # ones (writes, MVMs, latency) the then-kernel only
+    assert total[at:at + 7] == ["2", "2", "2", "0", "16", *then[9:11]]
+    assert "per-inference totals: one branch per If, the one the planning probe took (1 If; " \
+        "the other branch: its kernels count at load only)" in res.device_tables()
+
+
+def test_run_line_counts_what_ran_and_labels_both_branches(compiled_then, tmp_path, capsys):
+    from onnx_cinm.cli import main
+
+    _, path, x = compiled_then
+    np.savez(tmp_path / "in.npz", x=x, c=np.array(False))
+    assert main(["run", str(path), "--input", str(tmp_path / "in.npz"), "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert ("  partitions: 0 host partitions (0 nodes), memristor 1 node ran; the model holds 0 "
+            "host partitions (0 nodes), memristor 2 nodes over both branches of the 1 If the "
+            "provider runs") in out
+    assert "profile: 1 rows, mean of 1 run(s): 0 host partitions (0 nodes), memristor 1 node" in out
+    assert "pick[else] else_matmul/Gemm" in out and "pick[then]" not in out.split("profile:")[1]
+    assert "partitions memristor 2 (both branches of each If the provider runs)" in out
+
+
+def test_silero_report_and_run_line_count_the_branch_that_ran(silero_dir, tmp_path, capsys):
+    """Silero VAD at batch 1: the decoder's LSTM (two crossbar Gemms per branch of
+    /model/decoder/If_1) is in the report, counted once; the run line agrees with the profile."""
+    from onnx_cinm import report
+    from onnx_cinm.cli import main
+
+    feed = _speech(1, seed=1)
+    res = optimize(str(silero_dir / "silero_vad_16k_op15.onnx"), placement="heuristic",
+                   dims={"batch": 1, "sequence": 512}, inputs=feed)
+    path = tmp_path / "s.onnx"
+    artifacts.save(res.model, path)
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    gemms = {r.name: r for r in rows if r.device == "memristor" and not isinstance(r.index, int)}
+    assert sorted(gemms) == [f"/model/decoder/If_1[{b}] /model/decoder/{rnn}/LSTM/{g}"
+                             for b, rnn in (("else", "rnn_1"), ("then", "rnn"))
+                             for g in ("Gemm", "Gemm_1")]
+    # one LSTM step of one row: [1, 128] x [128, 4 gates x 128] each
+    assert {r.flops for r in gemms.values()} == {2 * 128 * 4 * 128}
+    counted = {n for n, r in gemms.items() if r.counted}
+    assert counted == {n for n in gemms if "[then]" in n}
+    sess = InferenceSession(str(path))
+    sess.run(None, feed)
+    ran = [r for r in sess.profile() if r["device"] == "memristor"]
+    assert {r["node"] for r in ran if "[" in r["node"]} == counted  # the probe's branch ran
+    # the report's crossbar energy per inference is the simulator's for this run
+    assert totals["by_device"]["memristor"][1] == pytest.approx(sum(r["energy_j"] for r in ran),
+                                                               rel=1e-6)
+    assert main(["run", str(path), "--profile"]) == 0
+    out = capsys.readouterr().out
+    line = next(li for li in out.splitlines() if li.startswith("  partitions: "))
+    head = next(li for li in out.splitlines() if li.startswith("profile: "))
+    counts = r"(\d+) host partitions \((\d+) nodes"
+    # the same host partitions and nodes as the profile's head, and 2 + 2 crossbar nodes ran
+    assert re.search(counts, line).groups() == re.search(counts, head).groups()
+    ran_text, whole = line.split(" ran; the model holds ")
+    assert "memristor 4 nodes" in ran_text and "memristor 6 nodes" in whole
+
+
+def test_report_of_a_malformed_branch_record_is_a_one_line_error(compiled_then, tmp_path, capsys):
+    from onnx_cinm import frontend
+    from onnx_cinm.cli import main
+
+    model = onnx.ModelProto()
+    model.CopyFrom(compiled_then[0].model)
+    frontend.set_if_taken(model, {})
+    model.metadata_props.add(key=frontend.IF_TAKEN_KEY, value='{"pick": "yes"}')
+    path = tmp_path / "bad.onnx"
+    artifacts.save(model, path)
+    assert main(["report", str(path), "-o", str(tmp_path / "rep")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "metadata 'onnx_cinm.if_taken' is malformed" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "rep").exists()  # nothing half-written
+
+
+def test_nested_ifs_report_counts_the_probed_path():
+    """c true, d false: the path outer[then] inner[else] runs; inner[then] and outer[else]
+    (a Relu on the DPUs) are listed, not counted, in the report and the crossbar table."""
+    from onnx_cinm import report
+
+    model, _ = _nested_model()
+    x = np.random.default_rng(9).standard_normal((ROWS, K)).astype(np.float32)
+    res = optimize(model, placement="heuristic", dims={"n": ROWS},
+                   inputs={"x": x, "c": np.array(True), "d": np.array(False)})
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    assert [(r.index, r.name, r.counted) for r in rows] == [
+        (0, "mm/Gemm", True), (1, "outer", True), ("1t0", "outer[then] inner", True),
+        ("1t0t0", "outer[then] inner[then] mm/Gemm_1", False),
+        ("1t0e0", "outer[then] inner[else] mm3/Gemm", True),
+        ("1e0", "outer[else] relu/Relu", False)]
+    assert totals["ifs"] == {"taken": 2, "both": 0}
+    # [16, 128] x [128, 128]: 2 * 16 * 128 * 128 FLOPs per product; two products run
+    assert sum(r.flops for r in rows if r.counted) == 2 * (2 * ROWS * K * K)
+    total = next(li for li in res.device_tables().splitlines() if li.startswith("total ("))
+    # three kernels loaded (one tile each), two run per inference: 2 x 16 MVMs
+    assert total.split()[5:11] == ["inference)", "3", "3", "3", "0", "32"]

@@ -98,7 +98,6 @@ def _cmd_run(args, parser) -> int:
     at_one = [d for d in golden.symbolic_dims(sess._model)
               if d not in planned and d not in from_arrays and d not in dims]
     dims = {**{d: 1 for d in at_one}, **planned, **from_arrays, **dims}
-    parts = sess.partitions()
     _warn_if_nothing_on_devices(sess)
     say = (lambda msg: None) if args.quiet else print
     outs = None
@@ -123,7 +122,7 @@ def _cmd_run(args, parser) -> int:
     replanned = {k: v for k, v in sorted(ran.items()) if v != planned.get(k, 1)}
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
-    say("  partitions: " + _partition_text(parts, sess.modeled_nodes()))
+    say("  partitions: " + _partitions_line(sess))
     arrays: dict = {}
     for arg, value in zip(sess.get_outputs(), outs):
         found = _output_arrays(arg.name, value)
@@ -148,7 +147,8 @@ def _cmd_run(args, parser) -> int:
               f"crossbar products {cfg['matmul']}"
               + (f" ({', '.join(f'{k}: {v}' for k, v in cfg['chosen'].items())})"
                  if cfg["chosen"] else "")
-              + ", partitions " + ", ".join(f"{k} {v}" for k, v in cfg["partitions"].items()))
+              + ", partitions " + ", ".join(f"{k} {v}" for k, v in cfg["partitions"].items())
+              + (" (both branches of each If the provider runs)" if sess.provider_ifs() else ""))
         load = sess.load_profile()
         for dev in sorted({r["device"] for r in load}):
             rs = [r for r in load if r["device"] == dev]
@@ -195,23 +195,42 @@ def _sizes_note(planned: dict, replanned: dict, modeled: list) -> str:
             "to cost these")
 
 
-def _partition_text(parts: list, modeled: list) -> str:
-    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
-    memristor 1 node``: the same counts ``--profile`` shows, with their units."""
+def _partitions_line(sess) -> str:
+    """What the runs so far ran, counted as ``--profile`` counts it (:func:`onnx_cinm.runtime.
+    profile.ran`: of an If the provider runs, the branches that ran); when the provider runs
+    Ifs, then what the model holds over both branches of each
+    (:meth:`InferenceSession.partitions`), labelled as such."""
     from collections import Counter
 
-    from ..runtime.profile import own_nodes_text
+    from ..runtime import profile
     from ..runtime.session import HOST_KERNEL
 
+    text = _partition_text(profile.ran(sess.profile()))
+    ifs = sess.provider_ifs()
+    if not ifs:
+        return text
+    parts = sess.partitions()
     host = [n for k, n in parts if k == "host"]
-    text = f"{len(host)} host partition{'s' * (len(host) != 1)} ({sum(host)} nodes"
-    by_dev = Counter(dev for _, dev in modeled)
-    if by_dev:
-        text += "; " + ", ".join(f"{n} of them {d} nodes charged by its cost model"
-                                 for d, n in sorted(by_dev.items()))
+    whole = {"partitions": len(host), "nodes": sum(host),
+             "modeled": Counter(dev for _, dev in sess.modeled_nodes()),
+             "own": Counter("host" if k == HOST_KERNEL else k for k, _ in parts if k != "host")}
+    return (f"{text} ran; the model holds {_partition_text(whole)} over both branches of the "
+            f"{len(ifs)} If{'s' * (len(ifs) != 1)} the provider runs")
+
+
+def _partition_text(counts: dict) -> str:
+    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
+    memristor 1 node``: the counts of :func:`onnx_cinm.runtime.profile.ran`, with their
+    units."""
+    from ..runtime.profile import own_nodes_text
+
+    n = counts["partitions"]
+    text = f"{n} host partition{'s' * (n != 1)} ({counts['nodes']} nodes"
+    if counts["modeled"]:
+        text += "; " + ", ".join(f"{k} of them {d} nodes charged by its cost model"
+                                 for d, k in sorted(counts["modeled"].items()))
     text += ")"
-    devs = Counter("host" if k == HOST_KERNEL else k for k, _ in parts if k != "host")
-    return text + own_nodes_text(dict(sorted(devs.items())))
+    return text + own_nodes_text(dict(sorted(counts["own"].items())))
 
 
 def _output_arrays(name: str, value) -> dict:

@@ -257,9 +257,13 @@ class Device:
         load cost), None if the node has no plan of this device."""
         return None
 
-    def summary(self, plans: list) -> str:
+    def summary(self, plans: list, counted: list | None = None) -> str:
         """A table for people of the plans of a model's nodes on this device, ``plans`` being
-        ``[(node name, op type, attrs)]``; printed by ``optimize``. Default: none."""
+        ``[(node name, op type, attrs)]`` (a node inside an If branch named with its branch
+        path, ``/dec/If_1[then] /dec/rnn/Gemm``); printed by ``optimize``. ``counted``: per
+        plan, whether per-inference totals count it (False: the other branch of an If whose
+        taken branch the planning probe saw; such a kernel still counts in load-time totals,
+        as both branches are loaded); None: all. Default: none."""
         return ""
 
     def recorded_options(self, plans: list) -> dict:

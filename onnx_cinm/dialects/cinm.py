@@ -716,6 +716,43 @@ def all_nodes(graph: onnx.GraphProto):
                 yield from all_nodes(sub)
 
 
+def branch_label(if_label: str, branch: str) -> str:
+    """The prefix naming the nodes of branch ``branch`` (``then_branch``/``else_branch``) of
+    the If labelled ``if_label``: ``/dec/If_1[then] `` (the provider's profile says the same)."""
+    return f"{if_label}[{branch.removesuffix('_branch')}] "
+
+
+def is_if(node: NodeProto) -> bool:
+    """True for a standard If node with both branches."""
+    return node.op_type == "If" and node.domain in ("", "ai.onnx") and \
+        {a.name for a in node.attribute if a.type == onnx.AttributeProto.GRAPH} == \
+        {"then_branch", "else_branch"}
+
+
+def labelled_nodes(graph: onnx.GraphProto, taken: dict, ifs: dict | None = None,
+                   label: str = "", counted: bool = True):
+    """Yield ``(label, node, counted)`` for every node of ``graph`` in order, an If followed by
+    the nodes of its then and else branches (nested Ifs alike; Loop and Scan bodies are not
+    entered). ``label`` is the branch path before the node's name (``""`` in the main graph,
+    :func:`branch_label`); ``counted`` is False inside a branch that does not run per
+    inference: the other branch of an If whose condition ``taken`` records (``{If name:
+    True for then}``; an If it does not name runs either branch, both count). ``ifs``, if
+    given, counts the Ifs met in counted graphs: ``"taken"`` (by ``taken``) and ``"both"``."""
+    for node in graph.node:
+        yield label, node, counted
+        if not is_if(node):
+            continue
+        seen = taken.get(node.name)
+        if ifs is not None and counted:
+            key = "both" if seen is None else "taken"
+            ifs[key] = ifs.get(key, 0) + 1
+        branches = {a.name: a.g for a in node.attribute}
+        for branch in ("then_branch", "else_branch"):
+            yield from labelled_nodes(branches[branch], taken, ifs,
+                                      label + branch_label(node.name or node.op_type, branch),
+                                      counted and seen in (None, branch == "then_branch"))
+
+
 def forget_plans(model: onnx.ModelProto) -> int:
     """Drop the ``kernel`` and plan attributes (:data:`PLAN_ATTRS`) of every cinm node of the
     model (control-flow bodies included), in place, so that an already optimized model can be compiled again: placement

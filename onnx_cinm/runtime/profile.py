@@ -89,6 +89,25 @@ def own_nodes_text(counts: dict) -> str:
                    for d, n in counts.items())
 
 
+def ran(records: list[dict]) -> dict:
+    """What the runs of ``records`` ran, counted as the head of :func:`table` counts it (a
+    node seen in any run counts once; an If the provider runs counts the branches that ran):
+    ``partitions`` (host partitions), ``nodes`` (their graph nodes), ``modeled`` ({device:
+    device nodes charged by its cost model inside them}), ``own`` ({device: nodes the
+    provider runs itself, outside the host partitions})."""
+    rows = aggregate(records)
+    modeled: dict = {}
+    own: dict = {}
+    for r in rows:
+        if r["in_partition"]:
+            modeled[r["device"]] = modeled.get(r["device"], 0) + 1
+        elif r["mode"] != "onnxruntime":
+            own[r["device"]] = own.get(r["device"], 0) + 1
+    return {"partitions": sum(r["mode"] == "onnxruntime" for r in rows),
+            "nodes": sum(r["nodes"] for r in rows if r["mode"] == "onnxruntime"),
+            "modeled": modeled, "own": own}
+
+
 #: The columns of :func:`table`.
 COLUMNS = (Column("node", fit=44), Column("op", width=10), Column("device", width=10),
            Column("mode", width=11), Column("wall", ">"), Column("modeled", ">"),
@@ -104,15 +123,11 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
     """A text table for a person: per node (per-inference means), then totals per device."""
     rows = aggregate(records)
     n_runs = len({r["run"] for r in records})
-    parts = sum(r["mode"] == "onnxruntime" for r in rows)
+    counts = ran(records)
+    parts, own = counts["partitions"], counts["own"]
     shown = rows if max_rows is None else rows[:max_rows]
     body = [(r["node"], r["op_type"], r["device"], r["mode"], *_figures(r)) for r in shown]
-    modeled = sum(r["in_partition"] for r in rows)
-    # the nodes the provider runs itself, outside the host partitions, per device
-    own: dict = {}
-    for r in rows:
-        if r["mode"] != "onnxruntime" and not r["in_partition"]:
-            own[r["device"]] = own.get(r["device"], 0) + 1
+    modeled = sum(counts["modeled"].values())
     totals = []
     for t in totals_by_device(rows):
         dev = t["device"]
@@ -144,7 +159,7 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
     if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
-    host_nodes = sum(r["nodes"] for r in rows if r["mode"] == "onnxruntime")
+    host_nodes = counts["nodes"]
     head = (f"profile: {len(rows)} rows, mean of {n_runs} run(s): {_count(parts, 'host partition')} "
             f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "
                                                 "each also a row" if modeled else "") + ")"

@@ -737,6 +737,14 @@ class InferenceSession:
         return [(d, b, sess) for d in self._device_nodes if isinstance(d.kernel, _IfKernel)
                 for b, sess in d.kernel.sessions.items()]
 
+    def provider_ifs(self) -> list[str]:
+        """Labels of the If nodes the provider runs itself (their branches hold device nodes,
+        :class:`_IfKernel`), nested ones inside the branch sessions built so far included
+        (labelled as :func:`_inside` says): the Ifs :meth:`partitions` counts both branches of."""
+        return [d.label for d in self._device_nodes if isinstance(d.kernel, _IfKernel)] + \
+            [_inside(d.label, b, label) for d, b, sess in self._branch_sessions()
+             for label in sess.provider_ifs()]
+
     def modeled_nodes(self) -> list[tuple[str, str]]:
         """``(node label, device)`` of the device nodes that run inside a host partition and
         are charged by their device's cost model (UPMEM in ``upmem_mode="model"``); those of

@@ -334,18 +334,23 @@ class HbmPimDevice(Device):
             out["hbm_pim_accept_float32"] = True
         return out
 
-    def summary(self, plans: list) -> str:
+    def summary(self, plans: list, counted: list | None = None) -> str:
         """Per HBM-PIM kernel: its op and sizes, PCUs, K tiles x row groups (GEMV), CRF
         instructions, AB-PIM triggers per inference, modeled latency and energy per inference
-        (:mod:`.cost`); then the totals. ``plans`` is ``[(node name, op type, attrs)]``."""
-        plans = [p for p in plans if "pim_op" in p[2]]
+        (:mod:`.cost`); then the totals. ``plans`` is ``[(node name, op type, attrs)]``; the
+        per-inference totals (triggers, latency, energy) leave out the kernels ``counted``
+        marks False (an If branch that does not run per inference), the resident bytes count
+        every kernel."""
+        flags = [True] * len(plans) if counted is None else list(counted)
+        keep = [k for k, p in enumerate(plans) if "pim_op" in p[2]]
+        plans, flags = [plans[k] for k in keep], [flags[k] for k in keep]
         if not plans:
             return ""
         head = (f"{'HBM-PIM kernel':30s} {'op':>5s} {'size':>16s} {'PCUs':>5s} {'tiles x grp':>11s} "
                 f"{'CRF':>4s} {'triggers':>9s} {'resident':>10s} {'latency':>10s} {'energy':>10s}")
         rows = [head, "-" * len(head)]
         tot = {"trig": 0, "res": 0, "lat": 0.0, "en": 0.0}
-        for name, _op, a in plans:
+        for (name, _op, a), per_inf in zip(plans, flags):
             if a["pim_op"] == "GEMV":
                 size = f"{a['pim_M']}x{a['pim_K']}" + (f" x{a['pim_runs']}" if a["pim_runs"] != 1 else "")
                 tg = f"{a['pim_grf_tiles']}x{a['pim_row_groups']}"
@@ -355,12 +360,16 @@ class HbmPimDevice(Device):
                         f"{a['pim_pcus']:>5d} {tg:>11s} {a['pim_instructions']:>4d} "
                         f"{a['pim_triggers']:>9d} {si(a['pim_resident_bytes']) + 'B':>10s} "
                         f"{si(a['pim_latency_s']) + 's':>10s} {si(a['pim_energy_j']) + 'J':>10s}")
-            tot["trig"] += a["pim_triggers"]
             tot["res"] += a["pim_resident_bytes"]
-            tot["lat"] += a["pim_latency_s"]
-            tot["en"] += a["pim_energy_j"]
+            if per_inf:
+                tot["trig"] += a["pim_triggers"]
+                tot["lat"] += a["pim_latency_s"]
+                tot["en"] += a["pim_energy_j"]
         rows.append("-" * len(head))
-        rows.append(f"{'total (' + str(len(plans)) + ' kernels)':30s} {'':>5s} {'':>16s} {'':>5s} "
+        n_inf = sum(flags)
+        label = f"total ({len(plans)} kernels" + (f", {n_inf} per inference" if n_inf < len(plans)
+                                                  else "") + ")"
+        rows.append(f"{label:30s} {'':>5s} {'':>16s} {'':>5s} "
                     f"{'':>11s} {'':>4s} {tot['trig']:>9d} {si(tot['res']) + 'B':>10s} "
                     f"{si(tot['lat']) + 's':>10s} {si(tot['en']) + 'J':>10s}")
         f32 = sum(a.get("pim_precision") == "fp32 as fp16" for *_, a in plans)

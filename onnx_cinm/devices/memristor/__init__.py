@@ -554,17 +554,22 @@ class MemristorDevice(Device):
         return f"crossbar data path {m}" if m and m != "ideal" else None
 
     # -- reports ----------------------------------------------------------------------------
-    def summary(self, plans: list) -> str:
+    def summary(self, plans: list, counted: list | None = None) -> str:
         """Per crossbar kernel: crossbars used (``s``: shared with other kernels; ``=``: the
         tiles of an earlier kernel over the same weights), tiles, tile writes (at load / per
         inference), MVMs, modeled latency and energy per inference, the energy of its array,
         ADC/DAC and periphery, the conversions' share of the latency and the area of its
         crossbars; then the totals, in which a tile set shared by several kernels counts once.
-        ``plans`` is ``[(node name, op type, attrs)]``."""
-        plans = [p for p in plans if "cim_M" in p[2]]
+        ``plans`` is ``[(node name, op type, attrs)]``; the per-inference totals (writes/inf,
+        MVMs, latency, energy and its parts) leave out the kernels ``counted`` marks False
+        (their figures shown in parentheses), the load-time ones (crossbars, tiles,
+        writes@load, area) count every kernel."""
+        flags = [True] * len(plans) if counted is None else list(counted)
+        keep = [k for k, p in enumerate(plans) if "cim_M" in p[2]]
+        plans, flags = [plans[k] for k in keep], [flags[k] for k in keep]
         if not plans:
             return ""
-        cols = (Column("crossbar kernel", fit=48), Column("operand", ">"), Column("M x K x N", ">"),
+        cols = (Column("crossbar kernel", fit=64), Column("operand", ">"), Column("M x K x N", ">"),
                 Column("xbars", ">"), Column("tiles", ">"), Column("writes@load", ">"),
                 Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
                 Column("energy", ">"), Column("E array", ">"), Column("E adc/dac", ">"),
@@ -573,7 +578,7 @@ class MemristorDevice(Device):
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
         parts_tot = [[0.0, 0.0, 0.0] for _ in PART_TERMS]  # latency, energy, area per term
         shared_area = 0.0
-        for name, _op, a in plans:
+        for (name, _op, a), per_inf in zip(plans, flags):
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
             xb = f"={xb}" if a.get("cim_tile_owner") else xb
@@ -581,18 +586,21 @@ class MemristorDevice(Device):
             en_p = list(a.get("cim_energy_parts_j") or [0.0] * 3)
             ar_p = list(a.get("cim_area_parts_mm2") or [0.0] * 3)
             share = lat_p[1] / a["cim_latency_s"] if a["cim_latency_s"] else 0.0
+            inf = (lambda text: text) if per_inf else (lambda text: f"({text})")
             rows.append((name, a["cim_operand"], mkn, xb, a["cim_tiles"], a["cim_writes_load"],
-                         a["cim_writes"], a["cim_mvms"], si(a["cim_latency_s"], "s"),
-                         si(a["cim_energy_j"], "J"), si(en_p[0], "J"), si(en_p[1], "J"),
-                         si(en_p[2], "J"), f"{100 * share:.0f}%", _mm2(sum(ar_p))))
+                         inf(a["cim_writes"]), inf(a["cim_mvms"]), inf(si(a["cim_latency_s"], "s")),
+                         inf(si(a["cim_energy_j"], "J")), inf(si(en_p[0], "J")),
+                         inf(si(en_p[1], "J")), inf(si(en_p[2], "J")), inf(f"{100 * share:.0f}%"),
+                         _mm2(sum(ar_p))))
             if not a.get("cim_tile_owner"):
                 tot["tiles"] += a["cim_tiles"]
-            for k, key in (("wl", "cim_writes_load"), ("w", "cim_writes"),
-                           ("mvms", "cim_mvms"), ("lat", "cim_latency_s"), ("en", "cim_energy_j")):
-                tot[k] += a[key]
+            tot["wl"] += a["cim_writes_load"]
+            for k, key in (("w", "cim_writes"), ("mvms", "cim_mvms"), ("lat", "cim_latency_s"),
+                           ("en", "cim_energy_j")):
+                tot[k] += a[key] if per_inf else 0
             for i in range(len(PART_TERMS)):
-                parts_tot[i][0] += lat_p[i]
-                parts_tot[i][1] += en_p[i]
+                parts_tot[i][0] += lat_p[i] if per_inf else 0.0
+                parts_tot[i][1] += en_p[i] if per_inf else 0.0
                 if a["cim_resident"] and not a.get("cim_tile_owner"):  # a shared set once
                     parts_tot[i][2] += ar_p[i]
             if not a["cim_resident"]:
@@ -603,7 +611,10 @@ class MemristorDevice(Device):
                    if a["cim_resident"] and not a.get("cim_tile_owner")) + max(pool, default=0)
         t_conv = parts_tot[1][0] / tot["lat"] if tot["lat"] else 0.0
         area = sum(p[2] for p in parts_tot) + shared_area
-        total = (f"total ({len(plans)} kernels)", "", "", used, tot["tiles"], tot["wl"], tot["w"],
+        n_inf = sum(flags)
+        label = f"total ({len(plans)} kernels" + (
+            f", {n_inf} per inference)" if n_inf < len(plans) else ")")
+        total = (label, "", "", used, tot["tiles"], tot["wl"], tot["w"],
                  tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"), si(parts_tot[0][1], "J"),
                  si(parts_tot[1][1], "J"), si(parts_tot[2][1], "J"), f"{100 * t_conv:.0f}%",
                  _mm2(area))
@@ -618,6 +629,9 @@ class MemristorDevice(Device):
                 "the periphery; t adc/dac: the conversions' share of the latency; area: the "
                 "kernel's crossbars with their converters and periphery, '-' if not published)")
         notes = [note]
+        if n_inf < len(plans):
+            notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
+                         "of an If branch that does not run per inference; it counts at load)")
         folded = PRESETS[preset].folded if preset in PRESETS else ()
         if folded:
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "

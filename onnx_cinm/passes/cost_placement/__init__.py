@@ -170,13 +170,15 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
             "totals": sol.totals, "baselines": base, "violations": bad}
 
 
-def evaluate_model(model: onnx.ModelProto, options: dict | None = None) -> tuple[Totals, list, Problem]:
+def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
+                   infos: dict | None = None) -> tuple[Totals, list, Problem]:
     """Modeled totals of the placement already recorded in ``model`` (the ``device`` attribute
     of every cinm op), under the same model as cost placement: ``(totals, violations, problem)``.
     Ops whose recorded device cannot run them under ``options`` are charged on the host and
-    named in the violations."""
+    named in the violations. ``infos``: the tensor infos to use (:func:`onnx_cinm.analysis.
+    tensor_infos`; an If branch's come from its whole model's), else ``model``'s own."""
     options = dict(options or {})
-    prob = build_problem(model, options)
+    prob = build_problem(model, options, infos=infos)
     assign, bad = {}, []
     devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
     for i, ch in _with_variants(prob, devs).items():
