@@ -40,8 +40,10 @@ im2col      the patch matrix of a 1-D/2-D convolution (cinm Im2Col), gathered on
             each DPU gets a band of output lines and only the input rows it reads (halo)
 popcount    set bits per element (cinm PopCount: bool/uint8/16/32/64 -> int64)
 simsearch   top-k rows of D by dot product or cosine for each query (cinm SimSearch, float32)
-softmax     softmax over the last axis (cinm Softmax, float32: ``emu_expf``), whole rows per
-            tasklet, three passes over a row's blocks (a row longer than a block is streamed)
+softmax     softmax over the last axis (cinm Softmax, float32: ``emu_expf``), three passes
+            over a row's blocks (a row longer than a block is streamed); whole rows per
+            tasklet, or, with few rows per DPU, each row split over ``lanes`` tasklets whose
+            partials are combined in WRAM between barriers (``mapping.rownorm_lanes``)
 layernorm   LayerNorm over the trailing axes with Scale and optional B (cinm LayerNorm,
             float32), the same row scheme: mean, variance, normalize
 =========== ================================================================================
@@ -1320,7 +1322,7 @@ def _emit_simsearch(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, 
 
 
 # ----------------------------------------------------------------------------------------------
-# softmax / layernorm (row-wise: whole rows per tasklet)
+# softmax / layernorm (row-wise: whole rows per tasklet, or rows split over tasklets)
 
 
 def _emit_softmax(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
@@ -1354,13 +1356,27 @@ def _emit_rownorm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, pa
     _check_mram(s_off + nparams * row_bytes, f"{kind} {list(shape)} on {dpus} DPUs")
     blk = _fit_block(block, tasklets, 1 + nparams, cap=row_bytes)
     (i1, i2, i3), i_row = _mapping.rownorm_instr(kind, dtype, nparams > 1)
+    lanes = params.get("lanes")
+    if lanes is None:  # the mapping's choice for this workgroup and block
+        lanes = _mapping.rownorm_lanes(kind, dtype, row_cap, L, tasklets, blk, nparams,
+                                       _UNROLL.get(), _TARGET.get())
+    lanes = int(lanes)
+    if not 1 <= lanes <= tasklets:
+        raise ValueError(f"{kind}: lanes={lanes} tasklets per row; expected 1..{tasklets}")
+    split = {}
+    if lanes > 1:
+        sl, _ = _mapping.rownorm_slices(L, lanes, es)
+        c1, c2 = _mapping.rownorm_combine_instr(kind, dtype, lanes)
+        split = dict(slice=sl, c1=c1, c2=c2, lane_instr=_mapping.ROWNORM_LANE_INSTR)
+    # one block holds a whole row (whole-row kernel) or a whole slice (split kernel)
+    one = (split["slice"] * es if split else row_bytes) <= blk
     names = ["X", "Scale", "B"][:len(shapes)]
     ins = _inputs(names, shapes, [dtype] * len(shapes), consts, outdir)
     eps = float(np.float32(params.get("epsilon", 1e-5)))
     k = _K(kind, dtype, used, tasklets, blk, ins, [_Tensor("Y", shape, dtype)],
            dict(R=R, L=L, row_bytes=row_bytes, row_cap=row_cap, y_off=y_off, s_off=s_off,
-                nparams=nparams, one=row_bytes <= blk, i1=i1, i2=i2, i3=i3, i_row=i_row,
-                eps=_c_float(eps), inv_l=_c_float(1.0 / L),
+                nparams=nparams, one=one, i1=i1, i2=i2, i3=i3, i_row=i_row,
+                eps=_c_float(eps), inv_l=_c_float(1.0 / L), lanes=lanes, **split,
                 math=frozenset({"emu_expf"}) if kind == "softmax" else frozenset({"emu_sqrt"})))
-    return _write(outdir, "rownorm", k, {"axis": axis, "dpus_requested": dpus,
+    return _write(outdir, "rownorm", k, {"axis": axis, "dpus_requested": dpus, "lanes": lanes,
                                          **({"epsilon": eps} if ln else {})})
