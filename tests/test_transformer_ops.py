@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts, optimize
-from onnx_cinm.devices.upmem import codegen, mapping
+from onnx_cinm.devices.upmem import codegen, cost, mapping
 from onnx_cinm.dialects import cinm
 from onnx_cinm.golden import run_onnxruntime
 from onnx_cinm.graph import OpInfo, TensorInfo
@@ -214,11 +214,115 @@ def test_modeled_kernel_cycles_equal_the_emulators(tmp_path, op):
 
 def test_the_cost_of_a_softmax_follows_prims_float_measurements():
     """Per element, exp alone is 12 float multiplies and 10 float adds (PrIM: FLOAT mul 1.91,
-    add 4.91 MOPS at 350 MHz -> 183 - 5 and 71 - 5 instructions), so a 64-element row on one
-    tasklet cannot take fewer than 64 * (12 * 178 + 10 * 66) * 11 cycles."""
+    add 4.91 MOPS at 350 MHz -> 183 - 5 and 71 - 5 instructions), so a 64-element row cannot
+    take fewer than 64 * (12 * 178 + 10 * 66) cycles on a DPU (one instruction a cycle, however
+    many tasklets share the row), nor fewer than 11 times that on one tasklet (one instruction
+    every 11 cycles)."""
     op = _op("Softmax", [("x", (1, 64), False)], (1, 64))
-    plan = mapping.make_plan(op, 1, 16)
-    assert plan.cost().kernel_cycles >= 64 * (12 * 178 + 10 * 66) * 11
+    exp = 64 * (12 * 178 + 10 * 66)
+    assert mapping.make_plan(op, 1, 16).cost().kernel_cycles >= exp
+    assert mapping.make_plan(op, 1, 1).cost().kernel_cycles >= 11 * exp
+
+
+# -- rows split over tasklets (few rows per DPU) -------------------------------------------------
+
+def _rownorm_ref(kind, x, s=None, b=None):
+    """numpy in float64: softmax over the last axis, or LayerNorm over it with Scale and B."""
+    x = x.astype(np.float64)
+    if kind == "softmax":
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    m = x.mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5) * s + b
+
+
+#: (kind, shape, tasklets, block bytes, lanes: None = the mapping's choice, lanes expected)
+SPLITS = [
+    ("softmax", (1, 4096), 16, 2048, None, 16),    # batch 1: one long row, 16 slices of 256
+    ("layernorm", (1, 4096), 16, 2048, None, 16),
+    ("softmax", (20, 37), 16, 64, 2, 2),           # 8 groups: 3 rounds, the last one half idle;
+    ("layernorm", (20, 37), 16, 64, 2, 2),         # slices of 20 (80 B) streamed in 64-B blocks
+    ("layernorm", (11, 300), 12, 256, 5, 5),       # 2 groups of 5 and 2 tasklets without a group
+    ("softmax", (4, 5), 16, 64, 4, 4),             # slices of 2, 2, 1 and an empty one
+    ("softmax", (64, 40), 16, 2048, None, 1),      # rows >> tasklets: whole rows per tasklet
+    ("layernorm", (64, 40), 16, 2048, None, 1),
+]
+
+
+@pytest.mark.parametrize("kind,shape,tasklets,block,lanes,want", SPLITS,
+                         ids=[f"{k}-{s[0]}x{s[1]}-t{t}-l{w}" for k, s, t, _, _, w in SPLITS])
+def test_rows_split_over_tasklets_match_numpy_and_the_cost_model(tmp_path, kind, shape, tasklets,
+                                                                block, lanes, want):
+    """The kernel on one DPU against numpy, and the emulator's cycles (counted as the generated
+    C runs, a phase closed at every barrier) against the cost model's."""
+    rng = np.random.default_rng(11)
+    ln = kind == "layernorm"
+    shapes = [shape] + ([shape[1:], shape[1:]] if ln else [])
+    params = dict(axis=-1, epsilon=1e-5) if ln else {}
+    if lanes is not None:
+        params["lanes"] = lanes
+    codegen.emit_kernel(kind, "float32", shapes, dpus=1, tasklets=tasklets, block_bytes=block,
+                        outdir=tmp_path, **params)
+    man = json.loads((tmp_path / "kernel.json").read_text())
+    assert man["lanes"] == want
+    ins = [(rng.standard_normal(s) * 3).astype(np.float32) for s in shapes]
+    (y,), counters = emu.run_kernel(tmp_path, ins)
+    np.testing.assert_allclose(y, _rownorm_ref(kind, *ins), **TOL["LayerNorm" if ln else "Softmax"])
+    work, barriers = mapping.rownorm_work(kind, "float32", shape[0], shape[1], want, tasklets,
+                                          man["block_bytes"], len(shapes) - 1)
+    barrier = tasklets * mapping.BARRIER_INSTR * 11
+    model = cost.kernel_cycles(work)["total"] + (1 + barriers) * barrier
+    assert counters["kernel_cycles"] == pytest.approx(model, rel=1e-9)
+
+
+def test_a_row_split_over_two_tasklets_costs_what_a_hand_count_says(tmp_path):
+    """Softmax of one row of 8 float32 on 1 DPU with 2 tasklets, by hand. Instructions (PrIM's
+    float figures, mapping.rownorm_instr): cmp 10, add 66, sub 71, mul 178, div 1024,
+    expf 12 mul + 10 add + 6 cmp + 8 = 2864; per element pass 1 ld + cmp = 11, pass 2
+    ld + sub + expf + st + add = 3003, pass 3 ld + mul + st = 180; loop control 3 per element
+    (4 elements: no unrolled iteration), 12 per block. Split: 2 lanes of 4 elements (16 B,
+    one block each):
+
+    * pass 1: 4 * (11 + 3) + 12 + 1 (store the partial) = 69 instructions per lane, one
+      16-B read (77 + 0.5 * 16 = 85 cycles): max(2 * 69, 11 * 69 + 85, 2 * 85) = 844 cycles;
+    * lane 0 combines the two maxima: 2 * (ld + cmp + 3) = 28 instructions: 11 * 28 = 308;
+    * pass 2: 4 * (3003 + 3) + 12 + 2 = 12038 per lane: 11 * 12038 = 132418;
+    * lane 0 sums the two partials and divides: 2 * (1 + 66 + 3) + 1024 = 1164: 12804;
+    * pass 3: 4 * (180 + 3) + 12 + 1 = 745 per lane, one 16-B write (61 + 8 = 69):
+      11 * 745 + 69 = 8264;
+    * 5 barriers (the start and 4 per row) of 2 tasklets x 6 instructions x 11 = 132 each: 660.
+
+    In all 155298 cycles; the whole row on one tasklet takes 11 * (1024 + 8 * (11 + 3003 + 180)
+    + 3 * (3 + 12)) + (77 + 16) + (61 + 16) + 132 = 293133 (one unrolled iteration per pass,
+    one 32-B read and write), so the mapping splits. Bytes:
+    32 in and 32 out per DPU (+ 8 of arguments), 32 read and 32 written by DMA."""
+    op = _op("Softmax", [("x", (1, 8), False)], (1, 8))
+    plan = mapping.make_plan(op, 1, 2)
+    assert plan.g["lanes"] == 2 and plan.block_bytes == 32
+    assert plan.cost().kernel_cycles == 155298
+    assert (plan.cost().bytes_in, plan.cost().bytes_out) == (32, 32)
+    whole = mapping.rownorm_work("softmax", "float32", 1, 8, 1, 2, 32, 0)[0]
+    assert cost.kernel_cycles(whole)["total"] + 132 == 293133
+    codegen.emit_op(op, dict(plan.attrs(), kernel="k"), {}, tmp_path)
+    x = np.array([[3, -1, 0.5, 7, 2, 2, -4, 1]], np.float32)
+    (y,), counters = emu.run_kernel(tmp_path / "k", [x])
+    np.testing.assert_allclose(y, _rownorm_ref("softmax", x), **TOL["Softmax"])
+    assert counters["kernel_cycles"] == 155298
+    assert (counters["h2d_bytes"], counters["d2h_bytes"]) == (32 + 8, 32)
+    assert (counters["totals"]["dma_read_bytes"], counters["totals"]["dma_write_bytes"]) == (32, 32)
+
+
+def test_a_batch_1_layernorm_splits_its_row_and_runs_10x_faster():
+    """LayerNorm of [1, 4096] on 16 tasklets: the one row on one tasklet is bound by that
+    tasklet's chain (11 cycles an instruction); split in 16 slices the DPU issues an
+    instruction every cycle, so the kernel is > 10x shorter even with its combines (a
+    software square root on one tasklet) and barriers."""
+    op = _op("LayerNorm", [("x", (1, 4096), False), ("s", (4096,), True), ("b", (4096,), True)],
+             (1, 4096), {"axis": -1, "epsilon": 1e-5})
+    plan = mapping.plan_op(op)
+    assert (plan.dpus, plan.g["lanes"]) == (1, 16)
+    whole = mapping.rownorm_work("layernorm", "float32", 1, 4096, 1, 16, plan.block_bytes, 2)[0]
+    assert cost.kernel_cycles(whole)["total"] > 10 * plan.cost().kernel_cycles
 
 
 # -- Im2Col: row bands with halos ----------------------------------------------------------------
