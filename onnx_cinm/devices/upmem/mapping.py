@@ -65,6 +65,7 @@ transpose        ld + st + 2 address + loop
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -802,6 +803,7 @@ def _rownorm_geometry(op: OpInfo, d: int, es: int) -> tuple:
 #: element loops (the generated ``templates/upmem/rownorm/dpu.c.j2`` counts the same), from
 #: :func:`~onnx_cinm.devices.upmem.cost.op_instructions` (PrIM-measured float add/mul/div,
 #: the counted ``expf`` helper): ``ld``/``st`` are one WRAM load/store each.
+@functools.lru_cache(maxsize=256)
 def rownorm_instr(kind: str, dtype: str = "float32", bias: bool = True) -> tuple:
     """``((pass 1, pass 2, pass 3) instructions per element, instructions per row)``.
 
@@ -826,12 +828,13 @@ def _unrolled_instr(n: int, body: float, unroll: int) -> float:
     return n * body + (n // unroll + n % unroll) * C.LOOP_CONTROL
 
 
-def _row_blocks(nbytes: int, n: int, blk: int, es: int) -> list[tuple[int, int]]:
-    """``[(bytes, elements)]`` of the DMA blocks a kernel streams ``nbytes`` (a multiple of
-    8) holding ``n`` elements in: blocks of ``blk`` bytes, the last one shorter, padding only
-    in the last."""
-    return [(min(blk, nbytes - o), min(blk, nbytes - o) // es if o + blk < nbytes else n - o // es)
-            for o in range(0, nbytes, blk)]
+def _row_blocks(nbytes: int, n: int, blk: int, es: int) -> list[tuple[int, int, int]]:
+    """``[(count, bytes, elements)]`` of the DMA blocks a kernel streams ``nbytes`` (a multiple
+    of 8, > 0) holding ``n`` elements in: full blocks of ``blk`` bytes, then the last one,
+    shorter or not, with the padding."""
+    k = _cdiv(nbytes, blk)
+    o = (k - 1) * blk
+    return ([(k - 1, blk, blk // es)] if k > 1 else []) + [(1, nbytes - o, n - o // es)]
 
 
 def _rownorm_rows_work(kind: str, dtype: str, rows: int, length: int, tasklets: int, blk: int,
@@ -842,10 +845,10 @@ def _rownorm_rows_work(kind: str, dtype: str, rows: int, length: int, tasklets: 
     rb = _r8(length * es)
     (i1, i2, i3), i_row = rownorm_instr(kind, dtype, nparams > 1)
     blocks = _row_blocks(rb, length, blk, es)
-    instr_row = i_row + sum(_unrolled_instr(n, i, unroll) + BLOCK_INSTR
-                            for _, n in blocks for i in (i1, i2, i3))
-    rd = sum(pr.dma_cycles(b) for b, _ in blocks)
-    wr = sum(pr.dma_cycles(b, write=True) for b, _ in blocks)
+    instr_row = i_row + sum(c * (_unrolled_instr(n, i, unroll) + BLOCK_INSTR)
+                            for c, _, n in blocks for i in (i1, i2, i3))
+    rd = sum(c * pr.dma_cycles(b) for c, b, _ in blocks)
+    wr = sum(c * pr.dma_cycles(b, write=True) for c, b, _ in blocks)
     if rb <= blk:
         dma_row = rd + wr
         setup = nparams * pr.dma_cycles(rb)          # Scale and B once per tasklet
@@ -867,6 +870,7 @@ ROWNORM_LANE_INSTR = (1, 2, 1)
 ROWNORM_SPLIT_BARRIERS = 4
 
 
+@functools.lru_cache(maxsize=256)
 def rownorm_combine_instr(kind: str, dtype: str, lanes: int) -> tuple:
     """Instructions of the group's first tasklet combining the ``lanes`` partials of a split row
     after pass 1 and after pass 2 (a loop of ``ld`` + operation + loop control per partial, not
@@ -918,23 +922,27 @@ def _rownorm_split_work(kind: str, dtype: str, rows: int, length: int, lanes: in
     sl, slices = rownorm_slices(length, lanes, es)
     one = sl * es <= blk
     # per lane: setup DMA, and (instructions, DMA cycles) of passes 1, 2, 3
-    lane = []
+    lane, seen = [], {}
     for _, b, n in slices:
         if not n:
             lane.append((0.0, ((0.0, 0.0),) * 3))
             continue
+        if (b, n) in seen:   # slices but the last are alike
+            lane.append(seen[b, n])
+            continue
         blocks = _row_blocks(b, n, blk, es)
-        ins = [sum(_unrolled_instr(m, i, unroll) + BLOCK_INSTR for _, m in blocks) + extra
+        ins = [sum(c * (_unrolled_instr(m, i, unroll) + BLOCK_INSTR) for c, _, m in blocks) + extra
                for i, extra in zip((i1, i2, i3), ROWNORM_LANE_INSTR)]
-        rd = sum(pr.dma_cycles(x) for x, _ in blocks)
-        wr = sum(pr.dma_cycles(x, write=True) for x, _ in blocks)
+        rd = sum(c * pr.dma_cycles(x) for c, x, _ in blocks)
+        wr = sum(c * pr.dma_cycles(x, write=True) for c, x, _ in blocks)
         if one:
             setup, dma = (nparams * rd if ln else 0.0), (rd, 0.0, wr)
         elif ln:
             setup, dma = 0.0, (rd, rd, (1 + nparams) * rd + wr)
         else:
             setup, dma = 0.0, (rd, rd + wr, rd + wr)
-        lane.append((setup, tuple(zip(ins, dma))))
+        seen[b, n] = (setup, tuple(zip(ins, dma)))
+        lane.append(seen[b, n])
     # lane 0 holds the longest slice: the busiest tasklet of every phase
     setup0, first = lane[0]
     group_setup = sum(x for x, _ in lane)
@@ -955,24 +963,26 @@ def _rownorm_split_work(kind: str, dtype: str, rows: int, length: int, lanes: in
         return KernelWork(tasklets, c, g * c, 0.0, 0.0)
 
     groups = tasklets // lanes
+    # rounds: `full` with every group busy, then one with `last` groups if rows do not divide
     full, last = divmod(rows, groups)
-    active = [groups] * full + ([last] if last else [])   # groups with a row, per round
+    first_a, last_a = (groups if full else last), (last if last else groups)
     counts: dict = {}
 
     def add(w: KernelWork, n: int = 1) -> None:
-        counts[w] = counts.get(w, 0) + n
+        if n > 0:
+            counts[w] = counts.get(w, 0) + n
 
-    add(phase((active[0], -1), (active[0], 0)))
-    for a in (groups, last):
-        n = full if a == groups else (1 if last else 0)
-        if n:
-            add(combine(a, c1), n)
-            add(phase((a, 1)), n)
-            add(combine(a, c2), n)
-    for a, b in zip(active, active[1:]):   # pass 3 of a round with pass 1 of the next
-        add(phase((a, 2), (b, 0)))
-    add(phase((active[-1], 2)))
-    return C.PhasedWork(tuple((n, w) for w, n in counts.items())), ROWNORM_SPLIT_BARRIERS * len(active)
+    add(phase((first_a, -1), (first_a, 0)))
+    for a, n in ((groups, full), (last, 1 if last else 0)):
+        add(combine(a, c1), n)
+        add(phase((a, 1)), n)
+        add(combine(a, c2), n)
+    # pass 3 of a round with pass 1 of the next
+    add(phase((groups, 2), (groups, 0)), full - 1)
+    add(phase((groups, 2), (last, 0)), 1 if full and last else 0)
+    add(phase((last_a, 2)))
+    rounds = full + (1 if last else 0)
+    return C.PhasedWork(tuple((n, w) for w, n in counts.items())), ROWNORM_SPLIT_BARRIERS * rounds
 
 
 def _barrier_cycles(tasklets: int, pr: UpmemParams) -> float:
@@ -992,6 +1002,7 @@ def rownorm_work(kind: str, dtype: str, rows: int, length: int, lanes: int, task
     return _rownorm_split_work(kind, dtype, rows, length, lanes, tasklets, blk, nparams, unroll, params)
 
 
+@functools.lru_cache(maxsize=4096)
 def rownorm_lanes(kind: str, dtype: str, rows: int, length: int, tasklets: int, blk: int,
                   nparams: int, unroll: int = UNROLL, params: UpmemParams = DEFAULT_PARAMS) -> int:
     """Tasklets per row of the row-wise kernel (``softmax``/``layernorm``) on a DPU of ``rows``
@@ -999,7 +1010,8 @@ def rownorm_lanes(kind: str, dtype: str, rows: int, length: int, tasklets: int, 
     the whole-row kernel (1) and the split-row kernels (``tasklets // G`` lanes for ``G`` =
     1 .. min(rows, tasklets) rows in flight, at most one lane per 8-byte word of the row) the
     cost model finds fastest, barriers and combines included; ties go to fewer lanes. The
-    mapping and the code generator both ask this function, so they agree."""
+    mapping and the code generator both ask this function, so they agree. Memoized (the
+    mapping search asks it for every workgroup and block it prices)."""
     es = _esize(dtype)
     words = _cdiv(length, max(1, 8 // es))
     cands = sorted({tasklets // g for g in range(1, min(rows, tasklets) + 1)} | {1})
