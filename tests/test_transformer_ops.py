@@ -339,6 +339,14 @@ def test_a_row_split_over_two_tasklets_costs_what_a_hand_count_says(tmp_path):
     assert (counters["totals"]["dma_read_bytes"], counters["totals"]["dma_write_bytes"]) == (32, 32)
 
 
+@pytest.mark.parametrize("lanes", [0, 17])
+def test_more_lanes_than_tasklets_is_a_one_line_error(tmp_path, lanes):
+    with pytest.raises(ValueError, match=f"lanes={lanes} tasklets per row; expected 1..16"):
+        codegen.emit_kernel("softmax", "float32", [(1, 64)], dpus=1, tasklets=16, block_bytes=256,
+                            outdir=tmp_path, lanes=lanes)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_batch_1_layernorm_splits_its_row_and_runs_10x_faster():
     """LayerNorm of [1, 4096] on 16 tasklets: the one row on one tasklet is bound by that
     tasklet's chain (11 cycles an instruction); split in 16 slices the DPU issues an

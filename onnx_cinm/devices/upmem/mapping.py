@@ -61,6 +61,9 @@ select           ours: ld (+ ld mask) + test + st + index add + (loop + 1) / unr
                  PrIM: ld + test + branch + p * (st + count) + loop, p = kept fraction
 topk             ld + cmp + loop (insertions into the k-list are rare and ignored)
 transpose        ld + st + 2 address + loop
+rownorm          three passes per row (:func:`rownorm_instr`); rows split over ``lanes``
+                 tasklets add per round two combines by the group's first tasklet
+                 (:func:`rownorm_combine_instr`) and 4 barriers (:func:`rownorm_lanes`)
 ===============  ==========================================================================
 """
 from __future__ import annotations
