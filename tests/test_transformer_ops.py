@@ -339,6 +339,26 @@ def test_a_row_split_over_two_tasklets_costs_what_a_hand_count_says(tmp_path):
     assert (counters["totals"]["dma_read_bytes"], counters["totals"]["dma_write_bytes"]) == (32, 32)
 
 
+def test_the_lowered_node_records_its_tasklets_per_row_and_the_kernel_follows_it(tmp_path):
+    """Plans are data: a batch-1 LayerNorm's node carries ``cnm_lanes`` (16: one row, 16
+    tasklets), its generated kernel splits the row that way, and an edited ``cnm_lanes`` is
+    what the code generator follows."""
+    model = _layernorm_model((1, 512), -1)
+    res = optimize(model, place=[("*", "upmem")])
+    (node,) = [n for n in res.model.graph.node if n.op_type == "LayerNorm"]
+    attrs = cinm.node_attrs(node)
+    assert attrs["cnm_lanes"] == 16 and attrs["cnm_tasklets"] == 16
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    (man,) = [json.loads(p.read_text()) for p in tmp_path.rglob("kernel.json")]
+    assert man["lanes"] == 16
+    op = _op("LayerNorm", [("x", (1, 512), False), ("s", (512,), True), ("b", (512,), True)],
+             (1, 512), {"axis": -1, "epsilon": 1e-5})
+    plan = mapping.plan_op(op)
+    consts = {"s": np.ones(512, np.float32), "b": np.zeros(512, np.float32)}
+    codegen.emit_op(op, dict(plan.attrs(), kernel="k", cnm_lanes=4), consts, tmp_path)
+    assert json.loads((tmp_path / "k" / "kernel.json").read_text())["lanes"] == 4
+
+
 @pytest.mark.parametrize("lanes", [0, 17])
 def test_more_lanes_than_tasklets_is_a_one_line_error(tmp_path, lanes):
     with pytest.raises(ValueError, match=f"lanes={lanes} tasklets per row; expected 1..16"):

@@ -252,13 +252,15 @@ class CnmPlan:
 
     def paradigm_attrs(self) -> dict:
         """The cnm paradigm's part of :meth:`attrs` (the ``paradigm`` level of ``--stop-after``):
-        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``), scratchpad block
+        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``; ``cnm_lanes``: tasklets per
+        row of a row-wise kernel, :func:`rownorm_lanes`), scratchpad block
         (``cnm_block_bytes``), memory per unit (``cnm_mram_bytes``), distribution
         (``cnm_inputs``) and merge (``cnm_merge``); no cost."""
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
-                **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
+                **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {}),
+                **({"cnm_lanes": int(self.g["lanes"])} if "lanes" in self.g else {})}
 
 
 # ---------------------------------------------------------------------------------------------

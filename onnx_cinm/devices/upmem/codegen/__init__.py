@@ -299,7 +299,8 @@ def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAUL
                     default_dpus: int | None = None, default_tasklets: int | None = None,
                     default_block: int = 1024) -> None:
     """Raise ValueError (the emitter's reason) if :func:`emit_op` would refuse ``op`` with the
-    plan ``attrs`` (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``); nothing
+    plan ``attrs`` (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
+    ``cnm_lanes``); nothing
     is written. The device's ``supports`` and ``lower`` call it, so placement never accepts an
     op whose kernel cannot be generated (issue 17 #2)."""
     tok = _DRY.set(True)
@@ -320,7 +321,9 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
 
     The workgroup and block come from the plan attributes ``cnm_dpus``, ``cnm_tasklets``,
     ``cnm_block_bytes`` (the ``cnm_mapping`` pass), else the defaults (DPUs: one rank, at most
-    ``target.dpus``; tasklets: ``target.tasklets``). ``target`` is the DPU generation. ``consts`` maps constant
+    ``target.dpus``; tasklets: ``target.tasklets``), a matrix product's DPU grid from
+    ``cnm_grid``, a row-wise kernel's tasklets per row from ``cnm_lanes`` (else the mapping's
+    choice for this workgroup). ``target`` is the DPU generation. ``consts`` maps constant
     input names to arrays: they become sidecar files. ``kernel.json`` also records, per input
     and output, the graph tensor name (``tensor``).
 
@@ -332,6 +335,8 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
     kind, dtype, shapes, params = kernel_for(op, consts, target)
     if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
         params["grid"] = [int(x) for x in attrs["cnm_grid"]]
+    if kind in ("softmax", "layernorm") and attrs.get("cnm_lanes"):
+        params["lanes"] = int(attrs["cnm_lanes"])
     outdir = Path(root) / _attr(attrs, "kernel")
     dpus = int(attrs.get("cnm_dpus") or default_dpus or min(target.dpus, target.dpus_per_rank))
     tasklets = int(attrs.get("cnm_tasklets") or default_tasklets or target.tasklets)
