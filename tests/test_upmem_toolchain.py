@@ -71,11 +71,13 @@ def _cases():
         yield "popcount", dt, [(37,)], {}
     for metric in ("dot", "cos"):
         yield "simsearch", "float32", [(3, 17), (20, 17)], dict(k=4, metric=metric)
-    # rows that fit one block (64 B here) and rows streamed through it; LayerNorm with and
-    # without B
+    # rows (slices of rows split over 2 tasklets) that fit one block (64 B here) and rows
+    # (slices) streamed through it; LayerNorm with and without B
     for shape in ((5, 9), (3, 37)):
-        yield "softmax", "float32", [shape], {}
-        yield "layernorm", "float32", [shape, shape[1:], shape[1:]], dict(axis=-1, epsilon=1e-5)
+        for lanes in (1, 2):
+            yield "softmax", "float32", [shape], dict(lanes=lanes)
+            yield "layernorm", "float32", [shape, shape[1:], shape[1:]], dict(axis=-1, epsilon=1e-5,
+                                                                              lanes=lanes)
     yield "layernorm", "float32", [(3, 37), (37,)], dict(axis=1, epsilon=1e-5)
 
 

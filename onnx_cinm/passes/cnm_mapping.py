@@ -4,8 +4,8 @@ For each cinm node whose ``device`` has paradigm ``cnm`` (UPMEM), the device cho
 cnm paradigm's rules (:mod:`onnx_cinm.paradigms.cnm`), the workgroup (ranks x DPUs x
 tasklets), how each input is scattered or broadcast, the MRAM layout, the WRAM block per
 tasklet and how partial results merge, and the pass stores that paradigm-level plan as node
-attributes (UPMEM: ``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``, ``cnm_block_bytes``,
-``cnm_mram_bytes``, ``cnm_inputs``, ``cnm_merge``). The modeled cost and the ``kernel`` path
+attributes (UPMEM: ``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``, ``cnm_lanes``,
+``cnm_block_bytes``, ``cnm_mram_bytes``, ``cnm_inputs``, ``cnm_merge``). The modeled cost and the ``kernel`` path
 follow at the device level (pass ``device_lowering``). Like ``cim_tiling`` it only walks the
 graph; the device decides (:func:`onnx_cinm.passes.device_lowering.lower_paradigm`).
 

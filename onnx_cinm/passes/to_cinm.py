@@ -34,7 +34,8 @@ QLinearMatMul, QLinearConv      the MatMulInteger/ConvInteger lowering (QLinearC
 MatMul/Conv/Gemm of two         Gemm(int32(x_q) - x_zp, int32(w_q) - w_zp), Cast, Mul by
 DequantizeLinear outputs (QDQ)  x_scale * w_scale (+ a float bias) on the host; the weight's
                                 DequantizeLinear is not folded (canonicalize keeps it)
-Softmax (last axis, float32)    Softmax (another axis stays on the host)
+Softmax (float32)               Softmax over the last axis; over another axis: Transpose (the
+                                axis last), Softmax, Transpose back
 LayerNormalization (float32,    LayerNorm(X, Scale, B; axis, epsilon) when only Y is read
 static normalized dims)
 Gelu (opset 20, float32)        Gelu(approximate)
@@ -730,18 +731,31 @@ def _float32_input(rw: _Rewriter, node: ir.Node):
 
 
 def _check_softmax(rw: _Rewriter, node: ir.Node):
+    """``(axis, rank)``: float32 X of known rank; ``axis`` in 0..rank-1 (opset >= 13: the one
+    axis Softmax normalizes over; canonicalize turned older opsets' flattening into explicit
+    reshapes)."""
     rank = _float32_input(rw, node)
     if isinstance(rank, str):
         return rank
     axis = int(_attrs(node).get("axis", -1 if rw.opset >= 13 else 1))
-    if axis % rank != rank - 1:
-        return f"Softmax over axis {axis}, not the last"
-    return True
+    if not -rank <= axis < rank:
+        return f"Softmax axis {axis} out of range for rank {rank}"
+    return axis % rank, rank
 
 
-def _softmax(rw: _Rewriter, node: ir.Node, _):
+def _softmax(rw: _Rewriter, node: ir.Node, binding):
+    """cinm Softmax normalizes over the last axis: another axis is moved there and back by
+    cinm Transposes (rotations of the trailing axes, which a device's transpose takes)."""
+    axis, rank = binding
     lo = _Lowering(rw, node)
-    lo.cinm("Softmax", [_ins(node)[0]], [_outs(node)[0]])
+    x, y = _ins(node)[0], _outs(node)[0]
+    if axis == rank - 1:
+        lo.cinm("Softmax", [x], [y])
+        return lo.nodes
+    perm = [d for d in range(rank) if d != axis] + [axis]
+    back = [perm.index(d) for d in range(rank)]
+    t = lo.cinm("Transpose", [x], suffix="axis_last", perm=perm)
+    lo.cinm("Transpose", [lo.cinm("Softmax", [t])], [y], suffix="axis_back", perm=back)
     return lo.nodes
 
 

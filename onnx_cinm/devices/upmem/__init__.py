@@ -51,6 +51,7 @@ PLAN_ATTRS = {
     "cnm_mram_bytes": "int", "cnm_inputs": "strings", "cnm_merge": "string",
     "cnm_latency_s": "float", "cnm_energy_j": "float", "cnm_load_s": "float",
     "cnm_load_j": "float", "cnm_search": "string", "cnm_grid": "ints", "cnm_target": "string",
+    "cnm_lanes": "int",
 }
 
 
@@ -93,6 +94,7 @@ class UpmemDevice(Device):
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
                                        "cnm_block_bytes": plan.block_bytes,
                                        "cnm_grid": plan.g.get("grid"),
+                                       "cnm_lanes": plan.g.get("lanes"),
                                        "cnm_target": plan.params.name})
         except ValueError as e:
             return Support(False, f"no DPU kernel at this size: {e}")

@@ -384,7 +384,21 @@ class KernelWork:
     serial_dma_cycles: float = 0.0
 
 
-def kernel_cycles(w: KernelWork, params: UpmemParams = DEFAULT_PARAMS) -> dict:
+@dataclass(frozen=True)
+class PhasedWork:
+    """One launch whose tasklets meet at barriers of all tasklets: the work between two
+    barriers (a phase) cannot overlap the work of the next one, so every phase is bounded on
+    its own (:func:`kernel_cycles`) and the phases add up, as the emulator closes a phase at
+    every barrier. The barriers themselves are the caller's serial cycles.
+
+    Attributes:
+        phases: ``((count, KernelWork), ...)``: each distinct phase and how many times it runs.
+    """
+
+    phases: tuple
+
+
+def kernel_cycles(w: KernelWork | PhasedWork, params: UpmemParams = DEFAULT_PARAMS) -> dict:
     """Cycles of one DPU kernel, with the bound that decided it.
 
     ``parallel = max(instr_total, issue_interval * instr_per_tasklet + dma_per_tasklet, dma)``:
@@ -392,10 +406,25 @@ def kernel_cycles(w: KernelWork, params: UpmemParams = DEFAULT_PARAMS) -> dict:
     cycles and it waits for its own DMAs, the DMA engine serves one transfer at a time.
     ``total = parallel + serial_cycles + serial_dma_cycles``.
 
+    A :class:`PhasedWork` sums its phases' figures (each phase counted as often as it runs);
+    its bound is the bound of the phase that takes the most cycles in all.
+
     Returns:
         ``{"compute": pipeline-bound cycles, "chain": slowest tasklet chain, "dma": DMA cycles,
         "parallel": max of the three, "serial": serial cycles, "total": cycles, "bound": name}``.
     """
+    if isinstance(w, PhasedWork):
+        keys = ("compute", "chain", "dma", "parallel", "serial", "total")
+        out = dict.fromkeys(keys, 0.0)
+        heaviest, bound = -1.0, "none"
+        for count, work in w.phases:
+            c = kernel_cycles(work, params)
+            for k in keys:
+                out[k] += count * c[k]
+            if count * c["total"] > heaviest:
+                heaviest, bound = count * c["total"], c["bound"]
+        out["bound"] = bound
+        return out
     compute = float(w.instr_total)
     chain = params.issue_interval * w.instr_per_tasklet + w.dma_cycles_per_tasklet
     dma = float(w.dma_cycles)

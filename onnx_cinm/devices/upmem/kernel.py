@@ -131,6 +131,7 @@ class UpmemKernel:
                                          self.manifest.get("kind")]).encode()).hexdigest()[:24]
         root = cache_dir() / "respec" / key
         attrs = dict(self.attrs, kernel="k")
+        attrs.pop("cnm_lanes", None)  # made for the planned rows: the emitter chooses again
         if not (root / "k" / "kernel.json").is_file():
             try:
                 self.emit(op, attrs, self.consts, root)

@@ -61,10 +61,14 @@ select           ours: ld (+ ld mask) + test + st + index add + (loop + 1) / unr
                  PrIM: ld + test + branch + p * (st + count) + loop, p = kept fraction
 topk             ld + cmp + loop (insertions into the k-list are rare and ignored)
 transpose        ld + st + 2 address + loop
+rownorm          three passes per row (:func:`rownorm_instr`); rows split over ``lanes``
+                 tasklets add per round two combines by the group's first tasklet
+                 (:func:`rownorm_combine_instr`) and 4 barriers (:func:`rownorm_lanes`)
 ===============  ==========================================================================
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -248,13 +252,15 @@ class CnmPlan:
 
     def paradigm_attrs(self) -> dict:
         """The cnm paradigm's part of :meth:`attrs` (the ``paradigm`` level of ``--stop-after``):
-        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``), scratchpad block
+        workgroup (``cnm_dpus``, ``cnm_tasklets``, ``cnm_grid``; ``cnm_lanes``: tasklets per
+        row of a row-wise kernel, :func:`rownorm_lanes`), scratchpad block
         (``cnm_block_bytes``), memory per unit (``cnm_mram_bytes``), distribution
         (``cnm_inputs``) and merge (``cnm_merge``); no cost."""
         return {"cnm_dpus": int(self.dpus), "cnm_tasklets": int(self.tasklets),
                 "cnm_block_bytes": int(self.block_bytes), "cnm_mram_bytes": int(self.mram_bytes),
                 "cnm_inputs": [s for s in self.inputs], "cnm_merge": self.merge,
-                **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {})}
+                **({"cnm_grid": [int(x) for x in self.g["grid"]]} if "grid" in self.g else {}),
+                **({"cnm_lanes": int(self.g["lanes"])} if "lanes" in self.g else {})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,6 +808,7 @@ def _rownorm_geometry(op: OpInfo, d: int, es: int) -> tuple:
 #: element loops (the generated ``templates/upmem/rownorm/dpu.c.j2`` counts the same), from
 #: :func:`~onnx_cinm.devices.upmem.cost.op_instructions` (PrIM-measured float add/mul/div,
 #: the counted ``expf`` helper): ``ld``/``st`` are one WRAM load/store each.
+@functools.lru_cache(maxsize=256)
 def rownorm_instr(kind: str, dtype: str = "float32", bias: bool = True) -> tuple:
     """``((pass 1, pass 2, pass 3) instructions per element, instructions per row)``.
 
@@ -826,39 +833,220 @@ def _unrolled_instr(n: int, body: float, unroll: int) -> float:
     return n * body + (n // unroll + n % unroll) * C.LOOP_CONTROL
 
 
-def _cost_rownorm(p: CnmPlan) -> CostBreakdown:
-    """Softmax / LayerNorm as the generated kernel runs them: tasklets take whole rows
-    round-robin; every row is three passes over its blocks (max, exp and sum, scale; mean,
-    variance, normalize). A row that fits one block (``row_bytes <= block``) is read once and
-    written once (and a LayerNorm's Scale and B read once per tasklet); a longer row is read
-    in every pass (and Softmax's exponentials written in pass 2, read back in pass 3; Scale and
-    B read block by block in pass 3)."""
-    g, es, pr, t = p.g, _esize(p.dtype), p.params, p.tasklets
-    rb, blk, length = g["row_bytes"], p.block_bytes, g["length"]
-    (i1, i2, i3), i_row = rownorm_instr(g["op"], p.dtype, g["params"] > 1)
-    one = rb <= blk
-    nblk = _cdiv(rb, blk)
-    blocks = [(min(blk, rb - o), min(blk, rb - o) // es if o + blk < rb else length - o // es)
-              for o in range(0, rb, blk)]
-    instr_row = i_row + sum(_unrolled_instr(n, i, p.unroll) + BLOCK_INSTR
-                            for _, n in blocks for i in (i1, i2, i3))
-    rd = sum(pr.dma_cycles(b) for b, _ in blocks)
-    wr = sum(pr.dma_cycles(b, write=True) for b, _ in blocks)
-    params = g["params"]
-    if one:
+def _row_blocks(nbytes: int, n: int, blk: int, es: int) -> list[tuple[int, int, int]]:
+    """``[(count, bytes, elements)]`` of the DMA blocks a kernel streams ``nbytes`` (a multiple
+    of 8, > 0) holding ``n`` elements in: full blocks of ``blk`` bytes, then the last one,
+    shorter or not, with the padding."""
+    k = _cdiv(nbytes, blk)
+    o = (k - 1) * blk
+    return ([(k - 1, blk, blk // es)] if k > 1 else []) + [(1, nbytes - o, n - o // es)]
+
+
+def _rownorm_rows_work(kind: str, dtype: str, rows: int, length: int, tasklets: int, blk: int,
+                       nparams: int, unroll: int, pr: UpmemParams) -> KernelWork:
+    """The whole-row kernel (one tasklet per row, tasklets take rows round-robin) on a DPU of
+    ``rows`` rows of ``length`` elements: one phase after the start barrier."""
+    es, ln = _esize(dtype), kind == "layernorm"
+    rb = _r8(length * es)
+    (i1, i2, i3), i_row = rownorm_instr(kind, dtype, nparams > 1)
+    blocks = _row_blocks(rb, length, blk, es)
+    instr_row = i_row + sum(c * (_unrolled_instr(n, i, unroll) + BLOCK_INSTR)
+                            for c, _, n in blocks for i in (i1, i2, i3))
+    rd = sum(c * pr.dma_cycles(b) for c, b, _ in blocks)
+    wr = sum(c * pr.dma_cycles(b, write=True) for c, b, _ in blocks)
+    if rb <= blk:
         dma_row = rd + wr
-        setup = params * pr.dma_cycles(rb)          # Scale and B once per tasklet
-    else:
-        passes = 3 if g["op"] == "layernorm" else 2  # reads of X (softmax: + one of Y)
-        dma_row = (passes * rd + wr + params * rd) if g["op"] == "layernorm" else (3 * rd + 2 * wr)
+        setup = nparams * pr.dma_cycles(rb)          # Scale and B once per tasklet
+    else:  # X read in every pass (Softmax: pass 3 reads back pass 2's exponentials)
+        dma_row = (3 * rd + wr + nparams * rd) if ln else (3 * rd + 2 * wr)
         setup = 0.0
-    rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
-    busy = min(t, rows)
-    w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row + busy * setup,
-                   rows_t * dma_row + setup)
-    del nblk
+    rows_t, busy = _cdiv(rows, tasklets), min(tasklets, rows)
+    return KernelWork(tasklets, rows_t * instr_row, rows * instr_row, rows * dma_row + busy * setup,
+                      rows_t * dma_row + setup)
+
+
+#: Instructions of a split row's working tasklet per round beyond its slice's element loops,
+#: in passes 1, 2, 3: the store of its partial (passes 1 and 2) and the load of the scalar the
+#: group's first tasklet combined the partials into (passes 2 and 3); the generated
+#: ``templates/upmem/rownorm/dpu_split.c.j2`` counts the same.
+ROWNORM_LANE_INSTR = (1, 2, 1)
+#: Barriers of all tasklets per round of the split-row kernel: after each of the two reducing
+#: passes, one before the group's first tasklet combines the partials, one after.
+ROWNORM_SPLIT_BARRIERS = 4
+
+
+@functools.lru_cache(maxsize=256)
+def rownorm_combine_instr(kind: str, dtype: str, lanes: int) -> tuple:
+    """Instructions of the group's first tasklet combining the ``lanes`` partials of a split row
+    after pass 1 and after pass 2 (a loop of ``ld`` + operation + loop control per partial, not
+    unrolled), with the row's scalar work (:func:`rownorm_instr`'s per-row part):
+
+    Softmax: the max of the partial maxima; the sum of the partial sums and ``1 / sum``.
+    LayerNorm: the sum of the partial sums times ``1 / L`` (the mean); the sum of the partial
+    squared deviations, times ``1 / L``, plus epsilon, its square root in software double and
+    ``1 / sqrt``."""
+    op = lambda o: C.op_instructions(o, dtype)  # noqa: E731
+    loop = lambda o: lanes * (1 + op(o) + C.LOOP_CONTROL)  # noqa: E731
+    if kind == "softmax":
+        return loop("cmp"), loop("add") + op("div")
+    _, i_row = rownorm_instr(kind, dtype)
+    return loop("add") + op("mul"), loop("add") + i_row - op("mul")
+
+
+def rownorm_slices(length: int, lanes: int, es: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """How a split row of ``length`` elements of ``es`` bytes falls to ``lanes`` tasklets:
+    ``(slice elements, [(first byte, bytes, elements)] per lane)``. A slice is a whole
+    number of 8-byte words (so every slice starts 8-byte aligned in MRAM), the last lanes'
+    slices are shorter or empty, the row's padding goes to the last non-empty slice."""
+    per = max(1, 8 // es)
+    sl = _cdiv(_cdiv(length, max(lanes, 1)), per) * per
+    rb = _r8(length * es)
+    out = []
+    for j in range(lanes):
+        lo = j * sl
+        n = max(0, min(length, lo + sl) - lo)
+        out.append((lo * es, min(rb, (lo + sl) * es) - lo * es if n else 0, n))
+    return sl, out
+
+
+def _rownorm_split_work(kind: str, dtype: str, rows: int, length: int, lanes: int, tasklets: int,
+                        blk: int, nparams: int, unroll: int, pr: UpmemParams) -> tuple:
+    """``(PhasedWork, barriers)`` of the split-row kernel on a DPU of ``rows`` rows.
+
+    ``G = tasklets // lanes`` groups of ``lanes`` tasklets each take one row per round (rounds:
+    ``ceil(rows / G)``; the last may leave groups idle); within a group, lane ``j`` takes slice
+    ``j`` (:func:`rownorm_slices`). A round is pass 1 on every slice, a barrier, the group's
+    first tasklet combining the partials (:func:`rownorm_combine_instr`), a barrier, pass 2, a
+    barrier, the combine, a barrier, pass 3. Pass 3 of a round and pass 1 of the next share a
+    phase (no barrier between them); LayerNorm's Scale and B slices, when a slice fits one
+    block, are read once before the first round. A slice that fits one block is read once and
+    written once; a longer one is streamed in every pass, as a whole row is."""
+    es, ln = _esize(dtype), kind == "layernorm"
+    (i1, i2, i3), _ = rownorm_instr(kind, dtype, nparams > 1)
+    c1, c2 = rownorm_combine_instr(kind, dtype, lanes)
+    sl, slices = rownorm_slices(length, lanes, es)
+    one = sl * es <= blk
+    # per lane: setup DMA, and (instructions, DMA cycles) of passes 1, 2, 3
+    lane, seen = [], {}
+    for _, b, n in slices:
+        if not n:
+            lane.append((0.0, ((0.0, 0.0),) * 3))
+            continue
+        if (b, n) in seen:   # slices but the last are alike
+            lane.append(seen[b, n])
+            continue
+        blocks = _row_blocks(b, n, blk, es)
+        ins = [sum(c * (_unrolled_instr(m, i, unroll) + BLOCK_INSTR) for c, _, m in blocks) + extra
+               for i, extra in zip((i1, i2, i3), ROWNORM_LANE_INSTR)]
+        rd = sum(c * pr.dma_cycles(x) for c, x, _ in blocks)
+        wr = sum(c * pr.dma_cycles(x, write=True) for c, x, _ in blocks)
+        if one:
+            setup, dma = (nparams * rd if ln else 0.0), (rd, 0.0, wr)
+        elif ln:
+            setup, dma = 0.0, (rd, rd, (1 + nparams) * rd + wr)
+        else:
+            setup, dma = 0.0, (rd, rd + wr, rd + wr)
+        seen[b, n] = (setup, tuple(zip(ins, dma)))
+        lane.append(seen[b, n])
+    # lane 0 holds the longest slice: the busiest tasklet of every phase
+    setup0, first = lane[0]
+    group_setup = sum(x for x, _ in lane)
+    group = [(sum(w[p][0] for _, w in lane), sum(w[p][1] for _, w in lane)) for p in range(3)]
+
+    def phase(*terms) -> KernelWork:
+        """Work of ``(groups, pass)`` terms in one phase (pass -1: the setup reads)."""
+        it = dt = i_all = d_all = 0.0
+        for g, p in terms:
+            if g <= 0:
+                continue
+            i0, d0 = (0.0, setup0) if p < 0 else first[p]
+            gi, gd = (0.0, group_setup) if p < 0 else group[p]
+            it, dt, i_all, d_all = it + i0, dt + d0, i_all + g * gi, d_all + g * gd
+        return KernelWork(tasklets, it, i_all, d_all, dt)
+
+    def combine(g: int, c: float) -> KernelWork:
+        return KernelWork(tasklets, c, g * c, 0.0, 0.0)
+
+    groups = tasklets // lanes
+    # rounds: `full` with every group busy, then one with `last` groups if rows do not divide
+    full, last = divmod(rows, groups)
+    first_a, last_a = (groups if full else last), (last if last else groups)
+    counts: dict = {}
+
+    def add(w: KernelWork, n: int = 1) -> None:
+        if n > 0:
+            counts[w] = counts.get(w, 0) + n
+
+    add(phase((first_a, -1), (first_a, 0)))
+    for a, n in ((groups, full), (last, 1 if last else 0)):
+        add(combine(a, c1), n)
+        add(phase((a, 1)), n)
+        add(combine(a, c2), n)
+    # pass 3 of a round with pass 1 of the next
+    add(phase((groups, 2), (groups, 0)), full - 1)
+    add(phase((groups, 2), (last, 0)), 1 if full and last else 0)
+    add(phase((last_a, 2)))
+    rounds = full + (1 if last else 0)
+    return C.PhasedWork(tuple((n, w) for w, n in counts.items())), ROWNORM_SPLIT_BARRIERS * rounds
+
+
+def _barrier_cycles(tasklets: int, pr: UpmemParams) -> float:
+    """Cycles of one barrier of ``tasklets`` tasklets (see :func:`_barrier`)."""
+    return tasklets * BARRIER_INSTR * pr.issue_interval if tasklets > 1 else 0.0
+
+
+def rownorm_work(kind: str, dtype: str, rows: int, length: int, lanes: int, tasklets: int,
+                 blk: int, nparams: int, unroll: int = UNROLL,
+                 params: UpmemParams = DEFAULT_PARAMS) -> tuple:
+    """``(work, barriers)`` of the row-wise kernel with ``lanes`` tasklets per row on one DPU
+    holding ``rows`` rows (the barriers beyond the launch's start barrier); ``lanes == 1`` is
+    the whole-row kernel (:func:`_rownorm_rows_work`), more the split-row kernel
+    (:func:`_rownorm_split_work`)."""
+    if lanes <= 1:
+        return _rownorm_rows_work(kind, dtype, rows, length, tasklets, blk, nparams, unroll, params), 0
+    return _rownorm_split_work(kind, dtype, rows, length, lanes, tasklets, blk, nparams, unroll, params)
+
+
+@functools.lru_cache(maxsize=4096)
+def rownorm_lanes(kind: str, dtype: str, rows: int, length: int, tasklets: int, blk: int,
+                  nparams: int, unroll: int = UNROLL, params: UpmemParams = DEFAULT_PARAMS) -> int:
+    """Tasklets per row of the row-wise kernel (``softmax``/``layernorm``) on a DPU of ``rows``
+    rows of ``length`` elements, ``tasklets`` tasklets and ``blk``-byte blocks: whichever of
+    the whole-row kernel (1) and the split-row kernels (``tasklets // G`` lanes for ``G`` =
+    1 .. min(rows, tasklets) rows in flight, at most one lane per 8-byte word of the row) the
+    cost model finds fastest, barriers and combines included; ties go to fewer lanes. The
+    mapping and the code generator both ask this function, so they agree. Memoized (the
+    mapping search asks it for every workgroup and block it prices)."""
+    es = _esize(dtype)
+    words = _cdiv(length, max(1, 8 // es))
+    cands = sorted({tasklets // g for g in range(1, min(rows, tasklets) + 1)} | {1})
+    best, best_cyc = 1, None
+    for lanes in cands:
+        if lanes > 1 and lanes > words:
+            continue
+        w, barriers = rownorm_work(kind, dtype, rows, length, lanes, tasklets, blk, nparams,
+                                   unroll, params)
+        cyc = C.kernel_cycles(w, params)["total"] + barriers * _barrier_cycles(tasklets, params)
+        if best_cyc is None or cyc < best_cyc * (1 - 1e-9):
+            best, best_cyc = lanes, cyc
+    return best
+
+
+def _cost_rownorm(p: CnmPlan) -> CostBreakdown:
+    """Softmax / LayerNorm as the generated kernel runs them, with ``lanes`` tasklets per row
+    (:func:`rownorm_lanes`). Whole rows (1 lane): tasklets take rows round-robin; every row
+    is three passes over its blocks (max, exp and sum, scale; mean, variance, normalize). A
+    row that fits one block (``row_bytes <= block``) is read once and written once (and a
+    LayerNorm's Scale and B read once per tasklet); a longer row is read in every pass (and
+    Softmax's exponentials written in pass 2, read back in pass 3; Scale and B read block by
+    block in pass 3). Split rows (more lanes): :func:`_rownorm_split_work`, its phases between
+    barriers priced one by one and its barriers as serial cycles."""
+    g = p.g
+    w, barriers = rownorm_work(g["op"], p.dtype, g["row_cap"], g["length"], g.get("lanes", 1),
+                               p.tasklets, p.block_bytes, g["params"], p.unroll, p.params)
     res_s, res_b = g.get("resident_scatter", 0), g.get("resident_bcast", 0)
-    return _finish(p, [w], 0.0, rows * rb, g["bcast_bytes"] - res_b, rows * rb,
+    rows, rb = g["row_cap"], g["row_bytes"]
+    return _finish(p, [w], barriers * _barrier(p), rows * rb, g["bcast_bytes"] - res_b, rows * rb,
                    resident=(res_s, res_b))
 
 
@@ -1173,6 +1361,10 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
         unroll = UNROLL
     if schedule == "prim" and kind == "histogram":
         shared = _r8(geom["bins"] * 4)
+    if kind == "rownorm":  # tasklets per row: whole rows, or rows split over tasklets
+        geom["lanes"] = 1 if schedule == "prim" or block < 8 else rownorm_lanes(
+            geom["op"], dt, geom["row_cap"], geom["length"], tasklets, block, geom["params"],
+            unroll, params)
     if block < 8 or (schedule == "prim" and wram_block(tasklets, buffers, private, shared, stack_bytes,
                                                        wram_bytes=params.wram_bytes) < block):
         raise CinmError(f"upmem: {op.op_type} {op.name!r} does not fit WRAM with {tasklets} tasklets "
