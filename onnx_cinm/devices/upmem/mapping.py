@@ -65,6 +65,7 @@ transpose        ld + st + 2 address + loop
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -429,8 +430,11 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
 
     if rows >= t:  # balanced contiguous row ranges
         rows_t = _cdiv(rows, t)
-        shares = [rows_t] * (rows // rows_t) + ([rows % rows_t] if rows % rows_t else [])
-        parts = [work(r, _cdiv(r, r_grp), tiles, n_pad) for r in shares]
+        # the equal shares are costed once (the sums below add the same terms in the same order)
+        full = work(rows_t, _cdiv(rows_t, r_grp), tiles, n_pad)
+        rest = rows % rows_t
+        parts = [full] * (rows // rows_t) + ([work(rest, _cdiv(rest, r_grp), tiles, n_pad)]
+                                             if rest else [])
         i_t, d_t = parts[0]
         i_all, d_all = sum(x for x, _ in parts), sum(y for _, y in parts)
     else:  # spread (row group, column tile) pairs over the tasklets
@@ -915,7 +919,13 @@ def _shape(t) -> tuple:
 
 
 def _dtype_name(t) -> str:
-    return "float32" if t.dtype is None else np.dtype(t.dtype).name
+    return "float32" if t.dtype is None else _np_name(t.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _np_name(dtype) -> str:
+    """``np.dtype(dtype).name``, memoized (the mapping search asks for it per candidate plan)."""
+    return np.dtype(dtype).name
 
 
 def _share(n: int, d: int, es: int) -> int:
@@ -1261,11 +1271,21 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
     best, best_lat, err = None, 0.0, None
+    # every plan launches at least once and its other terms are >= 0, so a plan on ``d`` DPUs
+    # takes at least ``launch_overhead_s(d)``: a workgroup whose launch alone is no faster than
+    # the best plan so far cannot win (``lat < best * (1 - 1e-9)`` below) and is not costed;
+    # the same plan wins as without the bound. Im2Col and row-norm plans may use fewer DPUs
+    # than asked (``make_plan``), so theirs is bounded after planning, by the DPUs they use.
+    shrinks = _KINDS.get(op.op_type) in ("im2col", "rownorm")
     for d, dc in workgroups(op, max_dpus, dpus):
+        if best is not None and not shrinks and params.launch_overhead_s(d) >= best_lat * (1 - 1e-9):
+            continue
         try:
             p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
         except CinmError as e:
             err = e
+            continue
+        if best is not None and params.launch_overhead_s(p.dpus) >= best_lat * (1 - 1e-9):
             continue
         lat = p.cost().latency_s
         if best is None or lat < best_lat * (1 - 1e-9):
