@@ -21,8 +21,9 @@ decide the ratio); the first line printed says so, with the load average.
 Both tools are measured as installed: before timing, onnx_cinm's modules are byte-compiled
 (``compileall``, what ``pip install`` does for a wheel; an editable install under
 ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile its ~70 modules from source in every
-run, 0.2-0.3 s of CPU on light SqueezeNet, while onnxsim's site-packages hold their bytecode), and each tool runs once
-untimed on the first model (the files it reads are then in the page cache for both).
+run, 0.2-0.3 s of CPU on light SqueezeNet, while onnxsim's site-packages hold their
+bytecode), and each tool runs once untimed on the first model (the files it reads are then in
+the page cache for both).
 
     pip install -e '.[bench]'
     python benchmarks/optimize_speed.py [--repeat 3] [--models resnet50 densenet121 vgg19]
