@@ -286,6 +286,50 @@ def test_fold_constants_light_models_become_initializers(light_model_paths):
     assert_matches_ort(original, result, n=1)
 
 
+@pytest.mark.parametrize("value", [None, np.array([0.02], np.float32), np.array([-3], np.int64),
+                                   np.array([7], np.uint8), np.array([True]),
+                                   np.array([1.5], np.float16), np.array([2.0], np.float64)],
+                         ids=lambda v: "default" if v is None else v.dtype.name)
+def test_fold_constant_of_shape_without_onnxruntime_equals_onnxruntime(monkeypatch, value):
+    """A ConstantOfShape of an initializer shape (the light models' weights) is filled by numpy,
+    with no onnxruntime session, and holds the values and dtype onnxruntime computes for the
+    node alone (read by a Where of graph inputs, which does not fold)."""
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    elem = TensorProto.FLOAT if value is None else helper.np_dtype_to_tensor_dtype(value.dtype)
+    shape = {"shape": np.array([2, 3, 4], np.int64)}
+    alone = _model([helper.make_node("ConstantOfShape", ["shape"], ["c"], **attrs)], [],
+                   [_vi("c", [2, 3, 4], elem)], shape)
+    expected = run_onnxruntime(alone, {})[0]
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"], **attrs),
+             helper.make_node("Where", ["cond", "c", "x"], ["y"])]
+    model = _model(nodes, [_vi("cond", [2, 3, 4], TensorProto.BOOL), _vi("x", [2, 3, 4], elem)],
+                   [_vi("y", [2, 3, 4], elem)], shape)
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: pytest.fail("a session was made"))
+    result, _ = _run_passes(model, "fold_constants")
+    assert "ConstantOfShape" not in _ops(result)
+    got = next(numpy_helper.to_array(t) for t in result.graph.initializer if t.name == "c")
+    assert got.dtype == expected.dtype and got.shape == (2, 3, 4)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_fold_constant_of_shape_of_a_computed_shape_still_uses_onnxruntime(monkeypatch):
+    """A shape computed by another node (here a Concat of initializers) is not an initializer:
+    onnxruntime evaluates the chain, as before."""
+    nodes = [helper.make_node("Concat", ["a", "b"], ["shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                              value=numpy_helper.from_array(np.array([5], np.int32))),
+             helper.make_node("Where", ["cond", "c", "x"], ["y"])]
+    model = _model(nodes, [_vi("cond", [2, 3], TensorProto.BOOL), _vi("x", [2, 3], TensorProto.INT32)],
+                   [_vi("y", [2, 3], TensorProto.INT32)],
+                   {"a": np.array([2], np.int64), "b": np.array([3], np.int64)})
+    sessions = []
+    real = canonicalize._run_nodes
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: sessions.append(1) or real(*a))
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Where"] and sessions == [1]
+    np.testing.assert_array_equal(_initializer(result, "c"), np.full((2, 3), 5, np.int32))
+
+
 # --- normalize: Reduce* -----------------------------------------------------------------------
 
 
