@@ -170,3 +170,22 @@ def test_the_rule_is_the_fastest_workgroup(op):
             best, best_lat = p, lat
     got = mapping._search_plan(op, dpus, tasklets, mapping.DEFAULT_PARAMS, mapping.STACK_BYTES, None)
     assert got == best and got.cost() == best.cost()
+
+
+def test_a_search_runs_once_per_shape_and_keeps_each_ops_names(monkeypatch):
+    """``upmem_search``: the second op of a shape gets the first one's searched plan with its own
+    input names, without searching again, and that plan is what a search of it alone finds."""
+    from onnx_cinm.devices.upmem import search
+
+    ops = [OpInfo(f"fc{i}", "Gemm", {}, (_t(f"x{i}", (16, 512)), _t(f"w{i}", (512, 512), const=True)),
+                  (_t(f"y{i}", (16, 512)),)) for i in range(2)]
+    monkeypatch.setattr(search, "_SEARCHES", {})
+    runs = []
+    real = search._search
+    monkeypatch.setattr(search, "_search", lambda *a: runs.append(a[0].name) or real(*a))
+    plans = [search.search_plan(op) for op in ops]
+    assert runs == ["fc0"]
+    assert [e.split(":")[0] for e in plans[1].inputs] == ["x1", "w1"]
+    alone = real(ops[1], mapping.DEFAULT_DPUS, mapping.DEFAULT_PARAMS, search.MAX_PLANS, 5.0,
+                 mapping.DEFAULT_TASKLETS)
+    assert plans[1] == alone and plans[1].search == alone.search

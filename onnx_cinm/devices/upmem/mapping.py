@@ -1244,22 +1244,30 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
+    return memoized(_PLANS, (max_dpus, tasklets, repr(params), stack_bytes, dpus), op,
+                    lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus))
+
+
+def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
+    """``plan()`` (a :class:`CnmPlan` of ``op``, or CinmError), remembered in ``memo`` under
+    ``op``'s signature (:func:`_op_key`) and ``args``: an op of the same signature gets the
+    same plan with its own input names, or the same failure naming it. Without the memo when
+    an attribute cannot be part of a key."""
     try:
-        key = (_op_key(op), max_dpus, tasklets, repr(params), stack_bytes, dpus)
-        hit = _PLANS.get(key)
+        key = (_op_key(op), *args)
+        hit = memo.get(key)
     except TypeError:  # an attribute that cannot be a key: plan without the memo
-        return _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+        return plan()
     if hit is None:
         try:
-            plan = _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+            p = plan()
             names = [t.name for t in op.inputs]
-            hit = (plan, tuple((names.index(D.split(e)[0]), D.split(e)[1])
-                               for e in plan.inputs))
+            hit = (p, tuple((names.index(D.split(e)[0]), D.split(e)[1]) for e in p.inputs))
         except CinmError as e:
             hit = (str(e), op.name)
-        if len(_PLANS) > _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = hit
+        if len(memo) > _PLANS_MAX:
+            memo.clear()
+        memo[key] = hit
     if isinstance(hit[0], str):  # the failure of an op of the same shape: name this one
         message, name = hit
         raise CinmError(message.replace(repr(name), repr(op.name)) if name != op.name else message)
