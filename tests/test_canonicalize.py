@@ -312,6 +312,43 @@ def test_fold_constant_of_shape_without_onnxruntime_equals_onnxruntime(monkeypat
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("opset,axes", [(11, [0, 3]), (11, [-1]), (13, [1]), (13, [-4, 2])])
+def test_fold_unsqueeze_and_constant_without_onnxruntime_equal_onnxruntime(monkeypatch, opset, axes):
+    """Unsqueeze of an initializer (axes as the attribute below opset 13, else a Constant
+    node's value, as opset conversion writes them) and the Constant itself are folded by numpy,
+    with no session, into onnxruntime's values and shapes (DenseNet121's BatchNorm
+    parameters)."""
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    if opset < 13:
+        nodes = [helper.make_node("Unsqueeze", ["d"], ["u"], axes=axes)]
+    else:
+        nodes = [helper.make_node("Constant", [], ["ax"],
+                                  value=numpy_helper.from_array(np.array(axes, np.int64))),
+                 helper.make_node("Unsqueeze", ["d", "ax"], ["u"])]
+    alone = _model(nodes, [], [_vi("u", None, TensorProto.INT32)], {"d": data}, opset=opset)
+    expected = run_onnxruntime(alone, {})[0]
+    model = _model(nodes + [helper.make_node("Add", ["u", "x"], ["y"])],
+                   [_vi("x", list(expected.shape), TensorProto.INT32)],
+                   [_vi("y", list(expected.shape), TensorProto.INT32)], {"d": data}, opset=opset)
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: pytest.fail("a session was made"))
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Add"]
+    got = _initializer(result, "u")
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_fold_unsqueeze_with_repeated_axes_is_left_to_onnxruntime():
+    """Axes numpy would not accept as onnxruntime does (repeated) are onnxruntime's to judge: it
+    refuses them, so the node stays."""
+    nodes = [helper.make_node("Unsqueeze", ["d"], ["u"], axes=[0, 0]),
+             helper.make_node("Identity", ["u"], ["y"])]
+    model = _model(nodes, [], [_vi("y", None, TensorProto.INT32)],
+                   {"d": np.arange(3, dtype=np.int32)}, opset=11)
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Unsqueeze", "Identity"]
+
+
 def test_fold_constant_of_shape_of_a_computed_shape_still_uses_onnxruntime(monkeypatch):
     """A shape computed by another node (here a Concat of initializers) is not an initializer:
     onnxruntime evaluates the chain, as before."""
