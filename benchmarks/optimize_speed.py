@@ -57,8 +57,9 @@ _ENV = dict(os.environ)
 def _byte_compile() -> None:
     """Byte-compile the onnx_cinm package that ``onnx-cinm`` imports (see the module docstring);
     exits if that fails."""
-    out = subprocess.run([sys.executable, "-c", "import onnx_cinm, os; print(os.path.dirname("
-                          "onnx_cinm.__file__))"], capture_output=True, text=True, env=_ENV)
+    code = "import onnx_cinm, os; print(os.path.dirname(onnx_cinm.__file__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_ENV,
+                         check=False)
     folder = out.stdout.strip()
     if out.returncode or not folder or not compileall.compile_dir(folder, quiet=1):
         sys.exit(f"cannot byte-compile onnx_cinm ({folder or out.stderr.strip()[-300:]})")

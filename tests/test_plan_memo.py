@@ -96,7 +96,7 @@ def test_a_refusal_names_the_op_it_is_given_for():
     """A refusal for an op's shape is remembered (plans and emit checks are memoized per shape),
     and the refusal of a second op of that shape names the second op, not the first."""
     dev = upmem.UpmemDevice()
-    t = lambda n, s: TensorInfo(n, np.dtype("float32"), s)  # noqa: E731
+    t = lambda n, s: TensorInfo(n, np.dtype("float32"), s)
     ops = [OpInfo(name, "TopK", {"k": 6000, "axis": -1, "largest": 1}, (t("x", (200_000,)),),
                   (t("v", (6000,)), TensorInfo("i", np.dtype("int64"), (6000,))))
            for name in ("first", "second")]

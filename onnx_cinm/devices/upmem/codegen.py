@@ -795,7 +795,7 @@ def kernel_for(op, consts: dict | None = None,
     return kind, dtype, shapes, params
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shipped(family: str) -> bool:
     """Whether the template family ``family`` is shipped (looked up once per process: placement
     asks for every op)."""

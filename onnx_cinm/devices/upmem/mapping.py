@@ -922,7 +922,7 @@ def _dtype_name(t) -> str:
     return "float32" if t.dtype is None else _np_name(t.dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _np_name(dtype) -> str:
     """``np.dtype(dtype).name``, memoized (the mapping search asks for it per candidate plan)."""
     return np.dtype(dtype).name

@@ -29,7 +29,8 @@ from dataclasses import replace
 from ...errors import CinmError
 from ..base import OpInfo
 from .cost import DEFAULT_PARAMS, UpmemParams
-from .mapping import DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, memoized, plan_op, workgroups
+from .mapping import (DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, memoized, plan_op,
+                      workgroups)
 
 #: Tasklet counts tried below the target's most (>= 11 fill the pipeline, PrIM §3; fewer leave
 #: WRAM to larger blocks); the most itself is always tried (:func:`tasklet_counts`).
