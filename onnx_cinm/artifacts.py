@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import tempfile
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path, PureWindowsPath
 from typing import Callable
@@ -129,6 +130,28 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
+class _Constants(Mapping):
+    """``{name: array}`` of a node's inputs that are initializers, each converted to numpy when a
+    device reads it: a crossbar kernel names its weights instead of copying them (only a bias's
+    shape is read), so converting every weight of the model up front was a full copy of the
+    weights for nothing (light VGG19: 550 MB)."""
+
+    def __init__(self, inits: dict, names):
+        self._inits = inits
+        self._names = [n for n in dict.fromkeys(names) if n in inits]
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(name)
+        return numpy_helper.to_array(self._inits[name])
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The cinm nodes that have a ``kernel`` attribute: the main graph's, then those compiled
     into If branches (:mod:`onnx_cinm.passes.control_flow`)."""
@@ -158,7 +181,7 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
             raise CinmError(f"two nodes name the kernel '{rel}'")
         seen.add(rel)
         dev = devices.get_device(at.get("device", "host"))
-        consts = {n: numpy_helper.to_array(inits[n]) for n in node.input if n in inits}
+        consts = _Constants(inits, node.input)
         paths = dev.emit(op_info(node, infos), at, consts, root)
         if not paths:
             raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits no code")

@@ -302,6 +302,87 @@ def test_fold_constants_light_models_become_initializers(light_model_paths):
     assert_matches_ort(original, result, n=1)
 
 
+@pytest.mark.parametrize("value", [None, np.array([0.02], np.float32), np.array([-3], np.int64),
+                                   np.array([7], np.uint8), np.array([True]),
+                                   np.array([1.5], np.float16), np.array([2.0], np.float64)],
+                         ids=lambda v: "default" if v is None else v.dtype.name)
+def test_fold_constant_of_shape_without_onnxruntime_equals_onnxruntime(monkeypatch, value):
+    """A ConstantOfShape of an initializer shape (the light models' weights) is filled by numpy,
+    with no onnxruntime session, and holds the values and dtype onnxruntime computes for the
+    node alone (read by a Where of graph inputs, which does not fold)."""
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    elem = TensorProto.FLOAT if value is None else helper.np_dtype_to_tensor_dtype(value.dtype)
+    shape = {"shape": np.array([2, 3, 4], np.int64)}
+    alone = _model([helper.make_node("ConstantOfShape", ["shape"], ["c"], **attrs)], [],
+                   [_vi("c", [2, 3, 4], elem)], shape)
+    expected = run_onnxruntime(alone, {})[0]
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"], **attrs),
+             helper.make_node("Where", ["cond", "c", "x"], ["y"])]
+    model = _model(nodes, [_vi("cond", [2, 3, 4], TensorProto.BOOL), _vi("x", [2, 3, 4], elem)],
+                   [_vi("y", [2, 3, 4], elem)], shape)
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: pytest.fail("a session was made"))
+    result, _ = _run_passes(model, "fold_constants")
+    assert "ConstantOfShape" not in _ops(result)
+    got = next(numpy_helper.to_array(t) for t in result.graph.initializer if t.name == "c")
+    assert got.dtype == expected.dtype and got.shape == (2, 3, 4)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("opset,axes", [(11, [0, 3]), (11, [-1]), (13, [1]), (13, [-4, 2])])
+def test_fold_unsqueeze_and_constant_without_onnxruntime_equal_onnxruntime(monkeypatch, opset, axes):
+    """Unsqueeze of an initializer (axes as the attribute below opset 13, else a Constant
+    node's value, as opset conversion writes them) and the Constant itself are folded by numpy,
+    with no session, into onnxruntime's values and shapes (DenseNet121's BatchNorm
+    parameters)."""
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    if opset < 13:
+        nodes = [helper.make_node("Unsqueeze", ["d"], ["u"], axes=axes)]
+    else:
+        nodes = [helper.make_node("Constant", [], ["ax"],
+                                  value=numpy_helper.from_array(np.array(axes, np.int64))),
+                 helper.make_node("Unsqueeze", ["d", "ax"], ["u"])]
+    alone = _model(nodes, [], [_vi("u", None, TensorProto.INT32)], {"d": data}, opset=opset)
+    expected = run_onnxruntime(alone, {})[0]
+    model = _model(nodes + [helper.make_node("Add", ["u", "x"], ["y"])],
+                   [_vi("x", list(expected.shape), TensorProto.INT32)],
+                   [_vi("y", list(expected.shape), TensorProto.INT32)], {"d": data}, opset=opset)
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: pytest.fail("a session was made"))
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Add"]
+    got = _initializer(result, "u")
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_fold_unsqueeze_with_repeated_axes_is_left_to_onnxruntime():
+    """Axes numpy would not accept as onnxruntime does (repeated) are onnxruntime's to judge: it
+    refuses them, so the node stays."""
+    nodes = [helper.make_node("Unsqueeze", ["d"], ["u"], axes=[0, 0]),
+             helper.make_node("Identity", ["u"], ["y"])]
+    model = _model(nodes, [], [_vi("y", None, TensorProto.INT32)],
+                   {"d": np.arange(3, dtype=np.int32)}, opset=11)
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Unsqueeze", "Identity"]
+
+
+def test_fold_constant_of_shape_of_a_computed_shape_still_uses_onnxruntime(monkeypatch):
+    """A shape computed by another node (here a Concat of initializers) is not an initializer:
+    onnxruntime evaluates the chain, as before."""
+    nodes = [helper.make_node("Concat", ["a", "b"], ["shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["shape"], ["c"],
+                              value=numpy_helper.from_array(np.array([5], np.int32))),
+             helper.make_node("Where", ["cond", "c", "x"], ["y"])]
+    model = _model(nodes, [_vi("cond", [2, 3], TensorProto.BOOL), _vi("x", [2, 3], TensorProto.INT32)],
+                   [_vi("y", [2, 3], TensorProto.INT32)],
+                   {"a": np.array([2], np.int64), "b": np.array([3], np.int64)})
+    sessions = []
+    real = canonicalize._run_nodes
+    monkeypatch.setattr(canonicalize, "_run_nodes", lambda *a: sessions.append(1) or real(*a))
+    result, _ = _run_passes(model, "fold_constants")
+    assert _ops(result) == ["Where"] and sessions == [1]
+    np.testing.assert_array_equal(_initializer(result, "c"), np.full((2, 3), 5, np.int32))
+
+
 # --- normalize: Reduce* -----------------------------------------------------------------------
 
 

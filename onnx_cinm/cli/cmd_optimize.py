@@ -11,12 +11,29 @@ from ..text import Column, printable, si, table
 from .args import _check_writable_folder, _dims, _drop_labels, _given_inputs, _pass_options
 
 
+class _NoBar:
+    """The progress bar of a run that shows none: what ``tqdm(disable=True)`` does, without
+    importing tqdm (and the multiprocessing it imports) in every quiet or piped run."""
+
+    disable = True
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, desc: str, unit: str, quiet: bool):
     """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
-                disable=quiet or not sys.stderr.isatty())
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
 
 
 def _cmd_optimize(args, parser) -> int:

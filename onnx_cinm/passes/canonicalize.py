@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from ..errors import CinmError
@@ -278,7 +277,9 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
 # --- fold_constants --------------------------------------------------------------------------
 
 
-def _session_options() -> ort.SessionOptions:
+def _session_options():
+    import onnxruntime as ort  # here: a model with nothing onnxruntime must fold never loads it
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
@@ -305,6 +306,8 @@ def _run_nodes(
         [onnx.ValueInfoProto(name=name) for name in outputs],
     )
     model = onnx.helper.make_model(graph, opset_imports=opset_import, ir_version=MIN_IR_VERSION)
+    import onnxruntime as ort
+
     session = ort.InferenceSession(
         model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"]
     )
@@ -412,6 +415,100 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
 _TILE = 128
 
 
+#: Element types :func:`_filled_value` fills with numpy (exactly as onnxruntime: one value
+#: repeated; not strings or the packed and ml_dtypes types).
+_FILLABLE_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16, onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+    onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL})
+
+
+#: numpy dtypes :func:`_direct_value` moves (one element per array item: not strings, not the
+#: ml_dtypes types).
+_PLAIN_DTYPES = frozenset(np.dtype(t) for t in (
+    np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+    np.uint32, np.int64, np.uint64, np.bool_))
+
+
+def _direct_value(node: onnx.NodeProto, constants: dict, direct: dict) -> np.ndarray | None:
+    """The value of a foldable node numpy computes exactly as onnxruntime would, without a
+    session: ``ConstantOfShape`` (:func:`_filled_value`), ``Constant`` with a ``value`` tensor,
+    ``Unsqueeze`` (a reshape) of a constant; None for every other node or form (onnxruntime
+    evaluates those). ``direct`` holds the values computed so far in this fold."""
+    if not _is_default_domain(node):
+        return None
+    if node.op_type == "ConstantOfShape":
+        return _filled_value(node, constants)
+    if node.op_type == "Constant":
+        value = _constant_value(node)
+        if value is None or value.data_type not in _FILLABLE_TYPES or \
+                value.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(value)
+    if node.op_type == "Unsqueeze":
+        return _unsqueezed(node, constants, direct)
+    return None
+
+
+def _known_array(name: str, constants: dict, direct: dict) -> np.ndarray | None:
+    if name in direct:
+        return direct[name]
+    if name in constants and constants[name].data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(constants[name])
+    return None
+
+
+def _unsqueezed(node: onnx.NodeProto, constants: dict, direct: dict) -> np.ndarray | None:
+    """``Unsqueeze`` of a constant (axes as the attribute of opset < 13 or the constant input
+    of 13+): the data reshaped with a 1 at every axis of the output; None if an input is not
+    known yet, the dtype is not a plain one or the axes are invalid (left to onnxruntime, which
+    says why)."""
+    inputs = [name for name in node.input]
+    if not inputs or not inputs[0]:
+        return None
+    attrs = _attributes(node)
+    if "axes" in attrs:
+        axes = list(attrs["axes"])
+    elif len(inputs) == 2 and inputs[1]:
+        given = _known_array(inputs[1], constants, direct)
+        if given is None or given.dtype != np.int64 or given.ndim != 1:
+            return None
+        axes = [int(a) for a in given]
+    else:
+        return None
+    data = _known_array(inputs[0], constants, direct)
+    if data is None or data.dtype not in _PLAIN_DTYPES:
+        return None
+    rank = data.ndim + len(axes)
+    axes = [a + rank if a < 0 else a for a in axes]
+    if len(set(axes)) != len(axes) or not all(0 <= a < rank for a in axes):
+        return None
+    dims = iter(data.shape)
+    return data.reshape([1 if k in axes else next(dims) for k in range(rank)])
+
+
+def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    """The value of a default-domain ``ConstantOfShape`` whose shape is an initializer, filled by
+    numpy (``value``, default float32 0, repeated: exactly onnxruntime's result, without an
+    onnxruntime session; the light models' weights are such nodes); None when onnxruntime
+    should evaluate it (another form, a shape computed by other nodes, a negative dim, a
+    value of another element type or not of shape [1], which onnxruntime refuses)."""
+    if not _is_default_domain(node) or len(node.input) != 1 or node.input[0] not in constants:
+        return None
+    shape = numpy_helper.to_array(constants[node.input[0]])
+    if shape.dtype != np.int64 or shape.ndim != 1 or (shape < 0).any():
+        return None
+    value = next((a.t for a in node.attribute if a.name == "value"), None)
+    if value is None:
+        fill = np.zeros((), np.float32)
+    elif value.data_type not in _FILLABLE_TYPES or list(value.dims) != [1]:  # as onnxruntime
+        return None
+    else:
+        fill = numpy_helper.to_array(value).reshape(())
+    return np.full(tuple(int(d) for d in shape), fill, dtype=fill.dtype)
+
+
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
     """Value of ``Shape``/``Size`` of a tensor with static ``dims``."""
     if node.op_type == "Size":
@@ -456,9 +553,12 @@ def _fold(
                 or node.output[0] in keep:
             continue
         inputs = [name for name in node.input if name]
+        filled = _direct_value(node, constants, direct)
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
             direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
+        elif filled is not None:
+            direct[node.output[0]] = filled
         elif all(name in known for name in inputs):
             to_run.append(index)
         elif node.op_type in ("Shape", "Size") and inputs[0] in static_shapes:

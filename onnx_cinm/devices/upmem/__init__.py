@@ -55,6 +55,15 @@ PLAN_ATTRS = {
 }
 
 
+#: The plan attributes the code generator reads (:func:`.codegen.emit_op`): with the op's
+#: signature, the key of the memo of :meth:`UpmemDevice._check_emittable`.
+_EMIT_KEYS = ("cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "cnm_grid", "cnm_target")
+#: Memo of :meth:`UpmemDevice._check_emittable`: key -> None (emittable) or (message, op name).
+_EMITTABLE: dict = {}
+_PLANS_MAX = 20000
+_MISS = object()
+
+
 class UpmemDevice(Device):
     """UPMEM DPUs: runs every cinm op on the supported dtypes.
 
@@ -101,9 +110,36 @@ class UpmemDevice(Device):
         return Support(True, f"data-parallel op near memory ({kind} kernel)")
 
     def _check_emittable(self, op: OpInfo, attrs: dict) -> None:
-        """ValueError if the code generator would refuse ``op`` with plan ``attrs``."""
-        from .codegen import check_emittable
-        check_emittable(op, attrs, target=self._planned_target(attrs))
+        """ValueError if the code generator would refuse ``op`` with plan ``attrs``.
+
+        Memoized per op signature (:func:`.mapping._op_key`: type, attributes, dtypes, shapes;
+        not the names) and plan: placement asks for every op, lowering again, and the ops of
+        one shape (a network's repeated layers) get the same answer. The plan's own
+        attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
+        ``cnm_target``) are part of the key; a refusal names the op it is given for."""
+        from .mapping import _op_key
+        target = self._planned_target(attrs)
+        try:
+            key = (_op_key(op), repr(target), tuple(
+                (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
+            hit = _EMITTABLE.get(key, _MISS)
+        except TypeError:  # an attribute that cannot be a key: check without the memo
+            key, hit = None, _MISS
+        if hit is _MISS:
+            from .codegen import check_emittable
+            try:
+                check_emittable(op, attrs, target=target)
+                hit = None
+            except ValueError as e:
+                hit = (str(e), op.name)
+            if key is not None:
+                if len(_EMITTABLE) > _PLANS_MAX:
+                    _EMITTABLE.clear()
+                _EMITTABLE[key] = hit
+        if hit is not None:
+            message, name = hit
+            raise ValueError(message.replace(repr(name), repr(op.name)) if name != op.name
+                             else message)
 
     def _planned_target(self, attrs: dict) -> UpmemParams:
         """The generation a plan was made for (attribute ``cnm_target``, else :attr:`params`).

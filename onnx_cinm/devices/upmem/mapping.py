@@ -435,8 +435,11 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
 
     if rows >= t:  # balanced contiguous row ranges
         rows_t = _cdiv(rows, t)
-        shares = [rows_t] * (rows // rows_t) + ([rows % rows_t] if rows % rows_t else [])
-        parts = [work(r, _cdiv(r, r_grp), tiles, n_pad) for r in shares]
+        # the equal shares are costed once (the sums below add the same terms in the same order)
+        full = work(rows_t, _cdiv(rows_t, r_grp), tiles, n_pad)
+        rest = rows % rows_t
+        parts = [full] * (rows // rows_t) + ([work(rest, _cdiv(rest, r_grp), tiles, n_pad)]
+                                             if rest else [])
         i_t, d_t = parts[0]
         i_all, d_all = sum(x for x, _ in parts), sum(y for _, y in parts)
     else:  # spread (row group, column tile) pairs over the tasklets
@@ -1103,7 +1106,13 @@ def _shape(t) -> tuple:
 
 
 def _dtype_name(t) -> str:
-    return "float32" if t.dtype is None else np.dtype(t.dtype).name
+    return "float32" if t.dtype is None else _np_name(t.dtype)
+
+
+@functools.cache
+def _np_name(dtype) -> str:
+    """``np.dtype(dtype).name``, memoized (the mapping search asks for it per candidate plan)."""
+    return np.dtype(dtype).name
 
 
 def _share(n: int, d: int, es: int) -> int:
@@ -1426,22 +1435,30 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
+    return memoized(_PLANS, (max_dpus, tasklets, repr(params), stack_bytes, dpus), op,
+                    lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus))
+
+
+def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
+    """``plan()`` (a :class:`CnmPlan` of ``op``, or CinmError), remembered in ``memo`` under
+    ``op``'s signature (:func:`_op_key`) and ``args``: an op of the same signature gets the
+    same plan with its own input names, or the same failure naming it. Without the memo when
+    an attribute cannot be part of a key."""
     try:
-        key = (_op_key(op), max_dpus, tasklets, repr(params), stack_bytes, dpus)
-        hit = _PLANS.get(key)
+        key = (_op_key(op), *args)
+        hit = memo.get(key)
     except TypeError:  # an attribute that cannot be a key: plan without the memo
-        return _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+        return plan()
     if hit is None:
         try:
-            plan = _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus)
+            p = plan()
             names = [t.name for t in op.inputs]
-            hit = (plan, tuple((names.index(D.split(e)[0]), D.split(e)[1])
-                               for e in plan.inputs))
+            hit = (p, tuple((names.index(D.split(e)[0]), D.split(e)[1]) for e in p.inputs))
         except CinmError as e:
             hit = (str(e), op.name)
-        if len(_PLANS) > _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = hit
+        if len(memo) > _PLANS_MAX:
+            memo.clear()
+        memo[key] = hit
     if isinstance(hit[0], str):  # the failure of an op of the same shape: name this one
         message, name = hit
         raise CinmError(message.replace(repr(name), repr(op.name)) if name != op.name else message)
@@ -1453,11 +1470,21 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
     best, best_lat, err = None, 0.0, None
+    # every plan launches at least once and its other terms are >= 0, so a plan on ``d`` DPUs
+    # takes at least ``launch_overhead_s(d)``: a workgroup whose launch alone is no faster than
+    # the best plan so far cannot win (``lat < best * (1 - 1e-9)`` below) and is not costed;
+    # the same plan wins as without the bound. Im2Col and row-norm plans may use fewer DPUs
+    # than asked (``make_plan``), so theirs is bounded after planning, by the DPUs they use.
+    shrinks = _KINDS.get(op.op_type) in ("im2col", "rownorm")
     for d, dc in workgroups(op, max_dpus, dpus):
+        if best is not None and not shrinks and params.launch_overhead_s(d) >= best_lat * (1 - 1e-9):
+            continue
         try:
             p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
         except CinmError as e:
             err = e
+            continue
+        if best is not None and params.launch_overhead_s(p.dpus) >= best_lat * (1 - 1e-9):
             continue
         lat = p.cost().latency_s
         if best is None or lat < best_lat * (1 - 1e-9):

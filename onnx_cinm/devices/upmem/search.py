@@ -29,7 +29,8 @@ from dataclasses import replace
 from ...errors import CinmError
 from ..base import OpInfo
 from .cost import DEFAULT_PARAMS, UpmemParams
-from .mapping import DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, plan_op, workgroups
+from .mapping import (DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, memoized, plan_op,
+                      workgroups)
 
 #: Tasklet counts tried below the target's most (>= 11 fill the pipeline, PrIM §3; fewer leave
 #: WRAM to larger blocks); the most itself is always tried (:func:`tasklet_counts`).
@@ -56,6 +57,11 @@ def _lat(p: CnmPlan) -> float:
     return p.cost().latency_s
 
 
+#: Memo of :func:`search_plan` (placement, pricing and lowering ask for the same op, and the
+#: ops of one shape share their plan; :func:`.mapping.memoized`).
+_SEARCHES: dict = {}
+
+
 def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemParams = DEFAULT_PARAMS,
                 max_plans: int = MAX_PLANS, budget_s: float = 5.0,
                 tasklets: int = DEFAULT_TASKLETS) -> CnmPlan:
@@ -70,9 +76,18 @@ def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemParams = 
         max_plans: most plans costed (the time bound, deterministic).
         budget_s: wall-clock safety net, seconds.
 
+    Memoized per op signature and arguments (:func:`.mapping.memoized`): an op of a shape
+    searched before gets that search's plan, with its own input names.
+
     Raises:
         CinmError: not even the rule's plan fits.
     """
+    return memoized(_SEARCHES, (max_dpus, repr(params), max_plans, budget_s, tasklets), op,
+                    lambda: _search(op, max_dpus, params, max_plans, budget_s, tasklets))
+
+
+def _search(op: OpInfo, max_dpus: int, params: UpmemParams, max_plans: int, budget_s: float,
+            tasklets: int) -> CnmPlan:
     t0 = time.perf_counter()
     floor = plan_op(op, max_dpus=max_dpus, tasklets=tasklets, params=params)
     floor_lat = _lat(floor)

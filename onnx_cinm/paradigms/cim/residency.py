@@ -24,23 +24,38 @@ The naive order keeps no tile, so it needs no allocation (the caller plans each 
 """
 from __future__ import annotations
 
+import numpy as np
+
 
 def pin(tiles: list[int], const: list[bool], capacity: int,
         uses: list[int] | None = None) -> set[int]:
     """Indices of the tile sets to pin: the most tile writes saved per inference (``tiles[i] *
     uses[i]``; ``uses`` defaults to 1 each) in at most ``capacity`` crossbars, whole sets with
     a constant programmed operand only (0/1 knapsack by dynamic programming over the capacity;
-    ties keep the earlier sets)."""
+    ties keep the earlier sets: of equal totals the one found first, at the fewest crossbars).
+
+    The table is one row of totals per capacity, updated per set with numpy, and the choice is
+    read back from the per-set "taken" rows; capacities above all eligible sets' tiles are not
+    tabled (they all hold the same total as that sum, which comes first).
+    """
     uses = uses or [1] * len(tiles)
-    best: list[tuple[int, tuple]] = [(0, ())] * (capacity + 1)
-    for i, (t, c) in enumerate(zip(tiles, const)):
-        if not c or t > capacity:
-            continue
-        for cap in range(capacity, t - 1, -1):
-            cand = best[cap - t][0] + t * uses[i]
-            if cand > best[cap][0]:
-                best[cap] = (cand, best[cap - t][1] + (i,))
-    return set(max(best, key=lambda b: b[0])[1])
+    items = [i for i, (t, c) in enumerate(zip(tiles, const)) if c and 0 < t <= capacity]
+    cap = min(capacity, sum(tiles[i] for i in items))
+    best = np.zeros(max(cap, 0) + 1, dtype=np.int64)
+    taken = []
+    for i in items:
+        t = tiles[i]
+        cand = best[:cap + 1 - t] + t * uses[i]  # best[c - t] + value, for c = t..cap
+        better = cand > best[t:]
+        best[t:][better] = cand[better]
+        taken.append(better)
+    c, out = int(np.argmax(best)), set()  # the first capacity with the most saved
+    for i, better in zip(reversed(items), reversed(taken)):
+        t = tiles[i]
+        if c >= t and better[c - t]:
+            out.add(i)
+            c -= t
+    return out
 
 
 def allocate(tiles: list[int], const: list[bool], crossbars: int,

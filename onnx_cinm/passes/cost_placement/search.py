@@ -199,6 +199,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             if c.capacity:
                 caps[c.device] = c.capacity
     start = tuple(fixed_tot.kept_tiles.get(d, 0) for d in xbar_devs)
+    xidx = {d: j for j, d in enumerate(xbar_devs)}
     layers = [{(None, start): (0.0, None, None)}]
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
@@ -206,12 +207,13 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         nxt: dict = {}
         for (pdev, res), (val, _, _) in layers[-1].items():
             for ch in prob.cands[i]:
-                r = list(res)
-                if ch.capacity and ch.device in xbar_devs:
-                    j = xbar_devs.index(ch.device)
-                    r[j] += ch.kept_tiles
-                    if residency and r[j] > caps[ch.device]:
+                r = res  # the kept tiles after ``ch``: only its own crossbar device's change
+                if ch.capacity and ch.device in xidx:
+                    j = xidx[ch.device]
+                    kept = res[j] + ch.kept_tiles
+                    if residency and kept > caps[ch.device]:
                         continue
+                    r = (*res[:j], kept, *res[j + 1:])
                 key = (pdev, ch.device)
                 if key not in local:
                     lat, en = ch.cost.latency_s, ch.cost.energy_j
@@ -229,8 +231,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                         en += j_
                     local[key] = w[0] * lat + w[1] * en
                 v = val + local[key]
-                sk = (ch.device, tuple(r))
-                if sk not in nxt or v < nxt[sk][0]:
+                sk = (ch.device, r)
+                cur = nxt.get(sk)
+                if cur is None or v < cur[0]:
                     nxt[sk] = (v, (pdev, res), ch)
         if not nxt:  # no state meets the residency: fall back to the host for this op
             host = prob.cands[i][0]

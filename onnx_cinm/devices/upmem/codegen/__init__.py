@@ -63,6 +63,7 @@ NaN sits. :func:`check_emittable` runs an emitter's checks without writing, so t
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -167,10 +168,17 @@ def kernel_for(op, consts: dict | None = None,
     """The kernel that runs cinm ``op`` on DPU generation ``target``, see :func:`_kernel_for`;
     ValueError if its template family is not shipped."""
     kind, dtype, shapes, params = _kernel_for(op, consts, target)
-    if not (Path(__file__).resolve().parents[3] / "templates" / "upmem" / FAMILY[kind]
-            / "dpu.c.j2").is_file():
+    if not _shipped(FAMILY[kind]):
         raise ValueError(f"the {kind} kernel is not implemented yet")
     return kind, dtype, shapes, params
+
+
+@functools.cache
+def _shipped(family: str) -> bool:
+    """Whether the template family ``family`` is shipped (looked up once per process: placement
+    asks for every op)."""
+    return (Path(__file__).resolve().parents[3] / "templates" / "upmem" / family
+            / "dpu.c.j2").is_file()
 
 
 

@@ -1,0 +1,191 @@
+"""What optimize computes once instead of per op (issue 16): the UPMEM plans and the code
+generator's check are memoized per op signature, the crossbar pinning is a numpy knapsack, the
+DPU-count rule skips workgroups that cannot win. None of it may change a plan: identical layers
+get identical plans and kernels, a run without the memos writes the same model, and each
+shortcut returns what the plain computation returns."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_cinm import artifacts
+from onnx_cinm.devices import upmem
+from onnx_cinm.devices.upmem import mapping
+from onnx_cinm.errors import CinmError
+from onnx_cinm.graph import OpInfo, TensorInfo
+from onnx_cinm.paradigms.cim.residency import pin
+from onnx_cinm.pipeline import optimize
+
+
+def _two_layers() -> onnx.ModelProto:
+    """x[4, 64] -> Gemm(w0) -> Relu -> Gemm(w1) -> Relu: two layers of one shape, different
+    weights and names."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), f"w{i}")
+             for i in range(2)]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["m0"], name="fc0"),
+             helper.make_node("Relu", ["m0"], ["r0"], name="act0"),
+             helper.make_node("MatMul", ["r0", "w1"], ["m1"], name="fc1"),
+             helper.make_node("Relu", ["m1"], ["y"], name="act1")]
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", f, [4, 64])],
+                          [helper.make_tensor_value_info("y", f, [4, 64])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class _NoMemo(dict):
+    """A memo that never remembers: every lookup misses."""
+
+    def get(self, key, default=None):
+        return default
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def _upmem_nodes(model):
+    return {n.name: n for n in model.graph.node
+            if any(a.name == "device" and a.s == b"upmem" for a in n.attribute)}
+
+
+def _optimize(model):
+    return optimize(model, place=[("*", "upmem")], check=0).model
+
+
+def test_identical_layers_get_identical_plans_and_kernels(tmp_path):
+    """Both Relus (and both Gemms) have one plan: the same ``cnm_*`` attributes but their own
+    input names, and kernels whose C sources and Makefile are byte for byte the same."""
+    model = _optimize(_two_layers())
+    nodes = _upmem_nodes(model)
+    assert {"act0/Relu", "act1/Relu", "fc0/Gemm", "fc1/Gemm"} <= set(nodes)
+    manifest = artifacts.save(model, tmp_path / "two.onnx")
+    files = {k["node"]: {f["path"].rsplit("/", 1)[1]: f["sha256"] for f in k["files"]}
+             for k in manifest["kernels"]}
+    for a, b, inputs in (("act0/Relu", "act1/Relu", (["m0:scatter"], ["m1:scatter"])),
+                         ("fc0/Gemm", "fc1/Gemm", None)):
+        at = {n: {x.name: helper.get_attribute_value(x) for x in nodes[n].attribute
+                  if x.name.startswith("cnm_")} for n in (a, b)}
+        if inputs is not None:
+            assert (at[a].pop("cnm_inputs"), at[b].pop("cnm_inputs")) == \
+                tuple([s.encode() for s in x] for x in inputs)
+        else:  # each Gemm names its own operands
+            names = [[s.decode().split(":")[0] for s in at[n].pop("cnm_inputs")] for n in (a, b)]
+            assert names[0] != names[1]
+        assert at[a] == at[b] and at[a]["cnm_dpus"] >= 1
+        for name in ("host.c", "dpu.c", "Makefile"):
+            assert files[a][name] == files[b][name]
+    # the weights differ, so the Gemms' constant sidecars do too: the kernels are not shared
+    assert files["fc0/Gemm"]["const1.bin"] != files["fc1/Gemm"]["const1.bin"]
+
+
+def test_the_memos_do_not_change_the_model(monkeypatch):
+    """A run whose plan and emit-check memos never remember writes exactly the same model."""
+    memo = _optimize(_two_layers()).SerializeToString(deterministic=True)
+    monkeypatch.setattr(mapping, "_PLANS", _NoMemo())
+    monkeypatch.setattr(upmem, "_EMITTABLE", _NoMemo())
+    fresh = _optimize(_two_layers()).SerializeToString(deterministic=True)
+    assert memo == fresh
+
+
+def test_a_refusal_names_the_op_it_is_given_for():
+    """A refusal for an op's shape is remembered (plans and emit checks are memoized per shape),
+    and the refusal of a second op of that shape names the second op, not the first."""
+    dev = upmem.UpmemDevice()
+    t = lambda n, s: TensorInfo(n, np.dtype("float32"), s)
+    ops = [OpInfo(name, "TopK", {"k": 6000, "axis": -1, "largest": 1}, (t("x", (200_000,)),),
+                  (t("v", (6000,)), TensorInfo("i", np.dtype("int64"), (6000,))))
+           for name in ("first", "second")]
+    said = []
+    for op in ops:
+        support = dev.supports(op)
+        assert not support
+        said.append(support.reason)
+    assert "'first'" in said[0] and said[1] == said[0].replace("'first'", "'second'")
+
+
+def _brute_pin(tiles, const, capacity, uses):
+    """The most writes saved over every subset of eligible sets that fits (by enumeration)."""
+    ok = [i for i, (t, c) in enumerate(zip(tiles, const)) if c and t <= capacity]
+    best = 0
+    for r in range(len(ok) + 1):
+        for sub in itertools.combinations(ok, r):
+            if sum(tiles[i] for i in sub) <= capacity:
+                best = max(best, sum(tiles[i] * uses[i] for i in sub))
+    return best
+
+
+def test_pin_is_an_optimal_knapsack():
+    """On random small cases the pinned sets fit, are constant, and save as many writes as the
+    best subset found by enumeration."""
+    rng = random.Random(1)
+    for _ in range(300):
+        k = rng.randint(0, 8)
+        tiles = [rng.randint(0, 9) for _ in range(k)]
+        const = [rng.random() < 0.8 for _ in range(k)]
+        uses = [rng.randint(1, 3) for _ in range(k)]
+        cap = rng.randint(0, 30)
+        got = pin(tiles, const, cap, uses)
+        assert all(const[i] and tiles[i] > 0 for i in got)
+        assert sum(tiles[i] for i in got) <= cap
+        assert sum(tiles[i] * uses[i] for i in got) == _brute_pin(tiles, const, cap, uses)
+
+
+def test_pin_keeps_the_earlier_sets_on_a_tie():
+    """Two sets of 3 tiles and room for one: the first; room for 5 with 2 + 3 or 5: the earlier
+    choice (2 + 3 found before the 5-tile set came); more room than tiles: all."""
+    assert pin([3, 3], [True, True], 3) == {0}
+    assert pin([2, 3, 5], [True, True, True], 5) == {0, 1}
+    assert pin([2, 3, 5], [True, False, True], 1000) == {0, 2}
+
+
+def _t(name, shape, dtype="float32", const=False):
+    return TensorInfo(name, np.dtype(dtype), tuple(shape), const)
+
+
+@pytest.mark.parametrize("op", [
+    OpInfo("relu", "Relu", {}, (_t("x", (1, 256)),), (_t("y", (1, 256)),)),
+    OpInfo("add", "Add", {}, (_t("a", (1, 1 << 20)), _t("b", (1, 1 << 20))), (_t("y", (1, 1 << 20)),)),
+    OpInfo("fc", "Gemm", {}, (_t("x", (1, 1024)), _t("w", (1024, 1000), const=True)), (_t("y", (1, 1000)),)),
+    OpInfo("conv", "Gemm", {}, (_t("x", (1, 196, 1152)), _t("w", (1152, 32), const=True)),
+           (_t("y", (1, 196, 32)),)),
+], ids=lambda o: o.name)
+def test_the_rule_is_the_fastest_workgroup(op):
+    """The DPU-count rule (which skips workgroups whose launch alone is too slow) returns the
+    plan a search costing every workgroup finds: the least modeled latency, ties to the
+    earlier (fewer DPUs)."""
+    best, best_lat = None, 0.0
+    dpus, tasklets = mapping.DEFAULT_DPUS, mapping.DEFAULT_TASKLETS
+    for d, dc in mapping.workgroups(op, dpus):
+        try:
+            p = mapping.make_plan(op, d, tasklets, col_blocks=dc)
+        except CinmError:
+            continue
+        lat = p.cost().latency_s
+        if best is None or lat < best_lat * (1 - 1e-9):
+            best, best_lat = p, lat
+    got = mapping._search_plan(op, dpus, tasklets, mapping.DEFAULT_PARAMS, mapping.STACK_BYTES, None)
+    assert got == best and got.cost() == best.cost()
+
+
+def test_a_search_runs_once_per_shape_and_keeps_each_ops_names(monkeypatch):
+    """``upmem_search``: the second op of a shape gets the first one's searched plan with its own
+    input names, without searching again, and that plan is what a search of it alone finds."""
+    from onnx_cinm.devices.upmem import search
+
+    ops = [OpInfo(f"fc{i}", "Gemm", {}, (_t(f"x{i}", (16, 512)), _t(f"w{i}", (512, 512), const=True)),
+                  (_t(f"y{i}", (16, 512)),)) for i in range(2)]
+    monkeypatch.setattr(search, "_SEARCHES", {})
+    runs = []
+    real = search._search
+    monkeypatch.setattr(search, "_search", lambda *a: runs.append(a[0].name) or real(*a))
+    plans = [search.search_plan(op) for op in ops]
+    assert runs == ["fc0"]
+    assert [e.split(":")[0] for e in plans[1].inputs] == ["x1", "w1"]
+    alone = real(ops[1], mapping.DEFAULT_DPUS, mapping.DEFAULT_PARAMS, search.MAX_PLANS, 5.0,
+                 mapping.DEFAULT_TASKLETS)
+    assert plans[1] == alone and plans[1].search == alone.search
