@@ -19,7 +19,7 @@ from onnx_cinm import artifacts
 from onnx_cinm.cli import main
 from onnx_cinm.pipeline import optimize
 from onnx_cinm.runtime import session as session_mod
-from onnx_cinm.runtime.evaluate import Evaluator, Point, summarize
+from onnx_cinm.runtime.evaluate import Evaluator, Point
 
 PRESET = {"cim_preset": "pcm-occ"}
 #: pcm-occ's device model (pcm-joshi2020, chips.md §2.1): t0 = 20 s; every programmed cell of

@@ -2,7 +2,6 @@
 bodies, each against a count done by hand from the test model's shapes; and the summary's
 per-op-type share of what stays on the host."""
 import numpy as np
-import onnx
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh

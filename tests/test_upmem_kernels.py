@@ -895,7 +895,6 @@ def test_modeled_cycles_equal_the_emulators_for_lenets_upmem_kernels(tmp_path):
     counts instructions and DMA as they execute), for every UPMEM kernel of heuristic LeNet:
     Im2Col (row bands: the plan uses the DPUs the kernel gives work to), Relu, the fc2 Gemm
     (one output column per DPU pads to 8 bytes: two columns of work) and the final Softmax."""
-    import onnx
 
     from onnx_cinm import artifacts, optimize
     from onnx_cinm.analysis import op_info, tensor_infos

@@ -420,7 +420,7 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
     projection ``xp`` ``[S, batch, G*H]``: its body runs one step (standard ops, the recurrent
     product a host ``MatMul``; bodies are not compiled), reversed for a reverse direction.
     Returns ``(H_final, C_final or None, Y_d [S, 1, batch, H])``."""
-    H, dt = p["hidden"], p["dtype"]
+    dt = p["dtype"]
     b = _Body(rw, f"{c.base}_scan{d}", dt, p["clip"])
     elem = helper.np_dtype_to_tensor_dtype(dt)
     ins = [b.fresh("h"), b.fresh("c")][:len(states)] + [b.fresh("x")]
