@@ -543,7 +543,12 @@ class CrossbarSimulator:
         if self._quant:
             self._init_quantized()
         self.tags: list = [None] * self.P  # (weight, g, k, n) held by each crossbar
-        self.wear = np.zeros((self.P, self.R, self.C), dtype=np.int64)
+        # Tile writes per crossbar. A tile sits in its crossbar's top-left corner (rows_used x
+        # cols_used), so every write covers cell (0, 0): a crossbar's count is the most writes
+        # any of its cells received, and the maximum over crossbars is the wear
+        # (``max_cell_writes``) -- a per-cell array would be P x R x C counters to update and
+        # scan at every inference (64 x 256 x 256 on the default chip) for the same figure.
+        self.wear = np.zeros(self.P, dtype=np.int64)
         self.inferences = 0
         self._latch: list = [None] * self.P
         self._read: list = []
@@ -701,7 +706,7 @@ class CrossbarSimulator:
                     t = self._tile(tag)
                     ph.c.tile_writes += 1
                     ph.c.cell_writes += t.size * self._cells_per_weight
-                    self.wear[x, :t.shape[0], :t.shape[1]] += 1
+                    self.wear[x] += 1
                     ph.clock[x] += k["write_latency_s"]
             elif op == "MVM":
                 x, name, g, kt = int(a[0]), a[1], int(a[2]), int(a[3])
