@@ -231,6 +231,7 @@ class InferenceSession:
         at = cinm.node_attrs(node)
         dev_name = at.get("device", "host")
         fast = numpy_kernels.KERNELS.get(node.op_type)
+        fast = fast() if fast else None  # the node's own kernel (it keeps its buffers)
         if dev_name == "host":
             return (dev_name, _ModelKernel(fast, at, None), "numpy") if fast else None
         dev = devices.get_device(dev_name)
