@@ -110,9 +110,8 @@ class CrossbarKernel:
         B = np.asarray(inputs[1], dtype=dt)
         got = self._views.get((A.shape, B.shape))
         if got is None:  # one view and output layout per input shapes, not one per run
-            v = layout.view(self.op.op_type, self.operand, A.shape, B.shape)
-            got = self._views[(A.shape, B.shape)] = (v, self._transposed(v))
-        v, transposed = got
+            got = self._views[(A.shape, B.shape)] = self._layout(A.shape, B.shape)
+        v, transposed, shape, axes = got
         X = layout.stream_rows(v, A, B)
         with self._lock:
             if self._sim is None:
@@ -122,16 +121,26 @@ class CrossbarKernel:
             else:
                 outs, c = self._sim.run({"X": X}, transposed=transposed)
                 c = c.as_dict()
-        Y = layout.unstream(v, outs["Y"])
+        Y = outs["Y"].reshape(shape).transpose(axes)  # unstreamed, y_perm applied if no bias
         if self.bias_name and not self.bias_in_file:
             Y = Y + np.asarray(inputs[2], dtype=Y.dtype)
-        if self.y_perm is not None:
-            Y = Y.transpose(self.y_perm)
+            if self.y_perm is not None:
+                Y = Y.transpose(self.y_perm)
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
         c["bytes_moved"] = 4 * (X.size + outs["Y"].size + weights)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
 
+    def _layout(self, a_shape: tuple, b_shape: tuple) -> tuple:
+        """``(view, transposed, shape, axes)`` for inputs of these shapes: the
+        :class:`~onnx_cinm.paradigms.cim.layout.ProductView`, the simulator's output layout
+        (:meth:`_transposed`), and the one reshape and transpose that turn its ``[G, rows, N]``
+        result into the node's (``y_perm`` composed in when no bias is added here)."""
+        v = layout.view(self.op.op_type, self.operand, a_shape, b_shape)
+        shape, axes = layout.unstream_plan(v)
+        if self.y_perm is not None and not (self.bias_name and not self.bias_in_file):
+            axes = tuple(axes[i] for i in self.y_perm)
+        return v, self._transposed(v), shape, axes
 
     def _transposed(self, v) -> bool:
         """Whether the simulator should write its ``[G, rows, N]`` result as the view of a
