@@ -14,8 +14,9 @@ only reader of ``Y0``, ``Y0`` is no graph output, and D declares that its kernel
 permuted layout itself (:meth:`Device.writes_permuted`); a Gemm on any other device keeps its
 Transpose. ``to_cinm`` lowers every Conv to ``Im2Col -> Gemm -> Transpose`` (the product is
 ``[N, *O, M]``, the Conv's result ``[N, M, *O]``); after this pass a crossbar Gemm writes NCHW
-itself and the host runs no Transpose (issue 16: on light SqueezeNet those Transposes were
-10-83 ms per run in onnxruntime). The reference body of a Gemm with ``y_perm`` is the same
+itself and the host runs no Transpose (issue 16; ``benchmarks/runtime_overhead.py``, one
+thread: light ResNet50's host partitions took 17 ms per run before, 9 ms after; SqueezeNet's
+4.2 and 2.3 ms). The reference body of a Gemm with ``y_perm`` is the same
 MatMul (+ Add) then that Transpose, so the model's numbers do not change.
 
 It runs after ``placement`` (it needs each Gemm's device) and before the paradigm passes,
