@@ -182,6 +182,26 @@ def test_matmul_transpose_folds_into_a_crossbar_gemm(tmp_path):
     np.testing.assert_allclose(y, (x.astype(np.float64) @ w).T, rtol=1e-4, atol=1e-4)
 
 
+def test_permuted_gemm_with_the_left_operand_programmed(tmp_path):
+    """W[72, 96] @ X[96, 80] programs W (operand A): the simulator's rows are Y^T, which with
+    y_perm [1, 0] is the node's result as it stands."""
+    w = np.random.default_rng(5).standard_normal((72, 96)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["W", "X"], ["P"], name="mm"),
+                           helper.make_node("Transpose", ["P"], ["T"], name="tr", perm=[1, 0])],
+                          "wx", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [96, 80])],
+                          [helper.make_tensor_value_info("T", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res, path = _compile(model, tmp_path, place=[("mm*", "memristor"), ("tr", "host")])
+    (gemm,) = _gemms(res.model)
+    at = cinm.node_attrs(gemm)
+    assert at["cim_operand"] == "A" and at["y_perm"] == [1, 0]
+    x = np.random.default_rng(6).standard_normal((96, 80)).astype(np.float32)
+    (y,) = InferenceSession(path).run(None, {"X": x})
+    assert y.shape == (80, 72) and y.flags.c_contiguous
+    np.testing.assert_allclose(y, (w.astype(np.float64) @ x).T, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("why", ["two readers", "gemm on host", "gemm on upmem"])
 def test_transpose_stays_when_it_cannot_fold(why, tmp_path):
     model, _ = _matmul_then(("relu",) if why == "two readers" else ())
