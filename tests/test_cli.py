@@ -182,7 +182,7 @@ def test_console_script_help_and_lists():
     assert res.returncode == 0
     assert [line.split()[0] for line in res.stdout.splitlines()] == [
         "canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm", "to_cinm", "placement",
-        "cim_tiling", "cnm_mapping", "device_lowering"]
+        "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 3.84e-05" in res.stdout  # the default chip's (pcm-hermes): 256 rows x 150 ns
     # every parameter with its unit and source, from the parameter class's docstring

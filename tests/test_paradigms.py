@@ -161,3 +161,26 @@ def test_paradigms_import_no_device_package():
             "print(sorted(m for m in sys.modules if m.startswith('onnx_cinm.devices')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # not even the contract: graph types and Cost are below
+
+
+@pytest.mark.parametrize("op_type,operand,a_shape,b_shape", [
+    ("Gemm", "B", (1, 5, 7, 9), (9, 4)),        # a conv's product: shared batch axes
+    ("Gemm", "B", (3, 1, 6, 9), (3, 9, 4)),     # grouped (B varies on axis 0), shared axis 1
+    ("Gemm", "A", (5, 9), (2, 9, 4)),           # A programmed, batched B: Y^T streams B's columns
+    ("Gemm", "A", (5, 9), (9, 4)),
+    ("Gemv", "A", (5, 9), (9,)),
+    ("Gemv", "B", (5, 9), (9,)),
+])
+def test_crossbar_layout_round_trip_equals_numpy(op_type, operand, a_shape, b_shape):
+    """weights / stream_rows / unstream (one reshape and one transpose, unstream_plan) give
+    numpy's matmul for every form a crossbar product takes (reference: numpy in float64)."""
+    from onnx_cinm.paradigms.cim import layout
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    v = layout.view(op_type, operand, a_shape, b_shape)
+    W, X = layout.weights(v, a, b), layout.stream_rows(v, a, b)
+    assert W.shape == (v.G, v.K, v.N) and X.shape == (v.G, v.rows, v.K)
+    np.testing.assert_allclose(layout.unstream(v, X @ W), np.matmul(a, b), rtol=1e-12, atol=1e-12)
+    shape, axes = layout.unstream_plan(v)
+    assert sorted(axes) == list(range(len(shape)))

@@ -201,6 +201,32 @@ def test_numpy_im2col_matches_the_reference_body(shape, k, s, p, d, dtype):
         assert y.reshape(-1, y.shape[-1]).T.flags.c_contiguous
 
 
+def test_im2col_kernel_reuses_its_buffers_only_when_free():
+    """The node kernel reuses its padded input and result memory across runs (no fresh pages
+    per inference), keeps the padding zero, and never writes a result a caller still holds."""
+    from onnx_cinm.runtime.numpy_kernels import Im2Col, im2col
+
+    at = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
+    k = Im2Col()
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 4, 6, 5)).astype(np.float32) for _ in range(3)]
+    want = [im2col(x, **at) for x in xs]  # fresh arrays each
+    (y0,) = k([xs[0]], at)
+    np.testing.assert_array_equal(y0, want[0])
+    def addr(a):
+        return a.__array_interface__["data"][0]
+
+    memory = addr(y0)
+    del y0  # free: the next run writes the same memory
+    (y1,) = k([xs[1]], at)
+    assert addr(y1) == memory
+    np.testing.assert_array_equal(y1, want[1])  # the borders are zero again
+    (y2,) = k([xs[2]], at)  # y1 is still held: a new buffer, y1 untouched
+    assert addr(y2) != memory
+    np.testing.assert_array_equal(y1, want[1])
+    np.testing.assert_array_equal(y2, want[2])
+
+
 def _without_softmax(model):
     """The light CNNs' logits are equal and huge; their softmax turns one ulp into a one-hot
     output (see test_crossbar_golden.py), so compare the logits."""

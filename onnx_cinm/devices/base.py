@@ -153,6 +153,14 @@ class Device:
         default: :meth:`supports`."""
         return self.supports(op)
 
+    def writes_permuted(self, op: OpInfo, perm: list[int]) -> bool:
+        """Whether the device's kernel of ``op`` (a cinm Gemm) can write its result in the
+        layout ``Transpose(result, perm)`` itself (the Gemm's ``y_perm`` attribute), so that a
+        Transpose after the node is folded into it (pass ``fold_layouts``): e.g. a Conv's
+        ``[N, *O, M]`` product written as NCHW. The node then runs with ``y_perm`` on this
+        device only. Default: False (the device writes ``A @ B`` as it is)."""
+        return False
+
     def cost(self, op: OpInfo, options: dict) -> Cost:
         """Modeled cost of one inference of ``op`` alone on the device under ``options`` (the
         pass options, keys as in :meth:`option_specs`). Raises CinmError on bad options or an

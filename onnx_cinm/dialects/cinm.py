@@ -21,7 +21,9 @@ Op catalogue (inputs -> outputs; attributes), with numpy-like semantics:
 op              signature                                        semantics
 ==============  ==============================================  ==========================================
 Gemm            A[..., M, K], B[..., K, N], C? -> Y[..., M, N]   ``A @ B (+ C)``; matmul broadcasting, C
-                                                                 broadcast to Y
+                y_perm?                                          broadcast to Y; with ``y_perm`` the result
+                                                                 is ``Transpose(A @ B (+ C), y_perm)``: the
+                                                                 layout its consumer reads (a Conv's NCHW)
 Gemv            A[M, K], x[K], c?[M] -> y[M]                     ``A @ x (+ c)``
 Im2Col          X[N, C, *S] -> Y[N, *O, C*prod(kernel_shape)]    patches of X (zero padded), channel-major
                 kernel_shape, strides, pads, dilations           then kernel position, as Conv sees them
@@ -161,7 +163,8 @@ def _spec(*args, **kw) -> None:
 
 
 _spec("Gemm", (("A", "T", False), ("B", "T", False), ("C", "T", True)), (("Y", "T"),),
-      {"T": _MATMUL}, doc="Y = A @ B (+ C), matmul broadcasting")
+      {"T": _MATMUL}, {"y_perm": (_IS, False)},
+      doc="Y = A @ B (+ C), matmul broadcasting; with y_perm, Transpose(A @ B (+ C), y_perm)")
 _spec("Gemv", (("A", "T", False), ("x", "T", False), ("c", "T", True)), (("y", "T"),),
       {"T": _MATMUL}, doc="y = A @ x (+ c) for a matrix A[M, K] and a vector x[K]")
 _spec("Im2Col", (("X", "T", False),), (("Y", "T"),), {"T": _ANY},
@@ -241,6 +244,8 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     Raises:
         ValueError: if the attributes name an unknown variant (e.g. ``Reduce(kind="xor")``).
     """
+    if op_type == "Gemm" and attrs.get("y_perm") is not None:
+        return "bias_perm" if n_inputs >= 3 else "perm"
     if op_type in ("Gemm", "Gemv"):
         return "bias" if n_inputs >= 3 else ""
     if op_type in ("Reduce", "MergePartial"):
@@ -485,11 +490,17 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
     outputs = [n for n, _ in spec.outputs]
     b = _Body()
     if op_type in ("Gemm", "Gemv"):
-        if overload == "bias":
-            b.op("Add", [b.op("MatMul", [inputs[0], inputs[1]]), inputs[2]], out=outputs)
-        else:
+        # the product written in its consumer's layout (y_perm): the same Transpose the
+        # lowering would otherwise put after the node, so the result is bit-identical
+        perm = overload.endswith("perm")
+        if not overload.startswith("bias"):
             inputs = inputs[:2]
-            b.op("MatMul", inputs, out=outputs)
+        y = b.op("MatMul", inputs[:2], out=None if perm or len(inputs) > 2 else outputs)
+        if len(inputs) > 2:
+            y = b.op("Add", [y, inputs[2]], out=None if perm else outputs)
+        if perm:
+            b.nodes.append(_node_with_refs("Transpose", [y], outputs,
+                                           [_ref_attr("perm", "y_perm", _IS)]))
     elif op_type == "Im2Col":
         _im2col_body(b, int(overload[:-1]))
     elif op_type in BINARY_OPS:

@@ -46,6 +46,7 @@ DEFAULT_PIPELINE: list[str] = [
     "fold_batchnorm",
     "to_cinm",
     "placement",
+    "fold_layouts",
     "cim_tiling",
     "cnm_mapping",
     "device_lowering",
@@ -59,7 +60,8 @@ STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement",
                                "paradigm": "cnm_mapping", "device": "device_lowering"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "device_lowering", "cnm_mapping"]
+_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "fold_layouts", "device_lowering",
+                 "cnm_mapping"]
 
 
 @dataclass

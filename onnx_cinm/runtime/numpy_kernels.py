@@ -8,10 +8,23 @@ light ResNet50's shapes), so it runs here.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 
-def im2col(x: np.ndarray, kernel_shape, strides, pads, dilations) -> np.ndarray:
+def _geometry(shape, kernel_shape, strides, pads, dilations):
+    """``(padded spatial shape, output spatial shape)`` of an Im2Col; ValueError if a padded
+    spatial dim is smaller than the dilated kernel."""
+    r = len(kernel_shape)
+    padded = tuple(int(shape[2 + i]) + int(pads[i]) + int(pads[i + r]) for i in range(r))
+    span = [int(d) * (int(k) - 1) + 1 for k, d in zip(kernel_shape, dilations)]
+    if any(padded[i] < span[i] for i in range(r)):
+        raise ValueError(f"Im2Col: padded input {padded} smaller than the kernel span {span}")
+    return padded, tuple((padded[i] - span[i]) // int(strides[i]) + 1 for i in range(r))
+
+
+def im2col(x: np.ndarray, kernel_shape, strides, pads, dilations, buffers=None) -> np.ndarray:
     """cinm.Im2Col: ``X[N, C, *S]`` -> ``Y[N, *O, C * prod(kernel_shape)]``.
 
     Patches of the zero-padded input, channel-major then kernel position (as Conv sees them);
@@ -23,22 +36,29 @@ def im2col(x: np.ndarray, kernel_shape, strides, pads, dilations) -> np.ndarray:
     window view with 3-element inner loops, and for ``N = 1`` the ``[*O, C * k]`` matrix a
     product streams is the transpose of a C-contiguous one, which BLAS and onnxruntime read as
     it is (``transA``). A 1x1 kernel with unit strides and no padding is a view of ``x``.
+
+    ``buffers``: a callable ``(role, shape, dtype) -> array`` giving the padded input
+    (``"padded"``, zero outside the interior written here: its borders must still be zero)
+    and the result's memory (``"cols"``, contents undefined); None allocates both afresh.
     """
     r = len(kernel_shape)
     x = np.asarray(x)
-    pad = [(0, 0), (0, 0)] + [(int(pads[i]), int(pads[i + r])) for i in range(r)]
     n, c = x.shape[:2]
     to_last = (0,) + tuple(range(2, 2 + r)) + (1,)  # [N, C, *O] -> [N, *O, C]
+    padded, out_sp = _geometry(x.shape, kernel_shape, strides, pads, dilations)
     if all(int(k) == 1 for k in kernel_shape) and all(int(t) == 1 for t in strides) \
-            and not any(p for pr in pad for p in pr):
+            and not any(int(p) for p in pads):
         return x.transpose(to_last)
-    xp = np.pad(x, pad) if any(p for pr in pad for p in pr) else x
-    span = [int(d) * (int(k) - 1) + 1 for k, d in zip(kernel_shape, dilations)]
-    if any(xp.shape[2 + i] < span[i] for i in range(r)):
-        raise ValueError(f"Im2Col: padded input {xp.shape[2:]} smaller than the kernel span {span}")
-    out_sp = tuple((xp.shape[2 + i] - span[i]) // int(strides[i]) + 1 for i in range(r))
+    if any(int(p) for p in pads):
+        shape = (n, c) + padded
+        xp = buffers("padded", shape, x.dtype) if buffers else np.zeros(shape, x.dtype)
+        xp[(slice(None), slice(None)) + tuple(slice(int(pads[i]), int(pads[i]) + x.shape[2 + i])
+                                              for i in range(r))] = x
+    else:
+        xp = x
     kernel = tuple(int(k) for k in kernel_shape)
-    buf = np.empty((n, c) + kernel + out_sp, dtype=x.dtype)
+    shape = (n, c) + kernel + out_sp
+    buf = buffers("cols", shape, x.dtype) if buffers else np.empty(shape, x.dtype)
     for pos in np.ndindex(*kernel):
         window = tuple(slice(k * int(d), k * int(d) + (o - 1) * int(t) + 1, int(t))
                        for k, d, o, t in zip(pos, dilations, out_sp, strides))
@@ -46,10 +66,38 @@ def im2col(x: np.ndarray, kernel_shape, strides, pads, dilations) -> np.ndarray:
     return buf.reshape((n, c * int(np.prod(kernel))) + out_sp).transpose(to_last)
 
 
-def _im2col_node(inputs: list, attrs: dict) -> list:
-    return [im2col(inputs[0], attrs["kernel_shape"], attrs["strides"], attrs["pads"],
-                   attrs["dilations"])]
+class Im2Col:
+    """The Im2Col kernel of one node: :func:`im2col` into buffers it keeps across runs.
+
+    A large result in a fresh array faults in new pages at every inference (light ResNet50's
+    Im2Col results are 56 MB per run); like onnxruntime's arena and the crossbar simulator's
+    outputs, the padded input and the result's memory are reused when nobody holds them any
+    more (their reference count is that of a free array), and allocated anew when a caller
+    still holds the last result (or a view of it). The padded input's borders are zeroed once
+    and never written. Call it as ``kernel(inputs, attrs) -> [Y]``.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict = {}
+        self._free_refs = None
+
+    def _buffer(self, role: str, shape: tuple, dtype) -> np.ndarray:
+        key = (role, shape, np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is not None and sys.getrefcount(self._buffers[key]) > self._free_refs:
+            buf = None  # the caller still holds it
+        if buf is None:
+            buf = (np.zeros if role == "padded" else np.empty)(shape, dtype)
+            self._buffers[key] = buf
+            if self._free_refs is None:  # measured as above, on a free array
+                self._free_refs = sys.getrefcount(self._buffers[key])
+        return buf
+
+    def __call__(self, inputs: list, attrs: dict) -> list:
+        return [im2col(inputs[0], attrs["kernel_shape"], attrs["strides"], attrs["pads"],
+                       attrs["dilations"], buffers=self._buffer)]
 
 
-#: cinm op type -> ``fn(inputs, attrs) -> outputs`` for the execution provider's model mode.
-KERNELS = {"Im2Col": _im2col_node}
+#: cinm op type -> a class whose instance is one node's kernel, ``kernel(inputs, attrs) ->
+#: outputs``, for the execution provider's model mode.
+KERNELS = {"Im2Col": Im2Col}

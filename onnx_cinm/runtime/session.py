@@ -161,6 +161,7 @@ class _DeviceNode:
     mode: str
     label: str = ""  # its name in the profile
     outputs: list = field(default_factory=list)  # its non-empty output names
+    inputs: list = field(default_factory=list)  # its input names ("" for an absent one)
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -335,6 +336,7 @@ class InferenceSession:
         at = cinm.node_attrs(node)
         dev_name = at.get("device", "host")
         fast = numpy_kernels.KERNELS.get(node.op_type)
+        fast = fast() if fast else None  # the node's own kernel (it keeps its buffers)
         if dev_name == "host":
             return (dev_name, _ModelKernel(fast, at, None), "numpy") if fast else None
         dev = devices.get_device(dev_name)
@@ -436,6 +438,7 @@ class InferenceSession:
         # what every run would otherwise recompute per node: labels, outputs, modeled figures
         for d in self._device_nodes:
             d.label, d.outputs = self._label(d.node), [o for o in d.node.output if o]
+            d.inputs = list(d.node.input)
         for p in self._parts:
             p.modeled_records = [
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
@@ -618,9 +621,10 @@ class InferenceSession:
                     records += inner
                     continue
                 ins = [(values[n] if n in values else self._consts[n]) if n else None
-                       for n in d.node.input]
+                       for n in d.inputs]
                 t0 = time.perf_counter()
-                empty = any(x is not None and np.size(x) == 0 for x in ins)
+                empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
+                            for x in ins if x is not None)
                 if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
                     outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
                                                               "bytes_moved": 0}

@@ -158,6 +158,9 @@ class HbmPimDevice(Device):
         return self._supports(op, accept_float32=bool(self._opt(options, "accept_float32")))
 
     def _supports(self, op: OpInfo, accept_float32: bool) -> Support:
+        if op.attrs.get("y_perm") is not None:  # writes_permuted: no
+            return Support(False, "a Gemm written permuted (y_perm): the PCUs write A @ B as "
+                                  "it is")
         form = self._form(op)
         if form is None:
             return Support(False, f"HBM-PIM's ISA computes GEMV, Add, Mul and Relu, not "

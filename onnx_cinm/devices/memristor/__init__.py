@@ -248,6 +248,13 @@ class MemristorDevice(Device):
         """Whether ``op`` can run on the default chip's crossbars (see :meth:`supports_under`)."""
         return self._supports(op, self.params.min_macs)
 
+    def writes_permuted(self, op: OpInfo, perm: list[int]) -> bool:
+        """A crossbar Gemm writes its result in any layout: the kernel lays the simulator's
+        output buffer out so the permuted result is contiguous when it can (a Conv's NCHW at
+        batch 1: ``Y^T = W^T X^T``, :class:`~.kernel.CrossbarKernel`), else permutes it once
+        in numpy."""
+        return op.op_type == "Gemm"
+
     def supports_under(self, op: OpInfo, options: dict) -> Support:
         """:meth:`supports` on the chip the options select: the paper heuristic's "enough
         work" is one tile of that chip (``rows * cols`` MACs, after ``cim_preset``,

@@ -33,6 +33,14 @@ class CrossbarKernel:
         mode: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` to run instead of the
             file's header (None: the file's).
 
+    A Gemm with ``y_perm`` (its result is ``Transpose(A @ B (+ C), y_perm)``) is written in that
+    layout: the simulator's output buffer is laid out (``[G, rows, N]`` or ``[G, N, rows]``,
+    :meth:`CrossbarSimulator.run`'s ``transposed``) so that the permuted result is a
+    C-contiguous array when one of the two makes it so -- a Conv's ``[1, *O, M]`` product read
+    as NCHW ``[1, M, *O]`` is ``Y^T = W^T X^T`` -- and permuted by one numpy copy otherwise
+    (e.g. a batch above 1). The same choice, without ``y_perm``, writes a programmed ``A``'s
+    result (``Y^T``) in place.
+
     Calling it with the node's inputs (numpy arrays, in node order) returns ``(outputs, metrics)``:
     ``outputs`` a list with the float32 result (int32 for an integer kernel, ``dtype int32``), ``metrics`` the simulator's counters of this
     inference (tile writes, MVMs, ADC conversions, latency in seconds, energy in joules) plus
@@ -53,6 +61,8 @@ class CrossbarKernel:
         names = [t.name for t in op.inputs]
         self.names = names
         self.bias_name = names[2] if len(names) > 2 else None
+        perm = attrs.get("y_perm")
+        self.y_perm = None if perm is None else tuple(int(p) for p in perm)
         self.bias_in_file = any(r.kind == "bias" for r in self.prog.regions.values())
         prog_name = names[0] if self.operand == "A" else names[1]
         owner = attrs.get("cim_tile_kernel")
@@ -100,13 +110,11 @@ class CrossbarKernel:
         dt = np.float64 if self.integer else np.float32  # integers: exact in float64
         A = np.asarray(inputs[0], dtype=dt)
         B = np.asarray(inputs[1], dtype=dt)
-        v = self._views.get((A.shape, B.shape))
-        if v is None:  # one view per input shapes, not one per run
-            v = self._views[(A.shape, B.shape)] = layout.view(self.op.op_type, self.operand,
-                                                              A.shape, B.shape)
+        got = self._views.get((A.shape, B.shape))
+        if got is None:  # one view and output layout per input shapes, not one per run
+            got = self._views[(A.shape, B.shape)] = self._layout(A.shape, B.shape)
+        v, transposed, shape, axes = got
         X = layout.stream_rows(v, A, B)
-        # a programmed A gives the node's result transposed: the simulator writes it so
-        transposed = v.op_type == "Gemm" and v.operand == "A" and not v.y_batch
         with self._lock:
             if self._sim is None:
                 sim = CrossbarSimulator(self.prog, {"W": layout.weights(v, A, B)})
@@ -115,9 +123,11 @@ class CrossbarKernel:
             else:
                 outs, c = self._sim.run({"X": X}, transposed=transposed)
                 c = c.as_dict()
-        Y = layout.unstream(v, outs["Y"])
+        Y = outs["Y"].reshape(shape).transpose(axes)  # unstreamed, y_perm applied if no bias
         if self.bias_name and not self.bias_in_file:
             Y = Y + np.asarray(inputs[2], dtype=Y.dtype)
+            if self.y_perm is not None:
+                Y = Y.transpose(self.y_perm)
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
         # as the plan counts them (paradigms.cim.schedule, "bytes moved"; report's
@@ -128,6 +138,37 @@ class CrossbarKernel:
         n_tiles = -(-outs["Y"].shape[-1] // h["cols"])
         c["bytes_moved"] = 4 * (X.size * n_tiles + outs["Y"].size * k_tiles + weights)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
+
+    def _layout(self, a_shape: tuple, b_shape: tuple) -> tuple:
+        """``(view, transposed, shape, axes)`` for inputs of these shapes: the
+        :class:`~onnx_cinm.paradigms.cim.layout.ProductView`, the simulator's output layout
+        (:meth:`_transposed`), and the one reshape and transpose that turn its ``[G, rows, N]``
+        result into the node's (``y_perm`` composed in when no bias is added here)."""
+        v = layout.view(self.op.op_type, self.operand, a_shape, b_shape)
+        shape, axes = layout.unstream_plan(v)
+        if self.y_perm is not None and not (self.bias_name and not self.bias_in_file):
+            axes = tuple(axes[i] for i in self.y_perm)
+        return v, self._transposed(v), shape, axes
+
+    def _transposed(self, v) -> bool:
+        """Whether the simulator should write its ``[G, rows, N]`` result as the view of a
+        C-contiguous ``[G, N, rows]`` array: when that, and not the plain layout, makes the
+        node's result (unstreamed, bias added, ``y_perm`` applied) contiguous, so it is never
+        copied. Decided on the layouts alone (an unwritten uint8 buffer of the result's
+        shape)."""
+        if v.op_type != "Gemm":
+            return False
+        rows = v.rows
+        for transposed in (False, True):
+            buf = np.empty((v.G, v.N, rows) if transposed else (v.G, rows, v.N), np.uint8)
+            Y = layout.unstream(v, buf.transpose(0, 2, 1) if transposed else buf)
+            if self.bias_name and not self.bias_in_file:
+                Y = Y + np.zeros((), np.uint8)  # a new array, in the layout numpy gives it
+            if self.y_perm is not None:
+                Y = Y.transpose(self.y_perm)
+            if Y.flags.c_contiguous:
+                return transposed
+        return False
 
 
 def _add(a: dict, b: dict) -> dict:

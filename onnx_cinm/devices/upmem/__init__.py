@@ -87,6 +87,9 @@ class UpmemDevice(Device):
         self.targets = {**TARGETS, params.name: params}
 
     def supports(self, op: OpInfo) -> Support:
+        if op.attrs.get("y_perm") is not None:  # writes_permuted: no
+            return Support(False, "a Gemm written permuted (y_perm): the DPU kernels write "
+                                  "A @ B as it is")
         for t in op.inputs + op.outputs:
             if t.dtype is None or np.dtype(t.dtype).name not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")

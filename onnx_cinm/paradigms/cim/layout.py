@@ -117,16 +117,25 @@ def stream_rows(v: ProductView, A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def unstream(v: ProductView, Y: np.ndarray) -> np.ndarray:
-    """Inverse of the streaming layout: ``Y[G, rows, N]`` back to the node's output shape."""
-    if v.op_type == "Gemv":
-        return Y[0, 0] if v.operand == "A" else Y[0, :, 0]
+    """Inverse of the streaming layout: ``Y[G, rows, N]`` back to the node's output shape
+    (a view where numpy can make one)."""
+    shape, axes = unstream_plan(v)
+    return Y.reshape(shape).transpose(axes)
+
+
+def unstream_plan(v: ProductView) -> tuple[tuple, tuple]:
+    """``(shape, axes)`` with ``unstream(v, Y) == Y.reshape(shape).transpose(axes)``: the
+    inverse of the streaming layout as one reshape and one transpose, computed once per view
+    (a kernel composes ``axes`` with a permutation of its own)."""
+    if v.op_type == "Gemv":  # Y[0, 0] (operand A) or Y[0, :, 0] (operand B)
+        return ((v.N,) if v.operand == "A" else (v.rows,)), (0,)
     nb = len(v.y_batch)
     perm = _perm(v)
     M = v.a_shape[-2] if v.operand == "B" else v.b_shape[-1]
-    Yt = Y.reshape(tuple(v.y_batch[i] for i in perm) + (M, v.N))
-    inv = np.argsort(perm + [nb, nb + 1])
-    out = Yt.transpose(inv)
-    return out if v.operand == "B" else np.swapaxes(out, -1, -2)
+    axes = [int(a) for a in np.argsort(perm + [nb, nb + 1])]
+    if v.operand == "A":  # the result is Y^T
+        axes[-2], axes[-1] = axes[-1], axes[-2]
+    return tuple(v.y_batch[i] for i in perm) + (M, v.N), tuple(axes)
 
 
 def bias_per_group(v: ProductView, C_shape: tuple) -> bool:

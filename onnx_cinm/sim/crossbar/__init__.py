@@ -549,7 +549,12 @@ class CrossbarSimulator:
         if self._quant:
             self._init_quantized()
         self.tags: list = [None] * self.P  # (weight, g, k, n) held by each crossbar
-        self.wear = np.zeros((self.P, self.R, self.C), dtype=np.int64)
+        # Tile writes per crossbar. A tile sits in its crossbar's top-left corner (rows_used x
+        # cols_used), so every write covers cell (0, 0): a crossbar's count is the most writes
+        # any of its cells received, and the maximum over crossbars is the wear
+        # (``max_cell_writes``) -- a per-cell array would be P x R x C counters to update and
+        # scan at every inference (64 x 256 x 256 on the default chip) for the same figure.
+        self.wear = np.zeros(self.P, dtype=np.int64)
         self.inferences = 0
         self._latch: list = [None] * self.P
         self._read: list = []
@@ -682,7 +687,7 @@ class CrossbarSimulator:
         self._exec(cmds, ph, rows, acts, outs, data=True)
         ph.c.adc_clipped = self._clipped
         ph.c.latency_s = float(ph.clock.max()) if self.P else 0.0
-        ph.c.max_cell_writes = int(self.wear.max())
+        ph.c.max_cell_writes = self._wear_max = int(self.wear.max())
         ph.c.energy_j = self._energy(ph.c)
         return ph.c
 
@@ -707,7 +712,7 @@ class CrossbarSimulator:
                     t = self._tile(tag)
                     ph.c.tile_writes += 1
                     ph.c.cell_writes += t.size * self._cells_per_weight
-                    self.wear[x, :t.shape[0], :t.shape[1]] += 1
+                    self.wear[x] += 1
                     ph.clock[x] += k["write_latency_s"]
             elif op == "MVM":
                 x, name, g, kt = int(a[0]), a[1], int(a[2]), int(a[3])
@@ -745,8 +750,6 @@ class CrossbarSimulator:
                         raise _err(path, cmd.line, f"ACC from crossbar {x} before any MVM")
                     if isinstance(lat, tuple):
                         self._pending.append((name, lat[0], lat[1]))
-                        if self._trace is not None:
-                            self._trace.append(("acc", name, lat[0], lat[1]))
                     else:
                         self._touch(outs, name, g)
                         outs[name][g, :, nt * self.C:nt * self.C + lat.shape[1]] += lat
@@ -809,10 +812,11 @@ class CrossbarSimulator:
                                              f"broadcast to {outs[out].shape}") from None
 
     def _replay(self, trace, acts, outs) -> None:
-        """The data path of a cached inference: the recorded ACC/ADD/READ events in order."""
+        """The data path of a cached inference: the recorded events in order -- the products
+        of each flush already grouped (:meth:`_group`), the bias additions and reads."""
         for ev in trace:
-            if ev[0] == "acc":
-                self._pending.append(ev[1:])
+            if ev[0] == "products":
+                self._products(ev[1], acts, outs)
             elif ev[0] == "add":
                 self._add_bias(ev[1], ev[2], acts, outs, ev[3])
             else:
@@ -832,33 +836,52 @@ class CrossbarSimulator:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs: IEEE, no warning
-            self._flush_groups(pending, acts, outs)
+        groups = self._group(pending)
+        if self._trace is not None:  # a cached inference replays the grouped products
+            self._trace.append(("products", groups))
+        self._products(groups, acts, outs)
 
-    def _flush_groups(self, pending: list, acts, outs) -> None:
-        """The products of :meth:`_flush`, grouped per output column block."""
+    def _group(self, pending: list) -> list:
+        """The records of :meth:`_flush` grouped per ``(output, input, weight, group)``: a
+        list of ``(out, inp, w, g, by_n)`` with ``by_n`` None when the records cover every tile
+        of ``w[g]`` exactly once (one matmul), else ``[(n tile, [k tiles ascending])]``."""
         R, C = self.R, self.C
         groups: dict = {}
         for out, inp, (w, g, kt, nt) in pending:
             groups.setdefault((out, inp, w, g), []).append((kt, nt))
+        plan = []
         for (out, inp, w, g), tiles in groups.items():
-            W = self.const[w][g]
-            X = acts[inp][g]
-            Y = outs[out][g]
-            kts, nts = -(-W.shape[0] // R), -(-W.shape[1] // C)
+            _, K, N = self.const[w].shape
+            kts, nts = -(-K // R), -(-N // C)
             if len(tiles) == kts * nts and set(tiles) == {(k, n) for k in range(kts) for n in range(nts)}:
-                if (out, g) in self._untouched:  # not written yet: the product overwrites it
-                    blas.current().matmul(X[:, :W.shape[0]], W, Y, const=self._resident)
-                else:
-                    Y += X[:, :W.shape[0]] @ W
-                self._untouched.discard((out, g))
+                plan.append((out, inp, w, g, None))
                 continue
-            self._touch(outs, out, g)
             by_n: dict = {}
             for kt, nt in tiles:
                 by_n.setdefault(nt, []).append(kt)
-            for nt, ks in by_n.items():
-                ks.sort()
+            plan.append((out, inp, w, g, [(nt, sorted(ks)) for nt, ks in by_n.items()]))
+        return plan
+
+    def _products(self, plan: list, acts, outs) -> None:
+        """Add the products of a :meth:`_group` plan into their outputs."""
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs: IEEE, no warning
+            self._products_of(plan, acts, outs)
+
+    def _products_of(self, plan: list, acts, outs) -> None:
+        R, C = self.R, self.C
+        for out, inp, w, g, by_n in plan:
+            W = self.const[w][g]
+            X = acts[inp][g]
+            Y = outs[out][g]
+            if by_n is None:
+                if (out, g) in self._untouched:  # not written yet: the product overwrites it
+                    blas.current().matmul(X[:, :W.shape[0]], W, Y, const=self._resident)
+                    self._untouched.discard((out, g))
+                else:
+                    Y += X[:, :W.shape[0]] @ W
+                continue
+            self._touch(outs, out, g)
+            for nt, ks in by_n:
                 for kt in ks:
                     Y[:, nt * C:(nt + 1) * C] += X[:, kt * R:(kt + 1) * R] @ W[kt * R:(kt + 1) * R, nt * C:(nt + 1) * C]
 
@@ -941,13 +964,15 @@ class CrossbarSimulator:
             self.tags = list(tags)
             if wear_delta is not None:
                 self.wear += wear_delta
+                self._wear_max = int(self.wear.max())
             c = Counters(**counts)
-            c.max_cell_writes = int(self.wear.max())
+            c.max_cell_writes = self._wear_max
             self._replay(trace, acts, outs)
         else:
             wear0 = self.wear.copy() if key is not None else None
             self._trace = [] if key is not None else None
             c = self._phase(body, M, acts, outs)
+            self._flush(acts, outs)  # the last products, traced with the rest
             if key is not None:
                 delta = self.wear - wear0
                 if len(self._cache) >= 8:  # a few row counts (dynamic batch) x 2 directions
