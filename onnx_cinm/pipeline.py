@@ -154,8 +154,10 @@ class OptimizeResult:
         tables = [devices.get_device(d).summary(p, counted[d]) for d, p in plans.items()]
         tables = [t for t in tables if t]
         if tables and inside:
-            tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; per-inference "
-                           f"totals: {if_rule(ifs, 'its kernels count at load only')})")
+            tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; the kernels "
+                           "of both branches are loaded and share each device with the main "
+                           "graph's; per-inference totals: "
+                           f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
 
 
@@ -439,6 +441,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
             feeds = None
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
+        # the branches were planned alone, each as if it had the whole device: the devices
+        # that share resources among their kernels (crossbars) plan all graphs' at once
+        ran = {name for name, _ in pm.timings}
+        if ran & {"cim_tiling", "cnm_mapping", "device_lowering"}:
+            from .passes.branches import lower_together
+
+            ctx.stats["lowered_together"] = lower_together(
+                work, ctx, paradigm_only="device_lowering" not in ran)
         pm.timings.append(("if_bodies", time.perf_counter() - t0))
     # which branch the probe saw each If take: the report's per-inference totals count it
     frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})

@@ -628,7 +628,7 @@ class MemristorDevice(Device):
                 "periph: energy of the cells (writes and MVMs), the converters and the rest of "
                 "the periphery; t adc/dac: the conversions' share of the latency; area: the "
                 "kernel's crossbars with their converters and periphery, '-' if not published)")
-        notes = [note]
+        notes = [note, _use_note(plans, used)]
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
@@ -705,6 +705,30 @@ class MemristorDevice(Device):
 
         data_path = _run_mode(attrs, self.params, run_options) if run_options else None
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path)
+
+
+def _use_note(plans: list, used: int) -> str:
+    """The summary's line on the chip's crossbars: how many the kernels of ``plans`` (``[(name,
+    op type, attrs)]``, every kernel loaded: an If's branches' too) use of
+    the ``cim_device_crossbars`` they share, kept by resident kernels and streamed through by
+    the others; ``EXCEEDS`` when ``used`` is more than the chip has (plans made apart, as by
+    a compiler that planned each If branch as if it had the whole chip)."""
+    chip = max((int(a.get("cim_device_crossbars") or 0) for *_, a in plans), default=0)
+    kept = sum(a["cim_crossbars"] for *_, a in plans
+               if a["cim_resident"] and not a.get("cim_tile_owner"))
+    streamed = [name for name, _, a in plans if not a["cim_resident"]]
+    text = f"crossbars: {used} in use"
+    if chip:
+        text += f" of the chip's {chip}"
+    text += f", {kept} kept by resident kernels"
+    if streamed:
+        shown = ", ".join(streamed[:3]) + (f" and {len(streamed) - 3} more" if len(streamed) > 3
+                                           else "")
+        text += f", {used - kept} streamed through by {len(streamed)} kernel" \
+                f"{'s' * (len(streamed) != 1)} ({shown})"
+    if chip and used > chip:
+        text += f"; EXCEEDS the chip's {chip} crossbars (plans made apart: compile again)"
+    return f"({text})"
 
 
 def _tile_owners(items: list, planned: list) -> list[int]:
