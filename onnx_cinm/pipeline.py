@@ -441,6 +441,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
             feeds = None
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
+    # which branch the probe saw each If take: the report's per-inference totals count it
+    frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
+    if branches_from is not None:
         # the branches were planned alone, each as if it had the whole device: the devices
         # that share resources among their kernels (crossbars) plan all graphs' at once
         ran = {name for name, _ in pm.timings}
@@ -450,8 +453,6 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             ctx.stats["lowered_together"] = lower_together(
                 work, ctx, paradigm_only="device_lowering" not in ran)
         pm.timings.append(("if_bodies", time.perf_counter() - t0))
-    # which branch the probe saw each If take: the report's per-inference totals count it
-    frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
     cinm.attach_functions(work)
     roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
     ctx.stats["host_roofline"] = roof

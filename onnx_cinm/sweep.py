@@ -148,7 +148,12 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     instead of stopping the sweep."""
     from .analysis import tensor_infos
     from .passes import PassContext, PassManager
-    from .passes.branches import counted_totals, evaluate_graphs, lower_branches, lower_together
+    from .passes.branches import (
+        counted_totals,
+        evaluate_graphs,
+        lower_branches,
+        lower_together,
+    )
 
     t0 = time.perf_counter()
     work = onnx.ModelProto()

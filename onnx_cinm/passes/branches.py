@@ -229,16 +229,20 @@ def _lower_branches(model, ctx, pipeline, infos) -> int:
     return n
 
 
-def _device_nodes(graph: onnx.GraphProto, scope: str, depth: int = 0):
-    """``(node, its graph's kernel-stem prefix, its index there, branch depth)`` of every cinm
-    node of ``graph`` and its If branches, in execution order (an If's branches after it)."""
+def _device_nodes(graph: onnx.GraphProto, scope: str, taken: dict, depth: int = 0,
+                  counted: bool = True):
+    """``(node, its graph's kernel-stem prefix, its index there, branch depth, counted)`` of
+    every cinm node of ``graph`` and its If branches, in execution order (an If's branches
+    after it); ``counted`` as :func:`onnx_cinm.dialects.cinm.labelled_nodes` says."""
     for i, node in enumerate(graph.node):
         if node.domain == cinm.DOMAIN:
-            yield node, scope, i, depth
+            yield node, scope, i, depth, counted
         if cinm.is_if(node):
+            seen = taken.get(node.name)
             bodies = {a.name: a.g for a in node.attribute}
             for b in BRANCHES:
-                yield from _device_nodes(bodies[b], branch_scope(scope, i, b), depth + 1)
+                yield from _device_nodes(bodies[b], branch_scope(scope, i, b), taken, depth + 1,
+                                         counted and seen in (None, b == "then_branch"))
 
 
 def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool = False,
@@ -248,6 +252,9 @@ def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool
     model: the main graph's and every If branch's, one batch per device in execution order,
     so the device shares its resources among all of them (the If-branch kernels are loaded
     with the main graph's, and each branch was planned alone as if the chip were its own).
+    The nodes of a branch the planning probe did not see taken (the model's record,
+    :func:`onnx_cinm.frontend.if_taken`) go with ``per_inference`` False in their options
+    (:meth:`Device.lower`): they are loaded, but the nodes that run come first.
     ``paradigm_only``: the paradigm-level plans (:meth:`Device.lower_paradigm`, a model
     stopped at ``--stop-after paradigm``), else the whole ones (:meth:`Device.lower`).
 
@@ -255,18 +262,20 @@ def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool
     inside a branch keep their plans. Kernel stems are the ones the
     passes give (:func:`.device_lowering.kernel_stem` after the branch path). Returns ``{device:
     nodes planned again}``. Raises CinmError as :meth:`Device.lower` does."""
+    from .. import frontend
     from .device_lowering import _set, kernel_stem
 
     by_dev: dict = {}
     inside: set = set()
-    for node, scope, i, depth in _device_nodes(model.graph, ctx.scope):
+    for node, scope, i, depth, counted in _device_nodes(model.graph, ctx.scope,
+                                                        frontend.if_taken(model)):
         dev_name = cinm.node_attrs(node).get("device")
         if dev_name is None or dev_name not in devices.device_names():
             continue
         dev = devices.get_device(dev_name)
         if not dev.plans_together:
             continue
-        by_dev.setdefault(dev_name, []).append((node, scope, i))
+        by_dev.setdefault(dev_name, []).append((node, scope, i, counted))
         if depth:
             inside.add(dev_name)
     if not inside:
@@ -277,10 +286,11 @@ def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool
         dev = devices.get_device(dev_name)
         items = by_dev[dev_name]
         batch = [(op_info(node, infos),
-                  dict(ctx.options, kernel_stem=scope + kernel_stem(node.name or node.op_type, i)))
-                 for node, scope, i in items]
+                  dict(ctx.options, kernel_stem=scope + kernel_stem(node.name or node.op_type, i),
+                       per_inference=counted))
+                 for node, scope, i, counted in items]
         plans = (dev.lower_paradigm if paradigm_only else dev.lower)(batch)
-        for (node, _, _), plan in zip(items, plans):
+        for (node, *_), plan in zip(items, plans):
             _set(node, plan, dev)
         out[dev_name] = len(items)
     return out

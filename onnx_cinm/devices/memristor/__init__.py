@@ -402,7 +402,9 @@ class MemristorDevice(Device):
         (:func:`onnx_cinm.paradigms.cim.residency.allocate`): all kernels resident when their
         tiles fit together, else the knapsack pins whole kernels in ``P - 1`` crossbars and the
         rest stream through the others (``shared`` when several do); the naive order keeps no
-        tile and needs no allocation.
+        tile and needs no allocation. A kernel whose options say ``per_inference`` False (in
+        an If branch the planning probe did not see taken) saves no write per inference by
+        being pinned: the knapsack values it 0, so the kernels that run get the crossbars.
 
         ``cim_crossbars`` is the number of crossbars the kernel uses, ``cim_device_crossbars``
         the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too.
@@ -490,11 +492,13 @@ class MemristorDevice(Device):
         owner = _tile_owners(items, alone)
         sets = [i for i in range(len(items)) if owner[i] == i]
         uses = {i: 0 for i in sets}
-        for o in owner:
+        runs = {i: 0 for i in sets}  # the knapsack's value: kernels that run per inference
+        for (_, opts), o in zip(items, owner):
             uses[o] += 1
+            runs[o] += 1 if opts.get("per_inference", True) else 0
         alloc = dict(zip(sets, residency.allocate([alone[i][0][0].tiles for i in sets],
                                                   [alone[i][0][3] for i in sets], P,
-                                                  [uses[i] for i in sets])))
+                                                  [runs[i] for i in sets])))
         out = []
         for i, (op, opts) in enumerate(items):
             e = entry(op, opts, *alloc[owner[i]])
