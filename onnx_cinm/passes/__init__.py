@@ -89,11 +89,12 @@ class PassContext:
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
-        """:func:`onnx_cinm.analysis.tensor_infos` of ``model``, inferred once for the passes
-        that only annotate nodes (``register_pass(..., keeps_shapes=True)``: placement and the
-        paradigm and device passes, which add attributes no shape depends on); the
-        :class:`PassManager` forgets it after every other pass. Whole-graph shape inference
-        ran once per such pass before (4 of them on every optimize)."""
+        """:func:`onnx_cinm.analysis.tensor_infos` of ``model`` (:attr:`infos` when given),
+        inferred once for the passes that only annotate nodes (``register_pass(...,
+        keeps_shapes=True)``: placement and the paradigm and device passes, which add
+        attributes no shape depends on); the :class:`PassManager` forgets it after every other
+        pass. Whole-graph shape inference ran once per such pass before (4 of them on every
+        optimize)."""
         from ..analysis import tensor_infos
 
         if self.infos is not None:
