@@ -34,7 +34,9 @@ class OptimizeResult:
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
-        stats: per-pass statistics (see each pass).
+        stats: per-pass statistics (see each pass); ``lowered_together``: ``{device: nodes}``
+            planned again over all graphs once the If branches were compiled
+            (:func:`onnx_cinm.passes.branches.lower_together`).
         placements: ``(node name, op type, device, reason)`` per cinm op.
         check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
             float input, run after the ordinary check passed), or None (no float input, the

@@ -84,8 +84,10 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
     ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
     joules]}, ``by_part`` {part: [seconds, joules]} of the ops whose device breaks its cost
-    down, ``violations``, ``ifs`` {``"taken"``: Ifs counted by the branch the planning probe
-    saw, ``"both"``: Ifs counted with both branches}).
+    down, ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
+    graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
+    counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
+    branches}).
 
     One row per node of the main graph in graph order; after an If's row, the nodes of its
     then and else branches (nested Ifs alike), named ``<If>[then] <node>`` as the provider's
