@@ -34,7 +34,9 @@ class OptimizeResult:
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
-        stats: per-pass statistics (see each pass).
+        stats: per-pass statistics (see each pass); ``lowered_together``: ``{device: nodes}``
+            planned again over all graphs once the If branches were compiled
+            (:func:`onnx_cinm.passes.branches.lower_together`).
         placements: ``(node name, op type, device, reason)`` per cinm op.
         check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
             float input, run after the ordinary check passed), or None (no float input, the
@@ -154,8 +156,10 @@ class OptimizeResult:
         tables = [devices.get_device(d).summary(p, counted[d]) for d, p in plans.items()]
         tables = [t for t in tables if t]
         if tables and inside:
-            tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; per-inference "
-                           f"totals: {if_rule(ifs, 'its kernels count at load only')})")
+            tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; the kernels "
+                           "of both branches are loaded and share each device with the main "
+                           "graph's; per-inference totals: "
+                           f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
 
 
@@ -439,9 +443,18 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
             feeds = None
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
-        pm.timings.append(("if_bodies", time.perf_counter() - t0))
     # which branch the probe saw each If take: the report's per-inference totals count it
     frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
+    if branches_from is not None:
+        # the branches were planned alone, each as if it had the whole device: the devices
+        # that share resources among their kernels (crossbars) plan all graphs' at once
+        ran = {name for name, _ in pm.timings}
+        if ran & {"cim_tiling", "cnm_mapping", "device_lowering"}:
+            from .passes.branches import lower_together
+
+            ctx.stats["lowered_together"] = lower_together(
+                work, ctx, paradigm_only="device_lowering" not in ran)
+        pm.timings.append(("if_bodies", time.perf_counter() - t0))
     cinm.attach_functions(work)
     roof = hostmodel.get(ctx.options.get("host_roofline"))  # what the host's costs were priced at
     ctx.stats["host_roofline"] = roof

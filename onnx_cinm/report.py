@@ -84,8 +84,10 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
     ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
     joules]}, ``by_part`` {part: [seconds, joules]} of the ops whose device breaks its cost
-    down, ``violations``, ``ifs`` {``"taken"``: Ifs counted by the branch the planning probe
-    saw, ``"both"``: Ifs counted with both branches}).
+    down, ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
+    graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
+    counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
+    branches}).
 
     One row per node of the main graph in graph order; after an If's row, the nodes of its
     then and else branches (nested Ifs alike), named ``<If>[then] <node>`` as the provider's
@@ -98,15 +100,11 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     taken (:func:`onnx_cinm.frontend.if_taken`), the other's rows have ``counted`` False; an If
     whose branch the probe did not see counts both branches, so the totals are an upper bound
     then (``ifs["both"]`` > 0)."""
-    from . import frontend
-    from .analysis import tensor_infos
+    from .passes.branches import counted_totals, evaluate_graphs
 
-    graphs: list = []
+    root, ifs = evaluate_graphs(model, options)
     rows: list[Layer] = []
-    ifs = {"taken": 0, "both": 0}
-    _graph_layers(model, options, tensor_infos(model), frontend.if_taken(model), rows, graphs,
-                  ifs, "", "", True)
-    counted = [t for t, _, c in graphs if c]
+    _graph_layers(root, rows)
     by_dev: dict = {}
     by_part: dict = {}
     for r in rows:
@@ -119,67 +117,31 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s = by_part.setdefault(p.term, [0.0, 0.0])
             s[0] += p.latency_s
             s[1] += p.energy_j
-    totals = {k: sum(getattr(t, k) for t in counted) for k in
-              ("latency_s", "energy_j", "writes", "transfer_bytes", "transfer_s", "transfer_j")}
-    totals.update(by_device=by_dev, by_part=by_part,
-                  violations=[v for _, bad, _ in graphs for v in bad], ifs=ifs)
+    totals = counted_totals(root)
+    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs)
     return rows, totals
 
 
-def _graph_layers(model, options, infos, taken, rows, graphs, ifs, label, prefix, counted) -> None:
-    """Append the rows of ``model``'s main graph (each name after ``label``, each index after
-    ``prefix``, ``counted`` as given) and, after each If, those of its branches, to ``rows``;
-    ``(totals, violations, counted)`` of each graph priced to ``graphs``; count the Ifs of
-    counted graphs in ``ifs``."""
-    from .passes.cost_placement import evaluate_model, node_costs
+def _graph_layers(g, rows: list) -> None:
+    """Append the rows of graph ``g`` (a :class:`onnx_cinm.passes.branches.GraphCost`), each
+    name after its branch label, each index after its branch prefix, and after each If the
+    rows of its branches, to ``rows``."""
+    from .passes.cost_placement import node_costs
 
-    tot, bad, prob = evaluate_model(model, options, infos=infos)
-    graphs.append((tot, [f"{label}{v}" for v in bad], counted))
+    prob = g.problem
     for i, (node, nc) in enumerate(zip(prob.nodes, node_costs(prob, prob.assign))):
         at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
         out = prob.infos.get(node.output[0]) if node.output else None
         shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
         name = node.name or f"{node.op_type}_{i}"
-        rows.append(Layer(f"{prefix}{i}" if prefix else i, label + name, node.op_type, shape,
+        rows.append(Layer(f"{g.prefix}{i}" if g.prefix else i, g.label + name, node.op_type, shape,
                           _flops(prob, i), nc.device, float(nc.cost.latency_s),
                           float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,
                           int(nc.cost.writes), int(nc.transfer_bytes), int(nc.cost.bytes_moved),
                           at.get("placement", "" if node.domain == cinm.DOMAIN else "standard op: host"),
-                          node.domain == cinm.DOMAIN, tuple(nc.cost.parts), counted))
-        if not cinm.is_if(node):
-            continue
-        seen = taken.get(node.name)
-        if counted:
-            ifs["both" if seen is None else "taken"] += 1
-        branches = {a.name: a.g for a in node.attribute}
-        for branch in ("then_branch", "else_branch"):
-            _graph_layers(_branch_model(model, branches[branch]), options, infos, taken, rows,
-                          graphs, ifs, label + cinm.branch_label(name, branch),
-                          f"{prefix}{i}{branch[0]}",
-                          counted and seen in (None, branch == "then_branch"))
-
-
-def _branch_model(outer: onnx.ModelProto, body: onnx.GraphProto) -> onnx.ModelProto:
-    """If branch ``body`` of ``outer``'s main graph as a model to price: its nodes and outputs,
-    every value it captures an input, but ``outer``'s initializers, which stay constants (a
-    programmed weight crosses nothing per inference). Initializers without their bytes: the
-    tensor infos come from the whole model."""
-    from .passes.graph_names import captured
-
-    inits = {t.name: t for t in outer.graph.initializer}
-    g = onnx.GraphProto(name=body.name)
-    g.node.extend(body.node)
-    g.output.extend(body.output)
-    for name in sorted(captured(body)):
-        if name in inits:
-            g.initializer.add(name=name, data_type=inits[name].data_type, dims=inits[name].dims)
-        else:
-            g.input.add(name=name)
-    for t in body.initializer:
-        g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
-    m = onnx.ModelProto(ir_version=outer.ir_version, opset_import=outer.opset_import, graph=g)
-    m.metadata_props.extend(outer.metadata_props)
-    return m
+                          node.domain == cinm.DOMAIN, tuple(nc.cost.parts), g.counted))
+        for b in g.branches.get(i, ()):
+            _graph_layers(b, rows)
 
 
 def _flops(prob, i) -> int:

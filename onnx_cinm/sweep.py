@@ -8,6 +8,13 @@ same model as cost placement (:func:`onnx_cinm.passes.cost_placement.evaluate_mo
 latency (seconds), energy (joules), crossbar tile writes per inference, bytes crossing device
 boundaries, cinm ops per device, and the constraints the placement breaks. No inference is run.
 
+If branches: the cinm level compiles them too (recording which branch the planning probe took,
+:func:`onnx_cinm.frontend.if_taken`); every configuration places and lowers each branch as
+``optimize`` does, plans the crossbars of all graphs together
+(:func:`onnx_cinm.passes.branches.lower_together`) and counts them as the report does
+(:func:`onnx_cinm.passes.branches.counted_totals`): the branch the probe took, else both, the
+row's ``branches`` column saying which (``taken``, ``upper bound``; empty without an If).
+
 Keys (``--set KEY=V1,V2,...``) come from the option schema
 (:func:`onnx_cinm.passes.option_schema`): every option is swept as ``SECTION.NAME``, its table
 and key in a ``--config`` file (``cim.rows``, ``cim.crossbars``, ``cim.preset``,
@@ -42,6 +49,7 @@ from pathlib import Path
 import onnx
 
 from . import frontend
+from .dialects import cinm
 from .errors import CinmError
 from .options import alias_values, from_text, unknown_key
 
@@ -73,7 +81,11 @@ def keys() -> dict:
 
 
 #: CSV columns after the configuration keys.
-COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "violations", "seconds"]
+COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "violations", "branches",
+           "seconds"]
+
+#: The passes every configuration runs on the cinm-level model (and on its If branches).
+LOWERING = ["placement", "cim_tiling", "cnm_mapping", "device_lowering"]
 
 
 def parse_sets(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -130,28 +142,51 @@ def _init_worker(model_path: str) -> None:
 def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     """Place and lower the cinm-level ``model`` under ``options`` and return the modeled figures
     (``COLUMNS``: seconds, joules, tile writes, bytes, ``device:count`` list, broken
-    constraints, wall seconds of the evaluation). A configuration a device rejects (e.g. a bad
-    option) gives its error in ``violations`` and NaN figures instead of stopping the sweep."""
+    constraints, how If branches count, wall seconds of the evaluation). The kernels inside
+    If branches are placed, lowered and counted as in the module docstring. A configuration a
+    device rejects (e.g. a bad option) gives its error in ``violations`` and NaN figures
+    instead of stopping the sweep."""
+    from .analysis import tensor_infos
     from .passes import PassContext, PassManager
-    from .passes.cost_placement import evaluate_model
+    from .passes.branches import (
+        counted_totals,
+        evaluate_graphs,
+        lower_branches,
+        lower_together,
+    )
 
     t0 = time.perf_counter()
     work = onnx.ModelProto()
     work.CopyFrom(model)
     ctx = PassContext(options=dict(options))
     try:  # the pass manager checks the options: a bad combination is this row's error
-        work = PassManager(pipeline=["placement", "cim_tiling", "cnm_mapping",
-                                     "device_lowering"]).run(work, ctx)
-        tot, bad, _ = evaluate_model(work, ctx.options)
+        work = PassManager(pipeline=LOWERING).run(work, ctx)
+        infos = None
+        if any(cinm.is_if(n) for n in work.graph.node):
+            infos = tensor_infos(work)
+            lower_branches(work, ctx, LOWERING, infos)
+            lower_together(work, ctx, infos=infos)
+        root, ifs = evaluate_graphs(work, ctx.options, infos)
+        tot = counted_totals(root)
     except CinmError as e:
         nan = float("nan")
         return {"latency_s": nan, "energy_j": nan, "writes": -1, "transfer_bytes": -1, "devices": "",
-                "violations": f"error: {e}", "seconds": time.perf_counter() - t0}
+                "violations": f"error: {e}", "branches": "", "seconds": time.perf_counter() - t0}
     devs = ctx.stats.get("placement", {}).get("devices", {})
-    return {"latency_s": tot.latency_s, "energy_j": tot.energy_j, "writes": int(tot.writes),
-            "transfer_bytes": int(tot.transfer_bytes),
+    return {"latency_s": tot["latency_s"], "energy_j": tot["energy_j"], "writes": int(tot["writes"]),
+            "transfer_bytes": int(tot["transfer_bytes"]),
             "devices": " ".join(f"{d}:{n}" for d, n in sorted(devs.items())),
-            "violations": "; ".join(bad), "seconds": time.perf_counter() - t0}
+            "violations": "; ".join(tot["violations"]), "branches": _branches(ifs),
+            "seconds": time.perf_counter() - t0}
+
+
+def _branches(ifs: dict) -> str:
+    """The ``branches`` column: how the row counts If branches (``ifs`` of
+    :func:`onnx_cinm.passes.branches.evaluate_graphs`): ``""`` without an If, ``taken`` (the
+    branch the planning probe took), ``upper bound`` when some If counts both."""
+    if ifs.get("both"):
+        return "upper bound"
+    return "taken" if ifs.get("taken") else ""
 
 
 def _evaluate_in_worker(options: dict) -> dict:

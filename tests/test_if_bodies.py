@@ -216,8 +216,10 @@ def test_nested_ifs_compile_and_run_every_path(tmp_path):
                  if n.op_type == "If")
     kernels = sorted(cinm.node_attrs(n)["kernel"] for a in inner.attribute
                      for n in a.g.node if n.domain == cinm.DOMAIN)
+    # the crossbars of all graphs are planned together after the branches merged back, so
+    # the inner 'mm/Gemm', renamed 'mm/Gemm_1' then (below), names its kernel so too
     assert kernels == ["memristor/if0001t_if0000e_0000_mm3_Gemm.xbar",
-                       "memristor/if0001t_if0000t_0000_mm_Gemm.xbar"]
+                       "memristor/if0001t_if0000t_0000_mm_Gemm_1.xbar"]
     artifacts.save(res.model, tmp_path / "n.onnx")
     sess = InferenceSession(str(tmp_path / "n.onnx"))
     x = np.random.default_rng(6).standard_normal((ROWS, K)).astype(np.float32)
@@ -411,3 +413,118 @@ def test_nested_ifs_report_counts_the_probed_path():
     total = next(li for li in res.device_tables().splitlines() if li.startswith("total ("))
     # three kernels loaded (one tile each), two run per inference: 2 x 16 MVMs
     assert total.split()[5:11] == ["inference)", "3", "3", "3", "0", "32"]
+
+
+# --------------------------------------------------------------------------- one crossbar budget
+# Both branches' kernels are loaded, so their resident tiles share the chip with each other (and
+# the main graph's). On 64x64 crossbars each branch's [128, 64] weight is 2 x 1 = 2 tiles.
+TILES = (K // 64) * (N // 64)
+SMALL = {"cim_rows": 64, "cim_cols": 64}
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_branch_kernels_share_the_chip_and_the_taken_one_keeps_its_tiles(cond, tmp_path):
+    """3 crossbars for 2 + 2 tiles: not all resident. The knapsack pins whole kernels in P - 1 = 2
+    crossbars: the kernel of the branch the probe took (the other saves no write per
+    inference); the other streams alone through the 3 - 2 = 1 left: 1 tile kept there at load,
+    T - 1 = 1 written per inference when it runs."""
+    from onnx_cinm import report
+
+    x = np.random.default_rng(12).standard_normal((ROWS, K)).astype(np.float32)
+    res = optimize(_if_model(), placement="heuristic", dims={"n": ROWS},
+                   inputs={"x": x, "c": np.array(cond)}, device_options={**SMALL, "cim_crossbars": 3})
+    assert TILES == 2 and res.stats["lowered_together"] == {"memristor": 2}
+    node = next(n for n in res.model.graph.node if n.op_type == "If")
+    plans = {a.name: cinm.node_attrs(a.g.node[0]) for a in node.attribute}
+    ran, other = ("then_branch", "else_branch") if cond else ("else_branch", "then_branch")
+    def got(a):
+        return (a["cim_crossbars"], a["cim_resident"], a["cim_shared"], a["cim_writes_load"],
+                a["cim_writes"], a["cim_device_crossbars"])
+
+    assert got(plans[ran]) == (2, 1, 0, 2, 0, 3)
+    assert got(plans[other]) == (1, 0, 0, 1, 1, 3)
+    lines = res.device_tables().splitlines()
+    total = next(li for li in lines if li.startswith("total (2 kernels, 1 per inference)")).split()
+    at = total.index("inference)") + 1
+    assert total[at:at + 4] == ["3", "4", "3", "0"]  # crossbars in use, tiles, writes@load, /inf
+    streamed = f"pick[{other.removesuffix('_branch')}] " + \
+        ("else_matmul/Gemm" if cond else "then_gemm/Gemm")
+    assert f"(crossbars: 3 in use of the chip's 3, 2 kept by resident kernels, 1 streamed " \
+        f"through by 1 kernel ({streamed}))" in lines
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    assert totals["writes"] == 0 and totals["violations"] == []
+    assert [r.writes for r in rows if not r.counted] == [1]
+    # the streamed kernel computes what numpy does, whichever branch runs
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(str(tmp_path / "o.onnx"))
+    for c, want in ((True, x @ W1 + B1), (False, x @ W2)):
+        (y,) = sess.run(None, {"x": x, "c": np.array(c)})
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_planned_apart_are_flagged_against_the_chip():
+    """A model whose branches hold 2 + 2 resident tiles, judged on a chip of 3 crossbars (each
+    branch alone fits: only the sum does not), and its crossbar table when the plans record
+    3 crossbars for the chip (as plans made one branch at a time did)."""
+    from onnx_cinm import report
+
+    model = onnx.ModelProto()
+    model.CopyFrom(optimize(_if_model(), placement="heuristic", dims={"n": ROWS},
+                            device_options={**SMALL, "cim_crossbars": 8}).model)
+    opts = {**report.options_from_plans(model), "cim_crossbars": 3}
+    _, totals = report.layers(model, opts)
+    assert totals["violations"] == [("memristor: 4 tiles kept programmed by the main graph and "
+                                     "its If branches > 3 crossbars")]
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    for a in node.attribute:
+        for att in a.g.node[0].attribute:
+            if att.name == "cim_device_crossbars":
+                att.i = 3
+    from onnx_cinm import devices
+
+    plans = [(n.name, n.op_type, cinm.node_attrs(n)) for a in node.attribute for n in a.g.node]
+    text = devices.get_device("memristor").summary(plans)
+    assert "(crossbars: 4 in use of the chip's 3, 4 kept by resident kernels; EXCEEDS the " \
+        "chip's 3 crossbars (plans made apart: compile again))" in text
+
+
+def test_sweep_counts_the_kernels_inside_if_branches(tmp_path, capsys):
+    """Sweep rows on 64x64 crossbars, 2, 3 and 8 of them: the branch kernels are placed and
+    counted (before, the sweep priced the main graph only: the If alone, no crossbar, no
+    write, no byte). Writes per inference by hand: 2 crossbars leave P - 1 = 1 for pinning, too
+    few for a 2-tile kernel, so both kernels stream through the 2 crossbars, evicting each
+    other: all 2 tiles written per run; 3 crossbars pin the taken branch's kernel (0 writes);
+    8 hold both."""
+    from onnx_cinm import frontend, report, sweep
+    from onnx_cinm.cli import main
+
+    path = tmp_path / "if.onnx"
+    onnx.save(_if_model(), path)
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--set", "crossbar.count=2,3,8", "--set",
+                 "crossbar.size=64x64", "--dim", f"n={ROWS}", "--placement", "heuristic",
+                 "--executor", "serial", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(If branches: the one the planning probe took counted)" in text
+    rows = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
+    assert [(r["crossbar.count"], r["writes"], r["transfer_bytes"], r["devices"], r["branches"],
+             r["violations"]) for r in rows] == [
+        (p, w, str(BRANCH_BYTES), "memristor:2", "taken", "") for p, w in
+        (("2", "2"), ("3", "0"), ("8", "0"))]
+    # the same figures as optimize's model reported (the branch the same probe took)
+    cinm_model = sweep.cinm_level(_if_model(), dims={"n": ROWS})
+    taken = frontend.if_taken(cinm_model)
+    assert set(taken) == {"pick"}
+    for r in rows:
+        opts = {**SMALL, "cim_crossbars": int(r["crossbar.count"])}
+        res = optimize(_if_model(), placement="heuristic", dims={"n": ROWS}, check=0,
+                       device_options=opts)
+        assert frontend.if_taken(res.model) == taken
+        _, totals = report.layers(res.model, report.options_from_plans(res.model))
+        assert float(r["energy_j"]) == pytest.approx(totals["energy_j"], rel=1e-12)
+        assert float(r["latency_s"]) == pytest.approx(totals["latency_s"], rel=1e-12)
+    # without the probe's record both branches count: an upper bound, twice the writes and bytes
+    frontend.set_if_taken(cinm_model, {})
+    row = sweep.evaluate(cinm_model, {"placement": "heuristic", **SMALL, "cim_crossbars": 2})
+    assert (row["writes"], row["transfer_bytes"], row["branches"]) == (4, 2 * BRANCH_BYTES,
+                                                                       "upper bound")

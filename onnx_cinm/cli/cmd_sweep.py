@@ -55,5 +55,10 @@ def _cmd_sweep(args, parser) -> int:
             [(sweep.label(c), "rejected", "-", "-", "-", sweep.rejection(r)) if sweep.rejection(r)
              else (sweep.label(c), si(r["latency_s"], "s"), si(r["energy_j"], "J"), r["writes"],
                    r["devices"], r["violations"] or "") for c, r in zip(configs, results)], indent="  "))
+        counts = {r.get("branches") for r in results} - {""}
+        if counts:
+            print("  (If branches: " + ("UPPER BOUND, both branches summed of an If whose branch "
+                                        "the planning probe did not see" if "upper bound" in counts
+                                        else "the one the planning probe took counted") + ")")
         print(f"written: {', '.join(str(p) for p in paths)}")
     return 0

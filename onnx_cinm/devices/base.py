@@ -227,7 +227,10 @@ class Device:
     def lower(self, items: list) -> list[dict]:
         """The plans of all the ops placed on the device, ``items`` being ``[(OpInfo, options)]``
         in execution order (``options["kernel_stem"]``: a unique, file-safe stem for the node's
-        kernel). One dict of node attributes per item: names from :attr:`plan_attrs`, plus
+        kernel; ``options["per_inference"]``, if given and False: the node sits in an If branch
+        the planning probe did not see taken, so it is loaded but does not count per inference,
+        and the device may give its shared resources to the others first). One dict of node
+        attributes per item: names from :attr:`plan_attrs`, plus
         ``kernel`` (the kernel's path under the ``<model>.cinm/`` folder) when it emits one.
         Default: no plan (the node keeps its reference body). Raises CinmError on bad options."""
         return [{} for _ in items]

@@ -78,22 +78,29 @@ class PassContext:
             for a control-flow body compiled on its own (:mod:`.control_flow`) the path of its
             If node, e.g. ``if0012t_`` (then-branch of the main graph's node 12), so the kernels
             of every graph of a model have distinct files.
+        infos: tensor infos to use instead of inferring them (:meth:`tensor_infos`): an If
+            branch annotated as a model of its own (:func:`.branches.lower_branches`) reads
+            the whole model's, where its captured values have their shapes.
     """
 
     options: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     log: Callable[[str], None] = lambda msg: None
     scope: str = ""
+    infos: dict | None = None
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
-        """:func:`onnx_cinm.analysis.tensor_infos` of ``model``, inferred once for the passes
-        that only annotate nodes (``register_pass(..., keeps_shapes=True)``: placement and the
-        paradigm and device passes, which add attributes no shape depends on); the
-        :class:`PassManager` forgets it after every other pass. Whole-graph shape inference
-        ran once per such pass before (4 of them on every optimize)."""
+        """:func:`onnx_cinm.analysis.tensor_infos` of ``model`` (:attr:`infos` when given),
+        inferred once for the passes that only annotate nodes (``register_pass(...,
+        keeps_shapes=True)``: placement and the paradigm and device passes, which add
+        attributes no shape depends on); the :class:`PassManager` forgets it after every other
+        pass. Whole-graph shape inference ran once per such pass before (4 of them on every
+        optimize)."""
         from ..analysis import tensor_infos
 
+        if self.infos is not None:
+            return self.infos
         key = (id(model), len(model.graph.node))
         if self._infos is None or self._infos[0] != key:
             self._infos = (key, tensor_infos(model))

@@ -40,6 +40,7 @@ from onnx import helper
 from .. import frontend
 from ..dialects import cinm
 from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
+from .branches import branch_scope, merge_stats
 from .graph_names import Names, captured
 
 #: The passes run on a branch: the main pipeline but the opset canonicalization.
@@ -171,22 +172,6 @@ def _branch_model(model, body, inits, vis, probed, dims, base):
     return sub, planned, None
 
 
-def _merge_stats(into: dict, add: dict) -> None:
-    for k, v in add.items():
-        have = into.get(k)
-        if have is None:
-            into[k] = v
-        elif isinstance(have, Counter) and isinstance(v, Counter):
-            have.update(v)
-        elif isinstance(have, list) and isinstance(v, list):
-            have.extend(v)
-        elif isinstance(have, dict) and isinstance(v, dict):
-            _merge_stats(have, v)
-        elif isinstance(have, (int, float)) and isinstance(v, (int, float)) and \
-                not isinstance(have, bool):
-            into[k] = have + v
-
-
 def _value_info(sub: onnx.ModelProto) -> list:
     """value_info of the branch's tensors, inferred without binding the planned sizes (a dim
     keeps its name: a model planned at batch 1 still runs at batch 4)."""
@@ -239,7 +224,7 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             if attr.type != onnx.AttributeProto.GRAPH:
                 continue
             tag = "t" if attr.name == "then_branch" else "e"
-            scope = f"{ctx.scope}if{index:04d}{tag}_"
+            scope = branch_scope(ctx.scope, index, attr.name)
             record = {"node": node.name, "branch": attr.name, "compiled": False, "cinm": 0,
                       "nodes": len(attr.g.node), "why": None}
             ctx.stats["if_bodies"].append(record)
@@ -260,7 +245,7 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             n_cinm = sum(1 for n in cinm.all_nodes(sub.graph) if n.domain == cinm.DOMAIN)
             kept = sub_ctx.stats.get("to_cinm", {}).get("kept")
             if kept:  # what stayed on the host is true of the original branch as well
-                _merge_stats(ctx.stats.setdefault("to_cinm", {}), {"kept": kept})
+                merge_stats(ctx.stats.setdefault("to_cinm", {}), {"kept": kept})
             if not n_cinm:
                 record["why"] = "nothing to lower"
                 continue
@@ -274,7 +259,7 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             record.update(compiled=True, cinm=n_cinm, nodes=len(body.node))
             stats = {k: v for k, v in sub_ctx.stats.items() if k != "to_cinm"}
             stats["to_cinm"] = {"lowered": sub_ctx.stats.get("to_cinm", {}).get("lowered", Counter())}
-            _merge_stats(ctx.stats, stats)
+            merge_stats(ctx.stats, stats)
             ctx.log(f"{node.name}/{attr.name}: compiled, {n_cinm} cinm ops")
     frontend.set_planned_dims(model, named, frontend.BRANCH_DIMS_KEY)
     return model

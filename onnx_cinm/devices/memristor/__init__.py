@@ -409,7 +409,9 @@ class MemristorDevice(Device):
         (:func:`onnx_cinm.paradigms.cim.residency.allocate`): all kernels resident when their
         tiles fit together, else the knapsack pins whole kernels in ``P - 1`` crossbars and the
         rest stream through the others (``shared`` when several do); the naive order keeps no
-        tile and needs no allocation.
+        tile and needs no allocation. A kernel whose options say ``per_inference`` False (in
+        an If branch the planning probe did not see taken) saves no write per inference by
+        being pinned: the knapsack values it 0, so the kernels that run get the crossbars.
 
         ``cim_crossbars`` is the number of crossbars the kernel uses, ``cim_device_crossbars``
         the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too.
@@ -497,11 +499,13 @@ class MemristorDevice(Device):
         owner = _tile_owners(items, alone)
         sets = [i for i in range(len(items)) if owner[i] == i]
         uses = {i: 0 for i in sets}
-        for o in owner:
+        runs = {i: 0 for i in sets}  # the knapsack's value: kernels that run per inference
+        for (_, opts), o in zip(items, owner):
             uses[o] += 1
+            runs[o] += 1 if opts.get("per_inference", True) else 0
         alloc = dict(zip(sets, residency.allocate([alone[i][0][0].tiles for i in sets],
                                                   [alone[i][0][3] for i in sets], P,
-                                                  [uses[i] for i in sets])))
+                                                  [runs[i] for i in sets])))
         out = []
         for i, (op, opts) in enumerate(items):
             e = entry(op, opts, *alloc[owner[i]])
@@ -635,7 +639,7 @@ class MemristorDevice(Device):
                 "periph: energy of the cells (writes and MVMs), the converters and the rest of "
                 "the periphery; t adc/dac: the conversions' share of the latency; area: the "
                 "kernel's crossbars with their converters and periphery, '-' if not published)")
-        notes = [note]
+        notes = [note, _use_note(plans, used)]
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
@@ -712,6 +716,30 @@ class MemristorDevice(Device):
 
         data_path = _run_mode(attrs, self.params, run_options) if run_options else None
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path)
+
+
+def _use_note(plans: list, used: int) -> str:
+    """The summary's line on the chip's crossbars: how many the kernels of ``plans`` (``[(name,
+    op type, attrs)]``, every kernel loaded: an If's branches' too) use of
+    the ``cim_device_crossbars`` they share, kept by resident kernels and streamed through by
+    the others; ``EXCEEDS`` when ``used`` is more than the chip has (plans made apart, as by
+    a compiler that planned each If branch as if it had the whole chip)."""
+    chip = max((int(a.get("cim_device_crossbars") or 0) for *_, a in plans), default=0)
+    kept = sum(a["cim_crossbars"] for *_, a in plans
+               if a["cim_resident"] and not a.get("cim_tile_owner"))
+    streamed = [name for name, _, a in plans if not a["cim_resident"]]
+    text = f"crossbars: {used} in use"
+    if chip:
+        text += f" of the chip's {chip}"
+    text += f", {kept} kept by resident kernels"
+    if streamed:
+        shown = ", ".join(streamed[:3]) + (f" and {len(streamed) - 3} more" if len(streamed) > 3
+                                           else "")
+        text += f", {used - kept} streamed through by {len(streamed)} kernel" \
+                f"{'s' * (len(streamed) != 1)} ({shown})"
+    if chip and used > chip:
+        text += f"; EXCEEDS the chip's {chip} crossbars (plans made apart: compile again)"
+    return f"({text})"
 
 
 def _tile_owners(items: list, planned: list) -> list[int]:

@@ -68,7 +68,9 @@ def allocate(tiles: list[int], const: list[bool], crossbars: int,
             entry per tile set when kernels share one (the set's first kernel's place).
         const: whether each kernel's programmed operand is constant.
         crossbars: ``P``, the chip's crossbars.
-        uses: kernels running over each tile set (default 1 each): the knapsack's value.
+        uses: kernels running over each tile set per inference (default 1 each): the
+            knapsack's value (0: none runs per inference, as in an If branch the planning
+            probe did not see taken; such a set is pinned only when everything fits).
 
     Returns:
         ``[(crossbars used, shared)]`` per kernel: a resident or pinned kernel gets ``T_k``
