@@ -113,8 +113,8 @@ class Alias:
             ``--<option_prefix>-`` (:func:`onnx_cinm.devices.base.check_device`).
         sweep: a sweep key (``crossbar.size``), "" for none.
         also: fields of the same options class set at once with the declaring one (``--cim-size
-            ROWSxCOLS`` on ``rows`` sets ``cols`` too); an option's own flag wins over a value
-            the alias gives it this way.
+            ROWSxCOLS`` on ``rows`` sets ``cols`` too); an option's own flag giving another value
+            than the alias gives it this way is a usage error (the same value is not).
         parse: the alias's text -> the value (with ``also``: a tuple, one value per field, the
             declaring one first), each then checked as its option's (:func:`check`); raises
             ValueError naming the form expected. None: the text is read as the option's own

@@ -88,10 +88,13 @@ COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "viol
 LOWERING = ["placement", "cim_tiling", "cnm_mapping", "device_lowering"]
 
 
-def parse_sets(items: list[str]) -> list[tuple[str, list[str]]]:
+def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, list[str]]]:
     """``["crossbar.count=4,16", ...]`` -> ``[("crossbar.count", ["4", "16"]), ...]``, checked.
 
-    Raises CinmError on a malformed item, an unknown or repeated key, or a bad value."""
+    A value giving the same options as an earlier one of its key (``cim.rows=64,64``,
+    ``crossbar.size=64x64,64X64``) is dropped, so no configuration runs twice; ``notes``, when
+    given, receives one line per key that had some. Raises CinmError on a malformed item, an
+    unknown or repeated key, or a bad value."""
     known = keys()
     out, seen = [], set()
     for item in items:
@@ -104,9 +107,17 @@ def parse_sets(items: list[str]) -> list[tuple[str, list[str]]]:
         if key in seen:
             raise CinmError(f"sweep key '{key}' given twice")
         seen.add(key)
-        values = [v.strip() for v in vals.split(",") if v.strip()]
-        for v in values:
-            known[key](v)
+        values, parsed, dropped = [], [], []
+        for v in (v.strip() for v in vals.split(",") if v.strip()):
+            o = known[key](v)
+            if o in parsed:
+                dropped.append(v)
+                continue
+            values.append(v)
+            parsed.append(o)
+        if dropped and notes is not None:
+            notes.append(f"sweep key '{key}': {', '.join(dropped)} repeat{'s' * (len(dropped) == 1)} "
+                         "an earlier value; each configuration runs once")
         out.append((key, values))
     return out
 

@@ -217,7 +217,7 @@ def _option_flags(p: argparse.ArgumentParser, schema: dict) -> None:
             elif len(alias.keys) == 1:  # the option itself in another form: the last one wins
                 g.add_argument(alias.flag, dest=key, type=_alias_typed(alias, schema),
                                metavar=alias.metavar or None, help=text)
-            else:  # several options: their own flags win (_pass_options)
+            else:  # several options: their own flags may repeat a value, not contradict it
                 g.add_argument(alias.flag, dest=_alias_dest(alias), default=None,
                                type=_alias_typed_all(alias, schema),
                                metavar=alias.metavar or None, help=text)
@@ -250,11 +250,16 @@ def _pass_options(args, parser) -> dict:
     # not a value, and must not erase the file's hints
     opts.update({k: getattr(args, k) for k in schema if getattr(args, k, None) not in (None, [])})
     for spec in schema.values():  # aliases setting several options, e.g. --cim-size ROWSxCOLS:
-        for alias in spec.aliases:  # each option its own flag does not set
+        for alias in spec.aliases:  # each option its own flag does not set; a flag of its
             given = getattr(args, _alias_dest(alias), None) if len(alias.keys) > 1 else None
-            for key, v in (given or {}).items():
-                if getattr(args, key, None) is None:
+            for key, v in (given or {}).items():  # own giving another value is a usage error
+                own = getattr(args, key, None)
+                if own is None:
                     opts[key] = v
+                elif own != v:
+                    flag = "--" + key.replace("_", "-")
+                    parser.error(f"{alias.flag} sets {flag} to {v}, but {flag} {own} is given "
+                                 "too: give one of them")
     try:
         return check_options(opts)
     except CinmError as e:

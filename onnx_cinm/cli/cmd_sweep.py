@@ -13,7 +13,10 @@ def _cmd_sweep(args, parser) -> int:
     from .. import artifacts, frontend, sweep
 
     try:
-        sets = sweep.parse_sets(args.sets)
+        notes: list = []
+        sets = sweep.parse_sets(args.sets, notes)
+        for note in notes:
+            print(f"onnx-cinm: note: {note}", file=sys.stderr)
         dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:

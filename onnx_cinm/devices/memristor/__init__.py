@@ -31,7 +31,7 @@ from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
 from .nonideal import EFFECTS, NAMED
 from .presets import (DEFAULT, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
-                      CrossbarParams)
+                      CrossbarParams, resize)
 
 
 @dataclass(frozen=True)
@@ -195,14 +195,18 @@ def params_from_options(options: dict, base: CrossbarParams = DEFAULT) -> Crossb
     :class:`CrossbarOptions` by the caller, :func:`onnx_cinm.passes.check_options`).
 
     Keys (all optional): ``cim_preset`` (a name of :data:`PRESETS`), ``cim_rows``, ``cim_cols``
-    (cells per crossbar), ``cim_crossbars`` (``P``).
+    (cells per crossbar: another size than the preset's scales its per-array energy, latency
+    and area, :func:`.presets.resize`), ``cim_crossbars`` (``P``).
     """
     preset = options.get("cim_preset")
     if preset is not None:
         base = PRESETS[preset]
-    over = {name: options[f"cim_{name}"] for name in ("rows", "cols", "crossbars")
-            if options.get(f"cim_{name}") is not None}
-    return replace(base, **over) if over else base
+    rows, cols = options.get("cim_rows"), options.get("cim_cols")
+    if rows is not None or cols is not None:
+        base = resize(base, base.rows if rows is None else rows,
+                      base.cols if cols is None else cols)
+    count = options.get("cim_crossbars")
+    return base if count is None else replace(base, crossbars=count)
 
 
 class MemristorDevice(Device):
@@ -644,6 +648,12 @@ class MemristorDevice(Device):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
         folded = PRESETS[preset].folded if preset in PRESETS else ()
+        chip = PRESETS.get(preset)
+        if chip is not None and (a0["cim_rows"], a0["cim_cols"]) != (chip.rows, chip.cols):
+            notes.append(f"(figures scaled from {chip.rows}x{chip.cols}, {preset}'s published "
+                         f"array, to {a0['cim_rows']}x{a0['cim_cols']}: per cell, per "
+                         "converted column and row, per array edge (docs/crossbar-presets.md, "
+                         "'Other array sizes'))")
         if folded:
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
                          "inside the array's figures: they are counted under E array)")

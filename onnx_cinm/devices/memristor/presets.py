@@ -16,10 +16,11 @@ simulator's :mod:`onnx_cinm.sim.crossbar.physics`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 __all__ = ["CrossbarParams", "PCM_OCC", "RERAM_ISAAC", "PCM_HERMES", "RRAM_NEURRAM", "PRESETS",
-           "DEFAULT"]
+           "DEFAULT", "resize"]
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,17 @@ class CrossbarParams:
             spends ``adc_latency_s * ceil(cols / adcs_per_array)`` converting.
         cell_area_mm2: area of one crossbar's cell array, mm^2 (0: not published).
         adc_dac_area_mm2: area of one crossbar's ADCs and DACs, mm^2 (0: not published).
+        dac_area_mm2: the DACs' part of ``adc_dac_area_mm2`` (one DAC per row), mm^2; the rest
+            is the ADCs' (:func:`resize` scales the two apart).
         periphery_area_mm2: area of the rest of one crossbar's periphery, mm^2.
         folded: the cost terms (``"adc_dac"``, ``"periphery"``) whose energy and area the
             preset's published figures include in the array's (``mvm_energy_j``,
             ``cell_area_mm2``) because the publication gives only the sum.
+        mvm_energy_per: what ``mvm_energy_j`` is published per, for :func:`resize`: ``"cell"``
+            (a cell-array read energy, or a folded total scaled per cell) or ``"column"``
+            (per-column neuron/sense energies, NeuRRAM's).
+        scaled_from: ``(rows, cols)`` of the published array when :func:`resize` scaled the
+            per-array figures to another size; ``()`` for the published size.
         device_model: name of the device model in
             :data:`onnx_cinm.sim.crossbar.physics.DEVICE_MODELS` (programming noise, drift, read
             noise, conductance range).
@@ -101,8 +109,11 @@ class CrossbarParams:
     adcs_per_array: int = 0
     cell_area_mm2: float = 0.0
     adc_dac_area_mm2: float = 0.0
+    dac_area_mm2: float = 0.0
     periphery_area_mm2: float = 0.0
     folded: tuple = ()
+    mvm_energy_per: str = "cell"
+    scaled_from: tuple = ()
     device_model: str = "pcm-joshi2020"
     wire_ohm_row: float = 0.0
     wire_ohm_col: float = 0.0
@@ -126,11 +137,83 @@ class CrossbarParams:
 
     def summary(self) -> str:
         """One line: geometry, precision, per-MVM and per-write cost, device model."""
-        return (f"{self.technology} {self.rows}x{self.cols} x {self.crossbars}, "
+        scaled = (f" (figures scaled from {self.scaled_from[0]}x{self.scaled_from[1]})"
+                  if self.scaled_from else "")
+        return (f"{self.technology} {self.rows}x{self.cols}{scaled} x {self.crossbars}, "
                 f"w{self.weight_bits}/cell{self.cell_bits}/dac{self.dac_bits}/adc{self.adc_bits} bits, "
                 f"MVM {self.mvm_latency_s * 1e9:.4g} ns {self.mvm_energy_j * 1e12:.4g} pJ, "
                 f"write {self.write_latency_s * 1e6:.4g} us {self.write_energy_j * 1e9:.4g} nJ "
                 f"per tile, device {self.device_model}")
+
+
+def resize(params: CrossbarParams, rows: int, cols: int) -> CrossbarParams:
+    """``params`` with arrays of ``rows x cols`` cells, its per-array figures scaled from the
+    preset's published ``R0 x C0`` array (``params`` itself when the size is the published one,
+    so a preset's own size gives exactly its published figures; a resized preset is scaled
+    from its published size, never from another resize).
+
+    With ``r = rows / R0``, ``c = cols / C0``, the rules (docs/crossbar-presets.md, "Other
+    array sizes"; the per-row/per-column structure of an array is crossbar.md §2.1-2.2 and
+    chips.md §1.2, §1.5, §1.6):
+
+    - cell array: ``cell_area_mm2`` and a cell-array read ``mvm_energy_j`` x ``r * c`` (per
+      cell); a preset whose ``mvm_energy_j`` is per-column neuron energy
+      (``mvm_energy_per == "column"``, NeuRRAM's sample + integrate) x ``c``. A folded total
+      (``folded``: HERMES's core area and TOPS/W with ADCs and periphery inside) is scaled per
+      cell too: an approximation, since the ADCs inside it go with the columns only;
+    - programming: ``write_energy_j`` x ``r * c`` (per cell), ``write_latency_s`` x ``r``
+      (row by row, as the HERMES and NeuRRAM placeholders and NVSim's cell figures are built);
+    - converters: ``adc_energy_j`` per conversion and ``dac_energy_j`` per drive are kept (the
+      plan counts one per used column and one per used row of every MVM, so an array's
+      converter energy already goes with ``c`` and ``r``); ADCs per array
+      ``ceil(cols / (C0 / A0))``: as many as keep each ADC serving at most the published
+      columns, at least one; the ADCs' area per ADC, the DACs' area (``dac_area_mm2``, one per
+      row) x ``r``;
+    - one MVM: the published conversion share of ``mvm_latency_s``
+      (:func:`~onnx_cinm.paradigms.cim.schedule.conversion_share`) x the ratio of columns each
+      ADC serves, the rest kept (the analog read time does not depend on the array size); a
+      preset that publishes no conversion time (``adc_latency_s`` or ``adcs_per_array`` 0)
+      keeps its ``mvm_latency_s``;
+    - periphery (drivers, decoders, shift-and-add along the edges): ``periphery_area_mm2`` and
+      ``periphery_energy_per_cycle_j`` x ``(rows + cols) / (R0 + C0)``;
+    - ``min_macs`` (the paper heuristic's one tile of work) becomes ``rows * cols``.
+
+    Geometry-free fields (crossbar count, clock, precision, device model, wire resistance per
+    cell, endurance) are kept. ``scaled_from`` records ``(R0, C0)`` for the reports.
+    Raises ValueError if ``rows`` or ``cols`` is below 1.
+    """
+    if rows < 1 or cols < 1:
+        raise ValueError(f"a crossbar needs at least 1x1 cells, not {rows}x{cols}")
+    r0, c0 = params.scaled_from or (params.rows, params.cols)
+    if params.scaled_from:  # scale from the published array, never from another resize
+        raise ValueError(f"{params.name} is already resized from {r0}x{c0}")
+    if (rows, cols) == (r0, c0):
+        return params
+    r, c = rows / r0, cols / c0
+    cells, edge = r * c, (rows + cols) / (r0 + c0)
+    adcs, mvm_latency = params.adcs_per_array, params.mvm_latency_s
+    adc_area = params.adc_dac_area_mm2 - params.dac_area_mm2
+    if params.adcs_per_array:
+        served0 = c0 / params.adcs_per_array
+        adcs = max(1, math.ceil(cols / served0 - 1e-9))
+        adc_area *= adcs / params.adcs_per_array
+        if params.adc_latency_s and params.mvm_latency_s:
+            t0 = params.adc_latency_s * math.ceil(c0 / params.adcs_per_array)
+            conv = min(params.mvm_latency_s, t0)
+            mvm_latency = (params.mvm_latency_s - conv
+                           + conv * math.ceil(cols / adcs) / math.ceil(c0 / params.adcs_per_array))
+    else:
+        adc_area *= c
+    dac_area = params.dac_area_mm2 * r
+    per_mvm = c if params.mvm_energy_per == "column" else cells
+    return replace(params, rows=rows, cols=cols, scaled_from=(r0, c0), min_macs=rows * cols,
+                   write_latency_s=params.write_latency_s * r,
+                   write_energy_j=params.write_energy_j * cells,
+                   mvm_latency_s=mvm_latency, mvm_energy_j=params.mvm_energy_j * per_mvm,
+                   periphery_energy_per_cycle_j=params.periphery_energy_per_cycle_j * edge,
+                   adcs_per_array=adcs, cell_area_mm2=params.cell_area_mm2 * cells,
+                   adc_dac_area_mm2=adc_area + dac_area, dac_area_mm2=dac_area,
+                   periphery_area_mm2=params.periphery_area_mm2 * edge)
 
 
 _OCC = "OCC data (crossbar.md §1.4)"
@@ -189,7 +272,7 @@ RERAM_ISAAC = CrossbarParams(
     adc_energy_j=1.67e-12, min_macs=128 * 128, name="reram-isaac",
     technology="ReRAM", node_nm=32, weight_bits=16, cell_bits=2, dac_bits=16, adc_bits=8,
     dac_energy_j=0.42e-12, adc_latency_s=1 / 1.2e9, adcs_per_array=1, cell_area_mm2=25e-6,
-    adc_dac_area_mm2=(1200 + 170 / 8) * 1e-6, periphery_area_mm2=4 * 60e-6 / 8,
+    adc_dac_area_mm2=(1200 + 170 / 8) * 1e-6, dac_area_mm2=170 / 8 * 1e-6, periphery_area_mm2=4 * 60e-6 / 8,
     device_model="rram-wan2022",
     wire_ohm_row=0.15, wire_ohm_col=0.15,
     sources=(("rows", "ISAAC 128x128 (crossbar.md §2.6)"), ("cols", "ISAAC (crossbar.md §2.6)"),
@@ -209,6 +292,7 @@ RERAM_ISAAC = CrossbarParams(
              ("cell_area_mm2", "PUMA xbar_area_dict 128x128 25 um^2 (chips.md §1.2)"),
              ("adc_dac_area_mm2", "hwcomponents IsaacADC 1200 um^2 + IsaacDAC 170/8 um^2 "
               "(chips.md §1.2) [derived]"),
+             ("dac_area_mm2", "hwcomponents IsaacDAC 170 um^2 per 8 x 128 DACs (chips.md §1.2)"),
              ("periphery_area_mm2", "hwcomponents IsaacShiftAdd 4 x 60 um^2 per IMA / 8 "
               "(chips.md §1.2) [derived]"),
              ("node_nm", "ISAAC 32 nm (chips.md §1.1)"),
@@ -309,6 +393,7 @@ RRAM_NEURRAM = CrossbarParams(
     periphery_energy_per_cycle_j=0.0, endurance_writes=1e6, clock_hz=1e6, adc_energy_j=0.3e-12,
     min_macs=256 * 256, name="rram-neurram", technology="ReRAM", node_nm=130, weight_bits=4,
     cell_bits=3, dac_bits=4, adc_bits=8, device_model="rram-wan2022", folded=("periphery",),
+    mvm_energy_per="column",
     wire_ohm_row=0.15, wire_ohm_col=0.15,
     sources=(("rows", "review fig. of " + _NEURRAM + " [sec]"), ("cols", "same [sec]"),
              ("crossbars", "issue 15 / chips.md §1.6 (48 cores)"),
@@ -319,6 +404,7 @@ RRAM_NEURRAM = CrossbarParams(
              ("adc_energy_j", _ACCELERGY + " 0.3 pJ per read"),
              ("periphery_energy_per_cycle_j", "0: the per-column sample/integrate energies"),
              ("folded", "the neurons' sample/integrate energies in mvm_energy_j"),
+             ("mvm_energy_per", _ACCELERGY + " per-column neuron energies"),
              ("endurance_writes", "NVMain default (crossbar.md §2.8)"),
              ("clock_hz", _ACCELERGY + " 1 us cycle"),
              ("node_nm", "chips.md §1.1 [unconfirmed]"),
