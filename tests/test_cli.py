@@ -81,6 +81,11 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--overwrite-input-shape", "input:1,64", "--overwrite-input-shape", "input:2,64"], "twice"),
     (["--check", "abc"], "--check: expected an integer, got 'abc'"),
     (["--cim-size", "64x64x2"], "expected ROWSxCOLS"),
+    # --cim-size and a flag of its own contradicting it (finding 7: silently 128x64), either order
+    (["--cim-rows", "128", "--cim-size", "64x64"],
+     "--cim-size sets --cim-rows to 64, but --cim-rows 128 is given too: give one of them"),
+    (["--cim-size", "64x64", "--cim-cols", "32"],
+     "--cim-size sets --cim-cols to 64, but --cim-cols 32 is given too"),
     (["--lifetime-inferences", "0"], "lifetime_inferences='0': expected number in 1.."),
     (["--cim-rows", "0"], "cim_rows='0': expected integer in 1..65536"),
     (["--upmem-tasklets", "many"], "upmem_tasklets='many': expected integer in 1..24"),

@@ -231,6 +231,7 @@ def test_adc_offset_gain_and_inl():
 
 from onnx_cinm.devices.memristor import PCM_HERMES, PCM_OCC, RERAM_ISAAC  # noqa: E402
 from onnx_cinm.devices.memristor.codegen import emit_kernel  # noqa: E402
+from onnx_cinm.devices.memristor.presets import resize  # noqa: E402
 from onnx_cinm.devices.memristor.nonideal import Q8, Q8_NOISY, compose  # noqa: E402
 from onnx_cinm.paradigms.cim.schedule import plan  # noqa: E402
 from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, load_file  # noqa: E402
@@ -454,7 +455,9 @@ def test_cli_device_mode_and_preset_costs_reach_the_kernels(tmp_path):
     texts = [p.read_text() for p in (tmp_path / "m.cinm" / "memristor").glob("*.xbar")]
     assert texts
     for text in texts:
-        # the preset's own costs (regression: the kernels carried pcm-occ's whatever the preset)
-        assert f"cost mvm_latency_s {RERAM_ISAAC.mvm_latency_s!r}\n" in text
+        # the preset's own costs (regression: the kernels carried pcm-occ's whatever the preset),
+        # scaled to 64x64: one ADC converting 64 columns, not 128, of its 100 ns MVM
+        assert f"cost mvm_latency_s {resize(RERAM_ISAAC, 64, 64).mvm_latency_s!r}\n" in text
+        assert resize(RERAM_ISAAC, 64, 64).mvm_latency_s == pytest.approx(50e-9)
         assert "device rram-wan2022\n" in text and "time_s 86400.0\n" in text
         assert "weight_bits 16\n" in text and "drift_compensation" not in text

@@ -179,3 +179,106 @@ def test_placement_benchmark_preset_table():
     assert hermes["chip_area_mm2"] == pytest.approx(64 * 0.62)
     assert hermes["energy_j"] < host["energy_j"]
     sys.modules.pop("placement_bench", None)
+
+
+def _parts(cost):
+    return {q.term: q for q in cost.parts}
+
+
+def test_the_presets_own_size_gives_its_published_figures():
+    """--cim-size at a preset's own array changes nothing (the default is untouched)."""
+    from onnx_cinm.devices.memristor import params_from_options
+    from onnx_cinm.devices.memristor.presets import resize
+
+    for p in PRESETS.values():
+        assert resize(p, p.rows, p.cols) is p
+        same = params_from_options({"cim_preset": p.name, "cim_rows": p.rows, "cim_cols": p.cols})
+        assert same is p and not same.scaled_from
+    assert params_from_options({}) is PCM_HERMES
+
+
+@pytest.mark.parametrize("size", [64, 256])
+def test_isaac_resized_by_hand(size):
+    """reram-isaac (published 128 x 128, one ADC per array) at half and double its size: one
+    resident tile, 10 MVMs. By hand from the preset's sources (chips.md §1.2):
+    cells 25 um^2 and 128 x 128 x 0.1 pJ per MVM scale per cell; one ADC per 128 columns
+    (1200 um^2; 64 columns: still 1 ADC, 256: 2 ADCs) converting 1.67 pJ per column in 1/1.2 ns;
+    128 DACs 170/8 um^2 scale per row at 0.42 pJ per drive; shift-and-add 30 um^2 per
+    (rows + cols) = 256; the MVM is all conversion (128 x 0.83 ns > 100 ns): 100 ns x columns
+    per ADC / 128; a tile write 351/32 us per 128 rows and 676,000/32 pJ per 16,384 cells."""
+    from onnx_cinm.devices.memristor import params_from_options
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    p = params_from_options({"cim_preset": "reram-isaac", "cim_rows": size, "cim_cols": size})
+    assert p.scaled_from == (128, 128) and (p.rows, p.cols) == (size, size)
+    cells = size * size / (128 * 128)
+    adcs, per_adc = {64: (1, 64), 256: (2, 128)}[size]
+    assert p.adcs_per_array == adcs
+    c = plan(10, size, size, p).cost(p)
+    parts = _parts(c)
+    assert parts["array"].energy_j == pytest.approx(10 * size * size * 0.1e-12)
+    assert parts["adc_dac"].energy_j == pytest.approx(10 * size * (1.67e-12 + 0.42e-12))
+    assert parts["periphery"].energy_j == 0.0
+    assert c.latency_s == pytest.approx(10 * 100e-9 * per_adc / 128)
+    assert parts["adc_dac"].latency_s == pytest.approx(c.latency_s)
+    assert parts["array"].area_mm2 == pytest.approx(25e-6 * cells)
+    assert parts["adc_dac"].area_mm2 == pytest.approx(adcs * 1200e-6 + 170e-6 / 8 * size / 128)
+    assert parts["periphery"].area_mm2 == pytest.approx(30e-6 * 2 * size / 256)
+    load = plan(10, size, size, p).cost(p, load=True)
+    assert load.latency_s == pytest.approx(351e-6 / 32 * size / 128)
+    assert load.energy_j == pytest.approx(676_000e-12 / 32 * cells)
+
+
+@pytest.mark.parametrize("size", [128, 512])
+def test_hermes_folded_total_scaled_per_cell(size):
+    """pcm-hermes publishes its core's energy (9.76 TOPS/W) and area (1.59 TOPS/mm^2) only as
+    wholes: both scale per cell; one ADC per column (256 per 256 columns) keeps each MVM at
+    131,072 / (63.1e12 / 64) s with 76.8 ns converting."""
+    from onnx_cinm.devices.memristor import params_from_options
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    p = params_from_options({"cim_rows": size, "cim_cols": size})  # the default preset
+    cells = size * size / 65536
+    c = plan(1, size, size, p).cost(p)
+    parts = _parts(c)
+    assert parts["array"].energy_j == pytest.approx(131072 / 9.76e12 * cells) == c.energy_j
+    assert parts["array"].area_mm2 == pytest.approx(0.62 * cells)
+    assert c.latency_s == pytest.approx(131072 / (63.1e12 / 64))
+    assert parts["adc_dac"].latency_s == pytest.approx(76.8e-9)
+    assert p.adcs_per_array == size and p.min_macs == size * size
+
+
+@pytest.mark.parametrize("size", [32, 128])
+def test_occ_periphery_per_edge_and_neurram_per_column(size):
+    """pcm-occ (64 x 64): its 2.1 nJ per busy cycle of periphery scales with the array's edge
+    (rows + cols) / 128, the 0.2 pJ MVM and 200 pJ tile write per cell, the 2.5 us write per
+    row; the 1 us MVM has no published conversion part and stays. rram-neurram: 256 x (1.2 +
+    0.25) pJ of neuron energy per MVM goes with the columns."""
+    from onnx_cinm.devices.memristor import params_from_options
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    p = params_from_options({"cim_preset": "pcm-occ", "cim_rows": size, "cim_cols": size})
+    c = plan(1, size, size, p).cost(p)
+    parts = _parts(c)
+    assert parts["periphery"].energy_j == pytest.approx(1000 * 2.1e-9 * 2 * size / 128)
+    assert parts["array"].energy_j == pytest.approx(0.2e-12 * size * size / 4096)
+    assert c.latency_s == pytest.approx(1e-6)
+    assert p.write_latency_s == pytest.approx(2.5e-6 * size / 64)
+    assert p.write_energy_j == pytest.approx(200e-12 * size * size / 4096)
+    n = params_from_options({"cim_preset": "rram-neurram", "cim_rows": 256, "cim_cols": size})
+    assert n.mvm_energy_j == pytest.approx(size * 1.45e-12)
+    assert n.adc_energy_j == 0.3e-12  # per conversion: the plan counts one per column
+
+
+def test_optimize_table_says_figures_are_scaled(tmp_path, capsys):
+    """optimize at another crossbar size than the preset's says so under the kernel table;
+    at the preset's own size it does not."""
+    from onnx_cinm.cli import main
+
+    common = ["optimize", "--example", "lenet", "--check", "0", "--host-roofline", "nominal"]
+    assert main(common + ["--cim-size", "64x64", "-o", str(tmp_path / "a.onnx")]) == 0
+    assert "(figures scaled from 256x256, pcm-hermes's published array, to 64x64" in \
+        capsys.readouterr().out
+    assert main(common + ["--cim-size", "256x256", "-o", str(tmp_path / "b.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "crossbars of 256x256" in out and "scaled from" not in out

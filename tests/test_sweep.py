@@ -101,3 +101,19 @@ def test_a_rejected_configuration_says_so_instead_of_nan(tmp_path, capsys):
     assert main(["sweep", "--example", "lenet", "--set", "upmem.target=v1a", "-o",
                  str(tmp_path / "no" / "sw"), "--executor", "serial", "-q"]) == 1
     assert "folder '" + str(tmp_path / "no") + "' does not exist" in capsys.readouterr().err
+
+
+def test_a_repeated_value_runs_once_with_a_note(tmp_path, capsys):
+    """`--set cim.rows=64,64` ran the same configuration twice, silently (finding 7); values
+    spelled apart but giving the same options (64x64, 64X64) are one configuration too."""
+    notes: list = []
+    sets = sweep.parse_sets(["cim.rows=64,64,32", "crossbar.size=64x64,64X64"], notes)
+    assert sets == [("cim.rows", ["64", "32"]), ("crossbar.size", ["64x64"])]
+    assert notes == ["sweep key 'cim.rows': 64 repeats an earlier value; each configuration runs "
+                     "once", "sweep key 'crossbar.size': 64X64 repeats an earlier value; each "
+                     "configuration runs once"]
+    assert main(["sweep", "--example", "mlp", "--set", "upmem.dpus=8,8", "-o",
+                 str(tmp_path / "sw"), "--executor", "serial"]) == 0
+    out, err = capsys.readouterr()
+    assert "onnx-cinm: note: sweep key 'upmem.dpus': 8 repeats an earlier value" in err
+    assert "1 configurations" in out and len(_rows(tmp_path / "sw" / "sweep.csv")) == 1

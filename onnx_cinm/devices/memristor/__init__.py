@@ -44,7 +44,9 @@ class CrossbarOptions:
                                 choices=lambda: tuple(PRESETS),
                                 aliases=(Alias(sweep="crossbar.preset"),))
     rows: int | None = option(None, help="cells per crossbar column (default: the preset's, 256 "
-                              "for pcm-hermes, 64 for pcm-occ)", low=1, high=1 << 16,
+                              "for pcm-hermes, 64 for pcm-occ; another size scales the "
+                              "preset's per-array energy, latency and area, "
+                              "docs/crossbar-presets.md)", low=1, high=1 << 16,
                               aliases=(Alias(flag="--cim-size", sweep="crossbar.size",
                                              also=("cols",), parse=parse_pair, metavar="ROWSxCOLS",
                                              help="cells per crossbar, e.g. 128x128: --cim-rows "
