@@ -279,3 +279,37 @@ def test_a_fixed_batch_the_data_do_not_fill_is_padded(digits_mlp, tmp_path, caps
                          "--seeds", "1", "--json"])
     assert out["exact"] == want and out["samples"] == 450
     assert [s["mean"] for s in out["summary"]] == [want]
+
+
+def test_progress_lines_in_a_pipe_are_rate_limited():
+    """In a pipe (no terminal for a bar) evaluate printed nothing for minutes (finding 4):
+    now a line on stderr at most every 15 s, with an estimate of the rest from the rate so far;
+    none once everything is done."""
+    import io
+
+    from onnx_cinm.cli.cmd_evaluate import _Lines
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = _Lines(100, clock=lambda: now[0], stream=out)
+    for t, n in ((5.0, 10), (20.0, 10), (25.0, 10), (36.0, 30), (60.0, 40)):
+        now[0] = t
+        bar.update(n)
+    # 20 of 100 at 20 s: 80 s (1.33 min) left at 1 per second; 60 at 36 s (16 s after the last line)
+    assert out.getvalue().splitlines() == [
+        "onnx-cinm evaluate: 20/100 samples (20%), 20 s elapsed, about 1.33 min left",
+        "onnx-cinm evaluate: 60/100 samples (60%), 36 s elapsed, about 24 s left"]
+
+
+def test_evaluate_shows_progress_in_a_pipe(digits_files, capsys, monkeypatch):
+    from onnx_cinm.cli import cmd_evaluate
+
+    lines = cmd_evaluate._Lines
+    monkeypatch.setattr(cmd_evaluate, "_Lines", lambda total, **kw: lines(total, interval=0.0))
+    path, data, _ = digits_files
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                 "--cim-effects", "drift", "--times", "1h", "--seeds", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    # 2 configurations (compensation off, on) x 450 samples in batches of 256 + 194
+    assert [e.split(" samples")[0] for e in err] == [
+        "onnx-cinm evaluate: 256/900", "onnx-cinm evaluate: 450/900", "onnx-cinm evaluate: 706/900"]

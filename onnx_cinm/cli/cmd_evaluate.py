@@ -3,8 +3,10 @@ effects, over time after programming, drift compensation, ADC widths, stuck-at r
 (:mod:`onnx_cinm.runtime.evaluate`); a table, optionally a plot and JSON records."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -63,11 +65,9 @@ def _cmd_evaluate(args, parser) -> int:
     evaluator = ev.Evaluator(args.model, arrays, labels, output=args.judged, options=opts,
                              batch=args.batch)
     points = evaluator.points(args.times, args.adc_bits, args.stuck_at, args.seeds)
-    from tqdm import tqdm
-
-    records = [evaluator.run(p) for p in tqdm(
-        points, desc="evaluate", unit="run", file=sys.stderr, leave=False,
-        disable=args.quiet or args.json or not sys.stderr.isatty())]
+    with _progress(len(points) * evaluator.samples, quiet=args.quiet) as bar:
+        evaluator.progress = bar.update
+        records = [evaluator.run(p) for p in points]
     summary = ev.summarize(records)
     if args.plot:
         png = ev.plot(summary, f"{Path(args.model).name} on {Path(args.data).name}")
@@ -96,6 +96,59 @@ def _cmd_evaluate(args, parser) -> int:
     if args.plot:
         print(f"\nplot written to {args.plot}")
     return 0
+
+
+class _Lines:
+    """Progress as lines on stderr, for a pipe or a log file where a bar does not show: one
+    line at most every ``interval`` seconds (the first after ``interval``), with the samples
+    done, the elapsed time and an estimate of the rest, and none for a run shorter than that."""
+
+    def __init__(self, total: int, interval: float = 15.0, clock=time.monotonic,
+                 stream=None) -> None:
+        self.total, self.done, self.interval, self.clock = total, 0, interval, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = self.last = clock()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last < self.interval or self.done >= self.total:
+            return
+        self.last = now
+        spent = now - self.start
+        left = spent * (self.total - self.done) / self.done if self.done else float("nan")
+        print(f"onnx-cinm evaluate: {self.done}/{self.total} samples "
+              f"({100 * self.done / self.total:.0f}%), {_duration(spent)} elapsed, about "
+              f"{_duration(left)} left", file=self.stream, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _progress(total: int, quiet: bool):
+    """A tqdm bar over ``total`` samples on a terminal's stderr, else :class:`_Lines`; nothing
+    with -q (``update(n)`` either way)."""
+    if quiet:
+        yield _Lines(total, interval=float("inf"))
+    elif sys.stderr.isatty():
+        from tqdm import tqdm
+
+        with tqdm(total=total, desc="evaluate", unit="sample", file=sys.stderr,
+                  leave=False) as bar:
+            yield bar
+    else:
+        yield _Lines(total)
+
+
+def _duration(seconds: float) -> str:
+    """A duration for a progress line ('?' before anything is done)."""
+    from ..runtime.evaluate import duration_text
+
+    return "?" if seconds != seconds else duration_text(seconds)
 
 
 def _show(v) -> str:

@@ -18,6 +18,7 @@ with copies of its last sample, whose results are dropped: they count in no accu
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,8 @@ class Evaluator:
             output without).
         options: provider options of every run (e.g. ``{"cim_mode": "device"}``), checked.
         batch: samples per session call when the model's batch size is not fixed.
+        progress: called with the number of samples after each batch of a configuration's run
+            (:meth:`run`; not the exact run at construction), e.g. to show progress; None: not.
 
     Raises:
         CinmError: the model has no device kernel with run options (nothing to evaluate), an
@@ -83,6 +86,7 @@ class Evaluator:
     output: str | None = None
     options: dict = field(default_factory=dict)
     batch: int = 256
+    progress: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         base = InferenceSession(self.model_path, provider_options=[dict(self.options), {}])
@@ -212,7 +216,7 @@ class Evaluator:
         """One configuration: a record ``{sweep, value, compensation, seed, accuracy}`` (with
         labels; a fraction in [0, 1]) or ``{..., rel_rms}`` (without)."""
         sess = InferenceSession(self.model_path, provider_options=[self.options_of(point), {}])
-        y = self._outputs_of(sess)
+        y = self._outputs_of(sess, self.progress)
         rec = {"sweep": point.sweep, "value": point.value, "compensation": point.compensation,
                "seed": point.seed}
         if self.labels is not None:
@@ -224,8 +228,9 @@ class Evaluator:
             rec["rel_rms"] = float(err / norm) if norm > 0 else float(err)
         return rec
 
-    def _outputs_of(self, sess) -> np.ndarray:
-        """The chosen output over the whole data set, the batches concatenated."""
+    def _outputs_of(self, sess, progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """The chosen output over the whole data set, the batches concatenated; ``progress``
+        is called with the samples of each batch done."""
         step = min(self._fixed.values()) if self._fixed else max(1, min(self.batch, self.samples))
         parts = []
         for lo in range(0, self.samples, step):
@@ -237,6 +242,8 @@ class Evaluator:
                         for k, v in feed.items()}  # copies of its last sample, dropped below
             y = np.asarray(sess.run([self.output_name], feed)[0])
             parts.append(y[:real] if self._fixed and real < step and y.ndim else y)
+            if progress is not None:
+                progress(real)
         try:
             return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
         except ValueError:

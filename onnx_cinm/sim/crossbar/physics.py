@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["DeviceModel", "DEVICE_MODELS", "program", "drift_exponents", "drift", "read_noise_1f",
-           "stuck_at", "realize", "gdc_factor", "ir_drop", "adc_convert", "tile_state",
+           "stuck_at", "realize", "gdc_factor", "ir_drop", "ir_drop_matrix", "adc_convert",
+           "tile_state",
            "column_currents", "adc_errors"]
 
 _TINY = 1e-12
@@ -256,8 +257,7 @@ def _recombined(D: np.ndarray, slices: int, cell_bits: int) -> np.ndarray:
 # ------------------------------------------------------------------------- per-MVM effects
 
 
-def ir_drop(x: np.ndarray, g_s: np.ndarray, r_row: float, r_col: float,
-            chunk: int = 64) -> np.ndarray:
+def ir_drop(x: np.ndarray, g_s: np.ndarray, r_row: float, r_col: float) -> np.ndarray:
     """Column currents of one array with first-order IR drop: ``[M, c]`` (units of ``x * g_s``).
 
     ``x``: ``[M, r]`` row voltages (any unit; the model is linear in them); ``g_s``: ``[r, c]``
@@ -277,24 +277,38 @@ def ir_drop(x: np.ndarray, g_s: np.ndarray, r_row: float, r_col: float,
 
     Exact to first order; it overestimates the drop when ``n * r * g`` nears 1 (the drops then
     reduce the currents that cause them). Worked 2 x 2 example in
-    ``tests/test_crossbar_physics.py``.
+    ``tests/test_crossbar_physics.py``. Linear in ``x``, so computed as ``x @``
+    :func:`ir_drop_matrix` ``(g_s)``.
     """
-    x = np.asarray(x, dtype=np.float64)
+    return np.asarray(x, dtype=np.float64) @ ir_drop_matrix(g_s, r_row, r_col)
+
+
+def ir_drop_matrix(g_s: np.ndarray, r_row: float, r_col: float) -> np.ndarray:
+    """The ``[r, c]`` matrix ``G'`` with ``ir_drop(x, g_s, r_row, r_col) == x @ G'`` for every
+    ``x``: the model of :func:`ir_drop` folded into the array once (it is linear in the row
+    voltages), so an MVM with IR drop costs one product, as without.
+
+    With ``I_ij = g_ij x_i`` the two drops of :func:`ir_drop` are, summing the nested sums:
+    ``dV_row(i, j) = r_row * x_i * A_ij``, ``A_ij = sum_{m <= j} sum_{j' >= m} g_ij'``; and
+    ``dV_col(i, j) = r_col * sum_i' x_i' g_i'j (r - max(i, i'))`` (segment ``m`` below row ``m``
+    carries row ``i'`` when ``m >= i'`` and lies below cell ``i`` when ``m >= i``). So
+    ``y_j = sum_i x_i (g_ij - r_row g_ij A_ij - r_col g_ij B_ij)`` with
+    ``B_ij = sum_i'' g_i''j (r - max(i, i''))``: ``G' = g - r_row g*A - r_col g*B``.
+    ``g_s`` in siemens, ``r_row``, ``r_col`` in ohms; ``G'`` in siemens.
+    """
     g = np.asarray(g_s, dtype=np.float64)
-    y = x @ g
     if not (r_row or r_col):
-        return y
-    for lo in range(0, len(x), chunk):
-        cur = x[lo:lo + chunk, :, None] * g[None]  # I_ij [m, r, c]
-        drop = np.zeros_like(cur)
-        if r_row:  # segment m carries the currents of cells m..c-1 of the row
-            tail = np.flip(np.cumsum(np.flip(cur, 2), axis=2), 2)
-            drop += r_row * np.cumsum(tail, axis=2)
-        if r_col:  # segment below row m carries the currents of rows 0..m
-            head = np.cumsum(cur, axis=1)
-            drop += r_col * np.flip(np.cumsum(np.flip(head, 1), axis=1), 1)
-        y[lo:lo + chunk] -= np.einsum("mrc,rc->mc", drop, g)
-    return y
+        return g
+    out = g.copy()
+    if r_row:
+        tail = np.flip(np.cumsum(np.flip(g, 1), axis=1), 1)  # sum_{j' >= m} g_ij'
+        out -= r_row * g * np.cumsum(tail, axis=1)
+    if r_col:
+        n = g.shape[0]
+        idx = np.arange(n)
+        reach = n - np.maximum(idx[:, None], idx[None, :])  # r - max(i, i'')
+        out -= r_col * g * (reach.astype(np.float64) @ g)
+    return out
 
 
 def adc_convert(u: np.ndarray, levels: int, offset: np.ndarray | float = 0.0,
@@ -332,8 +346,9 @@ def tile_state(planes: np.ndarray, sign: np.ndarray, mode, rng: np.random.Genera
     Returns ``{"D": [r, S*c] signed effective levels (G+ - G-, or the offset cell), "G2": summed
     squared levels (the per-read noise variance), "alpha": the drift-compensation factor (1 when
     off; :func:`gdc_factor` of the recombined weights just after programming and at
-    ``mode.time_s``, read exactly: the calibration averages many reads), "ir": [(sign, [r, S*c]
-    conductances in siemens)] per array when IR drop is on, else None, "siemens_per_level":
+    ``mode.time_s``, read exactly: the calibration averages many reads), "ir": the ``[r, S*c]``
+    signed sum over the arrays of each one's :func:`ir_drop_matrix` in siemens when IR drop
+    is on (each array of a pair on its own wires), else None, "siemens_per_level":
     g_max / Lc in siemens}``.
     """
     model = DEVICE_MODELS[mode.device] if mode.device else None
@@ -354,13 +369,14 @@ def tile_state(planes: np.ndarray, sign: np.ndarray, mode, rng: np.random.Genera
         D += s * g / per_level
         D0 += s * g0 / per_level
         G2 += (g / per_level) ** 2
-        if ir is not None:
-            ir.append((s, g * 1e-6))
+        if ir is not None:  # each array of a pair on its own wires, folded into one matrix
+            ir.append(s * ir_drop_matrix(g * 1e-6, mode.wire_ohm_row, mode.wire_ohm_col))
     alpha = 1.0
     if mode.drift_compensation:
         alpha = gdc_factor(_recombined(D0, mode.slices, mode.cell_bits),
                            _recombined(D, mode.slices, mode.cell_bits))
-    return {"D": D, "G2": G2, "alpha": alpha, "ir": ir, "siemens_per_level": per_level * 1e-6}
+    return {"D": D, "G2": G2, "alpha": alpha, "ir": None if ir is None else sum(ir),
+            "siemens_per_level": per_level * 1e-6}
 
 
 def column_currents(xl: np.ndarray, state: dict, mode) -> np.ndarray:
@@ -368,8 +384,7 @@ def column_currents(xl: np.ndarray, state: dict, mode) -> np.ndarray:
     or with IR drop (:func:`ir_drop`) each array of a pair on its own wires."""
     if state["ir"] is None:
         return xl @ state["D"]
-    y = sum(s * ir_drop(xl, g, mode.wire_ohm_row, mode.wire_ohm_col) for s, g in state["ir"])
-    return y / state["siemens_per_level"]
+    return xl @ state["ir"] / state["siemens_per_level"]
 
 
 def adc_errors(mode, crossbars: int, columns: int, rng: np.random.Generator):
