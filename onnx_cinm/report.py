@@ -87,7 +87,7 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     down, ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
     graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
     counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
-    branches}).
+    branches}, ``notes``: the devices' notes on their figures, :meth:`Device.cost_notes`).
 
     One row per node of the main graph in graph order; after an If's row, the nodes of its
     then and else branches (nested Ifs alike), named ``<If>[then] <node>`` as the provider's
@@ -100,6 +100,7 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     taken (:func:`onnx_cinm.frontend.if_taken`), the other's rows have ``counted`` False; an If
     whose branch the probe did not see counts both branches, so the totals are an upper bound
     then (``ifs["both"]`` > 0)."""
+    from . import devices
     from .passes.branches import counted_totals, evaluate_graphs
 
     root, ifs = evaluate_graphs(model, options)
@@ -118,7 +119,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s[0] += p.latency_s
             s[1] += p.energy_j
     totals = counted_totals(root)
-    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs)
+    notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
+             for note in devices.get_device(d).cost_notes(dict(options or {}))]
+    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes)
     return rows, totals
 
 
@@ -301,7 +304,7 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
         "its own model, while the total counts only tensors that cross between devices; "
         "energy by part: the op's own energy split by its device's cost model (crossbars: the "
         "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
-        "the CSV; area: the chip area the op occupies)"])
+        "the CSV; area: the chip area the op occupies)", *totals.get("notes", [])])
 
 
 #: What the reason column says first of a row the totals do not count.
@@ -346,6 +349,7 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
             "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;font-size:12px}"
             "td,th{border:1px solid #ccc;padding:2px 4px;text-align:left}</style></head><body>"
             f"<h1>{e(title)}</h1><p>{e(_totals_line(totals))}</p>"
+            + "".join(f"<p>{e(n)}</p>" for n in totals.get("notes", [])) +
             "<p>Modeled figures per inference (devices' cost models; host: measured roofline). "
             "Latency and energy are the op's own; transfers are listed apart.</p>"
             f"{imgs}<h2>Layers</h2><table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}"

@@ -164,6 +164,26 @@ def test_ir_drop_two_by_two_by_hand():
     assert np.allclose(physics.ir_drop(x, g, 0.0, 0.0), x @ g)
 
 
+def test_ir_drop_matrix_is_the_nested_sums_of_the_model():
+    """The folded matrix (one product per MVM) gives the currents of the model's nested sums
+    (physics.ir_drop's docstring), evaluated here loop by loop on a 4 x 5 array."""
+    rng = np.random.default_rng(3)
+    r, c, a, b = 4, 5, 30.0, 70.0
+    x = rng.standard_normal((2, r))
+    g = rng.random((r, c)) * 1e-4
+    want = np.zeros((2, c))
+    for k in range(2):
+        cur = x[k][:, None] * g  # I_ij
+        for j in range(c):
+            for i in range(r):
+                dv_row = a * sum(cur[i, jj] for m in range(j + 1) for jj in range(m, c))
+                dv_col = b * sum(cur[ii, j] for m in range(i, r) for ii in range(m + 1))
+                want[k, j] += g[i, j] * (x[k, i] - dv_row - dv_col)
+    np.testing.assert_allclose(x @ physics.ir_drop_matrix(g, a, b), want, rtol=1e-12)
+    np.testing.assert_allclose(physics.ir_drop(x, g, a, b), want, rtol=1e-12)
+    np.testing.assert_array_equal(physics.ir_drop_matrix(g, 0.0, 0.0), g)
+
+
 def _exact_nodal(x, g, a, b):
     """Column currents from a full nodal solve of the same topology (drivers at column 0 of each
     row, sense at virtual ground below the last row)."""

@@ -1,5 +1,6 @@
 """Chip presets: the published numbers (recomputed here from the abstracts' figures, chips.md §1),
 a source for every constant, and the CLI/docs listing what PRESETS holds."""
+import html
 from pathlib import Path
 
 import pytest
@@ -271,14 +272,19 @@ def test_occ_periphery_per_edge_and_neurram_per_column(size):
 
 
 def test_optimize_table_says_figures_are_scaled(tmp_path, capsys):
-    """optimize at another crossbar size than the preset's says so under the kernel table;
-    at the preset's own size it does not."""
+    """optimize's and report's tables say when the crossbar size is not the preset's own; at
+    the preset's own size they do not."""
     from onnx_cinm.cli import main
 
     common = ["optimize", "--example", "lenet", "--check", "0", "--host-roofline", "nominal"]
+    note = "(crossbar figures scaled from 256x256, pcm-hermes's published array, to 64x64"
     assert main(common + ["--cim-size", "64x64", "-o", str(tmp_path / "a.onnx")]) == 0
-    assert "(figures scaled from 256x256, pcm-hermes's published array, to 64x64" in \
-        capsys.readouterr().out
+    assert note in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "a.onnx"), "-o", str(tmp_path / "a.report")]) == 0
+    assert note in capsys.readouterr().out
+    assert html.escape(note) in (tmp_path / "a.report" / "report.html").read_text()
     assert main(common + ["--cim-size", "256x256", "-o", str(tmp_path / "b.onnx")]) == 0
     out = capsys.readouterr().out
     assert "crossbars of 256x256" in out and "scaled from" not in out
+    assert main(["report", str(tmp_path / "b.onnx"), "-o", str(tmp_path / "b.report")]) == 0
+    assert "scaled from" not in capsys.readouterr().out

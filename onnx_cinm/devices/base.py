@@ -262,6 +262,13 @@ class Device:
         (the default)."""
         return None
 
+    def cost_notes(self, options: dict) -> list[str]:
+        """One-line notes, in parentheses, on where this device's cost figures under pass
+        options ``options`` come from when a reader could not tell from the table (e.g. a
+        chip's per-array figures scaled from its published array size to another), for
+        ``optimize``'s and ``report``'s tables; [] by default."""
+        return []
+
     # -- reading a compiled plan back ----------------------------------------------------------
     def recorded(self, attrs: dict) -> Priced | None:
         """The choice a node's recorded plan ``attrs`` made (per-inference cost, kept crossbars,

@@ -650,16 +650,26 @@ class MemristorDevice(Device):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
         folded = PRESETS[preset].folded if preset in PRESETS else ()
-        chip = PRESETS.get(preset)
-        if chip is not None and (a0["cim_rows"], a0["cim_cols"]) != (chip.rows, chip.cols):
-            notes.append(f"(figures scaled from {chip.rows}x{chip.cols}, {preset}'s published "
-                         f"array, to {a0['cim_rows']}x{a0['cim_cols']}: per cell, per "
-                         "converted column and row, per array edge (docs/crossbar-presets.md, "
-                         "'Other array sizes'))")
+        notes += self.cost_notes(self.recorded_options(plans))
         if folded:
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
                          "inside the array's figures: they are counted under E array)")
         return table(cols, rows, totals=[total], notes=notes)
+
+    def cost_notes(self, options: dict) -> list[str]:
+        """The note that the chip's per-array figures are scaled from its published array
+        (:func:`.presets.resize`) when ``options`` select another size; [] otherwise (or when
+        the options are bad: their check names them)."""
+        try:
+            p = params_from_options(options, self.params)
+        except (KeyError, TypeError, ValueError):
+            return []
+        if not p.scaled_from:
+            return []
+        r0, c0 = p.scaled_from
+        return [f"(crossbar figures scaled from {r0}x{c0}, {p.name}'s published array, to "
+                f"{p.rows}x{p.cols}: per cell, per converted column and row, per array edge; "
+                "docs/crossbar-presets.md, 'Other array sizes')"]
 
     def recorded_options(self, plans: list) -> dict:
         """The crossbar options the plans were compiled with (``cim_preset``, ``cim_rows``, ``cim_cols``,
