@@ -25,8 +25,8 @@ a *cost-model* device (priced and placed; its nodes run their reference bodies o
 :meth:`~Device.resources`, :meth:`~Device.price`, :meth:`~Device.price_all`,
 :meth:`~Device.transfer_cost`, :meth:`~Device.lower_paradigm`, :meth:`~Device.lower`,
 :meth:`~Device.emit`, :meth:`~Device.kernel`, :meth:`~Device.inexact`,
-:meth:`~Device.recorded`, :meth:`~Device.summary`, :meth:`~Device.recorded_options`.
-The registry checks a device when it registers (:func:`check_device`).
+:meth:`~Device.recorded`, :meth:`~Device.summary`, :meth:`~Device.recorded_options`,
+:meth:`~Device.cost_notes`. The registry checks a device when it registers (:func:`check_device`).
 """
 from __future__ import annotations
 
