@@ -251,8 +251,8 @@ def test_adc_offset_gain_and_inl():
 
 from onnx_cinm.devices.memristor import PCM_HERMES, PCM_OCC, RERAM_ISAAC  # noqa: E402
 from onnx_cinm.devices.memristor.codegen import emit_kernel  # noqa: E402
-from onnx_cinm.devices.memristor.presets import resize  # noqa: E402
 from onnx_cinm.devices.memristor.nonideal import Q8, Q8_NOISY, compose  # noqa: E402
+from onnx_cinm.devices.memristor.presets import resize  # noqa: E402
 from onnx_cinm.paradigms.cim.schedule import plan  # noqa: E402
 from onnx_cinm.sim.crossbar import CrossbarSimulator, XbarError, load_file  # noqa: E402
 from onnx_cinm.sim.crossbar.mode import CrossbarMode  # noqa: E402

@@ -109,9 +109,9 @@ def test_a_repeated_value_runs_once_with_a_note(tmp_path, capsys):
     notes: list = []
     sets = sweep.parse_sets(["cim.rows=64,64,32", "crossbar.size=64x64,64X64"], notes)
     assert sets == [("cim.rows", ["64", "32"]), ("crossbar.size", ["64x64"])]
-    assert notes == ["sweep key 'cim.rows': 64 repeats an earlier value; each configuration runs "
-                     "once", "sweep key 'crossbar.size': 64X64 repeats an earlier value; each "
-                     "configuration runs once"]
+    assert notes == [
+        "sweep key 'cim.rows': 64 repeats an earlier value; each configuration runs once",
+        "sweep key 'crossbar.size': 64X64 repeats an earlier value; each configuration runs once"]
     assert main(["sweep", "--example", "mlp", "--set", "upmem.dpus=8,8", "-o",
                  str(tmp_path / "sw"), "--executor", "serial"]) == 0
     out, err = capsys.readouterr()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import time
 import zipfile
@@ -148,7 +149,7 @@ def _duration(seconds: float) -> str:
     """A duration for a progress line ('?' before anything is done)."""
     from ..runtime.evaluate import duration_text
 
-    return "?" if seconds != seconds else duration_text(seconds)
+    return "?" if math.isnan(seconds) else duration_text(seconds)
 
 
 def _show(v) -> str:

@@ -667,9 +667,9 @@ class MemristorDevice(Device):
         if not p.scaled_from:
             return []
         r0, c0 = p.scaled_from
-        return [f"(crossbar figures scaled from {r0}x{c0}, {p.name}'s published array, to "
-                f"{p.rows}x{p.cols}: per cell, per converted column and row, per array edge; "
-                "docs/crossbar-presets.md, 'Other array sizes')"]
+        return [(f"(crossbar figures scaled from {r0}x{c0}, {p.name}'s published array, to "
+                 f"{p.rows}x{p.cols}: per cell, per converted column and row, per array edge; "
+                 "docs/crossbar-presets.md, 'Other array sizes')")]
 
     def recorded_options(self, plans: list) -> dict:
         """The crossbar options the plans were compiled with (``cim_preset``, ``cim_rows``, ``cim_cols``,
