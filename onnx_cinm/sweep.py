@@ -94,9 +94,10 @@ def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, l
     A value giving the same options as an earlier one of its key (``cim.rows=64,64``,
     ``crossbar.size=64x64,64X64``) is dropped, so no configuration runs twice; ``notes``, when
     given, receives one line per key that had some. Raises CinmError on a malformed item, an
-    unknown or repeated key, or a bad value."""
+    unknown or repeated key, two keys setting one option (``cim.rows`` and ``crossbar.size``),
+    or a bad value."""
     known = keys()
-    out, seen = [], set()
+    out, seen, owners = [], set(), {}
     for item in items:
         key, sep, vals = item.partition("=")
         key = key.strip()
@@ -115,6 +116,10 @@ def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, l
                 continue
             values.append(v)
             parsed.append(o)
+        for opt in dict.fromkeys(k for o in parsed for k in o):
+            if owners.setdefault(opt, key) != key:
+                raise CinmError(f"sweep keys '{owners[opt]}' and '{key}' both set option {opt}: "
+                                "give one of them")
         if dropped and notes is not None:
             notes.append(f"sweep key '{key}': {', '.join(dropped)} repeat{'s' * (len(dropped) == 1)} "
                          "an earlier value; each configuration runs once")

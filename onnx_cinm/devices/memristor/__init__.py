@@ -269,7 +269,7 @@ class MemristorDevice(Device):
         refused: those re-quantize per channel, the integer path does not."""
         try:
             p = params_from_options(options, self.params)
-        except (KeyError, TypeError):  # a bad option: check_options names it
+        except (KeyError, TypeError, ValueError):  # a bad option: check_options names it
             p = self.params
         s = self._supports(op, p.rows * p.cols)
         mode = options.get("cim_mode") or CrossbarOptions.mode
