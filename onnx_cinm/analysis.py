@@ -50,9 +50,10 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
+    probed = frontend.probed_shapes(model) if dims is None else {}
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
             **(frontend.planned_dims(model) if dims is None else dims)}
-    if not infer and not dims:
+    if not infer and not dims and not probed:
         return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
@@ -74,7 +75,39 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    return _collect(size_anonymous_dims(light).graph, consts, dims)
+    inferred = size_anonymous_dims(light)
+    pins = _probe_pins(inferred.graph, probed)
+    if pins:  # again, from the probed shapes of the tensors inference left open
+        del inferred.graph.value_info[:]
+        inferred = size_anonymous_dims(inferred, pins)
+    return _collect(inferred.graph, consts, dims)
+
+
+def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProto]:
+    """Static types, from the planning probe's shapes (``{name: (element type, dims)}``), of the
+    main graph's node outputs whose inferred shape is open (no shape, or a dim without a value)
+    and agrees with the probed one (same rank and element type, equal where both are known):
+    a name the passes reused for another tensor keeps what inference says."""
+    if not probed:
+        return []
+    outputs = {o.name for o in graph.output}
+    types = {v.name: v.type.tensor_type for v in graph.value_info if v.type.HasField("tensor_type")}
+    pins = []
+    for node in graph.node:
+        for name in node.output:
+            if name not in probed or name in outputs:
+                continue
+            elem, shape = probed[name]
+            tt = types.get(name)
+            if tt is not None and tt.HasField("shape"):
+                known = list(tt.shape.dim)
+                if all(d.HasField("dim_value") for d in known) or len(known) != len(shape) or any(
+                        d.HasField("dim_value") and d.dim_value != s for d, s in zip(known, shape)):
+                    continue
+            if tt is not None and tt.elem_type and tt.elem_type != elem:
+                continue
+            pins.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    return pins
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:

@@ -236,6 +236,43 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
     return total, on_dev, host, exact
 
 
+def _probe_feeds(original: onnx.ModelProto, inputs: dict | None, check: int,
+                 dims: dict) -> tuple[dict | None, str]:
+    """One input set for a probe run of ``original`` at the planned sizes (the check's first,
+    else random inputs; None when they cannot be drawn) and what it is, for the summary."""
+    feeds = _check_feeds(original, inputs, check, dims)
+    label = "the given --input arrays" if feeds and inputs and len(feeds) == 1 and check \
+        else "the check's first input set" if check else "random inputs at the planned sizes"
+    try:
+        return (feeds[0] if feeds else golden.random_inputs(original, seed=0, dims=dims)), label
+    except CinmError:  # inputs random_inputs cannot draw: nothing probed
+        return None, label
+
+
+def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
+    """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
+    (anonymous dims, or no shape at all: a contrib op's outputs), from one onnxruntime run of
+    ``model`` on ``feeds()`` (:func:`onnx_cinm.passes.control_flow.probe`), recorded in
+    ``model`` (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their
+    real sizes. Returns the record (``{name: (element type, dims)}``), or None when nothing was
+    open or onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
+    from .passes.control_flow import probe
+
+    infos = tensor_infos(model)
+    open_ = [o for n in model.graph.node for o in n.output if o and (
+        o not in infos or infos[o].shape is None or not all(isinstance(d, int) for d in infos[o].shape))]
+    if not open_:
+        return None
+    feed = feeds()
+    values = probe(model, open_, feed) if feed is not None else {}
+    shapes = {name: (onnx.helper.np_dtype_to_tensor_dtype(v.dtype), tuple(v.shape))
+              for name, v in values.items() if isinstance(v, np.ndarray) and v.dtype != object}
+    if not shapes:
+        return None
+    frontend.set_probed_shapes(model, shapes)
+    return shapes
+
+
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
     """The check's input sets with the given ``inputs`` (None: all random)."""
     if not inputs:
@@ -425,23 +462,24 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
     frontend.set_planned_dims(work, dims)
+    frontend.set_probed_shapes(work, {})  # a re-optimized model's were taken at its old sizes
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
+    if not unsized:  # every size known: what inference leaves open, one run can tell
+        t0 = time.perf_counter()
+        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0])
+        if probed is not None:
+            ctx.stats["probed_shapes"] = len(probed)
+            pm.timings.append(("probe_shapes", time.perf_counter() - t0))
     work = pm.run(work, ctx)
     branches_from = None
     if any(n.op_type == "If" for n in work.graph.node):
         from .passes.control_flow import compile_if_bodies
 
         t0 = time.perf_counter()
-        feeds = _check_feeds(original, inputs, check, dims)
-        branches_from = "the given --input arrays" if feeds and inputs and len(feeds) == 1 and \
-            check else "the check's first input set" if check else "random inputs at the planned sizes"
-        try:
-            feeds = feeds[0] if feeds else golden.random_inputs(original, seed=0, dims=dims)
-        except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
-            feeds = None
+        feeds, branches_from = _probe_feeds(original, inputs, check, dims)
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
     # which branch the probe saw each If take: the report's per-inference totals count it
     frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
