@@ -147,20 +147,29 @@ def _numel(info: TensorInfo | None) -> int:
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
+#: onnxruntime's contrib LSTM with int8 weights (com.microsoft DynamicQuantizeLSTM): an LSTM
+#: whose W is ``[directions, I, 4 H]`` and R ``[directions, H, 4 H]`` (onnxruntime's
+#: ContribOperators.md), X ``[seq, batch, I]``.
+_CONTRIB_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")
+
+
 def _recurrent_flops(node: onnx.NodeProto, ins: list) -> int:
-    """FLOPs of an ONNX LSTM/GRU/RNN: per time step, batch row and direction, the two matrix
-    products ``2 G H (I + H)`` (G gates of H units, I input features) plus ``(3 G + 5) H`` for the
-    bias adds, gate activations and state update. X is ``[seq, batch, I]`` (``[batch, seq, I]``
-    with ``layout=1``; one step of one row if its shape is unknown), W is ``[directions, G H, I]``."""
+    """FLOPs of an ONNX LSTM/GRU/RNN (and :data:`_CONTRIB_LSTM`): per time step, batch row and
+    direction, the two matrix products ``2 G H (I + H)`` (G gates of H units, I input features)
+    plus ``(3 G + 5) H`` for the bias adds, gate activations and state update. X is
+    ``[seq, batch, I]`` (``[batch, seq, I]`` with ``layout=1``; one step of one row if its shape
+    is unknown), W is ``[directions, G H, I]`` (the contrib LSTM's ``[directions, I, G H]``)."""
     x, w = ins[0], ins[1] if len(ins) > 1 else None
     if w is None or w.shape is None or len(w.shape) != 3:
         return 0
     layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
     sx, sw = (x.static_shape if x is not None and x.shape and len(x.shape) == 3 else (1, 1, 1)), w.static_shape
     seq, batch = (sx[1], sx[0]) if layout else (sx[0], sx[1])  # unknown X: one step of one row
-    dirs, gh, n_in = sw
-    hidden = gh // _GATES[node.op_type]
-    per_step = 2 * gh * (n_in + hidden) + (3 * _GATES[node.op_type] + 5) * hidden
+    contrib = (node.domain, node.op_type) == _CONTRIB_LSTM
+    dirs, gh, n_in = (sw[0], sw[2], sw[1]) if contrib else sw
+    gates = 4 if contrib else _GATES[node.op_type]
+    hidden = gh // gates
+    per_step = 2 * gh * (n_in + hidden) + (3 * gates + 5) * hidden
     return seq * batch * dirs * per_step
 
 
@@ -197,7 +206,7 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     op = node.op_type
     if op in _MOVE or (op in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx")):
         return 0  # control flow itself: its bodies are counted by body_flops
-    if op in _GATES and node.domain in ("", "ai.onnx"):
+    if (op in _GATES and node.domain in ("", "ai.onnx")) or (node.domain, op) == _CONTRIB_LSTM:
         return _recurrent_flops(node, ins)
     if op == "Einsum":
         return _einsum_flops(node, ins, out)

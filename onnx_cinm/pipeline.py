@@ -118,7 +118,11 @@ class OptimizeResult:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
         if kept:
-            reasons = "; ".join(f"{op} x{sum(c.values())} ({', '.join(c)})" for op, c in sorted(kept.items()))
+            def share(op):  # of the whole count, where the op type's host FLOPs are not nil
+                f = self.host_flops.get(op, 0)
+                return f", {100 * f / self.flops_total:.1f}% of FLOPs" if f and self.flops_total else ""
+            reasons = "; ".join(f"{op} x{sum(c.values())}{share(op)} ({', '.join(c)})"
+                                for op, c in sorted(kept.items()))
             lines.append(f"left on host: {reasons}")
         if self.check is not None:
             lines.append(self.check.summary())
