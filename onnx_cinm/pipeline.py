@@ -100,9 +100,17 @@ class OptimizeResult:
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
-            what = ("dims shape inference could not size (taken as 1)" if not self.unsized_dims else
-                    "dims left unsized (taken as 1; most follow from the unsized inputs' dims)")
-            lines.append(f"{what}: {shown}{more}")
+            if self.unsized_dims:
+                what = ("dims left unsized (taken as 1; most follow from the unsized inputs' dims)",
+                        "size the inputs' dims (--dim NAME=SIZE, --input NAME=FILE.npy) and one "
+                        "onnxruntime run at those sizes sizes the rest")
+            else:
+                what = ("dims shape inference could not size (taken as 1)",
+                        "a run at the planned sizes does not size them: they depend on the "
+                        "data, or onnxruntime could not run the model")
+            lines.append(f"{what[0]}: {shown}{more}")
+            lines.append(f"  FLOPs and plans count these dims as 1 ({what[1]}); to plan at real "
+                         "sizes, fix the input shapes with --overwrite-input-shape NAME:d0,d1,...")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
@@ -120,7 +128,8 @@ class OptimizeResult:
         if kept:
             def share(op):  # of the whole count, where the op type's host FLOPs are not nil
                 f = self.host_flops.get(op, 0)
-                return f", {100 * f / self.flops_total:.1f}% of FLOPs" if f and self.flops_total else ""
+                return f", {100 * f / self.flops_total:.1f}% of FLOPs" if self.flops_total and \
+                    f >= 0.0005 * self.flops_total else ""
             reasons = "; ".join(f"{op} x{sum(c.values())}{share(op)} ({', '.join(c)})"
                                 for op, c in sorted(kept.items()))
             lines.append(f"left on host: {reasons}")
@@ -253,6 +262,11 @@ def _probe_feeds(original: onnx.ModelProto, inputs: dict | None, check: int,
         return None, label
 
 
+#: Ops whose output size depends on the values of their data, not on the input sizes: a
+#: probe run would size them by one input set's data, so they (and what follows) stay open.
+_SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
+
+
 def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
     (anonymous dims, or no shape at all: a contrib op's outputs), from one onnxruntime run of
@@ -263,8 +277,14 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None])
     from .passes.control_flow import probe
 
     infos = tensor_infos(model)
-    open_ = [o for n in model.graph.node for o in n.output if o and (
-        o not in infos or infos[o].shape is None or not all(isinstance(d, int) for d in infos[o].shape))]
+    by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
+    open_ = []
+    for node in model.graph.node:
+        if node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input):
+            by_data.update(node.output)
+            continue
+        open_ += [o for o in node.output if o and (o not in infos or infos[o].shape is None or
+                                                   not all(isinstance(d, int) for d in infos[o].shape))]
     if not open_:
         return None
     feed = feeds()
