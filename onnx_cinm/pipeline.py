@@ -34,7 +34,9 @@ class OptimizeResult:
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
-        stats: per-pass statistics (see each pass); ``lowered_together``: ``{device: nodes}``
+        stats: per-pass statistics (see each pass); ``probed_shapes``: how many tensors'
+            shapes the probe run sized (absent: no probe ran or it sized nothing);
+            ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
             (:func:`onnx_cinm.passes.branches.lower_together`).
         placements: ``(node name, op type, device, reason)`` per cinm op.
@@ -47,9 +49,10 @@ class OptimizeResult:
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
-        anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that shape inference
-            could not size even at ``dims`` (anonymous ``unk__N`` ones, or exporter-named ones
-            not among the inputs' dims), each with one tensor that has it; taken as 1.
+        anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that neither shape
+            inference nor the probe run at ``dims`` could size (anonymous ``unk__N`` ones, or
+            exporter-named ones not among the inputs' dims), each with one tensor that has it;
+            taken as 1.
         host_flops: FLOPs left on the host per op type (the ops of the counted If branch
             under their own type, Loop and Scan bodies under their Loop/Scan node).
         flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
@@ -404,6 +407,13 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     values look like at the planned sizes comes from one onnxruntime run of the model on the
     check's first input set, or random inputs with ``check=0``); Loop and Scan bodies stay as
     they are.
+
+    When every input dim has a size (``dims``, ``inputs`` or a static shape) and shape
+    inference still leaves tensors open (a Pad's pads computed from ``Shape(x)``, a contrib op
+    onnx has no schema for), one onnxruntime run of the original on that same input set gives
+    their shapes, recorded in the model (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) for
+    FLOPs, placement, tiling, mapping and the report at the planned sizes; the graph's types
+    stay symbolic, so the model still runs at other sizes.
 
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
