@@ -104,15 +104,15 @@ class OptimizeResult:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
             if self.unsized_dims:
-                what = ("dims left unsized (taken as 1; most follow from the unsized inputs' dims)",
-                        "size the inputs' dims (--dim NAME=SIZE, --input NAME=FILE.npy) and one "
-                        "onnxruntime run at those sizes sizes the rest")
+                what = "dims left unsized (taken as 1; most follow from the unsized inputs' dims)"
+                why = ("size the inputs' dims (--dim NAME=SIZE, --input NAME=FILE.npy) and one "
+                       "onnxruntime run at those sizes sizes the rest")
             else:
-                what = ("dims shape inference could not size (taken as 1)",
-                        "a run at the planned sizes does not size them: they depend on the "
-                        "data, or onnxruntime could not run the model")
-            lines.append(f"{what[0]}: {shown}{more}")
-            lines.append(f"  FLOPs and plans count these dims as 1 ({what[1]}); to plan at real "
+                what = "dims shape inference could not size (taken as 1)"
+                why = ("a run at the planned sizes does not size them: they depend on the data, "
+                       "or onnxruntime could not run the model")
+            lines.append(f"{what}: {shown}{more}")
+            lines.append(f"  FLOPs and plans count these dims as 1 ({why}); to plan at real "
                          "sizes, fix the input shapes with --overwrite-input-shape NAME:d0,d1,...")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
