@@ -129,8 +129,10 @@ class OptimizeResult:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
         if kept:
-            def share(op):  # of the whole count, where the op type's host FLOPs are not nil
-                f = self.host_flops.get(op, 0)
+            lowered = self.stats.get("to_cinm", {}).get("lowered", {})
+
+            def share(op):  # an op type none of whose nodes was lowered: its host FLOPs are theirs
+                f = self.host_flops.get(op, 0) if not lowered.get(op) else 0
                 return f", {100 * f / self.flops_total:.1f}% of FLOPs" if self.flops_total and \
                     f >= 0.0005 * self.flops_total else ""
             reasons = "; ".join(f"{op} x{sum(c.values())}{share(op)} ({', '.join(c)})"

@@ -146,3 +146,16 @@ def test_onnxruntimes_int8_lstm_is_counted_listed_and_what_follows_is_sized():
     assert analysis.tensor_infos(res.model)["Y"].shape == (5, 1, 2, 4)
     x = np.random.default_rng(2).standard_normal((5, 2, 3)).astype(np.float32)
     assert run_onnxruntime(_int8_lstm(), {"x": x})[0].shape == (5, 1, 2, 6)  # onnxruntime runs it
+
+
+def test_left_on_host_gives_a_share_only_where_every_node_of_the_type_stayed():
+    """The pads' Div is kept ('shape computation'); with the Conv's Relu there are lowered
+    ones too, so no FLOP share is claimed for the kept ones (it would be the lowered Relus')."""
+    m = _computed_pad()
+    m.graph.node.append(h.make_node("Relu", ["y"], ["r"]))
+    m.graph.node.append(h.make_node("Div", ["r", "half"], ["d"]))
+    m.graph.initializer.append(nh.from_array(np.array(0.5, np.float32), "half"))
+    m.graph.output[0].name = "d"
+    res = optimize(m, dims=SIZES, check=0, place=[("*", "host")])
+    line = next(li for li in res.summary().splitlines() if li.startswith("left on host"))
+    assert "Div x1 (shape computation)" in line
