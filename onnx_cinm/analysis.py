@@ -50,9 +50,10 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
+    probed = frontend.probed_shapes(model) if dims is None else {}
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
             **(frontend.planned_dims(model) if dims is None else dims)}
-    if not infer and not dims:
+    if not infer and not dims and not probed:
         return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
@@ -74,7 +75,39 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    return _collect(size_anonymous_dims(light).graph, consts, dims)
+    inferred = size_anonymous_dims(light)
+    pins = _probe_pins(inferred.graph, probed)
+    if pins:  # again, from the probed shapes of the tensors inference left open
+        del inferred.graph.value_info[:]
+        inferred = size_anonymous_dims(inferred, pins)
+    return _collect(inferred.graph, consts, dims)
+
+
+def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProto]:
+    """Static types, from the planning probe's shapes (``{name: (element type, dims)}``), of the
+    main graph's node outputs whose inferred shape is open (no shape, or a dim without a value)
+    and agrees with the probed one (same rank and element type, equal where both are known):
+    a name the passes reused for another tensor keeps what inference says."""
+    if not probed:
+        return []
+    outputs = {o.name for o in graph.output}
+    types = {v.name: v.type.tensor_type for v in graph.value_info if v.type.HasField("tensor_type")}
+    pins = []
+    for node in graph.node:
+        for name in node.output:
+            if name not in probed or name in outputs:
+                continue
+            elem, shape = probed[name]
+            tt = types.get(name)
+            if tt is not None and tt.HasField("shape"):
+                known = list(tt.shape.dim)
+                if all(d.HasField("dim_value") for d in known) or len(known) != len(shape) or any(
+                        d.HasField("dim_value") and d.dim_value != s for d, s in zip(known, shape)):
+                    continue
+            if tt is not None and tt.elem_type and tt.elem_type != elem:
+                continue
+            pins.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    return pins
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:
@@ -114,20 +147,29 @@ def _numel(info: TensorInfo | None) -> int:
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
+#: onnxruntime's contrib LSTM with int8 weights (com.microsoft DynamicQuantizeLSTM): an LSTM
+#: whose W is ``[directions, I, 4 H]`` and R ``[directions, H, 4 H]`` (onnxruntime's
+#: ContribOperators.md), X ``[seq, batch, I]``.
+_CONTRIB_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")
+
+
 def _recurrent_flops(node: onnx.NodeProto, ins: list) -> int:
-    """FLOPs of an ONNX LSTM/GRU/RNN: per time step, batch row and direction, the two matrix
-    products ``2 G H (I + H)`` (G gates of H units, I input features) plus ``(3 G + 5) H`` for the
-    bias adds, gate activations and state update. X is ``[seq, batch, I]`` (``[batch, seq, I]``
-    with ``layout=1``; one step of one row if its shape is unknown), W is ``[directions, G H, I]``."""
+    """FLOPs of an ONNX LSTM/GRU/RNN (and :data:`_CONTRIB_LSTM`): per time step, batch row and
+    direction, the two matrix products ``2 G H (I + H)`` (G gates of H units, I input features)
+    plus ``(3 G + 5) H`` for the bias adds, gate activations and state update. X is
+    ``[seq, batch, I]`` (``[batch, seq, I]`` with ``layout=1``; one step of one row if its shape
+    is unknown), W is ``[directions, G H, I]`` (the contrib LSTM's ``[directions, I, G H]``)."""
     x, w = ins[0], ins[1] if len(ins) > 1 else None
     if w is None or w.shape is None or len(w.shape) != 3:
         return 0
     layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
     sx, sw = (x.static_shape if x is not None and x.shape and len(x.shape) == 3 else (1, 1, 1)), w.static_shape
     seq, batch = (sx[1], sx[0]) if layout else (sx[0], sx[1])  # unknown X: one step of one row
-    dirs, gh, n_in = sw
-    hidden = gh // _GATES[node.op_type]
-    per_step = 2 * gh * (n_in + hidden) + (3 * _GATES[node.op_type] + 5) * hidden
+    contrib = (node.domain, node.op_type) == _CONTRIB_LSTM
+    dirs, gh, n_in = (sw[0], sw[2], sw[1]) if contrib else sw
+    gates = 4 if contrib else _GATES[node.op_type]
+    hidden = gh // gates
+    per_step = 2 * gh * (n_in + hidden) + (3 * gates + 5) * hidden
     return seq * batch * dirs * per_step
 
 
@@ -164,7 +206,7 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     op = node.op_type
     if op in _MOVE or (op in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx")):
         return 0  # control flow itself: its bodies are counted by body_flops
-    if op in _GATES and node.domain in ("", "ai.onnx"):
+    if (op in _GATES and node.domain in ("", "ai.onnx")) or (node.domain, op) == _CONTRIB_LSTM:
         return _recurrent_flops(node, ins)
     if op == "Einsum":
         return _einsum_flops(node, ins, out)

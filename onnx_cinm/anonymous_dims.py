@@ -169,7 +169,8 @@ def _has_unsized(graph: onnx.GraphProto) -> bool:
                if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim)
 
 
-def size_anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+def size_anonymous_dims(model: onnx.ModelProto,
+                        pinned: list[onnx.ValueInfoProto] | tuple = ()) -> onnx.ModelProto:
     """Non-strict shape inference of a *weightless, sized copy* (inputs bound to their sizes by
     :func:`onnx_cinm.frontend.bind_dims`), going further than onnx where it leaves dims
     anonymous (``unk__N``).
@@ -187,6 +188,10 @@ def size_anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     ----------
     model : onnx.ModelProto
         A copy (changed and returned).
+    pinned : list of onnx.ValueInfoProto
+        Static types of tensors known from elsewhere (the planning probe's shapes,
+        :data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`), kept in the value_info through every
+        round so inference starts from them where it alone would leave dims open.
 
     Returns
     -------
@@ -201,11 +206,13 @@ def size_anonymous_dims(model: onnx.ModelProto) -> onnx.ModelProto:
         except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
             return m
 
+    model.graph.value_info.extend(pinned)
     model = infer(model)
     for _ in range(_SIZING_ROUNDS):
         if not _has_unsized(model.graph) or not data_prop or not _fold_shape_values(model):
             break
         del model.graph.value_info[:]  # onnx keeps an anonymous dim it was given
+        model.graph.value_info.extend(pinned)
         model = infer(model)
     if _has_unsized(model.graph) and k_from_constants(model.graph):
         model = infer(model)

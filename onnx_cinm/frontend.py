@@ -981,6 +981,15 @@ PLANNED_DIMS_KEY = "onnx_cinm.planned_dims"
 #: dims, so nothing else reads them.
 BRANCH_DIMS_KEY = "onnx_cinm.branch_dims"
 
+#: ``metadata_props`` key of the shapes a *probe* (one onnxruntime run of the model at its
+#: planned sizes, :func:`onnx_cinm.passes.control_flow.probe`) saw for the main graph's tensors
+#: whose shape onnx's inference leaves open even at those sizes (a ``Pad`` whose pads are
+#: computed from ``Shape(x)``, the outputs of a contrib op onnx has no schema for): a JSON object
+#: ``{tensor name: [element type, d0, d1, ...]}``. Tensor infos at the planned sizes take them
+#: (:func:`onnx_cinm.analysis.tensor_infos`), so FLOPs and plans see real sizes; the graph keeps
+#: its symbolic shapes, so the model still runs at other sizes.
+PROBED_SHAPES_KEY = "onnx_cinm.probed_shapes"
+
 #: ``metadata_props`` key of the branches the planning probe saw the model's If nodes take
 #: (:mod:`onnx_cinm.passes.control_flow`): a JSON object ``{If node name: true (then) | false
 #: (else)}``. The report counts those branches in its per-inference totals; an If it does not
@@ -1084,6 +1093,45 @@ def if_taken(model: onnx.ModelProto) -> dict[str, bool]:
         raise CinmError(f"the model's metadata '{IF_TAKEN_KEY}' is malformed: expected a JSON "
                         "object of If node names to true or false")
     return taken
+
+
+def probed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """The shapes the planning probe saw (see :data:`PROBED_SHAPES_KEY`): ``{tensor name:
+    (onnx element type, dims)}``; empty if the model records none.
+
+    Raises:
+        CinmError: the record is not a JSON object of names to lists of non-negative integers
+            (a model file is untrusted input).
+    """
+    import json
+
+    text = next((p.value for p in model.metadata_props if p.key == PROBED_SHAPES_KEY), None)
+    if text is None:
+        return {}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, list) and v
+            and all(type(d) is int and 0 <= d <= _MAX_DIM for d in v) for k, v in record.items()):
+        raise CinmError(f"the model's metadata '{PROBED_SHAPES_KEY}' is malformed: expected a "
+                        "JSON object of tensor names to [element type, dims...]")
+    return {k: (v[0], tuple(v[1:])) for k, v in record.items()}
+
+
+def set_probed_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+    """Record ``shapes`` (``{tensor name: (onnx element type, dims)}``, see
+    :data:`PROBED_SHAPES_KEY`) in ``model``, replacing any earlier record; an empty ``shapes``
+    removes it. In place."""
+    import json
+
+    keep = [p for p in model.metadata_props if p.key != PROBED_SHAPES_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    if shapes:
+        model.metadata_props.add(key=PROBED_SHAPES_KEY, value=json.dumps(
+            {k: [int(t), *map(int, d)] for k, (t, d) in sorted(shapes.items())}))
 
 
 def set_if_taken(model: onnx.ModelProto, taken: dict[str, bool]) -> None:

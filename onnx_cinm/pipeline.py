@@ -34,7 +34,9 @@ class OptimizeResult:
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
-        stats: per-pass statistics (see each pass); ``lowered_together``: ``{device: nodes}``
+        stats: per-pass statistics (see each pass); ``probed_shapes``: how many tensors'
+            shapes the probe run sized (absent: no probe ran or it sized nothing);
+            ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
             (:func:`onnx_cinm.passes.branches.lower_together`).
         placements: ``(node name, op type, device, reason)`` per cinm op.
@@ -47,9 +49,10 @@ class OptimizeResult:
         dims: the sizes of symbolic dimensions everything was planned and counted at
             (recorded in the model, see :func:`onnx_cinm.frontend.planned_dims`).
         unsized_dims: symbolic dimensions of the inputs with no size, taken as 1.
-        anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that shape inference
-            could not size even at ``dims`` (anonymous ``unk__N`` ones, or exporter-named ones
-            not among the inputs' dims), each with one tensor that has it; taken as 1.
+        anonymous_dims: ``{dim: tensor}`` dims of the main graph's tensors that neither shape
+            inference nor the probe run at ``dims`` could size (anonymous ``unk__N`` ones, or
+            exporter-named ones not among the inputs' dims), each with one tensor that has it;
+            taken as 1.
         host_flops: FLOPs left on the host per op type (the ops of the counted If branch
             under their own type, Loop and Scan bodies under their Loop/Scan node).
         flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
@@ -100,9 +103,17 @@ class OptimizeResult:
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
-            what = ("dims shape inference could not size (taken as 1)" if not self.unsized_dims else
-                    "dims left unsized (taken as 1; most follow from the unsized inputs' dims)")
+            if self.unsized_dims:
+                what = "dims left unsized (taken as 1; most follow from the unsized inputs' dims)"
+                why = ("size the inputs' dims (--dim NAME=SIZE, --input NAME=FILE.npy) and one "
+                       "onnxruntime run at those sizes sizes the rest")
+            else:
+                what = "dims shape inference could not size (taken as 1)"
+                why = ("a run at the planned sizes does not size them: they depend on the data, "
+                       "or onnxruntime could not run the model")
             lines.append(f"{what}: {shown}{more}")
+            lines.append(f"  FLOPs and plans count these dims as 1 ({why}); to plan at real "
+                         "sizes, fix the input shapes with --overwrite-input-shape NAME:d0,d1,...")
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
@@ -118,7 +129,14 @@ class OptimizeResult:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
         if kept:
-            reasons = "; ".join(f"{op} x{sum(c.values())} ({', '.join(c)})" for op, c in sorted(kept.items()))
+            lowered = self.stats.get("to_cinm", {}).get("lowered", {})
+
+            def share(op):  # an op type none of whose nodes was lowered: its host FLOPs are theirs
+                f = self.host_flops.get(op, 0) if not lowered.get(op) else 0
+                return f", {100 * f / self.flops_total:.1f}% of FLOPs" if self.flops_total and \
+                    f >= 0.0005 * self.flops_total else ""
+            reasons = "; ".join(f"{op} x{sum(c.values())}{share(op)} ({', '.join(c)})"
+                                for op, c in sorted(kept.items()))
             lines.append(f"left on host: {reasons}")
         if self.check is not None:
             lines.append(self.check.summary())
@@ -236,6 +254,54 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
     return total, on_dev, host, exact
 
 
+def _probe_feeds(original: onnx.ModelProto, inputs: dict | None, check: int,
+                 dims: dict) -> tuple[dict | None, str]:
+    """One input set for a probe run of ``original`` at the planned sizes (the check's first,
+    else random inputs; None when they cannot be drawn) and what it is, for the summary."""
+    feeds = _check_feeds(original, inputs, check, dims)
+    label = "the given --input arrays" if feeds and inputs and len(feeds) == 1 and check \
+        else "the check's first input set" if check else "random inputs at the planned sizes"
+    try:
+        return (feeds[0] if feeds else golden.random_inputs(original, seed=0, dims=dims)), label
+    except CinmError:  # inputs random_inputs cannot draw: nothing probed
+        return None, label
+
+
+#: Ops whose output size depends on the values of their data, not on the input sizes: a
+#: probe run would size them by one input set's data, so they (and what follows) stay open.
+_SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
+
+
+def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
+    """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
+    (anonymous dims, or no shape at all: a contrib op's outputs), from one onnxruntime run of
+    ``model`` on ``feeds()`` (:func:`onnx_cinm.passes.control_flow.probe`), recorded in
+    ``model`` (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their
+    real sizes. Returns the record (``{name: (element type, dims)}``), or None when nothing was
+    open or onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
+    from .passes.control_flow import probe
+
+    infos = tensor_infos(model)
+    by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
+    open_ = []
+    for node in model.graph.node:
+        if node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input):
+            by_data.update(node.output)
+            continue
+        open_ += [o for o in node.output if o and (o not in infos or infos[o].shape is None or
+                                                   not all(isinstance(d, int) for d in infos[o].shape))]
+    if not open_:
+        return None
+    feed = feeds()
+    values = probe(model, open_, feed) if feed is not None else {}
+    shapes = {name: (onnx.helper.np_dtype_to_tensor_dtype(v.dtype), tuple(v.shape))
+              for name, v in values.items() if isinstance(v, np.ndarray) and v.dtype != object}
+    if not shapes:
+        return None
+    frontend.set_probed_shapes(model, shapes)
+    return shapes
+
+
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
     """The check's input sets with the given ``inputs`` (None: all random)."""
     if not inputs:
@@ -344,6 +410,13 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     check's first input set, or random inputs with ``check=0``); Loop and Scan bodies stay as
     they are.
 
+    When every input dim has a size (``dims``, ``inputs`` or a static shape) and shape
+    inference still leaves tensors open (a Pad's pads computed from ``Shape(x)``, a contrib op
+    onnx has no schema for), one onnxruntime run of the original on that same input set gives
+    their shapes, recorded in the model (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) for
+    FLOPs, placement, tiling, mapping and the report at the planned sizes; the graph's types
+    stay symbolic, so the model still runs at other sizes.
+
     Args:
         model: a ModelProto or a path (external data next to it is loaded).
         placement: placement strategy: ``"cost"`` (the default, declared in
@@ -425,23 +498,24 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
     frontend.set_planned_dims(work, dims)
+    frontend.set_probed_shapes(work, {})  # a re-optimized model's were taken at its old sizes
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)
     pm = PassManager(skip=list(skip), stop_after=stop_after)
+    if not unsized:  # every size known: what inference leaves open, one run can tell
+        t0 = time.perf_counter()
+        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0])
+        if probed is not None:
+            ctx.stats["probed_shapes"] = len(probed)
+            pm.timings.append(("probe_shapes", time.perf_counter() - t0))
     work = pm.run(work, ctx)
     branches_from = None
     if any(n.op_type == "If" for n in work.graph.node):
         from .passes.control_flow import compile_if_bodies
 
         t0 = time.perf_counter()
-        feeds = _check_feeds(original, inputs, check, dims)
-        branches_from = "the given --input arrays" if feeds and inputs and len(feeds) == 1 and \
-            check else "the check's first input set" if check else "random inputs at the planned sizes"
-        try:
-            feeds = feeds[0] if feeds else golden.random_inputs(original, seed=0, dims=dims)
-        except CinmError:  # inputs random_inputs cannot draw: branches typed without a probe
-            feeds = None
+        feeds, branches_from = _probe_feeds(original, inputs, check, dims)
         work = compile_if_bodies(work, ctx, skip=skip, stop_after=stop_after, feeds=feeds)
     # which branch the probe saw each If take: the report's per-inference totals count it
     frontend.set_if_taken(work, ctx.stats.get("if_taken") or {})
