@@ -48,8 +48,9 @@ Softmax         X[..., L] -> Y[..., L] (float32)                 softmax over th
 LayerNorm       X, Scale, B? -> Y; axis, epsilon (float32)       ``(x - mean) / sqrt(var + eps) * Scale + B``
                                                                  over the axes from ``axis`` on (ONNX
                                                                  LayerNormalization, Y only)
-Gelu            X -> Y; approximate in none|tanh (float32)       ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
-                                                                 its tanh approximation (ONNX Gelu-20)
+Gelu            X -> Y; approximate in none|tanh,                ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
+                div_sqrt2 (float32)                              its tanh approximation (ONNX Gelu-20);
+                                                                 div_sqrt2=1: x / sqrt 2 is a division
 ==============  ==============================================  ==========================================
 
 Every op also accepts the placement attributes ``device`` (a device name) and ``placement`` (the
@@ -222,8 +223,10 @@ _spec("LayerNorm", (("X", "T", False), ("Scale", "T", False), ("B", "T", True)),
       doc="layer normalization over the axes from `axis` on, times Scale plus B (ONNX "
           "LayerNormalization's Y)")
 _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
-      {"approximate": (_S, False)},
-      doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh')")
+      {"approximate": (_S, False), "div_sqrt2": (_I, False)},
+      doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh'); "
+          "div_sqrt2=1: the reference body divides x by sqrt(2) (float32) where it otherwise "
+          "multiplies by 1 / sqrt(2), as the model it was fused from did (the last bit differs)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,7 +274,9 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
         approx = _as_str(attrs.get("approximate", "none"))
         if approx not in ("none", "tanh"):
             raise ValueError(f"cinm.Gelu: approximate must be 'none' or 'tanh', got {approx!r}")
-        return "" if approx == "none" else "tanh"
+        if approx == "tanh":
+            return "tanh"
+        return "div" if attrs.get("div_sqrt2", 0) else ""
     return ""  # one body serves every other op (Clip's absent min/max are empty input names)
 
 
@@ -436,9 +441,23 @@ def _const_float(b: _Body, value: float) -> str:
     return b.op("Constant", [], value=helper.make_tensor("v", TensorProto.FLOAT, [], [value]))
 
 
+#: First default-domain opsets with the standard op a cinm op was lowered from 1:1. From there
+#: the reference body is that one op, so a cinm op the placement leaves on the host computes
+#: bit for bit what onnxruntime's kernel of the original computes (a decomposition differs in
+#: the last bits, and a later DynamicQuantizeLinear can turn that into a whole int8 step).
+STANDARD_SINCE = {"LayerNorm": 17, "Gelu": 20}
+
+
 def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
-    """X flattened to [outer, L] at ``axis``; mean and (two-pass) variance per row; Scale and B
-    read as [1, L] rows; the result reshaped back to X's shape."""
+    """ONNX LayerNormalization (opset >= 17, Y only). Below: X flattened to [outer, L] at
+    ``axis``; mean and (two-pass) variance per row; Scale and B read as [1, L] rows; the result
+    reshaped back to X's shape."""
+    if opset >= STANDARD_SINCE["LayerNorm"]:
+        ins = ["X", "Scale", "B"] if bias else ["X", "Scale"]
+        b.nodes.append(_node_with_refs("LayerNormalization", ins, ["Y"],
+                                       [_ref_attr("axis", "axis", _I),
+                                        _ref_attr("epsilon", "epsilon", _F)]))
+        return
     x2 = b.tmp()
     b.nodes.append(_node_with_refs("Flatten", ["X"], [x2], [_ref_attr("axis", "axis", _I)]))
     mean, var = b.tmp(), b.tmp()
@@ -454,12 +473,21 @@ def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
     b.op("Reshape", [y, b.op("Shape", ["X"])], out=["Y"])
 
 
-def _gelu_body(b: _Body, tanh: bool) -> None:
-    """0.5 x (1 + erf(x / sqrt 2)), or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+def _gelu_body(b: _Body, overload: str, opset: int) -> None:
+    """ONNX Gelu (opset >= 20; not for overload ``div``). Else 0.5 x (1 + erf(x / sqrt 2)), x / sqrt 2
+    as Div by float32(sqrt 2) (``div``: the erf pattern PyTorch exports) or Mul by float32(1 / sqrt 2),
+    or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (``tanh``)."""
+    tanh = overload == "tanh"
+    if opset >= STANDARD_SINCE["Gelu"] and overload != "div":
+        b.nodes.append(_node_with_refs("Gelu", ["X"], ["Y"],
+                                       [_ref_attr("approximate", "approximate", _S)]))
+        return
     if tanh:
         x3 = b.op("Mul", [b.op("Mul", ["X", "X"]), "X"])
         inner = b.op("Add", ["X", b.op("Mul", [x3, _const_float(b, 0.044715)])])
         t = b.op("Tanh", [b.op("Mul", [inner, _const_float(b, 0.7978845608028654)])])
+    elif overload == "div":
+        t = b.op("Erf", [b.op("Div", ["X", _const_float(b, 1.4142135623730951)])])
     else:
         t = b.op("Erf", [b.op("Mul", ["X", _const_float(b, 0.7071067811865476)])])
     half_x = b.op("Mul", ["X", _const_float(b, 0.5)])
@@ -538,7 +566,7 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
             inputs = inputs[:2]
         _layernorm_body(b, overload == "bias", opset)
     elif op_type == "Gelu":
-        _gelu_body(b, overload == "tanh")
+        _gelu_body(b, overload, opset)
     else:  # pragma: no cover - every op of OPS is handled above
         raise ValueError(f"no reference body for cinm.{op_type}")
     fn = helper.make_function(DOMAIN, op_type, inputs, outputs, b.nodes,

@@ -773,6 +773,8 @@ def _check_layernorm(rw: _Rewriter, node: ir.Node):
     if any(_read(v) for v in node.outputs[1:]):
         return "its Mean or InvStdDev output is read"
     at, ins = _attrs(node), _ins(node) + [""]
+    if int(at.get("stash_type", 1)) != 1:
+        return f"stash_type {at['stash_type']} (cinm LayerNorm computes in float32, stash_type 1)"
     axis = int(at.get("axis", -1)) % rank
     norm = rw.info(ins[0]).shape[axis:]
     if not all(isinstance(d, int) and d > 0 for d in norm):
@@ -919,7 +921,9 @@ def _erf_gelu(rw: _Rewriter, erf: ir.Node, binding):
     x, scale, nodes, out = binding
     rw.focus(scale)  # x is an input of the scaling node, not of the anchor (Erf)
     lo = _Lowering(rw, erf)
-    lo.cinm("Gelu", [x.name], [out.name], approximate="none")
+    # a Div by sqrt 2 rounds differently from a Mul by 1 / sqrt 2: the body keeps the model's form
+    div = {"div_sqrt2": 1} if scale.op_type == "Div" else {}
+    lo.cinm("Gelu", [x.name], [out.name], approximate="none", **div)
     return Replacement(lo.nodes, nodes)
 
 
