@@ -552,3 +552,14 @@ def test_layernorm_with_another_stash_type_stays():
                (2, 8), inits=[_init("s", np.ones(8))])
     ops, res = _cinm_ops(m)
     assert ops == [] and "stash_type 0" in str(res.stats["to_cinm"]["kept"]["LayerNormalization"])
+
+
+def test_the_check_runs_two_input_sets_by_default_when_the_model_quantizes_at_run_time():
+    """Trial finding 3: one input set passed what compare's second failed. A model with a
+    DynamicQuantizeLinear is checked on compare's default two sets; others on one; an explicit
+    count wins."""
+    dyn = _quantized_tail([helper.make_node("Relu", ["x"], ["y"])], 16)
+    plain = _model([helper.make_node("Relu", ["x"], ["y"])], (4, 16))
+    assert optimize(dyn).check.runs == 2
+    assert optimize(plain).check.runs == 1
+    assert optimize(dyn, check=1).check.runs == 1

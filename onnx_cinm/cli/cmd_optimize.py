@@ -89,7 +89,7 @@ def _cmd_optimize(args, parser) -> int:
         _check_writable_folder(args.report, "report")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
-    bar = _progress(len(_PIPE) + (1 if args.check else 0), "optimize", "pass", args.quiet)
+    bar = _progress(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass", args.quiet)
 
     def log(msg: str) -> None:
         if msg.startswith("pass "):
