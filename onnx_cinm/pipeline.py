@@ -236,6 +236,18 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
     return total, on_dev, host, exact
 
 
+#: The steps :func:`optimize` runs around the registered passes, as the summary's ``passes:``
+#: line names them (not passes: ``skip`` does not take them; ``check=0`` turns the checks off).
+STEPS = {
+    "if_bodies": "compile the branches of If nodes through the same passes (only with an If)",
+    "shape_inference": "infer the shapes of the rewritten model afresh",
+    "check": "golden check: onnxruntime on the original and on the result, on random or "
+             "given inputs (--check N; 0 = off)",
+    "check_nan_inf": "the check once more with NaN, +Inf and -Inf in every float input "
+                     "(after the check passed)",
+}
+
+
 #: Ops that quantize with a scale computed at run time from their input's range: a last-bit
 #: difference upstream can move a whole quantization step, on some inputs and not others.
 RUNTIME_QUANTIZERS = frozenset({"DynamicQuantizeLinear", "com.microsoft::DynamicQuantizeMatMul",
