@@ -792,7 +792,8 @@ class CheckReport:
         if self.ok and self.meaningless:
             more = f" (+{len(self.meaningless) - 2} more)" if len(self.meaningless) > 2 else ""
             return (f"{head}: NOT MEANINGFUL ({'; '.join(self.meaningless[:2])}{more}; give valid "
-                    "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE)")
+                    "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE; Python: "
+                    "inputs={NAME: array}, dims={NAME: SIZE})")
         nonfinite = [f"{o.name}: {o.ref_nonfinite} of {o.elements}" for o in self.outputs
                      if o.ref_nonfinite and not o.meaningless and not self.special]
         notes = [o.rel_err_note() for o in self.outputs if o.rel_err_note()]

@@ -169,7 +169,8 @@ def _sizes_note(dims: dict, unsized: list) -> str:
     if dims:
         parts.append("at " + ", ".join(f"{k}={v}" for k, v in sorted(dims.items())))
     if unsized:
-        parts.append("symbolic dims taken as 1: " + ", ".join(unsized) + "; size them with --dim NAME=SIZE")
+        parts.append("symbolic dims taken as 1: " + ", ".join(unsized) + "; size them with "
+                     f"--dim {unsized[0]}=SIZE (Python: optimize(..., dims={{'{unsized[0]}': SIZE}}))")
     return f" ({'; '.join(parts)})" if parts else ""
 
 

@@ -65,6 +65,10 @@ def test_without_sizes_the_summary_names_every_dim_taken_as_one():
     res = optimize(m, placement="heuristic", check=0)
     assert res.flops_total == _flops_at(1)
     assert "symbolic dims taken as 1: batch, height, width" in res.summary()
+    # the way to size them, for the CLI and for this API (the hint named only the CLI flag)
+    assert "--dim batch=SIZE (Python: optimize(..., dims={'batch': SIZE}))" in res.summary()
+    sized = optimize(m, placement="heuristic", check=0, dims={"batch": 2, "height": 8, "width": 8})
+    assert "taken as 1" not in sized.summary()
     static = optimize(m, input_shapes={"images": [1, 3, 8, 8]}, check=0)
     assert "taken as 1" not in static.summary() and " (at " not in static.summary()
 
