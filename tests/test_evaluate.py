@@ -279,3 +279,28 @@ def test_a_fixed_batch_the_data_do_not_fill_is_padded(digits_mlp, tmp_path, caps
                          "--seeds", "1", "--json"])
     assert out["exact"] == want and out["samples"] == 450
     assert [s["mean"] for s in out["summary"]] == [want]
+
+
+def test_the_row_of_an_unswept_run_names_the_run_options(digits_files, capsys):
+    """Trial: ``--cim-mode device`` with nothing swept was labelled 'as compiled' (the model
+    was compiled ideal); the row now shows the options the runs had."""
+    path, data, _ = digits_files
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                 "--cim-effects", "read1f", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "as compiled" not in out
+    assert any(line.startswith("cim_mode=device, cim_effects=read1f ") for line in out.splitlines()), out
+    assert main(["evaluate", str(path), "--data", str(data), "--seeds", "1"]) == 0
+    assert any(line.startswith("as compiled ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_data_of_another_dtype_are_refused_as_run_refuses_them(digits_files, tmp_path, capsys):
+    """Trial: evaluate cast float64 data silently where run --input refuses them."""
+    path, data, _ = digits_files
+    with np.load(data) as d:
+        x, y = d["X"], d["labels"]
+    np.savez(tmp_path / "d64.npz", X=x.astype(np.float64), labels=y)
+    assert main(["evaluate", str(path), "--data", str(tmp_path / "d64.npz")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "onnx-cinm: error: the data's array 'X' is a float64 array, but the model's input is "
+        "float32 (convert it, e.g. numpy's a.astype(np.float32))")
