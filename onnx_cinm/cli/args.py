@@ -524,9 +524,12 @@ def _tolerance_options(p, rtol: str, atol: str, what: str) -> None:
     """The golden check's tolerance flags; None (default) lets each output's dtype decide
     (:func:`onnx_cinm.golden.default_tolerance`)."""
     for flag, kind, f32 in ((rtol, "relative", "1e-4"), (atol, "absolute", "1e-5")):
+        widened = ("; widened per output after a K-term sum to 4 eps sqrt(K) rms(reference), or "
+                   "to one step of a quantized output: the check's header prints each widened "
+                   "atol" if kind == "absolute" else "")
         p.add_argument(flag, type=_tolerance, default=None,
                        help=f"{kind} tolerance{what} (default: by output dtype, {f32} for "
-                            "float32, 4 ulps = 0.0039 for float16)")
+                            f"float32, 4 ulps = 0.0039 for float16{widened})")
 
 
 def _input_options(sp: argparse.ArgumentParser) -> None:
