@@ -520,6 +520,10 @@ _EXACT_CASES = {
     "erf_gelu_mul": (lambda: _erf_gelu_model((1,), 1).graph.node,
                      lambda n: list(_erf_gelu_model((1,), 1).graph.initializer), 17),
     "softmax_axis0": (lambda: [helper.make_node("Softmax", ["x"], ["y"], axis=0)], lambda n: [], 17),
+    # onnxruntime's Gemm adds the bias inside the product; MatMul then Add rounds differently
+    "gemm_bias": (lambda: [helper.make_node("Gemm", ["x", "gw", "gb"], ["y"], transB=1)],
+                  lambda n: [_init("gw", np.random.default_rng(3).standard_normal((n, n)) / 8),
+                             _init("gb", np.random.default_rng(4).standard_normal(n))], 17),
 }
 
 
@@ -534,7 +538,7 @@ def test_host_placed_ops_are_bit_identical_to_onnxruntime_on_the_original(case, 
     m = _quantized_tail(nodes(), width, inits(width), opset)
     res = optimize(m, place=[("*", "host")], check=0)
     types = {n.op_type for n in res.model.graph.node if n.domain == cinm.DOMAIN}
-    assert types & {"LayerNorm", "Gelu", "Softmax"}, types  # the op was lowered, then left on the host
+    assert types & {"LayerNorm", "Gelu", "Softmax", "Gemm"}, types  # lowered, then left on the host
     artifacts.save(res.model, tmp_path / "m.onnx")
     # compare's setting: onnxruntime's own fusions off on both sides (with them, ORT fuses the
     # erf pattern of the original and of the body alike, into its Gelu kernel)

@@ -164,8 +164,11 @@ def _spec(*args, **kw) -> None:
 
 
 _spec("Gemm", (("A", "T", False), ("B", "T", False), ("C", "T", True)), (("Y", "T"),),
-      {"T": _MATMUL}, {"y_perm": (_IS, False)},
-      doc="Y = A @ B (+ C), matmul broadcasting; with y_perm, Transpose(A @ B (+ C), y_perm)")
+      {"T": _MATMUL}, {"y_perm": (_IS, False), "onnx_gemm": (_I, False)},
+      doc="Y = A @ B (+ C), matmul broadcasting; with y_perm, Transpose(A @ B (+ C), y_perm); "
+          "onnx_gemm=1 (2-D A and B with C, lowered from an ONNX Gemm): the reference body is "
+          "ONNX Gemm, which adds C inside the product as onnxruntime's Gemm kernel does (a "
+          "MatMul then an Add rounds differently)")
 _spec("Gemv", (("A", "T", False), ("x", "T", False), ("c", "T", True)), (("y", "T"),),
       {"T": _MATMUL}, doc="y = A @ x (+ c) for a matrix A[M, K] and a vector x[K]")
 _spec("Im2Col", (("X", "T", False),), (("Y", "T"),), {"T": _ANY},
@@ -247,6 +250,8 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     Raises:
         ValueError: if the attributes name an unknown variant (e.g. ``Reduce(kind="xor")``).
     """
+    if op_type == "Gemm" and attrs.get("onnx_gemm") and n_inputs >= 3:
+        return "gemm_perm" if attrs.get("y_perm") is not None else "gemm"
     if op_type == "Gemm" and attrs.get("y_perm") is not None:
         return "bias_perm" if n_inputs >= 3 else "perm"
     if op_type in ("Gemm", "Gemv"):
@@ -521,10 +526,13 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
         # the product written in its consumer's layout (y_perm): the same Transpose the
         # lowering would otherwise put after the node, so the result is bit-identical
         perm = overload.endswith("perm")
-        if not overload.startswith("bias"):
+        if not overload.startswith(("bias", "gemm")):
             inputs = inputs[:2]
-        y = b.op("MatMul", inputs[:2], out=None if perm or len(inputs) > 2 else outputs)
-        if len(inputs) > 2:
+        if overload.startswith("gemm"):  # lowered from a 2-D ONNX Gemm: its own kernel
+            y = b.op("Gemm", inputs, out=None if perm else outputs)
+        else:
+            y = b.op("MatMul", inputs[:2], out=None if perm or len(inputs) > 2 else outputs)
+        if len(inputs) > 2 and not overload.startswith("gemm"):
             y = b.op("Add", [y, inputs[2]], out=None if perm else outputs)
         if perm:
             b.nodes.append(_node_with_refs("Transpose", [y], outputs,

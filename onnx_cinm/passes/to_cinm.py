@@ -225,7 +225,11 @@ def _check_gemm(rw: _Rewriter, node: ir.Node):
 
 def _gemm(rw: _Rewriter, node: ir.Node, _):
     lo = _Lowering(rw, node)
-    lo.cinm("Gemm", [i for i in _ins(node) if i], [_outs(node)[0]])
+    ins = [i for i in _ins(node) if i]
+    # with a bias, onnxruntime's Gemm adds C inside the product: the body keeps that op, so a
+    # Gemm the placement leaves on the host rounds as the original did
+    exact = {"onnx_gemm": 1} if len(ins) == 3 and rw.rank(ins[0]) == 2 and rw.rank(ins[1]) == 2 else {}
+    lo.cinm("Gemm", ins, [_outs(node)[0]], **exact)
     return lo.nodes
 
 
