@@ -21,9 +21,10 @@ Op catalogue (inputs -> outputs; attributes), with numpy-like semantics:
 op              signature                                        semantics
 ==============  ==============================================  ==========================================
 Gemm            A[..., M, K], B[..., K, N], C? -> Y[..., M, N]   ``A @ B (+ C)``; matmul broadcasting, C
-                y_perm?                                          broadcast to Y; with ``y_perm`` the result
+                y_perm?, onnx_gemm?                              broadcast to Y; with ``y_perm`` the result
                                                                  is ``Transpose(A @ B (+ C), y_perm)``: the
-                                                                 layout its consumer reads (a Conv's NCHW)
+                                                                 layout its consumer reads (a Conv's NCHW);
+                                                                 onnx_gemm=1: body ONNX Gemm (C added inside)
 Gemv            A[M, K], x[K], c?[M] -> y[M]                     ``A @ x (+ c)``
 Im2Col          X[N, C, *S] -> Y[N, *O, C*prod(kernel_shape)]    patches of X (zero padded), channel-major
                 kernel_shape, strides, pads, dilations           then kernel position, as Conv sees them
@@ -52,6 +53,10 @@ Gelu            X -> Y; approximate in none|tanh,                ``x / 2 * (1 + 
                 div_sqrt2 (float32)                              its tanh approximation (ONNX Gelu-20);
                                                                  div_sqrt2=1: x / sqrt 2 is a division
 ==============  ==============================================  ==========================================
+
+Bodies of ops lowered 1:1 from a standard op call that op where the model's opset has it
+(:data:`STANDARD_SINCE`; Gemm with ``onnx_gemm``; Gelu's ``div_sqrt2``): a cinm op left on the
+host then computes in onnxruntime exactly what the original op computes there.
 
 Every op also accepts the placement attributes ``device`` (a device name) and ``placement`` (the
 reason it was chosen); paradigm passes add their plan attributes the same way.

@@ -9,7 +9,7 @@ MatMul A[.., M, K] B[.., K, N]  Gemm(A, B)
 MatMul A[M, K] b[K]             Gemv(A, b)
 MatMul a[K] B[K, N]             Gemv(B^T, a) if B is constant, else Gemm(a[None], B)[.., 0, :]
 MatMul a[K] b[K]                Gemv(a[None], b)[0]
-Gemm (canonical: no trans,      Gemm(A, B, C)
+Gemm (canonical: no trans,      Gemm(A, B, C); with C, onnx_gemm=1 (its body is ONNX Gemm)
 alpha = beta = 1, see normalize)
 Conv X W B? (1-D/2-D/3-D,       Im2Col(X) -> Gemm(cols, W as [C*k, M], B) -> Transpose to NC*;
 groups, strides, dilations,     with groups: per-group batched Gemm W[G, .., C/G*k, M/G]
@@ -45,6 +45,13 @@ Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused b
 sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
 Mul x -> Mul 0.5 (any order)
 ==============================  =============================================================
+
+A cinm op lowered 1:1 from a standard op has a reference body that computes, in onnxruntime,
+what the original op computes there, bit for bit, where the model's opset has that op
+(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div):
+an op the placement leaves on the host runs that body, and a last-bit difference before a
+DynamicQuantizeLinear would move whole quantization steps. Conv (Im2Col + Gemm) rounds as a
+MatMul does, not as onnxruntime's Conv kernel: within the check's tolerance, not bit-exact.
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
 bookkeeping, not work for a device. Nor are ops with an empty operand or result (a static
