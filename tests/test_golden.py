@@ -693,7 +693,7 @@ def test_the_printed_tolerances_show_the_dtype_default_and_each_widened_atol():
     w = np.random.default_rng(5).standard_normal((4096, 64)).astype(np.float32)
     rep = compare(_k_model(w), _k_model(w, TP.DOUBLE), n=1)
     (out,) = rep.outputs
-    from onnx_cinm.golden import random_inputs  # the check's input set, its output by numpy
+    # the check's input set (seed 0) and its output, by numpy
     y = random_inputs(_k_model(w), seed=0)["x"].astype(np.float64) @ w.astype(np.float64)
     want = 4 * 2.0 ** -23 * 64 * np.sqrt(np.mean(y ** 2))
     assert out.k == 4096 and out.atol == pytest.approx(want, rel=1e-3)
