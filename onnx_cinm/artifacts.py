@@ -313,17 +313,24 @@ def load_manifest(root) -> dict:
     return check_manifest(data, path)
 
 
-def _inside(root: Path, rel: str, where: str) -> Path:
+def _inside(root: Path, rel: str, what: str, where: str) -> Path:
     """``root / rel``; raises CinmError unless it stays inside ``root`` once symlinks are
-    resolved. ``where`` names the entry for the message."""
+    resolved (the manifest's entry ``where`` names it; :func:`check_manifest` already refused
+    paths that leave on their face, so what leaves here leaves through a symbolic link on disk,
+    and the message says so rather than blame the manifest). ``what``: ``"file"`` or
+    ``"folder"``."""
     try:
         real_root = root.resolve()
         target = (root / rel).resolve()
     except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, say
         why = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise CinmError(f"{where} {_show(rel)}: cannot resolve the path: {why}") from None
+        raise CinmError(f"kernel {what} {_show(str(root / rel), None)} ({where}): cannot resolve "
+                        f"the path: {why}") from None
     if target == real_root or not target.is_relative_to(real_root):
-        raise CinmError(f"{where} {_show(rel)} is a path outside the kernel folder")
+        raise CinmError(f"kernel {what} {_show(str(root / rel), None)} ({where}) is a symbolic link "
+                        f"(or lies under one) leading outside the kernel folder, to "
+                        f"{_show(str(target), None)}: refused (replace it by the file itself, or "
+                        "re-run onnx-cinm optimize)")
     return root / rel
 
 
@@ -353,8 +360,8 @@ def verify(root, manifest: dict | None = None) -> dict:
     their face, and when the folder holds a symbolic link every path is resolved as well (a
     folder without links, the normal case, needs no resolution: one walk of the folder decides).
 
-    Raises CinmError naming the first malformed entry, path outside the folder (symlinks
-    resolved), or missing or stale file.
+    Raises CinmError naming the first malformed entry, file or folder that leads outside the
+    folder through a symbolic link, or missing or stale file.
     """
     root = Path(root)
     where = root / MANIFEST
@@ -362,9 +369,9 @@ def verify(root, manifest: dict | None = None) -> dict:
     resolve = _symlinks(root)
     for i, k in enumerate(manifest["kernels"]):
         if resolve:
-            _inside(root, k["kernel"], f"'{where}' is malformed: kernels[{i}].kernel")
+            _inside(root, k["kernel"], "folder", f"kernels[{i}].kernel of {MANIFEST}")
         for j, f in enumerate(k["files"]):
-            p = _inside(root, f["path"], f"'{where}' is malformed: kernels[{i}].files[{j}].path") \
+            p = _inside(root, f["path"], "file", f"kernels[{i}].files[{j}].path of {MANIFEST}") \
                 if resolve else root / f["path"]
             try:
                 digest = sha256(p)

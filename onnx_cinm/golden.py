@@ -792,7 +792,8 @@ class CheckReport:
         if self.ok and self.meaningless:
             more = f" (+{len(self.meaningless) - 2} more)" if len(self.meaningless) > 2 else ""
             return (f"{head}: NOT MEANINGFUL ({'; '.join(self.meaningless[:2])}{more}; give valid "
-                    "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE)")
+                    "inputs with --input NAME=FILE.npy or sizes with --dim NAME=SIZE; Python: "
+                    "inputs={NAME: array}, dims={NAME: SIZE})")
         nonfinite = [f"{o.name}: {o.ref_nonfinite} of {o.elements}" for o in self.outputs
                      if o.ref_nonfinite and not o.meaningless and not self.special]
         notes = [o.rel_err_note() for o in self.outputs if o.rel_err_note()]
@@ -827,11 +828,22 @@ class CheckReport:
         (``rtol/atol by dtype: float16 0.0039/0.0039, float32 0.0001/1e-05``)."""
         if self.rtol is not None and self.atol is not None:
             return f"rtol {self.rtol:g}, atol {self.atol:g}"
-        by = sorted({(o.dtype, o.rtol, o.atol) for o in self.outputs
-                     if o.rtol is not None and o.dtype and np.dtype(o.dtype).kind in "fc"})
+        floats = [o for o in self.outputs
+                  if o.rtol is not None and o.dtype and np.dtype(o.dtype).kind in "fc"]
+        by, widened = set(), []
+        for o in floats:  # the dtype's atol, and apart the outputs whose atol was widened
+            base = default_tolerance(o.dtype)[1] if self.atol is None else self.atol
+            if o.atol > base:
+                widened.append(o)
+            by.add((o.dtype, o.rtol, min(o.atol, base)))
         if not by:
             return "tolerances by dtype"
-        return "rtol/atol by dtype: " + ", ".join(f"{d} {r:g}/{a:g}" for d, r, a in by)
+        text = "rtol/atol by dtype: " + ", ".join(f"{d} {r:g}/{a:g}" for d, r, a in sorted(by))
+        if widened:
+            text += "; atol widened: " + ", ".join(
+                f"{o.name} {o.atol:.3g} ({f'rounding of a sum of {o.k} terms' if o.k > 1 else 'one quantization step'})"
+                for o in widened[:3]) + (f" and {len(widened) - 3} more" if len(widened) > 3 else "")
+        return text
 
     def raise_if_failed(self) -> "CheckReport":
         """Raise :class:`~onnx_cinm.errors.CheckFailed` with :meth:`summary` unless ``ok``."""

@@ -185,9 +185,13 @@ def test_console_script_help_and_lists():
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--list-passes"],
                          capture_output=True, text=True)
     assert res.returncode == 0
-    assert [line.split()[0] for line in res.stdout.splitlines()] == [
+    passes, steps = res.stdout.split("\n\n")
+    assert [line.split()[0] for line in passes.splitlines()] == [
         "canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm", "to_cinm", "placement",
         "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
+    # the steps optimize times on its 'passes:' line besides the passes (trial: they were missing)
+    assert [line.split()[0] for line in steps.splitlines()[1:]] == [
+        "if_bodies", "shape_inference", "check", "check_nan_inf"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 3.84e-05" in res.stdout  # the default chip's (pcm-hermes): 256 rows x 150 ns
     # every parameter with its unit and source, from the parameter class's docstring
@@ -359,3 +363,31 @@ def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
     assert code == 0, err
     assert "1 input set (random)" in out.splitlines()[0]
     assert "golden check: 1 run, " in out and "1 runs" not in out
+
+
+def test_every_name_on_the_passes_line_is_listed(tmp_model_dir, capsys):
+    """What optimize's ``passes:`` line times, --list-passes explains (a model with an If, so
+    if_bodies runs too)."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    br = [helper.make_graph([helper.make_node(op, ["x"], [f"{op}_y"])], op, [],
+                            [helper.make_tensor_value_info(f"{op}_y", TensorProto.FLOAT, [2, 4])])
+          for op in ("Relu", "Neg")]
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+         helper.make_node("Greater", ["s", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=br[0], else_branch=br[1])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.float32(0), "zero")])
+    src = tmp_model_dir / "if.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), src)
+    code, out, err = _run(["optimize", str(src), "-o", str(tmp_model_dir / "o.onnx")], capsys)
+    assert code == 0, err
+    timed = [p.split()[0] for p in next(ln for ln in out.splitlines()
+                                        if ln.strip().startswith("passes:")).split(":", 1)[1].split(",")]
+    assert {"if_bodies", "shape_inference", "check"} <= set(timed)
+    assert main(["optimize", "--list-passes"]) == 0
+    listed = {ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith("steps")}
+    assert set(timed) <= listed, set(timed) - listed

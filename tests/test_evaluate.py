@@ -313,3 +313,28 @@ def test_evaluate_shows_progress_in_a_pipe(digits_files, capsys, monkeypatch):
     # 2 configurations (compensation off, on) x 450 samples in batches of 256 + 194
     assert [e.split(" samples")[0] for e in err] == [
         "onnx-cinm evaluate: 256/900", "onnx-cinm evaluate: 450/900", "onnx-cinm evaluate: 706/900"]
+
+
+def test_the_row_of_an_unswept_run_names_the_run_options(digits_files, capsys):
+    """Trial: ``--cim-mode device`` with nothing swept was labelled 'as compiled' (the model
+    was compiled ideal); the row now shows the options the runs had."""
+    path, data, _ = digits_files
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+                 "--cim-effects", "read1f", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "as compiled" not in out
+    assert any(line.startswith("cim_mode=device, cim_effects=read1f ") for line in out.splitlines()), out
+    assert main(["evaluate", str(path), "--data", str(data), "--seeds", "1"]) == 0
+    assert any(line.startswith("as compiled ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_data_of_another_dtype_are_refused_as_run_refuses_them(digits_files, tmp_path, capsys):
+    """Trial: evaluate cast float64 data silently where run --input refuses them."""
+    path, data, _ = digits_files
+    with np.load(data) as d:
+        x, y = d["X"], d["labels"]
+    np.savez(tmp_path / "d64.npz", X=x.astype(np.float64), labels=y)
+    assert main(["evaluate", str(path), "--data", str(tmp_path / "d64.npz")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "onnx-cinm: error: the data's array 'X' is a float64 array, but the model's input is "
+        "float32 (convert it, e.g. numpy's a.astype(np.float32))")

@@ -684,3 +684,19 @@ def test_an_ok_with_a_large_relative_error_says_why():
         "of 4096 terms)")
     same = compare(_k_model(w), _k_model(w), n=1)
     assert same.summary().endswith(": OK")  # nothing to explain
+
+
+def test_the_printed_tolerances_show_the_dtype_default_and_each_widened_atol():
+    """Trial: compare printed 'float32 0.0001/4.56499e-05' while --help says the default atol
+    is 1e-5. The header now prints the dtype's 1e-05 and, apart, the output whose atol was
+    widened for its K = 4096 sum, with the value accumulation_atol gives by hand."""
+    w = np.random.default_rng(5).standard_normal((4096, 64)).astype(np.float32)
+    rep = compare(_k_model(w), _k_model(w, TP.DOUBLE), n=1)
+    (out,) = rep.outputs
+    # the check's input set (seed 0) and its output, by numpy
+    y = random_inputs(_k_model(w), seed=0)["x"].astype(np.float64) @ w.astype(np.float64)
+    want = 4 * 2.0 ** -23 * 64 * np.sqrt(np.mean(y ** 2))
+    assert out.k == 4096 and out.atol == pytest.approx(want, rel=1e-3)
+    assert rep.tolerances() == ("rtol/atol by dtype: float32 0.0001/1e-05; atol widened: "
+                                f"y {want:.3g} (rounding of a sum of 4096 terms)")
+    assert rep.table().splitlines()[0].endswith(rep.tolerances())

@@ -65,6 +65,10 @@ def test_without_sizes_the_summary_names_every_dim_taken_as_one():
     res = optimize(m, placement="heuristic", check=0)
     assert res.flops_total == _flops_at(1)
     assert "symbolic dims taken as 1: batch, height, width" in res.summary()
+    # the way to size them, for the CLI and for this API (the hint named only the CLI flag)
+    assert "--dim batch=SIZE (Python: optimize(..., dims={'batch': SIZE}))" in res.summary()
+    sized = optimize(m, placement="heuristic", check=0, dims={"batch": 2, "height": 8, "width": 8})
+    assert "taken as 1" not in sized.summary()
     static = optimize(m, input_shapes={"images": [1, 3, 8, 8]}, check=0)
     assert "taken as 1" not in static.summary() and " (at " not in static.summary()
 
@@ -459,3 +463,39 @@ def test_optimize_plans_at_the_sizes_of_the_given_arrays():
     assert res.check.ok and res.check.runs == 1
     res = optimize(_dynamic_convnet(), inputs={"images": x}, dims={"height": 8}, check=0)
     assert frontend.planned_dims(res.model) == {"batch": 1, "height": 8, "width": 16}
+
+
+def test_profile_rows_say_whether_their_figures_are_this_runs_or_the_plans(tmp_path, capsys):
+    """Trial finding 6: planned at batch 1, run at 8, one table held crossbar rows simulated at
+    batch 8 and UPMEM 'model' rows at batch 1. Each row now carries its basis: 'run' rows
+    change with the run's batch, 'plan' rows do not, and the note names both sizes."""
+    from onnx_cinm.runtime.session import InferenceSession
+
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_dynamic_convnet(), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--placement", "heuristic",
+                 "--dim", "batch=1", "--dim", "height=16", "--dim", "width=16"]) == 0
+    rows = {}
+    for batch in (1, 8):
+        sess = InferenceSession(str(out))
+        x = np.random.default_rng(0).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        sess.run(None, {"images": x})
+        rows[batch] = {r["node"]: r for r in sess.profile() if r["device"] != "host"}
+    bases = {r["device"]: r["basis"] for r in rows[8].values()}
+    assert bases == {"memristor": "run", "upmem": "plan"}
+    for node, r in rows[8].items():
+        if r["basis"] == "plan":  # the plan's figure whatever the batch
+            assert r["latency_s"] == rows[1][node]["latency_s"]
+        else:  # counted on 8 times the rows of activations
+            assert r["latency_s"] > rows[1][node]["latency_s"]
+    np.save(tmp_path / "x8.npy", np.zeros((8, 3, 16, 16), np.float32))
+    capsys.readouterr()
+    assert main(["run", str(out), "--input", f"images={tmp_path / 'x8.npy'}", "--profile"]) == 0
+    text = capsys.readouterr().out
+    gemm = next(ln for ln in text.splitlines() if ln.startswith("conv1/Gemm"))
+    im2col = next(ln for ln in text.splitlines() if ln.startswith("conv1/Im2Col"))
+    assert " run " in gemm and " plan " in im2col
+    assert ("run: counted on this run's inputs, at their sizes (batch=8); plan: the plan's "
+            "figures, at the sizes the model was planned at (batch=1)") in text
+    assert "the modeled figures of upmem (basis 'plan') are for the planned sizes; those of " \
+           "memristor (basis 'run') were counted on this run's inputs" in text

@@ -296,8 +296,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--example", metavar="NAME",
                      help="use a model bundled with onnx-cinm instead of a file (see --list-examples)")
     o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
-    o.add_argument("--check", type=_count, default=1, metavar="N",
-                   help="random-input runs comparing onnxruntime on input and output; 0 disables")
+    o.add_argument("--check", type=_count, default=None, metavar="N",
+                   help="random-input runs comparing onnxruntime on input and output; 0 disables "
+                        "(default: 1, or 2 - compare's default - for a model that quantizes at run "
+                        "time, e.g. DynamicQuantizeLinear, where a last-bit difference shows on "
+                        "some inputs only)")
     o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension, e.g. sequence=512 (repeatable): FLOPs, "
                         "placement, tiling, mapping and the check use it, and the model records it "
@@ -526,9 +529,12 @@ def _tolerance_options(p, rtol: str, atol: str, what: str) -> None:
     """The golden check's tolerance flags; None (default) lets each output's dtype decide
     (:func:`onnx_cinm.golden.default_tolerance`)."""
     for flag, kind, f32 in ((rtol, "relative", "1e-4"), (atol, "absolute", "1e-5")):
+        widened = ("; widened per output after a K-term sum to 4 eps sqrt(K) rms(reference), or "
+                   "to one step of a quantized output: the check's header prints each widened "
+                   "atol" if kind == "absolute" else "")
         p.add_argument(flag, type=_tolerance, default=None,
                        help=f"{kind} tolerance{what} (default: by output dtype, {f32} for "
-                            "float32, 4 ulps = 0.0039 for float16)")
+                            f"float32, 4 ulps = 0.0039 for float16{widened})")
 
 
 def _input_options(sp: argparse.ArgumentParser) -> None:

@@ -93,7 +93,7 @@ def _cmd_evaluate(args, parser) -> int:
     if labels is not None:
         print(f"  exact run (onnxruntime, reference bodies): accuracy {100 * evaluator.exact:.2f} %")
     print()
-    print(ev.table(summary))
+    print(ev.table(summary, opts))
     if args.plot:
         print(f"\nplot written to {args.plot}")
     return 0

@@ -41,12 +41,14 @@ def _cmd_optimize(args, parser) -> int:
     from ..examples import EXAMPLES, get_example
     from ..passes import DEFAULT_PIPELINE, available_passes
     from ..passes.placement_rules import hint_warnings, load_hints, parse_hint
-    from ..pipeline import optimize
+    from ..pipeline import STEPS, optimize
 
     if args.list_passes:
         descriptions = available_passes()
         print(table(("pass", "description"), [(n, descriptions.get(n, "")) for n in DEFAULT_PIPELINE],
                     header=False))
+        print("\nsteps around the passes (also timed on the 'passes:' line; --skip does not take them):")
+        print(table(("step", "description"), list(STEPS.items()), header=False))
         return 0
     if args.list_examples:
         print(table(("example", "description"), [
@@ -89,7 +91,7 @@ def _cmd_optimize(args, parser) -> int:
         _check_writable_folder(args.report, "report")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
-    bar = _progress(len(_PIPE) + (1 if args.check else 0), "optimize", "pass", args.quiet)
+    bar = _progress(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass", args.quiet)
 
     def log(msg: str) -> None:
         if msg.startswith("pass "):

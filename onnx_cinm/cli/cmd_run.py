@@ -139,8 +139,10 @@ def _cmd_run(args, parser) -> int:
                             f"{args.output}")
         _save_npz(args.output, arrays)
         say(f"  outputs written to {args.output}")
+    was = {k: planned.get(k, 1) for k in replanned}
     if args.profile:
-        print(profile.table(sess.profile()))
+        print(profile.table(sess.profile(), planned=_dims_text(was) if replanned else None,
+                            at_run=_dims_text(replanned) if replanned else None))
         cfg = sess.configuration()
         libs = ", ".join(f"{lib} ({api})" for lib, api, _ in cfg["blas"]) or "none loaded"
         print(f"configuration: BLAS threads {cfg['blas_threads'] or 'library default'} [{libs}], "
@@ -158,7 +160,7 @@ def _cmd_run(args, parser) -> int:
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
     if replanned and (args.profile or (args.profile_out and not args.quiet)):
-        print(_sizes_note(planned, replanned, sess.modeled_nodes()))
+        print(_sizes_note(planned, replanned, sess.profile()))
     if args.profile_out:
         try:
             profile.write(sess.profile(), args.profile_out)
@@ -181,18 +183,31 @@ def _static_inputs(model) -> dict:
     return out
 
 
-def _sizes_note(planned: dict, replanned: dict, modeled: list) -> str:
-    """The warning that the modeled figures are for the sizes the model was planned at, not
-    the ones this run had (``replanned``: the dims whose size differs)."""
-    def text(d):
-        return ", ".join(f"{k}={v}" for k, v in sorted(d.items()))
+def _dims_text(dims: dict) -> str:
+    """``batch=8, seq=128``."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(dims.items()))
 
+
+def _sizes_note(planned: dict, replanned: dict, records: list) -> str:
+    """The warning that some modeled figures are for the sizes the model was planned at, not
+    the ones this run had (``replanned``: the dims whose size differs): which, by the records'
+    ``basis`` (:func:`onnx_cinm.runtime.profile.basis_note`), per device."""
+    text = _dims_text
     was = text({k: planned.get(k, 1) for k in replanned})
-    what = ("the modeled figures (device latency and energy" + (", and the cost of the nodes in "
-            "'model' mode" if modeled else "") + ")")
-    return (f"note: this run had {text(replanned)}, but the model was planned at {was}: {what} "
-            f"are for the planned sizes; optimize again with --dim {' --dim '.join(text(replanned).split(', '))} "
-            "to cost these")
+    by = {}
+    for r in records:
+        if r.get("basis"):
+            by.setdefault(r["basis"], set()).add(r["device"])
+    again = f"optimize again with --dim {' --dim '.join(text(replanned).split(', '))}"
+    head = f"note: this run had {text(replanned)}, but the model was planned at {was}: "
+    if "plan" not in by:
+        return (head + "the modeled figures were counted on this run's inputs (basis 'run'), "
+                f"on plans made for the planned sizes; {again} to plan for these")
+    plan = ", ".join(sorted(by["plan"]))
+    ran = (f"; those of {', '.join(sorted(by['run']))} (basis 'run') were counted on this run's "
+           "inputs, so the two do not add up to one inference at one size") if "run" in by else ""
+    return (head + f"the modeled figures of {plan} (basis 'plan') are for the planned sizes{ran}; "
+            f"{again} to cost these")
 
 
 def _partitions_line(sess) -> str:

@@ -247,7 +247,9 @@ class Device:
         ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
         numpy arrays (None for an absent optional input), ``metrics`` the per-call figures
         (``latency_s`` seconds, ``energy_j`` joules, ``writes``, ``bytes_moved`` bytes; None
-        where unknown); its attribute ``load_metrics`` is the one-time load (``tile_writes``,
+        where unknown; ``basis``: ``"run"`` when they are counted on this call's inputs, at
+        their sizes, ``"plan"`` (the default when absent) when they are the recorded plan's,
+        at the sizes the model was planned at); its attribute ``load_metrics`` is the one-time load (``tile_writes``,
         ``latency_s``, ``energy_j``) or None. None: the node runs its reference body on the
         host. ``root`` is the ``<model>.cinm/`` folder; ``consts`` the node's constant inputs
         by name; ``run_options`` the :attr:`RunOptions` given to the provider, by field name

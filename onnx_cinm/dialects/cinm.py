@@ -21,9 +21,10 @@ Op catalogue (inputs -> outputs; attributes), with numpy-like semantics:
 op              signature                                        semantics
 ==============  ==============================================  ==========================================
 Gemm            A[..., M, K], B[..., K, N], C? -> Y[..., M, N]   ``A @ B (+ C)``; matmul broadcasting, C
-                y_perm?                                          broadcast to Y; with ``y_perm`` the result
+                y_perm?, onnx_gemm?                              broadcast to Y; with ``y_perm`` the result
                                                                  is ``Transpose(A @ B (+ C), y_perm)``: the
-                                                                 layout its consumer reads (a Conv's NCHW)
+                                                                 layout its consumer reads (a Conv's NCHW);
+                                                                 onnx_gemm=1: body ONNX Gemm (C added inside)
 Gemv            A[M, K], x[K], c?[M] -> y[M]                     ``A @ x (+ c)``
 Im2Col          X[N, C, *S] -> Y[N, *O, C*prod(kernel_shape)]    patches of X (zero padded), channel-major
                 kernel_shape, strides, pads, dilations           then kernel position, as Conv sees them
@@ -48,9 +49,14 @@ Softmax         X[..., L] -> Y[..., L] (float32)                 softmax over th
 LayerNorm       X, Scale, B? -> Y; axis, epsilon (float32)       ``(x - mean) / sqrt(var + eps) * Scale + B``
                                                                  over the axes from ``axis`` on (ONNX
                                                                  LayerNormalization, Y only)
-Gelu            X -> Y; approximate in none|tanh (float32)       ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
-                                                                 its tanh approximation (ONNX Gelu-20)
+Gelu            X -> Y; approximate in none|tanh,                ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
+                div_sqrt2 (float32)                              its tanh approximation (ONNX Gelu-20);
+                                                                 div_sqrt2=1: x / sqrt 2 is a division
 ==============  ==============================================  ==========================================
+
+Bodies of ops lowered 1:1 from a standard op call that op where the model's opset has it
+(:data:`STANDARD_SINCE`; Gemm with ``onnx_gemm``; Gelu's ``div_sqrt2``): a cinm op left on the
+host then computes in onnxruntime exactly what the original op computes there.
 
 Every op also accepts the placement attributes ``device`` (a device name) and ``placement`` (the
 reason it was chosen); paradigm passes add their plan attributes the same way.
@@ -163,8 +169,11 @@ def _spec(*args, **kw) -> None:
 
 
 _spec("Gemm", (("A", "T", False), ("B", "T", False), ("C", "T", True)), (("Y", "T"),),
-      {"T": _MATMUL}, {"y_perm": (_IS, False)},
-      doc="Y = A @ B (+ C), matmul broadcasting; with y_perm, Transpose(A @ B (+ C), y_perm)")
+      {"T": _MATMUL}, {"y_perm": (_IS, False), "onnx_gemm": (_I, False)},
+      doc="Y = A @ B (+ C), matmul broadcasting; with y_perm, Transpose(A @ B (+ C), y_perm); "
+          "onnx_gemm=1 (2-D A and B with C, lowered from an ONNX Gemm): the reference body is "
+          "ONNX Gemm, which adds C inside the product as onnxruntime's Gemm kernel does (a "
+          "MatMul then an Add rounds differently)")
 _spec("Gemv", (("A", "T", False), ("x", "T", False), ("c", "T", True)), (("y", "T"),),
       {"T": _MATMUL}, doc="y = A @ x (+ c) for a matrix A[M, K] and a vector x[K]")
 _spec("Im2Col", (("X", "T", False),), (("Y", "T"),), {"T": _ANY},
@@ -222,8 +231,10 @@ _spec("LayerNorm", (("X", "T", False), ("Scale", "T", False), ("B", "T", True)),
       doc="layer normalization over the axes from `axis` on, times Scale plus B (ONNX "
           "LayerNormalization's Y)")
 _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
-      {"approximate": (_S, False)},
-      doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh')")
+      {"approximate": (_S, False), "div_sqrt2": (_I, False)},
+      doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh'); "
+          "div_sqrt2=1: the reference body divides x by sqrt(2) (float32) where it otherwise "
+          "multiplies by 1 / sqrt(2), as the model it was fused from did (the last bit differs)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,6 +255,8 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     Raises:
         ValueError: if the attributes name an unknown variant (e.g. ``Reduce(kind="xor")``).
     """
+    if op_type == "Gemm" and attrs.get("onnx_gemm") and n_inputs >= 3:
+        return "gemm_perm" if attrs.get("y_perm") is not None else "gemm"
     if op_type == "Gemm" and attrs.get("y_perm") is not None:
         return "bias_perm" if n_inputs >= 3 else "perm"
     if op_type in ("Gemm", "Gemv"):
@@ -271,7 +284,9 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
         approx = _as_str(attrs.get("approximate", "none"))
         if approx not in ("none", "tanh"):
             raise ValueError(f"cinm.Gelu: approximate must be 'none' or 'tanh', got {approx!r}")
-        return "" if approx == "none" else "tanh"
+        if approx == "tanh":
+            return "tanh"
+        return "div" if attrs.get("div_sqrt2", 0) else ""
     return ""  # one body serves every other op (Clip's absent min/max are empty input names)
 
 
@@ -436,9 +451,23 @@ def _const_float(b: _Body, value: float) -> str:
     return b.op("Constant", [], value=helper.make_tensor("v", TensorProto.FLOAT, [], [value]))
 
 
+#: First default-domain opsets with the standard op a cinm op was lowered from 1:1. From there
+#: the reference body is that one op, so a cinm op the placement leaves on the host computes
+#: bit for bit what onnxruntime's kernel of the original computes (a decomposition differs in
+#: the last bits, and a later DynamicQuantizeLinear can turn that into a whole int8 step).
+STANDARD_SINCE = {"LayerNorm": 17, "Gelu": 20}
+
+
 def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
-    """X flattened to [outer, L] at ``axis``; mean and (two-pass) variance per row; Scale and B
-    read as [1, L] rows; the result reshaped back to X's shape."""
+    """ONNX LayerNormalization (opset >= 17, Y only). Below: X flattened to [outer, L] at
+    ``axis``; mean and (two-pass) variance per row; Scale and B read as [1, L] rows; the result
+    reshaped back to X's shape."""
+    if opset >= STANDARD_SINCE["LayerNorm"]:
+        ins = ["X", "Scale", "B"] if bias else ["X", "Scale"]
+        b.nodes.append(_node_with_refs("LayerNormalization", ins, ["Y"],
+                                       [_ref_attr("axis", "axis", _I),
+                                        _ref_attr("epsilon", "epsilon", _F)]))
+        return
     x2 = b.tmp()
     b.nodes.append(_node_with_refs("Flatten", ["X"], [x2], [_ref_attr("axis", "axis", _I)]))
     mean, var = b.tmp(), b.tmp()
@@ -454,12 +483,21 @@ def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
     b.op("Reshape", [y, b.op("Shape", ["X"])], out=["Y"])
 
 
-def _gelu_body(b: _Body, tanh: bool) -> None:
-    """0.5 x (1 + erf(x / sqrt 2)), or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+def _gelu_body(b: _Body, overload: str, opset: int) -> None:
+    """ONNX Gelu (opset >= 20; not for overload ``div``). Else 0.5 x (1 + erf(x / sqrt 2)), x / sqrt 2
+    as Div by float32(sqrt 2) (``div``: the erf pattern PyTorch exports) or Mul by float32(1 / sqrt 2),
+    or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (``tanh``)."""
+    tanh = overload == "tanh"
+    if opset >= STANDARD_SINCE["Gelu"] and overload != "div":
+        b.nodes.append(_node_with_refs("Gelu", ["X"], ["Y"],
+                                       [_ref_attr("approximate", "approximate", _S)]))
+        return
     if tanh:
         x3 = b.op("Mul", [b.op("Mul", ["X", "X"]), "X"])
         inner = b.op("Add", ["X", b.op("Mul", [x3, _const_float(b, 0.044715)])])
         t = b.op("Tanh", [b.op("Mul", [inner, _const_float(b, 0.7978845608028654)])])
+    elif overload == "div":
+        t = b.op("Erf", [b.op("Div", ["X", _const_float(b, 1.4142135623730951)])])
     else:
         t = b.op("Erf", [b.op("Mul", ["X", _const_float(b, 0.7071067811865476)])])
     half_x = b.op("Mul", ["X", _const_float(b, 0.5)])
@@ -493,10 +531,13 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
         # the product written in its consumer's layout (y_perm): the same Transpose the
         # lowering would otherwise put after the node, so the result is bit-identical
         perm = overload.endswith("perm")
-        if not overload.startswith("bias"):
+        if not overload.startswith(("bias", "gemm")):
             inputs = inputs[:2]
-        y = b.op("MatMul", inputs[:2], out=None if perm or len(inputs) > 2 else outputs)
-        if len(inputs) > 2:
+        if overload.startswith("gemm"):  # lowered from a 2-D ONNX Gemm: its own kernel
+            y = b.op("Gemm", inputs, out=None if perm else outputs)
+        else:
+            y = b.op("MatMul", inputs[:2], out=None if perm or len(inputs) > 2 else outputs)
+        if len(inputs) > 2 and not overload.startswith("gemm"):
             y = b.op("Add", [y, inputs[2]], out=None if perm else outputs)
         if perm:
             b.nodes.append(_node_with_refs("Transpose", [y], outputs,
@@ -538,7 +579,7 @@ def build_function(op_type: str, overload: str, opset: int) -> FunctionProto:
             inputs = inputs[:2]
         _layernorm_body(b, overload == "bias", opset)
     elif op_type == "Gelu":
-        _gelu_body(b, overload == "tanh")
+        _gelu_body(b, overload, opset)
     else:  # pragma: no cover - every op of OPS is handled above
         raise ValueError(f"no reference body for cinm.{op_type}")
     fn = helper.make_function(DOMAIN, op_type, inputs, outputs, b.nodes,

@@ -9,7 +9,7 @@ MatMul A[.., M, K] B[.., K, N]  Gemm(A, B)
 MatMul A[M, K] b[K]             Gemv(A, b)
 MatMul a[K] B[K, N]             Gemv(B^T, a) if B is constant, else Gemm(a[None], B)[.., 0, :]
 MatMul a[K] b[K]                Gemv(a[None], b)[0]
-Gemm (canonical: no trans,      Gemm(A, B, C)
+Gemm (canonical: no trans,      Gemm(A, B, C); with C, onnx_gemm=1 (its body is ONNX Gemm)
 alpha = beta = 1, see normalize)
 Conv X W B? (1-D/2-D/3-D,       Im2Col(X) -> Gemm(cols, W as [C*k, M], B) -> Transpose to NC*;
 groups, strides, dilations,     with groups: per-group batched Gemm W[G, .., C/G*k, M/G]
@@ -45,6 +45,13 @@ Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused b
 sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
 Mul x -> Mul 0.5 (any order)
 ==============================  =============================================================
+
+A cinm op lowered 1:1 from a standard op has a reference body that computes, in onnxruntime,
+what the original op computes there, bit for bit, where the model's opset has that op
+(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div):
+an op the placement leaves on the host runs that body, and a last-bit difference before a
+DynamicQuantizeLinear would move whole quantization steps. Conv (Im2Col + Gemm) rounds as a
+MatMul does, not as onnxruntime's Conv kernel: within the check's tolerance, not bit-exact.
 
 Ops on the shape path (computing shapes from ``Shape``/``Size``) are never lowered: they are
 bookkeeping, not work for a device. Nor are ops with an empty operand or result (a static
@@ -227,7 +234,11 @@ def _check_gemm(rw: _Rewriter, node: ir.Node):
 
 def _gemm(rw: _Rewriter, node: ir.Node, _):
     lo = _Lowering(rw, node)
-    lo.cinm("Gemm", [i for i in _ins(node) if i], [_outs(node)[0]])
+    ins = [i for i in _ins(node) if i]
+    # with a bias, onnxruntime's Gemm adds C inside the product: the body keeps that op, so a
+    # Gemm the placement leaves on the host rounds as the original did
+    exact = {"onnx_gemm": 1} if len(ins) == 3 and rw.rank(ins[0]) == 2 and rw.rank(ins[1]) == 2 else {}
+    lo.cinm("Gemm", ins, [_outs(node)[0]], **exact)
     return lo.nodes
 
 
@@ -775,6 +786,8 @@ def _check_layernorm(rw: _Rewriter, node: ir.Node):
     if any(_read(v) for v in node.outputs[1:]):
         return "its Mean or InvStdDev output is read"
     at, ins = _attrs(node), _ins(node) + [""]
+    if int(at.get("stash_type", 1)) != 1:
+        return f"stash_type {at['stash_type']} (cinm LayerNorm computes in float32, stash_type 1)"
     axis = int(at.get("axis", -1)) % rank
     norm = rw.info(ins[0]).shape[axis:]
     if not all(isinstance(d, int) and d > 0 for d in norm):
@@ -921,7 +934,9 @@ def _erf_gelu(rw: _Rewriter, erf: ir.Node, binding):
     x, scale, nodes, out = binding
     rw.focus(scale)  # x is an input of the scaling node, not of the anchor (Erf)
     lo = _Lowering(rw, erf)
-    lo.cinm("Gelu", [x.name], [out.name], approximate="none")
+    # a Div by sqrt 2 rounds differently from a Mul by 1 / sqrt 2: the body keeps the model's form
+    div = {"div_sqrt2": 1} if scale.op_type == "Div" else {}
+    lo.cinm("Gelu", [x.name], [out.name], approximate="none", **div)
     return Replacement(lo.nodes, nodes)
 
 

@@ -76,7 +76,8 @@ class Evaluator:
 
     Raises:
         CinmError: the model has no device kernel with run options (nothing to evaluate), an
-            input array is missing or has the wrong sample count or dtype kind, labels of the
+            input array is missing or has the wrong sample count or another dtype than the
+            model's input (no silent cast, as ``run --input``), labels of the
             wrong length or not integers, an unknown output, bad provider options.
     """
 
@@ -128,15 +129,12 @@ class Evaluator:
         n = next(iter(counts.values()))
         if n == 0:
             raise CinmError("the data hold no samples")
-        self._dtypes = {}
-        for arg in self._inputs:
+        for arg in self._inputs:  # as run/compare/optimize --input: no silent cast
             want = _np_dtype(arg.type)
             have = np.asarray(self.data[arg.name]).dtype
             if want is not None and have != want:
-                if have.kind != want.kind and not (have.kind in "iu" and want.kind in "iu"):
-                    raise CinmError(f"input array '{arg.name}' has dtype {have}, the model "
-                                    f"expects {want}")
-                self._dtypes[arg.name] = want
+                raise CinmError(f"the data's array '{arg.name}' is a {have} array, but the model's "
+                                f"input is {want} (convert it, e.g. numpy's a.astype(np.{want.name}))")
         self._fixed = {a.name: a.shape[0] for a in self._inputs
                        if a.shape and isinstance(a.shape[0], int)}
         if len(set(self._fixed.values())) > 1:
@@ -234,8 +232,7 @@ class Evaluator:
         step = min(self._fixed.values()) if self._fixed else max(1, min(self.batch, self.samples))
         parts = []
         for lo in range(0, self.samples, step):
-            feed = {a.name: np.asarray(self.data[a.name][lo:lo + step],
-                                       dtype=self._dtypes.get(a.name)) for a in self._inputs}
+            feed = {a.name: np.asarray(self.data[a.name][lo:lo + step]) for a in self._inputs}
             real = min(step, self.samples - lo)
             if self._fixed and real < step:  # a fixed batch the data do not fill: pad it with
                 feed = {k: np.concatenate([v, np.repeat(v[-1:], step - real, axis=0)])
@@ -297,17 +294,21 @@ def duration_text(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def _value_text(sweep: str, value) -> str:
+def _value_text(sweep: str, value, options: dict | None = None) -> str:
     if sweep == "time":
         return duration_text(value)
-    if sweep == "compiled":
-        return "as compiled"
+    if sweep == "compiled":  # nothing swept: the run options given, or the model's own plans
+        shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}"
+                          for k, v in (options or {}).items())
+        return shown or "as compiled"
     return f"{value:g}"
 
 
-def table(summary: list[dict]) -> str:
+def table(summary: list[dict], options: dict | None = None) -> str:
     """The summary as text, one table per sweep: value, compensation (time only), and the
-    metric's mean, min and max over seeds (accuracy in %, relative RMS error as is)."""
+    metric's mean, min and max over seeds (accuracy in %, relative RMS error as is).
+    ``options``: the provider options every run had (``{"cim_mode": "device"}``); the row of
+    an evaluation that sweeps nothing shows them, or ``as compiled`` when there are none."""
     from ..text import Column
     from ..text import table as text_table
 
@@ -325,7 +326,7 @@ def table(summary: list[dict]) -> str:
         body = []
         for s in rows:
             fmt = (lambda v: f"{scale * v:.2f}") if acc else (lambda v: f"{v:.4g}")
-            row = [_value_text(sweep, s["value"])]
+            row = [_value_text(sweep, s["value"], options)]
             if sweep == "time":
                 row.append("on" if s["compensation"] else "off")
             body.append(row + [fmt(s["mean"]), fmt(s["min"]), fmt(s["max"]), s["seeds"]])

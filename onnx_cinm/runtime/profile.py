@@ -4,7 +4,9 @@ A record (see :meth:`InferenceSession.profile`) has ``run``, ``node``, ``op_type
 ``nodes`` (graph nodes it covers), ``in_partition`` (a model-mode device node inside a host
 partition; absent otherwise), ``mode``, ``wall_s`` (host wall time, seconds), ``latency_s`` and ``energy_j`` (modeled on the
 device), ``writes`` (crossbar tile writes) and ``bytes_moved`` (with ``bytes_note`` when a
-kernel counts them otherwise than its plan does). Missing figures are None: host
+kernel counts them otherwise than its plan does) and ``basis`` (``run``: the modeled figures
+were counted on this run's inputs, at their sizes; ``plan``: they are the recorded plan's, at
+the sizes the model was planned at; None on the host). Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
 """
@@ -20,7 +22,7 @@ from .. import frontend
 from ..text import Column, si, table as text_table
 
 FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "energy_j", "writes",
-          "bytes_moved", "nodes"]
+          "bytes_moved", "nodes", "basis"]
 _SUMMED = ("wall_s", "latency_s", "energy_j", "writes", "bytes_moved")
 
 
@@ -33,6 +35,7 @@ def aggregate(records: list[dict]) -> list[dict]:
                                           "device": r["device"], "mode": r["mode"], "runs": 0,
                                           "nodes": r.get("nodes", 1),
                                           "in_partition": r.get("in_partition", False),
+                                          "basis": r.get("basis"),
                                           **{k: None for k in _SUMMED}})
         row["runs"] += 1
         for k in _SUMMED:
@@ -111,16 +114,46 @@ def ran(records: list[dict]) -> dict:
 #: The columns of :func:`table`.
 COLUMNS = (Column("node", fit=44), Column("op", width=10), Column("device", width=10),
            Column("mode", width=11), Column("wall", ">"), Column("modeled", ">"),
-           Column("energy", ">"), Column("writes", ">"), Column("bytes", ">"))
+           Column("energy", ">"), Column("basis", width=5), Column("writes", ">"),
+           Column("bytes", ">"))
 
 
 def _figures(r: dict) -> tuple:
     return (si(r["wall_s"], "s"), si(r["latency_s"], "s"), si(r["energy_j"], "J"),
-            _whole(r["writes"]), si(r["bytes_moved"], "B"))
+            r.get("basis") or "", _whole(r["writes"]), si(r["bytes_moved"], "B"))
 
 
-def table(records: list[dict], max_rows: int | None = None) -> str:
-    """A text table for a person: per node (per-inference means), then totals per device."""
+def _device_basis(rows: list[dict], dev: str) -> str | None:
+    """The basis of a device's total: its rows' one basis, ``mixed``, or None (host)."""
+    bases = {r.get("basis") for r in rows if r["device"] == dev} - {None}
+    return None if not bases else bases.pop() if len(bases) == 1 else "mixed"
+
+
+def basis_note(records: list[dict], planned: str | None = None, at_run: str | None = None) -> str:
+    """The note saying on which sizes each row's modeled figures stand ('' when no row has
+    any): ``run`` rows were counted on this run's inputs, ``plan`` rows are the plan's.
+    ``planned``/``at_run``: the sizes as text (``batch=1``/``batch=8``) when they differ; then
+    the note names them, and the rows of the two bases are not comparable."""
+    bases = {r.get("basis") for r in records} - {None}
+    if not bases:
+        return ""
+    text = ("basis of modeled and energy: "
+            + "; ".join(b for b in ("run: counted on this run's inputs, at their sizes"
+                                    + (f" ({at_run})" if at_run else ""),
+                                    "plan: the plan's figures, at the sizes the model was "
+                                    "planned at" + (f" ({planned})" if planned else ""))
+                        if b.split(":")[0] in bases))
+    if planned and bases == {"run", "plan"}:
+        text += ("; the two differ in size here, so compare rows of one basis only (optimize "
+                 f"again at {at_run} for plan figures at this run's sizes)")
+    return text
+
+
+def table(records: list[dict], max_rows: int | None = None, planned: str | None = None,
+          at_run: str | None = None) -> str:
+    """A text table for a person: per node (per-inference means), then totals per device.
+    ``planned``/``at_run``: the planned and the run's sizes as text when they differ
+    (:func:`basis_note`)."""
     rows = aggregate(records)
     n_runs = len({r["run"] for r in records})
     counts = ran(records)
@@ -143,16 +176,20 @@ def table(records: list[dict], max_rows: int | None = None) -> str:
             if inside:
                 what += (", in host partitions" if inside == t["nodes"] else
                          f", {inside} of them in host partitions")
-        totals.append((f"total {dev} ({what})", "", "", "", *_figures(t)))
+        totals.append((f"total {dev} ({what})", "", "", "",
+                       *_figures({**t, "basis": _device_basis(rows, dev)})))
     notes = []
     if len(shown) < len(rows):
         notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
     if n_runs > 1:
         notes.append("median wall per run: " + ", ".join(
             f"{d} {si(v, 's')}" for d, v in median_split(records).items()))
-    notes.append("wall: host time of this process; modeled: device latency from the cost model "
-                 "(crossbar simulator counters, UPMEM cost model); bytes: across the device's "
-                 "boundary in one inference, as its plan counts them (report's bytes_moved)")
+    notes.append("wall: host time of this process; modeled: device latency, from a simulator's "
+                 "counters or a cost model; bytes: across the device's boundary in one "
+                 "inference, as its plan counts them (report's bytes_moved)")
+    basis = basis_note(records, planned, at_run)
+    if basis:
+        notes.append(basis)
     for (dev, mode), note in sorted({(r["device"], r["mode"]): r["bytes_note"]
                                      for r in records if r.get("bytes_note")}.items()):
         notes.append(f"bytes of {dev} in {mode} mode: {note}")

@@ -442,7 +442,7 @@ class InferenceSession:
         for p in self._parts:
             p.modeled_records = [
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
-                 "mode": "model", "wall_s": None,
+                 "mode": "model", "wall_s": None, "basis": "plan",
                  **_modeled(cinm.node_attrs(node), devices.get_device(dev)),
                  "writes": 0, "bytes_moved": None, "nodes": 1, "in_partition": True}
                 for node, dev in p.modeled]
@@ -612,7 +612,7 @@ class InferenceSession:
                                 "op_type": f"{len(p.nodes)} nodes", "device": "host",
                                 "mode": "onnxruntime", "wall_s": wall, "latency_s": None,
                                 "energy_j": None, "writes": 0, "bytes_moved": 0,
-                                "nodes": len(p.nodes)})
+                                "nodes": len(p.nodes), "basis": None})
                 records += [{"run": run_index, **r} for r in p.modeled_records]
             for d in stage_devices:
                 if isinstance(d.kernel, _IfKernel):
@@ -642,6 +642,7 @@ class InferenceSession:
                                 "energy_j": metrics.get("energy_j"),
                                 "writes": metrics.get("tile_writes", 0),
                                 "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
+                                "basis": "run" if empty else metrics.get("basis") or "plan",
                                 **({"bytes_note": metrics["bytes_note"]}
                                    if metrics.get("bytes_note") else {})})
         return values, records
@@ -706,7 +707,9 @@ class InferenceSession:
         (graph nodes the record covers: all the nodes of a host partition's onnxruntime
         session, UPMEM nodes charged by the cost model inside it included; 1 otherwise);
         ``in_partition`` is True on the records of such model-mode nodes inside a host
-        partition (absent otherwise)."""
+        partition (absent otherwise); ``basis`` of the modeled figures: ``"run"`` (counted
+        on this run's inputs, at their sizes), ``"plan"`` (the recorded plan's, at the planned
+        sizes: nodes in 'model' mode and kernels that report their plan's), None on the host."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 

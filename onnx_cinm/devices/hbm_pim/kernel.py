@@ -233,7 +233,8 @@ class HbmPimKernel:
                 y, runs, triggers = self._eltwise(inputs)
         c = kernel_cost(self.plan, self.params, self.pin, runs=runs)
         return [y], {"latency_s": c.latency_s, "energy_j": c.energy_j, "tile_writes": 0,
-                     "bytes_moved": c.interface_bytes, "triggers": triggers}
+                     "bytes_moved": c.interface_bytes, "triggers": triggers,
+                     "basis": "run"}  # the cost of the commands these inputs triggered
 
     def _machine(self) -> Pcus:
         return Pcus(self.plan.pcus, self.plan.bank_cols, list(self.plan.crf))

@@ -137,6 +137,7 @@ class CrossbarKernel:
         k_tiles = -(-X.shape[-1] // h["rows"])
         n_tiles = -(-outs["Y"].shape[-1] // h["cols"])
         c["bytes_moved"] = 4 * (X.size * n_tiles + outs["Y"].size * k_tiles + weights)
+        c["basis"] = "run"  # the simulator's counters of these inputs (Device.kernel)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
 
     def _layout(self, a_shape: tuple, b_shape: tuple) -> tuple:

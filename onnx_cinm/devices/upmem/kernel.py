@@ -161,6 +161,7 @@ class UpmemKernel:
             "energy_j": self.attrs.get("cnm_energy_j"),
             "bytes_moved": c.get("h2d_bytes", 0) + c.get("d2h_bytes", 0) + c.get("broadcast_bytes", 0),
             "bytes_note": BYTES_NOTE,
+            "basis": "plan",  # latency and energy: the plan's, at the planned sizes
             "emu_kernel_s": c.get("kernel_s"),
             "emu_kernel_cycles": c.get("kernel_cycles"),
             "dma_bytes": c.get("totals", {}).get("dma_read_bytes", 0)
