@@ -191,7 +191,7 @@ def test_console_script_help_and_lists():
         "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
     # the steps optimize times on its 'passes:' line besides the passes (trial: they were missing)
     assert [line.split()[0] for line in steps.splitlines()[1:]] == [
-        "if_bodies", "shape_inference", "check", "check_nan_inf"]
+        "probe_shapes", "if_bodies", "shape_inference", "check", "check_nan_inf"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 3.84e-05" in res.stdout  # the default chip's (pcm-hermes): 256 rows x 150 ns
     # every parameter with its unit and source, from the parameter class's docstring
