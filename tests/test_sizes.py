@@ -499,3 +499,30 @@ def test_profile_rows_say_whether_their_figures_are_this_runs_or_the_plans(tmp_p
             "figures, at the sizes the model was planned at (batch=1)") in text
     assert "the modeled figures of upmem (basis 'plan') are for the planned sizes; those of " \
            "memristor (basis 'run') were counted on this run's inputs" in text
+
+
+def test_a_programmed_activation_at_another_batch_is_refused_in_one_line(tmp_path):
+    """The scores product (two activations) on crossbars programs q at every inference; its
+    crossbar program is fixed to the planned [batch * heads] groups. Planned at batch 1 and run
+    at batch 2 it failed in the simulator ('W: sidecar shape (8, 8, 16) != declared (4, 8, 16)');
+    now the error names the node, both shapes and the two ways out."""
+    from onnx_cinm import artifacts
+    from onnx_cinm.golden import run_onnxruntime
+    from onnx_cinm.runtime import InferenceSession
+
+    res = optimize(_attention_block(), dims={"batch": 1, "seq": 8}, check=0,
+                   place=[("scores*", "memristor")])
+    node = next(n for n in res.model.graph.node if n.output[0] == "scores")
+    assert {a.name: h.get_attribute_value(a) for a in node.attribute}["device"] == b"memristor"
+    artifacts.save(res.model, tmp_path / "att.onnx")
+    sess = InferenceSession(tmp_path / "att.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 8, 64)).astype(np.float32)
+    with pytest.raises(CinmError) as err:
+        sess.run(None, {"x": x})
+    msg = str(err.value)
+    assert f"node '{node.name}'" in msg and "[4, 16, 8]" in msg and "[8, 16, 8]" in msg, msg
+    assert "--dim" in msg and f"--place '{node.name}=host'" in msg and "\n" not in msg
+    # at the planned batch it runs and matches onnxruntime
+    x1 = x[:1]
+    np.testing.assert_allclose(sess.run(None, {"x": x1})[0], run_onnxruntime(_attention_block(), {"x": x1})[0],
+                               rtol=1e-4, atol=1e-4)

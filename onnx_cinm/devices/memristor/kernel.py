@@ -117,7 +117,17 @@ class CrossbarKernel:
         X = layout.stream_rows(v, A, B)
         with self._lock:
             if self._sim is None:
-                sim = CrossbarSimulator(self.prog, {"W": layout.weights(v, A, B)})
+                W = layout.weights(v, A, B)
+                planned = self.prog.regions["W"].dims
+                if W.shape != tuple(planned):
+                    raise XbarError(
+                        f"node '{self.op.name}': its programmed operand is an activation "
+                        f"(written to the crossbars at every inference) planned as "
+                        f"{list(planned)} and {list(W.shape)} in this run; its crossbar "
+                        "program is fixed to the planned sizes: optimize again at this run's "
+                        "sizes (--dim NAME=SIZE or --input), or keep the node off the "
+                        f"crossbars (--place '{self.op.name}=host')")
+                sim = CrossbarSimulator(self.prog, {"W": W})
                 outs, c = sim.run({"X": X}, transposed=transposed)
                 c = _add(sim.load_counters.as_dict(), c.as_dict())
             else:
