@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -1014,33 +1015,47 @@ def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[st
     return _dims_record(model, key)
 
 
-def _dims_record(model: onnx.ModelProto, key: str) -> dict[str, int]:
-    """The ``{dim name: size}`` JSON object under metadata ``key`` ({} if absent); CinmError if
-    it is malformed."""
+def _json_record(model: onnx.ModelProto, key: str, valid: Callable[[object], bool],
+                 expected: str):
+    """The JSON value under metadata ``key`` (None if absent), which ``valid`` must accept;
+    CinmError ``... is malformed: expected <expected>`` otherwise (a model file is untrusted
+    input)."""
     import json
 
     text = next((p.value for p in model.metadata_props if p.key == key), None)
     if text is None:
-        return {}
+        return None
     try:
-        dims = json.loads(text)
+        value = json.loads(text)
     except ValueError:
-        dims = None
-    if not isinstance(dims, dict) or not all(
-            isinstance(k, str) and k and type(v) is int and 1 <= v <= _MAX_DIM for k, v in dims.items()):
-        raise CinmError(f"the model's metadata '{key}' is malformed: expected a JSON "
-                        "object of dimension names to positive integers")
-    return dims
+        value = None
+    if not valid(value):
+        raise CinmError(f"the model's metadata '{key}' is malformed: expected {expected}")
+    return value
 
 
-def _set_dims_record(model: onnx.ModelProto, key: str, dims: dict[str, int]) -> None:
+def _set_json_record(model: onnx.ModelProto, key: str, value) -> None:
+    """Record ``value`` as JSON under metadata ``key``, replacing any earlier record; an empty
+    ``value`` removes it (in place)."""
     import json
 
     keep = [p for p in model.metadata_props if p.key != key]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
-    if dims:
-        model.metadata_props.add(key=key, value=json.dumps(dict(sorted(dims.items()))))
+    if value:
+        model.metadata_props.add(key=key, value=json.dumps(value))
+
+
+def _dims_record(model: onnx.ModelProto, key: str) -> dict[str, int]:
+    """The ``{dim name: size}`` JSON object under metadata ``key`` ({} if absent); CinmError if
+    it is malformed."""
+    return _json_record(model, key, lambda d: isinstance(d, dict) and all(
+        isinstance(k, str) and k and type(v) is int and 1 <= v <= _MAX_DIM for k, v in d.items()),
+        "a JSON object of dimension names to positive integers") or {}
+
+
+def _set_dims_record(model: onnx.ModelProto, key: str, dims: dict[str, int]) -> None:
+    _set_json_record(model, key, dict(sorted(dims.items())))
 
 
 #: ``metadata_props`` key of the symbolic dimensions whose planned size the compiled graph
@@ -1079,20 +1094,9 @@ def if_taken(model: onnx.ModelProto) -> dict[str, bool]:
         CinmError: the record is not a JSON object of names to booleans (a model file is
             untrusted input).
     """
-    import json
-
-    text = next((p.value for p in model.metadata_props if p.key == IF_TAKEN_KEY), None)
-    if text is None:
-        return {}
-    try:
-        taken = json.loads(text)
-    except ValueError:
-        taken = None
-    if not isinstance(taken, dict) or not all(isinstance(k, str) and isinstance(v, bool)
-                                              for k, v in taken.items()):
-        raise CinmError(f"the model's metadata '{IF_TAKEN_KEY}' is malformed: expected a JSON "
-                        "object of If node names to true or false")
-    return taken
+    return _json_record(model, IF_TAKEN_KEY, lambda t: isinstance(t, dict) and all(
+        isinstance(k, str) and isinstance(v, bool) for k, v in t.items()),
+        "a JSON object of If node names to true or false") or {}
 
 
 def probed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -1103,20 +1107,10 @@ def probed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...
         CinmError: the record is not a JSON object of names to lists of non-negative integers
             (a model file is untrusted input).
     """
-    import json
-
-    text = next((p.value for p in model.metadata_props if p.key == PROBED_SHAPES_KEY), None)
-    if text is None:
-        return {}
-    try:
-        record = json.loads(text)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, list) and v
-            and all(type(d) is int and 0 <= d <= _MAX_DIM for d in v) for k, v in record.items()):
-        raise CinmError(f"the model's metadata '{PROBED_SHAPES_KEY}' is malformed: expected a "
-                        "JSON object of tensor names to [element type, dims...]")
+    record = _json_record(model, PROBED_SHAPES_KEY, lambda r: isinstance(r, dict) and all(
+        isinstance(k, str) and k and isinstance(v, list) and v
+        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in v) for k, v in r.items()),
+        "a JSON object of tensor names to [element type, dims...]") or {}
     return {k: (v[0], tuple(v[1:])) for k, v in record.items()}
 
 
@@ -1124,27 +1118,14 @@ def set_probed_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, tuple
     """Record ``shapes`` (``{tensor name: (onnx element type, dims)}``, see
     :data:`PROBED_SHAPES_KEY`) in ``model``, replacing any earlier record; an empty ``shapes``
     removes it. In place."""
-    import json
-
-    keep = [p for p in model.metadata_props if p.key != PROBED_SHAPES_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(keep)
-    if shapes:
-        model.metadata_props.add(key=PROBED_SHAPES_KEY, value=json.dumps(
-            {k: [int(t), *map(int, d)] for k, (t, d) in sorted(shapes.items())}))
+    _set_json_record(model, PROBED_SHAPES_KEY,
+                     {k: [int(t), *map(int, d)] for k, (t, d) in sorted(shapes.items())})
 
 
 def set_if_taken(model: onnx.ModelProto, taken: dict[str, bool]) -> None:
     """Record ``taken`` (``{If node name: condition}``, see :data:`IF_TAKEN_KEY`) in ``model``,
     replacing any earlier record; an empty ``taken`` removes it. In place."""
-    import json
-
-    keep = [p for p in model.metadata_props if p.key != IF_TAKEN_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(keep)
-    if taken:
-        model.metadata_props.add(key=IF_TAKEN_KEY, value=json.dumps(
-            {k: bool(v) for k, v in sorted(taken.items())}))
+    _set_json_record(model, IF_TAKEN_KEY, {k: bool(v) for k, v in sorted(taken.items())})
 
 
 def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:
