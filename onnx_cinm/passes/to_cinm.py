@@ -63,7 +63,6 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 from onnx import helper
