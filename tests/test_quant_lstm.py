@@ -33,7 +33,7 @@ def _quant(w: np.ndarray, signed: bool, per_channel: bool):
 
 
 def _model(S, batch, size, hidden, direction="forward", signed=True, per_channel=False,
-           init=False, seed=0):
+           init=False, peep=False, seed=0, **attrs):
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
     g4 = 4 * hidden
@@ -44,12 +44,15 @@ def _model(S, batch, size, hidden, direction="forward", signed=True, per_channel
              ((W, "W"), (R, "R"), (B, "B"), (ws, "ws"), (wz, "wz"), (rs, "rs"), (rz, "rz"))]
     ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [S, batch, size])]
     names = ["X", "W", "R", "B", "", "", "", "", "ws", "wz", "rs", "rz"]
+    if peep:
+        inits.append(numpy_helper.from_array((rng.standard_normal((dirs, 3 * hidden)) * 0.5).astype(np.float32), "P"))
+        names[7] = "P"
     if init:
         ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [dirs, batch, hidden])
                 for n in ("h0", "c0")]
         names[5:7] = ["h0", "c0"]
     node = helper.make_node("DynamicQuantizeLSTM", names, ["Y", "Y_h", "Y_c"], domain="com.microsoft",
-                            hidden_size=hidden, direction=direction, name="qlstm")
+                            hidden_size=hidden, direction=direction, name="qlstm", **attrs)
     outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [S, dirs, batch, hidden])] + [
         helper.make_tensor_value_info(n, TensorProto.FLOAT, [dirs, batch, hidden]) for n in ("Y_h", "Y_c")]
     g = helper.make_graph([node], "qlstm", ins, outs, inits)
@@ -76,6 +79,8 @@ CASES = [  # (S, batch, size, hidden, options)
     (4, 1, 5, 8, {"direction": "bidirectional", "per_channel": True, "init": True}),
     (4, 3, 5, 8, {"direction": "bidirectional", "signed": False}),
     (3, 2, 4, 5, {"direction": "reverse", "init": True}),
+    (4, 2, 3, 4, {"peep": True, "clip": 0.8}),
+    (3, 1, 3, 4, {"input_forget": 1, "direction": "bidirectional"}),
 ]
 
 
@@ -83,7 +88,8 @@ CASES = [  # (S, batch, size, hidden, options)
 def test_int8_lstm_lowered_matches_onnxruntime(S, batch, size, hidden, opts):
     """The products are int32 cinm Gemms (per direction: 1 over X + S over H); onnxruntime
     on one thread computes the same integers and the same float32 rescaling and gate math,
-    so the outputs agree bit for bit."""
+    so the outputs agree bit for bit. With peepholes onnxruntime adds ``P * C`` before the
+    bias, the lowering after it: last-bit differences only."""
     model = _model(S, batch, size, hidden, **opts)
     feeds = _feeds(model)
     refs = _ort(model, feeds, 1)
@@ -97,7 +103,10 @@ def test_int8_lstm_lowered_matches_onnxruntime(S, batch, size, hidden, opts):
     # the weight operand is the model's int8/uint8 weight minus its zero point, as int32
     assert all(inits[g.input[1]].data_type == TensorProto.INT32 for g in gemms)
     for got, ref in zip(run_onnxruntime(res.model, feeds), refs):
-        np.testing.assert_array_equal(got, ref)
+        if opts.get("peep"):
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(got, ref)
 
 
 @pytest.mark.parametrize("place", ["memristor", "upmem"])
