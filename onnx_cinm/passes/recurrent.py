@@ -43,7 +43,8 @@ and ``rnn_helpers.cc``'s quantized ``ComputeGemm``): the whole sequence ``X`` qu
 (uint8, per tensor, from its range: ``DynamicQuantizeLinear``'s rule), one int32 cinm ``Gemm``
 of ``(X_q - x_zp)`` by the constant ``W - w_zp``, then ``float(acc) * (x_scale * w_scale)``; per
 step, ``H_{t-1}`` quantized the same way on its own and its int32 ``Gemm`` by ``R - r_zp``
-rescaled likewise; ``B``'s ``Wb + Rb`` added to their sum; the gate math in float. The weights
+rescaled likewise; ``B``'s ``Wb + Rb`` added to their sum (with peepholes onnxruntime adds
+``P * C`` before the bias, here after it: last-bit differences); the gate math in float. The weights
 reach the devices as the model stores them (no re-quantization). One difference is not
 reproduced: with a batch of 2 or more rows and at most 256 hidden units (or more than 4 rows),
 onnxruntime's kernel splits the batch over its threads and quantizes each part's ``H_{t-1}``
@@ -381,11 +382,12 @@ def replace(rw, node: ir.Node, p: dict):
         init_c = init_c and c.std("Transpose", [init_c], perm=[1, 0, 2])
     ys, yhs, ycs = [], [], []
     q = p["quant"]
+    xq = _quantize(c, x) if q is not None else None  # once: both directions read the same X
     for d in range(dirs):
         B = np.zeros(2 * G * H, dt) if p["B"] is None else p["B"][d].astype(dt)
         wb, rb = B[:G * H], B[G * H:]
         if q is not None:  # integer products (W, R already [in, 4H]); the bias after them
-            xp = _qproj(c, x, c.const(f"W{d}q", p["W"][d].astype(np.int32) - q["Wz"][d]),
+            xp = _qproj(c, xq, c.const(f"W{d}q", p["W"][d].astype(np.int32) - q["Wz"][d]),
                         c.const(f"W{d}scale", q["Ws"][d]))
             rec = [(p["R"][d].astype(np.int32) - q["Rz"][d], q["Rs"][d],
                     None if p["B"] is None else wb + rb)]
@@ -463,16 +465,23 @@ def _recurrent_weights(c: _Ops, rec: list, p: dict, d: int) -> list:
             for k, (Rk, bk) in enumerate(rec)]
 
 
-def _qproj(c: _Ops, a: str, w: str, w_scale: str) -> str:
-    """``a @ W`` as onnxruntime's quantized LSTM computes it: ``a`` (float32) quantized to
-    uint8 over its whole range (``DynamicQuantizeLinear``), the int32 product of ``a_q - a_zp``
-    by the constant ``w`` (int32 ``W - w_zp``, ``[K, N]``), then ``float(acc) * (a_scale *
-    w_scale)`` (``w_scale`` a scalar or ``[N]``): float32 ``[..., N]``."""
+def _quantize(c: _Ops, a: str) -> tuple[str, str]:
+    """``(a_q - a_zp as int32, a_scale)``: float32 ``a`` quantized to uint8 over its whole
+    range (``DynamicQuantizeLinear``, as onnxruntime's quantized LSTM does)."""
     aq, a_scale, a_zp = c.multi("DynamicQuantizeLinear", [a], 3)
-    i32, f32 = onnx.TensorProto.INT32, onnx.TensorProto.FLOAT
-    a32 = c.std("Sub", [c.std("Cast", [aq], to=i32), c.std("Cast", [a_zp], to=i32)])
+    i32 = onnx.TensorProto.INT32
+    return c.std("Sub", [c.std("Cast", [aq], to=i32), c.std("Cast", [a_zp], to=i32)]), a_scale
+
+
+def _qproj(c: _Ops, a, w: str, w_scale: str) -> str:
+    """``a @ W`` as onnxruntime's quantized LSTM computes it: ``a`` (float32, or
+    the pair of :func:`_quantize`) quantized, the int32 product of ``a_q - a_zp`` by the constant ``w``
+    (int32 ``W - w_zp``, ``[K, N]``), then ``float(acc) * (a_scale * w_scale)`` (``w_scale`` a
+    scalar or ``[N]``): float32 ``[..., N]``."""
+    a32, a_scale = a if isinstance(a, tuple) else _quantize(c, a)
     acc = c.gemm([a32, w], "qproj")
-    return c.std("Mul", [c.std("Cast", [acc], to=f32), c.std("Mul", [a_scale, w_scale])])
+    return c.std("Mul", [c.std("Cast", [acc], to=onnx.TensorProto.FLOAT),
+                         c.std("Mul", [a_scale, w_scale])])
 
 
 def _peepholes(c: _Ops, p: dict, d: int) -> list | None:
