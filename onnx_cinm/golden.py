@@ -557,9 +557,13 @@ THREAD_DEPENDENT = frozenset({"com.microsoft::DynamicQuantizeLSTM"})
 
 
 def _thread_dependent(model: ModelLike) -> bool:
-    """Whether ``model`` (any graph) has an op of :data:`THREAD_DEPENDENT`."""
-    return any(f"{n.domain}::{n.op_type}" in THREAD_DEPENDENT
-               for g in iter_graphs(_load_header(model).graph) for n in g.node)
+    """Whether ``model`` (any graph) has an op of :data:`THREAD_DEPENDENT` (False when it cannot
+    be read: onnxruntime then says why it cannot load it)."""
+    try:
+        graph = _load_header(model).graph
+    except CinmError:
+        return False
+    return any(f"{n.domain}::{n.op_type}" in THREAD_DEPENDENT for g in iter_graphs(graph) for n in g.node)
 
 
 class _OrtModel:
