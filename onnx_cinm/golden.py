@@ -548,8 +548,27 @@ def _fill(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], fil
 # --------------------------------------------------------------------------------------------
 # running
 # --------------------------------------------------------------------------------------------
+#: Ops whose onnxruntime result depends on the session's thread count: the contrib int8 LSTM
+#: splits a batch of 2 or more rows over the threads (at most 256 hidden units, or more than 4
+#: rows) and quantizes each part's hidden state on that part's own range (onnxruntime's
+#: ``uni_directional_lstm.cc``: ``SetNumThreads``, ``ComputeImpl``). A session over a model with
+#: one runs on one thread: the result every machine gives (and the lowering's).
+THREAD_DEPENDENT = frozenset({"com.microsoft::DynamicQuantizeLSTM"})
+
+
+def _thread_dependent(model: ModelLike) -> bool:
+    """Whether ``model`` (any graph) has an op of :data:`THREAD_DEPENDENT` (False when it cannot
+    be read: onnxruntime then says why it cannot load it)."""
+    try:
+        graph = _load_header(model).graph
+    except CinmError:
+        return False
+    return any(f"{n.domain}::{n.op_type}" in THREAD_DEPENDENT for g in iter_graphs(graph) for n in g.node)
+
+
 class _OrtModel:
-    """One onnxruntime CPU session with optimizations disabled; knows its I/O names."""
+    """One onnxruntime CPU session with optimizations disabled (on one thread for a model with
+    an op of :data:`THREAD_DEPENDENT`); knows its I/O names."""
 
     def __init__(self, model: ModelLike):
         import onnxruntime as ort
@@ -569,6 +588,8 @@ class _OrtModel:
             source = os.fspath(model)
             if not os.path.exists(source):
                 raise CinmError(f"model file not found: {source}")
+        if _thread_dependent(model):
+            so.intra_op_num_threads = 1
         try:
             self.sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
         except Exception as e:
@@ -584,6 +605,8 @@ class _OrtModel:
 
         from .frontend import save_model
 
+        if _thread_dependent(model):
+            so.intra_op_num_threads = 1
         with tempfile.TemporaryDirectory(prefix="onnx_cinm_check_") as folder:
             path = os.path.join(folder, "model.onnx")
             save_model(model, path, external_data_threshold_bytes=0)
@@ -1142,8 +1165,9 @@ def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
 
 
 #: Ops whose onnxruntime kernels turn NaN inputs into finite outputs: their activations clamp
-#: their inputs (MLAS's logistic and tanh), which the ONNX spec leaves undefined.
-NAN_SQUASHERS = ("GRU", "LSTM", "RNN")
+#: their inputs (MLAS's logistic and tanh), which the ONNX spec leaves undefined; the contrib
+#: int8 LSTM also quantizes its inputs (a contrib op as ``domain::name``).
+NAN_SQUASHERS = ("GRU", "LSTM", "RNN", "com.microsoft::DynamicQuantizeLSTM")
 
 
 def lowered_nan_squashers(reference: ModelLike, candidate: ModelLike) -> list[str]:
@@ -1152,8 +1176,8 @@ def lowered_nan_squashers(reference: ModelLike, candidate: ModelLike) -> list[st
     do, so a NaN/Inf check would compare onnxruntime's clamping against that (callers skip it
     and say why)."""
     def count(model: ModelLike) -> dict:
-        ops = [n.op_type for g in iter_graphs(_load_header(model).graph) for n in g.node
-               if n.domain in ("", "ai.onnx")]
+        ops = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+               for g in iter_graphs(_load_header(model).graph) for n in g.node]
         return {op: ops.count(op) for op in NAN_SQUASHERS}
 
     ref, cand = count(reference), count(candidate)

@@ -34,10 +34,26 @@ Kept whole on the host, with the reason in the summary: ``W``/``R``/``B``/``P`` 
 time, ``sequence_lens`` given at run time, shorter than ``S`` or with a dynamic ``S``, other
 activations, opset below 13.
 LSTM ``input_forget = 1`` couples the gates as onnxruntime does: ``f_t = 1 - i_t``.
+
+onnxruntime's contrib ``com.microsoft DynamicQuantizeLSTM`` (int8/uint8 ``W [dirs, I, 4H]`` and
+``R [dirs, H, 4H]`` with float scales and zero points per tensor ``[dirs]`` or per output
+channel ``[dirs, 4H]``: ContribOperators.md) takes the LSTM route with integer products, as
+onnxruntime's kernel computes them (``dynamic_quantize_lstm.cc`` -> ``uni_directional_lstm.cc``
+and ``rnn_helpers.cc``'s quantized ``ComputeGemm``): the whole sequence ``X`` quantized once
+(uint8, per tensor, from its range: ``DynamicQuantizeLinear``'s rule), one int32 cinm ``Gemm``
+of ``(X_q - x_zp)`` by the constant ``W - w_zp``, then ``float(acc) * (x_scale * w_scale)``; per
+step, ``H_{t-1}`` quantized the same way on its own and its int32 ``Gemm`` by ``R - r_zp``
+rescaled likewise; ``B``'s ``Wb + Rb`` added to their sum (with peepholes onnxruntime adds
+``P * C`` before the bias, here after it: last-bit differences); the gate math in float. The weights
+reach the devices as the model stores them (no re-quantization). One difference is not
+reproduced: with a batch of 2 or more rows and at most 256 hidden units (or more than 4 rows),
+onnxruntime's kernel splits the batch over its threads and quantizes each part's ``H_{t-1}``
+on its own range; here the whole batch shares one range (onnxruntime's result with one thread).
 """
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 
 from ..dialects import cinm
@@ -45,6 +61,8 @@ from ..rewrite import Builder, Rule, ir, names_of
 
 #: Gates per op and the activations each direction takes (ONNX defaults).
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+#: onnxruntime's int8 LSTM (see the module docstring): lowered as an LSTM with integer products.
+_QLSTM = "com.microsoft::DynamicQuantizeLSTM"
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 #: The ``doc_string`` of a ``Scan`` this pass makes (the steps of a recurrence of a dynamic
@@ -158,10 +176,38 @@ def _attrs(node: ir.Node) -> dict:
     return {k: a.value for k, a in node.attributes.items()}
 
 
+def _quantized(node: ir.Node) -> bool:
+    return node.domain == "com.microsoft" and node.op_type == "DynamicQuantizeLSTM"
+
+
+def _kind(node: ir.Node) -> str:
+    """The recurrent op ``node`` computes: LSTM, GRU or RNN."""
+    return "LSTM" if _quantized(node) else node.op_type
+
+
+def _check_quant(rw, ins: list, W, R):
+    """The quantization inputs of a DynamicQuantizeLSTM (constant scales ``[dirs]`` or
+    ``[dirs, 4H]`` float32, zero points the same shape and weights' dtype), or why not."""
+    dtypes = {W.dtype.name, R.dtype.name}
+    if not dtypes <= {"int8", "uint8"}:
+        return f"weights of dtype {sorted(dtypes)}"
+    arrays = [rw.value(n) if n else None for n in ins[8:12]]
+    if any(a is None for a in arrays):
+        return "weight scales or zero points computed at run time"
+    dirs, g4 = W.shape[0], W.shape[2]
+    for a in arrays:
+        if a.shape not in ((dirs,), (dirs, g4)):
+            return f"scale or zero point of shape {list(a.shape)}"
+    ws, wz, rs, rz = arrays
+    if ws.dtype != np.float32 or rs.dtype != np.float32:
+        return "scales not float32"
+    return {"Ws": ws, "Wz": wz.astype(np.int32), "Rs": rs, "Rz": rz.astype(np.int32)}
+
+
 def check(rw, node: ir.Node):
     """The binding of a recurrent op the rule rewrites, or the reason it stays whole."""
-    op, at = node.op_type, _attrs(node)
-    ins = names_of(node.inputs) + [""] * 8
+    op, at, quant = _kind(node), _attrs(node), _quantized(node)
+    ins = names_of(node.inputs) + [""] * 12
     x, w, r, b, seq_lens = ins[:5]
     if rw.opset < 13:
         return "opset below 13"
@@ -169,7 +215,7 @@ def check(rw, node: ir.Node):
     if xi is None or xi.shape is None or len(xi.shape) != 3 or xi.dtype is None:
         return "input shape unknown"
     dtype = np.dtype(xi.dtype)
-    if dtype.name not in ("float32", "float64"):
+    if dtype.name not in ("float32", "float64") or quant and dtype.name != "float32":
         return f"dtype {dtype.name}"
     layout = int(at.get("layout", 0))
     S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
@@ -180,6 +226,9 @@ def check(rw, node: ir.Node):
     W, R = rw.value(w), rw.value(r)
     if W is None or R is None:
         return "W or R computed at run time"
+    q = _check_quant(rw, ins, W, R) if quant else None
+    if isinstance(q, str):
+        return q
     B = rw.value(b) if b else None
     if b and B is None:
         return "bias B computed at run time"
@@ -204,13 +253,13 @@ def check(rw, node: ir.Node):
         return f"activations {acts} (supported: Sigmoid, Tanh, Relu)"
     if at.get("activation_alpha") or at.get("activation_beta"):
         return "activation_alpha/beta"
-    hidden = R.shape[-1]
+    hidden = R.shape[1] if quant else R.shape[-1]
     clip = at.get("clip")
     return {"S": S, "batch": batch, "input": size, "hidden": hidden, "dirs": dirs,
             "x_shape": None if rw.info(x).shape is not None else xi.shape,
             "reverse": [direction == "reverse" or d == 1 for d in range(dirs)],
             "acts": [_ACTS[a.lower()] for a in acts], "layout": layout, "dtype": dtype,
-            "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip),
+            "W": W, "R": R, "B": B, "P": P, "clip": None if clip is None else float(clip), "quant": q,
             "lbr": int(at.get("linear_before_reset", 0)),
             "coupled": op == "LSTM" and bool(int(at.get("input_forget", 0)))}
 
@@ -317,7 +366,7 @@ def _evaluate(rw, value: ir.Value | None, budget: int) -> np.ndarray | None:
 
 def replace(rw, node: ir.Node, p: dict):
     """The replacement nodes of a recurrent op (see the module docstring)."""
-    op = node.op_type
+    op = _kind(node)
     ins = names_of(node.inputs) + [""] * 8
     outs = names_of(node.outputs) + [""] * 3
     S, H, G, dirs, dt = p["S"], p["hidden"], _GATES[op], p["dirs"], p["dtype"]
@@ -332,17 +381,25 @@ def replace(rw, node: ir.Node, p: dict):
         init_h = init_h and c.std("Transpose", [init_h], perm=[1, 0, 2])
         init_c = init_c and c.std("Transpose", [init_c], perm=[1, 0, 2])
     ys, yhs, ycs = [], [], []
+    q = p["quant"]
+    xq = _quantize(c, x) if q is not None else None  # once: both directions read the same X
     for d in range(dirs):
-        W, R = p["W"][d].astype(dt), p["R"][d].astype(dt)
         B = np.zeros(2 * G * H, dt) if p["B"] is None else p["B"][d].astype(dt)
         wb, rb = B[:G * H], B[G * H:]
-        if op == "GRU" and p["lbr"]:
-            x_bias, rec = wb, [(R, rb)]
-        elif op == "GRU":
-            x_bias, rec = wb + rb, [(R[:2 * H], None), (R[2 * H:], None)]
+        if q is not None:  # integer products (W, R already [in, 4H]); the bias after them
+            xp = _qproj(c, xq, c.const(f"W{d}q", p["W"][d].astype(np.int32) - q["Wz"][d]),
+                        c.const(f"W{d}scale", q["Ws"][d]))
+            rec = [(p["R"][d].astype(np.int32) - q["Rz"][d], q["Rs"][d],
+                    None if p["B"] is None else wb + rb)]
         else:
-            x_bias, rec = wb + rb, [(R, None)]
-        xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
+            W, R = p["W"][d].astype(dt), p["R"][d].astype(dt)
+            if op == "GRU" and p["lbr"]:
+                x_bias, rec = wb, [(R, rb)]
+            elif op == "GRU":
+                x_bias, rec = wb + rb, [(R[:2 * H], None), (R[2 * H:], None)]
+            else:
+                x_bias, rec = wb + rb, [(R, None)]
+            xp = c.gemm([x, c.const(f"W{d}T", W.T), c.const(f"B{d}", x_bias)], f"xproj{d}")
         acts = p["acts"][d * len(_DEFAULT_ACTS[op]):(d + 1) * len(_DEFAULT_ACTS[op])]
         if S is None:  # dynamic length: the input projection above, the steps in a Scan
             h, cell, ystack = _scan(c, rw, op, xp, [_state(init_h, d, x, p, c, H, dt)] +
@@ -355,8 +412,7 @@ def replace(rw, node: ir.Node, p: dict):
         if d == 0:  # the steps below exist for this length only: say which dims fix it
             rw.unrolled.update(_follows(rw, node, 1 if p["layout"] else 0, S))
         steps = c.split(xp, S, 1, axis=0)  # S x [1, batch, G*H]
-        rts = [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
-               for k, (Rk, bk) in enumerate(rec)]
+        rts = _recurrent_weights(c, rec, p, d)
 
         h = _state(init_h, d, x, p, c, H, dt)
         cell = _state(init_c, d, x, p, c, H, dt) if op == "LSTM" else None
@@ -398,6 +454,36 @@ def _state(given: str, d: int, x: str, p: dict, c: _Cell, H: int, dt: np.dtype) 
     return c._consts["zeros"]
 
 
+def _recurrent_weights(c: _Ops, rec: list, p: dict, d: int) -> list:
+    """The constants of direction ``d``'s recurrent products ``rec`` (``[(R_k, bias_k or
+    None)]``): ``[(R_k^T, bias_k)]``; the integer one (``p["quant"]``: ``[(R - r_zp as [H, 4H],
+    r_scale, Wb + Rb or None)]``) as it is."""
+    if p["quant"] is not None:
+        return [(c.const(f"R{d}q", Rk), c.const(f"R{d}scale", sk),
+                 None if bk is None else c.const(f"B{d}", bk)) for Rk, sk, bk in rec]
+    return [(c.const(f"R{d}T_{k}", Rk.T), None if bk is None else c.const(f"RB{d}_{k}", bk))
+            for k, (Rk, bk) in enumerate(rec)]
+
+
+def _quantize(c: _Ops, a: str) -> tuple[str, str]:
+    """``(a_q - a_zp as int32, a_scale)``: float32 ``a`` quantized to uint8 over its whole
+    range (``DynamicQuantizeLinear``, as onnxruntime's quantized LSTM does)."""
+    aq, a_scale, a_zp = c.multi("DynamicQuantizeLinear", [a], 3)
+    i32 = onnx.TensorProto.INT32
+    return c.std("Sub", [c.std("Cast", [aq], to=i32), c.std("Cast", [a_zp], to=i32)]), a_scale
+
+
+def _qproj(c: _Ops, a, w: str, w_scale: str) -> str:
+    """``a @ W`` as onnxruntime's quantized LSTM computes it: ``a`` (float32, or
+    the pair of :func:`_quantize`) quantized, the int32 product of ``a_q - a_zp`` by the constant ``w``
+    (int32 ``W - w_zp``, ``[K, N]``), then ``float(acc) * (a_scale * w_scale)`` (``w_scale`` a
+    scalar or ``[N]``): float32 ``[..., N]``."""
+    a32, a_scale = a if isinstance(a, tuple) else _quantize(c, a)
+    acc = c.gemm([a32, w], "qproj")
+    return c.std("Mul", [c.std("Cast", [acc], to=onnx.TensorProto.FLOAT),
+                         c.std("Mul", [a_scale, w_scale])])
+
+
 def _peepholes(c: _Ops, p: dict, d: int) -> list | None:
     if p["P"] is None:
         return None
@@ -408,6 +494,10 @@ def _peepholes(c: _Ops, p: dict, d: int) -> list | None:
 def _step(c: _Ops, op: str, xt: str, h: str, cell: str | None, rts, acts, peep, p: dict):
     """One step of ``op``: ``(H_t, C_t or None)``."""
     lbr, H = p["lbr"], p["hidden"]
+    if op == "LSTM" and p["quant"] is not None:
+        w, scale, bias = rts[0]
+        return _lstm_step(c, xt, h, cell, lambda c, a: _qproj(c, a, w, scale), acts, peep, H,
+                          p["coupled"], bias)
     if op == "LSTM":
         return _lstm_step(c, xt, h, cell, rts[0][0], acts, peep, H, p["coupled"])
     if op == "GRU":
@@ -425,8 +515,7 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
     elem = helper.np_dtype_to_tensor_dtype(dt)
     ins = [b.fresh("h"), b.fresh("c")][:len(states)] + [b.fresh("x")]
     xt = b.std("Unsqueeze", [ins[-1], b.ints("axis0", [0])])  # [1, batch, G*H]
-    rts = [(b.const(f"R{d}T_{k}", Rk.T), None if bk is None else b.const(f"RB{d}_{k}", bk))
-           for k, (Rk, bk) in enumerate(rec)]
+    rts = _recurrent_weights(b, rec, p, d)
     h, cell = _step(b, op, xt, ins[0], ins[1] if op == "LSTM" else None, rts, acts,
                     _peepholes(b, p, d), p)
     outs = [h] + ([cell] if op == "LSTM" else [])
@@ -452,13 +541,17 @@ def _zeros(c: _Cell, x: str, batch, H: int, dt: np.dtype) -> str:
                  value=helper.make_tensor("zero", helper.np_dtype_to_tensor_dtype(dt), [1], [0]))
 
 
-def _lstm_step(c: _Ops, xt: str, h: str, cell: str, rt: str, acts, peep, H: int,
-               coupled: bool = False):
+def _lstm_step(c: _Ops, xt: str, h: str, cell: str, rt, acts, peep, H: int,
+               coupled: bool = False, bias: str | None = None):
     """One LSTM step (gates i, o, f, c): returns ``(H_t, C_t)``, each ``[1, batch, H]``.
-    ``coupled`` (``input_forget = 1``): the forget gate is ``1 - i_t``, as onnxruntime
-    computes it."""
+    ``rt``: the constant ``R^T``, or a function ``(c, h) -> H_{t-1} @ R^T`` (the quantized
+    product); ``bias`` (a constant ``[4H]``): added to the products' sum (onnxruntime's quantized LSTM adds
+    ``Wb + Rb`` there; the float route puts it in the input projection). ``coupled``
+    (``input_forget = 1``): the forget gate is ``1 - i_t``, as onnxruntime computes it."""
     f, g, hh = acts
-    pre = c.std("Add", [xt, c.gemm([h, rt], "hproj")])
+    pre = c.std("Add", [xt, rt(c, h) if callable(rt) else c.gemm([h, rt], "hproj")])
+    if bias is not None:
+        pre = c.std("Add", [pre, bias])
     i, o, fg, cc = c.split(pre, 4, H)
     if peep is not None:
         i = c.std("Add", [i, c.std("Mul", [peep[0], cell])])
@@ -497,4 +590,4 @@ def _gru_step(c: _Ops, xt: str, h: str, rts, acts, lbr: int, H: int) -> str:
     return c.std("Add", [c.std("Mul", [keep, cand]), c.std("Mul", [z, h])])
 
 
-RULES = [Rule(frozenset(_GATES), check, replace)]
+RULES = [Rule(frozenset(_GATES) | {_QLSTM}, check, replace)]

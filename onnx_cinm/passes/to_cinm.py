@@ -27,6 +27,9 @@ MatMulInteger A B a_zp? b_zp?   Gemm(int32(A) - a_zp, int32(B) - b_zp): exact in
 ConvInteger X W x_zp? w_zp?     the Conv lowering on int32(X) - x_zp, int32(W) - w_zp
 LSTM GRU RNN (static length)    Gemm for the input projection of all steps, a Gemm per step
                                 over the shared R, gate math as standard ops (.recurrent)
+com.microsoft                   the LSTM form with int32 Gemms: X (whole sequence) and each
+DynamicQuantizeLSTM             H_{t-1} by DynamicQuantizeLinear, (q - zp) @ (W - w_zp), Cast,
+                                Mul by a_scale * w_scale, as onnxruntime's kernel (.recurrent)
 QLinearMatMul, QLinearConv      the MatMulInteger/ConvInteger lowering (QLinearConv's int32
                                 bias in the Gemm), then Cast, Mul by the float32 multiplier
                                 (x_scale * w_scale) / y_scale and QuantizeLinear(scale 1,
@@ -59,8 +62,6 @@ zero-sized dim): there is nothing to compute. Weights that are initializers are 
 here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
-
-from collections import Counter
 
 import numpy as np
 import onnx
@@ -961,12 +962,6 @@ _RULES = [
 _RULE_OF = {op: rule for rule in _RULES for op in rule.ops} | _FLOAT_RULES
 
 
-#: Ops no rule lowers that still belong in the summary's "left on host" (their FLOPs count:
-#: :func:`onnx_cinm.analysis.node_flops`): ``{(domain, op type): reason}``. onnxruntime's int8
-#: LSTM runs on the host as it is; lowering its products to integer cinm Gemms is not done yet.
-_NOT_LOWERED = {("com.microsoft", "DynamicQuantizeLSTM"): "not lowered: com.microsoft DynamicQuantizeLSTM"}
-
-
 def lowerable_ops() -> tuple[str, ...]:
     """The source op types ``to_cinm`` has a rule for (its rewrites and fusions), sorted: the
     names ``lower_ops`` (``--lower-ops``) accepts, exactly as ONNX spells them (a contrib op
@@ -997,10 +992,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                for r in _FUSIONS]
     fused, _ = apply(rw, fusions, guard)  # the Erf left unfused stays, as before, on the host
     lowered, kept = apply(rw, rules, guard)
-    for node in rw.graph:
-        why = _NOT_LOWERED.get((node.domain, node.op_type))
-        if why:
-            kept.setdefault(node.op_type, Counter())[why] += 1
     _drop_dead_dequantize(rw)
     lowered.update(fused)
     model = rw.commit()
