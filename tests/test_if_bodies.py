@@ -528,3 +528,26 @@ def test_sweep_counts_the_kernels_inside_if_branches(tmp_path, capsys):
     row = sweep.evaluate(cinm_model, {"placement": "heuristic", **SMALL, "cim_crossbars": 2})
     assert (row["writes"], row["transfer_bytes"], row["branches"]) == (4, 2 * BRANCH_BYTES,
                                                                        "upper bound")
+
+
+def test_unnamed_ifs_each_record_the_branch_they_took():
+    """Two unnamed Ifs, the second on Not(c): the record of the taken branches was keyed by the
+    node name, so both shared the key '' and one If's branch was counted for both (review
+    finding). Each If now gets a name of its own and its own entry."""
+    from onnx_cinm import frontend
+
+    m = _if_model()
+    first = m.graph.node[0]
+    first.name = ""
+    second = onnx.NodeProto()
+    second.CopyFrom(first)
+    second.input[0], second.output[0] = "nc", "y2"
+    m.graph.node.extend([helper.make_node("Not", ["c"], ["nc"]), second])
+    m.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["n", N]))
+    x = np.random.default_rng(0).standard_normal((16, K)).astype(np.float32)
+    res = optimize(m, dims={"n": 16}, inputs={"x": x, "c": np.array(True)}, check=1)
+    ifs = [n for n in res.model.graph.node if n.op_type == "If"]
+    taken = frontend.if_taken(res.model)
+    assert len({n.name for n in ifs}) == 2 and all(n.name for n in ifs)
+    assert [taken[n.name] for n in ifs] == [True, False]
+    assert res.check.ok
