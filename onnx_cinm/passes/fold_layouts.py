@@ -51,7 +51,7 @@ def _is_host_transpose(node: onnx.NodeProto) -> bool:
     return node.domain == cinm.DOMAIN and cinm.node_attrs(node).get("device", "host") == "host"
 
 
-@register_pass("fold_layouts")
+@register_pass("fold_layouts", keeps_shapes=True)
 def fold_layouts(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Fold the Transpose after a device Gemm into the Gemm (``y_perm``) when the device writes
     that layout itself: a crossbar Conv writes NCHW.

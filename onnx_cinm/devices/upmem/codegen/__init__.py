@@ -74,11 +74,11 @@ from .. import cost as _cost
 from .. import mapping as _mapping
 
 # the public names of the shared module, and what the API below uses of it
-from .common import (BINARY, broadcast_strides, _check_dtype, _check_workgroup, CTYPES, _DRY,
-                     DTYPES, elem_instr, ELEMENTWISE_DTYPES, GELU, instr_per_elem, KINDS,
-                     MATH_HELPER_DEPS, math_helpers_for, REDUCE, _round_up, SMALL_CTYPES,
-                     STACK_BYTES, _TARGET, TRANSCENDENTAL, TRANSPOSE_CHUNK_BYTES,
-                     _transpose_groups, UNARY, _UNROLL, WRAM_MARGIN)  # noqa: F401
+from .common import (BINARY, _check_dtype, _check_workgroup, _DRY,  # noqa: F401
+                     DTYPES, ELEMENTWISE_DTYPES, KINDS,
+                     MATH_HELPER_DEPS, REDUCE, _round_up,
+                     _TARGET, TRANSCENDENTAL,
+                     _transpose_groups, UNARY, _UNROLL, WRAM_MARGIN)
 # the emitters, found by kind in emit_kernel
 from .elementwise import _emit_binary, _emit_elementwise, _emit_unary  # noqa: F401
 from .gemm import _emit_gemm  # noqa: F401
