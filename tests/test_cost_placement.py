@@ -485,3 +485,14 @@ def test_placement_reasons_name_each_device_kind_once():
              for p in why["fc/Gemm"].split(": ", 1)[1].split("; ") if not p.startswith("not ")]
     assert len(parts) == len(set(parts)), why["fc/Gemm"]
     assert {"memristor (pinned)", "memristor (streamed)"} <= set(parts), why["fc/Gemm"]
+
+
+def test_a_measured_roofline_says_its_power_is_nominal():
+    """Trial: '--host-roofline measure' printed '30 W (measured on vm)': only the FLOP/s and
+    bytes/s are measured; the power is the nominal figure and the text now says so."""
+    from onnx_cinm import hostmodel
+
+    roof = hostmodel.measure(n=32, copy_mb=1, reps=1)
+    assert roof.power_w == hostmodel.DEFAULT_POWER_W
+    assert roof.source.startswith("measured on ") and roof.source.endswith("; power nominal")
+    assert roof.text().endswith("W (" + roof.source + ")")
