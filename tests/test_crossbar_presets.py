@@ -288,3 +288,14 @@ def test_optimize_table_says_figures_are_scaled(tmp_path, capsys):
     assert "crossbars of 256x256" in out and "scaled from" not in out
     assert main(["report", str(tmp_path / "b.onnx"), "-o", str(tmp_path / "b.report")]) == 0
     assert "scaled from" not in capsys.readouterr().out
+
+
+def test_a_resized_chip_at_its_own_size_is_itself():
+    """Review: resize() refused any call on an already resized chip, so a device built on
+    resize(...) failed when its plan asked for the size it already had."""
+    from onnx_cinm.devices.memristor import presets
+
+    small = presets.resize(presets.PCM_HERMES, 64, 64)
+    assert presets.resize(small, 64, 64) is small
+    with pytest.raises(ValueError, match="already resized from 256x256"):
+        presets.resize(small, 128, 128)

@@ -180,11 +180,14 @@ def resize(params: CrossbarParams, rows: int, cols: int) -> CrossbarParams:
 
     Geometry-free fields (crossbar count, clock, precision, device model, wire resistance per
     cell, endurance) are kept. ``scaled_from`` records ``(R0, C0)`` for the reports.
-    Raises ValueError if ``rows`` or ``cols`` is below 1.
+    Raises ValueError if ``rows`` or ``cols`` is below 1, or if ``params`` is itself resized
+    and another size is asked (resize the published preset instead).
     """
     if rows < 1 or cols < 1:
         raise ValueError(f"a crossbar needs at least 1x1 cells, not {rows}x{cols}")
     r0, c0 = params.scaled_from or (params.rows, params.cols)
+    if (rows, cols) == (params.rows, params.cols):  # its own size (a resized chip's too)
+        return params
     if params.scaled_from:  # scale from the published array, never from another resize
         raise ValueError(f"{params.name} is already resized from {r0}x{c0}")
     if (rows, cols) == (r0, c0):
