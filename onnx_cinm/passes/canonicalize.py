@@ -606,8 +606,11 @@ def _if_nodes(graph: onnx.GraphProto) -> list:
             if n.op_type == "If" and _is_default_domain(n)]
 
 
-def _condition(array: np.ndarray) -> bool | None:
-    return None if array.size != 1 else bool(array.reshape(-1)[0])
+def condition(value) -> bool | None:
+    """The branch an If's condition ``value`` picks (True: then), or None when it is not one
+    value (absent, or not a single element)."""
+    a = np.asarray(value) if value is not None else None
+    return None if a is None or a.size != 1 else bool(a.reshape(-1)[0])
 
 
 def inline_constant_ifs(model: onnx.ModelProto) -> int:
@@ -622,7 +625,7 @@ def inline_constant_ifs(model: onnx.ModelProto) -> int:
         if found is None:
             return done
         k, node = found
-        cond = _condition(numpy_helper.to_array(inits[node.input[0]]))
+        cond = condition(numpy_helper.to_array(inits[node.input[0]]))
         if cond is None:
             return done
         branch = next(a.g for a in node.attribute if a.name == ("then_branch" if cond else "else_branch"))

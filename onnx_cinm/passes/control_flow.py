@@ -41,6 +41,7 @@ from .. import frontend
 from ..dialects import cinm
 from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
 from .branches import branch_scope, merge_stats
+from .canonicalize import condition
 from .graph_names import Names, captured
 
 #: The passes run on a branch: the main pipeline but the opset canonicalization.
@@ -70,11 +71,6 @@ def probe(model: onnx.ModelProto, names: list[str], feeds: dict) -> dict[str, np
         return dict(zip(names, sess.run(list(names), feed)))
     except Exception:  # noqa: BLE001 - onnxruntime's own types: no probe, no harm
         return {}
-
-
-def _condition(value) -> bool | None:
-    a = np.asarray(value) if value is not None else None
-    return None if a is None or a.size != 1 else bool(a.reshape(-1)[0])
 
 
 def _if_nodes(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodeProto]]:
@@ -223,7 +219,7 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
     wanted = sorted({n for _, node in ifs for n in captured_all(node)} - set(inits))
     probed = probe(model, wanted, feeds)
     for _, node in ifs:
-        taken = _condition(probed.get(node.input[0]))
+        taken = condition(probed.get(node.input[0]))
         if taken is not None:
             ctx.stats["if_taken"][node.name] = taken
     named = frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY)

@@ -166,8 +166,9 @@ class _DeviceNode:
 
 def _inside(if_label: str, branch: str, label: str) -> str:
     """The profile's name of node or partition ``label`` of an If's branch:
-    ``/dec/If_1[then] /dec/rnn/LSTM/Gemm``, ``/dec/If_1[else] host partition 0``."""
-    return f"{if_label}[{branch.removesuffix('_branch')}] {label}"
+    ``/dec/If_1[then] /dec/rnn/LSTM/Gemm``, ``/dec/If_1[else] host partition 0``
+    (:func:`onnx_cinm.dialects.cinm.branch_label`, as the report names them)."""
+    return cinm.branch_label(if_label, branch) + label
 
 
 def _has_device_nodes(node: onnx.NodeProto) -> bool:
