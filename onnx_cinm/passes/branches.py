@@ -160,16 +160,12 @@ def _evaluate(model, options, infos, taken, ifs, label, prefix, counted) -> Grap
 
     tot, bad, prob = evaluate_model(model, options, infos=infos)
     out = GraphCost(label, prefix, tot, [f"{label}{v}" for v in bad], prob, counted)
-    for i, node, bodies in _ifs(model.graph):
-        seen = taken.get(node.name)
-        if counted:
-            ifs["both" if seen is None else "taken"] += 1
+    for i, node, _ in _ifs(model.graph):
         name = node.name or f"{node.op_type}_{i}"
         out.branches[i] = [
-            _evaluate(branch_model(model, bodies[b]), options, infos, taken, ifs,
-                      label + cinm.branch_label(name, b), f"{prefix}{i}{b[0]}",
-                      counted and seen in (None, b == "then_branch"))
-            for b in BRANCHES]
+            _evaluate(branch_model(model, body), options, infos, taken, ifs,
+                      label + cinm.branch_label(name, b), f"{prefix}{i}{b[0]}", runs)
+            for b, body, runs in cinm.if_branches(node, taken, counted, ifs)]
     return out
 
 
@@ -262,16 +258,13 @@ def _device_nodes(graph: onnx.GraphProto, scope: str, taken: dict, depth: int = 
                   counted: bool = True):
     """``(node, its graph's kernel-stem prefix, its index there, branch depth, counted)`` of
     every cinm node of ``graph`` and its If branches, in execution order (an If's branches
-    after it); ``counted`` as :func:`onnx_cinm.dialects.cinm.labelled_nodes` says."""
+    after it); ``counted`` as :func:`onnx_cinm.dialects.cinm.if_branches` says."""
     for i, node in enumerate(graph.node):
         if node.domain == cinm.DOMAIN:
             yield node, scope, i, depth, counted
         if cinm.is_if(node):
-            seen = taken.get(node.name)
-            bodies = {a.name: a.g for a in node.attribute}
-            for b in BRANCHES:
-                yield from _device_nodes(bodies[b], branch_scope(scope, i, b), taken, depth + 1,
-                                         counted and seen in (None, b == "then_branch"))
+            for b, body, runs in cinm.if_branches(node, taken, counted):
+                yield from _device_nodes(body, branch_scope(scope, i, b), taken, depth + 1, runs)
 
 
 def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool = False,
