@@ -28,12 +28,12 @@ from onnx import helper, numpy_helper
 from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
+from ..frontend import subgraphs as _subgraphs
 from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers
 from .graph_names import names_read as _names_read
-from .graph_names import subgraphs as _subgraphs
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
 #: ``axes`` input).
