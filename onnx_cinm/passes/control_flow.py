@@ -207,12 +207,10 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
     g = model.graph
     # the record of the taken branches, the report and the profile name an If by its node name:
     # unnamed Ifs would share one entry (and count one If's branch for all of them)
-    names = {n.name for graph in frontend.iter_graphs(g) for n in graph.node}
+    names = Names(g)
     for index, node in ifs:
         if not node.name:
-            node.name = next(f"If_{index}" + (f"_{k}" if k else "") for k in range(len(names) + 1)
-                             if f"If_{index}" + (f"_{k}" if k else "") not in names)
-            names.add(node.name)
+            node.name = names.fresh(f"If_{index}")
     inits = {i.name: i for i in g.initializer}
     vis = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
     wanted = sorted({n for _, node in ifs for n in captured_all(node)} - set(inits))
