@@ -43,9 +43,12 @@ _SHAPE_VALUE_MAX_ELEMENTS = 1024
 _SIZING_ROUNDS = 8
 
 
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    """Fully static shapes of the main graph's tensors, by name (initializers by their dims)."""
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
+def static_shapes(graph: onnx.GraphProto, initializers: bool = True) -> dict[str, list[int]]:
+    """The shapes of ``graph``'s tensors whose declared dims (graph inputs, value_info, graph
+    outputs) are all numbers (>= 0), by name (one static declaration suffices); with
+    ``initializers``, every initializer's dims too (a static declaration of its name wins).
+    Nested graphs are not read."""
+    shapes = {t.name: list(t.dims) for t in graph.initializer} if initializers else {}
     for value in (*graph.input, *graph.value_info, *graph.output):
         tensor_type = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor_type.HasField("shape"):
@@ -75,7 +78,7 @@ def _fold_shape_values(model: onnx.ModelProto) -> bool:
     :data:`_SHAPE_ARITHMETIC` ops over known small values (evaluated by onnx's reference
     evaluator). True if a node was replaced."""
     graph = model.graph
-    shapes, known = _static_shapes(graph), _small_values(graph)
+    shapes, known = static_shapes(graph), _small_values(graph)
     folded: dict[str, np.ndarray] = {}
     pending: list[onnx.NodeProto] = []
     pending_outputs: set[str] = set()

@@ -576,11 +576,13 @@ class _OrtModel:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.log_severity_level = 4  # a failure is raised as one CinmError; no ORT log line
+        if _thread_dependent(model):
+            so.intra_op_num_threads = 1
         if isinstance(model, onnx.ModelProto):
             try:
                 source: object = model.SerializeToString()
             except (ValueError, EncodeError):  # > 2 GiB: one protobuf cannot hold it
-                self._init_from_folder(model, so)
+                self._load_from_folder(model, so)
                 return
         elif isinstance(model, (bytes, bytearray)):
             source = bytes(model)
@@ -588,8 +590,13 @@ class _OrtModel:
             source = os.fspath(model)
             if not os.path.exists(source):
                 raise CinmError(f"model file not found: {source}")
-        if _thread_dependent(model):
-            so.intra_op_num_threads = 1
+        self._load(source, so)
+
+    def _load(self, source, so) -> None:
+        """Create the session from ``source`` (bytes or a path); CinmError if onnxruntime
+        refuses it."""
+        import onnxruntime as ort
+
         try:
             self.sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
         except Exception as e:
@@ -597,25 +604,16 @@ class _OrtModel:
         self.input_names = [i.name for i in self.sess.get_inputs()]
         self.output_names = [o.name for o in self.sess.get_outputs()]
 
-    def _init_from_folder(self, model: onnx.ModelProto, so) -> None:
+    def _load_from_folder(self, model: onnx.ModelProto, so) -> None:
         """Create the session from a temporary copy with external data (models > 2 GiB)."""
         import tempfile
 
-        import onnxruntime as ort
-
         from .frontend import save_model
 
-        if _thread_dependent(model):
-            so.intra_op_num_threads = 1
         with tempfile.TemporaryDirectory(prefix="onnx_cinm_check_") as folder:
             path = os.path.join(folder, "model.onnx")
             save_model(model, path, external_data_threshold_bytes=0)
-            try:
-                self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            except Exception as e:
-                raise CinmError(f"onnxruntime cannot load the model: {_one_line(e)}") from None
-        self.input_names = [i.name for i in self.sess.get_inputs()]
-        self.output_names = [o.name for o in self.sess.get_outputs()]
+            self._load(path, so)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         missing = [n for n in self.input_names if n not in feeds]

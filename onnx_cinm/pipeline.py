@@ -196,7 +196,9 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact,
     anonymous dims)`` (see :class:`OptimizeResult`). ``taken``: ``{If name: condition}`` for
     the Ifs whose branch is known (the probe's, :mod:`onnx_cinm.passes.control_flow`)."""
-    infos = tensor_infos(model, infer=False)  # the model was just inferred
+    # the model was just inferred; planned dims or probed shapes make tensor_infos infer it
+    # again, bound to them (the FLOPs are counted at the planned sizes)
+    infos = tensor_infos(model, infer=False)
     named = set(golden.symbolic_dims(model))
     anonymous: dict = {}
     for node in model.graph.node:

@@ -123,11 +123,13 @@ def _cmd_optimize(args, parser) -> int:
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
     if given:
-        _drop_labels(args, model, given)
-    if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
-        from ..golden import dim_conflicts
+        from .. import golden
 
-        for dim, size, name, has in dim_conflicts(model, given, dims):
+        # both looks at the inputs below parse a path's whole file: parse it once for them
+        header = golden._load_header(model) if dims else model
+        _drop_labels(args, header, given)
+    if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
+        for dim, size, name, has in golden.dim_conflicts(header, given, dims):
             print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
                   f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
                   file=sys.stderr)

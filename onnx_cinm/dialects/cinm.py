@@ -781,28 +781,39 @@ def is_if(node: NodeProto) -> bool:
         {"then_branch", "else_branch"}
 
 
+def if_branches(node: NodeProto, taken: dict, counted: bool = True, ifs: dict | None = None):
+    """Yield ``(branch name, body, counted)`` for the then and the else branch of the If
+    ``node`` (:func:`is_if`), in that order: the rule of what runs per inference. A branch
+    counts when the graph of ``node`` counts (``counted``) and the If's condition is not
+    recorded in ``taken`` (``{If name: True for then}``, the planning probe's; then either
+    branch may run, both count) or takes it. ``ifs``, if given and ``counted``, counts the If
+    (``"taken"``: its condition is recorded, else ``"both"``) when the first branch is asked
+    for."""
+    seen = taken.get(node.name)
+    if ifs is not None and counted:
+        key = "both" if seen is None else "taken"
+        ifs[key] = ifs.get(key, 0) + 1
+    bodies = {a.name: a.g for a in node.attribute}
+    for branch in ("then_branch", "else_branch"):
+        yield branch, bodies[branch], counted and seen in (None, branch == "then_branch")
+
+
 def labelled_nodes(graph: onnx.GraphProto, taken: dict, ifs: dict | None = None,
                    label: str = "", counted: bool = True):
     """Yield ``(label, node, counted)`` for every node of ``graph`` in order, an If followed by
     the nodes of its then and else branches (nested Ifs alike; Loop and Scan bodies are not
     entered). ``label`` is the branch path before the node's name (``""`` in the main graph,
     :func:`branch_label`); ``counted`` is False inside a branch that does not run per
-    inference: the other branch of an If whose condition ``taken`` records (``{If name:
-    True for then}``; an If it does not name runs either branch, both count). ``ifs``, if
-    given, counts the Ifs met in counted graphs: ``"taken"`` (by ``taken``) and ``"both"``."""
+    inference (:func:`if_branches` says which: ``taken`` records ``{If name: True for then}``).
+    ``ifs``, if given, counts the Ifs met in counted graphs: ``"taken"`` (by ``taken``) and
+    ``"both"``."""
     for node in graph.node:
         yield label, node, counted
         if not is_if(node):
             continue
-        seen = taken.get(node.name)
-        if ifs is not None and counted:
-            key = "both" if seen is None else "taken"
-            ifs[key] = ifs.get(key, 0) + 1
-        branches = {a.name: a.g for a in node.attribute}
-        for branch in ("then_branch", "else_branch"):
-            yield from labelled_nodes(branches[branch], taken, ifs,
-                                      label + branch_label(node.name or node.op_type, branch),
-                                      counted and seen in (None, branch == "then_branch"))
+        for branch, body, runs in if_branches(node, taken, counted, ifs):
+            yield from labelled_nodes(body, taken, ifs,
+                                      label + branch_label(node.name or node.op_type, branch), runs)
 
 
 def forget_plans(model: onnx.ModelProto) -> int:

@@ -42,24 +42,53 @@ def branch_scope(scope: str, index: int, branch: str) -> str:
     return f"{scope}if{index:04d}{'t' if branch == 'then_branch' else 'e'}_"
 
 
-def branch_model(outer: onnx.ModelProto, body: onnx.GraphProto) -> onnx.ModelProto:
-    """If branch ``body`` of ``outer``'s main graph as a model to price or annotate: its nodes
-    (copies) and outputs, every value it captures an input, but ``outer``'s initializers, which
-    stay constants (a programmed weight crosses nothing per inference). Initializers without
-    their bytes: the tensor infos come from the whole model (nested branches alike)."""
-    inits = {t.name: t for t in outer.graph.initializer}
-    g = onnx.GraphProto(name=body.name)
+def branch_model(outer: onnx.ModelProto, body: onnx.GraphProto, *, weights: bool = False,
+                 input_type=None, inits: dict | None = None,
+                 name: str | None = None) -> onnx.ModelProto | None:
+    """If branch ``body`` of ``outer``'s main graph as a model of its own: its nodes (copies),
+    outputs and initializers, every value of ``outer`` it captures an initializer of its own
+    if it is one of ``outer``'s (a programmed weight crosses nothing per inference, a Slice
+    bound stays foldable), else an input, in name order. The one builder of the cost model,
+    the branch compiler (:mod:`.control_flow`) and the provider's If kernel.
+
+    Args:
+        outer: the model whose main graph holds the If.
+        body: the branch (``then_branch``/``else_branch`` graph of one of its Ifs).
+        weights: False (to price or annotate: the tensor infos come from the whole model,
+            nested branches alike): initializers without their bytes, ``outer``'s
+            ``metadata_props`` (its planned dims). True (to compile or run): initializers with
+            their bytes, ``outer``'s model-local functions.
+        input_type: ``name -> ValueInfoProto | None``, the input declaring captured value
+            ``name``; None gives no branch model (its type is not known). Default: an input
+            without a type.
+        inits: ``outer``'s initializers by name, if the caller has them.
+        name: the graph's name (default the body's).
+
+    Returns the model, or None when ``input_type`` declined a captured value.
+    """
+    inits = inits if inits is not None else {t.name: t for t in outer.graph.initializer}
+    g = onnx.GraphProto(name=body.name if name is None else name)
     g.node.extend(body.node)
     g.output.extend(body.output)
-    for name in sorted(captured(body)):
-        if name in inits:
-            g.initializer.add(name=name, data_type=inits[name].data_type, dims=inits[name].dims)
+    consts = []
+    for n in sorted(captured(body)):
+        if n in inits:
+            consts.append(inits[n])
+            continue
+        vi = input_type(n) if input_type is not None else onnx.ValueInfoProto(name=n)
+        if vi is None:
+            return None
+        g.input.append(vi)
+    for t in (*body.initializer, *consts):
+        if weights:
+            g.initializer.append(t)
         else:
-            g.input.add(name=name)
-    for t in body.initializer:
-        g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
     m = onnx.ModelProto(ir_version=outer.ir_version, opset_import=outer.opset_import, graph=g)
-    m.metadata_props.extend(outer.metadata_props)
+    if weights:
+        m.functions.extend(outer.functions)
+    else:
+        m.metadata_props.extend(outer.metadata_props)
     return m
 
 
@@ -131,16 +160,12 @@ def _evaluate(model, options, infos, taken, ifs, label, prefix, counted) -> Grap
 
     tot, bad, prob = evaluate_model(model, options, infos=infos)
     out = GraphCost(label, prefix, tot, [f"{label}{v}" for v in bad], prob, counted)
-    for i, node, bodies in _ifs(model.graph):
-        seen = taken.get(node.name)
-        if counted:
-            ifs["both" if seen is None else "taken"] += 1
+    for i, node, _ in _ifs(model.graph):
         name = node.name or f"{node.op_type}_{i}"
         out.branches[i] = [
-            _evaluate(branch_model(model, bodies[b]), options, infos, taken, ifs,
-                      label + cinm.branch_label(name, b), f"{prefix}{i}{b[0]}",
-                      counted and seen in (None, b == "then_branch"))
-            for b in BRANCHES]
+            _evaluate(branch_model(model, body), options, infos, taken, ifs,
+                      label + cinm.branch_label(name, b), f"{prefix}{i}{b[0]}", runs)
+            for b, body, runs in cinm.if_branches(node, taken, counted, ifs)]
     return out
 
 
@@ -233,16 +258,13 @@ def _device_nodes(graph: onnx.GraphProto, scope: str, taken: dict, depth: int = 
                   counted: bool = True):
     """``(node, its graph's kernel-stem prefix, its index there, branch depth, counted)`` of
     every cinm node of ``graph`` and its If branches, in execution order (an If's branches
-    after it); ``counted`` as :func:`onnx_cinm.dialects.cinm.labelled_nodes` says."""
+    after it); ``counted`` as :func:`onnx_cinm.dialects.cinm.if_branches` says."""
     for i, node in enumerate(graph.node):
         if node.domain == cinm.DOMAIN:
             yield node, scope, i, depth, counted
         if cinm.is_if(node):
-            seen = taken.get(node.name)
-            bodies = {a.name: a.g for a in node.attribute}
-            for b in BRANCHES:
-                yield from _device_nodes(bodies[b], branch_scope(scope, i, b), taken, depth + 1,
-                                         counted and seen in (None, b == "then_branch"))
+            for b, body, runs in cinm.if_branches(node, taken, counted):
+                yield from _device_nodes(body, branch_scope(scope, i, b), taken, depth + 1, runs)
 
 
 def lower_together(model: onnx.ModelProto, ctx: PassContext, paradigm_only: bool = False,

@@ -25,14 +25,15 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
+from ..frontend import subgraphs as _subgraphs
 from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers
 from .graph_names import names_read as _names_read
-from .graph_names import subgraphs as _subgraphs
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
 #: ``axes`` input).
@@ -110,19 +111,6 @@ class _TypeInfo:
         if value is None or not value.type.tensor_type.HasField("shape"):
             return None
         return len(value.type.tensor_type.shape.dim)
-
-
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    """Shapes of the values whose dimensions are all known numbers."""
-    shapes = {}
-    for name, value in _value_infos(graph).items():
-        tensor_type = value.type.tensor_type
-        if not tensor_type.HasField("shape"):
-            continue
-        dims = tensor_type.shape.dim
-        if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
-            shapes[name] = [d.dim_value for d in dims]
-    return shapes
 
 
 def _replace_nodes(
@@ -686,7 +674,7 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         _replace_nodes(graph, kept)
     while True:
         infer_shapes(model, strict=False)
-        folded = _fold(model, _static_shapes(graph))
+        folded = _fold(model, static_shapes(graph, initializers=False))
         inlined = inline_constant_ifs(model)
         count += folded + inlined
         if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")

@@ -2,7 +2,7 @@
 graph, then back into its If.
 
 A branch reads values of the graph around it (captured values). To compile it alone it becomes
-a model of its own (:func:`_branch_model`):
+a model of its own (:func:`.branches.branch_model`):
 
 - a captured initializer of the outer graph becomes one of its initializers (a weight the
   crossbar can hold, a Slice bound the folder can read);
@@ -40,7 +40,7 @@ from onnx import helper
 from .. import frontend
 from ..dialects import cinm
 from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
-from .branches import branch_scope, merge_stats
+from .branches import branch_model, branch_scope, merge_stats
 from .canonicalize import condition
 from .graph_names import Names, captured
 
@@ -147,22 +147,21 @@ def _input_type(name: str, vi, value, dims: dict, fresh: dict, base: str):
 
 
 def _branch_model(model, body, inits, vis, probed, dims, base):
-    """The branch ``body`` as a model of its own (see the module docstring), its planned dims,
-    and why it cannot be (None then)."""
+    """The branch ``body`` as a model of its own (see the module docstring,
+    :func:`.branches.branch_model`), its planned dims, and why it cannot be (None then)."""
     fresh: dict = {}
-    inputs, consts = [], []
-    for name in sorted(captured(body)):
-        if name in inits:
-            consts.append(inits[name])
-            continue
+    untyped: list = []
+
+    def typed(name):
         vi = _input_type(name, vis.get(name), probed.get(name), dims, fresh, base)
         if vi is None:
-            return None, None, f"captured value '{name}' has no known type"
-        inputs.append(vi)
-    g = helper.make_graph(list(body.node), body.name or base, inputs, list(body.output),
-                          initializer=list(body.initializer) + consts)
-    sub = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    sub.functions.extend(model.functions)
+            untyped.append(name)
+        return vi
+
+    sub = branch_model(model, body, weights=True, input_type=typed, inits=inits,
+                       name=body.name or base)
+    if sub is None:
+        return None, None, f"captured value '{untyped[0]}' has no known type"
     planned = {**dims, **fresh}
     frontend.set_planned_dims(sub, planned)
     return sub, planned, None
@@ -208,12 +207,10 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
     g = model.graph
     # the record of the taken branches, the report and the profile name an If by its node name:
     # unnamed Ifs would share one entry (and count one If's branch for all of them)
-    names = {n.name for graph in frontend.iter_graphs(g) for n in graph.node}
+    names = Names(g)
     for index, node in ifs:
         if not node.name:
-            node.name = next(f"If_{index}" + (f"_{k}" if k else "") for k in range(len(names) + 1)
-                             if f"If_{index}" + (f"_{k}" if k else "") not in names)
-            names.add(node.name)
+            node.name = names.fresh(f"If_{index}")
     inits = {i.name: i for i in g.initializer}
     vis = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
     wanted = sorted({n for _, node in ifs for n in captured_all(node)} - set(inits))

@@ -1,16 +1,9 @@
-"""Graph walking shared by the passes: subgraphs, names read, fresh names."""
+"""Graph walking shared by the passes: names read, names captured, fresh names."""
 from __future__ import annotations
 
 import onnx
 
-
-def subgraphs(node: onnx.NodeProto):
-    """The subgraphs of ``node`` (If branches, Loop/Scan bodies)."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
+from ..frontend import subgraphs
 
 
 def names_read_by(node: onnx.NodeProto) -> set[str]:

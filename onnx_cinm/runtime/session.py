@@ -42,7 +42,8 @@ from ..analysis import op_info, tensor_infos
 from ..dialects import cinm
 from ..errors import CinmError
 from ..options import OptionSpec, option, specs, validate
-from ..passes.graph_names import captured, names_used_by
+from ..passes.branches import branch_model
+from ..passes.graph_names import names_used_by
 from ..sim import blas
 from . import numpy_kernels
 
@@ -199,28 +200,22 @@ class _IfKernel:
         self._lock = threading.Lock()
 
     def _model(self, branch: str, values: dict | None) -> onnx.ModelProto | None:
-        """Branch ``branch`` as a model, or None when an input's type is not known yet."""
+        """Branch ``branch`` as a model (:func:`onnx_cinm.passes.branches.branch_model`, with
+        the branch's value_info), or None when an input's type is not known yet."""
         graph, parent = self.branches[branch], self.parent
-        reads = sorted(captured(graph))
-        inputs, consts = [], []
-        for n in reads:
-            if n in parent._inits:
-                consts.append(parent._inits[n])
-                continue
+
+        def typed(n):
             vi = parent._vis.get(n)
             elem = vi.type.tensor_type.elem_type if vi is not None and \
                 vi.type.HasField("tensor_type") else 0
             if not elem and values is not None and n in values:
                 elem = helper.np_dtype_to_tensor_dtype(np.asarray(values[n]).dtype)
-            if not elem:
-                return None
-            inputs.append(helper.make_tensor_value_info(n, elem, None))
-        g = helper.make_graph(list(graph.node), graph.name or branch, inputs, list(graph.output),
-                              initializer=list(graph.initializer) + consts,
-                              value_info=list(graph.value_info))
-        m = helper.make_model(g, opset_imports=list(parent._model.opset_import),
-                              ir_version=parent._model.ir_version)
-        m.functions.extend(parent._model.functions)
+            return helper.make_tensor_value_info(n, elem, None) if elem else None
+
+        m = branch_model(parent._model, graph, weights=True, input_type=typed,
+                         inits=parent._inits, name=graph.name or branch)
+        if m is not None:
+            m.graph.value_info.extend(graph.value_info)
         return m
 
     def build_eagerly(self) -> None:
