@@ -2,7 +2,9 @@
 
 Cost placement compares every device with running the op on the host. The host's cost of an op
 is a roofline: ``latency = max(flops / flops_per_s, bytes / bytes_per_s)`` seconds, where
-``bytes`` are the op's inputs and outputs, and ``energy = latency * power_w`` joules.
+``bytes`` are the data the op moves (its inputs and outputs; none for an op whose output
+aliases its input, such as Reshape, and only the small output of Shape and Size:
+:func:`onnx_cinm.devices.host.data_bytes`), and ``energy = latency * power_w`` joules.
 
 By default the figures are :data:`NOMINAL` (50 GFLOP/s, 10 GB/s, 30 W): fixed, not measured, so
 placement is reproducible -- the same model and options give the same placement on every run

@@ -41,6 +41,25 @@ class HostParams:
     others or asks for ``measure`` (probed once per machine and cached)."""
 
 
+#: Ops whose output aliases their input in onnxruntime (its CPU kernels for these declare the
+#: output may share the input's buffer, so they only rewrite the shape): no data moves.
+ALIASING_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+#: Ops that read only their input's metadata (shape): they write their small output, nothing else.
+METADATA_OPS = frozenset({"Shape", "Size"})
+
+
+def data_bytes(op: OpInfo) -> int:
+    """Bytes ``op`` moves through memory on the host: 0 for :data:`ALIASING_OPS` and for a
+    ``Constant`` (onnxruntime folds it into an initializer when the session loads), the
+    output bytes for :data:`METADATA_OPS` (a Shape of a [23, 1024] float tensor writes 2
+    int64s: 16 bytes), else every input and output (read and written once)."""
+    if op.op_type in ALIASING_OPS or op.op_type == "Constant":
+        return 0
+    if op.op_type in METADATA_OPS:
+        return sum(t.nbytes for t in op.outputs)
+    return sum(t.nbytes for t in op.inputs + op.outputs)
+
+
 class HostDevice(Device):
     """The host CPU (paradigm ``host``); supports every op."""
 
@@ -58,12 +77,14 @@ class HostDevice(Device):
 
     def cost(self, op: OpInfo, options: dict) -> Cost:
         """Roofline cost of ``op`` on the host: ``max(flops / FLOP/s, bytes / (bytes/s))``
-        seconds, times the host power for joules; bytes are all inputs and outputs (see
-        :mod:`onnx_cinm.hostmodel`; ``options["host_roofline"]`` selects the figures)."""
+        seconds, times the host power for joules (see :mod:`onnx_cinm.hostmodel`;
+        ``options["host_roofline"]`` selects the figures). Bytes are what the op moves
+        (:func:`data_bytes`): all inputs and outputs, except for ops that only read or change
+        a tensor's metadata."""
         from .. import hostmodel
 
         roof = hostmodel.get((options or {}).get("host_roofline"))
-        nbytes = sum(t.nbytes for t in op.inputs + op.outputs)
+        nbytes = data_bytes(op)
         return Cost(latency_s=roof.latency_s(op.flops, nbytes),
                     energy_j=roof.energy_j(op.flops, nbytes), writes=0, bytes_moved=0)
 

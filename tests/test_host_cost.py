@@ -1,0 +1,67 @@
+"""The host's cost of views and metadata ops: what onnxruntime moves for them, not a full copy.
+
+Expected figures by hand from the nominal roofline (50 GFLOP/s, 10 GB/s, 30 W,
+:data:`onnx_cinm.hostmodel.NOMINAL`): onnxruntime's Reshape, Squeeze, Unsqueeze, Flatten and
+Identity share their input's buffer, Shape and Size write a few int64s, an Add reads two
+tensors and writes one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP, helper as h, numpy_helper
+
+from onnx_cinm import devices
+from onnx_cinm.analysis import op_info, tensor_infos
+
+BW, W = 10e9, 30.0
+
+
+def _model():
+    x = h.make_tensor_value_info("x", TP.FLOAT, [23, 1024])
+    outs = ["s", "n", "r", "sq", "us", "f", "i", "a"]
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], name="shape"),
+        h.make_node("Size", ["x"], ["n"], name="size"),
+        h.make_node("Reshape", ["x", "shp"], ["r"], name="reshape"),
+        h.make_node("Unsqueeze", ["x", "ax"], ["u"], name="unsq"),
+        h.make_node("Squeeze", ["u", "ax"], ["sq"], name="squeeze"),
+        h.make_node("Unsqueeze", ["x", "ax"], ["us"], name="unsq2"),
+        h.make_node("Flatten", ["r"], ["f"], name="flatten", axis=1),
+        h.make_node("Identity", ["x"], ["i"], name="identity"),
+        h.make_node("Add", ["x", "x"], ["a"], name="add"),
+    ]
+    inits = [numpy_helper.from_array(np.array([23, 4, 256], np.int64), "shp"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax")]
+    g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info(o, TP.UNDEFINED, None) for o in outs],
+                     inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(m)
+
+
+@pytest.mark.parametrize("name,nbytes", [
+    ("shape", 2 * 8),             # the [2] int64 shape, not the 94 kB tensor it describes
+    ("size", 8),                  # one int64
+    ("reshape", 0), ("unsq", 0), ("squeeze", 0), ("flatten", 0), ("identity", 0),
+    ("add", 3 * 23 * 1024 * 4),   # two float inputs read, one written: 282,624 B
+])
+def test_host_charges_the_bytes_an_op_moves(name, nbytes):
+    m = _model()
+    infos = tensor_infos(m)
+    node = next(n for n in m.graph.node if n.name == name)
+    c = devices.get_device("host").cost(op_info(node, infos), {"host_roofline": "nominal"})
+    flops_s = op_info(node, infos).flops / 50e9
+    assert c.latency_s == pytest.approx(max(flops_s, nbytes / BW), abs=1e-15)
+    assert c.energy_j == pytest.approx(max(flops_s, nbytes / BW) * W, abs=1e-13)
+
+
+def test_shape_costs_nanoseconds_not_the_tensor_it_reads():
+    """The finding: a Shape of a [23, 1024] float tensor was charged 28.3 us (its input and
+    output at 10 GB/s); it writes 16 bytes: 1.6 ns, 48 nJ."""
+    m = _model()
+    infos = tensor_infos(m)
+    node = next(n for n in m.graph.node if n.name == "shape")
+    c = devices.get_device("host").cost(op_info(node, infos), {"host_roofline": "nominal"})
+    assert c.latency_s == pytest.approx(1.6e-9)
+    assert c.energy_j == pytest.approx(48e-9)
