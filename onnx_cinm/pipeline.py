@@ -38,7 +38,11 @@ class OptimizeResult:
             shapes the probe run sized (absent: no probe ran or it sized nothing);
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
-            (:func:`onnx_cinm.passes.branches.lower_together`).
+            (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
+            ``placement["model_totals"]``: the written model's per-inference totals (seconds,
+            joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`), the
+            figures ``onnx-cinm report`` adds up (``placement["totals"]`` are the search's, before
+            the passes after placement, such as ``fold_layouts``, rewrote the graph).
         placements: ``(node name, op type, device, reason)`` per cinm op.
         check_special: the NaN/Inf check's report (one input set with NaN, +Inf, -Inf in every
             float input, run after the ordinary check passed), or None (no float input, the
@@ -580,6 +584,13 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
+    placed = ctx.stats.get("placement")
+    if placed is not None and placed.get("strategy") == "cost":
+        # the totals of the model as written, counted as the report counts them: the search's
+        # own totals predate the passes after placement (fold_layouts drops host Transposes)
+        from .passes.branches import counted_totals, evaluate_graphs
+
+        placed["model_totals"] = counted_totals(evaluate_graphs(work, ctx.options)[0])
     report, skipped, special, special_skipped = None, None, None, None
     if check:
         t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 ``onnx-cinm sweep in.onnx --set crossbar.size=32x32,64x64 --set crossbar.count=4,16 -o DIR``
 evaluates the cartesian product of the ``--set`` values. The model is brought to the cinm level
 once; every configuration then runs the placement, paradigm and device passes (``placement``,
-``cim_tiling``, ``cnm_mapping``, ``device_lowering``: the compiled plans) and is scored by the
+``fold_layouts``, ``cim_tiling``, ``cnm_mapping``, ``device_lowering``: the compiled plans) and is scored by the
 same model as cost placement (:func:`onnx_cinm.passes.cost_placement.evaluate_model`): modeled
 latency (seconds), energy (joules), crossbar tile writes per inference, bytes crossing device
 boundaries, cinm ops per device, and the constraints the placement breaks. No inference is run.
@@ -52,6 +52,7 @@ from . import frontend
 from .dialects import cinm
 from .errors import CinmError
 from .options import alias_values, from_text, unknown_key
+from .passes import DEFAULT_PIPELINE
 
 
 def _converter(spec, alias=None, schema=None):
@@ -84,8 +85,9 @@ def keys() -> dict:
 COLUMNS = ["latency_s", "energy_j", "writes", "transfer_bytes", "devices", "violations", "branches",
            "seconds"]
 
-#: The passes every configuration runs on the cinm-level model (and on its If branches).
-LOWERING = ["placement", "cim_tiling", "cnm_mapping", "device_lowering"]
+#: The passes every configuration runs on the cinm-level model (and on its If branches):
+#: ``optimize``'s from placement on, so a configuration scores what ``optimize`` would write.
+LOWERING = DEFAULT_PIPELINE[DEFAULT_PIPELINE.index("placement"):]
 
 
 def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, list[str]]]:

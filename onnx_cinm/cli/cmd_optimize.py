@@ -180,9 +180,9 @@ def _cmd_optimize(args, parser) -> int:
             say(f"  {line}")
     st = result.stats.get("placement", {})
     if st.get("strategy") == "cost":
-        t = st["totals"]
-        say(f"  cost placement ({st['objective']}): modeled {si(t.latency_s, 's')}, "
-            f"{si(t.energy_j, 'J')}, {t.writes} tile writes/inference; {st['method']}")
+        t = st["model_totals"]
+        say(f"  cost placement ({st['objective']}): modeled {si(t['latency_s'], 's')}, "
+            f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference; {st['method']}")
         for name, b in st["baselines"].items():
             say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} tile writes/inference")
         for v in st.get("violations", []):
