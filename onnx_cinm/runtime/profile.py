@@ -51,15 +51,17 @@ def aggregate(records: list[dict]) -> list[dict]:
 def totals_by_device(rows: list[dict]) -> list[dict]:
     """Per device: ``nodes`` (graph nodes, a host partition counting all of its own),
     ``partitions`` (host partitions) and the summed per-inference figures of :func:`aggregate`
-    rows."""
+    rows; a figure none of the device's rows has (None: not modeled, e.g. the host's latency
+    and energy) is None in the total too, not 0."""
     out: dict[str, dict] = {}
     for r in rows:
         t = out.setdefault(r["device"], {"device": r["device"], "nodes": 0, "partitions": 0,
-                                         **{k: 0.0 for k in _SUMMED}})
+                                         **{k: None for k in _SUMMED}})
         t["nodes"] += r.get("nodes", 1)
         t["partitions"] += r["mode"] == "onnxruntime"
         for k in _SUMMED:
-            t[k] += r[k] or 0
+            if r[k] is not None:
+                t[k] = (t[k] or 0.0) + r[k]
     return list(out.values())
 
 
@@ -177,7 +179,8 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
                 what += (", in host partitions" if inside == t["nodes"] else
                          f", {inside} of them in host partitions")
         totals.append((f"total {dev} ({what})", "", "", "",
-                       *_figures({**t, "basis": _device_basis(rows, dev)})))
+                       *_figures({**t, "basis": _device_basis(rows, dev)
+                                  if t["latency_s"] is not None else None})))
     notes = []
     if len(shown) < len(rows):
         notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
