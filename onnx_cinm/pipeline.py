@@ -61,6 +61,8 @@ class OptimizeResult:
             under their own type, Loop and Scan bodies under their Loop/Scan node).
         flops_exact: False when ``flops_total`` is a lower bound or an estimate (a Loop
             trip count, or an If branch neither the probe saw nor equal to the other).
+        fixed_dims: ``{dim: [device nodes]}``, the symbolic input dims the compiled plans fix
+            at their planned size (:func:`fixed_dims`): the model runs only at those sizes.
         branches_from: which inputs chose the counted If branches (``"the check's first
             input set"``, ``"random inputs at the planned sizes"``), or None: no If, or none
             seen (each If then counts its larger branch).
@@ -85,6 +87,7 @@ class OptimizeResult:
     anonymous_dims: dict = field(default_factory=dict)
     special_skipped: str | None = None
     branches_from: str | None = None
+    fixed_dims: dict = field(default_factory=dict)
 
     @property
     def device_flops_share(self) -> float:
@@ -118,6 +121,9 @@ class OptimizeResult:
             lines.append(f"{what}: {shown}{more}")
             lines.append(f"  FLOPs and plans count these dims as 1 ({why}); to plan at real "
                          "sizes, fix the input shapes with --overwrite-input-shape NAME:d0,d1,...")
+        if self.fixed_dims:
+            lines.append(fixed_dims_text(self.fixed_dims, {**{d: 1 for d in self.unsized_dims},
+                                                           **self.dims}))
         host = [(op, f) for op, f in self.host_flops.most_common() if f > 0]
         if host and self.flops_total:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
@@ -183,6 +189,52 @@ class OptimizeResult:
                            "graph's; per-inference totals: "
                            f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
+
+
+def fixed_dims(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, list[str]]:
+    """The symbolic dims of ``model``'s inputs that its compiled plans fix: ``{dim: [names of
+    the device nodes]}``, the nodes whose plan fixes the shape of an input that is no
+    constant (:meth:`onnx_cinm.devices.Device.fixed_operands`, e.g. an attention operand
+    programmed onto crossbars sized for it) when that input's shape follows ``dim``. ``dims``:
+    the sizes the model was planned at (``{dim: size}``; a dim taken as 1 given as 1). A dim
+    is found by inferring the shapes again with it doubled: the inputs whose shape changes
+    follow it; one shape inference cannot size stays unjudged. Main graph only."""
+    from . import devices
+
+    consts = {i.name for i in model.graph.initializer}
+    watched = []
+    for n in model.graph.node:
+        at = cinm.node_attrs(n) if n.domain == cinm.DOMAIN else {}
+        dev = at.get("device", "host")
+        if dev == "host" or dev not in devices.device_names():
+            continue
+        for i in devices.get_device(dev).fixed_operands(n.op_type, at):
+            if i < len(n.input) and n.input[i] and n.input[i] not in consts:
+                watched.append((n.name, n.input[i]))
+    if not watched or not dims:
+        return {}
+    base = tensor_infos(model, dims=dims)
+    out: dict[str, list[str]] = {}
+    for d, size in dims.items():
+        other = tensor_infos(model, dims={**dims, d: 2 * size})
+        for name, t in watched:
+            a, b = base.get(t), other.get(t)
+            if a is not None and b is not None and a.shape is not None and b.shape is not None \
+                    and a.shape != b.shape:
+                out.setdefault(d, []).append(name)
+    return out
+
+
+def fixed_dims_text(fixed: dict[str, list[str]], dims: dict[str, int]) -> str:
+    """One line for :func:`fixed_dims`' result: which dims, at which sizes, and why."""
+    def nodes(names):
+        return f"'{names[0]}'" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+    return ("dims fixed at the planned sizes: " + "; ".join(
+        f"{d}={dims[d]} (device plans fix the shape of a non-constant operand that follows it: "
+        f"{nodes(names)})" for d, names in fixed.items())
+        + "; the model runs only at these sizes (optimize again at others, or keep those nodes "
+          "on the host with --place NODE=host)")
 
 
 def _sizes_note(dims: dict, unsized: list) -> str:
@@ -623,6 +675,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         work, ctx.stats.get("if_taken"))
     if not ctx.stats.get("if_taken"):
         branches_from = None
+    fixed = fixed_dims(work, {**{d: 1 for d in unsized}, **dims}) \
+        if "device_lowering" in ctx.stats else {}
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
-                          anonymous, special_skipped, branches_from)
+                          anonymous, special_skipped, branches_from, fixed)

@@ -165,6 +165,11 @@ def _cmd_optimize(args, parser) -> int:
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
     for line in hint_warnings(result.stats.get("placement", {})):
         print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
+    if result.fixed_dims:
+        sizes = {**{d: 1 for d in result.unsized_dims}, **result.dims}
+        print("onnx-cinm: warning: the compiled model runs only at "
+              + ", ".join(f"{d}={sizes[d]}" for d in result.fixed_dims)
+              + " (see 'dims fixed' in the summary)", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in result.summary().splitlines():

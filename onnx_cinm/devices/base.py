@@ -277,6 +277,14 @@ class Device:
         load cost), None if the node has no plan of this device."""
         return None
 
+    def fixed_operands(self, op_type: str, attrs: dict) -> tuple[int, ...]:
+        """The inputs of a lowered node (indices into its inputs; op type ``op_type``, plan
+        ``attrs``) whose shape its compiled plan fixes: a run where such an input, if it is
+        no constant, has another shape fails (e.g. an activation programmed onto crossbars
+        sized for it). ``optimize`` warns when one follows a symbolic dim of the model's
+        inputs. Default: none (the kernel takes any size of its inputs)."""
+        return ()
+
     def summary(self, plans: list, counted: list | None = None) -> str:
         """A table for people of the plans of a model's nodes on this device, ``plans`` being
         ``[(node name, op type, attrs)]`` (a node inside an If branch named with its branch
