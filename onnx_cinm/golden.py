@@ -653,6 +653,11 @@ def run_onnxruntime(model_or_path: ModelLike, feeds: Mapping[str, np.ndarray]) -
 # --------------------------------------------------------------------------------------------
 # comparison
 # --------------------------------------------------------------------------------------------
+#: Above this share of NaN/Inf elements in an output's reference, its check proves nothing
+#: (:attr:`OutputCheck.meaningless`): more than a quarter of the output is not computed.
+MAX_NONFINITE_SHARE = 0.25
+
+
 @dataclass
 class OutputCheck:
     """The comparison of one output, accumulated over all runs.
@@ -719,11 +724,16 @@ class OutputCheck:
     @property
     def meaningless(self) -> str:
         """Why comparing this output proves nothing ('' if it does): its reference is NaN or Inf
-        everywhere (a NaN equals a NaN whatever was computed), or it is one value everywhere.
-        (Some NaN/Inf among finite values leave the rest meaningful: :meth:`CheckReport.summary`
-        counts them.)"""
+        everywhere (a NaN equals a NaN whatever was computed) or in more than
+        :data:`MAX_NONFINITE_SHARE` of its elements (the inputs drive the model where it does
+        not compute: random data where it expects real data), or it is one value everywhere.
+        (A few NaN/Inf among finite values leave the rest meaningful:
+        :meth:`CheckReport.summary` counts them.)"""
         if self.elements and self.ref_nonfinite == self.elements:
             return f"the reference '{self.name}' is NaN/Inf everywhere"
+        if self.elements and self.ref_nonfinite > MAX_NONFINITE_SHARE * self.elements:
+            return (f"the reference '{self.name}' is NaN/Inf in {self.ref_nonfinite} of "
+                    f"{self.elements} elements")
         if self.elements > 1 and len(self.ref_values) == 1:
             return f"the reference '{self.name}' is {next(iter(self.ref_values)) + 0.0:g} everywhere"  # no -0
         return ""
@@ -838,7 +848,9 @@ class CheckReport:
         rows = [(o.name, o.dtype or "-", "x".join(map(str, o.shape)) if o.shape else "-",
                  f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", f"{o.rel_rms_err:.3g}",
                  f"{o.mismatched}/{o.elements}",
-                 ("FAIL: " + o.note) if o.note else ("ok" if o.ok else "FAIL" if verdict else "-"))
+                 ("FAIL: " + o.note) if o.note else
+                 ("not meaningful" if o.meaningless and not self.special else "ok") if o.ok
+                 else "FAIL" if verdict else "-")
                 for o in self.outputs]
         return (f"golden check: {self.runs} run{'s' * (self.runs != 1)}, {self.tolerances()}\n"
                 + table(("output", "dtype", "shape", "max abs err", "max rel err", "rel rms err",
