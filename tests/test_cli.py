@@ -97,6 +97,8 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
     (["--check-rtol", "-1e-3"], "argument --check-rtol: must be a number >= 0, got -1e-3"),
     (["--cim-time", "-1h"], "argument --cim-time: a time cannot be negative, got '-1h'"),
     (["--dim", "-1"], "--dim expects NAME=SIZE with a positive integer SIZE, got '-1'"),
+    # a repeated --dim took the last one silently
+    (["--dim", "batch=1", "--dim", "batch=2"], "--dim given twice for 'batch' (batch=1, batch=2)"),
     (["--host-roofline", "-1,2"], "host_roofline='-1,2': host roofline expects GFLOPS,GBPS"),
     (["--upmem-dpus", "-1"], "upmem_dpus='-1': expected integer in 1..65536"),
     (["--verbose", "-1"], "argument -v/--verbose: ignored explicit argument '-1'"),

@@ -547,12 +547,15 @@ def _input_options(sp: argparse.ArgumentParser) -> None:
 
 
 def _dims(items: list[str], parser) -> dict[str, int]:
-    """``{name: size}`` from ``--dim NAME=SIZE`` options (a usage error if malformed)."""
+    """``{name: size}`` from ``--dim NAME=SIZE`` options (a usage error if malformed or if a
+    name is given twice)."""
     dims: dict = {}
     for item in items:
         name, sep, size = item.partition("=")
         if not sep or not name or not size.isdigit() or int(size) < 1:
             parser.error(f"--dim expects NAME=SIZE with a positive integer SIZE, got '{item}'")
+        if name in dims:
+            parser.error(f"--dim given twice for '{name}' ({name}={dims[name]}, {item})")
         dims[name] = int(size)
     return dims
 
