@@ -280,6 +280,17 @@ def _save_npz(path: str, arrays: dict) -> None:
         raise CinmError(f"cannot write '{path}': {e.strerror}") from None
 
 
+def _refuse_other_model(original, optimized, args) -> None:
+    """Raise CinmError (one line) when the two models' outputs have other names: ``optimize``
+    keeps them, so the optimized model was not made from this original."""
+    want = [o.name for o in original.graph.output]
+    got = [o.name for o in optimized.graph.output]
+    if set(want) != set(got):
+        raise CinmError(f"the models' outputs differ: {args.original} has {', '.join(want)}; "
+                        f"{args.optimized} has {', '.join(got)} (optimize keeps the output names: "
+                        "compare an original with its own optimized model)")
+
+
 def _cmd_compare(args, parser) -> int:
     from .. import frontend, golden
 
@@ -308,6 +319,7 @@ def _cmd_compare(args, parser) -> int:
     opts.setdefault("graph_optimization", "disable_all")
     opts.setdefault("matmul", "onnxruntime")
     sess = _session(args.optimized, opts)
+    _refuse_other_model(original, sess._model, args)
     shapes = {name: arr.shape for name, arr in given.items()}
     # the sizes it was planned for, or baked in (optimize --overwrite-input-shape), by default;
     # then those of the given arrays; then --dim
