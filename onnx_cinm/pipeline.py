@@ -113,7 +113,7 @@ class OptimizeResult:
             if self.unsized_dims:
                 what = "dims left unsized (taken as 1; most follow from the unsized inputs' dims)"
                 why = ("size the inputs' dims (--dim NAME=SIZE, --input NAME=FILE.npy) and one "
-                       "onnxruntime run at those sizes sizes the rest")
+                       "onnxruntime run at those sizes gives the rest their sizes")
             else:
                 what = "dims shape inference could not size (taken as 1)"
                 why = ("a run at the planned sizes does not size them: they depend on the data, "

@@ -47,7 +47,7 @@ SIZES = {"N": 2, "H": 6, "W": 6}
 
 def test_dims_inference_leaves_open_are_sized_by_one_run_and_the_model_stays_dynamic(tmp_path):
     """Planned at N=2, H=W=6 the padded tensor's dims were all anonymous (pads of unknown
-    value), taken as 1 (so the Conv's rows too); one onnxruntime run at those sizes sizes them.
+    value), taken as 1 (so the Conv's rows too); one onnxruntime run at those sizes gives them their sizes.
     The saved model still runs at N=3, H=W=9 (other pads) and matches onnxruntime on the
     original."""
     from onnx_cinm.runtime import InferenceSession

@@ -57,8 +57,9 @@ class CrossbarOptions:
                                    "(default: the preset's, 64 for pcm-hermes, 4 for pcm-occ)",
                                    low=1, high=1 << 24, aliases=(Alias(sweep="crossbar.count"),))
     loop_order: str = option("weight_stationary", help="tile schedule: weight_stationary "
-                             "(k, n, m: each weight tile written once and kept, serpentine "
-                             "order) or naive (m, n, k: every tile rewritten per input row, for "
+                             "(alias knm, its loop nest k, n, m outermost first: each weight "
+                             "tile written once and kept, serpentine order) or naive (alias "
+                             "mnk, loops m, n, k: every tile rewritten per input row, for "
                              "comparison)", choices=lambda: tuple(LOOP_ORDERS),
                              aliases=(Alias(sweep="crossbar.loop_order"),))
     mode: str = option("ideal", help="data path of the emitted kernels: 'ideal' (exact fp32), "

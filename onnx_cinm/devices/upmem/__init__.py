@@ -34,7 +34,7 @@ class UpmemOptions:
                               f"{DEFAULT_PARAMS.dpus})", low=1, high=1 << 16)
     tasklets: int | None = option(None, help=f"tasklets per DPU (default {DEFAULT_PARAMS.tasklets}; "
                                   "at most " + ", ".join(f"{p.max_tasklets} on {n}"
-                                                         for n, p in TARGETS.items()),
+                                                         for n, p in TARGETS.items()) + ")",
                                   low=1, high=max(p.max_tasklets for p in TARGETS.values()))
     target: str | None = option(None, help="DPU generation of the cost model: " + "; ".join(
         f"{n} ({p.max_tasklets} tasklets, {p.wram_bytes} B WRAM, {p.frequency_hz / 1e6:g} MHz"
