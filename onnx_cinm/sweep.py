@@ -163,7 +163,7 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     constraints, how If branches count, wall seconds of the evaluation). The kernels inside
     If branches are placed, lowered and counted as in the module docstring. A configuration a
     device rejects (e.g. a bad option) gives its error in ``violations`` and NaN figures
-    instead of stopping the sweep."""
+    instead of stopping the sweep (every figure NaN: latency, energy, writes, bytes)."""
     from .analysis import tensor_infos
     from .passes import PassContext, PassManager
     from .passes.branches import (
@@ -188,7 +188,7 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
         tot = counted_totals(root)
     except CinmError as e:
         nan = float("nan")
-        return {"latency_s": nan, "energy_j": nan, "writes": -1, "transfer_bytes": -1, "devices": "",
+        return {"latency_s": nan, "energy_j": nan, "writes": nan, "transfer_bytes": nan, "devices": "",
                 "violations": f"error: {e}", "branches": "", "seconds": time.perf_counter() - t0}
     devs = ctx.stats.get("placement", {}).get("devices", {})
     return {"latency_s": tot["latency_s"], "energy_j": tot["energy_j"], "writes": int(tot["writes"]),

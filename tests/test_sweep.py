@@ -101,6 +101,12 @@ def test_a_rejected_configuration_says_so_instead_of_nan(tmp_path, capsys):
     assert rows[1].split()[:4] == ["target=v1b", "tasklets=24", "rejected", "-"]
     assert rows[1].rstrip().endswith("option upmem_tasklets=24: a v1b DPU runs 1..16 tasklets")
     assert "rejected" not in rows[0]
+    # the CSV: no figure for a rejected row, all alike (writes and bytes said -1 beside NaN)
+    import csv
+
+    rec = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert [rec[1][k] for k in ("latency_s", "energy_j", "writes", "transfer_bytes")] == ["nan"] * 4
+    assert rec[0]["writes"] == "0" and int(rec[0]["transfer_bytes"]) > 0
     # and a missing parent of -o is refused before the sweep runs, not after it
     assert main(["sweep", "--example", "lenet", "--set", "upmem.target=v1a", "-o",
                  str(tmp_path / "no" / "sw"), "--executor", "serial", "-q"]) == 1
