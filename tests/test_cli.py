@@ -196,9 +196,15 @@ def test_console_script_help_and_lists():
         "probe_shapes", "if_bodies", "shape_inference", "check", "check_nan_inf"]
     res = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "devices"], capture_output=True, text=True)
     assert res.returncode == 0 and "memristor (cim)" in res.stdout and "write_latency_s = 3.84e-05" in res.stdout  # the default chip's (pcm-hermes): 256 rows x 150 ns
-    # every parameter with its unit and source, from the parameter class's docstring
+    # every parameter with its unit, from the parameter class's docstring; the crossbar's
+    # meaning column names no chip's figure (it cited OCC's beside HERMES's values): each
+    # preset's own figures and sources follow in the preset list
     lines = {ln.split("=")[0].strip(): ln for ln in res.stdout.splitlines() if "=" in ln}
-    assert "seconds (2.5e-6: OCC \"Write\")" in lines["write_latency_s"]
+    assert lines["write_latency_s"].endswith("time to program one tile, seconds.")
+    assert not any("OCC" in lines[k] for k in ("rows", "crossbars", "write_latency_s",
+                                                "mvm_energy_j", "clock_hz", "adc_energy_j"))
+    assert "*write_latency_s: 3.84e-05 (ours: 256 rows x 150 ns PCM SET" in res.stdout
+    assert "write_latency_s: 2.5e-06 (OCC data (crossbar.md §1.4) 'Write')" in res.stdout
     assert "Hz (350e6" in lines["frequency_hz"] and "bytes (64 MiB" in lines["mram_bytes"]
     # UPMEM shows the parameters its cost model, mapping and code generator read (issue 13: it
     # showed a second class of which only some figures were used)

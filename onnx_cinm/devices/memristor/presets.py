@@ -27,25 +27,32 @@ __all__ = ["CrossbarParams", "PCM_OCC", "RERAM_ISAAC", "PCM_HERMES", "RRAM_NEURR
 class CrossbarParams:
     """Crossbar geometry, cost, precision and device parameters of one chip.
 
-    Field defaults: OCC's PCM model (field notes crossbar.md §1.4), the ``pcm-occ`` preset; the
-    device's default preset is :data:`DEFAULT`. ``rows`` .. ``min_macs`` feed the
-    cost model; ``technology`` .. ``unverified`` describe the chip (see the module docstring).
+    Field defaults: OCC's PCM model (field notes crossbar.md §1.4), the ``pcm-occ`` preset:
+    64 x 64 cells (OCC ``TILE_SIZE = 64``, CINM's default), 4 crossbars (``NUM_TILES = 4``),
+    a tile write 2.5e-6 s and 2e-10 J (OCC "Write", 200 pJ), an MVM 1e-6 s and 2e-13 J (OCC
+    "Read", 0.2 pJ), periphery 2.1e-9 J per cycle (OCC "Mixed-signal energy") at 1e9 Hz (OCC
+    "1 GHz"), endurance 3.2e7 writes (as given for OCC's PCM model in the crossbar issue;
+    NVMain's default mean endurance is 1e6), ADC energy 0 (OCC folds the ADCs into its
+    mixed-signal periphery energy). The device's default preset is :data:`DEFAULT`; every
+    preset names the source of each of its figures (``sources``). ``rows`` .. ``min_macs``
+    feed the cost model; ``technology`` .. ``unverified`` describe the chip (see the module
+    docstring). The attributes below say what each field means (``onnx-cinm devices`` prints
+    them beside the default preset's values), not any one chip's figure.
 
     Attributes:
-        rows, cols: cells per crossbar (64 x 64: OCC ``TILE_SIZE = 64``, CINM's default).
-        crossbars: crossbars on the device (4: OCC ``NUM_TILES = 4``).
-        write_latency_s: time to program one tile, seconds (2.5e-6: OCC "Write").
-        write_energy_j: energy to program one tile, joules (2e-10: OCC "Write", 200 pJ).
-        mvm_latency_s: time of one matrix-vector product on a tile, seconds (1e-6: OCC "Read").
-        mvm_energy_j: energy of one MVM, joules (2e-13: OCC "Read", 0.2 pJ).
-        periphery_energy_per_cycle_j: mixed-signal periphery energy per cycle at 1 GHz, joules
-            (2.1e-9: OCC "Mixed-signal energy").
-        endurance_writes: writes a cell survives (3.2e7, as given for OCC's PCM model in the
-            crossbar issue; NVMain's default mean endurance is 1e6).
-        clock_hz: clock of the periphery, Hz (1e9: OCC "1 GHz"); one busy cycle costs
+        rows, cols: cells per crossbar.
+        crossbars: crossbars on the device.
+        write_latency_s: time to program one tile, seconds.
+        write_energy_j: energy to program one tile, joules.
+        mvm_latency_s: time of one matrix-vector product on a tile, seconds.
+        mvm_energy_j: energy of one MVM, joules.
+        periphery_energy_per_cycle_j: mixed-signal periphery energy per busy cycle of
+            ``clock_hz``, joules.
+        endurance_writes: writes a cell survives.
+        clock_hz: clock of the periphery, Hz; one busy cycle costs
             ``periphery_energy_per_cycle_j``.
         adc_energy_j: energy of one analog-to-digital conversion (one column of one MVM), joules
-            (0 for the OCC preset: OCC folds the ADCs into its mixed-signal periphery energy).
+            (0: folded into the periphery's or the array's energy, or not published).
         dtypes: element types the ideal (exact fp32) mode accepts.
         min_macs: the paper heuristic's "enough work": a matmul with fewer multiply-accumulates
             than one tile holds (rows * cols) stays off the crossbar.
