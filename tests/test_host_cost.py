@@ -65,3 +65,14 @@ def test_shape_costs_nanoseconds_not_the_tensor_it_reads():
     c = devices.get_device("host").cost(op_info(node, infos), {"host_roofline": "nominal"})
     assert c.latency_s == pytest.approx(1.6e-9)
     assert c.energy_j == pytest.approx(48e-9)
+
+
+def test_shape_with_an_uninferred_output_counts_the_input_rank():
+    """rxnmap's ``Shape_2`` outputs have no inferred shape: a Shape of a rank-3 tensor writes at
+    most 3 int64s (24 B, 2.4 ns), not 0 and not the tensor."""
+    from onnx_cinm.graph import OpInfo, TensorInfo
+
+    op = OpInfo("s", "Shape", {}, (TensorInfo("x", np.dtype(np.float32), (1, 23, 1024)),),
+                (TensorInfo("s", None, None),))
+    c = devices.get_device("host").cost(op, {"host_roofline": "nominal"})
+    assert c.latency_s == pytest.approx(24 / BW)

@@ -52,11 +52,17 @@ def data_bytes(op: OpInfo) -> int:
     """Bytes ``op`` moves through memory on the host: 0 for :data:`ALIASING_OPS` and for a
     ``Constant`` (onnxruntime folds it into an initializer when the session loads), the
     output bytes for :data:`METADATA_OPS` (a Shape of a [23, 1024] float tensor writes 2
-    int64s: 16 bytes), else every input and output (read and written once)."""
+    int64s: 16 bytes; an output shape inference left unknown counts one int64 per input dim
+    for a Shape, one for a Size), else every input and output (read and written once)."""
     if op.op_type in ALIASING_OPS or op.op_type == "Constant":
         return 0
     if op.op_type in METADATA_OPS:
-        return sum(t.nbytes for t in op.outputs)
+        out = op.outputs[0] if op.outputs else None
+        if out is not None and out.shape is not None and out.dtype is not None:
+            return out.nbytes
+        # output not inferred: a Size writes one int64, a Shape at most one per input dim
+        rank = len(op.inputs[0].shape) if op.inputs and op.inputs[0].shape is not None else 1
+        return 8 * (rank if op.op_type == "Shape" else 1)
     return sum(t.nbytes for t in op.inputs + op.outputs)
 
 
