@@ -82,7 +82,9 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
 
     Fills the new entry in place with ``raw_data``: appending a ready TensorProto would copy
     it again, and ``numpy_helper.from_array`` makes further copies (seconds for the 550 MB of
-    light_vgg19).
+    light_vgg19). A broadcast view of one value (``np.broadcast_to``: no array filled) is
+    written as that value's bytes repeated; an array viewing the whole of a ``bytes`` object
+    in C order (``numpy_helper.to_array`` of a ``raw_data`` tensor, reshaped) as that object.
     """
     tensor = graph.initializer.add()
     if array.dtype.kind in "OSU":
@@ -91,9 +93,27 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    raw = array.tobytes()  # C order in one copy, whatever the array's layout
+    raw = _whole_bytes(array)
+    if raw is not None:  # a view of an initializer's bytes (to_array of raw_data): no copy
+        pass
+    elif array.size and not any(array.strides):  # one value broadcast (a fill): its bytes repeated
+        raw = array[(0,) * array.ndim].tobytes() * array.size
+    else:
+        raw = array.tobytes()  # C order in one copy, whatever the array's layout
     del array  # the caller's last reference (``add_initializer(g, values.pop(k), k)``): freed
     tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
+
+
+def _whole_bytes(array: np.ndarray) -> bytes | None:
+    """The ``bytes`` object ``array`` views all of, in C order from its first byte; else None."""
+    root = array
+    while isinstance(root, np.ndarray):
+        root = root.base
+    if not isinstance(root, bytes) or len(root) != array.nbytes or not array.flags.c_contiguous \
+            or not array.size:
+        return None
+    start = np.frombuffer(root, np.uint8).__array_interface__["data"][0]
+    return root if array.__array_interface__["data"][0] == start else None
 
 
 def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:

@@ -398,6 +398,9 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
     the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
     perm = _attributes(node).get("perm")
     array = numpy_helper.to_array(tensor)
+    if _is_splat(array):  # one value repeated (light models' weights): so is any permutation,
+        axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
+        return array.reshape([array.shape[a] for a in axes])  # (add_initializer keeps them)
     if array.ndim != 2 or list(perm or [1, 0]) != [1, 0]:
         # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
         return np.asarray(np.transpose(array, perm or None), order="C")
@@ -408,6 +411,22 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
         for j in range(0, array.shape[1], _TILE):
             out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
     return out
+
+
+def _is_splat(array: np.ndarray) -> bool:
+    """Whether ``array`` (not empty) holds one value repeated, bit for bit (so NaN and -0.0
+    count as themselves). Compared a chunk at a time, so an array of distinct values (any
+    trained weight) is told from its first chunk and the check allocates little."""
+    if not array.size or array.dtype not in _PLAIN_DTYPES or not array.flags.c_contiguous:
+        return False
+    bits = array.reshape(-1).view(f"u{array.dtype.itemsize}")
+    first = bits[0]
+    return all((bits[k:k + _SPLAT_CHUNK] == first).all()
+               for k in range(0, bits.size, _SPLAT_CHUNK))
+
+
+#: Elements :func:`_is_splat` compares at a time.
+_SPLAT_CHUNK = 1 << 18
 
 
 #: Side of the tiles :func:`_transpose_value` copies a matrix in (a 128 x 128 float32 tile and
@@ -506,7 +525,8 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
         return None
     else:
         fill = numpy_helper.to_array(value).reshape(())
-    return np.full(tuple(int(d) for d in shape), fill, dtype=fill.dtype)
+    # a view of the one value: add_initializer writes its bytes without filling an array first
+    return np.broadcast_to(fill, tuple(int(d) for d in shape))
 
 
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
@@ -572,11 +592,13 @@ def _fold(
 
     run_nodes = [graph.node[index] for index in to_run]
     produced_by_run = {name for node in run_nodes for name in node.output}
-    feeds = {**direct}
+    feeds = {}
     for node in run_nodes:
         for name in node.input:
             if name and name not in produced_by_run and name not in feeds:
-                feeds[name] = numpy_helper.to_array(constants[name])
+                # onnxruntime reads C-ordered arrays (a fill is a broadcast view)
+                feeds[name] = np.ascontiguousarray(direct[name]) if name in direct else \
+                    numpy_helper.to_array(constants[name])
     wanted = sorted(_names_read(graph, skip=folded) & produced_by_run)
     if wanted:
         evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
