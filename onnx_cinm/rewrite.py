@@ -104,6 +104,24 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
 
 
+def is_splat(array: np.ndarray) -> bool:
+    """Whether ``array`` (C-ordered, of a plain numeric or bool dtype, not empty) holds one
+    value repeated, bit for bit (so NaN and -0.0 count as themselves): any reordering of it
+    (a transpose) is then the same bytes. Compared a chunk at a time, so an array of distinct
+    values (any trained weight) is told from its first chunk and the check allocates little."""
+    if not array.size or array.dtype.kind not in "biuf" or array.dtype.itemsize not in (1, 2, 4, 8) \
+            or not array.flags.c_contiguous:
+        return False
+    bits = array.reshape(-1).view(f"u{array.dtype.itemsize}")
+    first = bits[0]
+    return all((bits[k:k + _SPLAT_CHUNK] == first).all()
+               for k in range(0, bits.size, _SPLAT_CHUNK))
+
+
+#: Elements :func:`is_splat` compares at a time.
+_SPLAT_CHUNK = 1 << 18
+
+
 def _whole_bytes(array: np.ndarray) -> bytes | None:
     """The ``bytes`` object ``array`` views all of, in C order from its first byte; else None."""
     root = array

@@ -149,7 +149,8 @@ def test_a_splat_weight_is_filled_and_transposed_without_arrays(fill, shape, per
     from onnx import helper, numpy_helper
 
     from onnx_cinm.passes import PassContext
-    from onnx_cinm.passes.canonicalize import _is_splat, _transpose_value, fold_constants
+    from onnx_cinm.passes.canonicalize import _transpose_value, fold_constants
+    from onnx_cinm.rewrite import is_splat
 
     value = np.array([fill], np.float32 if isinstance(fill, float) else np.int64)
     elem = helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -173,9 +174,9 @@ def test_a_splat_weight_is_filled_and_transposed_without_arrays(fill, shape, per
     # the splat check itself: one differing element (at the end, past the first chunk), or
     # -0.0 among 0.0, is not a splat
     big = np.zeros(1 << 20, np.float32)
-    assert _is_splat(big)
+    assert is_splat(big)
     big[-1] = -0.0
-    assert not _is_splat(big)
+    assert not is_splat(big)
     node = helper.make_node("Transpose", ["a"], ["b"])
     a = np.full((3, 4), 1.5, np.float32)
     np.testing.assert_array_equal(_transpose_value(node, numpy_helper.from_array(a, "a")), a.T)

@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
-from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir
+from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers
@@ -398,7 +398,7 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
     the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
     perm = _attributes(node).get("perm")
     array = numpy_helper.to_array(tensor)
-    if _is_splat(array):  # one value repeated (light models' weights): so is any permutation,
+    if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
         axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
         return array.reshape([array.shape[a] for a in axes])  # (add_initializer keeps them)
     if array.ndim != 2 or list(perm or [1, 0]) != [1, 0]:
@@ -411,22 +411,6 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
         for j in range(0, array.shape[1], _TILE):
             out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
     return out
-
-
-def _is_splat(array: np.ndarray) -> bool:
-    """Whether ``array`` (not empty) holds one value repeated, bit for bit (so NaN and -0.0
-    count as themselves). Compared a chunk at a time, so an array of distinct values (any
-    trained weight) is told from its first chunk and the check allocates little."""
-    if not array.size or array.dtype not in _PLAIN_DTYPES or not array.flags.c_contiguous:
-        return False
-    bits = array.reshape(-1).view(f"u{array.dtype.itemsize}")
-    first = bits[0]
-    return all((bits[k:k + _SPLAT_CHUNK] == first).all()
-               for k in range(0, bits.size, _SPLAT_CHUNK))
-
-
-#: Elements :func:`_is_splat` compares at a time.
-_SPLAT_CHUNK = 1 << 18
 
 
 #: Side of the tiles :func:`_transpose_value` copies a matrix in (a 128 x 128 float32 tile and
@@ -941,12 +925,14 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     channels = weight.shape[0]
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
-    # one float64 temporary (not a float64 copy of the weight and then the product)
+    # products in float64, each rounded once to the weight's dtype as it is stored (numpy
+    # buffers the cast): no float64 array of the whole weight, no second pass casting it
     new_weight = np.multiply(weight, factor.reshape((channels,) + (1,) * (weight.ndim - 1)),
-                             dtype=np.float64)
+                             dtype=np.float64, out=np.empty(weight.shape, weight.dtype),
+                             casting="unsafe")
     new_bias = ((conv_bias if conv_bias is not None else np.zeros(channels)) - mean) * factor + bias
     w_in = conv.inputs[1].name
-    weight_name = edit.const(f"{w_in}_bn", new_weight.astype(weight.dtype))
+    weight_name = edit.const(f"{w_in}_bn", new_weight)
     bias_base = conv.inputs[2].name if conv_bias is not None else conv.outputs[0].name
     bias_name = edit.const(f"{bias_base}_bn_bias", new_bias.astype(weight.dtype))
     folded = ir.Node(conv.domain, conv.op_type,
