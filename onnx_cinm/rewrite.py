@@ -93,7 +93,7 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    raw = _whole_bytes(array)
+    raw = whole_bytes(array)
     if raw is not None:  # a view of an initializer's bytes (to_array of raw_data): no copy
         pass
     elif array.size and not any(array.strides):  # one value broadcast (a fill): its bytes repeated
@@ -122,7 +122,7 @@ def is_splat(array: np.ndarray) -> bool:
 _SPLAT_CHUNK = 1 << 18
 
 
-def _whole_bytes(array: np.ndarray) -> bytes | None:
+def whole_bytes(array: np.ndarray) -> bytes | None:
     """The ``bytes`` object ``array`` views all of, in C order from its first byte; else None."""
     root = array
     while isinstance(root, np.ndarray):

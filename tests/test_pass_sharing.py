@@ -167,10 +167,20 @@ def test_a_splat_weight_is_filled_and_transposed_without_arrays(fill, shape, per
     model.graph.output[0].name = "wt"
     fold_constants(model, PassContext())
     [t] = [t for t in model.graph.initializer if t.name == "wt"]
-    want = np.transpose(want, perm)
+    want_t = np.transpose(want, perm)
     got = numpy_helper.to_array(t)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+    assert got.dtype == want_t.dtype and got.shape == want_t.shape
+    assert got.tobytes() == np.ascontiguousarray(want_t).tobytes()
+    assert [i.name for i in model.graph.initializer] == ["wt"]  # w renamed: nothing else read it
+    # w read by something else too (a graph output): kept as it is, its transpose added
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], **({"perm": perm} if perm else {}))], "g", [],
+        [helper.make_tensor_value_info("wt", elem, None), helper.make_tensor_value_info("w", elem, None)],
+        [numpy_helper.from_array(want, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    fold_constants(model, PassContext())
+    got = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert sorted(got) == ["w", "wt"] and got["w"].shape == want.shape
+    assert got["wt"].shape == want_t.shape and got["wt"].tobytes() == want_t.tobytes()
     # the splat check itself: one differing element (at the end, past the first chunk), or
     # -0.0 among 0.0, is not a splat
     big = np.zeros(1 << 20, np.float32)

@@ -21,17 +21,20 @@ is onnxsim's default (its ``--mutable-initializer`` keeps them overridable, we d
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
-from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat
+from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat, whole_bytes
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers
 from .graph_names import names_read as _names_read
+from .graph_names import names_read_by
 from .graph_names import subgraphs as _subgraphs
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
@@ -413,6 +416,12 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
     return out
 
 
+def _keeps_bytes(value: np.ndarray, tensor: onnx.TensorProto) -> bool:
+    """Whether ``value`` views, in C order, all of the bytes read from ``tensor``'s
+    ``raw_data`` (so ``tensor`` with ``value``'s dims holds ``value``)."""
+    return tensor.HasField("raw_data") and whole_bytes(value) is not None
+
+
 #: Side of the tiles :func:`_transpose_value` copies a matrix in (a 128 x 128 float32 tile and
 #: its transpose fit a 256 KB L2 cache).
 _TILE = 128
@@ -552,6 +561,11 @@ def _fold(
     folded: set[int] = set()
     to_run: list[int] = []
     keep = _qdq_weights(graph)
+    # a Transpose whose result is its input's bytes (one value repeated: the light models'
+    # weights) renames that initializer when nothing else reads it, rather than storing a
+    # copy (light VGG19: 478 MB of FC weights)
+    renamed: dict[str, str] = {}
+    readers: Counter | None = None
     for index, node in enumerate(graph.node):
         if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants) \
                 or node.output[0] in keep:
@@ -561,6 +575,12 @@ def _fold(
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
             direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
+            if _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
+                if readers is None:
+                    readers = Counter(name for n in graph.node for name in names_read_by(n))
+                    readers.update(o.name for o in graph.output)
+                if readers[inputs[0]] == 1:  # this Transpose only: the initializer is renamed
+                    renamed[node.output[0]] = inputs[0]
         elif filled is not None:
             direct[node.output[0]] = filled
         elif all(name in known for name in inputs):
@@ -601,6 +621,12 @@ def _fold(
     # the folded nodes go first, and with them the initializers only they read (e.g. a weight
     # a Gemm transposed), so the old and the new weights are not both held
     _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
+    for name, source in renamed.items():
+        if name in results:
+            tensor = constants[source]
+            tensor.name = name
+            del tensor.dims[:]
+            tensor.dims.extend(results.pop(name).shape)
     _remove_dead_values(graph)
     for name in sorted(results):
         add_initializer(graph, results.pop(name), name)
