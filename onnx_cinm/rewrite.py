@@ -214,8 +214,12 @@ class Edit:
         """Add an initializer holding ``array`` under a fresh name from ``base``; returns the name."""
         name = self.fresh(base)
         # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into
-        # 1-d; no copy of an array that is C-ordered already (a weight the rule just computed)
-        value = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array, order="C"), name=name))
+        # 1-d; no copy of an array that is C-ordered already (a weight the rule just computed),
+        # nor of one value broadcast (add_initializer writes it as that value's bytes repeated)
+        array = np.asarray(array)
+        if not (array.size and not any(array.strides)):
+            array = np.asarray(array, order="C")
+        value = ir.Value(name=name, const_value=ir.Tensor(array, name=name))
         self.graph.register_initializer(value)
         self._new_consts.append(value)
         self._scope[name] = value

@@ -951,11 +951,16 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     channels = weight.shape[0]
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
-    # products in float64, each rounded once to the weight's dtype as it is stored (numpy
-    # buffers the cast): no float64 array of the whole weight, no second pass casting it
-    new_weight = np.multiply(weight, factor.reshape((channels,) + (1,) * (weight.ndim - 1)),
-                             dtype=np.float64, out=np.empty(weight.shape, weight.dtype),
-                             casting="unsafe")
+    per_channel = (channels,) + (1,) * (weight.ndim - 1)
+    if is_splat(weight):  # one value repeated (the light models'): one product per channel,
+        rows = np.multiply(weight.reshape(-1)[:1], factor, dtype=np.float64).astype(weight.dtype)
+        # a view, not multiplied out (one value when every channel's is the same)
+        new_weight = np.broadcast_to(rows[:1] if is_splat(rows) else rows.reshape(per_channel),
+                                     weight.shape)
+    else:  # products in float64, each rounded once to the weight's dtype as it is stored
+        # (numpy buffers the cast): no float64 array of the whole weight, no pass casting it
+        new_weight = np.multiply(weight, factor.reshape(per_channel), dtype=np.float64,
+                                 out=np.empty(weight.shape, weight.dtype), casting="unsafe")
     new_bias = ((conv_bias if conv_bias is not None else np.zeros(channels)) - mean) * factor + bias
     w_in = conv.inputs[1].name
     weight_name = edit.const(f"{w_in}_bn", new_weight)
