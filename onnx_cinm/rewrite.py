@@ -185,6 +185,8 @@ class Edit:
         self.fresh = fresh
         self._original = {v for v in self.graph.initializers.values()}
         self._new_consts: list[ir.Value] = []
+        #: the bytes :meth:`array` read from initializers' raw_data, by id: (bytes, name)
+        self._read: dict[int, tuple[bytes, str]] = {}
         self._scope: dict[str, ir.Value] = {}
 
     # -- values ------------------------------------------------------------------------------
@@ -208,7 +210,13 @@ class Edit:
         if value is None or value not in self._original or (not inputs_too and value.is_graph_input()):
             return None
         t = value.const_value
-        return numpy_helper.to_array(t.raw) if isinstance(t, ir.TensorProtoTensor) else t.numpy()
+        if not isinstance(t, ir.TensorProtoTensor):
+            return t.numpy()
+        array = numpy_helper.to_array(t.raw)
+        root = whole_bytes(array)
+        if root is not None and t.raw.HasField("raw_data") and not value.is_graph_input():
+            self._read[id(root)] = (root, value.name)  # (the bytes kept alive: ids stay unique)
+        return array
 
     def const(self, base: str, array: np.ndarray) -> str:
         """Add an initializer holding ``array`` under a fresh name from ``base``; returns the name."""
@@ -266,18 +274,40 @@ class Edit:
         """Write the graph back into the ``ModelProto`` and return it: the nodes, and the
         initializers nothing reads any more deleted in place (weights are not copied; with
         ``keep_graph_inputs``, those that are graph inputs stay); the constants made by
-        :meth:`const` that are read are appended, in the order made."""
+        :meth:`const` that are read are appended, in the order made. A constant whose array is
+        all of the bytes read from an initializer that is gone now (a weight of one value
+        repeated, reshaped as its own transpose) takes that initializer's place instead: it
+        is renamed and reshaped, its bytes neither copied nor held twice."""
         g = self.proto.graph
         del g.node[:]
         g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
         dead = {v.name for v in self.graph.initializers.values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
-        for index in reversed(range(len(g.initializer))):
-            if g.initializer[index].name in dead:
-                del g.initializer[index]
+        made = []  # (name, array) of the constants read, in the order made
+        heirs: dict[str, int] = {}  # an initializer gone now -> the constant of its bytes
         for v in self._new_consts:
-            if v.name not in dead:
-                add_initializer(g, v.const_value.numpy(), v.name)
+            if v.name in dead:
+                continue
+            made.append((v.name, v.const_value.numpy()))
+            root = whole_bytes(made[-1][1])
+            source = self._read.get(id(root)) if root is not None else None
+            if source is not None and source[0] is root and source[1] in dead and \
+                    source[1] not in heirs:
+                heirs[source[1]] = len(made) - 1
+        taken = set()
+        for index in reversed(range(len(g.initializer))):
+            tensor = g.initializer[index]
+            k = heirs.get(tensor.name)
+            if k is not None and tensor.data_type == onnx.helper.np_dtype_to_tensor_dtype(made[k][1].dtype):
+                tensor.name = made[k][0]
+                del tensor.dims[:]
+                tensor.dims.extend(made[k][1].shape)
+                taken.add(k)
+            elif tensor.name in dead:
+                del g.initializer[index]
+        for k, (name, array) in enumerate(made):
+            if k not in taken:
+                add_initializer(g, array, name)
         return self.proto
 
 
