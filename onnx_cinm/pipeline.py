@@ -275,11 +275,12 @@ _SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
 
 def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
-    and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's outputs), from one onnxruntime run of
-    ``model`` on ``feeds()`` (:func:`onnx_cinm.passes.control_flow.probe`), recorded in
-    ``model`` (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their
-    real sizes. Returns the record (``{name: (element type, dims)}``), or None when nothing was
-    open or onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
+    and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's
+    outputs), from one onnxruntime run of ``model`` on ``feeds()``
+    (:func:`onnx_cinm.passes.control_flow.probe`), recorded in ``model``
+    (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their real sizes.
+    Returns the record (``{name: (element type, dims)}``), or None when nothing was open or
+    onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
     from .passes.control_flow import probe
     from .passes.graph_names import names_read
 

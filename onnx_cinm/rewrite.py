@@ -93,12 +93,10 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    raw = whole_bytes(array)
-    if raw is not None:  # a view of an initializer's bytes (to_array of raw_data): no copy
-        pass
-    elif array.size and not any(array.strides):  # one value broadcast (a fill): its bytes repeated
+    raw = whole_bytes(array)  # a view of an initializer's bytes (to_array of raw_data): no copy
+    if raw is None and array.size and not any(array.strides):  # one value broadcast (a fill)
         raw = array[(0,) * array.ndim].tobytes() * array.size
-    else:
+    elif raw is None:
         raw = array.tobytes()  # C order in one copy, whatever the array's layout
     del array  # the caller's last reference (``add_initializer(g, values.pop(k), k)``): freed
     tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
@@ -109,8 +107,8 @@ def is_splat(array: np.ndarray) -> bool:
     value repeated, bit for bit (so NaN and -0.0 count as themselves): any reordering of it
     (a transpose) is then the same bytes. Compared a chunk at a time, so an array of distinct
     values (any trained weight) is told from its first chunk and the check allocates little."""
-    if not array.size or array.dtype.kind not in "biuf" or array.dtype.itemsize not in (1, 2, 4, 8) \
-            or not array.flags.c_contiguous:
+    if not array.size or array.dtype.kind not in "biuf" or \
+            array.dtype.itemsize not in (1, 2, 4, 8) or not array.flags.c_contiguous:
         return False
     bits = array.reshape(-1).view(f"u{array.dtype.itemsize}")
     first = bits[0]
@@ -185,7 +183,8 @@ class Edit:
         self.fresh = fresh
         self._original = {v for v in self.graph.initializers.values()}
         self._new_consts: list[ir.Value] = []
-        #: the bytes :meth:`array` read from initializers' raw_data, by id: (bytes, name)
+        #: the bytes :meth:`array` read from the raw_data of initializers of one value
+        #: repeated, by id: (bytes, initializer name)
         self._read: dict[int, tuple[bytes, str]] = {}
         self._scope: dict[str, ir.Value] = {}
 
@@ -214,8 +213,11 @@ class Edit:
             return t.numpy()
         array = numpy_helper.to_array(t.raw)
         root = whole_bytes(array)
-        if root is not None and t.raw.HasField("raw_data") and not value.is_graph_input():
-            self._read[id(root)] = (root, value.name)  # (the bytes kept alive: ids stay unique)
+        # one value repeated: a reshape of it may stand for its transpose (:meth:`commit` then
+        # renames the initializer); its bytes are kept alive (ids stay unique), no others'
+        if root is not None and t.raw.HasField("raw_data") and not value.is_graph_input() \
+                and is_splat(array):
+            self._read[id(root)] = (root, value.name)
         return array
 
     def const(self, base: str, array: np.ndarray) -> str:
@@ -298,7 +300,8 @@ class Edit:
         for index in reversed(range(len(g.initializer))):
             tensor = g.initializer[index]
             k = heirs.get(tensor.name)
-            if k is not None and tensor.data_type == onnx.helper.np_dtype_to_tensor_dtype(made[k][1].dtype):
+            if k is not None and \
+                    tensor.data_type == onnx.helper.np_dtype_to_tensor_dtype(made[k][1].dtype):
                 tensor.name = made[k][0]
                 del tensor.dims[:]
                 tensor.dims.extend(made[k][1].shape)

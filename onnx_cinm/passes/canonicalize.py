@@ -32,9 +32,8 @@ from ..frontend import infer_shapes, restore_weights, strip_weights
 from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat, whole_bytes
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
-from .graph_names import drop_unread_initializers
+from .graph_names import drop_unread_initializers, names_read_by
 from .graph_names import names_read as _names_read
-from .graph_names import names_read_by
 from .graph_names import subgraphs as _subgraphs
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
