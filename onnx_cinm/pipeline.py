@@ -333,22 +333,28 @@ _SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
 
 def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
-    (anonymous dims, or no shape at all: a contrib op's outputs), from one onnxruntime run of
-    ``model`` on ``feeds()`` (:func:`onnx_cinm.passes.control_flow.probe`), recorded in
-    ``model`` (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their
-    real sizes. Returns the record (``{name: (element type, dims)}``), or None when nothing was
-    open or onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
+    and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's
+    outputs), from one onnxruntime run of ``model`` on ``feeds()``
+    (:func:`onnx_cinm.passes.control_flow.probe`), recorded in ``model``
+    (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their real sizes.
+    Returns the record (``{name: (element type, dims)}``), or None when nothing was open or
+    onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
     from .passes.control_flow import probe
+    from .passes.graph_names import names_read
 
     infos = tensor_infos(model)
     by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
     open_ = []
+    # a value nothing reads (a Dropout's mask) is planned by no pass: not worth a run of the
+    # whole model (on light VGG19, 0.9 s for two unread masks)
+    read = names_read(model.graph)
     for node in model.graph.node:
         if node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input):
             by_data.update(node.output)
             continue
-        open_ += [o for o in node.output if o and (o not in infos or infos[o].shape is None or
-                                                   not all(isinstance(d, int) for d in infos[o].shape))]
+        open_ += [o for o in node.output if o in read and (
+            o not in infos or infos[o].shape is None or
+            not all(isinstance(d, int) for d in infos[o].shape))]
     if not open_:
         return None
     feed = feeds()

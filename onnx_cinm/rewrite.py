@@ -82,7 +82,9 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
 
     Fills the new entry in place with ``raw_data``: appending a ready TensorProto would copy
     it again, and ``numpy_helper.from_array`` makes further copies (seconds for the 550 MB of
-    light_vgg19).
+    light_vgg19). A broadcast view of one value (``np.broadcast_to``: no array filled) is
+    written as that value's bytes repeated; an array viewing the whole of a ``bytes`` object
+    in C order (``numpy_helper.to_array`` of a ``raw_data`` tensor, reshaped) as that object.
     """
     tensor = graph.initializer.add()
     if array.dtype.kind in "OSU":
@@ -91,9 +93,43 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
     tensor.name = name
     tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
     tensor.dims.extend(array.shape)
-    raw = array.tobytes()  # C order in one copy, whatever the array's layout
+    raw = whole_bytes(array)  # a view of an initializer's bytes (to_array of raw_data): no copy
+    if raw is None and array.size and not any(array.strides):  # one value broadcast (a fill)
+        raw = array[(0,) * array.ndim].tobytes() * array.size
+    elif raw is None:
+        raw = array.tobytes()  # C order in one copy, whatever the array's layout
     del array  # the caller's last reference (``add_initializer(g, values.pop(k), k)``): freed
     tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
+
+
+def is_splat(array: np.ndarray) -> bool:
+    """Whether ``array`` (C-ordered, of a plain numeric or bool dtype, not empty) holds one
+    value repeated, bit for bit (so NaN and -0.0 count as themselves): any reordering of it
+    (a transpose) is then the same bytes. Compared a chunk at a time, so an array of distinct
+    values (any trained weight) is told from its first chunk and the check allocates little."""
+    if not array.size or array.dtype.kind not in "biuf" or \
+            array.dtype.itemsize not in (1, 2, 4, 8) or not array.flags.c_contiguous:
+        return False
+    bits = array.reshape(-1).view(f"u{array.dtype.itemsize}")
+    first = bits[0]
+    return all((bits[k:k + _SPLAT_CHUNK] == first).all()
+               for k in range(0, bits.size, _SPLAT_CHUNK))
+
+
+#: Elements :func:`is_splat` compares at a time.
+_SPLAT_CHUNK = 1 << 18
+
+
+def whole_bytes(array: np.ndarray) -> bytes | None:
+    """The ``bytes`` object ``array`` views all of, in C order from its first byte; else None."""
+    root = array
+    while isinstance(root, np.ndarray):
+        root = root.base
+    if not isinstance(root, bytes) or len(root) != array.nbytes or not array.flags.c_contiguous \
+            or not array.size:
+        return None
+    start = np.frombuffer(root, np.uint8).__array_interface__["data"][0]
+    return root if array.__array_interface__["data"][0] == start else None
 
 
 def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:
@@ -147,6 +183,9 @@ class Edit:
         self.fresh = fresh
         self._original = {v for v in self.graph.initializers.values()}
         self._new_consts: list[ir.Value] = []
+        #: the bytes :meth:`array` read from the raw_data of initializers of one value
+        #: repeated, by id: (bytes, initializer name)
+        self._read: dict[int, tuple[bytes, str]] = {}
         self._scope: dict[str, ir.Value] = {}
 
     # -- values ------------------------------------------------------------------------------
@@ -170,14 +209,27 @@ class Edit:
         if value is None or value not in self._original or (not inputs_too and value.is_graph_input()):
             return None
         t = value.const_value
-        return numpy_helper.to_array(t.raw) if isinstance(t, ir.TensorProtoTensor) else t.numpy()
+        if not isinstance(t, ir.TensorProtoTensor):
+            return t.numpy()
+        array = numpy_helper.to_array(t.raw)
+        root = whole_bytes(array)
+        # one value repeated: a reshape of it may stand for its transpose (:meth:`commit` then
+        # renames the initializer); its bytes are kept alive (ids stay unique), no others'
+        if root is not None and t.raw.HasField("raw_data") and not value.is_graph_input() \
+                and is_splat(array):
+            self._read[id(root)] = (root, value.name)
+        return array
 
     def const(self, base: str, array: np.ndarray) -> str:
         """Add an initializer holding ``array`` under a fresh name from ``base``; returns the name."""
         name = self.fresh(base)
         # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into
-        # 1-d; no copy of an array that is C-ordered already (a weight the rule just computed)
-        value = ir.Value(name=name, const_value=ir.Tensor(np.asarray(array, order="C"), name=name))
+        # 1-d; no copy of an array that is C-ordered already (a weight the rule just computed),
+        # nor of one value broadcast (add_initializer writes it as that value's bytes repeated)
+        array = np.asarray(array)
+        if not (array.size and not any(array.strides)):
+            array = np.asarray(array, order="C")
+        value = ir.Value(name=name, const_value=ir.Tensor(array, name=name))
         self.graph.register_initializer(value)
         self._new_consts.append(value)
         self._scope[name] = value
@@ -224,18 +276,41 @@ class Edit:
         """Write the graph back into the ``ModelProto`` and return it: the nodes, and the
         initializers nothing reads any more deleted in place (weights are not copied; with
         ``keep_graph_inputs``, those that are graph inputs stay); the constants made by
-        :meth:`const` that are read are appended, in the order made."""
+        :meth:`const` that are read are appended, in the order made. A constant whose array is
+        all of the bytes read from an initializer that is gone now (a weight of one value
+        repeated, reshaped as its own transpose) takes that initializer's place instead: it
+        is renamed and reshaped, its bytes neither copied nor held twice."""
         g = self.proto.graph
         del g.node[:]
         g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
         dead = {v.name for v in self.graph.initializers.values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
-        for index in reversed(range(len(g.initializer))):
-            if g.initializer[index].name in dead:
-                del g.initializer[index]
+        made = []  # (name, array) of the constants read, in the order made
+        heirs: dict[str, int] = {}  # an initializer gone now -> the constant of its bytes
         for v in self._new_consts:
-            if v.name not in dead:
-                add_initializer(g, v.const_value.numpy(), v.name)
+            if v.name in dead:
+                continue
+            made.append((v.name, v.const_value.numpy()))
+            root = whole_bytes(made[-1][1])
+            source = self._read.get(id(root)) if root is not None else None
+            if source is not None and source[0] is root and source[1] in dead and \
+                    source[1] not in heirs:
+                heirs[source[1]] = len(made) - 1
+        taken = set()
+        for index in reversed(range(len(g.initializer))):
+            tensor = g.initializer[index]
+            k = heirs.get(tensor.name)
+            if k is not None and \
+                    tensor.data_type == onnx.helper.np_dtype_to_tensor_dtype(made[k][1].dtype):
+                tensor.name = made[k][0]
+                del tensor.dims[:]
+                tensor.dims.extend(made[k][1].shape)
+                taken.add(k)
+            elif tensor.name in dead:
+                del g.initializer[index]
+        for k, (name, array) in enumerate(made):
+            if k not in taken:
+                add_initializer(g, array, name)
         return self.proto
 
 

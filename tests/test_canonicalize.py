@@ -607,6 +607,29 @@ def test_fold_batchnorm(with_bias, group):
         assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": batch})
 
 
+@pytest.mark.parametrize("uniform_params", [True, False])
+def test_fold_batchnorm_of_one_repeated_weight_value(uniform_params):
+    """A weight of one value repeated (the light models') folds without multiplying it out,
+    to exactly the float64 products rounded to float32 that numpy gives (per channel; one
+    value when every channel's parameters are the same), and the same numbers as onnxruntime."""
+    model = _conv_bn_model(with_bias=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    inits["w"].CopyFrom(numpy_helper.from_array(np.full((4, 4, 3, 3), 0.3, np.float32), "w"))
+    if uniform_params:
+        for name, v in (("scale", 1.5), ("shift", 0.25), ("mean", -0.5), ("var", 0.8)):
+            inits[name].CopyFrom(numpy_helper.from_array(np.full(4, v, np.float32), name))
+    p = {k: numpy_helper.to_array(inits[k]).astype(np.float64) for k in ("scale", "mean", "var")}
+    factor = p["scale"] / np.sqrt(p["var"] + np.float64(np.float32(1e-3)))
+    want = (np.float64(np.float32(0.3)) * factor).astype(np.float32)
+    result, ctx = _run_passes(model, "fold_batchnorm")
+    assert ctx.stats["fold_batchnorm"] == 1
+    w = numpy_helper.to_array(next(t for t in result.graph.initializer
+                                   if t.name == result.graph.node[0].input[1]))
+    assert w.shape == (4, 4, 3, 3)
+    assert w.tobytes() == np.broadcast_to(want.reshape(4, 1, 1, 1), w.shape).tobytes()
+    assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
+
+
 @pytest.mark.parametrize("variant", ["extra_reader", "bn_params_as_inputs"])
 def test_fold_batchnorm_not_applicable(variant):
     model = _conv_bn_model(**{variant: True})

@@ -399,3 +399,22 @@ def test_every_name_on_the_passes_line_is_listed(tmp_model_dir, capsys):
     assert main(["optimize", "--list-passes"]) == 0
     listed = {ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith("steps")}
     assert set(timed) <= listed, set(timed) - listed
+
+
+def test_the_console_script_ends_with_its_status_output_and_exit_handlers():
+    """Run as the console script (no argv), main ends the process itself once the command is
+    done: the exit status, everything printed (stdout and stderr) and the atexit handlers are
+    all still there."""
+    code = ("import atexit, sys\nfrom onnx_cinm.cli import main\n"
+            "atexit.register(lambda: print('atexit ran', flush=True))\n"
+            "sys.argv = ['onnx-cinm'] + sys.argv[1:]\nsys.exit(main())\nprint('not reached')")
+    ok = subprocess.run([sys.executable, "-c", code, "devices"], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    lines = ok.stdout.splitlines()
+    assert lines[0].startswith("host (host)") and lines[-1] == "atexit ran"
+    assert "not reached" not in ok.stdout
+    bad = subprocess.run([sys.executable, "-c", code, "optimize", "/no/such/model.onnx", "-o",
+                          "/tmp/never-written.onnx"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stdout.splitlines() == ["atexit ran"]
+    assert bad.stderr.strip() == "onnx-cinm: error: no such file: '/no/such/model.onnx'"

@@ -137,3 +137,56 @@ def test_constant_transpose_matches_numpy(shape, perm):
     got = _transpose_value(node, numpy_helper.from_array(a, "a"))
     np.testing.assert_array_equal(got, np.transpose(a, perm))
     assert got.flags.c_contiguous
+
+
+@pytest.mark.parametrize("fill, shape, perm", [(0.02, (300, 130), [1, 0]), (-0.0, (2, 3, 4), [2, 0, 1]),
+                                               (7, (3, 5), None)])
+def test_a_splat_weight_is_filled_and_transposed_without_arrays(fill, shape, perm):
+    """A ConstantOfShape weight (the light models') read transposed by a Gemm folds to the
+    value numpy fills and transposes, bit for bit (-0.0 stays -0.0), the transposed one
+    stored as the very bytes of the fill (no array filled or permuted)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from onnx_cinm.passes import PassContext
+    from onnx_cinm.passes.canonicalize import _transpose_value, fold_constants
+    from onnx_cinm.rewrite import is_splat
+
+    value = np.array([fill], np.float32 if isinstance(fill, float) else np.int64)
+    elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+    fill_node = helper.make_node("ConstantOfShape", ["s"], ["w"], value=numpy_helper.from_array(value))
+    g = helper.make_graph([fill_node], "g", [], [helper.make_tensor_value_info("w", elem, None)],
+                          [numpy_helper.from_array(np.array(shape, np.int64), "s")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fold_constants(model, PassContext())  # w: an initializer now, as after the light models' fold
+    want = np.full(shape, value[0])
+    [w] = [t for t in model.graph.initializer if t.name == "w"]
+    assert numpy_helper.to_array(w).tobytes() == want.tobytes()
+    # then a Transpose of it (normalize's, for a Gemm's transB) folds by the splat path
+    model.graph.node.append(helper.make_node("Transpose", ["w"], ["wt"], **({"perm": perm} if perm else {})))
+    model.graph.output[0].name = "wt"
+    fold_constants(model, PassContext())
+    [t] = [t for t in model.graph.initializer if t.name == "wt"]
+    want_t = np.transpose(want, perm)
+    got = numpy_helper.to_array(t)
+    assert got.dtype == want_t.dtype and got.shape == want_t.shape
+    assert got.tobytes() == np.ascontiguousarray(want_t).tobytes()
+    assert [i.name for i in model.graph.initializer] == ["wt"]  # w renamed: nothing else read it
+    # w read by something else too (a graph output): kept as it is, its transpose added
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], **({"perm": perm} if perm else {}))], "g", [],
+        [helper.make_tensor_value_info("wt", elem, None), helper.make_tensor_value_info("w", elem, None)],
+        [numpy_helper.from_array(want, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    fold_constants(model, PassContext())
+    got = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert sorted(got) == ["w", "wt"] and got["w"].shape == want.shape
+    assert got["wt"].shape == want_t.shape and got["wt"].tobytes() == want_t.tobytes()
+    # the splat check itself: one differing element (at the end, past the first chunk), or
+    # -0.0 among 0.0, is not a splat
+    big = np.zeros(1 << 20, np.float32)
+    assert is_splat(big)
+    big[-1] = -0.0
+    assert not is_splat(big)
+    node = helper.make_node("Transpose", ["a"], ["b"])
+    a = np.full((3, 4), 1.5, np.float32)
+    np.testing.assert_array_equal(_transpose_value(node, numpy_helper.from_array(a, "a")), a.T)

@@ -120,3 +120,30 @@ def test_map_typed_outputs_onnx_ir_cannot_read_are_kept_as_they_were():
     edit = Edit(model, Names(model.graph).fresh)
     assert [n.op_type for n in edit.graph] == ["Relu", "ZipMap"]
     assert edit.commit().SerializeToString(deterministic=True) == before
+
+
+def test_add_initializer_writes_fills_and_views_of_bytes_as_numpy_would():
+    """A broadcast fill, a view of a whole bytes object (reshaped, as ``to_array`` of raw_data
+    gives), a strided view and an offset view of bytes all store numpy's C-order bytes."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from onnx_cinm.rewrite import add_initializer
+
+    raw = np.arange(12, dtype=np.float32).tobytes()
+    cases = {
+        "fill": np.broadcast_to(np.float32(2.5), (3, 4)),
+        "whole": np.frombuffer(raw, np.float32).reshape(4, 3),
+        "strided": np.frombuffer(raw, np.float32).reshape(3, 4).T,
+        "offset": np.frombuffer(raw, np.float32)[2:],
+        "scalar": np.broadcast_to(np.int64(-3), ()),
+    }
+    g = onnx.GraphProto()
+    for name, array in cases.items():
+        add_initializer(g, array, name)
+    for t in g.initializer:
+        want = cases[t.name]
+        got = numpy_helper.to_array(t)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes()

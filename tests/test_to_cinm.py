@@ -76,6 +76,29 @@ def test_conv_becomes_im2col_gemm(xshape, wshape, bias, attrs):
     assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("xshape,wshape,bias,attrs", [CONVS[0], CONVS[3]])
+def test_conv_of_one_repeated_weight_value_lowers_to_the_same_numbers(xshape, wshape, bias, attrs,
+                                                                      shared):
+    """A weight of one value repeated (the light models') skips the transpose: the Gemm's
+    weight is exactly the filled matrix (the initializer renamed when nothing else reads it,
+    else a copy beside it), and the result is onnxruntime's on the original."""
+    m = _conv(xshape, wshape, bias, **attrs)
+    m.graph.initializer[0].CopyFrom(nh.from_array(np.full(wshape, -0.375, np.float32), "W"))
+    if shared:  # W read by a graph output too
+        m.graph.output.append(h.make_tensor_value_info("W", TP.FLOAT, list(wshape)))
+    out, _ = _lower(m)
+    [w] = [t for t in out.graph.initializer if t.name.endswith("_W_gemm")]
+    g = attrs.get("group", 1)
+    assert nh.to_array(w).size == math.prod(wshape) and (nh.to_array(w) == np.float32(-0.375)).all()
+    assert list(w.dims)[-2:] == [math.prod(wshape[1:]), wshape[0] // g]
+    kept = {t.name: nh.to_array(t) for t in out.graph.initializer if t.name == "W"}
+    assert list(kept) == (["W"] if shared else [])
+    if shared:
+        assert kept["W"].shape == wshape and (kept["W"] == np.float32(-0.375)).all()
+    assert_matches_ort(m, out, shapes={"x": list(xshape)})
+
+
 def test_conv_with_runtime_weights_gets_explicit_reshapes():
     m = _model([h.make_node("Conv", ["x", "w"], ["y"], group=2)],
                [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 5, 5]),

@@ -21,6 +21,8 @@ is onnxsim's default (its ``--mutable-initializer`` keeps them overridable, we d
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -29,10 +31,10 @@ from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
-from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir
+from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat, whole_bytes
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
-from .graph_names import drop_unread_initializers
+from .graph_names import drop_unread_initializers, names_read_by
 from .graph_names import names_read as _names_read
 
 #: Default-domain opset the ``cinm`` reference functions need (Constant ``value_ints``, ReduceSum
@@ -386,6 +388,9 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
     the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
     perm = _attributes(node).get("perm")
     array = numpy_helper.to_array(tensor)
+    if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
+        axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
+        return array.reshape([array.shape[a] for a in axes])  # (add_initializer keeps them)
     if array.ndim != 2 or list(perm or [1, 0]) != [1, 0]:
         # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d scalar into 1-d
         return np.asarray(np.transpose(array, perm or None), order="C")
@@ -396,6 +401,12 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
         for j in range(0, array.shape[1], _TILE):
             out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
     return out
+
+
+def _keeps_bytes(value: np.ndarray, tensor: onnx.TensorProto) -> bool:
+    """Whether ``value`` views, in C order, all of the bytes read from ``tensor``'s
+    ``raw_data`` (so ``tensor`` with ``value``'s dims holds ``value``)."""
+    return tensor.HasField("raw_data") and whole_bytes(value) is not None
 
 
 #: Side of the tiles :func:`_transpose_value` copies a matrix in (a 128 x 128 float32 tile and
@@ -494,7 +505,8 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
         return None
     else:
         fill = numpy_helper.to_array(value).reshape(())
-    return np.full(tuple(int(d) for d in shape), fill, dtype=fill.dtype)
+    # a view of the one value: add_initializer writes its bytes without filling an array first
+    return np.broadcast_to(fill, tuple(int(d) for d in shape))
 
 
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
@@ -536,6 +548,11 @@ def _fold(
     folded: set[int] = set()
     to_run: list[int] = []
     keep = _qdq_weights(graph)
+    # a Transpose whose result is its input's bytes (one value repeated: the light models'
+    # weights) renames that initializer when nothing else reads it, rather than storing a
+    # copy (light VGG19: 478 MB of FC weights)
+    renamed: dict[str, str] = {}
+    readers: Counter | None = None
     for index, node in enumerate(graph.node):
         if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants) \
                 or node.output[0] in keep:
@@ -545,6 +562,12 @@ def _fold(
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
             direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
+            if _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
+                if readers is None:
+                    readers = Counter(name for n in graph.node for name in names_read_by(n))
+                    readers.update(o.name for o in graph.output)
+                if readers[inputs[0]] == 1:  # this Transpose only: the initializer is renamed
+                    renamed[node.output[0]] = inputs[0]
         elif filled is not None:
             direct[node.output[0]] = filled
         elif all(name in known for name in inputs):
@@ -560,11 +583,13 @@ def _fold(
 
     run_nodes = [graph.node[index] for index in to_run]
     produced_by_run = {name for node in run_nodes for name in node.output}
-    feeds = {**direct}
+    feeds = {}
     for node in run_nodes:
         for name in node.input:
             if name and name not in produced_by_run and name not in feeds:
-                feeds[name] = numpy_helper.to_array(constants[name])
+                # onnxruntime reads C-ordered arrays (a fill is a broadcast view)
+                feeds[name] = np.ascontiguousarray(direct[name]) if name in direct else \
+                    numpy_helper.to_array(constants[name])
     wanted = sorted(_names_read(graph, skip=folded) & produced_by_run)
     if wanted:
         evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
@@ -583,6 +608,12 @@ def _fold(
     # the folded nodes go first, and with them the initializers only they read (e.g. a weight
     # a Gemm transposed), so the old and the new weights are not both held
     _replace_nodes(graph, [node for i, node in enumerate(graph.node) if i not in folded])
+    for name, source in renamed.items():
+        if name in results:
+            tensor = constants[source]
+            tensor.name = name
+            del tensor.dims[:]
+            tensor.dims.extend(results.pop(name).shape)
     _remove_dead_values(graph)
     for name in sorted(results):
         add_initializer(graph, results.pop(name), name)
@@ -907,12 +938,19 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     channels = weight.shape[0]
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
-    # one float64 temporary (not a float64 copy of the weight and then the product)
-    new_weight = np.multiply(weight, factor.reshape((channels,) + (1,) * (weight.ndim - 1)),
-                             dtype=np.float64)
+    per_channel = (channels,) + (1,) * (weight.ndim - 1)
+    if is_splat(weight):  # one value repeated (the light models'): one product per channel,
+        rows = np.multiply(weight.reshape(-1)[:1], factor, dtype=np.float64).astype(weight.dtype)
+        # a view, not multiplied out (one value when every channel's is the same)
+        new_weight = np.broadcast_to(rows[:1] if is_splat(rows) else rows.reshape(per_channel),
+                                     weight.shape)
+    else:  # products in float64, each rounded once to the weight's dtype as it is stored
+        # (numpy buffers the cast): no float64 array of the whole weight, no pass casting it
+        new_weight = np.multiply(weight, factor.reshape(per_channel), dtype=np.float64,
+                                 out=np.empty(weight.shape, weight.dtype), casting="unsafe")
     new_bias = ((conv_bias if conv_bias is not None else np.zeros(channels)) - mean) * factor + bias
     w_in = conv.inputs[1].name
-    weight_name = edit.const(f"{w_in}_bn", new_weight.astype(weight.dtype))
+    weight_name = edit.const(f"{w_in}_bn", new_weight)
     bias_base = conv.inputs[2].name if conv_bias is not None else conv.outputs[0].name
     bias_name = edit.const(f"{bias_base}_bn_bias", new_bias.astype(weight.dtype))
     folded = ir.Node(conv.domain, conv.op_type,

@@ -71,7 +71,7 @@ from .. import frontend
 from ..analysis import tensor_infos
 from ..dialects import cinm
 from ..graph import TensorInfo
-from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, names_of
+from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, is_splat, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
 from .recurrent import RULES as _RECURRENT_RULES
@@ -297,8 +297,9 @@ def _conv(rw: _Rewriter, node: ir.Node, p: dict):
     to_nchw = [0, r + 1] + list(range(1, r + 1))
     w_val = rw.value(w)
     if g == 1:
-        if w_val is not None:
-            wm = rw.const(f"{lo.base}_W_gemm", w_val.reshape(m, cg * kk).T)
+        if w_val is not None:  # a weight of one value repeated: its transpose is its bytes
+            wm = rw.const(f"{lo.base}_W_gemm", w_val.reshape(cg * kk, m) if is_splat(w_val)
+                          else w_val.reshape(m, cg * kk).T)
         else:
             wm = lo.std("Transpose", [lo.std("Reshape", [w, lo.ints("wshape", [m, cg * kk])])], perm=[1, 0])
         gemm = lo.cinm("Gemm", [cols, wm] + ([bias] if bias else []), suffix="gemm")
@@ -307,7 +308,8 @@ def _conv(rw: _Rewriter, node: ir.Node, p: dict):
     mg = m // g
     wshape = [g] + [1] * (r - 1) + [cg * kk, mg]
     if w_val is not None:
-        wm = rw.const(f"{lo.base}_W_gemm", w_val.reshape(g, mg, cg * kk).transpose(0, 2, 1).reshape(wshape))
+        wm = rw.const(f"{lo.base}_W_gemm", w_val.reshape(wshape) if is_splat(w_val) else
+                      w_val.reshape(g, mg, cg * kk).transpose(0, 2, 1).reshape(wshape))
     else:
         w3 = lo.std("Reshape", [w, lo.ints("wshape", [g, mg, cg * kk])])
         wm = lo.std("Reshape", [lo.std("Transpose", [w3], perm=[0, 2, 1]), lo.ints("wshape", wshape)])
