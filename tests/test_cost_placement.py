@@ -359,7 +359,9 @@ def _with_devices(model, devs: dict):
 def test_incremental_move_prices_equal_a_full_evaluation(opts):
     """Polishing prices a single-op move incrementally (the moved op, its tensors, the crossbar
     plans of the devices it leaves or joins); every such price must equal compiling and
-    evaluating the whole moved assignment from scratch."""
+    evaluating the whole moved assignment from scratch, and the lower bound that lets
+    polishing skip a move (each op of the crossbar device at its cheapest candidate) must not
+    exceed it."""
     from onnx_cinm.passes import cost_placement as cp
 
     model = optimize(_mlp3(), check=0, stop_after="cinm").model
@@ -367,6 +369,7 @@ def test_incremental_move_prices_equal_a_full_evaluation(opts):
     on_xbar = {i: "memristor" if any(c.device == "memristor" for c in prob.cands[i]) else "host"
                for i in prob.decision}
     assert "memristor" in on_xbar.values()
+    bounded = tight = 0
     for start in (on_xbar, {i: "host" for i in prob.decision}):
         assign = cp._with_variants(prob, start)
         state = cp._Compiled(prob, assign)
@@ -378,6 +381,15 @@ def test_incremental_move_prices_equal_a_full_evaluation(opts):
                 assert math.isclose(tot.energy_j, full.energy_j, rel_tol=1e-12)
                 assert (tot.writes, dict(+tot.kept_tiles)) == (full.writes, dict(+full.kept_tiles))
                 assert tot.transfer_bytes == full.transfer_bytes
+                bound = state.bound(i, dev)
+                assert (bound is None) == ("memristor" not in (dev, assign[i].device))
+                if bound is None:  # a move between the host and UPMEM is priced exactly
+                    continue
+                assert bound[0] <= full.latency_s * (1 + 1e-12)
+                assert bound[1] <= full.energy_j * (1 + 1e-12)
+                bounded += 1
+                tight += math.isclose(bound[1], full.energy_j, rel_tol=1e-9)
+    assert bounded and tight < bounded  # some moves re-plan the other crossbar kernels
 
 
 def test_repair_frees_the_cheapest_budget_first():

@@ -97,12 +97,24 @@ def _node_choice(prob: Problem, assign: dict, i: int) -> Choice:
     return prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
 
 
+def _devices(prob: Problem, assign: dict) -> list:
+    """:meth:`Problem.device_of` of every node under ``assign``, in graph order, then
+    ``"host"``: indexed by a tensor's producer, -1 (a graph input) reads the host."""
+    fixed = prob.fixed
+    out = []
+    for i in range(len(prob.nodes)):
+        ch = fixed.get(i) or assign.get(i)
+        out.append(ch.device if ch is not None else "host")
+    out.append("host")
+    return out
+
+
 def evaluate(prob: Problem, assign: dict) -> Totals:
     """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
     tot = Totals()
     for i in range(len(prob.nodes)):
         _add_choice(tot, _node_choice(prob, assign, i))
-    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    dev_of = _devices(prob, assign).__getitem__
     for t in prob.tensors:
         s, j, b = tensor_cost(prob, t, dev_of)
         tot.transfer_s += s
@@ -138,7 +150,7 @@ def node_costs(prob: Problem, assign: dict) -> list[NodeCost]:
     seconds + ``transfer_s``, likewise joules; ``transfer_bytes``), because both use
     :func:`tensor_charges`. The report's per-layer figures come from here."""
     tr = [[0.0, 0.0, 0] for _ in prob.nodes]
-    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    dev_of = _devices(prob, assign).__getitem__
     for t in prob.tensors:
         for i, s, j, b in tensor_charges(prob, t, dev_of):
             tr[i][0] += s
