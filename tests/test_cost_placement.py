@@ -508,3 +508,27 @@ def test_a_measured_roofline_says_its_power_is_nominal():
     assert roof.power_w == hostmodel.DEFAULT_POWER_W
     assert roof.source.startswith("measured on ") and roof.source.endswith("; power nominal")
     assert roof.text().endswith("W (" + roof.source + ")")
+
+
+def test_a_tensors_cost_is_the_sum_of_its_charges(light_model_paths):
+    """``tensor_cost`` (what the search adds up) restates the transfer rule of
+    ``tensor_charges`` (what the report spreads over the nodes) without listing the charges:
+    on SqueezeNet (tensors read by two convolutions, concatenations, the graph output) under
+    random placements both give the same seconds, joules and bytes for every tensor, and some
+    tensors do cross devices."""
+    from onnx_cinm.passes import cost_placement as cp
+
+    model = optimize(str(light_model_paths["squeezenet"]), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"host_roofline": "nominal"})
+    rng = np.random.default_rng(1)
+    crossing = 0
+    for _ in range(5):
+        assign = {i: prob.cands[i][rng.integers(len(prob.cands[i]))] for i in prob.decision}
+        dev_of = lambda n: prob.device_of(assign, n)  # noqa: E731
+        for t in prob.tensors:
+            charges = cp.tensor_charges(prob, t, dev_of)
+            total = (sum(c[1] for c in charges), sum(c[2] for c in charges),
+                     sum(c[3] for c in charges))
+            assert cp.tensor_cost(prob, t, dev_of) == pytest.approx(total, rel=1e-15, abs=0)
+            crossing += bool(charges)
+    assert crossing > 10

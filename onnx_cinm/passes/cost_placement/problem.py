@@ -195,6 +195,7 @@ class Problem:
     links: dict = field(default_factory=dict)       # see _link
     support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
     heuristic: dict | None = None                   # see search.heuristic_assign
+    evals: dict = field(default_factory=dict)       # see search._evaluate
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:

@@ -24,6 +24,22 @@ from .problem import Choice, Problem, _choice
 # Search
 # --------------------------------------------------------------------------------------------
 
+def _evaluate(prob: Problem, assign: dict) -> Totals:
+    """:func:`evaluate`, remembered per problem and assignment (the search evaluates a start
+    to check its budgets, again to search from it, and the baselines are starts too). Keyed
+    by the choice objects, which the memo keeps alive; the totals are never changed in place."""
+    try:
+        key = tuple(id(assign[i]) for i in prob.decision)
+    except KeyError:  # an assignment of part of the ops
+        return evaluate(prob, assign)
+    hit = prob.evals.get(key)
+    if hit is None:
+        if len(prob.evals) > 64:
+            prob.evals.clear()
+        hit = prob.evals[key] = (evaluate(prob, assign), tuple(assign.values()))
+    return hit[0]
+
+
 def _f(objective: str, lat: float, en: float, w=None) -> float:
     if w is not None:
         return w[0] * lat + w[1] * en
@@ -63,14 +79,23 @@ def _local_delta(prob: Problem, assign: dict, i: int, new: Choice, base: list | 
 
 def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps: int = 30) -> dict:
     """Move one op at a time to the device that lowers the objective most while every
-    constraint holds, until no move helps (each move lowers the exact objective: it ends)."""
+    constraint holds, until no move helps (each move lowers the exact objective: it ends).
+
+    For an objective that is a weighted sum (not ``edp``) a move's gain depends only on the op
+    and the ops sharing a tensor with it, so an op none of whose moves gained (none was held
+    back by a budget either) is not priced again until it or such a neighbour moves."""
     assign = dict(assign)
-    tot = evaluate(prob, assign)
+    tot = _evaluate(prob, assign)
+    linear = w is not None or objective != "edp"
+    near = _neighbors(prob)
+    settled: set = set()
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
+            if i in settled:
+                continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
-            best, best_val, best_d = None, cur, None
+            best, best_val, best_d, held = None, cur, None, False
             base = _transfers(prob, assign, i, assign[i].device)
             on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
@@ -84,10 +109,15 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                     trial = _swap_totals(tot, assign[i], ch, dl, de)
                     if not violations(prob, trial):
                         best, best_val, best_d = ch, val, trial
+                    else:
+                        held = True
             if best is not None:
                 assign[i] = best
                 tot = best_d
                 moved = True
+                settled -= near.get(i, set()) | {i}
+            elif linear and not held:
+                settled.add(i)
         if not moved:
             break
     return assign
@@ -127,7 +157,7 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
     move comes from a heap, so a repair of ``n`` moves costs ``O(n log n)``, not a re-scan of
     the graph per move."""
     assign = dict(assign)
-    tot = evaluate(prob, assign)
+    tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
     pos = {i: k for k, i in enumerate(prob.decision)}
     near = _neighbors(prob)
@@ -181,7 +211,7 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
             version[j] += 1
             price(j)
     host = {i: prob.cands[i][0] for i in prob.decision}
-    return assign if not violations(prob, evaluate(prob, assign)) else host
+    return assign if not violations(prob, _evaluate(prob, assign)) else host
 
 
 #: Most states the dynamic program keeps per op (device x kept tiles); beyond it the best ones
@@ -323,10 +353,10 @@ def baselines(prob: Problem) -> dict:
     ``heuristic`` (:func:`heuristic_assign`). ``prob`` must be built without hints: they are
     the user's choice for the placed model, and an all-host plan with hinted crossbar ops is
     no all-host plan (:func:`.place_by_cost` builds a hint-free problem for them)."""
-    out = {"all-host": evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})}
+    out = {"all-host": _evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})}
     heur = heuristic_assign(prob)
     if heur is not None:
-        out["heuristic"] = evaluate(prob, heur)
+        out["heuristic"] = _evaluate(prob, heur)
     return out
 
 
@@ -439,7 +469,7 @@ class _Compiled:
     def __init__(self, prob: Problem, assign: dict):
         self.prob = prob
         self.assign = _as_compiled(prob, assign)
-        self.tot = evaluate(prob, self.assign)
+        self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
         self._plans: dict = {}
         self._slack: dict = {}
@@ -607,7 +637,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     starts = {"all-host": host, "unary": greedy}
     if heur is not None:
         starts["heuristic"] = heur
-    t_host = evaluate(prob, host)
+    t_host = _evaluate(prob, host)
     if objective == "edp":
         lam0 = t_host.energy_j / max(t_host.latency_s, 1e-30)
         weights = [(lam0 * f, 1.0) for f in (1e-2, 1e-1, 1.0, 10.0, 100.0)]
@@ -617,14 +647,14 @@ def solve(prob: Problem, objective: str) -> Solution:
     dp_feasible = True
     for k, w in enumerate(weights):
         a, chain = chain_dp(prob, w)
-        if violations(prob, evaluate(prob, a)):
+        if violations(prob, _evaluate(prob, a)):
             dp_feasible = False
             a = repair(prob, a, objective, w)
         starts[f"dp{k}"] = a
     results = {}
     searched = {}
     for name, a in starts.items():
-        if violations(prob, evaluate(prob, a)):
+        if violations(prob, _evaluate(prob, a)):
             a = repair(prob, a, objective)
         searched[name] = local_search(prob, a, objective)
     # the search prices crossbar ops by two candidates each; every outcome, and the starting
@@ -633,7 +663,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     finals.update({f"{n} as is": starts[n] for n in ("all-host", "heuristic") if n in starts})
     finals = {n: _as_compiled(prob, a) for n, a in finals.items()}
     for name, a in finals.items():
-        tot = evaluate(prob, a)
+        tot = _evaluate(prob, a)
         if not violations(prob, tot):
             results[name] = (tot.value(objective), a, tot)
     if not results:
@@ -641,7 +671,7 @@ def solve(prob: Problem, objective: str) -> Solution:
         # than crossbars). The crossbar plans cope (kernels that do not fit stream), so keep
         # the hinted placement and choose the rest by the objective alone.
         for name, a in finals.items():
-            tot = evaluate(prob, a)
+            tot = _evaluate(prob, a)
             results[name] = (tot.value(objective), a, tot)
         dp_feasible = False
     best_name = min(results, key=lambda n: results[n][0])
@@ -650,7 +680,7 @@ def solve(prob: Problem, objective: str) -> Solution:
         polished = _polish(prob, assign, objective)
         if polished is not None:
             best_name = "polish"
-            assign, tot = polished, evaluate(prob, polished)
+            assign, tot = polished, _evaluate(prob, polished)
             results[best_name] = (tot.value(objective), assign, tot)
     dp_best = min((results[n][0] for n in results if n.startswith("dp")), default=math.inf)
     # the DP is exact on a chain when its own result needed no repair (the endurance budget is
