@@ -210,8 +210,14 @@ class CnmPlan:
         return self.params.ranks(self.dpus)
 
     def cost(self) -> CostBreakdown:
-        """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`)."""
-        return _COSTERS[self.kind](self)
+        """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`), computed
+        once per plan (the search costs a plan, then the device's cost, price and lowering ask
+        again; the breakdown is immutable)."""
+        hit = self.__dict__.get("_cost")
+        if hit is None:
+            hit = _COSTERS[self.kind](self)
+            object.__setattr__(self, "_cost", hit)
+        return hit
 
     def mram_layout(self) -> list:
         """MRAM regions of one DPU: ``[(name, offset, bytes)]`` (see :func:`mram_layout`)."""
@@ -1421,7 +1427,12 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
     """``plan`` (made for an op of the same shape) with ``op``'s input names: ``template`` holds
     ``(input position, how)`` per entry of ``plan.inputs``."""
     names = tuple(D.entry(op.inputs[k].name, how) for k, how in template)
-    return plan if names == plan.inputs else replace(plan, inputs=names)
+    if names == plan.inputs:
+        return plan
+    out = replace(plan, inputs=names)
+    if "_cost" in plan.__dict__:  # the names change no figure
+        object.__setattr__(out, "_cost", plan.__dict__["_cost"])
+    return out
 
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
@@ -1436,8 +1447,23 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
-    return memoized(_PLANS, (max_dpus, tasklets, repr(params), stack_bytes, dpus), op,
+    return memoized(_PLANS, (max_dpus, tasklets, params_key(params), stack_bytes, dpus), op,
                     lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus))
+
+
+_PARAMS_KEYS: dict = {}
+
+
+def params_key(params: UpmemParams) -> str:
+    """``repr(params)``, the part of a plan memo's key naming the DPU generation, remembered
+    per parameter object (every plan asked for repeats it; the repr of the dataclass is
+    slow)."""
+    hit = _PARAMS_KEYS.get(id(params))
+    if hit is None or hit[0] is not params:
+        if len(_PARAMS_KEYS) > 64:
+            _PARAMS_KEYS.clear()
+        hit = _PARAMS_KEYS[id(params)] = (params, repr(params))
+    return hit[1]
 
 
 def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:

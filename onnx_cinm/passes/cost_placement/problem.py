@@ -103,7 +103,7 @@ def _op_key(op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()
                          if k not in cinm.PLACEMENT_ATTRS and k not in cinm.PLAN_ATTRS))
     # a constant's name too: a choice may name the tiles it keeps after it (Priced.tile_set)
-    ts = lambda t: (str(t.dtype), t.shape, t.const, t.name if t.const else "")  # noqa: E731
+    ts = lambda t: (t.dtype, t.shape, t.const, t.name if t.const else "")  # noqa: E731
     return (op.op_type, attrs, tuple(ts(t) for t in op.inputs), tuple(ts(t) for t in op.outputs),
             op.flops)
 

@@ -267,7 +267,8 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     back = []  # per op: [prev row, prev column, choice index] of every [row, column]
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
-        prev_rows = [r for r in range(len(names)) if np.isfinite(value[r]).any()]
+        live = np.flatnonzero(np.isfinite(value).any(axis=1))
+        prev_rows, reached = live.tolist(), value[live]
         moved: dict = {}
 
         def transfers(p: int, dev: str) -> float:
@@ -293,9 +294,10 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
         for ci, ch in enumerate(prob.cands[i]):
             own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
-            tot = np.stack([value[p] + (own + transfers(p, ch.device)) for p in prev_rows])
+            step = np.array([own + transfers(p, ch.device) for p in prev_rows])
+            tot = reached + step[:, None]
             arg = tot.argmin(axis=0)
-            best, prow, psrc, tgt = tot[arg, src], np.asarray(prev_rows)[arg], src, codes
+            best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
             if ch.device in stride and ch.kept_tiles:
                 d = ch.device
                 ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
