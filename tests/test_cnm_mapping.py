@@ -363,7 +363,7 @@ def test_upmem_plan_memo_keeps_each_ops_own_names():
 @pytest.mark.parametrize("rows,k,n,kind", [(12544, 147, 64, "Gemm"), (196, 2304, 256, "Gemm"),
                                            (1, 1024, 1000, "Gemm"), (49, 1152, 32, "Gemm"),
                                            (1 << 20, 0, 0, "Add"), (200704, 0, 0, "Relu"),
-                                           (37, 0, 0, "Mul")])
+                                           (37, 0, 0, "Mul"), (401408, 0, 128, "Mul")])
 def test_the_pruned_plan_search_picks_what_planning_every_workgroup_picks(rows, k, n, kind):
     """The search plans only workgroups whose closed-form lower bound (one launch, gathering
     the result, the arithmetic at one instruction per cycle) does not exceed the plan of the
@@ -377,7 +377,8 @@ def test_the_pruned_plan_search_picks_what_planning_every_workgroup_picks(rows, 
         ins = (TensorInfo("x", f, (rows, k)), TensorInfo("w", f, (k, n), True))
         op = OpInfo("g", "Gemm", {}, ins, (TensorInfo("y", f, (rows, n)),), 2 * rows * k * n)
     else:
-        b = TensorInfo("b", f, (rows,)) if kind != "Relu" else None
+        # n > 0: a per-channel operand of n values, broadcast to every DPU
+        b = TensorInfo("b", f, (n,) if n else (rows,), bool(n)) if kind != "Relu" else None
         ins = (TensorInfo("a", f, (rows,)),) + ((b,) if b else ())
         op = OpInfo("e", kind, {}, ins, (TensorInfo("y", f, (rows,)),), rows)
     args = (mapping.DEFAULT_TASKLETS, "cinm", mapping.DEFAULT_PARAMS, mapping.STACK_BYTES)

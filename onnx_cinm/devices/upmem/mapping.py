@@ -1496,10 +1496,13 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
     """A lower bound of the modeled latency of ``op``'s plan on ``(dpus, column blocks)``, as a
     function of the two (None for a grid a matrix product cannot have), or None for the kinds
     it does not cover. Closed form, no plan: one launch (:meth:`UpmemParams.launch_overhead_s`),
-    gathering each DPU's share of the result (:meth:`UpmemParams.push_s`) and the kernel's
-    arithmetic instructions at one per cycle (a matrix product's ``rows x columns x K``
-    multiply-accumulates of one DPU, :func:`_matvec_instr`; an elementwise op's instructions per
-    element of its share); every other term of :attr:`CostBreakdown.latency_s` is >= 0."""
+    gathering each DPU's share of the result (:meth:`UpmemParams.push_s`), sending the inputs
+    (an elementwise op's streams and broadcasts; a matrix product's A rows when A is not a
+    constant, scattered or broadcast as the grid has it: the other inputs only add bytes, and a
+    transfer takes no less time for more bytes) and the kernel's arithmetic instructions at one
+    per cycle (a matrix product's ``rows x columns x K`` multiply-accumulates of one DPU,
+    :func:`_matvec_instr`; an elementwise op's instructions per element of its share); every
+    other term of :attr:`CostBreakdown.latency_s` is >= 0."""
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
     try:
@@ -1510,14 +1513,18 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
     if kind in ("gemv", "gemm", "simsearch"):
         rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
         mac = _matvec_instr(dt, UNROLL)
+        per = 8 // math.gcd(8, es)
+        a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
         def floor(d: int, dc: int) -> float | None:
             shape = D.grid(d, dc, rows, n, batched)
             if shape is None:
                 return None
             rows_dpu, n_dpu = _cdiv(rows, shape[0]), _cdiv(n, shape[1])
+            send = params.push_s if shape[0] > 1 else params.broadcast_s
             return (params.launch_overhead_s(d) + rows_dpu * n_dpu * k * mac / f
-                    + params.push_s(_r8(rows_dpu * n_dpu * es), d, to_dpu=False))
+                    + params.push_s(_r8(rows_dpu * n_dpu * es), d, to_dpu=False)
+                    + send(rows_dpu * a_row, d))
         return floor
     if kind == "elementwise":
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
@@ -1527,7 +1534,9 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
         def floor(d: int, dc: int) -> float:
             n_dpu = _share(g["n"], d, es)
             return (params.launch_overhead_s(d) + n_dpu * instr / f
-                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False))
+                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
+                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
+                    + params.broadcast_s(g["bcast_bytes"], d))
         return floor
     return None
 
