@@ -119,10 +119,11 @@ def candidate(dev: Device, op, options: dict) -> list | str:
     return _query(dev, op, options)[1]
 
 
-def _query(dev: Device, op, options: dict) -> tuple:
+def _query(dev: Device, op, options: dict, op_key: tuple | None = None) -> tuple:
     """``(dev.supports_under(op, options), candidate(dev, op, options))``, cached per device,
-    op signature and the options the device depends on."""
-    key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev))
+    op signature (``op_key``: :func:`_op_key` of ``op`` when already known) and the options the
+    device depends on."""
+    key = (dev.name, id(dev), op_key or _op_key(op), _opts_key(options, dev))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -242,8 +243,9 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
             continue
         cands, refused = [hc], []
         prob.support[i] = support = {}
+        key = _op_key(info)  # asked once for every device
         for dev in targets:
-            support[dev.name], r = _query(dev, info, options)
+            support[dev.name], r = _query(dev, info, options, key)
             if isinstance(r, list):
                 cands.extend(r)
             elif r:
