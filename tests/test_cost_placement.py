@@ -532,3 +532,22 @@ def test_a_tensors_cost_is_the_sum_of_its_charges(light_model_paths):
             assert cp.tensor_cost(prob, t, dev_of) == pytest.approx(total, rel=1e-15, abs=0)
             crossing += bool(charges)
     assert crossing > 10
+
+
+def test_polishing_says_when_its_budget_stops_it(light_model_paths, monkeypatch):
+    """Polishing prices at most POLISH_MOVES crossbar re-plans; on SqueezeNet with 16 crossbars
+    (latency) it needs some, so with a budget of none the method says it stopped, and the
+    result is still a valid placement no worse than the unpolished candidates (all-host)."""
+    from onnx_cinm.passes import cost_placement as cp
+    from onnx_cinm.passes.cost_placement import search
+
+    model = optimize(str(light_model_paths["squeezenet"]), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"cim_crossbars": 16, "host_roofline": "nominal"})
+    full = cp.solve(prob, "latency")
+    assert "polishing stopped" not in full.method
+    monkeypatch.setattr(search, "POLISH_MOVES", 0)
+    capped = cp.solve(prob, "latency")
+    assert "polishing stopped at its budget (0 crossbar re-plans" in capped.method
+    host = cp.evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})
+    assert full.totals.latency_s <= capped.totals.latency_s <= host.latency_s
+    assert not cp.violations(prob, capped.totals)

@@ -585,45 +585,51 @@ class _Compiled:
         self._slack.clear()
 
 
-#: Most single-op moves :func:`_polish` prices (each re-prices the moved op, its tensors and
-#: the crossbar plans of the devices it leaves or joins).
+#: Most single-op moves :func:`_polish` prices that re-plan a crossbar device (each re-prices
+#: the moved op, its tensors and the crossbar plans of the devices it leaves or joins); moves its
+#: lower bound rules out and moves between devices that plan alone (priced exactly from the op
+#: and its tensors) are not counted.
 POLISH_MOVES = 400
+#: Most sweeps over the ops :func:`_polish` makes (each after one that improved).
+POLISH_SWEEPS = 30
 
 
-def _polish(prob: Problem, assign: dict, objective: str) -> dict | None:
-    """Single-op device changes priced as compiled, first improvement taken, until none helps
-    or :data:`POLISH_MOVES` moves were considered. The search's two-candidate crossbar prices can
-    miss what the model-wide plans make cheap (a kernel streaming through crossbars the others
-    leave); this corrects for it on the result. A move whose lower bound
-    (:meth:`_Compiled.hopeless`) cannot beat the current objective is counted but not priced:
-    re-planning the crossbars for it could not make it the next step. Returns the improved
-    assignment or None."""
+def _polish(prob: Problem, assign: dict, objective: str) -> tuple[dict | None, bool]:
+    """Single-op device changes priced as compiled, first improvement taken, sweeping over
+    every op until a sweep improves nothing, :data:`POLISH_MOVES` crossbar re-plans were priced
+    or :data:`POLISH_SWEEPS` sweeps were made. The
+    search's two-candidate crossbar prices can miss what the model-wide plans make cheap (a
+    kernel streaming through crossbars the others leave); this corrects for it on the result.
+    A move whose lower bound (:meth:`_Compiled.hopeless`) cannot beat the current objective is
+    not priced: re-planning the crossbars for it could not make it the next step. Returns
+    ``(the improved assignment or None, whether a budget ran out first)``."""
     state = _Compiled(prob, assign)
     best = state.tot.value(objective)
-    moves, better = 0, None
-    changed = True
-    while changed and moves < POLISH_MOVES:
-        changed = False
+    priced, better = 0, None
+    changed, sweeps = True, 0
+    while changed:
+        if sweeps == POLISH_SWEEPS:
+            return better, True
+        changed, sweeps = False, sweeps + 1
         for i in prob.decision:
             tried: dict = {}
             for c in prob.cands[i]:
-                if c.device == state.assign[i].device or moves >= POLISH_MOVES:
+                if c.device == state.assign[i].device or c.device in tried:
+                    continue  # a device's second candidate prices the same
+                if state.hopeless(i, c.device, objective, best * (1 - 1e-9)):
+                    tried[c.device] = None
                     continue
-                moves += 1
-                if c.device not in tried:  # a device's second candidate prices the same
-                    if state.hopeless(i, c.device, objective, best * (1 - 1e-9)):
-                        tried[c.device] = None
-                    else:
-                        tried[c.device] = state.trial(i, c.device)
-                if tried[c.device] is None:
-                    continue
-                diff, tot = tried[c.device]
+                if _together(c.device) or _together(state.assign[i].device):
+                    if priced >= POLISH_MOVES:
+                        return better, True
+                    priced += 1  # re-plans a crossbar device
+                diff, tot = tried[c.device] = state.trial(i, c.device)
                 if tot.value(objective) < best * (1 - 1e-9) and not violations(prob, tot):
                     state.apply(diff, tot)
                     best, changed = tot.value(objective), True
                     better = dict(state.assign)
                     break
-    return better
+    return better, False
 
 
 def solve(prob: Problem, objective: str) -> Solution:
@@ -678,8 +684,9 @@ def solve(prob: Problem, objective: str) -> Solution:
         dp_feasible = False
     best_name = min(results, key=lambda n: results[n][0])
     _, assign, tot = results[best_name]
+    capped = False
     if not violations(prob, tot):
-        polished = _polish(prob, assign, objective)
+        polished, capped = _polish(prob, assign, objective)
         if polished is not None:
             best_name = "polish"
             assign, tot = polished, _evaluate(prob, polished)
@@ -694,4 +701,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     else:
         method = (f"dynamic program + local search ({'chain' if chain else 'DAG'}), "
                   f"best start: {best_name if not best_name.startswith('dp') else 'dynamic program'}")
+    if capped:
+        method += (f"; polishing stopped at its budget ({POLISH_MOVES} crossbar re-plans or "
+                   f"{POLISH_SWEEPS} sweeps)")
     return Solution(assign, tot, method, baselines(prob) if not prob.hint_note else {}, exact)
