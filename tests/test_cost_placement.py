@@ -524,7 +524,7 @@ def test_a_tensors_cost_is_the_sum_of_its_charges(light_model_paths):
     crossing = 0
     for _ in range(5):
         assign = {i: prob.cands[i][rng.integers(len(prob.cands[i]))] for i in prob.decision}
-        dev_of = lambda n: prob.device_of(assign, n)  # noqa: E731
+        dev_of = lambda n, a=assign: prob.device_of(a, n)  # noqa: E731
         for t in prob.tensors:
             charges = cp.tensor_charges(prob, t, dev_of)
             total = (sum(c[1] for c in charges), sum(c[2] for c in charges),

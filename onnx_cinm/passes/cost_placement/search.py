@@ -271,7 +271,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         prev_rows, reached = live.tolist(), value[live]
         moved: dict = {}
 
-        def transfers(p: int, dev: str) -> float:
+        def transfers(p: int, dev: str, i=i, prev_i=prev_i, moved=moved) -> float:
             """The weighted cost of the tensors op ``i`` owns, it on ``dev``, the previous op
             on ``names[p]``."""
             hit = moved.get((p, dev))
