@@ -358,3 +358,41 @@ def test_upmem_plan_memo_keeps_each_ops_own_names():
         with pytest.raises(CinmError) as e:
             mapping.plan_op(gemm(tag, rows=1 << 22), max_dpus=1)
         assert f"'fc{tag}'" in str(e.value)
+
+
+@pytest.mark.parametrize("rows,k,n,kind", [(12544, 147, 64, "Gemm"), (196, 2304, 256, "Gemm"),
+                                           (1, 1024, 1000, "Gemm"), (49, 1152, 32, "Gemm"),
+                                           (1 << 20, 0, 0, "Add"), (200704, 0, 0, "Relu"),
+                                           (37, 0, 0, "Mul"), (401408, 0, 128, "Mul")])
+def test_the_pruned_plan_search_picks_what_planning_every_workgroup_picks(rows, k, n, kind):
+    """The search plans only workgroups whose closed-form lower bound (one launch, gathering
+    the result, the arithmetic at one instruction per cycle) does not exceed the plan of the
+    least bound: it must choose the plan an exhaustive search chooses (every workgroup planned
+    and costed, the first of the fastest in DPU order, as before the bound), and no bound may
+    exceed a plan's modeled latency."""
+    from onnx_cinm.devices.upmem import mapping
+
+    f = np.dtype("float32")
+    if kind == "Gemm":
+        ins = (TensorInfo("x", f, (rows, k)), TensorInfo("w", f, (k, n), True))
+        op = OpInfo("g", "Gemm", {}, ins, (TensorInfo("y", f, (rows, n)),), 2 * rows * k * n)
+    else:
+        # n > 0: a per-channel operand of n values, broadcast to every DPU
+        b = TensorInfo("b", f, (n,) if n else (rows,), bool(n)) if kind != "Relu" else None
+        ins = (TensorInfo("a", f, (rows,)),) + ((b,) if b else ())
+        op = OpInfo("e", kind, {}, ins, (TensorInfo("y", f, (rows,)),), rows)
+    args = (mapping.DEFAULT_TASKLETS, "cinm", mapping.DEFAULT_PARAMS, mapping.STACK_BYTES)
+    floor = mapping._floor_s(op, mapping.DEFAULT_TASKLETS, mapping.DEFAULT_PARAMS)
+    best, best_lat = None, 0.0
+    for d, dc in mapping.workgroups(op):
+        try:
+            p = make_plan(op, d, *args, dc)
+        except CinmError:
+            assert kind == "Gemm" and floor(d, dc) is None  # no such grid
+            continue
+        lat = p.cost().latency_s
+        assert floor(d, dc) <= lat
+        if best is None or lat < best_lat * (1 - 1e-9):
+            best, best_lat = p, lat
+    assert mapping._search_plan(op, mapping.DEFAULT_DPUS, mapping.DEFAULT_TASKLETS,
+                                mapping.DEFAULT_PARAMS, mapping.STACK_BYTES, None) == best

@@ -363,7 +363,9 @@ def _with_devices(model, devs: dict):
 def test_incremental_move_prices_equal_a_full_evaluation(opts):
     """Polishing prices a single-op move incrementally (the moved op, its tensors, the crossbar
     plans of the devices it leaves or joins); every such price must equal compiling and
-    evaluating the whole moved assignment from scratch."""
+    evaluating the whole moved assignment from scratch, and the lower bound that lets
+    polishing skip a move (each op of the crossbar device at its cheapest candidate) must not
+    exceed it."""
     from onnx_cinm.passes import cost_placement as cp
 
     model = optimize(_mlp3(), check=0, stop_after="cinm").model
@@ -371,6 +373,7 @@ def test_incremental_move_prices_equal_a_full_evaluation(opts):
     on_xbar = {i: "memristor" if any(c.device == "memristor" for c in prob.cands[i]) else "host"
                for i in prob.decision}
     assert "memristor" in on_xbar.values()
+    bounded = tight = 0
     for start in (on_xbar, {i: "host" for i in prob.decision}):
         assign = cp._with_variants(prob, start)
         state = cp._Compiled(prob, assign)
@@ -382,6 +385,15 @@ def test_incremental_move_prices_equal_a_full_evaluation(opts):
                 assert math.isclose(tot.energy_j, full.energy_j, rel_tol=1e-12)
                 assert (tot.writes, dict(+tot.kept_tiles)) == (full.writes, dict(+full.kept_tiles))
                 assert tot.transfer_bytes == full.transfer_bytes
+                bound = state.bound(i, dev)
+                assert (bound is None) == ("memristor" not in (dev, assign[i].device))
+                if bound is None:  # a move between the host and UPMEM is priced exactly
+                    continue
+                assert bound[0] <= full.latency_s * (1 + 1e-12)
+                assert bound[1] <= full.energy_j * (1 + 1e-12)
+                bounded += 1
+                tight += math.isclose(bound[1], full.energy_j, rel_tol=1e-9)
+    assert bounded and tight < bounded  # some moves re-plan the other crossbar kernels
 
 
 def test_repair_frees_the_cheapest_budget_first():
@@ -500,3 +512,46 @@ def test_a_measured_roofline_says_its_power_is_nominal():
     assert roof.power_w == hostmodel.DEFAULT_POWER_W
     assert roof.source.startswith("measured on ") and roof.source.endswith("; power nominal")
     assert roof.text().endswith("W (" + roof.source + ")")
+
+
+def test_a_tensors_cost_is_the_sum_of_its_charges(light_model_paths):
+    """``tensor_cost`` (what the search adds up) restates the transfer rule of
+    ``tensor_charges`` (what the report spreads over the nodes) without listing the charges:
+    on SqueezeNet (tensors read by two convolutions, concatenations, the graph output) under
+    random placements both give the same seconds, joules and bytes for every tensor, and some
+    tensors do cross devices."""
+    from onnx_cinm.passes import cost_placement as cp
+
+    model = optimize(str(light_model_paths["squeezenet"]), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"host_roofline": "nominal"})
+    rng = np.random.default_rng(1)
+    crossing = 0
+    for _ in range(5):
+        assign = {i: prob.cands[i][rng.integers(len(prob.cands[i]))] for i in prob.decision}
+        dev_of = lambda n, a=assign: prob.device_of(a, n)  # noqa: E731
+        for t in prob.tensors:
+            charges = cp.tensor_charges(prob, t, dev_of)
+            total = (sum(c[1] for c in charges), sum(c[2] for c in charges),
+                     sum(c[3] for c in charges))
+            assert cp.tensor_cost(prob, t, dev_of) == pytest.approx(total, rel=1e-15, abs=0)
+            crossing += bool(charges)
+    assert crossing > 10
+
+
+def test_polishing_says_when_its_budget_stops_it(light_model_paths, monkeypatch):
+    """Polishing prices at most POLISH_MOVES crossbar re-plans; on SqueezeNet with 16 crossbars
+    (latency) it needs some, so with a budget of none the method says it stopped, and the
+    result is still a valid placement no worse than the unpolished candidates (all-host)."""
+    from onnx_cinm.passes import cost_placement as cp
+    from onnx_cinm.passes.cost_placement import search
+
+    model = optimize(str(light_model_paths["squeezenet"]), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"cim_crossbars": 16, "host_roofline": "nominal"})
+    full = cp.solve(prob, "latency")
+    assert "polishing stopped" not in full.method
+    monkeypatch.setattr(search, "POLISH_MOVES", 0)
+    capped = cp.solve(prob, "latency")
+    assert "polishing stopped at its budget (0 crossbar re-plans" in capped.method
+    host = cp.evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})
+    assert full.totals.latency_s <= capped.totals.latency_s <= host.latency_s
+    assert not cp.violations(prob, capped.totals)

@@ -130,17 +130,18 @@ def load_hints(path: str) -> list[tuple[str, str]]:
     return [parse_hint(f"{k}={v}") for k, v in place.items()]
 
 
-def heuristic(info, options: dict | None = None) -> tuple[str, str]:
+def heuristic(info, options: dict | None = None, supports=None) -> tuple[str, str]:
     """The heuristic of CINM for one op (an :class:`~onnx_cinm.graph.OpInfo`): the first device,
     paradigm by paradigm (cim, then cnm), that prefers it under the pass ``options``
-    (:meth:`Device.supports_under`); else the host. Returns ``(device name, reason in
+    (:meth:`Device.supports_under`; ``supports(device)``, when given, answers it instead, e.g.
+    from answers already asked for); else the host. Returns ``(device name, reason in
     words)``."""
     why_not = []
     for paradigm in _PARADIGM_ORDER:
         for dev in devices.all_devices():
             if dev.paradigm != paradigm:
                 continue
-            s = dev.supports_under(info, options or {})
+            s = supports(dev) if supports else dev.supports_under(info, options or {})
             if s and s.preferred:
                 return dev.name, "heuristic: " + "; ".join(why_not + [s.reason])
             if s:

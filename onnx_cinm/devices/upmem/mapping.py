@@ -210,8 +210,14 @@ class CnmPlan:
         return self.params.ranks(self.dpus)
 
     def cost(self) -> CostBreakdown:
-        """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`)."""
-        return _COSTERS[self.kind](self)
+        """Modeled cost of one inference (see :mod:`onnx_cinm.devices.upmem.cost`), computed
+        once per plan (the search costs a plan, then the device's cost, price and lowering ask
+        again; the breakdown is immutable)."""
+        hit = self.__dict__.get("_cost")
+        if hit is None:
+            hit = _COSTERS[self.kind](self)
+            object.__setattr__(self, "_cost", hit)
+        return hit
 
     def mram_layout(self) -> list:
         """MRAM regions of one DPU: ``[(name, offset, bytes)]`` (see :func:`mram_layout`)."""
@@ -384,9 +390,10 @@ def _cost_elementwise(p: CnmPlan) -> CostBreakdown:
     return _finish(p, [w], 0.0, g["streams"] * _r8(n * es), g["bcast_bytes"], _r8(n * out_es), 0)
 
 
-def _matvec_instr(p: CnmPlan) -> float:
-    """Instructions per multiply-accumulate: 2 WRAM loads, the multiply, the add, loop control."""
-    return 2 + C.op_instructions("mul", p.dtype) + C.op_instructions("add", p.dtype) + _loop(p)
+def _matvec_instr(dtype: str, unroll: int) -> float:
+    """Instructions per multiply-accumulate of ``dtype`` in a loop unrolled ``unroll`` times:
+    2 WRAM loads, the multiply, the add, loop control."""
+    return 2 + C.op_instructions("mul", dtype) + C.op_instructions("add", dtype) + C.LOOP_CONTROL / unroll
 
 
 def _cost_matmul(p: CnmPlan) -> CostBreakdown:
@@ -421,7 +428,7 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
             nt = max(per, _cdiv(_cdiv(n_pad, _cdiv(t, groups)), per) * per) if n_pad > 1 else 1
     tiles = _cdiv(n_pad, nt)
     kblocks = _cdiv(kb, blk)
-    mac = _matvec_instr(p)
+    mac = _matvec_instr(p.dtype, p.unroll)
 
     def work(rows_x, groups_x, tiles_x, cols_x):
         """(instructions, DMA cycles) of ``rows_x`` rows in ``groups_x`` groups against
@@ -1420,7 +1427,12 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
     """``plan`` (made for an op of the same shape) with ``op``'s input names: ``template`` holds
     ``(input position, how)`` per entry of ``plan.inputs``."""
     names = tuple(D.entry(op.inputs[k].name, how) for k, how in template)
-    return plan if names == plan.inputs else replace(plan, inputs=names)
+    if names == plan.inputs:
+        return plan
+    out = replace(plan, inputs=names)
+    if "_cost" in plan.__dict__:  # the names change no figure
+        object.__setattr__(out, "_cost", plan.__dict__["_cost"])
+    return out
 
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
@@ -1435,8 +1447,23 @@ def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TA
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
-    return memoized(_PLANS, (max_dpus, tasklets, repr(params), stack_bytes, dpus), op,
+    return memoized(_PLANS, (max_dpus, tasklets, params_key(params), stack_bytes, dpus), op,
                     lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus))
+
+
+_PARAMS_KEYS: dict = {}
+
+
+def params_key(params: UpmemParams) -> str:
+    """``repr(params)``, the part of a plan memo's key naming the DPU generation, remembered
+    per parameter object (every plan asked for repeats it; the repr of the dataclass is
+    slow)."""
+    hit = _PARAMS_KEYS.get(id(params))
+    if hit is None or hit[0] is not params:
+        if len(_PARAMS_KEYS) > 64:
+            _PARAMS_KEYS.clear()
+        hit = _PARAMS_KEYS[id(params)] = (params, repr(params))
+    return hit[1]
 
 
 def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
@@ -1465,6 +1492,55 @@ def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
     return _renamed(hit[0], hit[1], op)
 
 
+def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
+    """A lower bound of the modeled latency of ``op``'s plan on ``(dpus, column blocks)``, as a
+    function of the two (None for a grid a matrix product cannot have), or None for the kinds
+    it does not cover. Closed form, no plan: one launch (:meth:`UpmemParams.launch_overhead_s`),
+    gathering each DPU's share of the result (:meth:`UpmemParams.push_s`), sending the inputs
+    (an elementwise op's streams and broadcasts; a matrix product's A rows when A is not a
+    constant, scattered or broadcast as the grid has it: the other inputs only add bytes, and a
+    transfer takes no less time for more bytes) and the kernel's arithmetic instructions at one
+    per cycle (a matrix product's ``rows x columns x K`` multiply-accumulates of one DPU,
+    :func:`_matvec_instr`; an elementwise op's instructions per element of its share); every
+    other term of :attr:`CostBreakdown.latency_s` is >= 0."""
+    dt = _dtype_name(op.inputs[0])
+    es = _esize(dt)
+    try:
+        kind, g, _, _ = _geometry(op, 1, es)
+    except CinmError:
+        return None
+    f = params.frequency_hz
+    if kind in ("gemv", "gemm", "simsearch"):
+        rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
+        mac = _matvec_instr(dt, UNROLL)
+        per = 8 // math.gcd(8, es)
+        a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
+
+        def floor(d: int, dc: int) -> float | None:
+            shape = D.grid(d, dc, rows, n, batched)
+            if shape is None:
+                return None
+            rows_dpu, n_dpu = _cdiv(rows, shape[0]), _cdiv(n, shape[1])
+            send = params.push_s if shape[0] > 1 else params.broadcast_s
+            return (params.launch_overhead_s(d) + rows_dpu * n_dpu * k * mac / f
+                    + params.push_s(_r8(rows_dpu * n_dpu * es), d, to_dpu=False)
+                    + send(rows_dpu * a_row, d))
+        return floor
+    if kind == "elementwise":
+        instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
+                 + C.LOOP_CONTROL / UNROLL)
+        out_es = g.get("out_esize", es)
+
+        def floor(d: int, dc: int) -> float:
+            n_dpu = _share(g["n"], d, es)
+            return (params.launch_overhead_s(d) + n_dpu * instr / f
+                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
+                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
+                    + params.broadcast_s(g["bcast_bytes"], d))
+        return floor
+    return None
+
+
 def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
                  stack_bytes: int, dpus: int | None) -> CnmPlan:
     if not op.inputs:
@@ -1475,12 +1551,33 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     # the best plan so far cannot win (``lat < best * (1 - 1e-9)`` below) and is not costed;
     # the same plan wins as without the bound. Im2Col and row-norm plans may use fewer DPUs
     # than asked (``make_plan``), so theirs is bounded after planning, by the DPUs they use.
+    # Matrix products and elementwise ops have a closer bound (:func:`_floor_s`): the
+    # workgroup with the least bound is planned first, and a workgroup bounded above that
+    # plan's latency (by more than the tolerance) is not planned either; neither is a grid the
+    # product cannot have.
     shrinks = _KINDS.get(op.op_type) in ("im2col", "rownorm")
-    for d, dc in workgroups(op, max_dpus, dpus):
+    combos = workgroups(op, max_dpus, dpus)
+    floor = None if shrinks or len(combos) < 2 else _floor_s(op, tasklets, params)
+    bounds, cap, probe = {}, math.inf, None
+    if floor is not None:
+        bounds = {wg: floor(*wg) for wg in combos}
+        valid = [wg for wg in combos if bounds[wg] is not None]
+        if valid:
+            first = min(valid, key=bounds.get)
+            try:
+                probe = (first, make_plan(op, first[0], tasklets, "cinm", params, stack_bytes,
+                                          first[1]))
+                cap = probe[1].cost().latency_s * (1 + 1e-6)
+            except CinmError:
+                probe = None
+    for d, dc in combos:
+        if floor is not None and (bounds[(d, dc)] is None or bounds[(d, dc)] > cap):
+            continue
         if best is not None and not shrinks and params.launch_overhead_s(d) >= best_lat * (1 - 1e-9):
             continue
         try:
-            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+            p = probe[1] if probe is not None and probe[0] == (d, dc) else \
+                make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
         except CinmError as e:
             err = e
             continue
@@ -1489,6 +1586,20 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
         lat = p.cost().latency_s
         if best is None or lat < best_lat * (1 - 1e-9):
             best, best_lat = p, lat
+    if best is None and floor is not None:  # the error the full search would raise
+        return _search_plan_all(op, max_dpus, tasklets, params, stack_bytes, combos)
     if best is None:
         raise err
     return best
+
+
+def _search_plan_all(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
+                     stack_bytes: int, combos: list) -> CnmPlan:
+    """Plan every workgroup of ``combos``; raises the last failure if none fits."""
+    err = None
+    for d, dc in combos:
+        try:
+            make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+        except CinmError as e:
+            err = e
+    raise err

@@ -29,8 +29,8 @@ from dataclasses import replace
 from ...errors import CinmError
 from ..base import OpInfo
 from .cost import DEFAULT_PARAMS, UpmemParams
-from .mapping import (DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, memoized, plan_op,
-                      workgroups)
+from .mapping import (DEFAULT_DPUS, DEFAULT_TASKLETS, CnmPlan, make_plan, memoized, params_key,
+                      plan_op, workgroups)
 
 #: Tasklet counts tried below the target's most (>= 11 fill the pipeline, PrIM §3; fewer leave
 #: WRAM to larger blocks); the most itself is always tried (:func:`tasklet_counts`).
@@ -82,7 +82,7 @@ def search_plan(op: OpInfo, max_dpus: int = DEFAULT_DPUS, params: UpmemParams = 
     Raises:
         CinmError: not even the rule's plan fits.
     """
-    return memoized(_SEARCHES, (max_dpus, repr(params), max_plans, budget_s, tasklets), op,
+    return memoized(_SEARCHES, (max_dpus, params_key(params), max_plans, budget_s, tasklets), op,
                     lambda: _search(op, max_dpus, params, max_plans, budget_s, tasklets))
 
 

@@ -58,7 +58,10 @@ Search:
   ``energy + lambda * latency``;
 * the best result is kept; the all-host placement and (when it meets the constraints) the
   heuristic one are always among the candidates, so cost placement is never worse than either
-  on its own objective.
+  on its own objective;
+* every result is priced as compiled (model-wide crossbar plans) and the best one is polished
+  by single-op moves priced that way (:func:`.search._polish`: sweeps until nothing improves,
+  at most ``POLISH_MOVES`` crossbar re-plans; the method says when that budget stopped it).
 
 Every op's ``placement`` attribute says what was chosen, at what modeled cost, what each
 alternative would have added, and which devices refused the op and why.

@@ -54,8 +54,9 @@ def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, f
     ``(node index charged, seconds, joules, bytes)``: the way out of a device (when any reader,
     or the graph output, sits elsewhere), charged to the producer; the way into each distinct
     consumer device other than the producer's and the host, once, charged to the first consumer
-    (graph order) on that device. The one transfer rule: :func:`tensor_cost` sums it and
-    :func:`node_costs` spreads it over the nodes."""
+    (graph order) on that device. The one transfer rule: :func:`node_costs` spreads it over the
+    nodes; :func:`tensor_cost` adds up the same charges in the same order without listing
+    them (tests/test_cost_placement.py checks that the two agree)."""
     if t.nbytes <= 0:
         return []
     a = dev_of(t.producer)
@@ -75,11 +76,25 @@ def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, f
 
 def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
     """(seconds, joules, bytes) of moving tensor ``t`` given ``dev_of(node index) -> device name``
-    (the sum of :func:`tensor_charges`)."""
+    (the sum of :func:`tensor_charges`, in its order, without listing the charges: the search
+    asks this one most)."""
+    if t.nbytes <= 0:
+        return 0.0, 0.0, 0
+    a = dev_of(t.producer)
+    dests = []
+    for c in t.consumers:
+        d = dev_of(c)
+        if d not in dests:
+            dests.append(d)
     s = j = 0.0
     moved = 0
-    for _, ds, dj, db in tensor_charges(prob, t, dev_of):
-        s, j, moved = s + ds, j + dj, moved + db
+    if a != "host" and (t.output or any(d != a for d in dests)):
+        ds, dj = _link(prob, a, t.nbytes, False)
+        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    for d in dests:
+        if d != a and d != "host":
+            ds, dj = _link(prob, d, t.nbytes, True)
+            s, j, moved = s + ds, j + dj, moved + t.nbytes
     return s, j, moved
 
 
@@ -97,12 +112,24 @@ def _node_choice(prob: Problem, assign: dict, i: int) -> Choice:
     return prob.choice(assign, i) if (i in prob.fixed or i in assign) else prob.cands[i][0]
 
 
+def _devices(prob: Problem, assign: dict) -> list:
+    """:meth:`Problem.device_of` of every node under ``assign``, in graph order, then
+    ``"host"``: indexed by a tensor's producer, -1 (a graph input) reads the host."""
+    fixed = prob.fixed
+    out = []
+    for i in range(len(prob.nodes)):
+        ch = fixed.get(i) or assign.get(i)
+        out.append(ch.device if ch is not None else "host")
+    out.append("host")
+    return out
+
+
 def evaluate(prob: Problem, assign: dict) -> Totals:
     """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
     tot = Totals()
     for i in range(len(prob.nodes)):
         _add_choice(tot, _node_choice(prob, assign, i))
-    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    dev_of = _devices(prob, assign).__getitem__
     for t in prob.tensors:
         s, j, b = tensor_cost(prob, t, dev_of)
         tot.transfer_s += s
@@ -138,7 +165,7 @@ def node_costs(prob: Problem, assign: dict) -> list[NodeCost]:
     seconds + ``transfer_s``, likewise joules; ``transfer_bytes``), because both use
     :func:`tensor_charges`. The report's per-layer figures come from here."""
     tr = [[0.0, 0.0, 0] for _ in prob.nodes]
-    dev_of = lambda i: prob.device_of(assign, i)  # noqa: E731
+    dev_of = _devices(prob, assign).__getitem__
     for t in prob.tensors:
         for i, s, j, b in tensor_charges(prob, t, dev_of):
             tr[i][0] += s

@@ -103,7 +103,7 @@ def _op_key(op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()
                          if k not in cinm.PLACEMENT_ATTRS and k not in cinm.PLAN_ATTRS))
     # a constant's name too: a choice may name the tiles it keeps after it (Priced.tile_set)
-    ts = lambda t: (str(t.dtype), t.shape, t.const, t.name if t.const else "")  # noqa: E731
+    ts = lambda t: (t.dtype, t.shape, t.const, t.name if t.const else "")  # noqa: E731
     return (op.op_type, attrs, tuple(ts(t) for t in op.inputs), tuple(ts(t) for t in op.outputs),
             op.flops)
 
@@ -116,24 +116,31 @@ def device_cost(dev: Device, op, options: dict) -> Cost:
 def candidate(dev: Device, op, options: dict) -> list | str:
     """The :class:`Choice` list of ``op`` on ``dev`` (its :meth:`Device.price` choices, e.g. a
     crossbar's pinned and streamed), or the reason ``dev`` refuses it (a string)."""
-    key = (dev.name, id(dev), _op_key(op), _opts_key(options, dev))
+    return _query(dev, op, options)[1]
+
+
+def _query(dev: Device, op, options: dict, op_key: tuple | None = None) -> tuple:
+    """``(dev.supports_under(op, options), candidate(dev, op, options))``, cached per device,
+    op signature (``op_key``: :func:`_op_key` of ``op`` when already known) and the options the
+    device depends on."""
+    key = (dev.name, id(dev), op_key or _op_key(op), _opts_key(options, dev))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
     s = dev.supports_under(op, options)
     if not s:
-        return s.reason if s.applicable else ""
+        return s, (s.reason if s.applicable else "")
     try:
         priced = dev.price(op, options)
         res = dev.resources(options)
     except Exception as e:  # noqa: BLE001 - e.g. data that do not fit the DPUs' MRAM
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return s, (str(e).splitlines()[0] if str(e) else type(e).__name__)
     note = "" if s.preferred else s.reason
     out = [_choice(dev.name, p, res.crossbars, res.memory_bytes, note) for p in priced]
     if len(_CACHE) > _CACHE_MAX:
         _CACHE.clear()
-    _CACHE[key] = out
-    return out
+    _CACHE[key] = (s, out)
+    return s, out
 
 
 def _choice(dev: str, p: Priced, capacity: int, memory: int, note: str = "",
@@ -187,6 +194,9 @@ class Problem:
     ops: list = field(default_factory=list)         # node index -> OpInfo (built once)
     neighbors: dict | None = None                   # see _neighbors
     links: dict = field(default_factory=dict)       # see _link
+    support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
+    heuristic: dict | None = None                   # see search.heuristic_assign
+    evals: dict = field(default_factory=dict)       # see search._evaluate
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:
@@ -232,8 +242,10 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
             prob.fixed[i] = hc
             continue
         cands, refused = [hc], []
+        prob.support[i] = support = {}
+        key = _op_key(info)  # asked once for every device
         for dev in targets:
-            r = candidate(dev, info, options)
+            support[dev.name], r = _query(dev, info, options, key)
             if isinstance(r, list):
                 cands.extend(r)
             elif r:

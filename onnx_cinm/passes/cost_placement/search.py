@@ -7,6 +7,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 
 from ... import devices
 from ...devices import Priced
@@ -22,21 +24,54 @@ from .problem import Choice, Problem, _choice
 # Search
 # --------------------------------------------------------------------------------------------
 
+def _evaluate(prob: Problem, assign: dict) -> Totals:
+    """:func:`evaluate`, remembered per problem and assignment (the search evaluates a start
+    to check its budgets, again to search from it, and the baselines are starts too). Keyed
+    by the choice objects, which the memo keeps alive; the totals are never changed in place."""
+    try:
+        key = tuple(id(assign[i]) for i in prob.decision)
+    except KeyError:  # an assignment of part of the ops
+        return evaluate(prob, assign)
+    hit = prob.evals.get(key)
+    if hit is None:
+        if len(prob.evals) > 64:
+            prob.evals.clear()
+        hit = prob.evals[key] = (evaluate(prob, assign), tuple(assign.values()))
+    return hit[0]
+
+
 def _f(objective: str, lat: float, en: float, w=None) -> float:
     if w is not None:
         return w[0] * lat + w[1] * en
     return {"latency": lat, "energy": en, "edp": lat * en}[objective]
 
 
-def _local_delta(prob: Problem, assign: dict, i: int, new: Choice) -> tuple[float, float]:
-    """Change of (latency, energy) if decision node ``i`` moves to ``new``."""
+def _transfers(prob: Problem, assign: dict, i: int, dev: str) -> list:
+    """:func:`tensor_cost` of every tensor op ``i`` touches, with ``i`` on ``dev`` and every
+    other op where ``assign`` (or the problem's fixed choices) puts it."""
+    fixed = prob.fixed
+
+    def dev_of(n):
+        if n == i:
+            return dev
+        ch = fixed.get(n) or assign.get(n) if n >= 0 else None
+        return ch.device if ch is not None else "host"
+
+    return [tensor_cost(prob, prob.tensors[k], dev_of) for k in prob.touch.get(i, ())]
+
+
+def _local_delta(prob: Problem, assign: dict, i: int, new: Choice, base: list | None = None,
+                 moved: list | None = None) -> tuple[float, float]:
+    """Change of (latency, energy) if decision node ``i`` moves to ``new``. ``base``/``moved``:
+    :func:`_transfers` of ``i`` on its current device / on ``new``'s, when already known."""
     old = assign[i]
     dl = new.cost.latency_s - old.cost.latency_s
     de = new.cost.energy_j - old.cost.energy_j
-    for k in prob.touch.get(i, ()):
-        t = prob.tensors[k]
-        s0, j0, _ = tensor_cost(prob, t, lambda n: prob.device_of(assign, n))
-        s1, j1, _ = tensor_cost(prob, t, lambda n: new.device if n == i else prob.device_of(assign, n))
+    if base is None:
+        base = _transfers(prob, assign, i, old.device)
+    if moved is None:
+        moved = _transfers(prob, assign, i, new.device)
+    for (s0, j0, _), (s1, j1, _) in zip(base, moved):
         dl += s1 - s0
         de += j1 - j0
     return dl, de
@@ -44,27 +79,45 @@ def _local_delta(prob: Problem, assign: dict, i: int, new: Choice) -> tuple[floa
 
 def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps: int = 30) -> dict:
     """Move one op at a time to the device that lowers the objective most while every
-    constraint holds, until no move helps (each move lowers the exact objective: it ends)."""
+    constraint holds, until no move helps (each move lowers the exact objective: it ends).
+
+    For an objective that is a weighted sum (not ``edp``) a move's gain depends only on the op
+    and the ops sharing a tensor with it, so an op none of whose moves gained (none was held
+    back by a budget either) is not priced again until it or such a neighbour moves."""
     assign = dict(assign)
-    tot = evaluate(prob, assign)
+    tot = _evaluate(prob, assign)
+    linear = w is not None or objective != "edp"
+    near = _neighbors(prob)
+    settled: set = set()
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
+            if i in settled:
+                continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
-            best, best_val, best_d = None, cur, None
+            best, best_val, best_d, held = None, cur, None, False
+            base = _transfers(prob, assign, i, assign[i].device)
+            on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
                 if ch is assign[i]:
                     continue
-                dl, de = _local_delta(prob, assign, i, ch)
+                if ch.device not in on:
+                    on[ch.device] = _transfers(prob, assign, i, ch.device)
+                dl, de = _local_delta(prob, assign, i, ch, base, on[ch.device])
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
                     trial = _swap_totals(tot, assign[i], ch, dl, de)
                     if not violations(prob, trial):
                         best, best_val, best_d = ch, val, trial
+                    else:
+                        held = True
             if best is not None:
                 assign[i] = best
                 tot = best_d
                 moved = True
+                settled -= near.get(i, set()) | {i}
+            elif linear and not held:
+                settled.add(i)
         if not moved:
             break
     return assign
@@ -104,7 +157,7 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
     move comes from a heap, so a repair of ``n`` moves costs ``O(n log n)``, not a re-scan of
     the graph per move."""
     assign = dict(assign)
-    tot = evaluate(prob, assign)
+    tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
     pos = {i: k for k, i in enumerate(prob.decision)}
     near = _neighbors(prob)
@@ -158,7 +211,7 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
             version[j] += 1
             price(j)
     host = {i: prob.cands[i][0] for i in prob.decision}
-    return assign if not violations(prob, evaluate(prob, assign)) else host
+    return assign if not violations(prob, _evaluate(prob, assign)) else host
 
 
 #: Most states the dynamic program keeps per op (device x kept tiles); beyond it the best ones
@@ -174,6 +227,12 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     device known and every other op on its own device if fixed, else taken as the host. On a chain
     (every tensor touches at most two consecutive decision ops) this is the exact optimum, unless
     more than :data:`MAX_DP_STATES` states had to be pruned. Returns ``(assignment, exact)``.
+
+    A layer of the program is an array ``value[device, kept]`` over the devices and the
+    kept-tile vectors reached so far (one integer per vector: the tiles the decision ops keep on
+    each crossbar device, mixed radix over the room the fixed ops leave), so an op costs a few
+    array operations per choice, not a loop over states x choices. Without the residency
+    constraint kept tiles change neither value nor feasibility and are not tracked.
     """
     dec = prob.decision
     pos = {i: k for k, i in enumerate(dec)}
@@ -186,73 +245,93 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         if len(touching) > 2 or (len(touching) == 2 and touching[1] - touching[0] != 1):
             chain = False
         owner.setdefault(dec[touching[-1]], []).append(k)
-    residency = prob.constraints.crossbar_residency
     fixed_tot = Totals()
     for i, ch in prob.fixed.items():
         if prob.nodes[i].domain == cinm.DOMAIN:
             _add_choice(fixed_tot, ch)
-    # state: (device name, kept-tiles tuple) -> (value, back pointer)
-    xbar_devs = sorted({c.device for i in dec for c in prob.cands[i] if c.capacity})
-    caps = {}
-    for i in dec:
-        for c in prob.cands[i]:
-            if c.capacity:
-                caps[c.device] = c.capacity
-    start = tuple(fixed_tot.kept_tiles.get(d, 0) for d in xbar_devs)
-    xidx = {d: j for j, d in enumerate(xbar_devs)}
-    layers = [{(None, start): (0.0, None, None)}]
+    room: dict = {}  # crossbar device -> tiles the decision ops may keep on it
+    if prob.constraints.crossbar_residency:
+        for i in dec:
+            for c in prob.cands[i]:
+                if c.capacity:
+                    room[c.device] = max(c.capacity - fixed_tot.kept_tiles.get(c.device, 0), 0)
+    stride, s = {}, 1
+    for d in sorted(room):
+        stride[d] = s
+        s *= room[d] + 1
+    names = sorted({"host", *(c.device for i in dec for c in prob.cands[i])})
+    row = {d: r for r, d in enumerate(names)}
+    codes = np.zeros(1, dtype=np.int64)
+    value = np.full((len(names), 1), np.inf)
+    value[row["host"], 0] = 0.0
+    back = []  # per op: [prev row, prev column, choice index] of every [row, column]
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
-        local: dict = {}
-        nxt: dict = {}
-        for (pdev, res), (val, _, _) in layers[-1].items():
-            for ch in prob.cands[i]:
-                r = res  # the kept tiles after ``ch``: only its own crossbar device's change
-                if ch.capacity and ch.device in xidx:
-                    j = xidx[ch.device]
-                    kept = res[j] + ch.kept_tiles
-                    if residency and kept > caps[ch.device]:
-                        continue
-                    r = (*res[:j], kept, *res[j + 1:])
-                key = (pdev, ch.device)
-                if key not in local:
-                    lat, en = ch.cost.latency_s, ch.cost.energy_j
+        live = np.flatnonzero(np.isfinite(value).any(axis=1))
+        prev_rows, reached = live.tolist(), value[live]
+        moved: dict = {}
 
-                    def dev_of(n, _p=pdev, _d=ch.device):
-                        if n == i:
-                            return _d
-                        if n == prev_i and _p is not None:
-                            return _p
-                        return prob.fixed[n].device if n in prob.fixed else "host"
+        def transfers(p: int, dev: str, i=i, prev_i=prev_i, moved=moved) -> float:
+            """The weighted cost of the tensors op ``i`` owns, it on ``dev``, the previous op
+            on ``names[p]``."""
+            hit = moved.get((p, dev))
+            if hit is None:
+                def dev_of(n, _p=names[p], _d=dev):
+                    if n == i:
+                        return _d
+                    if n == prev_i:
+                        return _p
+                    return prob.fixed[n].device if n in prob.fixed else "host"
 
-                    for tk in owner.get(i, ()):
-                        s, j_, _ = tensor_cost(prob, prob.tensors[tk], dev_of)
-                        lat += s
-                        en += j_
-                    local[key] = w[0] * lat + w[1] * en
-                v = val + local[key]
-                sk = (ch.device, r)
-                cur = nxt.get(sk)
-                if cur is None or v < cur[0]:
-                    nxt[sk] = (v, (pdev, res), ch)
-        if not nxt:  # no state meets the residency: fall back to the host for this op
-            host = prob.cands[i][0]
-            for (pdev, res), (val, _, _) in layers[-1].items():
-                sk = ("host", res)
-                if sk not in nxt or val < nxt[sk][0]:
-                    nxt[sk] = (val, (pdev, res), host)
-        if len(nxt) > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
-            keep = sorted(nxt, key=lambda sk: nxt[sk][0])[:MAX_DP_STATES]
-            nxt = {sk: nxt[sk] for sk in keep}
+                hit = 0.0
+                for tk in owner.get(i, ()):
+                    s_, j_, _ = tensor_cost(prob, prob.tensors[tk], dev_of)
+                    hit += w[0] * s_ + w[1] * j_
+                moved[(p, dev)] = hit
+            return hit
+
+        src = np.arange(len(codes))
+        entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+        for ci, ch in enumerate(prob.cands[i]):
+            own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+            step = np.array([own + transfers(p, ch.device) for p in prev_rows])
+            tot = reached + step[:, None]
+            arg = tot.argmin(axis=0)
+            best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
+            if ch.device in stride and ch.kept_tiles:
+                d = ch.device
+                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                best, prow, psrc = best[ok], prow[ok], src[ok]
+                tgt = codes[ok] + ch.kept_tiles * stride[d]
+            entries.append((row[ch.device], tgt, best, prow, psrc, ci))
+        same = all(e[1] is codes for e in entries)
+        new = codes if same else np.unique(np.concatenate([e[1] for e in entries]))
+        nvalue = np.full((len(names), len(new)), np.inf)
+        bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+        for r, tgt, val, prow, psrc, ci in entries:
+            col = src if same else np.searchsorted(new, tgt)
+            better = val < nvalue[r, col]  # the first of equal values stays
+            col = col[better]
+            nvalue[r, col] = val[better]
+            bp[0, r, col] = prow[better]
+            bp[1, r, col] = psrc[better]
+            bp[2, r, col] = ci
+        finite = np.isfinite(nvalue)
+        if finite.sum() > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
+            cut = np.partition(nvalue[finite], MAX_DP_STATES - 1)[MAX_DP_STATES - 1]
+            nvalue[nvalue > cut] = np.inf
+            used = np.isfinite(nvalue).any(axis=0)
+            new, nvalue, bp = new[used], nvalue[:, used], bp[:, :, used]
             chain = False  # no longer a proof of optimality
-        layers.append(nxt)
+        back.append(bp)
+        codes, value = new, nvalue
     assign: dict = {}
     if dec:
-        state = min(layers[-1], key=lambda s: layers[-1][s][0])
+        r, c = np.unravel_index(np.argmin(value), value.shape)
         for k in range(len(dec), 0, -1):
-            _, back, ch = layers[k][state]
-            assign[dec[k - 1]] = ch
-            state = back
+            p, pc, ci = back[k - 1][:, r, c]
+            assign[dec[k - 1]] = prob.cands[dec[k - 1]][ci]
+            r, c = p, pc
     return assign, chain
 
 
@@ -276,19 +355,27 @@ def baselines(prob: Problem) -> dict:
     ``heuristic`` (:func:`heuristic_assign`). ``prob`` must be built without hints: they are
     the user's choice for the placed model, and an all-host plan with hinted crossbar ops is
     no all-host plan (:func:`.place_by_cost` builds a hint-free problem for them)."""
-    out = {"all-host": evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})}
+    out = {"all-host": _evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})}
     heur = heuristic_assign(prob)
     if heur is not None:
-        out["heuristic"] = evaluate(prob, heur)
+        out["heuristic"] = _evaluate(prob, heur)
     return out
 
 
 def heuristic_assign(prob: Problem) -> dict | None:
     """The paper heuristic's devices as an assignment (None if one of its devices has no cost
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
-    devs = {i: heuristic(prob.ops[i], prob.options)[0] for i in prob.decision}
-    out = _with_variants(prob, devs)
-    return None if any(ch is None for ch in out.values()) else out
+    if prob.heuristic is None:  # asked twice (a start and a baseline): the answers are kept
+        devs = {}
+        for i in prob.decision:
+            known = prob.support.get(i, {})
+            ask = (lambda dev, _k=known, _o=prob.ops[i]:
+                   _k[dev.name] if dev.name in _k else dev.supports_under(_o, prob.options))
+            devs[i] = heuristic(prob.ops[i], prob.options, supports=ask)[0]
+        out = _with_variants(prob, devs)
+        prob.heuristic = {"assign": None if any(ch is None for ch in out.values()) else out}
+    a = prob.heuristic["assign"]
+    return None if a is None else dict(a)
 
 
 def _recorded(prob: Problem, i: int, dev: str) -> Priced | None:
@@ -377,13 +464,17 @@ class _Compiled:
     """An assignment priced as compiled (:func:`_as_compiled`), whose single-op moves are priced
     incrementally: a move re-prices the moved op, the transfers of the tensors it touches and,
     on a device that plans together which it leaves or joins, the model-wide plans of that
-    device's ops (the only ones the move can change), instead of compiling and evaluating the whole graph."""
+    device's ops (the only ones the move can change), instead of compiling and evaluating the
+    whole graph. The plans of one set of ops are asked for once (moving an op off a crossbar
+    device to the host or to UPMEM leaves the same ops behind)."""
 
     def __init__(self, prob: Problem, assign: dict):
         self.prob = prob
         self.assign = _as_compiled(prob, assign)
-        self.tot = evaluate(prob, self.assign)
+        self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
+        self._plans: dict = {}
+        self._slack: dict = {}
 
     def _variant(self, i: int, dev: str, a: Priced | None) -> Choice | None:
         """:func:`_variant`, memoized per op and plan (the device's plans are memoized too, so
@@ -393,6 +484,69 @@ class _Compiled:
         if hit is None or hit[0] is not a:
             hit = self._variants[key] = (a, _variant(self.prob, i, dev, a))
         return hit[1]
+
+    def _shared(self, dev: str, idx: list) -> dict:
+        key = (dev, tuple(idx))
+        hit = self._plans.get(key)
+        if hit is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            hit = self._plans[key] = _shared_plans(self.prob, dev, idx)
+        return hit
+
+    def _floor(self, j: int, dev: str) -> tuple[float, float]:
+        """The least latency and the least energy of op ``j`` among its candidates on ``dev``
+        (each priced as if alone, with all of the device's crossbars): no model-wide plan
+        gives it less."""
+        cs = [c.cost for c in self.prob.cands[j] if c.device == dev]
+        return min(c.latency_s for c in cs), min(c.energy_j for c in cs)
+
+    def _slack_of(self, dev: str) -> dict:
+        """``{op: (latency, energy) above its floor}`` of the ops on ``dev`` (a device that
+        plans together) whose plans a move may change: what the move could save them at most."""
+        hit = self._slack.get(dev)
+        if hit is None:
+            hit = {}
+            for j in self.prob.decision:
+                ch = self.assign[j]
+                if ch.device == dev and not _recorded(self.prob, j, dev):
+                    fl, fe = self._floor(j, dev)
+                    hit[j] = (ch.cost.latency_s - fl, ch.cost.energy_j - fe)
+            self._slack[dev] = hit
+        return hit
+
+    def bound(self, i: int, dev: str) -> tuple[float, float] | None:
+        """Lower bounds of the total (latency, energy) after moving op ``i`` to ``dev``: ``i`` at
+        its cheapest candidate on ``dev``, its transfers exact, and every op of a device that
+        plans together which ``i`` leaves or joins at its floor (:meth:`_floor`). None for a
+        move that neither leaves nor joins such a device (:meth:`trial` prices it exactly and
+        cheaply) or that takes a recorded plan."""
+        prob, assign = self.prob, self.assign
+        old = assign[i]
+        ends = [d for d in {old.device, dev} if _together(d)]
+        if not ends or _recorded(prob, i, dev) is not None:
+            return None
+        fl, fe = self._floor(i, dev)
+        lat = self.tot.latency_s - old.cost.latency_s + fl
+        en = self.tot.energy_j - old.cost.energy_j + fe
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device),
+                                            _transfers(prob, assign, i, dev)):
+            lat += s1 - s0
+            en += j1 - j0
+        for d in ends:
+            for j, (sl, se) in self._slack_of(d).items():
+                if j != i:
+                    lat -= max(sl, 0.0)
+                    en -= max(se, 0.0)
+        return lat, en
+
+    def hopeless(self, i: int, dev: str, objective: str, target: float) -> bool:
+        """Whether moving op ``i`` to ``dev`` provably leaves the objective at ``target`` or
+        above (:meth:`bound`), so that :meth:`trial` need not re-plan the crossbars for it."""
+        b = self.bound(i, dev)
+        if b is None or (objective == "edp" and min(b) < 0):
+            return False
+        return _f(objective, *b) >= target
 
     def trial(self, i: int, dev: str) -> tuple[dict, Totals]:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
@@ -404,7 +558,7 @@ class _Compiled:
                 continue
             idx = [j for j in prob.decision
                    if (dev if j == i else assign[j].device) == d and not _recorded(prob, j, d)]
-            plans = _shared_plans(prob, d, idx)
+            plans = self._shared(d, idx)
             for j in idx:
                 ch = self._variant(j, d, plans.get(j))
                 if ch is not assign[j] and ch != assign[j]:
@@ -415,10 +569,8 @@ class _Compiled:
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
-        for k in prob.touch.get(i, ()):
-            t = prob.tensors[k]
-            s0, j0, b0 = tensor_cost(prob, t, lambda n: prob.device_of(assign, n))
-            s1, j1, b1 = tensor_cost(prob, t, lambda n: dev if n == i else prob.device_of(assign, n))
+        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev),
+                                              _transfers(prob, assign, i, dev)):
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
             tot.transfer_bytes += b1 - b0
@@ -430,39 +582,54 @@ class _Compiled:
         """Take a move :meth:`trial` priced."""
         self.assign.update(changed)
         self.tot = tot
+        self._slack.clear()
 
 
-#: Most single-op moves :func:`_polish` prices (each re-prices the moved op, its tensors and
-#: the crossbar plans of the devices it leaves or joins).
+#: Most single-op moves :func:`_polish` prices that re-plan a crossbar device (each re-prices
+#: the moved op, its tensors and the crossbar plans of the devices it leaves or joins); moves its
+#: lower bound rules out and moves between devices that plan alone (priced exactly from the op
+#: and its tensors) are not counted.
 POLISH_MOVES = 400
+#: Most sweeps over the ops :func:`_polish` makes (each after one that improved).
+POLISH_SWEEPS = 30
 
 
-def _polish(prob: Problem, assign: dict, objective: str) -> dict | None:
-    """Single-op device changes priced as compiled, first improvement taken, until none helps
-    or :data:`POLISH_MOVES` moves were priced. The search's two-candidate crossbar prices can
-    miss what the model-wide plans make cheap (a kernel streaming through crossbars the others
-    leave); this corrects for it on the result. Returns the improved assignment or None."""
+def _polish(prob: Problem, assign: dict, objective: str) -> tuple[dict | None, bool]:
+    """Single-op device changes priced as compiled, first improvement taken, sweeping over
+    every op until a sweep improves nothing, :data:`POLISH_MOVES` crossbar re-plans were priced
+    or :data:`POLISH_SWEEPS` sweeps were made. The
+    search's two-candidate crossbar prices can miss what the model-wide plans make cheap (a
+    kernel streaming through crossbars the others leave); this corrects for it on the result.
+    A move whose lower bound (:meth:`_Compiled.hopeless`) cannot beat the current objective is
+    not priced: re-planning the crossbars for it could not make it the next step. Returns
+    ``(the improved assignment or None, whether a budget ran out first)``."""
     state = _Compiled(prob, assign)
     best = state.tot.value(objective)
-    moves, better = 0, None
-    changed = True
-    while changed and moves < POLISH_MOVES:
-        changed = False
+    priced, better = 0, None
+    changed, sweeps = True, 0
+    while changed:
+        if sweeps == POLISH_SWEEPS:
+            return better, True
+        changed, sweeps = False, sweeps + 1
         for i in prob.decision:
             tried: dict = {}
             for c in prob.cands[i]:
-                if c.device == state.assign[i].device or moves >= POLISH_MOVES:
+                if c.device == state.assign[i].device or c.device in tried:
+                    continue  # a device's second candidate prices the same
+                if state.hopeless(i, c.device, objective, best * (1 - 1e-9)):
+                    tried[c.device] = None
                     continue
-                moves += 1
-                if c.device not in tried:  # a device's second candidate prices the same
-                    tried[c.device] = state.trial(i, c.device)
-                diff, tot = tried[c.device]
+                if _together(c.device) or _together(state.assign[i].device):
+                    if priced >= POLISH_MOVES:
+                        return better, True
+                    priced += 1  # re-plans a crossbar device
+                diff, tot = tried[c.device] = state.trial(i, c.device)
                 if tot.value(objective) < best * (1 - 1e-9) and not violations(prob, tot):
                     state.apply(diff, tot)
                     best, changed = tot.value(objective), True
                     better = dict(state.assign)
                     break
-    return better
+    return better, False
 
 
 def solve(prob: Problem, objective: str) -> Solution:
@@ -478,7 +645,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     starts = {"all-host": host, "unary": greedy}
     if heur is not None:
         starts["heuristic"] = heur
-    t_host = evaluate(prob, host)
+    t_host = _evaluate(prob, host)
     if objective == "edp":
         lam0 = t_host.energy_j / max(t_host.latency_s, 1e-30)
         weights = [(lam0 * f, 1.0) for f in (1e-2, 1e-1, 1.0, 10.0, 100.0)]
@@ -488,14 +655,14 @@ def solve(prob: Problem, objective: str) -> Solution:
     dp_feasible = True
     for k, w in enumerate(weights):
         a, chain = chain_dp(prob, w)
-        if violations(prob, evaluate(prob, a)):
+        if violations(prob, _evaluate(prob, a)):
             dp_feasible = False
             a = repair(prob, a, objective, w)
         starts[f"dp{k}"] = a
     results = {}
     searched = {}
     for name, a in starts.items():
-        if violations(prob, evaluate(prob, a)):
+        if violations(prob, _evaluate(prob, a)):
             a = repair(prob, a, objective)
         searched[name] = local_search(prob, a, objective)
     # the search prices crossbar ops by two candidates each; every outcome, and the starting
@@ -504,7 +671,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     finals.update({f"{n} as is": starts[n] for n in ("all-host", "heuristic") if n in starts})
     finals = {n: _as_compiled(prob, a) for n, a in finals.items()}
     for name, a in finals.items():
-        tot = evaluate(prob, a)
+        tot = _evaluate(prob, a)
         if not violations(prob, tot):
             results[name] = (tot.value(objective), a, tot)
     if not results:
@@ -512,16 +679,17 @@ def solve(prob: Problem, objective: str) -> Solution:
         # than crossbars). The crossbar plans cope (kernels that do not fit stream), so keep
         # the hinted placement and choose the rest by the objective alone.
         for name, a in finals.items():
-            tot = evaluate(prob, a)
+            tot = _evaluate(prob, a)
             results[name] = (tot.value(objective), a, tot)
         dp_feasible = False
     best_name = min(results, key=lambda n: results[n][0])
     _, assign, tot = results[best_name]
+    capped = False
     if not violations(prob, tot):
-        polished = _polish(prob, assign, objective)
+        polished, capped = _polish(prob, assign, objective)
         if polished is not None:
             best_name = "polish"
-            assign, tot = polished, evaluate(prob, polished)
+            assign, tot = polished, _evaluate(prob, polished)
             results[best_name] = (tot.value(objective), assign, tot)
     dp_best = min((results[n][0] for n in results if n.startswith("dp")), default=math.inf)
     # the DP is exact on a chain when its own result needed no repair (the endurance budget is
@@ -533,4 +701,7 @@ def solve(prob: Problem, objective: str) -> Solution:
     else:
         method = (f"dynamic program + local search ({'chain' if chain else 'DAG'}), "
                   f"best start: {best_name if not best_name.startswith('dp') else 'dynamic program'}")
+    if capped:
+        method += (f"; polishing stopped at its budget ({POLISH_MOVES} crossbar re-plans or "
+                   f"{POLISH_SWEEPS} sweeps)")
     return Solution(assign, tot, method, baselines(prob) if not prob.hint_note else {}, exact)
