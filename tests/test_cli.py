@@ -418,3 +418,13 @@ def test_the_console_script_ends_with_its_status_output_and_exit_handlers():
                           "/tmp/never-written.onnx"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stdout.splitlines() == ["atexit ran"]
     assert bad.stderr.strip() == "onnx-cinm: error: no such file: '/no/such/model.onnx'"
+
+
+def test_the_console_script_under_a_profiler_returns_so_the_profile_is_written(tmp_path):
+    """``python -m cProfile -o FILE -m onnx_cinm.cli ...`` writes FILE after the command returns:
+    under a profiler main does not end the process itself."""
+    out = tmp_path / "cli.prof"
+    run = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "onnx_cinm.cli",
+                          "devices"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert out.stat().st_size > 0

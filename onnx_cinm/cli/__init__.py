@@ -58,8 +58,9 @@ def _end_process(status: int) -> None:
     (light ResNet50, measured from the last write to the process's end), more than some
     whole passes. Returns (a normal exit follows) while another thread runs, whose end the
     teardown would wait for, or when the output cannot be flushed (a closed pipe: the usual
-    exit reports it)."""
-    if threading.active_count() > 1:
+    exit reports it), or under a profiler or tracer (``python -m cProfile``, coverage), which
+    writes its results after the command returns."""
+    if threading.active_count() > 1 or sys.getprofile() is not None or sys.gettrace() is not None:
         return
     try:
         sys.stdout.flush()
