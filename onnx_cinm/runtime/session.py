@@ -162,6 +162,10 @@ class _DeviceNode:
     label: str = ""  # its name in the profile
     outputs: list = field(default_factory=list)  # its non-empty output names
     inputs: list = field(default_factory=list)  # its input names ("" for an absent one)
+    #: an Im2Col whose only reader computes from the Im2Col's input: that reader's node
+    fused_into: "_DeviceNode | None" = None
+    #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None): Device.from_patches
+    patches: tuple | None = None
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -289,7 +293,8 @@ class InferenceSession:
             given = provider_options[providers.index(PROVIDER)] or {}
         opts = check_provider_options(given)
         try:
-            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"])
+            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"],
+                                               opts["graph_optimization"])
         except ValueError as e:
             raise CinmError(f"{PROVIDER}: {e}") from None
         self._providers = providers
@@ -440,6 +445,7 @@ class InferenceSession:
         for d in self._device_nodes:
             d.label, d.outputs = self._label(d.node), [o for o in d.node.output if o]
             d.inputs = list(d.node.input)
+        self._fuse_patches(consumed_later, graph_outputs)
         for p in self._parts:
             p.modeled_records = [
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
@@ -452,6 +458,30 @@ class InferenceSession:
                            [d for d in self._device_nodes if d.stage == s])
                           for s in sorted({p.stage for p in self._parts}
                                           | {d.stage for d in self._device_nodes})]
+
+    def _fuse_patches(self, consumed: dict, graph_outputs: set) -> None:
+        """Pair each Im2Col run by a numpy kernel (model mode) with its only reader, a device
+        node whose device computes it from the Im2Col's input (:meth:`Device.from_patches`):
+        the patches are then never materialized, unless that callable declines a run."""
+        by_id = {id(d): d for d in self._device_nodes}
+        for d in self._device_nodes:
+            if d.node.op_type != "Im2Col" or d.node.domain != cinm.DOMAIN or \
+                    not isinstance(d.kernel, _ModelKernel) or len(d.outputs) != 1:
+                continue
+            out = d.outputs[0]
+            readers = consumed.get(out, set())
+            if out in graph_outputs or len(readers) != 1:
+                continue
+            kind, ref = next(iter(readers))
+            e = by_id.get(ref) if kind == "d" else None
+            if e is None or isinstance(e.kernel, _IfKernel) or not e.inputs or \
+                    e.inputs[0] != out or out in e.inputs[1:]:
+                continue
+            at = d.kernel.attrs
+            geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
+            runner = devices.get_device(e.device).from_patches(e.kernel, geometry)
+            if runner is not None:
+                d.fused_into, e.patches = e, (d, runner)
 
     def _session(self, p: _Partition, inits: dict, vis: dict):
         g = self._model.graph
@@ -616,37 +646,64 @@ class InferenceSession:
                                 "nodes": len(p.nodes), "basis": None})
                 records += [{"run": run_index, **r} for r in p.modeled_records]
             for d in stage_devices:
-                if isinstance(d.kernel, _IfKernel):
-                    outs, inner = d.kernel.run(values, run_index, d.label)
-                    values.update((o, v) for o, v in zip(d.node.output, outs) if o)
-                    records += inner
-                    continue
-                ins = [(values[n] if n in values else self._consts[n]) if n else None
-                       for n in d.inputs]
-                t0 = time.perf_counter()
-                empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
-                            for x in ins if x is not None)
-                if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
-                    outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
-                                                              "bytes_moved": 0}
-                else:
-                    try:
-                        outs, metrics = d.kernel(ins)
-                    except ValueError as e:  # inputs the kernel cannot take (too small, ...)
-                        raise CinmError(f"node '{d.label}' on {d.device} failed: "
-                                        f"{str(e).splitlines()[0]}") from None
-                wall = time.perf_counter() - t0
-                values.update(zip(d.outputs, outs))
-                records.append({"run": run_index, "node": d.label, "op_type": d.node.op_type,
-                                "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
-                                "latency_s": metrics.get("latency_s"),
-                                "energy_j": metrics.get("energy_j"),
-                                "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
-                                "basis": "run" if empty else metrics.get("basis") or "plan",
-                                **({"bytes_note": metrics["bytes_note"]}
-                                   if metrics.get("bytes_note") else {})})
+                if d.fused_into is None:  # else its reader runs it, or computes without it
+                    self._run_device(d, values, records, run_index)
         return values, records
+
+    def _run_device(self, d: _DeviceNode, values: dict, records: list, run_index: int) -> None:
+        """Run device node ``d`` on ``values`` (its outputs added there, its profile records
+        to ``records``); a node computed from the input of the Im2Col making its first input
+        (:attr:`_DeviceNode.patches`) runs that way when its callable accepts the run, and the
+        Im2Col is recorded with no wall time of its own; otherwise the Im2Col runs first."""
+        if isinstance(d.kernel, _IfKernel):
+            outs, inner = d.kernel.run(values, run_index, d.label)
+            values.update((o, v) for o, v in zip(d.node.output, outs) if o)
+            records += inner
+            return
+        if d.patches is not None:
+            src, runner = d.patches
+            x = values[src.inputs[0]] if src.inputs[0] in values else self._consts[src.inputs[0]]
+            t0 = time.perf_counter()
+            try:
+                got = runner(x) if isinstance(x, np.ndarray) and x.size else None
+            except ValueError as e:
+                raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                f"{str(e).splitlines()[0]}") from None
+            if got is None:
+                self._run_device(src, values, records, run_index)
+            else:
+                wall = time.perf_counter() - t0
+                records.append(self._record(src, run_index, 0.0, src.kernel.metrics, False))
+                values.update(zip(d.outputs, got[0]))
+                records.append(self._record(d, run_index, wall, got[1], False))
+                return
+        ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
+        t0 = time.perf_counter()
+        empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
+                    for x in ins if x is not None)
+        if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
+            outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
+                                                      "bytes_moved": 0}
+        else:
+            try:
+                outs, metrics = d.kernel(ins)
+            except ValueError as e:  # inputs the kernel cannot take (too small, ...)
+                raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                f"{str(e).splitlines()[0]}") from None
+        wall = time.perf_counter() - t0
+        values.update(zip(d.outputs, outs))
+        records.append(self._record(d, run_index, wall, metrics, empty))
+
+    @staticmethod
+    def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:
+        """The profile record of one run of device node ``d``."""
+        return {"run": run_index, "node": d.label, "op_type": d.node.op_type,
+                "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
+                "latency_s": metrics.get("latency_s"), "energy_j": metrics.get("energy_j"),
+                "writes": metrics.get("tile_writes", 0),
+                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
+                "basis": "run" if empty else metrics.get("basis") or "plan",
+                **({"bytes_note": metrics["bytes_note"]} if metrics.get("bytes_note") else {})}
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
         """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no

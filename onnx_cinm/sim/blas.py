@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import threading
 import time
 
@@ -42,6 +43,9 @@ import numpy as np
 
 #: Kernel choices of :class:`MatrixKernels`.
 MATMULS = ("auto", "numpy", "onnxruntime")
+#: onnxruntime graph optimization levels of the product sessions (:meth:`MatrixKernels.conv`).
+_GRAPH_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+                 "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("onnx_cinm_matrix_kernels", default=None)
 _CONTROLLER_LOCK = threading.Lock()
@@ -95,14 +99,20 @@ class MatrixKernels:
         ValueError: a negative thread count or an unknown kernel name.
     """
 
-    def __init__(self, threads: int = 1, matmul: str = "auto") -> None:
+    def __init__(self, threads: int = 1, matmul: str = "auto",
+                 graph_optimization: str = "all") -> None:
         if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
             raise ValueError(f"BLAS threads must be an integer >= 0, got {threads!r}")
         if matmul not in MATMULS:
             raise ValueError(f"matmul must be one of {', '.join(MATMULS)}, got {matmul!r}")
+        if graph_optimization not in _GRAPH_LEVELS:
+            raise ValueError(f"graph_optimization must be one of {', '.join(_GRAPH_LEVELS)}, "
+                             f"got {graph_optimization!r}")
         self.threads = int(threads)
         self.mode = matmul
+        self.graph_optimization = graph_optimization
         self._choice: dict = {}
+        self._conv_choice: dict = {}
         self._lock = threading.Lock()
         self._deciding = threading.Lock()
         self._ctl = None
@@ -135,6 +145,7 @@ class MatrixKernels:
         with self._lock:
             chosen = {f"{m}x{k}x{n}" + ("" if c else "T"): v
                       for (m, k, n, c), v in sorted(self._choice.items())}
+            chosen.update((_conv_text(key), v) for key, v in sorted(self._conv_choice.items()))
         return {"blas_threads": self.threads, "blas": libs, "matmul": self.mode, "chosen": chosen}
 
     # -- products -------------------------------------------------------------------------
@@ -231,7 +242,140 @@ class MatrixKernels:
         so.intra_op_num_threads = max(self.threads, 1)
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                              _GRAPH_LEVELS[self.graph_optimization])
         return so
+
+    # -- products of patches -----------------------------------------------------------------
+    def conv(self, x: np.ndarray, W: np.ndarray, bias: np.ndarray | None, geometry: tuple):
+        """The product of the patches of ``x`` with ``W`` (plus ``bias``) as one convolution in
+        onnxruntime's kernels, the patches never materialized: a callable ``f(x, out=None) ->
+        Y`` for inputs of ``x``'s shape, or None when the product should be computed on the
+        materialized patches instead (by :meth:`matmul`).
+
+        ``x`` float32 ``[n, C, *S]``; ``W`` float32 ``[C * prod(k), N]``, a weight that stays
+        programmed for the session (held by the kernel's session, as an initializer); ``bias``
+        float32 ``[N]`` or None; ``geometry`` ``(kernel_shape, strides, pads, dilations)`` as an
+        Im2Col node has them (``pads`` begins then ends). The patches are those of Im2Col:
+        channel-major, then kernel position, so ``W``'s columns are the weights of a Conv's
+        ``N`` filters ``[C, *k]``. ``f`` returns ``Y`` float32 ``[n, N, *O]``, into ``out``
+        when given (a C-contiguous array of that shape): ``Y[i, :, o] = patch(i, o) @ W +
+        bias``, the sums of :meth:`matmul` on the patches up to their order.
+
+        Which kernel: ``"numpy"`` never convolves (None); ``"onnxruntime"`` always does;
+        ``"auto"`` times both on the first product of each shape and geometry (the least of
+        three runs after a warm-up each): the convolution against numpy's product of
+        materialized patches of that shape plus the bias, not counting the copy of the patches
+        (so the convolution is chosen only where it beats the product alone), and keeps the
+        choice for the shape. Measured on the project's 2-core machine (1 thread, light
+        ResNet50's 3x3 convolutions): onnxruntime's convolution 2.1 ms where numpy's product
+        of the patches took 2.5-3.5 ms, plus 0.3-0.7 ms to copy the patches.
+
+        Raises ValueError if the shapes do not fit the geometry (``W`` rows != ``C * prod(k)``).
+        """
+        geo = tuple(tuple(int(v) for v in g) for g in geometry)
+        kernel_shape = geo[0]
+        if x.ndim != 2 + len(kernel_shape) or W.ndim != 2 or \
+                W.shape[0] != x.shape[1] * math.prod(kernel_shape):
+            raise ValueError(f"conv: input {list(x.shape)} and weights {list(W.shape)} do not "
+                             f"fit kernel {list(kernel_shape)}")
+        if self.mode == "numpy":
+            return None
+        key = (tuple(x.shape), W.shape[1], geo)
+        kind = "onnxruntime" if self.mode == "onnxruntime" else self._conv_choice.get(key)
+        if kind is None:
+            with self._deciding:
+                kind = self._conv_choice.get(key)
+                if kind is None:
+                    kind = self._decide_conv(key, x, W, bias, geo)
+        if kind == "numpy":
+            return None
+        return self._ort_conv(x, W, bias, geo)
+
+    def _decide_conv(self, key, x, W, bias, geo) -> str:
+        """Time the convolution of ``x`` against numpy's product of patches of its shape (zeros
+        in the layout Im2Col gives them: the transpose of a C-contiguous ``[K, rows]``) plus
+        the bias, and keep the faster for the key (:meth:`conv`)."""
+        kernel_shape, strides, pads, dilations = geo
+        n, spatial = x.shape[0], x.shape[2:]
+        O = [(s + pads[i] + pads[i + len(spatial)] - d * (k - 1) - 1) // t + 1
+             for i, (s, k, t, d) in enumerate(zip(spatial, kernel_shape, strides, dilations))]
+        rows, K, N = n * math.prod(O), W.shape[0], W.shape[1]
+        cols = np.zeros((K, rows), np.float32).T
+        prod_out = np.empty((N, rows), np.float32).T
+        conv_out = np.empty((n, N, *O), np.float32)
+
+        def numpy_route(*_):
+            _np_matmul(cols, W, prod_out)
+            if bias is not None:
+                np.add(prod_out, bias, out=prod_out)
+
+        def best(fn) -> float:
+            fn()
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        t_np = best(numpy_route)
+        try:
+            f = self._ort_conv(x, W, bias, geo)
+            t_ort = best(lambda: f(x, conv_out))
+        except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
+            t_ort = float("inf")
+        kind = "onnxruntime" if t_ort < t_np else "numpy"
+        with self._lock:
+            self._conv_choice[key] = kind
+        return kind
+
+    def _ort_conv(self, x, W, bias, geo):
+        """``f(x, out=None)``: ``x`` convolved with ``W`` (and ``bias``) in an onnxruntime
+        session holding them as initializers, one session per weight array and geometry (the
+        arrays held: their addresses stay theirs)."""
+        key = ("conv", W.__array_interface__["data"][0], W.shape, W.strides,
+               None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim)
+        entry = self._ort.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._ort.get(key)
+                if entry is None:
+                    entry = self._ort[key] = (W, bias, self._conv_session(x, W, bias, geo))
+        sess = entry[2]
+
+        def run(x, out=None):
+            xin = np.ascontiguousarray(x, dtype=np.float32)
+            if out is None:
+                return sess.run(None, {"X": xin})[0]
+            b = sess.io_binding()
+            b.bind_cpu_input("X", xin)
+            b.bind_output("Y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+            sess.run_with_iobinding(b)
+            return out
+        return run
+
+    def _conv_session(self, x, W, bias, geo):
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        kernel_shape, strides, pads, dilations = geo
+        C, N = x.shape[1], W.shape[1]
+        # W's rows are channel-major, then kernel position: W^T is [N, C, *k] in Conv's layout
+        Wc = np.ascontiguousarray(W.T, dtype=np.float32).reshape((N, C) + kernel_shape)
+        inits = [numpy_helper.from_array(Wc, "W")]
+        if bias is not None:
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(bias, np.float32), "B"))
+        node = helper.make_node("Conv", ["X", "W"] + (["B"] if bias is not None else []), ["Y"],
+                                kernel_shape=list(kernel_shape), strides=list(strides),
+                                pads=list(pads), dilations=list(dilations))
+        f = TensorProto.FLOAT
+        g = helper.make_graph([node], "conv",
+                              [helper.make_tensor_value_info("X", f, [None, C] + [None] * len(kernel_shape))],
+                              [helper.make_tensor_value_info("Y", f, None)], inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        return ort.InferenceSession(model.SerializeToString(), self._options(),
+                                    providers=["CPUExecutionProvider"])
 
     def _ort_const_matmul(self, X, W, out) -> None:
         """``out[:] = X @ W`` in a session whose ``W`` is an initializer (packed once, as
@@ -287,6 +431,14 @@ def _np_matmul(X, W, out) -> None:
         np.matmul(X, W, out=out)
     else:
         np.matmul(W.T, X.T, out=out.T)
+
+
+def _conv_text(key) -> str:
+    """A convolution's key (:meth:`MatrixKernels.conv`) as text: ``conv 1x64x56x56 k3x3 s1x1
+    ->64``."""
+    shape, n, (k, s, _, _) = key
+    return (f"conv {'x'.join(map(str, shape))} k{'x'.join(map(str, k))} "
+            f"s{'x'.join(map(str, s))} ->{n}")
 
 
 _NUMPY = MatrixKernels(threads=0, matmul="numpy")
