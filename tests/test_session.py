@@ -651,3 +651,58 @@ def test_compare_sums_a_product_over_constant_weights_in_the_references_order(tm
     artifacts.save(res.model, tmp_path / "o.onnx")
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--runs", "3"]) == 0
     assert "max abs err 0, max rel err 0: OK" in capsys.readouterr().out
+
+
+def _convs():
+    """Three Convs: 3x3 with bias (pads 1), 1x1 without bias, 3x3 stride 2 dilation 2 with
+    asymmetric pads; Relus between them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in
+             [("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (6, 8, 1, 1)), ("w3", (5, 6, 3, 3)),
+              ("b3", (5,))]]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2"),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], "conv3", strides=[2, 2],
+                              dilations=[2, 2], pads=[2, 1, 1, 2])]
+    g = helper.make_graph(nodes, "convs",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 13, 11])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_crossbar_products_over_patches_run_as_convolutions(tmp_path):
+    """Issue 16: a crossbar Gemm over an Im2Col's patches runs, from the second inference on,
+    as one convolution of the Im2Col's input (matmul "onnxruntime"; never under "numpy"):
+    the same numbers as onnxruntime on the original model, the Im2Col charged by its model
+    but run no more (wall 0), and every counter of the crossbar kernels equal to those of
+    the simulator's full run on the materialized patches."""
+    original = _convs()
+    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem")])
+    path = tmp_path / "convs.onnx"
+    artifacts.save(res.model, path)
+    sessions = {m: InferenceSession(path, provider_options=[{"matmul": m}, {}])
+                for m in ("numpy", "onnxruntime")}
+    assert [k for k, _ in sessions["numpy"].partitions()].count("memristor") == 3
+    for seed in range(3):
+        feeds = random_inputs(original, seed=seed)
+        (ref,) = run_onnxruntime(original, feeds)
+        for sess in sessions.values():
+            (got,) = sess.run(None, feeds)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    prof = {m: s.profile() for m, s in sessions.items()}
+    im2col = {m: [r for r in p if r["op_type"] == "Im2Col"] for m, p in prof.items()}
+    assert len(im2col["numpy"]) == len(im2col["onnxruntime"]) == 9
+    assert all(r["wall_s"] > 0 for r in im2col["numpy"])
+    fused = [r["wall_s"] == 0 for r in im2col["onnxruntime"]]
+    assert fused == [False] * 3 + [True] * 6  # the first inference tells the data path
+    keys = ("node", "writes", "latency_s", "energy_j", "bytes_moved", "mode", "basis")
+    gemms = {m: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
+             for m, p in prof.items()}
+    assert gemms["numpy"] == gemms["onnxruntime"] and len(gemms["numpy"]) == 9
+    chosen = sessions["onnxruntime"].configuration()["chosen"]
+    assert sum(k.startswith("conv ") for k in chosen) == 3
+    assert not any(k.startswith("conv ") for k in sessions["numpy"].configuration()["chosen"])

@@ -139,7 +139,8 @@ class MatrixKernels:
         """The configuration for a report: ``blas_threads`` (0: the libraries' own),
         ``blas`` (``[(library, internal API, threads it uses outside a run)]``), ``matmul`` (the
         mode) and ``chosen`` (``{"MxKxN": kernel}`` decided so far; ``T`` marks a product written
-        transposed)."""
+        transposed; ``"conv <input shape> k<kernel> s<strides> -><N>"`` the products of
+        patches run as convolutions or not, :meth:`conv`)."""
         libs = [(i.get("prefix"), i.get("internal_api"), i.get("num_threads"))
                 for i in (self._ctl or _controller()).select(user_api="blas").info()]
         with self._lock:
@@ -282,7 +283,10 @@ class MatrixKernels:
         if self.mode == "numpy":
             return None
         key = (tuple(x.shape), W.shape[1], geo)
-        kind = "onnxruntime" if self.mode == "onnxruntime" else self._conv_choice.get(key)
+        kind = self._conv_choice.get(key)
+        if kind is None and self.mode == "onnxruntime":
+            with self._lock:
+                kind = self._conv_choice[key] = "onnxruntime"
         if kind is None:
             with self._deciding:
                 kind = self._conv_choice.get(key)
