@@ -663,9 +663,9 @@ def _convs():
              [("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (6, 8, 1, 1)), ("w3", (5, 6, 3, 3)),
               ("b3", (5,))]]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2"),
-             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Relu", ["c2"], ["r2"], "relu2"),
              helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], "conv3", strides=[2, 2],
                               dilations=[2, 2], pads=[2, 1, 1, 2])]
     g = helper.make_graph(nodes, "convs",
@@ -679,14 +679,20 @@ def test_crossbar_products_over_patches_run_as_convolutions(tmp_path):
     as one convolution of the Im2Col's input (matmul "onnxruntime"; never under "numpy"):
     the same numbers as onnxruntime on the original model, the Im2Col charged by its model
     but run no more (wall 0), and every counter of the crossbar kernels equal to those of
-    the simulator's full run on the materialized patches."""
+    the simulator's full run on the materialized patches. The model-mode UPMEM Relus that
+    alone read a crossbar output run in place after it (numpy) or inside the convolution
+    (wall 0), in no host partition of their own."""
     original = _convs()
-    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem")])
+    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem"),
+                                    ("relu*", "upmem")])
     path = tmp_path / "convs.onnx"
     artifacts.save(res.model, path)
     sessions = {m: InferenceSession(path, provider_options=[{"matmul": m}, {}])
                 for m in ("numpy", "onnxruntime")}
-    assert [k for k, _ in sessions["numpy"].partitions()].count("memristor") == 3
+    for sess in sessions.values():
+        # the Relus run on their own (no host partition): Im2Col, Gemm, Relu, ..., Gemm
+        assert sess.partitions() == [("upmem", 1), ("memristor", 1), ("upmem", 1)] * 2 + \
+            [("upmem", 1), ("memristor", 1)]
     for seed in range(3):
         feeds = random_inputs(original, seed=seed)
         (ref,) = run_onnxruntime(original, feeds)
@@ -699,10 +705,16 @@ def test_crossbar_products_over_patches_run_as_convolutions(tmp_path):
     assert all(r["wall_s"] > 0 for r in im2col["numpy"])
     fused = [r["wall_s"] == 0 for r in im2col["onnxruntime"]]
     assert fused == [False] * 3 + [True] * 6  # the first inference tells the data path
+    relus = {m: [r for r in p if r["op_type"] == "Relu"] for m, p in prof.items()}
+    assert all(r["wall_s"] > 0 and r["mode"] == "model" and r["latency_s"] > 0
+               for r in relus["numpy"]) and len(relus["numpy"]) == 6
+    assert [r["wall_s"] == 0 for r in relus["onnxruntime"]] == [False] * 2 + [True] * 4
     keys = ("node", "writes", "latency_s", "energy_j", "bytes_moved", "mode", "basis")
     gemms = {m: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
              for m, p in prof.items()}
     assert gemms["numpy"] == gemms["onnxruntime"] and len(gemms["numpy"]) == 9
     chosen = sessions["onnxruntime"].configuration()["chosen"]
-    assert sum(k.startswith("conv ") for k in chosen) == 3
+    assert sorted(k for k in chosen if k.startswith("conv ")) == [
+        "conv 1x3x13x11 k3x3 s1x1 ->8 Relu", "conv 1x6x13x11 k3x3 s2x2 ->5",
+        "conv 1x8x13x11 k1x1 s1x1 ->6 Relu"]
     assert not any(k.startswith("conv ") for k in sessions["numpy"].configuration()["chosen"])

@@ -256,13 +256,15 @@ class Device:
         (only those given; raise CinmError if they do not fit the node's plan)."""
         return None
 
-    def from_patches(self, kernel: Callable, geometry: tuple) -> Callable | None:
+    def from_patches(self, kernel: Callable, geometry: tuple,
+                     activation: str | None = None) -> Callable | None:
         """For a :meth:`kernel` whose first input is made by a cinm Im2Col of ``geometry``
         (``(kernel_shape, strides, pads, dilations)``) that nothing else reads: a callable
         ``f(x) -> (outputs, metrics) | None`` computing the node from the Im2Col's input ``x``
         without materializing the patches (None from ``f``: not for this call; the provider
-        then runs the Im2Col and the kernel as usual). None (the default): the kernel always
-        takes the patches."""
+        then runs the Im2Col and the kernel as usual). ``activation`` ``"Relu"``: the output
+        only a Relu reads, which ``f`` applies too (its outputs are the Relu's). None (the
+        default): the kernel always takes the patches."""
         return None
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:

@@ -139,6 +139,14 @@ class _Partition:
     modeled_records: list = field(default_factory=list)
 
 
+def _relu_in_place(inputs: list, attrs: dict) -> list:
+    """cinm Relu on an array nothing else reads (:meth:`InferenceSession._post_op`): written in
+    place."""
+    x = inputs[0]
+    return [np.maximum(x, 0, out=x) if isinstance(x, np.ndarray) and x.flags.writeable
+            else np.maximum(x, 0)]
+
+
 class _ModelKernel:
     """A node run by a numpy kernel (its op's semantics) and charged the cost model's figures
     from its recorded plan (:meth:`Device.recorded` of ``dev``); none on the host."""
@@ -166,6 +174,8 @@ class _DeviceNode:
     fused_into: "_DeviceNode | None" = None
     #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None): Device.from_patches
     patches: tuple | None = None
+    #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
+    post: "_DeviceNode | None" = None
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -386,14 +396,26 @@ class InferenceSession:
             ready[name] = 0
         parts: dict[int, _Partition] = {}
         self._device_nodes: list[_DeviceNode] = []
+        uses: dict[str, int] = {o.name: 1 for o in g.output}  # readers of each value
+        for node in g.node:
+            for n in names_used_by(node):
+                uses[n] = uses.get(n, 0) + 1
+        made_by: dict[str, _DeviceNode] = {}  # output name -> the device node making it
         for node in g.node:
             stage = max((ready.get(n, 0) for n in names_used_by(node)), default=0)
             claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
             if claim is None and use_devices and _has_device_nodes(node):
                 claim = ("If", _IfKernel(self, node), "branch")
+            post = self._post_op(node, claim, made_by, uses)
+            if post is not None:  # applied by the provider to its producer's output
+                self._device_nodes.append(post)
+                for o in node.output:
+                    ready[o] = post.stage + 1
+                continue
             if claim is not None and claim[1] is not None:
                 dev_name, kernel, mode = claim
                 self._device_nodes.append(_DeviceNode(node, stage, dev_name, kernel, mode))
+                made_by.update((o, self._device_nodes[-1]) for o in node.output if o)
                 for o in node.output:
                     ready[o] = stage + 1
                 continue
@@ -459,6 +481,27 @@ class InferenceSession:
                           for s in sorted({p.stage for p in self._parts}
                                           | {d.stage for d in self._device_nodes})]
 
+    @staticmethod
+    def _post_op(node, claim, made_by: dict, uses: dict) -> "_DeviceNode | None":
+        """A cinm Relu in model mode (it would run inside a host partition) whose input only it
+        reads, made by a device kernel the provider runs (not a model-mode or If node): as a
+        device node applied to that output right after its producer runs
+        (:attr:`_DeviceNode.post`; in place, or inside the producer's convolution,
+        :meth:`Device.from_patches`), so no host partition runs for it alone. None otherwise."""
+        if claim is None or claim[1] is not None or claim[2] != "model" or \
+                node.op_type != "Relu" or node.domain != cinm.DOMAIN or len(node.input) != 1:
+            return None
+        src = made_by.get(node.input[0])
+        if src is None or uses.get(node.input[0]) != 1 or src.post is not None or \
+                isinstance(src.kernel, (_ModelKernel, _IfKernel)):
+            return None
+        at = cinm.node_attrs(node)
+        post = _DeviceNode(node, src.stage, claim[0],
+                           _ModelKernel(_relu_in_place, at, devices.get_device(claim[0])),
+                           "model", fused_into=src)
+        src.post = post
+        return post
+
     def _fuse_patches(self, consumed: dict, graph_outputs: set) -> None:
         """Pair each Im2Col run by a numpy kernel (model mode) with its only reader, a device
         node whose device computes it from the Im2Col's input (:meth:`Device.from_patches`):
@@ -479,7 +522,8 @@ class InferenceSession:
                 continue
             at = d.kernel.attrs
             geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
-            runner = devices.get_device(e.device).from_patches(e.kernel, geometry)
+            runner = devices.get_device(e.device).from_patches(
+                e.kernel, geometry, "Relu" if e.post is not None else None)
             if runner is not None:
                 d.fused_into, e.patches = e, (d, runner)
 
@@ -674,8 +718,13 @@ class InferenceSession:
             else:
                 wall = time.perf_counter() - t0
                 records.append(self._record(src, run_index, 0.0, src.kernel.metrics, False))
-                values.update(zip(d.outputs, got[0]))
                 records.append(self._record(d, run_index, wall, got[1], False))
+                if d.post is None:
+                    values.update(zip(d.outputs, got[0]))
+                else:  # the Relu was applied by the convolution
+                    values[d.post.outputs[0]] = got[0][0]
+                    records.append(self._record(d.post, run_index, 0.0, d.post.kernel.metrics,
+                                                False))
                 return
         ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
         t0 = time.perf_counter()
@@ -693,6 +742,9 @@ class InferenceSession:
         wall = time.perf_counter() - t0
         values.update(zip(d.outputs, outs))
         records.append(self._record(d, run_index, wall, metrics, empty))
+        if d.post is not None:  # its Relu, in place on the output only it reads
+            self._run_device(d.post, values, records, run_index)
+            values.pop(d.post.inputs[0], None)
 
     @staticmethod
     def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:

@@ -250,7 +250,8 @@ class MatrixKernels:
         return so
 
     # -- products of patches -----------------------------------------------------------------
-    def conv(self, x: np.ndarray, W: np.ndarray, bias: np.ndarray | None, geometry: tuple):
+    def conv(self, x: np.ndarray, W: np.ndarray, bias: np.ndarray | None, geometry: tuple,
+             activation: str | None = None):
         """The product of the patches of ``x`` with ``W`` (plus ``bias``) as one convolution in
         onnxruntime's kernels, the patches never materialized: a callable ``f(x, out=None) ->
         Y`` for inputs of ``x``'s shape, or None when the product should be computed on the
@@ -263,7 +264,9 @@ class MatrixKernels:
         channel-major, then kernel position, so ``W``'s columns are the weights of a Conv's
         ``N`` filters ``[C, *k]``. ``f`` returns ``Y`` float32 ``[n, N, *O]``, into ``out``
         when given (a C-contiguous array of that shape): ``Y[i, :, o] = patch(i, o) @ W +
-        bias``, the sums of :meth:`matmul` on the patches up to their order.
+        bias``, the sums of :meth:`matmul` on the patches up to their order, with
+        ``activation`` ``"Relu"`` applied (in the same session: onnxruntime fuses it into the
+        convolution) or none (None).
 
         Which kernel: ``"numpy"`` never convolves (None); ``"onnxruntime"`` always does;
         ``"auto"`` times both on the first product of each shape and geometry
@@ -283,7 +286,9 @@ class MatrixKernels:
                              f"fit kernel {list(kernel_shape)}")
         if self.mode == "numpy":
             return None
-        key = (tuple(x.shape), W.shape[1], geo)
+        if activation not in (None, "Relu"):
+            raise ValueError(f"conv: unknown activation {activation!r}")
+        key = (tuple(x.shape), W.shape[1], geo, activation)
         kind = self._conv_choice.get(key)
         if kind is None and self.mode == "onnxruntime":
             with self._lock:
@@ -292,12 +297,12 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._conv_choice.get(key)
                 if kind is None:
-                    kind = self._decide_conv(key, x, W, bias, geo)
+                    kind = self._decide_conv(key, x, W, bias, geo, activation)
         if kind == "numpy":
             return None
-        return self._ort_conv(x, W, bias, geo)
+        return self._ort_conv(x, W, bias, geo, activation)
 
-    def _decide_conv(self, key, x, W, bias, geo) -> str:
+    def _decide_conv(self, key, x, W, bias, geo, activation) -> str:
         """Time the convolution of ``x`` against the numpy route on arrays of its shapes --
         copying the patches out of ``x`` (as Im2Col does, unless they are a view of ``x``:
         a 1x1 kernel, unit strides, no padding), numpy's product of them in the layout Im2Col
@@ -333,9 +338,11 @@ class MatrixKernels:
             _np_matmul(cols_t, W, prod_out)
             if bias is not None:
                 np.add(prod_out, bias, out=prod_out)
+            if activation:
+                np.maximum(prod_out, 0, out=prod_out)
 
         try:
-            f = self._ort_conv(x, W, bias, geo)
+            f = self._ort_conv(x, W, bias, geo, activation)
             routes = [numpy_route, lambda: f(x, conv_out)]
             for fn in routes:
                 fn()
@@ -352,18 +359,20 @@ class MatrixKernels:
             self._conv_choice[key] = kind
         return kind
 
-    def _ort_conv(self, x, W, bias, geo):
+    def _ort_conv(self, x, W, bias, geo, activation=None):
         """``f(x, out=None)``: ``x`` convolved with ``W`` (and ``bias``) in an onnxruntime
         session holding them as initializers, one session per weight array and geometry (the
         arrays held: their addresses stay theirs)."""
         key = ("conv", W.__array_interface__["data"][0], W.shape, W.strides,
-               None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim)
+               None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim,
+               activation)
         entry = self._ort.get(key)
         if entry is None:
             with self._lock:
                 entry = self._ort.get(key)
                 if entry is None:
-                    entry = self._ort[key] = (W, bias, self._conv_session(x, W, bias, geo))
+                    entry = self._ort[key] = (W, bias,
+                                              self._conv_session(x, W, bias, geo, activation))
         sess = entry[2]
 
         def run(x, out=None):
@@ -377,7 +386,7 @@ class MatrixKernels:
             return out
         return run
 
-    def _conv_session(self, x, W, bias, geo):
+    def _conv_session(self, x, W, bias, geo, activation):
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
@@ -388,11 +397,14 @@ class MatrixKernels:
         inits = [numpy_helper.from_array(Wc, "W")]
         if bias is not None:
             inits.append(numpy_helper.from_array(np.ascontiguousarray(bias, np.float32), "B"))
-        node = helper.make_node("Conv", ["X", "W"] + (["B"] if bias is not None else []), ["Y"],
-                                kernel_shape=list(kernel_shape), strides=list(strides),
-                                pads=list(pads), dilations=list(dilations))
+        nodes = [helper.make_node("Conv", ["X", "W"] + (["B"] if bias is not None else []),
+                                  ["C" if activation else "Y"], kernel_shape=list(kernel_shape),
+                                  strides=list(strides), pads=list(pads),
+                                  dilations=list(dilations))]
+        if activation:
+            nodes.append(helper.make_node(activation, ["C"], ["Y"]))
         f = TensorProto.FLOAT
-        g = helper.make_graph([node], "conv",
+        g = helper.make_graph(nodes, "conv",
                               [helper.make_tensor_value_info("X", f, [None, C] + [None] * len(kernel_shape))],
                               [helper.make_tensor_value_info("Y", f, None)], inits)
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
@@ -457,10 +469,10 @@ def _np_matmul(X, W, out) -> None:
 
 def _conv_text(key) -> str:
     """A convolution's key (:meth:`MatrixKernels.conv`) as text: ``conv 1x64x56x56 k3x3 s1x1
-    ->64``."""
-    shape, n, (k, s, _, _) = key
+    ->64 Relu``."""
+    shape, n, (k, s, _, _), activation = key
     return (f"conv {'x'.join(map(str, shape))} k{'x'.join(map(str, k))} "
-            f"s{'x'.join(map(str, s))} ->{n}")
+            f"s{'x'.join(map(str, s))} ->{n}" + (f" {activation}" if activation else ""))
 
 
 _NUMPY = MatrixKernels(threads=0, matmul="numpy")

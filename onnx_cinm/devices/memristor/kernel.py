@@ -190,7 +190,7 @@ class CrossbarKernel:
                 return transposed
         return False
 
-    def patch_runner(self, geometry: tuple):
+    def patch_runner(self, geometry: tuple, activation: str | None = None):
         """A callable computing this node from the input ``x`` of the Im2Col that makes its
         first input, so the patches are never materialized: ``f(x) -> (outputs, metrics)`` as
         a call with the patches returns, or None when it does not apply to this call (the
@@ -198,7 +198,9 @@ class CrossbarKernel:
         it never applies: only a Gemm with its weights ``B`` programmed for the session, in
         ideal float32 mode, with no bias added outside its file.
 
-        ``geometry``: the Im2Col's ``(kernel_shape, strides, pads, dilations)``. The callable
+        ``geometry``: the Im2Col's ``(kernel_shape, strides, pads, dilations)``;
+        ``activation``: None, or ``"Relu"`` applied to the result (the convolution's output
+        is then the Relu's, :meth:`onnx_cinm.sim.blas.MatrixKernels.conv`). The callable
         computes only when the simulator reports its data path as exactly ``Y = X @ W (+
         bias)`` over one group (:meth:`CrossbarSimulator.affine`; known after one inference
         with the patches) and the session's matrix kernels convolve this shape
@@ -211,14 +213,16 @@ class CrossbarKernel:
                 self.integer or not self.prog.mode.ideal or \
                 (self.bias_name and not self.bias_in_file):
             return None
+        if activation not in (None, "Relu"):
+            return None
         geometry = tuple(tuple(int(v) for v in g) for g in geometry)
-        return lambda x: self._from_patches(x, geometry)
+        return lambda x: self._from_patches(x, geometry, activation)
 
-    def _from_patches(self, x, geometry):
+    def _from_patches(self, x, geometry, activation):
         x = np.asarray(x)
         plan = self._patch_plans.get(x.shape)
         if plan is None:
-            plan = self._patch_plan(x, geometry)
+            plan = self._patch_plan(x, geometry, activation)
             if plan is None:  # not known yet (no inference with the patches so far)
                 return None
             self._patch_plans[x.shape] = plan
@@ -233,7 +237,7 @@ class CrossbarKernel:
                 Y = np.ascontiguousarray(conv(x).transpose(order))
         return [Y], self._metrics(c.as_dict(), X, outs[out])
 
-    def _patch_plan(self, x, geometry):
+    def _patch_plan(self, x, geometry, activation):
         """What :meth:`_from_patches` does with inputs of ``x``'s shape: ``(input and output
         region, the patches' zero-stride stand-in, output layout, reshape, axes, the
         convolution's axes to the node's output or None when it writes the buffer as it is,
@@ -260,7 +264,7 @@ class CrossbarKernel:
         except ValueError:
             return False
         bias = None if b is None else self._sim.const[b].reshape(-1)
-        conv = blas.current().conv(x, W[0], bias, geometry)
+        conv = blas.current().conv(x, W[0], bias, geometry, activation)
         if conv is None:
             return False
         # the convolution's [n, N, *O] as the node's [n, *O, N], y_perm applied
