@@ -15,6 +15,14 @@ around it (DESIGN.md §5):
   partition is one onnxruntime session, created once and reused.
 - Arrays cross between partitions and kernels as numpy arrays without copies where the layouts
   allow.
+- Two fusions keep the provider from doing work a device would not: a device node whose first
+  input is made by a model-mode Im2Col that only it reads may compute from the Im2Col's input
+  (:meth:`Device.from_patches`: a crossbar product in ideal mode runs as one onnxruntime
+  convolution, the patches never copied, when that is measured faster); and a model-mode Relu
+  that alone reads a device kernel's output is applied right after it (in place, or inside
+  that convolution) rather than in a host partition of its own. Both are still charged by
+  their cost model and get their profile rows (with no wall time when folded into the
+  convolution).
 - A device node whose input is empty (a zero-size batch) launches no kernel: its outputs come
   from the op's reference body in onnxruntime (empty, or a reduction's identity); the profile
   records it with mode ``empty``.
