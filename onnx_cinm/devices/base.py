@@ -245,7 +245,9 @@ class Device:
                mode: str, run_options: dict | None = None) -> Callable | None:
         """A callable running the node's kernel in ``mode`` (one of :attr:`modes` other than
         ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
-        numpy arrays (None for an absent optional input), ``metrics`` the per-call figures
+        numpy arrays (None for an absent optional input; the outputs are the caller's, who may
+        write them in place: a kernel reuses an output array only once nobody holds it),
+        ``metrics`` the per-call figures
         (``latency_s`` seconds, ``energy_j`` joules, ``writes``, ``bytes_moved`` bytes; None
         where unknown; ``basis``: ``"run"`` when they are counted on this call's inputs, at
         their sizes, ``"plan"`` (the default when absent) when they are the recorded plan's,
