@@ -458,6 +458,43 @@ def test_matrix_kernels_products_match_numpy():
         blas.MatrixKernels(-1)
 
 
+def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
+    """Issue 16: ``MatrixKernels.conv`` is the product of the patches with the weights (plus
+    bias, then Relu when asked), the patches cut by hand here (channel-major, then kernel
+    position); ``"numpy"`` never convolves; a weight of the wrong height is a ValueError."""
+    from onnx_cinm.sim import blas
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    W = rng.standard_normal((3 * 2 * 3, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    geometry = ((2, 3), (2, 1), (1, 0, 0, 2), (1, 2))  # kernel, strides, pads, dilations
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 0), (0, 2)))
+    O = ((7 + 1 - 2) // 2 + 1, (6 + 2 - 5) // 1 + 1)
+    patches = np.empty((2, *O, 18))
+    for n in range(2):
+        for i in range(O[0]):
+            for j in range(O[1]):
+                patches[n, i, j] = xp[n, :, 2 * i:2 * i + 2, j:j + 5:2].reshape(-1)
+    ref = (patches @ W + b).transpose(0, 3, 1, 2)
+    for act in (None, "Relu"):
+        f = blas.MatrixKernels(1, "onnxruntime").conv(x, W, b, geometry, act)
+        want = np.maximum(ref, 0) if act else ref
+        np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
+        out = np.empty((2, 5, *O), np.float32)
+        assert f(x, out) is out
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None
+    auto = blas.MatrixKernels(1, "auto")  # convolves or not, as timed; says which
+    f = auto.conv(x, W, b, geometry)
+    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 ->5"] == \
+        ("numpy" if f is None else "onnxruntime")
+    if f is not None:
+        np.testing.assert_allclose(f(x), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        blas.MatrixKernels(1, "onnxruntime").conv(x, W[1:], b, geometry)
+
+
 def test_session_rejects_bad_kernel_options_and_reports_its_configuration(lenet):
     _, _, opt = lenet
     for bad in ({"blas_threads": -1}, {"matmul": "gpu"}):

@@ -28,7 +28,9 @@ Modes. ``mode ideal``: exact fp32 products and fp32 accumulation. It is the hot 
 whole-model runs, so its products are deferred: each ``ACC`` records which input block meets
 which tile, and the records are summed at the next ``ADD``/``READ`` (or the end of the run) in
 ascending k order per column block -- one ``X[g] @ W[g]`` matmul when a group's records cover
-its weight tiles exactly once. The counters still come from walking every command. ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
+its weight tiles exactly once. The counters still come from walking every command. A caller may compute an ideal data path
+itself, when :meth:`CrossbarSimulator.affine` says it is a plain ``X @ W + b``, and run the
+simulator for the counters alone (``run(..., data=False)``). ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
 ``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
 runs the non-ideal data path of :mod:`onnx_cinm.sim.crossbar.mode` (per-channel weight
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
