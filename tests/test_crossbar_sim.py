@@ -224,7 +224,7 @@ def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G
     the counters, tiles and wear as a full run does, inference by inference (serpentine and
     capacity-limited files included), and ``affine()`` names the plain product only after an
     inference with data and only for files that compute exactly ``X @ W + b``."""
-    pl, prm, paths, A, ref = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block)
+    _, _, paths, A, _ = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block)
     full, counted = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
     assert counted.affine() is None  # nothing seen yet
     stand_in = np.broadcast_to(np.float32(0), A.shape)  # shapes only

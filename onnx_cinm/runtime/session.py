@@ -179,11 +179,11 @@ class _DeviceNode:
     outputs: list = field(default_factory=list)  # its non-empty output names
     inputs: list = field(default_factory=list)  # its input names ("" for an absent one)
     #: an Im2Col whose only reader computes from the Im2Col's input: that reader's node
-    fused_into: "_DeviceNode | None" = None
+    fused_into: _DeviceNode | None = None
     #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None): Device.from_patches
     patches: tuple | None = None
     #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
-    post: "_DeviceNode | None" = None
+    post: _DeviceNode | None = None
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -490,7 +490,7 @@ class InferenceSession:
                                           | {d.stage for d in self._device_nodes})]
 
     @staticmethod
-    def _post_op(node, claim, made_by: dict, uses: dict) -> "_DeviceNode | None":
+    def _post_op(node, claim, made_by: dict, uses: dict) -> _DeviceNode | None:
         """A cinm Relu in model mode (it would run inside a host partition) whose input only it
         reads, made by a device kernel the provider runs (not a model-mode or If node): as a
         device node applied to that output right after its producer runs
