@@ -80,6 +80,7 @@ class CrossbarKernel:
         self._lock = threading.Lock()
         self._views: dict = {}
         self._patch_plans: dict = {}  # input shape -> _patch_plan
+        self._probed = None  # _affine's probe: its form, False (none) or None (not run)
 
     def _model_constants(self, prog_name: str, consts: dict) -> dict:
         """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
@@ -202,8 +203,8 @@ class CrossbarKernel:
         ``activation``: None, or ``"Relu"`` applied to the result (the convolution's output
         is then the Relu's, :meth:`onnx_cinm.sim.blas.MatrixKernels.conv`). The callable
         computes only when the simulator reports its data path as exactly ``Y = X @ W (+
-        bias)`` over one group (:meth:`CrossbarSimulator.affine`; known after one inference
-        with the patches) and the session's matrix kernels convolve this shape
+        bias)`` over one group (:meth:`CrossbarSimulator.affine`, :meth:`_affine`) and the
+        session's matrix kernels convolve this shape
         (:meth:`onnx_cinm.sim.blas.MatrixKernels.conv`); the simulator then counts the
         inference without its data path (``data=False``), so the counters, tiles and wear
         are those of a run on the patches. Exact in the sense of ideal mode: the same
@@ -237,14 +238,32 @@ class CrossbarKernel:
                 Y = np.ascontiguousarray(conv(x).transpose(order))
         return [Y], self._metrics(c.as_dict(), X, outs[out])
 
+    def _affine(self):
+        """The simulator's :meth:`~CrossbarSimulator.affine` form; before its first inference,
+        that of a simulator of its own over the same program and weights run once on one row
+        of zeros (an ideal program's data path does not depend on the rows), so the first
+        inference can compute from the patches too. None when the program is not one."""
+        form = self._sim.affine()
+        if form is None and self._probed is None:
+            X = {r.name: np.zeros((r.dims[0], 1, r.dims[1]), np.float32)
+                 for r in self.prog.regions.values() if r.kind == "input"}
+            probe = CrossbarSimulator(self.prog, dict(self._sim.const))
+            try:
+                probe.run(X)
+            except XbarError:
+                self._probed = False
+            else:
+                self._probed = probe.affine() or False
+        return form or self._probed or None
+
     def _patch_plan(self, x, geometry, activation):
         """What :meth:`_from_patches` does with inputs of ``x``'s shape: ``(input and output
         region, the patches' zero-stride stand-in, output layout, reshape, axes, the
         convolution's axes to the node's output or None when it writes the buffer as it is,
         the convolution)``; False when it never computes them (the matrix kernels take the
         materialized patches, or a shape that is not one group of ``C * prod(k)`` rows); None
-        before the simulator knows its data path (:meth:`CrossbarSimulator.affine`)."""
-        form = self._sim.affine()
+        when the simulator's data path is not a plain product (:meth:`_affine`)."""
+        form = self._affine()
         if form is None:
             return None
         kernel_shape, strides, pads, dilations = geometry
