@@ -44,8 +44,12 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     onnxruntime gets the provider's ``intra_op_threads`` (0: its default), so both run with
     the same threads.
 
-    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, simulator_s, host_s, upmem_s,
-    glue_s, session_s, config}`` where ``simulator_s``/``host_s``/``upmem_s`` split the
+    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, provider_cpu_s,
+    onnxruntime_cpu_s, cpu_ratio, simulator_s, host_s, upmem_s, glue_s, session_s, config}``
+    where the ``cpu`` figures are the medians of the process's CPU time per run (all its
+    threads; on cores shared with other work, wall time also counts the time the others hold
+    the cores: the light SqueezeNet wall-clock ratio ranged 2.1-2.5 over four runs of one
+    build on the project machine at a load average of 3), ``simulator_s``/``host_s``/``upmem_s`` split the
     provider's time by device (the median over the timed runs of each run's host wall time
     per device), ``glue_s`` is the median over runs of what the profile does not account for
     (the run's wall time minus its records' sum: the provider's own Python), ``session_s`` the
@@ -67,14 +71,16 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     ref = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     sess.run(None, feeds)
     ref.run(None, feeds)
-    ep, orig = [], []
+    ep, orig, ep_cpu, orig_cpu = [], [], [], []
     for _ in range(runs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         sess.run(None, feeds)
         ep.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        ep_cpu.append(time.process_time() - c)
+        t, c = time.perf_counter(), time.process_time()
         ref.run(None, feeds)
         orig.append(time.perf_counter() - t)
+        orig_cpu.append(time.process_time() - c)
     records = [r for r in sess.profile() if r["run"] > 0]  # not the warm-up
     split = {"memristor": 0.0, "host": 0.0, "upmem": 0.0}
     split.update(profile.median_split(records))
@@ -84,6 +90,9 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     return {"model": name, "runs": runs, "provider_s": statistics.median(ep),
             "onnxruntime_s": statistics.median(orig),
             "ratio": statistics.median(ep) / statistics.median(orig),
+            "provider_cpu_s": statistics.median(ep_cpu),
+            "onnxruntime_cpu_s": statistics.median(orig_cpu),
+            "cpu_ratio": statistics.median(ep_cpu) / statistics.median(orig_cpu),
             "simulator_s": split["memristor"], "host_s": split["host"], "upmem_s": split["upmem"],
             "glue_s": statistics.median(w - a for w, a in zip(ep, accounted)),
             "session_s": session_s, "config": sess.configuration()}
@@ -119,14 +128,18 @@ def main(argv=None) -> list[dict]:
     if args.json:
         print(json.dumps(recs, indent=1))
         return recs
-    print(f"{'model':16} {'provider':>10} {'onnxruntime':>12} {'ratio':>6}   provider split "
-          "(simulator / host partitions / upmem numpy / glue), session creation")
+    print(f"{'model':16} {'provider':>10} {'onnxruntime':>12} {'ratio':>6} {'cpu ratio':>9}"
+          "   provider split (simulator / host partitions / upmem numpy / glue), session "
+          "creation")
     for r in recs:
         print(f"{r['model']:16} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
-              f"{r['ratio']:6.2f}   {r['simulator_s'] * 1e3:.1f} / {r['host_s'] * 1e3:.1f} / "
-              f"{r['upmem_s'] * 1e3:.1f} / {r['glue_s'] * 1e3:.1f} ms, {r['session_s']:.2f} s")
-    print(f"(median of {args.runs} interleaved runs each; split: median per run of each part; "
-          "glue: median per run of the wall time the profile does not cover)")
+              f"{r['ratio']:6.2f} {r['cpu_ratio']:9.2f}   {r['simulator_s'] * 1e3:.1f} / "
+              f"{r['host_s'] * 1e3:.1f} / {r['upmem_s'] * 1e3:.1f} / {r['glue_s'] * 1e3:.1f} ms, "
+              f"{r['session_s']:.2f} s")
+    print(f"(median of {args.runs} interleaved runs each, wall time; cpu ratio: of the medians "
+          "of the process's CPU time per run, which other work on shared cores does not count; "
+          "split: median per run of each part; glue: median per run of the wall time the "
+          "profile does not cover)")
     for r in recs:
         c = r["config"]
         threads = c["options"]["intra_op_threads"]

@@ -214,3 +214,47 @@ def test_output_arrays_are_reused_only_when_free(tmp_path, order, m_block, quant
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
     again = sim.run({"X": A1})[0]["Y"]
     np.testing.assert_allclose(again, first, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("order,m_block,P,G", [("weight_stationary", 1, 4, 1), ("naive", 4, 4, 1),
+                                               ("weight_stationary", 1, 1, 1),
+                                               ("weight_stationary", 1, 4, 3)])
+def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G):
+    """Issue 16: ``run(data=False)`` (for a caller computing the data path itself) advances
+    the counters, tiles and wear as a full run does, inference by inference (serpentine and
+    capacity-limited files included), and ``affine()`` names the plain product only after an
+    inference with data and only for files that compute exactly ``X @ W + b``."""
+    _, _, paths, A, _ = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block)
+    full, counted = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
+    assert counted.affine() is None  # nothing seen yet
+    stand_in = np.broadcast_to(np.float32(0), A.shape)  # shapes only
+    for r in range(4):
+        c_full = full.run({"X": A})[1].as_dict()
+        if r == 0:  # the first inference with data tells the data path
+            c_count = counted.run({"X": A})[1].as_dict()
+        else:
+            c_count = counted.run({"X": stand_in}, data=False)[1].as_dict()
+        assert c_count == c_full
+        np.testing.assert_array_equal(counted.wear, full.wear)
+        assert counted.tags == full.tags
+    # a FOR ROWS block (the naive order's row blocks) is not read as a plain product
+    assert counted.affine() == (None if order == "naive" else ("X", "W", "C", "Y"))
+
+
+def test_affine_is_none_for_quantized_and_data_false_refuses_them(tmp_path):
+    from onnx_cinm.devices.memristor.nonideal import Q8
+
+    prm = replace(PCM_OCC, crossbars=4)
+    pl = plan(9, 130, 65, prm, "weight_stationary")
+    W = np.ones((1, 130, 65), np.float32)
+    path = emit_kernel(pl, prm, W, tmp_path, "q", bias=None, mode=Q8)[0]
+    sim = CrossbarSimulator(path)
+    X = np.ones((1, 9, 130), np.float32)
+    sim.run({"X": X})
+    assert sim.affine() is None
+    with pytest.raises(ValueError, match="ideal float32"):
+        sim.run({"X": X}, data=False)
+    ideal = emit_kernel(pl, prm, W, tmp_path, "i", bias=None)[0]
+    sim = CrossbarSimulator(ideal)
+    sim.run({"X": X})
+    assert sim.affine() == ("X", "W", None, "Y")

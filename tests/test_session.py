@@ -458,6 +458,43 @@ def test_matrix_kernels_products_match_numpy():
         blas.MatrixKernels(-1)
 
 
+def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
+    """Issue 16: ``MatrixKernels.conv`` is the product of the patches with the weights (plus
+    bias, then Relu when asked), the patches cut by hand here (channel-major, then kernel
+    position); ``"numpy"`` never convolves; a weight of the wrong height is a ValueError."""
+    from onnx_cinm.sim import blas
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    W = rng.standard_normal((3 * 2 * 3, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    geometry = ((2, 3), (2, 1), (1, 0, 0, 2), (1, 2))  # kernel, strides, pads, dilations
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 0), (0, 2)))
+    O = ((7 + 1 - 2) // 2 + 1, (6 + 2 - 5) // 1 + 1)
+    patches = np.empty((2, *O, 18))
+    for n in range(2):
+        for i in range(O[0]):
+            for j in range(O[1]):
+                patches[n, i, j] = xp[n, :, 2 * i:2 * i + 2, j:j + 5:2].reshape(-1)
+    ref = (patches @ W + b).transpose(0, 3, 1, 2)
+    for act in (None, "Relu"):
+        f = blas.MatrixKernels(1, "onnxruntime").conv(x, W, b, geometry, act)
+        want = np.maximum(ref, 0) if act else ref
+        np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
+        out = np.empty((2, 5, *O), np.float32)
+        assert f(x, out) is out
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None
+    auto = blas.MatrixKernels(1, "auto")  # convolves or not, as timed; says which
+    f = auto.conv(x, W, b, geometry)
+    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 ->5"] == \
+        ("numpy" if f is None else "onnxruntime")
+    if f is not None:
+        np.testing.assert_allclose(f(x), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        blas.MatrixKernels(1, "onnxruntime").conv(x, W[1:], b, geometry)
+
+
 def test_session_rejects_bad_kernel_options_and_reports_its_configuration(lenet):
     _, _, opt = lenet
     for bad in ({"blas_threads": -1}, {"matmul": "gpu"}):
@@ -651,3 +688,69 @@ def test_compare_sums_a_product_over_constant_weights_in_the_references_order(tm
     artifacts.save(res.model, tmp_path / "o.onnx")
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--runs", "3"]) == 0
     assert "max abs err 0, max rel err 0: OK" in capsys.readouterr().out
+
+
+def _convs():
+    """Three Convs: 3x3 with bias (pads 1), 1x1 without bias, 3x3 stride 2 dilation 2 with
+    asymmetric pads; Relus between them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in
+             [("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (6, 8, 1, 1)), ("w3", (5, 6, 3, 3)),
+              ("b3", (5,))]]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], "conv2"),
+             helper.make_node("Relu", ["c2"], ["r2"], "relu2"),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], "conv3", strides=[2, 2],
+                              dilations=[2, 2], pads=[2, 1, 1, 2])]
+    g = helper.make_graph(nodes, "convs",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 13, 11])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_crossbar_products_over_patches_run_as_convolutions(tmp_path):
+    """Issue 16: a crossbar Gemm over an Im2Col's patches runs, from the first inference on,
+    as one convolution of the Im2Col's input (matmul "onnxruntime"; never under "numpy"):
+    the same numbers as onnxruntime on the original model, the Im2Col charged by its model
+    but run no more (wall 0), and every counter of the crossbar kernels equal to those of
+    the simulator's full run on the materialized patches. The model-mode UPMEM Relus that
+    alone read a crossbar output run in place after it (numpy) or inside the convolution
+    (wall 0), in no host partition of their own."""
+    original = _convs()
+    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem"),
+                                    ("relu*", "upmem")])
+    path = tmp_path / "convs.onnx"
+    artifacts.save(res.model, path)
+    sessions = {m: InferenceSession(path, provider_options=[{"matmul": m}, {}])
+                for m in ("numpy", "onnxruntime")}
+    for sess in sessions.values():
+        # the Relus run on their own (no host partition): Im2Col, Gemm, Relu, ..., Gemm
+        assert sess.partitions() == [("upmem", 1), ("memristor", 1), ("upmem", 1)] * 2 + \
+            [("upmem", 1), ("memristor", 1)]
+    for seed in range(3):
+        feeds = random_inputs(original, seed=seed)
+        (ref,) = run_onnxruntime(original, feeds)
+        for sess in sessions.values():
+            (got,) = sess.run(None, feeds)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    prof = {m: s.profile() for m, s in sessions.items()}
+    im2col = {m: [r for r in p if r["op_type"] == "Im2Col"] for m, p in prof.items()}
+    assert len(im2col["numpy"]) == len(im2col["onnxruntime"]) == 9
+    assert all(r["wall_s"] > 0 for r in im2col["numpy"])
+    assert all(r["wall_s"] == 0 for r in im2col["onnxruntime"])
+    relus = {m: [r for r in p if r["op_type"] == "Relu"] for m, p in prof.items()}
+    assert all(r["wall_s"] > 0 and r["mode"] == "model" and r["latency_s"] > 0
+               for r in relus["numpy"]) and len(relus["numpy"]) == 6
+    assert [r["wall_s"] == 0 for r in relus["onnxruntime"]] == [True] * 6
+    keys = ("node", "writes", "latency_s", "energy_j", "bytes_moved", "mode", "basis")
+    gemms = {m: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
+             for m, p in prof.items()}
+    assert gemms["numpy"] == gemms["onnxruntime"] and len(gemms["numpy"]) == 9
+    chosen = sessions["onnxruntime"].configuration()["chosen"]
+    assert sorted(k for k in chosen if k.startswith("conv ")) == [
+        "conv 1x3x13x11 k3x3 s1x1 ->8 Relu", "conv 1x6x13x11 k3x3 s2x2 ->5",
+        "conv 1x8x13x11 k1x1 s1x1 ->6 Relu"]
+    assert not any(k.startswith("conv ") for k in sessions["numpy"].configuration()["chosen"])

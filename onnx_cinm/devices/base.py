@@ -245,7 +245,9 @@ class Device:
                mode: str, run_options: dict | None = None) -> Callable | None:
         """A callable running the node's kernel in ``mode`` (one of :attr:`modes` other than
         ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
-        numpy arrays (None for an absent optional input), ``metrics`` the per-call figures
+        numpy arrays (None for an absent optional input; the outputs are the caller's, who may
+        write them in place: a kernel reuses an output array only once nobody holds it),
+        ``metrics`` the per-call figures
         (``latency_s`` seconds, ``energy_j`` joules, ``writes``, ``bytes_moved`` bytes; None
         where unknown; ``basis``: ``"run"`` when they are counted on this call's inputs, at
         their sizes, ``"plan"`` (the default when absent) when they are the recorded plan's,
@@ -254,6 +256,17 @@ class Device:
         host. ``root`` is the ``<model>.cinm/`` folder; ``consts`` the node's constant inputs
         by name; ``run_options`` the :attr:`RunOptions` given to the provider, by field name
         (only those given; raise CinmError if they do not fit the node's plan)."""
+        return None
+
+    def from_patches(self, kernel: Callable, geometry: tuple,
+                     activation: str | None = None) -> Callable | None:
+        """For a :meth:`kernel` whose first input is made by a cinm Im2Col of ``geometry``
+        (``(kernel_shape, strides, pads, dilations)``) that nothing else reads: a callable
+        ``f(x) -> (outputs, metrics) | None`` computing the node from the Im2Col's input ``x``
+        without materializing the patches (None from ``f``: not for this call; the provider
+        then runs the Im2Col and the kernel as usual). ``activation`` ``"Relu"``: the output
+        only a Relu reads, which ``f`` applies too (its outputs are the Relu's). None (the
+        default): the kernel always takes the patches."""
         return None
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:

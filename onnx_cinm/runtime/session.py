@@ -15,6 +15,14 @@ around it (DESIGN.md §5):
   partition is one onnxruntime session, created once and reused.
 - Arrays cross between partitions and kernels as numpy arrays without copies where the layouts
   allow.
+- Two fusions keep the provider from doing work a device would not: a device node whose first
+  input is made by a model-mode Im2Col that only it reads may compute from the Im2Col's input
+  (:meth:`Device.from_patches`: a crossbar product in ideal mode runs as one onnxruntime
+  convolution, the patches never copied, when that is measured faster); and a model-mode Relu
+  that alone reads a device kernel's output is applied right after it (in place, or inside
+  that convolution) rather than in a host partition of its own. Both are still charged by
+  their cost model and get their profile rows (with no wall time when folded into the
+  convolution).
 - A device node whose input is empty (a zero-size batch) launches no kernel: its outputs come
   from the op's reference body in onnxruntime (empty, or a reduction's identity); the profile
   records it with mode ``empty``.
@@ -140,6 +148,14 @@ class _Partition:
     modeled_records: list = field(default_factory=list)
 
 
+def _relu_in_place(inputs: list, attrs: dict) -> list:
+    """cinm Relu on an array nothing else reads (:meth:`InferenceSession._post_op`): written in
+    place."""
+    x = inputs[0]
+    return [np.maximum(x, 0, out=x) if isinstance(x, np.ndarray) and x.flags.writeable
+            else np.maximum(x, 0)]
+
+
 class _ModelKernel:
     """A node run by a numpy kernel (its op's semantics) and charged the cost model's figures
     from its recorded plan (:meth:`Device.recorded` of ``dev``); none on the host."""
@@ -163,6 +179,12 @@ class _DeviceNode:
     label: str = ""  # its name in the profile
     outputs: list = field(default_factory=list)  # its non-empty output names
     inputs: list = field(default_factory=list)  # its input names ("" for an absent one)
+    #: an Im2Col whose only reader computes from the Im2Col's input: that reader's node
+    fused_into: _DeviceNode | None = None
+    #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None): Device.from_patches
+    patches: tuple | None = None
+    #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
+    post: _DeviceNode | None = None
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -284,7 +306,8 @@ class InferenceSession:
             given = provider_options[providers.index(PROVIDER)] or {}
         opts = check_provider_options(given)
         try:
-            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"])
+            self._kernels = blas.MatrixKernels(opts["blas_threads"], opts["matmul"],
+                                               opts["graph_optimization"])
         except ValueError as e:
             raise CinmError(f"{PROVIDER}: {e}") from None
         self._providers = providers
@@ -376,14 +399,26 @@ class InferenceSession:
             ready[name] = 0
         parts: dict[int, _Partition] = {}
         self._device_nodes: list[_DeviceNode] = []
+        uses: dict[str, int] = {o.name: 1 for o in g.output}  # readers of each value
+        for node in g.node:
+            for n in names_used_by(node):
+                uses[n] = uses.get(n, 0) + 1
+        made_by: dict[str, _DeviceNode] = {}  # output name -> the device node making it
         for node in g.node:
             stage = max((ready.get(n, 0) for n in names_used_by(node)), default=0)
             claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
             if claim is None and use_devices and _has_device_nodes(node):
                 claim = ("If", _IfKernel(self, node), "branch")
+            post = self._post_op(node, claim, made_by, uses)
+            if post is not None:  # applied by the provider to its producer's output
+                self._device_nodes.append(post)
+                for o in node.output:
+                    ready[o] = post.stage + 1
+                continue
             if claim is not None and claim[1] is not None:
                 dev_name, kernel, mode = claim
                 self._device_nodes.append(_DeviceNode(node, stage, dev_name, kernel, mode))
+                made_by.update((o, self._device_nodes[-1]) for o in node.output if o)
                 for o in node.output:
                     ready[o] = stage + 1
                 continue
@@ -435,6 +470,7 @@ class InferenceSession:
         for d in self._device_nodes:
             d.label, d.outputs = self._label(d.node), [o for o in d.node.output if o]
             d.inputs = list(d.node.input)
+        self._fuse_patches(consumed_later, graph_outputs)
         for p in self._parts:
             p.modeled_records = [
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
@@ -447,6 +483,52 @@ class InferenceSession:
                            [d for d in self._device_nodes if d.stage == s])
                           for s in sorted({p.stage for p in self._parts}
                                           | {d.stage for d in self._device_nodes})]
+
+    @staticmethod
+    def _post_op(node, claim, made_by: dict, uses: dict) -> _DeviceNode | None:
+        """A cinm Relu in model mode (it would run inside a host partition) whose input only it
+        reads, made by a device kernel the provider runs (not a model-mode or If node): as a
+        device node applied to that output right after its producer runs
+        (:attr:`_DeviceNode.post`; in place, or inside the producer's convolution,
+        :meth:`Device.from_patches`), so no host partition runs for it alone. None otherwise."""
+        if claim is None or claim[1] is not None or claim[2] != "model" or \
+                node.op_type != "Relu" or node.domain != cinm.DOMAIN or len(node.input) != 1:
+            return None
+        src = made_by.get(node.input[0])
+        if src is None or uses.get(node.input[0]) != 1 or src.post is not None or \
+                isinstance(src.kernel, (_ModelKernel, _IfKernel)):
+            return None
+        at = cinm.node_attrs(node)
+        post = _DeviceNode(node, src.stage, claim[0],
+                           _ModelKernel(_relu_in_place, at, devices.get_device(claim[0])),
+                           "model", fused_into=src)
+        src.post = post
+        return post
+
+    def _fuse_patches(self, consumed: dict, graph_outputs: set) -> None:
+        """Pair each Im2Col run by a numpy kernel (model mode) with its only reader, a device
+        node whose device computes it from the Im2Col's input (:meth:`Device.from_patches`):
+        the patches are then never materialized, unless that callable declines a run."""
+        by_id = {id(d): d for d in self._device_nodes}
+        for d in self._device_nodes:
+            if d.node.op_type != "Im2Col" or d.node.domain != cinm.DOMAIN or \
+                    not isinstance(d.kernel, _ModelKernel) or len(d.outputs) != 1:
+                continue
+            out = d.outputs[0]
+            readers = consumed.get(out, set())
+            if out in graph_outputs or len(readers) != 1:
+                continue
+            kind, ref = next(iter(readers))
+            e = by_id.get(ref) if kind == "d" else None
+            if e is None or isinstance(e.kernel, _IfKernel) or not e.inputs or \
+                    e.inputs[0] != out or out in e.inputs[1:]:
+                continue
+            at = d.kernel.attrs
+            geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
+            runner = devices.get_device(e.device).from_patches(
+                e.kernel, geometry, "Relu" if e.post is not None else None)
+            if runner is not None:
+                d.fused_into, e.patches = e, (d, runner)
 
     def _session(self, p: _Partition, inits: dict, vis: dict):
         g = self._model.graph
@@ -611,37 +693,72 @@ class InferenceSession:
                                 "nodes": len(p.nodes), "basis": None})
                 records += [{"run": run_index, **r} for r in p.modeled_records]
             for d in stage_devices:
-                if isinstance(d.kernel, _IfKernel):
-                    outs, inner = d.kernel.run(values, run_index, d.label)
-                    values.update((o, v) for o, v in zip(d.node.output, outs) if o)
-                    records += inner
-                    continue
-                ins = [(values[n] if n in values else self._consts[n]) if n else None
-                       for n in d.inputs]
-                t0 = time.perf_counter()
-                empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
-                            for x in ins if x is not None)
-                if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
-                    outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
-                                                              "bytes_moved": 0}
-                else:
-                    try:
-                        outs, metrics = d.kernel(ins)
-                    except ValueError as e:  # inputs the kernel cannot take (too small, ...)
-                        raise CinmError(f"node '{d.label}' on {d.device} failed: "
-                                        f"{str(e).splitlines()[0]}") from None
-                wall = time.perf_counter() - t0
-                values.update(zip(d.outputs, outs))
-                records.append({"run": run_index, "node": d.label, "op_type": d.node.op_type,
-                                "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
-                                "latency_s": metrics.get("latency_s"),
-                                "energy_j": metrics.get("energy_j"),
-                                "writes": metrics.get("tile_writes", 0),
-                                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
-                                "basis": "run" if empty else metrics.get("basis") or "plan",
-                                **({"bytes_note": metrics["bytes_note"]}
-                                   if metrics.get("bytes_note") else {})})
+                if d.fused_into is None:  # else its reader runs it, or computes without it
+                    self._run_device(d, values, records, run_index)
         return values, records
+
+    def _run_device(self, d: _DeviceNode, values: dict, records: list, run_index: int) -> None:
+        """Run device node ``d`` on ``values`` (its outputs added there, its profile records
+        to ``records``); a node computed from the input of the Im2Col making its first input
+        (:attr:`_DeviceNode.patches`) runs that way when its callable accepts the run, and the
+        Im2Col is recorded with no wall time of its own; otherwise the Im2Col runs first."""
+        if isinstance(d.kernel, _IfKernel):
+            outs, inner = d.kernel.run(values, run_index, d.label)
+            values.update((o, v) for o, v in zip(d.node.output, outs) if o)
+            records += inner
+            return
+        if d.patches is not None:
+            src, runner = d.patches
+            x = values[src.inputs[0]] if src.inputs[0] in values else self._consts[src.inputs[0]]
+            t0 = time.perf_counter()
+            try:
+                got = runner(x) if isinstance(x, np.ndarray) and x.size else None
+            except ValueError as e:
+                raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                f"{str(e).splitlines()[0]}") from None
+            if got is None:
+                self._run_device(src, values, records, run_index)
+            else:
+                wall = time.perf_counter() - t0
+                records.append(self._record(src, run_index, 0.0, src.kernel.metrics, False))
+                records.append(self._record(d, run_index, wall, got[1], False))
+                if d.post is None:
+                    values.update(zip(d.outputs, got[0]))
+                else:  # the Relu was applied by the convolution
+                    values[d.post.outputs[0]] = got[0][0]
+                    records.append(self._record(d.post, run_index, 0.0, d.post.kernel.metrics,
+                                                False))
+                return
+        ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
+        t0 = time.perf_counter()
+        empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
+                    for x in ins if x is not None)
+        if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
+            outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
+                                                      "bytes_moved": 0}
+        else:
+            try:
+                outs, metrics = d.kernel(ins)
+            except ValueError as e:  # inputs the kernel cannot take (too small, ...)
+                raise CinmError(f"node '{d.label}' on {d.device} failed: "
+                                f"{str(e).splitlines()[0]}") from None
+        wall = time.perf_counter() - t0
+        values.update(zip(d.outputs, outs))
+        records.append(self._record(d, run_index, wall, metrics, empty))
+        if d.post is not None:  # its Relu, in place on the output only it reads
+            self._run_device(d.post, values, records, run_index)
+            values.pop(d.post.inputs[0], None)
+
+    @staticmethod
+    def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:
+        """The profile record of one run of device node ``d``."""
+        return {"run": run_index, "node": d.label, "op_type": d.node.op_type,
+                "device": d.device, "mode": "empty" if empty else d.mode, "wall_s": wall,
+                "latency_s": metrics.get("latency_s"), "energy_j": metrics.get("energy_j"),
+                "writes": metrics.get("tile_writes", 0),
+                "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
+                "basis": "run" if empty else metrics.get("basis") or "plan",
+                **({"bytes_note": metrics["bytes_note"]} if metrics.get("bytes_note") else {})}
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
         """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...paradigms.cim import layout
+from ...sim import blas
 from ...sim.crossbar import CrossbarSimulator, XbarError, load_file
 
 
@@ -78,6 +79,8 @@ class CrossbarKernel:
         self.load_metrics = self._sim.load_counters.as_dict() if self._sim and not owner else None
         self._lock = threading.Lock()
         self._views: dict = {}
+        self._patch_plans: dict = {}  # input shape -> _patch_plan
+        self._probed = None  # _affine's probe: its form, False (none) or None (not run)
 
     def _model_constants(self, prog_name: str, consts: dict) -> dict:
         """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
@@ -138,6 +141,13 @@ class CrossbarKernel:
             Y = Y + np.asarray(inputs[2], dtype=Y.dtype)
             if self.y_perm is not None:
                 Y = Y.transpose(self.y_perm)
+        return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], \
+            self._metrics(c, X, outs["Y"])
+
+    def _metrics(self, c: dict, X, Yt) -> dict:
+        """The simulator's counters ``c`` of one inference on ``X`` giving ``Yt`` (both as the
+        simulator sees them, ``[G, rows, K]`` and ``[G, rows, N]``), with ``bytes_moved`` and
+        ``basis`` added."""
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
         # as the plan counts them (paradigms.cim.schedule, "bytes moved"; report's
@@ -145,10 +155,10 @@ class CrossbarKernel:
         # tile, at this run's rows
         h = self.prog.header
         k_tiles = -(-X.shape[-1] // h["rows"])
-        n_tiles = -(-outs["Y"].shape[-1] // h["cols"])
-        c["bytes_moved"] = 4 * (X.size * n_tiles + outs["Y"].size * k_tiles + weights)
+        n_tiles = -(-Yt.shape[-1] // h["cols"])
+        c["bytes_moved"] = 4 * (X.size * n_tiles + Yt.size * k_tiles + weights)
         c["basis"] = "run"  # the simulator's counters of these inputs (Device.kernel)
-        return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], c
+        return c
 
     def _layout(self, a_shape: tuple, b_shape: tuple) -> tuple:
         """``(view, transposed, shape, axes)`` for inputs of these shapes: the
@@ -180,6 +190,112 @@ class CrossbarKernel:
             if Y.flags.c_contiguous:
                 return transposed
         return False
+
+    def patch_runner(self, geometry: tuple, activation: str | None = None):
+        """A callable computing this node from the input ``x`` of the Im2Col that makes its
+        first input, so the patches are never materialized: ``f(x) -> (outputs, metrics)`` as
+        a call with the patches returns, or None when it does not apply to this call (the
+        caller then runs the Im2Col and this kernel as usual). None instead of a callable when
+        it never applies: only a Gemm with its weights ``B`` programmed for the session, in
+        ideal float32 mode, with no bias added outside its file.
+
+        ``geometry``: the Im2Col's ``(kernel_shape, strides, pads, dilations)``;
+        ``activation``: None, or ``"Relu"`` applied to the result (the convolution's output
+        is then the Relu's, :meth:`onnx_cinm.sim.blas.MatrixKernels.conv`). The callable
+        computes only when the simulator reports its data path as exactly ``Y = X @ W (+
+        bias)`` over one group (:meth:`CrossbarSimulator.affine`, :meth:`_affine`) and the
+        session's matrix kernels convolve this shape
+        (:meth:`onnx_cinm.sim.blas.MatrixKernels.conv`); the simulator then counts the
+        inference without its data path (``data=False``), so the counters, tiles and wear
+        are those of a run on the patches. Exact in the sense of ideal mode: the same
+        products and sums, in the convolution kernel's order.
+        """
+        if self.op.op_type != "Gemm" or self.operand != "B" or self._sim is None or \
+                self.integer or not self.prog.mode.ideal or \
+                (self.bias_name and not self.bias_in_file):
+            return None
+        if activation not in (None, "Relu"):
+            return None
+        geometry = tuple(tuple(int(v) for v in g) for g in geometry)
+        return lambda x: self._from_patches(x, geometry, activation)
+
+    def _from_patches(self, x, geometry, activation):
+        x = np.asarray(x)
+        plan = self._patch_plans.get(x.shape)
+        if plan is None:
+            plan = self._patch_plan(x, geometry, activation)
+            if plan is None:  # not known yet (no inference with the patches so far)
+                return None
+            self._patch_plans[x.shape] = plan
+        if plan is False or x.dtype != np.float32:
+            return None
+        inp, out, X, transposed, shape, axes, order, conv = plan
+        with self._lock:
+            outs, c = self._sim.run({inp: X}, transposed=transposed, data=False)
+            if order is None:  # the node's output is the simulator's buffer, as it is laid out
+                Y = conv(x, outs[out].reshape(shape).transpose(axes))
+            else:
+                Y = np.ascontiguousarray(conv(x).transpose(order))
+        return [Y], self._metrics(c.as_dict(), X, outs[out])
+
+    def _affine(self):
+        """The simulator's :meth:`~CrossbarSimulator.affine` form; before its first inference,
+        that of a simulator of its own over the same program and weights run once on one row
+        of zeros (an ideal program's data path does not depend on the rows), so the first
+        inference can compute from the patches too. None when the program is not one."""
+        form = self._sim.affine()
+        if form is None and self._probed is None:
+            X = {r.name: np.zeros((r.dims[0], 1, r.dims[1]), np.float32)
+                 for r in self.prog.regions.values() if r.kind == "input"}
+            probe = CrossbarSimulator(self.prog, dict(self._sim.const))
+            try:
+                probe.run(X)
+            except XbarError:
+                self._probed = False
+            else:
+                self._probed = probe.affine() or False
+        return form or self._probed or None
+
+    def _patch_plan(self, x, geometry, activation):
+        """What :meth:`_from_patches` does with inputs of ``x``'s shape: ``(input and output
+        region, the patches' zero-stride stand-in, output layout, reshape, axes, the
+        convolution's axes to the node's output or None when it writes the buffer as it is,
+        the convolution)``; False when it never computes them (the matrix kernels take the
+        materialized patches, or a shape that is not one group of ``C * prod(k)`` rows); None
+        when the simulator's data path is not a plain product (:meth:`_affine`)."""
+        form = self._affine()
+        if form is None:
+            return None
+        kernel_shape, strides, pads, dilations = geometry
+        r = len(kernel_shape)
+        if x.dtype != np.float32 or x.ndim != 2 + r:
+            return False
+        inp, w, b, out = form
+        W = self._sim.const[w]
+        O = tuple((x.shape[2 + i] + pads[i] + pads[i + r] - dilations[i] * (kernel_shape[i] - 1)
+                   - 1) // strides[i] + 1 for i in range(r))
+        a_shape = (x.shape[0],) + O + (x.shape[1] * int(np.prod(kernel_shape)),)
+        b_shape = tuple(self.op.inputs[1].static_shape)
+        if W.shape[0] != 1 or min(O, default=1) < 1 or a_shape[-1] != W.shape[1]:
+            return False
+        try:
+            v, transposed, shape, axes = self._layout(a_shape, b_shape)
+        except ValueError:
+            return False
+        bias = None if b is None else self._sim.const[b].reshape(-1)
+        conv = blas.current().conv(x, W[0], bias, geometry, activation)
+        if conv is None:
+            return False
+        # the convolution's [n, N, *O] as the node's [n, *O, N], y_perm applied
+        order = (0,) + tuple(range(2, 2 + r)) + (1,)
+        if self.y_perm is not None:
+            order = tuple(order[i] for i in self.y_perm)
+        X = np.broadcast_to(np.float32(0), (1, v.rows, v.K))  # the patches' shape, no memory
+        probe = np.empty((v.G, v.N, v.rows) if transposed else (v.G, v.rows, v.N), np.uint8)
+        Y = (probe.transpose(0, 2, 1) if transposed else probe).reshape(shape).transpose(axes)
+        direct = order == tuple(range(2 + r)) and Y.flags.c_contiguous and \
+            np.shares_memory(Y, probe)  # a view of the buffer, not a copy made by reshape
+        return inp, out, X, transposed, shape, axes, None if direct else order, conv
 
 
 def _add(a: dict, b: dict) -> dict:

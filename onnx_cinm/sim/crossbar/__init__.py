@@ -28,7 +28,9 @@ Modes. ``mode ideal``: exact fp32 products and fp32 accumulation. It is the hot 
 whole-model runs, so its products are deferred: each ``ACC`` records which input block meets
 which tile, and the records are summed at the next ``ADD``/``READ`` (or the end of the run) in
 ascending k order per column block -- one ``X[g] @ W[g]`` matmul when a group's records cover
-its weight tiles exactly once. The counters still come from walking every command. ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
+its weight tiles exactly once. The counters still come from walking every command. A caller may compute an ideal data path
+itself, when :meth:`CrossbarSimulator.affine` says it is a plain ``X @ W + b``, and run the
+simulator for the counters alone (``run(..., data=False)``). ``mode quantized`` (header keys ``weight_bits``, ``cell_bits``,
 ``differential``, ``dac_bits``, ``adc_bits``, ``adc_range``, ``noise_sigma``, ``seed``): every MVM
 runs the non-ideal data path of :mod:`onnx_cinm.sim.crossbar.mode` (per-channel weight
 quantization computed at load from the weights, bit slices, differential pairs or offset, DAC,
@@ -681,10 +683,10 @@ class CrossbarSimulator:
                 + c.adc_conversions * k["adc_energy_j"] + c.dac_conversions * k["dac_energy_j"]
                 + busy * k["clock_hz"] * k["periphery_energy_per_cycle_j"])
 
-    def _phase(self, cmds, rows, acts, outs) -> Counters:
+    def _phase(self, cmds, rows, acts, outs, data: bool = True) -> Counters:
         ph = _Phase(self.P)
         self._clipped = 0
-        self._exec(cmds, ph, rows, acts, outs, data=True)
+        self._exec(cmds, ph, rows, acts, outs, data=data)
         ph.c.adc_clipped = self._clipped
         ph.c.latency_s = float(ph.clock.max()) if self.P else 0.0
         ph.c.max_cell_writes = self._wear_max = int(self.wear.max())
@@ -767,6 +769,22 @@ class CrossbarSimulator:
                     self._read.append(a[0])
                     if self._trace is not None:
                         self._trace.append(("read", a[0]))
+
+    def affine(self) -> tuple | None:
+        """``(input, weight, bias or None, output)`` region names when this program's data path
+        is exactly ``Y = X @ W (+ bias)`` -- ideal mode, float32, one input and one output,
+        every inference so far summing each group's product over all its tiles once, then
+        adding the bias -- so a caller may compute it with any exact product kernel (and run
+        the simulator with ``data=False`` for the counters); None otherwise, and before the
+        first inference with data (the data path is read from its record)."""
+        if self._quant or self._int or self._has_loop:
+            return None
+        kinds = [r.kind for r in self.prog.regions.values()]
+        if kinds.count("input") != 1 or kinds.count("output") != 1:
+            return None
+        groups = next(r for r in self.prog.regions.values() if r.kind == "output").dims[0]
+        forms = {_affine_of(e[3], groups) for e in self._cache.values() if e[3] is not None}
+        return forms.pop() if len(forms) == 1 and None not in forms else None
 
     def _touch(self, outs, out, g) -> None:
         """Group ``g`` of output ``out`` is about to be added to: zero it if nothing wrote it
@@ -915,14 +933,23 @@ class CrossbarSimulator:
         if final is not None:
             self.tags = final
 
-    def run(self, inputs: dict, transposed: bool = False) -> tuple[dict, Counters]:
+    def run(self, inputs: dict, transposed: bool = False,
+            data: bool = True) -> tuple[dict, Counters]:
         """One inference. ``inputs``: ``{name: array [G, M, K] or [M, K]}`` for every ``input``.
 
         Returns ``({output name: float32 array [G, M, N]}, Counters)``; with ``transposed`` each
         output is the ``[G, M, N]`` view of a C-contiguous ``[G, N, M]`` array, the layout of a
         node whose result is ``Y^T`` (a programmed ``A``), so nobody transposes it back.
+
+        ``data=False`` (ideal float32 kernels only: elsewhere the data path draws noise and
+        counts clipped conversions) counts the inference without computing it: the counters, tiles
+        and wear advance as in a full run, the inputs are read for their shapes only (a
+        zero-stride stand-in will do) and the outputs are returned with undefined contents,
+        for a caller that computes the data path itself (:meth:`affine`).
         Raises :class:`XbarError` for missing or mis-shaped inputs.
         """
+        if not data and (self._quant or self._int):
+            raise ValueError("a run without its data path is for ideal float32 kernels only")
         prog = self.prog
         acts, M = {}, None
         for r in prog.regions.values():
@@ -959,6 +986,8 @@ class CrossbarSimulator:
         # and data events instead of walking every command again.
         key = None if (self._quant or self._has_loop) else (reverse, M, tuple(self.tags))
         hit = self._cache.get(key) if key is not None else None
+        if hit is not None and data and hit[3] is None:
+            hit = None  # counted without its data: walk it again, with the data
         if hit is not None:
             counts, tags, wear_delta, trace = hit
             self.tags = list(tags)
@@ -967,11 +996,12 @@ class CrossbarSimulator:
                 self._wear_max = int(self.wear.max())
             c = Counters(**counts)
             c.max_cell_writes = self._wear_max
-            self._replay(trace, acts, outs)
+            if data:
+                self._replay(trace, acts, outs)
         else:
             wear0 = self.wear.copy() if key is not None else None
-            self._trace = [] if key is not None else None
-            c = self._phase(body, M, acts, outs)
+            self._trace = [] if key is not None and data else None
+            c = self._phase(body, M, acts, outs, data)
             self._flush(acts, outs)  # the last products, traced with the rest
             if key is not None:
                 delta = self.wear - wear0
@@ -980,13 +1010,34 @@ class CrossbarSimulator:
                 self._cache[key] = (c.as_dict(), tuple(self.tags), delta if delta.any() else None,
                                     self._trace)
             self._trace = None
+        self.inferences += 1
+        if not data:
+            return outs, c
         self._flush(acts, outs)
         for name, g in list(self._untouched):  # nothing reached it: the accumulator's zeros
             self._touch(outs, name, g)
-        self.inferences += 1
         if self._int:  # exact integers in float64; int32 wraps as onnxruntime's int32 MatMul
             outs = {k: v.astype(np.int64).astype(np.int32) for k, v in outs.items()}
         return {name: outs[name] for name in (self._read or outs)}, c
+
+
+def _affine_of(trace: list, G: int) -> tuple | None:
+    """``(input, weight, bias or None, output)`` if the traced data path is ``Y[g] = X[g] @
+    W[g] (+ bias)`` for every group: one whole product per group, then at most one bias
+    addition, then the read of that output; None otherwise."""
+    if not trace or trace[0][0] != "products" or trace[-1] != ("read", trace[0][1][0][0]):
+        return None
+    prods = trace[0][1]
+    out, inp, w = prods[0][:3]
+    if sorted(p[3] for p in prods) != list(range(G)) or \
+            any(p[:3] != (out, inp, w) or p[4] is not None for p in prods):
+        return None
+    middle = trace[1:-1]
+    if not middle:
+        return inp, w, None, out
+    if len(middle) == 1 and middle[0][0] == "add" and middle[0][1] == out:
+        return inp, w, middle[0][2], out
+    return None
 
 
 def _check_integer(program: XbarProgram, region: Region, arr: np.ndarray) -> None:
