@@ -187,8 +187,8 @@ def test_console_script_help_and_lists():
     assert res.returncode == 0
     passes, steps = res.stdout.split("\n\n")
     assert [line.split()[0] for line in passes.splitlines()] == [
-        "canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm", "to_cinm", "placement",
-        "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
+        "canonicalize_opset", "share_weights", "fold_constants", "normalize", "fold_batchnorm",
+        "to_cinm", "placement", "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
     # the steps optimize times on its 'passes:' line besides the passes (trial: they were missing)
     assert [line.split()[0] for line in steps.splitlines()[1:]] == [
         "probe_shapes", "if_bodies", "shape_inference", "check", "check_nan_inf"]

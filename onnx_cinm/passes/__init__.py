@@ -6,7 +6,7 @@ names (:data:`DEFAULT_PIPELINE`). :class:`PassManager` runs a pipeline, times ev
 user skip passes by name and stop after a level (:data:`STOP_LEVELS`).
 
 Passes read the level above them and write the level below (see DESIGN.md): the frontend passes
-(``canonicalize_opset`` .. ``fold_batchnorm``) keep standard ONNX, ``to_cinm`` writes
+(``canonicalize_opset`` .. ``fold_batchnorm``, ``share_weights`` among them) keep standard ONNX, ``to_cinm`` writes
 device-agnostic ``cinm`` ops, ``placement`` annotates them with a device, ``cim_tiling`` and
 ``cnm_mapping`` add each paradigm's plan (tiles, workgroups), ``device_lowering`` the device's
 (cost, run mode, kernel path). No pass imports a device package; devices are reached through
@@ -41,6 +41,7 @@ _KEEPS_SHAPES: set[str] = set()
 #: The named pipeline run by ``onnx-cinm optimize``.
 DEFAULT_PIPELINE: list[str] = [
     "canonicalize_opset",
+    "share_weights",
     "fold_constants",
     "normalize",
     "fold_batchnorm",
@@ -60,7 +61,7 @@ STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement",
                                "paradigm": "cnm_mapping", "device": "device_lowering"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "fold_layouts", "device_lowering",
+_PASS_MODULES = ["canonicalize", "shared_weights", "to_cinm", "placement", "fold_layouts", "device_lowering",
                  "cnm_mapping"]
 
 
