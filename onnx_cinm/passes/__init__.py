@@ -47,6 +47,7 @@ DEFAULT_PIPELINE: list[str] = [
     "fold_batchnorm",
     "to_cinm",
     "placement",
+    "restore_host_ops",
     "fold_layouts",
     "cim_tiling",
     "cnm_mapping",
@@ -57,11 +58,11 @@ DEFAULT_PIPELINE: list[str] = [
 #: ``placement`` (each op's device), ``paradigm`` (each paradigm's plan: crossbar tiles, loop
 #: order, residency; workgroups, distribution, merges), ``device`` (the devices' whole plans:
 #: modeled cost, run mode, kernel paths).
-STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement",
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "restore_host_ops",
                                "paradigm": "cnm_mapping", "device": "device_lowering"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "shared_weights", "to_cinm", "placement", "fold_layouts", "device_lowering",
+_PASS_MODULES = ["canonicalize", "shared_weights", "to_cinm", "placement", "host_restore", "fold_layouts", "device_lowering",
                  "cnm_mapping"]
 
 
@@ -89,6 +90,10 @@ class PassContext:
     log: Callable[[str], None] = lambda msg: None
     scope: str = ""
     infos: dict | None = None
+    #: what ``to_cinm`` lowered, one entry per standard node replaced alone: ``(NodeProto,
+    #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
+    #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
+    origins: list = field(default_factory=list)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:

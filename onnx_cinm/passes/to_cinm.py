@@ -998,5 +998,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     cinm.attach_functions(model)
     frontend.add_unrolled_dims(model, rw.unrolled)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
+    ctx.origins = rw.origins
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model
