@@ -10,6 +10,7 @@ an independent path (no to_cinm, no restore) to "the original model on the host"
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -42,6 +43,9 @@ def _softmax_mean():
 
 
 def _exact(res, model):
+    onnx.checker.check_model(res.model, full_check=True)
+    assert not {v.name for v in res.model.graph.value_info} - \
+        {o for n in res.model.graph.node for o in n.output}  # no stale intermediate values
     feeds = random_inputs(model, seed=3)
     for got, want in zip(run_onnxruntime(res.model, feeds), run_onnxruntime(model, feeds)):
         np.testing.assert_array_equal(got, want)

@@ -191,8 +191,14 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
                 if name not in have:
                     graph.initializer.append(t)
                     have.add(name)
+        made = {o for n in graph.node for o in n.output}
         del graph.node[:]
         graph.node.extend(nodes)
+        gone = made - {o for n in graph.node for o in n.output}
+        infos = [v for v in graph.value_info if v.name not in gone]
+        if len(infos) < len(graph.value_info):  # the lowered ops' intermediate values
+            del graph.value_info[:]
+            graph.value_info.extend(infos)
         drop_unread_initializers(graph)
         ctx.forget_infos()
         if "devices" in stats:
