@@ -5,8 +5,9 @@ device runs its cinm ops, or where the original on the host costs less.
 Reshape + Transpose + a batched Gemm, which is what a crossbar wants and slower than
 onnxruntime's Conv on the host (fsmn_vad: 4.44 ms / 82.2 mJ lowered, 2.24 ms / 67.3 mJ as it
 was). After placement this pass, per node lowered into several (``ctx.origins``, recorded by
-``to_cinm``; a 1:1 lowering's cinm op on the host runs the original op already, and a group a
-user hint placed keeps the hint's placement, visible in its reason):
+``to_cinm``; a 1:1 lowering's cinm op on the host runs the original op already, a group a
+user hint placed keeps the hint's placement, visible in its reason, and an unrolled recurrence
+stays unrolled):
 
 1. restores the original node when every cinm op it became stays on the host (its result is
    then onnxruntime's on the original op, exactly);
@@ -28,6 +29,12 @@ from ..graph import TensorInfo
 from . import PassContext, register_pass
 from .graph_names import drop_unread_initializers
 from .pass_options import PlacementOptions
+from .recurrent import RULES as RECURRENT_RULES
+
+#: Source ops never put back: a recurrence unrolled over its sequence (:mod:`.recurrent`) fixed
+#: the model to that length (:func:`onnx_cinm.frontend.add_unrolled_dims`), which one restored
+#: node would not undo.
+_NEVER = frozenset().union(*(rule.ops for rule in RECURRENT_RULES))
 
 #: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
 #: evaluation each); beyond it, only the all-host ones are restored.
@@ -49,7 +56,8 @@ def _groups(graph: onnx.GraphProto, origins: list,
     outputs = {o.name for o in graph.output}
     out = []
     for proto, weights, names in origins:
-        if len(names) < min_nodes or any(name not in index for name in names):
+        key = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}::{proto.op_type}"
+        if key in _NEVER or len(names) < min_nodes or any(name not in index for name in names):
             continue
         ks = sorted(index[name] for name in names)
         if any(n.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
