@@ -300,9 +300,12 @@ def _attrs(node: onnx.NodeProto) -> dict:
     entries: no device reads them, and converting them cost seconds per pass)."""
     if node.domain == cinm.DOMAIN:
         return cinm.node_attrs(node)
-    return {a.name: (lambda v: v.decode() if isinstance(v, bytes) else v)(helper.get_attribute_value(a))
-            for a in node.attribute
-            if len(a.ints) + len(a.floats) + len(a.strings) + len(a.tensors) <= MAX_LISTED_ATTR}
+    out = {}
+    for a in node.attribute:
+        if len(a.ints) + len(a.floats) + len(a.strings) + len(a.tensors) <= MAX_LISTED_ATTR:
+            v = helper.get_attribute_value(a)
+            out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
 
 
 def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:

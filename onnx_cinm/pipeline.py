@@ -95,7 +95,7 @@ class OptimizeResult:
         lines = [
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
-            f"FLOPs on devices: "
+            "FLOPs on devices: "
             + (f"none of {si(self.flops_total, 'FLOP')}" if none else
                f"{100 * self.device_flops_share:.1f}% of {si(self.flops_total, 'FLOP')}")
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")

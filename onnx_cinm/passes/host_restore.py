@@ -28,13 +28,8 @@ from ..dialects import cinm
 from ..graph import TensorInfo
 from . import PassContext, register_pass
 from .graph_names import drop_unread_initializers
+from .origins import NEVER_RESTORED, source_key
 from .pass_options import PlacementOptions
-from .recurrent import RULES as RECURRENT_RULES
-
-#: Source ops never put back: a recurrence unrolled over its sequence (:mod:`.recurrent`) fixed
-#: the model to that length (:func:`onnx_cinm.frontend.add_unrolled_dims`), which one restored
-#: node would not undo.
-_NEVER = frozenset().union(*(rule.ops for rule in RECURRENT_RULES))
 
 #: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
 #: evaluation each); beyond it, only the all-host ones are restored.
@@ -56,8 +51,8 @@ def _groups(graph: onnx.GraphProto, origins: list,
     outputs = {o.name for o in graph.output}
     out = []
     for proto, weights, names in origins:
-        key = proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}::{proto.op_type}"
-        if key in _NEVER or len(names) < min_nodes or any(name not in index for name in names):
+        if source_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
+                any(name not in index for name in names):
             continue
         ks = sorted(index[name] for name in names)
         if any(n.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

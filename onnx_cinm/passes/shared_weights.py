@@ -13,9 +13,9 @@ import hashlib
 
 import onnx
 
+from ..frontend import subgraphs
 from . import PassContext, register_pass
 from .graph_names import drop_unread_initializers, names_used_by
-from ..frontend import subgraphs
 
 
 def _constant_initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:

@@ -76,6 +76,7 @@ from ..graph import TensorInfo
 from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
+from .origins import slim_origins
 from .recurrent import RULES as _RECURRENT_RULES
 
 _BINARY = set(cinm.BINARY_OPS)
@@ -1013,6 +1014,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     cinm.attach_functions(model)
     frontend.add_unrolled_dims(model, rw.unrolled)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
-    ctx.origins = rw.origins
+    ctx.origins = slim_origins(rw.origins)
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model
