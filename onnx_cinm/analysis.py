@@ -290,11 +290,30 @@ def body_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo],
     return flops, False
 
 
+#: Attribute lists longer than this are left out of a standard op's :attr:`OpInfo.attrs`.
+MAX_LISTED_ATTR = 1024
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    """``node``'s attributes as python values; outside the cinm domain without the lists of
+    more than :data:`MAX_LISTED_ATTR` elements (a tree ensemble's node tables, millions of
+    entries: no device reads them, and converting them cost seconds per pass)."""
+    if node.domain == cinm.DOMAIN:
+        return cinm.node_attrs(node)
+    out = {}
+    for a in node.attribute:
+        if len(a.ints) + len(a.floats) + len(a.strings) + len(a.tensors) <= MAX_LISTED_ATTR:
+            v = helper.get_attribute_value(a)
+            out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
 def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:
-    """The :class:`OpInfo` of ``node`` for device queries."""
+    """The :class:`OpInfo` of ``node`` for device queries (a standard op's long attribute lists
+    left out, see :func:`_attrs`)."""
     unknown = lambda n: TensorInfo(n, None, None, False)  # noqa: E731
     return OpInfo(
-        name=node.name, op_type=node.op_type, attrs=cinm.node_attrs(node),
+        name=node.name, op_type=node.op_type, attrs=_attrs(node),
         inputs=tuple(infos.get(n, unknown(n)) for n in node.input if n),
         outputs=tuple(infos.get(n, unknown(n)) for n in node.output if n),
         flops=node_flops(node, infos),

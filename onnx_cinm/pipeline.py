@@ -98,14 +98,18 @@ class OptimizeResult:
         """A few lines for a person: nodes, devices, FLOPs share, check, pass times."""
         n_cinm = sum(self.cinm_by_device.values())
         per_dev = ", ".join(f"{d} {n}" for d, n in sorted(self.cinm_by_device.items())) or "none"
+        none = not n_cinm and not any(n.domain == cinm.DOMAIN for n in cinm.all_nodes(self.model.graph))
         lines = [
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
-            f"FLOPs on devices: {100 * self.device_flops_share:.1f}% of {si(self.flops_total, 'FLOP')}"
+            "FLOPs on devices: "
+            + (f"none of {si(self.flops_total, 'FLOP')}" if none else
+               f"{100 * self.device_flops_share:.1f}% of {si(self.flops_total, 'FLOP')}")
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
             + (f" (If branches: those {self.branches_from} take)" if self.flops_exact
                and self.branches_from else "")
-            + _sizes_note(self.dims, self.unsized_dims),
+            + _sizes_note(self.dims, self.unsized_dims)
+            + (f"; {_no_device_ops(self.model)}" if none else ""),
         ]
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
@@ -471,6 +475,15 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
         parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
                      "(onnx-cinm compiles If branches only)")
     return "; ".join(parts), made_count
+
+
+def _no_device_ops(model: onnx.ModelProto) -> str:
+    """What the summary says of a model none of whose ops became a cinm op (a tree ensemble):
+    its op types, by count."""
+    kinds = Counter(n.op_type for n in model.graph.node)
+    shown = ", ".join(f"{op} x{n}" for op, n in kinds.most_common(6))
+    more = f" and {len(kinds) - 6} more op types" if len(kinds) > 6 else ""
+    return f"no op of this model is one a device runs ({shown}{more} run on the host)"
 
 
 #: The ``constraints`` of :func:`optimize`: the budgets among the placement options.

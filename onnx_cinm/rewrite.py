@@ -187,6 +187,10 @@ class Edit:
         #: repeated, by id: (bytes, initializer name)
         self._read: dict[int, tuple[bytes, str]] = {}
         self._scope: dict[str, ir.Value] = {}
+        #: ``[(node, weights, names)]``: each node :func:`apply` replaced alone, as a NodeProto,
+        #: with the initializers it read (``{name: TensorProto}``, the model's own, not copies)
+        #: and the names of the nodes it became (:mod:`onnx_cinm.passes.host_restore`)
+        self.origins: list[tuple[onnx.NodeProto, dict, list[str]]] = []
 
     # -- values ------------------------------------------------------------------------------
 
@@ -259,6 +263,15 @@ class Edit:
             node.replace_input_with(i, None)
 
     # -- rewriting ---------------------------------------------------------------------------
+
+    def record_origin(self, node: ir.Node, new: list[ir.Node]) -> None:
+        """Append ``node`` (about to be replaced by ``new``) to :attr:`origins`."""
+        weights = {}
+        for v in node.inputs:
+            if v is not None and v in self._original:
+                t = v.const_value
+                weights[v.name] = t.raw if isinstance(t, ir.TensorProtoTensor) else ir.serde.serialize_tensor(t)
+        self.origins.append((ir.serde.serialize_node(node), weights, [n.name for n in new]))
 
     def replace(self, old: list[ir.Node], new: list[ir.Node]) -> None:
         """Put ``new`` where the first of ``old`` is and remove ``old``. The consumers and graph
@@ -390,6 +403,8 @@ def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] 
         if isinstance(result, (list, Replacement)):
             if isinstance(result, list):
                 result = Replacement(result, [node])
+            if result.removes == [node]:
+                edit.record_origin(node, result.nodes)
             edit.replace(result.removes, result.nodes)
             rewritten[node.op_type] += 1
         elif result:

@@ -38,7 +38,7 @@ def test_every_opset(opset):
         ort.InferenceSession(m.SerializeToString())
     except Exception as e:  # the installed onnxruntime does not know this opset yet
         pytest.skip(f"onnxruntime cannot run opset {opset}: {str(e).splitlines()[0][:80]}")
-    result = optimize(m, check=2)
+    result = optimize(m, check=2, skip=["restore_host_ops"])  # the lowering, kept on the host too
     assert {n.op_type for n in result.model.graph.node if n.domain == "cinm"} >= {"Im2Col", "Gemm", "Reduce"}
     assert_matches_ort(m, result.model, dims={"batch": 3})
     assert result.model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"

@@ -6,7 +6,7 @@ names (:data:`DEFAULT_PIPELINE`). :class:`PassManager` runs a pipeline, times ev
 user skip passes by name and stop after a level (:data:`STOP_LEVELS`).
 
 Passes read the level above them and write the level below (see DESIGN.md): the frontend passes
-(``canonicalize_opset`` .. ``fold_batchnorm``) keep standard ONNX, ``to_cinm`` writes
+(``canonicalize_opset`` .. ``fold_batchnorm``, ``share_weights`` among them) keep standard ONNX, ``to_cinm`` writes
 device-agnostic ``cinm`` ops, ``placement`` annotates them with a device, ``cim_tiling`` and
 ``cnm_mapping`` add each paradigm's plan (tiles, workgroups), ``device_lowering`` the device's
 (cost, run mode, kernel path). No pass imports a device package; devices are reached through
@@ -41,11 +41,13 @@ _KEEPS_SHAPES: set[str] = set()
 #: The named pipeline run by ``onnx-cinm optimize``.
 DEFAULT_PIPELINE: list[str] = [
     "canonicalize_opset",
+    "share_weights",
     "fold_constants",
     "normalize",
     "fold_batchnorm",
     "to_cinm",
     "placement",
+    "restore_host_ops",
     "fold_layouts",
     "cim_tiling",
     "cnm_mapping",
@@ -56,11 +58,11 @@ DEFAULT_PIPELINE: list[str] = [
 #: ``placement`` (each op's device), ``paradigm`` (each paradigm's plan: crossbar tiles, loop
 #: order, residency; workgroups, distribution, merges), ``device`` (the devices' whole plans:
 #: modeled cost, run mode, kernel paths).
-STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "placement",
+STOP_LEVELS: dict[str, str] = {"cinm": "to_cinm", "placement": "restore_host_ops",
                                "paradigm": "cnm_mapping", "device": "device_lowering"}
 
 # Modules that define passes; imported lazily so that the registry is complete on first use.
-_PASS_MODULES = ["canonicalize", "to_cinm", "placement", "fold_layouts", "device_lowering",
+_PASS_MODULES = ["canonicalize", "shared_weights", "to_cinm", "placement", "host_restore", "fold_layouts", "device_lowering",
                  "cnm_mapping"]
 
 
@@ -88,6 +90,10 @@ class PassContext:
     log: Callable[[str], None] = lambda msg: None
     scope: str = ""
     infos: dict | None = None
+    #: what ``to_cinm`` lowered, one entry per standard node replaced alone: ``(NodeProto,
+    #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
+    #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
+    origins: list = field(default_factory=list)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:

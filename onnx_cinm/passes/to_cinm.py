@@ -63,6 +63,8 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -74,6 +76,7 @@ from ..graph import TensorInfo
 from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, is_splat, names_of
 from . import PassContext, register_pass
 from .graph_names import Names
+from .origins import slim_origins
 from .recurrent import RULES as _RECURRENT_RULES
 
 _BINARY = set(cinm.BINARY_OPS)
@@ -971,6 +974,15 @@ def lowerable_ops() -> tuple[str, ...]:
     return tuple(sorted({op for rule in (*_RULES, *_FUSIONS) for op in rule.ops}))
 
 
+def _any_candidate(graph: onnx.GraphProto, rules: list[Rule]) -> bool:
+    """Whether a node of the main graph has an op type one of ``rules`` anchors on (the key
+    :func:`onnx_cinm.rewrite.apply` matches: the op type, ``<domain>::<op type>`` outside the
+    default domain)."""
+    ops = set().union(*(r.ops for r in rules))
+    return any((n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}") in ops
+               for n in graph.node)
+
+
 @register_pass("to_cinm")
 def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Rewrite MatMul/Gemm/Conv, elementwise, Reduce*, CumSum, TopK, Transpose into cinm ops.
@@ -979,9 +991,15 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
     Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
     """
-    rw = _Rewriter(model)
     only = ctx.options.get("lower_ops")
     rules = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace) for r in _RULES]
+    fusions = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace)
+               for r in _FUSIONS]
+    if not _any_candidate(model.graph, rules + fusions):  # e.g. a tree ensemble: opening the
+        ctx.stats["to_cinm"] = {"lowered": Counter(), "kept": {}}  # graph costs minutes
+        ctx.log("to_cinm: no node of a type it lowers")
+        return model
+    rw = _Rewriter(model)
 
     def guard(node: ir.Node) -> str | None:
         if any(v in rw.shape_path for v in node.outputs):
@@ -990,8 +1008,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             return "empty tensor (a zero-sized dim): no work for a device"
         return None
 
-    fusions = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace)
-               for r in _FUSIONS]
     fused, _ = apply(rw, fusions, guard)  # the Erf left unfused stays, as before, on the host
     lowered, kept = apply(rw, rules, guard)
     _drop_dead_dequantize(rw)
@@ -1000,5 +1016,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     cinm.attach_functions(model)
     frontend.add_unrolled_dims(model, rw.unrolled)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
+    ctx.origins = slim_origins(rw.origins)
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model

@@ -1,0 +1,215 @@
+"""Pass ``restore_host_ops``: a node ``to_cinm`` lowered goes back to the original op where no
+device runs its cinm ops, or where the original on the host costs less.
+
+``to_cinm`` lowers without knowing where the ops will run: a grouped Conv becomes Im2Col +
+Reshape + Transpose + a batched Gemm, which is what a crossbar wants and slower than
+onnxruntime's Conv on the host (fsmn_vad: 4.44 ms / 82.2 mJ lowered, 2.24 ms / 67.3 mJ as it
+was). After placement this pass, per node lowered into several (``ctx.origins``, recorded by
+``to_cinm``; a 1:1 lowering's cinm op on the host runs the original op already, a group a
+user hint placed keeps the hint's placement, visible in its reason, and an unrolled recurrence
+stays unrolled):
+
+1. restores the original node when every cinm op it became stays on the host (its result is
+   then onnxruntime's on the original op, exactly);
+2. with cost placement, restores it too when the model with the original op on the host costs
+   less (the placement's objective over the whole graph, transfers included, priced by
+   :func:`.cost_placement.evaluate_model`; at most :data:`MAX_TRIALS` groups are tried);
+3. replaces the cost placement's totals by the restored model's, and its ``all-host``
+   baseline by the model with every lowered node restored, on the host: the original model.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+from onnx import helper
+
+from ..dialects import cinm
+from ..graph import TensorInfo
+from . import PassContext, register_pass
+from .graph_names import drop_unread_initializers
+from .origins import NEVER_RESTORED, source_key
+from .pass_options import PlacementOptions
+
+#: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
+#: evaluation each); beyond it, only the all-host ones are restored.
+MAX_TRIALS = 64
+
+
+def _groups(graph: onnx.GraphProto, origins: list,
+            min_nodes: int = 2) -> list[tuple[onnx.NodeProto, dict, list[int]]]:
+    """The recorded lowerings still whole in ``graph``: ``(original node, its weights, indices
+    of the nodes it became)``, those that made at least ``min_nodes`` nodes (a 1:1 lowering's
+    cinm op on the host runs its reference body, the original op), whose nodes all exist,
+    produce every output of the original and whose other outputs only they read (and are no
+    graph outputs)."""
+    index = {n.name: k for k, n in enumerate(graph.node) if n.name}
+    readers: dict[str, set[int]] = {}
+    for k, n in enumerate(graph.node):
+        for name in n.input:
+            readers.setdefault(name, set()).add(k)
+    outputs = {o.name for o in graph.output}
+    out = []
+    for proto, weights, names in origins:
+        if source_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
+                any(name not in index for name in names):
+            continue
+        ks = sorted(index[name] for name in names)
+        if any(n.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                   for a in n.attribute) for n in (graph.node[k] for k in ks)):
+            continue
+        made = {o for k in ks for o in graph.node[k].output if o}
+        final = {o for o in proto.output if o}
+        inner = made - final
+        if not final <= made or inner & outputs or \
+                any(not readers.get(v, set()) <= set(ks) for v in inner):
+            continue
+        out.append((proto, weights, ks))
+    return out
+
+
+def _restored(graph: onnx.GraphProto, groups: list) -> list[onnx.NodeProto]:
+    """The nodes of ``graph`` with each group's nodes replaced by its original node (at the
+    place of the group's first node)."""
+    first = {ks[0]: proto for proto, _, ks in groups}
+    gone = {k for _, _, ks in groups for k in ks}
+    nodes = []
+    for k, n in enumerate(graph.node):
+        if k in first:
+            nodes.append(first[k])
+        elif k not in gone:
+            nodes.append(n)
+    return nodes
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers are stubs (name, type and dims, no data): all
+    the cost model reads of them."""
+    sk = onnx.ModelProto()
+    for field in ("ir_version", "opset_import", "functions", "metadata_props"):
+        if field in ("opset_import", "functions", "metadata_props"):
+            getattr(sk, field).extend(getattr(model, field))
+        else:
+            setattr(sk, field, getattr(model, field))
+    g = sk.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+    return sk
+
+
+def _with_nodes(skeleton: onnx.ModelProto, nodes: list, weights: dict) -> onnx.ModelProto:
+    """``skeleton`` with ``nodes`` and stubs of the ``weights`` it lacks."""
+    trial = onnx.ModelProto()
+    trial.CopyFrom(skeleton)
+    del trial.graph.node[:]
+    trial.graph.node.extend(nodes)
+    have = {t.name for t in trial.graph.initializer}
+    for name, t in weights.items():
+        if name not in have:
+            trial.graph.initializer.add(name=name, data_type=t.data_type, dims=t.dims)
+    return trial
+
+
+def _all_host(nodes: list) -> list:
+    out = []
+    for n in nodes:
+        if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") != "host":
+            n = onnx.NodeProto.FromString(n.SerializeToString())
+            for a in n.attribute:
+                if a.name == "device":
+                    a.s = b"host"
+        out.append(n)
+    return out
+
+
+def _on_host(graph: onnx.GraphProto, ks: list[int]) -> bool:
+    return all(cinm.node_attrs(graph.node[k]).get("device", "host") == "host"
+               for k in ks if graph.node[k].domain == cinm.DOMAIN)
+
+
+def _hinted(graph: onnx.GraphProto, ks: list[int]) -> bool:
+    return any(str(cinm.node_attrs(graph.node[k]).get("placement", "")).startswith("hint ")
+               for k in ks if graph.node[k].domain == cinm.DOMAIN)
+
+
+@register_pass("restore_host_ops")
+def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+    """Put back the original of every lowered node whose cinm ops all stay on the host, or
+    (cost placement) whose original on the host costs less than its placed ops.
+
+    Reads ``ctx.origins`` (from ``to_cinm``; cleared here). Records
+    ``ctx.stats["restore_host_ops"] = {"restored": Counter by op type, "cheaper": n}`` (``cheaper``:
+    how many of them had device ops, restored because the original on the host costs less)
+    and, with cost placement, replaces ``ctx.stats["placement"]``'s ``totals`` and its
+    ``all-host`` baseline (see the module docstring). Rewrites ``model`` in place.
+    """
+    origins, ctx.origins = ctx.origins, []
+    graph = model.graph
+    groups = _groups(graph, origins)
+    stats = ctx.stats.get("placement", {})
+    cost = stats.get("strategy") == "cost"
+    keep = [g for g in groups if _on_host(graph, g[2]) and not _hinted(graph, g[2])]
+    cheaper = 0
+    if cost and groups:
+        from .cost_placement import evaluate_model
+
+        objective = stats.get("objective") or PlacementOptions.objective
+        infos = dict(ctx.tensor_infos(model))
+        everything = _groups(graph, origins, 1)
+        for _, weights, _ in everything:
+            for name, t in weights.items():
+                if name not in infos:
+                    infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(t.data_type),
+                                             tuple(t.dims), True)
+        skeleton = _skeleton(model)
+        weights = {n: t for _, w, _ in everything for n, t in w.items()}
+
+        def price(nodes) -> object:
+            return evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)[0]
+
+        tried = [g for g in groups if not _on_host(graph, g[2]) and not _hinted(graph, g[2])]
+        if len(tried) > MAX_TRIALS:
+            ctx.log(f"restore_host_ops: {len(tried)} lowered nodes on devices; pricing their "
+                    f"originals is left out beyond {MAX_TRIALS}")
+            tried = []
+        current = price(_restored(graph, keep))
+        for g in tried:
+            trial = price(_restored(graph, keep + [g]))
+            if trial.value(objective) < current.value(objective):
+                keep.append(g)
+                current = trial
+                cheaper += 1
+        stats["totals"] = current
+        if "baselines" in stats:
+            stats["baselines"]["all-host"] = price(_all_host(_restored(graph, everything)))
+    if keep:
+        nodes = _restored(graph, keep)
+        have = {t.name for t in graph.initializer}
+        for _, weights, _ in keep:
+            for name, t in weights.items():
+                if name not in have:
+                    graph.initializer.append(t)
+                    have.add(name)
+        made = {o for n in graph.node for o in n.output}
+        del graph.node[:]
+        graph.node.extend(nodes)
+        gone = made - {o for n in graph.node for o in n.output}
+        infos = [v for v in graph.value_info if v.name not in gone]
+        if len(infos) < len(graph.value_info):  # the lowered ops' intermediate values
+            del graph.value_info[:]
+            graph.value_info.extend(infos)
+        drop_unread_initializers(graph)
+        ctx.forget_infos()
+        if "devices" in stats:
+            stats["devices"] = Counter(cinm.node_attrs(n).get("device", "host")
+                                       for n in graph.node if n.domain == cinm.DOMAIN)
+    restored = Counter(proto.op_type for proto, _, _ in keep)
+    ctx.stats["restore_host_ops"] = {"restored": restored, "cheaper": cheaper}
+    if keep:
+        ctx.log(f"restore_host_ops: {len(keep)} lowered nodes back as they were "
+                f"({dict(restored)}; {cheaper} of them cheaper on the host than as placed)")
+    return model
