@@ -99,8 +99,14 @@ def test_conv_gemm_writes_nchw_and_equals_numpy(case, tmp_path):
     # batch 2 is not one transposed matrix: the plain product, permuted by one copy
     rows = n * ref.shape[2] * ref.shape[3]
     chosen = sess.configuration()["chosen"]
-    assert chosen == {f"{rows}x{c * k[0] * k[1]}x{m}" + ("T" if n == 1 else ""): chosen[
-        next(iter(chosen))]}
+    label = f"{rows}x{c * k[0] * k[1]}x{m}" + ("T" if n == 1 else "")
+    products = [key for key in chosen if not key.startswith("conv ")]
+    # the product of the patches, unless it ran as a convolution of X (matmul=auto may choose
+    # that by timing; then the timing alone computed the product)
+    if [v for key, v in chosen.items() if key.startswith("conv ")] == ["onnxruntime"]:
+        assert set(products) <= {label}
+    else:
+        assert products == [label]
     # and stock onnxruntime runs the Gemm's reference body (MatMul, Add, Transpose) to the
     # same numbers as the original Conv
     np.testing.assert_allclose(run_onnxruntime(res.model, {"X": x})[0],

@@ -491,3 +491,14 @@ _NUMPY = MatrixKernels(threads=0, matmul="numpy")
 def current() -> MatrixKernels:
     """The kernels of the session running in this thread (plain numpy outside a session)."""
     return _CURRENT.get() or _NUMPY
+
+
+@contextlib.contextmanager
+def plain():
+    """Plain numpy products for the block, whatever the session's kernels: for a throwaway run
+    whose products must not be timed for, nor recorded as, the session's choices."""
+    token = _CURRENT.set(_NUMPY)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
