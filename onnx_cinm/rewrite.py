@@ -292,7 +292,8 @@ class Edit:
         :meth:`const` that are read are appended, in the order made. A constant whose array is
         all of the bytes read from an initializer that is gone now (a weight of one value
         repeated, reshaped as its own transpose) takes that initializer's place instead: it
-        is renamed and reshaped, its bytes neither copied nor held twice."""
+        is renamed and reshaped, its bytes neither copied nor held twice; not a weight
+        :attr:`origins` holds for a node lowered into several, which must stay as it was."""
         g = self.proto.graph
         del g.node[:]
         g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
@@ -300,6 +301,9 @@ class Edit:
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made
         heirs: dict[str, int] = {}  # an initializer gone now -> the constant of its bytes
+        # the weights of a node lowered into several, held by :attr:`origins` as they are
+        # (restore_host_ops may put the node back on them): not renamed nor reshaped
+        held = {name for _, weights, names in self.origins if len(names) > 1 for name in weights}
         for v in self._new_consts:
             if v.name in dead:
                 continue
@@ -307,7 +311,7 @@ class Edit:
             root = whole_bytes(made[-1][1])
             source = self._read.get(id(root)) if root is not None else None
             if source is not None and source[0] is root and source[1] in dead and \
-                    source[1] not in heirs:
+                    source[1] not in heirs and source[1] not in held:
                 heirs[source[1]] = len(made) - 1
         taken = set()
         for index in reversed(range(len(g.initializer))):
