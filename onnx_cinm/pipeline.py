@@ -66,6 +66,10 @@ class OptimizeResult:
         branches_from: which inputs chose the counted If branches (``"the check's first
             input set"``, ``"random inputs at the planned sizes"``), or None: no If, or none
             seen (each If then counts its larger branch).
+        origins: ``to_cinm``'s record of the nodes it lowered (:mod:`onnx_cinm.passes.origins`)
+            when the pipeline stopped before ``restore_host_ops`` used it (``stop_after``),
+            else empty: what a later run of the passes from ``placement`` on needs to put
+            lowered nodes back (:func:`onnx_cinm.sweep.evaluate`).
     """
 
     model: onnx.ModelProto
@@ -88,6 +92,7 @@ class OptimizeResult:
     special_skipped: str | None = None
     branches_from: str | None = None
     fixed_dims: dict = field(default_factory=dict)
+    origins: list = field(default_factory=list)
 
     @property
     def device_flops_share(self) -> float:
@@ -698,4 +703,4 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         if "device_lowering" in ctx.stats else {}
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
-                          anonymous, special_skipped, branches_from, fixed)
+                          anonymous, special_skipped, branches_from, fixed, ctx.origins)

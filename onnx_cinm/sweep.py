@@ -149,21 +149,25 @@ def options_of(config: dict, base: dict | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 _WORKER_MODEL: onnx.ModelProto | None = None
+_WORKER_ORIGINS: list = []
 
 
-def _init_worker(model_path: str) -> None:
-    global _WORKER_MODEL
+def _init_worker(model_path: str, origins: list) -> None:
+    global _WORKER_MODEL, _WORKER_ORIGINS
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _WORKER_MODEL = onnx.load(model_path)
+    _WORKER_ORIGINS = origins
 
 
-def evaluate(model: onnx.ModelProto, options: dict) -> dict:
+def evaluate(model: onnx.ModelProto, options: dict, origins: list = ()) -> dict:
     """Place and lower the cinm-level ``model`` under ``options`` and return the modeled figures
     (``COLUMNS``: seconds, joules, tile writes, bytes, ``device:count`` list, broken
     constraints, how If branches count, wall seconds of the evaluation). The kernels inside
     If branches are placed, lowered and counted as in the module docstring. A configuration a
     device rejects (e.g. a bad option) gives its error in ``violations`` and NaN figures
-    instead of stopping the sweep (every figure NaN: latency, energy, writes, bytes)."""
+    instead of stopping the sweep (every figure NaN: latency, energy, writes, bytes).
+    ``origins``: the nodes ``to_cinm`` lowered (:attr:`onnx_cinm.pipeline.OptimizeResult.origins`,
+    weights as stubs), so ``restore_host_ops`` prices the model ``optimize`` would write."""
     from .analysis import tensor_infos
     from .passes import PassContext, PassManager
     from .passes.branches import (
@@ -176,7 +180,7 @@ def evaluate(model: onnx.ModelProto, options: dict) -> dict:
     t0 = time.perf_counter()
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    ctx = PassContext(options=dict(options))
+    ctx = PassContext(options=dict(options), origins=list(origins))
     try:  # the pass manager checks the options: a bad combination is this row's error
         work = PassManager(pipeline=LOWERING).run(work, ctx)
         infos = None
@@ -208,21 +212,29 @@ def _branches(ifs: dict) -> str:
 
 
 def _evaluate_in_worker(options: dict) -> dict:
-    return evaluate(_WORKER_MODEL, options)
+    return evaluate(_WORKER_MODEL, options, _WORKER_ORIGINS)
 
 
-def _evaluate_bytes(model, options: dict) -> dict:
+def _evaluate_bytes(model, options: dict, origins: list = ()) -> dict:
     if isinstance(model, bytes):
         model = onnx.load_from_string(model)
-    return evaluate(model, options)
+    return evaluate(model, options, origins)
 
 
 def cinm_level(model, input_shapes: dict | None = None, dims: dict | None = None) -> onnx.ModelProto:
     """``model`` (path or ModelProto) brought to the cinm level once for all configurations,
     planned at ``dims`` (``{symbolic dim: size}``, recorded in the model)."""
+    return _cinm_level(model, input_shapes, dims)[0]
+
+
+def _cinm_level(model, input_shapes: dict | None, dims: dict | None) -> tuple[onnx.ModelProto, list]:
+    """:func:`cinm_level`'s model and what ``to_cinm`` lowered (weights as stubs), for
+    :func:`evaluate`."""
+    from .passes.origins import stub_origins
     from .pipeline import optimize
 
-    return optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes, dims=dims).model
+    res = optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes, dims=dims)
+    return res.model, stub_origins(res.origins)
 
 
 def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None = None,
@@ -248,7 +260,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     configs = configurations(sets)
     base = check_options(dict(base_options or {}))
     opts = [options_of(c, base) for c in configs]
-    cinm_model = cinm_level(model, input_shapes, dims)
+    cinm_model, origins = _cinm_level(model, input_shapes, dims)
     data = cinm_model.SerializeToString()
     from tqdm import tqdm
 
@@ -258,7 +270,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     try:
         if executor == "serial":
             for k, o in enumerate(opts):
-                results[k] = evaluate(cinm_model, o)
+                results[k] = evaluate(cinm_model, o, origins)
                 bar.update(1)
         elif executor == "process":
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -274,7 +286,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             with open(model_path, "wb") as f:
                 f.write(data)
             ex = ProcessPoolExecutor(max_workers=n, initializer=_init_worker,
-                                     initargs=(model_path,), mp_context=ctx)
+                                     initargs=(model_path, origins), mp_context=ctx)
             try:
                 # workers start on submit and inherit an ignored SIGINT, so a Ctrl-C cannot
                 # hit one still starting up (a traceback per worker); the parent's Ctrl-C is
@@ -293,7 +305,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             finally:
                 folder.cleanup()
         elif executor == "dask":
-            results = _run_dask(data, opts, scheduler, bar)
+            results = _run_dask(data, opts, scheduler, bar, origins)
         else:
             raise CinmError(f"unknown executor '{executor}' (known: process, dask, serial)")
     finally:
@@ -315,7 +327,7 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, old)
 
 
-def _run_dask(data: bytes, opts: list[dict], scheduler, bar) -> list[dict]:
+def _run_dask(data: bytes, opts: list[dict], scheduler, bar, origins: list = ()) -> list[dict]:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -329,7 +341,7 @@ def _run_dask(data: bytes, opts: list[dict], scheduler, bar) -> list[dict]:
         raise CinmError(f"cannot reach the Dask scheduler at '{scheduler}': {e}") from None
     try:
         blob = client.scatter(data, broadcast=True)
-        futs = [client.submit(_evaluate_bytes, blob, o, pure=False) for o in opts]
+        futs = [client.submit(_evaluate_bytes, blob, o, origins, pure=False) for o in opts]
         index = {f.key: k for k, f in enumerate(futs)}
         results: list = [None] * len(opts)
         for f in as_completed(futs):

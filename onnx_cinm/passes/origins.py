@@ -24,6 +24,13 @@ def _stub(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
 
 
+def stub_origins(origins: list) -> list:
+    """``origins`` with every weight a stub (name, type and dims): enough to price the nodes
+    put back (:func:`onnx_cinm.sweep.evaluate`), not to run them."""
+    return [(proto, {n: _stub(t) for n, t in weights.items()}, names)
+            for proto, weights, names in origins]
+
+
 def slim_origins(origins: list) -> list:
     """``to_cinm``'s record (:attr:`onnx_cinm.rewrite.Edit.origins`) with the weights of the
     nodes ``restore_host_ops`` never puts back (1:1 lowerings, recurrences) as stubs: name, type and
