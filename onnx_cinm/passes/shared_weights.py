@@ -72,12 +72,12 @@ def resolve_identities(graph: onnx.GraphProto) -> int:
     return removed
 
 
-def _content_key(tensor: onnx.TensorProto) -> tuple | None:
-    """(dtype, dims, digest of the bytes) of an initializer stored as ``raw_data`` in the
-    model, else None (typed fields, external data: left alone)."""
+def _shape_key(tensor: onnx.TensorProto) -> tuple | None:
+    """(dtype, dims) of an initializer stored as ``raw_data`` in the model, else None (typed
+    fields, external data: left alone)."""
     if not tensor.HasField("raw_data") or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
-    return tensor.data_type, tuple(tensor.dims), hashlib.blake2b(tensor.raw_data, digest_size=16).digest()
+    return tensor.data_type, tuple(tensor.dims)
 
 
 def merge_identical_initializers(graph: onnx.GraphProto) -> int:
@@ -89,15 +89,21 @@ def merge_identical_initializers(graph: onnx.GraphProto) -> int:
     Returns:
         The number of initializers deleted.
     """
-    first: dict[tuple, onnx.TensorProto] = {}
-    alias: dict[str, str] = {}
+    by_shape: dict[tuple, list[tuple[str, onnx.TensorProto]]] = {}
     for name, tensor in _constant_initializers(graph).items():
-        key = _content_key(tensor)
-        if key is None:
+        key = _shape_key(tensor)
+        if key is not None:
+            by_shape.setdefault(key, []).append((name, tensor))
+    alias: dict[str, str] = {}
+    for group in by_shape.values():
+        if len(group) < 2:  # only a weight of the same dtype and dims can be a copy: no hashing
             continue
-        seen = first.setdefault(key, tensor)
-        if seen is not tensor and seen.raw_data == tensor.raw_data:
-            alias[name] = seen.name
+        first: dict[bytes, onnx.TensorProto] = {}  # digest -> the first tensor with it
+        for name, tensor in group:
+            digest = hashlib.blake2b(tensor.raw_data, digest_size=16).digest()
+            seen = first.setdefault(digest, tensor)
+            if seen is not tensor and seen.raw_data == tensor.raw_data:
+                alias[name] = seen.name
     if not alias:
         return 0
     for node in graph.node:
