@@ -7,11 +7,20 @@ ops with these two types. Walkers that build them from a model are in :mod:`onnx
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+
+
+@functools.cache
+def dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name`` (``"float32"``, ``"int8"``) of a numpy dtype or scalar type,
+    memoized: the devices' ``supports`` ask it for every operand of every op placement
+    queries, and numpy builds the name afresh on each call. Raises TypeError as ``np.dtype``."""
+    return np.dtype(dtype).name
 
 
 @dataclass(frozen=True)
