@@ -62,12 +62,16 @@ def _first_line(error: BaseException) -> str:
 def subgraphs(node: onnx.NodeProto) -> list:
     """The bodies of ``node`` (If branches, Loop and Scan bodies), in attribute order."""
     out = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
+    for attr in node.attribute:  # asked for every node of every walk: the enum values bound once
+        kind = attr.type
+        if kind == _GRAPH:
             out.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
+        elif kind == _GRAPHS:
             out.extend(attr.graphs)
     return out
+
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 def iter_graphs(graph: onnx.GraphProto):

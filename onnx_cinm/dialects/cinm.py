@@ -752,8 +752,24 @@ def make_node(op_type: str, inputs: list[str], outputs: list[str], name: str | N
 
 
 def node_attrs(node: NodeProto) -> dict:
-    """The node's attributes as python values (strings decoded)."""
-    return {a.name: _as_str(helper.get_attribute_value(a)) for a in node.attribute}
+    """The node's attributes as python values (strings decoded; what
+    ``onnx.helper.get_attribute_value`` gives otherwise). Raises ValueError on a reference
+    attribute or an unknown attribute type, as that function does."""
+    out = {}
+    for a in node.attribute:  # every pass asks for every node's: the common kinds read directly
+        kind = a.type
+        if kind == _INT and not a.ref_attr_name:
+            out[a.name] = a.i
+        elif kind == _INTS and not a.ref_attr_name:
+            out[a.name] = list(a.ints)
+        elif kind == _STRING and not a.ref_attr_name:
+            out[a.name] = a.s.decode()
+        else:
+            out[a.name] = _as_str(helper.get_attribute_value(a))
+    return out
+
+
+_INT, _INTS, _STRING = AttributeProto.INT, AttributeProto.INTS, AttributeProto.STRING
 
 
 def all_nodes(graph: onnx.GraphProto):
