@@ -23,6 +23,11 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
+@functools.cache
+def _itemsize(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """What placement knows about one tensor.
@@ -39,23 +44,26 @@ class TensorInfo:
     shape: tuple | None
     const: bool = False
 
-    @property
+    # computed once per info (the fields are frozen): placement, the cost models and the
+    # report ask for them tens of thousands of times on one model
+
+    @functools.cached_property
     def static_shape(self) -> tuple[int, ...] | None:
         """The shape with symbolic dims taken as 1 (e.g. a dynamic batch), None if rank unknown."""
         if self.shape is None:
             return None
         return tuple(d if isinstance(d, int) else 1 for d in self.shape)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
         s = self.static_shape
         return 0 if s is None else math.prod(s)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes of the tensor (:attr:`numel` times the element size); 0 if the dtype is unknown."""
-        return 0 if self.dtype is None else self.numel * np.dtype(self.dtype).itemsize
+        return 0 if self.dtype is None else self.numel * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
