@@ -667,6 +667,29 @@ def _inference_function(op_type: str, overload: str) -> FunctionProto:
     return build_function(op_type, overload, _INFER_OPSET)
 
 
+#: Memo of :func:`_body_output_types`: every shape inference of a model asks for each cinm
+#: node's outputs (onnx calls back into Python per node), and the nodes of one network repeat
+#: a few signatures (DenseNet121: 605 cinm ops, 7 inferences of the graph per optimize).
+_BODY_TYPES: dict = {}
+_BODY_TYPES_MAX = 4096
+
+
+def _body_output_types(op_type: str, overload: str, fn: FunctionProto, types: list,
+                       protos: list) -> list:
+    """``onnx.shape_inference.infer_function_output_types(fn, types, protos)``, remembered
+    per op type, overload, input types and attributes (their serialized bytes: the same bytes,
+    the same inference); raises what it raises."""
+    key = (op_type, overload, tuple(t.SerializeToString() for t in types),
+           tuple(p.SerializeToString() for p in protos))
+    hit = _BODY_TYPES.get(key)
+    if hit is None:
+        hit = onnx.shape_inference.infer_function_output_types(fn, types, protos)
+        if len(_BODY_TYPES) >= _BODY_TYPES_MAX:
+            _BODY_TYPES.clear()
+        _BODY_TYPES[key] = hit
+    return hit
+
+
 def _infer(op_type: str):
     spec = OPS[op_type]
 
@@ -696,7 +719,7 @@ def _infer(op_type: str):
                  for i in range(len(fn.input))]
         if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
             return                         # infer): the output stays unknown too
-        for i, t in enumerate(onnx.shape_inference.infer_function_output_types(fn, types, protos)):
+        for i, t in enumerate(_body_output_types(op_type, overload, fn, types, protos)):
             ctx.set_output_type(i, t)
 
     return infer
