@@ -704,18 +704,25 @@ def _infer(op_type: str):
                 protos.append(a)
                 attrs[name] = helper.get_attribute_value(a)
         overload = overload_of(op_type, attrs, len(present))
-        if any(ctx.get_input_type(i) is None for i in present):
+        got: dict = {}  # each input's type converted once (onnx hands out a fresh copy per call)
+
+        def input_type(i: int):
+            if i not in got:
+                got[i] = ctx.get_input_type(i)
+            return got[i]
+
+        if any(input_type(i) is None for i in present):
             return  # an input of unknown type (e.g. made by a contrib op): the output stays unknown
         if op_type in _DIRECT_INFER:
-            types = [ctx.get_input_type(i) for i in range(n_in)]
+            types = [input_type(i) for i in range(n_in)]
             for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
                 ctx.set_output_type(i, t)
             return
         if op_type == "Clip":  # optional min/max: the output has the input's type
-            ctx.set_output_type(0, ctx.get_input_type(0))
+            ctx.set_output_type(0, input_type(0))
             return
         fn = _inference_function(op_type, overload)
-        types = [ctx.get_input_type(i) if i < n_in else onnx.TypeProto()
+        types = [input_type(i) if i < n_in else onnx.TypeProto()
                  for i in range(len(fn.input))]
         if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
             return                         # infer): the output stays unknown too
