@@ -71,7 +71,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
         consts[init.name] = (init.data_type, tuple(init.dims))
         # small ones (axes, shapes, k) carry values inference reads; the element count is a
         # cheap bound (ByteSize() walks the whole tensor, ~60 ms for a 100 MB one)
-        if int(np.prod(init.dims, dtype=np.int64)) <= 512:
+        if math.prod(init.dims) <= 512:  # Python ints: no overflow, and 10x np.prod's speed
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)

@@ -212,7 +212,7 @@ def size_anonymous_dims(model: onnx.ModelProto,
     model.graph.value_info.extend(pinned)
     model = infer(model)
     for _ in range(_SIZING_ROUNDS):
-        if not _has_unsized(model.graph) or not data_prop or not _fold_shape_values(model):
+        if not data_prop or not _has_unsized(model.graph) or not _fold_shape_values(model):
             break
         del model.graph.value_info[:]  # onnx keeps an anonymous dim it was given
         model.graph.value_info.extend(pinned)

@@ -22,6 +22,8 @@ it, for the same reason; callers that need the original keep their own copy.
 """
 from __future__ import annotations
 
+import math
+
 import os
 import tempfile
 from collections.abc import Callable
@@ -62,12 +64,16 @@ def _first_line(error: BaseException) -> str:
 def subgraphs(node: onnx.NodeProto) -> list:
     """The bodies of ``node`` (If branches, Loop and Scan bodies), in attribute order."""
     out = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
+    for attr in node.attribute:  # asked for every node of every walk: the enum values bound once
+        kind = attr.type
+        if kind == _GRAPH:
             out.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
+        elif kind == _GRAPHS:
             out.extend(attr.graphs)
     return out
+
+
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 def iter_graphs(graph: onnx.GraphProto):
@@ -184,12 +190,12 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if dims is None:
             continue
         static = [d for d in dims if isinstance(d, int) and d >= 0]  # exporters write -1
-        if int(np.prod([max(d, 1) for d in static], dtype=object)) > _INT64_MAX:
+        if math.prod(max(d, 1) for d in static) > _INT64_MAX:  # Python ints: exact
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
     for tensor in _iter_tensors(model):
         if any(d < 0 for d in tensor.dims) or \
-                int(np.prod([max(d, 1) for d in tensor.dims], dtype=object)) > _INT64_MAX:
+                math.prod(max(d, 1) for d in tensor.dims) > _INT64_MAX:
             raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
                             "which is negative or overflows int64")
 

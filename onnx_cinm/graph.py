@@ -7,11 +7,40 @@ ops with these two types. Walkers that build them from a model are in :mod:`onnx
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+
+
+@functools.cache
+def dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name`` (``"float32"``, ``"int8"``) of a numpy dtype or scalar type,
+    memoized: the devices' ``supports`` ask it for every operand of every op placement
+    queries, and numpy builds the name afresh on each call. Raises TypeError as ``np.dtype``."""
+    return np.dtype(dtype).name
+
+
+@functools.cache
+def _itemsize(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
+class _computed_once:
+    """A property of a frozen dataclass computed on first access and kept in the instance's
+    ``__dict__`` (later reads never reach this descriptor). ``functools.cached_property``
+    takes a lock on every first access (Python 3.11), which cost more than the values."""
+
+    def __init__(self, fn):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass(frozen=True)
@@ -30,23 +59,26 @@ class TensorInfo:
     shape: tuple | None
     const: bool = False
 
-    @property
+    # computed once per info (the fields are frozen): placement, the cost models and the
+    # report ask for them tens of thousands of times on one model
+
+    @_computed_once
     def static_shape(self) -> tuple[int, ...] | None:
         """The shape with symbolic dims taken as 1 (e.g. a dynamic batch), None if rank unknown."""
         if self.shape is None:
             return None
         return tuple(d if isinstance(d, int) else 1 for d in self.shape)
 
-    @property
+    @_computed_once
     def numel(self) -> int:
         """Element count with symbolic dims taken as 1; 0 if the rank is unknown."""
         s = self.static_shape
         return 0 if s is None else math.prod(s)
 
-    @property
+    @_computed_once
     def nbytes(self) -> int:
         """Bytes of the tensor (:attr:`numel` times the element size); 0 if the dtype is unknown."""
-        return 0 if self.dtype is None else self.numel * np.dtype(self.dtype).itemsize
+        return 0 if self.dtype is None else self.numel * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)

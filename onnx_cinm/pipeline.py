@@ -348,7 +348,6 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None])
     (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their real sizes.
     Returns the record (``{name: (element type, dims)}``), or None when nothing was open or
     onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
-    from .passes.control_flow import probe
     from .passes.graph_names import names_read
 
     infos = tensor_infos(model)
@@ -366,6 +365,10 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None])
             not all(isinstance(d, int) for d in infos[o].shape))]
     if not open_:
         return None
+    # imported only for a run: it loads onnxruntime (about 40 ms), which a model with every
+    # shape known and the check off never needs
+    from .passes.control_flow import probe
+
     feed = feeds()
     values = probe(model, open_, feed) if feed is not None else {}
     shapes = {name: (onnx.helper.np_dtype_to_tensor_dtype(v.dtype), tuple(v.shape))

@@ -667,6 +667,29 @@ def _inference_function(op_type: str, overload: str) -> FunctionProto:
     return build_function(op_type, overload, _INFER_OPSET)
 
 
+#: Memo of :func:`_body_output_types`: every shape inference of a model asks for each cinm
+#: node's outputs (onnx calls back into Python per node), and the nodes of one network repeat
+#: a few signatures (DenseNet121: 605 cinm ops, 7 inferences of the graph per optimize).
+_BODY_TYPES: dict = {}
+_BODY_TYPES_MAX = 4096
+
+
+def _body_output_types(op_type: str, overload: str, fn: FunctionProto, types: list,
+                       protos: list) -> list:
+    """``onnx.shape_inference.infer_function_output_types(fn, types, protos)``, remembered
+    per op type, overload, input types and attributes (their serialized bytes: the same bytes,
+    the same inference); raises what it raises."""
+    key = (op_type, overload, tuple(t.SerializeToString() for t in types),
+           tuple(p.SerializeToString() for p in protos))
+    hit = _BODY_TYPES.get(key)
+    if hit is None:
+        hit = onnx.shape_inference.infer_function_output_types(fn, types, protos)
+        if len(_BODY_TYPES) >= _BODY_TYPES_MAX:
+            _BODY_TYPES.clear()
+        _BODY_TYPES[key] = hit
+    return hit
+
+
 def _infer(op_type: str):
     spec = OPS[op_type]
 
@@ -681,22 +704,29 @@ def _infer(op_type: str):
                 protos.append(a)
                 attrs[name] = helper.get_attribute_value(a)
         overload = overload_of(op_type, attrs, len(present))
-        if any(ctx.get_input_type(i) is None for i in present):
+        got: dict = {}  # each input's type converted once (onnx hands out a fresh copy per call)
+
+        def input_type(i: int):
+            if i not in got:
+                got[i] = ctx.get_input_type(i)
+            return got[i]
+
+        if any(input_type(i) is None for i in present):
             return  # an input of unknown type (e.g. made by a contrib op): the output stays unknown
         if op_type in _DIRECT_INFER:
-            types = [ctx.get_input_type(i) for i in range(n_in)]
+            types = [input_type(i) for i in range(n_in)]
             for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
                 ctx.set_output_type(i, t)
             return
         if op_type == "Clip":  # optional min/max: the output has the input's type
-            ctx.set_output_type(0, ctx.get_input_type(0))
+            ctx.set_output_type(0, input_type(0))
             return
         fn = _inference_function(op_type, overload)
-        types = [ctx.get_input_type(i) if i < n_in else onnx.TypeProto()
+        types = [input_type(i) if i < n_in else onnx.TypeProto()
                  for i in range(len(fn.input))]
         if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
             return                         # infer): the output stays unknown too
-        for i, t in enumerate(onnx.shape_inference.infer_function_output_types(fn, types, protos)):
+        for i, t in enumerate(_body_output_types(op_type, overload, fn, types, protos)):
             ctx.set_output_type(i, t)
 
     return infer
@@ -752,8 +782,24 @@ def make_node(op_type: str, inputs: list[str], outputs: list[str], name: str | N
 
 
 def node_attrs(node: NodeProto) -> dict:
-    """The node's attributes as python values (strings decoded)."""
-    return {a.name: _as_str(helper.get_attribute_value(a)) for a in node.attribute}
+    """The node's attributes as python values (strings decoded; what
+    ``onnx.helper.get_attribute_value`` gives otherwise). Raises ValueError on a reference
+    attribute or an unknown attribute type, as that function does."""
+    out = {}
+    for a in node.attribute:  # every pass asks for every node's: the common kinds read directly
+        kind = a.type
+        if kind == _INT and not a.ref_attr_name:
+            out[a.name] = a.i
+        elif kind == _INTS and not a.ref_attr_name:
+            out[a.name] = list(a.ints)
+        elif kind == _STRING and not a.ref_attr_name:
+            out[a.name] = a.s.decode()
+        else:
+            out[a.name] = _as_str(helper.get_attribute_value(a))
+    return out
+
+
+_INT, _INTS, _STRING = AttributeProto.INT, AttributeProto.INTS, AttributeProto.STRING
 
 
 def all_nodes(graph: onnx.GraphProto):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CinmError
+from ...graph import dtype_name
 from ...options import check
 from ...text import printable, si
 from .. import register
@@ -132,7 +133,7 @@ class HbmPimDevice(Device):
 
     # -- what it runs ---------------------------------------------------------------------------
     def _dtype(self, op: OpInfo) -> str | None:
-        names = {None if t.dtype is None else np.dtype(t.dtype).name for t in op.inputs + op.outputs}
+        names = {None if t.dtype is None else dtype_name(t.dtype) for t in op.inputs + op.outputs}
         return names.pop() if len(names) == 1 else None
 
     def _form(self, op: OpInfo):

@@ -26,7 +26,7 @@ from ...paradigms.cim import layout, residency, schedule
 from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, si, table
 from .. import register
-from ...graph import CostPart
+from ...graph import CostPart, dtype_name
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
 from .nonideal import EFFECTS, NAMED
@@ -177,7 +177,7 @@ def int_cells(W: np.ndarray | None, params: CrossbarParams) -> list[tuple[str, s
 
 
 def _is_int(op: OpInfo) -> bool:
-    return any(t.dtype is not None and np.dtype(t.dtype).name in INT_DTYPES for t in op.inputs[:2])
+    return any(t.dtype is not None and dtype_name(t.dtype) in INT_DTYPES for t in op.inputs[:2])
 
 
 #: Memo of :meth:`MemristorDevice.plan`, per parameter set: a plan depends only on the
@@ -287,7 +287,7 @@ class MemristorDevice(Device):
             return Support(False, "operand shapes unknown")
         dtypes = tuple(self.params.dtypes) + INT_DTYPES
         for t in op.inputs[:2]:
-            if t.dtype is None or np.dtype(t.dtype).name not in dtypes:
+            if t.dtype is None or dtype_name(t.dtype) not in dtypes:
                 return Support(False, f"dtype {t.dtype} not in {list(dtypes)}")
         if op.op_type == "Gemm" and (len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2):
             return Support(False, "a Gemm operand has rank < 2")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 
 from ...errors import CinmError
+from ...graph import dtype_name
 from ...options import option
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
@@ -89,10 +90,8 @@ class UpmemDevice(Device):
         if op.attrs.get("y_perm") is not None:  # writes_permuted: no
             return Support(False, "a Gemm written permuted (y_perm): the DPU kernels write "
                                   "A @ B as it is")
-        from .mapping import _np_name  # np.dtype(...).name, memoized
-
         for t in op.inputs + op.outputs:
-            if t.dtype is None or _np_name(t.dtype) not in self.params.dtypes:
+            if t.dtype is None or dtype_name(t.dtype) not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
         from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
         try:

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...errors import CinmError
+from ...graph import dtype_name
 from ...paradigms.cnm import NearMemoryArray
 from ...paradigms.cnm import distribution as D
 from ...paradigms.cnm import merge as Mg
@@ -1113,13 +1114,7 @@ def _shape(t) -> tuple:
 
 
 def _dtype_name(t) -> str:
-    return "float32" if t.dtype is None else _np_name(t.dtype)
-
-
-@functools.cache
-def _np_name(dtype) -> str:
-    """``np.dtype(dtype).name``, memoized (the mapping search asks for it per candidate plan)."""
-    return np.dtype(dtype).name
+    return "float32" if t.dtype is None else dtype_name(t.dtype)
 
 
 def _share(n: int, d: int, es: int) -> int:
