@@ -24,10 +24,9 @@ import numpy as np
 
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
-from ...text import template_environment
 
-_ENV = template_environment(
-    keep_trailing_newline=True,
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
     undefined=jinja2.StrictUndefined, autoescape=False)
 
 

@@ -16,10 +16,9 @@ import numpy as np
 
 from .. import cost as _cost
 from .. import mapping as _mapping
-from ....text import template_environment
 
-_ENV = template_environment(
-    keep_trailing_newline=True,
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
     undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=False)
 
 
