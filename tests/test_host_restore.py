@@ -90,3 +90,38 @@ def test_a_hinted_group_keeps_its_lowering():
     # the user placed it: the hint stays visible in the placement reason of its cinm ops
     res = optimize(_softmax_mean(), check=0, place=[("sm*", "host")])
     assert [n.op_type for n in res.model.graph.node] == ["Transpose", "Softmax", "Transpose", "ReduceMean"]
+
+
+def test_a_qdq_conv_is_not_put_back_on_dequantized_values_its_lowering_dropped(tmp_path):
+    """onnxruntime's QDQ format: Conv reads DequantizeLinear outputs; its lowering reads the
+    integer operands and drops those DequantizeLinear nodes, so restoring the Conv would read
+    values no node makes. The optimized model must load and match onnxruntime."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2, "w1"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2, "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    f32, qdq = tmp_path / "f32.onnx", tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), f32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(str(f32), str(qdq), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    original = onnx.load(qdq)
+    assert "DequantizeLinear" in {n.op_type for n in original.graph.node}
+    res = optimize(original, check=0)
+    onnx.checker.check_model(res.model, full_check=True)
+    feeds = random_inputs(original, seed=3)
+    np.testing.assert_array_equal(run_onnxruntime(res.model, feeds)[0], run_onnxruntime(original, feeds)[0])

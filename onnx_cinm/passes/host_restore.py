@@ -42,13 +42,16 @@ def _groups(graph: onnx.GraphProto, origins: list,
     of the nodes it became)``, those that made at least ``min_nodes`` nodes (a 1:1 lowering's
     cinm op on the host runs its reference body, the original op), whose nodes all exist,
     produce every output of the original and whose other outputs only they read (and are no
-    graph outputs)."""
+    graph outputs), and whose original's inputs all still exist before them (a QDQ op's
+    lowering reads the integer operands and drops the DequantizeLinear it read through)."""
     index = {n.name: k for k, n in enumerate(graph.node) if n.name}
     readers: dict[str, set[int]] = {}
     for k, n in enumerate(graph.node):
         for name in n.input:
             readers.setdefault(name, set()).add(k)
     outputs = {o.name for o in graph.output}
+    made_at = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    given = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     out = []
     for proto, weights, names in origins:
         if source_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
@@ -64,6 +67,9 @@ def _groups(graph: onnx.GraphProto, origins: list,
         if not final <= made or inner & outputs or \
                 any(not readers.get(v, set()) <= set(ks) for v in inner):
             continue
+        if any(name and name not in given and name not in weights and
+               made_at.get(name, len(graph.node)) >= ks[0] for name in proto.input):
+            continue  # an input the lowering read through is gone (a QDQ op's DequantizeLinear)
         out.append((proto, weights, ks))
     return out
 
