@@ -125,3 +125,28 @@ def test_a_qdq_conv_is_not_put_back_on_dequantized_values_its_lowering_dropped(t
     onnx.checker.check_model(res.model, full_check=True)
     feeds = random_inputs(original, seed=3)
     np.testing.assert_array_equal(run_onnxruntime(res.model, feeds)[0], run_onnxruntime(original, feeds)[0])
+
+
+def test_a_conv_far_cheaper_on_its_crossbar_is_not_priced_again(monkeypatch):
+    """A 3x3 conv of 64 -> 64 channels on 56 x 56: its original on the host costs more than
+    its lowered ops plus every transfer they touch, so restore_host_ops prices no trial with
+    it put back: two whole-graph evaluations (the model as placed, the original all-host),
+    not three."""
+    from onnx_cinm.passes import cost_placement
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["X", "W"], ["Y"], name="conv", pads=[1, 1, 1, 1])],
+                          "c", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64, 56, 56])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64, 56, 56])],
+                          [numpy_helper.from_array(w, "W")])
+    import sys
+
+    calls = []  # the modules calling evaluate_model (the written model's totals count too)
+    real = cost_placement.evaluate_model
+    monkeypatch.setattr(cost_placement, "evaluate_model", lambda *a, **k: calls.append(
+        sys._getframe(1).f_globals["__name__"]) or real(*a, **k))
+    res = optimize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), check=0)
+    assert res.stats["restore_host_ops"]["restored"] == {}
+    assert {cinm_dev for _, _, cinm_dev, _ in res.placements} >= {"memristor"}
+    assert calls.count("onnx_cinm.passes.host_restore") == 2

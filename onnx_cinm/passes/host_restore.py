@@ -13,7 +13,9 @@ stays unrolled):
    then onnxruntime's on the original op, exactly);
 2. with cost placement, restores it too when the model with the original op on the host costs
    less (the placement's objective over the whole graph, transfers included, priced by
-   :func:`.cost_placement.evaluate_model`; at most :data:`MAX_TRIALS` groups are tried);
+   :func:`.cost_placement.evaluate_model`), of the groups whose original could cost less
+   (its own host cost below the group's ops' own costs plus their transfers, in latency or in
+   energy), the :data:`MAX_TRIALS` with the most to gain;
 3. replaces the cost placement's totals by the restored model's, and its ``all-host``
    baseline by the model with every lowered node restored, on the host: the original model.
 """
@@ -32,7 +34,7 @@ from .origins import NEVER_RESTORED, source_key
 from .pass_options import PlacementOptions
 
 #: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
-#: evaluation each); beyond it, only the all-host ones are restored.
+#: evaluation each), of those that might gain (:func:`_worth_trying`), most to gain first.
 MAX_TRIALS = 64
 
 
@@ -120,6 +122,51 @@ def _with_nodes(skeleton: onnx.ModelProto, nodes: list, weights: dict) -> onnx.M
     return trial
 
 
+def _worth_trying(graph: onnx.GraphProto, groups: list, now, before, originals: list,
+                  objective: str) -> list:
+    """The ``groups`` (placed on devices) whose original op on the host could cost less under
+    ``objective``, most to gain first. ``now``: the cost problem of the model as placed;
+    ``before``: that of ``originals`` (every lowered node put back) on the host. A group can
+    gain only if its original's own host cost is below what putting it back removes at most:
+    the group's ops' own costs plus every transfer of a tensor they touch, in the objective's
+    quantity (``latency`` or ``energy``; ``edp`` gains only if one of them does). Not counted:
+    what the group's leaving frees for other kernels (crossbars they could then keep), so a
+    group gaining only that way is not tried."""
+    from .cost_placement.evaluate import tensor_cost
+
+    where = {n.name: k for k, n in enumerate(now.nodes) if n.name}
+    at = {id(n): k for k, n in enumerate(originals)}
+
+    def dev_of(i):
+        return now.device_of(now.assign, i)
+
+    out = []
+    for g in groups:
+        proto, _, ks = g
+        host = before.fixed.get(at.get(id(proto), -1))
+        idx = [where.get(graph.node[k].name) for k in ks]
+        if host is None or None in idx:
+            out.append((float("inf"), g))  # not priced alone: tried
+            continue
+        lat = en = 0.0
+        for i in idx:
+            ch = now.fixed.get(i) or now.assign.get(i)
+            if ch is not None:
+                lat += ch.cost.latency_s
+                en += ch.cost.energy_j
+        for k in {k for i in idx for k in now.touch.get(i, ())}:
+            s, j, _ = tensor_cost(now, now.tensors[k], dev_of)
+            lat += s
+            en += j
+        gains = {"latency": (lat - host.cost.latency_s) / max(lat, 1e-30),
+                 "energy": (en - host.cost.energy_j) / max(en, 1e-30)}
+        gain = gains[objective] if objective in gains else max(gains.values())
+        if gain > 0:
+            out.append((gain, g))
+    out.sort(key=lambda x: -x[0])
+    return [g for _, g in out]
+
+
 def _all_host(nodes: list) -> list:
     out = []
     for n in nodes:
@@ -174,24 +221,28 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         skeleton = _skeleton(model)
         weights = {n: t for _, w, _ in everything for n, t in w.items()}
 
-        def price(nodes) -> object:
-            return evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)[0]
+        def priced(nodes) -> tuple:
+            tot, _, prob = evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)
+            return tot, prob
 
-        tried = [g for g in groups if not _on_host(graph, g[2]) and not _hinted(graph, g[2])]
+        current, now = priced(_restored(graph, keep))
+        originals = _restored(graph, everything)
+        all_host, before = priced(_all_host(originals))
+        tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
+                                      not _hinted(graph, g[2])], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:
-            ctx.log(f"restore_host_ops: {len(tried)} lowered nodes on devices; pricing their "
-                    f"originals is left out beyond {MAX_TRIALS}")
-            tried = []
-        current = price(_restored(graph, keep))
+            ctx.log(f"restore_host_ops: {len(tried)} lowered nodes on devices might cost less as "
+                    f"they were; the {MAX_TRIALS} with the most to gain are priced")
+            tried = tried[:MAX_TRIALS]
         for g in tried:
-            trial = price(_restored(graph, keep + [g]))
+            trial, _ = priced(_restored(graph, keep + [g]))
             if trial.value(objective) < current.value(objective):
                 keep.append(g)
                 current = trial
                 cheaper += 1
         stats["totals"] = current
         if "baselines" in stats:
-            stats["baselines"]["all-host"] = price(_all_host(_restored(graph, everything)))
+            stats["baselines"]["all-host"] = all_host
     if keep:
         nodes = _restored(graph, keep)
         have = {t.name for t in graph.initializer}
