@@ -53,3 +53,33 @@ def test_search_totals_differ_by_the_folded_transposes():
     st = res.stats["placement"]
     assert st["totals"].latency_s - st["model_totals"]["latency_s"] == pytest.approx(TRANSPOSES_S)
     assert st["totals"].energy_j - st["model_totals"]["energy_j"] == pytest.approx(TRANSPOSES_S * 30)
+
+
+def test_sweep_of_a_branch_whose_transpose_folds_prices_what_optimize_writes():
+    """A crossbar Conv inside an If branch: fold_layouts folds the Transpose after its Gemm.
+    The sweep's row must equal optimize's totals of the written model (the branch's rewritten
+    nodes; copying them back one by one left a stale duplicate node counted twice)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cinm import sweep
+
+    c = 32
+    w = np.random.default_rng(0).standard_normal((c, c, 3, 3)).astype(np.float32)
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, c, 32, 32])  # noqa: E731
+    then_g = helper.make_graph([helper.make_node("Conv", ["X", "W"], ["t"], name="ct", pads=[1, 1, 1, 1]),
+                                helper.make_node("Relu", ["t"], ["to"], name="tr")], "then", [], [vi("to")])
+    else_g = helper.make_graph([helper.make_node("Relu", ["X"], ["e"], name="er")], "else", [], [vi("e")])
+    nodes = [helper.make_node("ReduceSum", ["X"], ["s"], name="rs", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"], name="gt"),
+             helper.make_node("If", ["cond"], ["Y"], name="if", then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "m", [vi("X")], [vi("Y")],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(-1e9, np.float32), "zero")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, check=0)
+    assert res.stats["fold_layouts"]["folded"] >= 1
+    want = res.stats["placement"]["model_totals"]
+    cm, origins = sweep._cinm_level(model, None, None)
+    row = sweep.evaluate(cm, {}, origins)
+    assert row["latency_s"] == pytest.approx(want["latency_s"], rel=1e-12)
+    assert row["energy_j"] == pytest.approx(want["energy_j"], rel=1e-12)

@@ -225,9 +225,10 @@ def merge_stats(into: dict, add: dict) -> None:
 
 def lower_branches(model: onnx.ModelProto, ctx: PassContext, pipeline: list[str],
                    infos: dict | None = None) -> int:
-    """Run ``pipeline`` (passes that only annotate nodes: placement, ``cim_tiling``,
-    ``cnm_mapping``, ``device_lowering``) on every If branch of ``model``, nested ones too, in
-    place: each branch as a model of its own (:func:`branch_model`) with the whole model's
+    """Run ``pipeline`` (the passes from placement on: placement, ``fold_layouts``,
+    ``cim_tiling``, ...; they annotate nodes, fold some away, add no initializer) on every If
+    branch of ``model``, nested ones too, in place (the branch's nodes become the rewritten
+    ones): each branch as a model of its own (:func:`branch_model`) with the whole model's
     tensor infos (``infos``, else computed), its kernel stems prefixed by its path
     (:func:`branch_scope`), its statistics added to ``ctx.stats``. The branches must already be
     at the cinm level (``optimize(stop_after="cinm")`` compiles them so). Returns the number of
@@ -248,8 +249,15 @@ def _lower_branches(model, ctx, pipeline, infos) -> int:
                                   log=ctx.log, infos=infos)
             sub = PassManager(pipeline=list(pipeline)).run(sub, sub_ctx)
             n += 1 + _lower_branches(sub, sub_ctx, pipeline, infos)
-            for k, node in enumerate(sub.graph.node):  # annotations only: the same nodes
-                body.node[k].CopyFrom(node)
+            # the passes annotate nodes, and some remove or replace them (fold_layouts folds a
+            # Transpose into its Gemm): the branch takes the rewritten nodes as they are
+            del body.node[:]
+            body.node.extend(sub.graph.node)
+            made = {o for node in body.node for o in node.output}
+            kept = [v for v in body.value_info if v.name in made]
+            if len(kept) < len(body.value_info):
+                del body.value_info[:]
+                body.value_info.extend(kept)
             merge_stats(ctx.stats, sub_ctx.stats)
     return n
 
