@@ -95,3 +95,23 @@ def test_pinned_identities_stay():
     assert [n.input[1] for n in g.node if n.op_type == "MatMul"] == ["W", "W", "W"]
     for got, want in zip(run_onnxruntime(model, feeds), ref):
         np.testing.assert_array_equal(got, want)
+
+
+def test_merged_counts_the_copies_and_leaves_other_initializers_alone():
+    """One byte-identical copy (B of A) among unread initializers, one of them also a graph
+    input: the pass merges B into A (merged 1) and deletes nothing else (unused weights are
+    fold_constants' business, graph inputs the user's)."""
+    w = np.arange(16, dtype=np.float32).reshape(4, 4)
+    inits = [numpy_helper.from_array(w, "A"), numpy_helper.from_array(w.copy(), "B"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "unused"),
+             numpy_helper.from_array(np.zeros(5, np.float32), "opt_in")]
+    f = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "A"], ["m"]),
+                           helper.make_node("MatMul", ["m", "B"], ["Y"])], "g",
+                          [f("X", [4, 4]), f("opt_in", [5])], [f("Y", [4, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ctx = PassContext()
+    share_weights(m, ctx)
+    assert ctx.stats["share_weights"] == {"identities": 0, "merged": 1}
+    assert [t.name for t in m.graph.initializer] == ["A", "unused", "opt_in"]
+    assert [list(n.input) for n in m.graph.node] == [["X", "A"], ["m", "A"]]

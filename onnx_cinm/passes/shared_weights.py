@@ -15,7 +15,7 @@ import onnx
 
 from ..frontend import subgraphs
 from . import PassContext, register_pass
-from .graph_names import drop_unread_initializers, names_used_by
+from .graph_names import names_used_by
 
 
 def _constant_initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -110,7 +110,11 @@ def merge_identical_initializers(graph: onnx.GraphProto) -> int:
         for k, name in enumerate(node.input):
             if name in alias:
                 node.input[k] = alias[name]
-    return drop_unread_initializers(graph)
+    gone = set(alias) - _pinned_names(graph)  # a copy a body captures or the graph outputs stays
+    for k in reversed(range(len(graph.initializer))):
+        if graph.initializer[k].name in gone:
+            del graph.initializer[k]
+    return len(gone)
 
 
 @register_pass("share_weights")
