@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts, optimize
 from onnx_cinm.cli import main
@@ -487,7 +488,7 @@ def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
     assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None
     auto = blas.MatrixKernels(1, "auto")  # convolves or not, as timed; says which
     f = auto.conv(x, W, b, geometry)
-    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 ->5"] == \
+    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 p1x0x0x2 d1x2 ->5"] == \
         ("numpy" if f is None else "onnxruntime")
     if f is not None:
         np.testing.assert_allclose(f(x), ref, rtol=1e-5, atol=1e-5)
@@ -751,6 +752,35 @@ def test_crossbar_products_over_patches_run_as_convolutions(tmp_path):
     assert gemms["numpy"] == gemms["onnxruntime"] and len(gemms["numpy"]) == 9
     chosen = sessions["onnxruntime"].configuration()["chosen"]
     assert sorted(k for k in chosen if k.startswith("conv ")) == [
-        "conv 1x3x13x11 k3x3 s1x1 ->8 Relu", "conv 1x6x13x11 k3x3 s2x2 ->5",
+        "conv 1x3x13x11 k3x3 s1x1 p1x1x1x1 ->8 Relu", "conv 1x6x13x11 k3x3 s2x2 p2x1x1x2 d2x2 ->5",
         "conv 1x8x13x11 k1x1 s1x1 ->6 Relu"]
     assert not any(k.startswith("conv ") for k in sessions["numpy"].configuration()["chosen"])
+
+
+def test_configuration_lists_two_convolutions_of_one_geometry_with_and_without_relu(tmp_path):
+    """Two 3x3 convs of one geometry, only the first followed by a lone Relu: both run as
+    convolutions (matmul=onnxruntime), one fused with the Relu; the configuration lists both
+    (their keys, activation 'Relu' and None, used to be sorted against each other: a
+    TypeError that ended `run --profile`; a trial finding on ResNet18)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = ((rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "W2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Add", ["c2", "x"], ["y"], name="add")]
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 12, 12])  # noqa: E731
+    original = helper.make_model(helper.make_graph(nodes, "g", [vi("x")], [vi("y")],
+                                                   [numpy_helper.from_array(w1, "W1"),
+                                                    numpy_helper.from_array(w2, "W2")]),
+                                 opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem"),
+                                    ("relu1", "upmem")])
+    path = tmp_path / "two.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(path, provider_options=[{"matmul": "onnxruntime"}, {}])
+    feeds = random_inputs(original, seed=0)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(original, feeds)[0],
+                               rtol=1e-4, atol=1e-5)
+    chosen = sess.configuration()["chosen"]
+    assert sorted(k for k in chosen if k.startswith("conv ")) == [
+        "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8", "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8 Relu"]

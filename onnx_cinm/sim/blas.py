@@ -156,7 +156,9 @@ class MatrixKernels:
         with self._lock:
             chosen = {f"{m}x{k}x{n}" + ("" if c else "T"): v
                       for (m, k, n, c), v in sorted(self._choice.items())}
-            chosen.update((_conv_text(key), v) for key, v in sorted(self._conv_choice.items()))
+            # by text: keys of one geometry, one with an activation (a string) and one without
+            # (None), do not compare
+            chosen.update(sorted((_conv_text(key), v) for key, v in self._conv_choice.items()))
         return {"blas_threads": self.threads, "blas": libs, "matmul": self.mode, "chosen": chosen}
 
     # -- products -------------------------------------------------------------------------
@@ -479,10 +481,12 @@ def _np_matmul(X, W, out) -> None:
 
 def _conv_text(key) -> str:
     """A convolution's key (:meth:`MatrixKernels.conv`) as text: ``conv 1x64x56x56 k3x3 s1x1
-    ->64 Relu``."""
-    shape, n, (k, s, _, _), activation = key
+    p1x1x1x1 ->64 Relu`` (pads and dilations when not 0 and 1)."""
+    shape, n, (k, s, p, d), activation = key
     return (f"conv {'x'.join(map(str, shape))} k{'x'.join(map(str, k))} "
-            f"s{'x'.join(map(str, s))} ->{n}" + (f" {activation}" if activation else ""))
+            f"s{'x'.join(map(str, s))}" + (f" p{'x'.join(map(str, p))}" if any(p) else "")
+            + (f" d{'x'.join(map(str, d))}" if any(x != 1 for x in d) else "")
+            + f" ->{n}" + (f" {activation}" if activation else ""))
 
 
 _NUMPY = MatrixKernels(threads=0, matmul="numpy")
