@@ -837,8 +837,11 @@ class CheckReport:
         reasons = list(self.problems)
         for o in self.outputs:
             if not o.ok:
+                tol = (f", max abs err {o.max_abs_err:.3g} beyond atol {o.atol:.3g} + rtol "
+                       f"{o.rtol:.3g} x |reference|" if o.atol is not None and o.rtol is not None
+                       and o.dtype.startswith("float") else "")
                 reasons.append(f"{o.name}: {o.note}" if o.note
-                               else f"{o.name}: {o.mismatched} of {o.elements} elements off")
+                               else f"{o.name}: {o.mismatched} of {o.elements} elements off{tol}")
         more = f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""
         return f"{head}: FAILED ({'; '.join(reasons[:3])}{more})"
 

@@ -683,7 +683,13 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             log(f"check skipped: {skipped}")
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
-            raise CheckFailed(f"the optimized model does not match the original: {report.summary()}")
+            rounding = any(not o.ok and not o.note and o.dtype.startswith("float")
+                           for o in report.outputs)
+            raise CheckFailed(f"the optimized model does not match the original: {report.summary()}"
+                              + ("; if that is float rounding (onnxruntime's own graph "
+                                 "optimization levels may differ as much on this model), widen the "
+                                 "tolerance: --check-atol/--check-rtol (Python: check_atol=, "
+                                 "check_rtol=)" if rounding else ""))
         squashers = golden.lowered_nan_squashers(original, work) if report is not None else []
         if squashers:
             special_skipped = golden.nan_squash_reason(squashers)

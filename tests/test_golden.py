@@ -216,6 +216,8 @@ def test_changed_weight_is_detected_with_the_numpy_error():
     assert o.max_abs_err == pytest.approx(expected_abs, rel=1e-3)
     assert o.max_rel_err == pytest.approx(expected_rel, rel=1e-2)
     assert "FAILED" in r.summary() and "y:" in r.summary()
+    # the tolerance it failed against is named (the defaults for float32)
+    assert f"max abs err {expected_abs:.3g} beyond atol {o.atol:.3g} + rtol {o.rtol:.3g}" in r.summary()
     assert "\n" not in r.summary()
     with pytest.raises(CheckFailed):
         r.raise_if_failed()
@@ -566,7 +568,7 @@ def test_optimize_accepts_a_float16_conv_with_batchnorm_by_default():
                 t("var", (8,), 0.5)])
     res = optimize(m, check=3)
     assert res.check.ok and res.check.max_abs_err > 0
-    with pytest.raises(CheckFailed):
+    with pytest.raises(CheckFailed, match=r"beyond atol 1e-05 \+ rtol 0\.0001 .*--check-atol"):
         optimize(m, check=3, check_rtol=1e-4, check_atol=1e-5)
 
 
