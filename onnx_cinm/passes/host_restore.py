@@ -15,7 +15,8 @@ stays unrolled):
    less (the placement's objective over the whole graph, transfers included, priced by
    :func:`.cost_placement.evaluate_model`), of the groups whose original could cost less
    (its own host cost below the group's ops' own costs plus their transfers, in latency or in
-   energy), the :data:`MAX_TRIALS` with the most to gain;
+   energy), the :data:`MAX_TRIALS` with the most to gain, :data:`CHUNK` at a time (a chunk
+   that costs less as a whole is kept whole);
 3. replaces the cost placement's totals by the restored model's, and its ``all-host``
    baseline by the model with every lowered node restored, on the host: the original model.
 """
@@ -36,6 +37,11 @@ from .pass_options import PlacementOptions
 #: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
 #: evaluation each), of those that might gain (:func:`_worth_trying`), most to gain first.
 MAX_TRIALS = 64
+
+#: Groups priced together first (most to gain first): a chunk that costs less as a whole is
+#: kept whole (one evaluation), else its groups are priced one by one. light LEADER at 384x288
+#: (afis 1.2.7): 42 of its grouped Convs cost less on the host, priced one by one in 4.75 s.
+CHUNK = 8
 
 
 def _groups(graph: onnx.GraphProto, origins: list,
@@ -234,12 +240,20 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
             ctx.log(f"restore_host_ops: {len(tried)} lowered nodes on devices might cost less as "
                     f"they were; the {MAX_TRIALS} with the most to gain are priced")
             tried = tried[:MAX_TRIALS]
-        for g in tried:
-            trial, _ = priced(_restored(graph, keep + [g]))
-            if trial.value(objective) < current.value(objective):
-                keep.append(g)
+        for start in range(0, len(tried), CHUNK):
+            chunk = tried[start:start + CHUNK]
+            trial, _ = priced(_restored(graph, keep + chunk))
+            if len(chunk) > 1 and trial.value(objective) < current.value(objective):
+                keep += chunk  # the chunk together costs less: one evaluation, not len(chunk)
                 current = trial
-                cheaper += 1
+                cheaper += len(chunk)
+                continue
+            for g in chunk:
+                trial = trial if len(chunk) == 1 else priced(_restored(graph, keep + [g]))[0]
+                if trial.value(objective) < current.value(objective):
+                    keep.append(g)
+                    current = trial
+                    cheaper += 1
         stats["totals"] = current
         if "baselines" in stats:
             stats["baselines"]["all-host"] = all_host
