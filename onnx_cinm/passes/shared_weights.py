@@ -35,6 +35,14 @@ def _pinned_names(graph: onnx.GraphProto) -> set[str]:
     return pinned
 
 
+def _rename_inputs(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Make every main-graph node input named a key of ``names`` read its value instead."""
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in names:
+                node.input[k] = names[name]
+
+
 def resolve_identities(graph: onnx.GraphProto) -> int:
     """Make every node input that is ``Identity`` (or a chain of them) of a constant
     initializer read the initializer itself, in place; the ``Identity`` nodes nobody reads
@@ -53,10 +61,7 @@ def resolve_identities(graph: onnx.GraphProto) -> int:
                 source[node.output[0]] = origin
     if not source:
         return 0
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in source:
-                node.input[k] = source[name]
+    _rename_inputs(graph, source)
     pinned = _pinned_names(graph)
     keep = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in source
                                           and n.output[0] not in pinned)]
@@ -106,10 +111,7 @@ def merge_identical_initializers(graph: onnx.GraphProto) -> int:
                 alias[name] = seen.name
     if not alias:
         return 0
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in alias:
-                node.input[k] = alias[name]
+    _rename_inputs(graph, alias)
     gone = set(alias) - _pinned_names(graph)  # a copy a body captures or the graph outputs stays
     for k in reversed(range(len(graph.initializer))):
         if graph.initializer[k].name in gone:
