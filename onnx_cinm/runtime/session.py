@@ -62,7 +62,7 @@ HOST_KERNEL = "host-numpy"
 #: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
 #: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
 #: are not mistaken for our error).
-_GRAPH_OPT_LEVELS = ("disable_all", "basic", "extended", "all")
+_GRAPH_OPT_LEVELS = tuple(blas.GRAPH_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -557,9 +557,7 @@ class InferenceSession:
                               ir_version=self._model.ir_version)
         m.functions.extend(self._model.functions)
         so = ort.SessionOptions()
-        level = self._options["graph_optimization"].upper()
-        so.graph_optimization_level = getattr(
-            ort.GraphOptimizationLevel, f"ORT_{level if level == 'DISABLE_ALL' else 'ENABLE_' + level}")
+        so.graph_optimization_level = blas.graph_level(self._options["graph_optimization"])
         so.log_severity_level = 4  # a failed run raises one CinmError; no duplicate ORT log line
         # many sessions share the cores: idle threads must sleep, not spin, between partitions
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -53,9 +53,18 @@ MATMULS = ("auto", "numpy", "onnxruntime")
 #: the warm choice per shape (numpy won most 1x1 convolutions by 10-20%), 13.1 ms with the
 #: convolution wherever it applies; light ResNet50 118 ms either way.
 CONV_MARGIN = 1.25
-#: onnxruntime graph optimization levels of the product sessions (:meth:`MatrixKernels.conv`).
-_GRAPH_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
-                 "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+#: onnxruntime graph optimization levels by the names the provider's ``graph_optimization``
+#: option takes (its host partitions and the product sessions, :meth:`MatrixKernels.conv`).
+GRAPH_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+                "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def graph_level(name: str):
+    """onnxruntime's ``GraphOptimizationLevel`` for ``name``, a key of :data:`GRAPH_LEVELS`
+    (KeyError otherwise)."""
+    import onnxruntime as ort
+
+    return getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[name])
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("onnx_cinm_matrix_kernels", default=None)
 _CONTROLLER_LOCK = threading.Lock()
@@ -115,8 +124,8 @@ class MatrixKernels:
             raise ValueError(f"BLAS threads must be an integer >= 0, got {threads!r}")
         if matmul not in MATMULS:
             raise ValueError(f"matmul must be one of {', '.join(MATMULS)}, got {matmul!r}")
-        if graph_optimization not in _GRAPH_LEVELS:
-            raise ValueError(f"graph_optimization must be one of {', '.join(_GRAPH_LEVELS)}, "
+        if graph_optimization not in GRAPH_LEVELS:
+            raise ValueError(f"graph_optimization must be one of {', '.join(GRAPH_LEVELS)}, "
                              f"got {graph_optimization!r}")
         self.threads = int(threads)
         self.mode = matmul
@@ -255,8 +264,7 @@ class MatrixKernels:
         so.intra_op_num_threads = max(self.threads, 1)
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
-                                              _GRAPH_LEVELS[self.graph_optimization])
+        so.graph_optimization_level = graph_level(self.graph_optimization)
         return so
 
     # -- products of patches -----------------------------------------------------------------
