@@ -387,6 +387,12 @@ class Rule:
         return self.replace(edit, node, binding)
 
 
+def rule_key(node) -> str:
+    """The key :func:`apply` matches a node (``onnx.NodeProto`` or ``ir.Node``) to a rule's
+    :attr:`Rule.ops` by: the op type, or ``<domain>::<op type>`` outside the default domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
 def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] = lambda n: None
           ) -> tuple[Counter, dict[str, Counter]]:
     """Run ``rules`` once over the nodes of the main graph, in order (the first rule whose pattern
@@ -397,7 +403,7 @@ def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] 
     rewritten: Counter = Counter()
     kept: dict[str, Counter] = {}
     for node in list(edit.graph):
-        rule = table.get(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}")
+        rule = table.get(rule_key(node))
         if rule is None or node.graph is not edit.graph:  # (no longer there: matched by a rule)
             continue
         edit.focus(node)

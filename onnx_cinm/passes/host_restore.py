@@ -29,9 +29,10 @@ from onnx import helper
 
 from ..dialects import cinm
 from ..graph import TensorInfo
+from ..rewrite import rule_key
 from . import PassContext, register_pass
 from .graph_names import drop_unread_initializers
-from .origins import NEVER_RESTORED, source_key
+from .origins import NEVER_RESTORED
 from .pass_options import PlacementOptions
 
 #: Lowered nodes with an op on a device whose restoration is priced (one whole-graph
@@ -62,7 +63,7 @@ def _groups(graph: onnx.GraphProto, origins: list,
     given = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     out = []
     for proto, weights, names in origins:
-        if source_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
+        if rule_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
                 any(name not in index for name in names):
             continue
         ks = sorted(index[name] for name in names)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import onnx
 
+from ..rewrite import rule_key
 from .recurrent import RULES as RECURRENT_RULES
 
 #: Source ops never put back: a recurrence unrolled over its sequence (:mod:`.recurrent`) fixed
@@ -14,10 +15,6 @@ from .recurrent import RULES as RECURRENT_RULES
 NEVER_RESTORED = frozenset().union(*(rule.ops for rule in RECURRENT_RULES))
 
 
-def source_key(node: onnx.NodeProto) -> str:
-    """The key :func:`onnx_cinm.rewrite.apply` matches rules by: the op type, or
-    ``<domain>::<op type>`` outside the default domain."""
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 def _stub(tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -38,7 +35,7 @@ def slim_origins(origins: list) -> list:
     reshaped) is then not held beside its rewritten copy through placement."""
     out = []
     for proto, weights, names in origins:
-        if source_key(proto) in NEVER_RESTORED or len(names) < 2:
+        if rule_key(proto) in NEVER_RESTORED or len(names) < 2:
             weights = {n: _stub(t) for n, t in weights.items()}
         out.append((proto, weights, names))
     return out

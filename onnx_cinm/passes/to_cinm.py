@@ -73,7 +73,17 @@ from .. import frontend
 from ..analysis import tensor_infos
 from ..dialects import cinm
 from ..graph import TensorInfo
-from ..rewrite import Builder, Edit, Replacement, Rule, apply, ir, is_splat, names_of
+from ..rewrite import (
+    Builder,
+    Edit,
+    Replacement,
+    Rule,
+    apply,
+    ir,
+    is_splat,
+    names_of,
+    rule_key,
+)
 from . import PassContext, register_pass
 from .graph_names import Names
 from .origins import slim_origins
@@ -975,12 +985,10 @@ def lowerable_ops() -> tuple[str, ...]:
 
 
 def _any_candidate(graph: onnx.GraphProto, rules: list[Rule]) -> bool:
-    """Whether a node of the main graph has an op type one of ``rules`` anchors on (the key
-    :func:`onnx_cinm.rewrite.apply` matches: the op type, ``<domain>::<op type>`` outside the
-    default domain)."""
+    """Whether a node of the main graph has an op type one of ``rules`` anchors on (by
+    :func:`onnx_cinm.rewrite.rule_key`, as :func:`onnx_cinm.rewrite.apply` matches)."""
     ops = set().union(*(r.ops for r in rules))
-    return any((n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}") in ops
-               for n in graph.node)
+    return any(rule_key(n) in ops for n in graph.node)
 
 
 @register_pass("to_cinm")
