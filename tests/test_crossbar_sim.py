@@ -252,7 +252,7 @@ def test_affine_is_none_for_quantized_and_data_false_refuses_them(tmp_path):
     X = np.ones((1, 9, 130), np.float32)
     sim.run({"X": X})
     assert sim.affine() is None
-    with pytest.raises(ValueError, match="ideal float32"):
+    with pytest.raises(ValueError, match="ideal kernels only"):
         sim.run({"X": X}, data=False)
     ideal = emit_kernel(pl, prm, W, tmp_path, "i", bias=None)[0]
     sim = CrossbarSimulator(ideal)

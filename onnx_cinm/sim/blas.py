@@ -32,6 +32,19 @@ over an operand given at run time (a programmed activation) in the plain kernel,
 MatMul of two activations. ``compare`` uses this mode by default: the same accumulation order
 as its reference, so a last-bit difference cannot be amplified by a later rounding
 (``DynamicQuantizeLinear``) into a failed check of a correct model.
+
+Integer products (:meth:`MatrixKernels.int_matmul`, :meth:`MatrixKernels.int_conv`): an int8 or
+uint8 operand times int8 weights with int32 accumulation, the crossbar simulator's ``dtype
+int32`` kernels in ideal mode. numpy has no integer BLAS, so its route is the simulator's own:
+float64 products (exact below 2**53) wrapped to int32. onnxruntime's ``MatMulInteger`` and
+``ConvInteger`` compute the same integers: each operand whose values span at most 256
+consecutive integers within -255..255 is fed as uint8 with a zero point (``x + c``, ``c`` in
+0..255), the weights as ``w + 128`` with zero point 128, so its kernels run the uint8 x uint8
+product (exact on every x86 path: the uint8 x int8 one may saturate 16-bit pair sums on
+AVX2 without VNNI, as onnxruntime's quantization documentation warns under ``reduce_range``),
+and int32 sums wrap as the simulator's do. The choice is timed as for floats; the first product
+of each shape is computed by both and the onnxruntime route is kept only if its integers are
+equal to numpy's (a guard: they are equal by construction).
 """
 from __future__ import annotations
 
@@ -132,6 +145,8 @@ class MatrixKernels:
         self.graph_optimization = graph_optimization
         self._choice: dict = {}
         self._conv_choice: dict = {}
+        self._int_choice: dict = {}
+        self._int_conv_choice: dict = {}
         self._lock = threading.Lock()
         self._deciding = threading.Lock()
         self._ctl = None
@@ -168,6 +183,11 @@ class MatrixKernels:
             # by text: keys of one geometry, one with an activation (a string) and one without
             # (None), do not compare
             chosen.update(sorted((_conv_text(key), v) for key, v in self._conv_choice.items()))
+            chosen.update(sorted((f"int {m}x{k}x{n}", v)
+                                 for (m, k, n), v in self._int_choice.items()))
+            chosen.update(sorted(("int " + _conv_text(key[:3] + (None,))
+                                  + (f" g{key[3]}" if key[3] > 1 else ""), v)
+                                 for key, v in self._int_conv_choice.items()))
         return {"blas_threads": self.threads, "blas": libs, "matmul": self.mode, "chosen": chosen}
 
     # -- products -------------------------------------------------------------------------
@@ -477,6 +497,220 @@ class MatrixKernels:
         b.bind_output("Y", "cpu", 0, np.float32, list(Y.shape), Y.ctypes.data)
         sess.run_with_iobinding(b)
 
+    # -- integer products ------------------------------------------------------------------
+    def int_matmul(self, X: np.ndarray, W: np.ndarray, out: np.ndarray, const: bool = False,
+                   x_range: tuple | None = None) -> None:
+        """``out[:] = X @ W`` exactly, wrapped to int32 as onnxruntime's int32 sums wrap.
+
+        ``X[M, K]`` integer values (an integer dtype, or float64 holding integers) of
+        magnitude below 2**16; ``W[K, N]`` integers (any dtype) of magnitude below 2**15;
+        ``out[M, N]`` int32, C-contiguous. ``const``: ``W`` stays the same array for the
+        session (its uint8 form and session are kept, keyed by its address). ``x_range``:
+        ``(min, max)`` of ``X`` when the caller knows it (else computed here).
+        ``"numpy"``: float64 products (the simulator's route); ``"onnxruntime"``:
+        ``MatMulInteger`` wherever both operands fit uint8 with a zero point (module
+        docstring), numpy otherwise; ``"auto"``: the faster, timed per ``(M, K, N)``."""
+        if self.mode == "numpy" or X.shape[0] == 0:
+            _np_int_matmul(X, W, out)
+            return
+        wq = self._int_weights(W, const)
+        lo, hi = x_range if x_range is not None else (
+            (int(X.min()), int(X.max())) if X.size else (0, 0))
+        c = _u8_offset(lo, hi)
+        if wq is None or c is None:
+            _np_int_matmul(X, W, out)
+            return
+        if self.mode == "onnxruntime":
+            self._ort_int_matmul(X, c, wq, out)
+            return
+        key = (X.shape[0], X.shape[1], W.shape[1])
+        kind = self._int_choice.get(key)
+        if kind is None:
+            with self._deciding:
+                kind = self._int_choice.get(key)
+                if kind is None:
+                    kind = self._decide_int(key, lambda: _np_int_matmul(X, W, out),
+                                            lambda dst: self._ort_int_matmul(X, c, wq, dst), out)
+                    return
+        if kind == "numpy":
+            _np_int_matmul(X, W, out)
+        else:
+            self._ort_int_matmul(X, c, wq, out)
+
+    def _decide_int(self, key, numpy_fn, ort_fn, out, table=None) -> str:
+        """Time the numpy route (writing ``out``) against the onnxruntime one (into a copy),
+        alternately, four times each after a warm-up, the least CPU time counting; keep
+        onnxruntime if faster and its integers equal numpy's. ``out`` holds numpy's result."""
+        other = np.empty_like(out)
+        routes = [numpy_fn, lambda: ort_fn(other)]
+        try:
+            for fn in routes:
+                fn()
+            same = np.array_equal(out, other)
+        except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
+            routes, same = routes[:1], False
+        best = [float("inf")] * len(routes)
+        for _ in range(4):
+            for i, fn in enumerate(routes):
+                t0 = time.process_time()
+                fn()
+                best[i] = min(best[i], time.process_time() - t0)
+        margin = 1.0 if table is None else CONV_MARGIN
+        kind = "onnxruntime" if same and best[-1] < best[0] * margin else "numpy"
+        with self._lock:
+            (self._int_choice if table is None else table)[key] = kind
+        return kind
+
+    def _int_weights(self, W: np.ndarray, const: bool):
+        """``W + 128`` as uint8 (zero point 128), or None when ``W`` is not all integers in
+        -128..127; kept per weight array when ``const`` (the array held: its address stays
+        its own)."""
+        key = ("intW", W.__array_interface__["data"][0], W.shape, W.strides)
+        if const:
+            got = self._ort.get(key)
+            if got is not None:
+                return got[1]
+        q = None
+        if W.size and W.min() >= -128 and W.max() <= 127 and \
+                (W.dtype.kind in "iu" or np.array_equal(W, np.rint(W))):
+            q = (W.astype(np.int16) + 128).astype(np.uint8)
+            q = (q, const)
+        if const:
+            with self._lock:
+                self._ort[key] = (W, q)
+        return q
+
+    def _ort_int_matmul(self, X, c: int, wq, out) -> None:
+        """``out[:] = X @ W`` by ``MatMulInteger`` over ``X + c`` (zero point ``c``) and the
+        uint8 weights ``wq`` (:meth:`_int_weights`: zero point 128, an initializer of a
+        session of their own when constant)."""
+        Wu8, const = wq
+        if const:
+            key = ("intmm", Wu8.__array_interface__["data"][0])
+            entry = self._ort.get(key)
+            if entry is None:
+                with self._lock:
+                    entry = self._ort.get(key)
+                    if entry is None:
+                        entry = self._ort[key] = (Wu8, self._int_session(
+                            "MatMulInteger", {"B": Wu8}, ["M", Wu8.shape[0]], {}))
+        else:
+            entry = self._ort.get("intmm")
+            if entry is None:
+                with self._lock:
+                    entry = self._ort.setdefault("intmm", (None, self._int_session(
+                        "MatMulInteger", None, ["M", "K"], {})))
+        sess = entry[1]
+        b = sess.io_binding()
+        b.bind_cpu_input("A", _as_u8(X, c))
+        b.bind_cpu_input("az", np.array(c, np.uint8))
+        if not const:
+            b.bind_cpu_input("B", np.ascontiguousarray(Wu8))
+        b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
+        sess.run_with_iobinding(b)
+
+    def _int_session(self, op: str, inits: dict | None, a_shape: list, attrs: dict):
+        """A one-node onnxruntime session ``op(A, B, az, bz)`` (``MatMulInteger`` or
+        ``ConvInteger``): ``A`` and its zero point ``az`` uint8 inputs, ``B`` uint8 with zero
+        point 128 (an initializer when ``inits`` gives it), int32 ``Y``."""
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        u8 = TensorProto.UINT8
+        ins = [helper.make_tensor_value_info("A", u8, a_shape),
+               helper.make_tensor_value_info("az", u8, [])]
+        init = [numpy_helper.from_array(np.array(128, np.uint8), "bz")]
+        if inits is None:
+            ins.append(helper.make_tensor_value_info("B", u8, ["K", "N"]))
+        else:
+            init.append(numpy_helper.from_array(inits["B"], "B"))
+        g = helper.make_graph([helper.make_node(op, ["A", "B", "az", "bz"], ["Y"], **attrs)],
+                              op, ins, [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
+                              init)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        return ort.InferenceSession(model.SerializeToString(), self._options(),
+                                    providers=["CPUExecutionProvider"])
+
+    def int_conv(self, x: np.ndarray, W: np.ndarray, geometry: tuple, groups: int = 1):
+        """The integer product of the patches of ``x`` with ``W`` as one ``ConvInteger``, the
+        patches never materialized: a callable ``f(x, out=None) -> Y`` or None (compute on the
+        materialized patches instead, :meth:`int_matmul`).
+
+        ``x`` integers ``[n, C, *S]`` (an integer dtype), ``W`` integers ``[G, C/G * prod(k),
+        N/G]`` (``groups`` G: group ``g`` multiplies channels ``g*C/G ..`` by ``W[g]``),
+        ``geometry`` as for :meth:`conv` (padding contributes zeros, as Im2Col pads). ``f``
+        returns int32 ``Y[n, N, *O]`` with ``Y[i, g*N/G + j, o] = patch_g(i, o) @ W[g][:, j]``
+        exactly, wrapped to int32. ``f`` returns None for an ``x`` whose values do not fit
+        uint8 with a zero point (module docstring); the caller then materializes the
+        patches. None instead of ``f`` under ``"numpy"``, for weights outside -128..127, or
+        when ``"auto"`` timed the numpy route (copying the patches to float64 and their
+        product) faster on the first call than :data:`CONV_MARGIN` times the convolution.
+        ``x`` of the first call decides, so it must fit. ValueError if the shapes do not fit.
+        """
+        geo = tuple(tuple(int(v) for v in g) for g in geometry)
+        kernel_shape = geo[0]
+        G = int(groups)
+        if x.ndim != 2 + len(kernel_shape) or W.ndim != 3 or W.shape[0] != G or \
+                x.shape[1] % G or W.shape[1] != x.shape[1] // G * math.prod(kernel_shape):
+            raise ValueError(f"int_conv: input {list(x.shape)} and weights {list(W.shape)} do "
+                             f"not fit kernel {list(kernel_shape)} in {G} groups")
+        if self.mode == "numpy" or x.dtype.kind not in "iu":
+            return None
+        Cg, Ng = x.shape[1] // G, W.shape[2]
+        wkey = ("intconvW", W.__array_interface__["data"][0], W.shape, W.strides, geo)
+        entry = self._ort.get(wkey)
+        if entry is None:
+            wq = self._int_weights(W, const=False)
+            sess = None
+            if wq is not None:  # [G, Cg*k, Ng] -> Conv's [G*Ng, Cg, *k]
+                Wc = np.ascontiguousarray(wq[0].transpose(0, 2, 1)).reshape(
+                    (G * Ng, Cg) + kernel_shape)
+                _, strides, pads, dilations = geo
+                try:
+                    sess = self._int_session(
+                        "ConvInteger", {"B": Wc}, [None, x.shape[1]] + [None] * len(kernel_shape),
+                        dict(kernel_shape=list(kernel_shape), strides=list(strides),
+                             pads=list(pads), dilations=list(dilations), group=G))
+                except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
+                    sess = None
+            with self._lock:
+                entry = self._ort[wkey] = (W, sess)
+        sess = entry[1]
+        if sess is None:
+            return None
+
+        def run(x, out=None):
+            lo, hi = (int(x.min()), int(x.max())) if x.size else (0, 0)
+            c = _u8_offset(lo, hi)
+            if c is None:
+                return None
+            b = sess.io_binding()
+            b.bind_cpu_input("A", _as_u8(x, c))
+            b.bind_cpu_input("az", np.array(c, np.uint8))
+            if out is None:
+                b.bind_output("Y", "cpu")
+                sess.run_with_iobinding(b)
+                return b.copy_outputs_to_cpu()[0]
+            b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
+            sess.run_with_iobinding(b)
+            return out
+
+        if self.mode == "onnxruntime":
+            return run
+        key = (tuple(x.shape), G * Ng, geo, G)
+        kind = self._int_conv_choice.get(key)
+        if kind is None:
+            with self._deciding:
+                kind = self._int_conv_choice.get(key)
+                if kind is None:
+                    probe = run(x)
+                    if probe is None:  # this input does not fit: decide on one that does
+                        return run
+                    ref = np.empty_like(probe)
+                    kind = self._decide_int(key, _patch_product(x, W, geo, ref),
+                                            lambda dst: run(x, dst), ref,
+                                            table=self._int_conv_choice)
+        return run if kind == "onnxruntime" else None
 
 def _np_matmul(X, W, out) -> None:
     """numpy's product into ``out``; a transposed ``out`` gets ``out^T = W^T X^T`` (BLAS needs
@@ -486,6 +720,57 @@ def _np_matmul(X, W, out) -> None:
     else:
         np.matmul(W.T, X.T, out=out.T)
 
+
+def _np_int_matmul(X, W, out) -> None:
+    """``out[:] = X @ W`` in float64 (exact: every partial sum of integers below 2**16 and
+    2**15 over K < 2**21 is below 2**53), wrapped to int32 as the simulator wraps."""
+    Y = np.matmul(np.asarray(X, np.float64), np.asarray(W, np.float64))
+    np.copyto(out, Y.astype(np.int64), casting="unsafe")
+
+
+def _u8_offset(lo: int, hi: int) -> int | None:
+    """``c`` in 0..255 with ``lo + c >= 0`` and ``hi + c <= 255`` (values ``lo..hi`` fed as
+    uint8 ``x + c`` with zero point ``c``), None when there is none."""
+    if hi - lo > 255 or lo < -255 or hi > 255:
+        return None
+    return max(-lo, 0)
+
+
+def _as_u8(x: np.ndarray, c: int) -> np.ndarray:
+    """``x + c`` as a C-contiguous uint8 array (values known to fit: :func:`_u8_offset`)."""
+    if x.dtype == np.uint8 and c == 0:
+        return np.ascontiguousarray(x)
+    if x.dtype.kind == "f":
+        x = x.astype(np.int32)
+    return np.add(x, c, dtype=np.int32 if x.dtype.itemsize <= 4 else np.int64,
+                  casting="unsafe").astype(np.uint8)
+
+
+def _patch_product(x, W, geo, ref):
+    """The numpy route of :meth:`MatrixKernels.int_conv`, as the simulator computes a Gemm
+    over Im2Col's patches: ``f()`` copies the patches of ``x`` (zero padding) to float64 and
+    multiplies them by ``W`` per group, writing int32 ``ref[n, N, *O]``."""
+    kernel_shape, strides, pads, dilations = geo
+    n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    r = len(spatial)
+    G, Kg, Ng = W.shape
+    span = [d * (k - 1) + 1 for k, d in zip(kernel_shape, dilations)]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + r]) for i in range(r)])
+    win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + r)))
+    win = win[(slice(None), slice(None)) + tuple(slice(None, None, t) for t in strides)
+              + tuple(slice(None, None, d) for d in dilations)]
+    O = win.shape[2:2 + r]
+    win = win.transpose((0, 1) + tuple(range(2 + r, 2 + 2 * r)) + tuple(range(2, 2 + r)))
+    cols = np.empty(win.shape, np.float64)  # [n, C, *k, *O]
+    W64 = np.asarray(W, np.float64).transpose(0, 2, 1)  # [G, Ng, Kg]
+    P = math.prod(O)
+
+    def f():
+        np.copyto(cols, win)
+        c = cols.reshape(n, G, Kg, P)
+        Y = np.matmul(W64[None], c)  # [n, G, Ng, P]
+        np.copyto(ref.reshape(n, G, Ng, P), Y.astype(np.int64), casting="unsafe")
+    return f
 
 def _conv_text(key) -> str:
     """A convolution's key (:meth:`MatrixKernels.conv`) as text: ``conv 1x64x56x56 k3x3 s1x1

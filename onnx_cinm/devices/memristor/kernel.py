@@ -81,6 +81,7 @@ class CrossbarKernel:
         self._views: dict = {}
         self._patch_plans: dict = {}  # input shape -> _patch_plan
         self._probed = None  # _affine's probe: its form, False (none) or None (not run)
+        self._int_conv_bias = None  # an integer program's bias in the convolution's layout
 
     def _model_constants(self, prog_name: str, consts: dict) -> dict:
         """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
@@ -110,6 +111,10 @@ class CrossbarKernel:
         return out
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
+        if self.integer and self._sim is not None:
+            got = self._int_product(inputs)
+            if got is not None:
+                return got
         dt = np.float64 if self.integer else np.float32  # integers: exact in float64
         A = np.asarray(inputs[0], dtype=dt)
         B = np.asarray(inputs[1], dtype=dt)
@@ -143,6 +148,58 @@ class CrossbarKernel:
                 Y = Y.transpose(self.y_perm)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], \
             self._metrics(c, X, outs["Y"])
+
+    def _int_product(self, inputs: list):
+        """An integer kernel over programmed weights whose data path is a plain product
+        (:meth:`_affine`), computed by the session's integer product kernel
+        (:meth:`onnx_cinm.sim.blas.MatrixKernels.int_matmul`: the same integers, wrapped to
+        int32, as the simulator's float64 products) while the simulator counts the inference
+        without its data path. ``(outputs, metrics)`` as :meth:`__call__` returns them, or
+        None (the simulator's own data path then runs): under ``matmul="numpy"``, for a
+        streamed operand that is not of an integer dtype or reaches 2**16 (the simulator says
+        why), or a program that is not a plain product."""
+        kern = blas.current()
+        if kern.mode == "numpy":
+            return None
+        A, B = np.asarray(inputs[0]), np.asarray(inputs[1])
+        streamed = B if self.operand == "A" else A
+        if streamed.dtype.kind not in "iu":
+            return None
+        lo, hi = (int(streamed.min()), int(streamed.max())) if streamed.size else (0, 0)
+        if lo <= -2**16 or hi >= 2**16:
+            return None
+        form = self._affine()
+        if form is None:
+            return None
+        inp, w, b, out = form
+        got = self._views.get((A.shape, B.shape))
+        if got is None:
+            got = self._views[(A.shape, B.shape)] = self._layout(A.shape, B.shape)
+        v, _, shape, axes = got
+        X = layout.stream_rows(v, A, B)
+        W = self._sim.const[w]
+        with self._lock:
+            Yt = np.empty((v.G, v.rows, v.N), np.int32)
+            for g in range(v.G):
+                kern.int_matmul(X[g], W[g], Yt[g], const=True, x_range=(lo, hi))
+            if b is not None:
+                np.add(Yt, self._int_bias(b), out=Yt)  # wraps, as the simulator's int32 does
+            outs, c = self._sim.run({inp: np.broadcast_to(np.float64(0), X.shape)}, data=False)
+        Y = Yt.reshape(shape).transpose(axes)
+        if self.bias_name and not self.bias_in_file:
+            Y = Y + np.asarray(inputs[2], dtype=np.int32)
+            if self.y_perm is not None:
+                Y = Y.transpose(self.y_perm)
+        return [np.ascontiguousarray(Y)], self._metrics(c.as_dict(), X, outs[out])
+
+    def _int_bias(self, name: str) -> np.ndarray:
+        """The integer program's bias region ``name`` as int32 (wrapped, as the simulator
+        wraps its sums)."""
+        key = ("int bias", name)
+        got = self._views.get(key)
+        if got is None:
+            got = self._views[key] = self._sim.const[name].astype(np.int64).astype(np.int32)
+        return got
 
     def _metrics(self, c: dict, X, Yt) -> dict:
         """The simulator's counters ``c`` of one inference on ``X`` giving ``Yt`` (both as the
@@ -197,7 +254,9 @@ class CrossbarKernel:
         a call with the patches returns, or None when it does not apply to this call (the
         caller then runs the Im2Col and this kernel as usual). None instead of a callable when
         it never applies: only a Gemm with its weights ``B`` programmed for the session, in
-        ideal float32 mode, with no bias added outside its file.
+        ideal mode, with no bias added outside its file. An integer kernel (``dtype int32``)
+        convolves its integer input by :meth:`onnx_cinm.sim.blas.MatrixKernels.int_conv`
+        (exactly the simulator's integers) and takes no activation.
 
         ``geometry``: the Im2Col's ``(kernel_shape, strides, pads, dilations)``;
         ``activation``: None, or ``"Relu"`` applied to the result (the convolution's output
@@ -211,10 +270,9 @@ class CrossbarKernel:
         products and sums, in the convolution kernel's order.
         """
         if self.op.op_type != "Gemm" or self.operand != "B" or self._sim is None or \
-                self.integer or not self.prog.mode.ideal or \
-                (self.bias_name and not self.bias_in_file):
+                not self.prog.mode.ideal or (self.bias_name and not self.bias_in_file):
             return None
-        if activation not in (None, "Relu"):
+        if activation not in (None, "Relu") or (self.integer and activation):
             return None
         geometry = tuple(tuple(int(v) for v in g) for g in geometry)
         return lambda x: self._from_patches(x, geometry, activation)
@@ -227,9 +285,20 @@ class CrossbarKernel:
             if plan is None:  # not known yet (no inference with the patches so far)
                 return None
             self._patch_plans[x.shape] = plan
-        if plan is False or x.dtype != np.float32:
+        if plan is False or x.dtype != (x.dtype if self.integer and x.dtype.kind in "iu"
+                                         else np.float32):
             return None
         inp, out, X, transposed, shape, axes, order, conv = plan
+        if self.integer:  # the sums first: an input that does not fit leaves nothing counted
+            with self._lock:
+                Y = conv(x)
+                if Y is None:
+                    return None
+                if self._int_conv_bias is not None:
+                    np.add(Y, self._int_conv_bias, out=Y)
+                outs, c = self._sim.run({inp: X}, data=False)
+            return [Y if order is None else np.ascontiguousarray(Y.transpose(order))], \
+                self._metrics(c.as_dict(), X, outs[out])
         with self._lock:
             outs, c = self._sim.run({inp: X}, transposed=transposed, data=False)
             if order is None:  # the node's output is the simulator's buffer, as it is laid out
@@ -269,7 +338,8 @@ class CrossbarKernel:
             return None
         kernel_shape, strides, pads, dilations = geometry
         r = len(kernel_shape)
-        if x.dtype != np.float32 or x.ndim != 2 + r:
+        if x.dtype.kind != ("i" if self.integer else "f") or \
+                (not self.integer and x.dtype != np.float32) or x.ndim != 2 + r:
             return False
         inp, w, b, out = form
         W = self._sim.const[w]
@@ -284,14 +354,20 @@ class CrossbarKernel:
         except ValueError:
             return False
         bias = None if b is None else self._sim.const[b].reshape(-1)
-        conv = blas.current().conv(x, W[0], bias, geometry, activation)
+        if self.integer:
+            conv = blas.current().int_conv(x, W, geometry)
+            self._int_conv_bias = None if b is None else \
+                self._int_bias(b).reshape((-1,) + (1,) * r)
+        else:
+            conv = blas.current().conv(x, W[0], bias, geometry, activation)
         if conv is None:
             return False
         # the convolution's [n, N, *O] as the node's [n, *O, N], y_perm applied
         order = (0,) + tuple(range(2, 2 + r)) + (1,)
         if self.y_perm is not None:
             order = tuple(order[i] for i in self.y_perm)
-        X = np.broadcast_to(np.float32(0), (1, v.rows, v.K))  # the patches' shape, no memory
+        # the patches' shape, no memory
+        X = np.broadcast_to((np.float64 if self.integer else np.float32)(0), (1, v.rows, v.K))
         probe = np.empty((v.G, v.N, v.rows) if transposed else (v.G, v.rows, v.N), np.uint8)
         Y = (probe.transpose(0, 2, 1) if transposed else probe).reshape(shape).transpose(axes)
         direct = order == tuple(range(2 + r)) and Y.flags.c_contiguous and \

@@ -772,12 +772,14 @@ class CrossbarSimulator:
 
     def affine(self) -> tuple | None:
         """``(input, weight, bias or None, output)`` region names when this program's data path
-        is exactly ``Y = X @ W (+ bias)`` -- ideal mode, float32, one input and one output,
-        every inference so far summing each group's product over all its tiles once, then
-        adding the bias -- so a caller may compute it with any exact product kernel (and run
-        the simulator with ``data=False`` for the counters); None otherwise, and before the
-        first inference with data (the data path is read from its record)."""
-        if self._quant or self._int or self._has_loop:
+        is exactly ``Y = X @ W (+ bias)`` -- ideal mode, one input and one output, every
+        inference so far summing each group's product over all its tiles once, then adding the
+        bias -- so a caller may compute it with any exact product kernel (and run the
+        simulator with ``data=False`` for the counters); None otherwise, and before the first
+        inference with data (the data path is read from its record). For a ``dtype int32``
+        program the product is the exact integer one, wrapped to int32 (module docstring,
+        "Integer kernels")."""
+        if self._quant or self._has_loop:
             return None
         kinds = [r.kind for r in self.prog.regions.values()]
         if kinds.count("input") != 1 or kinds.count("output") != 1:
@@ -941,15 +943,16 @@ class CrossbarSimulator:
         output is the ``[G, M, N]`` view of a C-contiguous ``[G, N, M]`` array, the layout of a
         node whose result is ``Y^T`` (a programmed ``A``), so nobody transposes it back.
 
-        ``data=False`` (ideal float32 kernels only: elsewhere the data path draws noise and
-        counts clipped conversions) counts the inference without computing it: the counters, tiles
-        and wear advance as in a full run, the inputs are read for their shapes only (a
-        zero-stride stand-in will do) and the outputs are returned with undefined contents,
+        ``data=False`` (ideal kernels only, float32 or ``dtype int32``: the quantized data path
+        draws noise and counts clipped conversions) counts the inference without computing it:
+        the counters, tiles and wear advance as in a full run, the inputs are read for their
+        shapes only (a zero-stride stand-in will do; an integer program's values are not
+        checked) and the outputs are returned with undefined contents (float32 or float64),
         for a caller that computes the data path itself (:meth:`affine`).
         Raises :class:`XbarError` for missing or mis-shaped inputs.
         """
-        if not data and (self._quant or self._int):
-            raise ValueError("a run without its data path is for ideal float32 kernels only")
+        if not data and self._quant:
+            raise ValueError("a run without its data path is for ideal kernels only")
         prog = self.prog
         acts, M = {}, None
         for r in prog.regions.values():
@@ -965,7 +968,7 @@ class CrossbarSimulator:
                                               f"!= [{r.dims[0]}, M, {r.dims[1]}]")
             if M is not None and X.shape[1] != M:
                 raise _err(prog.path, r.line, f"inputs disagree on M ({M} vs {X.shape[1]})")
-            if self._int and X.size and not (np.abs(X).max() < 2**16 and np.array_equal(X, np.rint(X))):
+            if self._int and data and X.size and not (np.abs(X).max() < 2**16 and np.array_equal(X, np.rint(X))):
                 raise _err(prog.path, r.line, f"input {r.name}: dtype int32 takes integers of "
                                               "magnitude below 2**16")
             M = X.shape[1]
