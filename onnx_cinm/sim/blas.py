@@ -39,8 +39,8 @@ int32`` kernels in ideal mode. numpy has no integer BLAS, so its route is the si
 float64 products (exact below 2**53) wrapped to int32. onnxruntime's ``MatMulInteger`` and
 ``ConvInteger`` compute the same integers: each operand whose values span at most 256
 consecutive integers within -255..255 is fed as uint8 with a zero point (``x + c``, ``c`` in
-0..255), the weights as ``w + 128`` with zero point 128, so its kernels run the uint8 x uint8
-product (exact on every x86 path: the uint8 x int8 one may saturate 16-bit pair sums on
+0..255; int8 weights as ``w + 128``, those of a uint8 model with its zero point subtracted as
+they were), so its kernels run the uint8 x uint8 product (exact on every x86 path: the uint8 x int8 one may saturate 16-bit pair sums on
 AVX2 without VNNI, as onnxruntime's quantization documentation warns under ``reduce_range``),
 and int32 sums wrap as the simulator's do. The choice is timed as for floats; the first product
 of each shape is computed by both and the onnxruntime route is kept only if its integers are
@@ -562,19 +562,18 @@ class MatrixKernels:
         return kind
 
     def _int_weights(self, W: np.ndarray, const: bool):
-        """``W + 128`` as uint8 (zero point 128), or None when ``W`` is not all integers in
-        -128..127; kept per weight array when ``const`` (the array held: its address stays
-        its own)."""
+        """``(W + c as uint8, const, c)`` (zero point ``c``, :func:`_u8_offset`), or None when
+        ``W`` is not all integers spanning at most 256 values within -255..255; kept per
+        weight array when ``const`` (the array held: its address stays its own)."""
         key = ("intW", W.__array_interface__["data"][0], W.shape, W.strides)
         if const:
             got = self._ort.get(key)
             if got is not None:
                 return got[1]
         q = None
-        if W.size and W.min() >= -128 and W.max() <= 127 and \
-                (W.dtype.kind in "iu" or np.array_equal(W, np.rint(W))):
-            q = (W.astype(np.int16) + 128).astype(np.uint8)
-            q = (q, const)
+        c = _u8_offset(int(W.min()), int(W.max())) if W.size else None
+        if c is not None and (W.dtype.kind in "iu" or np.array_equal(W, np.rint(W))):
+            q = ((W.astype(np.int16) + c).astype(np.uint8), const, c)
         if const:
             with self._lock:
                 self._ort[key] = (W, q)
@@ -582,9 +581,9 @@ class MatrixKernels:
 
     def _ort_int_matmul(self, X, c: int, wq, out) -> None:
         """``out[:] = X @ W`` by ``MatMulInteger`` over ``X + c`` (zero point ``c``) and the
-        uint8 weights ``wq`` (:meth:`_int_weights`: zero point 128, an initializer of a
-        session of their own when constant)."""
-        Wu8, const = wq
+        uint8 weights ``wq`` (:meth:`_int_weights`: an initializer of a session of their own
+        when constant)."""
+        Wu8, const, wz = wq
         if const:
             key = ("intmm", Wu8.__array_interface__["data"][0])
             entry = self._ort.get(key)
@@ -593,7 +592,7 @@ class MatrixKernels:
                     entry = self._ort.get(key)
                     if entry is None:
                         entry = self._ort[key] = (Wu8, self._int_session(
-                            "MatMulInteger", {"B": Wu8}, ["M", Wu8.shape[0]], {}))
+                            "MatMulInteger", {"B": Wu8, "bz": wz}, ["M", Wu8.shape[0]], {}))
         else:
             entry = self._ort.get("intmm")
             if entry is None:
@@ -606,24 +605,28 @@ class MatrixKernels:
         b.bind_cpu_input("az", np.array(c, np.uint8))
         if not const:
             b.bind_cpu_input("B", np.ascontiguousarray(Wu8))
+            b.bind_cpu_input("bz", np.array(wz, np.uint8))
         b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
         sess.run_with_iobinding(b)
 
     def _int_session(self, op: str, inits: dict | None, a_shape: list, attrs: dict):
         """A one-node onnxruntime session ``op(A, B, az, bz)`` (``MatMulInteger`` or
-        ``ConvInteger``): ``A`` and its zero point ``az`` uint8 inputs, ``B`` uint8 with zero
-        point 128 (an initializer when ``inits`` gives it), int32 ``Y``."""
+        ``ConvInteger``): ``A`` and its zero point ``az`` uint8 inputs, ``B`` uint8 and its
+        zero point ``bz`` initializers when ``inits`` gives them (``{"B": array, "bz": int}``),
+        else inputs too; int32 ``Y``."""
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
         u8 = TensorProto.UINT8
         ins = [helper.make_tensor_value_info("A", u8, a_shape),
                helper.make_tensor_value_info("az", u8, [])]
-        init = [numpy_helper.from_array(np.array(128, np.uint8), "bz")]
+        init = []
         if inits is None:
-            ins.append(helper.make_tensor_value_info("B", u8, ["K", "N"]))
+            ins += [helper.make_tensor_value_info("B", u8, ["K", "N"]),
+                    helper.make_tensor_value_info("bz", u8, [])]
         else:
-            init.append(numpy_helper.from_array(inits["B"], "B"))
+            init += [numpy_helper.from_array(inits["B"], "B"),
+                     numpy_helper.from_array(np.array(inits["bz"], np.uint8), "bz")]
         g = helper.make_graph([helper.make_node(op, ["A", "B", "az", "bz"], ["Y"], **attrs)],
                               op, ins, [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
                               init)
@@ -642,7 +645,8 @@ class MatrixKernels:
         returns int32 ``Y[n, N, *O]`` with ``Y[i, g*N/G + j, o] = patch_g(i, o) @ W[g][:, j]``
         exactly, wrapped to int32. ``f`` returns None for an ``x`` whose values do not fit
         uint8 with a zero point (module docstring); the caller then materializes the
-        patches. None instead of ``f`` under ``"numpy"``, for weights outside -128..127, or
+        patches. None instead of ``f`` under ``"numpy"``, for weights that do not fit uint8
+        with a zero point, or
         when ``"auto"`` timed the numpy route (copying the patches to float64 and their
         product) faster on the first call than :data:`CONV_MARGIN` times the convolution.
         ``x`` of the first call decides, so it must fit. ValueError if the shapes do not fit.
@@ -668,7 +672,7 @@ class MatrixKernels:
                 _, strides, pads, dilations = geo
                 try:
                     sess = self._int_session(
-                        "ConvInteger", {"B": Wc}, [None, x.shape[1]] + [None] * len(kernel_shape),
+                        "ConvInteger", {"B": Wc, "bz": wq[2]}, [None, x.shape[1]] + [None] * len(kernel_shape),
                         dict(kernel_shape=list(kernel_shape), strides=list(strides),
                              pads=list(pads), dilations=list(dilations), group=G))
                 except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
