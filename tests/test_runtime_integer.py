@@ -1,0 +1,180 @@
+"""Issue 16: integer crossbar products in onnxruntime's integer kernels.
+
+``MatrixKernels.int_matmul`` / ``int_conv`` must give exactly numpy's int64 products (wrapped
+to int32) whichever kernel computes them, and a whole quantized model must give the same
+integers on every kernel choice as the simulator's own float64 data path (``matmul=numpy``),
+and onnxruntime's numbers on the original model.
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnx_cinm import artifacts, optimize
+from onnx_cinm.golden import run_onnxruntime
+from onnx_cinm.runtime import InferenceSession
+from onnx_cinm.sim import blas
+
+rng = np.random.default_rng(16)
+
+
+def _wrap32(a):
+    return a.astype(np.int64).astype(np.int32)
+
+
+# (X range, W range): int8 activations, uint8 ones, uint8 minus a zero point (as a ConvInteger
+# lowers them), int8 weights, uint8 weights minus a zero point, and operands that fit no uint8
+# kernel (numpy computes them)
+RANGES = [((-128, 128), (-128, 128)), ((0, 256), (-127, 128)), ((-17, 239), (-120, 136)),
+          ((-300, 300), (-128, 128)), ((-128, 128), (-1000, 1000))]
+
+
+@pytest.mark.parametrize("xr,wr", RANGES)
+def test_integer_products_are_numpys_int64_products_on_every_kernel(xr, wr):
+    # K = 700: int8 x uint8 sums pass 2**24, where a float32 product is no longer exact
+    W = rng.integers(*wr, (700, 37)).astype(np.float64)  # integers as the simulator holds them
+    for X in (rng.integers(*xr, (50, 700)).astype(np.int32),
+              rng.integers(*xr, (700, 50)).astype(np.int32).T):  # a transposed view
+        want = _wrap32(X.astype(np.int64) @ W.astype(np.int64))
+        for mode in blas.MATMULS:
+            for const in (True, False):
+                k = blas.MatrixKernels(1, mode)
+                for _ in range(2):  # the deciding call and a decided one
+                    out = np.full((50, 37), 7, np.int32)
+                    k.int_matmul(X, W, out, const=const)
+                    np.testing.assert_array_equal(out, want)
+                if mode == "auto":
+                    assert k.describe()["chosen"].get("int 50x700x37") in (
+                        None if xr[1] - xr[0] > 256 or wr[1] - wr[0] > 256 else "numpy",
+                        "onnxruntime")
+
+
+def test_integer_products_wrap_as_int32_sums_do():
+    # 70000 x 255 x 127 passes 2**31: onnxruntime's int32 sums and the simulator's float64
+    # ones wrapped to int32 agree (numpy's int64 product, wrapped)
+    X = np.full((2, 70000), 255, np.int32)
+    W = np.full((70000, 3), 127.0)
+    want = _wrap32(X.astype(np.int64) @ W.astype(np.int64))
+    assert (X.astype(np.int64) @ W.astype(np.int64)).max() > 2**31 and want.max() < 0
+    for mode in blas.MATMULS:
+        out = np.empty((2, 3), np.int32)
+        blas.MatrixKernels(1, mode).int_matmul(X, W, out, const=True)
+        np.testing.assert_array_equal(out, want)
+
+
+def _patches_by_hand(x, W, geometry, G):
+    """Y[n, G*Ng, *O] of a grouped convolution, cut patch by patch (zero padding)."""
+    (kh, kw), (sh, sw), pads, (dh, dw) = geometry
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, C = x.shape[:2]
+    Cg, Ng = C // G, W.shape[2]
+    O = ((xp.shape[2] - dh * (kh - 1) - 1) // sh + 1, (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1)
+    Y = np.zeros((n, G * Ng) + O, np.int64)
+    for i in range(O[0]):
+        for j in range(O[1]):
+            win = xp[:, :, i * sh:i * sh + dh * (kh - 1) + 1:dh, j * sw:j * sw + dw * (kw - 1) + 1:dw]
+            for g in range(G):
+                patch = win[:, g * Cg:(g + 1) * Cg].reshape(n, -1)
+                Y[:, g * Ng:(g + 1) * Ng, i, j] = patch @ W[g].astype(np.int64)
+    return Y
+
+
+@pytest.mark.parametrize("G", [1, 3])
+def test_integer_convolution_of_patches_is_their_exact_product(G):
+    """``int_conv`` is the product of Im2Col's patches (channel-major, then kernel position)
+    with the integer weights, per group, exactly: padding contributes zeros though the input
+    is fed shifted to uint8. ``"numpy"`` never convolves; an input spanning more than 256
+    values is declined per call (None); a weight of the wrong height is a ValueError."""
+    x = rng.integers(-40, 216, (2, 6, 9, 8)).astype(np.int32)  # uint8 minus zero point 40
+    W = rng.integers(-120, 136, (G, 6 // G * 2 * 3, 5)).astype(np.float64)
+    geometry = ((2, 3), (2, 1), (1, 0, 0, 2), (1, 2))  # kernel, strides, pads, dilations
+    want = _wrap32(_patches_by_hand(x, W, geometry, G))
+    f = blas.MatrixKernels(1, "onnxruntime").int_conv(x, W, geometry, groups=G)
+    np.testing.assert_array_equal(f(x), want)
+    out = np.empty(want.shape, np.int32)
+    assert f(x, out) is out
+    np.testing.assert_array_equal(out, want)
+    assert f(x * 2) is None  # -80..430: no uint8 with a zero point holds it
+    assert blas.MatrixKernels(1, "numpy").int_conv(x, W, geometry, groups=G) is None
+    auto = blas.MatrixKernels(1, "auto")
+    f = auto.int_conv(x, W, geometry, groups=G)
+    key = "int conv 2x6x9x8 k2x3 s2x1 p1x0x0x2 d1x2 ->" + str(5 * G) + (f" g{G}" if G > 1 else "")
+    assert auto.describe()["chosen"][key] == ("numpy" if f is None else "onnxruntime")
+    if f is not None:
+        np.testing.assert_array_equal(f(x), want)
+    with pytest.raises(ValueError, match="do not fit"):
+        blas.MatrixKernels(1, "onnxruntime").int_conv(x, W[:, 1:], geometry, groups=G)
+
+
+def _qlinear_convs():
+    """Two QLinearConvs (int8 weights in -64..64, where onnxruntime's own kernels are exact on
+    every x86 CPU), the first with a bias and per-channel scales, the second 1x1."""
+    w1 = rng.integers(-64, 65, (8, 3, 3, 3)).astype(np.int8)
+    w2 = rng.integers(-64, 65, (6, 8, 1, 1)).astype(np.int8)
+    f = lambda a, n: nh.from_array(np.asarray(a, np.float32), n)  # noqa: E731
+    u = lambda a, n: nh.from_array(np.asarray(a, np.uint8), n)  # noqa: E731
+    inits = [f(0.03, "x_s"), u(17, "x_zp"), nh.from_array(w1, "W1"),
+             f(rng.uniform(0.005, 0.02, 8), "w1_s"), nh.from_array(np.zeros(8, np.int8), "w1_zp"),
+             f(0.21, "y1_s"), u(100, "y1_zp"),
+             nh.from_array(rng.integers(-3000, 3000, 8).astype(np.int32), "b1"),
+             nh.from_array(w2, "W2"), f(0.011, "w2_s"), nh.from_array(np.array(0, np.int8), "w2_zp"),
+             f(0.4, "y2_s"), u(120, "y2_zp")]
+    nodes = [h.make_node("QLinearConv", ["x", "x_s", "x_zp", "W1", "w1_s", "w1_zp", "y1_s", "y1_zp",
+                                         "b1"], ["y1"], pads=[1, 1, 1, 1], name="qc1"),
+             h.make_node("QLinearConv", ["y1", "y1_s", "y1_zp", "W2", "w2_s", "w2_zp", "y2_s",
+                                         "y2_zp"], ["y"], name="qc2")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.UINT8, [1, 3, 12, 10])],
+                     [h.make_tensor_value_info("y", TP.UINT8, [1, 6, 12, 10])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+
+
+def test_quantized_convs_on_crossbars_give_the_simulators_integers_on_every_kernel(tmp_path):
+    """A QLinearConv model on the crossbars: the integer Gemms over the patches run as
+    ConvIntegers of the Im2Cols' inputs (``matmul=onnxruntime``: the Im2Col then costs no wall
+    time) with the same outputs as the simulator's own data path (``numpy``) and as
+    onnxruntime on the original model, and the same counters."""
+    original = _qlinear_convs()
+    res = optimize(original, place=[("*Gemm", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "q.onnx")
+    sessions = {m: InferenceSession(tmp_path / "q.onnx", provider_options=[{"matmul": m}, {}])
+                for m in blas.MATMULS}
+    for seed in range(2):
+        x = np.random.default_rng(seed).integers(0, 256, (1, 3, 12, 10)).astype(np.uint8)
+        want = run_onnxruntime(original, {"x": x})[0]
+        assert len(np.unique(want)) > 20
+        for s in sessions.values():
+            np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
+    prof = {m: s.profile() for m, s in sessions.items()}
+    keys = ("node", "writes", "latency_s", "energy_j", "bytes_moved", "basis")
+    gemms = {m: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
+             for m, p in prof.items()}
+    assert len(gemms["numpy"]) == 4 and gemms["numpy"] == gemms["onnxruntime"] == gemms["auto"]
+    im2col = [r for r in prof["onnxruntime"] if r["op_type"] == "Im2Col"]
+    assert len(im2col) == 4 and all(r["wall_s"] == 0 for r in im2col)
+    assert all(r["wall_s"] > 0 for r in prof["numpy"] if r["op_type"] == "Im2Col")
+    chosen = sessions["onnxruntime"].configuration()["chosen"]
+    assert not chosen and not sessions["numpy"].configuration()["chosen"]
+
+
+def test_integer_matmul_on_crossbars_matches_numpys_int64_product_on_every_kernel(tmp_path):
+    """MatMulInteger with uint8 weights and a zero point, K = 2048 (sums past 2**24): every
+    kernel choice gives numpy's int64 product."""
+    k, n = 2048, 40
+    w = rng.integers(0, 256, (k, n)).astype(np.uint8)
+    m = h.make_model(h.make_graph(
+        [h.make_node("MatMulInteger", ["x", "W", "xz", "wz"], ["y"], name="mmi")], "g",
+        [h.make_tensor_value_info("x", TP.UINT8, [6, k])],
+        [h.make_tensor_value_info("y", TP.INT32, [6, n])],
+        [nh.from_array(w, "W"), nh.from_array(np.array(3, np.uint8), "xz"),
+         nh.from_array(np.array(131, np.uint8), "wz")]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    res = optimize(m, place=[("*", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    x = rng.integers(0, 256, (6, k)).astype(np.uint8)
+    want = (x.astype(np.int64) - 3) @ (w.astype(np.int64) - 131)
+    assert np.abs(want).max() > 2**24 or np.abs(x.astype(np.int64) @ w.astype(np.int64)).max() > 2**24
+    for mode in blas.MATMULS:
+        s = InferenceSession(tmp_path / "m.onnx", provider_options=[{"matmul": mode}, {}])
+        for _ in range(2):
+            np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
