@@ -259,9 +259,11 @@ class Device:
         return None
 
     def from_patches(self, kernel: Callable, geometry: tuple,
-                     activation: str | None = None) -> Callable | None:
+                     activation: str | None = None, groups: int = 1) -> Callable | None:
         """For a :meth:`kernel` whose first input is made by a cinm Im2Col of ``geometry``
-        (``(kernel_shape, strides, pads, dilations)``) that nothing else reads: a callable
+        (``(kernel_shape, strides, pads, dilations)``) that nothing else reads (``groups`` >
+        1: through the views splitting the patches ``[n, *O, C*k]`` into ``[n, G, *O, C/G*k]``,
+        a grouped convolution's): a callable
         ``f(x) -> (outputs, metrics) | None`` computing the node from the Im2Col's input ``x``
         without materializing the patches (None from ``f``: not for this call; the provider
         then runs the Im2Col and the kernel as usual). ``activation`` ``"Relu"``: the output

@@ -181,10 +181,62 @@ class _DeviceNode:
     inputs: list = field(default_factory=list)  # its input names ("" for an absent one)
     #: an Im2Col whose only reader computes from the Im2Col's input: that reader's node
     fused_into: _DeviceNode | None = None
-    #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None): Device.from_patches
+    #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None: Device.from_patches,
+    #: [the view nodes between them]: _group_views)
     patches: tuple | None = None
     #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
     post: _DeviceNode | None = None
+
+
+def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
+    """The Reshape and Transpose nodes that split the patches of a cinm Im2Col into the groups
+    of a grouped convolution for the cinm Gemm that alone reads them, ``{its output: attrs of
+    :func:`_view`}``: ``Reshape(cols, [0, 0.., G, Kg])`` (``[n, *O, C*k] -> [n, *O, G, Kg]``,
+    the shape an initializer) then ``Transpose`` ``[0, r+1, 1..r, r+2]`` (``-> [n, G, *O,
+    Kg]``), each the only reader of its input. The provider runs them as numpy views (no
+    copy: onnxruntime copies int32 patches in its Transpose, 7 s per inference on LEADER's
+    three largest depthwise convolutions), and a device may compute the Gemm from the Im2Col's
+    input (:meth:`InferenceSession._fuse_patches`)."""
+    made = {o: n for n in g.node for o in n.output if o}
+    readers: dict = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out = {}
+    for t in g.node:
+        if t.op_type != "Transpose" or t.domain not in ("", "ai.onnx") or len(t.output) != 1:
+            continue
+        r_node = made.get(t.input[0])
+        if r_node is not None and len(r_node.output) != 1:
+            continue
+        src = made.get(r_node.input[0]) if r_node is not None and r_node.input else None
+        gemm = readers.get(t.output[0], [])
+        if src is None or r_node.op_type != "Reshape" or r_node.domain not in ("", "ai.onnx") \
+                or len(r_node.input) != 2 or r_node.input[1] not in inits or \
+                src.op_type != "Im2Col" or src.domain != cinm.DOMAIN or len(gemm) != 1 or \
+                gemm[0].op_type != "Gemm" or gemm[0].domain != cinm.DOMAIN or \
+                gemm[0].input[0] != t.output[0] or \
+                any(uses.get(v, 0) != 1 for v in (src.output[0], r_node.output[0], t.output[0])):
+            continue
+        shape = [int(v) for v in numpy_helper.to_array(inits[r_node.input[1]]).reshape(-1)]
+        r = len(cinm.node_attrs(src)["kernel_shape"])
+        perm = next(([int(p) for p in a.ints] for a in t.attribute if a.name == "perm"), None)
+        if len(shape) != r + 3 or any(shape[:r + 1]) or min(shape[r + 1:]) < 1 or \
+                perm != [0, r + 1] + list(range(1, r + 1)) + [r + 2]:
+            continue
+        out[r_node.output[0]] = {"shape": shape, "groups": shape[r + 1]}
+        out[t.output[0]] = {"perm": perm}
+    return out
+
+
+def _view(inputs: list, attrs: dict) -> list:
+    """A Reshape (``attrs["shape"]``, 0 keeping the input's dim) or Transpose
+    (``attrs["perm"]``) of :func:`_group_views` as a numpy view of ``inputs[0]`` (a Reshape
+    copies when numpy cannot view it)."""
+    x = inputs[0]
+    if "perm" in attrs:
+        return [np.transpose(x, attrs["perm"])]
+    return [np.reshape(x, [x.shape[i] if v == 0 else v for i, v in enumerate(attrs["shape"])])]
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -404,9 +456,15 @@ class InferenceSession:
             for n in names_used_by(node):
                 uses[n] = uses.get(n, 0) + 1
         made_by: dict[str, _DeviceNode] = {}  # output name -> the device node making it
+        views = _group_views(g, inits, uses) if use_devices else {}
         for node in g.node:
             stage = max((ready.get(n, 0) for n in names_used_by(node)), default=0)
             claim = self._claim(node, infos, consts, manifest_kernels) if use_devices else None
+            view = views.get(node.output[0]) if len(node.output) == 1 else None
+            if view is not None:  # a view of grouped patches (_group_views)
+                claim = ("host", _ModelKernel(_view, view, None), "numpy")
+                consts.update((n, numpy_helper.to_array(inits[n])) for n in node.input[1:]
+                              if n in inits)
             if claim is None and use_devices and _has_device_nodes(node):
                 claim = ("If", _IfKernel(self, node), "branch")
             post = self._post_op(node, claim, made_by, uses)
@@ -508,27 +566,48 @@ class InferenceSession:
     def _fuse_patches(self, consumed: dict, graph_outputs: set) -> None:
         """Pair each Im2Col run by a numpy kernel (model mode) with its only reader, a device
         node whose device computes it from the Im2Col's input (:meth:`Device.from_patches`):
-        the patches are then never materialized, unless that callable declines a run."""
+        the patches are then never materialized, unless that callable declines a run. The
+        reader may take the patches through the views that split them into groups
+        (:func:`_group_views`: a grouped convolution's Reshape and Transpose); the device
+        then computes the grouped product (``groups``)."""
         by_id = {id(d): d for d in self._device_nodes}
-        for d in self._device_nodes:
-            if d.node.op_type != "Im2Col" or d.node.domain != cinm.DOMAIN or \
-                    not isinstance(d.kernel, _ModelKernel) or len(d.outputs) != 1:
-                continue
-            out = d.outputs[0]
+
+        def only_reader(d):
+            out = d.outputs[0] if len(d.outputs) == 1 else None
             readers = consumed.get(out, set())
-            if out in graph_outputs or len(readers) != 1:
-                continue
+            if out is None or out in graph_outputs or len(readers) != 1:
+                return None
             kind, ref = next(iter(readers))
             e = by_id.get(ref) if kind == "d" else None
             if e is None or isinstance(e.kernel, _IfKernel) or not e.inputs or \
                     e.inputs[0] != out or out in e.inputs[1:]:
+                return None
+            return e
+
+        for d in self._device_nodes:
+            if d.node.op_type != "Im2Col" or d.node.domain != cinm.DOMAIN or \
+                    not isinstance(d.kernel, _ModelKernel):
+                continue
+            e, between, groups = only_reader(d), [], 1
+            if e is not None and e.node.op_type == "Reshape" and e.kernel.fn is _view:
+                t = only_reader(e)
+                if t is not None and t.node.op_type == "Transpose" and t.kernel.fn is _view:
+                    between, groups = [e, t], e.kernel.attrs["groups"]
+                    e = only_reader(t)
+                else:
+                    e = None
+            if e is None:
                 continue
             at = d.kernel.attrs
             geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
-            runner = devices.get_device(e.device).from_patches(
-                e.kernel, geometry, "Relu" if e.post is not None else None)
+            dev = devices.get_device(e.device)
+            act = "Relu" if e.post is not None else None
+            runner = dev.from_patches(e.kernel, geometry, act, groups=groups) if groups > 1 \
+                else dev.from_patches(e.kernel, geometry, act)
             if runner is not None:
-                d.fused_into, e.patches = e, (d, runner)
+                for v in [d] + between:
+                    v.fused_into = e
+                e.patches = (d, runner, between)
 
     def _session(self, p: _Partition, inits: dict, vis: dict):
         g = self._model.graph
@@ -706,7 +785,7 @@ class InferenceSession:
             records += inner
             return
         if d.patches is not None:
-            src, runner = d.patches
+            src, runner, between = d.patches
             x = values[src.inputs[0]] if src.inputs[0] in values else self._consts[src.inputs[0]]
             t0 = time.perf_counter()
             try:
@@ -715,10 +794,12 @@ class InferenceSession:
                 raise CinmError(f"node '{d.label}' on {d.device} failed: "
                                 f"{str(e).splitlines()[0]}") from None
             if got is None:
-                self._run_device(src, values, records, run_index)
+                for v in [src] + between:
+                    self._run_device(v, values, records, run_index)
             else:
                 wall = time.perf_counter() - t0
-                records.append(self._record(src, run_index, 0.0, src.kernel.metrics, False))
+                for v in [src] + between:
+                    records.append(self._record(v, run_index, 0.0, v.kernel.metrics, False))
                 records.append(self._record(d, run_index, wall, got[1], False))
                 if d.post is None:
                     values.update(zip(d.outputs, got[0]))

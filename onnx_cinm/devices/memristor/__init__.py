@@ -747,13 +747,14 @@ class MemristorDevice(Device):
         data_path = _run_mode(attrs, self.params, run_options) if run_options else None
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path)
 
-    def from_patches(self, kernel, geometry: tuple, activation: str | None = None):
-        """:meth:`CrossbarKernel.patch_runner` of a crossbar kernel (ideal float32 mode,
-        programmed weights: the product computed as a convolution of the Im2Col's input)."""
+    def from_patches(self, kernel, geometry: tuple, activation: str | None = None,
+                     groups: int = 1):
+        """:meth:`CrossbarKernel.patch_runner` of a crossbar kernel (ideal mode, programmed
+        weights: the product computed as a convolution of the Im2Col's input)."""
         from .kernel import CrossbarKernel
 
-        return kernel.patch_runner(geometry, activation) if isinstance(kernel, CrossbarKernel) \
-            else None
+        return kernel.patch_runner(geometry, activation, groups) \
+            if isinstance(kernel, CrossbarKernel) else None
 
 
 def _use_note(plans: list, used: int) -> str:

@@ -248,7 +248,7 @@ class CrossbarKernel:
                 return transposed
         return False
 
-    def patch_runner(self, geometry: tuple, activation: str | None = None):
+    def patch_runner(self, geometry: tuple, activation: str | None = None, groups: int = 1):
         """A callable computing this node from the input ``x`` of the Im2Col that makes its
         first input, so the patches are never materialized: ``f(x) -> (outputs, metrics)`` as
         a call with the patches returns, or None when it does not apply to this call (the
@@ -256,7 +256,9 @@ class CrossbarKernel:
         it never applies: only a Gemm with its weights ``B`` programmed for the session, in
         ideal mode, with no bias added outside its file. An integer kernel (``dtype int32``)
         convolves its integer input by :meth:`onnx_cinm.sim.blas.MatrixKernels.int_conv`
-        (exactly the simulator's integers) and takes no activation.
+        (exactly the simulator's integers) and takes no activation; it may take the patches
+        split into ``groups`` > 1 (``[n, G, *O, C/G*k]``, batch ``n`` 1, its weights ``[G, 1,
+        C/G*k, N/G]``: a grouped convolution's), which a float kernel does not.
 
         ``geometry``: the Im2Col's ``(kernel_shape, strides, pads, dilations)``;
         ``activation``: None, or ``"Relu"`` applied to the result (the convolution's output
@@ -272,16 +274,17 @@ class CrossbarKernel:
         if self.op.op_type != "Gemm" or self.operand != "B" or self._sim is None or \
                 not self.prog.mode.ideal or (self.bias_name and not self.bias_in_file):
             return None
-        if activation not in (None, "Relu") or (self.integer and activation):
+        if activation not in (None, "Relu") or (self.integer and activation) or \
+                (groups != 1 and not self.integer):
             return None
         geometry = tuple(tuple(int(v) for v in g) for g in geometry)
-        return lambda x: self._from_patches(x, geometry, activation)
+        return lambda x: self._from_patches(x, geometry, activation, int(groups))
 
-    def _from_patches(self, x, geometry, activation):
+    def _from_patches(self, x, geometry, activation, groups=1):
         x = np.asarray(x)
         plan = self._patch_plans.get(x.shape)
         if plan is None:
-            plan = self._patch_plan(x, geometry, activation)
+            plan = self._patch_plan(x, geometry, activation, groups)
             if plan is None:  # not known yet (no inference with the patches so far)
                 return None
             self._patch_plans[x.shape] = plan
@@ -297,6 +300,8 @@ class CrossbarKernel:
                 if self._int_conv_bias is not None:
                     np.add(Y, self._int_conv_bias, out=Y)
                 outs, c = self._sim.run({inp: X}, data=False)
+            if groups > 1:  # [n, G*Ng, *O] as the Gemm's [n, G, *O, Ng], y_perm applied
+                Y = Y.reshape((Y.shape[0], groups, -1) + Y.shape[2:])
             return [Y if order is None else np.ascontiguousarray(Y.transpose(order))], \
                 self._metrics(c.as_dict(), X, outs[out])
         with self._lock:
@@ -326,7 +331,7 @@ class CrossbarKernel:
                 self._probed = probe.affine() or False
         return form or self._probed or None
 
-    def _patch_plan(self, x, geometry, activation):
+    def _patch_plan(self, x, geometry, activation, groups=1):
         """What :meth:`_from_patches` does with inputs of ``x``'s shape: ``(input and output
         region, the patches' zero-stride stand-in, output layout, reshape, axes, the
         convolution's axes to the node's output or None when it writes the buffer as it is,
@@ -345,29 +350,37 @@ class CrossbarKernel:
         W = self._sim.const[w]
         O = tuple((x.shape[2 + i] + pads[i] + pads[i + r] - dilations[i] * (kernel_shape[i] - 1)
                    - 1) // strides[i] + 1 for i in range(r))
-        a_shape = (x.shape[0],) + O + (x.shape[1] * int(np.prod(kernel_shape)),)
+        G = groups
+        if x.shape[1] % G or (G > 1 and x.shape[0] != 1):
+            return False
+        a_shape = (x.shape[0],) + ((G,) if G > 1 else ()) + O + \
+            (x.shape[1] // G * int(np.prod(kernel_shape)),)
         b_shape = tuple(self.op.inputs[1].static_shape)
-        if W.shape[0] != 1 or min(O, default=1) < 1 or a_shape[-1] != W.shape[1]:
+        if W.shape[0] != G or min(O, default=1) < 1 or a_shape[-1] != W.shape[1]:
             return False
         try:
             v, transposed, shape, axes = self._layout(a_shape, b_shape)
         except ValueError:
             return False
         bias = None if b is None else self._sim.const[b].reshape(-1)
+        if v.G != G or v.rows != x.shape[0] * int(np.prod(O)):
+            return False
         if self.integer:
-            conv = blas.current().int_conv(x, W, geometry)
+            conv = blas.current().int_conv(x, W, geometry, groups=G)
             self._int_conv_bias = None if b is None else \
                 self._int_bias(b).reshape((-1,) + (1,) * r)
         else:
             conv = blas.current().conv(x, W[0], bias, geometry, activation)
         if conv is None:
             return False
-        # the convolution's [n, N, *O] as the node's [n, *O, N], y_perm applied
-        order = (0,) + tuple(range(2, 2 + r)) + (1,)
+        # the convolution's [n, N, *O] as the node's [n, *O, N] (grouped: [n, G, Ng, *O] as
+        # [n, G, *O, Ng]), y_perm applied
+        order = (0,) + tuple(range(2, 2 + r)) + (1,) if G == 1 else \
+            (0, 1) + tuple(range(3, 3 + r)) + (2,)
         if self.y_perm is not None:
             order = tuple(order[i] for i in self.y_perm)
         # the patches' shape, no memory
-        X = np.broadcast_to((np.float64 if self.integer else np.float32)(0), (1, v.rows, v.K))
+        X = np.broadcast_to((np.float64 if self.integer else np.float32)(0), (v.G, v.rows, v.K))
         probe = np.empty((v.G, v.N, v.rows) if transposed else (v.G, v.rows, v.N), np.uint8)
         Y = (probe.transpose(0, 2, 1) if transposed else probe).reshape(shape).transpose(axes)
         direct = order == tuple(range(2 + r)) and Y.flags.c_contiguous and \
