@@ -178,3 +178,45 @@ def test_integer_matmul_on_crossbars_matches_numpys_int64_product_on_every_kerne
         s = InferenceSession(tmp_path / "m.onnx", provider_options=[{"matmul": mode}, {}])
         for _ in range(2):
             np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
+
+
+@pytest.mark.parametrize("group,c,m_out", [(2, 6, 8), (4, 4, 4)])  # grouped; depthwise
+def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path, group, c, m_out):
+    """A grouped QLinearConv lowers to Im2Col -> Reshape -> Transpose (the patches split into
+    groups) -> Gemm: the provider runs the two views in numpy and, under
+    ``matmul=onnxruntime``, the whole chain as one grouped ConvInteger of the Im2Col's input
+    (the Im2Col and the views then take no wall time), with onnxruntime's outputs on the
+    original model and the simulator's counters on every kernel."""
+    w = rng.integers(-64, 65, (m_out, c // group, 3, 3)).astype(np.int8)
+    inits = [nh.from_array(np.array(0.03, np.float32), "x_s"), nh.from_array(np.array(17, np.uint8), "x_zp"),
+             nh.from_array(w, "W"), nh.from_array(rng.uniform(0.005, 0.02, m_out).astype(np.float32), "w_s"),
+             nh.from_array(np.zeros(m_out, np.int8), "w_zp"),
+             nh.from_array(np.array(0.21, np.float32), "y_s"), nh.from_array(np.array(100, np.uint8), "y_zp"),
+             nh.from_array(rng.integers(-3000, 3000, m_out).astype(np.int32), "bias")]
+    node = h.make_node("QLinearConv", ["x", "x_s", "x_zp", "W", "w_s", "w_zp", "y_s", "y_zp", "bias"],
+                       ["y"], pads=[1, 1, 1, 1], strides=[2, 1], group=group, name="qconv")
+    m = h.make_model(h.make_graph([node], "g", [h.make_tensor_value_info("x", TP.UINT8, [1, c, 9, 10])],
+                                  [h.make_tensor_value_info("y", TP.UINT8, [1, m_out, 5, 10])], inits),
+                     opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    res = optimize(m, place=[("*Gemm", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "g.onnx")
+    sessions = {mode: InferenceSession(tmp_path / "g.onnx", provider_options=[{"matmul": mode}, {}])
+                for mode in blas.MATMULS}
+    x = rng.integers(0, 256, (1, c, 9, 10)).astype(np.uint8)
+    want = run_onnxruntime(m, {"x": x})[0]
+    assert len(np.unique(want)) > 10
+    for s in sessions.values():
+        for _ in range(2):
+            np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
+        # Im2Col, the two views (numpy kernels, no host partition of their own), the Gemm
+        assert s.partitions()[:5] == [("host", 2), ("host-numpy", 1), ("host-numpy", 1),
+                                      ("host-numpy", 1), ("memristor", 1)]
+    prof = {mode: s.profile() for mode, s in sessions.items()}
+    ops = ("Im2Col", "Reshape", "Transpose")
+    fused = [r for r in prof["onnxruntime"] if r["op_type"] in ops]
+    assert len(fused) == 6 and all(r["wall_s"] == 0 for r in fused)
+    assert all(r["wall_s"] > 0 for r in prof["numpy"] if r["op_type"] in ops)
+    keys = ("node", "writes", "latency_s", "energy_j", "bytes_moved", "basis")
+    gemms = {mode: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
+             for mode, p in prof.items()}
+    assert len(gemms["numpy"]) == 2 and gemms["numpy"] == gemms["onnxruntime"] == gemms["auto"]
