@@ -220,3 +220,31 @@ def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path
     gemms = {mode: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
              for mode, p in prof.items()}
     assert len(gemms["numpy"]) == 2 and gemms["numpy"] == gemms["onnxruntime"] == gemms["auto"]
+
+
+def test_integer_product_of_two_activations_gives_the_same_integers_and_counts(tmp_path):
+    """Attention's Q @ K^T with both operands activations (the crossbar programs one at every
+    inference): every kernel choice gives numpy's int64 product and the same counters (the
+    programming included) as the simulator's own data path."""
+    m = h.make_model(h.make_graph(
+        [h.make_node("MatMulInteger", ["a", "b", "azp", "bzp"], ["y"], name="qk")], "g",
+        [h.make_tensor_value_info("a", TP.UINT8, [2, 96, 80]),
+         h.make_tensor_value_info("b", TP.UINT8, [2, 80, 96])],
+        [h.make_tensor_value_info("y", TP.INT32, [2, 96, 96])],
+        [nh.from_array(np.array(3, np.uint8), "azp"), nh.from_array(np.array(250, np.uint8), "bzp")]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    res = optimize(m, place=[("*", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "qk.onnx")
+    a = rng.integers(0, 256, (2, 96, 80)).astype(np.uint8)
+    b = rng.integers(0, 256, (2, 80, 96)).astype(np.uint8)
+    want = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - 250)
+    counts = {}
+    for mode in blas.MATMULS:
+        s = InferenceSession(tmp_path / "qk.onnx", provider_options=[{"matmul": mode}, {}])
+        for _ in range(2):
+            np.testing.assert_array_equal(s.run(None, {"a": a, "b": b})[0], want)
+        counts[mode] = [(r["writes"], r["latency_s"], r["energy_j"], r["bytes_moved"])
+                        for r in s.profile() if r["op_type"] == "Gemm"]
+        if mode == "auto":  # the products went through the integer kernels' choice
+            assert "int 96x80x96" in s.configuration()["chosen"]
+    assert counts["numpy"][0][0] > 0 and counts["numpy"] == counts["onnxruntime"] == counts["auto"]

@@ -80,6 +80,7 @@ class CrossbarKernel:
         self._lock = threading.Lock()
         self._views: dict = {}
         self._patch_plans: dict = {}  # input shape -> _patch_plan
+        self._int_plans: dict = {}  # input shapes -> _int_plan
         self._probed = None  # _affine's probe: its form, False (none) or None (not run)
         self._int_conv_bias = None  # an integer program's bias in the convolution's layout
 
@@ -111,7 +112,7 @@ class CrossbarKernel:
         return out
 
     def __call__(self, inputs: list) -> tuple[list, dict]:
-        if self.integer and self._sim is not None:
+        if self.integer:
             got = self._int_product(inputs)
             if got is not None:
                 return got
@@ -150,55 +151,79 @@ class CrossbarKernel:
             self._metrics(c, X, outs["Y"])
 
     def _int_product(self, inputs: list):
-        """An integer kernel over programmed weights whose data path is a plain product
-        (:meth:`_affine`), computed by the session's integer product kernel
-        (:meth:`onnx_cinm.sim.blas.MatrixKernels.int_matmul`: the same integers, wrapped to
-        int32, as the simulator's float64 products) while the simulator counts the inference
-        without its data path. ``(outputs, metrics)`` as :meth:`__call__` returns them, or
-        None (the simulator's own data path then runs): under ``matmul="numpy"``, for a
-        streamed operand that is not of an integer dtype or reaches 2**16 (the simulator says
-        why), or a program that is not a plain product."""
+        """An integer kernel whose data path is a plain product (:meth:`_affine`), computed by
+        the session's integer product kernel (:meth:`onnx_cinm.sim.blas.MatrixKernels.int_matmul`:
+        the same integers, wrapped to int32, as the simulator's float64 products) while the
+        simulator counts the inference without its data path: the kernel's own simulator for
+        weights programmed for the session, else a fresh one over a zero-stride stand-in of
+        the operand programmed at this run (its programming counted, as in a run with data).
+        ``(outputs, metrics)`` as :meth:`__call__` returns them, or None (the simulator's own
+        data path then runs, and says what is wrong with the inputs): under
+        ``matmul="numpy"``, for operands that are not of an integer dtype, a streamed one
+        reaching 2**16, programmed values beyond the file's ``weight_bits`` or of another
+        shape than planned, or a program that is not a plain product."""
         kern = blas.current()
         if kern.mode == "numpy":
             return None
         A, B = np.asarray(inputs[0]), np.asarray(inputs[1])
-        streamed = B if self.operand == "A" else A
-        if streamed.dtype.kind not in "iu":
+        streamed, programmed = (B, A) if self.operand == "A" else (A, B)
+        if streamed.dtype.kind not in "iu" or \
+                (self._sim is None and programmed.dtype.kind not in "iu"):
             return None
+        plan = self._int_plans.get((A.shape, B.shape))
+        if plan is None:
+            plan = self._int_plans[(A.shape, B.shape)] = self._int_plan(A.shape, B.shape)
+        if plan is False:
+            return None
+        v, shape, axes, (inp, w, b, out), stand_in = plan
         lo, hi = (int(streamed.min()), int(streamed.max())) if streamed.size else (0, 0)
         if lo <= -2**16 or hi >= 2**16:
             return None
-        form = self._affine()
-        if form is None:
-            return None
-        inp, w, b, out = form
-        got = self._views.get((A.shape, B.shape))
-        if got is None:
-            got = self._views[(A.shape, B.shape)] = self._layout(A.shape, B.shape)
-        v, _, shape, axes = got
         X = layout.stream_rows(v, A, B)
-        W = self._sim.const[w]
+        if self._sim is None:
+            W = layout.weights(v, A, B)
+            levels = self.prog.header["int_cells"].weight_levels
+            if W.shape != tuple(self.prog.regions[w].dims) or \
+                    (W.size and max(-int(W.min()), int(W.max())) > levels):
+                return None
         with self._lock:
+            if self._sim is None:
+                sim = CrossbarSimulator(self.prog, {w: np.broadcast_to(np.float64(0), W.shape)})
+            else:
+                sim, W = self._sim, self._sim.const[w]
             Yt = np.empty((v.G, v.rows, v.N), np.int32)
             for g in range(v.G):
-                kern.int_matmul(X[g], W[g], Yt[g], const=True, x_range=(lo, hi))
+                kern.int_matmul(X[g], W[g], Yt[g], const=self._sim is not None,
+                                x_range=(lo, hi))
             if b is not None:
-                np.add(Yt, self._int_bias(b), out=Yt)  # wraps, as the simulator's int32 does
-            outs, c = self._sim.run({inp: np.broadcast_to(np.float64(0), X.shape)}, data=False)
+                np.add(Yt, self._int_bias(b, sim), out=Yt)  # wraps, as the simulator's int32 does
+            outs, c = sim.run({inp: stand_in}, data=False)
+            c = c.as_dict() if self._sim is not None else \
+                _add(sim.load_counters.as_dict(), c.as_dict())
         Y = Yt.reshape(shape).transpose(axes)
         if self.bias_name and not self.bias_in_file:
             Y = Y + np.asarray(inputs[2], dtype=np.int32)
             if self.y_perm is not None:
                 Y = Y.transpose(self.y_perm)
-        return [np.ascontiguousarray(Y)], self._metrics(c.as_dict(), X, outs[out])
+        return [np.ascontiguousarray(Y)], self._metrics(c, X, outs[out])
 
-    def _int_bias(self, name: str) -> np.ndarray:
-        """The integer program's bias region ``name`` as int32 (wrapped, as the simulator
-        wraps its sums)."""
+    def _int_plan(self, a_shape: tuple, b_shape: tuple):
+        """What :meth:`_int_product` does with inputs of these shapes: ``(view, reshape, axes,
+        the program's affine form, the streamed operand's zero-stride stand-in)``, or False
+        when the program is not a plain product."""
+        form = self._affine()
+        if form is None:
+            return False
+        v, _, shape, axes = self._layout(a_shape, b_shape)
+        return v, shape, axes, form, np.broadcast_to(np.float64(0), (v.G, v.rows, v.K))
+
+    def _int_bias(self, name: str, sim) -> np.ndarray:
+        """The integer program's bias region ``name`` (of simulator ``sim``) as int32
+        (wrapped, as the simulator wraps its sums)."""
         key = ("int bias", name)
         got = self._views.get(key)
         if got is None:
-            got = self._views[key] = self._sim.const[name].astype(np.int64).astype(np.int32)
+            got = self._views[key] = sim.const[name].astype(np.int64).astype(np.int32)
         return got
 
     def _metrics(self, c: dict, X, Yt) -> dict:
@@ -314,14 +339,22 @@ class CrossbarKernel:
 
     def _affine(self):
         """The simulator's :meth:`~CrossbarSimulator.affine` form; before its first inference,
-        that of a simulator of its own over the same program and weights run once on one row
-        of zeros (an ideal program's data path does not depend on the rows), so the first
+        that of a simulator of its own over the same program and weights (zeros for weights
+        programmed at every run) run once on one row of zeros (an ideal program's data path
+        depends on neither), so the first
         inference can compute from the patches too. None when the program is not one."""
-        form = self._sim.affine()
+        form = self._sim.affine() if self._sim is not None else None
         if form is None and self._probed is None:
             X = {r.name: np.zeros((r.dims[0], 1, r.dims[1]), np.float32)
                  for r in self.prog.regions.values() if r.kind == "input"}
-            probe = CrossbarSimulator(self.prog, dict(self._sim.const))
+            consts = dict(self._sim.const) if self._sim is not None else \
+                {r.name: np.zeros(r.dims) for r in self.prog.regions.values()
+                 if r.kind == "weight" and r.tensor is not None}
+            try:
+                probe = CrossbarSimulator(self.prog, consts)
+            except XbarError:
+                self._probed = False
+                return None
             try:
                 with blas.plain():  # one row of zeros: not a shape the session chooses for
                     probe.run(X)
@@ -368,7 +401,7 @@ class CrossbarKernel:
         if self.integer:
             conv = blas.current().int_conv(x, W, geometry, groups=G)
             self._int_conv_bias = None if b is None else \
-                self._int_bias(b).reshape((-1,) + (1,) * r)
+                self._int_bias(b, self._sim).reshape((-1,) + (1,) * r)
         else:
             conv = blas.current().conv(x, W[0], bias, geometry, activation)
         if conv is None:
