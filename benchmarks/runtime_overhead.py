@@ -12,10 +12,15 @@ waits for a core, and its Transpose and the whole model ran several times slower
 threads than with one, measured on the project machine at a load average of 12).
 
 Models: light ResNet50 and light SqueezeNet (onnx wheel), the digits MLP (trained here, batch of
-the 450 test images).
+the 450 test images), and unless ``--no-int8`` their int8 forms made by onnxruntime's own
+quantizer: the two CNNs static QDQ (int8 activations and per-channel int8 weights, calibrated on
+four random inputs), the MLP dynamic (``DynamicQuantizeLinear`` + ``MatMulInteger``): the
+provider runs their integer products exactly, in onnxruntime's integer kernels where faster
+(:mod:`onnx_cinm.sim.blas`, "Integer products"; target about 2x onnxruntime on the quantized
+model itself).
 
 Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--blas-threads N] [--intra-op-threads N]
-[--matmul auto|numpy|onnxruntime] [--json]``.
+[--matmul auto|numpy|onnxruntime] [--no-int8] [--json]``.
 """
 from __future__ import annotations
 
@@ -98,6 +103,37 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
             "session_s": session_s, "config": sess.configuration()}
 
 
+def quantized(path: Path, workdir: Path, feeds: dict, static: bool) -> Path:
+    """``path`` quantized to int8 by onnxruntime's quantizer into ``workdir``: static QDQ
+    (calibrated on ``feeds`` and three more random inputs; activations and per-channel weights
+    int8) or dynamic (int8 weights, uint8 activations quantized at run time)."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_dynamic, quantize_static)
+
+    out = workdir / f"{path.stem}_{'qdq' if static else 'dyn'}.onnx"
+    if not static:
+        quantize_dynamic(str(path), str(out), weight_type=QuantType.QInt8)
+        return out
+    model = onnx.load(str(path), load_external_data=False)
+    batches = [feeds] + [random_inputs(model, seed=s) for s in range(1, 4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(path), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    per_channel=True)
+    q = onnx.load(str(out))
+    if q.ir_version < 4:  # the quantizer's new initializers are no graph inputs: IR 4 allows it
+        q.ir_version = 4
+        onnx.save(q, str(out))
+    return out
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="timed runs per model")
@@ -109,6 +145,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--intra-op-threads", type=int, default=1,
                     help="onnxruntime threads of the provider's host partitions and of the "
                     "reference session (provider option intra_op_threads; 0: onnxruntime's default)")
+    ap.add_argument("--no-int8", action="store_true",
+                    help="leave out the int8 forms of the models (onnxruntime's quantizer)")
     args = ap.parse_args(argv)
     popts = {"blas_threads": args.blas_threads, "matmul": args.matmul,
              "intra_op_threads": args.intra_op_threads}
@@ -122,17 +160,24 @@ def main(argv=None) -> list[dict]:
             feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
             recs.append(measure(path, feeds, args.runs, work, f"light_{short}",
                                 provider_options=popts))
+            if not args.no_int8:
+                recs.append(measure(quantized(path, work, feeds, static=True), feeds, args.runs,
+                                    work, f"light_{short}_qdq", provider_options=popts))
         model, x_test, _, _ = build_digits_mlp()
-        recs.append(measure(model, {"X": x_test.astype("float32")}, args.runs, work, "digits_mlp",
-                            provider_options=popts))
+        feeds = {"X": x_test.astype("float32")}
+        recs.append(measure(model, feeds, args.runs, work, "digits_mlp", provider_options=popts))
+        if not args.no_int8:
+            onnx.save(model, work / "digits_mlp.onnx")
+            recs.append(measure(quantized(work / "digits_mlp.onnx", work, feeds, static=False),
+                                feeds, args.runs, work, "digits_mlp_dyn", provider_options=popts))
     if args.json:
         print(json.dumps(recs, indent=1))
         return recs
-    print(f"{'model':16} {'provider':>10} {'onnxruntime':>12} {'ratio':>6} {'cpu ratio':>9}"
+    print(f"{'model':22} {'provider':>10} {'onnxruntime':>12} {'ratio':>6} {'cpu ratio':>9}"
           "   provider split (simulator / host partitions / upmem numpy / glue), session "
           "creation")
     for r in recs:
-        print(f"{r['model']:16} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
+        print(f"{r['model']:22} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
               f"{r['ratio']:6.2f} {r['cpu_ratio']:9.2f}   {r['simulator_s'] * 1e3:.1f} / "
               f"{r['host_s'] * 1e3:.1f} / {r['upmem_s'] * 1e3:.1f} / {r['glue_s'] * 1e3:.1f} ms, "
               f"{r['session_s']:.2f} s")
@@ -143,7 +188,7 @@ def main(argv=None) -> list[dict]:
     for r in recs:
         c = r["config"]
         threads = c["options"]["intra_op_threads"]
-        print(f"{r['model']:16} onnxruntime threads {threads or 'default'} (both), "
+        print(f"{r['model']:22} onnxruntime threads {threads or 'default'} (both), "
               f"BLAS threads {c['blas_threads'] or 'library default'} "
               f"{[lib for lib, _, _ in c['blas']]}, crossbar products {c['matmul']} "
               f"{c['chosen'] or ''}, partitions {c['partitions']}")
