@@ -112,8 +112,8 @@ def _qlinear_convs():
     every x86 CPU), the first with a bias and per-channel scales, the second 1x1."""
     w1 = rng.integers(-64, 65, (8, 3, 3, 3)).astype(np.int8)
     w2 = rng.integers(-64, 65, (6, 8, 1, 1)).astype(np.int8)
-    f = lambda a, n: nh.from_array(np.asarray(a, np.float32), n)  # noqa: E731
-    u = lambda a, n: nh.from_array(np.asarray(a, np.uint8), n)  # noqa: E731
+    f = lambda a, n: nh.from_array(np.asarray(a, np.float32), n)
+    u = lambda a, n: nh.from_array(np.asarray(a, np.uint8), n)
     inits = [f(0.03, "x_s"), u(17, "x_zp"), nh.from_array(w1, "W1"),
              f(rng.uniform(0.005, 0.02, 8), "w1_s"), nh.from_array(np.zeros(8, np.int8), "w1_zp"),
              f(0.21, "y1_s"), u(100, "y1_zp"),

@@ -62,6 +62,7 @@ import time
 
 import numpy as np
 
+
 def _has_vnni() -> bool:
     """Whether this CPU's flags (Linux ``/proc/cpuinfo``) name ``avx512_vnni`` or
     ``avx_vnni``: onnxruntime's uint8 x int8 kernels then sum byte products exactly in int32
@@ -706,9 +707,10 @@ class MatrixKernels:
                 _, strides, pads, dilations = geo
                 try:
                     sess = self._int_session(
-                        "ConvInteger", {"B": Wc, "bz": wq[2]}, [None, x.shape[1]] + [None] * len(kernel_shape),
-                        dict(kernel_shape=list(kernel_shape), strides=list(strides),
-                             pads=list(pads), dilations=list(dilations), group=G))
+                        "ConvInteger", {"B": Wc, "bz": wq[2]},
+                        [None, x.shape[1]] + [None] * len(kernel_shape),
+                        {"kernel_shape": list(kernel_shape), "strides": list(strides),
+                         "pads": list(pads), "dilations": list(dilations), "group": G})
                 except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
                     sess = None
             with self._lock:
@@ -789,7 +791,7 @@ def _patch_product(x, W, geo, ref):
     over Im2Col's patches: ``f()`` copies the patches of ``x`` (zero padding) to float64 and
     multiplies them by ``W`` per group, writing int32 ``ref[n, N, *O]``."""
     kernel_shape, strides, pads, dilations = geo
-    n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    n, spatial = x.shape[0], x.shape[2:]
     r = len(spatial)
     G, Kg, Ng = W.shape
     span = [d * (k - 1) + 1 for k, d in zip(kernel_shape, dilations)]
