@@ -727,10 +727,8 @@ class MatrixKernels:
             b = sess.io_binding()
             b.bind_cpu_input("A", _as_u8(x, c))
             b.bind_cpu_input("az", np.array(c, np.uint8))
-            if out is None:
-                b.bind_output("Y", "cpu")
-                sess.run_with_iobinding(b)
-                return b.copy_outputs_to_cpu()[0]
+            if out is None:  # written in place, not copied out of onnxruntime's buffer
+                out = np.empty((x.shape[0], G * Ng) + _conv_out(x.shape[2:], geo), np.int32)
             b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
             sess.run_with_iobinding(b)
             return out
@@ -782,8 +780,19 @@ def _as_u8(x: np.ndarray, c: int) -> np.ndarray:
         return np.ascontiguousarray(x)
     if x.dtype.kind == "f":
         x = x.astype(np.int32)
-    return np.add(x, c, dtype=np.int32 if x.dtype.itemsize <= 4 else np.int64,
-                  casting="unsafe").astype(np.uint8)
+    u = x.astype(np.uint8, order="C")  # x mod 256, then + c mod 256: x + c, which fits
+    if c:
+        np.add(u, np.uint8(c), out=u)
+    return u
+
+
+def _conv_out(spatial: tuple, geo: tuple) -> tuple:
+    """The output spatial shape of a convolution of geometry ``geo`` (:meth:`MatrixKernels.conv`)
+    over ``spatial``."""
+    kernel_shape, strides, pads, dilations = geo
+    r = len(spatial)
+    return tuple((spatial[i] + pads[i] + pads[i + r] - dilations[i] * (kernel_shape[i] - 1) - 1)
+                 // strides[i] + 1 for i in range(r))
 
 
 def _patch_product(x, W, geo, ref):
