@@ -193,7 +193,9 @@ def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
     of a grouped convolution for the cinm Gemm that alone reads them, ``{its output: attrs of
     :func:`_view`}``: ``Reshape(cols, [0, 0.., G, Kg])`` (``[n, *O, C*k] -> [n, *O, G, Kg]``,
     the shape an initializer) then ``Transpose`` ``[0, r+1, 1..r, r+2]`` (``-> [n, G, *O,
-    Kg]``), each the only reader of its input. The provider runs them as numpy views (no
+    Kg]``), each the only reader of its input, and the Reshape and Transpose merging the Gemm's
+    ``[n, *O, G, Ng]`` back into ``[n, G*Ng, *O]`` after it. The provider runs them as numpy
+    views (no
     copy: onnxruntime copies int32 patches in its Transpose, 7 s per inference on LEADER's
     three largest depthwise convolutions), and a device may compute the Gemm from the Im2Col's
     input (:meth:`InferenceSession._fuse_patches`)."""
@@ -226,6 +228,23 @@ def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
             continue
         out[r_node.output[0]] = {"shape": shape, "groups": shape[r + 1]}
         out[t.output[0]] = {"perm": perm}
+        # the Gemm's [n, *O, G, Ng] merged back into channels: Reshape [0.., G*Ng] then
+        # Transpose [0, r+1, 1..r] (-> [n, G*Ng, *O]): views of a grouped convolution's output
+        r2 = readers.get(gemm[0].output[0], [])
+        t2 = readers.get(r2[0].output[0], []) if len(r2) == 1 and len(r2[0].output) == 1 else []
+        if len(t2) != 1 or r2[0].op_type != "Reshape" or r2[0].domain not in ("", "ai.onnx") or \
+                len(r2[0].input) != 2 or r2[0].input[0] != gemm[0].output[0] or \
+                r2[0].input[1] not in inits or t2[0].op_type != "Transpose" or \
+                t2[0].domain not in ("", "ai.onnx") or len(t2[0].output) != 1 or \
+                any(uses.get(v, 0) != 1 for v in (gemm[0].output[0], r2[0].output[0])):
+            continue
+        shape2 = [int(v) for v in numpy_helper.to_array(inits[r2[0].input[1]]).reshape(-1)]
+        perm2 = next(([int(p) for p in a.ints] for a in t2[0].attribute if a.name == "perm"),
+                     None)
+        if len(shape2) == r + 2 and not any(shape2[:r + 1]) and shape2[r + 1] >= 1 and \
+                perm2 == [0, r + 1] + list(range(1, r + 1)):
+            out[r2[0].output[0]] = {"shape": shape2}
+            out[t2[0].output[0]] = {"perm": perm2}
     return out
 
 

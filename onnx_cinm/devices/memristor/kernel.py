@@ -325,8 +325,10 @@ class CrossbarKernel:
                 if self._int_conv_bias is not None:
                     np.add(Y, self._int_conv_bias, out=Y)
                 outs, c = self._sim.run({inp: X}, data=False)
-            if groups > 1:  # [n, G*Ng, *O] as the Gemm's [n, G, *O, Ng], y_perm applied
-                Y = Y.reshape((Y.shape[0], groups, -1) + Y.shape[2:])
+            if groups > 1:  # [n, G*Ng, *O] as the Gemm's [n, G, *O, Ng], y_perm applied: a
+                # view, which the views merging the groups back make [n, G*Ng, *O] again
+                Y = Y.reshape((Y.shape[0], groups, -1) + Y.shape[2:]).transpose(order)
+                return [Y], self._metrics(c.as_dict(), X, outs[out])
             return [Y if order is None else np.ascontiguousarray(Y.transpose(order))], \
                 self._metrics(c.as_dict(), X, outs[out])
         with self._lock:
