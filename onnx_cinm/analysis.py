@@ -120,6 +120,9 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
         values += list(sub.input) + list(sub.value_info) + list(sub.output)
         for init in sub.initializer:
             consts.setdefault(init.name, (init.data_type, tuple(init.dims)))
+    # a shape read dim by dim costs three protobuf calls a dim (a third of tensor_infos on
+    # DenseNet121); most tensors share their shape with others, so each distinct one is read once
+    shapes: dict[bytes, tuple] = {}
     for vi in values:
         if vi.name in infos:
             continue
@@ -129,10 +132,14 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
         dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
         shape = None
         if tt.HasField("shape"):
-            # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like a
-            # dim_param
-            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                          else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
+            key = tt.shape.SerializeToString()
+            shape = shapes.get(key)
+            if shape is None:
+                # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like
+                # a dim_param
+                shape = shapes[key] = tuple(
+                    d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
     for name, (dtype, shape) in consts.items():
         infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), shape, True)

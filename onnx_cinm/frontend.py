@@ -106,7 +106,9 @@ def _is_external(tensor: onnx.TensorProto) -> bool:
 
 
 def _tensor_elements(tensor: onnx.TensorProto) -> int:
-    return int(np.prod(tensor.dims, dtype=np.int64))
+    # math.prod of Python ints: a tenth of np.prod's cost, asked for every initializer on every
+    # shape inference (strip_weights)
+    return math.prod(tensor.dims)
 
 
 def _check_opsets(model: onnx.ModelProto, path: str) -> None:
