@@ -94,6 +94,11 @@ class PassContext:
     #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
     #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
     origins: list = field(default_factory=list)
+    #: ``{initializer name: (element type, dims, the one value's bytes)}``: the initializers
+    #: ``fold_constants`` wrote as one value repeated (the light models' weights), for the pass
+    #: right after it (``normalize``), which then permutes them without reading their bytes back
+    #: (a copy of 490 MB on light VGG19); the :class:`PassManager` empties it after that pass
+    fills: dict = field(default_factory=dict)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
@@ -238,15 +243,20 @@ class PassManager:
                 f"--stop-after '{self.stop_after}' is neither a level ({', '.join(STOP_LEVELS)}) "
                 "nor a pass of the pipeline"
             )
+        ctx.fills = {}  # another run's (another model's), never read here
         for name in self.pipeline:
             if name not in self.skip:
                 fn = get_pass(name)
                 t0 = time.perf_counter()
+                fills = ctx.fills
                 model = fn(model, ctx)
+                if ctx.fills is fills:  # stated for this pass only (see PassContext.fills)
+                    ctx.fills = {}
                 if name not in _KEEPS_SHAPES:
                     ctx.forget_infos()
                 self.timings.append((name, time.perf_counter() - t0))
                 ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
             if name == last:
                 break
+        ctx.fills = {}
         return model

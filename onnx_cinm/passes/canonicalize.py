@@ -386,12 +386,20 @@ _PERMUTABLE_TYPES = frozenset({
     onnx.TensorProto.BOOL})
 
 
-def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarray:
+def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
+                     fill: bytes | None = None) -> np.ndarray:
     """``Transpose`` of the initializer ``tensor`` (``perm``, default: reversed axes), computed
     by numpy: a permutation of the elements, so exactly onnxruntime's result, without feeding
     the weight to a session (one session was fed a copy of every transposed weight at once:
-    the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
+    the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB).
+    ``fill``: the bytes of the one value ``tensor`` is known to repeat (:func:`_known_fill`);
+    the result is then that value broadcast to the permuted dims, ``tensor`` is not read."""
     perm = _attributes(node).get("perm")
+    if fill is not None:
+        dims = list(tensor.dims)
+        axes = list(perm) if perm else list(range(len(dims)))[::-1]
+        value = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        return np.broadcast_to(value.reshape(()), [dims[a] for a in axes])
     array = numpy_helper.to_array(tensor)
     if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
         axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
@@ -406,6 +414,25 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
         for j in range(0, array.shape[1], _TILE):
             out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
     return out
+
+
+def _fill_of(array: np.ndarray) -> bytes | None:
+    """The bytes of the one value ``array`` repeats when it is a broadcast view of it (a fill:
+    ``ConstantOfShape``; plain numeric or bool dtypes), else None."""
+    if array.size and not any(array.strides) and array.dtype.kind in "biuf":
+        return array.reshape(-1)[:1].tobytes()
+    return None
+
+
+def _known_fill(fills: dict, name: str, tensor: onnx.TensorProto) -> bytes | None:
+    """The one value's bytes ``fills`` records for the initializer ``name`` (``{name: (element
+    type, dims, bytes)}``, see :attr:`onnx_cinm.passes.PassContext.fills`) when ``tensor`` still
+    has that element type and those dims in ``raw_data``; else None."""
+    known = fills.get(name)
+    if known is None or known[0] != tensor.data_type or known[1] != tuple(tensor.dims) or \
+            not tensor.HasField("raw_data"):
+        return None
+    return known[2]
 
 
 def _keeps_bytes(value: np.ndarray, tensor: onnx.TensorProto) -> bool:
@@ -533,6 +560,7 @@ def _fold(
     model: onnx.ModelProto,
     static_shapes: dict[str, list[int]],
     only: set[str] | None = None,
+    fills: dict | None = None,
 ) -> int:
     """Replace constant-computable nodes by initializers; return how many nodes were removed.
 
@@ -545,8 +573,14 @@ def _fold(
         itself is not constant.
     only : set of str, optional
         If given, only nodes whose first output is in this set are considered.
+    fills : dict, optional
+        ``{initializer name: (element type, dims, bytes of its one value)}``: the initializers
+        known to hold one value repeated (:attr:`onnx_cinm.passes.PassContext.fills`); a
+        ``Transpose`` of one is folded without reading it. Updated in place: the initializers
+        this fold writes as one value repeated are added, those it renames are moved.
     """
     graph = model.graph
+    fills = {} if fills is None else fills
     constants = _constants(graph)
     known = set(constants)
     direct: dict[str, np.ndarray] = {}
@@ -566,8 +600,9 @@ def _fold(
         filled = _direct_value(node, constants, direct)
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
-            direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
-            if _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
+            fill = _known_fill(fills, inputs[0], constants[inputs[0]])
+            direct[node.output[0]] = _transpose_value(node, constants[inputs[0]], fill)
+            if fill is not None or _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
                 if readers is None:
                     readers = Counter(name for n in graph.node for name in names_read_by(n))
                     readers.update(o.name for o in graph.output)
@@ -619,9 +654,18 @@ def _fold(
             tensor.name = name
             del tensor.dims[:]
             tensor.dims.extend(results.pop(name).shape)
+            known = fills.pop(source, None)
+            if known is not None:
+                fills[name] = (known[0], tuple(tensor.dims), known[2])
     _remove_dead_values(graph)
     for name in sorted(results):
+        fill = _fill_of(results[name])
         add_initializer(graph, results.pop(name), name)
+        if fill is not None:
+            tensor = graph.initializer[len(graph.initializer) - 1]
+            fills[name] = (tensor.data_type, tuple(tensor.dims), fill)
+        else:
+            fills.pop(name, None)
     return len(folded)
 
 
@@ -708,6 +752,7 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             count += 1
     if count:
         _replace_nodes(graph, kept)
+    fills: dict = {}  # the initializers folded as one value repeated, for normalize
     while True:
         # the shapes serve only to fold Shape/Size: without one, inference is left to normalize
         # (the next pass), on the graph without the folded nodes (DenseNet121: 1,746 nodes
@@ -715,13 +760,14 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         sizes = any(node.op_type in ("Shape", "Size") for node in graph.node)
         if sizes:
             infer_shapes(model, strict=False)
-        folded = _fold(model, static_shapes(graph, initializers=False) if sizes else {})
+        folded = _fold(model, static_shapes(graph, initializers=False) if sizes else {}, fills=fills)
         inlined = inline_constant_ifs(model)
         count += folded + inlined
         if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")
                                                   for node in graph.node)):
             break
     ctx.stats["fold_constants"] = count
+    ctx.fills = fills
     return model
 
 
@@ -903,8 +949,8 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                 created_outputs.update(n.output[0] for n in created)
         nodes.append(node)
     _replace_nodes(graph, nodes)
-    if created_outputs:
-        _fold(model, {}, only=created_outputs)
+    if created_outputs:  # the weights fold_constants filled are permuted without reading them
+        _fold(model, {}, only=created_outputs, fills=ctx.fills)
     _remove_dead_values(graph)
     ctx.stats["normalize"] = rewritten
     return model
