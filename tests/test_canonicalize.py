@@ -678,6 +678,32 @@ def test_fold_batchnorm_of_one_repeated_weight_value(uniform_params):
     assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
 
 
+def test_fold_batchnorm_of_a_filled_weight_reads_no_bytes(monkeypatch):
+    """A Conv weight fold_constants filled with one value (a light model's ConstantOfShape)
+    reaches fold_batchnorm through normalize as known (PassContext.fills): folded to the same
+    per-channel products numpy gives, without reading the weight's bytes back."""
+    model = _conv_bn_model(with_bias=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    model.graph.initializer.remove(inits["w"])
+    model.graph.initializer.append(numpy_helper.from_array(np.array([4, 4, 3, 3], np.int64), "w_shape"))
+    model.graph.node.insert(0, helper.make_node(
+        "ConstantOfShape", ["w_shape"], ["w"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.3])))
+    p = {k: numpy_helper.to_array(inits[k]).astype(np.float64) for k in ("scale", "mean", "var")}
+    factor = p["scale"] / np.sqrt(p["var"] + np.float64(np.float32(1e-3)))
+    want = (np.float64(np.float32(0.3)) * factor).astype(np.float32)
+    read = []
+    to_array = numpy_helper.to_array
+    monkeypatch.setattr(numpy_helper, "to_array", lambda t, *a: read.append(t.name) or to_array(t, *a))
+    ctx = PassContext()
+    result = PassManager(pipeline=["fold_constants", "normalize", "fold_batchnorm"]).run(_copy(model), ctx)
+    assert ctx.stats["fold_batchnorm"] == 1 and ctx.fills == {}
+    assert "w" not in read
+    monkeypatch.undo()
+    w = _initializer(result, result.graph.node[0].input[1])
+    assert w.tobytes() == np.broadcast_to(want.reshape(4, 1, 1, 1), w.shape).tobytes()
+    assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
+
+
 @pytest.mark.parametrize("variant", ["extra_reader", "bn_params_as_inputs"])
 def test_fold_batchnorm_not_applicable(variant):
     model = _conv_bn_model(**{variant: True})

@@ -96,8 +96,10 @@ class PassContext:
     origins: list = field(default_factory=list)
     #: ``{initializer name: (element type, dims, the one value's bytes)}``: the initializers
     #: ``fold_constants`` wrote as one value repeated (the light models' weights), for the pass
-    #: right after it (``normalize``), which then permutes them without reading their bytes back
-    #: (a copy of 490 MB on light VGG19); the :class:`PassManager` empties it after that pass
+    #: right after it, which then uses them without reading their bytes back (``normalize``
+    #: permutes them: a copy of 490 MB on light VGG19); a pass that keeps it current hands it
+    #: on by setting a new dict (``normalize`` to ``fold_batchnorm``); else the
+    #: :class:`PassManager` empties it after that pass (and at every run's start)
     fills: dict = field(default_factory=dict)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -250,7 +252,7 @@ class PassManager:
                 t0 = time.perf_counter()
                 fills = ctx.fills
                 model = fn(model, ctx)
-                if ctx.fills is fills:  # stated for this pass only (see PassContext.fills)
+                if ctx.fills is fills:  # not handed on (see PassContext.fills)
                     ctx.fills = {}
                 if name not in _KEEPS_SHAPES:
                     ctx.forget_infos()

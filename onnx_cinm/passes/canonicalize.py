@@ -31,7 +31,8 @@ from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
-from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat, whole_bytes
+from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, ir, is_fill, is_splat,
+                       known_fill, whole_bytes)
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers, names_read_by
@@ -424,17 +425,6 @@ def _fill_of(array: np.ndarray) -> bytes | None:
     return None
 
 
-def _known_fill(fills: dict, name: str, tensor: onnx.TensorProto) -> bytes | None:
-    """The one value's bytes ``fills`` records for the initializer ``name`` (``{name: (element
-    type, dims, bytes)}``, see :attr:`onnx_cinm.passes.PassContext.fills`) when ``tensor`` still
-    has that element type and those dims in ``raw_data``; else None."""
-    known = fills.get(name)
-    if known is None or known[0] != tensor.data_type or known[1] != tuple(tensor.dims) or \
-            not tensor.HasField("raw_data"):
-        return None
-    return known[2]
-
-
 def _keeps_bytes(value: np.ndarray, tensor: onnx.TensorProto) -> bool:
     """Whether ``value`` views, in C order, all of the bytes read from ``tensor``'s
     ``raw_data`` (so ``tensor`` with ``value``'s dims holds ``value``)."""
@@ -600,7 +590,7 @@ def _fold(
         filled = _direct_value(node, constants, direct)
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
-            fill = _known_fill(fills, inputs[0], constants[inputs[0]])
+            fill = known_fill(fills, inputs[0], constants[inputs[0]])
             direct[node.output[0]] = _transpose_value(node, constants[inputs[0]], fill)
             if fill is not None or _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
                 if readers is None:
@@ -667,6 +657,13 @@ def _fold(
         else:
             fills.pop(name, None)
     return len(folded)
+
+
+def _current(fills: dict, graph: onnx.GraphProto) -> dict:
+    """The entries of ``fills`` (:attr:`onnx_cinm.passes.PassContext.fills`) whose initializer
+    is still in ``graph``: a name folding freed may be handed out again for another tensor."""
+    names = {t.name for t in graph.initializer}
+    return {name: fill for name, fill in fills.items() if name in names}
 
 
 def _if_nodes(graph: onnx.GraphProto) -> list:
@@ -767,7 +764,7 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                                                   for node in graph.node)):
             break
     ctx.stats["fold_constants"] = count
-    ctx.fills = fills
+    ctx.fills = _current(fills, graph)
     return model
 
 
@@ -931,6 +928,7 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """
     infer_shapes(model, strict=False)
     graph = model.graph
+    fills = _current(ctx.fills, graph)  # before a fresh name could take a freed one's
     opset = _default_opset(model)
     names = _Names(graph)
     constants, types = _constants(graph), _TypeInfo(graph)
@@ -950,9 +948,10 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         nodes.append(node)
     _replace_nodes(graph, nodes)
     if created_outputs:  # the weights fold_constants filled are permuted without reading them
-        _fold(model, {}, only=created_outputs, fills=ctx.fills)
+        _fold(model, {}, only=created_outputs, fills=fills)
     _remove_dead_values(graph)
     ctx.stats["normalize"] = rewritten
+    ctx.fills = _current(fills, graph)  # handed on, kept current, to fold_batchnorm
     return model
 
 
@@ -995,8 +994,11 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
     per_channel = (channels,) + (1,) * (weight.ndim - 1)
-    if is_splat(weight):  # one value repeated (the light models'): one product per channel,
-        rows = np.multiply(weight.reshape(-1)[:1], factor, dtype=np.float64).astype(weight.dtype)
+    # one value repeated (the light models'; known from fold_constants or read): one product
+    # per channel,
+    if is_fill(weight) or is_splat(weight):
+        first = weight[(0,) * weight.ndim].reshape(1)
+        rows = np.multiply(first, factor, dtype=np.float64).astype(weight.dtype)
         # a view, not multiplied out (one value when every channel's is the same)
         new_weight = np.broadcast_to(rows[:1] if is_splat(rows) else rows.reshape(per_channel),
                                      weight.shape)
@@ -1050,7 +1052,8 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                for node in model.graph.node):  # nothing to fold: no need to open the graph
         ctx.stats["fold_batchnorm"] = 0
         return model
-    edit = Edit(model, _Names(model.graph).fresh)
+    # the weights fold_constants filled with one value are not read back (ResNet50: 94 MB)
+    edit = Edit(model, _Names(model.graph).fresh, fills=ctx.fills)
     folded = sum(apply(edit, [_FOLD_BATCHNORM])[0].values())
     if folded:
         edit.commit(keep_graph_inputs=True)
