@@ -34,7 +34,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
 
     Runs (non-strict) shape inference on a copy without initializer data, so it is cheap for
     big models; with ``infer=False`` it reads the model's value_info as it is (for a model that
-    was just inferred). Initializers are ``const``.
+    was just inferred), and so it does when that already types every node output with all dims
+    known and no subgraph (inference would add nothing, :func:`_settled`). Initializers are
+    ``const``.
 
     Symbolic dims with a planned size (:func:`onnx_cinm.frontend.planned_dims`, and the dims
     named inside compiled If branches, :data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`) are bound
@@ -53,8 +55,13 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     probed = frontend.probed_shapes(model) if dims is None else {}
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
             **(frontend.planned_dims(model) if dims is None else dims)}
-    if not infer and not dims and not probed:
-        return _collect(model.graph, {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer})
+    if not dims and not probed:
+        consts = {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer}
+        if not infer:
+            return _collect(model.graph, consts)
+        settled = _settled(model.graph, consts)
+        if settled is not None:
+            return settled
     # A copy without the weight bytes: inference needs only their types and dims.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
@@ -81,6 +88,26 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
         del inferred.graph.value_info[:]
         inferred = size_anonymous_dims(inferred, pins)
     return _collect(inferred.graph, consts, dims)
+
+
+def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | None:
+    """The infos of ``graph`` as its value_info has them when inference could add nothing (the
+    main graph has no subgraph, every node output is typed, element type and every dim known:
+    the model was inferred and then rewritten keeping each tensor's shape, as ``fold_batchnorm``
+    does before ``to_cinm``); else None. Inference keeps typed entries as they are, so this is
+    what it would give, without the whole-graph inference (DenseNet121: 30 ms)."""
+    typed = {v.name for v in graph.value_info}
+    typed.update(v.name for v in graph.output)
+    outputs = [o for node in graph.node for o in node.output if o]
+    if not all(o in typed for o in outputs) or any(frontend.subgraphs(n) for n in graph.node):
+        return None
+    infos = _collect(graph, dict(consts))
+    for o in outputs:
+        info = infos[o]
+        if info.dtype is None or info.shape is None or \
+                not all(isinstance(d, int) for d in info.shape):
+            return None
+    return infos
 
 
 def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProto]:
