@@ -95,11 +95,19 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     main graph has no subgraph, every node output is typed, element type and every dim known:
     the model was inferred and then rewritten keeping each tensor's shape, as ``fold_batchnorm``
     does before ``to_cinm``); else None. Inference keeps typed entries as they are, so this is
-    what it would give, without the whole-graph inference (DenseNet121: 30 ms)."""
+    what it would give, without the whole-graph inference (the optimized DenseNet121, a Python
+    callback per cinm node: 33 -> 16 ms)."""
     typed = {v.name for v in graph.value_info}
     typed.update(v.name for v in graph.output)
-    outputs = [o for node in graph.node for o in node.output if o]
-    if not all(o in typed for o in outputs) or any(frontend.subgraphs(n) for n in graph.node):
+    outputs = []
+    for node in graph.node:  # an untyped output (a model never inferred) ends it at once
+        for o in node.output:
+            if not o:
+                continue
+            if o not in typed:
+                return None
+            outputs.append(o)
+    if any(frontend.subgraphs(n) for n in graph.node):
         return None
     infos = _collect(graph, dict(consts))
     for o in outputs:
