@@ -11,10 +11,11 @@ from onnx_cinm.analysis import tensor_infos
 
 
 def _model(value_info):
-    """x[2, 3] -> MatMul(W[3, 4]) -> h -> Relu -> y; ``value_info`` for h as given."""
+    """x[2, 3] -> MatMul(W[3, 4]) -> h -> Dropout (its mask output omitted) -> y;
+    ``value_info`` for h as given."""
     w = numpy_helper.from_array(np.ones((3, 4), np.float32), "W")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Dropout", ["h"], ["y", ""])],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w], value_info=value_info)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
