@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 
 from ..anonymous_dims import static_shapes
 from ..errors import CinmError
-from ..frontend import infer_shapes, restore_weights, strip_weights
+from ..frontend import infer_shapes, iter_graphs, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
 from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, ir, is_fill, is_splat,
                        known_fill, whole_bytes)
@@ -150,7 +150,15 @@ def _dedupe_opset_imports(model: onnx.ModelProto) -> None:
     model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in versions.items())
 
 
-def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
+def _flatten_hardmax(graph: onnx.GraphProto) -> None:
+    """:func:`_flatten_hardmaxes` of ``graph`` when it or a subgraph has a Hardmax (a graph
+    without one is left as it is: no names collected, no node list rebuilt)."""
+    if any(_is_default_domain(node) and node.op_type == "Hardmax"
+           for g in iter_graphs(graph) for node in g.node):
+        _flatten_hardmaxes(graph, _Names(graph))
+
+
+def _flatten_hardmaxes(graph: onnx.GraphProto, names: _Names) -> None:
     """Rewrite pre-13 ``Hardmax(x, axis=a)`` as ``Reshape(Hardmax(Flatten(x, a), 1), Shape(x))``.
 
     Before opset 13, Hardmax flattens its input to 2-D at ``axis`` and works on whole rows;
@@ -162,7 +170,7 @@ def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         for sub in _subgraphs(node):
-            _flatten_hardmax(sub, names)
+            _flatten_hardmaxes(sub, names)
         if not (_is_default_domain(node) and node.op_type == "Hardmax"):
             nodes.append(node)
             continue
@@ -204,7 +212,7 @@ def _convert_function(function: onnx.FunctionProto, target: int) -> None:
         list(function.node), function.name,
         [onnx.ValueInfoProto(name=name) for name in function.input],
         [onnx.ValueInfoProto(name=name) for name in function.output])
-    _flatten_hardmax(graph, _Names(graph))
+    _flatten_hardmax(graph)
     body = onnx.helper.make_model(graph, opset_imports=list(function.opset_import),
                                   ir_version=MIN_IR_VERSION)
     converted = _convert_version(body, target, f"function {function.domain}.{function.name}",
@@ -253,7 +261,7 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
         model.opset_import.append(onnx.helper.make_opsetid("", TARGET_OPSET))
     elif version < TARGET_OPSET:
         skeleton, moved = strip_weights(model)
-        _flatten_hardmax(skeleton.graph, _Names(skeleton.graph))
+        _flatten_hardmax(skeleton.graph)
         converted = _convert_version(skeleton, TARGET_OPSET, "the model", version)
         restore_weights(model, converted, moved)
         _dedupe_opset_imports(model)
