@@ -155,8 +155,8 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
         values += list(sub.input) + list(sub.value_info) + list(sub.output)
         for init in sub.initializer:
             consts.setdefault(init.name, (init.data_type, tuple(init.dims)))
-    # a shape read dim by dim costs three protobuf calls a dim (a third of tensor_infos on
-    # DenseNet121); most tensors share their shape with others, so each distinct one is read once
+    # a shape read dim by dim costs three protobuf calls a dim (a third of this function's time
+    # on DenseNet121); most tensors share their shape with others: each distinct one read once
     shapes: dict[bytes, tuple] = {}
     for vi in values:
         if vi.name in infos:
