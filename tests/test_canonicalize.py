@@ -19,7 +19,7 @@ from helpers import assert_matches_ort, light_feeds
 from onnx_cinm import frontend
 from onnx_cinm.errors import CinmError
 from onnx_cinm.golden import run_onnxruntime
-from onnx_cinm.passes import PassContext, get_pass
+from onnx_cinm.passes import PassContext, PassManager, get_pass
 from onnx_cinm.passes import canonicalize
 
 FRONTEND_PASSES = ["canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm"]
@@ -568,6 +568,54 @@ def test_gemms_sharing_a_weight_share_its_folded_transpose(alpha):
     assert_matches_ort(model, result, n=2)
 
 
+def _filled_gemm_model(shared=False):
+    """``Gemm(x, W, transB=1)`` with W a ConstantOfShape fill of 0.25 (a light model's weight),
+    [5, 3]; ``shared``: W also read by a second Gemm without transB (so it is not renamed)."""
+    shape = numpy_helper.from_array(np.array([5, 3], np.int64), "w_shape")
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["W"], value=fill),
+             helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)]
+    outputs = [_vi("y", [2, 5])]
+    if shared:
+        nodes.append(helper.make_node("Gemm", ["z", "W"], ["u"]))
+        outputs.append(_vi("u", [2, 3]))
+    inputs = [_vi("x", [2, 3])] + ([_vi("z", [2, 5])] if shared else [])
+    model = _model(nodes, inputs, outputs)
+    model.graph.initializer.append(shape)
+    return model
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_normalize_permutes_a_folded_fill_without_reading_it(shared):
+    """fold_constants hands normalize the weights it filled with one value (ctx.fills), so the
+    Gemm's transB folds into a [3, 5] weight of that value: renamed when the Gemm alone reads
+    it, else a new initializer; the PassManager forgets them after normalize."""
+    model = _filled_gemm_model(shared)
+    ctx = PassContext()
+    result = PassManager(pipeline=["fold_constants", "normalize"]).run(_copy(model), ctx)
+    assert ctx.fills == {}
+    gemm = next(n for n in result.graph.node if n.input[0] == "x")
+    np.testing.assert_array_equal(_initializer(result, gemm.input[1]),
+                                  np.full((3, 5), 0.25, np.float32))
+    assert len(result.graph.initializer) == (2 if shared else 1)
+    assert_matches_ort(model, result, n=2)
+
+
+def test_fills_of_one_run_are_not_read_by_another():
+    """A fill recorded by fold_constants in one PassManager run must not stand for a tensor of
+    the same name, type and dims in the next run on the same context: normalize there permutes
+    the real values of W (numpy's transpose)."""
+    ctx = PassContext()
+    PassManager(pipeline=["fold_constants"]).run(_filled_gemm_model(), ctx)
+    w = _float(5, 3)
+    model = _model([helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)], [_vi("x", [2, 3])],
+                   [_vi("y", [2, 5])], {"W": w})
+    ctx.fills = {"W": (TensorProto.FLOAT, (5, 3), np.float32(0.25).tobytes())}  # as it would be
+    result = PassManager(pipeline=["normalize"]).run(_copy(model), ctx)
+    np.testing.assert_array_equal(_initializer(result, result.graph.node[0].input[1]), w.T)
+    assert_matches_ort(model, result, n=2)
+
+
 # --- fold_batchnorm ---------------------------------------------------------------------------
 
 
@@ -626,6 +674,32 @@ def test_fold_batchnorm_of_one_repeated_weight_value(uniform_params):
     w = numpy_helper.to_array(next(t for t in result.graph.initializer
                                    if t.name == result.graph.node[0].input[1]))
     assert w.shape == (4, 4, 3, 3)
+    assert w.tobytes() == np.broadcast_to(want.reshape(4, 1, 1, 1), w.shape).tobytes()
+    assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
+
+
+def test_fold_batchnorm_of_a_filled_weight_reads_no_bytes(monkeypatch):
+    """A Conv weight fold_constants filled with one value (a light model's ConstantOfShape)
+    reaches fold_batchnorm through normalize as known (PassContext.fills): folded to the same
+    per-channel products numpy gives, without reading the weight's bytes back."""
+    model = _conv_bn_model(with_bias=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    model.graph.initializer.remove(inits["w"])
+    model.graph.initializer.append(numpy_helper.from_array(np.array([4, 4, 3, 3], np.int64), "w_shape"))
+    model.graph.node.insert(0, helper.make_node(
+        "ConstantOfShape", ["w_shape"], ["w"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.3])))
+    p = {k: numpy_helper.to_array(inits[k]).astype(np.float64) for k in ("scale", "mean", "var")}
+    factor = p["scale"] / np.sqrt(p["var"] + np.float64(np.float32(1e-3)))
+    want = (np.float64(np.float32(0.3)) * factor).astype(np.float32)
+    read = []
+    to_array = numpy_helper.to_array
+    monkeypatch.setattr(numpy_helper, "to_array", lambda t, *a: read.append(t.name) or to_array(t, *a))
+    ctx = PassContext()
+    result = PassManager(pipeline=["fold_constants", "normalize", "fold_batchnorm"]).run(_copy(model), ctx)
+    assert ctx.stats["fold_batchnorm"] == 1 and ctx.fills == {}
+    assert "w" not in read
+    monkeypatch.undo()
+    w = _initializer(result, result.graph.node[0].input[1])
     assert w.tobytes() == np.broadcast_to(want.reshape(4, 1, 1, 1), w.shape).tobytes()
     assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
 

@@ -94,6 +94,13 @@ class PassContext:
     #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
     #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
     origins: list = field(default_factory=list)
+    #: ``{initializer name: (element type, dims, the one value's bytes)}``: the initializers
+    #: ``fold_constants`` wrote as one value repeated (the light models' weights), for the pass
+    #: right after it, which then uses them without reading their bytes back (``normalize``
+    #: permutes them: a copy of 490 MB on light VGG19); a pass that keeps it current hands it
+    #: on by setting a new dict (``normalize`` to ``fold_batchnorm``); else the
+    #: :class:`PassManager` empties it after that pass (and at every run's start)
+    fills: dict = field(default_factory=dict)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
@@ -238,15 +245,20 @@ class PassManager:
                 f"--stop-after '{self.stop_after}' is neither a level ({', '.join(STOP_LEVELS)}) "
                 "nor a pass of the pipeline"
             )
+        ctx.fills = {}  # another run's (another model's), never read here
         for name in self.pipeline:
             if name not in self.skip:
                 fn = get_pass(name)
                 t0 = time.perf_counter()
+                fills = ctx.fills
                 model = fn(model, ctx)
+                if ctx.fills is fills:  # not handed on (see PassContext.fills)
+                    ctx.fills = {}
                 if name not in _KEEPS_SHAPES:
                     ctx.forget_infos()
                 self.timings.append((name, time.perf_counter() - t0))
                 ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
             if name == last:
                 break
+        ctx.fills = {}
         return model

@@ -29,9 +29,10 @@ from onnx import helper, numpy_helper
 
 from ..anonymous_dims import static_shapes
 from ..errors import CinmError
-from ..frontend import infer_shapes, restore_weights, strip_weights
+from ..frontend import infer_shapes, iter_graphs, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
-from ..rewrite import Edit, Replacement, Rule, add_initializer, apply, ir, is_splat, whole_bytes
+from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, ir, is_fill, is_splat,
+                       known_fill, whole_bytes)
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers, names_read_by
@@ -149,7 +150,15 @@ def _dedupe_opset_imports(model: onnx.ModelProto) -> None:
     model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in versions.items())
 
 
-def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
+def _flatten_hardmax(graph: onnx.GraphProto) -> None:
+    """:func:`_flatten_hardmaxes` of ``graph`` when it or a subgraph has a Hardmax (a graph
+    without one is left as it is: no names collected, no node list rebuilt)."""
+    if any(_is_default_domain(node) and node.op_type == "Hardmax"
+           for g in iter_graphs(graph) for node in g.node):
+        _flatten_hardmaxes(graph, _Names(graph))
+
+
+def _flatten_hardmaxes(graph: onnx.GraphProto, names: _Names) -> None:
     """Rewrite pre-13 ``Hardmax(x, axis=a)`` as ``Reshape(Hardmax(Flatten(x, a), 1), Shape(x))``.
 
     Before opset 13, Hardmax flattens its input to 2-D at ``axis`` and works on whole rows;
@@ -161,7 +170,7 @@ def _flatten_hardmax(graph: onnx.GraphProto, names: _Names) -> None:
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         for sub in _subgraphs(node):
-            _flatten_hardmax(sub, names)
+            _flatten_hardmaxes(sub, names)
         if not (_is_default_domain(node) and node.op_type == "Hardmax"):
             nodes.append(node)
             continue
@@ -203,7 +212,7 @@ def _convert_function(function: onnx.FunctionProto, target: int) -> None:
         list(function.node), function.name,
         [onnx.ValueInfoProto(name=name) for name in function.input],
         [onnx.ValueInfoProto(name=name) for name in function.output])
-    _flatten_hardmax(graph, _Names(graph))
+    _flatten_hardmax(graph)
     body = onnx.helper.make_model(graph, opset_imports=list(function.opset_import),
                                   ir_version=MIN_IR_VERSION)
     converted = _convert_version(body, target, f"function {function.domain}.{function.name}",
@@ -252,7 +261,7 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
         model.opset_import.append(onnx.helper.make_opsetid("", TARGET_OPSET))
     elif version < TARGET_OPSET:
         skeleton, moved = strip_weights(model)
-        _flatten_hardmax(skeleton.graph, _Names(skeleton.graph))
+        _flatten_hardmax(skeleton.graph)
         converted = _convert_version(skeleton, TARGET_OPSET, "the model", version)
         restore_weights(model, converted, moved)
         _dedupe_opset_imports(model)
@@ -386,12 +395,20 @@ _PERMUTABLE_TYPES = frozenset({
     onnx.TensorProto.BOOL})
 
 
-def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarray:
+def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
+                     fill: bytes | None = None) -> np.ndarray:
     """``Transpose`` of the initializer ``tensor`` (``perm``, default: reversed axes), computed
     by numpy: a permutation of the elements, so exactly onnxruntime's result, without feeding
     the weight to a session (one session was fed a copy of every transposed weight at once:
-    the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB)."""
+    the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB).
+    ``fill``: the bytes of the one value ``tensor`` is known to repeat (:func:`_known_fill`);
+    the result is then that value broadcast to the permuted dims, ``tensor`` is not read."""
     perm = _attributes(node).get("perm")
+    if fill is not None:
+        dims = list(tensor.dims)
+        axes = list(perm) if perm else list(range(len(dims)))[::-1]
+        value = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        return np.broadcast_to(value.reshape(()), [dims[a] for a in axes])
     array = numpy_helper.to_array(tensor)
     if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
         axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
@@ -406,6 +423,14 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto) -> np.ndarr
         for j in range(0, array.shape[1], _TILE):
             out[j:j + _TILE, i:i + _TILE] = array[i:i + _TILE, j:j + _TILE].T
     return out
+
+
+def _fill_of(array: np.ndarray) -> bytes | None:
+    """The bytes of the one value ``array`` repeats when it is a broadcast view of it (a fill:
+    ``ConstantOfShape``; plain numeric or bool dtypes), else None."""
+    if array.size and not any(array.strides) and array.dtype.kind in "biuf":
+        return array.reshape(-1)[:1].tobytes()
+    return None
 
 
 def _keeps_bytes(value: np.ndarray, tensor: onnx.TensorProto) -> bool:
@@ -533,6 +558,7 @@ def _fold(
     model: onnx.ModelProto,
     static_shapes: dict[str, list[int]],
     only: set[str] | None = None,
+    fills: dict | None = None,
 ) -> int:
     """Replace constant-computable nodes by initializers; return how many nodes were removed.
 
@@ -545,8 +571,14 @@ def _fold(
         itself is not constant.
     only : set of str, optional
         If given, only nodes whose first output is in this set are considered.
+    fills : dict, optional
+        ``{initializer name: (element type, dims, bytes of its one value)}``: the initializers
+        known to hold one value repeated (:attr:`onnx_cinm.passes.PassContext.fills`); a
+        ``Transpose`` of one is folded without reading it. Updated in place: the initializers
+        this fold writes as one value repeated are added, those it renames are moved.
     """
     graph = model.graph
+    fills = {} if fills is None else fills
     constants = _constants(graph)
     known = set(constants)
     direct: dict[str, np.ndarray] = {}
@@ -566,8 +598,9 @@ def _fold(
         filled = _direct_value(node, constants, direct)
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
-            direct[node.output[0]] = _transpose_value(node, constants[inputs[0]])
-            if _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
+            fill = known_fill(fills, inputs[0], constants[inputs[0]])
+            direct[node.output[0]] = _transpose_value(node, constants[inputs[0]], fill)
+            if fill is not None or _keeps_bytes(direct[node.output[0]], constants[inputs[0]]):
                 if readers is None:
                     readers = Counter(name for n in graph.node for name in names_read_by(n))
                     readers.update(o.name for o in graph.output)
@@ -619,10 +652,26 @@ def _fold(
             tensor.name = name
             del tensor.dims[:]
             tensor.dims.extend(results.pop(name).shape)
+            known = fills.pop(source, None)
+            if known is not None:
+                fills[name] = (known[0], tuple(tensor.dims), known[2])
     _remove_dead_values(graph)
     for name in sorted(results):
+        fill = _fill_of(results[name])
         add_initializer(graph, results.pop(name), name)
+        if fill is not None:
+            tensor = graph.initializer[len(graph.initializer) - 1]
+            fills[name] = (tensor.data_type, tuple(tensor.dims), fill)
+        else:
+            fills.pop(name, None)
     return len(folded)
+
+
+def _current(fills: dict, graph: onnx.GraphProto) -> dict:
+    """The entries of ``fills`` (:attr:`onnx_cinm.passes.PassContext.fills`) whose initializer
+    is still in ``graph``: a name folding freed may be handed out again for another tensor."""
+    names = {t.name for t in graph.initializer}
+    return {name: fill for name, fill in fills.items() if name in names}
 
 
 def _if_nodes(graph: onnx.GraphProto) -> list:
@@ -708,15 +757,22 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
             count += 1
     if count:
         _replace_nodes(graph, kept)
+    fills: dict = {}  # the initializers folded as one value repeated, for normalize
     while True:
-        infer_shapes(model, strict=False)
-        folded = _fold(model, static_shapes(graph, initializers=False))
+        # the shapes serve only to fold Shape/Size: without one, inference is left to normalize
+        # (the next pass), on the graph without the folded nodes (DenseNet121: 1,746 nodes
+        # before folding, 668 after)
+        sizes = any(node.op_type in ("Shape", "Size") for node in graph.node)
+        if sizes:
+            infer_shapes(model, strict=False)
+        folded = _fold(model, static_shapes(graph, initializers=False) if sizes else {}, fills=fills)
         inlined = inline_constant_ifs(model)
         count += folded + inlined
         if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")
                                                   for node in graph.node)):
             break
     ctx.stats["fold_constants"] = count
+    ctx.fills = _current(fills, graph)
     return model
 
 
@@ -880,6 +936,7 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """
     infer_shapes(model, strict=False)
     graph = model.graph
+    fills = _current(ctx.fills, graph)  # before a fresh name could take a freed one's
     opset = _default_opset(model)
     names = _Names(graph)
     constants, types = _constants(graph), _TypeInfo(graph)
@@ -898,10 +955,11 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                 created_outputs.update(n.output[0] for n in created)
         nodes.append(node)
     _replace_nodes(graph, nodes)
-    if created_outputs:
-        _fold(model, {}, only=created_outputs)
+    if created_outputs:  # the weights fold_constants filled are permuted without reading them
+        _fold(model, {}, only=created_outputs, fills=fills)
     _remove_dead_values(graph)
     ctx.stats["normalize"] = rewritten
+    ctx.fills = _current(fills, graph)  # handed on, kept current, to fold_batchnorm
     return model
 
 
@@ -944,8 +1002,11 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
     per_channel = (channels,) + (1,) * (weight.ndim - 1)
-    if is_splat(weight):  # one value repeated (the light models'): one product per channel,
-        rows = np.multiply(weight.reshape(-1)[:1], factor, dtype=np.float64).astype(weight.dtype)
+    # one value repeated (the light models'; known from fold_constants or read): one product
+    # per channel,
+    if is_fill(weight) or is_splat(weight):
+        first = weight[(0,) * weight.ndim].reshape(1)
+        rows = np.multiply(first, factor, dtype=np.float64).astype(weight.dtype)
         # a view, not multiplied out (one value when every channel's is the same)
         new_weight = np.broadcast_to(rows[:1] if is_splat(rows) else rows.reshape(per_channel),
                                      weight.shape)
@@ -999,7 +1060,8 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                for node in model.graph.node):  # nothing to fold: no need to open the graph
         ctx.stats["fold_batchnorm"] = 0
         return model
-    edit = Edit(model, _Names(model.graph).fresh)
+    # the weights fold_constants filled with one value are not read back (ResNet50: 94 MB)
+    edit = Edit(model, _Names(model.graph).fresh, fills=ctx.fills)
     folded = sum(apply(edit, [_FOLD_BATCHNORM])[0].values())
     if folded:
         edit.commit(keep_graph_inputs=True)
