@@ -25,9 +25,10 @@ import numpy as np
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
+#: package data: each template compiled once per process, its file never checked for changes
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined, autoescape=False)
+    undefined=jinja2.StrictUndefined, autoescape=False, auto_reload=False)
 
 
 def _tiles(plan) -> list[dict]:
