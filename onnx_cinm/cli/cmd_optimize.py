@@ -172,13 +172,13 @@ def _cmd_optimize(args, parser) -> int:
               + " (see 'dims fixed' in the summary)", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
-    for line in result.summary().splitlines():
+    for line in ([] if args.quiet else result.summary().splitlines()):
         say(f"  {line}")
     if manifest is not None:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    tables = result.device_tables()
+    tables = None if args.quiet else result.device_tables()  # -q prints none: not built
     if tables:
         say("")
         for line in tables.splitlines():
