@@ -758,9 +758,10 @@ _REFERENCE_INDEX = "onnx.reference.op_run"
 
 
 class _ReferenceIndexLoader(importlib.abc.Loader):
-    """Runs :data:`_REFERENCE_INDEX` with the cinm schemas out of ``onnx.defs`` (and puts the
-    very same schemas back after), so ``onnx.reference`` imports whenever it is first needed:
-    after the cinm schemas, by onnx_cinm or by anyone. Everything else is its own loader's."""
+    """Runs :data:`_REFERENCE_INDEX` with ``onnx.defs.get_all_schemas_with_history`` (what it
+    builds its index from) leaving out the cinm schemas, which stay registered, so
+    ``onnx.reference`` imports whenever it is first needed: after the cinm schemas, by onnx_cinm
+    or by anyone. Everything else is its own loader's."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -769,15 +770,13 @@ class _ReferenceIndexLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        ours = [onnx.defs.get_schema(spec.name, VERSION, DOMAIN) for spec in OPS.values()
-                if onnx.defs.has(spec.name, DOMAIN)]
-        for schema in ours:
-            onnx.defs.deregister_schema(schema.name, VERSION, DOMAIN)
+        listing = onnx.defs.get_all_schemas_with_history
+        onnx.defs.get_all_schemas_with_history = lambda: [s for s in listing()
+                                                           if s.domain != DOMAIN]
         try:
             self._loader.exec_module(module)
         finally:
-            for schema in ours:
-                onnx.defs.register_schema(schema)
+            onnx.defs.get_all_schemas_with_history = listing
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
