@@ -195,3 +195,36 @@ def test_onnx_reference_still_imports_after_registration():
     res = subprocess.run([sys.executable, "-c", _REFERENCE_AFTER_CINM], capture_output=True,
                          text=True)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+_BATCHED = """
+import onnx
+from onnx_cinm import dialects, devices
+from onnx_cinm.dialects import cinm
+devices.all_devices()
+syncs = []
+real = cinm.register_schemas
+cinm.register_schemas = lambda: syncs.append(1) or real()
+def has(op, name):
+    return name in onnx.defs.get_schema(op, cinm.VERSION, cinm.DOMAIN).attributes
+with dialects.declarations_batched():
+    dialects.declare_plan_attrs({"zz_a": "int"})
+    dialects.declare_plan_attrs({"zz_b": "floats"})
+    assert syncs == [] and not has("Gemm", "zz_a")
+assert syncs == [1]
+assert all(has(op, name) for op in cinm.OPS for name in ("zz_a", "zz_b"))
+dialects.declare_plan_attrs({"zz_c": "string"})
+assert syncs == [1, 1] and has("Relu", "zz_c")
+print("ok")
+"""
+
+
+def test_batched_plan_attribute_declarations_reach_the_schemas_once():
+    """The device registry declares every built-in device's plan attributes in one batch: the
+    op schemas are registered again once at its end (not once per device), and then hold every
+    attribute declared in it; a declaration outside a batch reaches them at once."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _BATCHED], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
