@@ -11,17 +11,13 @@ from pathlib import Path
 
 import contextvars
 
-import jinja2
 import numpy as np
 
+from ...base import template_environment
 from .. import cost as _cost
 from .. import mapping as _mapping
 
-#: the templates are package data: loaded and compiled once per process, never looked at again
-#: for changes (``auto_reload`` would stat each template file on every kernel)
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=False, auto_reload=False)
+_ENV = template_environment()
 
 
 
