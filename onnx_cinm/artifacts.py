@@ -165,9 +165,13 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
     Returns the manifest as a dict. Raises CinmError if a device cannot emit a node or two
     nodes name the same kernel.
     """
+    return _emit(model, kernel_nodes(model), root, log)
+
+
+def _emit(model: onnx.ModelProto, nodes: list, root, log: Callable[[str], None]) -> dict:
+    """:func:`emit` of the kernel nodes ``nodes`` (:func:`kernel_nodes` of ``model``)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    nodes = kernel_nodes(model)
     inits = {i.name: i for g in frontend.iter_graphs(model.graph)
              for i in g.initializer}  # a weight lowered in an If branch is the branch's
     infos = tensor_infos(model, infer=False) if nodes else {}
@@ -498,7 +502,8 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     tmp = old = None
     manifest = None
     try:
-        if kernel_nodes(model):
+        nodes = kernel_nodes(model)
+        if nodes:
             try:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp",
                                             dir=folder))
@@ -507,7 +512,7 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
                 os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the folder is not
             except OSError as e:
                 raise CinmError(f"cannot write kernels next to '{path}': {e.strerror}") from None
-            manifest = emit(model, tmp, log)
+            manifest = _emit(model, nodes, tmp, log)
         _record_digest(model, kernel_digest(manifest) if manifest is not None else None)
         with _signals_held():
             placed = False

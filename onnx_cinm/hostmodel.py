@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,6 +129,8 @@ def measure(n: int = 512, copy_mb: int = 64, reps: int = 7) -> HostRoofline:
     each) and of ``reps`` copies of a ``copy_mb`` MB array (2 x size bytes each: read and
     write), after a warm-up of each. The median, not the best, so one repetition that ran alone
     on an idle machine (or was descheduled) does not decide. About 0.5 s."""
+    import statistics  # here: only a measurement needs it (2.5 ms of every start-up)
+
     import numpy as np
 
     rng = np.random.default_rng(0)

@@ -39,7 +39,8 @@ class OptimizeResult:
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
             (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
-            ``placement["model_totals"]``: the written model's per-inference totals (seconds,
+            ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
+            model's per-inference totals (seconds,
             joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`), the
             figures ``onnx-cinm report`` adds up (``placement["totals"]`` are the search's, before
             the passes after placement, such as ``fold_layouts``, rewrote the graph).
@@ -522,7 +523,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
              dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None,
-             inputs: dict | None = None) -> OptimizeResult:
+             inputs: dict | None = None, totals: bool = True) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
     The branches of the main graph's If nodes go through the same passes, each as a model of
@@ -582,6 +583,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             not given are drawn at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
+        totals: with cost placement, price the written model once more for
+            ``stats["placement"]["model_totals"]`` (one cost evaluation of every op: 0.1 s on
+            light DenseNet121); False leaves them out (``onnx-cinm optimize -q``, which prints
+            no summary).
         host_roofline: the host's figures for cost placement (a
             :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"``, ``"nominal"``
             or ``"measure"``: probed once on this machine and cached); default: the
@@ -664,7 +669,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
     placed = ctx.stats.get("placement")
-    if placed is not None and placed.get("strategy") == "cost":
+    if totals and placed is not None and placed.get("strategy") == "cost":
         # the totals of the model as written, counted as the report counts them: the search's
         # own totals predate the passes after placement (fold_layouts drops host Transposes)
         from .passes.branches import counted_totals, evaluate_graphs

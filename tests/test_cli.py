@@ -429,3 +429,30 @@ def test_the_console_script_under_a_profiler_returns_so_the_profile_is_written(t
                           "devices"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert out.stat().st_size > 0
+
+
+def test_quiet_optimize_prices_and_tabulates_nothing_it_does_not_print(tmp_path, capsys,
+                                                                        monkeypatch):
+    """``-q`` prints no summary: optimize no longer prices the written model again for its
+    totals (0.1 s on light DenseNet121) nor builds the crossbar table, and writes the same
+    model and kernels as a run that prints them."""
+    from onnx_cinm import pipeline
+    from onnx_cinm.passes import branches
+
+    priced, tables = [], []
+    real_totals, real_tables = branches.counted_totals, pipeline.OptimizeResult.device_tables
+    monkeypatch.setattr(branches, "counted_totals", lambda *a: priced.append(1) or real_totals(*a))
+    monkeypatch.setattr(pipeline.OptimizeResult, "device_tables",
+                        lambda self: tables.append(1) or real_tables(self))
+    for flag in ("-q", "-v"):
+        out = tmp_path / f"lenet{flag}.onnx"
+        assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0", flag]) == 0
+    text = capsys.readouterr().out
+    assert priced == [1] and tables == [1]  # the -v run's only
+    assert "cost placement (energy): modeled" in text and "crossbar kernel" in text
+    quiet, loud = (onnx.load(str(tmp_path / f"lenet{f}.onnx")) for f in ("-q", "-v"))
+    assert quiet.graph == loud.graph
+    manifests = [json.loads((tmp_path / f"lenet{f}.cinm" / "manifest.json").read_text())
+                 for f in ("-q", "-v")]
+    assert [[x["sha256"] for x in k["files"]] for k in manifests[0]["kernels"]] == \
+        [[x["sha256"] for x in k["files"]] for k in manifests[1]["kernels"]]

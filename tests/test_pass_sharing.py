@@ -190,3 +190,23 @@ def test_a_splat_weight_is_filled_and_transposed_without_arrays(fill, shape, per
     node = helper.make_node("Transpose", ["a"], ["b"])
     a = np.full((3, 4), 1.5, np.float32)
     np.testing.assert_array_equal(_transpose_value(node, numpy_helper.from_array(a, "a")), a.T)
+
+
+def test_fold_layouts_keeps_the_shared_infos(monkeypatch):
+    """fold_layouts drops the Transpose after each crossbar Gemm (the Gemm writes that tensor
+    itself, same shape): the passes after it reuse the infos instead of inferring every shape
+    again, and write exactly the model they write when each infers afresh."""
+    pipeline = ["placement", "fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering"]
+    shared, ctx = _to_cinm("lenet")
+    fresh, ctx_fresh = _to_cinm("lenet")
+    for c in (ctx, ctx_fresh):  # the paper's rule puts both convolutions on the crossbars
+        c.options["placement"] = "heuristic"
+    calls = _inferences(monkeypatch)
+    PassManager(pipeline=pipeline).run(shared, ctx)
+    assert ctx.stats["fold_layouts"]["folded"] == 2  # lenet's two convolutions
+    assert len(calls) == 1
+    for name in pipeline:
+        ctx_fresh.forget_infos()
+        PassManager(pipeline=[name]).run(fresh, ctx_fresh)
+    assert len(calls) - 1 >= 4
+    assert shared.SerializeToString(deterministic=True) == fresh.SerializeToString(deterministic=True)

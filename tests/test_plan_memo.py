@@ -189,3 +189,22 @@ def test_a_search_runs_once_per_shape_and_keeps_each_ops_names(monkeypatch):
     alone = real(ops[1], mapping.DEFAULT_DPUS, mapping.DEFAULT_PARAMS, search.MAX_PLANS, 5.0,
                  mapping.DEFAULT_TASKLETS)
     assert plans[1] == alone and plans[1].search == alone.search
+
+
+def test_the_plan_attributes_do_not_split_the_memo(monkeypatch):
+    """cnm_mapping writes each op's plan as ``cnm_*`` attributes before device_lowering asks for
+    the plan again: they record the decision and take no part in it, so the second ask is a
+    memo hit, and its plan is what planning the annotated op afresh gives."""
+    from dataclasses import replace
+
+    op = OpInfo("fc", "Gemm", {}, (_t("x", (16, 512)), _t("w", (512, 512), const=True)),
+                (_t("y", (16, 512)),))
+    monkeypatch.setattr(mapping, "_PLANS", {})
+    first = mapping.plan_op(op)
+    annotated = replace(op, attrs={**first.attrs(), "device": "upmem"})
+    plans = []
+    real = mapping._search_plan
+    monkeypatch.setattr(mapping, "_search_plan", lambda *a: plans.append(1) or real(*a))
+    assert mapping.plan_op(annotated) == first and plans == []
+    monkeypatch.setattr(mapping, "_PLANS", _NoMemo())
+    assert mapping.plan_op(annotated) == first and plans == [1]

@@ -1151,3 +1151,39 @@ def test_the_kernels_wram_and_dma_limits_come_from_the_params(tmp_path):
     assert "#define DMA_MAX 2048u" in (tmp_path / "dev" / attrs["kernel"] / "dpu.c").read_text()
     assert json.loads((tmp_path / "dev" / attrs["kernel"] / "kernel.json").read_text())[
         "block_bytes"] == attrs["cnm_block_bytes"]
+
+
+_TEMPLATES_TWICE = """
+import hashlib, sys, jinja2
+compiled = []
+real = jinja2.Environment.compile
+jinja2.Environment.compile = lambda self, *a, **k: compiled.append(1) or real(self, *a, **k)
+from onnx_cinm.devices.upmem import codegen
+paths = codegen.emit_kernel("unary", "float32", [(64,)], dpus=2, tasklets=4, block_bytes=64,
+                            outdir=sys.argv[1], op="Relu")
+print(len(compiled), hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_compiled_templates_are_cached_across_processes(tmp_path, writable):
+    """Templates compile once per machine, not per process (20-30 ms of every optimize): the
+    second process loads the first one's compiled code from $XDG_CACHE_HOME/onnx-cinm/jinja.
+    A cache that cannot be written (XDG_CACHE_HOME a file) is ignored: each process compiles."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    if not writable:
+        cache.write_text("a file, not a folder")
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    runs = [subprocess.run([sys.executable, "-c", _TEMPLATES_TWICE, str(tmp_path / f"k{i}")],
+                           capture_output=True, text=True, env=env) for i in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    first, second = (r.stdout.split() for r in runs)
+    assert int(first[0]) >= 3 and first[1] == second[1]  # host.c, dpu.c, Makefile: same bytes
+    if writable:
+        assert second[0] == "0" and list((cache / "onnx-cinm" / "jinja").iterdir())
+    else:
+        assert second[0] == first[0]

@@ -137,7 +137,8 @@ def _cmd_optimize(args, parser) -> int:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
-                          dims=dims, inputs=given, device_options=options, log=log)
+                          dims=dims, inputs=given, device_options=options, log=log,
+                          totals=not args.quiet)  # -q prints no totals: not priced
     finally:
         bar.close()
     if args.report:  # rendered first: a report that cannot be made stops before any writing
@@ -172,24 +173,26 @@ def _cmd_optimize(args, parser) -> int:
               + " (see 'dims fixed' in the summary)", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
     say(f"onnx-cinm optimize: {source} -> {out}")
-    for line in result.summary().splitlines():
+    for line in ([] if args.quiet else result.summary().splitlines()):
         say(f"  {line}")
     if manifest is not None:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    tables = result.device_tables()
+    tables = None if args.quiet else result.device_tables()  # -q prints none: not built
     if tables:
         say("")
         for line in tables.splitlines():
             say(f"  {line}")
     st = result.stats.get("placement", {})
     if st.get("strategy") == "cost":
-        t = st["model_totals"]
-        say(f"  cost placement ({st['objective']}): modeled {si(t['latency_s'], 's')}, "
-            f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference; {st['method']}")
-        for name, b in st["baselines"].items():
-            say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} tile writes/inference")
+        t = st.get("model_totals")
+        if t is not None:
+            say(f"  cost placement ({st['objective']}): modeled {si(t['latency_s'], 's')}, "
+                f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference; {st['method']}")
+            for name, b in st["baselines"].items():
+                say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} "
+                    "tile writes/inference")
         for v in st.get("violations", []):
             print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
     if args.verbose and result.placements:

@@ -28,7 +28,7 @@ import importlib
 import sys
 import types
 
-from ..dialects import declare_plan_attrs
+from ..dialects import declarations_batched, declare_plan_attrs
 from ..errors import CinmError
 from ..options import OptionSpec
 from .base import Cost, Device, OpInfo, Priced, Registry, Resources, Support, TensorInfo
@@ -64,9 +64,10 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for mod in _BUILTIN:
-            importlib.import_module(f"{__name__}.{mod}")
-        _load_plugins()
+        with declarations_batched():  # the dialect takes every device's attributes at once
+            for mod in _BUILTIN:
+                importlib.import_module(f"{__name__}.{mod}")
+            _load_plugins()
 
 
 def _load_plugins() -> None:

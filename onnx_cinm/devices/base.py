@@ -402,3 +402,39 @@ class Registry:
                                  f"taken by device {other.name!r}")
         self.devices[device.name] = device
         return device
+
+
+def template_environment():
+    """The Jinja environment a device's code generator renders the package's templates with
+    (``onnx_cinm/templates/``, one folder per kernel kind): package data, so each template is
+    compiled once per process and never checked for changes (``auto_reload`` would stat its file
+    on every kernel), and its compiled code is kept across processes in
+    ``$XDG_CACHE_HOME/onnx-cinm/jinja`` (``~/.cache/onnx-cinm/jinja`` when XDG_CACHE_HOME is
+    unset or empty), as Python keeps a module's bytecode: compiling the templates a model needs
+    took 20-30 ms of every ``optimize``. An entry holds its template's checksum and Jinja's
+    version, so an edited template or another Jinja compiles afresh; a cache that cannot be read
+    or written is ignored. Undefined names are errors (``StrictUndefined``); nothing is
+    escaped; a template's trailing newline is kept."""
+    import os
+
+    import jinja2
+
+    class _Cache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except OSError:
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False, auto_reload=False,
+        bytecode_cache=_Cache(os.path.join(base, "onnx-cinm", "jinja")))

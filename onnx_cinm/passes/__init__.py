@@ -123,6 +123,14 @@ class PassContext:
         """Drop the tensor infos of :meth:`tensor_infos` (the graph's shapes may change)."""
         self._infos = None
 
+    def infos_still_hold(self, model: onnx.ModelProto) -> None:
+        """Keep the tensor infos of :meth:`tensor_infos` for ``model`` after a pass removed
+        nodes without changing the type or shape of any tensor that remains (``fold_layouts``:
+        a Gemm now writes what its dropped Transpose wrote, the same tensor), so the next pass
+        does not infer every shape again; the removed nodes' own tensors are no longer read."""
+        if self._infos is not None and self.infos is None:
+            self._infos = ((id(model), len(model.graph.node)), self._infos[1])
+
 
 def register_pass(name: str, doc: str = "", keeps_shapes: bool = False) -> Callable[[PassFn], PassFn]:
     """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the docstring's

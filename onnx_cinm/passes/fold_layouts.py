@@ -98,5 +98,6 @@ def fold_layouts(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         del g.value_info[:]
         g.value_info.extend(vis)
         cinm.attach_functions(model)  # the Gemm's overload and body with y_perm
+        ctx.infos_still_hold(model)  # each Gemm writes its Transpose's output, same shape
     ctx.stats["fold_layouts"] = {"folded": folded}
     return model

@@ -729,7 +729,8 @@ class MemristorDevice(Device):
             A, B = consts.get(names[0]), consts.get(names[1])
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
-        outdir.mkdir(parents=True, exist_ok=True)
+        if not outdir.is_dir():  # one folder for every crossbar kernel: made by the first
+            outdir.mkdir(parents=True, exist_ok=True)
         text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
         path = outdir / rel.name
         path.write_text(text)

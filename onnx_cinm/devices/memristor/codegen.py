@@ -19,15 +19,13 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-import jinja2
 import numpy as np
 
+from ..base import template_environment
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined, autoescape=False)
+_ENV = template_environment()
 
 
 def _tiles(plan) -> list[dict]:

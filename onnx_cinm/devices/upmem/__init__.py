@@ -57,7 +57,8 @@ PLAN_ATTRS = {
 
 #: The plan attributes the code generator reads (:func:`.codegen.emit_op`): with the op's
 #: signature, the key of the memo of :meth:`UpmemDevice._check_emittable`.
-_EMIT_KEYS = ("cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "cnm_grid", "cnm_target")
+_EMIT_KEYS = ("cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "cnm_grid", "cnm_lanes",
+              "cnm_target")
 #: Memo of :meth:`UpmemDevice._check_emittable`: key -> None (emittable) or (message, op name).
 _EMITTABLE: dict = {}
 _PLANS_MAX = 20000
@@ -119,7 +120,8 @@ class UpmemDevice(Device):
         not the names) and plan: placement asks for every op, lowering again, and the ops of
         one shape (a network's repeated layers) get the same answer. The plan's own
         attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
-        ``cnm_target``) are part of the key; a refusal names the op it is given for."""
+        ``cnm_lanes``, ``cnm_target``) are part of the key; a refusal names the op it is given
+        for."""
         from .mapping import _op_key
         target = self._planned_target(attrs)
         try:

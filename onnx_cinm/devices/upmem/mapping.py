@@ -1408,11 +1408,13 @@ _PLANS_MAX = 20000
 
 
 def _op_key(op: OpInfo) -> tuple:
-    """What a plan depends on: the op's type, attributes (but the placement ones, which only
-    record decisions) and the dtype, shape and constness of its tensors (not the op's name:
-    ops of one shape share their plan)."""
+    """What a plan depends on: the op's type, attributes (but those that only record
+    decisions: the placement ones and the plan's own ``cnm_*``, which ``cnm_mapping`` writes
+    before ``device_lowering`` asks for the same plan) and the dtype, shape and constness of its
+    tensors (not the op's name: ops of one shape share their plan)."""
     ts = lambda t: (t.dtype, t.shape, t.const)  # noqa: E731
-    attrs = sorted((k, v) for k, v in op.attrs.items() if k not in ("device", "placement", "kernel"))
+    attrs = sorted((k, v) for k, v in op.attrs.items()
+                   if k not in ("device", "placement", "kernel") and not k.startswith("cnm_"))
     names = [t.name for t in op.inputs]
     return (op.op_type, repr(attrs), tuple(map(ts, op.inputs)), tuple(map(ts, op.outputs)),
             op.flops, tuple(names.index(n) for n in names))  # which inputs are one tensor

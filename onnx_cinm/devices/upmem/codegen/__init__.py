@@ -64,7 +64,6 @@ NaN sits. :func:`check_emittable` runs an emitter's checks without writing, so t
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 
@@ -74,7 +73,7 @@ from .. import cost as _cost
 from .. import mapping as _mapping
 
 # the public names of the shared module, and what the API below uses of it
-from .common import (BINARY, _check_dtype, _check_workgroup, _DRY,  # noqa: F401
+from .common import (_ANNOTATE, BINARY, _check_dtype, _check_workgroup, _DRY,  # noqa: F401
                      DTYPES, ELEMENTWISE_DTYPES, KINDS,
                      MATH_HELPER_DEPS, REDUCE, _round_up,
                      _TARGET, TRANSCENDENTAL,
@@ -351,18 +350,19 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
     block = int(attrs.get("cnm_block_bytes") or default_block)
     used = op.inputs[:len(shapes)]
     cidx = {i: consts[x.name] for i, x in enumerate(used) if consts and x.name in consts}
-    paths = emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
-                        outdir=outdir, consts=cidx, target=target, **params)
-    if _DRY.get():
-        return paths
-    man_p = outdir / "kernel.json"
-    man = json.loads(man_p.read_text())
-    for spec, x in zip(man["inputs"], used):
-        spec["tensor"] = x.name
-    for spec, x in zip(man["outputs"], op.outputs):
-        spec["tensor"] = x.name
-    man["node"] = op.name
-    man["op_type"] = op.op_type
-    man_p.write_text(json.dumps(man, indent=1) + "\n")
-    return paths
+
+    def annotate(man: dict) -> None:  # kernel.json names the graph's tensors and node
+        for spec, x in zip(man["inputs"], used):
+            spec["tensor"] = x.name
+        for spec, x in zip(man["outputs"], op.outputs):
+            spec["tensor"] = x.name
+        man["node"] = op.name
+        man["op_type"] = op.op_type
+
+    tok = _ANNOTATE.set(annotate)
+    try:
+        return emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=tasklets, block_bytes=block,
+                           outdir=outdir, consts=cidx, target=target, **params)
+    finally:
+        _ANNOTATE.reset(tok)
 

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import contextvars
 
-import jinja2
 import numpy as np
 
+from ...base import template_environment
 from .. import cost as _cost
 from .. import mapping as _mapping
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=False)
+_ENV = template_environment()
 
 
 
@@ -188,6 +186,12 @@ class _Tensor:
 #: True while :func:`check_emittable` runs the emitters: they compute and check their geometry
 #: but write nothing
 _DRY: contextvars.ContextVar = contextvars.ContextVar("upmem_dry_run", default=False)
+
+
+
+#: A callable given the ``kernel.json`` dict of the kernel being emitted before it is written
+#: (set by :func:`emit_op`: the graph's tensor and node names), or None
+_ANNOTATE: contextvars.ContextVar = contextvars.ContextVar("upmem_annotate", default=None)
 
 
 
@@ -365,6 +369,9 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
            "argv": "host DPU_BINARY " + " ".join(t.name.upper() for t in k.inputs + k.outputs),
            "inputs": [t.to_json() for t in k.inputs],
            "outputs": [t.to_json() for t in k.outputs], **manifest}
+    annotate = _ANNOTATE.get()
+    if annotate is not None:
+        annotate(man)
     p = outdir / "kernel.json"
     p.write_text(json.dumps(man, indent=1) + "\n")
     paths.append(p)
