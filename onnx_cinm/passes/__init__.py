@@ -94,6 +94,10 @@ class PassContext:
     #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
     #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
     origins: list = field(default_factory=list)
+    #: the cost placement's priced model (:class:`.cost_placement.Placed`), for
+    #: ``restore_host_ops`` to price the model as placed without building its problem again;
+    #: read and cleared by it
+    placed: object | None = field(default=None, repr=False, compare=False)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:

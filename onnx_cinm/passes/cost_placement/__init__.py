@@ -69,6 +69,7 @@ alternative would have added, and which devices refused the op and why.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import onnx
 
@@ -163,6 +164,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
         set_attr(node, "device", ch.device)
         set_attr(node, "placement", _reason(prob, sol, i, objective))
         counts[ch.device] += 1
+    ctx.placed = Placed.of(prob, infos)
     bad = violations(prob, sol.totals)
     for v in bad:
         ctx.log(f"placement: user hints break a constraint: {v}")
@@ -173,6 +175,45 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
             "totals": sol.totals, "baselines": base, "violations": bad}
 
 
+@dataclass
+class Placed:
+    """The problem :func:`place_by_cost` built, kept for pricing the model it placed again
+    (:meth:`priced`) without building the problem again.
+
+    Attributes:
+        problem: the problem (its nodes: the model's node objects, which placement annotated).
+        infos: the tensor infos it was built from; options: the options it was built under.
+    """
+
+    problem: Problem
+    infos: dict
+    options: dict
+
+    @classmethod
+    def of(cls, prob: Problem, infos: dict) -> Placed | None:
+        """The record of ``prob``, or None when :func:`evaluate_model` would build another
+        problem for the placed model: with hints (their ops are fixed as the user placed them)
+        or with ops that came with a device (a recorded plan of an earlier compile prices them,
+        :func:`.search._recorded`, as long as they keep that device)."""
+        if prob.hint_note or any("device" in prob.ops[i].attrs for i in prob.cands):
+            return None
+        return cls(prob, infos, dict(prob.options))
+
+    def priced(self, model: onnx.ModelProto, options: dict, infos: dict) -> tuple | None:
+        """``(totals, problem)`` of ``model`` as :func:`evaluate_model` gives them under
+        ``options`` and ``infos``, if ``model`` still has exactly the nodes placed (the same
+        node objects, only annotated since: the placement pass wrote their ``device`` and
+        ``placement``), the options are the same and the infos the same object (or a copy
+        with more entries); else None."""
+        nodes = self.problem.nodes
+        if options != self.options or len(model.graph.node) != len(nodes) or \
+                any(a is not b for a, b in zip(model.graph.node, nodes)) or \
+                any(infos.get(k) is not v for k, v in self.infos.items()):
+            return None
+        tot, _, prob = _as_placed(self.problem)
+        return tot, prob
+
+
 def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
                    infos: dict | None = None) -> tuple[Totals, list, Problem]:
     """Modeled totals of the placement already recorded in ``model`` (the ``device`` attribute
@@ -180,8 +221,11 @@ def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
     Ops whose recorded device cannot run them under ``options`` are charged on the host and
     named in the violations. ``infos``: the tensor infos to use (:func:`onnx_cinm.analysis.
     tensor_infos`; an If branch's come from its whole model's), else ``model``'s own."""
-    options = dict(options or {})
-    prob = build_problem(model, options, infos=infos)
+    return _as_placed(build_problem(model, dict(options or {}), infos=infos))
+
+
+def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
+    """:func:`evaluate_model` of the problem of the model (its ``assign``: the choices)."""
     assign, bad = {}, []
     devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
     for i, ch in _with_variants(prob, devs).items():

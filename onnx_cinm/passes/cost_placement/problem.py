@@ -197,6 +197,7 @@ class Problem:
     support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
     heuristic: dict | None = None                   # see search.heuristic_assign
     evals: dict = field(default_factory=dict)       # see search._evaluate
+    compiled: dict = field(default_factory=dict)    # see search._as_compiled
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:

@@ -457,14 +457,31 @@ def _with_variants(prob: Problem, devs: dict) -> dict:
 
 
 def _as_compiled(prob: Problem, assign: dict) -> dict:
-    """``assign`` with its crossbar choices priced from the model-wide plans."""
-    return _with_variants(prob, {i: c.device for i, c in assign.items()})
+    """``assign`` with its crossbar choices priced from the model-wide plans (a new dict; the
+    choices of one device map are made once per problem, so that :func:`_evaluate` knows
+    them: several searches often end on the same placement)."""
+    devs = {i: c.device for i, c in assign.items()}
+    key = tuple(devs.items())
+    hit = prob.compiled.get(key)
+    if hit is None:
+        if len(prob.compiled) > 64:
+            prob.compiled.clear()
+        hit = prob.compiled[key] = _with_variants(prob, devs)
+    return dict(hit)
 
 
 def _copy_totals(tot: Totals) -> Totals:
     return Totals(tot.latency_s, tot.energy_j, tot.transfer_s, tot.transfer_j, tot.transfer_bytes,
-                  tot.writes, Counter(tot.kept_tiles), dict(tot.capacity),
-                  Counter(tot.writes_by_dev), Counter(tot.mram), dict(tot.mram_capacity))
+                  tot.writes, _counter(tot.kept_tiles), dict(tot.capacity),
+                  _counter(tot.writes_by_dev), _counter(tot.mram), dict(tot.mram_capacity))
+
+
+def _counter(counts: dict) -> Counter:
+    """A copy of ``counts`` as a Counter (``Counter(counts)`` goes through its Python-level
+    update; the search copies totals thousands of times)."""
+    out = Counter()
+    dict.update(out, counts)
+    return out
 
 
 class _Compiled:
