@@ -120,10 +120,10 @@ class UpmemDevice(Device):
         one shape (a network's repeated layers) get the same answer. The plan's own
         attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
         ``cnm_target``) are part of the key; a refusal names the op it is given for."""
-        from .mapping import _op_key
+        from .mapping import _op_key, params_key
         target = self._planned_target(attrs)
         try:
-            key = (_op_key(op), repr(target), tuple(
+            key = (_op_key(op), params_key(target), tuple(
                 (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo

@@ -76,12 +76,13 @@ import onnx
 from ...dialects import cinm
 from ...text import si
 from ..pass_options import PlacementOptions
-from .evaluate import (NodeCost, Totals, _add_choice, evaluate, node_costs,  # noqa: F401 (API)
-                       tensor_charges, tensor_cost, violations, writes_per_cell)
+from .evaluate import (NodeCost, Totals, _add_choice, _devices, evaluate,  # noqa: F401 (API)
+                       node_costs, tensor_charges, tensor_cost, violations, writes_per_cell)
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
 from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noqa: F401 (API)
-                     _with_variants, baselines, chain_dp, heuristic_assign, local_search, repair, solve)
+                     _transfers, _with_variants, baselines, chain_dp, heuristic_assign,
+                     local_search, repair, solve)
 
 
 
@@ -99,10 +100,11 @@ def _kind(ch) -> str:
     return ""
 
 
-def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
+def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
     would change. A device with several candidates (pinned and streamed crossbar kernels) is
-    named with the kind of each, and listed once per kind."""
+    named with the kind of each, and listed once per kind. ``devs``: the device of every node
+    under ``sol`` (:func:`.evaluate._devices`)."""
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
@@ -119,11 +121,14 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
     said = {name(ch)}
+    on = {ch.device: _transfers(prob, assign, i, ch.device, devs)}  # the device's alone
     for alt in prob.cands[i]:
         if alt is ch or name(alt) in said:
             continue
         said.add(name(alt))
-        dl, de = _local_delta(prob, assign, i, alt)
+        if alt.device not in on:
+            on[alt.device] = _transfers(prob, assign, i, alt.device, devs)
+        dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
         trial = _swap_totals(cur, ch, alt, dl, de)
         bad = violations(prob, trial)
         dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
@@ -157,12 +162,13 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     # prices them only from a hint-free problem)
     base = sol.baselines or baselines(build_problem(model, options, infos=infos))
     counts: Counter = Counter()
+    devs = _devices(prob, sol.assign)
     for i, node in enumerate(prob.nodes):
         if node.domain != cinm.DOMAIN:
             continue
         ch = prob.choice(sol.assign, i)
         set_attr(node, "device", ch.device)
-        set_attr(node, "placement", _reason(prob, sol, i, objective))
+        set_attr(node, "placement", _reason(prob, sol, i, objective, devs))
         counts[ch.device] += 1
     ctx.placed = Placed.of(prob, infos)
     bad = violations(prob, sol.totals)

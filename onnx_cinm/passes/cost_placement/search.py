@@ -16,7 +16,7 @@ from ...dialects import cinm
 from ...errors import CinmError
 from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
-from .evaluate import Totals, _add_choice, evaluate, tensor_cost, violations
+from .evaluate import Totals, _add_choice, _devices, evaluate, tensor_cost, violations
 from .problem import Choice, Problem, _choice
 
 
@@ -46,16 +46,22 @@ def _f(objective: str, lat: float, en: float, w=None) -> float:
     return {"latency": lat, "energy": en, "edp": lat * en}[objective]
 
 
-def _transfers(prob: Problem, assign: dict, i: int, dev: str) -> list:
+def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None) -> list:
     """:func:`tensor_cost` of every tensor op ``i`` touches, with ``i`` on ``dev`` and every
-    other op where ``assign`` (or the problem's fixed choices) puts it."""
-    fixed = prob.fixed
+    other op where ``assign`` (or the problem's fixed choices) puts it. ``devs``: those
+    devices by node index, ``"host"`` last (:func:`.evaluate._devices` of ``assign``), when
+    the caller keeps them."""
+    if devs is not None:
+        def dev_of(n):
+            return dev if n == i else devs[n]
+    else:
+        fixed = prob.fixed
 
-    def dev_of(n):
-        if n == i:
-            return dev
-        ch = fixed.get(n) or assign.get(n) if n >= 0 else None
-        return ch.device if ch is not None else "host"
+        def dev_of(n):
+            if n == i:
+                return dev
+            ch = fixed.get(n) or assign.get(n) if n >= 0 else None
+            return ch.device if ch is not None else "host"
 
     return [tensor_cost(prob, prob.tensors[k], dev_of) for k in prob.touch.get(i, ())]
 
@@ -88,6 +94,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
     near = _neighbors(prob)
+    devs = _devices(prob, assign)
     settled: set = set()
     for _ in range(max_sweeps):
         moved = False
@@ -96,13 +103,13 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
             best, best_val, best_d, held = None, cur, None, False
-            base = _transfers(prob, assign, i, assign[i].device)
+            base = _transfers(prob, assign, i, assign[i].device, devs)
             on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
                 if ch is assign[i]:
                     continue
                 if ch.device not in on:
-                    on[ch.device] = _transfers(prob, assign, i, ch.device)
+                    on[ch.device] = _transfers(prob, assign, i, ch.device, devs)
                 dl, de = _local_delta(prob, assign, i, ch, base, on[ch.device])
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
@@ -113,6 +120,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                         held = True
             if best is not None:
                 assign[i] = best
+                devs[i] = best.device
                 tot = best_d
                 moved = True
                 settled -= near.get(i, set()) | {i}
