@@ -280,6 +280,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     value = np.full((len(names), 1), np.inf)
     value[row["host"], 0] = 0.0
     back = []  # per op: [prev row, prev column, choice index] of every [row, column]
+    # the device of every op but the two the program decides: fixed ones' own, else the host
+    others = [prob.fixed[n].device if n in prob.fixed else "host" for n in range(len(prob.nodes))]
+    others.append("host")  # a graph input (producer -1)
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
         live = np.flatnonzero(np.isfinite(value).any(axis=1))
@@ -296,7 +299,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                         return _d
                     if n == prev_i:
                         return _p
-                    return prob.fixed[n].device if n in prob.fixed else "host"
+                    return others[n]
 
                 hit = 0.0
                 for tk in owner.get(i, ()):
@@ -503,6 +506,7 @@ class _Compiled:
     def __init__(self, prob: Problem, assign: dict):
         self.prob = prob
         self.assign = _as_compiled(prob, assign)
+        self.devs = _devices(prob, self.assign)  # kept with assign (see _transfers)
         self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
         self._plans: dict = {}
@@ -561,8 +565,8 @@ class _Compiled:
         fl, fe = self._floor(i, dev)
         lat = self.tot.latency_s - old.cost.latency_s + fl
         en = self.tot.energy_j - old.cost.energy_j + fe
-        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device),
-                                            _transfers(prob, assign, i, dev)):
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs),
+                                            _transfers(prob, assign, i, dev, self.devs)):
             lat += s1 - s0
             en += j1 - j0
         for d in ends:
@@ -601,8 +605,8 @@ class _Compiled:
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
-        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev),
-                                              _transfers(prob, assign, i, dev)):
+        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev, self.devs),
+                                              _transfers(prob, assign, i, dev, self.devs)):
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
             tot.transfer_bytes += b1 - b0
@@ -613,6 +617,8 @@ class _Compiled:
     def apply(self, changed: dict, tot: Totals) -> None:
         """Take a move :meth:`trial` priced."""
         self.assign.update(changed)
+        for j, ch in changed.items():
+            self.devs[j] = ch.device
         self.tot = tot
         self._slack.clear()
 
