@@ -362,37 +362,84 @@ def test_upmem_plan_memo_keeps_each_ops_own_names():
 
 @pytest.mark.parametrize("rows,k,n,kind", [(12544, 147, 64, "Gemm"), (196, 2304, 256, "Gemm"),
                                            (1, 1024, 1000, "Gemm"), (49, 1152, 32, "Gemm"),
+                                           (3136, 1152, 32, "Gemm"), (7, 1728, 320, "Gemm"),
                                            (1 << 20, 0, 0, "Add"), (200704, 0, 0, "Relu"),
-                                           (37, 0, 0, "Mul"), (401408, 0, 128, "Mul")])
+                                           (37, 0, 0, "Mul"), (401408, 0, 128, "Mul"),
+                                           (56, 3, 1, "Im2Col"), (14, 1, 512, "Im2Col"),
+                                           (7, 3, 2, "Im2Col"), (112, 3, 3, "Im2Col")])
 def test_the_pruned_plan_search_picks_what_planning_every_workgroup_picks(rows, k, n, kind):
-    """The search plans only workgroups whose closed-form lower bound (one launch, gathering
-    the result, the arithmetic at one instruction per cycle) does not exceed the plan of the
-    least bound: it must choose the plan an exhaustive search chooses (every workgroup planned
-    and costed, the first of the fastest in DPU order, as before the bound), and no bound may
-    exceed a plan's modeled latency."""
+    """The search plans workgroups in the order of their closed-form lower bounds (one
+    launch, gathering the result, sending A, the instructions of all tasklets at one per
+    cycle and of the busiest at one per issue interval) until a bound exceeds the least
+    latency found: it must choose the plan an exhaustive search chooses (every workgroup
+    planned and costed, the first of the fastest in DPU order, as before the bounds), and no
+    bound may exceed a plan's modeled latency. Im2Col cases: ``rows`` the image side, ``k``
+    the kernel side, ``n`` the channels (a 3x3 kernel on 56x56x1 is the tasklet-chain case:
+    few rows per DPU)."""
     from onnx_cinm.devices.upmem import mapping
 
     f = np.dtype("float32")
     if kind == "Gemm":
         ins = (TensorInfo("x", f, (rows, k)), TensorInfo("w", f, (k, n), True))
         op = OpInfo("g", "Gemm", {}, ins, (TensorInfo("y", f, (rows, n)),), 2 * rows * k * n)
+    elif kind == "Im2Col":
+        attrs = {"kernel_shape": [k, k], "strides": [1, 1], "pads": [k // 2] * 4,
+                 "dilations": [1, 1]}
+        side = rows
+        ins = (TensorInfo("x", f, (1, n, side, side)),)
+        op = OpInfo("c", "Im2Col", attrs, ins,
+                    (TensorInfo("y", f, (side * side, n * k * k)),), 0)
     else:
         # n > 0: a per-channel operand of n values, broadcast to every DPU
         b = TensorInfo("b", f, (n,) if n else (rows,), bool(n)) if kind != "Relu" else None
         ins = (TensorInfo("a", f, (rows,)),) + ((b,) if b else ())
         op = OpInfo("e", kind, {}, ins, (TensorInfo("y", f, (rows,)),), rows)
     args = (mapping.DEFAULT_TASKLETS, "cinm", mapping.DEFAULT_PARAMS, mapping.STACK_BYTES)
-    floor = mapping._floor_s(op, mapping.DEFAULT_TASKLETS, mapping.DEFAULT_PARAMS)
+    combos = mapping.workgroups(op)
+    bounds = mapping._floor_s(op, mapping.DEFAULT_TASKLETS, mapping.DEFAULT_PARAMS)(combos)
     best, best_lat = None, 0.0
-    for d, dc in mapping.workgroups(op):
+    for (d, dc), bound in zip(combos, bounds):
         try:
             p = make_plan(op, d, *args, dc)
         except CinmError:
-            assert kind == "Gemm" and floor(d, dc) is None  # no such grid
+            assert kind == "Gemm" and bound == np.inf  # no such grid
             continue
         lat = p.cost().latency_s
-        assert floor(d, dc) <= lat
+        assert bound <= lat
         if best is None or lat < best_lat * (1 - 1e-9):
             best, best_lat = p, lat
     assert mapping._search_plan(op, mapping.DEFAULT_DPUS, mapping.DEFAULT_TASKLETS,
                                 mapping.DEFAULT_PARAMS, mapping.STACK_BYTES, None) == best
+
+
+def test_the_array_forms_of_the_transfer_times_and_the_product_tiles_agree_with_the_scalar_ones():
+    """The lower bounds of a matrix product's workgroups are computed over arrays
+    (``UpmemParams.push_s_array`` and its kin, ``mapping._matmul_tiles_array``,
+    ``_matmul_busiest_array``): each must give what the scalar function the cost model uses
+    gives, for byte counts across the host's small/large-chunk knee and DPU counts within,
+    at and across ranks, and for row and column counts on both sides of the tasklet count."""
+    from onnx_cinm.devices.upmem import mapping
+    from onnx_cinm.devices.upmem.cost import TARGETS
+
+    dpus = np.array([1, 2, 3, 63, 64, 65, 100, 128, 511, 512, 2048, 2560], dtype=np.int64)
+    for params in TARGETS.values():
+        for b in (0, 8, 1000, 65536, 65544, 1 << 22):
+            nb = np.full(len(dpus), b, dtype=np.int64)
+            for to in (True, False):
+                assert params.push_s_array(nb, dpus, to) == pytest.approx(
+                    [params.push_s(b, int(d), to) for d in dpus], rel=1e-12, abs=0)
+            assert params.broadcast_s_array(nb, dpus) == pytest.approx(
+                [params.broadcast_s(b, int(d)) for d in dpus], rel=1e-12, abs=0)
+        assert params.launch_overhead_s_array(dpus) == pytest.approx(
+            [params.launch_overhead_s(int(d)) for d in dpus], rel=1e-12, abs=0)
+    rows = np.array([r for r in (1, 2, 3, 4, 5, 7, 15, 16, 17, 49, 3136) for _ in range(7)])
+    cols = np.array([1, 2, 7, 8, 33, 64, 1000] * 11)
+    for kind, es, t, batched in (("gemm", 4, 16, False), ("gemv", 4, 16, False),
+                                 ("gemm", 1, 11, False), ("gemm", 8, 24, True)):
+        arrays = mapping._matmul_tiles_array(kind, rows, cols, es, t, batched)
+        busy = mapping._matmul_busiest_array(rows, t, *arrays)
+        for j, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
+            tiles = mapping._matmul_tiles(kind, r, c, es, t, batched)
+            assert tuple(int(a[j]) for a in arrays) == tiles
+            r_t, _, _, n_t = mapping._matmul_busiest(r, t, *tiles)
+            assert (int(busy[0][j]), int(busy[1][j])) == (r_t, n_t)

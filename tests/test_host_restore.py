@@ -130,8 +130,8 @@ def test_a_qdq_conv_is_not_put_back_on_dequantized_values_its_lowering_dropped(t
 def test_a_conv_far_cheaper_on_its_crossbar_is_not_priced_again(monkeypatch):
     """A 3x3 conv of 64 -> 64 channels on 56 x 56: its original on the host costs more than
     its lowered ops plus every transfer they touch, so restore_host_ops prices no trial with
-    it put back: two whole-graph evaluations (the model as placed, the original all-host),
-    not three."""
+    it put back: one whole-graph evaluation (the original all-host; the model as placed is
+    priced from the problem placement built), not two."""
     from onnx_cinm.passes import cost_placement
 
     rng = np.random.default_rng(0)
@@ -149,4 +149,37 @@ def test_a_conv_far_cheaper_on_its_crossbar_is_not_priced_again(monkeypatch):
     res = optimize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), check=0)
     assert res.stats["restore_host_ops"]["restored"] == {}
     assert {cinm_dev for _, _, cinm_dev, _ in res.placements} >= {"memristor"}
-    assert calls.count("onnx_cinm.passes.host_restore") == 2
+    assert calls.count("onnx_cinm.passes.host_restore") == 1
+
+
+def test_the_model_as_placed_is_priced_from_the_placement_problem_only_while_it_is_that_model():
+    """restore_host_ops prices the model as placed from the problem the placement pass built
+    (``ctx.placed``) instead of building it again: that must give exactly the totals of a
+    problem built afresh for the placed model (``evaluate_model``), and nothing for another
+    model (a copy: other node objects) or other options."""
+    from onnx_cinm.passes import DEFAULT_PIPELINE, PassContext, PassManager
+    from onnx_cinm.passes.cost_placement import evaluate_model
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32)
+    w2 = (rng.standard_normal((16, 64, 1, 1)) * 0.05).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["X", "W1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r"], name="relu"),
+         helper.make_node("Conv", ["r", "W2"], ["Y"], name="conv2")],
+        "c", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 16, 56, 56])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    ctx = PassContext()
+    upto = DEFAULT_PIPELINE[:DEFAULT_PIPELINE.index("placement") + 1]
+    placed = PassManager(pipeline=upto).run(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), ctx)
+    infos = ctx.tensor_infos(placed)
+    tot, prob = ctx.placed.priced(placed, ctx.options, dict(infos))
+    fresh, _, _ = evaluate_model(placed, ctx.options, infos)
+    assert vars(tot) == vars(fresh) and tot.transfer_bytes > 0
+    assert {ch.device for ch in prob.assign.values()} >= {"memristor", "host"}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(placed)
+    assert ctx.placed.priced(copy, ctx.options, infos) is None
+    assert ctx.placed.priced(placed, {**ctx.options, "objective": "latency"}, infos) is None

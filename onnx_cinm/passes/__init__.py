@@ -101,6 +101,10 @@ class PassContext:
     #: on by setting a new dict (``normalize`` to ``fold_batchnorm``); else the
     #: :class:`PassManager` empties it after that pass (and at every run's start)
     fills: dict = field(default_factory=dict)
+    #: the cost placement's priced model (:class:`.cost_placement.Placed`), for
+    #: ``restore_host_ops`` to price the model as placed without building its problem again;
+    #: read and cleared by it
+    placed: object | None = field(default=None, repr=False, compare=False)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:

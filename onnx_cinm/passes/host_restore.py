@@ -45,14 +45,14 @@ MAX_TRIALS = 64
 CHUNK = 8
 
 
-def _groups(graph: onnx.GraphProto, origins: list,
-            min_nodes: int = 2) -> list[tuple[onnx.NodeProto, dict, list[int]]]:
+def _groups(graph: onnx.GraphProto, origins: list) -> list[tuple[onnx.NodeProto, dict, list[int]]]:
     """The recorded lowerings still whole in ``graph``: ``(original node, its weights, indices
-    of the nodes it became)``, those that made at least ``min_nodes`` nodes (a 1:1 lowering's
-    cinm op on the host runs its reference body, the original op), whose nodes all exist,
-    produce every output of the original and whose other outputs only they read (and are no
-    graph outputs), and whose original's inputs all still exist before them (a QDQ op's
-    lowering reads the integer operands and drops the DequantizeLinear it read through)."""
+    of the nodes it became)``, those whose nodes all exist, produce every output of the
+    original and whose other outputs only they read (and are no graph outputs), and whose
+    original's inputs all still exist before them (a QDQ op's lowering reads the integer
+    operands and drops the DequantizeLinear it read through). Only those of at least two
+    nodes are ever restored (a 1:1 lowering's cinm op on the host runs its reference body,
+    the original op); the others are priced as they were for the all-host baseline."""
     index = {n.name: k for k, n in enumerate(graph.node) if n.name}
     readers: dict[str, set[int]] = {}
     for k, n in enumerate(graph.node):
@@ -63,7 +63,7 @@ def _groups(graph: onnx.GraphProto, origins: list,
     given = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     out = []
     for proto, weights, names in origins:
-        if rule_key(proto) in NEVER_RESTORED or len(names) < min_nodes or \
+        if rule_key(proto) in NEVER_RESTORED or not names or \
                 any(name not in index for name in names):
             continue
         ks = sorted(index[name] for name in names)
@@ -208,8 +208,10 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
     ``all-host`` baseline (see the module docstring). Rewrites ``model`` in place.
     """
     origins, ctx.origins = ctx.origins, []
+    placed, ctx.placed = ctx.placed, None
     graph = model.graph
-    groups = _groups(graph, origins)
+    everything = _groups(graph, origins)
+    groups = [g for g in everything if len(g[2]) >= 2]
     stats = ctx.stats.get("placement", {})
     cost = stats.get("strategy") == "cost"
     keep = [g for g in groups if _on_host(graph, g[2]) and not _hinted(graph, g[2])]
@@ -219,7 +221,6 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
 
         objective = stats.get("objective") or PlacementOptions.objective
         infos = dict(ctx.tensor_infos(model))
-        everything = _groups(graph, origins, 1)
         for _, weights, _ in everything:
             for name, t in weights.items():
                 if name not in infos:
@@ -232,7 +233,9 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
             tot, _, prob = evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)
             return tot, prob
 
-        current, now = priced(_restored(graph, keep))
+        # the model as placed, unless groups went back: the placement priced it already
+        hit = placed.priced(model, ctx.options, infos) if placed and not keep else None
+        current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
         all_host, before = priced(_all_host(originals))
         tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and

@@ -122,10 +122,10 @@ class UpmemDevice(Device):
         attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
         ``cnm_lanes``, ``cnm_target``) are part of the key; a refusal names the op it is given
         for."""
-        from .mapping import _op_key
+        from .mapping import _op_key, params_key
         target = self._planned_target(attrs)
         try:
-            key = (_op_key(op), repr(target), tuple(
+            key = (_op_key(op), params_key(target), tuple(
                 (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo

@@ -52,6 +52,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 #: Clock at which PrIM measured the arithmetic throughputs below, Hz (PrIM Table 1: 350 MHz).
 PRIM_FREQUENCY_HZ = 350e6
 
@@ -340,6 +342,49 @@ class UpmemParams:
         """Seconds of one synchronous launch beyond the kernel itself: ``launch_s +
         launch_per_rank_s * ranks`` (183 us on 4 ranks, measured)."""
         return self.launch_s + self.launch_per_rank_s * self.ranks(dpus)
+
+    # -- the same over arrays: many workgroups at once ------------------------------------------
+    # :meth:`push_s`, :meth:`broadcast_s` and :meth:`launch_overhead_s` of numpy arrays of byte
+    # and DPU counts (the mapping's lower bounds rank every workgroup of an op in a few array
+    # operations, ``mapping._floor_s``); tests/test_cnm_mapping.py checks that they agree with
+    # the scalar methods. Change both together.
+    def ranks_array(self, dpus):
+        """:meth:`ranks` of an integer array."""
+        return np.maximum(1, -(-dpus // self.dpus_per_rank))
+
+    def _ranks_bw_array(self, dpus, one: float, rank: float):
+        full, rest = np.divmod(dpus, self.dpus_per_rank)
+        k = math.log(rank / one) / math.log(self.dpus_per_rank)
+        return full * rank + np.where(rest > 0, one * np.maximum(rest, 1) ** k, 0.0)
+
+    def _host_s_array(self, bytes_per_dpu, dpus, to_dpu: bool):
+        small, large = ((self.h2d_host_small_bps, self.h2d_host_large_bps) if to_dpu
+                        else (self.d2h_host_small_bps, self.d2h_host_large_bps))
+        head = np.minimum(bytes_per_dpu, self.host_knee_bytes)
+        return dpus * (head / small + (bytes_per_dpu - head) / large)
+
+    def push_s_array(self, bytes_per_dpu, dpus, to_dpu: bool = True):
+        """:meth:`push_s` of arrays (``dpus`` >= 1), seconds."""
+        if to_dpu:
+            one, rank, per_rank = self.h2d_serial_bps, self.h2d_rank_bps, self.h2d_rank_s
+        else:
+            one, rank, per_rank = self.d2h_serial_bps, self.d2h_rank_bps, self.d2h_rank_s
+        move = np.maximum(bytes_per_dpu * dpus / self._ranks_bw_array(dpus, one, rank),
+                          self._host_s_array(bytes_per_dpu, dpus, to_dpu))
+        return np.where(bytes_per_dpu > 0,
+                        self.xfer_call_s + per_rank * self.ranks_array(dpus) + move, 0.0)
+
+    def broadcast_s_array(self, nbytes, dpus):
+        """:meth:`broadcast_s` of arrays (``dpus`` >= 1), seconds."""
+        move = np.maximum(nbytes * dpus / self._ranks_bw_array(dpus, self.h2d_serial_bps,
+                                                               self.bcast_rank_bps),
+                          self._host_s_array(nbytes, dpus, True))
+        return np.where(nbytes > 0,
+                        self.xfer_call_s + self.h2d_rank_s * self.ranks_array(dpus) + move, 0.0)
+
+    def launch_overhead_s_array(self, dpus):
+        """:meth:`launch_overhead_s` of an integer array, seconds."""
+        return self.launch_s + self.launch_per_rank_s * self.ranks_array(dpus)
 
 
 DEFAULT_PARAMS = UpmemParams()

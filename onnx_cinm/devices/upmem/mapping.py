@@ -397,6 +397,38 @@ def _matvec_instr(dtype: str, unroll: int) -> float:
     return 2 + C.op_instructions("mul", dtype) + C.op_instructions("add", dtype) + C.LOOP_CONTROL / unroll
 
 
+def _matmul_tiles(kind: str, rows: int, n: int, es: int, tasklets: int, batched: bool,
+                  schedule: str = "cinm") -> tuple[int, int, int, int]:
+    """``(n_pad, R, NT, tiles)`` of a matrix product's ``rows x n`` outputs on one DPU
+    (:func:`_cost_matmul`): the columns padded to 8 bytes (a Gemv has one output per row; a
+    Gemm pads every output row, even one column), rows per group, columns per tile (narrower
+    when there are fewer (group, tile) pairs than tasklets, down to 8 bytes) and tiles."""
+    per = 8 // math.gcd(8, es)
+    n_pad = _cdiv(n, per) * per if n > 1 or kind == "gemm" else 1
+    if schedule == "prim":
+        r_grp, nt = 1, 1
+    else:
+        r_grp = 1 if batched else max(1, min(4, rows))
+        nt = min(n_pad, _cdiv(64, per) * per)
+        groups = _cdiv(rows, r_grp) if rows else 1
+        if rows < tasklets and groups * _cdiv(n_pad, nt) < tasklets:  # every tasklet works
+            nt = max(per, _cdiv(_cdiv(n_pad, _cdiv(tasklets, groups)), per) * per) if n_pad > 1 else 1
+    return n_pad, r_grp, nt, _cdiv(n_pad, nt)
+
+
+def _matmul_busiest(rows: int, tasklets: int, n_pad: int, r_grp: int, nt: int,
+                    tiles: int) -> tuple[int, int, int, int]:
+    """``(rows, row groups, tiles, columns)`` of the busiest tasklet of :func:`_cost_matmul`:
+    with at least as many rows as tasklets, a balanced contiguous range of rows against every
+    column; else its share of the (row group, column tile) pairs."""
+    if rows >= tasklets:
+        rows_t = _cdiv(rows, tasklets)
+        return rows_t, _cdiv(rows_t, r_grp), tiles, n_pad
+    groups = _cdiv(rows, r_grp) if rows else 0
+    units_t = _cdiv(groups * tiles, tasklets) if groups else 0
+    return min(rows, r_grp), 1, units_t, min(n_pad, units_t * nt)
+
+
 def _cost_matmul(p: CnmPlan) -> CostBreakdown:
     """Gemv/Gemm/SimSearch on one DPU: ``rows_dpu`` rows of A times ``n_dpu`` columns of B
     (B stored transposed, one K-row per output column, rows padded to 8 bytes).
@@ -417,17 +449,8 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
     rows, n, k = g["rows_dpu"], g["n_dpu"], g["k"]
     per = 8 // math.gcd(8, es)
     kb = _cdiv(k, per) * per * es
-    # a Gemv has one output per row; a Gemm pads every output row to 8 bytes, even one column
-    n_pad = _cdiv(n, per) * per if n > 1 or p.kind == "gemm" else 1
-    if p.schedule == "prim":
-        r_grp, nt = 1, 1
-    else:
-        r_grp = 1 if g.get("b_batched") else max(1, min(4, rows))
-        nt = min(n_pad, _cdiv(64, per) * per)
-        groups = _cdiv(rows, r_grp) if rows else 1
-        if rows < t and groups * _cdiv(n_pad, nt) < t:  # narrower tiles: every tasklet works
-            nt = max(per, _cdiv(_cdiv(n_pad, _cdiv(t, groups)), per) * per) if n_pad > 1 else 1
-    tiles = _cdiv(n_pad, nt)
+    n_pad, r_grp, nt, tiles = _matmul_tiles(p.kind, rows, n, es, t, bool(g.get("b_batched")),
+                                            p.schedule)
     kblocks = _cdiv(kb, blk)
     mac = _matvec_instr(p.dtype, p.unroll)
 
@@ -441,10 +464,11 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
                + rows_x * tiles_x * pr.stream_dma_cycles(_r8(min(nt, cols_x) * es), blk, write=True))
         return instr, dma
 
+    busiest = _matmul_busiest(rows, t, n_pad, r_grp, nt, tiles)
     if rows >= t:  # balanced contiguous row ranges
-        rows_t = _cdiv(rows, t)
+        rows_t = busiest[0]
         # the equal shares are costed once (the sums below add the same terms in the same order)
-        full = work(rows_t, _cdiv(rows_t, r_grp), tiles, n_pad)
+        full = work(*busiest)
         rest = rows % rows_t
         parts = [full] * (rows // rows_t) + ([work(rest, _cdiv(rest, r_grp), tiles, n_pad)]
                                              if rest else [])
@@ -452,8 +476,7 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
         i_all, d_all = sum(x for x, _ in parts), sum(y for _, y in parts)
     else:  # spread (row group, column tile) pairs over the tasklets
         groups = _cdiv(rows, r_grp) if rows else 0
-        units_t = _cdiv(groups * tiles, t) if groups else 0
-        i_t, d_t = work(min(rows, r_grp), 1, units_t, min(n_pad, units_t * nt))
+        i_t, d_t = work(*busiest)
         i_all, d_all = work(rows, groups, tiles, n_pad)
     w = KernelWork(t, i_t, i_all, d_all, d_t)
     a_b, b_b = g["a_bytes"], g["b_bytes"]
@@ -1489,92 +1512,159 @@ def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
     return _renamed(hit[0], hit[1], op)
 
 
+def _cdivs(a, b):
+    """``ceil(a / b)`` of integer arrays (or an array and an int)."""
+    return -(-a // b)
+
+
+def _matmul_tiles_array(kind: str, rows, n, es: int, tasklets: int, batched: bool) -> tuple:
+    """:func:`_matmul_tiles` (our schedule) of integer arrays ``rows`` and ``n`` (>= 1);
+    tests/test_cnm_mapping.py checks that they agree. Change both together."""
+    per = 8 // math.gcd(8, es)
+    n_pad = np.where((n > 1) | (kind == "gemm"), _cdivs(n, per) * per, 1)
+    r_grp = np.ones_like(rows) if batched else np.clip(rows, 1, 4)
+    nt = np.minimum(n_pad, _cdiv(64, per) * per)
+    groups = _cdivs(rows, r_grp)
+    narrow = np.where(n_pad > 1,
+                      np.maximum(per, _cdivs(_cdivs(n_pad, _cdivs(tasklets, groups)), per) * per), 1)
+    nt = np.where((rows < tasklets) & (groups * _cdivs(n_pad, nt) < tasklets), narrow, nt)
+    return n_pad, r_grp, nt, _cdivs(n_pad, nt)
+
+
+def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple:
+    """``(rows, columns)`` of :func:`_matmul_busiest` of integer arrays (``rows`` >= 1)."""
+    units_t = _cdivs(_cdivs(rows, r_grp) * tiles, tasklets)
+    few = rows < tasklets
+    return (np.where(few, np.minimum(rows, r_grp), _cdivs(rows, tasklets)),
+            np.where(few, np.minimum(n_pad, units_t * nt), n_pad))
+
+
 def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
-    """A lower bound of the modeled latency of ``op``'s plan on ``(dpus, column blocks)``, as a
-    function of the two (None for a grid a matrix product cannot have), or None for the kinds
-    it does not cover. Closed form, no plan: one launch (:meth:`UpmemParams.launch_overhead_s`),
-    gathering each DPU's share of the result (:meth:`UpmemParams.push_s`), sending the inputs
-    (an elementwise op's streams and broadcasts; a matrix product's A rows when A is not a
-    constant, scattered or broadcast as the grid has it: the other inputs only add bytes, and a
-    transfer takes no less time for more bytes) and the kernel's arithmetic instructions at one
-    per cycle (a matrix product's ``rows x columns x K`` multiply-accumulates of one DPU,
-    :func:`_matvec_instr`; an elementwise op's instructions per element of its share); every
-    other term of :attr:`CostBreakdown.latency_s` is >= 0."""
+    """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
+    workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
+    for a grid a matrix product cannot have; or None for the kinds it does not cover (every
+    term of :attr:`CostBreakdown.latency_s` is >= 0, so leaving terms out keeps a bound).
+    Closed form, no plan: one launch (:meth:`UpmemParams.launch_overhead_s`), gathering each
+    DPU's share of the result (:meth:`UpmemParams.push_s`), sending the inputs (an elementwise
+    op's streams and broadcasts; Im2Col's input band; a matrix product's A rows when A is not
+    a constant, scattered or broadcast as the grid has it: the other inputs only add bytes,
+    and a transfer takes no less time for more bytes) and the kernel's instructions (the
+    kernel takes at least one cycle per instruction of all tasklets and ``issue_interval``
+    per instruction of the busiest; its DMA is left out): a matrix product's multiply-
+    accumulates (:func:`_matvec_instr`) and output stores of each tasklet's rows and columns
+    (:func:`_matmul_busiest`); Im2Col's windows per output row; an elementwise op's
+    instructions per element of its share. A matrix product's workgroups are bounded in array
+    operations (it has tens: DPU counts x column splits)."""
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
     try:
         kind, g, _, _ = _geometry(op, 1, es)
     except CinmError:
         return None
-    f = params.frequency_hz
+    f, issue = params.frequency_hz, params.issue_interval
     if kind in ("gemv", "gemm", "simsearch"):
         rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
-        mac = _matvec_instr(dt, UNROLL)
+        per_mac = k * _matvec_instr(dt, UNROLL) + 3  # instructions per output
         per = 8 // math.gcd(8, es)
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
-        def floor(d: int, dc: int) -> float | None:
-            shape = D.grid(d, dc, rows, n, batched)
-            if shape is None:
-                return None
-            rows_dpu, n_dpu = _cdiv(rows, shape[0]), _cdiv(n, shape[1])
-            send = params.push_s if shape[0] > 1 else params.broadcast_s
-            return (params.launch_overhead_s(d) + rows_dpu * n_dpu * k * mac / f
-                    + params.push_s(_r8(rows_dpu * n_dpu * es), d, to_dpu=False)
-                    + send(rows_dpu * a_row, d))
+        def floor(combos: list) -> np.ndarray:
+            shapes = [D.grid(d, dc, rows, n, batched) for d, dc in combos]
+            d = np.array([c[0] for c in combos], dtype=np.int64)
+            dr = np.array([s[0] if s else 1 for s in shapes], dtype=np.int64)
+            rows_dpu = _cdivs(rows, dr)
+            n_dpu = _cdivs(n, np.array([s[1] if s else 1 for s in shapes], dtype=np.int64))
+            n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets,
+                                                          batched)
+            r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
+            kernel = np.maximum(rows_dpu * n_pad * per_mac, issue * r_t * n_t * per_mac)
+            a_bytes = rows_dpu * a_row
+            send = np.where(dr > 1, params.push_s_array(a_bytes, d),
+                            params.broadcast_s_array(a_bytes, d))
+            out = (params.launch_overhead_s_array(d) + kernel / f + send
+                   + params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
+            return np.where([s is not None for s in shapes], out, np.inf)
         return floor
+    if kind == "im2col":
+        shape, attrs = op.inputs[0].shape, op.attrs
+
+        def one(d: int) -> float:
+            g = _im2col_geometry(shape, attrs, d, es)
+            if g["used"] < d:  # the plan uses the DPUs that get work (make_plan)
+                d = g["used"]
+                g = _im2col_geometry(shape, attrs, d, es)
+            instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
+            rows = g["row_cap"]
+            kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
+            return (params.launch_overhead_s(d) + kernel / f + params.push_s(g["xs_bytes"], d)
+                    + params.push_s(_r8(g["n_dpu"] * es), d, to_dpu=False))
+        return lambda combos: [one(d) for d, _ in combos]
     if kind == "elementwise":
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
                  + C.LOOP_CONTROL / UNROLL)
         out_es = g.get("out_esize", es)
 
-        def floor(d: int, dc: int) -> float:
+        def one(d: int) -> float:
             n_dpu = _share(g["n"], d, es)
             return (params.launch_overhead_s(d) + n_dpu * instr / f
                     + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
                     + params.push_s(g["streams"] * _r8(n_dpu * es), d)
                     + params.broadcast_s(g["bcast_bytes"], d))
-        return floor
+        return lambda combos: [one(d) for d, _ in combos]
     return None
 
 
 def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
                  stack_bytes: int, dpus: int | None) -> CnmPlan:
+    """The plan :func:`plan_op` chooses: of every workgroup (:func:`workgroups`), in their
+    order, the first whose modeled latency is below the best before it by more than a relative
+    1e-9. Planning every workgroup gives that plan; fewer are planned:
+
+    * matrix products, Im2Col and elementwise ops have a closed-form lower bound per workgroup
+      (:func:`_floor_s`): their workgroups are planned in the order of their bounds until the
+      next bound exceeds the least latency found by more than a relative 1e-6, and the plan
+      is chosen among those planned, in workgroup order, as above. A workgroup left out is
+      slower than that least latency by more than 1e-6: it could only have been a best plan
+      on the way, which the first plan within 1e-6 of the least latency replaces, so the
+      choice is the same. A grid the product cannot have is not planned;
+    * for the other kinds, every plan launches at least once and its other terms are >= 0, so
+      a workgroup whose launch alone is no faster than the best plan so far cannot win and is
+      not planned (row-norm plans may use fewer DPUs than asked, :func:`make_plan`, so theirs
+      is checked after planning, by the DPUs they use).
+    """
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
-    best, best_lat, err = None, 0.0, None
-    # every plan launches at least once and its other terms are >= 0, so a plan on ``d`` DPUs
-    # takes at least ``launch_overhead_s(d)``: a workgroup whose launch alone is no faster than
-    # the best plan so far cannot win (``lat < best * (1 - 1e-9)`` below) and is not costed;
-    # the same plan wins as without the bound. Im2Col and row-norm plans may use fewer DPUs
-    # than asked (``make_plan``), so theirs is bounded after planning, by the DPUs they use.
-    # Matrix products and elementwise ops have a closer bound (:func:`_floor_s`): the
-    # workgroup with the least bound is planned first, and a workgroup bounded above that
-    # plan's latency (by more than the tolerance) is not planned either; neither is a grid the
-    # product cannot have.
-    shrinks = _KINDS.get(op.op_type) in ("im2col", "rownorm")
     combos = workgroups(op, max_dpus, dpus)
-    floor = None if shrinks or len(combos) < 2 else _floor_s(op, tasklets, params)
-    bounds, cap, probe = {}, math.inf, None
+    floor = None if len(combos) < 2 else _floor_s(op, tasklets, params)
     if floor is not None:
-        bounds = {wg: floor(*wg) for wg in combos}
-        valid = [wg for wg in combos if bounds[wg] is not None]
-        if valid:
-            first = min(valid, key=bounds.get)
+        bounds = floor(combos)
+        planned: dict = {}
+        least = math.inf
+        for i in sorted(range(len(combos)), key=bounds.__getitem__):
+            if not bounds[i] <= least * (1 + 1e-6):  # the rest are larger (or no grid)
+                break
+            d, dc = combos[i]
             try:
-                probe = (first, make_plan(op, first[0], tasklets, "cinm", params, stack_bytes,
-                                          first[1]))
-                cap = probe[1].cost().latency_s * (1 + 1e-6)
+                p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
             except CinmError:
-                probe = None
+                continue
+            least = min(least, p.cost().latency_s)
+            planned[i] = p
+        if not planned:  # the error planning every workgroup raises
+            return _search_plan_all(op, max_dpus, tasklets, params, stack_bytes, combos)
+        best, best_lat = None, 0.0
+        for i in sorted(planned):
+            lat = planned[i].cost().latency_s
+            if best is None or lat < best_lat * (1 - 1e-9):
+                best, best_lat = planned[i], lat
+        return best
+    shrinks = _KINDS.get(op.op_type) in ("im2col", "rownorm")
+    best, best_lat, err = None, 0.0, None
     for d, dc in combos:
-        if floor is not None and (bounds[(d, dc)] is None or bounds[(d, dc)] > cap):
-            continue
         if best is not None and not shrinks and params.launch_overhead_s(d) >= best_lat * (1 - 1e-9):
             continue
         try:
-            p = probe[1] if probe is not None and probe[0] == (d, dc) else \
-                make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
+            p = make_plan(op, d, tasklets, "cinm", params, stack_bytes, dc)
         except CinmError as e:
             err = e
             continue
@@ -1583,8 +1673,6 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
         lat = p.cost().latency_s
         if best is None or lat < best_lat * (1 - 1e-9):
             best, best_lat = p, lat
-    if best is None and floor is not None:  # the error the full search would raise
-        return _search_plan_all(op, max_dpus, tasklets, params, stack_bytes, combos)
     if best is None:
         raise err
     return best

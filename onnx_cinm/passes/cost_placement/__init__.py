@@ -69,18 +69,20 @@ alternative would have added, and which devices refused the op and why.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import onnx
 
 from ...dialects import cinm
 from ...text import si
 from ..pass_options import PlacementOptions
-from .evaluate import (NodeCost, Totals, _add_choice, evaluate, node_costs,  # noqa: F401 (API)
-                       tensor_charges, tensor_cost, violations, writes_per_cell)
+from .evaluate import (NodeCost, Totals, _add_choice, _devices, evaluate,  # noqa: F401 (API)
+                       node_costs, tensor_charges, tensor_cost, violations, writes_per_cell)
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
 from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noqa: F401 (API)
-                     _with_variants, baselines, chain_dp, heuristic_assign, local_search, repair, solve)
+                     _transfers, _with_variants, baselines, chain_dp, heuristic_assign,
+                     local_search, repair, solve)
 
 
 
@@ -98,10 +100,11 @@ def _kind(ch) -> str:
     return ""
 
 
-def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
+def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
     would change. A device with several candidates (pinned and streamed crossbar kernels) is
-    named with the kind of each, and listed once per kind."""
+    named with the kind of each, and listed once per kind. ``devs``: the device of every node
+    under ``sol`` (:func:`.evaluate._devices`)."""
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
@@ -118,11 +121,14 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str) -> str:
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
     said = {name(ch)}
+    on = {ch.device: _transfers(prob, assign, i, ch.device, devs)}  # the device's alone
     for alt in prob.cands[i]:
         if alt is ch or name(alt) in said:
             continue
         said.add(name(alt))
-        dl, de = _local_delta(prob, assign, i, alt)
+        if alt.device not in on:
+            on[alt.device] = _transfers(prob, assign, i, alt.device, devs)
+        dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
         trial = _swap_totals(cur, ch, alt, dl, de)
         bad = violations(prob, trial)
         dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
@@ -156,13 +162,15 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     # prices them only from a hint-free problem)
     base = sol.baselines or baselines(build_problem(model, options, infos=infos))
     counts: Counter = Counter()
+    devs = _devices(prob, sol.assign)
     for i, node in enumerate(prob.nodes):
         if node.domain != cinm.DOMAIN:
             continue
         ch = prob.choice(sol.assign, i)
         set_attr(node, "device", ch.device)
-        set_attr(node, "placement", _reason(prob, sol, i, objective))
+        set_attr(node, "placement", _reason(prob, sol, i, objective, devs))
         counts[ch.device] += 1
+    ctx.placed = Placed.of(prob, infos)
     bad = violations(prob, sol.totals)
     for v in bad:
         ctx.log(f"placement: user hints break a constraint: {v}")
@@ -173,6 +181,45 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
             "totals": sol.totals, "baselines": base, "violations": bad}
 
 
+@dataclass
+class Placed:
+    """The problem :func:`place_by_cost` built, kept for pricing the model it placed again
+    (:meth:`priced`) without building the problem again.
+
+    Attributes:
+        problem: the problem (its nodes: the model's node objects, which placement annotated).
+        infos: the tensor infos it was built from; options: the options it was built under.
+    """
+
+    problem: Problem
+    infos: dict
+    options: dict
+
+    @classmethod
+    def of(cls, prob: Problem, infos: dict) -> Placed | None:
+        """The record of ``prob``, or None when :func:`evaluate_model` would build another
+        problem for the placed model: with hints (their ops are fixed as the user placed them)
+        or with ops that came with a device (a recorded plan of an earlier compile prices them,
+        :func:`.search._recorded`, as long as they keep that device)."""
+        if prob.hint_note or any("device" in prob.ops[i].attrs for i in prob.cands):
+            return None
+        return cls(prob, infos, dict(prob.options))
+
+    def priced(self, model: onnx.ModelProto, options: dict, infos: dict) -> tuple | None:
+        """``(totals, problem)`` of ``model`` as :func:`evaluate_model` gives them under
+        ``options`` and ``infos``, if ``model`` still has exactly the nodes placed (the same
+        node objects, only annotated since: the placement pass wrote their ``device`` and
+        ``placement``), the options are the same and the infos the same object (or a copy
+        with more entries); else None."""
+        nodes = self.problem.nodes
+        if options != self.options or len(model.graph.node) != len(nodes) or \
+                any(a is not b for a, b in zip(model.graph.node, nodes)) or \
+                any(infos.get(k) is not v for k, v in self.infos.items()):
+            return None
+        tot, _, prob = _as_placed(self.problem)
+        return tot, prob
+
+
 def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
                    infos: dict | None = None) -> tuple[Totals, list, Problem]:
     """Modeled totals of the placement already recorded in ``model`` (the ``device`` attribute
@@ -180,8 +227,11 @@ def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
     Ops whose recorded device cannot run them under ``options`` are charged on the host and
     named in the violations. ``infos``: the tensor infos to use (:func:`onnx_cinm.analysis.
     tensor_infos`; an If branch's come from its whole model's), else ``model``'s own."""
-    options = dict(options or {})
-    prob = build_problem(model, options, infos=infos)
+    return _as_placed(build_problem(model, dict(options or {}), infos=infos))
+
+
+def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
+    """:func:`evaluate_model` of the problem of the model (its ``assign``: the choices)."""
     assign, bad = {}, []
     devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
     for i, ch in _with_variants(prob, devs).items():

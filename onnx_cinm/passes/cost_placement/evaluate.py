@@ -127,16 +127,32 @@ def _devices(prob: Problem, assign: dict) -> list:
 def evaluate(prob: Problem, assign: dict) -> Totals:
     """Totals of the placement ``assign`` (decision node index -> Choice; fixed nodes as fixed)."""
     tot = Totals()
+    fixed, cands = prob.fixed, prob.cands
+    lat = en = 0.0  # :func:`_add_choice`'s sums, in the same order (the search asks this often)
+    writes = 0
+    devs = []
     for i in range(len(prob.nodes)):
-        _add_choice(tot, _node_choice(prob, assign, i))
-    dev_of = _devices(prob, assign).__getitem__
+        ch = fixed.get(i) or assign.get(i) or cands[i][0]
+        c = ch.cost
+        lat += c.latency_s
+        en += c.energy_j
+        writes += c.writes
+        _add_resources(tot, ch)
+        devs.append(ch.device)
+    devs.append("host")  # a graph input (producer -1) is read from the host
+    tot.latency_s, tot.energy_j, tot.writes = lat, en, writes
+    s = j = 0.0
+    moved = 0
+    dev_of = devs.__getitem__
     for t in prob.tensors:
-        s, j, b = tensor_cost(prob, t, dev_of)
-        tot.transfer_s += s
-        tot.transfer_j += j
-        tot.transfer_bytes += b
-    tot.latency_s += tot.transfer_s
-    tot.energy_j += tot.transfer_j
+        if t.nbytes > 0:
+            ds, dj, db = tensor_cost(prob, t, dev_of)
+            s += ds
+            j += dj
+            moved += db
+    tot.transfer_s, tot.transfer_j, tot.transfer_bytes = s, j, moved
+    tot.latency_s += s
+    tot.energy_j += j
     return tot
 
 
@@ -182,6 +198,12 @@ def _add_choice(tot: Totals, ch: Choice, sign: int = 1) -> None:
     tot.latency_s += sign * ch.cost.latency_s
     tot.energy_j += sign * ch.cost.energy_j
     tot.writes += sign * ch.cost.writes
+    _add_resources(tot, ch, sign)
+
+
+def _add_resources(tot: Totals, ch: Choice, sign: int = 1) -> None:
+    """The per-device part of :func:`_add_choice`: kept tiles, crossbars, writes per device,
+    resident bytes."""
     if ch.capacity:
         tot.kept_tiles[ch.device] += sign * ch.kept_tiles
         tot.capacity[ch.device] = ch.capacity

@@ -122,25 +122,37 @@ def candidate(dev: Device, op, options: dict) -> list | str:
 def _query(dev: Device, op, options: dict, op_key: tuple | None = None) -> tuple:
     """``(dev.supports_under(op, options), candidate(dev, op, options))``, cached per device,
     op signature (``op_key``: :func:`_op_key` of ``op`` when already known) and the options the
-    device depends on."""
+    device depends on. A refusal is cached only when its reason names neither the op nor one
+    of its tensors (then it is every op's of that signature; placement, restore_host_ops and
+    the written model's totals each ask again for every op)."""
     key = (dev.name, id(dev), op_key or _op_key(op), _opts_key(options, dev))
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
     s = dev.supports_under(op, options)
     if not s:
-        return s, (s.reason if s.applicable else "")
+        return _keep(key, (s, s.reason if s.applicable else ""), op)
     try:
         priced = dev.price(op, options)
         res = dev.resources(options)
     except Exception as e:  # noqa: BLE001 - e.g. data that do not fit the DPUs' MRAM
-        return s, (str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return _keep(key, (s, str(e).splitlines()[0] if str(e) else type(e).__name__), op)
     note = "" if s.preferred else s.reason
     out = [_choice(dev.name, p, res.crossbars, res.memory_bytes, note) for p in priced]
+    return _keep(key, (s, out), op)
+
+
+def _keep(key: tuple, answer: tuple, op) -> tuple:
+    """Cache ``answer`` of :func:`_query` under ``key`` (unless it is a refusal naming ``op``
+    or one of its tensors) and return it."""
+    why = answer[1]
+    if isinstance(why, str) and why and any(
+            n and n in why for n in (op.name, *(t.name for t in op.inputs + op.outputs))):
+        return answer
     if len(_CACHE) > _CACHE_MAX:
         _CACHE.clear()
-    _CACHE[key] = (s, out)
-    return s, out
+    _CACHE[key] = answer
+    return answer
 
 
 def _choice(dev: str, p: Priced, capacity: int, memory: int, note: str = "",
@@ -197,6 +209,7 @@ class Problem:
     support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
     heuristic: dict | None = None                   # see search.heuristic_assign
     evals: dict = field(default_factory=dict)       # see search._evaluate
+    compiled: dict = field(default_factory=dict)    # see search._as_compiled
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:

@@ -16,7 +16,7 @@ from ...dialects import cinm
 from ...errors import CinmError
 from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
-from .evaluate import Totals, _add_choice, evaluate, tensor_cost, violations
+from .evaluate import Totals, _add_choice, _devices, evaluate, tensor_cost, violations
 from .problem import Choice, Problem, _choice
 
 
@@ -46,16 +46,22 @@ def _f(objective: str, lat: float, en: float, w=None) -> float:
     return {"latency": lat, "energy": en, "edp": lat * en}[objective]
 
 
-def _transfers(prob: Problem, assign: dict, i: int, dev: str) -> list:
+def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None) -> list:
     """:func:`tensor_cost` of every tensor op ``i`` touches, with ``i`` on ``dev`` and every
-    other op where ``assign`` (or the problem's fixed choices) puts it."""
-    fixed = prob.fixed
+    other op where ``assign`` (or the problem's fixed choices) puts it. ``devs``: those
+    devices by node index, ``"host"`` last (:func:`.evaluate._devices` of ``assign``), when
+    the caller keeps them."""
+    if devs is not None:
+        def dev_of(n):
+            return dev if n == i else devs[n]
+    else:
+        fixed = prob.fixed
 
-    def dev_of(n):
-        if n == i:
-            return dev
-        ch = fixed.get(n) or assign.get(n) if n >= 0 else None
-        return ch.device if ch is not None else "host"
+        def dev_of(n):
+            if n == i:
+                return dev
+            ch = fixed.get(n) or assign.get(n) if n >= 0 else None
+            return ch.device if ch is not None else "host"
 
     return [tensor_cost(prob, prob.tensors[k], dev_of) for k in prob.touch.get(i, ())]
 
@@ -88,6 +94,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
     near = _neighbors(prob)
+    devs = _devices(prob, assign)
     settled: set = set()
     for _ in range(max_sweeps):
         moved = False
@@ -96,13 +103,13 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
             best, best_val, best_d, held = None, cur, None, False
-            base = _transfers(prob, assign, i, assign[i].device)
+            base = _transfers(prob, assign, i, assign[i].device, devs)
             on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
                 if ch is assign[i]:
                     continue
                 if ch.device not in on:
-                    on[ch.device] = _transfers(prob, assign, i, ch.device)
+                    on[ch.device] = _transfers(prob, assign, i, ch.device, devs)
                 dl, de = _local_delta(prob, assign, i, ch, base, on[ch.device])
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
@@ -113,6 +120,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                         held = True
             if best is not None:
                 assign[i] = best
+                devs[i] = best.device
                 tot = best_d
                 moved = True
                 settled -= near.get(i, set()) | {i}
@@ -272,6 +280,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     value = np.full((len(names), 1), np.inf)
     value[row["host"], 0] = 0.0
     back = []  # per op: [prev row, prev column, choice index] of every [row, column]
+    # the device of every op but the two the program decides: fixed ones' own, else the host
+    others = [prob.fixed[n].device if n in prob.fixed else "host" for n in range(len(prob.nodes))]
+    others.append("host")  # a graph input (producer -1)
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
         live = np.flatnonzero(np.isfinite(value).any(axis=1))
@@ -288,7 +299,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                         return _d
                     if n == prev_i:
                         return _p
-                    return prob.fixed[n].device if n in prob.fixed else "host"
+                    return others[n]
 
                 hit = 0.0
                 for tk in owner.get(i, ()):
@@ -457,14 +468,31 @@ def _with_variants(prob: Problem, devs: dict) -> dict:
 
 
 def _as_compiled(prob: Problem, assign: dict) -> dict:
-    """``assign`` with its crossbar choices priced from the model-wide plans."""
-    return _with_variants(prob, {i: c.device for i, c in assign.items()})
+    """``assign`` with its crossbar choices priced from the model-wide plans (a new dict; the
+    choices of one device map are made once per problem, so that :func:`_evaluate` knows
+    them: several searches often end on the same placement)."""
+    devs = {i: c.device for i, c in assign.items()}
+    key = tuple(devs.items())
+    hit = prob.compiled.get(key)
+    if hit is None:
+        if len(prob.compiled) > 64:
+            prob.compiled.clear()
+        hit = prob.compiled[key] = _with_variants(prob, devs)
+    return dict(hit)
 
 
 def _copy_totals(tot: Totals) -> Totals:
     return Totals(tot.latency_s, tot.energy_j, tot.transfer_s, tot.transfer_j, tot.transfer_bytes,
-                  tot.writes, Counter(tot.kept_tiles), dict(tot.capacity),
-                  Counter(tot.writes_by_dev), Counter(tot.mram), dict(tot.mram_capacity))
+                  tot.writes, _counter(tot.kept_tiles), dict(tot.capacity),
+                  _counter(tot.writes_by_dev), _counter(tot.mram), dict(tot.mram_capacity))
+
+
+def _counter(counts: dict) -> Counter:
+    """A copy of ``counts`` as a Counter (``Counter(counts)`` goes through its Python-level
+    update; the search copies totals thousands of times)."""
+    out = Counter()
+    dict.update(out, counts)
+    return out
 
 
 class _Compiled:
@@ -478,6 +506,7 @@ class _Compiled:
     def __init__(self, prob: Problem, assign: dict):
         self.prob = prob
         self.assign = _as_compiled(prob, assign)
+        self.devs = _devices(prob, self.assign)  # kept with assign (see _transfers)
         self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
         self._plans: dict = {}
@@ -536,8 +565,8 @@ class _Compiled:
         fl, fe = self._floor(i, dev)
         lat = self.tot.latency_s - old.cost.latency_s + fl
         en = self.tot.energy_j - old.cost.energy_j + fe
-        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device),
-                                            _transfers(prob, assign, i, dev)):
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs),
+                                            _transfers(prob, assign, i, dev, self.devs)):
             lat += s1 - s0
             en += j1 - j0
         for d in ends:
@@ -576,8 +605,8 @@ class _Compiled:
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
-        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev),
-                                              _transfers(prob, assign, i, dev)):
+        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev, self.devs),
+                                              _transfers(prob, assign, i, dev, self.devs)):
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
             tot.transfer_bytes += b1 - b0
@@ -588,6 +617,8 @@ class _Compiled:
     def apply(self, changed: dict, tot: Totals) -> None:
         """Take a move :meth:`trial` priced."""
         self.assign.update(changed)
+        for j, ch in changed.items():
+            self.devs[j] = ch.device
         self.tot = tot
         self._slack.clear()
 
