@@ -64,9 +64,6 @@ reason it was chosen); paradigm passes add their plan attributes the same way.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
 from dataclasses import dataclass, field
 
 import onnx
@@ -752,61 +749,14 @@ def _make_schema(spec: OpSpec) -> OpSchema:
     return schema
 
 
-#: The module of ``onnx.reference`` that indexes every registered schema by op name alone, once,
-#: when it is imported, and refuses a name registered in two domains (cinm.Mul next to Mul).
-_REFERENCE_INDEX = "onnx.reference.op_run"
-
-
-class _ReferenceIndexLoader(importlib.abc.Loader):
-    """Runs :data:`_REFERENCE_INDEX` with ``onnx.defs.get_all_schemas_with_history`` (what it
-    builds its index from) leaving out the cinm schemas, which stay registered, so
-    ``onnx.reference`` imports whenever it is first needed: after the cinm schemas, by onnx_cinm
-    or by anyone. Everything else is its own loader's."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        listing = onnx.defs.get_all_schemas_with_history
-        onnx.defs.get_all_schemas_with_history = lambda: [s for s in listing()
-                                                           if s.domain != DOMAIN]
-        try:
-            self._loader.exec_module(module)
-        finally:
-            onnx.defs.get_all_schemas_with_history = listing
-
-    def __getattr__(self, name):  # get_source, get_filename, is_package, ...
-        return getattr(self._loader, name)
-
-
-class _ReferenceIndexFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`_REFERENCE_INDEX` as the other finders do, loaded by
-    :class:`_ReferenceIndexLoader`."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _REFERENCE_INDEX:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ReferenceIndexLoader(spec.loader)
-        return spec
-
-
 def register_schemas() -> None:
     """Register the schemas of every cinm op with ``onnx.defs`` (idempotent).
 
     ``onnx.reference`` indexes every registered schema by op name alone when it is first imported
-    and refuses duplicates across domains (cinm.Mul next to Mul). It used to be imported here,
-    first, for that alone (17 ms of every command's start-up; optimize uses it only to size
-    anonymous dims); now an import hook (:class:`_ReferenceIndexFinder`) keeps the cinm schemas
-    out of its index whenever it is imported.
+    and refuses duplicates across domains (cinm.Mul next to Mul), so it is imported first.
     """
-    if _REFERENCE_INDEX not in sys.modules and not any(
-            isinstance(f, _ReferenceIndexFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ReferenceIndexFinder())
+    import onnx.reference  # noqa: F401  (see the docstring)
+
     for spec in OPS.values():
         if not onnx.defs.has(spec.name, DOMAIN):
             onnx.defs.register_schema(_make_schema(spec))
