@@ -401,7 +401,8 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
     by numpy: a permutation of the elements, so exactly onnxruntime's result, without feeding
     the weight to a session (one session was fed a copy of every transposed weight at once:
     the peak of ``normalize`` on Gemms with ``transB``, light VGG19 1.95 GB, now 1.55 GB).
-    ``fill``: the bytes of the one value ``tensor`` is known to repeat (:func:`_known_fill`);
+    ``fill``: the bytes of the one value ``tensor`` is known to repeat
+    (:func:`onnx_cinm.rewrite.known_fill`);
     the result is then that value broadcast to the permuted dims, ``tensor`` is not read."""
     perm = _attributes(node).get("perm")
     if fill is not None:
@@ -738,7 +739,9 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     model : onnx.ModelProto
         Rewritten in place.
     ctx : PassContext
-        ``ctx.stats["fold_constants"]`` receives the number of nodes removed.
+        ``ctx.stats["fold_constants"]`` receives the number of nodes removed; ``ctx.fills`` the
+        initializers it wrote as one value repeated, for the next pass
+        (:attr:`onnx_cinm.passes.PassContext.fills`).
 
     Returns
     -------
@@ -759,13 +762,8 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         _replace_nodes(graph, kept)
     fills: dict = {}  # the initializers folded as one value repeated, for normalize
     while True:
-        # the shapes serve only to fold Shape/Size: without one, inference is left to normalize
-        # (the next pass), on the graph without the folded nodes (DenseNet121: 1,746 nodes
-        # before folding, 668 after)
-        sizes = any(node.op_type in ("Shape", "Size") for node in graph.node)
-        if sizes:
-            infer_shapes(model, strict=False)
-        folded = _fold(model, static_shapes(graph, initializers=False) if sizes else {}, fills=fills)
+        infer_shapes(model, strict=False)
+        folded = _fold(model, static_shapes(graph, initializers=False), fills=fills)
         inlined = inline_constant_ifs(model)
         count += folded + inlined
         if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")
@@ -928,7 +926,9 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     model : onnx.ModelProto
         Rewritten in place.
     ctx : PassContext
-        ``ctx.stats["normalize"]`` receives the number of rewritten nodes.
+        ``ctx.stats["normalize"]`` receives the number of rewritten nodes. ``ctx.fills``
+        (fold_constants' initializers of one value repeated) is read, so that a transposed
+        one is not read back, and handed on, kept current, to the next pass.
 
     Returns
     -------
@@ -1051,6 +1051,7 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         Rewritten in place.
     ctx : PassContext
         ``ctx.stats["fold_batchnorm"]`` receives the number of folded BatchNormalization nodes.
+        A Conv weight ``ctx.fills`` knows to hold one value repeated is not read back.
 
     Returns
     -------
