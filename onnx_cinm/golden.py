@@ -1232,8 +1232,9 @@ def compare(
         The candidate as a model, when ``candidate`` is a runner: a quantized reference whose
         float outputs fail with default tolerances is then judged tensor by tensor
         (:func:`compare_stepwise`: one-step rounding-tie differences cascade through the
-        layers of a QDQ model) on onnxruntime's run of this model. A candidate given as a model
-        is used itself.
+        layers of a QDQ model) on onnxruntime's run of this model, after the runner is found to
+        compute what that run computes (first input set). A candidate given as a model is
+        used itself (this argument is then ignored).
 
     Returns
     -------
@@ -1345,22 +1346,31 @@ def compare(
     if not report.runs:  # not one set ran: the check cannot judge anything
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
-    if stepwise is None and not hasattr(candidate, "output_names"):
+    runner = candidate if hasattr(candidate, "output_names") else None
+    if runner is None:
         stepwise = candidate
     failed = [o for o in report.outputs if not o.ok]
     if failed and stepwise is not None and rtol is None and atol is None \
             and not report.problems and all(not o.note and o.dtype.startswith("float") for o in failed):
-        _judge_stepwise(report, failed, reference, stepwise, ran)
+        _judge_stepwise(report, failed, reference, stepwise, ran, runner)
     return report
 
 
 def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: ModelLike,
-                    candidate: ModelLike, input_sets: list) -> None:
+                    candidate: ModelLike, input_sets: list, runner=None) -> None:
     """Judge a failed check of a quantized ``reference`` tensor by tensor: the outputs in
     ``failed`` are cleared (``stepwise``) and ``report`` passes when :func:`compare_stepwise`
     does; the report records the stepwise check either way (nothing when the reference has no
-    quantized tensor)."""
+    quantized tensor). With a ``runner`` (the execution provider on ``candidate``), the stepwise
+    check runs onnxruntime on ``candidate`` (the model's reference functions), so the runner
+    must first compute what that computes (:func:`compare` of the two, first input set)."""
     try:
+        if runner is not None:
+            same = compare(candidate, runner, feeds=input_sets[:1])
+            if not same.ok:
+                report.notes.append("not judged tensor by tensor: the runner differs from onnxruntime "
+                                    f"on the optimized model ({same.summary()})")
+                return
         step = compare_stepwise(reference, candidate, input_sets)
     except CinmError as e:  # the end-to-end verdict stands; say why it was not refined
         report.notes.append(f"not judged tensor by tensor: {e}")

@@ -460,7 +460,7 @@ def _tie_cascade(gain=4.0):
                   [h.make_tensor_value_info("y", TP.FLOAT, [2, 2])], inits)
 
 
-def test_a_rounding_tie_that_cascades_is_judged_tensor_by_tensor():
+def test_a_rounding_tie_that_cascades_is_judged_tensor_by_tensor(tmp_path):
     """LEADER's failure in small: one product at a rounding tie of its quantizer; onnxruntime's
     float32 product of dequantized terms and the optimized model's exact int32 product rescaled
     in float32 pick neighbouring levels, and the Mul after it makes that 4 steps of the output.
@@ -489,6 +489,12 @@ def test_a_rounding_tie_that_cascades_is_judged_tensor_by_tensor():
     # and the pipeline's own check passes, saying why
     checked = optimize(m, placement="heuristic", check=1, inputs={"x": x}).check
     assert checked.ok and checked.stepwise is not None and checked.stepwise.at_ties == 1
+    # the execution provider as the candidate (compare's CLI): judged on onnxruntime's run of
+    # the saved model, which the provider is first found to match
+    sess = _session(res.model, tmp_path)
+    assert not golden.compare(m, sess.as_runner(), feeds=[{"x": x}]).ok  # no model: end to end
+    by_runner = golden.compare(m, sess.as_runner(), feeds=[{"x": x}], stepwise=str(tmp_path / "opt.onnx"))
+    assert by_runner.ok and by_runner.stepwise.at_ties == 1
 
 
 def test_a_quantizer_one_step_off_away_from_a_tie_fails_tensor_by_tensor():
