@@ -1048,6 +1048,10 @@ class StepwiseCheck:
     off : list[tuple[str, int, int, int]]
         Tensors with elements off beyond that, in graph order: ``(name, elements off, elements,
         largest difference in steps)``, summed over input sets.
+    outputs : list[OutputCheck]
+        The graph outputs of the rewired candidate (computed from the reference's quantized
+        tensors too, so the float ops after the last quantizer and any float path are judged)
+        against the reference's, with :func:`compare`'s default tolerances.
     onnxruntime_self : float or None
         Max abs err between onnxruntime's ``ORT_ENABLE_ALL`` and ``ORT_DISABLE_ALL`` sessions
         of the reference on the first input set (its own fused integer kernels round
@@ -1060,11 +1064,13 @@ class StepwiseCheck:
     at_ties: int = 0
     off: list = field(default_factory=list)
     onnxruntime_self: float | None = None
+    outputs: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """At least one tensor compared, and none off beyond a rounding tie."""
-        return self.tensors > 0 and not self.off
+        """At least one tensor compared, none off beyond a rounding tie, and every output
+        within tolerance."""
+        return self.tensors > 0 and not self.off and all(o.ok for o in self.outputs)
 
     def summary(self) -> str:
         """One clause for :meth:`CheckReport.summary`."""
@@ -1081,6 +1087,10 @@ class StepwiseCheck:
                     f"cascading through the layers{ort}")
         if not self.tensors:
             return "tensor by tensor: the optimized model keeps none of the quantized tensors' names"
+        if not self.off:
+            o = next(o for o in self.outputs if not o.ok)
+            return (f"tensor by tensor, output '{o.name}' computed from the original's quantized "
+                    f"tensors is still off: {o.note or f'max abs err {o.max_abs_err:.3g}'}")
         name, bad, n, steps = self.off[0]
         more = f" (+{len(self.off) - 1} more tensors)" if len(self.off) > 1 else ""
         return (f"tensor by tensor, from the original's quantized inputs, the first quantized "
@@ -1150,6 +1160,9 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
     cand_run = _OrtModel(quantref.fed_from_reference(cand, shared))
     before = quantref.quantizer_inputs(ref, shared)
     graph_inputs = {i.name for i in ref.graph.input}
+    k, grid = reduction_length(ref), quantref.output_steps(ref)
+    records = {o.name: OutputCheck(o.name) for o in ref.graph.output}
+    check.outputs = list(records.values())
     sizes = dict.fromkeys(shared, 0)
     off: dict[str, list[int]] = {}  # name -> [elements off, largest difference in steps]
 
@@ -1162,6 +1175,12 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
         r = dict(zip(ref_run.output_names, ref_run.run(feeds)))
         c = dict(zip(cand_run.output_names,
                      cand_run.run({**feeds, **{n + quantref.FED_SUFFIX: r[n] for n in shared}})))
+        for name, rec in records.items():
+            got = as_array(c[name]) if name in c else None
+            if got is None:
+                rec._fail("missing in candidate")
+            else:
+                _compare_arrays(rec, as_array(r[name]), got, None, None, k, grid.get(name, 0.0))
         one_step = {}
         for name in shared:
             a, b = np.asarray(r[name]), np.asarray(c[name])

@@ -514,3 +514,27 @@ def test_a_quantizer_one_step_off_away_from_a_tie_fails_tensor_by_tensor():
     # reference here); the y of the tie row moves 5 steps end to end
     assert report.stepwise.off == [("mq", 4, 4, 1)]
     assert "first quantized tensor off beyond a rounding tie is 'mq': 4 of 4 elements" in report.summary()
+
+
+def test_a_wrong_float_path_beside_a_quantized_one_is_not_cleared_tensor_by_tensor():
+    """The tensor-by-tensor check judges the outputs too (computed from the original's quantized
+    tensors): a float output off by 0.5 (here: not quantized at all) fails it although every
+    quantized tensor matches."""
+    from onnx_cinm import golden
+
+    m = _tie_cascade()
+    m.graph.node.append(h.make_node("Mul", ["x", "three"], ["z"]))
+    m.graph.initializer.append(nh.from_array(np.array(3.0, np.float32), "three"))
+    m.graph.output.append(h.make_tensor_value_info("z", TP.FLOAT, [2, 1]))
+    x = np.array([[12], [5]], np.float32)
+    bad = optimize(m, placement="heuristic", check=0).model
+    producer = next(n for n in bad.graph.node if "z" in n.output)
+    producer.output[list(producer.output).index("z")] = "z_right"
+    bad.graph.initializer.append(nh.from_array(np.array(0.5, np.float32), "half"))
+    bad.graph.node.append(h.make_node("Add", ["z_right", "half"], ["z"]))
+    report = golden.compare(m, bad, feeds=[{"x": x}])
+    step = report.stepwise
+    assert not report.ok and step is not None and step.off == [] and step.at_ties == 1
+    assert [(o.name, o.ok) for o in step.outputs] == [("y", True), ("z", False)]
+    assert step.outputs[1].max_abs_err == pytest.approx(0.5)
+    assert "output 'z' computed from the original's quantized tensors is still off" in report.summary()
