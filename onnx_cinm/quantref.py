@@ -26,6 +26,15 @@ tie of a ``QuantizeLinear`` the two land on neighbouring levels. :func:`output_s
 output, the step of the last ``QuantizeLinear``/``DequantizeLinear`` grid it comes from
 (through shape ops and 1-Lipschitz elementwise ops: Relu, Sigmoid, Tanh, which move a one-step
 difference by at most one step); the check allows that one step (``golden.compare``).
+
+**Tensor by tensor.** In a deep QDQ model a one-step difference at a rounding tie does not stay
+one step: the layers after it (LayerNorm, GELU, an atan2 that wraps at +-pi) grow it, so the
+outputs of two correct computations can differ by far more (LEADER: 6.26, as much as
+onnxruntime's own optimized and unoptimized sessions differ). :func:`quantized_tensors`,
+:func:`with_outputs` and :func:`fed_from_reference` let ``golden.compare_stepwise`` compute
+each quantized tensor of the candidate from the reference's quantized inputs, and
+:func:`quantizer_inputs`, :func:`in_steps` and :func:`tie_distance` tell a one-step difference
+at a tie from one that is not.
 """
 from __future__ import annotations
 
