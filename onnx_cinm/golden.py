@@ -805,7 +805,7 @@ class CheckReport:
     skipped: list[str] = field(default_factory=list)
     special: bool = False
     notes: list[str] = field(default_factory=list)
-    stepwise: "StepwiseCheck | None" = None
+    stepwise: StepwiseCheck | None = None
 
     @property
     def max_abs_err(self) -> float:

@@ -448,7 +448,7 @@ def _tie_cascade(gain=4.0):
     is 128 x the weight scale (both float32: 12.8f = 128 * 0.1f exactly), so 12 x 112 = 1344 =
     10.5 x 128 lands exactly on a rounding tie of it, and the Mul moves whatever level it picks
     ``gain`` steps of the last grid."""
-    c = lambda v, n, dt=np.float32: nh.from_array(np.array(v, dt), n)  # noqa: E731
+    c = lambda v, n, dt=np.float32: nh.from_array(np.array(v, dt), n)
     nodes = [h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]), h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
              h.make_node("DequantizeLinear", ["W", "sw"], ["wd"]), h.make_node("MatMul", ["xd", "wd"], ["f"]),
              h.make_node("QuantizeLinear", ["f", "sy", "zy"], ["fq"]), h.make_node("DequantizeLinear", ["fq", "sy", "zy"], ["fd"]),
