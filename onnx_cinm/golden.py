@@ -12,6 +12,7 @@ run_onnxruntime(model_or_path, feeds) -> list[ndarray]
 compare(reference, candidate, *, n=1, rtol=None, atol=None, seed=0, dims=None, shapes=None,
         fill="random", feeds=None) -> CheckReport
 compare_special(reference, candidate, *, n=1, ...) -> CheckReport | None   (NaN/Inf inputs)
+compare_stepwise(reference, candidate, input_sets) -> StepwiseCheck | None  (QDQ, tensor by tensor)
 default_tolerance(dtype) -> (rtol, atol)
 
 Tolerances follow ``numpy.allclose`` with the *reference* as ``b``:
@@ -55,6 +56,9 @@ __all__ = [
     "DEFAULT_OTHER_DIM",
     "default_tolerance",
     "compare_special",
+    "compare_stepwise",
+    "StepwiseCheck",
+    "onnxruntime_self_difference",
     "lowered_nan_squashers",
 ]
 
@@ -567,14 +571,15 @@ def _thread_dependent(model: ModelLike) -> bool:
 
 
 class _OrtModel:
-    """One onnxruntime CPU session with optimizations disabled (on one thread for a model with
-    an op of :data:`THREAD_DEPENDENT`); knows its I/O names."""
+    """One onnxruntime CPU session with optimizations disabled (or at ``level``, a
+    ``GraphOptimizationLevel`` name; on one thread for a model with an op of
+    :data:`THREAD_DEPENDENT`); knows its I/O names."""
 
-    def __init__(self, model: ModelLike):
+    def __init__(self, model: ModelLike, level: str = "ORT_DISABLE_ALL"):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         so.log_severity_level = 4  # a failure is raised as one CinmError; no ORT log line
         if _thread_dependent(model):
             so.intra_op_num_threads = 1
@@ -695,6 +700,9 @@ class OutputCheck:
         ``rtol`` on an element this close to 0 is covered by ``atol`` (:meth:`rel_err_note`).
     k : int
         The reduction length ``atol`` was widened for (1: not widened).
+    stepwise : bool
+        Beyond tolerance end to end, but judged OK tensor by tensor (a quantized model whose
+        one-step rounding-tie differences cascade: :class:`StepwiseCheck`).
     """
 
     name: str
@@ -712,6 +720,7 @@ class OutputCheck:
     sq_ref: float = 0.0
     rel_err_ref: float = 0.0
     k: int = 1
+    stepwise: bool = False
 
     @property
     def rel_rms_err(self) -> float:
@@ -744,7 +753,7 @@ class OutputCheck:
         """Why a passing output's ``max_rel_err`` exceeds ``rtol`` ('' if it does not): the
         element is so close to 0 that ``atol`` bounds its error instead (``|c - r| <= atol +
         rtol |r|``), ``atol`` widened for the rounding of a ``k``-long reduction."""
-        if not self.ok or self.rtol is None or not math.isfinite(self.max_rel_err) \
+        if not self.ok or self.stepwise or self.rtol is None or not math.isfinite(self.max_rel_err) \
                 or self.max_rel_err <= self.rtol:
             return ""
         widened = f", widened for the rounding of a sum of {self.k} terms" if self.k > 1 else ""
@@ -782,6 +791,9 @@ class CheckReport:
     notes : list[str]
         How the reference was computed when not as given (exact integer products, see
         :func:`compare`), shown by :meth:`summary`.
+    stepwise : StepwiseCheck or None
+        The tensor-by-tensor check of a quantized model that failed end to end (None: not
+        run); when it passed, ``ok`` is True and the outputs it cleared say ``stepwise``.
     """
 
     ok: bool
@@ -793,6 +805,7 @@ class CheckReport:
     skipped: list[str] = field(default_factory=list)
     special: bool = False
     notes: list[str] = field(default_factory=list)
+    stepwise: StepwiseCheck | None = None
 
     @property
     def max_abs_err(self) -> float:
@@ -832,6 +845,8 @@ class CheckReport:
         if self.ok and nonfinite:
             return (f"{head}: OK on the finite elements (NaN/Inf in the reference, matched: "
                     f"{'; '.join(nonfinite[:2])}){why}")
+        if self.ok and self.stepwise is not None:
+            return f"{head}: OK tensor by tensor ({self.stepwise.summary()}){why}"
         if self.ok:
             return f"{head}: OK{why}"
         reasons = list(self.problems)
@@ -843,7 +858,8 @@ class CheckReport:
                 reasons.append(f"{o.name}: {o.note}" if o.note
                                else f"{o.name}: {o.mismatched} of {o.elements} elements off{tol}")
         more = f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""
-        return f"{head}: FAILED ({'; '.join(reasons[:3])}{more})"
+        step = f"; {self.stepwise.summary()}" if self.stepwise is not None else ""
+        return f"{head}: FAILED ({'; '.join(reasons[:3])}{more}{step})"
 
     def table(self, verdict: bool = True) -> str:
         """A fixed-width table, one row per output, with the tolerances in the header;
@@ -852,7 +868,8 @@ class CheckReport:
                  f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}", f"{o.rel_rms_err:.3g}",
                  f"{o.mismatched}/{o.elements}",
                  ("FAIL: " + o.note) if o.note else
-                 ("not meaningful" if o.meaningless and not self.special else "ok") if o.ok
+                 ("not meaningful" if o.meaningless and not self.special else
+                  "ok tensor by tensor" if o.stepwise else "ok") if o.ok
                  else "FAIL" if verdict else "-")
                 for o in self.outputs]
         return (f"golden check: {self.runs} run{'s' * (self.runs != 1)}, {self.tolerances()}\n"
@@ -992,6 +1009,208 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         rec.mismatched += off
 
 
+#: A quantized tensor one step off the reference's is a rounding question, not an error, where
+#: the reference's float value before its ``QuantizeLinear`` lies within this share of its size
+#: (in steps, and at least this many steps) of a rounding tie: the float32 check's rtol.
+TIE_RTOL = DEFAULT_RTOL
+
+#: Quantized element types the stepwise check compares (onnxruntime returns them as numpy
+#: integers).
+_STEPWISE_TYPES = frozenset({TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16,
+                             TensorProto.INT16, TensorProto.INT32})
+
+
+@dataclass
+class StepwiseCheck:
+    """The tensor-by-tensor check of a quantized (QDQ) model, :func:`compare_stepwise`.
+
+    In a QDQ model every activation is rounded to a grid by a ``QuantizeLinear``. Where a value
+    sits at a rounding tie, two correct computations (onnxruntime's float32 sum of dequantized
+    terms; an exact int32 product rescaled in float32; onnxruntime's own fused integer kernels)
+    land on neighbouring levels, and the layers after it move that one step on and grow it: the
+    outputs of a deep model can then differ by far more than one step although no op computes
+    anything wrong. Here every quantized tensor of the candidate is computed from the
+    *reference's* quantized inputs, so a difference cannot cascade, and must match the
+    reference's level, or be one step off where the reference's float value lies within
+    :data:`TIE_RTOL` of a rounding tie.
+
+    Attributes
+    ----------
+    tensors : int
+        Quantized tensors compared: the reference's ``QuantizeLinear`` outputs the candidate
+        also computes (by name).
+    total : int
+        The reference's quantized tensors (:func:`onnx_cinm.quantref.quantized_tensors`).
+    elements : int
+        Elements compared, summed over tensors and input sets.
+    at_ties : int
+        Elements one step off at a rounding tie (allowed).
+    off : list[tuple[str, int, int, int]]
+        Tensors with elements off beyond that, in graph order: ``(name, elements off, elements,
+        largest difference in steps)``, summed over input sets.
+    outputs : list[OutputCheck]
+        The graph outputs of the rewired candidate (computed from the reference's quantized
+        tensors too, so the float ops after the last quantizer and any float path are judged)
+        against the reference's, with :func:`compare`'s default tolerances.
+    onnxruntime_self : float or None
+        Max abs err between onnxruntime's ``ORT_ENABLE_ALL`` and ``ORT_DISABLE_ALL`` sessions
+        of the reference on the first input set (its own fused integer kernels round
+        differently), for scale; None when not measured.
+    """
+
+    tensors: int
+    total: int
+    elements: int = 0
+    at_ties: int = 0
+    off: list = field(default_factory=list)
+    onnxruntime_self: float | None = None
+    outputs: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """At least one tensor compared, none off beyond a rounding tie, and every output
+        within tolerance."""
+        return self.tensors > 0 and not self.off and all(o.ok for o in self.outputs)
+
+    def summary(self) -> str:
+        """One clause for :meth:`CheckReport.summary`."""
+        which = (f"each of the {self.tensors} quantized tensors" if self.tensors == self.total
+                 else f"each of {self.tensors} of the {self.total} quantized tensors (the others "
+                 "are not in the optimized model)")
+        ort = (f"; onnxruntime's ORT_ENABLE_ALL session differs from its ORT_DISABLE_ALL one by "
+               f"{self.onnxruntime_self:.3g} here" if self.onnxruntime_self is not None else "")
+        if self.ok:
+            ties = (f", {self.at_ties} of {self.elements} elements one step off at rounding ties "
+                    f"(within rtol {TIE_RTOL:g} of a half step)" if self.at_ties else "")
+            return (f"quantized model: {which} recomputed from the original's quantized inputs "
+                    f"matches it{ties}; the end-to-end error is such one-step differences "
+                    f"cascading through the layers{ort}")
+        if not self.tensors:
+            return "tensor by tensor: the optimized model keeps none of the quantized tensors' names"
+        if not self.off:
+            o = next(o for o in self.outputs if not o.ok)
+            return (f"tensor by tensor, output '{o.name}' computed from the original's quantized "
+                    f"tensors is still off: {o.note or f'max abs err {o.max_abs_err:.3g}'}")
+        name, bad, n, steps = self.off[0]
+        more = f" (+{len(self.off) - 1} more tensors)" if len(self.off) > 1 else ""
+        return (f"tensor by tensor, from the original's quantized inputs, the first quantized "
+                f"tensor off beyond a rounding tie is '{name}': {bad} of {n} elements, up to "
+                f"{steps} steps{more}")
+
+
+def _full_model(model: ModelLike) -> onnx.ModelProto:
+    """``model`` as a ModelProto with its weights (a path: external data next to it loaded)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    return onnx.load(os.fspath(model))
+
+
+def onnxruntime_self_difference(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> float:
+    """Max abs err over the float outputs of ``model`` between onnxruntime's
+    ``ORT_ENABLE_ALL`` and ``ORT_DISABLE_ALL`` sessions on ``feeds`` (finite elements): how
+    much onnxruntime's own graph optimizations (fused integer kernels of a QDQ model, say) move
+    its results. Raises CinmError when either session cannot run it."""
+    a = _OrtModel(model).run(feeds)
+    b = _OrtModel(model, "ORT_ENABLE_ALL").run(feeds)
+    worst = 0.0
+    for x, y in zip(a, b):
+        if isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.shape == y.shape:
+            ok = np.isfinite(x) & np.isfinite(y)
+            if ok.any():
+                worst = max(worst, float(np.abs(x[ok].astype(np.float64) - y[ok]).max()))
+    return worst
+
+
+def compare_stepwise(reference: ModelLike, candidate: ModelLike,
+                     input_sets: Iterable[Mapping[str, np.ndarray]]) -> StepwiseCheck | None:
+    """Compare a quantized model with its rewrite tensor by tensor (:class:`StepwiseCheck`).
+
+    Parameters
+    ----------
+    reference, candidate : onnx.ModelProto or path or bytes
+        The original (with ``QuantizeLinear`` nodes) and the rewritten model; the candidate's
+        nodes that read a quantized tensor of the reference's (by name) read the reference's
+        values instead (:func:`onnx_cinm.quantref.fed_from_reference`).
+    input_sets : iterable of dict[str, numpy.ndarray]
+        The inputs, as for :func:`compare`.
+
+    Returns
+    -------
+    StepwiseCheck or None
+        None when the reference has no quantized tensor to compare.
+
+    Raises
+    ------
+    CinmError
+        Onnxruntime cannot load or run either rewired model.
+    """
+    ref = _exact_integers(_full_model(reference))[0]
+    quantized = {n: t for n, t in quantref.quantized_tensors(ref).items() if t in _STEPWISE_TYPES}
+    if not quantized:
+        return None
+    cand = _exact_integers(_full_model(candidate))[0]
+    made = {o for node in cand.graph.node for o in node.output}
+    shared = {n: t for n, t in quantized.items() if n in made}
+    check = StepwiseCheck(tensors=len(shared), total=len(quantized))
+    if not shared:
+        return check
+    ref_run = _OrtModel(quantref.with_outputs(ref, shared))
+    cand_run = _OrtModel(quantref.fed_from_reference(cand, shared))
+    before = quantref.quantizer_inputs(ref, shared)
+    graph_inputs = {i.name for i in ref.graph.input}
+    k, grid = reduction_length(ref), quantref.output_steps(ref)
+    records = {o.name: OutputCheck(o.name) for o in ref.graph.output}
+    check.outputs = list(records.values())
+    sizes = dict.fromkeys(shared, 0)
+    off: dict[str, list[int]] = {}  # name -> [elements off, largest difference in steps]
+
+    def count(name: str, bad: int, steps: int) -> None:
+        rec = off.setdefault(name, [0, 0])
+        rec[0] += bad
+        rec[1] = max(rec[1], steps)
+
+    for feeds in input_sets:
+        r = dict(zip(ref_run.output_names, ref_run.run(feeds)))
+        c = dict(zip(cand_run.output_names,
+                     cand_run.run({**feeds, **{n + quantref.FED_SUFFIX: r[n] for n in shared}})))
+        for name, rec in records.items():
+            got = as_array(c[name]) if name in c else None
+            if got is None:
+                rec._fail("missing in candidate")
+            else:
+                _compare_arrays(rec, as_array(r[name]), got, None, None, k, grid.get(name, 0.0))
+        one_step = {}
+        for name in shared:
+            a, b = np.asarray(r[name]), np.asarray(c[name])
+            sizes[name] += a.size
+            if a.shape != b.shape:
+                count(name, a.size, 0)
+                continue
+            d = np.abs(a.astype(np.int64) - b.astype(np.int64))
+            if (d > 1).any():
+                count(name, int((d > 1).sum()), int(d.max()))
+            if (d == 1).any():
+                one_step[name] = d == 1
+        # one step off: is the reference at a rounding tie there? its floats, one more run
+        floats = {before[n][0]: before[n][1] for n in one_step if before[n][0] not in graph_inputs}
+        values = {}
+        if floats:
+            run = _OrtModel(quantref.with_outputs(ref, floats))
+            values = dict(zip(run.output_names, run.run(feeds)))
+        for name, where in one_step.items():
+            x, _, scale, axis = before[name]
+            steps = quantref.in_steps(values[x] if x in values else feeds[x], scale, axis)
+            near = quantref.tie_distance(steps) <= TIE_RTOL * np.maximum(1.0, np.abs(steps))
+            check.at_ties += int((where & near).sum())
+            if (where & ~near).any():
+                count(name, int((where & ~near).sum()), 1)
+    check.elements = sum(sizes.values())
+    check.off = [(n, off[n][0], sizes[n], off[n][1]) for n in shared if n in off]
+    return check
+
+
 def compare(
     reference: ModelLike,
     candidate: ModelLike,
@@ -1004,6 +1223,7 @@ def compare(
     shapes: Mapping[str, Sequence[int]] | None = None,
     fill: str = "random",
     feeds: Iterable[Mapping[str, np.ndarray]] | None = None,
+    stepwise: ModelLike | None = None,
 ) -> CheckReport:
     """Run both models on the same inputs and compare their outputs by name.
 
@@ -1027,6 +1247,13 @@ def compare(
         Passed to :func:`random_inputs` (inputs are generated from the *reference* model).
     feeds : iterable of dict[str, numpy.ndarray], optional
         Use these input sets instead of random ones (e.g. a real test set).
+    stepwise : onnx.ModelProto or path or bytes, optional
+        The candidate as a model, when ``candidate`` is a runner: a quantized reference whose
+        float outputs fail with default tolerances is then judged tensor by tensor
+        (:func:`compare_stepwise`: one-step rounding-tie differences cascade through the
+        layers of a QDQ model) on onnxruntime's run of this model, after the runner is found to
+        compute what that run computes (first input set). A candidate given as a model is
+        used itself (this argument is then ignored).
 
     Returns
     -------
@@ -1110,6 +1337,7 @@ def compare(
         report.ok = False
         return report
 
+    ran: list = []  # the input sets both models ran on, for the stepwise check
     for inputs in input_sets:
         try:
             ref_out = dict(zip(ref_model.output_names, ref_model.run(inputs)))
@@ -1121,6 +1349,7 @@ def compare(
             cand_out = dict(zip(cand_model.output_names, cand_model.run(inputs)))
         except CinmError as e:
             raise CheckFailed(f"candidate model: {e}") from None
+        ran.append(inputs)
         for name in names:
             if name not in ref_out or name not in cand_out:
                 continue
@@ -1136,7 +1365,47 @@ def compare(
     if not report.runs:  # not one set ran: the check cannot judge anything
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
+    runner = candidate if hasattr(candidate, "output_names") else None
+    if runner is None:
+        stepwise = candidate
+    failed = [o for o in report.outputs if not o.ok]
+    if failed and stepwise is not None and rtol is None and atol is None \
+            and not report.problems and all(not o.note and o.dtype.startswith("float") for o in failed):
+        _judge_stepwise(report, failed, reference, stepwise, ran, runner)
     return report
+
+
+def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: ModelLike,
+                    candidate: ModelLike, input_sets: list, runner=None) -> None:
+    """Judge a failed check of a quantized ``reference`` tensor by tensor: the outputs in
+    ``failed`` are cleared (``stepwise``) and ``report`` passes when :func:`compare_stepwise`
+    does; the report records the stepwise check either way (nothing when the reference has no
+    quantized tensor). With a ``runner`` (the execution provider on ``candidate``), the stepwise
+    check runs onnxruntime on ``candidate`` (the model's reference functions), so the runner
+    must first compute what that computes (:func:`compare` of the two, first input set)."""
+    try:
+        if runner is not None:
+            same = compare(candidate, runner, feeds=input_sets[:1])
+            if not same.ok:
+                report.notes.append("not judged tensor by tensor: the runner differs from onnxruntime "
+                                    f"on the optimized model ({same.summary()})")
+                return
+        step = compare_stepwise(reference, candidate, input_sets)
+    except CinmError as e:  # the end-to-end verdict stands; say why it was not refined
+        report.notes.append(f"not judged tensor by tensor: {e}")
+        return
+    if step is None:
+        return
+    report.stepwise = step
+    if step.ok:
+        try:  # for scale; not on NaN/Inf inputs (the ordinary check has measured it)
+            if not report.special:
+                step.onnxruntime_self = onnxruntime_self_difference(reference, input_sets[0])
+        except CinmError:
+            pass
+        for o in failed:
+            o.ok = o.stepwise = True
+        report.ok = True
 
 
 def _exact_integers(model: ModelLike) -> tuple[ModelLike, int]:
@@ -1164,7 +1433,8 @@ def has_float_input(model: ModelLike) -> bool:
 def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
                     rtol: float | None = None, atol: float | None = None, seed: int = 0,
                     dims: Mapping[str, int] | None = None,
-                    shapes: Mapping[str, Sequence[int]] | None = None) -> CheckReport | None:
+                    shapes: Mapping[str, Sequence[int]] | None = None,
+                    stepwise: ModelLike | None = None) -> CheckReport | None:
     """The NaN/Inf check: :func:`compare` on ``fill="special"`` inputs (random values with NaN,
     +Inf and -Inf in every float input), kept apart from the ordinary check so that one stays
     meaningful (a NaN row hides every other difference in it). Outputs must carry NaN and
@@ -1174,7 +1444,7 @@ def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
     if not has_float_input(reference):
         return None
     return compare(reference, candidate, n=n, rtol=rtol, atol=atol, seed=seed, dims=dims,
-                   shapes=shapes, fill="special")
+                   shapes=shapes, fill="special", stepwise=stepwise)
 
 
 #: Ops whose onnxruntime kernels turn NaN inputs into finite outputs: their activations clamp

@@ -26,6 +26,15 @@ tie of a ``QuantizeLinear`` the two land on neighbouring levels. :func:`output_s
 output, the step of the last ``QuantizeLinear``/``DequantizeLinear`` grid it comes from
 (through shape ops and 1-Lipschitz elementwise ops: Relu, Sigmoid, Tanh, which move a one-step
 difference by at most one step); the check allows that one step (``golden.compare``).
+
+**Tensor by tensor.** In a deep QDQ model a one-step difference at a rounding tie does not stay
+one step: the layers after it (LayerNorm, GELU, an atan2 that wraps at +-pi) grow it, so the
+outputs of two correct computations can differ by far more (LEADER: 6.26, as much as
+onnxruntime's own optimized and unoptimized sessions differ). :func:`quantized_tensors`,
+:func:`with_outputs` and :func:`fed_from_reference` let ``golden.compare_stepwise`` compute
+each quantized tensor of the candidate from the reference's quantized inputs, and
+:func:`quantizer_inputs`, :func:`in_steps` and :func:`tie_distance` tell a one-step difference
+at a tie from one that is not.
 """
 from __future__ import annotations
 
@@ -208,3 +217,90 @@ def output_steps(model: onnx.ModelProto) -> dict[str, float]:
                 scale.data_location != TensorProto.EXTERNAL:
             steps[out.name] = float(np.abs(numpy_helper.to_array(scale)).max(initial=0))
     return steps
+
+
+# --------------------------------------------------------------------------------------------
+# the stepwise check of a QDQ model: each quantized tensor from the reference's quantized inputs
+# --------------------------------------------------------------------------------------------
+#: Suffix of the graph inputs through which a rewired candidate reads the reference's quantized
+#: tensors (:func:`fed_from_reference`).
+FED_SUFFIX = "__reference_levels"
+
+
+def quantized_tensors(model: onnx.ModelProto) -> dict[str, int]:
+    """``{name: element type}`` of the outputs of the main graph's ``QuantizeLinear`` nodes whose
+    scale is an initializer and whose quantization is per tensor or per axis (blocked
+    quantization is left out), in graph order. The element type is the zero point's (uint8
+    without one; ``output_dtype`` when set)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type != "QuantizeLinear" or not node.output[0]:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("block_size") or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        zp = node.input[2] if len(node.input) > 2 else ""
+        if zp and zp not in inits:
+            continue
+        out[node.output[0]] = inits[zp].data_type if zp else attrs.get("output_dtype") or TensorProto.UINT8
+    return out
+
+
+def with_outputs(model: onnx.ModelProto, outputs: dict[str, int]) -> onnx.ModelProto:
+    """A copy of ``model`` that also returns the tensors ``outputs`` (``{name: element type}``;
+    names that already are graph outputs are not added twice)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    have = {o.name for o in out.graph.output}
+    out.graph.output.extend(helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()
+                            if n not in have)
+    return out
+
+
+def fed_from_reference(model: onnx.ModelProto, tensors: dict[str, int]) -> onnx.ModelProto:
+    """A copy of ``model`` whose main-graph nodes read each tensor of ``tensors`` (``{name:
+    element type}``) from a new graph input ``name + FED_SUFFIX`` instead of computing it, and
+    that returns the tensors it computes as extra outputs: fed the reference's quantized
+    tensors, each of its own is computed from the reference's quantized inputs, so a rounding
+    difference upstream cannot cascade into it."""
+    out = with_outputs(model, tensors)
+    for node in out.graph.node:
+        for i, name in enumerate(node.input):
+            if name in tensors:
+                node.input[i] = name + FED_SUFFIX
+    out.graph.input.extend(helper.make_tensor_value_info(n + FED_SUFFIX, t, None) for n, t in tensors.items())
+    return out
+
+
+def quantizer_inputs(model: onnx.ModelProto, names) -> dict[str, tuple[str, int, np.ndarray, int]]:
+    """``{quantized tensor: (its float input, that input's element type, scale, axis)}`` for the
+    ``QuantizeLinear`` outputs ``names`` of ``model``'s main graph (the scale as float64; its
+    element type is the input's; axis as written, default 1)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in names:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            scale = inits[node.input[1]]
+            out[node.output[0]] = (node.input[0], scale.data_type,
+                                   numpy_helper.to_array(scale).astype(np.float64), axis)
+    return out
+
+
+def in_steps(value: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
+    """``value / scale`` in float64: a quantizer's float input in quantization steps (before
+    the zero point, an integer, which moves no rounding tie). ``scale`` is a scalar or one
+    value per index of ``axis``."""
+    steps = np.asarray(value, np.float64)
+    if np.ndim(scale):
+        shape = [1] * steps.ndim
+        shape[axis % steps.ndim] = -1
+        scale = np.reshape(scale, shape)
+    return steps / scale
+
+
+def tie_distance(steps: np.ndarray) -> np.ndarray:
+    """How far values in quantization steps (:func:`in_steps`) lie from the nearest rounding
+    tie, a half-integer: 0 at a tie, 0.5 on a level."""
+    return np.abs(steps - np.floor(steps) - 0.5)

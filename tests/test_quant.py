@@ -441,3 +441,100 @@ def test_check_of_a_full_range_int8_qlinear_conv_is_exact():
     res = optimize(m, placement="heuristic", check=3)
     assert res.check.ok and res.check.max_abs_err == 0
     np.testing.assert_array_equal(run_onnxruntime(res.model, {"x": x})[0], want)
+
+
+def _tie_cascade(gain=4.0):
+    """x -> Q/DQ -> MatMul(DQ(int8 W)) -> Q/DQ -> Mul(gain) -> Q/DQ: the first quantizer's scale
+    is 128 x the weight scale (both float32: 12.8f = 128 * 0.1f exactly), so 12 x 112 = 1344 =
+    10.5 x 128 lands exactly on a rounding tie of it, and the Mul moves whatever level it picks
+    ``gain`` steps of the last grid."""
+    c = lambda v, n, dt=np.float32: nh.from_array(np.array(v, dt), n)
+    nodes = [h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]), h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             h.make_node("DequantizeLinear", ["W", "sw"], ["wd"]), h.make_node("MatMul", ["xd", "wd"], ["f"]),
+             h.make_node("QuantizeLinear", ["f", "sy", "zy"], ["fq"]), h.make_node("DequantizeLinear", ["fq", "sy", "zy"], ["fd"]),
+             h.make_node("Mul", ["fd", "g"], ["m"]), h.make_node("QuantizeLinear", ["m", "sy", "zy"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "sy", "zy"], ["y"])]
+    inits = [c(1.0, "sx"), c(0, "zx", np.uint8), nh.from_array(np.array([[112, 37]], np.int8), "W"), c(0.1, "sw"),
+             c(12.8, "sy"), c(128, "zy", np.uint8), c(gain, "g")]
+    return _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [2, 1])],
+                  [h.make_tensor_value_info("y", TP.FLOAT, [2, 2])], inits)
+
+
+def test_a_rounding_tie_that_cascades_is_judged_tensor_by_tensor(tmp_path):
+    """LEADER's failure in small: one product at a rounding tie of its quantizer; onnxruntime's
+    float32 product of dequantized terms and the optimized model's exact int32 product rescaled
+    in float32 pick neighbouring levels, and the Mul after it makes that 4 steps of the output.
+    End to end that is beyond the one step a quantized output may be off; tensor by tensor (each
+    quantized tensor from the original's quantized inputs) it is one step at a tie: OK."""
+    from onnx_cinm import golden
+
+    m = _tie_cascade()
+    x = np.array([[12], [5]], np.float32)  # 12 x 112: the tie; the rest are not
+    assert np.float32(12.8) == np.float32(128) * np.float32(0.1)  # exactly 10.5 steps in reals
+    res = optimize(m, placement="heuristic", check=0)
+    want, got = run_onnxruntime(m, {"x": x})[0], run_onnxruntime(res.model, {"x": x})[0]
+    steps = np.abs(got - want) / np.float32(12.8)
+    # only the tie differs, by gain (4) steps end to end (a test precondition: if both pick the
+    # same level here, this model no longer reproduces the cascade)
+    np.testing.assert_allclose(steps, [[4, 0], [0, 0]], atol=1e-4)
+    report = golden.compare(m, res.model, feeds=[{"x": x}])
+    assert report.ok and report.outputs[0].stepwise and report.max_abs_err == pytest.approx(4 * 12.8)
+    step = report.stepwise
+    assert (step.tensors, step.total, step.elements, step.at_ties, step.off) == (3, 3, 10, 1, [])
+    assert "OK tensor by tensor" in report.summary() and "1 of 10 elements one step off" in report.summary()
+    # the end-to-end figure stays visible, and the table says how the output was judged
+    assert "ok tensor by tensor" in report.table()
+    # with tolerances given by the user, the output is judged by them alone
+    assert not golden.compare(m, res.model, feeds=[{"x": x}], rtol=1e-4, atol=1e-5).ok
+    # and the pipeline's own check passes, saying why
+    checked = optimize(m, placement="heuristic", check=1, inputs={"x": x}).check
+    assert checked.ok and checked.stepwise is not None and checked.stepwise.at_ties == 1
+    # the execution provider as the candidate (compare's CLI): judged on onnxruntime's run of
+    # the saved model, which the provider is first found to match
+    sess = _session(res.model, tmp_path)
+    assert not golden.compare(m, sess.as_runner(), feeds=[{"x": x}]).ok  # no model: end to end
+    by_runner = golden.compare(m, sess.as_runner(), feeds=[{"x": x}], stepwise=str(tmp_path / "opt.onnx"))
+    assert by_runner.ok and by_runner.stepwise.at_ties == 1
+
+
+def test_a_quantizer_one_step_off_away_from_a_tie_fails_tensor_by_tensor():
+    """A real error of one step (the candidate's last quantizer with zero point 129, not 128)
+    is no rounding tie: the tensor-by-tensor check names that tensor and the check fails."""
+    from onnx_cinm import golden
+
+    m = _tie_cascade()
+    x = np.array([[12], [5]], np.float32)
+    bad = optimize(m, placement="heuristic", check=0).model
+    q = next(n for n in bad.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == "mq")
+    bad.graph.initializer.append(nh.from_array(np.array(129, np.uint8), "zy_wrong"))
+    q.input[2] = "zy_wrong"
+    report = golden.compare(m, bad, feeds=[{"x": x}])
+    assert not report.ok and report.stepwise is not None and not report.stepwise.ok
+    # every element of 'mq' is one step off, none at a tie (the tie is in 'fq', fed from the
+    # reference here); the y of the tie row moves 5 steps end to end
+    assert report.stepwise.off == [("mq", 4, 4, 1)]
+    assert "first quantized tensor off beyond a rounding tie is 'mq': 4 of 4 elements" in report.summary()
+
+
+def test_a_wrong_float_path_beside_a_quantized_one_is_not_cleared_tensor_by_tensor():
+    """The tensor-by-tensor check judges the outputs too (computed from the original's quantized
+    tensors): a float output off by 0.5 (here: not quantized at all) fails it although every
+    quantized tensor matches."""
+    from onnx_cinm import golden
+
+    m = _tie_cascade()
+    m.graph.node.append(h.make_node("Mul", ["x", "three"], ["z"]))
+    m.graph.initializer.append(nh.from_array(np.array(3.0, np.float32), "three"))
+    m.graph.output.append(h.make_tensor_value_info("z", TP.FLOAT, [2, 1]))
+    x = np.array([[12], [5]], np.float32)
+    bad = optimize(m, placement="heuristic", check=0).model
+    producer = next(n for n in bad.graph.node if "z" in n.output)
+    producer.output[list(producer.output).index("z")] = "z_right"
+    bad.graph.initializer.append(nh.from_array(np.array(0.5, np.float32), "half"))
+    bad.graph.node.append(h.make_node("Add", ["z_right", "half"], ["z"]))
+    report = golden.compare(m, bad, feeds=[{"x": x}])
+    step = report.stepwise
+    assert not report.ok and step is not None and step.off == [] and step.at_ties == 1
+    assert [(o.name, o.ok) for o in step.outputs] == [("y", True), ("z", False)]
+    assert step.outputs[1].max_abs_err == pytest.approx(0.5)
+    assert "output 'z' computed from the original's quantized tensors is still off" in report.summary()

@@ -336,7 +336,7 @@ def _cmd_compare(args, parser) -> int:
                  for i in range(args.runs)]
     try:
         report = golden.compare(original, sess.as_runner(), n=args.runs, rtol=args.rtol,
-                                atol=args.atol, dims=dims, feeds=feeds)
+                                atol=args.atol, dims=dims, feeds=feeds, stepwise=args.optimized)
     except ReferenceFailed as e:
         raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
                         "--dim NAME=SIZE") from None
@@ -367,7 +367,7 @@ def _cmd_compare(args, parser) -> int:
     elif not given:  # NaN/Inf inputs, apart: the provider's kernels must place them as ORT does
         try:
             special = golden.compare_special(original, sess.as_runner(), rtol=args.rtol,
-                                             atol=args.atol, dims=dims)
+                                             atol=args.atol, dims=dims, stepwise=args.optimized)
         except ReferenceFailed:
             special = None  # the original itself cannot run on NaN/Inf inputs: nothing to judge
         if special is not None:
