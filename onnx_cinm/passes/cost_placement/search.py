@@ -41,9 +41,17 @@ def _evaluate(prob: Problem, assign: dict) -> Totals:
 
 
 def _f(objective: str, lat: float, en: float, w=None) -> float:
+    """The objective of totals ``lat`` seconds and ``en`` joules (``w``: the weighted sum
+    ``w[0] * lat + w[1] * en`` instead); KeyError for an unknown objective."""
     if w is not None:
         return w[0] * lat + w[1] * en
-    return {"latency": lat, "energy": en, "edp": lat * en}[objective]
+    if objective == "energy":  # the search asks this for every move it weighs
+        return en
+    if objective == "latency":
+        return lat
+    if objective == "edp":
+        return lat * en
+    raise KeyError(objective)
 
 
 def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None) -> list:
