@@ -555,3 +555,36 @@ def test_polishing_says_when_its_budget_stops_it(light_model_paths, monkeypatch)
     host = cp.evaluate(prob, {i: prob.cands[i][0] for i in prob.decision})
     assert full.totals.latency_s <= capped.totals.latency_s <= host.latency_s
     assert not cp.violations(prob, capped.totals)
+
+
+def test_a_device_refusal_is_shared_by_ops_of_one_signature_only_when_it_names_none_of_them():
+    """Cost placement's device queries are cached per op signature (tensor names of non-
+    constant tensors are not part of it): a refusal naming the op's own tensor (UPMEM: a dtype
+    its DPU kernels lack, "of 'a1'") must still name each op's own tensor, while one naming
+    none (a Gemm written permuted) is asked once for all ops of the signature."""
+    from onnx_cinm.graph import OpInfo, TensorInfo
+    from onnx_cinm.passes.cost_placement import problem
+
+    up = devices.get_device("upmem")
+    f16, f32 = np.dtype("float16"), np.dtype("float32")
+
+    def add(tag, dtype):
+        ins = (TensorInfo(f"a{tag}", dtype, (64,)), TensorInfo(f"b{tag}", dtype, (64,)))
+        return OpInfo(f"add{tag}", "Add", {}, ins, (TensorInfo(f"y{tag}", dtype, (64,)),), 64)
+
+    reasons = [problem._query(up, add(tag, f16), {})[1] for tag in ("1", "2")]
+    assert "'a1'" in reasons[0] and "'a2'" in reasons[1] and "'a1'" not in reasons[1]
+
+    def gemm(tag):
+        ins = (TensorInfo(f"x{tag}", f32, (8, 16)), TensorInfo("w0", f32, (16, 4), True))
+        return OpInfo(f"g{tag}", "Gemm", {"y_perm": [1, 0]}, ins,
+                      (TensorInfo(f"y{tag}", f32, (8, 4)),), 2 * 8 * 16 * 4)
+
+    asked = []
+    real = up.supports_under
+    up.supports_under = lambda op, options: asked.append(op.name) or real(op, options)
+    try:
+        answers = [problem._query(up, gemm(tag), {"upmem_dpus": 7})[1] for tag in ("1", "2")]
+    finally:
+        del up.supports_under
+    assert answers[0] == answers[1] and "permuted" in answers[0] and asked == ["g1"]

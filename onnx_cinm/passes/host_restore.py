@@ -210,7 +210,8 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
     origins, ctx.origins = ctx.origins, []
     placed, ctx.placed = ctx.placed, None
     graph = model.graph
-    everything = _groups(graph, origins)
+    # none restorable without a lowering into several nodes: then none to find
+    everything = _groups(graph, origins) if any(len(o[2]) >= 2 for o in origins) else []
     groups = [g for g in everything if len(g[2]) >= 2]
     stats = ctx.stats.get("placement", {})
     cost = stats.get("strategy") == "cost"

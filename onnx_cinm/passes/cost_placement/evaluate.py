@@ -45,8 +45,14 @@ class Totals:
         return self.latency_s * self.energy_j
 
     def value(self, objective: str) -> float:
-        """The figure ``objective`` minimizes."""
-        return {"latency": self.latency_s, "energy": self.energy_j, "edp": self.edp()}[objective]
+        """The figure ``objective`` minimizes (KeyError for an unknown one)."""
+        if objective == "energy":
+            return self.energy_j
+        if objective == "latency":
+            return self.latency_s
+        if objective == "edp":
+            return self.edp()
+        raise KeyError(objective)
 
 
 def tensor_charges(prob: Problem, t: Tensor, dev_of) -> list[tuple[int, float, float, int]]:

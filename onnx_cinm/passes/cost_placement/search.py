@@ -41,9 +41,17 @@ def _evaluate(prob: Problem, assign: dict) -> Totals:
 
 
 def _f(objective: str, lat: float, en: float, w=None) -> float:
+    """The objective of totals ``lat`` seconds and ``en`` joules (``w``: the weighted sum
+    ``w[0] * lat + w[1] * en`` instead); KeyError for an unknown objective."""
     if w is not None:
         return w[0] * lat + w[1] * en
-    return {"latency": lat, "energy": en, "edp": lat * en}[objective]
+    if objective == "energy":  # the search asks this for every move it weighs
+        return en
+    if objective == "latency":
+        return lat
+    if objective == "edp":
+        return lat * en
+    raise KeyError(objective)
 
 
 def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None) -> list:
@@ -537,17 +545,19 @@ class _Compiled:
         cs = [c.cost for c in self.prob.cands[j] if c.device == dev]
         return min(c.latency_s for c in cs), min(c.energy_j for c in cs)
 
-    def _slack_of(self, dev: str) -> dict:
-        """``{op: (latency, energy) above its floor}`` of the ops on ``dev`` (a device that
-        plans together) whose plans a move may change: what the move could save them at most."""
+    def _slack_of(self, dev: str) -> list:
+        """``[(op, latency above its floor, energy above its floor)]`` (each at least 0) of the
+        ops on ``dev`` (a device that plans together) whose plans a move may change: what the
+        move could save them at most."""
         hit = self._slack.get(dev)
         if hit is None:
-            hit = {}
+            hit = []
             for j in self.prob.decision:
                 ch = self.assign[j]
                 if ch.device == dev and not _recorded(self.prob, j, dev):
                     fl, fe = self._floor(j, dev)
-                    hit[j] = (ch.cost.latency_s - fl, ch.cost.energy_j - fe)
+                    hit.append((j, max(ch.cost.latency_s - fl, 0.0),
+                                max(ch.cost.energy_j - fe, 0.0)))
             self._slack[dev] = hit
         return hit
 
@@ -570,10 +580,10 @@ class _Compiled:
             lat += s1 - s0
             en += j1 - j0
         for d in ends:
-            for j, (sl, se) in self._slack_of(d).items():
+            for j, sl, se in self._slack_of(d):
                 if j != i:
-                    lat -= max(sl, 0.0)
-                    en -= max(se, 0.0)
+                    lat -= sl
+                    en -= se
         return lat, en
 
     def hopeless(self, i: int, dev: str, objective: str, target: float) -> bool:
