@@ -569,7 +569,7 @@ class _Compiled:
         cheaply) or that takes a recorded plan."""
         prob, assign = self.prob, self.assign
         old = assign[i]
-        ends = [d for d in {old.device, dev} if _together(d)]
+        ends = [d for d in dict.fromkeys((old.device, dev)) if _together(d)]
         if not ends or _recorded(prob, i, dev) is not None:
             return None
         fl, fe = self._floor(i, dev)
@@ -599,7 +599,7 @@ class _Compiled:
         prob, assign = self.prob, self.assign
         old_dev = assign[i].device
         changed = {}
-        for d in {old_dev, dev}:
+        for d in dict.fromkeys((old_dev, dev)):  # in a fixed order: the sums too
             if not _together(d):
                 continue
             idx = [j for j in prob.decision
