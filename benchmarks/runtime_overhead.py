@@ -107,8 +107,13 @@ def quantized(path: Path, workdir: Path, feeds: dict, static: bool) -> Path:
     """``path`` quantized to int8 by onnxruntime's quantizer into ``workdir``: static QDQ
     (calibrated on ``feeds`` and three more random inputs; activations and per-channel weights
     int8) or dynamic (int8 weights, uint8 activations quantized at run time)."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_dynamic, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     out = workdir / f"{path.stem}_{'qdq' if static else 'dyn'}.onnx"
     if not static:

@@ -1179,7 +1179,8 @@ def test_compiled_templates_are_cached_across_processes(tmp_path, writable):
         cache.write_text("a file, not a folder")
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     runs = [subprocess.run([sys.executable, "-c", _TEMPLATES_TWICE, str(tmp_path / f"k{i}")],
-                           capture_output=True, text=True, env=env) for i in range(2)]
+                           capture_output=True, text=True, env=env, check=False)
+            for i in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
     first, second = (r.stdout.split() for r in runs)
     assert int(first[0]) >= 3 and first[1] == second[1]  # host.c, dpu.c, Makefile: same bytes
