@@ -1188,3 +1188,27 @@ def test_compiled_templates_are_cached_across_processes(tmp_path, writable):
         assert second[0] == "0" and list((cache / "onnx-cinm" / "jinja").iterdir())
     else:
         assert second[0] == first[0]
+
+
+@pytest.mark.parametrize("cut", [0, 3, 40])
+def test_damaged_template_cache_entry_is_compiled_afresh(tmp_path, monkeypatch, cut):
+    """A cache entry cut short (a full disk, a killed process) is ignored like a missing one:
+    the template compiles again, to the same code, and its entry is written anew. Cut
+    ``cut`` bytes after Jinja's magic header: inside the pickled checksum (3) or the marshalled
+    code (40), or the bare header (0)."""
+    from jinja2.bccache import bc_magic
+
+    from onnx_cinm.devices.base import template_environment
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    env = template_environment()
+    name = env.list_templates()[0]
+    env.get_template(name)
+    entries = list((tmp_path / "onnx-cinm" / "jinja").iterdir())
+    assert len(entries) == 1
+    whole = entries[0].read_bytes()
+    assert whole.startswith(bc_magic) and len(whole) > len(bc_magic) + 40
+    entries[0].write_bytes(whole[:len(bc_magic) + cut])
+    again = template_environment()
+    again.get_template(name)  # raised UnpicklingError / EOFError before
+    assert entries[0].read_bytes() == whole  # compiled again to the same code, entry rewritten

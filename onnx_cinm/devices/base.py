@@ -413,17 +413,19 @@ def template_environment():
     unset or empty), as Python keeps a module's bytecode: compiling the templates a model needs
     took 20-30 ms of every ``optimize``. An entry holds its template's checksum and Jinja's
     version, so an edited template or another Jinja compiles afresh; a cache that cannot be read
-    or written is ignored. Undefined names are errors (``StrictUndefined``); nothing is
-    escaped; a template's trailing newline is kept."""
+    (missing, unreadable, an entry cut short) or written is ignored. Undefined names are errors
+    (``StrictUndefined``); nothing is escaped; a template's trailing newline is kept."""
     import os
 
     import jinja2
 
     class _Cache(jinja2.FileSystemBytecodeCache):
         def load_bytecode(self, bucket) -> None:
+            # Any failure, not only OSError: an entry cut short (a full disk, a killed
+            # process) fails in pickle or marshal (EOFError, UnpicklingError, ValueError...).
             try:
                 super().load_bytecode(bucket)
-            except OSError:
+            except Exception:
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:
