@@ -425,7 +425,7 @@ def template_environment():
             # process) fails in pickle or marshal (EOFError, UnpicklingError, ValueError...).
             try:
                 super().load_bytecode(bucket)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a cache never fails an optimize
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:
