@@ -180,13 +180,9 @@ def test_integer_matmul_on_crossbars_matches_numpys_int64_product_on_every_kerne
             np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
 
 
-@pytest.mark.parametrize("group,c,m_out", [(2, 6, 8), (4, 4, 4)])  # grouped; depthwise
-def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path, group, c, m_out):
-    """A grouped QLinearConv lowers to Im2Col -> Reshape -> Transpose (the patches split into
-    groups) -> Gemm: the provider runs the two views in numpy and, under
-    ``matmul=onnxruntime``, the whole chain as one grouped ConvInteger of the Im2Col's input
-    (the Im2Col and the views then take no wall time), with onnxruntime's outputs on the
-    original model and the simulator's counters on every kernel."""
+def _grouped_qconv(group, c, m_out):
+    """A QLinearConv of ``group`` groups, ``c`` uint8 channels of 9x10 in, ``m_out`` out (3x3,
+    pads 1, strides 2x1)."""
     w = rng.integers(-64, 65, (m_out, c // group, 3, 3)).astype(np.int8)
     inits = [nh.from_array(np.array(0.03, np.float32), "x_s"), nh.from_array(np.array(17, np.uint8), "x_zp"),
              nh.from_array(w, "W"), nh.from_array(rng.uniform(0.005, 0.02, m_out).astype(np.float32), "w_s"),
@@ -198,6 +194,17 @@ def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path
     m = h.make_model(h.make_graph([node], "g", [h.make_tensor_value_info("x", TP.UINT8, [1, c, 9, 10])],
                                   [h.make_tensor_value_info("y", TP.UINT8, [1, m_out, 5, 10])], inits),
                      opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    return m
+
+
+@pytest.mark.parametrize("group,c,m_out", [(2, 6, 8), (4, 4, 4)])  # grouped; depthwise
+def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path, group, c, m_out):
+    """A grouped QLinearConv lowers to Im2Col -> Reshape -> Transpose (the patches split into
+    groups) -> Gemm: the provider runs the two views in numpy and, under
+    ``matmul=onnxruntime``, the whole chain as one grouped ConvInteger of the Im2Col's input
+    (the Im2Col and the views then take no wall time), with onnxruntime's outputs on the
+    original model and the simulator's counters on every kernel."""
+    m = _grouped_qconv(group, c, m_out)
     res = optimize(m, place=[("*Gemm", "memristor")], check=0)
     artifacts.save(res.model, tmp_path / "g.onnx")
     sessions = {mode: InferenceSession(tmp_path / "g.onnx", provider_options=[{"matmul": mode}, {}])
@@ -228,6 +235,44 @@ def test_grouped_quantized_conv_runs_as_one_grouped_integer_convolution(tmp_path
     gemms = {mode: [tuple(r[k] for k in keys) for r in p if r["op_type"] == "Gemm"]
              for mode, p in prof.items()}
     assert len(gemms["numpy"]) == 2 and gemms["numpy"] == gemms["onnxruntime"] == gemms["auto"]
+
+
+def test_plugin_from_patches_without_groups_is_never_asked_for_a_grouped_convolution(
+        tmp_path, monkeypatch):
+    """A plugin device written before ``Device.from_patches`` took ``groups`` (its override has
+    no such parameter) still runs a grouped convolution: the provider does not offer it the
+    grouped patches (it raised TypeError while building the session), so the Im2Col and the
+    views run in numpy, with onnxruntime's outputs. A TypeError raised inside an override that
+    does take ``groups`` is the plugin's bug and reaches the caller."""
+    from onnx_cinm import devices
+    from onnx_cinm.devices.memristor import MemristorDevice
+
+    asked = []
+
+    class OldSignature(MemristorDevice):
+        def from_patches(self, kernel, geometry, activation=None):
+            asked.append(geometry)
+            return super().from_patches(kernel, geometry, activation)
+
+    class Broken(MemristorDevice):
+        def from_patches(self, kernel, geometry, activation=None, groups=1):
+            raise TypeError("the plugin's own bug")
+
+    m = _grouped_qconv(2, 6, 8)
+    res = optimize(m, place=[("*Gemm", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "g.onnx")
+    x = rng.integers(0, 256, (1, 6, 9, 10)).astype(np.uint8)
+    want = run_onnxruntime(m, {"x": x})[0]
+    monkeypatch.setitem(devices._registry.devices, "memristor", OldSignature())
+    s = InferenceSession(tmp_path / "g.onnx", provider_options=[{"matmul": "onnxruntime"}, {}])
+    np.testing.assert_array_equal(s.run(None, {"x": x})[0], want)
+    assert asked == []
+    chain = [r for r in s.profile() if r["op_type"] in ("Im2Col", "Reshape", "Transpose")]
+    assert "Im2Col" in {r["op_type"] for r in chain}
+    assert all(r["wall_s"] > 0 for r in chain)  # run, not fused into the product
+    monkeypatch.setitem(devices._registry.devices, "memristor", Broken())
+    with pytest.raises(TypeError, match="the plugin's own bug"):
+        InferenceSession(tmp_path / "g.onnx", provider_options=[{"matmul": "onnxruntime"}, {}])
 
 
 def test_integer_product_of_two_activations_gives_the_same_integers_and_counts(tmp_path):

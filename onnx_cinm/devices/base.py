@@ -268,7 +268,9 @@ class Device:
         without materializing the patches (None from ``f``: not for this call; the provider
         then runs the Im2Col and the kernel as usual). ``activation`` ``"Relu"``: the output
         only a Relu reads, which ``f`` applies too (its outputs are the Relu's). None (the
-        default): the kernel always takes the patches."""
+        default): the kernel always takes the patches. An override without a ``groups``
+        parameter (or ``**kwargs``), as written before it existed, is asked for ungrouped
+        patches only."""
         return None
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:

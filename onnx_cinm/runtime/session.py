@@ -35,6 +35,7 @@ inside it, and UPMEM kernels in emulate mode are regenerated from the model's pl
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -186,6 +187,19 @@ class _DeviceNode:
     patches: tuple | None = None
     #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
     post: _DeviceNode | None = None
+
+
+def _takes_groups(from_patches) -> bool:
+    """Whether a device's bound ``from_patches`` accepts ``groups=`` (a parameter of that name
+    or ``**kwargs``): a plugin written before :meth:`Device.from_patches` took it overrides the
+    method without it, and is then never asked for a grouped convolution's patches (the
+    provider runs them as usual) rather than failing with TypeError."""
+    try:
+        params = inspect.signature(from_patches).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): do not guess
+        return False
+    return any(p.name == "groups" and p.kind is not p.POSITIONAL_ONLY
+               or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
@@ -588,7 +602,8 @@ class InferenceSession:
         the patches are then never materialized, unless that callable declines a run. The
         reader may take the patches through the views that split them into groups
         (:func:`_group_views`: a grouped convolution's Reshape and Transpose); the device
-        then computes the grouped product (``groups``)."""
+        then computes the grouped product (``groups``), if its ``from_patches`` takes
+        ``groups`` (:func:`_takes_groups`)."""
         by_id = {id(d): d for d in self._device_nodes}
 
         def only_reader(d):
@@ -620,6 +635,8 @@ class InferenceSession:
             at = d.kernel.attrs
             geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
             dev = devices.get_device(e.device)
+            if groups > 1 and not _takes_groups(dev.from_patches):
+                continue
             act = "Relu" if e.post is not None else None
             runner = dev.from_patches(e.kernel, geometry, act, groups=groups) if groups > 1 \
                 else dev.from_patches(e.kernel, geometry, act)
