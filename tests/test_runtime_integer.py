@@ -63,6 +63,99 @@ def test_integer_products_wrap_as_int32_sums_do():
         np.testing.assert_array_equal(out, want)
 
 
+# int_matmul at its extremes, (X, W): the largest byte products (pairs of them overflow int16),
+# sums past 2**31 (int32 wraps), activations below zero and weights spanning 256 values (zero
+# points), int8 x int8
+EXTREMES = {
+    "x255 w-128": (np.full((3, 4096), 255), np.full((4096, 5), -128)),
+    "x255 w127": (np.full((3, 4096), 255), np.full((4096, 5), 127)),
+    "x-255..0 w127": (rng.integers(-255, 1, (7, 999)), np.full((999, 9), 127)),
+    "wrap K=70000": (np.full((2, 70000), 255), np.full((70000, 3), 127)),
+    "wrap K=70000 w-128": (np.full((2, 70000), 255), np.full((70000, 3), -128)),
+    "w-120..135": (rng.integers(0, 256, (5, 300)), rng.integers(-120, 136, (300, 6))),
+    "x-128..127": (rng.integers(-128, 128, (5, 300)), rng.integers(-128, 128, (300, 6))),
+}
+
+
+@pytest.mark.parametrize("int8w", [True, False])
+def test_integer_kernels_at_their_extremes_on_both_weight_forms(monkeypatch, int8w):
+    """Both forms onnxruntime gets int8 weights in (int8, where its uint8 x int8 product is
+    exact on the CPU; uint8 with a zero point elsewhere) give numpy's int64 products, wrapped
+    to int32, at the extremes; so does a grouped, padded ConvInteger of activations below
+    zero (uint8 weights either way)."""
+    monkeypatch.setattr(blas, "INT8_WEIGHTS", int8w)
+    k = blas.MatrixKernels(1, "onnxruntime")
+    for name, (X, W) in EXTREMES.items():
+        X = X.astype(np.int32)
+        want = _wrap32(X.astype(np.int64) @ W.astype(np.int64))
+        form = k._int_weights(W, const=False)[0].dtype
+        assert form == (np.int8 if int8w and W.min() >= -128 and W.max() <= 127 else np.uint8)
+        for const in (False, True):
+            out = np.full(want.shape, 7, np.int32)
+            k.int_matmul(X, W.astype(np.float64) if const else W, out, const=const)
+            np.testing.assert_array_equal(out, want, err_msg=f"{name} const={const}")
+    x = rng.integers(-200, 56, (1, 4, 6, 6)).astype(np.int32)
+    W = rng.integers(-128, 128, (2, 2 * 9, 3)).astype(np.float64)
+    geo = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    Y = k.int_conv(x, W, geo, groups=2)(x)
+    np.testing.assert_array_equal(Y, _wrap32(_patches_by_hand(x, W, geo, 2)))
+
+
+def _saturating_u8s8(A, B):
+    """``A @ B`` as a uint8 x int8 kernel without VNNI sums it (``vpmaddubsw`` then
+    ``vpmaddwd``): each pair of byte products saturated to int16, the pair sums added in int32
+    (wrapping)."""
+    p = A.astype(np.int64)[:, :, None] * B.astype(np.int64)[None]
+    if p.shape[1] % 2:
+        p = np.concatenate([p, np.zeros_like(p[:, :1])], axis=1)
+    pairs = np.clip(p[:, 0::2] + p[:, 1::2], -2**15, 2**15 - 1)
+    return pairs.sum(axis=1).astype(np.int32)
+
+
+class _SaturatingSession:
+    """Stands for onnxruntime on a CPU whose uint8 x int8 MatMulInteger saturates."""
+
+    def __init__(self, model_bytes, *args, **kwargs):
+        import onnx
+
+        g = onnx.load_from_string(model_bytes).graph
+        self.inits = {t.name: nh.to_array(t) for t in g.initializer}
+
+    def run(self, _outputs, feeds):
+        f = {**self.inits, **feeds}
+        return [_saturating_u8s8(f["A"], f["B"])]
+
+
+def test_int8_weights_are_measured_once_and_refused_where_onnxruntime_saturates(monkeypatch):
+    """The first product that could take int8 weights asks onnxruntime, once per process,
+    whether its uint8 x int8 product is exact (the CPU flags do not tell which kernel it
+    picks); where pairs of byte products saturate, as without VNNI, the probe's worst case
+    shows it and the weights go as uint8, with exact products."""
+    import onnxruntime as ort
+
+    # on this machine onnxruntime's answer is exact (the probe's own figures, by numpy)
+    assert blas._int8_product_is_exact() is True
+    monkeypatch.setattr(ort, "InferenceSession", _SaturatingSession)
+    assert blas._int8_product_is_exact() is False
+    # the fake really saturates the probe's worst case, and only past int16
+    A, B = np.full((1, 4), 255, np.uint8), np.full((4, 1), -128, np.int8)
+    assert _saturating_u8s8(A, B)[0, 0] == 2 * -2**15 != 4 * 255 * -128
+    assert _saturating_u8s8(A[:, :2] // 2, B[:2] // 2)[0, 0] == 2 * 127 * -64
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(blas, "INT8_WEIGHTS", None)
+    monkeypatch.setattr(blas, "_int8_product_is_exact", lambda: calls.append(1) or False)
+    X, W = np.full((3, 4096), 255, np.int32), np.full((4096, 5), -128)
+    k = blas.MatrixKernels(1, "onnxruntime")
+    assert k._int_weights(np.full((4, 2), 300), const=False) is None and calls == []
+    for _ in range(3):
+        out = np.empty((3, 5), np.int32)
+        k.int_matmul(X, W, out)
+        np.testing.assert_array_equal(out, np.full((3, 5), 4096 * 255 * -128))
+    assert calls == [1] and blas.INT8_WEIGHTS is False
+    assert k._int_weights(W, const=False)[0].dtype == np.uint8
+
+
 def _patches_by_hand(x, W, geometry, G):
     """Y[n, G*Ng, *O] of a grouped convolution, cut patch by patch (zero padding)."""
     (kh, kw), (sh, sw), pads, (dh, dw) = geometry

@@ -43,10 +43,13 @@ consecutive integers within -255..255 is fed as uint8 with a zero point (``x + c
 they were), so its kernels run the uint8 x uint8 product, exact on every x86 path. The uint8 x
 int8 product is 2-2.7x faster where the CPU has VNNI (measured here, 1 thread: 20x1024x8210
 0.97 ms against 2.59 ms, 3136x576x64 0.64 against 1.51), and exact there (``vpdpbusd`` sums
-the byte products in int32), but on AVX2 without VNNI its pairwise 16-bit sums saturate, as
-onnxruntime's quantization documentation warns under ``reduce_range``: so int8 weights stay
-int8 only when the CPU flags (``/proc/cpuinfo``) name ``avx512_vnni`` or ``avx_vnni``
-(:data:`INT8_WEIGHTS`), and only in ``MatMulInteger``: onnxruntime's ``ConvInteger`` with
+the byte products in int32), but elsewhere its pairwise 16-bit sums saturate (``vpmaddubsw``,
+as onnxruntime's quantization documentation warns under ``reduce_range``). The CPU flags do
+not tell which kernel onnxruntime picks (a CPU with AVX512BW but without AVX512-VNNI gets the
+saturating one even when it has AVX-VNNI), so the first product that could use int8 weights
+runs the worst case through onnxruntime once per process and compares it with numpy
+(:func:`int8_weights`): int8 weights stay int8 only where it was exact, and only in
+``MatMulInteger``: onnxruntime's ``ConvInteger`` with
 int8 weights took 12.9 ms where uint8 ones took 2.3 ms (1x64x56x56, 3x3 -> 64, 1 thread).
 int32 sums wrap as the simulator's do. The choice is timed as for floats; the first product
 of each shape is computed by both and the onnxruntime route is kept only if its integers are
@@ -62,25 +65,69 @@ import time
 
 import numpy as np
 
+#: Integer weights that fit int8 stay int8 in onnxruntime's ``MatMulInteger`` (the faster uint8 x
+#: int8 product), else they are fed as uint8: True only where onnxruntime computes that product
+#: exactly on this CPU, which :func:`int8_weights` measures at first use and records here (None:
+#: not yet measured; set it to True or False to skip the measurement).
+INT8_WEIGHTS: bool | None = None
+_PROBE_LOCK = threading.Lock()
 
-def _has_vnni() -> bool:
-    """Whether this CPU's flags (Linux ``/proc/cpuinfo``) name ``avx512_vnni`` or
-    ``avx_vnni``: onnxruntime's uint8 x int8 kernels then sum byte products exactly in int32
-    (module docstring, "Integer products"). False where the flags cannot be read."""
+
+def int8_weights() -> bool:
+    """Whether onnxruntime's uint8 x int8 ``MatMulInteger`` is exact on this CPU
+    (:data:`INT8_WEIGHTS`, measured once per process by :func:`_int8_product_is_exact`)."""
+    global INT8_WEIGHTS
+    if INT8_WEIGHTS is None:
+        with _PROBE_LOCK:
+            if INT8_WEIGHTS is None:
+                INT8_WEIGHTS = _int8_product_is_exact()
+    return INT8_WEIGHTS
+
+
+def _int8_product_is_exact() -> bool:
+    """Run the worst case of a uint8 x int8 product through onnxruntime's ``MatMulInteger`` and
+    compare it with numpy's int64 product wrapped to int32: ``A`` all 255 against weight
+    columns all -128, all 127, alternating -128 and 127, and random int8, over K = 70000
+    (each pair of byte products, 2 x 255 x -128 = -65280 or 2 x 255 x 127 = 64770, overflows
+    int16, and the column sums pass 2**31, where int32 sums wrap). Both weight forms the
+    kernels use (an input; an initializer, which onnxruntime packs at load) and both a single
+    row (its matrix-vector kernel) and four. False if any integer differs or onnxruntime
+    fails. Costs a few milliseconds, once."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    K = 70000
+    A = np.full((4, K), 255, np.uint8)
+    B = np.empty((K, 4), np.int8)
+    B[:, 0], B[:, 1] = -128, 127
+    B[:, 2] = np.where(np.arange(K) % 2, 127, -128)
+    B[:, 3] = np.random.default_rng(0).integers(-128, 128, K)
+    want = (A.astype(np.int64) @ B.astype(np.int64)).astype(np.int32)  # mod 2**32
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    a = helper.make_tensor_value_info("A", TensorProto.UINT8, ["M", K])
+    y = helper.make_tensor_value_info("Y", TensorProto.INT32, None)
+    node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_vnni", "avx_vnni"})
-    except OSError:
-        pass
-    return False
+        for const in (False, True):
+            g = helper.make_graph(
+                [node], "probe", [a] if const else
+                [a, helper.make_tensor_value_info("B", TensorProto.INT8, [K, 4])], [y],
+                [numpy_helper.from_array(B, "B")] if const else [])
+            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                      ir_version=8)
+            sess = ort.InferenceSession(model.SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"])
+            for m in (1, 4):
+                feeds = {"A": A[:m]} if const else {"A": A[:m], "B": B}
+                if not np.array_equal(sess.run(None, feeds)[0], want[:m]):
+                    return False
+    except Exception:  # noqa: BLE001 - onnxruntime's own error types: not exact, then
+        return False
+    return True
 
 
-#: Integer weights that fit int8 stay int8 in onnxruntime's integer kernels (the faster uint8 x
-#: int8 product), else they are fed as uint8: only where that product is exact (:func:`_has_vnni`).
-INT8_WEIGHTS = _has_vnni()
 #: Kernel choices of :class:`MatrixKernels`.
 MATMULS = ("auto", "numpy", "onnxruntime")
 #: How much slower than the numpy route, timed warm on its own (:meth:`MatrixKernels.conv`), a
@@ -588,7 +635,7 @@ class MatrixKernels:
 
     def _int_weights(self, W: np.ndarray, const: bool, signed: bool = True):
         """``(Wq, const, c)``: ``W`` as int8 with zero point 0 when it fits, ``signed`` and
-        :data:`INT8_WEIGHTS`, else ``W + c`` as uint8 (zero point ``c``,
+        :func:`int8_weights`, else ``W + c`` as uint8 (zero point ``c``,
         :func:`_u8_offset`); None when ``W`` is not all integers spanning at most 256 values
         within -255..255. Kept per weight array when ``const`` (the array held: its address
         stays its own)."""
@@ -601,7 +648,7 @@ class MatrixKernels:
         lo, hi = (int(W.min()), int(W.max())) if W.size else (0, 256)
         c = _u8_offset(lo, hi)
         if c is not None and (W.dtype.kind in "iu" or np.array_equal(W, np.rint(W))):
-            if signed and INT8_WEIGHTS and lo >= -128 and hi <= 127:
+            if signed and lo >= -128 and hi <= 127 and int8_weights():
                 q = (W.astype(np.int8), const, 0)
             else:
                 q = ((W.astype(np.int16) + c).astype(np.uint8), const, c)
