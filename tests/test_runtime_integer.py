@@ -133,8 +133,14 @@ def test_int8_weights_are_measured_once_and_refused_where_onnxruntime_saturates(
     shows it and the weights go as uint8, with exact products."""
     import onnxruntime as ort
 
-    # on this machine onnxruntime's answer is exact (the probe's own figures, by numpy)
-    assert blas._int8_product_is_exact() is True
+    # the probe agrees with onnxruntime on one pair of byte products past int16, here
+    mm = h.make_model(h.make_graph(
+        [h.make_node("MatMulInteger", ["A", "B"], ["Y"])], "g",
+        [h.make_tensor_value_info("A", TP.UINT8, [4, 2]), h.make_tensor_value_info("B", TP.INT8, [2, 3])],
+        [h.make_tensor_value_info("Y", TP.INT32, None)]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    (pair,) = run_onnxruntime(mm, {"A": np.full((4, 2), 255, np.uint8), "B": np.full((2, 3), -128, np.int8)})
+    assert blas._int8_product_is_exact() is bool((pair == 2 * 255 * -128).all())
     monkeypatch.setattr(ort, "InferenceSession", _SaturatingSession)
     assert blas._int8_product_is_exact() is False
     # the fake really saturates the probe's worst case, and only past int16
