@@ -45,8 +45,9 @@ int8 product is 2-2.7x faster where the CPU has VNNI (measured here, 1 thread: 2
 0.97 ms against 2.59 ms, 3136x576x64 0.64 against 1.51), and exact there (``vpdpbusd`` sums
 the byte products in int32), but elsewhere its pairwise 16-bit sums saturate (``vpmaddubsw``,
 as onnxruntime's quantization documentation warns under ``reduce_range``). The CPU flags do
-not tell which kernel onnxruntime picks (a CPU with AVX512BW but without AVX512-VNNI gets the
-saturating one even when it has AVX-VNNI), so the first product that could use int8 weights
+not tell which kernel onnxruntime picks (in its MLAS ``platform.cpp`` the AVX512BW check comes
+after the AVX-VNNI one and picks the saturating kernel unless AVX512-VNNI is there too, and
+AMX replaces both), so the first product that could use int8 weights
 runs the worst case through onnxruntime once per process and compares it with numpy
 (:func:`int8_weights`): int8 weights stay int8 only where it was exact, and only in
 ``MatMulInteger``: onnxruntime's ``ConvInteger`` with
