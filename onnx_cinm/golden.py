@@ -1027,9 +1027,9 @@ class StepwiseCheck:
     anything wrong. Here every quantized tensor of the candidate is computed from the
     *reference's* quantized inputs, so a difference cannot cascade, and must match the
     reference's level, or be one step off where the reference's float value lies at a rounding
-    tie (:func:`onnx_cinm.quantref.at_rounding_tie`: within
-    :data:`~onnx_cinm.quantref.TIE_ULPS` float32 ulps of the value of a half step, inside the
-    type's range, the candidate on one of the two levels around it).
+    tie (:func:`onnx_cinm.quantref.at_rounding_tie`: within :data:`~onnx_cinm.quantref.TIE_ULPS`
+    ulps of the value, float32 ones for a float32 model, of a half step, inside the type's
+    range, the candidate on one of the two levels around it).
 
     Attributes
     ----------
@@ -1080,7 +1080,7 @@ class StepwiseCheck:
                f"{self.onnxruntime_self:.3g} here" if self.onnxruntime_self is not None else "")
         if self.ok:
             ties = (f", {self.at_ties} of {self.elements} elements one step off at rounding ties "
-                    f"(within {quantref.TIE_ULPS} float32 ulps of a half step, inside the "
+                    f"(within {quantref.TIE_ULPS} ulps of the value of a half step, inside the "
                     f"type's range)")
             return (f"quantized model: {which} recomputed from the original's quantized inputs "
                     f"matches it{ties}; the end-to-end error is such one-step differences "
