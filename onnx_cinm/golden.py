@@ -1009,11 +1009,6 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         rec.mismatched += off
 
 
-#: A quantized tensor one step off the reference's is a rounding question, not an error, where
-#: the reference's float value before its ``QuantizeLinear`` lies within this share of its size
-#: (in steps, and at least this many steps) of a rounding tie: the float32 check's rtol.
-TIE_RTOL = DEFAULT_RTOL
-
 #: Quantized element types the stepwise check compares (onnxruntime returns them as numpy
 #: integers).
 _STEPWISE_TYPES = frozenset({TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16,
@@ -1031,8 +1026,10 @@ class StepwiseCheck:
     outputs of a deep model can then differ by far more than one step although no op computes
     anything wrong. Here every quantized tensor of the candidate is computed from the
     *reference's* quantized inputs, so a difference cannot cascade, and must match the
-    reference's level, or be one step off where the reference's float value lies within
-    :data:`TIE_RTOL` of a rounding tie.
+    reference's level, or be one step off where the reference's float value lies at a rounding
+    tie (:func:`onnx_cinm.quantref.at_rounding_tie`: within :data:`~onnx_cinm.quantref.TIE_ULPS`
+    ulps of the value, float32 ones for a float32 model, of a half step, inside the type's
+    range, the candidate on one of the two levels around it).
 
     Attributes
     ----------
@@ -1068,9 +1065,11 @@ class StepwiseCheck:
 
     @property
     def ok(self) -> bool:
-        """At least one tensor compared, none off beyond a rounding tie, and every output
-        within tolerance."""
-        return self.tensors > 0 and not self.off and all(o.ok for o in self.outputs)
+        """Whether this explains an end-to-end failure as rounding ties cascading: at least one
+        tensor compared, at least one element one step off at a tie (with none, the tensors
+        all match and a cascade cannot be what moved the outputs), none off beyond that, and
+        every output within tolerance."""
+        return self.tensors > 0 and self.at_ties > 0 and not self.off and all(o.ok for o in self.outputs)
 
     def summary(self) -> str:
         """One clause for :meth:`CheckReport.summary`."""
@@ -1081,12 +1080,17 @@ class StepwiseCheck:
                f"{self.onnxruntime_self:.3g} here" if self.onnxruntime_self is not None else "")
         if self.ok:
             ties = (f", {self.at_ties} of {self.elements} elements one step off at rounding ties "
-                    f"(within rtol {TIE_RTOL:g} of a half step)" if self.at_ties else "")
+                    f"(within {quantref.TIE_ULPS} ulps of the value of a half step, inside the "
+                    f"type's range)")
             return (f"quantized model: {which} recomputed from the original's quantized inputs "
                     f"matches it{ties}; the end-to-end error is such one-step differences "
                     f"cascading through the layers{ort}")
         if not self.tensors:
             return "tensor by tensor: the optimized model keeps none of the quantized tensors' names"
+        if not self.off and all(o.ok for o in self.outputs):  # no tie: nothing cascaded
+            return (f"tensor by tensor, {which} recomputed from the original's quantized inputs "
+                    f"matches it with no element at a rounding tie, so the end-to-end error is "
+                    f"no cascade of rounding ties")
         if not self.off:
             o = next(o for o in self.outputs if not o.ok)
             return (f"tensor by tensor, output '{o.name}' computed from the original's quantized "
@@ -1194,15 +1198,16 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
             if (d == 1).any():
                 one_step[name] = d == 1
         # one step off: is the reference at a rounding tie there? its floats, one more run
-        floats = {before[n][0]: before[n][1] for n in one_step if before[n][0] not in graph_inputs}
+        floats = {before[n].input: before[n].input_type for n in one_step
+                  if before[n].input not in graph_inputs}
         values = {}
         if floats:
             run = _OrtModel(quantref.with_outputs(ref, floats))
             values = dict(zip(run.output_names, run.run(feeds)))
         for name, where in one_step.items():
-            x, _, scale, axis = before[name]
-            steps = quantref.in_steps(values[x] if x in values else feeds[x], scale, axis)
-            near = quantref.tie_distance(steps) <= TIE_RTOL * np.maximum(1.0, np.abs(steps))
+            q = before[name]
+            near = quantref.at_rounding_tie(values[q.input] if q.input in values else feeds[q.input],
+                                            c[name], q)
             check.at_ties += int((where & near).sum())
             if (where & ~near).any():
                 count(name, int((where & ~near).sum()), 1)
@@ -1251,9 +1256,10 @@ def compare(
         The candidate as a model, when ``candidate`` is a runner: a quantized reference whose
         float outputs fail with default tolerances is then judged tensor by tensor
         (:func:`compare_stepwise`: one-step rounding-tie differences cascade through the
-        layers of a QDQ model) on onnxruntime's run of this model, after the runner is found to
-        compute what that run computes (first input set). A candidate given as a model is
-        used itself (this argument is then ignored).
+        layers of a QDQ model) on onnxruntime's run of this model, after the runner's outputs
+        (kept from the main comparison for every input set, so the runner is run once per set)
+        are found to equal that run's. A candidate given as a model is used itself (this
+        argument is then ignored). Not used for a reference with no quantized tensor.
 
     Returns
     -------
@@ -1292,7 +1298,8 @@ def compare(
     reference, exact = _exact_integers(reference)
     ref_model = _OrtModel(reference)
     k = reduction_length(reference) if atol is None else 1  # widens the default atol only
-    steps = quantref.output_steps(_load_header(reference))
+    header = _load_header(reference)
+    steps = quantref.output_steps(header)
     try:
         # a runner object (``input_names``, ``output_names``, ``run(feeds)``, e.g. the CINM
         # execution provider's) is used as it is; anything else is loaded into onnxruntime
@@ -1337,7 +1344,13 @@ def compare(
         report.ok = False
         return report
 
+    runner = candidate if hasattr(candidate, "output_names") else None
+    if runner is None:
+        stepwise = candidate
+    # judged tensor by tensor if it fails: decided on the reference's graph before any run
+    judge = stepwise is not None and rtol is None and atol is None and _is_quantized(header)
     ran: list = []  # the input sets both models ran on, for the stepwise check
+    replies: dict = {}  # with a runner: its outputs per input set (by the arrays fed)
     for inputs in input_sets:
         try:
             ref_out = dict(zip(ref_model.output_names, ref_model.run(inputs)))
@@ -1346,10 +1359,13 @@ def compare(
             report.skipped.append(f"{e} (inputs: {shapes_seen})")
             continue
         try:
-            cand_out = dict(zip(cand_model.output_names, cand_model.run(inputs)))
+            cand_list = cand_model.run(inputs)
         except CinmError as e:
             raise CheckFailed(f"candidate model: {e}") from None
+        cand_out = dict(zip(cand_model.output_names, cand_list))
         ran.append(inputs)
+        if judge and runner is not None:
+            replies[_feeds_key(inputs)] = cand_list
         for name in names:
             if name not in ref_out or name not in cand_out:
                 continue
@@ -1365,27 +1381,58 @@ def compare(
     if not report.runs:  # not one set ran: the check cannot judge anything
         raise ReferenceFailed(report.skipped[0])
     report.ok = all(o.ok for o in report.outputs) and not report.problems
-    runner = candidate if hasattr(candidate, "output_names") else None
-    if runner is None:
-        stepwise = candidate
     failed = [o for o in report.outputs if not o.ok]
-    if failed and stepwise is not None and rtol is None and atol is None \
-            and not report.problems and all(not o.note and o.dtype.startswith("float") for o in failed):
-        _judge_stepwise(report, failed, reference, stepwise, ran, runner)
+    if failed and judge and not report.problems \
+            and all(not o.note and o.dtype.startswith("float") for o in failed):
+        _judge_stepwise(report, failed, reference, stepwise, ran,
+                        _Replay(runner, replies) if runner is not None else None)
     return report
 
 
+def _is_quantized(header: onnx.ModelProto) -> bool:
+    """Whether a model (``header``: its graph; external weights need not be loaded) has a
+    quantized tensor for :func:`compare_stepwise`: a ``QuantizeLinear`` output of a
+    :data:`_STEPWISE_TYPES` type, or a QLinearMatMul/QLinearConv (which :func:`_exact_integers`
+    may rewrite into one)."""
+    return any(n.op_type in ("QLinearMatMul", "QLinearConv") for n in header.graph.node) or any(
+        t in _STEPWISE_TYPES for t in quantref.quantized_tensors(header).values())
+
+
+def _feeds_key(feeds: Mapping[str, np.ndarray]) -> tuple:
+    """An input set by the identity of its arrays (they stay alive for the whole check)."""
+    return tuple(sorted((k, id(v)) for k, v in feeds.items()))
+
+
+class _Replay:
+    """A runner that answers each input set with the outputs another runner gave for it in
+    :func:`compare`'s main loop (``replies``: :func:`_feeds_key` -> list of outputs), so that
+    its results can be compared with another model's without running it again."""
+
+    def __init__(self, runner, replies: dict):
+        self.input_names = list(runner.input_names)
+        self.output_names = list(runner.output_names)
+        self._replies = replies
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        """The outputs kept for ``feeds``; CinmError for a set the runner was not run on."""
+        got = self._replies.get(_feeds_key(feeds))
+        if got is None:
+            raise CinmError("the runner was not run on this input set")
+        return got
+
+
 def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: ModelLike,
-                    candidate: ModelLike, input_sets: list, runner=None) -> None:
+                    candidate: ModelLike, input_sets: list, runner: _Replay | None = None) -> None:
     """Judge a failed check of a quantized ``reference`` tensor by tensor: the outputs in
     ``failed`` are cleared (``stepwise``) and ``report`` passes when :func:`compare_stepwise`
     does; the report records the stepwise check either way (nothing when the reference has no
-    quantized tensor). With a ``runner`` (the execution provider on ``candidate``), the stepwise
-    check runs onnxruntime on ``candidate`` (the model's reference functions), so the runner
-    must first compute what that computes (:func:`compare` of the two, first input set)."""
+    quantized tensor). With a ``runner`` (the outputs the execution provider on ``candidate``
+    gave for each of ``input_sets``), the stepwise check runs onnxruntime on ``candidate`` (the
+    model's reference functions), so the runner must first have computed what that computes
+    (:func:`compare` of the two, every input set; the runner is not run again)."""
     try:
         if runner is not None:
-            same = compare(candidate, runner, feeds=input_sets[:1])
+            same = compare(candidate, runner, feeds=input_sets)
             if not same.ok:
                 report.notes.append("not judged tensor by tensor: the runner differs from onnxruntime "
                                     f"on the optimized model ({same.summary()})")

@@ -33,12 +33,14 @@ outputs of two correct computations can differ by far more (LEADER: 6.26, as muc
 onnxruntime's own optimized and unoptimized sessions differ). :func:`quantized_tensors`,
 :func:`with_outputs` and :func:`fed_from_reference` let ``golden.compare_stepwise`` compute
 each quantized tensor of the candidate from the reference's quantized inputs, and
-:func:`quantizer_inputs`, :func:`in_steps` and :func:`tie_distance` tell a one-step difference
-at a tie from one that is not.
+:func:`quantizer_inputs` and :func:`at_rounding_tie` tell a one-step difference at a tie (the
+reference's float value within a few ulps of a half step, inside the type's range, the
+candidate on one of the two levels around it) from one that is not.
 """
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -273,34 +275,94 @@ def fed_from_reference(model: onnx.ModelProto, tensors: dict[str, int]) -> onnx.
     return out
 
 
-def quantizer_inputs(model: onnx.ModelProto, names) -> dict[str, tuple[str, int, np.ndarray, int]]:
-    """``{quantized tensor: (its float input, that input's element type, scale, axis)}`` for the
-    ``QuantizeLinear`` outputs ``names`` of ``model``'s main graph (the scale as float64; its
-    element type is the input's; axis as written, default 1)."""
+#: A candidate's level one step off the reference's is a rounding question where the reference's
+#: float value lies within this many ulps of that value (float32 for a float32 model; in steps)
+#: of a rounding tie: the value itself is only known to its type's precision, and the two computations round
+#: differently on the way to it (LEADER, afis 1.2.7 QDQ, exact int32 products against
+#: onnxruntime's float32 sums: the farthest of its one-step differences lies 5.4 ulps from its
+#: tie, measured). A window that grew with the value (a relative tolerance) would take a
+#: saturated value (thousands of steps past the type's range) for a tie.
+TIE_ULPS = 8
+
+
+class QuantizerInput(NamedTuple):
+    """A ``QuantizeLinear``'s float input and its grid (:func:`quantizer_inputs`).
+
+    ``scale`` float64, a scalar or one value per index of ``axis``; ``zero_point`` int64 of
+    the same shape (0 without one); ``qmin``, ``qmax`` the range of the quantized type
+    (uint8: 0, 255)."""
+
+    input: str
+    input_type: int
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+    qmin: int
+    qmax: int
+
+
+def quantizer_inputs(model: onnx.ModelProto, names: dict[str, int]) -> dict[str, QuantizerInput]:
+    """``{quantized tensor: QuantizerInput}`` for the ``QuantizeLinear`` outputs ``names``
+    (``{name: element type}``, :func:`quantized_tensors`) of ``model``'s main graph: the float
+    input, its element type (the scale's), scale as float64, zero point as int64, axis as
+    written (default 1) and the range of the element type."""
     inits = {t.name: t for t in model.graph.initializer}
     out = {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.output[0] in names:
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             scale = inits[node.input[1]]
-            out[node.output[0]] = (node.input[0], scale.data_type,
-                                   numpy_helper.to_array(scale).astype(np.float64), axis)
+            zp = node.input[2] if len(node.input) > 2 else ""
+            info = np.iinfo(helper.tensor_dtype_to_np_dtype(names[node.output[0]]))
+            out[node.output[0]] = QuantizerInput(
+                node.input[0], scale.data_type, numpy_helper.to_array(scale).astype(np.float64),
+                numpy_helper.to_array(inits[zp]).astype(np.int64) if zp else np.zeros((), np.int64),
+                axis, int(info.min), int(info.max))
     return out
+
+
+def _along(a: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """A scalar as it is, a vector shaped to broadcast along ``axis`` of an ``ndim`` array."""
+    if not np.ndim(a):
+        return a
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return np.reshape(a, shape)
 
 
 def in_steps(value: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
     """``value / scale`` in float64: a quantizer's float input in quantization steps (before
-    the zero point, an integer, which moves no rounding tie). ``scale`` is a scalar or one
-    value per index of ``axis``."""
+    the zero point). ``scale`` is a scalar or one value per index of ``axis``."""
     steps = np.asarray(value, np.float64)
-    if np.ndim(scale):
-        shape = [1] * steps.ndim
-        shape[axis % steps.ndim] = -1
-        scale = np.reshape(scale, shape)
-    return steps / scale
+    return steps / _along(scale, axis, steps.ndim)
 
 
 def tie_distance(steps: np.ndarray) -> np.ndarray:
     """How far values in quantization steps (:func:`in_steps`) lie from the nearest rounding
     tie, a half-integer: 0 at a tie, 0.5 on a level."""
     return np.abs(steps - np.floor(steps) - 0.5)
+
+
+def at_rounding_tie(value: np.ndarray, level: np.ndarray, q: QuantizerInput,
+                    ulps: float = TIE_ULPS) -> np.ndarray:
+    """Where a quantizer's float input ``value`` (the reference's; float32 or float16, an
+    integer input counted as float32) sits so close to a
+    rounding tie that ``level`` (the candidate's integer output, same shape) may rightly be the
+    other neighbour: bool array, True where all of
+
+    - ``value / scale + zero_point`` lies inside the type's range (``qmin - 0.5 < v < qmax +
+      0.5``): outside it the quantizer saturates, and no tie is involved;
+    - ``level`` is ``floor(v)`` or ``floor(v) + 1``, the two levels around ``v``;
+    - ``v`` lies within ``ulps`` ulps of ``value`` in its float type (in steps: the ulp over
+      ``|scale|``) of a half-integer.
+    """
+    value = np.asarray(value)
+    v = in_steps(value, q.scale, q.axis) + _along(q.zero_point, q.axis, value.ndim)
+    inside = (v > q.qmin - 0.5) & (v < q.qmax + 0.5)
+    low = np.floor(v)
+    level = np.asarray(level, np.int64)
+    neighbour = (level == low) | (level == low + 1)
+    mag = np.abs(value)
+    ulp = np.spacing(mag if mag.dtype.kind == "f" else mag.astype(np.float32)).astype(np.float64)
+    window = ulps * ulp / np.abs(_along(q.scale, q.axis, value.ndim))
+    return inside & neighbour & (tie_distance(v) <= window)

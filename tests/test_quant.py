@@ -538,3 +538,103 @@ def test_a_wrong_float_path_beside_a_quantized_one_is_not_cleared_tensor_by_tens
     assert [(o.name, o.ok) for o in step.outputs] == [("y", True), ("z", False)]
     assert step.outputs[1].max_abs_err == pytest.approx(0.5)
     assert "output 'z' computed from the original's quantized tensors is still off" in report.summary()
+
+
+def _saturating(cap=None):
+    """x -> Mul(1e4) -> Q(scale 1, uint8) -> DQ -> Mul(10): inputs above 0.0255 saturate the
+    quantizer at 255 (thousands of steps past its range). With ``cap``, a Min(cap) before the
+    quantizer: a candidate that clips one level too early."""
+    c = lambda v, n, dt=np.float32: nh.from_array(np.array(v, dt), n)
+    nodes = [h.make_node("Mul", ["x", "big"], ["f"])]
+    src = "f"
+    if cap is not None:
+        nodes.append(h.make_node("Min", ["f", "cap"], ["f_capped"]))
+        src = "f_capped"
+    nodes += [h.make_node("QuantizeLinear", [src, "s", "z"], ["q"]),
+              h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), h.make_node("Mul", ["d", "gain"], ["y"])]
+    inits = [c(1e4, "big"), c(1.0, "s"), c(0, "z", np.uint8), c(10.0, "gain")] + ([c(cap, "cap")] if cap is not None else [])
+    return _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [4])], [h.make_tensor_value_info("y", TP.FLOAT, [4])], inits)
+
+
+def test_a_saturated_quantizer_one_level_off_is_no_rounding_tie():
+    """A candidate that saturates at 254 instead of 255 is one level off wherever the input
+    saturates; 6000..9000 steps past the range, the value is no tie of anything (a window that
+    grew with the value, rtol x |steps|, took it for one): the check fails and names 'q'."""
+    from onnx_cinm import golden
+
+    ref, cand = _saturating(), _saturating(cap=254.0)
+    x = np.array([0.6, 0.7, 0.9, 0.01], np.float32)  # 6000, 7000, 9000 steps; 100 steps
+    want, got = run_onnxruntime(ref, {"x": x})[0], run_onnxruntime(cand, {"x": x})[0]
+    np.testing.assert_array_equal(want, [2550, 2550, 2550, 1000])
+    np.testing.assert_array_equal(got, [2540, 2540, 2540, 1000])
+    report = golden.compare(ref, cand, feeds=[{"x": x}])
+    assert not report.ok and report.stepwise is not None
+    assert (report.stepwise.at_ties, report.stepwise.off) == (0, [("q", 3, 4, 1)])
+    assert "first quantized tensor off beyond a rounding tie is 'q': 3 of 4 elements" in report.summary()
+
+
+def test_at_rounding_tie_needs_the_range_a_neighbour_level_and_float32_closeness():
+    """quantref.at_rounding_tie on hand-made values (uint8, scale 0.5, zero point 10): 50.25 is
+    100.5 steps + 10 = 110.5, a tie between 110 and 111; one float32 ulp above it still is; 50.3
+    (110.6) is not; 122.75 (255.5 after the zero point, rounds to 256: saturated) is not; a
+    candidate two levels away is not."""
+    from onnx_cinm import quantref
+
+    q = quantref.QuantizerInput("f", TP.FLOAT, np.array(0.5), np.array(10), 1, 0, 255)
+    tie = np.float32(50.25)
+    value = np.array([tie, tie, np.nextafter(tie, np.float32(99)), 50.3, 122.75, tie], np.float32)
+    level = np.array([110, 111, 110, 110, 254, 112])
+    got = quantref.at_rounding_tie(value, level, q)
+    np.testing.assert_array_equal(got, [True, True, True, False, False, False])
+
+
+def test_a_runner_is_checked_on_every_input_set_from_the_outputs_it_gave():
+    """The provider is trusted to compute what onnxruntime computes on the saved model only
+    after its outputs for every input set (not the first alone) are found equal; it is run once
+    per set, not again for that."""
+    from onnx_cinm import golden
+
+    ref = _saturating()
+    sets = [{"x": np.array([0.001, 0.002, 0.003, 0.004], np.float32)},
+            {"x": np.array([0.0005, 0.0015, 0.0025, 0.0035], np.float32)}]
+    calls = []
+
+    class Runner:  # right on the first set, 37 off on the second
+        input_names, output_names = ["x"], ["y"]
+
+        def run(self, feeds):
+            calls.append(1)
+            return [run_onnxruntime(ref, feeds)[0] + (37.0 if len(calls) == 2 else 0.0)]
+
+    report = golden.compare(ref, Runner(), feeds=sets, stepwise=ref)
+    assert not report.ok and len(calls) == 2 and report.max_abs_err == pytest.approx(37.0)
+    assert any(n.startswith("not judged tensor by tensor: the runner differs") for n in report.notes)
+
+
+def test_a_stepwise_check_with_no_element_at_a_tie_clears_nothing():
+    """Every quantized tensor equal and no element at a tie: whatever moved the outputs end to
+    end, it was no cascade of rounding ties, so the check does not pass on it."""
+    from onnx_cinm.golden import OutputCheck, StepwiseCheck
+
+    step = StepwiseCheck(tensors=1, total=1, elements=4, outputs=[OutputCheck("y")])
+    assert not step.ok and "no cascade of rounding ties" in step.summary()
+
+
+def test_a_float_model_is_not_judged_tensor_by_tensor():
+    """A float model failing through a runner: no quantized tensor, so no stepwise check, no
+    second run of the runner and no note about it."""
+    from onnx_cinm import golden
+
+    ref = _model([h.make_node("Mul", ["x", "k"], ["y"])], [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+                 [h.make_tensor_value_info("y", TP.FLOAT, [4])], [nh.from_array(np.array(3.0, np.float32), "k")])
+    calls = []
+
+    class Runner:
+        input_names, output_names = ["x"], ["y"]
+
+        def run(self, feeds):
+            calls.append(1)
+            return [run_onnxruntime(ref, feeds)[0] + 1.0]
+
+    report = golden.compare(ref, Runner(), feeds=[{"x": np.ones(4, np.float32)}], stepwise=ref)
+    assert not report.ok and len(calls) == 1 and report.notes == [] and report.stepwise is None
