@@ -1028,8 +1028,9 @@ class StepwiseCheck:
     *reference's* quantized inputs, so a difference cannot cascade, and must match the
     reference's level, or be one step off where the reference's float value lies at a rounding
     tie (:func:`onnx_cinm.quantref.at_rounding_tie`: within :data:`~onnx_cinm.quantref.TIE_ULPS`
-    ulps of the value, float32 ones for a float32 model, of a half step, inside the type's
-    range, the candidate on one of the two levels around it).
+    ulps of the value, float32 ones for a float32 model, or :data:`~onnx_cinm.quantref.TIE_RTOL`
+    of it, whichever is wider, of a half step, inside the type's range, the candidate on one of
+    the two levels around it).
 
     Attributes
     ----------
@@ -1080,8 +1081,8 @@ class StepwiseCheck:
                f"{self.onnxruntime_self:.3g} here" if self.onnxruntime_self is not None else "")
         if self.ok:
             ties = (f", {self.at_ties} of {self.elements} elements one step off at rounding ties "
-                    f"(within {quantref.TIE_ULPS} ulps of the value of a half step, inside the "
-                    f"type's range)")
+                    f"(within {quantref.TIE_ULPS} ulps or {quantref.TIE_RTOL:g} of the value of a "
+                    f"half step, inside the type's range)")
             return (f"quantized model: {which} recomputed from the original's quantized inputs "
                     f"matches it{ties}; the end-to-end error is such one-step differences "
                     f"cascading through the layers{ort}")
