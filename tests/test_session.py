@@ -571,7 +571,7 @@ def test_run_profile_counts_partitions_alike_with_nodes_outside_them(tmp_path, c
     own = ("host 1 node on numpy kernels" if place else "upmem 1 node")
     assert (f"  partitions: {n_parts} host partitions ({n_nodes - 1} nodes; 13 of them upmem "
             f"nodes charged by its cost model), {own}\n") in out
-    assert (f"mean of 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
+    assert (f"over 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
             f"device nodes in model mode, each also a row), {own}\n") in out
     if place:
         assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes; 1 node on numpy " \
