@@ -132,6 +132,11 @@ def test_cli_run_and_compare(lenet, tmp_path, capsys):
     np.testing.assert_allclose(got[original.graph.output[0].name], ref, rtol=1e-4, atol=1e-5)
     records = json.loads(prof.read_text())
     assert {r["run"] for r in records} == {0, 1}
+    # --profile-out keeps the first run (the warm-up the table leaves out), node for node
+    assert [r["node"] for r in records if r["run"] == 0] == [r["node"] for r in records if r["run"] == 1]
+    from onnx_cinm.text import si
+    first = sum(r["wall_s"] or 0.0 for r in records if r["run"] == 0)
+    assert f"first run, including one-time kernel selection: {si(first, 's')}" in text
     assert main(["compare", str(src), str(opt), "--runs", "2"]) == 0
     assert "OK" in capsys.readouterr().out
     assert main(["compare", "--example", "lenet", str(opt), "--runs", "1"]) == 0  # same model
