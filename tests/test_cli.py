@@ -463,7 +463,8 @@ def test_report_and_run_tell_a_model_optimize_wrote_from_one_it_did_not(tmp_path
     'run tree.onnx' (written by optimize, a TreeEnsemble no device takes) warned 'was it
     written by onnx-cinm optimize?'. Report now refuses a model optimize did not write (one
     line, exit 1, nothing written); run warns only then, and notes the other case."""
-    from onnx import TensorProto as TP, helper
+    from onnx import TensorProto as TP
+    from onnx import helper
 
     g = helper.make_graph([helper.make_node("Floor", ["x"], ["y"], name="r")], "g",  # no device op
                           [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3])],

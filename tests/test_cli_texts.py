@@ -44,6 +44,7 @@ def test_optimize_help_texts(capsys):
 def test_list_passes_names_the_real_skip_flag(capsys):
     """Trial s23: --list-passes said '--skip does not take them'; the flag is --skip-pass.
     Every --flag the listing names must be an option optimize accepts."""
+    import argparse
     import re
 
     from onnx_cinm.cli import main
@@ -52,6 +53,6 @@ def test_list_passes_names_the_real_skip_flag(capsys):
     assert main(["optimize", "--list-passes"]) == 0
     named = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
     assert "--skip-pass" in named
-    sub = next(a for a in _parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = {f for a in sub.choices["optimize"]._actions for f in a.option_strings}
     assert named <= flags, named - flags

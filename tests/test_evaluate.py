@@ -297,10 +297,10 @@ def test_progress_lines_in_a_pipe_are_rate_limited():
         bar.update(n)
     # 20 of 100 at 20 s: 80 s (1.33 min) left at 1 per second; 60 at 36 s (16 s after the last line)
     assert out.getvalue().splitlines() == [
-        "onnx-cinm evaluate: 20/100 sample runs (25 samples x 4 configurations, 20%), 20 s "
-        "elapsed, about 1.33 min left",
-        "onnx-cinm evaluate: 60/100 sample runs (25 samples x 4 configurations, 60%), 36 s "
-        "elapsed, about 24 s left"]
+        ("onnx-cinm evaluate: 20/100 sample runs (25 samples x 4 configurations, 20%), 20 s "
+         "elapsed, about 1.33 min left"),
+        ("onnx-cinm evaluate: 60/100 sample runs (25 samples x 4 configurations, 60%), 36 s "
+         "elapsed, about 24 s left")]
 
 
 def test_evaluate_shows_progress_in_a_pipe(digits_files, capsys, monkeypatch):

@@ -10,8 +10,9 @@ from onnx_cinm.runtime.profile import aggregate, steady, table
 
 
 def _rec(run, node, wall, lat=None, dev="host", mode="onnxruntime"):
-    return dict(run=run, node=node, op_type="Op", device=dev, mode=mode, wall_s=wall,
-                latency_s=lat, energy_j=None, writes=0, bytes_moved=0, nodes=1, basis=None)
+    return {"run": run, "node": node, "op_type": "Op", "device": dev, "mode": mode,
+            "wall_s": wall, "latency_s": lat, "energy_j": None, "writes": 0, "bytes_moved": 0,
+            "nodes": 1, "basis": None}
 
 
 def _four_runs():
