@@ -769,7 +769,7 @@ class OutputCheck:
                 or self.max_rel_err <= self.rtol:
             return ""
         why = self.widened_text()
-        below = f", below atol/rtol {self.atol / self.rtol:.2g}" if self.rtol > 0 else ""
+        below = f", below atol/rtol {self.atol / self.rtol:.3g}" if self.rtol > 0 else ""
         return (f"'{self.name}' max rel err {self.max_rel_err:.2g} is at an element of "
                 f"|reference| {self.rel_err_ref:.2g}{below}, where atol {self.atol:.2g}"
                 + (f" ({why})" if why else "") + " allows more than rtol")
