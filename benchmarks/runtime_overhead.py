@@ -86,7 +86,7 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
         ref.run(None, feeds)
         orig.append(time.perf_counter() - t)
         orig_cpu.append(time.process_time() - c)
-    records = [r for r in sess.profile() if r["run"] > 0]  # not the warm-up
+    records = profile.steady(sess.profile())  # not the warm-up run, as --profile shows it
     split = {"memristor": 0.0, "host": 0.0, "upmem": 0.0}
     split.update(profile.median_split(records))
     accounted = [0.0] * runs

@@ -696,10 +696,15 @@ class OutputCheck:
     rtol, atol : float or None
         The tolerances this output was judged with (None until compared).
     rel_err_ref : float
-        ``|reference|`` at the element of ``max_rel_err`` (floats): a relative error far above
-        ``rtol`` on an element this close to 0 is covered by ``atol`` (:meth:`rel_err_note`).
+        ``|reference|`` at the element of ``max_rel_err`` (floats): a relative error above
+        ``rtol`` on an element below ``atol / rtol`` in size is covered by ``atol``
+        (:meth:`rel_err_note`).
     k : int
-        The reduction length ``atol`` was widened for (1: not widened).
+        The reduction length ``atol`` was widened for (1: not widened by that rule).
+    widened_by : str
+        The rule that gave the default ``atol`` its value when it exceeds the dtype's
+        (:func:`default_tolerance`): ``"sum"`` (the rounding of a ``k``-long reduction,
+        :func:`accumulation_atol`), ``"step"`` (one quantization step of the output), or ''.
     stepwise : bool
         Beyond tolerance end to end, but judged OK tensor by tensor (a quantized model whose
         one-step rounding-tie differences cascade: :class:`StepwiseCheck`).
@@ -721,6 +726,7 @@ class OutputCheck:
     rel_err_ref: float = 0.0
     k: int = 1
     stepwise: bool = False
+    widened_by: str = ""
 
     @property
     def rel_rms_err(self) -> float:
@@ -749,16 +755,24 @@ class OutputCheck:
     rtol: float | None = None
     atol: float | None = None
 
+    def widened_text(self) -> str:
+        """What widened the default ``atol`` (:attr:`widened_by`), in words ('' if nothing):
+        ``rounding of a sum of 160 terms`` or ``one quantization step``."""
+        return {"sum": f"rounding of a sum of {self.k} terms",
+                "step": "one quantization step"}.get(self.widened_by, "")
+
     def rel_err_note(self) -> str:
         """Why a passing output's ``max_rel_err`` exceeds ``rtol`` ('' if it does not): the
-        element is so close to 0 that ``atol`` bounds its error instead (``|c - r| <= atol +
-        rtol |r|``), ``atol`` widened for the rounding of a ``k``-long reduction."""
+        element is smaller than ``atol / rtol``, where ``atol`` allows more than ``rtol`` does
+        (``|c - r| <= atol + rtol |r|``), and what widened ``atol`` (:meth:`widened_text`)."""
         if not self.ok or self.stepwise or self.rtol is None or not math.isfinite(self.max_rel_err) \
                 or self.max_rel_err <= self.rtol:
             return ""
-        widened = f", widened for the rounding of a sum of {self.k} terms" if self.k > 1 else ""
-        return (f"'{self.name}' max rel err {self.max_rel_err:.2g} is at an element near 0 "
-                f"(|reference| {self.rel_err_ref:.2g}), judged by atol {self.atol:.2g}{widened}")
+        why = self.widened_text()
+        below = f", below atol/rtol {self.atol / self.rtol:.3g}" if self.rtol > 0 else ""
+        return (f"'{self.name}' max rel err {self.max_rel_err:.2g} is at an element of "
+                f"|reference| {self.rel_err_ref:.2g}{below}, where atol {self.atol:.2g}"
+                + (f" ({why})" if why else "") + " allows more than rtol")
 
     def _fail(self, note: str) -> None:
         self.ok = False
@@ -894,7 +908,7 @@ class CheckReport:
         text = "rtol/atol by dtype: " + ", ".join(f"{d} {r:g}/{a:g}" for d, r, a in sorted(by))
         if widened:
             text += "; atol widened: " + ", ".join(
-                f"{o.name} {o.atol:.3g} ({f'rounding of a sum of {o.k} terms' if o.k > 1 else 'one quantization step'})"
+                f"{o.name} {o.atol:.3g}" + (f" ({o.widened_text()})" if o.widened_text() else "")
                 for o in widened[:3]) + (f" and {len(widened) - 3} more" if len(widened) > 3 else "")
         return text
 
@@ -945,9 +959,12 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         d_rtol, d_atol = default_tolerance(ref.dtype)
         if atol is None and ref.dtype.kind == "f":
             acc = accumulation_atol(ref, k)
-            if acc > d_atol:
-                rec.k = max(rec.k, k)
-            d_atol = max(d_atol, acc, step)
+            wide = max(d_atol, acc, step)
+            if wide > d_atol and wide >= (rec.atol or 0.0):  # the rule of the atol kept below
+                rec.widened_by = "step" if step >= acc else "sum"
+                if rec.widened_by == "sum":
+                    rec.k = max(rec.k, k)
+            d_atol = wide
         rtol = d_rtol if rtol is None else rtol
         atol = d_atol if atol is None else atol
         rec.rtol, rec.atol = rtol, max(atol, rec.atol or 0.0)

@@ -456,3 +456,33 @@ def test_quiet_optimize_prices_and_tabulates_nothing_it_does_not_print(tmp_path,
                  for f in ("-q", "-v")]
     assert [[x["sha256"] for x in k["files"]] for k in manifests[0]["kernels"]] == \
         [[x["sha256"] for x in k["files"]] for k in manifests[1]["kernels"]]
+
+
+def test_report_and_run_tell_a_model_optimize_wrote_from_one_it_did_not(tmp_path, capsys):
+    """Trial s23: 'report orinet.onnx' (never optimized) succeeded with an empty table, and
+    'run tree.onnx' (written by optimize, a TreeEnsemble no device takes) warned 'was it
+    written by onnx-cinm optimize?'. Report now refuses a model optimize did not write (one
+    line, exit 1, nothing written); run warns only then, and notes the other case."""
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Floor", ["x"], ["y"], name="r")], "g",  # no device op
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [2, 3])])
+    raw = tmp_path / "raw.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), raw)
+    code, _, err = _run(["report", str(raw), "-o", str(tmp_path / "rep")], capsys)
+    assert code == 1 and err.count("\n") == 1 and "was not written by 'onnx-cinm optimize'" in err
+    assert not (tmp_path / "rep").exists()
+    code, _, err = _run(["run", str(raw), "-q"], capsys)
+    assert code == 0 and "warning: no op of this model runs on a device" in err
+    assert "no record of 'onnx-cinm optimize'" in err
+
+    opt = tmp_path / "opt.onnx"
+    code, _, err = _run(["optimize", str(raw), "-o", str(opt), "--check", "0", "-q"], capsys)
+    assert code == 0, err
+    assert not [n for n in onnx.load(str(opt)).graph.node if n.domain == "cinm"]  # nothing placed
+    code, _, err = _run(["run", str(opt), "-q"], capsys)
+    assert code == 0 and "warning" not in err and "optimize' placed no op" in err
+    code, out, _ = _run(["report", str(opt), "-o", str(tmp_path / "rep2")], capsys)
+    assert code == 0 and "total:" in out

@@ -39,3 +39,20 @@ def test_optimize_help_texts(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "at most 24 on v1a, 16 on v1b) [integer in 1..24]" in text
     assert "weight_stationary (alias knm," in text and "naive (alias mnk," in text
+
+
+def test_list_passes_names_the_real_skip_flag(capsys):
+    """Trial s23: --list-passes said '--skip does not take them'; the flag is --skip-pass.
+    Every --flag the listing names must be an option optimize accepts."""
+    import argparse
+    import re
+
+    from onnx_cinm.cli import main
+    from onnx_cinm.cli.args import _parser
+
+    assert main(["optimize", "--list-passes"]) == 0
+    named = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+    assert "--skip-pass" in named
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {f for a in sub.choices["optimize"]._actions for f in a.option_strings}
+    assert named <= flags, named - flags

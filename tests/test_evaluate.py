@@ -291,28 +291,32 @@ def test_progress_lines_in_a_pipe_are_rate_limited():
 
     now = [0.0]
     out = io.StringIO()
-    bar = _Lines(100, clock=lambda: now[0], stream=out)
+    bar = _Lines(4, 25, clock=lambda: now[0], stream=out)  # 4 configurations of 25 samples
     for t, n in ((5.0, 10), (20.0, 10), (25.0, 10), (36.0, 30), (60.0, 40)):
         now[0] = t
         bar.update(n)
     # 20 of 100 at 20 s: 80 s (1.33 min) left at 1 per second; 60 at 36 s (16 s after the last line)
     assert out.getvalue().splitlines() == [
-        "onnx-cinm evaluate: 20/100 samples (20%), 20 s elapsed, about 1.33 min left",
-        "onnx-cinm evaluate: 60/100 samples (60%), 36 s elapsed, about 24 s left"]
+        ("onnx-cinm evaluate: 20/100 sample runs (25 samples x 4 configurations, 20%), 20 s "
+         "elapsed, about 1.33 min left"),
+        ("onnx-cinm evaluate: 60/100 sample runs (25 samples x 4 configurations, 60%), 36 s "
+         "elapsed, about 24 s left")]
 
 
 def test_evaluate_shows_progress_in_a_pipe(digits_files, capsys, monkeypatch):
     from onnx_cinm.cli import cmd_evaluate
 
     lines = cmd_evaluate._Lines
-    monkeypatch.setattr(cmd_evaluate, "_Lines", lambda total, **kw: lines(total, interval=0.0))
+    monkeypatch.setattr(cmd_evaluate, "_Lines",
+                        lambda configs, samples, **kw: lines(configs, samples, interval=0.0))
     path, data, _ = digits_files
     assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
                  "--cim-effects", "drift", "--times", "1h", "--seeds", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
     # 2 configurations (compensation off, on) x 450 samples in batches of 256 + 194
-    assert [e.split(" samples")[0] for e in err] == [
+    assert [e.split(" sample runs")[0] for e in err] == [
         "onnx-cinm evaluate: 256/900", "onnx-cinm evaluate: 450/900", "onnx-cinm evaluate: 706/900"]
+    assert all("(450 samples x 2 configurations, " in e for e in err)
 
 
 def test_the_row_of_an_unswept_run_names_the_run_options(digits_files, capsys):

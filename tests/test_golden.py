@@ -688,9 +688,9 @@ def test_an_ok_with_a_large_relative_error_says_why():
     # the element of the largest relative error is one whose error atol covers
     assert out.max_rel_err * out.rel_err_ref <= out.atol
     assert rep.summary().endswith(
-        f": OK ('y' max rel err {out.max_rel_err:.2g} is at an element near 0 (|reference| "
-        f"{out.rel_err_ref:.2g}), judged by atol {out.atol:.2g}, widened for the rounding of a sum "
-        "of 4096 terms)")
+        f": OK ('y' max rel err {out.max_rel_err:.2g} is at an element of |reference| "
+        f"{out.rel_err_ref:.2g}, below atol/rtol {out.atol / 1e-4:.3g}, where atol "
+        f"{out.atol:.2g} (rounding of a sum of 4096 terms) allows more than rtol)")
     same = compare(_k_model(w), _k_model(w), n=1)
     assert same.summary().endswith(": OK")  # nothing to explain
 
@@ -709,3 +709,33 @@ def test_the_printed_tolerances_show_the_dtype_default_and_each_widened_atol():
     assert rep.tolerances() == ("rtol/atol by dtype: float32 0.0001/1e-05; atol widened: "
                                 f"y {want:.3g} (rounding of a sum of 4096 terms)")
     assert rep.table().splitlines()[0].endswith(rep.tolerances())
+
+
+def test_the_widened_atol_names_the_rule_that_set_it():
+    """Trial s23: a QDQ output with a 160-long sum and one quantization step 0.0181 printed
+    'atol widened: s 0.0181 (rounding of a sum of 160 terms)', though 4 eps sqrt(160) rms
+    (hand: 4 * 2^-23 * 12.6 * 1 = 6.0e-6 for an rms of 1) is below the 1e-5 default: the step
+    set the atol. And its note called an element of |reference| 1.1 'near 0'."""
+    from onnx_cinm.golden import CheckReport, OutputCheck, _compare_arrays
+
+    ref = np.array([1.1, -1.0, 0.9, 1.0], np.float32)  # rms 1.0025
+    cand = ref + np.float32(0.015)                      # rel err 0.015 / 0.9 = 0.0167 > rtol
+    rec = OutputCheck("s")
+    _compare_arrays(rec, ref, cand, None, None, k=160, step=0.0181)
+    assert rec.ok and rec.atol == pytest.approx(0.0181) and rec.widened_by == "step"
+    rep = CheckReport(ok=True, runs=1, outputs=[rec])
+    assert rep.tolerances() == ("rtol/atol by dtype: float32 0.0001/1e-05; atol widened: "
+                                "s 0.0181 (one quantization step)")
+    note = rec.rel_err_note()
+    assert note == ("'s' max rel err 0.017 is at an element of |reference| 0.9, below atol/rtol "
+                    "181, where atol 0.018 (one quantization step) allows more than rtol")
+    # the same output without a step and a sum long enough: 4 * 2^-23 * 1000 * rms = 4.78e-4
+    rec = OutputCheck("s")
+    _compare_arrays(rec, ref, ref, None, None, k=10 ** 6, step=0.0)
+    rms = np.sqrt(np.mean(ref.astype(np.float64) ** 2))
+    assert rec.widened_by == "sum" and rec.atol == pytest.approx(4 * 2.0 ** -23 * 1000 * rms)
+    assert rec.widened_text() == "rounding of a sum of 1000000 terms"
+    # a step smaller than that sum's atol: the sum sets it
+    rec = OutputCheck("s")
+    _compare_arrays(rec, ref, ref, None, None, k=10 ** 6, step=1e-4)
+    assert rec.widened_by == "sum"

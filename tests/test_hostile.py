@@ -924,7 +924,7 @@ def test_run_summary_and_profile_count_partitions_and_nodes_alike(tmp_path, caps
     # the header counted the model-mode nodes as device nodes beside the partition holding
     # them ('(25 host partitions, 170 device nodes)' against 'memristor 36 nodes'): now it
     # says what each number counts, as the run line and the totals do
-    assert (f"profile: {1 + n_upmem} rows, mean of 1 run(s): 1 host partition ({n_nodes} nodes, "
+    assert (f"profile: {1 + n_upmem} rows, over 1 run(s): 1 host partition ({n_nodes} nodes, "
             f"{n_upmem} of them device nodes in model mode, each also a row)\n") in text
     row = next(line for line in text.splitlines() if line.startswith("host partition 0"))
     assert row.split()[3:5] == [str(n_nodes), "nodes"]

@@ -333,7 +333,7 @@ def test_run_line_counts_what_ran_and_labels_both_branches(compiled_then, tmp_pa
     assert ("  partitions: 0 host partitions (0 nodes), memristor 1 node ran; the model holds 0 "
             "host partitions (0 nodes), memristor 2 nodes over both branches of the 1 If the "
             "provider runs") in out
-    assert "profile: 1 rows, mean of 1 run(s): 0 host partitions (0 nodes), memristor 1 node" in out
+    assert "profile: 1 rows, over 1 run(s): 0 host partitions (0 nodes), memristor 1 node" in out
     assert "pick[else] else_matmul/Gemm" in out and "pick[then]" not in out.split("profile:")[1]
     assert "partitions memristor 2 (both branches of each If the provider runs)" in out
 

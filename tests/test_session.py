@@ -132,6 +132,11 @@ def test_cli_run_and_compare(lenet, tmp_path, capsys):
     np.testing.assert_allclose(got[original.graph.output[0].name], ref, rtol=1e-4, atol=1e-5)
     records = json.loads(prof.read_text())
     assert {r["run"] for r in records} == {0, 1}
+    # --profile-out keeps the first run (the warm-up the table leaves out), node for node
+    assert [r["node"] for r in records if r["run"] == 0] == [r["node"] for r in records if r["run"] == 1]
+    from onnx_cinm.text import si
+    first = sum(r["wall_s"] or 0.0 for r in records if r["run"] == 0)
+    assert f"first run, including one-time kernel selection: {si(first, 's')}" in text
     assert main(["compare", str(src), str(opt), "--runs", "2"]) == 0
     assert "OK" in capsys.readouterr().out
     assert main(["compare", "--example", "lenet", str(opt), "--runs", "1"]) == 0  # same model
@@ -571,7 +576,7 @@ def test_run_profile_counts_partitions_alike_with_nodes_outside_them(tmp_path, c
     own = ("host 1 node on numpy kernels" if place else "upmem 1 node")
     assert (f"  partitions: {n_parts} host partitions ({n_nodes - 1} nodes; 13 of them upmem "
             f"nodes charged by its cost model), {own}\n") in out
-    assert (f"mean of 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
+    assert (f"over 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
             f"device nodes in model mode, each also a row), {own}\n") in out
     if place:
         assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes; 1 node on numpy " \

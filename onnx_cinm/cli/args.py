@@ -678,3 +678,14 @@ def _check_output_file(target: str, option: str, protected: dict) -> None:
         if resolved == q or q in resolved.parents:
             verb = "overwrite" if resolved == q else "write into"
             raise CinmError(f"{option} '{target}' would {verb} {what}; choose another path")
+
+
+def written_by_optimize(model) -> bool:
+    """Whether ``model`` (a ModelProto) was written by ``onnx-cinm optimize``: it records the
+    host figures optimize priced it with (:data:`onnx_cinm.hostmodel.METADATA_KEY`, written on
+    every optimize) or holds a cinm op (a model of an older onnx-cinm)."""
+    from ..dialects.cinm import all_nodes
+    from ..hostmodel import METADATA_KEY
+
+    return any(p.key == METADATA_KEY for p in model.metadata_props) \
+        or any(n.domain == "cinm" for n in all_nodes(model.graph))

@@ -66,7 +66,7 @@ def _cmd_evaluate(args, parser) -> int:
     evaluator = ev.Evaluator(args.model, arrays, labels, output=args.judged, options=opts,
                              batch=args.batch)
     points = evaluator.points(args.times, args.adc_bits, args.stuck_at, args.seeds)
-    with _progress(len(points) * evaluator.samples, quiet=args.quiet) as bar:
+    with _progress(len(points), evaluator.samples, quiet=args.quiet) as bar:
         evaluator.progress = bar.update
         records = [evaluator.run(p) for p in points]
     summary = ev.summarize(records)
@@ -101,12 +101,14 @@ def _cmd_evaluate(args, parser) -> int:
 
 class _Lines:
     """Progress as lines on stderr, for a pipe or a log file where a bar does not show: one
-    line at most every ``interval`` seconds (the first after ``interval``), with the samples
-    done, the elapsed time and an estimate of the rest, and none for a run shorter than that."""
+    line at most every ``interval`` seconds (the first after ``interval``), with the sample
+    runs done (``configs`` configurations of ``samples`` samples each), the elapsed time and an
+    estimate of the rest, and none for a run shorter than that."""
 
-    def __init__(self, total: int, interval: float = 15.0, clock=time.monotonic,
+    def __init__(self, configs: int, samples: int, interval: float = 15.0, clock=time.monotonic,
                  stream=None) -> None:
-        self.total, self.done, self.interval, self.clock = total, 0, interval, clock
+        self.configs, self.samples = configs, samples
+        self.total, self.done, self.interval, self.clock = configs * samples, 0, interval, clock
         self.stream = stream if stream is not None else sys.stderr
         self.start = self.last = clock()
 
@@ -118,8 +120,9 @@ class _Lines:
         self.last = now
         spent = now - self.start
         left = spent * (self.total - self.done) / self.done if self.done else float("nan")
-        print(f"onnx-cinm evaluate: {self.done}/{self.total} samples "
-              f"({100 * self.done / self.total:.0f}%), {_duration(spent)} elapsed, about "
+        print(f"onnx-cinm evaluate: {self.done}/{self.total} sample runs ({self.samples} "
+              f"samples x {self.configs} configuration{'s' * (self.configs != 1)}, "
+              f"{100 * self.done / self.total:.0f}%), {_duration(spent)} elapsed, about "
               f"{_duration(left)} left", file=self.stream, flush=True)
 
     def __enter__(self):
@@ -130,19 +133,20 @@ class _Lines:
 
 
 @contextlib.contextmanager
-def _progress(total: int, quiet: bool):
-    """A tqdm bar over ``total`` samples on a terminal's stderr, else :class:`_Lines`; nothing
-    with -q (``update(n)`` either way)."""
+def _progress(configs: int, samples: int, quiet: bool):
+    """A tqdm bar over the ``configs * samples`` sample runs on a terminal's stderr, else
+    :class:`_Lines`; nothing with -q (``update(n)`` either way)."""
     if quiet:
-        yield _Lines(total, interval=float("inf"))
+        yield _Lines(configs, samples, interval=float("inf"))
     elif sys.stderr.isatty():
         from tqdm import tqdm
 
-        with tqdm(total=total, desc="evaluate", unit="sample", file=sys.stderr,
+        with tqdm(total=configs * samples, desc=f"evaluate ({samples} samples x {configs} "
+                  f"configuration{'s' * (configs != 1)})", unit=" sample runs", file=sys.stderr,
                   leave=False) as bar:
             yield bar
     else:
-        yield _Lines(total)
+        yield _Lines(configs, samples)
 
 
 def _duration(seconds: float) -> str:

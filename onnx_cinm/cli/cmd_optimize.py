@@ -47,7 +47,7 @@ def _cmd_optimize(args, parser) -> int:
         descriptions = available_passes()
         print(table(("pass", "description"), [(n, descriptions.get(n, "")) for n in DEFAULT_PIPELINE],
                     header=False))
-        print("\nsteps around the passes (also timed on the 'passes:' line; --skip does not take them):")
+        print("\nsteps around the passes (also timed on the 'passes:' line; --skip-pass does not take them):")
         print(table(("step", "description"), list(STEPS.items()), header=False))
         return 0
     if args.list_examples:

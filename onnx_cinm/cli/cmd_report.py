@@ -7,9 +7,15 @@ from pathlib import Path
 
 def _cmd_report(args) -> int:
     from .. import artifacts, frontend, report
+    from ..errors import CinmError
+    from .args import written_by_optimize
 
     path = Path(args.model)
     model = frontend.load_model(str(path))
+    if not written_by_optimize(model):
+        raise CinmError(f"'{path}' was not written by 'onnx-cinm optimize' (no cinm op, no record "
+                        "of optimize): report reads an optimized model; run 'onnx-cinm optimize "
+                        f"{path} -o OUT.onnx' first (or optimize --report DIR)")
     opts = report.options_from_plans(model)
     if args.host_roofline:
         opts["host_roofline"] = args.host_roofline

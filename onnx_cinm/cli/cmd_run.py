@@ -46,15 +46,20 @@ def _session(path, provider_options: dict):
 def _warn_if_nothing_on_devices(sess) -> None:
     """A warning on stderr when the provider will run (some of) the model in onnxruntime only."""
     from ..dialects.cinm import all_nodes
+    from .args import written_by_optimize
 
     cinm_ops = [n for n in all_nodes(sess._model.graph) if n.domain == "cinm"]  # If branches too
     placed = [n for n in cinm_ops
               if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
     unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
     everything = "; everything runs in onnxruntime"
+    if not cinm_ops and written_by_optimize(sess._model):
+        print("onnx-cinm: note: 'onnx-cinm optimize' placed no op of this model on a device "
+              "(none of its ops is one a device takes)" + everything, file=sys.stderr)
+        return
     if not cinm_ops:
-        warning = ("no op of this model runs on a device: it has no cinm op (was it written by "
-                   "'onnx-cinm optimize'?)" + everything)
+        warning = ("no op of this model runs on a device: it has no cinm op and no record of "
+                   "'onnx-cinm optimize' (optimize it first)" + everything)
     elif not placed:
         warning = (f"no op of this model runs on a device: placement put all {len(cinm_ops)} "
                    "cinm ops on the host" + everything)

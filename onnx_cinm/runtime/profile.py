@@ -26,10 +26,31 @@ FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "en
 _SUMMED = ("wall_s", "latency_s", "energy_j", "writes", "bytes_moved")
 
 
+def steady(records: list[dict]) -> list[dict]:
+    """The records of the runs after the first when there is more than one run, else all of
+    them: the first run of a session includes one-time work (the matrix kernel chosen per
+    product shape by CPU time, onnxruntime's set-up of each partition), measured at about 25x
+    a steady run on a small quantized model, so the steady figures leave it out."""
+    runs = sorted({r["run"] for r in records})
+    return records if len(runs) < 2 else [r for r in records if r["run"] != runs[0]]
+
+
+def first_run_wall(records: list[dict]) -> float | None:
+    """Summed ``wall_s`` (seconds) of the first run's records, or None without records."""
+    if not records:
+        return None
+    first = min(r["run"] for r in records)
+    return sum(r.get("wall_s") or 0.0 for r in records if r["run"] == first)
+
+
 def aggregate(records: list[dict]) -> list[dict]:
-    """One row per node, in first-seen order: the sums of each figure divided by the number of
-    runs the node appeared in (a per-inference mean), plus ``runs``. None stays None."""
+    """One row per node, in first-seen order, plus ``runs`` (the runs the node appeared in).
+    ``wall_s``: the median over the node's runs after the session's first (:func:`steady`;
+    over all of its runs when it ran only in the first, or there was one run); the modeled
+    figures: their mean over the node's runs (a per-inference mean). None stays None."""
     rows: dict[str, dict] = {}
+    walls: dict[str, list] = {}
+    later = {id(r) for r in steady(records)}
     for r in records:
         row = rows.setdefault(r["node"], {"node": r["node"], "op_type": r["op_type"],
                                           "device": r["device"], "mode": r["mode"], "runs": 0,
@@ -39,12 +60,17 @@ def aggregate(records: list[dict]) -> list[dict]:
                                           **{k: None for k in _SUMMED}})
         row["runs"] += 1
         for k in _SUMMED:
-            if r.get(k) is not None:
+            if k != "wall_s" and r.get(k) is not None:
                 row[k] = (row[k] or 0) + r[k]
-    for row in rows.values():
+        if r.get("wall_s") is not None:
+            walls.setdefault(r["node"], []).append((id(r) in later, r["wall_s"]))
+    for name, row in rows.items():
         for k in _SUMMED:
-            if row[k] is not None:
+            if k != "wall_s" and row[k] is not None:
                 row[k] = row[k] / row["runs"]
+        ws = walls.get(name)
+        if ws:
+            row["wall_s"] = statistics.median([w for s, w in ws if s] or [w for _, w in ws])
     return list(rows.values())
 
 
@@ -68,7 +94,8 @@ def totals_by_device(rows: list[dict]) -> list[dict]:
 def median_split(records: list[dict]) -> dict:
     """``{device: median over runs of that run's summed wall_s}`` in seconds: where a typical
     run spent its host time (the median, not one run, so a run slowed by other work on the
-    machine does not decide the split). A device absent from a run counts 0 for it."""
+    machine does not decide the split). A device absent from a run counts 0 for it. Every run
+    of ``records`` counts: pass :func:`steady` records to leave the first run out."""
     runs: dict = {}
     for r in records:
         per = runs.setdefault(r["run"], {})
@@ -153,7 +180,9 @@ def basis_note(records: list[dict], planned: str | None = None, at_run: str | No
 
 def table(records: list[dict], max_rows: int | None = None, planned: str | None = None,
           at_run: str | None = None) -> str:
-    """A text table for a person: per node (per-inference means), then totals per device.
+    """A text table for a person: per node (wall: the median over the runs after the first,
+    :func:`aggregate`; modeled figures: per-inference means), then totals per device, and the
+    first run's wall time on its own line (with one run: a note that it includes the warm-up).
     ``planned``/``at_run``: the planned and the run's sizes as text when they differ
     (:func:`basis_note`)."""
     rows = aggregate(records)
@@ -184,9 +213,16 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     notes = []
     if len(shown) < len(rows):
         notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
+    first = first_run_wall(records)
     if n_runs > 1:
-        notes.append("median wall per run: " + ", ".join(
-            f"{d} {si(v, 's')}" for d, v in median_split(records).items()))
+        notes.append(f"median wall per run (runs 2-{n_runs}): " + ", ".join(
+            f"{d} {si(v, 's')}" for d, v in median_split(steady(records)).items()))
+        notes.append(f"first run, including one-time kernel selection: {si(first, 's')} "
+                     "(left out of the wall column)")
+    elif n_runs == 1:
+        notes.append(f"one run: its wall times include the one-time warm-up (kernel selection, "
+                     f"session set-up; {si(first, 's')} in all); give --random 3 or more for "
+                     "steady medians")
     notes.append("wall: host time of this process; modeled: device latency, from a simulator's "
                  "counters or a cost model; bytes: across the device's boundary in one "
                  "inference, as its plan counts them (report's bytes_moved)")
@@ -200,7 +236,7 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
     host_nodes = counts["nodes"]
-    head = (f"profile: {len(rows)} rows, mean of {n_runs} run(s): {_count(parts, 'host partition')} "
+    head = (f"profile: {len(rows)} rows, over {n_runs} run(s): {_count(parts, 'host partition')} "
             f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "
                                                 "each also a row" if modeled else "") + ")"
             + own_nodes_text(own))

@@ -1,0 +1,58 @@
+"""The profile's wall column leaves the first run's one-time warm-up out.
+
+The finding (s23): ``onnx-cinm run X.onnx --input D.npz --profile`` printed per-node wall means
+that included the first run (kernel choice by CPU time, session set-up): run 0 took 712 ms, the
+next three 37, 28, 26 ms, so the mean said about 200 ms. The figures below are hand counts.
+"""
+from __future__ import annotations
+
+from onnx_cinm.runtime.profile import aggregate, steady, table
+
+
+def _rec(run, node, wall, lat=None, dev="host", mode="onnxruntime"):
+    return {"run": run, "node": node, "op_type": "Op", "device": dev, "mode": mode,
+            "wall_s": wall, "latency_s": lat, "energy_j": None, "writes": 0, "bytes_moved": 0,
+            "nodes": 1, "basis": None}
+
+
+def _four_runs():
+    # the finding's run times on one partition, plus a simulated node with a modeled latency
+    recs = []
+    for run, (w, x) in enumerate([(0.712, 0.010), (0.037, 0.002), (0.028, 0.003), (0.026, 0.001)]):
+        recs += [_rec(run, "part", w), _rec(run, "xbar", x, lat=1e-6 * (run + 1),
+                                             dev="memristor", mode="simulate")]
+    return recs
+
+
+def test_wall_is_median_after_first_run_and_modeled_is_mean():
+    rows = {r["node"]: r for r in aggregate(_four_runs())}
+    assert rows["part"]["wall_s"] == 0.028            # median of 37, 28, 26 ms
+    assert rows["xbar"]["wall_s"] == 0.002            # median of 2, 3, 1 ms
+    assert abs(rows["xbar"]["latency_s"] - 2.5e-6) < 1e-15  # mean of 1..4 us, all runs
+    assert rows["part"]["runs"] == 4
+    assert [r["run"] for r in steady(_four_runs())] == [1, 1, 2, 2, 3, 3]
+
+
+def test_table_shows_first_run_apart():
+    text = table(_four_runs())
+    assert "first run, including one-time kernel selection: 722 ms" in text  # 712 + 10
+    part = next(line for line in text.splitlines() if line.startswith("part ")).split()
+    assert part[4:6] == ["28", "ms"]
+    # per run after the first: host 37, 28, 26 -> 28; memristor 2, 3, 1 -> 2
+    assert "median wall per run (runs 2-4): host 28 ms, memristor 2 ms" in text
+
+
+def test_one_run_says_it_includes_the_warm_up():
+    text = table([_rec(0, "part", 0.712)])
+    assert "one run: its wall times include the one-time warm-up" in text
+    assert "712 ms in all" in text
+    assert "first run, including" not in text
+    row = next(line for line in text.splitlines() if line.startswith("part ")).split()
+    assert row[4:6] == ["712", "ms"]
+
+
+def test_node_seen_only_in_the_first_run_keeps_its_time():
+    # an If branch that ran only in run 0 still gets a wall figure, its only one
+    recs = [_rec(0, "a", 0.5), _rec(0, "then", 0.2), _rec(1, "a", 0.1), _rec(2, "a", 0.3)]
+    rows = {r["node"]: r for r in aggregate(recs)}
+    assert rows["then"]["wall_s"] == 0.2 and rows["a"]["wall_s"] == 0.2  # median of 0.1, 0.3
