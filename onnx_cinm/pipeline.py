@@ -441,7 +441,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
 
     made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
     count: Counter = Counter()
-    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = 0
+    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = nested = 0
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
         if not bodies:
@@ -456,6 +456,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
                 loop_nodes += len(inner)
                 continue
             branches += 1
+            nested += sum(n.op_type == "If" for n in inner)
             ops = [n for n in inner if n.domain == cinm.DOMAIN]
             if not ops:
                 plain += len(inner)
@@ -480,6 +481,9 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
     elif branches:
         parts.append(f"no If branch has work for a device: the {plain} nodes of the {branches} "
                      "branches run on the host as they are")
+    if nested:  # the device tables count the Ifs a run meets, nested ones included
+        parts.append(f"{count['If'] + nested} Ifs in all with the {nested} nested in the "
+                     f"branches (If x{count['If']}: the main graph's)")
     if loop_nodes:
         parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
                      "(onnx-cinm compiles If branches only)")
