@@ -189,7 +189,9 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             name), ``branch``, ``compiled`` (cinm ops went in), ``cinm`` (their count),
             ``nodes`` (the branch's nodes after), ``why`` (why not compiled, or None).
             ``stats["if_taken"]``: ``{If name: True|False}`` for the Ifs whose condition the
-            probe saw.
+            probe saw. With cost placement, ``stats["placement"]["baselines"]`` become the
+            whole model's: the main graph's plus those of the branches a run takes
+            (:func:`add_baselines`), as the plan's totals count them.
         skip, stop_after: as the main :class:`PassManager`'s.
         feeds: one input set for the probe (``{input name: array}``); None: nothing probed.
 
