@@ -341,12 +341,17 @@ def _probe_feeds(original: onnx.ModelProto, inputs: dict | None, check: int,
 _SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
 
 
-def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None]) -> dict | None:
+def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
+                       by_data_too: bool = False) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
     and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's
     outputs), from one onnxruntime run of ``model`` on ``feeds()``
     (:func:`onnx_cinm.passes.control_flow.probe`), recorded in ``model``
     (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) so every pass plans them at their real sizes.
+    Tensors sized by the data (the outputs of :data:`_SIZED_BY_DATA` ops and what reads them)
+    are left open, unless ``by_data_too`` (``feeds()`` gives the user's own arrays for every
+    input: the sizes their data gives are the ones to plan at; the graph keeps its symbolic
+    shapes, so the model still runs on other data: a text encoder's rows after its Unique).
     Returns the record (``{name: (element type, dims)}``), or None when nothing was open or
     onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
     from .passes.graph_names import names_read
@@ -358,7 +363,7 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None])
     # whole model (on light VGG19, 0.9 s for two unread masks)
     read = names_read(model.graph)
     for node in model.graph.node:
-        if node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input):
+        if not by_data_too and (node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input)):
             by_data.update(node.output)
             continue
         open_ += [o for o in node.output if o in read and (
@@ -441,7 +446,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
 
     made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
     count: Counter = Counter()
-    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = 0
+    branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = nested = 0
     for node in model.graph.node:
         bodies = frontend.subgraphs(node)
         if not bodies:
@@ -456,6 +461,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
                 loop_nodes += len(inner)
                 continue
             branches += 1
+            nested += sum(n.op_type == "If" for n in inner)
             ops = [n for n in inner if n.domain == cinm.DOMAIN]
             if not ops:
                 plain += len(inner)
@@ -480,6 +486,9 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
     elif branches:
         parts.append(f"no If branch has work for a device: the {plain} nodes of the {branches} "
                      "branches run on the host as they are")
+    if nested:  # the device tables count the Ifs a run meets, nested ones included
+        parts.append(f"{count['If'] + nested} Ifs in all with the {nested} nested in the "
+                     f"branches (If x{count['If']}: the main graph's)")
     if loop_nodes:
         parts.append(f"the {loop_nodes} nodes of the Loop/Scan bodies run on the host as they are "
                      "(onnx-cinm compiles If branches only)")
@@ -634,7 +643,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     if not unsized:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
-        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0])
+        # the user's own arrays for every input: what their data sizes (the rows after a
+        # Unique) is what the model meets, so it is planned at those sizes too
+        given = bool(inputs) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(inputs)
+        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0],
+                                    by_data_too=given)
         if probed is not None:
             ctx.stats["probed_shapes"] = len(probed)
             pm.timings.append(("probe_shapes", time.perf_counter() - t0))

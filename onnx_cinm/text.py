@@ -122,7 +122,8 @@ def if_rule(ifs: dict, others: str) -> str:
     out = []
     if taken:
         out.append(f"one branch per If, the one the planning probe took ({taken} "
-                   f"If{'s' * (taken != 1)}; the other branch: {others})")
+                   f"If{'s' * (taken != 1)} on the path a run takes, nested ones included; "
+                   f"the other branch: {others})")
     if both:
         out.append(f"UPPER BOUND: both branches summed of {both} If{'s' * (both != 1)} whose "
                    "branch the planning probe did not see")

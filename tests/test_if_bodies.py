@@ -279,8 +279,8 @@ def test_report_lists_both_branches_and_counts_the_one_the_probe_took(compiled_t
     (rec,) = sess.profile()
     assert rec["node"] == then.name and rec["energy_j"] == pytest.approx(then.energy_j, rel=1e-6)
     text = report.table(rows, totals)
-    assert "total (one branch per If, the one the planning probe took (1 If; the other branch: " \
-        "rows marked 'not counted'))" in text
+    assert "total (one branch per If, the one the planning probe took (1 If on the path a run " \
+        "takes, nested ones included; the other branch: rows marked 'not counted'))" in text
     line = next(li for li in text.splitlines() if "pick[else]" in li)
     assert report.NOT_COUNTED in line
     out = report.write_report(model, tmp_path / "rep", report.options_from_plans(model))
@@ -319,8 +319,8 @@ def test_optimize_crossbar_table_counts_the_taken_branch_per_inference(compiled_
     # load-time columns (crossbars, tiles, writes at load) count both kernels, per-inference
     # ones (writes, MVMs, latency) the then-kernel only
     assert total[at:at + 7] == ["2", "2", "2", "0", "16", *then[9:11]]
-    assert "per-inference totals: one branch per If, the one the planning probe took (1 If; " \
-        "the other branch: its kernels count at load only)" in res.device_tables()
+    assert "per-inference totals: one branch per If, the one the planning probe took (1 If on the path a " \
+        "run takes, nested ones included; the other branch: its kernels count at load only)" in res.device_tables()
 
 
 def test_run_line_counts_what_ran_and_labels_both_branches(compiled_then, tmp_path, capsys):
@@ -551,3 +551,28 @@ def test_unnamed_ifs_each_record_the_branch_they_took():
     assert len({n.name for n in ifs}) == 2 and all(n.name for n in ifs)
     assert [taken[n.name] for n in ifs] == [True, False]
     assert res.check.ok
+
+
+# --------------------------------------------------------------------------- baselines
+def test_the_baselines_price_the_branch_a_run_takes():
+    """The all-host and heuristic lines sum the main graph's and the taken branch's costs, as
+    the plan's figure does: the all-host baseline equals the figure of the same model placed
+    with every op on the host (a separate run, its totals priced after the passes), and the
+    cost placement (crossbar for a 16x128x64 product) beats it. Before, the baselines were the
+    main graph's alone (the If node: 0 s), so the plan looked worse than all-host."""
+    x = np.random.default_rng(3).standard_normal((ROWS, K)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "c": np.array(cond)}
+        res = optimize(_if_model(), dims={"n": ROWS}, inputs=feeds)
+        host = optimize(_if_model(), dims={"n": ROWS}, inputs=feeds, place=[("*", "host")])
+        st, ref = res.stats["placement"], host.stats["placement"]["model_totals"]
+        base = st["baselines"]["all-host"]
+        assert ref["latency_s"] > 0 and ref["energy_j"] > 0
+        assert base.latency_s == pytest.approx(ref["latency_s"], rel=1e-9)
+        assert base.energy_j == pytest.approx(ref["energy_j"], rel=1e-9)
+        # the branch's product alone on the host (50 GFLOP/s nominal roofline): a floor
+        assert base.latency_s >= 2 * ROWS * K * N / 50e9
+        assert st["model_totals"]["energy_j"] < base.energy_j
+        # the heuristic puts the product on the crossbar as well: priced with the branch too
+        assert st["baselines"]["heuristic"].energy_j < base.energy_j
+        assert st["baselines"]["heuristic"].latency_s > 0

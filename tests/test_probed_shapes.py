@@ -162,3 +162,62 @@ def test_left_on_host_gives_a_share_only_where_every_node_of_the_type_stayed():
     res = optimize(m, dims=SIZES, check=0, place=[("*", "host")])
     line = next(li for li in res.summary().splitlines() if li.startswith("left on host"))
     assert "Div x1 (shape computation)" in line
+
+
+# ------------------------------------------------------------------ sized by the given data
+K8, N8, VOCAB = 256, 128, 300
+
+
+def _unique_encoder():
+    """ids[n] (int64 tokens) -> Unique -> Gather rows of a float table [300, 256] -> Reshape to
+    a shape Compress filtered (data-sized: onnx knows neither the rank nor the dims) ->
+    DynamicQuantizeLinear -> MatMulInteger with a constant int8 weight [256, 128] -> y int32:
+    the structure of a quantized text encoder (USE-multilingual's embedding lookup). The rows
+    of the product are the distinct tokens of the data."""
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.standard_normal((VOCAB, K8)).astype(np.float32), "table"),
+             nh.from_array(rng.integers(-127, 128, (K8, N8)).astype(np.int8), "w"),
+             nh.from_array(np.array(0, np.int8), "wzp"),
+             nh.from_array(np.array(0, np.int64), "zero")]
+    n = h.make_node
+    nodes = [n("Unique", ["ids"], ["u", "", "", ""], sorted=1),
+             n("Gather", ["table", "u"], ["rows"], axis=0),
+             n("Shape", ["rows"], ["s"]), n("Greater", ["s", "zero"], ["keep"]),
+             n("Compress", ["s", "keep"], ["s2"], axis=0), n("Reshape", ["rows", "s2"], ["x"]),
+             n("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xzp"]),
+             n("MatMulInteger", ["xq", "w", "xzp", "wzp"], ["y"], name="mmi")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", TP.INT64, ["n"])],
+                     [h.make_tensor_value_info("y", TP.INT32, ["m", N8])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_given_inputs_size_a_weight_stationary_product_after_a_unique(tmp_path):
+    """With the user's arrays for every input, the probe sizes the rows the data gives (what
+    a Unique leaves, through a Reshape of a computed shape): the int8 product becomes a
+    crossbar Gemm, its FLOPs 2 M K N with M the distinct tokens (numpy's count); the compiled
+    model still runs, exactly, on other data. Random inputs size nothing after the Unique."""
+    model = _unique_encoder()
+    ids = np.array([5, 9, 5, 17, 250, 9, 3, 42, 17, 17, 8, 99, 100, 7, 1, 2, 64] * 3, np.int64)
+    m = len(np.unique(ids))  # 14
+    res = optimize(model, inputs={"ids": ids}, place=[("mmi*", "memristor")])
+    gemms = [nd for nd in res.model.graph.node if nd.op_type == "Gemm" and nd.domain == "cinm"]
+    assert [frontend_dev(nd) for nd in gemms] == ["memristor"]
+    assert res.flops_on_devices == 2 * m * K8 * N8
+    path = tmp_path / "enc.onnx"
+    artifacts.save(res.model, path)
+    from onnx_cinm.runtime import InferenceSession
+
+    other = np.array([3, 3, 299, 0, 12], np.int64)
+    (y,) = InferenceSession(str(path)).run(None, {"ids": other})
+    (want,) = run_onnxruntime(model, {"ids": other})
+    np.testing.assert_array_equal(y, want)
+    # random ids: one draw's distinct count is no size to plan at, the product stays unsized
+    rand = optimize(model, dims={"n": len(ids)}, check=0)
+    assert rand.flops_on_devices == 0
+    assert not any(nd.domain == "cinm" for nd in rand.model.graph.node)
+
+
+def frontend_dev(node):
+    from onnx_cinm.dialects import cinm
+
+    return cinm.node_attrs(node).get("device")

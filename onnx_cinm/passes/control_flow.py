@@ -38,9 +38,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from .. import frontend
+from ..analysis import tensor_infos
 from ..dialects import cinm
 from . import DEFAULT_PIPELINE, STOP_LEVELS, PassContext, PassManager
-from .branches import branch_model, branch_scope, merge_stats
+from .branches import SUMMED, branch_model, branch_scope, merge_stats
 from .canonicalize import condition
 from .graph_names import Names, captured
 
@@ -188,7 +189,9 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             name), ``branch``, ``compiled`` (cinm ops went in), ``cinm`` (their count),
             ``nodes`` (the branch's nodes after), ``why`` (why not compiled, or None).
             ``stats["if_taken"]``: ``{If name: True|False}`` for the Ifs whose condition the
-            probe saw.
+            probe saw. With cost placement, ``stats["placement"]["baselines"]`` become the
+            whole model's: the main graph's plus those of the branches a run takes
+            (:func:`add_baselines`), as the plan's totals count them.
         skip, stop_after: as the main :class:`PassManager`'s.
         feeds: one input set for the probe (``{input name: array}``); None: nothing probed.
 
@@ -220,10 +223,15 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
         if taken is not None:
             ctx.stats["if_taken"][node.name] = taken
     named = frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY)
+    own = ctx.stats.get("placement", {}).get("baselines")  # the main graph's, if placed by cost
+    own = dict(own) if own is not None else None  # the branches' stats merge into the dict
+    added: list = []  # the baselines of the branches a run takes
     for index, node in ifs:
+        seen = ctx.stats["if_taken"].get(node.name)
         for attr in node.attribute:
             if attr.type != onnx.AttributeProto.GRAPH:
                 continue
+            runs = seen is None or seen == (attr.name == "then_branch")  # cinm.if_branches' rule
             tag = "t" if attr.name == "then_branch" else "e"
             scope = branch_scope(ctx.scope, index, attr.name)
             record = {"node": node.name, "branch": attr.name, "compiled": False, "cinm": 0,
@@ -233,6 +241,8 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             sub, planned, why = _branch_model(model, attr.g, inits, vis, probed, dims, base)
             if sub is None:
                 record["why"] = why
+                if own is not None and runs:
+                    added.append(_priced_as_is(model, attr.g, ctx))
                 continue
             sub_ctx = PassContext(options=ctx.options, scope=scope,
                                   log=lambda m, label=f"{node.name}/{attr.name}": ctx.log(f"{label}: {m}"))
@@ -243,6 +253,9 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             if len(sub_feeds) < len(sub.graph.input):
                 sub_feeds = None
             sub = compile_if_bodies(sub, sub_ctx, skip=skip, stop_after=stop_after, feeds=sub_feeds)
+            if own is not None and runs:  # its own baselines include its counted nested branches
+                added.append(sub_ctx.stats.get("placement", {}).get("baselines")
+                             or _priced_as_is(model, attr.g, ctx))
             n_cinm = sum(1 for n in cinm.all_nodes(sub.graph) if n.domain == cinm.DOMAIN)
             kept = sub_ctx.stats.get("to_cinm", {}).get("kept")
             if kept:  # what stayed on the host is true of the original branch as well
@@ -263,7 +276,41 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             merge_stats(ctx.stats, stats)
             ctx.log(f"{node.name}/{attr.name}: compiled, {n_cinm} cinm ops")
     frontend.set_planned_dims(model, named, frontend.BRANCH_DIMS_KEY)
+    if own is not None:
+        ctx.stats["placement"]["baselines"] = add_baselines(own, added)
     return model
+
+
+def _priced_as_is(model: onnx.ModelProto, body: onnx.GraphProto, ctx: PassContext) -> dict:
+    """The baselines of a branch the passes did not place (its captured values untyped): its
+    nodes on the host as they are, priced as :func:`.branches.evaluate_graphs` prices it in
+    the plan's totals (its nested Ifs with both branches: no probe saw them)."""
+    from .branches import _evaluate, counted_totals
+    from .cost_placement import Totals
+
+    sub = branch_model(model, body)
+    root = _evaluate(sub, ctx.options, tensor_infos(model), {}, {}, "", "", True)
+    tot = counted_totals(root)
+    as_is = Totals(**{k: tot[k] for k in SUMMED})
+    return {"all-host": as_is, "heuristic": as_is}
+
+
+def add_baselines(own: dict, added: list[dict]) -> dict:
+    """The baselines of a graph with If nodes (``{name: Totals}``, see
+    :func:`.cost_placement.baselines`): ``own``, the graph's alone, plus those of each branch
+    that runs per inference (``added``; each a branch's, its nested branches included), as the
+    plan's totals count the branches (:func:`.branches.counted_totals`): the figures of
+    :data:`.branches.SUMMED` add up. A baseline some branch lacks (its heuristic's devices could
+    not price its ops) is left out: no figure of it covers the whole model."""
+    from .cost_placement import Totals
+
+    out = {}
+    for name, t in own.items():
+        parts = [t] + [b.get(name) for b in added]
+        if any(p is None for p in parts):
+            continue
+        out[name] = Totals(**{k: sum(getattr(p, k) for p in parts) for k in SUMMED})
+    return out
 
 
 def captured_all(node: onnx.NodeProto) -> set[str]:
