@@ -168,12 +168,40 @@ def _branch_model(model, body, inits, vis, probed, dims, base):
     return sub, planned, None
 
 
-def _value_info(sub: onnx.ModelProto) -> list:
+def _value_info(sub: onnx.ModelProto, base: str, taken: set[str]) -> tuple[list, dict[str, int]]:
     """value_info of the branch's tensors, inferred without binding the planned sizes (a dim
-    keeps its name: a model planned at batch 1 still runs at batch 4)."""
+    keeps its name: a model planned at batch 1 still runs at batch 4), and the sizes of the
+    dims it had to name.
+
+    Where inference leaves a dim open without the planned sizes (an ``unk__N`` behind a
+    ``Pad`` whose pads come from ``Shape(x)``) but the branch's tensor infos at its planned
+    sizes know it (the placement and the plans saw that size), the dim gets a name of its own,
+    ``<base>_v<k>`` (not in ``taken``), returned with that size: recorded under
+    :data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`, the main model's tensor infos bind it, so
+    the kernels are emitted at the shapes they were planned at (an ``unk__N`` is a name
+    inference makes up afresh each run; left as it is, it would be taken as 1)."""
+    planned = tensor_infos(sub)
     del sub.graph.value_info[:]
     sub = frontend.infer_shapes(sub, strict=False)
-    return list(sub.graph.value_info)
+    fresh: dict[tuple[str, int], str] = {}
+    for vi in sub.graph.value_info:
+        info = planned.get(vi.name)
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if info is None or info.shape is None or tt is None or not tt.HasField("shape") \
+                or len(tt.shape.dim) != len(info.shape):
+            continue
+        for d, size in zip(tt.shape.dim, info.shape):
+            if d.HasField("dim_value") or not isinstance(size, int) or size < 1:
+                continue
+            key = (d.dim_param, size)  # one open dim of one size: one name (equal stays equal)
+            if key not in fresh:
+                name = f"{base}_v{len(fresh)}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                fresh[key] = name
+            d.dim_param = fresh[key]
+    return list(sub.graph.value_info), {name: size for (_, size), name in fresh.items()}
 
 
 def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop_after=None,
@@ -266,10 +294,13 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             if [o.name for o in sub.graph.output] != [o.name for o in attr.g.output]:
                 record["why"] = "the passes renamed its outputs"
                 continue
-            body = _merged_body(model, node, attr.g, sub, inits)
+            body, sized = _merged_body(model, node, attr.g, sub, inits, base,
+                                       {*dims, *named, *planned,
+                                        *frontend.planned_dims(sub, frontend.BRANCH_DIMS_KEY)})
             attr.g.CopyFrom(body)
             named.update({k: v for k, v in planned.items() if k not in dims})
             named.update(frontend.planned_dims(sub, frontend.BRANCH_DIMS_KEY))
+            named.update(sized)
             record.update(compiled=True, cinm=n_cinm, nodes=len(body.node))
             stats = {k: v for k, v in sub_ctx.stats.items() if k != "to_cinm"}
             stats["to_cinm"] = {"lowered": sub_ctx.stats.get("to_cinm", {}).get("lowered", Counter())}
@@ -321,17 +352,20 @@ def captured_all(node: onnx.NodeProto) -> set[str]:
     return out
 
 
-def _merged_body(model, node, original, sub, inits) -> onnx.GraphProto:
+def _merged_body(model, node, original, sub, inits, base: str,
+                 taken: set[str]) -> tuple[onnx.GraphProto, dict[str, int]]:
     """The compiled branch model ``sub`` as the body of ``node``: outer initializers it
     captured dropped again, its value_info (symbolic), names the rest of the model uses
-    renamed."""
+    renamed; and the planned sizes of the dims its value_info names (:func:`_value_info`:
+    ``base``, ``taken``)."""
     body = onnx.GraphProto(name=original.name)
     body.node.extend(sub.graph.node)
     body.initializer.extend(t for t in sub.graph.initializer
                             if t.name not in inits or t.dims != inits[t.name].dims
                             or t.data_type != inits[t.name].data_type)
     body.output.extend(original.output)
-    body.value_info.extend(_value_info(sub))
+    value_info, sized = _value_info(sub, base, taken)
+    body.value_info.extend(value_info)
     outside = _all_names(model.graph, skip=node)
     new = _defined(body) - _defined(original)
     clash = sorted(new & outside)
@@ -339,4 +373,4 @@ def _merged_body(model, node, original, sub, inits) -> onnx.GraphProto:
         names = Names(model.graph)
         names.reserve(_defined(body))
         _rename(body, {n: names.fresh(n) for n in clash})
-    return body
+    return body, sized
