@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 
 import numpy as np
@@ -576,3 +577,81 @@ def test_the_baselines_price_the_branch_a_run_takes():
         # the heuristic puts the product on the crossbar as well: priced with the branch too
         assert st["baselines"]["heuristic"].energy_j < base.energy_j
         assert st["baselines"]["heuristic"].latency_s > 0
+
+
+#: The framing conv of an STFT in each branch of an If (as Silero VAD's ``stft``): x[1, L] padded
+#: on the right by L/8 (then) or L/16 (else), the pad computed from Shape(x), so onnx's
+#: inference leaves the padded length anonymous (``unk__N``); Conv of 130 filters of 128 taps,
+#: stride 64.
+STFT_L, STFT_KW, STFT_S, STFT_CO = 512, 128, 64, 130
+STFT_W = np.random.default_rng(5).standard_normal((STFT_CO, 1, STFT_KW)).astype(np.float32)
+
+
+def _stft_if_model() -> onnx.ModelProto:
+    def branch(tag, div):
+        nodes = [
+            helper.make_node("Shape", ["x"], [f"{tag}_s"], start=1, end=2),
+            helper.make_node("Div", [f"{tag}_s", div], [f"{tag}_p"]),
+            helper.make_node("Concat", ["zeros3", f"{tag}_p"], [f"{tag}_pads"], axis=0),
+            helper.make_node("Pad", ["x", f"{tag}_pads"], [f"{tag}_xp"], mode="reflect"),
+            helper.make_node("Unsqueeze", [f"{tag}_xp", "ax1"], [f"{tag}_u"]),
+            helper.make_node("Conv", [f"{tag}_u", "W"], [f"{tag}_y"], kernel_shape=[STFT_KW],
+                             strides=[STFT_S]),
+        ]
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(
+            f"{tag}_y", TensorProto.FLOAT, [1, STFT_CO, None])])
+
+    i64 = lambda v, name: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "d8"),
+                          else_branch=branch("e", "d16"), name="pick")], "if_stft",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L"]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, STFT_CO, None])],
+        [numpy_helper.from_array(STFT_W, "W"), i64([0, 0, 0], "zeros3"), i64([8], "d8"),
+         i64([16], "d16"), i64([1], "ax1")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_untaken_branch_kernel_is_emitted_at_the_shape_it_was_planned_at(tmp_path, capsys):
+    """The else branch, which the probe does not take, has an Im2Col whose input length onnx
+    leaves anonymous outside the branch: it was placed on UPMEM at its planned length but emitted
+    at length 1 ('im2col: empty output' at save). Now both branches' kernels are written at the
+    planned lengths and the model matches onnxruntime whichever branch runs."""
+    from onnx_cinm.cli import main
+
+    src, out = tmp_path / "stft.onnx", tmp_path / "o.onnx"
+    onnx.save(_stft_if_model(), src)
+    x = np.random.default_rng(6).standard_normal((1, STFT_L)).astype(np.float32)
+    for cond in (True, False):
+        np.savez(tmp_path / f"{cond}.npz", x=x, c=np.array(cond))
+    assert main(["optimize", str(src), "-o", str(out), "--placement", "heuristic", "-q",
+                 "--input", str(tmp_path / "True.npz")]) == 0
+    model = onnx.load(out)
+    node = next(n for n in model.graph.node if n.op_type == "If")
+    shapes = {}
+    for branch, div in (("then_branch", 8), ("else_branch", 16)):
+        g = next(a.g for a in node.attribute if a.name == branch)
+        (im2col,) = [n for n in g.node if n.domain == cinm.DOMAIN and n.op_type == "Im2Col"]
+        at = cinm.node_attrs(im2col)
+        assert at["device"] == "upmem"
+        manifest = json.loads((out.with_suffix(".cinm") / at["kernel"] / "kernel.json").read_text())
+        padded = STFT_L + STFT_L // div  # hand count: 576 (then), 544 (else)
+        frames = (padded - STFT_KW) // STFT_S + 1  # 8, 7
+        shapes[branch] = ([i["shape"] for i in manifest["inputs"]],
+                          [o["shape"] for o in manifest["outputs"]])
+        assert shapes[branch] == ([[1, 1, padded]], [[1, frames, STFT_KW]])
+    capsys.readouterr()
+    ref = ort.InferenceSession(src.read_bytes(), providers=["CPUExecutionProvider"])
+    sess = InferenceSession(str(out))
+    for cond, frames in ((True, 8), (False, 7)):
+        feed = {"x": x, "c": np.array(cond)}
+        (want,) = ref.run(None, feed)
+        (got,) = sess.run(None, feed)
+        assert got.shape == want.shape == (1, STFT_CO, frames)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        branch = "then" if cond else "else"
+        assert (f"pick[{branch}] {branch[0]}_y/Im2Col", "upmem") in \
+            [(r["node"], r["device"]) for r in sess.profile()]
+        assert main(["compare", str(src), str(out), "--input", str(tmp_path / f"{cond}.npz")]) == 0
+        assert "check: 1 run, 1 output" in capsys.readouterr().out
