@@ -990,7 +990,8 @@ PLANNED_DIMS_KEY = "onnx_cinm.planned_dims"
 
 #: ``metadata_props`` key of the sizes of the symbolic dims onnx-cinm named itself inside If
 #: branches (a captured value whose shape the outer graph's inference does not know, sized by
-#: a probe run: :mod:`onnx_cinm.passes.control_flow`), a JSON object like
+#: a probe run; a dim of a branch tensor that inference leaves anonymous without the planned
+#: sizes: :mod:`onnx_cinm.passes.control_flow`), a JSON object like
 #: :data:`PLANNED_DIMS_KEY`'s. Tensor infos bind them as planned sizes; they are no input's
 #: dims, so nothing else reads them.
 BRANCH_DIMS_KEY = "onnx_cinm.branch_dims"

@@ -18,9 +18,11 @@ The branch model runs the pipeline from ``fold_constants`` (the opset is the mod
 canonical) to the same ``--stop-after`` level, with the same options (``fold_constants``
 replaces an If whose condition folds, a rank test say, by the branch it takes); the Ifs left
 are compiled the same way, recursively. A branch that gained cinm ops replaces the original one,
-with its value_info (symbolic; the sizes of the dims named here are recorded under
-:data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`, which tensor infos bind, so the FLOP count, the
-kernels' emission and the provider see the planned shapes); a branch without any keeps its
+with its value_info (symbolic; the sizes of the dims named here, and of the dims that inference
+leaves anonymous without the planned sizes, a pad computed from ``Shape(x)`` say, are recorded
+under :data:`onnx_cinm.frontend.BRANCH_DIMS_KEY`, which tensor infos bind, so the FLOP count,
+the kernels' emission and the provider see the shapes the branch was placed and planned at); a
+branch without any keeps its
 original nodes. Kernel stems get the branch's path as prefix (``if0012t_``: then-branch of node 12,
 :attr:`PassContext.scope`). Names the branch creates that the rest of the model uses are renamed.
 
