@@ -579,7 +579,7 @@ def test_the_baselines_price_the_branch_a_run_takes():
         assert st["baselines"]["heuristic"].latency_s > 0
 
 
-#: The framing conv of an STFT in each branch of an If (as Silero VAD's ``stft``): x[1, L] padded
+#: The framing conv of an STFT in each branch of an If (as Silero VAD's ``stft``): x*x[1, L] padded
 #: on the right by L/8 (then) or L/16 (else), the pad computed from Shape(x), so onnx's
 #: inference leaves the padded length anonymous (``unk__N``); Conv of 130 filters of 128 taps,
 #: stride 64.
@@ -590,10 +590,11 @@ STFT_W = np.random.default_rng(5).standard_normal((STFT_CO, 1, STFT_KW)).astype(
 def _stft_if_model() -> onnx.ModelProto:
     def branch(tag, div):
         nodes = [
+            helper.make_node("Mul", ["x", "x"], [f"{tag}_x2"]),  # x2[1, L]: a planned dim
             helper.make_node("Shape", ["x"], [f"{tag}_s"], start=1, end=2),
             helper.make_node("Div", [f"{tag}_s", div], [f"{tag}_p"]),
             helper.make_node("Concat", ["zeros3", f"{tag}_p"], [f"{tag}_pads"], axis=0),
-            helper.make_node("Pad", ["x", f"{tag}_pads"], [f"{tag}_xp"], mode="reflect"),
+            helper.make_node("Pad", [f"{tag}_x2", f"{tag}_pads"], [f"{tag}_xp"], mode="reflect"),
             helper.make_node("Unsqueeze", [f"{tag}_xp", "ax1"], [f"{tag}_u"]),
             helper.make_node("Conv", [f"{tag}_u", "W"], [f"{tag}_y"], kernel_shape=[STFT_KW],
                              strides=[STFT_S]),
@@ -641,6 +642,10 @@ def test_an_untaken_branch_kernel_is_emitted_at_the_shape_it_was_planned_at(tmp_
         shapes[branch] = ([i["shape"] for i in manifest["inputs"]],
                           [o["shape"] for o in manifest["outputs"]])
         assert shapes[branch] == ([[1, 1, padded]], [[1, frames, STFT_KW]])
+        # the input's planned dim keeps its name in the body (the model still runs at other L)
+        dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in g.value_info}
+        assert dims[f"{branch[0]}_x2"] == [1, "L"]
     capsys.readouterr()
     ref = ort.InferenceSession(src.read_bytes(), providers=["CPUExecutionProvider"])
     sess = InferenceSession(str(out))

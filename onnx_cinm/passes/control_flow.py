@@ -183,6 +183,7 @@ def _value_info(sub: onnx.ModelProto, base: str, taken: set[str]) -> tuple[list,
     the kernels are emitted at the shapes they were planned at (an ``unk__N`` is a name
     inference makes up afresh each run; left as it is, it would be taken as 1)."""
     planned = tensor_infos(sub)
+    sized = {*frontend.planned_dims(sub), *frontend.planned_dims(sub, frontend.BRANCH_DIMS_KEY)}
     del sub.graph.value_info[:]
     sub = frontend.infer_shapes(sub, strict=False)
     fresh: dict[tuple[str, int], str] = {}
@@ -193,7 +194,8 @@ def _value_info(sub: onnx.ModelProto, base: str, taken: set[str]) -> tuple[list,
                 or len(tt.shape.dim) != len(info.shape):
             continue
         for d, size in zip(tt.shape.dim, info.shape):
-            if d.HasField("dim_value") or not isinstance(size, int) or size < 1:
+            if d.HasField("dim_value") or d.dim_param in sized or not isinstance(size, int) \
+                    or size < 1:  # a planned dim keeps its name (and other sizes stay possible)
                 continue
             key = (d.dim_param, size)  # one open dim of one size: one name (equal stays equal)
             if key not in fresh:
