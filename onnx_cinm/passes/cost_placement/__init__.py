@@ -100,6 +100,27 @@ def _kind(ch) -> str:
     return ""
 
 
+def _no_room(prob: Problem, assign: dict, i: int, alt) -> str:
+    """Why op ``i`` could not keep ``alt``'s tiles programmed while the other ops keep their
+    choices under ``assign``, in words ("" if it could, or ``alt`` keeps none). The device's
+    model-wide plan pins kernels only in the crossbars the streamed ones leave, at least one
+    when any streams (:func:`onnx_cinm.paradigms.cim.residency.allocate`); a candidate alone
+    is priced with all of them, so with ``--cim-crossbars 1`` and other kernels streaming a
+    pinned one cannot be had at any price."""
+    if not alt.capacity or alt.streamed or not alt.kept_tiles:
+        return ""
+    others = [prob.choice(assign, j) for j in prob.cands if j != i]
+    others = [c for c in others if c.device == alt.device]
+    kept = sum(c.kept_tiles for c in others if not c.streamed)
+    streaming = sum(1 for c in others if c.streamed)
+    if alt.kept_tiles + kept + (streaming > 0) <= alt.capacity:
+        return ""
+    n = lambda k, what: f"{k} {what}{'' if k == 1 else 's'}"  # noqa: E731
+    return (f"its {n(alt.kept_tiles, 'tile')} + {kept} kept by other kernels"
+            + (f" + 1 crossbar for the {n(streaming, 'kernel')} streaming" if streaming else "")
+            + f" > {n(alt.capacity, 'crossbar')}")
+
+
 def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
     would change. A device with several candidates (pinned and streamed crossbar kernels) is
@@ -126,6 +147,10 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) ->
         if alt is ch or name(alt) in said:
             continue
         said.add(name(alt))
+        no_room = _no_room(prob, assign, i, alt)
+        if no_room:
+            parts.append(f"{name(alt)}: no room, {no_room}")
+            continue
         if alt.device not in on:
             on[alt.device] = _transfers(prob, assign, i, alt.device, devs)
         dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
