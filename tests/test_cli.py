@@ -358,7 +358,7 @@ def test_devices_lists_the_memristor_dtypes_its_supports_accepts(capsys):
     dev = get_device("memristor")
 
     def gemm(dt):
-        t = lambda n, c=False: TensorInfo(n, np.dtype(dt), (256, 256), c)  # noqa: E731
+        t = lambda n, c=False: TensorInfo(n, np.dtype(dt), (256, 256), c)
         return OpInfo("g", "Gemm", {}, (t("x"), t("w", True)), (t("y"),))
 
     accepted = {dt for dt in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")

@@ -310,7 +310,7 @@ def _named(types: dict) -> str:
     """``{tensor name: onnx element type}`` as ``x float, y int64`` (``?``: type unknown)."""
     import onnx
 
-    name = lambda t: onnx.helper.tensor_dtype_to_np_dtype(t).name if t else "?"  # noqa: E731
+    name = lambda t: onnx.helper.tensor_dtype_to_np_dtype(t).name if t else "?"
     return ", ".join(f"{k} {name(t)}" for k, t in types.items())
 
 

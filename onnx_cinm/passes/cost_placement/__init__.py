@@ -115,7 +115,7 @@ def _no_room(prob: Problem, assign: dict, i: int, alt) -> str:
     streaming = sum(1 for c in others if c.streamed)
     if alt.kept_tiles + kept + (streaming > 0) <= alt.capacity:
         return ""
-    n = lambda k, what: f"{k} {what}{'' if k == 1 else 's'}"  # noqa: E731
+    n = lambda k, what: f"{k} {what}{'' if k == 1 else 's'}"
     return (f"its {n(alt.kept_tiles, 'tile')} + {kept} kept by other kernels"
             + (f" + 1 crossbar for the {n(streaming, 'kernel')} streaming" if streaming else "")
             + f" > {n(alt.capacity, 'crossbar')}")
