@@ -107,3 +107,23 @@ def test_list_passes_names_the_real_skip_flag(capsys):
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = {f for a in sub.choices["optimize"]._actions for f in a.option_strings}
     assert named <= flags, named - flags
+
+
+def test_the_source_digest_of_string_initializers_is_their_text():
+    """A STRING initializer is hashed by its strings (an object array's bytes would be
+    pointers, different in every copy): the same strings give the same digest in another copy
+    of the model, other strings with the same concatenation another digest."""
+    from onnx import TensorProto, helper
+
+    from onnx_cinm import frontend
+
+    def model(strings):
+        t = helper.make_tensor("s", TensorProto.STRING, [len(strings)], strings)
+        g = helper.make_graph([helper.make_node("Identity", ["s"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [2])], [t])
+        return helper.make_model(g)
+
+    a = model([b"ab", b"c"])
+    copy = onnx.ModelProto.FromString(a.SerializeToString())
+    assert frontend.source_digest(a) == frontend.source_digest(copy)
+    assert frontend.source_digest(a) != frontend.source_digest(model([b"a", b"bc"]))
