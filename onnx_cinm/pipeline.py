@@ -617,6 +617,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     else:  # load_model validates files; an in-memory model gets the same structural checks
         frontend.validate_structure(model, opsets=False)
         original = model
+    # what compare checks its original against; a re-optimized model keeps its first source's
+    source = frontend.recorded_source(original) or frontend.source_digest(original)
     if input_shapes:
         if original is model:  # never change the caller's model
             original = onnx.ModelProto()
@@ -677,6 +679,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     for p in [p for p in work.metadata_props if p.key == hostmodel.METADATA_KEY]:
         work.metadata_props.remove(p)
     work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
+    frontend.set_recorded_source(work, source)
     t0 = time.perf_counter()
     del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
     work = frontend.infer_shapes(work, strict=False)

@@ -337,6 +337,38 @@ def test_devices_prints_a_shared_description_once(capsys):
     assert "solved from an UPMEM server" in rows["h2d_rank_bps"]
 
 
+def test_devices_lists_the_memristor_dtypes_its_supports_accepts(capsys):
+    """`devices` showed the memristor's ``dtypes = ('float32',)`` while int32 (quantized) Gemms
+    were placed there: the listed types are exactly those a 256x256x256 Gemm with a constant
+    weight is accepted in (to_cinm lowers quantized products to int32 Gemms), in one line."""
+    import ast
+
+    import numpy as np
+
+    from onnx_cinm.devices import get_device
+    from onnx_cinm.graph import OpInfo, TensorInfo
+
+    assert main(["devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("memristor (cim)")
+    row = next(line for line in lines[start:] if line.strip().startswith("dtypes = "))
+    shown = ast.literal_eval(row.split("=", 1)[1].split(")")[0].strip() + ")")
+    assert shown == ("float32", "int32")
+    assert "int32" in row.split(")", 1)[1] and "ideal" in row.split(")", 1)[1]
+    dev = get_device("memristor")
+
+    def gemm(dt):
+        t = lambda n, c=False: TensorInfo(n, np.dtype(dt), (256, 256), c)
+        return OpInfo("g", "Gemm", {}, (t("x"), t("w", True)), (t("y"),))
+
+    accepted = {dt for dt in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+                if dev.supports(gemm(dt)).ok}
+    assert accepted == set(shown)
+    # and only under the exact data path: q8 re-quantizes, so the int32 product is refused
+    assert not dev.supports_under(gemm("int32"), {"cim_mode": "q8"}).ok
+    assert dev.supports_under(gemm("float32"), {"cim_mode": "q8"}).ok
+
+
 @pytest.mark.parametrize("ops, cinm_ops", [
     # LeNet: conv1, conv2 (each an Im2Col and a Gemm), fc1, fc2 (a Gemm each)
     ("Conv", 4), ("Gemm", 2), ("Gemm,Conv", 6), ("none", 0),

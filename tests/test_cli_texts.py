@@ -6,12 +6,14 @@ import onnx
 import pytest
 from onnx import TensorProto as TP, helper as h, numpy_helper
 
+from onnx_cinm import frontend
 from onnx_cinm.cli import main
 
 
-def _other_model(path):
-    """Same input as LeNet (``input`` [1, 1, 28, 28]), another output name (``logits``)."""
-    w = numpy_helper.from_array(np.ones((784, 10), np.float32), "w")
+def _other_model(path, scale=1.0):
+    """Same input as LeNet (``input`` [1, 1, 28, 28]), another output name (``logits``);
+    its weights all ``scale``."""
+    w = numpy_helper.from_array(np.full((784, 10), scale, np.float32), "w")
     g = h.make_graph([h.make_node("Flatten", ["input"], ["f"]),
                       h.make_node("MatMul", ["f", "w"], ["logits"])], "other",
                      [h.make_tensor_value_info("input", TP.FLOAT, [1, 1, 28, 28])],
@@ -26,11 +28,60 @@ def test_compare_two_different_models_says_so_in_one_line(tmp_path, capsys):
     assert main(["optimize", str(tmp_path / "other.onnx"), "-o", str(other), "--check", "0",
                  "-q"]) == 0
     capsys.readouterr()
+    # as a model optimized before optimize recorded its source: the names tell them apart
+    m = onnx.load(other)
+    frontend.set_recorded_source(m, None)
+    onnx.save(m, other)
     assert main(["compare", "--example", "lenet", str(other)]) == 1
     cap = capsys.readouterr()
     assert cap.out == ""
     assert cap.err.count("\n") == 1 and cap.err.startswith("onnx-cinm: error: the models' outputs differ: ")
-    assert f"example 'lenet' has output; {other} has logits" in cap.err
+    assert f"example 'lenet' has output float32; {other} has logits float32" in cap.err
+
+
+def test_compare_an_original_the_model_was_not_made_from_says_so_in_one_line(tmp_path, capsys):
+    """Trial s23: 'compare m/orinet_qdq.onnx o/dyn_b1.onnx' (the second made from
+    orinet_dyn: same input and output names) only failed numerically. Two models with the same
+    inputs and outputs, weights all 1 and all 2: the one optimized from the first is refused
+    against the second, and checked (exactly, one float32 product) against the first."""
+    _other_model(tmp_path / "ones.onnx", 1.0)
+    _other_model(tmp_path / "twos.onnx", 2.0)
+    opt = tmp_path / "ones_opt.onnx"
+    assert main(["optimize", str(tmp_path / "ones.onnx"), "-o", str(opt), "--check", "0",
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "twos.onnx"), str(opt)]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err == (f"onnx-cinm: error: {opt} was not optimized from {tmp_path / 'twos.onnx'}"
+                       " (it records another source model's digest): compare an original with"
+                       " its own optimized model\n")
+    assert main(["compare", str(tmp_path / "ones.onnx"), str(opt)]) == 0
+    assert "check: 2 runs, 1 output, max abs err 0" in capsys.readouterr().out
+
+
+def test_the_source_digest_ignores_storage_and_survives_a_second_optimize(tmp_path):
+    """The digest is the model's content: the same weights stored as float_data instead of
+    raw bytes, or another node name, give the same; one weight changed by one ulp does not. An
+    optimized model optimized again records its first original's."""
+    from onnx_cinm import optimize
+
+    _other_model(tmp_path / "ones.onnx")
+    m = onnx.load(tmp_path / "ones.onnx")
+    d = frontend.source_digest(m)
+    assert len(d) == 64 and int(d, 16) >= 0
+    typed = onnx.ModelProto()
+    typed.CopyFrom(m)
+    w = typed.graph.initializer[0]
+    w.float_data.extend([1.0] * 7840)
+    w.ClearField("raw_data")
+    typed.graph.node[0].name = "renamed"
+    assert frontend.source_digest(typed) == d
+    w.float_data[5] = float(np.nextafter(np.float32(1), np.float32(2)))
+    assert frontend.source_digest(typed) != d
+    once = optimize(m, check=0).model
+    assert frontend.recorded_source(once) == d
+    assert frontend.recorded_source(optimize(once, check=0).model) == d
 
 
 def test_optimize_help_texts(capsys):
@@ -56,3 +107,23 @@ def test_list_passes_names_the_real_skip_flag(capsys):
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = {f for a in sub.choices["optimize"]._actions for f in a.option_strings}
     assert named <= flags, named - flags
+
+
+def test_the_source_digest_of_string_initializers_is_their_text():
+    """A STRING initializer is hashed by its strings (an object array's bytes would be
+    pointers, different in every copy): the same strings give the same digest in another copy
+    of the model, other strings with the same concatenation another digest."""
+    from onnx import TensorProto, helper
+
+    from onnx_cinm import frontend
+
+    def model(strings):
+        t = helper.make_tensor("s", TensorProto.STRING, [len(strings)], strings)
+        g = helper.make_graph([helper.make_node("Identity", ["s"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [2])], [t])
+        return helper.make_model(g)
+
+    a = model([b"ab", b"c"])
+    copy = onnx.ModelProto.FromString(a.SerializeToString())
+    assert frontend.source_digest(a) == frontend.source_digest(copy)
+    assert frontend.source_digest(a) != frontend.source_digest(model([b"a", b"bc"]))

@@ -588,3 +588,40 @@ def test_a_device_refusal_is_shared_by_ops_of_one_signature_only_when_it_names_n
     finally:
         del up.supports_under
     assert answers[0] == answers[1] and "permuted" in answers[0] and asked == ["g1"]
+
+
+def _two_products(rows=512):
+    """x[rows, 256] @ W1[256, 256] @ W2[256, 256]: two products over constant weights of one
+    256x256 tile each (pcm-hermes crossbars are 256x256)."""
+    rng = np.random.default_rng(0)
+    ws = [numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), f"W{k}")
+          for k in (1, 2)]
+    nodes = [h.make_node("MatMul", ["x", "W1"], ["y"], name="fc1"),
+             h.make_node("MatMul", ["y", "W2"], ["z"], name="fc2")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [rows, 256])],
+                     [h.make_tensor_value_info("z", TP.FLOAT, [rows, 256])], ws)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_placement_reasons_say_a_pinned_kernel_has_no_room():
+    """Trial: with --cim-crossbars 1 the reasons offered 'memristor (pinned) -3.2 nJ', which no
+    compile can give: the chip pins kernels only in the crossbars the streaming ones leave
+    (residency.allocate), and one crossbar leaves none. Two one-tile kernels on 1 crossbar
+    both stream; on 2 they are both resident and streaming is the (priced) alternative."""
+    for P, kinds in ((1, "streamed"), (2, "pinned")):
+        res = optimize(_two_products(), check=0, host_roofline="nominal",
+                       device_options={"cim_crossbars": P})
+        why = {n.name: cinm.node_attrs(n) for n in res.model.graph.node
+               if n.domain == cinm.DOMAIN and n.op_type == "Gemm"}
+        assert sorted(why) == ["fc1/Gemm", "fc2/Gemm"]
+        for at in why.values():
+            assert at["device"] == "memristor"
+            text = at["placement"]
+            assert text.startswith(f"cost[energy]: memristor ({kinds}) "), text
+            if P == 1:
+                assert ("memristor (pinned): no room, its 1 tile + 0 kept by other kernels + "
+                        "1 crossbar for the 1 kernel streaming > 1 crossbar") in text.split("; ")
+            else:
+                assert "no room" not in text
+                # streaming instead rewrites the one tile every inference: one write's energy
+                assert "memristor (streamed) +3.2 nJ" in text.split("; "), text

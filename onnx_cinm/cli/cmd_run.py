@@ -286,14 +286,32 @@ def _save_npz(path: str, arrays: dict) -> None:
 
 
 def _refuse_other_model(original, optimized, args) -> None:
-    """Raise CinmError (one line) when the two models' outputs have other names: ``optimize``
-    keeps them, so the optimized model was not made from this original."""
-    want = [o.name for o in original.graph.output]
-    got = [o.name for o in optimized.graph.output]
-    if set(want) != set(got):
-        raise CinmError(f"the models' outputs differ: {args.original} has {', '.join(want)}; "
-                        f"{args.optimized} has {', '.join(got)} (optimize keeps the output names: "
-                        "compare an original with its own optimized model)")
+    """Raise CinmError (one line) when the optimized model was not made from this original:
+    it records another source (:data:`.frontend.SOURCE_DIGEST_KEY`, which ``optimize``
+    writes), or, for a model that records none, the two models' outputs or inputs (those not
+    initializers) have other names or element types (``optimize`` keeps them)."""
+    from .. import frontend, golden
+
+    recorded = frontend.recorded_source(optimized)
+    if recorded is not None and frontend.source_digest(original) not in (None, recorded):
+        raise CinmError(f"{args.optimized} was not optimized from {args.original} (it records "
+                        "another source model's digest): compare an original with its own "
+                        "optimized model")
+    for what, of in (("outputs", lambda g: g.output), ("inputs", golden.real_inputs)):
+        want, got = ({v.name: v.type.tensor_type.elem_type for v in of(m.graph)}
+                     for m in (original, optimized))
+        if set(want) != set(got) or any(want[k] and got[k] and want[k] != got[k] for k in want):
+            raise CinmError(f"the models' {what} differ: {args.original} has {_named(want)}; "
+                            f"{args.optimized} has {_named(got)} (optimize keeps them: compare "
+                            "an original with its own optimized model)")
+
+
+def _named(types: dict) -> str:
+    """``{tensor name: onnx element type}`` as ``x float, y int64`` (``?``: type unknown)."""
+    import onnx
+
+    name = lambda t: onnx.helper.tensor_dtype_to_np_dtype(t).name if t else "?"
+    return ", ".join(f"{k} {name(t)}" for k, t in types.items())
 
 
 def _cmd_compare(args, parser) -> int:

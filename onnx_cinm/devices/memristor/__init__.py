@@ -30,7 +30,7 @@ from ...graph import CostPart, dtype_name
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
 from .nonideal import EFFECTS, NAMED
-from .presets import (DEFAULT, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
+from .presets import (DEFAULT, INT_DTYPES, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
                       CrossbarParams, resize)
 
 
@@ -150,11 +150,6 @@ PLAN_ATTRS = {
 #: order; :mod:`onnx_cinm.paradigms.cim.schedule`).
 PART_TERMS = ("array", "adc_dac", "periphery")
 
-#: Integer products the crossbars take besides the preset's float dtypes: the zero-point-
-#: corrected int8/uint8 operands of MatMulInteger, ConvInteger, QLinear* and QDQ products
-#: (``to_cinm``), computed exactly (``.xbar`` ``dtype int32``, docs/xbar-format.md), with
-#: their constant integer weights in cells as they are (:func:`int_cells`).
-INT_DTYPES = ("int32",)
 #: The widest integer weight a cell mapping takes (signed bits; the ``.xbar`` limit).
 MAX_INT_WEIGHT_BITS = 16
 
@@ -285,7 +280,7 @@ class MemristorDevice(Device):
                            applicable=False)
         if len(op.inputs) < 2 or any(t.shape is None for t in op.inputs[:2]):
             return Support(False, "operand shapes unknown")
-        dtypes = tuple(self.params.dtypes) + INT_DTYPES
+        dtypes = tuple(self.params.dtypes)
         for t in op.inputs[:2]:
             if t.dtype is None or dtype_name(t.dtype) not in dtypes:
                 return Support(False, f"dtype {t.dtype} not in {list(dtypes)}")

@@ -20,7 +20,13 @@ import math
 from dataclasses import dataclass, field, replace
 
 __all__ = ["CrossbarParams", "PCM_OCC", "RERAM_ISAAC", "PCM_HERMES", "RRAM_NEURRAM", "PRESETS",
-           "DEFAULT", "resize"]
+           "DEFAULT", "INT_DTYPES", "resize"]
+
+#: Integer products the crossbars take besides float32: the zero-point-corrected int8/uint8
+#: operands of MatMulInteger, ConvInteger, QLinear* and QDQ products (``to_cinm``), computed
+#: exactly (``.xbar`` ``dtype int32``, docs/xbar-format.md), with their constant integer
+#: weights in cells as they are (``int_cells``); only under ``--cim-mode ideal``.
+INT_DTYPES = ("int32",)
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class CrossbarParams:
             ``periphery_energy_per_cycle_j``.
         adc_energy_j: energy of one analog-to-digital conversion (one column of one MVM), joules
             (0: folded into the periphery's or the array's energy, or not published).
-        dtypes: element types the ideal (exact fp32) mode accepts.
+        dtypes: operand types: float32, and int32 (quantized products, exact; ideal mode only).
         min_macs: the paper heuristic's "enough work": a matmul with fewer multiply-accumulates
             than one tile holds (rows * cols) stays off the crossbar.
         name: preset name, for reports and ``--cim-preset``.
@@ -102,7 +108,7 @@ class CrossbarParams:
     endurance_writes: float = 3.2e7
     clock_hz: float = 1e9
     adc_energy_j: float = 0.0
-    dtypes: tuple = ("float32",)
+    dtypes: tuple = ("float32",) + INT_DTYPES
     min_macs: int = 64 * 64
     name: str = "pcm-occ"
     technology: str = "PCM"

@@ -100,11 +100,45 @@ def _kind(ch) -> str:
     return ""
 
 
-def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) -> str:
+def _crossbar_use(prob: Problem, assign: dict) -> dict:
+    """``{device: (tiles kept by its pinned kernels, kernels streaming)}`` under ``assign``,
+    over the devices with crossbars."""
+    out: dict = {}
+    for j in prob.cands:
+        c = prob.choice(assign, j)
+        if c.capacity:
+            kept, streaming = out.get(c.device, (0, 0))
+            out[c.device] = (kept + c.kept_tiles * (not c.streamed), streaming + c.streamed)
+    return out
+
+
+def _no_room(use: dict, ch, alt) -> str:
+    """Why an op now on choice ``ch`` could not keep ``alt``'s tiles programmed while the other
+    ops keep theirs (``use``: :func:`_crossbar_use` of the placement), in words ("" if it
+    could, or ``alt`` keeps none). The device's model-wide plan pins kernels only in the
+    crossbars the streamed ones leave, at least one when any streams
+    (:func:`onnx_cinm.paradigms.cim.residency.allocate`); a candidate alone is priced with all
+    of them, so with ``--cim-crossbars 1`` and other kernels streaming a pinned one cannot be
+    had at any price."""
+    if not alt.capacity or alt.streamed or not alt.kept_tiles:
+        return ""
+    kept, streaming = use.get(alt.device, (0, 0))
+    if ch.device == alt.device:  # the others': without the op's own
+        kept, streaming = kept - ch.kept_tiles * (not ch.streamed), streaming - ch.streamed
+    if alt.kept_tiles + kept + (streaming > 0) <= alt.capacity:
+        return ""
+    n = lambda k, what: f"{k} {what}{'' if k == 1 else 's'}"
+    return (f"its {n(alt.kept_tiles, 'tile')} + {kept} kept by other kernels"
+            + (f" + 1 crossbar for the {n(streaming, 'kernel')} streaming" if streaming else "")
+            + f" > {n(alt.capacity, 'crossbar')}")
+
+
+def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
+            use: dict) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
     would change. A device with several candidates (pinned and streamed crossbar kernels) is
     named with the kind of each, and listed once per kind. ``devs``: the device of every node
-    under ``sol`` (:func:`.evaluate._devices`)."""
+    under ``sol`` (:func:`.evaluate._devices`); ``use``: :func:`_crossbar_use` of ``sol``."""
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
@@ -126,6 +160,10 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list) ->
         if alt is ch or name(alt) in said:
             continue
         said.add(name(alt))
+        no_room = _no_room(use, ch, alt)
+        if no_room:
+            parts.append(f"{name(alt)}: no room, {no_room}")
+            continue
         if alt.device not in on:
             on[alt.device] = _transfers(prob, assign, i, alt.device, devs)
         dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
@@ -163,12 +201,13 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     base = sol.baselines or baselines(build_problem(model, options, infos=infos))
     counts: Counter = Counter()
     devs = _devices(prob, sol.assign)
+    use = _crossbar_use(prob, sol.assign)
     for i, node in enumerate(prob.nodes):
         if node.domain != cinm.DOMAIN:
             continue
         ch = prob.choice(sol.assign, i)
         set_attr(node, "device", ch.device)
-        set_attr(node, "placement", _reason(prob, sol, i, objective, devs))
+        set_attr(node, "placement", _reason(prob, sol, i, objective, devs, use))
         counts[ch.device] += 1
     ctx.placed = Placed.of(prob, infos)
     bad = violations(prob, sol.totals)
