@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -107,6 +108,19 @@ def quantized(path: Path, workdir: Path, feeds: dict, static: bool) -> Path:
     """``path`` quantized to int8 by onnxruntime's quantizer into ``workdir``: static QDQ
     (calibrated on ``feeds`` and three more random inputs; activations and per-channel weights
     int8) or dynamic (int8 weights, uint8 activations quantized at run time)."""
+    out = workdir / f"{path.stem}_{'qdq' if static else 'dyn'}.onnx"
+    # the quantizer logs a warning per bias it finds no initializer for (the light models'
+    # are computed), dozens of lines before the table: quiet while it runs
+    root = logging.getLogger()
+    level, root.level = root.level, logging.ERROR
+    try:
+        return _quantize(path, out, feeds, static)
+    finally:
+        root.setLevel(level)
+
+
+def _quantize(path: Path, out: Path, feeds: dict, static: bool) -> Path:
+    """:func:`quantized`'s work, into ``out``."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -115,7 +129,6 @@ def quantized(path: Path, workdir: Path, feeds: dict, static: bool) -> Path:
         quantize_static,
     )
 
-    out = workdir / f"{path.stem}_{'qdq' if static else 'dyn'}.onnx"
     if not static:
         quantize_dynamic(str(path), str(out), weight_type=QuantType.QInt8)
         return out
