@@ -30,8 +30,9 @@ import itertools
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
@@ -1039,6 +1040,20 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
 _STEPWISE_TYPES = frozenset({TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16,
                              TensorProto.INT16, TensorProto.INT32})
 
+#: Steps of :func:`compare_stepwise` per input set, each named to its ``step`` callback as it
+#: starts: the original's run, the rewired optimized model's run, the rounding ties.
+STEPWISE_STEPS = 3
+
+
+def _progress_bar(total: int, desc: str, show: bool):
+    """A tqdm bar on stderr (``leave=False``, as the CLI's other bars), or None when ``show``
+    is False or stderr is not a terminal (tqdm is then not even imported)."""
+    if not (show and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False)
+
 
 @dataclass
 class StepwiseCheck:
@@ -1154,7 +1169,8 @@ def onnxruntime_self_difference(model: ModelLike, feeds: Mapping[str, np.ndarray
 
 
 def compare_stepwise(reference: ModelLike, candidate: ModelLike,
-                     input_sets: Iterable[Mapping[str, np.ndarray]]) -> StepwiseCheck | None:
+                     input_sets: Iterable[Mapping[str, np.ndarray]],
+                     step: Callable[[str], None] | None = None) -> StepwiseCheck | None:
     """Compare a quantized model with its rewrite tensor by tensor (:class:`StepwiseCheck`).
 
     Parameters
@@ -1165,6 +1181,9 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
         values instead (:func:`onnx_cinm.quantref.fed_from_reference`).
     input_sets : iterable of dict[str, numpy.ndarray]
         The inputs, as for :func:`compare`.
+    step : callable, optional
+        Called with the name of each of the :data:`STEPWISE_STEPS` steps of an input set as it
+        starts (for a progress bar).
 
     Returns
     -------
@@ -1196,13 +1215,17 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
     sizes = dict.fromkeys(shared, 0)
     off: dict[str, list[int]] = {}  # name -> [elements off, largest difference in steps]
 
+    start = step or (lambda what: None)
+
     def count(name: str, bad: int, steps: int) -> None:
         rec = off.setdefault(name, [0, 0])
         rec[0] += bad
         rec[1] = max(rec[1], steps)
 
     for feeds in input_sets:
+        start("the original's quantized tensors")
         r = dict(zip(ref_run.output_names, ref_run.run(feeds)))
+        start("the optimized model fed them")
         c = dict(zip(cand_run.output_names,
                      cand_run.run({**feeds, **{n + quantref.FED_SUFFIX: r[n] for n in shared}})))
         for name, rec in records.items():
@@ -1230,6 +1253,7 @@ def compare_stepwise(reference: ModelLike, candidate: ModelLike,
             if (d == 1).any():
                 one_step[name] = (where[d == 1], b[d == 1], shape)
         del r, c
+        start("rounding ties")
         # one step off: is the reference at a rounding tie there? its floats, one more run;
         # judged on those elements only
         floats = {before[n].input: before[n].input_type for n in one_step
@@ -1263,6 +1287,7 @@ def compare(
     fill: str = "random",
     feeds: Iterable[Mapping[str, np.ndarray]] | None = None,
     stepwise: ModelLike | None = None,
+    progress: bool = False,
 ) -> CheckReport:
     """Run both models on the same inputs and compare their outputs by name.
 
@@ -1294,6 +1319,9 @@ def compare(
         (kept from the main comparison for every input set, so the runner is run once per set)
         are found to equal that run's. A candidate given as a model is used itself (this
         argument is then ignored). Not used for a reference with no quantized tensor.
+    progress : bool
+        Show a progress bar on stderr (only when it is a terminal) for the tensor-by-tensor
+        check, which takes a few onnxruntime runs of both models per input set.
 
     Returns
     -------
@@ -1420,7 +1448,7 @@ def compare(
     if failed and judge and not report.problems \
             and all(not o.note and o.dtype.startswith("float") for o in failed):
         _judge_stepwise(report, failed, reference, stepwise, ran,
-                        _Replay(runner, replies) if runner is not None else None)
+                        _Replay(runner, replies) if runner is not None else None, progress)
     return report
 
 
@@ -1457,34 +1485,56 @@ class _Replay:
 
 
 def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: ModelLike,
-                    candidate: ModelLike, input_sets: list, runner: _Replay | None = None) -> None:
+                    candidate: ModelLike, input_sets: list, runner: _Replay | None = None,
+                    progress: bool = False) -> None:
     """Judge a failed check of a quantized ``reference`` tensor by tensor: the outputs in
     ``failed`` are cleared (``stepwise``) and ``report`` passes when :func:`compare_stepwise`
     does; the report records the stepwise check either way (nothing when the reference has no
     quantized tensor). With a ``runner`` (the outputs the execution provider on ``candidate``
     gave for each of ``input_sets``), the stepwise check runs onnxruntime on ``candidate`` (the
     model's reference functions), so the runner must first have computed what that computes
-    (:func:`compare` of the two, every input set; the runner is not run again)."""
+    (:func:`compare` of the two, every input set; the runner is not run again). ``progress``:
+    a bar on stderr (a terminal's) over its onnxruntime runs."""
+    sets = len(input_sets)
+    bar = _progress_bar((sets if runner is not None else 0) + STEPWISE_STEPS * sets + 1,
+                        "check tensor by tensor", progress)
+    running = False
+
+    def start(what: str, steps: int = 1) -> None:
+        """The bar counts the steps done and names the one now running (``steps`` long)."""
+        nonlocal running
+        if bar is not None:
+            bar.update(running)
+            running = steps
+            bar.set_postfix_str(what)
+
     try:
-        if runner is not None:
-            same = compare(candidate, runner, feeds=input_sets)
-            if not same.ok:
-                report.notes.append("not judged tensor by tensor: the runner differs from onnxruntime "
-                                    f"on the optimized model ({same.summary()})")
-                return
-        step = compare_stepwise(reference, candidate, input_sets)
-    except CinmError as e:  # the end-to-end verdict stands; say why it was not refined
-        report.notes.append(f"not judged tensor by tensor: {e}")
-        return
-    if step is None:
-        return
-    report.stepwise = step
+        try:
+            if runner is not None:
+                start("the optimized model in onnxruntime, as the runner", sets)
+                same = compare(candidate, runner, feeds=input_sets)
+                if not same.ok:
+                    report.notes.append("not judged tensor by tensor: the runner differs from "
+                                        f"onnxruntime on the optimized model ({same.summary()})")
+                    return
+            step = compare_stepwise(reference, candidate, input_sets, start)
+        except CinmError as e:  # the end-to-end verdict stands; say why it was not refined
+            report.notes.append(f"not judged tensor by tensor: {e}")
+            return
+        if step is None:
+            return
+        report.stepwise = step
+        if step.ok:
+            start("onnxruntime's own optimizations, for scale")
+            try:  # for scale; not on NaN/Inf inputs (the ordinary check has measured it)
+                if not report.special:
+                    step.onnxruntime_self = onnxruntime_self_difference(reference, input_sets[0])
+            except CinmError:
+                pass
+    finally:
+        if bar is not None:
+            bar.close()
     if step.ok:
-        try:  # for scale; not on NaN/Inf inputs (the ordinary check has measured it)
-            if not report.special:
-                step.onnxruntime_self = onnxruntime_self_difference(reference, input_sets[0])
-        except CinmError:
-            pass
         for o in failed:
             o.ok = o.stepwise = True
         report.ok = True
