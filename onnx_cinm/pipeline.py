@@ -532,7 +532,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
              dims: dict[str, int] | None = None, device_options: dict | None = None,
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None,
-             inputs: dict | None = None, totals: bool = True) -> OptimizeResult:
+             inputs: dict | None = None, totals: bool = True,
+             progress: bool = False) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
     The branches of the main graph's If nodes go through the same passes, each as a model of
@@ -596,6 +597,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             ``stats["placement"]["model_totals"]`` (one cost evaluation of every op: 0.1 s on
             light DenseNet121); False leaves them out (``onnx-cinm optimize -q``, which prints
             no summary).
+        progress: a progress bar on stderr (when it is a terminal) for a long check: the
+            tensor-by-tensor check of a quantized model (:func:`onnx_cinm.golden.compare`).
         host_roofline: the host's figures for cost placement (a
             :class:`onnx_cinm.hostmodel.HostRoofline`, ``"GFLOPS,GBPS[,WATTS]"``, ``"nominal"``
             or ``"measure"``: probed once on this machine and cached); default: the
@@ -696,7 +699,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         t0 = time.perf_counter()
         try:
             report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol,
-                                    dims=dims, feeds=_check_feeds(original, inputs, check, dims))
+                                    dims=dims, feeds=_check_feeds(original, inputs, check, dims),
+                                    progress=progress)
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
             if inputs:  # the user's own arrays: their mistake to fix, not a skip to shrug at
                 raise CinmError(f"the original does not run on the given --input arrays: {e}") from None

@@ -342,6 +342,19 @@ def in_steps(value: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
     return steps / _along(scale, axis, steps.ndim)
 
 
+def elements_of(q: QuantizerInput, where: np.ndarray, shape: tuple[int, ...]) -> QuantizerInput:
+    """``q`` for the elements at flat indices ``where`` (int array) of a tensor of ``shape``,
+    as a 1-D array of them: its scale and zero point one value per element along axis 0 (a
+    scalar kept as it is), so :func:`at_rounding_tie` can judge those elements alone without
+    the whole tensor in float64."""
+    def pick(a: np.ndarray) -> np.ndarray:
+        if not np.ndim(a):
+            return a
+        return np.broadcast_to(_along(a, q.axis, len(shape)), shape)[np.unravel_index(where, shape)]
+
+    return q._replace(scale=pick(q.scale), zero_point=pick(q.zero_point), axis=0)
+
+
 def tie_distance(steps: np.ndarray) -> np.ndarray:
     """How far values in quantization steps (:func:`in_steps`) lie from the nearest rounding
     tie, a half-integer: 0 at a tie, 0.5 on a level."""

@@ -588,6 +588,28 @@ def test_at_rounding_tie_needs_the_range_a_neighbour_level_and_float32_closeness
     np.testing.assert_array_equal(got, [True, True, True, False, False, False])
 
 
+def test_rounding_ties_judged_on_picked_elements_use_each_elements_channel():
+    """The stepwise check judges only the elements one step off (quantref.elements_of), each with
+    its own channel's scale and zero point. Hand-made int8, axis 1, scales 0.5/1/2, zero points
+    0/10/-3, tensor 2x3x2 (flat index n*6 + c*2 + w): 1.25 in channel 0 is 2.5 steps (a tie, level
+    3); 2.5 in channel 1 is 12.5 (tie, level 12; level 14 is no neighbour); 5.0 in channel 2 is
+    2.5 - 3 = -0.5 (tie, level 0); 2.5 there is -1.75 (no tie, though 12.5 with channel 1's grid);
+    3.0 there is -1.5 (tie, level -2)."""
+    from onnx_cinm import quantref
+
+    q = quantref.QuantizerInput("f", TP.FLOAT, np.array([0.5, 1.0, 2.0]), np.array([0, 10, -3]),
+                                1, -128, 127)
+    where = np.array([0, 3, 5, 8, 10, 11])
+    value = np.zeros((2, 3, 2), np.float32)
+    value.reshape(-1)[where] = [1.25, 2.5, 5.0, 2.5, 2.5, 3.0]
+    level = np.array([3, 12, 0, 14, 0, -2])
+    picked = quantref.elements_of(q, where, value.shape)
+    got = quantref.at_rounding_tie(value.reshape(-1)[where], level, picked)
+    np.testing.assert_array_equal(got, [True, True, True, False, False, True])
+    scalar = q._replace(scale=np.array(0.5), zero_point=np.array(0))  # per tensor: kept a scalar
+    assert np.ndim(quantref.elements_of(scalar, where, value.shape).scale) == 0
+
+
 def test_a_runner_is_checked_on_every_input_set_from_the_outputs_it_gave():
     """The provider is trusted to compute what onnxruntime computes on the saved model only
     after its outputs for every input set (not the first alone) are found equal; it is run once

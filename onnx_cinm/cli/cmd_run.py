@@ -359,7 +359,8 @@ def _cmd_compare(args, parser) -> int:
                  for i in range(args.runs)]
     try:
         report = golden.compare(original, sess.as_runner(), n=args.runs, rtol=args.rtol,
-                                atol=args.atol, dims=dims, feeds=feeds, stepwise=args.optimized)
+                                atol=args.atol, dims=dims, feeds=feeds, stepwise=args.optimized,
+                                progress=True)
     except ReferenceFailed as e:
         raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
                         "--dim NAME=SIZE") from None
