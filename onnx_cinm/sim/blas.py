@@ -191,6 +191,19 @@ def _limited(threads: int, ctl):
                 _ACTIVE["limiter"] = None
 
 
+
+def _least_cpu(routes: list, rounds: int = 4) -> list[float]:
+    """The least CPU time (seconds, ``time.process_time``) of each callable of ``routes`` over
+    ``rounds`` rounds that run them alternately (so load that changes over time falls on all
+    of them alike): how the kernel choices compare routes after their warm-up run."""
+    best = [float("inf")] * len(routes)
+    for _ in range(rounds):
+        for i, fn in enumerate(routes):
+            t0 = time.process_time()
+            fn()
+            best[i] = min(best[i], time.process_time() - t0)
+    return best
+
 class MatrixKernels:
     """Matrix products of the device simulators: BLAS thread count and kernel choice.
 
@@ -461,12 +474,7 @@ class MatrixKernels:
                 fn()
         except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
             routes = [numpy_route]
-        best = [float("inf")] * len(routes)
-        for _ in range(4):
-            for i, fn in enumerate(routes):
-                t0 = time.process_time()
-                fn()
-                best[i] = min(best[i], time.process_time() - t0)
+        best = _least_cpu(routes)
         kind = "onnxruntime" if len(best) == 2 and best[1] < best[0] * CONV_MARGIN else "numpy"
         with self._lock:
             self._conv_choice[key] = kind
@@ -622,12 +630,7 @@ class MatrixKernels:
             same = np.array_equal(out, other)
         except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
             routes, same = routes[:1], False
-        best = [float("inf")] * len(routes)
-        for _ in range(4):
-            for i, fn in enumerate(routes):
-                t0 = time.process_time()
-                fn()
-                best[i] = min(best[i], time.process_time() - t0)
+        best = _least_cpu(routes)
         margin = 1.0 if table is None else CONV_MARGIN
         kind = "onnxruntime" if same and best[-1] < best[0] * margin else "numpy"
         with self._lock:
