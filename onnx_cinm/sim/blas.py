@@ -116,10 +116,7 @@ def _int8_product_is_exact() -> bool:
                 [node], "probe", [a] if const else
                 [a, helper.make_tensor_value_info("B", TensorProto.INT8, [K, 4])], [y],
                 [numpy_helper.from_array(B, "B")] if const else [])
-            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
-                                      ir_version=8)
-            sess = ort.InferenceSession(model.SerializeToString(), so,
-                                        providers=["CPUExecutionProvider"])
+            sess = _session_of(g, so)
             for m in (1, 4):
                 feeds = {"A": A[:m]} if const else {"A": A[:m], "B": B}
                 if not np.array_equal(sess.run(None, feeds)[0], want[:m]):
@@ -190,6 +187,16 @@ def _limited(threads: int, ctl):
                 _ACTIVE["limiter"].restore_original_limits()
                 _ACTIVE["limiter"] = None
 
+
+def _session_of(graph, options):
+    """An onnxruntime CPU session of the one-node ``graph`` (opset 13, IR 8: what every product
+    and probe here builds) under session ``options``."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def _least_cpu(routes: list, rounds: int = 4) -> list[float]:
@@ -344,7 +351,6 @@ class MatrixKernels:
         if key not in self._ort:
             with self._lock:
                 if key not in self._ort:
-                    import onnxruntime as ort
                     from onnx import TensorProto, helper
 
                     f = TensorProto.FLOAT
@@ -355,11 +361,7 @@ class MatrixKernels:
                         [helper.make_tensor_value_info("A", f, ["K", "M"] if trans_a else ["M", "K"]),
                          helper.make_tensor_value_info("B", f, ["N", "K"] if trans_b else ["K", "N"])],
                         [helper.make_tensor_value_info("Y", f, ["M", "N"])])
-                    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
-                                              ir_version=8)
-                    self._ort[key] = ort.InferenceSession(
-                        model.SerializeToString(), self._options(),
-                        providers=["CPUExecutionProvider"])
+                    self._ort[key] = _session_of(g, self._options())
         return self._ort[key]
 
     def _options(self):
@@ -508,7 +510,6 @@ class MatrixKernels:
         return run
 
     def _conv_session(self, x, W, bias, geo, activation):
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
         kernel_shape, strides, pads, dilations = geo
@@ -528,9 +529,7 @@ class MatrixKernels:
         g = helper.make_graph(nodes, "conv",
                               [helper.make_tensor_value_info("X", f, [None, C] + [None] * len(kernel_shape))],
                               [helper.make_tensor_value_info("Y", f, None)], inits)
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        return ort.InferenceSession(model.SerializeToString(), self._options(),
-                                    providers=["CPUExecutionProvider"])
+        return _session_of(g, self._options())
 
     def _ort_const_matmul(self, X, W, out) -> None:
         """``out[:] = X @ W`` in a session whose ``W`` is an initializer (packed once, as
@@ -541,7 +540,6 @@ class MatrixKernels:
             with self._lock:
                 entry = self._ort.get(key)
                 if entry is None:
-                    import onnxruntime as ort
                     from onnx import TensorProto, helper, numpy_helper
 
                     f = TensorProto.FLOAT
@@ -553,10 +551,7 @@ class MatrixKernels:
                         [helper.make_tensor_value_info("A", f, ["M", W.shape[0]])],
                         [helper.make_tensor_value_info("Y", f, ["M", W.shape[1]])],
                         [numpy_helper.from_array(B, "B")])
-                    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
-                                              ir_version=8)
-                    sess = ort.InferenceSession(model.SerializeToString(), self._options(),
-                                                providers=["CPUExecutionProvider"])
+                    sess = _session_of(g, self._options())
                     entry = self._ort[key] = (W, sess)  # W held: its address stays its own
         Y = entry[1].run(None, {"A": np.ascontiguousarray(X, dtype=np.float32)})[0]
         out[...] = Y
@@ -698,7 +693,6 @@ class MatrixKernels:
         ``ConvInteger``): ``A`` and its zero point ``az`` uint8 inputs, ``B`` (uint8 or int8:
         ``b_type``, or that of ``inits["B"]``) and its zero point ``bz`` initializers when
         ``inits`` gives them (``{"B": array, "bz": int}``), else inputs too; int32 ``Y``."""
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
         u8 = TensorProto.UINT8
@@ -716,9 +710,7 @@ class MatrixKernels:
         g = helper.make_graph([helper.make_node(op, ["A", "B", "az", "bz"], ["Y"], **attrs)],
                               op, ins, [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
                               init)
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        return ort.InferenceSession(model.SerializeToString(), self._options(),
-                                    providers=["CPUExecutionProvider"])
+        return _session_of(g, self._options())
 
     def int_conv(self, x: np.ndarray, W: np.ndarray, geometry: tuple, groups: int = 1):
         """The integer product of the patches of ``x`` with ``W`` as one ``ConvInteger``, the
