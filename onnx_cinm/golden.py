@@ -30,7 +30,6 @@ import itertools
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence, Union
 
@@ -42,6 +41,7 @@ from onnx import TensorProto
 from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .frontend import iter_graphs
+from .text import progress_bar
 from .text import table
 
 ModelLike = Union[onnx.ModelProto, str, os.PathLike, bytes]
@@ -1047,16 +1047,6 @@ _STEPWISE_TYPES = frozenset({TensorProto.UINT8, TensorProto.INT8, TensorProto.UI
 STEPWISE_STEPS = 3
 
 
-def _progress_bar(total: int, desc: str, show: bool):
-    """A tqdm bar on stderr (``leave=False``, as the CLI's other bars), or None when ``show``
-    is False or stderr is not a terminal (tqdm is then not even imported)."""
-    if not (show and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False)
-
-
 @dataclass
 class StepwiseCheck:
     """The tensor-by-tensor check of a quantized (QDQ) model, :func:`compare_stepwise`.
@@ -1507,17 +1497,16 @@ def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: M
     (:func:`compare` of the two, every input set; the runner is not run again). ``progress``:
     a bar on stderr (a terminal's) over its onnxruntime runs."""
     sets = len(input_sets)
-    bar = _progress_bar((sets if runner is not None else 0) + STEPWISE_STEPS * sets + 1,
-                        "check tensor by tensor", progress)
+    bar = progress_bar((sets if runner is not None else 0) + STEPWISE_STEPS * sets + 1,
+                       "check tensor by tensor", "step", progress)
     running = 0
 
     def start(what: str, steps: int = 1) -> None:
         """The bar counts the steps done and names the one now running (``steps`` long)."""
         nonlocal running
-        if bar is not None:
-            bar.update(running)
-            running = steps
-            bar.set_postfix_str(what)
+        bar.update(running)
+        running = steps
+        bar.set_postfix_str(what)
 
     try:
         try:
@@ -1543,8 +1532,7 @@ def _judge_stepwise(report: CheckReport, failed: list[OutputCheck], reference: M
             except CinmError:
                 pass
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if step.ok:
         for o in failed:
             o.ok = o.stepwise = True

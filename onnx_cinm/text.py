@@ -4,14 +4,16 @@ Node, tensor and output names are arbitrary strings in ONNX. Printed raw, a newl
 breaks a table row in two, and a Unicode bidi override (U+202E and friends, the "Trojan Source"
 characters, CVE-2021-42574) reorders the rest of the line as a terminal shows it. Every table
 and message that shows such a name passes it through :func:`printable`; :func:`table` does it
-for every cell. :func:`si` is the one number formatter.
+for every cell. :func:`si` is the one number formatter. :func:`progress_bar` is the one
+progress bar of long steps.
 """
 from __future__ import annotations
 
 import math
+import sys
 import unicodedata
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 def _safe(c: str) -> bool:
@@ -128,3 +130,29 @@ def if_rule(ifs: dict, others: str) -> str:
         out.append(f"UPPER BOUND: both branches summed of {both} If{'s' * (both != 1)} whose "
                    "branch the planning probe did not see")
     return "; ".join(out)
+
+
+class _NoBar:
+    """The progress bar of a run that shows none: what ``tqdm(disable=True)`` does, without
+    importing tqdm (and the multiprocessing it imports) in every quiet or piped run."""
+
+    disable = True
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, unit: str, show: bool):
+    """A tqdm bar of ``total`` ``unit`` steps on stderr (``leave=False``), or one that shows
+    nothing (tqdm not imported) when ``show`` is False or stderr is not a terminal."""
+    if not (show and sys.stderr.isatty()):
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)

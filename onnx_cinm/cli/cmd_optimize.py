@@ -7,33 +7,14 @@ import sys
 from pathlib import Path
 
 from ..errors import CinmError
-from ..text import Column, printable, si, table
-from .args import _check_writable_folder, _dims, _drop_labels, _given_inputs, _pass_options
-
-
-class _NoBar:
-    """The progress bar of a run that shows none: what ``tqdm(disable=True)`` does, without
-    importing tqdm (and the multiprocessing it imports) in every quiet or piped run."""
-
-    disable = True
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, unit: str, quiet: bool):
-    """A tqdm bar on stderr, silent with -q or when stderr is not a terminal."""
-    if quiet or not sys.stderr.isatty():
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
+from ..text import Column, printable, progress_bar, si, table
+from .args import (
+    _check_writable_folder,
+    _dims,
+    _drop_labels,
+    _given_inputs,
+    _pass_options,
+)
 
 
 def _cmd_optimize(args, parser) -> int:
@@ -91,7 +72,8 @@ def _cmd_optimize(args, parser) -> int:
         _check_writable_folder(args.report, "report")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
-    bar = _progress(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass", args.quiet)
+    bar = progress_bar(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass",
+                       not args.quiet)
 
     def log(msg: str) -> None:
         if msg.startswith("pass "):
