@@ -178,25 +178,29 @@ def _emit(model: onnx.ModelProto, nodes: list, root, log: Callable[[str], None])
     if nodes and not any(n.output[0] in infos for n in nodes):
         infos = tensor_infos(model)
     kernels, seen = [], set()
-    for k, node in enumerate(nodes, 1):
-        at = cinm.node_attrs(node)
-        rel = at["kernel"]
-        if rel in seen:
-            raise CinmError(f"two nodes name the kernel '{rel}'")
-        seen.add(rel)
-        dev = devices.get_device(at.get("device", "host"))
-        consts = _Constants(inits, node.input)
-        paths = dev.emit(op_info(node, infos), at, consts, root)
-        if not paths:
-            raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits no code")
-        files = []
-        for p in paths:
-            p = Path(p)
-            files.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size,
-                          "sha256": sha256(p)})
-        kernels.append({"node": node.name, "op_type": node.op_type, "device": dev.name,
-                        "kernel": rel, "files": files})
-        log(f"emit [{k}/{len(nodes)}] {node.name} -> {rel}")
+    with devices.recorded_writes() as written:
+        for k, node in enumerate(nodes, 1):
+            at = cinm.node_attrs(node)
+            rel = at["kernel"]
+            if rel in seen:
+                raise CinmError(f"two nodes name the kernel '{rel}'")
+            seen.add(rel)
+            dev = devices.get_device(at.get("device", "host"))
+            consts = _Constants(inits, node.input)
+            paths = dev.emit(op_info(node, infos), at, consts, root)
+            if not paths:
+                raise CinmError(f"node '{node.name}' has a kernel but device '{dev.name}' emits "
+                                "no code")
+            files = []
+            for p in paths:
+                p = Path(p)
+                # written through devices.write_kernel_file: hashed in memory; else read back
+                size, digest = written.get(os.fspath(p)) or (p.stat().st_size, sha256(p))
+                files.append({"path": p.relative_to(root).as_posix(), "bytes": size,
+                              "sha256": digest})
+            kernels.append({"node": node.name, "op_type": node.op_type, "device": dev.name,
+                            "kernel": rel, "files": files})
+            log(f"emit [{k}/{len(nodes)}] {node.name} -> {rel}")
     manifest = {"format": FORMAT, "version": VERSION, "kernels": kernels}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -30,8 +30,12 @@ a *cost-model* device (priced and placed; its nodes run their reference bodies o
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import hashlib
+import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -238,7 +242,9 @@ class Device:
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root: Path) -> list[Path]:
         """Write the kernel of a lowered node under ``root`` (the ``<model>.cinm/`` folder being
         built) at ``attrs["kernel"]``; ``consts`` maps the node's constant input names to numpy
-        arrays. Returns the paths written. Default: nothing to write."""
+        arrays. Returns the paths written. Files written with :func:`write_kernel_file` are
+        listed in the manifest from their bytes in memory; any other file is read back to hash
+        it. Default: nothing to write."""
         return []
 
     def kernel(self, op: OpInfo, attrs: dict, root: Path, consts: dict,
@@ -404,6 +410,41 @@ class Registry:
                                  f"taken by device {other.name!r}")
         self.devices[device.name] = device
         return device
+
+
+#: ``{path: (bytes, sha256 hex)}`` of the files :func:`write_kernel_file` wrote while
+#: :func:`recorded_writes` is active (the manifest of the kernel folder being built), else None
+_WRITTEN: contextvars.ContextVar = contextvars.ContextVar("kernel_files_written", default=None)
+
+
+def write_kernel_file(path, data) -> Path:
+    """Write one kernel file: ``data`` (``str``, encoded as UTF-8, or a bytes-like object such
+    as ``bytes`` or a contiguous ``uint8`` array) to ``path`` (created or replaced); return the
+    path as a :class:`~pathlib.Path`. While :func:`recorded_writes` is active (the manifest
+    being built by :func:`onnx_cinm.artifacts.emit`), the file's size and SHA-256 are recorded
+    from the bytes in memory, so the manifest does not open and read every file again.
+    Raises OSError as ``open`` does."""
+    path = Path(path)
+    view = memoryview(data.encode() if isinstance(data, str) else data).cast("B")
+    with open(path, "wb") as f:
+        f.write(view)
+    log = _WRITTEN.get()
+    if log is not None:
+        log[os.fspath(path)] = (view.nbytes, hashlib.sha256(view).hexdigest())
+    return path
+
+
+@contextmanager
+def recorded_writes():
+    """Record the files :func:`write_kernel_file` writes in this context (this thread or
+    task): yields the ``{path string: (bytes, sha256 hex)}`` dict it fills; the last write of a
+    path wins. Recording stops when the context ends."""
+    log: dict = {}
+    token = _WRITTEN.set(log)
+    try:
+        yield log
+    finally:
+        _WRITTEN.reset(token)
 
 
 def template_environment():

@@ -27,7 +27,7 @@ from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, si, table
 from .. import register
 from ...graph import CostPart, dtype_name
-from ..base import Cost, Device, OpInfo, Priced, Resources, Support
+from ..base import Cost, Device, OpInfo, Priced, Resources, Support, write_kernel_file
 from . import codegen
 from .nonideal import EFFECTS, NAMED
 from .presets import (DEFAULT, INT_DTYPES, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
@@ -727,9 +727,7 @@ class MemristorDevice(Device):
         if not outdir.is_dir():  # one folder for every crossbar kernel: made by the first
             outdir.mkdir(parents=True, exist_ok=True)
         text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
-        path = outdir / rel.name
-        path.write_text(text)
-        return [path]
+        return [write_kernel_file(outdir / rel.name, text)]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "simulate", run_options: dict | None = None):

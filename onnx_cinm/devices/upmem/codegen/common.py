@@ -13,7 +13,7 @@ import contextvars
 
 import numpy as np
 
-from ...base import template_environment
+from ...base import template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
@@ -360,9 +360,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     paths = []
     for tmpl, name in (("host.c.j2", "host.c"), ("dpu.c.j2", "dpu.c"), ("Makefile.j2", "Makefile")):
         text = _ENV.get_template(f"upmem/{family}/{tmpl}").render(k=k)
-        p = outdir / name
-        p.write_text(text)
-        paths.append(p)
+        paths.append(write_kernel_file(outdir / name, text))
     man = {"format": "onnx-cinm-upmem-kernel/1", "kind": k.kind, "family": family,
            "dtype": k.dtype, "dpus": k.dpus, "tasklets": k.tasklets, "block_bytes": k.block,
            "unroll": k.unroll,
@@ -372,9 +370,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     annotate = _ANNOTATE.get()
     if annotate is not None:
         annotate(man)
-    p = outdir / "kernel.json"
-    p.write_text(json.dumps(man, indent=1) + "\n")
-    paths.append(p)
+    paths.append(write_kernel_file(outdir / "kernel.json", json.dumps(man, indent=1) + "\n"))
     paths += [outdir / t.const for t in k.inputs if t.const]
     return paths
 
@@ -392,7 +388,7 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
             t.const = f"const{i}.bin"
             if not _DRY.get():
                 outdir.mkdir(parents=True, exist_ok=True)
-                arr.tofile(outdir / t.const)
+                write_kernel_file(outdir / t.const, arr.reshape(-1).view(np.uint8))
         ts.append(t)
     return ts
 
