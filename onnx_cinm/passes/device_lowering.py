@@ -46,7 +46,28 @@ def _set(node: onnx.NodeProto, attrs: dict, dev) -> None:
     del node.attribute[:]
     node.attribute.extend(keep)
     for k, v in attrs.items():
-        node.attribute.append(helper.make_attribute(k, v))
+        _add_attribute(node, k, v)
+
+
+_A = onnx.AttributeProto
+
+
+def _add_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    """Append the attribute ``helper.make_attribute(name, value)`` to ``node``, built in place
+    for the plain ``int``, ``float``, ``str`` and list-of-``int`` values plans are made of (the
+    same proto; ``make_attribute``'s type dispatch took most of a lowering pass's time: 5,500
+    attributes on DenseNet121 over the three passes), through ``make_attribute`` otherwise."""
+    kind = type(value)
+    if kind is int:
+        node.attribute.add(name=name, type=_A.INT, i=value)
+    elif kind is float:
+        node.attribute.add(name=name, type=_A.FLOAT, f=value)
+    elif kind is str:
+        node.attribute.add(name=name, type=_A.STRING, s=value.encode())
+    elif kind is list and value and all(type(x) is int for x in value):
+        node.attribute.add(name=name, type=_A.INTS, ints=value)
+    else:
+        node.attribute.append(helper.make_attribute(name, value))
 
 
 def lower_paradigm(model: onnx.ModelProto, ctx: PassContext, paradigm: str) -> tuple:
