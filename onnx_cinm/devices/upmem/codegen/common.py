@@ -3,6 +3,7 @@ kernel files, input sidecars, checks and row layouts (see
 :mod:`onnx_cinm.devices.upmem.codegen`)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -82,9 +83,12 @@ GELU = {"none": ("emu_gelu(a)", "x / 2 * (1 + erf(x / sqrt 2))", "gelu"),
 
 
 
+@functools.lru_cache(maxsize=256)
 def math_helpers_for(expr: str) -> frozenset:
     """The math helpers (:data:`MATH_HELPER_DEPS`) the C expression ``expr`` calls, with their
-    dependencies; empty for an expression that calls none."""
+    dependencies; empty for an expression that calls none. Memoized by the expression (a
+    function of the string alone): every elementwise op placement asks about searches the
+    same few expressions."""
     need, todo = set(), [f for f in MATH_HELPER_DEPS if re.search(rf"\b{f}\(", expr)]
     while todo:
         f = todo.pop()
