@@ -183,3 +183,73 @@ def test_the_model_as_placed_is_priced_from_the_placement_problem_only_while_it_
     copy.CopyFrom(placed)
     assert ctx.placed.priced(copy, ctx.options, infos) is None
     assert ctx.placed.priced(placed, {**ctx.options, "objective": "latency"}, infos) is None
+
+
+_AFTER = ("fold_layouts", "cim_tiling", "cnm_mapping", "device_lowering")
+
+
+def _inferences(monkeypatch, model, forget_after_restore=False, **options):
+    """Optimize ``model``; count the whole-graph shape inferences each pass runs through its
+    context (:meth:`PassContext.tensor_infos`). ``forget_after_restore``: drop the context's
+    infos after ``restore_host_ops`` whatever it did (as before it kept them), so the passes
+    after it infer afresh. Returns the result and ``Counter({pass: inferences})``."""
+    from collections import Counter
+
+    from onnx_cinm import analysis, passes
+
+    passes._load_all()
+    current, calls, real = [None], Counter(), analysis.tensor_infos
+
+    def counting(*a, **k):
+        calls[current[0]] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(analysis, "tensor_infos", counting)
+    for name, (fn, doc) in list(passes._REGISTRY.items()):
+        def wrapped(m, ctx, fn=fn, name=name):
+            current[0] = name
+            try:
+                return fn(m, ctx)
+            finally:
+                current[0] = None
+                if forget_after_restore and name == "restore_host_ops":
+                    ctx.forget_infos()
+        monkeypatch.setitem(passes._REGISTRY, name, (wrapped, doc))
+    return optimize(model, check=0, **options), calls
+
+
+def test_nothing_restored_keeps_the_placements_tensor_infos(monkeypatch):
+    """With nothing to restore, the passes after restore_host_ops reuse the infos the
+    placement inferred, and the model is the one fresh inferences give."""
+    from onnx_cinm.examples import get_example
+
+    model = get_example("lenet")
+    res, calls = _inferences(monkeypatch, model, placement="heuristic")
+    assert res.stats["restore_host_ops"]["restored"] == {}
+    assert res.stats["device_lowering"]["nodes"]  # the passes after it had nodes to plan
+    assert sum(calls[p] for p in _AFTER) == 0, calls
+    fresh, fresh_calls = _inferences(monkeypatch, model, forget_after_restore=True,
+                                     placement="heuristic")
+    assert sum(fresh_calls[p] for p in _AFTER) == 1, fresh_calls
+    assert fresh.model.SerializeToString() == res.model.SerializeToString()
+
+
+def test_a_restore_makes_the_passes_after_it_infer_again(monkeypatch):
+    """Restoring rewrites the graph: the infos from before are dropped and inferred again for
+    the device nodes left (the grouped Conv goes back to the host, a MatMul after it stays on
+    its crossbar)."""
+    model = _grouped_conv()
+    g = model.graph
+    w2 = np.random.default_rng(1).standard_normal((98, 256)).astype(np.float32)
+    g.initializer.extend([numpy_helper.from_array(w2, "W2"),
+                          numpy_helper.from_array(np.array([128, 98], np.int64), "shape")])
+    g.node[-1].output[0] = "a"
+    g.node.extend([helper.make_node("Reshape", ["a", "shape"], ["r"], name="reshape"),
+                   helper.make_node("MatMul", ["r", "W2"], ["Y"], name="mm")])
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("Y", TensorProto.FLOAT, [128, 256]))
+    res, calls = _inferences(monkeypatch, model)
+    assert res.stats["restore_host_ops"]["restored"] == {"Conv": 1}
+    assert res.stats["device_lowering"]["nodes"] == {"memristor": 1}
+    assert sum(calls[p] for p in _AFTER) == 1, calls
+    _exact(res, model)
