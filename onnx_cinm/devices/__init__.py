@@ -31,8 +31,18 @@ import types
 from ..dialects import declarations_batched, declare_plan_attrs
 from ..errors import CinmError
 from ..options import OptionSpec
-from .base import (Cost, Device, OpInfo, Priced, Registry, Resources, Support, TensorInfo,
-                   recorded_writes, write_kernel_file)
+from .base import (
+    Cost,
+    Device,
+    OpInfo,
+    Priced,
+    Registry,
+    Resources,
+    Support,
+    TensorInfo,
+    recorded_writes,
+    write_kernel_file,
+)
 
 __all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
            "get_device", "all_devices", "device_names", "plugin_errors",
