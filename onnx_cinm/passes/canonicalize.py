@@ -724,7 +724,8 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     (``ORT_DISABLE_ALL``, one session for the whole foldable subgraph), so dtypes are exactly
     those onnxruntime computes (a ``value_float`` Constant stays float32); ``Shape``/``Size``
     of a value whose dimensions are all static (after shape inference, repeated until
-    nothing more folds). Large constants such as the ``ConstantOfShape`` weights of the light
+    nothing more folds; a main graph without Shape/Size is not inferred: nothing here reads
+    the shapes then, and the model's value_info stays as it came). Large constants such as the ``ConstantOfShape`` weights of the light
     models become initializers.
 
     Never folded: nondeterministic ops (:data:`NONDETERMINISTIC_OPS`, ``Dropout`` unless its
@@ -762,8 +763,14 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         _replace_nodes(graph, kept)
     fills: dict = {}  # the initializers folded as one value repeated, for normalize
     while True:
-        infer_shapes(model, strict=False)
-        folded = _fold(model, static_shapes(graph, initializers=False), fills=fills)
+        # the inferred shapes serve only to fold Shape/Size of static tensors: without such a
+        # node in the main graph, no whole-graph inference (normalize, next, infers the folded
+        # graph anyway; most CNNs, DenseNet121 one inference fewer)
+        shaped = any(node.op_type in ("Shape", "Size") for node in graph.node)
+        if shaped:
+            infer_shapes(model, strict=False)
+        folded = _fold(model, static_shapes(graph, initializers=False) if shaped else {},
+                       fills=fills)
         inlined = inline_constant_ifs(model)
         count += folded + inlined
         if not inlined and (not folded or not any(node.op_type in ("Shape", "Size")
