@@ -176,8 +176,12 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
                     d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                     else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
+    np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
-        infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), shape, True)
+        np_type = np_types.get(dtype)
+        if np_type is None:
+            np_type = np_types[dtype] = helper.tensor_dtype_to_np_dtype(dtype)
+        infos[name] = TensorInfo(name, np_type, shape, True)
     return infos
 
 
