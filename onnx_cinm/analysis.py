@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from . import frontend
-from .anonymous_dims import size_anonymous_dims
+from .anonymous_dims import infer_once, size_anonymous_dims
 from .dialects import cinm
 from .graph import OpInfo, TensorInfo
 
@@ -62,7 +62,19 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
         settled = _settled(model.graph, consts)
         if settled is not None:
             return settled
-    # A copy without the weight bytes: inference needs only their types and dims.
+    light, consts = _weightless_copy(model, dims)
+    inferred = size_anonymous_dims(light)
+    pins = _probe_pins(inferred.graph, probed)
+    if pins:  # again, from the probed shapes of the tensors inference left open
+        del inferred.graph.value_info[:]
+        inferred = size_anonymous_dims(inferred, pins)
+    return _collect(inferred.graph, consts, dims)
+
+
+def _weightless_copy(model: onnx.ModelProto, dims: dict) -> tuple[onnx.ModelProto, dict]:
+    """The copy of ``model`` :func:`tensor_infos` infers (no weight bytes: inference needs only
+    their types and dims; ``dims`` bound on it, the model itself stays dynamic), and
+    ``{initializer name: (element type, dims)}``."""
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
     g = light.graph
@@ -82,13 +94,53 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    inferred = size_anonymous_dims(light)
-    pins = _probe_pins(inferred.graph, probed)
-    if pins:  # again, from the probed shapes of the tensors inference left open
-        del inferred.graph.value_info[:]
-        inferred = size_anonymous_dims(inferred, pins)
-    return _collect(inferred.graph, consts, dims)
+    return light, consts
 
+
+def open_tensors(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """The tensors of ``names`` (of the main graph) whose shape :func:`tensor_infos` leaves
+    open: no info, no shape, or a dim without a size; in the order given.
+
+    When the model records no probed shapes and has no value_info (a model as loaded), the
+    first inference :func:`tensor_infos` runs (:func:`onnx_cinm.anonymous_dims.infer_once` of
+    the same weightless copy at the planned sizes) is run alone first: if it sizes every one of
+    ``names``, none is open, for the further rounds of
+    :func:`~onnx_cinm.anonymous_dims.size_anonymous_dims` only size more dims; the rest of
+    :func:`tensor_infos` (every tensor's info, the sizing rounds' checks: half of the planning
+    probe's cost on DenseNet121, where nothing is open) is skipped. Otherwise
+    :func:`tensor_infos` answers.
+
+    Raises:
+        CinmError: the model's planned-dims record is malformed.
+    """
+    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
+    if not frontend.probed_shapes(model) and not len(model.graph.value_info):
+        light, consts = _weightless_copy(model, dims)
+        if _all_sized(infer_once(light).graph, consts, dims, names):
+            return []
+    infos = tensor_infos(model)
+    return [o for o in names if o not in infos or infos[o].shape is None or
+            not all(isinstance(d, int) for d in infos[o].shape)]
+
+
+def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str]) -> bool:
+    """Whether :func:`_collect` of ``graph`` would give each of ``names`` a shape of known
+    dims (a constant's, or the first declaration of the name in the main graph's inputs,
+    value_info and outputs, a dim known when it has a value >= 0 or ``dims`` sizes its
+    name); False also when a name is declared only in a subgraph."""
+    types: dict = {}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        types.setdefault(vi.name, vi.type)
+    for name in names:
+        if name in consts:
+            continue
+        t = types.get(name)
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return False
+        for d in t.tensor_type.shape.dim:
+            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param not in dims:
+                return False
+    return True
 
 def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | None:
     """The infos of ``graph`` as its value_info has them when inference could add nothing (the

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import frontend, golden, hostmodel
-from .analysis import body_flops, node_flops, tensor_infos
+from .analysis import body_flops, node_flops, open_tensors, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key
@@ -356,9 +356,8 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
     from .passes.graph_names import names_read
 
-    infos = tensor_infos(model)
     by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
-    open_ = []
+    asked = []
     # a value nothing reads (a Dropout's mask) is planned by no pass: not worth a run of the
     # whole model (on light VGG19, 0.9 s for two unread masks)
     read = names_read(model.graph)
@@ -366,9 +365,9 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
         if not by_data_too and (node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input)):
             by_data.update(node.output)
             continue
-        open_ += [o for o in node.output if o in read and (
-            o not in infos or infos[o].shape is None or
-            not all(isinstance(d, int) for d in infos[o].shape))]
+        asked += [o for o in node.output if o in read]
+    # most models have every shape sized by one inference: that alone tells (open_tensors)
+    open_ = open_tensors(model, asked)
     if not open_:
         return None
     # imported only for a run: it loads onnxruntime (about 40 ms), which a model with every
