@@ -208,6 +208,25 @@ def test_fold_constants_folds_static_shape_chains_but_keeps_symbolic_ones():
         assert_matches_ort(chain(["batch", 3, 4]), dynamic, dims={"batch": batch})
 
 
+def test_fold_constants_infers_shapes_only_for_a_shape_to_fold():
+    """Without a Shape/Size in the main graph, nothing reads inferred shapes: the graph is not
+    inferred (its value_info stays empty) and the constants still fold (Add of two constants:
+    1 + 2 = 3 by hand); with a Shape of a static tensor, inference sizes it and it folds."""
+    nodes = [helper.make_node("Add", ["one", "two"], ["c"]), helper.make_node("Mul", ["x", "c"], ["y"])]
+    plain = _model(nodes, [_vi("x", [2])], [_vi("y", [2])],
+                   {"one": np.array([1.0, 1.0], np.float32), "two": np.array([2.0, 2.0], np.float32)})
+    folded, ctx = _run_passes(plain, "fold_constants")
+    assert _ops(folded) == ["Mul"] and ctx.stats["fold_constants"] == 1
+    np.testing.assert_array_equal(_initializer(folded, "c"), [3.0, 3.0])
+    assert len(folded.graph.value_info) == 0
+    shaped = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"]),
+                     helper.make_node("Reshape", ["x", "s"], ["y"])],
+                    [_vi("x", [2, 3])], [_vi("y", None)])
+    folded, _ = _run_passes(shaped, "fold_constants")
+    assert _ops(folded) == ["Relu", "Reshape"]
+    np.testing.assert_array_equal(_initializer(folded, "s"), [2, 3])
+
+
 def test_fold_constants_never_folds_random_ops_or_what_follows():
     nodes = [helper.make_node("RandomNormal", [], ["r"], shape=[2, 3], seed=1.0),
              helper.make_node("Add", ["r", "one"], ["r1"]),

@@ -629,7 +629,8 @@ def _fold(
                 # onnxruntime reads C-ordered arrays (a fill is a broadcast view)
                 feeds[name] = np.ascontiguousarray(direct[name]) if name in direct else \
                     numpy_helper.to_array(constants[name])
-    wanted = sorted(_names_read(graph, skip=folded) & produced_by_run)
+    read = _names_read(graph, skip=folded)
+    wanted = sorted(read & produced_by_run)
     if wanted:
         evaluated, values = _evaluate(run_nodes, feeds, wanted, model.opset_import)
     else:  # nothing outside reads them: dead code, nothing to evaluate
@@ -637,11 +638,11 @@ def _fold(
     del feeds  # copies of the inputs: free them before the results become initializers
     values.update(direct)
     del direct  # the results below are the only references: each is freed once stored
-    folded -= {index for index, ok in zip(to_run, evaluated) if not ok}
-
-    needed = _names_read(graph, skip=folded) & {
-        name for i in folded for name in graph.node[i].output if name
-    }
+    failed = {index for index, ok in zip(to_run, evaluated) if not ok}
+    if failed:  # the nodes left in the graph read more (every node was walked once more)
+        folded -= failed
+        read = _names_read(graph, skip=folded)
+    needed = read & {name for i in folded for name in graph.node[i].output if name}
     results = {name: values.pop(name) for name in sorted(needed)}
     del values
     # the folded nodes go first, and with them the initializers only they read (e.g. a weight
