@@ -674,6 +674,25 @@ def test_fold_batchnorm(with_bias, group):
         assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": batch})
 
 
+@pytest.mark.parametrize("captured", [False, True])
+def test_fold_batchnorm_next_to_an_if(captured):
+    """A main graph with an If (bodies may read the Conv's output: onnx_ir's use-def links
+    decide): the BN folds when the branches read other values, as onnxruntime computes it,
+    and stays when a branch reads the Conv's output too (one more reader)."""
+    model = _conv_bn_model()
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["conv" if captured else "x"], [f"{name}_out"])], name, [],
+        [_vi(f"{name}_out", ["batch", 4, 8, 8])])
+    model.graph.input.append(_vi("flag", [], TensorProto.BOOL))
+    model.graph.node.append(helper.make_node("If", ["flag"], ["z"], then_branch=branch("then"),
+                                             else_branch=branch("else")))
+    model.graph.output.append(_vi("z", ["batch", 4, 8, 8]))
+    result, ctx = _run_passes(model, "fold_batchnorm")
+    assert ctx.stats["fold_batchnorm"] == (0 if captured else 1)
+    assert _ops(result) == (["Conv", "BatchNormalization", "If"] if captured else ["Conv", "If"])
+    assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
+
+
 @pytest.mark.parametrize("uniform_params", [True, False])
 def test_fold_batchnorm_of_one_repeated_weight_value(uniform_params):
     """A weight of one value repeated (the light models') folds without multiplying it out,
