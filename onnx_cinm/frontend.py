@@ -196,8 +196,11 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
     for tensor in _iter_tensors(model):
-        if any(d < 0 for d in tensor.dims) or \
-                math.prod(max(d, 1) for d in tensor.dims) > _INT64_MAX:
+        dims = tensor.dims
+        if not dims:  # a scalar
+            continue
+        low = min(dims)  # one C-level pass over the dims of each of thousands of tensors
+        if low < 0 or (math.prod(dims) if low else math.prod(max(d, 1) for d in dims)) > _INT64_MAX:
             raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
                             "which is negative or overflows int64")
 
@@ -229,25 +232,25 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
                 raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} writes '{out}', which is "
                                 "already a graph input or initializer")
             writer[out] = node
+    # in the same walk, the order: the first read of a tensor not written yet (what cannot be
+    # scheduled in any order lies on a cycle, else the order is wrong: told after the outputs)
+    ready = set(sources)
+    order_problem = None
     for node in graph.node:
         for name in node.input:
-            if name and name not in sources and name not in writer:
-                raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
-                                "which no node, graph input or initializer produces")
+            if name and name not in ready:
+                if name not in sources and name not in writer:
+                    raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
+                                    "which no node, graph input or initializer produces")
+                if order_problem is None:
+                    order_problem = (node, name)
+        ready.update(node.output)
     for value in graph.output:
         if value.name in set(inputs) - initializers:
             raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is also a graph input (a "
                             "pass-through); remove it from the outputs or copy it with Identity")
         if value.name not in sources and value.name not in writer:
             raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is not produced by any node")
-    # order: what cannot be scheduled in any order lies on a cycle; else the order is wrong
-    ready = set(sources)
-    order_problem = None
-    for node in graph.node:
-        missing = [name for name in node.input if name and name not in ready]
-        if missing and order_problem is None:
-            order_problem = (node, missing[0])
-        ready.update(o for o in node.output if o)
     if order_problem is None:
         return
     available, remaining = set(sources), list(range(len(graph.node)))
