@@ -71,6 +71,45 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     return _collect(inferred.graph, consts, dims)
 
 
+def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> bool:
+    """Write into ``model``'s value_info the types ``infos`` (:func:`tensor_infos` of this
+    very model) gives its untyped node outputs, when they are all known: element type and
+    every dim. Then a later :func:`tensor_infos` of the model, rewritten meanwhile keeping each
+    remaining tensor's type (a lowered node put back on the host writes the tensor its cinm ops
+    wrote), reads them (:func:`_settled`) instead of inferring every shape again: what
+    inference would give, since it keeps typed entries as they are. Nothing is written (False)
+    when a dim is open or anonymous (another inference numbers those afresh), for types at
+    planned or probed sizes (the model itself stays symbolic), or for a main graph with bodies.
+    The final shape inference of :func:`onnx_cinm.pipeline.optimize` starts from no
+    value_info, so the written model is the same."""
+    if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
+            or frontend.probed_shapes(model):
+        return False
+    graph = model.graph
+    typed = {v.name for v in graph.value_info}
+    typed.update(v.name for v in graph.output)
+    entries = []
+    for node in graph.node:
+        if frontend.subgraphs(node):
+            return False
+        for name in node.output:
+            if not name or name in typed:
+                continue
+            info = infos.get(name)
+            if info is None or info.dtype is None or info.shape is None or \
+                    not all(isinstance(d, int) for d in info.shape):
+                return False
+            try:
+                elem = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+            except (KeyError, TypeError, ValueError):
+                return False
+            if helper.tensor_dtype_to_np_dtype(elem) != info.dtype:
+                return False
+            typed.add(name)
+            entries.append(helper.make_tensor_value_info(name, elem, list(info.shape)))
+    graph.value_info.extend(entries)
+    return True
+
 def _weightless_copy(model: onnx.ModelProto, dims: dict) -> tuple[onnx.ModelProto, dict]:
     """The copy of ``model`` :func:`tensor_infos` infers (no weight bytes: inference needs only
     their types and dims; ``dims`` bound on it, the model itself stays dynamic), and

@@ -8,7 +8,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import frontend
-from onnx_cinm.analysis import open_tensors, tensor_infos
+from onnx_cinm.analysis import keep_static_types, open_tensors, tensor_infos
 
 
 def _model(value_info):
@@ -62,3 +62,27 @@ def test_open_tensors_one_inference_or_all_of_tensor_infos():
     frontend.set_planned_dims(planned, {"batch": 4})
     assert open_tensors(planned, ["r"]) == []
     assert tensor_infos(planned)["r"].shape == (4, 3)
+
+
+def test_static_types_kept_for_the_next_pass_and_read_back():
+    """Types inference gave every node output, all dims known, are written into the model
+    (PassContext.tensor_infos does it for the next pass): h [2, 4] and y [2, 4] float32 by
+    hand count; read back as they are (no inference: a model with an h entry of another,
+    impossible shape shows which way tensor_infos went), and equal to what inference gives.
+    Nothing is written at planned sizes or when a dim is open."""
+    model = _model([])
+    infos = tensor_infos(model)
+    assert keep_static_types(model, infos)
+    assert {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in model.graph.value_info} == {"h": [2, 4]}  # y is a typed graph output
+    assert {k: (v.dtype, v.shape) for k, v in tensor_infos(model).items()} == \
+        {k: (v.dtype, v.shape) for k, v in infos.items()}
+    model.graph.value_info[0].type.tensor_type.shape.dim[1].dim_value = 5  # read back: not inferred
+    assert tensor_infos(model)["h"].shape == (2, 5)
+
+    planned = _model([])
+    frontend.set_planned_dims(planned, {"n": 3})
+    assert not keep_static_types(planned, tensor_infos(planned)) and not planned.graph.value_info
+    open_ = _model([])
+    open_.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert not keep_static_types(open_, tensor_infos(open_)) and not open_.graph.value_info
