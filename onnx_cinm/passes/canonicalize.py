@@ -945,6 +945,23 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     infer_shapes(model, strict=False)
     graph = model.graph
     fills = _current(ctx.fills, graph)  # before a fresh name could take a freed one's
+    rewritten = 0
+    created_outputs: set[str] = set()
+    if any(_is_default_domain(node) and (node.op_type in REDUCE_OPS or node.op_type == "Gemm")
+           for node in graph.node):  # (else nothing to rewrite: no names, types, node copies)
+        rewritten, created_outputs = _normalize_nodes(model)
+    if created_outputs:  # the weights fold_constants filled are permuted without reading them
+        _fold(model, {}, only=created_outputs, fills=fills)
+    _remove_dead_values(graph)
+    ctx.stats["normalize"] = rewritten
+    ctx.fills = _current(fills, graph)  # handed on, kept current, to fold_batchnorm
+    return model
+
+
+def _normalize_nodes(model: onnx.ModelProto) -> tuple[int, set[str]]:
+    """:func:`normalize`'s rewrite of the Reduce* and Gemm nodes; returns how many it rewrote
+    and the outputs of the nodes it created (to fold)."""
+    graph = model.graph
     opset = _default_opset(model)
     names = _Names(graph)
     constants, types = _constants(graph), _TypeInfo(graph)
@@ -963,12 +980,7 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
                 created_outputs.update(n.output[0] for n in created)
         nodes.append(node)
     _replace_nodes(graph, nodes)
-    if created_outputs:  # the weights fold_constants filled are permuted without reading them
-        _fold(model, {}, only=created_outputs, fills=fills)
-    _remove_dead_values(graph)
-    ctx.stats["normalize"] = rewritten
-    ctx.fills = _current(fills, graph)  # handed on, kept current, to fold_batchnorm
-    return model
+    return rewritten, created_outputs
 
 
 # --- fold_batchnorm --------------------------------------------------------------------------
