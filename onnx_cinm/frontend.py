@@ -1035,13 +1035,15 @@ def source_digest(model: onnx.ModelProto) -> str | None:
 
     h = hashlib.sha256()
     g = model.graph
-    for vi in (*g.input, *g.output):
-        h.update(f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode())
+    # the graph's parts hashed in one update (the same digest: SHA-256 reads one stream),
+    # not one call per node and attribute
+    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in (*g.input, *g.output)]
     for node in g.node:
-        h.update(f"{node.op_type}\0{node.domain}\0{list(node.input)}\0{list(node.output)}\0"
-                 .encode())
-        for a in node.attribute:
-            h.update(a.SerializeToString(deterministic=True))
+        parts.append(f"{node.op_type}\0{node.domain}\0{list(node.input)}\0{list(node.output)}\0"
+                     .encode())
+        parts.extend(a.SerializeToString(deterministic=True) for a in node.attribute)
+    h.update(b"".join(parts))
+    del parts
     for t in g.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             return None
