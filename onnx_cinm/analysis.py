@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from . import frontend
-from .anonymous_dims import size_anonymous_dims
+from .anonymous_dims import infer_once, size_anonymous_dims
 from .dialects import cinm
 from .graph import OpInfo, TensorInfo
 
@@ -62,7 +62,58 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
         settled = _settled(model.graph, consts)
         if settled is not None:
             return settled
-    # A copy without the weight bytes: inference needs only their types and dims.
+    light, consts = _weightless_copy(model, dims)
+    inferred = size_anonymous_dims(light)
+    pins = _probe_pins(inferred.graph, probed)
+    if pins:  # again, from the probed shapes of the tensors inference left open
+        del inferred.graph.value_info[:]
+        inferred = size_anonymous_dims(inferred, pins)
+    return _collect(inferred.graph, consts, dims)
+
+
+def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> bool:
+    """Write into ``model``'s value_info the types ``infos`` (:func:`tensor_infos` of this
+    very model) gives its untyped node outputs, when they are all known: element type and
+    every dim. Then a later :func:`tensor_infos` of the model, rewritten meanwhile keeping each
+    remaining tensor's type (a lowered node put back on the host writes the tensor its cinm ops
+    wrote), reads them (:func:`_settled`) instead of inferring every shape again: what
+    inference would give, since it keeps typed entries as they are. Nothing is written (False)
+    when a dim is open or anonymous (another inference numbers those afresh), for types at
+    planned or probed sizes (the model itself stays symbolic), or for a main graph with bodies.
+    The final shape inference of :func:`onnx_cinm.pipeline.optimize` starts from no
+    value_info, so the written model is the same."""
+    if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
+            or frontend.probed_shapes(model):
+        return False
+    graph = model.graph
+    typed = {v.name for v in graph.value_info}
+    typed.update(v.name for v in graph.output)
+    entries = []
+    for node in graph.node:
+        if frontend.subgraphs(node):
+            return False
+        for name in node.output:
+            if not name or name in typed:
+                continue
+            info = infos.get(name)
+            if info is None or info.dtype is None or info.shape is None or \
+                    not all(isinstance(d, int) for d in info.shape):
+                return False
+            try:
+                elem = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+            except (KeyError, TypeError, ValueError):
+                return False
+            if helper.tensor_dtype_to_np_dtype(elem) != info.dtype:
+                return False
+            typed.add(name)
+            entries.append(helper.make_tensor_value_info(name, elem, list(info.shape)))
+    graph.value_info.extend(entries)
+    return True
+
+def _weightless_copy(model: onnx.ModelProto, dims: dict) -> tuple[onnx.ModelProto, dict]:
+    """The copy of ``model`` :func:`tensor_infos` infers (no weight bytes: inference needs only
+    their types and dims; ``dims`` bound on it, the model itself stays dynamic), and
+    ``{initializer name: (element type, dims)}``."""
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
     g = light.graph
@@ -82,13 +133,53 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
             g.initializer.append(init)
         else:
             g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
-    inferred = size_anonymous_dims(light)
-    pins = _probe_pins(inferred.graph, probed)
-    if pins:  # again, from the probed shapes of the tensors inference left open
-        del inferred.graph.value_info[:]
-        inferred = size_anonymous_dims(inferred, pins)
-    return _collect(inferred.graph, consts, dims)
+    return light, consts
 
+
+def open_tensors(model: onnx.ModelProto, names: list[str]) -> list[str]:
+    """The tensors of ``names`` (of the main graph) whose shape :func:`tensor_infos` leaves
+    open: no info, no shape, or a dim without a size; in the order given.
+
+    When the model records no probed shapes and has no value_info (a model as loaded), the
+    first inference :func:`tensor_infos` runs (:func:`onnx_cinm.anonymous_dims.infer_once` of
+    the same weightless copy at the planned sizes) is run alone first: if it sizes every one of
+    ``names``, none is open, for the further rounds of
+    :func:`~onnx_cinm.anonymous_dims.size_anonymous_dims` only size more dims; the rest of
+    :func:`tensor_infos` (every tensor's info, the sizing rounds' checks: half of the planning
+    probe's cost on DenseNet121, where nothing is open) is skipped. Otherwise
+    :func:`tensor_infos` answers.
+
+    Raises:
+        CinmError: the model's planned-dims record is malformed.
+    """
+    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
+    if not frontend.probed_shapes(model) and not len(model.graph.value_info):
+        light, consts = _weightless_copy(model, dims)
+        if _all_sized(infer_once(light).graph, consts, dims, names):
+            return []
+    infos = tensor_infos(model)
+    return [o for o in names if o not in infos or infos[o].shape is None or
+            not all(isinstance(d, int) for d in infos[o].shape)]
+
+
+def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str]) -> bool:
+    """Whether :func:`_collect` of ``graph`` would give each of ``names`` a shape of known
+    dims (a constant's, or the first declaration of the name in the main graph's inputs,
+    value_info and outputs, a dim known when it has a value >= 0 or ``dims`` sizes its
+    name); False also when a name is declared only in a subgraph."""
+    types: dict = {}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        types.setdefault(vi.name, vi.type)
+    for name in names:
+        if name in consts:
+            continue
+        t = types.get(name)
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return False
+        for d in t.tensor_type.shape.dim:
+            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param not in dims:
+                return False
+    return True
 
 def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | None:
     """The infos of ``graph`` as its value_info has them when inference could add nothing (the
@@ -176,8 +267,12 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
                     d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                     else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
+    np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
-        infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(dtype), shape, True)
+        np_type = np_types.get(dtype)
+        if np_type is None:
+            np_type = np_types[dtype] = helper.tensor_dtype_to_np_dtype(dtype)
+        infos[name] = TensorInfo(name, np_type, shape, True)
     return infos
 
 

@@ -172,6 +172,21 @@ def _has_unsized(graph: onnx.GraphProto) -> bool:
                if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim)
 
 
+def _infer(model: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+    except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
+        return model
+
+
+def infer_once(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The first of the inferences :func:`size_anonymous_dims` runs on ``model`` (a weightless,
+    sized copy; no pinned types): non-strict, propagating values when the model computes
+    shapes (:func:`onnx_cinm.frontend.wants_data_propagation`). Returns the inferred copy (onnx
+    returns a new message), or ``model`` itself when onnx gives up."""
+    return _infer(model, wants_data_propagation(model.graph))
+
+
 def size_anonymous_dims(model: onnx.ModelProto,
                         pinned: list[onnx.ValueInfoProto] | tuple = ()) -> onnx.ModelProto:
     """Non-strict shape inference of a *weightless, sized copy* (inputs bound to their sizes by
@@ -204,10 +219,7 @@ def size_anonymous_dims(model: onnx.ModelProto,
     data_prop = wants_data_propagation(model.graph)
 
     def infer(m):
-        try:
-            return onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=data_prop)
-        except Exception:  # noqa: BLE001 - inference is best effort here; unknown shapes stay unknown
-            return m
+        return _infer(m, data_prop)
 
     model.graph.value_info.extend(pinned)
     model = infer(model)

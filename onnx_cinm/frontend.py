@@ -196,8 +196,11 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
     for tensor in _iter_tensors(model):
-        if any(d < 0 for d in tensor.dims) or \
-                math.prod(max(d, 1) for d in tensor.dims) > _INT64_MAX:
+        dims = tensor.dims
+        if not dims:  # a scalar
+            continue
+        low = min(dims)  # one C-level pass over the dims of each of thousands of tensors
+        if low < 0 or (math.prod(dims) if low else math.prod(max(d, 1) for d in dims)) > _INT64_MAX:
             raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
                             "which is negative or overflows int64")
 
@@ -229,25 +232,25 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
                 raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} writes '{out}', which is "
                                 "already a graph input or initializer")
             writer[out] = node
+    # in the same walk, the order: the first read of a tensor not written yet (what cannot be
+    # scheduled in any order lies on a cycle, else the order is wrong: told after the outputs)
+    ready = set(sources)
+    order_problem = None
     for node in graph.node:
         for name in node.input:
-            if name and name not in sources and name not in writer:
-                raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
-                                "which no node, graph input or initializer produces")
+            if name and name not in ready:
+                if name not in sources and name not in writer:
+                    raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
+                                    "which no node, graph input or initializer produces")
+                if order_problem is None:
+                    order_problem = (node, name)
+        ready.update(node.output)
     for value in graph.output:
         if value.name in set(inputs) - initializers:
             raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is also a graph input (a "
                             "pass-through); remove it from the outputs or copy it with Identity")
         if value.name not in sources and value.name not in writer:
             raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is not produced by any node")
-    # order: what cannot be scheduled in any order lies on a cycle; else the order is wrong
-    ready = set(sources)
-    order_problem = None
-    for node in graph.node:
-        missing = [name for name in node.input if name and name not in ready]
-        if missing and order_problem is None:
-            order_problem = (node, missing[0])
-        ready.update(o for o in node.output if o)
     if order_problem is None:
         return
     available, remaining = set(sources), list(range(len(graph.node)))
@@ -882,18 +885,20 @@ def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> boo
             continue
         if len(node.input) < 2 or node.input[1] not in weights or node.input[0] not in infos:
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         w = weights[node.input[1]]
         if len(w) != 2:
             continue
-        k = w[1] if attrs.get("transB", 0) else w[0]
         tensor_type = infos[node.input[0]].type.tensor_type
         if not tensor_type.HasField("shape") or not tensor_type.shape.dim:
             continue
+        # the attributes only of a product whose activation lacks the dim (every product of
+        # a static model has it: the final inference of DenseNet121 read 121 nodes' for nothing)
+        trans = {a.name: a.i for a in node.attribute if a.name in ("transA", "transB")} \
+            if node.op_type == "Gemm" else {}
         dims = tensor_type.shape.dim
-        dim = dims[0] if node.op_type == "Gemm" and attrs.get("transA", 0) else dims[-1]
+        dim = dims[0] if trans.get("transA", 0) else dims[-1]
         if not dim.HasField("dim_value"):
-            dim.dim_value = k  # clears the anonymous dim_param
+            dim.dim_value = w[1] if trans.get("transB", 0) else w[0]  # clears the dim_param
             changed = True
     return changed
 
@@ -1030,13 +1035,15 @@ def source_digest(model: onnx.ModelProto) -> str | None:
 
     h = hashlib.sha256()
     g = model.graph
-    for vi in (*g.input, *g.output):
-        h.update(f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode())
+    # the graph's parts hashed in one update (the same digest: SHA-256 reads one stream),
+    # not one call per node and attribute
+    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in (*g.input, *g.output)]
     for node in g.node:
-        h.update(f"{node.op_type}\0{node.domain}\0{list(node.input)}\0{list(node.output)}\0"
-                 .encode())
-        for a in node.attribute:
-            h.update(a.SerializeToString(deterministic=True))
+        parts.append(f"{node.op_type}\0{node.domain}\0{list(node.input)}\0{list(node.output)}\0"
+                     .encode())
+        parts.extend(a.SerializeToString(deterministic=True) for a in node.attribute)
+    h.update(b"".join(parts))
+    del parts
     for t in g.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             return None

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import frontend, golden, hostmodel
-from .analysis import body_flops, node_flops, tensor_infos
+from .analysis import body_flops, node_flops, open_tensors, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key
@@ -280,12 +280,29 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     placements = []
     for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
-            at = cinm.node_attrs(node)
-            dev = at.get("device", "unplaced")
+            dev, how = _strings(node, "device", "placement")
+            dev = "unplaced" if dev is None else dev
             by_dev[dev] += 1
-            placements.append((node.name, node.op_type, dev, at.get("placement", "")))
+            placements.append((node.name, node.op_type, dev, "" if how is None else how))
     total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
     return total, on_dev, by_dev, placements, host, exact, anonymous
+
+
+def _strings(node: onnx.NodeProto, *names: str) -> tuple:
+    """The values of ``node``'s attributes ``names`` as :func:`onnx_cinm.dialects.cinm.node_attrs`
+    gives them (None: absent), without converting the others (a planned cinm op's plan: most
+    of the FLOP count's time went to converting attributes it never read)."""
+    found = {}
+    for a in node.attribute:
+        if a.name in names:
+            found[a.name] = a.s.decode() if a.type == _STRING and not a.ref_attr_name else None
+    if any(found.get(n, "") is None for n in names):  # another kind: converted as node_attrs does
+        at = cinm.node_attrs(node)
+        return tuple(at.get(n) for n in names)
+    return tuple(found.get(n) for n in names)
+
+
+_STRING = onnx.AttributeProto.STRING
 
 
 def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict) -> tuple:
@@ -299,7 +316,9 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
     exact = True
     host: Counter = Counter()
     for node in graph.node:
-        branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        bodies = frontend.subgraphs(node)
+        branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH} \
+            if bodies else {}
         if node.op_type == "If" and set(branches) == {"then_branch", "else_branch"}:
             counts = {k: _graph_flops(g, infos, values, taken) for k, g in branches.items()}
             if node.name in taken:
@@ -312,10 +331,12 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
             host.update(pick[2])
             continue
         f = node_flops(node, infos)
-        inner, ok = body_flops(node, infos, values)
-        f, exact = f + inner, exact and ok
+        if bodies:  # (a node without: no body FLOPs, exact)
+            inner, ok = body_flops(node, infos, values)
+            f, exact = f + inner, exact and ok
         total += f
-        dev = cinm.node_attrs(node).get("device", "unplaced") if node.domain == cinm.DOMAIN else "host"
+        dev = _strings(node, "device")[0] if node.domain == cinm.DOMAIN else "host"
+        dev = "unplaced" if dev is None else dev
         if dev in ("host", "unplaced"):
             host[node.op_type] += f
         else:
@@ -356,9 +377,8 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
     from .passes.graph_names import names_read
 
-    infos = tensor_infos(model)
     by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
-    open_ = []
+    asked = []
     # a value nothing reads (a Dropout's mask) is planned by no pass: not worth a run of the
     # whole model (on light VGG19, 0.9 s for two unread masks)
     read = names_read(model.graph)
@@ -366,9 +386,9 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
         if not by_data_too and (node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input)):
             by_data.update(node.output)
             continue
-        open_ += [o for o in node.output if o in read and (
-            o not in infos or infos[o].shape is None or
-            not all(isinstance(d, int) for d in infos[o].shape))]
+        asked += [o for o in node.output if o in read]
+    # most models have every shape sized by one inference: that alone tells (open_tensors)
+    open_ = open_tensors(model, asked)
     if not open_:
         return None
     # imported only for a run: it loads onnxruntime (about 40 ms), which a model with every

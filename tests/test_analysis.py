@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_cinm.analysis import tensor_infos
+from onnx_cinm import frontend
+from onnx_cinm.analysis import keep_static_types, open_tensors, tensor_infos
 
 
 def _model(value_info):
@@ -38,3 +39,50 @@ def test_settled_value_info_is_read_as_it_is():
     assert {k: (np.dtype(v.dtype).name, v.shape, v.const) for k, v in infos.items()} == {
         "x": ("float32", (2, 3), False), "h": ("float32", (2, 4), False),
         "y": ("float32", (2, 4), False), "W": ("float32", (3, 4), True)}
+
+
+def test_open_tensors_one_inference_or_all_of_tensor_infos():
+    """What the planning probe asks: which tensors inference leaves unsized. Hand counts:
+    Relu(x[2, 3]) is [2, 3], sized by one inference, so nothing is open; Reshape(x, s) with
+    the target shape s a graph input has no known dims, so it stays open (tensor_infos
+    answers, its dims unknown); with x[batch, 3] and batch planned at 4, Relu's output is
+    [4, 3]: bound before inference, nothing open."""
+    def model(x_dims):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims),
+                  helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    assert open_tensors(model([2, 3]), ["r"]) == []
+    assert open_tensors(model([2, 3]), ["r", "y"]) == ["y"]
+    planned = model(["batch", 3])
+    assert open_tensors(planned, ["r"]) == ["r"]  # batch has no size: open
+    frontend.set_planned_dims(planned, {"batch": 4})
+    assert open_tensors(planned, ["r"]) == []
+    assert tensor_infos(planned)["r"].shape == (4, 3)
+
+
+def test_static_types_kept_for_the_next_pass_and_read_back():
+    """Types inference gave every node output, all dims known, are written into the model
+    (PassContext.tensor_infos does it for the next pass): h [2, 4] and y [2, 4] float32 by
+    hand count; read back as they are (no inference: a model with an h entry of another,
+    impossible shape shows which way tensor_infos went), and equal to what inference gives.
+    Nothing is written at planned sizes or when a dim is open."""
+    model = _model([])
+    infos = tensor_infos(model)
+    assert keep_static_types(model, infos)
+    assert {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in model.graph.value_info} == {"h": [2, 4]}  # y is a typed graph output
+    assert {k: (v.dtype, v.shape) for k, v in tensor_infos(model).items()} == \
+        {k: (v.dtype, v.shape) for k, v in infos.items()}
+    model.graph.value_info[0].type.tensor_type.shape.dim[1].dim_value = 5  # read back: not inferred
+    assert tensor_infos(model)["h"].shape == (2, 5)
+
+    planned = _model([])
+    frontend.set_planned_dims(planned, {"n": 3})
+    assert not keep_static_types(planned, tensor_infos(planned)) and not planned.graph.value_info
+    open_ = _model([])
+    open_.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert not keep_static_types(open_, tensor_infos(open_)) and not open_.graph.value_info

@@ -208,6 +208,25 @@ def test_fold_constants_folds_static_shape_chains_but_keeps_symbolic_ones():
         assert_matches_ort(chain(["batch", 3, 4]), dynamic, dims={"batch": batch})
 
 
+def test_fold_constants_infers_shapes_only_for_a_shape_to_fold():
+    """Without a Shape/Size in the main graph, nothing reads inferred shapes: the graph is not
+    inferred (its value_info stays empty) and the constants still fold (Add of two constants:
+    1 + 2 = 3 by hand); with a Shape of a static tensor, inference sizes it and it folds."""
+    nodes = [helper.make_node("Add", ["one", "two"], ["c"]), helper.make_node("Mul", ["x", "c"], ["y"])]
+    plain = _model(nodes, [_vi("x", [2])], [_vi("y", [2])],
+                   {"one": np.array([1.0, 1.0], np.float32), "two": np.array([2.0, 2.0], np.float32)})
+    folded, ctx = _run_passes(plain, "fold_constants")
+    assert _ops(folded) == ["Mul"] and ctx.stats["fold_constants"] == 1
+    np.testing.assert_array_equal(_initializer(folded, "c"), [3.0, 3.0])
+    assert len(folded.graph.value_info) == 0
+    shaped = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"]),
+                     helper.make_node("Reshape", ["x", "s"], ["y"])],
+                    [_vi("x", [2, 3])], [_vi("y", None)])
+    folded, _ = _run_passes(shaped, "fold_constants")
+    assert _ops(folded) == ["Relu", "Reshape"]
+    np.testing.assert_array_equal(_initializer(folded, "s"), [2, 3])
+
+
 def test_fold_constants_never_folds_random_ops_or_what_follows():
     nodes = [helper.make_node("RandomNormal", [], ["r"], shape=[2, 3], seed=1.0),
              helper.make_node("Add", ["r", "one"], ["r1"]),
@@ -653,6 +672,25 @@ def test_fold_batchnorm(with_bias, group):
     assert all(t.data_type == TensorProto.FLOAT for t in result.graph.initializer)
     for batch in (1, 3):
         assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": batch})
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_fold_batchnorm_next_to_an_if(captured):
+    """A main graph with an If (bodies may read the Conv's output: onnx_ir's use-def links
+    decide): the BN folds when the branches read other values, as onnxruntime computes it,
+    and stays when a branch reads the Conv's output too (one more reader)."""
+    model = _conv_bn_model()
+    branch = lambda name: helper.make_graph(  # noqa: E731
+        [helper.make_node("Identity", ["conv" if captured else "x"], [f"{name}_out"])], name, [],
+        [_vi(f"{name}_out", ["batch", 4, 8, 8])])
+    model.graph.input.append(_vi("flag", [], TensorProto.BOOL))
+    model.graph.node.append(helper.make_node("If", ["flag"], ["z"], then_branch=branch("then"),
+                                             else_branch=branch("else")))
+    model.graph.output.append(_vi("z", ["batch", 4, 8, 8]))
+    result, ctx = _run_passes(model, "fold_batchnorm")
+    assert ctx.stats["fold_batchnorm"] == (0 if captured else 1)
+    assert _ops(result) == (["Conv", "BatchNormalization", "If"] if captured else ["Conv", "If"])
+    assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
 
 
 @pytest.mark.parametrize("uniform_params", [True, False])

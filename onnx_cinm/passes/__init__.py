@@ -114,13 +114,18 @@ class PassContext:
         attributes no shape depends on); the :class:`PassManager` forgets it after every other
         pass. Whole-graph shape inference ran once per such pass before (4 of them on every
         optimize)."""
-        from ..analysis import tensor_infos
+        from ..analysis import keep_static_types, tensor_infos
 
         if self.infos is not None:
             return self.infos
         key = (id(model), len(model.graph.node))
         if self._infos is None or self._infos[0] != key:
-            self._infos = (key, tensor_infos(model))
+            infos = tensor_infos(model)
+            # kept in the model when all known: the next pass that asks, after one that
+            # rewrote the graph keeping the types (restore_host_ops), reads them back instead of
+            # inferring every shape again (one whole-graph inference fewer on DenseNet121)
+            keep_static_types(model, infos)
+            self._infos = (key, infos)
         return self._infos[1]
 
     def forget_infos(self) -> None:
