@@ -93,6 +93,13 @@ def test_bad_inputs_are_one_line_errors_and_the_session_survives(lenet):
         sess.run(["nope"], feeds)
     (ref,) = run_onnxruntime(original, feeds)
     np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=1e-4, atol=1e-5)
+    # a feed that passed is remembered by dtype and shape: the bad ones still fail after it
+    with pytest.raises(CinmError, match="dtype float64"):
+        sess.run(None, {name: feeds[name].astype(np.float64)})
+    with pytest.raises(CinmError, match="shape"):
+        sess.run(None, {name: feeds[name][..., :5]})
+    with pytest.raises(CinmError, match="unknown input"):
+        sess.run(None, {**feeds, "nope": feeds[name]})
 
 
 def test_bad_provider_options(lenet):
@@ -231,6 +238,66 @@ def test_im2col_kernel_reuses_its_buffers_only_when_free():
     assert addr(y2) != memory
     np.testing.assert_array_equal(y1, want[1])
     np.testing.assert_array_equal(y2, want[2])
+
+
+def test_im2col_kernel_plans_each_input_shape_once():
+    """Issue 16: the node kernel keeps its copy plan per input shape; alternating shapes
+    (a dynamic batch) each give the patches the reference function computes afresh."""
+    from onnx_cinm.runtime.numpy_kernels import Im2Col, im2col
+
+    at = {"kernel_shape": [5], "strides": [1], "pads": [4, 4], "dilations": [2]}
+    k = Im2Col()
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 1, 3, 2):
+        x = rng.standard_normal((n, 4, 30)).astype(np.float32)
+        np.testing.assert_array_equal(k([x], at)[0], im2col(x, **at))
+    assert sorted(k._plans) == [(1, 4, 30), (2, 4, 30), (3, 4, 30)]
+    # by hand: patch (row 0, channel 1, tap 2) of image 0 is x[0, 1, 0 - 4 + 2 * 2]
+    x = np.arange(4 * 30, dtype=np.float32).reshape(1, 4, 30)
+    y = k([x], at)[0]  # [1, 30, 4 * 5]
+    assert y[0, 0, 1 * 5 + 2] == x[0, 1, 0] and y[0, 0, 1 * 5 + 1] == 0.0
+
+
+def _attention_product():
+    """``y = a @ b`` of two activations (the crossbar programs ``b`` at every run)."""
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="att")], "att",
+                          [helper.make_tensor_value_info("a", f, [4, 32]),
+                           helper.make_tensor_value_info("b", f, [32, 16])],
+                          [helper.make_tensor_value_info("y", f, [4, 16])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_programmed_activation_runs_equal_a_fresh_simulators(tmp_path):
+    """Issue 16: a kernel whose programmed operand is an activation computes the products
+    directly once a fresh simulator has shown its counters and data path for those shapes;
+    outputs and profile figures equal a kernel that builds and walks a fresh simulator every
+    run (which never remembers), and numpy's product."""
+    model = _attention_product()
+    res = optimize(model, place=[("att", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    fast, walked = InferenceSession(tmp_path / "o.onnx"), InferenceSession(tmp_path / "o.onnx")
+
+    class _Forgets(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    (kernel,) = [d.kernel for d in walked._device_nodes if d.device == "memristor"]
+    kernel._fresh = _Forgets()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        feeds = {"a": rng.standard_normal((4, 32)).astype(np.float32),
+                 "b": rng.standard_normal((32, 16)).astype(np.float32)}
+        (got,) = fast.run(None, feeds)
+        np.testing.assert_array_equal(got, walked.run(None, feeds)[0])
+        np.testing.assert_allclose(got, feeds["a"] @ feeds["b"], rtol=1e-5, atol=1e-5)
+    (fast_kernel,) = [d.kernel for d in fast._device_nodes if d.device == "memristor"]
+    assert len(fast_kernel._fresh) == 1 and not kernel._fresh
+    keep = ("node", "latency_s", "energy_j", "writes", "bytes_moved", "basis")
+    prof = [{k: r[k] for k in keep} for r in fast.profile() if r["device"] == "memristor"]
+    assert prof == [{k: r[k] for k in keep} for r in walked.profile()
+                    if r["device"] == "memristor"]
+    assert all(r["writes"] >= 1 for r in prof)  # b is written to the crossbars at every run
 
 
 def _without_softmax(model):
