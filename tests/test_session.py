@@ -856,3 +856,67 @@ def test_configuration_lists_two_convolutions_of_one_geometry_with_and_without_r
     chosen = sess.configuration()["chosen"]
     assert sorted(k for k in chosen if k.startswith("conv ")) == [
         "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8", "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8 Relu"]
+
+
+def test_bias_and_relu_after_a_device_node_match_onnxruntimes_ops():
+    """Issue 16: the numpy steps that replace a host partition after a device node give
+    onnxruntime's bits: Add of a constant (broadcast, either operand order, in place or not)
+    and Relu (-0.0 and NaN kept, as onnxruntime's Relu keeps them)."""
+    from onnx_cinm.runtime.session import _add_bias, _relu_like_onnxruntime
+
+    f = TensorProto.FLOAT
+
+    def one(op, shapes):
+        g = helper.make_graph([helper.make_node(op, [f"i{k}" for k in range(len(shapes))], ["y"])],
+                              "g", [helper.make_tensor_value_info(f"i{k}", f, s)
+                                    for k, s in enumerate(shapes)],
+                              [helper.make_tensor_value_info("y", f, None)])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    x.flat[:6] = [np.nan, -0.0, 0.0, -np.inf, np.inf, -1e-45]
+    (want,) = run_onnxruntime(one("Relu", [x.shape]), {"i0": x})
+    (got,) = _relu_like_onnxruntime([x.copy()], {})
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    for c_shape in [(5,), (4, 1), (1, 4, 5), (2, 3, 4, 5)]:  # the last one broadcasts x up
+        c = rng.standard_normal(c_shape).astype(np.float32)
+        for order in (0, 1):
+            ins = [x, c] if order == 0 else [c, x]
+            (want,) = run_onnxruntime(one("Add", [a.shape for a in ins]),
+                                      {f"i{k}": a for k, a in enumerate(ins)})
+            xs = x.copy()
+            (got,) = _add_bias([xs, c] if order == 0 else [c, xs], {"x": order})
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+            assert np.shares_memory(got, xs) == (c.ndim < 4)  # in place where it fits
+
+
+def test_bias_and_relu_after_a_crossbar_product_run_without_a_host_partition(tmp_path):
+    """Issue 16: y = Relu(x @ W + b) with the product on the crossbars and Add, Relu on the
+    host: the provider applies them to the kernel's output in numpy (no onnxruntime call);
+    small integers make every product exact, so onnxruntime on the original model gives the
+    same bits."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    W = rng.integers(-3, 4, (16, 8)).astype(np.float32)
+    b = (rng.standard_normal(8) * 3).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+                           helper.make_node("Add", ["b", "p"], ["s"], name="bias"),
+                           helper.make_node("Relu", ["s"], ["y"], name="act")], "mlp",
+                          [helper.make_tensor_value_info("x", f, ["n", 16])],
+                          [helper.make_tensor_value_info("y", f, ["n", 8])],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("mm*", "memristor"), ("bias*", "host"), ("act*", "host")],
+                   check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    assert sess.partitions() == [("memristor", 1), ("host-numpy", 1), ("host-numpy", 1)]
+    for n in (1, 5, 1):
+        x = rng.integers(-4, 5, (n, 16)).astype(np.float32)
+        (want,) = run_onnxruntime(model, {"x": x})
+        assert (want == 0).any() and (want > 0).any()
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    rows = [(r["node"], r["device"], r["mode"]) for r in sess.profile()][:3]
+    assert [r[1:] for r in rows] == [("memristor", "simulate"), ("host", "numpy"),
+                                     ("host", "numpy")]

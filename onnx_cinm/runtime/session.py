@@ -172,6 +172,29 @@ def _relu_in_place(inputs: list, attrs: dict) -> list:
             else np.maximum(x, 0)]
 
 
+def _relu_like_onnxruntime(inputs: list, attrs: dict) -> list:
+    """Relu of a host node on an array nothing else reads (:meth:`InferenceSession._post_op`),
+    in place: the negative elements set to zero, the rest (``-0.0`` and NaN too) kept, as
+    onnxruntime's Relu gives them (``np.maximum`` would turn ``-0.0`` into ``0.0``)."""
+    x = inputs[0]
+    if not (isinstance(x, np.ndarray) and x.flags.writeable):
+        x = np.array(x)
+    np.copyto(x, 0, where=x < 0)
+    return [x]
+
+
+def _add_bias(inputs: list, attrs: dict) -> list:
+    """Add of a host node, a device output (input ``attrs["x"]``, nothing else reads it) and a
+    constant (:meth:`InferenceSession._post_op`): in place when the constant broadcasts to the
+    output's shape and dtype, else into a new array. IEEE addition commutes, so the order of
+    the operands does not change a bit."""
+    x, c = inputs[attrs["x"]], inputs[1 - attrs["x"]]
+    if isinstance(x, np.ndarray) and x.flags.writeable and isinstance(c, np.ndarray) and \
+            c.dtype == x.dtype and np.broadcast_shapes(x.shape, c.shape) == x.shape:
+        return [np.add(x, c, out=x)]
+    return [np.add(inputs[0], inputs[1])]
+
+
 class _ModelKernel:
     """A node run by a numpy kernel (its op's semantics) and charged the cost model's figures
     from its recorded plan (:meth:`Device.recorded` of ``dev``); none on the host."""
@@ -200,8 +223,10 @@ class _DeviceNode:
     #: (the Im2Col node making input 0, f(x) -> (outputs, metrics) | None: Device.from_patches,
     #: [the view nodes between them]: _group_views)
     patches: tuple | None = None
-    #: a model-mode Relu applied to this node's output, the only reader of it (_post_op)
+    #: a Relu or bias Add applied to this node's output, the only reader of it (_post_op)
     post: _DeviceNode | None = None
+    #: a model-mode Relu a convolution computing this post op's producer may apply itself
+    conv_act: bool = False
 
 
 def _takes_groups(from_patches) -> bool:
@@ -516,9 +541,10 @@ class InferenceSession:
                               if n in inits)
             if claim is None and use_devices and _has_device_nodes(node):
                 claim = ("If", _IfKernel(self, node), "branch")
-            post = self._post_op(node, claim, made_by, uses)
+            post = self._post_op(node, claim, made_by, uses, inits, consts)
             if post is not None:  # applied by the provider to its producer's output
                 self._device_nodes.append(post)
+                made_by.update((o, post) for o in node.output if o)  # a chain: Add, Relu
                 for o in node.output:
                     ready[o] = post.stage + 1
                 continue
@@ -599,23 +625,54 @@ class InferenceSession:
             p.label, p.op_text = f"host partition {p.index}", f"{len(p.nodes)} nodes"
 
     @staticmethod
-    def _post_op(node, claim, made_by: dict, uses: dict) -> _DeviceNode | None:
-        """A cinm Relu in model mode (it would run inside a host partition) whose input only it
-        reads, made by a device kernel the provider runs (not a model-mode or If node): as a
-        device node applied to that output right after its producer runs
-        (:attr:`_DeviceNode.post`; in place, or inside the producer's convolution,
-        :meth:`Device.from_patches`), so no host partition runs for it alone. None otherwise."""
-        if claim is None or claim[1] is not None or claim[2] != "model" or \
-                node.op_type != "Relu" or node.domain != cinm.DOMAIN or len(node.input) != 1:
+    def _post_op(node, claim, made_by: dict, uses: dict, inits: dict,
+                 consts: dict) -> _DeviceNode | None:
+        """Elementwise work on a device kernel's output that would otherwise be a host
+        partition of its own, applied by the provider right after the kernel runs, in numpy,
+        in place (:attr:`_DeviceNode.post`): the node's input is made by a device kernel the
+        provider runs (not a model-mode or If node), or by such a post op (a chain: a bias Add
+        then a Relu), and only this node reads it. Two kinds:
+
+        - a cinm Relu in model mode (charged by its device's cost model; a convolution
+          computing the producer may apply it, :meth:`Device.from_patches`);
+        - on the host (not claimed by a device): a Relu, or an Add of that output and a
+          constant (an initializer: a bias), cinm or standard. A separate onnxruntime call
+          costs 15-20 us (a small model's whole layer); numpy's copy-where and addition give
+          onnxruntime's bits (:func:`_relu_like_onnxruntime`, :func:`_add_bias`).
+
+        None otherwise."""
+        model_relu = claim is not None and claim[1] is None and claim[2] == "model" and \
+            node.op_type == "Relu" and node.domain == cinm.DOMAIN
+        on_host = claim is None and node.op_type in ("Relu", "Add") and \
+            (node.domain in ("", "ai.onnx") or
+             (node.domain == cinm.DOMAIN and cinm.node_attrs(node).get("device") == "host"))
+        if not (model_relu or on_host) or len(node.output) != 1 or \
+                len(node.input) != (1 if node.op_type == "Relu" else 2):
             return None
-        src = made_by.get(node.input[0])
-        if src is None or uses.get(node.input[0]) != 1 or src.post is not None or \
-                isinstance(src.kernel, (_ModelKernel, _IfKernel)):
+        x = next((i for i, n in enumerate(node.input) if n in made_by), None)
+        if x is None:
             return None
-        at = cinm.node_attrs(node)
-        post = _DeviceNode(node, src.stage, claim[0],
-                           _ModelKernel(_relu_in_place, at, devices.get_device(claim[0])),
-                           "model", fused_into=src)
+        src = made_by[node.input[x]]
+        if uses.get(node.input[x]) != 1 or src.post is not None or \
+                isinstance(src.kernel, _IfKernel) or \
+                (isinstance(src.kernel, _ModelKernel) and src.fused_into is None):
+            return None
+        if model_relu:
+            at = cinm.node_attrs(node)
+            post = _DeviceNode(node, src.stage, claim[0],
+                               _ModelKernel(_relu_in_place, at, devices.get_device(claim[0])),
+                               "model", fused_into=src, conv_act=True)
+        elif node.op_type == "Relu":
+            post = _DeviceNode(node, src.stage, "host",
+                               _ModelKernel(_relu_like_onnxruntime, {}, None), "numpy",
+                               fused_into=src)
+        else:
+            bias = node.input[1 - x]
+            if bias not in inits or bias == node.input[x]:
+                return None
+            consts.setdefault(bias, numpy_helper.to_array(inits[bias]))
+            post = _DeviceNode(node, src.stage, "host", _ModelKernel(_add_bias, {"x": x}, None),
+                               "numpy", fused_into=src)
         src.post = post
         return post
 
@@ -660,7 +717,7 @@ class InferenceSession:
             dev = devices.get_device(e.device)
             if groups > 1 and not _takes_groups(dev.from_patches):
                 continue
-            act = "Relu" if e.post is not None else None
+            act = "Relu" if e.post is not None and e.post.conv_act else None
             runner = dev.from_patches(e.kernel, geometry, act, groups=groups) if groups > 1 \
                 else dev.from_patches(e.kernel, geometry, act)
             if runner is not None:
@@ -877,12 +934,17 @@ class InferenceSession:
                 for v in [src] + between:
                     records.append(self._record(v, run_index, 0.0, v.kernel.metrics, False))
                 records.append(self._record(d, run_index, wall, got[1], False))
-                if d.post is None:
-                    values.update(zip(d.outputs, got[0]))
-                else:  # the Relu was applied by the convolution
-                    values[d.post.outputs[0]] = got[0][0]
-                    records.append(self._record(d.post, run_index, 0.0, d.post.kernel.metrics,
+                post = d.post
+                if post is not None and post.conv_act:  # the Relu was applied by the convolution
+                    values[post.outputs[0]] = got[0][0]
+                    records.append(self._record(post, run_index, 0.0, post.kernel.metrics,
                                                 False))
+                    d, post = post, post.post
+                else:
+                    values.update(zip(d.outputs, got[0]))
+                if post is not None:  # the ops after it, in place on what only they read
+                    self._run_device(post, values, records, run_index)
+                    values.pop(d.outputs[0], None)
                 return
         ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
         t0 = time.perf_counter()
@@ -900,9 +962,9 @@ class InferenceSession:
         wall = time.perf_counter() - t0
         values.update(zip(d.outputs, outs))
         records.append(self._record(d, run_index, wall, metrics, empty))
-        if d.post is not None:  # its Relu, in place on the output only it reads
+        if d.post is not None:  # its Relu or bias, in place on the output only it reads
             self._run_device(d.post, values, records, run_index)
-            values.pop(d.post.inputs[0], None)
+            values.pop(d.outputs[0], None)
 
     @staticmethod
     def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:
