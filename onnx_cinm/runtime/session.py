@@ -22,7 +22,15 @@ around it (DESIGN.md §5):
   that alone reads a device kernel's output is applied right after it (in place, or inside
   that convolution) rather than in a host partition of its own. Both are still charged by
   their cost model and get their profile rows (with no wall time when folded into the
-  convolution).
+  convolution). Likewise a host Relu or Add of a constant (a bias) that alone reads a device
+  kernel's output runs on it in numpy, in place, with onnxruntime's bits
+  (:meth:`InferenceSession._post_op`): a small model's layer is then one step, not a kernel
+  and an onnxruntime call.
+- What does not depend on the inputs is worked out when the session is created: the run is a
+  flat list of steps (partitions with their native run call, device nodes with their inputs,
+  outputs and profile labels); kernels keep plans per input shape (Im2Col's copies, the
+  crossbar simulator's steady inferences, :mod:`onnx_cinm.sim.crossbar`); a feed is checked
+  once per (name, dtype, shape).
 - A device node whose input is empty (a zero-size batch) launches no kernel: its outputs come
   from the op's reference body in onnxruntime (empty, or a reduction's identity); the profile
   records it with mode ``empty``.
