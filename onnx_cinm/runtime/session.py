@@ -198,8 +198,11 @@ def _add_bias(inputs: list, attrs: dict) -> list:
     the operands does not change a bit."""
     x, c = inputs[attrs["x"]], inputs[1 - attrs["x"]]
     if isinstance(x, np.ndarray) and x.flags.writeable and isinstance(c, np.ndarray) and \
-            c.dtype == x.dtype and np.broadcast_shapes(x.shape, c.shape) == x.shape:
-        return [np.add(x, c, out=x)]
+            c.dtype == x.dtype:
+        try:
+            return [np.add(x, c, out=x)]
+        except ValueError:  # c broadcasts x to a larger shape (checked before any write)
+            pass
     return [np.add(inputs[0], inputs[1])]
 
 
