@@ -68,6 +68,13 @@ PROVIDER = "CinmExecutionProvider"
 #: The kind (:meth:`InferenceSession.partitions`) of a cinm op on the host that the provider
 #: runs with a numpy kernel, outside any host partition.
 HOST_KERNEL = "host-numpy"
+#: The most elements (at the planned sizes) of a host Relu or bias Add run in numpy on a
+#: device kernel's output (:meth:`InferenceSession._post_op`) instead of in its host
+#: partition. Measured on the project machine (1 thread): numpy's in-place Relu takes about
+#: 0.55 ns per float32 element (a mask, then a masked copy), onnxruntime's 0.35 ns plus 12-15
+#: us per call: even at about 60k elements; and on light SqueezeNet's 1x64x111x111 first
+#: activation numpy took several times onnxruntime's time.
+POST_MAX_ELEMENTS = 65536
 #: ``graph_optimization`` values: onnxruntime's GraphOptimizationLevel names for the host
 #: partitions (``compare`` uses ``disable_all``, its reference's setting, so ORT's own fusions
 #: are not mistaken for our error).
@@ -552,7 +559,7 @@ class InferenceSession:
                               if n in inits)
             if claim is None and use_devices and _has_device_nodes(node):
                 claim = ("If", _IfKernel(self, node), "branch")
-            post = self._post_op(node, claim, made_by, uses, inits, consts)
+            post = self._post_op(node, claim, made_by, uses, inits, consts, infos)
             if post is not None:  # applied by the provider to its producer's output
                 self._device_nodes.append(post)
                 made_by.update((o, post) for o in node.output if o)  # a chain: Add, Relu
@@ -636,8 +643,8 @@ class InferenceSession:
             p.label, p.op_text = f"host partition {p.index}", f"{len(p.nodes)} nodes"
 
     @staticmethod
-    def _post_op(node, claim, made_by: dict, uses: dict, inits: dict,
-                 consts: dict) -> _DeviceNode | None:
+    def _post_op(node, claim, made_by: dict, uses: dict, inits: dict, consts: dict,
+                 infos: dict) -> _DeviceNode | None:
         """Elementwise work on a device kernel's output that would otherwise be a host
         partition of its own, applied by the provider right after the kernel runs, in numpy,
         in place (:attr:`_DeviceNode.post`): the node's input is made by a device kernel the
@@ -647,9 +654,10 @@ class InferenceSession:
         - a cinm Relu in model mode (charged by its device's cost model; a convolution
           computing the producer may apply it, :meth:`Device.from_patches`);
         - on the host (not claimed by a device): a Relu, or an Add of that output and a
-          constant (an initializer: a bias), cinm or standard. A separate onnxruntime call
-          costs 15-20 us (a small model's whole layer); numpy's copy-where and addition give
-          onnxruntime's bits (:func:`_relu_like_onnxruntime`, :func:`_add_bias`).
+          constant (an initializer: a bias), cinm or standard, on at most
+          :data:`POST_MAX_ELEMENTS` elements at the planned sizes. A separate onnxruntime
+          call costs 15-20 us (a small model's whole layer); numpy's copy-where and addition
+          give onnxruntime's bits (:func:`_relu_like_onnxruntime`, :func:`_add_bias`).
 
         None otherwise."""
         model_relu = claim is not None and claim[1] is None and claim[2] == "model" and \
@@ -660,6 +668,8 @@ class InferenceSession:
         if not (model_relu or on_host) or len(node.output) != 1 or \
                 len(node.input) != (1 if node.op_type == "Relu" else 2):
             return None
+        if on_host and not 0 < getattr(infos.get(node.output[0]), "numel", 0) <= POST_MAX_ELEMENTS:
+            return None  # a large (or unknown) array: onnxruntime's one pass is faster
         x = next((i for i, n in enumerate(node.input) if n in made_by), None)
         if x is None:
             return None
