@@ -266,7 +266,7 @@ def test_steady_inferences_equal_the_walked_ones(tmp_path, P, G, bias):
     is computed directly once seen (``_run_steady``); its outputs, counters, tiles and wear are
     those of a simulator that walks the program every time, at every row count in turn, and
     a capacity-limited file (tiles written at every inference) never takes that path."""
-    _, _, paths, A, ref = _kernel(tmp_path, 9, 130, 65, P, G, "weight_stationary", bias=bias)
+    paths = _kernel(tmp_path, 9, 130, 65, P, G, "weight_stationary", bias=bias)[2]
     fast, walked = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
     walked._note_steady = lambda *a: None  # never steady: every inference walks the program
     rng = np.random.default_rng(1)

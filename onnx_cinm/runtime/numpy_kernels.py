@@ -33,7 +33,7 @@ class _Plan:
     (a small input's Python arithmetic cost as much as its copies: 1x32x150, kernel 5, took
     0.07 ms per call before)."""
 
-    __slots__ = ("view", "to_last", "padded", "interior", "cols", "copies", "final")
+    __slots__ = ("cols", "copies", "final", "interior", "padded", "to_last", "view")
 
     def __init__(self, shape: tuple, kernel_shape, strides, pads, dilations) -> None:
         r = len(kernel_shape)

@@ -209,7 +209,7 @@ def _add_bias(inputs: list, attrs: dict) -> list:
         try:
             return [np.add(x, c, out=x)]
         except ValueError:  # c broadcasts x to a larger shape (checked before any write)
-            pass
+            return [np.add(inputs[0], inputs[1])]
     return [np.add(inputs[0], inputs[1])]
 
 

@@ -178,7 +178,7 @@ class CrossbarKernel:
         form = sim.affine()
         if form is not None and not self.integer and self.prog.header["order"] != "serpentine" \
                 and form[1] == "W" and len(outs) == 1:
-            inp, w, b, out = form
+            _, w, b, out = form
             self._fresh[key] = (dict(c), (w, b, out), None if b is None else sim.const[b])
         return outs, c
 

@@ -1048,7 +1048,7 @@ class CrossbarSimulator:
         if form is None:
             return
         inp, w, b, out = form
-        G, K, N = self.const[w].shape
+        G, _, N = self.const[w].shape
         self._steady[(key[1], transposed)] = (tags, counts, inp, w, b, out, (G, key[1], N),
                                               (inp_r.dims[0], inp_r.dims[1]))
 
