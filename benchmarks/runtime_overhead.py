@@ -12,7 +12,8 @@ waits for a core, and its Transpose and the whole model ran several times slower
 threads than with one, measured on the project machine at a load average of 12).
 
 Models: light ResNet50 and light SqueezeNet (onnx wheel), the digits MLP (trained here, batch of
-the 450 test images), and unless ``--no-int8`` their int8 forms made by onnxruntime's own
+the 450 test images, and one image: a small model at batch 1, where the provider's fixed cost
+per device node and host partition is what counts), the bundled LeNet at batch 1, and unless ``--no-int8`` their int8 forms made by onnxruntime's own
 quantizer: the two CNNs static QDQ (int8 activations and per-channel int8 weights, calibrated on
 four random inputs), the MLP dynamic (``DynamicQuantizeLinear`` + ``MatMulInteger``): the
 provider runs their integer products exactly, in onnxruntime's integer kernels where faster
@@ -168,6 +169,7 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     popts = {"blas_threads": args.blas_threads, "matmul": args.matmul,
              "intra_op_threads": args.intra_op_threads}
+    from onnx_cinm.examples import get_example
     from onnx_cinm.examples.digits import build_digits_mlp
 
     recs = []
@@ -184,6 +186,11 @@ def main(argv=None) -> list[dict]:
         model, x_test, _, _ = build_digits_mlp()
         feeds = {"X": x_test.astype("float32")}
         recs.append(measure(model, feeds, args.runs, work, "digits_mlp", provider_options=popts))
+        recs.append(measure(model, {"X": feeds["X"][:1]}, args.runs, work, "digits_mlp_b1",
+                            provider_options=popts))
+        lenet = get_example("lenet")
+        recs.append(measure(lenet, random_inputs(lenet, seed=0), args.runs, work, "lenet_b1",
+                            provider_options=popts))
         if not args.no_int8:
             onnx.save(model, work / "digits_mlp.onnx")
             recs.append(measure(quantized(work / "digits_mlp.onnx", work, feeds, static=False),

@@ -258,3 +258,30 @@ def test_affine_is_none_for_quantized_and_data_false_refuses_them(tmp_path):
     sim = CrossbarSimulator(ideal)
     sim.run({"X": X})
     assert sim.affine() == ("X", "W", None, "Y")
+
+
+@pytest.mark.parametrize("P,G,bias", [(8, 1, True), (16, 2, False), (4, 1, True)])
+def test_steady_inferences_equal_the_walked_ones(tmp_path, P, G, bias):
+    """Issue 16: an inference that programs no tile and is one product per group plus a bias
+    is computed directly once seen (``_run_steady``); its outputs, counters, tiles and wear are
+    those of a simulator that walks the program every time, at every row count in turn, and
+    a capacity-limited file (tiles written at every inference) never takes that path."""
+    paths = _kernel(tmp_path, 9, 130, 65, P, G, "weight_stationary", bias=bias)[2]
+    fast, walked = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
+    walked._note_steady = lambda *a: None  # never steady: every inference walks the program
+    rng = np.random.default_rng(1)
+    for rows in (9, 9, 9, 4, 9, 4, 4):
+        X = rng.standard_normal((G, rows, 130)).astype(np.float32)
+        out_f, c_f = fast.run({"X": X})
+        out_w, c_w = walked.run({"X": X})
+        np.testing.assert_array_equal(out_f["Y"], out_w["Y"])
+        assert c_f.as_dict() == c_w.as_dict()
+        np.testing.assert_array_equal(fast.wear, walked.wear)
+        assert fast.tags == walked.tags
+    # the last product against numpy's, in float64
+    want = np.einsum("gmk,gkn->gmn", X.astype(np.float64), fast.const["W"].astype(np.float64))
+    if bias:
+        want = want + fast.const["C"]
+    np.testing.assert_allclose(out_f["Y"], want, rtol=1e-5, atol=1e-4 * np.sqrt(130))
+    # 9x130 by 130x65 on 64x64 crossbars: 3 x 2 tiles per group, resident only when they fit
+    assert bool(fast._steady) == (P >= 6 * G)

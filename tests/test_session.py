@@ -93,6 +93,13 @@ def test_bad_inputs_are_one_line_errors_and_the_session_survives(lenet):
         sess.run(["nope"], feeds)
     (ref,) = run_onnxruntime(original, feeds)
     np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=1e-4, atol=1e-5)
+    # a feed that passed is remembered by dtype and shape: the bad ones still fail after it
+    with pytest.raises(CinmError, match="dtype float64"):
+        sess.run(None, {name: feeds[name].astype(np.float64)})
+    with pytest.raises(CinmError, match="shape"):
+        sess.run(None, {name: feeds[name][..., :5]})
+    with pytest.raises(CinmError, match="unknown input"):
+        sess.run(None, {**feeds, "nope": feeds[name]})
 
 
 def test_bad_provider_options(lenet):
@@ -231,6 +238,66 @@ def test_im2col_kernel_reuses_its_buffers_only_when_free():
     assert addr(y2) != memory
     np.testing.assert_array_equal(y1, want[1])
     np.testing.assert_array_equal(y2, want[2])
+
+
+def test_im2col_kernel_plans_each_input_shape_once():
+    """Issue 16: the node kernel keeps its copy plan per input shape; alternating shapes
+    (a dynamic batch) each give the patches the reference function computes afresh."""
+    from onnx_cinm.runtime.numpy_kernels import Im2Col, im2col
+
+    at = {"kernel_shape": [5], "strides": [1], "pads": [4, 4], "dilations": [2]}
+    k = Im2Col()
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 1, 3, 2):
+        x = rng.standard_normal((n, 4, 30)).astype(np.float32)
+        np.testing.assert_array_equal(k([x], at)[0], im2col(x, **at))
+    assert sorted(k._plans) == [(1, 4, 30), (2, 4, 30), (3, 4, 30)]
+    # by hand: patch (row 0, channel 1, tap 2) of image 0 is x[0, 1, 0 - 4 + 2 * 2]
+    x = np.arange(4 * 30, dtype=np.float32).reshape(1, 4, 30)
+    y = k([x], at)[0]  # [1, 30, 4 * 5]
+    assert y[0, 0, 1 * 5 + 2] == x[0, 1, 0] and y[0, 0, 1 * 5 + 1] == 0.0
+
+
+def _attention_product():
+    """``y = a @ b`` of two activations (the crossbar programs ``b`` at every run)."""
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="att")], "att",
+                          [helper.make_tensor_value_info("a", f, [4, 32]),
+                           helper.make_tensor_value_info("b", f, [32, 16])],
+                          [helper.make_tensor_value_info("y", f, [4, 16])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_programmed_activation_runs_equal_a_fresh_simulators(tmp_path):
+    """Issue 16: a kernel whose programmed operand is an activation computes the products
+    directly once a fresh simulator has shown its counters and data path for those shapes;
+    outputs and profile figures equal a kernel that builds and walks a fresh simulator every
+    run (which never remembers), and numpy's product."""
+    model = _attention_product()
+    res = optimize(model, place=[("att", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    fast, walked = InferenceSession(tmp_path / "o.onnx"), InferenceSession(tmp_path / "o.onnx")
+
+    class _Forgets(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    (kernel,) = [d.kernel for d in walked._device_nodes if d.device == "memristor"]
+    kernel._fresh = _Forgets()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        feeds = {"a": rng.standard_normal((4, 32)).astype(np.float32),
+                 "b": rng.standard_normal((32, 16)).astype(np.float32)}
+        (got,) = fast.run(None, feeds)
+        np.testing.assert_array_equal(got, walked.run(None, feeds)[0])
+        np.testing.assert_allclose(got, feeds["a"] @ feeds["b"], rtol=1e-5, atol=1e-5)
+    (fast_kernel,) = [d.kernel for d in fast._device_nodes if d.device == "memristor"]
+    assert len(fast_kernel._fresh) == 1 and not kernel._fresh
+    keep = ("node", "latency_s", "energy_j", "writes", "bytes_moved", "basis")
+    prof = [{k: r[k] for k in keep} for r in fast.profile() if r["device"] == "memristor"]
+    assert prof == [{k: r[k] for k in keep} for r in walked.profile()
+                    if r["device"] == "memristor"]
+    assert all(r["writes"] >= 1 for r in prof)  # b is written to the crossbars at every run
 
 
 def _without_softmax(model):
@@ -789,3 +856,67 @@ def test_configuration_lists_two_convolutions_of_one_geometry_with_and_without_r
     chosen = sess.configuration()["chosen"]
     assert sorted(k for k in chosen if k.startswith("conv ")) == [
         "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8", "conv 1x8x12x12 k3x3 s1x1 p1x1x1x1 ->8 Relu"]
+
+
+def test_bias_and_relu_after_a_device_node_match_onnxruntimes_ops():
+    """Issue 16: the numpy steps that replace a host partition after a device node give
+    onnxruntime's bits: Add of a constant (broadcast, either operand order, in place or not)
+    and Relu (-0.0 and NaN kept, as onnxruntime's Relu keeps them)."""
+    from onnx_cinm.runtime.session import _add_bias, _relu_like_onnxruntime
+
+    f = TensorProto.FLOAT
+
+    def one(op, shapes):
+        g = helper.make_graph([helper.make_node(op, [f"i{k}" for k in range(len(shapes))], ["y"])],
+                              "g", [helper.make_tensor_value_info(f"i{k}", f, s)
+                                    for k, s in enumerate(shapes)],
+                              [helper.make_tensor_value_info("y", f, None)])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    x.flat[:6] = [np.nan, -0.0, 0.0, -np.inf, np.inf, -1e-45]
+    (want,) = run_onnxruntime(one("Relu", [x.shape]), {"i0": x})
+    (got,) = _relu_like_onnxruntime([x.copy()], {})
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    for c_shape in [(5,), (4, 1), (1, 4, 5), (2, 3, 4, 5)]:  # the last one broadcasts x up
+        c = rng.standard_normal(c_shape).astype(np.float32)
+        for order in (0, 1):
+            ins = [x, c] if order == 0 else [c, x]
+            (want,) = run_onnxruntime(one("Add", [a.shape for a in ins]),
+                                      {f"i{k}": a for k, a in enumerate(ins)})
+            xs = x.copy()
+            (got,) = _add_bias([xs, c] if order == 0 else [c, xs], {"x": order})
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+            assert np.shares_memory(got, xs) == (c.ndim < 4)  # in place where it fits
+
+
+def test_bias_and_relu_after_a_crossbar_product_run_without_a_host_partition(tmp_path):
+    """Issue 16: y = Relu(x @ W + b) with the product on the crossbars and Add, Relu on the
+    host: the provider applies them to the kernel's output in numpy (no onnxruntime call);
+    small integers make every product exact, so onnxruntime on the original model gives the
+    same bits."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    W = rng.integers(-3, 4, (16, 8)).astype(np.float32)
+    b = (rng.standard_normal(8) * 3).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+                           helper.make_node("Add", ["b", "p"], ["s"], name="bias"),
+                           helper.make_node("Relu", ["s"], ["y"], name="act")], "mlp",
+                          [helper.make_tensor_value_info("x", f, ["n", 16])],
+                          [helper.make_tensor_value_info("y", f, ["n", 8])],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("mm*", "memristor"), ("bias*", "host"), ("act*", "host")],
+                   check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    assert sess.partitions() == [("memristor", 1), ("host-numpy", 1), ("host-numpy", 1)]
+    for n in (1, 5, 1):
+        x = rng.integers(-4, 5, (n, 16)).astype(np.float32)
+        (want,) = run_onnxruntime(model, {"x": x})
+        assert (want == 0).any() and (want > 0).any()
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    rows = [(r["node"], r["device"], r["mode"]) for r in sess.profile()][:3]
+    assert [r[1:] for r in rows] == [("memristor", "simulate"), ("host", "numpy"),
+                                     ("host", "numpy")]

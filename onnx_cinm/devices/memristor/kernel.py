@@ -81,6 +81,7 @@ class CrossbarKernel:
         self._views: dict = {}
         self._patch_plans: dict = {}  # input shape -> _patch_plan
         self._int_plans: dict = {}  # input shapes -> _int_plan
+        self._fresh: dict = {}  # (W, X shapes, transposed) -> what _run_fresh computes
         self._probed = None  # _affine's probe: its form, False (none) or None (not run)
         self._int_conv_bias = None  # an integer program's bias in the convolution's layout
 
@@ -136,9 +137,7 @@ class CrossbarKernel:
                         "program is fixed to the planned sizes: optimize again at this run's "
                         "sizes (--dim NAME=SIZE or --input), or keep the node off the "
                         f"crossbars (--place '{self.op.name}=host')")
-                sim = CrossbarSimulator(self.prog, {"W": W})
-                outs, c = sim.run({"X": X}, transposed=transposed)
-                c = _add(sim.load_counters.as_dict(), c.as_dict())
+                outs, c = self._run_fresh(W, X, transposed)
             else:
                 outs, c = self._sim.run({"X": X}, transposed=transposed)
                 c = c.as_dict()
@@ -149,6 +148,39 @@ class CrossbarKernel:
                 Y = Y.transpose(self.y_perm)
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], \
             self._metrics(c, X, outs["Y"])
+
+    def _run_fresh(self, W, X, transposed: bool) -> tuple[dict, dict]:
+        """One inference of a program whose operand ``W`` is an activation, written at every
+        run: a fresh simulator loads it and runs ``X`` (``(outputs, load and run counters)``).
+        A fresh simulator starts from the same state every run, so once one has run inputs of
+        these shapes through a data path that is one product per group plus a bias
+        (:meth:`CrossbarSimulator.affine`), later runs compute those products and that bias
+        addition directly (the same calls on the same operands, :meth:`CrossbarSimulator.run`
+        ``"Ideal"``) and take its counters: building and walking the program cost 0.3 ms per
+        run of a 57-crossbar attention product of a 4-token head, the product 10 us."""
+        key = (W.shape, X.shape, transposed)
+        known = self._fresh.get(key)
+        if known is not None and W.dtype == np.float32 and X.dtype == np.float32:
+            counts, (w, b, out), bias = known
+            G, M, N = W.shape[0], X.shape[1], W.shape[2]
+            Y = np.empty((G, N, M), np.float32).transpose(0, 2, 1) if transposed else \
+                np.empty((G, M, N), np.float32)
+            kern = blas.current()
+            with np.errstate(invalid="ignore", over="ignore"):
+                for g in range(G):
+                    kern.matmul(X[g][:, :W.shape[1]], W[g], Y[g])
+                if bias is not None:
+                    Y += bias
+            return {out: Y}, dict(counts)
+        sim = CrossbarSimulator(self.prog, {"W": W})
+        outs, c = sim.run({"X": X}, transposed=transposed)
+        c = _add(sim.load_counters.as_dict(), c.as_dict())
+        form = sim.affine()
+        if form is not None and not self.integer and self.prog.header["order"] != "serpentine" \
+                and form[1] == "W" and len(outs) == 1:
+            _, w, b, out = form
+            self._fresh[key] = (dict(c), (w, b, out), None if b is None else sim.const[b])
+        return outs, c
 
     def _int_product(self, inputs: list):
         """An integer kernel whose data path is a plain product (:meth:`_affine`), computed by

@@ -107,6 +107,8 @@ def stream_rows(v: ProductView, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         X = B[None] if v.operand == "A" else A
         return X[None]
     if v.operand == "B":
+        if not v.grouped and A.shape[:-2] == v.y_batch:  # rows in A's own order: a reshape
+            return A.reshape(1, v.rows, v.K)  # (what the broadcast and transpose reduce to)
         src, inner = A, (v.a_shape[-2], v.K)
     else:
         src, inner = np.swapaxes(B, -1, -2), (v.b_shape[-1], v.K)
