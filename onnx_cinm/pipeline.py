@@ -572,8 +572,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             have them, and the model records them (run and compare use them by default).
             Symbolic dims without a size are planned as 1 (and drawn 1 on axis 0, 8 elsewhere
             by the check; see :func:`onnx_cinm.golden.random_inputs`).
-            If onnxruntime cannot run the *original* on those inputs (a model that needs a
-            minimum length, say), the check is skipped, not failed: ``check_skipped`` says why.
+            If onnxruntime cannot run the *original* at those sizes because of a shape error
+            (:func:`onnx_cinm.golden.is_shape_error`: a Reshape to a hard-coded batch 1,
+            operands that no longer broadcast, an input shorter than a kernel), no input of
+            these sizes can run: CinmError, and nothing is returned to write. A failure of
+            another kind may depend on the values drawn (an index input out of range): the
+            check is skipped, not failed, and ``check_skipped`` says why. So is a shape error
+            at sizes the caller did not give (a dim left unsized or anonymous, which the check
+            draws: :func:`onnx_cinm.golden.every_dim_sized`).
         device_options: options by flat key, checked against the schema of every device and
             pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
             devices'), e.g. ``cim_loop_order`` (``"weight_stationary"`` or ``"naive"``),
@@ -704,7 +710,18 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
             if inputs:  # the user's own arrays: their mistake to fix, not a skip to shrug at
                 raise CinmError(f"the original does not run on the given --input arrays: {e}") from None
-            skipped = f"the original does not run on the random inputs: {e}"
+            if not golden.is_shape_error(str(e)):
+                skipped = (f"the original does not run on the random inputs (not a shape error: "
+                           f"it may depend on the values drawn): {e}")
+            elif not golden.every_dim_sized(original, dims):
+                skipped = ("the original does not run on the random inputs at the sizes the check "
+                           f"drew for the dims without one: {e}")
+            else:
+                # the requested sizes themselves: no input of them runs, so a model planned at
+                # them (and its figures) would describe a configuration that cannot exist
+                at = ", ".join(f"{k}={v}" for k, v in dims.items()) or "its input shapes"
+                raise CinmError(f"the original cannot run at {at}: {e}; no input of these sizes "
+                                "runs in onnxruntime: choose sizes the model supports") from None
             log(f"check skipped: {skipped}")
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:
