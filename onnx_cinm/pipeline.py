@@ -276,14 +276,13 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
               if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
-    by_dev: Counter = Counter()
+    by_dev = Counter(cinm.ops_per_device(model))
     placements = []
     for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
             at = cinm.node_attrs(node)
-            dev = at.get("device", "unplaced")
-            by_dev[dev] += 1
-            placements.append((node.name, node.op_type, dev, at.get("placement", "")))
+            placements.append((node.name, node.op_type, at.get("device", "unplaced"),
+                               at.get("placement", "")))
     total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
     return total, on_dev, by_dev, placements, host, exact, anonymous
 
