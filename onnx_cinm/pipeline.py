@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from . import frontend, golden, hostmodel
+from . import devices, frontend, golden, hostmodel
 from .analysis import body_flops, node_flops, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -36,6 +36,8 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass); ``probed_shapes``: how many tensors'
             shapes the probe run sized (absent: no probe ran or it sized nothing);
+            ``option_warnings``: the devices' one-line warnings on options that change
+            nothing (:meth:`onnx_cinm.devices.base.Device.option_warnings`);
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
             (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
@@ -650,6 +652,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)
+    # options that are valid but change nothing (a time after programming, exact data path)
+    ctx.stats["option_warnings"] = [w for dev in devices.all_devices()
+                                    for w in dev.option_warnings(options)]
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     if not unsized:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
