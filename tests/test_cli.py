@@ -43,6 +43,11 @@ def test_stop_after_cinm_has_no_placement(tmp_model_dir, capsys):
     assert code == 0, err
     devs = _devices(out)
     assert devs and all(d is None for d in devs.values())
+    # run says placement never ran, not that it chose the host for every op
+    code, _, err = _run(["run", str(out), "-q"], capsys)
+    assert code == 0 and err.count("\n") == 1
+    assert f"its {len(devs)} cinm ops were never placed (written before placement" in err
+    assert "placement put" not in err
 
 
 def test_place_hint_and_config(tmp_model_dir, capsys):
