@@ -129,6 +129,19 @@ def test_a_repeated_value_runs_once_with_a_note(tmp_path, capsys):
     assert "1 configurations" in out and len(_rows(tmp_path / "sw" / "sweep.csv")) == 1
 
 
+def test_an_example_is_named_as_such_not_as_a_file(tmp_path, capsys, monkeypatch):
+    """`sweep --example lenet` titled its table and plot 'lenet.onnx', a file that does not
+    exist."""
+    titles = []
+    real = sweep.plot
+    monkeypatch.setattr(sweep, "plot", lambda c, r, title="": titles.append(title) or real(c, r, title))
+    assert main(["sweep", "--example", "mlp", "--set", "upmem.dpus=8", "-o",
+                 str(tmp_path / "sw"), "--executor", "serial"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("onnx-cinm sweep: example 'mlp', 1 configurations")
+    assert titles == ["example 'mlp'"] and "mlp.onnx" not in out
+
+
 def test_sweep_counts_the_devices_of_the_model_optimize_writes():
     """A crossbar product read by a Transpose: placement puts 3 cinm ops (the Transpose on the
     host), then fold_layouts has the crossbar write the transposed layout and drops it. The
