@@ -307,8 +307,12 @@ def check_manifest(data, path) -> dict:
 
 
 def load_manifest(root) -> dict:
-    """Read and check ``root/manifest.json``. Raises CinmError if missing, malformed or foreign."""
+    """Read and check ``root/manifest.json``. Raises CinmError if missing, malformed or foreign
+    (the folder ``root`` itself missing: a model copied without its kernel folder)."""
     path = Path(root) / MANIFEST
+    if not os.path.lexists(root):
+        raise CinmError(f"the model's kernel folder '{root}/' is missing: copy it along with the "
+                        "model (its device kernels are read from there)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:

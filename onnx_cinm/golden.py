@@ -179,6 +179,9 @@ def _ort_error(error: BaseException) -> str:
     once per enclosing If/Loop/Scan; only the innermost node says what went wrong.
     """
     text = " ".join(str(error).split())
+    # the C++ assertion onnxruntime prefixes to its message (``/onnxruntime_src/...h:91 <the
+    # function's signature> <condition> was false.``) says nothing to a user: only the sentence after it
+    text = re.sub(r"\S+\.(?:h|cc|cpp):\d+ [^.]*? was false\. ", "", text)
     nodes = re.findall(r"running (\w+) node\. Name:'([^']*)' Status Message: ", text)
     if nodes:
         op, name = nodes[-1]
@@ -186,6 +189,39 @@ def _ort_error(error: BaseException) -> str:
     else:
         text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
     return _one_line(text)
+
+
+#: Onnxruntime's run errors that a tensor's *shape* causes, not its values: a Reshape whose
+#: element count differs, operands that do not broadcast, a MatMul or Concat dimension
+#: mismatch, a kernel, pool window or reflect pad larger than its input, shape inference
+#: refusing a shape.
+#: Messages as onnxruntime 1.x's CPU kernels word them (``reshape_helper.h``,
+#: ``element_wise_ops.h``, ``matmul_helper.h``, ``conv_attributes.h``, ``pool_attributes.h``,
+#: ``pad.cc``).
+_SHAPE_ERRORS = re.compile(
+    r"cannot be reshaped|broadcast|dimension mismatch|dimensions? (?:do not|don't) match"
+    r"|shape mismatch|mismatch(?:ed)? (?:in )?(?:dimension|shape)|incompatible (?:dimensions|shapes)"
+    r"|invalid input shape|invalid expand shape|output dimension is negative|ShapeInferenceError"
+    r"|pad\b.*exceeds maximum allowed",
+    re.IGNORECASE)
+
+
+def is_shape_error(message: str) -> bool:
+    """Whether an onnxruntime run error (``message``: its text, as :func:`compare` and
+    :class:`ReferenceFailed` word it) is a *shape* error, caused by the sizes of the inputs and
+    not by their values: such a run fails on every input of those sizes.
+
+    The rule is by category of the message (:data:`_SHAPE_ERRORS`): a Reshape to a count of
+    elements the input does not have ("cannot be reshaped": a model that hard-codes batch 1),
+    operands that do not broadcast, a MatMul/Concat/Split dimension mismatch, an input shorter
+    than a Conv kernel, a pool window or a reflect pad ("Invalid input shape", "output
+    dimension is negative", "pre-pad exceeds maximum allowed": a model that needs a minimum
+    length), onnx shape inference refusing a shape. Anything else
+    (an index out of range, a value a kernel rejects) may depend on the values drawn, and is not
+    a shape error. A shape computed from an input's *values* (an int64 input read by a
+    Reshape) fails in the same category: that input is then better given as data.
+    """
+    return bool(_SHAPE_ERRORS.search(message))
 
 
 def _load_header(model: ModelLike) -> onnx.ModelProto:
@@ -486,6 +522,22 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
         if arr.ndim != len(declared) or any(isinstance(d, int) and d != n for d, n in zip(declared, arr.shape)):
             raise CinmError(f"{label} '{name}' has shape {list(arr.shape)}, but the model's input is "
                             f"[{', '.join(map(str, declared))}]")
+
+
+def every_dim_sized(model: ModelLike, dims: Mapping[str, int]) -> bool:
+    """Whether every dim of ``model``'s real tensor inputs has a size: a fixed value or a
+    symbolic name in ``dims``. False when :func:`random_inputs` would draw one of them (an
+    anonymous dim, an unsized name, an input of unknown rank)."""
+    for vi in real_inputs(_load_header(model).graph):
+        if vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            return False
+        if not all((d.HasField("dim_value") and d.dim_value >= 0) or
+                   (d.HasField("dim_param") and d.dim_param in dims) for d in tt.shape.dim):
+            return False
+    return True
 
 
 def symbolic_dims(model: ModelLike) -> list[str]:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from . import frontend, golden, hostmodel
+from . import devices, frontend, golden, hostmodel
 from .analysis import body_flops, node_flops, open_tensors, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -36,6 +36,8 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass); ``probed_shapes``: how many tensors'
             shapes the probe run sized (absent: no probe ran or it sized nothing);
+            ``option_warnings``: the devices' one-line warnings on options that change
+            nothing (:meth:`onnx_cinm.devices.base.Device.option_warnings`);
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
             (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
@@ -276,14 +278,13 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
               if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
-    by_dev: Counter = Counter()
+    by_dev = Counter(cinm.ops_per_device(model))
     placements = []
     for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
             dev, how = _strings(node, "device", "placement")
-            dev = "unplaced" if dev is None else dev
-            by_dev[dev] += 1
-            placements.append((node.name, node.op_type, dev, "" if how is None else how))
+            placements.append((node.name, node.op_type, "unplaced" if dev is None else dev,
+                               "" if how is None else how))
     total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
     return total, on_dev, by_dev, placements, host, exact, anonymous
 
@@ -592,8 +593,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             have them, and the model records them (run and compare use them by default).
             Symbolic dims without a size are planned as 1 (and drawn 1 on axis 0, 8 elsewhere
             by the check; see :func:`onnx_cinm.golden.random_inputs`).
-            If onnxruntime cannot run the *original* on those inputs (a model that needs a
-            minimum length, say), the check is skipped, not failed: ``check_skipped`` says why.
+            If onnxruntime cannot run the *original* at those sizes because of a shape error
+            (:func:`onnx_cinm.golden.is_shape_error`: a Reshape to a hard-coded batch 1,
+            operands that no longer broadcast, an input shorter than a kernel), no input of
+            these sizes can run: CinmError, and nothing is returned to write. A failure of
+            another kind may depend on the values drawn (an index input out of range): the
+            check is skipped, not failed, and ``check_skipped`` says why. So is a shape error
+            at sizes the caller did not give (a dim left unsized or anonymous, which the check
+            draws: :func:`onnx_cinm.golden.every_dim_sized`).
         device_options: options by flat key, checked against the schema of every device and
             pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
             devices'), e.g. ``cim_loop_order`` (``"weight_stationary"`` or ``"naive"``),
@@ -665,6 +672,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)
+    # options that are valid but change nothing (a time after programming, exact data path)
+    ctx.stats["option_warnings"] = [w for dev in devices.all_devices()
+                                    for w in dev.option_warnings(options)]
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     if not unsized:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
@@ -724,7 +734,18 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
             if inputs:  # the user's own arrays: their mistake to fix, not a skip to shrug at
                 raise CinmError(f"the original does not run on the given --input arrays: {e}") from None
-            skipped = f"the original does not run on the random inputs: {e}"
+            if not golden.is_shape_error(str(e)):
+                skipped = (f"the original does not run on the random inputs (not a shape error: "
+                           f"it may depend on the values drawn): {e}")
+            elif not golden.every_dim_sized(original, dims):
+                skipped = ("the original does not run on the random inputs at the sizes the check "
+                           f"drew for the dims without one: {e}")
+            else:
+                # the requested sizes themselves: no input of them runs, so a model planned at
+                # them (and its figures) would describe a configuration that cannot exist
+                at = ", ".join(f"{k}={v}" for k, v in dims.items()) or "its input shapes"
+                raise CinmError(f"the original cannot run at {at}: {e}; no input of these sizes "
+                                "runs in onnxruntime: choose sizes the model supports") from None
             log(f"check skipped: {skipped}")
         timings.append(("check", time.perf_counter() - t0))
         if report is not None and not report.ok:

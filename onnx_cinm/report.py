@@ -292,12 +292,21 @@ def _area_text(r: Layer) -> str:
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
-    """The per-layer table as text (one line per node), then the totals."""
+    """The per-layer table as text (one line per node), then the totals. With ``cinm_only``
+    only the cinm ops' rows; a line before the totals then counts the rows left out (the
+    standard ops the host runs) with their latency and energy, so the rows shown and that line
+    add up to the totals."""
     body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
              si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"),
              _parts_text(r), _area_text(r), _reason_text(r))
             for r in rows if r.cinm or not cinm_only]
+    hidden = [r for r in rows if cinm_only and not r.cinm and r.counted]
+    left_out = [] if not hidden else [
+        f"{len(hidden)} {'/'.join(sorted({r.device for r in hidden}))} ops not shown ({si(sum(r.latency_s + r.transfer_s for r in hidden), 's')}, "
+        f"{si(sum(r.energy_j + r.transfer_j for r in hidden), 'J')}, in the total): --all-nodes "
+        "lists them"]
     return text_table(COLUMNS, body, notes=[
+        *left_out,
         _totals_line(totals),
         "(latency and energy include the transfers the cost model charges to the op, listed "
         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "

@@ -43,6 +43,11 @@ def test_stop_after_cinm_has_no_placement(tmp_model_dir, capsys):
     assert code == 0, err
     devs = _devices(out)
     assert devs and all(d is None for d in devs.values())
+    # run says placement never ran, not that it chose the host for every op
+    code, _, err = _run(["run", str(out), "-q"], capsys)
+    assert code == 0 and err.count("\n") == 1
+    assert f"its {len(devs)} cinm ops were never placed (written before placement" in err
+    assert "placement put" not in err
 
 
 def test_place_hint_and_config(tmp_model_dir, capsys):
@@ -518,3 +523,25 @@ def test_report_and_run_tell_a_model_optimize_wrote_from_one_it_did_not(tmp_path
     assert code == 0 and "warning" not in err and "optimize' placed no op" in err
     code, out, _ = _run(["report", str(opt), "-o", str(tmp_path / "rep2")], capsys)
     assert code == 0 and "total:" in out
+
+
+def test_a_time_after_programming_on_the_exact_data_path_is_warned_about(tmp_path, capsys):
+    """--cim-time on crossbar mode 'ideal' records nothing (evaluate refuses the combination):
+    a warning, and the kernels carry no time; with mode device no warning, the time recorded."""
+    from onnx_cinm.dialects import cinm
+
+    def compiled(*tail):
+        out = tmp_path / "m.onnx"
+        assert main(["optimize", "--example", "lenet", "-o", str(out), "-q", "--check", "0",
+                     *tail]) == 0
+        times = [cinm.node_attrs(n).get("cim_time_s") for n in onnx.load(str(out)).graph.node
+                 if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") == "memristor"]
+        assert times  # LeNet has crossbar kernels
+        return times, capsys.readouterr().err
+
+    times, err = compiled("--cim-time", "1h")
+    assert times == [None] * len(times)
+    assert err.count("\n") == 1 and err.startswith("onnx-cinm: warning: cim_time_s=3600 s")
+    assert "changes nothing on crossbar mode 'ideal'" in err
+    times, err = compiled("--cim-time", "1h", "--cim-mode", "device")
+    assert times == [3600.0] * len(times) and err == ""

@@ -342,3 +342,36 @@ def test_data_of_another_dtype_are_refused_as_run_refuses_them(digits_files, tmp
     assert capsys.readouterr().err.strip() == (
         "onnx-cinm: error: the data's array 'X' is a float64 array, but the model's input is "
         "float32 (convert it, e.g. numpy's a.astype(np.float32))")
+
+
+def _clip_model(tmp_path):
+    """madmom's key CNN in miniature: one clip ``X [T, 256]`` (frames on axis 0), a crossbar
+    product per frame, then the mean over time: ``Y [24]``, one result per clip."""
+    W = np.random.default_rng(5).uniform(0.25, 1.0, (256, 24)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["F"], name="mm"),
+         helper.make_node("ReduceMean", ["F"], ["Y"], axes=[0], keepdims=0)], "clip",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", 256])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [24])],
+        [numpy_helper.from_array(W, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, check=0, place=[("Gemm", "memristor")], device_options=PRESET,
+                   dims={"T": 64})
+    path = tmp_path / "clip.onnx"
+    artifacts.save(res.model, path)
+    return path
+
+
+@pytest.mark.parametrize("frames", [401, 24, 2, 1])
+def test_a_model_without_a_sample_axis_is_refused(tmp_path, capsys, frames):
+    """Axis 0 is time, not samples: batches of 256 frames would be shorter clips, each judged
+    as the data set. 24 frames (as many as Y's 24 values) and 1 frame included: the output
+    [24] follows no count of samples fed."""
+    path = _clip_model(tmp_path)
+    X = np.random.default_rng(0).uniform(0, 1, (frames, 256)).astype(np.float32)
+    # the model itself runs on the clip: onnxruntime gives one [24] result for all frames
+    assert ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"X": X})[0].shape == (24,)
+    np.savez(tmp_path / "clip.npz", X=X)
+    err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "clip.npz")])
+    assert "evaluate needs a sample axis" in err and "output 'Y' has shape [24]" in err

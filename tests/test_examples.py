@@ -149,3 +149,37 @@ def test_ppocr_fixtures(ppocr_model_paths, ppocr_input_shapes):
     (y,) = run_onnxruntime(cls, feeds)
     assert y.shape == (1, 2)
     np.testing.assert_allclose(y.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_digits_writer_writes_the_model_and_its_test_set(digits_mlp, tmp_path, monkeypatch, capsys):
+    """The README's first command: the model and the labeled test set, as the builder made them
+    (the builder itself is the fixture's: training again would take seconds)."""
+    import numpy as np
+    import onnx
+
+    from onnx_cinm.examples import digits
+
+    monkeypatch.setattr(digits, "build_digits_mlp", lambda: digits_mlp)
+    model, data = tmp_path / "d.onnx", tmp_path / "d.npz"
+    assert digits.main([str(model), str(data)]) == 0
+    assert onnx.load(str(model)).graph.name == "digits_mlp"
+    with np.load(data) as z:
+        assert np.array_equal(z["X"], digits_mlp.X_test) and z["X"].dtype == np.float32
+        assert np.array_equal(z["labels"], digits_mlp.y_test) and z["labels"].shape == (450,)
+    assert "written:" in capsys.readouterr().out
+
+
+def test_digits_writer_without_skl2onnx_is_one_line(tmp_path, monkeypatch, capsys):
+    """A fresh install without the test extra: one line naming the missing package and the
+    remedy, exit 1, nothing written (it was a traceback from ``python -c``)."""
+    import sys
+
+    from onnx_cinm.examples import digits
+
+    monkeypatch.setitem(sys.modules, "skl2onnx", None)  # import skl2onnx -> ImportError
+    assert digits.main([str(tmp_path / "d.onnx"), str(tmp_path / "d.npz")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("onnx-cinm: error: the digits model needs scikit-learn and skl2onnx "
+                          "(skl2onnx is missing); pip install 'onnx-cinm[test]'")
+    assert list(tmp_path.iterdir()) == []

@@ -342,29 +342,95 @@ def test_reference_that_cannot_run_raises_reference_failed_in_one_short_line():
     assert compare(m, m, dims={"seq": 9}).ok
 
 
-def test_optimize_skips_the_check_when_the_original_cannot_run_and_says_why(tmp_path, capsys):
+def test_optimize_refuses_sizes_the_original_cannot_run_at_and_writes_nothing(tmp_path, capsys):
+    """A reflect Pad of 6 needs seq >= 7: at --dim seq=4 no input runs (onnxruntime's shape
+    error), so a model planned there would describe an impossible configuration: exit 1, one
+    line naming the size and the node, nothing written. At seq=12 the check runs."""
     from onnx_cinm import optimize
     from onnx_cinm.cli import main
 
     m = _needs_long_input()
-    res = optimize(m, dims={"seq": 4})
-    assert res.check is None and "Pad node" in res.check_skipped
-    assert "check: skipped (the original does not run on the random inputs" in res.summary()
+    with pytest.raises(CinmError, match=r"^the original cannot run at seq=4: .*Pad node"):
+        optimize(m, dims={"seq": 4})
     res = optimize(m, dims={"seq": 12})
     assert res.check is not None and res.check.ok and res.check_skipped is None
-    # the CLI: a warning naming the remedies, exit 0, the model written
     onnx.save(m, tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
-                 "--dim", "seq=4"]) == 0
+                 "--dim", "seq=4"]) == 1
     err = capsys.readouterr().err
-    assert "warning: golden check skipped" in err and "--dim NAME=SIZE" in err
-    assert (tmp_path / "o.onnx").exists()
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "cannot run at seq=4" in err and "Pad node" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     # compare cannot judge either: an error with the remedies, exit 1
-    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim",
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx"), "--dim",
                  "seq=4"]) == 1
     assert "--input NAME=FILE.npy" in capsys.readouterr().err
-    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--dim",
-                 "seq=10"]) == 0
+
+
+def _fixed_batch_reshape():
+    """x [batch, 4] @ W, then a Reshape to the hard-coded [1, 2, 2] (an exporter that traced
+    batch 1, as khmersm's 'node_view' does): runs at batch 1 only."""
+    w = nh.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 16, "W")
+    shape = nh.from_array(np.array([1, 2, 2], np.int64), "shape")
+    return _model([h.make_node("MatMul", ["x", "W"], ["h"]),
+                   h.make_node("Reshape", ["h", "shape"], ["y"], name="fix")],
+                  [_vi("x", TP.FLOAT, ["batch", 4])], [_vi("y", TP.FLOAT, [1, 2, 2])],
+                  [w, shape])
+
+
+def test_optimize_refuses_a_batch_a_hard_coded_reshape_cannot_take(tmp_path, capsys):
+    from onnx_cinm import optimize
+    from onnx_cinm.cli import main
+
+    m = _fixed_batch_reshape()
+    x = np.ones((4, 4), np.float32)
+    with pytest.raises(Exception, match="cannot be reshaped"):  # onnxruntime itself, at batch 4
+        run_onnxruntime(m, {"x": x})
+    assert optimize(m, dims={"batch": 1}).check.ok
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--dim", "batch=4"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert re.match(r"onnx-cinm: error: the original cannot run at batch=4: .*Reshape node 'fix'", err)
+    assert "onnxruntime_src" not in err  # onnxruntime's C++ assertion, not the user's business
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    # with the check disabled the user asked for no run of the original: planned as asked
+    assert optimize(m, dims={"batch": 4}, check=0).check is None
+
+
+def test_optimize_still_skips_a_check_whose_failure_depends_on_the_values():
+    """Gather indices computed from the random float input fall out of range: not a shape
+    error (another draw could run), so the check is skipped with that said, not refused."""
+    nodes = [h.make_node("Mul", ["x", "hundred"], ["s"]), h.make_node("Abs", ["s"], ["a"]),
+             h.make_node("Cast", ["a"], ["i"], to=TP.INT64),
+             h.make_node("Gather", ["table", "i"], ["y"])]
+    inits = [nh.from_array(np.array(100, np.float32), "hundred"),
+             nh.from_array(np.arange(3, dtype=np.float32), "table")]
+    m = _model(nodes, [_vi("x", TP.FLOAT, [2])], [_vi("y", TP.FLOAT, [2])], inits)
+    from onnx_cinm import optimize
+
+    res = optimize(m)
+    assert res.check is None and "Gather node" in res.check_skipped
+    assert "not a shape error" in res.check_skipped
+
+
+@pytest.mark.parametrize("message, shape", [
+    ("Reshape node 'v': The input tensor cannot be reshaped to the requested shape.", True),
+    ("Add node '': Attempting to broadcast an axis by a dimension other than 1. 2 by 4", True),
+    ("MatMul node '': matmul_helper.h:59 Compute MatMul dimension mismatch", True),
+    ("Conv node '': Invalid input shape: {3}", True),
+    ("MaxPool node '': Calculated output dimension is negative.", True),
+    ("Pad node '': Pad reflect: pre-pad (6) exceeds maximum allowed (3) for axis 1.", True),
+    ("Gather node '': indices element out of data bounds, idx=7", False),
+    ("ConstantOfShape node '': Tensor shape.Size() must be >= 0", False),
+])
+def test_shape_errors_are_told_from_value_errors_by_onnxruntimes_message(message, shape):
+    """The messages as onnxruntime words them (each seen from a one-node model at a wrong size
+    or a bad value, onnxruntime 1.x CPU)."""
+    from onnx_cinm.golden import is_shape_error
+
+    assert is_shape_error(message) is shape
 
 
 def test_a_symbolic_name_gets_one_size_in_every_input():

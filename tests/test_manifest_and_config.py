@@ -278,3 +278,19 @@ def test_good_place_config_is_applied(tmp_path, capsys, name, content):
     plain = onnx.load(tmp_path / "p.onnx")
     assert "memristor" in {a.s.decode() for n in plain.graph.node if n.name.startswith("fc1")
                            for a in n.attribute if a.name == "device"}
+
+
+def test_a_model_copied_without_its_kernel_folder_says_so(model, tmp_path, capsys):
+    """Only the .onnx copied elsewhere: the folder named, and what to do, in one line (it said
+    "cannot read kernel manifest '.../manifest.json': No such file or directory")."""
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copy(model, moved / "moved.onnx")
+    err = _run_fails(moved / "moved.onnx", capsys,
+                     f"the model's kernel folder '{moved / 'moved.cinm'}/' is missing: copy it "
+                     "along with the model")
+    assert "manifest.json" not in err
+    # the folder there but its manifest gone: the manifest is what is named
+    shutil.copytree(model.with_suffix(".cinm"), moved / "moved.cinm")
+    (moved / "moved.cinm" / "manifest.json").unlink()
+    _run_fails(moved / "moved.onnx", capsys, "cannot read kernel manifest", "No such file")

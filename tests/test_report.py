@@ -16,6 +16,7 @@ from onnx_cinm.dialects import cinm
 from onnx_cinm.devices.memristor import LINK_BYTES_PER_S, LINK_J_PER_BYTE
 from onnx_cinm.examples import get_example
 from onnx_cinm.passes.cost_placement import evaluate_model
+from onnx_cinm.text import si
 
 
 class _Collect(HTMLParser):
@@ -81,6 +82,18 @@ def test_report_files(lenet_opt, tmp_path):
                               (cinm.node_attrs(n) for n in lenet_opt.graph.node if n.domain == cinm.DOMAIN))
     text = report.table(res["rows"], t)
     assert "total:" in text and "conv2/Gemm" in text
+    # the default table shows the cinm ops only: one line counts the others (conv1, the pools,
+    # flatten), so what is shown adds up to the total
+    host = [n.name for n in lenet_opt.graph.node if n.domain != cinm.DOMAIN]
+    shown = report.table(res["rows"], t, cinm_only=True)
+    assert "conv1" in text and not any(f" {n} " in shown for n in host)
+    by_name = {r["layer"]: r for r in rows}
+    lat = sum(float(by_name[n]["latency_s"]) + float(by_name[n]["transfer_s"]) for n in host)
+    energy = sum(float(by_name[n]["energy_j"]) + float(by_name[n]["transfer_j"]) for n in host)
+    assert f"{len(host)} host ops not shown ({si(lat, 's')}, {si(energy, 'J')}, in the total): " \
+        "--all-nodes lists them" in shown
+    assert len(host) >= 3 and lat > 0 and energy > 0
+    assert "not shown" not in text  # every row listed: nothing to account for
 
 
 def test_report_cli_and_optimize_report(tmp_path, capsys):

@@ -127,3 +127,41 @@ def test_a_repeated_value_runs_once_with_a_note(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "onnx-cinm: note: sweep key 'upmem.dpus': 8 repeats an earlier value" in err
     assert "1 configurations" in out and len(_rows(tmp_path / "sw" / "sweep.csv")) == 1
+
+
+def test_an_example_is_named_as_such_not_as_a_file(tmp_path, capsys, monkeypatch):
+    """`sweep --example lenet` titled its table and plot 'lenet.onnx', a file that does not
+    exist."""
+    titles = []
+    real = sweep.plot
+    monkeypatch.setattr(sweep, "plot", lambda c, r, title="": titles.append(title) or real(c, r, title))
+    assert main(["sweep", "--example", "mlp", "--set", "upmem.dpus=8", "-o",
+                 str(tmp_path / "sw"), "--executor", "serial"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("onnx-cinm sweep: example 'mlp', 1 configurations")
+    assert titles == ["example 'mlp'"] and "mlp.onnx" not in out
+
+
+def test_sweep_counts_the_devices_of_the_model_optimize_writes():
+    """A crossbar product read by a Transpose: placement puts 3 cinm ops (the Transpose on the
+    host), then fold_layouts has the crossbar write the transposed layout and drops it. The
+    sweep's devices column counted placement's 3 (khmersm: host 62 against optimize's 59);
+    it must count the 2 cinm ops of the written model, as optimize does."""
+    import numpy as np
+    from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+    w = nh.from_array(np.random.default_rng(0).uniform(-1, 1, (256, 256)).astype(np.float32), "W")
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+                      h.make_node("Transpose", ["p"], ["t"], perm=[1, 0], name="tr"),
+                      h.make_node("Relu", ["t"], ["y"], name="relu")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [64, 256])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [256, 64])], [w])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    written = optimize(model, check=0, host_roofline="nominal").model
+    ops = [(n.op_type, cinm.node_attrs(n)["device"]) for n in written.graph.node
+           if n.domain == cinm.DOMAIN]
+    assert ops == [("Gemm", "memristor"), ("Relu", "host")]  # the Transpose folded away
+    level, origins = sweep._cinm_level(model, None, None)
+    assert [n.op_type for n in level.graph.node] == ["Gemm", "Transpose", "Relu"]
+    row = sweep.evaluate(level, {"host_roofline": "nominal"}, origins)
+    assert row["devices"] == "host:1 memristor:1"

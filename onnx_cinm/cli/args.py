@@ -304,7 +304,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension, e.g. sequence=512 (repeatable): FLOPs, "
                         "placement, tiling, mapping and the check use it, and the model records it "
-                        "for run and compare; dims without a size are planned as 1")
+                        "for run and compare; dims without a size are planned as 1; sizes the "
+                        "original cannot run at (an onnxruntime shape error) are refused")
     o.add_argument("--input", action="append", default=[], dest="feed", metavar="NAME=FILE.npy|FILE.npz",
                    help="check on real data: " + _INPUT_HELP + "; with every input given, the "
                         "check runs once, on them")

@@ -147,6 +147,8 @@ def _cmd_optimize(args, parser) -> int:
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
         print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
               "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
+    for line in result.stats.get("option_warnings", []):
+        print(f"onnx-cinm: warning: {line}", file=sys.stderr)
     for line in hint_warnings(result.stats.get("placement", {})):
         print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
     if result.fixed_dims:

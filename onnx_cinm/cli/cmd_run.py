@@ -49,8 +49,8 @@ def _warn_if_nothing_on_devices(sess) -> None:
     from .args import written_by_optimize
 
     cinm_ops = [n for n in all_nodes(sess._model.graph) if n.domain == "cinm"]  # If branches too
-    placed = [n for n in cinm_ops
-              if dict((a.name, a.s) for a in n.attribute).get("device", b"host") != b"host"]
+    devices = [dict((a.name, a.s) for a in n.attribute).get("device") for n in cinm_ops]
+    placed = [n for n, d in zip(cinm_ops, devices) if d not in (None, b"host")]
     unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
     everything = "; everything runs in onnxruntime"
     if not cinm_ops and written_by_optimize(sess._model):
@@ -60,6 +60,10 @@ def _warn_if_nothing_on_devices(sess) -> None:
     if not cinm_ops:
         warning = ("no op of this model runs on a device: it has no cinm op and no record of "
                    "'onnx-cinm optimize' (optimize it first)" + everything)
+    elif all(d is None for d in devices):  # no device attribute: placement never ran
+        warning = (f"no op of this model runs on a device: its {len(cinm_ops)} cinm ops were "
+                   "never placed (written before placement: optimize --stop-after cinm or "
+                   "--skip-pass placement)" + everything)
     elif not placed:
         warning = (f"no op of this model runs on a device: placement put all {len(cinm_ops)} "
                    "cinm ops on the host" + everything)

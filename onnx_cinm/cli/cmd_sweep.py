@@ -43,15 +43,17 @@ def _cmd_sweep(args, parser) -> int:
     if args.example:
         from ..examples import get_example
 
-        model, args.input = get_example(args.example), f"{args.example}.onnx"
+        # no file of that name exists: the table and the plot name the example
+        model, source = get_example(args.example), f"example '{args.example}'"
     else:
-        model = frontend.load_model(args.input)
+        model, source = frontend.load_model(args.input), args.input
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
                                  progress=not args.quiet, input_shapes=shapes or None, dims=dims)
-    paths = sweep.write(out, configs, results, title=Path(args.input).name)
+    paths = sweep.write(out, configs, results,
+                        title=source if args.example else Path(args.input).name)
     if not args.quiet:
-        print(f"onnx-cinm sweep: {args.input}, {len(configs)} configurations ({args.executor})")
+        print(f"onnx-cinm sweep: {source}, {len(configs)} configurations ({args.executor})")
         print(table(
             ("configuration", Column("latency", ">"), Column("energy", ">"), Column("writes", ">"),
              "devices", "breaks"),

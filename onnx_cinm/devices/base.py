@@ -287,6 +287,12 @@ class Device:
         (the default)."""
         return None
 
+    def option_warnings(self, options: dict) -> list[str]:
+        """One-line warnings on pass options ``options`` (flat keys, as given) that are valid
+        but change nothing in what this device compiles (a time after programming for an exact
+        data path, say); ``optimize`` prints them. [] by default."""
+        return []
+
     def cost_notes(self, options: dict) -> list[str]:
         """One-line notes, in parentheses, on where this device's cost figures under pass
         options ``options`` come from when a reader could not tell from the table (e.g. a

@@ -814,6 +814,22 @@ def all_nodes(graph: onnx.GraphProto):
                 yield from all_nodes(sub)
 
 
+def ops_per_device(model: onnx.ModelProto) -> dict[str, int]:
+    """``{device name: count}`` of the cinm ops of ``model`` as it stands (If branches and
+    loop bodies too), by their ``device`` attribute; ``"unplaced"`` before placement. What
+    ``optimize`` prints as "cinm ops per device" and ``sweep`` as its ``devices`` column: the
+    ops of the lowered model, after the passes that follow placement (``fold_layouts`` drops
+    host Transposes that placement had counted)."""
+    counts: dict[str, int] = {}
+    for node in all_nodes(model.graph):
+        if node.domain == DOMAIN:
+            # the one attribute read as it is (decoding a planned op's whole plan per node
+            # was most of the count's time)
+            dev = next((a.s.decode() for a in node.attribute if a.name == "device"), "unplaced")
+            counts[dev] = counts.get(dev, 0) + 1
+    return counts
+
+
 def branch_label(if_label: str, branch: str) -> str:
     """The prefix naming the nodes of branch ``branch`` (``then_branch``/``else_branch``) of
     the If labelled ``if_label``: ``/dec/If_1[then] `` (the provider's profile says the same)."""

@@ -14,7 +14,7 @@ import onnx
 
 from ..errors import CinmError
 
-__all__ = ["DigitsMLP", "build_digits_mlp"]
+__all__ = ["DigitsMLP", "build_digits_mlp", "main"]
 
 
 class DigitsMLP(NamedTuple):
@@ -86,3 +86,41 @@ def build_digits_mlp() -> DigitsMLP:
             dim0.dim_param = "batch"
     model.graph.name = "digits_mlp"
     return DigitsMLP(model, X_test, y_test, accuracy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m onnx_cinm.examples.digits [MODEL.onnx] [TEST.npz]``: write the digits MLP
+    (default ``digits.onnx``) and its labeled test set (default ``digits_test.npz``: ``X``
+    float32 [450, 64], ``labels`` int64 [450]) for ``onnx-cinm optimize`` and ``evaluate``.
+    Returns the exit status: 0, or 1 with one line on stderr (scikit-learn or skl2onnx
+    missing, a file that cannot be written: each file is written whole or not at all)."""
+    import argparse
+    import io
+    import sys
+
+    from ..frontend import save_model, write_file_atomic
+
+    parser = argparse.ArgumentParser(prog="python -m onnx_cinm.examples.digits",
+                                     description=main.__doc__.split("\n")[0])
+    parser.add_argument("model", nargs="?", default="digits.onnx")
+    parser.add_argument("data", nargs="?", default="digits_test.npz")
+    args = parser.parse_args(argv)
+    try:
+        digits = build_digits_mlp()
+        buf = io.BytesIO()
+        np.savez(buf, X=digits.X_test, labels=digits.y_test)
+        save_model(digits.model, args.model)
+        try:
+            write_file_atomic(args.data, buf.getvalue())
+        except OSError as e:
+            raise CinmError(f"cannot write '{args.data}': {e.strerror or e}") from None
+    except CinmError as e:
+        print(f"onnx-cinm: error: {e}", file=sys.stderr)
+        return 1
+    print(f"written: {args.model} (scikit-learn's accuracy {100 * digits.accuracy:.2f} %), "
+          f"{args.data} ({len(digits.y_test)} labeled test images)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

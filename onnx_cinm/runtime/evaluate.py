@@ -13,7 +13,10 @@ without, the relative RMS error of one float output against the exact run (every
 onnxruntime, the reference bodies): ``sqrt(sum((y - y_ref)**2) / sum(y_ref**2))``.
 
 The data go through the model in batches along axis 0 (the input's fixed batch size, if it has
-one; else ``batch`` samples per call). A fixed batch the data do not fill at the end is padded
+one; else ``batch`` samples per call). Axis 0 must be a sample axis: the judged output holds one
+result per sample fed (checked on one and two samples before the runs, and on every call), so
+a model of one clip (``[T, F] -> [24]``) is refused rather than judged on pieces of its clip. A
+per-frame output of a recurrence over axis 0 (``[T, F] -> [T, 1]``) passes this test. A fixed batch the data do not fill at the end is padded
 with copies of its last sample, whose results are dropped: they count in no accuracy.
 """
 from __future__ import annotations
@@ -106,6 +109,7 @@ class Evaluator:
         self.samples = self._check_data()
         self._output_index = self._choose_output()
         ref = InferenceSession(self.model_path, providers=["CPUExecutionProvider"])
+        self._check_sample_axis(ref)
         self._reference = self._outputs_of(ref)
         #: accuracy of the exact run (every node in onnxruntime), None without labels
         self.exact = (float(np.mean(self._predicted(self._reference) == self.labels))
@@ -150,6 +154,31 @@ class Evaluator:
                 raise CinmError(f"the labels must be integer class ids, not {lab.dtype}")
             self.labels = lab.astype(np.int64)
         return n
+
+    def _check_sample_axis(self, sess) -> None:
+        """CinmError unless the judged output's axis 0 follows the inputs' axis 0: one result
+        per sample for the first sample alone and for the first two (a model whose batch
+        is not fixed). A model of one clip ``[T, F] -> [24]`` has no sample axis: batches along
+        its axis 0 would be shorter clips, each judged as if it were the data set's."""
+        if self._fixed:  # the model declares its batch; each call's rows are checked as it runs
+            return
+        for k in (1, 2)[:self.samples]:
+            feed = {a.name: np.asarray(self.data[a.name][:k]) for a in self._inputs}
+            try:
+                y = np.asarray(sess.run([self.output_name], feed)[0])
+            except CinmError as e:
+                raise CinmError(f"evaluate needs a sample axis (axis 0 of every input and of the "
+                                f"output), but the model does not run on {k} sample(s) along "
+                                f"axis 0: {e}") from None
+            self._check_rows(y, k)
+
+    def _check_rows(self, y: np.ndarray, fed: int) -> None:
+        """CinmError unless output ``y`` holds ``fed`` results along axis 0."""
+        if y.ndim == 0 or y.shape[0] != fed:
+            raise CinmError(f"evaluate needs a sample axis: output '{self.output_name}' has shape "
+                            f"{list(y.shape)} for {fed} sample(s) along axis 0 of the inputs, so "
+                            "axis 0 is not a batch of samples (one [T, F] clip, say); give data "
+                            "of a model with a batch axis")
 
     def _choose_output(self) -> int:
         names = [o.name for o in self._outputs]
@@ -238,14 +267,11 @@ class Evaluator:
                 feed = {k: np.concatenate([v, np.repeat(v[-1:], step - real, axis=0)])
                         for k, v in feed.items()}  # copies of its last sample, dropped below
             y = np.asarray(sess.run([self.output_name], feed)[0])
-            parts.append(y[:real] if self._fixed and real < step and y.ndim else y)
+            self._check_rows(y, len(next(iter(feed.values()))))
+            parts.append(y[:real])
             if progress is not None:
                 progress(real)
-        try:
-            return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-        except ValueError:
-            raise CinmError(f"output '{self.output_name}' does not hold one result per sample "
-                            "along axis 0") from None
+        return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
     def _predicted(self, y: np.ndarray) -> np.ndarray:
         pred = y if y.dtype.kind in "iub" else (y.argmax(axis=-1) if y.ndim >= 2 else None)

@@ -659,6 +659,18 @@ class MemristorDevice(Device):
                          "inside the array's figures: they are counted under E array)")
         return table(cols, rows, totals=[total], notes=notes)
 
+    def option_warnings(self, options: dict) -> list[str]:
+        """A time after programming (``cim_time_s``, ``--cim-time``) given for the ``ideal``
+        data path: exact fp32 arithmetic has no device effects to age, so the kernels record
+        no time (``evaluate`` refuses the same combination as a run option)."""
+        mode = options.get("cim_mode") or CrossbarOptions.mode
+        time_s = options.get("cim_time_s")
+        if mode == "ideal" and time_s:
+            return [f"cim_time_s={time_s:g} s (--cim-time) changes nothing on crossbar mode "
+                    "'ideal' (exact fp32 arithmetic, no device effects): no time is recorded; "
+                    "choose a data path with device effects, --cim-mode device"]
+        return []
+
     def cost_notes(self, options: dict) -> list[str]:
         """The note that the chip's per-array figures are scaled from its published array
         (:func:`.presets.resize`) when ``options`` select another size; [] otherwise (or when
