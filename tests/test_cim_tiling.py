@@ -107,7 +107,7 @@ def test_plan_attributes_and_simulated_writes(tmp_path, case, expected):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     # the simulator's counters equal the formulas, on every inference (serpentine keeps P resident)
     assert [r["writes"] for r in recs] == [w_inf] * 3
-    (k,) = sess._device_nodes
+    (k,) = [d for d in sess._device_nodes if d.device == "memristor"]
     assert k.kernel.load_metrics["tile_writes"] == w_load
 
 

@@ -814,6 +814,16 @@ def all_nodes(graph: onnx.GraphProto):
                 yield from all_nodes(sub)
 
 
+def device_of(node: NodeProto) -> str | None:
+    """``node_attrs(node).get("device")``, read without decoding the node's other attributes
+    (a planned op's whole plan: the passes after placement and the device count ask every cinm
+    node for its device)."""
+    for a in node.attribute:
+        if a.name == "device":
+            return a.s.decode() if a.type == AttributeProto.STRING else node_attrs(node)["device"]
+    return None
+
+
 def ops_per_device(model: onnx.ModelProto) -> dict[str, int]:
     """``{device name: count}`` of the cinm ops of ``model`` as it stands (If branches and
     loop bodies too), by their ``device`` attribute; ``"unplaced"`` before placement. What
@@ -823,9 +833,7 @@ def ops_per_device(model: onnx.ModelProto) -> dict[str, int]:
     counts: dict[str, int] = {}
     for node in all_nodes(model.graph):
         if node.domain == DOMAIN:
-            # the one attribute read as it is (decoding a planned op's whole plan per node
-            # was most of the count's time)
-            dev = next((a.s.decode() for a in node.attribute if a.name == "device"), "unplaced")
+            dev = device_of(node) or "unplaced"
             counts[dev] = counts.get(dev, 0) + 1
     return counts
 

@@ -93,15 +93,6 @@ def lower_devices(model: onnx.ModelProto, ctx: PassContext) -> tuple:
     return _lower(model, ctx, None)
 
 
-def _device(node: onnx.NodeProto) -> str | None:
-    """``cinm.node_attrs(node).get("device")``, read without decoding the node's other
-    attributes (each of the three passes asks every cinm node)."""
-    for a in node.attribute:
-        if a.name == "device":
-            return a.s.decode() if a.type == _A.STRING else cinm.node_attrs(node)["device"]
-    return None
-
-
 def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tuple:
     """Paradigm-level plans of the devices of ``paradigm``, or (None) the whole plans of every
     device but the host's."""
@@ -111,7 +102,7 @@ def _lower(model: onnx.ModelProto, ctx: PassContext, paradigm: str | None) -> tu
     for index, node in enumerate(model.graph.node):
         if node.domain != cinm.DOMAIN:
             continue
-        dev_name = _device(node)
+        dev_name = cinm.device_of(node)
         if dev_name is None:
             continue
         dev = devices.get_device(dev_name)
