@@ -222,6 +222,8 @@ class Edit:
         #: with the initializers it read (``{name: TensorProto}``, the model's own, not copies)
         #: and the names of the nodes it became (:mod:`onnx_cinm.passes.host_restore`)
         self.origins: list[tuple[onnx.NodeProto, dict, list[str]]] = []
+        #: the constants :meth:`commit` wrote that are one value broadcast, as fills
+        self._made_fills: dict[str, tuple[int, tuple, bytes]] = {}
 
     # -- values ------------------------------------------------------------------------------
 
@@ -363,8 +365,24 @@ class Edit:
                 del g.initializer[index]
         for k, (name, array) in enumerate(made):
             if k not in taken:
+                if is_fill(array):
+                    self._made_fills[name] = (onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                                              array.shape, array[(0,) * array.ndim].tobytes())
                 add_initializer(g, array, name)
         return self.proto
+
+    def current_fills(self) -> dict:
+        """The initializers of the model now known to hold one value repeated, as the edit's
+        ``fills`` are given (:attr:`onnx_cinm.passes.PassContext.fills`), for the next pass to
+        use without reading their bytes: the edit's own ``fills`` whose initializer is still
+        there under its name (an edit changes no initializer it keeps, but for the one renamed
+        by :meth:`commit`, whose old name is gone), and the constants :meth:`commit` wrote as
+        one value broadcast (:func:`is_fill`). Without a commit: the former alone. Every entry
+        is checked again where it is read (:func:`known_fill`: element type, dims, raw_data)."""
+        names = {t.name for t in self.proto.graph.initializer}
+        fills = {name: fill for name, fill in self._fills.items() if name in names}
+        fills.update((name, fill) for name, fill in self._made_fills.items() if name in names)
+        return fills
 
 
 class Builder:

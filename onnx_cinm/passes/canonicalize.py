@@ -1051,7 +1051,9 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         Rewritten in place.
     ctx : PassContext
         ``ctx.stats["fold_batchnorm"]`` receives the number of folded BatchNormalization nodes.
-        A Conv weight ``ctx.fills`` knows to hold one value repeated is not read back.
+        A Conv weight ``ctx.fills`` knows to hold one value repeated is not read back;
+        ``ctx.fills`` is handed on to ``to_cinm``, kept current (the folded weights of one
+        value added: :meth:`onnx_cinm.rewrite.Edit.current_fills`).
 
     Returns
     -------
@@ -1060,6 +1062,7 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     if not any(node.op_type == "BatchNormalization" and _is_default_domain(node)
                for node in model.graph.node):  # nothing to fold: no need to open the graph
         ctx.stats["fold_batchnorm"] = 0
+        ctx.fills = dict(ctx.fills)  # still current: handed on to to_cinm
         return model
     # the weights fold_constants filled with one value are not read back (ResNet50: 94 MB)
     edit = Edit(model, _Names(model.graph).fresh, fills=ctx.fills)
@@ -1068,4 +1071,5 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         edit.commit(keep_graph_inputs=True)
         _remove_dead_values(model.graph)
     ctx.stats["fold_batchnorm"] = folded
+    ctx.fills = edit.current_fills()  # handed on, kept current, to to_cinm
     return model

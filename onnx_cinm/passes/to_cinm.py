@@ -100,9 +100,9 @@ class _Rewriter(Edit):
     """The model being rewritten (an :class:`onnx_cinm.rewrite.Edit`) with its tensor infos (by
     name; constants made here are added) and the values on the shape path."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, fills: dict) -> None:
         self.infos = tensor_infos(model)
-        super().__init__(model, Names(model.graph).fresh)
+        super().__init__(model, Names(model.graph).fresh, fills)
         self.opset = cinm.default_opset(model)
         self.shape_path = self._shape_path()
         self.planned = frontend.planned_dims(model)
@@ -1007,7 +1007,7 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         ctx.stats["to_cinm"] = {"lowered": Counter(), "kept": {}}  # graph costs minutes
         ctx.log("to_cinm: no node of a type it lowers")
         return model
-    rw = _Rewriter(model)
+    rw = _Rewriter(model, ctx.fills)  # the light models' weights: not read back (DenseNet121: 32 MB)
 
     def guard(node: ir.Node) -> str | None:
         if any(v in rw.shape_path for v in node.outputs):
