@@ -169,6 +169,29 @@ def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoP
     return hidden
 
 
+#: Attribute types whose values onnx_ir writes anew (graphs, tensors, types), or none (no type)
+_REWRITTEN_ATTRS = frozenset({
+    onnx.AttributeProto.UNDEFINED, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS,
+    onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
+    onnx.AttributeProto.SPARSE_TENSORS, onnx.AttributeProto.TYPE_PROTO,
+    onnx.AttributeProto.TYPE_PROTOS})
+
+
+def _as_serialized(proto: onnx.NodeProto) -> bool:
+    """Whether ``ir.serde.serialize_node`` of the node read from ``proto`` gives ``proto`` back
+    byte for byte: it writes no string field set to ``""`` (domain, name, overload, doc_string),
+    drops trailing empty outputs and writes anew metadata, device configurations and the
+    attributes of :data:`_REWRITTEN_ATTRS`; a node of none of these can keep its NodeProto."""
+    return not ((proto.HasField("domain") and not proto.domain) or
+                (proto.HasField("name") and not proto.name) or
+                (proto.HasField("overload") and not proto.overload) or
+                (proto.HasField("doc_string") and not proto.doc_string) or
+                (proto.output and not proto.output[-1]) or proto.metadata_props or
+                len(getattr(proto, "device_configurations", ())) or
+                any(a.type in _REWRITTEN_ATTRS or a.ref_attr_name or a.HasField("doc_string")
+                    for a in proto.attribute))
+
+
 class Edit:
     """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
 
@@ -211,6 +234,9 @@ class Edit:
                 value.type.CopyFrom(saved)
             model.graph.value_info.extend(infos.value_info)
         self.graph = self.model.graph
+        #: the NodeProto each node was read from or built from (:meth:`add`): written back by
+        #: :meth:`commit` as it is, instead of serializing the node again (``_proto_of``)
+        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, model.graph.node))
         self.fresh = fresh
         self._original = {v for v in self.graph.initializers.values()}
         self._new_consts: list[ir.Value] = []
@@ -292,7 +318,20 @@ class Edit:
                        outputs=[ir.Value(name=o) for o in proto.output],
                        doc_string=proto.doc_string or None)
         self._scope.update((v.name, v) for v in node.outputs if v.name)
+        self._protos[node] = proto
         return node
+
+    def _proto_of(self, node: ir.Node) -> onnx.NodeProto:
+        """``node`` as a NodeProto: the one it was read from or built from when it still says
+        the same (the nodes are not changed in place: :meth:`replace` moves uses to values of
+        the same names), else serialized again (``ir.serde.serialize_node``)."""
+        proto = self._protos.get(node)
+        if proto is None or not _as_serialized(proto) or node.name != proto.name or \
+                node.op_type != proto.op_type or names_of(node.outputs) != list(proto.output) or \
+                names_of(node.inputs) != list(proto.input) or \
+                len(node.attributes) != len(proto.attribute):
+            return ir.serde.serialize_node(node)
+        return proto
 
     @staticmethod
     def detach(node: ir.Node) -> None:
@@ -309,7 +348,9 @@ class Edit:
             if v is not None and v in self._original:
                 t = v.const_value
                 weights[v.name] = t.raw if isinstance(t, ir.TensorProtoTensor) else ir.serde.serialize_tensor(t)
-        self.origins.append((ir.serde.serialize_node(node), weights, [n.name for n in new]))
+        original = onnx.NodeProto()  # a copy: :meth:`commit` empties the graph's node list
+        original.CopyFrom(self._proto_of(node))
+        self.origins.append((original, weights, [n.name for n in new]))
 
     def replace(self, old: list[ir.Node], new: list[ir.Node]) -> None:
         """Put ``new`` where the first of ``old`` is and remove ``old``. The consumers and graph
@@ -333,8 +374,10 @@ class Edit:
         is renamed and reshaped, its bytes neither copied nor held twice; not a weight
         :attr:`origins` holds for a node lowered into several, which must stay as it was."""
         g = self.proto.graph
+        nodes = onnx.GraphProto()  # copied out before the list they may be in is emptied
+        nodes.node.extend(self._proto_of(n) for n in self.graph)
         del g.node[:]
-        g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
+        g.node.extend(nodes.node)
         dead = {v.name for v in self.graph.initializers.values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made
