@@ -241,6 +241,11 @@ _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
 # Variants (overloads)
 # --------------------------------------------------------------------------------------------
 
+#: The ops whose overload (:func:`overload_of`) depends on their attributes; every other op's
+#: on its arity alone (:func:`attach_functions` reads no attributes of theirs)
+ATTR_OVERLOADS = frozenset({"Gemm", "Reduce", "MergePartial", "Scan", "Im2Col", "SimSearch", "Gelu"})
+
+
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     """Return the reference-function overload for a node.
 
@@ -786,7 +791,7 @@ def node_attrs(node: NodeProto) -> dict:
     ``onnx.helper.get_attribute_value`` gives otherwise). Raises ValueError on a reference
     attribute or an unknown attribute type, as that function does."""
     out = {}
-    for a in node.attribute:  # every pass asks for every node's: the common kinds read directly
+    for a in node.attribute:  # every pass asks for every node's: the plain kinds read directly
         kind = a.type
         if kind == _INT and not a.ref_attr_name:
             out[a.name] = a.i
@@ -794,12 +799,20 @@ def node_attrs(node: NodeProto) -> dict:
             out[a.name] = list(a.ints)
         elif kind == _STRING and not a.ref_attr_name:
             out[a.name] = a.s.decode()
+        elif kind == _FLOAT and not a.ref_attr_name:
+            out[a.name] = a.f
+        elif kind == _FLOATS and not a.ref_attr_name:
+            out[a.name] = list(a.floats)
+        elif kind == _STRINGS and not a.ref_attr_name:
+            out[a.name] = list(a.strings)
         else:
             out[a.name] = _as_str(helper.get_attribute_value(a))
     return out
 
 
 _INT, _INTS, _STRING = AttributeProto.INT, AttributeProto.INTS, AttributeProto.STRING
+_FLOAT, _FLOATS, _STRINGS = AttributeProto.FLOAT, AttributeProto.FLOATS, AttributeProto.STRINGS
+_GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 def all_nodes(graph: onnx.GraphProto):
@@ -808,10 +821,12 @@ def all_nodes(graph: onnx.GraphProto):
     for node in graph.node:
         yield node
         for attr in node.attribute:
-            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
-                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-            for sub in subs:
-                yield from all_nodes(sub)
+            kind = attr.type
+            if kind == _GRAPH:
+                yield from all_nodes(attr.g)
+            elif kind == _GRAPHS:
+                for sub in attr.graphs:
+                    yield from all_nodes(sub)
 
 
 def branch_label(if_label: str, branch: str) -> str:
@@ -906,7 +921,8 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type not in OPS:
             raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
         n_in = sum(1 for i in node.input if i)
-        node.overload = overload_of(node.op_type, node_attrs(node), n_in)
+        attrs = node_attrs(node) if node.op_type in ATTR_OVERLOADS else {}
+        node.overload = overload_of(node.op_type, attrs, n_in)
         needed[(node.op_type, node.overload)] = None
     keep = [f for f in model.functions if f.domain != DOMAIN]
     del model.functions[:]
