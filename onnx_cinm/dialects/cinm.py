@@ -778,12 +778,34 @@ sync_plan_attrs()
 def make_node(op_type: str, inputs: list[str], outputs: list[str], name: str | None = None,
               **attrs) -> NodeProto:
     """Create a ``cinm.<op_type>`` node. Raises ValueError for an unknown op or a missing required attribute."""
-    if op_type not in OPS:
+    spec = OPS.get(op_type)
+    if spec is None:
         raise ValueError(f"unknown cinm op {op_type!r}")
-    for a, (_, required) in OPS[op_type].attrs.items():
+    for a, (_, required) in spec.attrs.items():
         if required and a not in attrs:
             raise ValueError(f"cinm.{op_type} needs attribute {a!r}")
-    return helper.make_node(op_type, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+    # what onnx.helper.make_node writes (attributes sorted by name, None ones left out)
+    node = NodeProto(op_type=op_type, input=inputs, output=outputs, domain=DOMAIN)
+    if name:
+        node.name = name
+    node.attribute.extend(_attribute(k, v) for k, v in sorted(attrs.items()) if v is not None)
+    return node
+
+
+def _attribute(name: str, value) -> AttributeProto:
+    """``onnx.helper.make_attribute(name, value)``, built directly for the kinds the passes
+    write most (a Python int, float, str, or non-empty list of ints): the helper's checks
+    against the ``numbers`` ABCs cost more than the attribute."""
+    kind = type(value)
+    if kind is int:
+        return AttributeProto(name=name, type=_INT, i=value)
+    if kind is float:
+        return AttributeProto(name=name, type=_FLOAT, f=value)
+    if kind is str:
+        return AttributeProto(name=name, type=_STRING, s=value.encode())
+    if kind is list and value and all(type(v) is int for v in value):
+        return AttributeProto(name=name, type=_INTS, ints=value)
+    return helper.make_attribute(name, value)
 
 
 def node_attrs(node: NodeProto) -> dict:
