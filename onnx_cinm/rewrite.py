@@ -192,6 +192,20 @@ def _as_serialized(proto: onnx.NodeProto) -> bool:
                     for a in proto.attribute))
 
 
+_PLAIN_ATTRS = {onnx.AttributeProto.INT: (ir.AttributeType.INT, "i"),
+                onnx.AttributeProto.INTS: (ir.AttributeType.INTS, "ints"),
+                onnx.AttributeProto.FLOAT: (ir.AttributeType.FLOAT, "f")}
+
+
+def _attribute(proto: onnx.AttributeProto) -> ir.Attr:
+    """``ir.serde.deserialize_attribute(proto)``, read directly for an int, ints or float
+    attribute without doc string (what the rules' builders write): the same ``ir.Attr``."""
+    plain = _PLAIN_ATTRS.get(proto.type)
+    if plain is None or proto.ref_attr_name or proto.HasField("doc_string"):
+        return ir.serde.deserialize_attribute(proto)
+    return ir.Attr(proto.name, plain[0], getattr(proto, plain[1]))
+
+
 class Edit:
     """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
 
@@ -314,7 +328,7 @@ class Edit:
                                "the replaced node nor built for it")
             inputs.append(v)
         node = ir.Node(proto.domain, proto.op_type, inputs, name=proto.name or None,
-                       attributes=[ir.serde.deserialize_attribute(a) for a in proto.attribute],
+                       attributes=[_attribute(a) for a in proto.attribute],
                        outputs=[ir.Value(name=o) for o in proto.output],
                        doc_string=proto.doc_string or None)
         self._scope.update((v.name, v) for v in node.outputs if v.name)

@@ -63,6 +63,7 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
@@ -156,7 +157,7 @@ class _Rewriter(Edit):
 
     def dtype_name(self, name: str) -> str | None:
         i = self.info(name)
-        return None if i is None or i.dtype is None else np.dtype(i.dtype).name
+        return None if i is None or i.dtype is None else _dtype_name(i.dtype)
 
     def empty(self, names) -> bool:
         """True when one of the tensors has a static zero-sized dim (it holds no elements)."""
@@ -171,8 +172,16 @@ class _Rewriter(Edit):
         return None if i is None or i.shape is None else len(i.shape)
 
 
+@functools.cache
+def _dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, once per dtype: numpy works it out again on every call (its
+    ``issubdtype`` checks were a tenth of checking an elementwise node)."""
+    return np.dtype(dtype).name
+
+
 def _attrs(node: ir.Node) -> dict:
-    return {k: a.value for k, a in node.attributes.items()}
+    # the plain dict under onnx_ir's Attributes (a UserDict): its Mapping views iterate in Python
+    return {k: a.value for k, a in node.attributes.data.items()}
 
 
 def _ins(node: ir.Node) -> list[str]:
