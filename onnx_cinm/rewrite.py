@@ -72,6 +72,13 @@ def _import_onnx_ir():
 ir = _import_onnx_ir()
 
 
+def plain(mapping):
+    """The plain ``dict`` under one of onnx_ir's mappings (a node's ``attributes``, a graph's
+    ``initializers``: ``collections.UserDict``, whose views iterate in Python), else the mapping
+    itself; for reading only."""
+    return getattr(mapping, "data", mapping)
+
+
 def names_of(values) -> list[str]:
     """Names of ``values`` (a node's inputs or outputs), ``""`` for an omitted optional one."""
     return [v.name if v is not None else "" for v in values]
@@ -252,7 +259,7 @@ class Edit:
         #: :meth:`commit` as it is, instead of serializing the node again (``_proto_of``)
         self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, model.graph.node))
         self.fresh = fresh
-        self._original = {v for v in self.graph.initializers.values()}
+        self._original = set(plain(self.graph.initializers).values())
         self._new_consts: list[ir.Value] = []
         #: the bytes :meth:`array` read from the raw_data of initializers of one value
         #: repeated, by id: (bytes, initializer name)
@@ -392,7 +399,7 @@ class Edit:
         nodes.node.extend(self._proto_of(n) for n in self.graph)
         del g.node[:]
         g.node.extend(nodes.node)
-        dead = {v.name for v in self.graph.initializers.values()
+        dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made
         heirs: dict[str, int] = {}  # an initializer gone now -> the constant of its bytes

@@ -83,6 +83,7 @@ from ..rewrite import (
     ir,
     is_splat,
     names_of,
+    plain,
     rule_key,
 )
 from . import PassContext, register_pass
@@ -124,7 +125,7 @@ class _Rewriter(Edit):
         """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
         path: set[ir.Value] = set()
         for n in self.graph:
-            if any(a.type == ir.AttributeType.GRAPH for a in n.attributes.values()):
+            if any(a.type == ir.AttributeType.GRAPH for a in plain(n.attributes).values()):
                 continue  # If/Loop/Scan: their bodies read outer values, not only the inputs
             if n.op_type in ("Shape", "Size") or (
                     any(v in path for v in n.inputs if v is not None) and
@@ -180,8 +181,7 @@ def _dtype_name(dtype) -> str:
 
 
 def _attrs(node: ir.Node) -> dict:
-    # the plain dict under onnx_ir's Attributes (a UserDict): its Mapping views iterate in Python
-    return {k: a.value for k, a in node.attributes.data.items()}
+    return {k: a.value for k, a in plain(node.attributes).items()}
 
 
 def _ins(node: ir.Node) -> list[str]:
