@@ -362,6 +362,19 @@ class Edit:
 
     # -- rewriting ---------------------------------------------------------------------------
 
+    def recast(self, node: ir.Node, proto: onnx.NodeProto) -> None:
+        """Make ``node`` the node ``proto`` says (its domain, op type, name and attributes),
+        in place: ``proto`` reads the node's inputs and writes its outputs, by name and in
+        order (:class:`Recast`); :meth:`commit` writes ``proto``."""
+        node.domain, node.op_type, node.name = proto.domain, proto.op_type, proto.name
+        node.overload = proto.overload
+        node.doc_string = proto.doc_string or None
+        node.metadata_props.clear()
+        node.attributes.clear()
+        for a in proto.attribute:
+            node.attributes.add(_attribute(a))
+        self._protos[node] = proto
+
     def record_origin(self, node: ir.Node, new: list[ir.Node]) -> None:
         """Append ``node`` (about to be replaced by ``new``) to :attr:`origins`."""
         weights = {}
@@ -454,18 +467,34 @@ class Builder:
     node's name (or its first output's)."""
 
     def __init__(self, edit: Edit, node: ir.Node) -> None:
-        self.edit, self.nodes = edit, []
+        self.edit, self.nodes, self.source = edit, [], node
         self.base = node.name or node.outputs[0].name
+
+    def _proto(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
+               outputs: list[str] | None, suffix: str, attrs: dict) -> onnx.NodeProto:
+        outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
+        return make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
 
     def node(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
              outputs: list[str] | None, suffix: str, **attrs) -> str:
         """Append the node ``make(op, inputs, outputs, name=<base>/<op>, **attrs)`` (e.g.
         ``onnx.helper.make_node``); returns the name of its first output (``outputs[0]`` or a
         fresh ``<base>_<suffix>``)."""
-        outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
-        proto = make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
+        proto = self._proto(make, op, inputs, outputs, suffix, attrs)
         self.nodes.append(self.edit.add(proto))
-        return outs[0]
+        return proto.output[0]
+
+    def recast(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
+               outputs: list[str], **attrs) -> Recast | list[ir.Node]:
+        """The replacement of the node by the one node :meth:`node` would build (nothing
+        built before it): a :class:`Recast` when it reads the node's inputs and writes its
+        outputs, exactly (no input or output added, dropped or moved), else the built node."""
+        proto = self._proto(make, op, inputs, outputs, "", attrs)
+        if not self.nodes and list(proto.input) == names_of(self.source.inputs) and \
+                list(proto.output) == names_of(self.source.outputs):
+            return Recast(proto)
+        self.nodes.append(self.edit.add(proto))
+        return self.nodes
 
 
 @dataclass(frozen=True)
@@ -479,6 +508,20 @@ class Replacement:
 
     nodes: list[ir.Node]
     removes: list[ir.Node]
+
+
+@dataclass(frozen=True)
+class Recast:
+    """What a replacement returns to turn its node into one other node that reads the same
+    inputs and writes the same outputs (:meth:`Builder.recast`): the node is changed in place
+    (:meth:`Edit.recast`), its values, their uses and its place kept, where a new node would be
+    linked in and the old one unlinked from every input and output.
+
+    Attributes:
+        proto: the node it becomes.
+    """
+
+    proto: onnx.NodeProto
 
 
 @dataclass(frozen=True)
@@ -528,7 +571,12 @@ def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] 
         result = guard(node)
         if result is None:
             result = rule(edit, node)
-        if isinstance(result, (list, Replacement)):
+        if isinstance(result, Recast):
+            op = node.op_type
+            edit.record_origin(node, [result.proto])
+            edit.recast(node, result.proto)
+            rewritten[op] += 1
+        elif isinstance(result, (list, Replacement)):
             if isinstance(result, list):
                 result = Replacement(result, [node])
             if result.removes == [node]:

@@ -77,6 +77,7 @@ from ..graph import TensorInfo
 from ..rewrite import (
     Builder,
     Edit,
+    Recast,
     Replacement,
     Rule,
     apply,
@@ -199,6 +200,11 @@ class _Lowering(Builder):
              **attrs) -> str:
         return self.node(cinm.make_node, op, inputs, outputs, suffix or op.lower(), **attrs)
 
+    def cinm_recast(self, op: str, inputs: list[str], outputs: list[str], **attrs):
+        """The source node as the one cinm op ``op`` (:meth:`onnx_cinm.rewrite.Builder.recast`):
+        what a rule lowering a node 1:1 returns."""
+        return self.recast(cinm.make_node, op, inputs, outputs, **attrs)
+
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
         return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
 
@@ -227,10 +233,10 @@ def _matmul(rw: _Rewriter, node: ir.Node, ranks):
     (a, b), (ra, rb) = _ins(node), ranks
     lo, y = _Lowering(rw, node), _outs(node)[0]
     if ra >= 2 and rb >= 2:
-        lo.cinm("Gemm", [a, b], [y])
-    elif ra == 2 and rb == 1:
-        lo.cinm("Gemv", [a, b], [y])
-    elif ra == 1 and rb == 2 and rw.value(b) is not None:
+        return lo.cinm_recast("Gemm", [a, b], [y])
+    if ra == 2 and rb == 1:
+        return lo.cinm_recast("Gemv", [a, b], [y])
+    if ra == 1 and rb == 2 and rw.value(b) is not None:
         bt = rw.const(f"{lo.base}_BT", rw.value(b).T)
         lo.cinm("Gemv", [bt, a], [y])
     elif ra >= 2 and rb == 1:  # batched matrix times vector: b as a column
@@ -261,8 +267,7 @@ def _gemm(rw: _Rewriter, node: ir.Node, _):
     # with a bias, onnxruntime's Gemm adds C inside the product: the body keeps that op, so a
     # Gemm the placement leaves on the host rounds as the original did
     exact = {"onnx_gemm": 1} if len(ins) == 3 and rw.rank(ins[0]) == 2 and rw.rank(ins[1]) == 2 else {}
-    lo.cinm("Gemm", ins, [_outs(node)[0]], **exact)
-    return lo.nodes
+    return lo.cinm_recast("Gemm", ins, [_outs(node)[0]], **exact)
 
 
 def _same_pads(in_dims, ks, st, dl, mode: str) -> list[int] | None:
@@ -374,8 +379,7 @@ def _elementwise(rw: _Rewriter, node: ir.Node, _):
     inputs = _ins(node)
     if op == "Clip":  # always 3 inputs: the cinm Clip schema's inference reads input 2 (max)
         inputs += [""] * (3 - len(inputs))
-    lo.cinm(op, inputs, [_outs(node)[0]], **keep)
-    return lo.nodes
+    return lo.cinm_recast(op, inputs, [_outs(node)[0]], **keep)
 
 
 def _reduce_axes(rw: _Rewriter, node: ir.Node):
@@ -424,8 +428,8 @@ def _reduce(rw: _Rewriter, node: ir.Node, binding):
     (axes, keepdims, dt), x, y = binding, _ins(node)[0], _outs(node)[0]
     lo = _Lowering(rw, node)
     if node.op_type != "ReduceMean":
-        lo.cinm("Reduce", [x], [y], kind=_REDUCE[node.op_type], axes=axes, keepdims=keepdims)
-        return lo.nodes
+        return lo.cinm_recast("Reduce", [x], [y], kind=_REDUCE[node.op_type], axes=axes,
+                              keepdims=keepdims)
     shape = rw.info(x).shape
     total = lo.cinm("Reduce", [x], kind="add", axes=axes, keepdims=keepdims, suffix="sum")
     count = rw.const(f"{lo.base}_count", np.array(int(np.prod([shape[a] for a in axes])), dtype=np.dtype(dt)))
@@ -447,9 +451,8 @@ def _check_cumsum(rw: _Rewriter, node: ir.Node):
 def _cumsum(rw: _Rewriter, node: ir.Node, axis: int):
     at = _attrs(node)
     lo = _Lowering(rw, node)
-    lo.cinm("Scan", [_ins(node)[0]], [_outs(node)[0]], kind="add", axis=axis,
-            exclusive=int(at.get("exclusive", 0)), reverse=int(at.get("reverse", 0)))
-    return lo.nodes
+    return lo.cinm_recast("Scan", [_ins(node)[0]], [_outs(node)[0]], kind="add", axis=axis,
+                          exclusive=int(at.get("exclusive", 0)), reverse=int(at.get("reverse", 0)))
 
 
 def _check_topk(rw: _Rewriter, node: ir.Node):
@@ -470,9 +473,8 @@ def _topk(rw: _Rewriter, node: ir.Node, k: int):
     lo = _Lowering(rw, node)
     outs = _outs(node) + [""] * (2 - len(node.outputs))
     outs = [o or rw.fresh(f"{lo.base}_unused") for o in outs]
-    lo.cinm("TopK", [_ins(node)[0]], outs, k=k, axis=int(at.get("axis", -1)),
-            largest=int(at.get("largest", 1)), sorted=int(at.get("sorted", 1)))
-    return lo.nodes
+    return lo.cinm_recast("TopK", [_ins(node)[0]], outs, k=k, axis=int(at.get("axis", -1)),
+                          largest=int(at.get("largest", 1)), sorted=int(at.get("sorted", 1)))
 
 
 def _check_transpose(rw: _Rewriter, node: ir.Node):
@@ -487,8 +489,7 @@ def _check_transpose(rw: _Rewriter, node: ir.Node):
 
 def _transpose(rw: _Rewriter, node: ir.Node, perm: list[int]):
     lo = _Lowering(rw, node)
-    lo.cinm("Transpose", [_ins(node)[0]], [_outs(node)[0]], perm=perm)
-    return lo.nodes
+    return lo.cinm_recast("Transpose", [_ins(node)[0]], [_outs(node)[0]], perm=perm)
 
 
 def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_shape: list | None,
@@ -530,6 +531,8 @@ def _integer_product(rw: _Rewriter, lo: _Lowering, node: ir.Node, std_op: str, o
                     attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
                     outputs=[ir.Value(name=y)])
     inner = _RULE_OF[std_op](rw, proxy)
+    if isinstance(inner, Recast):  # the proxy is no node of the graph: what it would become, built
+        inner = [rw.add(inner.proto)]
     rw.detach(proxy)
     if isinstance(inner, str):
         for n in lo.nodes:
@@ -788,8 +791,7 @@ def _softmax(rw: _Rewriter, node: ir.Node, binding):
     lo = _Lowering(rw, node)
     x, y = _ins(node)[0], _outs(node)[0]
     if axis == rank - 1:
-        lo.cinm("Softmax", [x], [y])
-        return lo.nodes
+        return lo.cinm_recast("Softmax", [x], [y])
     perm = [d for d in range(rank) if d != axis] + [axis]
     back = [perm.index(d) for d in range(rank)]
     t = lo.cinm("Transpose", [x], suffix="axis_last", perm=perm)
@@ -843,8 +845,7 @@ def _layernorm(rw: _Rewriter, node: ir.Node, binding):
             x = rw.const(f"{lo.base}_{tag}", x[1])
         if x:
             ins.append(x)
-    lo.cinm("LayerNorm", ins, [_outs(node)[0]], axis=axis, epsilon=eps)
-    return lo.nodes
+    return lo.cinm_recast("LayerNorm", ins, [_outs(node)[0]], axis=axis, epsilon=eps)
 
 
 #: onnxruntime's contrib Gelus (com.microsoft): their approximation (FastGelu is the tanh one)
@@ -873,8 +874,7 @@ def _gelu(rw: _Rewriter, node: ir.Node, binding: tuple):
     x = _ins(node)[0]
     if bias:
         x = lo.cinm("Add", [x, bias], suffix="biased")
-    lo.cinm("Gelu", [x], [_outs(node)[0]], approximate=approx)
-    return lo.nodes
+    return lo.cinm_recast("Gelu", [x], [_outs(node)[0]], approximate=approx)
 
 
 def _scalar(rw: _Rewriter, v) -> float | None:
