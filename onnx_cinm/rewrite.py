@@ -17,7 +17,9 @@ pattern, a condition, a replacement):
   :class:`Builder`), or a :class:`Replacement` when they replace more nodes than the anchor
   (a pattern over several nodes, found by the check through use-def links). A replacement may
   still refuse with a reason string when its last condition can only be decided on what it
-  builds (a rule delegating to another rule); what it built is then discarded.
+  builds (a rule delegating to another rule); what it built is then discarded. A replacement
+  by one node reading the same inputs and writing the same outputs (a 1:1 lowering) is a
+  :class:`Recast` (:meth:`Builder.recast`): the node is changed in place.
 
 :func:`apply` runs a table of rules over the main graph, counts what it rewrote and why the rest
 stayed. Tensor names are kept: a replacement writes the replaced node's output names, so
@@ -25,7 +27,9 @@ consumers, graph outputs and recorded tensor infos stay valid.
 
 Write-back (:meth:`Edit.commit`) puts the nodes back into the same ``ModelProto`` and deletes or
 appends initializers in place, rather than serializing a new model with ``ir.to_proto``: that
-copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_cinm`` pass).
+copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_cinm`` pass). A
+node goes back as the NodeProto it was read or built from unless it was changed since (or
+onnx_ir would write that proto differently), not serialized again.
 """
 from __future__ import annotations
 
@@ -375,8 +379,9 @@ class Edit:
             node.attributes.add(_attribute(a))
         self._protos[node] = proto
 
-    def record_origin(self, node: ir.Node, new: list[ir.Node]) -> None:
-        """Append ``node`` (about to be replaced by ``new``) to :attr:`origins`."""
+    def record_origin(self, node: ir.Node, new: list) -> None:
+        """Append ``node`` (about to be replaced by ``new``: ir nodes, or the NodeProto of a
+        :class:`Recast`) to :attr:`origins`."""
         weights = {}
         for v in node.inputs:
             if v is not None and v in self._original:
@@ -532,8 +537,8 @@ class Rule:
         ops: op types of the nodes the rule anchors on: default domain, or
             ``"<domain>::<op type>"`` (``"com.microsoft::Gelu"``).
         check: ``check(edit, node) -> str | binding``: a string is the reason the node stays.
-        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | str``: a list
-            replaces ``node`` alone.
+        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | Recast |
+            str``: a list replaces ``node`` alone, a :class:`Recast` changes it in place.
     """
 
     ops: frozenset[str]

@@ -181,3 +181,45 @@ def test_commit_writes_what_onnx_ir_serializes_and_a_node_changed_in_place_as_it
     out = edit.commit()
     assert [n.SerializeToString() for n in out.graph.node] == want
     assert list(out.graph.node[-1].input) == ["s0"] and list(out.graph.node[2].output) == ["s0", "s1"]
+
+
+def _relu_model() -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
+                      h.make_node("Neg", ["r"], ["y"], name="neg")], "g",
+                     [h.make_tensor_value_info("x", f, [4])],
+                     [h.make_tensor_value_info(n, f, [4]) for n in ("r", "y")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_recast_changes_the_node_in_place_or_builds_it_after_other_nodes(staged):
+    """A 1:1 replacement (Builder.recast: the same inputs and outputs) changes the node in
+    place: the same ir node, its place, its consumers and graph output, recorded in origins
+    under its new name. After another node was built (staged: Identity, then LeakyRelu on its
+    output) it is built and linked in as any other replacement."""
+    model = _relu_model()
+    original = onnx.NodeProto()
+    original.CopyFrom(model.graph.node[0])
+    edit = Edit(model, Names(model.graph).fresh)
+    relu = next(iter(edit.graph))
+
+    def leaky(edit, node, _):
+        b = Builder(edit, node)
+        x = b.node(h.make_node, "Identity", ["x"], None, "copy") if staged else "x"
+        return b.recast(h.make_node, "LeakyRelu", [x], ["r"], alpha=0.0)
+
+    done, _ = apply(edit, [Rule(frozenset({"Relu"}), lambda e, n: True, leaky)])
+    assert done == {"Relu": 1}
+    assert (next(iter(edit.graph)) is relu) != staged
+    out = edit.commit()
+    assert [(n.op_type, n.name) for n in out.graph.node] == \
+        ([("Identity", "relu/Identity")] if staged else []) + \
+        [("LeakyRelu", "relu/LeakyRelu"), ("Neg", "neg")]
+    assert [(p, w, names) for p, w, names in edit.origins] == \
+        [(original, {}, ["relu/Identity", "relu/LeakyRelu"] if staged else ["relu/LeakyRelu"])]
+    x = np.array([-1.5, 0.0, 2.0, -0.25], np.float32)
+    r, y = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    np.testing.assert_array_equal(r, np.maximum(x, 0))
+    np.testing.assert_array_equal(y, -np.maximum(x, 0))

@@ -1004,7 +1004,9 @@ def _any_candidate(graph: onnx.GraphProto, rules: list[Rule]) -> bool:
 def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Rewrite MatMul/Gemm/Conv, elementwise, Reduce*, CumSum, TopK, Transpose into cinm ops.
 
-    Reads ``ctx.options["lower_ops"]`` (optional set of source op types to lower; default all).
+    Reads ``ctx.options["lower_ops"]`` (optional set of source op types to lower; default all)
+    and ``ctx.fills`` (weights known to hold one value: not read back; ``fold_batchnorm``
+    hands them on).
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
     Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
     """
