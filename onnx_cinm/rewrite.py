@@ -417,6 +417,7 @@ class Edit:
         nodes.node.extend(self._proto_of(n) for n in self.graph)
         del g.node[:]
         g.node.extend(nodes.node)
+        self._protos = dict(zip(self.graph, g.node))  # the graph's own now (a later commit)
         dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made
