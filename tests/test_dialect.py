@@ -198,6 +198,15 @@ def test_make_node_writes_what_onnx_helper_writes():
     assert unnamed.SerializeToString() == h.make_node("Relu", ["x"], ["y"], domain="cinm").SerializeToString()
 
 
+def test_no_cinm_attribute_is_a_graph():
+    """all_nodes does not look for subgraphs in cinm nodes: no op, placement or plan
+    attribute a cinm schema declares (or a device may declare) is of a graph type."""
+    graphs = {onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS}
+    declared = [t for spec in cinm.OPS.values() for t, _ in spec.attrs.values()]
+    declared += list(cinm.PLACEMENT_ATTRS.values()) + list(cinm.ATTR_TYPES.values())
+    assert declared and not graphs & set(declared)
+
+
 def test_node_attrs_reads_every_kind_as_onnx_helper_does():
     """node_attrs equals onnx.helper.get_attribute_value for every plain kind, strings decoded
     (STRINGS stay bytes, as the helper gives them)."""

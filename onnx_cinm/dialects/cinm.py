@@ -842,6 +842,8 @@ def all_nodes(graph: onnx.GraphProto):
     Loop and Scan bodies), each graph's nodes in order before its subgraphs' are visited."""
     for node in graph.node:
         yield node
+        if node.domain == DOMAIN:
+            continue  # no cinm op takes a graph attribute (none is declared: see the schemas)
         for attr in node.attribute:
             kind = attr.type
             if kind == _GRAPH:
