@@ -17,7 +17,9 @@ pattern, a condition, a replacement):
   :class:`Builder`), or a :class:`Replacement` when they replace more nodes than the anchor
   (a pattern over several nodes, found by the check through use-def links). A replacement may
   still refuse with a reason string when its last condition can only be decided on what it
-  builds (a rule delegating to another rule); what it built is then discarded.
+  builds (a rule delegating to another rule); what it built is then discarded. A replacement
+  by one node reading the same inputs and writing the same outputs (a 1:1 lowering) is a
+  :class:`Recast` (:meth:`Builder.recast`): the node is changed in place.
 
 :func:`apply` runs a table of rules over the main graph, counts what it rewrote and why the rest
 stayed. Tensor names are kept: a replacement writes the replaced node's output names, so
@@ -25,7 +27,9 @@ consumers, graph outputs and recorded tensor infos stay valid.
 
 Write-back (:meth:`Edit.commit`) puts the nodes back into the same ``ModelProto`` and deletes or
 appends initializers in place, rather than serializing a new model with ``ir.to_proto``: that
-copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_cinm`` pass).
+copies every weight (1.35 s for the 575 MB of VGG19, more than the whole ``to_cinm`` pass). A
+node goes back as the NodeProto it was read or built from unless it was changed since (or
+onnx_ir would write that proto differently), not serialized again.
 """
 from __future__ import annotations
 
@@ -70,6 +74,13 @@ def _import_onnx_ir():
 
 
 ir = _import_onnx_ir()
+
+
+def plain(mapping):
+    """The plain ``dict`` under one of onnx_ir's mappings (a node's ``attributes``, a graph's
+    ``initializers``: ``collections.UserDict``, whose views iterate in Python), else the mapping
+    itself; for reading only."""
+    return getattr(mapping, "data", mapping)
 
 
 def names_of(values) -> list[str]:
@@ -169,6 +180,43 @@ def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoP
     return hidden
 
 
+#: Attribute types whose values onnx_ir writes anew (graphs, tensors, types), or none (no type)
+_REWRITTEN_ATTRS = frozenset({
+    onnx.AttributeProto.UNDEFINED, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS,
+    onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
+    onnx.AttributeProto.SPARSE_TENSORS, onnx.AttributeProto.TYPE_PROTO,
+    onnx.AttributeProto.TYPE_PROTOS})
+
+
+def _as_serialized(proto: onnx.NodeProto) -> bool:
+    """Whether ``ir.serde.serialize_node`` of the node read from ``proto`` gives ``proto`` back
+    byte for byte: it writes no string field set to ``""`` (domain, name, overload, doc_string),
+    drops trailing empty outputs and writes anew metadata, device configurations and the
+    attributes of :data:`_REWRITTEN_ATTRS`; a node of none of these can keep its NodeProto."""
+    return not ((proto.HasField("domain") and not proto.domain) or
+                (proto.HasField("name") and not proto.name) or
+                (proto.HasField("overload") and not proto.overload) or
+                (proto.HasField("doc_string") and not proto.doc_string) or
+                (proto.output and not proto.output[-1]) or proto.metadata_props or
+                len(getattr(proto, "device_configurations", ())) or
+                any(a.type in _REWRITTEN_ATTRS or a.ref_attr_name or a.HasField("doc_string")
+                    for a in proto.attribute))
+
+
+_PLAIN_ATTRS = {onnx.AttributeProto.INT: (ir.AttributeType.INT, "i"),
+                onnx.AttributeProto.INTS: (ir.AttributeType.INTS, "ints"),
+                onnx.AttributeProto.FLOAT: (ir.AttributeType.FLOAT, "f")}
+
+
+def _attribute(proto: onnx.AttributeProto) -> ir.Attr:
+    """``ir.serde.deserialize_attribute(proto)``, read directly for an int, ints or float
+    attribute without doc string (what the rules' builders write): the same ``ir.Attr``."""
+    plain = _PLAIN_ATTRS.get(proto.type)
+    if plain is None or proto.ref_attr_name or proto.HasField("doc_string"):
+        return ir.serde.deserialize_attribute(proto)
+    return ir.Attr(proto.name, plain[0], getattr(proto, plain[1]))
+
+
 class Edit:
     """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
 
@@ -211,8 +259,11 @@ class Edit:
                 value.type.CopyFrom(saved)
             model.graph.value_info.extend(infos.value_info)
         self.graph = self.model.graph
+        #: the NodeProto each node was read from or built from (:meth:`add`): written back by
+        #: :meth:`commit` as it is, instead of serializing the node again (``_proto_of``)
+        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, model.graph.node))
         self.fresh = fresh
-        self._original = {v for v in self.graph.initializers.values()}
+        self._original = set(plain(self.graph.initializers).values())
         self._new_consts: list[ir.Value] = []
         #: the bytes :meth:`array` read from the raw_data of initializers of one value
         #: repeated, by id: (bytes, initializer name)
@@ -222,6 +273,8 @@ class Edit:
         #: with the initializers it read (``{name: TensorProto}``, the model's own, not copies)
         #: and the names of the nodes it became (:mod:`onnx_cinm.passes.host_restore`)
         self.origins: list[tuple[onnx.NodeProto, dict, list[str]]] = []
+        #: the constants :meth:`commit` wrote that are one value broadcast, as fills
+        self._made_fills: dict[str, tuple[int, tuple, bytes]] = {}
 
     # -- values ------------------------------------------------------------------------------
 
@@ -286,11 +339,24 @@ class Edit:
                                "the replaced node nor built for it")
             inputs.append(v)
         node = ir.Node(proto.domain, proto.op_type, inputs, name=proto.name or None,
-                       attributes=[ir.serde.deserialize_attribute(a) for a in proto.attribute],
+                       attributes=[_attribute(a) for a in proto.attribute],
                        outputs=[ir.Value(name=o) for o in proto.output],
                        doc_string=proto.doc_string or None)
         self._scope.update((v.name, v) for v in node.outputs if v.name)
+        self._protos[node] = proto
         return node
+
+    def _proto_of(self, node: ir.Node) -> onnx.NodeProto:
+        """``node`` as a NodeProto: the one it was read from or built from when it still says
+        the same (the nodes are not changed in place: :meth:`replace` moves uses to values of
+        the same names), else serialized again (``ir.serde.serialize_node``)."""
+        proto = self._protos.get(node)
+        if proto is None or not _as_serialized(proto) or node.name != proto.name or \
+                node.op_type != proto.op_type or names_of(node.outputs) != list(proto.output) or \
+                names_of(node.inputs) != list(proto.input) or \
+                len(node.attributes) != len(proto.attribute):
+            return ir.serde.serialize_node(node)
+        return proto
 
     @staticmethod
     def detach(node: ir.Node) -> None:
@@ -300,14 +366,30 @@ class Edit:
 
     # -- rewriting ---------------------------------------------------------------------------
 
-    def record_origin(self, node: ir.Node, new: list[ir.Node]) -> None:
-        """Append ``node`` (about to be replaced by ``new``) to :attr:`origins`."""
+    def recast(self, node: ir.Node, proto: onnx.NodeProto) -> None:
+        """Make ``node`` the node ``proto`` says (its domain, op type, name and attributes),
+        in place: ``proto`` reads the node's inputs and writes its outputs, by name and in
+        order (:class:`Recast`); :meth:`commit` writes ``proto``."""
+        node.domain, node.op_type, node.name = proto.domain, proto.op_type, proto.name
+        node.overload = proto.overload
+        node.doc_string = proto.doc_string or None
+        node.metadata_props.clear()
+        node.attributes.clear()
+        for a in proto.attribute:
+            node.attributes.add(_attribute(a))
+        self._protos[node] = proto
+
+    def record_origin(self, node: ir.Node, new: list) -> None:
+        """Append ``node`` (about to be replaced by ``new``: ir nodes, or the NodeProto of a
+        :class:`Recast`) to :attr:`origins`."""
         weights = {}
         for v in node.inputs:
             if v is not None and v in self._original:
                 t = v.const_value
                 weights[v.name] = t.raw if isinstance(t, ir.TensorProtoTensor) else ir.serde.serialize_tensor(t)
-        self.origins.append((ir.serde.serialize_node(node), weights, [n.name for n in new]))
+        original = onnx.NodeProto()  # a copy: :meth:`commit` empties the graph's node list
+        original.CopyFrom(self._proto_of(node))
+        self.origins.append((original, weights, [n.name for n in new]))
 
     def replace(self, old: list[ir.Node], new: list[ir.Node]) -> None:
         """Put ``new`` where the first of ``old`` is and remove ``old``. The consumers and graph
@@ -331,9 +413,12 @@ class Edit:
         is renamed and reshaped, its bytes neither copied nor held twice; not a weight
         :attr:`origins` holds for a node lowered into several, which must stay as it was."""
         g = self.proto.graph
+        nodes = onnx.GraphProto()  # copied out before the list they may be in is emptied
+        nodes.node.extend(self._proto_of(n) for n in self.graph)
         del g.node[:]
-        g.node.extend(ir.serde.serialize_node(n) for n in self.graph)
-        dead = {v.name for v in self.graph.initializers.values()
+        g.node.extend(nodes.node)
+        self._protos = dict(zip(self.graph, g.node))  # the graph's own now (a later commit)
+        dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made
         heirs: dict[str, int] = {}  # an initializer gone now -> the constant of its bytes
@@ -363,8 +448,24 @@ class Edit:
                 del g.initializer[index]
         for k, (name, array) in enumerate(made):
             if k not in taken:
+                if is_fill(array):
+                    self._made_fills[name] = (onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                                              array.shape, array[(0,) * array.ndim].tobytes())
                 add_initializer(g, array, name)
         return self.proto
+
+    def current_fills(self) -> dict:
+        """The initializers of the model now known to hold one value repeated, as the edit's
+        ``fills`` are given (:attr:`onnx_cinm.passes.PassContext.fills`), for the next pass to
+        use without reading their bytes: the edit's own ``fills`` whose initializer is still
+        there under its name (an edit changes no initializer it keeps, but for the one renamed
+        by :meth:`commit`, whose old name is gone), and the constants :meth:`commit` wrote as
+        one value broadcast (:func:`is_fill`). Without a commit: the former alone. Every entry
+        is checked again where it is read (:func:`known_fill`: element type, dims, raw_data)."""
+        names = {t.name for t in self.proto.graph.initializer}
+        fills = {name: fill for name, fill in self._fills.items() if name in names}
+        fills.update((name, fill) for name, fill in self._made_fills.items() if name in names)
+        return fills
 
 
 class Builder:
@@ -372,18 +473,34 @@ class Builder:
     node's name (or its first output's)."""
 
     def __init__(self, edit: Edit, node: ir.Node) -> None:
-        self.edit, self.nodes = edit, []
+        self.edit, self.nodes, self.source = edit, [], node
         self.base = node.name or node.outputs[0].name
+
+    def _proto(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
+               outputs: list[str] | None, suffix: str, attrs: dict) -> onnx.NodeProto:
+        outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
+        return make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
 
     def node(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
              outputs: list[str] | None, suffix: str, **attrs) -> str:
         """Append the node ``make(op, inputs, outputs, name=<base>/<op>, **attrs)`` (e.g.
         ``onnx.helper.make_node``); returns the name of its first output (``outputs[0]`` or a
         fresh ``<base>_<suffix>``)."""
-        outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
-        proto = make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
+        proto = self._proto(make, op, inputs, outputs, suffix, attrs)
         self.nodes.append(self.edit.add(proto))
-        return outs[0]
+        return proto.output[0]
+
+    def recast(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
+               outputs: list[str], **attrs) -> Recast | list[ir.Node]:
+        """The replacement of the node by the one node :meth:`node` would build (nothing
+        built before it): a :class:`Recast` when it reads the node's inputs and writes its
+        outputs, exactly (no input or output added, dropped or moved), else the built node."""
+        proto = self._proto(make, op, inputs, outputs, "", attrs)
+        if not self.nodes and list(proto.input) == names_of(self.source.inputs) and \
+                list(proto.output) == names_of(self.source.outputs):
+            return Recast(proto)
+        self.nodes.append(self.edit.add(proto))
+        return self.nodes
 
 
 @dataclass(frozen=True)
@@ -400,6 +517,20 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class Recast:
+    """What a replacement returns to turn its node into one other node that reads the same
+    inputs and writes the same outputs (:meth:`Builder.recast`): the node is changed in place
+    (:meth:`Edit.recast`), its values, their uses and its place kept, where a new node would be
+    linked in and the old one unlinked from every input and output.
+
+    Attributes:
+        proto: the node it becomes.
+    """
+
+    proto: onnx.NodeProto
+
+
+@dataclass(frozen=True)
 class Rule:
     """A rewrite rule: pattern (``ops``), check and replacement, see the module docstring.
 
@@ -407,8 +538,8 @@ class Rule:
         ops: op types of the nodes the rule anchors on: default domain, or
             ``"<domain>::<op type>"`` (``"com.microsoft::Gelu"``).
         check: ``check(edit, node) -> str | binding``: a string is the reason the node stays.
-        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | str``: a list
-            replaces ``node`` alone.
+        replace: ``replace(edit, node, binding) -> list[ir.Node] | Replacement | Recast |
+            str``: a list replaces ``node`` alone, a :class:`Recast` changes it in place.
     """
 
     ops: frozenset[str]
@@ -446,7 +577,12 @@ def apply(edit: Edit, rules: list[Rule], guard: Callable[[ir.Node], str | None] 
         result = guard(node)
         if result is None:
             result = rule(edit, node)
-        if isinstance(result, (list, Replacement)):
+        if isinstance(result, Recast):
+            op = node.op_type
+            edit.record_origin(node, [result.proto])
+            edit.recast(node, result.proto)
+            rewritten[op] += 1
+        elif isinstance(result, (list, Replacement)):
             if isinstance(result, list):
                 result = Replacement(result, [node])
             if result.removes == [node]:

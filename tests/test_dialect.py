@@ -160,6 +160,64 @@ def test_attach_functions_is_idempotent_and_declares_domain():
     assert m.ir_version >= 10
 
 
+#: one value for every attribute an overload may read, none of them its default
+_VARIANT_ATTRS = {"y_perm": [1, 0], "onnx_gemm": 1, "kind": "max", "kernel_shape": [3, 3],
+                  "metric": "cos", "approximate": "tanh", "div_sqrt2": 1}
+
+
+@pytest.mark.parametrize("op", sorted(cinm.OPS))
+def test_only_the_ops_of_attr_overloads_read_attributes(op):
+    """attach_functions reads the attributes of the ATTR_OVERLOADS ops alone: every other op's
+    overload is the same with any attributes as with none (at every arity), and each op of the
+    set has an attribute that changes it (Gemm: onnx_gemm with a bias, y_perm; Reduce and
+    MergePartial: their kind; Im2Col: the spatial rank; SimSearch: the metric; Gelu: the
+    approximation; Scan: only kind add is valid, any other raises)."""
+    changed = False
+    for n_in in (1, 2, 3):
+        plain = cinm.overload_of(op, {"kind": "add"}, n_in) if op in ("Reduce", "MergePartial") \
+            else cinm.overload_of(op, {}, n_in)
+        try:
+            other = cinm.overload_of(op, _VARIANT_ATTRS, n_in)
+        except ValueError:
+            other = None
+        changed |= other != plain
+    assert changed == (op in cinm.ATTR_OVERLOADS)
+
+
+def test_make_node_writes_what_onnx_helper_writes():
+    """cinm.make_node builds its attributes itself for the common kinds: byte for byte what
+    onnx.helper.make_node writes, for those and the rest (numpy scalars, bools, floats and
+    strings lists, None left out)."""
+    attrs = dict(kernel_shape=[3, 3], strides=(1, 2), pads=[0, 0, 1, 1], dilations=[1, 1],
+                 device="crossbar", placement="hint: ü", cim_rows=np.int64(64), cim_x=True,
+                 cim_f=0.1, cim_fs=[0.5, 2], cim_ss=["a", "b"], cim_big=2**40, kernel=None)
+    got = cinm.make_node("Im2Col", ["x"], ["y"], name="n", **attrs)
+    want = h.make_node("Im2Col", ["x"], ["y"], name="n", domain="cinm", **attrs)
+    assert got.SerializeToString() == want.SerializeToString()
+    unnamed = cinm.make_node("Relu", ["x"], ["y"])
+    assert unnamed.SerializeToString() == h.make_node("Relu", ["x"], ["y"], domain="cinm").SerializeToString()
+
+
+def test_no_cinm_attribute_is_a_graph():
+    """all_nodes does not look for subgraphs in cinm nodes: no op, placement or plan
+    attribute a cinm schema declares (or a device may declare) is of a graph type."""
+    graphs = {onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS}
+    declared = [t for spec in cinm.OPS.values() for t, _ in spec.attrs.values()]
+    declared += list(cinm.PLACEMENT_ATTRS.values()) + list(cinm.ATTR_TYPES.values())
+    assert declared and not graphs & set(declared)
+
+
+def test_node_attrs_reads_every_kind_as_onnx_helper_does():
+    """node_attrs equals onnx.helper.get_attribute_value for every plain kind, strings decoded
+    (STRINGS stay bytes, as the helper gives them)."""
+    node = h.make_node("X", [], [], i=3, ints=[1, -2], f=0.1, fs=[0.5, 1e-7], s="ab",
+                       ss=["a", "b"], t=nh.from_array(np.zeros(2, np.float32)))
+    want = {a.name: h.get_attribute_value(a) for a in node.attribute}
+    want["s"] = want["s"].decode()
+    got = cinm.node_attrs(node)
+    assert got == want and isinstance(got["f"], float) and got["ss"] == [b"a", b"b"]
+
+
 def test_onnx_reference_still_imports_after_registration():
     import subprocess
     import sys

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper as h, numpy_helper
 
 from onnx_cinm.errors import CinmError
 from onnx_cinm.passes.graph_names import Names
-from onnx_cinm.rewrite import Builder, Edit, Rule, apply
+from onnx_cinm.rewrite import Builder, Edit, Rule, apply, ir
 
 
 def _double_by_add_model() -> onnx.ModelProto:
@@ -147,3 +147,79 @@ def test_add_initializer_writes_fills_and_views_of_bytes_as_numpy_would():
         got = numpy_helper.to_array(t)
         assert got.dtype == want.dtype and got.shape == want.shape
         assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+def test_commit_writes_what_onnx_ir_serializes_and_a_node_changed_in_place_as_it_is_now():
+    """commit writes back the NodeProto a node was read or built from only where onnx_ir's own
+    serializer (the reference) gives the same bytes: nodes with an explicit empty domain or
+    name, a trailing empty output, an attribute doc string, a tensor or graph attribute are
+    written as onnx_ir writes them; a node whose input was changed in place says so."""
+    f = TensorProto.FLOAT
+    quirky = h.make_node("Relu", ["x"], ["r"], domain="")  # explicit "" domain, no name
+    doc = h.make_node("LeakyRelu", ["r"], ["l"], name="doc", alpha=0.5)
+    doc.attribute[0].doc_string = "slope"
+    split = h.make_node("Split", ["l"], ["s0", "s1", ""], name="split", axis=0, num_outputs=3)
+    const = h.make_node("Constant", [], ["k"], name="k",
+                        value=numpy_helper.from_array(np.ones(2, np.float32), "v"))
+    then = h.make_graph([h.make_node("Add", ["s0", "k"], ["t"])], "then", [],
+                        [h.make_tensor_value_info("t", f, [2])])
+    other = h.make_graph([h.make_node("Sub", ["s0", "k"], ["e"])], "else", [],
+                         [h.make_tensor_value_info("e", f, [2])])
+    branch = h.make_node("If", ["c"], ["z"], name="branch", then_branch=then, else_branch=other)
+    nodes = [quirky, doc, split, const, h.make_node("Mul", ["s1", "two"], ["y"], name="double"),
+             branch, h.make_node("Neg", ["s1"], ["n"], name="neg")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", f, [6]),
+                                  h.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                     [h.make_tensor_value_info(n, f, [2]) for n in ("y", "z", "n")],
+                     [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 18)], ir_version=10)
+    edit = Edit(model, Names(model.graph).fresh)
+    apply(edit, [Rule(frozenset({"Mul"}), _check_double, _double_as_add)])
+    neg = next(n for n in edit.graph if n.name == "neg")
+    neg.replace_input_with(0, next(n for n in edit.graph if n.name == "split").outputs[0])
+    want = [ir.serde.serialize_node(n).SerializeToString() for n in edit.graph]
+    out = edit.commit()
+    assert [n.SerializeToString() for n in out.graph.node] == want
+    assert list(out.graph.node[-1].input) == ["s0"] and list(out.graph.node[2].output) == ["s0", "s1"]
+
+
+def _relu_model() -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
+                      h.make_node("Neg", ["r"], ["y"], name="neg")], "g",
+                     [h.make_tensor_value_info("x", f, [4])],
+                     [h.make_tensor_value_info(n, f, [4]) for n in ("r", "y")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_recast_changes_the_node_in_place_or_builds_it_after_other_nodes(staged):
+    """A 1:1 replacement (Builder.recast: the same inputs and outputs) changes the node in
+    place: the same ir node, its place, its consumers and graph output, recorded in origins
+    under its new name. After another node was built (staged: Identity, then LeakyRelu on its
+    output) it is built and linked in as any other replacement."""
+    model = _relu_model()
+    original = onnx.NodeProto()
+    original.CopyFrom(model.graph.node[0])
+    edit = Edit(model, Names(model.graph).fresh)
+    relu = next(iter(edit.graph))
+
+    def leaky(edit, node, _):
+        b = Builder(edit, node)
+        x = b.node(h.make_node, "Identity", ["x"], None, "copy") if staged else "x"
+        return b.recast(h.make_node, "LeakyRelu", [x], ["r"], alpha=0.0)
+
+    done, _ = apply(edit, [Rule(frozenset({"Relu"}), lambda e, n: True, leaky)])
+    assert done == {"Relu": 1}
+    assert (next(iter(edit.graph)) is relu) != staged
+    out = edit.commit()
+    assert [(n.op_type, n.name) for n in out.graph.node] == \
+        ([("Identity", "relu/Identity")] if staged else []) + \
+        [("LeakyRelu", "relu/LeakyRelu"), ("Neg", "neg")]
+    assert [(p, w, names) for p, w, names in edit.origins] == \
+        [(original, {}, ["relu/Identity", "relu/LeakyRelu"] if staged else ["relu/LeakyRelu"])]
+    x = np.array([-1.5, 0.0, 2.0, -0.25], np.float32)
+    r, y = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    np.testing.assert_array_equal(r, np.maximum(x, 0))
+    np.testing.assert_array_equal(y, -np.maximum(x, 0))

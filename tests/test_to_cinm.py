@@ -14,7 +14,7 @@ from onnx import numpy_helper as nh
 
 from onnx_cinm.dialects import cinm
 from onnx_cinm.golden import run_onnxruntime
-from onnx_cinm.passes import PassContext
+from onnx_cinm.passes import PassContext, PassManager
 from onnx_cinm.passes.placement import placement
 from onnx_cinm.passes.to_cinm import to_cinm
 from onnx_cinm.runtime import InferenceSession
@@ -305,3 +305,39 @@ def test_conv_integer_becomes_im2col_and_an_int32_gemm(tmp_path):
             exact += np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 10, j:j + 10], wi[:, :, i, j])
     artifacts.save(res.model, tmp_path / "opt.onnx")
     np.testing.assert_array_equal(InferenceSession(str(tmp_path / "opt.onnx")).run(None, {"x": x})[0], exact)
+
+
+@pytest.mark.parametrize("with_bn", [False, True])
+def test_filled_conv_weight_is_lowered_without_reading_it(monkeypatch, with_bn):
+    """A Conv weight fold_constants filled with one value (a light model's ConstantOfShape)
+    reaches to_cinm as known through normalize and fold_batchnorm (PassContext.fills; with a
+    BatchNormalization of equal per-channel parameters, the folded weight of one value that
+    fold_batchnorm made): the Gemm weight is that value broadcast, written without the Conv
+    weight's bytes being read back, and the model computes what onnxruntime computes."""
+    nodes = [h.make_node("ConstantOfShape", ["w_shape"], ["w"],
+                         value=h.make_tensor("v", TP.FLOAT, [1], [0.3])),
+             h.make_node("Conv", ["x", "w"], ["c" if with_bn else "y"], pads=[1, 1, 1, 1])]
+    inits = [nh.from_array(np.array([4, 3, 3, 3], np.int64), "w_shape")]
+    if with_bn:
+        for name, v in (("scale", 1.5), ("shift", 0.25), ("mean", -0.5), ("var", 0.8)):
+            inits.append(nh.from_array(np.full(4, v, np.float32), name))
+        nodes.append(h.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["y"]))
+    model = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 6, 6])],
+                   [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    value = 0.3
+    if with_bn:  # numpy's fold: float64 products rounded to float32
+        value = np.float64(np.float32(0.3)) * 1.5 / np.sqrt(np.float64(np.float32(0.8)) +
+                                                            np.float64(np.float32(1e-5)))
+    read = []
+    to_array = nh.to_array
+    monkeypatch.setattr(nh, "to_array", lambda t, *a: read.append(tuple(t.dims)) or to_array(t, *a))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    ctx = PassContext()
+    out = PassManager(pipeline=["fold_constants", "normalize", "fold_batchnorm", "to_cinm"]).run(out, ctx)
+    gemm = next(n for n in out.graph.node if n.op_type == "Gemm")
+    assert (4, 3, 3, 3) not in read, read  # the one 4-D tensor: the Conv weight
+    monkeypatch.undo()
+    w = nh.to_array(next(t for t in out.graph.initializer if t.name == gemm.input[1]))
+    assert w.shape == (27, 4) and w.tobytes() == np.full((27, 4), value, np.float32).tobytes()
+    assert_matches_ort(model, out, n=2, atol=1e-5)

@@ -241,6 +241,11 @@ _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
 # Variants (overloads)
 # --------------------------------------------------------------------------------------------
 
+#: The ops whose overload (:func:`overload_of`) depends on their attributes; every other op's
+#: on its arity alone (:func:`attach_functions` reads no attributes of theirs)
+ATTR_OVERLOADS = frozenset({"Gemm", "Reduce", "MergePartial", "Scan", "Im2Col", "SimSearch", "Gelu"})
+
+
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     """Return the reference-function overload for a node.
 
@@ -773,12 +778,34 @@ sync_plan_attrs()
 def make_node(op_type: str, inputs: list[str], outputs: list[str], name: str | None = None,
               **attrs) -> NodeProto:
     """Create a ``cinm.<op_type>`` node. Raises ValueError for an unknown op or a missing required attribute."""
-    if op_type not in OPS:
+    spec = OPS.get(op_type)
+    if spec is None:
         raise ValueError(f"unknown cinm op {op_type!r}")
-    for a, (_, required) in OPS[op_type].attrs.items():
+    for a, (_, required) in spec.attrs.items():
         if required and a not in attrs:
             raise ValueError(f"cinm.{op_type} needs attribute {a!r}")
-    return helper.make_node(op_type, inputs, outputs, name=name, domain=DOMAIN, **attrs)
+    # what onnx.helper.make_node writes (attributes sorted by name, None ones left out)
+    node = NodeProto(op_type=op_type, input=inputs, output=outputs, domain=DOMAIN)
+    if name:
+        node.name = name
+    node.attribute.extend(_attribute(k, v) for k, v in sorted(attrs.items()) if v is not None)
+    return node
+
+
+def _attribute(name: str, value) -> AttributeProto:
+    """``onnx.helper.make_attribute(name, value)``, built directly for the kinds the passes
+    write most (a Python int, float, str, or non-empty list of ints): the helper's checks
+    against the ``numbers`` ABCs cost more than the attribute."""
+    kind = type(value)
+    if kind is int:
+        return AttributeProto(name=name, type=_INT, i=value)
+    if kind is float:
+        return AttributeProto(name=name, type=_FLOAT, f=value)
+    if kind is str:
+        return AttributeProto(name=name, type=_STRING, s=value.encode())
+    if kind is list and value and all(type(v) is int for v in value):
+        return AttributeProto(name=name, type=_INTS, ints=value)
+    return helper.make_attribute(name, value)
 
 
 def node_attrs(node: NodeProto) -> dict:
@@ -786,7 +813,7 @@ def node_attrs(node: NodeProto) -> dict:
     ``onnx.helper.get_attribute_value`` gives otherwise). Raises ValueError on a reference
     attribute or an unknown attribute type, as that function does."""
     out = {}
-    for a in node.attribute:  # every pass asks for every node's: the common kinds read directly
+    for a in node.attribute:  # every pass asks for every node's: the plain kinds read directly
         kind = a.type
         if kind == _INT and not a.ref_attr_name:
             out[a.name] = a.i
@@ -794,12 +821,20 @@ def node_attrs(node: NodeProto) -> dict:
             out[a.name] = list(a.ints)
         elif kind == _STRING and not a.ref_attr_name:
             out[a.name] = a.s.decode()
+        elif kind == _FLOAT and not a.ref_attr_name:
+            out[a.name] = a.f
+        elif kind == _FLOATS and not a.ref_attr_name:
+            out[a.name] = list(a.floats)
+        elif kind == _STRINGS and not a.ref_attr_name:
+            out[a.name] = list(a.strings)
         else:
             out[a.name] = _as_str(helper.get_attribute_value(a))
     return out
 
 
 _INT, _INTS, _STRING = AttributeProto.INT, AttributeProto.INTS, AttributeProto.STRING
+_FLOAT, _FLOATS, _STRINGS = AttributeProto.FLOAT, AttributeProto.FLOATS, AttributeProto.STRINGS
+_GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 def all_nodes(graph: onnx.GraphProto):
@@ -807,11 +842,15 @@ def all_nodes(graph: onnx.GraphProto):
     Loop and Scan bodies), each graph's nodes in order before its subgraphs' are visited."""
     for node in graph.node:
         yield node
+        if node.domain == DOMAIN:
+            continue  # no cinm op takes a graph attribute (none is declared: see the schemas)
         for attr in node.attribute:
-            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
-                list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-            for sub in subs:
-                yield from all_nodes(sub)
+            kind = attr.type
+            if kind == _GRAPH:
+                yield from all_nodes(attr.g)
+            elif kind == _GRAPHS:
+                for sub in attr.graphs:
+                    yield from all_nodes(sub)
 
 
 def device_of(node: NodeProto) -> str | None:
@@ -930,7 +969,8 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type not in OPS:
             raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
         n_in = sum(1 for i in node.input if i)
-        node.overload = overload_of(node.op_type, node_attrs(node), n_in)
+        attrs = node_attrs(node) if node.op_type in ATTR_OVERLOADS else {}
+        node.overload = overload_of(node.op_type, attrs, n_in)
         needed[(node.op_type, node.overload)] = None
     keep = [f for f in model.functions if f.domain != DOMAIN]
     del model.functions[:]

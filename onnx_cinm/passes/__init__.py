@@ -98,7 +98,7 @@ class PassContext:
     #: ``fold_constants`` wrote as one value repeated (the light models' weights), for the pass
     #: right after it, which then uses them without reading their bytes back (``normalize``
     #: permutes them: a copy of 490 MB on light VGG19); a pass that keeps it current hands it
-    #: on by setting a new dict (``normalize`` to ``fold_batchnorm``); else the
+    #: on by setting a new dict (``normalize`` to ``fold_batchnorm`` to ``to_cinm``); else the
     #: :class:`PassManager` empties it after that pass (and at every run's start)
     fills: dict = field(default_factory=dict)
     #: the cost placement's priced model (:class:`.cost_placement.Placed`), for

@@ -1158,7 +1158,9 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         Rewritten in place.
     ctx : PassContext
         ``ctx.stats["fold_batchnorm"]`` receives the number of folded BatchNormalization nodes.
-        A Conv weight ``ctx.fills`` knows to hold one value repeated is not read back.
+        A Conv weight ``ctx.fills`` knows to hold one value repeated is not read back;
+        ``ctx.fills`` is handed on to ``to_cinm``, kept current (the folded weights of one
+        value added: :meth:`onnx_cinm.rewrite.Edit.current_fills`).
 
     Returns
     -------
@@ -1167,6 +1169,7 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     if not any(node.op_type == "BatchNormalization" and _is_default_domain(node)
                for node in model.graph.node):  # nothing to fold: no need to open the graph
         ctx.stats["fold_batchnorm"] = 0
+        ctx.fills = dict(ctx.fills)  # still current: handed on to to_cinm
         return model
     # the weights fold_constants filled with one value are not read back (ResNet50: 94 MB)
     graph = model.graph
@@ -1181,4 +1184,5 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     if folded:
         _remove_dead_values(graph)
     ctx.stats["fold_batchnorm"] = folded
+    ctx.fills = edit.current_fills()  # handed on, kept current, to to_cinm
     return model

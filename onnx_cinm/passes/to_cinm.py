@@ -63,6 +63,7 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
@@ -76,12 +77,14 @@ from ..graph import TensorInfo
 from ..rewrite import (
     Builder,
     Edit,
+    Recast,
     Replacement,
     Rule,
     apply,
     ir,
     is_splat,
     names_of,
+    plain,
     rule_key,
 )
 from . import PassContext, register_pass
@@ -100,9 +103,9 @@ class _Rewriter(Edit):
     """The model being rewritten (an :class:`onnx_cinm.rewrite.Edit`) with its tensor infos (by
     name; constants made here are added) and the values on the shape path."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, fills: dict) -> None:
         self.infos = tensor_infos(model)
-        super().__init__(model, Names(model.graph).fresh)
+        super().__init__(model, Names(model.graph).fresh, fills)
         self.opset = cinm.default_opset(model)
         self.shape_path = self._shape_path()
         self.planned = frontend.planned_dims(model)
@@ -123,7 +126,7 @@ class _Rewriter(Edit):
         """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
         path: set[ir.Value] = set()
         for n in self.graph:
-            if any(a.type == ir.AttributeType.GRAPH for a in n.attributes.values()):
+            if any(a.type == ir.AttributeType.GRAPH for a in plain(n.attributes).values()):
                 continue  # If/Loop/Scan: their bodies read outer values, not only the inputs
             if n.op_type in ("Shape", "Size") or (
                     any(v in path for v in n.inputs if v is not None) and
@@ -156,7 +159,7 @@ class _Rewriter(Edit):
 
     def dtype_name(self, name: str) -> str | None:
         i = self.info(name)
-        return None if i is None or i.dtype is None else np.dtype(i.dtype).name
+        return None if i is None or i.dtype is None else _dtype_name(i.dtype)
 
     def empty(self, names) -> bool:
         """True when one of the tensors has a static zero-sized dim (it holds no elements)."""
@@ -171,8 +174,15 @@ class _Rewriter(Edit):
         return None if i is None or i.shape is None else len(i.shape)
 
 
+@functools.cache
+def _dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, once per dtype: numpy works it out again on every call (its
+    ``issubdtype`` checks were a tenth of checking an elementwise node)."""
+    return np.dtype(dtype).name
+
+
 def _attrs(node: ir.Node) -> dict:
-    return {k: a.value for k, a in node.attributes.items()}
+    return {k: a.value for k, a in plain(node.attributes).items()}
 
 
 def _ins(node: ir.Node) -> list[str]:
@@ -189,6 +199,11 @@ class _Lowering(Builder):
     def cinm(self, op: str, inputs: list[str], outputs: list[str] | None = None, suffix: str = "",
              **attrs) -> str:
         return self.node(cinm.make_node, op, inputs, outputs, suffix or op.lower(), **attrs)
+
+    def cinm_recast(self, op: str, inputs: list[str], outputs: list[str], **attrs):
+        """The source node as the one cinm op ``op`` (:meth:`onnx_cinm.rewrite.Builder.recast`):
+        what a rule lowering a node 1:1 returns."""
+        return self.recast(cinm.make_node, op, inputs, outputs, **attrs)
 
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
         return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
@@ -218,10 +233,10 @@ def _matmul(rw: _Rewriter, node: ir.Node, ranks):
     (a, b), (ra, rb) = _ins(node), ranks
     lo, y = _Lowering(rw, node), _outs(node)[0]
     if ra >= 2 and rb >= 2:
-        lo.cinm("Gemm", [a, b], [y])
-    elif ra == 2 and rb == 1:
-        lo.cinm("Gemv", [a, b], [y])
-    elif ra == 1 and rb == 2 and rw.value(b) is not None:
+        return lo.cinm_recast("Gemm", [a, b], [y])
+    if ra == 2 and rb == 1:
+        return lo.cinm_recast("Gemv", [a, b], [y])
+    if ra == 1 and rb == 2 and rw.value(b) is not None:
         bt = rw.const(f"{lo.base}_BT", rw.value(b).T)
         lo.cinm("Gemv", [bt, a], [y])
     elif ra >= 2 and rb == 1:  # batched matrix times vector: b as a column
@@ -252,8 +267,7 @@ def _gemm(rw: _Rewriter, node: ir.Node, _):
     # with a bias, onnxruntime's Gemm adds C inside the product: the body keeps that op, so a
     # Gemm the placement leaves on the host rounds as the original did
     exact = {"onnx_gemm": 1} if len(ins) == 3 and rw.rank(ins[0]) == 2 and rw.rank(ins[1]) == 2 else {}
-    lo.cinm("Gemm", ins, [_outs(node)[0]], **exact)
-    return lo.nodes
+    return lo.cinm_recast("Gemm", ins, [_outs(node)[0]], **exact)
 
 
 def _same_pads(in_dims, ks, st, dl, mode: str) -> list[int] | None:
@@ -365,8 +379,7 @@ def _elementwise(rw: _Rewriter, node: ir.Node, _):
     inputs = _ins(node)
     if op == "Clip":  # always 3 inputs: the cinm Clip schema's inference reads input 2 (max)
         inputs += [""] * (3 - len(inputs))
-    lo.cinm(op, inputs, [_outs(node)[0]], **keep)
-    return lo.nodes
+    return lo.cinm_recast(op, inputs, [_outs(node)[0]], **keep)
 
 
 def _reduce_axes(rw: _Rewriter, node: ir.Node):
@@ -415,8 +428,8 @@ def _reduce(rw: _Rewriter, node: ir.Node, binding):
     (axes, keepdims, dt), x, y = binding, _ins(node)[0], _outs(node)[0]
     lo = _Lowering(rw, node)
     if node.op_type != "ReduceMean":
-        lo.cinm("Reduce", [x], [y], kind=_REDUCE[node.op_type], axes=axes, keepdims=keepdims)
-        return lo.nodes
+        return lo.cinm_recast("Reduce", [x], [y], kind=_REDUCE[node.op_type], axes=axes,
+                              keepdims=keepdims)
     shape = rw.info(x).shape
     total = lo.cinm("Reduce", [x], kind="add", axes=axes, keepdims=keepdims, suffix="sum")
     count = rw.const(f"{lo.base}_count", np.array(int(np.prod([shape[a] for a in axes])), dtype=np.dtype(dt)))
@@ -438,9 +451,8 @@ def _check_cumsum(rw: _Rewriter, node: ir.Node):
 def _cumsum(rw: _Rewriter, node: ir.Node, axis: int):
     at = _attrs(node)
     lo = _Lowering(rw, node)
-    lo.cinm("Scan", [_ins(node)[0]], [_outs(node)[0]], kind="add", axis=axis,
-            exclusive=int(at.get("exclusive", 0)), reverse=int(at.get("reverse", 0)))
-    return lo.nodes
+    return lo.cinm_recast("Scan", [_ins(node)[0]], [_outs(node)[0]], kind="add", axis=axis,
+                          exclusive=int(at.get("exclusive", 0)), reverse=int(at.get("reverse", 0)))
 
 
 def _check_topk(rw: _Rewriter, node: ir.Node):
@@ -461,9 +473,8 @@ def _topk(rw: _Rewriter, node: ir.Node, k: int):
     lo = _Lowering(rw, node)
     outs = _outs(node) + [""] * (2 - len(node.outputs))
     outs = [o or rw.fresh(f"{lo.base}_unused") for o in outs]
-    lo.cinm("TopK", [_ins(node)[0]], outs, k=k, axis=int(at.get("axis", -1)),
-            largest=int(at.get("largest", 1)), sorted=int(at.get("sorted", 1)))
-    return lo.nodes
+    return lo.cinm_recast("TopK", [_ins(node)[0]], outs, k=k, axis=int(at.get("axis", -1)),
+                          largest=int(at.get("largest", 1)), sorted=int(at.get("sorted", 1)))
 
 
 def _check_transpose(rw: _Rewriter, node: ir.Node):
@@ -478,8 +489,7 @@ def _check_transpose(rw: _Rewriter, node: ir.Node):
 
 def _transpose(rw: _Rewriter, node: ir.Node, perm: list[int]):
     lo = _Lowering(rw, node)
-    lo.cinm("Transpose", [_ins(node)[0]], [_outs(node)[0]], perm=perm)
-    return lo.nodes
+    return lo.cinm_recast("Transpose", [_ins(node)[0]], [_outs(node)[0]], perm=perm)
 
 
 def _minus_zero_point(rw: _Rewriter, lo: _Lowering, x: str, zp: str | None, zp_shape: list | None,
@@ -521,6 +531,8 @@ def _integer_product(rw: _Rewriter, lo: _Lowering, node: ir.Node, std_op: str, o
                     attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
                     outputs=[ir.Value(name=y)])
     inner = _RULE_OF[std_op](rw, proxy)
+    if isinstance(inner, Recast):  # the proxy is no node of the graph: what it would become, built
+        inner = [rw.add(inner.proto)]
     rw.detach(proxy)
     if isinstance(inner, str):
         for n in lo.nodes:
@@ -779,8 +791,7 @@ def _softmax(rw: _Rewriter, node: ir.Node, binding):
     lo = _Lowering(rw, node)
     x, y = _ins(node)[0], _outs(node)[0]
     if axis == rank - 1:
-        lo.cinm("Softmax", [x], [y])
-        return lo.nodes
+        return lo.cinm_recast("Softmax", [x], [y])
     perm = [d for d in range(rank) if d != axis] + [axis]
     back = [perm.index(d) for d in range(rank)]
     t = lo.cinm("Transpose", [x], suffix="axis_last", perm=perm)
@@ -834,8 +845,7 @@ def _layernorm(rw: _Rewriter, node: ir.Node, binding):
             x = rw.const(f"{lo.base}_{tag}", x[1])
         if x:
             ins.append(x)
-    lo.cinm("LayerNorm", ins, [_outs(node)[0]], axis=axis, epsilon=eps)
-    return lo.nodes
+    return lo.cinm_recast("LayerNorm", ins, [_outs(node)[0]], axis=axis, epsilon=eps)
 
 
 #: onnxruntime's contrib Gelus (com.microsoft): their approximation (FastGelu is the tanh one)
@@ -864,8 +874,7 @@ def _gelu(rw: _Rewriter, node: ir.Node, binding: tuple):
     x = _ins(node)[0]
     if bias:
         x = lo.cinm("Add", [x, bias], suffix="biased")
-    lo.cinm("Gelu", [x], [_outs(node)[0]], approximate=approx)
-    return lo.nodes
+    return lo.cinm_recast("Gelu", [x], [_outs(node)[0]], approximate=approx)
 
 
 def _scalar(rw: _Rewriter, v) -> float | None:
@@ -995,7 +1004,9 @@ def _any_candidate(graph: onnx.GraphProto, rules: list[Rule]) -> bool:
 def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Rewrite MatMul/Gemm/Conv, elementwise, Reduce*, CumSum, TopK, Transpose into cinm ops.
 
-    Reads ``ctx.options["lower_ops"]`` (optional set of source op types to lower; default all).
+    Reads ``ctx.options["lower_ops"]`` (optional set of source op types to lower; default all)
+    and ``ctx.fills`` (weights known to hold one value: not read back; ``fold_batchnorm``
+    hands them on).
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
     Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
     """
@@ -1007,7 +1018,7 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         ctx.stats["to_cinm"] = {"lowered": Counter(), "kept": {}}  # graph costs minutes
         ctx.log("to_cinm: no node of a type it lowers")
         return model
-    rw = _Rewriter(model)
+    rw = _Rewriter(model, ctx.fills)  # the light models' weights: not read back (DenseNet121: 32 MB)
 
     def guard(node: ir.Node) -> str | None:
         if any(v in rw.shape_path for v in node.outputs):
