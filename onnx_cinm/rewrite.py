@@ -131,6 +131,13 @@ def is_splat(array: np.ndarray) -> bool:
 _SPLAT_CHUNK = 1 << 18
 
 
+def fill_record(array: np.ndarray) -> tuple[int, tuple, bytes]:
+    """The entry of :attr:`onnx_cinm.passes.PassContext.fills` for ``array``, one value
+    broadcast (:func:`is_fill`): ``(TensorProto element type, dims, the value's bytes)``."""
+    return (onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape,
+            array[(0,) * array.ndim].tobytes())
+
+
 def is_fill(array: np.ndarray) -> bool:
     """Whether ``array`` (of a plain numeric or bool dtype, not empty) is one value broadcast:
     every stride 0, as :meth:`Edit.array` gives an initializer known to repeat one value."""
@@ -449,8 +456,7 @@ class Edit:
         for k, (name, array) in enumerate(made):
             if k not in taken:
                 if is_fill(array):
-                    self._made_fills[name] = (onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
-                                              array.shape, array[(0,) * array.ndim].tobytes())
+                    self._made_fills[name] = fill_record(array)
                 add_initializer(g, array, name)
         return self.proto
 

@@ -31,8 +31,8 @@ from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, iter_graphs, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
-from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, ir, is_fill, is_splat,
-                       known_fill, whole_bytes)
+from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, fill_record, ir, is_fill,
+                       is_splat, known_fill, whole_bytes)
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers, names_read_by
@@ -1128,11 +1128,14 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> int:
         current[at], current[index] = folded, None
         producer[bn.output[0]] = at
     if not made:
-        return 0
+        return 0, {}
     _replace_nodes(graph, [node for node in current if node is not None])
+    made_fills = {}
     for name, value in made:
+        if is_fill(value):  # as Edit.commit records them
+            made_fills[name] = fill_record(value)
         add_initializer(graph, value, name)
-    return len(made) // 2
+    return len(made) // 2, made_fills
 
 
 @register_pass("fold_batchnorm")
@@ -1175,14 +1178,19 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     graph = model.graph
     if not graph.sparse_initializer and not any(_subgraphs(n) for n in graph.node) and \
             not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
-        folded = _fold_batchnorms_on_protos(model, ctx.fills)
+        folded, made_fills = _fold_batchnorms_on_protos(model, ctx.fills)
+        fills = {**ctx.fills, **made_fills}
     else:  # bodies capturing values, or tensors onnx_ir reads its own way: its use-def links
         edit = Edit(model, _Names(graph).fresh, fills=ctx.fills)
         folded = sum(apply(edit, [_FOLD_BATCHNORM])[0].values())
         if folded:
             edit.commit(keep_graph_inputs=True)
+        fills = edit.current_fills()
     if folded:
         _remove_dead_values(graph)
     ctx.stats["fold_batchnorm"] = folded
-    ctx.fills = edit.current_fills()  # handed on, kept current, to to_cinm
+    # handed on, kept current (Edit.current_fills: the entries whose initializer is still
+    # there, and the folded weights of one value), to to_cinm
+    names = {t.name for t in graph.initializer}
+    ctx.fills = {name: fill for name, fill in fills.items() if name in names}
     return model
