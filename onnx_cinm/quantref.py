@@ -249,6 +249,24 @@ def quantized_tensors(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
+def _fed_inputs(model: onnx.ModelProto, tensors: dict[str, int]) -> list:
+    """The graph inputs ``name + FED_SUFFIX`` through which :func:`fed_from_reference` feeds the
+    tensors ``tensors`` (``{name: element type}``) of ``model``'s main graph, each with the type
+    and shape ``model``'s value_info (or graph outputs) gives it (symbolic dims kept, unknown
+    ones open), so the ops reading it see in shape inference what they see in ``model`` (a
+    Resize whose ``sizes`` are computed from the tensor's ``Shape`` refuses them unranked); the
+    element type alone where ``model`` declares none or another."""
+    known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
+    out = []
+    for n, t in tensors.items():
+        vi = known.get(n)
+        if vi is not None and vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == t:
+            out.append(onnx.ValueInfoProto(name=n + FED_SUFFIX, type=vi.type))
+        else:
+            out.append(helper.make_tensor_value_info(n + FED_SUFFIX, t, None))
+    return out
+
+
 def with_outputs(model: onnx.ModelProto, outputs: dict[str, int]) -> onnx.ModelProto:
     """A copy of ``model`` that also returns the tensors ``outputs`` (``{name: element type}``;
     names that already are graph outputs are not added twice)."""
@@ -265,13 +283,14 @@ def fed_from_reference(model: onnx.ModelProto, tensors: dict[str, int]) -> onnx.
     element type}``) from a new graph input ``name + FED_SUFFIX`` instead of computing it, and
     that returns the tensors it computes as extra outputs: fed the reference's quantized
     tensors, each of its own is computed from the reference's quantized inputs, so a rounding
-    difference upstream cannot cascade into it."""
+    difference upstream cannot cascade into it. The new inputs are declared as ``model``
+    declares the tensors (:func:`_fed_inputs`)."""
     out = with_outputs(model, tensors)
     for node in out.graph.node:
         for i, name in enumerate(node.input):
             if name in tensors:
                 node.input[i] = name + FED_SUFFIX
-    out.graph.input.extend(helper.make_tensor_value_info(n + FED_SUFFIX, t, None) for n, t in tensors.items())
+    out.graph.input.extend(_fed_inputs(model, tensors))
     return out
 
 

@@ -660,3 +660,32 @@ def test_a_float_model_is_not_judged_tensor_by_tensor():
 
     report = golden.compare(ref, Runner(), feeds=[{"x": np.ones(4, np.float32)}], stepwise=ref)
     assert not report.ok and len(calls) == 1 and report.notes == [] and report.stepwise is None
+
+
+def test_stepwise_check_feeds_a_quantized_tensor_with_its_shape():
+    """The tensor-by-tensor check feeds the candidate the reference's quantized tensor through a
+    new graph input (quantref.fed_from_reference), declared as the candidate's value_info
+    declares the tensor ([n, 3, 16, 64], n symbolic), so the candidate's ops see in shape
+    inference what they see in the whole model (as the provider's partitions do). Computed
+    from the same levels, the quantized tensor matches the reference's exactly at n = 2:
+    2 x 3 x 16 x 64 = 6144 elements, none off, the output within tolerance."""
+    from onnx_cinm.golden import compare_stepwise
+    from onnx_cinm.quantref import FED_SUFFIX, fed_from_reference
+
+    model = _model(
+        [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         h.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"]),
+         h.make_node("Resize", ["dq", "", "scales"], ["y"], mode="linear")],
+        [h.make_tensor_value_info("x", TP.FLOAT, ["n", 3, 16, 64])],
+        [h.make_tensor_value_info("y", TP.FLOAT, ["n", 3, 24, 96])],
+        [nh.from_array(np.array(0.02, np.float32), "s"), nh.from_array(np.array(128, np.uint8), "z"),
+         nh.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")])
+    candidate = onnx.shape_inference.infer_shapes(model)  # value_info, as optimize writes it
+    (fed,) = [i for i in fed_from_reference(candidate, {"q": TP.UINT8}).graph.input
+              if i.name == "q" + FED_SUFFIX]
+    assert fed.type.tensor_type.elem_type == TP.UINT8
+    assert [d.dim_param or d.dim_value for d in fed.type.tensor_type.shape.dim] == ["n", 3, 16, 64]
+    x = rng.standard_normal((2, 3, 16, 64)).astype(np.float32)
+    check = compare_stepwise(model, candidate, [{"x": x}])
+    assert (check.tensors, check.total, check.elements, check.off) == (1, 1, 2 * 3 * 16 * 64, [])
+    assert all(o.ok for o in check.outputs)

@@ -330,6 +330,27 @@ def _view(inputs: list, attrs: dict) -> list:
     return [np.reshape(x, [x.shape[i] if v == 0 else v for i, v in enumerate(attrs["shape"])])]
 
 
+def _declared(name: str, vi: onnx.ValueInfoProto | None, value=None) -> onnx.ValueInfoProto:
+    """How a model the provider cuts out of the optimized one (a host partition, an If branch)
+    declares ``name``, a tensor crossing into or out of it.
+
+    With ``vi`` (the whole model's graph input, value_info or output entry for ``name``): its
+    type as the whole model knows it, element type and shape, each dim a number, a symbolic
+    ``dim_param`` or open as it is there (rank kept), so no op's shape inference in the part
+    sees less than in the whole model: onnx's Resize takes an unranked or ``[?]`` ``sizes`` for
+    0 elements and refuses the node; declared ``[4]``, as the whole model infers it, it runs.
+    Without a typed entry: the element type and rank of ``value`` (the array arriving there at
+    the first run), if given; else no type (onnxruntime infers an output's)."""
+    if vi is not None and vi.HasField("type") and (
+            not vi.type.HasField("tensor_type") or vi.type.tensor_type.elem_type):
+        return onnx.ValueInfoProto(name=name, type=vi.type)
+    if value is None:
+        return onnx.ValueInfoProto(name=name)
+    a = np.asarray(value)
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                         [None] * a.ndim)
+
+
 def _inside(if_label: str, branch: str, label: str) -> str:
     """The profile's name of node or partition ``label`` of an If's branch:
     ``/dec/If_1[then] /dec/rnn/LSTM/Gemm``, ``/dec/If_1[else] host partition 0``
@@ -353,8 +374,9 @@ class _IfKernel:
     graph it reads. An If without device nodes stays inside its host partition.
 
     Each branch becomes a model: its nodes, its initializers plus the outer initializers it
-    reads, an input for every other outer value it reads (typed by element type from the outer
-    graph, or at the first run from the arrays that arrive). Sessions are built when the
+    reads, an input for every other outer value it reads (declared as the outer graph declares
+    it, :func:`_declared`, or at the first run by the element type and rank of the arrays that
+    arrive). Sessions are built when the
     parent is (both branches: their kernels are loaded once), or at the first run of a branch
     whose inputs have no known type."""
 
@@ -370,12 +392,8 @@ class _IfKernel:
         graph, parent = self.branches[branch], self.parent
 
         def typed(n):
-            vi = parent._vis.get(n)
-            elem = vi.type.tensor_type.elem_type if vi is not None and \
-                vi.type.HasField("tensor_type") else 0
-            if not elem and values is not None and n in values:
-                elem = helper.np_dtype_to_tensor_dtype(np.asarray(values[n]).dtype)
-            return helper.make_tensor_value_info(n, elem, None) if elem else None
+            vi = _declared(n, parent._vis.get(n), None if values is None else values.get(n))
+            return vi if vi.HasField("type") else None
 
         m = branch_model(parent._model, graph, weights=True, input_type=typed,
                          inits=parent._inits, name=graph.name or branch)
@@ -751,23 +769,12 @@ class InferenceSession:
         used = set()
         for node in p.nodes:
             used |= names_used_by(node)
-        # Boundary tensors are declared by element type only: the arrays are checked where they
-        # enter the model, and a stale or over-specific shape in value_info (a [1] where the
-        # value is a scalar) would make onnxruntime refuse a partition the whole graph runs.
-        # Outputs may even go untyped (onnxruntime infers them); inputs need a type (see run).
-        graph_inputs = {vi.name for vi in self._inputs}
-
-        def declared(n):
-            vi = vis.get(n)
-            if vi is None:
-                return onnx.ValueInfoProto(name=n)
-            if n in graph_inputs or not vi.type.HasField("tensor_type"):
-                return vi
-            return helper.make_tensor_value_info(n, vi.type.tensor_type.elem_type, None)
-
+        # boundary tensors as the whole model declares them (_declared); outputs may go untyped
+        # (onnxruntime infers them), inputs need a type (see _late_session)
         sub = helper.make_graph(
             p.nodes, f"{g.name or 'graph'}_host{p.index}",
-            [declared(n) for n in p.inputs], [declared(n) for n in p.outputs],
+            [_declared(n, vis.get(n)) for n in p.inputs],
+            [_declared(n, vis.get(n)) for n in p.outputs],
             initializer=[inits[n] for n in inits if n in used])
         m = helper.make_model(sub, opset_imports=list(self._model.opset_import),
                               ir_version=self._model.ir_version)
@@ -1040,9 +1047,7 @@ class InferenceSession:
             vis = dict(self._vis)
             for n in p.inputs:
                 if n not in vis:
-                    a = np.asarray(values[n])
-                    vis[n] = helper.make_tensor_value_info(
-                        n, helper.np_dtype_to_tensor_dtype(a.dtype), [None] * a.ndim)
+                    vis[n] = _declared(n, None, values[n])
             session = self._session(p, self._inits, vis)
             p.call = _run_call(session)
             p.session = session
