@@ -140,11 +140,17 @@ class OptimizeResult:
             more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
             lines.append(f"FLOPs on host by op type: {shown}{more}")
         flow, made = _control_flow(self.model)
-        if made:
-            ops = ", ".join(f"{op} x{n}" for op, n in sorted(made.items()))
-            lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
-                         "are cinm ops, their steps run in a Scan on the host (sized with --dim, "
-                         "the steps are unrolled into cinm ops too)")
+        from .passes.recurrent import DYNAMIC
+
+        for why in sorted({w for _, w in made}, key=lambda w: w != DYNAMIC):
+            ops = ", ".join(f"{op} x{n}" for (op, w), n in sorted(made.items()) if w == why)
+            if why == DYNAMIC:
+                lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
+                             "are cinm ops, their steps run in a Scan on the host (sized with "
+                             "--dim, the steps are unrolled into cinm ops too)")
+            else:  # sized, but too long to unroll: a fixed limit, no option raises it
+                lines.append(f"recurrences {ops}: {why}: steps run in a Scan on the host (a "
+                             "fixed limit); their input projections are cinm ops")
         if flow:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
@@ -439,12 +445,13 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
     """``(line, made)``: the summary's ``control flow:`` line for the main graph's nodes with
     subgraphs (If, Loop, Scan): which If branches were compiled (hold cinm ops), how many of
     their cinm ops run on a device, and what stays on the host as it is (None without control
-    flow); ``made`` counts, per recurrent op type, the recurrences of dynamic length whose steps
-    ``to_cinm`` put in Scans (not the model's control flow:
+    flow); ``made`` counts, per recurrent op type and reason (``(op, why)``, why
+    :func:`onnx_cinm.passes.recurrent.scan_reason`: a dynamic length, or one above the unroll
+    limit), the recurrences whose steps ``to_cinm`` put in Scans (not the model's control flow:
     :func:`onnx_cinm.passes.recurrent.made_scan`)."""
-    from .passes.recurrent import made_scan
+    from .passes.recurrent import made_scan, scan_reason
 
-    made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
+    made: dict = {}  # (op type, why) -> the doc strings (one per recurrent op; a Scan per direction)
     count: Counter = Counter()
     branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = nested = 0
     for node in model.graph.node:
@@ -452,7 +459,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
         if not bodies:
             continue
         if made_scan(node):
-            made.setdefault(made_scan(node), set()).add(node.doc_string)
+            made.setdefault((made_scan(node), scan_reason(node)), set()).add(node.doc_string)
             continue
         count[node.op_type] += 1
         for body in bodies:

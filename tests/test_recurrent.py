@@ -212,6 +212,20 @@ def test_a_long_sequence_runs_in_a_scan(monkeypatch):
     assert len(_gemms(res.model)) == 1 and res.check.ok
 
 
+def test_a_sized_length_above_the_limit_says_so_not_that_it_is_unrolled(monkeypatch):
+    # notes_brnn at --dim T=300: the summary said "recurrences of a dynamic length ... (sized
+    # with --dim, the steps are unrolled into cinm ops too)" though T was sized; 300 > 256
+    from onnx_cinm.passes import recurrent
+
+    monkeypatch.setattr(recurrent, "MAX_UNROLL", 4)
+    res = optimize(_model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1), dims={"T": 5})
+    assert [n.op_type for n in res.model.graph.node].count("Scan") == 1
+    lines = [ln for ln in res.summary().splitlines() if ln.startswith("recurrences")]
+    assert lines == ["recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
+                     "run in a Scan on the host (a fixed limit); their input projections are "
+                     "cinm ops"]
+
+
 def test_dynamic_length_sized_by_dim_is_unrolled():
     model = _model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1)
     res = optimize(model, stop_after="cinm", dims={"T": 5})
