@@ -178,10 +178,11 @@ class OptimizeResult:
             lines.append(f"host roofline: {roof.text()}")
         return "\n".join(lines)
 
-    def device_tables(self) -> str:
+    def device_tables(self, fold: bool = True) -> str:
         """Each device's table of the plans it made for this model (:meth:`Device.summary`,
         e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order;
-        empty if no device has one."""
+        empty if no device has one. ``fold``: rows of one source op with the same figures as
+        one row with a count (False: a row per kernel)."""
         from . import devices
 
         if "device_lowering" not in self.stats:  # stopped before: no plans to show
@@ -197,7 +198,7 @@ class OptimizeResult:
                 plans.setdefault(at["device"], []).append((label + node.name, node.op_type, at))
                 counted.setdefault(at["device"], []).append(count)
                 inside = inside or bool(label)
-        tables = [devices.get_device(d).summary(p, counted[d]) for d, p in plans.items()]
+        tables = [devices.get_device(d).summary(p, counted[d], fold=fold) for d, p in plans.items()]
         tables = [t for t in tables if t]
         if tables and inside:
             tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; the kernels "

@@ -42,7 +42,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
-from .text import Column, if_rule, si, table as text_table
+from .text import Column, fold_rows, if_rule, si, table as text_table
 
 #: Colour of the transfers in the pictures (a device's own is its ``Device.colour``).
 TRANSFER_COLOUR = "#c7c7c7"
@@ -291,14 +291,34 @@ def _area_text(r: Layer) -> str:
     return f"{area:.4g} mm2" if area else ""
 
 
-def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
-    """The per-layer table as text (one line per node), then the totals."""
-    body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
-             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"),
-             _parts_text(r), _area_text(r), _reason_text(r))
-            for r in rows if r.cinm or not cinm_only]
+#: The figures :func:`table` shows of a folded row as the sum over its nodes (positions in
+#: its raw row: FLOPs, latency, energy, writes, moved); the index is the first node's.
+_SUMMED, _INDEX = (4, 6, 7, 8, 9), 0
+
+
+def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool = True) -> str:
+    """The per-layer table as text, then the totals. ``cinm_only``: the cinm ops' rows only.
+    ``fold``: the nodes of one source op with the same op, shape, device and figures in one
+    row ``<node> xN`` (:func:`onnx_cinm.text.fold_rows`; the steps of an unrolled recurrence),
+    its figures the N nodes' sums, its index ``first..last``; False: one line per node. The
+    totals are the same either way."""
+    raw = [(r.index, r.name, r.op, r.shape, r.flops, r.device, r.latency_s + r.transfer_s,
+            r.energy_j + r.transfer_j, r.writes, r.bytes_moved, _parts_text(r), _area_text(r),
+            _reason_text(r)) for r in rows if r.cinm or not cinm_only]
+    grouped = fold_rows(raw, name=1, times=_SUMMED, skip=(_INDEX,)) if fold \
+        else [(list(c), [k]) for k, c in enumerate(raw)]
+    body = [(c[0] if len(m) == 1 else f"{raw[m[0]][0]}..{raw[m[-1]][0]}", *c[1:4], si(c[4]),
+             c[5], si(c[6], "s"), si(c[7], "J"), c[8], si(c[9], "B"), *c[10:])
+            for c, m in grouped]
+    folded = []
+    if len(grouped) < len(raw):
+        folded.append(f"({len(raw)} rows in {len(grouped)}: '<node> xN' stands for N nodes of "
+                      "one source op with the same op, shape, device and figures each, e.g. the "
+                      "steps of an unrolled recurrence; its FLOPs, latency, energy, writes and "
+                      "moved are the N nodes' sums, its area one node's; --all-nodes lists every "
+                      "node, layers.csv too)")
     return text_table(COLUMNS, body, notes=[
-        _totals_line(totals),
+        _totals_line(totals), *folded,
         "(latency and energy include the transfers the cost model charges to the op, listed "
         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
         "its own model, while the total counts only tensors that cross between devices; "

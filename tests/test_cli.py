@@ -475,7 +475,7 @@ def test_quiet_optimize_prices_and_tabulates_nothing_it_does_not_print(tmp_path,
     real_totals, real_tables = branches.counted_totals, pipeline.OptimizeResult.device_tables
     monkeypatch.setattr(branches, "counted_totals", lambda *a: priced.append(1) or real_totals(*a))
     monkeypatch.setattr(pipeline.OptimizeResult, "device_tables",
-                        lambda self: tables.append(1) or real_tables(self))
+                        lambda self, **kw: tables.append(1) or real_tables(self, **kw))
     for flag in ("-q", "-v"):
         out = tmp_path / f"lenet{flag}.onnx"
         assert main(["optimize", "--example", "lenet", "-o", str(out), "--check", "0", flag]) == 0

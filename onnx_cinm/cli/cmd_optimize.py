@@ -162,7 +162,8 @@ def _cmd_optimize(args, parser) -> int:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    tables = None if args.quiet else result.device_tables()  # -q prints none: not built
+    # -q prints none: not built; -v lists every kernel, else one row per repeated kernel
+    tables = None if args.quiet else result.device_tables(fold=not args.verbose)
     if tables:
         say("")
         for line in tables.splitlines():

@@ -302,13 +302,16 @@ class Device:
         inputs. Default: none (the kernel takes any size of its inputs)."""
         return ()
 
-    def summary(self, plans: list, counted: list | None = None) -> str:
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
         """A table for people of the plans of a model's nodes on this device, ``plans`` being
         ``[(node name, op type, attrs)]`` (a node inside an If branch named with its branch
         path, ``/dec/If_1[then] /dec/rnn/Gemm``); printed by ``optimize``. ``counted``: per
         plan, whether per-inference totals count it (False: the other branch of an If whose
         taken branch the planning probe saw; such a kernel still counts in load-time totals,
-        as both branches are loaded); None: all. Default: none."""
+        as both branches are loaded); None: all. ``fold``: rows of one source op with the
+        same figures (an unrolled recurrence's steps) shown as one row with a count
+        (:func:`onnx_cinm.text.fold_rows`; the totals unchanged); False (``optimize -v``):
+        one row per plan. Default: none."""
         return ""
 
     def recorded_options(self, plans: list) -> dict:
