@@ -370,9 +370,12 @@ class HbmPimDevice(Device):
                 tot["trig"] += a["pim_triggers"]
                 tot["lat"] += a["pim_latency_s"]
                 tot["en"] += a["pim_energy_j"]
-        folded = [c for c, _ in fold_rows(cells)] if fold else cells
-        for name, op, size, pcus, tg, crf, trig, res, lat, en in folded:
-            rows.append(f"{printable(name)[:30]:30s} {op:>5s} {size:>16s} {pcus:>5d} {tg:>11s} "
+        folded = fold_rows(cells) if fold else [(list(c), [k]) for k, c in enumerate(cells)]
+        for (name, op, size, pcus, tg, crf, trig, res, lat, en), members in folded:
+            # a long name is cut, the count of a folded row ('... x200') kept
+            count = f" x{len(members)}" if len(members) > 1 else ""
+            shown = printable(name[:-len(count)] if count else name)[:30 - len(count)] + count
+            rows.append(f"{shown:30s} {op:>5s} {size:>16s} {pcus:>5d} {tg:>11s} "
                         f"{crf:>4d} {trig:>9d} {res:>10s} {lat:>10s} {en:>10s}")
         rows.append("-" * len(head))
         n_inf = sum(flags)
