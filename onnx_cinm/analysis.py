@@ -62,7 +62,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
         settled = _settled(model.graph, consts)
         if settled is not None:
             return settled
-    light, consts = _weightless_copy(model, dims)
+    light, consts = _weightless_copy(model, dims, probed)
     inferred = size_anonymous_dims(light)
     pins = _probe_pins(inferred.graph, probed)
     if pins:  # again, from the probed shapes of the tensors inference left open
@@ -110,9 +110,11 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     graph.value_info.extend(entries)
     return True
 
-def _weightless_copy(model: onnx.ModelProto, dims: dict) -> tuple[onnx.ModelProto, dict]:
+def _weightless_copy(model: onnx.ModelProto, dims: dict,
+                     probed: dict | None = None) -> tuple[onnx.ModelProto, dict]:
     """The copy of ``model`` :func:`tensor_infos` infers (no weight bytes: inference needs only
-    their types and dims; ``dims`` bound on it, the model itself stays dynamic), and
+    their types and dims; ``dims`` bound on it, the model itself stays dynamic; the graph
+    outputs ``probed`` sizes pinned, :func:`_pin_outputs`), and
     ``{initializer name: (element type, dims)}``."""
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions)
@@ -120,6 +122,7 @@ def _weightless_copy(model: onnx.ModelProto, dims: dict) -> tuple[onnx.ModelProt
     g.node.extend(model.graph.node)
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
+    _pin_outputs(g, probed or {})
     g.value_info.extend(model.graph.value_info)
     if dims:  # bound on the copy: the model itself stays dynamic
         del g.value_info[:]  # entries computed from the symbolic sizes would contradict them
@@ -207,6 +210,26 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
                 not all(isinstance(d, int) for d in info.shape):
             return None
     return infos
+
+
+def _pin_outputs(graph: onnx.GraphProto, probed: dict) -> None:
+    """Give the graph outputs whose declared shape is open (no shape, or a dim without a value)
+    the shape the planning probe saw (``{name: (element type, dims)}``), when the element types
+    agree; in place, on the weightless copy :func:`tensor_infos` infers. A declared output type
+    is kept by inference over what it infers, and :func:`_probe_pins` cannot pin a graph output
+    (a value_info entry of an output's name is not one), so without this an output's open
+    declared dim stayed unsized although the probe ran the model (madmom's notes RNN declares
+    its output ``[output_0_dim_0]``; onnxruntime gives ``[T, 88]``)."""
+    for out in graph.output:
+        if out.name not in probed or not out.type.HasField("tensor_type"):
+            continue
+        tt = out.type.tensor_type
+        elem, shape = probed[out.name]
+        if tt.elem_type and tt.elem_type != elem:
+            continue
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            continue
+        out.type.CopyFrom(helper.make_tensor_type_proto(elem, list(shape)))
 
 
 def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProto]:

@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import devices, frontend, golden, hostmodel
+from .devices.base import accepts_keyword
 from .analysis import body_flops, node_flops, open_tensors, tensor_infos
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -30,7 +31,12 @@ class OptimizeResult:
         cinm_by_device: cinm ops per device name (``"unplaced"`` before the placement pass).
         flops_total: FLOPs of one inference of the optimized model, at ``dims``.
         flops_on_devices: the part of ``flops_total`` in cinm ops placed on a non-host device.
-        timings: ``(pass name, seconds)`` per pass run.
+        timings: ``(pass or step name, seconds)`` per pass run and per step around the
+            passes (:data:`STEPS`: loading, the probe, shape inference, totals, the checks, the
+            summary's figures; the command line adds ``save`` and ``report``).
+        wall_s: wall time of the whole :func:`optimize` call, seconds (the command line sets
+            it to its own, from the command's start to the summary); what
+            ``timings`` leave out of it the summary shows as ``other``.
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
@@ -96,6 +102,7 @@ class OptimizeResult:
     branches_from: str | None = None
     fixed_dims: dict = field(default_factory=dict)
     origins: list = field(default_factory=list)
+    wall_s: float | None = None
 
     @property
     def device_flops_share(self) -> float:
@@ -142,11 +149,17 @@ class OptimizeResult:
             more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
             lines.append(f"FLOPs on host by op type: {shown}{more}")
         flow, made = _control_flow(self.model)
-        if made:
-            ops = ", ".join(f"{op} x{n}" for op, n in sorted(made.items()))
-            lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
-                         "are cinm ops, their steps run in a Scan on the host (sized with --dim, "
-                         "the steps are unrolled into cinm ops too)")
+        from .passes.recurrent import DYNAMIC
+
+        for why in sorted({w for _, w in made}, key=lambda w: w != DYNAMIC):
+            ops = ", ".join(f"{op} x{n}" for (op, w), n in sorted(made.items()) if w == why)
+            if why == DYNAMIC:
+                lines.append(f"recurrences of a dynamic length: {ops}; their input projections "
+                             "are cinm ops, their steps run in a Scan on the host (sized with "
+                             "--dim, the steps are unrolled into cinm ops too)")
+            else:  # sized, but too long to unroll: a fixed limit, no option raises it
+                lines.append(f"recurrences {ops}: {why}: steps run in a Scan on the host (a "
+                             "fixed limit); their input projections are cinm ops")
         if flow:
             lines.append(f"control flow: {flow}")
         kept = self.stats.get("to_cinm", {}).get("kept", {})
@@ -169,15 +182,18 @@ class OptimizeResult:
         else:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
+        if self.wall_s is not None:
+            lines.append(wall_text(self.timings, self.wall_s))
         roof = self.stats.get("host_roofline")
         if roof is not None:
             lines.append(f"host roofline: {roof.text()}")
         return "\n".join(lines)
 
-    def device_tables(self) -> str:
+    def device_tables(self, fold: bool = True) -> str:
         """Each device's table of the plans it made for this model (:meth:`Device.summary`,
         e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order;
-        empty if no device has one."""
+        empty if no device has one. ``fold``: rows of one source op with the same figures as
+        one row with a count (False: a row per kernel)."""
         from . import devices
 
         if "device_lowering" not in self.stats:  # stopped before: no plans to show
@@ -193,7 +209,12 @@ class OptimizeResult:
                 plans.setdefault(at["device"], []).append((label + node.name, node.op_type, at))
                 counted.setdefault(at["device"], []).append(count)
                 inside = inside or bool(label)
-        tables = [devices.get_device(d).summary(p, counted[d]) for d, p in plans.items()]
+        tables = []
+        for d, p in plans.items():
+            dev = devices.get_device(d)
+            # a plugin's summary written before it took fold= lists every plan
+            kw = {"fold": fold} if accepts_keyword(dev.summary, "fold") else {}
+            tables.append(dev.summary(p, counted[d], **kw))
         tables = [t for t in tables if t]
         if tables and inside:
             tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; the kernels "
@@ -258,6 +279,18 @@ def _sizes_note(dims: dict, unsized: list) -> str:
         parts.append("symbolic dims taken as 1: " + ", ".join(unsized) + "; size them with "
                      f"--dim {unsized[0]}=SIZE (Python: optimize(..., dims={{'{unsized[0]}': SIZE}}))")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def wall_text(timings: list, wall_s: float) -> str:
+    """The summary's ``wall:`` line: ``wall_s`` split into the passes, the steps around them
+    (:data:`STEPS`) and the rest (argument checks, the summary; from ``timings``, ``(name,
+    seconds)``), so the figures of the ``passes:`` line add up to the wall time."""
+    steps = sum(t for n, t in timings if n in STEPS)
+    passes = sum(t for n, t in timings if n not in STEPS)
+    other = max(wall_s - steps - passes, 0.0)
+    return (f"wall: {wall_s:.2f} s = passes {passes:.2f} s + steps {steps:.2f} s (imports, "
+            f"load, checks, save, ...: named on the line above) + other {other:.2f} s "
+            "(option and input checks)")
 
 
 def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
@@ -409,14 +442,20 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
 #: The steps :func:`optimize` runs around the registered passes, as the summary's ``passes:``
 #: line names them (not passes: ``skip`` does not take them; ``check=0`` turns the checks off).
 STEPS = {
+    "imports": "load the compiler's modules (the command line's)",
+    "load": "read and validate the input model (and copy it, when the check needs the original)",
     "probe_shapes": "one onnxruntime run of the original at the planned sizes, for the shapes "
                     "inference leaves open (only when every input dim has a size and some are)",
     "if_bodies": "compile the branches of If nodes through the same passes (only with an If)",
     "shape_inference": "infer the shapes of the rewritten model afresh",
+    "totals": "price the written model once more for the cost placement's totals (not with -q)",
     "check": "golden check: onnxruntime on the original and on the result, on random or "
              "given inputs (--check N; 0 = off)",
     "check_nan_inf": "the check once more with NaN, +Inf and -Inf in every float input "
                      "(after the check passed)",
+    "figures": "count the FLOPs and the dims the plans fix, for the summary",
+    "save": "write the model and its kernel files (the command line's)",
+    "report": "render the --report folder's files (the command line's, with --report)",
 }
 
 
@@ -460,12 +499,13 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
     """``(line, made)``: the summary's ``control flow:`` line for the main graph's nodes with
     subgraphs (If, Loop, Scan): which If branches were compiled (hold cinm ops), how many of
     their cinm ops run on a device, and what stays on the host as it is (None without control
-    flow); ``made`` counts, per recurrent op type, the recurrences of dynamic length whose steps
-    ``to_cinm`` put in Scans (not the model's control flow:
+    flow); ``made`` counts, per recurrent op type and reason (``(op, why)``, why
+    :func:`onnx_cinm.passes.recurrent.scan_reason`: a dynamic length, or one above the unroll
+    limit), the recurrences whose steps ``to_cinm`` put in Scans (not the model's control flow:
     :func:`onnx_cinm.passes.recurrent.made_scan`)."""
-    from .passes.recurrent import made_scan
+    from .passes.recurrent import made_scan, scan_reason
 
-    made: dict = {}  # op type -> the doc strings (one per recurrent op; a Scan per direction)
+    made: dict = {}  # (op type, why) -> the doc strings (one per recurrent op; a Scan per direction)
     count: Counter = Counter()
     branches = compiled = on_dev = host_cinm = unplaced = other = plain = loop_nodes = nested = 0
     for node in model.graph.node:
@@ -473,7 +513,7 @@ def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
         if not bodies:
             continue
         if made_scan(node):
-            made.setdefault(made_scan(node), set()).add(node.doc_string)
+            made.setdefault((made_scan(node), scan_reason(node)), set()).add(node.doc_string)
             continue
         count[node.op_type] += 1
         for body in bodies:
@@ -641,6 +681,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         CheckFailed: the optimized model does not match the original within tolerance.
     """
     log = log or (lambda msg: None)
+    begin = time.perf_counter()
     options = _options(placement, place, objective, constraints, host_roofline, device_options)
     if isinstance(model, (str, Path)):
         original = frontend.load_model(model)
@@ -676,6 +717,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     ctx.stats["option_warnings"] = [w for dev in devices.all_devices()
                                     for w in dev.option_warnings(options)]
     pm = PassManager(skip=list(skip), stop_after=stop_after)
+    pm.timings.append(("load", time.perf_counter() - begin))
     if not unsized:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
         # the user's own arrays for every input: what their data sizes (the rows after a
@@ -723,7 +765,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         # own totals predate the passes after placement (fold_layouts drops host Transposes)
         from .passes.branches import counted_totals, evaluate_graphs
 
+        t0 = time.perf_counter()
         placed["model_totals"] = counted_totals(evaluate_graphs(work, ctx.options)[0])
+        timings.append(("totals", time.perf_counter() - t0))
     report, skipped, special, special_skipped = None, None, None, None
     if check:
         t0 = time.perf_counter()
@@ -772,12 +816,15 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
                                   f"inputs: {special.summary()}")
+    t0 = time.perf_counter()
     total, on_dev, by_dev, placements, host, exact, anonymous = _flops(
         work, ctx.stats.get("if_taken"))
     if not ctx.stats.get("if_taken"):
         branches_from = None
     fixed = fixed_dims(work, {**{d: 1 for d in unsized}, **dims}) \
         if "device_lowering" in ctx.stats else {}
+    timings.append(("figures", time.perf_counter() - t0))
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
-                          anonymous, special_skipped, branches_from, fixed, ctx.origins)
+                          anonymous, special_skipped, branches_from, fixed, ctx.origins,
+                          wall_s=time.perf_counter() - begin)

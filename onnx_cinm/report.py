@@ -42,7 +42,7 @@ import onnx
 
 from . import hostmodel
 from .dialects import cinm
-from .text import Column, if_rule, si, table as text_table
+from .text import Column, fold_rows, if_rule, si, table as text_table
 
 #: Colour of the transfers in the pictures (a device's own is its ``Device.colour``).
 TRANSFER_COLOUR = "#c7c7c7"
@@ -195,15 +195,16 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
 
     plt, fig = _figure()
     seen: list = []
-    cols = [_colour(r.device, seen) for r in rows]
+    of = {d: _colour(d, seen) for d in dict.fromkeys(r.device for r in rows)}
+    cols = [of[r.device] for r in rows]
     x = list(range(len(rows)))
     for k, (attr, tattr, label) in enumerate((("latency_s", "transfer_s", "time per inference (s)"),
                                              ("energy_j", "transfer_j", "energy per inference (J)"))):
         ax = fig.add_subplot(2, 1, k + 1)
         own = [getattr(r, attr) for r in rows]
         extra = [getattr(r, tattr) for r in rows]
-        ax.bar(x, own, color=cols, width=1.0, linewidth=0)
-        ax.bar(x, extra, bottom=own, color=TRANSFER_COLOUR, width=1.0, linewidth=0)
+        _bars(ax, own, [0.0] * len(own), cols)
+        _bars(ax, extra, own, [TRANSFER_COLOUR] * len(own))
         top = max((a + b for a, b in zip(own, extra)), default=0.0)
         if top > 0:
             ax.set_ylim(0, top * 1.08)  # the tallest bar does not touch the frame
@@ -221,6 +222,22 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
         fig.suptitle(title, x=0.02, ha="left", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _png(fig, plt)
+
+
+def _bars(ax, heights: list, bottoms: list, colours: list) -> None:
+    """Bars of width 1 centred on 0, 1, ... (``heights`` above ``bottoms``, each in its
+    colour) drawn as one collection: ``Axes.bar`` makes a patch per bar, and an unrolled
+    LSTM's 21811 layers took 200 s to add and draw (s24 trial: report 208 s)."""
+    import numpy as np
+    from matplotlib.collections import PolyCollection
+
+    x = np.arange(len(heights), dtype=float)
+    lo = np.asarray(bottoms, dtype=float)
+    hi = lo + np.asarray(heights, dtype=float)
+    verts = np.stack([np.stack([x - 0.5, lo], 1), np.stack([x - 0.5, hi], 1),
+                      np.stack([x + 0.5, hi], 1), np.stack([x + 0.5, lo], 1)], 1)
+    ax.add_collection(PolyCollection(verts, facecolors=colours, linewidths=0))
+    ax.autoscale_view()
 
 
 #: graphs up to this many nodes get each node's op type written next to its dot
@@ -255,7 +272,8 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     ax.add_collection(LineCollection([(pos[a], pos[b]) for a, b in edges if depth[b] // wrap == depth[a] // wrap],
                                      colors="#bbbbbb", linewidths=0.6, zorder=1))
     seen: list = []
-    ax.scatter([p[0] for p in pos], [p[1] for p in pos], c=[_colour(r.device, seen) for r in rows],
+    of = {d: _colour(d, seen) for d in dict.fromkeys(r.device for r in rows)}
+    ax.scatter([p[0] for p in pos], [p[1] for p in pos], c=[of[r.device] for r in rows],
                s=[40 if r.cinm else 14 for r in rows], zorder=2, edgecolors="none")
     if len(rows) <= GRAPH_LABELS_UP_TO:  # small graphs: every node says what it is
         for (px, py), r in zip(pos, rows):
@@ -291,23 +309,42 @@ def _area_text(r: Layer) -> str:
     return f"{area:.4g} mm2" if area else ""
 
 
-def table(rows: list[Layer], totals: dict, cinm_only: bool = False) -> str:
-    """The per-layer table as text (one line per node), then the totals. With ``cinm_only``
-    only the cinm ops' rows; a line before the totals then counts the rows left out (the
-    standard ops the host runs) with their latency and energy, so the rows shown and that line
-    add up to the totals."""
-    body = [(r.index, r.name, r.op, r.shape, si(r.flops), r.device, si(r.latency_s + r.transfer_s, "s"),
-             si(r.energy_j + r.transfer_j, "J"), r.writes, si(r.bytes_moved, "B"),
-             _parts_text(r), _area_text(r), _reason_text(r))
-            for r in rows if r.cinm or not cinm_only]
+#: The figures :func:`table` shows of a folded row as the sum over its nodes (positions in
+#: its raw row: FLOPs, latency, energy, writes, moved); the index is the first node's.
+_SUMMED, _INDEX = (4, 6, 7, 8, 9), 0
+
+
+def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool = True) -> str:
+    """The per-layer table as text, then the totals. ``cinm_only``: the cinm ops' rows only;
+    a line before the totals then counts the rows left out (the standard ops the host runs)
+    with their latency and energy, so the rows shown and that line add up to the totals.
+    ``fold``: the nodes of one source op with the same op, shape, device and figures in one
+    row ``<node> xN`` (:func:`onnx_cinm.text.fold_rows`; the steps of an unrolled recurrence),
+    its figures the N nodes' sums, its index ``first..last``; False: one line per node. The
+    totals are the same either way."""
+    raw = [(r.index, r.name, r.op, r.shape, r.flops, r.device, r.latency_s + r.transfer_s,
+            r.energy_j + r.transfer_j, r.writes, r.bytes_moved, _parts_text(r), _area_text(r),
+            _reason_text(r)) for r in rows if r.cinm or not cinm_only]
+    grouped = fold_rows(raw, name=1, times=_SUMMED, skip=(_INDEX,)) if fold \
+        else [(list(c), [k]) for k, c in enumerate(raw)]
+    body = [(c[0] if len(m) == 1 else f"{raw[m[0]][0]}..{raw[m[-1]][0]}", *c[1:4], si(c[4]),
+             c[5], si(c[6], "s"), si(c[7], "J"), c[8], si(c[9], "B"), *c[10:])
+            for c, m in grouped]
     hidden = [r for r in rows if cinm_only and not r.cinm and r.counted]
     left_out = [] if not hidden else [
         f"{len(hidden)} {'/'.join(sorted({r.device for r in hidden}))} ops not shown ({si(sum(r.latency_s + r.transfer_s for r in hidden), 's')}, "
         f"{si(sum(r.energy_j + r.transfer_j for r in hidden), 'J')}, in the total): --all-nodes "
         "lists them"]
+    folded = []
+    if len(grouped) < len(raw):
+        folded.append(f"({len(raw)} rows in {len(grouped)}: '<node> xN' stands for N nodes of "
+                      "one source op with the same op, shape, device and figures each, e.g. the "
+                      "steps of an unrolled recurrence; its FLOPs, latency, energy, writes and "
+                      "moved are the N nodes' sums, its area one node's; --all-nodes lists every "
+                      "node, layers.csv too)")
     return text_table(COLUMNS, body, notes=[
         *left_out,
-        _totals_line(totals),
+        _totals_line(totals), *folded,
         "(latency and energy include the transfers the cost model charges to the op, listed "
         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
         "its own model, while the total counts only tensors that cross between devices; "

@@ -4,12 +4,14 @@ Node, tensor and output names are arbitrary strings in ONNX. Printed raw, a newl
 breaks a table row in two, and a Unicode bidi override (U+202E and friends, the "Trojan Source"
 characters, CVE-2021-42574) reorders the rest of the line as a terminal shows it. Every table
 and message that shows such a name passes it through :func:`printable`; :func:`table` does it
-for every cell. :func:`si` is the one number formatter. :func:`progress_bar` is the one
-progress bar of long steps.
+for every cell. :func:`si` is the one number formatter. :func:`fold_rows` folds the rows of
+one source op repeated with the same figures (an unrolled recurrence's steps) into one row
+with a count. :func:`progress_bar` is the one progress bar of long steps.
 """
 from __future__ import annotations
 
 import math
+import re
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -113,6 +115,63 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
     out += [line(r) for r in tail]
     out += notes
     return "\n".join(out)
+
+
+#: The end of a node name that numbers the copies of one source op (``Gemm_17``: the 17th
+#: step of an unrolled recurrence; ``host partition 12``), which :func:`fold_rows` drops to
+#: name the source op.
+_COPY_NUMBER = re.compile(r"[_ ]\d+$")
+
+
+def source_name(name: str) -> str:
+    """The source op of node ``name``: ``name`` less a trailing ``_<digits>`` or
+    `` <digits>`` (``lstm_node_3/Gemm_17`` -> ``lstm_node_3/Gemm``, ``host partition 12`` ->
+    ``host partition``)."""
+    return _COPY_NUMBER.sub("", str(name))
+
+
+def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
+              times: Sequence[int] = (), skip: Sequence[int] = ()) -> list[tuple[list, list[int]]]:
+    """Rows of one source op repeated with the same figures folded into one row with a count.
+
+    Rows whose cells are equal (cells hashable) except the name (column ``name``), the
+    ``add`` and the ``skip`` columns, and whose names have one :func:`source_name`, become one
+    row: the first of them (where it stood), named ``<source> x<count>``
+    (``lstm_node_3/Gemm x200``), with
+
+    * ``add`` cells: the sum of the group's (figures measured per row that differ, a wall
+      time; None counts nothing, all None stay None);
+    * ``times`` cells (compared like the rest): the first row's times the count, so the row
+      gives the group's total (None stays None);
+    * ``skip`` cells: the first row's (an index, say; the caller may show the group's range);
+    * the other cells: the group's one value (a per-row figure, the same for each).
+
+    A row with no twin keeps its name and cells. Nothing is dropped: the counts add up to the
+    rows given, and the ``add`` and ``times`` columns add up to their sums over the rows given.
+
+    Returns ``[(cells, members)]`` in the order of each group's first row: ``cells`` a list,
+    ``members`` the indices of the group's rows in ``rows``. The one folding of the tables
+    of ``optimize`` (device summaries), ``run --profile`` and ``report``.
+    """
+    rows = [list(r) for r in rows]
+    loose = set(add) | set(skip) | {name}
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        key = (source_name(r[name]),) + tuple(v for k, v in enumerate(r) if k not in loose)
+        groups.setdefault(key, []).append(i)
+    out = []
+    for (src, *_), members in groups.items():
+        cells = list(rows[members[0]])
+        n = len(members)
+        if n > 1:
+            cells[name] = f"{src} x{n}"
+            for k in add:
+                vals = [rows[i][k] for i in members if rows[i][k] is not None]
+                cells[k] = sum(vals) if vals else None
+            for k in times:
+                cells[k] = None if cells[k] is None else cells[k] * n
+        out.append((cells, members))
+    return out
 
 
 def if_rule(ifs: dict, others: str) -> str:

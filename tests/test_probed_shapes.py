@@ -221,3 +221,23 @@ def frontend_dev(node):
     from onnx_cinm.dialects import cinm
 
     return cinm.node_attrs(node).get("device")
+
+
+def test_a_graph_output_declared_with_an_open_dim_is_sized_by_the_probe():
+    """madmom's notes RNN declares its output ``[output_0_dim_0]`` (rank 1) where onnxruntime
+    gives ``[T, 88]``: inference keeps the declared type, and the probe's shape was never
+    applied to a graph output, so the summary warned "could not size output_0_dim_0" with
+    every input given. Here: x[T, 4] @ w[4, 3] -> Squeeze (no axes) -> y declared ["odim"];
+    at T = 5 onnxruntime gives y [5, 3]."""
+    w = nh.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                      h.make_node("Squeeze", ["m"], ["y"], name="sq")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["T", 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["odim"])], [w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    assert run_onnxruntime(m, {"x": x})[0].shape == (5, 3)
+    res = optimize(m, inputs={"x": x})
+    assert res.anonymous_dims == {}
+    assert "could not size" not in res.summary()
+    assert analysis.tensor_infos(res.model)["y"].shape == (5, 3)

@@ -212,6 +212,20 @@ def test_a_long_sequence_runs_in_a_scan(monkeypatch):
     assert len(_gemms(res.model)) == 1 and res.check.ok
 
 
+def test_a_sized_length_above_the_limit_says_so_not_that_it_is_unrolled(monkeypatch):
+    # notes_brnn at --dim T=300: the summary said "recurrences of a dynamic length ... (sized
+    # with --dim, the steps are unrolled into cinm ops too)" though T was sized; 300 > 256
+    from onnx_cinm.passes import recurrent
+
+    monkeypatch.setattr(recurrent, "MAX_UNROLL", 4)
+    res = optimize(_model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1), dims={"T": 5})
+    assert [n.op_type for n in res.model.graph.node].count("Scan") == 1
+    lines = [ln for ln in res.summary().splitlines() if ln.startswith("recurrences")]
+    assert lines == ["recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
+                     "run in a Scan on the host (a fixed limit); their input projections are "
+                     "cinm ops"]
+
+
 def test_dynamic_length_sized_by_dim_is_unrolled():
     model = _model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1)
     res = optimize(model, stop_after="cinm", dims={"T": 5})
@@ -386,3 +400,101 @@ def test_optimize_summary_says_the_nan_check_of_a_lowered_lstm_was_skipped(tmp_p
     skipped = [ln.strip() for ln in lines if ln.strip().startswith("NaN/Inf check: skipped (")]
     assert len(skipped) == 1
     assert "onnxruntime's LSTM kernels clamp the inputs of their activations" in skipped[0]
+
+
+def _rows(text: str, prefix: str) -> list[list[str]]:
+    """The lines of ``text`` that start with ``prefix`` (after indentation), split at runs
+    of two or more spaces (the table's column gaps)."""
+    import re
+
+    return [re.split(r"\s{2,}", ln.strip()) for ln in text.splitlines()
+            if ln.strip().startswith(prefix)]
+
+
+def test_the_steps_of_an_unrolled_recurrence_share_one_row_in_optimize_run_and_report(
+        tmp_path, capsys):
+    # beats_blstm at T=201 printed 1213 crossbar rows in optimize (1200 identical steps over one
+    # tile set), 1818 profile rows, 1223 report lines. Here an RNN of 5 steps, all its Gemms
+    # pinned to crossbars: the input projection rnn/Gemm [5x3x4] and one Gemm per step
+    # [1x4x4] over the one recurrent weight R, rnn/Gemm_1 programming its tiles and
+    # rnn/Gemm_2.._5 reading them ('=').
+    from onnx_cinm import report
+    from onnx_cinm.cli import main
+
+    model = _model("RNN", 5, 1, 3, 4, seed=0)
+    model.graph.node[0].name = "rnn"
+    onnx.save(model, tmp_path / "rnn.onnx")
+    out = str(tmp_path / "o.onnx")
+    steps = [f"rnn/Gemm_{k}" for k in range(2, 6)]
+
+    def cli(*argv) -> str:
+        assert main(list(argv)) == 0
+        return capsys.readouterr().out
+
+    args = ("optimize", str(tmp_path / "rnn.onnx"), "-o", out, "--place", "rnn/*=memristor",
+            "--check", "0")
+    folded, every = cli(*args), cli(*args, "-v")
+    # optimize: the 4 steps on the shared tiles in one row, the tile owner and the projection apart
+    def kernels(text):  # the crossbar table's rows (-v also lists the placements)
+        return [r for r in _rows(text, "rnn/") if r[1] == "B"]
+
+    assert [r[0] for r in kernels(folded)] == ["rnn/Gemm", "rnn/Gemm_1", "rnn/Gemm x4"]
+    assert kernels(folded)[2][1:] == kernels(every)[2][1:]
+    assert kernels(folded)[2][3] == "=1"  # on the tiles of rnn/Gemm_1
+    assert [r[0] for r in kernels(every)] == ["rnn/Gemm", "rnn/Gemm_1", *steps]
+    assert _rows(folded, "total (6 kernels)") == _rows(every, "total (6 kernels)")
+    assert "6 kernels in 3 rows" in folded and "kernels in" not in every
+
+    # run --profile: every step's modeled figures are the same (tile ownership is paid at
+    # load), so the 5 steps fold; the folded row's modeled latency is 5 steps' sum
+    prof = cli("run", out, "--profile", "--random", "2")
+    prof_all = cli("run", out, "--profile", "--random", "2", "--all-nodes")
+    step = _rows(prof_all, "rnn/Gemm_1")[0]
+    row = _rows(prof, "rnn/Gemm x5")[0]
+    assert len(_rows(prof_all, "rnn/Gemm_")) == 5 and not _rows(prof_all, "rnn/Gemm x")
+    assert row[1:4] == step[1:4]  # op, device, mode
+    # modeled latency and energy: '133 ns' and '13.4 nJ' a step -> 665 ns and 67 nJ
+    lat, en = (float(v.split()[0]) for v in step[5:7])
+    assert float(row[5].split()[0]) == pytest.approx(5 * lat, rel=0.01)
+    assert float(row[6].split()[0]) == pytest.approx(5 * en, rel=0.01)
+    assert _rows(prof, "total memristor")[0][2:] == _rows(prof_all, "total memristor")[0][2:]
+
+    # report: the step rows the cost model charges alike fold; the totals line is the same
+    rep = cli("report", out, "-o", str(tmp_path / "rep"))
+    # a row per node (what --all-nodes prints of the cinm ops), without drawing the pictures again
+    opt = onnx.load(out)
+    rep_all = report.table(*report.layers(opt, report.options_from_plans(opt)), cinm_only=True,
+                           fold=False)
+    every_gemm = [r for r in _rows(rep_all, "") if len(r) > 2 and r[1].startswith("rnn/Gemm")]
+    assert len(every_gemm) == 6
+    shown = [r for r in _rows(rep, "") if len(r) > 2 and r[1].startswith("rnn/Gemm")]
+    assert sum(int(r[1].split(" x")[1]) if " x" in r[1] else 1 for r in shown) == 6
+    assert len(shown) < 6
+    flops = {r[1]: int(r[4]) for r in every_gemm}  # 2 x 4 x 4 a step, 2 x 5 x 3 x 4 the projection
+    assert flops["rnn/Gemm"] == 120 and all(flops[s] == 32 for s in steps)
+    assert sum(int(r[4]) for r in shown) == 120 + 5 * 32
+    assert _rows(rep, "total:") == _rows(rep_all, "total:")
+
+
+def test_a_device_whose_summary_predates_fold_still_prints_its_table(tmp_path, capsys,
+                                                                     monkeypatch):
+    # a plugin written before Device.summary took fold= (a new chip is a new package: its
+    # summary(plans, counted) must keep working); it is called without fold and lists every plan
+    from onnx_cinm.cli import main
+    from onnx_cinm.devices import get_device
+
+    model = _model("RNN", 5, 1, 3, 4, seed=0)
+    model.graph.node[0].name = "rnn"
+    onnx.save(model, tmp_path / "rnn.onnx")
+    dev = get_device("memristor")
+    seen = []
+
+    def summary(plans, counted=None):  # no fold=: a TypeError if it were passed
+        seen.append(len(plans))
+        return "old plugin table"
+
+    monkeypatch.setattr(dev, "summary", summary)
+    assert main(["optimize", str(tmp_path / "rnn.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--place", "rnn/*=memristor", "--check", "0"]) == 0
+    assert "old plugin table" in capsys.readouterr().out
+    assert seen == [6]  # the projection and the 5 steps, none folded away

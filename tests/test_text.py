@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnx_cinm.text import Column, si, table
+from onnx_cinm.text import Column, fold_rows, si, source_name, table
 
 
 @pytest.mark.parametrize("x, unit, want", [
@@ -34,3 +34,32 @@ def test_table_aligns_escapes_cuts_and_adds_totals():
     # one stand whole instead of widening every row
     assert table([Column("k", fit=3), "v"], [("ab", "x"), ("abcdef", "y")], header=False,
                  indent="  ").splitlines() == ["  ab  x", "  abcdef  y"]
+
+
+def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():
+    # an unrolled recurrence's steps: Gemm_2..Gemm_4 share a tile set (same figures), Gemm_1
+    # owns it (other figures), Gemm is the input projection; wall times differ per row
+    rows = [("r/Gemm", "201x266", 26.7e-6, 5.0),
+            ("r/Gemm_1", "1x25", 1.0e-7, 1.0),
+            ("host partition 1", "3 nodes", None, 2.0),
+            ("r/Gemm_2", "1x25", 1.33e-7, 3.0),
+            ("host partition 2", "3 nodes", None, 4.0),
+            ("r/Gemm_3", "1x25", 1.33e-7, 6.0),
+            ("q/Gemm_2", "1x25", 1.33e-7, 1.0),   # another source op: not folded with r's
+            ("r/Gemm_4", "1x25", 1.33e-7, None)]
+    got = fold_rows(rows, add=(3,), times=(2,))
+    assert [(c, m) for c, m in got] == [
+        (["r/Gemm", "201x266", 26.7e-6, 5.0], [0]),
+        (["r/Gemm_1", "1x25", 1.0e-7, 1.0], [1]),
+        (["host partition x2", "3 nodes", None, 6.0], [2, 4]),
+        (["r/Gemm x3", "1x25", pytest.approx(3 * 1.33e-7), 9.0], [3, 5, 7]),  # None adds nothing
+        (["q/Gemm_2", "1x25", 1.33e-7, 1.0], [6])]
+    # the folded rows' counts and summed columns add up to the rows given
+    assert sum(len(m) for _, m in got) == len(rows)
+    assert sum(c[3] for c, _ in got) == pytest.approx(5 + 1 + 2 + 3 + 4 + 6 + 1)
+    assert sum(c[2] or 0 for c, _ in got) == pytest.approx(26.7e-6 + 1e-7 + 4 * 1.33e-7)
+    # a skipped column (an index) does not split a group and keeps the first row's value
+    assert fold_rows([(7, "a_1", 1), (9, "a_2", 1), (11, "a_3", 2)], name=1, skip=(0,)) == [
+        ([7, "a x2", 1], [0, 1]), ([11, "a_3", 2], [2])]
+    assert source_name("lstm_node_3/Gemm_17") == "lstm_node_3/Gemm"
+    assert source_name("lstm_node_3/Gemm") == "lstm_node_3/Gemm"

@@ -327,7 +327,9 @@ def _parser() -> argparse.ArgumentParser:
                         "near-memory workgroups) or 'device' (with costs and kernel paths)")
     o.add_argument("--list-passes", action="store_true", help="list the passes and exit")
     o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
-    o.add_argument("-v", "--verbose", action="store_true", help="print progress and every placement")
+    o.add_argument("-v", "--verbose", action="store_true",
+                   help="print progress, every placement and a row per kernel (else the kernels "
+                        "of one source op with the same figures share a row, 'NAME xN')")
     _common(o)
     _config_option(o)
     schema = option_schema()
@@ -347,6 +349,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="CinmExecutionProvider option, e.g. upmem_mode=emulate (repeatable)")
     r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
     r.add_argument("--profile", action="store_true", help="print the per-node profile")
+    r.add_argument("--all-nodes", action="store_true",
+                   help="with --profile: a row per node (else the nodes of one source op with "
+                        "the same modeled figures share a row, 'NAME xN')")
     r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
     _common(r)
 
@@ -379,7 +384,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("model", help="optimized .onnx model")
     rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
     _option_flags(rp, {"host_roofline": schema["host_roofline"]})
-    rp.add_argument("--all-nodes", action="store_true", help="print every node, not only cinm ops")
+    rp.add_argument("--all-nodes", action="store_true",
+                    help="print every node, not only cinm ops, a row each (else the nodes of one "
+                         "source op with the same figures share a row, 'NAME xN')")
     _common(rp)
 
     sw = sub.add_parser(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import CinmError
@@ -18,12 +19,14 @@ from .args import (
 
 
 def _cmd_optimize(args, parser) -> int:
+    begin = time.perf_counter()  # the summary's wall time counts from here
     from .. import artifacts, frontend
     from ..examples import EXAMPLES, get_example
     from ..passes import DEFAULT_PIPELINE, available_passes
     from ..passes.placement_rules import hint_warnings, load_hints, parse_hint
     from ..pipeline import STEPS, optimize
 
+    imported = time.perf_counter() - begin
     if args.list_passes:
         descriptions = available_passes()
         print(table(("pass", "description"), [(n, descriptions.get(n, "")) for n in DEFAULT_PIPELINE],
@@ -127,8 +130,12 @@ def _cmd_optimize(args, parser) -> int:
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from .. import report
 
+        t0 = time.perf_counter()
         rendered = report.render_report(result.model, options, title=out.name)
+        result.timings.append(("report", time.perf_counter() - t0))
+    t0 = time.perf_counter()
     manifest = artifacts.save(result.model, out, log)
+    result.timings.append(("save", time.perf_counter() - t0))
     args.written = out  # an interrupt from here on must not claim that nothing was written
     if args.report:  # its folder was checked up front; a failure now still says what exists
         try:
@@ -157,6 +164,8 @@ def _cmd_optimize(args, parser) -> int:
               + ", ".join(f"{d}={sizes[d]}" for d in result.fixed_dims)
               + " (see 'dims fixed' in the summary)", file=sys.stderr)
     source = args.input or f"example '{args.example}'"
+    result.timings.insert(0, ("imports", imported))
+    result.wall_s = time.perf_counter() - begin  # the command's, not only optimize()'s
     say(f"onnx-cinm optimize: {source} -> {out}")
     for line in ([] if args.quiet else result.summary().splitlines()):
         say(f"  {line}")
@@ -164,7 +173,8 @@ def _cmd_optimize(args, parser) -> int:
         n_files = sum(len(k["files"]) for k in manifest["kernels"])
         say(f"  kernels: {len(manifest['kernels'])} in {artifacts.artifact_dir(out)}/ "
             f"({n_files} files, listed with hashes in {artifacts.MANIFEST})")
-    tables = None if args.quiet else result.device_tables()  # -q prints none: not built
+    # -q prints none: not built; -v lists every kernel, else one row per repeated kernel
+    tables = None if args.quiet else result.device_tables(fold=not args.verbose)
     if tables:
         say("")
         for line in tables.splitlines():

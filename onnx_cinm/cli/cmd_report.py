@@ -24,6 +24,7 @@ def _cmd_report(args) -> int:
     res = report.write_report(model, out, opts, title=path.name)
     if not args.quiet:
         print(f"onnx-cinm report: {path} -> {out}/")
-        print(report.table(res["rows"], res["totals"], cinm_only=not args.all_nodes))
+        print(report.table(res["rows"], res["totals"], cinm_only=not args.all_nodes,
+                           fold=not args.all_nodes))
         print(f"written: {', '.join(p.name for p in res['files'])}")
     return 0

@@ -151,7 +151,8 @@ def _cmd_run(args, parser) -> int:
     was = {k: planned.get(k, 1) for k in replanned}
     if args.profile:
         print(profile.table(sess.profile(), planned=_dims_text(was) if replanned else None,
-                            at_run=_dims_text(replanned) if replanned else None))
+                            at_run=_dims_text(replanned) if replanned else None,
+                            fold=not args.all_nodes))
         cfg = sess.configuration()
         libs = ", ".join(f"{lib} ({api})" for lib, api, _ in cfg["blas"]) or "none loaded"
         print(f"configuration: BLAS threads {cfg['blas_threads'] or 'library default'} [{libs}], "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import hashlib
+import inspect
 import os
 import re
 from contextlib import contextmanager
@@ -42,6 +43,21 @@ from typing import Any, Callable, ClassVar
 
 from ..graph import Cost, OpInfo, TensorInfo  # noqa: F401  (re-exported: the contract's types)
 from ..options import OptionSpec, specs
+
+
+def accepts_keyword(method, name: str) -> bool:
+    """Whether a device's bound ``method`` accepts the keyword argument ``name`` (a parameter of
+    that name or ``**kwargs``). A plugin written before a method of :class:`Device` gained a
+    keyword overrides it without that keyword; the caller then leaves it out (and gives up
+    what it asks for) rather than fail with TypeError: ``from_patches(groups=)``,
+    ``summary(fold=)``. False when there is no signature to read (a builtin: no guess)."""
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name and p.kind is not p.POSITIONAL_ONLY
+               or p.kind is p.VAR_KEYWORD for p in params)
+
 
 @dataclass(frozen=True)
 class Support:
@@ -314,13 +330,16 @@ class Device:
         inputs. Default: none (the kernel takes any size of its inputs)."""
         return ()
 
-    def summary(self, plans: list, counted: list | None = None) -> str:
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
         """A table for people of the plans of a model's nodes on this device, ``plans`` being
         ``[(node name, op type, attrs)]`` (a node inside an If branch named with its branch
         path, ``/dec/If_1[then] /dec/rnn/Gemm``); printed by ``optimize``. ``counted``: per
         plan, whether per-inference totals count it (False: the other branch of an If whose
         taken branch the planning probe saw; such a kernel still counts in load-time totals,
-        as both branches are loaded); None: all. Default: none."""
+        as both branches are loaded); None: all. ``fold``: rows of one source op with the
+        same figures (an unrolled recurrence's steps) shown as one row with a count
+        (:func:`onnx_cinm.text.fold_rows`; the totals unchanged); False (``optimize -v``):
+        one row per plan. Default: none."""
         return ""
 
     def recorded_options(self, plans: list) -> dict:

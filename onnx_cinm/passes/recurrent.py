@@ -66,18 +66,29 @@ _QLSTM = "com.microsoft::DynamicQuantizeLSTM"
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _ACTS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 #: The ``doc_string`` of a ``Scan`` this pass makes (the steps of a recurrence of a dynamic
-#: length): the compiler's, not the model's control flow (:func:`made_scan`).
-SCAN_DOC = "onnx-cinm: the steps of {op} '{name}' (a sequence of dynamic length)"
+#: length, or of one longer than :data:`MAX_UNROLL`): the compiler's, not the model's control
+#: flow (:func:`made_scan`); ``{why}`` is :data:`DYNAMIC` or :data:`TOO_LONG` filled in.
+SCAN_DOC = "onnx-cinm: the steps of {op} '{name}' ({why})"
+DYNAMIC = "a sequence of dynamic length"
+TOO_LONG = "length {length} exceeds the unroll limit of {limit} steps"
 
 
 def made_scan(node) -> str | None:
     """The recurrent op type (``LSTM``, ``GRU``, ``RNN``) whose steps ``node`` (a NodeProto)
-    runs, if it is a ``Scan`` this pass made; else None."""
+    runs, if it is a ``Scan`` this pass made; else None. :func:`scan_reason` tells why it is
+    a Scan."""
     head = SCAN_DOC.split("{op}")[0]
     if node.op_type != "Scan" or not node.doc_string.startswith(head):
         return None
     op = node.doc_string[len(head):].split(" ")[0]
     return op if op in _GATES else None
+
+
+def scan_reason(node) -> str:
+    """Why the recurrence whose steps ``node`` (a ``Scan`` :func:`made_scan` names) runs is
+    not unrolled: :data:`DYNAMIC`, or :data:`TOO_LONG` with its numbers (``"length 300
+    exceeds the unroll limit of 256 steps"``)."""
+    return node.doc_string.rsplit("(", 1)[-1].rstrip(")")
 
 
 #: Longest sequence unrolled: each step is about 15 nodes and a crossbar kernel file per
@@ -219,6 +230,7 @@ def check(rw, node: ir.Node):
         return f"dtype {dtype.name}"
     layout = int(at.get("layout", 0))
     S, batch, size = (xi.shape[1], xi.shape[0], xi.shape[2]) if layout else xi.shape
+    length = S if isinstance(S, int) else None  # the sequence's length, if static
     if not isinstance(S, int) or S > MAX_UNROLL:
         S = None  # dynamic (or too long to unroll): the steps run in a Scan (see replace)
     if S == 0:
@@ -255,7 +267,7 @@ def check(rw, node: ir.Node):
         return "activation_alpha/beta"
     hidden = R.shape[1] if quant else R.shape[-1]
     clip = at.get("clip")
-    return {"S": S, "batch": batch, "input": size, "hidden": hidden, "dirs": dirs,
+    return {"S": S, "length": length, "batch": batch, "input": size, "hidden": hidden, "dirs": dirs,
             "x_shape": None if rw.info(x).shape is not None else xi.shape,
             "reverse": [direction == "reverse" or d == 1 for d in range(dirs)],
             "acts": [_ACTS[a.lower()] for a in acts], "layout": layout, "dtype": dtype,
@@ -526,7 +538,9 @@ def _scan(c: _Cell, rw, op: str, xp: str, states: list, rec, acts, p: dict, d: i
     rev = int(p["reverse"][d])
     results = c.multi("Scan", states + [xp], len(outs), body=body, num_scan_inputs=1,
                       scan_input_directions=[rev], scan_output_directions=[rev],
-                      doc_string=SCAN_DOC.format(op=op, name=c.source.name or c.base))
+                      doc_string=SCAN_DOC.format(op=op, name=c.source.name or c.base, why=(
+                          DYNAMIC if p["length"] is None else
+                          TOO_LONG.format(length=p["length"], limit=MAX_UNROLL))))
     return results[0], (results[1] if op == "LSTM" else None), results[-1]
 
 

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from .. import frontend
-from ..text import Column, si, table as text_table
+from ..text import Column, fold_rows, si, table as text_table
 
 FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "energy_j", "writes",
           "bytes_moved", "nodes", "basis"]
@@ -178,19 +178,32 @@ def basis_note(records: list[dict], planned: str | None = None, at_run: str | No
     return text
 
 
+#: The figures :func:`table` folds: the wall times summed, the modeled ones compared and
+#: multiplied (positions in the raw row ``node, op, device, mode, wall, modeled, energy, basis,
+#: writes, bytes``).
+_WALL, _MODELED = (4,), (5, 6, 8, 9)
+
+
 def table(records: list[dict], max_rows: int | None = None, planned: str | None = None,
-          at_run: str | None = None) -> str:
+          at_run: str | None = None, fold: bool = True) -> str:
     """A text table for a person: per node (wall: the median over the runs after the first,
     :func:`aggregate`; modeled figures: per-inference means), then totals per device, and the
     first run's wall time on its own line (with one run: a note that it includes the warm-up).
     ``planned``/``at_run``: the planned and the run's sizes as text when they differ
-    (:func:`basis_note`)."""
+    (:func:`basis_note`). ``fold``: the rows of one source op (or host partitions) of the
+    same op, device, mode and modeled figures in one row ``<node> xN``
+    (:func:`onnx_cinm.text.fold_rows`) whose figures are the N rows' sums; the totals are
+    the same either way. ``max_rows``: most rows shown (after folding)."""
     rows = aggregate(records)
     n_runs = len({r["run"] for r in records})
     counts = ran(records)
     parts, own = counts["partitions"], counts["own"]
-    shown = rows if max_rows is None else rows[:max_rows]
-    body = [(r["node"], r["op_type"], r["device"], r["mode"], *_figures(r)) for r in shown]
+    raw = [(r["node"], r["op_type"], r["device"], r["mode"], r["wall_s"], r["latency_s"],
+            r["energy_j"], r.get("basis") or "", r["writes"], r["bytes_moved"]) for r in rows]
+    grouped = fold_rows(raw, add=_WALL, times=_MODELED) if fold else [(list(c), [0]) for c in raw]
+    shown = grouped if max_rows is None else grouped[:max_rows]
+    body = [(*c[:4], si(c[4], "s"), si(c[5], "s"), si(c[6], "J"), c[7], _whole(c[8]),
+             si(c[9], "B")) for c, _ in shown]
     modeled = sum(counts["modeled"].values())
     totals = []
     for t in totals_by_device(rows):
@@ -211,8 +224,13 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
                        *_figures({**t, "basis": _device_basis(rows, dev)
                                   if t["latency_s"] is not None else None})))
     notes = []
-    if len(shown) < len(rows):
-        notes.append(f"... {len(rows) - len(shown)} more nodes (all of them in --profile-out)")
+    if len(grouped) < len(rows):
+        notes.append(f"{len(rows)} rows in {len(grouped)}: '<node> xN' stands for N nodes of one "
+                     "source op (or N host partitions) with the same op, device, mode and "
+                     "modeled figures, e.g. the steps of an unrolled recurrence; its figures are "
+                     "the N rows' sums (wall: of their medians); --all-nodes lists them one by one")
+    if len(shown) < len(grouped):
+        notes.append(f"... {len(grouped) - len(shown)} more rows (every node in --profile-out)")
     first = first_run_wall(records)
     if n_runs > 1:
         notes.append(f"median wall per run (runs 2-{n_runs}): " + ", ".join(

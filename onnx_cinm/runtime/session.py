@@ -43,7 +43,6 @@ inside it, and UPMEM kernels in emulate mode are regenerated from the model's pl
 """
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from onnx import helper, numpy_helper
 
 from .. import artifacts, devices, frontend
 from ..analysis import op_info, tensor_infos
+from ..devices.base import accepts_keyword
 from ..dialects import cinm
 from ..errors import CinmError
 from ..options import OptionSpec, option, specs, validate
@@ -245,19 +245,6 @@ class _DeviceNode:
     post: _DeviceNode | None = None
     #: a model-mode Relu a convolution computing this post op's producer may apply itself
     conv_act: bool = False
-
-
-def _takes_groups(from_patches) -> bool:
-    """Whether a device's bound ``from_patches`` accepts ``groups=`` (a parameter of that name
-    or ``**kwargs``): a plugin written before :meth:`Device.from_patches` took it overrides the
-    method without it, and is then never asked for a grouped convolution's patches (the
-    provider runs them as usual) rather than failing with TypeError."""
-    try:
-        params = inspect.signature(from_patches).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (a builtin): do not guess
-        return False
-    return any(p.name == "groups" and p.kind is not p.POSITIONAL_ONLY
-               or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
@@ -722,7 +709,8 @@ class InferenceSession:
         reader may take the patches through the views that split them into groups
         (:func:`_group_views`: a grouped convolution's Reshape and Transpose); the device
         then computes the grouped product (``groups``), if its ``from_patches`` takes
-        ``groups`` (:func:`_takes_groups`)."""
+        ``groups`` (:func:`onnx_cinm.devices.base.accepts_keyword`: a plugin written before
+        :meth:`Device.from_patches` took it is never asked for a grouped convolution's patches)."""
         by_id = {id(d): d for d in self._device_nodes}
 
         def only_reader(d):
@@ -754,7 +742,7 @@ class InferenceSession:
             at = d.kernel.attrs
             geometry = (at["kernel_shape"], at["strides"], at["pads"], at["dilations"])
             dev = devices.get_device(e.device)
-            if groups > 1 and not _takes_groups(dev.from_patches):
+            if groups > 1 and not accepts_keyword(dev.from_patches, "groups"):
                 continue
             act = "Relu" if e.post is not None and e.post.conv_act else None
             runner = dev.from_patches(e.kernel, geometry, act, groups=groups) if groups > 1 \

@@ -30,7 +30,7 @@ import numpy as np
 from ...errors import CinmError
 from ...graph import dtype_name
 from ...options import check
-from ...text import printable, si
+from ...text import fold_rows, printable, si
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
 from . import codegen
@@ -338,13 +338,14 @@ class HbmPimDevice(Device):
             out["hbm_pim_accept_float32"] = True
         return out
 
-    def summary(self, plans: list, counted: list | None = None) -> str:
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
         """Per HBM-PIM kernel: its op and sizes, PCUs, K tiles x row groups (GEMV), CRF
         instructions, AB-PIM triggers per inference, modeled latency and energy per inference
         (:mod:`.cost`); then the totals. ``plans`` is ``[(node name, op type, attrs)]``; the
         per-inference totals (triggers, latency, energy) leave out the kernels ``counted``
         marks False (an If branch that does not run per inference), the resident bytes count
-        every kernel."""
+        every kernel. ``fold``: the kernels of one source op with the same figures in one row,
+        ``<op> xN`` (:func:`onnx_cinm.text.fold_rows`)."""
         flags = [True] * len(plans) if counted is None else list(counted)
         keep = [k for k, p in enumerate(plans) if "pim_op" in p[2]]
         plans, flags = [plans[k] for k in keep], [flags[k] for k in keep]
@@ -354,21 +355,28 @@ class HbmPimDevice(Device):
                 f"{'CRF':>4s} {'triggers':>9s} {'resident':>10s} {'latency':>10s} {'energy':>10s}")
         rows = [head, "-" * len(head)]
         tot = {"trig": 0, "res": 0, "lat": 0.0, "en": 0.0}
+        cells = []
         for (name, _op, a), per_inf in zip(plans, flags):
             if a["pim_op"] == "GEMV":
                 size = f"{a['pim_M']}x{a['pim_K']}" + (f" x{a['pim_runs']}" if a["pim_runs"] != 1 else "")
                 tg = f"{a['pim_grf_tiles']}x{a['pim_row_groups']}"
             else:
                 size, tg = f"{a['pim_elements']}", "-"
-            rows.append(f"{printable(name)[:30]:30s} {a['pim_op']:>5s} {size:>16s} "
-                        f"{a['pim_pcus']:>5d} {tg:>11s} {a['pim_instructions']:>4d} "
-                        f"{a['pim_triggers']:>9d} {si(a['pim_resident_bytes']) + 'B':>10s} "
-                        f"{si(a['pim_latency_s']) + 's':>10s} {si(a['pim_energy_j']) + 'J':>10s}")
+            cells.append((name, a["pim_op"], size, a["pim_pcus"], tg, a["pim_instructions"],
+                          a["pim_triggers"], si(a["pim_resident_bytes"]) + "B",
+                          si(a["pim_latency_s"]) + "s", si(a["pim_energy_j"]) + "J"))
             tot["res"] += a["pim_resident_bytes"]
             if per_inf:
                 tot["trig"] += a["pim_triggers"]
                 tot["lat"] += a["pim_latency_s"]
                 tot["en"] += a["pim_energy_j"]
+        folded = fold_rows(cells) if fold else [(list(c), [k]) for k, c in enumerate(cells)]
+        for (name, op, size, pcus, tg, crf, trig, res, lat, en), members in folded:
+            # a long name is cut, the count of a folded row ('... x200') kept
+            count = f" x{len(members)}" if len(members) > 1 else ""
+            shown = printable(name[:-len(count)] if count else name)[:30 - len(count)] + count
+            rows.append(f"{shown:30s} {op:>5s} {size:>16s} {pcus:>5d} {tg:>11s} "
+                        f"{crf:>4d} {trig:>9d} {res:>10s} {lat:>10s} {en:>10s}")
         rows.append("-" * len(head))
         n_inf = sum(flags)
         label = f"total ({len(plans)} kernels" + (f", {n_inf} per inference" if n_inf < len(plans)
@@ -381,6 +389,10 @@ class HbmPimDevice(Device):
                     "per PCU per inference; latency and energy per inference, mode switches "
                     "included" + (f"; {f32} float32 kernel(s) computed in FP16" if f32 else "")
                     + ")")
+        if len(folded) < len(cells):
+            rows.append(f"({len(cells)} kernels in {len(folded)} rows: '<kernel> xN' stands for N "
+                        "kernels of one source op with the same figures each; the totals count "
+                        "every kernel; optimize -v lists them one by one)")
         return "\n".join(rows)
 
 

@@ -24,7 +24,7 @@ from ...errors import CinmError
 from ...options import Alias, option, parse_duration, parse_pair
 from ...paradigms.cim import layout, residency, schedule
 from ...paradigms.cim.schedule import LOOP_ORDERS
-from ...text import Column, si, table
+from ...text import Column, fold_rows, si, table
 from .. import register
 from ...graph import CostPart, dtype_name
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support, write_kernel_file
@@ -574,7 +574,7 @@ class MemristorDevice(Device):
         return f"crossbar data path {m}" if m and m != "ideal" else None
 
     # -- reports ----------------------------------------------------------------------------
-    def summary(self, plans: list, counted: list | None = None) -> str:
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
         """Per crossbar kernel: crossbars used (``s``: shared with other kernels; ``=``: the
         tiles of an earlier kernel over the same weights), tiles, tile writes (at load / per
         inference), MVMs, modeled latency and energy per inference, the energy of its array,
@@ -583,7 +583,8 @@ class MemristorDevice(Device):
         ``plans`` is ``[(node name, op type, attrs)]``; the per-inference totals (writes/inf,
         MVMs, latency, energy and its parts) leave out the kernels ``counted`` marks False
         (their figures shown in parentheses), the load-time ones (crossbars, tiles,
-        writes@load, area) count every kernel."""
+        writes@load, area) count every kernel. ``fold``: the kernels of one source op with
+        the same figures in one row, ``<op> xN`` (:func:`onnx_cinm.text.fold_rows`)."""
         flags = [True] * len(plans) if counted is None else list(counted)
         keep = [k for k, p in enumerate(plans) if "cim_M" in p[2]]
         plans, flags = [plans[k] for k in keep], [flags[k] for k in keep]
@@ -649,6 +650,14 @@ class MemristorDevice(Device):
                 "the periphery; t adc/dac: the conversions' share of the latency; area: the "
                 "kernel's crossbars with their converters and periphery, '-' if not published)")
         notes = [note, _use_note(plans, used)]
+        n_rows = len(rows)
+        if fold:
+            rows = [cells for cells, _ in fold_rows(rows)]
+        if len(rows) < n_rows:
+            notes.append(f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N "
+                         "kernels of one source op with the same figures each, e.g. the steps "
+                         "of an unrolled recurrence; the totals count every kernel; optimize "
+                         "-v lists them one by one)")
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
