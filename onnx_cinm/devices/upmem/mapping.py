@@ -1413,17 +1413,25 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                    params=params, stack_bytes=stack_bytes)
 
 
-def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None) -> list:
+def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None,
+               unit: tuple | None = None) -> list:
     """``[(DPUs, column blocks)]`` the mapping considers for ``op``: DPU counts that are powers
     of two below ``max_dpus`` and ``max_dpus`` itself (or exactly ``dpus``); for matrix
     products, every power of two dividing the count and the count itself as column blocks
-    (1 for other ops)."""
-    dt = _dtype_name(op.inputs[0])
-    es = _esize(dt)
-    kind, geom, _, _ = _geometry(op, 1, es)
+    (1 for other ops). ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
+    kind, geom = unit or _unit_geometry(op)
     matmul = kind in ("gemm", "simsearch")
-    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
+    items = geom["rows"] * geom["n"] if matmul else \
+        _work_items(kind, geom, _esize(_dtype_name(op.inputs[0])))
     return W.workgroups(items, max_dpus, dpus, grid=matmul)
+
+
+def _unit_geometry(op: OpInfo) -> tuple[str, dict]:
+    """``(kind, geom)`` of ``op`` on one DPU (:func:`_geometry`): what the workgroups and the
+    lower bounds of a plan search read. Raises CinmError for an op no kernel runs."""
+    return _geometry(op, 1, _esize(_dtype_name(op.inputs[0])))[:2]
+
+
 #: Memo of :func:`plan_op` (the search prices up to hundreds of DPU counts and column splits; the
 #: device's ``supports``, its cost and its lowering each ask for the same plan).
 _PLANS: dict = {}
@@ -1539,7 +1547,7 @@ def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple
             np.where(few, np.minimum(n_pad, units_t * nt), n_pad))
 
 
-def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
+def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
     """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
     workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
     for a grid a matrix product cannot have; or None for the kinds it does not cover (every
@@ -1554,13 +1562,16 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
     accumulates (:func:`_matvec_instr`) and output stores of each tasklet's rows and columns
     (:func:`_matmul_busiest`); Im2Col's windows per output row; an elementwise op's
     instructions per element of its share. A matrix product's workgroups are bounded in array
-    operations (it has tens: DPU counts x column splits)."""
+    operations (it has tens: DPU counts x column splits), so is an elementwise op's.
+    ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
-    try:
-        kind, g, _, _ = _geometry(op, 1, es)
-    except CinmError:
-        return None
+    if unit is None:
+        try:
+            unit = _unit_geometry(op)
+        except CinmError:
+            return None
+    kind, g = unit
     f, issue = params.frequency_hz, params.issue_interval
     if kind in ("gemv", "gemm", "simsearch"):
         rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
@@ -1603,14 +1614,19 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
                  + C.LOOP_CONTROL / UNROLL)
         out_es = g.get("out_esize", es)
+        r8 = lambda x: _cdivs(x, 8) * 8  # noqa: E731 - _r8 of an array
+        step = max(1, 8 // es) if 8 % es == 0 else 8  # an element share's unit (_share)
 
-        def one(d: int) -> float:
-            n_dpu = _share(g["n"], d, es)
-            return (params.launch_overhead_s(d) + n_dpu * instr / f
-                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
-                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
-                    + params.broadcast_s(g["bcast_bytes"], d))
-        return lambda combos: [one(d) for d, _ in combos]
+        def floor(combos: list) -> np.ndarray:
+            d = np.array([c[0] for c in combos], dtype=np.int64)
+            n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), step) * step
+            out = (params.launch_overhead_s_array(d) + n_dpu * instr / f
+                   + params.push_s_array(r8(n_dpu * out_es), d, to_dpu=False)
+                   + params.push_s_array(g["streams"] * r8(n_dpu * es), d))
+            if g["bcast_bytes"] > 0:
+                out = out + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d)
+            return out
+        return floor
     return None
 
 
@@ -1634,8 +1650,9 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     """
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
-    combos = workgroups(op, max_dpus, dpus)
-    floor = None if len(combos) < 2 else _floor_s(op, tasklets, params)
+    unit = _unit_geometry(op)
+    combos = workgroups(op, max_dpus, dpus, unit)
+    floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
         bounds = floor(combos)
         planned: dict = {}
