@@ -753,33 +753,40 @@ def im2col_halo(lines: int, k: int, stride: int, dilation: int) -> int:
     return (lines - 1) * stride + (k - 1) * dilation + 1
 
 
-def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
+def _im2col_geometry(shape, attrs: dict, d: int, es: int, conv: tuple | None = None) -> dict:
     """The generated Im2Col kernel's split (:func:`im2col_split`): each of ``used`` DPUs gets
     ``row_cap = NB * LB * CB`` output rows (pixels), each row ``C * KH`` windows of ``KW``
     taps, and ``xs_bytes`` of input: its ``NB`` images' ``C`` channels of ``HB`` padded rows
-    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1."""
-    dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
-    nd = len(dims) - 2
-    g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
-                    attrs.get("pads") or [0] * (2 * nd), attrs.get("dilations") or [1] * nd)
-    per = max(1, 8 // es) if 8 % es == 0 else 1
-    ck = g["C"] * g["KH"] * g["KW"]
-    ck_pad = _cdiv(ck, per) * per
-    oh, ow = max(1, g["OH"]), max(1, g["OW"])
+    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1.
+    ``conv``: :func:`_im2col_conv` of ``shape``, ``attrs`` and ``es`` when the caller has it
+    (the same for every DPU count)."""
+    g, ck, ck_pad, oh, ow, win_read = conv or _im2col_conv(shape, attrs, es)
     rows = g["N"] * oh * ow
     nb, lb, cb, used = im2col_split(g["N"], oh, ow, d)
     hb = im2col_halo(lb, g["KH"], g["SH"], g["DH"])
     wb = im2col_halo(cb, g["KW"], g["SW"], g["DW"])
-    span = ((g["KW"] - 1) * g["DW"] + 1) * es
-    # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
-    offs = range(0, 8, es) if es < 8 else [0]
-    win_read = sum(_r8(o + span) for o in offs) / len(offs)
     # the scattered input: NB x C x HB x WB elements, and 8 bytes a last window may reach past
     xs_bytes = _r8(nb * g["C"] * hb * wb * es) + 8
     return {"n": rows * ck, "n_dpu": nb * lb * cb * ck_pad, "rows": rows, "row_cap": nb * lb * cb,
             "used": used, "windows": g["C"] * g["KH"], "kw": g["KW"], "ck": ck,
             "ck_pad": ck_pad, "win_read": win_read, "nb": nb, "lb": lb, "cb": cb, "hb": hb,
             "wb": wb, "xs_bytes": xs_bytes}
+
+
+def _im2col_conv(shape, attrs: dict, es: int) -> tuple:
+    """The part of :func:`_im2col_geometry` no DPU count changes: ``(im2col_dims, C*KH*KW, that
+    padded to 8 bytes, OH, OW (at least 1), bytes of one window read)``."""
+    dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
+    nd = len(dims) - 2
+    g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
+                    attrs.get("pads") or [0] * (2 * nd), attrs.get("dilations") or [1] * nd)
+    per = max(1, 8 // es) if 8 % es == 0 else 1
+    ck = g["C"] * g["KH"] * g["KW"]
+    span = ((g["KW"] - 1) * g["DW"] + 1) * es
+    # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
+    offs = range(0, 8, es) if es < 8 else [0]
+    win_read = sum(_r8(o + span) for o in offs) / len(offs)
+    return g, ck, _cdiv(ck, per) * per, max(1, g["OH"]), max(1, g["OW"]), win_read
 
 
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
@@ -1598,12 +1605,13 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         return floor
     if kind == "im2col":
         shape, attrs = op.inputs[0].shape, op.attrs
+        conv = _im2col_conv(shape, attrs, es)
 
         def one(d: int) -> float:
-            g = _im2col_geometry(shape, attrs, d, es)
+            g = _im2col_geometry(shape, attrs, d, es, conv)
             if g["used"] < d:  # the plan uses the DPUs that get work (make_plan)
                 d = g["used"]
-                g = _im2col_geometry(shape, attrs, d, es)
+                g = _im2col_geometry(shape, attrs, d, es, conv)
             instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
             rows = g["row_cap"]
             kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
