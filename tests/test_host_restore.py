@@ -209,3 +209,35 @@ def test_the_model_as_placed_is_priced_from_the_placement_problem_only_while_it_
     copy.CopyFrom(placed)
     assert ctx.placed.priced(copy, ctx.options, infos) is None
     assert ctx.placed.priced(placed, {**ctx.options, "objective": "latency"}, infos) is None
+
+
+def test_the_all_host_totals_take_the_placement_problems_host_costs_only_for_its_own_nodes(monkeypatch):
+    """``evaluate_on_host`` takes the host choice of a node outside the cinm domain from the
+    placement's problem (``ctx.placed``) instead of pricing it again: the totals must be those
+    priced without it, only the other nodes priced, and under other options (a slower host
+    roofline) nothing taken from it, every node priced."""
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.passes import DEFAULT_PIPELINE, PassContext, PassManager
+    from onnx_cinm.passes import cost_placement
+    from onnx_cinm.passes.host_restore import _all_host
+
+    ctx = PassContext()
+    upto = DEFAULT_PIPELINE[:DEFAULT_PIPELINE.index("placement") + 1]
+    placed = PassManager(pipeline=upto).run(_grouped_conv(groups=8, k=3, t=16), ctx)
+    infos = ctx.tensor_infos(placed)
+    nodes = _all_host(list(placed.graph.node))
+    outside = sum(n.domain != cinm.DOMAIN for n in nodes)
+    assert 0 < outside < len(nodes)
+    priced = []
+    real = cost_placement.op_info
+    monkeypatch.setattr(cost_placement, "op_info", lambda n, i: priced.append(n.name) or real(n, i))
+    reused = cost_placement.evaluate_on_host(nodes, ctx.options, infos, ctx.placed)
+    assert len(priced) == len(nodes) - outside
+    priced.clear()
+    assert reused == cost_placement.evaluate_on_host(nodes, ctx.options, infos)
+    assert len(priced) == len(nodes)
+    slow_opts = {**ctx.options, "host_roofline": "0.001,0.001"}  # GFLOP/s, GB/s
+    priced.clear()
+    slow = cost_placement.evaluate_on_host(nodes, slow_opts, infos, ctx.placed)
+    assert len(priced) == len(nodes)
+    assert slow[0].latency_s > 100 * reused[0].latency_s

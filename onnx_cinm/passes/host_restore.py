@@ -239,7 +239,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         hit = placed.priced(model, ctx.options, infos) if placed and not keep else None
         current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
-        all_host, before = evaluate_on_host(_all_host(originals), ctx.options, infos)
+        all_host, before = evaluate_on_host(_all_host(originals), ctx.options, infos, placed)
         tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
                                       not _hinted(graph, g[2])], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:
