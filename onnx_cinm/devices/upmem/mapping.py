@@ -1569,7 +1569,7 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
     accumulates (:func:`_matvec_instr`) and output stores of each tasklet's rows and columns
     (:func:`_matmul_busiest`); Im2Col's windows per output row; an elementwise op's
     instructions per element of its share. A matrix product's workgroups are bounded in array
-    operations (it has tens: DPU counts x column splits), so is an elementwise op's.
+    operations (it has tens: DPU counts x column splits).
     ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
@@ -1622,19 +1622,14 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
                  + C.LOOP_CONTROL / UNROLL)
         out_es = g.get("out_esize", es)
-        r8 = lambda x: _cdivs(x, 8) * 8  # noqa: E731 - _r8 of an array
-        step = max(1, 8 // es) if 8 % es == 0 else 8  # an element share's unit (_share)
 
-        def floor(combos: list) -> np.ndarray:
-            d = np.array([c[0] for c in combos], dtype=np.int64)
-            n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), step) * step
-            out = (params.launch_overhead_s_array(d) + n_dpu * instr / f
-                   + params.push_s_array(r8(n_dpu * out_es), d, to_dpu=False)
-                   + params.push_s_array(g["streams"] * r8(n_dpu * es), d))
-            if g["bcast_bytes"] > 0:
-                out = out + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d)
-            return out
-        return floor
+        def one(d: int) -> float:
+            n_dpu = _share(g["n"], d, es)
+            return (params.launch_overhead_s(d) + n_dpu * instr / f
+                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
+                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
+                    + params.broadcast_s(g["bcast_bytes"], d))
+        return lambda combos: [one(d) for d, _ in combos]
     return None
 
 
