@@ -228,11 +228,14 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
                 if name not in infos:
                     infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(t.data_type),
                                              tuple(t.dims), True)
-        skeleton = _skeleton(model)
         weights = {n: t for _, w, _ in everything for n, t in w.items()}
+        skeleton: list = []  # made on the first trial (most models price none)
 
         def priced(nodes) -> tuple:
-            tot, _, prob = evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)
+            if not skeleton:
+                skeleton.append(_skeleton(model))
+            tot, _, prob = evaluate_model(_with_nodes(skeleton[0], nodes, weights), ctx.options,
+                                          infos)
             return tot, prob
 
         # the model as placed, unless groups went back: the placement priced it already
