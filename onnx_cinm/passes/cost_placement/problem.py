@@ -126,7 +126,8 @@ def _query(dev: Device, op, options: dict, op_key: tuple | None = None,
     device depends on (``opts_key``: :func:`_opts_key` of ``options`` and ``dev``, likewise). A refusal is cached only when its reason names neither the op nor one
     of its tensors (then it is every op's of that signature; placement, restore_host_ops and
     the written model's totals each ask again for every op)."""
-    key = (dev.name, id(dev), op_key or _op_key(op), opts_key or _opts_key(options, dev))
+    key = (dev.name, id(dev), op_key or _op_key(op),
+           _opts_key(options, dev) if opts_key is None else opts_key)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
