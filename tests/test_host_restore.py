@@ -130,8 +130,9 @@ def test_a_qdq_conv_is_not_put_back_on_dequantized_values_its_lowering_dropped(t
 def test_a_conv_far_cheaper_on_its_crossbar_is_not_priced_again(monkeypatch):
     """A 3x3 conv of 64 -> 64 channels on 56 x 56: its original on the host costs more than
     its lowered ops plus every transfer they touch, so restore_host_ops prices no trial with
-    it put back: one whole-graph evaluation (the original all-host; the model as placed is
-    priced from the problem placement built), not two."""
+    it put back: no whole-graph evaluation at all (the original all-host is the sum of its
+    nodes' host costs, :func:`evaluate_on_host`; the model as placed is priced from the
+    problem placement built)."""
     from onnx_cinm.passes import cost_placement
 
     rng = np.random.default_rng(0)
@@ -149,7 +150,32 @@ def test_a_conv_far_cheaper_on_its_crossbar_is_not_priced_again(monkeypatch):
     res = optimize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), check=0)
     assert res.stats["restore_host_ops"]["restored"] == {}
     assert {cinm_dev for _, _, cinm_dev, _ in res.placements} >= {"memristor"}
-    assert calls.count("onnx_cinm.passes.host_restore") == 1
+    assert calls.count("onnx_cinm.passes.host_restore") == 0
+
+
+def test_the_all_host_totals_without_a_problem_are_those_of_the_problem():
+    """``evaluate_on_host`` sums the host costs of a model whose ops all run on the host, with no
+    problem built: its totals must equal, bit for bit, those ``evaluate_model`` gives the same
+    model (every cinm op of a lowered conv + add with no device, so on the host), its fixed
+    choices those of that problem's non-cinm nodes, and its latency the sum of the host
+    roofline of each node, priced one by one here."""
+    from onnx_cinm import devices
+    from onnx_cinm.analysis import op_info, tensor_infos
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.passes.cost_placement import evaluate_model, evaluate_on_host
+
+    model = optimize(_grouped_conv(groups=8, k=3, t=16), check=0, stop_after="cinm").model
+    nodes = list(model.graph.node)
+    assert any(n.domain == cinm.DOMAIN for n in nodes) and any(n.domain != cinm.DOMAIN for n in nodes)
+    infos = tensor_infos(model)
+    tot, fixed = evaluate_on_host(nodes, {}, infos)
+    ref, bad, prob = evaluate_model(model, {}, infos)
+    assert bad == [] and tot == ref
+    assert fixed == prob.fixed and fixed.keys() == {i for i, n in enumerate(nodes) if n.domain != cinm.DOMAIN}
+    host = devices.get_device("host")
+    assert tot.latency_s == pytest.approx(sum(host.cost(op_info(n, infos), {}).latency_s for n in nodes),
+                                          rel=1e-12)
+    assert tot.transfer_bytes == 0 and tot.energy_j > 0
 
 
 def test_the_model_as_placed_is_priced_from_the_placement_problem_only_while_it_is_that_model():
@@ -253,3 +279,35 @@ def test_a_restore_makes_the_passes_after_it_infer_again(monkeypatch):
     assert res.stats["device_lowering"]["nodes"] == {"memristor": 1}
     assert sum(calls[p] for p in _AFTER) == 1, calls
     _exact(res, model)
+
+
+def test_the_all_host_totals_take_the_placement_problems_host_costs_only_for_its_own_nodes(monkeypatch):
+    """``evaluate_on_host`` takes the host choice of a node outside the cinm domain from the
+    placement's problem (``ctx.placed``) instead of pricing it again: the totals must be those
+    priced without it, only the other nodes priced, and under other options (a slower host
+    roofline) nothing taken from it, every node priced."""
+    from onnx_cinm.dialects import cinm
+    from onnx_cinm.passes import DEFAULT_PIPELINE, PassContext, PassManager
+    from onnx_cinm.passes import cost_placement
+    from onnx_cinm.passes.host_restore import _all_host
+
+    ctx = PassContext()
+    upto = DEFAULT_PIPELINE[:DEFAULT_PIPELINE.index("placement") + 1]
+    placed = PassManager(pipeline=upto).run(_grouped_conv(groups=8, k=3, t=16), ctx)
+    infos = ctx.tensor_infos(placed)
+    nodes = _all_host(list(placed.graph.node))
+    outside = sum(n.domain != cinm.DOMAIN for n in nodes)
+    assert 0 < outside < len(nodes)
+    priced = []
+    real = cost_placement.op_info
+    monkeypatch.setattr(cost_placement, "op_info", lambda n, i: priced.append(n.name) or real(n, i))
+    reused = cost_placement.evaluate_on_host(nodes, ctx.options, infos, ctx.placed)
+    assert len(priced) == len(nodes) - outside
+    priced.clear()
+    assert reused == cost_placement.evaluate_on_host(nodes, ctx.options, infos)
+    assert len(priced) == len(nodes)
+    slow_opts = {**ctx.options, "host_roofline": "0.001,0.001"}  # GFLOP/s, GB/s
+    priced.clear()
+    slow = cost_placement.evaluate_on_host(nodes, slow_opts, infos, ctx.placed)
+    assert len(priced) == len(nodes)
+    assert slow[0].latency_s > 100 * reused[0].latency_s

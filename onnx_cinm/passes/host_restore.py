@@ -129,11 +129,12 @@ def _with_nodes(skeleton: onnx.ModelProto, nodes: list, weights: dict) -> onnx.M
     return trial
 
 
-def _worth_trying(graph: onnx.GraphProto, groups: list, now, before, originals: list,
+def _worth_trying(graph: onnx.GraphProto, groups: list, now, before: dict, originals: list,
                   objective: str) -> list:
     """The ``groups`` (placed on devices) whose original op on the host could cost less under
     ``objective``, most to gain first. ``now``: the cost problem of the model as placed;
-    ``before``: that of ``originals`` (every lowered node put back) on the host. A group can
+    ``before``: the host choices of ``originals`` (every lowered node put back) by index
+    (:func:`.cost_placement.evaluate_on_host`). A group can
     gain only if its original's own host cost is below what putting it back removes at most:
     the group's ops' own costs plus every transfer of a tensor they touch, in the objective's
     quantity (``latency`` or ``energy``; ``edp`` gains only if one of them does). Not counted:
@@ -150,7 +151,7 @@ def _worth_trying(graph: onnx.GraphProto, groups: list, now, before, originals: 
     out = []
     for g in groups:
         proto, _, ks = g
-        host = before.fixed.get(at.get(id(proto), -1))
+        host = before.get(at.get(id(proto), -1))
         idx = [where.get(graph.node[k].name) for k in ks]
         if host is None or None in idx:
             out.append((float("inf"), g))  # not priced alone: tried
@@ -222,7 +223,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
     keep = [g for g in groups if _on_host(graph, g[2]) and not _hinted(graph, g[2])]
     cheaper = 0
     if cost and groups:
-        from .cost_placement import evaluate_model
+        from .cost_placement import evaluate_model, evaluate_on_host
 
         objective = stats.get("objective") or PlacementOptions.objective
         infos = dict(ctx.tensor_infos(model))
@@ -231,18 +232,21 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
                 if name not in infos:
                     infos[name] = TensorInfo(name, helper.tensor_dtype_to_np_dtype(t.data_type),
                                              tuple(t.dims), True)
-        skeleton = _skeleton(model)
         weights = {n: t for _, w, _ in everything for n, t in w.items()}
+        skeleton: list = []  # made on the first trial (most models price none)
 
         def priced(nodes) -> tuple:
-            tot, _, prob = evaluate_model(_with_nodes(skeleton, nodes, weights), ctx.options, infos)
+            if not skeleton:
+                skeleton.append(_skeleton(model))
+            tot, _, prob = evaluate_model(_with_nodes(skeleton[0], nodes, weights), ctx.options,
+                                          infos)
             return tot, prob
 
         # the model as placed, unless groups went back: the placement priced it already
         hit = placed.priced(model, ctx.options, infos) if placed and not keep else None
         current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
-        all_host, before = priced(_all_host(originals))
+        all_host, before = evaluate_on_host(_all_host(originals), ctx.options, infos, placed)
         tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
                                       not _hinted(graph, g[2])], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:

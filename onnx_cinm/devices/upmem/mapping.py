@@ -753,33 +753,40 @@ def im2col_halo(lines: int, k: int, stride: int, dilation: int) -> int:
     return (lines - 1) * stride + (k - 1) * dilation + 1
 
 
-def _im2col_geometry(shape, attrs: dict, d: int, es: int) -> dict:
+def _im2col_geometry(shape, attrs: dict, d: int, es: int, conv: tuple | None = None) -> dict:
     """The generated Im2Col kernel's split (:func:`im2col_split`): each of ``used`` DPUs gets
     ``row_cap = NB * LB * CB`` output rows (pixels), each row ``C * KH`` windows of ``KW``
     taps, and ``xs_bytes`` of input: its ``NB`` images' ``C`` channels of ``HB`` padded rows
-    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1."""
-    dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
-    nd = len(dims) - 2
-    g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
-                    attrs.get("pads") or [0] * (2 * nd), attrs.get("dilations") or [1] * nd)
-    per = max(1, 8 // es) if 8 % es == 0 else 1
-    ck = g["C"] * g["KH"] * g["KW"]
-    ck_pad = _cdiv(ck, per) * per
-    oh, ow = max(1, g["OH"]), max(1, g["OW"])
+    of ``WB`` elements (what its tile reads, halo included). Unknown dims count as 1.
+    ``conv``: :func:`_im2col_conv` of ``shape``, ``attrs`` and ``es`` when the caller has it
+    (the same for every DPU count)."""
+    g, ck, ck_pad, oh, ow, win_read = conv or _im2col_conv(shape, attrs, es)
     rows = g["N"] * oh * ow
     nb, lb, cb, used = im2col_split(g["N"], oh, ow, d)
     hb = im2col_halo(lb, g["KH"], g["SH"], g["DH"])
     wb = im2col_halo(cb, g["KW"], g["SW"], g["DW"])
-    span = ((g["KW"] - 1) * g["DW"] + 1) * es
-    # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
-    offs = range(0, 8, es) if es < 8 else [0]
-    win_read = sum(_r8(o + span) for o in offs) / len(offs)
     # the scattered input: NB x C x HB x WB elements, and 8 bytes a last window may reach past
     xs_bytes = _r8(nb * g["C"] * hb * wb * es) + 8
     return {"n": rows * ck, "n_dpu": nb * lb * cb * ck_pad, "rows": rows, "row_cap": nb * lb * cb,
             "used": used, "windows": g["C"] * g["KH"], "kw": g["KW"], "ck": ck,
             "ck_pad": ck_pad, "win_read": win_read, "nb": nb, "lb": lb, "cb": cb, "hb": hb,
             "wb": wb, "xs_bytes": xs_bytes}
+
+
+def _im2col_conv(shape, attrs: dict, es: int) -> tuple:
+    """The part of :func:`_im2col_geometry` no DPU count changes: ``(im2col_dims, C*KH*KW, that
+    padded to 8 bytes, OH, OW (at least 1), bytes of one window read)``."""
+    dims = [int(x) if isinstance(x, int) and x > 0 else 1 for x in (shape or [1, 1, 1])]
+    nd = len(dims) - 2
+    g = im2col_dims(dims, attrs.get("kernel_shape") or [1] * nd, attrs.get("strides") or [1] * nd,
+                    attrs.get("pads") or [0] * (2 * nd), attrs.get("dilations") or [1] * nd)
+    per = max(1, 8 // es) if 8 % es == 0 else 1
+    ck = g["C"] * g["KH"] * g["KW"]
+    span = ((g["KW"] - 1) * g["DW"] + 1) * es
+    # bytes of one window read: the taps' span from an 8-aligned start (mean over alignments)
+    offs = range(0, 8, es) if es < 8 else [0]
+    win_read = sum(_r8(o + span) for o in offs) / len(offs)
+    return g, ck, _cdiv(ck, per) * per, max(1, g["OH"]), max(1, g["OW"]), win_read
 
 
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
@@ -1413,17 +1420,25 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
                    params=params, stack_bytes=stack_bytes)
 
 
-def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None) -> list:
+def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None,
+               unit: tuple | None = None) -> list:
     """``[(DPUs, column blocks)]`` the mapping considers for ``op``: DPU counts that are powers
     of two below ``max_dpus`` and ``max_dpus`` itself (or exactly ``dpus``); for matrix
     products, every power of two dividing the count and the count itself as column blocks
-    (1 for other ops)."""
-    dt = _dtype_name(op.inputs[0])
-    es = _esize(dt)
-    kind, geom, _, _ = _geometry(op, 1, es)
+    (1 for other ops). ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
+    kind, geom = unit or _unit_geometry(op)
     matmul = kind in ("gemm", "simsearch")
-    items = geom["rows"] * geom["n"] if matmul else _work_items(kind, geom, es)
+    items = geom["rows"] * geom["n"] if matmul else \
+        _work_items(kind, geom, _esize(_dtype_name(op.inputs[0])))
     return W.workgroups(items, max_dpus, dpus, grid=matmul)
+
+
+def _unit_geometry(op: OpInfo) -> tuple[str, dict]:
+    """``(kind, geom)`` of ``op`` on one DPU (:func:`_geometry`): what the workgroups and the
+    lower bounds of a plan search read. Raises CinmError for an op no kernel runs."""
+    return _geometry(op, 1, _esize(_dtype_name(op.inputs[0])))[:2]
+
+
 #: Memo of :func:`plan_op` (the search prices up to hundreds of DPU counts and column splits; the
 #: device's ``supports``, its cost and its lowering each ask for the same plan).
 _PLANS: dict = {}
@@ -1539,7 +1554,7 @@ def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple
             np.where(few, np.minimum(n_pad, units_t * nt), n_pad))
 
 
-def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
+def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
     """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
     workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
     for a grid a matrix product cannot have; or None for the kinds it does not cover (every
@@ -1554,13 +1569,16 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
     accumulates (:func:`_matvec_instr`) and output stores of each tasklet's rows and columns
     (:func:`_matmul_busiest`); Im2Col's windows per output row; an elementwise op's
     instructions per element of its share. A matrix product's workgroups are bounded in array
-    operations (it has tens: DPU counts x column splits)."""
+    operations (it has tens: DPU counts x column splits).
+    ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
     dt = _dtype_name(op.inputs[0])
     es = _esize(dt)
-    try:
-        kind, g, _, _ = _geometry(op, 1, es)
-    except CinmError:
-        return None
+    if unit is None:
+        try:
+            unit = _unit_geometry(op)
+        except CinmError:
+            return None
+    kind, g = unit
     f, issue = params.frequency_hz, params.issue_interval
     if kind in ("gemv", "gemm", "simsearch"):
         rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
@@ -1587,12 +1605,13 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams):
         return floor
     if kind == "im2col":
         shape, attrs = op.inputs[0].shape, op.attrs
+        conv = _im2col_conv(shape, attrs, es)
 
         def one(d: int) -> float:
-            g = _im2col_geometry(shape, attrs, d, es)
+            g = _im2col_geometry(shape, attrs, d, es, conv)
             if g["used"] < d:  # the plan uses the DPUs that get work (make_plan)
                 d = g["used"]
-                g = _im2col_geometry(shape, attrs, d, es)
+                g = _im2col_geometry(shape, attrs, d, es, conv)
             instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
             rows = g["row_cap"]
             kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
@@ -1634,8 +1653,9 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     """
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
-    combos = workgroups(op, max_dpus, dpus)
-    floor = None if len(combos) < 2 else _floor_s(op, tasklets, params)
+    unit = _unit_geometry(op)
+    combos = workgroups(op, max_dpus, dpus, unit)
+    floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
         bounds = floor(combos)
         planned: dict = {}

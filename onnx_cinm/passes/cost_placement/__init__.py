@@ -73,6 +73,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from ... import devices
+from ...analysis import op_info
 from ...dialects import cinm
 from ...text import si
 from ..pass_options import PlacementOptions
@@ -267,6 +269,41 @@ def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
     named in the violations. ``infos``: the tensor infos to use (:func:`onnx_cinm.analysis.
     tensor_infos`; an If branch's come from its whole model's), else ``model``'s own."""
     return _as_placed(build_problem(model, dict(options or {}), infos=infos))
+
+
+def evaluate_on_host(nodes: list, options: dict, infos: dict,
+                     placed: Placed | None = None) -> tuple[Totals, dict]:
+    """:func:`evaluate_model`'s totals of a model whose ``nodes`` (graph order) all run on the
+    host (every cinm op's ``device`` is ``host`` or absent), without building its problem:
+    the sum of the nodes' host costs in graph order, no transfer (every tensor stays on the
+    host) and nothing kept on a device, so the same figures bit for bit. Also ``{node index:
+    host Choice}`` of the nodes outside the cinm domain (the fixed choices of that problem).
+    ``infos``: the tensor infos of the model (:func:`onnx_cinm.analysis.tensor_infos`).
+    ``placed``: the placement's problem (:attr:`PassContext.placed`), whose host choices serve
+    for the nodes outside the cinm domain it holds (the same node objects, which placement does
+    not annotate, under the same options and with the same infos of their tensors) instead of
+    pricing them again."""
+    host = devices.get_device("host")
+    known: dict = {}  # node position -> the placement problem's host choice of that node
+    if placed is not None and placed.options == options:
+        prob, pi = placed.problem, placed.infos
+        at = {id(n): k for k, n in enumerate(prob.nodes) if n.domain != cinm.DOMAIN}
+        for i, node in enumerate(nodes):
+            k = at.get(id(node))
+            if k is not None and prob.nodes[k] is node and all(
+                    infos.get(t) is pi.get(t) for t in (*node.input, *node.output)):
+                known[i] = prob.fixed[k]
+    lat = en = 0.0  # summed in graph order, as evaluate() does
+    writes = 0
+    fixed = {}
+    for i, node in enumerate(nodes):
+        c = known[i].cost if i in known else device_cost(host, op_info(node, infos), options)
+        lat += c.latency_s
+        en += c.energy_j
+        writes += c.writes
+        if node.domain != cinm.DOMAIN:
+            fixed[i] = Choice("host", c)
+    return Totals(latency_s=lat, energy_j=en, writes=writes), fixed
 
 
 def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:

@@ -88,13 +88,18 @@ def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
         return 0.0, 0.0, 0
     a = dev_of(t.producer)
     dests = []
+    away = False  # a consumer elsewhere than the producer
     for c in t.consumers:
         d = dev_of(c)
+        if d != a:
+            away = True
         if d not in dests:
             dests.append(d)
+    if not away and (a == "host" or not t.output):  # nothing crosses (the search's most asked)
+        return 0.0, 0.0, 0
     s = j = 0.0
     moved = 0
-    if a != "host" and (t.output or any(d != a for d in dests)):
+    if a != "host":
         ds, dj = _link(prob, a, t.nbytes, False)
         s, j, moved = s + ds, j + dj, moved + t.nbytes
     for d in dests:

@@ -119,13 +119,15 @@ def candidate(dev: Device, op, options: dict) -> list | str:
     return _query(dev, op, options)[1]
 
 
-def _query(dev: Device, op, options: dict, op_key: tuple | None = None) -> tuple:
+def _query(dev: Device, op, options: dict, op_key: tuple | None = None,
+           opts_key: tuple | None = None) -> tuple:
     """``(dev.supports_under(op, options), candidate(dev, op, options))``, cached per device,
     op signature (``op_key``: :func:`_op_key` of ``op`` when already known) and the options the
-    device depends on. A refusal is cached only when its reason names neither the op nor one
+    device depends on (``opts_key``: :func:`_opts_key` of ``options`` and ``dev``, likewise). A refusal is cached only when its reason names neither the op nor one
     of its tensors (then it is every op's of that signature; placement, restore_host_ops and
     the written model's totals each ask again for every op)."""
-    key = (dev.name, id(dev), op_key or _op_key(op), _opts_key(options, dev))
+    key = (dev.name, id(dev), op_key or _op_key(op),
+           _opts_key(options, dev) if opts_key is None else opts_key)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -247,6 +249,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     host = devices.get_device("host")
     targets = [d for d in devices.all_devices() if d.paradigm != "host"]
     hint_log = HintLog(hints)
+    opts_keys = [_opts_key(options, dev) for dev in targets]  # the same for every op
     for i, node in enumerate(prob.nodes):
         info = op_info(node, infos)
         prob.ops.append(info)
@@ -257,8 +260,8 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
         cands, refused = [hc], []
         prob.support[i] = support = {}
         key = _op_key(info)  # asked once for every device
-        for dev in targets:
-            support[dev.name], r = _query(dev, info, options, key)
+        for dev, opts_key in zip(targets, opts_keys):
+            support[dev.name], r = _query(dev, info, options, key, opts_key)
             if isinstance(r, list):
                 cands.extend(r)
             elif r:
