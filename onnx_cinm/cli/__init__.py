@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import os
 import signal
 import sys
@@ -45,10 +46,32 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status. Called
     without ``argv`` (the console script, ``python -m onnx_cinm.cli``), the process ends in
     here once the command is done (:func:`_end_process`)."""
+    if argv is None:
+        _process_gc()
     status = _main(argv)
     if argv is None:
         _end_process(status)
     return status
+
+
+#: Allocations between collections of the youngest generation, and collections of each
+#: generation between collections of the next, in a command's process (Python's defaults:
+#: 700, 10, 10). See :func:`_process_gc`.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def _process_gc() -> None:
+    """Collect cyclic garbage less often in the console script's process, which runs one
+    command and ends: a compile allocates millions of short-lived objects (protobuf and
+    onnx_ir nodes, attributes, cost records), and with Python's thresholds about 300 young
+    and 25 older collections plus 2 full ones walked them during one ``optimize`` of light
+    DenseNet121, 0.12-0.15 s of its 1.3 s of CPU (measured with ``gc.callbacks``). With
+    :data:`GC_THRESHOLDS` the same run makes about 30 young collections and no full one, and
+    its peak RSS is unchanged (DenseNet121 180 MB, VGG19 1.1 GB, a 1000-layer MLP 564 MB:
+    the weights are freed by reference counting, not by the collector). Only the console
+    script sets them; :func:`main` called with ``argv`` (tests, another program) leaves the
+    caller's process as it is."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _end_process(status: int) -> None:
