@@ -421,7 +421,11 @@ def _together(dev: str) -> bool:
 def _shared_plans(prob: Problem, dev: str, idx: list) -> dict:
     """``{op index: Priced}`` of the ops ``idx`` (execution order) on ``dev``, a device that
     plans its ops together, as its :meth:`Device.price_all` allocates the shared resources
-    among all of them; empty when it cannot plan them (the candidates' figures stand)."""
+    among all of them; empty when it cannot plan them (the candidates' figures stand). The ops
+    are handed on in execution order whatever the order of ``idx``: an assignment built
+    backwards (the dynamic program's) was priced in reverse order, which allocates the shared
+    crossbars differently (light DenseNet121: 0.186 s against 0.175 s for the same devices)."""
+    idx = sorted(idx)  # op indices follow the graph's (topological) order
     try:
         plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
     except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
@@ -480,7 +484,7 @@ def _as_compiled(prob: Problem, assign: dict) -> dict:
     choices of one device map are made once per problem, so that :func:`_evaluate` knows
     them: several searches often end on the same placement)."""
     devs = {i: c.device for i, c in assign.items()}
-    key = tuple(devs.items())
+    key = tuple(sorted(devs.items()))  # one placement, however its dict was built
     hit = prob.compiled.get(key)
     if hit is None:
         if len(prob.compiled) > 64:
