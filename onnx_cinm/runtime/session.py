@@ -243,6 +243,9 @@ class _DeviceNode:
     patches: tuple | None = None
     #: a Relu or bias Add applied to this node's output, the only reader of it (_post_op)
     post: _DeviceNode | None = None
+    #: for such a post op: the producer's output it reads (any of a TopK's, say), dropped from
+    #: a run's values once the post op has written its own output over it
+    reads: str = ""
     #: a model-mode Relu a convolution computing this post op's producer may apply itself
     conv_act: bool = False
 
@@ -321,7 +324,8 @@ def _declared(name: str, vi: onnx.ValueInfoProto | None, value=None) -> onnx.Val
     """How a model the provider cuts out of the optimized one (a host partition, an If branch)
     declares ``name``, a tensor crossing into or out of it.
 
-    With ``vi`` (the whole model's graph input, value_info or output entry for ``name``): its
+    With ``vi`` (the whole model's graph input or value_info entry for ``name``, or its
+    graph-output entry reduced to the element type, :func:`_element_type_only`): its
     type as the whole model knows it, element type and shape, each dim a number, a symbolic
     ``dim_param`` or open as it is there (rank kept), so no op's shape inference in the part
     sees less than in the whole model: onnx's Resize takes an unranked or ``[?]`` ``sizes`` for
@@ -336,6 +340,13 @@ def _declared(name: str, vi: onnx.ValueInfoProto | None, value=None) -> onnx.Val
     a = np.asarray(value)
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype),
                                          [None] * a.ndim)
+
+
+def _element_type_only(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """``vi`` without its shape (a tensor's element type alone; another type as it is)."""
+    if not vi.type.HasField("tensor_type"):
+        return vi
+    return helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, None)
 
 
 def _inside(if_label: str, branch: str, label: str) -> str:
@@ -599,7 +610,11 @@ class InferenceSession:
             for n in names_used_by(d.node):  # an If's: its condition and what its branches read
                 consumed_later.setdefault(n, set()).add(("d", id(d)))
         graph_outputs = {o.name for o in g.output}
-        vis = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+        # a graph output's declaration gives its element type only: an exporter may declare
+        # an output [1, 4] the model computes [n, 4] (onnxruntime only warns), which, given to
+        # a partition reading it, would refuse batch 2; shapes come from value_info and inputs
+        vis = {vi.name: _element_type_only(vi) for vi in g.output}
+        vis.update((vi.name, vi) for vi in list(g.input) + list(g.value_info))
         for p in self._parts:
             produced = [o for node in p.nodes for o in node.output if o]
             pset = set(produced)
@@ -699,7 +714,7 @@ class InferenceSession:
             consts.setdefault(bias, numpy_helper.to_array(inits[bias]))
             post = _DeviceNode(node, src.stage, "host", _ModelKernel(_add_bias, {"x": x}, None),
                                "numpy", fused_into=src)
-        src.post = post
+        src.post, post.reads = post, node.input[x]
         return post
 
     def _fuse_patches(self, consumed: dict, graph_outputs: set) -> None:
@@ -960,7 +975,7 @@ class InferenceSession:
                     values.update(zip(d.outputs, got[0]))
                 if post is not None:  # the ops after it, in place on what only they read
                     self._run_device(post, values, records, run_index)
-                    values.pop(d.outputs[0], None)
+                    values.pop(post.reads, None)
                 return
         ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
         t0 = time.perf_counter()
@@ -980,7 +995,7 @@ class InferenceSession:
         records.append(self._record(d, run_index, wall, metrics, empty))
         if d.post is not None:  # its Relu or bias, in place on the output only it reads
             self._run_device(d.post, values, records, run_index)
-            values.pop(d.outputs[0], None)
+            values.pop(d.post.reads, None)
 
     @staticmethod
     def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:
