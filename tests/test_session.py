@@ -920,3 +920,32 @@ def test_bias_and_relu_after_a_crossbar_product_run_without_a_host_partition(tmp
     rows = [(r["node"], r["device"], r["mode"]) for r in sess.profile()][:3]
     assert [r[1:] for r in rows] == [("memristor", "simulate"), ("host", "numpy"),
                                      ("host", "numpy")]
+
+
+def test_a_host_add_after_a_two_output_device_node_keeps_its_other_output(tmp_path):
+    """A host Add applied in numpy (a post op) to output 1 of a TopK run on the DPUs: output 0
+    (a graph output) stays in the run's values (the provider once dropped a producer's output 0
+    after any post op, whichever output it read). Both outputs equal onnxruntime's on the
+    original bit for bit."""
+    f = TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=-1),
+         helper.make_node("Add", ["i", "one"], ["j"], name="plus1")], "g",
+        [helper.make_tensor_value_info("x", f, [4, 64])],
+        [helper.make_tensor_value_info("v", f, [4, 3]),
+         helper.make_tensor_value_info("j", TensorProto.INT64, [4, 3])],
+        [numpy_helper.from_array(np.array([3], np.int64), "k"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("topk*", "upmem"), ("plus1*", "host")], check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx", provider_options=[{"upmem_mode": "emulate"}, {}])
+    assert sess.partitions() == [("upmem", 1), ("host-numpy", 1)]  # the Add is a post op
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        want = run_onnxruntime(model, {"x": x})
+        got = sess.run(None, {"x": x})
+        assert [a.dtype for a in got] == [np.float32, np.int64]
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)

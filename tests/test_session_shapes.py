@@ -130,3 +130,41 @@ def test_captured_resize_sizes_reach_an_if_branch_with_their_shape(tmp_path):
         (got,) = sess.run(None, feeds)
         assert got.shape == want.shape == (n, C, OUT, OUT)
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _declared_output_model(chain: bool) -> onnx.ModelProto:
+    """p = x @ W on the crossbar, y = Sigmoid(p) on the host (``chain``: y = Tanh(Sigmoid(p)
+    @ W2), a second product between them), x [n, 8] with a dynamic n and p also a graph output
+    the exporter declares [1, 4]: onnxruntime runs the original at any n (it only warns), and
+    onnx's shape inference carries that [1, 4] into the value_info of the tensors after p."""
+    rng = np.random.default_rng(0)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+             helper.make_node("Sigmoid", ["p"], ["q" if chain else "y"], name="act")]
+    if chain:
+        nodes += [helper.make_node("MatMul", ["q", "W2"], ["r"], name="mm2"),
+                  helper.make_node("Tanh", ["r"], ["y"], name="act2")]
+    g = helper.make_graph(
+        nodes, "declared_output", [helper.make_tensor_value_info("x", f, ["n", 8])],
+        [helper.make_tensor_value_info("y", f, ["n", 4]),
+         helper.make_tensor_value_info("p", f, [1, 4])],
+        [numpy_helper.from_array(rng.integers(-3, 4, (8, 4)).astype(np.float32), "W"),
+         numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_graph_output_declared_for_batch_1_runs_at_batch_2_as_onnxruntime(chain, tmp_path):
+    original = _declared_output_model(chain)
+    res = optimize(original, place=[("mm*", "memristor"), ("act*", "host")], check=0)
+    path = tmp_path / "o.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(path)
+    assert [k for k, _ in sess.partitions()] == ["memristor", "host"] * (1 + chain)
+    for n in (1, 2, 3, 1):
+        x = np.random.default_rng(n).integers(-4, 5, (n, 8)).astype(np.float32)
+        want = run_onnxruntime(original, {"x": x})
+        got = sess.run(None, {"x": x})
+        assert [a.shape for a in got] == [a.shape for a in want] == [(n, 4), (n, 4)]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

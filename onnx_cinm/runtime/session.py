@@ -166,6 +166,8 @@ class _Partition:
     call: object = None
     label: str = ""  # its profile record's node and op_type
     op_text: str = ""
+    #: its inputs declared by the arriving arrays' element type and rank (_relax)
+    relaxed: bool = False
 
 
 def _run_call(sess):
@@ -927,7 +929,7 @@ class InferenceSession:
             try:
                 outs = p.call(p.outputs, {n: values[n] for n in p.inputs}, None)
             except Exception as e:  # noqa: BLE001 - onnxruntime's own error types
-                raise CinmError(f"host partition {p.index} failed: {str(e).splitlines()[0]}") from None
+                outs = self._relax(p, values, e)
             wall = time.perf_counter() - t0
             values.update(zip(p.outputs, outs))
             records.append({"run": run_index, "node": p.label, "op_type": p.op_text,
@@ -1041,6 +1043,29 @@ class InferenceSession:
         except Exception as e:  # noqa: BLE001 - onnxruntime's own error types
             raise CinmError(f"node '{self._label(d.node)}' on an empty input: "
                             f"{str(e).splitlines()[0]}") from None
+
+    def _relax(self, p: _Partition, values: dict, error: Exception) -> list:
+        """Partition ``p``'s outputs after its session refused a run (``error``), from a
+        session whose inputs are declared by the element type and rank of the arrays arriving
+        (kept for later runs): a shape the model's value_info gives may be one onnx's shape
+        inference took from an exporter's graph-output declaration (``[1, 4]`` for an output
+        the model computes ``[n, 4]``; onnxruntime only warns on the whole model and never
+        checks an inner tensor). Raises CinmError with ``error``'s first line when the
+        partition was relaxed already, cannot be, or fails that way too."""
+        fail = CinmError(f"host partition {p.index} failed: {str(error).splitlines()[0]}")
+        with self._lazy_lock:
+            if not p.relaxed:  # once: a partition failing either way fails at once next time
+                p.relaxed = True
+                try:
+                    session = self._session(
+                        p, self._inits, {n: _declared(n, None, values[n]) for n in p.inputs})
+                except CinmError:  # it needs the declared shapes (a Resize's sizes)
+                    raise fail from None
+                p.call, p.session = _run_call(session), session
+        try:
+            return p.call(p.outputs, {n: values[n] for n in p.inputs}, None)
+        except Exception:  # noqa: BLE001 - onnxruntime's own error types
+            raise fail from None
 
     def _late_session(self, p: _Partition, values: dict) -> None:
         """Build partition ``p``'s session from the arrays arriving at its untyped inputs."""
