@@ -12,8 +12,8 @@ import onnx
 from onnx import numpy_helper
 
 from . import devices, frontend, golden, hostmodel
-from .devices.base import accepts_keyword
 from .analysis import body_flops, node_flops, open_tensors, tensor_infos
+from .devices.base import accepts_keyword
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key

@@ -197,7 +197,6 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
     seen: list = []
     of = {d: _colour(d, seen) for d in dict.fromkeys(r.device for r in rows)}
     cols = [of[r.device] for r in rows]
-    x = list(range(len(rows)))
     for k, (attr, tattr, label) in enumerate((("latency_s", "transfer_s", "time per inference (s)"),
                                              ("energy_j", "transfer_j", "energy per inference (J)"))):
         ax = fig.add_subplot(2, 1, k + 1)
@@ -344,10 +343,10 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool =
              c[5], si(c[6], "s"), si(c[7], "J"), c[8], si(c[9], "B"), *c[10:])
             for c, m in grouped]
     hidden = [r for r in rows if cinm_only and not r.cinm and r.counted]
-    left_out = [] if not hidden else [
+    left_out = [] if not hidden else [(
         f"{len(hidden)} {'/'.join(sorted({r.device for r in hidden}))} ops not shown ({si(sum(r.latency_s + r.transfer_s for r in hidden), 's')}, "
         f"{si(sum(r.energy_j + r.transfer_j for r in hidden), 'J')}, in the total): --all-nodes "
-        "lists them"]
+        "lists them")]
     folded = []
     if len(grouped) < len(raw):
         folded.append(f"({len(raw)} rows in {len(grouped)}: '<node> xN' stands for N nodes of "
@@ -358,12 +357,12 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool =
     return text_table(COLUMNS, body, notes=[
         *left_out,
         _totals_line(totals), *folded,
-        "(latency and energy include the transfers the cost model charges to the op, listed "
-        "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
-        "its own model, while the total counts only tensors that cross between devices; "
-        "energy by part: the op's own energy split by its device's cost model (crossbars: the "
-        "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
-        "the CSV; area: the chip area the op occupies)", *totals.get("notes", [])])
+        ("(latency and energy include the transfers the cost model charges to the op, listed "
+         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
+         "its own model, while the total counts only tensors that cross between devices; "
+         "energy by part: the op's own energy split by its device's cost model (crossbars: the "
+         "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
+         "the CSV; area: the chip area the op occupies)"), *totals.get("notes", [])])
 
 
 #: What the reason column says first of a row the totals do not count.

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts
-from onnx_cinm.errors import CinmError
 from onnx_cinm.cli import main
+from onnx_cinm.errors import CinmError
 from onnx_cinm.pipeline import optimize
 from onnx_cinm.runtime import session as session_mod
 from onnx_cinm.runtime.evaluate import Evaluator, Point

@@ -221,9 +221,9 @@ def test_a_sized_length_above_the_limit_says_so_not_that_it_is_unrolled(monkeypa
     res = optimize(_model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1), dims={"T": 5})
     assert [n.op_type for n in res.model.graph.node].count("Scan") == 1
     lines = [ln for ln in res.summary().splitlines() if ln.startswith("recurrences")]
-    assert lines == ["recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
-                     "run in a Scan on the host (a fixed limit); their input projections are "
-                     "cinm ops"]
+    assert lines == [("recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
+                      "run in a Scan on the host (a fixed limit); their input projections are "
+                      "cinm ops")]
 
 
 def test_dynamic_length_sized_by_dim_is_unrolled():
