@@ -12,8 +12,8 @@ import onnx
 from onnx import numpy_helper
 
 from . import devices, frontend, golden, hostmodel
-from .devices.base import accepts_keyword
 from .analysis import body_flops, node_flops, open_tensors, tensor_infos
+from .devices.base import accepts_keyword
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
 from .options import unknown_key
@@ -495,6 +495,23 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
 
 
+def _drawn_integer_inputs(model: onnx.ModelProto, inputs: dict | None) -> list[str]:
+    """The names of ``model``'s real inputs of an integer or bool element type that the check
+    draws at random (those not in ``inputs``, the caller's own arrays): values such an input
+    holds can be a shape (Reshape's, Expand's), so a shape error on them may be the draw's."""
+    given = set(inputs or ())
+    return [vi.name for vi in golden.real_inputs(model.graph)
+            if vi.name not in given and vi.type.WhichOneof("value") == "tensor_type"
+            and vi.type.tensor_type.elem_type in _INTEGER_TYPES]
+
+
+#: ONNX element types of integers and bool (a shape or a mask an input can carry).
+_INTEGER_TYPES = frozenset({
+    onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+    onnx.TensorProto.UINT64, onnx.TensorProto.BOOL})
+
+
 def _control_flow(model: onnx.ModelProto) -> tuple[str | None, Counter]:
     """``(line, made)``: the summary's ``control flow:`` line for the main graph's nodes with
     subgraphs (If, Loop, Scan): which If branches were compiled (hold cinm ops), how many of
@@ -640,7 +657,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             another kind may depend on the values drawn (an index input out of range): the
             check is skipped, not failed, and ``check_skipped`` says why. So is a shape error
             at sizes the caller did not give (a dim left unsized or anonymous, which the check
-            draws: :func:`onnx_cinm.golden.every_dim_sized`).
+            draws: :func:`onnx_cinm.golden.every_dim_sized`), and a shape error when an
+            integer or bool input was drawn at random (its values may be a shape: an Expand's
+            or a Reshape's; pass it in ``inputs`` to have the check run).
         device_options: options by flat key, checked against the schema of every device and
             pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
             devices'), e.g. ``cim_loop_order`` (``"weight_stationary"`` or ``"naive"``),
@@ -784,6 +803,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             elif not golden.every_dim_sized(original, dims):
                 skipped = ("the original does not run on the random inputs at the sizes the check "
                            f"drew for the dims without one: {e}")
+            elif drawn := _drawn_integer_inputs(original, inputs):
+                # an integer input may be a shape (Reshape's, Expand's): its drawn values, not
+                # the sizes, can be what fails
+                skipped = (f"the original does not run on the random inputs (the values drawn for "
+                           f"the integer input {drawn[0]} may be what fails): {e}")
             else:
                 # the requested sizes themselves: no input of them runs, so a model planned at
                 # them (and its figures) would describe a configuration that cannot exist

@@ -197,7 +197,6 @@ def plot_time_energy(rows: list[Layer], title: str = "") -> bytes:
     seen: list = []
     of = {d: _colour(d, seen) for d in dict.fromkeys(r.device for r in rows)}
     cols = [of[r.device] for r in rows]
-    x = list(range(len(rows)))
     for k, (attr, tattr, label) in enumerate((("latency_s", "transfer_s", "time per inference (s)"),
                                              ("energy_j", "transfer_j", "energy per inference (J)"))):
         ax = fig.add_subplot(2, 1, k + 1)
@@ -310,8 +309,20 @@ def _area_text(r: Layer) -> str:
 
 
 #: The figures :func:`table` shows of a folded row as the sum over its nodes (positions in
-#: its raw row: FLOPs, latency, energy, writes, moved); the index is the first node's.
+#: its raw row: FLOPs, latency, energy, writes, moved); the index cell lists the nodes'.
 _SUMMED, _INDEX = (4, 6, 7, 8, 9), 0
+
+
+def _indices(indices: list[int]) -> str:
+    """The index cell of a (folded) row of the nodes at ``indices`` (ascending): ``7``, a run
+    of consecutive ones ``3..6``, others listed (``3,5,9``; past three, the first two and the
+    last: ``3,5,...,41``), so a range never covers a node that is not in the row."""
+    if len(indices) == 1:
+        return str(indices[0])
+    if indices[-1] - indices[0] == len(indices) - 1:
+        return f"{indices[0]}..{indices[-1]}"
+    shown = indices if len(indices) <= 3 else [*indices[:2], "...", indices[-1]]
+    return ",".join(map(str, shown))
 
 
 def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool = True) -> str:
@@ -320,21 +331,22 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool =
     with their latency and energy, so the rows shown and that line add up to the totals.
     ``fold``: the nodes of one source op with the same op, shape, device and figures in one
     row ``<node> xN`` (:func:`onnx_cinm.text.fold_rows`; the steps of an unrolled recurrence),
-    its figures the N nodes' sums, its index ``first..last``; False: one line per node. The
+    its figures the N nodes' sums, its index the nodes' (``first..last`` when consecutive,
+    else listed: :func:`_indices`); False: one line per node. The
     totals are the same either way."""
     raw = [(r.index, r.name, r.op, r.shape, r.flops, r.device, r.latency_s + r.transfer_s,
             r.energy_j + r.transfer_j, r.writes, r.bytes_moved, _parts_text(r), _area_text(r),
             _reason_text(r)) for r in rows if r.cinm or not cinm_only]
     grouped = fold_rows(raw, name=1, times=_SUMMED, skip=(_INDEX,)) if fold \
         else [(list(c), [k]) for k, c in enumerate(raw)]
-    body = [(c[0] if len(m) == 1 else f"{raw[m[0]][0]}..{raw[m[-1]][0]}", *c[1:4], si(c[4]),
+    body = [(_indices([raw[k][0] for k in m]), *c[1:4], si(c[4]),
              c[5], si(c[6], "s"), si(c[7], "J"), c[8], si(c[9], "B"), *c[10:])
             for c, m in grouped]
     hidden = [r for r in rows if cinm_only and not r.cinm and r.counted]
-    left_out = [] if not hidden else [
+    left_out = [] if not hidden else [(
         f"{len(hidden)} {'/'.join(sorted({r.device for r in hidden}))} ops not shown ({si(sum(r.latency_s + r.transfer_s for r in hidden), 's')}, "
         f"{si(sum(r.energy_j + r.transfer_j for r in hidden), 'J')}, in the total): --all-nodes "
-        "lists them"]
+        "lists them")]
     folded = []
     if len(grouped) < len(raw):
         folded.append(f"({len(raw)} rows in {len(grouped)}: '<node> xN' stands for N nodes of "
@@ -345,12 +357,12 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool =
     return text_table(COLUMNS, body, notes=[
         *left_out,
         _totals_line(totals), *folded,
-        "(latency and energy include the transfers the cost model charges to the op, listed "
-        "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
-        "its own model, while the total counts only tensors that cross between devices; "
-        "energy by part: the op's own energy split by its device's cost model (crossbars: the "
-        "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
-        "the CSV; area: the chip area the op occupies)", *totals.get("notes", [])])
+        ("(latency and energy include the transfers the cost model charges to the op, listed "
+         "apart in the CSV and HTML; moved: bytes the op's device moves across its boundary by "
+         "its own model, while the total counts only tensors that cross between devices; "
+         "energy by part: the op's own energy split by its device's cost model (crossbars: the "
+         "cells' array, the ADCs/DACs and the rest of the periphery), with latency and area in "
+         "the CSV; area: the chip area the op occupies)"), *totals.get("notes", [])])
 
 
 #: What the reason column says first of a row the totals do not count.

@@ -117,17 +117,20 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
     return "\n".join(out)
 
 
-#: The end of a node name that numbers the copies of one source op (``Gemm_17``: the 17th
-#: step of an unrolled recurrence; ``host partition 12``), which :func:`fold_rows` drops to
-#: name the source op.
-_COPY_NUMBER = re.compile(r"[_ ]\d+$")
+#: A node name that numbers the copies of one source op: ``<source>/<Op>`` or
+#: ``<source>/<Op>_<N>`` (a lowered node's nodes, as :class:`onnx_cinm.rewrite.Builder` names
+#: them: ``lstm_node_3/Gemm_17``, the 17th of the Gemms of an unrolled recurrence), or
+#: ``host partition <N>`` (the runtime's partitions, an If branch's prefixed). A plain
+#: ``Conv_2`` is an exporter's name of a source op of its own, not a copy.
+_COPY = re.compile(r"(?P<op>.+/[A-Z][A-Za-z0-9]*)(?:_\d+)?|(?P<part>.*host partition) \d+")
 
 
-def source_name(name: str) -> str:
-    """The source op of node ``name``: ``name`` less a trailing ``_<digits>`` or
-    `` <digits>`` (``lstm_node_3/Gemm_17`` -> ``lstm_node_3/Gemm``, ``host partition 12`` ->
-    ``host partition``)."""
-    return _COPY_NUMBER.sub("", str(name))
+def source_name(name: str) -> str | None:
+    """The source op node ``name`` is a copy of (:data:`_COPY`), None for a name that names
+    no copy: ``lstm_node_3/Gemm_17`` -> ``lstm_node_3/Gemm``, ``host partition 12`` ->
+    ``host partition``, ``Conv_2`` -> None."""
+    m = _COPY.fullmatch(str(name))
+    return None if m is None else m["op"] or m["part"]
 
 
 def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
@@ -135,9 +138,10 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
     """Rows of one source op repeated with the same figures folded into one row with a count.
 
     Rows whose cells are equal (cells hashable) except the name (column ``name``), the
-    ``add`` and the ``skip`` columns, and whose names have one :func:`source_name`, become one
-    row: the first of them (where it stood), named ``<source> x<count>``
-    (``lstm_node_3/Gemm x200``), with
+    ``add`` and the ``skip`` columns, and whose names have one :func:`source_name` (copies of
+    one lowered source op, or host partitions; never names without one, such as an
+    exporter's ``Conv_0`` and ``Conv_2``), become one row: the first of them (where it
+    stood), named ``<source> x<count>`` (``lstm_node_3/Gemm x200``), with
 
     * ``add`` cells: the sum of the group's (figures measured per row that differ, a wall
       time; None counts nothing, all None stay None);
@@ -157,10 +161,12 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
     loose = set(add) | set(skip) | {name}
     groups: dict = {}
     for i, r in enumerate(rows):
-        key = (source_name(r[name]),) + tuple(v for k, v in enumerate(r) if k not in loose)
+        src = source_name(r[name])
+        key = ((src,) if src is not None else (None, i)) + tuple(
+            v for k, v in enumerate(r) if k not in loose)
         groups.setdefault(key, []).append(i)
     out = []
-    for (src, *_), members in groups.items():
+    for (src, *_), members in groups.items():  # a name without a source op: a group alone
         cells = list(rows[members[0]])
         n = len(members)
         if n > 1:

@@ -680,7 +680,7 @@ def test_fold_batchnorm_next_to_an_if(captured):
     decide): the BN folds when the branches read other values, as onnxruntime computes it,
     and stays when a branch reads the Conv's output too (one more reader)."""
     model = _conv_bn_model()
-    branch = lambda name: helper.make_graph(  # noqa: E731
+    branch = lambda name: helper.make_graph(
         [helper.make_node("Identity", ["conv" if captured else "x"], [f"{name}_out"])], name, [],
         [_vi(f"{name}_out", ["batch", 4, 8, 8])])
     model.graph.input.append(_vi("flag", [], TensorProto.BOOL))

@@ -188,9 +188,9 @@ def test_make_node_writes_what_onnx_helper_writes():
     """cinm.make_node builds its attributes itself for the common kinds: byte for byte what
     onnx.helper.make_node writes, for those and the rest (numpy scalars, bools, floats and
     strings lists, None left out)."""
-    attrs = dict(kernel_shape=[3, 3], strides=(1, 2), pads=[0, 0, 1, 1], dilations=[1, 1],
-                 device="crossbar", placement="hint: ü", cim_rows=np.int64(64), cim_x=True,
-                 cim_f=0.1, cim_fs=[0.5, 2], cim_ss=["a", "b"], cim_big=2**40, kernel=None)
+    attrs = {"kernel_shape": [3, 3], "strides": (1, 2), "pads": [0, 0, 1, 1], "dilations": [1, 1],
+             "device": "crossbar", "placement": "hint: ü", "cim_rows": np.int64(64), "cim_x": True,
+             "cim_f": 0.1, "cim_fs": [0.5, 2], "cim_ss": ["a", "b"], "cim_big": 2**40, "kernel": None}
     got = cinm.make_node("Im2Col", ["x"], ["y"], name="n", **attrs)
     want = h.make_node("Im2Col", ["x"], ["y"], name="n", domain="cinm", **attrs)
     assert got.SerializeToString() == want.SerializeToString()

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts
 from onnx_cinm.cli import main
+from onnx_cinm.errors import CinmError
 from onnx_cinm.pipeline import optimize
 from onnx_cinm.runtime import session as session_mod
 from onnx_cinm.runtime.evaluate import Evaluator, Point
@@ -362,6 +363,32 @@ def _clip_model(tmp_path):
     return path
 
 
+def test_a_model_that_runs_one_sample_at_a_time_is_evaluated_at_batch_1(tmp_path):
+    """x [n, 8] @ W on a crossbar, then a Reshape to the hard-coded [1, 4] (an exporter that
+    traced batch 1): it runs on one sample only. At batch 1 it is evaluated (the exact
+    accuracy: numpy's argmax of x @ W per sample against the labels); at batch 2 no run of
+    two samples exists, so it is refused in one line."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((8, 4)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"),
+         helper.make_node("Reshape", ["p", "s"], ["y"], name="rs")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(np.array([1, 4], np.int64), "s")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("mm*", "memristor")], device_options=PRESET, dims={"n": 1})
+    path = tmp_path / "b1.onnx"
+    artifacts.save(res.model, path)
+    x = rng.standard_normal((10, 8)).astype(np.float32)
+    labels = rng.integers(0, 4, 10)
+    want = float(np.mean(np.argmax(x.astype(np.float64) @ W, axis=1) == labels))
+    assert 0 < want < 1  # neither all right nor all wrong: the figure tells something
+    assert Evaluator(str(path), {"x": x}, labels, batch=1).exact == want
+    with pytest.raises(CinmError, match="does not run on 2 sample"):
+        Evaluator(str(path), {"x": x}, labels, batch=2)
+
+
 @pytest.mark.parametrize("frames", [401, 24, 2, 1])
 def test_a_model_without_a_sample_axis_is_refused(tmp_path, capsys, frames):
     """Axis 0 is time, not samples: batches of 256 frames would be shorter clips, each judged
@@ -374,4 +401,8 @@ def test_a_model_without_a_sample_axis_is_refused(tmp_path, capsys, frames):
         None, {"X": X})[0].shape == (24,)
     np.savez(tmp_path / "clip.npz", X=X)
     err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "clip.npz")])
+    assert "evaluate needs a sample axis" in err and "output 'Y' has shape [24]" in err
+    # run one sample at a time, the one-frame probe still shows axis 0 is not samples
+    err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "clip.npz"),
+                          "--batch", "1"])
     assert "evaluate needs a sample axis" in err and "output 'Y' has shape [24]" in err

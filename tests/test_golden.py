@@ -415,6 +415,31 @@ def test_optimize_still_skips_a_check_whose_failure_depends_on_the_values():
     assert "not a shape error" in res.check_skipped
 
 
+def test_optimize_skips_a_shape_error_an_integer_input_drawn_at_random_may_cause():
+    """Expand(x [3, 4], s int64 [2]): the check draws s in [-10, 10], not a shape x expands to
+    (onnxruntime: "invalid expand shape"), yet s = [3, 4] runs: the sizes are not to blame, so
+    the check is skipped, not the model refused. Given s, the check runs (onnxruntime on the
+    original: y == x broadcast to [3, 4])."""
+    from onnx_cinm import optimize
+    from onnx_cinm.golden import random_inputs
+
+    m = _model([h.make_node("Expand", ["x", "s"], ["y"])],
+               [_vi("x", TP.FLOAT, [3, 4]), _vi("s", TP.INT64, [2])], [_vi("y", TP.FLOAT, ["a", "b"])])
+    with pytest.raises(Exception, match="invalid expand shape"):  # the draw itself fails
+        run_onnxruntime(m, random_inputs(m, seed=0))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    s = np.array([3, 4], np.int64)
+    np.testing.assert_array_equal(run_onnxruntime(m, {"x": x, "s": s})[0], x)
+    res = optimize(m)
+    assert res.check is None
+    assert "integer input s" in res.check_skipped and "invalid expand shape" in res.check_skipped
+    res = optimize(m, inputs={"x": x, "s": s})
+    assert res.check_skipped is None and res.check.ok
+    # only s given: x (float) is drawn, s is the user's: a shape error is the sizes' again
+    with pytest.raises(CinmError, match="given --input arrays"):
+        optimize(m, inputs={"s": np.array([5, 4], np.int64)})
+
+
 @pytest.mark.parametrize("message, shape", [
     ("Reshape node 'v': The input tensor cannot be reshaped to the requested shape.", True),
     ("Add node '': Attempting to broadcast an axis by a dimension other than 1. 2 by 4", True),

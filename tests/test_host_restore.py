@@ -96,7 +96,12 @@ def test_a_qdq_conv_is_not_put_back_on_dequantized_values_its_lowering_dropped(t
     """onnxruntime's QDQ format: Conv reads DequantizeLinear outputs; its lowering reads the
     integer operands and drops those DequantizeLinear nodes, so restoring the Conv would read
     values no node makes. The optimized model must load and match onnxruntime."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2, "w1"),
@@ -287,8 +292,12 @@ def test_the_all_host_totals_take_the_placement_problems_host_costs_only_for_its
     priced without it, only the other nodes priced, and under other options (a slower host
     roofline) nothing taken from it, every node priced."""
     from onnx_cinm.dialects import cinm
-    from onnx_cinm.passes import DEFAULT_PIPELINE, PassContext, PassManager
-    from onnx_cinm.passes import cost_placement
+    from onnx_cinm.passes import (
+        DEFAULT_PIPELINE,
+        PassContext,
+        PassManager,
+        cost_placement,
+    )
     from onnx_cinm.passes.host_restore import _all_host
 
     ctx = PassContext()

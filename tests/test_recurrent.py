@@ -221,9 +221,9 @@ def test_a_sized_length_above_the_limit_says_so_not_that_it_is_unrolled(monkeypa
     res = optimize(_model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1), dims={"T": 5})
     assert [n.op_type for n in res.model.graph.node].count("Scan") == 1
     lines = [ln for ln in res.summary().splitlines() if ln.startswith("recurrences")]
-    assert lines == ["recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
-                     "run in a Scan on the host (a fixed limit); their input projections are "
-                     "cinm ops"]
+    assert lines == [("recurrences GRU x1: length 5 exceeds the unroll limit of 4 steps: steps "
+                      "run in a Scan on the host (a fixed limit); their input projections are "
+                      "cinm ops")]
 
 
 def test_dynamic_length_sized_by_dim_is_unrolled():
@@ -473,6 +473,13 @@ def test_the_steps_of_an_unrolled_recurrence_share_one_row_in_optimize_run_and_r
     flops = {r[1]: int(r[4]) for r in every_gemm}  # 2 x 4 x 4 a step, 2 x 5 x 3 x 4 the projection
     assert flops["rnn/Gemm"] == 120 and all(flops[s] == 32 for s in steps)
     assert sum(int(r[4]) for r in shown) == 120 + 5 * 32
+    # the folded row's index cell lists its nodes' indices, host ops stand between them: not a range
+    folded_row = next(r for r in shown if " x" in r[1])
+    idx = [int(r[0]) for r in every_gemm if r[1] in steps or r[1] == "rnn/Gemm_1"]
+    idx = idx[-int(folded_row[1].split(" x")[1]):]
+    assert any(b - a > 1 for a, b in zip(idx, idx[1:]))
+    assert folded_row[0] == (",".join(map(str, idx)) if len(idx) <= 3
+                             else f"{idx[0]},{idx[1]},...,{idx[-1]}")
     assert _rows(rep, "total:") == _rows(rep_all, "total:")
 
 

@@ -148,7 +148,9 @@ def test_sweep_counts_the_devices_of_the_model_optimize_writes():
     sweep's devices column counted placement's 3 (khmersm: host 62 against optimize's 59);
     it must count the 2 cinm ops of the written model, as optimize does."""
     import numpy as np
-    from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
 
     w = nh.from_array(np.random.default_rng(0).uniform(-1, 1, (256, 256)).astype(np.float32), "W")
     g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["p"], name="mm"),

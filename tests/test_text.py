@@ -59,7 +59,20 @@ def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():
     assert sum(c[3] for c, _ in got) == pytest.approx(5 + 1 + 2 + 3 + 4 + 6 + 1)
     assert sum(c[2] or 0 for c, _ in got) == pytest.approx(26.7e-6 + 1e-7 + 4 * 1.33e-7)
     # a skipped column (an index) does not split a group and keeps the first row's value
-    assert fold_rows([(7, "a_1", 1), (9, "a_2", 1), (11, "a_3", 2)], name=1, skip=(0,)) == [
-        ([7, "a x2", 1], [0, 1]), ([11, "a_3", 2], [2])]
+    assert fold_rows([(7, "a/Add_1", 1), (9, "a/Add_2", 1), (11, "a/Add_3", 2)], name=1,
+                     skip=(0,)) == [([7, "a/Add x2", 1], [0, 1]), ([11, "a/Add_3", 2], [2])]
     assert source_name("lstm_node_3/Gemm_17") == "lstm_node_3/Gemm"
     assert source_name("lstm_node_3/Gemm") == "lstm_node_3/Gemm"
+    assert source_name("/dec/If_1[else] host partition 0") == "/dec/If_1[else] host partition"
+
+
+def test_fold_rows_never_folds_ops_an_exporter_named_alike():
+    """Conv_0 and Conv_2 (a legacy exporter's names; restored host ops keep them) are two
+    layers of their own, even with equal figures: not one op's copies, so two rows; so are
+    a/Conv_1 and b/Conv_1 (copies of two source ops)."""
+    rows = [("Conv_0", "Conv", 1.0), ("Relu_1", "Relu", 2.0), ("Conv_2", "Conv", 1.0),
+            ("a/Conv_1", "Conv", 1.0), ("b/Conv_1", "Conv", 1.0)]
+    got = fold_rows(rows)
+    assert [c for c, _ in got] == [list(r) for r in rows]
+    assert [m for _, m in got] == [[0], [1], [2], [3], [4]]
+    assert source_name("Conv_2") is None and source_name("Conv") is None

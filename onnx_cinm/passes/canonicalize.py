@@ -1057,14 +1057,17 @@ def _fold_batchnorm(edit: Edit, bn: ir.Node, binding) -> Replacement:
 _FOLD_BATCHNORM = Rule(frozenset({"BatchNormalization"}), _check_batchnorm, _fold_batchnorm)
 
 
-def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> int:
+def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int, dict]:
     """:data:`_FOLD_BATCHNORM` applied to the ``NodeProto`` list itself, for a main graph
     without subgraphs, external or sparse initializers: the same checks, in the same order, on
     the same facts (the readers of each tensor, its producer, the initializers the model had),
     the same fresh names and the same result as :class:`~onnx_cinm.rewrite.Edit` gives (its
     write-back puts every node back as it was and appends the new initializers in the order
     made), without opening the graph on onnx_ir and writing every node back (two thirds of
-    the pass on DenseNet121). Returns how many BNs were folded."""
+    the pass on DenseNet121). Returns ``(count, made_fills)``: how many BNs were folded, and
+    the :attr:`~onnx_cinm.passes.PassContext.fills` entries of the new initializers that hold
+    one value broadcast (:func:`~onnx_cinm.rewrite.fill_record`, by name), as
+    :meth:`~onnx_cinm.rewrite.Edit.commit` records them."""
     graph = model.graph
     nodes = list(graph.node)
     fresh = _Names(graph).fresh

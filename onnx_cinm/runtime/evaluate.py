@@ -158,11 +158,14 @@ class Evaluator:
     def _check_sample_axis(self, sess) -> None:
         """CinmError unless the judged output's axis 0 follows the inputs' axis 0: one result
         per sample for the first sample alone and for the first two (a model whose batch
-        is not fixed). A model of one clip ``[T, F] -> [24]`` has no sample axis: batches along
-        its axis 0 would be shorter clips, each judged as if it were the data set's."""
+        is not fixed), as far as the runs feed that many (``batch`` and the samples: a model
+        that runs on one sample at a time only is probed on one). A model of one clip
+        ``[T, F] -> [24]`` has no sample axis: batches along its axis 0 would be shorter
+        clips, each judged as if it were the data set's."""
         if self._fixed:  # the model declares its batch; each call's rows are checked as it runs
             return
-        for k in (1, 2)[:self.samples]:
+        most = max(1, min(self.batch, self.samples))  # the most samples one run is fed
+        for k in (1, 2)[:most]:
             feed = {a.name: np.asarray(self.data[a.name][:k]) for a in self._inputs}
             try:
                 y = np.asarray(sess.run([self.output_name], feed)[0])

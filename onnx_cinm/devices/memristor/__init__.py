@@ -675,9 +675,9 @@ class MemristorDevice(Device):
         mode = options.get("cim_mode") or CrossbarOptions.mode
         time_s = options.get("cim_time_s")
         if mode == "ideal" and time_s:
-            return [f"cim_time_s={time_s:g} s (--cim-time) changes nothing on crossbar mode "
-                    "'ideal' (exact fp32 arithmetic, no device effects): no time is recorded; "
-                    "choose a data path with device effects, --cim-mode device"]
+            return [(f"cim_time_s={time_s:g} s (--cim-time) changes nothing on crossbar mode "
+                     "'ideal' (exact fp32 arithmetic, no device effects): no time is recorded; "
+                     "choose a data path with device effects, --cim-mode device")]
         return []
 
     def cost_notes(self, options: dict) -> list[str]:
