@@ -224,6 +224,35 @@ def is_shape_error(message: str) -> bool:
     return bool(_SHAPE_ERRORS.search(message))
 
 
+#: Onnxruntime's run errors that mean it ran out of memory: the C++ ``std::bad_alloc``, and
+#: its allocator's own refusal (``bfc_arena.cc``/``allocator.cc``: "Failed to allocate memory").
+_OUT_OF_MEMORY = re.compile(r"bad_alloc|Failed to allocate memory", re.IGNORECASE)
+
+
+def is_out_of_memory(message: str) -> bool:
+    """Whether an onnxruntime run error (``message``: its text) says it ran out of memory (at
+    the sizes of the inputs fed, not because of their values: :data:`_OUT_OF_MEMORY`)."""
+    return bool(_OUT_OF_MEMORY.search(message))
+
+
+def input_nbytes(model: ModelLike, dims: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Bytes of each real tensor input of ``model`` that :func:`random_inputs` would draw at
+    ``dims`` (``{input name: prod(shape) x itemsize}``), computed without allocating anything;
+    inputs of unknown rank or of an element type it cannot draw (strings, bfloat16) are left
+    out."""
+    proto = _load_header(model)
+    sizes = dict(dims or {})
+    out: dict[str, int] = {}
+    for vi in real_inputs(proto.graph):
+        tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
+        if tt is None or tt.elem_type not in _FEEDABLE or not tt.HasField("shape") \
+                or _FEEDABLE[tt.elem_type] == object:
+            continue
+        shape = _concrete_shape(vi, sizes, None)
+        out[vi.name] = int(np.prod(shape, dtype=object)) * np.dtype(_FEEDABLE[tt.elem_type]).itemsize
+    return out
+
+
 def _load_header(model: ModelLike) -> onnx.ModelProto:
     """The model as a ModelProto; external weights are not loaded (only the graph is needed)."""
     if isinstance(model, onnx.ModelProto):

@@ -495,6 +495,84 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     return [{**golden.random_inputs(model, seed=i, dims=dims, shapes=shapes), **inputs} for i in range(n)]
 
 
+def _physical_memory() -> int | None:
+    """This machine's physical memory in bytes (``SC_PHYS_PAGES`` x ``SC_PAGE_SIZE``), or None
+    where the system does not tell (then no size is refused for its memory)."""
+    import os
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return total if total > 0 else None
+
+
+def _check_memory(original: onnx.ModelProto, dims: dict, asked: str) -> None:
+    """Refuse (CinmError, one line) sizes at which one onnxruntime run of ``original`` (the
+    probe's, the check's) cannot fit this machine's physical memory (:func:`_physical_memory`):
+    the bytes of every input drawn at ``dims`` (:func:`onnx_cinm.golden.input_nbytes`) plus the
+    largest single tensor shape inference sizes at ``dims`` (a lower bound: onnxruntime holds
+    more than these at once). ``asked``: the sizes as the message names them. A 10^8-long
+    sequence otherwise took all 23 GB of a shared machine before the kernel killed it
+    (trial s24b finding 1)."""
+    limit = _physical_memory()
+    if limit is None:
+        return
+    inputs = sum(golden.input_nbytes(original, dims).values())
+    largest, name = 0, None
+    if inputs <= limit:  # already too much otherwise: no inference needed to tell
+        try:
+            infos = tensor_infos(original, dims=dims)
+        except Exception:  # noqa: BLE001 - an estimate: without inference, the inputs alone
+            infos = {}
+        for info in infos.values():
+            if info.const or info.dtype is None or info.shape is None \
+                    or not all(isinstance(d, int) and d >= 0 for d in info.shape):
+                continue
+            size = int(np.prod(info.shape, dtype=object)) * np.dtype(info.dtype).itemsize
+            if size > largest:
+                largest, name = size, info.name
+    if inputs + largest > limit:
+        parts = f"inputs {si(inputs, 'B')}" + (f" + tensor '{name}' {si(largest, 'B')}" if name else "")
+        raise CinmError(f"one onnxruntime run at {asked} needs at least {si(inputs + largest, 'B')} "
+                        f"of memory ({parts}), more than this machine's {si(limit, 'B')}: choose "
+                        "smaller sizes")
+
+
+def _out_of_memory(dims: dict, error: BaseException) -> str:
+    """The one-line refusal of sizes onnxruntime ran out of memory at (``error``: its run
+    error, a ``std::bad_alloc``): not a skip, since no input of these sizes runs here."""
+    at = ", ".join(f"{k}={v}" for k, v in dims.items()) or "its input shapes"
+    return (f"onnxruntime ran out of memory running the original at {at} ({error}): out of "
+            "memory at these sizes; choose smaller sizes")
+
+
+def _fails_at_every_draw(original: onnx.ModelProto, dims: dict) -> str | None:
+    """Whether the shape error the check met with some dims unsized (drawn 1 on axis 0, 8
+    elsewhere) is between the sizes given (``dims``) themselves: onnxruntime runs ``original``
+    once more on random inputs with every unsized named dim at each size given (at most 4
+    sizes), and every run fails with a shape error too. Then the unsized dims' names, as the
+    refusal says them ("b"; "b, c"); None when some run succeeds or fails otherwise, when a dim
+    is anonymous (no size can be given to it), or when a run would not fit in memory
+    (:func:`_check_memory`): the draw may then be what failed (trial s24b finding 3: three
+    batch dims that must be equal, two given 74 and 13)."""
+    open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
+    sizes = sorted(set(dims.values()))[:4]
+    if not open_ or not sizes or not golden.every_dim_sized(original, {**dims, **dict.fromkeys(open_, 1)}):
+        return None
+    for size in sizes:
+        trial = {**dims, **dict.fromkeys(open_, size)}
+        try:
+            _check_memory(original, trial, "")
+            golden.run_onnxruntime(original, golden.random_inputs(original, seed=0, dims=trial))
+        except CinmError as e:
+            if golden.is_shape_error(str(e)):
+                continue
+            return None
+        return None
+    return ", ".join(open_)
+
+
 def _drawn_integer_inputs(model: onnx.ModelProto, inputs: dict | None) -> list[str]:
     """The names of ``model``'s real inputs of an integer or bool element type that the check
     draws at random (those not in ``inputs``, the caller's own arrays): values such an input
@@ -659,7 +737,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             at sizes the caller did not give (a dim left unsized or anonymous, which the check
             draws: :func:`onnx_cinm.golden.every_dim_sized`), and a shape error when an
             integer or bool input was drawn at random (its values may be a shape: an Expand's
-            or a Reshape's; pass it in ``inputs`` to have the check run).
+            or a Reshape's; pass it in ``inputs`` to have the check run). A shape error with
+            dims left unsized is still refused when onnxruntime fails alike with them at each
+            size given (:func:`_fails_at_every_draw`: sizes given that conflict among
+            themselves), and so are sizes whose inputs and largest tensor alone exceed this
+            machine's memory (:func:`_check_memory`, before any run) and sizes onnxruntime
+            runs out of memory at (:func:`onnx_cinm.golden.is_out_of_memory`).
         device_options: options by flat key, checked against the schema of every device and
             pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
             devices'), e.g. ``cim_loop_order`` (``"weight_stationary"`` or ``"naive"``),
@@ -696,7 +779,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
 
     Raises:
         CinmError: bad input (unreadable model, unknown pass, device or input name, an
-            unknown option key or a value of the wrong type or range, one line naming it).
+            unknown option key or a value of the wrong type or range, sizes the original
+            cannot run at or that do not fit in memory; one line naming it).
         CheckFailed: the optimized model does not match the original within tolerance.
     """
     log = log or (lambda msg: None)
@@ -737,6 +821,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                     for w in dev.option_warnings(options)]
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     pm.timings.append(("load", time.perf_counter() - begin))
+    if (dims or input_shapes) and (check or not unsized):  # onnxruntime will run at these sizes
+        at = ", ".join(f"{k}={v}" for k, v in dims.items())
+        _check_memory(original, dims, at or "the input shapes given")
     if not unsized:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
         # the user's own arrays for every input: what their data sizes (the rows after a
@@ -794,13 +881,29 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             report = golden.compare(original, work, n=check, rtol=check_rtol, atol=check_atol,
                                     dims=dims, feeds=_check_feeds(original, inputs, check, dims),
                                     progress=progress)
+        except CheckFailed as e:  # the candidate out of memory says nothing about its values
+            if golden.is_out_of_memory(str(e)):
+                raise CinmError(_out_of_memory(dims, e)) from None
+            raise
         except ReferenceFailed as e:  # says nothing about our rewrite: skip, and say why
+            if golden.is_out_of_memory(str(e)):  # the sizes, not the values or the rewrite
+                raise CinmError(_out_of_memory(dims, e)) from None
             if inputs:  # the user's own arrays: their mistake to fix, not a skip to shrug at
                 raise CinmError(f"the original does not run on the given --input arrays: {e}") from None
             if not golden.is_shape_error(str(e)):
                 skipped = (f"the original does not run on the random inputs (not a shape error: "
                            f"it may depend on the values drawn): {e}")
             elif not golden.every_dim_sized(original, dims):
+                # a conflict among the sizes given (no size of the others runs) is refused as
+                # when every dim is given; else the drawn sizes may be what fails
+                tried = None if _drawn_integer_inputs(original, inputs) \
+                    else _fails_at_every_draw(original, dims)
+                if tried is not None:
+                    at = ", ".join(f"{k}={v}" for k, v in dims.items())
+                    raise CinmError(f"the original cannot run at {at} ({tried} drawn, or at each "
+                                    f"size given: a shape error every time): {e}; no input of "
+                                    "these sizes runs in onnxruntime: choose sizes the model "
+                                    "supports") from None
                 skipped = ("the original does not run on the random inputs at the sizes the check "
                            f"drew for the dims without one: {e}")
             elif drawn := _drawn_integer_inputs(original, inputs):
