@@ -830,3 +830,120 @@ def test_the_widened_atol_names_the_rule_that_set_it():
     rec = OutputCheck("s")
     _compare_arrays(rec, ref, ref, None, None, k=10 ** 6, step=1e-4)
     assert rec.widened_by == "sum"
+
+
+def _concat_rows(names):
+    """Inputs ``[d, 4]`` for each dim name in ``names`` concatenated on axis 1: onnxruntime
+    runs it only when every input has as many rows (the dims must be equal)."""
+    inputs = [_vi(f"x{i}", TP.FLOAT, [d, 4]) for i, d in enumerate(names)]
+    return _model([h.make_node("Concat", [vi.name for vi in inputs], ["y"], axis=1, name="cat")],
+                  inputs, [_vi("y", TP.FLOAT, [names[0], 4 * len(names)])])
+
+
+def test_optimize_refuses_given_sizes_that_conflict_even_with_a_dim_left_unsized(tmp_path, capsys):
+    """Trial s24b finding 3: [a, 4] and [b, 4] concatenated on axis 1 need a == b. With a=3 and
+    b unsized, the check draws b=1 and fails, but b=3 runs (onnxruntime, against numpy's
+    concatenate): the draw is to blame, so the check is skipped, not the sizes refused. With
+    a=3, b=5 the sizes given conflict: refused, and so they are when a third dim c is left
+    unsized (no size of c runs), with nothing written."""
+    from onnx_cinm import optimize
+    from onnx_cinm.cli import main
+
+    two = _concat_rows(["a", "b"])
+    x0, x1 = np.ones((3, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(run_onnxruntime(two, {"x0": x0, "x1": x1})[0],
+                                  np.concatenate([x0, x1], axis=1))
+    res = optimize(two, dims={"a": 3})
+    assert res.check is None and "drew for the dims without one" in res.check_skipped
+    with pytest.raises(CinmError, match=r"^the original cannot run at a=3, b=5: .*Concat node 'cat'"):
+        optimize(two, dims={"a": 3, "b": 5})
+    three = _concat_rows(["a", "b", "c"])
+    with pytest.raises(CinmError, match=r"^the original cannot run at a=3, b=5 \(c drawn, or at "
+                                        r"each size given: a shape error every time\): .*Concat"):
+        optimize(three, dims={"a": 3, "b": 5})
+    res = optimize(three, dims={"a": 3, "b": 3})  # c=3 runs: the draw, not the sizes, failed
+    assert res.check is None and "drew for the dims without one" in res.check_skipped
+    onnx.save(three, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
+                 "--dim", "a=3", "--dim", "b=5"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "cannot run at a=3, b=5" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def _widening_matmul():
+    """x [n, 4] @ W [4, 256] -> y [n, 256] (float32): at n rows the input takes 16 n bytes and
+    y 1024 n bytes."""
+    w = nh.from_array(np.ones((4, 256), np.float32), "W")
+    return _model([h.make_node("MatMul", ["x", "W"], ["y"])], [_vi("x", TP.FLOAT, ["n", 4])],
+                  [_vi("y", TP.FLOAT, ["n", 256])], [w])
+
+
+def test_optimize_refuses_sizes_whose_tensors_exceed_physical_memory_before_any_run(
+        tmp_path, capsys, monkeypatch):
+    """Trial s24b finding 1 (a --dim typo took all 23 GB and was OOM-killed): with physical
+    memory pretended 500 kB, n=1000 needs 16 000 B of input + 1 024 000 B for y (hand count,
+    1.04 MB): refused before onnxruntime runs at all, one line naming the dim and the tensor,
+    nothing written. n=100 (1 600 + 102 400 B) fits and is checked; where the system does not
+    tell its memory nothing is refused."""
+    from onnx_cinm import golden, optimize, pipeline
+    from onnx_cinm.cli import main
+
+    m = _widening_matmul()
+    monkeypatch.setattr(pipeline, "_physical_memory", lambda: 500_000)
+    assert golden.input_nbytes(m, {"n": 1000}) == {"x": 16_000}
+    ran = []
+    real_compare = golden.compare
+    monkeypatch.setattr(golden, "compare", lambda *a, **k: ran.append(1) or real_compare(*a, **k))
+    with pytest.raises(CinmError, match=r"^one onnxruntime run at n=1000 needs at least 1\.04 MB "
+                                        r"of memory \(inputs 16 kB \+ tensor 'y' 1\.02 MB\), more "
+                                        r"than this machine's 500 kB"):
+        optimize(m, dims={"n": 1000})
+    assert not ran
+    assert optimize(m, dims={"n": 100}).check.ok and ran
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
+                 "--dim", "n=1000"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "n=1000" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    monkeypatch.setattr(pipeline, "_physical_memory", lambda: None)
+    assert optimize(m, dims={"n": 1000}).check.ok
+
+
+@pytest.mark.parametrize("who", ["original", "candidate"])
+def test_optimize_refuses_sizes_onnxruntime_runs_out_of_memory_at(who, tmp_path, capsys, monkeypatch):
+    """Under a memory limit onnxruntime throws std::bad_alloc (trial s24b: "Transpose node
+    'node_permute_3': std::bad_alloc"): out of memory at these sizes, refused with exit 1 and
+    nothing written, never skipped as "may depend on the values drawn". (The failure is
+    simulated: a real one would need the memory.)"""
+    from onnx_cinm import golden, optimize
+    from onnx_cinm.cli import main
+    from onnx_cinm.errors import ReferenceFailed
+
+    text = "onnxruntime failed to run the model: MatMul node 'mm': std::bad_alloc (inputs: x [7, 4])"
+    error = ReferenceFailed(text) if who == "original" else CheckFailed(f"candidate model: {text}")
+
+    def oom(*a, **k):
+        raise error
+    monkeypatch.setattr(golden, "compare", oom)
+    m = _widening_matmul()
+    with pytest.raises(CinmError, match=r"^onnxruntime ran out of memory running the original at "
+                                        r"n=7 .*: out of memory at these sizes"):
+        optimize(m, dims={"n": 7})
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--dim", "n=7"]) == 1
+    err = capsys.readouterr().err
+    assert "out of memory at these sizes" in err and "values drawn" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_is_out_of_memory_by_onnxruntime_wording():
+    from onnx_cinm.golden import is_out_of_memory
+
+    assert is_out_of_memory("Transpose node 'node_permute_3': std::bad_alloc")
+    assert is_out_of_memory("Failed to allocate memory for requested buffer of size 8000000000")
+    assert not is_out_of_memory("Gather node 'g': indices element out of data bounds, idx=7")
+    assert not is_out_of_memory("Concat node 'cat': Axis 0 has mismatched dimensions of 1 and 3")
