@@ -507,9 +507,10 @@ def _physical_memory() -> int | None:
     return total if total > 0 else None
 
 
-def _check_memory(original: onnx.ModelProto, dims: dict, asked: str) -> None:
-    """Refuse (CinmError, one line) sizes at which one onnxruntime run of ``original`` (the
-    probe's, the check's) cannot fit this machine's physical memory (:func:`_physical_memory`):
+def _memory_shortfall(original: onnx.ModelProto, dims: dict, asked: str) -> str | None:
+    """Why one onnxruntime run of ``original`` (the probe's, the check's) at ``dims`` cannot
+    fit this machine's physical memory (:func:`_physical_memory`), in one line, or None when it
+    may:
     the bytes of every input drawn at ``dims`` (:func:`onnx_cinm.golden.input_nbytes`) plus the
     largest single tensor shape inference sizes at ``dims`` (a lower bound: onnxruntime holds
     more than these at once). ``asked``: the sizes as the message names them. A 10^8-long
@@ -517,7 +518,7 @@ def _check_memory(original: onnx.ModelProto, dims: dict, asked: str) -> None:
     (trial s24b finding 1)."""
     limit = _physical_memory()
     if limit is None:
-        return
+        return None
     inputs = sum(golden.input_nbytes(original, dims).values())
     largest, name = 0, None
     if inputs <= limit:  # already too much otherwise: no inference needed to tell
@@ -534,9 +535,9 @@ def _check_memory(original: onnx.ModelProto, dims: dict, asked: str) -> None:
                 largest, name = size, info.name
     if inputs + largest > limit:
         parts = f"inputs {si(inputs, 'B')}" + (f" + tensor '{name}' {si(largest, 'B')}" if name else "")
-        raise CinmError(f"one onnxruntime run at {asked} needs at least {si(inputs + largest, 'B')} "
-                        f"of memory ({parts}), more than this machine's {si(limit, 'B')}: choose "
-                        "smaller sizes")
+        return (f"one onnxruntime run at {asked} needs at least {si(inputs + largest, 'B')} "
+                f"of memory ({parts}), more than this machine's {si(limit, 'B')}")
+    return None
 
 
 def _out_of_memory(dims: dict, error: BaseException) -> str:
@@ -554,7 +555,7 @@ def _fails_at_every_draw(original: onnx.ModelProto, dims: dict) -> str | None:
     sizes), and every run fails with a shape error too. Then the unsized dims' names, as the
     refusal says them ("b"; "b, c"); None when some run succeeds or fails otherwise, when a dim
     is anonymous (no size can be given to it), or when a run would not fit in memory
-    (:func:`_check_memory`): the draw may then be what failed (trial s24b finding 3: three
+    (:func:`_memory_shortfall`): the draw may then be what failed (trial s24b finding 3: three
     batch dims that must be equal, two given 74 and 13)."""
     open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
     sizes = sorted(set(dims.values()))[:4]
@@ -563,7 +564,8 @@ def _fails_at_every_draw(original: onnx.ModelProto, dims: dict) -> str | None:
     for size in sizes:
         trial = {**dims, **dict.fromkeys(open_, size)}
         try:
-            _check_memory(original, trial, "")
+            if _memory_shortfall(original, trial, ""):
+                return None
             golden.run_onnxruntime(original, golden.random_inputs(original, seed=0, dims=trial))
         except CinmError as e:
             if golden.is_shape_error(str(e)):
@@ -741,7 +743,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             dims left unsized is still refused when onnxruntime fails alike with them at each
             size given (:func:`_fails_at_every_draw`: sizes given that conflict among
             themselves), and so are sizes whose inputs and largest tensor alone exceed this
-            machine's memory (:func:`_check_memory`, before any run) and sizes onnxruntime
+            machine's memory (:func:`_memory_shortfall`, before any run; with ``check=0``
+            the shape probe is left out instead) and sizes onnxruntime
             runs out of memory at (:func:`onnx_cinm.golden.is_out_of_memory`).
         device_options: options by flat key, checked against the schema of every device and
             pass (:func:`onnx_cinm.passes.option_schema`; ``onnx-cinm devices`` lists the
@@ -821,10 +824,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                     for w in dev.option_warnings(options)]
     pm = PassManager(skip=list(skip), stop_after=stop_after)
     pm.timings.append(("load", time.perf_counter() - begin))
-    if (dims or input_shapes) and (check or not unsized):  # onnxruntime will run at these sizes
+    short = None
+    if (dims or input_shapes) and (check or not unsized):  # onnxruntime would run at these sizes
         at = ", ".join(f"{k}={v}" for k, v in dims.items())
-        _check_memory(original, dims, at or "the input shapes given")
-    if not unsized:  # every size known: what inference leaves open, one run can tell
+        short = _memory_shortfall(original, dims, at or "the input shapes given")
+        if short and check:
+            raise CinmError(f"{short}: choose smaller sizes, or plan at them without running the "
+                            "original: --check 0")
+    if not unsized and not short:  # every size known: what inference leaves open, one run can tell
         t0 = time.perf_counter()
         # the user's own arrays for every input: what their data sizes (the rows after a
         # Unique) is what the model meets, so it is planned at those sizes too

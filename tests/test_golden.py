@@ -886,7 +886,7 @@ def test_optimize_refuses_sizes_whose_tensors_exceed_physical_memory_before_any_
     memory pretended 500 kB, n=1000 needs 16 000 B of input + 1 024 000 B for y (hand count,
     1.04 MB): refused before onnxruntime runs at all, one line naming the dim and the tensor,
     nothing written. n=100 (1 600 + 102 400 B) fits and is checked; where the system does not
-    tell its memory nothing is refused."""
+    tell its memory, or with the check off, nothing is refused."""
     from onnx_cinm import golden, optimize, pipeline
     from onnx_cinm.cli import main
 
@@ -901,6 +901,8 @@ def test_optimize_refuses_sizes_whose_tensors_exceed_physical_memory_before_any_
                                         r"than this machine's 500 kB"):
         optimize(m, dims={"n": 1000})
     assert not ran
+    # with the check off nothing runs the original: planned at the sizes asked
+    assert optimize(m, dims={"n": 1000}, check=0).check is None and not ran
     assert optimize(m, dims={"n": 100}).check.ok and ran
     onnx.save(m, tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
