@@ -548,31 +548,32 @@ def _out_of_memory(dims: dict, error: BaseException) -> str:
             "memory at these sizes; choose smaller sizes")
 
 
-def _fails_at_every_draw(original: onnx.ModelProto, dims: dict) -> str | None:
+def _sizes_to_blame(original: onnx.ModelProto, dims: dict) -> tuple[bool, str | None]:
     """Whether the shape error the check met with some dims unsized (drawn 1 on axis 0, 8
     elsewhere) is between the sizes given (``dims``) themselves: onnxruntime runs ``original``
     once more on random inputs with every unsized named dim at each size given (at most 4
-    sizes), and every run fails with a shape error too. Then the unsized dims' names, as the
-    refusal says them ("b"; "b, c"); None when some run succeeds or fails otherwise, when a dim
-    is anonymous (no size can be given to it), or when a run would not fit in memory
-    (:func:`_memory_shortfall`): the draw may then be what failed (trial s24b finding 3: three
-    batch dims that must be equal, two given 74 and 13)."""
+    sizes). ``(True, names)`` when every run fails with a shape error too (``names``: the
+    unsized dims, "b" or "b, c"): no size of them runs (trial s24b finding 3: three batch dims
+    that must be equal, two given 74 and 13). ``(False, "b=3")`` when a run succeeds: the
+    draw failed, and those sizes run. ``(False, None)`` when it cannot tell: a run fails
+    otherwise, a dim is anonymous (no size can be given to it), or a run would not fit in memory
+    (:func:`_memory_shortfall`)."""
     open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
     sizes = sorted(set(dims.values()))[:4]
     if not open_ or not sizes or not golden.every_dim_sized(original, {**dims, **dict.fromkeys(open_, 1)}):
-        return None
+        return False, None
     for size in sizes:
         trial = {**dims, **dict.fromkeys(open_, size)}
+        if _memory_shortfall(original, trial, ""):
+            return False, None
         try:
-            if _memory_shortfall(original, trial, ""):
-                return None
             golden.run_onnxruntime(original, golden.random_inputs(original, seed=0, dims=trial))
         except CinmError as e:
             if golden.is_shape_error(str(e)):
                 continue
-            return None
-        return None
-    return ", ".join(open_)
+            return False, None
+        return False, ", ".join(f"{d}={size}" for d in open_)
+    return True, ", ".join(open_)
 
 
 def _drawn_integer_inputs(model: onnx.ModelProto, inputs: dict | None) -> list[str]:
@@ -741,7 +742,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             integer or bool input was drawn at random (its values may be a shape: an Expand's
             or a Reshape's; pass it in ``inputs`` to have the check run). A shape error with
             dims left unsized is still refused when onnxruntime fails alike with them at each
-            size given (:func:`_fails_at_every_draw`: sizes given that conflict among
+            size given (:func:`_sizes_to_blame`: sizes given that conflict among
             themselves), and so are sizes whose inputs and largest tensor alone exceed this
             machine's memory (:func:`_memory_shortfall`, before any run; with ``check=0``
             the shape probe is left out instead) and sizes onnxruntime
@@ -903,16 +904,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             elif not golden.every_dim_sized(original, dims):
                 # a conflict among the sizes given (no size of the others runs) is refused as
                 # when every dim is given; else the drawn sizes may be what fails
-                tried = None if _drawn_integer_inputs(original, inputs) \
-                    else _fails_at_every_draw(original, dims)
-                if tried is not None:
+                blame, which = (False, None) if _drawn_integer_inputs(original, inputs) \
+                    else _sizes_to_blame(original, dims)
+                if blame:
                     at = ", ".join(f"{k}={v}" for k, v in dims.items())
-                    raise CinmError(f"the original cannot run at {at} ({tried} drawn, or at each "
+                    raise CinmError(f"the original cannot run at {at} ({which} drawn, or at each "
                                     f"size given: a shape error every time): {e}; no input of "
                                     "these sizes runs in onnxruntime: choose sizes the model "
                                     "supports") from None
                 skipped = ("the original does not run on the random inputs at the sizes the check "
-                           f"drew for the dims without one: {e}")
+                           f"drew for the dims without one: {e}"
+                           + (f"; at {which} it runs" if which else ""))
             elif drawn := _drawn_integer_inputs(original, inputs):
                 # an integer input may be a shape (Reshape's, Expand's): its drawn values, not
                 # the sizes, can be what fails
