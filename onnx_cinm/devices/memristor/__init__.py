@@ -655,7 +655,7 @@ class MemristorDevice(Device):
             rows = [cells for cells, _ in fold_rows(rows)]
         if len(rows) < n_rows:
             notes.append(f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N "
-                         "kernels of one source op with the same figures each, e.g. the steps "
+                         "kernels of one source op, named by the first, with the same figures each, e.g. the steps "
                          "of an unrolled recurrence; the totals count every kernel; optimize "
                          "-v lists them one by one)")
         if n_inf < len(plans):
