@@ -573,7 +573,7 @@ def test_the_wall_line_counts_from_the_process_start(tmp_path):
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--example",
                            "lenet", "-o", str(tmp_path / "l.onnx")], capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     elapsed = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
     wall = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith("wall:"))
@@ -591,8 +591,8 @@ def test_process_age_of_a_fresh_child_is_its_own():
     if clock.process_age() is None:
         pytest.skip("the OS does not tell a process's start (/proc)")
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", "from onnx_cinm.cli import clock; "
-                          "print(clock.process_age())"], capture_output=True, text=True,
+    code = "from onnx_cinm.cli import clock; print(clock.process_age())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     elapsed = time.perf_counter() - t0
     assert 0.0 <= float(out) <= elapsed + 0.02
