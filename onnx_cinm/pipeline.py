@@ -37,6 +37,10 @@ class OptimizeResult:
         wall_s: wall time of the whole :func:`optimize` call, seconds (the command line sets
             it to its own, from the command's start to the summary); what
             ``timings`` leave out of it the summary shows as ``other``.
+        startup_s: seconds before the command's start, from the process's (the console
+            script on Linux) or :func:`onnx_cinm.cli.main`'s entry: the interpreter, the
+            imports, the argument parser; the command line sets it, None from Python. The
+            ``wall:`` line's whole is ``startup_s + wall_s``.
         check: the golden-check report, or None when the check was off (``check=0``) or
             could not run (see ``check_skipped``).
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
@@ -103,6 +107,7 @@ class OptimizeResult:
     fixed_dims: dict = field(default_factory=dict)
     origins: list = field(default_factory=list)
     wall_s: float | None = None
+    startup_s: float | None = None
 
     @property
     def device_flops_share(self) -> float:
@@ -183,7 +188,7 @@ class OptimizeResult:
             lines.append(f"check: skipped ({self.check_skipped or '--check 0'})")
         lines.append("passes: " + ", ".join(f"{n} {t:.2f} s" for n, t in self.timings))
         if self.wall_s is not None:
-            lines.append(wall_text(self.timings, self.wall_s))
+            lines.append(wall_text(self.timings, self.wall_s, self.startup_s))
         roof = self.stats.get("host_roofline")
         if roof is not None:
             lines.append(f"host roofline: {roof.text()}")
@@ -281,14 +286,20 @@ def _sizes_note(dims: dict, unsized: list) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def wall_text(timings: list, wall_s: float) -> str:
+def wall_text(timings: list, wall_s: float, startup_s: float | None = None) -> str:
     """The summary's ``wall:`` line: ``wall_s`` split into the passes, the steps around them
     (:data:`STEPS`) and the rest (argument checks, the summary; from ``timings``, ``(name,
-    seconds)``), so the figures of the ``passes:`` line add up to the wall time."""
+    seconds)``), so the figures of the ``passes:`` line add up to the wall time. With
+    ``startup_s`` (seconds from the process's start to the command's first line: the
+    interpreter, the imports, the argument parser) the whole is ``startup_s + wall_s`` and
+    start-up is its first part."""
     steps = sum(t for n, t in timings if n in STEPS)
     passes = sum(t for n, t in timings if n not in STEPS)
     other = max(wall_s - steps - passes, 0.0)
-    return (f"wall: {wall_s:.2f} s = passes {passes:.2f} s + steps {steps:.2f} s (imports, "
+    head = (f"wall: {wall_s:.2f} s = " if startup_s is None else
+            f"wall: {startup_s + wall_s:.2f} s = start-up {startup_s:.2f} s (interpreter, "
+            "imports, argument parser) + ")
+    return (f"{head}passes {passes:.2f} s + steps {steps:.2f} s (imports, "
             f"load, checks, save, ...: named on the line above) + other {other:.2f} s "
             "(option and input checks)")
 

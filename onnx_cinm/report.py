@@ -350,10 +350,10 @@ def table(rows: list[Layer], totals: dict, cinm_only: bool = False, fold: bool =
     folded = []
     if len(grouped) < len(raw):
         folded.append(f"({len(raw)} rows in {len(grouped)}: '<node> xN' stands for N nodes of "
-                      "one source op with the same op, shape, device and figures each, e.g. the "
-                      "steps of an unrolled recurrence; its FLOPs, latency, energy, writes and "
-                      "moved are the N nodes' sums, its area one node's; --all-nodes lists every "
-                      "node, layers.csv too)")
+                      "one source op, named by the first, with the same op, shape, device and "
+                      "figures each, e.g. the steps of an unrolled recurrence; its FLOPs, "
+                      "latency, energy, writes and moved are the N nodes' sums, its area one "
+                      "node's; --all-nodes lists every node, layers.csv too)")
     return text_table(COLUMNS, body, notes=[
         *left_out,
         _totals_line(totals), *folded,

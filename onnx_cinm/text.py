@@ -141,7 +141,10 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
     ``add`` and the ``skip`` columns, and whose names have one :func:`source_name` (copies of
     one lowered source op, or host partitions; never names without one, such as an
     exporter's ``Conv_0`` and ``Conv_2``), become one row: the first of them (where it
-    stood), named ``<source> x<count>`` (``lstm_node_3/Gemm x200``), with
+    stood), named by its own full name and the count, ``<first> x<count>``
+    (``lstm_node_3/Gemm_2 x200``): two groups of one source op (an LSTM's two input
+    projections, its two first steps) get two labels, not two rows ``lstm_node_3/Gemm x2``
+    (s24 trial #7). With
 
     * ``add`` cells: the sum of the group's (figures measured per row that differ, a wall
       time; None counts nothing, all None stay None);
@@ -166,11 +169,11 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
             v for k, v in enumerate(r) if k not in loose)
         groups.setdefault(key, []).append(i)
     out = []
-    for (src, *_), members in groups.items():  # a name without a source op: a group alone
+    for members in groups.values():  # a name without a source op: a group alone
         cells = list(rows[members[0]])
         n = len(members)
         if n > 1:
-            cells[name] = f"{src} x{n}"
+            cells[name] = f"{cells[name]} x{n}"
             for k in add:
                 vals = [rows[i][k] for i in members if rows[i][k] is not None]
                 cells[k] = sum(vals) if vals else None

@@ -406,3 +406,77 @@ def test_a_model_without_a_sample_axis_is_refused(tmp_path, capsys, frames):
     err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "clip.npz"),
                           "--batch", "1"])
     assert "evaluate needs a sample axis" in err and "output 'Y' has shape [24]" in err
+
+
+def _one_column_model(tmp_path):
+    """A binary classifier with one sigmoid score per sample: ``Y = sigmoid(relu(X @ W1) @ w2)``
+    ``[N, 1]``, X [N, 64], W1 [64, 32] on pcm-occ crossbars; its exact run is onnxruntime's."""
+    rng = np.random.default_rng(3)
+    W1 = rng.standard_normal((64, 32)).astype(np.float32) / 8
+    w2 = rng.standard_normal((32, 1)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W1"], ["H"], name="mm1"),
+         helper.make_node("Relu", ["H"], ["R"], name="relu"),
+         helper.make_node("MatMul", ["R", "w2"], ["Z"], name="mm2"),
+         helper.make_node("Sigmoid", ["Z"], ["Y"], name="sig")], "binary",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, check=0, place=[("Gemm", "memristor")], device_options=PRESET,
+                   dims={"batch": 64})
+    path = tmp_path / "binary.onnx"
+    artifacts.save(res.model, path)
+    X = rng.standard_normal((80, 64)).astype(np.float32)
+    p = 1 / (1 + np.exp(-(np.maximum(X.astype(np.float64) @ W1, 0) @ w2[:, 0])))
+    return path, X, p, rng
+
+
+def test_a_one_column_output_is_refused_without_threshold(tmp_path, capsys):
+    """The arg max of one column is always class 0: its 'accuracy' would be the share of
+    label-0 samples, flat under any device effect (s24 trial #2). Refused in one line; with
+    --threshold 0.5 the class is score > 0.5, the exact accuracy numpy's on the same rule."""
+    path, X, p, rng = _one_column_model(tmp_path)
+    labels = (p > 0.5).astype(np.int64)
+    flip = rng.random(len(labels)) < 0.2  # some wrong, so the figure is neither 0 nor 1
+    labels[flip] = 1 - labels[flip]
+    assert 0 < labels.mean() < 1
+    np.savez(tmp_path / "bin.npz", X=X, labels=labels)
+    ev = ["evaluate", str(path), "--data", str(tmp_path / "bin.npz")]
+    err = _error(capsys, ev)
+    assert "one score column per class" in err and "has 1 column" in err
+    assert "--threshold" in err and "share of label-0 samples" in err
+    want = float(np.mean((p > 0.5) == labels))
+    assert want not in (float(np.mean(labels == 0)), 0.0, 1.0)
+    got = _json(capsys, ev + ["--threshold", "0.5", "--seeds", "1", "--json"])
+    assert got["exact"] == pytest.approx(want, abs=1e-12)
+    # a threshold of 0 on a probability: every sample is class 1
+    got = _json(capsys, ev + ["--threshold", "0", "--seeds", "1", "--json"])
+    assert got["exact"] == pytest.approx(float(np.mean(labels == 1)), abs=1e-12)
+    # a third class cannot come from one threshold
+    np.savez(tmp_path / "three.npz", X=X, labels=np.where(flip, 2, labels))
+    err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "three.npz"),
+                          "--threshold", "0.5"])
+    assert "binary classifier" in err and "class(es) 2" in err
+    # no labels: nothing to threshold
+    np.savez(tmp_path / "nolab.npz", X=X)
+    err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "nolab.npz"),
+                          "--threshold", "0.5"])
+    assert "--threshold" in err and "hold none" in err
+
+
+def test_labels_beyond_the_score_columns_and_threshold_on_many_are_refused(
+        digits_files, digits_mlp, capsys, tmp_path):
+    path, data, _ = digits_files
+    labels = digits_mlp.y_test.copy()
+    labels[:3] = [10, 11, 10]  # 10 score columns: classes 0..9
+    np.savez(tmp_path / "big.npz", X=digits_mlp.X_test, labels=labels)
+    err = _error(capsys, ["evaluate", str(path), "--data", str(tmp_path / "big.npz"),
+                          "--output", "probabilities"])
+    assert "has 10 columns (classes 0..9)" in err and "class(es) 10, 11" in err
+    err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--threshold", "0.5",
+                          "--output", "probabilities"])
+    assert "one float score per sample" in err and "[450, 10]" in err
+    # the integer output 'label' is a class already: nothing to threshold
+    err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--threshold", "0.5"])
+    assert "one float score per sample" in err and "int64" in err

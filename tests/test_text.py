@@ -51,8 +51,8 @@ def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():
     assert [(c, m) for c, m in got] == [
         (["r/Gemm", "201x266", 26.7e-6, 5.0], [0]),
         (["r/Gemm_1", "1x25", 1.0e-7, 1.0], [1]),
-        (["host partition x2", "3 nodes", None, 6.0], [2, 4]),
-        (["r/Gemm x3", "1x25", pytest.approx(3 * 1.33e-7), 9.0], [3, 5, 7]),  # None adds nothing
+        (["host partition 1 x2", "3 nodes", None, 6.0], [2, 4]),
+        (["r/Gemm_2 x3", "1x25", pytest.approx(3 * 1.33e-7), 9.0], [3, 5, 7]),  # None adds nothing
         (["q/Gemm_2", "1x25", 1.33e-7, 1.0], [6])]
     # the folded rows' counts and summed columns add up to the rows given
     assert sum(len(m) for _, m in got) == len(rows)
@@ -60,7 +60,7 @@ def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():
     assert sum(c[2] or 0 for c, _ in got) == pytest.approx(26.7e-6 + 1e-7 + 4 * 1.33e-7)
     # a skipped column (an index) does not split a group and keeps the first row's value
     assert fold_rows([(7, "a/Add_1", 1), (9, "a/Add_2", 1), (11, "a/Add_3", 2)], name=1,
-                     skip=(0,)) == [([7, "a/Add x2", 1], [0, 1]), ([11, "a/Add_3", 2], [2])]
+                     skip=(0,)) == [([7, "a/Add_1 x2", 1], [0, 1]), ([11, "a/Add_3", 2], [2])]
     assert source_name("lstm_node_3/Gemm_17") == "lstm_node_3/Gemm"
     assert source_name("lstm_node_3/Gemm") == "lstm_node_3/Gemm"
     assert source_name("/dec/If_1[else] host partition 0") == "/dec/If_1[else] host partition"
@@ -76,3 +76,18 @@ def test_fold_rows_never_folds_ops_an_exporter_named_alike():
     assert [c for c, _ in got] == [list(r) for r in rows]
     assert [m for _, m in got] == [[0], [1], [2], [3], [4]]
     assert source_name("Conv_2") is None and source_name("Conv") is None
+
+
+def test_two_groups_of_one_source_op_get_two_labels():
+    """oskut-ws's BiLSTM (s24 trial #7): the two directions' input projections fold, and so do
+    the two first recurrent steps, each pair with figures of its own; both rows were labelled
+    'LSTM__93/Gemm x2'. Each is now named by its first member."""
+    rows = [("LSTM__93/Gemm", "1554x61x768", 1.01e-3),
+            ("LSTM__93/Gemm_1", "74x192x768", 2.0e-5),
+            ("LSTM__93/Gemm_22", "1554x61x768", 1.01e-3),
+            ("LSTM__93/Gemm_23", "74x192x768", 2.0e-5)]
+    got = fold_rows(rows)
+    assert [(c[0], m) for c, m in got] == [("LSTM__93/Gemm x2", [0, 2]),
+                                           ("LSTM__93/Gemm_1 x2", [1, 3])]
+    labels = [c[0] for c, _ in got]
+    assert len(set(labels)) == len(labels)

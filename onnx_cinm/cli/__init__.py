@@ -12,6 +12,7 @@ import threading
 import traceback
 
 from ..errors import CinmError
+from . import clock
 from .args import _parser, join_negative_values  # noqa: F401 (tests build the parser)
 from .cmd_devices import _cmd_devices
 from .cmd_evaluate import _cmd_evaluate
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnx-cinm`` console script; returns the exit status. Called
     without ``argv`` (the console script, ``python -m onnx_cinm.cli``), the process ends in
     here once the command is done (:func:`_end_process`)."""
+    clock.mark(process=argv is None)
     if argv is None:
         _process_gc()
     status = _main(argv)

@@ -494,7 +494,13 @@ def _evaluate_parser(sub) -> argparse.ArgumentParser:
                         "labels the output error against the exact run is measured)")
     e.add_argument("--output", metavar="NAME", dest="judged",
                    help="the output judged (default: the first; without labels the first "
-                        "float one); class ids, or scores whose arg max is the class")
+                        "float one); class ids, or scores whose arg max is the class "
+                        "(one score column per class: a one-column output is refused "
+                        "without --threshold)")
+    e.add_argument("--threshold", type=_number, default=None, metavar="T",
+                   help="judge a one-score output ([N, 1] or [N]: a sigmoid or a logit) as a "
+                        "binary classifier: class 1 where the score > T, else 0 (0.5 for a "
+                        "probability, 0 for a logit); the labels must be 0 and 1")
     e.add_argument("--times", type=_list(_duration, "times like 1s,1h,1d,1y"), default=[],
                    metavar="T1,T2,...",
                    help="times after programming, units s, m (min), h, d, w, y: "

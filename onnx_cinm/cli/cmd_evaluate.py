@@ -64,7 +64,7 @@ def _cmd_evaluate(args, parser) -> int:
                         f"{', '.join(sorted(arrays))})")
     labels = arrays.pop(key, None)
     evaluator = ev.Evaluator(args.model, arrays, labels, output=args.judged, options=opts,
-                             batch=args.batch)
+                             batch=args.batch, threshold=args.threshold)
     points = evaluator.points(args.times, args.adc_bits, args.stuck_at, args.seeds)
     with _progress(len(points), evaluator.samples, quiet=args.quiet) as bar:
         evaluator.progress = bar.update
@@ -84,7 +84,9 @@ def _cmd_evaluate(args, parser) -> int:
         return 0
     if args.quiet:
         return 0
-    what = (f"labels '{key}', accuracy of output '{evaluator.output_name}'" if labels is not None
+    judged = (f"output '{evaluator.output_name}' > {args.threshold} as class 1"
+              if args.threshold is not None else f"output '{evaluator.output_name}'")
+    what = (f"labels '{key}', accuracy of {judged}" if labels is not None
             else f"no labels: relative RMS error of output '{evaluator.output_name}' against "
                  "the exact run")
     shown = ", ".join(f"{k}={_show(v)}" for k, v in opts.items()) or "none (as compiled)"

@@ -76,12 +76,19 @@ class Evaluator:
         batch: samples per session call when the model's batch size is not fixed.
         progress: called with the number of samples after each batch of a configuration's run
             (:meth:`run`; not the exact run at construction), e.g. to show progress; None: not.
+        threshold: judge a one-score output (``[N, 1]`` or ``[N]``, a sigmoid or a logit) as a
+            binary classifier: class 1 where the score is above it, else 0 (e.g. 0.5 for a
+            sigmoid probability, 0.0 for a logit). None: the class is the arg max of the scores.
 
     Raises:
         CinmError: the model has no device kernel with run options (nothing to evaluate), an
             input array is missing or has the wrong sample count or another dtype than the
             model's input (no silent cast, as ``run --input``), labels of the
-            wrong length or not integers, an unknown output, bad provider options.
+            wrong length or not integers, an unknown output, bad provider options; labels
+            with a class the judged output has no score column for (a one-column output
+            without ``threshold``, whose arg max is always 0), ``threshold`` on an output with
+            more than one score per sample, with labels other than 0 and 1, or without
+            labels.
     """
 
     model_path: str
@@ -91,6 +98,7 @@ class Evaluator:
     options: dict = field(default_factory=dict)
     batch: int = 256
     progress: Callable[[int], None] | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         base = InferenceSession(self.model_path, provider_options=[dict(self.options), {}])
@@ -107,6 +115,9 @@ class Evaluator:
                                 f" (its device nodes run on {', '.join(used)})" if used else
                                 " (everything runs on the host)"))
         self.samples = self._check_data()
+        if self.threshold is not None and self.labels is None:
+            raise CinmError("--threshold decides classes to compare with labels; the data "
+                            "hold none (without labels the output error is measured)")
         self._output_index = self._choose_output()
         ref = InferenceSession(self.model_path, providers=["CPUExecutionProvider"])
         self._check_sample_axis(ref)
@@ -277,14 +288,48 @@ class Evaluator:
         return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
     def _predicted(self, y: np.ndarray) -> np.ndarray:
-        pred = y if y.dtype.kind in "iub" else (y.argmax(axis=-1) if y.ndim >= 2 else None)
+        """The class per sample ``[N]`` int of output ``y``: an integer output as it is, the
+        arg max of float scores ``[N, classes]``, or with :attr:`threshold` one float score
+        per sample (``[N, 1]`` or ``[N]``) above the threshold (class 1) or not (0). Raises
+        CinmError when that gives no class per sample or cannot give a class of the labels."""
+        name = f"output '{self.output_name}' {list(y.shape)}"
+        float_scores = y.dtype.kind not in "iub"
+        columns = y.shape[-1] if float_scores and y.ndim >= 2 else None
+        if self.threshold is not None:
+            if not float_scores or (columns is not None and columns != 1) or y.ndim > 2:
+                raise CinmError(f"--threshold judges one float score per sample ([N, 1] or "
+                                f"[N]); {name} {y.dtype} is not one: drop --threshold to take "
+                                "the arg max of its scores")
+            if not np.isin(self.labels, (0, 1)).all():
+                raise CinmError(f"--threshold makes a binary classifier (classes 0 and 1), but "
+                                f"the labels hold class(es) "
+                                f"{_classes(np.setdiff1d(self.labels, (0, 1)))}")
+            pred = (y.reshape(y.shape[0], -1)[:, 0] > self.threshold).astype(np.int64) \
+                if y.ndim else None
+        else:
+            pred = y if not float_scores else (y.argmax(axis=-1) if y.ndim >= 2 else None)
         if pred is not None and pred.ndim > 1 and pred.size == self.samples:
             pred = pred.reshape(-1)
         if pred is None or pred.shape != (self.samples,):
-            raise CinmError(f"output '{self.output_name}' {list(y.shape)} {y.dtype} gives no "
+            raise CinmError(f"{name} {y.dtype} gives no "
                             f"class per sample (want integer [{self.samples}] or scores "
                             f"[{self.samples}, classes]); choose another output")
+        if columns is not None and self.threshold is None and self.labels.max() >= columns:
+            why = ("a one-column output has no arg max (it is always class 0, so the accuracy "
+                   "would be the share of label-0 samples); for one sigmoid or logit score per "
+                   "sample give --threshold (0.5 for a probability, 0 for a logit)"
+                   if columns == 1 else "choose another output or check the labels")
+            raise CinmError(f"the labels need one score column per class, but {name} has "
+                            f"{columns} column{'s' * (columns != 1)} (classes 0.."
+                            f"{columns - 1}) and the labels hold class(es) "
+                            f"{_classes(self.labels[self.labels >= columns])}: {why}")
         return pred
+
+
+def _classes(values: np.ndarray) -> str:
+    """Up to five distinct values of ``values``, ascending, for a message ('1', '3, 4, ...')."""
+    u = np.unique(values)
+    return ", ".join(str(int(v)) for v in u[:5]) + (", ..." if len(u) > 5 else "")
 
 
 def _np_dtype(type_text: str):

@@ -226,9 +226,10 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     notes = []
     if len(grouped) < len(rows):
         notes.append(f"{len(rows)} rows in {len(grouped)}: '<node> xN' stands for N nodes of one "
-                     "source op (or N host partitions) with the same op, device, mode and "
-                     "modeled figures, e.g. the steps of an unrolled recurrence; its figures are "
-                     "the N rows' sums (wall: of their medians); --all-nodes lists them one by one")
+                     "source op (or N host partitions), named by the first, with the same op, "
+                     "device, mode and modeled figures, e.g. the steps of an unrolled "
+                     "recurrence; its figures are the N rows' sums (wall: of their medians); "
+                     "--all-nodes lists them one by one")
     if len(shown) < len(grouped):
         notes.append(f"... {len(grouped) - len(shown)} more rows (every node in --profile-out)")
     first = first_run_wall(records)

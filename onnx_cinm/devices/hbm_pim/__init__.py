@@ -391,8 +391,8 @@ class HbmPimDevice(Device):
                     + ")")
         if len(folded) < len(cells):
             rows.append(f"({len(cells)} kernels in {len(folded)} rows: '<kernel> xN' stands for N "
-                        "kernels of one source op with the same figures each; the totals count "
-                        "every kernel; optimize -v lists them one by one)")
+                        "kernels of one source op, named by the first, with the same figures "
+                        "each; the totals count every kernel; optimize -v lists them one by one)")
         return "\n".join(rows)
 
 

@@ -655,9 +655,9 @@ class MemristorDevice(Device):
             rows = [cells for cells, _ in fold_rows(rows)]
         if len(rows) < n_rows:
             notes.append(f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N "
-                         "kernels of one source op with the same figures each, e.g. the steps "
-                         "of an unrolled recurrence; the totals count every kernel; optimize "
-                         "-v lists them one by one)")
+                         "kernels of one source op, named by the first, with the same figures "
+                         "each, e.g. the steps of an unrolled recurrence; the totals count every "
+                         "kernel; optimize -v lists them one by one)")
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
