@@ -326,28 +326,11 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     placements = []
     for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
-            dev, how = _strings(node, "device", "placement")
+            dev, how = cinm.string_attrs(node, "device", "placement")
             placements.append((node.name, node.op_type, "unplaced" if dev is None else dev,
                                "" if how is None else how))
     total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
     return total, on_dev, by_dev, placements, host, exact, anonymous
-
-
-def _strings(node: onnx.NodeProto, *names: str) -> tuple:
-    """The values of ``node``'s attributes ``names`` as :func:`onnx_cinm.dialects.cinm.node_attrs`
-    gives them (None: absent), without converting the others (a planned cinm op's plan: most
-    of the FLOP count's time went to converting attributes it never read)."""
-    found = {}
-    for a in node.attribute:
-        if a.name in names:
-            found[a.name] = a.s.decode() if a.type == _STRING and not a.ref_attr_name else None
-    if any(found.get(n, "") is None for n in names):  # another kind: converted as node_attrs does
-        at = cinm.node_attrs(node)
-        return tuple(at.get(n) for n in names)
-    return tuple(found.get(n) for n in names)
-
-
-_STRING = onnx.AttributeProto.STRING
 
 
 def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict) -> tuple:
@@ -380,7 +363,7 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
             inner, ok = body_flops(node, infos, values)
             f, exact = f + inner, exact and ok
         total += f
-        dev = _strings(node, "device")[0] if node.domain == cinm.DOMAIN else "host"
+        dev = cinm.device_of(node) if node.domain == cinm.DOMAIN else "host"
         dev = "unplaced" if dev is None else dev
         if dev in ("host", "unplaced"):
             host[node.op_type] += f

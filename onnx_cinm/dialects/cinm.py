@@ -853,14 +853,26 @@ def all_nodes(graph: onnx.GraphProto):
                     yield from all_nodes(sub)
 
 
-def device_of(node: NodeProto) -> str | None:
-    """``node_attrs(node).get("device")``, read without decoding the node's other attributes
-    (a planned op's whole plan: the passes after placement and the device count ask every cinm
-    node for its device)."""
+def string_attrs(node: NodeProto, *names: str) -> tuple:
+    """The values of ``node``'s attributes ``names`` as :func:`node_attrs` gives them (None:
+    absent), without converting the others: a planned op's whole plan, which the FLOP count,
+    the device count and the passes after placement never read (converting it was most of
+    their time). An attribute of another kind than a plain string: all converted by
+    :func:`node_attrs`."""
+    found = {}
     for a in node.attribute:
-        if a.name == "device":
-            return a.s.decode() if a.type == AttributeProto.STRING else node_attrs(node)["device"]
-    return None
+        if a.name in names:
+            found[a.name] = a.s.decode() if a.type == AttributeProto.STRING and \
+                not a.ref_attr_name else None
+    if any(found.get(n, "") is None for n in names):
+        at = node_attrs(node)
+        return tuple(at.get(n) for n in names)
+    return tuple(found.get(n) for n in names)
+
+
+def device_of(node: NodeProto) -> str | None:
+    """``node_attrs(node).get("device")``, read alone (:func:`string_attrs`)."""
+    return string_attrs(node, "device")[0]
 
 
 def ops_per_device(model: onnx.ModelProto) -> dict[str, int]:
