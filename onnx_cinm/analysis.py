@@ -212,6 +212,18 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     return infos
 
 
+def inference_adds_nothing(model: onnx.ModelProto) -> bool:
+    """Whether :func:`onnx_cinm.frontend.infer_shapes` of ``model`` would leave it as it is:
+    the main graph has no subgraph and its value_info and outputs type every node output with
+    an element type and every dim known (:func:`_settled`; inference keeps typed entries as
+    they are, and the frontend's own additions only fill untyped outputs and open dims). A
+    pass that wants the model inferred (``normalize``) skips the inference then: light
+    DenseNet121 comes to it with the value_info of ``canonicalize_opset``'s conversion."""
+    graph = model.graph
+    consts = {i.name: (i.data_type, tuple(i.dims)) for i in graph.initializer}
+    return _settled(graph, consts) is not None
+
+
 def _pin_outputs(graph: onnx.GraphProto, probed: dict) -> None:
     """Give the graph outputs whose declared shape is open (no shape, or a dim without a value)
     the shape the planning probe saw (``{name: (element type, dims)}``), when the element types

@@ -34,6 +34,7 @@ onnx_ir would write that proto differently), not serialized again.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import types
 from collections import Counter
@@ -111,6 +112,49 @@ def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> Non
         raw = array.tobytes()  # C order in one copy, whatever the array's layout
     del array  # the caller's last reference (``add_initializer(g, values.pop(k), k)``): freed
     tensor.raw_data = raw  # before protobuf copies the bytes, so 2 copies at a time, not 3
+
+
+#: Element types :func:`tensor_array` reads itself: ``{type: (numpy dtype, the typed field
+#: numpy_helper reads when there is no raw_data, or None: left to numpy_helper then)}``.
+_DIRECT_TYPES = {
+    onnx.TensorProto.FLOAT: (np.dtype(np.float32), "float_data"),
+    onnx.TensorProto.DOUBLE: (np.dtype(np.float64), "double_data"),
+    onnx.TensorProto.INT64: (np.dtype(np.int64), "int64_data"),
+    onnx.TensorProto.INT32: (np.dtype(np.int32), "int32_data"),
+    onnx.TensorProto.UINT64: (np.dtype(np.uint64), "uint64_data"),
+    onnx.TensorProto.INT8: (np.dtype(np.int8), None),
+    onnx.TensorProto.UINT8: (np.dtype(np.uint8), None),
+    onnx.TensorProto.INT16: (np.dtype(np.int16), None),
+    onnx.TensorProto.UINT16: (np.dtype(np.uint16), None),
+    onnx.TensorProto.UINT32: (np.dtype(np.uint32), None),
+    onnx.TensorProto.FLOAT16: (np.dtype(np.float16), None),
+    onnx.TensorProto.BOOL: (np.dtype(np.bool_), None),
+}
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(tensor)``: the same dtype, shape, values and flags (read-only
+    over ``raw_data``, a fresh writable array from a typed field), read directly for the
+    plain element types of :data:`_DIRECT_TYPES` on a little-endian host; anything else
+    (external data, segments, strings, packed and ml_dtypes types) is numpy_helper's.
+    numpy_helper works out the dtype, storage type and field anew on every call: three
+    quarters of reading the 836 shapes and fill values of light DenseNet121's
+    ``ConstantOfShape`` weights. Raises as numpy_helper does (dims not matching the data)."""
+    direct = _DIRECT_TYPES.get(tensor.data_type)
+    if direct is None or _BIG_ENDIAN or tensor.data_location == onnx.TensorProto.EXTERNAL or \
+            tensor.HasField("segment"):
+        return numpy_helper.to_array(tensor)
+    if tensor.HasField("raw_data"):
+        return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims)
+    if direct[1] is None:
+        return numpy_helper.to_array(tensor)
+    return np.array(getattr(tensor, direct[1]), direct[0]).reshape(tensor.dims)
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+#: The fields of a TensorProto :func:`add_initializer` sets for a plain numeric array.
+_ADDED_FIELDS = frozenset({"name", "data_type", "dims", "raw_data"})
 
 
 def is_splat(array: np.ndarray) -> bool:
@@ -282,6 +326,9 @@ class Edit:
         self.origins: list[tuple[onnx.NodeProto, dict, list[str]]] = []
         #: the constants :meth:`commit` wrote that are one value broadcast, as fills
         self._made_fills: dict[str, tuple[int, tuple, bytes]] = {}
+        #: the one-element arrays :meth:`array` broadcast a fill from, by id: (the array, kept
+        #: alive so that ids stay unique; the initializer; its name then)
+        self._fill_sources: dict[int, tuple[np.ndarray, onnx.TensorProto, str]] = {}
 
     # -- values ------------------------------------------------------------------------------
 
@@ -310,8 +357,9 @@ class Edit:
         fill = known_fill(self._fills, value.name, t.raw)
         if fill is not None:  # read-only, as numpy_helper's arrays of raw_data are
             one = np.frombuffer(fill, onnx.helper.tensor_dtype_to_np_dtype(t.raw.data_type))
+            self._fill_sources[id(one)] = (one, t.raw, value.name)
             return np.broadcast_to(one.reshape(()), tuple(t.raw.dims))
-        array = numpy_helper.to_array(t.raw)
+        array = tensor_array(t.raw)
         root = whole_bytes(array)
         # one value repeated: a reshape of it may stand for its transpose (:meth:`commit` then
         # renames the initializer); its bytes are kept alive (ids stay unique), no others'
@@ -420,10 +468,12 @@ class Edit:
         is renamed and reshaped, its bytes neither copied nor held twice; not a weight
         :attr:`origins` holds for a node lowered into several, which must stay as it was."""
         g = self.proto.graph
-        nodes = onnx.GraphProto()  # copied out before the list they may be in is emptied
-        nodes.node.extend(self._proto_of(n) for n in self.graph)
+        # a NodeProto taken out of the list it is in stays valid (protobuf detaches it): the
+        # nodes are copied once, into the emptied list, not out and back
+        nodes = [self._proto_of(n) for n in self.graph]
         del g.node[:]
-        g.node.extend(nodes.node)
+        g.node.extend(nodes)
+        del nodes
         self._protos = dict(zip(self.graph, g.node))  # the graph's own now (a later commit)
         dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
@@ -455,10 +505,41 @@ class Edit:
                 del g.initializer[index]
         for k, (name, array) in enumerate(made):
             if k not in taken:
+                source = None
                 if is_fill(array):
                     self._made_fills[name] = fill_record(array)
-                add_initializer(g, array, name)
+                    source = self._fill_source(array)
+                if source is None:
+                    add_initializer(g, array, name)
+                    continue
+                # the same fields and bytes add_initializer writes, copied in one go from the
+                # initializer of that one value (a Conv's weight as its Gemm matrix)
+                tensor = g.initializer.add()
+                tensor.CopyFrom(source)
+                tensor.name = name
+                del tensor.dims[:]
+                tensor.dims.extend(array.shape)
         return self.proto
+
+    def _fill_source(self, array: np.ndarray) -> onnx.TensorProto | None:
+        """The initializer whose bytes are what :func:`add_initializer` writes for ``array``,
+        one value broadcast (:func:`is_fill`), when ``array`` views the value :meth:`array`
+        broadcast from that initializer, a fill, and has its dtype and element count; the
+        initializer (maybe gone from the graph now, still readable) has its name then and no
+        field but the four add_initializer sets. Else None."""
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        entry = self._fill_sources.get(id(root))
+        if entry is None or entry[0] is not root:
+            return None
+        _, tensor, name = entry
+        if tensor.name != name or array.dtype != root.dtype or \
+                tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype) or \
+                math.prod(tensor.dims) != array.size or not tensor.HasField("raw_data") or \
+                any(field.name not in _ADDED_FIELDS for field, _ in tensor.ListFields()):
+            return None
+        return tensor
 
     def current_fills(self) -> dict:
         """The initializers of the model now known to hold one value repeated, as the edit's

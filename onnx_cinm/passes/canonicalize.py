@@ -25,14 +25,15 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from ..analysis import inference_adds_nothing
 from ..anonymous_dims import static_shapes
 from ..errors import CinmError
 from ..frontend import infer_shapes, iter_graphs, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
 from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, fill_record, ir, is_fill,
-                       is_splat, known_fill, whole_bytes)
+                       is_splat, known_fill, tensor_array, whole_bytes)
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers, names_read_by
@@ -361,7 +362,7 @@ def _is_foldable(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -
         return False
     if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
         training_mode = constants.get(node.input[2])
-        return training_mode is not None and not numpy_helper.to_array(training_mode).any()
+        return training_mode is not None and not tensor_array(training_mode).any()
     return True
 
 
@@ -410,7 +411,7 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
         axes = list(perm) if perm else list(range(len(dims)))[::-1]
         value = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
         return np.broadcast_to(value.reshape(()), [dims[a] for a in axes])
-    array = numpy_helper.to_array(tensor)
+    array = tensor_array(tensor)
     if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
         axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
         return array.reshape([array.shape[a] for a in axes])  # (add_initializer keeps them)
@@ -475,7 +476,7 @@ def _direct_value(node: onnx.NodeProto, constants: dict, direct: dict) -> np.nda
         if value is None or value.data_type not in _FILLABLE_TYPES or \
                 value.data_location == onnx.TensorProto.EXTERNAL:
             return None
-        return numpy_helper.to_array(value)
+        return tensor_array(value)
     if node.op_type == "Unsqueeze":
         return _unsqueezed(node, constants, direct)
     return None
@@ -485,7 +486,7 @@ def _known_array(name: str, constants: dict, direct: dict) -> np.ndarray | None:
     if name in direct:
         return direct[name]
     if name in constants and constants[name].data_location != onnx.TensorProto.EXTERNAL:
-        return numpy_helper.to_array(constants[name])
+        return tensor_array(constants[name])
     return None
 
 
@@ -526,8 +527,11 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
     value of another element type or not of shape [1], which onnxruntime refuses)."""
     if not _is_default_domain(node) or len(node.input) != 1 or node.input[0] not in constants:
         return None
-    shape = numpy_helper.to_array(constants[node.input[0]])
-    if shape.dtype != np.int64 or shape.ndim != 1 or (shape < 0).any():
+    shape = tensor_array(constants[node.input[0]])
+    if shape.dtype != np.int64 or shape.ndim != 1:
+        return None
+    dims = tuple(shape.tolist())  # a handful of ints: compared in Python, not by numpy
+    if any(d < 0 for d in dims):
         return None
     value = next((a.t for a in node.attribute if a.name == "value"), None)
     if value is None:
@@ -535,9 +539,9 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
     elif value.data_type not in _FILLABLE_TYPES or list(value.dims) != [1]:  # as onnxruntime
         return None
     else:
-        fill = numpy_helper.to_array(value).reshape(())
+        fill = tensor_array(value).reshape(())
     # a view of the one value: add_initializer writes its bytes without filling an array first
-    return np.broadcast_to(fill, tuple(int(d) for d in shape))
+    return np.broadcast_to(fill, dims)
 
 
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
@@ -628,7 +632,7 @@ def _fold(
             if name and name not in produced_by_run and name not in feeds:
                 # onnxruntime reads C-ordered arrays (a fill is a broadcast view)
                 feeds[name] = np.ascontiguousarray(direct[name]) if name in direct else \
-                    numpy_helper.to_array(constants[name])
+                    tensor_array(constants[name])
     read = _names_read(graph, skip=folded)
     wanted = sorted(read & produced_by_run)
     if wanted:
@@ -700,7 +704,7 @@ def inline_constant_ifs(model: onnx.ModelProto) -> int:
         if found is None:
             return done
         k, node = found
-        cond = condition(numpy_helper.to_array(inits[node.input[0]]))
+        cond = condition(tensor_array(inits[node.input[0]]))
         if cond is None:
             return done
         branch = next(a.g for a in node.attribute if a.name == ("then_branch" if cond else "else_branch"))
@@ -766,7 +770,7 @@ def fold_constants(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     while True:
         # the inferred shapes serve only to fold Shape/Size of static tensors: without such a
         # node in the main graph, no whole-graph inference (normalize, next, infers the folded
-        # graph anyway; most CNNs, DenseNet121 one inference fewer)
+        # graph unless it is typed already; most CNNs, DenseNet121 one inference fewer)
         shaped = any(node.op_type in ("Shape", "Size") for node in graph.node)
         if shaped:
             infer_shapes(model, strict=False)
@@ -810,7 +814,7 @@ def _normalize_reduce(
     if axes_name:
         if axes_name not in constants:
             return False  # axes computed at run time
-        given = numpy_helper.to_array(constants[axes_name]).reshape(-1).tolist()
+        given = tensor_array(constants[axes_name]).reshape(-1).tolist()
     else:
         given = list(attrs.get("axes", []))
     if not given and as_input and attrs.get("noop_with_empty_axes", 0):
@@ -929,6 +933,10 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
       (any of Gemm's unidirectional broadcast shapes). Input Transpose nodes are never merged
       into trans flags (an identity ``perm`` is not a transpose: field notes §5 #7).
 
+    The model is shape-inferred first (the later passes read the types it leaves), unless
+    its value_info already types every node output fully
+    (:func:`onnx_cinm.analysis.inference_adds_nothing`: inference would change nothing).
+
     Parameters
     ----------
     model : onnx.ModelProto
@@ -942,7 +950,8 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     -------
     onnx.ModelProto
     """
-    infer_shapes(model, strict=False)
+    if not inference_adds_nothing(model):  # (the types are there already: same value_info)
+        infer_shapes(model, strict=False)
     graph = model.graph
     fills = _current(ctx.fills, graph)  # before a fresh name could take a freed one's
     rewritten = 0
@@ -1085,7 +1094,7 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
         if fill is not None:
             one = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
             return np.broadcast_to(one.reshape(()), tuple(tensor.dims))
-        return numpy_helper.to_array(tensor)
+        return tensor_array(tensor)
 
     made: list = []
     current: list = list(nodes)  # a Conv's place takes its folded Conv, a folded BN's None
