@@ -148,13 +148,21 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
         return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims)
     if direct[1] is None:
         return numpy_helper.to_array(tensor)
-    return np.array(getattr(tensor, direct[1]), direct[0]).reshape(tensor.dims)
+    values = getattr(tensor, direct[1])  # (numpy reads a protobuf container slowly: iterated)
+    return np.fromiter(values, direct[0], len(values)).reshape(tensor.dims)
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
-#: The fields of a TensorProto :func:`add_initializer` sets for a plain numeric array.
-_ADDED_FIELDS = frozenset({"name", "data_type", "dims", "raw_data"})
+#: The fields of a TensorProto :func:`add_initializer` does not set for a plain numeric array
+#: (it sets name, data_type, dims, raw_data), repeated and singular ones; asked one by one:
+#: ``ListFields`` would copy the raw_data out.
+_OTHER_REPEATED = tuple(f.name for f in onnx.TensorProto.DESCRIPTOR.fields
+                        if f.name not in ("name", "data_type", "dims", "raw_data") and
+                        f.is_repeated)
+_OTHER_SINGULAR = tuple(f.name for f in onnx.TensorProto.DESCRIPTOR.fields
+                        if f.name not in ("name", "data_type", "dims", "raw_data") and
+                        not f.is_repeated)
 
 
 def is_splat(array: np.ndarray) -> bool:
@@ -537,7 +545,8 @@ class Edit:
         if tensor.name != name or array.dtype != root.dtype or \
                 tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype) or \
                 math.prod(tensor.dims) != array.size or not tensor.HasField("raw_data") or \
-                any(field.name not in _ADDED_FIELDS for field, _ in tensor.ListFields()):
+                any(len(getattr(tensor, field)) for field in _OTHER_REPEATED) or \
+                any(tensor.HasField(field) for field in _OTHER_SINGULAR):
             return None
         return tensor
 

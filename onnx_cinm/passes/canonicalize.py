@@ -596,10 +596,15 @@ def _fold(
     renamed: dict[str, str] = {}
     readers: Counter | None = None
     for index, node in enumerate(graph.node):
-        if (only is not None and node.output[0] not in only) or not _is_foldable(node, constants) \
-                or node.output[0] in keep:
+        if only is not None and node.output[0] not in only:
             continue
         inputs = [name for name in node.input if name]
+        # an input not known to be constant: only Shape/Size of a static tensor folds (every
+        # other way below reads constant or folded inputs); most nodes of a network end here
+        if node.op_type not in ("Shape", "Size") and not all(name in known for name in inputs):
+            continue
+        if not _is_foldable(node, constants) or node.output[0] in keep:
+            continue
         filled = _direct_value(node, constants, direct)
         if node.op_type == "Transpose" and len(inputs) == 1 and inputs[0] in constants and \
                 constants[inputs[0]].data_type in _PERMUTABLE_TYPES:
