@@ -491,6 +491,37 @@ def test_normalize_reduce_leaves_canonical_and_unknown_rank_nodes_alone():
     assert_matches_ort(model, result, feeds=[feeds], check=False)  # y has no shape field
 
 
+def test_normalize_infers_the_graph_unless_every_node_output_is_typed():
+    """normalize leaves the graph shape-inferred for the passes after it; a graph whose
+    value_info types every node output with known dims already is left as it is (inference
+    would change nothing). Relu, Transpose, Relu of x [2, 3]: r [2, 3], t [3, 2] by hand."""
+    from onnx_cinm.analysis import inference_adds_nothing
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),
+             helper.make_node("Relu", ["t"], ["y"])]
+    model = _model(nodes, [_vi("x", [2, 3])], [_vi("y", [3, 2])])
+    assert not inference_adds_nothing(model)
+    result, _ = _run_passes(model, "normalize")
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in result.graph.value_info}
+    assert shapes == {"r": [2, 3], "t": [3, 2]}
+    assert inference_adds_nothing(result)
+    again, _ = _run_passes(result, "normalize")
+    assert [v.SerializeToString() for v in again.graph.value_info] == \
+        [v.SerializeToString() for v in result.graph.value_info]
+    # an entry missing, or a dim without a size: inference has work, and it runs
+    open_dim = _copy(result)
+    open_dim.graph.value_info[1].type.tensor_type.shape.dim[0].dim_param = "n"
+    missing = _copy(result)
+    del missing.graph.value_info[0]
+    for case in (open_dim, missing):
+        assert not inference_adds_nothing(case)
+        inferred, _ = _run_passes(case, "normalize")
+        assert {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in inferred.graph.value_info} == shapes
+
+
 def test_normalize_reduce_with_runtime_axes_is_left_alone():
     model = _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"])],
                    [_vi("x", [2, 3]), _vi("axes", [1], TensorProto.INT64)], [_vi("y", None)])

@@ -149,6 +149,73 @@ def test_add_initializer_writes_fills_and_views_of_bytes_as_numpy_would():
         assert got.tobytes() == np.ascontiguousarray(want).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64, np.int32,
+                                   np.uint64, np.uint32, np.int8, np.uint8, np.bool_])
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3)])
+def test_tensor_array_reads_what_numpy_helper_reads(dtype, shape):
+    """Over raw_data and over the typed fields: numpy_helper's dtype, shape, bytes and flags."""
+    from onnx_cinm.rewrite import tensor_array
+
+    array = (np.arange(int(np.prod(shape))).reshape(shape) * 7 - 5).astype(dtype)
+    raw = numpy_helper.from_array(array, "raw")
+    kind = h.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    typed = h.make_tensor("typed", kind, shape, array.reshape(-1).tolist())
+    for tensor in (raw, typed):
+        got, want = tensor_array(tensor), numpy_helper.to_array(tensor)
+        assert got.dtype == want.dtype and got.shape == want.shape == shape
+        assert got.tobytes() == want.tobytes() == array.tobytes()
+        assert got.flags.writeable == want.flags.writeable
+
+
+def _fill_weight_model(doc: str = "") -> onnx.ModelProto:
+    """y = MatMul(x [2, 3], W [3, 4]), W 0.5 repeated in raw_data (``doc``: its doc_string)."""
+    w = numpy_helper.from_array(np.full((3, 4), 0.5, np.float32), "W")
+    if doc:
+        w.doc_string = doc
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                     [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def _transpose_and_slice(edit: Edit, node, _):
+    """The MatMul as MatMul(x, Transpose(W^T)), plus Identity(W[:2]): two constants made from
+    W as :meth:`Edit.constant` gives it (a fill: one value broadcast)."""
+    b = Builder(edit, node)
+    w = edit.constant("W")
+    wt = edit.const("W_T", w.T)
+    part = edit.const("W_part", w[:2])
+    t = b.node(h.make_node, "Transpose", [wt], None, "t", perm=[1, 0])
+    b.node(h.make_node, "MatMul", [node.inputs[0].name, t], ["y"], "mm")
+    b.node(h.make_node, "Identity", [part], None, "part")
+    return b.nodes
+
+
+@pytest.mark.parametrize("doc", ["", "a field add_initializer does not write"])
+def test_commit_writes_a_fill_constant_as_its_value_repeated_to_its_own_size(doc):
+    """A constant made from a fill weight (``fills``: not read back) is written as the value's
+    bytes repeated over its own dims, with no other field: the transpose copied from W's
+    initializer, the slice (8 of W's 12 elements) written afresh; both handed on as fills."""
+    model = _fill_weight_model(doc)
+    half = np.float32(0.5).tobytes()
+    edit = Edit(model, Names(model.graph).fresh, fills={"W": (TensorProto.FLOAT, (3, 4), half)})
+    apply(edit, [Rule(frozenset({"MatMul"}), lambda e, n: True, _transpose_and_slice)])
+    edit.commit()
+    tensors = {t.name: t for t in model.graph.initializer}
+    assert set(tensors) == {"W_T", "W_part"}
+    for name, dims in (("W_T", [4, 3]), ("W_part", [2, 4])):
+        t = tensors[name]
+        assert list(t.dims) == dims and t.data_type == TensorProto.FLOAT
+        assert t.raw_data == np.full(dims, 0.5, np.float32).tobytes()
+        assert sorted(f.name for f, _ in t.ListFields()) == ["data_type", "dims", "name", "raw_data"]
+    assert edit.current_fills() == {"W_T": (TensorProto.FLOAT, (4, 3), half),
+                                    "W_part": (TensorProto.FLOAT, (2, 4), half)}
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(sess.run(["y"], {"x": x})[0],
+                                  np.repeat(x.sum(axis=1, keepdims=True) * 0.5, 4, axis=1))
+
+
 def test_commit_writes_what_onnx_ir_serializes_and_a_node_changed_in_place_as_it_is_now():
     """commit writes back the NodeProto a node was read or built from only where onnx_ir's own
     serializer (the reference) gives the same bytes: nodes with an explicit empty domain or

@@ -371,6 +371,8 @@ def _qdq_weights(graph: onnx.GraphProto) -> set[str]:
     through a Transpose) as input 1 of a MatMul, Gemm or Conv whose input 0 is also a
     DequantizeLinear output. ``to_cinm`` lowers such a product to an integer Gemm of the int8
     values; folded, the weight would be a float32 copy (4x the bytes) and the product float."""
+    if not any(n.op_type == "DequantizeLinear" for n in graph.node):
+        return set()  # (a float model: no producer map of every output)
     made = {o: n for n in graph.node for o in n.output if o}
     keep = set()
     for node in graph.node:
