@@ -437,9 +437,12 @@ class Edit:
         node.overload = proto.overload
         node.doc_string = proto.doc_string or None
         node.metadata_props.clear()
-        node.attributes.clear()
+        # the plain dict under onnx_ir's Attributes (UserDict: clear() pops item by item; its
+        # __setitem__ only checks the key is a str and the value an Attr, as _attribute's are)
+        attributes = plain(node.attributes)
+        attributes.clear()
         for a in proto.attribute:
-            node.attributes.add(_attribute(a))
+            attributes[a.name] = _attribute(a)
         self._protos[node] = proto
 
     def record_origin(self, node: ir.Node, new: list) -> None:
