@@ -511,3 +511,21 @@ def test_load_big_external_tensor_short_length_is_refused(tmp_path):
             entry.value = "1000"
     path = _write(tmp_path / "ext.onnx", saved.SerializeToString())
     _assert_cinm_error(path, "raw_data size (1000 bytes) is too small")
+
+
+def test_subgraphs_are_an_ifs_branches_and_no_cinm_ops():
+    """An If's two branches, in attribute order (make_node sorts them: else, then); a cinm op
+    (dozens of plan attributes, none a graph: its schema declares none) has no body, and
+    neither has a node without graphs."""
+    def branch(name):
+        return helper.make_graph([helper.make_node("Identity", ["x"], [name])], name, [],
+                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1])])
+
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("t"), else_branch=branch("e"))
+    assert [g.name for g in frontend.subgraphs(node)] == ["e", "t"]
+    planned = helper.make_node("Gemm", ["a", "b"], ["y"], domain="cinm", device="upmem",
+                               plan_tiles=[4, 4], plan_cost=1.5)
+    assert frontend.subgraphs(planned) == []
+    assert frontend.subgraphs(helper.make_node("Relu", ["x"], ["r"])) == []
+    graph = helper.make_graph([planned, node], "g", [], [])
+    assert [g.name for g in frontend.iter_graphs(graph)] == ["g", "e", "t"]
