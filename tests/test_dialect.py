@@ -184,6 +184,43 @@ def test_only_the_ops_of_attr_overloads_read_attributes(op):
     assert changed == (op in cinm.ATTR_OVERLOADS)
 
 
+class _Reads(dict):
+    """A dict that records the keys asked for."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked = set()
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.asked.add(key)
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("op", sorted(cinm.ATTR_OVERLOADS))
+def test_overloads_read_only_the_overload_attrs(op):
+    """overload_of asks for no attribute outside OVERLOAD_ATTRS (attach_functions converts
+    only those of a planned op), and a planned Gemm with a bias, onnx_gemm and y_perm among
+    its plan attributes gets the gemm_perm body."""
+    for n_in in (1, 2, 3):
+        attrs = _Reads({**_VARIANT_ATTRS, "kind": "add", "approximate": "none",
+                        "device": "crossbar", "plan_tiles": [4, 4]})
+        cinm.overload_of(op, attrs, n_in)
+        assert attrs.asked <= cinm.OVERLOAD_ATTRS
+    planned = cinm.make_node("Gemm", ["a", "a", "b"], ["y"], device="crossbar", onnx_gemm=1,
+                             y_perm=[1, 0], placement="cost", cim_rows=64)
+    m = _build([planned], [_vi("a", TP.FLOAT, [3, 3]), _vi("b", TP.FLOAT, [3])], ["y"])
+    cinm.attach_functions(m)
+    assert m.graph.node[0].overload == "gemm_perm"
+
+
 def test_make_node_writes_what_onnx_helper_writes():
     """cinm.make_node builds its attributes itself for the common kinds: byte for byte what
     onnx.helper.make_node writes, for those and the rest (numpy scalars, bools, floats and

@@ -245,6 +245,10 @@ _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
 #: on its arity alone (:func:`attach_functions` reads no attributes of theirs)
 ATTR_OVERLOADS = frozenset({"Gemm", "Reduce", "MergePartial", "Scan", "Im2Col", "SimSearch", "Gelu"})
 
+#: The attributes :func:`overload_of` reads.
+OVERLOAD_ATTRS = frozenset({"onnx_gemm", "y_perm", "kind", "kernel_shape", "metric",
+                            "approximate", "div_sqrt2"})
+
 
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
     """Return the reference-function overload for a node.
@@ -808,12 +812,15 @@ def _attribute(name: str, value) -> AttributeProto:
     return helper.make_attribute(name, value)
 
 
-def node_attrs(node: NodeProto) -> dict:
+def node_attrs(node: NodeProto, names: frozenset | None = None) -> dict:
     """The node's attributes as python values (strings decoded; what
-    ``onnx.helper.get_attribute_value`` gives otherwise). Raises ValueError on a reference
+    ``onnx.helper.get_attribute_value`` gives otherwise); only those ``names`` when given (the
+    others, a planned op's whole plan, are not converted). Raises ValueError on a reference
     attribute or an unknown attribute type, as that function does."""
     out = {}
     for a in node.attribute:  # every pass asks for every node's: the plain kinds read directly
+        if names is not None and a.name not in names:
+            continue
         kind = a.type
         if kind == _INT and not a.ref_attr_name:
             out[a.name] = a.i
@@ -981,7 +988,7 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type not in OPS:
             raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
         n_in = sum(1 for i in node.input if i)
-        attrs = node_attrs(node) if node.op_type in ATTR_OVERLOADS else {}
+        attrs = node_attrs(node, OVERLOAD_ATTRS) if node.op_type in ATTR_OVERLOADS else {}
         node.overload = overload_of(node.op_type, attrs, n_in)
         needed[(node.op_type, node.overload)] = None
     keep = [f for f in model.functions if f.domain != DOMAIN]
