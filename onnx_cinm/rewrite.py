@@ -477,7 +477,10 @@ class Edit:
         all of the bytes read from an initializer that is gone now (a weight of one value
         repeated, reshaped as its own transpose) takes that initializer's place instead: it
         is renamed and reshaped, its bytes neither copied nor held twice; not a weight
-        :attr:`origins` holds for a node lowered into several, which must stay as it was."""
+        :attr:`origins` holds for a node lowered into several, which must stay as it was. A
+        constant that views the one value of a fill :meth:`array` gave (a Conv's weight of one
+        value as its Gemm matrix) is copied from that initializer with its own dims, in one go
+        (:meth:`_fill_source`: the bytes :func:`add_initializer` would write)."""
         g = self.proto.graph
         # a NodeProto taken out of the list it is in stays valid (protobuf detaches it): the
         # nodes are copied once, into the emptied list, not out and back
