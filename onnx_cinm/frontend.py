@@ -869,6 +869,76 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto
     return restore_weights(model, inferred, moved)
 
 
+def _plain_static(value: onnx.ValueInfoProto) -> bool:
+    """Whether ``value`` is what onnx shape inference writes for a tensor whose element type
+    and every dim it knows: a name and a tensor type of element type and dim values, nothing
+    else (no doc string, denotation or dim parameter)."""
+    if len(value.ListFields()) != 2 or len(value.type.ListFields()) != 1:
+        return False
+    tensor_type = value.type.tensor_type
+    if len(tensor_type.ListFields()) != 2 or not tensor_type.elem_type:
+        return False
+    return all(len(d.ListFields()) == 1 and d.HasField("dim_value")
+               for d in tensor_type.shape.dim)
+
+
+def keep_inferred_types(model: onnx.ModelProto) -> bool:
+    """Leave ``model`` as ``infer_shapes(model, strict=False)`` after ``del
+    model.graph.value_info[:]`` would, without the inference, when its value_info already
+    holds what that inference gives; True if so, else False and ``model`` is unchanged.
+
+    It holds when the caller knows every entry to be current (the passes' tensor infos of this
+    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and each is one inference
+    writes for a tensor it sizes in full (:func:`_plain_static`): then every main-graph node
+    output but the graph outputs has such an entry, the graph outputs are typed the same way
+    and no node has a body. A fresh inference then gives the same types (it keeps typed graph
+    outputs; the rank, ``ai.onnx.ml`` and reduction-length fix-ups of :func:`infer_shapes` only
+    fill open dims), so what remains of it is done here: value_info in node-output order
+    without the entries of tensors no node writes, and the small initializers
+    (:func:`strip_weights`' threshold) after the large ones, as :func:`restore_weights` leaves
+    them. That whole-graph inference was 45 ms of light DenseNet121's optimize (a Python
+    callback per cinm node, the model serialized both ways)."""
+    graph = model.graph
+    if not all(_plain_static(v) for v in graph.output):
+        return False
+    outputs = {v.name for v in graph.output}
+    entries = {}
+    for value in graph.value_info:
+        if value.name in entries:  # the first would win in a lookup, inference writes one
+            return False
+        entries[value.name] = value
+    order = []
+    for node in graph.node:
+        if subgraphs(node):
+            return False
+        for name in node.output:
+            if not name or name in outputs:
+                continue
+            value = entries.pop(name, None)
+            if value is None or not _plain_static(value):
+                return False
+            order.append(value)
+    # in node-output order, without entries of tensors no node writes (inference writes none)
+    if len(graph.value_info) != len(order) or \
+            any(a.name != b.name for a, b in zip(graph.value_info, order)):
+        ordered = [onnx.ValueInfoProto() for _ in order]
+        for copy, value in zip(ordered, order):
+            copy.CopyFrom(value)
+        del graph.value_info[:]
+        graph.value_info.extend(ordered)
+    small = {t.name: t for t in graph.initializer if _tensor_elements(t) <= WEIGHTLESS_MAX_ELEMENTS}
+    if small:  # what restore_weights does with the skeleton's (copies of the) small ones
+        moved = list(small.values())
+        for index, tensor in enumerate(moved):
+            moved[index] = onnx.TensorProto()
+            moved[index].CopyFrom(tensor)
+        for index in reversed(range(len(graph.initializer))):
+            if graph.initializer[index].name in small:
+                del graph.initializer[index]
+        graph.initializer.extend(moved)
+    return True
+
+
 def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> bool:
     """Give a matrix product's activation its reduction length from the constant operand
     (``MatMul(x, W[K, N])``: x's last dim is K; ``Gemm`` likewise, with ``transA``/``transB``;

@@ -441,7 +441,8 @@ STEPS = {
     "probe_shapes": "one onnxruntime run of the original at the planned sizes, for the shapes "
                     "inference leaves open (only when every input dim has a size and some are)",
     "if_bodies": "compile the branches of If nodes through the same passes (only with an If)",
-    "shape_inference": "infer the shapes of the rewritten model afresh",
+    "shape_inference": "infer the shapes of the rewritten model afresh (not when the passes' "
+                       "last shapes are of this very graph and all static: they are kept)",
     "totals": "price the written model once more for the cost placement's totals (not with -q)",
     "check": "golden check: onnxruntime on the original and on the result, on random or "
              "given inputs (--check N; 0 = off)",
@@ -864,8 +865,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
     frontend.set_recorded_source(work, source)
     t0 = time.perf_counter()
-    del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
-    work = frontend.infer_shapes(work, strict=False)
+    # the passes' last tensor infos are of this graph and their types are all static: what a
+    # fresh inference would write is in value_info already (keep_inferred_types says when)
+    if not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
+        del work.graph.value_info[:]  # rewritten tensors: infer afresh, not trust stale entries
+        work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
     placed = ctx.stats.get("placement")
     if totals and placed is not None and placed.get("strategy") == "cost":
