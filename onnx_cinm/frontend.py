@@ -890,8 +890,12 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
     It holds when the caller knows every entry to be current (the passes' tensor infos of this
     very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and each is one inference
     writes for a tensor it sizes in full (:func:`_plain_static`): then every main-graph node
-    output but the graph outputs has such an entry, the graph outputs are typed the same way
-    and no node has a body. A fresh inference then gives the same types (it keeps typed graph
+    output but the graph outputs has such an entry, the graph outputs are typed the same way,
+    no node has a body, and none is a ``Shape`` or ``Size``: without them no shape arithmetic
+    is folded by the passes' analysis beyond onnx's inference
+    (:func:`onnx_cinm.anonymous_dims.size_anonymous_dims` folds only with data propagation on,
+    :func:`wants_data_propagation`), so no entry is sized where a fresh inference would leave
+    a dim anonymous. A fresh inference then gives the same types (it keeps typed graph
     outputs; the rank, ``ai.onnx.ml`` and reduction-length fix-ups of :func:`infer_shapes` only
     fill open dims), so what remains of it is done here: value_info in node-output order
     without the entries of tensors no node writes, and the small initializers
@@ -909,7 +913,7 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
         entries[value.name] = value
     order = []
     for node in graph.node:
-        if subgraphs(node):
+        if subgraphs(node) or node.op_type in ("Shape", "Size"):
             return False
         for name in node.output:
             if not name or name in outputs:

@@ -379,6 +379,19 @@ def test_keep_inferred_types_refuses_what_inference_would_change(entry):
     assert model.SerializeToString() == before
 
 
+def test_keep_inferred_types_refuses_a_graph_computing_shapes():
+    """Shape arithmetic may be sized by the passes' analysis beyond onnx's inference: a graph
+    with a Shape node is inferred afresh, even when every entry is static."""
+    model = _model([helper.make_node("Shape", ["x"], ["s"]),
+                    helper.make_node("Reshape", ["x", "s"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model.graph.value_info.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    before = model.SerializeToString()
+    assert not frontend.keep_inferred_types(model)
+    assert model.SerializeToString() == before
+
+
 def test_infer_shapes_through_a_file_above_the_protobuf_limit(monkeypatch):
     monkeypatch.setattr(frontend, "PROTOBUF_LIMIT", 10)  # every model counts as > 2 GiB
     model = frontend.infer_shapes(_reshape_chain_model(["batch", 4, 4]))
