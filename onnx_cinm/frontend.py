@@ -878,8 +878,10 @@ def _plain_static(value: onnx.ValueInfoProto) -> bool:
     tensor_type = value.type.tensor_type
     if len(tensor_type.ListFields()) != 2 or not tensor_type.elem_type:
         return False
-    return all(len(d.ListFields()) == 1 and d.HasField("dim_value")
-               for d in tensor_type.shape.dim)
+    for dim in tensor_type.shape.dim:  # dim_value set (so no dim_param), no denotation
+        if not dim.HasField("dim_value") or dim.denotation:
+            return False
+    return True
 
 
 def keep_inferred_types(model: onnx.ModelProto) -> bool:
@@ -913,7 +915,8 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
         entries[value.name] = value
     order = []
     for node in graph.node:
-        if subgraphs(node) or node.op_type in ("Shape", "Size"):
+        # a cinm op declares no graph attribute (its schema): its many plan attributes unread
+        if node.op_type in ("Shape", "Size") or node.domain != "cinm" and subgraphs(node):
             return False
         for name in node.output:
             if not name or name in outputs:
