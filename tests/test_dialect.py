@@ -251,7 +251,8 @@ def test_onnx_reference_imported_later_indexes_without_cinm_schemas():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", _REFERENCE_LATER], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", _REFERENCE_LATER], capture_output=True, text=True,
+                         check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[4.0, 10.0, -18.0]"
 
