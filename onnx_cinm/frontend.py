@@ -177,8 +177,10 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
             for d in tensor_type.shape.dim]
 
 
-def _check_shapes(model: onnx.ModelProto, path: str) -> None:
-    """No int64-overflowing shapes anywhere and no negative tensor dims.
+def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
+    """No int64-overflowing shapes anywhere and no negative tensor dims. Returns the tensors
+    with external data, met on the way (:func:`load_model` checks them next: one walk over
+    every tensor, not two).
 
     A negative dim in a declared (value info) shape means "unknown", as some exporters write it.
     A zero-sized dim is legal ONNX (an empty tensor; onnx's own suite has empty-set Reduce
@@ -195,7 +197,10 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if math.prod(max(d, 1) for d in static) > _INT64_MAX:  # Python ints: exact
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
+    external = []
     for tensor in _iter_tensors(model):
+        if tensor.data_location == _EXTERNAL:
+            external.append(tensor)
         dims = tensor.dims
         if not dims:  # a scalar
             continue
@@ -203,6 +208,10 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if low < 0 or (math.prod(dims) if low else math.prod(max(d, 1) for d in dims)) > _INT64_MAX:
             raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
                             "which is negative or overflows int64")
+    return external
+
+
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
@@ -298,20 +307,23 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
         input; a cycle; nodes out of topological order; a shape whose element count overflows
         int64; a negative tensor dim.
     """
+    _validate_structure(model, label, opsets)
+
+
+def _validate_structure(model: onnx.ModelProto, label: str, opsets: bool) -> list:
+    """:func:`validate_structure`; returns the tensors with external data (:func:`_check_shapes`)."""
     if opsets:
         _check_opsets(model, label)
     _check_unknown_ops(model, label)
     _check_graph_structure(model.graph, label)
-    _check_shapes(model, label)
+    return _check_shapes(model, label)
 
 
-def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> bool:
-    """Refuse external data outside ``folder``, missing or too short (CinmError); return
-    whether any tensor has external data."""
+def _check_external_data(tensors: list, path: str, folder: str) -> bool:
+    """Refuse external data of ``tensors`` (those of a model with external data) outside
+    ``folder``, missing or too short (CinmError); return whether there is any."""
     external = False
-    for tensor in _iter_tensors(model):
-        if not _is_external(tensor):
-            continue
+    for tensor in tensors:
         external = True
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = info.get("location", "")
@@ -444,10 +456,15 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise CinmError(f"'{path}' is not an ONNX model: it has no graph")
     if not model.graph.output:
         raise CinmError(f"'{path}' has no graph outputs: nothing to compute")
-    validate_structure(model, path)
+    externals = _validate_structure(model, path, opsets=True)
     folder = os.path.dirname(os.path.abspath(path))
-    external = _check_external_data(model, path, folder)
-    raw_sizes = initializer_raw_sizes(memoryview(data), len(model.graph.initializer))
+    external = _check_external_data(externals, path, folder)
+    initializers = model.graph.initializer
+    # only the large initializers' raw sizes are read (_checker_skeleton): without one, the
+    # walk over the whole file's wire format has nothing to tell
+    raw_sizes = initializer_raw_sizes(memoryview(data), len(initializers)) \
+        if any(_tensor_elements(t) > WEIGHTLESS_MAX_ELEMENTS for t in initializers) \
+        else [None] * len(initializers)
     del data
     if external:
         for index, tensor in enumerate(model.graph.initializer):
