@@ -816,8 +816,10 @@ def register_schemas() -> None:
             onnx.defs.register_schema(_make_schema(spec))
 
 
-register_schemas()
+# the plan attributes declared before the dialect loaded (the devices register first on the
+# command line) first: then each schema is registered once, not registered and replaced
 sync_plan_attrs()
+register_schemas()  # (done by sync_plan_attrs when there were any)
 
 
 # --------------------------------------------------------------------------------------------
