@@ -81,7 +81,9 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     when a dim is open or anonymous (another inference numbers those afresh), for types at
     planned or probed sizes (the model itself stays symbolic), or for a main graph with bodies.
     The final shape inference of :func:`onnx_cinm.pipeline.optimize` starts from no
-    value_info, so the written model is the same."""
+    value_info, so the written model is the same; when the types are still current there,
+    that inference is left out and they are kept, in node order
+    (:func:`onnx_cinm.frontend.keep_inferred_types`: the same model)."""
     if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
             or frontend.probed_shapes(model):
         return False

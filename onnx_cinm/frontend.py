@@ -181,8 +181,10 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
             for d in tensor_type.shape.dim]
 
 
-def _check_shapes(model: onnx.ModelProto, path: str) -> None:
-    """No int64-overflowing shapes anywhere and no negative tensor dims.
+def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
+    """No int64-overflowing shapes anywhere and no negative tensor dims. Returns the tensors
+    with external data, met on the way (:func:`load_model` checks them next: one walk over
+    every tensor, not two).
 
     A negative dim in a declared (value info) shape means "unknown", as some exporters write it.
     A zero-sized dim is legal ONNX (an empty tensor; onnx's own suite has empty-set Reduce
@@ -199,7 +201,10 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if math.prod(max(d, 1) for d in static) > _INT64_MAX:  # Python ints: exact
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
+    external = []
     for tensor in _iter_tensors(model):
+        if tensor.data_location == _EXTERNAL:
+            external.append(tensor)
         dims = tensor.dims
         if not dims:  # a scalar
             continue
@@ -207,6 +212,10 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> None:
         if low < 0 or (math.prod(dims) if low else math.prod(max(d, 1) for d in dims)) > _INT64_MAX:
             raise CinmError(f"'{path}': tensor '{tensor.name}' has shape {list(tensor.dims)}, "
                             "which is negative or overflows int64")
+    return external
+
+
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
@@ -302,20 +311,23 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
         input; a cycle; nodes out of topological order; a shape whose element count overflows
         int64; a negative tensor dim.
     """
+    _validate_structure(model, label, opsets)
+
+
+def _validate_structure(model: onnx.ModelProto, label: str, opsets: bool) -> list:
+    """:func:`validate_structure`; returns the tensors with external data (:func:`_check_shapes`)."""
     if opsets:
         _check_opsets(model, label)
     _check_unknown_ops(model, label)
     _check_graph_structure(model.graph, label)
-    _check_shapes(model, label)
+    return _check_shapes(model, label)
 
 
-def _check_external_data(model: onnx.ModelProto, path: str, folder: str) -> bool:
-    """Refuse external data outside ``folder``, missing or too short (CinmError); return
-    whether any tensor has external data."""
+def _check_external_data(tensors: list, path: str, folder: str) -> bool:
+    """Refuse external data of ``tensors`` (those of a model with external data) outside
+    ``folder``, missing or too short (CinmError); return whether there is any."""
     external = False
-    for tensor in _iter_tensors(model):
-        if not _is_external(tensor):
-            continue
+    for tensor in tensors:
         external = True
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = info.get("location", "")
@@ -448,10 +460,15 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise CinmError(f"'{path}' is not an ONNX model: it has no graph")
     if not model.graph.output:
         raise CinmError(f"'{path}' has no graph outputs: nothing to compute")
-    validate_structure(model, path)
+    externals = _validate_structure(model, path, opsets=True)
     folder = os.path.dirname(os.path.abspath(path))
-    external = _check_external_data(model, path, folder)
-    raw_sizes = initializer_raw_sizes(memoryview(data), len(model.graph.initializer))
+    external = _check_external_data(externals, path, folder)
+    initializers = model.graph.initializer
+    # only the large initializers' raw sizes are read (_checker_skeleton): without one, the
+    # walk over the whole file's wire format has nothing to tell
+    raw_sizes = initializer_raw_sizes(memoryview(data), len(initializers)) \
+        if any(_tensor_elements(t) > WEIGHTLESS_MAX_ELEMENTS for t in initializers) \
+        else [None] * len(initializers)
     del data
     if external:
         for index, tensor in enumerate(model.graph.initializer):
@@ -871,6 +888,83 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto
     ) as error:
         raise CinmError(f"shape inference failed: {_first_line(error)}") from None
     return restore_weights(model, inferred, moved)
+
+
+def _plain_static(value: onnx.ValueInfoProto) -> bool:
+    """Whether ``value`` is what onnx shape inference writes for a tensor whose element type
+    and every dim it knows: a name and a tensor type of element type and dim values, nothing
+    else (no doc string, denotation or dim parameter)."""
+    if len(value.ListFields()) != 2 or len(value.type.ListFields()) != 1:
+        return False
+    tensor_type = value.type.tensor_type
+    if len(tensor_type.ListFields()) != 2 or not tensor_type.elem_type:
+        return False
+    for dim in tensor_type.shape.dim:  # dim_value set (so no dim_param), no denotation
+        if not dim.HasField("dim_value") or dim.denotation:
+            return False
+    return True
+
+
+def keep_inferred_types(model: onnx.ModelProto) -> bool:
+    """Leave ``model`` as ``infer_shapes(model, strict=False)`` after ``del
+    model.graph.value_info[:]`` would, without the inference, when its value_info already
+    holds what that inference gives; True if so, else False and ``model`` is unchanged.
+
+    It holds when the caller knows every entry to be current (the passes' tensor infos of this
+    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and each is one inference
+    writes for a tensor it sizes in full (:func:`_plain_static`): then every main-graph node
+    output but the graph outputs has such an entry, the graph outputs are typed the same way,
+    no node has a body, and none is a ``Shape`` or ``Size``: without them no shape arithmetic
+    is folded by the passes' analysis beyond onnx's inference
+    (:func:`onnx_cinm.anonymous_dims.size_anonymous_dims` folds only with data propagation on,
+    :func:`wants_data_propagation`), so no entry is sized where a fresh inference would leave
+    a dim anonymous. A fresh inference then gives the same types (it keeps typed graph
+    outputs; the rank, ``ai.onnx.ml`` and reduction-length fix-ups of :func:`infer_shapes` only
+    fill open dims), so what remains of it is done here: value_info in node-output order
+    without the entries of tensors no node writes, and the small initializers
+    (:func:`strip_weights`' threshold) after the large ones, as :func:`restore_weights` leaves
+    them. That whole-graph inference was 45 ms of light DenseNet121's optimize (a Python
+    callback per cinm node, the model serialized both ways)."""
+    graph = model.graph
+    if not all(_plain_static(v) for v in graph.output):
+        return False
+    outputs = {v.name for v in graph.output}
+    entries = {}
+    for value in graph.value_info:
+        if value.name in entries:  # the first would win in a lookup, inference writes one
+            return False
+        entries[value.name] = value
+    order = []
+    for node in graph.node:
+        # a cinm op declares no graph attribute (its schema): its many plan attributes unread
+        if node.op_type in ("Shape", "Size") or node.domain != "cinm" and subgraphs(node):
+            return False
+        for name in node.output:
+            if not name or name in outputs:
+                continue
+            value = entries.pop(name, None)
+            if value is None or not _plain_static(value):
+                return False
+            order.append(value)
+    # in node-output order, without entries of tensors no node writes (inference writes none)
+    if len(graph.value_info) != len(order) or \
+            any(a.name != b.name for a, b in zip(graph.value_info, order)):
+        ordered = [onnx.ValueInfoProto() for _ in order]
+        for copy, value in zip(ordered, order):
+            copy.CopyFrom(value)
+        del graph.value_info[:]
+        graph.value_info.extend(ordered)
+    small = {t.name: t for t in graph.initializer if _tensor_elements(t) <= WEIGHTLESS_MAX_ELEMENTS}
+    if small:  # what restore_weights does with the skeleton's (copies of the) small ones
+        moved = list(small.values())
+        for index, tensor in enumerate(moved):
+            moved[index] = onnx.TensorProto()
+            moved[index].CopyFrom(tensor)
+        for index in reversed(range(len(graph.initializer))):
+            if graph.initializer[index].name in small:
+                del graph.initializer[index]
+        graph.initializer.extend(moved)
+    return True
 
 
 def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> bool:

@@ -239,17 +239,22 @@ def fixed_dims(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, list[s
     follow it; one shape inference cannot size stays unjudged. Main graph only."""
     from . import devices
 
+    if not dims:  # no symbolic dim: none to fix (the nodes' plans are not read)
+        return {}
     consts = {i.name for i in model.graph.initializer}
+    known = set(devices.device_names())
     watched = []
     for n in model.graph.node:
-        at = cinm.node_attrs(n) if n.domain == cinm.DOMAIN else {}
+        if n.domain != cinm.DOMAIN:
+            continue
+        at = cinm.node_attrs(n)
         dev = at.get("device", "host")
-        if dev == "host" or dev not in devices.device_names():
+        if dev == "host" or dev not in known:
             continue
         for i in devices.get_device(dev).fixed_operands(n.op_type, at):
             if i < len(n.input) and n.input[i] and n.input[i] not in consts:
                 watched.append((n.name, n.input[i]))
-    if not watched or not dims:
+    if not watched:
         return {}
     base = tensor_infos(model, dims=dims)
     out: dict[str, list[str]] = {}
@@ -322,11 +327,12 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
               if len(i.dims) <= 1 and i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
-    by_dev = Counter(cinm.ops_per_device(model))
+    by_dev: Counter = Counter()  # cinm.ops_per_device's count, from the same reads
     placements = []
     for node in cinm.all_nodes(model.graph):
         if node.domain == cinm.DOMAIN:
             dev, how = cinm.string_attrs(node, "device", "placement")
+            by_dev[dev or "unplaced"] += 1
             placements.append((node.name, node.op_type, "unplaced" if dev is None else dev,
                                "" if how is None else how))
     total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
@@ -411,7 +417,8 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     # whole model (on light VGG19, 0.9 s for two unread masks)
     read = names_read(model.graph)
     for node in model.graph.node:
-        if not by_data_too and (node.op_type in _SIZED_BY_DATA or any(i in by_data for i in node.input)):
+        if not by_data_too and (node.op_type in _SIZED_BY_DATA or
+                                by_data and any(i in by_data for i in node.input)):
             by_data.update(node.output)
             continue
         asked += [o for o in node.output if o in read]
@@ -441,7 +448,8 @@ STEPS = {
     "probe_shapes": "one onnxruntime run of the original at the planned sizes, for the shapes "
                     "inference leaves open (only when every input dim has a size and some are)",
     "if_bodies": "compile the branches of If nodes through the same passes (only with an If)",
-    "shape_inference": "infer the shapes of the rewritten model afresh",
+    "shape_inference": "infer the shapes of the rewritten model afresh (not when the passes' "
+                       "last shapes are of this very graph and all static: they are kept)",
     "totals": "price the written model once more for the cost placement's totals (not with -q)",
     "check": "golden check: onnxruntime on the original and on the result, on random or "
              "given inputs (--check N; 0 = off)",
@@ -864,8 +872,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
     frontend.set_recorded_source(work, source)
     t0 = time.perf_counter()
-    del work.graph.value_info[:]  # rewritten tensors: infer afresh rather than trust stale entries
-    work = frontend.infer_shapes(work, strict=False)
+    # the passes' last tensor infos are of this graph and their types are all static: what a
+    # fresh inference would write is in value_info already (keep_inferred_types says when)
+    if not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
+        del work.graph.value_info[:]  # rewritten tensors: infer afresh, not trust stale entries
+        work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
     placed = ctx.stats.get("placement")
     if totals and placed is not None and placed.get("strategy") == "cost":

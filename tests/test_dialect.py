@@ -264,6 +264,36 @@ def test_onnx_reference_still_imports_after_registration():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+_REFERENCE_LATER = """
+import sys
+import numpy as np
+import onnx
+from onnx import helper
+import onnx_cinm.dialects.cinm
+assert "onnx.reference" not in sys.modules  # not paid for at start-up
+from onnx.reference import ReferenceEvaluator
+assert onnx.defs.has("Mul", "cinm") and onnx.defs.has("Gemm", "cinm")  # registered again
+g = helper.make_graph([helper.make_node("Mul", ["a", "b"], ["c"])], "g",
+                      [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in "ab"],
+                      [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [3])])
+out, = ReferenceEvaluator(helper.make_model(g)).run(None, {"a": np.float32([1, 2, 3]),
+                                                           "b": np.float32([4, 5, -6])})
+print(out.tolist())
+"""
+
+
+def test_onnx_reference_imported_later_indexes_without_cinm_schemas():
+    """The dialect does not import onnx.reference; importing it later still works (its index
+    is built while the cinm schemas are out) and leaves them registered."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _REFERENCE_LATER], capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[4.0, 10.0, -18.0]"
+
+
 _BATCHED = """
 import onnx
 from onnx_cinm import dialects, devices

@@ -336,6 +336,62 @@ def test_infer_shapes_keeps_weights_and_ignores_their_size():
     assert [i.name for i in model.graph.input] == ["x"]
 
 
+def _static_chain_model():
+    """x[2, 64] -> MatMul(w[64, 64]) -> Add(b[64]) -> Relu -> y; shape [2, 1] kept small."""
+    rng = np.random.default_rng(1)
+    return _model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                   helper.make_node("Add", ["m", "b"], ["a"]),
+                   helper.make_node("Relu", ["a"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                  {"b": rng.standard_normal(64).astype(np.float32),
+                   "w": rng.standard_normal((64, 64)).astype(np.float32),
+                   "s": np.int64([2, 1])})
+
+
+def test_keep_inferred_types_leaves_what_a_fresh_inference_does():
+    """Entries out of node order and one of a tensor no node writes: the same model as
+    deleting value_info and inferring afresh (onnx's own inference is the reference)."""
+    fresh = _static_chain_model()
+    frontend.infer_shapes(fresh, strict=False)
+    kept = _static_chain_model()
+    kept.graph.value_info.extend([helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 64]),
+                                  helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64]),
+                                  helper.make_tensor_value_info("m", TensorProto.FLOAT, [2, 64])])
+    assert frontend.keep_inferred_types(kept)
+    assert [v.name for v in fresh.graph.value_info] == ["m", "a"]
+    assert [t.name for t in fresh.graph.initializer] == ["w", "b", "s"]  # small ones last
+    assert kept.SerializeToString() == fresh.SerializeToString()
+
+
+@pytest.mark.parametrize("entry", [
+    None,  # an output with no entry: inference has something to add
+    helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N", 64]),  # a dim without a size
+    helper.make_tensor_value_info("m", TensorProto.FLOAT, None),  # no shape
+])
+def test_keep_inferred_types_refuses_what_inference_would_change(entry):
+    model = _static_chain_model()
+    model.graph.value_info.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 64]))
+    if entry is not None:
+        model.graph.value_info.append(entry)
+    before = model.SerializeToString()
+    assert not frontend.keep_inferred_types(model)
+    assert model.SerializeToString() == before
+
+
+def test_keep_inferred_types_refuses_a_graph_computing_shapes():
+    """Shape arithmetic may be sized by the passes' analysis beyond onnx's inference: a graph
+    with a Shape node is inferred afresh, even when every entry is static."""
+    model = _model([helper.make_node("Shape", ["x"], ["s"]),
+                    helper.make_node("Reshape", ["x", "s"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model.graph.value_info.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    before = model.SerializeToString()
+    assert not frontend.keep_inferred_types(model)
+    assert model.SerializeToString() == before
+
+
 def test_infer_shapes_through_a_file_above_the_protobuf_limit(monkeypatch):
     monkeypatch.setattr(frontend, "PROTOBUF_LIMIT", 10)  # every model counts as > 2 GiB
     model = frontend.infer_shapes(_reshape_chain_model(["batch", 4, 4]))

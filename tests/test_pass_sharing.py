@@ -210,3 +210,39 @@ def test_fold_layouts_keeps_the_shared_infos(monkeypatch):
         PassManager(pipeline=[name]).run(fresh, ctx_fresh)
     assert len(calls) - 1 >= 4
     assert shared.SerializeToString(deterministic=True) == fresh.SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize("example", ["lenet", "mlp"])
+def test_optimize_keeps_the_passes_types_instead_of_a_final_inference(monkeypatch, example):
+    """The passes' last tensor infos are of the written graph, every type static: optimize
+    keeps them rather than inferring the whole graph once more, and writes the very model the
+    final inference wrote (that inference, forced, is the reference)."""
+    from onnx_cinm import frontend, pipeline
+
+    model = examples.get_example(example)
+    static = {vi.name: [2] + [d.dim_value for d in vi.type.tensor_type.shape.dim[1:]]
+              for vi in model.graph.input}  # the batch dim sized: every shape static
+    kept = []
+    real = frontend.keep_inferred_types
+    monkeypatch.setattr(frontend, "keep_inferred_types", lambda m: kept.append(real(m)) or kept[-1])
+    fast = pipeline.optimize(model, check=0, totals=False, input_shapes=static)
+    assert kept == [True]
+    monkeypatch.setattr(frontend, "keep_inferred_types", lambda m: False)
+    calls = _inferences(monkeypatch)
+    slow = pipeline.optimize(model, check=0, totals=False, input_shapes=static)
+    assert calls  # the final inference ran
+    assert fast.model.SerializeToString() == slow.model.SerializeToString()
+
+
+def test_optimize_infers_afresh_after_a_pass_that_changes_shapes(monkeypatch):
+    """Stopped after to_cinm (it rewrites the graph; no annotating pass read the shapes after
+    it), the passes' infos are not current: the final inference runs."""
+    from onnx_cinm import frontend, pipeline
+
+    asked = []
+    monkeypatch.setattr(frontend, "keep_inferred_types", lambda m: asked.append(1) or True)
+    calls = []
+    real = frontend.infer_shapes
+    monkeypatch.setattr(frontend, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    pipeline.optimize(examples.get_example("lenet"), check=0, stop_after="cinm")
+    assert not asked and calls

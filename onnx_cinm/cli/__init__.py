@@ -14,12 +14,6 @@ import traceback
 from ..errors import CinmError
 from . import clock
 from .args import _parser, join_negative_values  # noqa: F401 (tests build the parser)
-from .cmd_devices import _cmd_devices
-from .cmd_evaluate import _cmd_evaluate
-from .cmd_optimize import _cmd_optimize
-from .cmd_report import _cmd_report
-from .cmd_run import _cmd_compare, _cmd_run
-from .cmd_sweep import _cmd_sweep
 
 
 def _interrupted(args: argparse.Namespace) -> int:
@@ -129,18 +123,26 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     parser = args.command_parser
     try:
+        # the one subcommand's module is imported: the others' are never run in this process
         if args.command == "devices":
+            from .cmd_devices import _cmd_devices
             return _cmd_devices(args)
         if args.command == "run":
+            from .cmd_run import _cmd_run
             return _cmd_run(args, parser)
         if args.command == "compare":
+            from .cmd_run import _cmd_compare
             return _cmd_compare(args, parser)
         if args.command == "report":
+            from .cmd_report import _cmd_report
             return _cmd_report(args)
         if args.command == "sweep":
+            from .cmd_sweep import _cmd_sweep
             return _cmd_sweep(args, parser)
         if args.command == "evaluate":
+            from .cmd_evaluate import _cmd_evaluate
             return _cmd_evaluate(args, parser)
+        from .cmd_optimize import _cmd_optimize
         return _cmd_optimize(args, parser)
     except CinmError as e:
         print(f"onnx-cinm: error: {e}", file=sys.stderr)

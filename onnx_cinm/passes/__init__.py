@@ -128,6 +128,13 @@ class PassContext:
             self._infos = (key, infos)
         return self._infos[1]
 
+    def infos_current(self, model: onnx.ModelProto) -> bool:
+        """Whether the tensor infos of :meth:`tensor_infos` were taken of ``model`` as it is:
+        no pass that may change a shape ran since (the :class:`PassManager` forgets them after
+        every such pass), and the model has as many nodes. False with :attr:`infos` given."""
+        return self.infos is None and self._infos is not None and \
+            self._infos[0] == (id(model), len(model.graph.node))
+
     def forget_infos(self) -> None:
         """Drop the tensor infos of :meth:`tensor_infos` (the graph's shapes may change)."""
         self._infos = None

@@ -41,13 +41,13 @@ def captured(graph: onnx.GraphProto) -> set[str]:
 def names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]:
     """Names read by the nodes of ``graph`` (except those at indices ``skip``) or its outputs."""
     names = {output.name for output in graph.output}
-    inputs: set[str] = set()
+    inputs: set[str] = set()  # of every node at once (a set per node was most of the cost)
     for index, node in enumerate(graph.node):
         if index not in skip:
-            inputs.update(node.input)  # a node without bodies: its inputs, no set of its own
+            inputs.update(node.input)
             if subgraphs(node):
                 names |= names_read_by(node)
-    inputs.discard("")  # an omitted optional input (an output named "" stays, as it was)
+    inputs.discard("")
     return names | inputs
 
 
