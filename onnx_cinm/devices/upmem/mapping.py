@@ -1622,14 +1622,16 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
                  + C.LOOP_CONTROL / UNROLL)
         out_es = g.get("out_esize", es)
+        unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
-        def one(d: int) -> float:
-            n_dpu = _share(g["n"], d, es)
-            return (params.launch_overhead_s(d) + n_dpu * instr / f
-                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
-                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
-                    + params.broadcast_s(g["bcast_bytes"], d))
-        return lambda combos: [one(d) for d, _ in combos]
+        def floor_ew(combos: list) -> np.ndarray:  # every workgroup at once (tens of them)
+            d = np.array([c[0] for c in combos], dtype=np.int64)
+            n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), unit) * unit  # _share of every count
+            return (params.launch_overhead_s_array(d) + n_dpu * instr / f
+                    + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
+                    + params.push_s_array(g["streams"] * (_cdivs(n_dpu * es, 8) * 8), d)
+                    + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d))
+        return floor_ew
     return None
 
 
@@ -1657,7 +1659,7 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     combos = workgroups(op, max_dpus, dpus, unit)
     floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
-        bounds = floor(combos)
+        bounds = np.asarray(floor(combos), dtype=float).tolist()  # Python floats: compared often
         planned: dict = {}
         least = math.inf
         for i in sorted(range(len(combos)), key=bounds.__getitem__):
