@@ -489,7 +489,13 @@ def _as_compiled(prob: Problem, assign: dict) -> dict:
     """``assign`` with its crossbar choices priced from the model-wide plans (a new dict; the
     choices of one device map are made once per problem, so that :func:`_evaluate` knows
     them: several searches often end on the same placement)."""
-    devs = {i: c.device for i, c in assign.items()}
+    return _compiled_devices(prob, {i: c.device for i, c in assign.items()})
+
+
+def _compiled_devices(prob: Problem, devs: dict) -> dict:
+    """:func:`_with_variants` of ``devs`` (op index -> device name), remembered per problem
+    and placement (a new dict; :func:`_as_compiled`, and the placed model priced again by
+    :func:`.cost_placement.evaluate_model`'s shortcut for ``restore_host_ops``)."""
     key = tuple(sorted(devs.items()))  # one placement, however its dict was built
     hit = prob.compiled.get(key)
     if hit is None:
