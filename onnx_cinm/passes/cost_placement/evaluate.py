@@ -87,19 +87,25 @@ def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
     if t.nbytes <= 0:
         return 0.0, 0.0, 0
     a = dev_of(t.producer)
-    ds = list(map(dev_of, t.consumers))
-    # no consumer elsewhere than the producer: nothing crosses (the search's most asked)
-    if ds.count(a) == len(ds) and (a == "host" or not t.output):
+    dests = []
+    away = False  # a consumer elsewhere than the producer
+    for c in t.consumers:
+        d = dev_of(c)
+        if d != a:
+            away = True
+        if d not in dests:
+            dests.append(d)
+    if not away and (a == "host" or not t.output):  # nothing crosses (the search's most asked)
         return 0.0, 0.0, 0
     s = j = 0.0
     moved = 0
     if a != "host":
-        dl, dj = _link(prob, a, t.nbytes, False)
-        s, j, moved = s + dl, j + dj, moved + t.nbytes
-    for d in dict.fromkeys(ds):  # each consumer device once, in graph order
+        ds, dj = _link(prob, a, t.nbytes, False)
+        s, j, moved = s + ds, j + dj, moved + t.nbytes
+    for d in dests:
         if d != a and d != "host":
-            dl, dj = _link(prob, d, t.nbytes, True)
-            s, j, moved = s + dl, j + dj, moved + t.nbytes
+            ds, dj = _link(prob, d, t.nbytes, True)
+            s, j, moved = s + ds, j + dj, moved + t.nbytes
     return s, j, moved
 
 
