@@ -443,3 +443,14 @@ def test_the_array_forms_of_the_transfer_times_and_the_product_tiles_agree_with_
             assert tuple(int(a[j]) for a in arrays) == tiles
             r_t, _, _, n_t = mapping._matmul_busiest(r, t, *tiles)
             assert (int(busy[0][j]), int(busy[1][j])) == (r_t, n_t)
+    # the grids of a product's workgroups: DPU counts and column splits, some without a grid
+    from onnx_cinm.paradigms.cnm import distribution as D
+    units = np.array([u for u in (1, 2, 6, 8, 64, 2560) for _ in range(5)])
+    splits = np.array([1, 2, 3, 8, 64] * 6)
+    for r, c, batched in ((1, 1, False), (5, 2, False), (100, 8, False), (3000, 64, False),
+                          (100, 8, True)):
+        ok, dr, dc = mapping._grid_array(units, splits, r, c, batched)
+        for j, (u, s) in enumerate(zip(units.tolist(), splits.tolist())):
+            want = D.grid(u, s, r, c, batched)
+            assert bool(ok[j]) == (want is not None)
+            assert (int(dr[j]), int(dc[j])) == (want[:2] if want else (1, 1))

@@ -1546,6 +1546,17 @@ def _matmul_tiles_array(kind: str, rows, n, es: int, tasklets: int, batched: boo
     return n_pad, r_grp, nt, _cdivs(n_pad, nt)
 
 
+def _grid_array(units, col_blocks, rows: int, cols: int, batched: bool) -> tuple:
+    """:func:`~onnx_cinm.paradigms.cnm.distribution.grid` of integer arrays ``units`` and
+    ``col_blocks`` (the workgroups of one product): ``(whether the grid exists, row blocks,
+    column blocks)``, both 1 where it does not; tests/test_cnm_mapping.py checks that they
+    agree. Change both together."""
+    dc = np.maximum(col_blocks, 1)
+    dr = units // dc
+    ok = (units % dc == 0) & ~((dc > 1) & (batched | (dc > cols))) & (dr <= max(rows, 1))
+    return ok, np.where(ok, dr, 1), np.where(ok, dc, 1)
+
+
 def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple:
     """``(rows, columns)`` of :func:`_matmul_busiest` of integer arrays (``rows`` >= 1)."""
     units_t = _cdivs(_cdivs(rows, r_grp) * tiles, tasklets)
@@ -1587,11 +1598,10 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
         def floor(combos: list) -> np.ndarray:
-            shapes = [D.grid(d, dc, rows, n, batched) for d, dc in combos]
-            d = np.array([c[0] for c in combos], dtype=np.int64)
-            dr = np.array([s[0] if s else 1 for s in shapes], dtype=np.int64)
+            d, dc = np.array(combos, dtype=np.int64).reshape(-1, 2).T
+            ok, dr, dcol = _grid_array(d, dc, rows, n, batched)
             rows_dpu = _cdivs(rows, dr)
-            n_dpu = _cdivs(n, np.array([s[1] if s else 1 for s in shapes], dtype=np.int64))
+            n_dpu = _cdivs(n, dcol)
             n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets,
                                                           batched)
             r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
@@ -1601,35 +1611,44 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
                             params.broadcast_s_array(a_bytes, d))
             out = (params.launch_overhead_s_array(d) + kernel / f + send
                    + params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
-            return np.where([s is not None for s in shapes], out, np.inf)
+            return np.where(ok, out, np.inf)
         return floor
     if kind == "im2col":
         shape, attrs = op.inputs[0].shape, op.attrs
         conv = _im2col_conv(shape, attrs, es)
 
+        bounds: dict = {}  # DPUs that get work -> bound (the large counts give a few of them)
+
         def one(d: int) -> float:
             g = _im2col_geometry(shape, attrs, d, es, conv)
-            if g["used"] < d:  # the plan uses the DPUs that get work (make_plan)
-                d = g["used"]
-                g = _im2col_geometry(shape, attrs, d, es, conv)
-            instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
-            rows = g["row_cap"]
-            kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
-            return (params.launch_overhead_s(d) + kernel / f + params.push_s(g["xs_bytes"], d)
-                    + params.push_s(_r8(g["n_dpu"] * es), d, to_dpu=False))
+            used = g["used"]  # the plan uses the DPUs that get work (make_plan): <= d
+            hit = bounds.get(used)
+            if hit is None:
+                if used < d:
+                    d = used
+                    g = _im2col_geometry(shape, attrs, d, es, conv)
+                instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
+                rows = g["row_cap"]
+                kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
+                hit = bounds[used] = (params.launch_overhead_s(d) + kernel / f
+                                      + params.push_s(g["xs_bytes"], d)
+                                      + params.push_s(_r8(g["n_dpu"] * es), d, to_dpu=False))
+            return hit
         return lambda combos: [one(d) for d, _ in combos]
     if kind == "elementwise":
         instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
                  + C.LOOP_CONTROL / UNROLL)
         out_es = g.get("out_esize", es)
+        unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
-        def one(d: int) -> float:
-            n_dpu = _share(g["n"], d, es)
-            return (params.launch_overhead_s(d) + n_dpu * instr / f
-                    + params.push_s(_r8(n_dpu * out_es), d, to_dpu=False)
-                    + params.push_s(g["streams"] * _r8(n_dpu * es), d)
-                    + params.broadcast_s(g["bcast_bytes"], d))
-        return lambda combos: [one(d) for d, _ in combos]
+        def floor_ew(combos: list) -> np.ndarray:  # every workgroup at once (tens of them)
+            d = np.array([c[0] for c in combos], dtype=np.int64)
+            n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), unit) * unit  # _share of every count
+            return (params.launch_overhead_s_array(d) + n_dpu * instr / f
+                    + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
+                    + params.push_s_array(g["streams"] * (_cdivs(n_dpu * es, 8) * 8), d)
+                    + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d))
+        return floor_ew
     return None
 
 
@@ -1657,7 +1676,7 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     combos = workgroups(op, max_dpus, dpus, unit)
     floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
-        bounds = floor(combos)
+        bounds = np.asarray(floor(combos), dtype=float).tolist()  # Python floats: compared often
         planned: dict = {}
         least = math.inf
         for i in sorted(range(len(combos)), key=bounds.__getitem__):

@@ -82,9 +82,9 @@ from .evaluate import (NodeCost, Totals, _add_choice, _devices, evaluate,  # noq
                        node_costs, tensor_charges, tensor_cost, violations, writes_per_cell)
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
-from .search import (Solution, _Compiled, _f, _local_delta, _swap_totals,  # noqa: F401 (API)
-                     _transfers, _with_variants, baselines, chain_dp, heuristic_assign,
-                     local_search, repair, solve)
+from .search import (Solution, _Compiled, _compiled_devices, _evaluate, _f,  # noqa: F401 (API)
+                     _local_delta, _swap_totals, _transfers, _with_variants, baselines, chain_dp,
+                     heuristic_assign, local_search, repair, solve)
 
 
 
@@ -307,14 +307,18 @@ def evaluate_on_host(nodes: list, options: dict, infos: dict,
 
 
 def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
-    """:func:`evaluate_model` of the problem of the model (its ``assign``: the choices)."""
+    """:func:`evaluate_model` of the problem of the model (its ``assign``: the choices). The
+    choices and totals of a placement the problem's search already priced as compiled (the
+    placement pass's result, priced again by :meth:`Placed.priced`) are its memos'
+    (:func:`.search._compiled_devices`, :func:`.search._evaluate`): the same functions of the
+    same devices."""
     assign, bad = {}, []
     devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
-    for i, ch in _with_variants(prob, devs).items():
+    for i, ch in _compiled_devices(prob, devs).items():
         if ch is None:
             bad.append(f"{prob.nodes[i].name}: {devs[i]} cannot run it under these options")
             ch = prob.cands[i][0]
         assign[i] = ch
     prob.assign = assign
-    tot = evaluate(prob, assign)
+    tot = _evaluate(prob, assign)
     return tot, bad + violations(prob, tot), prob

@@ -59,19 +59,22 @@ def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None 
     other op where ``assign`` (or the problem's fixed choices) puts it. ``devs``: those
     devices by node index, ``"host"`` last (:func:`.evaluate._devices` of ``assign``), when
     the caller keeps them."""
-    if devs is not None:
-        def dev_of(n):
-            return dev if n == i else devs[n]
-    else:
-        fixed = prob.fixed
+    tensors = prob.tensors
+    if devs is not None:  # ``i`` put on ``dev`` in the caller's list for the time of the call:
+        was, devs[i] = devs[i], dev  # its lookups are then list indexing, not a Python call
+        try:
+            return [tensor_cost(prob, tensors[k], devs.__getitem__) for k in prob.touch.get(i, ())]
+        finally:
+            devs[i] = was
+    fixed = prob.fixed
 
-        def dev_of(n):
-            if n == i:
-                return dev
-            ch = fixed.get(n) or assign.get(n) if n >= 0 else None
-            return ch.device if ch is not None else "host"
+    def dev_of(n):
+        if n == i:
+            return dev
+        ch = fixed.get(n) or assign.get(n) if n >= 0 else None
+        return ch.device if ch is not None else "host"
 
-    return [tensor_cost(prob, prob.tensors[k], dev_of) for k in prob.touch.get(i, ())]
+    return [tensor_cost(prob, tensors[k], dev_of) for k in prob.touch.get(i, ())]
 
 
 def _local_delta(prob: Problem, assign: dict, i: int, new: Choice, base: list | None = None,
@@ -302,17 +305,20 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             on ``names[p]``."""
             hit = moved.get((p, dev))
             if hit is None:
-                def dev_of(n, _p=names[p], _d=dev):
-                    if n == i:
-                        return _d
-                    if n == prev_i:
-                        return _p
-                    return others[n]
-
+                # the two ops put in ``others`` for the time of the call (list lookups)
+                was = others[i], others[prev_i] if prev_i is not None else None
+                if prev_i is not None:
+                    others[prev_i] = names[p]
+                others[i] = dev
                 hit = 0.0
-                for tk in owner.get(i, ()):
-                    s_, j_, _ = tensor_cost(prob, prob.tensors[tk], dev_of)
-                    hit += w[0] * s_ + w[1] * j_
+                try:
+                    for tk in owner.get(i, ()):
+                        s_, j_, _ = tensor_cost(prob, prob.tensors[tk], others.__getitem__)
+                        hit += w[0] * s_ + w[1] * j_
+                finally:
+                    others[i] = was[0]
+                    if prev_i is not None:
+                        others[prev_i] = was[1]
                 moved[(p, dev)] = hit
             return hit
 
@@ -483,7 +489,13 @@ def _as_compiled(prob: Problem, assign: dict) -> dict:
     """``assign`` with its crossbar choices priced from the model-wide plans (a new dict; the
     choices of one device map are made once per problem, so that :func:`_evaluate` knows
     them: several searches often end on the same placement)."""
-    devs = {i: c.device for i, c in assign.items()}
+    return _compiled_devices(prob, {i: c.device for i, c in assign.items()})
+
+
+def _compiled_devices(prob: Problem, devs: dict) -> dict:
+    """:func:`_with_variants` of ``devs`` (op index -> device name), remembered per problem
+    and placement (a new dict; :func:`_as_compiled`, and the placed model priced again by
+    :func:`.cost_placement.evaluate_model`'s shortcut for ``restore_host_ops``)."""
     key = tuple(sorted(devs.items()))  # one placement, however its dict was built
     hit = prob.compiled.get(key)
     if hit is None:
