@@ -5,6 +5,7 @@ hashed independently with hashlib."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from onnx_cinm import artifacts, optimize
-from onnx_cinm.devices import recorded_writes, write_kernel_file
+from onnx_cinm.devices import json_text, recorded_writes, write_kernel_file
 from onnx_cinm.examples import get_example
 
 
@@ -75,3 +76,43 @@ def test_write_kernel_file_records_what_it_wrote(tmp_path):
     assert log == {os.fspath(tmp_path / n): (len(d), hashlib.sha256(d).hexdigest())
                    for n, d in (("a.txt", text.encode("utf-8")), ("b.bin", raw.tobytes()),
                                 ("c.bin", b"second!"))}
+
+
+def test_write_kernel_file_takes_a_string_path(tmp_path):
+    with recorded_writes() as log:
+        p = write_kernel_file(os.fspath(tmp_path / "s.txt"), "text")
+    assert p == tmp_path / "s.txt" and isinstance(p, Path)
+    assert log == {os.fspath(p): (4, hashlib.sha256(b"text").hexdigest())}
+
+
+@pytest.mark.parametrize("value", [
+    {}, [], (), {"a": [], "b": {}, "c": ()}, [[], [{}], [[[]]]], "x", 7, None, True,
+    {"s": "quote \" backslash \\ newline \n tab \t nul \x00 bidi \u202e é 😀", "n": -12345678901234567890},
+    {"f": [0.1, -0.0, 1e300, 5e-324, float("nan"), float("inf"), float("-inf")], "b": [True, False]},
+    {"kernels": [{"node": "conv/1", "files": [{"path": "upmem/0001_x/host.c", "bytes": 10,
+                                               "sha256": "ab" * 32}]}]},
+    {1: "int key"}, {"outer": {2.5: "float key", None: 0}},  # keys json converts: its own text
+])
+def test_json_text_is_json_dumps_with_indent_1(value):
+    """The manifest and kernel.json text: json's own, written by json.dumps(indent=1)."""
+    assert json_text(value) == json.dumps(value, indent=1) + "\n"
+
+
+def test_json_text_refuses_what_json_refuses():
+    with pytest.raises(TypeError):
+        json_text({"a": np.int64(1)})
+
+
+def test_manifest_paths_of_unnormalized_strings(lenet, tmp_path, monkeypatch):
+    """A device may return its paths as strings, not normalized (``dir/./file``): the manifest
+    lists each file by its normalized path in the folder, as for a Path."""
+    from onnx_cinm.devices import memristor
+
+    def dotted(path, data):
+        write_kernel_file(path, data)
+        head, tail = os.path.split(os.fspath(path))
+        return os.path.join(head, ".", tail)
+
+    recorded = artifacts.emit(lenet, tmp_path / "a")
+    monkeypatch.setattr(memristor, "write_kernel_file", dotted)
+    assert artifacts.emit(lenet, tmp_path / "b") == recorded
