@@ -100,6 +100,18 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
+#: TensorProto's fields numbered after ``raw_data``: (name, repeated)
+_AFTER_RAW_DATA = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.DESCRIPTOR.fields
+                        if f.number > _RAW_DATA_FIELD)
+
+
+def _set_after_raw_data(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` has a field numbered after ``raw_data`` (``doc_string``,
+    ``external_data``, ``data_location``, ...) set."""
+    return any(len(getattr(tensor, name)) if repeated else tensor.HasField(name)
+               for name, repeated in _AFTER_RAW_DATA)
+
+
 def write_streamed(handle, model: onnx.ModelProto) -> None:
     """Write ``model`` serialized, one initializer at a time: the model without its weights,
     then per initializer the encoding of a ModelProto whose graph holds just that tensor.
@@ -113,6 +125,15 @@ def write_streamed(handle, model: onnx.ModelProto) -> None:
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
     for tensor in model.graph.initializer:
+        if tensor.HasField("raw_data") and not _set_after_raw_data(tensor):
+            # raw_data is the last field set, and protobuf writes the fields in number order:
+            # the tensor's own serialization is the same bytes as the branch below writes, with
+            # no field-by-field copy (20 us a tensor in Python, 700 tensors on DenseNet121)
+            body = tensor.SerializeToString()
+            inner = init_key + varint(len(body))
+            handle.write(graph_key + varint(len(inner) + len(body)) + inner)
+            handle.write(body)
+            continue
         if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
             meta = copy_except(tensor, "raw_data").SerializeToString()
             raw = tensor.raw_data
