@@ -112,15 +112,17 @@ def _set_after_raw_data(tensor: onnx.TensorProto) -> bool:
                for name, repeated in _AFTER_RAW_DATA)
 
 
-def write_streamed(handle, model: onnx.ModelProto) -> None:
+def write_streamed(handle, model: onnx.ModelProto) -> int:
     """Write ``model`` serialized, one initializer at a time: the model without its weights,
     then per initializer the encoding of a ModelProto whose graph holds just that tensor.
     Protobuf parsing merges repeated occurrences of an embedded message (the graph) and appends
     repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
-    but no serialization of the whole model (a second copy of every weight) is ever held."""
+    but no serialization of the whole model (a second copy of every weight) is ever held.
+    Returns the length of the first part (the model without its weights), bytes."""
     head = copy_except(model, "graph")
     head.graph.CopyFrom(copy_except(model.graph, "initializer"))
-    handle.write(head.SerializeToString())
+    first = head.SerializeToString()
+    handle.write(first)
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
@@ -143,3 +145,4 @@ def write_streamed(handle, model: onnx.ModelProto) -> None:
         inner = init_key + varint(len(meta) + len(raw))
         handle.write(graph_key + varint(len(inner) + len(meta) + len(raw)) + inner + meta)
         handle.write(raw)
+    return len(first)

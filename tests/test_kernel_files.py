@@ -116,3 +116,56 @@ def test_manifest_paths_of_unnormalized_strings(lenet, tmp_path, monkeypatch):
     recorded = artifacts.emit(lenet, tmp_path / "a")
     monkeypatch.setattr(memristor, "write_kernel_file", dotted)
     assert artifacts.emit(lenet, tmp_path / "b") == recorded
+
+
+def _copy(model):
+    import onnx
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def test_save_writes_the_model_a_straight_write_gives(lenet, tmp_path):
+    """save writes the model before its kernels, with a stand-in digest written over once
+    they are: the file is byte for byte what writing the finished model gives."""
+    import onnx
+
+    from onnx_cinm import frontend
+    model = _copy(lenet)
+    manifest = artifacts.save(model, tmp_path / "a.onnx")
+    frontend.save_model(model, tmp_path / "b.onnx")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert artifacts.recorded_digest(onnx.load(tmp_path / "a.onnx")) == \
+        artifacts.kernel_digest(manifest) == artifacts.kernel_digest(
+            artifacts.load_manifest(tmp_path / "a.cinm"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.cinm", "a.onnx", "b.onnx"]
+
+
+def test_save_writes_again_when_the_stand_in_is_not_found_once(lenet, tmp_path):
+    """A model that holds the stand-in's bytes itself (here in another metadata entry) cannot
+    be patched: it is written again, whole, with its digest."""
+    import onnx
+
+    from onnx_cinm import frontend
+    model = _copy(lenet)
+    model.metadata_props.add(key="copy", value=artifacts._digest_entry(artifacts._PENDING).decode())
+    manifest = artifacts.save(model, tmp_path / "a.onnx")
+    frontend.save_model(model, tmp_path / "b.onnx")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert artifacts.recorded_digest(onnx.load(tmp_path / "a.onnx")) == \
+        artifacts.kernel_digest(manifest)
+
+
+def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, monkeypatch):
+    from onnx_cinm.errors import CinmError
+    model = _copy(lenet)
+    given = model.SerializeToString()
+
+    def fail(*args):
+        raise CinmError("emit failed")
+
+    monkeypatch.setattr(artifacts, "_emit", fail)
+    with pytest.raises(CinmError, match="emit failed"):
+        artifacts.save(model, tmp_path / "a.onnx")
+    assert list(tmp_path.iterdir()) == []  # no model, no folder, no temporaries
+    assert model.SerializeToString() == given
