@@ -155,6 +155,9 @@ class _Constants(Mapping):
             raise KeyError(name)
         return numpy_helper.to_array(self._inits[name])
 
+    def __contains__(self, name) -> bool:  # Mapping's converts the array to find out
+        return name in self._names
+
     def __iter__(self):
         return iter(self._names)
 
@@ -167,6 +170,17 @@ def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     into If branches (:mod:`onnx_cinm.passes.control_flow`)."""
     return [n for n in cinm.all_nodes(model.graph)
             if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)]
+
+
+def _graphs(graph: onnx.GraphProto):
+    """:func:`frontend.iter_graphs <onnx_cinm.frontend.iter_graphs>` (the same graphs, in the
+    same order) without reading the attributes of cinm nodes, which take no graph (a planned
+    node has some 20)."""
+    yield graph
+    for node in graph.node:
+        if node.domain != cinm.DOMAIN:
+            for sub in frontend.subgraphs(node):
+                yield from _graphs(sub)
 
 
 def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: None) -> dict:
@@ -183,7 +197,7 @@ def _emit(model: onnx.ModelProto, nodes: list, root, log: Callable[[str], None])
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     base = os.fspath(root) + os.sep
-    inits = {i.name: i for g in frontend.iter_graphs(model.graph)
+    inits = {i.name: i for g in _graphs(model.graph)
              for i in g.initializer}  # a weight lowered in an If branch is the branch's
     infos = tensor_infos(model, infer=False) if nodes else {}
     if nodes and not any(n.output[0] in infos for n in nodes):

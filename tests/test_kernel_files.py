@@ -169,3 +169,17 @@ def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, mo
         artifacts.save(model, tmp_path / "a.onnx")
     assert list(tmp_path.iterdir()) == []  # no model, no folder, no temporaries
     assert model.SerializeToString() == given
+
+
+def test_constants_answer_in_without_converting(monkeypatch):
+    """A device asks ``name in consts`` for every input: answered from the names, the weight
+    converted to numpy only when read."""
+    from onnx import numpy_helper
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+    consts = artifacts._Constants({"w": w, "other": w}, ["x", "w", "w"])
+    converted, to_array = [], numpy_helper.to_array
+    monkeypatch.setattr(artifacts.numpy_helper, "to_array",
+                        lambda t: converted.append(t.name) or to_array(t))
+    assert "w" in consts and "x" not in consts and "other" not in consts
+    assert converted == [] and list(consts) == ["w"] and len(consts) == 1
+    assert consts["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and converted == ["w"]
