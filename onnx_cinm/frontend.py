@@ -722,12 +722,13 @@ def stage_model(
                 data_file.flush()
                 os.fsync(data_file.fileno())
             staged._data_temporary = data_temporary
-            staged._handle = open(staged.temporaries[0], "w+b")  # w+: patch reads it
+            # kept open past this function (place or discard closes it); w+: patch reads it
+            staged._handle = open(staged.temporaries[0], "w+b")  # noqa: SIM115
             head = skeleton.SerializeToString()
             staged._handle.write(head)
             staged._head = len(head)
         else:
-            staged._handle = open(staged.temporaries[0], "w+b")
+            staged._handle = open(staged.temporaries[0], "w+b")  # noqa: SIM115
             staged._head = write_streamed(staged._handle, model)
         staged._handle.flush()
         staged._start_flush()

@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import os
 import re
 from contextlib import contextmanager
@@ -517,13 +518,11 @@ def _json_parts(v, newline: str, out: list) -> None:
     elif v is False:
         out.append("false")
     elif kind is float:  # as json's floatstr: repr, and its names for the non-finite values
-        out.append(float.__repr__(v) if v == v and v not in (_INF, -_INF)
-                   else "NaN" if v != v else "Infinity" if v > 0 else "-Infinity")
+        out.append(float.__repr__(v) if math.isfinite(v)
+                   else "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity")
     else:
         raise _NotPlain
 
-
-_INF = float("inf")
 
 
 @contextmanager
