@@ -485,10 +485,13 @@ def _attrs(node: onnx.NodeProto) -> dict:
 def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:
     """The :class:`OpInfo` of ``node`` for device queries (a standard op's long attribute lists
     left out, see :func:`_attrs`)."""
-    unknown = lambda n: TensorInfo(n, None, None, False)  # noqa: E731
+    def info(name: str) -> TensorInfo:  # the unknown one built only when it is needed
+        known = infos.get(name)
+        return TensorInfo(name, None, None, False) if known is None else known
+
     return OpInfo(
         name=node.name, op_type=node.op_type, attrs=_attrs(node),
-        inputs=tuple(infos.get(n, unknown(n)) for n in node.input if n),
-        outputs=tuple(infos.get(n, unknown(n)) for n in node.output if n),
+        inputs=tuple(info(n) for n in node.input if n),
+        outputs=tuple(info(n) for n in node.output if n),
         flops=node_flops(node, infos),
     )

@@ -624,39 +624,145 @@ def save_model(
         The folder does not exist or is not writable, the disk is full, the model cannot be
         serialized, or a tensor still refers to external data. Temporary files are removed.
     """
+    staged = stage_model(model, path, external_data_threshold_bytes=external_data_threshold_bytes)
+    try:
+        staged.place()
+    finally:
+        staged.discard()
+
+
+class StagedModel:
+    """A model written beside its destination under a temporary name by :func:`stage_model`,
+    its flush to disk (``fsync``) under way in a background thread: the caller does other work
+    meanwhile (``artifacts.save`` writes the kernel folder), may :meth:`patch` bytes of equal
+    length, then :meth:`place` s it (or :meth:`discard` s it). A thread only waits in the one
+    ``fsync`` call, which releases the GIL: it takes no time from the caller's."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.temporaries: list[str] = []
+        self._data_temporary: str | None = None
+        self._handle = None
+        self._head = 0          # bytes of the file before the first initializer's data
+        self._flush = None      # the fsync thread
+        self._error: OSError | None = None
+        self._patched = False
+
+    def _start_flush(self) -> None:
+        import threading  # only a save starts a thread
+
+        def flush():
+            try:
+                os.fsync(self._handle.fileno())
+            except OSError as error:
+                self._error = error
+
+        self._flush = threading.Thread(target=flush, name="onnx-cinm model fsync", daemon=True)
+        self._flush.start()
+
+    def _wait(self) -> None:
+        if self._flush is not None:
+            self._flush.join()
+            self._flush = None
+
+    def patch(self, old: bytes, new: bytes) -> bool:
+        """Replace, in the written file, the one occurrence of ``old`` in the serialized model
+        without its weights' data (its metadata, nodes, types) by ``new``, of the same length:
+        the file then holds what writing the model changed that way would have. False, and
+        nothing changed, when ``old`` does not occur exactly once there. Raises CinmError if the
+        file cannot be read or written."""
+        if len(old) != len(new):
+            raise ValueError("a patch keeps the length")
+        try:
+            fd = self._handle.fileno()
+            head = os.pread(fd, self._head, 0)
+            at = head.find(old)
+            if at < 0 or head.find(old, at + 1) >= 0:
+                return False
+            if os.pwrite(fd, new, at) != len(new):
+                raise OSError(0, "short write")
+        except OSError as error:
+            raise CinmError(f"cannot write '{self.path}': {error.strerror or error}") from None
+        self._patched = True
+        return True
+
+    def place(self) -> None:
+        """Wait for the flush (and flush a patch), then move the model (and its ``.data`` file)
+        into place with ``os.replace``. Raises CinmError if a write or the rename fails."""
+        try:
+            self._wait()
+            if self._error is not None:
+                raise self._error
+            if self._patched:  # the page the patch wrote: data only, the size is the same
+                os.fdatasync(self._handle.fileno())
+            self._handle.close()
+            if self._data_temporary is not None:
+                os.replace(self._data_temporary, self.path + ".data")
+            os.replace(self.temporaries[0], self.path)
+        except OSError as error:
+            raise CinmError(f"cannot write '{self.path}': {error.strerror or error}") from None
+
+    def discard(self) -> None:
+        """Remove what is still temporary (nothing after :meth:`place`); no error."""
+        self._wait()
+        if self._handle is not None:
+            self._handle.close()
+        for temporary in self.temporaries:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+
+def stage_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    *,
+    external_data_threshold_bytes: int = 1_800_000_000,
+) -> StagedModel:
+    """The first half of :func:`save_model`: ``model`` written to a temporary file in the
+    destination folder (and its external data, synced, when the weights are that large), the
+    file's ``fsync`` started in a background thread. Call :meth:`StagedModel.place` to move it
+    into place, or :meth:`StagedModel.discard`; the temporaries are removed on an error here.
+    Arguments and errors as :func:`save_model`'s. ``model`` is not modified."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     external = _total_tensor_bytes(model) > min(external_data_threshold_bytes, PROTOBUF_LIMIT)
-    temporaries: list[str] = []
+    staged = StagedModel(path)
     try:
         if not os.path.isdir(folder):
             raise CinmError(f"cannot write '{path}': folder '{folder}' does not exist")
         if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
             raise CinmError(f"cannot write '{path}': it exists and is not a regular file "
                             "(a device, pipe, folder or link); choose a file path")
-        model_temporary = _new_temporary(folder, name)
-        temporaries.append(model_temporary)
+        staged.temporaries.append(_new_temporary(folder, name))
         if external:
             data_temporary = _new_temporary(folder, name + ".data")
-            temporaries.append(data_temporary)
+            staged.temporaries.append(data_temporary)
             with open(data_temporary, "wb") as data_file:
                 skeleton = _external_skeleton(model, data_file, name + ".data")
                 data_file.flush()
                 os.fsync(data_file.fileno())
-            _write_file(model_temporary, lambda handle: handle.write(skeleton.SerializeToString()))
-            os.replace(data_temporary, os.path.join(folder, name + ".data"))
+            staged._data_temporary = data_temporary
+            # kept open past this function (place or discard closes it); w+: patch reads it
+            staged._handle = open(staged.temporaries[0], "w+b")  # noqa: SIM115
+            head = skeleton.SerializeToString()
+            staged._handle.write(head)
+            staged._head = len(head)
         else:
-            _write_file(model_temporary, lambda handle: write_streamed(handle, model))
-        os.replace(model_temporary, path)
+            staged._handle = open(staged.temporaries[0], "w+b")  # noqa: SIM115
+            staged._head = write_streamed(staged._handle, model)
+        staged._handle.flush()
+        staged._start_flush()
     except OSError as error:
+        staged.discard()
         raise CinmError(f"cannot write '{path}': {error.strerror or _first_line(error)}") from None
     except ValueError as error:  # protobuf: message too large to serialize
+        staged.discard()
         raise CinmError(f"cannot write '{path}': {_first_line(error)}") from None
-    finally:
-        for temporary in temporaries:
-            if os.path.exists(temporary):
-                os.remove(temporary)
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
 
 
 def strip_weights(

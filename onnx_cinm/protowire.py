@@ -7,6 +7,8 @@ wire type``, length-delimited fields (wire type 2) holding strings, bytes and me
 """
 from __future__ import annotations
 
+import math
+
 import onnx
 
 
@@ -100,19 +102,61 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def write_streamed(handle, model: onnx.ModelProto) -> None:
+#: TensorProto's fields numbered after ``raw_data``: (name, repeated)
+_AFTER_RAW_DATA = tuple((f.name, f.is_repeated) for f in onnx.TensorProto.DESCRIPTOR.fields
+                        if f.number > _RAW_DATA_FIELD)
+
+
+#: bytes per element of the common element types (TensorProto.DataType)
+_ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
+             onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
+             onnx.TensorProto.INT16: 2, onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT32: 4,
+             onnx.TensorProto.UINT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
+             onnx.TensorProto.BOOL: 1}
+
+#: Tensors up to this many bytes go out as their own serialization: it copies the bytes once
+#: more than reading ``raw_data`` does, which is cheaper than the field-by-field copy only
+#: below ~64 KiB (measured: 4 KiB 0.5 vs 30 us, 1 MiB 410 vs 76 us)
+_WHOLE_BYTES = 1 << 16
+
+
+def _small(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor``'s elements (by its dims and type) take at most :data:`_WHOLE_BYTES`."""
+    size = _ITEMSIZE.get(tensor.data_type)
+    return size is not None and math.prod(tensor.dims) * size <= _WHOLE_BYTES
+
+
+def _set_after_raw_data(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` has a field numbered after ``raw_data`` (``doc_string``,
+    ``external_data``, ``data_location``, ...) set."""
+    return any(len(getattr(tensor, name)) if repeated else tensor.HasField(name)
+               for name, repeated in _AFTER_RAW_DATA)
+
+
+def write_streamed(handle, model: onnx.ModelProto) -> int:
     """Write ``model`` serialized, one initializer at a time: the model without its weights,
     then per initializer the encoding of a ModelProto whose graph holds just that tensor.
     Protobuf parsing merges repeated occurrences of an embedded message (the graph) and appends
     repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
-    but no serialization of the whole model (a second copy of every weight) is ever held."""
+    but no serialization of the whole model (a second copy of every weight) is ever held.
+    Returns the length of the first part (the model without its weights), bytes."""
     head = copy_except(model, "graph")
     head.graph.CopyFrom(copy_except(model.graph, "initializer"))
-    handle.write(head.SerializeToString())
+    first = head.SerializeToString()
+    handle.write(first)
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
     for tensor in model.graph.initializer:
+        if _small(tensor) and tensor.HasField("raw_data") and not _set_after_raw_data(tensor):
+            # raw_data is the last field set, and protobuf writes the fields in number order:
+            # the tensor's own serialization is the same bytes as the branch below writes, with
+            # no field-by-field copy (10-30 us a tensor in Python, 700 tensors on DenseNet121)
+            body = tensor.SerializeToString()
+            inner = init_key + varint(len(body))
+            handle.write(graph_key + varint(len(inner) + len(body)) + inner)
+            handle.write(body)
+            continue
         if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
             meta = copy_except(tensor, "raw_data").SerializeToString()
             raw = tensor.raw_data
@@ -122,3 +166,4 @@ def write_streamed(handle, model: onnx.ModelProto) -> None:
         inner = init_key + varint(len(meta) + len(raw))
         handle.write(graph_key + varint(len(inner) + len(meta) + len(raw)) + inner + meta)
         handle.write(raw)
+    return len(first)

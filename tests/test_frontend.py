@@ -585,3 +585,32 @@ def test_subgraphs_are_an_ifs_branches_and_no_cinm_ops():
     assert frontend.subgraphs(helper.make_node("Relu", ["x"], ["r"])) == []
     graph = helper.make_graph([planned, node], "g", [], [])
     assert [g.name for g in frontend.iter_graphs(graph)] == ["g", "e", "t"]
+
+
+def test_save_reports_a_failed_flush_and_leaves_no_file(tmp_path, monkeypatch):
+    """The model's fsync runs in a thread (frontend.stage_model): its error still fails the
+    save, as one line, with nothing left behind."""
+    import errno
+
+    def fail(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(CinmError, match=r"cannot write '.*m\.onnx': Input/output error"):
+        frontend.save_model(_relu_model(), tmp_path / "m.onnx")
+    assert os.listdir(tmp_path) == []
+
+
+def test_staged_model_patch_needs_one_occurrence(tmp_path):
+    model = _relu_model()
+    model.doc_string = "marker-A"
+    staged = frontend.stage_model(model, tmp_path / "m.onnx")
+    try:
+        assert not staged.patch(b"absent-1", b"absent-2")
+        assert staged.patch(b"marker-A", b"marker-B")
+        staged.place()
+    finally:
+        staged.discard()
+    model.doc_string = "marker-B"
+    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
+    assert os.listdir(tmp_path) == ["m.onnx"]

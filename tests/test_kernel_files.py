@@ -5,6 +5,7 @@ hashed independently with hashlib."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from onnx_cinm import artifacts, optimize
-from onnx_cinm.devices import recorded_writes, write_kernel_file
+from onnx_cinm.devices import json_text, recorded_writes, write_kernel_file
 from onnx_cinm.examples import get_example
 
 
@@ -75,3 +76,110 @@ def test_write_kernel_file_records_what_it_wrote(tmp_path):
     assert log == {os.fspath(tmp_path / n): (len(d), hashlib.sha256(d).hexdigest())
                    for n, d in (("a.txt", text.encode("utf-8")), ("b.bin", raw.tobytes()),
                                 ("c.bin", b"second!"))}
+
+
+def test_write_kernel_file_takes_a_string_path(tmp_path):
+    with recorded_writes() as log:
+        p = write_kernel_file(os.fspath(tmp_path / "s.txt"), "text")
+    assert p == tmp_path / "s.txt" and isinstance(p, Path)
+    assert log == {os.fspath(p): (4, hashlib.sha256(b"text").hexdigest())}
+
+
+@pytest.mark.parametrize("value", [
+    {}, [], (), {"a": [], "b": {}, "c": ()}, [[], [{}], [[[]]]], "x", 7, None, True,
+    {"s": "quote \" backslash \\ newline \n tab \t nul \x00 bidi \u202e é 😀", "n": -12345678901234567890},
+    {"f": [0.1, -0.0, 1e300, 5e-324, float("nan"), float("inf"), float("-inf")], "b": [True, False]},
+    {"kernels": [{"node": "conv/1", "files": [{"path": "upmem/0001_x/host.c", "bytes": 10,
+                                               "sha256": "ab" * 32}]}]},
+    {1: "int key"}, {"outer": {2.5: "float key", None: 0}},  # keys json converts: its own text
+])
+def test_json_text_is_json_dumps_with_indent_1(value):
+    """The manifest and kernel.json text: json's own, written by json.dumps(indent=1)."""
+    assert json_text(value) == json.dumps(value, indent=1) + "\n"
+
+
+def test_json_text_refuses_what_json_refuses():
+    with pytest.raises(TypeError):
+        json_text({"a": np.int64(1)})
+
+
+def test_manifest_paths_of_unnormalized_strings(lenet, tmp_path, monkeypatch):
+    """A device may return its paths as strings, not normalized (``dir/./file``): the manifest
+    lists each file by its normalized path in the folder, as for a Path."""
+    from onnx_cinm.devices import memristor
+
+    def dotted(path, data):
+        write_kernel_file(path, data)
+        head, tail = os.path.split(os.fspath(path))
+        return os.path.join(head, ".", tail)
+
+    recorded = artifacts.emit(lenet, tmp_path / "a")
+    monkeypatch.setattr(memristor, "write_kernel_file", dotted)
+    assert artifacts.emit(lenet, tmp_path / "b") == recorded
+
+
+def _copy(model):
+    import onnx
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def test_save_writes_the_model_a_straight_write_gives(lenet, tmp_path):
+    """save writes the model before its kernels, with a stand-in digest written over once
+    they are: the file is byte for byte what writing the finished model gives."""
+    import onnx
+
+    from onnx_cinm import frontend
+    model = _copy(lenet)
+    manifest = artifacts.save(model, tmp_path / "a.onnx")
+    frontend.save_model(model, tmp_path / "b.onnx")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert artifacts.recorded_digest(onnx.load(tmp_path / "a.onnx")) == \
+        artifacts.kernel_digest(manifest) == artifacts.kernel_digest(
+            artifacts.load_manifest(tmp_path / "a.cinm"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.cinm", "a.onnx", "b.onnx"]
+
+
+def test_save_writes_again_when_the_stand_in_is_not_found_once(lenet, tmp_path):
+    """A model that holds the stand-in's bytes itself (here in another metadata entry) cannot
+    be patched: it is written again, whole, with its digest."""
+    import onnx
+
+    from onnx_cinm import frontend
+    model = _copy(lenet)
+    model.metadata_props.add(key="copy", value=artifacts._digest_entry(artifacts._PENDING).decode())
+    manifest = artifacts.save(model, tmp_path / "a.onnx")
+    frontend.save_model(model, tmp_path / "b.onnx")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert artifacts.recorded_digest(onnx.load(tmp_path / "a.onnx")) == \
+        artifacts.kernel_digest(manifest)
+
+
+def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, monkeypatch):
+    from onnx_cinm.errors import CinmError
+    model = _copy(lenet)
+    given = model.SerializeToString()
+
+    def fail(*args):
+        raise CinmError("emit failed")
+
+    monkeypatch.setattr(artifacts, "_emit", fail)
+    with pytest.raises(CinmError, match="emit failed"):
+        artifacts.save(model, tmp_path / "a.onnx")
+    assert list(tmp_path.iterdir()) == []  # no model, no folder, no temporaries
+    assert model.SerializeToString() == given
+
+
+def test_constants_answer_in_without_converting(monkeypatch):
+    """A device asks ``name in consts`` for every input: answered from the names, the weight
+    converted to numpy only when read."""
+    from onnx import numpy_helper
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+    consts = artifacts._Constants({"w": w, "other": w}, ["x", "w", "w"])
+    converted, to_array = [], numpy_helper.to_array
+    monkeypatch.setattr(artifacts.numpy_helper, "to_array",
+                        lambda t: converted.append(t.name) or to_array(t))
+    assert "w" in consts and "x" not in consts and "other" not in consts
+    assert converted == [] and list(consts) == ["w"] and len(consts) == 1
+    assert consts["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and converted == ["w"]

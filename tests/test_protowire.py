@@ -57,3 +57,24 @@ def test_copy_except_leaves_one_field_out():
     expected.CopyFrom(model.graph)
     del expected.initializer[:]
     assert graph == expected
+
+
+def test_write_streamed_is_protobufs_encoding_piece_by_piece():
+    """The file is protobuf's own encoding of the model without its initializers, then of a
+    model holding just each initializer in its graph (one tensor with a doc_string, which
+    protobuf writes after raw_data, goes out with raw_data last: it reads back the same)."""
+    model = _model()  # w and s are small, written whole; big (80 kB) field by field
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(2e4, dtype=np.float32), "big"))
+    doc = numpy_helper.from_array(np.arange(3, dtype=np.int32), "d")
+    doc.doc_string = "after raw_data"
+    model.graph.initializer.append(doc)
+    out = io.BytesIO()
+    protowire.write_streamed(out, model)
+    head = onnx.ModelProto()
+    head.CopyFrom(model)
+    del head.graph.initializer[:]
+    pieces = [onnx.ModelProto(graph=onnx.GraphProto(initializer=[t])).SerializeToString()
+              for t in model.graph.initializer[:4]]
+    expected = head.SerializeToString() + b"".join(pieces)
+    assert out.getvalue()[:len(expected)] == expected
+    assert onnx.ModelProto.FromString(out.getvalue()) == model

@@ -40,13 +40,15 @@ from .base import (
     Resources,
     Support,
     TensorInfo,
+    json_text,
     recorded_writes,
     write_kernel_file,
 )
 
 __all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
            "get_device", "all_devices", "device_names", "plugin_errors",
-           "option_schema", "ENTRY_POINT_GROUP", "recorded_writes", "write_kernel_file"]
+           "option_schema", "ENTRY_POINT_GROUP", "json_text", "recorded_writes",
+           "write_kernel_file"]
 
 _registry = Registry()
 _BUILTIN = ("host", "memristor", "upmem")

@@ -15,8 +15,9 @@ simulator adapter.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 
@@ -733,8 +734,8 @@ class MemristorDevice(Device):
         same weights) name the same tensor; that kernel's load programs the tiles.
         """
         p, v, params = self._replan(op, attrs)
-        rel = Path(attrs["kernel"])
-        outdir = Path(root) / rel.parent
+        rel = PurePath(attrs["kernel"])
+        outdir = os.path.join(root, rel.parent)  # strings: a Path per step cost more than the rest
         names = [t.name for t in op.inputs]
         prog = names[0] if v.operand == "A" else names[1]
         bias = None
@@ -745,10 +746,10 @@ class MemristorDevice(Device):
             A, B = consts.get(names[0]), consts.get(names[1])
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
-        if not outdir.is_dir():  # one folder for every crossbar kernel: made by the first
-            outdir.mkdir(parents=True, exist_ok=True)
+        if not os.path.isdir(outdir):  # one folder for every crossbar kernel: made by the first
+            os.makedirs(outdir, exist_ok=True)
         text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
-        return [write_kernel_file(outdir / rel.name, text)]
+        return [write_kernel_file(os.path.join(outdir, rel.name), text)]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "simulate", run_options: dict | None = None):

@@ -72,22 +72,24 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
     mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)
     naive = plan.loop_order == "naive"
-    cost = {k: repr(float(getattr(params, k))) for k in COST_KEYS}
-    # the per-tile lines are joined here, not looped over in the template: a kernel has
-    # thousands of them (3 per tile and round), and Jinja's loop took most of the rendering
+    # the header's key-value lines and the per-tile lines are joined here, not looped over in
+    # the template: a kernel has thousands of tile lines (3 per tile and round), and Jinja's
+    # loops took most of the rendering (the header's: a third of what was left)
+    cost_lines = "".join([f"cost {k} {float(getattr(params, k))!r}\n" for k in COST_KEYS])
+    mode_lines = "".join([f"{k} {v}\n" for k, v in mode.header_items() + list(int_cells or ())])
     load_lines = "".join([f"PROGRAM {t['x']} W {t['g']} {t['k']} {t['n']}\n" for t in load])
     round_lines = "".join([
         "".join([f"PROGRAM {x} W {g} {k} {n}\nMVM {x} X {g} {k}\nACC Y {g} {n} {x}\n"
                  for x, g, k, n in ((t["x"], t["g"], t["k"], t["n"]) for t in r)]) + "BARRIER\n"
         for r in rounds])
     return _ENV.get_template("memristor/kernel.xbar.j2").render(
-        version=FORMAT_VERSION, name=name, plan=plan, cost=cost, load_lines=load_lines,
-        round_lines=round_lines,
+        version=FORMAT_VERSION, name=name, plan=plan, cost_lines=cost_lines,
+        load_lines=load_lines, round_lines=round_lines,
         order="fixed" if (naive or plan.resident or plan.shared) else "serpentine",
         residency="off" if (naive or plan.shared) else "on", loop_rows=plan.m_block if naive else 0,
         weight_file=weight_file, bias={"name": "C", "file": bias_file} if bias_file else None,
         dtype="int32" if int_cells else "float32",
-        mode_lines=mode.header_items() + list(int_cells or ()))
+        mode_lines=mode_lines)
 
 
 def emit_kernel(plan, params, W: np.ndarray, outdir, name: str,

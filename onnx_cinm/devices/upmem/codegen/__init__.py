@@ -135,7 +135,7 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
     unroll = int(params.pop("unroll", _mapping.UNROLL))
     if not 1 <= unroll <= 64:
         raise ValueError(f"unroll={unroll}: expected 1..64")
-    outdir = Path(outdir)
+    outdir = outdir if isinstance(outdir, Path) else Path(outdir)
     fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
     tok, ttok = _UNROLL.set(unroll), _TARGET.set(target)
     try:
@@ -302,6 +302,10 @@ def _kernel_for(op, consts: dict | None = None,
 
 
 
+#: The folder a dry run (:func:`check_emittable`) is given: it writes nothing
+_NOWHERE = Path(".")
+
+
 def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAULT_PARAMS,
                     default_dpus: int | None = None, default_tasklets: int | None = None,
                     default_block: int = 1024) -> None:
@@ -312,7 +316,7 @@ def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAUL
     op whose kernel cannot be generated (issue 17 #2)."""
     tok = _DRY.set(True)
     try:
-        emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, Path("."),
+        emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, _NOWHERE,
                 target=target, default_dpus=default_dpus, default_tasklets=default_tasklets,
                 default_block=default_block)
     finally:
@@ -344,7 +348,8 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
         params["grid"] = [int(x) for x in attrs["cnm_grid"]]
     if kind in ("softmax", "layernorm") and attrs.get("cnm_lanes"):
         params["lanes"] = int(attrs["cnm_lanes"])
-    outdir = Path(root) / _attr(attrs, "kernel")
+    # a dry run (check_emittable: placement asks for every op) writes nothing: no path built
+    outdir = _NOWHERE if _DRY.get() else Path(root) / _attr(attrs, "kernel")
     dpus = int(attrs.get("cnm_dpus") or default_dpus or min(target.dpus, target.dpus_per_rank))
     tasklets = int(attrs.get("cnm_tasklets") or default_tasklets or target.tasklets)
     block = int(attrs.get("cnm_block_bytes") or default_block)

@@ -4,7 +4,6 @@ kernel files, input sidecars, checks and row layouts (see
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import contextvars
 
 import numpy as np
 
-from ...base import template_environment, write_kernel_file
+from ...base import json_text, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
@@ -374,7 +373,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     annotate = _ANNOTATE.get()
     if annotate is not None:
         annotate(man)
-    paths.append(write_kernel_file(outdir / "kernel.json", json.dumps(man, indent=1) + "\n"))
+    paths.append(write_kernel_file(outdir / "kernel.json", json_text(man)))
     paths += [outdir / t.const for t in k.inputs if t.const]
     return paths
 
