@@ -149,6 +149,11 @@ def dtype_class(dtype: str) -> str:
     return "int32"
 
 
+#: :meth:`UpmemParams._bw_exponent` by ``(one, rank, DPUs per rank)``: a pure function of the
+#: three numbers (a handful of pairs per DPU generation), so shared by every parameter object.
+_BW_EXPONENTS: dict = {}
+
+
 @dataclass(frozen=True)
 class UpmemParams:
     """The UPMEM device's parameters, one DPU generation (:data:`TARGETS`): what the cost model,
@@ -286,8 +291,16 @@ class UpmemParams:
         ``one`` (1 DPU) and ``rank`` (64 DPUs), bytes/s (interpolation between PrIM's points)."""
         if d <= 0:
             return one
-        k = math.log(rank / one) / math.log(self.dpus_per_rank)
-        return one * min(d, self.dpus_per_rank) ** k
+        return one * min(d, self.dpus_per_rank) ** self._bw_exponent(one, rank)
+
+    def _bw_exponent(self, one: float, rank: float) -> float:
+        """The exponent of :meth:`_rank_bw`'s power law, ``log(rank / one) / log(64)``, computed
+        once per pair of bandwidths (every transfer the mapping prices asks for it)."""
+        key = (one, rank, self.dpus_per_rank)
+        k = _BW_EXPONENTS.get(key)
+        if k is None:
+            k = _BW_EXPONENTS[key] = math.log(rank / one) / math.log(self.dpus_per_rank)
+        return k
 
     def _ranks_bw(self, dpus: int, one: float, rank: float) -> float:
         """Bandwidth of ``dpus`` DPUs' ranks working in parallel: full ranks at ``rank``, a
@@ -354,7 +367,7 @@ class UpmemParams:
 
     def _ranks_bw_array(self, dpus, one: float, rank: float):
         full, rest = np.divmod(dpus, self.dpus_per_rank)
-        k = math.log(rank / one) / math.log(self.dpus_per_rank)
+        k = self._bw_exponent(one, rank)
         return full * rank + np.where(rest > 0, one * np.maximum(rest, 1) ** k, 0.0)
 
     def _host_s_array(self, bytes_per_dpu, dpus, to_dpu: bool):

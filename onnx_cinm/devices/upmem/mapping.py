@@ -204,7 +204,13 @@ class CnmPlan:
 
     @property
     def g(self) -> dict:
-        return dict(self.geom)
+        """:attr:`geom` as a dict, built once per plan (the cost model, the device and the
+        lowering read it many times); read-only, like the plan."""
+        hit = self.__dict__.get("_g")
+        if hit is None:
+            hit = dict(self.geom)
+            object.__setattr__(self, "_g", hit)
+        return hit
 
     @property
     def ranks(self) -> int:

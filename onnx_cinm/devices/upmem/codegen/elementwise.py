@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from .common import (BINARY, broadcast_strides, _c_float, _c_lit, _ceil, _check_mram, _COST_OP,
-                     elem_instr, _fit_block, GELU, _inputs, instr_per_elem, _K, math_helpers_for,
-                     _round_up, _SOFT_DOUBLE_INSTR, _Tensor, TRANSCENDENTAL, UNARY, _write)
+                     _DRY, elem_instr, _fit_block, GELU, _inputs, instr_per_elem, _K,
+                     math_helpers_for, _round_up, _SOFT_DOUBLE_INSTR, _Tensor, TRANSCENDENTAL, UNARY, _write)
 
 
 def _binary_expr(op: str, dtype: str) -> tuple[str, str, int]:
@@ -119,6 +119,14 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     else:
         expr, doc, instr = _unary_expr(op, dtype, params)
         out_shape = shapes[0]
+    es = np.dtype(dtype).itemsize
+    n = math.prod(out_shape)
+    per = 8 // math.gcd(8, es)                       # elements per 8 bytes
+    cap = max(per, _round_up(_ceil(n, dpus), per))   # elements per DPU, 8-byte multiple
+    if _DRY.get():  # check_emittable (no constants given: the inputs cannot refuse): the checks
+        _check_mram((nin + 1) * cap * es, f"{op} of {n} elements on {dpus} DPUs")
+        _fit_block(block, tasklets, nin, cap=cap * es)
+        return []   # that _write would return, without the template context it does not read
     names = ["A", "B"] if nin == 2 else ["X"]
     ins = _inputs(names, shapes, [dtype] * nin, consts, outdir)
     for t in ins:
@@ -126,10 +134,6 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
     # per element: a WRAM load per input, the operation, a store (mapping's elementwise model)
     cop = GELU[params.get("approximate", "none")][2] if op == "Gelu" else _COST_OP[op]
     instr = nin + elem_instr(cop, dtype) + 1
-    es = np.dtype(dtype).itemsize
-    n = math.prod(out_shape)
-    per = 8 // math.gcd(8, es)                       # elements per 8 bytes
-    cap = max(per, _round_up(_ceil(n, dpus), per))   # elements per DPU, 8-byte multiple
     _check_mram((nin + 1) * cap * es, f"{op} of {n} elements on {dpus} DPUs")
     blk = _fit_block(block, tasklets, nin, cap=cap * es)
     k = _K(kind, dtype, dpus, tasklets, blk, ins, [_Tensor("Y", out_shape, dtype)],
