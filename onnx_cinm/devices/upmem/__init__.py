@@ -95,25 +95,31 @@ class UpmemDevice(Device):
             if t.dtype is None or dtype_name(t.dtype) not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
         from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
+        from .mapping import _op_key
         try:
-            kind = kernel_for(op, target=self.params)[0]
+            kernel = kernel_for(op, target=self.params)
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
+        try:  # the op's signature, asked once for the plan's and the emitter's memo
+            key = _op_key(op)
+        except TypeError:  # an attribute that cannot be a key: both answer without their memo
+            key = None
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
-            plan = self.plan(op)
+            plan = self.plan(op, op_key=key)
         except CinmError as e:
             return Support(False, str(e))
         try:  # and the code generator must be able to write its kernel (issue 17 #2)
+            g = plan.g
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
                                        "cnm_block_bytes": plan.block_bytes,
-                                       "cnm_grid": plan.g.get("grid"),
-                                       "cnm_lanes": plan.g.get("lanes"),
-                                       "cnm_target": plan.params.name})
+                                       "cnm_grid": g.get("grid"), "cnm_lanes": g.get("lanes"),
+                                       "cnm_target": plan.params.name}, key, kernel)
         except ValueError as e:
             return Support(False, f"no DPU kernel at this size: {e}")
-        return Support(True, f"data-parallel op near memory ({kind} kernel)")
+        return Support(True, f"data-parallel op near memory ({kernel[0]} kernel)")
 
-    def _check_emittable(self, op: OpInfo, attrs: dict) -> None:
+    def _check_emittable(self, op: OpInfo, attrs: dict, op_key: tuple | None = None,
+                         kernel: tuple | None = None) -> None:
         """ValueError if the code generator would refuse ``op`` with plan ``attrs``.
 
         Memoized per op signature (:func:`.mapping._op_key`: type, attributes, dtypes, shapes;
@@ -121,11 +127,15 @@ class UpmemDevice(Device):
         one shape (a network's repeated layers) get the same answer. The plan's own
         attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
         ``cnm_lanes``, ``cnm_target``) are part of the key; a refusal names the op it is given
-        for."""
+        for. ``op_key``: :func:`.mapping._op_key` of ``op``; ``kernel``: :func:`.codegen.kernel_for`
+        of ``op`` on :attr:`params` (a plan for another target asks again); when the caller
+        has them."""
         from .mapping import _op_key, params_key
         target = self._planned_target(attrs)
+        if target is not self.params:
+            kernel = None
         try:
-            key = (_op_key(op), params_key(target), tuple(
+            key = (op_key or _op_key(op), params_key(target), tuple(
                 (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo
@@ -133,7 +143,7 @@ class UpmemDevice(Device):
         if hit is _MISS:
             from .codegen import check_emittable
             try:
-                check_emittable(op, attrs, target=target)
+                check_emittable(op, attrs, target=target, kernel=kernel)
                 hit = None
             except ValueError as e:
                 hit = (str(e), op.name)
@@ -174,18 +184,20 @@ class UpmemDevice(Device):
         """CinmError if ``upmem_tasklets`` exceeds what the ``upmem_target`` DPU runs."""
         self._workgroup(options)
 
-    def plan(self, op: OpInfo, options: dict | None = None):
+    def plan(self, op: OpInfo, options: dict | None = None, op_key: tuple | None = None):
         """The :class:`~onnx_cinm.devices.upmem.mapping.CnmPlan` of ``op`` (DPU count chosen by
         modeled time, up to ``upmem_dpus``; ``upmem_tasklets`` tasklets; the WRAM, tasklet
         limit and clock of ``upmem_target``); with ``upmem_search`` true, the best plan a
-        search over DPUs, tasklets and WRAM blocks finds, never slower than the rule's."""
+        search over DPUs, tasklets and WRAM blocks finds, never slower than the rule's.
+        ``op_key``: :func:`.mapping._op_key` of ``op`` when the caller has it."""
         options = options or {}
         dpus, tasklets = self._workgroup(options)
         if options.get("upmem_search", UpmemOptions.search):  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
             from .search import search_plan
             return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
         from .mapping import plan_op
-        return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
+        return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options),
+                       op_key=op_key)
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
         """Modeled cost of one inference of ``op`` under ``options`` (``upmem_dpus``,

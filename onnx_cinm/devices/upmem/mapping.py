@@ -1478,18 +1478,19 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
 
 def plan_op(op: OpInfo, max_dpus: int = DEFAULT_DPUS, tasklets: int = DEFAULT_TASKLETS,
             params: UpmemParams = DEFAULT_PARAMS, stack_bytes: int = STACK_BYTES,
-            dpus: int | None = None) -> CnmPlan:
+            dpus: int | None = None, op_key: tuple | None = None) -> CnmPlan:
     """Choose the plan of ``op``: the DPU count (<= ``max_dpus``, or exactly ``dpus``) with the
     least modeled end-to-end time (:attr:`CostBreakdown.latency_s`); ties go to fewer DPUs.
     Memoized per op shape and arguments (plans are immutable; the search prices up to
     hundreds of DPU counts and column splits, and placement, lowering and every op of the same
-    shape ask for the same plan).
+    shape ask for the same plan). ``op_key``: :func:`_op_key` of ``op`` when the caller has it.
 
     Raises:
         CinmError: no DPU count gives a plan that fits (the message of the last failure).
     """
     return memoized(_PLANS, (max_dpus, tasklets, params_key(params), stack_bytes, dpus), op,
-                    lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus))
+                    lambda: _search_plan(op, max_dpus, tasklets, params, stack_bytes, dpus),
+                    op_key)
 
 
 _PARAMS_KEYS: dict = {}
@@ -1507,13 +1508,13 @@ def params_key(params: UpmemParams) -> str:
     return hit[1]
 
 
-def memoized(memo: dict, args: tuple, op: OpInfo, plan) -> CnmPlan:
+def memoized(memo: dict, args: tuple, op: OpInfo, plan, op_key: tuple | None = None) -> CnmPlan:
     """``plan()`` (a :class:`CnmPlan` of ``op``, or CinmError), remembered in ``memo`` under
-    ``op``'s signature (:func:`_op_key`) and ``args``: an op of the same signature gets the
-    same plan with its own input names, or the same failure naming it. Without the memo when
-    an attribute cannot be part of a key."""
+    ``op``'s signature (:func:`_op_key`, or ``op_key`` when the caller has it) and ``args``: an
+    op of the same signature gets the same plan with its own input names, or the same failure
+    naming it. Without the memo when an attribute cannot be part of a key."""
     try:
-        key = (_op_key(op), *args)
+        key = (op_key or _op_key(op), *args)
         hit = memo.get(key)
     except TypeError:  # an attribute that cannot be a key: plan without the memo
         return plan()

@@ -308,17 +308,18 @@ _NOWHERE = Path(".")
 
 def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAULT_PARAMS,
                     default_dpus: int | None = None, default_tasklets: int | None = None,
-                    default_block: int = 1024) -> None:
+                    default_block: int = 1024, kernel: tuple | None = None) -> None:
     """Raise ValueError (the emitter's reason) if :func:`emit_op` would refuse ``op`` with the
     plan ``attrs`` (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
     ``cnm_lanes``); nothing
     is written. The device's ``supports`` and ``lower`` call it, so placement never accepts an
-    op whose kernel cannot be generated (issue 17 #2)."""
+    op whose kernel cannot be generated (issue 17 #2). ``kernel``: :func:`kernel_for` of
+    ``op`` and ``target`` when the caller has it (the device's ``supports`` asks it first)."""
     tok = _DRY.set(True)
     try:
         emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, _NOWHERE,
                 target=target, default_dpus=default_dpus, default_tasklets=default_tasklets,
-                default_block=default_block)
+                default_block=default_block, kernel=kernel)
     finally:
         _DRY.reset(tok)
 
@@ -326,7 +327,8 @@ def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAUL
 
 def emit_op(op, attrs: dict, consts: dict, root, *,
             target: _cost.UpmemParams = _cost.DEFAULT_PARAMS, default_dpus: int | None = None,
-            default_tasklets: int | None = None, default_block: int = 1024) -> list[Path]:
+            default_tasklets: int | None = None, default_block: int = 1024,
+            kernel: tuple | None = None) -> list[Path]:
     """Write the kernel of cinm ``op`` into ``root / attrs["kernel"]`` (see
     :meth:`UpmemDevice.emit <onnx_cinm.devices.upmem.UpmemDevice.emit>`).
 
@@ -336,14 +338,18 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
     ``cnm_grid``, a row-wise kernel's tasklets per row from ``cnm_lanes`` (else the mapping's
     choice for this workgroup). ``target`` is the DPU generation. ``consts`` maps constant
     input names to arrays: they become sidecar files. ``kernel.json`` also records, per input
-    and output, the graph tensor name (``tensor``).
+    and output, the graph tensor name (``tensor``). ``kernel``: :func:`kernel_for` of ``op``,
+    ``consts`` and ``target`` when the caller has it.
 
     Raises:
         ValueError: no kernel for the op (see :func:`kernel_for`) or no ``kernel`` attribute.
     """
     if not attrs.get("kernel"):
         raise ValueError(f"{op.name}: no 'kernel' attribute (run the cnm_mapping pass first)")
-    kind, dtype, shapes, params = kernel_for(op, consts, target)
+    if kernel is None:
+        kind, dtype, shapes, params = kernel_for(op, consts, target)
+    else:  # the caller's kernel_for(op, consts, target); its params are not changed
+        kind, dtype, shapes, params = kernel[0], kernel[1], kernel[2], dict(kernel[3])
     if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
         params["grid"] = [int(x) for x in attrs["cnm_grid"]]
     if kind in ("softmax", "layernorm") and attrs.get("cnm_lanes"):
