@@ -149,6 +149,26 @@ def dtype_class(dtype: str) -> str:
     return "int32"
 
 
+#: Arrays of :class:`UpmemParams` that depend on an array of DPU counts and a few figures only
+#: (ranks, the ranks' bandwidths), by those figures and the counts: the mapping's lower bounds
+#: (``mapping._floor_s``) ask for the same counts (powers of two up to 2048) for every op.
+_D_ARRAYS: dict = {}
+
+
+def _d_array(what: tuple, dpus, make):
+    """``make()``, an array computed from the integer array ``dpus`` and the figures named in
+    ``what``, remembered under both (read-only: the callers only compute new arrays from it)."""
+    key = (what, dpus.dtype.str, dpus.shape, dpus.tobytes())
+    hit = _D_ARRAYS.get(key)
+    if hit is None:
+        if len(_D_ARRAYS) > 1024:
+            _D_ARRAYS.clear()
+        hit = np.asarray(make())
+        hit.flags.writeable = False
+        _D_ARRAYS[key] = hit
+    return hit
+
+
 #: :meth:`UpmemParams._bw_exponent` by ``(one, rank, DPUs per rank)``: a pure function of the
 #: three numbers (a handful of pairs per DPU generation), so shared by every parameter object.
 _BW_EXPONENTS: dict = {}
@@ -362,13 +382,19 @@ class UpmemParams:
     # operations, ``mapping._floor_s``); tests/test_cnm_mapping.py checks that they agree with
     # the scalar methods. Change both together.
     def ranks_array(self, dpus):
-        """:meth:`ranks` of an integer array."""
-        return np.maximum(1, -(-dpus // self.dpus_per_rank))
+        """:meth:`ranks` of an integer array (read-only: remembered per array of counts)."""
+        dpr = self.dpus_per_rank
+        return _d_array(("ranks", dpr), dpus, lambda: np.maximum(1, -(-dpus // dpr)))
 
     def _ranks_bw_array(self, dpus, one: float, rank: float):
-        full, rest = np.divmod(dpus, self.dpus_per_rank)
-        k = self._bw_exponent(one, rank)
-        return full * rank + np.where(rest > 0, one * np.maximum(rest, 1) ** k, 0.0)
+        """:meth:`_ranks_bw` of an integer array (read-only: remembered per array of counts)."""
+        dpr = self.dpus_per_rank
+
+        def make():
+            full, rest = np.divmod(dpus, dpr)
+            k = self._bw_exponent(one, rank)
+            return full * rank + np.where(rest > 0, one * np.maximum(rest, 1) ** k, 0.0)
+        return _d_array(("bw", one, rank, dpr), dpus, make)
 
     def _host_s_array(self, bytes_per_dpu, dpus, to_dpu: bool):
         small, large = ((self.h2d_host_small_bps, self.h2d_host_large_bps) if to_dpu

@@ -69,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ....graph import dtype_name
 from .. import cost as _cost
 from .. import mapping as _mapping
 
@@ -195,7 +196,7 @@ def _kernel_for(op, consts: dict | None = None,
     ins = op.inputs
     if not ins or any(x.dtype is None or x.shape is None for x in ins):
         raise ValueError("input types or ranks unknown")
-    dtype = np.dtype(ins[0].dtype).name
+    dtype = dtype_name(ins[0].dtype)
     shapes = [x.static_shape for x in ins]
     a = op.attrs
 

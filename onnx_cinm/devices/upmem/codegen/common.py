@@ -13,6 +13,7 @@ import contextvars
 
 import numpy as np
 
+from ....graph import dtype_name
 from ...base import json_text, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
@@ -398,7 +399,7 @@ def _inputs(names, shapes, dtypes, consts, outdir: Path) -> list[_Tensor]:
 
 
 def _check_dtype(dtype: str, kind: str = "") -> str:
-    dtype = np.dtype(dtype).name
+    dtype = dtype_name(dtype)
     ok = ELEMENTWISE_DTYPES if kind in ("binary", "unary") else DTYPES
     if kind == "popcount":
         ok = ("bool", "uint8", "uint16", "uint32", "uint64")
