@@ -1625,15 +1625,16 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         conv = _im2col_conv(shape, attrs, es)
 
         bounds: dict = {}  # DPUs that get work -> bound (the large counts give a few of them)
+        n_img, oh, ow = conv[0]["N"], conv[3], conv[4]
 
         def one(d: int) -> float:
-            g = _im2col_geometry(shape, attrs, d, es, conv)
-            used = g["used"]  # the plan uses the DPUs that get work (make_plan): <= d
+            # the plan uses the DPUs that get work (make_plan): <= d; the split alone tells
+            # how many (the geometry is built once per count that gets work)
+            used = im2col_split(n_img, oh, ow, d)[3]
             hit = bounds.get(used)
             if hit is None:
-                if used < d:
-                    d = used
-                    g = _im2col_geometry(shape, attrs, d, es, conv)
+                d = used
+                g = _im2col_geometry(shape, attrs, d, es, conv)
                 instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
                 rows = g["row_cap"]
                 kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
