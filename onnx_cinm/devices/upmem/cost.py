@@ -410,20 +410,27 @@ class UpmemParams:
             one, rank, per_rank = self.d2h_serial_bps, self.d2h_rank_bps, self.d2h_rank_s
         move = np.maximum(bytes_per_dpu * dpus / self._ranks_bw_array(dpus, one, rank),
                           self._host_s_array(bytes_per_dpu, dpus, to_dpu))
-        return np.where(bytes_per_dpu > 0,
-                        self.xfer_call_s + per_rank * self.ranks_array(dpus) + move, 0.0)
+        return np.where(bytes_per_dpu > 0, self._calls_array(dpus, per_rank) + move, 0.0)
+
+    def _calls_array(self, dpus, per_rank: float):
+        """``xfer_call_s + per_rank * ranks`` of an integer array: the part of a transfer that
+        depends on the DPU counts alone (read-only: remembered per array of counts)."""
+        return _d_array(("calls", self.xfer_call_s, per_rank, self.dpus_per_rank), dpus,
+                        lambda: self.xfer_call_s + per_rank * self.ranks_array(dpus))
 
     def broadcast_s_array(self, nbytes, dpus):
         """:meth:`broadcast_s` of arrays (``dpus`` >= 1), seconds."""
         move = np.maximum(nbytes * dpus / self._ranks_bw_array(dpus, self.h2d_serial_bps,
                                                                self.bcast_rank_bps),
                           self._host_s_array(nbytes, dpus, True))
-        return np.where(nbytes > 0,
-                        self.xfer_call_s + self.h2d_rank_s * self.ranks_array(dpus) + move, 0.0)
+        return np.where(nbytes > 0, self._calls_array(dpus, self.h2d_rank_s) + move, 0.0)
 
     def launch_overhead_s_array(self, dpus):
-        """:meth:`launch_overhead_s` of an integer array, seconds."""
-        return self.launch_s + self.launch_per_rank_s * self.ranks_array(dpus)
+        """:meth:`launch_overhead_s` of an integer array, seconds (read-only: remembered per
+        array of counts)."""
+        return _d_array(("launch", self.launch_s, self.launch_per_rank_s, self.dpus_per_rank),
+                        dpus, lambda: self.launch_s + self.launch_per_rank_s
+                        * self.ranks_array(dpus))
 
 
 DEFAULT_PARAMS = UpmemParams()

@@ -1652,10 +1652,12 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         def floor_ew(combos: list) -> np.ndarray:  # every workgroup at once (tens of them)
             d = np.array([c[0] for c in combos], dtype=np.int64)
             n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), unit) * unit  # _share of every count
-            return (params.launch_overhead_s_array(d) + n_dpu * instr / f
-                    + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
-                    + params.push_s_array(g["streams"] * (_cdivs(n_dpu * es, 8) * 8), d)
-                    + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d))
+            out = (params.launch_overhead_s_array(d) + n_dpu * instr / f
+                   + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
+                   + params.push_s_array(g["streams"] * (_cdivs(n_dpu * es, 8) * 8), d))
+            if g["bcast_bytes"]:  # (a broadcast of no bytes takes no time: adds 0.0)
+                out = out + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d)
+            return out
         return floor_ew
     return None
 
