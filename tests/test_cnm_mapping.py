@@ -454,3 +454,22 @@ def test_the_array_forms_of_the_transfer_times_and_the_product_tiles_agree_with_
             want = D.grid(u, s, r, c, batched)
             assert bool(ok[j]) == (want is not None)
             assert (int(dr[j]), int(dc[j])) == (want[:2] if want else (1, 1))
+
+
+def test_workgroups_memo_keeps_each_ops_cap_and_limit():
+    """mapping.workgroups remembers its list by the work items capped at the DPU limit: ops
+    with more work than DPUs share it, smaller ops and other limits get their own (lists
+    written out by hand: powers of two below the limit, the limit, none above the work)."""
+    from onnx_cinm.devices.upmem.mapping import workgroups
+    big = OpInfo("a", "Relu", {}, (_t("x", [1 << 20]),), (_t("y", [1 << 20]),))
+    other_big = OpInfo("b", "Relu", {}, (_t("x", [3 << 20]),), (_t("y", [3 << 20]),))
+    small = OpInfo("c", "Relu", {}, (_t("x", [10]),), (_t("y", [10]),))  # 40 B: 5 words
+    assert workgroups(big, 2048) == [(1 << i, 1) for i in range(12)]
+    assert workgroups(other_big, 2048) == [(1 << i, 1) for i in range(12)]
+    assert workgroups(big, 100) == [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (64, 1),
+                                    (100, 1)]
+    assert workgroups(small, 2048) == [(1, 1), (2, 1), (4, 1), (5, 1)]
+    assert workgroups(small, 4) == [(1, 1), (2, 1), (4, 1)]
+    assert workgroups(big, 2048, dpus=24) == [(24, 1)]
+    workgroups(big, 2048).append((0, 0))  # a caller's list is its own
+    assert workgroups(big, 2048)[-1] == (2048, 1)

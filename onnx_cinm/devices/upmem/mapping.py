@@ -1436,7 +1436,19 @@ def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None
     matmul = kind in ("gemm", "simsearch")
     items = geom["rows"] * geom["n"] if matmul else \
         _work_items(kind, geom, _esize(_dtype_name(op.inputs[0])))
-    return W.workgroups(items, max_dpus, dpus, grid=matmul)
+    # the list depends on the work items only up to max_dpus (no count above either is tried)
+    key = (max_dpus, dpus, matmul, min(max(1, items), max_dpus))
+    hit = _WORKGROUPS.get(key)
+    if hit is None:
+        if len(_WORKGROUPS) > _PLANS_MAX:
+            _WORKGROUPS.clear()
+        hit = _WORKGROUPS[key] = tuple(W.workgroups(items, max_dpus, dpus, grid=matmul))
+    return list(hit)
+
+
+#: Memo of :func:`workgroups` by (max DPUs, DPUs, grid, work items capped at max DPUs): a
+#: network's ops mostly have more work items than DPUs, so they share one list.
+_WORKGROUPS: dict = {}
 
 
 def _unit_geometry(op: OpInfo) -> tuple[str, dict]:
