@@ -1212,3 +1212,47 @@ def test_damaged_template_cache_entry_is_compiled_afresh(tmp_path, monkeypatch, 
     again = template_environment()
     again.get_template(name)  # raised UnpicklingError / EOFError before
     assert entries[0].read_bytes() == whole  # compiled again to the same code, entry rewritten
+
+
+def _outcome(f):
+    try:
+        f()
+        return None
+    except ValueError as e:
+        return str(e)
+
+
+def test_dry_run_check_refuses_exactly_what_emitting_refuses(tmp_path):
+    """check_emittable's dry run stops after an emitter's last check (elementwise, Im2Col):
+    over ops, dtypes, shapes and workgroups, several refused (no broadcast, MRAM overflow,
+    WRAM overflow, DPU/tasklet ranges, a kernel row wider than one DMA), it refuses with the
+    message writing the kernel raises, and accepts what writing the kernel writes."""
+    t = lambda n, s, dt: TensorInfo(n, np.dtype(dt), tuple(s), False)  # noqa: E731
+    ops = []
+    for dt in ("float32", "int32", "int64", "int8"):
+        for a, b in (([4, 8], [4, 8]), ([2, 3, 5], [3, 1]), ([7], [1]), ([3, 4], [5, 4]),
+                     ([1 << 23], [1 << 23])):
+            for typ in ("Add", "Mul", "Max"):
+                ops.append(OpInfo("e", typ, {}, (t("a", a, dt), t("b", b, dt)),
+                                  (t("y", a, dt),)))
+        ops.append(OpInfo("r", "Relu", {}, (t("x", [6, 10], dt),), (t("y", [6, 10], dt),)))
+    for ks, dil in (([3, 3], [1, 1]), ([1, 1], [1, 1]), ([3, 3], [1, 300]), ([5], [1])):
+        shape = [1, 4, 9, 9] if len(ks) == 2 else [1, 4, 9]
+        ops.append(OpInfo("c", "Im2Col", {"kernel_shape": ks, "strides": [1] * len(ks),
+                                         "pads": [0] * (2 * len(ks)), "dilations": dil},
+                          (t("x", shape, "float32"),), (t("y", [1], "float32"),)))
+    seen = {None: 0}
+    for k, (op, (dpus, tasklets, block)) in enumerate(itertools.product(
+            ops, ((1, 16, 2048), (64, 24, 1024), (3, 1, 8), (0, 16, 1024), (9999, 16, 1024),
+                  (2, 25, 1024)))):
+        attrs = {"cnm_dpus": dpus, "cnm_tasklets": tasklets, "cnm_block_bytes": block,
+                 "kernel": f"k{k}"}
+        try:
+            codegen.kernel_for(op)
+        except ValueError:
+            continue  # refused before any emitter (kernel_for), the same in both
+        dry = _outcome(lambda: codegen.check_emittable(op, attrs))
+        real = _outcome(lambda: codegen.emit_op(op, attrs, {}, tmp_path))
+        assert dry == real, (op.op_type, [x.shape for x in op.inputs], dpus, tasklets, block)
+        seen[dry is None] = seen.get(dry is None, 0) + 1
+    assert seen.get(True, 0) > 20 and seen.get(False, 0) > 20  # both outcomes well covered
