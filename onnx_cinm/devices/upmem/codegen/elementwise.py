@@ -8,7 +8,8 @@ import numpy as np
 
 from .common import (BINARY, broadcast_strides, _c_float, _c_lit, _ceil, _check_mram, _COST_OP,
                      _DRY, elem_instr, _fit_block, GELU, _inputs, instr_per_elem, _K,
-                     math_helpers_for, _round_up, _SOFT_DOUBLE_INSTR, _Tensor, TRANSCENDENTAL, UNARY, _write)
+                     math_helpers_for, _round_up, _SOFT_DOUBLE_INSTR, _Tensor, TRANSCENDENTAL,
+                     UNARY, _write)
 
 
 def _binary_expr(op: str, dtype: str) -> tuple[str, str, int]:
