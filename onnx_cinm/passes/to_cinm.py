@@ -71,7 +71,7 @@ import onnx
 from onnx import helper
 
 from .. import frontend
-from ..analysis import tensor_infos
+from ..analysis import tensor_infos, type_node_outputs
 from ..dialects import cinm
 from ..graph import TensorInfo
 from ..rewrite import (
@@ -1034,6 +1034,9 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     model = rw.commit()
     cinm.attach_functions(model)
     frontend.add_unrolled_dims(model, rw.unrolled)
+    # the ops it added typed node by node: placement's tensor infos then read them instead of
+    # inferring the whole graph again (nothing written when a type would stay open)
+    type_node_outputs(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.origins = slim_origins(rw.origins)
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
