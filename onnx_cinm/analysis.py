@@ -160,15 +160,21 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     entries = []
     for node in pending:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
-            got = onnx.shape_inference.infer_node_outputs(
-                schema, node, {i: types[i] for i in node.input if i},
-                {i: values[i] for i in node.input if i in values},
-                opset_imports=list(model.opset_import), ir_version=model.ir_version)
-        except Exception:  # noqa: BLE001 - no schema, an untyped input, inference failed
-            return False
+        if node.domain == cinm.DOMAIN:  # the cinm op's own inference, called directly
+            got = cinm.output_types(node, types)
+            if got is None:
+                return False
+            got = dict(zip(node.output, got))
+        else:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+                got = onnx.shape_inference.infer_node_outputs(
+                    schema, node, {i: types[i] for i in node.input if i},
+                    {i: values[i] for i in node.input if i in values},
+                    opset_imports=list(model.opset_import), ir_version=model.ir_version)
+            except Exception:  # noqa: BLE001 - no schema, an untyped input, inference failed
+                return False
         for name in node.output:
             if not name or name in typed:
                 continue
