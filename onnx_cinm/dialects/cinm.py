@@ -752,10 +752,12 @@ def _infer(op_type: str):
 
 
 @functools.cache
-def _elem_type_names() -> dict[int, str]:
-    """``{TensorProto element type: its name in a schema's type constraints}`` (``"float"``
-    for FLOAT, as in ``tensor(float)``)."""
-    return {v: k.lower() for k, v in TensorProto.DataType.items()}
+def _allowed_elem_types(op_type: str) -> dict[str, frozenset]:
+    """``{type variable: the TensorProto element types its constraint allows}`` of a cinm op
+    (``tensor(float)`` -> FLOAT), once per op."""
+    names = {f"tensor({k.lower()})": v for k, v in TensorProto.DataType.items()}
+    return {tvar: frozenset(names[t] for t in allowed if t in names)
+            for tvar, allowed in OPS[op_type].types.items()}
 
 
 def output_types(node: NodeProto, types: dict) -> list | None:
@@ -772,6 +774,7 @@ def output_types(node: NodeProto, types: dict) -> list | None:
     names = list(node.input)
     if len(names) > len(spec.inputs):
         return None
+    allowed = _allowed_elem_types(node.op_type)
     bound: dict[str, int] = {}
     for name, (_, tvar, _) in zip(names, spec.inputs):
         if not name:
@@ -780,8 +783,7 @@ def output_types(node: NodeProto, types: dict) -> list | None:
         if t is None or not t.HasField("tensor_type"):
             return None
         elem = t.tensor_type.elem_type
-        if bound.setdefault(tvar, elem) != elem or \
-                f"tensor({_elem_type_names().get(elem)})" not in spec.types[tvar]:
+        if bound.setdefault(tvar, elem) != elem or elem not in allowed[tvar]:
             return None
     by_name = {a.name: a for a in node.attribute}
     protos = [by_name[n] for n in spec.attrs if n in by_name]
