@@ -67,8 +67,8 @@ import functools
 import importlib.abc
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import onnx
 from onnx import AttributeProto, FunctionProto, NodeProto, TensorProto, helper

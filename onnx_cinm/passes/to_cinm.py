@@ -1008,7 +1008,10 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     and ``ctx.fills`` (weights known to hold one value: not read back; ``fold_batchnorm``
     hands them on).
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
-    Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
+    Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it, with the
+    types of the tensors between the ops it added in its value_info when they are all static
+    (:func:`onnx_cinm.analysis.type_node_outputs`: what onnx's inference gives them), so
+    ``placement``'s tensor infos are read, not inferred over the whole graph again.
     """
     only = ctx.options.get("lower_ops")
     rules = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace) for r in _RULES]
