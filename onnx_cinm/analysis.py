@@ -112,6 +112,93 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     graph.value_info.extend(entries)
     return True
 
+def type_node_outputs(model: onnx.ModelProto) -> bool:
+    """Write into ``model``'s value_info the types of its untyped main-graph node outputs, node
+    by node (onnx's inference function of each node's schema, the cinm ops' included, on the
+    types its inputs have: declared, an initializer's, or written here before), when all of them
+    come out static: element type and every dim. The entries are those
+    :func:`keep_static_types` would write after a whole-graph :func:`tensor_infos` (the same
+    fields, in node order), so a later :func:`tensor_infos` reads them (:func:`_settled`)
+    instead of inferring every shape: ``to_cinm`` calls it on the graph it rewrote, whose
+    lowered ops write their original ops' typed outputs and only the few tensors between the
+    ops it added are new (light DenseNet121: 242 Im2Col and Gemm outputs of 851 nodes; the
+    placement's whole-graph inference was 250 M instructions).
+
+    Inference keeps a typed entry as it is and types a node's outputs from its inputs' types
+    alone, so node by node it gives what the whole graph's does; inputs' values are read, as
+    there, only from the small initializers :func:`_weightless_copy` keeps. Nothing is written
+    (False) where a whole-graph inference may know more or number dims afresh: a dim left open
+    or anonymous, an input of no known type, an initializer that is a graph input too, a node
+    with a body, or sizes planned or probed (:func:`tensor_infos` infers such a model afresh
+    anyway). True when every node output is typed then.
+    """
+    if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
+            or frontend.probed_shapes(model):
+        return False
+    graph = model.graph
+    typed = {v.name for v in graph.value_info}
+    typed.update(v.name for v in graph.output)
+    pending = [n for n in graph.node if any(o and o not in typed for o in n.output)]
+    if not pending:
+        return True
+    if any(frontend.subgraphs(n) for n in graph.node):
+        return False
+    needed = {i for n in pending for i in n.input if i}
+    inputs = {v.name for v in graph.input}
+    types: dict[str, onnx.TypeProto] = {}
+    values: dict[str, onnx.TensorProto] = {}
+    for init in graph.initializer:
+        if init.name in needed:
+            if init.name in inputs:
+                return False
+            types[init.name] = helper.make_tensor_type_proto(init.data_type, list(init.dims))
+            if math.prod(init.dims) <= 512:  # what _weightless_copy keeps the values of
+                values[init.name] = init
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        if vi.name in needed and vi.name not in types:
+            types[vi.name] = vi.type
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    entries = []
+    for node in pending:
+        if node.domain == cinm.DOMAIN:  # the cinm op's own inference, called directly
+            got = cinm.output_types(node, types)
+            if got is None:
+                return False
+            got = dict(zip(node.output, got))
+        else:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+                got = onnx.shape_inference.infer_node_outputs(
+                    schema, node, {i: types[i] for i in node.input if i},
+                    {i: values[i] for i in node.input if i in values},
+                    opset_imports=list(model.opset_import), ir_version=model.ir_version)
+            except Exception:  # noqa: BLE001 - no schema, an untyped input, inference failed
+                return False
+        for name in node.output:
+            if not name or name in typed:
+                continue
+            t = got.get(name)
+            if t is None or not t.HasField("tensor_type"):
+                return False
+            tt = t.tensor_type
+            if not tt.elem_type or not tt.HasField("shape") or not all(
+                    d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim):
+                return False
+            try:  # keep_static_types' element types: those numpy holds as they are
+                if helper.np_dtype_to_tensor_dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) \
+                        != tt.elem_type:
+                    return False
+            except (KeyError, TypeError, ValueError):
+                return False
+            typed.add(name)
+            entries.append(helper.make_tensor_value_info(
+                name, tt.elem_type, [d.dim_value for d in tt.shape.dim]))
+            types[name] = entries[-1].type
+    graph.value_info.extend(entries)
+    return True
+
+
 def _weightless_copy(model: onnx.ModelProto, dims: dict,
                      probed: dict | None = None) -> tuple[onnx.ModelProto, dict]:
     """The copy of ``model`` :func:`tensor_infos` infers (no weight bytes: inference needs only

@@ -246,3 +246,53 @@ def test_optimize_infers_afresh_after_a_pass_that_changes_shapes(monkeypatch):
     monkeypatch.setattr(frontend, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
     pipeline.optimize(examples.get_example("lenet"), check=0, stop_after="cinm")
     assert not asked and calls
+
+
+def _static(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every symbolic input dim (the examples' batch) sized 2."""
+    for vi in model.graph.input:
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value"):
+                d.dim_value = 2
+    return model
+
+
+@pytest.mark.parametrize("name", ["lenet", "mlp", "light_squeezenet"])
+def test_to_cinm_hands_on_the_types_onnx_infers(monkeypatch, light_model_paths, name):
+    """to_cinm types the tensors between the ops it added (analysis.type_node_outputs), so
+    placement reads its infos without inferring the whole graph: every node output is typed,
+    each as onnx's own inference of the lowered graph (value_info emptied) types it, and the
+    placement that follows runs no inference of its own."""
+    from onnx_cinm import analysis
+
+    if name.startswith("light_"):
+        model = onnx.load(light_model_paths[name.removeprefix("light_")])
+    else:
+        model = _static(examples.get_example(name))
+    ctx = PassContext(options={"cim_preset": "pcm-occ"})
+    model = PassManager(stop_after="cinm").run(model, ctx)
+    fresh = onnx.ModelProto()
+    fresh.CopyFrom(model)
+    del fresh.graph.value_info[:]
+    fresh = onnx.shape_inference.infer_shapes(fresh, strict_mode=True)
+    reference = {v.name: v.type for v in (*fresh.graph.value_info, *fresh.graph.output)}
+    handed = {v.name: v.type for v in (*model.graph.value_info, *model.graph.output)}
+    outputs = [o for n in model.graph.node for o in n.output if o]
+    assert any(n.domain == "cinm" for n in model.graph.node)
+    assert all(o in handed for o in outputs)
+    for o in outputs:
+        assert handed[o] == reference[o], o
+    infos = analysis.tensor_infos(fresh, infer=False)
+    calls = _inferences(monkeypatch)
+    assert {k: (v.dtype, v.shape) for k, v in ctx.tensor_infos(model).items()} == \
+        {k: (v.dtype, v.shape) for k, v in infos.items()}
+    assert not calls
+
+
+def test_to_cinm_leaves_an_open_dim_to_inference():
+    """With the batch dim symbolic (lenet as written) no type is handed on: a fresh inference
+    numbers open dims itself, so the new tensors stay untyped for it."""
+    model = examples.get_example("lenet")
+    model = PassManager(stop_after="cinm").run(model, PassContext(options={"cim_preset": "pcm-occ"}))
+    typed = {v.name for v in (*model.graph.value_info, *model.graph.output)}
+    assert any(o not in typed for n in model.graph.node for o in n.output)

@@ -67,6 +67,7 @@ import functools
 import importlib.abc
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -707,20 +708,36 @@ def _body_output_types(op_type: str, overload: str, fn: FunctionProto, types: li
     return hit
 
 
+def _output_types(op_type: str, protos: list, n_in: int, present: list[int],
+                  input_type: Callable[[int], onnx.TypeProto | None]) -> list | None:
+    """The output types of a cinm node (its inference function's core, shared by the schema's
+    callback and :func:`output_types`): ``protos`` its attributes among the op's declared ones
+    (:attr:`OpSpec.attrs` order), ``n_in`` its input count, ``present`` the indices of the
+    non-empty inputs, ``input_type(i)`` the type of input ``i`` (None: unknown). None when an
+    input's type is unknown (the outputs stay unknown); raises what the op's inference raises
+    (ValueError, onnx's InferenceError)."""
+    attrs = {p.name: helper.get_attribute_value(p) for p in protos}
+    overload = overload_of(op_type, attrs, len(present))
+    if any(input_type(i) is None for i in present):
+        return None  # an input of unknown type (e.g. made by a contrib op): the output stays unknown
+    if op_type in _DIRECT_INFER:
+        return _DIRECT_INFER[op_type]([input_type(i) for i in range(n_in)], attrs)
+    if op_type == "Clip":  # optional min/max: the output has the input's type
+        return [input_type(0)]
+    fn = _inference_function(op_type, overload)
+    types = [input_type(i) if i < n_in else onnx.TypeProto() for i in range(len(fn.input))]
+    if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
+        return None                    # infer): the output stays unknown too
+    return _body_output_types(op_type, overload, fn, types, protos)
+
+
 def _infer(op_type: str):
     spec = OPS[op_type]
 
     def infer(ctx) -> None:
         n_in = ctx.get_num_inputs()
         present = [i for i in range(n_in) if ctx.has_input(i)]
-        attrs = {}
-        protos = []
-        for name in spec.attrs:
-            a = ctx.get_attribute(name)
-            if a is not None:
-                protos.append(a)
-                attrs[name] = helper.get_attribute_value(a)
-        overload = overload_of(op_type, attrs, len(present))
+        protos = [a for a in map(ctx.get_attribute, spec.attrs) if a is not None]
         got: dict = {}  # each input's type converted once (onnx hands out a fresh copy per call)
 
         def input_type(i: int):
@@ -728,25 +745,54 @@ def _infer(op_type: str):
                 got[i] = ctx.get_input_type(i)
             return got[i]
 
-        if any(input_type(i) is None for i in present):
-            return  # an input of unknown type (e.g. made by a contrib op): the output stays unknown
-        if op_type in _DIRECT_INFER:
-            types = [input_type(i) for i in range(n_in)]
-            for i, t in enumerate(_DIRECT_INFER[op_type](types, attrs)):
-                ctx.set_output_type(i, t)
-            return
-        if op_type == "Clip":  # optional min/max: the output has the input's type
-            ctx.set_output_type(0, input_type(0))
-            return
-        fn = _inference_function(op_type, overload)
-        types = [input_type(i) if i < n_in else onnx.TypeProto()
-                 for i in range(len(fn.input))]
-        if any(t is None for t in types):  # an input of unknown type (after an op onnx cannot
-            return                         # infer): the output stays unknown too
-        for i, t in enumerate(_body_output_types(op_type, overload, fn, types, protos)):
+        for i, t in enumerate(_output_types(op_type, protos, n_in, present, input_type) or ()):
             ctx.set_output_type(i, t)
 
     return infer
+
+
+@functools.cache
+def _allowed_elem_types(op_type: str) -> dict[str, frozenset]:
+    """``{type variable: the TensorProto element types its constraint allows}`` of a cinm op
+    (``tensor(float)`` -> FLOAT), once per op."""
+    names = {f"tensor({k.lower()})": v for k, v in TensorProto.DataType.items()}
+    return {tvar: frozenset(names[t] for t in allowed if t in names)
+            for tvar, allowed in OPS[op_type].types.items()}
+
+
+def output_types(node: NodeProto, types: dict) -> list | None:
+    """The types onnx's shape inference gives the outputs of the cinm ``node`` (its schema's
+    check of the input element types, then the op's inference function), from the types of
+    its inputs (``{name: TypeProto}``), without a round trip through onnx's C++ inference
+    context: the types of the nodes ``to_cinm`` adds (:func:`onnx_cinm.analysis.type_node_outputs`).
+    None when onnx would leave them unknown or reject the node (an unknown op or input type,
+    an element type outside the op's constraints, inputs of one type variable that differ, an
+    attribute the inference rejects)."""
+    spec = OPS.get(node.op_type)
+    if spec is None or node.domain != DOMAIN:
+        return None
+    names = list(node.input)
+    if len(names) > len(spec.inputs):
+        return None
+    allowed = _allowed_elem_types(node.op_type)
+    bound: dict[str, int] = {}
+    for name, (_, tvar, _) in zip(names, spec.inputs):
+        if not name:
+            continue
+        t = types.get(name)
+        if t is None or not t.HasField("tensor_type"):
+            return None
+        elem = t.tensor_type.elem_type
+        if bound.setdefault(tvar, elem) != elem or elem not in allowed[tvar]:
+            return None
+    by_name = {a.name: a for a in node.attribute}
+    protos = [by_name[n] for n in spec.attrs if n in by_name]
+    present = [i for i, name in enumerate(names) if name]
+    try:
+        return _output_types(node.op_type, protos, len(names), present,
+                             lambda i: types.get(names[i]) if names[i] else None)
+    except Exception:  # noqa: BLE001 - what onnx's non-strict inference leaves unknown
+        return None
 
 
 def _make_schema(spec: OpSpec) -> OpSchema:

@@ -71,7 +71,7 @@ import onnx
 from onnx import helper
 
 from .. import frontend
-from ..analysis import tensor_infos
+from ..analysis import tensor_infos, type_node_outputs
 from ..dialects import cinm
 from ..graph import TensorInfo
 from ..rewrite import (
@@ -1008,7 +1008,10 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     and ``ctx.fills`` (weights known to hold one value: not read back; ``fold_batchnorm``
     hands them on).
     Records ``ctx.stats["to_cinm"] = {"lowered": Counter, "kept": {op: Counter of reasons}}``.
-    Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it.
+    Rewrites ``model`` in place (:class:`onnx_cinm.rewrite.Edit`) and returns it, with the
+    types of the tensors between the ops it added in its value_info when they are all static
+    (:func:`onnx_cinm.analysis.type_node_outputs`: what onnx's inference gives them), so
+    ``placement``'s tensor infos are read, not inferred over the whole graph again.
     """
     only = ctx.options.get("lower_ops")
     rules = [r if only is None else Rule(r.ops & frozenset(only), r.check, r.replace) for r in _RULES]
@@ -1034,6 +1037,9 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     model = rw.commit()
     cinm.attach_functions(model)
     frontend.add_unrolled_dims(model, rw.unrolled)
+    # the ops it added typed node by node: placement's tensor infos then read them instead of
+    # inferring the whole graph again (nothing written when a type would stay open)
+    type_node_outputs(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.origins = slim_origins(rw.origins)
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
