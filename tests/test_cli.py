@@ -596,3 +596,73 @@ def test_process_age_of_a_fresh_child_is_its_own():
                          check=True).stdout
     elapsed = time.perf_counter() - t0
     assert 0.0 <= float(out) <= elapsed + 0.02
+
+
+def _run_matches_original(model, example, tmp_path, capsys):
+    """``onnx-cinm run model`` on fresh data (through its kernels) equals onnxruntime on the
+    bundled example it was optimized from."""
+    import numpy as np
+    import onnxruntime as ort
+
+    original = get_example(example)
+    vi = original.graph.input[0]
+    shape = [d.dim_value or 2 for d in vi.type.tensor_type.shape.dim]
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = tmp_path / f"res_{model.name}.npz"
+    code, _, err = _run(["run", str(model), "--input", f"{vi.name}={tmp_path / 'x.npy'}",
+                         "-o", str(res), "-q"], capsys)
+    assert code == 0, err
+    want = ort.InferenceSession(original.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {vi.name: x})
+    with np.load(res) as got:
+        np.testing.assert_allclose(got[original.graph.output[0].name], want[0], rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_outputs_differing_only_in_extension_keep_their_own_kernel_folders(tmp_path, capsys):
+    """``lemma.v1`` and ``lemma.v2`` (and ``x.onnx`` and ``x.npz``) once shared one kernel
+    folder, the second optimize breaking the first model: each now has its own, both run."""
+    from onnx_cinm import artifacts
+
+    v1, v2 = tmp_path / "lemma.v1", tmp_path / "lemma.v2"
+    assert main(["optimize", "--example", "lenet", "-o", str(v1), "-q"]) == 0
+    code, out, err = _run(["optimize", "--example", "mlp", "-o", str(v2)], capsys)
+    assert code == 0, err
+    assert f"in {tmp_path / 'lemma.v2.cinm'}/" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lemma.v1", "lemma.v1.cinm",
+                                                         "lemma.v2", "lemma.v2.cinm"]
+    for path in (v1, v2):  # each folder is its model's own
+        manifest = artifacts.load_manifest(tmp_path / (path.name + ".cinm"))
+        assert artifacts.kernel_digest(manifest) == artifacts.recorded_digest(onnx.load(str(path)))
+    _run_matches_original(v1, "lenet", tmp_path, capsys)
+    _run_matches_original(v2, "mlp", tmp_path, capsys)
+    x_onnx, x_npz = tmp_path / "x.onnx", tmp_path / "x.npz"
+    assert main(["optimize", "--example", "mlp", "-o", str(x_onnx), "-q"]) == 0
+    assert main(["optimize", "--example", "lenet", "-o", str(x_npz), "-q"]) == 0
+    assert (tmp_path / "x.cinm").is_dir() and (tmp_path / "x.npz.cinm").is_dir()
+    _run_matches_original(x_onnx, "mlp", tmp_path, capsys)
+    _run_matches_original(x_npz, "lenet", tmp_path, capsys)
+    # X.onnx and X name one folder: the second is refused while the first and its folder exist
+    before = {p: p.read_bytes() for p in [x_onnx, *(tmp_path / "x.cinm").rglob("*")]
+              if p.is_file()}
+    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "x"), "-q"],
+                        capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"would replace the kernel folder '{tmp_path / 'x.cinm'}' of the existing" in err
+    assert not (tmp_path / "x").exists()
+    assert all(p.read_bytes() == b for p, b in before.items())
+    # report folders follow the same rule: two reports side by side
+    for path in (v1, v2):
+        assert main(["report", str(path), "-q"]) == 0
+    assert (tmp_path / "lemma.v1.report" / "layers.csv").is_file()
+    assert (tmp_path / "lemma.v2.report" / "layers.csv").is_file()
+    assert not (tmp_path / "lemma.report").exists()
+
+
+def test_a_model_written_with_the_old_folder_name_still_runs(tmp_path, capsys):
+    """Earlier onnx-cinm put ``old.v1``'s kernels in ``old.cinm``: run still finds them there."""
+    model = tmp_path / "old.v1"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    (tmp_path / "old.v1.cinm").rename(tmp_path / "old.cinm")
+    _run_matches_original(model, "lenet", tmp_path, capsys)

@@ -295,7 +295,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("input", nargs="?", help="input .onnx model")
     src.add_argument("--example", metavar="NAME",
                      help="use a model bundled with onnx-cinm instead of a file (see --list-examples)")
-    o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
+    o.add_argument("-o", "--output",
+                   help="output .onnx path (required unless listing); its kernels go in the "
+                        "folder of its name minus .onnx plus .cinm (other names whole plus "
+                        ".cinm: out.v1 -> out.v1.cinm)")
     o.add_argument("--check", type=_count, default=None, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables "
                         "(default: 1, or 2 - compare's default - for a model that quantizes at run "
@@ -382,7 +385,8 @@ def _parser() -> argparse.ArgumentParser:
                     "--host-roofline says otherwise, the host figures it was optimized with.",
         formatter_class=_HelpFormatter)
     rp.add_argument("model", help="optimized .onnx model")
-    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
+    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/, <model> minus an .onnx "
+                         "extension, other names whole: out.v1 -> out.v1.report/)")
     _option_flags(rp, {"host_roofline": schema["host_roofline"]})
     rp.add_argument("--all-nodes", action="store_true",
                     help="print every node, not only cinm ops, a row each (else the nodes of one "

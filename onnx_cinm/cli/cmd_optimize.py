@@ -55,6 +55,11 @@ def _cmd_optimize(args, parser) -> int:
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
     kernels = artifacts.artifact_dir(out).resolve()
+    other = artifacts.shared_with(out)
+    if other.is_file() and kernels.is_dir():  # X.onnx and X: the one pair sharing a folder
+        raise CinmError(f"-o '{args.output}' would replace the kernel folder "
+                        f"'{artifacts.artifact_dir(out)}' of the existing '{other}' (both "
+                        "names map to it); choose another output name")
     if args.input and kernels in Path(args.input).resolve().parents:
         raise CinmError(f"the input lies inside the output's kernel folder '{kernels}', which "
                         "optimize replaces; choose another output or move the input")

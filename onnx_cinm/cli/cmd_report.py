@@ -19,7 +19,7 @@ def _cmd_report(args) -> int:
     opts = report.options_from_plans(model)
     if args.host_roofline:
         opts["host_roofline"] = args.host_roofline
-    out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
+    out = Path(args.output) if args.output else artifacts.beside(path, ".report")
     artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
     res = report.write_report(model, out, opts, title=path.name)
     if not args.quiet:

@@ -86,7 +86,7 @@ def _cmd_run(args, parser) -> int:
     if args.output and Path(args.output).suffix.lower() != ".npz":
         parser.error(f"-o/--output must end in .npz (a numpy archive), got '{args.output}'")
     protected = {args.model: "the model being run",
-                 str(artifacts.artifact_dir(args.model)): "the model's kernel folder"}
+                 str(artifacts.find_artifact_dir(args.model)): "the model's kernel folder"}
     protected.update({file: f"input file '{file}'" for file in
                       _input_files(args.feed)})
     for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):

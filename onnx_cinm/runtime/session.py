@@ -434,7 +434,8 @@ class InferenceSession:
     """Run an optimized model like ``onnxruntime.InferenceSession``, with device kernels.
 
     Args:
-        path_or_model: an optimized ``.onnx`` path (its kernels in ``<path>.cinm/``) or a
+        path_or_model: an optimized ``.onnx`` path (its kernels in ``<path>.cinm/``,
+            :func:`onnx_cinm.artifacts.find_artifact_dir`) or a
             ModelProto (then ``kernel_dir`` names the kernel folder, if it has device kernels).
         providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
@@ -480,7 +481,7 @@ class InferenceSession:
         else:
             self._label_text = f"model '{path_or_model}'"
             model = frontend.load_model(path_or_model)
-            root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
+            root = Path(kernel_dir) if kernel_dir else artifacts.find_artifact_dir(path_or_model)
         self._setup(model, root)
         self._build(use_devices=PROVIDER in providers)
 
