@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -666,3 +667,48 @@ def test_a_model_written_with_the_old_folder_name_still_runs(tmp_path, capsys):
     assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
     (tmp_path / "old.v1.cinm").rename(tmp_path / "old.cinm")
     _run_matches_original(model, "lenet", tmp_path, capsys)
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A folder no file can be created in, even by root: mode 0o555, plus ``chattr +i`` when
+    running as root (root ignores the mode). Skipped where neither works."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    immutable = False
+    try:
+        (ro / "probe").touch()
+    except OSError:
+        pass
+    else:
+        (ro / "probe").unlink()
+        immutable = shutil.which("chattr") is not None and subprocess.run(
+            ["chattr", "+i", str(ro)], capture_output=True).returncode == 0
+        if not immutable:
+            pytest.skip("cannot make a folder unwritable here (root without chattr)")
+    yield ro
+    if immutable:
+        subprocess.run(["chattr", "-i", str(ro)], check=True)
+    ro.chmod(0o755)
+
+
+def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path, unwritable_dir,
+                                                               capsys):
+    """Found before loading and optimizing or running, in one line, exit 1, nothing written
+    (it used to surface only after the whole check, or after run printed its outputs)."""
+    model = tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    for argv in (["optimize", "--example", "lenet", "-o", str(unwritable_dir / "o.onnx")],
+                 ["optimize", str(model), "-o", str(tmp_path / "o2.onnx"), "--report",
+                  str(unwritable_dir / "rep")],
+                 ["run", str(model), "-o", str(unwritable_dir / "res.npz")],
+                 ["report", str(model), "-o", str(unwritable_dir / "rep")],
+                 ["sweep", "--example", "lenet", "--set", "cim.crossbars=4,8", "-o",
+                  str(unwritable_dir / "sw")]):
+        code, out, err = _run(argv, capsys)
+        assert code == 1 and out == "", (argv, out)
+        assert len(err.strip().splitlines()) == 1 and f"'{unwritable_dir}' is not writable" in err, \
+            (argv, err)
+    assert list(unwritable_dir.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.cinm", "m.onnx", "ro"]

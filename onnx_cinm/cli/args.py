@@ -665,7 +665,8 @@ def _refuse_dim_conflicts(model, given: dict, dims: dict) -> None:
 
 
 def _check_writable_folder(folder: str, what: str) -> None:
-    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
+    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder (a file
+    is created and removed in it, or in the parent it would be created in)."""
     p = Path(folder)
     if p.exists() and not p.is_dir():
         raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
@@ -677,19 +678,36 @@ def _check_writable_folder(folder: str, what: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise CinmError(f"cannot create the {what} folder '{folder}': '{existing}' is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CinmError(f"cannot write the {what} into '{folder}': '{existing}' is not writable")
+    _probe_folder(existing, f"the {what} into '{folder}'")
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Raise CinmError (``cannot write WHAT: 'FOLDER' is not writable (reason)``) unless a file
+    can be created in, and removed from, the existing folder ``folder``. A real write, not
+    ``os.access``: that says yes to root in an immutable folder (``chattr +i``) or on a
+    read-only mount, and the failure then came only after all the work."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".onnx-cinm-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise CinmError(f"cannot write {what}: '{folder}' is not writable "
+                        f"({e.strerror or type(e).__name__})") from None
 
 
 def _check_output_file(target: str, option: str, protected: dict) -> None:
-    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, a folder that
-    does not exist, or would overwrite one of ``protected`` (``{path: what it is}``; a folder
+    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, lies in a
+    folder that does not exist or cannot be written (:func:`_probe_folder`), or would overwrite
+    one of ``protected`` (``{path: what it is}``; a folder
     protects everything inside it)."""
     p = Path(target)
     if target.endswith(("/", os.sep)) or p.is_dir():
         raise CinmError(f"{option} '{target}' names a folder, not a regular file")
     if not p.resolve().parent.is_dir():
         raise CinmError(f"cannot write '{target}': folder '{p.parent}' does not exist")
+    _probe_folder(p.resolve().parent, f"'{target}'")
     resolved = p.resolve()
     for path, what in protected.items():
         q = Path(path).resolve()

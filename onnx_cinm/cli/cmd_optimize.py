@@ -11,6 +11,7 @@ from ..errors import CinmError
 from ..text import Column, printable, progress_bar, si, table
 from . import clock
 from .args import (
+    _check_output_file,
     _check_writable_folder,
     _dims,
     _drop_labels,
@@ -54,6 +55,7 @@ def _cmd_optimize(args, parser) -> int:
     artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
+    _check_output_file(args.output, "-o", {})  # its folder exists and takes files: before the work
     kernels = artifacts.artifact_dir(out).resolve()
     other = artifacts.shared_with(out)
     if other.is_file() and kernels.is_dir():  # X.onnx and X: the one pair sharing a folder
