@@ -871,13 +871,9 @@ class InferenceSession:
                     if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != a.shape[i]:
                         raise CinmError(f"input '{vi.name}' has shape {list(a.shape)}, the model "
                                         f"expects {_shape_text(vi)}")
-                    size = fixed.get(d.dim_param) if d.HasField("dim_param") else None
-                    if size is not None and a.shape[i] != size:  # its Split would fail in ORT
-                        raise CinmError(
-                            f"{self._label_text} was unrolled for {d.dim_param}={size} (input "
-                            f"'{vi.name}' has {d.dim_param}={a.shape[i]}); re-optimize with --dim "
-                            f"{d.dim_param}={a.shape[i]}, or without sizing {d.dim_param} to keep "
-                            "its steps in a Scan that runs at any length")
+                    if fixed and d.HasField("dim_param"):  # its Split would fail in ORT
+                        frontend.check_unrolled_size(fixed, d.dim_param, a.shape[i],
+                                                     f"input '{vi.name}'", self._label_text)
             out[vi.name] = a
         return out
 
