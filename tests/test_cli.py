@@ -313,13 +313,25 @@ def test_unknown_arguments_dims_and_impossible_names_are_one_line_errors(tmp_pat
         main(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "--bogus"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("onnx-cinm optimize: error: unrecognized arguments")
-    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"),
-                         "--dim", "bach=2", "-q"], capsys)
-    assert code == 1 and "no input has a symbolic dimension named 'bach'" in err
+    # every --dim mistake is a usage error (exit 2): a bad size and a name no input has alike
+    model = tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    for command in (["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "-q"],
+                    ["run", str(model), "-q"],
+                    ["compare", "--example", "lenet", str(model)],
+                    ["sweep", "--example", "lenet", "--set", "cim.crossbars=4", "-q", "-o",
+                     str(tmp_path / "sw")]):
+        for dim, needle in (("bach=2", "no input has a symbolic dimension named 'bach'"),
+                            ("batch=0", "--dim expects NAME=SIZE with a positive integer")):
+            with pytest.raises(SystemExit) as e:
+                main([*command, "--dim", dim])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and needle in err and err.count("\n") == 1, (command, err)
+    assert not (tmp_path / "o.onnx").exists() and not (tmp_path / "sw").exists()
     code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / ("n" * 300 + ".onnx")),
                          "-q"], capsys)
     assert code == 1 and "File name too long" in err and "internal error" not in err
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.cinm", "m.onnx"]
 
 
 def test_help_does_not_import_onnx():

@@ -578,6 +578,18 @@ def _dims(items: list[str], parser) -> dict[str, int]:
     return dims
 
 
+def _check_dim_names(model, dims: dict, parser) -> None:
+    """:func:`onnx_cinm.golden.check_dim_names` (a ``--dim`` naming no symbolic dim of
+    ``model``'s inputs) as a usage error, exit 2, like every other ``--dim`` mistake
+    (:func:`_dims`)."""
+    from .. import golden
+
+    try:
+        golden.check_dim_names(model, dims)
+    except CinmError as e:
+        parser.error(f"--dim: {e}")
+
+
 def _input_files(items: list[str]) -> list[str]:
     """The files named by ``--input`` options (to protect them from being overwritten)."""
     return [item.partition("=")[2] if "=" in item else item for item in items]

@@ -11,6 +11,7 @@ from ..errors import CinmError
 from ..text import Column, printable, progress_bar, si, table
 from . import clock
 from .args import (
+    _check_dim_names,
     _check_output_file,
     _check_writable_folder,
     _dims,
@@ -116,11 +117,14 @@ def _cmd_optimize(args, parser) -> int:
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
-    if given:
+    header = model
+    if dims:
         from .. import golden
 
-        # both looks at the inputs below parse a path's whole file: parse it once for them
-        header = golden._load_header(model) if dims else model
+        # the looks at the inputs below parse a path's whole file: parse it once for them
+        header = golden._load_header(model)
+        _check_dim_names(header, dims, parser)
+    if given:
         _drop_labels(args, header, given)
     if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
         for dim, size, name, has in golden.dim_conflicts(header, given, dims):

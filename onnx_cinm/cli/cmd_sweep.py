@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import CinmError
 from ..text import Column, si, table
-from .args import _check_writable_folder, _dims, _pass_options
+from .args import _check_dim_names, _check_writable_folder, _dims, _pass_options
 
 
 def _cmd_sweep(args, parser) -> int:
@@ -45,6 +45,7 @@ def _cmd_sweep(args, parser) -> int:
         model, source = get_example(args.example), f"example '{args.example}'"
     else:
         model, source = frontend.load_model(args.input), args.input
+    _check_dim_names(model, dims, parser)
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
                                  progress=not args.quiet, input_shapes=shapes or None, dims=dims)
