@@ -426,7 +426,15 @@ def _parser() -> argparse.ArgumentParser:
     _option_flags(sw, schema)  # the options of every configuration, unless swept
 
     ev = _evaluate_parser(sub)
-    d = sub.add_parser("devices", help="list the registered devices and their parameters")
+    d = sub.add_parser(
+        "devices", help="list the registered devices and their parameters",
+        description="Print every registered device (built in and from plugins), one block each: "
+                    "its name and paradigm; its parameters as optimize plans with them by "
+                    "default, each with its meaning, unit and the source of its figure; its "
+                    "options (flag prefix, --config table, sweep keys) with units, ranges and "
+                    "defaults; its run modes and run options (--provider-option of run, compare "
+                    "and evaluate); and the presets it offers, if any. Takes no arguments and "
+                    "reads no model.")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     for command_parser in (o, r, c, rp, sw, ev, d):  # usage errors name the subcommand
         command_parser.set_defaults(command_parser=command_parser)
