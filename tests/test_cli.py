@@ -724,3 +724,27 @@ def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path, unwrit
             (argv, err)
     assert list(unwritable_dir.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.cinm", "m.onnx", "ro"]
+
+
+def test_the_nan_inf_line_says_why_a_model_without_float_inputs_has_none(tmp_path, capsys):
+    """Token ids in, floats out: the NaN/Inf check has nothing to inject, and the summary used
+    to leave its line out without a word."""
+    import numpy as np
+    from onnx import TensorProto as TP, helper as h, numpy_helper
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((10, 8)).astype(np.float32), "table")
+    w = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Gather", ["table", "ids"], ["e"]),
+                      h.make_node("MatMul", ["e", "w"], ["y"])], "ids",
+                     [h.make_tensor_value_info("ids", TP.INT64, [2, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 4, 16])], [table, w])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "ids.onnx")
+    code, out, err = _run(["optimize", str(tmp_path / "ids.onnx"), "-o",
+                           str(tmp_path / "o.onnx")], capsys)
+    assert code == 0, err
+    assert ("NaN/Inf check: skipped (the model has no float input to put NaN or Inf in)"
+            in out), out
+    code, out, err = _run(["optimize", "--example", "mlp", "-o", str(tmp_path / "m.onnx")],
+                          capsys)  # a float input: checked, no skip
+    assert code == 0 and "NaN/Inf check: 1 run" in out and "NaN/Inf check: skipped" not in out, out
