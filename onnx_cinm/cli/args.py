@@ -725,6 +725,9 @@ def _check_output_file(target: str, option: str, protected: dict) -> None:
     p = Path(target)
     if target.endswith(("/", os.sep)) or p.is_dir():
         raise CinmError(f"{option} '{target}' names a folder, not a regular file")
+    if p.resolve().parent.exists() and not p.resolve().parent.is_dir():
+        raise CinmError(f"cannot write '{target}': '{p.parent}' is a file, not a folder "
+                        "(Not a directory)")
     if not p.resolve().parent.is_dir():
         raise CinmError(f"cannot write '{target}': folder '{p.parent}' does not exist")
     _probe_folder(p.resolve().parent, f"'{target}'")
