@@ -54,10 +54,53 @@ VERSION = 1
 DIGEST_KEY = "onnx_cinm.kernels_sha256"
 
 
+def beside(model_path, suffix: str) -> Path:
+    """The path of a folder that belongs to the model file ``model_path``, ``suffix`` (e.g.
+    ``".cinm"``) marking what it holds: an ``.onnx`` extension (any case) is replaced,
+    ``out.onnx`` -> ``out.cinm``; any other name keeps its whole name, ``out.v1`` ->
+    ``out.v1.cinm``, ``x.npz`` -> ``x.npz.cinm``, ``model`` -> ``model.cinm``. So outputs
+    whose names differ only in another extension never share a folder; the one pair that does,
+    ``X.onnx`` and ``X``, is refused by ``optimize`` (:func:`shared_with`)."""
+    p = Path(model_path)
+    if p.suffix.lower() == ".onnx":
+        return p.with_suffix(suffix)
+    return p.with_name(p.name + suffix)
+
+
 def artifact_dir(model_path) -> Path:
-    """The kernel folder of a model file: ``out.onnx`` -> ``out.cinm``."""
+    """The kernel folder of a model file (:func:`beside`): ``out.onnx`` -> ``out.cinm``,
+    ``out.v1`` -> ``out.v1.cinm``."""
+    return beside(model_path, ".cinm")
+
+
+def shared_with(model_path) -> Path:
+    """The other model file name whose kernel folder is ``model_path``'s too: ``X`` for
+    ``X.onnx``, ``X.onnx`` for ``X`` (and for any name without the ``.onnx`` extension)."""
+    p = Path(model_path)
+    if p.suffix.lower() == ".onnx":
+        return p.with_suffix("")
+    return p.with_name(p.name + ".onnx")
+
+
+def legacy_artifact_dir(model_path) -> Path:
+    """The kernel folder earlier onnx-cinm named for a model file: its last extension,
+    whatever it was, replaced by ``.cinm`` (``out.v1`` -> ``out.cinm``). Read only, for models
+    written then (:func:`find_artifact_dir`)."""
     p = Path(model_path)
     return p.with_suffix(".cinm") if p.suffix else p.with_name(p.name + ".cinm")
+
+
+def find_artifact_dir(model_path) -> Path:
+    """The kernel folder to read for a model file: :func:`artifact_dir`, or, when that does
+    not exist and the model's name has an extension other than ``.onnx``, the folder older
+    onnx-cinm wrote for it (:func:`legacy_artifact_dir`) if that exists. Whichever it is,
+    :func:`check_pair` then checks that it is the model's own."""
+    root = artifact_dir(model_path)
+    if not root.exists():
+        old = legacy_artifact_dir(model_path)
+        if old != root and old.is_dir():
+            return old
+    return root
 
 
 def kernel_folder_in(path) -> Path | None:

@@ -1352,6 +1352,22 @@ def unrolled_dims(model: onnx.ModelProto) -> dict[str, int]:
     return _dims_record(model, UNROLLED_DIMS_KEY)
 
 
+def check_unrolled_size(fixed: dict[str, int], dim: str, size: int, given: str, label: str,
+                        original: bool = False) -> None:
+    """Raise a one-line CinmError when ``size`` is not the size ``dim`` was unrolled for
+    (``fixed``, :func:`unrolled_dims` of the model): its ``Split`` would fail inside
+    onnxruntime. ``given`` says where ``size`` came from (``"input 'X'"``, ``"--dim"``),
+    ``label`` names the model (``"model 'gru.onnx'"``); ``original``: the advice is to
+    re-optimize the original model, not this one (``optimize`` given an unrolled model). A dim
+    not in ``fixed`` passes at any size."""
+    want = fixed.get(dim)
+    if want is not None and size != want:
+        again = "re-optimize the original model" if original else "re-optimize"
+        raise CinmError(f"{label} was unrolled for {dim}={want} ({given} has {dim}={size}); "
+                        f"{again} with --dim {dim}={size}, or without sizing {dim} to keep its "
+                        "steps in a Scan that runs at any length")
+
+
 def add_unrolled_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
     """Add ``dims`` (``{dim name: size}``) to the record of the dims ``model``'s graph was
     unrolled for (in place); an empty ``dims`` changes nothing."""

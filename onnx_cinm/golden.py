@@ -1642,6 +1642,11 @@ def has_float_input(model: ModelLike) -> bool:
                for vi in real_inputs(_load_header(model).graph))
 
 
+#: Why the NaN/Inf check (:func:`compare_special`) has nothing to do: one clause, as
+#: ``optimize``'s summary puts it in parentheses after "skipped".
+NO_FLOAT_INPUT = "the model has no float input to put NaN or Inf in"
+
+
 def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
                     rtol: float | None = None, atol: float | None = None, seed: int = 0,
                     dims: Mapping[str, int] | None = None,
@@ -1651,7 +1656,7 @@ def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
     +Inf and -Inf in every float input), kept apart from the ordinary check so that one stays
     meaningful (a NaN row hides every other difference in it). Outputs must carry NaN and
     same-signed Inf exactly where the reference does; the finite rest is judged as usual.
-    Returns None when the model has no float input (nothing to inject). Raises as
+    Returns None when the model has no float input (nothing to inject, :data:`NO_FLOAT_INPUT`). Raises as
     :func:`compare`; ReferenceFailed when the reference cannot run on such inputs."""
     if not has_float_input(reference):
         return None

@@ -482,6 +482,27 @@ def default_check_runs(model: onnx.ModelProto) -> int:
     return 1
 
 
+def _check_unrolled(original: onnx.ModelProto, inputs: dict | None, dims: dict,
+                    label: str) -> None:
+    """Refuse, in one line, sizes an already optimized ``original`` cannot run at because a
+    recurrence in it was unrolled for another length (:func:`frontend.check_unrolled_size`,
+    the message ``run`` gives): the given arrays' sizes, then the planned ones (``--dim``).
+    Otherwise the check's first onnxruntime run failed in a ``Split``, after the passes."""
+    fixed = frontend.unrolled_dims(original)
+    if not fixed:
+        return
+    for vi in golden.real_inputs(original.graph):
+        if vi.name not in (inputs or {}) or not vi.type.tensor_type.HasField("shape"):
+            continue
+        shape = np.shape(inputs[vi.name])
+        for i, d in enumerate(vi.type.tensor_type.shape.dim[:len(shape)]):
+            if d.HasField("dim_param"):
+                frontend.check_unrolled_size(fixed, d.dim_param, shape[i], f"input '{vi.name}'",
+                                             label, original=True)
+    for dim, size in dims.items():
+        frontend.check_unrolled_size(fixed, dim, size, "--dim", label, original=True)
+
+
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
     """The check's input sets with the given ``inputs`` (None: all random)."""
     if not inputs:
@@ -808,6 +829,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
     dims = {**frontend.planned_dims(original), **given, **(dims or {})}
     golden.check_dim_names(original, dims)
+    _check_unrolled(original, inputs, dims, f"model '{model}'" if isinstance(model, (str, Path))
+                    else "the model")
     if check is None:
         check = default_check_runs(original)
     if check or original is model:  # the check needs the original; the caller's stays as is
@@ -953,6 +976,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                                  dims=dims)
             except ReferenceFailed as e:
                 special_skipped = f"the original does not run on such inputs: {e}"
+            else:
+                if special is None:  # said in the summary, not left out without a word
+                    special_skipped = golden.NO_FLOAT_INPUT
             timings.append(("check_nan_inf", time.perf_counter() - t0))
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "

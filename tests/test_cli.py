@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -312,13 +313,25 @@ def test_unknown_arguments_dims_and_impossible_names_are_one_line_errors(tmp_pat
         main(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "--bogus"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("onnx-cinm optimize: error: unrecognized arguments")
-    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"),
-                         "--dim", "bach=2", "-q"], capsys)
-    assert code == 1 and "no input has a symbolic dimension named 'bach'" in err
+    # every --dim mistake is a usage error (exit 2): a bad size and a name no input has alike
+    model = tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    for command in (["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "-q"],
+                    ["run", str(model), "-q"],
+                    ["compare", "--example", "lenet", str(model)],
+                    ["sweep", "--example", "lenet", "--set", "cim.crossbars=4", "-q", "-o",
+                     str(tmp_path / "sw")]):
+        for dim, needle in (("bach=2", "no input has a symbolic dimension named 'bach'"),
+                            ("batch=0", "--dim expects NAME=SIZE with a positive integer")):
+            with pytest.raises(SystemExit) as e:
+                main([*command, "--dim", dim])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and needle in err and err.count("\n") == 1, (command, err)
+    assert not (tmp_path / "o.onnx").exists() and not (tmp_path / "sw").exists()
     code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / ("n" * 300 + ".onnx")),
                          "-q"], capsys)
     assert code == 1 and "File name too long" in err and "internal error" not in err
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.cinm", "m.onnx"]
 
 
 def test_help_does_not_import_onnx():
@@ -596,3 +609,142 @@ def test_process_age_of_a_fresh_child_is_its_own():
                          check=True).stdout
     elapsed = time.perf_counter() - t0
     assert 0.0 <= float(out) <= elapsed + 0.02
+
+
+def _run_matches_original(model, example, tmp_path, capsys):
+    """``onnx-cinm run model`` on fresh data (through its kernels) equals onnxruntime on the
+    bundled example it was optimized from."""
+    import numpy as np
+    import onnxruntime as ort
+
+    original = get_example(example)
+    vi = original.graph.input[0]
+    shape = [d.dim_value or 2 for d in vi.type.tensor_type.shape.dim]
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = tmp_path / f"res_{model.name}.npz"
+    code, _, err = _run(["run", str(model), "--input", f"{vi.name}={tmp_path / 'x.npy'}",
+                         "-o", str(res), "-q"], capsys)
+    assert code == 0, err
+    want = ort.InferenceSession(original.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {vi.name: x})
+    with np.load(res) as got:
+        np.testing.assert_allclose(got[original.graph.output[0].name], want[0], rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_outputs_differing_only_in_extension_keep_their_own_kernel_folders(tmp_path, capsys):
+    """``lemma.v1`` and ``lemma.v2`` (and ``x.onnx`` and ``x.npz``) once shared one kernel
+    folder, the second optimize breaking the first model: each now has its own, both run."""
+    from onnx_cinm import artifacts
+
+    v1, v2 = tmp_path / "lemma.v1", tmp_path / "lemma.v2"
+    assert main(["optimize", "--example", "lenet", "-o", str(v1), "-q"]) == 0
+    code, out, err = _run(["optimize", "--example", "mlp", "-o", str(v2)], capsys)
+    assert code == 0, err
+    assert f"in {tmp_path / 'lemma.v2.cinm'}/" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lemma.v1", "lemma.v1.cinm",
+                                                         "lemma.v2", "lemma.v2.cinm"]
+    for path in (v1, v2):  # each folder is its model's own
+        manifest = artifacts.load_manifest(tmp_path / (path.name + ".cinm"))
+        assert artifacts.kernel_digest(manifest) == artifacts.recorded_digest(onnx.load(str(path)))
+    _run_matches_original(v1, "lenet", tmp_path, capsys)
+    _run_matches_original(v2, "mlp", tmp_path, capsys)
+    x_onnx, x_npz = tmp_path / "x.onnx", tmp_path / "x.npz"
+    assert main(["optimize", "--example", "mlp", "-o", str(x_onnx), "-q"]) == 0
+    assert main(["optimize", "--example", "lenet", "-o", str(x_npz), "-q"]) == 0
+    assert (tmp_path / "x.cinm").is_dir() and (tmp_path / "x.npz.cinm").is_dir()
+    _run_matches_original(x_onnx, "mlp", tmp_path, capsys)
+    _run_matches_original(x_npz, "lenet", tmp_path, capsys)
+    # X.onnx and X name one folder: the second is refused while the first and its folder exist
+    before = {p: p.read_bytes() for p in [x_onnx, *(tmp_path / "x.cinm").rglob("*")]
+              if p.is_file()}
+    code, _, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "x"), "-q"],
+                        capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"would replace the kernel folder '{tmp_path / 'x.cinm'}' of the existing" in err
+    assert not (tmp_path / "x").exists()
+    assert all(p.read_bytes() == b for p, b in before.items())
+    # report folders follow the same rule: two reports side by side
+    for path in (v1, v2):
+        assert main(["report", str(path), "-q"]) == 0
+    assert (tmp_path / "lemma.v1.report" / "layers.csv").is_file()
+    assert (tmp_path / "lemma.v2.report" / "layers.csv").is_file()
+    assert not (tmp_path / "lemma.report").exists()
+
+
+def test_a_model_written_with_the_old_folder_name_still_runs(tmp_path, capsys):
+    """Earlier onnx-cinm put ``old.v1``'s kernels in ``old.cinm``: run still finds them there."""
+    model = tmp_path / "old.v1"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    (tmp_path / "old.v1.cinm").rename(tmp_path / "old.cinm")
+    _run_matches_original(model, "lenet", tmp_path, capsys)
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A folder no file can be created in, even by root: mode 0o555, plus ``chattr +i`` when
+    running as root (root ignores the mode). Skipped where neither works."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    immutable = False
+    try:
+        (ro / "probe").touch()
+    except OSError:
+        pass
+    else:
+        (ro / "probe").unlink()
+        immutable = shutil.which("chattr") is not None and subprocess.run(
+            ["chattr", "+i", str(ro)], capture_output=True, check=False).returncode == 0
+        if not immutable:
+            pytest.skip("cannot make a folder unwritable here (root without chattr)")
+    yield ro
+    if immutable:
+        subprocess.run(["chattr", "-i", str(ro)], check=True)
+    ro.chmod(0o755)
+
+
+def test_an_unwritable_output_folder_is_refused_before_any_work(tmp_path, unwritable_dir,
+                                                               capsys):
+    """Found before loading and optimizing or running, in one line, exit 1, nothing written
+    (it used to surface only after the whole check, or after run printed its outputs)."""
+    model = tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    for argv in (["optimize", "--example", "lenet", "-o", str(unwritable_dir / "o.onnx")],
+                 ["optimize", str(model), "-o", str(tmp_path / "o2.onnx"), "--report",
+                  str(unwritable_dir / "rep")],
+                 ["run", str(model), "-o", str(unwritable_dir / "res.npz")],
+                 ["report", str(model), "-o", str(unwritable_dir / "rep")],
+                 ["sweep", "--example", "lenet", "--set", "cim.crossbars=4,8", "-o",
+                  str(unwritable_dir / "sw")]):
+        code, out, err = _run(argv, capsys)
+        assert code == 1 and out == "", (argv, out)
+        assert len(err.strip().splitlines()) == 1 and f"'{unwritable_dir}' is not writable" in err, \
+            (argv, err)
+    assert list(unwritable_dir.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.cinm", "m.onnx", "ro"]
+
+
+def test_the_nan_inf_line_says_why_a_model_without_float_inputs_has_none(tmp_path, capsys):
+    """Token ids in, floats out: the NaN/Inf check has nothing to inject, and the summary used
+    to leave its line out without a word."""
+    import numpy as np
+    from onnx import TensorProto as TP, helper as h, numpy_helper
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((10, 8)).astype(np.float32), "table")
+    w = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Gather", ["table", "ids"], ["e"]),
+                      h.make_node("MatMul", ["e", "w"], ["y"])], "ids",
+                     [h.make_tensor_value_info("ids", TP.INT64, [2, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [2, 4, 16])], [table, w])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "ids.onnx")
+    code, out, err = _run(["optimize", str(tmp_path / "ids.onnx"), "-o",
+                           str(tmp_path / "o.onnx")], capsys)
+    assert code == 0, err
+    assert ("NaN/Inf check: skipped (the model has no float input to put NaN or Inf in)"
+            in out), out
+    code, out, err = _run(["optimize", "--example", "mlp", "-o", str(tmp_path / "m.onnx")],
+                          capsys)  # a float input: checked, no skip
+    assert code == 0 and "NaN/Inf check: 1 run" in out and "NaN/Inf check: skipped" not in out, out

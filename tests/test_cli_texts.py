@@ -127,3 +127,15 @@ def test_the_source_digest_of_string_initializers_is_their_text():
     copy = onnx.ModelProto.FromString(a.SerializeToString())
     assert frontend.source_digest(a) == frontend.source_digest(copy)
     assert frontend.source_digest(a) != frontend.source_digest(model([b"a", b"bc"]))
+
+
+def test_devices_help_says_what_it_prints(capsys):
+    """It printed only its usage line."""
+    with pytest.raises(SystemExit) as e:
+        main(["devices", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    text = " ".join(out.split())
+    for words in ("every registered device", "parameters", "options", "run modes",
+                  "presets", "Takes no arguments"):
+        assert words in text, words

@@ -190,6 +190,13 @@ def test_bad_input_is_one_line(digits_files, digits_mlp, capsys, tmp_path):
     np.savez(tmp_path / "short.npz", X=digits_mlp.X_test, labels=digits_mlp.y_test[:10])
     assert "must be [450]" in _error(capsys, ev + [str(tmp_path / "short.npz")])
     assert "no array 'y'" in _error(capsys, ev + [str(data), "--labels", "y"])
+    # an array that is no input (and not the labels) is refused, as optimize --input refuses it
+    np.savez(tmp_path / "extra.npz", X=digits_mlp.X_test, labels=digits_mlp.y_test,
+             bogus=digits_mlp.X_test)
+    err = _error(capsys, ev + [str(tmp_path / "extra.npz")])
+    assert "the data's array 'bogus' is not an input of the model (inputs: X)" in err
+    np.savez(tmp_path / "y.npz", X=digits_mlp.X_test, y=digits_mlp.y_test)  # labels by another name
+    assert "name it with --labels y" in _error(capsys, ev + [str(tmp_path / "y.npz")])
     # the original model has no crossbar kernels: nothing to evaluate
     assert "nothing to evaluate" in _error(capsys, ["evaluate", str(original), "--data",
                                                     str(data)])

@@ -505,3 +505,28 @@ def test_a_device_whose_summary_predates_fold_still_prints_its_table(tmp_path, c
                  "--place", "rnn/*=memristor", "--check", "0"]) == 0
     assert "old plugin table" in capsys.readouterr().out
     assert seen == [6]  # the projection and the 5 steps, none folded away
+
+
+def test_optimizing_an_unrolled_model_at_another_length_says_so_in_one_line(tmp_path, capsys):
+    """An optimized model unrolled for T=4, optimized again on arrays (or a --dim) of T=6,
+    failed inside onnxruntime ("Split ... Invalid value in 'split'"): now the message run gives,
+    pointing to the original model, before any pass."""
+    from onnx_cinm.cli import main
+
+    res = optimize(_model("GRU", 4, 2, 3, 5, seq_dim="T", lbr=1), dims={"T": 4})
+    artifacts.save(res.model, tmp_path / "gru.onnx")
+    np.save(tmp_path / "x6.npy", np.zeros((6, 2, 3), np.float32))
+    for extra, given in ((["--input", f"X={tmp_path / 'x6.npy'}"], "input 'X'"),
+                         (["--dim", "T=6"], "--dim")):
+        code = main(["optimize", str(tmp_path / "gru.onnx"), "-o", str(tmp_path / "again.onnx"),
+                     "-q", *extra])
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1, err
+        assert (f"model '{tmp_path / 'gru.onnx'}' was unrolled for T=4 ({given} has T=6); "
+                "re-optimize the original model with --dim T=6, or without sizing T") in err
+        assert "Split" not in err and not (tmp_path / "again.onnx").exists()
+    # at its own length it still optimizes again
+    np.save(tmp_path / "x4.npy", np.random.default_rng(1).standard_normal((4, 2, 3))
+            .astype(np.float32))
+    assert main(["optimize", str(tmp_path / "gru.onnx"), "-o", str(tmp_path / "again.onnx"),
+                 "-q", "--input", f"X={tmp_path / 'x4.npy'}"]) == 0

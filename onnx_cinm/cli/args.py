@@ -295,7 +295,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("input", nargs="?", help="input .onnx model")
     src.add_argument("--example", metavar="NAME",
                      help="use a model bundled with onnx-cinm instead of a file (see --list-examples)")
-    o.add_argument("-o", "--output", help="output .onnx path (required unless listing)")
+    o.add_argument("-o", "--output",
+                   help="output .onnx path (required unless listing); its kernels go in the "
+                        "folder of its name minus .onnx plus .cinm (other names whole plus "
+                        ".cinm: out.v1 -> out.v1.cinm)")
     o.add_argument("--check", type=_count, default=None, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables "
                         "(default: 1, or 2 - compare's default - for a model that quantizes at run "
@@ -382,7 +385,8 @@ def _parser() -> argparse.ArgumentParser:
                     "--host-roofline says otherwise, the host figures it was optimized with.",
         formatter_class=_HelpFormatter)
     rp.add_argument("model", help="optimized .onnx model")
-    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/)")
+    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/, <model> minus an .onnx "
+                         "extension, other names whole: out.v1 -> out.v1.report/)")
     _option_flags(rp, {"host_roofline": schema["host_roofline"]})
     rp.add_argument("--all-nodes", action="store_true",
                     help="print every node, not only cinm ops, a row each (else the nodes of one "
@@ -422,7 +426,15 @@ def _parser() -> argparse.ArgumentParser:
     _option_flags(sw, schema)  # the options of every configuration, unless swept
 
     ev = _evaluate_parser(sub)
-    d = sub.add_parser("devices", help="list the registered devices and their parameters")
+    d = sub.add_parser(
+        "devices", help="list the registered devices and their parameters",
+        description="Print every registered device (built in and from plugins), one block each: "
+                    "its name and paradigm; its parameters as optimize plans with them by "
+                    "default, each with its meaning, unit and the source of its figure; its "
+                    "options (flag prefix, --config table, sweep keys) with units, ranges and "
+                    "defaults; its run modes and run options (--provider-option of run, compare "
+                    "and evaluate); and the presets it offers, if any. Takes no arguments and "
+                    "reads no model.")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     for command_parser in (o, r, c, rp, sw, ev, d):  # usage errors name the subcommand
         command_parser.set_defaults(command_parser=command_parser)
@@ -574,6 +586,18 @@ def _dims(items: list[str], parser) -> dict[str, int]:
     return dims
 
 
+def _check_dim_names(model, dims: dict, parser) -> None:
+    """:func:`onnx_cinm.golden.check_dim_names` (a ``--dim`` naming no symbolic dim of
+    ``model``'s inputs) as a usage error, exit 2, like every other ``--dim`` mistake
+    (:func:`_dims`)."""
+    from .. import golden
+
+    try:
+        golden.check_dim_names(model, dims)
+    except CinmError as e:
+        parser.error(f"--dim: {e}")
+
+
 def _input_files(items: list[str]) -> list[str]:
     """The files named by ``--input`` options (to protect them from being overwritten)."""
     return [item.partition("=")[2] if "=" in item else item for item in items]
@@ -661,7 +685,8 @@ def _refuse_dim_conflicts(model, given: dict, dims: dict) -> None:
 
 
 def _check_writable_folder(folder: str, what: str) -> None:
-    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder."""
+    """Raise CinmError unless ``folder`` is, or can be created as, a writable folder (a file
+    is created and removed in it, or in the parent it would be created in)."""
     p = Path(folder)
     if p.exists() and not p.is_dir():
         raise CinmError(f"{what} folder '{folder}' exists and is not a folder")
@@ -673,19 +698,39 @@ def _check_writable_folder(folder: str, what: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise CinmError(f"cannot create the {what} folder '{folder}': '{existing}' is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CinmError(f"cannot write the {what} into '{folder}': '{existing}' is not writable")
+    _probe_folder(existing, f"the {what} into '{folder}'")
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Raise CinmError (``cannot write WHAT: 'FOLDER' is not writable (reason)``) unless a file
+    can be created in, and removed from, the existing folder ``folder``. A real write, not
+    ``os.access``: that says yes to root in an immutable folder (``chattr +i``) or on a
+    read-only mount, and the failure then came only after all the work."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".onnx-cinm-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise CinmError(f"cannot write {what}: '{folder}' is not writable "
+                        f"({e.strerror or type(e).__name__})") from None
 
 
 def _check_output_file(target: str, option: str, protected: dict) -> None:
-    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, a folder that
-    does not exist, or would overwrite one of ``protected`` (``{path: what it is}``; a folder
+    """Raise CinmError if ``target`` (an output file of ``option``) names a folder, lies in a
+    folder that does not exist or cannot be written (:func:`_probe_folder`), or would overwrite
+    one of ``protected`` (``{path: what it is}``; a folder
     protects everything inside it)."""
     p = Path(target)
     if target.endswith(("/", os.sep)) or p.is_dir():
         raise CinmError(f"{option} '{target}' names a folder, not a regular file")
+    if p.resolve().parent.exists() and not p.resolve().parent.is_dir():
+        raise CinmError(f"cannot write '{target}': '{p.parent}' is a file, not a folder "
+                        "(Not a directory)")
     if not p.resolve().parent.is_dir():
         raise CinmError(f"cannot write '{target}': folder '{p.parent}' does not exist")
+    _probe_folder(p.resolve().parent, f"'{target}'")
     resolved = p.resolve()
     for path, what in protected.items():
         q = Path(path).resolve()

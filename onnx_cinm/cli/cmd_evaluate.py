@@ -55,7 +55,7 @@ def _cmd_evaluate(args, parser) -> int:
                 opts[key] = getattr(args, key)
     if args.plot:
         protected = {args.model: "the model", args.data: "the data",
-                     str(artifacts.artifact_dir(args.model)): "the model's kernel folder"}
+                     str(artifacts.find_artifact_dir(args.model)): "the model's kernel folder"}
         _check_output_file(args.plot, "--plot", protected)
     arrays = _load_data(args.data)
     key = args.labels or "labels"

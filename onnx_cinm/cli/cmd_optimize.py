@@ -11,6 +11,8 @@ from ..errors import CinmError
 from ..text import Column, printable, progress_bar, si, table
 from . import clock
 from .args import (
+    _check_dim_names,
+    _check_output_file,
     _check_writable_folder,
     _dims,
     _drop_labels,
@@ -54,7 +56,13 @@ def _cmd_optimize(args, parser) -> int:
     artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
+    _check_output_file(args.output, "-o", {})  # its folder exists and takes files: before the work
     kernels = artifacts.artifact_dir(out).resolve()
+    other = artifacts.shared_with(out)
+    if other.is_file() and kernels.is_dir():  # X.onnx and X: the one pair sharing a folder
+        raise CinmError(f"-o '{args.output}' would replace the kernel folder "
+                        f"'{artifacts.artifact_dir(out)}' of the existing '{other}' (both "
+                        "names map to it); choose another output name")
     if args.input and kernels in Path(args.input).resolve().parents:
         raise CinmError(f"the input lies inside the output's kernel folder '{kernels}', which "
                         "optimize replaces; choose another output or move the input")
@@ -109,11 +117,14 @@ def _cmd_optimize(args, parser) -> int:
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
-    if given:
+    header = model
+    if dims:
         from .. import golden
 
-        # both looks at the inputs below parse a path's whole file: parse it once for them
-        header = golden._load_header(model) if dims else model
+        # the looks at the inputs below parse a path's whole file: parse it once for them
+        header = golden._load_header(model)
+        _check_dim_names(header, dims, parser)
+    if given:
         _drop_labels(args, header, given)
     if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
         for dim, size, name, has in golden.dim_conflicts(header, given, dims):

@@ -8,9 +8,12 @@ from pathlib import Path
 def _cmd_report(args) -> int:
     from .. import artifacts, frontend, report
     from ..errors import CinmError
-    from .args import written_by_optimize
+    from .args import _check_writable_folder, written_by_optimize
 
     path = Path(args.model)
+    out = Path(args.output) if args.output else artifacts.beside(path, ".report")
+    artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
+    _check_writable_folder(str(out), "report")  # before reading the model, not after rendering
     model = frontend.load_model(str(path))
     if not written_by_optimize(model):
         raise CinmError(f"'{path}' was not written by 'onnx-cinm optimize' (no cinm op, no record "
@@ -19,8 +22,6 @@ def _cmd_report(args) -> int:
     opts = report.options_from_plans(model)
     if args.host_roofline:
         opts["host_roofline"] = args.host_roofline
-    out = Path(args.output) if args.output else path.with_name(path.stem + ".report")
-    artifacts.check_output_outside_kernels(out, "-o" if args.output else "the report folder")
     res = report.write_report(model, out, opts, title=path.name)
     if not args.quiet:
         print(f"onnx-cinm report: {path} -> {out}/")

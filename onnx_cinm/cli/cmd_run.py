@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import CinmError, ReferenceFailed
 from ..text import si
-from .args import (_check_output_file, _drop_labels, _given_inputs, _input_files,
+from .args import (_check_dim_names, _check_output_file, _drop_labels, _given_inputs, _input_files,
                    _refuse_dim_conflicts)
 
 
@@ -86,7 +86,7 @@ def _cmd_run(args, parser) -> int:
     if args.output and Path(args.output).suffix.lower() != ".npz":
         parser.error(f"-o/--output must end in .npz (a numpy archive), got '{args.output}'")
     protected = {args.model: "the model being run",
-                 str(artifacts.artifact_dir(args.model)): "the model's kernel folder"}
+                 str(artifacts.find_artifact_dir(args.model)): "the model's kernel folder"}
     protected.update({file: f"input file '{file}'" for file in
                       _input_files(args.feed)})
     for option, target in (("-o", args.output), ("--profile-out", args.profile_out)):
@@ -97,7 +97,7 @@ def _cmd_run(args, parser) -> int:
     sess = _session(args.model, opts)
     _drop_labels(args, sess._model, given)
     shapes = {name: arr.shape for name, arr in given.items()}
-    golden.check_dim_names(sess._model, dims)
+    _check_dim_names(sess._model, dims, parser)
     golden.check_given_inputs(sess._model, given)
     _refuse_dim_conflicts(sess._model, given, dims)
     planned = frontend.planned_dims(sess._model)
@@ -333,7 +333,7 @@ def _cmd_compare(args, parser) -> int:
         args.original = f"example '{args.example}'"
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
-    golden.check_dim_names(original, dims)
+    _check_dim_names(original, dims, parser)
     _drop_labels(args, original, given)
     unknown = sorted(set(given) - {i.name for i in original.graph.input})
     if unknown:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import CinmError
 from ..text import Column, si, table
-from .args import _dims, _pass_options
+from .args import _check_dim_names, _check_writable_folder, _dims, _pass_options
 
 
 def _cmd_sweep(args, parser) -> int:
@@ -36,9 +36,7 @@ def _cmd_sweep(args, parser) -> int:
         parser.error("--executor dask needs --scheduler ADDRESS")
     out = Path(args.output)
     artifacts.check_output_outside_kernels(out, "-o")
-    if out.exists() and not out.is_dir():
-        raise CinmError(f"sweep folder '{args.output}' exists and is not a folder")
-    frontend.missing_parent(out, "sweep")  # before the sweep, not after it
+    _check_writable_folder(args.output, "sweep")  # before the sweep, not after it
     base = _pass_options(args, parser)
     if args.example:
         from ..examples import get_example
@@ -47,6 +45,7 @@ def _cmd_sweep(args, parser) -> int:
         model, source = get_example(args.example), f"example '{args.example}'"
     else:
         model, source = frontend.load_model(args.input), args.input
+    _check_dim_names(model, dims, parser)
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
                                  progress=not args.quiet, input_shapes=shapes or None, dims=dims)

@@ -82,7 +82,7 @@ class Evaluator:
 
     Raises:
         CinmError: the model has no device kernel with run options (nothing to evaluate), an
-            input array is missing or has the wrong sample count or another dtype than the
+            array of ``data`` is not an input of the model, an input array is missing or has the wrong sample count or another dtype than the
             model's input (no silent cast, as ``run --input``), labels of the
             wrong length or not integers, an unknown output, bad provider options; labels
             with a class the judged output has no score column for (a one-column output
@@ -134,6 +134,11 @@ class Evaluator:
             held = ", ".join(sorted(self.data)) or "nothing"
             raise CinmError(f"the data have no array '{missing[0]}' (an input of the model; "
                             f"they hold: {held})")
+        extra = sorted(set(self.data) - set(names))
+        if extra:  # as optimize/run --input: an array nothing reads is a mistake, not ignored
+            raise CinmError(f"the data's array '{extra[0]}' is not an input of the model (inputs: "
+                            f"{', '.join(names)}); if it holds the labels, name it with --labels "
+                            f"{extra[0]}")
         counts = {n: np.shape(self.data[n])[0] if np.ndim(self.data[n]) else None for n in names}
         if any(c is None for c in counts.values()):
             raise CinmError(f"input array '{next(n for n, c in counts.items() if c is None)}' "

@@ -434,7 +434,8 @@ class InferenceSession:
     """Run an optimized model like ``onnxruntime.InferenceSession``, with device kernels.
 
     Args:
-        path_or_model: an optimized ``.onnx`` path (its kernels in ``<path>.cinm/``) or a
+        path_or_model: an optimized ``.onnx`` path (its kernels in ``<path>.cinm/``,
+            :func:`onnx_cinm.artifacts.find_artifact_dir`) or a
             ModelProto (then ``kernel_dir`` names the kernel folder, if it has device kernels).
         providers: ``["CinmExecutionProvider", "CPUExecutionProvider"]`` (default) or
             ``["CPUExecutionProvider"]`` (everything in onnxruntime: the reference bodies).
@@ -480,7 +481,7 @@ class InferenceSession:
         else:
             self._label_text = f"model '{path_or_model}'"
             model = frontend.load_model(path_or_model)
-            root = Path(kernel_dir) if kernel_dir else artifacts.artifact_dir(path_or_model)
+            root = Path(kernel_dir) if kernel_dir else artifacts.find_artifact_dir(path_or_model)
         self._setup(model, root)
         self._build(use_devices=PROVIDER in providers)
 
@@ -870,13 +871,9 @@ class InferenceSession:
                     if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != a.shape[i]:
                         raise CinmError(f"input '{vi.name}' has shape {list(a.shape)}, the model "
                                         f"expects {_shape_text(vi)}")
-                    size = fixed.get(d.dim_param) if d.HasField("dim_param") else None
-                    if size is not None and a.shape[i] != size:  # its Split would fail in ORT
-                        raise CinmError(
-                            f"{self._label_text} was unrolled for {d.dim_param}={size} (input "
-                            f"'{vi.name}' has {d.dim_param}={a.shape[i]}); re-optimize with --dim "
-                            f"{d.dim_param}={a.shape[i]}, or without sizing {d.dim_param} to keep "
-                            "its steps in a Scan that runs at any length")
+                    if fixed and d.HasField("dim_param"):  # its Split would fail in ORT
+                        frontend.check_unrolled_size(fixed, d.dim_param, a.shape[i],
+                                                     f"input '{vi.name}'", self._label_text)
             out[vi.name] = a
         return out
 
