@@ -459,10 +459,11 @@ class MatrixKernels:
                 W.shape[0] != x.shape[1] * math.prod(kernel_shape):
             raise ValueError(f"conv: input {list(x.shape)} and weights {list(W.shape)} do not "
                              f"fit kernel {list(kernel_shape)}")
-        if self.mode == "numpy":
-            return None
         if activation not in (None, "Relu"):
             raise ValueError(f"conv: unknown activation {activation!r}")
+        big = x.shape[0] * math.prod(_conv_out(x.shape[2:], geo)) * W.shape[0] * 4 > IM2COL_BYTES
+        if self.mode == "numpy":
+            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
         key = (tuple(x.shape), W.shape[1], geo, activation)
         kind = self._conv_choice.get(key)
         if kind is None and self.mode == "onnxruntime":
@@ -474,7 +475,7 @@ class MatrixKernels:
                 if kind is None:
                     kind = self._decide_conv(key, x, W, bias, geo, activation)
         if kind == "numpy":
-            return None
+            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
         return self._ort_conv(x, W, bias, geo, activation)
 
     def _decide_conv(self, key, x, W, bias, geo, activation) -> str:
@@ -886,6 +887,59 @@ def _as_u8(x: np.ndarray, c: int) -> np.ndarray:
 #: rows at the widest kernels here (DNSMOS conv2d_1: 1152 patch values a row, 7281 rows), many
 #: times the 10-100 us a call takes at which per-call overhead would decide.
 TIMING_BYTES = 32 << 20
+
+
+#: The most bytes of float32 patches a product of patches computed by numpy materializes at
+#: once (:meth:`MatrixKernels.conv`): a larger one is computed by :func:`_tiled_numpy_conv` in
+#: blocks of output rows. 64 MB; DNSMOS's conv2d_1 at batch 4 would otherwise copy 2.7 GB of
+#: patches (579,600 rows of 1152 values).
+IM2COL_BYTES = 64 << 20
+
+
+def _tiled_numpy_conv(W, bias, geo, activation):
+    """numpy's route of :meth:`MatrixKernels.conv` for patches larger than
+    :data:`IM2COL_BYTES`: ``f(x, out=None) -> Y[n, N, *O]`` float32, per image and per block of
+    output rows along the first spatial axis (at least one) the block's patches copied in
+    Im2Col's layout (``[C * prod(k), rows]``), numpy's product of them with ``W`` written as
+    ``Y^T = W^T X^T`` (rows of unit stride, as the simulator writes a transposed output), the
+    bias added after the product and a Relu setting the negative elements to zero (``-0.0``
+    and NaN kept, as the provider's Relu does). BLAS sums each output over ``K`` alike
+    whatever the number of rows, so the blocks give the bits of the whole product
+    (tests/test_crossbar_sim.py compares them)."""
+    kernel_shape, strides, pads, dilations = geo
+    K, N = W.shape
+    Wf = np.asarray(W, np.float32)
+
+    def run(x, out=None):
+        n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
+        r = len(spatial)
+        O = _conv_out(spatial, geo)
+        if out is None:
+            out = np.empty((n, N) + O, np.float32)
+        per_row = math.prod(O[1:]) * K * 4 if r else K * 4
+        b = max(1, min(O[0], IM2COL_BYTES // max(per_row, 1))) if r else 1
+        span = [d * (k - 1) + 1 for k, d in zip(kernel_shape, dilations)]
+        for i in range(n):
+            xp = np.pad(x[i:i + 1], [(0, 0), (0, 0)] + [(pads[a], pads[a + r]) for a in range(r)])
+            win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + r)))
+            win = win[(slice(None), slice(None)) + tuple(slice(None, None, t) for t in strides)
+                      + tuple(slice(None, None, d) for d in dilations)]
+            # [1, C, *O, *k] -> [C, *k, *O], Im2Col's memory of one image
+            win = win[0].transpose((0,) + tuple(range(1 + r, 1 + 2 * r)) + tuple(range(1, 1 + r)))
+            for o0 in range(0, O[0], b):
+                o1 = min(o0 + b, O[0])
+                blk = win[(slice(None),) * (1 + r) + (slice(o0, o1),)]
+                rows = blk.size // K
+                cols = np.ascontiguousarray(blk).reshape(K, rows)
+                prod = np.empty((N, rows), np.float32)
+                _np_matmul(cols.T, Wf, prod.T)
+                if bias is not None:
+                    np.add(prod, np.asarray(bias, np.float32).reshape(N, 1), out=prod)
+                if activation:
+                    np.copyto(prod, 0, where=prod < 0)
+                out[i, :, o0:o1] = prod.reshape((N, o1 - o0) + O[1:])
+        return out
+    return run
 
 
 def _timing_slice(x: np.ndarray, K: int, geo: tuple) -> np.ndarray:
