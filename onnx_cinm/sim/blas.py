@@ -442,7 +442,10 @@ class MatrixKernels:
         ``activation`` ``"Relu"`` applied (in the same session: onnxruntime fuses it into the
         convolution) or none (None).
 
-        Which kernel: ``"numpy"`` never convolves (None); ``"onnxruntime"`` always does;
+        Which kernel: ``"numpy"`` never convolves: None, or for patches larger than
+        :data:`IM2COL_BYTES` numpy's product computed in blocks of output rows
+        (:func:`_tiled_numpy_conv`: numpy's bits, the patches never all materialized; so
+        too when ``"auto"`` chose numpy); ``"onnxruntime"`` always does;
         ``"auto"`` times both on the first product of each shape and geometry
         (:meth:`_decide_conv`: the convolution against copying the patches, numpy's product of
         them and the bias addition) and keeps the convolution unless it took more than
