@@ -605,6 +605,29 @@ def test_numpy_products_of_patches_over_the_bound_are_tiled_with_numpys_bits(mon
     assert copied and max(copied) <= 27 * 9 * 6 < 27 * 40 * 9
 
 
+def test_auto_times_a_convolution_on_a_slice_of_bounded_patches(monkeypatch):
+    """``"auto"`` times a convolution against numpy's route on a slice of the input whose
+    patches fit ``blas.TIMING_BYTES`` (DNSMOS at batch 4 built 2.7 GB of patches, twice, only
+    to time the choice), and records the choice for the whole input's shape."""
+    from onnx_cinm.sim import blas
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4, 50, 8)).astype(np.float32)
+    W = rng.standard_normal((4 * 9, 6)).astype(np.float32)
+    geometry = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    bound = 36 * 8 * 4 * 5  # five output rows of one image; the whole input has 150
+    monkeypatch.setattr(blas, "TIMING_BYTES", bound)
+    sizes = []
+    real = np.ones
+    monkeypatch.setattr(np, "ones", lambda shape, *a, **k: sizes.append(
+        int(np.prod(shape)) * 4) or real(shape, *a, **k))
+    auto = blas.MatrixKernels(1, "auto")
+    f = auto.conv(x, W, None, geometry)
+    assert sizes and max(sizes) <= bound + 36 * 8 * 4  # patches: at most one row past it
+    assert auto.describe()["chosen"]["conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] == \
+        ("numpy" if f is None else "onnxruntime")
+
+
 def test_a_run_keeps_only_the_graph_outputs(tmp_path):
     """A run drops each intermediate after its last reader: what the run holds at its end is
     the graph's outputs alone (the model's intermediates are not kept to the end)."""
