@@ -568,6 +568,82 @@ def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
         blas.MatrixKernels(1, "onnxruntime").conv(x, W[1:], b, geometry)
 
 
+def test_numpy_products_of_patches_over_the_bound_are_tiled_with_numpys_bits(monkeypatch):
+    """A product of patches larger than ``blas.IM2COL_BYTES`` under ``"numpy"`` is computed in
+    blocks of output rows, never the whole Im2Col at once, with the bits of numpy's product
+    of the whole patches (cut by hand here, Im2Col's layout ``[C*k, rows]`` per image, the
+    product written as ``W^T X^T``), the bias added after it and negatives set to zero."""
+    from onnx_cinm.sim import blas
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 40, 9)).astype(np.float32)
+    W = rng.standard_normal((3 * 3 * 3, 7)).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+    geometry = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    O = (40, 9)
+    cols = np.empty((2, 27, *O), np.float32)
+    for i in range(O[0]):
+        for j in range(O[1]):
+            cols[:, :, i, j] = xp[:, :, i:i + 3, j:j + 3].reshape(2, -1)
+    want = np.empty((2, 7, *O), np.float32)
+    for n in range(2):
+        prod = np.matmul(W.T, cols[n].reshape(27, -1))  # [N, rows]: numpy's whole product
+        prod += b[:, None]
+        want[n] = prod.reshape(7, *O)
+    assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None  # under the bound
+    monkeypatch.setattr(blas, "IM2COL_BYTES", 27 * 9 * 4 * 6)  # 6 of the 40 output rows
+    copied = []
+    real = np.ascontiguousarray
+    monkeypatch.setattr(np, "ascontiguousarray",
+                        lambda a, *k, **kw: copied.append(a.size) or real(a, *k, **kw))
+    for act in (None, "Relu"):
+        f = blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry, act)
+        got = f(x)
+        ref = np.where(want < 0, np.float32(0), want) if act else want
+        assert got.dtype == np.float32 and np.array_equal(got, ref)
+    assert copied and max(copied) <= 27 * 9 * 6 < 27 * 40 * 9
+
+
+def test_auto_times_a_convolution_on_a_slice_of_bounded_patches(monkeypatch):
+    """``"auto"`` times a convolution against numpy's route on a slice of the input whose
+    patches fit ``blas.TIMING_BYTES`` (DNSMOS at batch 4 built 2.7 GB of patches, twice, only
+    to time the choice), and records the choice for the whole input's shape."""
+    from onnx_cinm.sim import blas
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4, 50, 8)).astype(np.float32)
+    W = rng.standard_normal((4 * 9, 6)).astype(np.float32)
+    geometry = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    bound = 36 * 8 * 4 * 5  # five output rows of one image; the whole input has 150
+    monkeypatch.setattr(blas, "TIMING_BYTES", bound)
+    sizes = []
+    real = np.ones
+    monkeypatch.setattr(np, "ones", lambda shape, *a, **k: sizes.append(
+        int(np.prod(shape)) * 4) or real(shape, *a, **k))
+    auto = blas.MatrixKernels(1, "auto")
+    f = auto.conv(x, W, None, geometry)
+    assert sizes and max(sizes) <= bound + 36 * 8 * 4  # patches: at most one row past it
+    assert auto.describe()["chosen"]["conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] == \
+        ("numpy" if f is None else "onnxruntime")
+
+
+def test_a_run_keeps_only_the_graph_outputs(tmp_path):
+    """A run drops each intermediate after its last reader: what the run holds at its end is
+    the graph's outputs alone (the model's intermediates are not kept to the end)."""
+    original = _convs()
+    res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem"),
+                                    ("relu*", "upmem")])
+    path = tmp_path / "convs.onnx"
+    artifacts.save(res.model, path)
+    sess = InferenceSession(path)
+    feeds = random_inputs(original, seed=0)
+    values, _ = sess._execute(feeds, 0)
+    assert set(values) == {o.name for o in original.graph.output}
+    (ref,) = run_onnxruntime(original, feeds)
+    np.testing.assert_allclose(values[original.graph.output[0].name], ref, rtol=1e-4, atol=1e-5)
+
+
 def test_session_rejects_bad_kernel_options_and_reports_its_configuration(lenet):
     _, _, opt = lenet
     for bad in ({"blas_threads": -1}, {"matmul": "gpu"}):

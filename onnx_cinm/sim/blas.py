@@ -149,6 +149,32 @@ def graph_level(name: str):
 
     return getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[name])
 
+_ARENA = {"registered": None}
+
+
+def share_arena(so) -> None:
+    """Make a session of options ``so`` allocate from one CPU arena shared by every session
+    of the process (onnxruntime's environment allocator, registered at the first call), as
+    one onnxruntime session's nodes share one arena. Each session's own arena keeps the most
+    it ever held: on DNSMOS at batch 4 the provider's partitions and convolutions held 2.05
+    GB that way, onnxruntime on the original 531 MB. If onnxruntime cannot register the
+    allocator the session keeps its own arena."""
+    import onnxruntime as ort
+
+    if _ARENA["registered"] is None:
+        with _CONTROLLER_LOCK:
+            if _ARENA["registered"] is None:
+                try:
+                    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                             ort.OrtMemType.DEFAULT)
+                    ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+                    _ARENA["registered"] = True
+                except Exception:  # noqa: BLE001 - onnxruntime's own error types
+                    _ARENA["registered"] = False
+    if _ARENA["registered"]:
+        so.add_session_config_entry("session.use_env_allocators", "1")
+
+
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("onnx_cinm_matrix_kernels", default=None)
 _CONTROLLER_LOCK = threading.Lock()
 
@@ -389,6 +415,7 @@ class MatrixKernels:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
+        share_arena(so)
         so.log_severity_level = 3
         so.intra_op_num_threads = max(self.threads, 1)
         so.inter_op_num_threads = 1
@@ -415,7 +442,10 @@ class MatrixKernels:
         ``activation`` ``"Relu"`` applied (in the same session: onnxruntime fuses it into the
         convolution) or none (None).
 
-        Which kernel: ``"numpy"`` never convolves (None); ``"onnxruntime"`` always does;
+        Which kernel: ``"numpy"`` never convolves: None, or for patches larger than
+        :data:`IM2COL_BYTES` numpy's product computed in blocks of output rows
+        (:func:`_tiled_numpy_conv`: numpy's bits, the patches never all materialized; so
+        too when ``"auto"`` chose numpy); ``"onnxruntime"`` always does;
         ``"auto"`` times both on the first product of each shape and geometry
         (:meth:`_decide_conv`: the convolution against copying the patches, numpy's product of
         them and the bias addition) and keeps the convolution unless it took more than
@@ -432,10 +462,11 @@ class MatrixKernels:
                 W.shape[0] != x.shape[1] * math.prod(kernel_shape):
             raise ValueError(f"conv: input {list(x.shape)} and weights {list(W.shape)} do not "
                              f"fit kernel {list(kernel_shape)}")
-        if self.mode == "numpy":
-            return None
         if activation not in (None, "Relu"):
             raise ValueError(f"conv: unknown activation {activation!r}")
+        big = x.shape[0] * math.prod(_conv_out(x.shape[2:], geo)) * W.shape[0] * 4 > IM2COL_BYTES
+        if self.mode == "numpy":
+            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
         key = (tuple(x.shape), W.shape[1], geo, activation)
         kind = self._conv_choice.get(key)
         if kind is None and self.mode == "onnxruntime":
@@ -447,7 +478,7 @@ class MatrixKernels:
                 if kind is None:
                     kind = self._decide_conv(key, x, W, bias, geo, activation)
         if kind == "numpy":
-            return None
+            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
         return self._ort_conv(x, W, bias, geo, activation)
 
     def _decide_conv(self, key, x, W, bias, geo, activation) -> str:
@@ -457,8 +488,12 @@ class MatrixKernels:
         gives them (the transpose of a C-contiguous ``[K, rows]``), the bias (and Relu) added
         -- and keep the choice for the key (:meth:`conv`, :data:`CONV_MARGIN`). The two run
         alternately, four times each after a warm-up, the least CPU time of each counting
-        (module docstring)."""
+        (module docstring). Timed on a slice of ``x`` whose patches fit :data:`TIMING_BYTES`
+        (:func:`_timing_slice`): both routes cost in proportion to the output rows, and the
+        whole input's patches were 2.7 GB on DNSMOS at batch 4 (with the product's operand
+        copied for a batch, 5.4 GB), built only to time a choice."""
         kernel_shape, strides, pads, dilations = geo
+        x = _timing_slice(x, W.shape[0], geo)
         n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
         r = len(spatial)
         span = [d * (k - 1) + 1 for k, d in zip(kernel_shape, dilations)]
@@ -848,6 +883,85 @@ def _as_u8(x: np.ndarray, c: int) -> np.ndarray:
     if c:
         np.add(u, np.uint8(c), out=u)
     return u
+
+
+#: The most bytes of float32 patches :meth:`MatrixKernels._decide_conv` builds to time a
+#: convolution against the numpy route (:func:`_timing_slice`): 32 MB, a few thousand output
+#: rows at the widest kernels here (DNSMOS conv2d_1: 1152 patch values a row, 7281 rows), many
+#: times the 10-100 us a call takes at which per-call overhead would decide.
+TIMING_BYTES = 32 << 20
+
+
+#: The most bytes of float32 patches a product of patches computed by numpy materializes at
+#: once (:meth:`MatrixKernels.conv`): a larger one is computed by :func:`_tiled_numpy_conv` in
+#: blocks of output rows. 64 MB; DNSMOS's conv2d_1 at batch 4 would otherwise copy 2.7 GB of
+#: patches (579,600 rows of 1152 values).
+IM2COL_BYTES = 64 << 20
+
+
+def _tiled_numpy_conv(W, bias, geo, activation):
+    """numpy's route of :meth:`MatrixKernels.conv` for patches larger than
+    :data:`IM2COL_BYTES`: ``f(x, out=None) -> Y[n, N, *O]`` float32, per image and per block of
+    output rows along the first spatial axis (at least one) the block's patches copied in
+    Im2Col's layout (``[C * prod(k), rows]``), numpy's product of them with ``W`` written as
+    ``Y^T = W^T X^T`` (rows of unit stride, as the simulator writes a transposed output), the
+    bias added after the product and a Relu setting the negative elements to zero (``-0.0``
+    and NaN kept, as the provider's Relu does). BLAS sums each output over ``K`` alike
+    whatever the number of rows, so the blocks give the bits of the whole product
+    (tests/test_crossbar_sim.py compares them)."""
+    kernel_shape, strides, pads, dilations = geo
+    K, N = W.shape
+    Wf = np.asarray(W, np.float32)
+
+    def run(x, out=None):
+        n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
+        r = len(spatial)
+        O = _conv_out(spatial, geo)
+        if out is None:
+            out = np.empty((n, N) + O, np.float32)
+        per_row = math.prod(O[1:]) * K * 4 if r else K * 4
+        b = max(1, min(O[0], IM2COL_BYTES // max(per_row, 1))) if r else 1
+        span = [d * (k - 1) + 1 for k, d in zip(kernel_shape, dilations)]
+        for i in range(n):
+            xp = np.pad(x[i:i + 1], [(0, 0), (0, 0)] + [(pads[a], pads[a + r]) for a in range(r)])
+            win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + r)))
+            win = win[(slice(None), slice(None)) + tuple(slice(None, None, t) for t in strides)
+                      + tuple(slice(None, None, d) for d in dilations)]
+            # [1, C, *O, *k] -> [C, *k, *O], Im2Col's memory of one image
+            win = win[0].transpose((0,) + tuple(range(1 + r, 1 + 2 * r)) + tuple(range(1, 1 + r)))
+            for o0 in range(0, O[0], b):
+                o1 = min(o0 + b, O[0])
+                blk = win[(slice(None),) * (1 + r) + (slice(o0, o1),)]
+                rows = blk.size // K
+                cols = np.ascontiguousarray(blk).reshape(K, rows)
+                prod = np.empty((N, rows), np.float32)
+                _np_matmul(cols.T, Wf, prod.T)
+                if bias is not None:
+                    np.add(prod, np.asarray(bias, np.float32).reshape(N, 1), out=prod)
+                if activation:
+                    np.copyto(prod, 0, where=prod < 0)
+                out[i, :, o0:o1] = prod.reshape((N, o1 - o0) + O[1:])
+        return out
+    return run
+
+
+def _timing_slice(x: np.ndarray, K: int, geo: tuple) -> np.ndarray:
+    """A view of ``x[n, C, *S]`` whose patches (``K`` float32 values per output row, geometry
+    ``geo`` of :meth:`MatrixKernels.conv`) take at most :data:`TIMING_BYTES` where it can: the
+    first image, then the first input rows along the first spatial axis that give that many
+    output rows (at least one output row). ``x`` itself when its patches fit."""
+    kernel_shape, strides, pads, dilations = geo
+    O = _conv_out(x.shape[2:], geo)
+    if x.shape[0] * math.prod(O) * K * 4 <= TIMING_BYTES:
+        return x
+    x = x[:1]
+    if math.prod(O) * K * 4 <= TIMING_BYTES or x.ndim < 3:
+        return x
+    per_row = math.prod(O[1:]) * K * 4  # bytes of one output row along the first axis
+    o0 = max(1, min(O[0], TIMING_BYTES // max(per_row, 1)))
+    span0 = dilations[0] * (kernel_shape[0] - 1) + 1
+    h = max((o0 - 1) * strides[0] + span0 - pads[0], 1)
+    return x[:, :, :min(h, x.shape[2])]
 
 
 def _conv_out(spatial: tuple, geo: tuple) -> tuple:
