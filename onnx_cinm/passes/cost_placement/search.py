@@ -106,6 +106,9 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     linear = w is not None or objective != "edp"
     near = _neighbors(prob)
     devs = _devices(prob, assign)
+    tensors, touch = prob.tensors, prob.touch
+    dev_of = devs.__getitem__
+    now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
     for _ in range(max_sweeps):
         moved = False
@@ -114,7 +117,12 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
             best, best_val, best_d, held = None, cur, None, False
-            base = _transfers(prob, assign, i, assign[i].device, devs)
+            base = []  # _transfers of ``i`` where it is, each tensor priced once per placement
+            for k in touch.get(i, ()):
+                c = now.get(k)
+                if c is None:
+                    c = now[k] = tensor_cost(prob, tensors[k], dev_of)
+                base.append(c)
             on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
                 if ch is assign[i]:
@@ -132,6 +140,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
             if best is not None:
                 assign[i] = best
                 devs[i] = best.device
+                now.update(zip(touch.get(i, ()), on[best.device]))
                 tot = best_d
                 moved = True
                 settled -= near.get(i, set()) | {i}
@@ -514,7 +523,7 @@ def _copy_totals(tot: Totals) -> Totals:
 def _counter(counts: dict) -> Counter:
     """A copy of ``counts`` as a Counter (``Counter(counts)`` goes through its Python-level
     update; the search copies totals thousands of times)."""
-    out = Counter()
+    out = Counter.__new__(Counter)  # an empty Counter without its Python-level __init__
     dict.update(out, counts)
     return out
 
