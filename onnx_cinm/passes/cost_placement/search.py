@@ -332,31 +332,55 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             return hit
 
         src = np.arange(len(codes))
-        entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
-        for ci, ch in enumerate(prob.cands[i]):
-            own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
-            step = np.array([own + transfers(p, ch.device) for p in prev_rows])
-            tot = reached + step[:, None]
-            arg = tot.argmin(axis=0)
-            best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
-            if ch.device in stride and ch.kept_tiles:
-                d = ch.device
-                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
-                best, prow, psrc = best[ok], prow[ok], src[ok]
-                tgt = codes[ok] + ch.kept_tiles * stride[d]
-            entries.append((row[ch.device], tgt, best, prow, psrc, ci))
-        same = all(e[1] is codes for e in entries)
-        new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
-        nvalue = np.full((len(names), len(new)), np.inf)
-        bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
-        for r, tgt, val, prow, psrc, ci in entries:
-            col = src if same else np.searchsorted(new, tgt)
-            better = val < nvalue[r, col]  # the first of equal values stays
-            col = col[better]
-            nvalue[r, col] = val[better]
-            bp[0, r, col] = prow[better]
-            bp[1, r, col] = psrc[better]
-            bp[2, r, col] = ci
+        cands = prob.cands[i]
+        rows = [row[ch.device] for ch in cands]
+        if len(set(rows)) == len(rows) and \
+                not any(ch.kept_tiles and ch.device in stride for ch in cands):
+            # every choice keeps the kept-tile columns as they are and has a device row of its
+            # own: all of them in a few array operations over [choice, previous row, column]
+            # (the same sums and the same first minimum as the loop below, op by op)
+            steps = []
+            for ch in cands:
+                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+                steps.append([own + transfers(p, ch.device) for p in prev_rows])
+            tot = reached[None, :, :] + np.array(steps)[:, :, None]
+            arg = tot.argmin(axis=1)
+            ci = np.arange(len(cands))[:, None]
+            best = tot[ci, arg, src]
+            fin = best < np.inf  # an unreachable state keeps no back pointer
+            new = codes
+            nvalue = np.full((len(names), len(new)), np.inf)
+            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+            nvalue[rows] = np.where(fin, best, np.inf)
+            bp[0, rows] = np.where(fin, live[arg], 0)
+            bp[1, rows] = np.where(fin, src, 0)
+            bp[2, rows] = np.where(fin, ci, 0)
+        else:
+            entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+            for ci, ch in enumerate(prob.cands[i]):
+                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+                step = np.array([own + transfers(p, ch.device) for p in prev_rows])
+                tot = reached + step[:, None]
+                arg = tot.argmin(axis=0)
+                best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
+                if ch.device in stride and ch.kept_tiles:
+                    d = ch.device
+                    ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                    best, prow, psrc = best[ok], prow[ok], src[ok]
+                    tgt = codes[ok] + ch.kept_tiles * stride[d]
+                entries.append((row[ch.device], tgt, best, prow, psrc, ci))
+            same = all(e[1] is codes for e in entries)
+            new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
+            nvalue = np.full((len(names), len(new)), np.inf)
+            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+            for r, tgt, val, prow, psrc, ci in entries:
+                col = src if same else np.searchsorted(new, tgt)
+                better = val < nvalue[r, col]  # the first of equal values stays
+                col = col[better]
+                nvalue[r, col] = val[better]
+                bp[0, r, col] = prow[better]
+                bp[1, r, col] = psrc[better]
+                bp[2, r, col] = ci
         finite = np.isfinite(nvalue)
         if finite.sum() > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
             cut = np.partition(nvalue[finite], MAX_DP_STATES - 1)[MAX_DP_STATES - 1]
