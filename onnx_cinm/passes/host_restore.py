@@ -175,18 +175,6 @@ def _worth_trying(graph: onnx.GraphProto, groups: list, now, before: dict, origi
     return [g for _, g in out]
 
 
-def _all_host(nodes: list) -> list:
-    out = []
-    for n in nodes:
-        if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") != "host":
-            n = onnx.NodeProto.FromString(n.SerializeToString())
-            for a in n.attribute:
-                if a.name == "device":
-                    a.s = b"host"
-        out.append(n)
-    return out
-
-
 def _on_host(graph: onnx.GraphProto, ks: list[int]) -> bool:
     return all(cinm.node_attrs(graph.node[k]).get("device", "host") == "host"
                for k in ks if graph.node[k].domain == cinm.DOMAIN)
@@ -246,7 +234,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         hit = placed.priced(model, ctx.options, infos) if placed and not keep else None
         current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
-        all_host, before = evaluate_on_host(_all_host(originals), ctx.options, infos, placed)
+        all_host, before = evaluate_on_host(originals, ctx.options, infos, placed)
         tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
                                       not _hinted(graph, g[2])], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:
