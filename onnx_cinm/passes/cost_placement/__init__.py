@@ -144,7 +144,9 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
-    per_device = Counter(c.device for c in prob.cands[i])
+    per_device: dict = {}  # candidates per device
+    for c in prob.cands[i]:
+        per_device[c.device] = per_device.get(c.device, 0) + 1
 
     def name(c) -> str:
         return f"{c.device} ({_kind(c)})" if per_device[c.device] > 1 and _kind(c) else c.device
