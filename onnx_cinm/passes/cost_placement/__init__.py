@@ -317,7 +317,8 @@ def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
     (:func:`.search._compiled_devices`, :func:`.search._evaluate`): the same functions of the
     same devices."""
     assign, bad = {}, []
-    devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
+    only = frozenset({"device"})  # not the plans and reasons of the other attributes
+    devs = {i: cinm.node_attrs(prob.nodes[i], only).get("device", "host") for i in prob.decision}
     for i, ch in _compiled_devices(prob, devs).items():
         if ch is None:
             bad.append(f"{prob.nodes[i].name}: {devs[i]} cannot run it under these options")
