@@ -286,11 +286,13 @@ def test_a_restore_makes_the_passes_after_it_infer_again(monkeypatch):
     _exact(res, model)
 
 
-def test_the_all_host_totals_take_the_placement_problems_host_costs_only_for_its_own_nodes(monkeypatch):
-    """``evaluate_on_host`` takes the host choice of a node outside the cinm domain from the
-    placement's problem (``ctx.placed``) instead of pricing it again: the totals must be those
-    priced without it, only the other nodes priced, and under other options (a slower host
-    roofline) nothing taken from it, every node priced."""
+def test_the_all_host_totals_take_the_placement_problems_host_costs_for_its_nodes(monkeypatch):
+    """``evaluate_on_host`` takes the host choice of every node the placement's problem
+    (``ctx.placed``) holds from it instead of pricing it again (a cinm op's host candidate
+    whatever device it was placed on, another node's fixed choice): the totals must be those
+    priced node by node without it, no node priced, a node the problem does not hold (a
+    copy) priced, and under other options (a slower host roofline) nothing taken from it,
+    every node priced."""
     from onnx_cinm.dialects import cinm
     from onnx_cinm.passes import (
         DEFAULT_PIPELINE,
@@ -298,23 +300,27 @@ def test_the_all_host_totals_take_the_placement_problems_host_costs_only_for_its
         PassManager,
         cost_placement,
     )
-    from onnx_cinm.passes.host_restore import _all_host
 
     ctx = PassContext()
     upto = DEFAULT_PIPELINE[:DEFAULT_PIPELINE.index("placement") + 1]
     placed = PassManager(pipeline=upto).run(_grouped_conv(groups=8, k=3, t=16), ctx)
     infos = ctx.tensor_infos(placed)
-    nodes = _all_host(list(placed.graph.node))
+    nodes = list(placed.graph.node)
     outside = sum(n.domain != cinm.DOMAIN for n in nodes)
     assert 0 < outside < len(nodes)
+    assert any(cinm.node_attrs(n).get("device", "host") != "host" for n in nodes)
     priced = []
     real = cost_placement.op_info
     monkeypatch.setattr(cost_placement, "op_info", lambda n, i: priced.append(n.name) or real(n, i))
     reused = cost_placement.evaluate_on_host(nodes, ctx.options, infos, ctx.placed)
-    assert len(priced) == len(nodes) - outside
-    priced.clear()
+    assert priced == []
     assert reused == cost_placement.evaluate_on_host(nodes, ctx.options, infos)
     assert len(priced) == len(nodes)
+    priced.clear()
+    copy = onnx.NodeProto.FromString(nodes[-1].SerializeToString())
+    assert cost_placement.evaluate_on_host([*nodes[:-1], copy], ctx.options, infos,
+                                           ctx.placed) == reused
+    assert priced == [copy.name]
     slow_opts = {**ctx.options, "host_roofline": "0.001,0.001"}  # GFLOP/s, GB/s
     priced.clear()
     slow = cost_placement.evaluate_on_host(nodes, slow_opts, infos, ctx.placed)

@@ -175,25 +175,18 @@ def _worth_trying(graph: onnx.GraphProto, groups: list, now, before: dict, origi
     return [g for _, g in out]
 
 
-def _all_host(nodes: list) -> list:
-    out = []
-    for n in nodes:
-        if n.domain == cinm.DOMAIN and cinm.node_attrs(n).get("device") != "host":
-            n = onnx.NodeProto.FromString(n.SerializeToString())
-            for a in n.attribute:
-                if a.name == "device":
-                    a.s = b"host"
-        out.append(n)
-    return out
+#: The one attribute :func:`_on_host` / :func:`_hinted` read (the others of a placed op, its
+#: plan and its placement reason, are not converted).
+_DEVICE, _PLACEMENT = frozenset({"device"}), frozenset({"placement"})
 
 
 def _on_host(graph: onnx.GraphProto, ks: list[int]) -> bool:
-    return all(cinm.node_attrs(graph.node[k]).get("device", "host") == "host"
+    return all(cinm.node_attrs(graph.node[k], _DEVICE).get("device", "host") == "host"
                for k in ks if graph.node[k].domain == cinm.DOMAIN)
 
 
 def _hinted(graph: onnx.GraphProto, ks: list[int]) -> bool:
-    return any(str(cinm.node_attrs(graph.node[k]).get("placement", "")).startswith("hint ")
+    return any(str(cinm.node_attrs(graph.node[k], _PLACEMENT).get("placement", "")).startswith("hint ")
                for k in ks if graph.node[k].domain == cinm.DOMAIN)
 
 
@@ -246,7 +239,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         hit = placed.priced(model, ctx.options, infos) if placed and not keep else None
         current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
-        all_host, before = evaluate_on_host(_all_host(originals), ctx.options, infos, placed)
+        all_host, before = evaluate_on_host(originals, ctx.options, infos, placed)
         tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
                                       not _hinted(graph, g[2])], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:
@@ -289,7 +282,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         drop_unread_initializers(graph)
         ctx.forget_infos()
         if "devices" in stats:
-            stats["devices"] = Counter(cinm.node_attrs(n).get("device", "host")
+            stats["devices"] = Counter(cinm.node_attrs(n, _DEVICE).get("device", "host")
                                        for n in graph.node if n.domain == cinm.DOMAIN)
     restored = Counter(proto.op_type for proto, _, _ in keep)
     ctx.stats["restore_host_ops"] = {"restored": restored, "cheaper": cheaper}

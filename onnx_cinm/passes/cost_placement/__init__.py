@@ -144,7 +144,9 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
-    per_device = Counter(c.device for c in prob.cands[i])
+    per_device: dict = {}  # candidates per device
+    for c in prob.cands[i]:
+        per_device[c.device] = per_device.get(c.device, 0) + 1
 
     def name(c) -> str:
         return f"{c.device} ({_kind(c)})" if per_device[c.device] > 1 and _kind(c) else c.device
@@ -273,26 +275,28 @@ def evaluate_model(model: onnx.ModelProto, options: dict | None = None,
 
 def evaluate_on_host(nodes: list, options: dict, infos: dict,
                      placed: Placed | None = None) -> tuple[Totals, dict]:
-    """:func:`evaluate_model`'s totals of a model whose ``nodes`` (graph order) all run on the
-    host (every cinm op's ``device`` is ``host`` or absent), without building its problem:
-    the sum of the nodes' host costs in graph order, no transfer (every tensor stays on the
-    host) and nothing kept on a device, so the same figures bit for bit. Also ``{node index:
-    host Choice}`` of the nodes outside the cinm domain (the fixed choices of that problem).
+    """:func:`evaluate_model`'s totals of the model of ``nodes`` (graph order) with every cinm
+    op on the host, without building its problem: the sum of the nodes' host costs in graph
+    order, no transfer (every tensor stays on the host) and nothing kept on a device, so the
+    same figures bit for bit. A cinm op's ``device`` attribute is not read: the host's cost
+    of an op depends on its type, shapes and FLOPs only, so a placed op is priced as it would
+    be put back on the host, without copying it. Also ``{node index: host Choice}`` of the
+    nodes outside the cinm domain (the fixed choices of that problem).
     ``infos``: the tensor infos of the model (:func:`onnx_cinm.analysis.tensor_infos`).
-    ``placed``: the placement's problem (:attr:`PassContext.placed`), whose host choices serve
-    for the nodes outside the cinm domain it holds (the same node objects, which placement does
-    not annotate, under the same options and with the same infos of their tensors) instead of
-    pricing them again."""
+    ``placed``: the placement's problem (:attr:`PassContext.placed`), whose host choices
+    (a cinm op's first candidate, another node's fixed choice) serve for the nodes it holds
+    (the same node objects, under the same options and with the same infos of their tensors)
+    instead of pricing them again."""
     host = devices.get_device("host")
     known: dict = {}  # node position -> the placement problem's host choice of that node
     if placed is not None and placed.options == options:
         prob, pi = placed.problem, placed.infos
-        at = {id(n): k for k, n in enumerate(prob.nodes) if n.domain != cinm.DOMAIN}
+        at = {id(n): k for k, n in enumerate(prob.nodes)}
         for i, node in enumerate(nodes):
             k = at.get(id(node))
             if k is not None and prob.nodes[k] is node and all(
                     infos.get(t) is pi.get(t) for t in (*node.input, *node.output)):
-                known[i] = prob.fixed[k]
+                known[i] = prob.cands[k][0] if node.domain == cinm.DOMAIN else prob.fixed[k]
     lat = en = 0.0  # summed in graph order, as evaluate() does
     writes = 0
     fixed = {}
@@ -313,7 +317,8 @@ def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
     (:func:`.search._compiled_devices`, :func:`.search._evaluate`): the same functions of the
     same devices."""
     assign, bad = {}, []
-    devs = {i: cinm.node_attrs(prob.nodes[i]).get("device", "host") for i in prob.decision}
+    only = frozenset({"device"})  # not the plans and reasons of the other attributes
+    devs = {i: cinm.node_attrs(prob.nodes[i], only).get("device", "host") for i in prob.decision}
     for i, ch in _compiled_devices(prob, devs).items():
         if ch is None:
             bad.append(f"{prob.nodes[i].name}: {devs[i]} cannot run it under these options")

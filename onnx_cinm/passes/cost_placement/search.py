@@ -106,6 +106,9 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     linear = w is not None or objective != "edp"
     near = _neighbors(prob)
     devs = _devices(prob, assign)
+    tensors, touch = prob.tensors, prob.touch
+    dev_of = devs.__getitem__
+    now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
     for _ in range(max_sweeps):
         moved = False
@@ -114,7 +117,12 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
             best, best_val, best_d, held = None, cur, None, False
-            base = _transfers(prob, assign, i, assign[i].device, devs)
+            base = []  # _transfers of ``i`` where it is, each tensor priced once per placement
+            for k in touch.get(i, ()):
+                c = now.get(k)
+                if c is None:
+                    c = now[k] = tensor_cost(prob, tensors[k], dev_of)
+                base.append(c)
             on = {assign[i].device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
                 if ch is assign[i]:
@@ -132,6 +140,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
             if best is not None:
                 assign[i] = best
                 devs[i] = best.device
+                now.update(zip(touch.get(i, ()), on[best.device]))
                 tot = best_d
                 moved = True
                 settled -= near.get(i, set()) | {i}
@@ -323,31 +332,55 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             return hit
 
         src = np.arange(len(codes))
-        entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
-        for ci, ch in enumerate(prob.cands[i]):
-            own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
-            step = np.array([own + transfers(p, ch.device) for p in prev_rows])
-            tot = reached + step[:, None]
-            arg = tot.argmin(axis=0)
-            best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
-            if ch.device in stride and ch.kept_tiles:
-                d = ch.device
-                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
-                best, prow, psrc = best[ok], prow[ok], src[ok]
-                tgt = codes[ok] + ch.kept_tiles * stride[d]
-            entries.append((row[ch.device], tgt, best, prow, psrc, ci))
-        same = all(e[1] is codes for e in entries)
-        new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
-        nvalue = np.full((len(names), len(new)), np.inf)
-        bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
-        for r, tgt, val, prow, psrc, ci in entries:
-            col = src if same else np.searchsorted(new, tgt)
-            better = val < nvalue[r, col]  # the first of equal values stays
-            col = col[better]
-            nvalue[r, col] = val[better]
-            bp[0, r, col] = prow[better]
-            bp[1, r, col] = psrc[better]
-            bp[2, r, col] = ci
+        cands = prob.cands[i]
+        rows = [row[ch.device] for ch in cands]
+        if len(set(rows)) == len(rows) and \
+                not any(ch.kept_tiles and ch.device in stride for ch in cands):
+            # every choice keeps the kept-tile columns as they are and has a device row of its
+            # own: all of them in a few array operations over [choice, previous row, column]
+            # (the same sums and the same first minimum as the loop below, op by op)
+            steps = []
+            for ch in cands:
+                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+                steps.append([own + transfers(p, ch.device) for p in prev_rows])
+            tot = reached[None, :, :] + np.array(steps)[:, :, None]
+            arg = tot.argmin(axis=1)
+            ci = np.arange(len(cands))[:, None]
+            best = tot[ci, arg, src]
+            fin = best < np.inf  # an unreachable state keeps no back pointer
+            new = codes
+            nvalue = np.full((len(names), len(new)), np.inf)
+            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+            nvalue[rows] = np.where(fin, best, np.inf)
+            bp[0, rows] = np.where(fin, live[arg], 0)
+            bp[1, rows] = np.where(fin, src, 0)
+            bp[2, rows] = np.where(fin, ci, 0)
+        else:
+            entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+            for ci, ch in enumerate(prob.cands[i]):
+                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+                step = np.array([own + transfers(p, ch.device) for p in prev_rows])
+                tot = reached + step[:, None]
+                arg = tot.argmin(axis=0)
+                best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
+                if ch.device in stride and ch.kept_tiles:
+                    d = ch.device
+                    ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                    best, prow, psrc = best[ok], prow[ok], src[ok]
+                    tgt = codes[ok] + ch.kept_tiles * stride[d]
+                entries.append((row[ch.device], tgt, best, prow, psrc, ci))
+            same = all(e[1] is codes for e in entries)
+            new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
+            nvalue = np.full((len(names), len(new)), np.inf)
+            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+            for r, tgt, val, prow, psrc, ci in entries:
+                col = src if same else np.searchsorted(new, tgt)
+                better = val < nvalue[r, col]  # the first of equal values stays
+                col = col[better]
+                nvalue[r, col] = val[better]
+                bp[0, r, col] = prow[better]
+                bp[1, r, col] = psrc[better]
+                bp[2, r, col] = ci
         finite = np.isfinite(nvalue)
         if finite.sum() > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
             cut = np.partition(nvalue[finite], MAX_DP_STATES - 1)[MAX_DP_STATES - 1]
@@ -514,7 +547,7 @@ def _copy_totals(tot: Totals) -> Totals:
 def _counter(counts: dict) -> Counter:
     """A copy of ``counts`` as a Counter (``Counter(counts)`` goes through its Python-level
     update; the search copies totals thousands of times)."""
-    out = Counter()
+    out = Counter.__new__(Counter)  # an empty Counter without its Python-level __init__
     dict.update(out, counts)
     return out
 
