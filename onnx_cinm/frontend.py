@@ -1017,7 +1017,11 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
     holds what that inference gives; True if so, else False and ``model`` is unchanged.
 
     It holds when the caller knows every entry to be current (the passes' tensor infos of this
-    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and each is one inference
+    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and its own (written by
+    inferences and analysis from a graph without value_info: an entry the model was loaded
+    with, an exporter's or a trace's, is kept by every inference as it is, wrong or sized
+    where a fresh inference leaves a dim open, and so are the types inferred from it;
+    :func:`onnx_cinm.pipeline.optimize` infers afresh then), and each is one inference
     writes for a tensor it sizes in full (:func:`_plain_static`): then every main-graph node
     output but the graph outputs has such an entry, the graph outputs are typed the same way,
     no node has a body, and none is a ``Shape`` or ``Size``: without them no shape arithmetic
