@@ -631,6 +631,13 @@ def save_model(
         staged.discard()
 
 
+def _datasync(fd: int) -> None:
+    """Flush ``fd``'s data to disk: ``os.fdatasync`` (the metadata a size change needs too),
+    ``os.fsync`` where there is none (macOS and Windows have no ``fdatasync``). Raises
+    OSError."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
 class StagedModel:
     """A model written beside its destination under a temporary name by :func:`stage_model`,
     its flush to disk (``fsync``) under way in a background thread: the caller does other work
@@ -694,7 +701,7 @@ class StagedModel:
             if self._error is not None:
                 raise self._error
             if self._patched:  # the page the patch wrote: data only, the size is the same
-                os.fdatasync(self._handle.fileno())
+                _datasync(self._handle.fileno())
             self._handle.close()
             if self._data_temporary is not None:
                 os.replace(self._data_temporary, self.path + ".data")

@@ -601,6 +601,27 @@ def test_save_reports_a_failed_flush_and_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_patched_staged_model_is_placed_without_fdatasync(tmp_path, monkeypatch):
+    """Where os has no fdatasync (macOS), placing a patched model flushes the patch with
+    fsync: the file holds the patched bytes, nothing else is left."""
+    monkeypatch.delattr(os, "fdatasync", raising=False)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    model = _relu_model()
+    model.doc_string = "marker-A"
+    staged = frontend.stage_model(model, tmp_path / "m.onnx")
+    try:
+        assert staged.patch(b"marker-A", b"marker-B")
+        staged.place()
+    finally:
+        staged.discard()
+    model.doc_string = "marker-B"
+    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    assert len(synced) == 2  # the staging thread's flush, then the patch's
+
+
 def test_staged_model_patch_needs_one_occurrence(tmp_path):
     model = _relu_model()
     model.doc_string = "marker-A"
