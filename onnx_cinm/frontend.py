@@ -159,11 +159,16 @@ def _node_label(node: onnx.NodeProto) -> str:
 
 
 def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
-    """Every op of a non-standard domain must be defined by a model-local function."""
+    """Every op of a non-standard domain must be defined by a model-local function, and no
+    cinm op has a graph attribute: none declares one (the checker refuses it), and the walks
+    before the checker (:func:`subgraphs`: tensors, external data) do not look for one."""
     local = {(f.domain, f.name) for f in model.functions}
     for graph in iter_graphs(model.graph):
         for node in graph.node:
             domain = node.domain or ""
+            if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute):
+                raise CinmError(f"'{path}': cinm op {_node_label(node)} has a graph attribute; "
+                                "no cinm op takes one")
             if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
                 continue
             if (domain, node.op_type) not in local:
@@ -305,7 +310,8 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
     ------
     CinmError
         A default-domain opset outside ``[9, onnx.defs.onnx_opset_version()]``; a node whose
-        domain is not imported, or whose op no known domain or local function defines; a graph
+        domain is not imported, or whose op no known domain or local function defines; a cinm
+        op with a graph attribute; a graph
         input listed twice; a tensor written twice (or a graph input/initializer overwritten);
         a read of a tensor nobody produces; a graph output nobody produces or that is a graph
         input; a cycle; nodes out of topological order; a shape whose element count overflows
@@ -432,7 +438,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     CinmError
         The file is missing, a directory, empty, unreadable, not an ONNX protobuf (random bytes,
         truncated), has no graph or no outputs, fails :func:`validate_structure` (opsets,
-        unknown ops, cycles, order, dangling reads, double writes, bad shapes), refers to
+        unknown ops, a cinm op with a graph attribute, cycles, order, dangling reads, double writes, bad shapes), refers to
         missing, escaping or too short external data, or fails ``onnx.checker.check_model``
         (its message joined into one line).
     """
