@@ -438,7 +438,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     CinmError
         The file is missing, a directory, empty, unreadable, not an ONNX protobuf (random bytes,
         truncated), has no graph or no outputs, fails :func:`validate_structure` (opsets,
-        unknown ops, a cinm op with a graph attribute, cycles, order, dangling reads, double writes, bad shapes), refers to
+        unknown ops, a cinm op with a graph attribute, cycles, order, dangling reads, double
+        writes, bad shapes), refers to
         missing, escaping or too short external data, or fails ``onnx.checker.check_model``
         (its message joined into one line).
     """

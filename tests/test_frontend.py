@@ -652,7 +652,8 @@ def test_load_refuses_a_cinm_op_with_a_graph_attribute(tmp_path):
     body = helper.make_graph([helper.make_node("Identity", ["w"], ["o"])], "b", [],
                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [4])], [weight])
     node = helper.make_node("Relu", ["x"], ["y"], domain="cinm", body=body)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                      helper.make_opsetid("cinm", 1)])

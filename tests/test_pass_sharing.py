@@ -257,23 +257,25 @@ def _value_info_model(declared: list, reshape: bool = False) -> onnx.ModelProto:
 
     w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     first = "r" if reshape else "x"
-    nodes = [helper.make_node("MatMul", [first, "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    nodes = [helper.make_node("MatMul", [first, "w"], ["m"]),
+             helper.make_node("Relu", ["m"], ["y"])]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])]
     if reshape:
         nodes.insert(0, helper.make_node("Reshape", ["x", "shape"], ["r"]))
         inputs.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [2]))
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
-                              [numpy_helper.from_array(w, "w")],
-                              value_info=[helper.make_tensor_value_info(first if reshape else "m",
-                                                                        TensorProto.FLOAT, declared)])
+    typed = helper.make_tensor_value_info("r" if reshape else "m", TensorProto.FLOAT, declared)
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(w, "w")], value_info=[typed])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
 
 def _dims(model: onnx.ModelProto) -> dict:
-    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-            for v in model.graph.value_info}
+    """{value_info name: dims, None for a dim without a value}."""
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None
+                     for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
 
 
 def test_optimize_infers_afresh_over_a_wrong_value_info_entry_of_the_input():
