@@ -83,7 +83,8 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     The final shape inference of :func:`onnx_cinm.pipeline.optimize` starts from no
     value_info, so the written model is the same; when the types are still current there,
     that inference is left out and they are kept, in node order
-    (:func:`onnx_cinm.frontend.keep_inferred_types`: the same model)."""
+    (:func:`onnx_cinm.frontend.keep_inferred_types`: the same model), unless the model came
+    with value_info of its own (the types inferred since may derive from its entries)."""
     if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
             or frontend.probed_shapes(model):
         return False

@@ -583,7 +583,10 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
                         "kernel folder; move it away or choose another output name")
     tmp = old = staged = None
     manifest = None
-    recorded = recorded_digest(model)
+    given = []  # the model's metadata as it was given (copies: the entries get replaced)
+    for entry in model.metadata_props:
+        given.append(onnx.StringStringEntryProto())
+        given[-1].CopyFrom(entry)
     try:
         nodes = kernel_nodes(model)
         try:
@@ -610,8 +613,9 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
             else:
                 _record_digest(model, None)
                 staged = frontend.stage_model(model, path)
-        except BaseException:
-            _record_digest(model, recorded)  # the model as it was given
+        except BaseException:  # the model as it was given: its entries in their order
+            del model.metadata_props[:]
+            model.metadata_props.extend(given)
             raise
         with _signals_held():
             placed = False

@@ -159,11 +159,16 @@ def _node_label(node: onnx.NodeProto) -> str:
 
 
 def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
-    """Every op of a non-standard domain must be defined by a model-local function."""
+    """Every op of a non-standard domain must be defined by a model-local function, and no
+    cinm op has a graph attribute: none declares one (the checker refuses it), and the walks
+    before the checker (:func:`subgraphs`: tensors, external data) do not look for one."""
     local = {(f.domain, f.name) for f in model.functions}
     for graph in iter_graphs(model.graph):
         for node in graph.node:
             domain = node.domain or ""
+            if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute):
+                raise CinmError(f"'{path}': cinm op {_node_label(node)} has a graph attribute; "
+                                "no cinm op takes one")
             if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
                 continue
             if (domain, node.op_type) not in local:
@@ -305,7 +310,8 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
     ------
     CinmError
         A default-domain opset outside ``[9, onnx.defs.onnx_opset_version()]``; a node whose
-        domain is not imported, or whose op no known domain or local function defines; a graph
+        domain is not imported, or whose op no known domain or local function defines; a cinm
+        op with a graph attribute; a graph
         input listed twice; a tensor written twice (or a graph input/initializer overwritten);
         a read of a tensor nobody produces; a graph output nobody produces or that is a graph
         input; a cycle; nodes out of topological order; a shape whose element count overflows
@@ -432,7 +438,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     CinmError
         The file is missing, a directory, empty, unreadable, not an ONNX protobuf (random bytes,
         truncated), has no graph or no outputs, fails :func:`validate_structure` (opsets,
-        unknown ops, cycles, order, dangling reads, double writes, bad shapes), refers to
+        unknown ops, a cinm op with a graph attribute, cycles, order, dangling reads, double
+        writes, bad shapes), refers to
         missing, escaping or too short external data, or fails ``onnx.checker.check_model``
         (its message joined into one line).
     """
@@ -631,6 +638,13 @@ def save_model(
         staged.discard()
 
 
+def _datasync(fd: int) -> None:
+    """Flush ``fd``'s data to disk: ``os.fdatasync`` (the metadata a size change needs too),
+    ``os.fsync`` where there is none (macOS and Windows have no ``fdatasync``). Raises
+    OSError."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
 class StagedModel:
     """A model written beside its destination under a temporary name by :func:`stage_model`,
     its flush to disk (``fsync``) under way in a background thread: the caller does other work
@@ -694,7 +708,7 @@ class StagedModel:
             if self._error is not None:
                 raise self._error
             if self._patched:  # the page the patch wrote: data only, the size is the same
-                os.fdatasync(self._handle.fileno())
+                _datasync(self._handle.fileno())
             self._handle.close()
             if self._data_temporary is not None:
                 os.replace(self._data_temporary, self.path + ".data")
@@ -1017,7 +1031,11 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
     holds what that inference gives; True if so, else False and ``model`` is unchanged.
 
     It holds when the caller knows every entry to be current (the passes' tensor infos of this
-    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and each is one inference
+    very graph: :meth:`onnx_cinm.passes.PassContext.infos_current`) and its own (written by
+    inferences and analysis from a graph without value_info: an entry the model was loaded
+    with, an exporter's or a trace's, is kept by every inference as it is, wrong or sized
+    where a fresh inference leaves a dim open, and so are the types inferred from it;
+    :func:`onnx_cinm.pipeline.optimize` infers afresh then), and each is one inference
     writes for a tensor it sizes in full (:func:`_plain_static`): then every main-graph node
     output but the graph outputs has such an entry, the graph outputs are typed the same way,
     no node has a body, and none is a ``Shape`` or ``Size``: without them no shape arithmetic

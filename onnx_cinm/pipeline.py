@@ -840,6 +840,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         work = original
     if cinm.forget_plans(work):  # an optimized model compiled again: plan and emit afresh
         log("input already has planned cinm ops; their kernels and plans are recomputed")
+    # value_info the model came with (an exporter's, a trace's): every inference of the passes
+    # keeps typed entries as they are and sizes what they feed from them, so the passes' types
+    # may hold what a fresh inference would not (a wrong entry, a traced size where it leaves a
+    # dim open); only types this run wrote from no value_info are kept by the final step below
+    carried_types = len(work.graph.value_info) > 0
     frontend.set_planned_dims(work, dims)
     frontend.set_probed_shapes(work, {})  # a re-optimized model's were taken at its old sizes
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
@@ -895,9 +900,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     work.metadata_props.add(key=hostmodel.METADATA_KEY, value=hostmodel.to_json(roof))
     frontend.set_recorded_source(work, source)
     t0 = time.perf_counter()
-    # the passes' last tensor infos are of this graph and their types are all static: what a
-    # fresh inference would write is in value_info already (keep_inferred_types says when)
-    if not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
+    # the passes' last tensor infos are of this graph, their types all static and all written
+    # by this run (none derived from a carried entry): what a fresh inference would write is in
+    # value_info already (keep_inferred_types says when)
+    if carried_types or not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
         del work.graph.value_info[:]  # rewritten tensors: infer afresh, not trust stale entries
         work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]

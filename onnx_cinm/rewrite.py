@@ -80,7 +80,11 @@ ir = _import_onnx_ir()
 def plain(mapping):
     """The plain ``dict`` under one of onnx_ir's mappings (a node's ``attributes``, a graph's
     ``initializers``: ``collections.UserDict``, whose views iterate in Python), else the mapping
-    itself; for reading only."""
+    itself. Read through it; write through it only what the mapping's own ``__setitem__``
+    would store unchanged (:meth:`Edit.recast` sets a node's attributes: ``str`` keys and
+    ``ir.Attr`` values, all Attributes checks), for its checks and bookkeeping are bypassed
+    (a graph's initializers register their values with the graph: none is written this way).
+    Tested against the onnx_ir installed (tests/test_rewrite.py)."""
     return getattr(mapping, "data", mapping)
 
 

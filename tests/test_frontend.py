@@ -601,6 +601,27 @@ def test_save_reports_a_failed_flush_and_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_patched_staged_model_is_placed_without_fdatasync(tmp_path, monkeypatch):
+    """Where os has no fdatasync (macOS), placing a patched model flushes the patch with
+    fsync: the file holds the patched bytes, nothing else is left."""
+    monkeypatch.delattr(os, "fdatasync", raising=False)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    model = _relu_model()
+    model.doc_string = "marker-A"
+    staged = frontend.stage_model(model, tmp_path / "m.onnx")
+    try:
+        assert staged.patch(b"marker-A", b"marker-B")
+        staged.place()
+    finally:
+        staged.discard()
+    model.doc_string = "marker-B"
+    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    assert len(synced) == 2  # the staging thread's flush, then the patch's
+
+
 def test_staged_model_patch_needs_one_occurrence(tmp_path):
     model = _relu_model()
     model.doc_string = "marker-A"
@@ -614,3 +635,31 @@ def test_staged_model_patch_needs_one_occurrence(tmp_path):
     model.doc_string = "marker-B"
     assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
     assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_load_refuses_a_cinm_op_with_a_graph_attribute(tmp_path):
+    """No cinm op takes a graph (its schema declares none), so the walks before the checker do
+    not look inside one (frontend.subgraphs); load refuses such a node itself, in one line,
+    before any of those walks: the external data of a tensor inside that body, pointing out of
+    the model's folder, is never read (nor its location taken for checked)."""
+    import onnx_cinm.dialects.cinm  # noqa: F401  (the cinm schemas, for the checker)
+
+    (tmp_path / "secret.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    (tmp_path / "m").mkdir()
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4],
+                         data_location=TensorProto.EXTERNAL)
+    weight.external_data.add(key="location", value="../secret.bin")
+    body = helper.make_graph([helper.make_node("Identity", ["w"], ["o"])], "b", [],
+                             [helper.make_tensor_value_info("o", TensorProto.FLOAT, [4])], [weight])
+    node = helper.make_node("Relu", ["x"], ["y"], domain="cinm", body=body)
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                     helper.make_opsetid("cinm", 1)])
+    (tmp_path / "m" / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(CinmError, match=r"^'.*m\.onnx': cinm op Relu writing 'y' has a graph "
+                                        r"attribute; no cinm op takes one$"):
+        frontend.load_model(tmp_path / "m" / "m.onnx")
+    with pytest.raises(CinmError, match="has a graph attribute"):
+        frontend.validate_structure(model)

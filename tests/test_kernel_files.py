@@ -171,6 +171,29 @@ def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, mo
     assert model.SerializeToString() == given
 
 
+def test_a_failed_save_keeps_a_saved_models_metadata_in_its_order(lenet, tmp_path, monkeypatch):
+    """A model saved before records its digest between other metadata entries: after a save
+    that fails, its metadata_props are the very entries they were, in their order (the digest
+    was put back last)."""
+    from onnx_cinm.errors import CinmError
+    model = _copy(lenet)
+    entries = [(p.key, p.value) for p in model.metadata_props]
+    del model.metadata_props[:]
+    for key, value in [("before", "1"), (artifacts.DIGEST_KEY, "a" * 64), ("after", "2"), *entries]:
+        model.metadata_props.add(key=key, value=value)
+    given = model.SerializeToString()
+
+    def fail(*args):
+        raise CinmError("emit failed")
+
+    monkeypatch.setattr(artifacts, "_emit", fail)
+    with pytest.raises(CinmError, match="emit failed"):
+        artifacts.save(model, tmp_path / "a.onnx")
+    assert [(p.key, p.value) for p in model.metadata_props][:3] == \
+        [("before", "1"), (artifacts.DIGEST_KEY, "a" * 64), ("after", "2")]
+    assert model.SerializeToString() == given
+
+
 def test_constants_answer_in_without_converting(monkeypatch):
     """A device asks ``name in consts`` for every input: answered from the names, the weight
     converted to numpy only when read."""

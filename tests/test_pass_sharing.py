@@ -296,3 +296,63 @@ def test_to_cinm_leaves_an_open_dim_to_inference():
     model = PassManager(stop_after="cinm").run(model, PassContext(options={"cim_preset": "pcm-occ"}))
     typed = {v.name for v in (*model.graph.value_info, *model.graph.output)}
     assert any(o not in typed for n in model.graph.node for o in n.output)
+
+
+def _value_info_model(declared: list, reshape: bool = False) -> onnx.ModelProto:
+    """x[2, 64] (Reshape by a runtime shape first when ``reshape``) -> MatMul(w[64, 64]) -> m
+    -> Relu -> y, with value_info typing m (or the reshaped r) ``declared``, as an exporter or
+    a trace writes it."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    first = "r" if reshape else "x"
+    nodes = [helper.make_node("MatMul", [first, "w"], ["m"]),
+             helper.make_node("Relu", ["m"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])]
+    if reshape:
+        nodes.insert(0, helper.make_node("Reshape", ["x", "shape"], ["r"]))
+        inputs.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [2]))
+    typed = helper.make_tensor_value_info("r" if reshape else "m", TensorProto.FLOAT, declared)
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(w, "w")], value_info=[typed])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _dims(model: onnx.ModelProto) -> dict:
+    """{value_info name: dims, None for a dim without a value}."""
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None
+                     for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+
+
+def test_optimize_infers_afresh_over_a_wrong_value_info_entry_of_the_input():
+    """The input's value_info types m [2, 32] where x[2, 64] @ w[64, 64] is [2, 64]: inference
+    keeps typed entries, so the passes' types carry it; the written model has m as numpy
+    computes it and passes onnx's full check (it failed it when the passes' types were kept)."""
+    import numpy as np
+
+    from onnx_cinm import pipeline
+
+    model = _value_info_model([2, 32])
+    written = pipeline.optimize(model, check=0, totals=False).model
+    assert _dims(written)["m"] == list(np.zeros((2, 64)).dot(np.zeros((64, 64))).shape)
+    onnx.checker.check_model(written, full_check=True)
+
+
+def test_optimize_does_not_keep_a_traced_size_inference_leaves_open():
+    """A trace typed r = Reshape(x, shape) [2, 64]; the shape is a runtime input, so a fresh
+    inference of the model without that entry leaves r's rows (and so m's) open: the written
+    model leaves them open too, not sized by the trace (m's columns: w's 64)."""
+    from onnx_cinm import pipeline
+
+    model = _value_info_model([2, 64], reshape=True)
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    fresh = _dims(onnx.shape_inference.infer_shapes(bare))
+    assert fresh["r"][0] is None and fresh["m"][0] is None  # onnx leaves the rows open
+    written = _dims(pipeline.optimize(model, check=0, totals=False).model)
+    assert written["r"][0] is None and written["m"] == [None, 64]

@@ -259,6 +259,25 @@ def _relu_model() -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
+def test_recast_attributes_are_the_ir_nodes_own():
+    """Edit.recast writes the new attributes through rewrite.plain (the dict under onnx_ir's
+    Attributes): onnx_ir's own reads see them, the old ones gone, and its serialization of the
+    node writes them (an onnx_ir whose Attributes kept its items elsewhere fails here)."""
+    model = _relu_model()
+    model.graph.node[0].attribute.extend([h.make_attribute("stale", 3)])
+    edit = Edit(model, Names(model.graph).fresh)
+    relu = next(iter(edit.graph))
+    proto = h.make_node("LeakyRelu", ["x"], ["r"], name="relu/LeakyRelu", alpha=0.25,
+                        doc_string="recast")
+    edit.recast(relu, proto)
+    assert list(relu.attributes) == ["alpha"] and "stale" not in relu.attributes
+    assert relu.attributes.get_float("alpha") == 0.25 and len(relu.attributes) == 1
+    written = ir.serde.serialize_node(relu)
+    assert (written.op_type, written.name) == ("LeakyRelu", "relu/LeakyRelu")
+    assert [(a.name, a.type, a.f) for a in written.attribute] == \
+        [("alpha", onnx.AttributeProto.FLOAT, 0.25)]
+
+
 @pytest.mark.parametrize("staged", [False, True])
 def test_recast_changes_the_node_in_place_or_builds_it_after_other_nodes(staged):
     """A 1:1 replacement (Builder.recast: the same inputs and outputs) changes the node in

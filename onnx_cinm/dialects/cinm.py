@@ -64,9 +64,6 @@ reason it was chosen); paradigm passes add their plan attributes the same way.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -119,15 +116,10 @@ def sync_plan_attrs() -> None:
         return
     check_plan_attrs(new)
     PLAN_ATTRS.update(new)
-    _deregister_schemas()
-    register_schemas()
-
-
-def _deregister_schemas() -> None:
-    """Take every registered cinm op schema out of ``onnx.defs``."""
     for spec in OPS.values():
         if onnx.defs.has(spec.name, DOMAIN):
             onnx.defs.deregister_schema(spec.name, VERSION, DOMAIN)
+    register_schemas()
 
 
 _NUMERIC = [
@@ -812,55 +804,16 @@ def _make_schema(spec: OpSpec) -> OpSchema:
     return schema
 
 
-#: The module of ``onnx.reference`` that indexes every registered op schema when imported.
-_REFERENCE_INDEX = "onnx.reference.op_run"
-
-
-class _ReferenceLoader(importlib.abc.Loader):
-    """Runs :data:`_REFERENCE_INDEX` (with its own loader) while no cinm op schema is
-    registered, and registers them again after (see :func:`register_schemas`)."""
-
-    def __init__(self, loader: importlib.abc.Loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        _deregister_schemas()
-        try:
-            self.loader.exec_module(module)
-        finally:
-            register_schemas()
-
-
-class _ReferenceFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`_REFERENCE_INDEX` through the other finders, once, and gives it a
-    :class:`_ReferenceLoader`."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _REFERENCE_INDEX:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ReferenceLoader(spec.loader)
-        return spec
-
-
 def register_schemas() -> None:
     """Register the schemas of every cinm op with ``onnx.defs`` (idempotent).
 
     ``onnx.reference`` indexes every registered schema by op name alone when it is first
-    imported and refuses two domains under one name (cinm.Mul next to Mul). Importing it
-    first took 27 ms of every start-up, although most runs never evaluate a graph in Python;
-    so, until it is imported, a finder on ``sys.meta_path`` (:class:`_ReferenceFinder`) has its
-    index built while the cinm schemas are out of ``onnx.defs``, which then gets them back.
+    imported and refuses two domains under one name (cinm.Mul next to Mul), so it is imported
+    first (27 ms of start-up). Taking the cinm schemas out while it is imported later instead
+    left them unregistered, process-wide, for any other thread inferring shapes meanwhile.
     """
-    if _REFERENCE_INDEX not in sys.modules and \
-            not any(isinstance(f, _ReferenceFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ReferenceFinder())
+    import onnx.reference  # noqa: F401  (see the docstring)
+
     for spec in OPS.values():
         if not onnx.defs.has(spec.name, DOMAIN):
             onnx.defs.register_schema(_make_schema(spec))
