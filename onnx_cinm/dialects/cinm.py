@@ -379,16 +379,18 @@ def _reduce_node(b: _Body, onnx_op: str, x: str, out: str, opset: int, axes_ref:
 
 
 def _im2col_body(b: _Body, rank: int) -> None:
-    """Pad, gather every patch element with one flat index, move channels after the positions, flatten.
+    """Pad, go channels-last, gather whole channel rows with one flat patch index, transpose.
 
-    X[N, C, S1..Sr] -> Pad -> Xp[N, C, P1..Pr] -> Reshape [N, C, P1*..*Pr]; one Gather on the
-    last axis with the flat index I[O1..Or, K1..Kr] of the padded element each output position
-    and kernel offset reads (per axis o*stride + k*dilation, row-major over P) gives
-    [N, C, O1..Or, K1..Kr]; transpose to [N, O1..Or, C, K1..Kr] and merge the last 1 + r axes
-    (their length C * prod(kernel_shape) is computed, not -1, so an empty batch reshapes too).
-    Pure data movement, so the values (NaN and Inf too) are X's. The transpose keeps the kernel
-    axes innermost, which onnxruntime copies as blocks: a per-axis Gather then a transpose of
-    every axis (the body before) took about 20x longer on DNSMOS's convolutions.
+    X[N, C, S1..Sr] -> Pad -> Xp[N, C, P1..Pr] -> Transpose, Reshape -> [N, P1*..*Pr, C]; one
+    Gather on axis 1 with the flat index I[O1..Or, K1..Kr] of the padded position each output
+    position and kernel offset reads (per axis o*stride + k*dilation, row-major over P) gives
+    [N, O1..Or, K1..Kr, C]; a transpose that moves only the channel axis gives
+    [N, O1..Or, C, K1..Kr], and the last 1 + r axes merge (their length C * prod(kernel_shape)
+    is computed, not -1, so an empty batch reshapes too). Pure data movement: the values, NaN
+    and Inf included, are X's. Each Gather copy is a row of C values; a Gather per spatial
+    axis (the last one of single elements) then a transpose of every axis (the body before)
+    ran DNSMOS's conv2d_1 (C=128, 900x161, 3x3) in 3.8 s of CPU in onnxruntime against 1.4 s
+    (1 thread).
     """
     ks = b.ref("value_ints", "kernel_shape", _IS)
     st = b.ref("value_ints", "strides", _IS)
