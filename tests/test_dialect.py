@@ -41,7 +41,7 @@ def _im2col_numpy(x, ks, st, pads, dl):
     y = np.zeros([n] + outs + [c * int(np.prod(ks))], x.dtype)
     for o in np.ndindex(*outs):
         sl = tuple(slice(o[a] * st[a], o[a] * st[a] + dl[a] * (ks[a] - 1) + 1, dl[a]) for a in range(r))
-        y[(slice(None),) + o] = xp[(slice(None), slice(None)) + sl].reshape(n, -1)
+        y[(slice(None),) + o] = xp[(slice(None), slice(None)) + sl].reshape(n, c * int(np.prod(ks)))
     return y
 
 
@@ -60,6 +60,51 @@ def test_im2col_matches_numpy_and_infers_shape(opset, ks, st, pads, dl, shape):
     np.testing.assert_array_equal(y, ref)
     dims = [d.dim_value or d.dim_param for d in m.graph.output[0].type.tensor_type.shape.dim]
     assert dims == ["N"] + list(ref.shape[1:])
+
+
+def _specials(x, rng):
+    """x with NaN, +Inf and -Inf at a few random places (what the NaN/Inf check feeds)."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    at = rng.choice(flat.size, 3 * max(1, flat.size // 40), replace=False)
+    flat[at[0::3]], flat[at[1::3]], flat[at[2::3]] = np.nan, np.inf, -np.inf
+    return x
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("ks,st,pads,dl,shape,groups", [
+    ([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], (2, 5, 9, 8), 1),       # same padding
+    ([3, 3], [2, 2], [0, 1, 2, 0], [1, 1], (1, 4, 10, 9), 2),       # stride 2, asymmetric pads
+    ([2, 3], [3, 2], [1, 2, 0, 1], [2, 3], (3, 6, 12, 13), 3),      # dilation, stride > kernel
+    ([7, 7], [2, 2], [3, 3, 3, 3], [1, 1], (1, 3, 16, 15), 1),      # ResNet's stem at a small size
+    ([1, 1], [2, 2], [0, 0, 0, 0], [1, 1], (2, 8, 7, 7), 4),        # strided 1x1 (downsampling)
+    ([4], [3], [0, 2], [2], (2, 6, 17), 2),                         # 1-D
+    ([2, 1, 3], [1, 2, 1], [1, 0, 0, 0, 1, 2], [2, 1, 1], (1, 4, 5, 6, 4), 2),  # 3-D
+    ([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], (0, 3, 6, 6), 1),        # empty batch
+])
+def test_im2col_equals_numpy_on_geometries_groups_and_nan_inf(opset, ks, st, pads, dl, shape, groups):
+    """Im2Col equals an independently computed numpy im2col, bit for bit and NaN/Inf where
+    numpy has them, on strides, dilations, asymmetric pads, ranks 1-3 and an empty batch; each
+    group's column block (the grouped Conv lowering reshapes the columns to [.., G, C/G*k])
+    equals the im2col of that group's channels alone."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    node = cinm.make_node("Im2Col", ["x"], ["y"], kernel_shape=ks, strides=st, pads=pads, dilations=dl)
+    m = _build([node], [_vi("x", TP.FLOAT, ["N"] + list(shape[1:]))], ["y"], opset=opset)
+    sess = ort.InferenceSession(m.SerializeToString())
+    onnx.checker.check_model(m, full_check=True)
+    for feed in (x, _specials(x, rng) if x.size else x):
+        (y,) = sess.run(None, {"x": feed})
+        ref = _im2col_numpy(feed, ks, st, pads, dl)
+        assert y.shape == ref.shape
+        np.testing.assert_array_equal(y, ref)  # NaN matches NaN, +-Inf matches itself
+        cg = shape[1] // groups
+        per_group = y.reshape(y.shape[:-1] + (groups, cg * int(np.prod(ks))))
+        for g in range(groups):
+            np.testing.assert_array_equal(
+                per_group[..., g, :], _im2col_numpy(feed[:, g * cg:(g + 1) * cg], ks, st, pads, dl))
+    if x.size:
+        assert np.isnan(y).any() and np.isinf(y).any()  # the specials did reach the output
 
 
 @pytest.mark.parametrize("opset", OPSETS)
