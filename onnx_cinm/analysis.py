@@ -85,8 +85,7 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     that inference is left out and they are kept, in node order
     (:func:`onnx_cinm.frontend.keep_inferred_types`: the same model), unless the model came
     with value_info of its own (the types inferred since may derive from its entries)."""
-    if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
-            or frontend.probed_shapes(model):
+    if _sized_elsewhere(model):
         return False
     graph = model.graph
     typed = {v.name for v in graph.value_info}
@@ -113,6 +112,14 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     graph.value_info.extend(entries)
     return True
 
+
+def _sized_elsewhere(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` records planned or probed sizes: its inferred types are then at those
+    sizes, not the model's own, and are not written into it."""
+    return bool(frontend.planned_dims(model) or frontend.probed_shapes(model)
+                or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY))
+
+
 def type_node_outputs(model: onnx.ModelProto) -> bool:
     """Write into ``model``'s value_info the types of its untyped main-graph node outputs, node
     by node (onnx's inference function of each node's schema, the cinm ops' included, on the
@@ -133,8 +140,7 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     with a body, or sizes planned or probed (:func:`tensor_infos` infers such a model afresh
     anyway). True when every node output is typed then.
     """
-    if frontend.planned_dims(model) or frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY) \
-            or frontend.probed_shapes(model):
+    if _sized_elsewhere(model):
         return False
     graph = model.graph
     typed = {v.name for v in graph.value_info}
