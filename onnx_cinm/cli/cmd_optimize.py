@@ -56,7 +56,6 @@ def _cmd_optimize(args, parser) -> int:
     artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
-    _check_output_file(args.output, "-o", {})  # its folder exists and takes files: before the work
     kernels = artifacts.artifact_dir(out).resolve()
     other = artifacts.shared_with(out)
     if other.is_file() and kernels.is_dir():  # X.onnx and X: the one pair sharing a folder
@@ -107,6 +106,9 @@ def _cmd_optimize(args, parser) -> int:
     except CinmError as e:
         parser.error(str(e))
     given, _ = _given_inputs(args, parser)
+    # the output's folder exists and takes files: checked before the work, after the usage
+    # errors (a bad option or --config is a usage error whatever the output)
+    _check_output_file(args.output, "-o", {})
     if args.place_config:
         hints += load_hints(args.place_config)
     if hints:  # on the command line: they replace the --config file's
