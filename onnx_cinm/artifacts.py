@@ -56,13 +56,15 @@ DIGEST_KEY = "onnx_cinm.kernels_sha256"
 
 def beside(model_path, suffix: str) -> Path:
     """The path of a folder that belongs to the model file ``model_path``, ``suffix`` (e.g.
-    ``".cinm"``) marking what it holds: an ``.onnx`` extension (any case) is replaced,
-    ``out.onnx`` -> ``out.cinm``; any other name keeps its whole name, ``out.v1`` ->
-    ``out.v1.cinm``, ``x.npz`` -> ``x.npz.cinm``, ``model`` -> ``model.cinm``. So outputs
-    whose names differ only in another extension never share a folder; the one pair that does,
-    ``X.onnx`` and ``X``, is refused by ``optimize`` (:func:`shared_with`)."""
+    ``".cinm"``) marking what it holds: an ``.onnx`` extension is replaced, ``out.onnx`` ->
+    ``out.cinm``; any other name keeps its whole name, ``out.v1`` -> ``out.v1.cinm``, ``x.npz``
+    -> ``x.npz.cinm``, ``model`` -> ``model.cinm``, ``m.ONNX`` -> ``m.ONNX.cinm`` (the
+    extension's case counts, as it does for the file names: ``m.ONNX`` and ``m.onnx`` are two
+    files and get two folders). So outputs whose names differ in anything else never share a
+    folder; the one pair that does, ``X.onnx`` and ``X``, is refused by ``optimize``
+    (:func:`shared_with`)."""
     p = Path(model_path)
-    if p.suffix.lower() == ".onnx":
+    if p.suffix == ".onnx":
         return p.with_suffix(suffix)
     return p.with_name(p.name + suffix)
 
@@ -77,7 +79,7 @@ def shared_with(model_path) -> Path:
     """The other model file name whose kernel folder is ``model_path``'s too: ``X`` for
     ``X.onnx``, ``X.onnx`` for ``X`` (and for any name without the ``.onnx`` extension)."""
     p = Path(model_path)
-    if p.suffix.lower() == ".onnx":
+    if p.suffix == ".onnx":
         return p.with_suffix("")
     return p.with_name(p.name + ".onnx")
 

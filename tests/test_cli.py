@@ -634,8 +634,9 @@ def _run_matches_original(model, example, tmp_path, capsys):
 
 
 def test_outputs_differing_only_in_extension_keep_their_own_kernel_folders(tmp_path, capsys):
-    """``lemma.v1`` and ``lemma.v2`` (and ``x.onnx`` and ``x.npz``) once shared one kernel
-    folder, the second optimize breaking the first model: each now has its own, both run."""
+    """``lemma.v1`` and ``lemma.v2`` (and ``x.onnx`` and ``x.npz``, ``m.ONNX`` and ``m.onnx``)
+    once shared one kernel folder, the second optimize breaking the first model: each now has
+    its own, both run."""
     from onnx_cinm import artifacts
 
     v1, v2 = tmp_path / "lemma.v1", tmp_path / "lemma.v2"
@@ -656,6 +657,14 @@ def test_outputs_differing_only_in_extension_keep_their_own_kernel_folders(tmp_p
     assert (tmp_path / "x.cinm").is_dir() and (tmp_path / "x.npz.cinm").is_dir()
     _run_matches_original(x_onnx, "mlp", tmp_path, capsys)
     _run_matches_original(x_npz, "lenet", tmp_path, capsys)
+    # m.ONNX and m.onnx are two files (on a case-sensitive file system), so two folders
+    upper, lower = tmp_path / "m.ONNX", tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(upper), "-q"]) == 0
+    assert main(["optimize", "--example", "mlp", "-o", str(lower), "-q"]) == 0
+    if upper.read_bytes() != lower.read_bytes():  # else one file: the folders may be one too
+        assert (tmp_path / "m.ONNX.cinm").is_dir() and (tmp_path / "m.cinm").is_dir()
+        _run_matches_original(upper, "lenet", tmp_path, capsys)
+        _run_matches_original(lower, "mlp", tmp_path, capsys)
     # X.onnx and X name one folder: the second is refused while the first and its folder exist
     before = {p: p.read_bytes() for p in [x_onnx, *(tmp_path / "x.cinm").rglob("*")]
               if p.is_file()}
