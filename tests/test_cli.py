@@ -757,3 +757,16 @@ def test_the_nan_inf_line_says_why_a_model_without_float_inputs_has_none(tmp_pat
     code, out, err = _run(["optimize", "--example", "mlp", "-o", str(tmp_path / "m.onnx")],
                           capsys)  # a float input: checked, no skip
     assert code == 0 and "NaN/Inf check: 1 run" in out and "NaN/Inf check: skipped" not in out, out
+
+
+def test_a_usage_error_wins_over_a_missing_report_folder(tmp_path, capsys):
+    """A malformed --dim is a usage error (exit 2) whether or not --report's folder exists; the
+    folder is probed after the usage checks, before any work."""
+    args = ["optimize", "--example", "lenet", "-o", str(tmp_path / "ok.onnx"),
+            "--report", str(tmp_path / "nodir" / "r")]
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--dim", "bogus"])
+    assert e.value.code == 2 and "--dim expects NAME=SIZE" in capsys.readouterr().err
+    code, _, err = _run(args, capsys)
+    assert code == 1 and "cannot write the report into" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -80,8 +80,6 @@ def _cmd_optimize(args, parser) -> int:
     if options.get("placement") == "heuristic" and cost_only:
         print(f"onnx-cinm: warning: {', '.join(cost_only)} apply to --placement cost only",
               file=sys.stderr)
-    if args.report:
-        _check_writable_folder(args.report, "report")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
     bar = progress_bar(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass",
@@ -106,9 +104,11 @@ def _cmd_optimize(args, parser) -> int:
     except CinmError as e:
         parser.error(str(e))
     given, _ = _given_inputs(args, parser)
-    # the output's folder exists and takes files: checked before the work, after the usage
-    # errors (a bad option or --config is a usage error whatever the output)
+    # the output's and the report's folders exist and take files: checked before the work,
+    # after the usage errors (a bad option or --dim is a usage error whatever the output)
     _check_output_file(args.output, "-o", {})
+    if args.report:
+        _check_writable_folder(args.report, "report")
     if args.place_config:
         hints += load_hints(args.place_config)
     if hints:  # on the command line: they replace the --config file's
