@@ -558,7 +558,9 @@ def missing_parent(folder, what: str) -> None:
 
     out = Path(folder)
     if not out.exists() and not out.absolute().parent.is_dir():
-        raise CinmError(f"cannot write the {what} into '{folder}': folder '{out.parent}' does not exist")
+        state = f"'{out.parent}' is a file, not a folder" if out.absolute().parent.exists() \
+            else f"folder '{out.parent}' does not exist"
+        raise CinmError(f"cannot write the {what} into '{folder}': {state}")
 
 
 def write_files_into(folder, files: dict, what: str) -> list:

@@ -770,3 +770,14 @@ def test_a_usage_error_wins_over_a_missing_report_folder(tmp_path, capsys):
     code, _, err = _run(args, capsys)
     assert code == 1 and "cannot write the report into" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_report_folder_under_a_file_says_it_is_a_file(tmp_path, capsys):
+    """``report -o afile/r`` with ``afile`` a regular file: the message said the folder 'does
+    not exist'; it says what is in the way."""
+    model = tmp_path / "m.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
+    (tmp_path / "afile").write_text("x")
+    code, _, err = _run(["report", str(model), "-o", str(tmp_path / "afile" / "r")], capsys)
+    assert code == 1 and f"'{tmp_path / 'afile'}' is a file, not a folder" in err
+    assert (tmp_path / "afile").read_text() == "x"
