@@ -608,26 +608,19 @@ def test_a_patched_staged_model_is_placed_without_fdatasync(tmp_path, monkeypatc
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
-    model = _relu_model()
-    model.doc_string = "marker-A"
-    staged = frontend.stage_model(model, tmp_path / "m.onnx")
-    try:
-        assert staged.patch(b"marker-A", b"marker-B")
-        staged.place()
-    finally:
-        staged.discard()
-    model.doc_string = "marker-B"
-    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
-    assert os.listdir(tmp_path) == ["m.onnx"]
+    _stage_patch_and_place(tmp_path)
     assert len(synced) == 2  # the staging thread's flush, then the patch's
 
 
-def test_staged_model_patch_needs_one_occurrence(tmp_path):
+def _stage_patch_and_place(tmp_path, absent: bool = False) -> None:
+    """Stage a model whose doc_string is marker-A, patch it to marker-B (first a patch of bytes
+    it does not hold, when ``absent``: refused), place it: the file is that model's bytes."""
     model = _relu_model()
     model.doc_string = "marker-A"
     staged = frontend.stage_model(model, tmp_path / "m.onnx")
     try:
-        assert not staged.patch(b"absent-1", b"absent-2")
+        if absent:
+            assert not staged.patch(b"absent-1", b"absent-2")
         assert staged.patch(b"marker-A", b"marker-B")
         staged.place()
     finally:
@@ -635,6 +628,10 @@ def test_staged_model_patch_needs_one_occurrence(tmp_path):
     model.doc_string = "marker-B"
     assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
     assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_staged_model_patch_needs_one_occurrence(tmp_path):
+    _stage_patch_and_place(tmp_path, absent=True)
 
 
 def test_load_refuses_a_cinm_op_with_a_graph_attribute(tmp_path):

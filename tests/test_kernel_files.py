@@ -156,10 +156,10 @@ def test_save_writes_again_when_the_stand_in_is_not_found_once(lenet, tmp_path):
         artifacts.kernel_digest(manifest)
 
 
-def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, monkeypatch):
+def _save_failing_in_emit(model, tmp_path, monkeypatch) -> None:
+    """``artifacts.save`` of ``model`` to ``tmp_path/a.onnx`` with its kernel emit failing:
+    the one-line CinmError."""
     from onnx_cinm.errors import CinmError
-    model = _copy(lenet)
-    given = model.SerializeToString()
 
     def fail(*args):
         raise CinmError("emit failed")
@@ -167,6 +167,13 @@ def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, mo
     monkeypatch.setattr(artifacts, "_emit", fail)
     with pytest.raises(CinmError, match="emit failed"):
         artifacts.save(model, tmp_path / "a.onnx")
+
+
+def test_a_failed_save_leaves_no_file_and_the_model_as_given(lenet, tmp_path, monkeypatch):
+    model = _copy(lenet)
+    given = model.SerializeToString()
+
+    _save_failing_in_emit(model, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []  # no model, no folder, no temporaries
     assert model.SerializeToString() == given
 
@@ -175,7 +182,6 @@ def test_a_failed_save_keeps_a_saved_models_metadata_in_its_order(lenet, tmp_pat
     """A model saved before records its digest between other metadata entries: after a save
     that fails, its metadata_props are the very entries they were, in their order (the digest
     was put back last)."""
-    from onnx_cinm.errors import CinmError
     model = _copy(lenet)
     entries = [(p.key, p.value) for p in model.metadata_props]
     del model.metadata_props[:]
@@ -183,12 +189,7 @@ def test_a_failed_save_keeps_a_saved_models_metadata_in_its_order(lenet, tmp_pat
         model.metadata_props.add(key=key, value=value)
     given = model.SerializeToString()
 
-    def fail(*args):
-        raise CinmError("emit failed")
-
-    monkeypatch.setattr(artifacts, "_emit", fail)
-    with pytest.raises(CinmError, match="emit failed"):
-        artifacts.save(model, tmp_path / "a.onnx")
+    _save_failing_in_emit(model, tmp_path, monkeypatch)
     assert [(p.key, p.value) for p in model.metadata_props][:3] == \
         [("before", "1"), (artifacts.DIGEST_KEY, "a" * 64), ("after", "2")]
     assert model.SerializeToString() == given
