@@ -1432,6 +1432,12 @@ def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None
     of two below ``max_dpus`` and ``max_dpus`` itself (or exactly ``dpus``); for matrix
     products, every power of two dividing the count and the count itself as column blocks
     (1 for other ops). ``unit``: :func:`_unit_geometry` of ``op`` when the caller has it."""
+    return list(_workgroups(op, max_dpus, dpus, unit))
+
+
+def _workgroups(op: OpInfo, max_dpus: int, dpus: int | None, unit: tuple | None) -> tuple:
+    """:func:`workgroups` as the memo's own tuple (shared by the ops of one memo key: read it,
+    never change it; :func:`_combos_arrays` knows it by identity)."""
     kind, geom = unit or _unit_geometry(op)
     matmul = kind in ("gemm", "simsearch")
     items = geom["rows"] * geom["n"] if matmul else \
@@ -1443,7 +1449,30 @@ def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None
         if len(_WORKGROUPS) > _PLANS_MAX:
             _WORKGROUPS.clear()
         hit = _WORKGROUPS[key] = tuple(W.workgroups(items, max_dpus, dpus, grid=matmul))
-    return list(hit)
+    return hit
+
+
+def _combos_arrays(combos) -> tuple:
+    """``(DPUs, column blocks)`` of the workgroups ``combos`` as two read-only int64 arrays
+    (the lower bounds of :func:`_floor_s` rank them). Remembered for a memo's own tuple
+    (:func:`_workgroups`: an op of each network layer asks with the same one); built anew for
+    any other sequence."""
+    hit = _COMBO_ARRAYS.get(id(combos))
+    if hit is not None and hit[0] is combos:
+        return hit[1]
+    arr = np.array(combos, dtype=np.int64).reshape(-1, 2).T
+    out = (np.ascontiguousarray(arr[0]), np.ascontiguousarray(arr[1]))
+    for a in out:
+        a.flags.writeable = False
+    if isinstance(combos, tuple):  # immutable: safe to know by identity while it is held here
+        if len(_COMBO_ARRAYS) > 256:
+            _COMBO_ARRAYS.clear()
+        _COMBO_ARRAYS[id(combos)] = (combos, out)
+    return out
+
+
+#: Memo of :func:`_combos_arrays`: id of a workgroup tuple -> (the tuple, its arrays).
+_COMBO_ARRAYS: dict = {}
 
 
 #: Memo of :func:`workgroups` by (max DPUs, DPUs, grid, work items capped at max DPUs): a
@@ -1467,7 +1496,17 @@ def _op_key(op: OpInfo) -> tuple:
     """What a plan depends on: the op's type, attributes (but those that only record
     decisions: the placement ones and the plan's own ``cnm_*``, which ``cnm_mapping`` writes
     before ``device_lowering`` asks for the same plan) and the dtype, shape and constness of its
-    tensors (not the op's name: ops of one shape share their plan)."""
+    tensors (not the op's name: ops of one shape share their plan). Computed once per
+    :class:`OpInfo` (frozen, and its attributes are never changed after it is made) and kept
+    on it: the device's ``supports``, its ``price`` and the emitter's memo each ask."""
+    hit = op.__dict__.get("_cnm_op_key")
+    if hit is None:
+        hit = op.__dict__["_cnm_op_key"] = _make_op_key(op)
+    return hit
+
+
+def _make_op_key(op: OpInfo) -> tuple:
+    """:func:`_op_key`, computed."""
     ts = lambda t: (t.dtype, t.shape, t.const)  # noqa: E731
     attrs = sorted((k, v) for k, v in op.attrs.items()
                    if k not in ("device", "placement", "kernel") and not k.startswith("cnm_"))
@@ -1617,7 +1656,7 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
         def floor(combos: list) -> np.ndarray:
-            d, dc = np.array(combos, dtype=np.int64).reshape(-1, 2).T
+            d, dc = _combos_arrays(combos)
             ok, dr, dcol = _grid_array(d, dc, rows, n, batched)
             rows_dpu = _cdivs(rows, dr)
             n_dpu = _cdivs(n, dcol)
@@ -1662,7 +1701,7 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
         def floor_ew(combos: list) -> np.ndarray:  # every workgroup at once (tens of them)
-            d = np.array([c[0] for c in combos], dtype=np.int64)
+            d = _combos_arrays(combos)[0]
             n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), unit) * unit  # _share of every count
             out = (params.launch_overhead_s_array(d) + n_dpu * instr / f
                    + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
@@ -1695,7 +1734,7 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     if not op.inputs:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} has no inputs")
     unit = _unit_geometry(op)
-    combos = workgroups(op, max_dpus, dpus, unit)
+    combos = _workgroups(op, max_dpus, dpus, unit)
     floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
         bounds = np.asarray(floor(combos), dtype=float).tolist()  # Python floats: compared often
