@@ -1623,6 +1623,41 @@ def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple
             np.where(few, np.minimum(n_pad, units_t * nt), n_pad))
 
 
+def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets: int,
+                        batched: bool, params: UpmemParams) -> tuple:
+    """The parts of a matrix product's lower bounds (:func:`_floor_s`) that its K and its
+    inputs' constness leave unchanged, one entry per workgroup of ``combos``: ``(whether the
+    grid exists, whether A is scattered (more than one row block), A rows per DPU, the busiest
+    DPU's outputs x padded columns, the busiest tasklet's issue-interval-weighted outputs
+    (:func:`_matmul_busiest`), the launch's seconds, the result's gather seconds)``.
+    Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
+    arguments: a network's layers repeat their output sizes (``rows x n``) with other K."""
+    key = (id(combos), kind, rows, n, es, tasklets, batched, params_key(params))
+    hit = _MATMUL_FLOORS.get(key)
+    if hit is not None and hit[0] is combos:
+        return hit[1]
+    d, dc = _combos_arrays(combos)
+    ok, dr, dcol = _grid_array(d, dc, rows, n, batched)
+    rows_dpu = _cdivs(rows, dr)
+    n_dpu = _cdivs(n, dcol)
+    n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets, batched)
+    r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
+    out = (ok, dr > 1, rows_dpu, rows_dpu * n_pad, params.issue_interval * r_t * n_t,
+           params.launch_overhead_s_array(d),
+           params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
+    for a in out:
+        a.flags.writeable = False  # read-only, like every memo's answer
+    if isinstance(combos, tuple):  # immutable: safe to know by identity while it is held here
+        if len(_MATMUL_FLOORS) > 1024:
+            _MATMUL_FLOORS.clear()
+        _MATMUL_FLOORS[key] = (combos, out)
+    return out
+
+
+#: Memo of :func:`_matmul_floor_parts`: key -> (the workgroup tuple, its parts).
+_MATMUL_FLOORS: dict = {}
+
+
 def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
     """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
     workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
@@ -1656,19 +1691,14 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
         def floor(combos: list) -> np.ndarray:
-            d, dc = _combos_arrays(combos)
-            ok, dr, dcol = _grid_array(d, dc, rows, n, batched)
-            rows_dpu = _cdivs(rows, dr)
-            n_dpu = _cdivs(n, dcol)
-            n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets,
-                                                          batched)
-            r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
-            kernel = np.maximum(rows_dpu * n_pad * per_mac, issue * r_t * n_t * per_mac)
+            d = _combos_arrays(combos)[0]
+            ok, scattered, rows_dpu, macs, busiest, launch, gather = _matmul_floor_parts(
+                combos, kind, rows, n, es, tasklets, batched, params)
+            kernel = np.maximum(macs * per_mac, busiest * per_mac)
             a_bytes = rows_dpu * a_row
-            send = np.where(dr > 1, params.push_s_array(a_bytes, d),
+            send = np.where(scattered, params.push_s_array(a_bytes, d),
                             params.broadcast_s_array(a_bytes, d))
-            out = (params.launch_overhead_s_array(d) + kernel / f + send
-                   + params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
+            out = launch + kernel / f + send + gather
             return np.where(ok, out, np.inf)
         return floor
     if kind == "im2col":
