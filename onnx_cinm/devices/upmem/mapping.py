@@ -795,6 +795,18 @@ def _im2col_conv(shape, attrs: dict, es: int) -> tuple:
     return g, ck, _cdiv(ck, per) * per, max(1, g["OH"]), max(1, g["OW"]), win_read
 
 
+def _op_im2col_conv(op: OpInfo, es: int) -> tuple:
+    """:func:`_im2col_conv` of the Im2Col ``op``'s input and attributes (``es``-byte
+    elements), computed once per :class:`OpInfo` (frozen, its attributes never changed) and
+    kept on it: its unit geometry, its lower bounds and each plan tried ask (read it, never
+    change it)."""
+    hit = op.__dict__.get("_cnm_im2col_conv")
+    if hit is None or hit[0] != es:
+        hit = op.__dict__["_cnm_im2col_conv"] = (es, _im2col_conv(op.inputs[0].shape, op.attrs,
+                                                                   es))
+    return hit[1]
+
+
 def _cost_im2col(p: CnmPlan) -> CostBreakdown:
     """Im2Col as the generated kernel runs it: per output row, ``C * KH`` window reads (the KW
     taps of one padded input row) and ``KW * 4 + 10`` instructions each, and the row written
@@ -1284,7 +1296,7 @@ def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, di
         n = max(ins[0].numel, 1)
         return kind, {"n": n, "n_dpu": _share(n, d, es)}, [D.entry(ins[0].name, D.SCATTER)], 2
     if kind == "im2col":
-        geom = _im2col_geometry(ins[0].shape, a, d, es)
+        geom = _im2col_geometry(ins[0].shape, a, d, es, _op_im2col_conv(op, es))
         return kind, geom, [D.entry(ins[0].name, D.SCATTER)], 2
     if kind == "rownorm":
         return _rownorm_geometry(op, d, es)
@@ -1703,7 +1715,7 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         return floor
     if kind == "im2col":
         shape, attrs = op.inputs[0].shape, op.attrs
-        conv = _im2col_conv(shape, attrs, es)
+        conv = _op_im2col_conv(op, es)
 
         bounds: dict = {}  # DPUs that get work -> bound (the large counts give a few of them)
         n_img, oh, ow = conv[0]["N"], conv[3], conv[4]
