@@ -10,6 +10,7 @@ names).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 
@@ -63,6 +64,18 @@ _EMIT_KEYS = ("cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "cnm_grid", "cnm_la
 _EMITTABLE: dict = {}
 _PLANS_MAX = 20000
 _MISS = object()
+#: The modules :func:`_module` imported (the mapping and the code generator pull in numpy and
+#: the templates: imported on first use, not with the device; then asked hundreds of times).
+_MODULES: dict = {}
+
+
+def _module(name: str):
+    """This package's submodule ``name`` (``mapping``, ``codegen``), imported on first use; its
+    attributes are read at each call (a test may replace one)."""
+    mod = _MODULES.get(name)
+    if mod is None:
+        mod = _MODULES[name] = importlib.import_module(f"{__name__}.{name}")
+    return mod
 
 
 class UpmemDevice(Device):
@@ -94,14 +107,13 @@ class UpmemDevice(Device):
         for t in op.inputs + op.outputs:
             if t.dtype is None or dtype_name(t.dtype) not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
-        from .codegen import kernel_for  # the generated kernels decide what runs on DPUs
-        from .mapping import _op_key
-        try:
-            kernel = kernel_for(op, target=self.params)
+        codegen, mapping = _module("codegen"), _module("mapping")
+        try:  # the generated kernels decide what runs on DPUs
+            kernel = codegen.kernel_for(op, target=self.params)
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
         try:  # the op's signature, asked once for the plan's and the emitter's memo
-            key = _op_key(op)
+            key = mapping._op_key(op)
         except TypeError:  # an attribute that cannot be a key: both answer without their memo
             key = None
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
@@ -130,12 +142,12 @@ class UpmemDevice(Device):
         for. ``op_key``: :func:`.mapping._op_key` of ``op``; ``kernel``: :func:`.codegen.kernel_for`
         of ``op`` on :attr:`params` (a plan for another target asks again); when the caller
         has them."""
-        from .mapping import _op_key, params_key
+        mapping = _module("mapping")
         target = self._planned_target(attrs)
         if target is not self.params:
             kernel = None
         try:
-            key = (op_key or _op_key(op), params_key(target), tuple(
+            key = (op_key or mapping._op_key(op), mapping.params_key(target), tuple(
                 (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo
@@ -195,8 +207,7 @@ class UpmemDevice(Device):
         if options.get("upmem_search", UpmemOptions.search):  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
             from .search import search_plan
             return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
-        from .mapping import plan_op
-        return plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options),
+        return _module("mapping").plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options),
                        op_key=op_key)
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:

@@ -1533,9 +1533,11 @@ def _renamed(plan: CnmPlan, template: tuple, op: OpInfo) -> CnmPlan:
     names = tuple(D.entry(op.inputs[k].name, how) for k, how in template)
     if names == plan.inputs:
         return plan
-    out = replace(plan, inputs=names)
-    if "_cost" in plan.__dict__:  # the names change no figure
-        object.__setattr__(out, "_cost", plan.__dict__["_cost"])
+    # a copy with the other names (what dataclasses.replace gives, without its generic
+    # keyword pass): the names change no other field, nor the cost and geometry it holds
+    out = object.__new__(CnmPlan)
+    out.__dict__.update(plan.__dict__)
+    out.__dict__["inputs"] = names
     return out
 
 
