@@ -208,3 +208,44 @@ def test_the_plan_attributes_do_not_split_the_memo(monkeypatch):
     assert mapping.plan_op(annotated) == first and plans == []
     monkeypatch.setattr(mapping, "_PLANS", _NoMemo())
     assert mapping.plan_op(annotated) == first and plans == [1]
+
+
+def test_matmul_bounds_from_the_memo_equal_fresh_ones():
+    """A matrix product's lower bounds reuse the parts its K leaves unchanged per workgroup
+    tuple and output size (``_matmul_floor_parts``): for products of one output size and many
+    K, A constant or not, with and without a bias, they equal bit for bit the bounds computed
+    afresh from a plain list of the same workgroups (which is never remembered)."""
+    f32 = np.dtype("float32")
+    for rows, k, n in ((196, 128, 32), (196, 640, 32), (4, 64, 64), (3136, 64, 128),
+                       (1, 1024, 1000), (49, 992, 128)):
+        for const_a, bias in ((False, False), (True, False), (False, True)):
+            ins = [TensorInfo("a", f32, (rows, k), const_a), TensorInfo("b", f32, (k, n), True)]
+            if bias:
+                ins.append(TensorInfo("c", f32, (n,), True))
+            op = OpInfo("g", "Gemm", {}, tuple(ins), (TensorInfo("y", f32, (rows, n)),))
+            unit = mapping._unit_geometry(op)
+            for max_dpus in (2560, 2048, 96, 7):
+                combos = mapping._workgroups(op, max_dpus, None, unit)
+                floor = mapping._floor_s(op, 16, mapping.DEFAULT_PARAMS, unit)
+                memo = np.asarray(floor(combos), dtype=float)
+                again = np.asarray(floor(combos), dtype=float)
+                fresh = np.asarray(floor(list(combos)), dtype=float)
+                assert memo.tobytes() == fresh.tobytes() == again.tobytes()
+
+
+def test_a_renamed_plan_is_the_plan_with_the_other_names():
+    """Ops of one shape share a plan; the second gets a copy with its own input names
+    (``_renamed``), equal to ``dataclasses.replace`` of the plan with those names, with the
+    same cost, and the first op's plan is left as it was."""
+    from dataclasses import replace
+
+    f32 = np.dtype("float32")
+    ops = [OpInfo(f"fc{i}", "Gemm", {}, (TensorInfo(f"x{i}", f32, (16, 512)),
+                                          TensorInfo(f"w{i}", f32, (512, 256), True)),
+                  (TensorInfo(f"y{i}", f32, (16, 256)),)) for i in range(2)]
+    first, second = (mapping.plan_op(op) for op in ops)
+    assert first.inputs[0].startswith("x0:") and second.inputs[0].startswith("x1:")
+    assert second == replace(first, inputs=second.inputs)
+    assert second.cost() == first.cost() and second.attrs()["cnm_latency_s"] == \
+        first.attrs()["cnm_latency_s"]
+    assert mapping.plan_op(ops[0]).inputs == first.inputs
