@@ -331,58 +331,55 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 moved[(p, dev)] = hit
             return hit
 
-        src = np.arange(len(codes))
         cands = prob.cands[i]
         rows = [row[ch.device] for ch in cands]
-        if len(set(rows)) == len(rows) and \
+        small = len(names) * len(codes) <= MAX_DP_STATES  # then no state is pruned
+        if small and len(set(rows)) == len(rows) and \
                 not any(ch.kept_tiles and ch.device in stride for ch in cands):
             # every choice keeps the kept-tile columns as they are and has a device row of its
             # own: all of them in a few array operations over [choice, previous row, column]
-            # (the same sums and the same first minimum as the loop below, op by op)
+            # (the same sums and the same first minimum as the loop below, op by op); the back
+            # pointers are kept as the arrays they come from (:func:`_back`)
             steps = []
             for ch in cands:
                 own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
                 steps.append([own + transfers(p, ch.device) for p in prev_rows])
             tot = reached[None, :, :] + np.array(steps)[:, :, None]
-            arg = tot.argmin(axis=1)
-            ci = np.arange(len(cands))[:, None]
-            best = tot[ci, arg, src]
-            fin = best < np.inf  # an unreachable state keeps no back pointer
-            new = codes
-            nvalue = np.full((len(names), len(new)), np.inf)
-            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
-            nvalue[rows] = np.where(fin, best, np.inf)
-            bp[0, rows] = np.where(fin, live[arg], 0)
-            bp[1, rows] = np.where(fin, src, 0)
-            bp[2, rows] = np.where(fin, ci, 0)
-        else:
-            entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
-            for ci, ch in enumerate(prob.cands[i]):
-                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
-                step = np.array([own + transfers(p, ch.device) for p in prev_rows])
-                tot = reached + step[:, None]
-                arg = tot.argmin(axis=0)
-                best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
-                if ch.device in stride and ch.kept_tiles:
-                    d = ch.device
-                    ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
-                    best, prow, psrc = best[ok], prow[ok], src[ok]
-                    tgt = codes[ok] + ch.kept_tiles * stride[d]
-                entries.append((row[ch.device], tgt, best, prow, psrc, ci))
-            same = all(e[1] is codes for e in entries)
-            new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
-            nvalue = np.full((len(names), len(new)), np.inf)
-            bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
-            for r, tgt, val, prow, psrc, ci in entries:
-                col = src if same else np.searchsorted(new, tgt)
-                better = val < nvalue[r, col]  # the first of equal values stays
-                col = col[better]
-                nvalue[r, col] = val[better]
-                bp[0, r, col] = prow[better]
-                bp[1, r, col] = psrc[better]
-                bp[2, r, col] = ci
-        finite = np.isfinite(nvalue)
-        if finite.sum() > MAX_DP_STATES:  # many crossbars and many sizes: keep the best states
+            best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
+            nvalue = np.full((len(names), len(codes)), np.inf)
+            nvalue[rows] = np.where(best < np.inf, best, np.inf)
+            back.append((rows, live, tot.argmin(axis=1), best))
+            value = nvalue
+            continue
+        src = np.arange(len(codes))
+        entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+        for ci, ch in enumerate(prob.cands[i]):
+            own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+            step = np.array([own + transfers(p, ch.device) for p in prev_rows])
+            tot = reached + step[:, None]
+            arg = tot.argmin(axis=0)
+            best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
+            if ch.device in stride and ch.kept_tiles:
+                d = ch.device
+                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                best, prow, psrc = best[ok], prow[ok], src[ok]
+                tgt = codes[ok] + ch.kept_tiles * stride[d]
+            entries.append((row[ch.device], tgt, best, prow, psrc, ci))
+        same = all(e[1] is codes for e in entries)
+        new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
+        nvalue = np.full((len(names), len(new)), np.inf)
+        bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+        for r, tgt, val, prow, psrc, ci in entries:
+            col = src if same else np.searchsorted(new, tgt)
+            better = val < nvalue[r, col]  # the first of equal values stays
+            col = col[better]
+            nvalue[r, col] = val[better]
+            bp[0, r, col] = prow[better]
+            bp[1, r, col] = psrc[better]
+            bp[2, r, col] = ci
+        # many crossbars and many sizes: keep the best states
+        finite = None if len(names) * len(new) <= MAX_DP_STATES else np.isfinite(nvalue)
+        if finite is not None and finite.sum() > MAX_DP_STATES:
             cut = np.partition(nvalue[finite], MAX_DP_STATES - 1)[MAX_DP_STATES - 1]
             nvalue[nvalue > cut] = np.inf
             used = np.isfinite(nvalue).any(axis=0)
@@ -394,10 +391,26 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     if dec:
         r, c = np.unravel_index(np.argmin(value), value.shape)
         for k in range(len(dec), 0, -1):
-            p, pc, ci = back[k - 1][:, r, c]
+            p, pc, ci = _back(back[k - 1], r, c)
             assign[dec[k - 1]] = prob.cands[dec[k - 1]][ci]
             r, c = p, pc
     return assign, chain
+
+
+def _back(bp, r: int, c: int) -> tuple:
+    """``(previous row, previous column, choice index)`` of state ``[r, c]`` of one layer of
+    :func:`chain_dp`: ``bp`` is either that array ``[3, row, column]`` or, for a layer whose
+    choices keep the columns, ``(row of each choice, previous rows, argmin over them
+    [choice, column], value [choice, column])``; an unreachable state points at ``(0, 0, 0)``."""
+    if not isinstance(bp, tuple):
+        return bp[:, r, c]
+    rows, live, arg, best = bp
+    if r not in rows:
+        return 0, 0, 0
+    ci = rows.index(r)
+    if not best[ci, c] < np.inf:
+        return 0, 0, 0
+    return live[arg[ci, c]], c, ci
 
 
 @dataclass
