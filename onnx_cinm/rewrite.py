@@ -370,7 +370,12 @@ class Edit:
         if fill is not None:  # read-only, as numpy_helper's arrays of raw_data are
             one = np.frombuffer(fill, onnx.helper.tensor_dtype_to_np_dtype(t.raw.data_type))
             self._fill_sources[id(one)] = (one, t.raw, value.name)
-            return np.broadcast_to(one.reshape(()), tuple(t.raw.dims))
+            # np.broadcast_to(one.reshape(()), dims), made directly (the same view of ``one``:
+            # every stride 0, read-only; broadcast_to's checks cost more than the view)
+            dims = tuple(t.raw.dims)
+            view = np.ndarray(dims, one.dtype, one, 0, (0,) * len(dims))
+            view.flags.writeable = False
+            return view
         array = tensor_array(t.raw)
         root = whole_bytes(array)
         # one value repeated: a reshape of it may stand for its transpose (:meth:`commit` then
