@@ -208,6 +208,9 @@ class _Lowering(Builder):
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
         return self.node(_std_node, op, inputs, outputs, op.lower(), **attrs)
 
+    def ints(self, suffix: str, values) -> str:
+        return self.edit.const(f"{self.base}_{suffix}", np.asarray(values, dtype=np.int64))
+
 
 def _std_node(op_type: str, inputs: list[str], outputs: list[str], name: str | None = None,
               **attrs) -> onnx.NodeProto:
@@ -220,9 +223,6 @@ def _std_node(op_type: str, inputs: list[str], outputs: list[str], name: str | N
         node.name = name
     node.attribute.extend(cinm._attribute(k, v) for k, v in sorted(attrs.items()) if v is not None)
     return node
-
-    def ints(self, suffix: str, values) -> str:
-        return self.edit.const(f"{self.base}_{suffix}", np.asarray(values, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------
