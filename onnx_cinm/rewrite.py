@@ -333,8 +333,9 @@ class Edit:
         self._read: dict[int, tuple[bytes, str]] = {}
         self._scope: dict[str, ir.Value] = {}
         #: ``[(node, weights, names)]``: each node :func:`apply` replaced alone, as a NodeProto,
-        #: with the initializers it read (``{name: TensorProto}``, the model's own, not copies)
-        #: and the names of the nodes it became (:mod:`onnx_cinm.passes.host_restore`)
+        #: with the initializers it read (``{name: TensorProto}``, the model's own, not copies;
+        #: after :meth:`commit`, a :class:`FillWeight` for one it turned into a constant) and
+        #: the names of the nodes it became (:mod:`onnx_cinm.passes.host_restore`)
         self.origins: list[tuple[onnx.NodeProto, dict, list[str]]] = []
         #: the constants :meth:`commit` wrote that are one value broadcast, as fills
         self._made_fills: dict[str, tuple[int, tuple, bytes]] = {}
@@ -370,7 +371,12 @@ class Edit:
         if fill is not None:  # read-only, as numpy_helper's arrays of raw_data are
             one = np.frombuffer(fill, onnx.helper.tensor_dtype_to_np_dtype(t.raw.data_type))
             self._fill_sources[id(one)] = (one, t.raw, value.name)
-            return np.broadcast_to(one.reshape(()), tuple(t.raw.dims))
+            # np.broadcast_to(one.reshape(()), dims), made directly (the same view of ``one``:
+            # every stride 0, read-only; broadcast_to's checks cost more than the view)
+            dims = tuple(t.raw.dims)
+            view = np.ndarray(dims, one.dtype, one, 0, (0,) * len(dims))
+            view.flags.writeable = False
+            return view
         array = tensor_array(t.raw)
         root = whole_bytes(array)
         # one value repeated: a reshape of it may stand for its transpose (:meth:`commit` then
@@ -484,7 +490,10 @@ class Edit:
         :attr:`origins` holds for a node lowered into several, which must stay as it was. A
         constant that views the one value of a fill :meth:`array` gave (a Conv's weight of one
         value as its Gemm matrix) is copied from that initializer with its own dims, in one go
-        (:meth:`_fill_source`: the bytes :func:`add_initializer` would write)."""
+        (:meth:`_fill_source`: the bytes :func:`add_initializer` would write); when that
+        initializer is gone now, the first such constant is that initializer instead, renamed,
+        reshaped and moved to the constant's place (no bytes copied), and :attr:`origins`
+        holds a :class:`FillWeight` of it where it held the initializer."""
         g = self.proto.graph
         # a NodeProto taken out of the list it is in stays valid (protobuf detaches it): the
         # nodes are copied once, into the emptied list, not out and back
@@ -509,7 +518,27 @@ class Edit:
             if source is not None and source[0] is root and source[1] in dead and \
                     source[1] not in heirs and source[1] not in held:
                 heirs[source[1]] = len(made) - 1
+        # the initializer each constant of one value broadcast is written from (its bytes are
+        # what add_initializer writes), looked up while every initializer has its name; one
+        # that is gone now becomes the first such constant in place (renamed, reshaped, moved
+        # to its place among the constants: not copied), its reads in :attr:`origins` a
+        # FillWeight of it
+        sources: dict[int, onnx.TensorProto] = {}
+        moves: dict[int, int] = {}  # id(initializer gone now) -> the constant it becomes
+        for k, (_, array) in enumerate(made):
+            source = self._fill_source(array) if is_fill(array) else None
+            if source is not None:
+                sources[k] = source
+                if source.name in dead and source.name not in heirs and id(source) not in moves:
+                    moves[id(source)] = k
+        moves = {i: k for i, k in moves.items() if k not in heirs.values()}
+        reads: dict[int, list[dict]] = {}  # id(initializer) -> the origins' weights reading it
+        if moves:
+            for _, weights, _ in self.origins:
+                for t in weights.values():
+                    reads.setdefault(id(t), []).append(weights)
         taken = set()
+        moved: dict[int, int] = {}  # id(initializer) -> the constant it became
         for index in reversed(range(len(g.initializer))):
             tensor = g.initializer[index]
             k = heirs.get(tensor.name)
@@ -520,13 +549,24 @@ class Edit:
                 tensor.dims.extend(made[k][1].shape)
                 taken.add(k)
             elif tensor.name in dead:
-                del g.initializer[index]
+                k = moves.get(id(tensor))
+                if k is None or sources[k] is not tensor:
+                    del g.initializer[index]
+                    continue
+                self._hand_over(tensor, made[k][1], reads)
+                tensor.name = made[k][0]
+                del tensor.dims[:]
+                tensor.dims.extend(made[k][1].shape)
+                moved[id(tensor)] = k
+        appended = []  # the constants appended, in order
         for k, (name, array) in enumerate(made):
             if k not in taken:
-                source = None
                 if is_fill(array):
                     self._made_fills[name] = fill_record(array)
-                    source = self._fill_source(array)
+                if k in moved.values():
+                    continue
+                appended.append(k)
+                source = sources.get(k)
                 if source is None:
                     add_initializer(g, array, name)
                     continue
@@ -537,7 +577,27 @@ class Edit:
                 tensor.name = name
                 del tensor.dims[:]
                 tensor.dims.extend(array.shape)
+        if moved:  # the initializers kept, in their order, then the constants in theirs
+            items = list(g.initializer)  # (alive while sorted: their ids stay theirs)
+            tail = len(items) - len(appended)
+            keys = {id(t): (1, moved[id(t)]) if id(t) in moved else (0, i)
+                    for i, t in enumerate(items[:tail])}
+            keys.update((id(t), (1, k)) for t, k in zip(items[tail:], appended))
+            g.initializer.sort(key=lambda t: keys[id(t)])  # (moves the messages, no copies)
         return self.proto
+
+    def _hand_over(self, tensor: onnx.TensorProto, array: np.ndarray, reads: dict) -> None:
+        """Put a :class:`FillWeight` of ``tensor`` (an initializer of one value, about to
+        become the constant ``array`` broadcasts it to) where :attr:`origins` holds it
+        (``reads``: ``{id(TensorProto): [weights dicts of origins holding it]}``)."""
+        weights = reads.get(id(tensor), ())
+        if weights:
+            weight = FillWeight(tensor.name, tensor.data_type, tuple(tensor.dims),
+                                array[(0,) * array.ndim].tobytes())
+            for held in weights:
+                for name, t in held.items():
+                    if t is tensor:
+                        held[name] = weight
 
     def _fill_source(self, array: np.ndarray) -> onnx.TensorProto | None:
         """The initializer whose bytes are what :func:`add_initializer` writes for ``array``,
@@ -572,6 +632,31 @@ class Edit:
         fills = {name: fill for name, fill in self._fills.items() if name in names}
         fills.update((name, fill) for name, fill in self._made_fills.items() if name in names)
         return fills
+
+
+@dataclass(frozen=True)
+class FillWeight:
+    """A weight :attr:`Edit.origins` holds that :meth:`Edit.commit` turned into a constant of
+    the rewritten model instead of copying it (a Conv's weight of one value repeated, as its
+    Gemm matrix): the initializer as it was, held as its name, element type (a TensorProto
+    data type) and dims, all a cost model reads, and the bytes of its one value.
+
+    Attributes:
+        name: the initializer's name.
+        data_type: its ``TensorProto`` element type.
+        dims: its dims.
+        value: the bytes of the one value it holds (its element type's size).
+    """
+
+    name: str
+    data_type: int
+    dims: tuple[int, ...]
+    value: bytes
+
+    def tensor(self) -> onnx.TensorProto:
+        """The initializer it was: name, data_type, dims, and raw_data the value repeated."""
+        return onnx.TensorProto(name=self.name, data_type=self.data_type, dims=self.dims,
+                                raw_data=self.value * math.prod(self.dims))
 
 
 class Builder:

@@ -326,3 +326,26 @@ def test_the_all_host_totals_take_the_placement_problems_host_costs_for_its_node
     slow = cost_placement.evaluate_on_host(nodes, slow_opts, infos, ctx.placed)
     assert len(priced) == len(nodes)
     assert slow[0].latency_s > 100 * reused[0].latency_s
+
+
+def test_a_filled_grouped_conv_cheaper_on_the_host_gets_its_weight_back():
+    """fsmn_vad's block with a weight of one value (ConstantOfShape, as the light models'):
+    to_cinm makes that initializer its Gemm matrix without copying it and holds a FillWeight
+    of it; the Conv put back on the host reads the weight as it was, of the value repeated."""
+    groups, k, t = 128, 20, 98
+    nodes = [helper.make_node("ConstantOfShape", ["W_shape"], ["W"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.125])),
+             helper.make_node("Conv", ["X", "W"], ["c"], name="conv", group=groups,
+                              kernel_shape=[k, 1], pads=[k - 1, 0, 0, 0]),
+             helper.make_node("Add", ["c", "X"], ["Y"], name="add")]
+    g = helper.make_graph(nodes, "fsmn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, groups, t, 1])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, groups, t, 1])],
+                          [numpy_helper.from_array(np.array([groups, 1, k, 1], np.int64), "W_shape")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, check=0)
+    assert [n.op_type for n in res.model.graph.node] == ["Conv", "Add"]
+    assert res.stats["restore_host_ops"] == {"restored": {"Conv": 1}, "cheaper": 1}
+    [w] = res.model.graph.initializer
+    assert (w.name, list(w.dims), w.data_type) == ("W", [groups, 1, k, 1], TensorProto.FLOAT)
+    assert w.raw_data == np.full((groups, 1, k, 1), 0.125, np.float32).tobytes()
+    _exact(res, model)

@@ -341,3 +341,52 @@ def test_filled_conv_weight_is_lowered_without_reading_it(monkeypatch, with_bn):
     w = nh.to_array(next(t for t in out.graph.initializer if t.name == gemm.input[1]))
     assert w.shape == (27, 4) and w.tobytes() == np.full((27, 4), value, np.float32).tobytes()
     assert_matches_ort(model, out, n=2, atol=1e-5)
+
+
+def test_a_filled_conv_weight_becomes_its_gemm_matrix_as_the_copy_would_be():
+    """The Conv weights fold_constants filled with one value (two Convs; a third reads the
+    second's weight too) are lowered as known fills: the first Gemm matrix of each is that
+    initializer renamed, reshaped and moved, not copied. The model written and the origins
+    restore_host_ops reads are the same, byte for byte, as when the weights are read back
+    (no fills known: the copy path); the origins then hold a FillWeight of each weight."""
+    from onnx_cinm.rewrite import FillWeight
+
+    def filled(name, dims, v):
+        return [h.make_node("ConstantOfShape", [f"{name}_shape"], [name],
+                            value=h.make_tensor("v", TP.FLOAT, [1], [v]))], \
+            [nh.from_array(np.array(dims, np.int64), f"{name}_shape")]
+
+    n1, i1 = filled("w1", [4, 3, 3, 3], 0.25)
+    n2, i2 = filled("w2", [5, 4, 1, 1], -1.5)
+    nodes = n1 + n2 + [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+                       h.make_node("Relu", ["c1"], ["r"]),
+                       h.make_node("Conv", ["r", "w2"], ["c2"]),
+                       h.make_node("Conv", ["r", "w2"], ["c3"]),
+                       h.make_node("Add", ["c2", "c3"], ["y"])]
+    inits = [nh.from_array(np.arange(4, dtype=np.float32), "b1")] + i1 + i2
+    model = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 6, 6])],
+                   [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    ctx = PassContext()
+    front = PassManager(pipeline=["fold_constants", "normalize", "fold_batchnorm"]).run(model, ctx)
+    weights = {t.name: t.SerializeToString() for t in front.graph.initializer}
+    assert {"w1", "w2"} <= set(weights)
+    got, want = onnx.ModelProto(), onnx.ModelProto()
+    got.CopyFrom(front)
+    want.CopyFrom(front)
+    fills = PassContext(fills={"w1": (TP.FLOAT, (4, 3, 3, 3), np.float32(0.25).tobytes()),
+                               "w2": (TP.FLOAT, (5, 4, 1, 1), np.float32(-1.5).tobytes())})
+    plain = PassContext()
+    got = to_cinm(got, fills)
+    want = to_cinm(want, plain)
+    assert got.SerializeToString() == want.SerializeToString()
+    assert [t.name for t in got.graph.initializer][0] == "b1"  # kept, in its place
+    held = [(name, t) for _, w, _ in fills.origins for name, t in w.items()]
+    assert sorted(name for name, t in held if isinstance(t, FillWeight)) == ["w1", "w2", "w2"]
+    assert [(n, p.SerializeToString(), k) for p, w, k in fills.origins for n in w] == \
+        [(n, p.SerializeToString(), k) for p, w, k in plain.origins for n in w]
+    for (name, t), (_, ref) in zip(held, [(n, t) for _, w, _ in plain.origins for n, t in w.items()]):
+        tensor = t.tensor() if isinstance(t, FillWeight) else t
+        assert tensor.SerializeToString() == ref.SerializeToString()
+        if name in weights:
+            assert tensor.SerializeToString() == weights[name]
+    assert_matches_ort(model, got, n=2, atol=1e-5)

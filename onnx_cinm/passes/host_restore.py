@@ -29,7 +29,7 @@ from onnx import helper
 
 from ..dialects import cinm
 from ..graph import TensorInfo
-from ..rewrite import rule_key
+from ..rewrite import FillWeight, rule_key
 from . import PassContext, register_pass
 from .graph_names import drop_unread_initializers
 from .origins import NEVER_RESTORED
@@ -268,8 +268,8 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         have = {t.name for t in graph.initializer}
         for _, weights, _ in keep:
             for name, t in weights.items():
-                if name not in have:
-                    graph.initializer.append(t)
+                if name not in have:  # (a FillWeight: the initializer to_cinm reshaped)
+                    graph.initializer.append(t.tensor() if isinstance(t, FillWeight) else t)
                     have.add(name)
         made = {o for n in graph.node for o in n.output}
         del graph.node[:]

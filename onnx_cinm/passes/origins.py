@@ -1,6 +1,8 @@
 """What ``to_cinm`` lowered, for ``restore_host_ops`` (:mod:`.host_restore`): each node it replaced
-alone, as ``(NodeProto, {initializer name: TensorProto it read}, [names of the nodes it became])``
-(:attr:`onnx_cinm.rewrite.Edit.origins`), kept in :attr:`onnx_cinm.passes.PassContext.origins`
+alone, as ``(NodeProto, {initializer name: TensorProto it read, or a FillWeight of it},
+[names of the nodes it became])`` (:attr:`onnx_cinm.rewrite.Edit.origins`; a
+:class:`onnx_cinm.rewrite.FillWeight` stands for a weight of one value that the lowering made
+its reshaped copy of without copying it), kept in :attr:`onnx_cinm.passes.PassContext.origins`
 from one pass to the other."""
 from __future__ import annotations
 

@@ -64,11 +64,11 @@ here, in numpy; non-constant operands get explicit Reshape/Transpose nodes.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from .. import frontend
 from ..analysis import tensor_infos, type_node_outputs
@@ -206,10 +206,23 @@ class _Lowering(Builder):
         return self.recast(cinm.make_node, op, inputs, outputs, **attrs)
 
     def std(self, op: str, inputs: list[str], outputs: list[str] | None = None, **attrs) -> str:
-        return self.node(helper.make_node, op, inputs, outputs, op.lower(), **attrs)
+        return self.node(_std_node, op, inputs, outputs, op.lower(), **attrs)
 
     def ints(self, suffix: str, values) -> str:
         return self.edit.const(f"{self.base}_{suffix}", np.asarray(values, dtype=np.int64))
+
+
+def _std_node(op_type: str, inputs: list[str], outputs: list[str], name: str | None = None,
+              **attrs) -> onnx.NodeProto:
+    """``onnx.helper.make_node(op_type, inputs, outputs, name=name, **attrs)``: the same
+    NodeProto (attributes sorted by name, None ones left out), its attributes built as
+    :func:`onnx_cinm.dialects.cinm.make_node` builds them: ``make_attribute``'s type dispatch
+    cost more than the node (a Conv's Transposes and Reshapes)."""
+    node = onnx.NodeProto(op_type=op_type, input=inputs, output=outputs)
+    if name:
+        node.name = name
+    node.attribute.extend(cinm._attribute(k, v) for k, v in sorted(attrs.items()) if v is not None)
+    return node
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +329,7 @@ def _conv(rw: _Rewriter, node: ir.Node, p: dict):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 and ins[2] else None
     r, m, cg, g = p["r"], p["m"], p["cg"], p["g"]
-    kk = int(np.prod(p["ks"]))
+    kk = math.prod(p["ks"])  # (ints: numpy's prod costs more than the whole product here)
     lo = _Lowering(rw, node)
     y = _outs(node)[0]
     cols = lo.cinm("Im2Col", [x], suffix="cols", kernel_shape=p["ks"], strides=p["st"], pads=p["pads"],
