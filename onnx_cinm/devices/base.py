@@ -552,6 +552,31 @@ def recorded_writes():
         _WRITTEN.reset(token)
 
 
+def render(template, **context) -> str:
+    """``template.render(**context)``: the same text, and the same errors (Jinja's traceback
+    rewriting included), without building the template's globals into a new dict per call
+    (``Template.render`` reads its ``ChainMap`` of globals key by key every time: a third of
+    rendering a crossbar kernel). The globals are read once per template, which is what Jinja
+    does too as long as nobody adds globals after loading (this package never does)."""
+    from jinja2.runtime import new_context
+
+    flat = _GLOBALS.get(id(template))
+    if flat is None or flat[0] is not template:
+        flat = _GLOBALS[id(template)] = (template, dict(template.globals))
+    env = template.environment
+    ctx = new_context(env, template.name, template.blocks, {**flat[1], **context}, True,
+                      flat[1])  # the context reads only the globals' names
+    try:
+        return env.concat(template.root_render_func(ctx))
+    except Exception:
+        env.handle_exception()
+        raise  # handle_exception always raises
+
+
+#: :func:`render`'s globals per template, by id: ``(template, plain dict of its globals)``
+_GLOBALS: dict = {}
+
+
 def template_environment():
     """The Jinja environment a device's code generator renders the package's templates with
     (``onnx_cinm/templates/``, one folder per kernel kind): package data, so each template is

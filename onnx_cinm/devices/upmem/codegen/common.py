@@ -14,11 +14,17 @@ import contextvars
 import numpy as np
 
 from ....graph import dtype_name
-from ...base import json_text, template_environment, write_kernel_file
+from ...base import json_text, render, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
 _ENV = template_environment()
+
+
+@functools.cache
+def _template(name: str):
+    """The template ``name``, looked up once per process (the environment never reloads)."""
+    return _ENV.get_template(name)
 
 
 
@@ -366,13 +372,18 @@ _RENDERED: dict = {}
 def _plain(v) -> bool:
     """Whether ``repr(v)`` spells all of ``v``: numbers, strings, None, numpy scalars, and
     lists, tuples, sets and str-keyed dicts of them (not an array: its repr elides)."""
-    if v is None or isinstance(v, (str, int, float, np.generic)):
-        return not isinstance(v, np.void)
-    if isinstance(v, (list, tuple, set, frozenset)):
-        return all(_plain(x) for x in v)
-    if isinstance(v, dict):
+    kind = type(v)
+    if kind in _ATOMS:
+        return True
+    if kind in _SEQUENCES:
+        return all(map(_plain, v))
+    if kind is dict:
         return all(type(x) is str and _plain(y) for x, y in v.items())
-    return False
+    return isinstance(v, np.generic) and not isinstance(v, np.void)
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
 
 
 def _context_key(k: _K) -> str | None:
@@ -392,10 +403,10 @@ def _context_key(k: _K) -> str | None:
 def _render(name: str, k: _K, key: str | None) -> str:
     """The template ``name`` rendered with ``k`` (once per distinct :func:`_context_key`)."""
     if key is None:
-        return _ENV.get_template(name).render(k=k)
+        return render(_template(name), k=k)
     text = _RENDERED.get((name, key))
     if text is None:
-        text = _ENV.get_template(name).render(k=k)
+        text = render(_template(name), k=k)
         if len(_RENDERED) >= 512:
             _RENDERED.clear()
         _RENDERED[name, key] = text
