@@ -92,6 +92,7 @@ def test_write_kernel_file_takes_a_string_path(tmp_path):
     {"kernels": [{"node": "conv/1", "files": [{"path": "upmem/0001_x/host.c", "bytes": 10,
                                                "sha256": "ab" * 32}]}]},
     {1: "int key"}, {"outer": {2.5: "float key", None: 0}},  # keys json converts: its own text
+    {"shape": [1, 2, 3], "names": ["a", "b"], "mixed": [1, "x", None, 2.5, [3], True, -7, ""]},
 ])
 def test_json_text_is_json_dumps_with_indent_1(value):
     """The manifest and kernel.json text: json's own, written by json.dumps(indent=1)."""

@@ -510,19 +510,33 @@ def _json_parts(v, newline: str, out: list) -> None:
             return
         inner = newline + " "
         sep = ("{" if kind is dict else "[") + inner
+        # strings and integers, most values (a manifest's file entries), are written here
+        # rather than by a call each
         if kind is dict:
             for key, value in v.items():
                 if type(key) is not str:
                     raise _NotPlain
                 out.append(sep)
                 out.append(_JSON_STR(key))
-                out.append(": ")
-                _json_parts(value, inner, out)
+                leaf = type(value)
+                if leaf is str:
+                    out.append(": " + _JSON_STR(value))
+                elif leaf is int:
+                    out.append(": " + int.__repr__(value))
+                else:
+                    out.append(": ")
+                    _json_parts(value, inner, out)
                 sep = "," + inner
         else:
             for value in v:
                 out.append(sep)
-                _json_parts(value, inner, out)
+                leaf = type(value)
+                if leaf is str:
+                    out.append(_JSON_STR(value))
+                elif leaf is int:
+                    out.append(int.__repr__(value))
+                else:
+                    _json_parts(value, inner, out)
                 sep = "," + inner
         out.append(newline + ("}" if kind is dict else "]"))
     elif v is None:
