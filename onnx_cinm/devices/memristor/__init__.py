@@ -764,10 +764,13 @@ class MemristorDevice(Device):
             A, B = consts.get(names[0]), consts.get(names[1])
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
-        if not os.path.isdir(outdir):  # one folder for every crossbar kernel: made by the first
-            os.makedirs(outdir, exist_ok=True)
         text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
-        return [write_kernel_file(os.path.join(outdir, rel.name), text)]
+        path = os.path.join(outdir, rel.name)
+        try:  # one folder for every crossbar kernel: made by the first (no look before each)
+            return [write_kernel_file(path, text)]
+        except (FileNotFoundError, NotADirectoryError):
+            os.makedirs(outdir, exist_ok=True)  # raises as before when it cannot be made
+            return [write_kernel_file(path, text)]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "simulate", run_options: dict | None = None):
