@@ -313,7 +313,7 @@ _FILE_FIELDS = {
     "bytes": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
               "a non-negative integer"),
     "sha256": (lambda v: isinstance(v, str) and len(v) == 64
-               and all(c in "0123456789abcdef" for c in v), "64 lowercase hex digits"),
+               and not v.strip("0123456789abcdef"), "64 lowercase hex digits"),
 }
 
 
@@ -575,12 +575,13 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     check_output_outside_kernels(path, "the model path")
     dest = artifact_dir(path)
     _remove_leftovers(folder, [path.name, dest.name])
-    foreign = _foreign_files(dest) if dest.is_dir() and _is_ours(dest) else []
+    ours = dest.is_dir() and _is_ours(dest)
+    foreign = _foreign_files(dest) if ours else []
     if foreign:
         raise CinmError(f"cannot replace the kernel folder '{dest}': it also holds files onnx-cinm "
                         f"did not write ({', '.join(foreign[:3])}); move them or choose another "
                         "output")
-    if dest.exists() and not (dest.is_dir() and _is_ours(dest)):
+    if not ours and dest.exists():
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
                         "kernel folder; move it away or choose another output name")
     tmp = old = staged = None

@@ -12,10 +12,12 @@ import math
 import onnx
 
 
-def copy_except(message, skipped_field: str):
+def copy_except(message, skipped_field: str, into=None):
     """Copy a protobuf message except one (large) field, without touching that field (not even
-    reading it: ``ListFields`` would hand out a copy of a tensor's raw_data)."""
-    copy = type(message)()
+    reading it: ``ListFields`` would hand out a copy of a tensor's raw_data). ``into``: an
+    empty message of the same type to copy into (a field of another message, say), else a new
+    one; returns the copy."""
+    copy = type(message)() if into is None else into
     for field in message.DESCRIPTOR.fields:
         if field.name == skipped_field:
             continue
@@ -141,7 +143,8 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
     but no serialization of the whole model (a second copy of every weight) is ever held.
     Returns the length of the first part (the model without its weights), bytes."""
     head = copy_except(model, "graph")
-    head.graph.CopyFrom(copy_except(model.graph, "initializer"))
+    head.graph.SetInParent()  # present even when empty, as a CopyFrom into it makes it
+    copy_except(model.graph, "initializer", into=head.graph)  # copied once, not twice
     first = head.SerializeToString()
     handle.write(first)
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2

@@ -92,6 +92,7 @@ def test_write_kernel_file_takes_a_string_path(tmp_path):
     {"kernels": [{"node": "conv/1", "files": [{"path": "upmem/0001_x/host.c", "bytes": 10,
                                                "sha256": "ab" * 32}]}]},
     {1: "int key"}, {"outer": {2.5: "float key", None: 0}},  # keys json converts: its own text
+    {"shape": [1, 2, 3], "names": ["a", "b"], "mixed": [1, "x", None, 2.5, [3], True, -7, ""]},
 ])
 def test_json_text_is_json_dumps_with_indent_1(value):
     """The manifest and kernel.json text: json's own, written by json.dumps(indent=1)."""
@@ -207,3 +208,107 @@ def test_constants_answer_in_without_converting(monkeypatch):
     assert "w" in consts and "x" not in consts and "other" not in consts
     assert converted == [] and list(consts) == ["w"] and len(consts) == 1
     assert consts["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and converted == ["w"]
+
+
+@pytest.mark.parametrize("data", ["", "ünïcode line\n" * 300, b"\x00\xff" * 5000, bytearray(b"ba"),
+                                  np.arange(7, dtype=np.float32).view(np.uint8)])
+def test_write_kernel_file_writes_what_open_writes(tmp_path, data):
+    """Written through the descriptor: the bytes and the permissions ``open(path, "wb")``
+    gives, over a longer file too (truncated)."""
+    raw = data.encode() if isinstance(data, str) else bytes(memoryview(data))
+    (tmp_path / "old").write_bytes(b"x" * 20000)
+    for name in ("new", "old"):
+        write_kernel_file(tmp_path / name, data)
+        with open(tmp_path / f"{name}.ref", "wb") as f:
+            f.write(raw)
+        assert (tmp_path / name).read_bytes() == raw
+        assert os.stat(tmp_path / name).st_mode == os.stat(tmp_path / f"{name}.ref").st_mode
+
+
+def test_write_kernel_file_raises_what_open_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_kernel_file(tmp_path / "missing" / "f", "x")
+    with pytest.raises(IsADirectoryError):
+        write_kernel_file(tmp_path, "x")
+
+
+_UPMEM_KERNELS = [  # (kind, dtype, shapes, params): varied templates, dtypes and broadcasts
+    ("binary", "float32", [(2, 3, 4), (3, 1)], {"op": "Add"}),
+    ("binary", "int32", [(2, 3, 4), (2, 3, 4)], {"op": "Max"}),
+    ("binary", "int8", [(5, 1), (1, 6)], {"op": "Div"}),
+    ("unary", "float32", [(4, 5)], {"op": "Relu"}),
+    ("unary", "float32", [(4, 6)], {"op": "Relu"}),
+    ("unary", "float32", [(64,)], {"op": "Clip", "min": -1.0, "max": 2.5}),
+    ("unary", "int64", [(9,)], {"op": "Clip", "min": 0, "max": 4}),
+    ("unary", "float32", [(3, 7)], {"op": "Exp"}),
+    ("gemm", "float32", [(2, 3, 4), (2, 4, 5)], {}),
+    ("gemm", "int32", [(6, 4), (4, 5)], {"relu": True}),
+    ("reduce", "float32", [(4, 6)], {"reduce": "max", "axes": [1], "keepdims": 1}),
+    ("transpose", "int32", [(2, 3, 4, 5)], {"perm": [0, 2, 3, 1]}),
+    ("softmax", "float32", [(3, 10)], {}),
+]
+
+
+def _emit_upmem_kernels(root: Path, dpus: int) -> dict:
+    from onnx_cinm.devices.upmem import codegen
+
+    for i, (kind, dtype, shapes, params) in enumerate(_UPMEM_KERNELS * 2):
+        codegen.emit_kernel(kind, dtype, shapes, dpus=dpus, tasklets=4, block_bytes=256,
+                            outdir=root / f"{i:02d}", **params)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_upmem_templates_render_as_jinja_renders_them(tmp_path, monkeypatch):
+    """Rendered through devices.render and looked up by context (every kernel twice: the second
+    time from the memo): the files Jinja's own Template.render gives, unmemoized."""
+    from onnx_cinm.devices.upmem.codegen import common
+
+    fast = {d: _emit_upmem_kernels(tmp_path / f"fast{d}", d) for d in (1, 3)}
+    monkeypatch.setattr(common, "render", lambda template, **context: template.render(**context))
+    monkeypatch.setattr(common, "_context_key", lambda k: None)
+    monkeypatch.setattr(common, "_RENDERED", {})
+    for d in (1, 3):
+        slow = _emit_upmem_kernels(tmp_path / f"slow{d}", d)
+        assert len(slow) > 4 * len(_UPMEM_KERNELS) and fast[d] == slow
+
+
+def test_crossbar_kernels_render_as_jinja_renders_them(lenet, tmp_path, monkeypatch):
+    from onnx_cinm.devices.memristor import codegen
+
+    fast = artifacts.emit(lenet, tmp_path / "a")
+    monkeypatch.setattr(codegen, "render_template",
+                        lambda template, **context: template.render(**context))
+    assert artifacts.emit(lenet, tmp_path / "b") == fast
+
+
+def test_render_raises_what_jinja_raises():
+    import jinja2
+
+    from onnx_cinm.devices import base
+
+    t = base.template_environment().from_string("{{ a.b }} {{ range(2) | list }}")
+    assert base.render(t, a={"b": 1}) == t.render(a={"b": 1}) == "1 [0, 1]"
+    with pytest.raises(jinja2.UndefinedError) as fast:
+        base.render(t, a=None)
+    with pytest.raises(jinja2.UndefinedError) as slow:
+        t.render(a=None)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_crossbar_params_from_options_remembered_as_computed():
+    """params_from_options answers from its memo what it computes afresh, per base."""
+    from onnx_cinm.devices import memristor
+    from onnx_cinm.devices.memristor import presets
+
+    cases = [({}, presets.DEFAULT), ({"cim_crossbars": 8}, presets.DEFAULT),
+             ({"cim_rows": 128, "cim_cols": 32}, presets.DEFAULT),
+             ({"cim_preset": "reram-isaac", "cim_crossbars": 2}, presets.DEFAULT),
+             ({"cim_crossbars": 8}, presets.RERAM_ISAAC), ({"cim_rows": 256}, presets.RERAM_ISAAC)]
+    first = [memristor.params_from_options(o, b) for o, b in cases]
+    again = [memristor.params_from_options(dict(o), b) for o, b in cases]
+    memristor._PARAMS.clear()
+    fresh = [memristor.params_from_options(o, b) for o, b in cases]
+    assert first == again == fresh
+    assert fresh[1].crossbars == 8 and fresh[4].crossbars == 8 and fresh[4] != fresh[1]
+    assert (fresh[2].rows, fresh[2].cols, fresh[5].rows) == (128, 32, 256)

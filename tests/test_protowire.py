@@ -78,3 +78,26 @@ def test_write_streamed_is_protobufs_encoding_piece_by_piece():
     expected = head.SerializeToString() + b"".join(pieces)
     assert out.getvalue()[:len(expected)] == expected
     assert onnx.ModelProto.FromString(out.getvalue()) == model
+
+
+def test_copy_except_into_a_field_of_another_message():
+    model = _model()
+    head = onnx.ModelProto()
+    assert protowire.copy_except(model.graph, "initializer", into=head.graph) is head.graph
+    assert head.graph == protowire.copy_except(model.graph, "initializer")
+
+
+@pytest.mark.parametrize("nodes", [True, False])
+def test_write_streamed_head_of_a_graph_of_initializers_only(nodes):
+    """A graph that holds nothing but its initializers still goes out as a (then empty) graph
+    field in the model's first part, as protobuf encodes the model without them."""
+    model = _model() if nodes else onnx.ModelProto(
+        ir_version=8, graph=onnx.GraphProto(initializer=[numpy_helper.from_array(
+            np.arange(3, dtype=np.float32), "w")]))
+    out = io.BytesIO()
+    first = protowire.write_streamed(out, model)
+    head = onnx.ModelProto()
+    head.CopyFrom(model)
+    del head.graph.initializer[:]
+    assert out.getvalue()[:first] == head.SerializeToString()
+    assert onnx.ModelProto.FromString(out.getvalue()) == model

@@ -444,17 +444,31 @@ class Registry:
 _WRITTEN: contextvars.ContextVar = contextvars.ContextVar("kernel_files_written", default=None)
 
 
+#: ``open(name, "wb")``'s flags: created or truncated, not inherited by child processes
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) \
+    | getattr(os, "O_BINARY", 0)
+
+
 def write_kernel_file(path, data) -> Path:
     """Write one kernel file: ``data`` (``str``, encoded as UTF-8, or a bytes-like object such
     as ``bytes`` or a contiguous ``uint8`` array) to ``path`` (created or replaced); return the
     path as a :class:`~pathlib.Path`. While :func:`recorded_writes` is active (the manifest
     being built by :func:`onnx_cinm.artifacts.emit`), the file's size and SHA-256 are recorded
     from the bytes in memory, so the manifest does not open and read every file again.
-    Raises OSError as ``open`` does."""
+    Raises OSError as ``open`` does.
+
+    Written through the descriptor (``os.open``/``os.write``), not a Python file object: that
+    one asks whether the file is a terminal, stats it and seeks to its end, three system calls
+    more per file (a DenseNet121 kernel folder has 245 files)."""
     name = os.fspath(path)  # opened by its string: a Path costs more than the write of a kernel
     view = memoryview(data.encode() if isinstance(data, str) else data).cast("B")
-    with open(name, "wb") as f:
-        f.write(view)
+    fd = os.open(name, _WRITE_FLAGS, 0o666)  # the mode open(name, "wb") creates a file with
+    try:
+        done = 0
+        while done < view.nbytes:  # a regular file takes it in one write; loop all the same
+            done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
     log = _WRITTEN.get()
     if log is not None:
         log[name] = (view.nbytes, hashlib.sha256(view).hexdigest())
@@ -496,19 +510,33 @@ def _json_parts(v, newline: str, out: list) -> None:
             return
         inner = newline + " "
         sep = ("{" if kind is dict else "[") + inner
+        # strings and integers, most values (a manifest's file entries), are written here
+        # rather than by a call each
         if kind is dict:
             for key, value in v.items():
                 if type(key) is not str:
                     raise _NotPlain
                 out.append(sep)
                 out.append(_JSON_STR(key))
-                out.append(": ")
-                _json_parts(value, inner, out)
+                leaf = type(value)
+                if leaf is str:
+                    out.append(": " + _JSON_STR(value))
+                elif leaf is int:
+                    out.append(": " + int.__repr__(value))
+                else:
+                    out.append(": ")
+                    _json_parts(value, inner, out)
                 sep = "," + inner
         else:
             for value in v:
                 out.append(sep)
-                _json_parts(value, inner, out)
+                leaf = type(value)
+                if leaf is str:
+                    out.append(_JSON_STR(value))
+                elif leaf is int:
+                    out.append(int.__repr__(value))
+                else:
+                    _json_parts(value, inner, out)
                 sep = "," + inner
         out.append(newline + ("}" if kind is dict else "]"))
     elif v is None:
@@ -536,6 +564,31 @@ def recorded_writes():
         yield log
     finally:
         _WRITTEN.reset(token)
+
+
+def render(template, **context) -> str:
+    """``template.render(**context)``: the same text, and the same errors (Jinja's traceback
+    rewriting included), without building the template's globals into a new dict per call
+    (``Template.render`` reads its ``ChainMap`` of globals key by key every time: a third of
+    rendering a crossbar kernel). The globals are read once per template, which is what Jinja
+    does too as long as nobody adds globals after loading (this package never does)."""
+    from jinja2.runtime import new_context
+
+    flat = _GLOBALS.get(id(template))
+    if flat is None or flat[0] is not template:
+        flat = _GLOBALS[id(template)] = (template, dict(template.globals))
+    env = template.environment
+    ctx = new_context(env, template.name, template.blocks, {**flat[1], **context}, True,
+                      flat[1])  # the context reads only the globals' names
+    try:
+        return env.concat(template.root_render_func(ctx))
+    except Exception:
+        env.handle_exception()
+        raise  # handle_exception always raises
+
+
+#: :func:`render`'s globals per template, by id: ``(template, plain dict of its globals)``
+_GLOBALS: dict = {}
 
 
 def template_environment():

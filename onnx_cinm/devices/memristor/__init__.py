@@ -197,15 +197,33 @@ def params_from_options(options: dict, base: CrossbarParams = DEFAULT) -> Crossb
     (cells per crossbar: another size than the preset's scales its per-array energy, latency
     and area, :func:`.presets.resize`), ``cim_crossbars`` (``P``).
     """
-    preset = options.get("cim_preset")
+    preset, rows, cols, count = (options.get("cim_preset"), options.get("cim_rows"),
+                                 options.get("cim_cols"), options.get("cim_crossbars"))
+    try:
+        key = (id(base), preset, rows, cols, count, type(rows), type(cols), type(count))
+        hit = _PARAMS.get(key)
+    except TypeError:  # an unhashable option value: computed, not remembered
+        key = hit = None
+    if hit is not None and hit[0] is base:
+        return hit[1]
+    given = base
     if preset is not None:
         base = PRESETS[preset]
-    rows, cols = options.get("cim_rows"), options.get("cim_cols")
     if rows is not None or cols is not None:
         base = resize(base, base.rows if rows is None else rows,
                       base.cols if cols is None else cols)
-    count = options.get("cim_crossbars")
-    return base if count is None else replace(base, crossbars=count)
+    params = base if count is None else replace(base, crossbars=count)
+    if key is not None:
+        if len(_PARAMS) >= 64:
+            _PARAMS.clear()
+        _PARAMS[key] = (given, params)  # the base held: its id is not reused while cached
+    return params
+
+
+#: :func:`params_from_options` by ``(id(base), preset, rows, cols, crossbars)`` and the types
+#: of the numbers (``64`` and ``64.0`` are equal keys): ``(base, params)``. Both are frozen, so a hit is the value computed again (a node's plan, price and
+#: kernel each ask; ``dataclasses.replace`` of 40 fields was the most of it)
+_PARAMS: dict = {}
 
 
 class MemristorDevice(Device):
@@ -739,17 +757,20 @@ class MemristorDevice(Device):
         names = [t.name for t in op.inputs]
         prog = names[0] if v.operand == "A" else names[1]
         bias = None
-        if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, consts[names[2]].shape):
+        if len(names) > 2 and names[2] in consts and layout.bias_per_group(v, _shape(op, consts)):
             bias = codegen.model_source(names[2])
         mode = _mode(attrs, params)
         if _is_int(op):  # integer weights in cells as they are (dtype int32)
             A, B = consts.get(names[0]), consts.get(names[1])
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
-        if not os.path.isdir(outdir):  # one folder for every crossbar kernel: made by the first
-            os.makedirs(outdir, exist_ok=True)
         text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
-        return [write_kernel_file(os.path.join(outdir, rel.name), text)]
+        path = os.path.join(outdir, rel.name)
+        try:  # one folder for every crossbar kernel: made by the first (no look before each)
+            return [write_kernel_file(path, text)]
+        except (FileNotFoundError, NotADirectoryError):
+            os.makedirs(outdir, exist_ok=True)  # raises as before when it cannot be made
+            return [write_kernel_file(path, text)]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
                mode: str = "simulate", run_options: dict | None = None):
@@ -870,6 +891,16 @@ def _run_mode(attrs: dict, base: CrossbarParams, run: dict):
                        timed=run.get("time_s") is not None)
     except ValueError as e:
         raise CinmError(f"crossbar run options: {e}") from None
+
+
+def _shape(op: OpInfo, consts: dict) -> tuple:
+    """The shape of the constant third input of ``op`` (the bias), read without converting
+    the array: its info's when the info is a constant's (an initializer's dims, which the
+    array has), else the array's."""
+    info = op.inputs[2]
+    if info.const and info.shape is not None and all(type(d) is int for d in info.shape):
+        return tuple(info.shape)
+    return consts[op.inputs[2].name].shape
 
 
 def _mode(attrs: dict, params: CrossbarParams) -> dict:

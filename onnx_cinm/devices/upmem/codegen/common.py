@@ -14,11 +14,17 @@ import contextvars
 import numpy as np
 
 from ....graph import dtype_name
-from ...base import json_text, template_environment, write_kernel_file
+from ...base import json_text, render, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
 _ENV = template_environment()
+
+
+@functools.cache
+def _template(name: str):
+    """The template ``name``, looked up once per process (the environment never reloads)."""
+    return _ENV.get_template(name)
 
 
 
@@ -357,13 +363,64 @@ def _limits(dtype: str) -> tuple[str, str]:
 
 
 
+#: Rendered template texts by ``(template, context key)`` (:func:`_context_key`): a model's
+#: kernels of one kind share most of their files (DenseNet121's 31 ReLU kernels: 2 distinct
+#: Makefiles, 10 dpu.c, 13 host.c), and a template is a function of its context alone
+_RENDERED: dict = {}
+
+
+def _plain(v) -> bool:
+    """Whether ``repr(v)`` spells all of ``v``: numbers, strings, None, numpy scalars, and
+    lists, tuples, sets and str-keyed dicts of them (not an array: its repr elides)."""
+    kind = type(v)
+    if kind in _ATOMS:
+        return True
+    if kind in _SEQUENCES:
+        return all(map(_plain, v))
+    if kind is dict:
+        return all(type(x) is str and _plain(y) for x, y in v.items())
+    return isinstance(v, np.generic) and not isinstance(v, np.void)
+
+
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
+
+
+def _context_key(k: _K) -> str | None:
+    """A string that determines everything a template reads of the kernel context ``k``: its
+    attributes and its tensors' (all of them, dynamically set ones too), the target DPU
+    generation and the cost constants its properties read; None when a value is not plain
+    (:func:`_plain`): that kernel is rendered, not looked up."""
+    fields = {n: ([vars(t) for t in v] if n in ("inputs", "outputs") else v)
+              for n, v in vars(k).items()}
+    if not all(type(t) is _Tensor for n in ("inputs", "outputs") for t in vars(k)[n]):
+        return None
+    target = _TARGET.get()
+    context = (fields, vars(target), type(k).__name__, _cost.LOOP_CONTROL, _mapping.BLOCK_INSTR)
+    return repr(context) if _plain(context[:1]) and _plain(context[1]) else None
+
+
+def _render(name: str, k: _K, key: str | None) -> str:
+    """The template ``name`` rendered with ``k`` (once per distinct :func:`_context_key`)."""
+    if key is None:
+        return render(_template(name), k=k)
+    text = _RENDERED.get((name, key))
+    if text is None:
+        text = render(_template(name), k=k)
+        if len(_RENDERED) >= 512:
+            _RENDERED.clear()
+        _RENDERED[name, key] = text
+    return text
+
+
 def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     if _DRY.get():
         return []
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
+    key = _context_key(k)
     for tmpl, name in (("host.c.j2", "host.c"), ("dpu.c.j2", "dpu.c"), ("Makefile.j2", "Makefile")):
-        text = _ENV.get_template(f"upmem/{family}/{tmpl}").render(k=k)
+        text = _render(f"upmem/{family}/{tmpl}", k, key)
         paths.append(write_kernel_file(outdir / name, text))
     man = {"format": "onnx-cinm-upmem-kernel/1", "kind": k.kind, "family": family,
            "dtype": k.dtype, "dpus": k.dpus, "tasklets": k.tasklets, "block_bytes": k.block,
