@@ -866,3 +866,20 @@ def test_ppocr_models_through_all_passes(key, ppocr_model_paths, ppocr_input_sha
     onnx.checker.check_model(result, full_check=True)
     assert_matches_ort(original, result, n=1, shapes={"x": ppocr_input_shapes[key]},
                        check=False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.int8, np.bool_])
+@pytest.mark.parametrize("dims", [(), (0,), (1,), (3,), (1, 1), (64, 32, 3, 3), (2, 0, 5)])
+def test_repeat_is_broadcast_to(dtype, dims):
+    # the fast view of one value the fold writes weights with: the same as numpy's own
+    one = np.frombuffer(np.array([1], dtype).tobytes(), dtype).reshape(())
+    fast, slow = canonicalize._repeat(one, list(dims)), np.broadcast_to(one, dims)
+    assert fast.shape == slow.shape and fast.dtype == slow.dtype
+    assert fast.strides == slow.strides and not fast.flags.writeable
+    assert fast.flags.c_contiguous == slow.flags.c_contiguous
+    assert np.array_equal(fast, slow)
+    def root(array):
+        while isinstance(array, np.ndarray):
+            array = array.base
+        return array
+    assert isinstance(root(fast), bytes) and root(fast) is root(slow)  # the value's bytes
