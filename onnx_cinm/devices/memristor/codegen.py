@@ -16,6 +16,7 @@ mode (the slices of a quantized tile sit in parallel arrays of one logical cross
 """
 from __future__ import annotations
 
+import functools
 import urllib.parse
 from pathlib import Path
 
@@ -25,7 +26,13 @@ from ..base import template_environment
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
-_ENV = template_environment()
+
+@functools.cache
+def _templates():
+    """This generator's template environment (:func:`template_environment`), made when the
+    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
+    instructions that ``--help``, ``devices`` and a run with no crossbar kernel never need."""
+    return template_environment()
 
 
 def _tiles(plan) -> list[dict]:
@@ -82,7 +89,7 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         "".join([f"PROGRAM {x} W {g} {k} {n}\nMVM {x} X {g} {k}\nACC Y {g} {n} {x}\n"
                  for x, g, k, n in ((t["x"], t["g"], t["k"], t["n"]) for t in r)]) + "BARRIER\n"
         for r in rounds])
-    return _ENV.get_template("memristor/kernel.xbar.j2").render(
+    return _templates().get_template("memristor/kernel.xbar.j2").render(
         version=FORMAT_VERSION, name=name, plan=plan, cost_lines=cost_lines,
         load_lines=load_lines, round_lines=round_lines,
         order="fixed" if (naive or plan.resident or plan.shared) else "serpentine",

@@ -18,7 +18,13 @@ from ...base import json_text, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
-_ENV = template_environment()
+
+@functools.cache
+def _templates():
+    """This generator's template environment (:func:`template_environment`), made when the
+    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
+    instructions that ``--help``, ``devices`` and a run with no UPMEM kernel never need."""
+    return template_environment()
 
 
 
@@ -363,7 +369,7 @@ def _write(outdir: Path, family: str, k: _K, manifest: dict) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for tmpl, name in (("host.c.j2", "host.c"), ("dpu.c.j2", "dpu.c"), ("Makefile.j2", "Makefile")):
-        text = _ENV.get_template(f"upmem/{family}/{tmpl}").render(k=k)
+        text = _templates().get_template(f"upmem/{family}/{tmpl}").render(k=k)
         paths.append(write_kernel_file(outdir / name, text))
     man = {"format": "onnx-cinm-upmem-kernel/1", "kind": k.kind, "family": family,
            "dtype": k.dtype, "dpus": k.dpus, "tasklets": k.tasklets, "block_bytes": k.block,
