@@ -175,8 +175,10 @@ def option(default: Any = None, *, help: str, unit: str = "", choices=None,
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "tuple": tuple}
 
 
-def _field_type(cls: type, f: dataclasses.Field) -> type:
-    hint = typing.get_type_hints(cls).get(f.name, f.type)
+def _field_type(cls: type, f: dataclasses.Field, hints: dict) -> type:
+    """The option type (int, float, bool, str or tuple) of field ``f`` of ``cls``, from
+    ``hints`` (``typing.get_type_hints(cls)``). Raises TypeError for any other type."""
+    hint = hints.get(f.name, f.type)
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     base = typing.get_origin(args[0]) or args[0]
     if isinstance(base, str):
@@ -201,13 +203,16 @@ def specs(cls: type, prefix: str, owner: str, section: str | None = None) -> dic
 def _specs(cls: type, prefix: str, owner: str, section: str | None) -> dict[str, OptionSpec]:
     out = {}
     keys = {}
+    hints = None  # the class's, evaluated once (each evaluation compiles every annotation)
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata.get("onnx_cinm.option") or {})
         if not meta:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with options.option()")
         keys[f.name] = meta.pop("key") or (f"{prefix}_{f.name}" if prefix else f.name)
         default = None if f.default is _MISSING else f.default
-        out[keys[f.name]] = OptionSpec(keys[f.name], _field_type(cls, f), default, owner=owner,
+        if hints is None:
+            hints = typing.get_type_hints(cls)
+        out[keys[f.name]] = OptionSpec(keys[f.name], _field_type(cls, f, hints), default, owner=owner,
                                        section=section or prefix or owner, name=f.name, **meta)
     for key, spec in out.items():
         if not spec.aliases:

@@ -27,13 +27,19 @@ from ..base import template_environment
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
 
-_ENV = template_environment()
+
+@functools.cache
+def _templates():
+    """This generator's template environment (:func:`template_environment`), made when the
+    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
+    instructions that ``--help``, ``devices`` and a run with no crossbar kernel never need."""
+    return template_environment()
 
 
 @functools.cache
 def _template():
     """The ``.xbar`` template, looked up once per process (the environment never reloads)."""
-    return _ENV.get_template("memristor/kernel.xbar.j2")
+    return _templates().get_template("memristor/kernel.xbar.j2")
 
 
 def _tiles(plan) -> list[dict]:

@@ -18,13 +18,19 @@ from ...base import json_text, render, template_environment, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
 
-_ENV = template_environment()
+
+@functools.cache
+def _templates():
+    """This generator's template environment (:func:`template_environment`), made when the
+    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
+    instructions that ``--help``, ``devices`` and a run with no UPMEM kernel never need."""
+    return template_environment()
 
 
 @functools.cache
 def _template(name: str):
     """The template ``name``, looked up once per process (the environment never reloads)."""
-    return _ENV.get_template(name)
+    return _templates().get_template(name)
 
 
 
