@@ -107,21 +107,27 @@ def find_artifact_dir(model_path) -> Path:
 
 def kernel_folder_in(path) -> Path | None:
     """The kernel folder (a ``*.cinm`` path component) that ``path`` names or lies inside,
-    or None. Outputs must not go there: ``optimize`` replaces kernel folders whole."""
+    as written or once symbolic links are resolved (``link/x.onnx`` with ``link`` leading to
+    ``some.cinm``), or None. Outputs must not go there: ``optimize`` replaces kernel folders
+    whole."""
     p = Path(os.path.abspath(path))
-    for q in (p, *p.parents):
+    real = Path(os.path.realpath(p))
+    for q in (p, *p.parents, *((real, *real.parents) if real != p else ())):
         if q.suffix == ".cinm":
             return q
     return None
 
 
 def check_output_outside_kernels(path, option: str) -> None:
-    """Raise CinmError if ``path`` (written by ``option``) is a kernel folder or lies in one."""
+    """Raise CinmError if ``path`` (written by ``option``) is a kernel folder or lies in one,
+    also through a symbolic link (the message then names the folder it leads to)."""
     k = kernel_folder_in(path)
     if k is not None:
-        where = "is" if k == Path(os.path.abspath(path)) else "lies inside"
-        raise CinmError(f"{option} '{path}' {where} the kernel folder '{k}' (*.cinm folders belong "
-                        "to their model and are replaced whole); choose another path")
+        p = Path(os.path.abspath(path))
+        where = "is" if k in (p, Path(os.path.realpath(p))) else "lies inside"
+        via = "" if k == p or k in p.parents else " (through a symbolic link)"
+        raise CinmError(f"{option} '{path}' {where} the kernel folder '{k}'{via} (*.cinm folders "
+                        "belong to their model and are replaced whole); choose another path")
 
 
 def kernel_digest(manifest: dict) -> str:

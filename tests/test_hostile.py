@@ -170,6 +170,14 @@ def _output_in_cinm(src, dst):
         "lies inside the kernel folder"
 
 
+def _output_in_cinm_through_a_link(src, dst):
+    # link -> a.cinm: the path as written has no *.cinm part; it was written into the folder
+    (dst / "a.cinm").mkdir()
+    (dst / "link").symlink_to("a.cinm")
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "link" / "b.onnx")], \
+        f"lies inside the kernel folder '{dst / 'a.cinm'}' (through a symbolic link)"
+
+
 CASES = {
     "empty_file": _plain(b"", "is empty"),
     "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
@@ -225,6 +233,7 @@ CASES = {
     "output_folder_is_a_file": _output_folder_is_a_file,
     "output_named_like_a_kernel_folder": _output_named_cinm,
     "output_inside_a_kernel_folder": _output_in_cinm,
+    "output_inside_a_kernel_folder_through_a_link": _output_in_cinm_through_a_link,
 }
 
 
