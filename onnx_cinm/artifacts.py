@@ -560,7 +560,9 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     <onnx_cinm.frontend.stage_model>`), with a stand-in digest of the same length written over
     in the file once the kernels are written, so that its flush to disk runs meanwhile. On any error or interrupt the temporaries are removed and
     the old files stay as they were. An old kernel folder (one with our manifest) is replaced; a
-    model without kernels removes it, since it belonged to the model being replaced. Hidden
+    model without kernels removes it, since it belonged to the model being replaced (a kernel
+    folder that is a symbolic link: the link is replaced, the folder it leads to left as it
+    was). Hidden
     temporaries a killed earlier save left for this output are removed first. ``model`` gets
     the digest of its kernel set in its ``metadata_props`` (:data:`DIGEST_KEY`; removed when it
     has no kernels), which :func:`check_pair` compares.
@@ -654,5 +656,11 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():  # rmtree refuses a link (and ignore_errors hid that)
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+            else:
+                shutil.rmtree(old, ignore_errors=True)
     return manifest

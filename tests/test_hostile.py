@@ -554,6 +554,29 @@ def test_leftovers_of_a_killed_save_are_removed_by_the_next_one(tmp_path, capsys
     assert sorted(p.name for p in dst.iterdir()) == [live.name, "out.cinm", "out.onnx"]
 
 
+def test_a_symlinked_kernel_folder_leaves_no_hidden_link_behind(tmp_path, capsys):
+    """out.cinm a symbolic link to a folder elsewhere: a re-optimize replaces the link by the
+    new folder and removes the link it moved aside (``.out.cinm.old.PID`` stayed, since
+    rmtree refuses a link); the folder it led to is left as it was."""
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    elsewhere = tmp_path / "elsewhere"
+    (dst / "out.cinm").rename(elsewhere)
+    (dst / "out.cinm").symlink_to(elsewhere)
+    kept = _tree(elsewhere)
+    assert _optimize_crossbar(src, dst / "out.onnx", 1, capsys) == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["out.cinm", "out.onnx"]
+    assert not (dst / "out.cinm").is_symlink() and (dst / "out.cinm" / "manifest.json").is_file()
+    assert _tree(elsewhere) == kept
+    # a model without kernels (everything on the host) removes the link the same way
+    (dst / "out.cinm").rename(elsewhere.with_name("second"))
+    (dst / "out.cinm").symlink_to(elsewhere.with_name("second"))
+    model = _write(src / "h.onnx", _crossbar_model(2))
+    assert main(["optimize", str(model), "-o", str(dst / "out.onnx"), "--place", "Gemm=host",
+                 "-q"]) == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["out.onnx"]
+
+
 def _reseal(model_path: Path) -> None:
     """What anyone who can edit a kernel folder can also do: rewrite the manifest's hashes and
     the model's kernel digest to match the edited files. The stored hashes are no defence."""
