@@ -163,14 +163,30 @@ def _record_digest(model: onnx.ModelProto, digest: str | None) -> None:
         model.metadata_props.add(key=DIGEST_KEY, value=digest)
 
 
-def check_pair(model: onnx.ModelProto, root, model_label: str = "the model") -> dict:
+def check_pair(model: onnx.ModelProto, root, model_label: str = "the model",
+               own=None) -> dict:
     """Check the kernel folder ``root`` (:func:`verify`: its paths stay inside it, its files
     have their listed hashes) and that it is ``model``'s own: its manifest's
     :func:`kernel_digest` equals the digest the model records. Nothing of the folder is built
-    or run before this. Returns the manifest. Raises CinmError (one line) otherwise."""
+    or run before this. Returns the manifest. Raises CinmError (one line) otherwise.
+
+    ``own``: the folder the model's file name gives (:func:`artifact_dir`) when ``root`` is the
+    older name's folder found in its absence (:func:`find_artifact_dir`). A folder there that
+    is not the model's (unreadable, or another kernel digest: ``m.cinm`` of ``m.onnx`` beside
+    ``m.v1``) is then no stale folder of the model's but another model's, and the error says
+    the model's own folder ``own`` is missing."""
     root = Path(root)
-    manifest = verify(root)
     want = recorded_digest(model)
+    if own is not None and Path(own) != root:
+        try:
+            theirs = kernel_digest(load_manifest(root))
+        except CinmError:
+            theirs = None
+        if want is not None and theirs != want:
+            raise CinmError(f"the model's kernel folder '{own}/' is missing: copy it along with "
+                            f"the model (its device kernels are read from there; '{root}' beside "
+                            "it, the name older onnx-cinm used, holds another model's kernels)")
+    manifest = verify(root)
     if want is None:
         raise CinmError(f"{model_label} has device kernels but records no kernel digest (written "
                         "by an older onnx-cinm, or not by 'onnx-cinm optimize'); re-run "

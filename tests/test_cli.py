@@ -692,6 +692,26 @@ def test_a_model_written_with_the_old_folder_name_still_runs(tmp_path, capsys):
     _run_matches_original(model, "lenet", tmp_path, capsys)
 
 
+def test_a_model_copied_without_its_folder_beside_another_models_old_named_one(tmp_path,
+                                                                             capsys):
+    """``m.v1`` copied without ``m.v1.cinm`` to where ``m.onnx`` and its ``m.cinm`` are: run
+    found ``m.cinm`` (the name older onnx-cinm gave ``m.v1``'s folder) and blamed a digest
+    mismatch; it says the model's own folder is missing, and where it looked."""
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "m.v1"), "-q"]) == 0
+    moved = tmp_path / "x"
+    moved.mkdir()
+    assert main(["optimize", "--example", "mlp", "-o", str(moved / "m.onnx"), "-q"]) == 0
+    shutil.copy(tmp_path / "m.v1", moved / "m.v1")
+    code, out, err = _run(["run", str(moved / "m.v1")], capsys)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert f"the model's kernel folder '{moved / 'm.v1.cinm'}/' is missing: copy it" in err
+    assert f"'{moved / 'm.cinm'}' beside it" in err and "digest" not in err
+    # m.onnx still runs with its own folder; m.v1 with its own folder copied along runs too
+    assert main(["run", str(moved / "m.onnx"), "-q"]) == 0
+    shutil.copytree(tmp_path / "m.v1.cinm", moved / "m.v1.cinm")
+    _run_matches_original(moved / "m.v1", "lenet", tmp_path, capsys)
+
+
 @pytest.fixture
 def unwritable_dir(tmp_path):
     """A folder no file can be created in, even by root: mode 0o555, plus ``chattr +i`` when
