@@ -428,6 +428,28 @@ def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
     assert "golden check: 1 run, " in out and "1 runs" not in out
 
 
+def test_compare_checks_both_files_exist_before_loading_the_original(tmp_path, capsys,
+                                                                     monkeypatch):
+    """``compare ORIGINAL missing.onnx`` loaded the (possibly large) original before saying the
+    second file is missing; now nothing is loaded first."""
+    from onnx_cinm import frontend
+
+    onnx.save(get_example("lenet"), tmp_path / "lenet.onnx")
+    loaded = []
+    real = frontend.load_model
+    monkeypatch.setattr(frontend, "load_model", lambda p: loaded.append(p) or real(p))
+    for argv, want in (
+            ([tmp_path / "lenet.onnx", tmp_path / "missing.onnx"],
+             f"no such file: '{tmp_path / 'missing.onnx'}'"),
+            ([tmp_path / "gone.onnx", tmp_path / "missing.onnx"],
+             f"no such file: '{tmp_path / 'gone.onnx'}'"),
+            ([tmp_path / "lenet.onnx", tmp_path],
+             f"'{tmp_path}' is a directory, not an ONNX file")):
+        code, out, err = _run(["compare", *map(str, argv)], capsys)
+        assert code == 1 and out == "" and err.splitlines() == [f"onnx-cinm: error: {want}"]
+    assert loaded == []
+
+
 def test_every_name_on_the_passes_line_is_listed(tmp_model_dir, capsys):
     """What optimize's ``passes:`` line times, --list-passes explains (a model with an If, so
     if_bodies runs too)."""
