@@ -107,21 +107,27 @@ def find_artifact_dir(model_path) -> Path:
 
 def kernel_folder_in(path) -> Path | None:
     """The kernel folder (a ``*.cinm`` path component) that ``path`` names or lies inside,
-    or None. Outputs must not go there: ``optimize`` replaces kernel folders whole."""
+    as written or once symbolic links are resolved (``link/x.onnx`` with ``link`` leading to
+    ``some.cinm``), or None. Outputs must not go there: ``optimize`` replaces kernel folders
+    whole."""
     p = Path(os.path.abspath(path))
-    for q in (p, *p.parents):
+    real = Path(os.path.realpath(p))
+    for q in (p, *p.parents, *((real, *real.parents) if real != p else ())):
         if q.suffix == ".cinm":
             return q
     return None
 
 
 def check_output_outside_kernels(path, option: str) -> None:
-    """Raise CinmError if ``path`` (written by ``option``) is a kernel folder or lies in one."""
+    """Raise CinmError if ``path`` (written by ``option``) is a kernel folder or lies in one,
+    also through a symbolic link (the message then names the folder it leads to)."""
     k = kernel_folder_in(path)
     if k is not None:
-        where = "is" if k == Path(os.path.abspath(path)) else "lies inside"
-        raise CinmError(f"{option} '{path}' {where} the kernel folder '{k}' (*.cinm folders belong "
-                        "to their model and are replaced whole); choose another path")
+        p = Path(os.path.abspath(path))
+        where = "is" if k in (p, Path(os.path.realpath(p))) else "lies inside"
+        via = "" if k == p or k in p.parents else " (through a symbolic link)"
+        raise CinmError(f"{option} '{path}' {where} the kernel folder '{k}'{via} (*.cinm folders "
+                        "belong to their model and are replaced whole); choose another path")
 
 
 def kernel_digest(manifest: dict) -> str:
@@ -157,14 +163,30 @@ def _record_digest(model: onnx.ModelProto, digest: str | None) -> None:
         model.metadata_props.add(key=DIGEST_KEY, value=digest)
 
 
-def check_pair(model: onnx.ModelProto, root, model_label: str = "the model") -> dict:
+def check_pair(model: onnx.ModelProto, root, model_label: str = "the model",
+               own=None) -> dict:
     """Check the kernel folder ``root`` (:func:`verify`: its paths stay inside it, its files
     have their listed hashes) and that it is ``model``'s own: its manifest's
     :func:`kernel_digest` equals the digest the model records. Nothing of the folder is built
-    or run before this. Returns the manifest. Raises CinmError (one line) otherwise."""
+    or run before this. Returns the manifest. Raises CinmError (one line) otherwise.
+
+    ``own``: the folder the model's file name gives (:func:`artifact_dir`) when ``root`` is the
+    older name's folder found in its absence (:func:`find_artifact_dir`). A folder there that
+    is not the model's (unreadable, or another kernel digest: ``m.cinm`` of ``m.onnx`` beside
+    ``m.v1``) is then no stale folder of the model's but another model's, and the error says
+    the model's own folder ``own`` is missing."""
     root = Path(root)
-    manifest = verify(root)
     want = recorded_digest(model)
+    if own is not None and Path(own) != root:
+        try:
+            theirs = kernel_digest(load_manifest(root))
+        except CinmError:
+            theirs = None
+        if want is not None and theirs != want:
+            raise CinmError(f"the model's kernel folder '{own}/' is missing: copy it along with "
+                            f"the model (its device kernels are read from there; '{root}' beside "
+                            "it, the name older onnx-cinm used, holds another model's kernels)")
+    manifest = verify(root)
     if want is None:
         raise CinmError(f"{model_label} has device kernels but records no kernel digest (written "
                         "by an older onnx-cinm, or not by 'onnx-cinm optimize'); re-run "
@@ -554,7 +576,9 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     <onnx_cinm.frontend.stage_model>`), with a stand-in digest of the same length written over
     in the file once the kernels are written, so that its flush to disk runs meanwhile. On any error or interrupt the temporaries are removed and
     the old files stay as they were. An old kernel folder (one with our manifest) is replaced; a
-    model without kernels removes it, since it belonged to the model being replaced. Hidden
+    model without kernels removes it, since it belonged to the model being replaced (a kernel
+    folder that is a symbolic link: the link is replaced, the folder it leads to left as it
+    was). Hidden
     temporaries a killed earlier save left for this output are removed first. ``model`` gets
     the digest of its kernel set in its ``metadata_props`` (:data:`DIGEST_KEY`; removed when it
     has no kernels), which :func:`check_pair` compares.
@@ -649,5 +673,11 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():  # rmtree refuses a link (and ignore_errors hid that)
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+            else:
+                shutil.rmtree(old, ignore_errors=True)
     return manifest

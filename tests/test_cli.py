@@ -428,6 +428,28 @@ def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
     assert "golden check: 1 run, " in out and "1 runs" not in out
 
 
+def test_compare_checks_both_files_exist_before_loading_the_original(tmp_path, capsys,
+                                                                     monkeypatch):
+    """``compare ORIGINAL missing.onnx`` loaded the (possibly large) original before saying the
+    second file is missing; now nothing is loaded first."""
+    from onnx_cinm import frontend
+
+    onnx.save(get_example("lenet"), tmp_path / "lenet.onnx")
+    loaded = []
+    real = frontend.load_model
+    monkeypatch.setattr(frontend, "load_model", lambda p: loaded.append(p) or real(p))
+    for argv, want in (
+            ([tmp_path / "lenet.onnx", tmp_path / "missing.onnx"],
+             f"no such file: '{tmp_path / 'missing.onnx'}'"),
+            ([tmp_path / "gone.onnx", tmp_path / "missing.onnx"],
+             f"no such file: '{tmp_path / 'gone.onnx'}'"),
+            ([tmp_path / "lenet.onnx", tmp_path],
+             f"'{tmp_path}' is a directory, not an ONNX file")):
+        code, out, err = _run(["compare", *map(str, argv)], capsys)
+        assert code == 1 and out == "" and err.splitlines() == [f"onnx-cinm: error: {want}"]
+    assert loaded == []
+
+
 def test_every_name_on_the_passes_line_is_listed(tmp_model_dir, capsys):
     """What optimize's ``passes:`` line times, --list-passes explains (a model with an If, so
     if_bodies runs too)."""
@@ -690,6 +712,26 @@ def test_a_model_written_with_the_old_folder_name_still_runs(tmp_path, capsys):
     assert main(["optimize", "--example", "lenet", "-o", str(model), "-q"]) == 0
     (tmp_path / "old.v1.cinm").rename(tmp_path / "old.cinm")
     _run_matches_original(model, "lenet", tmp_path, capsys)
+
+
+def test_a_model_copied_without_its_folder_beside_another_models_old_named_one(tmp_path,
+                                                                             capsys):
+    """``m.v1`` copied without ``m.v1.cinm`` to where ``m.onnx`` and its ``m.cinm`` are: run
+    found ``m.cinm`` (the name older onnx-cinm gave ``m.v1``'s folder) and blamed a digest
+    mismatch; it says the model's own folder is missing, and where it looked."""
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "m.v1"), "-q"]) == 0
+    moved = tmp_path / "x"
+    moved.mkdir()
+    assert main(["optimize", "--example", "mlp", "-o", str(moved / "m.onnx"), "-q"]) == 0
+    shutil.copy(tmp_path / "m.v1", moved / "m.v1")
+    code, out, err = _run(["run", str(moved / "m.v1")], capsys)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert f"the model's kernel folder '{moved / 'm.v1.cinm'}/' is missing: copy it" in err
+    assert f"'{moved / 'm.cinm'}' beside it" in err and "digest" not in err
+    # m.onnx still runs with its own folder; m.v1 with its own folder copied along runs too
+    assert main(["run", str(moved / "m.onnx"), "-q"]) == 0
+    shutil.copytree(tmp_path / "m.v1.cinm", moved / "m.v1.cinm")
+    _run_matches_original(moved / "m.v1", "lenet", tmp_path, capsys)
 
 
 @pytest.fixture

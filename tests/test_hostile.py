@@ -170,6 +170,14 @@ def _output_in_cinm(src, dst):
         "lies inside the kernel folder"
 
 
+def _output_in_cinm_through_a_link(src, dst):
+    # link -> a.cinm: the path as written has no *.cinm part; it was written into the folder
+    (dst / "a.cinm").mkdir()
+    (dst / "link").symlink_to("a.cinm")
+    return [str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "link" / "b.onnx")], \
+        f"lies inside the kernel folder '{dst / 'a.cinm'}' (through a symbolic link)"
+
+
 CASES = {
     "empty_file": _plain(b"", "is empty"),
     "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
@@ -225,6 +233,7 @@ CASES = {
     "output_folder_is_a_file": _output_folder_is_a_file,
     "output_named_like_a_kernel_folder": _output_named_cinm,
     "output_inside_a_kernel_folder": _output_in_cinm,
+    "output_inside_a_kernel_folder_through_a_link": _output_in_cinm_through_a_link,
 }
 
 
@@ -543,6 +552,29 @@ def test_leftovers_of_a_killed_save_are_removed_by_the_next_one(tmp_path, capsys
     live.write_bytes(b"someone else's")
     assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
     assert sorted(p.name for p in dst.iterdir()) == [live.name, "out.cinm", "out.onnx"]
+
+
+def test_a_symlinked_kernel_folder_leaves_no_hidden_link_behind(tmp_path, capsys):
+    """out.cinm a symbolic link to a folder elsewhere: a re-optimize replaces the link by the
+    new folder and removes the link it moved aside (``.out.cinm.old.PID`` stayed, since
+    rmtree refuses a link); the folder it led to is left as it was."""
+    src, dst = _dirs(tmp_path)
+    assert _optimize_crossbar(src, dst / "out.onnx", 0, capsys) == 0
+    elsewhere = tmp_path / "elsewhere"
+    (dst / "out.cinm").rename(elsewhere)
+    (dst / "out.cinm").symlink_to(elsewhere)
+    kept = _tree(elsewhere)
+    assert _optimize_crossbar(src, dst / "out.onnx", 1, capsys) == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["out.cinm", "out.onnx"]
+    assert not (dst / "out.cinm").is_symlink() and (dst / "out.cinm" / "manifest.json").is_file()
+    assert _tree(elsewhere) == kept
+    # a model without kernels (everything on the host) removes the link the same way
+    (dst / "out.cinm").rename(elsewhere.with_name("second"))
+    (dst / "out.cinm").symlink_to(elsewhere.with_name("second"))
+    model = _write(src / "h.onnx", _crossbar_model(2))
+    assert main(["optimize", str(model), "-o", str(dst / "out.onnx"), "--place", "Gemm=host",
+                 "-q"]) == 0
+    assert sorted(p.name for p in dst.iterdir()) == ["out.onnx"]
 
 
 def _reseal(model_path: Path) -> None:

@@ -3,6 +3,7 @@ provider, its profile, and its check against onnxruntime on the original."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -326,6 +327,12 @@ def _cmd_compare(args, parser) -> int:
     given, dims = _given_inputs(args, parser)
     if (args.original is None) == (args.example is None):
         parser.error("give the original model or --example NAME (one of them)")
+    # both files there before the original is loaded (a large one takes a while)
+    for path in (args.original, args.optimized):
+        if path is not None and not os.path.exists(path):
+            raise CinmError(f"no such file: '{path}'")
+        if path is not None and os.path.isdir(path):
+            raise CinmError(f"'{path}' is a directory, not an ONNX file")
     if args.example:
         from ..examples import get_example
 

@@ -483,12 +483,15 @@ class InferenceSession:
             model = frontend.load_model(path_or_model)
             root = Path(kernel_dir) if kernel_dir else artifacts.find_artifact_dir(path_or_model)
         self._setup(model, root)
+        if not isinstance(path_or_model, onnx.ModelProto) and not kernel_dir:
+            self._own_root = artifacts.artifact_dir(path_or_model)
         self._build(use_devices=PROVIDER in providers)
 
     def _setup(self, model: onnx.ModelProto, root) -> None:
         self._model = model
         self._unrolled = frontend.unrolled_dims(model)  # sizes its graph is fixed to
         self._root = root
+        self._own_root = None  # the folder the model's name gives, if ``root`` was looked up
         self._profile: list[dict] = []
         self._profile_lock = threading.Lock()
         self._runs = 0
@@ -546,7 +549,8 @@ class InferenceSession:
         if manifest_kernels is None:  # a branch's session has its parent's, checked
             manifest_kernels = set()
             if has_kernels and self._root is not None:
-                manifest = artifacts.check_pair(self._model, self._root, self._label_text)
+                manifest = artifacts.check_pair(self._model, self._root, self._label_text,
+                                                own=self._own_root)
                 manifest_kernels = {k["kernel"] for k in manifest["kernels"]}
         self._manifest_kernels = manifest_kernels
         if infos is None:  # a branch's session has its parent's (they cover the bodies)
