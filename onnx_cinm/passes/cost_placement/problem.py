@@ -207,6 +207,7 @@ class Problem:
     decision: list = field(default_factory=list)    # cinm node indices not fixed, graph order
     ops: list = field(default_factory=list)         # node index -> OpInfo (built once)
     neighbors: dict | None = None                   # see _neighbors
+    paid: dict | None = None                        # see search._paid
     links: dict = field(default_factory=dict)       # see _link
     support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
     heuristic: dict | None = None                   # see search.heuristic_assign
