@@ -309,13 +309,15 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     pos = {i: k for k, i in enumerate(dec)}
     owner: dict[int, list] = {}
     chain = True
+    paid = {k for ks in _paid(prob).values() for k in ks}  # the others always add 0.0
     for k, t in enumerate(prob.tensors):
         touching = sorted({pos[n] for n in {t.producer, *t.consumers} if n in pos})
         if not touching:
             continue
         if len(touching) > 2 or (len(touching) == 2 and touching[1] - touching[0] != 1):
             chain = False
-        owner.setdefault(dec[touching[-1]], []).append(k)
+        if k in paid:
+            owner.setdefault(dec[touching[-1]], []).append(k)
     fixed_tot = Totals()
     for i, ch in prob.fixed.items():
         if prob.nodes[i].domain == cinm.DOMAIN:
