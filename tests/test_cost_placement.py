@@ -575,7 +575,10 @@ def test_the_tensors_a_move_is_priced_over_are_the_ones_that_can_cost(light_mode
     rng = np.random.default_rng(2)
     for _ in range(5):
         assign = {i: prob.cands[i][rng.integers(len(prob.cands[i]))] for i in prob.decision}
-        dev_of = lambda n, a=assign: prob.device_of(a, n)  # noqa: E731
+
+        def dev_of(n, a=assign):
+            return prob.device_of(a, n)
+
         for k in left:
             assert all(c[1:3] == (0.0, 0.0) for c in cp.tensor_charges(prob, prob.tensors[k], dev_of))
         before = cp.evaluate(prob, assign)
