@@ -559,6 +559,39 @@ def test_a_tensors_cost_is_the_sum_of_its_charges(light_model_paths):
     assert crossing > 10
 
 
+def test_the_tensors_a_move_is_priced_over_are_the_ones_that_can_cost(light_model_paths):
+    """The search prices a move over ``_paid``'s tensors only: on SqueezeNet (UPMEM's links are
+    free, the crossbars' are not) under random placements every other tensor an op touches is
+    charged exactly 0 s and 0 J (``tensor_charges``), some tensors are left out and some kept,
+    and a single move's change of latency and energy over the kept tensors equals the change
+    of two full evaluations."""
+    from onnx_cinm.passes import cost_placement as cp
+
+    model = optimize(str(light_model_paths["squeezenet"]), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"host_roofline": "nominal"})
+    paid = cp._paid(prob)
+    left = {k for i in prob.decision for k in prob.touch.get(i, ()) if k not in paid[i]}
+    assert left and any(paid.values())
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        assign = {i: prob.cands[i][rng.integers(len(prob.cands[i]))] for i in prob.decision}
+
+        def dev_of(n, a=assign):
+            return prob.device_of(a, n)
+
+        for k in left:
+            assert all(c[1:3] == (0.0, 0.0) for c in cp.tensor_charges(prob, prob.tensors[k], dev_of))
+        before = cp.evaluate(prob, assign)
+        for i in rng.choice(prob.decision, 20):
+            new = prob.cands[i][rng.integers(len(prob.cands[i]))]
+            dl, de = cp._local_delta(prob, assign, i, new,
+                                     cp._transfers(prob, assign, i, assign[i].device, ks=paid[i]),
+                                     cp._transfers(prob, assign, i, new.device, ks=paid[i]))
+            after = cp.evaluate(prob, {**assign, i: new})
+            assert dl == pytest.approx(after.latency_s - before.latency_s, rel=1e-9, abs=1e-15)
+            assert de == pytest.approx(after.energy_j - before.energy_j, rel=1e-9, abs=1e-15)
+
+
 def test_polishing_says_when_its_budget_stops_it(light_model_paths, monkeypatch):
     """Polishing prices at most POLISH_MOVES crossbar re-plans; on SqueezeNet with 16 crossbars
     (latency) it needs some, so with a budget of none the method says it stopped, and the

@@ -83,8 +83,8 @@ from .evaluate import (NodeCost, Totals, _add_choice, _devices, evaluate,  # noq
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
 from .search import (Solution, _Compiled, _compiled_devices, _evaluate, _f,  # noqa: F401 (API)
-                     _local_delta, _swap_totals, _transfers, _with_variants, baselines, chain_dp,
-                     heuristic_assign, local_search, repair, solve)
+                     _local_delta, _paid, _swap_totals, _transfers, _with_variants, baselines,
+                     chain_dp, heuristic_assign, local_search, repair, solve)
 
 
 
@@ -159,7 +159,8 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
     said = {name(ch)}
-    on = {ch.device: _transfers(prob, assign, i, ch.device, devs)}  # the device's alone
+    paid = _paid(prob)[i]  # the tensors whose transfers a move can change
+    on = {ch.device: _transfers(prob, assign, i, ch.device, devs, paid)}  # the device's alone
     for alt in prob.cands[i]:
         if alt is ch or name(alt) in said:
             continue
@@ -169,7 +170,7 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
             parts.append(f"{name(alt)}: no room, {no_room}")
             continue
         if alt.device not in on:
-            on[alt.device] = _transfers(prob, assign, i, alt.device, devs)
+            on[alt.device] = _transfers(prob, assign, i, alt.device, devs, paid)
         dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
         trial = _swap_totals(cur, ch, alt, dl, de)
         bad = violations(prob, trial)

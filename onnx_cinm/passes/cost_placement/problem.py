@@ -207,6 +207,7 @@ class Problem:
     decision: list = field(default_factory=list)    # cinm node indices not fixed, graph order
     ops: list = field(default_factory=list)         # node index -> OpInfo (built once)
     neighbors: dict | None = None                   # see _neighbors
+    paid: dict | None = None                        # see search._paid
     links: dict = field(default_factory=dict)       # see _link
     support: dict = field(default_factory=dict)     # cinm node index -> {device: Support}
     heuristic: dict | None = None                   # see search.heuristic_assign
@@ -250,16 +251,20 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     targets = [d for d in devices.all_devices() if d.paradigm != "host"]
     hint_log = HintLog(hints)
     opts_keys = [_opts_key(options, dev) for dev in targets]  # the same for every op
+    host_costs: dict = {}  # op signature -> the host's cost of a cinm op (this call's options)
     for i, node in enumerate(prob.nodes):
         info = op_info(node, infos)
         prob.ops.append(info)
-        hc = Choice("host", device_cost(host, info, options))
         if node.domain != cinm.DOMAIN:
-            prob.fixed[i] = hc
+            prob.fixed[i] = Choice("host", device_cost(host, info, options))
             continue
+        key = _op_key(info)  # asked once for every device
+        hcost = host_costs.get(key)
+        if hcost is None:
+            hcost = host_costs[key] = device_cost(host, info, options)
+        hc = Choice("host", hcost)
         cands, refused = [hc], []
         prob.support[i] = support = {}
-        key = _op_key(info)  # asked once for every device
         for dev, opts_key in zip(targets, opts_keys):
             support[dev.name], r = _query(dev, info, options, key, opts_key)
             if isinstance(r, list):

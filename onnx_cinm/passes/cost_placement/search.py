@@ -16,7 +16,7 @@ from ...dialects import cinm
 from ...errors import CinmError
 from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
-from .evaluate import Totals, _add_choice, _devices, evaluate, tensor_cost, violations
+from .evaluate import Totals, _add_choice, _devices, _link, evaluate, tensor_cost, violations
 from .problem import Choice, Problem, _choice
 
 
@@ -54,16 +54,19 @@ def _f(objective: str, lat: float, en: float, w=None) -> float:
     raise KeyError(objective)
 
 
-def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None) -> list:
-    """:func:`tensor_cost` of every tensor op ``i`` touches, with ``i`` on ``dev`` and every
-    other op where ``assign`` (or the problem's fixed choices) puts it. ``devs``: those
-    devices by node index, ``"host"`` last (:func:`.evaluate._devices` of ``assign``), when
-    the caller keeps them."""
+def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None = None,
+               ks=None) -> list:
+    """:func:`tensor_cost` of every tensor op ``i`` touches (``ks``: of those tensor indices
+    instead, e.g. :func:`_paid`'s), with ``i`` on ``dev`` and every other op where ``assign``
+    (or the problem's fixed choices) puts it. ``devs``: those devices by node index, ``"host"``
+    last (:func:`.evaluate._devices` of ``assign``), when the caller keeps them."""
     tensors = prob.tensors
+    if ks is None:
+        ks = prob.touch.get(i, ())
     if devs is not None:  # ``i`` put on ``dev`` in the caller's list for the time of the call:
         was, devs[i] = devs[i], dev  # its lookups are then list indexing, not a Python call
         try:
-            return [tensor_cost(prob, tensors[k], devs.__getitem__) for k in prob.touch.get(i, ())]
+            return [tensor_cost(prob, tensors[k], devs.__getitem__) for k in ks]
         finally:
             devs[i] = was
     fixed = prob.fixed
@@ -74,7 +77,31 @@ def _transfers(prob: Problem, assign: dict, i: int, dev: str, devs: list | None 
         ch = fixed.get(n) or assign.get(n) if n >= 0 else None
         return ch.device if ch is not None else "host"
 
-    return [tensor_cost(prob, tensors[k], dev_of) for k in prob.touch.get(i, ())]
+    return [tensor_cost(prob, tensors[k], dev_of) for k in ks]
+
+
+def _paid(prob: Problem) -> dict:
+    """``{decision op: the tensors it touches whose transfer may cost time or energy}``: a
+    tensor every op touching it can only put on devices whose links are free both ways
+    (:meth:`Device.transfer_cost` zero, e.g. UPMEM's, or the host) always costs exactly
+    ``(0.0, 0.0)`` seconds and joules (its bytes may still count), so a move's change of
+    latency and energy (:func:`_local_delta`) is the same without it."""
+    if prob.paid is None:
+        def devs(n: int) -> set:
+            if n < 0:
+                return {"host"}
+            if n in prob.fixed:
+                return {prob.fixed[n].device}
+            return {c.device for c in prob.cands.get(n, ())} | {"host"}
+
+        free = []
+        for t in prob.tensors:
+            ds = set().union(*(devs(n) for n in (t.producer, *t.consumers)))
+            free.append(t.nbytes <= 0 or all(
+                _link(prob, d, t.nbytes, way) == (0.0, 0.0) for d in sorted(ds)
+                for way in (False, True)))
+        prob.paid = {i: [k for k in prob.touch.get(i, ()) if not free[k]] for i in prob.decision}
+    return prob.paid
 
 
 def _local_delta(prob: Problem, assign: dict, i: int, new: Choice, base: list | None = None,
@@ -99,14 +126,15 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     constraint holds, until no move helps (each move lowers the exact objective: it ends).
 
     For an objective that is a weighted sum (not ``edp``) a move's gain depends only on the op
-    and the ops sharing a tensor with it, so an op none of whose moves gained (none was held
-    back by a budget either) is not priced again until it or such a neighbour moves."""
+    and the ops sharing a tensor with it (one whose transfers may cost, :func:`_paid`: the
+    others add exactly nothing), so an op none of whose moves gained (none was held back by a
+    budget either) is not priced again until it or such a neighbour moves."""
     assign = dict(assign)
     tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
     near = _neighbors(prob)
     devs = _devices(prob, assign)
-    tensors, touch = prob.tensors, prob.touch
+    tensors, touch = prob.tensors, _paid(prob)  # the tensors whose transfers can change
     dev_of = devs.__getitem__
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
@@ -128,7 +156,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 if ch is assign[i]:
                     continue
                 if ch.device not in on:
-                    on[ch.device] = _transfers(prob, assign, i, ch.device, devs)
+                    on[ch.device] = _transfers(prob, assign, i, ch.device, devs, touch[i])
                 dl, de = _local_delta(prob, assign, i, ch, base, on[ch.device])
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
@@ -162,12 +190,14 @@ def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) ->
 
 
 def _neighbors(prob: Problem) -> dict:
-    """``{decision op: decision ops sharing a tensor with it}`` (whose move changes its
-    transfers)."""
+    """``{decision op: decision ops sharing with it a tensor whose transfers may cost}`` (whose
+    move changes its transfers; :func:`_paid`)."""
     if prob.neighbors is None:
         dec = set(prob.decision)
         out: dict = {i: set() for i in prob.decision}
-        for t in prob.tensors:
+        paid = {k for ks in _paid(prob).values() for k in ks}
+        for k in sorted(paid):
+            t = prob.tensors[k]
             ops = {t.producer, *t.consumers} & dec
             for i in ops:
                 out[i] |= ops
@@ -193,15 +223,21 @@ def repair(prob: Problem, assign: dict, objective: str, w=None) -> dict:
     moves: dict = {}
     heap: list = []
 
+    paid = _paid(prob)
+
     def price(i: int) -> None:
         ch, out = assign[i], []
         if ch.kept_tiles or ch.cost.writes or ch.mram_resident:
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
+            base = None
             for k, alt in enumerate(prob.cands[i]):
                 if alt.kept_tiles + alt.mram_resident >= ch.kept_tiles + ch.mram_resident and \
                         alt.cost.writes >= ch.cost.writes:
                     continue
-                dl, de = _local_delta(prob, assign, i, alt)
+                if base is None:
+                    base = _transfers(prob, assign, i, ch.device, ks=paid[i])
+                dl, de = _local_delta(prob, assign, i, alt, base,
+                                      _transfers(prob, assign, i, alt.device, ks=paid[i]))
                 freed = (ch.kept_tiles - alt.kept_tiles) + (ch.cost.writes - alt.cost.writes) \
                     + (ch.mram_resident - alt.mram_resident) / 2**20
                 out.append((k, alt, dl, de, max(freed, 1e-9)))
@@ -273,13 +309,15 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     pos = {i: k for k, i in enumerate(dec)}
     owner: dict[int, list] = {}
     chain = True
+    paid = {k for ks in _paid(prob).values() for k in ks}  # the others always add 0.0
     for k, t in enumerate(prob.tensors):
         touching = sorted({pos[n] for n in {t.producer, *t.consumers} if n in pos})
         if not touching:
             continue
         if len(touching) > 2 or (len(touching) == 2 and touching[1] - touching[0] != 1):
             chain = False
-        owner.setdefault(dec[touching[-1]], []).append(k)
+        if k in paid:
+            owner.setdefault(dec[touching[-1]], []).append(k)
     fixed_tot = Totals()
     for i, ch in prob.fixed.items():
         if prob.nodes[i].domain == cinm.DOMAIN:
