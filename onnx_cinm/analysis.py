@@ -145,12 +145,12 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     graph = model.graph
     typed = {v.name for v in graph.value_info}
     typed.update(v.name for v in graph.output)
-    pending = [n for n in graph.node if any(o and o not in typed for o in n.output)]
+    pending = [n for n in graph.node if any(o and o not in typed for o in n.output[:])]
     if not pending:
         return True
     if any(frontend.subgraphs(n) for n in graph.node):
         return False
-    needed = {i for n in pending for i in n.input if i}
+    needed = {i for n in pending for i in n.input[:] if i}
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
@@ -158,8 +158,9 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
         if init.name in needed:
             if init.name in inputs:
                 return False
-            types[init.name] = helper.make_tensor_type_proto(init.data_type, list(init.dims))
-            if math.prod(init.dims) <= 512:  # what _weightless_copy keeps the values of
+            dims = init.dims[:]
+            types[init.name] = helper.make_tensor_type_proto(init.data_type, dims)
+            if math.prod(dims) <= 512:  # what _weightless_copy keeps the values of
                 values[init.name] = init
     for vi in (*graph.input, *graph.value_info, *graph.output):
         if vi.name in needed and vi.name not in types:
@@ -171,18 +172,18 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             got = cinm.output_types(node, types)
             if got is None:
                 return False
-            got = dict(zip(node.output, got))
+            got = dict(zip(node.output[:], got))
         else:
             domain = "" if node.domain == "ai.onnx" else node.domain
             try:
                 schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
                 got = onnx.shape_inference.infer_node_outputs(
-                    schema, node, {i: types[i] for i in node.input if i},
-                    {i: values[i] for i in node.input if i in values},
+                    schema, node, {i: types[i] for i in node.input[:] if i},
+                    {i: values[i] for i in node.input[:] if i in values},
                     opset_imports=list(model.opset_import), ir_version=model.ir_version)
             except Exception:  # noqa: BLE001 - no schema, an untyped input, inference failed
                 return False
-        for name in node.output:
+        for name in node.output[:]:
             if not name or name in typed:
                 continue
             t = got.get(name)
@@ -190,7 +191,7 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
                 return False
             tt = t.tensor_type
             if not tt.elem_type or not tt.HasField("shape") or not all(
-                    d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim):
+                    d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim[:]):
                 return False
             try:  # keep_static_types' element types: those numpy holds as they are
                 if helper.np_dtype_to_tensor_dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) \
@@ -200,7 +201,7 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
                 return False
             typed.add(name)
             entries.append(helper.make_tensor_value_info(
-                name, tt.elem_type, [d.dim_value for d in tt.shape.dim]))
+                name, tt.elem_type, [d.dim_value for d in tt.shape.dim[:]]))
             types[name] = entries[-1].type
     graph.value_info.extend(entries)
     return True

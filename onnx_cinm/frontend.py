@@ -68,7 +68,8 @@ def subgraphs(node: onnx.NodeProto) -> list:
     if node.domain == "cinm":
         return []
     out = []
-    for attr in node.attribute:  # asked for every node of every walk: the enum values bound once
+    for attr in node.attribute[:]:  # asked for every node of every walk: the enum values bound
+        # once; a slice, a list: iterating the field ends on an IndexError protobuf formats
         kind = attr.type
         if kind == _GRAPH:
             out.append(attr.g)

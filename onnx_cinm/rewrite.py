@@ -77,6 +77,11 @@ def _import_onnx_ir():
 ir = _import_onnx_ir()
 
 
+# Note: the passes read a protobuf repeated field as a slice (``node.input[:]``: a list) where
+# they go through it per node: iterating the field itself ends, as Python's old sequence
+# protocol does, on an IndexError that protobuf formats (about 2,000 instructions a loop).
+
+
 def plain(mapping):
     """The plain ``dict`` under one of onnx_ir's mappings (a node's ``attributes``, a graph's
     ``initializers``: ``collections.UserDict``, whose views iterate in Python), else the mapping
@@ -206,7 +211,7 @@ def known_fill(fills: dict, name: str, tensor: onnx.TensorProto) -> bytes | None
     (element type, dims, bytes)}``, see :attr:`onnx_cinm.passes.PassContext.fills`) when
     ``tensor`` still has that element type and those dims in ``raw_data``; else None."""
     known = fills.get(name)
-    if known is None or known[0] != tensor.data_type or known[1] != tuple(tensor.dims) or \
+    if known is None or known[0] != tensor.data_type or known[1] != tuple(tensor.dims[:]) or \
             not tensor.HasField("raw_data"):
         return None
     return known[2]
@@ -263,7 +268,7 @@ def _as_serialized(proto: onnx.NodeProto) -> bool:
                 (proto.output and not proto.output[-1]) or proto.metadata_props or
                 len(getattr(proto, "device_configurations", ())) or
                 any(a.type in _REWRITTEN_ATTRS or a.ref_attr_name or a.HasField("doc_string")
-                    for a in proto.attribute))
+                    for a in proto.attribute[:]))
 
 
 _PLAIN_ATTRS = {onnx.AttributeProto.INT: (ir.AttributeType.INT, "i"),
@@ -373,7 +378,7 @@ class Edit:
             self._fill_sources[id(one)] = (one, t.raw, value.name)
             # np.broadcast_to(one.reshape(()), dims), made directly (the same view of ``one``:
             # every stride 0, read-only; broadcast_to's checks cost more than the view)
-            dims = tuple(t.raw.dims)
+            dims = tuple(t.raw.dims[:])
             view = np.ndarray(dims, one.dtype, one, 0, (0,) * len(dims))
             view.flags.writeable = False
             return view
@@ -405,15 +410,15 @@ class Edit:
         """An ``ir.Node`` made from ``proto`` (not yet in the graph), its inputs resolved by name
         (:meth:`lookup`), its outputs new values resolvable from now on."""
         inputs = []
-        for name in proto.input:
+        for name in proto.input[:]:
             v = self.lookup(name)
             if name and v is None:
                 raise KeyError(f"rewrite of {proto.name!r}: input {name!r} is neither an input of "
                                "the replaced node nor built for it")
             inputs.append(v)
         node = ir.Node(proto.domain, proto.op_type, inputs, name=proto.name or None,
-                       attributes=[_attribute(a) for a in proto.attribute],
-                       outputs=[ir.Value(name=o) for o in proto.output],
+                       attributes=[_attribute(a) for a in proto.attribute[:]],
+                       outputs=[ir.Value(name=o) for o in proto.output[:]],
                        doc_string=proto.doc_string or None)
         self._scope.update((v.name, v) for v in node.outputs if v.name)
         self._protos[node] = proto
@@ -425,8 +430,8 @@ class Edit:
         the same names), else serialized again (``ir.serde.serialize_node``)."""
         proto = self._protos.get(node)
         if proto is None or not _as_serialized(proto) or node.name != proto.name or \
-                node.op_type != proto.op_type or names_of(node.outputs) != list(proto.output) or \
-                names_of(node.inputs) != list(proto.input) or \
+                node.op_type != proto.op_type or names_of(node.outputs) != proto.output[:] or \
+                names_of(node.inputs) != proto.input[:] or \
                 len(node.attributes) != len(proto.attribute):
             return ir.serde.serialize_node(node)
         return proto
@@ -451,7 +456,7 @@ class Edit:
         # __setitem__ only checks the key is a str and the value an Attr, as _attribute's are)
         attributes = plain(node.attributes)
         attributes.clear()
-        for a in proto.attribute:
+        for a in proto.attribute[:]:
             attributes[a.name] = _attribute(a)
         self._protos[node] = proto
 
@@ -687,8 +692,8 @@ class Builder:
         built before it): a :class:`Recast` when it reads the node's inputs and writes its
         outputs, exactly (no input or output added, dropped or moved), else the built node."""
         proto = self._proto(make, op, inputs, outputs, "", attrs)
-        if not self.nodes and list(proto.input) == names_of(self.source.inputs) and \
-                list(proto.output) == names_of(self.source.outputs):
+        if not self.nodes and proto.input[:] == names_of(self.source.inputs) and \
+                proto.output[:] == names_of(self.source.outputs):
             return Recast(proto)
         self.nodes.append(self.edit.add(proto))
         return self.nodes

@@ -62,7 +62,7 @@ class Names:
         self._taken.update(t.name for t in graph.initializer)
         self._taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
         for node in graph.node:
-            self._taken.update((node.name, *node.input, *node.output))
+            self._taken.update((node.name, *node.input[:], *node.output[:]))  # (slices: lists)
             for sub in subgraphs(node):
                 self._collect(sub)
 
