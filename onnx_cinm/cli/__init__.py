@@ -100,6 +100,10 @@ def _main(argv: list[str] | None) -> int:
                 f"unrecognized arguments: {' '.join(extra)}")
     except KeyboardInterrupt:  # Ctrl-C while starting up
         return _interrupted(argparse.Namespace())
+    except Exception as e:  # Ctrl-C inside a C extension's import (numpy's): an ImportError
+        if _caused_by_interrupt(e):
+            return _interrupted(argparse.Namespace())
+        raise
     try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread (embedded use)
