@@ -171,10 +171,11 @@ def check_pair(model: onnx.ModelProto, root, model_label: str = "the model",
     or run before this. Returns the manifest. Raises CinmError (one line) otherwise.
 
     ``own``: the folder the model's file name gives (:func:`artifact_dir`) when ``root`` is the
-    older name's folder found in its absence (:func:`find_artifact_dir`). A folder there that
-    is not the model's (unreadable, or another kernel digest: ``m.cinm`` of ``m.onnx`` beside
-    ``m.v1``) is then no stale folder of the model's but another model's, and the error says
-    the model's own folder ``own`` is missing."""
+    older name's folder found in its absence (:func:`find_artifact_dir`). A folder there whose
+    manifest reads but records another kernel digest (``m.cinm`` of ``m.onnx`` beside
+    ``m.v1``) is no stale folder of the model's but another model's, and the error says the
+    model's own folder ``own`` is missing; a folder whose manifest cannot be read gets
+    :func:`verify`'s own error (a damaged folder, whoever wrote it)."""
     root = Path(root)
     want = recorded_digest(model)
     if own is not None and Path(own) != root:
@@ -182,7 +183,7 @@ def check_pair(model: onnx.ModelProto, root, model_label: str = "the model",
             theirs = kernel_digest(load_manifest(root))
         except CinmError:
             theirs = None
-        if want is not None and theirs != want:
+        if want is not None and theirs is not None and theirs != want:
             raise CinmError(f"the model's kernel folder '{own}/' is missing: copy it along with "
                             f"the model (its device kernels are read from there; '{root}' beside "
                             "it, the name older onnx-cinm used, holds another model's kernels)")
@@ -608,6 +609,10 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
     if not ours and dest.exists():
         raise CinmError(f"cannot write kernels to '{dest}': it exists and is not an onnx-cinm "
                         "kernel folder; move it away or choose another output name")
+    if dest.is_symlink() and not dest.exists():  # a folder cannot be renamed over it
+        raise CinmError(f"cannot write kernels to '{dest}': it is a symbolic link to a missing "
+                        f"folder ('{os.readlink(dest)}'); remove the link or choose another "
+                        "output name")
     tmp = old = staged = None
     manifest = None
     given = []  # the model's metadata as it was given (copies: the entries get replaced)

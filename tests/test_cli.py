@@ -736,6 +736,30 @@ def test_a_model_copied_without_its_folder_beside_another_models_old_named_one(t
     _run_matches_original(moved / "m.v1", "lenet", tmp_path, capsys)
 
 
+def test_a_damaged_old_named_folder_of_the_model_is_called_damaged_not_anothers(tmp_path,
+                                                                                capsys):
+    """The model's own folder under the old name (``m.cinm`` of ``m.v1``) with an unreadable
+    manifest: run says the manifest is not valid JSON (a reviewer: it blamed "another model's
+    kernels" for a folder that is the model's own, only damaged)."""
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "m.v1"), "-q"]) == 0
+    (tmp_path / "m.v1.cinm").rename(tmp_path / "m.cinm")
+    (tmp_path / "m.cinm" / "manifest.json").write_text("{bad")
+    code, out, err = _run(["run", str(tmp_path / "m.v1")], capsys)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1, err
+    assert "manifest.json' is not valid JSON" in err and "another model" not in err, err
+
+
+def test_a_broken_link_named_like_the_kernel_folder_is_refused_before_work(tmp_path, capsys):
+    """``b.cinm`` a symbolic link to a missing folder: a folder cannot be renamed over it, and
+    optimize said only "Not a directory" after all its work; now one line names the link."""
+    (tmp_path / "b.cinm").symlink_to(tmp_path / "real" / "k.cinm")
+    code, out, err = _run(["optimize", "--example", "lenet", "-o", str(tmp_path / "b.onnx"),
+                           "-q"], capsys)
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "is a symbolic link to a missing folder" in err and "remove the link" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.cinm"]
+
+
 @pytest.fixture
 def unwritable_dir(tmp_path):
     """A folder no file can be created in, even by root: mode 0o555, plus ``chattr +i`` when
