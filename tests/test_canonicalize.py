@@ -347,6 +347,18 @@ def test_fold_constant_of_shape_without_onnxruntime_equals_onnxruntime(monkeypat
     np.testing.assert_array_equal(got, expected)
 
 
+def test_a_constant_of_shape_larger_than_memory_is_left_to_onnxruntime():
+    """A ConstantOfShape of 2**40 x 2**40 float32 (more bytes than an address space holds) is
+    not filled by numpy (numpy's ValueError surfaced as an internal error; a reviewer): it is
+    left to onnxruntime, which refuses it; a small one is still filled."""
+    node = helper.make_node("ConstantOfShape", ["s"], ["w"],
+                            value=numpy_helper.from_array(np.array([1.0], np.float32)))
+    huge = {"s": numpy_helper.from_array(np.array([2 ** 40, 2 ** 40], np.int64), "s")}
+    assert canonicalize._filled_value(node, huge) is None
+    small = {"s": numpy_helper.from_array(np.array([2, 3], np.int64), "s")}
+    np.testing.assert_array_equal(canonicalize._filled_value(node, small), np.ones((2, 3)))
+
+
 @pytest.mark.parametrize("opset,axes", [(11, [0, 3]), (11, [-1]), (13, [1]), (13, [-4, 2])])
 def test_fold_unsqueeze_and_constant_without_onnxruntime_equal_onnxruntime(monkeypatch, opset, axes):
     """Unsqueeze of an initializer (axes as the attribute below opset 13, else a Constant

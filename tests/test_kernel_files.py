@@ -232,6 +232,20 @@ def test_write_kernel_file_raises_what_open_raises(tmp_path):
         write_kernel_file(tmp_path, "x")
 
 
+def test_write_kernel_file_stops_on_a_write_that_makes_no_progress(tmp_path, monkeypatch):
+    """``os.write`` returning 0 (never on a regular file) is an OSError, not an endless loop;
+    a short write is continued until every byte is written."""
+    from onnx_cinm.devices import base
+
+    real = os.write
+    monkeypatch.setattr(base.os, "write", lambda fd, b: real(fd, bytes(b)[:3]))
+    write_kernel_file(tmp_path / "short", "abcdefgh")
+    assert (tmp_path / "short").read_bytes() == b"abcdefgh"
+    monkeypatch.setattr(base.os, "write", lambda fd, b: 0)
+    with pytest.raises(OSError, match="no bytes written"):
+        write_kernel_file(tmp_path / "stuck", "abc")
+
+
 _UPMEM_KERNELS = [  # (kind, dtype, shapes, params): varied templates, dtypes and broadcasts
     ("binary", "float32", [(2, 3, 4), (3, 1)], {"op": "Add"}),
     ("binary", "int32", [(2, 3, 4), (2, 3, 4)], {"op": "Max"}),

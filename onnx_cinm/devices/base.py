@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import errno
 import hashlib
 import inspect
 import json
@@ -466,7 +467,10 @@ def write_kernel_file(path, data) -> Path:
     try:
         done = 0
         while done < view.nbytes:  # a regular file takes it in one write; loop all the same
-            done += os.write(fd, view[done:])
+            n = os.write(fd, view[done:])
+            if n == 0:  # no progress (never on a regular file): an error, not an endless loop
+                raise OSError(errno.EIO, f"no bytes written to {name!r}")
+            done += n
     finally:
         os.close(fd)
     log = _WRITTEN.get()

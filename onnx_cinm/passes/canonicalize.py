@@ -553,7 +553,10 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
     else:
         fill = tensor_array(value).reshape(())
     # a view of the one value: add_initializer writes its bytes without filling an array first
-    return _repeat(fill, dims)
+    try:
+        return _repeat(fill, dims)
+    except ValueError:  # more bytes than an address space holds: left to onnxruntime to refuse
+        return None
 
 
 def _shape_value(node: onnx.NodeProto, dims: list[int]) -> np.ndarray:
