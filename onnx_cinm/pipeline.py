@@ -319,7 +319,7 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
     named = set(golden.symbolic_dims(model))
     anonymous: dict = {}
     for node in model.graph.node:
-        for name in node.output:
+        for name in node.output[:]:
             shape = infos[name].shape if name in infos else None
             for d in shape or ():
                 if isinstance(d, str) and d not in named:
@@ -418,10 +418,10 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     read = names_read(model.graph)
     for node in model.graph.node:
         if not by_data_too and (node.op_type in _SIZED_BY_DATA or
-                                by_data and any(i in by_data for i in node.input)):
-            by_data.update(node.output)
+                                by_data and any(i in by_data for i in node.input[:])):
+            by_data.update(node.output[:])
             continue
-        asked += [o for o in node.output if o in read]
+        asked += [o for o in node.output[:] if o in read]
     # most models have every shape sized by one inference: that alone tells (open_tensors)
     open_ = open_tensors(model, asked)
     if not open_:

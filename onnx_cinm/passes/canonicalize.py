@@ -80,7 +80,7 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
 
 
 def _attributes(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute[:]}
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -127,7 +127,7 @@ def _replace_nodes(
 def _remove_dead_values(graph: onnx.GraphProto) -> None:
     """Drop initializers nobody reads and value_info of names that are no node output anymore."""
     drop_unread_initializers(graph, keep={value.name for value in graph.input})
-    produced = {name for node in graph.node for name in node.output}
+    produced = {name for node in graph.node for name in node.output[:]}
     if all(v.name in produced for v in graph.value_info):
         return
     # rebuilt in one go: removing entries one by one shifts the rest each time (quadratic;
@@ -358,7 +358,7 @@ def _is_foldable(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -
     """Whether ``node`` may be replaced by its value when its inputs are constant."""
     if not _is_default_domain(node) or node.op_type in NONDETERMINISTIC_OPS:
         return False
-    if any(attr.type in _SUBGRAPH_ATTRIBUTES for attr in node.attribute):
+    if any(attr.type in _SUBGRAPH_ATTRIBUTES for attr in node.attribute[:]):
         return False
     if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
         training_mode = constants.get(node.input[2])
@@ -507,7 +507,7 @@ def _unsqueezed(node: onnx.NodeProto, constants: dict, direct: dict) -> np.ndarr
     of 13+): the data reshaped with a 1 at every axis of the output; None if an input is not
     known yet, the dtype is not a plain one or the axes are invalid (left to onnxruntime, which
     says why)."""
-    inputs = [name for name in node.input]
+    inputs = node.input[:]
     if not inputs or not inputs[0]:
         return None
     attrs = _attributes(node)
@@ -548,7 +548,7 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
     value = next((a.t for a in node.attribute if a.name == "value"), None)
     if value is None:
         fill = np.zeros((), np.float32)
-    elif value.data_type not in _FILLABLE_TYPES or list(value.dims) != [1]:  # as onnxruntime
+    elif value.data_type not in _FILLABLE_TYPES or value.dims[:] != [1]:  # as onnxruntime
         return None
     else:
         fill = tensor_array(value).reshape(())
@@ -613,7 +613,7 @@ def _fold(
     for index, node in enumerate(graph.node):
         if only is not None and node.output[0] not in only:
             continue
-        inputs = [name for name in node.input if name]
+        inputs = [name for name in node.input[:] if name]
         # an input not known to be constant: only Shape/Size of a static tensor folds (every
         # other way below reads constant or folded inputs); most nodes of a network end here
         if node.op_type not in ("Shape", "Size") and not all(name in known for name in inputs):
@@ -640,7 +640,7 @@ def _fold(
         else:
             continue
         folded.add(index)
-        known.update(name for name in node.output if name)
+        known.update(name for name in node.output[:] if name)
     if not folded:
         return 0
 
@@ -666,7 +666,7 @@ def _fold(
     if failed:  # the nodes left in the graph read more (every node was walked once more)
         folded -= failed
         read = _names_read(graph, skip=folded)
-    needed = read & {name for i in folded for name in graph.node[i].output if name}
+    needed = read & {name for i in folded for name in graph.node[i].output[:] if name}
     results = {name: values.pop(name) for name in sorted(needed)}
     del values
     # the folded nodes go first, and with them the initializers only they read (e.g. a weight
@@ -687,7 +687,7 @@ def _fold(
         add_initializer(graph, results.pop(name), name)
         if fill is not None:
             tensor = graph.initializer[len(graph.initializer) - 1]
-            fills[name] = (tensor.data_type, tuple(tensor.dims), fill)
+            fills[name] = (tensor.data_type, tuple(tensor.dims[:]), fill)
         else:
             fills.pop(name, None)
     return len(folded)
@@ -1103,8 +1103,8 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
     graph_inputs = {v.name for v in graph.input}
     graph_outputs = {v.name for v in graph.output}
     original = {t.name: t for t in graph.initializer}
-    readers = Counter(name for n in nodes for name in n.input if name)
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}  # -> index in current
+    readers = Counter(name for n in nodes for name in n.input[:] if name)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output[:] if o}  # -> index in current
 
     def array(name):  # Edit.array(..., inputs_too=False)
         tensor = original.get(name)
@@ -1113,7 +1113,7 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
         fill = known_fill(fills, name, tensor)
         if fill is not None:
             one = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
-            return _repeat(one.reshape(()), tensor.dims)
+            return _repeat(one.reshape(()), tensor.dims[:])
         return tensor_array(tensor)
 
     made: list = []
@@ -1134,7 +1134,7 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
         arrays = [array(v) if v else None for v in params]
         if len(bn.input) < 5 or any(v and a is None for v, a in zip(params, arrays)):
             continue  # parameters are not constant (a folded Conv's are new: never folded twice)
-        attrs = {a.name: a for a in bn.attribute}
+        attrs = {a.name: a for a in bn.attribute[:]}
         if "training_mode" in attrs and attrs["training_mode"].i:
             continue
         weight = arrays[0]
@@ -1155,8 +1155,8 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
         del folded.input[:], folded.output[:]
         folded.input.extend([conv.input[0], weight_name, bias_name])
         folded.output.append(bn.output[0])
-        readers.subtract(name for name in (*conv.input, *bn.input) if name)
-        readers.update(name for name in folded.input if name)
+        readers.subtract(name for name in (*conv.input[:], *bn.input[:]) if name)
+        readers.update(name for name in folded.input[:] if name)
         current[at], current[index] = folded, None
         producer[bn.output[0]] = at
     if not made:

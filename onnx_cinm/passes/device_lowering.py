@@ -42,7 +42,7 @@ def _set(node: onnx.NodeProto, attrs: dict, dev) -> None:
         if k not in dev.plan_attrs and k not in cinm.PLACEMENT_ATTRS:
             raise CinmError(f"device '{dev.name}' wrote plan attribute '{k}', which it does not "
                             "declare in its plan_attrs")
-    keep = [a for a in node.attribute if a.name not in attrs]
+    keep = [a for a in node.attribute[:] if a.name not in attrs]
     del node.attribute[:]
     node.attribute.extend(keep)
     for k, v in attrs.items():

@@ -37,9 +37,9 @@ from . import PassContext, register_pass
 
 def _perm(node: onnx.NodeProto, rank: int | None) -> list[int] | None:
     """A Transpose's permutation (its default, the reversed axes, needs the rank)."""
-    for a in node.attribute:
+    for a in node.attribute[:]:
         if a.name == "perm":
-            return list(a.ints)
+            return a.ints[:]
     return None if rank is None else list(range(rank))[::-1]
 
 

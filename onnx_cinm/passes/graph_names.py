@@ -8,7 +8,7 @@ from ..frontend import subgraphs
 
 def names_read_by(node: onnx.NodeProto) -> set[str]:
     """Names ``node`` reads: its inputs and everything its subgraphs read (captured values)."""
-    names = {name for name in node.input if name}
+    names = {name for name in node.input[:] if name}
     for graph in subgraphs(node):
         for inner in graph.node:
             names |= names_read_by(inner)
@@ -20,7 +20,7 @@ def names_used_by(node: onnx.NodeProto) -> set[str]:
     """Exactly the names ``node`` takes from its scope: its inputs and the outer-scope values its
     subgraphs capture (names a subgraph defines itself -- its inputs, initializers and node
     outputs -- are not captures). :func:`names_read_by` over-approximates; this does not."""
-    names = {name for name in node.input if name}
+    names = {name for name in node.input[:] if name}
     for graph in subgraphs(node):
         names |= captured(graph)
     return names
@@ -44,7 +44,7 @@ def names_read(graph: onnx.GraphProto, skip: set[int] = frozenset()) -> set[str]
     inputs: set[str] = set()  # of every node at once (a set per node was most of the cost)
     for index, node in enumerate(graph.node):
         if index not in skip:
-            inputs.update(node.input)
+            inputs.update(node.input[:])  # (slices: lists, see rewrite's note)
             if subgraphs(node):
                 names |= names_read_by(node)
     inputs.discard("")

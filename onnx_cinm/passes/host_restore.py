@@ -56,10 +56,10 @@ def _groups(graph: onnx.GraphProto, origins: list) -> list[tuple[onnx.NodeProto,
     index = {n.name: k for k, n in enumerate(graph.node) if n.name}
     readers: dict[str, set[int]] = {}
     for k, n in enumerate(graph.node):
-        for name in n.input:
+        for name in n.input[:]:  # (slices: lists, see rewrite's note)
             readers.setdefault(name, set()).add(k)
     outputs = {o.name for o in graph.output}
-    made_at = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    made_at = {o: k for k, n in enumerate(graph.node) for o in n.output[:] if o}
     given = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     out = []
     for proto, weights, names in origins:
@@ -68,16 +68,16 @@ def _groups(graph: onnx.GraphProto, origins: list) -> list[tuple[onnx.NodeProto,
             continue
         ks = sorted(index[name] for name in names)
         if any(n.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                   for a in n.attribute) for n in (graph.node[k] for k in ks)):
+                                   for a in n.attribute[:]) for n in (graph.node[k] for k in ks)):
             continue
-        made = {o for k in ks for o in graph.node[k].output if o}
-        final = {o for o in proto.output if o}
+        made = {o for k in ks for o in graph.node[k].output[:] if o}
+        final = {o for o in proto.output[:] if o}
         inner = made - final
         if not final <= made or inner & outputs or \
                 any(not readers.get(v, set()) <= set(ks) for v in inner):
             continue
         if any(name and name not in given and name not in weights and
-               made_at.get(name, len(graph.node)) >= ks[0] for name in proto.input):
+               made_at.get(name, len(graph.node)) >= ks[0] for name in proto.input[:]):
             continue  # an input the lowering read through is gone (a QDQ op's DequantizeLinear)
         out.append((proto, weights, ks))
     return out

@@ -38,7 +38,7 @@ def _pinned_names(graph: onnx.GraphProto) -> set[str]:
 def _rename_inputs(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     """Make every main-graph node input named a key of ``names`` read its value instead."""
     for node in graph.node:
-        for k, name in enumerate(node.input):
+        for k, name in enumerate(node.input[:]):  # (renamed in place: same length)
             if name in names:
                 node.input[k] = names[name]
 
@@ -82,7 +82,7 @@ def _shape_key(tensor: onnx.TensorProto) -> tuple | None:
     fields, external data: left alone)."""
     if not tensor.HasField("raw_data") or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
-    return tensor.data_type, tuple(tensor.dims)
+    return tensor.data_type, tuple(tensor.dims[:])
 
 
 def merge_identical_initializers(graph: onnx.GraphProto) -> int:

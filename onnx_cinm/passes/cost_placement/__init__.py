@@ -296,7 +296,7 @@ def evaluate_on_host(nodes: list, options: dict, infos: dict,
         for i, node in enumerate(nodes):
             k = at.get(id(node))
             if k is not None and prob.nodes[k] is node and all(
-                    infos.get(t) is pi.get(t) for t in (*node.input, *node.output)):
+                    infos.get(t) is pi.get(t) for t in (*node.input[:], *node.output[:])):
                 known[i] = prob.cands[k][0] if node.domain == cinm.DOMAIN else prob.fixed[k]
     lat = en = 0.0  # summed in graph order, as evaluate() does
     writes = 0

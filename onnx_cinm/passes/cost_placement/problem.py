@@ -292,7 +292,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
     const = {t.name for t in model.graph.initializer}
     producer = {}
     for i, node in enumerate(prob.nodes):
-        for o in node.output:
+        for o in node.output[:]:  # (slices: lists, see rewrite's note)
             if o:
                 producer[o] = i
     index: dict[str, int] = {}
@@ -309,11 +309,11 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -
         return index[name]
 
     for i, node in enumerate(prob.nodes):
-        for n in node.input:
+        for n in node.input[:]:
             t = tensor(n)
             if t is not None and i not in prob.tensors[t].consumers:
                 prob.tensors[t].consumers.append(i)
-        for n in node.output:
+        for n in node.output[:]:
             tensor(n)
     for k, t in enumerate(prob.tensors):
         for i in {t.producer, *t.consumers} - {-1}:
