@@ -112,13 +112,13 @@ def reduction_length(model: ModelLike) -> int:
     except CinmError:
         return 1
     longest = 1
-    for node in proto.graph.node:
-        ins = [infos.get(n) for n in node.input]
+    for node in proto.graph.node[:]:
+        ins = [infos.get(n) for n in node.input[:]]
         k = 1
         if node.op_type in ("MatMul", "MatMulInteger", "Gemm", "QLinearMatMul") and ins and ins[0] \
                 and ins[0].shape:
             a = ins[0].static_shape
-            trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
+            trans_a = next((x.i for x in node.attribute[:] if x.name == "transA"), 0)
             k = a[0] if node.op_type == "Gemm" and trans_a else a[-1]
         elif node.op_type in ("Conv", "ConvInteger", "ConvTranspose", "QLinearConv"):
             w = ins[3] if node.op_type == "QLinearConv" and len(ins) > 3 else (ins[1] if len(ins) > 1 else None)

@@ -583,7 +583,7 @@ class Edit:
                 del tensor.dims[:]
                 tensor.dims.extend(array.shape)
         if moved:  # the initializers kept, in their order, then the constants in theirs
-            items = list(g.initializer)  # (alive while sorted: their ids stay theirs)
+            items = g.initializer[:]  # (alive while sorted: their ids stay theirs)
             tail = len(items) - len(appended)
             keys = {id(t): (1, moved[id(t)]) if id(t) in moved else (0, i)
                     for i, t in enumerate(items[:tail])}
@@ -597,7 +597,7 @@ class Edit:
         (``reads``: ``{id(TensorProto): [weights dicts of origins holding it]}``)."""
         weights = reads.get(id(tensor), ())
         if weights:
-            weight = FillWeight(tensor.name, tensor.data_type, tuple(tensor.dims),
+            weight = FillWeight(tensor.name, tensor.data_type, tuple(tensor.dims[:]),
                                 array[(0,) * array.ndim].tobytes())
             for held in weights:
                 for name, t in held.items():
@@ -619,7 +619,7 @@ class Edit:
         _, tensor, name = entry
         if tensor.name != name or array.dtype != root.dtype or \
                 tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype) or \
-                math.prod(tensor.dims) != array.size or not tensor.HasField("raw_data") or \
+                math.prod(tensor.dims[:]) != array.size or not tensor.HasField("raw_data") or \
                 any(len(getattr(tensor, field)) for field in _OTHER_REPEATED) or \
                 any(tensor.HasField(field) for field in _OTHER_SINGULAR):
             return None
@@ -633,7 +633,7 @@ class Edit:
         by :meth:`commit`, whose old name is gone), and the constants :meth:`commit` wrote as
         one value broadcast (:func:`is_fill`). Without a commit: the former alone. Every entry
         is checked again where it is read (:func:`known_fill`: element type, dims, raw_data)."""
-        names = {t.name for t in self.proto.graph.initializer}
+        names = {t.name for t in self.proto.graph.initializer[:]}
         fills = {name: fill for name, fill in self._fills.items() if name in names}
         fills.update((name, fill) for name, fill in self._made_fills.items() if name in names)
         return fills
