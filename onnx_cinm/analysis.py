@@ -88,8 +88,8 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     if _sized_elsewhere(model):
         return False
     graph = model.graph
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     entries = []
     for node in graph.node[:]:
         if frontend.subgraphs(node):
@@ -143,8 +143,8 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     if _sized_elsewhere(model):
         return False
     graph = model.graph
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     pending = [n for n in graph.node if any(o and o not in typed for o in n.output[:])]
     if not pending:
         return True
@@ -162,7 +162,7 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             types[init.name] = helper.make_tensor_type_proto(init.data_type, dims)
             if math.prod(dims) <= 512:  # what _weightless_copy keeps the values of
                 values[init.name] = init
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         if vi.name in needed and vi.name not in types:
             types[vi.name] = vi.type
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
@@ -269,7 +269,7 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
     value_info and outputs, a dim known when it has a value >= 0 or ``dims`` sizes its
     name); False also when a name is declared only in a subgraph."""
     types: dict = {}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         types.setdefault(vi.name, vi.type)
     for name in names:
         if name in consts:
@@ -289,8 +289,8 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     does before ``to_cinm``); else None. Inference keeps typed entries as they are, so this is
     what it would give, without the whole-graph inference (the optimized DenseNet121, a Python
     callback per cinm node: 33 -> 16 ms)."""
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     outputs = []
     for node in graph.node[:]:  # an untyped output (a model never inferred) ends it at once
         for o in node.output[:]:

@@ -49,7 +49,7 @@ def static_shapes(graph: onnx.GraphProto, initializers: bool = True) -> dict[str
     ``initializers``, every initializer's dims too (a static declaration of its name wins).
     Nested graphs are not read."""
     shapes = {t.name: list(t.dims) for t in graph.initializer} if initializers else {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
+    for value in graph.input[:] + graph.value_info[:] + graph.output[:]:
         tensor_type = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor_type.HasField("shape"):
             dims = tensor_type.shape.dim

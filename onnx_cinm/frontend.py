@@ -889,7 +889,7 @@ def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
     computed at run time from symbolic dimensions (e.g. ``Concat(Shape(x)[:2], [-1])``), although
     the output rank is the length of ``shape`` (for Expand at least the rank of ``x``).
     """
-    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:] + graph.output[:]}
     tensors = {t.name: t for t in graph.initializer}
 
     def static_dims(name: str) -> list[int] | None:
@@ -943,7 +943,7 @@ ML_SHAPE_PRESERVING = {"Scaler": onnx.TensorProto.FLOAT, "Normalizer": onnx.Tens
 def _add_ml_shapes(graph: onnx.GraphProto) -> bool:
     """Type the outputs of :data:`ML_SHAPE_PRESERVING` nodes onnx left untyped (the input's
     shape, the op's element type); True if any."""
-    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:] + graph.output[:]}
     added = False
     for node in graph.node:
         if node.domain != "ai.onnx.ml" or node.op_type not in ML_SHAPE_PRESERVING:
@@ -1102,7 +1102,7 @@ def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> boo
     anonymous; True if any was set. ``weights``: ``{name: dims}`` of constants moved out of
     ``graph`` (:func:`strip_weights`). Used by :func:`infer_shapes` and by
     :func:`onnx_cinm.anonymous_dims.size_anonymous_dims`; ``graph`` is changed in place."""
-    infos = {v.name: v for v in (*graph.input, *graph.value_info)}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:]}
     weights = {**(weights or {}), **{t.name: t.dims[:] for t in graph.initializer[:]}}
     changed = False
     for node in graph.node[:]:
@@ -1263,7 +1263,7 @@ def source_digest(model: onnx.ModelProto) -> str | None:
     g = model.graph
     # the graph's parts hashed in one update (the same digest: SHA-256 reads one stream),
     # not one call per node and attribute
-    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in (*g.input, *g.output)]
+    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in g.input[:] + g.output[:]]
     for node in g.node[:]:  # slices: see subgraphs
         parts.append(f"{node.op_type}\0{node.domain}\0{node.input[:]}\0{node.output[:]}\0"
                      .encode())

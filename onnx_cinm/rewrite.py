@@ -235,7 +235,7 @@ def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoP
     value_info aside), and return them to be put back: the rules need no types (``commit``
     does not write these back)."""
     hidden = []
-    for value in (*graph.input, *graph.output):
+    for value in graph.input[:] + graph.output[:]:
         if value.type.WhichOneof("value") in ("tensor_type", None):
             continue
         try:
