@@ -154,11 +154,11 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
             tensor.HasField("segment"):
         return numpy_helper.to_array(tensor)
     if tensor.HasField("raw_data"):
-        return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims)
+        return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims[:])
     if direct[1] is None:
         return numpy_helper.to_array(tensor)
-    values = getattr(tensor, direct[1])  # (numpy reads a protobuf container slowly: iterated)
-    return np.fromiter(values, direct[0], len(values)).reshape(tensor.dims)
+    values = getattr(tensor, direct[1])[:]  # (numpy reads a protobuf container slowly: iterated)
+    return np.fromiter(values, direct[0], len(values)).reshape(tensor.dims[:])
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -282,7 +282,9 @@ def _attribute(proto: onnx.AttributeProto) -> ir.Attr:
     plain = _PLAIN_ATTRS.get(proto.type)
     if plain is None or proto.ref_attr_name or proto.HasField("doc_string"):
         return ir.serde.deserialize_attribute(proto)
-    return ir.Attr(proto.name, plain[0], getattr(proto, plain[1]))
+    value = getattr(proto, plain[1])  # ints as a slice: Attr's walk of the field ended on an
+    # IndexError protobuf formats (see the note above :func:`plain`)
+    return ir.Attr(proto.name, plain[0], value[:] if plain[0] is ir.AttributeType.INTS else value)
 
 
 class Edit:
