@@ -867,7 +867,7 @@ def wants_data_propagation(graph: onnx.GraphProto) -> bool:
     """Whether shape inference should propagate values: only shape arithmetic needs it (values
     computed from ``Shape``/``Size``), and onnx's propagation materializes integer tensors,
     which exhausts memory on large integer inputs (1e8 elements: PrIM's VA and RED)."""
-    return any(node.op_type in ("Shape", "Size") for g in iter_graphs(graph) for node in g.node)
+    return any(node.op_type in ("Shape", "Size") for g in iter_graphs(graph) for node in g.node[:])
 
 
 def _infer_skeleton(skeleton: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
