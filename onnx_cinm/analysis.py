@@ -148,13 +148,13 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     pending = [n for n in graph.node if any(o and o not in typed for o in n.output[:])]
     if not pending:
         return True
-    if any(frontend.subgraphs(n) for n in graph.node):
+    if any(frontend.subgraphs(n) for n in graph.node[:]):
         return False
     needed = {i for n in pending for i in n.input[:] if i}
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
-    for init in graph.initializer:
+    for init in graph.initializer[:]:
         if init.name in needed:
             if init.name in inputs:
                 return False
@@ -277,7 +277,7 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
         t = types.get(name)
         if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
             return False
-        for d in t.tensor_type.shape.dim:
+        for d in t.tensor_type.shape.dim[:]:
             if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param not in dims:
                 return False
     return True
@@ -299,7 +299,7 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
             if o not in typed:
                 return None
             outputs.append(o)
-    if any(frontend.subgraphs(n) for n in graph.node):
+    if any(frontend.subgraphs(n) for n in graph.node[:]):
         return None
     infos = _collect(graph, dict(consts))
     for o in outputs:
@@ -398,7 +398,7 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
                 # a dim_param
                 shape = shapes[key] = tuple(
                     d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
+                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
     np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():

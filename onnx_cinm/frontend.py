@@ -184,7 +184,7 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
     if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
         return None
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-            for d in tensor_type.shape.dim]
+            for d in tensor_type.shape.dim[:]]
 
 
 def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
@@ -1023,7 +1023,7 @@ def _plain_static(value: onnx.ValueInfoProto) -> bool:
     tensor_type = value.type.tensor_type
     if len(tensor_type.ListFields()) != 2 or not tensor_type.elem_type:
         return False
-    for dim in tensor_type.shape.dim:  # dim_value set (so no dim_param), no denotation
+    for dim in tensor_type.shape.dim[:]:  # dim_value set (so no dim_param), no denotation
         if not dim.HasField("dim_value") or dim.denotation:
             return False
     return True

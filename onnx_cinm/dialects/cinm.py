@@ -629,7 +629,7 @@ def _dims(t: onnx.TypeProto) -> list | None:
     tt = t.tensor_type
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim[:]]
 
 
 def _tensor_type(elem_type: int, dims: list | None) -> onnx.TypeProto:
