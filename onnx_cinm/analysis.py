@@ -56,7 +56,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
             **(frontend.planned_dims(model) if dims is None else dims)}
     if not dims and not probed:
-        consts = {i.name: (i.data_type, tuple(i.dims)) for i in model.graph.initializer}
+        consts = {i.name: (i.data_type, tuple(i.dims[:])) for i in model.graph.initializer[:]}
         if not infer:
             return _collect(model.graph, consts)
         settled = _settled(model.graph, consts)
@@ -88,13 +88,13 @@ def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> b
     if _sized_elsewhere(model):
         return False
     graph = model.graph
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     entries = []
-    for node in graph.node:
+    for node in graph.node[:]:
         if frontend.subgraphs(node):
             return False
-        for name in node.output:
+        for name in node.output[:]:
             if not name or name in typed:
                 continue
             info = infos.get(name)
@@ -143,18 +143,18 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     if _sized_elsewhere(model):
         return False
     graph = model.graph
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     pending = [n for n in graph.node if any(o and o not in typed for o in n.output[:])]
     if not pending:
         return True
-    if any(frontend.subgraphs(n) for n in graph.node):
+    if any(frontend.subgraphs(n) for n in graph.node[:]):
         return False
     needed = {i for n in pending for i in n.input[:] if i}
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
-    for init in graph.initializer:
+    for init in graph.initializer[:]:
         if init.name in needed:
             if init.name in inputs:
                 return False
@@ -162,7 +162,7 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             types[init.name] = helper.make_tensor_type_proto(init.data_type, dims)
             if math.prod(dims) <= 512:  # what _weightless_copy keeps the values of
                 values[init.name] = init
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         if vi.name in needed and vi.name not in types:
             types[vi.name] = vi.type
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
@@ -225,14 +225,15 @@ def _weightless_copy(model: onnx.ModelProto, dims: dict,
         del g.value_info[:]  # entries computed from the symbolic sizes would contradict them
         frontend.bind_dims(g, dims)
     consts = {}
-    for init in model.graph.initializer:
-        consts[init.name] = (init.data_type, tuple(init.dims))
+    for init in model.graph.initializer[:]:
+        name, data_type, dims = init.name, init.data_type, tuple(init.dims[:])
+        consts[name] = (data_type, dims)
         # small ones (axes, shapes, k) carry values inference reads; the element count is a
         # cheap bound (ByteSize() walks the whole tensor, ~60 ms for a 100 MB one)
-        if math.prod(init.dims) <= 512:  # Python ints: no overflow, and 10x np.prod's speed
+        if math.prod(dims) <= 512:  # Python ints: no overflow, and 10x np.prod's speed
             g.initializer.append(init)
         else:
-            g.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
+            g.initializer.add(name=name, data_type=data_type, dims=dims)
     return light, consts
 
 
@@ -268,7 +269,7 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
     value_info and outputs, a dim known when it has a value >= 0 or ``dims`` sizes its
     name); False also when a name is declared only in a subgraph."""
     types: dict = {}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         types.setdefault(vi.name, vi.type)
     for name in names:
         if name in consts:
@@ -276,7 +277,7 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
         t = types.get(name)
         if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
             return False
-        for d in t.tensor_type.shape.dim:
+        for d in t.tensor_type.shape.dim[:]:
             if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param not in dims:
                 return False
     return True
@@ -288,17 +289,17 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     does before ``to_cinm``); else None. Inference keeps typed entries as they are, so this is
     what it would give, without the whole-graph inference (the optimized DenseNet121, a Python
     callback per cinm node: 33 -> 16 ms)."""
-    typed = {v.name for v in graph.value_info}
-    typed.update(v.name for v in graph.output)
+    typed = {v.name for v in graph.value_info[:]}
+    typed.update(v.name for v in graph.output[:])
     outputs = []
-    for node in graph.node:  # an untyped output (a model never inferred) ends it at once
-        for o in node.output:
+    for node in graph.node[:]:  # an untyped output (a model never inferred) ends it at once
+        for o in node.output[:]:
             if not o:
                 continue
             if o not in typed:
                 return None
             outputs.append(o)
-    if any(frontend.subgraphs(n) for n in graph.node):
+    if any(frontend.subgraphs(n) for n in graph.node[:]):
         return None
     infos = _collect(graph, dict(consts))
     for o in outputs:
@@ -317,7 +318,7 @@ def inference_adds_nothing(model: onnx.ModelProto) -> bool:
     pass that wants the model inferred (``normalize``) skips the inference then: light
     DenseNet121 comes to it with the value_info of ``canonicalize_opset``'s conversion."""
     graph = model.graph
-    consts = {i.name: (i.data_type, tuple(i.dims)) for i in graph.initializer}
+    consts = {i.name: (i.data_type, tuple(i.dims[:])) for i in graph.initializer[:]}
     return _settled(graph, consts) is not None
 
 
@@ -351,14 +352,14 @@ def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProt
     outputs = {o.name for o in graph.output}
     types = {v.name: v.type.tensor_type for v in graph.value_info if v.type.HasField("tensor_type")}
     pins = []
-    for node in graph.node:
-        for name in node.output:
+    for node in graph.node[:]:
+        for name in node.output[:]:
             if name not in probed or name in outputs:
                 continue
             elem, shape = probed[name]
             tt = types.get(name)
             if tt is not None and tt.HasField("shape"):
-                known = list(tt.shape.dim)
+                known = tt.shape.dim[:]
                 if all(d.HasField("dim_value") for d in known) or len(known) != len(shape) or any(
                         d.HasField("dim_value") and d.dim_value != s for d, s in zip(known, shape)):
                     continue
@@ -373,11 +374,11 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
     names the main graph does not use."""
     dims = dims or {}
     infos: dict[str, TensorInfo] = {}
-    values = list(graph.input) + list(graph.value_info) + list(graph.output)
+    values = graph.input[:] + graph.value_info[:] + graph.output[:]
     for sub in list(frontend.iter_graphs(graph))[1:]:
-        values += list(sub.input) + list(sub.value_info) + list(sub.output)
-        for init in sub.initializer:
-            consts.setdefault(init.name, (init.data_type, tuple(init.dims)))
+        values += sub.input[:] + sub.value_info[:] + sub.output[:]
+        for init in sub.initializer[:]:
+            consts.setdefault(init.name, (init.data_type, tuple(init.dims[:])))
     # a shape read dim by dim costs three protobuf calls a dim (a third of this function's time
     # on DenseNet121); most tensors share their shape with others: each distinct one read once
     shapes: dict[bytes, tuple] = {}
@@ -397,7 +398,7 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
                 # a dim_param
                 shape = shapes[key] = tuple(
                     d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim)
+                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
         infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
     np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
@@ -469,8 +470,8 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     """FLOPs of one node for one inference (see the module docstring); 0 if shapes are unknown.
 
     The bodies of control flow (If/Loop/Scan) are not included: see :func:`body_flops`."""
-    ins = [infos.get(n) for n in node.input]
-    outs = [infos.get(n) for n in node.output]
+    ins = [infos.get(n) for n in node.input[:]]  # slices: see type_node_outputs' note
+    outs = [infos.get(n) for n in node.output[:]]
     out = outs[0] if outs else None
     op = node.op_type
     if op in _MOVE or (op in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx")):
@@ -486,7 +487,7 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     if op in ("MatMul", "Gemm", "Gemv", "MatMulInteger", "QLinearMatMul", "SimSearch") and ins and ins[0] and ins[0].shape:
         k = ins[0].static_shape[-1] if (op != "Gemm" or node.domain == cinm.DOMAIN) else None
         if op == "Gemm" and node.domain != cinm.DOMAIN:
-            trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
+            trans_a = next((a.i for a in node.attribute[:] if a.name == "transA"), 0)
             s = ins[0].static_shape
             k = s[0] if trans_a else s[-1]
         if op == "SimSearch" and ins[1] is not None and ins[1].static_shape:
@@ -502,7 +503,7 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
             op.startswith("Reduce"):
         return _numel(ins[0]) if ins else 0
     if op in ("MaxPool", "AveragePool", "LpPool"):
-        ks = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape"), [1])
+        ks = next((a.ints[:] for a in node.attribute[:] if a.name == "kernel_shape"), [1])
         return int(np.prod(ks)) * _numel(out)
     if op in ("GlobalAveragePool", "GlobalMaxPool"):
         return _numel(ins[0]) if ins else 0
@@ -515,7 +516,7 @@ def graph_flops(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
     and whether the count is exact (False when a trip count or a branch is known only at run
     time)."""
     total, exact = 0, True
-    for node in graph.node:
+    for node in graph.node[:]:
         total += node_flops(node, infos)
         f, ok = body_flops(node, infos, values)
         total, exact = total + f, exact and ok
@@ -570,7 +571,7 @@ def _attrs(node: onnx.NodeProto) -> dict:
     if node.domain == cinm.DOMAIN:
         return cinm.node_attrs(node)
     out = {}
-    for a in node.attribute:
+    for a in node.attribute[:]:
         if len(a.ints) + len(a.floats) + len(a.strings) + len(a.tensors) <= MAX_LISTED_ATTR:
             v = helper.get_attribute_value(a)
             out[a.name] = v.decode() if isinstance(v, bytes) else v
@@ -586,7 +587,7 @@ def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:
 
     return OpInfo(
         name=node.name, op_type=node.op_type, attrs=_attrs(node),
-        inputs=tuple(info(n) for n in node.input if n),
-        outputs=tuple(info(n) for n in node.output if n),
+        inputs=tuple(info(n) for n in node.input[:] if n),
+        outputs=tuple(info(n) for n in node.output[:] if n),
         flops=node_flops(node, infos),
     )

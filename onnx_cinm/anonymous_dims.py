@@ -17,7 +17,7 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def _elements(tensor: onnx.TensorProto) -> int:
-    return int(np.prod(tensor.dims, dtype=np.int64))
+    return int(np.prod(tensor.dims[:], dtype=np.int64))
 
 
 #: Ops :func:`size_anonymous_dims` evaluates when all their inputs are known small values: the
@@ -48,8 +48,8 @@ def static_shapes(graph: onnx.GraphProto, initializers: bool = True) -> dict[str
     outputs) are all numbers (>= 0), by name (one static declaration suffices); with
     ``initializers``, every initializer's dims too (a static declaration of its name wins).
     Nested graphs are not read."""
-    shapes = {t.name: list(t.dims) for t in graph.initializer} if initializers else {}
-    for value in (*graph.input, *graph.value_info, *graph.output):
+    shapes = {t.name: t.dims[:] for t in graph.initializer[:]} if initializers else {}
+    for value in graph.input[:] + graph.value_info[:] + graph.output[:]:
         tensor_type = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor_type.HasField("shape"):
             dims = tensor_type.shape.dim

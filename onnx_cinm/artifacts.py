@@ -237,7 +237,7 @@ def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The cinm nodes that have a ``kernel`` attribute: the main graph's, then those compiled
     into If branches (:mod:`onnx_cinm.passes.control_flow`)."""
     return [n for n in cinm.all_nodes(model.graph)
-            if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute)]
+            if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute[:])]
 
 
 def _graphs(graph: onnx.GraphProto):
@@ -245,7 +245,7 @@ def _graphs(graph: onnx.GraphProto):
     same order) without reading the attributes of cinm nodes, which take no graph (a planned
     node has some 20)."""
     yield graph
-    for node in graph.node:
+    for node in graph.node[:]:  # a slice: see frontend.subgraphs
         if node.domain != cinm.DOMAIN:
             for sub in frontend.subgraphs(node):
                 yield from _graphs(sub)
@@ -266,7 +266,7 @@ def _emit(model: onnx.ModelProto, nodes: list, root, log: Callable[[str], None])
     root.mkdir(parents=True, exist_ok=True)
     base = os.fspath(root) + os.sep
     inits = {i.name: i for g in _graphs(model.graph)
-             for i in g.initializer}  # a weight lowered in an If branch is the branch's
+             for i in g.initializer[:]}  # a weight lowered in an If branch is the branch's
     infos = tensor_infos(model, infer=False) if nodes else {}
     if nodes and not any(n.output[0] in infos for n in nodes):
         infos = tensor_infos(model)

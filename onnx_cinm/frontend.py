@@ -84,7 +84,7 @@ _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 def iter_graphs(graph: onnx.GraphProto):
     """Yield ``graph`` and, recursively, every subgraph of its nodes (If/Loop/Scan bodies)."""
     yield graph
-    for node in graph.node:
+    for node in graph.node[:]:  # a slice: see subgraphs
         for sub in subgraphs(node):
             yield from iter_graphs(sub)
 
@@ -93,13 +93,13 @@ def _iter_tensors(model: onnx.ModelProto):
     """Yield every TensorProto that may hold data: initializers and tensor-valued attributes."""
     nodes = [node for function in model.functions for node in function.node]
     for graph in iter_graphs(model.graph):
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
+        yield from graph.initializer[:]  # slices: see subgraphs
+        for sparse in graph.sparse_initializer[:]:
             yield sparse.values
             yield sparse.indices
-        nodes.extend(graph.node)
+        nodes.extend(graph.node[:])
     for node in nodes:
-        for attr in node.attribute:
+        for attr in node.attribute[:]:
             if attr.type == onnx.AttributeProto.TENSOR:
                 yield attr.t
             elif attr.type == onnx.AttributeProto.TENSORS:
@@ -113,7 +113,7 @@ def _is_external(tensor: onnx.TensorProto) -> bool:
 def _tensor_elements(tensor: onnx.TensorProto) -> int:
     # math.prod of Python ints: a tenth of np.prod's cost, asked for every initializer on every
     # shape inference (strip_weights)
-    return math.prod(tensor.dims)
+    return math.prod(tensor.dims[:])
 
 
 def _check_opsets(model: onnx.ModelProto, path: str) -> None:
@@ -128,7 +128,7 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
             f"{onnx.defs.onnx_opset_version()})"
         )
     for graph in iter_graphs(model.graph):
-        for node in graph.node:
+        for node in graph.node[:]:
             domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
             if domain not in imported:
                 raise CinmError(
@@ -165,9 +165,9 @@ def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
     before the checker (:func:`subgraphs`: tensors, external data) do not look for one."""
     local = {(f.domain, f.name) for f in model.functions}
     for graph in iter_graphs(model.graph):
-        for node in graph.node:
+        for node in graph.node[:]:
             domain = node.domain or ""
-            if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute):
+            if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute[:]):
                 raise CinmError(f"'{path}': cinm op {_node_label(node)} has a graph attribute; "
                                 "no cinm op takes one")
             if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
@@ -184,7 +184,7 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
     if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
         return None
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-            for d in tensor_type.shape.dim]
+            for d in tensor_type.shape.dim[:]]
 
 
 def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
@@ -240,8 +240,9 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
         seen_inputs.add(name)
     sources = set(inputs) | initializers
     writer: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
-        for out in node.output:
+    nodes = graph.node[:]
+    for node in nodes:
+        for out in node.output[:]:
             if not out:
                 continue
             if out in writer:
@@ -255,15 +256,15 @@ def _check_graph_structure(graph: onnx.GraphProto, path: str) -> None:
     # scheduled in any order lies on a cycle, else the order is wrong: told after the outputs)
     ready = set(sources)
     order_problem = None
-    for node in graph.node:
-        for name in node.input:
+    for node in nodes:
+        for name in node.input[:]:
             if name and name not in ready:
                 if name not in sources and name not in writer:
                     raise CinmError(f"'{path}' is not a valid ONNX model: node {_node_label(node)} reads tensor '{name}', "
                                     "which no node, graph input or initializer produces")
                 if order_problem is None:
                     order_problem = (node, name)
-        ready.update(node.output)
+        ready.update(node.output[:])
     for value in graph.output:
         if value.name in set(inputs) - initializers:
             raise CinmError(f"'{path}' is not a valid ONNX model: graph output '{value.name}' is also a graph input (a "
@@ -866,7 +867,7 @@ def wants_data_propagation(graph: onnx.GraphProto) -> bool:
     """Whether shape inference should propagate values: only shape arithmetic needs it (values
     computed from ``Shape``/``Size``), and onnx's propagation materializes integer tensors,
     which exhausts memory on large integer inputs (1e8 elements: PrIM's VA and RED)."""
-    return any(node.op_type in ("Shape", "Size") for g in iter_graphs(graph) for node in g.node)
+    return any(node.op_type in ("Shape", "Size") for g in iter_graphs(graph) for node in g.node[:])
 
 
 def _infer_skeleton(skeleton: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
@@ -888,7 +889,7 @@ def _add_missing_ranks(graph: onnx.GraphProto) -> bool:
     computed at run time from symbolic dimensions (e.g. ``Concat(Shape(x)[:2], [-1])``), although
     the output rank is the length of ``shape`` (for Expand at least the rank of ``x``).
     """
-    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:] + graph.output[:]}
     tensors = {t.name: t for t in graph.initializer}
 
     def static_dims(name: str) -> list[int] | None:
@@ -942,7 +943,7 @@ ML_SHAPE_PRESERVING = {"Scaler": onnx.TensorProto.FLOAT, "Normalizer": onnx.Tens
 def _add_ml_shapes(graph: onnx.GraphProto) -> bool:
     """Type the outputs of :data:`ML_SHAPE_PRESERVING` nodes onnx left untyped (the input's
     shape, the op's element type); True if any."""
-    infos = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:] + graph.output[:]}
     added = False
     for node in graph.node:
         if node.domain != "ai.onnx.ml" or node.op_type not in ML_SHAPE_PRESERVING:
@@ -995,7 +996,7 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> onnx.ModelProto
         Shape inference failed (only when ``strict``), with onnx's first message line.
     """
     skeleton, moved = strip_weights(model)
-    weights = {t.name: list(t.dims) for t in model.graph.initializer if t.name in moved}
+    weights = {t.name: t.dims[:] for t in model.graph.initializer[:] if t.name in moved}
     try:
         inferred = _infer_skeleton(skeleton, strict)
         while True:
@@ -1022,7 +1023,7 @@ def _plain_static(value: onnx.ValueInfoProto) -> bool:
     tensor_type = value.type.tensor_type
     if len(tensor_type.ListFields()) != 2 or not tensor_type.elem_type:
         return False
-    for dim in tensor_type.shape.dim:  # dim_value set (so no dim_param), no denotation
+    for dim in tensor_type.shape.dim[:]:  # dim_value set (so no dim_param), no denotation
         if not dim.HasField("dim_value") or dim.denotation:
             return False
     return True
@@ -1062,11 +1063,11 @@ def keep_inferred_types(model: onnx.ModelProto) -> bool:
             return False
         entries[value.name] = value
     order = []
-    for node in graph.node:
+    for node in graph.node[:]:
         # a cinm op declares no graph attribute (its schema): its many plan attributes unread
         if node.op_type in ("Shape", "Size") or node.domain != "cinm" and subgraphs(node):
             return False
-        for name in node.output:
+        for name in node.output[:]:
             if not name or name in outputs:
                 continue
             value = entries.pop(name, None)
@@ -1101,10 +1102,10 @@ def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> boo
     anonymous; True if any was set. ``weights``: ``{name: dims}`` of constants moved out of
     ``graph`` (:func:`strip_weights`). Used by :func:`infer_shapes` and by
     :func:`onnx_cinm.anonymous_dims.size_anonymous_dims`; ``graph`` is changed in place."""
-    infos = {v.name: v for v in (*graph.input, *graph.value_info)}
-    weights = {**(weights or {}), **{t.name: list(t.dims) for t in graph.initializer}}
+    infos = {v.name: v for v in graph.input[:] + graph.value_info[:]}
+    weights = {**(weights or {}), **{t.name: t.dims[:] for t in graph.initializer[:]}}
     changed = False
-    for node in graph.node:
+    for node in graph.node[:]:
         if not (node.domain in _DEFAULT_DOMAINS and node.op_type in ("MatMul", "Gemm")
                 or node.domain == "cinm" and node.op_type == "Gemm"):
             continue
@@ -1262,17 +1263,17 @@ def source_digest(model: onnx.ModelProto) -> str | None:
     g = model.graph
     # the graph's parts hashed in one update (the same digest: SHA-256 reads one stream),
     # not one call per node and attribute
-    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in (*g.input, *g.output)]
-    for node in g.node:
-        parts.append(f"{node.op_type}\0{node.domain}\0{list(node.input)}\0{list(node.output)}\0"
+    parts = [f"{vi.name}\0{vi.type.tensor_type.elem_type}\0".encode() for vi in g.input[:] + g.output[:]]
+    for node in g.node[:]:  # slices: see subgraphs
+        parts.append(f"{node.op_type}\0{node.domain}\0{node.input[:]}\0{node.output[:]}\0"
                      .encode())
-        parts.extend(a.SerializeToString(deterministic=True) for a in node.attribute)
+        parts.extend(a.SerializeToString(deterministic=True) for a in node.attribute[:])
     h.update(b"".join(parts))
     del parts
-    for t in g.initializer:
+    for t in g.initializer[:]:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             return None
-        h.update(f"{t.name}\0{t.data_type}\0{list(t.dims)}\0".encode())
+        h.update(f"{t.name}\0{t.data_type}\0{t.dims[:]}\0".encode())
         if t.data_type == onnx.TensorProto.STRING:  # an object array's bytes are pointers
             for v in t.string_data:
                 h.update(len(v).to_bytes(8, "little"))
@@ -1449,7 +1450,7 @@ def set_if_taken(model: onnx.ModelProto, taken: dict[str, bool]) -> None:
 def bind_dims(graph: onnx.GraphProto, dims: dict[str, int]) -> None:
     """Replace every symbolic dimension named in ``dims`` by its size, in the declared types of
     ``graph``'s inputs, outputs and value_info, and of its subgraphs' (in place)."""
-    for node in graph.node:
+    for node in graph.node[:]:
         for sub in subgraphs(node):
             bind_dims(sub, dims)
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):

@@ -112,13 +112,13 @@ def reduction_length(model: ModelLike) -> int:
     except CinmError:
         return 1
     longest = 1
-    for node in proto.graph.node:
-        ins = [infos.get(n) for n in node.input]
+    for node in proto.graph.node[:]:
+        ins = [infos.get(n) for n in node.input[:]]
         k = 1
         if node.op_type in ("MatMul", "MatMulInteger", "Gemm", "QLinearMatMul") and ins and ins[0] \
                 and ins[0].shape:
             a = ins[0].static_shape
-            trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
+            trans_a = next((x.i for x in node.attribute[:] if x.name == "transA"), 0)
             k = a[0] if node.op_type == "Gemm" and trans_a else a[-1]
         elif node.op_type in ("Conv", "ConvInteger", "ConvTranspose", "QLinearConv"):
             w = ins[3] if node.op_type == "QLinearConv" and len(ins) > 3 else (ins[1] if len(ins) > 1 else None)
@@ -303,16 +303,17 @@ def index_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
     """
     proto = _load_header(model)
     g = proto.graph
-    table_dims = {t.name: list(t.dims) for t in g.initializer}
-    for node in g.node:
+    table_dims = {t.name: t.dims[:] for t in g.initializer[:]}
+    nodes = g.node[:]  # slices: see rewrite's note on repeated fields
+    for node in nodes:
         if node.op_type == "Constant" and node.output:
-            for a in node.attribute:
+            for a in node.attribute[:]:
                 if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    table_dims[node.output[0]] = list(a.t.dims)
-    scalar_values = {t.name: t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) == 1}
+                    table_dims[node.output[0]] = a.t.dims[:]
+    scalar_values = {t.name: t for t in g.initializer[:] if int(np.prod(t.dims[:], dtype=np.int64)) == 1}
     consumers: dict[str, list] = {}
-    for node in g.node:
-        for pos, name in enumerate(node.input):
+    for node in nodes:
+        for pos, name in enumerate(node.input[:]):
             if name:
                 consumers.setdefault(name, []).append((node, pos))
     ranges: dict[str, tuple[int, int]] = {}

@@ -125,7 +125,7 @@ _WHOLE_BYTES = 1 << 16
 def _small(tensor: onnx.TensorProto) -> bool:
     """Whether ``tensor``'s elements (by its dims and type) take at most :data:`_WHOLE_BYTES`."""
     size = _ITEMSIZE.get(tensor.data_type)
-    return size is not None and math.prod(tensor.dims) * size <= _WHOLE_BYTES
+    return size is not None and math.prod(tensor.dims[:]) * size <= _WHOLE_BYTES
 
 
 def _set_after_raw_data(tensor: onnx.TensorProto) -> bool:
@@ -150,7 +150,7 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
-    for tensor in model.graph.initializer:
+    for tensor in model.graph.initializer[:]:
         if _small(tensor) and tensor.HasField("raw_data") and not _set_after_raw_data(tensor):
             # raw_data is the last field set, and protobuf writes the fields in number order:
             # the tensor's own serialization is the same bytes as the branch below writes, with

@@ -250,12 +250,12 @@ def plot_graph(model: onnx.ModelProto, rows: list[Layer], title: str = "") -> by
     from matplotlib.collections import LineCollection
     from matplotlib.patches import Patch
 
-    nodes = list(model.graph.node)
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    nodes = model.graph.node[:]  # slices: see rewrite's note on repeated fields
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output[:] if o}
     depth = []
     edges = []
     for i, n in enumerate(nodes):
-        preds = [producer[t] for t in n.input if t in producer]
+        preds = [producer[t] for t in n.input[:] if t in producer]
         edges += [(p, i) for p in preds]
         depth.append(1 + max((depth[p] for p in preds), default=-1))
     per_depth: dict = {}

@@ -154,11 +154,11 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
             tensor.HasField("segment"):
         return numpy_helper.to_array(tensor)
     if tensor.HasField("raw_data"):
-        return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims)
+        return np.frombuffer(tensor.raw_data, direct[0]).reshape(tensor.dims[:])
     if direct[1] is None:
         return numpy_helper.to_array(tensor)
-    values = getattr(tensor, direct[1])  # (numpy reads a protobuf container slowly: iterated)
-    return np.fromiter(values, direct[0], len(values)).reshape(tensor.dims)
+    values = getattr(tensor, direct[1])[:]  # (numpy reads a protobuf container slowly: iterated)
+    return np.fromiter(values, direct[0], len(values)).reshape(tensor.dims[:])
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -235,7 +235,7 @@ def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoP
     value_info aside), and return them to be put back: the rules need no types (``commit``
     does not write these back)."""
     hidden = []
-    for value in (*graph.input, *graph.output):
+    for value in graph.input[:] + graph.output[:]:
         if value.type.WhichOneof("value") in ("tensor_type", None):
             continue
         try:
@@ -282,7 +282,9 @@ def _attribute(proto: onnx.AttributeProto) -> ir.Attr:
     plain = _PLAIN_ATTRS.get(proto.type)
     if plain is None or proto.ref_attr_name or proto.HasField("doc_string"):
         return ir.serde.deserialize_attribute(proto)
-    return ir.Attr(proto.name, plain[0], getattr(proto, plain[1]))
+    value = getattr(proto, plain[1])  # ints as a slice: Attr's walk of the field ended on an
+    # IndexError protobuf formats (see the note above :func:`plain`)
+    return ir.Attr(proto.name, plain[0], value[:] if plain[0] is ir.AttributeType.INTS else value)
 
 
 class Edit:
@@ -583,7 +585,7 @@ class Edit:
                 del tensor.dims[:]
                 tensor.dims.extend(array.shape)
         if moved:  # the initializers kept, in their order, then the constants in theirs
-            items = list(g.initializer)  # (alive while sorted: their ids stay theirs)
+            items = g.initializer[:]  # (alive while sorted: their ids stay theirs)
             tail = len(items) - len(appended)
             keys = {id(t): (1, moved[id(t)]) if id(t) in moved else (0, i)
                     for i, t in enumerate(items[:tail])}
@@ -597,7 +599,7 @@ class Edit:
         (``reads``: ``{id(TensorProto): [weights dicts of origins holding it]}``)."""
         weights = reads.get(id(tensor), ())
         if weights:
-            weight = FillWeight(tensor.name, tensor.data_type, tuple(tensor.dims),
+            weight = FillWeight(tensor.name, tensor.data_type, tuple(tensor.dims[:]),
                                 array[(0,) * array.ndim].tobytes())
             for held in weights:
                 for name, t in held.items():
@@ -619,7 +621,7 @@ class Edit:
         _, tensor, name = entry
         if tensor.name != name or array.dtype != root.dtype or \
                 tensor.data_type != onnx.helper.np_dtype_to_tensor_dtype(array.dtype) or \
-                math.prod(tensor.dims) != array.size or not tensor.HasField("raw_data") or \
+                math.prod(tensor.dims[:]) != array.size or not tensor.HasField("raw_data") or \
                 any(len(getattr(tensor, field)) for field in _OTHER_REPEATED) or \
                 any(tensor.HasField(field) for field in _OTHER_SINGULAR):
             return None
@@ -633,7 +635,7 @@ class Edit:
         by :meth:`commit`, whose old name is gone), and the constants :meth:`commit` wrote as
         one value broadcast (:func:`is_fill`). Without a commit: the former alone. Every entry
         is checked again where it is read (:func:`known_fill`: element type, dims, raw_data)."""
-        names = {t.name for t in self.proto.graph.initializer}
+        names = {t.name for t in self.proto.graph.initializer[:]}
         fills = {name: fill for name, fill in self._fills.items() if name in names}
         fills.update((name, fill) for name, fill in self._made_fills.items() if name in names)
         return fills

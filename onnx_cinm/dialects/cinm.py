@@ -629,7 +629,7 @@ def _dims(t: onnx.TypeProto) -> list | None:
     tt = t.tensor_type
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim[:]]
 
 
 def _tensor_type(elem_type: int, dims: list | None) -> onnx.TypeProto:
@@ -780,7 +780,7 @@ def output_types(node: NodeProto, types: dict) -> list | None:
     spec = OPS.get(node.op_type)
     if spec is None or node.domain != DOMAIN:
         return None
-    names = list(node.input)
+    names = node.input[:]
     if len(names) > len(spec.inputs):
         return None
     allowed = _allowed_elem_types(node.op_type)
@@ -794,7 +794,7 @@ def output_types(node: NodeProto, types: dict) -> list | None:
         elem = t.tensor_type.elem_type
         if bound.setdefault(tvar, elem) != elem or elem not in allowed[tvar]:
             return None
-    by_name = {a.name: a for a in node.attribute}
+    by_name = {a.name: a for a in node.attribute[:]}
     protos = [by_name[n] for n in spec.attrs if n in by_name]
     present = [i for i, name in enumerate(names) if name]
     try:
@@ -885,24 +885,27 @@ def node_attrs(node: NodeProto, names: frozenset | None = None) -> dict:
     others, a planned op's whole plan, are not converted). Raises ValueError on a reference
     attribute or an unknown attribute type, as that function does."""
     out = {}
-    for a in node.attribute:  # every pass asks for every node's: the plain kinds read directly
-        if names is not None and a.name not in names:
+    # every pass asks for every node's: the plain kinds read directly, each field once, the
+    # repeated ones as slices (lists: iterating the field ends on an IndexError protobuf formats)
+    for a in node.attribute[:]:
+        name = a.name
+        if names is not None and name not in names:
             continue
         kind = a.type
         if kind == _INT and not a.ref_attr_name:
-            out[a.name] = a.i
+            out[name] = a.i
         elif kind == _INTS and not a.ref_attr_name:
-            out[a.name] = list(a.ints)
+            out[name] = a.ints[:]
         elif kind == _STRING and not a.ref_attr_name:
-            out[a.name] = a.s.decode()
+            out[name] = a.s.decode()
         elif kind == _FLOAT and not a.ref_attr_name:
-            out[a.name] = a.f
+            out[name] = a.f
         elif kind == _FLOATS and not a.ref_attr_name:
-            out[a.name] = list(a.floats)
+            out[name] = a.floats[:]
         elif kind == _STRINGS and not a.ref_attr_name:
-            out[a.name] = list(a.strings)
+            out[name] = a.strings[:]
         else:
-            out[a.name] = _as_str(helper.get_attribute_value(a))
+            out[name] = _as_str(helper.get_attribute_value(a))
     return out
 
 
@@ -914,16 +917,16 @@ _GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
 def all_nodes(graph: onnx.GraphProto):
     """Yield every node of ``graph`` and, recursively, of its nodes' subgraphs (If branches,
     Loop and Scan bodies), each graph's nodes in order before its subgraphs' are visited."""
-    for node in graph.node:
+    for node in graph.node[:]:  # slices: see node_attrs
         yield node
         if node.domain == DOMAIN:
             continue  # no cinm op takes a graph attribute (none is declared: see the schemas)
-        for attr in node.attribute:
+        for attr in node.attribute[:]:
             kind = attr.type
             if kind == _GRAPH:
                 yield from all_nodes(attr.g)
             elif kind == _GRAPHS:
-                for sub in attr.graphs:
+                for sub in attr.graphs[:]:
                     yield from all_nodes(sub)
 
 
@@ -934,9 +937,10 @@ def string_attrs(node: NodeProto, *names: str) -> tuple:
     their time). An attribute of another kind than a plain string: all converted by
     :func:`node_attrs`."""
     found = {}
-    for a in node.attribute:
-        if a.name in names:
-            found[a.name] = a.s.decode() if a.type == AttributeProto.STRING and \
+    for a in node.attribute[:]:
+        name = a.name
+        if name in names:
+            found[name] = a.s.decode() if a.type == AttributeProto.STRING and \
                 not a.ref_attr_name else None
     if any(found.get(n, "") is None for n in names):
         at = node_attrs(node)
@@ -1054,7 +1058,7 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if node.op_type not in OPS:
             raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
-        n_in = sum(1 for i in node.input if i)
+        n_in = sum(1 for i in node.input[:] if i)
         attrs = node_attrs(node, OVERLOAD_ATTRS) if node.op_type in ATTR_OVERLOADS else {}
         node.overload = overload_of(node.op_type, attrs, n_in)
         needed[(node.op_type, node.overload)] = None
