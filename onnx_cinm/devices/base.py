@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import errno
+import functools
 import hashlib
 import inspect
 import json
@@ -593,6 +594,20 @@ def render(template, **context) -> str:
 
 #: :func:`render`'s globals per template, by id: ``(template, plain dict of its globals)``
 _GLOBALS: dict = {}
+
+
+@functools.cache
+def template(name: str):
+    """The package template ``name`` (e.g. ``"upmem/unary/dpu.c.j2"``), looked up once per
+    process in one :func:`template_environment`, made at the first kernel rendered, not when a
+    device is imported: importing Jinja is ~100 M instructions that ``--help``, ``devices`` and
+    a run with no kernel to write never need. Raises ``jinja2.TemplateNotFound``."""
+    return _environment().get_template(name)
+
+
+@functools.cache
+def _environment():
+    return template_environment()
 
 
 def template_environment():

@@ -16,30 +16,15 @@ mode (the slices of a quantized tile sit in parallel arrays of one logical cross
 """
 from __future__ import annotations
 
-import functools
 import urllib.parse
 from pathlib import Path
 
 import numpy as np
 
 from ..base import render as render_template
-from ..base import template_environment
+from ..base import template
 from ...sim.crossbar import COST_KEYS, FORMAT_VERSION, MODEL_SOURCE
 from ...sim.crossbar.mode import IDEAL
-
-
-@functools.cache
-def _templates():
-    """This generator's template environment (:func:`template_environment`), made when the
-    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
-    instructions that ``--help``, ``devices`` and a run with no crossbar kernel never need."""
-    return template_environment()
-
-
-@functools.cache
-def _template():
-    """The ``.xbar`` template, looked up once per process (the environment never reloads)."""
-    return _templates().get_template("memristor/kernel.xbar.j2")
 
 
 def _tiles(plan) -> list[dict]:
@@ -96,7 +81,7 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
         "".join([f"PROGRAM {x} W {g} {k} {n}\nMVM {x} X {g} {k}\nACC Y {g} {n} {x}\n"
                  for x, g, k, n in ((t["x"], t["g"], t["k"], t["n"]) for t in r)]) + "BARRIER\n"
         for r in rounds])
-    return render_template(_template(), 
+    return render_template(template("memristor/kernel.xbar.j2"),
         version=FORMAT_VERSION, name=name, plan=plan, cost_lines=cost_lines,
         load_lines=load_lines, round_lines=round_lines,
         order="fixed" if (naive or plan.resident or plan.shared) else "serpentine",

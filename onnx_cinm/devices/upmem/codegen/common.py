@@ -14,24 +14,9 @@ import contextvars
 import numpy as np
 
 from ....graph import dtype_name
-from ...base import json_text, render, template_environment, write_kernel_file
+from ...base import json_text, render, template, write_kernel_file
 from .. import cost as _cost
 from .. import mapping as _mapping
-
-
-@functools.cache
-def _templates():
-    """This generator's template environment (:func:`template_environment`), made when the
-    first kernel is rendered, not when the device is imported: importing Jinja is ~100 M
-    instructions that ``--help``, ``devices`` and a run with no UPMEM kernel never need."""
-    return template_environment()
-
-
-@functools.cache
-def _template(name: str):
-    """The template ``name``, looked up once per process (the environment never reloads)."""
-    return _templates().get_template(name)
-
 
 
 #: numpy dtype name -> (C type, unsigned C type of the same width for wrapping arithmetic)
@@ -409,10 +394,10 @@ def _context_key(k: _K) -> str | None:
 def _render(name: str, k: _K, key: str | None) -> str:
     """The template ``name`` rendered with ``k`` (once per distinct :func:`_context_key`)."""
     if key is None:
-        return render(_template(name), k=k)
+        return render(template(name), k=k)
     text = _RENDERED.get((name, key))
     if text is None:
-        text = render(_template(name), k=k)
+        text = render(template(name), k=k)
         if len(_RENDERED) >= 512:
             _RENDERED.clear()
         _RENDERED[name, key] = text
