@@ -421,6 +421,16 @@ def _checker_skeleton(model: onnx.ModelProto, raw_sizes: list, path: str) -> onn
     return skeleton
 
 
+def check_model_file(path) -> None:
+    """Raise CinmError (one line) if ``path`` is missing or a directory: what
+    :func:`load_model` checks first, for a caller that checks several files before loading
+    any (``compare``)."""
+    if not os.path.exists(path):
+        raise CinmError(f"no such file: '{path}'")
+    if os.path.isdir(path):
+        raise CinmError(f"'{path}' is a directory, not an ONNX file")
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Load and check an ONNX model, with its external data.
 
@@ -446,10 +456,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         (its message joined into one line).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise CinmError(f"no such file: '{path}'")
-    if os.path.isdir(path):
-        raise CinmError(f"'{path}' is a directory, not an ONNX file")
+    check_model_file(path)
     size = os.path.getsize(path)
     if size == 0:
         raise CinmError(f"'{path}' is empty")

@@ -21,6 +21,7 @@ from onnx_cinm.errors import CinmError
 from onnx_cinm.golden import run_onnxruntime
 from onnx_cinm.passes import PassContext, PassManager, get_pass
 from onnx_cinm.passes import canonicalize
+from onnx_cinm.rewrite import repeated
 
 FRONTEND_PASSES = ["canonicalize_opset", "fold_constants", "normalize", "fold_batchnorm"]
 RNG = np.random.default_rng(0)
@@ -885,7 +886,7 @@ def test_ppocr_models_through_all_passes(key, ppocr_model_paths, ppocr_input_sha
 def test_repeat_is_broadcast_to(dtype, dims):
     # the fast view of one value the fold writes weights with: the same as numpy's own
     one = np.frombuffer(np.array([1], dtype).tobytes(), dtype).reshape(())
-    fast, slow = canonicalize._repeat(one, list(dims)), np.broadcast_to(one, dims)
+    fast, slow = repeated(one, list(dims)), np.broadcast_to(one, dims)
     assert fast.shape == slow.shape and fast.dtype == slow.dtype
     assert fast.strides == slow.strides and not fast.flags.writeable
     assert fast.flags.c_contiguous == slow.flags.c_contiguous

@@ -3,7 +3,6 @@ provider, its profile, and its check against onnxruntime on the original."""
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -329,10 +328,8 @@ def _cmd_compare(args, parser) -> int:
         parser.error("give the original model or --example NAME (one of them)")
     # both files there before the original is loaded (a large one takes a while)
     for path in (args.original, args.optimized):
-        if path is not None and not os.path.exists(path):
-            raise CinmError(f"no such file: '{path}'")
-        if path is not None and os.path.isdir(path):
-            raise CinmError(f"'{path}' is a directory, not an ONNX file")
+        if path is not None:
+            frontend.check_model_file(path)
     if args.example:
         from ..examples import get_example
 

@@ -33,7 +33,7 @@ from ..errors import CinmError
 from ..frontend import infer_shapes, iter_graphs, restore_weights, strip_weights
 from ..frontend import subgraphs as _subgraphs
 from ..rewrite import (Edit, Replacement, Rule, add_initializer, apply, fill_record, ir, is_fill,
-                       is_splat, known_fill, tensor_array, whole_bytes)
+                       is_splat, known_fill, repeated, tensor_array, whole_bytes)
 from . import PassContext, register_pass
 from .graph_names import Names as _Names
 from .graph_names import drop_unread_initializers, names_read_by
@@ -398,16 +398,6 @@ _PERMUTABLE_TYPES = frozenset({
     onnx.TensorProto.BOOL})
 
 
-def _repeat(one: np.ndarray, dims) -> np.ndarray:
-    """``np.broadcast_to(one, dims)`` for a 0-d array ``one`` and a sequence of non-negative
-    ints ``dims``: the same read-only view of its one value (shape ``dims``, every stride 0,
-    ``one``'s buffer), made directly: half of ``broadcast_to``'s cost, asked once per
-    ConstantOfShape weight (836 on light DenseNet121)."""
-    view = np.ndarray(tuple(dims), one.dtype, one, strides=(0,) * len(dims))
-    view.flags.writeable = False
-    return view
-
-
 def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
                      fill: bytes | None = None) -> np.ndarray:
     """``Transpose`` of the initializer ``tensor`` (``perm``, default: reversed axes), computed
@@ -422,7 +412,7 @@ def _transpose_value(node: onnx.NodeProto, tensor: onnx.TensorProto,
         dims = list(tensor.dims)
         axes = list(perm) if perm else list(range(len(dims)))[::-1]
         value = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        return _repeat(value.reshape(()), [dims[a] for a in axes])
+        return repeated(value.reshape(()), [dims[a] for a in axes])
     array = tensor_array(tensor)
     if is_splat(array):  # one value repeated (light models' weights): so is any permutation,
         axes = list(perm) if perm else list(range(array.ndim))[::-1]  # so the same bytes serve
@@ -554,7 +544,7 @@ def _filled_value(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) 
         fill = tensor_array(value).reshape(())
     # a view of the one value: add_initializer writes its bytes without filling an array first
     try:
-        return _repeat(fill, dims)
+        return repeated(fill, dims)
     except ValueError:  # more bytes than an address space holds: left to onnxruntime to refuse
         return None
 
@@ -1113,7 +1103,7 @@ def _fold_batchnorms_on_protos(model: onnx.ModelProto, fills: dict) -> tuple[int
         fill = known_fill(fills, name, tensor)
         if fill is not None:
             one = np.frombuffer(fill, helper.tensor_dtype_to_np_dtype(tensor.data_type))
-            return _repeat(one.reshape(()), tensor.dims[:])
+            return repeated(one.reshape(()), tensor.dims[:])
         return tensor_array(tensor)
 
     made: list = []

@@ -221,8 +221,9 @@ def params_from_options(options: dict, base: CrossbarParams = DEFAULT) -> Crossb
 
 
 #: :func:`params_from_options` by ``(id(base), preset, rows, cols, crossbars)`` and the types
-#: of the numbers (``64`` and ``64.0`` are equal keys): ``(base, params)``. Both are frozen, so a hit is the value computed again (a node's plan, price and
-#: kernel each ask; ``dataclasses.replace`` of 40 fields was the most of it)
+#: of the numbers (``64`` and ``64.0`` are equal keys): ``(base, params)``. Both are frozen,
+#: so a hit is the value computed again (a node's plan, price and kernel each ask;
+#: ``dataclasses.replace`` of 40 fields was the most of it)
 _PARAMS: dict = {}
 
 
@@ -900,7 +901,7 @@ def _shape(op: OpInfo, consts: dict) -> tuple:
     info = op.inputs[2]
     if info.const and info.shape is not None and all(type(d) is int for d in info.shape):
         return tuple(info.shape)
-    return consts[op.inputs[2].name].shape
+    return consts[info.name].shape
 
 
 def _mode(attrs: dict, params: CrossbarParams) -> dict:

@@ -207,8 +207,8 @@ class UpmemDevice(Device):
         if options.get("upmem_search", UpmemOptions.search):  # the rule's plan is the search's floor (onnx_cinm.devices.upmem.search)
             from .search import search_plan
             return search_plan(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options))
-        return _module("mapping").plan_op(op, max_dpus=dpus, tasklets=tasklets, params=self.target(options),
-                       op_key=op_key)
+        return _module("mapping").plan_op(op, max_dpus=dpus, tasklets=tasklets,
+                                          params=self.target(options), op_key=op_key)
 
     def cost(self, op: OpInfo, options: dict | None = None) -> Cost:
         """Modeled cost of one inference of ``op`` under ``options`` (``upmem_dpus``,
