@@ -578,7 +578,8 @@ def _sizes_to_blame(original: onnx.ModelProto, dims: dict) -> tuple[bool, str | 
     sizes). ``(True, names)`` when every run fails with a shape error too (``names``: the
     unsized dims, "b" or "b, c"): no size of them runs (trial s24b finding 3: three batch dims
     that must be equal, two given 74 and 13). ``(False, "b=3")`` when a run succeeds: the
-    draw failed, and those sizes run. ``(False, None)`` when it cannot tell: a run fails
+    draw failed, and those sizes run (the caller refuses: the plans take the unsized dims at
+    1, so the model written could not run either). ``(False, None)`` when it cannot tell: a run fails
     otherwise, a dim is anonymous (no size can be given to it), or a run would not fit in memory
     (:func:`_memory_shortfall`)."""
     open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
@@ -946,9 +947,15 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                     f"size given: a shape error every time): {e}; no input of "
                                     "these sizes runs in onnxruntime: choose sizes the model "
                                     "supports") from None
+                if which:  # tied to a size given (a Concat of two batches): the model as
+                    # planned, those dims at 1, cannot run either; refused, nothing written
+                    at = ", ".join(f"{k}={v}" for k, v in dims.items())
+                    open_ = ", ".join(w.split("=")[0] for w in which.split(", "))
+                    raise CinmError(f"the original does not run at {at} with {open_} left unsized "
+                                    f"(a shape error: {e}); at {which} it runs: give that size "
+                                    f"too, --dim {' --dim '.join(which.split(', '))}") from None
                 skipped = ("the original does not run on the random inputs at the sizes the check "
-                           f"drew for the dims without one: {e}"
-                           + (f"; at {which} it runs" if which else ""))
+                           f"drew for the dims without one: {e}")
             elif drawn := _drawn_integer_inputs(original, inputs):
                 # an integer input may be a shape (Reshape's, Expand's): its drawn values, not
                 # the sizes, can be what fails

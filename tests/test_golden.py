@@ -843,9 +843,10 @@ def _concat_rows(names):
 def test_optimize_refuses_given_sizes_that_conflict_even_with_a_dim_left_unsized(tmp_path, capsys):
     """Trial s24b finding 3: [a, 4] and [b, 4] concatenated on axis 1 need a == b. With a=3 and
     b unsized, the check draws b=1 and fails, but b=3 runs (onnxruntime, against numpy's
-    concatenate): the draw is to blame, so the check is skipped, not the sizes refused. With
-    a=3, b=5 the sizes given conflict: refused, and so they are when a third dim c is left
-    unsized (no size of c runs), with nothing written."""
+    concatenate): refused, naming b and the size that runs (a fresh user, s27: deepcut's two
+    batch dims, one given, was written with exit 0 and planned at b=1, a model that cannot
+    run). With a=3, b=5 the sizes given conflict: refused, and so they are when a third dim c
+    is left unsized (no size of c runs), with nothing written."""
     from onnx_cinm import optimize
     from onnx_cinm.cli import main
 
@@ -853,18 +854,25 @@ def test_optimize_refuses_given_sizes_that_conflict_even_with_a_dim_left_unsized
     x0, x1 = np.ones((3, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(run_onnxruntime(two, {"x0": x0, "x1": x1})[0],
                                   np.concatenate([x0, x1], axis=1))
-    res = optimize(two, dims={"a": 3})
-    assert res.check is None and "drew for the dims without one" in res.check_skipped
-    assert res.check_skipped.endswith("; at b=3 it runs")
+    with pytest.raises(CinmError, match=r"^the original does not run at a=3 with b left unsized "
+                                        r"\(a shape error: .*Concat.*\); at b=3 it runs: give that "
+                                        r"size too, --dim b=3$"):
+        optimize(two, dims={"a": 3})
+    assert optimize(two, dims={"a": 3, "b": 3}).check.ok
     with pytest.raises(CinmError, match=r"^the original cannot run at a=3, b=5: .*Concat node 'cat'"):
         optimize(two, dims={"a": 3, "b": 5})
     three = _concat_rows(["a", "b", "c"])
     with pytest.raises(CinmError, match=r"^the original cannot run at a=3, b=5 \(c drawn, or at "
                                         r"each size given: a shape error every time\): .*Concat"):
         optimize(three, dims={"a": 3, "b": 5})
-    res = optimize(three, dims={"a": 3, "b": 3})  # c=3 runs: the draw, not the sizes, failed
-    assert res.check is None and res.check_skipped.endswith("; at c=3 it runs")
+    with pytest.raises(CinmError, match=r"with c left unsized .*; at c=3 it runs: give that size "
+                                        r"too, --dim c=3$"):
+        optimize(three, dims={"a": 3, "b": 3})  # c=3 runs: the draw, not the sizes, failed
     onnx.save(three, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
+                 "--dim", "a=3", "--dim", "b=3"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--dim c=3" in err
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "-q",
                  "--dim", "a=3", "--dim", "b=5"]) == 1
     err = capsys.readouterr().err
