@@ -503,6 +503,20 @@ def _check_unrolled(original: onnx.ModelProto, inputs: dict | None, dims: dict,
         frontend.check_unrolled_size(fixed, dim, size, "--dim", label, original=True)
 
 
+def _refuse_unrolled_conflicts(work: onnx.ModelProto, original: onnx.ModelProto,
+                               inputs: dict | None, asked: dict) -> None:
+    """Raise a one-line CinmError when a recurrence of ``work`` was unrolled for a size in
+    ``asked`` (the ``dims`` given) that a given array (``inputs``) has at another: the array
+    cannot run in the result (its ``Split`` of the steps would fail in onnxruntime, as the
+    check's first run did)."""
+    unrolled = frontend.unrolled_dims(work) if inputs and asked else {}
+    sized = {d: s for d, s in asked.items() if d in unrolled}
+    for dim, size, name, has in golden.dim_conflicts(original, inputs, sized)[:1]:
+        raise CinmError(f"--dim {dim}={size} and --input '{name}' ({dim}={has}) disagree: the "
+                        f"recurrence was unrolled for {dim}={size}, so the array cannot run in "
+                        f"the optimized model; drop the --dim or give an array with {dim}={size}")
+
+
 def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict) -> list | None:
     """The check's input sets with the given ``inputs`` (None: all random)."""
     if not inputs:
@@ -767,7 +781,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             or a Reshape's; pass it in ``inputs`` to have the check run). A shape error with
             dims left unsized is still refused when onnxruntime fails alike with them at each
             size given (:func:`_sizes_to_blame`: sizes given that conflict among
-            themselves), and so are sizes whose inputs and largest tensor alone exceed this
+            themselves), or when it runs at a size given (then the dims left unsized must be
+            given too: the plans take them as 1), and so are sizes whose inputs and largest tensor alone exceed this
             machine's memory (:func:`_memory_shortfall`, before any run; with ``check=0``
             the shape probe is left out instead) and sizes onnxruntime
             runs out of memory at (:func:`onnx_cinm.golden.is_out_of_memory`).
@@ -786,8 +801,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             the tiles kept by all crossbar kernels must fit the crossbars). See
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
         inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); they
-            also size the symbolic dims they cover for planning (``dims`` wins); inputs
-            not given are drawn at random (valid indices and masks, see
+            also size the symbolic dims they cover for planning (``dims`` wins; a recurrence
+            unrolled for a size in ``dims`` that an array has at another: CinmError, the
+            array could not run in the result); inputs not given are drawn at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
         totals: with cost placement, price the written model once more for
@@ -828,7 +844,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         original = frontend.overwrite_input_shapes(original, input_shapes)
     # a re-optimized model keeps its sizes; real input arrays size what they cover; --dim wins
     given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
-    dims = {**frontend.planned_dims(original), **given, **(dims or {})}
+    asked = dict(dims or {})
+    dims = {**frontend.planned_dims(original), **given, **asked}
     golden.check_dim_names(original, dims)
     _check_unrolled(original, inputs, dims, f"model '{model}'" if isinstance(model, (str, Path))
                     else "the model")
@@ -874,6 +891,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             ctx.stats["probed_shapes"] = len(probed)
             pm.timings.append(("probe_shapes", time.perf_counter() - t0))
     work = pm.run(work, ctx)
+    _refuse_unrolled_conflicts(work, original, inputs, asked)
     branches_from = None
     if any(n.op_type == "If" for n in work.graph.node):
         from .passes.control_flow import compile_if_bodies

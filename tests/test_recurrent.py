@@ -530,3 +530,34 @@ def test_optimizing_an_unrolled_model_at_another_length_says_so_in_one_line(tmp_
             .astype(np.float32))
     assert main(["optimize", str(tmp_path / "gru.onnx"), "-o", str(tmp_path / "again.onnx"),
                  "-q", "--input", f"X={tmp_path / 'x4.npy'}"]) == 0
+
+
+def test_dim_and_input_that_disagree_on_an_unrolled_length_are_one_line(tmp_path, capsys):
+    """A fresh user, s27: --dim T=5 with an --input X of T=6 unrolled the GRU for 5 steps and
+    then the check fed the 6-step array: onnxruntime's raw 'Split' error. Now one line naming
+    both values, exit 1, nothing written. An --input alone sizing T says it fixed the length
+    (a note, as with --dim), and the model written runs at that length only."""
+    from onnx_cinm.cli import main
+
+    src = tmp_path / "gru.onnx"
+    onnx.save(_model("GRU", 5, 2, 3, 4, seq_dim="T", lbr=1), src)
+    rng = np.random.default_rng(0)
+    for t in (5, 6):
+        np.save(tmp_path / f"x{t}.npy", rng.standard_normal((t, 2, 3)).astype(np.float32))
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "--dim", "T=5",
+                 "--input", f"X={tmp_path / 'x6.npy'}"]) == 1
+    got = capsys.readouterr()
+    assert got.err == ("onnx-cinm: error: --dim T=5 and --input 'X' (T=6) disagree: the recurrence "
+                       "was unrolled for T=5, so the array cannot run in the optimized model; drop "
+                       "the --dim or give an array with T=5\n")
+    assert not out.exists() and not (tmp_path / "o.cinm").exists()
+    assert main(["optimize", str(src), "-o", str(out), "--input", f"X={tmp_path / 'x5.npy'}"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("onnx-cinm: note: the recurrences were unrolled for T=5 (sized by --input 'X'): "
+                   "the model runs only at that length (optimize without sizing T for a Scan that "
+                   "runs at any)\n")
+    x = np.load(tmp_path / "x5.npy")
+    got = InferenceSession(str(out)).run(None, {"X": x})
+    for g, r in zip(got, run_onnxruntime(onnx.load(src), {"X": x})):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

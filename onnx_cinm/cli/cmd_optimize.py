@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import CinmError
 from ..text import Column, printable, progress_bar, si, table
 from . import clock
@@ -128,11 +130,6 @@ def _cmd_optimize(args, parser) -> int:
         _check_dim_names(header, dims, parser)
     if given:
         _drop_labels(args, header, given)
-    if dims and given:  # --dim wins for planning; the check feeds the arrays as they are
-        for dim, size, name, has in golden.dim_conflicts(header, given, dims):
-            print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
-                  f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
-                  file=sys.stderr)
     try:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
@@ -142,6 +139,12 @@ def _cmd_optimize(args, parser) -> int:
                           progress=not args.quiet)
     finally:
         bar.close()
+    if dims and given:  # --dim wins for planning; the check fed the arrays as they are (said
+        # after the work: a conflict the model cannot run, an unrolled recurrence, is an error)
+        for dim, size, name, has in golden.dim_conflicts(header, given, dims):
+            print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
+                  f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
+                  file=sys.stderr)
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from .. import report
 
@@ -173,6 +176,21 @@ def _cmd_optimize(args, parser) -> int:
         print(f"onnx-cinm: warning: {line}", file=sys.stderr)
     for line in hint_warnings(result.stats.get("placement", {})):
         print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
+    unrolled = frontend.unrolled_dims(result.model)
+    if unrolled and not args.quiet:  # as the compiled model's fixed dims below: it runs at these
+        from .. import golden
+
+        def source(d):
+            if d in dims:
+                return "--dim"
+            names = [n for n, a in given.items()
+                     if d in golden.dims_from_shapes(result.model, {n: np.shape(a)})]
+            return f"--input '{names[0]}'" if names else "the input model's planned sizes"
+        print("onnx-cinm: note: the recurrences were unrolled for "
+              + ", ".join(f"{d}={n} (sized by {source(d)})" for d, n in unrolled.items())
+              + ": the model runs only at " + ("that length" if len(unrolled) == 1 else "those")
+              + " (optimize without sizing "
+              + ", ".join(unrolled) + " for a Scan that runs at any)", file=sys.stderr)
     if result.fixed_dims:
         sizes = {**{d: 1 for d in result.unsized_dims}, **result.dims}
         print("onnx-cinm: warning: the compiled model runs only at "
