@@ -801,7 +801,7 @@ def test_refused_and_shadowed_hints_are_told_apart_from_unmatched(strategy, tmp_
     hint shadowed by an earlier one was reported as matching nothing."""
     src, dst = _dirs(tmp_path)
     model = _write(src / "clf.onnx", _classifier())
-    code = main(["optimize", str(model), "-o", str(dst / "o.onnx"), "--check", "0", "-q",
+    code = main(["optimize", str(model), "-o", str(dst / "o.onnx"), "--check", "0",
                  "--placement", strategy, "--place", "relu=memristor", "--place", "Gemm=upmem",
                  "--place", "fc2=host", "--place", "nomatch*=host"])
     err = capsys.readouterr().err.splitlines()

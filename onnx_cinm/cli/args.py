@@ -654,13 +654,12 @@ LABELS_KEY = "labels"
 
 
 def _drop_labels(args, model, given: dict) -> None:
-    """Drop (in place, with a note on stderr) the labels' array of an ``--input FILE.npz``
+    """Drop (in place, with a note on stderr unless ``-q``) the labels' array of an ``--input FILE.npz``
     archive that ``model`` has no input for: the labeled archive ``evaluate --data`` takes
     feeds ``run``, ``compare`` and ``optimize`` as it is. An array given by name
     (``--input labels=FILE.npy``) is left for the input checks to refuse."""
-    import sys
-
     from .. import golden
+    from .messages import note
 
     named = {item.partition("=")[0] for item in args.feed if "=" in item}
     if LABELS_KEY not in given or LABELS_KEY in named:
@@ -669,8 +668,8 @@ def _drop_labels(args, model, given: dict) -> None:
         return
     archive = next((item for item in args.feed if "=" not in item), "")
     del given[LABELS_KEY]
-    print(f"onnx-cinm: note: --input {archive}: array '{LABELS_KEY}' is not an input of the "
-          "model (a labeled data set's labels, as evaluate takes them); ignored", file=sys.stderr)
+    note(args, f"--input {archive}: array '{LABELS_KEY}' is not an input of the "
+         "model (a labeled data set's labels, as evaluate takes them); ignored")
 
 
 def _refuse_dim_conflicts(model, given: dict, dims: dict) -> None:

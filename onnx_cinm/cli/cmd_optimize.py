@@ -3,7 +3,6 @@ kernel folder."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from .args import (
     _given_inputs,
     _pass_options,
 )
+from .messages import note, warn
 
 
 def _cmd_optimize(args, parser) -> int:
@@ -80,8 +80,7 @@ def _cmd_optimize(args, parser) -> int:
     cost_only = [k for k in ("objective", "max_writes_per_cell", "crossbar_residency")
                  if k in options]
     if options.get("placement") == "heuristic" and cost_only:
-        print(f"onnx-cinm: warning: {', '.join(cost_only)} apply to --placement cost only",
-              file=sys.stderr)
+        warn(args, f"{', '.join(cost_only)} apply to --placement cost only")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
     bar = progress_bar(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass",
@@ -117,7 +116,7 @@ def _cmd_optimize(args, parser) -> int:
         options["place"] = hints
     hints = options.get("place", [])
     if hints and (args.stop_after == "cinm" or "placement" in args.skip_pass):
-        print("onnx-cinm: warning: placement does not run, so --place hints are ignored", file=sys.stderr)
+        warn(args, "placement does not run, so --place hints are ignored")
     # a path, not a loaded model: optimize() then owns what it loads and rewrites it in place
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
@@ -142,9 +141,8 @@ def _cmd_optimize(args, parser) -> int:
     if dims and given:  # --dim wins for planning; the check fed the arrays as they are (said
         # after the work: a conflict the model cannot run, an unrolled recurrence, is an error)
         for dim, size, name, has in golden.dim_conflicts(header, given, dims):
-            print(f"onnx-cinm: warning: --dim {dim}={size} and --input '{name}' ({dim}={has}) "
-                  f"differ: planned at {dim}={size}, checked on the array at {dim}={has}",
-                  file=sys.stderr)
+            warn(args, f"--dim {dim}={size} and --input '{name}' ({dim}={has}) "
+                 f"differ: planned at {dim}={size}, checked on the array at {dim}={has}")
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from .. import report
 
@@ -161,21 +159,21 @@ def _cmd_optimize(args, parser) -> int:
         except CinmError as e:
             raise CinmError(f"{out} was written, but: {e}") from None
     if result.check is not None and result.check.meaningless:
-        print(f"onnx-cinm: warning: golden check not meaningful: {'; '.join(result.check.meaningless)}; "
-              "check real data with --input NAME=FILE.npy (or FILE.npz)", file=sys.stderr)
+        warn(args, f"golden check not meaningful: {'; '.join(result.check.meaningless)}; "
+             "check real data with --input NAME=FILE.npy (or FILE.npz)")
     if result.check_skipped:
-        print(f"onnx-cinm: warning: golden check skipped: {result.check_skipped}; give sizes "
-              "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
-              "with 'onnx-cinm compare --input ...'", file=sys.stderr)
+        warn(args, f"golden check skipped: {result.check_skipped}; give sizes "
+             "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
+             "with 'onnx-cinm compare --input ...'")
     frozen = result.stats.get("canonicalize_opset", {}).get("frozen_inputs", [])
     if frozen and args.verbose:  # old exporters list every weight: a note, not a warning
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
-        print(f"onnx-cinm: note: {len(frozen)} graph input(s) with initializers ({shown}) are "
-              "compiled as constants; values fed for them at run time are refused", file=sys.stderr)
+        note(args, f"{len(frozen)} graph input(s) with initializers ({shown}) are "
+             "compiled as constants; values fed for them at run time are refused")
     for line in result.stats.get("option_warnings", []):
-        print(f"onnx-cinm: warning: {line}", file=sys.stderr)
+        warn(args, line)
     for line in hint_warnings(result.stats.get("placement", {})):
-        print(f"onnx-cinm: warning: {printable(line)}", file=sys.stderr)
+        warn(args, printable(line))
     unrolled = frontend.unrolled_dims(result.model)
     if unrolled and not args.quiet:  # as the compiled model's fixed dims below: it runs at these
         from .. import golden
@@ -186,16 +184,16 @@ def _cmd_optimize(args, parser) -> int:
             names = [n for n, a in given.items()
                      if d in golden.dims_from_shapes(result.model, {n: np.shape(a)})]
             return f"--input '{names[0]}'" if names else "the input model's planned sizes"
-        print("onnx-cinm: note: the recurrences were unrolled for "
-              + ", ".join(f"{d}={n} (sized by {source(d)})" for d, n in unrolled.items())
-              + ": the model runs only at " + ("that length" if len(unrolled) == 1 else "those")
-              + " (optimize without sizing "
-              + ", ".join(unrolled) + " for a Scan that runs at any)", file=sys.stderr)
+        note(args, "the recurrences were unrolled for "
+             + ", ".join(f"{d}={n} (sized by {source(d)})" for d, n in unrolled.items())
+             + ": the model runs only at " + ("that length" if len(unrolled) == 1 else "those")
+             + " (optimize without sizing "
+             + ", ".join(unrolled) + " for a Scan that runs at any)")
     if result.fixed_dims:
         sizes = {**{d: 1 for d in result.unsized_dims}, **result.dims}
-        print("onnx-cinm: warning: the compiled model runs only at "
-              + ", ".join(f"{d}={sizes[d]}" for d in result.fixed_dims)
-              + " (see 'dims fixed' in the summary)", file=sys.stderr)
+        warn(args, "the compiled model runs only at "
+             + ", ".join(f"{d}={sizes[d]}" for d in result.fixed_dims)
+             + " (see 'dims fixed' in the summary)")
     source = args.input or f"example '{args.example}'"
     result.timings.insert(0, ("imports", imported))
     result.wall_s = time.perf_counter() - begin  # the command's, not only optimize()'s
@@ -223,7 +221,7 @@ def _cmd_optimize(args, parser) -> int:
                 say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} "
                     "tile writes/inference")
         for v in st.get("violations", []):
-            print(f"onnx-cinm: warning: the placement hints break a constraint: {v}", file=sys.stderr)
+            warn(args, f"the placement hints break a constraint: {v}")
     if args.verbose and result.placements:
         print(table((Column("node", fit=40), "op", "device", "placement"), result.placements,
                     header=False, indent="  "))

@@ -3,13 +3,13 @@ provider, its profile, and its check against onnxruntime on the original."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 from ..errors import CinmError, ReferenceFailed
 from ..text import si
 from .args import (_check_dim_names, _check_output_file, _drop_labels, _given_inputs, _input_files,
                    _refuse_dim_conflicts)
+from .messages import note, warn
 
 
 def _provider_options(items: list[str], parser) -> dict:
@@ -43,8 +43,9 @@ def _session(path, provider_options: dict):
                             provider_options=[provider_options, {}])
 
 
-def _warn_if_nothing_on_devices(sess) -> None:
-    """A warning on stderr when the provider will run (some of) the model in onnxruntime only."""
+def _warn_if_nothing_on_devices(sess, args) -> None:
+    """A warning on stderr when the provider will run (some of) the model in onnxruntime only
+    (none under ``-q``: :func:`.messages.warn`)."""
     from ..dialects.cinm import all_nodes
     from .args import written_by_optimize
 
@@ -54,8 +55,8 @@ def _warn_if_nothing_on_devices(sess) -> None:
     unkerneled = [n for n in placed if not any(a.name == "kernel" for a in n.attribute)]
     everything = "; everything runs in onnxruntime"
     if not cinm_ops and written_by_optimize(sess._model):
-        print("onnx-cinm: note: 'onnx-cinm optimize' placed no op of this model on a device "
-              "(none of its ops is one a device takes)" + everything, file=sys.stderr)
+        note(args, "'onnx-cinm optimize' placed no op of this model on a device "
+             "(none of its ops is one a device takes)" + everything)
         return
     if not cinm_ops:
         warning = ("no op of this model runs on a device: it has no cinm op and no record of "
@@ -72,7 +73,7 @@ def _warn_if_nothing_on_devices(sess) -> None:
                    "--stop-after?); they run in onnxruntime")
     else:
         return
-    print(f"onnx-cinm: warning: {warning}", file=sys.stderr)
+    warn(args, warning)
 
 
 def _cmd_run(args, parser) -> int:
@@ -107,7 +108,7 @@ def _cmd_run(args, parser) -> int:
     at_one = [d for d in golden.symbolic_dims(sess._model)
               if d not in planned and d not in from_arrays and d not in dims]
     dims = {**{d: 1 for d in at_one}, **planned, **from_arrays, **dims}
-    _warn_if_nothing_on_devices(sess)
+    _warn_if_nothing_on_devices(sess, args)
     say = (lambda msg: None) if args.quiet else print
     outs = None
     for i in range(args.random):
@@ -120,9 +121,9 @@ def _cmd_run(args, parser) -> int:
             if i or not at_one:
                 raise
             # too small to run at all (a pooling window wider than 1): the random inputs' sizes
-            print(f"onnx-cinm: note: the model does not run with {', '.join(at_one)} at 1, the "
-                  f"size its plans took ({e}); ran at the random inputs' sizes instead (give "
-                  "--dim NAME=SIZE)", file=sys.stderr)
+            note(args, f"the model does not run with {', '.join(at_one)} at 1, the "
+                 f"size its plans took ({e}); ran at the random inputs' sizes instead (give "
+                 "--dim NAME=SIZE)")
             dims = {k: v for k, v in dims.items() if k not in at_one}
             at_one = []
             feeds = {**golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes), **given}
@@ -357,7 +358,7 @@ def _cmd_compare(args, parser) -> int:
     # then those of the given arrays; then --dim
     dims = {**frontend.planned_dims(sess._model), **golden.dims_from_shapes(original, _static_inputs(sess._model)),
             **golden.dims_from_shapes(original, shapes), **dims}
-    _warn_if_nothing_on_devices(sess)
+    _warn_if_nothing_on_devices(sess, args)
     feeds = None
     every = bool(given) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(given)
     if every:  # nothing left to draw at random: more runs would repeat the same data

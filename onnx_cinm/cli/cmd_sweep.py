@@ -1,12 +1,12 @@
 """``onnx-cinm sweep``: a model optimized over a grid of device configurations."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..errors import CinmError
 from ..text import Column, si, table
 from .args import _check_dim_names, _check_writable_folder, _dims, _pass_options
+from .messages import note, warn
 
 
 def _cmd_sweep(args, parser) -> int:
@@ -15,8 +15,8 @@ def _cmd_sweep(args, parser) -> int:
     try:
         notes: list = []
         sets = sweep.parse_sets(args.sets, notes)
-        for note in notes:
-            print(f"onnx-cinm: note: {note}", file=sys.stderr)
+        for line in notes:
+            note(args, line)
         dims = _dims(args.dim, parser)
         shapes: dict = {}
         for spec in args.overwrite_input_shape:
@@ -27,11 +27,11 @@ def _cmd_sweep(args, parser) -> int:
     if not sets:
         parser.error("give at least one --set KEY=V1,V2,...")
     if args.scheduler and args.executor != "dask":
-        print(f"onnx-cinm: warning: --scheduler applies to --executor dask only; ignored with "
-              f"--executor {args.executor}", file=sys.stderr)
+        warn(args, f"--scheduler applies to --executor dask only; ignored with "
+             f"--executor {args.executor}")
     if args.workers and args.executor != "process":
-        print(f"onnx-cinm: warning: --workers applies to --executor process only; ignored with "
-              f"--executor {args.executor}", file=sys.stderr)
+        warn(args, f"--workers applies to --executor process only; ignored with "
+             f"--executor {args.executor}")
     if args.executor == "dask" and not args.scheduler:
         parser.error("--executor dask needs --scheduler ADDRESS")
     out = Path(args.output)
