@@ -39,7 +39,23 @@ def test_table_shows_first_run_apart():
     part = next(line for line in text.splitlines() if line.startswith("part ")).split()
     assert part[4:6] == ["28", "ms"]
     # per run after the first: host 37, 28, 26 -> 28; memristor 2, 3, 1 -> 2
-    assert "median wall per run (runs 2-4): host 28 ms, memristor 2 ms" in text
+    assert ("median wall per run (runs 2-4; the median of each run's sum, where a total row adds "
+            "up its nodes' medians): host 28 ms, memristor 2 ms") in text
+
+
+def test_total_rows_and_the_median_per_run_say_what_they_sum():
+    """A fresh user, s27: run --profile's 'total' row and its 'median wall per run' line gave
+    different figures without saying why. Nodes a (1, 5, 6 ms in runs 2-4) and b (6, 1, 5 ms):
+    medians 5 + 5 = 10 ms in the total row; the runs' sums 7, 6, 11 ms have the median 7 ms."""
+    recs = [_rec(0, "a", 0.9), _rec(0, "b", 0.9)]
+    for run, (a, b) in enumerate([(0.001, 0.006), (0.005, 0.001), (0.006, 0.005)], start=1):
+        recs += [_rec(run, "a", a), _rec(run, "b", b)]
+    text = table(recs)
+    total = next(line for line in text.splitlines() if line.startswith("total host")).split()
+    assert total[-7:-5] == ["10", "ms"]  # wall, then modeled - energy - writes 0 bytes 0 B
+    assert ("median wall per run (runs 2-4; the median of each run's sum, where a total row adds "
+            "up its nodes' medians): host 7 ms") in text
+    assert "a total row's: the sum of its nodes' medians" in text
 
 
 def test_one_run_says_it_includes_the_warm_up():

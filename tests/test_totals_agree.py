@@ -83,3 +83,22 @@ def test_sweep_of_a_branch_whose_transpose_folds_prices_what_optimize_writes():
     row = sweep.evaluate(cm, {}, origins)
     assert row["latency_s"] == pytest.approx(want["latency_s"], rel=1e-12)
     assert row["energy_j"] == pytest.approx(want["energy_j"], rel=1e-12)
+
+
+def test_verbose_placement_line_and_summary_say_which_graph_they_price(tmp_path, capsys):
+    """A fresh user, s27: optimize -v's 'placement:' line (the search's figures) and the
+    summary's 'cost placement' line showed LeNet at different figures with nothing telling
+    them apart. The -v line prices the graph as placed (conv1 lowered, conv2's Transpose
+    still there), the summary the model written; the baselines are the search's too."""
+    res = optimize(get_example("lenet"), check=0)
+    st = res.stats["placement"]
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "o.onnx"), "--check", "0",
+                 "-v"]) == 0
+    out = capsys.readouterr().out
+    line = next(s for s in out.splitlines() if s.startswith("placement: cost[energy]"))
+    assert "modeled for the graph as placed, before the passes after placement rewrite it" in line
+    assert "(the summary's 'cost placement' line prices the model written)" in line
+    assert st["model_totals"]["latency_s"] < st["totals"].latency_s  # the search saw more
+    written = _totals(out, r"cost placement \(energy\): modeled ")
+    assert f"{written[0]}, {written[1]}, 0 tile writes/inference for the model written" in out
+    assert "baselines, priced on the graph as placement saw it" in out

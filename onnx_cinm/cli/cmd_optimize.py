@@ -215,8 +215,13 @@ def _cmd_optimize(args, parser) -> int:
     if st.get("strategy") == "cost":
         t = st.get("model_totals")
         if t is not None:
+            # two sets of figures: the model written (what report and sweep count) and the
+            # baselines, priced on the graph the search saw (as the -v 'placement:' line is)
             say(f"  cost placement ({st['objective']}): modeled {si(t['latency_s'], 's')}, "
-                f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference; {st['method']}")
+                f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference for the model "
+                f"written; {st['method']}")
+            say("    baselines, priced on the graph as placement saw it (before restore_host_ops "
+                "and fold_layouts rewrite it; so is optimize -v's 'placement:' line):")
             for name, b in st["baselines"].items():
                 say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} "
                     "tile writes/inference")

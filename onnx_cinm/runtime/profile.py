@@ -234,7 +234,8 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
         notes.append(f"... {len(grouped) - len(shown)} more rows (every node in --profile-out)")
     first = first_run_wall(records)
     if n_runs > 1:
-        notes.append(f"median wall per run (runs 2-{n_runs}): " + ", ".join(
+        notes.append(f"median wall per run (runs 2-{n_runs}; the median of each run's sum, where "
+                     "a total row adds up its nodes' medians): " + ", ".join(
             f"{d} {si(v, 's')}" for d, v in median_split(steady(records)).items()))
         notes.append(f"first run, including one-time kernel selection: {si(first, 's')} "
                      "(left out of the wall column)")
@@ -242,7 +243,8 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
         notes.append(f"one run: its wall times include the one-time warm-up (kernel selection, "
                      f"session set-up; {si(first, 's')} in all); give --random 3 or more for "
                      "steady medians")
-    notes.append("wall: host time of this process; modeled: device latency, from a simulator's "
+    notes.append("wall: host time of this process (a node's: its median over the runs after the "
+                 "first; a total row's: the sum of its nodes' medians); modeled: device latency, from a simulator's "
                  "counters or a cost model; bytes: across the device's boundary in one "
                  "inference, as its plan counts them (report's bytes_moved)")
     basis = basis_note(records, planned, at_run)
