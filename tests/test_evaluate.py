@@ -487,3 +487,17 @@ def test_labels_beyond_the_score_columns_and_threshold_on_many_are_refused(
     # the integer output 'label' is a class already: nothing to threshold
     err = _error(capsys, ["evaluate", str(path), "--data", str(data), "--threshold", "0.5"])
     assert "one float score per sample" in err and "int64" in err
+
+
+def test_a_missing_model_is_said_before_the_data_is_read(tmp_path, capsys, monkeypatch):
+    """A fresh user, s27: evaluate loaded the --data archive before looking for the model, so a
+    mistyped model name waited for the load (or got the data's error). The model is checked
+    first: one line naming it, and the archive is never opened."""
+    from onnx_cinm.cli import cmd_evaluate, main
+
+    opened = []
+    monkeypatch.setattr(cmd_evaluate, "_load_data", lambda path: opened.append(path) or {})
+    code = main(["evaluate", str(tmp_path / "nope.onnx"), "--data", str(tmp_path / "d.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and err == f"onnx-cinm: error: no such file: '{tmp_path / 'nope.onnx'}'\n"
+    assert opened == []

@@ -57,6 +57,9 @@ def _cmd_evaluate(args, parser) -> int:
         protected = {args.model: "the model", args.data: "the data",
                      str(artifacts.find_artifact_dir(args.model)): "the model's kernel folder"}
         _check_output_file(args.plot, "--plot", protected)
+    # the model first: a missing one is said at once, not after loading a large archive (or
+    # as the archive's error)
+    frontend.check_model_file(args.model)
     arrays = _load_data(args.data)
     key = args.labels or "labels"
     if args.labels and key not in arrays:
