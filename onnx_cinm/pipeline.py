@@ -178,8 +178,8 @@ class OptimizeResult:
             reasons = "; ".join(f"{op} x{sum(c.values())}{share(op)} ({', '.join(c)})"
                                 for op, c in sorted(kept.items()))
             lines.append(f"left on host: {reasons}")
-        if self.check is not None:
-            lines.append(self.check.summary())
+        if self.check is not None:  # which engine computed each side (compare runs the kernels)
+            lines.append(self.check.summary() + f" ({CHECK_ENGINES})")
             if self.check_special is not None:
                 lines.append("NaN/Inf " + self.check_special.summary())
             elif self.special_skipped:
@@ -227,6 +227,12 @@ class OptimizeResult:
                            "graph's; per-inference totals: "
                            f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
+
+
+#: What optimize's check runs on each side, as its summary line says.
+CHECK_ENGINES = ("reference: onnxruntime on the original; candidate: onnxruntime on the "
+                 "optimized model, its cinm ops as their reference bodies, not the device "
+                 "kernels ('onnx-cinm compare' runs those)")
 
 
 def fixed_dims(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, list[str]]:

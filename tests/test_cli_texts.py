@@ -139,3 +139,21 @@ def test_devices_help_says_what_it_prints(capsys):
     for words in ("every registered device", "parameters", "options", "run modes",
                   "presets", "Takes no arguments"):
         assert words in text, words
+
+
+def test_check_and_compare_say_which_engine_computed_each_side(tmp_path, capsys):
+    """A fresh user, s27: optimize's 'check:' line and compare's read alike, though optimize's
+    candidate is stock onnxruntime running the cinm ops' reference bodies and compare's is the
+    CINM provider's device kernels; both lines now name the engine of each side."""
+    _other_model(tmp_path / "ones.onnx", 1.0)
+    opt = tmp_path / "ones_opt.onnx"
+    assert main(["optimize", str(tmp_path / "ones.onnx"), "-o", str(opt)]) == 0
+    line = next(ln.strip() for ln in capsys.readouterr().out.splitlines()
+                if ln.strip().startswith("check: "))
+    assert line.endswith(" (reference: onnxruntime on the original; candidate: onnxruntime "
+                         "on the optimized model, its cinm ops as their reference bodies, not the "
+                         "device kernels ('onnx-cinm compare' runs those))")
+    assert main(["compare", str(tmp_path / "ones.onnx"), str(opt)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check: "))
+    assert line.endswith(" (reference: onnxruntime on the original; candidate: the CINM "
+                         "provider, device nodes in their kernels)")

@@ -393,7 +393,9 @@ def _cmd_compare(args, parser) -> int:
                   "(an overflow of the narrower arithmetic?)")
         structural = report.problems or any(o.note for o in report.outputs) or broken
         return 1 if structural else 0
-    print(report.summary())
+    # which engine computed each side (optimize's check runs the reference bodies instead)
+    print(report.summary() + " (reference: onnxruntime on the original; candidate: the CINM "
+          "provider, device nodes in their kernels)")
     special = None
     squashers = golden.lowered_nan_squashers(original, args.optimized) if not given else []
     if squashers:
