@@ -65,7 +65,8 @@ class Column:
         keep: which end of a cut cell stays: ``"start"`` or ``"end"`` (e.g. the last dims of a
             long shape).
         fit: the column is as wide as its widest cell up to this many characters (None: no
-            limit); a longer cell is shown whole and shifts the rest of its line.
+            limit); a longer cell is shown whole on a line of its own, and the rest of its row
+            follows on the next line in the columns of the others.
     """
 
     title: str
@@ -104,15 +105,23 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
         parts = [f"{v:{c.align}{w}}" for c, v, w in zip(cols, cells, widths)]
         return (indent + "  ".join(parts)).rstrip()
 
+    def lines(cells: list) -> list[str]:
+        # a cell past its column's fit stands whole on a line of its own; the row's later
+        # cells follow on the next line, in their columns (a long kernel name shifted them)
+        for i, (c, v, w) in enumerate(zip(cols, cells, widths)):
+            if c.fit is not None and len(v) > w and any(cells[i + 1:]):
+                return [line(cells[:i + 1])] + lines([""] * (i + 1) + list(cells[i + 1:]))
+        return [line(cells)]
+
     out = [line(head)] if header else []
     rule = indent + "-" * (len(out[0]) - len(indent) if out else 0)  # as long as the header
     if header:
         out.append(rule)
     notes = list(notes)
-    out += [line(r) for r in body]
+    out += [text for r in body for text in lines(r)]
     if header and (tail or notes):
         out.append(rule)
-    out += [line(r) for r in tail]
+    out += [text for r in tail for text in lines(r)]
     out += notes
     return "\n".join(out)
 

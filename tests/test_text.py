@@ -31,9 +31,14 @@ def test_table_aligns_escapes_cuts_and_adds_totals():
         "a note",
     ]
     # without a header: rows alone; a column that fits cells up to 3 characters lets a longer
-    # one stand whole instead of widening every row
+    # one stand whole on its own line instead of widening every row, the rest of its row
+    # below in the columns (a fresh user, s27: deepcut's long kernel names shifted their rows)
     assert table([Column("k", fit=3), "v"], [("ab", "x"), ("abcdef", "y")], header=False,
-                 indent="  ").splitlines() == ["  ab  x", "  abcdef  y"]
+                 indent="  ").splitlines() == ["  ab  x", "  abcdef", "      y"]
+    assert table([Column("k", fit=3), Column("n", ">")], [("ab", 1), ("abcdef", 22)],
+                 totals=[("total of all", 23)]).splitlines() == [
+        "k    n", "------", "ab   1", "abcdef", "    22", "------", "total of all", "    23"]
+    assert table([Column("k", fit=3), "v"], [("abcdef", "")]).splitlines()[2] == "abcdef"
 
 
 def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():
