@@ -89,15 +89,21 @@ def iter_graphs(graph: onnx.GraphProto):
             yield from iter_graphs(sub)
 
 
-def _iter_tensors(model: onnx.ModelProto):
-    """Yield every TensorProto that may hold data: initializers and tensor-valued attributes."""
+def _iter_tensors(model: onnx.ModelProto, graphs: list | None = None,
+                  graph_nodes: list | None = None):
+    """Yield every TensorProto that may hold data: initializers and tensor-valued attributes.
+    ``graphs``/``graph_nodes``: ``list(iter_graphs(model.graph))`` and their nodes, when the
+    caller has them already."""
     nodes = [node for function in model.functions for node in function.node]
-    for graph in iter_graphs(model.graph):
+    for graph in graphs if graphs is not None else iter_graphs(model.graph):
         yield from graph.initializer[:]  # slices: see subgraphs
         for sparse in graph.sparse_initializer[:]:
             yield sparse.values
             yield sparse.indices
-        nodes.extend(graph.node[:])
+        if graph_nodes is None:
+            nodes.extend(graph.node[:])
+    if graph_nodes is not None:
+        nodes.extend(graph_nodes)
     for node in nodes:
         for attr in node.attribute[:]:
             if attr.type == onnx.AttributeProto.TENSOR:
@@ -116,7 +122,8 @@ def _tensor_elements(tensor: onnx.TensorProto) -> int:
     return math.prod(tensor.dims[:])
 
 
-def _check_opsets(model: onnx.ModelProto, path: str) -> None:
+def _check_opsets(model: onnx.ModelProto, path: str, nodes: list, domains: list) -> None:
+    """``nodes``: those of every graph (:func:`iter_graphs`), ``domains`` theirs."""
     imported: dict[str, int] = {}
     for opset in model.opset_import:
         domain = "" if opset.domain in _DEFAULT_DOMAINS else opset.domain
@@ -127,14 +134,13 @@ def _check_opsets(model: onnx.ModelProto, path: str) -> None:
             f"'{path}': unsupported opset {default} (supported: {MIN_OPSET}.."
             f"{onnx.defs.onnx_opset_version()})"
         )
-    for graph in iter_graphs(model.graph):
-        for node in graph.node[:]:
-            domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
-            if domain not in imported:
-                raise CinmError(
-                    f"'{path}': node '{node.name or node.output[0]}' ({node.op_type}) uses domain "
-                    f"'{node.domain}' but the model has no opset_import for it"
-                )
+    missing = {d for d in set(domains) if ("" if d in _DEFAULT_DOMAINS else d) not in imported}
+    for node, domain in zip(nodes, domains):
+        if domain in missing:  # the first node of a domain not imported
+            raise CinmError(
+                f"'{path}': node '{node.name or node.output[0]}' ({node.op_type}) uses domain "
+                f"'{node.domain}' but the model has no opset_import for it"
+            )
 
 
 #: Domains whose ops a model may use without a model-local function: onnx's own, onnxruntime's
@@ -159,24 +165,25 @@ def _node_label(node: onnx.NodeProto) -> str:
     return f"{node.op_type} writing '{first}'" if first else f"an unnamed {node.op_type}"
 
 
-def _check_unknown_ops(model: onnx.ModelProto, path: str) -> None:
+def _check_unknown_ops(model: onnx.ModelProto, path: str, nodes: list, domains: list) -> None:
     """Every op of a non-standard domain must be defined by a model-local function, and no
     cinm op has a graph attribute: none declares one (the checker refuses it), and the walks
-    before the checker (:func:`subgraphs`: tensors, external data) do not look for one."""
+    before the checker (:func:`subgraphs`: tensors, external data) do not look for one.
+    ``nodes``: those of every graph (:func:`iter_graphs`), ``domains`` theirs."""
+    if not any(d == "cinm" or d not in _KNOWN_DOMAINS for d in set(domains)):
+        return  # only onnx's and onnxruntime's ops: nothing to look at node by node
     local = {(f.domain, f.name) for f in model.functions}
-    for graph in iter_graphs(model.graph):
-        for node in graph.node[:]:
-            domain = node.domain or ""
-            if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute[:]):
-                raise CinmError(f"'{path}': cinm op {_node_label(node)} has a graph attribute; "
-                                "no cinm op takes one")
-            if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
-                continue
-            if (domain, node.op_type) not in local:
-                raise CinmError(
-                    f"'{path}': node {_node_label(node)} uses op '{domain}:{node.op_type}', which "
-                    f"neither onnx nor onnxruntime defines and no model-local function provides"
-                )
+    for node, domain in zip(nodes, domains):
+        if domain == "cinm" and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute[:]):
+            raise CinmError(f"'{path}': cinm op {_node_label(node)} has a graph attribute; "
+                            "no cinm op takes one")
+        if domain in _KNOWN_DOMAINS or domain.startswith("cinm."):
+            continue
+        if (domain, node.op_type) not in local:
+            raise CinmError(
+                f"'{path}': node {_node_label(node)} uses op '{domain}:{node.op_type}', which "
+                f"neither onnx nor onnxruntime defines and no model-local function provides"
+            )
 
 
 def _shape_of(value: onnx.ValueInfoProto) -> list | None:
@@ -187,7 +194,8 @@ def _shape_of(value: onnx.ValueInfoProto) -> list | None:
             for d in tensor_type.shape.dim[:]]
 
 
-def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
+def _check_shapes(model: onnx.ModelProto, path: str, graphs: list | None = None,
+                  nodes: list | None = None) -> list[onnx.TensorProto]:
     """No int64-overflowing shapes anywhere and no negative tensor dims. Returns the tensors
     with external data, met on the way (:func:`load_model` checks them next: one walk over
     every tensor, not two).
@@ -208,7 +216,7 @@ def _check_shapes(model: onnx.ModelProto, path: str) -> list[onnx.TensorProto]:
             raise CinmError(f"'{path}': graph {kind} '{value.name}' has shape {dims}, whose "
                             "element count overflows int64")
     external = []
-    for tensor in _iter_tensors(model):
+    for tensor in _iter_tensors(model, graphs, nodes):
         if tensor.data_location == _EXTERNAL:
             external.append(tensor)
         dims = tensor.dims
@@ -324,11 +332,14 @@ def validate_structure(model: onnx.ModelProto, label: str = "<model>", *,
 
 def _validate_structure(model: onnx.ModelProto, label: str, opsets: bool) -> list:
     """:func:`validate_structure`; returns the tensors with external data (:func:`_check_shapes`)."""
+    graphs = list(iter_graphs(model.graph))  # one walk for every check
+    nodes = [node for graph in graphs for node in graph.node[:]]
+    domains = [node.domain for node in nodes]
     if opsets:
-        _check_opsets(model, label)
-    _check_unknown_ops(model, label)
+        _check_opsets(model, label, nodes, domains)
+    _check_unknown_ops(model, label, nodes, domains)
     _check_graph_structure(model.graph, label)
-    return _check_shapes(model, label)
+    return _check_shapes(model, label, graphs, nodes)
 
 
 def _check_external_data(tensors: list, path: str, folder: str) -> bool:
