@@ -273,7 +273,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+class _Subcommands(argparse._SubParsersAction):
+    """The subcommands' parsers, each given its arguments when its subcommand is the one parsed
+    (:attr:`pending`: ``{name: function adding them}``): a command line builds the flags of
+    its own subcommand, not those of every other (``sweep`` and ``evaluate`` repeat every
+    device's options). The top-level ``--help`` lists the subcommands by their help alone."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pending: dict = {}
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        fill = self.pending.pop(values[0], None)
+        if fill is not None:
+            fill()
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The ``onnx-cinm`` argument parser. ``optimize``'s parser has its arguments at once; the
+    other subcommands' get theirs when parsed (:class:`_Subcommands`)."""
     from ..passes import STOP_LEVELS, option_schema
 
     p = _Parser(
@@ -282,7 +301,7 @@ def _parser() -> argparse.ArgumentParser:
                     "compute-near-memory (UPMEM) devices.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"onnx-cinm {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", action=_Subcommands)
 
     o = sub.add_parser(
         "optimize", help="rewrite a model into cinm ops placed on devices, checked against the original",
@@ -344,19 +363,22 @@ def _parser() -> argparse.ArgumentParser:
                     "provider: host partitions in onnxruntime, crossbar nodes in the simulator "
                     "(their .xbar files), UPMEM nodes by the cost model or in the emulator.",
         formatter_class=_HelpFormatter)
-    r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
-    _input_options(r)
-    r.add_argument("--random", type=_positive, default=1, metavar="N",
-                   help="number of runs (random inputs drawn with seeds 0..N-1 where not given)")
-    r.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="CinmExecutionProvider option, e.g. upmem_mode=emulate (repeatable)")
-    r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
-    r.add_argument("--profile", action="store_true", help="print the per-node profile")
-    r.add_argument("--all-nodes", action="store_true",
-                   help="with --profile: a row per node (else the nodes of one source op with "
-                        "the same modeled figures share a row, 'NAME xN')")
-    r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
-    _common(r)
+
+    def _run_args() -> None:
+        r.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
+        _input_options(r)
+        r.add_argument("--random", type=_positive, default=1, metavar="N",
+                       help="number of runs (random inputs drawn with seeds 0..N-1 where not given)")
+        r.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="CinmExecutionProvider option, e.g. upmem_mode=emulate (repeatable)")
+        r.add_argument("-o", "--output", metavar="FILE.npz", help="write the last run's outputs here")
+        r.add_argument("--profile", action="store_true", help="print the per-node profile")
+        r.add_argument("--all-nodes", action="store_true",
+                       help="with --profile: a row per node (else the nodes of one source op with "
+                            "the same modeled figures share a row, 'NAME xN')")
+        r.add_argument("--profile-out", metavar="FILE", help="write the profile records (.json or .csv)")
+        _common(r)
+    sub.pending["run"] = _run_args
 
     c = sub.add_parser(
         "compare", help="run the original in onnxruntime and the optimized model through the provider",
@@ -365,17 +387,20 @@ def _parser() -> argparse.ArgumentParser:
                     "print the largest "
                     "absolute and relative error per output; exit 1 on a mismatch.",
         formatter_class=_HelpFormatter)
-    c.add_argument("original", nargs="?", help="the original .onnx model (or --example NAME)")
-    c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
-    c.add_argument("--example", metavar="NAME",
-                   help="a bundled example model as the original (see optimize --list-examples)")
-    _input_options(c)
-    c.add_argument("--runs", type=_positive, default=2,
-                   help="input sets (random where not given by --input; seeds 0..N-1)")
-    _tolerance_options(c, "--rtol", "--atol", "")
-    c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="CinmExecutionProvider option (repeatable)")
-    _common(c, quiet=False)
+
+    def _compare_args() -> None:
+        c.add_argument("original", nargs="?", help="the original .onnx model (or --example NAME)")
+        c.add_argument("optimized", help="the optimized .onnx model (kernels in <model>.cinm/)")
+        c.add_argument("--example", metavar="NAME",
+                       help="a bundled example model as the original (see optimize --list-examples)")
+        _input_options(c)
+        c.add_argument("--runs", type=_positive, default=2,
+                       help="input sets (random where not given by --input; seeds 0..N-1)")
+        _tolerance_options(c, "--rtol", "--atol", "")
+        c.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="CinmExecutionProvider option (repeatable)")
+        _common(c, quiet=False)
+    sub.pending["compare"] = _compare_args
 
     rp = sub.add_parser(
         "report", help="per-layer table, totals and pictures (PNG, HTML) of an optimized model",
@@ -384,14 +409,17 @@ def _parser() -> argparse.ArgumentParser:
                     "Costs are priced with the options the model was compiled with and, unless "
                     "--host-roofline says otherwise, the host figures it was optimized with.",
         formatter_class=_HelpFormatter)
-    rp.add_argument("model", help="optimized .onnx model")
-    rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/, <model> minus an .onnx "
-                         "extension, other names whole: out.v1 -> out.v1.report/)")
-    _option_flags(rp, {"host_roofline": schema["host_roofline"]})
-    rp.add_argument("--all-nodes", action="store_true",
-                    help="print every node, not only cinm ops, a row each (else the nodes of one "
-                         "source op with the same figures share a row, 'NAME xN')")
-    _common(rp)
+
+    def _report_args() -> None:
+        rp.add_argument("model", help="optimized .onnx model")
+        rp.add_argument("-o", "--output", metavar="DIR", help="report folder (default: <model>.report/, <model> minus an .onnx "
+                             "extension, other names whole: out.v1 -> out.v1.report/)")
+        _option_flags(rp, {"host_roofline": schema["host_roofline"]})
+        rp.add_argument("--all-nodes", action="store_true",
+                        help="print every node, not only cinm ops, a row each (else the nodes of one "
+                             "source op with the same figures share a row, 'NAME xN')")
+        _common(rp)
+    sub.pending["report"] = _report_args
 
     sw = sub.add_parser(
         "sweep", help="compile a model under every combination of device parameters",
@@ -399,31 +427,34 @@ def _parser() -> argparse.ArgumentParser:
                     "writes of the compiled plans; no inference runs) in parallel worker processes "
                     "or on a Dask cluster; write sweep.csv and sweep.png.",
         formatter_class=_HelpFormatter)
-    sw_src = sw.add_mutually_exclusive_group(required=True)
-    sw_src.add_argument("input", nargs="?", help="input .onnx model")
-    sw_src.add_argument("--example", metavar="NAME",
-                        help="a model bundled with onnx-cinm instead of a file (see optimize "
-                             "--list-examples)")
-    sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
-                    help="values of one option (repeatable); keys: SECTION.NAME of every option "
-                         "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "
-                         "the names of a list option joined by +), and their aliases "
-                         + ", ".join(f"{a.sweep} ({a.metavar})" if a.metavar else a.sweep
-                                     for spec in schema.values() for a in spec.aliases if a.sweep))
-    sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
-    sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
-                    help="local worker processes, a Dask cluster (--scheduler), or in this process")
-    sw.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
-    sw.add_argument("--workers", type=_positive, default=None, metavar="N",
-                    help="local worker processes (default: CPU count)%(default).0s")
-    sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
-                    help="bake a static shape into an input (repeatable)")
-    sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                    help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
-                         "default: the sizes the model records, else 1)")
-    _common(sw)
-    _config_option(sw)
-    _option_flags(sw, schema)  # the options of every configuration, unless swept
+
+    def _sweep_args() -> None:
+        sw_src = sw.add_mutually_exclusive_group(required=True)
+        sw_src.add_argument("input", nargs="?", help="input .onnx model")
+        sw_src.add_argument("--example", metavar="NAME",
+                            help="a model bundled with onnx-cinm instead of a file (see optimize "
+                                 "--list-examples)")
+        sw.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2,...", dest="sets",
+                        help="values of one option (repeatable); keys: SECTION.NAME of every option "
+                             "below (e.g. cim.rows, cim.crossbars, upmem.dpus, placement.objective; "
+                             "the names of a list option joined by +), and their aliases "
+                             + ", ".join(f"{a.sweep} ({a.metavar})" if a.metavar else a.sweep
+                                         for spec in schema.values() for a in spec.aliases if a.sweep))
+        sw.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for sweep.csv and sweep.png")
+        sw.add_argument("--executor", default="process", choices=["process", "dask", "serial"],
+                        help="local worker processes, a Dask cluster (--scheduler), or in this process")
+        sw.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+        sw.add_argument("--workers", type=_positive, default=None, metavar="N",
+                        help="local worker processes (default: CPU count)%(default).0s")
+        sw.add_argument("--overwrite-input-shape", action="append", default=[], metavar="NAME:D1,D2,...",
+                        help="bake a static shape into an input (repeatable)")
+        sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
+                             "default: the sizes the model records, else 1)")
+        _common(sw)
+        _config_option(sw)
+        _option_flags(sw, schema)  # the options of every configuration, unless swept
+    sub.pending["sweep"] = _sweep_args
 
     ev = _evaluate_parser(sub)
     d = sub.add_parser(
@@ -436,6 +467,7 @@ def _parser() -> argparse.ArgumentParser:
                     "and evaluate); and the presets it offers, if any. Takes no arguments and "
                     "reads no model.")
     d.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
     for command_parser in (o, r, c, rp, sw, ev, d):  # usage errors name the subcommand
         command_parser.set_defaults(command_parser=command_parser)
     return p
@@ -468,18 +500,26 @@ _adc_bits = _checked(_int, lambda v: v == 0 or 2 <= v <= 16, "0 (an ideal ADC) o
 _rate = _checked(_number, lambda v: 0 <= v <= 0.5, "a fraction of cells in 0..0.5")
 
 
-def _evaluate_parser(sub) -> argparse.ArgumentParser:
-    """The ``evaluate`` subcommand's parser; run-option flags (``--cim-mode``, ...) come from
-    the devices' run options that evaluate does not sweep itself (:data:`SWEPT`)."""
+def _evaluate_parser(sub: _Subcommands) -> argparse.ArgumentParser:
+    """The ``evaluate`` subcommand's parser, its arguments added when it is parsed
+    (:func:`_evaluate_args`)."""
+    e = sub.add_parser(
+        "evaluate", help="accuracy under device effects over time after programming, seeds, "
+                         "ADC bits and stuck-at rates")
+    sub.pending["evaluate"] = lambda: _evaluate_args(e)
+    return e
+
+
+def _evaluate_args(e: argparse.ArgumentParser) -> None:
+    """The ``evaluate`` parser's description and arguments; run-option flags (``--cim-mode``,
+    ...) come from the devices' run options that evaluate does not sweep itself
+    (:data:`SWEPT`)."""
     import textwrap
 
     from ..devices import all_devices
     from ..options import help_text
 
-    e = sub.add_parser(
-        "evaluate", help="accuracy under device effects over time after programming, seeds, "
-                         "ADC bits and stuck-at rates",
-        description=textwrap.fill(
+    e.description = textwrap.fill(
                     "Run a labeled data set through the CINM execution provider once per "
                     "configuration: each time after programming (--times) with and without "
                     "global drift compensation, each ADC width (--adc-bits) and stuck-at rate "
@@ -489,14 +529,14 @@ def _evaluate_parser(sub) -> argparse.ArgumentParser:
                     "relative RMS error of an output against the exact run. The data path is "
                     "the one the model was compiled with (optimize --cim-mode) unless "
                     "--cim-mode/--cim-effects say otherwise; time, compensation, ADC bits and "
-                    "stuck-at rates need a data path with device effects (--cim-mode device).", 90),
-        epilog="examples:\n"
-               "  onnx-cinm optimize model.onnx -o opt.onnx --cim-preset pcm-hermes\n"
-               "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
-               "--times 1s,1h,1d,1y --seeds 5 --plot drift.png\n"
-               "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
-               "--adc-bits 4,6,8 --stuck-at 0,1e-3,1e-2 --json > records.json",
-        formatter_class=type("F", (_HelpFormatter, argparse.RawDescriptionHelpFormatter), {}))
+                    "stuck-at rates need a data path with device effects (--cim-mode device).", 90)
+    e.epilog = ("examples:\n"
+                "  onnx-cinm optimize model.onnx -o opt.onnx --cim-preset pcm-hermes\n"
+                "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
+                "--times 1s,1h,1d,1y --seeds 5 --plot drift.png\n"
+                "  onnx-cinm evaluate opt.onnx --data test.npz --cim-mode device "
+                "--adc-bits 4,6,8 --stuck-at 0,1e-3,1e-2 --json > records.json")
+    e.formatter_class = type("F", (_HelpFormatter, argparse.RawDescriptionHelpFormatter), {})
     e.add_argument("model", help="optimized .onnx model (kernels in <model>.cinm/)")
     e.add_argument("--data", required=True, metavar="FILE.npz",
                    help="numpy archive: one array per model input (samples along axis 0) and "
@@ -544,7 +584,6 @@ def _evaluate_parser(sub) -> argparse.ArgumentParser:
                                                     tuple: "A,B|none"}.get(spec.type, "VALUE"),
                            help=help_text(spec).replace("%", "%%"))
     _common(e)
-    return e
 
 
 _INPUT_HELP = ("an input array NAME=FILE.npy, or FILE.npz holding arrays by input name "

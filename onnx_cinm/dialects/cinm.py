@@ -804,17 +804,23 @@ def output_types(node: NodeProto, types: dict) -> list | None:
         return None
 
 
-def _make_schema(spec: OpSpec) -> OpSchema:
+def _shared_attrs() -> list:
+    """The attributes every cinm op accepts: the placement annotations, then the device plans
+    (:data:`PLAN_ATTRS`), as ``OpSchema.Attribute`` objects (each schema copies them)."""
+    return ([OpSchema.Attribute(n, OpSchema.AttrType(t), "placement annotation", required=False)
+             for n, t in PLACEMENT_ATTRS.items()]
+            + [OpSchema.Attribute(n, OpSchema.AttrType(t), "device plan", required=False)
+               for n, t in PLAN_ATTRS.items()])
+
+
+def _make_schema(spec: OpSpec, shared: list) -> OpSchema:
+    """The schema of ``spec``, its own attributes followed by ``shared`` (:func:`_shared_attrs`)."""
     P = OpSchema.FormalParameterOption
     inputs = [OpSchema.FormalParameter(n, t, param_option=P.Optional if opt else P.Single)
               for n, t, opt in spec.inputs]
     outputs = [OpSchema.FormalParameter(n, t) for n, t in spec.outputs]
     attrs = [OpSchema.Attribute(n, OpSchema.AttrType(t), "", required=req)
-             for n, (t, req) in spec.attrs.items()]
-    attrs += [OpSchema.Attribute(n, OpSchema.AttrType(t), "placement annotation", required=False)
-              for n, t in PLACEMENT_ATTRS.items()]
-    attrs += [OpSchema.Attribute(n, OpSchema.AttrType(t), "device plan", required=False)
-              for n, t in PLAN_ATTRS.items()]
+             for n, (t, req) in spec.attrs.items()] + shared
     schema = OpSchema(spec.name, DOMAIN, VERSION, doc=spec.doc, inputs=inputs, outputs=outputs,
                       type_constraints=[(k, v, "") for k, v in spec.types.items()], attributes=attrs)
     schema.set_type_and_shape_inference_function(_infer(spec.name))
@@ -831,9 +837,12 @@ def register_schemas() -> None:
     """
     import onnx.reference  # noqa: F401  (see the docstring)
 
+    shared = None  # built once for every op (66 attributes each with every device's plans)
     for spec in OPS.values():
         if not onnx.defs.has(spec.name, DOMAIN):
-            onnx.defs.register_schema(_make_schema(spec))
+            if shared is None:
+                shared = _shared_attrs()
+            onnx.defs.register_schema(_make_schema(spec, shared))
 
 
 # the plan attributes declared before the dialect loaded (the devices register first on the

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,10 +34,14 @@ from ...options import check
 from ...text import fold_rows, printable, si
 from .. import register
 from ..base import Cost, Device, OpInfo, Priced, Resources, Support
-from . import codegen
-from .cost import kernel_cost, transfer
 from .params import HbmPimOptions, HbmPimParams
-from .program import PimPlan, plan_eltwise, plan_gemv
+
+if TYPE_CHECKING:
+    from .program import PimPlan
+
+# the ISA (.program), the cost model (.cost) and the code generator (.codegen) load at the first
+# op this device plans: a float32 model never asks (each op is refused before a plan), and the
+# commands that do not compile load this package for its options alone
 
 #: The plan attributes of an HBM-PIM kernel (per inference unless ``_load``; seconds, joules).
 PLAN_ATTRS = {
@@ -188,6 +193,8 @@ class HbmPimDevice(Device):
     def plan(self, op: OpInfo, options: dict) -> PimPlan:
         """The :class:`~.program.PimPlan` of ``op`` under ``options`` (``hbm_pim_pcus``).
         Raises CinmError if the device cannot run it or its data do not fit the banks."""
+        from .program import plan_eltwise, plan_gemv
+
         pcus = self._pcus(options)
         form = self._form(op)
         if form is None or isinstance(form, str):
@@ -208,6 +215,8 @@ class HbmPimDevice(Device):
         return plan
 
     def _costed(self, op: OpInfo, options: dict):
+        from .cost import kernel_cost
+
         plan = self.plan(op, options)
         return plan, kernel_cost(plan, self.params, self._opt(options, "pin_gbps"))
 
@@ -234,6 +243,8 @@ class HbmPimDevice(Device):
     def transfer_cost(self, nbytes: int, to_device: bool, options: dict) -> Cost:
         """``nbytes`` over the HBM interface of the channels in use, written to (or read from)
         the banks (:func:`.cost.transfer`: 307.2 GB/s, 3.9 + 1.56 pJ/bit by default)."""
+        from .cost import transfer
+
         s, j = transfer(nbytes, self.params, self._pcus(options) // self.params.pcus_per_channel,
                         self._opt(options, "pin_gbps"))
         return Cost(s, j, 0, nbytes)
@@ -283,6 +294,8 @@ class HbmPimDevice(Device):
         :mod:`.codegen`) and, for a GEMV, ``<stem>.W.npy`` (the weights in FP16 per PCU and
         bank) under ``root``. Raises CinmError if the path leaves ``root`` or a GEMV's weights
         are not among ``consts``."""
+        from . import codegen
+
         path = codegen.kernel_path(root, attrs["kernel"])
         plan = self._replan(op, attrs)
         weights = None
@@ -303,6 +316,7 @@ class HbmPimDevice(Device):
         HbmPimKernel`); None in mode ``model``."""
         if mode == "model":
             return None
+        from . import codegen
         from .kernel import HbmPimKernel
         return HbmPimKernel(op, attrs, codegen.kernel_path(Path(root), attrs["kernel"]),
                             self.params)
