@@ -472,11 +472,17 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     The bodies of control flow (If/Loop/Scan) are not included: see :func:`body_flops`."""
     ins = [infos.get(n) for n in node.input[:]]  # slices: see type_node_outputs' note
     outs = [infos.get(n) for n in node.output[:]]
+    return _flops(node, node.op_type, node.domain, ins, outs)
+
+
+def _flops(node: onnx.NodeProto, op: str, domain: str, ins: list, outs: list) -> int:
+    """:func:`node_flops` of ``node`` (op type ``op``, domain ``domain``) whose inputs' and
+    outputs' infos are ``ins`` and ``outs`` (None: unknown), the node's fields read once by
+    the caller (:func:`op_info` reads them for its own record too)."""
     out = outs[0] if outs else None
-    op = node.op_type
-    if op in _MOVE or (op in ("If", "Loop", "Scan") and node.domain in ("", "ai.onnx")):
+    if op in _MOVE or (op in ("If", "Loop", "Scan") and domain in ("", "ai.onnx")):
         return 0  # control flow itself: its bodies are counted by body_flops
-    if (op in _GATES and node.domain in ("", "ai.onnx")) or (node.domain, op) == _CONTRIB_LSTM:
+    if (op in _GATES and domain in ("", "ai.onnx")) or (domain, op) == _CONTRIB_LSTM:
         return _recurrent_flops(node, ins)
     if op == "Einsum":
         return _einsum_flops(node, ins, out)
@@ -485,8 +491,8 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     if op == "QLinearConv" and len(ins) > 3:  # x, x_scale, x_zero_point, w, ...
         ins, op = [ins[0], ins[3]], "Conv"
     if op in ("MatMul", "Gemm", "Gemv", "MatMulInteger", "QLinearMatMul", "SimSearch") and ins and ins[0] and ins[0].shape:
-        k = ins[0].static_shape[-1] if (op != "Gemm" or node.domain == cinm.DOMAIN) else None
-        if op == "Gemm" and node.domain != cinm.DOMAIN:
+        k = ins[0].static_shape[-1] if (op != "Gemm" or domain == cinm.DOMAIN) else None
+        if op == "Gemm" and domain != cinm.DOMAIN:
             trans_a = next((a.i for a in node.attribute[:] if a.name == "transA"), 0)
             s = ins[0].static_shape
             k = s[0] if trans_a else s[-1]
@@ -564,11 +570,12 @@ def body_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo],
 MAX_LISTED_ATTR = 1024
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
+def _attrs(node: onnx.NodeProto, domain: str | None = None) -> dict:
     """``node``'s attributes as python values; outside the cinm domain without the lists of
     more than :data:`MAX_LISTED_ATTR` elements (a tree ensemble's node tables, millions of
-    entries: no device reads them, and converting them cost seconds per pass)."""
-    if node.domain == cinm.DOMAIN:
+    entries: no device reads them, and converting them cost seconds per pass). ``domain``:
+    ``node.domain``, when the caller read it already."""
+    if (node.domain if domain is None else domain) == cinm.DOMAIN:
         return cinm.node_attrs(node)
     out = {}
     for a in node.attribute[:]:
@@ -581,13 +588,16 @@ def _attrs(node: onnx.NodeProto) -> dict:
 def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:
     """The :class:`OpInfo` of ``node`` for device queries (a standard op's long attribute lists
     left out, see :func:`_attrs`)."""
-    def info(name: str) -> TensorInfo:  # the unknown one built only when it is needed
-        known = infos.get(name)
-        return TensorInfo(name, None, None, False) if known is None else known
-
+    # every field read once (node_flops would read the names, type and domain again)
+    op, domain, names_in, names_out = node.op_type, node.domain, node.input[:], node.output[:]
+    ins = [infos.get(n) for n in names_in]  # None: unknown
+    outs = [infos.get(n) for n in names_out]
     return OpInfo(
-        name=node.name, op_type=node.op_type, attrs=_attrs(node),
-        inputs=tuple(info(n) for n in node.input[:] if n),
-        outputs=tuple(info(n) for n in node.output[:] if n),
-        flops=node_flops(node, infos),
+        name=node.name, op_type=op, attrs=_attrs(node, domain),
+        # an unknown tensor's record built only when it is needed
+        inputs=tuple(TensorInfo(n, None, None, False) if t is None else t
+                     for n, t in zip(names_in, ins) if n),
+        outputs=tuple(TensorInfo(n, None, None, False) if t is None else t
+                      for n, t in zip(names_out, outs) if n),
+        flops=_flops(node, op, domain, ins, outs),
     )

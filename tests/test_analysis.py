@@ -86,3 +86,26 @@ def test_static_types_kept_for_the_next_pass_and_read_back():
     open_ = _model([])
     open_.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     assert not keep_static_types(open_, tensor_infos(open_)) and not open_.graph.value_info
+
+
+def test_op_info_reads_each_field_once_and_counts_as_node_flops():
+    """op_info's record of hand-built nodes: the tensors by name (an unknown one as a record
+    of its name alone, an omitted optional input left out), the attributes, and the FLOPs
+    counted by hand (op_info hands the names it read to node_flops' body)."""
+    from onnx_cinm.analysis import node_flops, op_info
+    from onnx_cinm.graph import TensorInfo
+
+    f32 = np.dtype(np.float32)
+    infos = {"a": TensorInfo("a", f32, (7, 3)), "b": TensorInfo("b", f32, (7, 5), True),
+             "y": TensorInfo("y", f32, (3, 5)), "x": TensorInfo("x", f32, (1, 2, 5, 5)),
+             "w": TensorInfo("w", f32, (4, 2, 3, 3), True), "z": TensorInfo("z", f32, (1, 4, 3, 3))}
+    gemm = helper.make_node("Gemm", ["a", "b", ""], ["y"], name="g", transA=1)
+    conv = helper.make_node("Conv", ["x", "w", "bias"], ["z"], name="c", kernel_shape=[3, 3])
+    g, c = op_info(gemm, infos), op_info(conv, infos)
+    assert (g.name, g.op_type, g.attrs) == ("g", "Gemm", {"transA": 1})
+    assert [t.name for t in g.inputs] == ["a", "b"] and g.outputs == (infos["y"],)
+    assert g.flops == 2 * 7 * 3 * 5  # A^T[3, 7] @ B[7, 5]: K = 7 (transA), 3 x 5 outputs
+    assert c.inputs[2] == TensorInfo("bias", None, None, False)  # not in the infos
+    assert c.attrs == {"kernel_shape": [3, 3]}
+    assert c.flops == 2 * (2 * 3 * 3) * (4 * 3 * 3)  # C/group * k per output element
+    assert (g.flops, c.flops) == (node_flops(gemm, infos), node_flops(conv, infos))

@@ -148,7 +148,8 @@ def evaluate(prob: Problem, assign: dict) -> Totals:
         lat += c.latency_s
         en += c.energy_j
         writes += c.writes
-        _add_resources(tot, ch)
+        if ch.capacity or c.writes or ch.mram_capacity:  # else it adds nothing (most nodes)
+            _add_resources(tot, ch)
         devs.append(ch.device)
     devs.append("host")  # a graph input (producer -1) is read from the host
     tot.latency_s, tot.energy_j, tot.writes = lat, en, writes

@@ -145,19 +145,29 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 continue
             cur = _f(objective, tot.latency_s, tot.energy_j, w)
             best, best_val, best_d, held = None, cur, None, False
-            base = []  # _transfers of ``i`` where it is, each tensor priced once per placement
-            for k in touch.get(i, ()):
-                c = now.get(k)
-                if c is None:
-                    c = now[k] = tensor_cost(prob, tensors[k], dev_of)
-                base.append(c)
-            on = {assign[i].device: base}  # the transfers depend on the device alone
+            old = assign[i]
+            ks = touch[i]  # none for most ops: then a move changes the op's own cost alone
+            if ks:
+                base = []  # _transfers of ``i`` where it is, each tensor priced once per placement
+                for k in ks:
+                    c = now.get(k)
+                    if c is None:
+                        c = now[k] = tensor_cost(prob, tensors[k], dev_of)
+                    base.append(c)
+                on = {old.device: base}  # the transfers depend on the device alone
             for ch in prob.cands[i]:
-                if ch is assign[i]:
+                if ch is old:
                     continue
-                if ch.device not in on:
-                    on[ch.device] = _transfers(prob, assign, i, ch.device, devs, touch[i])
-                dl, de = _local_delta(prob, assign, i, ch, base, on[ch.device])
+                # :func:`_local_delta`, inline (the same sums in the same order)
+                dl = ch.cost.latency_s - old.cost.latency_s
+                de = ch.cost.energy_j - old.cost.energy_j
+                if ks:
+                    moved_to = on.get(ch.device)
+                    if moved_to is None:
+                        moved_to = on[ch.device] = _transfers(prob, assign, i, ch.device, devs, ks)
+                    for (s0, j0, _), (s1, j1, _) in zip(base, moved_to):
+                        dl += s1 - s0
+                        de += j1 - j0
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
                     trial = _swap_totals(tot, assign[i], ch, dl, de)
@@ -168,7 +178,8 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
             if best is not None:
                 assign[i] = best
                 devs[i] = best.device
-                now.update(zip(touch.get(i, ()), on[best.device]))
+                if ks:
+                    now.update(zip(ks, on[best.device]))
                 tot = best_d
                 moved = True
                 settled -= near.get(i, set()) | {i}
@@ -346,10 +357,13 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         live = np.flatnonzero(np.isfinite(value).any(axis=1))
         prev_rows, reached = live.tolist(), value[live]
         moved: dict = {}
+        mine = owner.get(i, ())
 
-        def transfers(p: int, dev: str, i=i, prev_i=prev_i, moved=moved) -> float:
+        def transfers(p: int, dev: str, i=i, prev_i=prev_i, moved=moved, mine=mine) -> float:
             """The weighted cost of the tensors op ``i`` owns, it on ``dev``, the previous op
             on ``names[p]``."""
+            if not mine:  # (most ops own no tensor that may cost)
+                return 0.0
             hit = moved.get((p, dev))
             if hit is None:
                 # the two ops put in ``others`` for the time of the call (list lookups)
@@ -359,7 +373,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 others[i] = dev
                 hit = 0.0
                 try:
-                    for tk in owner.get(i, ()):
+                    for tk in mine:
                         s_, j_, _ = tensor_cost(prob, prob.tensors[tk], others.__getitem__)
                         hit += w[0] * s_ + w[1] * j_
                 finally:
@@ -488,7 +502,7 @@ def heuristic_assign(prob: Problem) -> dict | None:
             ask = (lambda dev, _k=known, _o=prob.ops[i]:
                    _k[dev.name] if dev.name in _k else dev.supports_under(_o, prob.options))
             devs[i] = heuristic(prob.ops[i], prob.options, supports=ask)[0]
-        out = _with_variants(prob, devs)
+        out = _compiled_devices(prob, devs)  # (its start is priced as compiled: the same)
         prob.heuristic = {"assign": None if any(ch is None for ch in out.values()) else out}
     a = prob.heuristic["assign"]
     return None if a is None else dict(a)
@@ -528,11 +542,16 @@ def _plans(prob: Problem, devs: dict) -> dict:
     device's :meth:`Device.price_all` allocates the shared resources among all of them (the
     plan already recorded on a lowered node is used as it is)."""
     out, groups = {}, {}
+    together: dict = {}  # device name -> _together (asked once per device, not per op)
     for i, dev in devs.items():
         rec = _recorded(prob, i, dev)
         if rec is not None:
             out[i] = rec
-        elif _together(dev):
+            continue
+        t = together.get(dev)
+        if t is None:
+            t = together[dev] = _together(dev)
+        if t:
             groups.setdefault(dev, []).append(i)
     for dev, idx in groups.items():
         out.update(_shared_plans(prob, dev, idx))
@@ -543,10 +562,11 @@ def _variant(prob: Problem, i: int, dev: str, a: Priced | None) -> Choice | None
     """The choice of op ``i`` on ``dev`` priced from its model-wide plan ``a`` (a device that
     plans together, or a recorded plan), else the device's first candidate; None if ``dev``
     has no choice for the op."""
-    opts = [c for c in prob.cands[i] if c.device == dev]
-    if not opts:
+    for c in prob.cands[i]:
+        if c.device == dev:
+            break
+    else:
         return None
-    c = opts[0]
     if a is None:
         return c
     # a plan that does not count its bytes (a recorded UPMEM plan) takes the candidate's
