@@ -1793,7 +1793,8 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
             ds, launch, calls_in, calls_out, bw_in, bw_out, bw_bc = _ew_lists(combos, params)
             bounds = []
             for i, d in enumerate(ds):
-                n_dpu = -(-(-(-n // d)) // unit) * unit  # _share of every count
+                per_dpu = -(-n // d)
+                n_dpu = -(-per_dpu // unit) * unit  # _share of every count
                 b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
                 head = min(b, knee)
                 push_out = calls_out[i] + max(b * d / bw_out[i], d * (
