@@ -749,7 +749,23 @@ def im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, in
     oh)))``; with at least as many DPUs as images, every image cut into bands of ``LB =
     ceil(oh / (dpus // n))`` whole lines; with fewer, ``NB = ceil(n / dpus)`` whole images per
     DPU. ``used`` DPUs get work. The host scatters to each DPU only the padded input rows and
-    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input."""
+    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input.
+    Remembered by its arguments (a network's convolutions of one output size share them)."""
+    key = (n, oh, ow, dpus)
+    hit = _IM2COL_SPLITS.get(key)
+    if hit is None:
+        if len(_IM2COL_SPLITS) > 4096:
+            _IM2COL_SPLITS.clear()
+        hit = _IM2COL_SPLITS[key] = _im2col_split(n, oh, ow, dpus)
+    return hit
+
+
+#: :func:`im2col_split` by its arguments.
+_IM2COL_SPLITS: dict = {}
+
+
+def _im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, int]:
+    """:func:`im2col_split`, computed."""
     n, oh, ow, dpus = max(1, n), max(1, oh), max(1, ow), max(1, dpus)
     if dpus >= n * oh:
         cb = _cdiv(ow, min(ow, dpus // (n * oh)))
