@@ -246,7 +246,7 @@ def _ew_bounds_by_arrays(op, params) -> list:
              + C.LOOP_CONTROL / mapping.UNROLL)
     out_es, word = g.get("out_esize", es), (max(1, 8 // es) if 8 % es == 0 else 8)
     d = np.asarray([c[0] for c in mapping._workgroups(op, 2048, None, unit)], dtype=np.int64)
-    up = lambda a, b: -(-a // b)  # noqa: E731
+    up = mapping._cdivs
     n_dpu = up(up(max(g["n"], 1), d), word) * word
     out = (params.launch_overhead_s_array(d) + n_dpu * instr / params.frequency_hz
            + params.push_s_array(up(n_dpu * out_es, 8) * 8, d, to_dpu=False)
