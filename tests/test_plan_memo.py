@@ -88,6 +88,7 @@ def test_the_memos_do_not_change_the_model(monkeypatch):
     memo = _optimize(_two_layers()).SerializeToString(deterministic=True)
     monkeypatch.setattr(mapping, "_PLANS", _NoMemo())
     monkeypatch.setattr(upmem, "_EMITTABLE", _NoMemo())
+    monkeypatch.setattr(upmem, "_SUPPORTS", _NoMemo())
     fresh = _optimize(_two_layers()).SerializeToString(deterministic=True)
     assert memo == fresh
 
@@ -231,6 +232,69 @@ def test_matmul_bounds_from_the_memo_equal_fresh_ones():
                 again = np.asarray(floor(combos), dtype=float)
                 fresh = np.asarray(floor(list(combos)), dtype=float)
                 assert memo.tobytes() == fresh.tobytes() == again.tobytes()
+
+
+def _ew_bounds_by_arrays(op, params) -> list:
+    """An elementwise op's lower bounds over its workgroups by the parameters' array methods
+    (``push_s_array``, ``broadcast_s_array``, ``launch_overhead_s_array``), as the floor was
+    computed before it ran in Python floats."""
+    from onnx_cinm.devices.upmem import cost as C
+    unit = mapping._unit_geometry(op)
+    g, dt = unit[1], mapping._dtype_name(op.inputs[0])
+    es = mapping._esize(dt)
+    instr = (g["streams"] + C.op_instructions(g["op"], dt) + 1 + 2 * g["wram_bcast"]
+             + C.LOOP_CONTROL / mapping.UNROLL)
+    out_es, word = g.get("out_esize", es), (max(1, 8 // es) if 8 % es == 0 else 8)
+    d = np.asarray([c[0] for c in mapping._workgroups(op, 2048, None, unit)], dtype=np.int64)
+    up = mapping._cdivs
+    n_dpu = up(up(max(g["n"], 1), d), word) * word
+    out = (params.launch_overhead_s_array(d) + n_dpu * instr / params.frequency_hz
+           + params.push_s_array(up(n_dpu * out_es, 8) * 8, d, to_dpu=False)
+           + params.push_s_array(g["streams"] * (up(n_dpu * es, 8) * 8), d))
+    if g["bcast_bytes"]:
+        out = out + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d)
+    return out.tolist()
+
+
+def test_elementwise_bounds_in_floats_equal_the_array_methods():
+    """An elementwise op's lower bounds, computed per workgroup in Python floats, equal bit for
+    bit those of the array methods, for ops of varied sizes, dtypes, broadcasts and both DPU
+    generations (the plan search orders and prunes the workgroups by them)."""
+    from onnx_cinm.devices.upmem.cost import TARGETS
+    rng = random.Random(3)
+    for _ in range(150):
+        dt = np.dtype(rng.choice(["float32", "int8", "int16", "int32", "int64", "uint8"]))
+        shape = tuple(rng.choice([1, 2, 3, 7, 33, 64, 1000]) for _ in range(rng.randint(1, 4)))
+        other = rng.choice([shape, shape[-1:], (1,), shape[:1] + (1,) * (len(shape) - 1)])
+        kind = rng.choice(["Add", "Mul", "Max", "Sub", "Relu"])
+        ins = (TensorInfo("a", dt, shape),) + (() if kind == "Relu" else (
+            TensorInfo("b", dt, other, rng.random() < 0.5),))
+        op = OpInfo("e", kind, {}, ins, (TensorInfo("y", dt, shape),))
+        unit = mapping._unit_geometry(op)
+        combos = mapping._workgroups(op, 2048, None, unit)
+        for params in TARGETS.values():
+            got = mapping._floor_s(op, 16, params, unit)(combos)
+            want = _ew_bounds_by_arrays(op, params)
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+            assert mapping._floor_s(op, 16, params, unit)(list(combos)) == got
+
+
+def test_supports_answers_once_per_op_signature(monkeypatch):
+    """Two ops of one signature get one answer from the device's ``supports`` (the kernel
+    choice, plan and emit check run for the first only); an op of another shape is asked
+    afresh."""
+    from onnx_cinm.devices.upmem import codegen
+    f32 = np.dtype("float32")
+    dev = upmem.UpmemDevice()
+    monkeypatch.setattr(upmem, "_SUPPORTS", {})
+    asked = []
+    real = codegen.kernel_for
+    monkeypatch.setattr(codegen, "kernel_for", lambda *a, **k: asked.append(1) or real(*a, **k))
+    ops = [OpInfo(f"r{i}", "Relu", {}, (TensorInfo(f"x{i}", f32, shape),),
+                  (TensorInfo(f"y{i}", f32, shape),))
+           for i, shape in enumerate([(4, 64), (4, 64), (4, 65)])]
+    said = [dev.supports(op) for op in ops]
+    assert all(said) and said[0].reason == said[1].reason and len(asked) == 2
 
 
 def test_a_renamed_plan_is_the_plan_with_the_other_names():

@@ -62,6 +62,11 @@ _EMIT_KEYS = ("cnm_dpus", "cnm_tasklets", "cnm_block_bytes", "cnm_grid", "cnm_la
               "cnm_target")
 #: Memo of :meth:`UpmemDevice._check_emittable`: key -> None (emittable) or (message, op name).
 _EMITTABLE: dict = {}
+#: Memo of :meth:`UpmemDevice.supports` past its dtype checks, by the op's signature
+#: (:func:`.mapping._op_key`: what the kernel choice, the plan and the emitter's check read)
+#: and the device's parameters: ``(Support, op name)``. The ops of one shape (a network's
+#: repeated layers) get one answer; a refusal naming the op it was given for is reworded.
+_SUPPORTS: dict = {}
 _PLANS_MAX = 20000
 _MISS = object()
 #: The modules :func:`_module` imported (the mapping and the code generator pull in numpy and
@@ -107,15 +112,34 @@ class UpmemDevice(Device):
         for t in op.inputs + op.outputs:
             if t.dtype is None or dtype_name(t.dtype) not in self.params.dtypes:
                 return Support(False, f"dtype {t.dtype} of {t.name!r} not supported by DPU kernels")
-        codegen, mapping = _module("codegen"), _module("mapping")
+        mapping = _module("mapping")
+        try:  # the op's signature, asked once for this memo, the plan's and the emitter's
+            key = mapping._op_key(op)
+            memo_key = (key, mapping.params_key(self.params))
+            hit = _SUPPORTS.get(memo_key)
+        except TypeError:  # an attribute that cannot be a key: all answer without their memo
+            key = memo_key = hit = None
+        if hit is None:
+            support = self._supports(op, key)
+            if memo_key is not None:
+                if len(_SUPPORTS) > _PLANS_MAX:
+                    _SUPPORTS.clear()
+                _SUPPORTS[memo_key] = (support, op.name)
+            return support
+        support, name = hit
+        if name != op.name and repr(name) in support.reason:  # a refusal naming its op
+            return Support(support.ok, support.reason.replace(repr(name), repr(op.name)),
+                           support.applicable, support.preferred)
+        return support
+
+    def _supports(self, op: OpInfo, key: tuple | None) -> Support:
+        """:meth:`supports` past its dtype checks, without its memo (``key``: the op's
+        :func:`.mapping._op_key`, None when it has none)."""
+        codegen = _module("codegen")
         try:  # the generated kernels decide what runs on DPUs
             kernel = codegen.kernel_for(op, target=self.params)
         except ValueError as e:
             return Support(False, f"no DPU kernel: {e}")
-        try:  # the op's signature, asked once for the plan's and the emitter's memo
-            key = mapping._op_key(op)
-        except TypeError:  # an attribute that cannot be a key: both answer without their memo
-            key = None
         try:  # the data must fit the DPUs' MRAM (and the op the mapping's limits)
             plan = self.plan(op, op_key=key)
         except CinmError as e:

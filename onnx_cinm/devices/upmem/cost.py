@@ -169,6 +169,9 @@ def _d_array(what: tuple, dpus, make):
     return hit
 
 
+#: :meth:`UpmemParams._ranks_bw` by ``(DPUs, one, rank, DPUs per rank)``.
+_RANKS_BW: dict = {}
+
 #: :meth:`UpmemParams._bw_exponent` by ``(one, rank, DPUs per rank)``: a pure function of the
 #: three numbers (a handful of pairs per DPU generation), so shared by every parameter object.
 _BW_EXPONENTS: dict = {}
@@ -324,9 +327,16 @@ class UpmemParams:
 
     def _ranks_bw(self, dpus: int, one: float, rank: float) -> float:
         """Bandwidth of ``dpus`` DPUs' ranks working in parallel: full ranks at ``rank``, a
-        partial one on the power law (:meth:`_rank_bw`), bytes/s."""
-        full, rest = divmod(dpus, self.dpus_per_rank)
-        return full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0)
+        partial one on the power law (:meth:`_rank_bw`), bytes/s. A pure function of the four
+        numbers, remembered by them (every transfer priced asks; a few DPU counts recur)."""
+        key = (dpus, one, rank, self.dpus_per_rank)
+        bw = _RANKS_BW.get(key)
+        if bw is None:
+            if len(_RANKS_BW) > 4096:
+                _RANKS_BW.clear()
+            full, rest = divmod(dpus, self.dpus_per_rank)
+            bw = _RANKS_BW[key] = full * rank + (self._rank_bw(rest, one, rank) if rest else 0.0)
+        return bw
 
     def _host_s(self, bytes_per_dpu: float, dpus: int, to_dpu: bool) -> float:
         """Seconds the host needs to move ``bytes_per_dpu`` to (from) each of ``dpus`` DPUs

@@ -281,7 +281,16 @@ class CnmPlan:
 # ---------------------------------------------------------------------------------------------
 
 def _esize(dtype: str) -> int:
-    return 1 if dtype == "bool" else np.dtype(dtype).itemsize
+    """Bytes of one element of the dtype named ``dtype`` (``bool``: 1); remembered per name
+    (the cost model and the geometry ask thousands of times)."""
+    hit = _ESIZES.get(dtype)
+    if hit is None:
+        hit = _ESIZES[dtype] = 1 if dtype == "bool" else np.dtype(dtype).itemsize
+    return hit
+
+
+#: :func:`_esize` by dtype name (a handful of names).
+_ESIZES: dict = {}
 
 
 def _loop(p: CnmPlan) -> float:
@@ -740,7 +749,23 @@ def im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, in
     oh)))``; with at least as many DPUs as images, every image cut into bands of ``LB =
     ceil(oh / (dpus // n))`` whole lines; with fewer, ``NB = ceil(n / dpus)`` whole images per
     DPU. ``used`` DPUs get work. The host scatters to each DPU only the padded input rows and
-    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input."""
+    columns its tile reads (:func:`im2col_halo`), so a DPU never receives the whole input.
+    Remembered by its arguments (a network's convolutions of one output size share them)."""
+    key = (n, oh, ow, dpus)
+    hit = _IM2COL_SPLITS.get(key)
+    if hit is None:
+        if len(_IM2COL_SPLITS) > 4096:
+            _IM2COL_SPLITS.clear()
+        hit = _IM2COL_SPLITS[key] = _im2col_split(n, oh, ow, dpus)
+    return hit
+
+
+#: :func:`im2col_split` by its arguments.
+_IM2COL_SPLITS: dict = {}
+
+
+def _im2col_split(n: int, oh: int, ow: int, dpus: int) -> tuple[int, int, int, int]:
+    """:func:`im2col_split`, computed."""
     n, oh, ow, dpus = max(1, n), max(1, oh), max(1, ow), max(1, dpus)
     if dpus >= n * oh:
         cb = _cdiv(ow, min(ow, dpus // (n * oh)))
@@ -1672,6 +1697,33 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
 _MATMUL_FLOORS: dict = {}
 
 
+def _ew_lists(combos, params: UpmemParams) -> tuple:
+    """The parts of an elementwise op's lower bounds (:func:`_floor_s`) that depend on the DPU
+    counts of ``combos`` alone, as lists of Python numbers (the values of the array methods of
+    :class:`UpmemParams`): ``(DPUs, launch seconds, host->DPU and DPU->host transfer calls'
+    seconds, host->DPU, DPU->host and broadcast bandwidths of the DPUs' ranks)``. Remembered
+    for a memo's own workgroup tuple (:func:`_workgroups`): most ops share a dozen counts."""
+    key = (id(combos), params_key(params))
+    hit = _EW_LISTS.get(key)
+    if hit is not None and hit[0] is combos:
+        return hit[1]
+    d, pr = _combos_arrays(combos)[0], params
+    out = (d.tolist(), pr.launch_overhead_s_array(d).tolist(),
+           pr._calls_array(d, pr.h2d_rank_s).tolist(), pr._calls_array(d, pr.d2h_rank_s).tolist(),
+           pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps).tolist(),
+           pr._ranks_bw_array(d, pr.d2h_serial_bps, pr.d2h_rank_bps).tolist(),
+           pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.bcast_rank_bps).tolist())
+    if isinstance(combos, tuple):  # immutable: safe to know by identity while it is held here
+        if len(_EW_LISTS) > 1024:
+            _EW_LISTS.clear()
+        _EW_LISTS[key] = (combos, out)
+    return out
+
+
+#: Memo of :func:`_ew_lists`: key -> (the workgroup tuple, its lists).
+_EW_LISTS: dict = {}
+
+
 def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
     """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
     workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
@@ -1744,15 +1796,36 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         out_es = g.get("out_esize", es)
         unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
-        def floor_ew(combos: list) -> np.ndarray:  # every workgroup at once (tens of them)
-            d = _combos_arrays(combos)[0]
-            n_dpu = _cdivs(_cdivs(max(g["n"], 1), d), unit) * unit  # _share of every count
-            out = (params.launch_overhead_s_array(d) + n_dpu * instr / f
-                   + params.push_s_array(_cdivs(n_dpu * out_es, 8) * 8, d, to_dpu=False)
-                   + params.push_s_array(g["streams"] * (_cdivs(n_dpu * es, 8) * 8), d))
-            if g["bcast_bytes"]:  # (a broadcast of no bytes takes no time: adds 0.0)
-                out = out + params.broadcast_s_array(np.full(len(d), g["bcast_bytes"]), d)
-            return out
+        n, streams, bcast = max(g["n"], 1), g["streams"], g["bcast_bytes"]
+        knee = params.host_knee_bytes
+        small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
+        small_out, large_out = params.d2h_host_small_bps, params.d2h_host_large_bps
+
+        def floor_ew(combos: list) -> list:
+            # every workgroup in Python floats: the same operations, in the same order, as the
+            # array methods (push_s_array, broadcast_s_array, launch_overhead_s_array) of the
+            # workgroups' DPU counts, so the same bounds; for a dozen workgroups the array
+            # operations' fixed cost is most of the work
+            ds, launch, calls_in, calls_out, bw_in, bw_out, bw_bc = _ew_lists(combos, params)
+            bounds = []
+            for i, d in enumerate(ds):
+                per_dpu = -(-n // d)
+                n_dpu = -(-per_dpu // unit) * unit  # _share of every count
+                b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
+                head = min(b, knee)
+                push_out = calls_out[i] + max(b * d / bw_out[i], d * (
+                    head / small_out + (b - head) / large_out)) if b > 0 else 0.0
+                b = streams * (-(-(n_dpu * es) // 8) * 8)  # the streams scattered to each
+                head = min(b, knee)
+                push_in = calls_in[i] + max(b * d / bw_in[i], d * (
+                    head / small_in + (b - head) / large_in)) if b > 0 else 0.0
+                out = launch[i] + n_dpu * instr / f + push_out + push_in
+                if bcast:  # (a broadcast of no bytes takes no time: adds 0.0)
+                    head = min(bcast, knee)
+                    out = out + (calls_in[i] + max(bcast * d / bw_bc[i], d * (
+                        head / small_in + (bcast - head) / large_in)) if bcast > 0 else 0.0)
+                bounds.append(out)
+            return bounds
         return floor_ew
     return None
 
@@ -1781,7 +1854,9 @@ def _search_plan(op: OpInfo, max_dpus: int, tasklets: int, params: UpmemParams,
     combos = _workgroups(op, max_dpus, dpus, unit)
     floor = None if len(combos) < 2 else _floor_s(op, tasklets, params, unit)
     if floor is not None:
-        bounds = np.asarray(floor(combos), dtype=float).tolist()  # Python floats: compared often
+        bounds = floor(combos)
+        if type(bounds) is not list:  # Python floats: compared often
+            bounds = np.asarray(bounds, dtype=float).tolist()
         planned: dict = {}
         least = math.inf
         for i in sorted(range(len(combos)), key=bounds.__getitem__):

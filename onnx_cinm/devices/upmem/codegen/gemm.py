@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .common import (broadcast_strides, _ceil, _check_mram, elem_instr, _fit_block, _inputs, _K,
+from .common import (broadcast_strides, _ceil, _check_mram, _DRY, elem_instr, _fit_block, _inputs, _K,
                      _round_up, _TARGET, _Tensor, _write)
 
 
@@ -65,9 +65,9 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     if not params.get("prim_tiles") and row_cap < tasklets and groups * _ceil(N_cap, NT) < tasklets:
         # few rows (a layer at batch 1): narrower column tiles so that every tasklet works
         NT = max(per, _round_up(_ceil(N_cap, _ceil(tasklets, groups)), per))
-    ins = _inputs(names[:len(shapes)], shapes, [dtype] * len(shapes), consts, outdir)
-    a_bstride = [s * M * K for s in broadcast_strides(ashape[:-2], batch)]
-    b_bstride = [s * K * N for s in broadcast_strides(bshape[:-2], batch)]
+    # a dry run (check_emittable) gives no constants: its inputs cannot refuse, nor be read
+    ins = None if _DRY.get() else _inputs(names[:len(shapes)], shapes, [dtype] * len(shapes),
+                                          consts, outdir)
     # per-DPU MRAM layout, bytes (8-aligned)
     y_off = row_cap * K_pad * es
     c_off = y_off + row_cap * N_cap * es
@@ -76,6 +76,10 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
     _check_mram(b_off + GB * N_cap * K_pad * es,
                 f"{kind} {list(ashape)} @ {list(bshape)} on a {DR} x {DC} DPU grid")
     blk = _fit_block(block, tasklets, R + 1, fixed=tasklets * (R * NT * es + 8), cap=K_pad * es)
+    if ins is None:  # a dry run: the checks passed; what _write would return, without the
+        return []    # template context it does not read
+    a_bstride = [s * M * K for s in broadcast_strides(ashape[:-2], batch)]
+    b_bstride = [s * K * N for s in broadcast_strides(bshape[:-2], batch)]
     # per multiply-accumulate: 2 WRAM loads, mul, add (mapping's matrix-product model)
     mac = 2 + elem_instr("mul", dtype) + elem_instr("add", dtype)
     doc = (f"Y{list(yshape)} = A{list(ashape)} @ B{list(bshape)}" + (f" + C{list(cshape)}" if bias else "")
