@@ -29,7 +29,8 @@ _PER_OUTPUT = {"Softmax": 5, "LogSoftmax": 5, "BatchNormalization": 2, "LRN": 6,
 
 
 def tensor_infos(model: onnx.ModelProto, infer: bool = True,
-                 dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
+                 dims: dict[str, int] | None = None,
+                 names: set[str] | None = None) -> dict[str, TensorInfo]:
     """Type, shape and constness of every tensor of the main graph that shape inference can tell.
 
     Runs (non-strict) shape inference on a copy without initializer data, so it is cheap for
@@ -43,7 +44,9 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     to it before inference (in the bodies' declared types too), so shapes computed from them (a sequence length through a Reshape) are
     known too; such a model is always inferred afresh (its value_info holds the symbolic
     shapes), whatever ``infer`` says. ``dims`` (``{dim name: size}``) replaces the planned sizes
-    (to ask what a shape would be at other sizes). Where onnx leaves dims anonymous (``unk__N``:
+    (to ask what a shape would be at other sizes). ``names``: the tensors asked about; the
+    infos of others may be left out (not read: the kernel folder's writer asks for the kernels'
+    tensors, a tenth of the model's). Where onnx leaves dims anonymous (``unk__N``:
     a ``Slice``
     bounded by ``Shape(x)[1]``, the attention heads behind it),
     :func:`onnx_cinm.anonymous_dims.size_anonymous_dims` folds the shape arithmetic at those
@@ -56,9 +59,10 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY),
             **(frontend.planned_dims(model) if dims is None else dims)}
     if not dims and not probed:
-        consts = {i.name: (i.data_type, tuple(i.dims[:])) for i in model.graph.initializer[:]}
+        consts = {i.name: (i.data_type, tuple(i.dims[:])) for i in model.graph.initializer[:]
+                  if names is None or i.name in names}
         if not infer:
-            return _collect(model.graph, consts)
+            return _collect(model.graph, consts, names=names)
         settled = _settled(model.graph, consts)
         if settled is not None:
             return settled
@@ -68,7 +72,7 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True,
     if pins:  # again, from the probed shapes of the tensors inference left open
         del inferred.graph.value_info[:]
         inferred = size_anonymous_dims(inferred, pins)
-    return _collect(inferred.graph, consts, dims)
+    return _collect(inferred.graph, consts, dims, names)
 
 
 def keep_static_types(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> bool:
@@ -369,9 +373,10 @@ def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProt
     return pins
 
 
-def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> dict[str, TensorInfo]:
+def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
+             names: set[str] | None = None) -> dict[str, TensorInfo]:
     """Infos of the main graph's tensors, then of subgraph tensors (If/Loop/Scan bodies) whose
-    names the main graph does not use."""
+    names the main graph does not use; only those ``names`` when given."""
     dims = dims or {}
     infos: dict[str, TensorInfo] = {}
     values = graph.input[:] + graph.value_info[:] + graph.output[:]
@@ -379,6 +384,9 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None) -> 
         values += sub.input[:] + sub.value_info[:] + sub.output[:]
         for init in sub.initializer[:]:
             consts.setdefault(init.name, (init.data_type, tuple(init.dims[:])))
+    if names is not None:  # the first entry of a name is the one read, as below
+        values = [vi for vi in values if vi.name in names]
+        consts = {n: c for n, c in consts.items() if n in names}
     # a shape read dim by dim costs three protobuf calls a dim (a third of this function's time
     # on DenseNet121); most tensors share their shape with others: each distinct one read once
     shapes: dict[bytes, tuple] = {}

@@ -101,3 +101,40 @@ def test_write_streamed_head_of_a_graph_of_initializers_only(nodes):
     del head.graph.initializer[:]
     assert out.getvalue()[:first] == head.SerializeToString()
     assert onnx.ModelProto.FromString(out.getvalue()) == model
+
+
+@pytest.mark.parametrize("later", [None, "doc_string", "external_data", "metadata_props",
+                                   "data_location", "empty raw_data", "float_data"])
+def test_write_streamed_small_tensor_with_fields_after_raw_data(later):
+    """A small tensor goes out as protobuf's own serialization only when raw_data is its last
+    field; with any field numbered after raw_data set it goes out with raw_data moved last
+    (and without raw_data, as it serializes): built here from protobuf's encoding of the
+    tensor without raw_data, then raw_data's key (field 9, wire type 2), length and bytes."""
+    t = numpy_helper.from_array(np.arange(5, dtype=np.float32), "t")
+    if later == "doc_string":
+        t.doc_string = "after"
+    elif later == "external_data":
+        t.external_data.add(key="k", value="v")
+    elif later == "metadata_props":
+        t.metadata_props.add(key="k", value="v")
+    elif later == "data_location":
+        t.data_location = onnx.TensorProto.DEFAULT
+    elif later == "empty raw_data":
+        t = onnx.TensorProto(name="t", data_type=onnx.TensorProto.FLOAT, dims=[0], raw_data=b"")
+    elif later == "float_data":
+        t = onnx.TensorProto(name="t", data_type=onnx.TensorProto.FLOAT, dims=[2],
+                             float_data=[1.0, 2.0])
+    model = onnx.ModelProto(ir_version=8, graph=onnx.GraphProto(name="g", initializer=[t]))
+    out = io.BytesIO()
+    first = protowire.write_streamed(out, model)
+    if t.HasField("raw_data"):
+        raw = t.raw_data
+        meta = onnx.TensorProto()
+        meta.CopyFrom(t)
+        meta.ClearField("raw_data")
+        body = meta.SerializeToString() + b"\x4a" + bytes([len(raw)]) + raw
+    else:
+        body = t.SerializeToString()
+    inner = b"\x2a" + bytes([len(body)]) + body  # GraphProto.initializer: field 5
+    assert out.getvalue()[first:] == b"\x3a" + bytes([len(inner)]) + inner  # ModelProto.graph: 7
+    assert onnx.ModelProto.FromString(out.getvalue()) == model

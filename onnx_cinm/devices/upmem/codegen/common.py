@@ -386,9 +386,28 @@ def _context_key(k: _K) -> str | None:
               for n, v in vars(k).items()}
     if not all(type(t) is _Tensor for n in ("inputs", "outputs") for t in vars(k)[n]):
         return None
-    target = _TARGET.get()
-    context = (fields, vars(target), type(k).__name__, _cost.LOOP_CONTROL, _mapping.BLOCK_INSTR)
-    return repr(context) if _plain(context[:1]) and _plain(context[1]) else None
+    target = _target_key(_TARGET.get())
+    if target is None:
+        return None
+    context = (fields, type(k).__name__, _cost.LOOP_CONTROL, _mapping.BLOCK_INSTR)
+    return repr(context) + target if _plain(context[:1]) else None
+
+
+def _target_key(target: _cost.UpmemParams) -> str | None:
+    """``repr`` of the target's fields (None when one is not :func:`_plain`), worked out once
+    per target (a frozen dataclass: 40 fields, the same for every kernel of a model)."""
+    known = _TARGET_KEYS.get(id(target))
+    if known is None or known[0] is not target:
+        fields = vars(target)
+        if len(_TARGET_KEYS) >= 64:  # targets made from options: one per optimize call
+            _TARGET_KEYS.clear()
+        known = _TARGET_KEYS[id(target)] = (target, repr(fields) if _plain(fields) else None)
+    return known[1]
+
+
+#: :func:`_target_key` by id of the target: ``(target, key)`` (the target kept alive, so its
+#: id is not reused)
+_TARGET_KEYS: dict = {}
 
 
 def _render(name: str, k: _K, key: str | None) -> str:
