@@ -8,6 +8,7 @@ Concat, Gather, Im2Col, Pad, Cast, ...) counts 0.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -149,12 +150,16 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     graph = model.graph
     typed = {v.name for v in graph.value_info[:]}
     typed.update(v.name for v in graph.output[:])
-    pending = [n for n in graph.node if any(o and o not in typed for o in n.output[:])]
+    nodes = graph.node[:]
+    # (each field read once: a protobuf field read costs more than the loop around it)
+    pending = [(n, outs) for n, outs in zip(nodes, [n.output[:] for n in nodes])
+               if any(o and o not in typed for o in outs)]
     if not pending:
         return True
-    if any(frontend.subgraphs(n) for n in graph.node[:]):
+    if any(frontend.subgraphs(n) for n in nodes):
         return False
-    needed = {i for n in pending for i in n.input[:] if i}
+    pending = [(n, n.input[:], outs) for n, outs in pending]
+    needed = {i for _, ins, _ in pending for i in ins if i}
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
@@ -171,44 +176,54 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             types[vi.name] = vi.type
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     entries = []
-    for node in pending:
-        if node.domain == cinm.DOMAIN:  # the cinm op's own inference, called directly
+    for node, ins, outs in pending:
+        domain = node.domain
+        if domain == cinm.DOMAIN:  # the cinm op's own inference, called directly
             got = cinm.output_types(node, types)
             if got is None:
                 return False
-            got = dict(zip(node.output[:], got))
+            got = dict(zip(outs, got))
         else:
-            domain = "" if node.domain == "ai.onnx" else node.domain
+            domain = "" if domain == "ai.onnx" else domain
             try:
                 schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
                 got = onnx.shape_inference.infer_node_outputs(
-                    schema, node, {i: types[i] for i in node.input[:] if i},
-                    {i: values[i] for i in node.input[:] if i in values},
+                    schema, node, {i: types[i] for i in ins if i},
+                    {i: values[i] for i in ins if i in values},
                     opset_imports=list(model.opset_import), ir_version=model.ir_version)
             except Exception:  # noqa: BLE001 - no schema, an untyped input, inference failed
                 return False
-        for name in node.output[:]:
+        for name in outs:
             if not name or name in typed:
                 continue
             t = got.get(name)
             if t is None or not t.HasField("tensor_type"):
                 return False
             tt = t.tensor_type
-            if not tt.elem_type or not tt.HasField("shape") or not all(
-                    d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim[:]):
+            elem = tt.elem_type
+            if not elem or not tt.HasField("shape"):
                 return False
-            try:  # keep_static_types' element types: those numpy holds as they are
-                if helper.np_dtype_to_tensor_dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) \
-                        != tt.elem_type:
-                    return False
-            except (KeyError, TypeError, ValueError):
+            dims = tt.shape.dim[:]
+            if not all(d.HasField("dim_value") for d in dims):
+                return False
+            dims = [d.dim_value for d in dims]
+            if any(d < 0 for d in dims) or not _numpy_holds(elem):
                 return False
             typed.add(name)
-            entries.append(helper.make_tensor_value_info(
-                name, tt.elem_type, [d.dim_value for d in tt.shape.dim[:]]))
+            entries.append(helper.make_tensor_value_info(name, elem, dims))
             types[name] = entries[-1].type
     graph.value_info.extend(entries)
     return True
+
+
+@functools.cache
+def _numpy_holds(elem_type: int) -> bool:
+    """Whether numpy holds the TensorProto element type ``elem_type`` as it is (the element
+    types :func:`keep_static_types` writes): worked out once per type, not per tensor."""
+    try:
+        return helper.np_dtype_to_tensor_dtype(helper.tensor_dtype_to_np_dtype(elem_type)) == elem_type
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _weightless_copy(model: onnx.ModelProto, dims: dict,

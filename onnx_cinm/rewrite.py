@@ -62,14 +62,21 @@ class _Deferred(types.ModuleType):
         return getattr(real, attr)
 
 
+#: Modules ``import onnx_ir`` loads that no rewrite uses, deferred until first used: sympy and
+#: onnx_ir's expression parser (see :func:`_import_onnx_ir`), and onnx_ir's op schemas (four
+#: dataclasses). (Its external-data module is read as ``import onnx_ir`` runs: not deferred.)
+_DEFERRED = ("sympy", "onnx_ir._symbolic_shapes", "onnx_ir.schemas")
+
+
 def _import_onnx_ir():
     """``import onnx_ir`` without importing sympy: onnx_ir 1.1 imports it eagerly (0.6 s of CPU
     per process on the build machine, about 10% of ``optimize`` on ResNet-50; measured with
     ``python -X importtime``) for symbolic-dimension arithmetic the passes never do. sympy and
-    onnx_ir's expression parser are deferred until first used (``tests/test_rewrite.py``
-    checks both: not loaded by a rewrite, and still working)."""
+    onnx_ir's expression parser, and the other modules of :data:`_DEFERRED`, are deferred
+    until first used (``tests/test_rewrite.py`` checks them: not loaded by a rewrite, and
+    still working)."""
     if "onnx_ir" not in sys.modules:
-        for name in ("sympy", "onnx_ir._symbolic_shapes"):
+        for name in _DEFERRED:
             sys.modules.setdefault(name, _Deferred(name))
     return importlib.import_module("onnx_ir")
 
@@ -439,10 +446,11 @@ class Edit:
         the same (the nodes are not changed in place: :meth:`replace` moves uses to values of
         the same names), else serialized again (``ir.serde.serialize_node``)."""
         proto = self._protos.get(node)
-        if proto is None or not _as_serialized(proto) or node.name != proto.name or \
-                node.op_type != proto.op_type or names_of(node.outputs) != proto.output[:] or \
+        # (a node's outputs are never None: their names are read directly)
+        if proto is None or node.name != proto.name or node.op_type != proto.op_type or \
+                [v.name for v in node.outputs] != proto.output[:] or \
                 names_of(node.inputs) != proto.input[:] or \
-                len(node.attributes) != len(proto.attribute):
+                len(node.attributes) != len(proto.attribute) or not _as_serialized(proto):
             return ir.serde.serialize_node(node)
         return proto
 

@@ -89,7 +89,8 @@ def test_a_model_onnx_ir_cannot_read_is_a_one_line_error():
 
 
 def test_a_rewrite_does_not_import_sympy_and_symbolic_dims_still_work():
-    """onnx_ir imports sympy eagerly (0.6 s of CPU per process); rewrite.py defers it."""
+    """onnx_ir imports sympy eagerly (0.6 s of CPU per process), and its op schemas;
+    rewrite.py defers them, and they still work when asked for."""
     code = ("import sys\n"
             "from onnx_cinm.examples import get_example\n"
             "from onnx_cinm.passes import PassContext, get_pass\n"
@@ -97,10 +98,14 @@ def test_a_rewrite_does_not_import_sympy_and_symbolic_dims_still_work():
             "model = get_pass('to_cinm')(get_pass('fold_batchnorm')(get_example('lenet'), ctx), ctx)\n"
             "assert ctx.stats['to_cinm']['lowered'], ctx.stats\n"
             "assert 'sympy.core' not in sys.modules, 'sympy was imported'\n"
+            "assert sys.modules['onnx_ir.schemas'].__spec__ is None, 'schemas were imported'\n"
             "import onnx_ir as ir\n"
             "import sympy\n"
             "assert (ir.SymbolicDim('n') + 1).value == 'n + 1'\n"
-            "assert str(sympy.Max(sympy.Symbol('a'), 2)) == 'Max(2, a)'\n")
+            "assert str(sympy.Max(sympy.Symbol('a'), 2)) == 'Max(2, a)'\n"
+            "assert ir.schemas.OpSignature.__name__ == 'OpSignature'\n"
+            "from onnx_ir.schemas import OpSignature\n"
+            "assert sys.modules['onnx_ir.schemas'].__spec__ is not None\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 

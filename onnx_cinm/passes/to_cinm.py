@@ -163,9 +163,10 @@ class _Rewriter(Edit):
 
     def empty(self, names) -> bool:
         """True when one of the tensors has a static zero-sized dim (it holds no elements)."""
+        infos = self.infos
         for name in names:
-            i = self.info(name) if name else None
-            if i is not None and i.shape is not None and any(d == 0 for d in i.shape):
+            i = infos.get(name) if name else None
+            if i is not None and i.shape is not None and 0 in i.shape:
                 return True
         return False
 
@@ -1039,7 +1040,7 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     def guard(node: ir.Node) -> str | None:
         if any(v in rw.shape_path for v in node.outputs):
             return "shape computation"
-        if rw.empty(_ins(node) + _outs(node)):
+        if rw.empty(v.name for v in (*node.inputs, *node.outputs) if v is not None):
             return "empty tensor (a zero-sized dim): no work for a device"
         return None
 
