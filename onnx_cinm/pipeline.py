@@ -598,8 +598,9 @@ def _sizes_to_blame(original: onnx.ModelProto, dims: dict) -> tuple[bool, str | 
     sizes). ``(True, names)`` when every run fails with a shape error too (``names``: the
     unsized dims, "b" or "b, c"): no size of them runs (trial s24b finding 3: three batch dims
     that must be equal, two given 74 and 13). ``(False, "b=3")`` when a run succeeds: the
-    draw failed, and those sizes run (the caller refuses: the plans take the unsized dims at
-    1, so the model written could not run either). ``(False, None)`` when it cannot tell: a run fails
+    draw failed, and those sizes run (the caller refuses when the model does not run with the
+    unsized dims at 1 either, the size the plans take them at: :func:`_runs_at_one`).
+    ``(False, None)`` when it cannot tell: a run fails
     otherwise, a dim is anonymous (no size can be given to it), or a run would not fit in memory
     (:func:`_memory_shortfall`)."""
     open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
@@ -618,6 +619,20 @@ def _sizes_to_blame(original: onnx.ModelProto, dims: dict) -> tuple[bool, str | 
             return False, None
         return False, ", ".join(f"{d}={size}" for d in open_)
     return True, ", ".join(open_)
+
+
+def _runs_at_one(original: onnx.ModelProto, dims: dict) -> bool:
+    """Whether onnxruntime runs ``original`` on random inputs with the sizes ``dims`` and every
+    other named symbolic dim at 1, the size the plans take an unsized dim at: then the model
+    written runs too, and a shape error of the check's draw (8 off axis 0) is the draw's. A
+    run that fails otherwise than by a shape error counts as running (it says nothing about
+    the sizes)."""
+    at_one = {**dict.fromkeys(golden.symbolic_dims(original), 1), **dims}
+    try:
+        golden.run_onnxruntime(original, golden.random_inputs(original, seed=0, dims=at_one))
+    except CinmError as e:
+        return not golden.is_shape_error(str(e))
+    return True
 
 
 def _drawn_integer_inputs(model: onnx.ModelProto, inputs: dict | None) -> list[str]:
@@ -787,9 +802,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             or a Reshape's; pass it in ``inputs`` to have the check run). A shape error with
             dims left unsized is still refused when onnxruntime fails alike with them at each
             size given (:func:`_sizes_to_blame`: sizes given that conflict among
-            themselves), or when it runs at a size given (then the dims left unsized must be
-            given too: the plans take them as 1), and so are sizes whose inputs and largest tensor alone exceed this
-            machine's memory (:func:`_memory_shortfall`, before any run; with ``check=0``
+            themselves), or when it runs at a size given but not with those dims at 1, the
+            size the plans take them at (then they must be given too: :func:`_runs_at_one`),
+            and so are sizes whose inputs and largest tensor alone exceed this machine's memory (:func:`_memory_shortfall`, before any run; with ``check=0``
             the shape probe is left out instead) and sizes onnxruntime
             runs out of memory at (:func:`onnx_cinm.golden.is_out_of_memory`).
         device_options: options by flat key, checked against the schema of every device and
@@ -808,8 +823,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             :class:`onnx_cinm.passes.cost_placement.Constraints`.
         inputs: real input arrays for the check, by input name (``{"input_ids": ids}``); they
             also size the symbolic dims they cover for planning (``dims`` wins; a recurrence
-            unrolled for a size in ``dims`` that an array has at another: CinmError, the
-            array could not run in the result); inputs not given are drawn at random (valid indices and masks, see
+            unrolled for a size in ``dims`` that an array has at another: CinmError when
+            ``check`` runs, the array could not run in the result); inputs not given are drawn
+            at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
         totals: with cost placement, price the written model once more for
@@ -897,7 +913,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             ctx.stats["probed_shapes"] = len(probed)
             pm.timings.append(("probe_shapes", time.perf_counter() - t0))
     work = pm.run(work, ctx)
-    _refuse_unrolled_conflicts(work, original, inputs, asked)
+    if check:  # the arrays are fed only by the check
+        _refuse_unrolled_conflicts(work, original, inputs, asked)
     branches_from = None
     if any(n.op_type == "If" for n in work.graph.node):
         from .passes.control_flow import compile_if_bodies
@@ -971,15 +988,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                     f"size given: a shape error every time): {e}; no input of "
                                     "these sizes runs in onnxruntime: choose sizes the model "
                                     "supports") from None
-                if which:  # tied to a size given (a Concat of two batches): the model as
-                    # planned, those dims at 1, cannot run either; refused, nothing written
+                if which and not _runs_at_one(original, dims):
+                    # tied to a size given (a Concat of two batches): the model as planned,
+                    # those dims at 1, cannot run either; refused, nothing written
                     at = ", ".join(f"{k}={v}" for k, v in dims.items())
                     open_ = ", ".join(w.split("=")[0] for w in which.split(", "))
                     raise CinmError(f"the original does not run at {at} with {open_} left unsized "
                                     f"(a shape error: {e}); at {which} it runs: give that size "
                                     f"too, --dim {' --dim '.join(which.split(', '))}") from None
                 skipped = ("the original does not run on the random inputs at the sizes the check "
-                           f"drew for the dims without one: {e}")
+                           f"drew for the dims without one: {e}"
+                           + (f"; at {which} it runs" if which else ""))
             elif drawn := _drawn_integer_inputs(original, inputs):
                 # an integer input may be a shape (Reshape's, Expand's): its drawn values, not
                 # the sizes, can be what fails

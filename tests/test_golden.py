@@ -840,6 +840,26 @@ def _concat_rows(names):
                   inputs, [_vi("y", TP.FLOAT, [names[0], 4 * len(names)])])
 
 
+def test_a_dim_left_unsized_that_runs_at_one_is_a_skipped_check_not_a_refusal(tmp_path):
+    """A reviewer, s27: x[N, S] + c[1, 3] runs only at S in (1, 3). With N=3 given and S left
+    unsized, the check draws S=8 (off axis 0) and fails, but the model as planned takes S=1,
+    where the original runs (numpy's broadcast below): the check is skipped with the hint, not
+    the sizes refused, and the model written runs at S=1 as onnxruntime runs the original."""
+    from onnx_cinm import optimize
+
+    cc = np.arange(3, dtype=np.float32).reshape(1, 3)
+    ww = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    model = _model([h.make_node("Add", ["x", "c"], ["s"]), h.make_node("MatMul", ["s", "w"], ["m"]),
+                    h.make_node("Relu", ["m"], ["y"])],
+                   [_vi("x", TP.FLOAT, ["N", "S"])], [_vi("y", TP.FLOAT, ["N", 4])],
+                   [nh.from_array(cc, "c"), nh.from_array(ww, "w")])
+    res = optimize(model, dims={"N": 3})
+    assert res.check is None and res.check_skipped.endswith("; at S=3 it runs")
+    x = np.linspace(-1, 1, 3, dtype=np.float32).reshape(3, 1)
+    np.testing.assert_allclose(run_onnxruntime(res.model, {"x": x})[0],
+                               np.maximum((x + cc) @ ww, 0), rtol=1e-6, atol=1e-6)
+
+
 def test_optimize_refuses_given_sizes_that_conflict_even_with_a_dim_left_unsized(tmp_path, capsys):
     """Trial s24b finding 3: [a, 4] and [b, 4] concatenated on axis 1 need a == b. With a=3 and
     b unsized, the check draws b=1 and fails, but b=3 runs (onnxruntime, against numpy's

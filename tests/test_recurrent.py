@@ -561,3 +561,12 @@ def test_dim_and_input_that_disagree_on_an_unrolled_length_are_one_line(tmp_path
     got = InferenceSession(str(out)).run(None, {"X": x})
     for g, r in zip(got, run_onnxruntime(onnx.load(src), {"X": x})):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    # --check 0 feeds no array: the disagreement is a warning, and the model is written
+    # unrolled for T=5 (a reviewer, s27: it was refused as if the array were run)
+    assert main(["optimize", str(src), "-o", str(out), "--dim", "T=5", "--check", "0",
+                 "--input", f"X={tmp_path / 'x6.npy'}"]) == 0
+    assert ("--dim T=5 and --input 'X' (T=6) differ: planned at T=5, the array not run "
+            "(--check 0)") in capsys.readouterr().err
+    got = InferenceSession(str(out)).run(None, {"X": x})
+    for g, r in zip(got, run_onnxruntime(onnx.load(src), {"X": x})):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

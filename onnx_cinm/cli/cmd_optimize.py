@@ -142,7 +142,9 @@ def _cmd_optimize(args, parser) -> int:
         # after the work: a conflict the model cannot run, an unrolled recurrence, is an error)
         for dim, size, name, has in golden.dim_conflicts(header, given, dims):
             warn(args, f"--dim {dim}={size} and --input '{name}' ({dim}={has}) "
-                 f"differ: planned at {dim}={size}, checked on the array at {dim}={has}")
+                 f"differ: planned at {dim}={size}, "
+                 + (f"checked on the array at {dim}={has}" if args.check else
+                    "the array not run (--check 0)"))
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from .. import report
 
