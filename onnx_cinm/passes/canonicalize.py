@@ -270,7 +270,11 @@ def _convert_directly(model: onnx.ModelProto, version: int) -> onnx.ModelProto |
     """What ``onnx.version_converter.convert_version(model, TARGET_OPSET)`` returns, message for
     message, for a model whose every step only relabels its ops, moves an ``axes`` attribute
     into a Constant input (ReduceSum, Squeeze, Unsqueeze at 13) or makes a last-axis Softmax's
-    axis -1; None for any other model (then the converter runs).
+    axis -1; None for any other model (then the converter runs). One difference, on models
+    that carry one: a value_info entry of a name no node or input holds is kept, where the
+    converter drops it (canonicalize's later passes drop it too: the written model is the
+    same); an invalid model with a name twice among the inputs or initializers may number the
+    ``_v_`` constants otherwise.
 
     The converter infers shapes (onnx's defaults), converts, and writes the graph back; here
     the same inference runs and the few nodes that change are rewritten in the inferred copy:
