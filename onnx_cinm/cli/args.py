@@ -42,7 +42,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 def _common(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     """The flags every subcommand takes: -q (unless it prints nothing else) and --debug."""
     if quiet:
-        p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+        p.add_argument("-q", "--quiet", action="store_true",
+                       help="print nothing but errors: no summary, progress, warnings or notes")
     p.add_argument("--debug", action="store_true", help="show a traceback for internal errors")
 
 
