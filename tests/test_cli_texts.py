@@ -139,3 +139,21 @@ def test_devices_help_says_what_it_prints(capsys):
     for words in ("every registered device", "parameters", "options", "run modes",
                   "presets", "Takes no arguments"):
         assert words in text, words
+
+
+def test_compare_with_the_optimized_model_first_is_refused_in_one_line(tmp_path, capsys):
+    """Trial s27: 'compare seiz_scan.onnx seizure.onnx' (the optimized model first) warned,
+    printed 'check ... OK', then failed a NaN/Inf check with error inf, exit 1. The arguments
+    swapped are refused before anything runs; in order they compare."""
+    _other_model(tmp_path / "ones.onnx", 1.0)
+    opt = tmp_path / "ones_opt.onnx"
+    assert main(["optimize", str(tmp_path / "ones.onnx"), "-o", str(opt), "--check", "0",
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(opt), str(tmp_path / "ones.onnx")]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err == (f"onnx-cinm: error: {opt} is an optimized model (it records its source "
+                       "model's digest): give the original model first, then its optimized one"
+                       " (onnx-cinm compare ORIGINAL OPTIMIZED)\n")
+    assert main(["compare", str(tmp_path / "ones.onnx"), str(opt)]) == 0

@@ -337,6 +337,10 @@ def _cmd_compare(args, parser) -> int:
         args.original = f"example '{args.example}'"
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
+        if frontend.recorded_source(original) is not None:  # the arguments swapped
+            raise CinmError(f"{args.original} is an optimized model (it records its source "
+                            "model's digest): give the original model first, then its "
+                            "optimized one (onnx-cinm compare ORIGINAL OPTIMIZED)")
     _check_dim_names(original, dims, parser)
     _drop_labels(args, original, given)
     unknown = sorted(set(given) - {i.name for i in original.graph.input})
