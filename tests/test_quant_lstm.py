@@ -135,14 +135,16 @@ def test_onnxruntime_on_two_threads_quantizes_batch_parts_apart():
     np.testing.assert_array_equal(_ort(single, f1, 1)[0], _ort(single, f1, 2)[0])
 
 
-def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path):
+def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path, monkeypatch):
     """An LSTM quantized by onnxruntime's own quantizer (``quantize_dynamic``: a
     DynamicQuantizeLSTM) and unrolled: its S step kernels program the same recurrent weights
     (one tile set) and hold one simulator copy of them between them, not one each (three
     768-wide layers of 80 steps held 4.6 GB). Hand count: two weight arrays, the input
     weights ``[size, 4h]`` and the recurrent ones ``[h, 4h]``, float64 (the simulator's exact
     integer data path), so ``8 * 4h * (size + h)`` bytes; and one int8 form of each for the
-    product kernel. Outputs bit for bit onnxruntime's on the quantized model."""
+    product kernel; the simulator's integer checks run once per array (two). Outputs bit for
+    bit onnxruntime's on the quantized model."""
+    from onnx_cinm.sim import crossbar
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     S, size, hidden = 6, 5, 8
@@ -164,7 +166,12 @@ def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path):
     res = optimize(model, place=[("*", "memristor")])
     path = tmp_path / "o.onnx"
     artifacts.save(res.model, path)
+    checks = []
+    real_check = crossbar._check_integer
+    monkeypatch.setattr(crossbar, "_check_integer",
+                        lambda prog, r, arr: checks.append(r.kind) or real_check(prog, r, arr))
     sess = InferenceSession(path)
+    assert checks == ["weight", "weight"]
     kernels = [d.kernel for d in sess._device_nodes if getattr(d.kernel, "_sim", None)]
     assert len(kernels) == 1 + S
     held = {a.__array_interface__["data"][0]: a for k in kernels for a in k._sim.const.values()}

@@ -36,7 +36,8 @@ class CrossbarKernel:
         shared: a dict kept by the caller for all its kernels (None: none): the simulator's
             arrays of a constant (float32, or float64 for an integer kernel), kept there by
             the constant array, its dtype and view, so kernels over the same weights (the
-            steps of an unrolled recurrence, ``cim_tile_kernel``) hold one copy of them.
+            steps of an unrolled recurrence, ``cim_tile_kernel``) hold one copy of them, and
+            the simulator's checks of an integer kernel's weights run once per array.
 
     A Gemm with ``y_perm`` (its result is ``Transpose(A @ B (+ C), y_perm)``) is written in that
     layout: the simulator's output buffer is laid out (``[G, rows, N]`` or ``[G, N, rows]``,
@@ -75,7 +76,7 @@ class CrossbarKernel:
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
         constants = self._model_constants(prog_name, consts, shared)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
-        self._sim = (CrossbarSimulator(self.prog, constants, resident=True)
+        self._sim = (CrossbarSimulator(self.prog, constants, resident=True, checked=shared)
                      if self.programmed_const else None)
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
