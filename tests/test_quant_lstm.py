@@ -144,8 +144,9 @@ def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path, monkeypatch):
     integer data path), so ``8 * 4h * (size + h)`` bytes; and one int8 form of each for the
     product kernel; the simulator's integer checks run once per array (two). Outputs bit for
     bit onnxruntime's on the quantized model."""
-    from onnx_cinm.sim import crossbar
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from onnx_cinm.sim import crossbar
 
     S, size, hidden = 6, 5, 8
     rng = np.random.default_rng(3)
