@@ -157,3 +157,37 @@ def test_check_and_compare_say_which_engine_computed_each_side(tmp_path, capsys)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check: "))
     assert line.endswith(" (reference: onnxruntime on the original; candidate: the CINM "
                          "provider, device nodes in their kernels)")
+
+
+def test_compare_with_the_optimized_model_first_is_refused_in_one_line(tmp_path, capsys):
+    """Trial s27: 'compare seiz_scan.onnx seizure.onnx' (the optimized model first) warned,
+    printed 'check ... OK', then failed a NaN/Inf check with error inf, exit 1. The arguments
+    swapped are refused before anything runs; in order they compare."""
+    _other_model(tmp_path / "ones.onnx", 1.0)
+    opt = tmp_path / "ones_opt.onnx"
+    assert main(["optimize", str(tmp_path / "ones.onnx"), "-o", str(opt), "--check", "0",
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(opt), str(tmp_path / "ones.onnx")]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert cap.err == (f"onnx-cinm: error: {opt} is an optimized model (it records its source "
+                       "model's digest): give the original model first, then its optimized one"
+                       " (onnx-cinm compare ORIGINAL OPTIMIZED)\n")
+    assert main(["compare", str(tmp_path / "ones.onnx"), str(opt)]) == 0
+
+
+def test_compare_input_of_another_name_lists_the_inputs_as_run_does(tmp_path, capsys):
+    """Trial s27: compare said only "--input 'X' is not an input of M"; run lists the model's
+    inputs (LeNet-shaped model: its one input is named ``input``)."""
+    _other_model(tmp_path / "ones.onnx", 1.0)
+    opt = tmp_path / "ones_opt.onnx"
+    assert main(["optimize", str(tmp_path / "ones.onnx"), "-o", str(opt), "--check", "0",
+                 "-q"]) == 0
+    np.savez(tmp_path / "x.npz", X=np.zeros((1, 1, 28, 28), np.float32))
+    capsys.readouterr()
+    want = "onnx-cinm: error: --input 'X' is not an input of the model (inputs: input)\n"
+    for args in (["compare", str(tmp_path / "ones.onnx"), str(opt)], ["run", str(opt)]):
+        assert main([*args, "--input", str(tmp_path / "x.npz")]) == 1
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err == want

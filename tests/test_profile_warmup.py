@@ -72,3 +72,11 @@ def test_node_seen_only_in_the_first_run_keeps_its_time():
     recs = [_rec(0, "a", 0.5), _rec(0, "then", 0.2), _rec(1, "a", 0.1), _rec(2, "a", 0.3)]
     rows = {r["node"]: r for r in aggregate(recs)}
     assert rows["then"]["wall_s"] == 0.2 and rows["a"]["wall_s"] == 0.2  # median of 0.1, 0.3
+
+
+def test_two_runs_name_the_one_timed_run():
+    """Trial s27: ``run --profile`` with two runs printed '(runs 2-2)' for its one timed run."""
+    text = table(_four_runs()[:4])  # runs 0 and 1
+    assert ("median wall per run (run 2; the median of each run's sum, where a total row adds up "
+            "its nodes' medians): host 37 ms, memristor 2 ms") in text
+    assert "runs 2-2" not in text

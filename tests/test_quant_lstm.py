@@ -5,6 +5,7 @@ quantized here with numpy."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -132,3 +133,52 @@ def test_onnxruntime_on_two_threads_quantizes_batch_parts_apart():
     single = _model(5, 1, 7, 6)
     f1 = _feeds(single)
     np.testing.assert_array_equal(_ort(single, f1, 1)[0], _ort(single, f1, 2)[0])
+
+
+def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path, monkeypatch):
+    """An LSTM quantized by onnxruntime's own quantizer (``quantize_dynamic``: a
+    DynamicQuantizeLSTM) and unrolled: its S step kernels program the same recurrent weights
+    (one tile set) and hold one simulator copy of them between them, not one each (three
+    768-wide layers of 80 steps held 4.6 GB). Hand count: two weight arrays, the input
+    weights ``[size, 4h]`` and the recurrent ones ``[h, 4h]``, float64 (the simulator's exact
+    integer data path), so ``8 * 4h * (size + h)`` bytes; and one int8 form of each for the
+    product kernel; the simulator's integer checks run once per array (two). Outputs bit for
+    bit onnxruntime's on the quantized model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from onnx_cinm.sim import crossbar
+
+    S, size, hidden = 6, 5, 8
+    rng = np.random.default_rng(3)
+    w = [(rng.standard_normal(s) * 0.5).astype(np.float32)
+         for s in ((1, 4 * hidden, size), (1, 4 * hidden, hidden), (1, 8 * hidden))]
+    node = helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y", "Y_h", "Y_c"],
+                            hidden_size=hidden, name="lstm")
+    g = helper.make_graph(
+        [node], "lstm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [S, 1, size])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [S, 1, 1, hidden])],
+        [numpy_helper.from_array(a, n) for a, n in zip(w, "WRB")])
+    float_path, q_path = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              float_path)
+    quantize_dynamic(float_path, q_path, weight_type=QuantType.QInt8)
+    model = onnx.load(q_path)
+    assert [n.op_type for n in model.graph.node] == ["DynamicQuantizeLSTM"]
+    res = optimize(model, place=[("*", "memristor")])
+    path = tmp_path / "o.onnx"
+    artifacts.save(res.model, path)
+    checks = []
+    real_check = crossbar._check_integer
+    monkeypatch.setattr(crossbar, "_check_integer",
+                        lambda prog, r, arr: checks.append(r.kind) or real_check(prog, r, arr))
+    sess = InferenceSession(path)
+    assert checks == ["weight", "weight"]
+    kernels = [d.kernel for d in sess._device_nodes if getattr(d.kernel, "_sim", None)]
+    assert len(kernels) == 1 + S
+    held = {a.__array_interface__["data"][0]: a for k in kernels for a in k._sim.const.values()}
+    assert len(held) == 2
+    assert sum(a.nbytes for a in held.values()) == 8 * 4 * hidden * (size + hidden)
+    feeds = {"X": rng.standard_normal((S, 1, size)).astype(np.float32)}
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], _ort(model, feeds, 1)[0])
+    int8 = [v for k, v in sess._kernels._ort.items() if k[0] == "intW"]
+    assert len(int8) == 2

@@ -338,12 +338,13 @@ def _cmd_compare(args, parser) -> int:
         args.original = f"example '{args.example}'"
     else:
         original = frontend.load_model(args.original)  # one-line errors for a bad original
+        if frontend.recorded_source(original) is not None:  # the arguments swapped
+            raise CinmError(f"{args.original} is an optimized model (it records its source "
+                            "model's digest): give the original model first, then its "
+                            "optimized one (onnx-cinm compare ORIGINAL OPTIMIZED)")
     _check_dim_names(original, dims, parser)
     _drop_labels(args, original, given)
-    unknown = sorted(set(given) - {i.name for i in original.graph.input})
-    if unknown:
-        raise CinmError(f"--input '{unknown[0]}' is not an input of {args.original}")
-    golden.check_given_inputs(original, given)
+    golden.check_given_inputs(original, given)  # an unknown name: the inputs listed, as run's
     _refuse_dim_conflicts(original, given, dims)
     # host partitions as the reference runs: onnxruntime's own fusions are not our error;
     # crossbar products in onnxruntime's matrix kernels, which sum in the reference's order

@@ -268,7 +268,8 @@ class Device:
         return []
 
     def kernel(self, op: OpInfo, attrs: dict, root: Path, consts: dict,
-               mode: str, run_options: dict | None = None) -> Callable | None:
+               mode: str, run_options: dict | None = None,
+               shared: dict | None = None) -> Callable | None:
         """A callable running the node's kernel in ``mode`` (one of :attr:`modes` other than
         ``"model"``): ``f(inputs) -> (outputs, metrics)``, ``inputs`` and ``outputs`` lists of
         numpy arrays (None for an absent optional input; the outputs are the caller's, who may
@@ -281,7 +282,11 @@ class Device:
         ``latency_s``, ``energy_j``) or None. None: the node runs its reference body on the
         host. ``root`` is the ``<model>.cinm/`` folder; ``consts`` the node's constant inputs
         by name; ``run_options`` the :attr:`RunOptions` given to the provider, by field name
-        (only those given; raise CinmError if they do not fit the node's plan)."""
+        (only those given; raise CinmError if they do not fit the node's plan).
+        ``shared``: a dict the caller keeps as long as its kernels, the same for all of them
+        (None: none), where a kernel may keep an array it derives from a constant for the
+        kernels over the same constant (keyed by all it depends on: the constant array
+        itself, held in the entry, not only its name), so they hold one copy between them."""
         return None
 
     def from_patches(self, kernel: Callable, geometry: tuple,

@@ -234,7 +234,8 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
         notes.append(f"... {len(grouped) - len(shown)} more rows (every node in --profile-out)")
     first = first_run_wall(records)
     if n_runs > 1:
-        notes.append(f"median wall per run (runs 2-{n_runs}; the median of each run's sum, where "
+        which = f"runs 2-{n_runs}" if n_runs > 2 else "run 2"  # not "runs 2-2"
+        notes.append(f"median wall per run ({which}; the median of each run's sum, where "
                      "a total row adds up its nodes' medians): " + ", ".join(
             f"{d} {si(v, 's')}" for d, v in median_split(steady(records)).items()))
         notes.append(f"first run, including one-time kernel selection: {si(first, 's')} "

@@ -474,6 +474,10 @@ class InferenceSession:
             raise CinmError(f"{PROVIDER}: {e}") from None
         self._providers = providers
         self._options = opts
+        # what device kernels derive from the constants, one copy for the kernels over the
+        # same ones (Device.kernel's ``shared``): an unrolled int8 LSTM's 80 steps per layer
+        # held 80 float64 copies of its recurrent weights, 4.6 GB for three layers of 768
+        self._shared: dict = {}
         if isinstance(path_or_model, onnx.ModelProto):
             model = path_or_model
             root = Path(kernel_dir) if kernel_dir else None
@@ -507,6 +511,7 @@ class InferenceSession:
         infos (which cover the branches' tensors at the planned sizes)."""
         self = cls.__new__(cls)
         self._kernels, self._providers = parent._kernels, parent._providers
+        self._shared = parent._shared
         self._options, self._label_text = parent._options, parent._label_text
         self._setup(model, parent._root)
         self._build(use_devices=True, manifest_kernels=parent._manifest_kernels,
@@ -537,7 +542,7 @@ class InferenceSession:
                             f"{self._root / artifacts.MANIFEST}")
         node_consts = {n: consts[n] for n in node.input if n in consts}
         kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode,
-                            run_options_of(dev, self._options))
+                            run_options_of(dev, self._options), self._shared)
         return None if kernel is None else (dev_name, kernel, mode)
 
     def _build(self, use_devices: bool, manifest_kernels: set | None = None,

@@ -311,7 +311,8 @@ class HbmPimDevice(Device):
                              op.name, path, weights)
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
-               mode: str = "simulate", run_options: dict | None = None):
+               mode: str = "simulate", run_options: dict | None = None,
+               shared: dict | None = None):
         """The functional model running the node's emitted program (:class:`.kernel.
         HbmPimKernel`); None in mode ``model``."""
         if mode == "model":

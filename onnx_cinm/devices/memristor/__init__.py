@@ -774,16 +774,20 @@ class MemristorDevice(Device):
             return [write_kernel_file(path, text)]
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
-               mode: str = "simulate", run_options: dict | None = None):
+               mode: str = "simulate", run_options: dict | None = None,
+               shared: dict | None = None):
         """A callable running the node's ``.xbar`` kernel in the simulator (see
         :class:`onnx_cinm.devices.memristor.kernel.CrossbarKernel`), in the data path the file
         was compiled with, or the one ``run_options`` (:class:`CrossbarRunOptions` fields)
-        make of it. Raises CinmError if they do not go together (an ideal data path at a time
+        make of it; kernels given the same ``shared`` dict hold one simulator copy of the
+        weights they program from the same constant (the steps of an unrolled recurrence).
+        Raises CinmError if they do not go together (an ideal data path at a time
         after programming)."""
         from .kernel import CrossbarKernel
 
         data_path = _run_mode(attrs, self.params, run_options) if run_options else None
-        return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path)
+        return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path,
+                              shared)
 
     def from_patches(self, kernel, geometry: tuple, activation: str | None = None,
                      groups: int = 1):

@@ -33,6 +33,11 @@ class CrossbarKernel:
             the file does not add.
         mode: a :class:`~onnx_cinm.sim.crossbar.mode.CrossbarMode` to run instead of the
             file's header (None: the file's).
+        shared: a dict kept by the caller for all its kernels (None: none): the simulator's
+            arrays of a constant (float32, or float64 for an integer kernel), kept there by
+            the constant array, its dtype and view, so kernels over the same weights (the
+            steps of an unrolled recurrence, ``cim_tile_kernel``) hold one copy of them, and
+            the simulator's checks of an integer kernel's weights run once per array.
 
     A Gemm with ``y_perm`` (its result is ``Transpose(A @ B (+ C), y_perm)``) is written in that
     layout: the simulator's output buffer is laid out (``[G, rows, N]`` or ``[G, N, rows]``,
@@ -53,7 +58,8 @@ class CrossbarKernel:
         XbarError: the file is missing or malformed, or an input does not fit it.
     """
 
-    def __init__(self, op, attrs: dict, path, consts: dict, mode=None) -> None:
+    def __init__(self, op, attrs: dict, path, consts: dict, mode=None,
+                 shared: dict | None = None) -> None:
         self.op = op
         self.operand = attrs["cim_operand"]
         self.prog = load_file(path)
@@ -68,9 +74,9 @@ class CrossbarKernel:
         prog_name = names[0] if self.operand == "A" else names[1]
         owner = attrs.get("cim_tile_kernel")
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
-        constants = self._model_constants(prog_name, consts)
+        constants = self._model_constants(prog_name, consts, shared)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
-        self._sim = (CrossbarSimulator(self.prog, constants, resident=True)
+        self._sim = (CrossbarSimulator(self.prog, constants, resident=True, checked=shared)
                      if self.programmed_const else None)
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
@@ -85,12 +91,13 @@ class CrossbarKernel:
         self._probed = None  # _affine's probe: its form, False (none) or None (not run)
         self._int_conv_bias = None  # an integer program's bias in the convolution's layout
 
-    def _model_constants(self, prog_name: str, consts: dict) -> dict:
+    def _model_constants(self, prog_name: str, consts: dict, shared: dict | None) -> dict:
         """The arrays of the file's regions that name a tensor of the model (``model:<name>``,
         ``docs/xbar-format.md``): the weight ``W[G, K, N]`` from the programmed operand (``B``
         as it is, ``A`` transposed; :func:`~onnx_cinm.paradigms.cim.layout.weights`), a bias
         as ``[G, 1, N]``. The region must name the node's own constant input in its role
-        (XbarError otherwise: the folder is untrusted input)."""
+        (XbarError otherwise: the folder is untrusted input). An array already in ``shared``
+        for the same constant array, dtype, role and view is taken from there."""
         want = {"weight": prog_name, "bias": self.bias_name}
         out = {}
         for r in self.prog.regions.values():
@@ -103,13 +110,22 @@ class CrossbarKernel:
                                 f"{r.tensor!r}, not the node's constant {role} "
                                 f"{want.get(r.kind)!r}")
             v = layout.op_view(self.op, self.operand)
+            src = consts[r.tensor]
             # integer kernels exactly (an int32 bias does not fit float32's mantissa)
-            arr = np.asarray(consts[r.tensor], dtype=np.float64 if self.integer else np.float32)
-            if r.kind == "weight":
-                A, B = (arr, None) if self.operand == "A" else (None, arr)
-                out[r.name] = layout.weights(v, A, B)
-            else:
-                out[r.name] = layout.bias_array(v, arr)
+            dt = np.float64 if self.integer else np.float32
+            key = ("crossbar", r.kind, id(src), np.dtype(dt).str, v)  # v: frozen, all shapes
+            got = shared.get(key) if shared is not None else None
+            if got is None or got[0] is not src:
+                arr = np.asarray(src, dtype=dt)
+                if r.kind == "weight":
+                    A, B = (arr, None) if self.operand == "A" else (None, arr)
+                    arr = layout.weights(v, A, B)
+                else:
+                    arr = layout.bias_array(v, arr)
+                got = (src, arr)  # the source held: its id is not reused while the entry lives
+                if shared is not None:
+                    shared[key] = got
+            out[r.name] = got[1]
         return out
 
     def __call__(self, inputs: list) -> tuple[list, dict]:

@@ -295,7 +295,8 @@ class UpmemDevice(Device):
         return emit_op(op, attrs, consts, root, target=self._planned_target(attrs))
 
     def kernel(self, op: OpInfo, attrs: dict, root, consts: dict | None = None,
-               mode: str = "emulate", run_options: dict | None = None):
+               mode: str = "emulate", run_options: dict | None = None,
+               shared: dict | None = None):
         """A callable running the node's kernel in the UPMEM emulator, generated again from
         the plan (the folder's C must equal it; see
         :class:`onnx_cinm.devices.upmem.kernel.UpmemKernel`); None in mode ``model``."""

@@ -498,12 +498,17 @@ class CrossbarSimulator:
             constants, not an activation programmed for one run): the ideal products may then
             keep them in a matrix kernel of their own
             (:meth:`onnx_cinm.sim.blas.MatrixKernels.matmul`).
+        checked: a dict the caller keeps across simulators (None: none) recording the arrays
+            of ``constants`` a ``dtype int32`` file's checks passed, by the array and the
+            levels checked against, so simulators given one array (the steps of an unrolled
+            recurrence) check it once.
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
     """
 
-    def __init__(self, program, constants: dict | None = None, resident: bool = False) -> None:
+    def __init__(self, program, constants: dict | None = None, resident: bool = False,
+                 checked: dict | None = None) -> None:
         if not isinstance(program, XbarProgram):
             program = load_file(program)
         self.prog = program
@@ -539,7 +544,11 @@ class CrossbarSimulator:
                 raise _err(program.path, r.line, f"{r.name}: sidecar shape {arr.shape} != "
                                                  f"declared {r.dims}")
             if self._int:
-                _check_integer(program, r, arr)
+                key = ("int32 check", id(arr), r.kind, program.header["int_cells"].weight_levels)
+                if checked is None or checked.get(key) is not arr:
+                    _check_integer(program, r, arr)
+                    if checked is not None:
+                        checked[key] = arr  # held: its id is not reused while the entry lives
             self.const[r.name] = arr
         self.mode = program.mode
         if self.mode is None:  # an XbarProgram built by hand, not by parse()
