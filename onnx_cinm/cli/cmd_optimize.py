@@ -143,7 +143,7 @@ def _cmd_optimize(args, parser) -> int:
         for dim, size, name, has in golden.dim_conflicts(header, given, dims):
             warn(args, f"--dim {dim}={size} and --input '{name}' ({dim}={has}) "
                  f"differ: planned at {dim}={size}, "
-                 + (f"checked on the array at {dim}={has}" if args.check else
+                 + (f"checked on the array at {dim}={has}" if args.check != 0 else
                     "the array not run (--check 0)"))
     if args.report:  # rendered first: a report that cannot be made stops before any writing
         from .. import report
