@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -256,7 +257,8 @@ def _weightless_copy(model: onnx.ModelProto, dims: dict,
     return light, consts
 
 
-def open_tensors(model: onnx.ModelProto, names: list[str]) -> list[str]:
+def open_tensors(model: onnx.ModelProto, names: list[str],
+                 first_inference: Callable[[], onnx.ModelProto | None] | None = None) -> list[str]:
     """The tensors of ``names`` (of the main graph) whose shape :func:`tensor_infos` leaves
     open: no info, no shape, or a dim without a size; in the order given.
 
@@ -269,13 +271,26 @@ def open_tensors(model: onnx.ModelProto, names: list[str]) -> list[str]:
     probe's cost on DenseNet121, where nothing is open) is skipped. Otherwise
     :func:`tensor_infos` answers.
 
+    ``first_inference``, for a model with no planned dims and no ``Shape``/``Size`` node (no
+    values to propagate): called instead of that first inference, it returns another inference
+    of a weightless copy with onnx's defaults that sizes the same tensors (the opset
+    conversion's, :func:`onnx_cinm.passes.canonicalize.conversion_inference`, so that it runs
+    once), or None (then the first inference runs).
+
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
     dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
     if not frontend.probed_shapes(model) and not len(model.graph.value_info):
-        light, consts = _weightless_copy(model, dims)
-        if _all_sized(infer_once(light).graph, consts, dims, names):
+        inferred = None
+        if first_inference is not None and not dims and \
+                not frontend.wants_data_propagation(model.graph):
+            inferred = first_inference()
+            consts = {init.name for init in model.graph.initializer[:]}
+        if inferred is None:
+            light, consts = _weightless_copy(model, dims)
+            inferred = infer_once(light)
+        if _all_sized(inferred.graph, consts, dims, names):
             return []
     infos = tensor_infos(model)
     return [o for o in names if o not in infos or infos[o].shape is None or

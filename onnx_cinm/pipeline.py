@@ -403,7 +403,7 @@ _SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
 
 
 def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
-                       by_data_too: bool = False) -> dict | None:
+                       by_data_too: bool = False, ctx: PassContext | None = None) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
     and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's
     outputs), from one onnxruntime run of ``model`` on ``feeds()``
@@ -414,7 +414,10 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     input: the sizes their data gives are the ones to plan at; the graph keeps its symbolic
     shapes, so the model still runs on other data: a text encoder's rows after its Unique).
     Returns the record (``{name: (element type, dims)}``), or None when nothing was open or
-    onnxruntime could not run the model (then nothing is recorded: those dims count 1)."""
+    onnxruntime could not run the model (then nothing is recorded: those dims count 1).
+    With ``ctx``, a model below opset 13 is told open or not by the inference its opset
+    conversion runs first, handed on to it in ``ctx.opset_inference``
+    (:func:`onnx_cinm.passes.canonicalize.conversion_inference`): run once, not twice."""
     from .passes.graph_names import names_read
 
     by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
@@ -429,9 +432,17 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
             continue
         asked += [o for o in node.output[:] if o in read]
     # most models have every shape sized by one inference: that alone tells (open_tensors)
-    open_ = open_tensors(model, asked)
+    def first_inference():
+        from .passes.canonicalize import conversion_inference
+
+        ctx.opset_inference = conversion_inference(model)
+        return ctx.opset_inference and ctx.opset_inference[3]
+
+    open_ = open_tensors(model, asked, first_inference if ctx is not None else None)
     if not open_:
         return None
+    if ctx is not None:  # the model may change here (the record): not handed on
+        ctx.opset_inference = None
     # imported only for a run: it loads onnxruntime (about 40 ms), which a model with every
     # shape known and the check off never needs
     from .passes.control_flow import probe
@@ -908,7 +919,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         # Unique) is what the model meets, so it is planned at those sizes too
         given = bool(inputs) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(inputs)
         probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0],
-                                    by_data_too=given)
+                                    by_data_too=given, ctx=ctx)
         if probed is not None:
             ctx.stats["probed_shapes"] = len(probed)
             pm.timings.append(("probe_shapes", time.perf_counter() - t0))

@@ -109,3 +109,37 @@ def test_op_info_reads_each_field_once_and_counts_as_node_flops():
     assert c.attrs == {"kernel_shape": [3, 3]}
     assert c.flops == 2 * (2 * 3 * 3) * (4 * 3 * 3)  # C/group * k per output element
     assert (g.flops, c.flops) == (node_flops(gemm, infos), node_flops(conv, infos))
+
+
+def test_open_tensors_from_the_opset_conversions_inference():
+    """The planning probe of an opset-9 model asks with the inference canonicalize_opset runs
+    to convert it (conversion_inference): the same answers as its own first inference, hand
+    counts as above (Relu(x[2, 3]) sized, Reshape by a graph input's values open); with
+    planned dims the probe's own inference runs (the conversion's has no sizes bound)."""
+    from onnx_cinm.passes.canonicalize import conversion_inference
+
+    def model(x_dims):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims),
+                  helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+
+    calls = []
+
+    def first(m):
+        def inference():
+            calls.append(m)
+            return conversion_inference(m)[3]
+        return inference
+
+    static = model([2, 3])
+    assert open_tensors(static, ["r"], first(static)) == [] == open_tensors(static, ["r"])
+    assert open_tensors(static, ["r", "y"], first(static)) == ["y"] == \
+        open_tensors(static, ["r", "y"])
+    assert len(calls) == 2
+    planned = model(["batch", 3])
+    frontend.set_planned_dims(planned, {"batch": 4})
+    assert open_tensors(planned, ["r"], first(planned)) == []
+    assert len(calls) == 2  # not asked: the conversion's inference leaves batch open

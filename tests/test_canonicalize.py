@@ -957,3 +957,22 @@ def test_repeat_is_broadcast_to(dtype, dims):
             array = array.base
         return array
     assert isinstance(root(fast), bytes) and root(fast) is root(slow)  # the value's bytes
+
+
+def test_conversion_inference_handed_on_gives_the_same_model(light_model_paths):
+    """canonicalize_opset with the planning probe's conversion_inference handed on writes the
+    model byte for byte as without it (the converter's output, compared by
+    test_direct_conversion_of_the_light_models); one made of another model is not used."""
+    paths = sorted(light_model_paths.values())[:3]
+    for path, other in zip(paths, paths[1:] + paths[:1]):
+        alone = onnx.load(path)
+        get_pass("canonicalize_opset")(alone, PassContext())
+        for source in (path, other):
+            model = onnx.load(path)
+            ctx = PassContext()
+            ctx.opset_inference = canonicalize.conversion_inference(
+                model if source == path else onnx.load(source))
+            assert ctx.opset_inference is not None
+            get_pass("canonicalize_opset")(model, ctx)
+            assert ctx.opset_inference is None
+            assert model.SerializeToString() == alone.SerializeToString()

@@ -105,6 +105,13 @@ class PassContext:
     #: ``restore_host_ops`` to price the model as placed without building its problem again;
     #: read and cleared by it
     placed: object | None = field(default=None, repr=False, compare=False)
+    #: ``(model, weightless copy, moved names, inferred copy)``: what ``canonicalize_opset``
+    #: converts a model below opset 13 from, made already by the planning probe of
+    #: :func:`onnx_cinm.pipeline.optimize` (:func:`.canonicalize.conversion_inference`), which
+    #: hands it on only when it leaves the model as it is; read by that pass for that very
+    #: model, and cleared by the :class:`PassManager` after the first pass (and at every run's
+    #: end)
+    opset_inference: tuple | None = field(default=None, repr=False, compare=False)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
@@ -278,6 +285,7 @@ class PassManager:
                 model = fn(model, ctx)
                 if ctx.fills is fills:  # not handed on (see PassContext.fills)
                     ctx.fills = {}
+                ctx.opset_inference = None  # for the first pass only
                 if name not in _KEEPS_SHAPES:
                     ctx.forget_infos()
                 self.timings.append((name, time.perf_counter() - t0))
@@ -285,4 +293,5 @@ class PassManager:
             if name == last:
                 break
         ctx.fills = {}
+        ctx.opset_inference = None
         return model

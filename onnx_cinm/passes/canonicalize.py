@@ -266,7 +266,8 @@ def _changed_steps(op_type: str, version: int) -> list[int] | None:
     return steps
 
 
-def _convert_directly(model: onnx.ModelProto, version: int) -> onnx.ModelProto | None:
+def _convert_directly(model: onnx.ModelProto, version: int,
+                      inferred: onnx.ModelProto | None = None) -> onnx.ModelProto | None:
     """What ``onnx.version_converter.convert_version(model, TARGET_OPSET)`` returns, message for
     message, for a model whose every step only relabels its ops, moves an ``axes`` attribute
     into a Constant input (ReduceSum, Squeeze, Unsqueeze at 13) or makes a last-axis Softmax's
@@ -287,6 +288,8 @@ def _convert_directly(model: onnx.ModelProto, version: int) -> onnx.ModelProto |
     inputs or outputs, values named ``_v_...`` or sparse initializers, from opset 9..12 with
     one default-domain import, spelled ``""``; the converter's messages are its own, so a
     model it may refuse (an op without a schema, a step it has no adapter for) goes to it.
+    ``inferred``: that inference of ``model`` already run (:func:`conversion_inference`),
+    used (and rewritten) instead of running it again.
     """
     graph = model.graph
     imports = [o.domain for o in model.opset_import]
@@ -314,7 +317,8 @@ def _convert_directly(model: onnx.ModelProto, version: int) -> onnx.ModelProto |
         names += outputs
     if "\n_v_" in "\n" + "\n".join(names):
         return None  # a name the converter may mint: it would pick another
-    inferred = onnx.shape_inference.infer_shapes(model)
+    if inferred is None:
+        inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
     ranks = {}
     for step in sorted({step for changed in steps.values() for step in changed}):
@@ -385,6 +389,38 @@ def _convert_function(function: onnx.FunctionProto, target: int) -> None:
     function.opset_import.extend(converted.opset_import)
 
 
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
+    """The weightless copy :func:`canonicalize_opset` converts, and the names of the weights
+    it moved to the graph inputs (:func:`onnx_cinm.frontend.strip_weights`)."""
+    skeleton, moved = strip_weights(model)
+    _flatten_hardmax(skeleton.graph)
+    return skeleton, moved
+
+
+def conversion_inference(model: onnx.ModelProto) -> tuple | None:
+    """The weightless copy :func:`canonicalize_opset` converts ``model`` (below
+    :data:`TARGET_OPSET`) from, and the shape inference it runs first to convert it directly
+    (:func:`_convert_directly`: onnx's defaults), made now: ``(model, copy, names of the
+    weights moved to its inputs, inferred copy)``. For the planning probe, which reads the same
+    inference first, to hand on in :attr:`onnx_cinm.passes.PassContext.opset_inference` when it
+    leaves ``model`` as it is: one whole-graph inference and one weightless copy fewer on the
+    light models (opset 9). None for a model without a default opset below
+    :data:`TARGET_OPSET`, or when onnx raises (the pass then runs it, and reports what it
+    raises)."""
+    version = _default_opset(model)
+    if version is None or version >= TARGET_OPSET:
+        return None
+    skeleton, moved = _skeleton(model)
+    try:
+        return model, skeleton, moved, onnx.shape_inference.infer_shapes(skeleton)
+    except Exception:  # noqa: BLE001 - the pass runs it again and reports the error
+        return None
+
+
+def _opsets(model: onnx.ModelProto) -> list[bytes]:
+    return [opset.SerializeToString() for opset in model.opset_import]
+
+
 @register_pass("canonicalize_opset")
 def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Lift the default opset to >= 13 and the IR version to 10..11; drop initializer inputs.
@@ -423,9 +459,14 @@ def canonicalize_opset(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelPr
     if version is None:
         model.opset_import.append(onnx.helper.make_opsetid("", TARGET_OPSET))
     elif version < TARGET_OPSET:
-        skeleton, moved = strip_weights(model)
-        _flatten_hardmax(skeleton.graph)
-        converted = _convert_directly(skeleton, version) or \
+        given, ctx.opset_inference = ctx.opset_inference, None
+        # made of this very model, untouched since (the probe hands it on to the first pass
+        # only), but for the opset imports just deduplicated
+        if given and given[0] is model and _opsets(given[1]) == _opsets(model):
+            _, skeleton, moved, inferred = given
+        else:
+            (skeleton, moved), inferred = _skeleton(model), None
+        converted = _convert_directly(skeleton, version, inferred) or \
             _convert_version(skeleton, TARGET_OPSET, "the model", version)
         restore_weights(model, converted, moved)
         _dedupe_opset_imports(model)
