@@ -352,10 +352,13 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     # the device of every op but the two the program decides: fixed ones' own, else the host
     others = [prob.fixed[n].device if n in prob.fixed else "host" for n in range(len(prob.nodes))]
     others.append("host")  # a graph input (producer -1)
+    live = None  # the rows of ``value`` with a finite state and those rows, when known
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
-        live = np.flatnonzero(np.isfinite(value).any(axis=1))
-        prev_rows, reached = live.tolist(), value[live]
+        if live is None:
+            live = np.flatnonzero(np.isfinite(value).any(axis=1))
+            reached = value[live]
+        prev_rows = live.tolist()
         moved: dict = {}
         mine = owner.get(i, ())
 
@@ -398,13 +401,20 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 steps.append([own + transfers(p, ch.device) for p in prev_rows])
             tot = reached[None, :, :] + np.array(steps)[:, :, None]
             best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
-            nvalue = np.full((len(names), len(codes)), np.inf)
-            nvalue[rows] = np.where(best < np.inf, best, np.inf)
             back.append((rows, live, tot.argmin(axis=1), best))
-            value = nvalue
+            kept = np.where(best < np.inf, best, np.inf)
+            if k == len(dec) - 1:
+                value = np.full((len(names), len(codes)), np.inf)
+                value[rows] = kept
+            # the next layer's live rows (ascending, as np.flatnonzero gives them) and values
+            fin = np.isfinite(kept).any(axis=1).tolist()
+            order = sorted((c for c in range(len(rows)) if fin[c]), key=rows.__getitem__)
+            live = np.array([rows[c] for c in order], dtype=np.intp)
+            reached = kept[order]
             continue
         src = np.arange(len(codes))
         entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+        held: dict = {}  # crossbar device -> tiles each column keeps on it (once per layer)
         for ci, ch in enumerate(prob.cands[i]):
             own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
             step = np.array([own + transfers(p, ch.device) for p in prev_rows])
@@ -413,7 +423,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
             if ch.device in stride and ch.kept_tiles:
                 d = ch.device
-                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                if d not in held:
+                    held[d] = (codes // stride[d]) % (room[d] + 1)
+                ok = held[d] <= room[d] - ch.kept_tiles  # (integers: held + kept <= room)
                 best, prow, psrc = best[ok], prow[ok], src[ok]
                 tgt = codes[ok] + ch.kept_tiles * stride[d]
             entries.append((row[ch.device], tgt, best, prow, psrc, ci))
@@ -421,13 +433,23 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
         nvalue = np.full((len(names), len(new)), np.inf)
         bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+        at_codes = src if same else None  # the new columns of the columns kept as they are
+        written = set()  # rows some entry wrote: the others are still all inf
         for r, tgt, val, prow, psrc, ci in entries:
-            col = src if same else np.searchsorted(new, tgt)
-            better = val < nvalue[r, col]  # the first of equal values stays
-            col = col[better]
-            nvalue[r, col] = val[better]
-            bp[0, r, col] = prow[better]
-            bp[1, r, col] = psrc[better]
+            if tgt is codes:
+                if at_codes is None:
+                    at_codes = np.searchsorted(new, codes)
+                col = at_codes
+            else:
+                col = np.searchsorted(new, tgt)
+            # the first of equal values stays
+            better = val < (nvalue[r, col] if r in written else np.inf)
+            written.add(r)
+            if not better.all():
+                col, val, prow, psrc = col[better], val[better], prow[better], psrc[better]
+            nvalue[r, col] = val
+            bp[0, r, col] = prow
+            bp[1, r, col] = psrc
             bp[2, r, col] = ci
         # many crossbars and many sizes: keep the best states
         finite = None if len(names) * len(new) <= MAX_DP_STATES else np.isfinite(nvalue)
@@ -438,10 +460,10 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             new, nvalue, bp = new[used], nvalue[:, used], bp[:, :, used]
             chain = False  # no longer a proof of optimality
         back.append(bp)
-        codes, value = new, nvalue
+        codes, value, live = new, nvalue, None
     assign: dict = {}
     if dec:
-        r, c = np.unravel_index(np.argmin(value), value.shape)
+        r, c = divmod(int(np.argmin(value)), value.shape[1])
         for k in range(len(dec), 0, -1):
             p, pc, ci = _back(back[k - 1], r, c)
             assign[dec[k - 1]] = prob.cands[dec[k - 1]][ci]
@@ -455,14 +477,14 @@ def _back(bp, r: int, c: int) -> tuple:
     choices keep the columns, ``(row of each choice, previous rows, argmin over them
     [choice, column], value [choice, column])``; an unreachable state points at ``(0, 0, 0)``."""
     if not isinstance(bp, tuple):
-        return bp[:, r, c]
+        return bp[:, r, c].tolist()
     rows, live, arg, best = bp
     if r not in rows:
         return 0, 0, 0
     ci = rows.index(r)
-    if not best[ci, c] < np.inf:
+    if not best.item(ci, c) < math.inf:
         return 0, 0, 0
-    return live[arg[ci, c]], c, ci
+    return live.item(arg.item(ci, c)), c, ci
 
 
 @dataclass
