@@ -738,6 +738,13 @@ class _Compiled:
 
     def trial(self, i: int, dev: str) -> tuple[dict, Totals]:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
+        return self.totals(*self.moved(i, dev))
+
+    def moved(self, i: int, dev: str) -> tuple[dict, list, float, float]:
+        """``(changed choices {op index: Choice}, [(old, new) transfer charges of each tensor
+        op i touches], total latency s, total energy J)`` of moving op ``i`` to ``dev``: the
+        totals' latency and energy as :meth:`totals` sums them (same order, same values), so
+        that a move that does not improve the objective needs no full totals."""
         prob, assign = self.prob, self.assign
         old_dev = assign[i].device
         changed = {}
@@ -753,12 +760,28 @@ class _Compiled:
                     changed[j] = ch
         if i not in changed:
             changed[i] = _variant(prob, i, dev, _recorded(prob, i, dev))
+        lat, en = self.tot.latency_s, self.tot.energy_j
+        for j, ch in changed.items():  # as _add_choice adds them
+            lat += -1 * assign[j].cost.latency_s
+            en += -1 * assign[j].cost.energy_j
+            lat += 1 * ch.cost.latency_s
+            en += 1 * ch.cost.energy_j
+        pairs = list(zip(_transfers(prob, assign, i, old_dev, self.devs),
+                         _transfers(prob, assign, i, dev, self.devs)))
+        for (s0, j0, _), (s1, j1, _) in pairs:
+            lat += s1 - s0
+            en += j1 - j0
+        return changed, pairs, lat, en
+
+    def totals(self, changed: dict, pairs: list, lat: float, en: float) -> tuple[dict, Totals]:
+        """``(changed, totals)`` of a move :meth:`moved` priced (``lat``/``en``: its sums,
+        which these totals come to as well)."""
+        assign = self.assign
         tot = _copy_totals(self.tot)
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
-        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev, self.devs),
-                                              _transfers(prob, assign, i, dev, self.devs)):
+        for (s0, j0, b0), (s1, j1, b1) in pairs:
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
             tot.transfer_bytes += b1 - b0
@@ -813,8 +836,12 @@ def _polish(prob: Problem, assign: dict, objective: str) -> tuple[dict | None, b
                     if priced >= POLISH_MOVES:
                         return better, True
                     priced += 1  # re-plans a crossbar device
-                diff, tot = tried[c.device] = state.trial(i, c.device)
-                if tot.value(objective) < best * (1 - 1e-9) and not violations(prob, tot):
+                move = state.moved(i, c.device)
+                tried[c.device] = None
+                if not _f(objective, move[2], move[3]) < best * (1 - 1e-9):
+                    continue  # (the value its totals would give)
+                diff, tot = state.totals(*move)
+                if not violations(prob, tot):
                     state.apply(diff, tot)
                     best, changed = tot.value(objective), True
                     better = dict(state.assign)
