@@ -352,10 +352,13 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     # the device of every op but the two the program decides: fixed ones' own, else the host
     others = [prob.fixed[n].device if n in prob.fixed else "host" for n in range(len(prob.nodes))]
     others.append("host")  # a graph input (producer -1)
+    live = None  # the rows of ``value`` with a finite state and those rows, when known
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
-        live = np.flatnonzero(np.isfinite(value).any(axis=1))
-        prev_rows, reached = live.tolist(), value[live]
+        if live is None:
+            live = np.flatnonzero(np.isfinite(value).any(axis=1))
+            reached = value[live]
+        prev_rows = live.tolist()
         moved: dict = {}
         mine = owner.get(i, ())
 
@@ -398,13 +401,20 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 steps.append([own + transfers(p, ch.device) for p in prev_rows])
             tot = reached[None, :, :] + np.array(steps)[:, :, None]
             best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
-            nvalue = np.full((len(names), len(codes)), np.inf)
-            nvalue[rows] = np.where(best < np.inf, best, np.inf)
             back.append((rows, live, tot.argmin(axis=1), best))
-            value = nvalue
+            kept = np.where(best < np.inf, best, np.inf)
+            if k == len(dec) - 1:
+                value = np.full((len(names), len(codes)), np.inf)
+                value[rows] = kept
+            # the next layer's live rows (ascending, as np.flatnonzero gives them) and values
+            fin = np.isfinite(kept).any(axis=1).tolist()
+            order = sorted((c for c in range(len(rows)) if fin[c]), key=rows.__getitem__)
+            live = np.array([rows[c] for c in order], dtype=np.intp)
+            reached = kept[order]
             continue
         src = np.arange(len(codes))
         entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
+        held: dict = {}  # crossbar device -> tiles each column keeps on it (once per layer)
         for ci, ch in enumerate(prob.cands[i]):
             own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
             step = np.array([own + transfers(p, ch.device) for p in prev_rows])
@@ -413,7 +423,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             best, prow, psrc, tgt = tot[arg, src], live[arg], src, codes
             if ch.device in stride and ch.kept_tiles:
                 d = ch.device
-                ok = (codes // stride[d]) % (room[d] + 1) + ch.kept_tiles <= room[d]
+                if d not in held:
+                    held[d] = (codes // stride[d]) % (room[d] + 1)
+                ok = held[d] <= room[d] - ch.kept_tiles  # (integers: held + kept <= room)
                 best, prow, psrc = best[ok], prow[ok], src[ok]
                 tgt = codes[ok] + ch.kept_tiles * stride[d]
             entries.append((row[ch.device], tgt, best, prow, psrc, ci))
@@ -421,13 +433,23 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
         new = codes if same else _unique(np.concatenate([e[1] for e in entries]))
         nvalue = np.full((len(names), len(new)), np.inf)
         bp = np.zeros((3, len(names), len(new)), dtype=np.int64)
+        at_codes = src if same else None  # the new columns of the columns kept as they are
+        written = set()  # rows some entry wrote: the others are still all inf
         for r, tgt, val, prow, psrc, ci in entries:
-            col = src if same else np.searchsorted(new, tgt)
-            better = val < nvalue[r, col]  # the first of equal values stays
-            col = col[better]
-            nvalue[r, col] = val[better]
-            bp[0, r, col] = prow[better]
-            bp[1, r, col] = psrc[better]
+            if tgt is codes:
+                if at_codes is None:
+                    at_codes = np.searchsorted(new, codes)
+                col = at_codes
+            else:
+                col = np.searchsorted(new, tgt)
+            # the first of equal values stays
+            better = val < (nvalue[r, col] if r in written else np.inf)
+            written.add(r)
+            if not better.all():
+                col, val, prow, psrc = col[better], val[better], prow[better], psrc[better]
+            nvalue[r, col] = val
+            bp[0, r, col] = prow
+            bp[1, r, col] = psrc
             bp[2, r, col] = ci
         # many crossbars and many sizes: keep the best states
         finite = None if len(names) * len(new) <= MAX_DP_STATES else np.isfinite(nvalue)
@@ -438,10 +460,10 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             new, nvalue, bp = new[used], nvalue[:, used], bp[:, :, used]
             chain = False  # no longer a proof of optimality
         back.append(bp)
-        codes, value = new, nvalue
+        codes, value, live = new, nvalue, None
     assign: dict = {}
     if dec:
-        r, c = np.unravel_index(np.argmin(value), value.shape)
+        r, c = divmod(int(np.argmin(value)), value.shape[1])
         for k in range(len(dec), 0, -1):
             p, pc, ci = _back(back[k - 1], r, c)
             assign[dec[k - 1]] = prob.cands[dec[k - 1]][ci]
@@ -455,14 +477,14 @@ def _back(bp, r: int, c: int) -> tuple:
     choices keep the columns, ``(row of each choice, previous rows, argmin over them
     [choice, column], value [choice, column])``; an unreachable state points at ``(0, 0, 0)``."""
     if not isinstance(bp, tuple):
-        return bp[:, r, c]
+        return bp[:, r, c].tolist()
     rows, live, arg, best = bp
     if r not in rows:
         return 0, 0, 0
     ci = rows.index(r)
-    if not best[ci, c] < np.inf:
+    if not best.item(ci, c) < math.inf:
         return 0, 0, 0
-    return live[arg[ci, c]], c, ci
+    return live.item(arg.item(ci, c)), c, ci
 
 
 @dataclass
@@ -716,6 +738,13 @@ class _Compiled:
 
     def trial(self, i: int, dev: str) -> tuple[dict, Totals]:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
+        return self.totals(*self.moved(i, dev))
+
+    def moved(self, i: int, dev: str) -> tuple[dict, list, float, float]:
+        """``(changed choices {op index: Choice}, [(old, new) transfer charges of each tensor
+        op i touches], total latency s, total energy J)`` of moving op ``i`` to ``dev``: the
+        totals' latency and energy as :meth:`totals` sums them (same order, same values), so
+        that a move that does not improve the objective needs no full totals."""
         prob, assign = self.prob, self.assign
         old_dev = assign[i].device
         changed = {}
@@ -731,12 +760,28 @@ class _Compiled:
                     changed[j] = ch
         if i not in changed:
             changed[i] = _variant(prob, i, dev, _recorded(prob, i, dev))
+        lat, en = self.tot.latency_s, self.tot.energy_j
+        for j, ch in changed.items():  # as _add_choice adds them
+            lat += -1 * assign[j].cost.latency_s
+            en += -1 * assign[j].cost.energy_j
+            lat += 1 * ch.cost.latency_s
+            en += 1 * ch.cost.energy_j
+        pairs = list(zip(_transfers(prob, assign, i, old_dev, self.devs),
+                         _transfers(prob, assign, i, dev, self.devs)))
+        for (s0, j0, _), (s1, j1, _) in pairs:
+            lat += s1 - s0
+            en += j1 - j0
+        return changed, pairs, lat, en
+
+    def totals(self, changed: dict, pairs: list, lat: float, en: float) -> tuple[dict, Totals]:
+        """``(changed, totals)`` of a move :meth:`moved` priced (``lat``/``en``: its sums,
+        which these totals come to as well)."""
+        assign = self.assign
         tot = _copy_totals(self.tot)
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
-        for (s0, j0, b0), (s1, j1, b1) in zip(_transfers(prob, assign, i, old_dev, self.devs),
-                                              _transfers(prob, assign, i, dev, self.devs)):
+        for (s0, j0, b0), (s1, j1, b1) in pairs:
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
             tot.transfer_bytes += b1 - b0
@@ -791,8 +836,12 @@ def _polish(prob: Problem, assign: dict, objective: str) -> tuple[dict | None, b
                     if priced >= POLISH_MOVES:
                         return better, True
                     priced += 1  # re-plans a crossbar device
-                diff, tot = tried[c.device] = state.trial(i, c.device)
-                if tot.value(objective) < best * (1 - 1e-9) and not violations(prob, tot):
+                move = state.moved(i, c.device)
+                tried[c.device] = None
+                if not _f(objective, move[2], move[3]) < best * (1 - 1e-9):
+                    continue  # (the value its totals would give)
+                diff, tot = state.totals(*move)
+                if not violations(prob, tot):
                     state.apply(diff, tot)
                     best, changed = tot.value(objective), True
                     better = dict(state.assign)
