@@ -18,7 +18,6 @@ from .errors import CheckFailed
 from .text import table
 from .tolerance import default_tolerance
 
-
 #: Above this share of NaN/Inf elements in an output's reference, its check proves nothing
 #: (:attr:`OutputCheck.meaningless`): more than a quarter of the output is not computed.
 MAX_NONFINITE_SHARE = 0.25
