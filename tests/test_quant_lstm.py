@@ -146,7 +146,7 @@ def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path, monkeypatch):
     bit onnxruntime's on the quantized model."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from onnx_cinm.sim import crossbar
+    from onnx_cinm.sim.crossbar import simulator
 
     S, size, hidden = 6, 5, 8
     rng = np.random.default_rng(3)
@@ -168,8 +168,8 @@ def test_unrolled_int8_lstm_steps_share_one_weight_copy(tmp_path, monkeypatch):
     path = tmp_path / "o.onnx"
     artifacts.save(res.model, path)
     checks = []
-    real_check = crossbar._check_integer
-    monkeypatch.setattr(crossbar, "_check_integer",
+    real_check = simulator._check_integer
+    monkeypatch.setattr(simulator, "_check_integer",
                         lambda prog, r, arr: checks.append(r.kind) or real_check(prog, r, arr))
     sess = InferenceSession(path)
     assert checks == ["weight", "weight"]
