@@ -377,3 +377,21 @@ def test_emit_memo_lives_for_one_recorded_writes_context():
         assert emit_memo("x") == {"k": 1} and emit_memo("y") == {}
     with recorded_writes():
         assert emit_memo("x") == {}
+
+
+def test_crossbar_plans_of_one_text_key_render_one_text():
+    """Plans that differ only in the rows streamed (not written in the file) have one
+    text_key and one text; plans that differ in what is written have different keys."""
+    from onnx_cinm.devices.memristor import PCM_OCC, codegen
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    for order, kw in (("weight_stationary", {}), ("naive", {"m_block": 4})):
+        for shared in (False, True):
+            for K, N, G in ((9, 4, 1), (300, 70, 2), (1200, 32, 1)):
+                ps = [plan(m, K, N, PCM_OCC, order, groups=G, shared=shared, **kw)
+                      for m in (1, 7, 64, 3136)]
+                texts = {codegen.render(p, PCM_OCC, "k", "w", "c") for p in ps}
+                keys = {codegen.text_key(p) for p in ps}
+                assert len(keys) == len(texts)
+    a, b = (plan(7, 300, 70, PCM_OCC, "weight_stationary", crossbars=c) for c in (2, 64))
+    assert codegen.text_key(a) != codegen.text_key(b)

@@ -782,14 +782,20 @@ class MemristorDevice(Device):
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
             parts = codegen.render_parts(p, params, bias is not None, **mode)
-        else:  # the text around the name and sources, once per plan, mode and bias
-            shape = (key, attrs.get("cim_mode", "ideal"), attrs.get("cim_effects"),
-                     attrs.get("cim_time_s", 0.0), bias is not None)
-            parts = memo.get(shape) if key is not None else None
-            if parts is None:
-                parts = codegen.render_parts(p, params, bias is not None, **mode)
-                if key is not None:
-                    memo[shape] = parts
+        else:  # the text around the name and sources, once per plan, array, mode and bias
+            # (the plan's fields in the text, not the rows streamed: DenseNet's convolutions of
+            # one weight shape in every block)
+            try:
+                shape = (codegen.text_key(p), id(params), attrs.get("cim_mode", "ideal"), attrs.get("cim_effects"),
+                         attrs.get("cim_time_s", 0.0), bias is not None)
+                hit = memo.get(shape)
+            except TypeError:  # an unhashable attribute: rendered, not remembered
+                shape = hit = None
+            if hit is None or hit[0] is not params:  # the array itself (its id may be reused)
+                hit = (params, codegen.render_parts(p, params, bias is not None, **mode))
+                if shape is not None:
+                    memo[shape] = hit
+            parts = hit[1]
         text = codegen.fill(parts, rel.stem, codegen.model_source(prog), bias)
         path = os.path.join(outdir, rel.name)
         try:  # one folder for every crossbar kernel: made by the first (no look before each)

@@ -86,6 +86,16 @@ def fill(parts: tuple, name: str, weight_file: str, bias_file: str | None) -> st
     return "".join([values[p] if type(p) is int else p for p in parts])
 
 
+def text_key(plan) -> tuple:
+    """The fields of ``plan`` that :func:`render_parts` writes (through the template and
+    :func:`schedule_rounds`): plans with the same key give the same text with the same
+    ``params``, mode and bias. The streamed rows ``M`` and the counts that follow from them
+    (MVMs, conversions, ``Mt``) are not written."""
+    return (plan.groups, plan.K, plan.N, plan.rows, plan.cols, plan.crossbars, plan.loop_order,
+            plan.m_block, plan.Kt, plan.Nt, plan.tiles, plan.resident, plan.shared,
+            plan.writes_load, plan.writes_per_inference)
+
+
 def render_parts(plan, params, bias: bool, *, mode=None, int_cells=None) -> tuple:
     """The text of :func:`render` around the kernel's name and its weight and bias sources, for
     a kernel with a bias or without (``bias``): a tuple of strings and slot numbers (0 the name,
