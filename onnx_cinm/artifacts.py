@@ -236,19 +236,25 @@ class _Constants(Mapping):
 def kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The cinm nodes that have a ``kernel`` attribute: the main graph's, then those compiled
     into If branches (:mod:`onnx_cinm.passes.control_flow`)."""
-    return [n for n in cinm.all_nodes(model.graph)
-            if n.domain == cinm.DOMAIN and any(a.name == "kernel" for a in n.attribute[:])]
+    return _walk(model.graph)[0]
 
 
-def _graphs(graph: onnx.GraphProto):
-    """:func:`frontend.iter_graphs <onnx_cinm.frontend.iter_graphs>` (the same graphs, in the
-    same order) without reading the attributes of cinm nodes, which take no graph (a planned
-    node has some 20)."""
-    yield graph
+def _walk(graph: onnx.GraphProto, nodes: list | None = None, graphs: list | None = None):
+    """``(kernel nodes, graphs)``: :func:`kernel_nodes` of the model whose graph is ``graph`` and
+    :func:`frontend.iter_graphs <onnx_cinm.frontend.iter_graphs>` (the same graphs, in the same
+    order), from one walk that reads no attribute of a cinm node other than its names (a planned
+    node has some 20, and no cinm op takes a graph)."""
+    if nodes is None:
+        nodes, graphs = [], []
+    graphs.append(graph)
     for node in graph.node[:]:  # a slice: see frontend.subgraphs
-        if node.domain != cinm.DOMAIN:
+        if node.domain == cinm.DOMAIN:
+            if any(a.name == "kernel" for a in node.attribute[:]):
+                nodes.append(node)
+        else:
             for sub in frontend.subgraphs(node):
-                yield from _graphs(sub)
+                _walk(sub, nodes, graphs)
+    return nodes, graphs
 
 
 def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: None) -> dict:
@@ -257,15 +263,17 @@ def emit(model: onnx.ModelProto, root, log: Callable[[str], None] = lambda m: No
     Returns the manifest as a dict. Raises CinmError if a device cannot emit a node or two
     nodes name the same kernel.
     """
-    return _emit(model, kernel_nodes(model), root, log)
+    return _emit(model, _walk(model.graph), root, log)
 
 
-def _emit(model: onnx.ModelProto, nodes: list, root, log: Callable[[str], None]) -> dict:
-    """:func:`emit` of the kernel nodes ``nodes`` (:func:`kernel_nodes` of ``model``)."""
+def _emit(model: onnx.ModelProto, walked: tuple, root, log: Callable[[str], None]) -> dict:
+    """:func:`emit` of the kernel nodes and graphs ``walked`` (:func:`_walk` of ``model``'s
+    graph)."""
+    nodes, graphs = walked
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     base = os.fspath(root) + os.sep
-    inits = {i.name: i for g in _graphs(model.graph)
+    inits = {i.name: i for g in graphs
              for i in g.initializer[:]}  # a weight lowered in an If branch is the branch's
     # the infos of the kernels' own tensors only (op_info reads no others)
     names = {t for n in nodes for t in (*n.input[:], *n.output[:])}
@@ -630,7 +638,8 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
         given.append(onnx.StringStringEntryProto())
         given[-1].CopyFrom(entry)
     try:
-        nodes = kernel_nodes(model)
+        walked = _walk(model.graph)
+        nodes = walked[0]
         try:
             if nodes:
                 try:
@@ -646,7 +655,7 @@ def save(model: onnx.ModelProto, path, log: Callable[[str], None] = lambda m: No
                 # the digest is written over the stand-in once it is known
                 _record_digest(model, _PENDING)
                 staged = frontend.stage_model(model, path)
-                manifest = _emit(model, nodes, tmp, log)
+                manifest = _emit(model, walked, tmp, log)
                 digest = kernel_digest(manifest)
                 _record_digest(model, digest)
                 if not staged.patch(_digest_entry(_PENDING), _digest_entry(digest)):

@@ -326,3 +326,72 @@ def test_crossbar_params_from_options_remembered_as_computed():
     assert first == again == fresh
     assert fresh[1].crossbars == 8 and fresh[4].crossbars == 8 and fresh[4] != fresh[1]
     assert (fresh[2].rows, fresh[2].cols, fresh[5].rows) == (128, 32, 256)
+
+
+@pytest.mark.parametrize("bias", [None, "model:c%20"])
+def test_crossbar_text_filled_in_is_the_text_rendered_with_the_names(bias):
+    """codegen.render (the fixed text rendered once with stand-ins, the names put in) gives
+    what Jinja renders with the names themselves, for names that look like the stand-ins."""
+    from onnx_cinm.devices.memristor import PCM_OCC, codegen
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    for p, name, src in [(plan(5, 300, 70, PCM_OCC, "weight_stationary", groups=2), "k 1", "w"),
+                         (plan(3, 9, 4, PCM_OCC, "naive", m_block=2), "\0name\0", "\0bias\0"),
+                         (plan(1, 9, 4, PCM_OCC, "weight_stationary"), "{{ x }}", "model:a#b")]:
+        slow = codegen.template("memristor/kernel.xbar.j2").render(
+            version=codegen.FORMAT_VERSION, name=name, plan=p, cost_lines="".join(
+                f"cost {k} {float(getattr(PCM_OCC, k))!r}\n" for k in codegen.COST_KEYS),
+            load_lines="".join(f"PROGRAM {t['x']} W {t['g']} {t['k']} {t['n']}\n"
+                               for t in codegen.schedule_rounds(p)[0]),
+            round_lines="".join("".join(f"PROGRAM {t['x']} W {t['g']} {t['k']} {t['n']}\n"
+                                        f"MVM {t['x']} X {t['g']} {t['k']}\n"
+                                        f"ACC Y {t['g']} {t['n']} {t['x']}\n" for t in r)
+                                + "BARRIER\n" for r in codegen.schedule_rounds(p)[1]),
+            order="fixed" if p.loop_order == "naive" or p.resident else "serpentine",
+            residency="off" if p.loop_order == "naive" else "on",
+            loop_rows=p.m_block if p.loop_order == "naive" else 0, weight_file=src,
+            bias={"name": "C", "file": bias} if bias else None, dtype="float32",
+            mode_lines="".join(f"{k} {v}\n" for k, v in codegen.IDEAL.header_items()))
+        assert codegen.render(p, PCM_OCC, name, src, bias) == slow
+
+
+def test_crossbar_kernels_planned_once_per_shape_emit_what_each_alone_emits(lenet, tmp_path,
+                                                                           monkeypatch):
+    """A save plans and renders each crossbar shape once (its memo): the files are those
+    of kernels planned and rendered one by one (no memo)."""
+    from onnx_cinm.devices import memristor
+
+    fast = artifacts.emit(lenet, tmp_path / "a")
+    monkeypatch.setattr(memristor, "emit_memo", lambda owner: {})
+    assert artifacts.emit(lenet, tmp_path / "b") == fast
+    assert any(k["device"] == "memristor" for k in fast["kernels"])
+
+
+def test_emit_memo_lives_for_one_recorded_writes_context():
+    from onnx_cinm.devices import emit_memo
+
+    emit_memo("x")["k"] = 1
+    assert emit_memo("x") == {}  # outside a context: nothing kept
+    with recorded_writes():
+        emit_memo("x")["k"] = 1
+        assert emit_memo("x") == {"k": 1} and emit_memo("y") == {}
+    with recorded_writes():
+        assert emit_memo("x") == {}
+
+
+def test_crossbar_plans_of_one_text_key_render_one_text():
+    """Plans that differ only in the rows streamed (not written in the file) have one
+    text_key and one text; plans that differ in what is written have different keys."""
+    from onnx_cinm.devices.memristor import PCM_OCC, codegen
+    from onnx_cinm.paradigms.cim.schedule import plan
+
+    for order, kw in (("weight_stationary", {}), ("naive", {"m_block": 4})):
+        for shared in (False, True):
+            for K, N, G in ((9, 4, 1), (300, 70, 2), (1200, 32, 1)):
+                ps = [plan(m, K, N, PCM_OCC, order, groups=G, shared=shared, **kw)
+                      for m in (1, 7, 64, 3136)]
+                texts = {codegen.render(p, PCM_OCC, "k", "w", "c") for p in ps}
+                keys = {codegen.text_key(p) for p in ps}
+                assert len(keys) == len(texts)
+    a, b = (plan(7, 300, 70, PCM_OCC, "weight_stationary", crossbars=c) for c in (2, 64))
+    assert codegen.text_key(a) != codegen.text_key(b)

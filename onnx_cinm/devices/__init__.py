@@ -40,6 +40,7 @@ from .base import (
     Resources,
     Support,
     TensorInfo,
+    emit_memo,
     json_text,
     recorded_writes,
     write_kernel_file,
@@ -47,7 +48,7 @@ from .base import (
 
 __all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
            "get_device", "all_devices", "device_names", "plugin_errors",
-           "option_schema", "ENTRY_POINT_GROUP", "json_text", "recorded_writes",
+           "option_schema", "ENTRY_POINT_GROUP", "json_text", "emit_memo", "recorded_writes",
            "write_kernel_file"]
 
 _registry = Registry()

@@ -567,13 +567,35 @@ def _json_parts(v, newline: str, out: list) -> None:
 def recorded_writes():
     """Record the files :func:`write_kernel_file` writes in this context (this thread or
     task): yields the ``{path string: (bytes, sha256 hex)}`` dict it fills; the last write of a
-    path wins. Recording stops when the context ends."""
+    path wins. Recording stops when the context ends. :func:`emit_memo` dicts live as long as
+    the context (one kernel folder being written)."""
     log: dict = {}
     token = _WRITTEN.set(log)
+    memo = _MEMO.set({})
     try:
         yield log
     finally:
+        _MEMO.reset(memo)
         _WRITTEN.reset(token)
+
+
+#: the :func:`emit_memo` dicts of the active :func:`recorded_writes` context, by owner, else None
+_MEMO: contextvars.ContextVar = contextvars.ContextVar("emit_memos", default=None)
+
+
+def emit_memo(owner: str) -> dict:
+    """A dict a device's ``emit`` may keep results in (e.g. a plan by the attributes it is made
+    from, so that kernels of one shape are planned and rendered once) for as long as the active
+    :func:`recorded_writes` context lasts (one kernel folder being written: nothing is kept
+    between two saves, which may have other options); ``owner`` names the user (one dict
+    each). Outside such a context, a new empty dict each call (nothing kept)."""
+    memos = _MEMO.get()
+    if memos is None:
+        return {}
+    memo = memos.get(owner)
+    if memo is None:
+        memo = memos[owner] = {}
+    return memo
 
 
 def render(template, **context) -> str:

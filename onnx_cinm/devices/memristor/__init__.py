@@ -28,7 +28,8 @@ from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, fold_rows, si, table
 from .. import register
 from ...graph import CostPart, dtype_name
-from ..base import Cost, Device, OpInfo, Priced, Resources, Support, write_kernel_file
+from ..base import (Cost, Device, OpInfo, Priced, Resources, Support, emit_memo,
+                    write_kernel_file)
 from . import codegen
 from .nonideal import EFFECTS, NAMED
 from .presets import (DEFAULT, INT_DTYPES, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC, RRAM_NEURRAM,
@@ -752,7 +753,22 @@ class MemristorDevice(Device):
         Kernels over one tile set (``cim_tile_kernel``: the tiles of an earlier kernel over the
         same weights) name the same tensor; that kernel's load programs the tiles.
         """
-        p, v, params = self._replan(op, attrs)
+        memo = emit_memo("memristor")  # kernels of one shape (DenseNet's 3x3 convolutions):
+        # planned and their file's fixed text rendered once per save
+        ins = op.inputs
+        try:
+            key = (op.op_type, attrs["cim_operand"], ins[0].static_shape, ins[1].static_shape,
+                   attrs["cim_rows"], attrs["cim_cols"], attrs["cim_crossbars"],
+                   attrs["cim_loop_order"], attrs.get("cim_preset", OLD_DEFAULT),
+                   bool(attrs.get("cim_shared", 0)))
+            hit = memo.get(key)
+        except (IndexError, KeyError, TypeError):  # made again, for its own error
+            key = hit = None
+        if hit is None:
+            hit = self._replan(op, attrs)
+            if key is not None:
+                memo[key] = hit
+        p, v, params = hit
         rel = PurePath(attrs["kernel"])
         outdir = os.path.join(root, rel.parent)  # strings: a Path per step cost more than the rest
         names = [t.name for t in op.inputs]
@@ -765,7 +781,22 @@ class MemristorDevice(Device):
             A, B = consts.get(names[0]), consts.get(names[1])
             mode = {"int_cells": int_cells(layout.weights(v, A, B) if prog in consts else None,
                                            params)}
-        text = codegen.render(p, params, rel.stem, codegen.model_source(prog), bias, **mode)
+            parts = codegen.render_parts(p, params, bias is not None, **mode)
+        else:  # the text around the name and sources, once per plan, array, mode and bias
+            # (the plan's fields in the text, not the rows streamed: DenseNet's convolutions of
+            # one weight shape in every block)
+            try:
+                shape = (codegen.text_key(p), id(params), attrs.get("cim_mode", "ideal"), attrs.get("cim_effects"),
+                         attrs.get("cim_time_s", 0.0), bias is not None)
+                hit = memo.get(shape)
+            except TypeError:  # an unhashable attribute: rendered, not remembered
+                shape = hit = None
+            if hit is None or hit[0] is not params:  # the array itself (its id may be reused)
+                hit = (params, codegen.render_parts(p, params, bias is not None, **mode))
+                if shape is not None:
+                    memo[shape] = hit
+            parts = hit[1]
+        text = codegen.fill(parts, rel.stem, codegen.model_source(prog), bias)
         path = os.path.join(outdir, rel.name)
         try:  # one folder for every crossbar kernel: made by the first (no look before each)
             return [write_kernel_file(path, text)]

@@ -16,6 +16,7 @@ mode (the slices of a quantized tile sit in parallel arrays of one logical cross
 """
 from __future__ import annotations
 
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -68,6 +69,46 @@ def render(plan, params, name: str, weight_file: str, bias_file: str | None = No
     ``int_cells``: header lines ``[(key, value)]`` of an integer kernel (``dtype int32``, its
     weights in cells as they are; :func:`onnx_cinm.devices.memristor.int_cells`), ideal mode.
     """
+    return fill(render_parts(plan, params, bias_file is not None, mode=mode, int_cells=int_cells),
+                name, weight_file, bias_file)
+
+
+#: stand-ins :func:`render_parts` renders in place of the name and the sources (a NUL is in no
+#: other text of the file: the template's, numbers, keywords)
+_SLOTS = ("\0name\0", "\0weight\0", "\0bias\0")
+_SLOT_SPLIT = re.compile("(" + "|".join(_SLOTS) + ")")
+
+
+def fill(parts: tuple, name: str, weight_file: str, bias_file: str | None) -> str:
+    """The text :func:`render` gives, from :func:`render_parts` ``(plan, params, bias_file is
+    not None, ...)``: the name and the sources put in."""
+    values = (name, weight_file, bias_file)
+    return "".join([values[p] if type(p) is int else p for p in parts])
+
+
+def text_key(plan) -> tuple:
+    """The fields of ``plan`` that :func:`render_parts` writes (through the template and
+    :func:`schedule_rounds`): plans with the same key give the same text with the same
+    ``params``, mode and bias. The streamed rows ``M`` and the counts that follow from them
+    (MVMs, conversions, ``Mt``) are not written."""
+    return (plan.groups, plan.K, plan.N, plan.rows, plan.cols, plan.crossbars, plan.loop_order,
+            plan.m_block, plan.Kt, plan.Nt, plan.tiles, plan.resident, plan.shared,
+            plan.writes_load, plan.writes_per_inference)
+
+
+def render_parts(plan, params, bias: bool, *, mode=None, int_cells=None) -> tuple:
+    """The text of :func:`render` around the kernel's name and its weight and bias sources, for
+    a kernel with a bias or without (``bias``): a tuple of strings and slot numbers (0 the name,
+    1 the weight source, 2 the bias source), which :func:`fill` joins. Kernels of one plan,
+    array and mode share it (rendering it is most of :func:`render`'s work: a tile set of
+    thousands of lines)."""
+    text = _render(plan, params, _SLOTS[0], _SLOTS[1], _SLOTS[2] if bias else None, mode=mode,
+                   int_cells=int_cells)
+    return tuple(_SLOTS.index(p) if i % 2 else p for i, p in enumerate(_SLOT_SPLIT.split(text)))
+
+
+def _render(plan, params, name: str, weight_file: str, bias_file: str | None = None, *,
+            mode=None, int_cells=None) -> str:
     mode = IDEAL if mode is None else mode
     load, rounds = schedule_rounds(plan)
     naive = plan.loop_order == "naive"
