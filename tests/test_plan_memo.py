@@ -313,3 +313,19 @@ def test_a_renamed_plan_is_the_plan_with_the_other_names():
     assert second.cost() == first.cost() and second.attrs()["cnm_latency_s"] == \
         first.attrs()["cnm_latency_s"]
     assert mapping.plan_op(ops[0]).inputs == first.inputs
+
+
+def test_lowering_finds_the_emit_check_placement_made(monkeypatch):
+    """Placement checks a Gemm's plan with the grid the plan keeps (a tuple), lowering with the
+    ``cnm_grid`` attribute it writes (a list): one grid, one dry run of the code generator per
+    op shape (two layers of one shape: one Gemm and one Relu check in all)."""
+    from onnx_cinm.devices.upmem import codegen
+    monkeypatch.setattr(upmem, "_EMITTABLE", {})
+    monkeypatch.setattr(upmem, "_SUPPORTS", {})
+    grids = []
+    real = codegen.check_emittable
+    monkeypatch.setattr(codegen, "check_emittable", lambda op, attrs, **k: grids.append(
+        (op.op_type, attrs.get("cnm_grid"))) or real(op, attrs, **k))
+    _optimize(_two_layers())
+    assert sorted(t for t, _ in grids) == ["Gemm", "Relu"]
+    assert next(g for t, g in grids if t == "Gemm") is not None  # the Gemm's plan has a grid

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-
 from ...errors import CinmError
 from ...graph import dtype_name
 from ...options import option
@@ -68,6 +67,16 @@ _EMITTABLE: dict = {}
 #: repeated layers) get one answer; a refusal naming the op it was given for is reworded.
 _SUPPORTS: dict = {}
 _PLANS_MAX = 20000
+
+
+def _plain(value):
+    """A plan attribute's value as a part of the key of :data:`_EMITTABLE`: a list (the
+    ``cnm_grid`` lowering writes) as the tuple the plan search keeps, so that lowering's
+    check finds placement's answer (the emitter reads the grid as ``[int(x) for x in ...]``:
+    the two are one grid); anything else as it is."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 _MISS = object()
 #: The modules :func:`_module` imported (the mapping and the code generator pull in numpy and
 #: the templates: imported on first use, not with the device; then asked hundreds of times).
@@ -162,17 +171,17 @@ class UpmemDevice(Device):
         not the names) and plan: placement asks for every op, lowering again, and the ops of
         one shape (a network's repeated layers) get the same answer. The plan's own
         attributes (``cnm_dpus``, ``cnm_tasklets``, ``cnm_block_bytes``, ``cnm_grid``,
-        ``cnm_lanes``, ``cnm_target``) are part of the key; a refusal names the op it is given
-        for. ``op_key``: :func:`.mapping._op_key` of ``op``; ``kernel``: :func:`.codegen.kernel_for`
-        of ``op`` on :attr:`params` (a plan for another target asks again); when the caller
-        has them."""
+        ``cnm_lanes``, ``cnm_target``; a list as a tuple) are part of the key; a refusal
+        names the op it is given for. ``op_key``: :func:`.mapping._op_key` of ``op``;
+        ``kernel``: :func:`.codegen.kernel_for` of ``op`` on :attr:`params` (a plan for another
+        target asks again); when the caller has them."""
         mapping = _module("mapping")
         target = self._planned_target(attrs)
         if target is not self.params:
             kernel = None
         try:
             key = (op_key or mapping._op_key(op), mapping.params_key(target), tuple(
-                (k, repr(attrs.get(k))) for k in _EMIT_KEYS))
+                _plain(attrs.get(k)) for k in _EMIT_KEYS))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo
             key, hit = None, _MISS
