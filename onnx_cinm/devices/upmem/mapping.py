@@ -1662,6 +1662,24 @@ def _matmul_busiest_array(rows, tasklets: int, n_pad, r_grp, nt, tiles) -> tuple
             np.where(few, np.minimum(n_pad, units_t * nt), n_pad))
 
 
+def _recalled(memo: dict, key: tuple, combos):
+    """The answer ``memo`` holds under ``key`` (whose first part is ``id(combos)``) for this very
+    workgroup tuple ``combos``, or None (an id reused by another object is no hit)."""
+    hit = memo.get(key)
+    return hit[1] if hit is not None and hit[0] is combos else None
+
+
+def _remember(memo: dict, key: tuple, combos, out):
+    """Keep ``out`` in ``memo`` under ``key`` for the workgroups ``combos`` when they are a
+    tuple (immutable: safe to know by identity while the memo holds it; at most 1,024 entries,
+    then the memo starts afresh); return ``out``."""
+    if isinstance(combos, tuple):
+        if len(memo) > 1024:
+            memo.clear()
+        memo[key] = (combos, out)
+    return out
+
+
 def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets: int,
                         batched: bool, params: UpmemParams) -> tuple:
     """The parts of a matrix product's lower bounds (:func:`_floor_s`) that its K and its
@@ -1672,9 +1690,9 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
     Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
     arguments: a network's layers repeat their output sizes (``rows x n``) with other K."""
     key = (id(combos), kind, rows, n, es, tasklets, batched, params_key(params))
-    hit = _MATMUL_FLOORS.get(key)
-    if hit is not None and hit[0] is combos:
-        return hit[1]
+    hit = _recalled(_MATMUL_FLOORS, key, combos)
+    if hit is not None:
+        return hit
     d, dc = _combos_arrays(combos)
     ok, dr, dcol = _grid_array(d, dc, rows, n, batched)
     rows_dpu = _cdivs(rows, dr)
@@ -1686,11 +1704,7 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
            params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
     for a in out:
         a.flags.writeable = False  # read-only, like every memo's answer
-    if isinstance(combos, tuple):  # immutable: safe to know by identity while it is held here
-        if len(_MATMUL_FLOORS) > 1024:
-            _MATMUL_FLOORS.clear()
-        _MATMUL_FLOORS[key] = (combos, out)
-    return out
+    return _remember(_MATMUL_FLOORS, key, combos, out)
 
 
 #: Memo of :func:`_matmul_floor_parts`: key -> (the workgroup tuple, its parts).
@@ -1704,20 +1718,16 @@ def _ew_lists(combos, params: UpmemParams) -> tuple:
     seconds, host->DPU, DPU->host and broadcast bandwidths of the DPUs' ranks)``. Remembered
     for a memo's own workgroup tuple (:func:`_workgroups`): most ops share a dozen counts."""
     key = (id(combos), params_key(params))
-    hit = _EW_LISTS.get(key)
-    if hit is not None and hit[0] is combos:
-        return hit[1]
+    hit = _recalled(_EW_LISTS, key, combos)
+    if hit is not None:
+        return hit
     d, pr = _combos_arrays(combos)[0], params
     out = (d.tolist(), pr.launch_overhead_s_array(d).tolist(),
            pr._calls_array(d, pr.h2d_rank_s).tolist(), pr._calls_array(d, pr.d2h_rank_s).tolist(),
            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps).tolist(),
            pr._ranks_bw_array(d, pr.d2h_serial_bps, pr.d2h_rank_bps).tolist(),
            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.bcast_rank_bps).tolist())
-    if isinstance(combos, tuple):  # immutable: safe to know by identity while it is held here
-        if len(_EW_LISTS) > 1024:
-            _EW_LISTS.clear()
-        _EW_LISTS[key] = (combos, out)
-    return out
+    return _remember(_EW_LISTS, key, combos, out)
 
 
 #: Memo of :func:`_ew_lists`: key -> (the workgroup tuple, its lists).
