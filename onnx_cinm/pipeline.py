@@ -46,6 +46,9 @@ class OptimizeResult:
         check_skipped: why the check did not run, or None (it ran, or ``check=0``).
         stats: per-pass statistics (see each pass); ``probed_shapes``: how many tensors'
             shapes the probe run sized (absent: no probe ran or it sized nothing);
+            ``reoptimized``: True when the model given was itself written by
+            :func:`optimize` (it records a source digest): its cinm ops are placed anew and
+            the check compares against it, not against the model it came from;
             ``option_warnings``: the devices' one-line warnings on options that change
             nothing (:meth:`onnx_cinm.devices.base.Device.option_warnings`);
             ``lowered_together``: ``{device: nodes}``
@@ -901,6 +904,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     unsized = [d for d in golden.symbolic_dims(work) if d not in dims]
     nodes_before = len(work.graph.node)
     ctx = PassContext(options=options, log=log)
+    if frontend.recorded_source(original) is not None:
+        ctx.stats["reoptimized"] = True
     # options that are valid but change nothing (a time after programming, exact data path)
     ctx.stats["option_warnings"] = [w for dev in devices.all_devices()
                                     for w in dev.option_warnings(options)]

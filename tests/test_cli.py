@@ -279,8 +279,17 @@ def test_an_optimized_model_can_be_optimized_again(tmp_path, capsys):
     assert main(["optimize", "--example", "lenet", "-o", str(first), "--placement", "heuristic",
                  "-q"]) == 0
     # cost placement moves ops the heuristic put on devices; stale kernels must not survive
+    capsys.readouterr()
+    assert main(["optimize", str(first), "-o", str(tmp_path / "again.onnx"), "--check", "0"]) == 0
+    err = capsys.readouterr().err
+    # the user is told what the check and the placement start from (nothing under -q)
+    assert f"note: {first} was itself written by onnx-cinm optimize" in err, err
     assert main(["optimize", str(first), "-o", str(tmp_path / "again.onnx"), "-q"]) == 0, \
         capsys.readouterr().err
+    assert capsys.readouterr().err == ""
+    # the first optimize's source is no re-optimization: no such note
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "x.onnx"), "--check", "0"]) == 0
+    assert "was itself written" not in capsys.readouterr().err
     onnx.save(get_example("lenet"), tmp_path / "lenet.onnx")
     assert main(["compare", str(tmp_path / "lenet.onnx"), str(tmp_path / "again.onnx")]) == 0
     again = onnx.load(str(tmp_path / "again.onnx"))

@@ -167,6 +167,10 @@ def _cmd_optimize(args, parser) -> int:
         warn(args, f"golden check skipped: {result.check_skipped}; give sizes "
              "with --dim NAME=SIZE or --overwrite-input-shape NAME:D1,D2,..., or check it "
              "with 'onnx-cinm compare --input ...'")
+    if result.stats.get("reoptimized"):
+        note(args, f"{args.input} was itself written by onnx-cinm optimize: its cinm ops are "
+             "placed anew, and the check compares against it, not against the model it came "
+             "from ('onnx-cinm compare SOURCE.onnx OUT.onnx' compares against that one)")
     frozen = result.stats.get("canonicalize_opset", {}).get("frozen_inputs", [])
     if frozen and args.verbose:  # old exporters list every weight: a note, not a warning
         shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
