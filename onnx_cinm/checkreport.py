@@ -129,10 +129,14 @@ class OutputCheck:
                 or self.max_rel_err <= self.rtol:
             return ""
         why = self.widened_text()
-        below = f", below atol/rtol {self.atol / self.rtol:.3g}" if self.rtol > 0 else ""
+        atol = f"atol {self.atol:.2g}" + (f" ({why})" if why else "")
+        if self.rtol > 0:  # |c - r| <= atol + rtol |r|: atol is the larger term below atol/rtol
+            judged = (f"elements below |reference| {self.atol / self.rtol:.3g} are judged by "
+                      f"{atol}, not rtol {self.rtol:.2g}")
+        else:
+            judged = f"every element is judged by {atol} (rtol 0)"
         return (f"'{self.name}' max rel err {self.max_rel_err:.2g} is at an element of "
-                f"|reference| {self.rel_err_ref:.2g}{below}, where atol {self.atol:.2g}"
-                + (f" ({why})" if why else "") + " allows more than rtol")
+                f"|reference| {self.rel_err_ref:.2g}; {judged}")
 
     def _fail(self, note: str) -> None:
         self.ok = False

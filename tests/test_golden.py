@@ -780,8 +780,8 @@ def test_an_ok_with_a_large_relative_error_says_why():
     assert out.max_rel_err * out.rel_err_ref <= out.atol
     assert rep.summary().endswith(
         f": OK ('y' max rel err {out.max_rel_err:.2g} is at an element of |reference| "
-        f"{out.rel_err_ref:.2g}, below atol/rtol {out.atol / 1e-4:.3g}, where atol "
-        f"{out.atol:.2g} (rounding of a sum of 4096 terms) allows more than rtol)")
+        f"{out.rel_err_ref:.2g}; elements below |reference| {out.atol / 1e-4:.3g} are judged by "
+        f"atol {out.atol:.2g} (rounding of a sum of 4096 terms), not rtol 0.0001)")
     same = compare(_k_model(w), _k_model(w), n=1)
     assert same.summary().endswith(": OK")  # nothing to explain
 
@@ -818,8 +818,9 @@ def test_the_widened_atol_names_the_rule_that_set_it():
     assert rep.tolerances() == ("rtol/atol by dtype: float32 0.0001/1e-05; atol widened: "
                                 "s 0.0181 (one quantization step)")
     note = rec.rel_err_note()
-    assert note == ("'s' max rel err 0.017 is at an element of |reference| 0.9, below atol/rtol "
-                    "181, where atol 0.018 (one quantization step) allows more than rtol")
+    assert note == ("'s' max rel err 0.017 is at an element of |reference| 0.9; elements below "
+                    "|reference| 181 are judged by atol 0.018 (one quantization step), not rtol "
+                    "0.0001")
     # the same output without a step and a sum long enough: 4 * 2^-23 * 1000 * rms = 4.78e-4
     rec = OutputCheck("s")
     _compare_arrays(rec, ref, ref, None, None, k=10 ** 6, step=0.0)
@@ -830,6 +831,12 @@ def test_the_widened_atol_names_the_rule_that_set_it():
     rec = OutputCheck("s")
     _compare_arrays(rec, ref, ref, None, None, k=10 ** 6, step=1e-4)
     assert rec.widened_by == "sum"
+    # --rtol 0: every element is judged by atol alone (|0.015| <= atol 0.02 by hand)
+    rec = OutputCheck("s")
+    _compare_arrays(rec, ref, cand, 0.0, 0.02)
+    assert rec.ok and rec.rel_err_note() == ("'s' max rel err 0.017 is at an element of "
+                                             "|reference| 0.9; every element is judged by atol "
+                                             "0.02 (rtol 0)")
 
 
 def _concat_rows(names):
