@@ -719,7 +719,8 @@ class MemristorDevice(Device):
         period = sum(a["cim_latency_s"] for a, f in kept if f) if own else seconds_per_inference
         params = params_from_options(self.recorded_options(plans), self.params)
         w = cim_wear.wear(writes, pool, params.endurance_writes, period)
-        source = params.source("endurance_writes") or "preset"
+        source = (params.source("endurance_writes") or "preset") + (
+            ", unverified" if "endurance_writes" in params.unverified else "")
         head = f"wear ({params.name}, a cell endures {w.endurance:.3g} writes: {source})"
         load = sum(a["cim_writes_load"] for a in attrs)
         if not w.per_cell:
