@@ -62,7 +62,9 @@ def test_streaming_plan_wear_and_summary_line():
     assert f["writes_per_cell_per_inference"] == 10.0 and f["endurance_writes"] == 3.2e7
     assert f["lifetime_inferences"] == pytest.approx(3.2e6)
     assert f["lifetime_s"] == pytest.approx(3200.0) and f["short"]
-    assert "--max-writes-per-cell" in w.note and "--cim-crossbars 9" in w.note  # 6 + 3 tiles
+    # 6 + 3 tiles; the placement budget spreads 10 writes over the chip's 4 crossbars, not 1
+    assert "--max-writes-per-cell 0" in w.note and "--cim-crossbars 9" in w.note
+    assert "spreads the writes over all 4 crossbars" in w.note
     # the summary's line sits under the crossbar table, at the model's modeled latency
     tables = res.device_tables()
     period = res.stats["placement"]["model_totals"]["latency_s"]
@@ -111,3 +113,15 @@ def test_report_wear_json_of_a_streaming_plan(tmp_path):
 def test_no_crossbar_no_wear():
     res = optimize(_shared_gemms(8, 128, 128, 1), place=[("*", "host")], device_options=OCC)
     assert pipeline.device_wear(res.model) == {}
+
+
+def test_the_notes_advice_keeps_the_cells_written_at_load_only():
+    # what the note proposes, on the model of _streaming without hints: a budget of 0 writes
+    # per cell, or crossbars for all 9 tiles
+    model = _shared_gemms(4, 128, 192, 2, other=(192, 64))
+    for kw in ({"device_options": OCC, "constraints": {"max_writes_per_cell": 0.0}},
+               {"device_options": {**OCC, "cim_crossbars": 9},
+                "place": [("gemm*", "memristor"), ("mm*", "memristor")]}):
+        res = optimize(model, **kw)
+        w = pipeline.device_wear(res.model)
+        assert all(x.figures["writes_per_cell_per_inference"] == 0 for x in w.values()), kw

@@ -706,7 +706,9 @@ class MemristorDevice(Device):
         lower bound of the period, so the lifetime in seconds is one too). The note (when the
         lifetime at back-to-back inference is under
         :data:`~onnx_cinm.paradigms.cim.wear.SHORT_LIFETIME_S`, one year) names the options
-        that budget the writes or keep the weights resident. None if no plan is a crossbar
+        that keep the weights resident (``--max-writes-per-cell 0``, more crossbars) and says
+        that cost placement's budget over ``--lifetime-inferences`` spreads the writes over all
+        the chip's crossbars, a mean the streamed ones exceed. None if no plan is a crossbar
         kernel."""
         flags = [True] * len(plans) if counted is None else list(counted)
         kept = [(a, f) for (_, _, a), f in zip(plans, flags) if "cim_M" in a]
@@ -736,13 +738,15 @@ class MemristorDevice(Device):
         note = ""
         if w.short:
             tiles = sum(a["cim_tiles"] for a in attrs if not a.get("cim_tile_owner"))
+            chip = self.recorded_options(plans)["cim_crossbars"]
             note = (f"note: the crossbars wear out in under a year of back-to-back inference; "
-                    f"cost placement can budget the writes (--max-writes-per-cell "
-                    f"{w.endurance:.3g} --lifetime-inferences N: the inferences the chip must "
-                    f"last; kernels that would stream more run elsewhere), or keep every weight "
-                    f"resident: the model's {tiles} tiles need {tiles} crossbars "
-                    f"(--cim-crossbars {tiles}; cost placement pins what fits, "
-                    f"--crossbar-residency, the default)")
+                    f"to write the cells only at load, give --max-writes-per-cell 0 (cost "
+                    f"placement keeps on the crossbars only kernels whose tiles stay resident) "
+                    f"or crossbars for all the model's {tiles} tiles (--cim-crossbars {tiles})"
+                    + (f"; --max-writes-per-cell {w.endurance:.3g} --lifetime-inferences N "
+                       f"budgets N inferences but spreads the writes over all {chip} crossbars, "
+                       f"so it bounds their mean: these {w.crossbars} wear faster"
+                       if w.crossbars < chip else ""))
         return Wear(w.figures(), line, note)
 
     def option_warnings(self, options: dict) -> list[str]:
