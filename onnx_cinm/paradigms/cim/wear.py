@@ -13,7 +13,7 @@ and with a cell enduring ``E`` writes (a preset's ``endurance_writes``) the chip
     lifetime = E / writes per cell per inference   inferences
 
 (``crossbar.md`` §3: lifetime ≈ endurance × B / max per-cell writes per batch, here B = 1
-inference; ``cinnamon.md``: lifetime = Wmax · size / write traffic), that is ``lifetime x
+inference; ``cinnamon.md`` §6: lifetime = Wmax · size / write traffic), that is ``lifetime x
 seconds per inference`` seconds when inferences run back to back. Writes at load (at most one
 per cell per model load) are not counted.
 """
