@@ -199,30 +199,26 @@ class OptimizeResult:
 
     def device_tables(self, fold: bool = True) -> str:
         """Each device's table of the plans it made for this model (:meth:`Device.summary`,
-        e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order;
-        empty if no device has one. ``fold``: rows of one source op with the same figures as
-        one row with a count (False: a row per kernel)."""
+        e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order,
+        each followed by its wear line and note (:meth:`Device.wear`: inferences run back to
+        back at the modeled latency of cost placement's model totals, else at the device's
+        own); empty if no device has one. ``fold``: rows of one source op with the same
+        figures as one row with a count (False: a row per kernel)."""
         from . import devices
 
         if "device_lowering" not in self.stats:  # stopped before: no plans to show
             return ""
-        plans: dict = {}
-        counted: dict = {}
-        ifs: dict = {}
-        inside = False
-        for label, node, count in cinm.labelled_nodes(self.model.graph,
-                                                      frontend.if_taken(self.model), ifs):
-            at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
-            if at.get("device", "host") != "host" and at.get("kernel"):
-                plans.setdefault(at["device"], []).append((label + node.name, node.op_type, at))
-                counted.setdefault(at["device"], []).append(count)
-                inside = inside or bool(label)
+        plans, counted, ifs, inside = device_plans(self.model)
+        period = (self.stats.get("placement", {}).get("model_totals") or {}).get("latency_s")
         tables = []
         for d, p in plans.items():
             dev = devices.get_device(d)
             # a plugin's summary written before it took fold= lists every plan
             kw = {"fold": fold} if accepts_keyword(dev.summary, "fold") else {}
-            tables.append(dev.summary(p, counted[d], **kw))
+            text = dev.summary(p, counted[d], **kw)
+            w = dev.wear(p, counted[d], period) if text else None
+            tables.append(text + (f"\n{w.line}" + (f"\n{w.note}" if w.note else "")
+                                  if w else ""))
         tables = [t for t in tables if t]
         if tables and inside:
             tables[-1] += ("\n(kernels named '<If>[then] <node>' sit in an If branch; the kernels "
@@ -230,6 +226,41 @@ class OptimizeResult:
                            "graph's; per-inference totals: "
                            f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
+
+
+def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
+    """The device plans of ``model``'s lowered nodes, an If's branches' included:
+    ``(plans, counted, ifs, inside)`` with ``plans`` ``{device: [(node name, op type, plan
+    attrs)]}`` (a branch's node named ``<If>[then] <node>``), ``counted`` ``{device: [bool per
+    plan]}`` (False: a kernel the per-inference totals leave out, :meth:`Device.summary`),
+    ``ifs`` the Ifs met (as :func:`onnx_cinm.dialects.cinm.labelled_nodes` fills it) and
+    ``inside`` True if a plan sits in a branch."""
+    plans: dict = {}
+    counted: dict = {}
+    ifs: dict = {}
+    inside = False
+    for label, node, count in cinm.labelled_nodes(model.graph, frontend.if_taken(model), ifs):
+        at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+        if at.get("device", "host") != "host" and at.get("kernel"):
+            plans.setdefault(at["device"], []).append((label + node.name, node.op_type, at))
+            counted.setdefault(at["device"], []).append(count)
+            inside = inside or bool(label)
+    return plans, counted, ifs, inside
+
+
+def device_wear(model: onnx.ModelProto, seconds_per_inference: float | None = None) -> dict:
+    """``{device: Wear}`` of the devices whose plans in ``model`` wear write-limited cells
+    (:meth:`Device.wear`; e.g. a crossbar chip's writes per cell per inference, its endurance
+    and lifetime), inferences running back to back every ``seconds_per_inference`` seconds
+    (None: each device's own modeled latency per inference, a lower bound)."""
+    plans, counted, _, _ = device_plans(model)
+    out = {}
+    for d, p in plans.items():
+        if d in devices.device_names():
+            w = devices.get_device(d).wear(p, counted[d], seconds_per_inference)
+            if w is not None:
+                out[d] = w
+    return out
 
 
 #: What optimize's check runs on each side, as its summary line says.

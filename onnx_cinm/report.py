@@ -14,7 +14,13 @@
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
 * ``report.html``: one self-contained page with the totals, both pictures (embedded as base64
-  PNG) and the table.
+  PNG) and the table;
+* ``wear.json``: ``{device: figures}`` of the devices whose plans wear write-limited cells
+  (:meth:`onnx_cinm.devices.Device.wear`; a crossbar chip's tile writes per inference, the
+  streamed crossbars they rotate over, writes per cell per inference of the most-written
+  cells, the cells' endurance, the lifetime in inferences and in seconds when inferences run
+  back to back at the modeled latency, null when inference writes no cell, and ``short``:
+  under a year); ``{}`` if none.
 
 Figures per layer come from the cost model, the same one cost placement minimizes
 (:func:`onnx_cinm.passes.cost_placement.node_costs` of the placement recorded in the model): a
@@ -35,12 +41,14 @@ import base64
 import csv
 import html
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from . import hostmodel
+from .pipeline import device_wear
 from .dialects import cinm
 from .text import Column, fold_rows, if_rule, si, table as text_table
 
@@ -87,7 +95,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     down, ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
     graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
     counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
-    branches}, ``notes``: the devices' notes on their figures, :meth:`Device.cost_notes`).
+    branches}, ``notes``: the devices' notes on their figures, :meth:`Device.cost_notes`,
+    then their wear lines, ``wear``: {device: :class:`onnx_cinm.devices.Wear`} of the devices
+    whose plans wear write-limited cells, inferences back to back at ``latency_s``).
 
     One row per node of the main graph in graph order; after an If's row, the nodes of its
     then and else branches (nested Ifs alike), named ``<If>[then] <node>`` as the provider's
@@ -121,7 +131,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     totals = counted_totals(root)
     notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
              for note in devices.get_device(d).cost_notes(dict(options or {}))]
-    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes)
+    wear = device_wear(model, totals["latency_s"])
+    notes += [text for w in wear.values() for text in (w.line, w.note) if text]
+    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes, wear=wear)
     return rows, totals
 
 
@@ -416,8 +428,8 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
 
 def write_report(model: onnx.ModelProto | str | Path, out_dir: str | Path, options: dict | None = None,
                  title: str | None = None) -> dict:
-    """Write ``layers.csv``, ``time_energy.png``, ``graph.png`` and ``report.html`` into
-    ``out_dir`` (created if missing) and return ``{"rows", "totals", "files"}``.
+    """Write ``layers.csv``, ``time_energy.png``, ``graph.png``, ``report.html`` and
+    ``wear.json`` into ``out_dir`` (created if missing) and return ``{"rows", "totals", "files"}``.
 
     Raises CinmError if the model cannot be read or the folder cannot be written.
     """
@@ -461,7 +473,9 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
     files = {"layers.csv": buf.getvalue().encode(),
              "time_energy.png": pngs["time and energy per layer, by device"],
              "graph.png": pngs["graph, nodes coloured by device"],
-             "report.html": _html(f"onnx-cinm report: {title}", rows, totals, pngs).encode()}
+             "report.html": _html(f"onnx-cinm report: {title}", rows, totals, pngs).encode(),
+             "wear.json": (json.dumps({d: w.figures for d, w in totals["wear"].items()},
+                                      indent=1, sort_keys=True) + "\n").encode()}
     return {"rows": rows, "totals": totals, "files": files}
 
 

@@ -289,7 +289,7 @@ def test_report_lists_both_branches_and_counts_the_one_the_probe_took(compiled_t
     assert [(r["index"], r["layer"], r["counted"]) for r in csv_rows] == [
         ("0", "pick", "1"), ("0t0", "pick[then] then_gemm/Gemm", "1"),
         ("0e0", "pick[else] else_matmul/Gemm", "0")]
-    assert len(out["files"]) == 4
+    assert len(out["files"]) == 5  # layers.csv, 2 PNGs, report.html, wear.json
 
 
 def test_report_without_a_probed_branch_sums_both_and_says_upper_bound(compiled_then):

@@ -50,7 +50,7 @@ def lenet_opt():
 def test_report_files(lenet_opt, tmp_path):
     res = report.write_report(lenet_opt, tmp_path / "rep", {"host_roofline": "nominal"}, title="lenet")
     names = sorted(p.name for p in res["files"])
-    assert names == ["graph.png", "layers.csv", "report.html", "time_energy.png"]
+    assert names == ["graph.png", "layers.csv", "report.html", "time_energy.png", "wear.json"]
     for png in ("graph.png", "time_energy.png"):
         with Image.open(tmp_path / "rep" / png) as im:
             assert im.format == "PNG" and im.size == report.PNG_SIZE == (1200, 700)

@@ -170,6 +170,8 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
+        for w in sess.wear().values():
+            print(w.line + (f"\n{w.note}" if w.note else ""))
     if replanned and (args.profile or (args.profile_out and not args.quiet)):
         print(_sizes_note(planned, replanned, sess.profile()))
     if args.profile_out:

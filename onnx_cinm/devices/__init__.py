@@ -40,13 +40,14 @@ from .base import (
     Resources,
     Support,
     TensorInfo,
+    Wear,
     emit_memo,
     json_text,
     recorded_writes,
     write_kernel_file,
 )
 
-__all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "register",
+__all__ = ["Cost", "Device", "OpInfo", "Priced", "Resources", "Support", "TensorInfo", "Wear", "register",
            "get_device", "all_devices", "device_names", "plugin_errors",
            "option_schema", "ENTRY_POINT_GROUP", "json_text", "emit_memo", "recorded_writes",
            "write_kernel_file"]

@@ -96,6 +96,23 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Wear:
+    """A device's cell wear under one model's plans (:meth:`Device.wear`).
+
+    Attributes:
+        figures: JSON-ready figures, written into ``report``'s ``wear.json`` (for a crossbar:
+            writes per cell per inference of the most-written cells, the cells' endurance,
+            the lifetime in inferences and in seconds at back-to-back inference, ...).
+        line: one line for people, e.g. ``"wear: 81 writes per cell per inference ..."``.
+        note: advice when the device wears out soon, else ``""``.
+    """
+
+    figures: dict
+    line: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Priced:
     """One way a device can run one op, with what it costs and what it keeps.
 
@@ -324,6 +341,15 @@ class Device:
         chip's per-array figures scaled from its published array size to another), for
         ``optimize``'s and ``report``'s tables; [] by default."""
         return []
+
+    def wear(self, plans: list, counted: list | None = None,
+             seconds_per_inference: float | None = None) -> Wear | None:
+        """How fast the plans ``plans`` (as in :meth:`summary`; ``counted`` too) wear out this
+        device's write-limited cells when inferences run back to back every
+        ``seconds_per_inference`` seconds (None: the plans' own modeled latency, a lower bound
+        of the period), for ``optimize``'s summary, ``report`` and ``run --profile``; None if
+        the device has no such cells (the default) or no plan uses them."""
+        return None
 
     # -- reading a compiled plan back ----------------------------------------------------------
     def recorded(self, attrs: dict) -> Priced | None:

@@ -1158,6 +1158,16 @@ class InferenceSession:
             self._index = {id(n): k for k, n in enumerate(self._model.graph.node)}
         return f"<{node.op_type} #{self._index.get(id(node), '?')}>"
 
+    def wear(self) -> dict:
+        """``{device: Wear}`` (:class:`onnx_cinm.devices.Wear`) of the devices whose kernels
+        in this model wear write-limited cells, e.g. a crossbar chip's writes per cell per
+        inference and lifetime (:func:`onnx_cinm.pipeline.device_wear`); the lifetime in
+        seconds runs inferences back to back at each device's own modeled latency, a lower
+        bound of the period."""
+        from ..pipeline import device_wear
+
+        return device_wear(self._model)
+
     def load_profile(self) -> list[dict]:
         """What loading the model does on the devices, once per session and never per
         inference: per crossbar kernel the tiles programmed at load (``writes``), per UPMEM

@@ -23,12 +23,12 @@ import numpy as np
 
 from ...errors import CinmError
 from ...options import Alias, option, parse_duration, parse_pair
-from ...paradigms.cim import layout, residency, schedule
+from ...paradigms.cim import layout, residency, schedule, wear as cim_wear
 from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, fold_rows, si, table
 from .. import register
 from ...graph import CostPart, dtype_name
-from ..base import (Cost, Device, OpInfo, Priced, Resources, Support, emit_memo,
+from ..base import (Cost, Device, OpInfo, Priced, Resources, Support, Wear, emit_memo,
                     write_kernel_file)
 from . import codegen
 from .nonideal import EFFECTS, NAMED
@@ -688,6 +688,66 @@ class MemristorDevice(Device):
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
                          "inside the array's figures: they are counted under E array)")
         return table(cols, rows, totals=[total], notes=notes)
+
+    def wear(self, plans: list, counted: list | None = None,
+             seconds_per_inference: float | None = None) -> Wear | None:
+        """Wear of the crossbar cells under the crossbar kernels of ``plans`` (as in
+        :meth:`summary`, ``counted`` too: the per-inference figures leave out the kernels it
+        marks False): the tile writes per inference of the kernels that stream (resident ones
+        write at load only) rotate round-robin over the crossbars they stream through, the
+        largest ``cim_crossbars`` of a streaming kernel (the pool :meth:`summary` counts once),
+        so the most-written cells take ``tile writes / streamed crossbars`` writes per
+        inference (:mod:`onnx_cinm.paradigms.cim.wear`, the even wear cost placement's
+        ``--max-writes-per-cell`` budget assumes). Endurance: the recorded preset's
+        ``endurance_writes`` with its source (``presets.py``: 3.2e7 writes for the PCM presets,
+        OCC's figure, unverified; 1e6 for the ReRAM/RRAM ones, NVMain's default, field notes
+        ``crossbar.md`` §2.8). ``seconds_per_inference``: the period of back-to-back
+        inferences, seconds (None: the crossbar kernels' modeled latency per inference, a
+        lower bound of the period, so the lifetime in seconds is one too). The note (when the
+        lifetime at back-to-back inference is under
+        :data:`~onnx_cinm.paradigms.cim.wear.SHORT_LIFETIME_S`, one year) names the options
+        that keep the weights resident (``--max-writes-per-cell 0``, more crossbars) and says
+        that cost placement's budget over ``--lifetime-inferences`` spreads the writes over all
+        the chip's crossbars, a mean the streamed ones exceed. None if no plan is a crossbar
+        kernel."""
+        flags = [True] * len(plans) if counted is None else list(counted)
+        kept = [(a, f) for (_, _, a), f in zip(plans, flags) if "cim_M" in a]
+        if not kept:
+            return None
+        attrs = [a for a, _ in kept]
+        writes = sum(a["cim_writes"] for a, f in kept if f)
+        pool = max((a["cim_crossbars"] for a in attrs if not a["cim_resident"]), default=0)
+        own = seconds_per_inference is None
+        period = sum(a["cim_latency_s"] for a, f in kept if f) if own else seconds_per_inference
+        params = params_from_options(self.recorded_options(plans), self.params)
+        w = cim_wear.wear(writes, pool, params.endurance_writes, period)
+        source = (params.source("endurance_writes") or "preset") + (
+            ", unverified" if "endurance_writes" in params.unverified else "")
+        head = f"wear ({params.name}, a cell endures {w.endurance:.3g} writes: {source})"
+        load = sum(a["cim_writes_load"] for a in attrs)
+        if not w.per_cell:
+            return Wear(w.figures(), f"{head}: no tile writes per inference: the cells are "
+                        f"written only at load ({load} tile writes), inference does not wear them")
+        what = ("the crossbar kernels' own latency: a lower bound" if own
+                else "the model's modeled latency")
+        line = (f"{head}: {w.tile_writes} tile writes/inference rotate over {w.crossbars} streamed "
+                f"crossbar{'s' * (w.crossbars != 1)}, {w.per_cell:.3g} writes per cell per "
+                f"inference; worn out after {w.inferences:.3g} inferences, "
+                f"{cim_wear.duration(w.seconds)} back to back at {si(w.seconds_per_inference, 's')} "
+                f"per inference ({what})")
+        note = ""
+        if w.short:
+            tiles = sum(a["cim_tiles"] for a in attrs if not a.get("cim_tile_owner"))
+            chip = self.recorded_options(plans)["cim_crossbars"]
+            note = (f"note: the crossbars wear out in under a year of back-to-back inference; "
+                    f"to write the cells only at load, give --max-writes-per-cell 0 (cost "
+                    f"placement keeps on the crossbars only kernels whose tiles stay resident) "
+                    f"or crossbars for all the model's {tiles} tiles (--cim-crossbars {tiles})"
+                    + (f"; --max-writes-per-cell {w.endurance:.3g} --lifetime-inferences N "
+                       f"budgets N inferences but spreads the writes over all {chip} crossbars, "
+                       f"so it bounds their mean: these {w.crossbars} wear faster"
+                       if w.crossbars < chip else ""))
+        return Wear(w.figures(), line, note)
 
     def option_warnings(self, options: dict) -> list[str]:
         """A time after programming (``cim_time_s``, ``--cim-time``) given for the ``ideal``

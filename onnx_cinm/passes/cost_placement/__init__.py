@@ -41,7 +41,10 @@ Constraints (a placement that breaks one is never chosen; user hints still win a
   ``--lifetime-inferences``, default 1) the budget is for ``L`` inferences:
   ``L * writes_per_inference / P <= max_writes_per_cell``. Writes at load (once per model load,
   at most one per cell) are not counted. Example: PCM endures 3.2e7 writes per cell; to last
-  1e9 inferences give ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9``.
+  1e9 inferences give ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9``. Over ``P``
+  this is the mean over the chip: crossbars kept by resident kernels are not rewritten, so the
+  streamed ones take more (the device's wear line, :meth:`Device.wear`, reports those;
+  ``max_writes_per_cell = 0`` admits no write per inference at all).
 * **Device memory** (:attr:`Resources.memory_bytes`): constant inputs kept resident
   (``Priced.resident_bytes``) by all ops on a device together must fit it (for UPMEM,
   ``upmem_dpus x`` MRAM; an op whose data do not fit makes the device refuse it).

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ... import devices
 from ...devices import Cost
+from ...paradigms.cim.wear import writes_per_cell
 from .problem import Choice, Problem, Tensor, link_cost
 
 
@@ -247,9 +248,3 @@ def violations(prob: Problem, tot: Totals) -> list[str]:
         if cap and b > cap:
             out.append(f"{dev}: {b} B of resident constants > {cap} B of memory")
     return out
-
-
-def writes_per_cell(tile_writes: float, crossbars: int, lifetime: float = 1.0) -> float:
-    """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
-    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write)."""
-    return lifetime * tile_writes / max(crossbars, 1)

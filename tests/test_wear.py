@@ -1,0 +1,127 @@
+"""Crossbar wear and lifetime (paradigms.cim.wear, Device.wear, optimize/report/run lines).
+
+Expected figures are hand-computed from the plans' tile counts (checked against the tile
+counts test_tile_sharing.py derives by hand) and the presets' endurance (presets.py:
+pcm-occ 3.2e7 writes per cell, rram-neurram 1e6)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from onnx_cinm import optimize, pipeline, report
+from onnx_cinm.paradigms.cim import wear as cim_wear
+
+from test_tile_sharing import OCC, _shared_gemms
+
+
+def test_wear_figures_by_hand():
+    # 10 tile writes per inference over 2 crossbars: 5 writes per cell per inference; a cell
+    # enduring 1e6 writes lasts 2e5 inferences, 2e5 * 1 ms = 200 s back to back
+    w = cim_wear.wear(10, 2, 1e6, 1e-3)
+    assert w.per_cell == 5.0 and w.inferences == 2e5 and w.seconds == pytest.approx(200.0)
+    assert w.short
+    none = cim_wear.wear(0, 0, 1e6, 1e-3)
+    assert none.per_cell == 0 and math.isinf(none.inferences) and not none.short
+    assert none.figures()["lifetime_s"] is None
+
+
+def test_note_threshold_is_one_year():
+    # 1 write per cell per inference, endurance 1e6: 1e6 inferences; at 31.5576 s each that is
+    # 3.15576e7 s, exactly a year (365.25 days): not short; a hair faster is short
+    year = 365.25 * 86400
+    assert cim_wear.SHORT_LIFETIME_S == year
+    assert not cim_wear.wear(4, 4, 1e6, year / 1e6).short
+    assert cim_wear.wear(4, 4, 1e6, year / 1e6 * 0.999).short
+    with pytest.raises(ValueError):
+        cim_wear.wear(1, 1, 0.0, 1.0)
+
+
+def test_duration_units():
+    assert cim_wear.duration(90) == "1.5 min"
+    assert cim_wear.duration(2 * 365.25 * 86400) == "2 years"
+    assert cim_wear.duration(0.5) == "0.5 s"
+
+
+def _streaming():
+    # as test_tile_sharing: on pcm-occ's 4 crossbars of 64x64, W2's 3 tiles are pinned and W's
+    # 6 tiles stream through the 1 crossbar left; its two Gemms write 5 tiles each: 10 tile
+    # writes per inference, all on that one crossbar
+    model = _shared_gemms(4, 128, 192, 2, other=(192, 64))
+    return optimize(model, place=[("gemm*", "memristor"), ("mm*", "memristor")],
+                    device_options=OCC)
+
+
+def test_streaming_plan_wear_and_summary_line():
+    res = _streaming()
+    w = pipeline.device_wear(res.model, 1e-3)["memristor"]
+    f = w.figures
+    # 10 writes per cell per inference; 3.2e7 / 10 = 3.2e6 inferences; at 1 ms: 3200 s
+    assert (f["tile_writes_per_inference"], f["streamed_crossbars"]) == (10, 1)
+    assert f["writes_per_cell_per_inference"] == 10.0 and f["endurance_writes"] == 3.2e7
+    assert f["lifetime_inferences"] == pytest.approx(3.2e6)
+    assert f["lifetime_s"] == pytest.approx(3200.0) and f["short"]
+    # 6 + 3 tiles; the placement budget spreads 10 writes over the chip's 4 crossbars, not 1
+    assert "--max-writes-per-cell 0" in w.note and "--cim-crossbars 9" in w.note
+    assert "spreads the writes over all 4 crossbars" in w.note
+    # the summary's line sits under the crossbar table, at the model's modeled latency
+    tables = res.device_tables()
+    period = res.stats["placement"]["model_totals"]["latency_s"]
+    line = next(x for x in tables.splitlines() if x.startswith("wear (pcm-occ"))
+    assert "10 writes per cell per inference" in line and "3.2e+06 inferences" in line
+    assert cim_wear.duration(3.2e6 * period) in line
+    assert tables.splitlines()[-1].startswith("note: the crossbars wear out")
+
+
+def test_rram_endurance_shortens_the_lifetime():
+    model = _shared_gemms(4, 128, 192, 2, other=(192, 64))
+    res = optimize(model, place=[("gemm*", "memristor"), ("mm*", "memristor")],
+                   device_options={"cim_preset": "rram-neurram", "cim_rows": 64, "cim_cols": 64,
+                                   "cim_crossbars": 4})
+    f = pipeline.device_wear(res.model, 1.0)["memristor"].figures
+    # same tiling as on pcm-occ (64x64, 4 crossbars): 10 writes per cell, endurance 1e6
+    assert f["writes_per_cell_per_inference"] == 10.0
+    assert f["lifetime_inferences"] == pytest.approx(1e5) and f["lifetime_s"] == pytest.approx(1e5)
+
+
+def test_resident_plan_says_load_only(tmp_path):
+    # W 128x128 on 64x64 crossbars: 4 tiles on 4 crossbars, written once at load
+    res = optimize(_shared_gemms(8, 128, 128, 3), place=[("gemm*", "memristor")],
+                   device_options=OCC)
+    w = pipeline.device_wear(res.model)["memristor"]
+    assert w.figures["writes_per_cell_per_inference"] == 0
+    assert w.figures["lifetime_inferences"] is None and not w.figures["short"]
+    assert "written only at load (4 tile writes)" in w.line and w.note == ""
+    files = report.write_report(res.model, tmp_path / "rep")["files"]
+    data = json.loads((tmp_path / "rep" / "wear.json").read_text())
+    assert data["memristor"]["tile_writes_per_inference"] == 0
+    assert any(p.name == "wear.json" for p in files)
+
+
+def test_report_wear_json_of_a_streaming_plan(tmp_path):
+    res = _streaming()
+    out = report.write_report(res.model, tmp_path / "rep")
+    data = json.loads((tmp_path / "rep" / "wear.json").read_text())["memristor"]
+    # back to back at the report's modeled latency per inference
+    assert data["seconds_per_inference"] == out["totals"]["latency_s"]
+    assert data["lifetime_s"] == pytest.approx(3.2e6 * out["totals"]["latency_s"])
+    assert "written only at load" not in (tmp_path / "rep" / "report.html").read_text()
+    assert "10 writes per cell per inference" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_no_crossbar_no_wear():
+    res = optimize(_shared_gemms(8, 128, 128, 1), place=[("*", "host")], device_options=OCC)
+    assert pipeline.device_wear(res.model) == {}
+
+
+def test_the_notes_advice_keeps_the_cells_written_at_load_only():
+    # what the note proposes, on the model of _streaming without hints: a budget of 0 writes
+    # per cell, or crossbars for all 9 tiles
+    model = _shared_gemms(4, 128, 192, 2, other=(192, 64))
+    for kw in ({"device_options": OCC, "constraints": {"max_writes_per_cell": 0.0}},
+               {"device_options": {**OCC, "cim_crossbars": 9},
+                "place": [("gemm*", "memristor"), ("mm*", "memristor")]}):
+        res = optimize(model, **kw)
+        w = pipeline.device_wear(res.model)
+        assert all(x.figures["writes_per_cell_per_inference"] == 0 for x in w.values()), kw
