@@ -1043,6 +1043,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                     raise CinmError(f"the original does not run at {at} with {open_} left unsized "
                                     f"(a shape error: {e}); at {which} it runs: give that size "
                                     f"too, --dim {' --dim '.join(which.split(', '))}") from None
+                open_ = [d for d in golden.symbolic_dims(original) if d not in dims]
+                if not which and open_ and not _drawn_integer_inputs(original, inputs) \
+                        and not _runs_at_one(original, dims):
+                    # neither the check's draw nor the plans' size 1 runs (an image model at
+                    # 1x1): the model written would be planned at sizes that cannot exist
+                    given = ", ".join(f"{k}={v}" for k, v in dims.items())
+                    raise CinmError(
+                        f"the original does not run with {', '.join(open_)} at 1, the size plans "
+                        "take a dim without one" + (f" (with {given})" if given else "")
+                        + f", nor at the sizes the check drew (a shape error: {e}); give their "
+                        "sizes: " + " ".join(f"--dim {d}=SIZE" for d in open_)) from None
                 skipped = ("the original does not run on the random inputs at the sizes the check "
                            f"drew for the dims without one: {e}"
                            + (f"; at {which} it runs" if which else ""))

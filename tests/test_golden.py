@@ -867,6 +867,29 @@ def test_a_dim_left_unsized_that_runs_at_one_is_a_skipped_check_not_a_refusal(tm
                                np.maximum((x + cc) @ ww, 0), rtol=1e-6, atol=1e-6)
 
 
+def test_a_model_that_runs_neither_at_the_drawn_sizes_nor_at_one_is_refused(tmp_path, capsys):
+    """Trial s28: MTCNN's pnet (N, M1, M2 symbolic) optimized without --dim was planned at a
+    1x1 image (every kernel 1xKxN), the check skipped, exit 0. A 9x9 Conv without padding runs
+    on no image below 9x9: neither at the check's draw (8 off axis 0) nor at 1, the size plans
+    take a dim without one; refused, naming the dims, nothing written. With sizes it runs."""
+    from onnx_cinm import optimize
+    from onnx_cinm.cli import main
+
+    w = np.ones((2, 1, 9, 9), np.float32) / 81
+    model = _model([h.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[9, 9])],
+                   [_vi("x", TP.FLOAT, ["N", 1, "H", "W"])], [_vi("y", TP.FLOAT, ["N", 2, "OH", "OW"])],
+                   [nh.from_array(w, "w")])
+    with pytest.raises(CinmError, match=r"does not run with N, H, W at 1, the size plans take a dim "
+                                        r"without one, nor at the sizes the check drew .*; give "
+                                        r"their sizes: --dim N=SIZE --dim H=SIZE --dim W=SIZE$"):
+        optimize(model)
+    onnx.save(model, tmp_path / "conv9.onnx")
+    assert main(["optimize", str(tmp_path / "conv9.onnx"), "-o", str(tmp_path / "o.onnx"), "-q"]) == 1
+    assert "Traceback" not in capsys.readouterr().err and not (tmp_path / "o.onnx").exists()
+    res = optimize(model, dims={"H": 12, "W": 10})
+    assert res.check is not None and res.check.ok
+
+
 def test_optimize_refuses_given_sizes_that_conflict_even_with_a_dim_left_unsized(tmp_path, capsys):
     """Trial s24b finding 3: [a, 4] and [b, 4] concatenated on axis 1 need a == b. With a=3 and
     b unsized, the check draws b=1 and fails, but b=3 runs (onnxruntime, against numpy's
