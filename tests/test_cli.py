@@ -443,6 +443,31 @@ def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
     assert "golden check: 1 run, " in out and "1 runs" not in out
 
 
+def test_compare_on_input_arrays_the_original_rejects_blames_the_arrays(tmp_path, capsys):
+    """Trial s28: token ids beyond the vocabulary given with --input for every input ended in
+    "...; give real inputs with --input NAME=FILE.npy", which the user had just done. A Gather
+    over a 10-row table fed index 99 in onnxruntime fails on the arrays themselves."""
+    import numpy as np
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    table = np.arange(30, dtype=np.float32).reshape(10, 3)
+    g = h.make_graph([h.make_node("Gather", ["t", "ids"], ["e"]), h.make_node("Relu", ["e"], ["y"])],
+                     "g", [h.make_tensor_value_info("ids", TP.INT64, [1, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 3])], [nh.from_array(table, "t")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "g.onnx")
+    assert main(["optimize", str(tmp_path / "g.onnx"), "-o", str(tmp_path / "o.onnx"), "-q"]) == 0
+    np.save(tmp_path / "ids.npy", np.array([[1, 2, 99, 3]], np.int64))
+    code, _, err = _run(["compare", str(tmp_path / "g.onnx"), str(tmp_path / "o.onnx"),
+                         "--input", f"ids={tmp_path / 'ids.npy'}"], capsys)
+    error = err.strip().splitlines()[-1]  # (after a warning: the tiny model runs on the host)
+    assert code == 1 and sum("error" in line for line in err.splitlines()) == 1, err
+    assert error.startswith("onnx-cinm: error: the original does not run on the --input arrays: ")
+    assert "idx=99" in error
+    assert "give real inputs" not in err
+
+
 def test_compare_checks_both_files_exist_before_loading_the_original(tmp_path, capsys,
                                                                      monkeypatch):
     """``compare ORIGINAL missing.onnx`` loaded the (possibly large) original before saying the

@@ -375,7 +375,10 @@ def _cmd_compare(args, parser) -> int:
                                 atol=args.atol, dims=dims, feeds=feeds, stepwise=args.optimized,
                                 progress=True)
     except ReferenceFailed as e:
-        raise CinmError(f"{e}; give real inputs with --input NAME=FILE.npy or sizes with "
+        if every:  # the user's own arrays: no drawn input or size to blame
+            raise CinmError(f"the original does not run on the --input arrays: {e}") from None
+        drawn = "the other inputs" if given else "real inputs"
+        raise CinmError(f"{e}; give {drawn} with --input NAME=FILE.npy or sizes with "
                         "--dim NAME=SIZE") from None
     what = ("all inputs from --input" if every else
             f"{', '.join(sorted(given))} from --input, the rest random" if given else "random")
