@@ -167,7 +167,7 @@ def _one_line(text: object, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _ort_error(error: BaseException) -> str:
+def ort_error_line(error: BaseException) -> str:
     """Onnxruntime's run error in one short line: the innermost failing node and its message.
 
     Onnxruntime prefixes ``[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :`` and nests
@@ -716,7 +716,7 @@ class _OrtModel:
             return self.sess.run(None if outputs is None else list(outputs),
                                  {n: feeds[n] for n in self.input_names})
         except Exception as e:
-            raise CinmError(f"onnxruntime failed to run the model: {_ort_error(e)}") from None
+            raise CinmError(f"onnxruntime failed to run the model: {ort_error_line(e)}") from None
 
 
 def run_onnxruntime(model_or_path: ModelLike, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

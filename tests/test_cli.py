@@ -466,6 +466,12 @@ def test_compare_on_input_arrays_the_original_rejects_blames_the_arrays(tmp_path
     assert error.startswith("onnx-cinm: error: the original does not run on the --input arrays: ")
     assert "idx=99" in error
     assert "give real inputs" not in err
+    # run names the failing node in onnxruntime's message, not its status-code preamble
+    code, _, err = _run(["run", str(tmp_path / "o.onnx"), "--input", f"ids={tmp_path / 'ids.npy'}"],
+                        capsys)
+    error = err.strip().splitlines()[-1]
+    assert code == 1 and error.startswith("onnx-cinm: error: host partition 0 failed: Gather node "), err
+    assert "idx=99" in error and "ONNXRuntimeError" not in error and "Non-zero status" not in error
 
 
 def test_compare_checks_both_files_exist_before_loading_the_original(tmp_path, capsys,

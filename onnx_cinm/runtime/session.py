@@ -1103,7 +1103,9 @@ class InferenceSession:
         the model computes ``[n, 4]``; onnxruntime only warns on the whole model and never
         checks an inner tensor). Raises CinmError with ``error``'s first line when the
         partition was relaxed already, cannot be, or fails that way too."""
-        fail = CinmError(f"host partition {p.index} failed: {str(error).splitlines()[0]}")
+        from ..golden import ort_error_line
+
+        fail = CinmError(f"host partition {p.index} failed: {ort_error_line(error)}")
         with self._lazy_lock:
             if not p.relaxed:  # once: a partition failing either way fails at once next time
                 p.relaxed = True
