@@ -796,7 +796,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
              log: Callable[[str], None] | None = None, objective: str | None = None,
              constraints: dict | None = None, host_roofline=None,
              inputs: dict | None = None, totals: bool = True,
-             progress: bool = False) -> OptimizeResult:
+             progress: bool = False, check_nan_inf: bool = True) -> OptimizeResult:
     """Compile an ONNX model into cinm ops placed on devices, and check it against the original.
 
     The branches of the main graph's If nodes go through the same passes, each as a model of
@@ -827,6 +827,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         check: number of random-input runs comparing stock onnxruntime on the original and on the
             result (0 disables the check); None (default): :func:`default_check_runs`, 1, or 2
             for a model that quantizes at run time.
+        check_nan_inf: after a passing check, also compare both models on one input set
+            holding NaN, +Inf and -Inf (:func:`onnx_cinm.golden.compare_special`); False skips
+            it (the summary says so). Nothing runs when ``check`` is 0.
         check_rtol, check_atol: tolerances of the check; None (default): by each output's
             dtype (:func:`onnx_cinm.golden.default_tolerance`: 1e-4 / 1e-5 for float32,
             4 ulps = 0.0039 for float16).
@@ -1080,8 +1083,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                                  "optimization levels may differ as much on this model), widen the "
                                  "tolerance: --check-atol/--check-rtol (Python: check_atol=, "
                                  "check_rtol=)" if rounding else ""))
-        squashers = golden.lowered_nan_squashers(original, work) if report is not None else []
-        if squashers:
+        squashers = golden.lowered_nan_squashers(original, work) \
+            if report is not None and check_nan_inf else []
+        if report is not None and not check_nan_inf:
+            special_skipped = "--no-check-nan-inf; Python: check_nan_inf=False"
+        elif squashers:
             special_skipped = golden.nan_squash_reason(squashers)
         elif report is not None:  # then, apart, NaN/Inf inputs: they must land where ORT puts them
             t0 = time.perf_counter()

@@ -324,6 +324,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: 1, or 2 - compare's default - for a model that quantizes at run "
                         "time, e.g. DynamicQuantizeLinear, where a last-bit difference shows on "
                         "some inputs only)")
+    o.add_argument("--no-check-nan-inf", action="store_false", dest="check_nan_inf",
+                   help="skip the NaN/Inf check that follows the check (one more run of both "
+                        "models, on inputs holding NaN, +Inf and -Inf; about the check's time "
+                        "again); --check 0 skips both")
     o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic dimension, e.g. sequence=512 (repeatable): FLOPs, "
                         "placement, tiling, mapping and the check use it, and the model records it "

@@ -133,6 +133,7 @@ def _cmd_optimize(args, parser) -> int:
         result = optimize(model, skip=args.skip_pass,
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
+                          check_nan_inf=args.check_nan_inf,
                           dims=dims, inputs=given, device_options=options, log=log,
                           totals=not args.quiet,  # -q prints no totals: not priced
                           progress=not args.quiet)
