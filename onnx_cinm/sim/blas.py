@@ -19,8 +19,10 @@ process's CPU time, not the wall clock: other processes sharing the cores would 
 for us; measured here, wall-clock decisions flipped between runs of the same model); the
 faster one computes every later product of that shape, and its result is the one returned the
 first time too, so all runs of a shape use the same arithmetic (the two kernels may differ in
-the last bits: they sum in different orders). ``"numpy"`` or ``"onnxruntime"`` force one
-kernel.
+the last bits: they sum in different orders). A product past :data:`TIMING_MACS`
+multiply-adds is timed on its first rows only (:func:`_timing_rows`) and then computed whole
+once by the chosen kernel, so the choice costs a few milliseconds per shape, not ten whole
+products. ``"numpy"`` or ``"onnxruntime"`` force one kernel.
 
 onnxruntime itself sums a product in two orders: over a constant ``B`` (an initializer) it
 packs ``B`` once at load and runs its packed-B kernel, otherwise its plain one; measured here
