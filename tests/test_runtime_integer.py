@@ -206,6 +206,28 @@ def test_integer_convolution_of_patches_is_their_exact_product(G):
         blas.MatrixKernels(1, "onnxruntime").int_conv(x, W[:, 1:], geometry, groups=G)
 
 
+def test_integer_convolution_choice_is_timed_on_a_slice_of_bounded_patches(monkeypatch):
+    """As for float convolutions (``TIMING_BYTES``): ``"auto"`` times ``int_conv`` against
+    the numpy route on the first output rows of one image whose patches fit the bound, and
+    the convolution it returns still gives the whole input's exact product."""
+    x = rng.integers(-40, 216, (3, 4, 50, 8)).astype(np.int32)
+    W = rng.integers(-120, 136, (1, 4 * 9, 6)).astype(np.float64)
+    geometry = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    monkeypatch.setattr(blas, "TIMING_BYTES", 36 * 8 * 4 * 5)  # five output rows of one image
+    given = []
+    real = blas._patch_product
+    monkeypatch.setattr(blas, "_patch_product",
+                        lambda x, *a: given.append(x.shape) or real(x, *a))
+    auto = blas.MatrixKernels(1, "auto")
+    f = auto.int_conv(x, W, geometry)
+    # five output rows of a 3x3 kernel with one row of padding: six input rows
+    assert given == [(1, 4, 6, 8)]
+    assert auto.describe()["chosen"]["int conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] == \
+        ("numpy" if f is None else "onnxruntime")
+    if f is not None:
+        np.testing.assert_array_equal(f(x), _wrap32(_patches_by_hand(x, W, geometry, 1)))
+
+
 def _qlinear_convs():
     """Two QLinearConvs (int8 weights in -64..64, where onnxruntime's own kernels are exact on
     every x86 CPU), the first with a bias and per-channel scales, the second 1x1."""

@@ -858,12 +858,15 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._int_conv_choice.get(key)
                 if kind is None:
-                    probe = run(x)
+                    # timed on a slice whose patches fit TIMING_BYTES, as conv() times: the
+                    # numpy route copies the patches to float64, five times per route
+                    xs = _timing_slice(x, W.shape[0] * W.shape[1], geo)
+                    probe = run(xs)
                     if probe is None:  # this input does not fit: decide on one that does
                         return run
                     ref = np.empty_like(probe)
-                    kind = self._decide_int(key, _patch_product(x, W, geo, ref),
-                                            lambda dst: run(x, dst), ref,
+                    kind = self._decide_int(key, _patch_product(xs, W, geo, ref),
+                                            lambda dst: run(xs, dst), ref,
                                             table=self._int_conv_choice)
         return run if kind == "onnxruntime" else None
 
