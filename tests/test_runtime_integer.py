@@ -467,3 +467,39 @@ def test_kernel_choice_of_a_large_product_is_timed_on_its_first_rows(monkeypatch
     chosen = k.describe()["chosen"][f"300x40x24{'T' if transposed else ''}"]
     # a warm-up and three timed runs on 64 rows, then the whole product twice if numpy won
     assert seen == [64] * 4 + ([M, M] if chosen == "numpy" else [])
+
+
+def test_integer_weights_are_checked_at_session_creation_not_per_run(tmp_path, monkeypatch):
+    """Two MatMulInteger nodes over one weight (the steps of an unrolled int8 recurrence): the
+    kernels' simulators check the weights' integers when the session is made, and a run checks
+    none again (the probe that reads each program's data path before its first run takes the
+    kernel's checked weights: an unrolled int8 LSTM re-checked a weight per step); both
+    products are numpy's int64 ones."""
+    from onnx_cinm.sim.crossbar import simulator
+
+    k, n = 64, 24
+    w = rng.integers(0, 256, (k, n)).astype(np.uint8)
+    nodes = [h.make_node("MatMulInteger", ["x", "W", "xz", "wz"], ["y1"], name="step1"),
+             h.make_node("MatMulInteger", ["x2", "W", "xz", "wz"], ["y2"], name="step2")]
+    m = h.make_model(h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", TP.UINT8, [3, k]),
+                     h.make_tensor_value_info("x2", TP.UINT8, [3, k])],
+        [h.make_tensor_value_info("y1", TP.INT32, [3, n]), h.make_tensor_value_info("y2", TP.INT32, [3, n])],
+        [nh.from_array(w, "W"), nh.from_array(np.array(3, np.uint8), "xz"),
+         nh.from_array(np.array(131, np.uint8), "wz")]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    res = optimize(m, place=[("*", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    checked = []
+    real = simulator._check_integer
+    monkeypatch.setattr(simulator, "_check_integer",
+                        lambda prog, r, arr: (checked.append(r.kind), real(prog, r, arr))[1])
+    s = InferenceSession(tmp_path / "m.onnx", provider_options=[{"matmul": "onnxruntime"}, {}])
+    assert "weight" in checked
+    checked.clear()
+    x, x2 = (rng.integers(0, 256, (3, k)).astype(np.uint8) for _ in range(2))
+    y1, y2 = s.run(None, {"x": x, "x2": x2})
+    wz = w.astype(np.int64) - 131
+    np.testing.assert_array_equal(y1, (x.astype(np.int64) - 3) @ wz)
+    np.testing.assert_array_equal(y2, (x2.astype(np.int64) - 3) @ wz)
+    assert checked == []

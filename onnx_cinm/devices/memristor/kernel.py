@@ -78,6 +78,7 @@ class CrossbarKernel:
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
         self._sim = (CrossbarSimulator(self.prog, constants, resident=True, checked=shared)
                      if self.programmed_const else None)
+        self._checked = shared  # the integer checks already run, for _affine's probe
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
         # on the tiles of an earlier kernel over the same weights: that kernel's load programs
@@ -412,8 +413,8 @@ class CrossbarKernel:
             consts = dict(self._sim.const) if self._sim is not None else \
                 {r.name: np.zeros(r.dims) for r in self.prog.regions.values()
                  if r.kind == "weight" and r.tensor is not None}
-            try:
-                probe = CrossbarSimulator(self.prog, consts)
+            try:  # its weights are the kernel's: checked once (a probe per unrolled step)
+                probe = CrossbarSimulator(self.prog, consts, checked=self._checked)
             except XbarError:
                 self._probed = False
                 return None
