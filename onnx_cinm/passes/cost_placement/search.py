@@ -353,6 +353,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
     others = [prob.fixed[n].device if n in prob.fixed else "host" for n in range(len(prob.nodes))]
     others.append("host")  # a graph input (producer -1)
     live = None  # the rows of ``value`` with a finite state and those rows, when known
+    lives: dict = {}  # those rows as a tuple -> as an array
     for k, i in enumerate(dec):
         prev_i = dec[k - 1] if k else None
         if live is None:
@@ -395,13 +396,24 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             # own: all of them in a few array operations over [choice, previous row, column]
             # (the same sums and the same first minimum as the loop below, op by op); the back
             # pointers are kept as the arrays they come from (:func:`_back`)
-            steps = []
-            for ch in cands:
-                own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
-                steps.append([own + transfers(p, ch.device) for p in prev_rows])
-            tot = reached[None, :, :] + np.array(steps)[:, :, None]
-            best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
-            back.append((rows, live, tot.argmin(axis=1), best))
+            # (most ops own no tensor that may cost: a choice then adds the same step
+            # ``own + 0.0`` to every previous row, and while that step is finite, rounding
+            # ``x + step`` keeps the order of ``x`` (NaN stays NaN), so the least previous
+            # value of each column plus the step is ``tot.min(axis=1)`` exactly; the previous
+            # row each state came from is then asked only for the states the way back visits)
+            steps = [w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j + 0.0 for ch in cands] \
+                if not mine else None
+            if steps is not None and all(map(math.isfinite, steps)):
+                best = reached.min(axis=0)[None, :] + np.array(steps)[:, None]
+                back.append((rows, live, None, best, reached, steps))
+            else:
+                steps = []
+                for ch in cands:
+                    own = w[0] * ch.cost.latency_s + w[1] * ch.cost.energy_j
+                    steps.append([own + transfers(p, ch.device) for p in prev_rows])
+                tot = reached[None, :, :] + np.array(steps)[:, :, None]
+                best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
+                back.append((rows, live, tot.argmin(axis=1), best))
             kept = np.where(best < np.inf, best, np.inf)
             if k == len(dec) - 1:
                 value = np.full((len(names), len(codes)), np.inf)
@@ -409,8 +421,11 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             # the next layer's live rows (ascending, as np.flatnonzero gives them) and values
             fin = np.isfinite(kept).any(axis=1).tolist()
             order = sorted((c for c in range(len(rows)) if fin[c]), key=rows.__getitem__)
-            live = np.array([rows[c] for c in order], dtype=np.intp)
-            reached = kept[order]
+            key = tuple(rows[c] for c in order)
+            live = lives.get(key)
+            if live is None:  # (read only, like every array of a layer: shared)
+                live = lives[key] = np.array(key, dtype=np.intp)
+            reached = kept if len(order) == len(rows) and order == sorted(order) else kept[order]
             continue
         src = np.arange(len(codes))
         entries = []  # (row, target columns' codes, values, prev rows, prev columns, choice)
@@ -475,15 +490,22 @@ def _back(bp, r: int, c: int) -> tuple:
     """``(previous row, previous column, choice index)`` of state ``[r, c]`` of one layer of
     :func:`chain_dp`: ``bp`` is either that array ``[3, row, column]`` or, for a layer whose
     choices keep the columns, ``(row of each choice, previous rows, argmin over them
-    [choice, column], value [choice, column])``; an unreachable state points at ``(0, 0, 0)``."""
+    [choice, column], value [choice, column])``, or, for such a layer whose choices each add
+    one finite step to every previous row, ``(row of each choice, previous rows, None, value
+    [choice, column], previous values [previous row, column], step of each choice)``, whose
+    argmin is the first least ``previous value + step`` (the sum the layer's minimum stands
+    for); an unreachable state points at ``(0, 0, 0)``."""
     if not isinstance(bp, tuple):
         return bp[:, r, c].tolist()
-    rows, live, arg, best = bp
+    rows, live, arg, best = bp[:4]
     if r not in rows:
         return 0, 0, 0
     ci = rows.index(r)
     if not best.item(ci, c) < math.inf:
         return 0, 0, 0
+    if arg is None:
+        reached, steps = bp[4:]
+        return live.item(int(np.argmin(reached[:, c] + np.float64(steps[ci])))), c, ci
     return live.item(arg.item(ci, c)), c, ci
 
 
