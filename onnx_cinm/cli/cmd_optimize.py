@@ -134,7 +134,7 @@ def _cmd_optimize(args, parser) -> int:
                           stop_after=args.stop_after, input_shapes=shapes, check=args.check,
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
                           dims=dims, inputs=given, device_options=options, log=log,
-                          totals=not args.quiet,  # -q prints no totals: not priced
+                          totals=not args.quiet,  # -q prints no summary: its figures not counted
                           progress=not args.quiet)
     finally:
         bar.close()
