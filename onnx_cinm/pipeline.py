@@ -876,10 +876,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
-        totals: with cost placement, price the written model once more for
-            ``stats["placement"]["model_totals"]`` (one cost evaluation of every op: 0.1 s on
-            light DenseNet121); False leaves them out (``onnx-cinm optimize -q``, which prints
-            no summary).
+        totals: the figures only the summary prints: with cost placement, price the written
+            model once more for ``stats["placement"]["model_totals"]`` (one cost evaluation of
+            every op: 0.1 s on light DenseNet121), and count the FLOPs, cinm ops and
+            anonymous dims. False leaves them out (``onnx-cinm optimize -q``, which prints no
+            summary): ``flops_total`` and ``flops_on_devices`` 0, ``flops_exact`` False,
+            ``cinm_by_device``, ``placements``, ``host_flops`` and ``anonymous_dims`` empty.
         progress: a progress bar on stderr (when it is a terminal) for a long check: the
             tensor-by-tensor check of a quantized model (:func:`onnx_cinm.golden.compare`).
         host_roofline: the host's figures for cost placement (a
@@ -1104,8 +1106,12 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
                                   f"inputs: {special.summary()}")
     t0 = time.perf_counter()
-    total, on_dev, by_dev, placements, host, exact, anonymous = _flops(
-        work, ctx.stats.get("if_taken"))
+    if totals:
+        total, on_dev, by_dev, placements, host, exact, anonymous = _flops(
+            work, ctx.stats.get("if_taken"))
+    else:  # figures only the summary prints (a walk of every tensor: 2% of -q on DenseNet121)
+        total, on_dev, by_dev, placements, host, exact, anonymous = \
+            0, 0, Counter(), [], Counter(), False, {}
     if not ctx.stats.get("if_taken"):
         branches_from = None
     fixed = fixed_dims(work, {**{d: 1 for d in unsized}, **dims}) \

@@ -126,3 +126,16 @@ def test_the_summary_names_the_host_op_types_with_their_share():
     line = next(li for li in res.summary().splitlines() if li.startswith("FLOPs on host"))
     assert line == f"FLOPs on host by op type: LSTM {100 * 14_385 / (14_385 + sm):.1f}%, " \
                    f"Softmax {100 * sm / (14_385 + sm):.1f}%"
+
+
+def test_totals_false_leaves_the_summary_figures_out_and_writes_the_same_model():
+    """optimize -q (totals=False) counts no FLOPs (figures only the summary prints); the model
+    it returns is byte for byte the one a counted run returns."""
+    model = _loop_model(5)  # random weights: one model for both runs
+    counted = optimize(model, check=0)
+    assert counted.flops_total == 5 * (2 * 8 * 4 * 8)  # hand count: 5 trips of a 4x8 @ 8x8
+    quiet = optimize(model, check=0, totals=False)
+    assert (quiet.flops_total, quiet.flops_on_devices, quiet.flops_exact) == (0, 0, False)
+    assert not quiet.host_flops and not quiet.cinm_by_device and not quiet.placements
+    assert quiet.anonymous_dims == {}
+    assert quiet.model.SerializeToString() == counted.model.SerializeToString()

@@ -135,7 +135,7 @@ def _cmd_optimize(args, parser) -> int:
                           check_rtol=args.check_rtol, check_atol=args.check_atol,
                           check_nan_inf=args.check_nan_inf,
                           dims=dims, inputs=given, device_options=options, log=log,
-                          totals=not args.quiet,  # -q prints no totals: not priced
+                          totals=not args.quiet,  # -q prints no summary: its figures not counted
                           progress=not args.quiet)
     finally:
         bar.close()
