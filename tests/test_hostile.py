@@ -884,7 +884,7 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")] \
         == ["host", "memristor", "upmem", "hbm_pim"]
-    assert proc.stderr.splitlines() == [
+    expected = [
         "onnx-cinm: warning: device plugin 'dict_params' (dict_plugin:DEVICE) not loaded: "
         "TypeError: device 'dictdev': params must be a dataclass instance, not dict",
         "onnx-cinm: warning: device plugin 'exits' (exiting_plugin:Device) not loaded: "
@@ -892,6 +892,18 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
         "onnx-cinm: warning: device plugin 'plain' (plain_plugin:DEVICE) not loaded: "
         "TypeError: P is not a device (not a subclass of onnx_cinm.devices.Device)",
     ]
+    assert proc.stderr.splitlines() == expected
+    # -q prints nothing but errors (trial s27: plugin warnings still printed under -q); without
+    # it each failure is printed once, before the command's own output
+    out = tmp_path / "o.onnx"
+    for quiet in (True, False):
+        proc = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--example", "mlp",
+                               "-o", str(out), "--check", "0", *(["-q"] if quiet else [])],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        warned = [line for line in proc.stderr.splitlines() if "device plugin" in line]
+        assert warned == ([] if quiet else expected), proc.stderr
+        assert (proc.stdout == "") == quiet
 
 
 def test_unsigned_check_inputs_set_every_low_bit():

@@ -91,19 +91,31 @@ def _end_process(status: int) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
+    devices = None
     try:
+        from .. import devices
+        from .messages import warn
+
+        # the parser loads the device plugins (their options are flags): a plugin's failure is
+        # printed once -q is known (warnings are not printed under -q)
+        devices.echo_plugin_errors(False)
         parser = _parser()
         args, extra = parser.parse_known_args(
             join_negative_values(sys.argv[1:] if argv is None else list(argv)))
         if extra:  # named by the subcommand they were given to
             getattr(args, "command_parser", parser).error(
                 f"unrecognized arguments: {' '.join(extra)}")
+        for line in devices.plugin_errors(load=False):
+            warn(args, line)
     except KeyboardInterrupt:  # Ctrl-C while starting up
         return _interrupted(argparse.Namespace())
     except Exception as e:  # Ctrl-C inside a C extension's import (numpy's): an ImportError
         if _caused_by_interrupt(e):
             return _interrupted(argparse.Namespace())
         raise
+    finally:
+        if devices is not None:
+            devices.echo_plugin_errors(True)
     try:  # SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread (embedded use)

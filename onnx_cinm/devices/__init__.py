@@ -114,14 +114,30 @@ def _load_plugins() -> None:
             _report(f"device plugin '{ep.name}' ({ep.value}) not loaded: {type(e).__name__}: {first}")
 
 
+#: Whether a plugin's failure to load is printed on stderr as it happens (:func:`_report`);
+#: the command line turns this off while it parses its arguments and prints the failures
+#: itself, unless ``-q`` (:func:`echo_plugin_errors`).
+_echo = True
+
+
 def _report(line: str) -> None:
     _plugin_errors.append(line)
-    print(f"onnx-cinm: warning: {line}", file=sys.stderr)
+    if _echo:
+        print(f"onnx-cinm: warning: {line}", file=sys.stderr)
 
 
-def plugin_errors() -> list[str]:
-    """One line per device plugin that failed to load (empty if all loaded)."""
-    _load()
+def echo_plugin_errors(on: bool) -> None:
+    """Print (True, the default) or only record (False) each device plugin's failure to load
+    from now on; :func:`plugin_errors` lists them either way."""
+    global _echo
+    _echo = on
+
+
+def plugin_errors(load: bool = True) -> list[str]:
+    """One line per device plugin that failed to load (empty if all loaded); ``load=False``:
+    only those met so far, without loading the plugins."""
+    if load:
+        _load()
     return list(_plugin_errors)
 
 
