@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import devices, frontend, golden, hostmodel
-from .analysis import body_flops, node_flops, open_tensors, tensor_infos
+from .analysis import body_flops, node_flops, op_info, open_tensors, tensor_infos
 from .devices.base import accepts_keyword
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -50,8 +50,8 @@ class OptimizeResult:
             nothing (:meth:`onnx_cinm.devices.base.Device.option_warnings`);
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
-            (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
-            ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
+            (:func:`onnx_cinm.passes.branches.lower_together`); with cost or heuristic
+            placement, ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
             model's per-inference totals (seconds,
             joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`), the
             figures ``onnx-cinm report`` adds up (``placement["totals"]`` are the search's, before
@@ -198,8 +198,8 @@ class OptimizeResult:
         """Each device's table of the plans it made for this model (:meth:`Device.summary`,
         e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order,
         each followed by its wear line and note (:meth:`Device.wear`: inferences run back to
-        back at the modeled latency of cost placement's model totals, else at the device's
-        own); empty if no device has one. ``fold``: rows of one source op with the same
+        back at the modeled latency of the written model's totals, ``stats["placement"]
+        ["model_totals"]``, else at the device's own); empty if no device has one. ``fold``: rows of one source op with the same
         figures as one row with a count (False: a row per kernel)."""
         from . import devices
 
@@ -208,10 +208,14 @@ class OptimizeResult:
         plans, counted, ifs, inside = device_plans(self.model)
         period = (self.stats.get("placement", {}).get("model_totals") or {}).get("latency_s")
         tables = []
+        ops = None
         for d, p in plans.items():
             dev = devices.get_device(d)
             # a plugin's summary written before it took fold= lists every plan
             kw = {"fold": fold} if accepts_keyword(dev.summary, "fold") else {}
+            if accepts_keyword(dev.summary, "ops"):
+                ops = _plan_ops(self.model) if ops is None else ops
+                kw["ops"] = [ops.get(name) for name, _, _ in p]
             text = dev.summary(p, counted[d], **kw)
             w = dev.wear(p, counted[d], period) if text else None
             tables.append(text + (f"\n{w.line}" + (f"\n{w.note}" if w.note else "")
@@ -223,6 +227,16 @@ class OptimizeResult:
                            "graph's; per-inference totals: "
                            f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
+
+
+def _plan_ops(model: onnx.ModelProto) -> dict:
+    """``{node name: OpInfo}`` of the main graph's lowered cinm nodes (their tensors' shapes
+    and dtypes as the written model's value_info gives them), for the device tables; the
+    nodes of If branches are not among them."""
+    nodes = [n for n in model.graph.node if n.domain == cinm.DOMAIN and n.name]
+    infos = tensor_infos(model, infer=False,
+                         names={t for n in nodes for t in (*n.input, *n.output) if t})
+    return {n.name: op_info(n, infos) for n in nodes}
 
 
 def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
@@ -243,6 +257,53 @@ def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
             counted.setdefault(at["device"], []).append(count)
             inside = inside or bool(label)
     return plans, counted, ifs, inside
+
+
+def device_loads(model: onnx.ModelProto) -> dict:
+    """``{device: (kernels, seconds, joules)}``: the one-time load before the first inference
+    that the recorded plans of ``model``'s lowered nodes charge (:meth:`Device.recorded`'s
+    ``load_s``/``load_j``: e.g. a DPU program and the constants kept in its memory), summed
+    per device over every kernel, an If's branches' included (both are loaded); devices whose
+    plans charge none are left out. Per-inference totals and cost placement's objective
+    leave this load out."""
+    plans, _, _, _ = device_plans(model)
+    out = {}
+    for d, p in plans.items():
+        if d not in devices.device_names():
+            continue
+        dev = devices.get_device(d)
+        n, s, j = 0, 0.0, 0.0
+        for _, _, at in p:
+            r = dev.recorded(at)
+            if r is not None and (r.load_s or r.load_j):
+                n, s, j = n + 1, s + r.load_s, j + r.load_j
+        if n:
+            out[d] = (n, s, j)
+    return out
+
+
+def load_text(loads: dict, saving_j: float | None = None) -> str:
+    """The summary's line of the one-time load ``loads`` (:func:`device_loads`), or "" if
+    none: per device its kernels, seconds and joules; with ``saving_j`` (joules per inference
+    the written model saves against running all on the host), after how many inferences the
+    saving repays the load's joules (ceil(load J / saving J)), or that it never does."""
+    if not loads:
+        return ""
+    parts = "; ".join(f"{d} ({n} kernel{'s' * (n != 1)}) {si(s, 's')}, {si(j, 'J')}"
+                      for d, (n, s, j) in loads.items())
+    text = (f"one-time load before the first inference: {parts} (not in the per-inference "
+            "totals: placement's objective is per inference and leaves it out)")
+    if saving_j is not None:
+        load_j = sum(j for _, _, j in loads.values())
+        if saving_j > 0:
+            n = int(np.ceil(load_j / saving_j))
+            text += (f"; its {si(load_j, 'J')} are repaid after {n} inference{'s' * (n != 1)} "
+                     f"by the {si(saving_j, 'J')} per inference saved against all on host "
+                     "(placement's baseline)")
+        else:
+            text += (f"; its {si(load_j, 'J')} are never repaid: the model written spends "
+                     "no less per inference than all on host")
+    return text
 
 
 def device_wear(model: onnx.ModelProto, seconds_per_inference: float | None = None) -> dict:
@@ -870,7 +931,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
-        totals: with cost placement, price the written model once more for
+        totals: with cost or heuristic placement, price the written model once more for
             ``stats["placement"]["model_totals"]`` (one cost evaluation of every op: 0.1 s on
             light DenseNet121); False leaves them out (``onnx-cinm optimize -q``, which prints
             no summary).
@@ -992,9 +1053,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
     placed = ctx.stats.get("placement")
-    if totals and placed is not None and placed.get("strategy") == "cost":
-        # the totals of the model as written, counted as the report counts them: the search's
-        # own totals predate the passes after placement (fold_layouts drops host Transposes)
+    if totals and placed is not None and placed.get("strategy") in ("cost", "heuristic"):
+        # the totals of the model as written, counted as the report counts them (under either
+        # placement: the summary prints them): the search's own totals predate the passes
+        # after placement (fold_layouts drops host Transposes)
         from .passes.branches import counted_totals, evaluate_graphs
 
         t0 = time.perf_counter()
