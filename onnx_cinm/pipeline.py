@@ -260,50 +260,62 @@ def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
 
 
 def device_loads(model: onnx.ModelProto) -> dict:
-    """``{device: (kernels, seconds, joules)}``: the one-time load before the first inference
-    that the recorded plans of ``model``'s lowered nodes charge (:meth:`Device.recorded`'s
-    ``load_s``/``load_j``: e.g. a DPU program and the constants kept in its memory), summed
-    per device over every kernel, an If's branches' included (both are loaded); devices whose
-    plans charge none are left out. Per-inference totals and cost placement's objective
-    leave this load out."""
-    plans, _, _, _ = device_plans(model)
+    """``{device: (kernels, seconds, joules, saving_j)}``: the one-time load before the first
+    inference that the recorded plans of ``model``'s lowered nodes charge
+    (:meth:`Device.recorded`'s ``load_s``/``load_j``: e.g. a DPU program and the constants kept
+    in its memory), summed per device over every kernel, an If's branches' included (both are
+    loaded); devices whose plans charge none are left out. Per-inference totals and cost
+    placement's objective leave this load out. ``saving_j``: joules per inference the
+    device's kernels spend less than the host would on the same ops (the host's roofline
+    :meth:`cost` at the figures recorded in the model, :func:`onnx_cinm.hostmodel.recorded`,
+    minus the plans' recorded energy; the transfers between them are left out: the table
+    figures' scope), over the kernels that run per inference; None when a kernel that does
+    has no known shapes (in an If branch)."""
+    plans, counted, _, _ = device_plans(model)
+    host = devices.get_device("host")
+    options = {"host_roofline": hostmodel.recorded(model)}
+    ops = None
     out = {}
     for d, p in plans.items():
         if d not in devices.device_names():
             continue
         dev = devices.get_device(d)
-        n, s, j = 0, 0.0, 0.0
-        for _, _, at in p:
-            r = dev.recorded(at)
-            if r is not None and (r.load_s or r.load_j):
-                n, s, j = n + 1, s + r.load_s, j + r.load_j
-        if n:
-            out[d] = (n, s, j)
+        priced = [(name, runs, dev.recorded(at)) for (name, _, at), runs in zip(p, counted[d])]
+        loaded = [r for _, _, r in priced if r is not None and (r.load_s or r.load_j)]
+        if not loaded:
+            continue
+        ops = _plan_ops(model) if ops is None else ops
+        saving = 0.0
+        for name, runs, r in priced:
+            if runs and r is not None and saving is not None:
+                op = ops.get(name)
+                saving = None if op is None else \
+                    saving + host.cost(op, options).energy_j - r.cost.energy_j
+        out[d] = (len(loaded), sum(r.load_s for r in loaded), sum(r.load_j for r in loaded),
+                  saving)
     return out
 
 
-def load_text(loads: dict, saving_j: float | None = None) -> str:
+def load_text(loads: dict) -> str:
     """The summary's line of the one-time load ``loads`` (:func:`device_loads`), or "" if
-    none: per device its kernels, seconds and joules; with ``saving_j`` (joules per inference
-    the written model saves against running all on the host), after how many inferences the
-    saving repays the load's joules (ceil(load J / saving J)), or that it never does."""
+    none: per device its kernels, seconds and joules and, when its kernels spend less per
+    inference than the host would, after how many inferences that saving repays the load's
+    joules (ceil(load J / saving J)); else that it never does."""
     if not loads:
         return ""
-    parts = "; ".join(f"{d} ({n} kernel{'s' * (n != 1)}) {si(s, 's')}, {si(j, 'J')}"
-                      for d, (n, s, j) in loads.items())
-    text = (f"one-time load before the first inference: {parts} (not in the per-inference "
-            "totals: placement's objective is per inference and leaves it out)")
-    if saving_j is not None:
-        load_j = sum(j for _, _, j in loads.values())
-        if saving_j > 0:
-            n = int(np.ceil(load_j / saving_j))
-            text += (f"; its {si(load_j, 'J')} are repaid after {n} inference{'s' * (n != 1)} "
-                     f"by the {si(saving_j, 'J')} per inference saved against all on host "
-                     "(placement's baseline)")
-        else:
-            text += (f"; its {si(load_j, 'J')} are never repaid: the model written spends "
-                     "no less per inference than all on host")
-    return text
+    parts = []
+    for d, (n, s, j, saving) in loads.items():
+        text = f"{d} ({n} kernel{'s' * (n != 1)}) {si(s, 's')}, {si(j, 'J')}"
+        if saving is not None and saving > 0:
+            k = int(np.ceil(j / saving))
+            text += (f", repaid after {k} inference{'s' * (k != 1)} by the {si(saving, 'J')} "
+                     "per inference its kernels spend less than the host would")
+        elif saving is not None:
+            text += ", never repaid: its kernels spend no less per inference than the host would"
+        parts.append(text)
+    return ("one-time load before the first inference: " + "; ".join(parts)
+            + " (the per-inference totals and placement's objective leave the load out; the "
+            "host priced by its roofline, the transfers between host and device left out)")
 
 
 def device_wear(model: onnx.ModelProto, seconds_per_inference: float | None = None) -> dict:

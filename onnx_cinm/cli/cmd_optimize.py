@@ -235,12 +235,9 @@ def _cmd_optimize(args, parser) -> int:
             for name, b in st["baselines"].items():
                 say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} "
                     "tile writes/inference")
-    if t is not None:
-        host = st.get("baselines", {}).get("all-host")
-        load = load_text(device_loads(result.model),
-                         None if host is None else host.energy_j - t["energy_j"])
-        if load:
-            say(f"  {load}")
+    load = "" if t is None else load_text(device_loads(result.model))
+    if load:
+        say(f"  {load}")
         for v in st.get("violations", []):
             warn(args, f"the placement hints break a constraint: {v}")
     if args.verbose and result.placements:
