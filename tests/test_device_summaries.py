@@ -161,3 +161,15 @@ def test_crossbar_table_legend_and_folded_converter_energy():
                      re.split(r"\s{2,}", next(li for li in lines if li.startswith("conv1/Gemm")))))
     # rram-neurram publishes its converters' energy (a figure), its periphery's only folded
     assert cells["E adc/dac"].endswith("J") and cells["E periph"] == "-"
+
+
+def test_hints_that_break_a_budget_are_warned_whatever_the_load(tmp_path, capsys):
+    """LeNet's fc1 (400x120: 2 tiles of 256x256) hinted onto 1 crossbar streams one tile
+    write per cell per inference, over the budget of 0 (no load line: no UPMEM kernel)."""
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "v.onnx"), "--check", "0",
+                 "--place", "fc1=memristor", "--max-writes-per-cell", "0",
+                 "--cim-crossbars", "1"]) == 0
+    cap = capsys.readouterr()
+    assert "the placement hints break a constraint: memristor: 1 writes per cell over 1 " \
+        "inference(s) > budget 0" in cap.err
+    assert "one-time load" not in cap.out

@@ -235,11 +235,11 @@ def _cmd_optimize(args, parser) -> int:
             for name, b in st["baselines"].items():
                 say(f"    {name}: {si(b.latency_s, 's')}, {si(b.energy_j, 'J')}, {b.writes} "
                     "tile writes/inference")
+        for v in st.get("violations", []):
+            warn(args, f"the placement hints break a constraint: {v}")
     load = "" if t is None else load_text(device_loads(result.model))
     if load:
         say(f"  {load}")
-        for v in st.get("violations", []):
-            warn(args, f"the placement hints break a constraint: {v}")
     if args.verbose and result.placements:
         print(table((Column("node", fit=40), "op", "device", "placement"), result.placements,
                     header=False, indent="  "))
