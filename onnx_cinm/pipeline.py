@@ -208,13 +208,12 @@ class OptimizeResult:
         plans, counted, ifs, inside = device_plans(self.model)
         period = (self.stats.get("placement", {}).get("model_totals") or {}).get("latency_s")
         tables = []
-        ops = None
         for d, p in plans.items():
             dev = devices.get_device(d)
             # a plugin's summary written before it took fold= lists every plan
             kw = {"fold": fold} if accepts_keyword(dev.summary, "fold") else {}
             if accepts_keyword(dev.summary, "ops"):
-                ops = _plan_ops(self.model) if ops is None else ops
+                ops = _plan_ops(self.model, {name for name, _, _ in p})
                 kw["ops"] = [ops.get(name) for name, _, _ in p]
             text = dev.summary(p, counted[d], **kw)
             w = dev.wear(p, counted[d], period) if text else None
@@ -229,11 +228,11 @@ class OptimizeResult:
         return "\n\n".join(tables)
 
 
-def _plan_ops(model: onnx.ModelProto) -> dict:
-    """``{node name: OpInfo}`` of the main graph's lowered cinm nodes (their tensors' shapes
-    and dtypes as the written model's value_info gives them), for the device tables; the
-    nodes of If branches are not among them."""
-    nodes = [n for n in model.graph.node if n.domain == cinm.DOMAIN and n.name]
+def _plan_ops(model: onnx.ModelProto, names: set) -> dict:
+    """``{node name: OpInfo}`` of the main graph's cinm nodes named in ``names`` (their
+    tensors' shapes and dtypes as the written model's value_info gives them), for the device
+    tables; the nodes of If branches are not among them."""
+    nodes = [n for n in model.graph.node if n.domain == cinm.DOMAIN and n.name in names]
     infos = tensor_infos(model, infer=False,
                          names={t for n in nodes for t in (*n.input, *n.output) if t})
     return {n.name: op_info(n, infos) for n in nodes}
@@ -274,7 +273,6 @@ def device_loads(model: onnx.ModelProto) -> dict:
     plans, counted, _, _ = device_plans(model)
     host = devices.get_device("host")
     options = {"host_roofline": hostmodel.recorded(model)}
-    ops = None
     out = {}
     for d, p in plans.items():
         if d not in devices.device_names():
@@ -284,7 +282,7 @@ def device_loads(model: onnx.ModelProto) -> dict:
         loaded = [r for _, _, r in priced if r is not None and (r.load_s or r.load_j)]
         if not loaded:
             continue
-        ops = _plan_ops(model) if ops is None else ops
+        ops = _plan_ops(model, {name for name, _, _ in p})
         saving = 0.0
         for name, runs, r in priced:
             if runs and r is not None and saving is not None:
