@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import devices, frontend, golden, hostmodel
-from .analysis import body_flops, node_flops, open_tensors, tensor_infos
+from .analysis import body_flops, node_flops, op_info, open_tensors, tensor_infos
 from .devices.base import accepts_keyword
 from .dialects import cinm
 from .errors import CheckFailed, CinmError, ReferenceFailed
@@ -53,8 +53,8 @@ class OptimizeResult:
             nothing (:meth:`onnx_cinm.devices.base.Device.option_warnings`);
             ``lowered_together``: ``{device: nodes}``
             planned again over all graphs once the If branches were compiled
-            (:func:`onnx_cinm.passes.branches.lower_together`); with cost placement,
-            ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
+            (:func:`onnx_cinm.passes.branches.lower_together`); with cost or heuristic
+            placement, ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
             model's per-inference totals (seconds,
             joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`), the
             figures ``onnx-cinm report`` adds up (``placement["totals"]`` are the search's, before
@@ -201,8 +201,8 @@ class OptimizeResult:
         """Each device's table of the plans it made for this model (:meth:`Device.summary`,
         e.g. the crossbar kernels' tiles, writes, latency and energy), in registration order,
         each followed by its wear line and note (:meth:`Device.wear`: inferences run back to
-        back at the modeled latency of cost placement's model totals, else at the device's
-        own); empty if no device has one. ``fold``: rows of one source op with the same
+        back at the modeled latency of the written model's totals, ``stats["placement"]
+        ["model_totals"]``, else at the device's own); empty if no device has one. ``fold``: rows of one source op with the same
         figures as one row with a count (False: a row per kernel)."""
         from . import devices
 
@@ -215,6 +215,9 @@ class OptimizeResult:
             dev = devices.get_device(d)
             # a plugin's summary written before it took fold= lists every plan
             kw = {"fold": fold} if accepts_keyword(dev.summary, "fold") else {}
+            if accepts_keyword(dev.summary, "ops"):
+                ops = _plan_ops(self.model, {name for name, _, _ in p})
+                kw["ops"] = [ops.get(name) for name, _, _ in p]
             text = dev.summary(p, counted[d], **kw)
             w = dev.wear(p, counted[d], period) if text else None
             tables.append(text + (f"\n{w.line}" + (f"\n{w.note}" if w.note else "")
@@ -226,6 +229,16 @@ class OptimizeResult:
                            "graph's; per-inference totals: "
                            f"{if_rule(ifs, 'its kernels count at load only')})")
         return "\n\n".join(tables)
+
+
+def _plan_ops(model: onnx.ModelProto, names: set) -> dict:
+    """``{node name: OpInfo}`` of the main graph's cinm nodes named in ``names`` (their
+    tensors' shapes and dtypes as the written model's value_info gives them), for the device
+    tables; the nodes of If branches are not among them."""
+    nodes = [n for n in model.graph.node if n.domain == cinm.DOMAIN and n.name in names]
+    infos = tensor_infos(model, infer=False,
+                         names={t for n in nodes for t in (*n.input, *n.output) if t})
+    return {n.name: op_info(n, infos) for n in nodes}
 
 
 def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
@@ -246,6 +259,64 @@ def device_plans(model: onnx.ModelProto) -> tuple[dict, dict, dict, bool]:
             counted.setdefault(at["device"], []).append(count)
             inside = inside or bool(label)
     return plans, counted, ifs, inside
+
+
+def device_loads(model: onnx.ModelProto) -> dict:
+    """``{device: (kernels, seconds, joules, saving_j)}``: the one-time load before the first
+    inference that the recorded plans of ``model``'s lowered nodes charge
+    (:meth:`Device.recorded`'s ``load_s``/``load_j``: e.g. a DPU program and the constants kept
+    in its memory), summed per device over every kernel, an If's branches' included (both are
+    loaded); devices whose plans charge none are left out. Per-inference totals and cost
+    placement's objective leave this load out. ``saving_j``: joules per inference the
+    device's kernels spend less than the host would on the same ops (the host's roofline
+    :meth:`cost` at the figures recorded in the model, :func:`onnx_cinm.hostmodel.recorded`,
+    minus the plans' recorded energy; the transfers between them are left out: the table
+    figures' scope), over the kernels that run per inference; None when a kernel that does
+    has no known shapes (in an If branch)."""
+    plans, counted, _, _ = device_plans(model)
+    host = devices.get_device("host")
+    options = {"host_roofline": hostmodel.recorded(model)}
+    out = {}
+    for d, p in plans.items():
+        if d not in devices.device_names():
+            continue
+        dev = devices.get_device(d)
+        priced = [(name, runs, dev.recorded(at)) for (name, _, at), runs in zip(p, counted[d])]
+        loaded = [r for _, _, r in priced if r is not None and (r.load_s or r.load_j)]
+        if not loaded:
+            continue
+        ops = _plan_ops(model, {name for name, _, _ in p})
+        saving = 0.0
+        for name, runs, r in priced:
+            if runs and r is not None and saving is not None:
+                op = ops.get(name)
+                saving = None if op is None else \
+                    saving + host.cost(op, options).energy_j - r.cost.energy_j
+        out[d] = (len(loaded), sum(r.load_s for r in loaded), sum(r.load_j for r in loaded),
+                  saving)
+    return out
+
+
+def load_text(loads: dict) -> str:
+    """The summary's line of the one-time load ``loads`` (:func:`device_loads`), or "" if
+    none: per device its kernels, seconds and joules and, when its kernels spend less per
+    inference than the host would, after how many inferences that saving repays the load's
+    joules (ceil(load J / saving J)); else that it never does."""
+    if not loads:
+        return ""
+    parts = []
+    for d, (n, s, j, saving) in loads.items():
+        text = f"{d} ({n} kernel{'s' * (n != 1)}) {si(s, 's')}, {si(j, 'J')}"
+        if saving is not None and saving > 0:
+            k = int(np.ceil(j / saving))
+            text += (f", repaid after {k} inference{'s' * (k != 1)} by the {si(saving, 'J')} "
+                     "per inference its kernels spend less than the host would")
+        elif saving is not None:
+            text += ", never repaid: its kernels spend no less per inference than the host would"
+        parts.append(text)
+    return ("one-time load before the first inference: " + "; ".join(parts)
+            + " (the per-inference totals and placement's objective leave the load out; the "
+            "host priced by its roofline, the transfers between host and device left out)")
 
 
 def device_wear(model: onnx.ModelProto, seconds_per_inference: float | None = None) -> dict:
@@ -876,11 +947,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             at random (valid indices and masks, see
             :func:`onnx_cinm.golden.index_ranges`). With every input given, the check runs
             once, on them.
-        totals: the figures only the summary prints: with cost placement, price the written
-            model once more for ``stats["placement"]["model_totals"]`` (one cost evaluation of
-            every op: 0.1 s on light DenseNet121), and count the FLOPs, cinm ops and
-            anonymous dims. False leaves them out (``onnx-cinm optimize -q``, which prints no
-            summary): ``flops_total`` and ``flops_on_devices`` 0, ``flops_exact`` False,
+        totals: the figures only the summary prints: with cost or heuristic placement, price
+            the written model once more for ``stats["placement"]["model_totals"]`` (one cost
+            evaluation of every op: 0.1 s on light DenseNet121), and count the FLOPs, cinm ops
+            and anonymous dims. False leaves them out (``onnx-cinm optimize -q``, which prints
+            no summary): ``flops_total`` and ``flops_on_devices`` 0, ``flops_exact`` False,
             ``cinm_by_device``, ``placements``, ``host_flops`` and ``anonymous_dims`` empty.
         progress: a progress bar on stderr (when it is a terminal) for a long check: the
             tensor-by-tensor check of a quantized model (:func:`onnx_cinm.golden.compare`).
@@ -1002,9 +1073,10 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
     placed = ctx.stats.get("placement")
-    if totals and placed is not None and placed.get("strategy") == "cost":
-        # the totals of the model as written, counted as the report counts them: the search's
-        # own totals predate the passes after placement (fold_layouts drops host Transposes)
+    if totals and placed is not None and placed.get("strategy") in ("cost", "heuristic"):
+        # the totals of the model as written, counted as the report counts them (under either
+        # placement: the summary prints them): the search's own totals predate the passes
+        # after placement (fold_layouts drops host Transposes)
         from .passes.branches import counted_totals, evaluate_graphs
 
         t0 = time.perf_counter()

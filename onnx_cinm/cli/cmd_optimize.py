@@ -23,6 +23,14 @@ from .args import (
 from .messages import note, warn
 
 
+def _totals_text(t: dict) -> str:
+    """The summary's clause of the written model's modeled per-inference totals ``t``
+    (``stats["placement"]["model_totals"]``: seconds, joules, tile writes, as ``report`` adds
+    them up), the same under cost and heuristic placement."""
+    return (f"modeled {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
+            "writes/inference for the model written")
+
+
 def _cmd_optimize(args, parser) -> int:
     begin = time.perf_counter()  # the command's own time counts from here
     startup = begin - clock.origin if clock.origin is not None else None
@@ -30,7 +38,7 @@ def _cmd_optimize(args, parser) -> int:
     from ..examples import EXAMPLES, get_example
     from ..passes import DEFAULT_PIPELINE, available_passes
     from ..passes.placement_rules import hint_warnings, load_hints, parse_hint
-    from ..pipeline import STEPS, optimize
+    from ..pipeline import STEPS, device_loads, load_text, optimize
 
     imported = time.perf_counter() - begin
     if args.list_passes:
@@ -219,14 +227,14 @@ def _cmd_optimize(args, parser) -> int:
         for line in tables.splitlines():
             say(f"  {line}")
     st = result.stats.get("placement", {})
+    t = st.get("model_totals")
+    if t is not None and st.get("strategy") == "heuristic":
+        say(f"  heuristic placement: {_totals_text(t)}")
     if st.get("strategy") == "cost":
-        t = st.get("model_totals")
         if t is not None:
             # two sets of figures: the model written (what report and sweep count) and the
             # baselines, priced on the graph the search saw (as the -v 'placement:' line is)
-            say(f"  cost placement ({st['objective']}): modeled {si(t['latency_s'], 's')}, "
-                f"{si(t['energy_j'], 'J')}, {t['writes']} tile writes/inference for the model "
-                f"written; {st['method']}")
+            say(f"  cost placement ({st['objective']}): {_totals_text(t)}; {st['method']}")
             say("    baselines, priced on the graph as placement saw it (before restore_host_ops "
                 "and fold_layouts rewrite it; so is optimize -v's 'placement:' line):")
             for name, b in st["baselines"].items():
@@ -234,6 +242,9 @@ def _cmd_optimize(args, parser) -> int:
                     "tile writes/inference")
         for v in st.get("violations", []):
             warn(args, f"the placement hints break a constraint: {v}")
+    load = "" if t is None else load_text(device_loads(result.model))
+    if load:
+        say(f"  {load}")
     if args.verbose and result.placements:
         print(table((Column("node", fit=40), "op", "device", "placement"), result.placements,
                     header=False, indent="  "))

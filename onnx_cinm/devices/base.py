@@ -365,7 +365,8 @@ class Device:
         inputs. Default: none (the kernel takes any size of its inputs)."""
         return ()
 
-    def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True,
+                ops: list | None = None) -> str:
         """A table for people of the plans of a model's nodes on this device, ``plans`` being
         ``[(node name, op type, attrs)]`` (a node inside an If branch named with its branch
         path, ``/dec/If_1[then] /dec/rnn/Gemm``); printed by ``optimize``. ``counted``: per
@@ -374,7 +375,9 @@ class Device:
         as both branches are loaded); None: all. ``fold``: rows of one source op with the
         same figures (an unrolled recurrence's steps) shown as one row with a count
         (:func:`onnx_cinm.text.fold_rows`; the totals unchanged); False (``optimize -v``):
-        one row per plan. Default: none."""
+        one row per plan. ``ops``: per plan, the node's :class:`OpInfo` (shapes, dtypes,
+        constness) or None where it is not known (a node in an If branch); a summary that
+        does not take the keyword is called without it. Default: none."""
         return ""
 
     def recorded_options(self, plans: list) -> dict:

@@ -53,8 +53,9 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     :class:`.pass_options.PlacementOptions`, whose options are listed in
     :func:`.cost_placement.place_by_cost`, or ``"heuristic"``) and ``ctx.options["place"]`` (a
     list of ``(pattern, device)``). Records ``ctx.stats["placement"] = {"devices": Counter,
-    "unused_hints": [...], "shadowed_hints": [...], "refused_hints": [...]}`` (see
-    :meth:`HintLog.stats`; cost placement adds its totals, baselines and method).
+    "unused_hints": [...], "shadowed_hints": [...], "refused_hints": [...], "strategy":
+    "heuristic"}`` (see :meth:`HintLog.stats`; cost placement's ``strategy`` is ``"cost"``, and
+    it adds its totals, baselines and method).
     """
     strategy = ctx.options.get("placement") or PlacementOptions.strategy
     if strategy == "cost":
@@ -86,7 +87,7 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         _set_attr(node, "device", dev)
         _set_attr(node, "placement", reason)
         counts[dev] += 1
-    ctx.stats["placement"] = stats = {"devices": counts, **hints.stats()}
+    ctx.stats["placement"] = stats = {"devices": counts, **hints.stats(), "strategy": "heuristic"}
     for line in hint_warnings(stats):
         ctx.log(f"placement: {line}")
     return model

@@ -616,6 +616,12 @@ class MemristorDevice(Device):
                 Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
                 Column("energy", ">"), Column("E array", ">"), Column("E adc/dac", ">"),
                 Column("E periph", ">"), Column("t adc/dac", ">"), Column("area", ">"))
+        a0 = plans[0][2]
+        preset = a0.get("cim_preset", OLD_DEFAULT)
+        folded = PRESETS[preset].folded if preset in PRESETS else ()
+        # a term the preset publishes only inside the array's figure: '-', not a free 0 J
+        shown = [(lambda j: "-") if term in folded else (lambda j: si(j, "J"))
+                 for term in PART_TERMS]
         rows = []
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
         parts_tot = [[0.0, 0.0, 0.0] for _ in PART_TERMS]  # latency, energy, area per term
@@ -631,8 +637,8 @@ class MemristorDevice(Device):
             inf = (lambda text: text) if per_inf else (lambda text: f"({text})")
             rows.append((name, a["cim_operand"], mkn, xb, a["cim_tiles"], a["cim_writes_load"],
                          inf(a["cim_writes"]), inf(a["cim_mvms"]), inf(si(a["cim_latency_s"], "s")),
-                         inf(si(a["cim_energy_j"], "J")), inf(si(en_p[0], "J")),
-                         inf(si(en_p[1], "J")), inf(si(en_p[2], "J")), inf(f"{100 * share:.0f}%"),
+                         inf(si(a["cim_energy_j"], "J")), inf(shown[0](en_p[0])),
+                         inf(shown[1](en_p[1])), inf(shown[2](en_p[2])), inf(f"{100 * share:.0f}%"),
                          _mm2(sum(ar_p))))
             if not a.get("cim_tile_owner"):
                 tot["tiles"] += a["cim_tiles"]
@@ -657,19 +663,21 @@ class MemristorDevice(Device):
         label = f"total ({len(plans)} kernels" + (
             f", {n_inf} per inference)" if n_inf < len(plans) else ")")
         total = (label, "", "", used, tot["tiles"], tot["wl"], tot["w"],
-                 tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"), si(parts_tot[0][1], "J"),
-                 si(parts_tot[1][1], "J"), si(parts_tot[2][1], "J"), f"{100 * t_conv:.0f}%",
+                 tot["mvms"], si(tot["lat"], "s"), si(tot["en"], "J"), shown[0](parts_tot[0][1]),
+                 shown[1](parts_tot[1][1]), shown[2](parts_tot[2][1]), f"{100 * t_conv:.0f}%",
                  _mm2(area))
-        a0 = plans[0][2]
-        preset = a0.get("cim_preset", OLD_DEFAULT)
         note = (f"({preset} crossbars of {a0['cim_rows']}x{a0['cim_cols']} shared by the model, "
                 f"{a0['cim_loop_order']} order, {a0['cim_mode']} mode; resident kernels keep "
                 "their tiles, the others stream through the rest ('s': evicted by each other; '=': "
-                "on the tiles of an earlier kernel over the same weights); "
-                "latency and energy per inference, kernels one after another; E array/adc/dac/"
-                "periph: energy of the cells (writes and MVMs), the converters and the rest of "
-                "the periphery; t adc/dac: the conversions' share of the latency; area: the "
-                "kernel's crossbars with their converters and periphery, '-' if not published)")
+                "on the tiles of an earlier kernel over the same weights); M x K x N: the "
+                "product's rows, reduction length and columns, 'xGg' G groups of that size (a "
+                "grouped convolution, one product per group); latency and energy per inference, "
+                "kernels one after another, on the crossbars only: the transfers of their "
+                "inputs and outputs over the host link are not in them (report adds them); E "
+                "array/adc/dac/periph: energy of the cells (writes and MVMs), the converters and "
+                "the rest of the periphery; t adc/dac: the conversions' share of the latency; "
+                "area: the kernel's crossbars with their converters and periphery, '-' if not "
+                "published)")
         notes = [note, _use_note(plans, used)]
         n_rows = len(rows)
         if fold:
@@ -682,11 +690,11 @@ class MemristorDevice(Device):
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
-        folded = PRESETS[preset].folded if preset in PRESETS else ()
         notes += self.cost_notes(self.recorded_options(plans))
         if folded:
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
-                         "inside the array's figures: they are counted under E array)")
+                         "inside the array's figures: they are counted under E array, and "
+                         "their energy columns show '-')")
         return table(cols, rows, totals=[total], notes=notes)
 
     def wear(self, plans: list, counted: list | None = None,
@@ -939,8 +947,12 @@ def _tile_set(op: OpInfo, v) -> str:
 
 
 def _mm2(area: float) -> str:
-    """An area in mm^2 for the kernel table ('-': not published)."""
-    return f"{area:.4g} mm2" if area else "-"
+    """An area in mm^2 for the kernel table, to 3 significant digits as the table's other
+    figures (``0.00511 mm2``, ``2.48 mm2``, ``1234 mm2`` rounded whole); '-': not published."""
+    if not area:
+        return "-"
+    text = f"{area:.3g}"
+    return f"{area:.0f} mm2" if "e" in text else f"{text} mm2"
 
 
 def _validate(options: dict, base: CrossbarParams) -> None:

@@ -296,6 +296,24 @@ class UpmemDevice(Device):
                             f"options: {e}") from None
         return attrs
 
+    def summary(self, plans: list, counted: list | None = None, fold: bool = True,
+                ops: list | None = None) -> str:
+        """A table of the UPMEM kernels of ``plans`` (``[(node name, op type, attrs)]``, as
+        :meth:`Device.summary <onnx_cinm.devices.base.Device.summary>`): per kernel its op, its
+        first output's shape, DPUs and tasklets (``cnm_dpus``, ``cnm_tasklets``), the modeled
+        latency (seconds) and estimated energy (joules) per inference (``cnm_latency_s``,
+        ``cnm_energy_j``: :meth:`.mapping.CnmPlan.cost`), the bytes moved between the host and
+        the DPUs per inference (the cost model's, the plan made again from ``ops``; ``-``
+        without them) and the one-time load (``cnm_load_s`` seconds, ``cnm_load_j`` joules:
+        the DPU program, ``UpmemParams.program_load_s`` = 60 ms from Cinnamon's 40-80 ms, and
+        the constants kept in MRAM); a totals row (per-inference figures over the kernels
+        ``counted`` does not mark False, the load over all; DPUs: the most one kernel takes)
+        and footnotes saying what each figure counts (:mod:`.table`). ``ops``: the
+        :class:`~onnx_cinm.devices.base.OpInfo` of each plan's node, or None (a node in an If
+        branch). Empty if no plan is a UPMEM kernel."""
+        from .table import summary
+        return summary(plans, counted, fold, ops, self._planned_target)
+
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
         """Write the node's kernel (``host.c``, ``dpu.c``, ``Makefile``, ``kernel.json``,
         constant sidecars) into ``root / attrs["kernel"]``; see
