@@ -183,7 +183,7 @@ def _quantize(path: Path, out: Path, feeds: dict, static: bool) -> Path:
 
 
 def real(spec: str, cache: Path, work: Path) -> tuple[Path, dict, dict, str]:
-    """``(path, feeds, dims, label)`` of a ``--models`` entry ``NAME[:DIM=SIZE,...]``: the model
+    """``(path, feeds, dims, label)`` of a ``--models`` entry ``NAME[:DIM=SIZE;...]``: the model
     file (fetched by ``real_models.fetch``; quantized into ``work`` for :data:`EXTRA`'s dynamic
     ones), its real-looking inputs (``real_models._feeds``, seed 0) at ``real_models``' sizes
     updated by the overrides. Raises ``SystemExit`` with one line for an unknown name."""

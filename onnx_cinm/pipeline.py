@@ -37,6 +37,9 @@ class OptimizeResult:
         wall_s: wall time of the whole :func:`optimize` call, seconds (the command line sets
             it to its own, from the command's start to the summary); what
             ``timings`` leave out of it the summary shows as ``other``.
+        counted: False when ``optimize(totals=False)`` left the summary's figures out
+            (FLOPs, cinm ops per device, placements, anonymous dims): :meth:`summary` then
+            says so instead of printing zeros.
         startup_s: seconds before the command's start, from the process's (the console
             script on Linux) or :func:`onnx_cinm.cli.main`'s entry: the interpreter, the
             imports, the argument parser; the command line sets it, None from Python. The
@@ -111,6 +114,7 @@ class OptimizeResult:
     origins: list = field(default_factory=list)
     wall_s: float | None = None
     startup_s: float | None = None
+    counted: bool = True
 
     @property
     def device_flops_share(self) -> float:
@@ -122,6 +126,19 @@ class OptimizeResult:
         n_cinm = sum(self.cinm_by_device.values())
         per_dev = ", ".join(f"{d} {n}" for d, n in sorted(self.cinm_by_device.items())) or "none"
         none = not n_cinm and not any(n.domain == cinm.DOMAIN for n in cinm.all_nodes(self.model.graph))
+        if not self.counted:  # optimize(totals=False): no zeros that read as figures
+            lines = [f"nodes: {self.nodes_before} -> {self.nodes_after}",
+                     "cinm ops per device, FLOPs: not counted (optimize(totals=False))"]
+            if self.fixed_dims:
+                lines.append(fixed_dims_text(self.fixed_dims, {**{d: 1 for d in self.unsized_dims},
+                                                               **self.dims}))
+        else:
+            lines = self._figure_lines(n_cinm, per_dev, none)
+        return self._summary_rest(lines)
+
+    def _figure_lines(self, n_cinm: int, per_dev: str, none: bool) -> list[str]:
+        """The summary's lines of the counted figures: cinm ops per device, FLOPs, the dims
+        left unsized or fixed by the plans, the host's FLOPs by op type."""
         lines = [
             f"nodes: {self.nodes_before} -> {self.nodes_after} ({n_cinm} cinm ops)",
             f"cinm ops per device: {per_dev}",
@@ -156,6 +173,10 @@ class OptimizeResult:
             shown = ", ".join(f"{op} {100 * f / self.flops_total:.1f}%" for op, f in host[:6])
             more = f" and {len(host) - 6} more op types" if len(host) > 6 else ""
             lines.append(f"FLOPs on host by op type: {shown}{more}")
+        return lines
+
+    def _summary_rest(self, lines: list[str]) -> str:
+        """The summary from the control-flow lines on, after ``lines``."""
         flow, made = _control_flow(self.model)
         from .passes.recurrent import DYNAMIC
 
@@ -577,7 +598,7 @@ STEPS = {
              "given inputs (--check N; 0 = off)",
     "check_nan_inf": "the check once more with NaN, +Inf and -Inf in every float input "
                      "(after the check passed)",
-    "figures": "count the FLOPs and the dims the plans fix, for the summary",
+    "figures": "count the FLOPs (not under -q) and the dims the plans fix, for the summary",
     "save": "write the model and its kernel files (the command line's)",
     "report": "render the --report folder's files (the command line's, with --report)",
 }
@@ -1192,4 +1213,4 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
                           anonymous, special_skipped, branches_from, fixed, ctx.origins,
-                          wall_s=time.perf_counter() - begin)
+                          wall_s=time.perf_counter() - begin, counted=totals)

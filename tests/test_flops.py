@@ -139,3 +139,8 @@ def test_totals_false_leaves_the_summary_figures_out_and_writes_the_same_model()
     assert not quiet.host_flops and not quiet.cinm_by_device and not quiet.placements
     assert quiet.anonymous_dims == {}
     assert quiet.model.SerializeToString() == counted.model.SerializeToString()
+    # its summary says the figures were not counted rather than print zeros as figures
+    text = quiet.summary()
+    assert "cinm ops per device, FLOPs: not counted (optimize(totals=False))" in text
+    assert "FLOP " not in text and "0 cinm ops" not in text and "per device: none" not in text
+    assert "FLOPs on devices: " in counted.summary()

@@ -904,6 +904,14 @@ def test_bad_device_plugins_are_skipped_with_one_warning_each(tmp_path):
         warned = [line for line in proc.stderr.splitlines() if "device plugin" in line]
         assert warned == ([] if quiet else expected), proc.stderr
         assert (proc.stdout == "") == quiet
+    # a usage error (a flag the broken plugin would have added) or --help: the failures are
+    # printed first, the reason the flag is unknown or absent from the help
+    for tail in (["--dictdev-foo", "3"], ["--help"]):
+        proc = subprocess.run([sys.executable, "-m", "onnx_cinm.cli", "optimize", "--example", "mlp",
+                               "-o", str(out), *tail], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == (2 if tail[0] != "--help" else 0), proc.stderr
+        assert proc.stderr.splitlines()[:3] == expected, proc.stderr
 
 
 def test_unsigned_check_inputs_set_every_low_bit():

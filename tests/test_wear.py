@@ -125,3 +125,28 @@ def test_the_notes_advice_keeps_the_cells_written_at_load_only():
         res = optimize(model, **kw)
         w = pipeline.device_wear(res.model)
         assert all(x.figures["writes_per_cell_per_inference"] == 0 for x in w.values()), kw
+
+
+def test_run_profile_wear_line_at_other_sizes_and_under_q(tmp_path, capsys):
+    """Reviewer s28: `run --profile --dim batch=64` printed the plans' wear (at batch 1) as if it
+    were the run's, and `-q` still printed the note. LeNet on pcm-occ streams 12 tile writes
+    per inference over 2 crossbars (the wear line says so; hand: 3.2e7 / 6 = 5.33e6)."""
+    from onnx_cinm.cli import main
+    from onnx_cinm.examples import get_example
+    import onnx
+
+    onnx.save(get_example("lenet"), tmp_path / "lenet.onnx")
+    out = str(tmp_path / "o.onnx")
+    assert main(["optimize", str(tmp_path / "lenet.onnx"), "-o", out, "--cim-preset", "pcm-occ",
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run", out, "--profile"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.startswith("wear (pcm-occ"))
+    assert "6 writes per cell per inference; worn out after 5.33e+06 inferences" in lines[i]
+    assert "as planned" not in lines[i] and lines[i + 1].startswith("note: the crossbars wear out")
+    assert main(["run", out, "--profile", "--dim", "batch=64", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.startswith("wear (pcm-occ"))
+    assert lines[i].endswith(" (the plans' figures, at batch=1 as planned, not this run's batch=64)")
+    assert not any(x.startswith("note: the crossbars") for x in lines)

@@ -90,23 +90,28 @@ def _end_process(status: int) -> None:
     os._exit(status)
 
 
+def _quiet(argv: list[str]) -> bool:
+    """Whether the command line asks for ``-q``/``--quiet`` (before any ``--``), known before
+    the parser exists (building it loads the device plugins, whose failures are warnings)."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return "-q" in head or "--quiet" in head
+
+
 def _main(argv: list[str] | None) -> int:
     devices = None
     try:
         from .. import devices
-        from .messages import warn
 
-        # the parser loads the device plugins (their options are flags): a plugin's failure is
-        # printed once -q is known (warnings are not printed under -q)
-        devices.echo_plugin_errors(False)
+        argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+        # the parser loads the device plugins (their options are flags), before the arguments
+        # are parsed: a plugin's failure is printed as it happens, before a usage error or the
+        # help that may concern its options, unless -q asks for nothing but errors
+        devices.echo_plugin_errors(not _quiet(argv))
         parser = _parser()
-        args, extra = parser.parse_known_args(
-            join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        args, extra = parser.parse_known_args(argv)
         if extra:  # named by the subcommand they were given to
             getattr(args, "command_parser", parser).error(
                 f"unrecognized arguments: {' '.join(extra)}")
-        for line in devices.plugin_errors(load=False):
-            warn(args, line)
     except KeyboardInterrupt:  # Ctrl-C while starting up
         return _interrupted(argparse.Namespace())
     except Exception as e:  # Ctrl-C inside a C extension's import (numpy's): an ImportError

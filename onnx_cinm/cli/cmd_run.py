@@ -170,8 +170,11 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
-        for w in sess.wear().values():
-            print(w.line + (f"\n{w.note}" if w.note else ""))
+        for w in sess.wear().values():  # the plans' figures: at the sizes planned
+            at = (f" (the plans' figures, at {_dims_text({k: planned.get(k, 1) for k in replanned})}"
+                  f" as planned, not this run's {_dims_text(replanned)})" if replanned else "")
+            # -q: the profile asked for, not the advice of a note
+            print(w.line + at + (f"\n{w.note}" if w.note and not args.quiet else ""))
     if replanned and (args.profile or (args.profile_out and not args.quiet)):
         print(_sizes_note(planned, replanned, sess.profile()))
     if args.profile_out:

@@ -133,11 +133,9 @@ def echo_plugin_errors(on: bool) -> None:
     _echo = on
 
 
-def plugin_errors(load: bool = True) -> list[str]:
-    """One line per device plugin that failed to load (empty if all loaded); ``load=False``:
-    only those met so far, without loading the plugins."""
-    if load:
-        _load()
+def plugin_errors() -> list[str]:
+    """One line per device plugin that failed to load (empty if all loaded)."""
+    _load()
     return list(_plugin_errors)
 
 
