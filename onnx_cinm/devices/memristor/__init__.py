@@ -430,8 +430,10 @@ class MemristorDevice(Device):
 
         Allocation: the cim paradigm's residency rule
         (:func:`onnx_cinm.paradigms.cim.residency.allocate`): all kernels resident when their
-        tiles fit together, else the knapsack pins whole kernels in ``P - 1`` crossbars and the
-        rest stream through the others (``shared`` when several do); the naive order keeps no
+        tiles fit together, else whole kernels are pinned (the knapsack's choice for some
+        capacity up to ``P - 1``, the one whose streamed rest is best by the options'
+        ``objective`` under their endurance budget, :func:`_goal`) and the rest stream through
+        the others (``shared`` when several do); the naive order keeps no
         tile and needs no allocation. A kernel whose options say ``per_inference`` False (in
         an If branch the planning probe did not see taken) saves no write per inference by
         being pinned: the knapsack values it 0, so the kernels that run get the crossbars.

@@ -6,10 +6,12 @@ A chip has ``P`` crossbars for all the crossbar kernels of a model (field notes 
 - if every kernel's tiles fit together (``sum T_k <= P``) and every programmed operand is
   constant, each kernel keeps its tiles resident in crossbars of its own: all are programmed
   once, at load, and no tile is written per inference;
-- otherwise whole kernels are *pinned* so that as many tiles as possible fit in ``P - 1``
-  crossbars (:func:`pin`, a 0/1 knapsack: every pinned tile saves one write per inference; one
-  crossbar must stay free for the rest) and the others stream through the remaining ``P_s``
-  crossbars. One streaming kernel is evicted by nobody and keeps the serpentine schedule
+- otherwise whole kernels are *pinned* and the others stream through the remaining ``P_s``
+  crossbars. :func:`pin` (a 0/1 knapsack: every pinned tile saves one write per inference; one
+  crossbar must stay free for the rest) gives the sets saving the most writes in ``c``
+  crossbars, for every ``c`` up to ``P - 1``; :func:`allocate` takes, among them, the one
+  whose streamed rest is best by the objective (:class:`Goal`): pinning the most can leave one
+  crossbar for many streamed kernels, so that a chip with more crossbars was slower. One streaming kernel is evicted by nobody and keeps the serpentine schedule
   (``T_k - P_s`` writes per inference); several evict each other, so each writes all its tiles
   every inference (``shared``). A kernel whose programmed operand is an activation always
   streams.
