@@ -6,8 +6,6 @@ periphery energy (``_OtherChip`` of test_paradigms.py); every kernel streams 10 
 round of a kernel reads for 10 * 0.1 us = 1 us."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -62,6 +60,15 @@ def test_hand_case_more_crossbars_were_slower_and_are_not_now():
     assert _totals(tiles, 5, residency.allocate(tiles, const, 5, goal=_goal("latency"))) == (6.0, 9)
     # the energy objective keeps the 4 writes (fewer than 9 or 7)
     assert residency.allocate(tiles, const, 5, goal=_goal("energy")) == old5
+
+
+def test_edp_weighs_the_fixed_energy():
+    tiles, const, P = [2, 2, 5], [True] * 3, 4
+    old, fast = [(2, False), (2, True), (2, True)], [(4, True)] * 3
+    # no fixed energy: 9 us * 7 nJ = 63 < 8 us * 9 nJ = 72: the knapsack's choice
+    assert residency.allocate(tiles, const, P, goal=_goal("edp")) == old
+    # 100 nJ that no allocation changes: 9 * 107 = 963 > 8 * 109 = 872: stream everything
+    assert residency.allocate(tiles, const, P, goal=_goal("edp", fixed_energy_j=100e-9)) == fast
 
 
 def test_endurance_budget_limits_the_candidates():
