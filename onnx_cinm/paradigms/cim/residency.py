@@ -11,9 +11,10 @@ A chip has ``P`` crossbars for all the crossbar kernels of a model (field notes 
   crossbar must stay free for the rest) gives the sets saving the most writes in ``c``
   crossbars, for every ``c`` up to ``P - 1``; :func:`allocate` takes, among them, the one
   whose streamed rest is best by the objective (:class:`Goal`): pinning the most can leave one
-  crossbar for many streamed kernels, so that a chip with more crossbars was slower. One streaming kernel is evicted by nobody and keeps the serpentine schedule
-  (``T_k - P_s`` writes per inference); several evict each other, so each writes all its tiles
-  every inference (``shared``). A kernel whose programmed operand is an activation always
+  crossbar for many streamed kernels, so that a chip with more crossbars was slower. One
+  streaming kernel is evicted by nobody and keeps the serpentine schedule (``T_k - P_s``
+  writes per inference); several evict each other, so each writes all its tiles every
+  inference (``shared``). A kernel whose programmed operand is an activation always
   streams.
 
 Kernels over the same weights (one constant programmed the same way, e.g. the per-step
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...options import DEFAULT_OBJECTIVE
 from .wear import writes_per_cell
 
 
@@ -89,7 +91,8 @@ def _pinned(tiles: list[int], items: list[int], taken: list, start: np.ndarray,
 
 
 def allocate(tiles: list[int], const: list[bool], crossbars: int,
-             uses: list[int] | None = None, *, goal: "Goal | None" = None) -> list[tuple[int, bool]]:
+             uses: list[int] | None = None, *,
+             goal: "Goal | None" = None) -> list[tuple[int, bool]]:
     """The crossbars of each kernel (or tile set) under the weight-stationary order (module
     docstring).
 
@@ -132,7 +135,8 @@ class Goal:
     The candidates are the knapsack's choices for every capacity ``c = 0 .. P - 1`` (the sets
     a chip of ``c + 1`` crossbars would pin: one table holds them all), each with the kernels
     it does not pin streaming through the ``P_s = P - pinned tiles`` left. A streamed kernel's
-    latency and writes per ``P_s`` are closed forms of :mod:`.schedule` (``r = ceil(T / P_s)``
+    latency and writes per ``P_s`` are closed forms of :mod:`.schedule` (field notes
+    ``crossbar.md`` §3; ``r = ceil(T / P_s)``
     rounds, ``R`` the rows its kernels stream, ``u`` the kernels that run per inference):
 
     - shared (several streamers, or a programmed activation): ``r * (u * write_latency + R *
@@ -167,7 +171,7 @@ class Goal:
 
     params: object
     rows: list
-    objective: str = "energy"
+    objective: str = DEFAULT_OBJECTIVE
     fixed_energy_j: float = 0.0
     max_writes_per_cell: float | None = None
     lifetime_inferences: float = 1.0
