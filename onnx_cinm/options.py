@@ -29,6 +29,13 @@ from .errors import CinmError
 
 _MISSING = dataclasses.MISSING
 
+#: What cost placement minimizes (the pass option ``objective``): seconds, joules or their
+#: product, and the default. Declared here, below the passes and the devices, because a device
+#: that chooses among plans of its own (the crossbar residency) reads the same key from the
+#: options it is given, and must take the same default when the key is absent.
+OBJECTIVES = ("latency", "energy", "edp")
+DEFAULT_OBJECTIVE = "energy"
+
 
 @dataclass(frozen=True)
 class OptionSpec:

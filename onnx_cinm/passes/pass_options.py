@@ -17,14 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CinmError
-from ..options import Alias, option
+from ..options import DEFAULT_OBJECTIVE, OBJECTIVES, Alias, option
 from . import register_options
 
 #: Placement strategies (``placement`` option).
 STRATEGIES = ("cost", "heuristic")
-
-#: What cost placement minimizes (``objective`` option): seconds, joules or their product.
-OBJECTIVES = ("latency", "energy", "edp")
 
 
 def parse_hint(text: str) -> tuple[str, str]:
@@ -69,7 +66,7 @@ class PlacementOptions:
                            "under the crossbar, endurance and DPU constraints; 'heuristic' is "
                            "the CINM paper's (large matmuls with constant weights to the "
                            "crossbar, other cinm ops to UPMEM)")
-    objective: str = option("energy", choices=OBJECTIVES,
+    objective: str = option(DEFAULT_OBJECTIVE, choices=OBJECTIVES,
                             help="what cost placement minimizes per inference: modeled "
                             "seconds, joules, or their product")
     max_writes_per_cell: float | None = option(

@@ -22,7 +22,7 @@ from pathlib import Path, PurePath
 import numpy as np
 
 from ...errors import CinmError
-from ...options import Alias, option, parse_duration, parse_pair
+from ...options import DEFAULT_OBJECTIVE, Alias, option, parse_duration, parse_pair
 from ...paradigms.cim import layout, residency, schedule, wear as cim_wear
 from ...paradigms.cim.schedule import LOOP_ORDERS
 from ...text import Column, fold_rows, si, table
@@ -430,8 +430,10 @@ class MemristorDevice(Device):
 
         Allocation: the cim paradigm's residency rule
         (:func:`onnx_cinm.paradigms.cim.residency.allocate`): all kernels resident when their
-        tiles fit together, else the knapsack pins whole kernels in ``P - 1`` crossbars and the
-        rest stream through the others (``shared`` when several do); the naive order keeps no
+        tiles fit together, else whole kernels are pinned (the knapsack's choice for some
+        capacity up to ``P - 1``, the one whose streamed rest is best by the options'
+        ``objective`` under their endurance budget, :func:`_goal`) and the rest stream through
+        the others (``shared`` when several do); the naive order keeps no
         tile and needs no allocation. A kernel whose options say ``per_inference`` False (in
         an If branch the planning probe did not see taken) saves no write per inference by
         being pinned: the knapsack values it 0, so the kernels that run get the crossbars.
@@ -533,9 +535,10 @@ class MemristorDevice(Device):
         for (_, opts), o in zip(items, owner):
             uses[o] += 1
             runs[o] += 1 if opts.get("per_inference", True) else 0
+        goal = _goal(items, alone, owner, sets, params)
         alloc = dict(zip(sets, residency.allocate([alone[i][0][0].tiles for i in sets],
                                                   [alone[i][0][3] for i in sets], P,
-                                                  [runs[i] for i in sets])))
+                                                  [runs[i] for i in sets], goal=goal)))
         out = []
         for i, (op, opts) in enumerate(items):
             e = entry(op, opts, *alloc[owner[i]])
@@ -936,6 +939,35 @@ def _tile_owners(items: list, planned: list) -> list[int]:
             continue
         out.append(first.setdefault(_tile_set(op, v), i))
     return out
+
+
+def _goal(items: list, alone: list, owner: list, sets: list,
+          params: CrossbarParams) -> residency.Goal:
+    """What the residency choice of :meth:`MemristorDevice._allocate` minimizes: the options'
+    ``objective`` (the key cost placement minimizes, default
+    :data:`~onnx_cinm.options.DEFAULT_OBJECTIVE`, energy) over the crossbar kernels that run
+    per inference, under the endurance budget the options give (``max_writes_per_cell`` over
+    ``lifetime_inferences``, cost placement's constraint), so that more crossbars never make
+    the objective worse (:class:`~onnx_cinm.paradigms.cim.residency.Goal`). Per tile set: the
+    rows its running kernels stream (``M`` of each kernel's plan alone, summed); for ``edp``,
+    the energy no allocation changes (each running kernel's energy alone less its writes')."""
+    opts = items[0][1]
+    objective = opts.get("objective") or DEFAULT_OBJECTIVE
+    rows = {i: 0 for i in sets}
+    fixed = 0.0
+    e_write = params.write_energy_j + (params.write_latency_s * params.clock_hz
+                                       * params.periphery_energy_per_cycle_j)
+    for (_, o), e, own in zip(items, alone, owner):
+        if not o.get("per_inference", True):
+            continue
+        p = e[0][0]
+        rows[own] += p.M
+        if objective == "edp":
+            fixed += p.cost(e[0][2]).energy_j - p.writes_per_inference * e_write
+    budget = opts.get("max_writes_per_cell")
+    return residency.Goal(params, [rows[i] for i in sets], objective, fixed,
+                          None if budget is None else float(budget),
+                          float(opts.get("lifetime_inferences") or 1.0))
 
 
 def _tile_set(op: OpInfo, v) -> str:
