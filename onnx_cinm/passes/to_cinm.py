@@ -47,11 +47,16 @@ FastGelu (float32)
 Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused before the
 sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
 Mul x -> Mul 0.5 (any order)
+Pow(x, 3) or x * x * x ->       Gelu(x; approximate tanh): the tanh pattern (PyTorch's
+Mul 0.044715 -> Add x -> Mul    gelu(approximate='tanh'), GPT-2's NewGELU, Keras), fused
+sqrt(2/pi) -> Tanh -> Add 1,    before the other rules; the model's constants and the place
+times x and 0.5 (three orders)  of its 0.5 go into attributes, so the body repeats its ops
 ==============================  =============================================================
 
 A cinm op lowered 1:1 from a standard op has a reference body that computes, in onnxruntime,
 what the original op computes there, bit for bit, where the model's opset has that op
-(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div):
+(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div,
+the tanh pattern its constants and order):
 an op the placement leaves on the host runs that body, and a last-bit difference before a
 DynamicQuantizeLinear would move whole quantization steps. Conv (Im2Col + Gemm) rounds as a
 MatMul does, not as onnxruntime's Conv kernel: within the check's tolerance, not bit-exact.
@@ -771,7 +776,7 @@ _FLOAT_RULES = {"MatMul": Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
 
 # ---------------------------------------------------------------------------------------------
 # The rest of a transformer block (issue 11): Softmax, LayerNormalization, Gelu and the erf
-# pattern of Gelu, float32 (what the device kernels take).
+# and tanh patterns of Gelu, float32 (what the device kernels take).
 # ---------------------------------------------------------------------------------------------
 
 def _float32_input(rw: _Rewriter, node: ir.Node):
