@@ -194,3 +194,13 @@ def test_gelu_tanh_published_values():
     res = optimize(m, place=[("*", "host")], check=0)
     assert [n.op_type for n in res.model.graph.node] == ["Gelu"]
     np.testing.assert_allclose(run_onnxruntime(res.model, {"x": x})[0], want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attrs", [dict(tanh_cubic=KAPPA, half_at="x"),
+                                   dict(tanh_cubic=KAPPA, tanh_scale=BETA, half_at="y"),
+                                   dict(tanh_cubic=KAPPA, tanh_scale=BETA)])
+def test_an_incomplete_tanh_form_is_refused(attrs):
+    """The body reads both constants and needs the place of the 0.5: a node missing one, or
+    with another half_at, has no body (a clear ValueError, not an invalid function)."""
+    with pytest.raises(ValueError, match="cinm.Gelu"):
+        cinm.overload_of("Gelu", {"approximate": "tanh", **attrs}, 1)

@@ -260,7 +260,8 @@ GELU_HALF_AT = ("x", "product", "sum")
 
 #: The attributes :func:`overload_of` reads.
 OVERLOAD_ATTRS = frozenset({"onnx_gemm", "y_perm", "kind", "kernel_shape", "metric",
-                            "approximate", "div_sqrt2", "tanh_cubic", "cube_pow", "half_at"})
+                            "approximate", "div_sqrt2", "tanh_cubic", "tanh_scale", "cube_pow",
+                            "half_at"})
 
 
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
@@ -308,6 +309,8 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
             raise ValueError(f"cinm.Gelu: approximate must be 'none' or 'tanh', got {approx!r}")
         if approx == "tanh" and "tanh_cubic" in attrs:
             half = _as_str(attrs.get("half_at"))
+            if "tanh_scale" not in attrs:  # the body reads both constants
+                raise ValueError("cinm.Gelu: tanh_cubic without tanh_scale")
             if half not in GELU_HALF_AT:
                 raise ValueError(f"cinm.Gelu: half_at must be one of {list(GELU_HALF_AT)}, got {half!r}")
             return f"tanh_{'pow' if attrs.get('cube_pow', 0) else 'mul'}_{half}"
