@@ -1022,14 +1022,15 @@ def _cube_of(rw: _Rewriter, c, reader):
 
 
 def _check_tanh_gelu(rw: _Rewriter, tanh: ir.Node):
-    """``(x, first node, nodes of the pattern in graph order, output, Gelu attributes)`` for the
-    tanh approximation of Gelu as exporters write it, 0.5 x (1 + tanh(s (x + k x^3))): x^3 by
-    Pow(x, 3) or Mul(x, Mul(x, x)); Mul by k (near 0.044715), Add x, Mul by s (near
-    sqrt(2 / pi)), Tanh, Add 1, then the 0.5 and x multiplied in one of the orders of
-    :data:`onnx_cinm.dialects.cinm.GELU_HALF_AT` (PyTorch's ``gelu(approximate='tanh')``:
-    ``0.5 (x (1 + t))``; GPT-2's NewGELU and TF/Keras: ``(0.5 x) (1 + t)``); operands of
-    Mul/Add in either order, constants as initializers or Constant nodes, 0.5 and 1 exact,
-    each intermediate read once, x float32; else the reason. The model's k and s (float32) go
+    """``(x, the cube's first node, nodes of the pattern in graph order, output, Gelu
+    attributes)`` for the tanh approximation of Gelu as exporters write it, 0.5 x (1 + tanh(s
+    (x + k x^3))): x^3 by Pow(x, 3) or Mul(x, Mul(x, x)); Mul by k (near 0.044715), Add x, Mul
+    by s (near sqrt(2 / pi)), Tanh, Add 1, then the 0.5 and x multiplied in one of the orders
+    of :data:`onnx_cinm.dialects.cinm.GELU_HALF_AT` (PyTorch's ``gelu(approximate='tanh')``:
+    ``0.5 (x (1 + t))``; GPT-2's NewGELU and ``tf.nn.gelu``: ``(0.5 x) (1 + t)``; Keras's
+    numpy backend: ``x (0.5 (1 + t))``); operands of Mul/Add in either order, constants as
+    initializers or Constant nodes, 0.5 and 1 exact, each intermediate read once, x float32;
+    else the reason. The model's k and s (float32) go
     into the attributes, so the reference body computes what the matched nodes compute."""
     nope = "not the tanh pattern of Gelu"
     scale = _producer_of(tanh.inputs[0], "Mul", tanh)
