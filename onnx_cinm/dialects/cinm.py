@@ -50,8 +50,10 @@ LayerNorm       X, Scale, B? -> Y; axis, epsilon (float32)       ``(x - mean) / 
                                                                  over the axes from ``axis`` on (ONNX
                                                                  LayerNormalization, Y only)
 Gelu            X -> Y; approximate in none|tanh,                ``x / 2 * (1 + erf(x / sqrt 2))`` (none) or
-                div_sqrt2 (float32)                              its tanh approximation (ONNX Gelu-20);
-                                                                 div_sqrt2=1: x / sqrt 2 is a division
+                div_sqrt2; tanh_cubic, tanh_scale,               its tanh approximation (ONNX Gelu-20);
+                cube_pow, half_at (float32)                      div_sqrt2=1: x / sqrt 2 is a division;
+                                                                 tanh_cubic etc.: the tanh pattern's own
+                                                                 constants and op order (below)
 ==============  ==============================================  ==========================================
 
 Bodies of ops lowered 1:1 from a standard op call that op where the model's opset has it
@@ -232,10 +234,15 @@ _spec("LayerNorm", (("X", "T", False), ("Scale", "T", False), ("B", "T", True)),
       doc="layer normalization over the axes from `axis` on, times Scale plus B (ONNX "
           "LayerNormalization's Y)")
 _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
-      {"approximate": (_S, False), "div_sqrt2": (_I, False)},
+      {"approximate": (_S, False), "div_sqrt2": (_I, False), "tanh_cubic": (_F, False),
+       "tanh_scale": (_F, False), "cube_pow": (_I, False), "half_at": (_S, False)},
       doc="x / 2 * (1 + erf(x / sqrt(2))), or its tanh approximation (approximate='tanh'); "
           "div_sqrt2=1: the reference body divides x by sqrt(2) (float32) where it otherwise "
-          "multiplies by 1 / sqrt(2), as the model it was fused from did (the last bit differs)")
+          "multiplies by 1 / sqrt(2), as the model it was fused from did (the last bit differs). "
+          "tanh_cubic and tanh_scale (with approximate='tanh'; fused from the tanh pattern): "
+          "the body is tanh(tanh_scale * (x + tanh_cubic * c)) + 1, c = Pow(x, 3) (cube_pow=1) "
+          "or x * x * x, times x and 0.5 in the order half_at says: x (0.5 x, then the product), "
+          "product (0.5 times the product) or sum (x times 0.5 (1 + tanh)), the model's order")
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,9 +253,15 @@ _spec("Gelu", (("X", "T", False),), (("Y", "T"),), {"T": ["tensor(float)"]},
 #: on its arity alone (:func:`attach_functions` reads no attributes of theirs)
 ATTR_OVERLOADS = frozenset({"Gemm", "Reduce", "MergePartial", "Scan", "Im2Col", "SimSearch", "Gelu"})
 
+#: Where the tanh pattern of Gelu (``tanh_cubic`` set) applies its 0.5, as the model wrote it:
+#: ``(0.5 x) (1 + t)``, ``0.5 (x (1 + t))`` or ``x (0.5 (1 + t))``. The three round alike but
+#: where a product overflows or is subnormal, so the body keeps the model's order.
+GELU_HALF_AT = ("x", "product", "sum")
+
 #: The attributes :func:`overload_of` reads.
 OVERLOAD_ATTRS = frozenset({"onnx_gemm", "y_perm", "kind", "kernel_shape", "metric",
-                            "approximate", "div_sqrt2"})
+                            "approximate", "div_sqrt2", "tanh_cubic", "tanh_scale", "cube_pow",
+                            "half_at"})
 
 
 def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
@@ -294,6 +307,13 @@ def overload_of(op_type: str, attrs: dict, n_inputs: int) -> str:
         approx = _as_str(attrs.get("approximate", "none"))
         if approx not in ("none", "tanh"):
             raise ValueError(f"cinm.Gelu: approximate must be 'none' or 'tanh', got {approx!r}")
+        if approx == "tanh" and "tanh_cubic" in attrs:
+            half = _as_str(attrs.get("half_at"))
+            if "tanh_scale" not in attrs:  # the body reads both constants
+                raise ValueError("cinm.Gelu: tanh_cubic without tanh_scale")
+            if half not in GELU_HALF_AT:
+                raise ValueError(f"cinm.Gelu: half_at must be one of {list(GELU_HALF_AT)}, got {half!r}")
+            return f"tanh_{'pow' if attrs.get('cube_pow', 0) else 'mul'}_{half}"
         if approx == "tanh":
             return "tanh"
         return "div" if attrs.get("div_sqrt2", 0) else ""
@@ -510,10 +530,36 @@ def _layernorm_body(b: _Body, bias: bool, opset: int) -> None:
     b.op("Reshape", [y, b.op("Shape", ["X"])], out=["Y"])
 
 
+def _tanh_pattern_body(b: _Body, overload: str) -> None:
+    """Overload ``tanh_<pow|mul>_<half_at>``: the tanh pattern of Gelu in the ops and order of
+    the model it was fused from, so that onnxruntime computes it bit for bit as the original:
+    c = Pow(X, 3) or (X X) X; t = Tanh(tanh_scale (X + tanh_cubic c)); then 0.5, X and (t + 1)
+    multiplied in the order :data:`GELU_HALF_AT` names (the constants are the node's attributes,
+    the model's float32 values)."""
+    _, cube, half = overload.split("_")
+    if cube == "pow":
+        x3 = b.op("Pow", ["X", _const_float(b, 3.0)])
+    else:
+        x3 = b.op("Mul", [b.op("Mul", ["X", "X"]), "X"])
+    inner = b.op("Add", ["X", b.op("Mul", [x3, b.ref("value_float", "tanh_cubic", _F)])])
+    t1 = b.op("Add", [b.op("Tanh", [b.op("Mul", [inner, b.ref("value_float", "tanh_scale", _F)])]),
+                      _const_float(b, 1.0)])
+    if half == "x":
+        b.op("Mul", [b.op("Mul", ["X", _const_float(b, 0.5)]), t1], out=["Y"])
+    elif half == "product":
+        b.op("Mul", [b.op("Mul", ["X", t1]), _const_float(b, 0.5)], out=["Y"])
+    else:
+        b.op("Mul", ["X", b.op("Mul", [t1, _const_float(b, 0.5)])], out=["Y"])
+
+
 def _gelu_body(b: _Body, overload: str, opset: int) -> None:
     """ONNX Gelu (opset >= 20; not for overload ``div``). Else 0.5 x (1 + erf(x / sqrt 2)), x / sqrt 2
     as Div by float32(sqrt 2) (``div``: the erf pattern PyTorch exports) or Mul by float32(1 / sqrt 2),
-    or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (``tanh``)."""
+    or 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (``tanh``); the fused tanh pattern's
+    overloads: :func:`_tanh_pattern_body`."""
+    if overload.startswith("tanh_"):
+        _tanh_pattern_body(b, overload)
+        return
     tanh = overload == "tanh"
     if opset >= STANDARD_SINCE["Gelu"] and overload != "div":
         b.nodes.append(_node_with_refs("Gelu", ["X"], ["Y"],

@@ -47,11 +47,16 @@ FastGelu (float32)
 Div(x, sqrt 2) or Mul(x, 1/     Gelu(x): the erf pattern exporters emit (fused before the
 sqrt 2) -> Erf -> Add 1 ->      other rules run, so its Div/Mul/Add stay in one piece)
 Mul x -> Mul 0.5 (any order)
+Pow(x, 3) or x * x * x ->       Gelu(x; approximate tanh): the tanh pattern (PyTorch's
+Mul 0.044715 -> Add x -> Mul    gelu(approximate='tanh'), GPT-2's NewGELU, Keras), fused
+sqrt(2/pi) -> Tanh -> Add 1,    before the other rules; the model's constants and the place
+times x and 0.5 (three orders)  of its 0.5 go into attributes, so the body repeats its ops
 ==============================  =============================================================
 
 A cinm op lowered 1:1 from a standard op has a reference body that computes, in onnxruntime,
 what the original op computes there, bit for bit, where the model's opset has that op
-(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div):
+(LayerNormalization >= 17, Gelu >= 20, Softmax, Gemm with C; the erf pattern keeps its Div,
+the tanh pattern its constants and order):
 an op the placement leaves on the host runs that body, and a last-bit difference before a
 DynamicQuantizeLinear would move whole quantization steps. Conv (Im2Col + Gemm) rounds as a
 MatMul does, not as onnxruntime's Conv kernel: within the check's tolerance, not bit-exact.
@@ -771,7 +776,7 @@ _FLOAT_RULES = {"MatMul": Rule(frozenset({"MatMul"}), _check_matmul, _matmul),
 
 # ---------------------------------------------------------------------------------------------
 # The rest of a transformer block (issue 11): Softmax, LayerNormalization, Gelu and the erf
-# pattern of Gelu, float32 (what the device kernels take).
+# and tanh patterns of Gelu, float32 (what the device kernels take).
 # ---------------------------------------------------------------------------------------------
 
 def _float32_input(rw: _Rewriter, node: ir.Node):
@@ -979,8 +984,119 @@ def _erf_gelu(rw: _Rewriter, erf: ir.Node, binding):
     return Replacement(lo.nodes, nodes)
 
 
+def _producer_of(v, op_type: str, reader):
+    """The ``op_type`` node computing ``v`` when ``reader`` is ``v``'s one reader, else None."""
+    p = v.producer() if v is not None else None
+    return p if p is not None and p.op_type == op_type and _only_use(v) is reader else None
+
+
+def _scaled(rw: _Rewriter, node, value: float):
+    """``(the other operand, the model's constant)`` of a two-input ``node`` (Mul or Add) one of
+    whose operands is a one-element constant near ``value`` (:func:`_near`), else None."""
+    ins = list(node.inputs) if node is not None else []
+    if len(ins) != 2:
+        return None
+    for c, other in ((ins[1], ins[0]), (ins[0], ins[1])):
+        k = _scalar(rw, c)
+        if _near(k, value):
+            return other, k
+    return None
+
+
+def _cube_of(rw: _Rewriter, c, reader):
+    """``(x, cube nodes, cube_pow)`` when ``c``, read by ``reader`` alone, is x^3 written as
+    Pow(x, 3) (a float exponent exactly 3) or Mul(x, Mul(x, x)) in either order; else None."""
+    p = c.producer() if c is not None else None
+    if p is None or _only_use(c) is not reader or len(p.inputs) != 2:
+        return None
+    a, b = p.inputs
+    if p.op_type == "Pow":
+        return (a, [p], 1) if _scalar(rw, b) == 3.0 else None
+    if p.op_type != "Mul":
+        return None
+    for sq_v, x in ((a, b), (b, a)):
+        sq = _producer_of(sq_v, "Mul", p)
+        if sq is not None and sq.inputs[0] is x and sq.inputs[1] is x:
+            return x, [sq, p], 0
+    return None
+
+
+def _check_tanh_gelu(rw: _Rewriter, tanh: ir.Node):
+    """``(x, the cube's first node, nodes of the pattern in graph order, output, Gelu
+    attributes)`` for the tanh approximation of Gelu as exporters write it, 0.5 x (1 + tanh(s
+    (x + k x^3))): x^3 by Pow(x, 3) or Mul(x, Mul(x, x)); Mul by k (near 0.044715), Add x, Mul
+    by s (near sqrt(2 / pi)), Tanh, Add 1, then the 0.5 and x multiplied in one of the orders
+    of :data:`onnx_cinm.dialects.cinm.GELU_HALF_AT` (PyTorch's ``gelu(approximate='tanh')``:
+    ``0.5 (x (1 + t))``; GPT-2's NewGELU and ``tf.nn.gelu``: ``(0.5 x) (1 + t)``; Keras's
+    numpy backend: ``x (0.5 (1 + t))``); operands of Mul/Add in either order, constants as
+    initializers or Constant nodes, 0.5 and 1 exact, each intermediate read once, x float32;
+    else the reason. The model's k and s (float32) go
+    into the attributes, so the reference body computes what the matched nodes compute."""
+    nope = "not the tanh pattern of Gelu"
+    scale = _producer_of(tanh.inputs[0], "Mul", tanh)
+    hit = _scaled(rw, scale, math.sqrt(2 / math.pi))
+    if hit is None:
+        return nope
+    inner, s = hit
+    add = _producer_of(inner, "Add", scale)
+    if add is None or len(add.inputs) != 2:
+        return nope
+    for kc, x in ((add.inputs[1], add.inputs[0]), (add.inputs[0], add.inputs[1])):
+        kmul = _producer_of(kc, "Mul", add)
+        hit = _scaled(rw, kmul, 0.044715)
+        cube = _cube_of(rw, hit[0], kmul) if hit is not None else None
+        if cube is not None and cube[0] is x:
+            break
+    else:
+        return nope
+    k = hit[1]
+    if rw.dtype_name(x.name) != "float32":
+        return f"dtype {rw.dtype_name(x.name)}"
+    one = _only_use(tanh.outputs[0])
+    if one is None or one.op_type != "Add" or _scalar(rw, _other(one, tanh.outputs[0])) != 1.0:
+        return nope
+    t1 = one.outputs[0]
+    m1 = _only_use(t1)
+    if m1 is None or m1.op_type != "Mul":
+        return nope
+    other = _other(m1, t1)
+    nodes = [*cube[1], kmul, add, scale, tanh, one, m1]
+    m2 = _only_use(m1.outputs[0])
+    if other is x and m2 is not None and m2.op_type == "Mul" \
+            and _scalar(rw, _other(m2, m1.outputs[0])) == 0.5:  # 0.5 (x (1 + t))
+        half, out = "product", m2.outputs[0]
+        nodes.append(m2)
+    elif other is not None and _scalar(rw, other) == 0.5 and m2 is not None \
+            and m2.op_type == "Mul" and _other(m2, m1.outputs[0]) is x:  # x (0.5 (1 + t))
+        half, out = "sum", m2.outputs[0]
+        nodes.append(m2)
+    else:  # (0.5 x) (1 + t)
+        h = _producer_of(other, "Mul", m1)
+        hx = _scaled(rw, h, 0.5)
+        if hx is None or hx[0] is not x or hx[1] != 0.5:
+            return nope
+        half, out = "x", m1.outputs[0]
+        nodes.append(h)
+    if rw.rank(out.name) != rw.rank(x.name):  # a constant of higher rank broadcast x
+        return nope
+    order = {n: i for i, n in enumerate(rw.graph)}
+    nodes.sort(key=order.__getitem__)
+    attrs = {"tanh_cubic": float(np.float32(k)), "tanh_scale": float(np.float32(s)),
+             "cube_pow": cube[2], "half_at": half}
+    return x, cube[1][0], nodes, out, attrs
+
+
+def _tanh_gelu(rw: _Rewriter, tanh: ir.Node, binding):
+    x, first, nodes, out, attrs = binding
+    rw.focus(first)  # x is an input of the cube's first node, not of the anchor (Tanh)
+    lo = _Lowering(rw, tanh)
+    lo.cinm("Gelu", [x.name], [out.name], approximate="tanh", **attrs)
+    return Replacement(lo.nodes, nodes)
+
+
 #: run before :data:`_RULES`: patterns over several nodes whose parts another rule would take
-_FUSIONS = [Rule(frozenset({"Erf"}), _check_erf_gelu, _erf_gelu)]
+_FUSIONS = [Rule(frozenset({"Erf"}), _check_erf_gelu, _erf_gelu),
+            Rule(frozenset({"Tanh"}), _check_tanh_gelu, _tanh_gelu)]
 
 
 _RULES = [
