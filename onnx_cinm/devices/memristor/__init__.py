@@ -716,11 +716,10 @@ class MemristorDevice(Device):
         inferences, seconds (None: the crossbar kernels' modeled latency per inference, a
         lower bound of the period, so the lifetime in seconds is one too). The note (when the
         lifetime at back-to-back inference is under
-        :data:`~onnx_cinm.paradigms.cim.wear.SHORT_LIFETIME_S`, one year) names the options
-        that keep the weights resident (``--max-writes-per-cell 0``, more crossbars) and says
-        that cost placement's budget over ``--lifetime-inferences`` spreads the writes over all
-        the chip's crossbars, a mean the streamed ones exceed. None if no plan is a crossbar
-        kernel."""
+        :data:`~onnx_cinm.paradigms.cim.wear.SHORT_LIFETIME_S`, one year) names cost
+        placement's endurance budget, which bounds these same most-written cells
+        (``--max-writes-per-cell E --lifetime-inferences N``; ``--max-writes-per-cell 0``:
+        written at load only). None if no plan is a crossbar kernel."""
         flags = [True] * len(plans) if counted is None else list(counted)
         kept = [(a, f) for (_, _, a), f in zip(plans, flags) if "cim_M" in a]
         if not kept:
@@ -748,16 +747,11 @@ class MemristorDevice(Device):
                 f"per inference ({what})")
         note = ""
         if w.short:
-            tiles = sum(a["cim_tiles"] for a in attrs if not a.get("cim_tile_owner"))
-            chip = self.recorded_options(plans)["cim_crossbars"]
             note = (f"note: the crossbars wear out in under a year of back-to-back inference; "
-                    f"to write the cells only at load, give --max-writes-per-cell 0 (cost "
-                    f"placement keeps on the crossbars only kernels whose tiles stay resident) "
-                    f"or crossbars for all the model's {tiles} tiles (--cim-crossbars {tiles})"
-                    + (f"; --max-writes-per-cell {w.endurance:.3g} --lifetime-inferences N "
-                       f"budgets N inferences but spreads the writes over all {chip} crossbars, "
-                       f"so it bounds their mean: these {w.crossbars} wear faster"
-                       if w.crossbars < chip else ""))
+                    f"cost placement's endurance budget keeps them longer: --max-writes-per-cell "
+                    f"{w.endurance:.3g} --lifetime-inferences N holds these most-written cells to "
+                    f"their endurance over N inferences, --max-writes-per-cell 0 writes the cells "
+                    f"only at load (both move kernels off the crossbars where they must)")
         return Wear(w.figures(), line, note)
 
     def option_warnings(self, options: dict) -> list[str]:

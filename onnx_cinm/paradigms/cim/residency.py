@@ -162,9 +162,10 @@ class Goal:
         fixed_energy_j: the kernels' energy that does not depend on the allocation, joules
             (only ``edp`` reads it).
         max_writes_per_cell, lifetime_inferences: the endurance budget as cost placement
-            states it (:func:`.wear.writes_per_cell` of the writes per inference over the ``P``
-            crossbars and ``lifetime_inferences``; None: no budget). Candidates over it are left
-            out; if all are, those with the fewest writes stay.
+            states it (:func:`.wear.writes_per_cell` of the writes per inference over the
+            crossbars the candidate's pinned sets leave, where they rotate, and
+            ``lifetime_inferences``; None: no budget). Candidates over it are left out; if all
+            are, those with the fewest writes stay.
 
     Ties (relative 1e-9) keep the knapsack's own choice, then the smallest capacity.
     """
@@ -208,8 +209,9 @@ class Goal:
         else:  # energy: the writes' share is all that differs
             keys = (writes * e_write, lat)
         ok = np.ones(len(lat), dtype=bool)
-        if self.max_writes_per_cell is not None:
-            per_cell = writes_per_cell(writes, crossbars, self.lifetime_inferences)
+        if self.max_writes_per_cell is not None:  # on the crossbars the pinned sets leave
+            pinned = (np.asarray(tiles, dtype=np.int64)[:, None] * x).sum(axis=0)
+            per_cell = writes_per_cell(writes, crossbars - pinned, self.lifetime_inferences)
             ok = per_cell <= self.max_writes_per_cell * (1 + 1e-12)
             if not ok.any():
                 ok = writes == writes.min()

@@ -22,17 +22,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 #: A lifetime shorter than this at back-to-back inference is flagged (seconds): one year
-#: (365.25 days), the span over which a deployed accelerator is expected to keep working; a
-#: chip worn out sooner needs its weights kept resident or its streaming budgeted.
+#: (365.25 days). Our own threshold, not a published figure: a span over which a deployed
+#: accelerator may be expected to keep working; a chip worn out sooner needs its weights kept
+#: resident or its streaming budgeted.
 SHORT_LIFETIME_S = 365.25 * 86400.0
 
 
-def writes_per_cell(tile_writes: float, crossbars: int, lifetime: float = 1.0) -> float:
+def writes_per_cell(tile_writes, crossbars, lifetime: float = 1.0):
     """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
-    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write); a
-    count of 0 crossbars is taken as 1."""
-    return lifetime * tile_writes / max(crossbars, 1)
+    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write): the
+    streamed crossbars, those resident kernels leave, when the most-written cells are meant; a
+    count of 0 crossbars is taken as 1. Numbers or numpy arrays (elementwise)."""
+    return lifetime * tile_writes / np.maximum(crossbars, 1)
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def wear(tile_writes: int, crossbars: int, endurance: float,
     if endurance <= 0 or tile_writes < 0 or crossbars < 0 or seconds_per_inference < 0:
         raise ValueError(f"bad wear figures: {tile_writes} tile writes, {crossbars} crossbars, "
                          f"endurance {endurance}, {seconds_per_inference} s per inference")
-    per_cell = writes_per_cell(tile_writes, crossbars) if tile_writes else 0.0
+    per_cell = float(writes_per_cell(tile_writes, crossbars)) if tile_writes else 0.0
     inferences = endurance / per_cell if per_cell else math.inf
     return Wear(int(tile_writes), int(crossbars), per_cell, float(endurance),
                 float(seconds_per_inference), inferences,

@@ -239,7 +239,9 @@ def violations(prob: Problem, tot: Totals) -> list[str]:
                 out.append(f"{dev}: {kept} tiles kept programmed > {cap} crossbars")
     if c.max_writes_per_cell is not None:
         for dev, w in tot.writes_by_dev.items():
-            per_cell = writes_per_cell(w, tot.capacity.get(dev, 0), c.lifetime_inferences)
+            # the streamed tiles rotate over the crossbars the kept ones leave (at least one)
+            streamed = tot.capacity.get(dev, 0) - tot.kept_tiles.get(dev, 0)
+            per_cell = writes_per_cell(w, streamed, c.lifetime_inferences)
             if per_cell > c.max_writes_per_cell * (1 + 1e-12):
                 out.append(f"{dev}: {per_cell:.3g} writes per cell over {c.lifetime_inferences:g} "
                            f"inference(s) > budget {c.max_writes_per_cell:g}")
