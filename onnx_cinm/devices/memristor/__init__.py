@@ -946,7 +946,10 @@ def _goal(items: list, alone: list, owner: list, sets: list,
     rows its running kernels stream (``M`` of each kernel's plan alone, summed); for ``edp``,
     the energy no allocation changes (each running kernel's energy alone less its writes')."""
     opts = items[0][1]
-    objective = opts.get("objective") or DEFAULT_OBJECTIVE
+    # the objective and the budget are cost placement's: the heuristic placement keeps the
+    # default split, as its help says (--objective and the budget apply to cost placement only)
+    cost = opts.get("placement") != "heuristic"
+    objective = (opts.get("objective") if cost else None) or DEFAULT_OBJECTIVE
     rows = {i: 0 for i in sets}
     fixed = 0.0
     e_write = params.write_energy_j + (params.write_latency_s * params.clock_hz
@@ -958,7 +961,7 @@ def _goal(items: list, alone: list, owner: list, sets: list,
         rows[own] += p.M
         if objective == "edp":
             fixed += p.cost(e[0][2]).energy_j - p.writes_per_inference * e_write
-    budget = opts.get("max_writes_per_cell")
+    budget = opts.get("max_writes_per_cell") if cost else None
     return residency.Goal(params, [rows[i] for i in sets], objective, fixed,
                           None if budget is None else float(budget),
                           float(opts.get("lifetime_inferences") or 1.0))

@@ -35,8 +35,13 @@ def writes_per_cell(tile_writes, crossbars, lifetime: float = 1.0):
     """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
     spread round-robin over ``crossbars`` crossbars (one write per cell per tile write): the
     streamed crossbars, those resident kernels leave, when the most-written cells are meant; a
-    count of 0 crossbars is taken as 1. Numbers or numpy arrays (elementwise)."""
-    return lifetime * tile_writes / np.maximum(crossbars, 1)
+    count of 0 crossbars is taken as 1. Fewer writes than crossbars still rewrite their
+    crossbars every inference (a kernel streaming alone rewrites the same ones: its serpentine
+    order keeps the others' tiles), so any write counts at least 1 per cell per inference.
+    Numbers or numpy arrays (elementwise)."""
+    per_inference = np.where(np.asarray(tile_writes) > 0,
+                             np.maximum(tile_writes / np.maximum(crossbars, 1), 1.0), 0.0)
+    return lifetime * per_inference
 
 
 @dataclass(frozen=True)
