@@ -183,3 +183,17 @@ def test_run_profile_wear_line_at_other_sizes_and_under_q(tmp_path, capsys):
     i = next(k for k, x in enumerate(lines) if x.startswith("wear (pcm-occ"))
     assert lines[i].endswith(" (the plans' figures, at batch=1 as planned, not this run's batch=64)")
     assert not any(x.startswith("note: the crossbars") for x in lines)
+
+
+def test_lifetime_without_a_budget_is_a_warning(tmp_path, capsys):
+    """Trial s28b: --lifetime-inferences 1e8 alone was accepted and changed nothing, silently."""
+    from onnx_cinm.cli import main
+
+    out = str(tmp_path / "o.onnx")
+    assert main(["optimize", "--example", "lenet", "-o", out, "--check", "0",
+                 "--lifetime-inferences", "1e8"]) == 0
+    assert ("warning: --lifetime-inferences is the span of the --max-writes-per-cell budget; "
+            "without that budget it changes nothing") in capsys.readouterr().err
+    assert main(["optimize", "--example", "lenet", "-o", out, "--check", "0",
+                 "--lifetime-inferences", "1e8", "--max-writes-per-cell", "3.2e7"]) == 0
+    assert "--lifetime-inferences is the span" not in capsys.readouterr().err

@@ -89,6 +89,9 @@ def _cmd_optimize(args, parser) -> int:
                  if k in options]
     if options.get("placement") == "heuristic" and cost_only:
         warn(args, f"{', '.join(cost_only)} apply to --placement cost only")
+    if "lifetime_inferences" in options and "max_writes_per_cell" not in options:
+        warn(args, "--lifetime-inferences is the span of the --max-writes-per-cell budget; "
+             "without that budget it changes nothing")
     from ..passes import DEFAULT_PIPELINE as _PIPE
 
     bar = progress_bar(len(_PIPE) + (0 if args.check == 0 else 1), "optimize", "pass",
