@@ -237,7 +237,11 @@ def _cmd_optimize(args, parser) -> int:
         if t is not None:
             # two sets of figures: the model written (what report and sweep count) and the
             # baselines, priced on the graph the search saw (as the -v 'placement:' line is)
-            say(f"  cost placement ({st['objective']}): {_totals_text(t)}; {st['method']}")
+            budget = options.get("max_writes_per_cell")
+            within = ("" if budget is None else
+                      f"; within the endurance budget of {budget:g} writes per cell over "
+                      f"{options.get('lifetime_inferences', 1.0):g} inference(s)")
+            say(f"  cost placement ({st['objective']}): {_totals_text(t)}; {st['method']}{within}")
             say("    baselines, priced on the graph as placement saw it (before restore_host_ops "
                 "and fold_layouts rewrite it; so is optimize -v's 'placement:' line):")
             for name, b in st["baselines"].items():
