@@ -111,8 +111,8 @@ def summary(plans: list, counted: list | None, fold: bool, ops: list | None, par
         "between the host and the DPUs per inference, padding included, the constants kept "
         "in MRAM not: they move once, at load)",
         "(load: once, before the first inference: the DPU program ("
-        + " or ".join(si(s, "s") for s in sorted(program)) + " per kernel: UpmemParams."
-        "program_load_s, by default 60 ms, the middle of the 40-80 ms Cinnamon measured) and the "
+        + " or ".join(si(s, "s") for s in sorted(program)) + " per kernel: "
+        "dpu_load's time, by default 60 ms, the middle of the 40-80 ms Cinnamon measured) and the "
         "constants kept in MRAM; seconds modeled, joules estimated; the per-inference totals "
         "and cost placement's objective leave it out)",
     ]
