@@ -192,6 +192,20 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
     return out
 
 
+def folded_kernels(rows: list, fold: bool, example: str = "") -> tuple[list, str]:
+    """A device table's kernel rows folded by :func:`fold_rows` (``fold`` False: as given) and
+    the note saying so, '' when no row folded; ``example``: what a folded group may be
+    (``", e.g. the steps of an unrolled recurrence"``)."""
+    n_rows = len(rows)
+    if fold:
+        rows = [cells for cells, _ in fold_rows(rows)]
+    if len(rows) == n_rows:
+        return rows, ""
+    return rows, (f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N kernels "
+                  f"of one source op, named by the first, with the same figures each{example}; "
+                  "the totals count every kernel; optimize -v lists them one by one)")
+
+
 def if_rule(ifs: dict, others: str) -> str:
     """How per-inference totals count If branches, in words: ``ifs`` counts the Ifs whose
     taken branch the planning probe saw (``"taken"``) and those counted with both branches

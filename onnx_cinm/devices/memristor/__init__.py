@@ -25,7 +25,7 @@ from ...errors import CinmError
 from ...options import DEFAULT_OBJECTIVE, Alias, option, parse_duration, parse_pair
 from ...paradigms.cim import layout, residency, schedule, wear as cim_wear
 from ...paradigms.cim.schedule import LOOP_ORDERS
-from ...text import Column, fold_rows, si, table
+from ...text import Column, folded_kernels, si, table
 from .. import register
 from ...graph import CostPart, dtype_name
 from ..base import (Cost, Device, OpInfo, Priced, Resources, Support, Wear, emit_memo,
@@ -682,14 +682,9 @@ class MemristorDevice(Device):
                 "area: the kernel's crossbars with their converters and periphery, '-' if not "
                 "published)")
         notes = [note, _use_note(plans, used)]
-        n_rows = len(rows)
-        if fold:
-            rows = [cells for cells, _ in fold_rows(rows)]
-        if len(rows) < n_rows:
-            notes.append(f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N "
-                         "kernels of one source op, named by the first, with the same figures "
-                         "each, e.g. the steps of an unrolled recurrence; the totals count every "
-                         "kernel; optimize -v lists them one by one)")
+        rows, folded = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence")
+        if folded:
+            notes.append(folded)
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")

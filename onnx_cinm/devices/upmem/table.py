@@ -13,7 +13,7 @@ the transfer of the constants kept resident in MRAM.
 from __future__ import annotations
 
 from ...errors import CinmError
-from ...text import Column, fold_rows, si, table
+from ...text import Column, folded_kernels, si, table
 
 
 def _shape(op) -> str:
@@ -119,13 +119,9 @@ def summary(plans: list, counted: list | None, fold: bool, ops: list | None, par
     if unknown:
         notes.append("(bytes '-': a kernel whose plan could not be made again at the model's "
                      "shapes; '+' on the total: it counts only the others)")
-    n_rows = len(rows)
-    if fold:
-        rows = [cells for cells, _ in fold_rows(rows)]
-    if len(rows) < n_rows:
-        notes.append(f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N "
-                     "kernels of one source op, named by the first, with the same figures "
-                     "each; the totals count every kernel; optimize -v lists them one by one)")
+    rows, note = folded_kernels(rows, fold)
+    if note:
+        notes.append(note)
     if n_inf < len(keep):
         notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                      "of an If branch that does not run per inference; it counts at load)")
