@@ -947,8 +947,7 @@ def _goal(items: list, alone: list, owner: list, sets: list,
     objective = (opts.get("objective") if cost else None) or DEFAULT_OBJECTIVE
     rows = {i: 0 for i in sets}
     fixed = 0.0
-    e_write = params.write_energy_j + (params.write_latency_s * params.clock_hz
-                                       * params.periphery_energy_per_cycle_j)
+    e_write = residency.tile_write_energy_j(params)
     for (_, o), e, own in zip(items, alone, owner):
         if not o.get("per_inference", True):
             continue

@@ -128,6 +128,15 @@ def allocate(tiles: list[int], const: list[bool], crossbars: int,
     return [(tiles[i], False) if x[i] else (crossbars - used, shared) for i in range(n)]
 
 
+def tile_write_energy_j(params) -> float:
+    """The energy one tile write adds to a crossbar plan's cost, joules: the cells'
+    ``write_energy_j`` plus the periphery's busy cycles during the write (``write_latency_s x
+    clock_hz x periphery_energy_per_cycle_j``), as :meth:`.schedule.CrossbarPlan.cost` counts
+    them; ``params`` a :class:`~onnx_cinm.paradigms.cim.CrossbarArray`."""
+    return (params.write_energy_j
+            + params.write_latency_s * params.clock_hz * params.periphery_energy_per_cycle_j)
+
+
 @dataclass(frozen=True)
 class Goal:
     """What :func:`allocate` minimizes over its candidates, and the figures it needs.
@@ -200,8 +209,7 @@ class Goal:
     def choose(self, tiles, const, uses, crossbars, x, old) -> int:
         """The index of the best candidate (column of ``x``); ``old`` is the knapsack's own."""
         lat, writes = self.figures(tiles, const, uses, crossbars, x)
-        p = self.params
-        e_write = p.write_energy_j + p.write_latency_s * p.clock_hz * p.periphery_energy_per_cycle_j
+        e_write = tile_write_energy_j(self.params)
         if self.objective == "latency":
             keys = (lat, writes)
         elif self.objective == "edp":
