@@ -105,12 +105,17 @@ class OpInfo:
 class CostPart(NamedTuple):
     """One term of a :class:`Cost` broken down by what spends it (e.g. a crossbar's ``array``,
     ``adc_dac`` and ``periphery``): seconds and joules of one inference, and the chip area
-    (mm^2) the op occupies for that term. The parts of a cost add up to its latency and energy."""
+    (mm^2) the op occupies for that term. The parts of a cost add up to its latency and energy.
+
+    ``folded``: the device publishes this term's energy and area only inside another part's
+    (e.g. a chip whose TOPS/W includes its ADCs), so its ``energy_j`` and ``area_mm2`` are 0
+    meaning "counted elsewhere", not "free"; its latency is still its own."""
 
     term: str
     latency_s: float
     energy_j: float
     area_mm2: float = 0.0
+    folded: bool = False
 
 
 @dataclass(frozen=True)

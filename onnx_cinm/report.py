@@ -9,7 +9,8 @@
   branch of an If the planning probe did not see taken), then per part of the op's cost that
   its device breaks down (``Cost.parts``; a crossbar's ``array``, ``adc_dac`` and
   ``periphery``) its latency, energy and area (``<part>_latency_s``, ``<part>_energy_j``,
-  ``<part>_area_mm2``; empty for ops without that part);
+  ``<part>_area_mm2``; empty for ops without that part, and the energy and area of a part
+  the device publishes only inside another's, ``CostPart.folded``);
 * ``time_energy.png``: time and energy per layer, stacked by device (the op's own cost in its
   device's colour, transfers in grey on top);
 * ``graph.png``: the graph, each node coloured by its device;
@@ -91,8 +92,9 @@ class Layer:
 def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[Layer], dict]:
     """The report rows of ``model`` and its totals (``latency_s``, ``energy_j``, ``writes``,
     ``transfer_bytes``, ``transfer_s``, ``transfer_j``, ``by_device`` {device: [seconds,
-    joules]}, ``by_part`` {part: [seconds, joules]} of the ops whose device breaks its cost
-    down, ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
+    joules]}, ``by_part`` {part: [seconds, joules, folded]} of the ops whose device breaks its
+    cost down (``folded``: every op's device publishes that part's energy only inside
+    another's), ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
     graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
     counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
     branches}, ``notes``: the devices' notes on their figures, :meth:`Device.cost_notes`,
@@ -125,9 +127,10 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
         s[0] += r.latency_s
         s[1] += r.energy_j
         for p in r.parts:
-            s = by_part.setdefault(p.term, [0.0, 0.0])
+            s = by_part.setdefault(p.term, [0.0, 0.0, True])
             s[0] += p.latency_s
             s[1] += p.energy_j
+            s[2] = s[2] and p.folded  # energy shown only when some op publishes it
     totals = counted_totals(root)
     notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
              for note in devices.get_device(d).cost_notes(dict(options or {}))]
@@ -310,9 +313,15 @@ COLUMNS = (Column("#", ">"), Column("layer", fit=64), Column("op", fit=12),
 
 
 def _parts_text(r: Layer) -> str:
-    """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``)."""
+    """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``); parts
+    the device publishes only inside another's (``CostPart.folded``) are named, not given a
+    0%: ``array 100% (adc_dac, periphery inside)``."""
     tot = sum(p.energy_j for p in r.parts)
-    return ", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts) if tot else ""
+    if not tot:
+        return ""
+    inside = [p.term for p in r.parts if p.folded]
+    return (", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts if not p.folded)
+            + (f" ({', '.join(inside)} inside)" if inside else ""))
 
 
 def _area_text(r: Layer) -> str:
@@ -393,8 +402,9 @@ def _totals_line(t: dict) -> str:
             f"writes/inference, {si(t['transfer_bytes'], 'B')} across device boundaries "
             f"({si(t['transfer_s'], 's')}); by device: {by}")
     if t.get("by_part"):
-        line += "; by part: " + ", ".join(f"{k} {si(v[0], 's')} / {si(v[1], 'J')}"
-                                          for k, v in t["by_part"].items())
+        line += "; by part: " + ", ".join(
+            f"{k} {si(v[0], 's')} / {'energy counted in the others' if v[2] else si(v[1], 'J')}"
+            for k, v in t["by_part"].items())
     if t["violations"]:
         line += "; BREAKS: " + "; ".join(t["violations"][:3])
     return line
@@ -468,7 +478,8 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
         w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
                     repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
                     r.writes, r.bytes_moved, r.reason, int(r.counted)]
-                   + [repr(float(getattr(part[t], q))) if t in part else ""
+                   + [repr(float(getattr(part[t], q)))
+                      if t in part and not (part[t].folded and q != "latency_s") else ""
                       for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     files = {"layers.csv": buf.getvalue().encode(),
              "time_energy.png": pngs["time and energy per layer, by device"],

@@ -1,6 +1,8 @@
 """Chip presets: the published numbers (recomputed here from the abstracts' figures, chips.md §1),
 a source for every constant, and the CLI/docs listing what PRESETS holds."""
+import csv
 import html
+import io
 from pathlib import Path
 
 import pytest
@@ -146,6 +148,37 @@ def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
     assert sum(p.energy_j for p in fc1.parts) == pytest.approx(fc1.energy_j, rel=1e-6)
     assert totals["by_part"]["array"][1] == pytest.approx(
         sum(a["cim_energy_j"] for a in plans.values()), rel=1e-6)
+    # pcm-hermes publishes its ADCs' and periphery's energy only inside its TOPS/W: the
+    # report names them as inside the array's figure, never as a free 0% / 0 J
+    assert [p.folded for p in fc1.parts] == [False, True, True]
+    assert report._parts_text(fc1) == "array 100% (adc_dac, periphery inside)"
+    assert [v[2] for v in totals["by_part"].values()] == [False, True, True]
+    assert "adc_dac" in report._totals_line(totals) and " 0 J" not in report._totals_line(totals)
+    csv_rows = list(csv.DictReader(io.StringIO(
+        report.render_report(res.model, report.options_from_plans(res.model))["files"][
+            "layers.csv"].decode())))
+    fc1_csv = next(r for r in csv_rows if r["layer"] == "fc1/Gemm")
+    assert fc1_csv["adc_dac_energy_j"] == fc1_csv["adc_dac_area_mm2"] == ""
+    assert float(fc1_csv["adc_dac_latency_s"]) == pytest.approx(fc1.parts[1].latency_s)
+    assert float(fc1_csv["array_energy_j"]) == pytest.approx(fc1.parts[0].energy_j)
+
+
+def test_report_gives_published_parts_their_share():
+    """reram-isaac publishes its ADC, DAC and periphery energy apart: no part is folded, and
+    each part's percentage is its energy over the op's (computed here from the parts)."""
+    from onnx_cinm import optimize, report
+    from onnx_cinm.examples import get_example
+
+    res = optimize(get_example("lenet"), host_roofline="nominal", check=0,
+                   device_options={"cim_preset": "reram-isaac"})
+    rows, _ = report.layers(res.model, report.options_from_plans(res.model))
+    xbar = [r for r in rows if r.parts]
+    assert xbar and all(not p.folded for r in xbar for p in r.parts)
+    r = xbar[0]
+    tot = sum(p.energy_j for p in r.parts)
+    assert report._parts_text(r) == ", ".join(
+        f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts)
+    assert r.parts[1].energy_j > 0  # ISAAC's ADCs cost energy of their own
 
 
 def test_a_plan_without_preset_is_read_as_the_old_default():

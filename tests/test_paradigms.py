@@ -37,6 +37,7 @@ class _OtherChip:
     cell_area_mm2: float = 0.0
     adc_dac_area_mm2: float = 0.0
     periphery_area_mm2: float = 0.0
+    folded: tuple = ()
 
 
 def test_a_second_crossbar_chip_plans_through_the_protocol():

@@ -499,9 +499,11 @@ class MemristorDevice(Device):
         writes = int(attrs["cim_writes"])
         parts = ()
         if "cim_energy_parts_j" in attrs:
-            parts = tuple(CostPart(t, float(lat), float(en), float(ar)) for t, lat, en, ar in zip(
-                PART_TERMS, attrs["cim_latency_parts_s"], attrs["cim_energy_parts_j"],
-                attrs["cim_area_parts_mm2"]))
+            folded = _folded_terms(attrs)
+            parts = tuple(CostPart(t, float(lat), float(en), float(ar), t in folded)
+                          for t, lat, en, ar in zip(
+                              PART_TERMS, attrs["cim_latency_parts_s"], attrs["cim_energy_parts_j"],
+                              attrs["cim_area_parts_mm2"]))
         return Priced(Cost(float(attrs["cim_latency_s"]), float(attrs["cim_energy_j"]), writes,
                            int(attrs.get("cim_bytes_moved", 0)), parts),
                       kept_crossbars=int(attrs.get("cim_writes_load", 0)),
@@ -621,7 +623,7 @@ class MemristorDevice(Device):
                 Column("E periph", ">"), Column("t adc/dac", ">"), Column("area", ">"))
         a0 = plans[0][2]
         preset = a0.get("cim_preset", OLD_DEFAULT)
-        folded = PRESETS[preset].folded if preset in PRESETS else ()
+        folded = _folded_terms(a0)
         # a term the preset publishes only inside the array's figure: '-', not a free 0 J
         shown = [(lambda j: "-") if term in folded else (lambda j: si(j, "J"))
                  for term in PART_TERMS]
@@ -888,6 +890,13 @@ class MemristorDevice(Device):
 
         return kernel.patch_runner(geometry, activation, groups) \
             if isinstance(kernel, CrossbarKernel) else None
+
+
+def _folded_terms(attrs: dict) -> tuple:
+    """The cost terms the preset a crossbar node was planned for publishes only inside its
+    array figures (``CrossbarParams.folded``; ``()`` for a preset not known here)."""
+    preset = attrs.get("cim_preset", OLD_DEFAULT)
+    return PRESETS[preset].folded if preset in PRESETS else ()
 
 
 def _use_note(plans: list, used: int) -> str:

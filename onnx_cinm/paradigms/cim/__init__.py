@@ -45,6 +45,9 @@ class CrossbarArray(Protocol):
         adcs_per_array: ADCs serving one array's columns (0: not published).
         cell_area_mm2, adc_dac_area_mm2, periphery_area_mm2: area per array of the cells, of
             its converters and of the rest of its periphery, mm^2 (0: not published).
+        folded: the cost terms (``"adc_dac"``, ``"periphery"``) the chip publishes only inside
+            its array figures (its MVM energy and cell area); their parts are marked
+            ``CostPart.folded`` and their energy and area stay 0.
     """
 
     rows: int
@@ -63,6 +66,7 @@ class CrossbarArray(Protocol):
     cell_area_mm2: float
     adc_dac_area_mm2: float
     periphery_area_mm2: float
+    folded: tuple
 
 
 __all__ = ["CrossbarArray"]

@@ -208,8 +208,8 @@ class CrossbarPlan:
         area = [used * a for a in (params.cell_area_mm2, params.adc_dac_area_mm2,
                                              params.periphery_area_mm2)]
         parts = (CostPart("array", latency - t_conv, e_array, area[0]),
-                 CostPart("adc_dac", t_conv, e_conv, area[1]),
-                 CostPart("periphery", 0.0, e_peri, area[2]))
+                 CostPart("adc_dac", t_conv, e_conv, area[1], "adc_dac" in params.folded),
+                 CostPart("periphery", 0.0, e_peri, area[2], "periphery" in params.folded))
         moved = self.itemsize * cells if load else self.bytes_moved
         return Cost(latency_s=latency, energy_j=e_array + e_conv + e_peri, writes=writes,
                     bytes_moved=moved, parts=parts)
