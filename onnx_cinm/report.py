@@ -97,7 +97,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     another's), ``violations`` (every graph's, then the model's as a whole: the crossbar tiles all
     graphs keep, :func:`onnx_cinm.passes.branches.counted_totals`), ``ifs`` {``"taken"``: Ifs
     counted by the branch the planning probe saw, ``"both"``: Ifs counted with both
-    branches}, ``notes``: the devices' notes on their figures, :meth:`Device.cost_notes`,
+    branches}, ``host_roofline``: the host figures the host ops are priced with, in words
+    (:meth:`~onnx_cinm.hostmodel.HostRoofline.text`), ``notes``: the devices' notes on their
+    figures, :meth:`Device.cost_notes`,
     then their wear lines, ``wear``: {device: :class:`onnx_cinm.devices.Wear`} of the devices
     whose plans wear write-limited cells, inferences back to back at ``latency_s``).
 
@@ -136,7 +138,8 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
              for note in devices.get_device(d).cost_notes(dict(options or {}))]
     wear = device_wear(model, totals["latency_s"])
     notes += [text for w in wear.values() for text in (w.line, w.note) if text]
-    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes, wear=wear)
+    totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes, wear=wear,
+                  host_roofline=hostmodel.get((options or {}).get("host_roofline")).text())
     return rows, totals
 
 
@@ -430,7 +433,8 @@ def _html(title: str, rows: list[Layer], totals: dict, pngs: dict) -> str:
             "td,th{border:1px solid #ccc;padding:2px 4px;text-align:left}</style></head><body>"
             f"<h1>{e(title)}</h1><p>{e(_totals_line(totals))}</p>"
             + "".join(f"<p>{e(n)}</p>" for n in totals.get("notes", [])) +
-            "<p>Modeled figures per inference (devices' cost models; host: measured roofline). "
+            "<p>Modeled figures per inference (devices' cost models; host: the roofline "
+            f"{e(totals['host_roofline'])}). "
             "Latency and energy are the op's own; transfers are listed apart.</p>"
             f"{imgs}<h2>Layers</h2><table><thead><tr>{''.join(f'<th>{e(h)}</th>' for h in head)}"
             f"</tr></thead><tbody>\n{body}</tbody></table></body></html>\n")

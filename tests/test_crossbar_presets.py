@@ -157,6 +157,11 @@ def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
     csv_rows = list(csv.DictReader(io.StringIO(
         report.render_report(res.model, report.options_from_plans(res.model))["files"][
             "layers.csv"].decode())))
+    # the page names the roofline the host ops were priced with: the recorded nominal one
+    html_page = report.render_report(res.model, report.options_from_plans(res.model))["files"][
+        "report.html"].decode()
+    assert "host: the roofline 50 GFLOP/s, 10 GB/s, 30 W (nominal)" in html_page
+    assert "measured roofline" not in html_page
     fc1_csv = next(r for r in csv_rows if r["layer"] == "fc1/Gemm")
     assert fc1_csv["adc_dac_energy_j"] == fc1_csv["adc_dac_area_mm2"] == ""
     assert float(fc1_csv["adc_dac_latency_s"]) == pytest.approx(fc1.parts[1].latency_s)

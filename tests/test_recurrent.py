@@ -570,3 +570,17 @@ def test_dim_and_input_that_disagree_on_an_unrolled_length_are_one_line(tmp_path
     got = InferenceSession(str(out)).run(None, {"X": x})
     for g, r in zip(got, run_onnxruntime(onnx.load(src), {"X": x})):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_the_crossbar_table_of_folded_rows_keeps_the_presets_note():
+    """An unrolled LSTM's kernels fold into 'xN' rows; the note that pcm-hermes publishes its
+    ADCs' and periphery's energy only inside the array's figures must still follow the table
+    whole (the fold note once shadowed it: the summary printed the note's letters joined by
+    'and', or lost the line)."""
+    res = optimize(_model("LSTM", 4, 1, 128, 128), check=0, host_roofline="nominal",
+                   placement="heuristic")
+    text = res.device_tables()
+    assert " x3 " in text and "kernels in 3 rows" in text
+    assert ("(pcm-hermes publishes adc_dac and periphery energy and area only inside the "
+            "array's figures") in text
+    assert "publishes (" not in text

@@ -684,9 +684,9 @@ class MemristorDevice(Device):
                 "area: the kernel's crossbars with their converters and periphery, '-' if not "
                 "published)")
         notes = [note, _use_note(plans, used)]
-        rows, folded = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence")
-        if folded:
-            notes.append(folded)
+        rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence")
+        if fold_note:
+            notes.append(fold_note)
         if n_inf < len(plans):
             notes.append("(figures in parentheses: a kernel the per-inference totals leave out, "
                          "of an If branch that does not run per inference; it counts at load)")
