@@ -300,6 +300,28 @@ def test_programmed_activation_runs_equal_a_fresh_simulators(tmp_path):
     assert all(r["writes"] >= 1 for r in prof)  # b is written to the crossbars at every run
 
 
+def test_programmed_activation_of_another_size_says_what_to_do(tmp_path):
+    """A crossbar program written for an activation of 16 columns, run with 17: one error that
+    names both sizes, how to plan again or keep the node on the host, and that a size which
+    follows the data can move with onnxruntime's optimizations of the host partitions (trial
+    s29: Kokoro's run failed on the input compare had passed, under graph_optimization=all)."""
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="att")], "att",
+                          [helper.make_tensor_value_info("a", f, [4, 32]),
+                           helper.make_tensor_value_info("b", f, [32, "n"])],
+                          [helper.make_tensor_value_info("y", f, [4, "n"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("att", "memristor")], check=0, dims={"n": 16})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    feeds = {"a": np.ones((4, 32), np.float32), "b": np.ones((32, 17), np.float32)}
+    with pytest.raises(CinmError, match=r"planned as \[1, 32, 16\] and \[1, 32, 17\] in this run.*"
+                       r"--place 'att/Gemm=host'.*graph_optimization=disable_all"):
+        sess.run(None, feeds)
+    feeds["b"] = np.ones((32, 16), np.float32)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], feeds["a"] @ feeds["b"], rtol=1e-6)
+
+
 def _without_softmax(model):
     """The light CNNs' logits are equal and huge; their softmax turns one ulp into a one-hot
     output (see test_crossbar_golden.py), so compare the logits."""

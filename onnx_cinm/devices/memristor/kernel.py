@@ -155,7 +155,11 @@ class CrossbarKernel:
                         f"{list(planned)} and {list(W.shape)} in this run; its crossbar "
                         "program is fixed to the planned sizes: optimize again at this run's "
                         "sizes (--dim NAME=SIZE or --input), or keep the node off the "
-                        f"crossbars (--place '{self.op.name}=host')")
+                        f"crossbars (--place '{self.op.name}=host'). A size that follows the "
+                        "data (e.g. a predicted length) can also move with the host "
+                        "partitions' onnxruntime optimizations: compare runs them with "
+                        "graph_optimization=disable_all, run with 'all' unless "
+                        "--provider-option graph_optimization=disable_all")
                 outs, c = self._run_fresh(W, X, transposed)
             else:
                 outs, c = self._sim.run({"X": X}, transposed=transposed)
