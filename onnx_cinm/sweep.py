@@ -225,24 +225,40 @@ def _evaluate_bytes(model, options: dict, origins: list = ()) -> dict:
 
 def cinm_level(model, input_shapes: dict | None = None, dims: dict | None = None) -> onnx.ModelProto:
     """``model`` (path or ModelProto) brought to the cinm level once for all configurations,
-    planned at ``dims`` (``{symbolic dim: size}``, recorded in the model)."""
+    planned at ``dims`` (``{symbolic dim: size}``, recorded in the model). Raises CinmError
+    when a symbolic dim is left unsized and the model cannot run with it at 1 (see
+    :func:`run`)."""
     return _cinm_level(model, input_shapes, dims)[0]
 
 
-def _cinm_level(model, input_shapes: dict | None, dims: dict | None) -> tuple[onnx.ModelProto, list]:
+def _cinm_level(model, input_shapes: dict | None, dims: dict | None,
+                notes: list | None = None) -> tuple[onnx.ModelProto, list]:
     """:func:`cinm_level`'s model and what ``to_cinm`` lowered (weights as stubs), for
-    :func:`evaluate`."""
+    :func:`evaluate`; a note on the dims taken as 1 is appended to ``notes``."""
     from .passes.origins import stub_origins
-    from .pipeline import optimize
+    from .pipeline import _runs_at_one, optimize
 
     res = optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes, dims=dims)
+    if res.unsized_dims:
+        # as optimize's check refuses: figures planned at sizes that cannot exist describe
+        # nothing (an audio front end whose samples must be a whole frame)
+        original = model if isinstance(model, onnx.ModelProto) else frontend.load_model(model)
+        if input_shapes:
+            original = frontend.overwrite_input_shapes(original, input_shapes)
+        open_ = ", ".join(res.unsized_dims)
+        if not _runs_at_one(original, dict(dims or {})):
+            raise CinmError(f"the original does not run with {open_} at 1, the size the plans "
+                            "take a dim without one (a shape error in onnxruntime): give their "
+                            "sizes: " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
+        (notes if notes is not None else []).append(f"symbolic dims taken as 1: {open_}; every configuration is planned at that "
+                     "size: give others with " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
     return res.model, stub_origins(res.origins)
 
 
 def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None = None,
         executor: str = "process", workers: int | None = None, scheduler=None,
         progress: bool = False, input_shapes: dict | None = None,
-        dims: dict | None = None) -> tuple[list[dict], list[dict]]:
+        dims: dict | None = None, notes: list | None = None) -> tuple[list[dict], list[dict]]:
     """Evaluate every configuration of ``sets``; returns ``(configurations, results)`` in order.
 
     Args:
@@ -256,13 +272,17 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
         progress: show a tqdm bar on stderr (only when stderr is a terminal).
         input_shapes: ``{input: dims}`` baked into the model first.
         dims: ``{symbolic dim: size}`` every configuration is planned at.
+        notes: a list the notes for the user are appended to (a symbolic dim taken as 1).
+
+    Raises CinmError when a symbolic dim of the model's inputs has no size in ``dims`` and
+    onnxruntime cannot run the model with it at 1, the size it would be planned at.
     """
     from .passes import check_options
 
     configs = configurations(sets)
     base = check_options(dict(base_options or {}))
     opts = [options_of(c, base) for c in configs]
-    cinm_model, origins = _cinm_level(model, input_shapes, dims)
+    cinm_model, origins = _cinm_level(model, input_shapes, dims, notes)
     data = cinm_model.SerializeToString()
     from tqdm import tqdm
 

@@ -167,3 +167,39 @@ def test_sweep_counts_the_devices_of_the_model_optimize_writes():
     assert [n.op_type for n in level.graph.node] == ["Gemm", "Transpose", "Relu"]
     row = sweep.evaluate(level, {"host_roofline": "nominal"}, origins)
     assert row["devices"] == "host:1 memristor:1"
+
+
+def _frames_model(path):
+    """x[samples] reshaped into frames of 4 and multiplied by a 4 x 64 weight: onnxruntime
+    cannot run it at samples=1 (1 is no whole frame)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32), "W")
+    s = numpy_helper.from_array(np.array([-1, 4], np.int64), "s")
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["r"]),
+                           helper.make_node("MatMul", ["r", "W"], ["y"])], "frames",
+                          [helper.make_tensor_value_info("x", f, ["samples"])],
+                          [helper.make_tensor_value_info("y", f, ["frames", 64])], [w, s])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_dim_the_model_cannot_run_at_1_is_refused_not_swept(tmp_path, capsys):
+    """Trial s29: sweep planned an unsized dim at 1 without a word, at a size the model cannot
+    run (optimize refuses it); now refused, nothing written. Given a size, it sweeps; a dim
+    taken as 1 where the model runs gets a note."""
+    _frames_model(tmp_path / "f.onnx")
+    out = tmp_path / "sw"
+    assert main(["sweep", str(tmp_path / "f.onnx"), "--set", "cim.crossbars=16,64",
+                 "-o", str(out), "--executor", "serial"]) == 1
+    err = capsys.readouterr().err
+    assert "does not run with samples at 1" in err and "--dim samples=SIZE" in err
+    assert "Traceback" not in err and not out.exists()
+    assert main(["sweep", str(tmp_path / "f.onnx"), "--set", "cim.crossbars=16,64",
+                 "-o", str(out), "--executor", "serial", "--dim", "samples=4000"]) == 0
+    assert "taken as 1" not in capsys.readouterr().err
+    assert main(["sweep", "--example", "lenet", "--set", "cim.crossbars=16,64",
+                 "-o", str(tmp_path / "l"), "--executor", "serial"]) == 0
+    assert "note: symbolic dims taken as 1: batch" in capsys.readouterr().err

@@ -46,9 +46,13 @@ def _cmd_sweep(args, parser) -> int:
     else:
         model, source = frontend.load_model(args.input), args.input
     _check_dim_names(model, dims, parser)
+    dim_notes: list = []
     configs, results = sweep.run(model, sets, base_options=base, executor=args.executor,
                                  workers=args.workers, scheduler=args.scheduler,
-                                 progress=not args.quiet, input_shapes=shapes or None, dims=dims)
+                                 progress=not args.quiet, input_shapes=shapes or None, dims=dims,
+                                 notes=dim_notes)
+    for line in dim_notes:
+        note(args, line)
     paths = sweep.write(out, configs, results,
                         title=source if args.example else Path(args.input).name)
     if not args.quiet:
