@@ -336,6 +336,16 @@ def test_price_answers_once_per_op_signature_and_options(monkeypatch):
     assert got[2] != got[0] and got[3] != got[0] and got[4] != got[0]
     with pytest.raises(CinmError, match="tasklets"):  # bad options: refused as before
         dev.price(fc("h"), {"upmem_tasklets": 30, "upmem_target": "v1b"})
+    # supports plans the op under the default options: their price is not planned again
+    monkeypatch.setattr(upmem, "_SUPPORTS", {})
+    assert dev.supports(fc("i", k=128))
+    planned.clear()
+    monkeypatch.setattr(upmem.UpmemDevice, "plan",
+                        lambda self, *a, **k: planned.append(1) or real(self, *a, **k))
+    kept = dev.price(fc("j", k=128), {})
+    assert planned == []
+    monkeypatch.setattr(upmem.UpmemDevice, "plan", real)
+    assert kept == _price_by_hand(fc("j", k=128), {})
 
 
 def test_a_renamed_plan_is_the_plan_with_the_other_names():
