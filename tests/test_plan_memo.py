@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_cinm import artifacts
 from onnx_cinm.devices import upmem
+from onnx_cinm.devices.base import Priced
 from onnx_cinm.devices.upmem import mapping
 from onnx_cinm.errors import CinmError
 from onnx_cinm.graph import OpInfo, TensorInfo
@@ -89,6 +90,7 @@ def test_the_memos_do_not_change_the_model(monkeypatch):
     monkeypatch.setattr(mapping, "_PLANS", _NoMemo())
     monkeypatch.setattr(upmem, "_EMITTABLE", _NoMemo())
     monkeypatch.setattr(upmem, "_SUPPORTS", _NoMemo())
+    monkeypatch.setattr(upmem, "_PRICES", _NoMemo())
     fresh = _optimize(_two_layers()).SerializeToString(deterministic=True)
     assert memo == fresh
 
@@ -295,6 +297,55 @@ def test_supports_answers_once_per_op_signature(monkeypatch):
            for i, shape in enumerate([(4, 64), (4, 64), (4, 65)])]
     said = [dev.supports(op) for op in ops]
     assert all(said) and said[0].reason == said[1].reason and len(asked) == 2
+
+
+def _price_by_hand(op, options):
+    """The UPMEM price of ``op`` computed without the price memo: the plan's cost, the
+    constant inputs' bytes (dtype size x elements) resident."""
+    plan = upmem.UpmemDevice().plan(op, options)
+    const = sum(np.dtype(t.dtype).itemsize * int(np.prod(t.shape)) for t in op.inputs if t.const)
+    return [Priced(plan.to_cost(), resident_bytes=const)]
+
+
+def test_price_answers_once_per_op_signature_and_options(monkeypatch):
+    """Ops of one signature (other names, other weights) get one priced choice: the plan's
+    cost and their constants' bytes, as computed without the memo; other DPU, tasklet or
+    generation options, and another shape, are priced afresh (the plan is made for them)."""
+    f32 = np.dtype("float32")
+    dev = upmem.UpmemDevice()
+    monkeypatch.setattr(upmem, "_PRICES", {})
+    planned = []
+    real = upmem.UpmemDevice.plan
+    monkeypatch.setattr(upmem.UpmemDevice, "plan",
+                        lambda self, *a, **k: planned.append(1) or real(self, *a, **k))
+
+    def fc(tag, k=64):
+        return OpInfo(f"fc{tag}", "Gemm", {}, (TensorInfo(f"x{tag}", f32, (512, k)),
+                                              TensorInfo(f"w{tag}", f32, (k, 32), True)),
+                      (TensorInfo(f"y{tag}", f32, (512, 32)),), 2 * 512 * k * 32)
+
+    cases = [(fc("a"), {}), (fc("b"), {}), (fc("c"), {"upmem_dpus": 1}),
+             (fc("d"), {"upmem_tasklets": 4}), (fc("e"), {"upmem_target": "v1b"}),
+             (fc("f", k=96), {}), (fc("g"), {"upmem_dpus": 1})]
+    got = [dev.price(op, options) for op, options in cases]
+    assert len(planned) == 5  # a, c, d, e, f: b and g ask what a and c asked
+    monkeypatch.setattr(upmem.UpmemDevice, "plan", real)
+    for (op, options), answer in zip(cases, got):
+        assert answer == _price_by_hand(op, options)
+    assert got[0][0].resident_bytes == 64 * 32 * 4 and got[5][0].resident_bytes == 96 * 32 * 4
+    assert got[2] != got[0] and got[3] != got[0] and got[4] != got[0]
+    with pytest.raises(CinmError, match="tasklets"):  # bad options: refused as before
+        dev.price(fc("h"), {"upmem_tasklets": 30, "upmem_target": "v1b"})
+    # supports plans the op under the default options: their price is not planned again
+    monkeypatch.setattr(upmem, "_SUPPORTS", {})
+    assert dev.supports(fc("i", k=128))
+    planned.clear()
+    monkeypatch.setattr(upmem.UpmemDevice, "plan",
+                        lambda self, *a, **k: planned.append(1) or real(self, *a, **k))
+    kept = dev.price(fc("j", k=128), {})
+    assert planned == []
+    monkeypatch.setattr(upmem.UpmemDevice, "plan", real)
+    assert kept == _price_by_hand(fc("j", k=128), {})
 
 
 def test_a_renamed_plan_is_the_plan_with_the_other_names():

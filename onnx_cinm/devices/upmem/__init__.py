@@ -66,6 +66,9 @@ _EMITTABLE: dict = {}
 #: and the device's parameters: ``(Support, op name)``. The ops of one shape (a network's
 #: repeated layers) get one answer; a refusal naming the op it was given for is reworded.
 _SUPPORTS: dict = {}
+#: Memo of :meth:`UpmemDevice.price`: (op signature, DPUs, tasklets, generation, search) ->
+#: its :class:`Priced` (frozen: shared by the ops of one signature).
+_PRICES: dict = {}
 _PLANS_MAX = 20000
 
 
@@ -153,6 +156,9 @@ class UpmemDevice(Device):
             plan = self.plan(op, op_key=key)
         except CinmError as e:
             return Support(False, str(e))
+        if key is not None:  # placement prices the op next, under these default options
+            self._remember_price(op, plan, (key, *self._workgroup({}),
+                                            _module("mapping").params_key(self.params), False))
         try:  # and the code generator must be able to write its kernel (issue 17 #2)
             g = plan.g
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
@@ -256,9 +262,36 @@ class UpmemDevice(Device):
         return Resources(memory_bytes=int(dpus) * target.mram_bytes)
 
     def price(self, op: OpInfo, options: dict) -> list[Priced]:
-        """One choice: the plan's cost, its constant inputs resident in MRAM (loaded once)."""
-        plan = self.plan(op, options)
-        return [Priced(plan.to_cost(), resident_bytes=sum(t.nbytes for t in op.inputs if t.const))]
+        """One choice: the plan's cost, its constant inputs resident in MRAM (loaded once).
+
+        Memoized (:data:`_PRICES`) per op signature (:func:`.mapping._op_key`: the plan's cost
+        and the constants' bytes read nothing else; not the names) and what the options
+        resolve to (DPUs, tasklets, generation, search): placement asks for every op right
+        after :meth:`supports` planned it (which keeps the answer for the default options),
+        and the ops of one shape get one answer. Raises CinmError like :meth:`plan` (a failure
+        is not kept)."""
+        mapping = _module("mapping")
+        dpus, tasklets = self._workgroup(options)
+        try:
+            key = (mapping._op_key(op), dpus, tasklets, mapping.params_key(self.target(options)),
+                   bool(options.get("upmem_search", UpmemOptions.search)))
+            hit = _PRICES.get(key)
+        except TypeError:  # an attribute that cannot be a key: price without the memo
+            key = hit = None
+        if hit is None:
+            hit = self._remember_price(op, self.plan(op, options), key)
+        return [hit]
+
+    @staticmethod
+    def _remember_price(op: OpInfo, plan, key: tuple | None) -> Priced:
+        """:meth:`price`'s choice for ``op`` with ``plan``, kept in :data:`_PRICES` under
+        ``key`` (none: not kept)."""
+        hit = Priced(plan.to_cost(), resident_bytes=sum(t.nbytes for t in op.inputs if t.const))
+        if key is not None:
+            if len(_PRICES) > _PLANS_MAX:
+                _PRICES.clear()
+            _PRICES[key] = hit
+        return hit
 
     def recorded(self, attrs: dict) -> Priced | None:
         """The choice a lowered UPMEM node made, from its ``cnm_*`` attributes."""
