@@ -87,19 +87,37 @@ def _paid(prob: Problem) -> dict:
     ``(0.0, 0.0)`` seconds and joules (its bytes may still count), so a move's change of
     latency and energy (:func:`_local_delta`) is the same without it."""
     if prob.paid is None:
-        def devs(n: int) -> set:
-            if n < 0:
-                return {"host"}
-            if n in prob.fixed:
-                return {prob.fixed[n].device}
-            return {c.device for c in prob.cands.get(n, ())} | {"host"}
+        fixed, cands = prob.fixed, prob.cands
+        host = frozenset({"host"})
+        node_devs: dict = {-1: host}  # node -> the devices it may sit on (asked once per node)
+        both_free: dict = {}  # (device, bytes) -> its links cost 0 s and 0 J both ways
+
+        def devs(n: int) -> frozenset:
+            hit = node_devs.get(n)
+            if hit is None:
+                hit = node_devs[n] = frozenset({fixed[n].device}) if n in fixed else \
+                    frozenset({c.device for c in cands.get(n, ())} | host)
+            return hit
 
         free = []
         for t in prob.tensors:
-            ds = set().union(*(devs(n) for n in (t.producer, *t.consumers)))
-            free.append(t.nbytes <= 0 or all(
-                _link(prob, d, t.nbytes, way) == (0.0, 0.0) for d in sorted(ds)
-                for way in (False, True)))
+            nb = t.nbytes
+            if nb <= 0:
+                free.append(True)
+                continue
+            ds = devs(t.producer)
+            for n in t.consumers:
+                ds = ds | devs(n)
+            ok = True
+            for d in ds:  # (in any order: _link is a function of its arguments)
+                f = both_free.get((d, nb))
+                if f is None:
+                    f = both_free[(d, nb)] = all(_link(prob, d, nb, way) == (0.0, 0.0)
+                                                 for way in (False, True))
+                if not f:
+                    ok = False
+                    break
+            free.append(ok)
         prob.paid = {i: [k for k in prob.touch.get(i, ()) if not free[k]] for i in prob.decision}
     return prob.paid
 
@@ -137,7 +155,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     tensors, touch = prob.tensors, _paid(prob)  # the tensors whose transfers can change
     dev_of = devs.__getitem__
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
-    settled: set = set()
+    settled = _settled(prob, assign, objective) if w is None else set()
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -188,6 +206,34 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
         if not moved:
             break
     return assign
+
+
+def _settled(prob: Problem, assign: dict, objective: str) -> set:
+    """The ops :func:`local_search`'s first sweep would price and settle without a move, found
+    without pricing them: under ``energy`` or ``latency``, an op touching no tensor whose
+    transfers may cost (:func:`_paid`), whose every other candidate costs at least as much in
+    that quantity (``new - old >= 0``). Its move is then ``total + delta >= total``, never the
+    gain that search asks for (float addition of a non-negative delta does not go down; a NaN
+    compares false both ways, and is not settled here), and no other op's move prices it again:
+    it is nobody's neighbour (:func:`_neighbors` links ops through such tensors only)."""
+    if objective == "energy":
+        def own(c):
+            return c.cost.energy_j
+    elif objective == "latency":
+        def own(c):
+            return c.cost.latency_s
+    else:
+        return set()
+    paid, cands = _paid(prob), prob.cands
+    out = set()
+    for i in prob.decision:
+        if paid[i]:
+            continue
+        old = assign[i]
+        x = own(old)
+        if all(own(c) - x >= 0.0 for c in cands[i] if c is not old):
+            out.add(i)
+    return out
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
