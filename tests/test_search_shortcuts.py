@@ -1,19 +1,15 @@
-"""Shortcuts of cost placement's search against the paths they replaced, on real problems whose
-costs are redrawn at random (ties, inf and NaN; :func:`test_chain_dp._redrawn`):
+"""Shortcuts of cost placement's search against the paths they replaced, on the problems of
+real models (SqueezeNet, DenseNet121) and random placements of them:
 
-* :func:`search.local_search` settles, before its first sweep, the ops that sweep would price
-  and settle without a move (:func:`search._settled`); the old path priced them all;
 * :func:`search._paid` asks each device's links once per tensor size, not once per tensor;
 * :func:`cost_placement._reason` builds a move's totals (to name the budget it breaks) only when
   the move changes a budget; the old path built them for every candidate.
 """
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
-from test_chain_dp import _redrawn
 
 from onnx_cinm import optimize
 from onnx_cinm.passes import cost_placement as cp
@@ -66,59 +62,6 @@ def test_paid_matches_its_reference(problems):
         want = _reference_paid(_fresh(prob))
         assert got == want
         assert any(got.values()) and not all(got.values())  # both kinds of op are there
-
-
-def _starts(prob: Problem, rng: random.Random, objective: str) -> list:
-    host = {i: prob.cands[i][0] for i in prob.decision}
-    rand = {i: rng.choice(prob.cands[i]) for i in prob.decision}
-    w = {"latency": (1.0, 0.0), "energy": (0.0, 1.0)}.get(objective, (1.0, 1.0))
-    try:
-        return [host, rand, search.chain_dp(prob, w)[0]]
-    except ValueError:  # no state left (inf and NaN everywhere): the two others
-        return [host, rand]
-
-
-def test_local_search_settling_ahead_changes_nothing(problems, monkeypatch):
-    """The same assignment (the same choice objects) from every start, with the settled ops
-    found ahead and without (the old path: every op priced in the first sweep); and the
-    shortcut must have settled ops ahead, under energy and latency."""
-    rng = random.Random(7)
-    ahead = 0
-    real = search._settled
-    for base in problems:
-        for trial in range(4):
-            prob = _redrawn(base, rng, kept=trial % 2 == 0)
-            for objective in ("energy", "latency", "edp"):
-                for start in _starts(prob, rng, objective):
-                    ahead += len(real(_fresh(prob), start, objective))
-                    got = search.local_search(_fresh(prob), start, objective)
-                    monkeypatch.setattr(search, "_settled", lambda *a: set())
-                    want = search.local_search(_fresh(prob), start, objective)
-                    monkeypatch.setattr(search, "_settled", real)
-                    assert list(got) == list(want)
-                    assert all(got[i] is want[i] for i in want)
-    assert ahead >= 1000
-
-
-def test_settled_ops_have_no_cheaper_candidate():
-    """:func:`search._settled` by hand: of three ops touching no paid tensor, the one on its
-    cheapest candidate (a tie counts) is settled, the one with a cheaper candidate is not, and
-    an op whose cost is NaN is not."""
-    from onnx_cinm.devices import Cost
-    from onnx_cinm.passes.cost_placement.problem import Choice, Constraints
-
-    def ch(dev, e):
-        return Choice(dev, Cost(1.0, e))
-
-    a, b, c = [ch("host", 2.0), ch("upmem", 2.0)], [ch("host", 2.0), ch("upmem", 1.0)], \
-        [ch("host", math.nan), ch("upmem", 1.0)]
-    prob = Problem([None] * 3, {}, {}, Constraints(), cands={0: a, 1: b, 2: c},
-                   decision=[0, 1, 2])
-    prob.paid = {0: [], 1: [], 2: []}
-    assert search._settled(prob, {0: a[0], 1: b[0], 2: c[0]}, "energy") == {0}
-    assert search._settled(prob, {0: a[1], 1: b[1], 2: c[1]}, "energy") == {0, 1}
-    assert search._settled(prob, {0: a[0], 1: b[0], 2: c[0]}, "latency") == {0, 1, 2}
-    assert search._settled(prob, {0: a[0], 1: b[0], 2: c[0]}, "edp") == set()
 
 
 def test_reasons_match_the_old_path(problems, monkeypatch):

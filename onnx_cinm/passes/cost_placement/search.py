@@ -155,7 +155,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     tensors, touch = prob.tensors, _paid(prob)  # the tensors whose transfers can change
     dev_of = devs.__getitem__
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
-    settled = _settled(prob, assign, objective) if w is None else set()
+    settled: set = set()
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -206,34 +206,6 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
         if not moved:
             break
     return assign
-
-
-def _settled(prob: Problem, assign: dict, objective: str) -> set:
-    """The ops :func:`local_search`'s first sweep would price and settle without a move, found
-    without pricing them: under ``energy`` or ``latency``, an op touching no tensor whose
-    transfers may cost (:func:`_paid`), whose every other candidate costs at least as much in
-    that quantity (``new - old >= 0``). Its move is then ``total + delta >= total``, never the
-    gain that search asks for (float addition of a non-negative delta does not go down; a NaN
-    compares false both ways, and is not settled here), and no other op's move prices it again:
-    it is nobody's neighbour (:func:`_neighbors` links ops through such tensors only)."""
-    if objective == "energy":
-        def own(c):
-            return c.cost.energy_j
-    elif objective == "latency":
-        def own(c):
-            return c.cost.latency_s
-    else:
-        return set()
-    paid, cands = _paid(prob), prob.cands
-    out = set()
-    for i in prob.decision:
-        if paid[i]:
-            continue
-        old = assign[i]
-        x = own(old)
-        if all(own(c) - x >= 0.0 for c in cands[i] if c is not old):
-            out.add(i)
-    return out
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
