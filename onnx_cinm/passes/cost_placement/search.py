@@ -757,8 +757,9 @@ class _Compiled:
         fl, fe = self._floor(i, dev)
         lat = self.tot.latency_s - old.cost.latency_s + fl
         en = self.tot.energy_j - old.cost.energy_j + fe
-        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs),
-                                            _transfers(prob, assign, i, dev, self.devs)):
+        ks = _paid(prob).get(i)  # (the others add 0.0: the same sums, see moved)
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs, ks),
+                                            _transfers(prob, assign, i, dev, self.devs, ks)):
             lat += s1 - s0
             en += j1 - j0
         for d in ends:
@@ -780,11 +781,14 @@ class _Compiled:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
         return self.totals(*self.moved(i, dev))
 
-    def moved(self, i: int, dev: str) -> tuple[dict, list, float, float]:
-        """``(changed choices {op index: Choice}, [(old, new) transfer charges of each tensor
-        op i touches], total latency s, total energy J)`` of moving op ``i`` to ``dev``: the
-        totals' latency and energy as :meth:`totals` sums them (same order, same values), so
-        that a move that does not improve the objective needs no full totals."""
+    def moved(self, i: int, dev: str) -> tuple[dict, tuple, float, float]:
+        """``(changed choices {op index: Choice}, the move (i, from device, to device), total
+        latency s, total energy J)`` of moving op ``i`` to ``dev``: the totals' latency and
+        energy as :meth:`totals` sums them (same order, same values), so that a move that does
+        not improve the objective needs no full totals. Of the tensors ``i`` touches only those
+        whose transfers may cost (:func:`_paid`) are priced here: every other one's seconds and
+        joules are exactly 0.0 on any device its ops can take, before and after the move, and
+        adding 0.0 changes no sum (:meth:`totals` prices them all: their bytes count)."""
         prob, assign = self.prob, self.assign
         old_dev = assign[i].device
         changed = {}
@@ -806,21 +810,24 @@ class _Compiled:
             en += -1 * assign[j].cost.energy_j
             lat += 1 * ch.cost.latency_s
             en += 1 * ch.cost.energy_j
-        pairs = list(zip(_transfers(prob, assign, i, old_dev, self.devs),
-                         _transfers(prob, assign, i, dev, self.devs)))
-        for (s0, j0, _), (s1, j1, _) in pairs:
+        ks = _paid(prob).get(i)
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old_dev, self.devs, ks),
+                                            _transfers(prob, assign, i, dev, self.devs, ks)):
             lat += s1 - s0
             en += j1 - j0
-        return changed, pairs, lat, en
+        return changed, (i, old_dev, dev), lat, en
 
-    def totals(self, changed: dict, pairs: list, lat: float, en: float) -> tuple[dict, Totals]:
-        """``(changed, totals)`` of a move :meth:`moved` priced (``lat``/``en``: its sums,
-        which these totals come to as well)."""
-        assign = self.assign
+    def totals(self, changed: dict, move: tuple, lat: float, en: float) -> tuple[dict, Totals]:
+        """``(changed, totals)`` of a move :meth:`moved` priced (``move``: ``(op, from device,
+        to device)``; ``lat``/``en``: its sums, which these totals come to as well)."""
+        prob, assign = self.prob, self.assign
+        i, old_dev, dev = move
         tot = _copy_totals(self.tot)
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
+        pairs = zip(_transfers(prob, assign, i, old_dev, self.devs),
+                    _transfers(prob, assign, i, dev, self.devs))
         for (s0, j0, b0), (s1, j1, b1) in pairs:
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
