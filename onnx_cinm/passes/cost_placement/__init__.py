@@ -140,10 +140,12 @@ def _no_room(use: dict, ch, alt) -> str:
 
 
 def _holds(ch) -> bool:
-    """Whether choice ``ch`` adds to a budget :func:`violations` reads (crossbar tiles or
-    writes, resident bytes): :func:`.evaluate._add_resources` leaves the totals' budgets as they
-    are for any other choice."""
-    return bool(ch.capacity or ch.cost.writes or ch.mram_capacity)
+    """Whether choice ``ch`` adds to a budget :func:`violations` reads: crossbar tiles kept,
+    tile writes, resident bytes. Any other choice (the host's, UPMEM's without resident
+    constants) adds 0 to each (:func:`.evaluate._add_resources`), so a move between two such
+    choices breaks what the placement breaks: at most a device's count appears at 0, and 0
+    tiles, writes (budgets are at least 0) or bytes break nothing."""
+    return bool(ch.kept_tiles or ch.cost.writes or ch.mram_resident)
 
 
 def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
