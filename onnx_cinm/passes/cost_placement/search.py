@@ -590,13 +590,22 @@ def _shared_plans(prob: Problem, dev: str, idx: list) -> dict:
     among all of them; empty when it cannot plan them (the candidates' figures stand). The ops
     are handed on in execution order whatever the order of ``idx``: an assignment built
     backwards (the dynamic program's) was priced in reverse order, which allocates the shared
-    crossbars differently (light DenseNet121: 0.186 s against 0.175 s for the same devices)."""
+    crossbars differently (light DenseNet121: 0.186 s against 0.175 s for the same devices).
+    Remembered per problem, device and set of ops (the dict returned is shared: read only):
+    the searches' results and the baselines often put the same ops on the device (DenseNet121:
+    the same 121 crossbar kernels twice in one solve), and polishing asks again per move."""
     idx = sorted(idx)  # op indices follow the graph's (topological) order
-    try:
-        plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
-    except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
-        return {}
-    return {} if plans is None else dict(zip(idx, plans))
+    key = (dev, tuple(idx))
+    hit = prob.shared.get(key)
+    if hit is None:
+        if len(prob.shared) > 4096:
+            prob.shared.clear()
+        try:
+            plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
+        except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
+            plans = None
+        hit = prob.shared[key] = {} if plans is None else dict(zip(idx, plans))
+    return hit
 
 
 def _plans(prob: Problem, devs: dict) -> dict:
@@ -699,7 +708,6 @@ class _Compiled:
         self.devs = _devices(prob, self.assign)  # kept with assign (see _transfers)
         self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
-        self._plans: dict = {}
         self._slack: dict = {}
 
     def _variant(self, i: int, dev: str, a: Priced | None) -> Choice | None:
@@ -710,15 +718,6 @@ class _Compiled:
         if hit is None or hit[0] is not a:
             hit = self._variants[key] = (a, _variant(self.prob, i, dev, a))
         return hit[1]
-
-    def _shared(self, dev: str, idx: list) -> dict:
-        key = (dev, tuple(idx))
-        hit = self._plans.get(key)
-        if hit is None:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            hit = self._plans[key] = _shared_plans(self.prob, dev, idx)
-        return hit
 
     def _floor(self, j: int, dev: str) -> tuple[float, float]:
         """The least latency and the least energy of op ``j`` among its candidates on ``dev``
@@ -797,7 +796,7 @@ class _Compiled:
                 continue
             idx = [j for j in prob.decision
                    if (dev if j == i else assign[j].device) == d and not _recorded(prob, j, d)]
-            plans = self._shared(d, idx)
+            plans = _shared_plans(prob, d, idx)
             for j in idx:
                 ch = self._variant(j, d, plans.get(j))
                 if ch is not assign[j] and ch != assign[j]:
