@@ -93,3 +93,35 @@ def test_reasons_match_the_old_path(problems, monkeypatch):
                 assert got == want
                 named += sum("breaks" in t for t in got)
     assert named >= 100
+
+
+def test_solve_plans_each_set_of_kernels_once(problems, monkeypatch):
+    """A device's model-wide plans of one set of ops are asked for once per problem (the
+    searches' results, the baselines and every polishing move share them), and the placement
+    is the one found with them asked for every time (the memo emptied before each ask)."""
+    from onnx_cinm import devices
+
+    asked = []
+    for base in problems:
+        for objective in ("energy", "latency"):
+            asked.clear()
+            for dev in devices.all_devices():
+                if dev.plans_together:
+                    real = dev.price_all
+                    monkeypatch.setattr(dev, "price_all", lambda items, real=real, d=dev.name: (
+                        asked.append((d, tuple(id(op) for op, _ in items))), real(items))[1])
+            got = search.solve(_fresh(base), objective)
+            monkeypatch.undo()
+            assert asked and len(asked) == len(set(asked))
+            prob = _fresh(base)
+            real_shared = search._shared_plans
+
+            def forgetful(p, dev, idx):
+                p.shared.clear()
+                return real_shared(p, dev, idx)
+
+            monkeypatch.setattr(search, "_shared_plans", forgetful)
+            want = search.solve(prob, objective)
+            monkeypatch.undo()
+            assert (got.method, got.totals) == (want.method, want.totals)
+            assert all(got.assign[i] == want.assign[i] for i in want.assign)
