@@ -3,7 +3,8 @@ real models (SqueezeNet, DenseNet121) and random placements of them:
 
 * :func:`search._paid` asks each device's links once per tensor size, not once per tensor;
 * :func:`cost_placement._reason` builds a move's totals (to name the budget it breaks) only when
-  the move changes a budget; the old path built them for every candidate.
+  the move changes a budget; the old path built them for every candidate;
+* :func:`search._shared_plans` remembers a device's model-wide plans per problem and set of ops.
 """
 from __future__ import annotations
 
