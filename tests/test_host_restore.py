@@ -321,6 +321,18 @@ def test_the_all_host_totals_take_the_placement_problems_host_costs_for_its_node
     assert cost_placement.evaluate_on_host([*nodes[:-1], copy], ctx.options, infos,
                                            ctx.placed) == reused
     assert priced == [copy.name]
+    # restore_host_ops's infos: a copy with the lowered nodes' weights added. A name no node
+    # reads changes nothing; a node one of whose tensors gets an info the placement had not is
+    # priced again, it alone
+    priced.clear()
+    more = {**infos, "not_read_by_any_node": infos[nodes[0].output[0]]}
+    assert cost_placement.evaluate_on_host(nodes, ctx.options, more, ctx.placed) == reused
+    assert priced == []
+    name = nodes[-1].output[0]
+    fewer = {k: v for k, v in infos.items() if k != name}
+    placed_fewer = cost_placement.Placed(ctx.placed.problem, fewer, ctx.placed.options)
+    assert cost_placement.evaluate_on_host(nodes, ctx.options, infos, placed_fewer) == reused
+    assert priced == [n.name for n in nodes if name in (*n.input, *n.output)]
     slow_opts = {**ctx.options, "host_roofline": "0.001,0.001"}  # GFLOP/s, GB/s
     priced.clear()
     slow = cost_placement.evaluate_on_host(nodes, slow_opts, infos, ctx.placed)

@@ -91,8 +91,22 @@ class HostDevice(Device):
 
         roof = hostmodel.get((options or {}).get("host_roofline"))
         nbytes = data_bytes(op)
-        return Cost(latency_s=roof.latency_s(op.flops, nbytes),
+        # the figures depend on the roofline, the FLOPs and the bytes alone: ops of one size
+        # share their (frozen) Cost (placement prices every node of a model, most sizes recur)
+        key = (id(roof), op.flops, nbytes)
+        hit = _COSTS.get(key)
+        if hit is not None and hit[0] is roof:
+            return hit[1]
+        cost = Cost(latency_s=roof.latency_s(op.flops, nbytes),
                     energy_j=roof.energy_j(op.flops, nbytes), writes=0, bytes_moved=0)
+        if len(_COSTS) >= 4096:
+            _COSTS.clear()
+        _COSTS[key] = (roof, cost)  # the roofline held: its id is not reused while cached
+        return cost
+
+
+#: :meth:`HostDevice.cost` by ``(id(roofline), FLOPs, bytes)``: ``(roofline, Cost)``.
+_COSTS: dict = {}
 
 
 register(HostDevice())

@@ -167,14 +167,15 @@ class HbmPimDevice(Device):
         if op.attrs.get("y_perm") is not None:  # writes_permuted: no
             return Support(False, "a Gemm written permuted (y_perm): the PCUs write A @ B as "
                                   "it is")
-        form = self._form(op)
-        if form is None:
+        if op.op_type not in ("Gemv", "Gemm") and op.op_type not in _ELTWISE:  # _form: None
             return Support(False, f"HBM-PIM's ISA computes GEMV, Add, Mul and Relu, not "
                                   f"{op.op_type}", applicable=False)
         dt = self._dtype(op)
         if dt == "float32" and not accept_float32:  # before the shape: not this device's dtype
+            # (and before its form: placement asks for every op of a float32 model)
             return Support(False, "float32: the PCUs compute FP16 (hbm_pim_accept_float32=true "
                                   "rounds it to FP16)", applicable=False)
+        form = self._form(op)
         if isinstance(form, str):
             return Support(False, form)
         if dt not in ("float16", "float32"):

@@ -139,12 +139,23 @@ def _no_room(use: dict, ch, alt) -> str:
             + f" > {n(alt.capacity, 'crossbar')}")
 
 
+def _holds(ch) -> bool:
+    """Whether choice ``ch`` adds to a budget :func:`violations` reads: crossbar tiles kept,
+    tile writes, resident bytes. Any other choice (the host's, UPMEM's without resident
+    constants) adds 0 to each (:func:`.evaluate._add_resources`), so a move between two such
+    choices breaks what the placement breaks: at most a device's count appears at 0, and 0
+    tiles, writes (budgets are at least 0) or bytes break nothing."""
+    return bool(ch.kept_tiles or ch.cost.writes or ch.mram_resident)
+
+
 def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
-            use: dict) -> str:
+            use: dict, bad_now: list) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
     would change. A device with several candidates (pinned and streamed crossbar kernels) is
     named with the kind of each, and listed once per kind. ``devs``: the device of every node
-    under ``sol`` (:func:`.evaluate._devices`); ``use``: :func:`_crossbar_use` of ``sol``."""
+    under ``sol`` (:func:`.evaluate._devices`); ``use``: :func:`_crossbar_use` of ``sol``;
+    ``bad_now``: :func:`violations` of ``sol.totals`` (those of a move between two choices
+    that hold no budget, e.g. host and UPMEM without resident constants)."""
     assign = sol.assign
     ch = prob.choice(assign, i)
     head = f"cost[{objective}]"
@@ -176,9 +187,10 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
         if alt.device not in on:
             on[alt.device] = _transfers(prob, assign, i, alt.device, devs, paid)
         dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
-        trial = _swap_totals(cur, ch, alt, dl, de)
-        bad = violations(prob, trial)
-        dv = _f(objective, trial.latency_s, trial.energy_j) - cur.value(objective)
+        # the totals of the move (_swap_totals) only where its budgets change
+        bad = violations(prob, _swap_totals(cur, ch, alt, dl, de)) \
+            if _holds(ch) or _holds(alt) else bad_now
+        dv = _f(objective, cur.latency_s + dl, cur.energy_j + de) - cur.value(objective)
         unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
         txt = f"{name(alt)} {'+' if dv >= 0 else ''}{si(dv, unit)}"
         if bad:
@@ -211,15 +223,15 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     counts: Counter = Counter()
     devs = _devices(prob, sol.assign)
     use = _crossbar_use(prob, sol.assign)
+    bad = violations(prob, sol.totals)
     for i, node in enumerate(prob.nodes):
         if node.domain != cinm.DOMAIN:
             continue
         ch = prob.choice(sol.assign, i)
         set_attr(node, "device", ch.device)
-        set_attr(node, "placement", _reason(prob, sol, i, objective, devs, use))
+        set_attr(node, "placement", _reason(prob, sol, i, objective, devs, use, bad))
         counts[ch.device] += 1
     ctx.placed = Placed.of(prob, infos)
-    bad = violations(prob, sol.totals)
     for v in bad:
         ctx.log(f"placement: user hints break a constraint: {v}")
     # the graph as the search saw it: restore_host_ops (lowered ops back as their source op)
@@ -302,10 +314,16 @@ def evaluate_on_host(nodes: list, options: dict, infos: dict,
     if placed is not None and placed.options == options:
         prob, pi = placed.problem, placed.infos
         at = {id(n): k for k, n in enumerate(prob.nodes)}
+        # a node's tensors have the same infos when ``infos`` holds every one of ``pi`` (the
+        # placement's, restore_host_ops's copy with weights added) and none of its tensors is
+        # among the names ``infos`` adds: one pass over the infos, not one lookup per tensor
+        same = all(infos.get(t) is v for t, v in pi.items())
+        added = {t for t, v in infos.items() if v is not None and t not in pi} if same else None
         for i, node in enumerate(nodes):
             k = at.get(id(node))
-            if k is not None and prob.nodes[k] is node and all(
-                    infos.get(t) is pi.get(t) for t in (*node.input[:], *node.output[:])):
+            if k is not None and prob.nodes[k] is node and (
+                    same and (not added or added.isdisjoint((*node.input[:], *node.output[:])))
+                    or all(infos.get(t) is pi.get(t) for t in (*node.input[:], *node.output[:]))):
                 known[i] = prob.cands[k][0] if node.domain == cinm.DOMAIN else prob.fixed[k]
     lat = en = 0.0  # summed in graph order, as evaluate() does
     writes = 0

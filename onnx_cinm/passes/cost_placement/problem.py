@@ -213,6 +213,7 @@ class Problem:
     heuristic: dict | None = None                   # see search.heuristic_assign
     evals: dict = field(default_factory=dict)       # see search._evaluate
     compiled: dict = field(default_factory=dict)    # see search._as_compiled
+    shared: dict = field(default_factory=dict)      # see search._shared_plans
 
     def device_of(self, assign: dict, i: int) -> str:
         if i < 0:

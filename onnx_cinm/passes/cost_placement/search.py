@@ -87,19 +87,37 @@ def _paid(prob: Problem) -> dict:
     ``(0.0, 0.0)`` seconds and joules (its bytes may still count), so a move's change of
     latency and energy (:func:`_local_delta`) is the same without it."""
     if prob.paid is None:
-        def devs(n: int) -> set:
-            if n < 0:
-                return {"host"}
-            if n in prob.fixed:
-                return {prob.fixed[n].device}
-            return {c.device for c in prob.cands.get(n, ())} | {"host"}
+        fixed, cands = prob.fixed, prob.cands
+        host = frozenset({"host"})
+        node_devs: dict = {-1: host}  # node -> the devices it may sit on (asked once per node)
+        both_free: dict = {}  # (device, bytes) -> its links cost 0 s and 0 J both ways
+
+        def devs(n: int) -> frozenset:
+            hit = node_devs.get(n)
+            if hit is None:
+                hit = node_devs[n] = frozenset({fixed[n].device}) if n in fixed else \
+                    frozenset({c.device for c in cands.get(n, ())} | host)
+            return hit
 
         free = []
         for t in prob.tensors:
-            ds = set().union(*(devs(n) for n in (t.producer, *t.consumers)))
-            free.append(t.nbytes <= 0 or all(
-                _link(prob, d, t.nbytes, way) == (0.0, 0.0) for d in sorted(ds)
-                for way in (False, True)))
+            nb = t.nbytes
+            if nb <= 0:
+                free.append(True)
+                continue
+            ds = devs(t.producer)
+            for n in t.consumers:
+                ds = ds | devs(n)
+            ok = True
+            for d in ds:  # (in any order: _link is a function of its arguments)
+                f = both_free.get((d, nb))
+                if f is None:
+                    f = both_free[(d, nb)] = all(_link(prob, d, nb, way) == (0.0, 0.0)
+                                                 for way in (False, True))
+                if not f:
+                    ok = False
+                    break
+            free.append(ok)
         prob.paid = {i: [k for k in prob.touch.get(i, ()) if not free[k]] for i in prob.decision}
     return prob.paid
 
@@ -572,13 +590,22 @@ def _shared_plans(prob: Problem, dev: str, idx: list) -> dict:
     among all of them; empty when it cannot plan them (the candidates' figures stand). The ops
     are handed on in execution order whatever the order of ``idx``: an assignment built
     backwards (the dynamic program's) was priced in reverse order, which allocates the shared
-    crossbars differently (light DenseNet121: 0.186 s against 0.175 s for the same devices)."""
+    crossbars differently (light DenseNet121: 0.186 s against 0.175 s for the same devices).
+    Remembered per problem, device and set of ops (the dict returned is shared: read only):
+    the searches' results and the baselines often put the same ops on the device (DenseNet121:
+    the same 121 crossbar kernels twice in one solve), and polishing asks again per move."""
     idx = sorted(idx)  # op indices follow the graph's (topological) order
-    try:
-        plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
-    except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
-        return {}
-    return {} if plans is None else dict(zip(idx, plans))
+    key = (dev, tuple(idx))
+    hit = prob.shared.get(key)
+    if hit is None:
+        if len(prob.shared) > 4096:
+            prob.shared.clear()
+        try:
+            plans = devices.get_device(dev).price_all([(prob.ops[i], prob.options) for i in idx])
+        except Exception:  # noqa: BLE001 - no plan: the candidates' own figures stand
+            plans = None
+        hit = prob.shared[key] = {} if plans is None else dict(zip(idx, plans))
+    return hit
 
 
 def _plans(prob: Problem, devs: dict) -> dict:
@@ -681,7 +708,6 @@ class _Compiled:
         self.devs = _devices(prob, self.assign)  # kept with assign (see _transfers)
         self.tot = _evaluate(prob, self.assign)
         self._variants: dict = {}
-        self._plans: dict = {}
         self._slack: dict = {}
 
     def _variant(self, i: int, dev: str, a: Priced | None) -> Choice | None:
@@ -692,15 +718,6 @@ class _Compiled:
         if hit is None or hit[0] is not a:
             hit = self._variants[key] = (a, _variant(self.prob, i, dev, a))
         return hit[1]
-
-    def _shared(self, dev: str, idx: list) -> dict:
-        key = (dev, tuple(idx))
-        hit = self._plans.get(key)
-        if hit is None:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            hit = self._plans[key] = _shared_plans(self.prob, dev, idx)
-        return hit
 
     def _floor(self, j: int, dev: str) -> tuple[float, float]:
         """The least latency and the least energy of op ``j`` among its candidates on ``dev``
@@ -739,8 +756,9 @@ class _Compiled:
         fl, fe = self._floor(i, dev)
         lat = self.tot.latency_s - old.cost.latency_s + fl
         en = self.tot.energy_j - old.cost.energy_j + fe
-        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs),
-                                            _transfers(prob, assign, i, dev, self.devs)):
+        ks = _paid(prob).get(i)  # (the others add 0.0: the same sums, see moved)
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old.device, self.devs, ks),
+                                            _transfers(prob, assign, i, dev, self.devs, ks)):
             lat += s1 - s0
             en += j1 - j0
         for d in ends:
@@ -762,11 +780,14 @@ class _Compiled:
         """``(changed choices {op index: Choice}, totals)`` of moving op ``i`` to ``dev``."""
         return self.totals(*self.moved(i, dev))
 
-    def moved(self, i: int, dev: str) -> tuple[dict, list, float, float]:
-        """``(changed choices {op index: Choice}, [(old, new) transfer charges of each tensor
-        op i touches], total latency s, total energy J)`` of moving op ``i`` to ``dev``: the
-        totals' latency and energy as :meth:`totals` sums them (same order, same values), so
-        that a move that does not improve the objective needs no full totals."""
+    def moved(self, i: int, dev: str) -> tuple[dict, tuple, float, float]:
+        """``(changed choices {op index: Choice}, the move (i, from device, to device), total
+        latency s, total energy J)`` of moving op ``i`` to ``dev``: the totals' latency and
+        energy as :meth:`totals` sums them (same order, same values), so that a move that does
+        not improve the objective needs no full totals. Of the tensors ``i`` touches only those
+        whose transfers may cost (:func:`_paid`) are priced here: every other one's seconds and
+        joules are exactly 0.0 on any device its ops can take, before and after the move, and
+        adding 0.0 changes no sum (:meth:`totals` prices them all: their bytes count)."""
         prob, assign = self.prob, self.assign
         old_dev = assign[i].device
         changed = {}
@@ -775,7 +796,7 @@ class _Compiled:
                 continue
             idx = [j for j in prob.decision
                    if (dev if j == i else assign[j].device) == d and not _recorded(prob, j, d)]
-            plans = self._shared(d, idx)
+            plans = _shared_plans(prob, d, idx)
             for j in idx:
                 ch = self._variant(j, d, plans.get(j))
                 if ch is not assign[j] and ch != assign[j]:
@@ -788,21 +809,24 @@ class _Compiled:
             en += -1 * assign[j].cost.energy_j
             lat += 1 * ch.cost.latency_s
             en += 1 * ch.cost.energy_j
-        pairs = list(zip(_transfers(prob, assign, i, old_dev, self.devs),
-                         _transfers(prob, assign, i, dev, self.devs)))
-        for (s0, j0, _), (s1, j1, _) in pairs:
+        ks = _paid(prob).get(i)
+        for (s0, j0, _), (s1, j1, _) in zip(_transfers(prob, assign, i, old_dev, self.devs, ks),
+                                            _transfers(prob, assign, i, dev, self.devs, ks)):
             lat += s1 - s0
             en += j1 - j0
-        return changed, pairs, lat, en
+        return changed, (i, old_dev, dev), lat, en
 
-    def totals(self, changed: dict, pairs: list, lat: float, en: float) -> tuple[dict, Totals]:
-        """``(changed, totals)`` of a move :meth:`moved` priced (``lat``/``en``: its sums,
-        which these totals come to as well)."""
-        assign = self.assign
+    def totals(self, changed: dict, move: tuple, lat: float, en: float) -> tuple[dict, Totals]:
+        """``(changed, totals)`` of a move :meth:`moved` priced (``move``: ``(op, from device,
+        to device)``; ``lat``/``en``: its sums, which these totals come to as well)."""
+        prob, assign = self.prob, self.assign
+        i, old_dev, dev = move
         tot = _copy_totals(self.tot)
         for j, ch in changed.items():
             _add_choice(tot, assign[j], -1)
             _add_choice(tot, ch, +1)
+        pairs = zip(_transfers(prob, assign, i, old_dev, self.devs),
+                    _transfers(prob, assign, i, dev, self.devs))
         for (s0, j0, b0), (s1, j1, b1) in pairs:
             tot.transfer_s += s1 - s0
             tot.transfer_j += j1 - j0
