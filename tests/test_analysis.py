@@ -98,6 +98,25 @@ def test_a_sequence_in_the_value_info_is_not_a_settled_tensor():
         assert (Path(tmp) / "out.onnx").exists()
 
 
+def test_infos_made_directly_are_the_dataclass_instances():
+    """_collect makes its TensorInfos without the dataclass __init__: the same fields, equal,
+    the same hash and repr, its computed properties working; and the dataclass still has
+    exactly the four fields it fills (a new field would be left out)."""
+    import dataclasses
+
+    from onnx_cinm.analysis import _tensor_info
+    from onnx_cinm.graph import TensorInfo
+
+    assert [f.name for f in dataclasses.fields(TensorInfo)] == ["name", "dtype", "shape", "const"]
+    for args in (("w", np.dtype(np.float32), (3, 4), True), ("h", None, None, False),
+                 ("x", np.dtype(np.int8), ("batch", 4), False)):
+        made, built = _tensor_info(*args), TensorInfo(*args)
+        assert made == built and hash(made) == hash(built) and repr(made) == repr(built)
+        assert (made.static_shape, made.numel, made.nbytes) == \
+            (built.static_shape, built.numel, built.nbytes)
+    assert _tensor_info("w", np.dtype(np.float32), (3, 4), True).nbytes == 48  # 12 x 4 bytes
+
+
 def test_open_tensors_one_inference_or_all_of_tensor_infos():
     """What the planning probe asks: which tensors inference leaves unsized. Hand counts:
     Relu(x[2, 3]) is [2, 3], sized by one inference, so nothing is open; Reshape(x, s) with
