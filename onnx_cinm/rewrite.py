@@ -65,7 +65,7 @@ class _Deferred(types.ModuleType):
 #: Modules ``import onnx_ir`` loads that no rewrite uses, deferred until first used: sympy and
 #: onnx_ir's expression parser (see :func:`_import_onnx_ir`), onnx_ir's op schemas (four
 #: dataclasses), and ``packaging.version``, which onnx_ir's safetensors writer alone reads (its
-#: version pattern is compiled as it is imported: 9 M of the 114 M instructions importing this
+#: version pattern is compiled as it is imported: 8 M of the 114 M instructions importing this
 #: module cost, measured with valgrind). (Its external-data module is read as ``import
 #: onnx_ir`` runs: not deferred.)
 _DEFERRED = ("sympy", "onnx_ir._symbolic_shapes", "onnx_ir.schemas", "packaging.version")
