@@ -318,42 +318,79 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
 
 def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | None:
     """The infos of ``graph`` as its value_info has them when inference could add nothing (the
-    main graph has no subgraph, every node output is typed, element type and every dim known:
-    the model was inferred and then rewritten keeping each tensor's shape, as ``fold_batchnorm``
-    does before ``to_cinm``); else None. Inference keeps typed entries as they are, so this is
-    what it would give, without the whole-graph inference (the optimized DenseNet121, a Python
-    callback per cinm node: 33 -> 16 ms)."""
+    main graph has no subgraph, every node output is typed as a tensor, element type and every
+    dim known: the model was inferred and then rewritten keeping each tensor's shape, as
+    ``fold_batchnorm`` does before ``to_cinm``); else None. Inference keeps typed entries as
+    they are, so this is what it would give, without the whole-graph inference (the optimized
+    DenseNet121, a Python callback per cinm node: 33 -> 16 ms)."""
+    outputs = _typed_outputs(graph)
+    if outputs is None:
+        return None
+    infos = _collect(graph, dict(consts))
+    for o in outputs:
+        info = infos.get(o)  # (None: typed only as a sequence, a map or an optional)
+        if info is None or info.dtype is None or info.shape is None or \
+                not all(isinstance(d, int) for d in info.shape):
+            return None
+    return infos
+
+
+def _typed_outputs(graph: onnx.GraphProto) -> list[str] | None:
+    """The main graph's node outputs, in order, when its value_info or outputs declare every
+    one (of any type) and no node has a subgraph; else None."""
     typed = {v.name for v in graph.value_info[:]}
     typed.update(v.name for v in graph.output[:])
     outputs = []
-    for node in graph.node[:]:  # an untyped output (a model never inferred) ends it at once
+    nodes = graph.node[:]
+    for node in nodes:  # an untyped output (a model never inferred) ends it at once
         for o in node.output[:]:
             if not o:
                 continue
             if o not in typed:
                 return None
             outputs.append(o)
-    if any(frontend.subgraphs(n) for n in graph.node[:]):
+    if any(frontend.subgraphs(n) for n in nodes):
         return None
-    infos = _collect(graph, dict(consts))
-    for o in outputs:
-        info = infos[o]
-        if info.dtype is None or info.shape is None or \
-                not all(isinstance(d, int) for d in info.shape):
-            return None
-    return infos
+    return outputs
 
 
 def inference_adds_nothing(model: onnx.ModelProto) -> bool:
     """Whether :func:`onnx_cinm.frontend.infer_shapes` of ``model`` would leave it as it is:
-    the main graph has no subgraph and its value_info and outputs type every node output with
-    an element type and every dim known (:func:`_settled`; inference keeps typed entries as
-    they are, and the frontend's own additions only fill untyped outputs and open dims). A
-    pass that wants the model inferred (``normalize``) skips the inference then: light
-    DenseNet121 comes to it with the value_info of ``canonicalize_opset``'s conversion."""
+    the main graph has no subgraph and its value_info and outputs type every node output as a
+    tensor with an element type and every dim known (what :func:`_settled` asks; inference
+    keeps typed entries as they are, and the frontend's own additions only fill untyped
+    outputs and open dims). A pass that wants the model inferred (``normalize``) skips the
+    inference then: light DenseNet121 comes to it with the value_info of
+    ``canonicalize_opset``'s conversion.
+
+    Answered from the entries :func:`_collect` would read (a name's first tensor-typed one
+    among the graph's inputs, value_info and outputs; an initializer's name is static),
+    without building the infos :func:`_settled` returns: 46 -> 22 M instructions on
+    light DenseNet121 as normalize gets it (valgrind)."""
     graph = model.graph
-    consts = {i.name: (i.data_type, tuple(i.dims[:])) for i in graph.initializer[:]}
-    return _settled(graph, consts) is not None
+    outputs = _typed_outputs(graph)
+    if outputs is None:
+        return False
+    consts = {i.name for i in graph.initializer[:]}
+    first: dict[str, onnx.TypeProto.Tensor] = {}
+    for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
+        if vi.name not in first and vi.type.HasField("tensor_type"):
+            first[vi.name] = vi.type.tensor_type
+    static: dict[bytes, bool] = {}  # by serialized shape: most tensors share one
+    for o in outputs:
+        if o in consts:
+            continue
+        tt = first.get(o)
+        if tt is None or not tt.elem_type or not tt.HasField("shape"):
+            return False
+        key = tt.shape.SerializeToString()
+        known = static.get(key)
+        if known is None:
+            known = static[key] = all(d.HasField("dim_value") and d.dim_value >= 0
+                                      for d in tt.shape.dim[:])
+        if not known:
+            return False
+    return True
 
 
 def _pin_outputs(graph: onnx.GraphProto, probed: dict) -> None:
@@ -437,14 +474,33 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
                 shape = shapes[key] = tuple(
                     d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
                     else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
-        infos[vi.name] = TensorInfo(vi.name, dtype, shape, False)
+        infos[vi.name] = _tensor_info(vi.name, dtype, shape, False)
     np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
         np_type = np_types.get(dtype)
         if np_type is None:
             np_type = np_types[dtype] = helper.tensor_dtype_to_np_dtype(dtype)
-        infos[name] = TensorInfo(name, np_type, shape, True)
+        infos[name] = _tensor_info(name, np_type, shape, True)
     return infos
+
+
+_new_object = object.__new__
+
+
+def _tensor_info(name: str, dtype, shape: tuple | None, const: bool) -> TensorInfo:
+    """``TensorInfo(name, dtype, shape, const)``: the same frozen dataclass instance (equal,
+    same hash and repr), its fields put in its ``__dict__`` directly instead of through the
+    generated ``__init__``'s ``object.__setattr__`` calls: 3,300 instructions an info instead
+    of 7,400 (valgrind), and :func:`_collect` makes one per tensor of the graph, on every
+    :func:`tensor_infos` (1,500 on light DenseNet121, five times an ``optimize``).
+    ``tests/test_analysis.py`` checks it against the constructor and the dataclass's fields."""
+    info = _new_object(TensorInfo)
+    fields = info.__dict__
+    fields["name"] = name
+    fields["dtype"] = dtype
+    fields["shape"] = shape
+    fields["const"] = const
+    return info
 
 
 def _numel(info: TensorInfo | None) -> int:
