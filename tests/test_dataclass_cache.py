@@ -1,0 +1,131 @@
+"""The command line's cache of the code ``@dataclass`` compiles (onnx_cinm.cli.dataclass_cache):
+a second process compiles nothing, the classes behave as Python's own, and a damaged,
+foreign or unwritable cache is ignored."""
+from __future__ import annotations
+
+import marshal
+import os
+import subprocess
+import sys
+from importlib.util import MAGIC_NUMBER
+
+import pytest
+
+# the command line's `devices` listing in a child process; prints how many dataclass methods
+# that process compiled (stderr's last line) after its own output
+_DEVICES = """
+import sys
+from onnx_cinm.cli import main, dataclass_cache
+status = main(["devices"])
+print(dataclass_cache.compiled, file=sys.stderr)
+sys.exit(status)
+"""
+
+# a dataclass with every generated method kind, defined where the cache is installed; the
+# expected lines below are what Python's own dataclasses give (written out by hand)
+_BEHAVIOUR = """
+import dataclasses, inspect, sys
+from onnx_cinm.cli import dataclass_cache
+
+@dataclasses.dataclass(frozen=True, order=True)
+class P:
+    x: int
+    y: list = dataclasses.field(default_factory=list)
+
+print(repr(P(1)))
+print(P(1) == P(1, []), P(1) < P(2), hash(P(3, ())) == hash(P(3, ())))
+print(inspect.signature(P))
+try:
+    P(1).x = 2
+except dataclasses.FrozenInstanceError as e:
+    print("frozen", e)
+print(dataclass_cache.compiled > 0, file=sys.stderr)
+"""
+
+_EXPECTED = ("P(x=1, y=[])\nTrue True True\n(x: int, y: list = <factory>) -> None\n"
+             "frozen cannot assign to field 'x'\n")
+
+
+def _child(code: str, cache, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=env, check=False)
+
+
+def _file(cache):
+    return cache / "onnx-cinm" / "dataclasses" / f"{sys.implementation.cache_tag}.marshal"
+
+
+def _compiled(run: subprocess.CompletedProcess) -> int:
+    assert run.returncode == 0, run.stderr
+    return int(run.stderr.split()[-1])
+
+
+def test_second_process_compiles_no_dataclass(tmp_path):
+    first, second = (_child(_DEVICES, tmp_path) for _ in range(2))
+    # onnx-cinm's own 52 dataclasses each get an __init__ at least
+    assert _compiled(first) >= 52
+    assert _compiled(second) == 0
+    assert first.stdout == second.stdout and "memristor" in first.stdout
+    assert _file(tmp_path).read_bytes().startswith(MAGIC_NUMBER)
+
+
+def test_cached_dataclasses_behave_as_compiled_ones(tmp_path):
+    runs = [_child(_BEHAVIOUR, tmp_path) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == _EXPECTED
+    assert [r.stderr.split()[-1] for r in runs] == ["True", "False"]  # compiled, then cached
+
+
+@pytest.mark.parametrize("content", [b"", MAGIC_NUMBER, MAGIC_NUMBER + b"\x01garbage",
+                                     b"\x00\x00\r\n" + marshal.dumps({"a": 1}),
+                                     MAGIC_NUMBER + marshal.dumps(["not", "a", "dict"])])
+def test_damaged_or_foreign_cache_is_compiled_afresh(tmp_path, content):
+    """Empty, cut short, another interpreter's magic number, not a table: ignored, and the
+    file is written anew with what this process compiled."""
+    _file(tmp_path).parent.mkdir(parents=True)
+    _file(tmp_path).write_bytes(content)
+    first = _child(_DEVICES, tmp_path)
+    assert _compiled(first) >= 52
+    data = _file(tmp_path).read_bytes()
+    assert data.startswith(MAGIC_NUMBER)
+    assert len(marshal.loads(data[len(MAGIC_NUMBER):])) == _compiled(first)
+    assert _compiled(_child(_DEVICES, tmp_path)) == 0
+
+
+def test_unwritable_cache_is_ignored(tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("a file, not a folder")
+    runs = [_child(_DEVICES, cache) for _ in range(2)]
+    assert _compiled(runs[0]) >= 52 and _compiled(runs[1]) == _compiled(runs[0])
+    assert runs[0].stdout == runs[1].stdout
+
+
+def test_library_import_leaves_dataclasses_alone(tmp_path):
+    run = _child("import dataclasses, onnx_cinm.pipeline; print('exec' in vars(dataclasses))",
+                 tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "False\n"
+    assert not _file(tmp_path).exists()
+
+
+def test_grown_cache_keeps_only_this_process_entries(tmp_path, monkeypatch):
+    from onnx_cinm.cli import dataclass_cache as dc
+
+    path = tmp_path / "c.marshal"
+    code = {f"x = {i}": compile(f"x = {i}", "<string>", "exec") for i in range(5)}
+    monkeypatch.setattr(dc, "_path", str(path))
+    monkeypatch.setattr(dc, "_code", dict(code))
+    monkeypatch.setattr(dc, "_used", {"x = 1", "x = 3"})
+    monkeypatch.setattr(dc, "compiled", 1)
+    monkeypatch.setattr(dc, "MAX_ENTRIES", 5)
+    dc._save()  # 5 entries: all kept
+    assert sorted(dc._read(str(path))) == sorted(code)
+    monkeypatch.setattr(dc, "MAX_ENTRIES", 4)
+    dc._save()  # past the limit: only the two used here
+    assert sorted(dc._read(str(path))) == ["x = 1", "x = 3"]
+    monkeypatch.setattr(dc, "compiled", 0)
+    path.unlink()
+    dc._save()  # nothing compiled: nothing written
+    assert not path.exists()
