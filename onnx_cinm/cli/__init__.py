@@ -11,10 +11,10 @@ import sys
 import threading
 import traceback
 
-from . import dataclass_cache
+from . import compile_cache
 
 # first, before the compiler's modules and their dependencies define their dataclasses
-dataclass_cache.install()
+compile_cache.install()
 
 from ..errors import CinmError  # noqa: E402
 from . import clock  # noqa: E402

@@ -1,4 +1,5 @@
-"""The command line's cache of the code ``@dataclass`` compiles (onnx_cinm.cli.dataclass_cache):
+"""The command line's cache of the code ``@dataclass``, ``namedtuple`` and ``typing`` compile
+(onnx_cinm.cli.compile_cache):
 a second process compiles nothing, the classes behave as Python's own, and a damaged,
 foreign or unwritable cache is ignored."""
 from __future__ import annotations
@@ -15,17 +16,17 @@ import pytest
 # that process compiled (stderr's last line) after its own output
 _DEVICES = """
 import sys
-from onnx_cinm.cli import main, dataclass_cache
+from onnx_cinm.cli import main, compile_cache
 status = main(["devices"])
-print(dataclass_cache.compiled, file=sys.stderr)
+print(compile_cache.compiled, file=sys.stderr)
 sys.exit(status)
 """
 
-# a dataclass with every generated method kind, defined where the cache is installed; the
-# expected lines below are what Python's own dataclasses give (written out by hand)
+# a dataclass with every generated method kind, a namedtuple and forward references, made where
+# the cache is installed; the expected lines below are what Python gives (written out by hand)
 _BEHAVIOUR = """
-import dataclasses, inspect, sys
-from onnx_cinm.cli import dataclass_cache
+import collections, dataclasses, inspect, sys, typing
+from onnx_cinm.cli import compile_cache
 
 @dataclasses.dataclass(frozen=True, order=True)
 class P:
@@ -39,11 +40,21 @@ try:
     P(1).x = 2
 except dataclasses.FrozenInstanceError as e:
     print("frozen", e)
-print(dataclass_cache.compiled > 0, file=sys.stderr)
+N = collections.namedtuple("N", "a b")
+print(N(1, b=2), N._make([3, 4]))
+def f(x: "int") -> "list[str]": pass
+print(typing.get_type_hints(f))
+try:
+    typing.ForwardRef("1 +")
+except SyntaxError as e:
+    print(e)
+print(compile_cache.compiled > 0, file=sys.stderr)
 """
 
 _EXPECTED = ("P(x=1, y=[])\nTrue True True\n(x: int, y: list = <factory>) -> None\n"
-             "frozen cannot assign to field 'x'\n")
+             "frozen cannot assign to field 'x'\nN(a=1, b=2) N(a=3, b=4)\n"
+             "{'x': <class 'int'>, 'return': list[str]}\n"
+             "Forward reference must be an expression -- got '1 +'\n")
 
 
 def _child(code: str, cache, *args) -> subprocess.CompletedProcess:
@@ -53,7 +64,7 @@ def _child(code: str, cache, *args) -> subprocess.CompletedProcess:
 
 
 def _file(cache):
-    return cache / "onnx-cinm" / "dataclasses" / f"{sys.implementation.cache_tag}.marshal"
+    return cache / "onnx-cinm" / "compiled" / f"{sys.implementation.cache_tag}.marshal"
 
 
 def _compiled(run: subprocess.CompletedProcess) -> int:
@@ -103,15 +114,16 @@ def test_unwritable_cache_is_ignored(tmp_path):
 
 
 def test_library_import_leaves_dataclasses_alone(tmp_path):
-    run = _child("import dataclasses, onnx_cinm.pipeline; print('exec' in vars(dataclasses))",
-                 tmp_path)
+    run = _child("import collections, dataclasses, typing, onnx_cinm.pipeline; "
+                 "print('exec' in vars(dataclasses), 'eval' in vars(collections), "
+                 "'compile' in vars(typing))", tmp_path)
     assert run.returncode == 0, run.stderr
-    assert run.stdout == "False\n"
+    assert run.stdout == "False False False\n"
     assert not _file(tmp_path).exists()
 
 
 def test_grown_cache_keeps_only_this_process_entries(tmp_path, monkeypatch):
-    from onnx_cinm.cli import dataclass_cache as dc
+    from onnx_cinm.cli import compile_cache as dc
 
     path = tmp_path / "c.marshal"
     code = {f"x = {i}": compile(f"x = {i}", "<string>", "exec") for i in range(5)}
