@@ -1,5 +1,5 @@
-"""The command line's cache of the code ``@dataclass``, ``namedtuple`` and ``typing`` compile
-(onnx_cinm.cli.compile_cache):
+"""The command line's cache of the code ``@dataclass``, ``namedtuple``, ``typing`` and ``re``
+compile (onnx_cinm.cli.compile_cache):
 a second process compiles nothing, the classes behave as Python's own, and a damaged,
 foreign or unwritable cache is ignored."""
 from __future__ import annotations
@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 from importlib.util import MAGIC_NUMBER
+
+import _sre
 
 import pytest
 
@@ -22,9 +24,10 @@ print(compile_cache.compiled, file=sys.stderr)
 sys.exit(status)
 """
 
-# a dataclass with every generated method kind, a namedtuple and forward references, made where
+# a dataclass with every generated method kind, a namedtuple, forward references and regular
+# expressions (str and bytes, groups, flags, an error), made where
 # the cache is installed; the expected lines below are what Python gives (written out by hand)
-_BEHAVIOUR = """
+_BEHAVIOUR = r"""
 import collections, dataclasses, inspect, sys, typing
 from onnx_cinm.cli import compile_cache
 
@@ -48,13 +51,24 @@ try:
     typing.ForwardRef("1 +")
 except SyntaxError as e:
     print(e)
+import re
+p = re.compile(r"(?P<word>[a-z]+)-(\d+)(x)?", re.IGNORECASE)
+m = p.search("..ab-12 cd-3x")
+print(p.groups, p.groupindex["word"], p.flags == re.IGNORECASE | re.UNICODE, m.groups())
+print(re.compile(rb"\x00+(.)").findall(b"a\x00\x00b\x00c"), re.sub(r"(\w)(\w*)", r"\2\1", "ab cd"))
+try:
+    re.compile("(unclosed")
+except re.error as e:
+    print(e)
 print(compile_cache.compiled > 0, file=sys.stderr)
 """
 
 _EXPECTED = ("P(x=1, y=[])\nTrue True True\n(x: int, y: list = <factory>) -> None\n"
              "frozen cannot assign to field 'x'\nN(a=1, b=2) N(a=3, b=4)\n"
              "{'x': <class 'int'>, 'return': list[str]}\n"
-             "Forward reference must be an expression -- got '1 +'\n")
+             "Forward reference must be an expression -- got '1 +'\n"
+             "3 1 True ('ab', '12', None)\n[b'b', b'c'] ba dc\n"
+             "missing ), unterminated subpattern at position 0\n")
 
 
 def _child(code: str, cache, *args) -> subprocess.CompletedProcess:
@@ -78,7 +92,7 @@ def test_second_process_compiles_no_dataclass(tmp_path):
     assert _compiled(first) >= 52
     assert _compiled(second) == 0
     assert first.stdout == second.stdout and "memristor" in first.stdout
-    assert _file(tmp_path).read_bytes().startswith(MAGIC_NUMBER)
+    assert _file(tmp_path).read_bytes().startswith(_HEADER)
 
 
 def test_cached_dataclasses_behave_as_compiled_ones(tmp_path):
@@ -89,19 +103,24 @@ def test_cached_dataclasses_behave_as_compiled_ones(tmp_path):
     assert [r.stderr.split()[-1] for r in runs] == ["True", "False"]  # compiled, then cached
 
 
-@pytest.mark.parametrize("content", [b"", MAGIC_NUMBER, MAGIC_NUMBER + b"\x01garbage",
-                                     b"\x00\x00\r\n" + marshal.dumps({"a": 1}),
-                                     MAGIC_NUMBER + marshal.dumps(["not", "a", "dict"])])
+_HEADER = MAGIC_NUMBER + _sre.MAGIC.to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("content", [
+    b"", _HEADER, _HEADER + b"\x01garbage", _HEADER + marshal.dumps(["not", "a", "dict"]),
+    b"\x00\x00\r\n" + _HEADER[4:] + marshal.dumps({"x = 1": compile("x = 1", "<string>", "exec")}),
+    MAGIC_NUMBER + (_sre.MAGIC + 1).to_bytes(4, "little") + marshal.dumps({})])
 def test_damaged_or_foreign_cache_is_compiled_afresh(tmp_path, content):
-    """Empty, cut short, another interpreter's magic number, not a table: ignored, and the
-    file is written anew with what this process compiled."""
+    """Empty, cut short, not a table, another interpreter's magic number or another regular
+    expression engine's: ignored, and the file is written anew with what this process
+    compiled."""
     _file(tmp_path).parent.mkdir(parents=True)
     _file(tmp_path).write_bytes(content)
     first = _child(_DEVICES, tmp_path)
     assert _compiled(first) >= 52
     data = _file(tmp_path).read_bytes()
-    assert data.startswith(MAGIC_NUMBER)
-    assert len(marshal.loads(data[len(MAGIC_NUMBER):])) == _compiled(first)
+    assert data.startswith(_HEADER)
+    assert len(marshal.loads(data[len(_HEADER):])) == _compiled(first)
     assert _compiled(_child(_DEVICES, tmp_path)) == 0
 
 
@@ -114,11 +133,11 @@ def test_unwritable_cache_is_ignored(tmp_path):
 
 
 def test_library_import_leaves_dataclasses_alone(tmp_path):
-    run = _child("import collections, dataclasses, typing, onnx_cinm.pipeline; "
+    run = _child("import collections, dataclasses, re, typing, onnx_cinm.pipeline; "
                  "print('exec' in vars(dataclasses), 'eval' in vars(collections), "
-                 "'compile' in vars(typing))", tmp_path)
+                 "'compile' in vars(typing), re._compiler.compile.__module__)", tmp_path)
     assert run.returncode == 0, run.stderr
-    assert run.stdout == "False False False\n"
+    assert run.stdout == "False False False re._compiler\n"
     assert not _file(tmp_path).exists()
 
 

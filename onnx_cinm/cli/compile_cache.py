@@ -1,5 +1,5 @@
-"""Compiled code of the source text the standard library compiles at every import, kept across
-processes of the command line, as Python keeps a module's bytecode.
+"""Compiled code of the source text and regular expressions the standard library compiles at
+every import, kept across processes of the command line, as Python keeps a module's bytecode.
 
 ``dataclasses`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ... as Python source
 and compiles it with ``exec`` every time the class is defined, that is at every import: the
@@ -10,6 +10,10 @@ Jinja's, ...). Measured on the build machine (valgrind, importing the 485 module
 ``optimize -q --check 0`` of light DenseNet121 imports), with the dataclasses' code alone
 cached: 1,297 M instructions, 1,092 M with the compiled code loaded from this cache, about
 4% of that whole command (4,917 M), and 17% of one on a single-MatMul model (1,217 M).
+``re`` parses and compiles each pattern (117 per ``optimize``: Jinja's lexer, email's, the
+passes' own, ...) in pure Python before handing the result to its C engine
+(``_sre.compile``); the cache keeps what it handed, by pattern text and flags, and hands it
+again (:func:`_regex`).
 
 :func:`install` gives each of these modules its own ``exec``, ``eval`` or ``compile``
 (:data:`_HOOKS`; a module global, found before the builtin): source text compiled before is
@@ -18,7 +22,8 @@ looked up by its text and the code object run as the builtin would have run the 
 compiled and added. The code is read from and written to
 ``$XDG_CACHE_HOME/onnx-cinm/compiled/<interpreter tag>.marshal`` (``~/.cache`` when
 XDG_CACHE_HOME is unset or empty), headed by the interpreter's bytecode magic number
-(:data:`importlib.util.MAGIC_NUMBER`, as a ``.pyc`` is): a file another interpreter wrote,
+(:data:`importlib.util.MAGIC_NUMBER`, as a ``.pyc`` is) and the regular-expression engine's
+(``_sre.MAGIC``): a file another interpreter wrote,
 a damaged or unreadable file, or one that cannot be written is ignored, never an error.
 Only the command line installs it (:mod:`onnx_cinm.cli`); ``import onnx_cinm`` as a library
 leaves the interpreter's modules as they are.
@@ -31,10 +36,14 @@ import collections
 import dataclasses
 import marshal
 import os
+import re
 import sys
+import threading
 import types
 import typing
 from importlib.util import MAGIC_NUMBER
+
+import _sre
 
 #: Source text (prefixed with ``mode\\0`` unless compiled for ``exec``) -> code object: read
 #: from the file, then added to as this process compiles.
@@ -47,6 +56,8 @@ compiled = 0
 #: classes of older versions of the code are dropped): about 280 are used per command.
 MAX_ENTRIES = 4000
 _path: str | None = None
+#: A cache file's first bytes: the interpreter's bytecode and regular-expression code versions
+_HEADER = MAGIC_NUMBER + _sre.MAGIC.to_bytes(4, "little")
 
 
 def cache_file() -> str:
@@ -93,6 +104,47 @@ def _compile(source, filename, mode, flags=0, dont_inherit=False, optimize=-1, *
     return builtins.compile(source, filename, mode, flags, True, optimize, **kwargs)
 
 
+#: The arguments ``re``'s compiler last handed to ``_sre.compile`` in this thread.
+_sre_args = threading.local()
+
+
+def _sre_compile(*args):
+    """``_sre.compile`` for ``re``'s compiler: its arguments recorded (:func:`_regex`)."""
+    _sre_args.last = args
+    return _sre.compile(*args)
+
+
+def _regex(pattern, flags=0):
+    """``re._compiler.compile`` (what ``re.compile`` runs for a pattern not in its own
+    cache): the arguments its parser and compiler, pure Python, hand to ``_sre.compile`` for
+    a pattern text and flags are looked up and handed again; a new pattern is compiled by
+    ``re``'s compiler and the arguments it hands on recorded."""
+    global compiled
+    if type(pattern) not in (str, bytes) or type(flags) is not int or flags & re.DEBUG:
+        return _re_compile(pattern, flags)
+    key = ("re", pattern, flags)
+    args = _code.get(key)
+    if args is not None:
+        _used.add(key)
+        return _sre.compile(*args)
+    _sre_args.last = None
+    compiled_pattern = _re_compile(pattern, flags)
+    last = _sre_args.last
+    if last is not None and last[0] is pattern:
+        # as plain values: the compiler's opcodes are int subclasses, which marshal refuses
+        _code[key] = (pattern, int(last[1]), [int(c) for c in last[2]], int(last[3]),
+                      dict(last[4]), tuple(last[5]))
+        _used.add(key)
+        compiled += 1
+    return compiled_pattern
+
+
+#: ``re``'s own compiler, and a copy of its ``_sre`` module whose ``compile`` records
+_re_compile = re._compiler.compile
+_sre_recording = types.ModuleType(_sre.__name__)
+vars(_sre_recording).update(vars(_sre))
+_sre_recording.compile = _sre_compile
+
 #: The modules given their own builtin (a module global is found before the builtin).
 _HOOKS = ((dataclasses, "exec", _exec), (collections, "eval", _eval),
           (typing, "compile", _compile))
@@ -109,6 +161,9 @@ def install() -> None:
     for module, name, hook in _HOOKS:
         if name not in vars(module):  # never over another program's own hook
             setattr(module, name, hook)
+    if re._compiler.compile is _re_compile and re._compiler._sre is _sre:
+        re._compiler._sre = _sre_recording
+        re._compiler.compile = _regex
     atexit.register(_save)
 
 
@@ -116,15 +171,17 @@ def _read(path: str) -> dict:
     try:
         with open(path, "rb") as f:
             data = f.read()
-        if not data.startswith(MAGIC_NUMBER):
+        if not data.startswith(_HEADER):
             return {}
-        table = marshal.loads(data[len(MAGIC_NUMBER):])
+        table = marshal.loads(data[len(_HEADER):])
     except Exception:  # noqa: BLE001 - missing, unreadable or damaged: compile afresh
         return {}
     if type(table) is not dict:
         return {}
     return {k: v for k, v in table.items()
-            if type(k) is str and type(v) is types.CodeType}
+            if type(k) is str and type(v) is types.CodeType
+            or type(k) is tuple and len(k) == 3 and k[0] == "re" and type(v) is tuple
+            and len(v) == 6}
 
 
 def _save() -> None:
@@ -137,7 +194,7 @@ def _save() -> None:
     try:
         os.makedirs(os.path.dirname(_path), exist_ok=True)
         with open(temporary, "wb") as f:
-            f.write(MAGIC_NUMBER + marshal.dumps(table))
+            f.write(_HEADER + marshal.dumps(table))
         os.replace(temporary, _path)
     except (OSError, ValueError):
         try:
