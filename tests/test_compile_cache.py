@@ -149,14 +149,27 @@ def test_grown_cache_keeps_only_this_process_entries(tmp_path, monkeypatch):
     monkeypatch.setattr(dc, "_path", str(path))
     monkeypatch.setattr(dc, "_code", dict(code))
     monkeypatch.setattr(dc, "_used", {"x = 1", "x = 3"})
-    monkeypatch.setattr(dc, "compiled", 1)
+    monkeypatch.setattr(dc, "compiled_text", 1)
     monkeypatch.setattr(dc, "MAX_ENTRIES", 5)
     dc._save()  # 5 entries: all kept
     assert sorted(dc._read(str(path))) == sorted(code)
     monkeypatch.setattr(dc, "MAX_ENTRIES", 4)
     dc._save()  # past the limit: only the two used here
     assert sorted(dc._read(str(path))) == ["x = 1", "x = 3"]
-    monkeypatch.setattr(dc, "compiled", 0)
+    monkeypatch.setattr(dc, "compiled_text", 0)
+    monkeypatch.setattr(dc, "compiled", 1)
     path.unlink()
-    dc._save()  # nothing compiled: nothing written
+    dc._save()  # a pattern compiled, no source text: nothing written
     assert not path.exists()
+
+
+def test_new_pattern_alone_leaves_the_file_as_it_is(tmp_path):
+    """A pattern made from a command's arguments (a new output name each run) does not rewrite
+    the file; a pattern compiled along with source text is kept."""
+    new_pattern = ("import re, sys; from onnx_cinm.cli import main; re.compile(sys.argv[1])"
+                   + _DEVICES)
+    assert _compiled(_child(new_pattern, tmp_path, "first-[0-9]")) >= 52
+    before = _file(tmp_path).read_bytes()
+    assert _compiled(_child(new_pattern, tmp_path, "first-[0-9]")) == 0
+    assert _compiled(_child(new_pattern, tmp_path, "second-[0-9]")) == 1
+    assert _file(tmp_path).read_bytes() == before

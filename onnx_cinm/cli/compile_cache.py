@@ -50,8 +50,13 @@ import _sre
 _code: dict = {}
 #: The texts looked up in this process (what a file grown past :data:`MAX_ENTRIES` keeps).
 _used: set = set()
-#: How many texts this process compiled (none when every class was in the file).
+#: How many texts and patterns this process compiled (none when all were in the file).
 compiled = 0
+#: How many of them were source text (not patterns): the file is written only when some were.
+#: A pattern alone may be made from the command's own arguments (artifacts' pattern of the
+#: output's leftover temporaries names the output file), a new one every run: written for
+#: itself, it would rewrite the whole file after every command.
+compiled_text = 0
 #: Entries beyond which the file is written again with this process's entries only (the
 #: classes of older versions of the code are dropped): about 280 are used per command.
 MAX_ENTRIES = 4000
@@ -71,12 +76,13 @@ def _code_of(source: str, mode: str):
     """The code ``compile(source, "<string>", mode)`` gives, from the table or compiled and
     added: as the builtins compile text for the modules hooked here (file ``'<string>'``, no
     future features inherited from this module: those modules' own code has none)."""
-    global compiled
+    global compiled, compiled_text
     key = source if mode == "exec" else f"{mode}\0{source}"
     code = _code.get(key)
     if code is None:
         code = _code[key] = compile(source, "<string>", mode, dont_inherit=True)
         compiled += 1
+        compiled_text += 1
     _used.add(key)
     return code
 
@@ -185,9 +191,10 @@ def _read(path: str) -> dict:
 
 
 def _save() -> None:
-    """Write the cache file if this process compiled anything (atomically: a temporary file in
-    the same folder, renamed over it); failures are ignored."""
-    if not compiled or _path is None:
+    """Write the cache file if this process compiled source text (:data:`compiled_text`),
+    atomically (a temporary file in the same folder, renamed over it); failures are
+    ignored."""
+    if not compiled_text or _path is None:
         return
     table = _code if len(_code) <= MAX_ENTRIES else {k: _code[k] for k in _used if k in _code}
     temporary = f"{_path}.{os.getpid()}.tmp"
