@@ -13,7 +13,8 @@ import traceback
 
 from . import compile_cache
 
-# first, before the compiler's modules and their dependencies define their dataclasses
+# first, before the compiler's modules and their dependencies define their dataclasses and
+# compile their patterns
 compile_cache.install()
 
 from ..errors import CinmError  # noqa: E402

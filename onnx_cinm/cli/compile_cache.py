@@ -7,13 +7,13 @@ compiler runs on some 280 small functions per ``optimize`` (onnx-cinm's 52 datac
 onnx_ir's). ``collections.namedtuple`` compiles its ``__new__`` with ``eval`` (23 per
 ``optimize``), and ``typing`` compiles every forward reference (112: the options' type hints,
 Jinja's, ...). Measured on the build machine (valgrind, importing the 485 modules one
-``optimize -q --check 0`` of light DenseNet121 imports), with the dataclasses' code alone
-cached: 1,297 M instructions, 1,092 M with the compiled code loaded from this cache, about
-4% of that whole command (4,917 M), and 17% of one on a single-MatMul model (1,217 M).
-``re`` parses and compiles each pattern (117 per ``optimize``: Jinja's lexer, email's, the
-passes' own, ...) in pure Python before handing the result to its C engine
-(``_sre.compile``); the cache keeps what it handed, by pattern text and flags, and hands it
-again (:func:`_regex`).
+``optimize -q --check 0`` of light DenseNet121 imports): 1,297 M instructions, 1,030 M
+with this cache. ``re`` parses and compiles each pattern (117 per ``optimize``: Jinja's
+lexer, email's, the passes' own, ...) in pure Python before handing the result to its C
+engine (``_sre.compile``); the cache keeps what it handed, by pattern text and flags, and
+hands it again (:func:`_regex`; Python 3.11 on). Whole ``optimize -q --check 0`` processes
+(valgrind, second run): light DenseNet121 4,917 -> 4,641 M, a one-MatMul model 1,217 ->
+957 M.
 
 :func:`install` gives each of these modules its own ``exec``, ``eval`` or ``compile``
 (:data:`_HOOKS`; a module global, found before the builtin): source text compiled before is
@@ -145,8 +145,10 @@ def _regex(pattern, flags=0):
     return compiled_pattern
 
 
-#: ``re``'s own compiler, and a copy of its ``_sre`` module whose ``compile`` records
-_re_compile = re._compiler.compile
+#: ``re``'s compiler module (Python 3.11 on; None before, where patterns are not cached), its
+#: own ``compile``, and a copy of its ``_sre`` module whose ``compile`` records
+_re_compiler = getattr(re, "_compiler", None)
+_re_compile = getattr(_re_compiler, "compile", None)
 _sre_recording = types.ModuleType(_sre.__name__)
 vars(_sre_recording).update(vars(_sre))
 _sre_recording.compile = _sre_compile
@@ -167,9 +169,9 @@ def install() -> None:
     for module, name, hook in _HOOKS:
         if name not in vars(module):  # never over another program's own hook
             setattr(module, name, hook)
-    if re._compiler.compile is _re_compile and re._compiler._sre is _sre:
-        re._compiler._sre = _sre_recording
-        re._compiler.compile = _regex
+    if _re_compile is not None and getattr(_re_compiler, "_sre", None) is _sre:
+        _re_compiler._sre = _sre_recording
+        _re_compiler.compile = _regex
     atexit.register(_save)
 
 
