@@ -11,9 +11,15 @@ import sys
 import threading
 import traceback
 
-from ..errors import CinmError
-from . import clock
-from .args import _parser, join_negative_values  # noqa: F401 (tests build the parser)
+from . import compile_cache
+
+# first, before the compiler's modules and their dependencies define their dataclasses and
+# compile their patterns
+compile_cache.install()
+
+from ..errors import CinmError  # noqa: E402
+from . import clock  # noqa: E402
+from .args import _parser, join_negative_values  # noqa: E402, F401 (tests build the parser)
 
 
 def _interrupted(args: argparse.Namespace) -> int:
