@@ -76,6 +76,16 @@ def _warn_if_nothing_on_devices(sess, args) -> None:
     warn(args, warning)
 
 
+def _modeled_latency(model) -> float:
+    """The written model's modeled seconds per inference, as ``report`` totals them (the cost
+    model over the recorded placement, with the options and host figures it was compiled
+    with)."""
+    from ..passes.branches import counted_totals, evaluate_graphs
+    from ..report import options_from_plans
+
+    return counted_totals(evaluate_graphs(model, options_from_plans(model))[0])["latency_s"]
+
+
 def _cmd_run(args, parser) -> int:
     from .. import artifacts, frontend, golden
     from ..runtime import profile
@@ -170,7 +180,12 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
-        for w in sess.wear().values():  # the plans' figures: at the sizes planned
+        # the plans' figures, at the sizes planned; inferences back to back at the model's
+        # modeled latency, as optimize's summary and report take them
+        wear = sess.wear()
+        if wear:  # priced only for a model with wear to show
+            wear = sess.wear(_modeled_latency(sess._model))
+        for w in wear.values():
             at = (f" (the plans' figures, at {_dims_text({k: planned.get(k, 1) for k in replanned})}"
                   f" as planned, not this run's {_dims_text(replanned)})" if replanned else "")
             # -q: the profile asked for, not the advice of a note

@@ -1160,15 +1160,16 @@ class InferenceSession:
             self._index = {id(n): k for k, n in enumerate(self._model.graph.node)}
         return f"<{node.op_type} #{self._index.get(id(node), '?')}>"
 
-    def wear(self) -> dict:
+    def wear(self, seconds_per_inference: float | None = None) -> dict:
         """``{device: Wear}`` (:class:`onnx_cinm.devices.Wear`) of the devices whose kernels
         in this model wear write-limited cells, e.g. a crossbar chip's writes per cell per
         inference and lifetime (:func:`onnx_cinm.pipeline.device_wear`); the lifetime in
-        seconds runs inferences back to back at each device's own modeled latency, a lower
-        bound of the period."""
+        seconds runs inferences back to back every ``seconds_per_inference`` seconds (e.g.
+        the model's modeled latency, as optimize and report take it), or at each device's own
+        modeled latency when None, a lower bound of the period."""
         from ..pipeline import device_wear
 
-        return device_wear(self._model)
+        return device_wear(self._model, seconds_per_inference)
 
     def load_profile(self) -> list[dict]:
         """What loading the model does on the devices, once per session and never per
