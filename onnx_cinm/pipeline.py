@@ -59,7 +59,8 @@ class OptimizeResult:
             (:func:`onnx_cinm.passes.branches.lower_together`); with cost or heuristic
             placement, ``placement["model_totals"]`` (unless ``optimize(totals=False)``): the written
             model's per-inference totals (seconds,
-            joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`), the
+            joules, tile writes, ...: :func:`onnx_cinm.passes.branches.counted_totals`; and
+            ``by_device``, :func:`onnx_cinm.passes.branches.counted_by_device`), the
             figures ``onnx-cinm report`` adds up (``placement["totals"]`` are the search's, before
             the passes after placement, such as ``fold_layouts``, rewrote the graph).
         placements: ``(node name, op type, device, reason)`` per cinm op.
@@ -1102,10 +1103,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         # the totals of the model as written, counted as the report counts them (under either
         # placement: the summary prints them): the search's own totals predate the passes
         # after placement (fold_layouts drops host Transposes)
-        from .passes.branches import counted_totals, evaluate_graphs
+        from .passes.branches import counted_by_device, counted_totals, evaluate_graphs
 
         t0 = time.perf_counter()
-        placed["model_totals"] = counted_totals(evaluate_graphs(work, ctx.options)[0])
+        root = evaluate_graphs(work, ctx.options)[0]
+        placed["model_totals"] = {**counted_totals(root), "by_device": counted_by_device(root)}
         timings.append(("totals", time.perf_counter() - t0))
     report, skipped, special, special_skipped = None, None, None, None
     if check:

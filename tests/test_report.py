@@ -216,3 +216,24 @@ def test_time_energy_bars_are_one_collection_with_the_bars_of_axes_bar():
         (x0, y0), w, hgt = rect.get_xy(), rect.get_width(), rect.get_height()
         np.testing.assert_allclose(sorted(map(tuple, verts)), sorted(
             [(x0, y0), (x0, y0 + hgt), (x0 + w, y0 + hgt), (x0 + w, y0)]))
+
+
+def test_the_summary_splits_the_totals_by_device_as_report_does():
+    """Trial s29: the summary gave the modeled totals only; where the energy goes (the host's
+    Im2Col on nsfw) took a report. The split by device plus the transfers adds up to the
+    totals, and each device's share is report's 'by device' figure."""
+    from onnx_cinm import optimize, report
+    from onnx_cinm.examples import get_example
+
+    res = optimize(get_example("lenet"), check=0, host_roofline="nominal",
+                   device_options={"cim_preset": "pcm-occ"})
+    t = res.stats["placement"]["model_totals"]
+    by = t["by_device"]
+    assert set(by) == {"host", "memristor", "transfers"}
+    assert sum(v[0] for v in by.values()) == pytest.approx(t["latency_s"], rel=1e-9)
+    assert sum(v[1] for v in by.values()) == pytest.approx(t["energy_j"], rel=1e-9)
+    _, totals = report.layers(res.model, report.options_from_plans(res.model))
+    for dev, (s, j) in totals["by_device"].items():
+        assert by[dev] == [pytest.approx(s, rel=1e-9), pytest.approx(j, rel=1e-9)]
+    assert by["transfers"] == [pytest.approx(totals["transfer_s"], rel=1e-9),
+                               pytest.approx(totals["transfer_j"], rel=1e-9)]

@@ -27,8 +27,11 @@ def _totals_text(t: dict) -> str:
     """The summary's clause of the written model's modeled per-inference totals ``t``
     (``stats["placement"]["model_totals"]``: seconds, joules, tile writes, as ``report`` adds
     them up), the same under cost and heuristic placement."""
+    by = t.get("by_device") or {}
     return (f"modeled {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
-            "writes/inference for the model written")
+            "writes/inference for the model written"
+            + (" (" + ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in by.items())
+               + ")" if len(by) > 1 else ""))
 
 
 def _cmd_optimize(args, parser) -> int:

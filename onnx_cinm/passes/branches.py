@@ -200,6 +200,28 @@ def counted_totals(root: GraphCost) -> dict:
     return out
 
 
+def counted_by_device(root: GraphCost) -> dict:
+    """Where the per-inference totals of :func:`counted_totals` go: ``{device: [seconds,
+    joules]}`` of the ops' own costs over the counted graphs, and ``"transfers"``: the
+    transfers the cost model charges (:func:`.cost_placement.node_costs`); summed, they give
+    the totals' latency and energy. Devices in the order their first op appears."""
+    from .cost_placement import node_costs
+
+    out: dict = {}
+    moved = [0.0, 0.0]
+    for g in root.walk():
+        if g.counted:
+            for nc in node_costs(g.problem, g.problem.assign):
+                s = out.setdefault(nc.device, [0.0, 0.0])
+                s[0] += float(nc.cost.latency_s)
+                s[1] += float(nc.cost.energy_j)
+                moved[0] += nc.transfer_s
+                moved[1] += nc.transfer_j
+    if moved[0] or moved[1]:
+        out["transfers"] = moved
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Planning
 # ---------------------------------------------------------------------------------------------
