@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import frontend
+from . import frontend, usercache
 from .errors import CinmError
 
 #: Host power while it computes, watts (*assumption*, see the module docstring).
@@ -112,10 +112,11 @@ def parse(text: str, source: str = "option") -> HostRoofline:
     return HostRoofline(vals[0] * 1e9, vals[1] * 1e9, power, source)
 
 
-def cache_path() -> Path:
-    """Where the measured roofline is cached (``$XDG_CACHE_HOME/onnx-cinm/host_roofline.json``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "onnx-cinm" / "host_roofline.json"
+def cache_path() -> Path | None:
+    """Where the measured roofline is cached (``$XDG_CACHE_HOME/onnx-cinm/host_roofline.json``,
+    :func:`onnx_cinm.usercache.cache_dir`); None without a known home (measured every time)."""
+    folder = usercache.cache_dir("")
+    return None if folder is None else Path(folder) / "host_roofline.json"
 
 
 def _machine_key() -> str:
@@ -169,6 +170,8 @@ def measured() -> HostRoofline:
         return _memo
     path, key = cache_path(), _machine_key()
     try:
+        if path is None:
+            raise OSError("no cache folder")
         data = json.loads(path.read_text())
         if data.get("key") == key:
             r = data["roofline"]
@@ -179,6 +182,8 @@ def measured() -> HostRoofline:
         pass
     _memo = measure()
     try:
+        if path is None:
+            raise OSError("no cache folder")
         path.parent.mkdir(parents=True, exist_ok=True)
         frontend.write_file_atomic(path, json.dumps({"key": key, "roofline": asdict(_memo)}, indent=1))
     except OSError:

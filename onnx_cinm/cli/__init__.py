@@ -11,15 +11,9 @@ import sys
 import threading
 import traceback
 
-from . import compile_cache
-
-# first, before the compiler's modules and their dependencies define their dataclasses and
-# compile their patterns
-compile_cache.install()
-
-from ..errors import CinmError  # noqa: E402
-from . import clock  # noqa: E402
-from .args import _parser, join_negative_values  # noqa: E402, F401 (tests build the parser)
+from ..errors import CinmError
+from . import clock, compile_cache
+from .args import _parser, join_negative_values  # noqa: F401 (tests build the parser)
 
 
 def _interrupted(args: argparse.Namespace) -> int:
@@ -50,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     clock.mark(process=argv is None)
     if argv is None:
         _process_gc()
+        # before the compiler's modules (imported by the subcommand) define their dataclasses
+        # and compile their patterns; a caller's process (main(argv)) is left as it is
+        compile_cache.install()
     status = _main(argv)
     if argv is None:
         _end_process(status)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+from .. import usercache
 from ..graph import Cost, OpInfo, TensorInfo  # noqa: F401  (re-exported: the contract's types)
 from ..options import OptionSpec, specs
 
@@ -697,8 +698,8 @@ def template_environment():
             except OSError:
                 pass
 
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = usercache.cache_dir("jinja")  # None: no known home, templates compiled each time
     return jinja2.Environment(
         loader=jinja2.PackageLoader("onnx_cinm", "templates"), keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False, auto_reload=False,
-        bytecode_cache=_Cache(os.path.join(base, "onnx-cinm", "jinja")))
+        bytecode_cache=None if folder is None else _Cache(folder))

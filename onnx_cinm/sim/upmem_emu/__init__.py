@@ -24,6 +24,7 @@ directory and renamed into place, so concurrent processes never see half a build
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import usercache
 from ...errors import CinmError
 
 __all__ = ["UpmemEmuError", "UpmemBuildError", "UpmemRuleError", "build", "run_kernel",
@@ -79,12 +81,23 @@ class UpmemRuleError(UpmemEmuError):
 def cache_dir() -> Path:
     """Where builds are cached: ``$ONNX_CINM_CACHE``, else ``$XDG_CACHE_HOME/onnx-cinm/upmem``
     (``~/.cache/onnx-cinm/upmem`` when XDG_CACHE_HOME is unset or empty, as the XDG base
-    directory spec says and as the host roofline's cache does)."""
+    directory spec says and as the host roofline's cache does: :func:`onnx_cinm.usercache.cache_dir`);
+    without a known home, a private temporary folder of this process, removed at its exit."""
+    global _no_home
     env = os.environ.get("ONNX_CINM_CACHE")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "onnx-cinm" / "upmem"
+    folder = usercache.cache_dir("upmem")
+    if folder is None:
+        if _no_home is None:
+            _no_home = tempfile.mkdtemp(prefix="onnx_cinm_upmem_")
+            atexit.register(shutil.rmtree, _no_home, True)
+        folder = _no_home
+    return Path(folder)
+
+
+#: The build folder of a process whose user has no known home (:func:`cache_dir`).
+_no_home: str | None = None
 
 
 def _gcc() -> str:
