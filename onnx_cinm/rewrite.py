@@ -63,12 +63,9 @@ class _Deferred(types.ModuleType):
 
 
 #: Modules ``import onnx_ir`` loads that no rewrite uses, deferred until first used: sympy and
-#: onnx_ir's expression parser (see :func:`_import_onnx_ir`), onnx_ir's op schemas (four
-#: dataclasses), and ``packaging.version``, which onnx_ir's safetensors writer alone reads (its
-#: version pattern is compiled as it is imported: 8 M of the 114 M instructions importing this
-#: module cost, measured with valgrind). (Its external-data module is read as ``import
-#: onnx_ir`` runs: not deferred.)
-_DEFERRED = ("sympy", "onnx_ir._symbolic_shapes", "onnx_ir.schemas", "packaging.version")
+#: onnx_ir's expression parser (see :func:`_import_onnx_ir`), and onnx_ir's op schemas (four
+#: dataclasses). (Its external-data module is read as ``import onnx_ir`` runs: not deferred.)
+_DEFERRED = ("sympy", "onnx_ir._symbolic_shapes", "onnx_ir.schemas")
 
 
 def _import_onnx_ir():
@@ -80,15 +77,7 @@ def _import_onnx_ir():
     still working)."""
     if "onnx_ir" not in sys.modules:
         for name in _DEFERRED:
-            if name in sys.modules:
-                continue
-            deferred = sys.modules[name] = _Deferred(name)
-            parent, _, child = name.rpartition(".")
-            if parent and not parent.startswith("onnx_ir"):
-                # ``import packaging.version`` finds the stand-in and binds the package, whose
-                # attribute is then read (``packaging.version.parse``): the stand-in, until the
-                # real import sets the attribute to the real module
-                setattr(importlib.import_module(parent), child, deferred)
+            sys.modules.setdefault(name, _Deferred(name))
     return importlib.import_module("onnx_ir")
 
 
