@@ -318,13 +318,13 @@ COLUMNS = (Column("#", ">"), Column("layer", fit=64), Column("op", fit=12),
 def _parts_text(r: Layer) -> str:
     """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``); parts
     the device publishes only inside another's (``CostPart.folded``) are named, not given a
-    0%: ``array 100% (adc_dac, periphery inside)``."""
+    0%: ``array 100% (with adc_dac, periphery)``."""
     tot = sum(p.energy_j for p in r.parts)
     if not tot:
         return ""
     inside = [p.term for p in r.parts if p.folded]
     return (", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts if not p.folded)
-            + (f" ({', '.join(inside)} inside)" if inside else ""))
+            + (f" (with {', '.join(inside)})" if inside else ""))
 
 
 def _area_text(r: Layer) -> str:

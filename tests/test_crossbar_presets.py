@@ -151,7 +151,7 @@ def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
     # pcm-hermes publishes its ADCs' and periphery's energy only inside its TOPS/W: the
     # report names them as inside the array's figure, never as a free 0% / 0 J
     assert [p.folded for p in fc1.parts] == [False, True, True]
-    assert report._parts_text(fc1) == "array 100% (adc_dac, periphery inside)"
+    assert report._parts_text(fc1) == "array 100% (with adc_dac, periphery)"
     assert [v[2] for v in totals["by_part"].values()] == [False, True, True]
     assert "adc_dac" in report._totals_line(totals) and " 0 J" not in report._totals_line(totals)
     csv_rows = list(csv.DictReader(io.StringIO(
