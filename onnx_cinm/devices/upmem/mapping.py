@@ -335,7 +335,17 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
     if block_loops:
         instr_t += _loop_tail(p, per_t_elems, blk // esize)
         instr_all += _loop_tail(p, n, blk // esize)
-    return KernelWork(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
+    return _work(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
+
+
+def _work(tasklets: int, instr_t: float, instr_all: float, dma: float, dma_t: float) -> KernelWork:
+    """``KernelWork(tasklets, instr_t, instr_all, dma, dma_t)`` (no serial phase), its fields set
+    directly: what its generated __init__ sets, without one frozen assignment per field."""
+    w = object.__new__(KernelWork)
+    w.__dict__.update(tasklets=tasklets, instr_per_tasklet=instr_t, instr_total=instr_all,
+                      dma_cycles=dma, dma_cycles_per_tasklet=dma_t, serial_cycles=0.0,
+                      serial_dma_cycles=0.0)
+    return w
 
 
 def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_bytes: int,
@@ -359,22 +369,35 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     DPU program (``program_load_s``), both before the first inference.
     """
     pr, d = p.params, p.dpus
-    cyc = [C.kernel_cycles(w, pr) for w in works]
     # every generated kernel starts with tasklet 0's mem_reset() and a barrier of all tasklets
     # (as PrIM's kernels do): one barrier per launch
     serial += len(works) * _barrier(p)
-    total = sum(c["total"] for c in cyc) + serial
     f = pr.frequency_hz
+    if len(works) == 1 and type(works[0]) is KernelWork:
+        # one plain launch (most kernels): C.kernel_cycles' figures without its dict, in the
+        # same operations (a sum of one term is that term), so the same floats
+        w = works[0]
+        compute = float(w.instr_total)
+        chain = pr.issue_interval * w.instr_per_tasklet + w.dma_cycles_per_tasklet
+        dma = float(w.dma_cycles)
+        parallel = max(compute, chain, dma)
+        bound = "dma" if parallel == dma else ("compute" if parallel == compute
+                                               else "tasklet-chain")
+        total = parallel + (w.serial_cycles + w.serial_dma_cycles) + serial
+        compute_s, dma_s = compute / f, dma / f
+    else:
+        cyc = [C.kernel_cycles(w, pr) for w in works]
+        total = sum(c["total"] for c in cyc) + serial
+        compute_s = sum(c["compute"] for c in cyc) / f
+        dma_s = sum(c["dma"] for c in cyc) / f
+        bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
     kernel_s = total / f
-    compute_s = sum(c["compute"] for c in cyc) / f
-    dma_s = sum(c["dma"] for c in cyc) / f
     host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
     host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
     partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
     load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d) + pr.program_load_s
     merge_s = merge_host_bytes / pr.host_merge_bps
     launch = len(works) * pr.launch_overhead_s(d)
-    bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
     bytes_in = (bytes_in_dpu + bcast_bytes) * d
     bytes_out = (bytes_out_dpu + partial_out_dpu) * d
     host_busy = merge_s + assemble_bytes / pr.host_merge_bps
@@ -382,13 +405,17 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
                    host_in + host_out + partials + launch + merge_s, pr)
     # the load: resident bytes moved while the allocated DPUs wait (no kernel, no merge)
     load_j = C.energy_j(0.0, d, sum(resident) * d, 0.0, load, pr)
-    return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
-                         dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
-                         host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
-                         launch_s=launch, load_s=load, resident_bytes=int(sum(resident) * d),
-                         bytes_in=int(bytes_in), bytes_out=int(bytes_out),
-                         mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
-                         energy_j=e, load_j=load_j, notes=notes)
+    # the breakdown's fields set directly: what its generated __init__ sets, one frozen
+    # assignment per field, without that (the search costs hundreds of plans per network)
+    out = object.__new__(CostBreakdown)
+    out.__dict__.update(
+        dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s, dma_s=dma_s,
+        kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in, host_out_s=host_out,
+        partials_out_s=partials, merge_s=merge_s, launch_s=launch, load_s=load,
+        resident_bytes=int(sum(resident) * d), bytes_in=int(bytes_in), bytes_out=int(bytes_out),
+        mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound, energy_j=e,
+        load_j=load_j, notes=notes)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +520,7 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
         groups = _cdiv(rows, r_grp) if rows else 0
         i_t, d_t = work(*busiest)
         i_all, d_all = work(rows, groups, tiles, n_pad)
-    w = KernelWork(t, i_t, i_all, d_all, d_t)
+    w = _work(t, i_t, i_all, d_all, d_t)
     a_b, b_b = g["a_bytes"], g["b_bytes"]
     c_b = g.get("c_bytes", 0)
     dr, dc = g["grid"]
@@ -846,7 +873,7 @@ def _cost_im2col(p: CnmPlan) -> CostBreakdown:
                + (pr.dma_cycles(_r8(rest * es), write=True) if rest else 0.0))
     instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
     rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
-    w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
+    w = _work(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
     return _finish(p, [w], 0.0, g["xs_bytes"], 0, _r8(g["n_dpu"] * es), 0)
 
 
@@ -1457,10 +1484,14 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     if mram > params.mram_bytes:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} needs {mram} B of MRAM per DPU on {dpus} "
                         f"DPUs (> {params.mram_bytes})")
-    return CnmPlan(op_type=op.op_type, kind=kind, dtype=dt, dpus=dpus, tasklets=tasklets,
-                   block_bytes=block, mram_bytes=mram, inputs=tuple(names), merge=merge,
-                   schedule=schedule, unroll=unroll, geom=tuple(sorted(geom.items())),
-                   params=params, stack_bytes=stack_bytes)
+    # the plan's fields set directly (what CnmPlan's generated __init__ sets, one frozen
+    # assignment per field, without it: the search makes hundreds of plans per network)
+    plan = object.__new__(CnmPlan)
+    plan.__dict__.update(
+        op_type=op.op_type, kind=kind, dtype=dt, dpus=dpus, tasklets=tasklets, block_bytes=block,
+        mram_bytes=mram, inputs=tuple(names), merge=merge, schedule=schedule, unroll=unroll,
+        geom=tuple(sorted(geom.items())), params=params, stack_bytes=stack_bytes, search="")
+    return plan
 
 
 def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None,
@@ -1778,26 +1809,30 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
             return np.where(ok, out, np.inf)
         return floor
     if kind == "im2col":
-        shape, attrs = op.inputs[0].shape, op.attrs
         conv = _op_im2col_conv(op, es)
-
+        cg, ck_pad, oh, ow = conv[0], conv[2], conv[3], conv[4]
+        n_img, chans, kh, sh, dh = cg["N"], cg["C"], cg["KH"], cg["SH"], cg["DH"]
+        kw, sw, dw = cg["KW"], cg["SW"], cg["DW"]
+        # a row's instructions: C * KH windows of KW taps (_cost_im2col's, the same ints)
+        instr_row = chans * kh * (IM2COL_WIN_INSTR[0] * kw + IM2COL_WIN_INSTR[1])
         bounds: dict = {}  # DPUs that get work -> bound (the large counts give a few of them)
-        n_img, oh, ow = conv[0]["N"], conv[3], conv[4]
 
         def one(d: int) -> float:
             # the plan uses the DPUs that get work (make_plan): <= d; the split alone tells
-            # how many (the geometry is built once per count that gets work)
+            # how many. Its figures are _im2col_geometry's on that many DPUs, read straight
+            # from their split: each gets NB x LB x CB output rows and NB x C x HB x WB inputs
             used = im2col_split(n_img, oh, ow, d)[3]
             hit = bounds.get(used)
             if hit is None:
-                d = used
-                g = _im2col_geometry(shape, attrs, d, es, conv)
-                instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
-                rows = g["row_cap"]
+                nb, lb, cb = im2col_split(n_img, oh, ow, used)[:3]
+                rows = nb * lb * cb
+                xs_bytes = _r8(nb * chans * im2col_halo(lb, kh, sh, dh)
+                               * im2col_halo(cb, kw, sw, dw) * es) + 8
                 kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
-                hit = bounds[used] = (params.launch_overhead_s(d) + kernel / f
-                                      + params.push_s(g["xs_bytes"], d)
-                                      + params.push_s(_r8(g["n_dpu"] * es), d, to_dpu=False))
+                hit = bounds[used] = (params.launch_overhead_s(used) + kernel / f
+                                      + params.push_s(xs_bytes, used)
+                                      + params.push_s(_r8(rows * ck_pad * es), used,
+                                                      to_dpu=False))
             return hit
         return lambda combos: [one(d) for d, _ in combos]
     if kind == "elementwise":
