@@ -1765,6 +1765,64 @@ def _ew_lists(combos, params: UpmemParams) -> tuple:
 _EW_LISTS: dict = {}
 
 
+def _ew_transfers(combos, params: UpmemParams, n: int, unit: int, es: int, out_es: int,
+                  streams: int) -> tuple:
+    """The parts of an elementwise op's lower bounds (:func:`_floor_s`) that its size fixes,
+    one entry per workgroup of ``combos``: ``(elements per DPU (its padded share of n >= 1
+    elements in ``unit``-element words), seconds gathering the result (``out_es``-byte
+    elements), seconds scattering its ``streams`` input streams (``es``-byte elements))``, in
+    the operations of :meth:`UpmemParams.push_s_array` on the workgroups' DPU counts.
+    Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
+    arguments: a network's elementwise ops repeat their tensors' sizes."""
+    key = (id(combos), params_key(params), n, unit, es, out_es, streams)
+    hit = _recalled(_EW_TRANSFERS, key, combos)
+    if hit is not None:
+        return hit
+    ds, _, calls_in, calls_out, bw_in, bw_out, _ = _ew_lists(combos, params)
+    knee = params.host_knee_bytes
+    small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
+    small_out, large_out = params.d2h_host_small_bps, params.d2h_host_large_bps
+    n_dpus, push_out, push_in = [], [], []
+    for i, d in enumerate(ds):
+        per_dpu = -(-n // d)
+        n_dpu = -(-per_dpu // unit) * unit  # _share of every count
+        b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
+        head = min(b, knee)
+        push_out.append(calls_out[i] + max(b * d / bw_out[i], d * (
+            head / small_out + (b - head) / large_out)) if b > 0 else 0.0)
+        b = streams * (-(-(n_dpu * es) // 8) * 8)  # the streams scattered to each
+        head = min(b, knee)
+        push_in.append(calls_in[i] + max(b * d / bw_in[i], d * (
+            head / small_in + (b - head) / large_in)) if b > 0 else 0.0)
+        n_dpus.append(n_dpu)
+    return _remember(_EW_TRANSFERS, key, combos, (n_dpus, push_out, push_in))
+
+
+#: Memo of :func:`_ew_transfers`: key -> (the workgroup tuple, its lists).
+_EW_TRANSFERS: dict = {}
+
+
+def _ew_broadcasts(combos, params: UpmemParams, bcast: int) -> list:
+    """Seconds broadcasting ``bcast`` > 0 bytes to every DPU, one entry per workgroup of
+    ``combos``, in the operations of :meth:`UpmemParams.broadcast_s_array`; remembered like
+    :func:`_ew_transfers` (a normalization's Mul and Add broadcast the same bytes)."""
+    key = (id(combos), params_key(params), bcast)
+    hit = _recalled(_EW_BROADCASTS, key, combos)
+    if hit is not None:
+        return hit
+    ds, _, calls_in, _, _, _, bw_bc = _ew_lists(combos, params)
+    knee = params.host_knee_bytes
+    small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
+    head = min(bcast, knee)
+    out = [calls_in[i] + max(bcast * d / bw_bc[i], d * (
+        head / small_in + (bcast - head) / large_in)) for i, d in enumerate(ds)]
+    return _remember(_EW_BROADCASTS, key, combos, out)
+
+
+#: Memo of :func:`_ew_broadcasts`: key -> (the workgroup tuple, its list).
+_EW_BROADCASTS: dict = {}
+
+
 def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
     """Lower bounds of the modeled latency of ``op``'s plans, as a function of a list of
     workgroups ``(dpus, column blocks)`` giving one bound (seconds) per workgroup, ``inf``
@@ -1842,34 +1900,22 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
         n, streams, bcast = max(g["n"], 1), g["streams"], g["bcast_bytes"]
-        knee = params.host_knee_bytes
-        small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
-        small_out, large_out = params.d2h_host_small_bps, params.d2h_host_large_bps
 
         def floor_ew(combos: list) -> list:
             # every workgroup in Python floats: the same operations, in the same order, as the
             # array methods (push_s_array, broadcast_s_array, launch_overhead_s_array) of the
             # workgroups' DPU counts, so the same bounds; for a dozen workgroups the array
-            # operations' fixed cost is most of the work
-            ds, launch, calls_in, calls_out, bw_in, bw_out, bw_bc = _ew_lists(combos, params)
-            bounds = []
-            for i, d in enumerate(ds):
-                per_dpu = -(-n // d)
-                n_dpu = -(-per_dpu // unit) * unit  # _share of every count
-                b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
-                head = min(b, knee)
-                push_out = calls_out[i] + max(b * d / bw_out[i], d * (
-                    head / small_out + (b - head) / large_out)) if b > 0 else 0.0
-                b = streams * (-(-(n_dpu * es) // 8) * 8)  # the streams scattered to each
-                head = min(b, knee)
-                push_in = calls_in[i] + max(b * d / bw_in[i], d * (
-                    head / small_in + (b - head) / large_in)) if b > 0 else 0.0
-                out = launch[i] + n_dpu * instr / f + push_out + push_in
-                if bcast:  # (a broadcast of no bytes takes no time: adds 0.0)
-                    head = min(bcast, knee)
-                    out = out + (calls_in[i] + max(bcast * d / bw_bc[i], d * (
-                        head / small_in + (bcast - head) / large_in)) if bcast > 0 else 0.0)
-                bounds.append(out)
+            # operations' fixed cost is most of the work. The transfers depend on the sizes
+            # alone (_ew_transfers): ops of one size (a normalization's Mul, Add and Relu on
+            # one tensor) share them
+            launch = _ew_lists(combos, params)[1]
+            n_dpus, push_out, push_in = _ew_transfers(combos, params, n, unit, es, out_es,
+                                                      streams)
+            bounds = [lo + nd * instr / f + po + pi
+                      for lo, nd, po, pi in zip(launch, n_dpus, push_out, push_in)]
+            if bcast:  # (a broadcast of no bytes takes no time: adds 0.0)
+                bounds = [out + bc for out, bc in zip(bounds, _ew_broadcasts(combos, params,
+                                                                            bcast))]
             return bounds
         return floor_ew
     return None
