@@ -217,3 +217,55 @@ def test_shapes_broadcast_in_python_as_numpy_does(seed):
             assert str(got.value) == str(e)
             continue
         assert broadcast_shape(*shapes) == want
+
+
+def _matmul_bounds_by_arrays(op, tasklets, params, combos) -> np.ndarray:
+    """A matrix product's lower bounds as they were computed before the shortcuts: every term
+    over the workgroups' arrays by the parameters' array methods (``push_s_array``,
+    ``broadcast_s_array``, ``launch_overhead_s_array``)."""
+    kind, g = mapping._unit_geometry(op)
+    dt = mapping._dtype_name(op.inputs[0])
+    es = mapping._esize(dt)
+    rows, n, k, batched = g["rows"], g["n"], g["k"], g.get("b_batched", False)
+    per = 8 // np.gcd(8, es)
+    per_mac = k * mapping._matvec_instr(dt, mapping.UNROLL) + 3
+    a_row = 0 if op.inputs[0].const else -(-k // per) * per * es
+    arr = np.array(combos, dtype=np.int64).reshape(-1, 2).T
+    d, dc = arr[0], arr[1]
+    up = mapping._cdivs
+    ok, dr, dcol = mapping._grid_array(d, dc, rows, n, batched)
+    rows_dpu, n_dpu = up(rows, dr), up(n, dcol)
+    n_pad, r_grp, nt, tiles = mapping._matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets,
+                                                          batched)
+    r_t, n_t = mapping._matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
+    kernel = np.maximum(rows_dpu * n_pad * per_mac, params.issue_interval * r_t * n_t * per_mac)
+    a_bytes = rows_dpu * a_row
+    send = np.where(dr > 1, params.push_s_array(a_bytes, d), params.broadcast_s_array(a_bytes, d))
+    gather = params.push_s_array(up(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False)
+    out = params.launch_overhead_s_array(d) + kernel / params.frequency_hz + send + gather
+    return np.where(ok, out, np.inf)
+
+
+def test_matmul_bounds_equal_the_array_methods():
+    """A matrix product's lower bounds (the busiest count's maximum taken before the multiply,
+    A's host part shared by its scatter and broadcast) equal bit for bit those computed term
+    by term with the array methods, for products of many sizes, A constant or not, a bias or
+    not, batched or not, dtypes, tasklets, DPU limits and both DPU generations."""
+    rng = random.Random(8)
+    ops = [op for op in _random_ops(9, 150) if op.op_type == "Gemm"]
+    ops.append(OpInfo("bmm", "Gemm", {}, (TensorInfo("a", F32, (3, 5, 64)),
+                                           TensorInfo("b", F32, (3, 64, 7))),
+                      (TensorInfo("y", F32, (3, 5, 7)),)))
+    ops.append(OpInfo("empty", "Gemm", {}, (TensorInfo("a", F32, (0, 64)),
+                                             TensorInfo("b", F32, (64, 7), True)),
+                      (TensorInfo("y", F32, (0, 7)),)))
+    for op in ops:
+        unit = mapping._unit_geometry(op)
+        for max_dpus in (2560, 2048, 96, 7):
+            combos = mapping._workgroups(op, max_dpus, None, unit)
+            for params in TARGETS.values():
+                t = rng.choice([1, 11, 16, 24 if params.max_tasklets >= 24 else 16])
+                with np.errstate(divide="ignore"):  # an empty product's tiles: 0 // 0
+                    got = np.asarray(mapping._floor_s(op, t, params, unit)(combos), dtype=float)
+                    want = _matmul_bounds_by_arrays(op, t, params, combos)
+                assert got.tobytes() == want.tobytes(), (op.name, max_dpus, params.name)

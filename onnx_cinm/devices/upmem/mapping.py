@@ -1716,9 +1716,11 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
                         batched: bool, params: UpmemParams) -> tuple:
     """The parts of a matrix product's lower bounds (:func:`_floor_s`) that its K and its
     inputs' constness leave unchanged, one entry per workgroup of ``combos``: ``(whether the
-    grid exists, whether A is scattered (more than one row block), A rows per DPU, the busiest
-    DPU's outputs x padded columns, the busiest tasklet's issue-interval-weighted outputs
-    (:func:`_matmul_busiest`), the launch's seconds, the result's gather seconds)``.
+    grid exists, whether A is scattered (more than one row block), A rows per DPU, the larger
+    of the busiest DPU's outputs x padded columns and the busiest tasklet's
+    issue-interval-weighted outputs (:func:`_matmul_busiest`), the launch's seconds, the
+    result's gather seconds, and the DPU counts' send terms: ``(xfer_call_s + h2d_rank_s *
+    ranks, the ranks' scatter bandwidth, the ranks' broadcast bandwidth)``)``.
     Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
     arguments: a network's layers repeat their output sizes (``rows x n``) with other K."""
     key = (id(combos), kind, rows, n, es, tasklets, batched, params_key(params))
@@ -1731,10 +1733,13 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
     n_dpu = _cdivs(n, dcol)
     n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets, batched)
     r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
-    out = (ok, dr > 1, rows_dpu, rows_dpu * n_pad, params.issue_interval * r_t * n_t,
-           params.launch_overhead_s_array(d),
-           params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
-    for a in out:
+    pr = params
+    out = (ok, dr > 1, rows_dpu, np.maximum(rows_dpu * n_pad, pr.issue_interval * r_t * n_t),
+           pr.launch_overhead_s_array(d),
+           pr.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False),
+           (pr._calls_array(d, pr.h2d_rank_s), pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps),
+            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.bcast_rank_bps)))
+    for a in out[:-1] + out[-1]:
         a.flags.writeable = False  # read-only, like every memo's answer
     return _remember(_MATMUL_FLOORS, key, combos, out)
 
@@ -1856,14 +1861,28 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         per = 8 // math.gcd(8, es)
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
+        knee, small, large = (params.host_knee_bytes, params.h2d_host_small_bps,
+                              params.h2d_host_large_bps)
+
         def floor(combos: list) -> np.ndarray:
             d = _combos_arrays(combos)[0]
-            ok, scattered, rows_dpu, macs, busiest, launch, gather = _matmul_floor_parts(
-                combos, kind, rows, n, es, tasklets, batched, params)
-            kernel = np.maximum(macs * per_mac, busiest * per_mac)
+            ok, scattered, rows_dpu, most, launch, gather, (calls, bw, bw_bc) = \
+                _matmul_floor_parts(combos, kind, rows, n, es, tasklets, batched, params)
+            # max(x * per_mac, y * per_mac) is max(x, y) * per_mac (per_mac > 0, rounding is
+            # monotone): the bound of the instructions of all tasklets and of the busiest one
+            kernel = most * per_mac
             a_bytes = rows_dpu * a_row
-            send = np.where(scattered, params.push_s_array(a_bytes, d),
-                            params.broadcast_s_array(a_bytes, d))
+            if a_row > 0 and rows > 0:  # every workgroup sends A (rows_dpu >= 1)
+                # push_s_array's and broadcast_s_array's operations, their host part (the same
+                # for both: bytes to the DPUs) and bytes x DPUs computed once
+                head = np.minimum(a_bytes, knee)
+                host = d * (head / small + (a_bytes - head) / large)
+                moved = a_bytes * d
+                send = np.where(scattered, calls + np.maximum(moved / bw, host),
+                                calls + np.maximum(moved / bw_bc, host))
+            else:
+                send = np.where(scattered, params.push_s_array(a_bytes, d),
+                                params.broadcast_s_array(a_bytes, d))
             out = launch + kernel / f + send + gather
             return np.where(ok, out, np.inf)
         return floor
