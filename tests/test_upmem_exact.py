@@ -164,7 +164,8 @@ def test_the_direct_dry_run_agrees_with_emitting(tmp_path):
     grids, blocks of every size)."""
     rng = random.Random(6)
     ops = _random_ops(7, 45) + [
-        OpInfo("big", "Add", {}, (TensorInfo("a", F32, (1 << 25,)), TensorInfo("b", F32, (1 << 25,))),
+        OpInfo("big", "Add", {}, (TensorInfo("a", F32, (1 << 25,)),
+                                   TensorInfo("b", F32, (1 << 25,))),
                (TensorInfo("y", F32, (1 << 25,)),)),
         OpInfo("bad", "Add", {}, (TensorInfo("a", F32, (3, 4)), TensorInfo("b", F32, (5,))),
                (TensorInfo("y", F32, (3, 4)),)),

@@ -1737,7 +1737,8 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
     out = (ok, dr > 1, rows_dpu, np.maximum(rows_dpu * n_pad, pr.issue_interval * r_t * n_t),
            pr.launch_overhead_s_array(d),
            pr.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False),
-           (pr._calls_array(d, pr.h2d_rank_s), pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps),
+           (pr._calls_array(d, pr.h2d_rank_s),
+            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps),
             pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.bcast_rank_bps)))
     for a in out[:-1] + out[-1]:
         a.flags.writeable = False  # read-only, like every memo's answer
