@@ -358,22 +358,37 @@ class UpmemParams:
         limit (:meth:`_host_s`)."""
         if bytes_per_dpu <= 0 or dpus <= 0:
             return 0.0
+        # _ranks_bw (its memo read here first), _host_s and ranks inline, in their operations:
+        # the cost model and the lower bounds price thousands of transfers per network
         if to_dpu:
             one, rank, per_rank = self.h2d_serial_bps, self.h2d_rank_bps, self.h2d_rank_s
+            small, large = self.h2d_host_small_bps, self.h2d_host_large_bps
         else:
             one, rank, per_rank = self.d2h_serial_bps, self.d2h_rank_bps, self.d2h_rank_s
-        move = max(bytes_per_dpu * dpus / self._ranks_bw(dpus, one, rank),
-                   self._host_s(bytes_per_dpu, dpus, to_dpu))
-        return self.xfer_call_s + per_rank * self.ranks(dpus) + move
+            small, large = self.d2h_host_small_bps, self.d2h_host_large_bps
+        dpr = self.dpus_per_rank
+        bw = _RANKS_BW.get((dpus, one, rank, dpr))
+        if bw is None:
+            bw = self._ranks_bw(dpus, one, rank)
+        head = min(bytes_per_dpu, self.host_knee_bytes)
+        move = max(bytes_per_dpu * dpus / bw,
+                   dpus * (head / small + (bytes_per_dpu - head) / large))
+        return self.xfer_call_s + per_rank * max(1, -(-dpus // dpr)) + move
 
     def broadcast_s(self, nbytes: int, dpus: int) -> float:
         """Seconds of ``dpu_broadcast_to`` of ``nbytes`` to each of ``dpus`` DPUs (bytes
         delivered at the ranks' broadcast bandwidth, host-limited like a push)."""
         if nbytes <= 0 or dpus <= 0:
             return 0.0
-        move = max(nbytes * dpus / self._ranks_bw(dpus, self.h2d_serial_bps, self.bcast_rank_bps),
-                   self._host_s(nbytes, dpus, True))
-        return self.xfer_call_s + self.h2d_rank_s * self.ranks(dpus) + move
+        # inline like push_s
+        dpr = self.dpus_per_rank
+        bw = _RANKS_BW.get((dpus, self.h2d_serial_bps, self.bcast_rank_bps, dpr))
+        if bw is None:
+            bw = self._ranks_bw(dpus, self.h2d_serial_bps, self.bcast_rank_bps)
+        head = min(nbytes, self.host_knee_bytes)
+        move = max(nbytes * dpus / bw, dpus * (head / self.h2d_host_small_bps
+                                               + (nbytes - head) / self.h2d_host_large_bps))
+        return self.xfer_call_s + self.h2d_rank_s * max(1, -(-dpus // dpr)) + move
 
     def serial_s(self, nbytes: int, to_dpu: bool = True) -> float:
         """Seconds of one serial ``dpu_copy_to`` / ``dpu_copy_from`` of ``nbytes`` (one DPU)."""
@@ -384,7 +399,7 @@ class UpmemParams:
     def launch_overhead_s(self, dpus: int) -> float:
         """Seconds of one synchronous launch beyond the kernel itself: ``launch_s +
         launch_per_rank_s * ranks`` (183 us on 4 ranks, measured)."""
-        return self.launch_s + self.launch_per_rank_s * self.ranks(dpus)
+        return self.launch_s + self.launch_per_rank_s * max(1, -(-dpus // self.dpus_per_rank))
 
     # -- the same over arrays: many workgroups at once ------------------------------------------
     # :meth:`push_s`, :meth:`broadcast_s` and :meth:`launch_overhead_s` of numpy arrays of byte

@@ -127,8 +127,9 @@ _OP_NAME = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Max": "max"
 
 
 def _r8(n: int) -> int:
-    """``n`` rounded up to a multiple of 8."""
-    return W.align_up(n, 8)
+    """``n`` (truncated to an int) rounded up to a multiple of 8: ``W.align_up(n, 8)``, inline
+    (the cost model asks thousands of times per network)."""
+    return -(-(n if type(n) is int else int(n)) // 8) * 8
 
 
 def upmem_array(params: UpmemParams = DEFAULT_PARAMS,
@@ -335,7 +336,17 @@ def _stream_work(p: CnmPlan, n: int, esize: int, instr_per_elem: float, reads: i
     if block_loops:
         instr_t += _loop_tail(p, per_t_elems, blk // esize)
         instr_all += _loop_tail(p, n, blk // esize)
-    return KernelWork(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
+    return _work(t, instr_t, instr_all, rd + wr, rd_t + wr_t)
+
+
+def _work(tasklets: int, instr_t: float, instr_all: float, dma: float, dma_t: float) -> KernelWork:
+    """``KernelWork(tasklets, instr_t, instr_all, dma, dma_t)`` (no serial phase), its fields set
+    directly: what its generated __init__ sets, without one frozen assignment per field."""
+    w = object.__new__(KernelWork)
+    w.__dict__.update(tasklets=tasklets, instr_per_tasklet=instr_t, instr_total=instr_all,
+                      dma_cycles=dma, dma_cycles_per_tasklet=dma_t, serial_cycles=0.0,
+                      serial_dma_cycles=0.0)
+    return w
 
 
 def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_bytes: int,
@@ -359,22 +370,35 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
     DPU program (``program_load_s``), both before the first inference.
     """
     pr, d = p.params, p.dpus
-    cyc = [C.kernel_cycles(w, pr) for w in works]
     # every generated kernel starts with tasklet 0's mem_reset() and a barrier of all tasklets
     # (as PrIM's kernels do): one barrier per launch
     serial += len(works) * _barrier(p)
-    total = sum(c["total"] for c in cyc) + serial
     f = pr.frequency_hz
+    if len(works) == 1 and type(works[0]) is KernelWork:
+        # one plain launch (most kernels): C.kernel_cycles' figures without its dict, in the
+        # same operations (a sum of one term is that term), so the same floats
+        w = works[0]
+        compute = float(w.instr_total)
+        chain = pr.issue_interval * w.instr_per_tasklet + w.dma_cycles_per_tasklet
+        dma = float(w.dma_cycles)
+        parallel = max(compute, chain, dma)
+        bound = "dma" if parallel == dma else ("compute" if parallel == compute
+                                               else "tasklet-chain")
+        total = parallel + (w.serial_cycles + w.serial_dma_cycles) + serial
+        compute_s, dma_s = compute / f, dma / f
+    else:
+        cyc = [C.kernel_cycles(w, pr) for w in works]
+        total = sum(c["total"] for c in cyc) + serial
+        compute_s = sum(c["compute"] for c in cyc) / f
+        dma_s = sum(c["dma"] for c in cyc) / f
+        bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
     kernel_s = total / f
-    compute_s = sum(c["compute"] for c in cyc) / f
-    dma_s = sum(c["dma"] for c in cyc) / f
     host_in = pr.push_s(bytes_in_dpu, d) + pr.broadcast_s(bcast_bytes, d)
     host_out = pr.push_s(bytes_out_dpu, d, to_dpu=False) + assemble_bytes / pr.host_merge_bps
     partials = pr.push_s(partial_out_dpu, d, to_dpu=False)
     load = pr.push_s(resident[0], d) + pr.broadcast_s(resident[1], d) + pr.program_load_s
     merge_s = merge_host_bytes / pr.host_merge_bps
     launch = len(works) * pr.launch_overhead_s(d)
-    bound = max(cyc, key=lambda c: c["total"])["bound"] if cyc else "none"
     bytes_in = (bytes_in_dpu + bcast_bytes) * d
     bytes_out = (bytes_out_dpu + partial_out_dpu) * d
     host_busy = merge_s + assemble_bytes / pr.host_merge_bps
@@ -382,13 +406,17 @@ def _finish(p: CnmPlan, works: list, serial: float, bytes_in_dpu: int, bcast_byt
                    host_in + host_out + partials + launch + merge_s, pr)
     # the load: resident bytes moved while the allocated DPUs wait (no kernel, no merge)
     load_j = C.energy_j(0.0, d, sum(resident) * d, 0.0, load, pr)
-    return CostBreakdown(dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s,
-                         dma_s=dma_s, kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in,
-                         host_out_s=host_out, partials_out_s=partials, merge_s=merge_s,
-                         launch_s=launch, load_s=load, resident_bytes=int(sum(resident) * d),
-                         bytes_in=int(bytes_in), bytes_out=int(bytes_out),
-                         mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound,
-                         energy_j=e, load_j=load_j, notes=notes)
+    # the breakdown's fields set directly: what its generated __init__ sets, one frozen
+    # assignment per field, without that (the search costs hundreds of plans per network)
+    out = object.__new__(CostBreakdown)
+    out.__dict__.update(
+        dpus=d, tasklets=p.tasklets, kernel_cycles=total, compute_s=compute_s, dma_s=dma_s,
+        kernel_s=kernel_s, dpu_merge_s=serial / f, host_in_s=host_in, host_out_s=host_out,
+        partials_out_s=partials, merge_s=merge_s, launch_s=launch, load_s=load,
+        resident_bytes=int(sum(resident) * d), bytes_in=int(bytes_in), bytes_out=int(bytes_out),
+        mram_bytes_per_dpu=p.mram_bytes, launches=len(works), bound=bound, energy_j=e,
+        load_j=load_j, notes=notes)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +521,7 @@ def _cost_matmul(p: CnmPlan) -> CostBreakdown:
         groups = _cdiv(rows, r_grp) if rows else 0
         i_t, d_t = work(*busiest)
         i_all, d_all = work(rows, groups, tiles, n_pad)
-    w = KernelWork(t, i_t, i_all, d_all, d_t)
+    w = _work(t, i_t, i_all, d_all, d_t)
     a_b, b_b = g["a_bytes"], g["b_bytes"]
     c_b = g.get("c_bytes", 0)
     dr, dc = g["grid"]
@@ -846,7 +874,7 @@ def _cost_im2col(p: CnmPlan) -> CostBreakdown:
                + (pr.dma_cycles(_r8(rest * es), write=True) if rest else 0.0))
     instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
     rows, rows_t = g["row_cap"], _cdiv(g["row_cap"], t)
-    w = KernelWork(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
+    w = _work(t, rows_t * instr_row, rows * instr_row, rows * dma_row, rows_t * dma_row)
     return _finish(p, [w], 0.0, g["xs_bytes"], 0, _r8(g["n_dpu"] * es), 0)
 
 
@@ -1457,10 +1485,14 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
     if mram > params.mram_bytes:
         raise CinmError(f"upmem: {op.op_type} {op.name!r} needs {mram} B of MRAM per DPU on {dpus} "
                         f"DPUs (> {params.mram_bytes})")
-    return CnmPlan(op_type=op.op_type, kind=kind, dtype=dt, dpus=dpus, tasklets=tasklets,
-                   block_bytes=block, mram_bytes=mram, inputs=tuple(names), merge=merge,
-                   schedule=schedule, unroll=unroll, geom=tuple(sorted(geom.items())),
-                   params=params, stack_bytes=stack_bytes)
+    # the plan's fields set directly (what CnmPlan's generated __init__ sets, one frozen
+    # assignment per field, without it: the search makes hundreds of plans per network)
+    plan = object.__new__(CnmPlan)
+    plan.__dict__.update(
+        op_type=op.op_type, kind=kind, dtype=dt, dpus=dpus, tasklets=tasklets, block_bytes=block,
+        mram_bytes=mram, inputs=tuple(names), merge=merge, schedule=schedule, unroll=unroll,
+        geom=tuple(sorted(geom.items())), params=params, stack_bytes=stack_bytes, search="")
+    return plan
 
 
 def workgroups(op: OpInfo, max_dpus: int = DEFAULT_DPUS, dpus: int | None = None,
@@ -1684,9 +1716,11 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
                         batched: bool, params: UpmemParams) -> tuple:
     """The parts of a matrix product's lower bounds (:func:`_floor_s`) that its K and its
     inputs' constness leave unchanged, one entry per workgroup of ``combos``: ``(whether the
-    grid exists, whether A is scattered (more than one row block), A rows per DPU, the busiest
-    DPU's outputs x padded columns, the busiest tasklet's issue-interval-weighted outputs
-    (:func:`_matmul_busiest`), the launch's seconds, the result's gather seconds)``.
+    grid exists, whether A is scattered (more than one row block), A rows per DPU, the larger
+    of the busiest DPU's outputs x padded columns and the busiest tasklet's
+    issue-interval-weighted outputs (:func:`_matmul_busiest`), the launch's seconds, the
+    result's gather seconds, and the DPU counts' send terms: ``(xfer_call_s + h2d_rank_s *
+    ranks, the ranks' scatter bandwidth, the ranks' broadcast bandwidth)``)``.
     Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
     arguments: a network's layers repeat their output sizes (``rows x n``) with other K."""
     key = (id(combos), kind, rows, n, es, tasklets, batched, params_key(params))
@@ -1699,10 +1733,14 @@ def _matmul_floor_parts(combos, kind: str, rows: int, n: int, es: int, tasklets:
     n_dpu = _cdivs(n, dcol)
     n_pad, r_grp, nt, tiles = _matmul_tiles_array(kind, rows_dpu, n_dpu, es, tasklets, batched)
     r_t, n_t = _matmul_busiest_array(rows_dpu, tasklets, n_pad, r_grp, nt, tiles)
-    out = (ok, dr > 1, rows_dpu, rows_dpu * n_pad, params.issue_interval * r_t * n_t,
-           params.launch_overhead_s_array(d),
-           params.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False))
-    for a in out:
+    pr = params
+    out = (ok, dr > 1, rows_dpu, np.maximum(rows_dpu * n_pad, pr.issue_interval * r_t * n_t),
+           pr.launch_overhead_s_array(d),
+           pr.push_s_array(_cdivs(rows_dpu * n_dpu * es, 8) * 8, d, to_dpu=False),
+           (pr._calls_array(d, pr.h2d_rank_s),
+            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.h2d_rank_bps),
+            pr._ranks_bw_array(d, pr.h2d_serial_bps, pr.bcast_rank_bps)))
+    for a in out[:-1] + out[-1]:
         a.flags.writeable = False  # read-only, like every memo's answer
     return _remember(_MATMUL_FLOORS, key, combos, out)
 
@@ -1732,6 +1770,64 @@ def _ew_lists(combos, params: UpmemParams) -> tuple:
 
 #: Memo of :func:`_ew_lists`: key -> (the workgroup tuple, its lists).
 _EW_LISTS: dict = {}
+
+
+def _ew_transfers(combos, params: UpmemParams, n: int, unit: int, es: int, out_es: int,
+                  streams: int) -> tuple:
+    """The parts of an elementwise op's lower bounds (:func:`_floor_s`) that its size fixes,
+    one entry per workgroup of ``combos``: ``(elements per DPU (its padded share of n >= 1
+    elements in ``unit``-element words), seconds gathering the result (``out_es``-byte
+    elements), seconds scattering its ``streams`` input streams (``es``-byte elements))``, in
+    the operations of :meth:`UpmemParams.push_s_array` on the workgroups' DPU counts.
+    Remembered for a memo's own workgroup tuple (:func:`_workgroups`) with the other
+    arguments: a network's elementwise ops repeat their tensors' sizes."""
+    key = (id(combos), params_key(params), n, unit, es, out_es, streams)
+    hit = _recalled(_EW_TRANSFERS, key, combos)
+    if hit is not None:
+        return hit
+    ds, _, calls_in, calls_out, bw_in, bw_out, _ = _ew_lists(combos, params)
+    knee = params.host_knee_bytes
+    small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
+    small_out, large_out = params.d2h_host_small_bps, params.d2h_host_large_bps
+    n_dpus, push_out, push_in = [], [], []
+    for i, d in enumerate(ds):
+        per_dpu = -(-n // d)
+        n_dpu = -(-per_dpu // unit) * unit  # _share of every count
+        b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
+        head = min(b, knee)
+        push_out.append(calls_out[i] + max(b * d / bw_out[i], d * (
+            head / small_out + (b - head) / large_out)) if b > 0 else 0.0)
+        b = streams * (-(-(n_dpu * es) // 8) * 8)  # the streams scattered to each
+        head = min(b, knee)
+        push_in.append(calls_in[i] + max(b * d / bw_in[i], d * (
+            head / small_in + (b - head) / large_in)) if b > 0 else 0.0)
+        n_dpus.append(n_dpu)
+    return _remember(_EW_TRANSFERS, key, combos, (n_dpus, push_out, push_in))
+
+
+#: Memo of :func:`_ew_transfers`: key -> (the workgroup tuple, its lists).
+_EW_TRANSFERS: dict = {}
+
+
+def _ew_broadcasts(combos, params: UpmemParams, bcast: int) -> list:
+    """Seconds broadcasting ``bcast`` > 0 bytes to every DPU, one entry per workgroup of
+    ``combos``, in the operations of :meth:`UpmemParams.broadcast_s_array`; remembered like
+    :func:`_ew_transfers` (a normalization's Mul and Add broadcast the same bytes)."""
+    key = (id(combos), params_key(params), bcast)
+    hit = _recalled(_EW_BROADCASTS, key, combos)
+    if hit is not None:
+        return hit
+    ds, _, calls_in, _, _, _, bw_bc = _ew_lists(combos, params)
+    knee = params.host_knee_bytes
+    small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
+    head = min(bcast, knee)
+    out = [calls_in[i] + max(bcast * d / bw_bc[i], d * (
+        head / small_in + (bcast - head) / large_in)) for i, d in enumerate(ds)]
+    return _remember(_EW_BROADCASTS, key, combos, out)
+
+
+#: Memo of :func:`_ew_broadcasts`: key -> (the workgroup tuple, its list).
+_EW_BROADCASTS: dict = {}
 
 
 def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None = None):
@@ -1766,38 +1862,56 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         per = 8 // math.gcd(8, es)
         a_row = 0 if op.inputs[0].const else _cdiv(k, per) * per * es  # one padded A row, bytes
 
+        knee, small, large = (params.host_knee_bytes, params.h2d_host_small_bps,
+                              params.h2d_host_large_bps)
+
         def floor(combos: list) -> np.ndarray:
             d = _combos_arrays(combos)[0]
-            ok, scattered, rows_dpu, macs, busiest, launch, gather = _matmul_floor_parts(
-                combos, kind, rows, n, es, tasklets, batched, params)
-            kernel = np.maximum(macs * per_mac, busiest * per_mac)
+            ok, scattered, rows_dpu, most, launch, gather, (calls, bw, bw_bc) = \
+                _matmul_floor_parts(combos, kind, rows, n, es, tasklets, batched, params)
+            # max(x * per_mac, y * per_mac) is max(x, y) * per_mac (per_mac > 0, rounding is
+            # monotone): the bound of the instructions of all tasklets and of the busiest one
+            kernel = most * per_mac
             a_bytes = rows_dpu * a_row
-            send = np.where(scattered, params.push_s_array(a_bytes, d),
-                            params.broadcast_s_array(a_bytes, d))
+            if a_row > 0 and rows > 0:  # every workgroup sends A (rows_dpu >= 1)
+                # push_s_array's and broadcast_s_array's operations, their host part (the same
+                # for both: bytes to the DPUs) and bytes x DPUs computed once
+                head = np.minimum(a_bytes, knee)
+                host = d * (head / small + (a_bytes - head) / large)
+                moved = a_bytes * d
+                send = np.where(scattered, calls + np.maximum(moved / bw, host),
+                                calls + np.maximum(moved / bw_bc, host))
+            else:
+                send = np.where(scattered, params.push_s_array(a_bytes, d),
+                                params.broadcast_s_array(a_bytes, d))
             out = launch + kernel / f + send + gather
             return np.where(ok, out, np.inf)
         return floor
     if kind == "im2col":
-        shape, attrs = op.inputs[0].shape, op.attrs
         conv = _op_im2col_conv(op, es)
-
+        cg, ck_pad, oh, ow = conv[0], conv[2], conv[3], conv[4]
+        n_img, chans, kh, sh, dh = cg["N"], cg["C"], cg["KH"], cg["SH"], cg["DH"]
+        kw, sw, dw = cg["KW"], cg["SW"], cg["DW"]
+        # a row's instructions: C * KH windows of KW taps (_cost_im2col's, the same ints)
+        instr_row = chans * kh * (IM2COL_WIN_INSTR[0] * kw + IM2COL_WIN_INSTR[1])
         bounds: dict = {}  # DPUs that get work -> bound (the large counts give a few of them)
-        n_img, oh, ow = conv[0]["N"], conv[3], conv[4]
 
         def one(d: int) -> float:
             # the plan uses the DPUs that get work (make_plan): <= d; the split alone tells
-            # how many (the geometry is built once per count that gets work)
+            # how many. Its figures are _im2col_geometry's on that many DPUs, read straight
+            # from their split: each gets NB x LB x CB output rows and NB x C x HB x WB inputs
             used = im2col_split(n_img, oh, ow, d)[3]
             hit = bounds.get(used)
             if hit is None:
-                d = used
-                g = _im2col_geometry(shape, attrs, d, es, conv)
-                instr_row = g["windows"] * (IM2COL_WIN_INSTR[0] * g["kw"] + IM2COL_WIN_INSTR[1])
-                rows = g["row_cap"]
+                nb, lb, cb = im2col_split(n_img, oh, ow, used)[:3]
+                rows = nb * lb * cb
+                xs_bytes = _r8(nb * chans * im2col_halo(lb, kh, sh, dh)
+                               * im2col_halo(cb, kw, sw, dw) * es) + 8
                 kernel = max(rows * instr_row, issue * _cdiv(rows, tasklets) * instr_row)
-                hit = bounds[used] = (params.launch_overhead_s(d) + kernel / f
-                                      + params.push_s(g["xs_bytes"], d)
-                                      + params.push_s(_r8(g["n_dpu"] * es), d, to_dpu=False))
+                hit = bounds[used] = (params.launch_overhead_s(used) + kernel / f
+                                      + params.push_s(xs_bytes, used)
+                                      + params.push_s(_r8(rows * ck_pad * es), used,
+                                                      to_dpu=False))
             return hit
         return lambda combos: [one(d) for d, _ in combos]
     if kind == "elementwise":
@@ -1807,34 +1921,22 @@ def _floor_s(op: OpInfo, tasklets: int, params: UpmemParams, unit: tuple | None 
         unit = max(1, 8 // es) if 8 % es == 0 else 8  # W.share's, 8-byte words
 
         n, streams, bcast = max(g["n"], 1), g["streams"], g["bcast_bytes"]
-        knee = params.host_knee_bytes
-        small_in, large_in = params.h2d_host_small_bps, params.h2d_host_large_bps
-        small_out, large_out = params.d2h_host_small_bps, params.d2h_host_large_bps
 
         def floor_ew(combos: list) -> list:
             # every workgroup in Python floats: the same operations, in the same order, as the
             # array methods (push_s_array, broadcast_s_array, launch_overhead_s_array) of the
             # workgroups' DPU counts, so the same bounds; for a dozen workgroups the array
-            # operations' fixed cost is most of the work
-            ds, launch, calls_in, calls_out, bw_in, bw_out, bw_bc = _ew_lists(combos, params)
-            bounds = []
-            for i, d in enumerate(ds):
-                per_dpu = -(-n // d)
-                n_dpu = -(-per_dpu // unit) * unit  # _share of every count
-                b = -(-(n_dpu * out_es) // 8) * 8  # the result gathered from each DPU
-                head = min(b, knee)
-                push_out = calls_out[i] + max(b * d / bw_out[i], d * (
-                    head / small_out + (b - head) / large_out)) if b > 0 else 0.0
-                b = streams * (-(-(n_dpu * es) // 8) * 8)  # the streams scattered to each
-                head = min(b, knee)
-                push_in = calls_in[i] + max(b * d / bw_in[i], d * (
-                    head / small_in + (b - head) / large_in)) if b > 0 else 0.0
-                out = launch[i] + n_dpu * instr / f + push_out + push_in
-                if bcast:  # (a broadcast of no bytes takes no time: adds 0.0)
-                    head = min(bcast, knee)
-                    out = out + (calls_in[i] + max(bcast * d / bw_bc[i], d * (
-                        head / small_in + (bcast - head) / large_in)) if bcast > 0 else 0.0)
-                bounds.append(out)
+            # operations' fixed cost is most of the work. The transfers depend on the sizes
+            # alone (_ew_transfers): ops of one size (a normalization's Mul, Add and Relu on
+            # one tensor) share them
+            launch = _ew_lists(combos, params)[1]
+            n_dpus, push_out, push_in = _ew_transfers(combos, params, n, unit, es, out_es,
+                                                      streams)
+            bounds = [lo + nd * instr / f + po + pi
+                      for lo, nd, po, pi in zip(launch, n_dpus, push_out, push_in)]
+            if bcast:  # (a broadcast of no bytes takes no time: adds 0.0)
+                bounds = [out + bc for out, bc in zip(bounds, _ew_broadcasts(combos, params,
+                                                                            bcast))]
             return bounds
         return floor_ew
     return None

@@ -130,19 +130,28 @@ def emit_kernel(kind: str, dtype, shapes: list, *, dpus: int, tasklets: int, blo
         ValueError: unknown kind, unsupported dtype/op/parameters, or data that does not fit
             the DPUs' MRAM.
     """
+    return _run_kernel(kind, dtype, shapes, dpus, tasklets, block_bytes,
+                       outdir if isinstance(outdir, Path) else Path(outdir), consts or {},
+                       target, params)
+
+
+def _run_kernel(kind: str, dtype, shapes: list, dpus: int, tasklets: int, block_bytes: int,
+                outdir: Path, consts: dict, target: _cost.UpmemParams, params: dict) -> list[Path]:
+    """:func:`emit_kernel` past its defaults (``params`` is consumed: ``unroll`` is taken
+    out); :func:`check_emittable`'s dry run calls it straight, without :func:`emit_op`'s
+    bookkeeping of where the files go."""
     if kind not in KINDS:
         raise ValueError(f"unknown UPMEM kernel kind {kind!r}; expected one of {KINDS}")
     dtype = _check_dtype(dtype, kind)
     unroll = int(params.pop("unroll", _mapping.UNROLL))
     if not 1 <= unroll <= 64:
         raise ValueError(f"unroll={unroll}: expected 1..64")
-    outdir = outdir if isinstance(outdir, Path) else Path(outdir)
     fn = globals()[f"_emit_{'gemm' if kind in ('gemv', 'mlp') else kind}"]
     tok, ttok = _UNROLL.set(unroll), _TARGET.set(target)
     try:
         _check_workgroup(dpus, tasklets)
-        return fn(kind, dtype, [tuple(int(d) for d in s) for s in shapes], int(dpus), int(tasklets),
-                  int(block_bytes), outdir, consts or {}, params)
+        return fn(kind, dtype, [tuple(map(int, s)) for s in shapes], int(dpus), int(tasklets),
+                  int(block_bytes), outdir, consts, params)
     finally:
         _UNROLL.reset(tok)
         _TARGET.reset(ttok)
@@ -316,13 +325,33 @@ def check_emittable(op, attrs: dict, *, target: _cost.UpmemParams = _cost.DEFAUL
     is written. The device's ``supports`` and ``lower`` call it, so placement never accepts an
     op whose kernel cannot be generated (issue 17 #2). ``kernel``: :func:`kernel_for` of
     ``op`` and ``target`` when the caller has it (the device's ``supports`` asks it first)."""
+    kind, dtype, shapes, params, dpus, tasklets, block = _emit_args(
+        op, attrs, None, target, default_dpus, default_tasklets, default_block, kernel)
     tok = _DRY.set(True)
-    try:
-        emit_op(op, dict(attrs, kernel=attrs.get("kernel") or "dry-run"), {}, _NOWHERE,
-                target=target, default_dpus=default_dpus, default_tasklets=default_tasklets,
-                default_block=default_block, kernel=kernel)
+    try:  # the emitter itself, writing nothing (emit_op's file names and manifest unneeded)
+        _run_kernel(kind, dtype, shapes, dpus, tasklets, block, _NOWHERE, {}, target, params)
     finally:
         _DRY.reset(tok)
+
+
+def _emit_args(op, attrs: dict, consts: dict | None, target: _cost.UpmemParams,
+               default_dpus: int | None, default_tasklets: int | None, default_block: int,
+               kernel: tuple | None) -> tuple:
+    """What :func:`emit_op` passes the emitter: ``(kind, dtype, shapes, params, DPUs,
+    tasklets, block bytes)`` (``params`` a fresh dict: the emitter consumes it); ValueError as
+    :func:`kernel_for`."""
+    if kernel is None:
+        kind, dtype, shapes, params = kernel_for(op, consts, target)
+    else:  # the caller's kernel_for(op, consts, target); its params are not changed
+        kind, dtype, shapes, params = kernel[0], kernel[1], kernel[2], dict(kernel[3])
+    if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
+        params["grid"] = [int(x) for x in attrs["cnm_grid"]]
+    if kind in ("softmax", "layernorm") and attrs.get("cnm_lanes"):
+        params["lanes"] = int(attrs["cnm_lanes"])
+    dpus = int(attrs.get("cnm_dpus") or default_dpus or min(target.dpus, target.dpus_per_rank))
+    tasklets = int(attrs.get("cnm_tasklets") or default_tasklets or target.tasklets)
+    block = int(attrs.get("cnm_block_bytes") or default_block)
+    return kind, dtype, shapes, params, dpus, tasklets, block
 
 
 
@@ -347,19 +376,10 @@ def emit_op(op, attrs: dict, consts: dict, root, *,
     """
     if not attrs.get("kernel"):
         raise ValueError(f"{op.name}: no 'kernel' attribute (run the cnm_mapping pass first)")
-    if kernel is None:
-        kind, dtype, shapes, params = kernel_for(op, consts, target)
-    else:  # the caller's kernel_for(op, consts, target); its params are not changed
-        kind, dtype, shapes, params = kernel[0], kernel[1], kernel[2], dict(kernel[3])
-    if kind in ("gemm", "gemv") and attrs.get("cnm_grid"):
-        params["grid"] = [int(x) for x in attrs["cnm_grid"]]
-    if kind in ("softmax", "layernorm") and attrs.get("cnm_lanes"):
-        params["lanes"] = int(attrs["cnm_lanes"])
-    # a dry run (check_emittable: placement asks for every op) writes nothing: no path built
+    kind, dtype, shapes, params, dpus, tasklets, block = _emit_args(
+        op, attrs, consts, target, default_dpus, default_tasklets, default_block, kernel)
+    # a dry run writes nothing: no path built
     outdir = _NOWHERE if _DRY.get() else Path(root) / _attr(attrs, "kernel")
-    dpus = int(attrs.get("cnm_dpus") or default_dpus or min(target.dpus, target.dpus_per_rank))
-    tasklets = int(attrs.get("cnm_tasklets") or default_tasklets or target.tasklets)
-    block = int(attrs.get("cnm_block_bytes") or default_block)
     used = op.inputs[:len(shapes)]
     cidx = {i: consts[x.name] for i, x in enumerate(used) if consts and x.name in consts}
 

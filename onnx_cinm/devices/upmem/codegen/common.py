@@ -296,6 +296,28 @@ def _c_strides(shape) -> list[int]:
 
 
 
+def broadcast_shape(*shapes) -> tuple:
+    """``np.broadcast_shapes(*shapes)`` of tuples of ints, worked out in Python (the emitters'
+    dry runs ask for every op placement prices); numpy's own ValueError when they do not
+    broadcast (or a dim is negative): the shapes are handed to numpy then."""
+    if not shapes:
+        return ()
+    n = max(len(s) for s in shapes)
+    out = [1] * n
+    for s in shapes:
+        off = n - len(s)
+        for i, d in enumerate(s):
+            o = out[off + i]
+            if d == o:
+                continue
+            if d < 0 or o != 1 and d != 1:
+                return tuple(np.broadcast_shapes(*shapes))  # raises numpy's error
+            if o == 1:
+                out[off + i] = d
+    return tuple(out)
+
+
+
 def broadcast_strides(shape, out_shape) -> tuple:
     """Element strides reading ``shape`` (numpy-broadcast) at every index of ``out_shape``."""
     shape = (1,) * (len(out_shape) - len(shape)) + tuple(shape)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .common import (BINARY, broadcast_strides, _c_float, _c_lit, _ceil, _check_mram, _COST_OP,
+from .common import (BINARY, broadcast_shape, broadcast_strides, _c_float, _c_lit, _ceil, _check_mram, _COST_OP,
                      _DRY, elem_instr, _fit_block, GELU, _inputs, instr_per_elem, _K,
                      math_helpers_for, _round_up, _SOFT_DOUBLE_INSTR, _Tensor, TRANSCENDENTAL,
                      UNARY, _write)
@@ -116,7 +116,7 @@ def _emit_elementwise(kind, dtype, shapes, dpus, tasklets, block, outdir, consts
         raise ValueError(f"{kind} {op}: expected {nin} input shape(s), got {len(shapes)}")
     if kind == "binary":
         expr, doc, instr = _binary_expr(op, dtype)
-        out_shape = tuple(np.broadcast_shapes(*shapes))
+        out_shape = broadcast_shape(*shapes)
     else:
         expr, doc, instr = _unary_expr(op, dtype, params)
         out_shape = shapes[0]

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from .common import (broadcast_strides, _ceil, _check_mram, _DRY, elem_instr, _fit_block, _inputs, _K,
-                     _round_up, _TARGET, _Tensor, _write)
+from .common import (broadcast_shape, broadcast_strides, _ceil, _check_mram, _DRY, elem_instr,
+                     _fit_block, _inputs, _K, _round_up, _TARGET, _Tensor, _write)
 
 
 def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, params):
@@ -29,12 +29,11 @@ def _emit_gemm(kind, dtype, shapes, dpus, tasklets, block, outdir, consts, param
         if ashape[-1] != bshape[-2]:
             raise ValueError(f"{kind}: inner dims differ: A{list(ashape)} @ B{list(bshape)}")
         M, K, N = ashape[-2], ashape[-1], bshape[-1]
-        batch = tuple(np.broadcast_shapes(ashape[:-2], bshape[:-2]))
+        batch = broadcast_shape(ashape[:-2], bshape[:-2])
         yshape = batch + (M, N)
         cshape = shapes[2] if bias else None
         if bias:
-            np.broadcast_shapes(cshape, yshape)
-            if tuple(np.broadcast_shapes(cshape, yshape)) != yshape:
+            if broadcast_shape(cshape, yshape) != yshape:
                 raise ValueError(f"{kind}: C{list(cshape)} does not broadcast to Y{list(yshape)}")
         names, out_shape = ["A", "B", "C"], yshape
     M, K = ashape[-2], ashape[-1]
