@@ -326,12 +326,16 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     outputs = _typed_outputs(graph)
     if outputs is None:
         return None
-    infos = _collect(graph, dict(consts))
+    infos = _collect(graph, dict(consts), bodies=False)  # (_typed_outputs: no node has one)
+    static: set[int] = set()  # the shapes found all ints, by id (_collect shares the tuples)
     for o in outputs:
         info = infos.get(o)  # (None: typed only as a sequence, a map or an optional)
-        if info is None or info.dtype is None or info.shape is None or \
-                not all(isinstance(d, int) for d in info.shape):
+        if info is None or info.dtype is None or info.shape is None:
             return None
+        if id(info.shape) not in static:
+            if not all(isinstance(d, int) for d in info.shape):
+                return None
+            static.add(id(info.shape))
     return infos
 
 
@@ -441,40 +445,37 @@ def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProt
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
-             names: set[str] | None = None) -> dict[str, TensorInfo]:
+             names: set[str] | None = None, bodies: bool = True) -> dict[str, TensorInfo]:
     """Infos of the main graph's tensors, then of subgraph tensors (If/Loop/Scan bodies) whose
-    names the main graph does not use; only those ``names`` when given."""
+    names the main graph does not use; only those ``names`` when given. ``bodies=False``: the
+    caller knows no node has a body (none is looked for)."""
     dims = dims or {}
     infos: dict[str, TensorInfo] = {}
     values = graph.input[:] + graph.value_info[:] + graph.output[:]
-    for sub in list(frontend.iter_graphs(graph))[1:]:
+    for sub in list(frontend.iter_graphs(graph))[1:] if bodies else ():
         values += sub.input[:] + sub.value_info[:] + sub.output[:]
         for init in sub.initializer[:]:
             consts.setdefault(init.name, (init.data_type, tuple(init.dims[:])))
     if names is not None:  # the first entry of a name is the one read, as below
         values = [vi for vi in values if vi.name in names]
         consts = {n: c for n, c in consts.items() if n in names}
-    # a shape read dim by dim costs three protobuf calls a dim (a third of this function's time
-    # on DenseNet121); most tensors share their shape with others: each distinct one read once
-    shapes: dict[bytes, tuple] = {}
+    # a type read field by field costs protobuf calls for its element type and three a dim (a
+    # third of this function's time on DenseNet121); most tensors share their type with
+    # others: each distinct one (its bytes) read once, into (dtype, shape), or None for a type
+    # that is no tensor's
+    types: dict[bytes, tuple | None] = {}
     for vi in values:
-        if vi.name in infos:
+        name = vi.name
+        if name in infos:
             continue
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
-        shape = None
-        if tt.HasField("shape"):
-            key = tt.shape.SerializeToString()
-            shape = shapes.get(key)
-            if shape is None:
-                # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like
-                # a dim_param
-                shape = shapes[key] = tuple(
-                    d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
-        infos[vi.name] = _tensor_info(vi.name, dtype, shape, False)
+        typ = vi.type
+        key = typ.SerializeToString()
+        if key in types:
+            known = types[key]
+        else:
+            known = types[key] = _type_of(typ, dims)
+        if known is not None:
+            infos[name] = _tensor_info(name, known[0], known[1], False)
     np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
         np_type = np_types.get(dtype)
@@ -482,6 +483,22 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
             np_type = np_types[dtype] = helper.tensor_dtype_to_np_dtype(dtype)
         infos[name] = _tensor_info(name, np_type, shape, True)
     return infos
+
+
+def _type_of(typ: onnx.TypeProto, dims: dict) -> tuple | None:
+    """``(numpy dtype or None, shape or None)`` of a tensor type (a dim_param sized by ``dims``,
+    else its name, or ``"?"``); None for a type that is not a tensor's (:func:`_collect`)."""
+    if not typ.HasField("tensor_type"):
+        return None
+    tt = typ.tensor_type
+    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
+    shape = None
+    if tt.HasField("shape"):
+        # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like a
+        # dim_param
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                      else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
+    return dtype, shape
 
 
 _new_object = object.__new__

@@ -247,3 +247,25 @@ def test_op_info_records_are_the_dataclass_instances():
                       tuple(infos.get(n, TensorInfo(n, None, None, False)) for n in node.output if n),
                       flops)
         assert got == want and repr(got) == repr(want), node.op_type
+
+
+def test_collect_reads_each_distinct_type_once_with_the_same_infos():
+    """_collect reads a type once per distinct one: tensors of one type get the same (hand
+    written) dtype and shape, a dim_param is sized by ``dims`` or kept as its name, a negative
+    dim is '?', a sequence-typed entry gives no info and a later entry of a name is not read."""
+    from onnx_cinm.analysis import _collect
+
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    g = helper.make_graph([], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])],
+                          value_info=[helper.make_tensor_value_info("c", TensorProto.INT64, ["n", -1]),
+                                      helper.make_tensor_value_info("d", TensorProto.INT64, ["n", -1]),
+                                      helper.make_tensor_value_info("e", TensorProto.INT64, ["m"]),
+                                      seq,
+                                      helper.make_tensor_value_info("a", TensorProto.INT8, [9])])
+    infos = _collect(g, {"w": (TensorProto.FLOAT16, (4,))}, dims={"n": 5})
+    got = {k: (v.dtype, v.shape, v.const) for k, v in infos.items()}
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    assert got == {"a": (f32, (2, 3), False), "c": (i64, (5, "?"), False),
+                   "d": (i64, (5, "?"), False), "e": (i64, ("m",), False),
+                   "b": (f32, (2, 3), False), "w": (np.dtype(np.float16), (4,), True)}
