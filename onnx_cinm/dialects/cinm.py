@@ -1187,12 +1187,15 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in all_nodes(model.graph):
         if node.domain != DOMAIN:
             continue
-        if node.op_type not in OPS:
-            raise ValueError(f"node {node.name!r}: unknown cinm op {node.op_type!r}")
-        n_in = sum(1 for i in node.input[:] if i)
-        attrs = node_attrs(node, OVERLOAD_ATTRS) if node.op_type in ATTR_OVERLOADS else {}
-        node.overload = overload_of(node.op_type, attrs, n_in)
-        needed[(node.op_type, node.overload)] = None
+        op = node.op_type  # (each field read once: three passes call this on every node)
+        if op not in OPS:
+            raise ValueError(f"node {node.name!r}: unknown cinm op {op!r}")
+        names = node.input[:]
+        n_in = len(names) - names.count("")
+        attrs = node_attrs(node, OVERLOAD_ATTRS) if op in ATTR_OVERLOADS else {}
+        overload = overload_of(op, attrs, n_in)
+        node.overload = overload  # (set even when it is "": the field then is present)
+        needed[(op, overload)] = None
     keep = [f for f in model.functions if f.domain != DOMAIN]
     del model.functions[:]
     model.functions.extend(keep + [build_function(op, ov, opset) for op, ov in needed])
