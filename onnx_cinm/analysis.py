@@ -164,14 +164,26 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
+    # helper.make_tensor_type_proto(elem, dims) once per distinct type: the protos are only
+    # read (by the inference functions, and copied into the entries written)
+    made: dict[tuple, onnx.TypeProto] = {}
+
+    def tensor_type(elem: int, dims: list[int]) -> onnx.TypeProto:
+        key = (elem, *dims)
+        t = made.get(key)
+        if t is None:
+            t = made[key] = helper.make_tensor_type_proto(elem, dims)
+        return t
+
     for init in graph.initializer[:]:
-        if init.name in needed:
-            if init.name in inputs:
+        name = init.name
+        if name in needed:
+            if name in inputs:
                 return False
             dims = init.dims[:]
-            types[init.name] = helper.make_tensor_type_proto(init.data_type, dims)
+            types[name] = tensor_type(init.data_type, dims)
             if math.prod(dims) <= 512:  # what _weightless_copy keeps the values of
-                values[init.name] = init
+                values[name] = init
     for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         if vi.name in needed and vi.name not in types:
             types[vi.name] = vi.type
@@ -211,8 +223,11 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             if any(d < 0 for d in dims) or not _numpy_holds(elem):
                 return False
             typed.add(name)
-            entries.append(helper.make_tensor_value_info(name, elem, dims))
-            types[name] = entries[-1].type
+            # helper.make_tensor_value_info(name, elem, dims): the name, then that type copied
+            entry = onnx.ValueInfoProto(name=name)
+            types[name] = made_type = tensor_type(elem, dims)
+            entry.type.CopyFrom(made_type)
+            entries.append(entry)
     graph.value_info.extend(entries)
     return True
 
