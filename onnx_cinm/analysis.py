@@ -164,14 +164,26 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
     inputs = {v.name for v in graph.input}
     types: dict[str, onnx.TypeProto] = {}
     values: dict[str, onnx.TensorProto] = {}
+    # helper.make_tensor_type_proto(elem, dims) once per distinct type: the protos are only
+    # read (by the inference functions, and copied into the entries written)
+    made: dict[tuple, onnx.TypeProto] = {}
+
+    def tensor_type(elem: int, dims: list[int]) -> onnx.TypeProto:
+        key = (elem, *dims)
+        t = made.get(key)
+        if t is None:
+            t = made[key] = helper.make_tensor_type_proto(elem, dims)
+        return t
+
     for init in graph.initializer[:]:
-        if init.name in needed:
-            if init.name in inputs:
+        name = init.name
+        if name in needed:
+            if name in inputs:
                 return False
             dims = init.dims[:]
-            types[init.name] = helper.make_tensor_type_proto(init.data_type, dims)
+            types[name] = tensor_type(init.data_type, dims)
             if math.prod(dims) <= 512:  # what _weightless_copy keeps the values of
-                values[init.name] = init
+                values[name] = init
     for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         if vi.name in needed and vi.name not in types:
             types[vi.name] = vi.type
@@ -211,8 +223,11 @@ def type_node_outputs(model: onnx.ModelProto) -> bool:
             if any(d < 0 for d in dims) or not _numpy_holds(elem):
                 return False
             typed.add(name)
-            entries.append(helper.make_tensor_value_info(name, elem, dims))
-            types[name] = entries[-1].type
+            # helper.make_tensor_value_info(name, elem, dims): the name, then that type copied
+            entry = onnx.ValueInfoProto(name=name)
+            types[name] = made_type = tensor_type(elem, dims)
+            entry.type.CopyFrom(made_type)
+            entries.append(entry)
     graph.value_info.extend(entries)
     return True
 
@@ -326,12 +341,16 @@ def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | No
     outputs = _typed_outputs(graph)
     if outputs is None:
         return None
-    infos = _collect(graph, dict(consts))
+    infos = _collect(graph, dict(consts), bodies=False)  # (_typed_outputs: no node has one)
+    static: set[int] = set()  # the shapes found all ints, by id (_collect shares the tuples)
     for o in outputs:
         info = infos.get(o)  # (None: typed only as a sequence, a map or an optional)
-        if info is None or info.dtype is None or info.shape is None or \
-                not all(isinstance(d, int) for d in info.shape):
+        if info is None or info.dtype is None or info.shape is None:
             return None
+        if id(info.shape) not in static:
+            if not all(isinstance(d, int) for d in info.shape):
+                return None
+            static.add(id(info.shape))
     return infos
 
 
@@ -441,40 +460,37 @@ def _probe_pins(graph: onnx.GraphProto, probed: dict) -> list[onnx.ValueInfoProt
 
 
 def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
-             names: set[str] | None = None) -> dict[str, TensorInfo]:
+             names: set[str] | None = None, bodies: bool = True) -> dict[str, TensorInfo]:
     """Infos of the main graph's tensors, then of subgraph tensors (If/Loop/Scan bodies) whose
-    names the main graph does not use; only those ``names`` when given."""
+    names the main graph does not use; only those ``names`` when given. ``bodies=False``: the
+    caller knows no node has a body (none is looked for)."""
     dims = dims or {}
     infos: dict[str, TensorInfo] = {}
     values = graph.input[:] + graph.value_info[:] + graph.output[:]
-    for sub in list(frontend.iter_graphs(graph))[1:]:
+    for sub in list(frontend.iter_graphs(graph))[1:] if bodies else ():
         values += sub.input[:] + sub.value_info[:] + sub.output[:]
         for init in sub.initializer[:]:
             consts.setdefault(init.name, (init.data_type, tuple(init.dims[:])))
     if names is not None:  # the first entry of a name is the one read, as below
         values = [vi for vi in values if vi.name in names]
         consts = {n: c for n, c in consts.items() if n in names}
-    # a shape read dim by dim costs three protobuf calls a dim (a third of this function's time
-    # on DenseNet121); most tensors share their shape with others: each distinct one read once
-    shapes: dict[bytes, tuple] = {}
+    # a type read field by field costs protobuf calls for its element type and three a dim (a
+    # third of this function's time on DenseNet121); most tensors share their type with
+    # others: each distinct one (its bytes) read once, into (dtype, shape), or None for a type
+    # that is no tensor's
+    types: dict[bytes, tuple | None] = {}
     for vi in values:
-        if vi.name in infos:
+        name = vi.name
+        if name in infos:
             continue
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
-        shape = None
-        if tt.HasField("shape"):
-            key = tt.shape.SerializeToString()
-            shape = shapes.get(key)
-            if shape is None:
-                # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like
-                # a dim_param
-                shape = shapes[key] = tuple(
-                    d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                    else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
-        infos[vi.name] = _tensor_info(vi.name, dtype, shape, False)
+        typ = vi.type
+        key = typ.SerializeToString()
+        if key in types:
+            known = types[key]
+        else:
+            known = types[key] = _type_of(typ, dims)
+        if known is not None:
+            infos[name] = _tensor_info(name, known[0], known[1], False)
     np_types: dict[int, np.dtype] = {}
     for name, (dtype, shape) in consts.items():
         np_type = np_types.get(dtype)
@@ -482,6 +498,22 @@ def _collect(graph: onnx.GraphProto, consts: dict, dims: dict | None = None,
             np_type = np_types[dtype] = helper.tensor_dtype_to_np_dtype(dtype)
         infos[name] = _tensor_info(name, np_type, shape, True)
     return infos
+
+
+def _type_of(typ: onnx.TypeProto, dims: dict) -> tuple | None:
+    """``(numpy dtype or None, shape or None)`` of a tensor type (a dim_param sized by ``dims``,
+    else its name, or ``"?"``); None for a type that is not a tensor's (:func:`_collect`)."""
+    if not typ.HasField("tensor_type"):
+        return None
+    tt = typ.tensor_type
+    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
+    shape = None
+    if tt.HasField("shape"):
+        # a negative dim_value (some exporters write -1 for "dynamic") is unknown, like a
+        # dim_param
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                      else dims.get(d.dim_param, d.dim_param or "?") for d in tt.shape.dim[:])
+    return dtype, shape
 
 
 _new_object = object.__new__
@@ -569,11 +601,24 @@ def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
     return _flops(node, node.op_type, node.domain, ins, outs)
 
 
+#: The op types :func:`_flops` counts other than by :data:`_PER_OUTPUT` (with those whose name
+#: starts with ``Reduce``): every other op counts ``_PER_OUTPUT.get(op, 1)`` per output element,
+#: told by one set lookup (most of a network's ops, its elementwise ones).
+_COUNTED_APART = frozenset(_MOVE | {"If", "Loop", "Scan", *_GATES, _CONTRIB_LSTM[1], "Einsum",
+                                    "QLinearMatMul", "QLinearConv", "MatMul", "Gemm", "Gemv",
+                                    "MatMulInteger", "SimSearch", "Conv", "ConvTranspose",
+                                    "ConvInteger", "Reduce", "MergePartial", "Histogram",
+                                    "PopCount", "TopK", "CumSum", "MaxPool", "AveragePool",
+                                    "LpPool", "GlobalAveragePool", "GlobalMaxPool"})
+
+
 def _flops(node: onnx.NodeProto, op: str, domain: str, ins: list, outs: list) -> int:
     """:func:`node_flops` of ``node`` (op type ``op``, domain ``domain``) whose inputs' and
     outputs' infos are ``ins`` and ``outs`` (None: unknown), the node's fields read once by
     the caller (:func:`op_info` reads them for its own record too)."""
     out = outs[0] if outs else None
+    if op not in _COUNTED_APART and not op.startswith("Reduce"):  # what the last line gives
+        return _PER_OUTPUT.get(op, 1) * (0 if out is None else out.numel)
     if op in _MOVE or (op in ("If", "Loop", "Scan") and domain in ("", "ai.onnx")):
         return 0  # control flow itself: its bodies are counted by body_flops
     if (op in _GATES and domain in ("", "ai.onnx")) or (domain, op) == _CONTRIB_LSTM:
@@ -686,12 +731,17 @@ def op_info(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> OpInfo:
     op, domain, names_in, names_out = node.op_type, node.domain, node.input[:], node.output[:]
     ins = [infos.get(n) for n in names_in]  # None: unknown
     outs = [infos.get(n) for n in names_out]
-    return OpInfo(
-        name=node.name, op_type=op, attrs=_attrs(node, domain),
-        # an unknown tensor's record built only when it is needed
-        inputs=tuple(TensorInfo(n, None, None, False) if t is None else t
-                     for n, t in zip(names_in, ins) if n),
-        outputs=tuple(TensorInfo(n, None, None, False) if t is None else t
-                      for n, t in zip(names_out, outs) if n),
-        flops=_flops(node, op, domain, ins, outs),
-    )
+    # the frozen dataclass's fields put in its __dict__ directly, as _tensor_info does (its
+    # generated __init__ sets each through object.__setattr__: 1,912 records an optimize of
+    # light DenseNet121); an unknown tensor's record built only when it is needed
+    info = _new_object(OpInfo)
+    fields = info.__dict__
+    fields["name"] = node.name
+    fields["op_type"] = op
+    fields["attrs"] = _attrs(node, domain)
+    fields["inputs"] = tuple(_tensor_info(n, None, None, False) if t is None else t
+                             for n, t in zip(names_in, ins) if n)
+    fields["outputs"] = tuple(_tensor_info(n, None, None, False) if t is None else t
+                              for n, t in zip(names_out, outs) if n)
+    fields["flops"] = _flops(node, op, domain, ins, outs)
+    return info

@@ -219,3 +219,53 @@ def test_open_tensors_from_the_opset_conversions_inference():
     frontend.set_planned_dims(planned, {"batch": 4})
     assert open_tensors(planned, ["r"], first(planned)) == []
     assert len(calls) == 2  # not asked: the conversion's inference leaves batch open
+
+
+def test_op_info_records_are_the_dataclass_instances():
+    """op_info makes its OpInfo without the dataclass __init__: equal to the constructor's, the
+    same repr, the dataclass still has exactly the six fields it fills; the flops of the ops
+    counted by one lookup are hand counts (Relu 1 and Softmax 5 per output element of 3 x 4,
+    ReduceSum its 12 input elements, an op of unknown output 0)."""
+    import dataclasses
+
+    from onnx_cinm.analysis import op_info
+    from onnx_cinm.graph import OpInfo, TensorInfo
+
+    assert [f.name for f in dataclasses.fields(OpInfo)] == \
+        ["name", "op_type", "attrs", "inputs", "outputs", "flops"]
+    f32 = np.dtype(np.float32)
+    infos = {"x": TensorInfo("x", f32, (3, 4)), "y": TensorInfo("y", f32, (3, 4)),
+             "r": TensorInfo("r", f32, (1, 4))}
+    cases = [(helper.make_node("Relu", ["x"], ["y"], name="relu"), 12),
+             (helper.make_node("Softmax", ["x"], ["y"], axis=1), 60),
+             (helper.make_node("ReduceSum", ["x", ""], ["r"], keepdims=1), 12),
+             (helper.make_node("Relu", ["x"], ["unknown"]), 0)]
+    for node, flops in cases:
+        got = op_info(node, infos)
+        want = OpInfo(node.name, node.op_type, {a.name: a.i for a in node.attribute},
+                      tuple(infos.get(n, TensorInfo(n, None, None, False)) for n in node.input if n),
+                      tuple(infos.get(n, TensorInfo(n, None, None, False)) for n in node.output if n),
+                      flops)
+        assert got == want and repr(got) == repr(want), node.op_type
+
+
+def test_collect_reads_each_distinct_type_once_with_the_same_infos():
+    """_collect reads a type once per distinct one: tensors of one type get the same (hand
+    written) dtype and shape, a dim_param is sized by ``dims`` or kept as its name, a negative
+    dim is '?', a sequence-typed entry gives no info and a later entry of a name is not read."""
+    from onnx_cinm.analysis import _collect
+
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    g = helper.make_graph([], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])],
+                          value_info=[helper.make_tensor_value_info("c", TensorProto.INT64, ["n", -1]),
+                                      helper.make_tensor_value_info("d", TensorProto.INT64, ["n", -1]),
+                                      helper.make_tensor_value_info("e", TensorProto.INT64, ["m"]),
+                                      seq,
+                                      helper.make_tensor_value_info("a", TensorProto.INT8, [9])])
+    infos = _collect(g, {"w": (TensorProto.FLOAT16, (4,))}, dims={"n": 5})
+    got = {k: (v.dtype, v.shape, v.const) for k, v in infos.items()}
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    assert got == {"a": (f32, (2, 3), False), "c": (i64, (5, "?"), False),
+                   "d": (i64, (5, "?"), False), "e": (i64, ("m",), False),
+                   "b": (f32, (2, 3), False), "w": (np.dtype(np.float16), (4,), True)}
