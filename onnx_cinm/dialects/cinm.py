@@ -66,9 +66,6 @@ reason it was chosen); paradigm passes add their plan attributes the same way.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -876,88 +873,15 @@ def _make_schema(spec: OpSpec, shared: list) -> OpSchema:
     return schema
 
 
-#: The module of ``onnx.reference`` that indexes every registered op schema by name when it
-#: is imported (``_build_schemas``; onnx 1.23).
-_REFERENCE_INDEX = "onnx.reference.op_run"
-
-
-class _IndexLoader(importlib.abc.Loader):
-    """Runs :data:`_REFERENCE_INDEX` with its own ``loader`` while
-    ``onnx.defs.get_all_schemas_with_history`` leaves the cinm schemas out for the importing
-    thread only (see :func:`register_schemas`)."""
-
-    def __init__(self, loader: importlib.abc.Loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def __getattr__(self, name):  # get_source, get_filename, ...: the module's own loader's
-        return getattr(self.loader, name)
-
-    def exec_module(self, module) -> None:
-        listing = onnx.defs.get_all_schemas_with_history
-        importer = threading.get_ident()
-
-        def without_cinm():
-            schemas = listing()
-            if threading.get_ident() != importer:  # any other thread: the whole registry
-                return schemas
-            return [s for s in schemas if s.domain != DOMAIN]
-
-        onnx.defs.get_all_schemas_with_history = without_cinm
-        try:
-            self.loader.exec_module(module)
-        finally:
-            onnx.defs.get_all_schemas_with_history = listing
-
-
-class _IndexFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`_REFERENCE_INDEX` through the other finders of ``sys.meta_path`` and gives
-    it an :class:`_IndexLoader`; every other module is left to them (None). Stays on
-    ``sys.meta_path``: taking it out while another thread walks the list could make that
-    thread skip a finder, and a reload of the module needs it again."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _REFERENCE_INDEX:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _IndexLoader(spec.loader)
-                return spec
-        return None
-
-
-def _guard_reference_index() -> None:
-    """Put an :class:`_IndexFinder` first on ``sys.meta_path`` unless one is there or
-    :data:`_REFERENCE_INDEX` is imported already (its index is built: the schemas registered
-    after it are not in it)."""
-    if _REFERENCE_INDEX not in sys.modules and \
-            not any(isinstance(f, _IndexFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _IndexFinder())  # an insertion: another thread's walk of the
-        # list meets one finder twice at worst, never misses one
-
-
 def register_schemas() -> None:
     """Register the schemas of every cinm op with ``onnx.defs`` (idempotent).
 
     ``onnx.reference`` indexes every registered schema by op name alone when it is first
-    imported (:data:`_REFERENCE_INDEX`) and refuses two domains under one name (cinm.Mul next
-    to Mul). Importing it first cost 26 M instructions of every optimize (valgrind, light
-    DenseNet121: its modules, and onnx's schemas converted to Python objects; the C++
-    registry they come from is built anyway), and most runs never use it. Instead an import hook
-    (:func:`_guard_reference_index`) builds that index, whenever it is imported later, from
-    the registry without the cinm schemas: what it held when imported first. The schemas stay
-    registered throughout (taking them out of ``onnx.defs`` meanwhile, as a hook once did, left
-    another thread's shape inference without them), and only the importing thread sees the
-    shorter listing.
+    imported and refuses two domains under one name (cinm.Mul next to Mul), so it is imported
+    first (27 ms of start-up). Taking the cinm schemas out while it is imported later instead
+    left them unregistered, process-wide, for any other thread inferring shapes meanwhile.
     """
-    _guard_reference_index()
+    import onnx.reference  # noqa: F401  (see the docstring)
 
     shared = None  # built once for every op (66 attributes each with every device's plans)
     for spec in OPS.values():
