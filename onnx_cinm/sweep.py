@@ -236,22 +236,27 @@ def _cinm_level(model, input_shapes: dict | None, dims: dict | None,
     """:func:`cinm_level`'s model and what ``to_cinm`` lowered (weights as stubs), for
     :func:`evaluate`; a note on the dims taken as 1 is appended to ``notes``."""
     from .passes.origins import stub_origins
-    from .pipeline import _runs_at_one, optimize
+    from .pipeline import _drawn_integer_inputs, _runs_at_one, optimize
 
     res = optimize(model, stop_after="cinm", check=0, input_shapes=input_shapes, dims=dims)
     if res.unsized_dims:
         # as optimize's check refuses: figures planned at sizes that cannot exist describe
         # nothing (an audio front end whose samples must be a whole frame)
         original = model if isinstance(model, onnx.ModelProto) else frontend.load_model(model)
-        if input_shapes:
-            original = frontend.overwrite_input_shapes(original, input_shapes)
+        if input_shapes:  # on a copy: the caller's model stays as given
+            copy = onnx.ModelProto()
+            copy.CopyFrom(original)
+            original = frontend.overwrite_input_shapes(copy, input_shapes)
         open_ = ", ".join(res.unsized_dims)
-        if not _runs_at_one(original, dict(dims or {})):
+        # an integer input drawn at random may be a shape (a Reshape's): its values, not the
+        # sizes, can be what fails, as optimize's check judges it
+        if not _drawn_integer_inputs(original, None) and not _runs_at_one(original, dict(dims or {})):
             raise CinmError(f"the original does not run with {open_} at 1, the size the plans "
                             "take a dim without one (a shape error in onnxruntime): give their "
                             "sizes: " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
-        (notes if notes is not None else []).append(f"symbolic dims taken as 1: {open_}; every configuration is planned at that "
-                     "size: give others with " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
+        if notes is not None:
+            notes.append(f"symbolic dims taken as 1: {open_}; every configuration is planned at that "
+                         "size: give others with " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
     return res.model, stub_origins(res.origins)
 
 

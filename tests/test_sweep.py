@@ -203,3 +203,28 @@ def test_a_dim_the_model_cannot_run_at_1_is_refused_not_swept(tmp_path, capsys):
     assert main(["sweep", "--example", "lenet", "--set", "cim.crossbars=16,64",
                  "-o", str(tmp_path / "l"), "--executor", "serial"]) == 0
     assert "note: symbolic dims taken as 1: batch" in capsys.readouterr().err
+
+
+def test_a_drawn_shape_input_is_not_refused_and_the_callers_model_is_kept():
+    """Reviewer s29: a model whose int64 input is a Reshape's shape runs at N=1 with fitting
+    values (optimize accepts it), but random values fail: sweep must not refuse it as if the
+    size did; and sweep.run with input_shapes must not rewrite the caller's ModelProto."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["m"]),
+                           helper.make_node("Abs", ["s"], ["a"]),
+                           helper.make_node("Reshape", ["m", "a"], ["y"])], "shape_in",
+                          [helper.make_tensor_value_info("x", f, ["N", 4]),
+                           helper.make_tensor_value_info("s", i64, [2])],
+                          [helper.make_tensor_value_info("y", f, None)], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    _, results = sweep.run(model, [("cim.crossbars", ["4", "8"])], executor="serial",
+                           input_shapes={"s": [2]})
+    assert len(results) == 2 and all(r.get("latency_s", 0) > 0 for r in results)
+    assert model.SerializeToString() == before
+    assert onnx.load_from_string(before).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"

@@ -27,7 +27,9 @@ def _totals_text(t: dict) -> str:
     """The summary's clause of the written model's modeled per-inference totals ``t``
     (``stats["placement"]["model_totals"]``: seconds, joules, tile writes, as ``report`` adds
     them up), the same under cost and heuristic placement."""
+    # as report lists them: devices by name, then the transfers; a device with nothing left out
     by = t.get("by_device") or {}
+    by = {d: by[d] for d in sorted(by, key=lambda d: (d == "transfers", d)) if by[d][0] or by[d][1]}
     return (f"modeled {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
             "writes/inference for the model written"
             + (" (" + ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in by.items())
