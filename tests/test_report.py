@@ -237,3 +237,23 @@ def test_the_summary_splits_the_totals_by_device_as_report_does():
         assert by[dev] == [pytest.approx(s, rel=1e-9), pytest.approx(j, rel=1e-9)]
     assert by["transfers"] == [pytest.approx(totals["transfer_s"], rel=1e-9),
                                pytest.approx(totals["transfer_j"], rel=1e-9)]
+
+
+def test_report_prices_the_crossbar_link_the_model_was_optimized_with():
+    """Reviewer s29: --cim-link-gbps was not recorded, so report (and run --profile's wear
+    period) priced the transfers at the default 6.4 GB/s while optimize's summary used 3:
+    46.0 us against 46.5 us on LeNet. The plans now record it."""
+    from onnx_cinm import optimize, report
+    from onnx_cinm.examples import get_example
+
+    def totals(gbps):
+        opts = {"cim_preset": "pcm-occ", **({"cim_link_gbps": gbps} if gbps else {})}
+        res = optimize(get_example("lenet"), check=0, host_roofline="nominal", device_options=opts)
+        return res.stats["placement"]["model_totals"], report.layers(
+            res.model, report.options_from_plans(res.model))[1]
+
+    slow, rep = totals(3.0)
+    fast, _ = totals(None)
+    assert slow["latency_s"] > fast["latency_s"]  # a slower link costs time
+    assert rep["latency_s"] == pytest.approx(slow["latency_s"], rel=1e-12)
+    assert rep["transfer_s"] == pytest.approx(slow["by_device"]["transfers"][0], rel=1e-12)

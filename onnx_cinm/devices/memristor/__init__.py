@@ -145,7 +145,7 @@ PLAN_ATTRS = {
     "cim_time_s": "float", "cim_effects": "string",
     "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
     "cim_latency_parts_s": "floats", "cim_energy_parts_j": "floats", "cim_area_parts_mm2": "floats",
-    "cim_bytes_moved": "int",
+    "cim_bytes_moved": "int", "cim_link_gbps": "float",
 }
 
 #: The terms of the cost breakdown (``Cost.parts``, plan attributes ``cim_*_parts_*`` in this
@@ -587,6 +587,8 @@ class MemristorDevice(Device):
         }
         if mode != "ideal" and time_s:
             attrs["cim_time_s"] = float(time_s)
+        if options.get("cim_link_gbps") is not None:  # so report prices the transfers alike
+            attrs["cim_link_gbps"] = float(options["cim_link_gbps"])
         if effects is not None:
             attrs["cim_effects"] = ",".join(effects)
         if note is not None:
@@ -780,8 +782,8 @@ class MemristorDevice(Device):
 
     def recorded_options(self, plans: list) -> dict:
         """The crossbar options the plans were compiled with (``cim_preset``, ``cim_rows``, ``cim_cols``,
-        ``cim_loop_order`` and the crossbar count ``cim_device_crossbars`` of the first
-        kernel), so a report judges residency with the crossbars the model was compiled for.
+        ``cim_loop_order``, ``cim_link_gbps`` if given and the crossbar count
+        ``cim_device_crossbars`` of the first kernel), so a report judges residency with the crossbars the model was compiled for.
         Models written before ``cim_device_crossbars`` existed give the largest
         ``cim_crossbars`` of a kernel (a lower bound). ``plans`` as in :meth:`summary`."""
         plans = [a for *_, a in plans if "cim_rows" in a]
@@ -789,9 +791,12 @@ class MemristorDevice(Device):
             return {}
         at = plans[0]
         count = at.get("cim_device_crossbars") or max(a["cim_crossbars"] for a in plans)
-        return {"cim_preset": at.get("cim_preset", OLD_DEFAULT), "cim_rows": at["cim_rows"],
-                "cim_cols": at["cim_cols"], "cim_crossbars": count,
-                "cim_loop_order": at["cim_loop_order"]}
+        out = {"cim_preset": at.get("cim_preset", OLD_DEFAULT), "cim_rows": at["cim_rows"],
+               "cim_cols": at["cim_cols"], "cim_crossbars": count,
+               "cim_loop_order": at["cim_loop_order"]}
+        if "cim_link_gbps" in at:  # a link other than the default, given to optimize
+            out["cim_link_gbps"] = at["cim_link_gbps"]
+        return out
 
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):
