@@ -6,7 +6,10 @@ partition; absent otherwise), ``mode``, ``wall_s`` (host wall time, seconds), ``
 device), ``writes`` (crossbar tile writes) and ``bytes_moved`` (with ``bytes_note`` when a
 kernel counts them otherwise than its plan does) and ``basis`` (``run``: the modeled figures
 were counted on this run's inputs, at their sizes; ``plan``: they are the recorded plan's, at
-the sizes the model was planned at; None on the host). Missing figures are None: host
+the sizes the model was planned at; None on the host) and, on a crossbar kernel whose
+programmed operand is an activation of another shape than planned, ``replanned`` (``[planned
+[G, K, N], this run's]``: the run's figures are those of a program planned again at that
+shape). Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
 """
@@ -178,6 +181,26 @@ def basis_note(records: list[dict], planned: str | None = None, at_run: str | No
     return text
 
 
+def replanned_notes(records: list[dict]) -> list[str]:
+    """One note per node whose records carry ``replanned`` (a crossbar kernel whose programmed
+    operand, an activation, had another shape than planned): the planned shape and the
+    shapes it was planned again at in these runs, in first-seen order, and how many of its
+    runs did; [] when none."""
+    seen: dict = {}
+    for r in records:
+        if r.get("replanned"):
+            planned, at = r["replanned"]
+            got = seen.setdefault(r["node"], (planned, {}, set()))
+            got[1].setdefault(tuple(at), None)
+            got[2].add(r["run"])
+    runs = len({r["run"] for r in records})
+    return [f"{node}: its programmed operand, an activation planned as {list(planned)} "
+            f"[G, K, N], had another shape in {len(hit)} of {runs} run(s) and was planned again "
+            f"at {', '.join(str(list(s)) for s in at)} (same preset and plan options; its "
+            "figures in those runs are the re-planned program's)"
+            for node, (planned, at, hit) in seen.items()]
+
+
 #: The figures :func:`table` folds: the wall times summed, the modeled ones compared and
 #: multiplied (positions in the raw row ``node, op, device, mode, wall, modeled, energy, basis,
 #: writes, bytes``).
@@ -251,6 +274,7 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     basis = basis_note(records, planned, at_run)
     if basis:
         notes.append(basis)
+    notes += replanned_notes(records)
     for (dev, mode), note in sorted({(r["device"], r["mode"]): r["bytes_note"]
                                      for r in records if r.get("bytes_note")}.items()):
         notes.append(f"bytes of {dev} in {mode} mode: {note}")

@@ -1059,7 +1059,9 @@ class InferenceSession:
                 "writes": metrics.get("tile_writes", 0),
                 "bytes_moved": metrics.get("bytes_moved"), "nodes": 1,
                 "basis": "run" if empty else metrics.get("basis") or "plan",
-                **({"bytes_note": metrics["bytes_note"]} if metrics.get("bytes_note") else {})}
+                **({"bytes_note": metrics["bytes_note"]} if metrics.get("bytes_note") else {}),
+                **({"replanned": [list(s) for s in metrics["replanned"]]}
+                   if metrics.get("replanned") else {})}
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
         """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no
@@ -1148,7 +1150,10 @@ class InferenceSession:
         ``in_partition`` is True on the records of such model-mode nodes inside a host
         partition (absent otherwise); ``basis`` of the modeled figures: ``"run"`` (counted
         on this run's inputs, at their sizes), ``"plan"`` (the recorded plan's, at the planned
-        sizes: nodes in 'model' mode and kernels that report their plan's), None on the host."""
+        sizes: nodes in 'model' mode and kernels that report their plan's), None on the host;
+        ``replanned`` (absent otherwise): ``[planned, this run's]`` shapes ``[G, K, N]`` of a
+        crossbar kernel's programmed activation when the run's differed, so the kernel ran a
+        program planned again at this run's shape (its figures are that program's)."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 

@@ -800,13 +800,8 @@ class MemristorDevice(Device):
 
     # -- code -------------------------------------------------------------------------------
     def _replan(self, op: OpInfo, attrs: dict):
-        options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
-                   "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"],
-                   "cim_preset": attrs.get("cim_preset", OLD_DEFAULT)}
-        params = params_from_options(options, self.params)
         v = layout.op_view(op, attrs["cim_operand"])
-        p = schedule.plan_product(v, params, attrs["cim_loop_order"],
-                                  shared=bool(attrs.get("cim_shared", 0)))
+        p, params = plan_recorded(v, attrs, self.params)
         return p, v, params
 
     def emit(self, op: OpInfo, attrs: dict, consts: dict, root) -> list:
@@ -885,7 +880,7 @@ class MemristorDevice(Device):
 
         data_path = _run_mode(attrs, self.params, run_options) if run_options else None
         return CrossbarKernel(op, attrs, Path(root) / attrs["kernel"], consts or {}, data_path,
-                              shared)
+                              shared, base=self.params)
 
     def from_patches(self, kernel, geometry: tuple, activation: str | None = None,
                      groups: int = 1):
@@ -895,6 +890,24 @@ class MemristorDevice(Device):
 
         return kernel.patch_runner(geometry, activation, groups) \
             if isinstance(kernel, CrossbarKernel) else None
+
+
+def plan_recorded(v, attrs: dict, base: CrossbarParams = DEFAULT) -> tuple:
+    """``(plan, params)``: the :class:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan` of the
+    product ``v`` (a :class:`~onnx_cinm.paradigms.cim.layout.ProductView`) under the plan
+    options a crossbar node records (``cim_rows``, ``cim_cols``, ``cim_crossbars``,
+    ``cim_loop_order``, ``cim_preset``, ``cim_shared``), and the
+    :class:`~.presets.CrossbarParams` they select from ``base``. What :meth:`MemristorDevice.emit`
+    writes a kernel from, and what a kernel whose programmed operand is an activation is
+    planned again from at a run's sizes (:class:`.kernel.CrossbarKernel`). Raises KeyError
+    for a missing attribute, ValueError for a size the planner refuses."""
+    options = {"cim_rows": attrs["cim_rows"], "cim_cols": attrs["cim_cols"],
+               "cim_crossbars": attrs["cim_crossbars"], "cim_loop_order": attrs["cim_loop_order"],
+               "cim_preset": attrs.get("cim_preset", OLD_DEFAULT)}
+    params = params_from_options(options, base)
+    p = schedule.plan_product(v, params, attrs["cim_loop_order"],
+                              shared=bool(attrs.get("cim_shared", 0)))
+    return p, params
 
 
 def _folded_terms(attrs: dict) -> tuple:

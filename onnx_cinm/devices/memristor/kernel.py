@@ -6,7 +6,9 @@ runs one inference of the command file in :class:`~onnx_cinm.sim.crossbar.Crossb
 (which never sees the ONNX node) and lays the result back out. When the programmed operand is a
 constant, one simulator
 lives as long as the kernel, so tiles programmed at load stay resident across runs, as on the
-chip; when it is an activation, every run programs it afresh.
+chip; when it is an activation, every run programs it afresh, and a run whose activation has
+another shape than the one the file was planned for runs a program planned again at that shape
+(:meth:`CrossbarKernel.program_for`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from ...paradigms.cim import layout
 from ...sim import blas
-from ...sim.crossbar import CrossbarSimulator, XbarError, load_file
+from ...sim.crossbar import CrossbarSimulator, XbarError, load_file, parse
 
 
 class CrossbarKernel:
@@ -38,6 +40,9 @@ class CrossbarKernel:
             the constant array, its dtype and view, so kernels over the same weights (the
             steps of an unrolled recurrence, ``cim_tile_kernel``) hold one copy of them, and
             the simulator's checks of an integer kernel's weights run once per array.
+        base: the memristor device's :class:`~onnx_cinm.devices.memristor.presets.CrossbarParams`
+            (None: the default preset), from which the node's recorded plan options select
+            the chip when a programmed activation is planned again at a run's shape.
 
     A Gemm with ``y_perm`` (its result is ``Transpose(A @ B (+ C), y_perm)``) is written in that
     layout: the simulator's output buffer is laid out (``[G, rows, N]`` or ``[G, N, rows]``,
@@ -51,17 +56,30 @@ class CrossbarKernel:
     ``outputs`` a list with the float32 result (int32 for an integer kernel, ``dtype int32``), ``metrics`` the simulator's counters of this
     inference (tile writes, MVMs, ADC conversions, latency in seconds, energy in joules) plus
     ``bytes_moved`` (inputs in once per column tile, partial sums out once per row tile, cells
-    written, at 4 bytes each: the plan's count at this run's rows). Thread safe: calls are
-    serialized (one chip).
+    written, at 4 bytes each: the plan's count at this run's rows), and ``replanned`` (``(the
+    planned [G, K, N], this run's [G, K, N])`` of the programmed operand) when the run used a
+    program planned again (:meth:`program_for`). Thread safe: calls are serialized (one chip).
+
+    A programmed operand that is an activation may have another shape at every run (a sequence
+    length, a batch): a run at the planned shape runs the file; at another, the program
+    :meth:`program_for` plans for that shape, from the same preset and plan options the
+    node records, as ``optimize`` would have written it at that size. Its tiles are laid over
+    the crossbars the plan may use as the planner lays any product's (more tiles than
+    crossbars: written in rounds), so every size runs; its counters (tile and cell writes,
+    MVMs, latency, energy) are the re-planned program's. A constant programmed operand keeps
+    its file: its shape cannot change.
 
     Raises:
         XbarError: the file is missing or malformed, or an input does not fit it.
     """
 
     def __init__(self, op, attrs: dict, path, consts: dict, mode=None,
-                 shared: dict | None = None) -> None:
+                 shared: dict | None = None, base=None) -> None:
         self.op = op
         self.operand = attrs["cim_operand"]
+        self.attrs = attrs
+        self.base = base
+        self.run_mode = mode
         self.prog = load_file(path)
         if mode is not None:  # a run's own data path (run options) instead of the file's
             self.prog = replace(self.prog, mode=mode)
@@ -78,6 +96,10 @@ class CrossbarKernel:
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
         self._sim = (CrossbarSimulator(self.prog, constants, resident=True, checked=shared)
                      if self.programmed_const else None)
+        # the constants of a program written at every run (its bias), and its programs by the
+        # shape of the programmed operand: the file's at the planned one, program_for's else
+        self._fresh_consts = {} if self._sim else constants
+        self._programs = {} if self._sim else {tuple(self.prog.regions["W"].dims): self.prog}
         self._checked = shared  # the integer checks already run, for _affine's probe
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
         self.prog_mode_cells = cells.cells_per_weight if cells else 1
@@ -147,20 +169,10 @@ class CrossbarKernel:
         with self._lock:
             if self._sim is None:
                 W = layout.weights(v, A, B)
-                planned = self.prog.regions["W"].dims
-                if W.shape != tuple(planned):
-                    raise XbarError(
-                        f"node '{self.op.name}': its programmed operand is an activation "
-                        f"(written to the crossbars at every inference) planned as "
-                        f"{list(planned)} and {list(W.shape)} in this run; its crossbar "
-                        "program is fixed to the planned sizes: optimize again at this run's "
-                        "sizes (--dim NAME=SIZE or --input), or keep the node off the "
-                        f"crossbars (--place '{self.op.name}=host'). A size that follows the "
-                        "data (e.g. a predicted length) can also move with the host "
-                        "partitions' onnxruntime optimizations: compare runs them with "
-                        "graph_optimization=disable_all, run with 'all' unless "
-                        "--provider-option graph_optimization=disable_all")
-                outs, c = self._run_fresh(W, X, transposed)
+                prog = self.program_for(W.shape, A.shape, B.shape)
+                outs, c = self._run_fresh(W, X, transposed, prog)
+                if prog is not self.prog:
+                    c["replanned"] = self._replanned(W.shape)
             else:
                 outs, c = self._sim.run({"X": X}, transposed=transposed)
                 c = c.as_dict()
@@ -172,9 +184,57 @@ class CrossbarKernel:
         return [np.ascontiguousarray(Y, dtype=np.int32 if self.integer else np.float32)], \
             self._metrics(c, X, outs["Y"])
 
-    def _run_fresh(self, W, X, transposed: bool) -> tuple[dict, dict]:
+    def program_for(self, w_shape: tuple, a_shape: tuple, b_shape: tuple):
+        """The program (:class:`~onnx_cinm.sim.crossbar.XbarProgram`) that writes a programmed
+        activation of shape ``w_shape`` (``[G, K, N]``, :func:`~onnx_cinm.paradigms.cim.layout.
+        weights`) given node inputs of shapes ``a_shape`` and ``b_shape``: the file's at the
+        planned shape; at another, the plan of that product under the node's recorded plan
+        options (:func:`onnx_cinm.devices.memristor.plan_recorded`: preset, array size,
+        crossbar count, loop order, shared crossbars) rendered as ``optimize`` writes a kernel
+        (:mod:`.codegen`; its compiled data path, or an integer kernel's cell mapping for an
+        operand programmed at run time) and parsed, in the run's data path when run options
+        gave one. Planned once per shape (kept for the kernel's life). Call under the lock.
+
+        Raises:
+            XbarError: the node's plan attributes are missing or the planner refuses the sizes.
+        """
+        w_shape = tuple(w_shape)
+        prog = self._programs.get(w_shape)
+        if prog is not None:
+            return prog
+        from . import _mode, int_cells, plan_recorded
+        from .codegen import fill, model_source, render_parts
+        from .presets import DEFAULT
+
+        try:
+            v = layout.view(self.op.op_type, self.operand, a_shape, b_shape)
+            p, params = plan_recorded(v, self.attrs, DEFAULT if self.base is None else self.base)
+        except (KeyError, ValueError) as e:
+            raise XbarError(f"node '{self.op.name}': cannot plan its programmed activation at "
+                            f"{list(w_shape)} (planned at {list(self._planned_dims())}): "
+                            f"{e}") from None
+        mode = {"int_cells": int_cells(None, params)} if self.integer else _mode(self.attrs, params)
+        bias = self.prog.regions.get("C")
+        text = fill(render_parts(p, params, bias is not None, **mode), Path(self.prog.path).stem,
+                    model_source(self.names[0] if self.operand == "A" else self.names[1]),
+                    None if bias is None else model_source(bias.tensor) if bias.tensor else bias.file)
+        prog = parse(text, f"{self.prog.path} (planned again at {list(w_shape)})")
+        if self.run_mode is not None:
+            prog = replace(prog, mode=self.run_mode)
+        self._programs[w_shape] = prog
+        return prog
+
+    def _planned_dims(self) -> tuple:
+        return tuple(self.prog.regions["W"].dims)
+
+    def _replanned(self, w_shape: tuple) -> tuple:
+        """The ``replanned`` metric: ``(planned [G, K, N], this run's)`` as tuples."""
+        return self._planned_dims(), tuple(int(d) for d in w_shape)
+
+    def _run_fresh(self, W, X, transposed: bool, prog=None) -> tuple[dict, dict]:
         """One inference of a program whose operand ``W`` is an activation, written at every
-        run: a fresh simulator loads it and runs ``X`` (``(outputs, load and run counters)``).
+        run: a fresh simulator of ``prog`` (None: the file's; :meth:`program_for`) loads it
+        and runs ``X`` (``(outputs, load and run counters)``).
         A fresh simulator starts from the same state every run, so once one has run inputs of
         these shapes through a data path that is one product per group plus a bias
         (:meth:`CrossbarSimulator.affine`), later runs compute those products and that bias
@@ -195,11 +255,12 @@ class CrossbarKernel:
                 if bias is not None:
                     Y += bias
             return {out: Y}, dict(counts)
-        sim = CrossbarSimulator(self.prog, {"W": W})
+        prog = self.prog if prog is None else prog
+        sim = CrossbarSimulator(prog, {**self._fresh_consts, "W": W})
         outs, c = sim.run({"X": X}, transposed=transposed)
         c = _add(sim.load_counters.as_dict(), c.as_dict())
         form = sim.affine()
-        if form is not None and not self.integer and self.prog.header["order"] != "serpentine" \
+        if form is not None and not self.integer and prog.header["order"] != "serpentine" \
                 and form[1] == "W" and len(outs) == 1:
             _, w, b, out = form
             self._fresh[key] = (dict(c), (w, b, out), None if b is None else sim.const[b])
@@ -216,7 +277,8 @@ class CrossbarKernel:
         data path then runs, and says what is wrong with the inputs): under
         ``matmul="numpy"``, for operands that are not of an integer dtype, a streamed one
         reaching 2**16, programmed values beyond the file's ``weight_bits`` or of another
-        shape than planned, or a program that is not a plain product."""
+        shape than the kernel can plan (:meth:`program_for`), or a program that is not a plain
+        product."""
         kern = blas.current()
         if kern.mode == "numpy":
             return None
@@ -235,18 +297,24 @@ class CrossbarKernel:
         if lo <= -2**16 or hi >= 2**16:
             return None
         X = layout.stream_rows(v, A, B)
+        prog = self.prog
         if self._sim is None:
             W = layout.weights(v, A, B)
             levels = self.prog.header["int_cells"].weight_levels
-            if W.shape != tuple(self.prog.regions[w].dims) or \
-                    (W.size and max(-int(W.min()), int(W.max())) > levels):
+            if W.size and max(-int(W.min()), int(W.max())) > levels:
                 return None
         with self._lock:
+            if self._sim is None:
+                try:
+                    prog = self.program_for(W.shape, A.shape, B.shape)
+                except XbarError:
+                    return None  # the simulator's own path raises it
             fresh = self._fresh.get(("int", A.shape, B.shape)) if self._sim is None else None
             if fresh is not None:  # counted before: a fresh simulator counts the same again
                 sim, c = fresh
             elif self._sim is None:
-                sim = CrossbarSimulator(self.prog, {w: np.broadcast_to(np.float64(0), W.shape)})
+                sim = CrossbarSimulator(prog, {**self._fresh_consts,
+                                               w: np.broadcast_to(np.float64(0), W.shape)})
             else:
                 sim, W = self._sim, self._sim.const[w]
             Yt = np.empty((v.G, v.rows, v.N), np.int32)
@@ -265,6 +333,8 @@ class CrossbarKernel:
                     # its counters are those of the first run of these shapes
                     self._fresh[("int", A.shape, B.shape)] = (sim, dict(c))
             c = dict(c)
+            if prog is not self.prog:
+                c["replanned"] = self._replanned(W.shape)
         Y = Yt.reshape(shape).transpose(axes)
         if self.bias_name and not self.bias_in_file:
             Y = Y + np.asarray(inputs[2], dtype=np.int32)
