@@ -365,8 +365,8 @@ CHECK_ENGINES = ("reference: onnxruntime on the original; candidate: onnxruntime
 def fixed_dims(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, list[str]]:
     """The symbolic dims of ``model``'s inputs that its compiled plans fix: ``{dim: [names of
     the device nodes]}``, the nodes whose plan fixes the shape of an input that is no
-    constant (:meth:`onnx_cinm.devices.Device.fixed_operands`, e.g. an attention operand
-    programmed onto crossbars sized for it) when that input's shape follows ``dim``. ``dims``:
+    constant (:meth:`onnx_cinm.devices.Device.fixed_operands`: a kernel compiled for that
+    shape alone) when that input's shape follows ``dim``. ``dims``:
     the sizes the model was planned at (``{dim: size}``; a dim taken as 1 given as 1). A dim
     is found by inferring the shapes again with it doubled: the inputs whose shape changes
     follow it; one shape inference cannot size stays unjudged. Main graph only."""

@@ -300,26 +300,147 @@ def test_programmed_activation_runs_equal_a_fresh_simulators(tmp_path):
     assert all(r["writes"] >= 1 for r in prof)  # b is written to the crossbars at every run
 
 
-def test_programmed_activation_of_another_size_says_what_to_do(tmp_path):
-    """A crossbar program written for an activation of 16 columns, run with 17: one error that
-    names both sizes, how to plan again or keep the node on the host, and that a size which
-    follows the data can move with onnxruntime's optimizations of the host partitions (trial
-    s29: Kokoro's run failed on the input compare had passed, under graph_optimization=all)."""
-    f = TensorProto.FLOAT
-    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="att")], "att",
-                          [helper.make_tensor_value_info("a", f, [4, 32]),
-                           helper.make_tensor_value_info("b", f, [32, "n"])],
-                          [helper.make_tensor_value_info("y", f, [4, "n"])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    res = optimize(model, place=[("att", "memristor")], check=0, dims={"n": 16})
+def _two_inputs(op="MatMul", elem=TensorProto.FLOAT, bias=None):
+    """``y = a @ b`` (``op`` MatMul or MatMulInteger; Gemm with a constant bias ``bias``) of
+    two inputs whose sizes ``k`` and ``n`` are symbolic: the crossbars program ``b``, an
+    activation, at every run."""
+    out = TensorProto.INT32 if op == "MatMulInteger" else elem
+    ins = ["a", "b"] + (["C"] if bias is not None else [])
+    inits = [numpy_helper.from_array(bias, "C")] if bias is not None else []
+    g = helper.make_graph([helper.make_node(op, ins, ["y"], name="att")], "att",
+                          [helper.make_tensor_value_info("a", elem, [4, "k"]),
+                           helper.make_tensor_value_info("b", elem, ["k", "n"])],
+                          [helper.make_tensor_value_info("y", out, [4, "n"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _crossbar_kernel(sess):
+    (kernel,) = [d.kernel for d in sess._device_nodes if d.device == "memristor"]
+    return kernel
+
+
+def test_programmed_activation_of_another_size_is_planned_again(tmp_path):
+    """Trial s29 (Kokoro int8, sizes that follow the data): a crossbar program written for an
+    activation ``b`` of [32, 16] runs at [32, 512] and [512, 768] through programs planned at
+    those shapes, once per shape; the results are onnxruntime's on the original model, and the
+    profile's figures are the re-planned programs' (tile writes counted by hand on the
+    default chip's 256x256 crossbars: ceil(K/256) * ceil(N/256) tiles, K * N cells)."""
+    from onnx_cinm.runtime import profile
+
+    model = _two_inputs()
+    res = optimize(model, place=[("att", "memristor")], check=0, dims={"k": 32, "n": 16})
     artifacts.save(res.model, tmp_path / "o.onnx")
     sess = InferenceSession(tmp_path / "o.onnx")
-    feeds = {"a": np.ones((4, 32), np.float32), "b": np.ones((32, 17), np.float32)}
-    with pytest.raises(CinmError, match=r"planned as \[1, 32, 16\] and \[1, 32, 17\] in this run.*"
-                       r"--place 'att/Gemm=host'.*graph_optimization=disable_all"):
-        sess.run(None, feeds)
-    feeds["b"] = np.ones((32, 16), np.float32)
-    np.testing.assert_allclose(sess.run(None, feeds)[0], feeds["a"] @ feeds["b"], rtol=1e-6)
+    kernel = _crossbar_kernel(sess)
+    rng = np.random.default_rng(0)
+    sizes = [(32, 512), (512, 768), (32, 16), (32, 512)]
+    for k, n in sizes:
+        feeds = {"a": rng.standard_normal((4, k)).astype(np.float32),
+                 "b": rng.standard_normal((k, n)).astype(np.float32)}
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-4)
+    # the planned program and one per other shape, each planned once
+    assert sorted(kernel._programs) == [(1, 32, 16), (1, 32, 512), (1, 512, 768)]
+    recs = [r for r in sess.profile() if r["device"] == "memristor"]
+    assert [r["writes"] for r in recs] == [2, 2 * 3, 1, 2]
+    assert [r.get("replanned") for r in recs] == [
+        [[1, 32, 16], [1, 32, 512]], [[1, 32, 16], [1, 512, 768]], None,
+        [[1, 32, 16], [1, 32, 512]]]
+    # cells: 2 tiles of 32 x 256 (the kernel's own counters of one more run at [32, 512])
+    _, metrics = kernel([np.ones((4, 32), np.float32), np.ones((32, 512), np.float32)])
+    assert metrics["tile_writes"] == 2 and metrics["cell_writes"] == 2 * 32 * 256
+    assert metrics["mvms"] == 4 * 2  # 4 rows through each tile
+    text = profile.table(sess.profile())
+    assert text.count("planned again at") == 1  # one note for the kernel
+    assert ("att/Gemm: its programmed operand, an activation planned as [1, 32, 16] [G, K, N], "
+            "had another shape in 3 of 4 run(s) and was planned again at [1, 32, 512], "
+            "[1, 512, 768]") in text
+
+
+def test_programmed_activation_beyond_the_crossbars_is_tiled_over_them(tmp_path):
+    """On the CINM paper's chip (4 crossbars of 64x64) an activation of [128, 192] needs
+    ceil(128/64) * ceil(192/64) = 6 tiles, more than the 4 crossbars the plan may use: the
+    re-planned program writes them in ceil(6/4) = 2 rounds, every tile every run; latency and
+    energy follow the format's cost model (docs/xbar-format.md) over the preset's published
+    figures, counted here by hand."""
+    from onnx_cinm.devices.memristor.presets import PRESETS
+
+    model = _two_inputs()
+    res = optimize(model, place=[("att", "memristor")], check=0, dims={"k": 32, "n": 16},
+                   device_options={"cim_preset": "pcm-occ"})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    (node,) = [n for n in res.model.graph.node if n.op_type == "Gemm"]
+    P = next(a.i for a in node.attribute if a.name == "cim_crossbars")
+    assert P == 4
+    sess = InferenceSession(tmp_path / "o.onnx")
+    rng = np.random.default_rng(1)
+    feeds = {"a": rng.standard_normal((4, 128)).astype(np.float32),
+             "b": rng.standard_normal((128, 192)).astype(np.float32)}
+    (got,) = sess.run(None, feeds)
+    np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-4)
+    _, c = _crossbar_kernel(sess)([feeds["a"], feeds["b"]])
+    occ, M, tiles = PRESETS["pcm-occ"], 4, 6
+    assert (c["tile_writes"], c["cell_writes"], c["mvms"]) == (tiles, 64 * 64 * tiles, M * tiles)
+    assert c["adc_conversions"] == M * 2 * 192 and c["dac_conversions"] == M * 128 * 3
+    assert c["latency_s"] == pytest.approx(2 * (occ.write_latency_s + M * occ.mvm_latency_s))
+    busy = tiles * occ.write_latency_s + M * tiles * occ.mvm_latency_s
+    assert c["energy_j"] == pytest.approx(
+        tiles * occ.write_energy_j + M * tiles * occ.mvm_energy_j
+        + c["adc_conversions"] * occ.adc_energy_j + c["dac_conversions"] * occ.dac_energy_j
+        + busy * occ.clock_hz * occ.periphery_energy_per_cycle_j)
+    (rec,) = [r for r in sess.profile() if r["device"] == "memristor"]
+    assert rec["writes"] == tiles and rec["latency_s"] == pytest.approx(c["latency_s"])
+
+
+def test_integer_programmed_activation_is_planned_again_bit_exact(tmp_path):
+    """MatMulInteger of two int8 inputs on the crossbars (an exact int32 kernel), planned at
+    [32, 16] and run at two other shapes: equal to onnxruntime's int32 result."""
+    model = _two_inputs("MatMulInteger", TensorProto.INT8)
+    res = optimize(model, place=[("att*", "memristor")], check=0, dims={"k": 32, "n": 16})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    rng = np.random.default_rng(2)
+    for k, n in [(40, 16), (300, 520), (40, 16)]:
+        feeds = {"a": rng.integers(-128, 128, (4, k)).astype(np.int8),
+                 "b": rng.integers(-128, 128, (k, n)).astype(np.int8)}
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_array_equal(got, run_onnxruntime(model, feeds)[0])
+    assert [r["writes"] for r in sess.profile() if r["device"] == "memristor"] == [1, 2 * 3, 1]
+
+
+def test_programmed_activation_with_a_constant_bias(tmp_path):
+    """A Gemm of two activations plus a constant bias the kernel file adds (``bias C
+    model:C``): the program written at every run gets the bias too (a fresh simulator was
+    given the activation alone and refused every run), at the planned K and another."""
+    model = _two_inputs("Gemm", bias=np.arange(16, dtype=np.float32))
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 16
+    res = optimize(model, place=[("att*", "memristor")], check=0, dims={"k": 32})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    xbar = next((tmp_path / "o.cinm" / "memristor").glob("*.xbar")).read_text()
+    assert "bias C model:C" in xbar
+    sess = InferenceSession(tmp_path / "o.onnx")
+    rng = np.random.default_rng(3)
+    for k in (32, 300):
+        feeds = {"a": rng.standard_normal((4, k)).astype(np.float32),
+                 "b": rng.standard_normal((k, 16)).astype(np.float32)}
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_run_profile_notes_the_shapes_planned_again(tmp_path, capsys):
+    """``run --profile`` at another size than planned: the run succeeds (it was refused) and
+    the profile says which kernel was planned again at which shape, against the planned one."""
+    model = _two_inputs()
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
+                 "--dim", "k=32", "--dim", "n=16", "--place", "att=memristor", "--check", "0",
+                 "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "o.onnx"), "--dim", "n=300", "--random", "2",
+                 "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert ("att/Gemm: its programmed operand, an activation planned as [1, 32, 16] [G, K, N], "
+            "had another shape in 2 of 2 run(s) and was planned again at [1, 32, 300]") in out
 
 
 def _without_softmax(model):

@@ -222,7 +222,8 @@ def _dims_text(dims: dict) -> str:
 def _sizes_note(planned: dict, replanned: dict, records: list) -> str:
     """The warning that some modeled figures are for the sizes the model was planned at, not
     the ones this run had (``replanned``: the dims whose size differs): which, by the records'
-    ``basis`` (:func:`onnx_cinm.runtime.profile.basis_note`), per device."""
+    ``basis`` (:func:`onnx_cinm.runtime.profile.basis_note`), per device, and how many
+    crossbar kernels ran programs planned again at this run's shapes (``replanned``)."""
     text = _dims_text
     was = text({k: planned.get(k, 1) for k in replanned})
     by = {}
@@ -231,9 +232,14 @@ def _sizes_note(planned: dict, replanned: dict, records: list) -> str:
             by.setdefault(r["basis"], set()).add(r["device"])
     again = f"optimize again with --dim {' --dim '.join(text(replanned).split(', '))}"
     head = f"note: this run had {text(replanned)}, but the model was planned at {was}: "
+    again_at = len({r["node"] for r in records if r.get("replanned")})
+    if again_at:  # crossbar kernels over an activation ran programs planned at its shape
+        again_at = (f" (but for {again_at} crossbar kernel{'s' * (again_at != 1)} planned again "
+                    "at this run's shapes, noted above)")
     if "plan" not in by:
         return (head + "the modeled figures were counted on this run's inputs (basis 'run'), "
-                f"on plans made for the planned sizes; {again} to plan for these")
+                f"on plans made for the planned sizes{again_at or ''}; {again} to plan for "
+                "these")
     plan = ", ".join(sorted(by["plan"]))
     ran = (f"; those of {', '.join(sorted(by['run']))} (basis 'run') were counted on this run's "
            "inputs, so the two do not add up to one inference at one size") if "run" in by else ""

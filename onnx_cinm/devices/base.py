@@ -361,9 +361,10 @@ class Device:
     def fixed_operands(self, op_type: str, attrs: dict) -> tuple[int, ...]:
         """The inputs of a lowered node (indices into its inputs; op type ``op_type``, plan
         ``attrs``) whose shape its compiled plan fixes: a run where such an input, if it is
-        no constant, has another shape fails (e.g. an activation programmed onto crossbars
-        sized for it). ``optimize`` warns when one follows a symbolic dim of the model's
-        inputs. Default: none (the kernel takes any size of its inputs)."""
+        no constant, has another shape fails (a kernel compiled for that shape alone).
+        ``optimize`` warns when one follows a symbolic dim of the model's inputs. Default:
+        none (the kernel takes any size of its inputs; the crossbar device plans a programmed
+        activation again at a run's shape)."""
         return ()
 
     def summary(self, plans: list, counted: list | None = None, fold: bool = True,

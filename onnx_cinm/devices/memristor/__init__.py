@@ -485,13 +485,6 @@ class MemristorDevice(Device):
             out.append(e[1])
         return out
 
-    def fixed_operands(self, op_type: str, attrs: dict) -> tuple[int, ...]:
-        """The programmed operand (``cim_operand``: ``A``, input 0, or ``B``, input 1): its
-        crossbar program (``.xbar``) is written for the planned sizes; the streamed operand
-        may take any number of rows."""
-        operand = attrs.get("cim_operand")
-        return () if operand is None else (0,) if operand == "A" else (1,)
-
     def recorded(self, attrs: dict) -> Priced | None:
         """The choice a lowered crossbar node made, from its ``cim_*`` attributes."""
         if "cim_latency_s" not in attrs:
