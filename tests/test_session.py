@@ -357,6 +357,26 @@ def test_programmed_activation_of_another_size_is_planned_again(tmp_path):
             "[1, 512, 768]") in text
 
 
+def test_programs_planned_again_are_bounded(tmp_path, monkeypatch):
+    """A size that follows the data may take hundreds of values: a kernel keeps at most
+    ``_PROGRAMS_MAX`` programs planned again (here 2), dropping the oldest, never the file's;
+    a dropped shape is planned again when it comes back, with the same result."""
+    from onnx_cinm.devices.memristor import kernel as xk
+
+    monkeypatch.setattr(xk, "_PROGRAMS_MAX", 2)
+    model = _two_inputs()
+    res = optimize(model, place=[("att", "memristor")], check=0, dims={"k": 32, "n": 16})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    rng = np.random.default_rng(4)
+    for n in (17, 18, 19, 20, 17):
+        feeds = {"a": rng.standard_normal((4, 32)).astype(np.float32),
+                 "b": rng.standard_normal((32, n)).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0],
+                                   rtol=1e-5, atol=1e-4)
+    assert list(_crossbar_kernel(sess)._programs) == [(1, 32, 16), (1, 32, 20), (1, 32, 17)]
+
+
 def test_programmed_activation_beyond_the_crossbars_is_tiled_over_them(tmp_path):
     """On the CINM paper's chip (4 crossbars of 64x64) an activation of [128, 192] needs
     ceil(128/64) * ceil(192/64) = 6 tiles, more than the 4 crossbars the plan may use: the

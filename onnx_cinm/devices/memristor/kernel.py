@@ -23,6 +23,12 @@ from ...sim import blas
 from ...sim.crossbar import CrossbarSimulator, XbarError, load_file, parse
 
 
+#: The most programs planned again that one kernel keeps (:meth:`CrossbarKernel.program_for`;
+#: planning one took about 3 ms for a 12-head attention product of MiniLM on this project's
+#: machine): a length that follows the data may take hundreds of sizes.
+_PROGRAMS_MAX = 256
+
+
 class CrossbarKernel:
     """Run one cinm Gemm/Gemv node through its ``.xbar`` kernel.
 
@@ -193,7 +199,8 @@ class CrossbarKernel:
         crossbar count, loop order, shared crossbars) rendered as ``optimize`` writes a kernel
         (:mod:`.codegen`; its compiled data path, or an integer kernel's cell mapping for an
         operand programmed at run time) and parsed, in the run's data path when run options
-        gave one. Planned once per shape (kept for the kernel's life). Call under the lock.
+        gave one. Planned once per shape (at most :data:`_PROGRAMS_MAX` planned again are
+        kept, the oldest dropped first). Call under the lock.
 
         Raises:
             XbarError: the node's plan attributes are missing or the planner refuses the sizes.
@@ -221,6 +228,8 @@ class CrossbarKernel:
         prog = parse(text, f"{self.prog.path} (planned again at {list(w_shape)})")
         if self.run_mode is not None:
             prog = replace(prog, mode=self.run_mode)
+        if len(self._programs) > _PROGRAMS_MAX:  # sizes that follow the data: the oldest goes
+            del self._programs[next(s for s, p in self._programs.items() if p is not self.prog)]
         self._programs[w_shape] = prog
         return prog
 
