@@ -357,6 +357,41 @@ def test_programmed_activation_of_another_size_is_planned_again(tmp_path):
             "[1, 512, 768]") in text
 
 
+@pytest.mark.parametrize("mode", ["q8-noisy", "device"])
+def test_program_planned_again_is_the_one_optimize_writes_at_that_size(tmp_path, mode):
+    """In a non-ideal data path (quantized, read noise, device effects) the program a kernel
+    planned at [100, 16] plans again for [100, 300] is the one optimize writes when planned
+    at 300 (header, costs, commands, mode), and both sessions give the same bits and figures
+    (``a`` has 400 rows, so programming ``b`` stays the cheaper choice at both sizes)."""
+    f = TensorProto.FLOAT
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="att")], "att",
+                          [helper.make_tensor_value_info("a", f, [400, 100]),
+                           helper.make_tensor_value_info("b", f, [100, "n"])],
+                          [helper.make_tensor_value_info("y", f, [400, "n"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = {}
+    for n in (16, 300):
+        res = optimize(model, place=[("att", "memristor")], check=0, dims={"n": n},
+                       device_options={"cim_mode": mode, "cim_preset": "pcm-occ"})
+        artifacts.save(res.model, tmp_path / f"o{n}.onnx")
+        sess[n] = InferenceSession(tmp_path / f"o{n}.onnx")
+    rng = np.random.default_rng(5)
+    feeds = {"a": rng.standard_normal((400, 100)).astype(np.float32),
+             "b": rng.standard_normal((100, 300)).astype(np.float32)}
+    np.testing.assert_array_equal(sess[16].run(None, feeds)[0], sess[300].run(None, feeds)[0])
+    keep = ("latency_s", "energy_j", "writes", "bytes_moved")
+    (a,), (b,) = ([{k: r[k] for k in keep} for r in s.profile() if r["device"] == "memristor"]
+                  for s in (sess[16], sess[300]))
+    assert a == b and a["writes"] == 2 * 5  # ceil(100/64) * ceil(300/64) tiles
+    again, written = _crossbar_kernel(sess[16])._programs[(1, 100, 300)], \
+        _crossbar_kernel(sess[300]).prog
+    assert _crossbar_kernel(sess[16]).operand == _crossbar_kernel(sess[300]).operand == "B"
+    assert (again.header, again.cost, again.mode) == (written.header, written.cost, written.mode)
+    for phase in ("load", "run"):
+        assert [(c.op, c.args) for c in getattr(again, phase)] == \
+            [(c.op, c.args) for c in getattr(written, phase)]
+
+
 def test_programs_planned_again_are_bounded(tmp_path, monkeypatch):
     """A size that follows the data may take hundreds of values: a kernel keeps at most
     ``_PROGRAMS_MAX`` programs planned again (here 2), dropping the oldest, never the file's;
