@@ -105,6 +105,9 @@ class CrossbarKernel:
         # the constants of a program written at every run (its bias), and its programs by the
         # shape of the programmed operand: the file's at the planned one, program_for's else
         self._fresh_consts = {} if self._sim else constants
+        if self._sim is None and "W" not in self.prog.regions:
+            raise XbarError(f"{self.prog.path}: declares no weight region W for the operand "
+                            "programmed at every run")
         self._programs = {} if self._sim else {tuple(self.prog.regions["W"].dims): self.prog}
         self._checked = shared  # the integer checks already run, for _affine's probe
         cells = self.prog.header["int_cells"] if self.integer else self.prog.mode
