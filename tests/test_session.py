@@ -394,11 +394,13 @@ def test_program_planned_again_is_the_one_optimize_writes_at_that_size(tmp_path,
 
 def test_programs_planned_again_are_bounded(tmp_path, monkeypatch):
     """A size that follows the data may take hundreds of values: a kernel keeps at most
-    ``_PROGRAMS_MAX`` programs planned again (here 2), dropping the oldest, never the file's;
-    a dropped shape is planned again when it comes back, with the same result."""
+    ``_PROGRAMS_MAX`` programs planned again (here 2), dropping the oldest, never the file's,
+    and remembers the fresh runs of at most ``_FRESH_MAX`` input shapes (here 2); a dropped
+    shape is planned again when it comes back, with the same result."""
     from onnx_cinm.devices.memristor import kernel as xk
 
     monkeypatch.setattr(xk, "_PROGRAMS_MAX", 2)
+    monkeypatch.setattr(xk, "_FRESH_MAX", 2)
     model = _two_inputs()
     res = optimize(model, place=[("att", "memristor")], check=0, dims={"k": 32, "n": 16})
     artifacts.save(res.model, tmp_path / "o.onnx")
@@ -409,7 +411,10 @@ def test_programs_planned_again_are_bounded(tmp_path, monkeypatch):
                  "b": rng.standard_normal((32, n)).astype(np.float32)}
         np.testing.assert_allclose(sess.run(None, feeds)[0], run_onnxruntime(model, feeds)[0],
                                    rtol=1e-5, atol=1e-4)
-    assert list(_crossbar_kernel(sess)._programs) == [(1, 32, 16), (1, 32, 20), (1, 32, 17)]
+    kernel = _crossbar_kernel(sess)
+    assert list(kernel._programs) == [(1, 32, 16), (1, 32, 20), (1, 32, 17)]
+    # the fresh runs remembered per input shapes: the last two
+    assert [k[0] for k in kernel._fresh] == [(1, 32, 20), (1, 32, 17)]
 
 
 def test_programmed_activation_beyond_the_crossbars_is_tiled_over_them(tmp_path):

@@ -27,6 +27,8 @@ from ...sim.crossbar import CrossbarSimulator, XbarError, load_file, parse
 #: planning one took about 3 ms for a 12-head attention product of MiniLM on this project's
 #: machine): a length that follows the data may take hundreds of sizes.
 _PROGRAMS_MAX = 256
+#: The most input shapes whose fresh run a kernel over an activation remembers (``_fresh``).
+_FRESH_MAX = 1024
 
 
 class CrossbarKernel:
@@ -275,8 +277,16 @@ class CrossbarKernel:
         if form is not None and not self.integer and prog.header["order"] != "serpentine" \
                 and form[1] == "W" and len(outs) == 1:
             _, w, b, out = form
-            self._fresh[key] = (dict(c), (w, b, out), None if b is None else sim.const[b])
+            self._remember(key, (dict(c), (w, b, out), None if b is None else sim.const[b]))
         return outs, c
+
+    def _remember(self, key, value) -> None:
+        """Keep ``value`` in :attr:`_fresh` under ``key``, dropping the oldest entry beyond
+        :data:`_FRESH_MAX` (input shapes that follow the data: an integer entry holds a
+        simulator)."""
+        if len(self._fresh) >= _FRESH_MAX:
+            del self._fresh[next(iter(self._fresh))]
+        self._fresh[key] = value
 
     def _int_product(self, inputs: list):
         """An integer kernel whose data path is a plain product (:meth:`_affine`), computed by
@@ -343,7 +353,7 @@ class CrossbarKernel:
                     # a fresh simulator starts from the same state at every run and counts a
                     # run without its data path from the shapes alone (the zero stand-ins):
                     # its counters are those of the first run of these shapes
-                    self._fresh[("int", A.shape, B.shape)] = (sim, dict(c))
+                    self._remember(("int", A.shape, B.shape), (sim, dict(c)))
             c = dict(c)
             if prog is not self.prog:
                 c["replanned"] = self._replanned(W.shape)
