@@ -132,7 +132,7 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s = by_part.setdefault(p.term, [0.0, 0.0, True])
             s[0] += p.latency_s
             s[1] += p.energy_j
-            s[2] = s[2] and p.folded  # energy shown only when some op publishes it
+            s[2] = s[2] and bool(p.folded)  # energy shown only when some op publishes it
     totals = counted_totals(root)
     notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
              for note in devices.get_device(d).cost_notes(dict(options or {}))]
@@ -317,14 +317,19 @@ COLUMNS = (Column("#", ">"), Column("layer", fit=64), Column("op", fit=12),
 
 def _parts_text(r: Layer) -> str:
     """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``); parts
-    the device publishes only inside another's (``CostPart.folded``) are named, not given a
-    0%: ``array 100% (with adc_dac, periphery)``."""
+    the device publishes only inside another's (``CostPart.folded``) are named after the part
+    holding them, not given a 0%: ``array 100% (with adc_dac, periphery)``,
+    ``array 0%, periphery 100% (with adc_dac)``."""
     tot = sum(p.energy_j for p in r.parts)
     if not tot:
         return ""
-    inside = [p.term for p in r.parts if p.folded]
-    return (", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts if not p.folded)
-            + (f" (with {', '.join(inside)})" if inside else ""))
+    inside: dict[str, list] = {}
+    for p in r.parts:
+        if p.folded:
+            inside.setdefault(p.folded, []).append(p.term)
+    return ", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%"
+                     + (f" (with {', '.join(inside[p.term])})" if p.term in inside else "")
+                     for p in r.parts if not p.folded)
 
 
 def _area_text(r: Layer) -> str:
