@@ -686,7 +686,8 @@ class MemristorDevice(Device):
                 "area: the kernel's crossbars with their converters and periphery, '-' if not "
                 "published)")
         notes = [note, _use_note(plans, used)]
-        rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence")
+        rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence",
+                                         energy=[float(a["cim_energy_j"]) for *_, a in plans])
         if fold_note:
             notes.append(fold_note)
         if n_inf < len(plans):
