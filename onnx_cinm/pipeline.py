@@ -152,6 +152,9 @@ class OptimizeResult:
             + _sizes_note(self.dims, self.unsized_dims)
             + (f"; {_no_device_ops(self.model)}" if none else ""),
         ]
+        batch = frontend.batch_note(self.model, self.dims)
+        if batch:
+            lines.append(batch)
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""

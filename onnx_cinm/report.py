@@ -134,8 +134,12 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s[1] += p.energy_j
             s[2] = s[2] and bool(p.folded)  # energy shown only when some op publishes it
     totals = counted_totals(root)
-    notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
-             for note in devices.get_device(d).cost_notes(dict(options or {}))]
+    from . import frontend
+
+    batch = frontend.batch_note(model, frontend.planned_dims(model))
+    notes = [f"({batch})"] if batch else []
+    notes += [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
+              for note in devices.get_device(d).cost_notes(dict(options or {}))]
     wear = device_wear(model, totals["latency_s"])
     notes += [text for w in wear.values() for text in (w.line, w.note) if text]
     totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes, wear=wear,
