@@ -1207,7 +1207,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             t0 = time.perf_counter()
             try:
                 special = golden.compare_special(original, work, rtol=check_rtol, atol=check_atol,
-                                                 dims=dims)
+                                                 dims=dims, given=inputs or None)
             except ReferenceFailed as e:
                 special_skipped = f"the original does not run on such inputs: {e}"
             else:
