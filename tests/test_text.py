@@ -11,7 +11,7 @@ from onnx_cinm.text import Column, fold_rows, si, source_name, table
     (1.5e-6, "s", "1.5 us"), (2.5e9, "FLOP", "2.5 GFLOP"), (0, "J", "0 J"), (512, "", "512"),
     (149_000, "B", "149 kB"), (-3e-9, "J", "-3 nJ"), (4.2e12, "B", "4.2 TB"),
     (999.96, "B", "1 kB"),          # rounds up to the next prefix, not "1e+03 B"
-    (1e-14, "s", "1.00e-14 s"), (None, "s", "-"),
+    (4e-13, "J", "400 fJ"), (1e-14, "s", "10 fs"), (1e-19, "J", "1.00e-19 J"), (None, "s", "-"),
 ])
 def test_si(x, unit, want):
     assert si(x, unit) == want
