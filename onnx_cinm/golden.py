@@ -595,7 +595,7 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
         want = _FEEDABLE.get(tt.elem_type)
         arr = np.asarray(arr)
         if want is not None and arr.dtype != want:
-            raise CinmError(f"{label} '{name}' is a {arr.dtype} array, but the model's input is {want} "
+            raise CinmError(f"{label} '{name}' holds {arr.dtype}, but the model's input is {want} "
                             f"(convert it, e.g. numpy's a.astype(np.{want.name}))")
         if not tt.HasField("shape"):
             continue

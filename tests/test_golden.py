@@ -832,7 +832,7 @@ def test_optimize_refuses_given_inputs_the_original_cannot_run(tmp_path, capsys)
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
                  "--input", str(tmp_path / "bad.npz")]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("onnx-cinm: error: --input 'input_ids' is a float64 array, but the model's "
+    assert err.startswith("onnx-cinm: error: --input 'input_ids' holds float64, but the model's "
                           "input is int64")
     assert "\n" not in err and not (tmp_path / "o.onnx").exists()
 
