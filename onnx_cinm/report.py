@@ -482,13 +482,17 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
     buf = io.StringIO()
     w = csv.writer(buf)
     terms = list(dict.fromkeys(p.term for r in rows for p in r.parts))
-    w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
+    # total_*: the table's figures (the op and the transfers charged to it), then the two apart
+    w.writerow(["index", "layer", "op", "shape", "flops", "device", "total_latency_s",
+                "total_energy_j", "latency_s", "energy_j",
                 "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason",
                 "counted"]
                + [f"{t}_{q}" for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     for r in rows:
         part = {p.term: p for p in r.parts}
-        w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
+        w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device,
+                    repr(r.latency_s + r.transfer_s), repr(r.energy_j + r.transfer_j),
+                    repr(r.latency_s),
                     repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
                     r.writes, r.bytes_moved, r.reason, int(r.counted)]
                    + [repr(float(getattr(part[t], q)))
