@@ -1336,6 +1336,22 @@ def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[st
     return _dims_record(model, key)
 
 
+def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
+    """What one inference is when ``dims`` (``{dim name: size}``, the planned sizes) sizes a
+    symbolic dim of a graph input above 1 (a batch, a sequence): ``"per inference: ..."``,
+    every per-inference figure being for one run at those sizes, not per sample; '' when no
+    input's dim is planned above 1."""
+    consts = {t.name for t in model.graph.initializer}
+    named = {d.dim_param for vi in model.graph.input if vi.name not in consts
+             for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    sized = {k: v for k, v in dims.items() if k in named and v > 1}
+    if not sized:
+        return ""
+    sizes = ", ".join(f"{k}={v}" for k, v in sorted(sized.items()))
+    return (f"per inference: one run of the model at {sizes}: every per-inference figure "
+            "(latency, energy, tile writes, wear) is for the whole run, not per sample")
+
+
 def _json_record(model: onnx.ModelProto, key: str, valid: Callable[[object], bool],
                  expected: str):
     """The JSON value under metadata ``key`` (None if absent), which ``valid`` must accept;

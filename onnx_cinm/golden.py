@@ -193,12 +193,16 @@ def ort_error_line(error: BaseException) -> str:
 #: refusing a shape.
 #: Messages as onnxruntime 1.x's CPU kernels word them (``reshape_helper.h``,
 #: ``element_wise_ops.h``, ``matmul_helper.h``, ``conv_attributes.h``, ``pool_attributes.h``,
-#: ``pad.cc``).
+#: ``pad.cc``; the recurrent kernels' "Input W must have shape {1,75,314}. Actual:{1,75,24}"
+#: (``deep_cpu_gru.cc``, ``rnn_helpers.cc``); a Conv's input channels against its weight's;
+#: the session's own "Got invalid dimensions for input").
 _SHAPE_ERRORS = re.compile(
     r"cannot be reshaped|broadcast|dimension mismatch|dimensions? (?:do not|don't) match"
     r"|shape mismatch|mismatch(?:ed)? (?:in )?(?:dimension|shape)|incompatible (?:dimensions|shapes)"
     r"|invalid input shape|invalid expand shape|output dimension is negative|ShapeInferenceError"
-    r"|pad\b.*exceeds maximum allowed",
+    r"|pad\b.*exceeds maximum allowed"
+    r"|must have shape|must have \d+ dimensions|num_dims does not match"
+    r"|is not equal to kernel channels|invalid dimensions for input",
     re.IGNORECASE)
 
 
@@ -275,31 +279,62 @@ def real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
 # --------------------------------------------------------------------------------------------
 #: Ops an index passes through unchanged on its way to a table lookup.
 _INDEX_PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand",
-                       "Transpose", "Slice"}
+                       "Transpose", "Slice", "Gather", "GatherElements"}
 
 #: Lookups ``(op type, index input position) -> table input position``; the table's axis is the
 #: op's ``axis`` attribute (0 by default). EmbedLayerNormalization is onnxruntime's fused BERT
 #: embedding (input_ids -> word_embedding, segment_ids -> segment_embedding).
 _LOOKUPS = {("Gather", 1): 0, ("GatherElements", 1): 0, ("EmbedLayerNormalization", 0): 2,
-            ("EmbedLayerNormalization", 1): 4}
+            ("EmbedLayerNormalization", 1): 4, ("ScatterElements", 1): 0, ("GatherND", 1): 0}
 
 
-def index_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
+def index_ranges(model: ModelLike, sizes: Mapping[str, int] | None = None
+                 ) -> dict[str, tuple[int, int]]:
     """Valid ranges ``{input name: (low, high)}`` (``high`` exclusive) of the integer inputs
     whose values index something, so random check inputs stay meaningful:
 
-    - an input reaching a table lookup (Gather/GatherElements indices, a OneHot's indices, the
-      ids of onnxruntime's EmbedLayerNormalization), directly or through shape-only ops
-      (Cast, Reshape, Unsqueeze, ...), with a constant table: ``(0, table size along the axis)``
-      (the smallest over all its lookups; an embedding's ``token_type_ids`` get ``(0, 2)``);
+    - an input reaching a lookup (Gather/GatherElements/GatherND indices, ScatterElements
+      indices, a OneHot's indices, the ids of onnxruntime's EmbedLayerNormalization), directly
+      or through ops that keep its values (Cast, Reshape, Unsqueeze, a Gather of its rows,
+      ...): ``(0, table size along the axis)``, the smallest over all its lookups. The table
+      is a constant (an embedding's ``token_type_ids`` get ``(0, 2)``) or a computed tensor
+      whose size along the axis shape inference gives, as a number or as a symbolic dim that
+      ``sizes`` (``{dim name: size}``, the sizes the inputs are drawn at) sizes: a graph
+      model's ``edge_index`` into its ``num_nodes`` node features;
     - an input whose name says it is a mask (``attention_mask``, ``mask``): ``(0, 2)``.
 
-    Random integers in [-10, 10] otherwise index outside an embedding (onnxruntime refuses the
-    run) or make an attention mask of large negative values that turns every output into NaN.
+    Random integers in [-10, 10] otherwise index outside an embedding or a node table
+    (onnxruntime refuses the run) or make an attention mask of large negative values that
+    turns every output into NaN.
     """
     proto = _load_header(model)
     g = proto.graph
+    sizes = dict(sizes or {})
     table_dims = {t.name: t.dims[:] for t in g.initializer[:]}
+    inferred: dict = {}
+
+    def table_size(name: str, axis: int) -> int | None:
+        dims = table_dims.get(name)
+        if dims is not None:
+            return dims[axis] if -len(dims) <= axis < len(dims) and dims[axis] > 0 else None
+        if not inferred:  # a computed table: its shape, once, from onnx's shape inference
+            try:
+                typed = onnx.shape_inference.infer_shapes(proto)
+            except Exception:  # noqa: BLE001 - no inferred shapes: no range from them
+                typed = proto
+            inferred.update({vi.name: vi for vi in [*typed.graph.value_info[:],
+                                                    *typed.graph.input[:]]})
+            inferred.setdefault("", None)  # inferred once, even with nothing found
+        vi = inferred.get(name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return None
+        shape = vi.type.tensor_type.shape.dim
+        if not -len(shape) <= axis < len(shape):
+            return None
+        d = shape[axis]
+        size = d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param)
+        return size if size and size > 0 else None
+
     nodes = g.node[:]  # slices: see rewrite's note on repeated fields
     for node in nodes:
         if node.op_type == "Constant" and node.output:
@@ -334,10 +369,10 @@ def index_ranges(model: ModelLike) -> dict[str, tuple[int, int]]:
                 elif (node.op_type, pos) in _LOOKUPS:
                     table = node.input[_LOOKUPS[(node.op_type, pos)]] \
                         if len(node.input) > _LOOKUPS[(node.op_type, pos)] else ""
-                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                    dims = table_dims.get(table)
-                    if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                        size = dims[axis]
+                    # GatherND's indices index the axes after its batch_dims
+                    key = "batch_dims" if node.op_type == "GatherND" else "axis"
+                    axis = next((a.i for a in node.attribute if a.name == key), 0)
+                    size = table_size(table, axis) if table else None
                 elif node.op_type == "OneHot" and pos == 0 and len(node.input) > 1:
                     depth = scalar_values.get(node.input[1])
                     if depth is not None:
@@ -424,7 +459,8 @@ def random_inputs(
                 if d.HasField("dim_param") and d.dim_param and d.dim_param not in dims:
                     dims[d.dim_param] = int(size)
     rng = np.random.default_rng(seed)
-    ranges = index_ranges(proto) if fill in ("random", "special") else {}
+    ranges = index_ranges(proto, _drawn_sizes(inputs, dims, shapes)) \
+        if fill in ("random", "special") else {}
     feeds: dict[str, np.ndarray] = {}
     for vi in inputs:
         kind = vi.type.WhichOneof("value")
@@ -447,6 +483,26 @@ def random_inputs(
         if fill == "special" and dtype.kind == "f":
             feeds[vi.name] = _with_specials(rng, feeds[vi.name])
     return feeds
+
+
+def _drawn_sizes(inputs: list, dims: dict[str, int],
+                 shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """``{dim name: size}`` of every symbolic dim of ``inputs`` at the sizes
+    :func:`random_inputs` draws them (``dims``, ``shapes``, the defaults; the first use of a
+    name sizes it), for :func:`index_ranges`. An input of unknown rank without a shape, or
+    whose type is not a tensor, sizes nothing (random_inputs refuses it)."""
+    sizes = dict(dims)
+    for vi in inputs:
+        if vi.type.WhichOneof("value") != "tensor_type" or not vi.type.tensor_type.HasField("shape"):
+            continue
+        try:
+            shape = _concrete_shape(vi, sizes, shapes.get(vi.name))
+        except CinmError:
+            continue
+        for d, size in zip(vi.type.tensor_type.shape.dim, shape):
+            if d.HasField("dim_param") and d.dim_param:
+                sizes.setdefault(d.dim_param, int(size))
+    return sizes
 
 
 def _with_specials(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
@@ -539,7 +595,7 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
         want = _FEEDABLE.get(tt.elem_type)
         arr = np.asarray(arr)
         if want is not None and arr.dtype != want:
-            raise CinmError(f"{label} '{name}' is a {arr.dtype} array, but the model's input is {want} "
+            raise CinmError(f"{label} '{name}' holds {arr.dtype}, but the model's input is {want} "
                             f"(convert it, e.g. numpy's a.astype(np.{want.name}))")
         if not tt.HasField("shape"):
             continue
@@ -1303,17 +1359,33 @@ def compare_special(reference: ModelLike, candidate: ModelLike, *, n: int = 1,
                     rtol: float | None = None, atol: float | None = None, seed: int = 0,
                     dims: Mapping[str, int] | None = None,
                     shapes: Mapping[str, Sequence[int]] | None = None,
-                    stepwise: ModelLike | None = None) -> CheckReport | None:
+                    stepwise: ModelLike | None = None,
+                    given: Mapping[str, np.ndarray] | None = None) -> CheckReport | None:
     """The NaN/Inf check: :func:`compare` on ``fill="special"`` inputs (random values with NaN,
     +Inf and -Inf in every float input), kept apart from the ordinary check so that one stays
     meaningful (a NaN row hides every other difference in it). Outputs must carry NaN and
     same-signed Inf exactly where the reference does; the finite rest is judged as usual.
-    Returns None when the model has no float input (nothing to inject, :data:`NO_FLOAT_INPUT`). Raises as
-    :func:`compare`; ReferenceFailed when the reference cannot run on such inputs."""
+
+    ``given``: the user's input arrays (``--input``); each set then keeps them, with NaN and
+    Inf put into the float ones, and their integers (indices, ids, lengths) as given: random
+    integers would index outside the user's tables. The inputs not given are drawn at their
+    sizes. Returns None when the model has no float input (nothing to inject,
+    :data:`NO_FLOAT_INPUT`). Raises as :func:`compare`; ReferenceFailed when the reference
+    cannot run on such inputs."""
     if not has_float_input(reference):
         return None
+    feeds = None
+    if given:
+        shapes = {**(shapes or {}), **{k: np.shape(v) for k, v in given.items()}}
+        feeds = []
+        for i in range(n):
+            rng = np.random.default_rng(seed + i)
+            drawn = random_inputs(reference, seed=seed + i, dims=dims, shapes=shapes, fill="special")
+            feeds.append({**drawn, **{k: _with_specials(rng, np.asarray(v))
+                                      if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+                                      for k, v in given.items()}})
     return compare(reference, candidate, n=n, rtol=rtol, atol=atol, seed=seed, dims=dims,
-                   shapes=shapes, fill="special", stepwise=stepwise)
+                   shapes=shapes, fill="special", stepwise=stepwise, feeds=feeds)
 
 
 #: Ops whose onnxruntime kernels turn NaN inputs into finite outputs: their activations clamp

@@ -107,15 +107,16 @@ class CostPart(NamedTuple):
     ``adc_dac`` and ``periphery``): seconds and joules of one inference, and the chip area
     (mm^2) the op occupies for that term. The parts of a cost add up to its latency and energy.
 
-    ``folded``: the device publishes this term's energy and area only inside another part's
-    (e.g. a chip whose TOPS/W includes its ADCs), so its ``energy_j`` and ``area_mm2`` are 0
-    meaning "counted elsewhere", not "free"; its latency is still its own."""
+    ``folded``: the term of the part whose figures hold this one's energy and area (the device
+    publishes only their sum: e.g. ``"array"`` for a chip whose TOPS/W includes its ADCs), so
+    its ``energy_j`` and ``area_mm2`` are 0 meaning "counted there", not "free"; its latency
+    is still its own. ``""`` (false): published apart."""
 
     term: str
     latency_s: float
     energy_j: float
     area_mm2: float = 0.0
-    folded: bool = False
+    folded: str = ""
 
 
 @dataclass(frozen=True)

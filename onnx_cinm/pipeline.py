@@ -152,6 +152,9 @@ class OptimizeResult:
             + _sizes_note(self.dims, self.unsized_dims)
             + (f"; {_no_device_ops(self.model)}" if none else ""),
         ]
+        batch = frontend.batch_note(self.model, self.dims)
+        if batch:
+            lines.append(batch)
         if self.anonymous_dims:
             shown = ", ".join(f"{d} (of '{t}')" for d, t in list(self.anonymous_dims.items())[:4])
             more = f" and {len(self.anonymous_dims) - 4} more" if len(self.anonymous_dims) > 4 else ""
@@ -1204,7 +1207,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             t0 = time.perf_counter()
             try:
                 special = golden.compare_special(original, work, rtol=check_rtol, atol=check_atol,
-                                                 dims=dims)
+                                                 dims=dims, given=inputs or None)
             except ReferenceFailed as e:
                 special_skipped = f"the original does not run on such inputs: {e}"
             else:

@@ -132,10 +132,14 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
             s = by_part.setdefault(p.term, [0.0, 0.0, True])
             s[0] += p.latency_s
             s[1] += p.energy_j
-            s[2] = s[2] and p.folded  # energy shown only when some op publishes it
+            s[2] = s[2] and bool(p.folded)  # energy shown only when some op publishes it
     totals = counted_totals(root)
-    notes = [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
-             for note in devices.get_device(d).cost_notes(dict(options or {}))]
+    from . import frontend
+
+    batch = frontend.batch_note(model, frontend.planned_dims(model))
+    notes = [f"({batch})"] if batch else []
+    notes += [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
+              for note in devices.get_device(d).cost_notes(dict(options or {}))]
     wear = device_wear(model, totals["latency_s"])
     notes += [text for w in wear.values() for text in (w.line, w.note) if text]
     totals.update(by_device=by_dev, by_part=by_part, ifs=ifs, notes=notes, wear=wear,
@@ -317,14 +321,19 @@ COLUMNS = (Column("#", ">"), Column("layer", fit=64), Column("op", fit=12),
 
 def _parts_text(r: Layer) -> str:
     """The op's energy by part in percent (``array 60%, adc_dac 30%, periphery 10%``); parts
-    the device publishes only inside another's (``CostPart.folded``) are named, not given a
-    0%: ``array 100% (with adc_dac, periphery)``."""
+    the device publishes only inside another's (``CostPart.folded``) are named after the part
+    holding them, not given a 0%: ``array 100% (with adc_dac, periphery)``,
+    ``array 0%, periphery 100% (with adc_dac)``."""
     tot = sum(p.energy_j for p in r.parts)
     if not tot:
         return ""
-    inside = [p.term for p in r.parts if p.folded]
-    return (", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%" for p in r.parts if not p.folded)
-            + (f" (with {', '.join(inside)})" if inside else ""))
+    inside: dict[str, list] = {}
+    for p in r.parts:
+        if p.folded:
+            inside.setdefault(p.folded, []).append(p.term)
+    return ", ".join(f"{p.term} {100 * p.energy_j / tot:.0f}%"
+                     + (f" (with {', '.join(inside[p.term])})" if p.term in inside else "")
+                     for p in r.parts if not p.folded)
 
 
 def _area_text(r: Layer) -> str:
@@ -473,13 +482,17 @@ def render_report(model: onnx.ModelProto | str | Path, options: dict | None = No
     buf = io.StringIO()
     w = csv.writer(buf)
     terms = list(dict.fromkeys(p.term for r in rows for p in r.parts))
-    w.writerow(["index", "layer", "op", "shape", "flops", "device", "latency_s", "energy_j",
+    # total_*: the table's figures (the op and the transfers charged to it), then the two apart
+    w.writerow(["index", "layer", "op", "shape", "flops", "device", "total_latency_s",
+                "total_energy_j", "latency_s", "energy_j",
                 "transfer_s", "transfer_j", "transfer_bytes", "writes", "bytes_moved", "reason",
                 "counted"]
                + [f"{t}_{q}" for t in terms for q in ("latency_s", "energy_j", "area_mm2")])
     for r in rows:
         part = {p.term: p for p in r.parts}
-        w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device, repr(r.latency_s),
+        w.writerow([r.index, r.name, r.op, r.shape, r.flops, r.device,
+                    repr(r.latency_s + r.transfer_s), repr(r.energy_j + r.transfer_j),
+                    repr(r.latency_s),
                     repr(r.energy_j), repr(r.transfer_s), repr(r.transfer_j), r.transfer_bytes,
                     r.writes, r.bytes_moved, r.reason, int(r.counted)]
                    + [repr(float(getattr(part[t], q)))

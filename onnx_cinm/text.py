@@ -34,14 +34,15 @@ def printable(text: str) -> str:
 
 #: SI prefixes :func:`si` uses, largest first (``u`` for micro: plain ASCII for terminals and logs).
 _PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1e-3), ("u", 1e-6),
-             ("n", 1e-9), ("p", 1e-12))
+             ("n", 1e-9), ("p", 1e-12), ("f", 1e-15), ("a", 1e-18))
 
 
 def si(x: float | None, unit: str = "") -> str:
-    """``x`` with an SI prefix (``p`` .. ``T``) and three significant digits, then ``unit``:
+    """``x`` with an SI prefix (``a`` .. ``T``) and three significant digits, then ``unit``:
     ``si(1.5e-6, "s")`` is ``"1.5 us"``, ``si(2.5e9, "FLOP")`` ``"2.5 GFLOP"``, ``si(0, "J")``
-    ``"0 J"``, ``si(512)`` ``"512"``; negative numbers keep their sign, numbers below a pico
-    are written in exponent form, and None (a figure not known) is ``"-"``. The one number
+    ``"0 J"``, ``si(512)`` ``"512"``, ``si(4e-13, "J")`` ``"400 fJ"`` (one MVM of OCC's
+    crossbar); negative numbers keep their sign, numbers below an atto are written in
+    exponent form, and None (a figure not known) is ``"-"``. The one number
     formatter of every table and message."""
     if x is None:
         return "-"
@@ -192,18 +193,43 @@ def fold_rows(rows: Iterable[Sequence], name: int = 0, add: Sequence[int] = (),
     return out
 
 
-def folded_kernels(rows: list, fold: bool, example: str = "") -> tuple[list, str]:
+#: Rows a device table of ``optimize``'s summary shows (not ``-v``): a model with more kernel
+#: rows (a transformer's distinct layers: 587 rows on Kokoro-82M) shows those of the most
+#: energy, and a note on the rest.
+TABLE_ROWS = 30
+
+
+def folded_kernels(rows: list, fold: bool, example: str = "",
+                   energy: Sequence[float] | None = None) -> tuple[list, str]:
     """A device table's kernel rows folded by :func:`fold_rows` (``fold`` False: as given) and
     the note saying so, '' when no row folded; ``example``: what a folded group may be
-    (``", e.g. the steps of an unrolled recurrence"``)."""
+    (``", e.g. the steps of an unrolled recurrence"``).
+
+    ``energy``: each row's energy, joules. With ``fold`` and more than :data:`TABLE_ROWS`
+    rows after folding, only the :data:`TABLE_ROWS` rows of the most energy (a folded row:
+    its kernels' sum; ties: the earlier row) stay, in their order, and the note says how
+    many rows and kernels were left out and their energy's share of the rows'."""
     n_rows = len(rows)
-    if fold:
-        rows = [cells for cells, _ in fold_rows(rows)]
-    if len(rows) == n_rows:
-        return rows, ""
-    return rows, (f"({n_rows} kernels in {len(rows)} rows: '<kernel> xN' stands for N kernels "
-                  f"of one source op, named by the first, with the same figures each{example}; "
-                  "the totals count every kernel; optimize -v lists them one by one)")
+    groups = fold_rows(rows) if fold else [(list(r), [i]) for i, r in enumerate(rows)]
+    notes = []
+    if len(groups) < n_rows:
+        notes.append(f"({n_rows} kernels in {len(groups)} rows: '<kernel> xN' stands for N "
+                     f"kernels of one source op, named by the first, with the same figures "
+                     f"each{example}; the totals count every kernel; optimize -v lists them "
+                     "one by one)")
+    if fold and energy is not None and len(groups) > TABLE_ROWS:
+        sums = [sum(energy[i] for i in members) for _, members in groups]
+        top = set(sorted(range(len(groups)), key=lambda g: -sums[g])[:TABLE_ROWS])
+        out = [g for g in range(len(groups)) if g not in top]
+        kernels = sum(len(groups[g][1]) for g in out)
+        total = sum(sums)
+        share = f": {100 * sum(sums[g] for g in out) / total:.1f}% of the kernels' energy" \
+            if total else ""
+        notes.append(f"(the {TABLE_ROWS} rows of the most energy of {len(groups)}: "
+                     f"{len(out)} rows of {kernels} kernel{'s' * (kernels != 1)} left out"
+                     f"{share}; the totals count them; optimize -v lists every kernel)")
+        groups = [groups[g] for g in sorted(top)]
+    return [cells for cells, _ in groups], " ".join(notes)
 
 
 def if_rule(ifs: dict, others: str) -> str:

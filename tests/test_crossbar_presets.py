@@ -3,13 +3,16 @@ a source for every constant, and the CLI/docs listing what PRESETS holds."""
 import csv
 import html
 import io
+import re
 from pathlib import Path
 
+import onnx
 import pytest
 
 from onnx_cinm.devices.memristor import (DEFAULT, PCM_HERMES, PCM_OCC, PRESETS, RERAM_ISAAC,
                                          RRAM_NEURRAM)
 from onnx_cinm.sim.crossbar.physics import DEVICE_MODELS
+from onnx_cinm.text import si
 from onnx_cinm.devices.memristor.presets import CrossbarParams
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "crossbar-presets.md"
@@ -150,7 +153,7 @@ def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
         sum(a["cim_energy_j"] for a in plans.values()), rel=1e-6)
     # pcm-hermes publishes its ADCs' and periphery's energy only inside its TOPS/W: the
     # report names them as inside the array's figure, never as a free 0% / 0 J
-    assert [p.folded for p in fc1.parts] == [False, True, True]
+    assert [p.folded for p in fc1.parts] == ["", "array", "array"]
     assert report._parts_text(fc1) == "array 100% (with adc_dac, periphery)"
     assert [v[2] for v in totals["by_part"].values()] == [False, True, True]
     assert "adc_dac" in report._totals_line(totals) and " 0 J" not in report._totals_line(totals)
@@ -166,6 +169,43 @@ def test_default_chip_programs_lenet_once_and_runs_its_products(tmp_path):
     assert fc1_csv["adc_dac_energy_j"] == fc1_csv["adc_dac_area_mm2"] == ""
     assert float(fc1_csv["adc_dac_latency_s"]) == pytest.approx(fc1.parts[1].latency_s)
     assert float(fc1_csv["array_energy_j"]) == pytest.approx(fc1.parts[0].energy_j)
+
+
+def test_occ_converters_are_counted_in_its_periphery():
+    """OCC publishes one mixed-signal energy per CIM cycle and no converter figure (field notes
+    crossbar.md §1.4): pcm-occ's ADC/DAC part is inside its periphery's, so report and the
+    crossbar table name it there ('-', never a free 0 J), and the shares are of the parts
+    published: cells (writes x 200 pJ + MVMs x 0.2 pJ) and periphery (busy cycles x 2.1 nJ)."""
+    from onnx_cinm import optimize, report
+    from onnx_cinm.examples import get_example
+
+    assert PRESETS["pcm-occ"].folded == ("adc_dac",)
+    assert PRESETS["pcm-occ"].folded_into == "periphery"
+    res = optimize(get_example("lenet"), host_roofline="nominal", check=0,
+                   device_options={"cim_preset": "pcm-occ"})
+    rows, totals = report.layers(res.model, report.options_from_plans(res.model))
+    xbar = [r for r in rows if r.parts]
+    assert xbar
+    for r in xbar:
+        assert [p.folded for p in r.parts] == ["", "periphery", ""]
+        a = next(n for n in res.model.graph.node if n.name == r.name)
+        at = {x.name: onnx.helper.get_attribute_value(x) for x in a.attribute}
+        writes, mvms = at["cim_writes"], at["cim_mvms"]
+        busy_s = writes * 2.5e-6 + mvms * 1e-6  # OCC 'Write' 2.5 us, 'Read' 1 us
+        e_cells, e_peri = writes * 2e-10 + mvms * 2e-13, busy_s * 1e9 * 2.1e-9
+        # (the plan attributes hold float32)
+        assert r.parts[0].energy_j == pytest.approx(e_cells, rel=1e-6)
+        assert r.parts[2].energy_j == pytest.approx(e_peri, rel=1e-6)
+        tot = e_cells + e_peri
+        assert report._parts_text(r) == (f"array {100 * e_cells / tot:.0f}%, "
+                                         f"periphery {100 * e_peri / tot:.0f}% (with adc_dac)")
+    assert totals["by_part"]["adc_dac"][2] and not totals["by_part"]["periphery"][2]
+    table = res.device_tables()
+    assert ("pcm-occ publishes adc_dac energy and area only inside the periphery's figures: "
+            "they are counted under E periph") in " ".join(table.split())
+    kernel_row = next(line for line in table.splitlines() if line.lstrip().startswith(xbar[0].name))
+    # E adc/dac '-', then E periph, the kernel's periphery energy
+    assert re.search(r"\s-\s+" + re.escape(si(xbar[0].parts[2].energy_j, "J")) + r"\s", kernel_row)
 
 
 def test_report_gives_published_parts_their_share():

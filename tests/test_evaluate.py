@@ -348,7 +348,7 @@ def test_data_of_another_dtype_are_refused_as_run_refuses_them(digits_files, tmp
     np.savez(tmp_path / "d64.npz", X=x.astype(np.float64), labels=y)
     assert main(["evaluate", str(path), "--data", str(tmp_path / "d64.npz")]) == 1
     assert capsys.readouterr().err.strip() == (
-        "onnx-cinm: error: the data's array 'X' is a float64 array, but the model's input is "
+        "onnx-cinm: error: the data's array 'X' holds float64, but the model's input is "
         "float32 (convert it, e.g. numpy's a.astype(np.float32))")
 
 

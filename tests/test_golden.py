@@ -447,6 +447,10 @@ def test_optimize_skips_a_shape_error_an_integer_input_drawn_at_random_may_cause
     ("Conv node '': Invalid input shape: {3}", True),
     ("MaxPool node '': Calculated output dimension is negative.", True),
     ("Pad node '': Pad reflect: pre-pad (6) exceeds maximum allowed (3) for axis 1.", True),
+    # a recurrence's input width (madmom's GRU at a --dim the weights do not take, trial s30)
+    ("GRU node '': Input W must have shape {1,6,5}. Actual:{1,6,3}", True),
+    ("Conv node 'y': Input channels C is not equal to kernel channels * group. C: 4 kernel "
+     "channels: 3 group: 1", True),
     ("Gather node '': indices element out of data bounds, idx=7", False),
     ("ConstantOfShape node '': Tensor shape.Size() must be >= 0", False),
 ])
@@ -535,6 +539,70 @@ def test_index_inputs_are_drawn_within_their_tables():
                     [nh.from_array(np.array(7, np.int64), "depth"),
                      nh.from_array(np.array([0, 1], np.float32), "vals")])
     assert index_ranges(onehot) == {"k": (0, 7)}
+
+
+def _graph_model():
+    """A message-passing layer as graph networks export it (MiniMol, trial s30): node features
+    h[num_nodes, 4] (a computed table), edge_index[2, num_edges] whose rows select source and
+    target nodes (a Gather of a row, then the indices of a Gather), batch[num_nodes] the graph
+    of each node (ScatterElements' indices into num_graphs rows)."""
+    W = nh.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 16, "W")
+    row0 = nh.from_array(np.array(0, np.int64), "row0")
+    nodes = [h.make_node("MatMul", ["feat", "W"], ["h"]),
+             h.make_node("Gather", ["edge_index", "row0"], ["src"], axis=0),
+             h.make_node("Gather", ["h", "src"], ["msg"], axis=0),
+             h.make_node("ReduceSum", ["msg", "ax0"], ["m"], keepdims=1),
+             h.make_node("Unsqueeze", ["batch", "ax1"], ["b2"]),
+             h.make_node("Shape", ["h"], ["hshape"]),
+             h.make_node("Expand", ["b2", "hshape"], ["bx"]),
+             h.make_node("Mul", ["pool0", "zero"], ["pool"]),
+             h.make_node("ScatterElements", ["pool", "bx", "h"], ["pooled"], axis=0, reduction="add"),
+             h.make_node("Add", ["pooled", "m"], ["y"])]
+    inits = [W, row0, nh.from_array(np.array([1], np.int64), "ax1"),
+             nh.from_array(np.array([0], np.int64), "ax0"),
+             nh.from_array(np.array(0, np.float32), "zero")]
+    ins = [_vi("feat", TP.FLOAT, ["num_nodes", 4]), _vi("edge_index", TP.INT64, [2, "num_edges"]),
+           _vi("batch", TP.INT64, ["num_nodes"]), _vi("pool0", TP.FLOAT, ["num_graphs", 4])]
+    return _model(nodes, ins, [_vi("y", TP.FLOAT, ["num_graphs", 4])], inits, opset=17)
+
+
+def test_graph_indices_are_drawn_within_the_nodes_and_graphs():
+    """edge_index indexes the num_nodes rows of a computed tensor, batch the num_graphs rows:
+    drawn in [-10, 10] they fell outside (onnxruntime refused the run, the check was skipped);
+    each is now drawn within the size its table has at the drawn sizes."""
+    from onnx_cinm import optimize
+    from onnx_cinm.golden import index_ranges
+
+    m = _graph_model()
+    assert index_ranges(m, {"num_nodes": 5, "num_edges": 9, "num_graphs": 3}) == {
+        "edge_index": (0, 5), "batch": (0, 3)}
+    for dims in ({"num_nodes": 5, "num_edges": 9, "num_graphs": 3}, {}):
+        feeds = random_inputs(m, seed=1, dims=dims)
+        n_nodes, n_graphs = feeds["feat"].shape[0], feeds["pool0"].shape[0]
+        assert 0 <= feeds["edge_index"].min() and feeds["edge_index"].max() < n_nodes
+        assert 0 <= feeds["batch"].min() and feeds["batch"].max() < n_graphs
+    res = optimize(m, dims={"num_nodes": 6, "num_edges": 10, "num_graphs": 2})
+    assert res.check is not None and res.check.ok and res.check_skipped is None
+    assert res.check_special is not None and res.check_special.ok
+
+
+def test_the_nan_inf_check_keeps_the_given_integer_inputs():
+    """With every input given (--input), the NaN/Inf check put NaN/Inf into the given float
+    arrays but drew the integer ones anew: random indices outside the user's node table, so
+    the check was skipped ('indices element out of data bounds')."""
+    from onnx_cinm import optimize
+    from onnx_cinm.golden import compare_special
+
+    m = _graph_model()
+    rng = np.random.default_rng(0)
+    given = {"feat": rng.standard_normal((7, 4)).astype(np.float32),
+             "edge_index": rng.integers(0, 7, (2, 12)).astype(np.int64),
+             "batch": np.array([0, 0, 1, 1, 1, 2, 2], np.int64),
+             "pool0": np.zeros((3, 4), np.float32)}
+    special = compare_special(m, m, given=given)
+    assert special is not None and special.ok
+    res = optimize(m, inputs=given)
+    assert res.special_skipped is None and res.check_special is not None and res.check_special.ok
 
 
 def _log_model():
@@ -764,7 +832,7 @@ def test_optimize_refuses_given_inputs_the_original_cannot_run(tmp_path, capsys)
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"),
                  "--input", str(tmp_path / "bad.npz")]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("onnx-cinm: error: --input 'input_ids' is a float64 array, but the model's "
+    assert err.startswith("onnx-cinm: error: --input 'input_ids' holds float64, but the model's "
                           "input is int64")
     assert "\n" not in err and not (tmp_path / "o.onnx").exists()
 

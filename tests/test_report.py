@@ -78,6 +78,12 @@ def test_report_files(lenet_opt, tmp_path):
     # host rows: the nominal roofline by hand, e.g. the first Transpose moves bytes only
     t = res["totals"]
     assert t["latency_s"] == pytest.approx(sum(float(r["latency_s"]) + float(r["transfer_s"]) for r in rows))
+    # the table's figures, the op's and its transfers' (trial s30: the CSV's latency_s, the
+    # op's alone, read as contradicting the table's 68.2 ms)
+    for r in rows:
+        assert float(r["total_latency_s"]) == float(r["latency_s"]) + float(r["transfer_s"])
+        assert float(r["total_energy_j"]) == float(r["energy_j"]) + float(r["transfer_j"])
+    assert t["latency_s"] == pytest.approx(sum(float(r["total_latency_s"]) for r in rows))
     assert t["writes"] == sum(at.get("cim_writes", 0) for at in
                               (cinm.node_attrs(n) for n in lenet_opt.graph.node if n.domain == cinm.DOMAIN))
     text = report.table(res["rows"], t)

@@ -387,7 +387,7 @@ def test_given_arrays_of_the_wrong_dtype_or_shape_are_one_clear_line(tmp_path, c
                 ["optimize", str(src), "-o", str(tmp_path / "o2.onnx")]):
         assert main(cmd + ["--input", f"images={tmp_path / 'x64.npy'}"]) == 1
         err = capsys.readouterr().err
-        assert err.strip() == ("onnx-cinm: error: --input 'images' is a float64 array, but the model's "
+        assert err.strip() == ("onnx-cinm: error: --input 'images' holds float64, but the model's "
                                "input is float32 (convert it, e.g. numpy's a.astype(np.float32))")
         assert main(cmd + ["--input", f"images={tmp_path / 'x4.npy'}"]) == 1
         assert "--input 'images' has shape [1, 4, 8, 8], but the model's input is [batch, 3, height, width]" \

@@ -11,7 +11,7 @@ from onnx_cinm.text import Column, fold_rows, si, source_name, table
     (1.5e-6, "s", "1.5 us"), (2.5e9, "FLOP", "2.5 GFLOP"), (0, "J", "0 J"), (512, "", "512"),
     (149_000, "B", "149 kB"), (-3e-9, "J", "-3 nJ"), (4.2e12, "B", "4.2 TB"),
     (999.96, "B", "1 kB"),          # rounds up to the next prefix, not "1e+03 B"
-    (1e-14, "s", "1.00e-14 s"), (None, "s", "-"),
+    (4e-13, "J", "400 fJ"), (1e-14, "s", "10 fs"), (1e-19, "J", "1.00e-19 J"), (None, "s", "-"),
 ])
 def test_si(x, unit, want):
     assert si(x, unit) == want
@@ -96,3 +96,30 @@ def test_two_groups_of_one_source_op_get_two_labels():
                                            ("LSTM__93/Gemm_1 x2", [1, 3])]
     labels = [c[0] for c, _ in got]
     assert len(set(labels)) == len(labels)
+
+
+def test_a_long_device_table_shows_its_rows_of_most_energy(monkeypatch):
+    """A summary table of more rows than TABLE_ROWS (a transformer's distinct kernels) keeps
+    the TABLE_ROWS rows of the most energy, in their order, and says what it left out; -v
+    (fold False) keeps every row. (TABLE_ROWS set to 40 for the counts below.)"""
+    from onnx_cinm import text
+    from onnx_cinm.text import folded_kernels
+
+    monkeypatch.setattr(text, "TABLE_ROWS", 40)
+    TABLE_ROWS = 40
+    n = TABLE_ROWS + 5
+    # kernel i of its own source op, energy (i % 7) + 1 J; plus three steps of one recurrence
+    rows = [(f"k{i}/Gemm", i) for i in range(n)] + [(f"r/Gemm_{j}", "step") for j in (1, 2, 3)]
+    energy = [float(i % 7 + 1) for i in range(n)] + [0.2, 0.2, 0.2]  # the steps: 0.6 J folded
+    got, note = folded_kernels(rows, True, energy=energy)
+    # 46 rows after folding; the 6 of least energy: the recurrence (0.6 J) and five of the
+    # seven kernels of 1 J (i % 7 == 0: i = 0, 7, ..., 42; ties keep the earlier rows)
+    left = {14, 21, 28, 35, 42}
+    assert [c[0] for c in got] == [f"k{i}/Gemm" for i in range(n) if i not in left]
+    assert len(got) == TABLE_ROWS
+    total = sum(energy)
+    assert (f"6 rows of 8 kernels left out: {100 * (5 * 1.0 + 0.6) / total:.1f}% of the "
+            "kernels' energy") in note
+    assert "48 kernels in 46 rows" in note
+    every, note_v = folded_kernels(rows, False, energy=energy)
+    assert len(every) == n + 3 and note_v == ""

@@ -356,7 +356,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--list-examples", action="store_true", help="list the bundled models and exit")
     o.add_argument("-v", "--verbose", action="store_true",
                    help="print progress, every placement and a row per kernel (else the kernels "
-                        "of one source op with the same figures share a row, 'NAME xN')")
+                        "of one source op with the same figures share a row, 'NAME xN', and a "
+                        "device table shows its 30 rows of the most energy)")
     _common(o)
     _config_option(o)
     schema = option_schema()

@@ -153,7 +153,7 @@ class Evaluator:
             want = _np_dtype(arg.type)
             have = np.asarray(self.data[arg.name]).dtype
             if want is not None and have != want:
-                raise CinmError(f"the data's array '{arg.name}' is a {have} array, but the model's "
+                raise CinmError(f"the data's array '{arg.name}' holds {have}, but the model's "
                                 f"input is {want} (convert it, e.g. numpy's a.astype(np.{want.name}))")
         self._fixed = {a.name: a.shape[0] for a in self._inputs
                        if a.shape and isinstance(a.shape[0], int)}

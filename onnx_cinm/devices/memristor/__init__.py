@@ -492,8 +492,8 @@ class MemristorDevice(Device):
         writes = int(attrs["cim_writes"])
         parts = ()
         if "cim_energy_parts_j" in attrs:
-            folded = _folded_terms(attrs)
-            parts = tuple(CostPart(t, float(lat), float(en), float(ar), t in folded)
+            folded, into = _folded_terms(attrs)
+            parts = tuple(CostPart(t, float(lat), float(en), float(ar), into if t in folded else "")
                           for t, lat, en, ar in zip(
                               PART_TERMS, attrs["cim_latency_parts_s"], attrs["cim_energy_parts_j"],
                               attrs["cim_area_parts_mm2"]))
@@ -618,8 +618,8 @@ class MemristorDevice(Device):
                 Column("E periph", ">"), Column("t adc/dac", ">"), Column("area", ">"))
         a0 = plans[0][2]
         preset = a0.get("cim_preset", OLD_DEFAULT)
-        folded = _folded_terms(a0)
-        # a term the preset publishes only inside the array's figure: '-', not a free 0 J
+        folded, into = _folded_terms(a0)
+        # a term the preset publishes only inside another's figure: '-', not a free 0 J
         shown = [(lambda j: "-") if term in folded else (lambda j: si(j, "J"))
                  for term in PART_TERMS]
         rows = []
@@ -679,7 +679,8 @@ class MemristorDevice(Device):
                 "area: the kernel's crossbars with their converters and periphery, '-' if not "
                 "published)")
         notes = [note, _use_note(plans, used)]
-        rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence")
+        rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence",
+                                         energy=[float(a["cim_energy_j"]) for *_, a in plans])
         if fold_note:
             notes.append(fold_note)
         if n_inf < len(plans):
@@ -688,8 +689,8 @@ class MemristorDevice(Device):
         notes += self.cost_notes(self.recorded_options(plans))
         if folded:
             notes.append(f"({preset} publishes {' and '.join(folded)} energy and area only "
-                         "inside the array's figures: they are counted under E array, and "
-                         "their energy columns show '-')")
+                         f"inside the {into}'s figures: they are counted under "
+                         f"{_ENERGY_COLUMN[into]}, and their energy columns show '-')")
         return table(cols, rows, totals=[total], notes=notes)
 
     def wear(self, plans: list, counted: list | None = None,
@@ -903,11 +904,16 @@ def plan_recorded(v, attrs: dict, base: CrossbarParams = DEFAULT) -> tuple:
     return p, params
 
 
-def _folded_terms(attrs: dict) -> tuple:
-    """The cost terms the preset a crossbar node was planned for publishes only inside its
-    array figures (``CrossbarParams.folded``; ``()`` for a preset not known here)."""
-    preset = attrs.get("cim_preset", OLD_DEFAULT)
-    return PRESETS[preset].folded if preset in PRESETS else ()
+#: The crossbar table's energy column of each cost term.
+_ENERGY_COLUMN = {"array": "E array", "adc_dac": "E adc/dac", "periphery": "E periph"}
+
+
+def _folded_terms(attrs: dict) -> tuple[tuple, str]:
+    """``(terms, into)``: the cost terms the preset a crossbar node was planned for publishes
+    only inside another term's figures, and that term (``CrossbarParams.folded`` and
+    ``folded_into``; ``((), "array")`` for a preset not known here)."""
+    p = PRESETS.get(attrs.get("cim_preset", OLD_DEFAULT))
+    return (p.folded, p.folded_into) if p is not None else ((), "array")
 
 
 def _use_note(plans: list, used: int) -> str:

@@ -39,7 +39,8 @@ class CrossbarParams:
     "Read", 0.2 pJ), periphery 2.1e-9 J per cycle (OCC "Mixed-signal energy") at 1e9 Hz (OCC
     "1 GHz"), endurance 3.2e7 writes (as given for OCC's PCM model in the crossbar issue;
     NVMain's default mean endurance is 1e6), ADC energy 0 (OCC folds the ADCs into its
-    mixed-signal periphery energy). The device's default preset is :data:`DEFAULT`; every
+    mixed-signal periphery energy; the preset says so with ``folded``, the defaults fold
+    nothing: a chip built on them publishes its parts apart). The device's default preset is :data:`DEFAULT`; every
     preset names the source of each of its figures (``sources``). ``rows`` .. ``min_macs``
     feed the cost model; ``technology`` .. ``unverified`` describe the chip (see the module
     docstring). The attributes below say what each field means (``onnx-cinm devices`` prints
@@ -80,8 +81,12 @@ class CrossbarParams:
             is the ADCs' (:func:`resize` scales the two apart).
         periphery_area_mm2: area of the rest of one crossbar's periphery, mm^2.
         folded: the cost terms (``"adc_dac"``, ``"periphery"``) whose energy and area the
-            preset's published figures include in the array's (``mvm_energy_j``,
-            ``cell_area_mm2``) because the publication gives only the sum.
+            preset's published figures include in another term's (``folded_into``) because the
+            publication gives only the sum.
+        folded_into: the term whose figures hold the ``folded`` ones: ``"array"`` (a chip's
+            TOPS/W and core area with its converters inside: ``mvm_energy_j``,
+            ``cell_area_mm2``) or ``"periphery"`` (OCC's mixed-signal energy per cycle, its
+            ADCs and DACs inside).
         mvm_energy_per: what ``mvm_energy_j`` is published per, for :func:`resize`: ``"cell"``
             (a cell-array read energy, or a folded total scaled per cell) or ``"column"``
             (per-column neuron/sense energies, NeuRRAM's).
@@ -125,6 +130,7 @@ class CrossbarParams:
     dac_area_mm2: float = 0.0
     periphery_area_mm2: float = 0.0
     folded: tuple = ()
+    folded_into: str = "array"
     mvm_energy_per: str = "cell"
     scaled_from: tuple = ()
     device_model: str = "pcm-joshi2020"
@@ -233,6 +239,8 @@ def resize(params: CrossbarParams, rows: int, cols: int) -> CrossbarParams:
 
 
 _OCC = "OCC data (crossbar.md §1.4)"
+_OCC_MIXED = (_OCC + ": one 'Mixed-signal energy' per CIM cycle and no converter (ADC/DAC) "
+              "figure apart")
 #: Wire resistance per cell for every chip preset: aihwkit ``IOParametersIRDropT``'s 0.15 ohm
 #: (chips.md §2.6), unverified for any of these chips. NeuroSim's geometry gives 1.9 / 5.6 ohm
 #: (22 nm) or 2.5 / 7.6 ohm (14 nm) per dense 1T1R cell [derived], but with those a 256-row
@@ -252,9 +260,11 @@ PCM_OCC = CrossbarParams(
              ("endurance_writes", "crossbar issue (OCC's PCM model)"), ("clock_hz", _OCC),
              ("weight_bits", "q8 mode (ISAAC/PUMA cells, crossbar.md §2.5-2.6)"),
              ("cell_bits", "q8 mode"), ("dac_bits", "q8 mode"), ("adc_bits", "q8 mode"),
-             ("device_model", "aihwkit PCMLikeNoiseModel (chips.md §2.1)")),
+             ("device_model", "aihwkit PCMLikeNoiseModel (chips.md §2.1)"),
+             ("folded", _OCC_MIXED), ("folded_into", _OCC_MIXED)),
     unverified=("endurance_writes", "weight_bits", "cell_bits", "dac_bits", "adc_bits",
                 "device_model"),
+    folded=("adc_dac",), folded_into="periphery",
 )
 
 #: A ReRAM crossbar after ISAAC/PUMA geometry and NVSim/MNSIM cell figures (field notes

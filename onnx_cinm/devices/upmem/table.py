@@ -119,7 +119,8 @@ def summary(plans: list, counted: list | None, fold: bool, ops: list | None, par
     if unknown:
         notes.append("(bytes '-': a kernel whose plan could not be made again at the model's "
                      "shapes; '+' on the total: it counts only the others)")
-    rows, note = folded_kernels(rows, fold)
+    rows, note = folded_kernels(rows, fold, energy=[
+        float(plans[k][2].get("cnm_energy_j", 0.0)) for k in keep])
     if note:
         notes.append(note)
     if n_inf < len(keep):

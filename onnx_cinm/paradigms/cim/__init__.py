@@ -46,8 +46,10 @@ class CrossbarArray(Protocol):
         cell_area_mm2, adc_dac_area_mm2, periphery_area_mm2: area per array of the cells, of
             its converters and of the rest of its periphery, mm^2 (0: not published).
         folded: the cost terms (``"adc_dac"``, ``"periphery"``) the chip publishes only inside
-            its array figures (its MVM energy and cell area); their parts are marked
+            another term's figures (``folded_into``); their parts are marked
             ``CostPart.folded`` and their energy and area stay 0.
+        folded_into: the term whose figures hold the ``folded`` ones (``"array"``: the MVM
+            energy and cell area; ``"periphery"``: the periphery's energy per cycle).
     """
 
     rows: int
@@ -67,6 +69,7 @@ class CrossbarArray(Protocol):
     adc_dac_area_mm2: float
     periphery_area_mm2: float
     folded: tuple
+    folded_into: str
 
 
 __all__ = ["CrossbarArray"]

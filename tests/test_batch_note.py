@@ -1,0 +1,34 @@
+"""What "per inference" means at a planned size above 1: optimize's summary and report say a
+per-inference figure is for one run at the planned sizes (a whole batch), not per sample."""
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnx_cinm import optimize, report
+
+NOTE = ("per inference: one run of the model at batch=8: every per-inference figure (latency, "
+        "energy, tile writes, wear) is for the whole run, not per sample")
+
+
+def _matmul(batch="batch"):
+    w = nh.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "W")
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [batch, 64])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [batch, 64])], [w])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_summary_and_report_say_an_inference_is_the_whole_batch():
+    res = optimize(_matmul(), dims={"batch": 8}, check=0, host_roofline="nominal")
+    assert NOTE in res.summary().splitlines()
+    _, totals = report.layers(res.model, report.options_from_plans(res.model))
+    assert f"({NOTE})" in totals["notes"]
+
+
+def test_no_note_at_one_sample_or_a_fixed_batch():
+    for model, dims in ((_matmul(), {"batch": 1}), (_matmul(8), {})):
+        res = optimize(model, dims=dims, check=0, host_roofline="nominal")
+        assert "per inference: one run" not in res.summary()
+        _, totals = report.layers(res.model, report.options_from_plans(res.model))
+        assert not any(n.startswith("(per inference: one run") for n in totals["notes"])
