@@ -1065,7 +1065,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     if check:  # the arrays are fed only by the check
         _refuse_unrolled_conflicts(work, original, inputs, asked)
     branches_from = None
-    if any(n.op_type == "If" for n in work.graph.node):
+    bodies = any(n.op_type == "If" for n in work.graph.node)
+    if bodies:
         from .passes.control_flow import compile_if_bodies
 
         t0 = time.perf_counter()
@@ -1094,7 +1095,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     # the passes' last tensor infos are of this graph, their types all static and all written
     # by this run (none derived from a carried entry): what a fresh inference would write is in
     # value_info already (keep_inferred_types says when)
-    if carried_types or not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
+    inferred = carried_types or not (ctx.infos_current(work) and frontend.keep_inferred_types(work))
+    if inferred:
         del work.graph.value_info[:]  # rewritten tensors: infer afresh, not trust stale entries
         work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
@@ -1106,7 +1108,11 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         from .passes.branches import counted_by_device, counted_totals, evaluate_graphs
 
         t0 = time.perf_counter()
-        root = evaluate_graphs(work, ctx.options)[0]
+        # the passes' last tensor infos are this model's (as tensor_infos(work) would give
+        # them) unless shape inference ran again above or If bodies were compiled since (their
+        # tensors are in the infos too): then taken afresh
+        infos = None if inferred or bodies else ctx.tensor_infos(work)
+        root = evaluate_graphs(work, ctx.options, infos)[0]
         placed["model_totals"] = {**counted_totals(root), "by_device": counted_by_device(root)}
         timings.append(("totals", time.perf_counter() - t0))
     report, skipped, special, special_skipped = None, None, None, None
