@@ -445,13 +445,16 @@ def wall_text(timings: list, wall_s: float, startup_s: float | None = None) -> s
             "(option and input checks)")
 
 
-def _flops(model: onnx.ModelProto, taken: dict | None = None) -> tuple:
+def _flops(model: onnx.ModelProto, taken: dict | None = None, infos: dict | None = None) -> tuple:
     """``(total, on devices, cinm ops per device, placements, host FLOPs per op type, exact,
     anonymous dims)`` (see :class:`OptimizeResult`). ``taken``: ``{If name: condition}`` for
-    the Ifs whose branch is known (the probe's, :mod:`onnx_cinm.passes.control_flow`)."""
+    the Ifs whose branch is known (the probe's, :mod:`onnx_cinm.passes.control_flow`).
+    ``infos``: the model's tensor infos when the caller has them (the passes' last), else
+    read from the model."""
     # the model was just inferred; planned dims or probed shapes make tensor_infos infer it
     # again, bound to them (the FLOPs are counted at the planned sizes)
-    infos = tensor_infos(model, infer=False)
+    if infos is None:
+        infos = tensor_infos(model, infer=False)
     named = set(golden.symbolic_dims(model))
     anonymous: dict = {}
     for node in model.graph.node:
@@ -1068,7 +1071,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     if check:  # the arrays are fed only by the check
         _refuse_unrolled_conflicts(work, original, inputs, asked)
     branches_from = None
-    if any(n.op_type == "If" for n in work.graph.node):
+    bodies = any(n.op_type == "If" for n in work.graph.node)
+    if bodies:
         from .passes.control_flow import compile_if_bodies
 
         t0 = time.perf_counter()
@@ -1097,10 +1101,16 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     # the passes' last tensor infos are of this graph, their types all static and all written
     # by this run (none derived from a carried entry): what a fresh inference would write is in
     # value_info already (keep_inferred_types says when)
-    if carried_types or not (ctx.infos_current(work) and frontend.keep_inferred_types(work)):
+    inferred = carried_types or not (ctx.infos_current(work) and frontend.keep_inferred_types(work))
+    if inferred:
         del work.graph.value_info[:]  # rewritten tensors: infer afresh, not trust stale entries
         work = frontend.infer_shapes(work, strict=False)
     timings = pm.timings + [("shape_inference", time.perf_counter() - t0)]
+    # the passes' last tensor infos are this model's (as tensor_infos(work) gives them, and
+    # as the model's value_info holds them) unless shape inference ran again above or If
+    # bodies were compiled since (their tensors are in the infos too): then taken afresh by
+    # the totals and the figures below
+    infos = None if inferred or bodies or not totals else ctx.tensor_infos(work)
     placed = ctx.stats.get("placement")
     if totals and placed is not None and placed.get("strategy") in ("cost", "heuristic"):
         # the totals of the model as written, counted as the report counts them (under either
@@ -1109,7 +1119,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         from .passes.branches import counted_by_device, counted_totals, evaluate_graphs
 
         t0 = time.perf_counter()
-        root = evaluate_graphs(work, ctx.options)[0]
+        root = evaluate_graphs(work, ctx.options, infos)[0]
         placed["model_totals"] = {**counted_totals(root), "by_device": counted_by_device(root)}
         timings.append(("totals", time.perf_counter() - t0))
     report, skipped, special, special_skipped = None, None, None, None
@@ -1220,7 +1230,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     t0 = time.perf_counter()
     if totals:
         total, on_dev, by_dev, placements, host, exact, anonymous = _flops(
-            work, ctx.stats.get("if_taken"))
+            work, ctx.stats.get("if_taken"), infos)
     else:  # figures only the summary prints (a walk of every tensor: 2% of -q on DenseNet121)
         total, on_dev, by_dev, placements, host, exact, anonymous = \
             0, 0, Counter(), [], Counter(), False, {}

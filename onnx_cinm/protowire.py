@@ -93,9 +93,15 @@ def initializer_raw_sizes(buf: memoryview, count: int) -> list:
     return sizes if len(sizes) == count else [None] * count
 
 
+#: the varints of one byte, by value
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def varint(n: int) -> bytes:
     """The varint encoding of ``n >= 0`` (7 bits a byte, least significant first, the high bit
     set on every byte but the last); :func:`read_varint` reads it back."""
+    if n < 0x80:  # a key or a short length: one byte (most of a model's)
+        return _ONE_BYTE[n]
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -123,10 +129,20 @@ def _small(tensor: onnx.TensorProto) -> bool:
     return size is not None and math.prod(tensor.dims[:]) * size <= _WHOLE_BYTES
 
 
-def _raw_data_last(fields: list) -> bool:
-    """Whether a tensor whose ``ListFields()`` are ``fields`` has ``raw_data`` set and no field
-    numbered after it (``doc_string``, ``external_data``, ``data_location``, ...)."""
-    return bool(fields) and fields[-1][0].number == _RAW_DATA_FIELD
+def _without_raw_data(fields: list) -> bytes:
+    """The serialization of a TensorProto whose set fields are ``fields`` (``ListFields()`` of
+    a tensor, ``raw_data`` left out): what :func:`copy_except` ``(tensor, "raw_data")`` would
+    serialize, built from the few fields set (a name, dims, a type) rather than by asking for
+    each of TensorProto's 16."""
+    meta = onnx.TensorProto()
+    for field, value in fields:
+        if field.is_repeated:
+            getattr(meta, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(meta, field.name).CopyFrom(value)
+        else:
+            setattr(meta, field.name, value)
+    return meta.SerializeToString()
 
 
 def write_streamed(handle, model: onnx.ModelProto) -> int:
@@ -145,18 +161,23 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
     for tensor in model.graph.initializer[:]:
-        # raw_data the last field set (ListFields: the set fields in number order, in one call;
-        # a small tensor's raw_data copied is cheaper than a HasField per later field)
-        if _small(tensor) and _raw_data_last(tensor.ListFields()):
-            # protobuf writes the fields in number order: the tensor's own serialization is the
-            # same bytes as the branch below writes, with no field-by-field copy (10-30 us a
-            # tensor in Python, 700 tensors on DenseNet121)
-            body = tensor.SerializeToString()
-            inner = init_key + varint(len(body))
-            handle.write(graph_key + varint(len(inner) + len(body)) + inner)
-            handle.write(body)
-            continue
-        if tensor.HasField("raw_data"):  # the bytes go out as they are, not re-serialized
+        # the set fields in number order, in one call (raw_data's bytes read: the one copy of
+        # them written below, as reading tensor.raw_data would make)
+        fields = tensor.ListFields()
+        if fields and fields[-1][0].number == _RAW_DATA_FIELD:  # raw_data the last field set
+            if _small(tensor):
+                # protobuf writes the fields in number order: the tensor's own serialization is
+                # the same bytes as the branch below writes, with no field-by-field copy (10-30
+                # us a tensor in Python, 700 tensors on DenseNet121)
+                body = tensor.SerializeToString()
+                inner = init_key + varint(len(body))
+                handle.write(graph_key + varint(len(inner) + len(body)) + inner)
+                handle.write(body)
+                continue
+            # the bytes go out as they are, not re-serialized
+            raw = fields[-1][1]
+            meta = _without_raw_data(fields[:-1]) + raw_key + varint(len(raw))
+        elif tensor.HasField("raw_data"):  # fields after it (external_data, ...): rare
             meta = copy_except(tensor, "raw_data").SerializeToString()
             raw = tensor.raw_data
             meta += raw_key + varint(len(raw))

@@ -138,3 +138,24 @@ def test_write_streamed_small_tensor_with_fields_after_raw_data(later):
     inner = b"\x2a" + bytes([len(body)]) + body  # GraphProto.initializer: field 5
     assert out.getvalue()[first:] == b"\x3a" + bytes([len(inner)]) + inner  # ModelProto.graph: 7
     assert onnx.ModelProto.FromString(out.getvalue()) == model
+
+
+@pytest.mark.parametrize("fields", ["name dims type", "segment", "doc_string after raw_data"])
+def test_write_streamed_large_tensor_field_by_field(fields):
+    """A tensor over 64 KiB goes out as its fields but raw_data, then raw_data: with raw_data
+    its last field, the very bytes protobuf encodes a model holding just that tensor with
+    (fields in number order); a field numbered after it (doc_string) goes before it."""
+    t = numpy_helper.from_array(np.arange(20000, dtype=np.float32).reshape(100, 200), "big")
+    if fields == "segment":
+        t.segment.begin, t.segment.end = 0, 3  # a message field before raw_data
+    elif fields == "doc_string after raw_data":
+        t.doc_string = "after"
+    model = onnx.ModelProto(ir_version=8, graph=onnx.GraphProto(name="g", initializer=[t]))
+    out = io.BytesIO()
+    first = protowire.write_streamed(out, model)
+    piece = onnx.ModelProto(graph=onnx.GraphProto(initializer=[t])).SerializeToString()
+    if fields == "doc_string after raw_data":  # protobuf puts doc_string (12) after raw_data (9)
+        assert out.getvalue()[first:] != piece and len(out.getvalue()) - first == len(piece)
+    else:
+        assert out.getvalue()[first:] == piece
+    assert onnx.ModelProto.FromString(out.getvalue()) == model

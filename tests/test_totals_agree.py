@@ -102,3 +102,21 @@ def test_verbose_placement_line_and_summary_say_which_graph_they_price(tmp_path,
     written = _totals(out, r"cost placement \(energy\): modeled ")
     assert f"{written[0]}, {written[1]}, 0 tile writes/inference for the model written" in out
     assert "baselines, priced on the graph as placement saw it" in out
+
+
+
+@pytest.mark.parametrize("example", ["lenet", "mlp"])
+def test_flops_of_the_written_model_read_afresh(example):
+    """optimize counts the written model's FLOPs with the passes' last tensor infos (those
+    fold_layouts kept for LeNet after dropping conv2's Transpose); the written model, parsed
+    back from its bytes and counted with infos read from it alone, gives the same figures.
+    (Its totals: the report reads them afresh, test_optimize_sweep_and_report_...)"""
+    import onnx
+
+    from onnx_cinm.pipeline import _flops
+
+    res = optimize(get_example(example), check=0)
+    fresh = onnx.ModelProto.FromString(res.model.SerializeToString())
+    total, on_dev, by_dev, _, host = _flops(fresh)[:5]
+    assert total > 0 and on_dev > 0
+    assert (res.flops_total, res.flops_on_devices, res.host_flops) == (total, on_dev, host)
