@@ -16,7 +16,8 @@ from ...dialects import cinm
 from ...errors import CinmError
 from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
-from .evaluate import Totals, _add_choice, _devices, _link, evaluate, tensor_cost, violations
+from .evaluate import (Totals, _add_choice, _devices, _link, breaks, evaluate, tensor_cost,
+                       violations)
 from .problem import Choice, Problem, _choice
 
 
@@ -146,7 +147,9 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     For an objective that is a weighted sum (not ``edp``) a move's gain depends only on the op
     and the ops sharing a tensor with it (one whose transfers may cost, :func:`_paid`: the
     others add exactly nothing), so an op none of whose moves gained (none was held back by a
-    budget either) is not priced again until it or such a neighbour moves."""
+    budget either) is not priced again until it or such a neighbour moves. A move's budgets
+    are checked from the totals it changes (:func:`.evaluate.breaks`), and its totals are made
+    only when it is taken."""
     assign = dict(assign)
     tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
@@ -156,6 +159,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     dev_of = devs.__getitem__
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
+    bad_now = None  # whether ``tot`` breaks a budget, once asked, until ``tot`` changes
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -188,9 +192,11 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                         de += j1 - j0
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
-                    trial = _swap_totals(tot, assign[i], ch, dl, de)
-                    if not violations(prob, trial):
-                        best, best_val, best_d = ch, val, trial
+                    if bad_now is None:
+                        bad_now = bool(violations(prob, tot))
+                    if not (violations(prob, _swap_totals(tot, old, ch, dl, de)) if bad_now
+                            else breaks(prob, tot, old, ch)):
+                        best, best_val, best_d = ch, val, (dl, de)
                     else:
                         held = True
             if best is not None:
@@ -198,7 +204,8 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 devs[i] = best.device
                 if ks:
                     now.update(zip(ks, on[best.device]))
-                tot = best_d
+                tot = _swap_totals(tot, old, best, *best_d)
+                bad_now = None
                 moved = True
                 settled -= near.get(i, set()) | {i}
             elif linear and not held:
