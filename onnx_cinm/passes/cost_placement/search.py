@@ -431,6 +431,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             if steps is not None and all(map(math.isfinite, steps)):
                 best = reached.min(axis=0)[None, :] + np.array(steps)[:, None]
                 back.append((rows, live, None, best, reached, steps))
+                # no NaN: the values reached hold none (a NaN is never kept) and the steps are
+                # finite, so ``best`` is what np.where below would keep
+                kept = best
             else:
                 steps = []
                 for ch in cands:
@@ -439,7 +442,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 tot = reached[None, :, :] + np.array(steps)[:, :, None]
                 best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
                 back.append((rows, live, tot.argmin(axis=1), best))
-            kept = np.where(best < np.inf, best, np.inf)
+                kept = np.where(best < np.inf, best, np.inf)
             if k == len(dec) - 1:
                 value = np.full((len(names), len(codes)), np.inf)
                 value[rows] = kept
