@@ -160,6 +160,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
     bad_now = None  # whether ``tot`` breaks a budget, once asked, until ``tot`` changes
+    owned = False  # ``tot`` is this search's own copy (changed in place)
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -204,7 +205,9 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 devs[i] = best.device
                 if ks:
                     now.update(zip(ks, on[best.device]))
-                tot = _swap_totals(tot, old, best, *best_d)
+                if not owned:  # (the first: ``tot`` was _evaluate's, shared)
+                    tot, owned = _copy_totals(tot), True
+                _swap_in_place(tot, old, best, *best_d)
                 bad_now = None
                 moved = True
                 settled -= near.get(i, set()) | {i}
@@ -216,13 +219,21 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
+    """New totals: ``tot`` with one op moved from choice ``old`` to ``new``, its latency and
+    energy changed by ``dl`` seconds and ``de`` joules (op and transfers)."""
     t = _copy_totals(tot)
-    # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
-    _add_choice(t, old, -1)
-    _add_choice(t, new, +1)
-    t.latency_s = tot.latency_s + dl
-    t.energy_j = tot.energy_j + de
+    _swap_in_place(t, old, new, dl, de)
     return t
+
+
+def _swap_in_place(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> None:
+    """:func:`_swap_totals` changing ``tot`` itself (the same figures)."""
+    lat, en = tot.latency_s + dl, tot.energy_j + de
+    # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
+    _add_choice(tot, old, -1)
+    _add_choice(tot, new, +1)
+    tot.latency_s = lat
+    tot.energy_j = en
 
 
 def _neighbors(prob: Problem) -> dict:
