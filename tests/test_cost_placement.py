@@ -420,6 +420,74 @@ def test_incremental_move_prices_equal_a_full_evaluation(opts):
     assert bounded and tight < bounded  # some moves re-plan the other crossbar kernels
 
 
+def test_hopeless_answers_as_its_bound_does_at_every_target():
+    """Polishing skips a move whose lower bound (:meth:`_Compiled.bound`: the moved op at its
+    floor, then every other crossbar kernel's slack taken off one at a time) is at the target
+    or above; for latency and energy it decides from the slacks' sums with a rounding margin
+    first. At targets on both sides of each bound, the float next to it and within the
+    margin (where only the bound itself can tell), the answer must be the bound's."""
+    from onnx_cinm.passes import cost_placement as cp
+
+    model = optimize(_mlp3(), check=0, stop_after="cinm").model
+    prob = cp.build_problem(model, {"cim_rows": 64, "cim_cols": 64, "cim_crossbars": 64,
+                                    "host_roofline": "nominal"})
+    on_xbar = {i: "memristor" if any(c.device == "memristor" for c in prob.cands[i]) else "host"
+               for i in prob.decision}
+    asked = 0
+    for start in (on_xbar, {i: "host" for i in prob.decision}):
+        state = cp._Compiled(prob, cp._with_variants(prob, start))
+        for i in prob.decision:
+            for dev in {c.device for c in prob.cands[i]} - {state.assign[i].device}:
+                bound = state.bound(i, dev)
+                for objective, k in (("latency", 0), ("energy", 1)):
+                    if bound is None:
+                        assert not state.hopeless(i, dev, objective, 0.0)
+                        continue
+                    b = bound[k]
+                    for t in (b, np.nextafter(b, np.inf), np.nextafter(b, -np.inf),
+                              b * (1 + 1e-14), b * (1 - 1e-14), b * 1.5, b * 0.5):
+                        assert state.hopeless(i, dev, objective, float(t)) == (b >= t)
+                        asked += 1
+    assert asked > 50
+
+
+@pytest.mark.parametrize("budgets", [
+    {"max_writes_per_cell": None, "lifetime_inferences": 1, "crossbar_residency": True},
+    {"max_writes_per_cell": 3.0, "lifetime_inferences": 2, "crossbar_residency": True},
+    {"max_writes_per_cell": 0.0, "lifetime_inferences": 1, "crossbar_residency": False}])
+def test_breaks_is_the_violations_of_the_moved_totals(budgets):
+    """The search checks a move's budgets from the figures of the two devices it touches
+    (:func:`.evaluate.breaks`); it must say what :func:`violations` says of the totals the move
+    makes (:func:`_swap_totals`: the old choice taken out, the new one added), for every pair of
+    choices, from feasible totals at and below each budget: 4 crossbars, 100 bytes of MRAM,
+    hand-made."""
+    from onnx_cinm.devices import Cost
+    from onnx_cinm.passes import cost_placement as cp
+
+    prob = cp.Problem([], {}, {}, cp.Constraints(**budgets))
+    xb = lambda kept, writes, streamed=False: cp.Choice(  # noqa: E731
+        "memristor", Cost(1e-6, 1e-6, writes), kept, 4, streamed=streamed)
+    choices = [cp.Choice("host", Cost(1e-6, 1e-6)), xb(0, 0), xb(1, 0), xb(3, 0), xb(4, 0),
+               xb(0, 2, True), xb(0, 9, True), xb(2, 1),
+               cp.Choice("upmem", Cost(1e-6, 1e-6), mram_resident=0, mram_capacity=100),
+               cp.Choice("upmem", Cost(1e-6, 1e-6), mram_resident=60, mram_capacity=100),
+               cp.Choice("upmem", Cost(1e-6, 1e-6), mram_resident=100, mram_capacity=100)]
+    checked = said = 0
+    for others in itertools.product(choices, repeat=2):
+        base = cp.Totals()
+        for ch in others:
+            cp._add_choice(base, ch)
+        for old, new in itertools.product(choices, repeat=2):
+            tot = cp._swap_totals(base, choices[0], old, 0.0, 0.0)  # ``old`` placed
+            if cp.violations(prob, tot):
+                continue
+            want = bool(cp.violations(prob, cp._swap_totals(tot, old, new, 0.0, 0.0)))
+            assert cp.breaks(prob, tot, old, new) == want, (others, old, new)
+            checked += 1
+            said += want
+    assert checked > 300 and 0 < said < checked
+
+
 def test_repair_frees_the_cheapest_budget_first():
     """Ten identical crossbar layers all pinned need 10 tiles of 4 crossbars: the repair moves
     ops off until the kept tiles fit (at most 4 stay pinned) and the result meets the budget;

@@ -82,8 +82,9 @@ from ...analysis import op_info
 from ...dialects import cinm
 from ...text import si
 from ..pass_options import PlacementOptions
-from .evaluate import (NodeCost, Totals, _add_choice, _devices, evaluate,  # noqa: F401 (API)
-                       node_costs, tensor_charges, tensor_cost, violations, writes_per_cell)
+from .evaluate import (NodeCost, Totals, _add_choice, _devices, breaks,  # noqa: F401 (API)
+                       evaluate, node_costs, tensor_charges, tensor_cost, violations,
+                       writes_per_cell)
 from .problem import (Choice, Constraints, Problem, Tensor, build_problem,  # noqa: F401 (API)
                       candidate, device_cost, link_cost)
 from .search import (Solution, _Compiled, _compiled_devices, _evaluate, _f,  # noqa: F401 (API)
@@ -189,7 +190,8 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
         dl, de = _local_delta(prob, assign, i, alt, on[ch.device], on[alt.device])
         # the totals of the move (_swap_totals) only where its budgets change
         bad = violations(prob, _swap_totals(cur, ch, alt, dl, de)) \
-            if _holds(ch) or _holds(alt) else bad_now
+            if (_holds(ch) or _holds(alt)) and (bad_now or breaks(prob, cur, ch, alt)) \
+            else bad_now
         dv = _f(objective, cur.latency_s + dl, cur.energy_j + de) - cur.value(objective)
         unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
         txt = f"{name(alt)} {'+' if dv >= 0 else ''}{si(dv, unit)}"

@@ -228,6 +228,41 @@ def _add_resources(tot: Totals, ch: Choice, sign: int = 1) -> None:
         tot.mram_capacity[ch.device] = ch.mram_capacity
 
 
+def breaks(prob: Problem, tot: Totals, old: Choice, new: Choice) -> bool:
+    """Whether the totals of ``tot`` with one op moved from choice ``old`` to ``new`` (what
+    :func:`_add_choice` makes of them, ``old`` taken out and ``new`` added) break a budget,
+    for totals ``tot`` that break none: ``bool(violations(...))`` of those totals without
+    making them. Only the figures of ``old``'s and ``new``'s devices change, so only they are
+    checked, from the same integers :func:`violations` reads (a device's count that the move
+    would add at 0 is checked as :func:`violations` checks it)."""
+    c = prob.constraints
+    for dev in (old.device, new.device) if old.device != new.device else (old.device,):
+        kept, cap = tot.kept_tiles.get(dev), tot.capacity.get(dev, 0)
+        written = tot.writes_by_dev.get(dev)
+        mram, mcap = tot.mram.get(dev), tot.mram_capacity.get(dev, 0)
+        for ch, sign in ((old, -1), (new, 1)):
+            if ch.device != dev:
+                continue
+            if ch.capacity:
+                kept = (kept or 0) + sign * ch.kept_tiles
+                cap = ch.capacity
+                written = (written or 0) + sign * ch.cost.writes
+            elif ch.cost.writes:
+                written = (written or 0) + sign * ch.cost.writes
+            if ch.mram_capacity:
+                mram = (mram or 0) + sign * ch.mram_resident
+                mcap = ch.mram_capacity
+        if c.crossbar_residency and kept is not None and cap and kept > cap:
+            return True
+        if c.max_writes_per_cell is not None and written is not None:
+            per_cell = writes_per_cell(written, cap - (kept or 0), c.lifetime_inferences)
+            if per_cell > c.max_writes_per_cell * (1 + 1e-12):
+                return True
+        if mram is not None and mcap and mram > mcap:
+            return True
+    return False
+
+
 def violations(prob: Problem, tot: Totals) -> list[str]:
     """The constraints ``tot`` breaks, in words (empty: feasible)."""
     out = []

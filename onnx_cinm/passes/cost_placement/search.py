@@ -16,7 +16,8 @@ from ...dialects import cinm
 from ...errors import CinmError
 from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
-from .evaluate import Totals, _add_choice, _devices, _link, evaluate, tensor_cost, violations
+from .evaluate import (Totals, _add_choice, _devices, _link, breaks, evaluate, tensor_cost,
+                       violations)
 from .problem import Choice, Problem, _choice
 
 
@@ -146,7 +147,9 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     For an objective that is a weighted sum (not ``edp``) a move's gain depends only on the op
     and the ops sharing a tensor with it (one whose transfers may cost, :func:`_paid`: the
     others add exactly nothing), so an op none of whose moves gained (none was held back by a
-    budget either) is not priced again until it or such a neighbour moves."""
+    budget either) is not priced again until it or such a neighbour moves. A move's budgets
+    are checked from the totals it changes (:func:`.evaluate.breaks`), and its totals are made
+    only when it is taken."""
     assign = dict(assign)
     tot = _evaluate(prob, assign)
     linear = w is not None or objective != "edp"
@@ -156,6 +159,8 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     dev_of = devs.__getitem__
     now: dict = {}  # tensor index -> its tensor_cost under ``devs``, until an op touching it moves
     settled: set = set()
+    bad_now = None  # whether ``tot`` breaks a budget, once asked, until ``tot`` changes
+    owned = False  # ``tot`` is this search's own copy (changed in place)
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -188,9 +193,11 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                         de += j1 - j0
                 val = _f(objective, tot.latency_s + dl, tot.energy_j + de, w)
                 if val < best_val - 1e-15 * max(abs(cur), 1e-30):
-                    trial = _swap_totals(tot, assign[i], ch, dl, de)
-                    if not violations(prob, trial):
-                        best, best_val, best_d = ch, val, trial
+                    if bad_now is None:
+                        bad_now = bool(violations(prob, tot))
+                    if not (violations(prob, _swap_totals(tot, old, ch, dl, de)) if bad_now
+                            else breaks(prob, tot, old, ch)):
+                        best, best_val, best_d = ch, val, (dl, de)
                     else:
                         held = True
             if best is not None:
@@ -198,7 +205,10 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 devs[i] = best.device
                 if ks:
                     now.update(zip(ks, on[best.device]))
-                tot = best_d
+                if not owned:  # (the first: ``tot`` was _evaluate's, shared)
+                    tot, owned = _copy_totals(tot), True
+                _swap_in_place(tot, old, best, *best_d)
+                bad_now = None
                 moved = True
                 settled -= near.get(i, set()) | {i}
             elif linear and not held:
@@ -209,13 +219,21 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
+    """New totals: ``tot`` with one op moved from choice ``old`` to ``new``, its latency and
+    energy changed by ``dl`` seconds and ``de`` joules (op and transfers)."""
     t = _copy_totals(tot)
-    # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
-    _add_choice(t, old, -1)
-    _add_choice(t, new, +1)
-    t.latency_s = tot.latency_s + dl
-    t.energy_j = tot.energy_j + de
+    _swap_in_place(t, old, new, dl, de)
     return t
+
+
+def _swap_in_place(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> None:
+    """:func:`_swap_totals` changing ``tot`` itself (the same figures)."""
+    lat, en = tot.latency_s + dl, tot.energy_j + de
+    # node costs: remove old, add new; the transfer part of dl/de is carried in the totals
+    _add_choice(tot, old, -1)
+    _add_choice(tot, new, +1)
+    tot.latency_s = lat
+    tot.energy_j = en
 
 
 def _neighbors(prob: Problem) -> dict:
@@ -424,6 +442,9 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
             if steps is not None and all(map(math.isfinite, steps)):
                 best = reached.min(axis=0)[None, :] + np.array(steps)[:, None]
                 back.append((rows, live, None, best, reached, steps))
+                # no NaN: the values reached hold none (a NaN is never kept) and the steps are
+                # finite, so ``best`` is what np.where below would keep
+                kept = best
             else:
                 steps = []
                 for ch in cands:
@@ -432,7 +453,7 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 tot = reached[None, :, :] + np.array(steps)[:, :, None]
                 best = tot.min(axis=1)  # tot[c, argmin, column]: the same values
                 back.append((rows, live, tot.argmin(axis=1), best))
-            kept = np.where(best < np.inf, best, np.inf)
+                kept = np.where(best < np.inf, best, np.inf)
             if k == len(dec) - 1:
                 value = np.full((len(names), len(codes)), np.inf)
                 value[rows] = kept
@@ -726,28 +747,28 @@ class _Compiled:
         cs = [c.cost for c in self.prob.cands[j] if c.device == dev]
         return min(c.latency_s for c in cs), min(c.energy_j for c in cs)
 
-    def _slack_of(self, dev: str) -> list:
-        """``[(op, latency above its floor, energy above its floor)]`` (each at least 0) of the
+    def _slack_of(self, dev: str) -> tuple[list, float, float, dict]:
+        """``([(op, latency above its floor, energy above its floor)], their latency sum, their
+        energy sum, {op: its entry})`` (each at least 0; the sums added in list order) of the
         ops on ``dev`` (a device that plans together) whose plans a move may change: what the
         move could save them at most."""
         hit = self._slack.get(dev)
         if hit is None:
-            hit = []
+            ops, tl, te = [], 0.0, 0.0
             for j in self.prob.decision:
                 ch = self.assign[j]
                 if ch.device == dev and not _recorded(self.prob, j, dev):
                     fl, fe = self._floor(j, dev)
-                    hit.append((j, max(ch.cost.latency_s - fl, 0.0),
-                                max(ch.cost.energy_j - fe, 0.0)))
-            self._slack[dev] = hit
+                    sl, se = max(ch.cost.latency_s - fl, 0.0), max(ch.cost.energy_j - fe, 0.0)
+                    ops.append((j, sl, se))
+                    tl += sl
+                    te += se
+            hit = self._slack[dev] = (ops, tl, te, {e[0]: e for e in ops})
         return hit
 
-    def bound(self, i: int, dev: str) -> tuple[float, float] | None:
-        """Lower bounds of the total (latency, energy) after moving op ``i`` to ``dev``: ``i`` at
-        its cheapest candidate on ``dev``, its transfers exact, and every op of a device that
-        plans together which ``i`` leaves or joins at its floor (:meth:`_floor`). None for a
-        move that neither leaves nor joins such a device (:meth:`trial` prices it exactly and
-        cheaply) or that takes a recorded plan."""
+    def _head(self, i: int, dev: str) -> tuple[float, float, list] | None:
+        """:meth:`bound` before it takes the slack of the ops on the devices that plan together
+        off: ``(latency, energy, those devices)``; None where :meth:`bound` is None."""
         prob, assign = self.prob, self.assign
         old = assign[i]
         ends = [d for d in dict.fromkeys((old.device, dev)) if _together(d)]
@@ -761,8 +782,20 @@ class _Compiled:
                                             _transfers(prob, assign, i, dev, self.devs, ks)):
             lat += s1 - s0
             en += j1 - j0
+        return lat, en, ends
+
+    def bound(self, i: int, dev: str) -> tuple[float, float] | None:
+        """Lower bounds of the total (latency, energy) after moving op ``i`` to ``dev``: ``i`` at
+        its cheapest candidate on ``dev``, its transfers exact, and every op of a device that
+        plans together which ``i`` leaves or joins at its floor (:meth:`_floor`). None for a
+        move that neither leaves nor joins such a device (:meth:`trial` prices it exactly and
+        cheaply) or that takes a recorded plan."""
+        head = self._head(i, dev)
+        if head is None:
+            return None
+        lat, en, ends = head
         for d in ends:
-            for j, sl, se in self._slack_of(d):
+            for j, sl, se in self._slack_of(d)[0]:
                 if j != i:
                     lat -= sl
                     en -= se
@@ -770,7 +803,36 @@ class _Compiled:
 
     def hopeless(self, i: int, dev: str, objective: str, target: float) -> bool:
         """Whether moving op ``i`` to ``dev`` provably leaves the objective at ``target`` or
-        above (:meth:`bound`), so that :meth:`trial` need not re-plan the crossbars for it."""
+        above (:meth:`bound`), so that :meth:`trial` need not re-plan the crossbars for it.
+
+        For ``latency`` and ``energy`` the answer is read from the slack's sums first
+        (:meth:`_slack_of`): :meth:`bound`'s figure is the head minus ``n`` slacks, one at a
+        time, and the head minus their sum differs from it by less than ``4 (n + 2) 2^-52
+        (|head| + sum)`` (each of the at most ``2n + 3`` roundings of the two ways errs by at
+        most ``2^-53`` of a partial result no larger than that); only a target within that
+        margin asks for :meth:`bound` itself (light DenseNet121: 726 moves of 121 crossbar
+        kernels each), so the answer is the same."""
+        if objective in ("latency", "energy"):
+            head = self._head(i, dev)
+            if head is None:
+                return False
+            v = head[0] if objective == "latency" else head[1]
+            k = 1 if objective == "latency" else 2
+            n, total, own = 0, 0.0, 0.0
+            for d in head[2]:
+                slack = self._slack_of(d)
+                n += len(slack[0])
+                total += slack[k]
+                mine = slack[3].get(i)
+                if mine is not None:
+                    own += mine[k]
+            approx = v - (total - own)
+            margin = 4 * (n + 2) * 2.0**-52 * (abs(v) + total)
+            if approx - margin >= target:
+                return True
+            if approx + margin < target:
+                return False
+            return _f(objective, *self.bound(i, dev)) >= target
         b = self.bound(i, dev)
         if b is None or (objective == "edp" and min(b) < 0):
             return False
