@@ -146,3 +146,21 @@ def test_naive_order_shares_nothing(order):
                    device_options={**OCC, "cim_loop_order": order})
     got = [(a["cim_writes_load"], a["cim_writes"], a.get("cim_tile_owner")) for _, a in _plans(res)]
     assert got == [(0, 32, None), (0, 32, None)]
+
+
+def test_kernels_on_another_kernels_tiles_are_priced_alike_from_the_memo():
+    """The plan of a kernel on its tile set's owner's tiles is kept in the memo entry (an
+    unrolled recurrence's steps are hundreds of them, priced again per polishing move): a
+    second optimize in the process, memo warm, writes the plans a cold memo writes, and the
+    users program nothing at load (the owner programs the 2 x 2 = 4 tiles of W[128, 128])."""
+    from onnx_cinm.devices.memristor import _PLANS
+
+    model = _shared_gemms(4, 128, 128, 3)
+    _PLANS.clear()
+    cold = _plans(optimize(model, check=0, device_options=OCC))
+    warm = _plans(optimize(model, check=0, device_options=OCC))
+    assert warm == cold
+    users = [a for _, a in cold if a.get("cim_tile_owner")]
+    assert len(users) == 2 and all(a["cim_writes_load"] == 0 for a in users)
+    owner = [a for _, a in cold if not a.get("cim_tile_owner")]
+    assert len(owner) == 1 and owner[0]["cim_writes_load"] == 4

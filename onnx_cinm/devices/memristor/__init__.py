@@ -352,7 +352,8 @@ class MemristorDevice(Device):
     def _entry(self, op: OpInfo, options: dict, okey: tuple, crossbars: int | None,
                shared: bool) -> list:
         """The memo entry of :meth:`plan`: ``[plan tuple, price figures (see :meth:`price_all`)
-        or None until asked]``; ``okey`` is ``_options_key(options)``."""
+        or None until asked, the entry of the same kernel on another kernel's tiles (see
+        :meth:`_allocate`) or None until asked]``; ``okey`` is ``_options_key(options)``."""
         memo = _PLANS.get(id(self.params))
         if memo is None or memo[0] is not self.params:
             if len(_PLANS) > 8:
@@ -364,9 +365,9 @@ class MemristorDevice(Device):
         try:
             hit = memo[1].get(key)
         except TypeError:  # an unhashable option value: _plan names what is wrong with it
-            return [self._plan(op, options, crossbars, shared), None]
+            return [self._plan(op, options, crossbars, shared), None, None]
         if hit is None:
-            hit = [self._plan(op, options, crossbars, shared), None]
+            hit = [self._plan(op, options, crossbars, shared), None, None]
             if len(memo[1]) > _PLANS_MAX:
                 memo[1].clear()
             memo[1][key] = hit
@@ -538,8 +539,11 @@ class MemristorDevice(Device):
         for i, (op, opts) in enumerate(items):
             e = entry(op, opts, *alloc[owner[i]])
             if owner[i] != i:  # the set's first kernel programs the tiles at load
-                p = replace(e[0][0], writes_load=0, cell_writes_load=0)
-                e = [(p, *e[0][1:]), None]
+                if e[2] is None:  # kept in the entry: an unrolled recurrence's steps are
+                    # hundreds of such kernels, priced again for every polishing move
+                    p = replace(e[0][0], writes_load=0, cell_writes_load=0)
+                    e[2] = [(p, *e[0][1:]), None, None]
+                e = e[2]
             out.append(e)
         return P, out, [(owner[i], uses[owner[i]]) for i in range(len(items))]
 
