@@ -130,6 +130,31 @@ def check_output_outside_kernels(path, option: str) -> None:
                         "belong to their model and are replaced whole); choose another path")
 
 
+def check_output_replaceable(path, option: str) -> None:
+    """Raise CinmError if ``path`` (written by ``option``) is an existing regular file, not
+    empty, that is not an ONNX model: a notes file given as ``-o`` by mistake was replaced by
+    the model without a word. A file whose name ends in ``.onnx`` is taken as a model without
+    reading it; another is read (``onnx.load`` without external data: an earlier output named
+    ``out.v1``). A missing file, an empty one and anything not a regular file (``/dev/null``)
+    pass."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or p.suffix.lower() == ".onnx":
+        return
+    import onnx
+
+    try:
+        onnx.load(str(p), load_external_data=False)
+    except Exception:  # noqa: BLE001 - anything that does not parse is not a model
+        raise CinmError(f"{option} '{path}' exists and is not an ONNX model; not overwritten: "
+                        "remove it or choose another path") from None
+
+
 def kernel_digest(manifest: dict) -> str:
     """SHA-256 of a manifest's kernel list (node, op, device, kernel, files with their hashes)
     in canonical JSON, paths normalized (``upmem/../upmem/x`` is ``upmem/x``): the identity of

@@ -132,6 +132,14 @@ def _same_path(src, dst):
     return [str(path), "-o", str(path)], "equals the input path"
 
 
+def _output_is_not_a_model(src, dst):
+    # a notes file given as -o by mistake was replaced by the model (trial s30); its bytes
+    # are checked to stay in test_an_output_file_that_is_no_model_is_kept
+    (dst / "notes.txt").write_text("precious\n")
+    return ([str(_write(src / "m.onnx", _good_bytes())), "-o", str(dst / "notes.txt")],
+            "exists and is not an ONNX model; not overwritten")
+
+
 def _missing_input(src, dst):
     return [str(src / "nope.onnx"), "-o", str(dst / "out.onnx")], "no such file"
 
@@ -226,6 +234,7 @@ CASES = {
     "ir_version_too_new": _plain(_model([h.make_node("Relu", ["x"], ["y"])], ir=99),
                                  "ir_version 99"),
     "output_path_equals_input_path": _same_path,
+    "output_file_is_not_a_model": _output_is_not_a_model,
     "input_file_missing": _missing_input,
     "input_is_a_folder": _input_is_folder,
     "output_folder_missing": _output_folder_missing,
@@ -269,6 +278,26 @@ def test_hostile_input_is_one_line_exit_1_and_writes_nothing(name, tmp_path, cap
     captured = capsys.readouterr()
     _assert_one_line_failure(code, captured.out, captured.err, fragment, dst, before)
     assert _listing(src) == in_before, "something was written next to the input"
+
+
+def test_an_output_file_that_is_no_model_is_kept(tmp_path, capsys):
+    """-o over a file that is not a model: refused, its bytes kept; over an earlier output not
+    named .onnx (out.v1), or an empty file: written."""
+    src, dst = _dirs(tmp_path)
+    model = _write(src / "m.onnx", _good_bytes())
+    notes = dst / "notes.txt"
+    notes.write_text("precious\n")
+    assert main(["optimize", str(model), "-o", str(notes), "-q"]) == 1
+    assert notes.read_text() == "precious\n"
+    for name in ("out.v1", "empty"):
+        target = dst / name
+        if name == "empty":
+            target.write_bytes(b"")
+        else:
+            assert main(["optimize", str(model), "-o", str(target), "-q", "--check", "0"]) == 0
+        assert main(["optimize", str(model), "-o", str(target), "-q", "--check", "0"]) == 0
+        onnx.load(str(target))
+    capsys.readouterr()
 
 
 def test_case_count():

@@ -71,6 +71,7 @@ def _cmd_optimize(args, parser) -> int:
     artifacts.check_output_outside_kernels(args.output, "-o")
     if args.input and out.resolve() == Path(args.input).resolve():
         raise CinmError("the output path equals the input path; refusing to overwrite the input")
+    artifacts.check_output_replaceable(args.output, "-o")
     kernels = artifacts.artifact_dir(out).resolve()
     other = artifacts.shared_with(out)
     if other.is_file() and kernels.is_dir():  # X.onnx and X: the one pair sharing a folder
