@@ -1352,6 +1352,20 @@ def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
             "(latency, energy, tile writes, wear) is for the whole run, not per sample")
 
 
+def unsized_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
+    """What the figures of ``model`` take for its inputs' symbolic dims that ``dims`` (the
+    planned sizes) does not size: ``"the figures take T as 1 ..."``; '' when every one is
+    sized."""
+    consts = {t.name for t in model.graph.initializer}
+    open_ = sorted({d.dim_param for vi in model.graph.input if vi.name not in consts
+                    for d in vi.type.tensor_type.shape.dim if d.dim_param} - set(dims))
+    if not open_:
+        return ""
+    return (f"the figures take {', '.join(open_)} as 1: the model was planned without "
+            f"{'its size' if len(open_) == 1 else 'their sizes'} (optimize --dim "
+            f"{open_[0]}=SIZE plans at a size)")
+
+
 def _json_record(model: onnx.ModelProto, key: str, valid: Callable[[object], bool],
                  expected: str):
     """The JSON value under metadata ``key`` (None if absent), which ``valid`` must accept;

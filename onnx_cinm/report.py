@@ -136,8 +136,9 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     totals = counted_totals(root)
     from . import frontend
 
-    batch = frontend.batch_note(model, frontend.planned_dims(model))
-    notes = [f"({batch})"] if batch else []
+    planned = frontend.planned_dims(model)
+    notes = [f"({n})" for n in (frontend.batch_note(model, planned),
+                                frontend.unsized_note(model, planned)) if n]
     notes += [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
               for note in devices.get_device(d).cost_notes(dict(options or {}))]
     wear = device_wear(model, totals["latency_s"])
