@@ -76,14 +76,15 @@ def _warn_if_nothing_on_devices(sess, args) -> None:
     warn(args, warning)
 
 
-def _modeled_latency(model) -> float:
-    """The written model's modeled seconds per inference, as ``report`` totals them (the cost
-    model over the recorded placement, with the options and host figures it was compiled
-    with)."""
-    from ..passes.branches import counted_totals, evaluate_graphs
+def _modeled_totals(model) -> dict:
+    """The written model's modeled per-inference totals (seconds, joules, tile writes, split by
+    device and transfers), as ``report`` and optimize's summary total them (the cost model
+    over the recorded placement, with the options and host figures it was compiled with)."""
+    from ..passes.branches import counted_by_device, counted_totals, evaluate_graphs
     from ..report import options_from_plans
 
-    return counted_totals(evaluate_graphs(model, options_from_plans(model))[0])["latency_s"]
+    root = evaluate_graphs(model, options_from_plans(model))[0]
+    return {**counted_totals(root), "by_device": counted_by_device(root)}
 
 
 def _cmd_run(args, parser) -> int:
@@ -180,11 +181,17 @@ def _cmd_run(args, parser) -> int:
                   f"kernel{'s' * (len(rs) != 1)}" + (f", {writes} tile writes" if writes else "")
                   + f", modeled {si(sum(r['latency_s'] for r in rs), 's')}, "
                   f"{si(sum(r['energy_j'] for r in rs), 'J')}")
-        # the plans' figures, at the sizes planned; inferences back to back at the model's
-        # modeled latency, as optimize's summary and report take them
+        # the plans' figures, at the sizes planned, as optimize's summary and report price
+        # them: the whole model's (the rows above have no modeled host time), and inferences
+        # back to back at its modeled latency for the wear
+        from .cmd_optimize import _totals_text
+
+        totals = _modeled_totals(sess._model)
+        print(f"model (the plans' figures, as optimize's summary and report price them): "
+              f"{_totals_text(totals).replace(' for the model written', '')}")
         wear = sess.wear()
         if wear:  # priced only for a model with wear to show
-            wear = sess.wear(_modeled_latency(sess._model))
+            wear = sess.wear(totals["latency_s"])
         for w in wear.values():
             at = (f" (the plans' figures, at {_dims_text({k: planned.get(k, 1) for k in replanned})}"
                   f" as planned, not this run's {_dims_text(replanned)})" if replanned else "")
