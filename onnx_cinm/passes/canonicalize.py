@@ -1453,4 +1453,7 @@ def fold_batchnorm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     # there, and the folded weights of one value), to to_cinm
     names = {t.name for t in graph.initializer}
     ctx.fills = {name: fill for name, fill in fills.items() if name in names}
+    if ctx.unwritten:  # the weights it folded are gone, never written
+        for name in [name for name in ctx.unwritten if name not in names]:
+            del ctx.unwritten[name]
     return model
