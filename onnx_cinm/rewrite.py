@@ -274,15 +274,22 @@ def write_unwritten(graph: onnx.GraphProto, unwritten: dict, names=None) -> None
     without them (``unwritten``: its records by name; those of ``names`` only when given), as
     ``raw_data`` in place, and drop their records from ``unwritten``; a record whose
     initializer is gone (or no longer matches it: :func:`unwritten_fill`) is dropped too when
-    ``names`` is None."""
+    ``names`` is None. Consecutive entries of one value and size (light DenseNet121's 58
+    [32, 128, 3, 3] weights) are written from one ``bytes`` object: protobuf copies it."""
     if not unwritten:
         return
     wanted = set(unwritten) if names is None else set(names) & set(unwritten)
+    last = (None, b"")  # ((value, count), its bytes): one kept at a time, not a cache
     for tensor in graph.initializer[:]:
         if tensor.name in wanted:
             value = unwritten_fill(unwritten, tensor.name, tensor)
             if value is not None:
-                tensor.raw_data = value * math.prod(tensor.dims[:])
+                key = (value, math.prod(tensor.dims[:]))
+                if last[0] != key:
+                    last = (None, b"")  # (freed before the next is made)
+                    last = (key, value * key[1])
+                tensor.raw_data = last[1]
+    del last
     for name in wanted:
         del unwritten[name]
 
