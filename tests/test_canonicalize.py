@@ -932,6 +932,40 @@ def test_normalize_writes_an_unwritten_gemm_weight_it_transposes():
     assert_matches_ort(model, result, n=2)
 
 
+def test_normalize_writes_unwritten_fills_up_to_its_gemm_operand():
+    """normalize writes the unwritten fills a Gemm it rewrites reads and those before them in
+    the initializer list (the order fold_constants appended them: sorted names), no later
+    one: here "a_conv_w" and "m_gemm_w" (0.25 repeated, transposed to [30, 40]), not
+    "z_conv_w", which the manager writes at the run's end; the result is the passes' run one
+    by one, and onnxruntime's numbers."""
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [helper.make_node("ConstantOfShape", [f"{w}_shape"], [w], value=fill)
+             for w in ("a_conv_w", "m_gemm_w", "z_conv_w")]
+    nodes += [helper.make_node("Conv", ["x", "a_conv_w"], ["c1"], pads=[1, 1, 1, 1]),
+              helper.make_node("Conv", ["c1", "z_conv_w"], ["c2"], pads=[1, 1, 1, 1]),
+              helper.make_node("Flatten", ["c2"], ["f"]),
+              helper.make_node("Gemm", ["f", "m_gemm_w"], ["y"], transB=1)]
+    inits = {"a_conv_w_shape": np.array([16, 16, 3, 3], np.int64),
+             "z_conv_w_shape": np.array([16, 16, 3, 3], np.int64),
+             "m_gemm_w_shape": np.array([40, 16 * 2 * 2], np.int64)}
+    model = _model(nodes, [_vi("x", [1, 16, 2, 2])], [_vi("y", [1, 40])], inits)
+    ctx = PassContext()
+    ctx.unwritten = {}
+    result = get_pass("fold_constants")(_copy(model), ctx)
+    assert set(ctx.unwritten) == {"a_conv_w", "m_gemm_w", "z_conv_w"}
+    result = get_pass("normalize")(result, ctx)
+    assert set(ctx.unwritten) == {"z_conv_w"}
+    tensors = {t.name: t for t in result.graph.initializer}
+    assert tensors["a_conv_w"].HasField("raw_data") and not tensors["z_conv_w"].HasField("raw_data")
+    gemm = next(n for n in result.graph.node if n.op_type == "Gemm")
+    np.testing.assert_array_equal(_initializer(result, gemm.input[1]),
+                                  np.full((64, 40), 0.25, np.float32))
+    managed = PassManager(pipeline=["fold_constants", "normalize"]).run(_copy(model), PassContext())
+    plain, _ = _run_passes(model, "fold_constants", "normalize")
+    assert managed.SerializeToString() == plain.SerializeToString()
+    assert_matches_ort(model, managed, n=2, atol=1e-3)
+
+
 @pytest.mark.parametrize("variant", ["extra_reader", "bn_params_as_inputs"])
 def test_fold_batchnorm_not_applicable(variant):
     model = _conv_bn_model(**{variant: True})

@@ -1180,7 +1180,8 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         ``ctx.stats["normalize"]`` receives the number of rewritten nodes. ``ctx.fills``
         (fold_constants' initializers of one value repeated) is read, so that a transposed
         one is not read back, and handed on, kept current, to the next pass. The initializers
-        of ``ctx.unwritten`` a Reduce or Gemm reads are written first.
+        of ``ctx.unwritten`` a Reduce or Gemm reads are written first, with those before them
+        in the initializer list.
 
     Returns
     -------
@@ -1195,9 +1196,14 @@ def normalize(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     rewritable = [node for node in graph.node if _is_default_domain(node) and
                   (node.op_type in REDUCE_OPS or node.op_type == "Gemm")]
     if rewritable:  # (else nothing to rewrite: no names, types, node copies)
-        if ctx.unwritten:  # what the rewrite and its folding read (axes, a Gemm's operands)
-            write_unwritten(graph, ctx.unwritten,
-                            {name for node in rewritable for name in node.input[:]})
+        if ctx.unwritten:  # what the rewrite and its folding read (axes, a Gemm's operands),
+            # and those appended before them, in their order: written as fold_constants would
+            # have, the weights take the memory they took then (light VGG19's FC weights
+            # written before its conv weights: peak RSS 1107 -> 1113 MB; in order 1102 MB)
+            read = {name for node in rewritable for name in node.input[:]}
+            order = [t.name for t in graph.initializer[:] if t.name in ctx.unwritten]
+            last = max((k for k, name in enumerate(order) if name in read), default=-1)
+            write_unwritten(graph, ctx.unwritten, order[:last + 1])
         rewritten, created_outputs = _normalize_nodes(model)
     if created_outputs:  # the weights fold_constants filled are permuted without reading them
         _fold(model, {}, only=created_outputs, fills=fills)
