@@ -237,6 +237,63 @@ def known_fill(fills: dict, name: str, tensor: onnx.TensorProto) -> bytes | None
     return known[2]
 
 
+def add_unwritten(graph: onnx.GraphProto, array: np.ndarray, name: str) -> tuple[int, tuple, bytes]:
+    """Append ``array``, one value broadcast (:func:`is_fill`), to the initializers of ``graph``
+    as ``name`` with the element type and dims :func:`add_initializer` gives it, but no data
+    yet; returns its record ``(element type, dims, the value's bytes)`` for
+    :func:`write_unwritten`, which writes the bytes add_initializer would have written (the
+    value repeated, as ``raw_data``) where the entry stands: the serialized model is the same
+    bytes (a message's fields are written in field-number order, not in the order set). Used
+    for a weight that a later pass may drop unread (fold_batchnorm replaces the Conv weights
+    it folds: 16 of the 32 MB fold_constants fills on light DenseNet121), so it is not
+    written only to be dropped."""
+    record = fill_record(array)
+    tensor = graph.initializer.add()
+    tensor.name = name
+    tensor.data_type = record[0]
+    tensor.dims.extend(record[1])
+    return record
+
+
+def unwritten_fill(unwritten: dict | None, name: str, tensor: onnx.TensorProto) -> bytes | None:
+    """The bytes of the one value of the initializer ``tensor`` called ``name`` when
+    ``unwritten`` (``{name: (element type, dims, bytes)}``, :func:`add_unwritten`'s records)
+    says it is still to be written: same element type and dims, no data of any kind; else
+    None."""
+    known = unwritten.get(name) if unwritten else None
+    if known is None or known[0] != tensor.data_type or known[1] != tuple(tensor.dims[:]) or \
+            tensor.HasField("raw_data") or \
+            any(len(getattr(tensor, field)) for field in _OTHER_REPEATED) or \
+            any(tensor.HasField(field) for field in _OTHER_SINGULAR):
+        return None
+    return known[2]
+
+
+def write_unwritten(graph: onnx.GraphProto, unwritten: dict, names=None) -> None:
+    """Write the bytes of the initializers of ``graph`` that :func:`add_unwritten` appended
+    without them (``unwritten``: its records by name; those of ``names`` only when given), as
+    ``raw_data`` in place, and drop their records from ``unwritten``; a record whose
+    initializer is gone (or no longer matches it: :func:`unwritten_fill`) is dropped too when
+    ``names`` is None. Consecutive entries of one value and size (light DenseNet121's 58
+    [32, 128, 3, 3] weights) are written from one ``bytes`` object: protobuf copies it."""
+    if not unwritten:
+        return
+    wanted = set(unwritten) if names is None else set(names) & set(unwritten)
+    last = (None, b"")  # ((value, count), its bytes): one kept at a time, not a cache
+    for tensor in graph.initializer[:]:
+        if tensor.name in wanted:
+            value = unwritten_fill(unwritten, tensor.name, tensor)
+            if value is not None:
+                key = (value, math.prod(tensor.dims[:]))
+                if last[0] != key:
+                    last = (None, b"")  # (freed before the next is made)
+                    last = (key, value * key[1])
+                tensor.raw_data = last[1]
+    del last
+    for name in wanted:
+        del unwritten[name]
+
+
 def whole_bytes(array: np.ndarray) -> bytes | None:
     """The ``bytes`` object ``array`` views all of, in C order from its first byte; else None."""
     root = array

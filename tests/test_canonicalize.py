@@ -847,6 +847,125 @@ def test_fold_batchnorm_of_a_filled_weight_reads_no_bytes(monkeypatch):
     assert_matches_ort(model, result, n=2, atol=1e-5, dims={"batch": 2})
 
 
+def _two_filled_convs_model():
+    """x [1, 16, 6, 6] -> Conv(w1) -> BN -> Conv(w2) -> y: w1 [16, 16, 3, 3] and w2 [8, 16, 3, 3]
+    (2304 and 1152 elements, more than shape inference reads: WEIGHTLESS_MAX_ELEMENTS = 1024)
+    ConstantOfShape fills of 0.3 and -0.5, as the light models' weights; the BN's parameters
+    are trained values."""
+    nodes = [helper.make_node("ConstantOfShape", [f"{w}_shape"], [w],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [v]))
+             for w, v in (("w1", 0.3), ("w2", -0.5))]
+    nodes += [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["c1", "scale", "shift", "mean", "var"],
+                               ["bn"], epsilon=1e-3),
+              helper.make_node("Conv", ["bn", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = {"w1_shape": np.array([16, 16, 3, 3], np.int64),
+             "w2_shape": np.array([8, 16, 3, 3], np.int64),
+             "scale": _float(16), "shift": _float(16), "mean": _float(16),
+             "var": RNG.uniform(0.5, 2.0, 16).astype(np.float32)}
+    return _model(nodes, [_vi("x", [1, 16, 6, 6])], [_vi("y", [1, 8, 6, 6])], inits)
+
+
+def test_fold_batchnorm_drops_an_unwritten_fill_without_writing_it():
+    """In a PassManager run (ctx.unwritten a dict), fold_constants appends its large fills
+    without bytes; fold_batchnorm reads the one it folds (w1) as its value and drops it, never
+    written; the other (w2) is written by write_unwritten, as 0.3 and -0.5 repeated; the result
+    is byte for byte what the passes give run one by one (nothing left unwritten), and
+    onnxruntime's numbers."""
+    from onnx_cinm.rewrite import write_unwritten
+
+    model = _two_filled_convs_model()
+    ctx = PassContext()
+    ctx.unwritten = {}
+    result = get_pass("fold_constants")(_copy(model), ctx)
+    tensors = {t.name: t for t in result.graph.initializer}
+    assert not tensors["w1"].HasField("raw_data") and not tensors["w2"].HasField("raw_data")
+    assert ctx.unwritten == {"w1": (TensorProto.FLOAT, (16, 16, 3, 3), np.float32(0.3).tobytes()),
+                             "w2": (TensorProto.FLOAT, (8, 16, 3, 3), np.float32(-0.5).tobytes())}
+    for name in ("normalize", "fold_batchnorm"):
+        result = get_pass(name)(result, ctx)
+    assert ctx.stats["fold_batchnorm"] == 1
+    assert "w1" not in {t.name for t in result.graph.initializer}
+    assert set(ctx.unwritten) == {"w2"}
+    write_unwritten(result.graph, ctx.unwritten)
+    assert ctx.unwritten == {}
+    np.testing.assert_array_equal(_initializer(result, "w2"), np.full((8, 16, 3, 3), -0.5, np.float32))
+    plain, _ = _run_passes(model, "fold_constants", "normalize", "fold_batchnorm")
+    assert result.SerializeToString() == plain.SerializeToString()
+    managed = PassManager(pipeline=["fold_constants", "normalize", "fold_batchnorm"]).run(
+        _copy(model), PassContext())
+    assert managed.SerializeToString() == plain.SerializeToString()
+    assert_matches_ort(model, managed, n=2, atol=1e-4)
+
+
+@pytest.mark.parametrize("pipeline", [["fold_constants"], ["fold_constants", "share_weights"]])
+def test_pass_manager_writes_unwritten_fills(pipeline):
+    """A run ending after fold_constants, or going on to a pass that reads bytes
+    (share_weights compares them), writes the fills fold_constants left unwritten: every
+    initializer holds its values, and the model is the one the passes give run one by one."""
+    model = _two_filled_convs_model()
+    ctx = PassContext()
+    result = PassManager(pipeline=pipeline).run(_copy(model), ctx)
+    assert ctx.unwritten is None
+    np.testing.assert_array_equal(_initializer(result, "w1"), np.full((16, 16, 3, 3), 0.3, np.float32))
+    np.testing.assert_array_equal(_initializer(result, "w2"), np.full((8, 16, 3, 3), -0.5, np.float32))
+    plain, _ = _run_passes(model, *pipeline)
+    assert result.SerializeToString() == plain.SerializeToString()
+
+
+def test_normalize_writes_an_unwritten_gemm_weight_it_transposes():
+    """A Gemm's transB folds on a large fill fold_constants left unwritten ([40, 30]): normalize
+    writes it first, so the transposed weight is 0.25 repeated, [30, 40], as the passes give
+    run one by one and as onnxruntime computes."""
+    shape = numpy_helper.from_array(np.array([40, 30], np.int64), "w_shape")
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["W"], value=fill),
+             helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)]
+    model = _model(nodes, [_vi("x", [2, 30])], [_vi("y", [2, 40])])
+    model.graph.initializer.append(shape)
+    result = PassManager(pipeline=["fold_constants", "normalize"]).run(_copy(model), PassContext())
+    gemm = result.graph.node[0]
+    np.testing.assert_array_equal(_initializer(result, gemm.input[1]),
+                                  np.full((30, 40), 0.25, np.float32))
+    plain, _ = _run_passes(model, "fold_constants", "normalize")
+    assert result.SerializeToString() == plain.SerializeToString()
+    assert_matches_ort(model, result, n=2)
+
+
+def test_normalize_writes_unwritten_fills_up_to_its_gemm_operand():
+    """normalize writes the unwritten fills a Gemm it rewrites reads and those before them in
+    the initializer list (the order fold_constants appended them: sorted names), no later
+    one: here "a_conv_w" and "m_gemm_w" (0.25 repeated, transposed to [30, 40]), not
+    "z_conv_w", which the manager writes at the run's end; the result is the passes' run one
+    by one, and onnxruntime's numbers."""
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [helper.make_node("ConstantOfShape", [f"{w}_shape"], [w], value=fill)
+             for w in ("a_conv_w", "m_gemm_w", "z_conv_w")]
+    nodes += [helper.make_node("Conv", ["x", "a_conv_w"], ["c1"], pads=[1, 1, 1, 1]),
+              helper.make_node("Conv", ["c1", "z_conv_w"], ["c2"], pads=[1, 1, 1, 1]),
+              helper.make_node("Flatten", ["c2"], ["f"]),
+              helper.make_node("Gemm", ["f", "m_gemm_w"], ["y"], transB=1)]
+    inits = {"a_conv_w_shape": np.array([16, 16, 3, 3], np.int64),
+             "z_conv_w_shape": np.array([16, 16, 3, 3], np.int64),
+             "m_gemm_w_shape": np.array([40, 16 * 2 * 2], np.int64)}
+    model = _model(nodes, [_vi("x", [1, 16, 2, 2])], [_vi("y", [1, 40])], inits)
+    ctx = PassContext()
+    ctx.unwritten = {}
+    result = get_pass("fold_constants")(_copy(model), ctx)
+    assert set(ctx.unwritten) == {"a_conv_w", "m_gemm_w", "z_conv_w"}
+    result = get_pass("normalize")(result, ctx)
+    assert set(ctx.unwritten) == {"z_conv_w"}
+    tensors = {t.name: t for t in result.graph.initializer}
+    assert tensors["a_conv_w"].HasField("raw_data") and not tensors["z_conv_w"].HasField("raw_data")
+    gemm = next(n for n in result.graph.node if n.op_type == "Gemm")
+    np.testing.assert_array_equal(_initializer(result, gemm.input[1]),
+                                  np.full((64, 40), 0.25, np.float32))
+    managed = PassManager(pipeline=["fold_constants", "normalize"]).run(_copy(model), PassContext())
+    plain, _ = _run_passes(model, "fold_constants", "normalize")
+    assert managed.SerializeToString() == plain.SerializeToString()
+    assert_matches_ort(model, managed, n=2, atol=1e-3)
+
+
 @pytest.mark.parametrize("variant", ["extra_reader", "bn_params_as_inputs"])
 def test_fold_batchnorm_not_applicable(variant):
     model = _conv_bn_model(**{variant: True})

@@ -314,3 +314,63 @@ def test_recast_changes_the_node_in_place_or_builds_it_after_other_nodes(staged)
         None, {"x": x})
     np.testing.assert_array_equal(r, np.maximum(x, 0))
     np.testing.assert_array_equal(y, -np.maximum(x, 0))
+
+
+def _fill_graph(write_now: bool):
+    """An int64 initializer, then four fills (two alike in a row, one of another value, one of
+    another size), then a float one; the fills appended by add_unwritten (``write_now``
+    False, records returned) or add_initializer (True)."""
+    from onnx_cinm.rewrite import add_initializer, add_unwritten, repeated
+
+    g = onnx.GraphProto()
+    g.initializer.append(numpy_helper.from_array(np.arange(3, dtype=np.int64), "first"))
+    records = {}
+    for name, v, shape in (("a", 0.5, (40, 30)), ("b", 0.5, (40, 30)), ("c", -1.0, (40, 30)),
+                           ("d", 0.5, (2000,))):
+        fill = repeated(np.array([v], np.float32), shape)
+        if write_now:
+            add_initializer(g, fill, name)
+        else:
+            records[name] = add_unwritten(g, fill, name)
+    g.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "last"))
+    return g, records
+
+
+def test_write_unwritten_writes_what_add_initializer_would():
+    """add_unwritten appends a fill's entry without bytes; write_unwritten fills them in where
+    they stand: the graph serializes to the bytes of one built by add_initializer, each entry
+    holding its value repeated (numpy's np.full), and the records are used up. With names,
+    only those are written and the other records stay."""
+    from onnx_cinm.rewrite import write_unwritten
+
+    g, records = _fill_graph(write_now=False)
+    assert [t.HasField("raw_data") for t in g.initializer] == [True, False, False, False, False, True]
+    assert records["c"] == (TensorProto.FLOAT, (40, 30), np.float32(-1.0).tobytes())
+    write_unwritten(g, records, {"b", "unknown"})
+    assert set(records) == {"a", "c", "d"}
+    assert [t.HasField("raw_data") for t in g.initializer] == [True, False, True, False, False, True]
+    write_unwritten(g, records)
+    assert records == {}
+    want, _ = _fill_graph(write_now=True)
+    assert g.SerializeToString() == want.SerializeToString()
+    got = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for name, v, shape in (("a", 0.5, (40, 30)), ("b", 0.5, (40, 30)), ("c", -1.0, (40, 30)),
+                           ("d", 0.5, (2000,))):
+        np.testing.assert_array_equal(got[name], np.full(shape, v, np.float32))
+
+
+def test_write_unwritten_leaves_an_entry_that_no_longer_matches():
+    """A record whose initializer has data now, or other dims, is not written over (an entry
+    of that name made afresh): dropped, the tensor left as it is."""
+    from onnx_cinm.rewrite import write_unwritten
+
+    g, records = _fill_graph(write_now=False)
+    tensors = {t.name: t for t in g.initializer}
+    tensors["a"].float_data.extend([2.0] * 1200)  # typed data: another tensor now
+    del tensors["c"].dims[:]
+    tensors["c"].dims.extend([1200])
+    write_unwritten(g, records)
+    assert records == {}
+    assert not tensors["a"].HasField("raw_data") and not tensors["c"].HasField("raw_data")
+    np.testing.assert_array_equal(numpy_helper.to_array(tensors["a"]), np.full((40, 30), 2.0, np.float32))
+    np.testing.assert_array_equal(numpy_helper.to_array(tensors["b"]), np.full((40, 30), 0.5, np.float32))

@@ -38,6 +38,10 @@ _REGISTRY: dict[str, tuple[PassFn, str]] = {}
 #: (:meth:`PassContext.tensor_infos`) stay valid across them.
 _KEEPS_SHAPES: set[str] = set()
 
+#: Passes that read a model whose initializers may be left unwritten (:attr:`PassContext.unwritten`):
+#: they write (or drop) those they read.
+_READS_UNWRITTEN: set[str] = set()
+
 #: The named pipeline run by ``onnx-cinm optimize``.
 DEFAULT_PIPELINE: list[str] = [
     "canonicalize_opset",
@@ -112,6 +116,13 @@ class PassContext:
     #: model, and cleared by the :class:`PassManager` after the first pass (and at every run's
     #: end)
     opset_inference: tuple | None = field(default=None, repr=False, compare=False)
+    #: ``{initializer name: (element type, dims, the one value's bytes)}``: initializers of one
+    #: value repeated a pass appended without their bytes (:func:`onnx_cinm.rewrite.add_unwritten`:
+    #: ``fold_constants``' weights, which ``fold_batchnorm`` may drop unread); None where no pass
+    #: may leave any (a pass called on its own). The :class:`PassManager` sets it to a dict for
+    #: its run and writes the bytes (:func:`onnx_cinm.rewrite.write_unwritten`) before a pass
+    #: not registered ``reads_unwritten`` runs, and at the run's end
+    unwritten: dict | None = field(default=None, repr=False, compare=False)
     _infos: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_infos(self, model: onnx.ModelProto) -> dict:
@@ -155,11 +166,13 @@ class PassContext:
             self._infos = ((id(model), len(model.graph.node)), self._infos[1])
 
 
-def register_pass(name: str, doc: str = "", keeps_shapes: bool = False) -> Callable[[PassFn], PassFn]:
+def register_pass(name: str, doc: str = "", keeps_shapes: bool = False,
+                  reads_unwritten: bool = False) -> Callable[[PassFn], PassFn]:
     """Register ``fn`` as the pass ``name`` (a decorator). ``doc`` defaults to the docstring's
     first paragraph, on one line. ``keeps_shapes``: the pass changes no tensor's type or shape
     (it only annotates nodes), so the tensor infos of :meth:`PassContext.tensor_infos` stay
-    valid after it."""
+    valid after it. ``reads_unwritten``: the pass takes a model with initializers left
+    unwritten (:attr:`PassContext.unwritten`) and writes those whose bytes it reads."""
 
     def deco(fn: PassFn) -> PassFn:
         first_paragraph = (fn.__doc__ or "").strip().split("\n\n")[0]
@@ -167,6 +180,8 @@ def register_pass(name: str, doc: str = "", keeps_shapes: bool = False) -> Calla
         _REGISTRY[name] = (fn, text)
         if keeps_shapes:
             _KEEPS_SHAPES.add(name)
+        if reads_unwritten:
+            _READS_UNWRITTEN.add(name)
         return fn
 
     return deco
@@ -277,21 +292,37 @@ class PassManager:
                 "nor a pass of the pipeline"
             )
         ctx.fills = {}  # another run's (another model's), never read here
-        for name in self.pipeline:
-            if name not in self.skip:
-                fn = get_pass(name)
-                t0 = time.perf_counter()
-                fills = ctx.fills
-                model = fn(model, ctx)
-                if ctx.fills is fills:  # not handed on (see PassContext.fills)
-                    ctx.fills = {}
-                ctx.opset_inference = None  # for the first pass only
-                if name not in _KEEPS_SHAPES:
-                    ctx.forget_infos()
-                self.timings.append((name, time.perf_counter() - t0))
-                ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
-            if name == last:
-                break
-        ctx.fills = {}
-        ctx.opset_inference = None
+        ctx.unwritten = {}
+        try:
+            for name in self.pipeline:
+                if name not in self.skip:
+                    fn = get_pass(name)
+                    t0 = time.perf_counter()
+                    if ctx.unwritten and name not in _READS_UNWRITTEN:
+                        _write_unwritten(model, ctx)
+                    fills = ctx.fills
+                    model = fn(model, ctx)
+                    if ctx.fills is fills:  # not handed on (see PassContext.fills)
+                        ctx.fills = {}
+                    ctx.opset_inference = None  # for the first pass only
+                    if name not in _KEEPS_SHAPES:
+                        ctx.forget_infos()
+                    self.timings.append((name, time.perf_counter() - t0))
+                    ctx.log(f"pass {name}: {self.timings[-1][1]:.2f} s")
+                if name == last:
+                    break
+        finally:  # (a pass raising leaves a model whose initializers all have their bytes)
+            if ctx.unwritten:
+                _write_unwritten(model, ctx)
+            ctx.unwritten = None
+            ctx.fills = {}
+            ctx.opset_inference = None
         return model
+
+
+def _write_unwritten(model: onnx.ModelProto, ctx: PassContext) -> None:
+    """Write the bytes of the initializers of ``model``'s main graph left unwritten
+    (:attr:`PassContext.unwritten`), emptying it."""
+    from ..rewrite import write_unwritten
+
+    write_unwritten(model.graph, ctx.unwritten)
