@@ -487,6 +487,22 @@ def test_programmed_activation_with_a_constant_bias(tmp_path):
         np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-4)
 
 
+def test_programmed_activation_with_a_broadcast_bias_at_another_n(tmp_path):
+    """A one-element constant bias broadcasts to any N: planned at n=16, a run at n=20 lays
+    it out again for the program planned at that N (reviewer s30: 'bias C (1, 1, 16) does
+    not broadcast to (1, 4, 20)')."""
+    model = _two_inputs("Gemm", bias=np.array([0.5], np.float32))
+    res = optimize(model, place=[("att*", "memristor")], check=0, dims={"k": 32, "n": 16})
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    sess = InferenceSession(tmp_path / "o.onnx")
+    rng = np.random.default_rng(5)
+    for k, n in ((32, 16), (32, 20), (40, 16), (24, 20)):
+        feeds = {"a": rng.standard_normal((4, k)).astype(np.float32),
+                 "b": rng.standard_normal((k, n)).astype(np.float32)}
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
 def test_run_profile_notes_the_shapes_planned_again(tmp_path, capsys):
     """``run --profile`` at another size than planned: the run succeeds (it was refused) and
     the profile says which kernel was planned again at which shape, against the planned one."""

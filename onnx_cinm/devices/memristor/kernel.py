@@ -100,6 +100,7 @@ class CrossbarKernel:
         prog_name = names[0] if self.operand == "A" else names[1]
         owner = attrs.get("cim_tile_kernel")
         self.integer = self.prog.header.get("dtype") == "int32"  # exact integer kernel
+        self._bias_src = None  # (region name, the model's bias array, dtype): _model_constants
         constants = self._model_constants(prog_name, consts, shared)
         self.programmed_const = prog_name in consts or Path(path).with_suffix(".W.npy").exists()
         self._sim = (CrossbarSimulator(self.prog, constants, resident=True, checked=shared)
@@ -107,6 +108,7 @@ class CrossbarKernel:
         # the constants of a program written at every run (its bias), and its programs by the
         # shape of the programmed operand: the file's at the planned one, program_for's else
         self._fresh_consts = {} if self._sim else constants
+        self._consts_at: dict = {}  # W shape -> the constants of a program planned again
         if self._sim is None and "W" not in self.prog.regions:
             raise XbarError(f"{self.prog.path}: declares no weight region W for the operand "
                             "programmed at every run")
@@ -149,6 +151,8 @@ class CrossbarKernel:
             src = consts[r.tensor]
             # integer kernels exactly (an int32 bias does not fit float32's mantissa)
             dt = np.float64 if self.integer else np.float32
+            if r.kind == "bias":  # laid out again for a product planned again at another N
+                self._bias_src = (r.name, src, dt)
             key = ("crossbar", r.kind, id(src), np.dtype(dt).str, v)  # v: frozen, all shapes
             got = shared.get(key) if shared is not None else None
             if got is None or got[0] is not src:
@@ -231,10 +235,16 @@ class CrossbarKernel:
                     model_source(self.names[0] if self.operand == "A" else self.names[1]),
                     None if bias is None else model_source(bias.tensor) if bias.tensor else bias.file)
         prog = parse(text, f"{self.prog.path} (planned again at {list(w_shape)})")
+        if bias is not None and self._bias_src is not None:  # a broadcast bias at this N
+            name, src, dt = self._bias_src
+            self._consts_at[w_shape] = {**self._fresh_consts,
+                                        name: layout.bias_array(v, np.asarray(src, dtype=dt))}
         if self.run_mode is not None:
             prog = replace(prog, mode=self.run_mode)
         if len(self._programs) > _PROGRAMS_MAX:  # sizes that follow the data: the oldest goes
-            del self._programs[next(s for s, p in self._programs.items() if p is not self.prog)]
+            old = next(s for s, p in self._programs.items() if p is not self.prog)
+            del self._programs[old]
+            self._consts_at.pop(old, None)
         self._programs[w_shape] = prog
         return prog
 
@@ -270,7 +280,8 @@ class CrossbarKernel:
                     Y += bias
             return {out: Y}, dict(counts)
         prog = self.prog if prog is None else prog
-        sim = CrossbarSimulator(prog, {**self._fresh_consts, "W": W})
+        sim = CrossbarSimulator(prog, {**self._consts_at.get(tuple(W.shape), self._fresh_consts),
+                                       "W": W})
         outs, c = sim.run({"X": X}, transposed=transposed)
         c = _add(sim.load_counters.as_dict(), c.as_dict())
         form = sim.affine()
@@ -335,7 +346,8 @@ class CrossbarKernel:
             if fresh is not None:  # counted before: a fresh simulator counts the same again
                 sim, c = fresh
             elif self._sim is None:
-                sim = CrossbarSimulator(prog, {**self._fresh_consts,
+                sim = CrossbarSimulator(prog, {**self._consts_at.get(tuple(W.shape),
+                                                                     self._fresh_consts),
                                                w: np.broadcast_to(np.float64(0), W.shape)})
             else:
                 sim, W = self._sim, self._sim.const[w]
