@@ -148,11 +148,13 @@ def check_output_replaceable(path, option: str) -> None:
         return
     import onnx
 
-    try:
-        onnx.load(str(p), load_external_data=False)
+    try:  # (protobuf parses many a short text as unknown fields: a model has a graph)
+        is_model = onnx.load(str(p), load_external_data=False).HasField("graph")
     except Exception:  # noqa: BLE001 - anything that does not parse is not a model
+        is_model = False
+    if not is_model:
         raise CinmError(f"{option} '{path}' exists and is not an ONNX model; not overwritten: "
-                        "remove it or choose another path") from None
+                        "remove it or choose another path")
 
 
 def kernel_digest(manifest: dict) -> str:

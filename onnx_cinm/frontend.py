@@ -28,7 +28,6 @@ import os
 import tempfile
 from collections.abc import Callable
 
-import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -1336,14 +1335,19 @@ def planned_dims(model: onnx.ModelProto, key: str = PLANNED_DIMS_KEY) -> dict[st
     return _dims_record(model, key)
 
 
+def _input_dim_names(model: onnx.ModelProto) -> set[str]:
+    """The symbolic dim names of ``model``'s graph inputs (initializers excluded)."""
+    consts = {t.name for t in model.graph.initializer}
+    return {d.dim_param for vi in model.graph.input if vi.name not in consts
+            for d in vi.type.tensor_type.shape.dim if d.dim_param}
+
+
 def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     """What one inference is when ``dims`` (``{dim name: size}``, the planned sizes) sizes a
     symbolic dim of a graph input above 1 (a batch, a sequence): ``"per inference: ..."``,
     every per-inference figure being for one run at those sizes, not per sample; '' when no
     input's dim is planned above 1."""
-    consts = {t.name for t in model.graph.initializer}
-    named = {d.dim_param for vi in model.graph.input if vi.name not in consts
-             for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    named = _input_dim_names(model)
     sized = {k: v for k, v in dims.items() if k in named and v > 1}
     if not sized:
         return ""
@@ -1356,9 +1360,7 @@ def unsized_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     """What the figures of ``model`` take for its inputs' symbolic dims that ``dims`` (the
     planned sizes) does not size: ``"the figures take T as 1 ..."``; '' when every one is
     sized."""
-    consts = {t.name for t in model.graph.initializer}
-    open_ = sorted({d.dim_param for vi in model.graph.input if vi.name not in consts
-                    for d in vi.type.tensor_type.shape.dim if d.dim_param} - set(dims))
+    open_ = sorted(_input_dim_names(model) - set(dims))
     if not open_:
         return ""
     return (f"the figures take {', '.join(open_)} as 1: the model was planned without "

@@ -335,6 +335,14 @@ def index_ranges(model: ModelLike, sizes: Mapping[str, int] | None = None
         size = d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param)
         return size if size and size > 0 else None
 
+    def table_rank(name: str) -> int:
+        if name in table_dims:
+            return len(table_dims[name])
+        table_size(name, 0)  # infers the shapes once
+        vi = inferred.get(name)
+        return len(vi.type.tensor_type.shape.dim) if vi is not None and \
+            vi.type.tensor_type.HasField("shape") else 0
+
     nodes = g.node[:]  # slices: see rewrite's note on repeated fields
     for node in nodes:
         if node.op_type == "Constant" and node.output:
@@ -369,10 +377,14 @@ def index_ranges(model: ModelLike, sizes: Mapping[str, int] | None = None
                 elif (node.op_type, pos) in _LOOKUPS:
                     table = node.input[_LOOKUPS[(node.op_type, pos)]] \
                         if len(node.input) > _LOOKUPS[(node.op_type, pos)] else ""
-                    # GatherND's indices index the axes after its batch_dims
-                    key = "batch_dims" if node.op_type == "GatherND" else "axis"
-                    axis = next((a.i for a in node.attribute if a.name == key), 0)
-                    size = table_size(table, axis) if table else None
+                    if node.op_type == "GatherND":  # a tuple over the axes after batch_dims:
+                        # each of its values within the smallest of them
+                        b = next((a.i for a in node.attribute if a.name == "batch_dims"), 0)
+                        sizes_nd = [table_size(table, ax) for ax in range(b, table_rank(table))]
+                        size = min(sizes_nd) if sizes_nd and None not in sizes_nd else None
+                    else:
+                        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                        size = table_size(table, axis) if table else None
                 elif node.op_type == "OneHot" and pos == 0 and len(node.input) > 1:
                     depth = scalar_values.get(node.input[1])
                     if depth is not None:

@@ -586,6 +586,24 @@ def test_graph_indices_are_drawn_within_the_nodes_and_graphs():
     assert res.check_special is not None and res.check_special.ok
 
 
+def test_gathernd_index_tuples_are_drawn_within_every_axis_they_address():
+    """A GatherND index [4, 2] addresses data[50, 20] on both axes: each value below 20, the
+    smaller (reviewer s30: drawn below 50, the check ran into 'invalid index found')."""
+    from onnx_cinm import optimize
+    from onnx_cinm.golden import index_ranges
+
+    data = nh.from_array(np.random.default_rng(0).standard_normal((50, 20)).astype(np.float32), "data")
+    m = _model([h.make_node("GatherND", ["data", "idx"], ["g"]),
+                h.make_node("Unsqueeze", ["g", "ax"], ["g2"]),
+                h.make_node("MatMul", ["g2", "w"], ["y"])],
+               [_vi("idx", TP.INT64, [4, 2])], [_vi("y", TP.FLOAT, [4, 8])],
+               [data, nh.from_array(np.ones((1, 8), np.float32), "w"),
+                nh.from_array(np.array([1], np.int64), "ax")], opset=17)
+    assert index_ranges(m) == {"idx": (0, 20)}
+    res = optimize(m)
+    assert res.check is not None and res.check.ok and res.check_skipped is None
+
+
 def test_the_nan_inf_check_keeps_the_given_integer_inputs():
     """With every input given (--input), the NaN/Inf check put NaN/Inf into the given float
     arrays but drew the integer ones anew: random indices outside the user's node table, so

@@ -193,6 +193,11 @@ def test_run_profile_wear_line_at_other_sizes_and_under_q(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     i = next(k for k, x in enumerate(lines) if x.startswith("wear (pcm-occ"))
     assert lines[i].endswith(" (the plans' figures, at batch=1 as planned, not this run's batch=64)")
+    model_line = next(x for x in lines if x.startswith("model (the plans' figures"))
+    assert "; at batch=1 as planned, not this run's batch=64): modeled " in model_line
+    # a model never optimized has no plans: no such line (reviewer s30)
+    assert main(["run", str(tmp_path / "lenet.onnx"), "--profile"]) == 0
+    assert "model (the plans' figures" not in capsys.readouterr().out
     assert not any(x.startswith("note: the crossbars") for x in lines)
 
 

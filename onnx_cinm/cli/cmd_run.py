@@ -184,17 +184,21 @@ def _cmd_run(args, parser) -> int:
         # the plans' figures, at the sizes planned, as optimize's summary and report price
         # them: the whole model's (the rows above have no modeled host time), and inferences
         # back to back at its modeled latency for the wear
+        from ..dialects import cinm
         from .cmd_optimize import _totals_text
 
-        totals = _modeled_totals(sess._model)
-        print(f"model (the plans' figures, as optimize's summary and report price them): "
-              f"{_totals_text(totals).replace(' for the model written', '')}")
+        sizes = (f"at {_dims_text({k: planned.get(k, 1) for k in replanned})} as planned, not "
+                 f"this run's {_dims_text(replanned)}" if replanned else "")
+        at = f" (the plans' figures, {sizes})" if sizes else ""
         wear = sess.wear()
-        if wear:  # priced only for a model with wear to show
-            wear = sess.wear(totals["latency_s"])
+        if any(n.domain == cinm.DOMAIN for n in cinm.all_nodes(sess._model.graph)):
+            totals = _modeled_totals(sess._model)  # (a model never optimized has no plans)
+            print("model (the plans' figures, as optimize's summary and report price them"
+                  + (f"; {sizes}" if sizes else "") + "): "
+                  + _totals_text(totals).replace(" for the model written", ""))
+            if wear:  # at the model's modeled latency, as optimize's summary and report
+                wear = sess.wear(totals["latency_s"])
         for w in wear.values():
-            at = (f" (the plans' figures, at {_dims_text({k: planned.get(k, 1) for k in replanned})}"
-                  f" as planned, not this run's {_dims_text(replanned)})" if replanned else "")
             # -q: the profile asked for, not the advice of a note
             print(w.line + at + (f"\n{w.note}" if w.note and not args.quiet else ""))
     if replanned and (args.profile or (args.profile_out and not args.quiet)):
