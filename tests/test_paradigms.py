@@ -53,6 +53,11 @@ def test_a_second_crossbar_chip_plans_through_the_protocol():
     # 2 writes * 1 nJ + 40 MVMs * 1 pJ
     assert c.energy_j == pytest.approx(2.04e-9)
     assert c.writes == 2
+    # a chip need not say where its folded terms go (folded_into, optional): the array's
+    from dataclasses import replace
+
+    parts = p.cost(replace(chip, folded=("adc_dac",))).parts
+    assert [q.folded for q in parts] == ["", "array", ""]
 
 
 @pytest.mark.parametrize("tiles,const,P,expected", [

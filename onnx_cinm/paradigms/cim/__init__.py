@@ -48,8 +48,9 @@ class CrossbarArray(Protocol):
         folded: the cost terms (``"adc_dac"``, ``"periphery"``) the chip publishes only inside
             another term's figures (``folded_into``); their parts are marked
             ``CostPart.folded`` and their energy and area stay 0.
-        folded_into: the term whose figures hold the ``folded`` ones (``"array"``: the MVM
-            energy and cell area; ``"periphery"``: the periphery's energy per cycle).
+        folded_into: optional (not required of a chip: ``"array"`` without it), the term
+            whose figures hold the ``folded`` ones (``"array"``: the MVM energy and cell area;
+            ``"periphery"``: the periphery's energy per cycle, OCC's).
     """
 
     rows: int
@@ -69,7 +70,6 @@ class CrossbarArray(Protocol):
     adc_dac_area_mm2: float
     periphery_area_mm2: float
     folded: tuple
-    folded_into: str
 
 
 __all__ = ["CrossbarArray"]

@@ -207,7 +207,8 @@ class CrossbarPlan:
         used = min(self.crossbars, self.tiles)  # a resident kernel's own, or the pool
         area = [used * a for a in (params.cell_area_mm2, params.adc_dac_area_mm2,
                                              params.periphery_area_mm2)]
-        into = lambda term: params.folded_into if term in params.folded else ""  # noqa: E731
+        holder = getattr(params, "folded_into", "array")  # (optional: see CrossbarArray)
+        into = lambda term: holder if term in params.folded else ""  # noqa: E731
         parts = (CostPart("array", latency - t_conv, e_array, area[0]),
                  CostPart("adc_dac", t_conv, e_conv, area[1], into("adc_dac")),
                  CostPart("periphery", 0.0, e_peri, area[2], into("periphery")))
