@@ -40,8 +40,8 @@ _PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0), ("m", 1
 def si(x: float | None, unit: str = "") -> str:
     """``x`` with an SI prefix (``a`` .. ``T``) and three significant digits, then ``unit``:
     ``si(1.5e-6, "s")`` is ``"1.5 us"``, ``si(2.5e9, "FLOP")`` ``"2.5 GFLOP"``, ``si(0, "J")``
-    ``"0 J"``, ``si(512)`` ``"512"``, ``si(4e-13, "J")`` ``"400 fJ"`` (one MVM of OCC's
-    crossbar); negative numbers keep their sign, numbers below an atto are written in
+    ``"0 J"``, ``si(512)`` ``"512"``, ``si(4e-13, "J")`` ``"400 fJ"`` (two MVMs of OCC's
+    crossbar, 0.2 pJ each); negative numbers keep their sign, numbers below an atto are written in
     exponent form, and None (a figure not known) is ``"-"``. The one number
     formatter of every table and message."""
     if x is None:
