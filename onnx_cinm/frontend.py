@@ -1259,6 +1259,12 @@ PROBED_SHAPES_KEY = "onnx_cinm.probed_shapes"
 #: name counts both of its branches (an upper bound).
 IF_TAKEN_KEY = "onnx_cinm.if_taken"
 
+#: ``metadata_props`` key: why ``optimize`` could not check the model it wrote against the
+#: original (the check was skipped: the original does not run on the inputs drawn), a JSON
+#: string; absent when the check ran or was turned off (``--check 0``). ``report`` and ``run``
+#: say so: the model written carries no record of a check otherwise.
+CHECK_SKIPPED_KEY = "onnx_cinm.check_skipped"
+
 #: ``metadata_props`` key of :func:`source_digest` of the model ``optimize`` was given (kept
 #: through a re-optimization: the first original's), so that ``compare`` can tell an original
 #: from another model before comparing numbers.
@@ -1489,6 +1495,22 @@ def set_probed_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, tuple
     removes it. In place."""
     _set_json_record(model, PROBED_SHAPES_KEY,
                      {k: [int(t), *map(int, d)] for k, (t, d) in sorted(shapes.items())})
+
+
+def set_check_skipped(model: onnx.ModelProto, reason: str | None) -> None:
+    """Record why the check of ``model`` was skipped (:data:`CHECK_SKIPPED_KEY`), replacing any
+    earlier record; None removes it. In place."""
+    _set_json_record(model, CHECK_SKIPPED_KEY, reason or None)
+
+
+def check_skipped(model: onnx.ModelProto) -> str | None:
+    """Why ``optimize`` could not check ``model`` (:data:`CHECK_SKIPPED_KEY`): the recorded
+    reason, its non-printable characters escaped and cut at 400 characters, or None. Raises
+    CinmError if the record is not a JSON string (a model file is untrusted input)."""
+    from .text import printable
+
+    value = _json_record(model, CHECK_SKIPPED_KEY, lambda v: isinstance(v, str), "a string")
+    return printable(value)[:400] if value else None
 
 
 def set_if_taken(model: onnx.ModelProto, taken: dict[str, bool]) -> None:

@@ -1227,6 +1227,8 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             if special is not None and not special.ok:
                 raise CheckFailed("the optimized model does not match the original on NaN/Inf "
                                   f"inputs: {special.summary()}")
+    # the model written says whether it went unchecked (an earlier optimize's record goes)
+    frontend.set_check_skipped(work, skipped)
     t0 = time.perf_counter()
     if totals:
         total, on_dev, by_dev, placements, host, exact, anonymous = _flops(

@@ -137,8 +137,11 @@ def layers(model: onnx.ModelProto, options: dict | None = None) -> tuple[list[La
     from . import frontend
 
     planned = frontend.planned_dims(model)
+    unchecked = frontend.check_skipped(model)
     notes = [f"({n})" for n in (frontend.batch_note(model, planned),
-                                frontend.unsized_note(model, planned)) if n]
+                                frontend.unsized_note(model, planned),
+                                unchecked and f"UNCHECKED: optimize could not check this model "
+                                f"against its original: {unchecked}") if n]
     notes += [note for d in dict.fromkeys(r.device for r in rows) if d in devices.device_names()
               for note in devices.get_device(d).cost_notes(dict(options or {}))]
     wear = device_wear(model, totals["latency_s"])

@@ -433,8 +433,17 @@ def test_optimize_skips_a_shape_error_an_integer_input_drawn_at_random_may_cause
     res = optimize(m)
     assert res.check is None
     assert "integer input s" in res.check_skipped and "invalid expand shape" in res.check_skipped
-    res = optimize(m, inputs={"x": x, "s": s})
+    # the model written says it went unchecked, and report says so (trial s30: nothing in the
+    # model marked it, and -q printed nothing)
+    from onnx_cinm import frontend, report
+
+    assert frontend.check_skipped(res.model) == res.check_skipped[:400]
+    notes = report.layers(res.model)[1]["notes"]
+    assert any(n.startswith("(UNCHECKED: optimize could not check this model") for n in notes)
+    unchecked = res.model
+    res = optimize(unchecked, inputs={"x": x, "s": s})  # checked now: the old record goes
     assert res.check_skipped is None and res.check.ok
+    assert frontend.check_skipped(res.model) is None
     # only s given: x (float) is drawn, s is the user's: a shape error is the sizes' again
     with pytest.raises(CinmError, match="given --input arrays"):
         optimize(m, inputs={"s": np.array([5, 4], np.int64)})
@@ -1131,3 +1140,19 @@ def test_a_failed_check_of_a_runtime_quantizing_model_does_not_advise_wider_tole
         assert "check on real inputs (--input NAME=FILE.npy" in msg and "widen the" not in msg
     else:
         assert "if that is float rounding" in msg and "quantizes at run time" not in msg
+
+
+def test_run_warns_of_a_model_optimize_could_not_check(tmp_path, capsys):
+    """Expand(x, s) with s drawn at random: optimize skips its check and records why; run warns
+    before its outputs (unless -q)."""
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.cli import main
+
+    m = _model([h.make_node("Expand", ["x", "s"], ["y"])],
+               [_vi("x", TP.FLOAT, [3, 4]), _vi("s", TP.INT64, [2])], [_vi("y", TP.FLOAT, ["a", "b"])])
+    artifacts.save(optimize(m).model, tmp_path / "o.onnx")
+    np.savez(tmp_path / "in.npz", x=np.ones((3, 4), np.float32), s=np.array([3, 4], np.int64))
+    assert main(["run", str(tmp_path / "o.onnx"), "--input", str(tmp_path / "in.npz")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: optimize could not check this model against its original: " in err
+    assert "invalid expand shape" in err

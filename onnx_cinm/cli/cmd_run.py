@@ -144,6 +144,9 @@ def _cmd_run(args, parser) -> int:
     names = [o.name for o in sess.get_outputs()]
     say(f"onnx-cinm run: {args.model}, {args.random} run(s), providers {', '.join(sess.get_providers())}")
     say("  partitions: " + _partitions_line(sess))
+    unchecked = frontend.check_skipped(sess._model)
+    if unchecked:  # the outputs below come from a model optimize could not check
+        warn(args, f"optimize could not check this model against its original: {unchecked}")
     arrays: dict = {}
     for arg, value in zip(sess.get_outputs(), outs):
         found = _output_arrays(arg.name, value)
