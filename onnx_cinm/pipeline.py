@@ -786,11 +786,19 @@ def _runs_at_one(original: onnx.ModelProto, dims: dict) -> bool:
 def _drawn_integer_inputs(model: onnx.ModelProto, inputs: dict | None) -> list[str]:
     """The names of ``model``'s real inputs of an integer or bool element type that the check
     draws at random (those not in ``inputs``, the caller's own arrays): values such an input
-    holds can be a shape (Reshape's, Expand's), so a shape error on them may be the draw's."""
+    holds can be a shape (Reshape's, Expand's), so a shape error on them may be the draw's.
+    Inputs drawn as indices into a table or as masks (:func:`onnx_cinm.golden.index_ranges`:
+    token ids, an attention mask) are not counted: what they hold indexes, it sizes nothing
+    (trial s30b: a BERT at a length its position table refuses was blamed on its input_ids,
+    and written unchecked instead of refused)."""
     given = set(inputs or ())
-    return [vi.name for vi in golden.real_inputs(model.graph)
-            if vi.name not in given and vi.type.WhichOneof("value") == "tensor_type"
-            and vi.type.tensor_type.elem_type in _INTEGER_TYPES]
+    drawn = [vi.name for vi in golden.real_inputs(model.graph)
+             if vi.name not in given and vi.type.WhichOneof("value") == "tensor_type"
+             and vi.type.tensor_type.elem_type in _INTEGER_TYPES]
+    if not drawn:
+        return drawn
+    indices = golden.index_ranges(model)
+    return [name for name in drawn if name not in indices]
 
 
 #: ONNX element types of integers and bool (a shape or a mask an input can carry).
