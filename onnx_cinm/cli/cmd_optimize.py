@@ -23,15 +23,16 @@ from .args import (
 from .messages import note, warn
 
 
-def _totals_text(t: dict) -> str:
+def totals_text(t: dict, scope: str = " for the model written") -> str:
     """The summary's clause of the written model's modeled per-inference totals ``t``
     (``stats["placement"]["model_totals"]``: seconds, joules, tile writes, as ``report`` adds
-    them up), the same under cost and heuristic placement."""
+    them up), the same under cost and heuristic placement; ``scope`` follows the tile writes
+    (``run --profile`` prints the clause without it)."""
     # as report lists them: devices by name, then the transfers; a device with nothing left out
     by = t.get("by_device") or {}
     by = {d: by[d] for d in sorted(by, key=lambda d: (d == "transfers", d)) if by[d][0] or by[d][1]}
     return (f"modeled {si(t['latency_s'], 's')}, {si(t['energy_j'], 'J')}, {t['writes']} tile "
-            "writes/inference for the model written"
+            f"writes/inference{scope}"
             + (" (" + ", ".join(f"{d} {si(v[0], 's')} / {si(v[1], 'J')}" for d, v in by.items())
                + ")" if len(by) > 1 else ""))
 
@@ -238,7 +239,7 @@ def _cmd_optimize(args, parser) -> int:
     st = result.stats.get("placement", {})
     t = st.get("model_totals")
     if t is not None and st.get("strategy") == "heuristic":
-        say(f"  heuristic placement: {_totals_text(t)}")
+        say(f"  heuristic placement: {totals_text(t)}")
     if st.get("strategy") == "cost":
         if t is not None:
             # two sets of figures: the model written (what report and sweep count) and the
@@ -247,7 +248,7 @@ def _cmd_optimize(args, parser) -> int:
             within = ("" if budget is None else
                       f"; within the endurance budget of {budget:g} writes per cell over "
                       f"{options.get('lifetime_inferences', 1.0):g} inference(s)")
-            say(f"  cost placement ({st['objective']}): {_totals_text(t)}; {st['method']}{within}")
+            say(f"  cost placement ({st['objective']}): {totals_text(t)}; {st['method']}{within}")
             say("    baselines, priced on the graph as placement saw it (before restore_host_ops "
                 "and fold_layouts rewrite it; so is optimize -v's 'placement:' line):")
             for name, b in st["baselines"].items():

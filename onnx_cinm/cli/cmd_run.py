@@ -188,7 +188,7 @@ def _cmd_run(args, parser) -> int:
         # them: the whole model's (the rows above have no modeled host time), and inferences
         # back to back at its modeled latency for the wear
         from ..dialects import cinm
-        from .cmd_optimize import _totals_text
+        from .cmd_optimize import totals_text
 
         sizes = (f"at {_dims_text({k: planned.get(k, 1) for k in replanned})} as planned, not "
                  f"this run's {_dims_text(replanned)}" if replanned else "")
@@ -198,7 +198,7 @@ def _cmd_run(args, parser) -> int:
             totals = _modeled_totals(sess._model)  # (a model never optimized has no plans)
             print("model (the plans' figures, as optimize's summary and report price them"
                   + (f"; {sizes}" if sizes else "") + "): "
-                  + _totals_text(totals).replace(" for the model written", ""))
+                  + totals_text(totals, scope=""))
             if wear:  # at the model's modeled latency, as optimize's summary and report
                 wear = sess.wear(totals["latency_s"])
         for w in wear.values():

@@ -618,8 +618,8 @@ class MemristorDevice(Device):
         cols = (Column("crossbar kernel", fit=64), Column("operand", ">"), Column("M x K x N", ">"),
                 Column("xbars", ">"), Column("tiles", ">"), Column("writes@load", ">"),
                 Column("writes/inf", ">"), Column("MVMs", ">"), Column("latency", ">"),
-                Column("energy", ">"), Column("E array", ">"), Column("E adc/dac", ">"),
-                Column("E periph", ">"), Column("t adc/dac", ">"), Column("area", ">"))
+                Column("energy", ">"), *(Column(_ENERGY_COLUMN[t], ">") for t in PART_TERMS),
+                Column("t adc/dac", ">"), Column("area", ">"))
         a0 = plans[0][2]
         preset = a0.get("cim_preset", OLD_DEFAULT)
         folded, into = _folded_terms(a0)
