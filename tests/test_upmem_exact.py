@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import numpy as np
 import pytest
@@ -270,3 +271,88 @@ def test_matmul_bounds_equal_the_array_methods():
                     got = np.asarray(mapping._floor_s(op, t, params, unit)(combos), dtype=float)
                     want = _matmul_bounds_by_arrays(op, t, params, combos)
                 assert got.tobytes() == want.tobytes(), (op.name, max_dpus, params.name)
+
+
+def _elementwise_geometry_by_hand(op, d: int, es: int) -> tuple:
+    """An elementwise op's geometry on ``d`` DPUs from its definition: ``n`` the output's
+    elements; an input of ``n`` elements (or a unary op's first input) one scattered stream,
+    any other broadcast, ``ceil(elements * es / 8) * 8`` bytes, in WRAM when at most the DMA
+    limit; each DPU's share ``ceil(n / d)`` elements rounded up to 8 bytes."""
+    n = max(int(np.prod(op.outputs[0].shape)), 1)
+    unary = op.op_type in ("Relu", "Exp", "Gelu")
+    streams, bcast, wram, names = 0, 0, 0, []
+    for i, t in enumerate(op.inputs):
+        numel = max(int(np.prod(t.shape)), 1)
+        if numel == n or (unary and i == 0):
+            streams += 1
+            names.append(f"{t.name}:scatter")
+        else:
+            b = -(-numel * es // 8) * 8
+            bcast, wram = bcast + b, wram + (b <= 2048)
+            names.append(f"{t.name}:broadcast")
+    per = max(1, 8 // es)
+    share = -(-(-(-n // d)) // per) * per
+    opn = {"Add": "add", "Mul": "mul", "Sub": "sub", "Relu": "relu", "Exp": "exp"}.get(
+        op.op_type, "gelu_tanh" if op.attrs.get("approximate") == "tanh" else "gelu")
+    geom = {"n": n, "n_dpu": share, "op": opn, "streams": max(streams, 1), "bcast_bytes": bcast,
+            "wram_bcast": wram, "out_esize": op.outputs[0].dtype.itemsize}
+    return "elementwise", geom, names, max(streams, 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_elementwise_geometry_kept_on_the_op_is_each_dpu_counts(seed):
+    """An elementwise op's geometry is worked out once per op (everything but the DPUs'
+    share) and copied for each DPU count: asked on one op for DPU counts in any order, it
+    equals the geometry from the definition on each, and a plan made after the others equals
+    the plan of a fresh op; the kept part is never changed by a caller."""
+    rng = random.Random(seed)
+    for _ in range(150):
+        dt = np.dtype(rng.choice(["float32", "int32", "int8", "int64", "uint16"]))
+        kind = rng.choice(["Add", "Mul", "Sub", "Relu", "Exp", "Gelu"])
+        if kind in ("Exp", "Gelu"):
+            dt = F32
+        shape = tuple(rng.choice([1, 3, 7, 32, 56, 1000]) for _ in range(rng.randint(1, 4)))
+        other = rng.choice([shape, shape[-1:], (1,), shape[:1] + (1,) * (len(shape) - 1)])
+        ins = (TensorInfo("a", dt, shape),) + (() if kind in ("Relu", "Exp", "Gelu") else (
+            TensorInfo(rng.choice(["a", "b"]), dt, other, rng.random() < 0.5),))
+        attrs = {"approximate": rng.choice(["none", "tanh"])} if kind == "Gelu" else {}
+
+        def make():
+            return OpInfo("e", kind, dict(attrs), ins, (TensorInfo("y", dt, shape),))
+
+        op, es = make(), dt.itemsize
+        counts = rng.sample([1, 2, 3, 7, 64, 100, 512, 2048, 2560], 5)
+        got = [mapping._geometry(op, d, es) for d in counts]
+        for d, one in zip(counts, got):
+            assert one == _elementwise_geometry_by_hand(op, d, es)
+            one[1]["n_dpu"] = -1   # a caller changing its copy changes nothing kept
+            one[2].append("x")
+            assert mapping._geometry(op, d, es) == _elementwise_geometry_by_hand(op, d, es)
+        for d in counts:
+            try:
+                want = mapping.make_plan(make(), d, 16)
+            except CinmError as e:
+                with pytest.raises(CinmError, match="^" + re.escape(str(e)) + "$"):
+                    mapping.make_plan(op, d, 16)
+                continue
+            assert mapping.make_plan(op, d, 16) == want
+
+
+def test_a_plans_input_template_is_each_entrys_first_input():
+    """The memo's record of a plan's inputs (``_template``) gives each entry the position of
+    the first input of that name (``list.index``'s), for inputs named twice too (Mul(x, x))
+    and names holding ``:``; a renamed plan names the other op's inputs there."""
+    t = lambda n, s=(4, 8): TensorInfo(n, F32, s)  # noqa: E731
+    cases = [(OpInfo("m", "Mul", {}, (t("x"), t("x")), (t("y"),)), ("x:scatter", "x:scatter")),
+             (OpInfo("m", "Add", {}, (t("a:b"), t("c", (8,))), (t("y"),)),
+              ("a:b:scatter", "c:broadcast")),
+             (OpInfo("g", "Gemm", {}, (t("p"), t("q", (8, 3)), t("p", (3,))), (t("y", (4, 3)),)),
+              ("p:broadcast", "q:broadcast", "p:scatter"))]
+    for op, entries in cases:
+        names = [x.name for x in op.inputs]
+        want = tuple((names.index(e.rsplit(":", 1)[0]), e.rsplit(":", 1)[1]) for e in entries)
+        assert mapping._template(entries, op) == want
+    op = cases[0][0]
+    plan = mapping.plan_op(op)
+    other = OpInfo("m2", "Mul", {}, (t("z"), t("z")), (t("w"),))
+    assert mapping.plan_op(other).inputs == tuple(e.replace("x:", "z:") for e in plan.inputs)

@@ -1268,38 +1268,53 @@ def _matmul_geometry(op: OpInfo, kind: str, d: int, es: int, col_blocks: int) ->
     return kind, geom, names, r_grp + 1
 
 
+def _elementwise_geometry(op: OpInfo, es: int) -> tuple[dict, tuple, int]:
+    """The part of an elementwise ``op``'s geometry (:func:`_geometry`) no DPU count changes,
+    ``es``-byte elements: ``(geom on one DPU, input records, streams)``; :func:`_geometry`
+    keeps it on the op (frozen, its attributes never changed) and gives each DPU count a copy
+    with its own share ``n_dpu``."""
+    ins, outs = op.inputs, op.outputs
+    a = op.attrs
+    n = max((outs[0] if outs else ins[0]).numel, 1)
+    streams, bcast, wram_b, names = 0, 0, 0, []
+    for t in ins:
+        if t.numel == n or op.op_type in ("Relu", "Abs", "Neg", "Exp", "Log", "Sqrt",
+                                           "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
+                                           "PopCount", "Gelu") and t is ins[0]:
+            streams += 1
+            names.append(D.entry(t.name, D.SCATTER))
+        else:
+            bcast += _r8(max(t.numel, 1) * es)
+            wram_b += 1 if _r8(max(t.numel, 1) * es) <= DEFAULT_PARAMS.dma_max else 0
+            names.append(D.entry(t.name, D.BROADCAST))
+    streams = max(streams, 1)
+    opn = _OP_NAME[op.op_type]
+    approx = a.get("approximate", "none")
+    if op.op_type == "Gelu" and (approx.decode() if isinstance(approx, bytes) else approx) == "tanh":
+        opn = "gelu_tanh"
+    geom = {"n": n, "n_dpu": _share(n, 1, es), "op": opn, "streams": streams,
+            "bcast_bytes": bcast, "wram_bcast": wram_b}
+    if outs and outs[0].dtype is not None:
+        geom["out_esize"] = _esize(_dtype_name(outs[0]))
+    return geom, tuple(names), streams
+
+
 def _geometry(op: OpInfo, d: int, es: int, col_blocks: int = 1) -> tuple[str, dict, list, int]:
     """(kind, geom, inputs, buffers per tasklet) of ``op`` on ``d`` DPUs (``col_blocks``: the
     column blocks of a matrix product's DPU grid)."""
     kind = _KINDS.get(op.op_type)
     if kind is None:
         raise CinmError(f"upmem: no kernel for cinm.{op.op_type}")
-    ins, outs = op.inputs, op.outputs
-    out = outs[0] if outs else ins[0]
-    a = op.attrs
     if kind == "elementwise":
-        n = max(out.numel, 1)
-        streams, bcast, wram_b, names = 0, 0, 0, []
-        for t in ins:
-            if t.numel == n or op.op_type in ("Relu", "Abs", "Neg", "Exp", "Log", "Sqrt",
-                                               "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid",
-                                               "PopCount", "Gelu") and t is ins[0]:
-                streams += 1
-                names.append(D.entry(t.name, D.SCATTER))
-            else:
-                bcast += _r8(max(t.numel, 1) * es)
-                wram_b += 1 if _r8(max(t.numel, 1) * es) <= DEFAULT_PARAMS.dma_max else 0
-                names.append(D.entry(t.name, D.BROADCAST))
-        streams = max(streams, 1)
-        opn = _OP_NAME[op.op_type]
-        approx = a.get("approximate", "none")
-        if op.op_type == "Gelu" and (approx.decode() if isinstance(approx, bytes) else approx) == "tanh":
-            opn = "gelu_tanh"
-        geom = {"n": n, "n_dpu": _share(n, d, es), "op": opn, "streams": streams,
-                "bcast_bytes": bcast, "wram_bcast": wram_b}
-        if outs and outs[0].dtype is not None:
-            geom["out_esize"] = _esize(_dtype_name(outs[0]))
-        return kind, geom, names, streams
+        base = op.__dict__.get("_cnm_elementwise")
+        if base is None or base[0] != es:
+            base = op.__dict__["_cnm_elementwise"] = (es, _elementwise_geometry(op, es))
+        geom, names, streams = base[1]
+        geom = dict(geom)  # every DPU count the same but its share
+        geom["n_dpu"] = _share(geom["n"], d, es)
+        return kind, geom, list(names), streams
+    ins = op.inputs
+    a = op.attrs
     if kind in ("gemv", "gemm", "simsearch"):
         return _matmul_geometry(op, kind, d, es, col_blocks)
     if kind in ("reduce", "topk", "scan"):
@@ -1643,8 +1658,7 @@ def memoized(memo: dict, args: tuple, op: OpInfo, plan, op_key: tuple | None = N
     if hit is None:
         try:
             p = plan()
-            names = [t.name for t in op.inputs]
-            hit = (p, tuple((names.index(D.split(e)[0]), D.split(e)[1]) for e in p.inputs))
+            hit = (p, _template(p.inputs, op))
         except CinmError as e:
             hit = (str(e), op.name)
         if len(memo) > _PLANS_MAX:
@@ -1654,6 +1668,21 @@ def memoized(memo: dict, args: tuple, op: OpInfo, plan, op_key: tuple | None = N
         message, name = hit
         raise CinmError(message.replace(repr(name), repr(op.name)) if name != op.name else message)
     return _renamed(hit[0], hit[1], op)
+
+
+def _template(entries: tuple, op: OpInfo) -> tuple:
+    """``(input position, how)`` per entry of a plan's ``inputs`` (:func:`.distribution.entry`
+    records of ``op``'s input names): what :func:`_renamed` gives another op of that shape. An
+    input named twice is known by its first position (``list.index``'s); each entry split
+    once."""
+    first: dict = {}
+    for i, t in enumerate(op.inputs):
+        first.setdefault(t.name, i)
+    out = []
+    for e in entries:
+        name, how = D.split(e)
+        out.append((first[name], how))
+    return tuple(out)
 
 
 def _cdivs(a, b):
