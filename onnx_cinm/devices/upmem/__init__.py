@@ -164,13 +164,13 @@ class UpmemDevice(Device):
             self._check_emittable(op, {"cnm_dpus": plan.dpus, "cnm_tasklets": plan.tasklets,
                                        "cnm_block_bytes": plan.block_bytes,
                                        "cnm_grid": g.get("grid"), "cnm_lanes": g.get("lanes"),
-                                       "cnm_target": plan.params.name}, key, kernel)
+                                       "cnm_target": plan.params.name}, key, kernel, plan.params)
         except ValueError as e:
             return Support(False, f"no DPU kernel at this size: {e}")
         return Support(True, f"data-parallel op near memory ({kernel[0]} kernel)")
 
     def _check_emittable(self, op: OpInfo, attrs: dict, op_key: tuple | None = None,
-                         kernel: tuple | None = None) -> None:
+                         kernel: tuple | None = None, target: UpmemParams | None = None) -> None:
         """ValueError if the code generator would refuse ``op`` with plan ``attrs``.
 
         Memoized per op signature (:func:`.mapping._op_key`: type, attributes, dtypes, shapes;
@@ -180,21 +180,22 @@ class UpmemDevice(Device):
         ``cnm_lanes``, ``cnm_target``; a list as a tuple) are part of the key; a refusal
         names the op it is given for. ``op_key``: :func:`.mapping._op_key` of ``op``;
         ``kernel``: :func:`.codegen.kernel_for` of ``op`` on :attr:`params` (a plan for another
-        target asks again); when the caller has them."""
+        target asks again); ``target``: the generation ``attrs`` name, which the caller's
+        ``kernel`` is for; when the caller has them."""
         mapping = _module("mapping")
-        target = self._planned_target(attrs)
-        if target is not self.params:
-            kernel = None
+        if target is None:
+            target = self._planned_target(attrs)
+            if target is not self.params:
+                kernel = None
         try:
-            key = (op_key or mapping._op_key(op), mapping.params_key(target), tuple(
-                _plain(attrs.get(k)) for k in _EMIT_KEYS))
+            key = (op_key or mapping._op_key(op), mapping.params_key(target),
+                   tuple(map(_plain, map(attrs.get, _EMIT_KEYS))))
             hit = _EMITTABLE.get(key, _MISS)
         except TypeError:  # an attribute that cannot be a key: check without the memo
             key, hit = None, _MISS
         if hit is _MISS:
-            from .codegen import check_emittable
             try:
-                check_emittable(op, attrs, target=target, kernel=kernel)
+                _module("codegen").check_emittable(op, attrs, target=target, kernel=kernel)
                 hit = None
             except ValueError as e:
                 hit = (str(e), op.name)
