@@ -356,3 +356,33 @@ def test_a_plans_input_template_is_each_entrys_first_input():
     plan = mapping.plan_op(op)
     other = OpInfo("m2", "Mul", {}, (t("z"), t("z")), (t("w"),))
     assert mapping.plan_op(other).inputs == tuple(e.replace("x:", "z:") for e in plan.inputs)
+
+
+def test_an_im2col_plan_is_made_on_the_dpus_that_get_work():
+    """An Im2Col planned on ``d`` DPUs is the plan on the DPUs its split gives work (the
+    geometry's ``used`` on ``d``, at most ``d``), with that geometry: asked for ``d`` or for
+    ``used`` itself, on random convolutions (1-D and 2-D, strided, dilated, batched)."""
+    ops = [op for op in _random_ops(7, 240) if op.op_type == "Im2Col"]
+    assert len(ops) == 80
+    shrunk = 0
+    for op in ops:
+        es = op.inputs[0].dtype.itemsize
+        for d in (1, 3, 8, 56, 64, 100, 1000, 2560):
+            used = mapping._geometry(op, d, es)[1]["used"]
+            assert 1 <= used <= d
+            try:
+                want = mapping.make_plan(_conv_copy(op), used, 16)
+            except CinmError as e:
+                with pytest.raises(CinmError, match="^" + re.escape(str(e)) + "$"):
+                    mapping.make_plan(op, d, 16)
+                continue
+            got = mapping.make_plan(op, d, 16)
+            assert got == want and got.dpus == used and got.g == dict(
+                mapping._geometry(op, used, es)[1])
+            shrunk += used < d
+    assert shrunk > 50
+
+
+def _conv_copy(op):
+    """``op`` as a new OpInfo (nothing it keeps for the mapping)."""
+    return OpInfo(op.name, op.op_type, dict(op.attrs), op.inputs, op.outputs, op.flops)

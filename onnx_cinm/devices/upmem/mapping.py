@@ -1443,8 +1443,12 @@ def make_plan(op: OpInfo, dpus: int, tasklets: int, schedule: str = "cinm",
         raise CinmError(f"upmem: {tasklets} tasklets per DPU; this DPU target runs 1..{params.max_tasklets}")
     dt = _dtype_name(op.inputs[0]) if op.inputs else "float32"
     es = _esize(dt)
+    if _KINDS.get(op.op_type) == "im2col":  # row ranges leave the rest idle: the split says
+        # how many DPUs get work (the geometry's "used"), planned on that many alone
+        conv = _op_im2col_conv(op, es)
+        dpus = min(dpus, im2col_split(conv[0]["N"], conv[3], conv[4], dpus)[3])
     kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
-    if kind in ("im2col", "rownorm") and geom["used"] < dpus:  # row ranges leave the rest idle
+    if kind == "rownorm" and geom["used"] < dpus:  # row ranges leave the rest idle
         dpus = geom["used"]
         kind, geom, names, buffers = _geometry(op, dpus, es, col_blocks)
     private, shared = 0, 0
