@@ -126,3 +126,94 @@ def test_solve_plans_each_set_of_kernels_once(problems, monkeypatch):
             monkeypatch.undo()
             assert (got.method, got.totals) == (want.method, want.totals)
             assert all(got.assign[i] == want.assign[i] for i in want.assign)
+
+
+def _all_tensors_evaluate(prob: Problem, assign: dict) -> tuple:
+    """:func:`evaluate`'s transfer sums as they were made: :func:`tensor_cost` of every tensor
+    of the problem, in tensor order (the shortcut prices only those a node off the host
+    touches)."""
+    devs = search._devices(prob, assign)
+    s = j = 0.0
+    moved = 0
+    for t in prob.tensors:
+        if t.nbytes > 0:
+            ds, dj, db = cp.tensor_cost(prob, t, devs.__getitem__)
+            s, j, moved = s + ds, j + dj, moved + db
+    return s, j, moved
+
+
+def test_evaluate_prices_the_tensors_off_the_host_as_all_of_them(problems):
+    """The totals' transfers (seconds, joules, bytes) are bit for bit those of every tensor
+    priced, on the search's result, all-host and random placements (some ops off the host
+    move tensors: the figures are not all 0)."""
+    rng = random.Random(5)
+    crossed = 0
+    for base in problems:
+        prob = _fresh(base)
+        starts = [search.solve(prob, "energy").assign, {i: prob.cands[i][0] for i in prob.decision}]
+        starts += [{i: rng.choice(prob.cands[i]) for i in prob.decision} for _ in range(4)]
+        for assign in starts:
+            tot = cp.evaluate(prob, assign)
+            want = _all_tensors_evaluate(prob, assign)
+            assert (tot.transfer_s, tot.transfer_j, tot.transfer_bytes) == want
+            crossed += want[2] > 0
+    assert crossed >= 2 * len(problems)
+
+
+@pytest.mark.parametrize("objective", ["energy", "latency", "edp"])
+def test_local_search_skips_only_moves_that_cannot_gain(problems, monkeypatch, objective):
+    """Local search skips a move of an op without costly tensors whose own latency and energy
+    do not fall (for the figure the objective reads); from all-host and random (repaired)
+    starts, and weighted, it
+    ends where it ends pricing every move (``_rises`` giving NaN: no move skipped)."""
+    rng = random.Random(11)
+    moves = 0
+    for base in problems:
+        prob = _fresh(base)
+        for w in (None, (0.5, 2.0)):
+            host = {i: prob.cands[i][0] for i in prob.decision}
+            rand = {i: rng.choice(prob.cands[i]) for i in prob.decision}
+            for start in (host, search.repair(prob, rand, objective, w)):
+                got = search.local_search(prob, start, objective, w)
+                monkeypatch.setattr(search, "_rises", lambda o, w=None: (float("nan"),) * 2)
+                want = search.local_search(prob, start, objective, w)
+                monkeypatch.undo()
+                assert all(got[i] is want[i] for i in prob.decision)
+                moves += any(got[i] is not start[i] for i in prob.decision)
+    assert moves >= 2 * len(problems)  # (searches that moved ops)
+
+
+def test_rises_bounds(problems):
+    """The bounds read the figures the objective reads: a fall of energy alone can lower
+    ``energy`` and ``edp``, not ``latency``; a negative weight prices every move."""
+    nan = float("nan")
+    lo = search._rises("latency")
+    assert 1.0 >= lo[0] and -1.0 >= lo[1]  # energy falls: latency cannot
+    en = search._rises("energy")
+    assert not (-1e-30 >= en[1]) and 5.0 >= en[0]
+    ed = search._rises("edp")
+    assert not (-1e-30 >= ed[1]) and not (-1e-30 >= ed[0])
+    neg = search._rises("energy", (-1.0, 1.0))
+    assert not (0.0 >= neg[0]) and not (nan >= neg[1])
+
+
+def test_heuristic_assign_asks_each_answer_set_once(problems, monkeypatch):
+    """The heuristic's devices, asked once per set of device answers, are those of
+    :func:`placement_rules.heuristic` asked for every op."""
+    from onnx_cinm.passes import placement_rules
+
+    for base in problems:
+        prob = _fresh(base)
+        calls = []
+        real = search.heuristic
+        monkeypatch.setattr(search, "heuristic", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+        got = search.heuristic_assign(prob)
+        monkeypatch.undo()
+        assert 0 < len(calls) < len(prob.decision)  # (ops of one signature share answers)
+        want = {}
+        for i in prob.decision:
+            known = prob.support[i]
+            want[i] = placement_rules.heuristic(
+                prob.ops[i], prob.options, supports=lambda d, k=known: k[d.name])[0]
+        assert {i: c.device for i, c in got.items()} == want
+        assert len(set(want.values())) >= 2

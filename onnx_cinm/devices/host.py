@@ -97,9 +97,7 @@ class HostDevice(Device):
         ``options["host_roofline"]`` selects the figures). Bytes are what the op moves
         (:func:`data_bytes`): all inputs and outputs, except for ops that only read or change
         a tensor's metadata."""
-        from .. import hostmodel
-
-        roof = hostmodel.get((options or {}).get("host_roofline"))
+        roof = (_HOSTMODEL or _hostmodel()).get((options or {}).get("host_roofline"))
         nbytes = data_bytes(op)
         # the figures depend on the roofline, the FLOPs and the bytes alone: ops of one size
         # share their (frozen) Cost (placement prices every node of a model, most sizes recur)
@@ -117,6 +115,18 @@ class HostDevice(Device):
 
 #: :meth:`HostDevice.cost` by ``(id(roofline), FLOPs, bytes)``: ``(roofline, Cost)``.
 _COSTS: dict = {}
+#: :mod:`onnx_cinm.hostmodel` once :meth:`HostDevice.cost` first asked for it (it imports onnx,
+#: so not at start-up; a function-level import costs an import-system call per op priced,
+#: 741 of them placing light DenseNet121).
+_HOSTMODEL = None
+
+
+def _hostmodel():
+    global _HOSTMODEL
+    from .. import hostmodel
+
+    _HOSTMODEL = hostmodel
+    return hostmodel
 
 
 register(HostDevice())

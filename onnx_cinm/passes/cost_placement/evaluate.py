@@ -143,6 +143,7 @@ def evaluate(prob: Problem, assign: dict) -> Totals:
     lat = en = 0.0  # :func:`_add_choice`'s sums, in the same order (the search asks this often)
     writes = 0
     devs = []
+    touch, near = prob.touch, set()  # the tensors some node off the host touches
     for i in range(len(prob.nodes)):
         ch = fixed.get(i) or assign.get(i) or cands[i][0]
         c = ch.cost
@@ -151,13 +152,20 @@ def evaluate(prob: Problem, assign: dict) -> Totals:
         writes += c.writes
         if ch.capacity or c.writes or ch.mram_capacity:  # else it adds nothing (most nodes)
             _add_resources(tot, ch)
-        devs.append(ch.device)
+        d = ch.device
+        devs.append(d)
+        if d != "host":
+            near.update(touch.get(i, ()))
     devs.append("host")  # a graph input (producer -1) is read from the host
     tot.latency_s, tot.energy_j, tot.writes = lat, en, writes
     s = j = 0.0
     moved = 0
     dev_of = devs.__getitem__
-    for t in prob.tensors:
+    tensors = prob.tensors
+    # in tensor order, as every tensor: one whose producer and readers are all on the host
+    # moves nothing (tensor_cost's (0.0, 0.0, 0)), and adding 0.0 to these sums changes none
+    for k in sorted(near):
+        t = tensors[k]
         if t.nbytes > 0:
             ds, dj, db = tensor_cost(prob, t, dev_of)
             s += ds

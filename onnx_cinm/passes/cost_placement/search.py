@@ -161,6 +161,7 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
     settled: set = set()
     bad_now = None  # whether ``tot`` breaks a budget, once asked, until ``tot`` changes
     owned = False  # ``tot`` is this search's own copy (changed in place)
+    floor_l, floor_e = _rises(objective, w)
     for _ in range(max_sweeps):
         moved = False
         for i in prob.decision:
@@ -184,6 +185,8 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
                 # :func:`_local_delta`, inline (the same sums in the same order)
                 dl = ch.cost.latency_s - old.cost.latency_s
                 de = ch.cost.energy_j - old.cost.energy_j
+                if not ks and dl >= floor_l and de >= floor_e:
+                    continue  # (it cannot pass the test below: the same outcome, unpriced)
                 if ks:
                     moved_to = on.get(ch.device)
                     if moved_to is None:
@@ -216,6 +219,28 @@ def local_search(prob: Problem, assign: dict, objective: str, w=None, max_sweeps
         if not moved:
             break
     return assign
+
+
+def _rises(objective: str, w=None) -> tuple[float, float]:
+    """``(a, b)``: a move changing the totals' latency by ``dl >= a`` seconds and their energy
+    by ``de >= b`` joules, and nothing else (a move of an op none of whose tensors may cost,
+    :func:`_paid`), surely leaves the objective (:func:`_f`) at its value or above, so that
+    :func:`local_search`'s test ``value < current - tolerance`` fails for it. Exact: adding a
+    non-negative float to a total never lowers it (rounding is monotone), nor does multiplying
+    non-negative totals (``edp``) by factors made no smaller, nor a weighted sum with weights
+    at least 0; a figure the objective does not read may change either way (``-inf``). NaN
+    (no ``dl`` or ``de`` is at least NaN): for a weighting with a negative weight, and a NaN
+    delta, every move is priced."""
+    inf, nan = math.inf, math.nan
+    if w is not None:
+        return (0.0, 0.0) if w[0] >= 0 and w[1] >= 0 else (nan, nan)
+    if objective == "energy":
+        return -inf, 0.0
+    if objective == "latency":
+        return 0.0, -inf
+    if objective == "edp":  # latency x energy, both at least 0
+        return 0.0, 0.0
+    return nan, nan
 
 
 def _swap_totals(tot: Totals, old: Choice, new: Choice, dl: float, de: float) -> Totals:
@@ -580,15 +605,31 @@ def heuristic_assign(prob: Problem) -> dict | None:
     for an op, e.g. it exceeds the DPUs' MRAM under the current options)."""
     if prob.heuristic is None:  # asked twice (a start and a baseline): the answers are kept
         devs = {}
+        # the heuristic's device is a function of the devices' answers alone (frozen Support
+        # records, equal when their fields are): ops with equal answers are asked once
+        # (light DenseNet121: 605 ops, 71 distinct sets of answers)
+        seen: dict = {}
         for i in prob.decision:
             known = prob.support.get(i, {})
-            ask = (lambda dev, _k=known, _o=prob.ops[i]:
-                   _k[dev.name] if dev.name in _k else dev.supports_under(_o, prob.options))
-            devs[i] = heuristic(prob.ops[i], prob.options, supports=ask)[0]
+            key = tuple(known.items()) if known else None
+            dev = seen.get(key) if key is not None else None
+            if dev is None:
+                ask = (lambda dev, _k=known, _o=prob.ops[i]:
+                       _k[dev.name] if dev.name in _k else dev.supports_under(_o, prob.options))
+                dev = heuristic(prob.ops[i], prob.options, supports=ask)[0]
+                if key is not None and len(known) == len(_targets()):
+                    seen[key] = dev  # (every device answered: none asked afresh)
+            devs[i] = dev
         out = _compiled_devices(prob, devs)  # (its start is priced as compiled: the same)
         prob.heuristic = {"assign": None if any(ch is None for ch in out.values()) else out}
     a = prob.heuristic["assign"]
     return None if a is None else dict(a)
+
+
+def _targets() -> list:
+    """The registry's devices other than the host (those :func:`.problem.build_problem`
+    asks about every cinm op)."""
+    return [d for d in devices.all_devices() if d.paradigm != "host"]
 
 
 def _recorded(prob: Problem, i: int, dev: str) -> Priced | None:
