@@ -468,18 +468,24 @@ def _flops(model: onnx.ModelProto, taken: dict | None = None, infos: dict | None
               and int(np.prod(i.dims, dtype=np.int64)) == 1}  # trip counts
     by_dev: Counter = Counter()  # cinm.ops_per_device's count, from the same reads
     placements = []
-    for node in cinm.all_nodes(model.graph):
+    devs = {}  # id(node) -> (node, device): each cinm op's attributes read once, not again
+    for node in cinm.all_nodes(model.graph):  # by the FLOP count
         if node.domain == cinm.DOMAIN:
             dev, how = cinm.string_attrs(node, "device", "placement")
             by_dev[dev or "unplaced"] += 1
             placements.append((node.name, node.op_type, "unplaced" if dev is None else dev,
                                "" if how is None else how))
-    total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {})
+            devs[id(node)] = (node, dev)  # the node kept: its id not reused meanwhile
+    total, on_dev, host, exact = _graph_flops(model.graph, infos, values, taken or {}, devs)
     return total, on_dev, by_dev, placements, host, exact, anonymous
 
 
-def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict) -> tuple:
+def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict,
+                 devs: dict | None = None) -> tuple:
     """``(total, on devices, host FLOPs per op type, exact)`` of one run of ``graph``.
+    ``devs``: ``{id(node): (node, device attribute)}`` of cinm ops whose device was read
+    already (protobuf hands out the same node object again while one is alive), else read
+    here.
 
     An If counts the branch ``taken`` names, else its larger branch (then not exact unless
     both count the same); its branches' ops count as themselves (a cinm op on a device is
@@ -493,7 +499,8 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
         branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH} \
             if bodies else {}
         if node.op_type == "If" and set(branches) == {"then_branch", "else_branch"}:
-            counts = {k: _graph_flops(g, infos, values, taken) for k, g in branches.items()}
+            counts = {k: _graph_flops(g, infos, values, taken, devs)
+                      for k, g in branches.items()}
             if node.name in taken:
                 pick = counts["then_branch" if taken[node.name] else "else_branch"]
                 ok = pick[3]
@@ -508,8 +515,12 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict)
             inner, ok = body_flops(node, infos, values)
             f, exact = f + inner, exact and ok
         total += f
-        dev = cinm.device_of(node) if node.domain == cinm.DOMAIN else "host"
-        dev = "unplaced" if dev is None else dev
+        if node.domain == cinm.DOMAIN:
+            known = devs.get(id(node)) if devs else None
+            dev = known[1] if known is not None and known[0] is node else cinm.device_of(node)
+            dev = "unplaced" if dev is None else dev
+        else:
+            dev = "host"
         if dev in ("host", "unplaced"):
             host[node.op_type] += f
         else:

@@ -145,6 +145,62 @@ def _without_raw_data(fields: list) -> bytes:
     return meta.SerializeToString()
 
 
+def _field_starts(buf: bytes):
+    """Yield ``(field number, offset)`` of each field of the serialized message ``buf``, in
+    the order written."""
+    view = memoryview(buf)
+    pos = 0
+    while pos < len(buf):
+        at = pos
+        key, pos = read_varint(view, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = read_varint(view, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = read_varint(view, pos)
+            pos += length
+        else:  # groups: not used by onnx.proto
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+        yield key >> 3, at
+
+
+#: GraphProto's fields, in number order (the order protobuf writes them in)
+_GRAPH_FIELDS = sorted(onnx.GraphProto.DESCRIPTOR.fields, key=lambda f: f.number)
+
+
+def _without_initializers(graph: onnx.GraphProto) -> bytes | None:
+    """The serialization of ``graph`` without its initializers (what :func:`copy_except`
+    ``(graph, "initializer")`` would serialize: the known fields), built field by field from
+    each node's and value's own serialization rather than from a copy of every node
+    (DenseNet121: 730 nodes and 729 value infos, a copy 4x slower than serializing them).
+    None when a set field is neither a message nor a string (GraphProto has none in
+    ``onnx.proto`` today)."""
+    parts = []
+    for field in _GRAPH_FIELDS:
+        if field.name == "initializer":
+            continue
+        key = varint(field.number << 3 | 2)  # messages and strings: length-delimited
+        if field.is_repeated:
+            values = getattr(graph, field.name)
+            if not len(values):
+                continue
+            if field.message_type is None:
+                return None
+            for value in values:
+                body = value.SerializeToString()
+                parts += (key, varint(len(body)), body)
+        elif graph.HasField(field.name):
+            if field.type != field.TYPE_STRING:
+                return None
+            body = getattr(graph, field.name).encode()
+            parts += (key, varint(len(body)), body)
+    return b"".join(parts)
+
+
 def write_streamed(handle, model: onnx.ModelProto) -> int:
     """Write ``model`` serialized, one initializer at a time: the model without its weights,
     then per initializer the encoding of a ModelProto whose graph holds just that tensor.
@@ -152,12 +208,19 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
     repeated fields (the initializers) in order, so the file reads back as exactly ``model``;
     but no serialization of the whole model (a second copy of every weight) is ever held.
     Returns the length of the first part (the model without its weights), bytes."""
-    head = copy_except(model, "graph")
-    head.graph.SetInParent()  # present even when empty, as a CopyFrom into it makes it
-    copy_except(model.graph, "initializer", into=head.graph)  # copied once, not twice
-    first = head.SerializeToString()
-    handle.write(first)
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
+    graph = _without_initializers(model.graph)
+    if graph is None:  # a field it does not spell out: through a copy of the graph
+        head = copy_except(model, "graph")
+        head.graph.SetInParent()  # present even when empty, as a CopyFrom into it makes it
+        copy_except(model.graph, "initializer", into=head.graph)  # copied once, not twice
+        first = head.SerializeToString()
+    else:  # the graph's bytes in the place of its field number among the model's fields
+        rest = copy_except(model, "graph").SerializeToString()  # small: no graph
+        cut = next((at for number, at in _field_starts(rest) if number > _GRAPH_FIELD),
+                   len(rest))
+        first = b"".join((rest[:cut], graph_key, varint(len(graph)), graph, rest[cut:]))
+    handle.write(first)
     init_key = varint(_INITIALIZER_FIELD << 3 | 2)
     raw_key = varint(_RAW_DATA_FIELD << 3 | 2)
     for tensor in model.graph.initializer[:]:
