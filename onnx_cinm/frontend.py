@@ -409,7 +409,12 @@ def _checker_skeleton(model: onnx.ModelProto, raw_sizes: list, path: str) -> onn
     :func:`strip_weights` does), so the checker parses a few KB instead of the weights again.
     Those tensors get the checker's tensor rules here, from their raw sizes (``raw_sizes``,
     per main-graph initializer): raw_data the only value field, at least ``elements *
-    itemsize`` bytes. Raises CinmError with the checker's wording."""
+    itemsize`` bytes. Raises CinmError with the checker's wording. Without a raw size (no
+    large initializer: the light models) the skeleton would be a whole copy of ``model``, so
+    ``model`` itself is returned (on light DenseNet121, 1,746 nodes, 850 inputs and 848
+    initializers were copied one by one for nothing)."""
+    if not any(size is not None for size in raw_sizes):
+        return model
     skeleton = copy_except(model, "graph")
     skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
     inputs = {value.name for value in model.graph.input}
