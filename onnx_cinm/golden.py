@@ -26,6 +26,7 @@ resolution (0.00098 at 1).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -195,15 +196,22 @@ def ort_error_line(error: BaseException) -> str:
 #: ``element_wise_ops.h``, ``matmul_helper.h``, ``conv_attributes.h``, ``pool_attributes.h``,
 #: ``pad.cc``; the recurrent kernels' "Input W must have shape {1,75,314}. Actual:{1,75,24}"
 #: (``deep_cpu_gru.cc``, ``rnn_helpers.cc``); a Conv's input channels against its weight's;
-#: the session's own "Got invalid dimensions for input").
-_SHAPE_ERRORS = re.compile(
+#: the session's own "Got invalid dimensions for input"). Compiled at the first question
+#: (:func:`_pattern`), not at import: only a failed run asks, and compiling this alternation
+#: was about 5 M instructions of every ``optimize`` (valgrind, this session).
+_SHAPE_ERRORS = (
     r"cannot be reshaped|broadcast|dimension mismatch|dimensions? (?:do not|don't) match"
     r"|shape mismatch|mismatch(?:ed)? (?:in )?(?:dimension|shape)|incompatible (?:dimensions|shapes)"
     r"|invalid input shape|invalid expand shape|output dimension is negative|ShapeInferenceError"
     r"|pad\b.*exceeds maximum allowed"
     r"|must have shape|must have \d+ dimensions|num_dims does not match"
-    r"|is not equal to kernel channels|invalid dimensions for input",
-    re.IGNORECASE)
+    r"|is not equal to kernel channels|invalid dimensions for input")
+
+
+@functools.cache
+def _pattern(text: str) -> re.Pattern:
+    """``text`` compiled, ignoring case (once per process)."""
+    return re.compile(text, re.IGNORECASE)
 
 
 def is_shape_error(message: str) -> bool:
@@ -221,18 +229,18 @@ def is_shape_error(message: str) -> bool:
     a shape error. A shape computed from an input's *values* (an int64 input read by a
     Reshape) fails in the same category: that input is then better given as data.
     """
-    return bool(_SHAPE_ERRORS.search(message))
+    return bool(_pattern(_SHAPE_ERRORS).search(message))
 
 
 #: Onnxruntime's run errors that mean it ran out of memory: the C++ ``std::bad_alloc``, and
 #: its allocator's own refusal (``bfc_arena.cc``/``allocator.cc``: "Failed to allocate memory").
-_OUT_OF_MEMORY = re.compile(r"bad_alloc|Failed to allocate memory", re.IGNORECASE)
+_OUT_OF_MEMORY = r"bad_alloc|Failed to allocate memory"
 
 
 def is_out_of_memory(message: str) -> bool:
     """Whether an onnxruntime run error (``message``: its text) says it ran out of memory (at
     the sizes of the inputs fed, not because of their values: :data:`_OUT_OF_MEMORY`)."""
-    return bool(_OUT_OF_MEMORY.search(message))
+    return bool(_pattern(_OUT_OF_MEMORY).search(message))
 
 
 def input_nbytes(model: ModelLike, dims: Mapping[str, int] | None = None) -> dict[str, int]:

@@ -112,6 +112,27 @@ def test_load_checker_failure_is_one_line(tmp_path):
                        "not a valid ONNX model")
 
 
+def test_load_refuses_a_declared_shape_overflowing_int64_naming_its_dims(tmp_path):
+    # 2**40 * 2**40 = 2**80 > 2**63 - 1; the dim parameter and the -1 (an exporter's
+    # "unknown") count 1 and are named as written
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**40, "n", -1, 2**40])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    _assert_cinm_error(_write(tmp_path / "o.onnx", model.SerializeToString()),
+                       "graph input 'x' has shape [1099511627776, 'n', -1, 1099511627776], whose "
+                       "element count overflows int64")
+
+
+def test_load_takes_a_declared_shape_at_the_int64_limit(tmp_path):
+    # 2**62 * 1 (a -1) * 1 (a dim parameter) * 1 (a dim without a value) <= 2**63 - 1
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**62, -1, "n", None])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**62, -1, "n", None])])
+    loaded = frontend.load_model(_write(tmp_path / "l.onnx", model.SerializeToString()))
+    assert [d.dim_value for d in loaded.graph.input[0].type.tensor_type.shape.dim] == \
+        [2**62, -1, 0, 0]
+
+
 def _external_model(tmp_path, location="w.data"):
     """Save the weights model with its tensors in ``location`` (relative to tmp_path)."""
     model = _weights_model()
