@@ -85,6 +85,8 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(argv_tail, needle, tmp_
 
 @pytest.mark.parametrize("argv_tail,needle", [
     (["--place", "Gemm=tpu"], "unknown device 'tpu'"),
+    # a paradigm's name for its device (trial s30): the error names the device to write
+    (["--place", "Gemm=cim"], "'cim' is a paradigm, not a device: its device(s) here: memristor"),
     (["--place", "no-equals-sign"], "PATTERN=DEVICE"),
     (["--check", "-1"], "--check"),
     (["--check-rtol", "nan"], "--check-rtol"),
