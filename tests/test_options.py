@@ -271,6 +271,27 @@ def test_provider_options_are_typed(optimized, capsys):
     assert code == 0, err
 
 
+def test_provider_options_given_as_text_as_onnxruntime_takes_them():
+    """onnxruntime's provider options are strings: {"cim_seed": "0"} was refused as not an
+    integer and cim_effects "none" as an unknown effect (a trial's script, s31)."""
+    from onnx_cinm.errors import CinmError
+    from onnx_cinm.runtime.session import check_provider_options
+
+    got = check_provider_options({"cim_seed": "3", "cim_effects": "none", "blas_threads": "2",
+                                  "cim_drift_compensation": "false", "cim_time_s": "3600",
+                                  "upmem_mode": "emulate", "cim_adc_bits": 6})
+    want = {"cim_seed": 3, "cim_effects": (), "blas_threads": 2,
+            "cim_drift_compensation": False, "cim_time_s": 3600.0, "upmem_mode": "emulate",
+            "cim_adc_bits": 6}
+    assert {k: got[k] for k in want} == want
+    assert type(got["cim_seed"]) is int and type(got["cim_time_s"]) is float
+    assert check_provider_options({"cim_effects": "prog, drift"})["cim_effects"] == ("prog", "drift")
+    with pytest.raises(CinmError, match="option cim_seed='abc': expected integer"):
+        check_provider_options({"cim_seed": "abc"})
+    with pytest.raises(CinmError, match="unknown CinmExecutionProvider option 'colour'"):
+        check_provider_options({"colour": "red"})
+
+
 def test_devices_lists_each_devices_options(capsys):
     code, out, _ = _run(["devices"], capsys)
     assert code == 0

@@ -151,12 +151,18 @@ def device_names() -> list[str]:
 
 
 def get_device(name: str) -> Device:
-    """The device called ``name``. Raises CinmError listing the known names if there is none."""
+    """The device called ``name``. Raises CinmError listing the known names if there is none
+    (and the devices of that paradigm, when ``name`` is one: ``cim``, ``cnm``)."""
     _load()
     try:
         return _registry.devices[name]
     except KeyError:
-        raise CinmError(f"unknown device '{name}' (known: {', '.join(_registry.devices)})") from None
+        pass
+    known = _registry.devices.values()
+    of_paradigm = [d.name for d in known if d.paradigm == name]
+    hint = (f"; '{name}' is a paradigm, not a device: its device(s) here: {', '.join(of_paradigm)}"
+            if of_paradigm else "")
+    raise CinmError(f"unknown device '{name}' (known: {', '.join(_registry.devices)}){hint}")
 
 
 def option_schema() -> dict[str, OptionSpec]:

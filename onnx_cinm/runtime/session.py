@@ -58,7 +58,7 @@ from ..analysis import op_info, tensor_infos
 from ..devices.base import accepts_keyword
 from ..dialects import cinm
 from ..errors import CinmError
-from ..options import OptionSpec, option, specs, validate
+from ..options import OptionSpec, from_text, option, specs, validate
 from ..passes.branches import branch_model
 from ..passes.graph_names import names_used_by
 from ..sim import blas
@@ -127,11 +127,19 @@ def run_options_of(dev, options: dict) -> dict:
 
 def check_provider_options(given: dict) -> dict:
     """``given`` provider options checked against :func:`provider_option_specs` and completed
-    with the defaults. Raises CinmError naming an unknown option (and the known ones) or a bad
-    value."""
+    with the defaults. A value may be given as text, as onnxruntime's own provider options are
+    (``{"cim_seed": "3", "cim_effects": "none"}``): it is read as ``--provider-option
+    KEY=VALUE`` reads it (:func:`onnx_cinm.options.from_text`). Raises CinmError naming an
+    unknown option (and the known ones) or a bad value."""
     schema = provider_option_specs()
-    return {**{k: s.default for k, s in schema.items()},
-            **validate(given, schema, f"{PROVIDER} option")}
+    out = {k: s.default for k, s in schema.items()}
+    for key, value in given.items():
+        spec = schema.get(key)
+        if spec is not None and spec.type is not str and isinstance(value, str):
+            out[key] = from_text(spec, value)
+        else:
+            out.update(validate({key: value}, schema, f"{PROVIDER} option"))
+    return out
 
 
 def _modeled(at: dict, dev) -> dict:
