@@ -594,9 +594,28 @@ class MemristorDevice(Device):
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
         """A crossbar data path other than ``ideal`` (``cim_mode``, or run option ``mode``: q8,
-        q8-noisy, device) is inexact by design."""
+        q8-noisy, device) is inexact by design. With programming noise among its effects, the
+        text says how large the device's is against its g_max: the published device model,
+        whose noise alone moves a network not trained with it far off (OriNet: logits 0.3 to
+        0.9 relative RMS error over seeds, as a numpy draw of the same model on the float
+        weights gives), so a large error there is physics, not a fault of the simulator."""
         m = (run_options or {}).get("mode") or attrs.get("cim_mode")
-        return f"crossbar data path {m}" if m and m != "ideal" else None
+        if not m or m == "ideal":
+            return None
+        try:
+            mode = _run_mode(attrs, self.params, run_options or {})
+        except CinmError:  # the session refused these options already
+            return f"crossbar data path {m}"
+        if not mode.prog_noise:
+            return f"crossbar data path {m}"
+        from ...sim.crossbar.physics import DEVICE_MODELS
+
+        dev = DEVICE_MODELS[mode.device]
+        lo, hi = (float(dev.prog_sigma(x, mode.time_s)) * mode.prog_noise / dev.g_max_us * 100
+                  for x in (0.0, 1.0))
+        return (f"crossbar data path {m} ({dev.name}: programming noise of {lo:.2g} to {hi:.2g} % "
+                f"of g_max per cell, the published device model, which a network not trained "
+                f"with it may not tolerate; cim_effects=none leaves the quantization alone)")
 
     # -- reports ----------------------------------------------------------------------------
     def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
