@@ -118,7 +118,8 @@ class CrossbarMode:
         differential: True: differential pair per weight and slice; False: offset encoding.
         dac_bits: input (DAC) precision including the sign, 0 (ideal DAC) or 2..16.
         adc_bits: ADC precision including the sign, 0 (ideal ADC) or 2..16.
-        adc_range: fraction (0, 1] of the column's largest possible current taken as the ADC
+        adc_range: fraction (0, 1] of the column's largest possible current (or, with
+            ``adc_calibration "data"``, of its largest calibration current) taken as the ADC
             full scale ``F``.
         noise_sigma: relative read noise per cell per MVM (standard deviation as a fraction of
             the cell's level), finite, >= 0.
