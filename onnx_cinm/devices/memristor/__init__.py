@@ -594,11 +594,12 @@ class MemristorDevice(Device):
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
         """A crossbar data path other than ``ideal`` (``cim_mode``, or run option ``mode``: q8,
-        q8-noisy, device) is inexact by design. With programming noise among its effects, the
-        text says how large the device's is against its g_max: the published device model,
-        whose noise alone moves a network not trained with it far off (OriNet: logits 0.3 to
-        0.9 relative RMS error over seeds, as a numpy draw of the same model on the float
-        weights gives), so a large error there is physics, not a fault of the simulator."""
+        q8-noisy, device) is inexact by design. With programming noise or stuck-at-g_max cells
+        among its effects, the text says how large they are against g_max: each alone moves a
+        network not trained with them far off, as the same model drawn in numpy on the float
+        weights does (OriNet's logits, relative RMS error over seeds: programming noise 0.3 to
+        0.9, cells stuck 0.3 to 0.9; ``docs/crossbar-presets.md``), so a large error there is
+        the device model, not a fault of the simulator."""
         m = (run_options or {}).get("mode") or attrs.get("cim_mode")
         if not m or m == "ideal":
             return None
@@ -606,16 +607,22 @@ class MemristorDevice(Device):
             mode = _run_mode(attrs, self.params, run_options or {})
         except CinmError:  # the session refused these options already
             return f"crossbar data path {m}"
-        if not mode.prog_noise:
-            return f"crossbar data path {m}"
-        from ...sim.crossbar.physics import DEVICE_MODELS
+        parts = []
+        if mode.prog_noise:
+            from ...sim.crossbar.physics import DEVICE_MODELS
 
-        dev = DEVICE_MODELS[mode.device]
-        lo, hi = (float(dev.prog_sigma(x, mode.time_s)) * mode.prog_noise / dev.g_max_us * 100
-                  for x in (0.0, 1.0))
-        return (f"crossbar data path {m} ({dev.name}: programming noise of {lo:.2g} to {hi:.2g} % "
-                f"of g_max per cell, the published device model, which a network not trained "
-                f"with it may not tolerate; cim_effects=none leaves the quantization alone)")
+            dev = DEVICE_MODELS[mode.device]
+            lo, hi = (float(dev.prog_sigma(x, mode.time_s)) * mode.prog_noise / dev.g_max_us * 100
+                      for x in (0.0, 1.0))
+            parts.append(f"{dev.name}: programming noise of {lo:.2g} to {hi:.2g} % of g_max per "
+                         "cell, the published device model")
+        if mode.stuck_at_1:
+            parts.append(f"{mode.stuck_at_1 * 100:.2g} % of cells stuck at g_max (MNSIM's rate, "
+                         "unsourced), each a full-scale weight")
+        if not parts:
+            return f"crossbar data path {m}"
+        return (f"crossbar data path {m} ({'; '.join(parts)}: a network not trained with them "
+                "may not tolerate them; cim_effects=none leaves the quantization alone)")
 
     # -- reports ----------------------------------------------------------------------------
     def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:
