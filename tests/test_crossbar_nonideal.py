@@ -256,8 +256,9 @@ def test_adc_calibrated_on_the_first_inference_by_hand(tmp_path):
 def test_calibrated_adc_error_within_its_lsb(tmp_path, inl):
     # One 256-row column block with ReLU-like (non-negative) inputs, 7-bit cells (one slice, as
     # pcm-hermes), ideal DAC, 8-bit ADC calibrated on these inputs: each conversion is off the
-    # exact current by at most half an LSB of F = max|I| per column (plus the INL bow, <= inl
-    # LSB), F / 127 in current units; bound checked with numpy, per output.
+    # exact current by at most half an LSB of F = max|I| over the tile (one range per tile and
+    # slice, plus the INL bow, <= inl LSB), F / 127 in current units; bound checked with numpy,
+    # per output.
     rng = np.random.default_rng(5)
     X = np.maximum(rng.standard_normal((300, 256)), 0).astype(np.float32)
     W = rng.standard_normal((256, 32)).astype(np.float32)
@@ -270,13 +271,33 @@ def test_calibrated_adc_error_within_its_lsb(tmp_path, inl):
     q, sw = ref_weights(W, 8)
     sx = np.abs(X.astype(F64)).max(axis=1, keepdims=True)
     current = (X / sx) @ q
-    lsb = np.abs(current).max(axis=0) / 127
+    lsb = np.abs(current).max() / 127
     bound = (0.5 + inl) * lsb * sx * sw
     err = np.abs(Y - current * sx * sw)
     assert (err <= bound * (1 + 1e-5) + 1e-6).all()
     # the full-scale rule's LSB (Lx * sum|q| / 127) is several times the calibrated one here
     assert (np.abs(q).sum(axis=0) / 127 > 4 * lsb).all()
 
+
+
+def test_adc_calibrated_range_is_one_per_tile_slice_by_hand(tmp_path):
+    # Two columns, one slice: W = [[1, 0.5], [-0.5, 0.5]], per-column scales 1/3 and 1/6, so
+    # q = [[3, 3], [-2, 3]]. The first input [1, 1] makes currents [1, 6]: one range for the
+    # tile, F = 6, La = 3, step 2: codes rint(0.5) = 0 and 3 -> y = [0, 6 * 1/6 = 1]
+    np.save(tmp_path / "w.npy", np.array([[[1.0, 0.5], [-0.5, 0.5]]], np.float32))
+    text = (XBAR_Q.format(r=1).replace("seed 0", "seed 0\nadc_calibration data")
+            .replace("cols 1", "cols 2").replace("weight W 1 2 1", "weight W 1 2 2")
+            .replace("output Y 1 1", "output Y 1 2"))
+    (tmp_path / "k.xbar").write_text(text)
+    sim = CrossbarSimulator(tmp_path / "k.xbar")
+    out, c = sim.run({"X": np.array([[1.0, 1.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [0.0, 1.0], atol=1e-7)
+    # the next input [1, 0] makes currents [3, 3]: inside the tile's range (codes rint(1.5)
+    # = 2 -> 4), y = [4/3, 4/6], nothing clipped; a range per column (F = 1 for column 0)
+    # would have clipped column 0 at code 3 -> current 1, y0 = 1/3 for a true 1
+    out, c = sim.run({"X": np.array([[1.0, 0.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [4 / 3, 2 / 3], rtol=1e-6)
+    assert c.adc_clipped == 0
 
 def test_read_noise_seeded_and_sized(tmp_path):
     rng = np.random.default_rng(3)
