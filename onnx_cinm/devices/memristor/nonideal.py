@@ -38,12 +38,12 @@ TIMED = ("drift", "read1f")
 #: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
 #: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
 #: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
-#: IR drop, unless ``--cim-effects`` names others, with ADC ranges calibrated per column on the
-#: first inference (``adc_calibration data``, CrossSim's CALIBRATED, crossbar.md §4 "ADC
+#: IR drop, unless ``--cim-effects`` names others, with ADC ranges calibrated per tile and slice
+#: on the first inference (``adc_calibration data``, CrossSim's CALIBRATED, crossbar.md §4 "ADC
 #: precision"; HERMES calibrates its ADCs on chip, chips.md §2.7): the full-scale rule of ``q8``
 #: leaves a typical 256-row column with ReLU inputs a few LSB, so there its 8-bit ADC alone made
-#: OriNet's logits 18 % off and the ``adc`` effect's 1 LSB of INL 558 % (4 % and 17 %
-#: calibrated). Not by default: ``read`` (the 1/f model stands for the device's read noise) and
+#: OriNet's logits 18 % off and the ``adc`` effect's 1 LSB of INL 558 % (4 % and 52 %
+#: calibrated; docs/crossbar-presets.md). Not by default: ``read`` (the 1/f model stands for the device's read noise) and
 #: ``adc`` (HERMES calibrates its ADCs digitally, chips.md §2.7).
 NAMED = {
     "ideal": None,

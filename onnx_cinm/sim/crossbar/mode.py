@@ -47,14 +47,17 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    ``adc_calibration = "data"`` (CrossSim's ``CALIBRATED`` range, aihwkit's ``out_bound``;
    field notes ``crossbar.md`` §4 "ADC precision": calibrate the ranges, since lossless needs
    about ``log2(rows) + b_cell + b_dac`` bits, 8 + 7 + 8 on a 256-row pcm-hermes column, far
-   more than its 8-bit ADC): ``F = adc_range * max |I|`` per slice column instead, ``I`` the
-   column's currents of the target levels (``DAC levels @ D``, no device effect) over the
-   first inference that streams through the tile (its calibration set, as a chip's ADC
-   ranges are set on sample data after programming; kept for the simulator's lifetime, also
-   when the tile is programmed again); a column that carried no current then keeps the
-   full-scale rule. With the full-scale rule a typical column of a 256-row tile with
-   non-negative inputs spans only a few LSB, so an ADC error of 1 LSB is of the order of the
-   signal; calibrated, the quantization error of a conversion is at most ``F / (2 La)``.
+   more than its 8-bit ADC): one ``F = adc_range * max |I|`` per tile and bit slice
+   instead, over every column of the slice, ``I`` the currents of the target levels (``DAC
+   levels @ D``, no device effect) over the first inference that streams through the tile
+   (its calibration set, as a chip's ADC ranges are set on sample data after programming;
+   kept for the simulator's lifetime, also when the tile is programmed again); a slice that
+   carried no current keeps the full-scale rule. One range per tile, as CrossSim's
+   calibrated range is one per array: a range per column set by one input vector (a dense
+   layer at batch 1) clipped the next vectors' larger currents. With the full-scale rule a
+   typical column of a 256-row tile with non-negative inputs spans only a few LSB, so an ADC
+   error of 1 LSB is of the order of the signal; calibrated, the quantization error of a
+   conversion is at most ``F / (2 La)``.
 
 7. **Device physics** (optional, all off by default; :mod:`.physics`, field notes
    ``chips.md`` §2): each physical cell's level ``l`` (``0 .. Lc``, ``Lc = 2**cell_bits - 1``) is
@@ -135,9 +138,9 @@ class CrossbarMode:
         wire_ohm_row, wire_ohm_col: wire resistance per cell, ohms (IR drop; 0 off).
         adc_offset_lsb, adc_gain_std, adc_inl_lsb: ADC offset sigma (LSB), relative gain sigma
             and peak INL (LSB); need ``adc_bits > 0``.
-        adc_calibration: how each slice column's ADC full scale is set (effect 6):
-            ``"max"``, the largest current any input can make; ``"data"``, the largest current
-            of the first inference through the tile.
+        adc_calibration: how the ADC full scale is set (effect 6): ``"max"``, per slice
+            column, the largest current any input can make; ``"data"``, per tile and slice,
+            the largest current of the first inference through the tile.
 
     Raises:
         ValueError: on an unknown mode, a parameter out of range, or a non-default parameter in
