@@ -226,6 +226,79 @@ def test_adc_by_hand_and_clipping(tmp_path):
     assert c.adc_clipped == 1
 
 
+def test_adc_calibrated_on_the_first_inference_by_hand(tmp_path):
+    # q = [3, -2] as above; adc_calibration data: the first run's currents (x/sx @ q) are
+    # [1, 3, 1], so F = 3 and, La = 3, the step is 1: every code exact, y = I * sx / 3
+    np.save(tmp_path / "w.npy", np.array([[[1.0], [-0.5]]], np.float32))
+    (tmp_path / "k.xbar").write_text(XBAR_Q.format(r=1).replace("seed 0", "seed 0\n"
+                                                                "adc_calibration data"))
+    sim = CrossbarSimulator(tmp_path / "k.xbar")
+    X = np.array([[1.0, 1.0], [1.0, 0.0], [2.0, 2.0]], np.float32)
+    out, c = sim.run({"X": X})
+    np.testing.assert_allclose(out["Y"][0, :, 0], [1 / 3, 1, 2 / 3], rtol=1e-6)
+    # the range stays the calibrated one: x = [1, -1] makes current 3 + 2 = 5 > F = 3, so it
+    # saturates at code 3 (y = 1) where the full-scale rule (F = 5) would have held it
+    out, c = sim.run({"X": np.array([[1.0, -1.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, :, 0], [1.0], rtol=1e-6)
+    assert c.adc_clipped == 1
+    # the named modes: device calibrates (its header says so), q8 keeps the full-scale rule
+    from onnx_cinm.devices.memristor import PCM_HERMES
+    from onnx_cinm.devices.memristor.nonideal import compose
+    dev = compose("device", PCM_HERMES, effects=())
+    assert (dev.adc_calibration, Q8.adc_calibration) == ("data", "max")
+    assert ("adc_calibration", "data") in dev.header_items()
+    assert "adc_calibration" not in dict(Q8.header_items())
+    with pytest.raises(XbarError, match="adc_calibration must be one of max, data"):
+        parse(XBAR_Q.format(r=1).replace("seed 0", "seed 0\nadc_calibration min"))
+
+
+@pytest.mark.parametrize("inl", [0.0, 1.0])
+def test_calibrated_adc_error_within_its_lsb(tmp_path, inl):
+    # One 256-row column block with ReLU-like (non-negative) inputs, 7-bit cells (one slice, as
+    # pcm-hermes), ideal DAC, 8-bit ADC calibrated on these inputs: each conversion is off the
+    # exact current by at most half an LSB of F = max|I| over the tile (one range per tile and
+    # slice, plus the INL bow, <= inl LSB), F / 127 in current units; bound checked with numpy,
+    # per output.
+    rng = np.random.default_rng(5)
+    X = np.maximum(rng.standard_normal((300, 256)), 0).astype(np.float32)
+    W = rng.standard_normal((256, 32)).astype(np.float32)
+    m = CrossbarMode("quantized", weight_bits=8, cell_bits=7, dac_bits=0, adc_bits=8,
+                     adc_calibration="data", adc_inl_lsb=inl)
+    prm = replace(PCM_OCC, rows=256, cols=32, crossbars=1)
+    paths = emit_kernel(plan(300, 256, 32, prm, "weight_stationary"), prm, W, tmp_path, "k",
+                        mode=m)
+    Y = CrossbarSimulator(paths[0]).run({"X": X})[0]["Y"][0].astype(F64)
+    q, sw = ref_weights(W, 8)
+    sx = np.abs(X.astype(F64)).max(axis=1, keepdims=True)
+    current = (X / sx) @ q
+    lsb = np.abs(current).max() / 127
+    bound = (0.5 + inl) * lsb * sx * sw
+    err = np.abs(Y - current * sx * sw)
+    assert (err <= bound * (1 + 1e-5) + 1e-6).all()
+    # the full-scale rule's LSB (Lx * sum|q| / 127) is several times the calibrated one here
+    assert (np.abs(q).sum(axis=0) / 127 > 4 * lsb).all()
+
+
+
+def test_adc_calibrated_range_is_one_per_tile_slice_by_hand(tmp_path):
+    # Two columns, one slice: W = [[1, 0.5], [-0.5, 0.5]], per-column scales 1/3 and 1/6, so
+    # q = [[3, 3], [-2, 3]]. The first input [1, 1] makes currents [1, 6]: one range for the
+    # tile, F = 6, La = 3, step 2: codes rint(0.5) = 0 and 3 -> y = [0, 6 * 1/6 = 1]
+    np.save(tmp_path / "w.npy", np.array([[[1.0, 0.5], [-0.5, 0.5]]], np.float32))
+    text = (XBAR_Q.format(r=1).replace("seed 0", "seed 0\nadc_calibration data")
+            .replace("cols 1", "cols 2").replace("weight W 1 2 1", "weight W 1 2 2")
+            .replace("output Y 1 1", "output Y 1 2"))
+    (tmp_path / "k.xbar").write_text(text)
+    sim = CrossbarSimulator(tmp_path / "k.xbar")
+    out, c = sim.run({"X": np.array([[1.0, 1.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [0.0, 1.0], atol=1e-7)
+    # the next input [1, 0] makes currents [3, 3]: inside the tile's range (codes rint(1.5)
+    # = 2 -> 4), y = [4/3, 4/6], nothing clipped; a range per column (F = 1 for column 0)
+    # would have clipped column 0 at code 3 -> current 1, y0 = 1/3 for a true 1
+    out, c = sim.run({"X": np.array([[1.0, 0.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [4 / 3, 2 / 3], rtol=1e-6)
+    assert c.adc_clipped == 0
+
 def test_read_noise_seeded_and_sized(tmp_path):
     rng = np.random.default_rng(3)
     X = np.abs(rng.standard_normal((4000, 60))).astype(np.float32)

@@ -594,9 +594,35 @@ class MemristorDevice(Device):
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:
         """A crossbar data path other than ``ideal`` (``cim_mode``, or run option ``mode``: q8,
-        q8-noisy, device) is inexact by design."""
+        q8-noisy, device) is inexact by design. With programming noise or stuck-at-g_max cells
+        among its effects, the text says how large they are against g_max: each alone moves a
+        network not trained with them far off, as the same model drawn in numpy on the float
+        weights does (OriNet's logits, relative RMS error over seeds: programming noise 0.3 to
+        0.9, cells stuck 0.3 to 0.9; ``docs/crossbar-presets.md``), so a large error there is
+        the device model, not a fault of the simulator."""
         m = (run_options or {}).get("mode") or attrs.get("cim_mode")
-        return f"crossbar data path {m}" if m and m != "ideal" else None
+        if not m or m == "ideal":
+            return None
+        try:
+            mode = _run_mode(attrs, self.params, run_options or {})
+        except CinmError:  # the session refused these options already
+            return f"crossbar data path {m}"
+        parts = []
+        if mode.prog_noise:
+            from ...sim.crossbar.physics import DEVICE_MODELS
+
+            dev = DEVICE_MODELS[mode.device]
+            lo, hi = (float(dev.prog_sigma(x, mode.time_s)) * mode.prog_noise / dev.g_max_us * 100
+                      for x in (0.0, 1.0))
+            parts.append(f"{dev.name}: programming noise of {lo:.2g} to {hi:.2g} % of g_max per "
+                         "cell, the published device model")
+        if mode.stuck_at_1:
+            parts.append(f"{mode.stuck_at_1 * 100:.2g} % of cells stuck at g_max (MNSIM's rate, "
+                         "unsourced), each a full-scale weight")
+        if not parts:
+            return f"crossbar data path {m}"
+        return (f"crossbar data path {m} ({'; '.join(parts)}: a network not trained with them "
+                "may not tolerate them; cim_effects=none leaves the quantization alone)")
 
     # -- reports ----------------------------------------------------------------------------
     def summary(self, plans: list, counted: list | None = None, fold: bool = True) -> str:

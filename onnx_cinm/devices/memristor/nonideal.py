@@ -38,11 +38,13 @@ TIMED = ("drift", "read1f")
 #: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
 #: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
 #: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
-#: IR drop, unless ``--cim-effects`` names others. Not by default: ``read`` (the 1/f model
-#: stands for the device's read noise) and ``adc`` (HERMES calibrates its ADCs digitally,
-#: chips.md §2.7, and with the full-scale rule of effect 6 a typical column sum spans a few LSB,
-#: so 1 LSB of INL is a large error: measured 47 % relative output error on a 256 x 256
-#: pcm-hermes tile with ReLU inputs, vs 12 % without).
+#: IR drop, unless ``--cim-effects`` names others, with ADC ranges calibrated per tile and slice
+#: on the first inference (``adc_calibration data``, CrossSim's CALIBRATED, crossbar.md §4 "ADC
+#: precision"; HERMES calibrates its ADCs on chip, chips.md §2.7): the full-scale rule of ``q8``
+#: leaves a typical 256-row column with ReLU inputs a few LSB, so there its 8-bit ADC alone made
+#: OriNet's logits 18 % off and the ``adc`` effect's 1 LSB of INL 558 % (4 % and 52 %
+#: calibrated; docs/crossbar-presets.md). Not by default: ``read`` (the 1/f model stands for the device's read noise) and
+#: ``adc`` (HERMES calibrates its ADCs digitally, chips.md §2.7).
 NAMED = {
     "ideal": None,
     "q8": ("q8", ()),
@@ -91,7 +93,7 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
         if chip is None:
             raise ValueError("mode 'device' needs a chip preset")
         kw = {"weight_bits": chip.weight_bits, "cell_bits": chip.cell_bits, "differential": True,
-              "dac_bits": chip.dac_bits, "adc_bits": chip.adc_bits}
+              "dac_bits": chip.dac_bits, "adc_bits": chip.adc_bits, "adc_calibration": "data"}
     else:
         kw = dict(_Q8_BITS)
     for e in chosen:

@@ -44,6 +44,20 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    current any input within the DAC range can produce, so with ``adc_range = 1`` a noiseless
    column never clips; ``adc_range < 1`` trades clipping for resolution. Values outside
    ``[-F, F]`` saturate (counted as ``adc_clipped``). ``adc_bits = 0``: an ideal ADC.
+   ``adc_calibration = "data"`` (CrossSim's ``CALIBRATED`` range, aihwkit's ``out_bound``;
+   field notes ``crossbar.md`` §4 "ADC precision": calibrate the ranges, since lossless needs
+   about ``log2(rows) + b_cell + b_dac`` bits, 8 + 7 + 8 on a 256-row pcm-hermes column, far
+   more than its 8-bit ADC): one ``F = adc_range * max |I|`` per tile and bit slice
+   instead, over every column of the slice, ``I`` the currents of the target levels (``DAC
+   levels @ D``, no device effect) over the first inference that streams through the tile
+   (its calibration set, as a chip's ADC ranges are set on sample data after programming;
+   kept for the simulator's lifetime, also when the tile is programmed again); a slice that
+   carried no current keeps the full-scale rule. One range per tile, as CrossSim's
+   calibrated range is one per array: a range per column set by one input vector (a dense
+   layer at batch 1) clipped the next vectors' larger currents. With the full-scale rule a
+   typical column of a 256-row tile with non-negative inputs spans only a few LSB, so an ADC
+   error of 1 LSB is of the order of the signal; calibrated, the quantization error of a
+   conversion is at most ``F / (2 La)``.
 
 7. **Device physics** (optional, all off by default; :mod:`.physics`, field notes
    ``chips.md`` §2): each physical cell's level ``l`` (``0 .. Lc``, ``Lc = 2**cell_bits - 1``) is
@@ -76,9 +90,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["CrossbarMode", "IDEAL", "MODES", "DEVICE_EFFECTS"]
+__all__ = ["CrossbarMode", "IDEAL", "MODES", "DEVICE_EFFECTS", "ADC_CALIBRATIONS"]
 
 MODES = ("ideal", "quantized")
+#: ADC full-scale rules (effect 6): the column's largest possible current, or calibrated on data
+ADC_CALIBRATIONS = ("max", "data")
 _MAX_BITS = 16
 #: device-effect fields (effect 7), in header order
 _PHYSICS_KEYS = ("device", "prog_noise", "drift", "read_noise_1f", "time_s", "drift_compensation",
@@ -105,7 +121,8 @@ class CrossbarMode:
         differential: True: differential pair per weight and slice; False: offset encoding.
         dac_bits: input (DAC) precision including the sign, 0 (ideal DAC) or 2..16.
         adc_bits: ADC precision including the sign, 0 (ideal ADC) or 2..16.
-        adc_range: fraction (0, 1] of the column's largest possible current taken as the ADC
+        adc_range: fraction (0, 1] of the column's largest possible current (or, with
+            ``adc_calibration "data"``, of its largest calibration current) taken as the ADC
             full scale ``F``.
         noise_sigma: relative read noise per cell per MVM (standard deviation as a fraction of
             the cell's level), finite, >= 0.
@@ -121,6 +138,9 @@ class CrossbarMode:
         wire_ohm_row, wire_ohm_col: wire resistance per cell, ohms (IR drop; 0 off).
         adc_offset_lsb, adc_gain_std, adc_inl_lsb: ADC offset sigma (LSB), relative gain sigma
             and peak INL (LSB); need ``adc_bits > 0``.
+        adc_calibration: how the ADC full scale is set (effect 6): ``"max"``, per slice
+            column, the largest current any input can make; ``"data"``, per tile and slice,
+            the largest current of the first inference through the tile.
 
     Raises:
         ValueError: on an unknown mode, a parameter out of range, or a non-default parameter in
@@ -149,6 +169,7 @@ class CrossbarMode:
     adc_offset_lsb: float = 0.0
     adc_gain_std: float = 0.0
     adc_inl_lsb: float = 0.0
+    adc_calibration: str = "max"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -176,6 +197,9 @@ class CrossbarMode:
                 raise ValueError(f"{name} must be 0 (ideal) or in 2..{_MAX_BITS}, got {v}")
         if not 0 < self.adc_range <= 1:
             raise ValueError(f"adc_range must be in (0, 1], got {self.adc_range}")
+        if self.adc_calibration not in ADC_CALIBRATIONS:
+            raise ValueError(f"adc_calibration must be one of {', '.join(ADC_CALIBRATIONS)}, "
+                             f"got {self.adc_calibration!r}")
         if self.noise_sigma < 0:
             raise ValueError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         if self.seed < 0:
@@ -248,6 +272,8 @@ class CrossbarMode:
                       ("dac_bits", str(self.dac_bits)), ("adc_bits", str(self.adc_bits)),
                       ("adc_range", repr(float(self.adc_range))),
                       ("noise_sigma", repr(float(self.noise_sigma))), ("seed", str(self.seed))]
+            if self.adc_calibration != "max":  # written only when not the default
+                items.append(("adc_calibration", self.adc_calibration))
             if self.physical:  # the device effects that are on, in a fixed order
                 defaults = {f.name: f.default for f in fields(self)}
                 for name in _PHYSICS_KEYS:
