@@ -7,7 +7,6 @@ each output's reference, and the check said "OK on the finite elements". The mod
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto as TP, helper as h
 
 from onnx_cinm import golden
