@@ -735,9 +735,9 @@ def _static_matmul_type(types: list) -> onnx.TypeProto | None:
     A, B (and C): A's element type, A's and B's batch dims broadcast, then ``[M, N]``; worked
     out directly where it is plain: A and B of rank >= 2 and every dim a known size, K the
     same, the batch dims broadcastable and C broadcasting to the product without changing its
-    shape. None otherwise (the body's inference decides then, and says what fails). The
-    function-body inference ran once per distinct Gemm signature (121 on light DenseNet121,
-    three quarters of typing the ops to_cinm adds). Types of different element types: None."""
+    shape; None otherwise, and for types of different element types (the body's inference
+    decides then, and says what fails). That inference ran once per distinct Gemm signature:
+    67 of light DenseNet121's 121 Gemms, 7 M instructions of one ``optimize`` (valgrind)."""
     elem = types[0].tensor_type.elem_type
     if not elem or any(t.tensor_type.elem_type != elem for t in types):
         return None
