@@ -356,3 +356,19 @@ def test_optimize_does_not_keep_a_traced_size_inference_leaves_open():
     assert fresh["r"][0] is None and fresh["m"][0] is None  # onnx leaves the rows open
     written = _dims(pipeline.optimize(model, check=0, totals=False).model)
     assert written["r"][0] is None and written["m"] == [None, 64]
+
+
+@pytest.mark.parametrize("value", [7, 0.25, "upmem", [1, 2, 3], [0.5, 1e-12, float("inf")],
+                                   ["x", "y_é"], [1, 2.5], (3, 4)])
+def test_plan_attributes_are_the_protos_make_attribute_builds(value):
+    """A plan's attributes written directly (ints, floats, strings, lists of one of them) are
+    byte for byte what onnx.helper.make_attribute builds, and so is its fallback (a mixed list,
+    a tuple)."""
+    from onnx import helper
+
+    from onnx_cinm.passes.device_lowering import _add_attribute
+
+    node = onnx.NodeProto(op_type="Gemm")
+    _add_attribute(node, "a", value)
+    assert node.attribute[0].SerializeToString() == \
+        helper.make_attribute("a", value).SerializeToString()

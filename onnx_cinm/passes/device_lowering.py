@@ -56,7 +56,9 @@ def _add_attribute(node: onnx.NodeProto, name: str, value) -> None:
     """Append the attribute ``helper.make_attribute(name, value)`` to ``node``, built in place
     for the plain ``int``, ``float``, ``str`` and list-of-``int`` values plans are made of (the
     same proto; ``make_attribute``'s type dispatch took most of a lowering pass's time: 5,500
-    attributes on DenseNet121 over the three passes), through ``make_attribute`` otherwise."""
+    attributes on DenseNet121 over the three passes), and for lists of ``float`` (a crossbar
+    kernel's cost parts) or of ``str`` (UPMEM's ``cnm_inputs``), through ``make_attribute``
+    otherwise."""
     kind = type(value)
     if kind is int:
         node.attribute.add(name=name, type=_A.INT, i=value)
@@ -66,6 +68,10 @@ def _add_attribute(node: onnx.NodeProto, name: str, value) -> None:
         node.attribute.add(name=name, type=_A.STRING, s=value.encode())
     elif kind is list and value and all(type(x) is int for x in value):
         node.attribute.add(name=name, type=_A.INTS, ints=value)
+    elif kind is list and value and all(type(x) is float for x in value):
+        node.attribute.add(name=name, type=_A.FLOATS, floats=value)
+    elif kind is list and value and all(type(x) is str for x in value):
+        node.attribute.add(name=name, type=_A.STRINGS, strings=[x.encode() for x in value])
     else:
         node.attribute.append(helper.make_attribute(name, value))
 

@@ -213,7 +213,9 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
     groups = [g for g in everything if len(g[2]) >= 2]
     stats = ctx.stats.get("placement", {})
     cost = stats.get("strategy") == "cost"
-    keep = [g for g in groups if _on_host(graph, g[2]) and not _hinted(graph, g[2])]
+    # each group's nodes read once: (on the host, hinted) by group, for keep and the trials
+    where = [(_on_host(graph, g[2]), _hinted(graph, g[2])) for g in groups]
+    keep = [g for g, (host, hint) in zip(groups, where) if host and not hint]
     cheaper = 0
     if cost and groups:
         from .cost_placement import evaluate_model, evaluate_on_host
@@ -240,8 +242,8 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
         current, now = hit or priced(_restored(graph, keep))
         originals = _restored(graph, everything)
         all_host, before = evaluate_on_host(originals, ctx.options, infos, placed)
-        tried = _worth_trying(graph, [g for g in groups if not _on_host(graph, g[2]) and
-                                      not _hinted(graph, g[2])], now, before, originals, objective)
+        tried = _worth_trying(graph, [g for g, (host, hint) in zip(groups, where)
+                                      if not host and not hint], now, before, originals, objective)
         if len(tried) > MAX_TRIALS:
             ctx.log(f"restore_host_ops: {len(tried)} lowered nodes on devices might cost less as "
                     f"they were; the {MAX_TRIALS} with the most to gain are priced")
