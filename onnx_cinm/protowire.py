@@ -45,13 +45,16 @@ def read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def length_delimited_fields(buf: memoryview, start: int, end: int):
-    """Yield ``(field number, value start, value end)`` of the length-delimited fields of the
-    serialized message ``buf[start:end]`` (other wire types are skipped)."""
+def message_fields(buf, start: int, end: int):
+    """Yield ``(field number, wire type, key offset, value start, value end)`` of each field of
+    the serialized message ``buf[start:end]``, in the order written (a length-delimited
+    value's start is after its length). Raises ValueError on a group (not used by onnx.proto)."""
     pos = start
     while pos < end:
+        at = pos
         key, pos = read_varint(buf, pos)
         wire = key & 7
+        value = pos
         if wire == 0:
             _, pos = read_varint(buf, pos)
         elif wire == 1:
@@ -59,11 +62,18 @@ def length_delimited_fields(buf: memoryview, start: int, end: int):
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            length, pos = read_varint(buf, pos)
-            yield key >> 3, pos, pos + length
-            pos += length
+            length, value = read_varint(buf, pos)
+            pos = value + length
         else:  # groups: not used by onnx.proto
             raise ValueError(f"unexpected protobuf wire type {wire}")
+        yield key >> 3, wire, at, value, pos
+
+
+def length_delimited_fields(buf: memoryview, start: int, end: int):
+    """Yield ``(field number, value start, value end)`` of the length-delimited fields of the
+    serialized message ``buf[start:end]`` (other wire types are skipped)."""
+    return ((number, v_start, v_end)
+            for number, wire, _, v_start, v_end in message_fields(buf, start, end) if wire == 2)
 
 
 _GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
@@ -145,29 +155,6 @@ def _without_raw_data(fields: list) -> bytes:
     return meta.SerializeToString()
 
 
-def _field_starts(buf: bytes):
-    """Yield ``(field number, offset)`` of each field of the serialized message ``buf``, in
-    the order written."""
-    view = memoryview(buf)
-    pos = 0
-    while pos < len(buf):
-        at = pos
-        key, pos = read_varint(view, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = read_varint(view, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = read_varint(view, pos)
-            pos += length
-        else:  # groups: not used by onnx.proto
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-        yield key >> 3, at
-
-
 #: GraphProto's fields, in number order (the order protobuf writes them in)
 _GRAPH_FIELDS = sorted(onnx.GraphProto.DESCRIPTOR.fields, key=lambda f: f.number)
 
@@ -217,7 +204,8 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
         first = head.SerializeToString()
     else:  # the graph's bytes in the place of its field number among the model's fields
         rest = copy_except(model, "graph").SerializeToString()  # small: no graph
-        cut = next((at for number, at in _field_starts(rest) if number > _GRAPH_FIELD),
+        cut = next((at for number, _, at, _, _ in message_fields(memoryview(rest), 0, len(rest))
+                    if number > _GRAPH_FIELD),
                    len(rest))
         first = b"".join((rest[:cut], graph_key, varint(len(graph)), graph, rest[cut:]))
     handle.write(first)

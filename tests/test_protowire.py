@@ -10,6 +10,18 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_cinm import protowire
 
 
+def _assert_head_is_the_graph_without_initializers(model: onnx.ModelProto) -> None:
+    """write_streamed's first part is protobuf's own serialization of ``model`` without its
+    initializers, and the whole file reads back as ``model``."""
+    out = io.BytesIO()
+    first = protowire.write_streamed(out, model)
+    head = onnx.ModelProto()
+    head.CopyFrom(model)
+    del head.graph.initializer[:]
+    assert out.getvalue()[:first] == head.SerializeToString()
+    assert onnx.ModelProto.FromString(out.getvalue()) == model
+
+
 @pytest.mark.parametrize("n,encoded", [(0, b"\x00"), (1, b"\x01"), (127, b"\x7f"),
                                        (150, b"\x96\x01"),  # protobuf's encoding guide example
                                        (300, b"\xac\x02"), (2**31 - 1, b"\xff\xff\xff\xff\x07")])
@@ -94,13 +106,7 @@ def test_write_streamed_head_of_a_graph_of_initializers_only(nodes):
     model = _model() if nodes else onnx.ModelProto(
         ir_version=8, graph=onnx.GraphProto(initializer=[numpy_helper.from_array(
             np.arange(3, dtype=np.float32), "w")]))
-    out = io.BytesIO()
-    first = protowire.write_streamed(out, model)
-    head = onnx.ModelProto()
-    head.CopyFrom(model)
-    del head.graph.initializer[:]
-    assert out.getvalue()[:first] == head.SerializeToString()
-    assert onnx.ModelProto.FromString(out.getvalue()) == model
+    _assert_head_is_the_graph_without_initializers(model)
 
 
 @pytest.mark.parametrize("later", [None, "doc_string", "external_data", "metadata_props",
@@ -184,13 +190,7 @@ def test_write_streamed_head_with_every_graph_and_model_field():
     model.functions.append(helper.make_function("dom", "F", ["a"], ["b"],
                                                 [helper.make_node("Relu", ["a"], ["b"])],
                                                 [helper.make_opsetid("", 17)]))
-    out = io.BytesIO()
-    first = protowire.write_streamed(out, model)
-    head = onnx.ModelProto()
-    head.CopyFrom(model)
-    del head.graph.initializer[:]
-    assert out.getvalue()[:first] == head.SerializeToString()
-    assert onnx.ModelProto.FromString(out.getvalue()) == model
+    _assert_head_is_the_graph_without_initializers(model)
 
 
 def test_write_streamed_head_through_a_copy_when_a_graph_field_is_not_spelled_out(monkeypatch):
