@@ -298,6 +298,16 @@ def test_adc_calibrated_range_is_one_per_tile_slice_by_hand(tmp_path):
     out, c = sim.run({"X": np.array([[1.0, 0.0]], np.float32)})
     np.testing.assert_allclose(out["Y"][0, 0], [4 / 3, 2 / 3], rtol=1e-6)
     assert c.adc_clipped == 0
+    # a first inference without current (all zeros: a warm-up run) calibrates nothing: the
+    # next one with current sets the range, so the same figures follow (before, the zeros
+    # fixed the full-scale rule, F = 5 and 6 here, for the simulator's lifetime)
+    sim = CrossbarSimulator(tmp_path / "k.xbar")
+    out, _ = sim.run({"X": np.zeros((1, 2), np.float32)})
+    np.testing.assert_array_equal(out["Y"][0, 0], [0.0, 0.0])
+    out, _ = sim.run({"X": np.array([[1.0, 1.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [0.0, 1.0], atol=1e-7)
+    out, c = sim.run({"X": np.array([[1.0, 0.0]], np.float32)})
+    np.testing.assert_allclose(out["Y"][0, 0], [4 / 3, 2 / 3], rtol=1e-6)
 
 def test_read_noise_seeded_and_sized(tmp_path):
     rng = np.random.default_rng(3)

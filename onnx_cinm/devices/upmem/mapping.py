@@ -1292,7 +1292,9 @@ def _elementwise_geometry(op: OpInfo, es: int) -> tuple[dict, tuple, int]:
     approx = a.get("approximate", "none")
     if op.op_type == "Gelu" and (approx.decode() if isinstance(approx, bytes) else approx) == "tanh":
         opn = "gelu_tanh"
-    geom = {"n": n, "n_dpu": _share(n, 1, es), "op": opn, "streams": streams,
+    # "n_dpu" depends on the DPU count: _geometry sets it (its place here keeps the keys in
+    # the order the plan is written in)
+    geom = {"n": n, "n_dpu": None, "op": opn, "streams": streams,
             "bcast_bytes": bcast, "wram_bcast": wram_b}
     if outs and outs[0].dtype is not None:
         geom["out_esize"] = _esize(_dtype_name(outs[0]))

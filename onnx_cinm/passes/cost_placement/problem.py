@@ -244,12 +244,18 @@ def _share_tile_sets(prob: Problem) -> None:
         seen |= keys
 
 
+def placement_targets() -> list:
+    """The registry's devices other than the host: those :func:`build_problem` asks about
+    every cinm op, in registration order."""
+    return [d for d in devices.all_devices() if d.paradigm != "host"]
+
+
 def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -> Problem:
     """Collect candidates and tensors of ``model`` (cinm ops already created)."""
     infos = infos if infos is not None else tensor_infos(model)
     prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
     host = devices.get_device("host")
-    targets = [d for d in devices.all_devices() if d.paradigm != "host"]
+    targets = placement_targets()
     hint_log = HintLog(hints)
     opts_keys = [_opts_key(options, dev) for dev in targets]  # the same for every op
     host_costs: dict = {}  # op signature -> the host's cost of a cinm op (this call's options)

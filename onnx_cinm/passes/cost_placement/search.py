@@ -18,7 +18,7 @@ from ..pass_options import OBJECTIVES
 from ..placement_rules import heuristic
 from .evaluate import (Totals, _add_choice, _devices, _link, breaks, evaluate, tensor_cost,
                        violations)
-from .problem import Choice, Problem, _choice
+from .problem import Choice, Problem, _choice, placement_targets
 
 
 # --------------------------------------------------------------------------------------------
@@ -617,19 +617,13 @@ def heuristic_assign(prob: Problem) -> dict | None:
                 ask = (lambda dev, _k=known, _o=prob.ops[i]:
                        _k[dev.name] if dev.name in _k else dev.supports_under(_o, prob.options))
                 dev = heuristic(prob.ops[i], prob.options, supports=ask)[0]
-                if key is not None and len(known) == len(_targets()):
+                if key is not None and len(known) == len(placement_targets()):
                     seen[key] = dev  # (every device answered: none asked afresh)
             devs[i] = dev
         out = _compiled_devices(prob, devs)  # (its start is priced as compiled: the same)
         prob.heuristic = {"assign": None if any(ch is None for ch in out.values()) else out}
     a = prob.heuristic["assign"]
     return None if a is None else dict(a)
-
-
-def _targets() -> list:
-    """The registry's devices other than the host (those :func:`.problem.build_problem`
-    asks about every cinm op)."""
-    return [d for d in devices.all_devices() if d.paradigm != "host"]
 
 
 def _recorded(prob: Problem, i: int, dev: str) -> Priced | None:
