@@ -241,13 +241,16 @@ def test_adc_calibrated_on_the_first_inference_by_hand(tmp_path):
     out, c = sim.run({"X": np.array([[1.0, -1.0]], np.float32)})
     np.testing.assert_allclose(out["Y"][0, :, 0], [1.0], rtol=1e-6)
     assert c.adc_clipped == 1
-    # the named modes: device calibrates (its header says so), q8 keeps the full-scale rule
+    # the named modes keep the full-scale rule (no header key); the run option calibrates
     from onnx_cinm.devices.memristor import PCM_HERMES
     from onnx_cinm.devices.memristor.nonideal import compose
     dev = compose("device", PCM_HERMES, effects=())
-    assert (dev.adc_calibration, Q8.adc_calibration) == ("data", "max")
-    assert ("adc_calibration", "data") in dev.header_items()
-    assert "adc_calibration" not in dict(Q8.header_items())
+    assert (dev.adc_calibration, Q8.adc_calibration) == ("max", "max")
+    assert "adc_calibration" not in dict(dev.header_items())
+    cal = compose("device", PCM_HERMES, effects=(), adc_calibration="data")
+    assert ("adc_calibration", "data") in cal.header_items()
+    with pytest.raises(ValueError, match="mode 'ideal' has no ADC calibration"):
+        compose("ideal", adc_calibration="data")
     with pytest.raises(XbarError, match="adc_calibration must be one of max, data"):
         parse(XBAR_Q.format(r=1).replace("seed 0", "seed 0\nadc_calibration min"))
 

@@ -230,6 +230,15 @@ def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):
     none = session_mod.InferenceSession(str(path), provider_options=[
         {"cim_mode": "device", "cim_effects": ""}, {}])
     assert none.inexact_kernels() == ["crossbar data path device"]
+    # the run option cim_adc_calibration=data sets the ADC ranges from the first inference:
+    # on that same batch the probabilities are closer to the exact ones than with the
+    # full-scale rule (the fixture's 8-bit ADC on columns of up to 64 rows)
+    cal = session_mod.InferenceSession(str(path), provider_options=[
+        {"cim_mode": "device", "cim_effects": "none", "cim_adc_calibration": "data"}, {}])
+    ref = exact.run(["probabilities"], feed)[0]
+    err = {name: np.abs(s.run(["probabilities"], feed)[0] - ref).max()
+           for name, s in (("max", none), ("data", cal))}
+    assert 0 < err["data"] < err["max"], err
     assert not np.array_equal(exact.run(["probabilities"], feed)[0],
                               dev.run(["probabilities"], feed)[0])
 

@@ -106,6 +106,12 @@ class CrossbarRunOptions:
                                     "0.001)", low=0.0, high=0.5)
     seed: int | None = option(None, help="seed of the device and read-noise draws (default: "
                               "the compiled one, 0)", low=0, high=2 ** 31 - 1)
+    adc_calibration: str | None = option(None, help="the ADC ranges: 'max', the largest "
+                                         "current any input can make (every mode's default); "
+                                         "'data', one range per tile and bit slice from the "
+                                         "first inference with current (it should be "
+                                         "representative: later inputs beyond it clip)",
+                                         choices=("max", "data"))
 
 
 #: The preset of a crossbar node without ``cim_preset``: models written before the default
@@ -1075,6 +1081,7 @@ def _run_mode(attrs: dict, base: CrossbarParams, run: dict):
         return compose(name, params, time_s, effects, seed=run.get("seed") or 0,
                        adc_bits=run.get("adc_bits"), stuck_at=run.get("stuck_at"),
                        drift_compensation=run.get("drift_compensation"),
+                       adc_calibration=run.get("adc_calibration"),
                        timed=run.get("time_s") is not None)
     except ValueError as e:
         raise CinmError(f"crossbar run options: {e}") from None

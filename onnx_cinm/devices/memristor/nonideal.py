@@ -38,13 +38,14 @@ TIMED = ("drift", "read1f")
 #: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
 #: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
 #: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
-#: IR drop, unless ``--cim-effects`` names others, with ADC ranges calibrated per tile and slice
-#: on the first inference (``adc_calibration data``, CrossSim's CALIBRATED, crossbar.md §4 "ADC
-#: precision"; HERMES calibrates its ADCs on chip, chips.md §2.7): the full-scale rule of ``q8``
-#: leaves a typical 256-row column with ReLU inputs a few LSB, so there its 8-bit ADC alone made
-#: OriNet's logits 18 % off and the ``adc`` effect's 1 LSB of INL 558 % (4 % and 52 %
-#: calibrated; docs/crossbar-presets.md). Not by default: ``read`` (the 1/f model stands for the device's read noise) and
-#: ``adc`` (HERMES calibrates its ADCs digitally, chips.md §2.7).
+#: IR drop, unless ``--cim-effects`` names others. Every mode keeps the ADC's full-scale rule
+#: (effect 6: the largest current any input can make), which leaves a typical 256-row column with
+#: ReLU inputs a few LSB, so there the 8-bit ADC alone made OriNet's logits 18 % off and the
+#: ``adc`` effect's 1 LSB of INL 558 %; run option ``adc_calibration data`` calibrates the ranges
+#: on the first inference instead (4 % and 52 %), which a first input unlike the later ones
+#: turns into clipping (docs/crossbar-presets.md). Not by default: ``read`` (the 1/f model
+#: stands for the device's read noise) and ``adc`` (HERMES calibrates its ADCs digitally,
+#: chips.md §2.7).
 NAMED = {
     "ideal": None,
     "q8": ("q8", ()),
@@ -55,7 +56,8 @@ NAMED = {
 
 def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: int = 0,
             adc_bits: int | None = None, stuck_at: float | None = None,
-            drift_compensation: bool | None = None, timed: bool = False) -> CrossbarMode:
+            drift_compensation: bool | None = None, adc_calibration: str | None = None,
+            timed: bool = False) -> CrossbarMode:
     """The mode named ``name`` (a key of :data:`NAMED`) for chip preset ``chip`` (needed by
     ``device``), ``time_s`` seconds after programming, with the effects ``effects`` (names of
     :data:`EFFECTS`; None: the mode's own).
@@ -64,7 +66,9 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
     options of the crossbar kernels, ``onnx-cinm evaluate``'s sweeps): ``seed`` of the device
     and read-noise draws; ``adc_bits`` (0: an ideal ADC); ``stuck_at``: the fraction of cells
     stuck at 0 and, as many, stuck at ``g_max`` (the ``stuck`` effect is 1e-3); global drift
-    compensation on or off. Mode ``ideal`` takes none of them but ``seed`` (it draws nothing).
+    compensation on or off; ``adc_calibration`` (``"max"``, the full-scale rule, every
+    mode's own; ``"data"``: calibrated on the first inference, mode.py effect 6). Mode
+    ``ideal`` takes none of them but ``seed`` (it draws nothing).
     ``timed``: the caller asks for a time after programming (a run option, not the compiled
     one), so the effects must include one of :data:`TIMED`. Raises ValueError on an unknown name or effect, or a value the mode refuses."""
     if name not in NAMED:
@@ -74,7 +78,8 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
         if effects:
             raise ValueError("mode 'ideal' takes no effects")
         given = [what for what, v in (("ADC bits", adc_bits), ("stuck-at cells", stuck_at),
-                                      ("drift compensation", drift_compensation)) if v is not None]
+                                      ("drift compensation", drift_compensation),
+                                      ("ADC calibration", adc_calibration)) if v is not None]
         if given:
             raise ValueError(f"mode 'ideal' has no {given[0]} (exact fp32 arithmetic); choose "
                              f"mode {', '.join(repr(n) for n in NAMED if n != 'ideal')}")
@@ -93,7 +98,7 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
         if chip is None:
             raise ValueError("mode 'device' needs a chip preset")
         kw = {"weight_bits": chip.weight_bits, "cell_bits": chip.cell_bits, "differential": True,
-              "dac_bits": chip.dac_bits, "adc_bits": chip.adc_bits, "adc_calibration": "data"}
+              "dac_bits": chip.dac_bits, "adc_bits": chip.adc_bits}
     else:
         kw = dict(_Q8_BITS)
     for e in chosen:
@@ -105,6 +110,8 @@ def compose(name: str, chip=None, time_s: float = 0.0, effects=None, *, seed: in
         kw["stuck_at_0"] = kw["stuck_at_1"] = float(stuck_at)
     if drift_compensation is not None:
         kw["drift_compensation"] = drift_compensation
+    if adc_calibration is not None:
+        kw["adc_calibration"] = adc_calibration
     if any(k in kw for k in DEVICE_EFFECTS):
         if chip is None:
             raise ValueError(f"effects {', '.join(chosen)} need a chip preset")

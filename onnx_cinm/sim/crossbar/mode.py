@@ -44,20 +44,20 @@ fp32; ``quantized`` models, in this order, the effects listed in the field notes
    current any input within the DAC range can produce, so with ``adc_range = 1`` a noiseless
    column never clips; ``adc_range < 1`` trades clipping for resolution. Values outside
    ``[-F, F]`` saturate (counted as ``adc_clipped``). ``adc_bits = 0``: an ideal ADC.
-   ``adc_calibration = "data"`` (CrossSim's ``CALIBRATED`` range, aihwkit's ``out_bound``;
-   field notes ``crossbar.md`` §4 "ADC precision": calibrate the ranges, since lossless needs
-   about ``log2(rows) + b_cell + b_dac`` bits, 8 + 7 + 8 on a 256-row pcm-hermes column, far
-   more than its 8-bit ADC): one ``F = adc_range * max |I|`` per tile and bit slice
-   instead, over every column of the slice, ``I`` the currents of the target levels (``DAC
-   levels @ D``, no device effect) over the first inference that streams through the tile
-   (its calibration set, as a chip's ADC ranges are set on sample data after programming;
-   kept for the simulator's lifetime, also when the tile is programmed again); a slice that
-   carried no current keeps the full-scale rule. One range per tile, as CrossSim's
-   calibrated range is one per array: a range per column set by one input vector (a dense
-   layer at batch 1) clipped the next vectors' larger currents. With the full-scale rule a
-   typical column of a 256-row tile with non-negative inputs spans only a few LSB, so an ADC
-   error of 1 LSB is of the order of the signal; calibrated, the quantization error of a
-   conversion is at most ``F / (2 La)``.
+   ``adc_calibration = "data"`` (field notes ``crossbar.md`` §4 "ADC precision": calibrate
+   the ranges, CrossSim's ``CALIBRATED`` option, since lossless needs about
+   ``log2(rows) + b_cell + b_dac`` bits, 8 + 7 + 8 on a 256-row pcm-hermes column, far more
+   than its 8-bit ADC): one ``F = adc_range * max |I|`` per tile and bit slice instead, over
+   every column of the slice, ``I`` the currents of the target levels (``DAC levels @ D``, no
+   device effect) over the first inference through the tile that carries current (its
+   calibration set, as a chip's ADC ranges are set on sample data after programming; kept for
+   the simulator's lifetime, also when the tile is programmed again); a slice without current
+   keeps the full-scale rule. CrossSim calibrates per layer, offline; one range per tile here,
+   not one per column: a range per column set by one input vector (a dense layer at batch 1)
+   clipped the next vectors' larger currents. With the full-scale rule a typical column of a
+   256-row tile with non-negative inputs spans only a few LSB, so an ADC error of 1 LSB is of
+   the order of the signal; calibrated, the quantization error of a conversion is at most
+   ``F / (2 La)``, and a first inference unlike the later ones clips them.
 
 7. **Device physics** (optional, all off by default; :mod:`.physics`, field notes
    ``chips.md`` §2): each physical cell's level ``l`` (``0 .. Lc``, ``Lc = 2**cell_bits - 1``) is
