@@ -209,6 +209,34 @@ def test_bad_input_is_one_line(digits_files, digits_mlp, capsys, tmp_path):
     assert not (tmp_path / "p.png").exists()
 
 
+def test_saturated_adc_conversions_reach_the_profile(digits_files, digits_mlp):
+    """The simulator counted ADC conversions that saturated, but no profile, table or note
+    showed them (trial s31: a calibration on one unrepresentative first input clipped every
+    later one, silently). With the full-scale rule a noiseless column never clips (mode.py,
+    effect 6); calibrated on one sample, the next 64 go beyond its range."""
+    from onnx_cinm.runtime import profile
+
+    path, _, _ = digits_files
+    one, many = digits_mlp.X_test[:1], digits_mlp.X_test[1:65]
+    runs = {}
+    for how in ("max", "data"):
+        s = session_mod.InferenceSession(str(path), provider_options=[
+            {"cim_mode": "device", "cim_effects": "none", "cim_adc_calibration": how}, {}])
+        s.run(["probabilities"], {"X": one})
+        s.run(["probabilities"], {"X": many})
+        runs[how] = s.profile()
+    assert not any(r.get("adc_clipped") for r in runs["max"])
+    assert profile.clipped_note(runs["max"]) is None
+    clipped = [r for r in runs["data"] if r.get("adc_clipped")]
+    assert clipped and all(r["run"] == 1 for r in clipped)  # none on the calibrating run
+    assert all(0 < r["adc_clipped"] <= r["adc_conversions"] for r in clipped)
+    note = profile.clipped_note(runs["data"])
+    total = sum(r["adc_clipped"] for r in clipped)
+    assert note.startswith(f"ADC: {total:,} conversions saturated in {len(clipped)} crossbar")
+    assert f"of their {sum(r['adc_conversions'] for r in clipped):,} conversions" in note
+    assert note in profile.table(runs["data"])
+
+
 def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):
     # compiled exact; the run option cim_mode=device makes compare report statistics, and the
     # device draws really run (the outputs move off onnxruntime's)

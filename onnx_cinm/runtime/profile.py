@@ -9,7 +9,8 @@ were counted on this run's inputs, at their sizes; ``plan``: they are the record
 the sizes the model was planned at; None on the host) and, on a crossbar kernel whose
 programmed operand is an activation of another shape than planned, ``replanned`` (``[planned
 [G, K, N], this run's]``: the run's figures are those of a program planned again at that
-shape). Missing figures are None: host
+shape), and ``adc_clipped``/``adc_conversions`` on a crossbar kernel whose ADC saturated.
+Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
 """
@@ -181,6 +182,32 @@ def basis_note(records: list[dict], planned: str | None = None, at_run: str | No
     return text
 
 
+def clipped_note(records: list[dict]) -> str | None:
+    """The crossbar ADC conversions that saturated in these runs (records' ``adc_clipped``),
+    of how many, and in which kernels (the three that clipped most first); None when none
+    did. Only a quantized data path with an ADC clips: with the full-scale rule a noiseless
+    column never does (noise, drift or device effects can), with ``cim_adc_calibration=data``
+    an input beyond the first inference's range does."""
+    per: dict = {}
+    for r in records:
+        if r.get("adc_clipped"):
+            got = per.setdefault(r["node"], [0, 0])
+            got[0] += r["adc_clipped"]
+            got[1] += r.get("adc_conversions", 0)
+    if not per:
+        return None
+    clipped = sum(c for c, _ in per.values())
+    total = sum(n for _, n in per.values())
+    worst = sorted(per.items(), key=lambda kv: -kv[1][0])
+    names = ", ".join(f"{node} {c:,}" for node, (c, _) in worst[:3])
+    more = f" and {len(worst) - 3} more" if len(worst) > 3 else ""
+    return (f"ADC: {clipped:,} conversions saturated in {len(per)} crossbar kernel(s) "
+            f"({names}{more}; of their {total:,} conversions in the runs that clipped): "
+            "their outputs are clipped; with "
+            "cim_adc_calibration=data the ranges come from the first inference, so give it "
+            "inputs like the later ones")
+
+
 def replanned_notes(records: list[dict]) -> list[str]:
     """One note per node whose records carry ``replanned`` (a crossbar kernel whose programmed
     operand, an activation, had another shape than planned): the planned shape and the
@@ -275,6 +302,9 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     if basis:
         notes.append(basis)
     notes += replanned_notes(records)
+    clipped = clipped_note(records)
+    if clipped:
+        notes.append(clipped)
     for (dev, mode), note in sorted({(r["device"], r["mode"]): r["bytes_note"]
                                      for r in records if r.get("bytes_note")}.items()):
         notes.append(f"bytes of {dev} in {mode} mode: {note}")

@@ -1069,7 +1069,10 @@ class InferenceSession:
                 "basis": "run" if empty else metrics.get("basis") or "plan",
                 **({"bytes_note": metrics["bytes_note"]} if metrics.get("bytes_note") else {}),
                 **({"replanned": [list(s) for s in metrics["replanned"]]}
-                   if metrics.get("replanned") else {})}
+                   if metrics.get("replanned") else {}),
+                **({"adc_clipped": metrics["adc_clipped"],
+                    "adc_conversions": metrics.get("adc_conversions", 0)}
+                   if metrics.get("adc_clipped") else {})}
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
         """The outputs of device node ``d`` on inputs of which one is empty (0 elements): no
@@ -1161,7 +1164,9 @@ class InferenceSession:
         sizes: nodes in 'model' mode and kernels that report their plan's), None on the host;
         ``replanned`` (absent otherwise): ``[planned, this run's]`` shapes ``[G, K, N]`` of a
         crossbar kernel's programmed activation when the run's differed, so the kernel ran a
-        program planned again at this run's shape (its figures are that program's)."""
+        program planned again at this run's shape (its figures are that program's);
+        ``adc_clipped`` and ``adc_conversions`` (absent when none saturated): the crossbar ADC
+        conversions of this run that saturated, of how many."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
