@@ -93,6 +93,13 @@ def test_table_for_people(digits_files, capsys):
                  "--cim-effects", "drift", "--times", "1h", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
     assert "450 samples" in out and "exact run (onnxruntime, reference bodies): accuracy" in out
+    # the majority-class baseline (a trial's drifted detector scored exactly it), counted
+    # with numpy from the labels the evaluation reads
+    labels = np.load(data)["labels"]
+    vals, counts = np.unique(labels, return_counts=True)
+    k = int(np.argmax(counts))
+    assert (f"most frequent class, {vals[k]}, holds {counts[k]} of {len(labels)} samples: "
+            f"always answering it scores {100 * counts[k] / len(labels):.2f} %") in out
     rows = [line.split() for line in out.splitlines() if line.startswith("1 h")]
     assert [r[2] for r in rows] == ["off", "on"] and all(r[-1] == "1" for r in rows)
 
@@ -551,3 +558,13 @@ def test_a_missing_model_is_said_before_the_data_is_read(tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert code == 1 and err == f"onnx-cinm: error: no such file: '{tmp_path / 'nope.onnx'}'\n"
     assert opened == []
+
+
+def test_no_effects_read_none_in_the_header_and_table():
+    """`evaluate --cim-effects none` printed 'cim_effects=' with nothing after it (trial s31)."""
+    from onnx_cinm.cli.cmd_evaluate import _show
+    from onnx_cinm.runtime import evaluate as ev
+
+    assert ev._value_text("compiled", None, {"cim_mode": "device", "cim_effects": ()}) == \
+        "cim_mode=device, cim_effects=none"
+    assert _show(()) == "none" and _show(("prog", "drift")) == "prog,drift"

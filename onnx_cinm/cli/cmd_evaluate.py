@@ -97,6 +97,7 @@ def _cmd_evaluate(args, parser) -> int:
           f"({what}); {args.seeds} seed(s); run options {shown}")
     if labels is not None:
         print(f"  exact run (onnxruntime, reference bodies): accuracy {100 * evaluator.exact:.2f} %")
+        print(f"  {ev.majority_text(evaluator.labels)}")
     print()
     print(ev.table(summary, opts))
     if args.plot:
@@ -162,7 +163,7 @@ def _duration(seconds: float) -> str:
 
 
 def _show(v) -> str:
-    return ",".join(v) if isinstance(v, tuple) else str(v)
+    return (",".join(v) or "none") if isinstance(v, tuple) else str(v)
 
 
 def _jsonable(v):

@@ -347,6 +347,17 @@ def _np_dtype(type_text: str):
         return None
 
 
+def majority_text(labels) -> str:
+    """What always answering the labels' most frequent class scores (``labels``: integer
+    class per sample): an accuracy near it may be a model that collapsed to that class (a
+    trial's face detector after a year of drift scored exactly this, every sample 'no face')."""
+    classes, counts = np.unique(np.asarray(labels), return_counts=True)
+    k = int(np.argmax(counts))
+    return (f"the labels' most frequent class, {classes[k]}, holds {counts[k]} of "
+            f"{int(counts.sum())} samples: always answering it scores "
+            f"{100 * counts[k] / counts.sum():.2f} %")
+
+
 def summarize(records: list[dict]) -> list[dict]:
     """Records grouped by ``(sweep, value, compensation)`` in first-seen order: ``{sweep,
     value, compensation, seeds, metric, mean, min, max}`` (``metric``: ``accuracy`` or
@@ -377,7 +388,7 @@ def _value_text(sweep: str, value, options: dict | None = None) -> str:
     if sweep == "time":
         return duration_text(value)
     if sweep == "compiled":  # nothing swept: the run options given, or the model's own plans
-        shown = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}"
+        shown = ", ".join(f"{k}={(','.join(v) or 'none') if isinstance(v, tuple) else v}"
                           for k, v in (options or {}).items())
         return shown or "as compiled"
     return f"{value:g}"
