@@ -91,7 +91,8 @@ class OpInfo:
         attrs: node attributes as python values.
         inputs, outputs: :class:`TensorInfo` per (non-empty) input and output.
         flops: arithmetic operations of one inference (multiply and add count separately;
-            symbolic dims taken as 1).
+            symbolic dims taken as 1); a Loop's or Scan's include its body's (run on the host
+            as part of the node; :func:`onnx_cinm.analysis.body_flops`).
     """
 
     name: str

@@ -174,9 +174,9 @@ def _graph_layers(g, rows: list) -> None:
 
 
 def _flops(prob, i) -> int:
-    from .analysis import node_flops
-
-    return node_flops(prob.nodes[i], prob.infos)
+    """The FLOPs of node ``i`` as the placement priced it: a Loop's or Scan's with its body
+    (:attr:`onnx_cinm.graph.OpInfo.flops`)."""
+    return prob.ops[i].flops
 
 
 def _colour(dev: str, seen: list) -> str:

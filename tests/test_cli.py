@@ -917,3 +917,17 @@ def test_a_report_folder_under_a_file_says_it_is_a_file(tmp_path, capsys):
     code, _, err = _run(["report", str(model), "-o", str(tmp_path / "afile" / "r")], capsys)
     assert code == 1 and f"'{tmp_path / 'afile'}' is a file, not a folder" in err
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_flag_prefix_is_not_taken_for_a_longer_flag(tmp_path, capsys):
+    """`sweep --place X=upmem` was taken as --placement and refused as a placement method
+    (trial s31): sweep has no --place, and a prefix matches no flag."""
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--example", "lenet", "--place=fc1=upmem", "--set", "cim.rows=64",
+              "-o", str(tmp_path / "sw")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unrecognized arguments: --place=fc1=upmem" in err
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--exa", "lenet", "-o", str(tmp_path / "o.onnx")])
+    assert e.value.code == 2 and "unrecognized arguments: --exa" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -76,3 +76,31 @@ def test_shape_with_an_uninferred_output_counts_the_input_rank():
                 (TensorInfo("s", None, None),))
     c = devices.get_device("host").cost(op, {"host_roofline": "nominal"})
     assert c.latency_s == pytest.approx(24 / BW)
+
+
+def test_a_scan_is_priced_with_its_body_times_its_length():
+    """The host priced a Scan at its inputs' bytes alone: a GRU over time, 30 % of a model's
+    FLOPs, cost 307 ns (trial s31). Body per step, by hand: MatMul [1, 64] x [64, 64] =
+    2 * 64 * 64 = 8192 FLOPs, Add of 64 = 64: 8256; the scan input has 10 steps: 82,560."""
+    body = h.make_graph(
+        [h.make_node("MatMul", ["x_t", "w"], ["y"]), h.make_node("Add", ["y", "s_in"], ["s_out"]),
+         h.make_node("Identity", ["s_out"], ["o_t"])], "body",
+        [h.make_tensor_value_info("s_in", TP.FLOAT, [1, 64]),
+         h.make_tensor_value_info("x_t", TP.FLOAT, [1, 64])],
+        [h.make_tensor_value_info("s_out", TP.FLOAT, [1, 64]),
+         h.make_tensor_value_info("o_t", TP.FLOAT, [1, 64])],
+        [numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+    g = h.make_graph([h.make_node("Scan", ["s0", "xs"], ["s", "os"], name="scan", body=body,
+                                  num_scan_inputs=1)], "g",
+                     [h.make_tensor_value_info("s0", TP.FLOAT, [1, 64]),
+                      h.make_tensor_value_info("xs", TP.FLOAT, [10, 1, 64])],
+                     [h.make_tensor_value_info("s", TP.FLOAT, [1, 64]),
+                      h.make_tensor_value_info("os", TP.FLOAT, [10, 1, 64])])
+    m = onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    op = op_info(m.graph.node[0], tensor_infos(m))
+    assert op.flops == 10 * 8256
+    # nominal roofline: 82,560 FLOPs at 50 GFLOP/s (1.65 us) against the bytes read and
+    # written (s0 256 B, xs 2,560 B, s 256 B, os 2,560 B: 563 ns at 10 GB/s): FLOPs bound it
+    cost = devices.get_device("host").cost(op, {"host_roofline": "nominal"})
+    assert cost.latency_s == pytest.approx(82_560 / 50e9)
+    assert cost.energy_j == pytest.approx(82_560 / 50e9 * W)

@@ -268,7 +268,13 @@ def _pass_options(args, parser) -> dict:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line naming the (sub)command, with a pointer to its --help; exit 2."""
+    """Usage errors in one line naming the (sub)command, with a pointer to its --help; exit 2.
+    Long flags match only in full, not by a prefix: ``sweep --place X=upmem`` (a flag sweep
+    does not have) was taken as ``--placement`` and refused as a placement method (a trial)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
