@@ -239,9 +239,10 @@ def test_saturated_adc_conversions_reach_the_profile(digits_files, digits_mlp):
     assert all(0 < r["adc_clipped"] <= r["adc_conversions"] for r in clipped)
     note = profile.clipped_note(runs["data"])
     total = sum(r["adc_clipped"] for r in clipped)
-    assert note.startswith(f"ADC: {total:,} conversions saturated in {len(clipped)} crossbar")
+    kernels = {r["node"] for r in clipped}
+    assert note.startswith(f"ADC: {total:,} conversions saturated in {len(kernels)} crossbar")
     assert f"of their {sum(r['adc_conversions'] for r in clipped):,} conversions" in note
-    assert note in profile.table(runs["data"])
+    assert note in profile.table(runs["data"]) and "cim_adc_calibration=data" in note
 
 
 def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):

@@ -203,9 +203,9 @@ def clipped_note(records: list[dict]) -> str | None:
     more = f" and {len(worst) - 3} more" if len(worst) > 3 else ""
     return (f"ADC: {clipped:,} conversions saturated in {len(per)} crossbar kernel(s) "
             f"({names}{more}; of their {total:,} conversions in the runs that clipped): "
-            "their outputs are clipped; with "
-            "cim_adc_calibration=data the ranges come from the first inference, so give it "
-            "inputs like the later ones")
+            "those outputs stop at the ADC's range (with the full-scale rule only device "
+            "effects push a column past it; with cim_adc_calibration=data, inputs beyond the "
+            "first inference's currents do)")
 
 
 def replanned_notes(records: list[dict]) -> list[str]:
