@@ -569,3 +569,23 @@ def test_no_effects_read_none_in_the_header_and_table():
     assert ev._value_text("compiled", None, {"cim_mode": "device", "cim_effects": ()}) == \
         "cim_mode=device, cim_effects=none"
     assert _show(()) == "none" and _show(("prog", "drift")) == "prog,drift"
+
+
+def test_evaluate_says_when_adc_conversions_saturated(digits_files, capsys):
+    """evaluate counted no saturated conversion anywhere, so a calibration on one
+    unrepresentative first sample failed silently (review s31). With the full-scale rule and
+    no device effect a column never saturates (mode.py, effect 6); calibrated on the first of
+    samples run one at a time, the later ones go beyond its range."""
+    path, data, _ = digits_files
+    base = ["evaluate", str(path), "--data", str(data), "--cim-mode", "device",
+            "--cim-effects", "none", "--seeds", "1", "--batch", "1"]
+    out = _json(capsys, base + ["--json"])
+    assert [r["adc_clipped"] for r in out["records"]] == [0]
+    assert main(base) == 0
+    assert "ADC: conversions saturated" not in capsys.readouterr().out
+    out = _json(capsys, base + ["--cim-adc-calibration", "data", "--json"])
+    clipped = out["records"][0]["adc_clipped"]
+    assert clipped > 0
+    assert main(base + ["--cim-adc-calibration", "data"]) == 0
+    text = capsys.readouterr().out
+    assert f"ADC: conversions saturated in 1 of 1 runs (most {clipped:,}, at " in text

@@ -100,6 +100,9 @@ def _cmd_evaluate(args, parser) -> int:
         print(f"  {ev.majority_text(evaluator.labels)}")
     print()
     print(ev.table(summary, opts))
+    clipped = ev.clipped_text(records, opts)
+    if clipped:
+        print(f"\n{clipped}")
     if args.plot:
         print(f"\nplot written to {args.plot}")
     return 0

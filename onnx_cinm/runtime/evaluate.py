@@ -259,12 +259,14 @@ class Evaluator:
         return opts
 
     def run(self, point: Point) -> dict:
-        """One configuration: a record ``{sweep, value, compensation, seed, accuracy}`` (with
-        labels; a fraction in [0, 1]) or ``{..., rel_rms}`` (without)."""
+        """One configuration: a record ``{sweep, value, compensation, seed, adc_clipped,
+        accuracy}`` (with labels; a fraction in [0, 1]) or ``{..., rel_rms}`` (without);
+        ``adc_clipped``: the crossbar ADC conversions that saturated over the data set."""
         sess = InferenceSession(self.model_path, provider_options=[self.options_of(point), {}])
         y = self._outputs_of(sess, self.progress)
         rec = {"sweep": point.sweep, "value": point.value, "compensation": point.compensation,
-               "seed": point.seed}
+               "seed": point.seed,
+               "adc_clipped": int(sum(r.get("adc_clipped", 0) for r in sess.profile()))}
         if self.labels is not None:
             rec["accuracy"] = float(np.mean(self._predicted(y) == self.labels))
         else:
@@ -356,6 +358,23 @@ def majority_text(labels) -> str:
     return (f"the labels' most frequent class, {classes[k]}, holds {counts[k]} of "
             f"{int(counts.sum())} samples: always answering it scores "
             f"{100 * counts[k] / counts.sum():.2f} %")
+
+
+def clipped_text(records: list[dict], options: dict | None = None) -> str | None:
+    """How many of the runs ``records`` (:meth:`Evaluator.run`'s) had crossbar ADC
+    conversions saturate, and the run with most; None when none did."""
+    hit = [r for r in records if r.get("adc_clipped")]
+    if not hit:
+        return None
+    worst = max(hit, key=lambda r: r["adc_clipped"])
+    where = _value_text(worst["sweep"], worst["value"], options)
+    if worst["compensation"] is not None:
+        where += f", compensation {'on' if worst['compensation'] else 'off'}"
+    return (f"ADC: conversions saturated in {len(hit)} of {len(records)} runs (most "
+            f"{worst['adc_clipped']:,}, at {where}, seed {worst['seed']}): those outputs stop "
+            "at the ADC's range (with the full-scale rule only device effects push a column "
+            "past it; with --cim-adc-calibration data, samples beyond the first batch's "
+            "currents do)")
 
 
 def summarize(records: list[dict]) -> list[dict]:
