@@ -29,6 +29,7 @@ import numpy as np
 from .. import devices
 from ..errors import CinmError
 from . import session as session_mod
+from .profile import saturation_text
 from .session import InferenceSession
 
 __all__ = ["Point", "Evaluator", "summarize", "table", "plot", "SWEEPS"]
@@ -261,12 +262,17 @@ class Evaluator:
     def run(self, point: Point) -> dict:
         """One configuration: a record ``{sweep, value, compensation, seed, adc_clipped,
         accuracy}`` (with labels; a fraction in [0, 1]) or ``{..., rel_rms}`` (without);
-        ``adc_clipped``: the crossbar ADC conversions that saturated over the data set."""
+        ``adc_clipped``: the crossbar ADC conversions that saturated over the data set (and
+        then ``clipped_note``, the kernel's words on why)."""
         sess = InferenceSession(self.model_path, provider_options=[self.options_of(point), {}])
         y = self._outputs_of(sess, self.progress)
         rec = {"sweep": point.sweep, "value": point.value, "compensation": point.compensation,
                "seed": point.seed,
-               "adc_clipped": int(sum(r.get("adc_clipped", 0) for r in sess.profile()))}
+               "adc_clipped": 0}
+        for r in sess.profile():
+            if r.get("adc_clipped"):
+                rec["adc_clipped"] += r["adc_clipped"]
+                rec["clipped_note"] = r.get("clipped_note", "")
         if self.labels is not None:
             rec["accuracy"] = float(np.mean(self._predicted(y) == self.labels))
         else:
@@ -371,10 +377,8 @@ def clipped_text(records: list[dict], options: dict | None = None) -> str | None
     if worst["compensation"] is not None:
         where += f", compensation {'on' if worst['compensation'] else 'off'}"
     return (f"ADC: conversions saturated in {len(hit)} of {len(records)} runs (most "
-            f"{worst['adc_clipped']:,}, at {where}, seed {worst['seed']}): those outputs stop "
-            "at the ADC's range (with the full-scale rule only device effects push a column "
-            "past it; with --cim-adc-calibration data, samples beyond the first batch's "
-            "currents do)")
+            f"{worst['adc_clipped']:,}, at {where}, seed {worst['seed']}): "
+            + saturation_text(worst.get("clipped_note", "")))
 
 
 def summarize(records: list[dict]) -> list[dict]:

@@ -183,17 +183,17 @@ def basis_note(records: list[dict], planned: str | None = None, at_run: str | No
 
 
 def clipped_note(records: list[dict]) -> str | None:
-    """The crossbar ADC conversions that saturated in these runs (records' ``adc_clipped``),
-    of how many, and in which kernels (the three that clipped most first); None when none
-    did. Only a quantized data path with an ADC clips: with the full-scale rule a noiseless
-    column never does (noise, drift or device effects can), with ``cim_adc_calibration=data``
-    an input beyond the first inference's range does."""
+    """The ADC conversions that saturated in these runs (records' ``adc_clipped``), of how
+    many, in which kernels (the three that clipped most first) and why they can (the
+    kernel's ``clipped_note``); None when none did."""
     per: dict = {}
+    why = ""
     for r in records:
         if r.get("adc_clipped"):
             got = per.setdefault(r["node"], [0, 0])
             got[0] += r["adc_clipped"]
             got[1] += r.get("adc_conversions", 0)
+            why = why or r.get("clipped_note", "")
     if not per:
         return None
     clipped = sum(c for c, _ in per.values())
@@ -203,9 +203,13 @@ def clipped_note(records: list[dict]) -> str | None:
     more = f" and {len(worst) - 3} more" if len(worst) > 3 else ""
     return (f"ADC: {clipped:,} conversions saturated in {len(per)} crossbar kernel(s) "
             f"({names}{more}; of their {total:,} conversions in the runs that clipped): "
-            "those outputs stop at the ADC's range (with the full-scale rule only device "
-            "effects push a column past it; with cim_adc_calibration=data, inputs beyond the "
-            "first inference's currents do)")
+            + saturation_text(why))
+
+
+def saturation_text(why: str) -> str:
+    """The words after a count of saturated ADC conversions: their outputs stop at the
+    ADC's range, and ``why`` (the kernel's ``clipped_note``) in brackets when there is one."""
+    return "those outputs stop at the ADC's range" + (f" ({why})" if why else "")
 
 
 def replanned_notes(records: list[dict]) -> list[str]:

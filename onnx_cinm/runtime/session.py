@@ -1071,7 +1071,8 @@ class InferenceSession:
                 **({"replanned": [list(s) for s in metrics["replanned"]]}
                    if metrics.get("replanned") else {}),
                 **({"adc_clipped": metrics["adc_clipped"],
-                    "adc_conversions": metrics.get("adc_conversions", 0)}
+                    "adc_conversions": metrics.get("adc_conversions", 0),
+                    "clipped_note": metrics.get("clipped_note", "")}
                    if metrics.get("adc_clipped") else {})}
 
     def _run_empty(self, d: _DeviceNode, ins: list) -> list:
@@ -1165,8 +1166,9 @@ class InferenceSession:
         ``replanned`` (absent otherwise): ``[planned, this run's]`` shapes ``[G, K, N]`` of a
         crossbar kernel's programmed activation when the run's differed, so the kernel ran a
         program planned again at this run's shape (its figures are that program's);
-        ``adc_clipped`` and ``adc_conversions`` (absent when none saturated): the crossbar ADC
-        conversions of this run that saturated, of how many."""
+        ``adc_clipped``, ``adc_conversions`` and ``clipped_note`` (absent when none
+        saturated): the ADC conversions of this run that saturated, of how many, and why
+        they can (the device's words)."""
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 

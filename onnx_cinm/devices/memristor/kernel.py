@@ -31,6 +31,13 @@ _PROGRAMS_MAX = 256
 _FRESH_MAX = 1024
 
 
+#: Why a crossbar's ADC conversions saturate (the runtime shows it next to the count,
+#: ``clipped_note`` in a kernel's metrics): the sim's effect 6 (sim/crossbar/mode.py)
+CLIPPED_NOTE = ("with the full-scale rule only device effects push a column past it; with the "
+                "run option cim_adc_calibration=data, inputs beyond the first inference's "
+                "currents do")
+
+
 class CrossbarKernel:
     """Run one cinm Gemm/Gemv node through its ``.xbar`` kernel.
 
@@ -398,7 +405,7 @@ class CrossbarKernel:
     def _metrics(self, c: dict, X, Yt) -> dict:
         """The simulator's counters ``c`` of one inference on ``X`` giving ``Yt`` (both as the
         simulator sees them, ``[G, rows, K]`` and ``[G, rows, N]``), with ``bytes_moved`` and
-        ``basis`` added."""
+        ``basis`` added, and :data:`CLIPPED_NOTE` when an ADC conversion saturated."""
         # weights written, in elements (a quantized mode programs several cells per weight)
         weights = c["cell_writes"] // self.prog_mode_cells
         # as the plan counts them (paradigms.cim.schedule, "bytes moved"; report's
@@ -409,6 +416,8 @@ class CrossbarKernel:
         n_tiles = -(-Yt.shape[-1] // h["cols"])
         c["bytes_moved"] = 4 * (X.size * n_tiles + Yt.size * k_tiles + weights)
         c["basis"] = "run"  # the simulator's counters of these inputs (Device.kernel)
+        if c.get("adc_clipped"):
+            c["clipped_note"] = CLIPPED_NOTE
         return c
 
     def _layout(self, a_shape: tuple, b_shape: tuple) -> tuple:
