@@ -390,3 +390,36 @@ def test_a_filled_conv_weight_becomes_its_gemm_matrix_as_the_copy_would_be():
         if name in weights:
             assert tensor.SerializeToString() == weights[name]
     assert_matches_ort(model, got, n=2, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_a_clip_with_one_bound_runs_on_the_dpus_as_onnxruntime_clips(dtype, tmp_path):
+    """A Clip giving only min, or only max (the other input absent or named ""), has the bound
+    it leaves out written as ONNX's default (lowest / max of the type): the UPMEM kernel took it
+    for ambiguous and refused it ("cannot tell min from max"), and -inf still clips to the
+    float's lowest as onnxruntime does."""
+    from onnx_cinm import artifacts, optimize
+
+    tp = TP.FLOAT if dtype == np.float32 else TP.INT32
+    nodes = [h.make_node("Clip", ["x", "lo"], ["a"], name="only_min"),
+             h.make_node("Clip", ["x", "", "hi"], ["b"], name="only_max")]
+    inits = [nh.from_array(np.array(-3, dtype), "lo"), nh.from_array(np.array(5, dtype), "hi")]
+    m = _model(nodes, [h.make_tensor_value_info("x", tp, ["n", 64])],
+               [h.make_tensor_value_info(o, tp, ["n", 64]) for o in ("a", "b")], inits, opset=13)
+    res = optimize(m, place=[("only_*", "upmem")], dims={"n": 4}, check=1)
+    assert res.check.ok
+    clips = [n for n in res.model.graph.node if n.op_type == "Clip"]
+    assert [(n.domain, cinm.node_attrs(n)["device"]) for n in clips] == [("cinm", "upmem")] * 2
+    assert all(len(n.input) == 3 and all(n.input) for n in clips)
+    artifacts.save(res.model, tmp_path / "opt.onnx")
+    sess = InferenceSession(str(tmp_path / "opt.onnx"))
+    x = (rng.standard_normal((4, 64)) * 10).astype(dtype)
+    if dtype == np.float32:
+        x[0, :3] = [-np.inf, np.inf, np.nan]
+    want = run_onnxruntime(m, {"x": x})
+    assert np.nanmin(want[0]) == -3 and np.nanmax(want[1]) == 5  # both bounds bite
+    if dtype == np.float32:  # the bound left out is the type's lowest / max, not an infinity
+        big = np.finfo(np.float32).max
+        assert want[0][0, 1] == big and want[1][0, 0] == -big
+    for got, ref in zip(sess.run(None, {"x": x}), want):
+        np.testing.assert_array_equal(got, ref)

@@ -396,9 +396,27 @@ def _elementwise(rw: _Rewriter, node: ir.Node, _):
     lo = _Lowering(rw, node)
     keep = {k: v for k, v in _attrs(node).items() if k in cinm.OPS[op].attrs}
     inputs = _ins(node)
-    if op == "Clip":  # always 3 inputs: the cinm Clip schema's inference reads input 2 (max)
-        inputs += [""] * (3 - len(inputs))
+    if op == "Clip":
+        inputs = _clip_bounds(rw, inputs)
     return lo.cinm_recast(op, inputs, [_outs(node)[0]], **keep)
+
+
+def _clip_bounds(rw: _Rewriter, inputs: list[str]) -> list[str]:
+    """A Clip's inputs ``[X, min, max]`` with a bound it leaves out (absent or named ``""``)
+    given as the constant ONNX takes for it: ``numeric_limits<T>::lowest()`` for min and
+    ``max()`` for max (the Clip-11/13 spec; onnxruntime clips to them, so a float's -inf
+    becomes -3.4e38 either way). The cinm Clip then always names both bounds: a device's
+    :class:`~onnx_cinm.analysis.OpInfo` lists a node's named inputs only, so ``[X, min]`` and
+    ``[X, "", max]`` would look alike there (the UPMEM kernel refused both)."""
+    inputs = inputs + [""] * (3 - len(inputs))
+    if all(inputs[1:]):
+        return inputs
+    dtype = np.dtype(rw.dtype_name(inputs[0]))
+    lim = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    for k, (base, value) in enumerate((("clip_min", lim.min), ("clip_max", lim.max)), start=1):
+        if not inputs[k]:
+            inputs[k] = rw.const(base, np.array(value, dtype))
+    return inputs
 
 
 def _reduce_axes(rw: _Rewriter, node: ir.Node):

@@ -228,7 +228,8 @@ def _kernel_for(op, consts: dict | None = None,
             params["approximate"] = _attr(a, "approximate", "none")
         if t == "Clip":
             if len(ins) == 2:
-                raise ValueError("Clip with one bound: cannot tell min from max in OpInfo")
+                raise ValueError("cinm Clip with one bound: name both min and max (to_cinm writes the "
+                                 "one an ONNX Clip leaves out as its default)")
             for name, x in zip(("min", "max"), ins[1:]):
                 if not x.const:
                     raise ValueError(f"Clip {name} is not a constant")
