@@ -426,6 +426,9 @@ class Edit:
         #: the one-element arrays :meth:`array` broadcast a fill from, by id: (the array, kept
         #: alive so that ids stay unique; the initializer; its name then)
         self._fill_sources: dict[int, tuple[np.ndarray, onnx.TensorProto, str]] = {}
+        #: ``{name of a node a Builder made: op type of the node it replaces}`` (a fusion's
+        #: nodes: its anchor's), so placement hints can name the op types a user knows
+        self.source_ops: dict[str, str] = {}
 
     # -- values ------------------------------------------------------------------------------
 
@@ -750,7 +753,9 @@ class Builder:
     def _proto(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
                outputs: list[str] | None, suffix: str, attrs: dict) -> onnx.NodeProto:
         outs = outputs or [self.edit.fresh(f"{self.base}_{suffix}")]
-        return make(op, inputs, outs, name=self.edit.fresh(f"{self.base}/{op}"), **attrs)
+        name = self.edit.fresh(f"{self.base}/{op}")
+        self.edit.source_ops[name] = self.source.op_type
+        return make(op, inputs, outs, name=name, **attrs)
 
     def node(self, make: Callable[..., onnx.NodeProto], op: str, inputs: list[str],
              outputs: list[str] | None, suffix: str, **attrs) -> str:

@@ -837,7 +837,9 @@ def test_refused_and_shadowed_hints_are_told_apart_from_unmatched(strategy, tmp_
     err = capsys.readouterr().err.splitlines()
     assert code == 0
     assert err == [
-        "onnx-cinm: warning: hint nomatch*=host matched no cinm op",
+        "onnx-cinm: warning: hint nomatch*=host matched no cinm op (a pattern matches a cinm "
+        "op's name '<source node>/<Op>' or op type, or its source node's name or op type; "
+        "optimize -v lists the cinm ops)",
         "onnx-cinm: warning: hint fc2=host matched only ops an earlier hint took (Gemm=upmem; "
         "the first matching hint wins): it changed nothing",
         "onnx-cinm: warning: hint relu=memristor refused for 1 op(s) (relu/Relu): memristor: "

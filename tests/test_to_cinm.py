@@ -423,3 +423,31 @@ def test_a_clip_with_one_bound_runs_on_the_dpus_as_onnxruntime_clips(dtype, tmp_
         assert want[0][0, 1] == big and want[1][0, 0] == -big
     for got, ref in zip(sess.run(None, {"x": x}), want):
         np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("strategy", ["cost", "heuristic"])
+def test_a_hint_may_name_the_onnx_op_type_a_cinm_op_was_lowered_from(strategy):
+    """``MatMul=upmem`` matched nothing (a trial: the warning, exit 0 and no op on the DPUs):
+    hints matched the cinm op types (Gemm) and names only. They now match the source node's op
+    type too: every cinm op a Conv became (Im2Col, Gemm) and the Gemm a MatMul became, and
+    nothing lowered from another op type (the Relu)."""
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    k = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    m = _model([h.make_node("Conv", ["x", "k"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                h.make_node("Relu", ["c"], ["r"], name="act"),
+                h.make_node("Reshape", ["r", "shape"], ["f"], name="flat"),
+                h.make_node("MatMul", ["f", "w"], ["y"], name="fc")],
+               [h.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4, 4])],
+               [h.make_tensor_value_info("y", TP.FLOAT, None)],
+               [nh.from_array(w, "w"), nh.from_array(k, "k"),
+                nh.from_array(np.array([2, 64], np.int64), "shape")])
+    out, ctx = _lower(m, placement=strategy, place=[("MatMul", "upmem"), ("Conv", "upmem")])
+    placed = {n.name: cinm.node_attrs(n)["device"] for n in out.graph.node if n.domain == "cinm"}
+    assert placed == {"conv/Im2Col": "upmem", "conv/Gemm": "upmem", "act/Relu": placed["act/Relu"],
+                      "fc/Gemm": "upmem"}
+    notes = {n.name: cinm.node_attrs(n)["placement"] for n in out.graph.node if n.domain == "cinm"}
+    assert notes["fc/Gemm"].startswith("hint MatMul=upmem")
+    assert notes["conv/Gemm"].startswith("hint Conv=upmem")
+    assert not notes["act/Relu"].startswith("hint")
+    assert ctx.stats["placement"]["unused_hints"] == []
+    assert_matches_ort(m, out)

@@ -349,8 +349,10 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--report", metavar="DIR",
                    help="also write the report (table, PNG pictures, HTML page) into DIR")
     o.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
-                   help="placement hint; PATTERN (fnmatch) matches node names or op types, e.g. "
-                        "'Gemm=upmem' or '*conv1*=host'; the first matching hint wins (repeatable)")
+                   help="placement hint; PATTERN (fnmatch) matches a cinm op's name or op type "
+                        "or the name or ONNX op type of the node it was lowered from, e.g. "
+                        "'Gemm=upmem', 'MatMul=upmem' or '*conv1*=host'; the first matching "
+                        "hint wins (repeatable)")
     o.add_argument("--place-config", metavar="FILE",
                    help="JSON or TOML file with a 'place' table of PATTERN = DEVICE hints")
     o.add_argument("--skip-pass", action="append", default=[], metavar="NAME",

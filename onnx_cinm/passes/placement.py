@@ -65,7 +65,7 @@ def placement(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         for line in hint_warnings(stats):
             ctx.log(f"placement: {line}")
         return model
-    hints = HintLog(ctx.options.get("place", []))
+    hints = HintLog(ctx.options.get("place", []), ctx.source_ops)
     infos = ctx.tensor_infos(model)
     counts: Counter = Counter()
     for node in model.graph.node:

@@ -22,22 +22,27 @@ from .pass_options import parse_hint
 _PARADIGM_ORDER = ("cim", "cnm")
 
 
-def hint_matches(node: onnx.NodeProto, pattern: str) -> bool:
-    """Whether a ``--place`` pattern (fnmatch) matches ``node``: its name, its op type, or the
+def hint_matches(node: onnx.NodeProto, pattern: str, source_op: str | None = None) -> bool:
+    """Whether a ``--place`` pattern (fnmatch) matches ``node``: its name, its op type, the
     name of the source node it was lowered from (``to_cinm`` names a cinm op ``<source>/<Op>``,
-    so ``fc1`` matches ``fc1/Gemm``)."""
+    so ``fc1`` matches ``fc1/Gemm``) or that source node's op type ``source_op`` (``MatMul``
+    matches the cinm Gemm a MatMul became; ``Conv`` a Conv's Im2Col and Gemm)."""
     source = node.name.rsplit("/", 1)[0] if "/" in node.name else node.name
-    return any(fnmatch.fnmatchcase(x, pattern) for x in (node.name, node.op_type, source))
+    return any(fnmatch.fnmatchcase(x, pattern) for x in (node.name, node.op_type, source)) or \
+        (source_op is not None and fnmatch.fnmatchcase(source_op, pattern))
 
 
 class HintLog:
     """What became of each placement hint, for both strategies: the first hint matching a node
     wins it (:meth:`first`); a winning hint whose device cannot run the node is refused there
     (:meth:`refuse`). :meth:`stats` then tells apart hints that matched no cinm op, hints every
-    match of which an earlier hint took (shadowed), and refusals with their reasons."""
+    match of which an earlier hint took (shadowed), and refusals with their reasons.
+    ``sources``: ``{cinm node name: source op type}`` (:attr:`.PassContext.source_ops`), for
+    :func:`hint_matches`."""
 
-    def __init__(self, hints) -> None:
+    def __init__(self, hints, sources: dict | None = None) -> None:
         self.hints = list(hints)
+        self.sources = sources or {}
         self.matched: set[int] = set()
         self.won: set[int] = set()
         self.shadowed_by: dict[int, set[int]] = {}
@@ -49,7 +54,9 @@ class HintLog:
 
     def first(self, node) -> tuple[int, str, str] | None:
         """``(index, pattern, device)`` of the first hint matching ``node``, or None."""
-        ks = [k for k, (pattern, _) in enumerate(self.hints) if hint_matches(node, pattern)]
+        source_op = self.sources.get(node.name)
+        ks = [k for k, (pattern, _) in enumerate(self.hints)
+              if hint_matches(node, pattern, source_op)]
         if not ks:
             return None
         self.matched.update(ks)
@@ -77,7 +84,9 @@ class HintLog:
 def hint_warnings(stats: dict) -> list[str]:
     """One line per hint that was not (fully) honoured, for a person (from :meth:`HintLog.stats`
     entries in the ``placement`` stats)."""
-    out = [f"hint {h} matched no cinm op" for h in stats.get("unused_hints", [])]
+    out = [f"hint {h} matched no cinm op (a pattern matches a cinm op's name '<source node>/"
+           "<Op>' or op type, or its source node's name or op type; optimize -v lists the "
+           "cinm ops)" for h in stats.get("unused_hints", [])]
     for h, by in stats.get("shadowed_hints", []):
         out.append(f"hint {h} matched only ops an earlier hint took ({', '.join(by)}; the first "
                    "matching hint wins): it changed nothing")

@@ -1190,5 +1190,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     type_node_outputs(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.origins = slim_origins(rw.origins)
+    ctx.source_ops = rw.source_ops
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model

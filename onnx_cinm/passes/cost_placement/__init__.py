@@ -217,7 +217,7 @@ def place_by_cost(model: onnx.ModelProto, ctx, set_attr) -> dict:
     objective = options.get("objective") or PlacementOptions.objective
     hints = list(options.get("place", []))
     infos = ctx.tensor_infos(model)
-    prob = build_problem(model, options, hints, infos=infos)
+    prob = build_problem(model, options, hints, infos=infos, sources=ctx.source_ops)
     sol = solve(prob, objective)
     # the baselines are the real all-host and heuristic placements, hints left out (solve
     # prices them only from a hint-free problem)

@@ -250,13 +250,15 @@ def placement_targets() -> list:
     return [d for d in devices.all_devices() if d.paradigm != "host"]
 
 
-def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None) -> Problem:
-    """Collect candidates and tensors of ``model`` (cinm ops already created)."""
+def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None,
+                  sources: dict | None = None) -> Problem:
+    """Collect candidates and tensors of ``model`` (cinm ops already created); ``sources``: the
+    source op types of its cinm ops, for the hints (:class:`.placement_rules.HintLog`)."""
     infos = infos if infos is not None else tensor_infos(model)
     prob = Problem(list(model.graph.node), infos, options, Constraints.from_options(options))
     host = devices.get_device("host")
     targets = placement_targets()
-    hint_log = HintLog(hints)
+    hint_log = HintLog(hints, sources)
     opts_keys = [_opts_key(options, dev) for dev in targets]  # the same for every op
     host_costs: dict = {}  # op signature -> the host's cost of a cinm op (this call's options)
     for i, node in enumerate(prob.nodes):
