@@ -90,6 +90,9 @@ class OptimizeResult:
             when the pipeline stopped before ``restore_host_ops`` used it (``stop_after``),
             else empty: what a later run of the passes from ``placement`` on needs to put
             lowered nodes back (:func:`onnx_cinm.sweep.evaluate`).
+        source_ops: ``{cinm node name: op type of the node to_cinm lowered it from}``
+            (:attr:`onnx_cinm.passes.PassContext.source_ops`): what placement hints naming an
+            ONNX op type (``MatMul=upmem``) match in a later run of the passes.
     """
 
     model: onnx.ModelProto
@@ -113,6 +116,7 @@ class OptimizeResult:
     branches_from: str | None = None
     fixed_dims: dict = field(default_factory=dict)
     origins: list = field(default_factory=list)
+    source_ops: dict = field(default_factory=dict)
     wall_s: float | None = None
     startup_s: float | None = None
     counted: bool = True
@@ -1263,4 +1267,4 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
                           anonymous, special_skipped, branches_from, fixed, ctx.origins,
-                          wall_s=time.perf_counter() - begin, counted=totals)
+                          source_ops=ctx.source_ops, wall_s=time.perf_counter() - begin, counted=totals)

@@ -129,6 +129,24 @@ def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, l
     return out
 
 
+def idle_devices(sets: list[tuple[str, list[str]]], results: list[dict]) -> list[tuple[str, str]]:
+    """``(sweep key, device)`` for each swept key that sets an option of a device no
+    configuration placed an op on (its ``devices`` column never names it; rejected rows left
+    out): the sweep of that key changed nothing (a trial swept ``upmem.dpus`` over three
+    values and got three identical rows, no op being on the DPUs)."""
+    from . import devices
+
+    known = keys()
+    used = {part.split(":")[0] for r in results if r.get("devices") for part in r["devices"].split()}
+    out = []
+    for key, values in sets:
+        opts = known[key](values[0])
+        for dev in devices.all_devices():
+            if dev.name not in used and any(o in dev.option_specs() for o in opts):
+                out.append((key, dev.name))
+    return out
+
+
 def configurations(sets: list[tuple[str, list[str]]]) -> list[dict]:
     """Every combination of the values, as ``{key: value text}`` in cartesian-product order."""
     keys = [k for k, _ in sets]
@@ -149,17 +167,18 @@ def options_of(config: dict, base: dict | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 _WORKER_MODEL: onnx.ModelProto | None = None
-_WORKER_ORIGINS: list = []
+_WORKER_LOWERED: tuple = ((), None)
 
 
-def _init_worker(model_path: str, origins: list) -> None:
-    global _WORKER_MODEL, _WORKER_ORIGINS
+def _init_worker(model_path: str, lowered: tuple) -> None:
+    global _WORKER_MODEL, _WORKER_LOWERED
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _WORKER_MODEL = onnx.load(model_path)
-    _WORKER_ORIGINS = origins
+    _WORKER_LOWERED = lowered
 
 
-def evaluate(model: onnx.ModelProto, options: dict, origins: list = ()) -> dict:
+def evaluate(model: onnx.ModelProto, options: dict, origins: list = (),
+             source_ops: dict | None = None) -> dict:
     """Place and lower the cinm-level ``model`` under ``options`` and return the modeled figures
     (``COLUMNS``: seconds, joules, tile writes, bytes, ``device:count`` list, broken
     constraints, how If branches count, wall seconds of the evaluation). The kernels inside
@@ -167,7 +186,9 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = ()) -> dict:
     device rejects (e.g. a bad option) gives its error in ``violations`` and NaN figures
     instead of stopping the sweep (every figure NaN: latency, energy, writes, bytes).
     ``origins``: the nodes ``to_cinm`` lowered (:attr:`onnx_cinm.pipeline.OptimizeResult.origins`,
-    weights as stubs), so ``restore_host_ops`` prices the model ``optimize`` would write."""
+    weights as stubs), so ``restore_host_ops`` prices the model ``optimize`` would write;
+    ``source_ops``: their source op types (:attr:`onnx_cinm.pipeline.OptimizeResult.source_ops`),
+    for hints naming them (``options["place"]``)."""
     from .analysis import tensor_infos
     from .passes import PassContext, PassManager
     from .passes.branches import (
@@ -180,7 +201,7 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = ()) -> dict:
     t0 = time.perf_counter()
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    ctx = PassContext(options=dict(options), origins=list(origins))
+    ctx = PassContext(options=dict(options), origins=list(origins), source_ops=source_ops or {})
     try:  # the pass manager checks the options: a bad combination is this row's error
         work = PassManager(pipeline=LOWERING).run(work, ctx)
         infos = None
@@ -214,13 +235,13 @@ def _branches(ifs: dict) -> str:
 
 
 def _evaluate_in_worker(options: dict) -> dict:
-    return evaluate(_WORKER_MODEL, options, _WORKER_ORIGINS)
+    return evaluate(_WORKER_MODEL, options, *_WORKER_LOWERED)
 
 
-def _evaluate_bytes(model, options: dict, origins: list = ()) -> dict:
+def _evaluate_bytes(model, options: dict, origins: list = (), source_ops: dict | None = None) -> dict:
     if isinstance(model, bytes):
         model = onnx.load_from_string(model)
-    return evaluate(model, options, origins)
+    return evaluate(model, options, origins, source_ops)
 
 
 def cinm_level(model, input_shapes: dict | None = None, dims: dict | None = None) -> onnx.ModelProto:
@@ -232,9 +253,9 @@ def cinm_level(model, input_shapes: dict | None = None, dims: dict | None = None
 
 
 def _cinm_level(model, input_shapes: dict | None, dims: dict | None,
-                notes: list | None = None) -> tuple[onnx.ModelProto, list]:
-    """:func:`cinm_level`'s model and what ``to_cinm`` lowered (weights as stubs), for
-    :func:`evaluate`; a note on the dims taken as 1 is appended to ``notes``."""
+                notes: list | None = None) -> tuple[onnx.ModelProto, list, dict]:
+    """:func:`cinm_level`'s model, what ``to_cinm`` lowered (weights as stubs) and the source op
+    types of its cinm ops, for :func:`evaluate`; a note on the dims taken as 1 is appended to ``notes``."""
     from .passes.origins import stub_origins
     from .pipeline import _drawn_integer_inputs, _runs_at_one, optimize
 
@@ -257,7 +278,7 @@ def _cinm_level(model, input_shapes: dict | None, dims: dict | None,
         if notes is not None:
             notes.append(f"symbolic dims taken as 1: {open_}; every configuration is planned at that "
                          "size: give others with " + " ".join(f"--dim {d}=SIZE" for d in res.unsized_dims))
-    return res.model, stub_origins(res.origins)
+    return res.model, stub_origins(res.origins), res.source_ops
 
 
 def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None = None,
@@ -287,7 +308,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     configs = configurations(sets)
     base = check_options(dict(base_options or {}))
     opts = [options_of(c, base) for c in configs]
-    cinm_model, origins = _cinm_level(model, input_shapes, dims, notes)
+    cinm_model, origins, source_ops = _cinm_level(model, input_shapes, dims, notes)
     data = cinm_model.SerializeToString()
     from tqdm import tqdm
 
@@ -297,7 +318,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
     try:
         if executor == "serial":
             for k, o in enumerate(opts):
-                results[k] = evaluate(cinm_model, o, origins)
+                results[k] = evaluate(cinm_model, o, origins, source_ops)
                 bar.update(1)
         elif executor == "process":
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -313,7 +334,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             with open(model_path, "wb") as f:
                 f.write(data)
             ex = ProcessPoolExecutor(max_workers=n, initializer=_init_worker,
-                                     initargs=(model_path, origins), mp_context=ctx)
+                                     initargs=(model_path, (origins, source_ops)), mp_context=ctx)
             try:
                 # workers start on submit and inherit an ignored SIGINT, so a Ctrl-C cannot
                 # hit one still starting up (a traceback per worker); the parent's Ctrl-C is
@@ -332,7 +353,7 @@ def run(model, sets: list[tuple[str, list[str]]], *, base_options: dict | None =
             finally:
                 folder.cleanup()
         elif executor == "dask":
-            results = _run_dask(data, opts, scheduler, bar, origins)
+            results = _run_dask(data, opts, scheduler, bar, origins, source_ops)
         else:
             raise CinmError(f"unknown executor '{executor}' (known: process, dask, serial)")
     finally:
@@ -354,7 +375,8 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, old)
 
 
-def _run_dask(data: bytes, opts: list[dict], scheduler, bar, origins: list = ()) -> list[dict]:
+def _run_dask(data: bytes, opts: list[dict], scheduler, bar, origins: list = (),
+              source_ops: dict | None = None) -> list[dict]:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -368,7 +390,8 @@ def _run_dask(data: bytes, opts: list[dict], scheduler, bar, origins: list = ())
         raise CinmError(f"cannot reach the Dask scheduler at '{scheduler}': {e}") from None
     try:
         blob = client.scatter(data, broadcast=True)
-        futs = [client.submit(_evaluate_bytes, blob, o, origins, pure=False) for o in opts]
+        futs = [client.submit(_evaluate_bytes, blob, o, origins, source_ops, pure=False)
+                for o in opts]
         index = {f.key: k for k, f in enumerate(futs)}
         results: list = [None] * len(opts)
         for f in as_completed(futs):

@@ -163,7 +163,7 @@ def test_sweep_counts_the_devices_of_the_model_optimize_writes():
     ops = [(n.op_type, cinm.node_attrs(n)["device"]) for n in written.graph.node
            if n.domain == cinm.DOMAIN]
     assert ops == [("Gemm", "memristor"), ("Relu", "host")]  # the Transpose folded away
-    level, origins = sweep._cinm_level(model, None, None)
+    level, origins, _ = sweep._cinm_level(model, None, None)
     assert [n.op_type for n in level.graph.node] == ["Gemm", "Transpose", "Relu"]
     row = sweep.evaluate(level, {"host_roofline": "nominal"}, origins)
     assert row["devices"] == "host:1 memristor:1"
@@ -228,3 +228,29 @@ def test_a_drawn_shape_input_is_not_refused_and_the_callers_model_is_kept():
     assert len(results) == 2 and all(r.get("latency_s", 0) > 0 for r in results)
     assert model.SerializeToString() == before
     assert onnx.load_from_string(before).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_sweep_places_ops_by_hint_and_says_when_a_swept_device_runs_nothing(tmp_path, capsys):
+    """A trial swept upmem.dpus over three values and got three identical rows with no word
+    why (no op was on the DPUs) and no way to put one there (sweep had no --place). With
+    --place the hint holds in every configuration, the ONNX op type included (Conv: LeNet's
+    conv1 and conv2, each an Im2Col and a Gemm); without it a note says the sweep of that key
+    changed nothing."""
+    def rows(folder):
+        with open(folder / "sweep.csv", newline="") as f:
+            return list(csv.DictReader(f))
+
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.dpus=64,256", "--executor", "serial",
+                 "-o", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "no configuration placed an op on upmem: sweeping upmem.dpus changed nothing" in err
+    assert all("upmem" not in r["devices"] for r in rows(tmp_path / "a"))
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.dpus=64,256", "--executor", "serial",
+                 "--place", "Conv=upmem", "-o", str(tmp_path / "b")]) == 0
+    err = capsys.readouterr().err
+    assert "changed nothing" not in err and "matched no cinm op" not in err
+    got = rows(tmp_path / "b")
+    # LeNet's two Convs, each an Im2Col and a Gemm on the DPUs (restore_host_ops keeps a hinted
+    # group as the hint put it)
+    assert [r["devices"].split()[-1] for r in got] == ["upmem:4", "upmem:4"]
+    assert float(got[0]["latency_s"]) != float(got[1]["latency_s"])  # the DPU count tells now

@@ -466,6 +466,11 @@ def _parser() -> argparse.ArgumentParser:
         sw.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                         help="size of a symbolic dimension to plan at, e.g. sequence=512 (repeatable; "
                              "default: the sizes the model records, else 1)")
+        sw.add_argument("--place", action="append", default=[], metavar="PATTERN=DEVICE",
+                        help="placement hint in every configuration, as optimize's (repeatable), "
+                             "e.g. 'MatMul=upmem' to sweep the DPUs' options on the MatMuls")
+        sw.add_argument("--place-config", metavar="FILE",
+                        help="JSON or TOML file with a 'place' table of PATTERN = DEVICE hints")
         _common(sw)
         _config_option(sw)
         _option_flags(sw, schema)  # the options of every configuration, unless swept

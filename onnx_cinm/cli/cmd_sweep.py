@@ -11,8 +11,10 @@ from .messages import note, warn
 
 def _cmd_sweep(args, parser) -> int:
     from .. import artifacts, frontend, sweep
+    from ..passes.placement_rules import load_hints, parse_hint
 
     try:
+        hints = [parse_hint(h) for h in args.place]
         notes: list = []
         sets = sweep.parse_sets(args.sets, notes)
         for line in notes:
@@ -38,6 +40,10 @@ def _cmd_sweep(args, parser) -> int:
     artifacts.check_output_outside_kernels(out, "-o")
     _check_writable_folder(args.output, "sweep")  # before the sweep, not after it
     base = _pass_options(args, parser)
+    if args.place_config:
+        hints += load_hints(args.place_config)
+    if hints:  # on the command line: they replace the --config file's, as optimize's do
+        base["place"] = hints
     if args.example:
         from ..examples import get_example
 
@@ -53,6 +59,9 @@ def _cmd_sweep(args, parser) -> int:
                                  notes=dim_notes)
     for line in dim_notes:
         note(args, line)
+    for key, dev in sweep.idle_devices(sets, results):
+        note(args, f"no configuration placed an op on {dev}: sweeping {key} changed nothing "
+             f"(put ops there with --place PATTERN={dev})")
     paths = sweep.write(out, configs, results,
                         title=source if args.example else Path(args.input).name)
     if not args.quiet:
