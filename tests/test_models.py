@@ -73,6 +73,29 @@ def test_ppocr(which, ppocr_model_paths, ppocr_input_shapes):
     assert not dims[0].HasField("dim_value") or dims[0].dim_value <= 0
 
 
+def test_ppocr_rec_placement_reasons_describe_the_model_written(ppocr_model_paths, ppocr_input_shapes):
+    """Cost placement words each op's reason; restore_host_ops then put 16 Convs back on the
+    host, and the crossbars they left pinned kernels the reasons still called streamed ("no
+    room, its 4 tiles + 63 kept by other kernels": a trial on PP-OCRv5; 8 of 35 here). Every
+    crossbar kernel's reason now names the kind its written plan has (cim_resident)."""
+    from onnx_cinm.dialects import cinm
+
+    result = optimize(str(ppocr_model_paths["rec"]), check=0,
+                      input_shapes={"x": ppocr_input_shapes["rec"]})
+    assert result.stats["restore_host_ops"]["restored"]  # what made the reasons stale
+    rows = []
+    for node in result.model.graph.node:
+        attrs = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
+        if attrs.get("device") == "memristor":
+            # "cost[energy]: memristor (kind) ..."; no kind when the device had one candidate
+            # (a product of two activations: written every inference, never resident)
+            kind = attrs["placement"].split("; ")[0].split(" ")[2]
+            rows.append((node.name, kind if kind.startswith("(") else None,
+                         bool(attrs["cim_resident"])))
+    assert len(rows) > 20 and {k for _, k, _ in rows} == {"(pinned)", "(streamed)", None}
+    assert [(n, k) for n, k, resident in rows if (k == "(pinned)") != resident] == []
+
+
 def _speech(rng, shape):
     """Audio-like samples in [-1, 1] (a noisy tone), float32."""
     t = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)

@@ -190,6 +190,20 @@ def _hinted(graph: onnx.GraphProto, ks: list[int]) -> bool:
                for k in ks if graph.node[k].domain == cinm.DOMAIN)
 
 
+def _rewrite_reasons(graph: onnx.GraphProto, reasons: dict) -> None:
+    """Replace the ``placement`` text of each cinm op of ``graph`` named in ``reasons`` (in
+    place, where the attribute is), unless a hint placed it (the text says so first)."""
+    for node in graph.node:
+        new = reasons.get(node.name) if node.domain == cinm.DOMAIN else None
+        if new is None:
+            continue
+        for a in node.attribute:
+            if a.name == "placement":
+                if not a.s.startswith(b"hint"):
+                    a.s = new.encode("utf-8")
+                break
+
+
 @register_pass("restore_host_ops", keeps_shapes=True)  # forgets the infos when it restores
 def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     """Put back the original of every lowered node whose cinm ops all stay on the host, or
@@ -217,8 +231,9 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
     where = [(_on_host(graph, g[2]), _hinted(graph, g[2])) for g in groups]
     keep = [g for g, (host, hint) in zip(groups, where) if host and not hint]
     cheaper = 0
+    reasons: dict = {}  # cost placement's reasons for the model as it is after restoring
     if cost and groups:
-        from .cost_placement import evaluate_model, evaluate_on_host
+        from .cost_placement import evaluate_model, evaluate_on_host, reasons_as_placed
 
         objective = stats.get("objective") or PlacementOptions.objective
         infos = dict(ctx.tensor_infos(model))
@@ -250,19 +265,22 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
             tried = tried[:MAX_TRIALS]
         for start in range(0, len(tried), CHUNK):
             chunk = tried[start:start + CHUNK]
-            trial, _ = priced(_restored(graph, keep + chunk))
+            trial, trial_prob = priced(_restored(graph, keep + chunk))
             if len(chunk) > 1 and trial.value(objective) < current.value(objective):
                 keep += chunk  # the chunk together costs less: one evaluation, not len(chunk)
-                current = trial
+                current, now = trial, trial_prob
                 cheaper += len(chunk)
                 continue
             for g in chunk:
-                trial = trial if len(chunk) == 1 else priced(_restored(graph, keep + [g]))[0]
+                if len(chunk) > 1:
+                    trial, trial_prob = priced(_restored(graph, keep + [g]))
                 if trial.value(objective) < current.value(objective):
                     keep.append(g)
-                    current = trial
+                    current, now = trial, trial_prob
                     cheaper += 1
         stats["totals"] = current
+        if keep:  # the reasons of the ops left on devices, for the model as it is now
+            reasons = reasons_as_placed(now, current, objective)
         if "baselines" in stats:
             stats["baselines"]["all-host"] = all_host
     if keep:
@@ -282,6 +300,7 @@ def restore_host_ops(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProt
             del graph.value_info[:]
             graph.value_info.extend(infos)
         drop_unread_initializers(graph)
+        _rewrite_reasons(graph, reasons)
         ctx.forget_infos()
         if "devices" in stats:
             stats["devices"] = Counter(cinm.node_attrs(n, _DEVICE).get("device", "host")

@@ -340,6 +340,23 @@ def evaluate_on_host(nodes: list, options: dict, infos: dict,
     return Totals(latency_s=lat, energy_j=en, writes=writes), fixed
 
 
+def reasons_as_placed(prob: Problem, totals: Totals, objective: str) -> dict[str, str]:
+    """``{node name: placement text}`` of every cinm op of ``prob`` that no hint placed, as
+    :func:`place_by_cost` words it, for the model as placed now: ``prob`` is
+    :func:`evaluate_model`'s problem of it (its ``assign`` the choices as compiled,
+    :func:`_as_placed`) and ``totals`` its totals. ``restore_host_ops`` rewrites the reasons
+    with it after putting nodes back: the crossbars those freed may pin a kernel placement
+    found no room for (a trial: a reason said "streamed, 4 tile writes/inf; pinned: no room,
+    its 4 tiles + 63 kept by other kernels" where the model written keeps 61 of 64 and the
+    kernel writes none)."""
+    sol = Solution(prob.assign, totals, "", {}, False)
+    devs = _devices(prob, sol.assign)
+    use = _crossbar_use(prob, sol.assign)
+    bad = violations(prob, totals)
+    return {prob.nodes[i].name: _reason(prob, sol, i, objective, devs, use, bad)
+            for i in prob.decision}
+
+
 def _as_placed(prob: Problem) -> tuple[Totals, list, Problem]:
     """:func:`evaluate_model` of the problem of the model (its ``assign``: the choices). The
     choices and totals of a placement the problem's search already priced as compiled (the
