@@ -931,3 +931,21 @@ def test_a_flag_prefix_is_not_taken_for_a_longer_flag(tmp_path, capsys):
         main(["optimize", "--exa", "lenet", "-o", str(tmp_path / "o.onnx")])
     assert e.value.code == 2 and "unrecognized arguments: --exa" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_compare_says_how_many_adc_conversions_saturated(tmp_path, capsys):
+    """run --profile and evaluate counted saturated crossbar ADC conversions, compare did not:
+    its table showed only the error. Ranges calibrated on the first of three random input
+    sets clip the later ones (LeNet's fc2 and fc1 here); under the full-scale rule without
+    device effects no current exceeds the range, and nothing is said."""
+    model = tmp_path / "le.onnx"
+    assert main(["optimize", "--example", "lenet", "-o", str(model), "-q", "--check", "0"]) == 0
+    capsys.readouterr()
+    base = ["compare", "--example", "lenet", str(model), "--runs", "3",
+            "--provider-option", "cim_mode=device"]
+    code, out, _ = _run(base + ["--provider-option", "cim_adc_calibration=data"], capsys)
+    line = next((x for x in out.splitlines() if x.startswith("ADC: ")), None)
+    assert code == 0 and line is not None and "conversions saturated in" in line, out
+    assert int(line.split()[1].replace(",", "")) > 0
+    code, out, _ = _run(base + ["--provider-option", "cim_effects=none"], capsys)
+    assert code == 0 and "saturated" not in out and "inexact by design" in out

@@ -429,6 +429,11 @@ def _cmd_compare(args, parser) -> int:
         print(f"{', '.join(inexact)}: inexact by design, so error statistics against "
               f"onnxruntime, not a verdict (relative RMS error: {rms}; the exact model was "
               "checked by optimize)")
+        from ..runtime.profile import clipped_note
+
+        clipped = clipped_note(sess.profile())
+        if clipped:  # saturated conversions explain much of a device's error (run --profile's)
+            print(clipped)
         # inexact arithmetic is not a licence for Inf/NaN where onnxruntime's values are finite
         # (e.g. a float32 constant beyond FP16's range): that is a failure
         broken = [o.name for o in report.outputs if not math.isfinite(o.max_abs_err)]
