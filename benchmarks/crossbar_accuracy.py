@@ -221,10 +221,11 @@ def digits_cnn(seed: int = 0):
             y_te.astype(np.int64), params)
 
 
-#: The device effects of table 4: the ``device`` mode's own but IR drop, which does not change
-#: with time and whose first-order model builds a rows x columns current map per input row
-#: (minutes per configuration on 256 x 256 tiles)
-TIME_EFFECTS = ("prog", "drift", "read1f", "gdc", "stuck")
+#: The device effects of table 4: the ``device`` mode's own (which leaves out MNSIM's unsourced
+#: ``stuck`` cells, :data:`onnx_cinm.devices.memristor.nonideal.NAMED`) but IR drop, which does
+#: not change with time and whose first-order model builds a rows x columns current map per
+#: input row (minutes per configuration on 256 x 256 tiles)
+TIME_EFFECTS = ("prog", "drift", "read1f", "gdc")
 
 
 def preset_table(seeds: int, records: list, tmp: Path, effects=TIME_EFFECTS) -> None:

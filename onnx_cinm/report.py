@@ -162,7 +162,7 @@ def _graph_layers(g, rows: list) -> None:
         at = cinm.node_attrs(node) if node.domain == cinm.DOMAIN else {}
         out = prob.infos.get(node.output[0]) if node.output else None
         shape = "x".join(str(d) for d in out.shape) if out is not None and out.shape is not None else "?"
-        name = node.name or f"{node.op_type}_{i}"
+        name = cinm.node_label(node, i)  # as run --profile names it
         rows.append(Layer(f"{g.prefix}{i}" if g.prefix else i, g.label + name, node.op_type, shape,
                           _flops(prob, i), nc.device, float(nc.cost.latency_s),
                           float(nc.cost.energy_j), nc.transfer_s, nc.transfer_j,

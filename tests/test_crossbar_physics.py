@@ -443,6 +443,31 @@ def test_stuck_cells_in_the_simulator(tmp_path):
     assert abs(y.mean() / 256 - 0.85) < 0.006
 
 
+def test_device_default_sticks_no_cell_and_named_stuck_sticks_its_rate(tmp_path):
+    # W all +1 on pcm-hermes (one 7-bit slice per weight, differential): G+ at g_max, G- at 0;
+    # one-hot inputs read every weight back (Y = W). With the device mode's default effects
+    # but the noisy ones off (programming noise, drift, 1/f noise, IR drop) and an ideal ADC,
+    # every weight must read 1: a cell stuck at 0 (G+) or at g_max (G-) would read 0.
+    from dataclasses import replace
+
+    W = np.ones((256, 256), np.float32)
+    X = np.eye(256, dtype=np.float32)
+    quiet = dict(prog_noise=0.0, drift=0.0, read_noise_1f=0.0, wire_ohm_row=0.0,
+                 wire_ohm_col=0.0, adc_bits=0)
+    default = replace(compose("device", PCM_HERMES), **quiet)
+    y = _run(tmp_path, W, X, default, rows=256, cols=256)
+    assert np.count_nonzero(np.abs(y - 1.0) > 0.5) == 0
+    np.testing.assert_allclose(y, 1.0, rtol=1e-5)
+    # named, the stuck effect is MNSIM's 0.1 % at 0 and 0.1 % at g_max per device: a weight
+    # reads wrong when its G+ sticks at 0 or its G- at g_max, p = 1 - (1 - 1e-3)^2 per weight
+    # (independent draws); 65536 weights: n p = 131, binomial SD 11.4, bound 4 SD
+    named = replace(compose("device", PCM_HERMES, 0.0, ["stuck"]), adc_bits=0)
+    y = _run(tmp_path, W, X, named, rows=256, cols=256)
+    n, p = W.size, 1 - (1 - 1e-3) ** 2
+    bad = np.count_nonzero(np.abs(y - 1.0) > 0.5)
+    assert abs(bad - n * p) < 4 * math.sqrt(n * p * (1 - p)), bad
+
+
 def test_ir_drop_in_the_simulator_by_hand(tmp_path):
     # a 2 x 2 tile of weights 1 on pcm-joshi cells (G = g_max = 25 uS), inputs 1: see
     # test_ir_drop_two_by_two_by_hand, y_0 = 2 - 4aG - 5bG, y_1 = 2 - 6aG - 5bG (times the unit

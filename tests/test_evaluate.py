@@ -256,13 +256,21 @@ def test_run_options_make_the_kernels_inexact(digits_files, digits_mlp):
     # 1.9650 x - 1.1731 x^2 uS at g_max 25 uS (chips.md §2.1): 0.26348 / 25 = 1.1 % at x = 0
     # and 1.05538 / 25 = 4.2 % at x = 1
     assert exact.inexact_kernels() == []
-    # and the stuck effect's 1e-3 of the cells at g_max (nonideal.EFFECTS): 0.1 %
+    # the default effects stick no cells (MNSIM's rate is unsourced: by name only)
     assert dev.inexact_kernels() == ["crossbar data path device (pcm-joshi2020: programming "
                                      "noise of 1.1 to 4.2 % of g_max per cell, the published "
-                                     "device model; 0.1 % of cells stuck at g_max (MNSIM's "
-                                     "rate, unsourced), each a full-scale weight: a network "
-                                     "not trained with them may not tolerate them; "
-                                     "cim_effects=none leaves the quantization alone)"]
+                                     "device model: a network not trained with them may not "
+                                     "tolerate them; cim_effects=none leaves the quantization "
+                                     "alone)"]
+    # named, the stuck effect's 1e-3 of the cells at g_max (nonideal.EFFECTS): 0.1 %
+    stuck = session_mod.InferenceSession(str(path), provider_options=[
+        {"cim_mode": "device", "cim_effects": "prog,drift,read1f,gdc,irdrop,stuck"}, {}])
+    assert stuck.inexact_kernels() == ["crossbar data path device (pcm-joshi2020: programming "
+                                       "noise of 1.1 to 4.2 % of g_max per cell, the published "
+                                       "device model; 0.1 % of cells stuck at g_max (MNSIM's "
+                                       "rate, unsourced), each a full-scale weight: a network "
+                                       "not trained with them may not tolerate them; "
+                                       "cim_effects=none leaves the quantization alone)"]
     none = session_mod.InferenceSession(str(path), provider_options=[
         {"cim_mode": "device", "cim_effects": ""}, {}])
     assert none.inexact_kernels() == ["crossbar data path device"]

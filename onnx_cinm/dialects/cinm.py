@@ -1071,6 +1071,15 @@ def ops_per_device(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
+def node_label(node: NodeProto, index: int) -> str:
+    """The name a person reads for ``node``, the ``index``-th node of its graph, in every
+    table and note (optimize's kernel tables, ``run --profile``, ``report``, the run's
+    errors): its name (a lowered op's ``<source node>/<Op>``), or ``<OpType #index>`` when it
+    has none (an unnamed host node the optimizer left as it was), which no real name
+    collides with (an exporter's ``Relu_20`` is a name)."""
+    return node.name or f"<{node.op_type} #{index}>"
+
+
 def branch_label(if_label: str, branch: str) -> str:
     """The prefix naming the nodes of branch ``branch`` (``then_branch``/``else_branch``) of
     the If labelled ``if_label``: ``/dec/If_1[then] `` (the provider's profile says the same)."""

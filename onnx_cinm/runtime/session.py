@@ -549,8 +549,11 @@ class InferenceSession:
             raise CinmError(f"node '{node.name}': kernel '{at['kernel']}' is not in "
                             f"{self._root / artifacts.MANIFEST}")
         node_consts = {n: consts[n] for n in node.input if n in consts}
-        kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode,
-                            run_options_of(dev, self._options), self._shared)
+        try:
+            kernel = dev.kernel(op_info(node, infos), at, self._root, node_consts, mode,
+                                run_options_of(dev, self._options), self._shared)
+        except CinmError as e:  # a kernel file it cannot read: say whose, as the tables do
+            raise self._named(e, node, dev_name) from None
         return None if kernel is None else (dev_name, kernel, mode)
 
     def _build(self, use_devices: bool, manifest_kernels: set | None = None,
@@ -1016,8 +1019,10 @@ class InferenceSession:
             try:
                 got = runner(x) if isinstance(x, np.ndarray) and x.size else None
             except ValueError as e:
-                raise CinmError(f"node '{d.label}' on {d.device} failed: "
-                                f"{str(e).splitlines()[0]}") from None
+                raise self._named(CinmError(str(e).splitlines()[0]), d.node, d.device,
+                                  "failed") from None
+            except CinmError as e:
+                raise self._named(e, d.node, d.device, "failed") from None
             if got is None:
                 for v in [src] + between:
                     self._run_device(v, values, records, run_index)
@@ -1049,8 +1054,10 @@ class InferenceSession:
             try:
                 outs, metrics = d.kernel(ins)
             except ValueError as e:  # inputs the kernel cannot take (too small, ...)
-                raise CinmError(f"node '{d.label}' on {d.device} failed: "
-                                f"{str(e).splitlines()[0]}") from None
+                raise self._named(CinmError(str(e).splitlines()[0]), d.node, d.device,
+                                  "failed") from None
+            except CinmError as e:  # a kernel program's own error names only its file
+                raise self._named(e, d.node, d.device, "failed") from None
         wall = time.perf_counter() - t0
         values.update(zip(d.outputs, outs))
         records.append(self._record(d, run_index, wall, metrics, empty))
@@ -1172,13 +1179,27 @@ class InferenceSession:
         with self._profile_lock:
             return [dict(r) for r in self._profile]
 
+    def _named(self, e: CinmError, node, device: str, what: str = "") -> CinmError:
+        """``e`` (its type kept) with its message after the node's name as every table gives
+        it (:meth:`_label`), its device and, unless the message names it already (a kernel
+        program's own error names only its file, which a person finds in no table), its
+        kernel's file: ``node 'n20/Gemm' on memristor (kernel memristor/0025_n20_Gemm.xbar in
+        lenet.cinm) failed: ...``."""
+        rel = cinm.node_attrs(node).get("kernel")
+        where = f" (kernel {rel} in {self._root})" if rel and self._root is not None and \
+            rel.rsplit("/", 1)[-1] not in str(e) else ""
+        e.args = (f"node '{self._label(node)}' on {device}{where}{' ' + what if what else ''}: "
+                  f"{e}", *e.args[1:])
+        return e
+
     def _label(self, node) -> str:
-        """The node's name in the profile; an unnamed node is ``<OpType #index>``."""
+        """The node's name in the profile, as report and optimize's tables give it
+        (:func:`onnx_cinm.dialects.cinm.node_label`)."""
         if node.name:
             return node.name
         if not hasattr(self, "_index"):
             self._index = {id(n): k for k, n in enumerate(self._model.graph.node)}
-        return f"<{node.op_type} #{self._index.get(id(node), '?')}>"
+        return cinm.node_label(node, self._index.get(id(node), "?"))
 
     def wear(self, seconds_per_inference: float | None = None) -> dict:
         """``{device: Wear}`` (:class:`onnx_cinm.devices.Wear`) of the devices whose kernels

@@ -36,6 +36,14 @@ from .presets import (DEFAULT, INT_DTYPES, PCM_HERMES, PCM_OCC, PRESETS, RERAM_I
                       CrossbarParams, resize)
 
 
+#: The named modes' own effects, for the options' help: ``device`` leaves ``stuck`` out
+#: (MNSIM's unsourced rate, :data:`.nonideal.NAMED`), so the help says how to name it.
+_OWN_EFFECTS = ("; ".join(f"{m}: {','.join(spec[1])}" for m, spec in NAMED.items()
+                          if spec and spec[1])
+                + "; 'stuck' (MNSIM's unsourced 0.1 % of cells stuck at 0 and at g_max) "
+                "only when named: prog,drift,read1f,gdc,irdrop,stuck")
+
+
 @dataclass(frozen=True)
 class CrossbarOptions:
     """The crossbar device's options (keys ``cim_<field>``; CLI ``--cim-<field>``)."""
@@ -74,9 +82,9 @@ class CrossbarOptions:
                            "taken (0: just programmed)", unit="s", low=0.0,
                            aliases=(Alias(flag="--cim-time", parse=parse_duration, metavar="T",
                                           help="--cim-time-s with a unit: 10s, 1h, 1d, 1y"),))
-    effects: tuple | None = option(None, help="the device effects of the mode (default: the "
-                                   "mode's own; 'none' for none)", choices=lambda: tuple(EFFECTS),
-                                   metavar="E1,E2|none")
+    effects: tuple | None = option(None, help="the device effects of the mode, the whole set "
+                                   f"(default: the mode's own, {_OWN_EFFECTS}; 'none' for none)",
+                                   choices=lambda: tuple(EFFECTS), metavar="E1,E2|none")
     link_gbps: float | None = option(None, help="host<->crossbar link bandwidth (default 6.4, an "
                                      "assumption: ISAAC's HyperTransport order)", unit="GB/s",
                                      low=1e-6)
@@ -91,10 +99,10 @@ class CrossbarRunOptions:
 
     mode: str | None = option(None, help="data path of this run (default: the one compiled "
                               "in)", choices=lambda: tuple(NAMED))
-    effects: tuple | None = option(None, help="device effects of this run (default: the "
-                                   "compiled ones, or the mode's own when --cim-mode changes "
-                                   "it; 'none' for none)", choices=lambda: tuple(EFFECTS),
-                                   metavar="E1,E2|none")
+    effects: tuple | None = option(None, help="device effects of this run, the whole set "
+                                   "(default: the compiled ones, or the mode's own when "
+                                   f"--cim-mode changes it, {_OWN_EFFECTS}; 'none' for none)",
+                                   choices=lambda: tuple(EFFECTS), metavar="E1,E2|none")
     time_s: float | None = option(None, help="time after programming at which the device "
                                   "effects are taken", unit="s", low=0.0)
     drift_compensation: bool | None = option(None, help="global drift compensation on or off "

@@ -17,7 +17,8 @@ _Q8_BITS = {"weight_bits": 8, "cell_bits": 2, "differential": True, "dac_bits": 
 #: ``p`` (a :class:`.presets.CrossbarParams`) and the time after programming ``t``.
 #: ``read``: 2 % relative read noise per cell and MVM (aihwkit's PCM-like ``w_noise`` is 1.75 %,
 #: crossbar.md §2.2); ``stuck``: 0.1 % of the cells stuck at 0 and 0.1 % at g_max (MNSIM 2.0's
-#: default, which cites no source, chips.md §2.5); ``adc``: a 1 LSB INL bow (typical |INL| <= 1
+#: default, which cites no source, chips.md §2.5: so in no mode's default, by name only);
+#: ``adc``: a 1 LSB INL bow (typical |INL| <= 1
 #: LSB, chips.md §2.7 [abs]) and a 0.5 LSB offset spread per column (ours: no published figure
 #: for CIM ADCs, chips.md §4 item 9); ``irdrop``: the preset's wire resistances.
 EFFECTS = {
@@ -37,20 +38,29 @@ TIMED = ("drift", "read1f")
 
 #: Named modes (the ``cim_mode`` node attribute, ``--cim-mode``): precision plus effects.
 #: ``q8``/``q8-noisy`` keep their numbers; ``device`` is the chip preset's own precision and
-#: device model with programming noise, drift, 1/f noise, drift compensation, stuck-at cells and
-#: IR drop, unless ``--cim-effects`` names others. Every mode keeps the ADC's full-scale rule
+#: device model with programming noise, drift, 1/f noise, drift compensation and IR drop, unless
+#: ``--cim-effects`` names others: each of these rests on a published device model or chip
+#: (field notes chips.md §2.1-2.4: noise, drift, aihwkit's compensation; §2.6: IR drop, first
+#: order, from interconnect figures). Every mode keeps the ADC's full-scale rule
 #: (effect 6: the largest current any input can make), which leaves a typical 256-row column with
 #: ReLU inputs a few LSB, so there the 8-bit ADC alone made OriNet's logits 18 % off and the
 #: ``adc`` effect's 1 LSB of INL 558 %; run option ``adc_calibration data`` calibrates the ranges
 #: on the first inference instead (4 % and 52 %), which a first input unlike the later ones
 #: turns into clipping (docs/crossbar-presets.md). Not by default: ``read`` (the 1/f model
-#: stands for the device's read noise) and ``adc`` (HERMES calibrates its ADCs digitally,
-#: chips.md §2.7).
+#: stands for the device's read noise), ``adc`` (HERMES calibrates its ADCs digitally,
+#: chips.md §2.7) and ``stuck``: its 0.1 % + 0.1 % is MNSIM 2.0's ``Device_SAF`` default, for
+#: which MNSIM's config cites no source (chips.md §2.5, crossbar.md §2.4); in the default it
+#: dominated the device data path's error on OriNet and MTCNN's O-Net and reversed drift
+#: compensation's measured benefit on O-Net (stuck cells do not drift, so the factor that
+#: restores the drifted cells scales their error up too). ``--cim-effects`` names a whole set,
+#: not an addition: the ``device`` set with stuck cells is
+#: ``prog,drift,read1f,gdc,irdrop,stuck``; the run option ``stuck_at`` (``cim_stuck_at=0.001``,
+#: ``evaluate --stuck-at``) adds stuck cells at any rate to whatever set is in force.
 NAMED = {
     "ideal": None,
     "q8": ("q8", ()),
     "q8-noisy": ("q8", ("read",)),
-    "device": ("chip", ("prog", "drift", "read1f", "gdc", "stuck", "irdrop")),
+    "device": ("chip", ("prog", "drift", "read1f", "gdc", "irdrop")),
 }
 
 
