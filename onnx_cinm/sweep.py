@@ -130,14 +130,18 @@ def parse_sets(items: list[str], notes: list | None = None) -> list[tuple[str, l
 
 
 def idle_devices(sets: list[tuple[str, list[str]]], results: list[dict]) -> list[tuple[str, str]]:
-    """``(sweep key, device)`` for each swept key that sets an option of a device no
-    configuration placed an op on (its ``devices`` column never names it; rejected rows left
-    out): the sweep of that key changed nothing (a trial swept ``upmem.dpus`` over three
-    values and got three identical rows, no op being on the DPUs)."""
+    """``(sweep key, device)`` for each swept key that sets an option of a device no evaluated
+    configuration placed an op on (its ``devices`` column never names it): the sweep of that
+    key changed nothing (a trial swept ``upmem.dpus`` over three values and got three identical
+    rows, no op being on the DPUs). None when no configuration was evaluated (every one a
+    device rejected: :func:`rejection` says why)."""
     from . import devices
 
     known = keys()
-    used = {part.split(":")[0] for r in results if r.get("devices") for part in r["devices"].split()}
+    done = [r for r in results if not rejection(r)]
+    if not done:
+        return []
+    used = {part.split(":")[0] for r in done if r.get("devices") for part in r["devices"].split()}
     out = []
     for key, values in sets:
         opts = known[key](values[0])
@@ -181,7 +185,8 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = (),
              source_ops: dict | None = None) -> dict:
     """Place and lower the cinm-level ``model`` under ``options`` and return the modeled figures
     (``COLUMNS``: seconds, joules, tile writes, bytes, ``device:count`` list, broken
-    constraints, how If branches count, wall seconds of the evaluation). The kernels inside
+    constraints, how If branches count, wall seconds of the evaluation), and ``hints``: the
+    warnings on placement hints not (fully) honoured (not a CSV column). The kernels inside
     If branches are placed, lowered and counted as in the module docstring. A configuration a
     device rejects (e.g. a bad option) gives its error in ``violations`` and NaN figures
     instead of stopping the sweep (every figure NaN: latency, energy, writes, bytes).
@@ -191,6 +196,7 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = (),
     for hints naming them (``options["place"]``)."""
     from .analysis import tensor_infos
     from .passes import PassContext, PassManager
+    from .passes.placement_rules import hint_warnings
     from .passes.branches import (
         counted_totals,
         evaluate_graphs,
@@ -214,7 +220,8 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = (),
     except CinmError as e:
         nan = float("nan")
         return {"latency_s": nan, "energy_j": nan, "writes": nan, "transfer_bytes": nan, "devices": "",
-                "violations": f"error: {e}", "branches": "", "seconds": time.perf_counter() - t0}
+                "violations": f"error: {e}", "branches": "", "seconds": time.perf_counter() - t0,
+                "hints": []}
     # the lowered model's cinm ops, as optimize counts them (not placement's own count, which
     # predates fold_layouts: khmersm, host 62 here against optimize's 59)
     devs = cinm.ops_per_device(work)
@@ -222,7 +229,8 @@ def evaluate(model: onnx.ModelProto, options: dict, origins: list = (),
             "transfer_bytes": int(tot["transfer_bytes"]),
             "devices": " ".join(f"{d}:{n}" for d, n in sorted(devs.items())),
             "violations": "; ".join(tot["violations"]), "branches": _branches(ifs),
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0,
+            "hints": hint_warnings(ctx.stats.get("placement", {}))}
 
 
 def _branches(ifs: dict) -> str:

@@ -361,3 +361,21 @@ def test_a_filled_grouped_conv_cheaper_on_the_host_gets_its_weight_back():
     assert (w.name, list(w.dims), w.data_type) == ("W", [groups, 1, k, 1], TensorProto.FLOAT)
     assert w.raw_data == np.full((groups, 1, k, 1), 0.125, np.float32).tobytes()
     _exact(res, model)
+
+
+def test_rewritten_reasons_leave_a_hinted_ops_text_as_it_was():
+    """restore_host_ops rewrites cost placement's reasons for the model it leaves; an op a hint
+    placed keeps the hint's text (the user's choice, not the cost model's)."""
+    from onnx_cinm.dialects import cinm as _cinm
+    from onnx_cinm.passes.host_restore import _rewrite_reasons
+
+    g = onnx.helper.make_graph([
+        _cinm.make_node("Relu", ["x"], ["a"], name="hinted", device="upmem",
+                        placement="hint Relu=upmem: 1 us"),
+        _cinm.make_node("Relu", ["a"], ["b"], name="costed", device="host",
+                        placement="cost[energy]: host 1 us"),
+        onnx.helper.make_node("Relu", ["b"], ["y"], name="std")], "g", [], [])
+    _rewrite_reasons(g, {"hinted": "cost[energy]: new", "costed": "cost[energy]: new",
+                         "std": "cost[energy]: new"})
+    texts = [{a.name: a.s.decode() for a in n.attribute}.get("placement") for n in g.node]
+    assert texts == ["hint Relu=upmem: 1 us", "cost[energy]: new", None]

@@ -660,3 +660,29 @@ def test_an_untaken_branch_kernel_is_emitted_at_the_shape_it_was_planned_at(tmp_
             [(r["node"], r["device"]) for r in sess.profile()]
         assert main(["compare", str(src), str(out), "--input", str(tmp_path / f"{cond}.npz")]) == 0
         assert "check: 1 run, 1 output" in capsys.readouterr().out
+
+
+def test_a_hint_naming_a_branch_ops_source_type_holds_in_optimize_and_sweep(tmp_path, capsys):
+    """``--place MatMul=upmem`` on an If whose else branch holds the MatMul: optimize placed it
+    on the DPUs but warned the hint matched nothing (the main graph and the then branch did not
+    match it), and the sweep's branches never knew their ops' source types (every row on the
+    crossbars, and a note that sweeping upmem.dpus changed nothing). The then branch's Gemm
+    is no MatMul: it stays where the heuristic puts it."""
+    from onnx_cinm.cli import main
+
+    path = tmp_path / "if.onnx"
+    onnx.save(_if_model(), path)
+    common = ["--dim", f"n={ROWS}", "--placement", "heuristic", "--place", "MatMul=upmem"]
+    assert main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "--check", "0", "-q",
+                 *common]) == 0
+    assert "matched no cinm op" not in capsys.readouterr().err
+    placed = _branch_cinm(onnx.load(str(tmp_path / "o.onnx")))
+    assert [d for _, d, _ in placed["then_branch"]] == ["memristor"]
+    assert [d for _, d, _ in placed["else_branch"]] == ["upmem"]
+    out = tmp_path / "sw"
+    assert main(["sweep", str(path), "--set", "upmem.dpus=64,256", "--workers", "1",
+                 "-o", str(out), *common]) == 0  # worker processes: the types reach them
+    err = capsys.readouterr().err
+    assert "changed nothing" not in err and "matched no cinm op" not in err
+    rows = list(csv.DictReader(io.StringIO((out / "sweep.csv").read_text())))
+    assert [r["devices"] for r in rows] == ["memristor:1 upmem:1"] * 2

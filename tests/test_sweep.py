@@ -254,3 +254,17 @@ def test_sweep_places_ops_by_hint_and_says_when_a_swept_device_runs_nothing(tmp_
     # group as the hint put it)
     assert [r["devices"].split()[-1] for r in got] == ["upmem:4", "upmem:4"]
     assert float(got[0]["latency_s"]) != float(got[1]["latency_s"])  # the DPU count tells now
+    # LeNet has no MatMul: the hint's warning once (not per configuration), and the note
+    # does not tell the user to do what they did
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.dpus=64,256", "--executor", "serial",
+                 "--place", "MatMul=upmem", "-o", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: hint MatMul=upmem matched no cinm op") == 1
+    assert "changed nothing (the --place hints for it placed none)" in err
+    # every configuration rejected: no figures to say anything changed or not of
+    assert main(["sweep", "--example", "lenet", "--set", "upmem.tasklets=20,24", "--executor",
+                 "serial", "--upmem-target", "v1b", "--place", "Conv=upmem",
+                 "-o", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert "changed nothing" not in err
+    assert all(r["violations"].startswith("error: ") for r in rows(tmp_path / "d"))

@@ -451,3 +451,26 @@ def test_a_hint_may_name_the_onnx_op_type_a_cinm_op_was_lowered_from(strategy):
     assert not notes["act/Relu"].startswith("hint")
     assert ctx.stats["placement"]["unused_hints"] == []
     assert_matches_ort(m, out)
+
+
+def test_a_hint_naming_a_fusions_anchor_type_does_not_take_the_fused_op():
+    """A tanh GELU is fused into one cinm Gelu anchored on its Tanh: ``Tanh=host`` took the Gelu
+    too (its recorded source type was the anchor's). It now takes the plain Tanh only; the
+    Gelu answers to its own type."""
+    c = float(np.sqrt(2 / np.pi))
+    consts = {"k3": 3.0, "a": 0.044715, "c": c, "one": 1.0, "half": 0.5}
+    nodes = [h.make_node("Pow", ["x", "k3"], ["p"]), h.make_node("Mul", ["p", "a"], ["pa"]),
+             h.make_node("Add", ["x", "pa"], ["s"]), h.make_node("Mul", ["s", "c"], ["sc"]),
+             h.make_node("Tanh", ["sc"], ["t"], name="gelu_tanh"),
+             h.make_node("Add", ["t", "one"], ["t1"]), h.make_node("Mul", ["x", "t1"], ["xt"]),
+             h.make_node("Mul", ["xt", "half"], ["g"]),
+             h.make_node("Tanh", ["g"], ["y"], name="plain_tanh")]
+    m = _model(nodes, [h.make_tensor_value_info("x", TP.FLOAT, [4, 64])],
+               [h.make_tensor_value_info("y", TP.FLOAT, None)],
+               [nh.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    out, ctx = _lower(m, place=[("Tanh", "host"), ("Gelu", "upmem")])
+    notes = {n.op_type: cinm.node_attrs(n)["placement"] for n in out.graph.node
+             if n.domain == "cinm"}
+    assert set(notes) == {"Gelu", "Tanh"}  # the GELU fused, the last Tanh lowered alone
+    assert notes["Tanh"].startswith("hint Tanh=host") and notes["Gelu"].startswith("hint Gelu=upmem")
+    assert_matches_ort(m, out)

@@ -59,9 +59,13 @@ def _cmd_sweep(args, parser) -> int:
                                  notes=dim_notes)
     for line in dim_notes:
         note(args, line)
+    for line in dict.fromkeys(w for r in results for w in r.get("hints", [])):
+        warn(args, line)  # each once, however many configurations said it
     for key, dev in sweep.idle_devices(sets, results):
+        hinted = any(d == dev for _, d in base.get("place", ()))
         note(args, f"no configuration placed an op on {dev}: sweeping {key} changed nothing "
-             f"(put ops there with --place PATTERN={dev})")
+             + ("(the --place hints for it placed none)" if hinted
+                else f"(put ops there with --place PATTERN={dev})"))
     paths = sweep.write(out, configs, results,
                         title=source if args.example else Path(args.input).name)
     if not args.quiet:

@@ -268,7 +268,7 @@ def _lower_branches(model, ctx, pipeline, infos) -> int:
             body = bodies[b]
             sub = branch_model(model, body)
             sub_ctx = PassContext(options=ctx.options, scope=branch_scope(ctx.scope, i, b),
-                                  log=ctx.log, infos=infos)
+                                  log=ctx.log, infos=infos, source_ops=ctx.source_ops)
             sub = PassManager(pipeline=list(pipeline)).run(sub, sub_ctx)
             n += 1 + _lower_branches(sub, sub_ctx, pipeline, infos)
             # the passes annotate nodes, and some remove or replace them (fold_layouts folds a

@@ -285,6 +285,9 @@ def compile_if_bodies(model: onnx.ModelProto, ctx: PassContext, *, skip=(), stop
             if len(sub_feeds) < len(sub.graph.input):
                 sub_feeds = None
             sub = compile_if_bodies(sub, sub_ctx, skip=skip, stop_after=stop_after, feeds=sub_feeds)
+            # hints naming a source op type reach the branch's ops in a later run of the passes
+            # (the sweep's, :func:`onnx_cinm.passes.branches.lower_branches`)
+            ctx.source_ops.update(sub_ctx.source_ops)
             if own is not None and runs:  # its own baselines include its counted nested branches
                 added.append(sub_ctx.stats.get("placement", {}).get("baselines")
                              or _priced_as_is(model, attr.g, ctx))

@@ -70,11 +70,14 @@ class HintLog:
         self.refused.setdefault(k, []).append((node.name or node.op_type, why))
 
     def stats(self) -> dict:
-        """``unused_hints`` (matched no cinm op), ``shadowed_hints`` (``(hint, [earlier hints
-        that took its matches])``) and ``refused_hints`` (``(hint, [(node, why), ...])``)."""
+        """``unused_hints`` (matched no cinm op), ``matched_hints`` (the others: a model's If
+        branches are placed apart and their stats merged, so a hint one graph matched is not
+        unused, :func:`hint_warnings`), ``shadowed_hints`` (``(hint, [earlier hints that took
+        its matches])``) and ``refused_hints`` (``(hint, [(node, why), ...])``)."""
         n = range(len(self.hints))
         return {
             "unused_hints": [self.text(k) for k in n if k not in self.matched],
+            "matched_hints": [self.text(k) for k in n if k in self.matched],
             "shadowed_hints": [(self.text(k), [self.text(j) for j in sorted(self.shadowed_by[k])])
                                for k in n if k in self.matched and k not in self.won],
             "refused_hints": [(self.text(k), self.refused[k]) for k in n if k in self.refused],
@@ -84,9 +87,11 @@ class HintLog:
 def hint_warnings(stats: dict) -> list[str]:
     """One line per hint that was not (fully) honoured, for a person (from :meth:`HintLog.stats`
     entries in the ``placement`` stats)."""
+    matched = set(stats.get("matched_hints", []))  # by any graph of the model
+    unused = dict.fromkeys(h for h in stats.get("unused_hints", []) if h not in matched)
     out = [f"hint {h} matched no cinm op (a pattern matches a cinm op's name '<source node>/"
            "<Op>' or op type, or its source node's name or op type; optimize -v lists the "
-           "cinm ops)" for h in stats.get("unused_hints", [])]
+           "cinm ops)" for h in unused]
     for h, by in stats.get("shadowed_hints", []):
         out.append(f"hint {h} matched only ops an earlier hint took ({', '.join(by)}; the first "
                    "matching hint wins): it changed nothing")

@@ -1179,6 +1179,9 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         return None
 
     fused, _ = apply(rw, fusions, guard)  # the Erf left unfused stays, as before, on the host
+    # a fusion's op comes from several source ops: its anchor's type (the Tanh of a tanh
+    # GELU) is not what it was lowered from, and a hint naming that type must not take it
+    rw.source_ops.clear()
     lowered, kept = apply(rw, rules, guard)
     _drop_dead_dequantize(rw)
     lowered.update(fused)
@@ -1190,6 +1193,6 @@ def to_cinm(model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
     type_node_outputs(model)
     ctx.stats["to_cinm"] = {"lowered": lowered, "kept": kept}
     ctx.origins = slim_origins(rw.origins)
-    ctx.source_ops = rw.source_ops
+    ctx.source_ops.update(rw.source_ops)  # (the If branches' are added to it after)
     ctx.log(f"to_cinm: lowered {sum(lowered.values())} nodes {dict(lowered)}")
     return model
