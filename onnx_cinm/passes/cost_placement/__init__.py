@@ -60,9 +60,11 @@ Search:
   device while that lowers the exact objective and keeps every constraint; ``edp`` (total latency
   x total energy, not a sum) is searched this way directly, from DP results for a few weightings
   ``energy + lambda * latency``;
-* the best result is kept; the all-host placement and (when it meets the constraints) the
-  heuristic one are always among the candidates, so cost placement is never worse than either
-  on its own objective;
+* the best result is kept: of the results within a relative 1e-4 of the least objective
+  (:data:`.search.TIE`: a difference no printed total shows), the one of the smaller other
+  figure (latency for ``energy`` and ``edp``, energy for ``latency``); the all-host placement
+  and (when it meets the constraints) the heuristic one are always among the candidates, so
+  cost placement is never worse than either on its own objective by more than that 1e-4;
 * every result is priced as compiled (model-wide crossbar plans) and the best one is polished
   by single-op moves priced that way (:func:`.search._polish`: sweeps until nothing improves,
   at most ``POLISH_MOVES`` crossbar re-plans; the method says when that budget stopped it).
