@@ -899,6 +899,10 @@ def _compare_arrays(rec: OutputCheck, ref: np.ndarray, cand: np.ndarray,
         if ref.dtype.kind == "f":
             rec.sq_err += float(np.sum(np.square(diff)))
             rec.sq_ref += float(np.sum(np.square(np.where(both_finite, r, 0.0))))
+            if ref.ndim and ref.shape[-1] >= 2:
+                same = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
+                rec.argmax_rows += same.size
+                rec.argmax_same += int(same.sum())
         if special_bad.any():
             abs_err = float("inf")
         nz = both_finite & (r != 0)

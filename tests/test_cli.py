@@ -455,6 +455,8 @@ def test_compare_runs_once_when_input_gives_every_input(tmp_path, capsys):
     assert code == 0, err
     assert "1 input set (all inputs from --input)" in out.splitlines()[0]
     assert "golden check: 1 run, " in out
+    # the NaN/Inf check draws every input: with --input it does not run, and says so
+    assert "NaN/Inf check: skipped (it draws every input, and --input gives some)" in out
     code, out, err = _run(["compare", str(tmp_path / "lenet.onnx"), str(tmp_path / "o.onnx"),
                            "--runs", "1"], capsys)
     assert code == 0, err
@@ -947,5 +949,8 @@ def test_compare_says_how_many_adc_conversions_saturated(tmp_path, capsys):
     line = next((x for x in out.splitlines() if x.startswith("ADC: ")), None)
     assert code == 0 and line is not None and "conversions saturated in" in line, out
     assert int(line.split()[1].replace(",", "")) > 0
+    # LeNet's 10 class scores: how many of the 3 runs' top-1 answers agree, not only the error
+    assert "output: the largest value along the last axis is at the same index as " \
+           "onnxruntime's in " in out and " of 3 rows (argmax" in out
     code, out, _ = _run(base + ["--provider-option", "cim_effects=none"], capsys)
     assert code == 0 and "saturated" not in out and "inexact by design" in out

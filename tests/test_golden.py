@@ -1174,3 +1174,20 @@ def test_a_size_a_position_table_refuses_is_not_blamed_on_the_token_ids():
         optimize(m, dims={"seq": 20})
     res = optimize(m, dims={"seq": 16})
     assert res.check is not None and res.check.ok
+
+
+def test_the_argmax_rows_of_a_float_output_are_counted_by_hand():
+    """compare prints, for a float output whose last axis has two or more entries, in how many
+    rows the candidate's largest value sits where the reference's does (top-1 of class
+    scores): hand-made rows, two of three agreeing; a last axis of one entry has no rows."""
+    from onnx_cinm.golden import OutputCheck, _compare_arrays
+
+    ref = np.array([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2], [0.0, 0.0, 1.0]], np.float32)
+    cand = np.array([[0.1, 0.6, 0.3], [0.2, 0.3, 0.5], [0.0, 0.1, 0.9]], np.float32)
+    rec = OutputCheck("y")
+    _compare_arrays(rec, ref, cand, None, None)
+    _compare_arrays(rec, ref[:1], cand[:1], None, None)  # a second run: its row adds
+    assert (rec.argmax_rows, rec.argmax_same) == (4, 3)
+    one = OutputCheck("z")
+    _compare_arrays(one, ref[:, :1], cand[:, :1], None, None)
+    assert (one.argmax_rows, one.argmax_same) == (0, 0)
