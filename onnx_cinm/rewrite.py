@@ -427,7 +427,8 @@ class Edit:
         #: alive so that ids stay unique; the initializer; its name then)
         self._fill_sources: dict[int, tuple[np.ndarray, onnx.TensorProto, str]] = {}
         #: ``{name of a node a Builder made: op type of the node it replaces}`` (a fusion's
-        #: nodes: its anchor's), so placement hints can name the op types a user knows
+        #: nodes: its anchor's; ``to_cinm`` drops those), so placement hints can name the op
+        #: types a user knows
         self.source_ops: dict[str, str] = {}
 
     # -- values ------------------------------------------------------------------------------

@@ -98,9 +98,9 @@ class PassContext:
     #: {initializer name: TensorProto it read}, [names of the nodes it became])``; read and
     #: cleared by ``restore_host_ops`` (:mod:`.host_restore`)
     origins: list = field(default_factory=list)
-    #: ``{cinm node name: op type of the source node to_cinm lowered it from}`` (a fusion's
-    #: nodes: its anchor's): placement hints match these too (``MatMul=upmem``), set by
-    #: ``to_cinm``
+    #: ``{cinm node name: op type of the source node to_cinm lowered it from}`` (none for a
+    #: fusion's op, made from several): placement hints match these too (``MatMul=upmem``);
+    #: set by ``to_cinm``, the If branches' added by ``compile_if_bodies``
     source_ops: dict = field(default_factory=dict)
     #: ``{initializer name: (element type, dims, the one value's bytes)}``: the initializers
     #: ``fold_constants`` wrote as one value repeated (the light models' weights), for the pass
