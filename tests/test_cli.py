@@ -954,3 +954,25 @@ def test_compare_says_how_many_adc_conversions_saturated(tmp_path, capsys):
            "onnxruntime's in " in out and " of 3 rows (argmax" in out
     code, out, _ = _run(base + ["--provider-option", "cim_effects=none"], capsys)
     assert code == 0 and "saturated" not in out and "inexact by design" in out
+
+
+def test_run_prints_each_outputs_range_over_its_finite_values(tmp_path, capsys):
+    """run printed an output's mean alone, always 0.5 for a two-class softmax (a trial). It now
+    prints min, max and mean over the finite values (numbers of the input given, by hand), and
+    how many NaN/Inf it left out."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    assert main(["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "-q", "--check", "0"]) == 0
+    np.save(tmp_path / "x.npy", np.array([[-1.0, 2.0, 6.0, np.nan]], np.float32))
+    capsys.readouterr()
+    code, out, err = _run(["run", str(tmp_path / "o.onnx"), "--input", f"x={tmp_path / 'x.npy'}"],
+                          capsys)
+    # Relu: 0, 2, 6 and NaN; over the three finite values min 0, max 6, mean 8 / 3
+    assert code == 0, err
+    assert "output y: float32 [1, 4], min 0, max 6, mean 2.66667 (1 NaN/Inf left out)" in out

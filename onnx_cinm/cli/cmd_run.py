@@ -154,8 +154,7 @@ def _cmd_run(args, parser) -> int:
         arr = found.get(arg.name)
         kind = "" if arg.type.startswith("tensor(") else f"{arg.type} as "
         say(f"  output {arg.name}: " + (f"{arg.type}" if arr is None else
-            f"{kind}{arr.dtype} {list(arr.shape)}"
-            + (f", mean {float(arr.mean()):.6g}" if arr.size and arr.dtype.kind in "fiu" else "")))
+            f"{kind}{arr.dtype} {list(arr.shape)}" + _value_range(arr)))
     if args.output:
         unsaved = [n for n in names if n not in arrays]
         if unsaved:
@@ -358,6 +357,22 @@ def _named(types: dict) -> str:
 
     name = lambda t: onnx.helper.tensor_dtype_to_np_dtype(t).name if t else "?"
     return ", ".join(f"{k} {name(t)}" for k, t in types.items())
+
+
+def _value_range(arr) -> str:
+    """``, min A, max B, mean C`` of a numeric array (floats over their finite values, with
+    how many NaN/Inf were left out), or '' for an empty or non-numeric one. The mean alone
+    said nothing of a softmax's outputs (a trial: always 0.5 over two classes)."""
+    import numpy as np
+
+    if not arr.size or arr.dtype.kind not in "fiu":
+        return ""
+    vals = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
+    gone = arr.size - vals.size
+    if not vals.size:
+        return f", all {gone} values NaN or Inf"
+    return (f", min {float(vals.min()):.6g}, max {float(vals.max()):.6g}, mean "
+            f"{float(vals.mean()):.6g}" + (f" ({gone} NaN/Inf left out)" if gone else ""))
 
 
 def _cmd_compare(args, parser) -> int:
