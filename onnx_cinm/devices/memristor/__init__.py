@@ -200,8 +200,12 @@ _PLANS_MAX = 20000
 
 
 def _options_key(options: dict) -> tuple:
-    return tuple(tuple(v) if isinstance(v, list) else v
-                 for v in (options.get(k) for k in _PLAN_OPTIONS))
+    """The values of :data:`_PLAN_OPTIONS` in ``options`` (None: not given), lists as tuples."""
+    key = tuple(map(options.get, _PLAN_OPTIONS))
+    # a list is rare (``cim_effects``): one scan of the types, not a generator per value (a
+    # list subclass stays a list: unhashable, so :meth:`MemristorDevice._entry` plans unmemoized)
+    return key if list not in map(type, key) else tuple(
+        tuple(v) if isinstance(v, list) else v for v in key)
 
 
 def params_from_options(options: dict, base: CrossbarParams = DEFAULT) -> CrossbarParams:
