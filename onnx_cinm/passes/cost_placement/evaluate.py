@@ -86,18 +86,19 @@ def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
     (the sum of :func:`tensor_charges`, in its order, without listing the charges: the search
     asks this one most)."""
     if t.nbytes <= 0:
-        return 0.0, 0.0, 0
+        return _NOTHING
     a = dev_of(t.producer)
-    dests = []
-    away = False  # a consumer elsewhere than the producer
+    for c in t.consumers:
+        if dev_of(c) != a:
+            break
+    else:  # every consumer on the producer's device
+        if a == "host" or not t.output:  # nothing crosses (the search's most asked)
+            return _NOTHING
+    dests = []  # the consumers' devices, first seen first
     for c in t.consumers:
         d = dev_of(c)
-        if d != a:
-            away = True
         if d not in dests:
             dests.append(d)
-    if not away and (a == "host" or not t.output):  # nothing crosses (the search's most asked)
-        return 0.0, 0.0, 0
     s = j = 0.0
     moved = 0
     if a != "host":
@@ -108,6 +109,10 @@ def tensor_cost(prob: Problem, t: Tensor, dev_of) -> tuple[float, float, int]:
             ds, dj = _link(prob, d, t.nbytes, True)
             s, j, moved = s + ds, j + dj, moved + t.nbytes
     return s, j, moved
+
+
+#: :func:`tensor_cost` of a tensor nothing moves (one tuple, not one per call).
+_NOTHING = (0.0, 0.0, 0)
 
 
 def _link(prob: Problem, dev: str, nbytes: int, to_device: bool) -> tuple[float, float]:
