@@ -151,6 +151,10 @@ def _holds(ch) -> bool:
     return bool(ch.kept_tiles or ch.cost.writes or ch.mram_resident)
 
 
+#: The unit of each objective, as :func:`_reason` words a change of it.
+_UNITS = {"latency": "s", "energy": "J", "edp": "Js"}
+
+
 def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
             use: dict, bad_now: list) -> str:
     """The ``placement`` attribute of op ``i``: its choice and what every other candidate
@@ -176,6 +180,7 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
              + (f", {ch.cost.writes} tile writes/inf" if ch.cost.writes else "")
              + (f", keeps {ch.kept_tiles} of {ch.capacity} crossbar tiles" if ch.capacity else "")]
     cur = sol.totals
+    unit = _UNITS.get(objective)  # (None for an unknown one: _f raises KeyError first)
     said = {name(ch)}
     paid = _paid(prob)[i]  # the tensors whose transfers a move can change
     on = {ch.device: _transfers(prob, assign, i, ch.device, devs, paid)}  # the device's alone
@@ -195,7 +200,6 @@ def _reason(prob: Problem, sol: Solution, i: int, objective: str, devs: list,
             if (_holds(ch) or _holds(alt)) and (bad_now or breaks(prob, cur, ch, alt)) \
             else bad_now
         dv = _f(objective, cur.latency_s + dl, cur.energy_j + de) - cur.value(objective)
-        unit = {"latency": "s", "energy": "J", "edp": "Js"}[objective]
         txt = f"{name(alt)} {'+' if dv >= 0 else ''}{si(dv, unit)}"
         if bad:
             txt += f" and breaks {bad[0]}"

@@ -102,10 +102,14 @@ def _foreign(dev: Device | None) -> frozenset:
 def _op_key(op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()
                          if k not in cinm.PLACEMENT_ATTRS and k not in cinm.PLAN_ATTRS))
-    # a constant's name too: a choice may name the tiles it keeps after it (Priced.tile_set)
-    ts = lambda t: (t.dtype, t.shape, t.const, t.name if t.const else "")  # noqa: E731
-    return (op.op_type, attrs, tuple(ts(t) for t in op.inputs), tuple(ts(t) for t in op.outputs),
-            op.flops)
+    return (op.op_type, attrs, tuple(map(_tensor_key, op.inputs)),
+            tuple(map(_tensor_key, op.outputs)), op.flops)
+
+
+def _tensor_key(t) -> tuple:
+    """A tensor's part of :func:`_op_key`: a constant's name too (a choice may name the tiles
+    it keeps after it, :attr:`Priced.tile_set`)."""
+    return t.dtype, t.shape, t.const, t.name if t.const else ""
 
 
 def device_cost(dev: Device, op, options: dict) -> Cost:
