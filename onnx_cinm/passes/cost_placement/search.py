@@ -6,6 +6,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass
+from itertools import compress
 
 import numpy as np
 
@@ -490,8 +491,8 @@ def chain_dp(prob: Problem, w: tuple[float, float]) -> tuple[dict, bool]:
                 value[rows] = kept
             # the next layer's live rows (ascending, as np.flatnonzero gives them) and values
             fin = np.isfinite(kept).any(axis=1).tolist()
-            order = sorted((c for c in range(len(rows)) if fin[c]), key=rows.__getitem__)
-            key = tuple(rows[c] for c in order)
+            order = sorted(compress(range(len(rows)), fin), key=rows.__getitem__)
+            key = tuple(map(rows.__getitem__, order))
             live = lives.get(key)
             if live is None:  # (read only, like every array of a layer: shared)
                 live = lives[key] = np.array(key, dtype=np.intp)
