@@ -269,3 +269,22 @@ def test_collect_reads_each_distinct_type_once_with_the_same_infos():
     assert got == {"a": (f32, (2, 3), False), "c": (i64, (5, "?"), False),
                    "d": (i64, (5, "?"), False), "e": (i64, ("m",), False),
                    "b": (f32, (2, 3), False), "w": (np.dtype(np.float16), (4,), True)}
+
+
+def test_op_info_tensors_known_or_not():
+    """op_info's tensors: every input and output named and known comes as the infos
+    themselves (its shortcut); an empty (omitted) name is left out and an unknown tensor gets
+    a record of its name with nothing known, each in node order (the general path), whichever
+    way the node's tensors mix."""
+    from onnx_cinm.analysis import _tensor_info, op_info
+
+    a = _tensor_info("a", np.dtype(np.float32), (2, 3), False)
+    w = _tensor_info("w", np.dtype(np.float32), (3, 4), True)
+    y = _tensor_info("y", np.dtype(np.float32), (2, 4), False)
+    infos = {"a": a, "w": w, "y": y}
+    full = op_info(helper.make_node("MatMul", ["a", "w"], ["y"]), infos)
+    assert full.inputs == (a, w) and full.inputs[0] is a and full.outputs[0] is y
+    part = op_info(helper.make_node("Clip", ["a", "", "lo"], ["z"]), infos)
+    assert part.inputs[0] is a and len(part.inputs) == 2 and len(part.outputs) == 1
+    for made, name in ((part.inputs[1], "lo"), (part.outputs[0], "z")):
+        assert made == _tensor_info(name, None, None, False)

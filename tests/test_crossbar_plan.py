@@ -146,3 +146,16 @@ def test_cells_prefix_matches_the_tile_enumeration():
         for count in sorted({c for c in (0, 1, 2, 3, 5, len(tiles) // 3, len(tiles) - 1, len(tiles))
                              if c <= len(tiles)}):
             assert cells_prefix(count, K, N, R, C) == sum(tiles[:count]), (K, N, R, C, G, count)
+
+
+def test_plan_memo_key_of_options():
+    """The crossbar plans' memo key: each plan option's value in order (None: not given), a
+    list option (``cim_effects``) as a tuple, so that the key hashes and equal options meet."""
+    from onnx_cinm.devices.memristor import _PLAN_OPTIONS, _options_key
+
+    assert _options_key({}) == (None,) * len(_PLAN_OPTIONS)
+    opts = {"cim_rows": 64, "cim_effects": ["drift", "noise"], "objective": "latency"}
+    key = _options_key(opts)
+    assert key == tuple(tuple(opts[k]) if isinstance(opts.get(k), list) else opts.get(k)
+                        for k in _PLAN_OPTIONS)
+    assert ("drift", "noise") in key and hash(key) == hash(_options_key(dict(opts)))
