@@ -597,3 +597,33 @@ def test_evaluate_says_when_adc_conversions_saturated(digits_files, capsys):
     assert main(base + ["--cim-adc-calibration", "data"]) == 0
     text = capsys.readouterr().out
     assert f"ADC: conversions saturated in 1 of 1 runs (most {clipped:,}, at " in text
+
+
+def test_nan_outputs_are_counted_and_warned_about(digits_files, digits_mlp, capsys, tmp_path):
+    """Features that are NaN in 7 of the samples (a broken extraction) make those samples'
+    scores NaN, whose arg max is 0: the accuracy counts them as class-0 answers. evaluate now
+    says so, with the counts (7 of 450 in the exact run and in each device run), as text and
+    in --json; finite data get no such line."""
+    path, _, _ = digits_files
+    X = digits_mlp.X_test.copy()
+    X[[0, 5, 9, 100, 200, 300, 449], 3] = np.nan
+    data = tmp_path / "nan.npz"
+    np.savez(data, X=X, labels=digits_mlp.y_test)
+    judged = ["--output", "probabilities"]  # the scores (the label output is an int)
+    out = _json(capsys, ["evaluate", str(path), "--data", str(data), "--cim-mode", "ideal",
+                         "--seeds", "2", "--json", *judged])
+    assert out["exact_nonfinite"] == out["data_nonfinite"] == 7
+    assert [r["nonfinite"] for r in out["records"]] == [7, 7]
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "ideal",
+                 "--seeds", "2", *judged]) == 0
+    text = capsys.readouterr().out
+    assert ("warning: the data hold NaN or Inf in 7 of 450 samples; the judged output is NaN "
+            "or Inf in 7 of 450 samples of the exact run and in 2 of 2 device runs (most 7 of "
+            "450 samples") in text
+    # judged by the integer label output (the arg max of NaN scores: 0), the data still tell
+    assert main(["evaluate", str(path), "--data", str(data), "--cim-mode", "ideal",
+                 "--seeds", "1"]) == 0
+    assert "warning: the data hold NaN or Inf in 7 of 450 samples: those" in capsys.readouterr().out
+    assert main(["evaluate", str(path), "--data", str(digits_files[1]), "--cim-mode", "ideal",
+                 "--seeds", "1", *judged]) == 0
+    assert "NaN or Inf" not in capsys.readouterr().out

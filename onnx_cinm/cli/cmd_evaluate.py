@@ -82,7 +82,10 @@ def _cmd_evaluate(args, parser) -> int:
     if args.json:
         print(json.dumps({"model": args.model, "data": args.data, "samples": evaluator.samples,
                           "output": evaluator.output_name, "provider_options": opts,
-                          "exact": evaluator.exact, "records": records, "summary": summary},
+                          "exact": evaluator.exact,
+                          "exact_nonfinite": evaluator.exact_nonfinite,
+                          "data_nonfinite": evaluator.data_nonfinite, "records": records,
+                          "summary": summary},
                          indent=1, default=_jsonable))
         return 0
     if args.quiet:
@@ -103,6 +106,10 @@ def _cmd_evaluate(args, parser) -> int:
     clipped = ev.clipped_text(records, opts)
     if clipped:
         print(f"\n{clipped}")
+    nonfinite = ev.nonfinite_text(evaluator.exact_nonfinite, records, evaluator.samples, opts,
+                                  evaluator.data_nonfinite)
+    if nonfinite:
+        print(f"\n{nonfinite}")
     if args.plot:
         print(f"\nplot written to {args.plot}")
     return 0

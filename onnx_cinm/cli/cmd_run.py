@@ -198,6 +198,11 @@ def _cmd_run(args, parser) -> int:
             print("model (the plans' figures, as optimize's summary and report price them"
                   + (f"; {sizes}" if sizes else "") + "): "
                   + totals_text(totals, scope=""))
+            # the rows above are counted at this run's sizes; the plans' at 1 for an unsized
+            # dim, and behind it (a trial's BERT: 51 us counted, 1.6 us planned, no word why)
+            unsized = frontend.unsized_note(sess._model, planned)
+            if unsized and not args.quiet:
+                print(f"  ({unsized})")
             if wear:  # at the model's modeled latency, as optimize's summary and report
                 wear = sess.wear(totals["latency_s"])
         for w in wear.values():

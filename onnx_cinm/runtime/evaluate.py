@@ -123,6 +123,12 @@ class Evaluator:
         ref = InferenceSession(self.model_path, providers=["CPUExecutionProvider"])
         self._check_sample_axis(ref)
         self._reference = self._outputs_of(ref)
+        #: samples whose chosen output holds a NaN or Inf in the exact run (a broken input,
+        #: an overflow): their class is no prediction (NaN > t is false, a NaN row's arg max 0)
+        self.exact_nonfinite = nonfinite_samples(self._reference)
+        #: samples holding a NaN or Inf in any input array (an integer output hides them)
+        self.data_nonfinite = int(np.logical_or.reduce(
+            [_nonfinite_rows(np.asarray(self.data[a.name])) for a in self._inputs]).sum())
         #: accuracy of the exact run (every node in onnxruntime), None without labels
         self.exact = (float(np.mean(self._predicted(self._reference) == self.labels))
                       if self.labels is not None else None)
@@ -268,7 +274,7 @@ class Evaluator:
         y = self._outputs_of(sess, self.progress)
         rec = {"sweep": point.sweep, "value": point.value, "compensation": point.compensation,
                "seed": point.seed,
-               "adc_clipped": 0}
+               "adc_clipped": 0, "nonfinite": nonfinite_samples(y)}
         for r in sess.profile():
             if r.get("adc_clipped"):
                 rec["adc_clipped"] += r["adc_clipped"]
@@ -364,6 +370,47 @@ def majority_text(labels) -> str:
     return (f"the labels' most frequent class, {classes[k]}, holds {counts[k]} of "
             f"{int(counts.sum())} samples: always answering it scores "
             f"{100 * counts[k] / counts.sum():.2f} %")
+
+
+def _nonfinite_rows(a: np.ndarray) -> np.ndarray:
+    """Per row of axis 0 of ``a``, whether it holds a NaN or an Inf ``[N]`` bool (all False
+    for an integer array or one without rows)."""
+    if a.ndim == 0 or a.dtype.kind not in "fc":
+        return np.zeros(a.shape[:1] or (1,), bool)
+    return ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+
+
+def nonfinite_samples(y: np.ndarray) -> int:
+    """Samples (rows of axis 0 of ``y``, one output over the data set) holding a NaN or an Inf;
+    0 for an integer output."""
+    return int(_nonfinite_rows(y).sum()) if y.ndim else int(y.dtype.kind in "fc" and not np.isfinite(y))
+
+
+def nonfinite_text(exact: int, records: list[dict], samples: int,
+                   options: dict | None = None, data: int = 0) -> str | None:
+    """A warning when the data (``data`` samples) or the judged output held NaN or Inf: in
+    ``exact`` samples of the exact run, or in any run of ``records`` (:meth:`Evaluator.run`'s,
+    the run with most named); None when every value was finite. Such a sample's class is not a
+    prediction (NaN > t is false, the arg max of a NaN row is 0) and its error makes the
+    relative RMS NaN (a trial fed NaN features and read 64.71 %, the share of label 0, at
+    every point)."""
+    hit = [r for r in records if r.get("nonfinite")]
+    said = [f"the data hold NaN or Inf in {data} of {samples} samples"] if data else []
+    where = [f"in {exact} of {samples} samples of the exact run"] if exact else []
+    if hit:
+        worst = max(hit, key=lambda r: r["nonfinite"])
+        at = _value_text(worst["sweep"], worst["value"], options)
+        if worst["compensation"] is not None:
+            at += f", compensation {'on' if worst['compensation'] else 'off'}"
+        where.append(f"in {len(hit)} of {len(records)} device runs (most {worst['nonfinite']} "
+                     f"of {samples} samples, at {at}, seed {worst['seed']})")
+    if where:
+        said.append("the judged output is NaN or Inf " + " and ".join(where))
+    if not said:
+        return None
+    return ("warning: " + "; ".join(said) + ": those samples' classes are no prediction (a NaN "
+            "score is below any threshold, a NaN row's arg max is 0) and their error is NaN; "
+            "check the data and the model")
 
 
 def clipped_text(records: list[dict], options: dict | None = None) -> str | None:
