@@ -66,3 +66,19 @@ def test_run_profile_says_which_dims_the_plans_figures_take_as_1(tmp_path, capsy
         text = capsys.readouterr().out
         assert ("\n  (the figures take batch as 1, and every dim shape inference could not "
                 "size without it as 1 too" in text) is said
+
+
+def test_a_length_dim_off_the_first_axis_is_not_called_samples():
+    """An audio clip's length named 'samples' on axis 1 of a batch-1 input: the figures are for
+    one run at samples=32000, which is one clip, not a batch (a trial's mel front end read
+    'not per sample')."""
+    w = nh.from_array(np.ones((4, 4), np.float32), "W")
+    g = h.make_graph([h.make_node("Reshape", ["x", "s"], ["r"]),
+                      h.make_node("MatMul", ["r", "W"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, "samples"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [None, 4])],
+                     [w, nh.from_array(np.array([-1, 4], np.int64), "s")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    res = optimize(m, dims={"samples": 32000}, check=0, host_roofline="nominal")
+    assert ("per inference: one run of the model at samples=32000: every per-inference figure "
+            "(latency, energy, tile writes, wear) is for the whole run") in res.summary().splitlines()
