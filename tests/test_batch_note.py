@@ -82,3 +82,18 @@ def test_a_length_dim_off_the_first_axis_is_not_called_samples():
     res = optimize(m, dims={"samples": 32000}, check=0, host_roofline="nominal")
     assert ("per inference: one run of the model at samples=32000: every per-inference figure "
             "(latency, energy, tile writes, wear) is for the whole run") in res.summary().splitlines()
+
+
+def test_a_dim_and_a_shape_override_of_its_input_conflict_in_words():
+    """--overwrite-input-shape x:2,64 fixes the dim 'batch' that --dim batch=1 sizes: the error
+    says the two flags conflict (it said no input had a dim 'batch', named ones: none)."""
+    import pytest
+
+    from onnx_cinm.errors import CinmError
+
+    with pytest.raises(CinmError, match=r"^--dim batch: --overwrite-input-shape gave its input a "
+                       r"fixed shape, so the model has no dim 'batch' left to size; give one"):
+        optimize(_matmul(), dims={"batch": 1}, input_shapes={"x": [2, 64]}, check=0)
+    # without the --dim, the override alone plans at its shape
+    res = optimize(_matmul(), input_shapes={"x": [2, 64]}, check=0)
+    assert res.flops_total == 2 * 2 * 64 * 64
