@@ -1355,15 +1355,21 @@ def _input_dim_names(model: onnx.ModelProto) -> set[str]:
 def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     """What one inference is when ``dims`` (``{dim name: size}``, the planned sizes) sizes a
     symbolic dim of a graph input above 1 (a batch, a sequence): ``"per inference: ..."``,
-    every per-inference figure being for one run at those sizes, not per sample; '' when no
+    every per-inference figure being for one run at those sizes, and not per sample when one
+    of them is an input's first axis (a batch; an audio clip's ``samples`` dim on another
+    axis is its length: a trial's batch-1 mel front end read "not per sample"); '' when no
     input's dim is planned above 1."""
     named = _input_dim_names(model)
     sized = {k: v for k, v in dims.items() if k in named and v > 1}
     if not sized:
         return ""
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(sized.items()))
+    consts = {t.name for t in model.graph.initializer}
+    first = {vi.type.tensor_type.shape.dim[0].dim_param for vi in model.graph.input
+             if vi.name not in consts and vi.type.tensor_type.shape.dim}
+    batch = ", not per sample" if first & set(sized) else ""
     return (f"per inference: one run of the model at {sizes}: every per-inference figure "
-            "(latency, energy, tile writes, wear) is for the whole run, not per sample")
+            f"(latency, energy, tile writes, wear) is for the whole run{batch}")
 
 
 def unsized_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:

@@ -694,7 +694,7 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     unknown = sorted(set(inputs) - set(names))
     if unknown:
         raise CinmError(f"--input '{unknown[0]}' is not an input of the model (inputs: {', '.join(names)})")
-    golden.check_given_inputs(model, inputs)
+    golden.check_given_inputs(model, inputs, empty_ok=False)
     if set(names) <= set(inputs):
         return [dict(inputs)]
     shapes = {k: np.shape(v) for k, v in inputs.items()}
@@ -1036,10 +1036,18 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     # what compare checks its original against; a re-optimized model keeps its first source's
     source = frontend.recorded_source(original) or frontend.source_digest(original)
     if input_shapes:
+        named = set(golden.symbolic_dims(original))
         if original is model:  # never change the caller's model
             original = onnx.ModelProto()
             original.CopyFrom(model)
         original = frontend.overwrite_input_shapes(original, input_shapes)
+        # a --dim of a dim the new shapes fixed: the two flags conflict (said as such, not as
+        # a dim no input has)
+        gone = sorted(set(dims or {}) & named - set(golden.symbolic_dims(original)))
+        if gone:
+            raise CinmError(f"--dim {gone[0]}: --overwrite-input-shape gave its input a fixed "
+                            f"shape, so the model has no dim '{gone[0]}' left to size; give "
+                            "one of the two")
     # a re-optimized model keeps its sizes; real input arrays size what they cover; --dim wins
     given = golden.dims_from_shapes(original, {k: np.shape(v) for k, v in (inputs or {}).items()})
     asked = dict(dims or {})

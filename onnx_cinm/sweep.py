@@ -151,6 +151,30 @@ def idle_devices(sets: list[tuple[str, list[str]]], results: list[dict]) -> list
     return out
 
 
+def unchanged_keys(sets: list[tuple[str, list[str]]], configs: list[dict],
+                   results: list[dict]) -> list[str]:
+    """The swept keys (of more than one value) whose values changed none of :data:`COLUMNS`
+    (but the compile time, ``seconds``):
+    among the evaluated configurations that agree on every other key, each group's rows are
+    equal (a trial swept ``cim.mode`` and ``cim.time_s``, which set a run's data path and its
+    time after programming, not a cost, and got six identical rows without a word). Empty when
+    fewer than two configurations were evaluated."""
+    done = [(c, r) for c, r in zip(configs, results) if not rejection(r)]
+    out = []
+    for key, values in sets:
+        if len(values) < 2:
+            continue
+        groups: dict = {}
+        for c, r in done:
+            rest = tuple(sorted((k, v) for k, v in c.items() if k != key))
+            groups.setdefault(rest, []).append(tuple(repr(r.get(col)) for col in COLUMNS
+                                                     if col != "seconds"))
+        compared = [g for g in groups.values() if len(g) > 1]
+        if compared and all(len(set(g)) == 1 for g in compared):
+            out.append(key)
+    return out
+
+
 def configurations(sets: list[tuple[str, list[str]]]) -> list[dict]:
     """Every combination of the values, as ``{key: value text}`` in cartesian-product order."""
     keys = [k for k, _ in sets]

@@ -66,3 +66,34 @@ def test_run_profile_says_which_dims_the_plans_figures_take_as_1(tmp_path, capsy
         text = capsys.readouterr().out
         assert ("\n  (the figures take batch as 1, and every dim shape inference could not "
                 "size without it as 1 too" in text) is said
+
+
+def test_a_length_dim_off_the_first_axis_is_not_called_samples():
+    """An audio clip's length named 'samples' on axis 1 of a batch-1 input: the figures are for
+    one run at samples=32000, which is one clip, not a batch (a trial's mel front end read
+    'not per sample')."""
+    w = nh.from_array(np.ones((4, 4), np.float32), "W")
+    g = h.make_graph([h.make_node("Reshape", ["x", "s"], ["r"]),
+                      h.make_node("MatMul", ["r", "W"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, "samples"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [None, 4])],
+                     [w, nh.from_array(np.array([-1, 4], np.int64), "s")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    res = optimize(m, dims={"samples": 32000}, check=0, host_roofline="nominal")
+    assert ("per inference: one run of the model at samples=32000: every per-inference figure "
+            "(latency, energy, tile writes, wear) is for the whole run") in res.summary().splitlines()
+
+
+def test_a_dim_and_a_shape_override_of_its_input_conflict_in_words():
+    """--overwrite-input-shape x:2,64 fixes the dim 'batch' that --dim batch=1 sizes: the error
+    says the two flags conflict (it said no input had a dim 'batch', named ones: none)."""
+    import pytest
+
+    from onnx_cinm.errors import CinmError
+
+    with pytest.raises(CinmError, match=r"^--dim batch: --overwrite-input-shape gave its input a "
+                       r"fixed shape, so the model has no dim 'batch' left to size; give one"):
+        optimize(_matmul(), dims={"batch": 1}, input_shapes={"x": [2, 64]}, check=0)
+    # without the --dim, the override alone plans at its shape
+    res = optimize(_matmul(), input_shapes={"x": [2, 64]}, check=0)
+    assert res.flops_total == 2 * 2 * 64 * 64

@@ -268,3 +268,24 @@ def test_sweep_places_ops_by_hint_and_says_when_a_swept_device_runs_nothing(tmp_
     err = capsys.readouterr().err
     assert "changed nothing" not in err
     assert all(r["violations"].startswith("error: ") for r in rows(tmp_path / "d"))
+
+
+def test_a_swept_key_that_changes_no_figure_is_named():
+    """Rows equal wherever only key 'a' differs: 'a' changed nothing; 'b' changed the energy of
+    one pair; a rejected row and the compile time are not compared; a key of one value is no
+    sweep. (A trial swept cim.mode and cim.time_s, got six identical rows and no word.)"""
+    from onnx_cinm import sweep
+
+    def row(e, seconds=0.1):
+        return {"latency_s": 1e-3, "energy_j": e, "writes": 0, "transfer_bytes": 8,
+                "devices": "host:1", "violations": "", "branches": "", "seconds": seconds}
+
+    sets = [("a", ["x", "y"]), ("b", ["1", "2"]), ("c", ["only"])]
+    configs = sweep.configurations(sets)
+    assert [tuple(c.values()) for c in configs] == [("x", "1", "only"), ("x", "2", "only"),
+                                                     ("y", "1", "only"), ("y", "2", "only")]
+    results = [row(1.0, 0.1), row(2.0, 0.2), row(1.0, 0.3), row(2.0, 0.4)]
+    assert sweep.unchanged_keys(sets, configs, results) == ["a"]
+    results[3] = row(3.0)  # 'a' now changes the energy at b=2
+    assert sweep.unchanged_keys(sets, configs, results) == []
+    assert sweep.unchanged_keys(sets, configs[:1], results[:1]) == []

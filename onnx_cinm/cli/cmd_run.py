@@ -288,6 +288,23 @@ def _partitions_line(sess) -> str:
             f"{len(ifs)} If{'s' * (len(ifs) != 1)} the provider runs")
 
 
+def _modeled_text(sess) -> str:
+    """``, except 4 <device> nodes ...``: the device nodes of ``sess`` that ran as their
+    reference bodies inside host partitions, charged by their device's cost model (a device's
+    ``model`` run mode), whose device arithmetic (FP16, say) the comparison therefore did not
+    see (a trial read "max abs err 0 ... device nodes in their kernels" for nodes that the
+    device's simulate mode puts 0.0032 off); '' when there are none."""
+    from collections import Counter
+
+    counts = Counter(dev for _, dev in sess.modeled_nodes())
+    if not counts:
+        return ""
+    nodes = ", ".join(f"{n} {d} node{'s' * (n != 1)}" for d, n in sorted(counts.items()))
+    return (f", except {nodes} run by onnxruntime as their reference bodies and charged by "
+            "the device's cost model, so their device arithmetic is not in this comparison "
+            "(onnx-cinm devices lists the run modes that simulate it)")
+
+
 def _partition_text(counts: dict) -> str:
     """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
     memristor 1 node``: the counts of :func:`onnx_cinm.runtime.profile.ran`, with their
@@ -404,7 +421,7 @@ def _cmd_compare(args, parser) -> int:
                             "optimized one (onnx-cinm compare ORIGINAL OPTIMIZED)")
     _check_dim_names(original, dims, parser)
     _drop_labels(args, original, given)
-    golden.check_given_inputs(original, given)  # an unknown name: the inputs listed, as run's
+    golden.check_given_inputs(original, given, empty_ok=False)  # an unknown name: the inputs listed, as run's
     _refuse_dim_conflicts(original, given, dims)
     # host partitions as the reference runs: onnxruntime's own fusions are not our error;
     # crossbar products in onnxruntime's matrix kernels, which sum in the reference's order
@@ -469,7 +486,7 @@ def _cmd_compare(args, parser) -> int:
         return 1 if structural else 0
     # which engine computed each side (optimize's check runs the reference bodies instead)
     print(report.summary() + " (reference: onnxruntime on the original; candidate: the CINM "
-          "provider, device nodes in their kernels)")
+          f"provider, device nodes in their kernels{_modeled_text(sess)})")
     special = None
     squashers = golden.lowered_nan_squashers(original, args.optimized) if not given else []
     if given:

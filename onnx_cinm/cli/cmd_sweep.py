@@ -61,11 +61,17 @@ def _cmd_sweep(args, parser) -> int:
         note(args, line)
     for line in dict.fromkeys(w for r in results for w in r.get("hints", [])):
         warn(args, line)  # each once, however many configurations said it
-    for key, dev in sweep.idle_devices(sets, results):
+    idle = sweep.idle_devices(sets, results)
+    for key, dev in idle:
         hinted = any(d == dev for _, d in base.get("place", ()))
         note(args, f"no configuration placed an op on {dev}: sweeping {key} changed nothing "
              + ("(the --place hints for it placed none)" if hinted
                 else f"(put ops there with --place PATTERN={dev})"))
+    for key in sweep.unchanged_keys(sets, configs, results):
+        if key not in {k for k, _ in idle}:
+            note(args, f"sweeping {key} changed no figure of any configuration: the cost "
+                 "models do not read it (a run-time setting, such as a data path or a time "
+                 "after programming, changes accuracy, which onnx-cinm evaluate measures)")
     paths = sweep.write(out, configs, results,
                         title=source if args.example else Path(args.input).name)
     if not args.quiet:
