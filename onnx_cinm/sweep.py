@@ -154,9 +154,8 @@ def idle_devices(sets: list[tuple[str, list[str]]], results: list[dict]) -> list
 def unchanged_keys(sets: list[tuple[str, list[str]]], configs: list[dict],
                    results: list[dict]) -> list[str]:
     """The swept keys (of more than one value) whose values changed none of :data:`COLUMNS`
-    (but the compile time, ``seconds``):
-    among the evaluated configurations that agree on every other key, each group's rows are
-    equal (a trial swept ``cim.mode`` and ``cim.time_s``, which set a run's data path and its
+    (the compile time, ``seconds``, aside): among the evaluated configurations that agree on
+    every other key, each group's rows are equal (a trial swept ``cim.mode`` and ``cim.time_s``, which set a run's data path and its
     time after programming, not a cost, and got six identical rows without a word). Empty when
     fewer than two configurations were evaluated."""
     done = [(c, r) for c, r in zip(configs, results) if not rejection(r)]

@@ -421,7 +421,8 @@ def _cmd_compare(args, parser) -> int:
                             "optimized one (onnx-cinm compare ORIGINAL OPTIMIZED)")
     _check_dim_names(original, dims, parser)
     _drop_labels(args, original, given)
-    golden.check_given_inputs(original, given, empty_ok=False)  # an unknown name: the inputs listed, as run's
+    # an unknown name: the inputs listed, as run's; an empty array: refused (nothing to compare)
+    golden.check_given_inputs(original, given, empty_ok=False)
     _refuse_dim_conflicts(original, given, dims)
     # host partitions as the reference runs: onnxruntime's own fusions are not our error;
     # crossbar products in onnxruntime's matrix kernels, which sum in the reference's order
