@@ -397,7 +397,7 @@ _OPENED_ATTRS = frozenset({
     onnx.AttributeProto.TENSOR})
 
 
-def _open_graph(model: onnx.ModelProto) -> ir.Graph | None:
+def _open_graph(model: onnx.ModelProto) -> tuple[ir.Graph, list[onnx.NodeProto]] | None:
     """The main graph of ``model`` as ``ir.from_proto(model).graph`` reads it, built directly
     when the model is plain: its nodes, their attributes and use-def links, the graph's inputs,
     outputs and initializers (``const_value``: onnx_ir's tensor of each TensorProto, not a
@@ -411,7 +411,7 @@ def _open_graph(model: onnx.ModelProto) -> ir.Graph | None:
     metadata, quantization annotations, sparse initializers, external data, an initializer
     without a name or named twice, a value written twice (by two nodes, or by a node and as
     an input or initializer), or a name read that nothing writes (onnx_ir creates a value for
-    it, or raises)."""
+    it, or raises). With the graph, the NodeProtos of its nodes, in order."""
     g = model.graph
     if len(model.functions) or len(getattr(model, "configuration", ())) or \
             len(g.quantization_annotation) or len(g.sparse_initializer) or len(g.metadata_props):
@@ -468,7 +468,7 @@ def _open_graph(model: onnx.ModelProto) -> ir.Graph | None:
         outputs.append(value)
     return ir.Graph(inputs, outputs, nodes=nodes, initializers=initializers,
                     doc_string=g.doc_string if g.HasField("doc_string") else None,
-                    name=g.name if g.HasField("name") else None)
+                    name=g.name if g.HasField("name") else None), protos
 
 
 class Edit:
@@ -493,10 +493,11 @@ class Edit:
                  fills: dict | None = None) -> None:
         self.proto = model
         self._fills = fills or {}
-        self.graph = _open_graph(model) or _read_graph(model)
+        opened = _open_graph(model)
+        self.graph, protos = opened or (_read_graph(model), model.graph.node[:])
         #: the NodeProto each node was read from or built from (:meth:`add`): written back by
         #: :meth:`commit` as it is, instead of serializing the node again (``_proto_of``)
-        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, model.graph.node))
+        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, protos))
         self.fresh = fresh
         self._original = set(plain(self.graph.initializers).values())
         self._new_consts: list[ir.Value] = []
@@ -668,12 +669,12 @@ class Edit:
         holds a :class:`FillWeight` of it where it held the initializer."""
         g = self.proto.graph
         # a NodeProto taken out of the list it is in stays valid (protobuf detaches it): the
-        # nodes are copied once, into the emptied list, not out and back
-        nodes = [self._proto_of(n) for n in self.graph]
+        # nodes are copied once, into the emptied list, not out and back; a later commit
+        # writes these same NodeProtos again (mapping the nodes to the graph's copies of them
+        # instead read every entry of the list back: 6 M instructions on light DenseNet121)
+        self._protos = {n: self._proto_of(n) for n in self.graph}
         del g.node[:]
-        g.node.extend(nodes)
-        del nodes
-        self._protos = dict(zip(self.graph, g.node))  # the graph's own now (a later commit)
+        g.node.extend(self._protos.values())
         dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made

@@ -190,8 +190,8 @@ def test_edit_opens_a_plain_graph_as_onnx_ir_reads_it():
 
     model = _plain_model()
     before = model.SerializeToString(deterministic=True)
-    opened = _open_graph(model)
-    assert opened is not None
+    opened, protos = _open_graph(model)
+    assert protos == model.graph.node[:]
     assert _graph_as_read(opened) == _graph_as_read(_read_graph(model))
     assert model.SerializeToString(deterministic=True) == before
     assert _open_graph(_double_by_add_model()) is None  # the If's branches: onnx_ir's
