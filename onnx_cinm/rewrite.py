@@ -1,9 +1,9 @@
 """Rewriting ONNX graphs on onnx_ir: use-def links, and rules written as pattern, check, replacement.
 
 The passes rewrite models through this module instead of editing ``NodeProto`` lists and building
-their own producer/consumer/constant maps: :class:`Edit` opens a ``ModelProto`` as an ``onnx_ir``
-model, whose values know their producer, their uses and their constant, and writes the result
-back. Why onnx_ir and not onnx-graphsurgeon: ``docs/architecture.md`` ("Rewriting IR"), measured
+their own producer/consumer/constant maps: :class:`Edit` opens the main graph of a ``ModelProto``
+as an ``onnx_ir`` graph (built directly when the graph is plain, else read by onnx_ir), whose
+values know their producer, their uses and their constant, and writes the result back. Why onnx_ir and not onnx-graphsurgeon: ``docs/architecture.md`` ("Rewriting IR"), measured
 by ``benchmarks/rewrite_ir.py`` (graphsurgeon drops function overloads, tensor/graph/type
 attributes and metadata on a round trip; onnx_ir keeps them and rewrites faster).
 
@@ -308,8 +308,8 @@ def whole_bytes(array: np.ndarray) -> bytes | None:
 
 def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, onnx.TypeProto]]:
     """Clear, in place, the types onnx_ir 1.1 cannot read (maps, as in ZipMap's
-    ``seq(map(int64, float))`` output) of the graph's inputs and outputs (:class:`Edit` sets the
-    value_info aside), and return them to be put back: the rules need no types (``commit``
+    ``seq(map(int64, float))`` output) of the graph's inputs and outputs (:func:`_read_graph` sets
+    the value_info aside), and return them to be put back: the rules need no types (``commit``
     does not write these back)."""
     hidden = []
     for value in graph.input[:] + graph.output[:]:
@@ -323,6 +323,30 @@ def _hide_unreadable_types(graph: onnx.GraphProto) -> list[tuple[onnx.ValueInfoP
             value.ClearField("type")
             hidden.append((value, saved))
     return hidden
+
+
+def _read_graph(model: onnx.ModelProto) -> ir.Graph:
+    """The main graph of ``model`` read by onnx_ir (``ir.from_proto``), for a model
+    :func:`_open_graph` leaves to it. Raises CinmError when onnx_ir cannot read it."""
+    # the main graph's value_info is set aside while onnx_ir reads the graph: typing every
+    # value from it was a third of opening DenseNet121's (27 -> 19 ms CPU), and no rule
+    # reads a value's type (they read tensor infos); the entries go back as they were
+    infos = onnx.GraphProto()
+    infos.value_info.extend(model.graph.value_info)
+    del model.graph.value_info[:]
+    hidden = _hide_unreadable_types(model.graph)
+    try:
+        return ir.from_proto(model).graph
+    except Exception as e:  # noqa: BLE001 -- e.g. sparse tensors, which onnx_ir cannot read
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise CinmError(f"cannot rewrite the model: {type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0]}") from None
+    finally:
+        for value, saved in hidden:
+            value.type.CopyFrom(saved)
+        model.graph.value_info.extend(infos.value_info)
 
 
 #: Attribute types whose values onnx_ir writes anew (graphs, tensors, types), or none (no type)
@@ -364,6 +388,88 @@ def _attribute(proto: onnx.AttributeProto) -> ir.Attr:
     return ir.Attr(proto.name, plain[0], value[:] if plain[0] is ir.AttributeType.INTS else value)
 
 
+#: Attribute types :func:`_open_graph` reads itself (:func:`_attribute`); the others are left
+#: to onnx_ir's reader: subgraphs, whose nodes may read the outer graph's values (onnx_ir
+#: resolves them through its scopes), types, sparse tensors
+_OPENED_ATTRS = frozenset({
+    onnx.AttributeProto.INT, onnx.AttributeProto.INTS, onnx.AttributeProto.FLOAT,
+    onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRING, onnx.AttributeProto.STRINGS,
+    onnx.AttributeProto.TENSOR})
+
+
+def _open_graph(model: onnx.ModelProto) -> tuple[ir.Graph, list[onnx.NodeProto]] | None:
+    """The main graph of ``model`` as ``ir.from_proto(model).graph`` reads it, built directly
+    when the model is plain: its nodes, their attributes and use-def links, the graph's inputs,
+    outputs and initializers (``const_value``: onnx_ir's tensor of each TensorProto, not a
+    copy), names as in the model. Unlike onnx_ir's, no value carries a type or shape (no rule
+    reads them: the rules read tensor infos; :meth:`Edit.commit` writes back nodes and
+    initializers only), and neither the value_info nor the model's functions are read (nor
+    set aside and put back, as :func:`_read_graph` does): to_cinm on light DenseNet121 went
+    from 567 to 520 M instructions. None, for onnx_ir to read it, when the model has anything else:
+    functions, device configurations, an attribute not of :data:`_OPENED_ATTRS`, node or graph
+    metadata, quantization annotations, sparse initializers, external data, an initializer
+    without a name or named twice, a value written twice (by two nodes, or by a node and as
+    an input or initializer), or a name read that nothing writes (onnx_ir creates a value for
+    it, or raises). With the graph, the NodeProtos of its nodes, in order."""
+    g = model.graph
+    if len(model.functions) or len(getattr(model, "configuration", ())) or \
+            len(g.quantization_annotation) or len(g.sparse_initializer) or len(g.metadata_props):
+        return None
+    values: dict[str, ir.Value] = {}
+    inputs = []
+    for info in g.input[:]:
+        if info.name in values:
+            return None
+        inputs.append(values.setdefault(info.name, ir.Value(name=info.name)))
+    initializers = []
+    for tensor in g.initializer[:]:
+        name = tensor.name
+        value = values.get(name) if name else None
+        if value is None:
+            value = values[name] = ir.Value(name=name)
+        if not name or value.const_value is not None or \
+                tensor.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        value.const_value = ir.serde.deserialize_tensor(tensor)
+        initializers.append(value)
+    protos = g.node[:]
+    for proto in protos:  # every output first: a node may read one written further on
+        if len(proto.metadata_props) or len(getattr(proto, "device_configurations", ())):
+            return None
+        for name in proto.output[:]:
+            if name:
+                if name in values:
+                    return None
+                values[name] = ir.Value(name=name)
+    nodes = []
+    for proto in protos:
+        ins = []
+        for name in proto.input[:]:
+            value = values.get(name) if name else None
+            if name and value is None:
+                return None
+            ins.append(value)
+        attributes = []
+        for a in proto.attribute[:]:
+            if a.type not in _OPENED_ATTRS or (a.type == onnx.AttributeProto.TENSOR and
+                                                a.t.data_location == onnx.TensorProto.EXTERNAL):
+                return None
+            attributes.append(_attribute(a))
+        nodes.append(ir.Node(proto.domain, proto.op_type, ins, attributes,
+                             overload=proto.overload, name=proto.name,
+                             outputs=[values[o] if o else ir.Value(name="") for o in proto.output[:]],
+                             doc_string=proto.doc_string if proto.HasField("doc_string") else None))
+    outputs = []
+    for info in g.output[:]:
+        value = values.get(info.name)
+        if value is None:
+            return None
+        outputs.append(value)
+    return ir.Graph(inputs, outputs, nodes=nodes, initializers=initializers,
+                    doc_string=g.doc_string if g.HasField("doc_string") else None,
+                    name=g.name if g.HasField("name") else None), protos
+
+
 class Edit:
     """A ``ModelProto`` opened for rewriting on onnx_ir (main graph).
 
@@ -386,29 +492,11 @@ class Edit:
                  fills: dict | None = None) -> None:
         self.proto = model
         self._fills = fills or {}
-        # the main graph's value_info is set aside while onnx_ir reads the graph: typing every
-        # value from it was a third of opening DenseNet121's (27 -> 19 ms CPU), and no rule
-        # reads a value's type (they read tensor infos); the entries go back as they were
-        infos = onnx.GraphProto()
-        infos.value_info.extend(model.graph.value_info)
-        del model.graph.value_info[:]
-        hidden = _hide_unreadable_types(model.graph)
-        try:
-            self.model = ir.from_proto(model)
-        except Exception as e:  # noqa: BLE001 -- e.g. sparse tensors, which onnx_ir cannot read
-            cause = e
-            while cause.__cause__ is not None:
-                cause = cause.__cause__
-            raise CinmError(f"cannot rewrite the model: {type(cause).__name__}: "
-                            f"{str(cause).splitlines()[0]}") from None
-        finally:
-            for value, saved in hidden:
-                value.type.CopyFrom(saved)
-            model.graph.value_info.extend(infos.value_info)
-        self.graph = self.model.graph
+        opened = _open_graph(model)
+        self.graph, protos = opened or (_read_graph(model), model.graph.node[:])
         #: the NodeProto each node was read from or built from (:meth:`add`): written back by
         #: :meth:`commit` as it is, instead of serializing the node again (``_proto_of``)
-        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, model.graph.node))
+        self._protos: dict[ir.Node, onnx.NodeProto] = dict(zip(self.graph, protos))
         self.fresh = fresh
         self._original = set(plain(self.graph.initializers).values())
         self._new_consts: list[ir.Value] = []
@@ -580,12 +668,12 @@ class Edit:
         holds a :class:`FillWeight` of it where it held the initializer."""
         g = self.proto.graph
         # a NodeProto taken out of the list it is in stays valid (protobuf detaches it): the
-        # nodes are copied once, into the emptied list, not out and back
-        nodes = [self._proto_of(n) for n in self.graph]
+        # nodes are copied once, into the emptied list, not out and back; a later commit
+        # writes these same NodeProtos again (mapping the nodes to the graph's copies of them
+        # instead read every entry of the list back: 4 M instructions on light DenseNet121)
+        self._protos = {n: self._proto_of(n) for n in self.graph}
         del g.node[:]
-        g.node.extend(nodes)
-        del nodes
-        self._protos = dict(zip(self.graph, g.node))  # the graph's own now (a later commit)
+        g.node.extend(self._protos.values())
         dead = {v.name for v in plain(self.graph.initializers).values()
                 if not v.uses() and not v.is_graph_output() and not (keep_graph_inputs and v.is_graph_input())}
         made = []  # (name, array) of the constants read, in the order made

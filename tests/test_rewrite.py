@@ -13,6 +13,7 @@ from onnx import TensorProto, helper as h, numpy_helper
 from onnx_cinm.errors import CinmError
 from onnx_cinm.passes.graph_names import Names
 from onnx_cinm.rewrite import Builder, Edit, Rule, apply, ir
+from onnx_cinm.rewrite import plain as ir_plain
 
 
 def _double_by_add_model() -> onnx.ModelProto:
@@ -125,6 +126,85 @@ def test_map_typed_outputs_onnx_ir_cannot_read_are_kept_as_they_were():
     edit = Edit(model, Names(model.graph).fresh)
     assert [n.op_type for n in edit.graph] == ["Relu", "ZipMap"]
     assert edit.commit().SerializeToString(deterministic=True) == before
+
+
+def _graph_as_read(graph) -> tuple:
+    """What the rewrites see of an ``ir.Graph``: its nodes (in order, with domain, op type,
+    name, overload, doc string, metadata and attributes as onnx_ir serializes them), where
+    each value a node reads comes from (a graph input, an initializer, a node's output), each
+    value's uses, the graph's inputs, outputs and initializers (each one's TensorProto)."""
+    nodes = list(graph)
+    where = {}
+    for k, v in enumerate(graph.inputs):
+        where[id(v)] = ("input", k)
+    for name, v in ir_plain(graph.initializers).items():
+        where.setdefault(id(v), ("initializer", name))
+    for k, n in enumerate(nodes):
+        for j, v in enumerate(n.outputs):
+            where[id(v)] = ("node", k, j)
+
+    def uses(v):
+        return sorted((nodes.index(u), i) for u, i in v.uses())
+
+    read = [(n.domain, n.op_type, n.name, n.overload, n.doc_string, dict(n.metadata_props),
+             [ir.serde.serialize_attribute(a).SerializeToString() for a in n.attributes.values()],
+             [None if v is None else (where.get(id(v)), v.name, uses(v)) for v in n.inputs],
+             [(v.name, uses(v), v.is_graph_output()) for v in n.outputs])
+            for n in nodes]
+    inits = [(name, v.const_value.raw if hasattr(v.const_value, "raw") else v.const_value.numpy().tolist(),
+              v.is_graph_input(), uses(v)) for name, v in ir_plain(graph.initializers).items()]
+    return (read, inits, [(v.name, uses(v)) for v in graph.inputs],
+            [where.get(id(v)) for v in graph.outputs], graph.name, graph.doc_string)
+
+
+def _plain_model() -> onnx.ModelProto:
+    """A model the rewrite opens itself: nodes out of order, an unnamed one, an omitted
+    optional input and output, an initializer that is also a graph input (a default), a graph
+    output that is a graph input, string, float, ints and tensor attributes, doc strings."""
+    f = TensorProto.FLOAT
+    nodes = [h.make_node("Relu", ["m"], ["r"]),  # reads m, written further on
+             h.make_node("Mul", ["x", "w"], ["m"], name="mul", doc_string="scaled"),
+             h.make_node("Clip", ["r", "", "hi"], ["c"], name="clip"),
+             h.make_node("Dropout", ["c"], ["d", ""], name="drop"),
+             h.make_node("LeakyRelu", ["d"], ["l"], name="leaky", alpha=0.25),
+             h.make_node("Conv", ["img", "k"], ["conv"], name="conv", auto_pad="SAME_UPPER",
+                         kernel_shape=[3, 3], strides=[1, 1]),
+             h.make_node("Constant", [], ["t"], name="const",
+                         value=numpy_helper.from_array(np.array([1.0, 2.0], np.float32)))]
+    g = h.make_graph(nodes, "plain", [h.make_tensor_value_info("x", f, [2]),
+                                      h.make_tensor_value_info("w", f, [2]),
+                                      h.make_tensor_value_info("img", f, [1, 1, 4, 4])],
+                     [h.make_tensor_value_info(n, f, None) for n in ("l", "conv", "t", "x", "m")],
+                     [numpy_helper.from_array(np.array([3.0, 3.0], np.float32), "w"),
+                      numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+                      numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "k")],
+                     doc_string="a plain graph")
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_edit_opens_a_plain_graph_as_onnx_ir_reads_it():
+    """Edit builds a plain main graph itself (``_open_graph``: no value_info, types or
+    functions read); the rewrites see the same graph as in onnx_ir's reading of it, which
+    the model of anything else (a subgraph) still gets."""
+    from onnx_cinm.rewrite import _open_graph, _read_graph
+
+    model = _plain_model()
+    before = model.SerializeToString(deterministic=True)
+    opened, protos = _open_graph(model)
+    assert protos == model.graph.node[:]
+    assert _graph_as_read(opened) == _graph_as_read(_read_graph(model))
+    assert model.SerializeToString(deterministic=True) == before
+    assert _open_graph(_double_by_add_model()) is None  # the If's branches: onnx_ir's
+    branching = _double_by_add_model()
+    edit = Edit(branching, Names(branching.graph).fresh)
+    assert [n.op_type for n in edit.graph] == ["Mul", "If", "Mul"]
+    for mutate in (lambda g: g.node.add(op_type="Relu", input=["x"], output=["m"]),  # twice
+                   lambda g: g.node.add(op_type="Relu", input=["nowhere"], output=["q"]),
+                   lambda g: g.initializer.add().CopyFrom(g.initializer[0]),
+                   lambda g: g.metadata_props.add(key="k", value="v")):
+        odd = _plain_model()
+        mutate(odd.graph)
+        assert _open_graph(odd) is None
 
 
 def test_add_initializer_writes_fills_and_views_of_bytes_as_numpy_would():

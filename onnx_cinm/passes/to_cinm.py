@@ -131,12 +131,14 @@ class _Rewriter(Edit):
         """Values computed from Shape/Size (shape bookkeeping): use-def order of the graph."""
         path: set[ir.Value] = set()
         for n in self.graph:
-            if any(a.type == ir.AttributeType.GRAPH for a in plain(n.attributes).values()):
-                continue  # If/Loop/Scan: their bodies read outer values, not only the inputs
-            if n.op_type in ("Shape", "Size") or (
+            # (the nodes' attributes are looked at only where the rest would add the node:
+            # most graphs have no Shape node, and the path stays empty; 6 M instructions of
+            # 7 on light DenseNet121)
+            if (n.op_type in ("Shape", "Size") or path and (
                     any(v in path for v in n.inputs if v is not None) and
-                    all(v is None or v in path or v in self._original for v in n.inputs)):
-                path.update(n.outputs)
+                    all(v is None or v in path or v in self._original for v in n.inputs))) and \
+                    not any(a.type == ir.AttributeType.GRAPH for a in plain(n.attributes).values()):
+                path.update(n.outputs)  # (not If/Loop/Scan: their bodies read outer values)
         return path
 
     def const(self, base: str, array: np.ndarray) -> str:
