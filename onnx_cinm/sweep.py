@@ -151,6 +151,18 @@ def idle_devices(sets: list[tuple[str, list[str]]], results: list[dict]) -> list
     return out
 
 
+def run_time_key(key: str, value: str) -> bool:
+    """Whether the sweep key ``key`` (at one of its values, ``value``) sets only run options of
+    a device (what a device's kernels take when they run,
+    :meth:`~onnx_cinm.devices.base.Device.run_option_specs`: a data path, a time after
+    programming), which no cost model reads."""
+    from . import devices
+
+    run = {k for dev in devices.all_devices() for k in dev.run_option_specs()}
+    opts = keys()[key](value)
+    return bool(opts) and set(opts) <= run
+
+
 def unchanged_keys(sets: list[tuple[str, list[str]]], configs: list[dict],
                    results: list[dict]) -> list[str]:
     """The swept keys (of more than one value) whose values changed none of :data:`COLUMNS`

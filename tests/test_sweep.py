@@ -286,6 +286,19 @@ def test_a_swept_key_that_changes_no_figure_is_named():
                                                      ("y", "1", "only"), ("y", "2", "only")]
     results = [row(1.0, 0.1), row(2.0, 0.2), row(1.0, 0.3), row(2.0, 0.4)]
     assert sweep.unchanged_keys(sets, configs, results) == ["a"]
+    rejected = dict(row(float("nan")), latency_s=float("nan"), violations="error: no fit")
+    assert sweep.rejection(rejected)
+    # a rejected row (no figures) is not compared: 'a' still changed nothing
+    assert sweep.unchanged_keys(sets, configs, results[:3] + [rejected]) == ["a"]
     results[3] = row(3.0)  # 'a' now changes the energy at b=2
     assert sweep.unchanged_keys(sets, configs, results) == []
     assert sweep.unchanged_keys(sets, configs[:1], results[:1]) == []
+
+
+def test_run_time_keys_are_those_that_set_only_run_options():
+    """cim.mode and cim.time_s set what the crossbar kernels take when they run (the device's
+    run options), no cost; cim.rows sizes the crossbars, a cost."""
+    from onnx_cinm import sweep
+
+    assert sweep.run_time_key("cim.mode", "q8") and sweep.run_time_key("cim.time_s", "1")
+    assert not sweep.run_time_key("cim.rows", "64")

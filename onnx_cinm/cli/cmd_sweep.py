@@ -67,11 +67,13 @@ def _cmd_sweep(args, parser) -> int:
         note(args, f"no configuration placed an op on {dev}: sweeping {key} changed nothing "
              + ("(the --place hints for it placed none)" if hinted
                 else f"(put ops there with --place PATTERN={dev})"))
+    values = dict(sets)
     for key in sweep.unchanged_keys(sets, configs, results):
         if key not in {k for k, _ in idle}:
-            note(args, f"sweeping {key} changed no figure of any configuration: the cost "
-                 "models do not read it (a run-time setting, such as a data path or a time "
-                 "after programming, changes accuracy, which onnx-cinm evaluate measures)")
+            note(args, f"sweeping {key} changed no figure of any configuration at these values"
+                 + (": it sets how the kernels run, which no cost model reads (onnx-cinm "
+                    "evaluate measures what it does to accuracy)"
+                    if sweep.run_time_key(key, values[key][0]) else ""))
     paths = sweep.write(out, configs, results,
                         title=source if args.example else Path(args.input).name)
     if not args.quiet:
