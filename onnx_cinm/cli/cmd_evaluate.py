@@ -107,7 +107,7 @@ def _cmd_evaluate(args, parser) -> int:
     if clipped:
         print(f"\n{clipped}")
     nonfinite = ev.nonfinite_text(evaluator.exact_nonfinite, records, evaluator.samples, opts,
-                                  evaluator.data_nonfinite)
+                                  evaluator.data_nonfinite, evaluator.integer_output)
     if nonfinite:
         print(f"\n{nonfinite}")
     if args.plot:

@@ -126,6 +126,8 @@ class Evaluator:
         #: samples whose chosen output holds a NaN or Inf in the exact run (a broken input,
         #: an overflow): their class is no prediction (NaN > t is false, a NaN row's arg max 0)
         self.exact_nonfinite = nonfinite_samples(self._reference)
+        #: whether the judged output is an integer (a class: NaN cannot show in it)
+        self.integer_output = self._reference.dtype.kind not in "fc"
         #: samples holding a NaN or Inf in any input array (an integer output hides them)
         self.data_nonfinite = int(np.logical_or.reduce(
             [_nonfinite_rows(np.asarray(self.data[a.name])) for a in self._inputs]).sum())
@@ -387,15 +389,19 @@ def nonfinite_samples(y: np.ndarray) -> int:
 
 
 def nonfinite_text(exact: int, records: list[dict], samples: int,
-                   options: dict | None = None, data: int = 0) -> str | None:
-    """A warning when the data (``data`` samples) or the judged output held NaN or Inf: in
-    ``exact`` samples of the exact run, or in any run of ``records`` (:meth:`Evaluator.run`'s,
-    the run with most named); None when every value was finite. Such a sample's class is not a
-    prediction (NaN > t is false, the arg max of a NaN row is 0) and its error makes the
-    relative RMS NaN (a trial fed NaN features and read 64.71 %, the share of label 0, at
-    every point)."""
+                   options: dict | None = None, data: int = 0,
+                   integer_output: bool = False) -> str | None:
+    """What NaN or Inf in the data (``data`` samples) or in the judged output (``exact``
+    samples of the exact run; any run of ``records``, :meth:`Evaluator.run`'s, the run with
+    most named) does to the figures; None when every value was finite.
+
+    A judged output that is NaN or Inf: a warning, such a sample's class being no prediction
+    (NaN > t is false, the arg max of a NaN row is 0) and its error NaN (a trial fed NaN
+    features and read 64.71 %, the share of label 0, at every point). NaN in the data only: a
+    note, for a model may handle them (an imputer); with an integer judged output (a class),
+    which cannot show NaN scores behind it, the note says to judge a score output."""
     hit = [r for r in records if r.get("nonfinite")]
-    said = [f"the data hold NaN or Inf in {data} of {samples} samples"] if data else []
+    held = f"the data hold NaN or Inf in {data} of {samples} samples"
     where = [f"in {exact} of {samples} samples of the exact run"] if exact else []
     if hit:
         worst = max(hit, key=lambda r: r["nonfinite"])
@@ -405,12 +411,17 @@ def nonfinite_text(exact: int, records: list[dict], samples: int,
         where.append(f"in {len(hit)} of {len(records)} device runs (most {worst['nonfinite']} "
                      f"of {samples} samples, at {at}, seed {worst['seed']})")
     if where:
-        said.append("the judged output is NaN or Inf " + " and ".join(where))
-    if not said:
+        return ("warning: " + (f"{held}; " if data else "") + "the judged output is NaN or Inf "
+                + " and ".join(where) + ": those samples' classes are no prediction (a NaN "
+                "score is below any threshold, a NaN row's arg max is 0) and their error is "
+                "NaN; check the data and the model")
+    if not data:
         return None
-    return ("warning: " + "; ".join(said) + ": those samples' classes are no prediction (a NaN "
-            "score is below any threshold, a NaN row's arg max is 0) and their error is NaN; "
-            "check the data and the model")
+    if integer_output:
+        return (f"note: {held}; the judged output is an integer (a class), which cannot show "
+                "whether they made the scores behind it NaN (a NaN row's arg max is 0): judge "
+                "a score output (--output NAME) to see")
+    return f"note: {held}; the judged output is finite in all of them"
 
 
 def clipped_text(records: list[dict], options: dict | None = None) -> str | None:
