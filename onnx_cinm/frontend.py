@@ -1356,18 +1356,28 @@ def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     """What one inference is when ``dims`` (``{dim name: size}``, the planned sizes) sizes a
     symbolic dim of a graph input above 1 (a batch, a sequence): ``"per inference: ..."``,
     every per-inference figure being for one run at those sizes, and not per sample when one
-    of them is an input's first axis (a batch; an audio clip's ``samples`` dim on another
-    axis is its length: a trial's batch-1 mel front end read "not per sample"); '' when no
-    input's dim is planned above 1."""
+    of them is an input's batch axis: by the usual layouts its first, or its second for the
+    time-major X of an ONNX LSTM, GRU or RNN (a heuristic: an audio clip's ``samples`` dim on
+    axis 1 is its length, where a trial's batch-1 mel front end read "not per sample"); ''
+    when no input's dim is planned above 1."""
     named = _input_dim_names(model)
     sized = {k: v for k, v in dims.items() if k in named and v > 1}
     if not sized:
         return ""
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(sized.items()))
     consts = {t.name for t in model.graph.initializer}
-    first = {vi.type.tensor_type.shape.dim[0].dim_param for vi in model.graph.input
-             if vi.name not in consts and vi.type.tensor_type.shape.dim}
-    batch = ", not per sample" if first & set(sized) else ""
+    # the batch axis, by the usual layouts: the first, but the second of an input an ONNX
+    # LSTM/GRU/RNN reads as its time-major X (layout 0: [seq, batch, input])
+    time_major = {n.input[0] for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")
+                  and n.domain in ("", "ai.onnx") and n.input
+                  and not any(a.name == "layout" and a.i for a in n.attribute)}
+    batch_dims = set()
+    for vi in model.graph.input:
+        dims_ = vi.type.tensor_type.shape.dim
+        axis = 1 if vi.name in time_major else 0
+        if vi.name not in consts and len(dims_) > axis:
+            batch_dims.add(dims_[axis].dim_param)
+    batch = ", not per sample" if batch_dims & set(sized) else ""
     return (f"per inference: one run of the model at {sizes}: every per-inference figure "
             f"(latency, energy, tile writes, wear) is for the whole run{batch}")
 
@@ -1379,13 +1389,13 @@ def unsized_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     open_ = sorted(_input_dim_names(model) - set(dims))
     if not open_:
         return ""
-    # "as 1" is not "at 1": a dim shape inference cannot size without the input's counts 1
-    # too (a tf2onnx BERT's 32 tokens a row: 1.67 MFLOP planned unsized, 14.2 at --dim ...=1)
-    it = "it" if len(open_) == 1 else "them"
-    return (f"the figures take {', '.join(open_)} as 1, and every dim shape inference could "
-            f"not size without {it} as 1 too, not at the size {it} would give: the model was "
-            f"planned without {'its size' if len(open_) == 1 else 'their sizes'} (optimize "
-            f"--dim {open_[0]}=SIZE plans at a size, 1 included)")
+    # a dim shape inference cannot size without the input's counts 1 too, not its size at 1
+    # (a tf2onnx BERT's 32 tokens a row: 1.67 MFLOP planned unsized, 14.2 at --dim ...=1);
+    # whether there are such dims, optimize's summary says ("dims left unsized")
+    return (f"the figures take {', '.join(open_)} as 1: the model was planned without "
+            f"{'its size' if len(open_) == 1 else 'their sizes'}; optimize --dim "
+            f"{open_[0]}=SIZE plans at a size (if optimize named dims left unsized, --dim "
+            f"{open_[0]}=1 sizes them too: unsized, they count 1 as well)")
 
 
 def _json_record(model: onnx.ModelProto, key: str, valid: Callable[[object], bool],

@@ -3,7 +3,8 @@
 The passes rewrite models through this module instead of editing ``NodeProto`` lists and building
 their own producer/consumer/constant maps: :class:`Edit` opens the main graph of a ``ModelProto``
 as an ``onnx_ir`` graph (built directly when the graph is plain, else read by onnx_ir), whose
-values know their producer, their uses and their constant, and writes the result back. Why onnx_ir and not onnx-graphsurgeon: ``docs/architecture.md`` ("Rewriting IR"), measured
+values know their producer, their uses and their constant, and writes the result back. Why
+onnx_ir and not onnx-graphsurgeon: ``docs/architecture.md`` ("Rewriting IR"), measured
 by ``benchmarks/rewrite_ir.py`` (graphsurgeon drops function overloads, tensor/graph/type
 attributes and metadata on a round trip; onnx_ir keeps them and rewrites faster).
 

@@ -167,9 +167,10 @@ def unchanged_keys(sets: list[tuple[str, list[str]]], configs: list[dict],
                    results: list[dict]) -> list[str]:
     """The swept keys (of more than one value) whose values changed none of :data:`COLUMNS`
     (the compile time, ``seconds``, aside): among the evaluated configurations that agree on
-    every other key, each group's rows are equal (a trial swept ``cim.mode`` and ``cim.time_s``, which set a run's data path and its
-    time after programming, not a cost, and got six identical rows without a word). Empty when
-    fewer than two configurations were evaluated."""
+    every other key, each group's rows are equal (a trial swept ``cim.mode`` and
+    ``cim.time_s``, which set a run's data path and its time after programming, not a cost,
+    and got six identical rows without a word). Empty when fewer than two configurations were
+    evaluated."""
     done = [(c, r) for c, r in zip(configs, results) if not rejection(r)]
     out = []
     for key, values in sets:

@@ -39,9 +39,9 @@ def test_report_says_which_dims_its_figures_take_as_1():
     are at 1 for it, and now say so (trial s30: 'total: 1.26 us' on an LSTM planned at T=1)."""
     res = optimize(_matmul(), check=0, host_roofline="nominal")
     _, totals = report.layers(res.model, report.options_from_plans(res.model))
-    assert ("(the figures take batch as 1, and every dim shape inference could not size "
-            "without it as 1 too, not at the size it would give: the model was planned without "
-            "its size (optimize --dim batch=SIZE plans at a size, 1 included))") in totals["notes"]
+    assert ("(the figures take batch as 1: the model was planned without its size; optimize "
+            "--dim batch=SIZE plans at a size (if optimize named dims left unsized, --dim "
+            "batch=1 sizes them too: unsized, they count 1 as well))") in totals["notes"]
     res = optimize(_matmul(), dims={"batch": 8}, check=0, host_roofline="nominal")
     _, totals = report.layers(res.model, report.options_from_plans(res.model))
     assert not any(n.startswith("(the figures take") for n in totals["notes"])
@@ -64,8 +64,8 @@ def test_run_profile_says_which_dims_the_plans_figures_take_as_1(tmp_path, capsy
         artifacts.save(res.model, out)
         assert main(["run", str(out), "--input", f"x={x}", "--profile"]) == 0
         text = capsys.readouterr().out
-        assert ("\n  (the figures take batch as 1, and every dim shape inference could not "
-                "size without it as 1 too" in text) is said
+        assert ("\n  (the figures take batch as 1: the model was planned without its size"
+                in text) is said
 
 
 def test_a_length_dim_off_the_first_axis_is_not_called_samples():
@@ -97,3 +97,19 @@ def test_a_dim_and_a_shape_override_of_its_input_conflict_in_words():
     # without the --dim, the override alone plans at its shape
     res = optimize(_matmul(), input_shapes={"x": [2, 64]}, check=0)
     assert res.flops_total == 2 * 2 * 64 * 64
+
+
+def test_a_time_major_lstm_input_has_its_batch_on_axis_1():
+    """x[T, N, 4] into an ONNX LSTM (layout 0): T=100 is the sequence, one run of a clip, not
+    a batch; N=8 is the batch (a review found the first-axis rule calling T a batch)."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.standard_normal((1, 12, 4)).astype(np.float32), "W"),
+             nh.from_array(rng.standard_normal((1, 12, 3)).astype(np.float32), "R")]
+    g = h.make_graph([h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=3)], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["T", "N", 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["T", 1, "N", 3])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    from onnx_cinm import frontend
+
+    assert frontend.batch_note(m, {"T": 100, "N": 1}).endswith("is for the whole run")
+    assert frontend.batch_note(m, {"T": 100, "N": 8}).endswith("for the whole run, not per sample")
