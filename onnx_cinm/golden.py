@@ -621,9 +621,10 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
     """Raise a one-line CinmError when a given array cannot feed ``model``: not an input of it,
     another element type (``float64`` for a ``float32`` input: numpy's default), another rank,
     or another size on a static dimension; with ``empty_ok=False`` (a comparison against
-    onnxruntime), also an array with a dimension of size 0, which leaves nothing to compare
-    and aborts the whole process in onnxruntime 1.32's LSTM (a trial's batch of 0: SIGABRT,
-    no message). Arrays of the right kind pass unchanged."""
+    onnxruntime, a run of a model onnxruntime runs an LSTM of), also an array with a
+    dimension of size 0, which leaves nothing to compare and aborts the whole process in
+    onnxruntime 1.32's LSTM (a trial's batch of 0: SIGABRT, no message). Arrays of the right
+    kind pass unchanged."""
     proto = _load_header(model)
     inputs = {vi.name: vi for vi in real_inputs(proto.graph)}
     for name, arr in arrays.items():
@@ -637,9 +638,8 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
                             f"(convert it, e.g. numpy's a.astype(np.{want.name}))")
         if not empty_ok and arr.size == 0:
             raise CinmError(f"{label} '{name}' has shape {list(arr.shape)}: a dimension of size 0 "
-                            "leaves nothing to compare with onnxruntime (which aborts the "
-                            "process on some ops given none, e.g. an LSTM); give at least one "
-                            "element")
+                            "leaves nothing to compute or compare, and onnxruntime aborts the "
+                            "process on some ops given none (an LSTM); give at least one element")
         if not tt.HasField("shape"):
             continue
         declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")

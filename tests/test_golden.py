@@ -1222,5 +1222,51 @@ def test_an_empty_input_array_is_refused_for_a_comparison():
     empty = {"x": np.zeros((0, 3), np.float32)}
     check_given_inputs(m, empty)  # a run may take it
     with pytest.raises(CinmError, match=r"^--input 'x' has shape \[0, 3\]: a dimension of size 0 "
-                       "leaves nothing to compare"):
+                       "leaves nothing to compute or compare"):
         check_given_inputs(m, empty, empty_ok=False)
+
+
+def test_compare_widens_atol_for_the_steps_of_the_arrays_compared():
+    """compare(feeds=...) with no dims: an LSTM of symbolic length T (64 units) run on 300-step
+    arrays is judged with k = 300 x (4 + 64), the sizes of the arrays, not 1 x (4 + 64) (the
+    CLI passes them as dims; a Python caller need not)."""
+    from onnx_cinm.golden import accumulation_atol, compare, run_onnxruntime
+
+    rng = np.random.default_rng(0)
+    m = _model([h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=64)],
+               [_vi("x", TP.FLOAT, ["T", 2, 4])], [_vi("y", TP.FLOAT, ["T", 1, 2, 64])],
+               [nh.from_array(rng.standard_normal((1, 256, 4)).astype(np.float32), "W"),
+                nh.from_array(rng.standard_normal((1, 256, 64)).astype(np.float32), "R")])
+    x = rng.standard_normal((300, 2, 4)).astype(np.float32)
+    report = compare(m, m, feeds=[{"x": x}])
+    k = 300 * (4 + 64)
+    y = run_onnxruntime(m, {"x": x})[0]
+    assert accumulation_atol(y, k) > 1e-5  # wide enough to be the atol the check keeps
+    assert report.ok and report.outputs[0].k == k and report.outputs[0].widened_by == "sum"
+    assert report.outputs[0].atol == pytest.approx(accumulation_atol(y, k))
+
+
+def test_run_refuses_an_empty_array_into_an_lstm_onnxruntime_runs(tmp_path, capsys):
+    """An LSTM with HardSigmoid gates stays an ONNX LSTM in onnxruntime, which aborts the
+    process on a batch of 0: run refuses the array in one line (exit 1); a model without a
+    recurrent op still runs it."""
+    from onnx_cinm import artifacts, optimize
+    from onnx_cinm.cli import main
+
+    rng = np.random.default_rng(0)
+    m = _model([h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=3,
+                            activations=["HardSigmoid", "Tanh", "Tanh"])],
+               [_vi("x", TP.FLOAT, [5, "N", 4])], [_vi("y", TP.FLOAT, [5, 1, "N", 3])],
+               [nh.from_array(rng.standard_normal((1, 12, 4)).astype(np.float32), "W"),
+                nh.from_array(rng.standard_normal((1, 12, 3)).astype(np.float32), "R")])
+    out = tmp_path / "l.onnx"
+    artifacts.save(optimize(m, check=0).model, out)
+    x0 = tmp_path / "x0.npy"
+    np.save(x0, np.zeros((5, 0, 4), np.float32))
+    assert main(["run", str(out), "--input", f"x={x0}"]) == 1
+    assert "'x' has shape [5, 0, 4]: a dimension of size 0" in capsys.readouterr().err
+    relu = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", TP.FLOAT, [5, "N", 4])],
+                  [_vi("y", TP.FLOAT, [5, "N", 4])], [])
+    out = tmp_path / "r.onnx"
+    artifacts.save(optimize(relu, check=0).model, out)
+    assert main(["run", str(out), "--input", f"x={x0}"]) == 0
