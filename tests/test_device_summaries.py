@@ -163,6 +163,42 @@ def test_crossbar_table_legend_and_folded_converter_energy():
     assert cells["E adc/dac"].endswith("J") and cells["E periph"] == "-"
 
 
+def test_crossbar_table_area_total_is_that_of_the_crossbars_in_use():
+    """Trial T F4: a streaming kernel with fewer tiles than the crossbars it streams through
+    shows the area of its own tiles' crossbars in its row, but the total counts every
+    crossbar in use, the streamed ones included, as the crossbar count beside it does. By hand
+    on pcm-hermes (64 crossbars of 0.62 mm2): a resident 32x32 weight keeps 1 crossbar, the
+    product of two activations (1 tile) streams through the 63 left: 64 x 0.62 = 39.68 mm2
+    (it was 2 x 0.62 = 1.24 mm2); its 1 tile write per inference is 1 write per cell."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    W = numpy_helper.from_array(np.ones((32, 32), np.float32), "W")
+    g = onnx.helper.make_graph(
+        [helper.make_node("MatMul", ["a", "W"], ["h"], name="dense"),
+         helper.make_node("MatMul", ["h", "b"], ["y"], name="att")], "g",
+        [helper.make_tensor_value_info("a", f, [4, 32]),
+         helper.make_tensor_value_info("b", f, [32, 16])],
+        [helper.make_tensor_value_info("y", f, [4, 16])], [W])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("dense", "memristor"), ("att", "memristor")], check=0)
+    lines = res.device_tables().splitlines()
+    cols = re.split(r"\s{2,}", next(li for li in lines if li.startswith("crossbar kernel")))
+    # from the right: the total row leaves the operand and M x K x N cells empty
+    cells = {name: dict(zip(cols[::-1], re.split(r"\s{2,}", next(li for li in lines
+                                                                   if li.startswith(name)))[::-1]))
+             for name in ("dense/Gemm", "att/Gemm", "total")}
+    assert cells["dense/Gemm"]["xbars"] == "1" and cells["att/Gemm"]["xbars"] == "63s"
+    assert cells["dense/Gemm"]["area"] == cells["att/Gemm"]["area"] == _mm2(0.62)
+    assert cells["total"]["xbars"] == "64"
+    assert cells["total"]["area"] == _mm2(64 * 0.62) == "39.7 mm2"
+    assert "(crossbars: 64 in use of the chip's 64, 1 kept by resident kernels, 63 streamed " \
+        "through by 1 kernel (att/Gemm))" in lines
+    wear = next(li for li in lines if li.startswith("wear ("))
+    assert "1 tile write/inference goes round-robin over 63 streamed crossbars, 1 write per " \
+        "cell per inference;" in wear
+
+
 def test_hints_that_break_a_budget_are_warned_whatever_the_load(tmp_path, capsys):
     """LeNet's fc1 (400x120: 2 tiles of 256x256) hinted onto 1 crossbar streams one tile
     write per cell per inference, over the budget of 0 (no load line: no UPMEM kernel)."""

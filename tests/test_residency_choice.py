@@ -73,12 +73,12 @@ def test_edp_weighs_the_fixed_energy():
 
 def test_endurance_budget_limits_the_candidates():
     tiles, const, P = [2, 2, 5], [True] * 3, 4
-    # streaming all: 9 writes over 4 crossbars, 2.25 writes per cell; the knapsack's pinning of
-    # one 2-tile set: 7 writes over the 2 crossbars left, 3.5 per cell. A budget of 2 admits
-    # neither: the fewest writes stay
+    # streaming all: 9 writes over 4 crossbars, ceil(2.25) = 3 writes per cell; the knapsack's
+    # pinning of one 2-tile set: 7 writes over the 2 crossbars left, ceil(3.5) = 4 per cell. A
+    # budget of 2 admits neither: the fewest writes stay
     g = _goal("latency", max_writes_per_cell=2.0)
     assert residency.allocate(tiles, const, P, goal=g) == [(2, False), (2, True), (2, True)]
-    # a budget of 3 admits only streaming all (2.25 <= 3 < 3.5), although energy prefers the
+    # a budget of 3 admits only streaming all (3 <= 3 < 4), although energy prefers the
     # 7 writes: the most-written cells decide, not the mean over the chip (7 / 4 = 1.75)
     g = _goal("energy", max_writes_per_cell=3.0)
     assert residency.allocate(tiles, const, P, goal=g) == [(4, True)] * 3

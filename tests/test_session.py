@@ -216,28 +216,52 @@ def test_numpy_im2col_matches_the_reference_body(shape, k, s, p, d, dtype):
 
 def test_im2col_kernel_reuses_its_buffers_only_when_free():
     """The node kernel reuses its padded input and result memory across runs (no fresh pages
-    per inference), keeps the padding zero, and never writes a result a caller still holds."""
+    per inference; pooled blocks of the current scratch pool, :mod:`onnx_cinm.sim.scratch`),
+    keeps the padding zero, and never writes a result a caller still holds."""
     from onnx_cinm.runtime.numpy_kernels import Im2Col, im2col
+    from onnx_cinm.sim import scratch
 
     at = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
     k = Im2Col()
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal((1, 4, 6, 5)).astype(np.float32) for _ in range(3)]
-    want = [im2col(x, **at) for x in xs]  # fresh arrays each
-    (y0,) = k([xs[0]], at)
-    np.testing.assert_array_equal(y0, want[0])
-    def addr(a):
-        return a.__array_interface__["data"][0]
+    with scratch.use(scratch.Scratch()):  # a session makes its pool the current one in a run
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal((1, 4, 6, 5)).astype(np.float32) for _ in range(3)]
+        want = [im2col(x, **at) for x in xs]  # fresh arrays each
+        (y0,) = k([xs[0]], at)
+        np.testing.assert_array_equal(y0, want[0])
+        def addr(a):
+            return a.__array_interface__["data"][0]
 
-    memory = addr(y0)
-    del y0  # free: the next run writes the same memory
-    (y1,) = k([xs[1]], at)
-    assert addr(y1) == memory
-    np.testing.assert_array_equal(y1, want[1])  # the borders are zero again
-    (y2,) = k([xs[2]], at)  # y1 is still held: a new buffer, y1 untouched
-    assert addr(y2) != memory
-    np.testing.assert_array_equal(y1, want[1])
-    np.testing.assert_array_equal(y2, want[2])
+        memory = addr(y0)
+        del y0  # free: the next run writes the same memory
+        (y1,) = k([xs[1]], at)
+        assert addr(y1) == memory
+        np.testing.assert_array_equal(y1, want[1])  # the borders are zero again
+        (y2,) = k([xs[2]], at)  # y1 is still held: a new buffer, y1 untouched
+        assert addr(y2) != memory
+        np.testing.assert_array_equal(y1, want[1])
+        np.testing.assert_array_equal(y2, want[2])
+
+
+def test_im2col_kernels_of_one_padded_shape_and_other_pads_keep_their_borders_zero():
+    """Two Im2Col nodes whose padded inputs have one shape but other pads (1 on every side;
+    2 before and 0 after) draw padded blocks from one scratch pool: each keeps its own zero
+    borders (a block written at another interior would leave values in them), the results
+    equal the reference function's."""
+    from onnx_cinm.runtime.numpy_kernels import Im2Col, im2col
+    from onnx_cinm.sim import scratch
+
+    base = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1]}
+    ats = [{**base, "pads": [1, 1, 1, 1]}, {**base, "pads": [2, 2, 0, 0]}]
+    ks = [Im2Col(), Im2Col()]
+    rng = np.random.default_rng(4)
+    with scratch.use(scratch.Scratch()):
+        for _ in range(3):
+            for k, at in zip(ks, ats):
+                x = rng.standard_normal((1, 4, 6, 5)).astype(np.float32) + 10.0
+                (y,) = k([x], at)
+                np.testing.assert_array_equal(y, im2col(x, **at))
+                del y
 
 
 def test_im2col_kernel_plans_each_input_shape_once():
@@ -1244,3 +1268,50 @@ def test_a_host_add_after_a_two_output_device_node_keeps_its_other_output(tmp_pa
         assert [a.dtype for a in got] == [np.float32, np.int64]
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
+
+
+def _chain(n: int, rows: int, width: int):
+    """``n`` equal MatMuls ``x @ W_i`` in a chain, named ``mm0..``, x ``[rows, width]``."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(1)
+    names = ["x"] + [f"y{i}" for i in range(n)]
+    nodes = [helper.make_node("MatMul", [names[i], f"W{i}"], [names[i + 1]], name=f"mm{i}")
+             for i in range(n)]
+    inits = [numpy_helper.from_array(
+        (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"W{i}")
+        for i in range(n)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", f, [rows, width])],
+                          [helper.make_tensor_value_info(names[-1], f, [rows, width])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_memory_held_between_runs_follows_the_live_set_not_the_kernel_count(tmp_path):
+    """Trial T F2: device kernels' outputs come from the session's scratch pool, reused as soon
+    as their last consumer ran, so a chain of ``n`` equal crossbar kernels holds at most two
+    outputs (the one a kernel reads and the one it writes) whatever ``n``; before, each kernel
+    kept its own output alive between runs (``n`` of them). By hand: an output is rows x width
+    float32 = 2048 x 64 x 4 bytes = 512 KiB; numpy memory still held after a run (the result
+    dropped) grows from 2 to 8 kernels by 6 weights of 64 x 64 float32 (96 KiB) and the
+    kernels' bookkeeping, not by 6 outputs (3 MiB)."""
+    import tracemalloc
+
+    rows, width = 2048, 64
+    block = rows * width * 4
+    x = np.random.default_rng(2).standard_normal((rows, width)).astype(np.float32)
+    held = {}
+    for n in (2, 8):
+        model = _chain(n, rows, width)
+        res = optimize(model, place=[(f"mm{i}", "memristor") for i in range(n)], check=0)
+        artifacts.save(res.model, tmp_path / f"c{n}.onnx")
+        sess = InferenceSession(tmp_path / f"c{n}.onnx")
+        assert sum(d.device == "memristor" for d in sess._device_nodes) == n
+        (want,) = run_onnxruntime(model, {"x": x})
+        tracemalloc.start()
+        for _ in range(3):
+            (y,) = sess.run(None, {"x": x})
+            np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+            del y
+        held[n] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert block <= sess._scratch.nbytes() <= 2 * block
+    assert held[8] - held[2] < block

@@ -73,8 +73,8 @@ class PlacementOptions:
         None, low=0.0, unit="writes",
         help="endurance budget of cost placement: crossbar writes any cell may take per "
         "inference (or over lifetime_inferences); tile writes rotate over the crossbars the "
-        "resident kernels leave, so writes per cell = tile writes per inference / those "
-        "crossbars (default: no budget)")
+        "resident kernels leave, the same ones every inference, so writes per cell = "
+        "ceil(tile writes per inference / those crossbars) (default: no budget)")
     lifetime_inferences: float = option(1.0, low=1.0, unit="inferences",
                                         help="inferences the max_writes_per_cell budget must last")
     crossbar_residency: bool = option(True, help="cost placement requires the tiles kept by all "

@@ -9,9 +9,10 @@ light ResNet50's shapes), so it runs here.
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
+
+from ..sim import scratch
 
 
 def _geometry(shape, kernel_shape, strides, pads, dilations):
@@ -92,41 +93,36 @@ def im2col(x: np.ndarray, kernel_shape, strides, pads, dilations, buffers=None) 
 
 
 class Im2Col:
-    """The Im2Col kernel of one node: :func:`im2col` into buffers it keeps across runs.
+    """The Im2Col kernel of one node: :func:`im2col` into memory of the session's scratch pool.
 
     A large result in a fresh array faults in new pages at every inference (light ResNet50's
     Im2Col results are 56 MB per run); like onnxruntime's arena and the crossbar simulator's
-    outputs, the padded input and the result's memory are reused when nobody holds them any
-    more (their reference count is that of a free array), and allocated anew when a caller
-    still holds the last result (or a view of it). The padded input's borders are zeroed once
-    and never written. Call it as ``kernel(inputs, attrs) -> [Y]``.
+    outputs, the padded input and the result take pooled blocks nobody holds any more
+    (:mod:`onnx_cinm.sim.scratch`), shared with the session's other kernels. Padded inputs
+    are pooled by their shape and pads too: a new one is zeroed and only its interior is ever written,
+    so its borders stay zero for every Im2Col of that geometry. Call it as
+    ``kernel(inputs, attrs) -> [Y]``.
     """
 
     def __init__(self) -> None:
-        self._buffers: dict = {}
-        self._free_refs = None
-        self._plans: dict = {}  # input shape -> _Plan
-
-    def _buffer(self, role: str, shape: tuple, dtype) -> np.ndarray:
-        key = (role, shape, np.dtype(dtype).str)
-        buf = self._buffers.get(key)
-        if buf is not None and sys.getrefcount(self._buffers[key]) > self._free_refs:
-            buf = None  # the caller still holds it
-        if buf is None:
-            buf = (np.zeros if role == "padded" else np.empty)(shape, dtype)
-            self._buffers[key] = buf
-            if self._free_refs is None:  # measured as above, on a free array
-                self._free_refs = sys.getrefcount(self._buffers[key])
-        return buf
+        self._plans: dict = {}  # input shape -> (_Plan, its buffers callable)
 
     def __call__(self, inputs: list, attrs: dict) -> list:
         x = np.asarray(inputs[0])
-        plan = self._plans.get(x.shape)
-        if plan is None:  # attrs are the node's own: fixed for this kernel's lifetime
-            plan = self._plans[x.shape] = _Plan(x.shape, attrs["kernel_shape"],
-                                                attrs["strides"], attrs["pads"],
-                                                attrs["dilations"])
-        return [plan.apply(x, self._buffer)]
+        got = self._plans.get(x.shape)
+        if got is None:  # attrs are the node's own: fixed for this kernel's lifetime
+            plan = _Plan(x.shape, attrs["kernel_shape"], attrs["strides"], attrs["pads"],
+                         attrs["dilations"])
+            pads = tuple(int(p) for p in attrs["pads"])
+
+            def buffers(role, shape, dtype):
+                if role == "padded":  # the shape and pads fix the interior
+                    return scratch.take(shape, dtype, ("Im2Col padded", shape, pads), zeros=True)
+                return scratch.take(shape, dtype)
+
+            got = self._plans[x.shape] = (plan, buffers)
+        plan, buffers = got
+        return [plan.apply(x, buffers)]
 
 
 #: cinm op type -> a class whose instance is one node's kernel, ``kernel(inputs, attrs) ->

@@ -61,7 +61,7 @@ from ..errors import CinmError
 from ..options import OptionSpec, from_text, option, specs, validate
 from ..passes.branches import branch_model
 from ..passes.graph_names import names_used_by
-from ..sim import blas
+from ..sim import blas, scratch
 from . import numpy_kernels
 
 PROVIDER = "CinmExecutionProvider"
@@ -506,6 +506,9 @@ class InferenceSession:
         self._own_root = None  # the folder the model's name gives, if ``root`` was looked up
         self._profile: list[dict] = []
         self._profile_lock = threading.Lock()
+        #: the output memory every kernel of a run draws from (an If branch's session runs
+        #: inside its parent's run, so its kernels draw from the parent's)
+        self._scratch = scratch.Scratch()
         self._runs = 0
         self._feeds_ok: set = set()  # (name, dtype, shape) of feeds _check_feed passed
         self._inputs = [vi for vi in model.graph.input
@@ -534,7 +537,7 @@ class InferenceSession:
         at = cinm.node_attrs(node)
         dev_name = at.get("device", "host")
         fast = numpy_kernels.KERNELS.get(node.op_type)
-        fast = fast() if fast else None  # the node's own kernel (it keeps its buffers)
+        fast = fast() if fast else None  # the node's own kernel (it keeps its plans)
         if dev_name == "host":
             return (dev_name, _ModelKernel(fast, at, None), "numpy") if fast else None
         dev = devices.get_device(dev_name)
@@ -943,7 +946,7 @@ class InferenceSession:
         the session stays usable.
         """
         feed = self._check_feed(input_feed)
-        with self._kernels.active():
+        with self._kernels.active(), scratch.use(self._scratch):
             return self._run(output_names, feed)
 
     def _run(self, output_names, feed: dict) -> list:

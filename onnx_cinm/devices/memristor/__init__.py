@@ -648,7 +648,10 @@ class MemristorDevice(Device):
         tiles of an earlier kernel over the same weights), tiles, tile writes (at load / per
         inference), MVMs, modeled latency and energy per inference, the energy of its array,
         ADC/DAC and periphery, the conversions' share of the latency and the area of its
-        crossbars; then the totals, in which a tile set shared by several kernels counts once.
+        crossbars; then the totals, in which a tile set shared by several kernels counts once
+        and the crossbars and area are those in use: each resident kernel's own plus the
+        streaming pool once, all of its crossbars (the streamed tiles go round-robin over them,
+        :meth:`wear`), however few tiles a streaming kernel has.
         ``plans`` is ``[(node name, op type, attrs)]``; the per-inference totals (writes/inf,
         MVMs, latency, energy and its parts) leave out the kernels ``counted`` marks False
         (their figures shown in parentheses), the load-time ones (crossbars, tiles,
@@ -699,8 +702,10 @@ class MemristorDevice(Device):
                 parts_tot[i][1] += en_p[i] if per_inf else 0.0
                 if a["cim_resident"] and not a.get("cim_tile_owner"):  # a shared set once
                     parts_tot[i][2] += ar_p[i]
-            if not a["cim_resident"]:
-                shared_area = max(shared_area, sum(ar_p))
+            if not a["cim_resident"] and a["cim_tiles"]:  # the whole pool it streams through
+                # (its row: the min(crossbars, tiles) its own tiles occupy; trial T F4)
+                shared_area = max(shared_area, sum(ar_p) * a["cim_crossbars"]
+                                  / min(a["cim_crossbars"], a["cim_tiles"]))
         # crossbars in use: each resident kernel's own, plus the streaming pool once
         pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
         used = sum(a["cim_crossbars"] for *_, a in plans
@@ -724,8 +729,8 @@ class MemristorDevice(Device):
                 "inputs and outputs over the host link are not in them (report adds them); E "
                 "array/adc/dac/periph: energy of the cells (writes and MVMs), the converters and "
                 "the rest of the periphery; t adc/dac: the conversions' share of the latency; "
-                "area: the kernel's crossbars with their converters and periphery, '-' if not "
-                "published)")
+                "area: the kernel's crossbars with their converters and periphery (the total: of "
+                "the crossbars in use), '-' if not published)")
         notes = [note, _use_note(plans, used)]
         rows, fold_note = folded_kernels(rows, fold, ", e.g. the steps of an unrolled recurrence",
                                          energy=[float(a["cim_energy_j"]) for *_, a in plans])
@@ -748,7 +753,7 @@ class MemristorDevice(Device):
         marks False): the tile writes per inference of the kernels that stream (resident ones
         write at load only) rotate round-robin over the crossbars they stream through, the
         largest ``cim_crossbars`` of a streaming kernel (the pool :meth:`summary` counts once),
-        so the most-written cells take ``tile writes / streamed crossbars`` writes per
+        so the most-written cells take ``ceil(tile writes / streamed crossbars)`` writes per
         inference (:mod:`onnx_cinm.paradigms.cim.wear`, the even wear cost placement's
         ``--max-writes-per-cell`` budget assumes). Endurance: the recorded preset's
         ``endurance_writes`` with its source (``presets.py``: 3.2e7 writes for the PCM presets,
@@ -781,8 +786,11 @@ class MemristorDevice(Device):
                         f"written only at load ({load} tile writes), inference does not wear them")
         what = ("the crossbar kernels' own latency: a lower bound" if own
                 else "the model's modeled latency")
-        line = (f"{head}: {w.tile_writes} tile writes/inference rotate over {w.crossbars} streamed "
-                f"crossbar{'s' * (w.crossbars != 1)}, {w.per_cell:.3g} writes per cell per "
+        one = w.tile_writes == 1
+        line = (f"{head}: {w.tile_writes} tile write{'s' * (not one)}/inference "
+                f"{'goes' if one else 'go'} round-robin over {w.crossbars} streamed "
+                f"crossbar{'s' * (w.crossbars != 1)}, {w.per_cell:.3g} "
+                f"write{'s' * (w.per_cell != 1)} per cell per "
                 f"inference; worn out after {w.inferences:.3g} inferences, "
                 f"{cim_wear.duration(w.seconds)} back to back at {si(w.seconds_per_inference, 's')} "
                 f"per inference ({what})")

@@ -1,12 +1,16 @@
 """Cell wear and lifetime of a crossbar chip under a model's plans (any crossbar chip).
 
-A tile write programs each cell of one crossbar once. The weight-stationary schedules rotate a
-device's streamed tiles round-robin over the crossbars they stream through, so wear is even
-over those crossbars (the assumption cost placement's endurance budget makes, field notes
-``crossbar.md`` §3 "Wear": rotate the tile-to-crossbar assignment to level wear); crossbars
-kept by resident kernels are written once, at load. Hence, per inference,
+A tile write programs each cell of one crossbar once. The weight-stationary schedules spread a
+device's streamed tiles round-robin over the crossbars they stream through, so wear is as even
+over those crossbars as whole writes allow (the assumption cost placement's endurance budget
+makes, field notes ``crossbar.md`` §3 "Wear": rotate the tile-to-crossbar assignment to level
+wear); crossbars kept by resident kernels are written once, at load. The assignment is fixed
+by the kernel programs, so it does not move on from one inference to the next (a kernel's
+serpentine order walks the same crossbars back and forth): every inference writes the same
+crossbars the same number of times, and the most-written of ``C`` crossbars taking ``T`` tile
+writes round-robin takes ``ceil(T / C)`` of them. Hence, per inference,
 
-    writes per cell of the most-written cells = tile writes per inference / streamed crossbars
+    writes per cell of the most-written cells = ceil(tile writes per inference / streamed crossbars)
 
 and with a cell enduring ``E`` writes (a preset's ``endurance_writes``) the chip lasts
 
@@ -32,15 +36,16 @@ SHORT_LIFETIME_S = 365.25 * 86400.0
 
 
 def writes_per_cell(tile_writes, crossbars, lifetime: float = 1.0):
-    """Writes per cell over ``lifetime`` inferences from ``tile_writes`` tile writes per inference
-    spread round-robin over ``crossbars`` crossbars (one write per cell per tile write): the
-    streamed crossbars, those resident kernels leave, when the most-written cells are meant; a
-    count of 0 crossbars is taken as 1. Fewer writes than crossbars still rewrite their
-    crossbars every inference (a kernel streaming alone rewrites the same ones: its serpentine
-    order keeps the others' tiles), so any write counts at least 1 per cell per inference.
-    Numbers or numpy arrays (elementwise)."""
-    per_inference = np.where(np.asarray(tile_writes) > 0,
-                             np.maximum(tile_writes / np.maximum(crossbars, 1), 1.0), 0.0)
+    """Writes per cell of the most-written cells over ``lifetime`` inferences from
+    ``tile_writes`` tile writes per inference spread round-robin over ``crossbars`` crossbars
+    (one write per cell per tile write; a count of 0 crossbars is taken as 1):
+    ``ceil(tile_writes / crossbars)`` per inference, the module docstring's rule. Whole writes,
+    because the writes do not rotate on across inferences: a crossbar written in one inference
+    is written again in the next (a kernel streaming alone rewrites the same ones: its
+    serpentine order keeps the others' tiles), so 1 tile write over 3 crossbars is 1 write per
+    cell per inference, not 1/3, and 10 over 4 are 3 (two crossbars take 3, two take 2), not
+    2.5. Numbers or numpy arrays (elementwise)."""
+    per_inference = np.ceil(np.asarray(tile_writes) / np.maximum(crossbars, 1))
     return lifetime * per_inference
 
 
