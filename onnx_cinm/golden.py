@@ -617,14 +617,15 @@ def dim_conflicts(model: ModelLike, arrays: Mapping[str, np.ndarray],
 
 
 def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label: str = "--input",
-                       empty_ok: bool = True) -> None:
+                       empty_ok: bool = True, empty_hint: str = "") -> None:
     """Raise a one-line CinmError when a given array cannot feed ``model``: not an input of it,
     another element type (``float64`` for a ``float32`` input: numpy's default), another rank,
     or another size on a static dimension; with ``empty_ok=False`` (a comparison against
     onnxruntime, a run of a model onnxruntime runs an LSTM of), also an array with a
     dimension of size 0, which leaves nothing to compare and aborts the whole process in
     onnxruntime 1.32's LSTM (a trial's batch of 0: SIGABRT, no message). Arrays of the right
-    kind pass unchanged."""
+    kind pass unchanged. ``empty_hint`` ends the message of an empty array (what the caller
+    offers instead)."""
     proto = _load_header(model)
     inputs = {vi.name: vi for vi in real_inputs(proto.graph)}
     for name, arr in arrays.items():
@@ -639,7 +640,8 @@ def check_given_inputs(model: ModelLike, arrays: Mapping[str, np.ndarray], label
         if not empty_ok and arr.size == 0:
             raise CinmError(f"{label} '{name}' has shape {list(arr.shape)}: a dimension of size 0 "
                             "leaves nothing to compute or compare, and onnxruntime aborts the "
-                            "process on some ops given none (an LSTM); give at least one element")
+                            "process on some ops given none (an LSTM); give at least one "
+                            f"element{empty_hint}")
         if not tt.HasField("shape"):
             continue
         declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")

@@ -694,7 +694,8 @@ def _check_feeds(model: onnx.ModelProto, inputs: dict | None, n: int, dims: dict
     unknown = sorted(set(inputs) - set(names))
     if unknown:
         raise CinmError(f"--input '{unknown[0]}' is not an input of the model (inputs: {', '.join(names)})")
-    golden.check_given_inputs(model, inputs, empty_ok=False)
+    golden.check_given_inputs(model, inputs, empty_ok=False,
+                              empty_hint=" (or plan without a check: --check 0)")
     if set(names) <= set(inputs):
         return [dict(inputs)]
     shapes = {k: np.shape(v) for k, v in inputs.items()}

@@ -113,3 +113,17 @@ def test_a_time_major_lstm_input_has_its_batch_on_axis_1():
 
     assert frontend.batch_note(m, {"T": 100, "N": 1}).endswith("is for the whole run")
     assert frontend.batch_note(m, {"T": 100, "N": 8}).endswith("for the whole run, not per sample")
+
+
+def test_an_empty_input_array_for_the_check_names_the_way_around():
+    """optimize's check cannot compare a batch of 0; the refusal says --check 0 plans without
+    it (review), and with --check 0 the array only sizes nothing (the batch taken as 1)."""
+    import pytest
+
+    from onnx_cinm.errors import CinmError
+
+    empty = {"x": np.zeros((0, 64), np.float32)}
+    with pytest.raises(CinmError, match=r"give at least one element \(or plan without a check: "
+                       r"--check 0\)$"):
+        optimize(_matmul(), inputs=empty)
+    assert optimize(_matmul(), inputs=empty, check=0).flops_total == 2 * 64 * 64
