@@ -55,6 +55,12 @@ _EXTERNAL_ALIGNMENT = 4096
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
+def is_recurrent(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an ONNX LSTM, GRU or RNN (the default domain's; time-major X
+    ``[seq, batch, input]`` unless its ``layout`` is 1)."""
+    return node.op_type in ("LSTM", "GRU", "RNN") and node.domain in _DEFAULT_DOMAINS
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -1368,8 +1374,7 @@ def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     consts = {t.name for t in model.graph.initializer}
     # the batch axis, by the usual layouts: the first, but the second of an input an ONNX
     # LSTM/GRU/RNN reads as its time-major X (layout 0: [seq, batch, input])
-    time_major = {n.input[0] for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")
-                  and n.domain in ("", "ai.onnx") and n.input
+    time_major = {n.input[0] for n in model.graph.node if is_recurrent(n) and n.input
                   and not any(a.name == "layout" and a.i for a in n.attribute)}
     batch_dims = set()
     for vi in model.graph.input:

@@ -39,7 +39,7 @@ from onnx import TensorProto
 
 from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
-from .frontend import iter_graphs
+from .frontend import is_recurrent, iter_graphs
 from .text import progress_bar
 # re-exported: the tolerances are the check's public names
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, TOLERANCE_ULPS, default_tolerance  # noqa: F401
@@ -110,10 +110,6 @@ SPECIAL_SHARE = 0.1
 ACCUMULATION_SIGMAS = 4
 
 
-#: The recurrent ops whose steps :func:`reduction_length` counts.
-_RECURRENT = ("LSTM", "GRU", "RNN")
-
-
 def reduction_length(model: ModelLike, dims: Mapping[str, int] | None = None) -> int:
     """The longest reduction in ``model``'s main graph: the K of MatMul/Gemm (and their integer
     forms), C/group x prod(kernel) of Conv, the reduced extent of Reduce*, and T x (input size
@@ -146,7 +142,7 @@ def reduction_length(model: ModelLike, dims: Mapping[str, int] | None = None) ->
         elif node.op_type.startswith("Reduce") and ins and ins[0] and ins[0].shape and node.output \
                 and infos.get(node.output[0]) is not None:
             k = max(1, ins[0].numel // max(1, infos[node.output[0]].numel))
-        elif node.op_type in _RECURRENT and node.domain in ("", "ai.onnx") and len(ins) > 2 \
+        elif is_recurrent(node) and len(ins) > 2 \
                 and all(t is not None and t.shape for t in ins[:3]):
             layout = next((x.i for x in node.attribute[:] if x.name == "layout"), 0)
             steps = ins[0].static_shape[1 if layout else 0]

@@ -114,8 +114,7 @@ def _cmd_run(args, parser) -> int:
 
     # an empty array runs, except into a recurrent op onnxruntime runs: its LSTM aborts the
     # process (SIGABRT, no message) given no elements (a review's HardSigmoid LSTM, kept whole)
-    recurrent = any(n.op_type in ("LSTM", "GRU", "RNN") and n.domain in ("", "ai.onnx")
-                    for n in cinm.all_nodes(sess._model.graph))
+    recurrent = any(map(frontend.is_recurrent, cinm.all_nodes(sess._model.graph)))
     golden.check_given_inputs(sess._model, given, empty_ok=not recurrent)
     _refuse_dim_conflicts(sess._model, given, dims)
     planned = frontend.planned_dims(sess._model)
