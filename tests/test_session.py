@@ -606,8 +606,19 @@ def test_host_partitions_take_a_graph_optimization_level_and_compare_uses_the_re
                         ("basic", ort.GraphOptimizationLevel.ORT_ENABLE_BASIC),
                         ("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
         sess = InferenceSession(opt, provider_options=[{"graph_optimization": name}, {}])
-        got = {p.session.get_session_options().graph_optimization_level for p in sess._parts if p.session}
-        assert got == {level}
+        for p in sess._parts:
+            if not p.session:
+                continue
+            # the layout level is for convolutions: a partition without one runs at extended
+            # (issue 16: it only wraps a pool in reorders to the blocked layout and back)
+            want = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if name == "all" and \
+                not any(n.op_type == "Conv" for n in p.nodes) else level
+            assert p.session.get_session_options().graph_optimization_level == want
+    node = lambda op: onnx.helper.make_node(op, ["x"], ["y"])  # noqa: E731
+    assert session_mod._partition_level("all", [node("MaxPool"), node("Conv")]) == "all"
+    assert session_mod._partition_level("all", [node("QLinearConv")]) == "all"
+    assert session_mod._partition_level("all", [node("MaxPool"), node("Concat")]) == "extended"
+    assert session_mod._partition_level("basic", [node("MaxPool")]) == "basic"
     with pytest.raises(CinmError, match="graph_optimization='max': expected one of disable_all, basic, extended, all"):
         InferenceSession(opt, provider_options=[{"graph_optimization": "max"}, {}])
     seen = []

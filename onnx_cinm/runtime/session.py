@@ -89,7 +89,7 @@ class ProviderOptions:
                                    "(0: onnxruntime's default)")
     graph_optimization: str = option("all", choices=_GRAPH_OPT_LEVELS,
                                      help="onnxruntime's graph optimization level of the host "
-                                     "partitions")
+                                     "partitions (all: extended for those without a convolution)")
     blas_threads: int = option(1, low=0, help="numpy BLAS threads while a run is active (0: the "
                                "library's own setting)")
     matmul: str = option("auto", choices=blas.MATMULS,
@@ -176,6 +176,24 @@ class _Partition:
     op_text: str = ""
     #: its inputs declared by the arriving arrays' element type and rank (_relax)
     relaxed: bool = False
+
+
+#: Ops onnxruntime's layout optimizations (``all`` over ``extended``: the NCHWc blocked
+#: layout of its CPU convolutions, the NHWC layout of its quantized ones) are built around.
+_LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "FusedConv",
+                         "NhwcConv", "QLinearConvTranspose"})
+
+
+def _partition_level(level: str, nodes) -> str:
+    """The graph optimization level a host partition of ``nodes`` runs at: ``level`` (a key of
+    :data:`onnx_cinm.sim.blas.GRAPH_LEVELS`), but ``extended`` for ``all`` when no node is a
+    convolution (:data:`_LAYOUT_OPS`). Without a convolution the layout level only wraps the
+    partition's pools in reorders to the blocked layout and back: measured on the project
+    machine (1 thread, best of 50), a MaxPool 3x3/2 of 1x64x111x111 (light SqueezeNet's first,
+    a partition of its own) took 436 us at ``all`` and 285 us at ``extended``."""
+    if level == "all" and not any(n.op_type in _LAYOUT_OPS for n in nodes):
+        return "extended"
+    return level
 
 
 def _run_call(sess):
@@ -452,7 +470,7 @@ class InferenceSession:
             ``"model"``, the default, or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
             partition, 0 = its default), ``graph_optimization`` (onnxruntime's graph
             optimization level of the host partitions: ``disable_all``, ``basic``,
-            ``extended`` or ``all``, the default), ``blas_threads`` (numpy BLAS threads while
+            ``extended`` or ``all``, the default; :func:`_partition_level`), ``blas_threads`` (numpy BLAS threads while
             a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
             crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
             ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`), and each device's run options
@@ -848,7 +866,8 @@ class InferenceSession:
         m.functions.extend(self._model.functions)
         so = ort.SessionOptions()
         blas.share_arena(so)
-        so.graph_optimization_level = blas.graph_level(self._options["graph_optimization"])
+        so.graph_optimization_level = blas.graph_level(_partition_level(
+            self._options["graph_optimization"], p.nodes))
         so.log_severity_level = 4  # a failed run raises one CinmError; no duplicate ORT log line
         # many sessions share the cores: idle threads must sleep, not spin, between partitions
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
