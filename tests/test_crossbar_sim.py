@@ -21,10 +21,11 @@ SHAPES = [  # M, K, N, P, groups
 ]
 
 
-def _kernel(tmp_path, M, K, N, P, G, order, m_block=1, bias=True, seed=0, params=PCM_OCC):
+def _kernel(tmp_path, M, K, N, P, G, order, m_block=1, bias=True, seed=0, params=PCM_OCC,
+            shared=False):
     rng = np.random.default_rng(seed)
     prm = replace(params, crossbars=P)
-    pl = plan(M, K, N, prm, order, groups=G, m_block=m_block)
+    pl = plan(M, K, N, prm, order, groups=G, m_block=m_block, shared=shared)
     W = rng.standard_normal((G, K, N)).astype(np.float32)
     C = rng.standard_normal(N).astype(np.float32) if bias else None
     paths = emit_kernel(pl, prm, W, tmp_path, f"k{M}_{K}_{N}_{order}", bias=C)
@@ -216,27 +217,35 @@ def test_output_arrays_are_reused_only_when_free(tmp_path, order, m_block, quant
     np.testing.assert_allclose(again, first, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("order,m_block,P,G", [("weight_stationary", 1, 4, 1), ("naive", 4, 4, 1),
-                                               ("weight_stationary", 1, 1, 1),
-                                               ("weight_stationary", 1, 4, 3),
-                                               ("weight_stationary", 1, 16, 1)])  # fits: fixed
-def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G):
+@pytest.mark.parametrize("order,m_block,P,G,shared", [
+    ("weight_stationary", 1, 4, 1, False), ("naive", 4, 4, 1, False),
+    ("weight_stationary", 1, 1, 1, False), ("weight_stationary", 1, 4, 3, False),
+    ("weight_stationary", 1, 16, 1, False),  # fits: fixed
+    ("weight_stationary", 1, 4, 1, True)])  # a streaming pool's: fixed, tiles written each time
+def test_counting_without_data_matches_a_full_run(tmp_path, order, m_block, P, G, shared):
     """Issue 16: ``run(data=False)`` (for a caller computing the data path itself) advances
     the counters, tiles and wear as a full run does, inference by inference (serpentine and
     capacity-limited files included; from the third, a file that programs no tile per
     inference recalls its counters, :meth:`CrossbarSimulator._count_steady`), and ``affine()``
     names the plain product only after an inference with data and only for files that compute
     exactly ``X @ W + b``."""
-    _, _, paths, A, _ = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block)
+    _, _, paths, A, _ = _kernel(tmp_path, 9, 130, 65, P, G, order, m_block, shared=shared)
     full, counted = CrossbarSimulator(paths[0]), CrossbarSimulator(paths[0])
+    assert not shared or counted.prog.header["order"] == "fixed"
     assert counted.affine() is None  # nothing seen yet
     stand_in = np.broadcast_to(np.float32(0), A.shape)  # shapes only
+    recalled, recall = [], counted._count_steady
+    counted._count_steady = lambda *a: recalled.append(recall(*a)) or recalled[-1]
+    recalls = counted.prog.header["order"] != "serpentine" and order != "naive"
     for r in range(6):
         c_full = full.run({"X": A})[1].as_dict()
         if r == 0:  # the first inference with data tells the data path
             c_count = counted.run({"X": A})[1].as_dict()
         else:
+            recalled.clear()
             c_count = counted.run({"X": stand_in}, data=False)[1].as_dict()
+            # recalled from the third on, capacity-limited files (tiles written each time) too
+            assert (recalled[-1:] != [None] and recalled != []) == (recalls and r >= 2)
         assert c_count == c_full
         np.testing.assert_array_equal(counted.wear, full.wear)
         assert counted.tags == full.tags and counted.inferences == full.inferences

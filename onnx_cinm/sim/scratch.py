@@ -17,6 +17,7 @@ one (a simulator run on its own) :func:`take` allocates afresh.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from contextvars import ContextVar
@@ -40,7 +41,7 @@ class Scratch:
         matter (``zeros``: a new block is zeroed, for callers that rely on parts they never
         write staying zero; they name the layout in ``kind``)."""
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = int(math.prod(shape)) * dtype.itemsize  # Python ints: no overflow, no ufunc
         with self._lock:
             blocks = self._blocks.setdefault((kind, n), [])
             for raw in blocks:
