@@ -785,11 +785,16 @@ def test_matrix_kernels_products_match_numpy():
         blas.MatrixKernels(-1)
 
 
-def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
+@pytest.mark.parametrize("native", [True, False])
+def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them(native, monkeypatch):
     """Issue 16: ``MatrixKernels.conv`` is the product of the patches with the weights (plus
     bias, then Relu when asked), the patches cut by hand here (channel-major, then kernel
-    position); ``"numpy"`` never convolves; a weight of the wrong height is a ValueError."""
+    position); ``"numpy"`` never convolves; a weight of the wrong height is a ValueError. So
+    through onnxruntime's native io-binding and through its public ``IOBinding`` alike."""
     from onnx_cinm.sim import blas
+
+    if not native:  # an onnxruntime without the native binding: the public one
+        monkeypatch.setattr(blas, "_NATIVE", {"C": None})
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
@@ -811,6 +816,7 @@ def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them():
         out = np.empty((2, 5, *O), np.float32)
         assert f(x, out) is out
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert (blas._NATIVE["C"] is not None) == native
     assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None
     auto = blas.MatrixKernels(1, "auto")  # convolves or not, as timed; says which
     f = auto.conv(x, W, b, geometry)

@@ -247,6 +247,42 @@ def _session_of(graph, options):
                                 providers=["CPUExecutionProvider"])
 
 
+_NATIVE: dict = {}
+
+
+def _run_bound(sess, inputs: dict, name: str, out: np.ndarray) -> None:
+    """Run onnxruntime session ``sess`` on ``inputs`` (``{input name: C-contiguous array}``)
+    with its output ``name`` written into ``out`` (a C-contiguous array of the output's dtype
+    and shape): io-binding, so the result is not copied out of onnxruntime's memory. Bound
+    through onnxruntime's native binding when this onnxruntime has one (``sess._sess``), not
+    its public ``IOBinding``, which checks for WebGPU graph capture at each bind and run:
+    measured on the project machine (onnxruntime 1.24, one Relu on 2x4), 5.8 us per call
+    against 7.7 us, paid by every convolution of every inference."""
+    native = getattr(sess, "_sess", None)
+    if "C" not in _NATIVE:
+        try:
+            from onnxruntime.capi import _pybind_state as C
+            from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
+
+            _NATIVE["C"], _NATIVE["cpu"] = C, OrtDevice.make("cpu", 0)._get_c_device()
+        except Exception:  # noqa: BLE001 - another onnxruntime's layout: the public binding
+            _NATIVE["C"] = None
+    C = _NATIVE["C"]
+    if C is None or native is None or not hasattr(native, "run_with_iobinding"):
+        b = sess.io_binding()
+        for n, a in inputs.items():
+            b.bind_cpu_input(n, a)
+        b.bind_output(name, "cpu", 0, out.dtype.type, list(out.shape), out.ctypes.data)
+        sess.run_with_iobinding(b)
+        return
+    b = C.SessionIOBinding(native)
+    for n, a in inputs.items():
+        b.bind_input(n, a)
+    b.bind_output(name, _NATIVE["cpu"], out.dtype.type, list(out.shape),
+                  out.__array_interface__["data"][0])
+    native.run_with_iobinding(b, None)
+
+
 def _least_cpu(routes: list, rounds: int = 4) -> list[float]:
     """The least CPU time (seconds, ``time.process_time``) of each callable of ``routes`` over
     ``rounds`` rounds that run them alternately (so load that changes over time falls on all
@@ -570,10 +606,7 @@ class MatrixKernels:
             xin = np.ascontiguousarray(x, dtype=np.float32)
             if out is None:
                 return sess.run(None, {"X": xin})[0]
-            b = sess.io_binding()
-            b.bind_cpu_input("X", xin)
-            b.bind_output("Y", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-            sess.run_with_iobinding(b)
+            _run_bound(sess, {"X": xin}, "Y", out)
             return out
         return run
 
@@ -635,11 +668,8 @@ class MatrixKernels:
             else:
                 fed.append((np.ascontiguousarray(M), False))
         sess = self._session(fed[0][1], fed[1][1])
-        b = sess.io_binding()
-        b.bind_cpu_input("A", np.asarray(fed[0][0], dtype=np.float32))
-        b.bind_cpu_input("B", np.asarray(fed[1][0], dtype=np.float32))
-        b.bind_output("Y", "cpu", 0, np.float32, list(Y.shape), Y.ctypes.data)
-        sess.run_with_iobinding(b)
+        _run_bound(sess, {"A": np.asarray(fed[0][0], dtype=np.float32),
+                          "B": np.asarray(fed[1][0], dtype=np.float32)}, "Y", Y)
 
     # -- integer products ------------------------------------------------------------------
     def int_matmul(self, X: np.ndarray, W: np.ndarray, out: np.ndarray, const: bool = False,
@@ -752,14 +782,10 @@ class MatrixKernels:
                     entry = self._ort.setdefault(key, (None, self._int_session(
                         "MatMulInteger", None, ["M", "K"], {}, Wu8.dtype)))
         sess = entry[1]
-        b = sess.io_binding()
-        b.bind_cpu_input("A", _as_u8(X, c))
-        b.bind_cpu_input("az", np.array(c, np.uint8))
+        feeds = {"A": _as_u8(X, c), "az": np.array(c, np.uint8)}
         if not const:
-            b.bind_cpu_input("B", np.ascontiguousarray(Wu8))
-            b.bind_cpu_input("bz", np.array(wz, Wu8.dtype))
-        b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
-        sess.run_with_iobinding(b)
+            feeds.update(B=np.ascontiguousarray(Wu8), bz=np.array(wz, Wu8.dtype))
+        _run_bound(sess, feeds, "Y", out)
 
     def _int_session(self, op: str, inits: dict | None, a_shape: list, attrs: dict,
                      b_type=None):
@@ -841,13 +867,9 @@ class MatrixKernels:
             c = _u8_offset(lo, hi)
             if c is None:
                 return None
-            b = sess.io_binding()
-            b.bind_cpu_input("A", _as_u8(x, c))
-            b.bind_cpu_input("az", np.array(c, np.uint8))
             if out is None:  # written in place, not copied out of onnxruntime's buffer
                 out = np.empty((x.shape[0], G * Ng) + _conv_out(x.shape[2:], geo), np.int32)
-            b.bind_output("Y", "cpu", 0, np.int32, list(out.shape), out.ctypes.data)
-            sess.run_with_iobinding(b)
+            _run_bound(sess, {"A": _as_u8(x, c), "az": np.array(c, np.uint8)}, "Y", out)
             return out
 
         if self.mode == "onnxruntime":
