@@ -681,6 +681,7 @@ class InferenceSession:
             if isinstance(d.kernel, _IfKernel):
                 d.kernel.build_eagerly()
         self._empty_sessions: dict = {}
+        self._fused_records: dict = {}  # id(device node) -> its record (_fused_record)
         self._consts = {n: consts[n] for d in self._device_nodes for n in d.node.input if n in consts}
         # what every run would otherwise recompute per node: labels, outputs, modeled figures
         for d in self._device_nodes:
@@ -1051,13 +1052,12 @@ class InferenceSession:
             else:
                 wall = time.perf_counter() - t0
                 for v in [src] + between:
-                    records.append(self._record(v, run_index, 0.0, v.kernel.metrics, False))
+                    records.append(self._fused_record(v, run_index))
                 records.append(self._record(d, run_index, wall, got[1], False))
                 post = d.post
                 if post is not None and post.conv_act:  # the Relu was applied by the convolution
                     values[post.outputs[0]] = got[0][0]
-                    records.append(self._record(post, run_index, 0.0, post.kernel.metrics,
-                                                False))
+                    records.append(self._fused_record(post, run_index))
                     d, post = post, post.post
                 else:
                     values.update(zip(d.outputs, got[0]))
@@ -1086,6 +1086,17 @@ class InferenceSession:
         if d.post is not None:  # its Relu or bias, in place on the output only it reads
             self._run_device(d.post, values, records, run_index)
             values.pop(d.post.reads, None)
+
+    def _fused_record(self, d: _DeviceNode, run_index: int) -> dict:
+        """The record of model-mode node ``d`` computed inside its neighbour's kernel (an
+        Im2Col or view before a convolution, a Relu it applies), with no wall time of its own:
+        the same at every run but ``run``, so built once per session and copied."""
+        rec = self._fused_records.get(id(d))
+        if rec is None:
+            rec = self._fused_records[id(d)] = self._record(d, 0, 0.0, d.kernel.metrics, False)
+        rec = dict(rec)
+        rec["run"] = run_index
+        return rec
 
     @staticmethod
     def _record(d: _DeviceNode, run_index: int, wall: float, metrics: dict, empty: bool) -> dict:
