@@ -900,13 +900,16 @@ def _conv_sessions(kernels):
     ([1.0, 0.5, 0.9], "onnxruntime"),       # the NCHWc one (level all) timed fastest
     ([0.5, 0.9, 0.8], "numpy"),             # both past CONV_MARGIN times numpy's route
     ([1.0, 1.2, 1.2], "onnxruntime"),       # within the margin; a tie keeps level all
+    ([1.0, 0.5, 0.46], "onnxruntime"),      # plain NCHW faster, but within CONV_PLAIN_MARGIN
+    ([0.5, 0.9, 0.6], "onnxruntime-nchw"),  # the plain one within CONV_MARGIN of numpy's
 ])
 def test_auto_at_level_all_keeps_the_faster_of_two_convolution_layouts(monkeypatch, k, times,
                                                                          kind):
     """Issue 16: at graph level ``all`` the convolution is timed in two sessions, at ``all``
     (onnxruntime's NCHWc layout, reordered in and out on every call) and at ``extended``
-    (plain NCHW), besides numpy's route; the faster convolution is kept unless numpy's route
-    was ``CONV_MARGIN`` times faster, the configuration says which, only the chosen session
+    (plain NCHW), besides numpy's route; the faster convolution (the plain one only if it
+    took less than ``CONV_PLAIN_MARGIN`` times the other) is kept unless numpy's route was
+    ``CONV_MARGIN`` times faster, the configuration says which, only the chosen session
     stays (built at its level), and the chosen route computes the convolution."""
     import onnxruntime as ort
 

@@ -162,6 +162,16 @@ CONV_PLAIN_LEVEL = "extended"
 #: :data:`CONV_PLAIN_LEVEL` (plain NCHW); ``"onnxruntime"`` is the one built at the configured
 #: level.
 CONV_PLAIN = "onnxruntime-nchw"
+#: The most, as a share of the time of the convolution session at level ``"all"``, the
+#: :data:`CONV_PLAIN_LEVEL` one may take and be chosen instead (:meth:`MatrixKernels._decide_conv`).
+#: The timing runs warm, weights in cache; in the model they are not, and onnxruntime's NCHWc
+#: kernel reads weights it reordered at load. Measured on the project machine (1 thread): the
+#: timed ratios were 0.6-0.83 on SqueezeNet's 1x1 convolutions of small weights (128->16 at
+#: 55x55: 0.62-0.66; 16->64 at 55x55: 0.68) but 0.85-1.0 on most of ResNet50's, and choosing
+#: the plain session wherever it was timed faster ran light ResNet50 at 1.53-1.55x onnxruntime
+#: (3 runs of ``benchmarks/runtime_overhead.py --runs 10``, against 1.46-1.51x with the NCHWc
+#: session alone) for SqueezeNet's 1.99-2.07x (2.13-2.15x); at 0.9, 1.49x and 1.95x.
+CONV_PLAIN_MARGIN = 0.9
 
 
 def graph_level(name: str):
@@ -491,8 +501,9 @@ class MatrixKernels:
         :data:`CONV_MARGIN` times the numpy route. At level ``"all"`` it times two
         convolution sessions, the one at ``"all"`` (onnxruntime's NCHWc layout; chosen as
         ``"onnxruntime"``) and one at :data:`CONV_PLAIN_LEVEL` (plain NCHW; chosen as
-        :data:`CONV_PLAIN`), and the faster of the two is the convolution kept: neither
-        layout is faster on every shape (:data:`CONV_PLAIN_LEVEL`). Measured on the
+        :data:`CONV_PLAIN`), and the faster of the two (by :data:`CONV_PLAIN_MARGIN`) is the
+        convolution kept: neither layout is faster on every shape (:data:`CONV_PLAIN_LEVEL`).
+        Measured on the
         project's 2-core machine (1 thread, light ResNet50's 3x3 convolutions): onnxruntime's
         convolution 2.1 ms where numpy's product of the patches took 2.5-3.5 ms, plus 0.3-0.7
         ms to copy the patches; on 1x1 convolutions the two are within a few percent.
@@ -538,8 +549,9 @@ class MatrixKernels:
         copied for a batch, 5.4 GB), built only to time a choice.
 
         At the configured level ``"all"`` the convolution is timed in two sessions, at
-        ``"all"`` and at :data:`CONV_PLAIN_LEVEL`, the three routes alternately; the
-        convolution of the lower CPU time is the one compared with numpy's route, and the
+        ``"all"`` and at :data:`CONV_PLAIN_LEVEL`, the three routes alternately; the plain
+        one is the convolution compared with numpy's route if it took less than
+        :data:`CONV_PLAIN_MARGIN` times the other's CPU time, else the other is, and the
         sessions built here and not chosen are dropped (their copy of the weights with them):
         one session per choice stays."""
         kernel_shape, strides, pads, dilations = geo
@@ -596,7 +608,9 @@ class MatrixKernels:
         best = _least_cpu(routes)
         kind = "numpy"
         if len(best) > 1:
-            i = 1 + int(np.argmin(best[1:]))  # the faster convolution (the first on a tie)
+            i = 1  # the convolution at the configured level, unless the plain one beat it
+            if len(best) == 3 and best[2] < best[1] * CONV_PLAIN_MARGIN:
+                i = 2
             if best[i] < best[0] * CONV_MARGIN:
                 kind = kinds[i]
         with self._lock:
