@@ -820,8 +820,8 @@ def test_matrix_kernels_convolve_patches_as_numpy_multiplies_them(native, monkey
     assert blas.MatrixKernels(1, "numpy").conv(x, W, b, geometry) is None
     auto = blas.MatrixKernels(1, "auto")  # convolves or not, as timed; says which
     f = auto.conv(x, W, b, geometry)
-    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 p1x0x0x2 d1x2 ->5"] == \
-        ("numpy" if f is None else "onnxruntime")
+    assert auto.describe()["chosen"]["conv 2x3x7x6 k2x3 s2x1 p1x0x0x2 d1x2 ->5"] in \
+        (("numpy",) if f is None else ("onnxruntime", blas.CONV_PLAIN))
     if f is not None:
         np.testing.assert_allclose(f(x), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="do not fit"):
@@ -884,8 +884,125 @@ def test_auto_times_a_convolution_on_a_slice_of_bounded_patches(monkeypatch):
     auto = blas.MatrixKernels(1, "auto")
     f = auto.conv(x, W, None, geometry)
     assert sizes and max(sizes) <= bound + 36 * 8 * 4  # patches: at most one row past it
-    assert auto.describe()["chosen"]["conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] == \
-        ("numpy" if f is None else "onnxruntime")
+    assert auto.describe()["chosen"]["conv 3x4x50x8 k3x3 s1x1 p1x1x1x1 ->6"] in \
+        (("numpy",) if f is None else ("onnxruntime", blas.CONV_PLAIN))
+
+
+def _conv_by_hand(x, W, b, k, pad):
+    """A square ``k``x``k`` convolution (unit strides, ``pad`` on every side) of ``x[n, C, H,
+    W]`` with Im2Col-ordered weights ``W[C*k*k, N]`` (channel-major, then kernel position) plus
+    ``b``, summed in float64 kernel position by kernel position: the reference of the tests
+    below, not the code under test."""
+    n, C, H, Wd = x.shape
+    Wr = W.astype(np.float64).reshape(C, k, k, -1)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    Ho, Wo = H + 2 * pad - k + 1, Wd + 2 * pad - k + 1
+    y = np.zeros((n, Wr.shape[3], Ho, Wo))
+    for i in range(k):
+        for j in range(k):
+            y += np.einsum("nchw,cm->nmhw", xp[:, :, i:i + Ho, j:j + Wo], Wr[:, i, j])
+    return y + b.reshape(1, -1, 1, 1)
+
+
+def _conv_sessions(kernels):
+    """The graph optimization levels of the convolution sessions ``kernels`` holds, by the
+    level in their key and by the options the session was built with."""
+    return [(key[-1], entry[2].get_session_options().graph_optimization_level)
+            for key, entry in kernels._ort.items() if key[0] == "conv"]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("times, kind", [
+    ([1.0, 0.9, 0.5], "onnxruntime-nchw"),  # the plain NCHW session timed fastest
+    ([1.0, 0.5, 0.9], "onnxruntime"),       # the NCHWc one (level all) timed fastest
+    ([0.5, 0.9, 0.8], "numpy"),             # both past CONV_MARGIN times numpy's route
+    ([1.0, 1.2, 1.2], "onnxruntime"),       # within the margin; a tie keeps level all
+    ([1.0, 0.5, 0.46], "onnxruntime"),      # plain NCHW faster, but within CONV_PLAIN_MARGIN
+    ([0.5, 0.9, 0.6], "onnxruntime-nchw"),  # the plain one within CONV_MARGIN of numpy's
+])
+def test_auto_at_level_all_keeps_the_faster_of_two_convolution_layouts(monkeypatch, k, times,
+                                                                         kind):
+    """Issue 16: at graph level ``all`` the convolution is timed in two sessions, at ``all``
+    (onnxruntime's NCHWc layout, reordered in and out on every call) and at ``extended``
+    (plain NCHW), besides numpy's route; the faster convolution (the plain one only if it
+    took less than ``CONV_PLAIN_MARGIN`` times the other) is kept unless numpy's route was
+    ``CONV_MARGIN`` times faster, the configuration says which, only the chosen session
+    stays (built at its level), and the chosen route computes the convolution."""
+    import onnxruntime as ort
+
+    from onnx_cinm.sim import blas
+
+    timed = []
+
+    def least_cpu(routes, rounds=4):
+        timed.append(len(routes))
+        for fn in routes:  # each route still runs
+            fn()
+        return times[:len(routes)]
+
+    monkeypatch.setattr(blas, "_least_cpu", least_cpu)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 4, 9, 7)).astype(np.float32)
+    W = rng.standard_normal((4 * k * k, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    pad = (k - 1) // 2
+    geometry = ((k, k), (1, 1), (pad,) * 4, (1, 1))
+    auto = blas.MatrixKernels(1, "auto")
+    for act in (None, "Relu"):
+        f = auto.conv(x, W, b, geometry, act)
+        label = f"conv 1x4x9x7 k{k}x{k} s1x1" + (f" p{pad}x{pad}x{pad}x{pad}" if pad else "") \
+            + " ->6" + (" Relu" if act else "")
+        assert auto.describe()["chosen"][label] == kind
+        if kind == "numpy":
+            assert f is None
+            continue
+        want = _conv_by_hand(x, W, b, k, pad)
+        if act:
+            want = np.maximum(want, 0)
+        np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
+        out = np.empty((1, 6, 9, 7), np.float32)
+        assert f(x, out) is out
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert timed == [3, 3]  # numpy, level all, level extended; once per activation
+    level, opt = ("extended", ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED) \
+        if kind == blas.CONV_PLAIN else ("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert _conv_sessions(auto) == ([] if kind == "numpy" else [(level, opt)] * 2)
+    # later calls of the shape use the kept session: nothing is built or timed again
+    kept = dict(auto._ort)
+    auto.conv(x, W, b, geometry, "Relu")
+    assert auto._ort == kept and timed == [3, 3]
+
+
+def test_convolutions_at_other_levels_or_forced_run_at_the_configured_level(monkeypatch):
+    """Only level ``all`` has a layout to choose: at ``extended`` the convolution is timed in
+    one session (at ``extended``) against numpy's route; ``matmul="onnxruntime"`` convolves at
+    the configured level, untimed."""
+    import onnxruntime as ort
+
+    from onnx_cinm.sim import blas
+
+    timed = []
+    monkeypatch.setattr(blas, "_least_cpu",
+                        lambda routes, rounds=4: timed.append(len(routes)) or [1.0, 0.1, 0.1][
+                            :len(routes)])
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    W = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (0, 0, 0, 0), (1, 1))
+    want = _conv_by_hand(x, W, b, 1, 0)
+    ext = blas.MatrixKernels(1, "auto", graph_optimization="extended")
+    f = ext.conv(x, W, b, geometry)
+    assert timed == [2] and ext.describe()["chosen"]["conv 1x3x8x8 k1x1 s1x1 ->5"] == \
+        "onnxruntime"
+    np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
+    assert _conv_sessions(ext) == [("extended", ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)]
+    forced = blas.MatrixKernels(1, "onnxruntime")
+    f = forced.conv(x, W, b, geometry)
+    assert timed == [2] and forced.describe()["chosen"]["conv 1x3x8x8 k1x1 s1x1 ->5"] == \
+        "onnxruntime"
+    np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
+    assert _conv_sessions(forced) == [("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL)]
 
 
 def test_a_run_keeps_only_the_graph_outputs(tmp_path):

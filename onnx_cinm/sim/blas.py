@@ -144,6 +144,36 @@ GRAPH_LEVELS = {"disable_all": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                 "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
+#: The level of the second convolution session :meth:`MatrixKernels._decide_conv` times when the
+#: configured level is ``"all"``: ``"extended"``, every fusion of ``"all"`` (the Relu folded
+#: into the Conv) but not its layout transform. At ``"all"`` onnxruntime runs a convolution in
+#: its blocked NCHWc layout between ``ReorderInput`` and ``ReorderOutput`` nodes; in a whole
+#: model it keeps NCHWc from one convolution to the next, but a session of one convolution pays
+#: both reorders on every call, while at ``"extended"`` a 1x1 convolution is one GEMM over the
+#: NCHW input. Measured on the project machine (1 thread, Conv+Relu, the least of 30 runs,
+#: microseconds, ``all`` against ``extended``): 1x1 convolutions are faster without the
+#: layout (64->16 at 55x55: 86 against 70; 16->64 at 55x55: 104 against 72; 128->16 at
+#: 55x55: 203 against 131; 32->128 at 27x27: 58 against 53), 3x3 ones with it (16->64 at
+#: 55x55: 361 against 515; 32->128 at 27x27: 298 against 401; 3->64 at 224x224, stride 2:
+#: 540 against 570), and so is SqueezeNet's last 1x1 (512->1000 at 13x13: 1040 against 1096):
+#: no rule by kernel size, so the choice is timed per shape.
+CONV_PLAIN_LEVEL = "extended"
+#: The conv choice (:meth:`MatrixKernels.describe`) of a convolution run in the session built at
+#: :data:`CONV_PLAIN_LEVEL` (plain NCHW); ``"onnxruntime"`` is the one built at the configured
+#: level.
+CONV_PLAIN = "onnxruntime-nchw"
+#: The most, as a share of the time of the convolution session at level ``"all"``, the
+#: :data:`CONV_PLAIN_LEVEL` one may take and be chosen instead (:meth:`MatrixKernels._decide_conv`).
+#: The timing runs warm, weights in cache; in the model they are not, and onnxruntime's NCHWc
+#: kernel reads weights it reordered at load. Measured on the project machine (1 thread): the
+#: timed ratios were 0.6-0.83 on SqueezeNet's 1x1 convolutions of small weights (128->16 at
+#: 55x55: 0.62-0.66; 16->64 at 55x55: 0.68) but 0.85-1.0 on most of ResNet50's, and choosing
+#: the plain session wherever it was timed faster ran light ResNet50 at 1.53-1.55x onnxruntime
+#: (3 runs of ``benchmarks/runtime_overhead.py --runs 10``, against 1.46-1.51x with the NCHWc
+#: session alone) for SqueezeNet's 1.99-2.07x (2.13-2.15x); at 0.9, 1.49x and 1.95x.
+CONV_PLAIN_MARGIN = 0.9
+
+
 def graph_level(name: str):
     """onnxruntime's ``GraphOptimizationLevel`` for ``name``, a key of :data:`GRAPH_LEVELS`
     (KeyError otherwise)."""
@@ -352,7 +382,9 @@ class MatrixKernels:
         ``blas`` (``[(library, internal API, threads it uses outside a run)]``), ``matmul`` (the
         mode) and ``chosen`` (``{"MxKxN": kernel}`` decided so far; ``T`` marks a product written
         transposed; ``"conv <input shape> k<kernel> s<strides> -><N>"`` the products of
-        patches run as convolutions or not, :meth:`conv`)."""
+        patches run as convolutions or not, :meth:`conv`: ``"numpy"``, ``"onnxruntime"`` (a
+        session at the configured graph level) or :data:`CONV_PLAIN` (one at
+        :data:`CONV_PLAIN_LEVEL`, plain NCHW))."""
         libs = [(i.get("prefix"), i.get("internal_api"), i.get("num_threads"))
                 for i in (self._ctl or _controller()).select(user_api="blas").info()]
         with self._lock:
@@ -459,7 +491,10 @@ class MatrixKernels:
                     self._ort[key] = _session_of(g, self._options())
         return self._ort[key]
 
-    def _options(self):
+    def _options(self, level: str | None = None):
+        """Options of a product's session: this session's threads, the shared arena
+        (:func:`share_arena`) and graph optimization ``level`` (a key of
+        :data:`GRAPH_LEVELS`; None: the configured ``graph_optimization``)."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -468,7 +503,7 @@ class MatrixKernels:
         so.intra_op_num_threads = max(self.threads, 1)
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.graph_optimization_level = graph_level(self.graph_optimization)
+        so.graph_optimization_level = graph_level(level or self.graph_optimization)
         return so
 
     # -- products of patches -----------------------------------------------------------------
@@ -493,11 +528,18 @@ class MatrixKernels:
         Which kernel: ``"numpy"`` never convolves: None, or for patches larger than
         :data:`IM2COL_BYTES` numpy's product computed in blocks of output rows
         (:func:`_tiled_numpy_conv`: numpy's bits, the patches never all materialized; so
-        too when ``"auto"`` chose numpy); ``"onnxruntime"`` always does;
+        too when ``"auto"`` chose numpy); ``"onnxruntime"`` always does, in a session built at
+        the configured ``graph_optimization`` level (not timed: the level the host partitions
+        run at, and the one onnxruntime runs the original model's convolutions at);
         ``"auto"`` times both on the first product of each shape and geometry
         (:meth:`_decide_conv`: the convolution against copying the patches, numpy's product of
         them and the bias addition) and keeps the convolution unless it took more than
-        :data:`CONV_MARGIN` times the numpy route. Measured on the
+        :data:`CONV_MARGIN` times the numpy route. At level ``"all"`` it times two
+        convolution sessions, the one at ``"all"`` (onnxruntime's NCHWc layout; chosen as
+        ``"onnxruntime"``) and one at :data:`CONV_PLAIN_LEVEL` (plain NCHW; chosen as
+        :data:`CONV_PLAIN`), and the faster of the two (by :data:`CONV_PLAIN_MARGIN`) is the
+        convolution kept: neither layout is faster on every shape (:data:`CONV_PLAIN_LEVEL`).
+        Measured on the
         project's 2-core machine (1 thread, light ResNet50's 3x3 convolutions): onnxruntime's
         convolution 2.1 ms where numpy's product of the patches took 2.5-3.5 ms, plus 0.3-0.7
         ms to copy the patches; on 1x1 convolutions the two are within a few percent.
@@ -527,7 +569,8 @@ class MatrixKernels:
                     kind = self._decide_conv(key, x, W, bias, geo, activation)
         if kind == "numpy":
             return _tiled_numpy_conv(W, bias, geo, activation) if big else None
-        return self._ort_conv(x, W, bias, geo, activation)
+        return self._ort_conv(x, W, bias, geo, activation,
+                              CONV_PLAIN_LEVEL if kind == CONV_PLAIN else None)
 
     def _decide_conv(self, key, x, W, bias, geo, activation) -> str:
         """Time the convolution of ``x`` against the numpy route on arrays of its shapes --
@@ -539,7 +582,14 @@ class MatrixKernels:
         (module docstring). Timed on a slice of ``x`` whose patches fit :data:`TIMING_BYTES`
         (:func:`_timing_slice`): both routes cost in proportion to the output rows, and the
         whole input's patches were 2.7 GB on DNSMOS at batch 4 (with the product's operand
-        copied for a batch, 5.4 GB), built only to time a choice."""
+        copied for a batch, 5.4 GB), built only to time a choice.
+
+        At the configured level ``"all"`` the convolution is timed in two sessions, at
+        ``"all"`` and at :data:`CONV_PLAIN_LEVEL`, the three routes alternately; the plain
+        one is the convolution compared with numpy's route if it took less than
+        :data:`CONV_PLAIN_MARGIN` times the other's CPU time, else the other is, and the
+        sessions built here and not chosen are dropped (their copy of the weights with them):
+        one session per choice stays."""
         kernel_shape, strides, pads, dilations = geo
         x = _timing_slice(x, W.shape[0], geo)
         n, C, spatial = x.shape[0], x.shape[1], x.shape[2:]
@@ -573,33 +623,60 @@ class MatrixKernels:
             if activation:
                 np.maximum(prod_out, 0, out=prod_out)
 
-        try:
-            f = self._ort_conv(x, W, bias, geo, activation)
-            routes = [numpy_route, lambda: f(x, conv_out)]
-            for fn in routes:
-                fn()
-        except Exception:  # noqa: BLE001 - onnxruntime cannot run it: numpy it is
-            routes = [numpy_route]
+        numpy_route()  # warm-up
+        routes, kinds, built = [numpy_route], ["numpy"], {}
+        levels = [(None, "onnxruntime")]
+        if self.graph_optimization == "all":
+            levels.append((CONV_PLAIN_LEVEL, CONV_PLAIN))
+        for level, name in levels:
+            skey = self._conv_key(x, W, bias, geo, activation, level)
+            fresh = skey not in self._ort
+            try:
+                f = self._ort_conv(x, W, bias, geo, activation, level)
+                f(x, conv_out)  # warm-up
+            except Exception:  # noqa: BLE001 - onnxruntime cannot run it: not this route
+                continue
+            finally:
+                if fresh and skey in self._ort:
+                    built[name] = skey
+            routes.append(lambda f=f: f(x, conv_out))
+            kinds.append(name)
         best = _least_cpu(routes)
-        kind = "onnxruntime" if len(best) == 2 and best[1] < best[0] * CONV_MARGIN else "numpy"
+        kind = "numpy"
+        if len(best) > 1:
+            i = 1  # the convolution at the configured level, unless the plain one beat it
+            if len(best) == 3 and best[2] < best[1] * CONV_PLAIN_MARGIN:
+                i = 2
+            if best[i] < best[0] * CONV_MARGIN:
+                kind = kinds[i]
         with self._lock:
+            for name, skey in built.items():
+                if name != kind:
+                    self._ort.pop(skey, None)
             self._conv_choice[key] = kind
         return kind
 
-    def _ort_conv(self, x, W, bias, geo, activation=None):
+    def _conv_key(self, x, W, bias, geo, activation, level=None) -> tuple:
+        """The key in ``self._ort`` of :meth:`_ort_conv`'s session: the weight and bias arrays
+        (by address), the geometry, the activation and the graph optimization level (None:
+        the configured one)."""
+        return ("conv", W.__array_interface__["data"][0], W.shape, W.strides,
+                None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim,
+                activation, level or self.graph_optimization)
+
+    def _ort_conv(self, x, W, bias, geo, activation=None, level=None):
         """``f(x, out=None)``: ``x`` convolved with ``W`` (and ``bias``) in an onnxruntime
-        session holding them as initializers, one session per weight array and geometry (the
-        arrays held: their addresses stay theirs)."""
-        key = ("conv", W.__array_interface__["data"][0], W.shape, W.strides,
-               None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim,
-               activation)
+        session holding them as initializers, one session per weight array, geometry and
+        graph optimization ``level`` (None: the configured one; :meth:`_conv_key`; the arrays
+        held: their addresses stay theirs)."""
+        key = self._conv_key(x, W, bias, geo, activation, level)
         entry = self._ort.get(key)
         if entry is None:
             with self._lock:
                 entry = self._ort.get(key)
                 if entry is None:
-                    entry = self._ort[key] = (W, bias,
-                                              self._conv_session(x, W, bias, geo, activation))
+                    entry = self._ort[key] = (W, bias, self._conv_session(
+                        x, W, bias, geo, activation, level))
         sess = entry[2]
 
         def run(x, out=None):
@@ -610,7 +687,7 @@ class MatrixKernels:
             return out
         return run
 
-    def _conv_session(self, x, W, bias, geo, activation):
+    def _conv_session(self, x, W, bias, geo, activation, level=None):
         from onnx import TensorProto, helper, numpy_helper
 
         kernel_shape, strides, pads, dilations = geo
@@ -630,7 +707,7 @@ class MatrixKernels:
         g = helper.make_graph(nodes, "conv",
                               [helper.make_tensor_value_info("X", f, [None, C] + [None] * len(kernel_shape))],
                               [helper.make_tensor_value_info("Y", f, None)], inits)
-        return _session_of(g, self._options())
+        return _session_of(g, self._options(level))
 
     def _ort_const_matmul(self, X, W, out) -> None:
         """``out[:] = X @ W`` in a session whose ``W`` is an initializer (packed once, as
