@@ -453,8 +453,10 @@ class CrossbarKernel:
 
     def patch_runner(self, geometry: tuple, activation: str | None = None, groups: int = 1):
         """A callable computing this node from the input ``x`` of the Im2Col that makes its
-        first input, so the patches are never materialized: ``f(x) -> (outputs, metrics)`` as
-        a call with the patches returns, or None when it does not apply to this call (the
+        first input, so the patches are never materialized: ``f(x, out=None) -> (outputs,
+        metrics)`` as a call with the patches returns (``out``: a C-contiguous float32 array
+        of the output's shape the result is written into when the convolution lays it out as
+        the node's output, else ignored), or None when it does not apply to this call (the
         caller then runs the Im2Col and this kernel as usual). None instead of a callable when
         it never applies: only a Gemm with its weights ``B`` programmed for the session, in
         ideal mode, with no bias added outside its file. An integer kernel (``dtype int32``)
@@ -481,9 +483,9 @@ class CrossbarKernel:
                 (groups != 1 and not self.integer):
             return None
         geometry = tuple(tuple(int(v) for v in g) for g in geometry)
-        return lambda x: self._from_patches(x, geometry, activation, int(groups))
+        return lambda x, out=None: self._from_patches(x, geometry, activation, int(groups), out)
 
-    def _from_patches(self, x, geometry, activation, groups=1):
+    def _from_patches(self, x, geometry, activation, groups=1, dest=None):
         x = np.asarray(x)
         plan = self._patch_plans.get(x.shape)
         if plan is None:
@@ -512,7 +514,11 @@ class CrossbarKernel:
         with self._lock:
             outs, c = self._sim.run({inp: X}, transposed=transposed, data=False)
             if order is None:  # the node's output is the simulator's buffer, as it is laid out
-                Y = conv(x, outs[out].reshape(shape).transpose(axes))
+                Y = outs[out].reshape(shape).transpose(axes)
+                if dest is not None and dest.shape == Y.shape and dest.dtype == Y.dtype and \
+                        dest.flags.c_contiguous:  # or the caller's array, when it fits
+                    Y = dest
+                Y = conv(x, Y)
             else:
                 Y = np.ascontiguousarray(conv(x).transpose(order))
         return [Y], self._metrics(c.as_dict(), X, outs[out])
