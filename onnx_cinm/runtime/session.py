@@ -502,8 +502,9 @@ class InferenceSession:
             ``"model"``, the default, or ``"emulate"``), ``intra_op_threads`` (onnxruntime threads per
             partition, 0 = its default), ``graph_optimization`` (onnxruntime's graph
             optimization level of the host partitions: ``disable_all``, ``basic``,
-            ``extended`` or ``all``, the default; :func:`_partition_level`), ``blas_threads`` (numpy BLAS threads while
-            a run is active, default 1, 0 = the library's own setting) and ``matmul`` (the
+            ``extended`` or ``all``, the default; :func:`_partition_level`),
+            ``blas_threads`` (numpy BLAS threads while a run is active, default 1, 0 = the
+            library's own setting) and ``matmul`` (the
             crossbar simulator's product kernel: ``"auto"``, the default, ``"numpy"`` or
             ``"onnxruntime"``; see :mod:`onnx_cinm.sim.blas`), and each device's run options
             (:meth:`Device.run_option_specs`, e.g. the crossbar's ``cim_time_s``), handed to
