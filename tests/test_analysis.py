@@ -140,6 +140,37 @@ def test_open_tensors_one_inference_or_all_of_tensor_infos():
     assert tensor_infos(planned)["r"].shape == (4, 3)
 
 
+def test_open_tensors_lists_names_only_when_some_node_output_is_open():
+    """The planning probe hands its names as a callable: listing them walks every node and
+    what each reads, which a model whose every node output one inference sizes never needs.
+    Hand counts as above: Relu(x[2, 3]) -> r [2, 3], Reshape(r, s) by a graph input's values
+    -> y with no known dims; the answers equal those of the list."""
+    def model(reshape):
+        nodes = [helper.make_node("Relu", ["x"], ["r"])]
+        if reshape:
+            nodes.append(helper.make_node("Reshape", ["r", "s"], ["y"]))
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                         helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+            [helper.make_tensor_value_info("y" if reshape else "r", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    listed = []
+
+    def names(*asked):
+        def listing():
+            listed.append(asked)
+            return list(asked)
+        return listing
+
+    assert open_tensors(model(False), names("r")) == [] == open_tensors(model(False), ["r"])
+    assert listed == []  # every node output sized: not listed
+    assert open_tensors(model(True), names("r")) == [] == open_tensors(model(True), ["r"])
+    assert open_tensors(model(True), names("r", "y")) == ["y"] == \
+        open_tensors(model(True), ["r", "y"])
+    assert listed == [("r",), ("r", "y")]  # y open: listed, once each
+
+
 def test_static_types_kept_for_the_next_pass_and_read_back():
     """Types inference gave every node output, all dims known, are written into the model
     (PassContext.tensor_infos does it for the next pass): h [2, 4] and y [2, 4] float32 by
