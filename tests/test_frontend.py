@@ -707,3 +707,29 @@ def test_without_initializers_copies_the_graph_once_into_the_same_bytes():
         copied = frontend._without_initializers(model)
         assert copied.HasField("graph") and not len(copied.graph.initializer)
         assert copied.SerializeToString() == twice(model).SerializeToString()
+
+
+def test_strip_weights_keeps_the_small_initializers_in_order_and_moves_the_large():
+    """strip_weights appends the small initializers at once: the same bytes as one at a
+    time, in the model's order, interleaved with large ones (by hand: a [2] and a [3] tensor
+    kept, a 2,000-element one moved to the inputs, one already an input left as it is)."""
+    def tensor(name, n):
+        return numpy_helper.from_array(np.arange(n, dtype=np.float32), name)
+
+    inits = [tensor("a", 2), tensor("big", 2000), tensor("b", 3), tensor("in", 1500)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", ["x", "a", "b"], ["y"]), helper.make_node("Sum", ["big"], ["z"]),
+         helper.make_node("Sum", ["in"], ["v"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("in", TensorProto.FLOAT, [1500])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yzv"], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    skeleton, moved = frontend.strip_weights(model)
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    del expected.graph.initializer[:]
+    for t in (inits[0], inits[2]):  # one at a time
+        expected.graph.initializer.append(t)
+    expected.graph.input.append(helper.make_tensor_value_info("big", TensorProto.FLOAT, [2000]))
+    assert moved == {"big"}
+    assert skeleton.SerializeToString() == expected.SerializeToString()
