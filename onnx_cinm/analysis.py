@@ -273,18 +273,20 @@ def _weightless_copy(model: onnx.ModelProto, dims: dict,
     return light, consts
 
 
-def open_tensors(model: onnx.ModelProto, names: list[str],
+def open_tensors(model: onnx.ModelProto, names: list[str] | Callable[[], list[str]],
                  first_inference: Callable[[], onnx.ModelProto | None] | None = None) -> list[str]:
-    """The tensors of ``names`` (of the main graph) whose shape :func:`tensor_infos` leaves
-    open: no info, no shape, or a dim without a size; in the order given.
+    """The tensors of ``names`` (node outputs of the main graph) whose shape
+    :func:`tensor_infos` leaves open: no info, no shape, or a dim without a size; in the order
+    given. ``names`` may be a callable giving them: called only when no fast answer below
+    gives "none" (the planning probe's list costs a walk of every node and of what each reads).
 
     When the model records no probed shapes and has no value_info (a model as loaded), the
     first inference :func:`tensor_infos` runs (:func:`onnx_cinm.anonymous_dims.infer_once` of
-    the same weightless copy at the planned sizes) is run alone first: if it sizes every one of
-    ``names``, none is open, for the further rounds of
-    :func:`~onnx_cinm.anonymous_dims.size_anonymous_dims` only size more dims; the rest of
-    :func:`tensor_infos` (every tensor's info, the sizing rounds' checks: half of the planning
-    probe's cost on DenseNet121, where nothing is open) is skipped. Otherwise
+    the same weightless copy at the planned sizes) is run alone first: if it sizes every node
+    output of the main graph, or else every one of ``names``, none is open, for the further
+    rounds of :func:`~onnx_cinm.anonymous_dims.size_anonymous_dims` only size more dims; the
+    rest of :func:`tensor_infos` (every tensor's info, the sizing rounds' checks: half of the
+    planning probe's cost on DenseNet121, where nothing is open) is skipped. Otherwise
     :func:`tensor_infos` answers.
 
     ``first_inference``, for a model with no planned dims and no ``Shape``/``Size`` node (no
@@ -306,8 +308,14 @@ def open_tensors(model: onnx.ModelProto, names: list[str],
         if inferred is None:
             light, consts = _weightless_copy(model, dims)
             inferred = infer_once(light)
+        # every node output sized: so is each of names, whatever they are (most models)
+        outputs = [o for node in model.graph.node[:] for o in node.output[:] if o]
+        if _all_sized(inferred.graph, consts, dims, outputs):
+            return []
+        names = names() if callable(names) else names
         if _all_sized(inferred.graph, consts, dims, names):
             return []
+    names = names() if callable(names) else names
     infos = tensor_infos(model)
     return [o for o in names if o not in infos or infos[o].shape is None or
             not all(isinstance(d, int) for d in infos[o].shape)]
@@ -317,20 +325,34 @@ def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str
     """Whether :func:`_collect` of ``graph`` would give each of ``names`` a shape of known
     dims (a constant's, or the first declaration of the name in the main graph's inputs,
     value_info and outputs, a dim known when it has a value >= 0 or ``dims`` sizes its
-    name); False also when a name is declared only in a subgraph."""
+    name); False also when a name is declared only in a subgraph. Each type is judged once
+    by its bytes (:func:`_sized`): a network's tensors share few (light DenseNet121's 1,746
+    node outputs, 168), and reading every dim of each was half of this check's cost."""
     types: dict = {}
     for vi in graph.input[:] + graph.value_info[:] + graph.output[:]:
         types.setdefault(vi.name, vi.type)
+    judged: dict[bytes, bool] = {}
     for name in names:
         if name in consts:
             continue
         t = types.get(name)
-        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        if t is None:
             return False
-        for d in t.tensor_type.shape.dim[:]:
-            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param not in dims:
-                return False
+        key = t.SerializeToString()
+        if key not in judged:
+            judged[key] = _sized(t, dims)
+        if not judged[key]:
+            return False
     return True
+
+
+def _sized(t: onnx.TypeProto, dims: dict) -> bool:
+    """Whether ``t`` is a tensor type of known dims, as :func:`_all_sized` counts them."""
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") and d.dim_value >= 0 or d.dim_param in dims
+               for d in t.tensor_type.shape.dim[:])
+
 
 def _settled(graph: onnx.GraphProto, consts: dict) -> dict[str, TensorInfo] | None:
     """The infos of ``graph`` as its value_info has them when inference could add nothing (the

@@ -420,8 +420,7 @@ def _checker_skeleton(model: onnx.ModelProto, raw_sizes: list, path: str) -> onn
     initializers were copied one by one for nothing)."""
     if not any(size is not None for size in raw_sizes):
         return model
-    skeleton = copy_except(model, "graph")
-    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
+    skeleton = _without_initializers(model)
     inputs = {value.name for value in model.graph.input}
     for tensor, size in zip(model.graph.initializer, raw_sizes):
         itemsize = _PLAIN_TYPES.get(tensor.data_type)
@@ -538,8 +537,7 @@ def _external_skeleton(model: onnx.ModelProto, data_file, location: str) -> onnx
     ``model`` is not modified. Tensors smaller than 1 KiB, and tensors whose data is not in
     ``raw_data`` (typed fields, strings), stay inside the returned protobuf.
     """
-    skeleton = copy_except(model, "graph")
-    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
+    skeleton = _without_initializers(model)
     for tensor in model.graph.initializer:
         if _is_external(tensor):
             raise CinmError(
@@ -810,6 +808,16 @@ def stage_model(
     return staged
 
 
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose main graph has no initializers. The graph is copied into the
+    copy's once (a graph built apart and then copied in was copied twice: 0.7 of the 3.5 ms of
+    :func:`strip_weights` on light DenseNet121)."""
+    skeleton = copy_except(model, "graph")
+    skeleton.graph.SetInParent()  # present even when ``model``'s graph has nothing to copy
+    copy_except(model.graph, "initializer", into=skeleton.graph)
+    return skeleton
+
+
 def strip_weights(
     model: onnx.ModelProto, max_elements: int = WEIGHTLESS_MAX_ELEMENTS
 ) -> tuple[onnx.ModelProto, set[str]]:
@@ -835,18 +843,20 @@ def strip_weights(
     moved : set of str
         Names of the initializers that were added to the skeleton's graph inputs.
     """
-    skeleton = copy_except(model, "graph")
-    skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
+    skeleton = _without_initializers(model)
     inputs = {value.name for value in model.graph.input}
     moved: set[str] = set()
-    for tensor in model.graph.initializer:
+    small = []  # appended at once (light DenseNet121's 848 shape tensors one at a time:
+    # 2.0 ms for the whole copy, 1.85 at once)
+    for tensor in model.graph.initializer[:]:  # a slice: see subgraphs
         if _tensor_elements(tensor) <= max_elements:
-            skeleton.graph.initializer.append(tensor)
+            small.append(tensor)
         elif tensor.name not in inputs:
             moved.add(tensor.name)
             skeleton.graph.input.append(
                 onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
             )
+    skeleton.graph.initializer.extend(small)
     return skeleton, moved
 
 

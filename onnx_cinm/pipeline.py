@@ -568,17 +568,20 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     (:func:`onnx_cinm.passes.canonicalize.conversion_inference`): run once, not twice."""
     from .passes.graph_names import names_read
 
-    by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
-    asked = []
-    # a value nothing reads (a Dropout's mask) is planned by no pass: not worth a run of the
-    # whole model (on light VGG19, 0.9 s for two unread masks)
-    read = names_read(model.graph)
-    for node in model.graph.node:
-        if not by_data_too and (node.op_type in _SIZED_BY_DATA or
-                                by_data and any(i in by_data for i in node.input[:])):
-            by_data.update(node.output[:])
-            continue
-        asked += [o for o in node.output[:] if o in read]
+    def asked() -> list[str]:
+        by_data: set = set()  # sizes one run's data would fix, not the planned sizes: never pinned
+        names = []
+        # a value nothing reads (a Dropout's mask) is planned by no pass: not worth a run of the
+        # whole model (on light VGG19, 0.9 s for two unread masks)
+        read = names_read(model.graph)
+        for node in model.graph.node:
+            if not by_data_too and (node.op_type in _SIZED_BY_DATA or
+                                    by_data and any(i in by_data for i in node.input[:])):
+                by_data.update(node.output[:])
+                continue
+            names += [o for o in node.output[:] if o in read]
+        return names
+
     # most models have every shape sized by one inference: that alone tells (open_tensors)
     def first_inference():
         from .passes.canonicalize import conversion_inference
@@ -586,6 +589,7 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
         ctx.opset_inference = conversion_inference(model)
         return ctx.opset_inference and ctx.opset_inference[3]
 
+    # (asked is listed only when the first inference leaves some node output open)
     open_ = open_tensors(model, asked, first_inference if ctx is not None else None)
     if not open_:
         return None

@@ -140,6 +140,83 @@ def test_open_tensors_one_inference_or_all_of_tensor_infos():
     assert tensor_infos(planned)["r"].shape == (4, 3)
 
 
+def test_open_tensors_lists_names_only_when_some_node_output_is_open():
+    """The planning probe hands its names as a callable: listing them walks every node and
+    what each reads, which a model whose every node output one inference sizes never needs.
+    Hand counts as above: Relu(x[2, 3]) -> r [2, 3], Reshape(r, s) by a graph input's values
+    -> y with no known dims; the answers equal those of the list."""
+    def model(reshape):
+        nodes = [helper.make_node("Relu", ["x"], ["r"])]
+        if reshape:
+            nodes.append(helper.make_node("Reshape", ["r", "s"], ["y"]))
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                         helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+            [helper.make_tensor_value_info("y" if reshape else "r", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    listed = []
+
+    def names(*asked):
+        def listing():
+            listed.append(asked)
+            return list(asked)
+        return listing
+
+    assert open_tensors(model(False), names("r")) == [] == open_tensors(model(False), ["r"])
+    assert listed == []  # every node output sized: not listed
+    assert open_tensors(model(True), names("r")) == [] == open_tensors(model(True), ["r"])
+    assert open_tensors(model(True), names("r", "y")) == ["y"] == \
+        open_tensors(model(True), ["r", "y"])
+    assert listed == [("r",), ("r", "y")]  # y open: listed, once each
+
+
+def test_all_sized_judges_each_type_once_as_dim_by_dim():
+    """_all_sized judges a type once by its bytes: the same answers as reading every dim of
+    every name's type. Types by hand: two names share [2, 3]; a dim named n (sized only with
+    n planned), an unnamed dim, a negative dim, no shape, a sequence type; a constant
+    counts as sized, an undeclared name not; the first declaration wins (an input before
+    value_info)."""
+    from onnx_cinm.analysis import _all_sized
+
+    def vi(name, dims, elem=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, elem, dims)
+
+    seq = helper.make_value_info("q", helper.make_sequence_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    negative = vi("m", [2, 3])
+    negative.type.tensor_type.shape.dim[0].dim_value = -1
+    graph = helper.make_graph(
+        [], "g", [vi("a", [2, 3]), vi("f", ["n"])],
+        [vi("c", None)],
+        value_info=[vi("b", [2, 3]), vi("d", ["n", 3]), vi("e", [None, 3]), negative, seq,
+                    vi("f", [4])])
+
+    def by_dims(names, dims):  # every dim of every name's first declaration
+        types = {}
+        for v in (*graph.input, *graph.value_info, *graph.output):
+            types.setdefault(v.name, v.type)
+        for name in names:
+            if name == "w":
+                continue
+            t = types.get(name)
+            if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+                return False
+            if not all(d.HasField("dim_value") and d.dim_value >= 0 or d.dim_param in dims
+                       for d in t.tensor_type.shape.dim):
+                return False
+        return True
+
+    cases = [["a", "b"], ["a", "b", "w"], ["d"], ["e"], ["m"], ["c"], ["q"], ["f"], ["x"],
+             ["a", "d", "b"], ["b", "e", "a"]]
+    for dims in ({}, {"n": 5}):
+        for names in cases:
+            assert _all_sized(graph, {"w": (1, (2,))}, dims, names) == by_dims(names, dims), \
+                (names, dims)
+    assert _all_sized(graph, {}, {"n": 5}, ["a", "b", "d", "f"])  # f: the input's [n]
+    assert not _all_sized(graph, {}, {}, ["a", "b", "d"])
+
+
 def test_static_types_kept_for_the_next_pass_and_read_back():
     """Types inference gave every node output, all dims known, are written into the model
     (PassContext.tensor_infos does it for the next pass): h [2, 4] and y [2, 4] float32 by

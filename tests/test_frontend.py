@@ -681,3 +681,55 @@ def test_load_refuses_a_cinm_op_with_a_graph_attribute(tmp_path):
         frontend.load_model(tmp_path / "m" / "m.onnx")
     with pytest.raises(CinmError, match="has a graph attribute"):
         frontend.validate_structure(model)
+
+
+def test_without_initializers_copies_the_graph_once_into_the_same_bytes():
+    """The weightless copies (strip_weights, the checker's and the external-data skeletons)
+    copy the graph straight into the copy: the same bytes as a graph built apart and copied
+    in, also for a model whose graph has nothing but initializers or nothing at all (the graph
+    field present all the same)."""
+    from onnx_cinm.protowire import copy_except
+
+    def twice(model):
+        skeleton = copy_except(model, "graph")
+        skeleton.graph.CopyFrom(copy_except(model.graph, "initializer"))
+        return skeleton
+
+    w = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    full = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [w], doc_string="d"),
+        opset_imports=[helper.make_opsetid("", 13)])
+    only_weights = onnx.ModelProto(ir_version=8)
+    only_weights.graph.initializer.append(w)
+    for model in (full, only_weights, onnx.ModelProto(ir_version=8)):
+        copied = frontend._without_initializers(model)
+        assert copied.HasField("graph") and not len(copied.graph.initializer)
+        assert copied.SerializeToString() == twice(model).SerializeToString()
+
+
+def test_strip_weights_keeps_the_small_initializers_in_order_and_moves_the_large():
+    """strip_weights appends the small initializers at once: the same bytes as one at a
+    time, in the model's order, interleaved with large ones (by hand: a [2] and a [3] tensor
+    kept, a 2,000-element one moved to the inputs, one already an input left as it is)."""
+    def tensor(name, n):
+        return numpy_helper.from_array(np.arange(n, dtype=np.float32), name)
+
+    inits = [tensor("a", 2), tensor("big", 2000), tensor("b", 3), tensor("in", 1500)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", ["x", "a", "b"], ["y"]), helper.make_node("Sum", ["big"], ["z"]),
+         helper.make_node("Sum", ["in"], ["v"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("in", TensorProto.FLOAT, [1500])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yzv"], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    skeleton, moved = frontend.strip_weights(model)
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    del expected.graph.initializer[:]
+    for t in (inits[0], inits[2]):  # one at a time
+        expected.graph.initializer.append(t)
+    expected.graph.input.append(helper.make_tensor_value_info("big", TensorProto.FLOAT, [2000]))
+    assert moved == {"big"}
+    assert skeleton.SerializeToString() == expected.SerializeToString()
