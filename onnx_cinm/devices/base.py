@@ -319,9 +319,13 @@ class Device:
         only a Relu reads, which ``f`` applies too (its outputs are the Relu's). None (the
         default): the kernel always takes the patches. An override without a ``groups``
         parameter (or ``**kwargs``), as written before it existed, is asked for ungrouped
-        patches only. ``f`` may take a keyword ``out``: a C-contiguous array of the output's
-        shape and dtype (the provider's slice of a Concat's buffer) to write the result into
-        when it can, so the Concat moves nothing; a result elsewhere is as correct."""
+        patches only. ``f`` may take keywords the provider then uses: ``out``, a C-contiguous
+        array of the output's shape and dtype (its slice of a Concat's buffer) to write the
+        result into when it can, so the Concat moves nothing (a result elsewhere is as
+        correct); ``residual`` with ``residual_activation``, an array of the output's shape to
+        add to the result and then None or ``"Relu"`` to apply (a residual connection's Add
+        and Relu; ``f``'s outputs are then theirs, or ``f`` returns None and the provider adds
+        it in onnxruntime)."""
         return None
 
     def inexact(self, attrs: dict, mode: str, run_options: dict | None = None) -> str | None:

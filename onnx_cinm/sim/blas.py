@@ -508,7 +508,7 @@ class MatrixKernels:
 
     # -- products of patches -----------------------------------------------------------------
     def conv(self, x: np.ndarray, W: np.ndarray, bias: np.ndarray | None, geometry: tuple,
-             activation: str | None = None):
+             activation: str | None = None, residual: bool = False):
         """The product of the patches of ``x`` with ``W`` (plus ``bias``) as one convolution in
         onnxruntime's kernels, the patches never materialized: a callable ``f(x, out=None) ->
         Y`` for inputs of ``x``'s shape, or None when the product should be computed on the
@@ -544,6 +544,13 @@ class MatrixKernels:
         convolution 2.1 ms where numpy's product of the patches took 2.5-3.5 ms, plus 0.3-0.7
         ms to copy the patches; on 1x1 convolutions the two are within a few percent.
 
+        ``residual``: ``f(x, out=None, z=None)`` adds ``z`` (float32, ``Y``'s shape: a
+        residual connection's other input) to the convolution, inside its session, before
+        ``activation``, as onnxruntime fuses a Conv, Add and Relu of a whole model; None when
+        the convolution of this shape is not run in onnxruntime (``"numpy"``, or ``"auto"``
+        chose numpy: the caller then adds ``z`` itself), the choice being the plain
+        convolution's.
+
         Raises ValueError if the shapes do not fit the geometry (``W`` rows != ``C * prod(k)``).
         """
         geo = tuple(tuple(int(v) for v in g) for g in geometry)
@@ -556,8 +563,8 @@ class MatrixKernels:
             raise ValueError(f"conv: unknown activation {activation!r}")
         big = x.shape[0] * math.prod(_conv_out(x.shape[2:], geo)) * W.shape[0] * 4 > IM2COL_BYTES
         if self.mode == "numpy":
-            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
-        key = (tuple(x.shape), W.shape[1], geo, activation)
+            return _tiled_numpy_conv(W, bias, geo, activation) if big and not residual else None
+        key = (tuple(x.shape), W.shape[1], geo, None if residual else activation)
         kind = self._conv_choice.get(key)
         if kind is None and self.mode == "onnxruntime":
             with self._lock:
@@ -566,11 +573,11 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._conv_choice.get(key)
                 if kind is None:
-                    kind = self._decide_conv(key, x, W, bias, geo, activation)
+                    kind = self._decide_conv(key, x, W, bias, geo, key[3])
         if kind == "numpy":
-            return _tiled_numpy_conv(W, bias, geo, activation) if big else None
+            return _tiled_numpy_conv(W, bias, geo, activation) if big and not residual else None
         return self._ort_conv(x, W, bias, geo, activation,
-                              CONV_PLAIN_LEVEL if kind == CONV_PLAIN else None)
+                              CONV_PLAIN_LEVEL if kind == CONV_PLAIN else None, residual)
 
     def _decide_conv(self, key, x, W, bias, geo, activation) -> str:
         """Time the convolution of ``x`` against the numpy route on arrays of its shapes --
@@ -656,28 +663,39 @@ class MatrixKernels:
             self._conv_choice[key] = kind
         return kind
 
-    def _conv_key(self, x, W, bias, geo, activation, level=None) -> tuple:
+    def _conv_key(self, x, W, bias, geo, activation, level=None, residual=False) -> tuple:
         """The key in ``self._ort`` of :meth:`_ort_conv`'s session: the weight and bias arrays
-        (by address), the geometry, the activation and the graph optimization level (None:
-        the configured one)."""
+        (by address), the geometry, the activation, the graph optimization level (None: the
+        configured one) and whether it adds a residual input."""
         return ("conv", W.__array_interface__["data"][0], W.shape, W.strides,
                 None if bias is None else bias.__array_interface__["data"][0], geo, x.ndim,
-                activation, level or self.graph_optimization)
+                activation, level or self.graph_optimization) + (("residual",) if residual else ())
 
-    def _ort_conv(self, x, W, bias, geo, activation=None, level=None):
-        """``f(x, out=None)``: ``x`` convolved with ``W`` (and ``bias``) in an onnxruntime
-        session holding them as initializers, one session per weight array, geometry and
-        graph optimization ``level`` (None: the configured one; :meth:`_conv_key`; the arrays
-        held: their addresses stay theirs)."""
-        key = self._conv_key(x, W, bias, geo, activation, level)
+    def _ort_conv(self, x, W, bias, geo, activation=None, level=None, residual=False):
+        """``f(x, out=None)`` (``residual``: ``f(x, out=None, z=None)``, ``z`` added before
+        the activation): ``x`` convolved with ``W`` (and ``bias``) in an onnxruntime session
+        holding them as initializers, one session per weight array, geometry, graph
+        optimization ``level`` (None: the configured one) and kind (:meth:`_conv_key`; the
+        arrays held: their addresses stay theirs)."""
+        key = self._conv_key(x, W, bias, geo, activation, level, residual)
         entry = self._ort.get(key)
         if entry is None:
             with self._lock:
                 entry = self._ort.get(key)
                 if entry is None:
                     entry = self._ort[key] = (W, bias, self._conv_session(
-                        x, W, bias, geo, activation, level))
+                        x, W, bias, geo, activation, level, residual))
         sess = entry[2]
+
+        if residual:
+            def run_z(x, out=None, z=None):
+                feeds = {"X": np.ascontiguousarray(x, dtype=np.float32),
+                         "Z": np.ascontiguousarray(z, dtype=np.float32)}
+                if out is None:
+                    return sess.run(None, feeds)[0]
+                _run_bound(sess, feeds, "Y", out)
+                return out
+            return run_z
 
         def run(x, out=None):
             xin = np.ascontiguousarray(x, dtype=np.float32)
@@ -687,7 +705,7 @@ class MatrixKernels:
             return out
         return run
 
-    def _conv_session(self, x, W, bias, geo, activation, level=None):
+    def _conv_session(self, x, W, bias, geo, activation, level=None, residual=False):
         from onnx import TensorProto, helper, numpy_helper
 
         kernel_shape, strides, pads, dilations = geo
@@ -697,15 +715,21 @@ class MatrixKernels:
         inits = [numpy_helper.from_array(Wc, "W")]
         if bias is not None:
             inits.append(numpy_helper.from_array(np.ascontiguousarray(bias, np.float32), "B"))
+        last = "C" if residual else "Y"  # the convolution, then the residual's Add
         nodes = [helper.make_node("Conv", ["X", "W"] + (["B"] if bias is not None else []),
-                                  ["C" if activation else "Y"], kernel_shape=list(kernel_shape),
-                                  strides=list(strides), pads=list(pads),
-                                  dilations=list(dilations))]
+                                  ["A" if activation and not residual else last],
+                                  kernel_shape=list(kernel_shape), strides=list(strides),
+                                  pads=list(pads), dilations=list(dilations))]
+        if residual:
+            nodes.append(helper.make_node("Add", ["C", "Z"], ["A" if activation else "Y"]))
         if activation:
-            nodes.append(helper.make_node(activation, ["C"], ["Y"]))
+            nodes.append(helper.make_node(activation, ["A"], ["Y"]))
         f = TensorProto.FLOAT
-        g = helper.make_graph(nodes, "conv",
-                              [helper.make_tensor_value_info("X", f, [None, C] + [None] * len(kernel_shape))],
+        spatial = [None] * len(kernel_shape)
+        inputs = [helper.make_tensor_value_info("X", f, [None, C] + spatial)]
+        if residual:
+            inputs.append(helper.make_tensor_value_info("Z", f, [None, N] + spatial))
+        g = helper.make_graph(nodes, "conv", inputs,
                               [helper.make_tensor_value_info("Y", f, None)], inits)
         return _session_of(g, self._options(level))
 

@@ -129,6 +129,7 @@ class CrossbarKernel:
         self._lock = threading.Lock()
         self._views: dict = {}
         self._patch_plans: dict = {}  # input shape -> _patch_plan
+        self._residual_convs: dict = {}  # (input shape, activation) -> _residual_conv
         self._int_plans: dict = {}  # input shapes -> _int_plan
         # (W, X shapes, transposed) -> what _run_fresh computes; ("int", A, B shapes) -> the
         # fresh simulator and counters of _int_product's runs of an activation-programmed node
@@ -456,7 +457,11 @@ class CrossbarKernel:
         first input, so the patches are never materialized: ``f(x, out=None) -> (outputs,
         metrics)`` as a call with the patches returns (``out``: a C-contiguous float32 array
         of the output's shape the result is written into when the convolution lays it out as
-        the node's output, else ignored), or None when it does not apply to this call (the
+        the node's output, else ignored; ``residual``: a float32 array of the output's shape
+        added to it inside the convolution, then ``residual_activation`` (None or ``"Relu"``)
+        applied, a residual connection's Add and Relu: the outputs are then theirs; only for
+        a float kernel with no ``activation`` of its own, whose convolution's layout is the
+        node's output's), or None when it does not apply to this call (the
         caller then runs the Im2Col and this kernel as usual). None instead of a callable when
         it never applies: only a Gemm with its weights ``B`` programmed for the session, in
         ideal mode, with no bias added outside its file. An integer kernel (``dtype int32``)
@@ -483,9 +488,14 @@ class CrossbarKernel:
                 (groups != 1 and not self.integer):
             return None
         geometry = tuple(tuple(int(v) for v in g) for g in geometry)
-        return lambda x, out=None: self._from_patches(x, geometry, activation, int(groups), out)
+        return lambda x, out=None, residual=None, residual_activation=None: \
+            self._from_patches(x, geometry, activation, int(groups), out, residual,
+                               residual_activation)
 
-    def _from_patches(self, x, geometry, activation, groups=1, dest=None):
+    def _from_patches(self, x, geometry, activation, groups=1, dest=None, residual=None,
+                      residual_activation=None):
+        if residual is not None and (self.integer or groups != 1 or activation is not None):
+            return None
         x = np.asarray(x)
         plan = self._patch_plans.get(x.shape)
         if plan is None:
@@ -511,6 +521,14 @@ class CrossbarKernel:
                 return [Y], self._metrics(c.as_dict(), X, outs[out])
             return [Y if order is None else np.ascontiguousarray(Y.transpose(order))], \
                 self._metrics(c.as_dict(), X, outs[out])
+        if residual is not None:  # added (then its activation) inside the convolution
+            if order not in (None, tuple(range(x.ndim))) or type(residual) is not np.ndarray or \
+                    residual.dtype != np.float32 or \
+                    residual.shape != tuple(shape[a] for a in axes):
+                return None
+            conv = self._residual_conv(x, geometry, residual_activation)
+            if conv is None:
+                return None
         with self._lock:
             outs, c = self._sim.run({inp: X}, transposed=transposed, data=False)
             if order is None:  # the node's output is the simulator's buffer, as it is laid out
@@ -518,10 +536,26 @@ class CrossbarKernel:
                 if dest is not None and dest.shape == Y.shape and dest.dtype == Y.dtype and \
                         dest.flags.c_contiguous:  # or the caller's array, when it fits
                     Y = dest
-                Y = conv(x, Y)
-            else:
+                Y = conv(x, Y) if residual is None else conv(x, Y, residual)
+            elif residual is None:
                 Y = np.ascontiguousarray(conv(x).transpose(order))
+            else:  # laid out as the node's output, in a new array (not the simulator's buffer)
+                Y = conv(x, None, residual)
         return [Y], self._metrics(c.as_dict(), X, outs[out])
+
+    def _residual_conv(self, x, geometry, activation):
+        """The convolution of inputs of ``x``'s shape that adds a residual input and then
+        applies ``activation`` (:meth:`onnx_cinm.sim.blas.MatrixKernels.conv`, ``residual``),
+        built once per shape; None when the matrix kernels do not convolve it."""
+        key = (x.shape, activation)
+        got = self._residual_convs.get(key)
+        if got is None:
+            _, w, b, _ = self._affine()
+            bias = None if b is None else self._sim.const[b].reshape(-1)
+            got = blas.current().conv(x, self._sim.const[w][0], bias, geometry, activation,
+                                      residual=True) or False
+            self._residual_convs[key] = got
+        return got or None
 
     def _affine(self):
         """The simulator's :meth:`~CrossbarSimulator.affine` form; before its first inference,
