@@ -94,6 +94,15 @@ def test_fills_is_true_only_for_the_buffers_own_consecutive_slices(case):
     elif case == "dtype":
         parts = [buf[:, :2].view(np.int32), buf[:, 2:]]
     assert session_mod._fills(buf, parts, 1) == (case == "ok")
-    # whatever _fills says, the Concat's result is numpy's concatenation of the parts
+    assert not session_mod._fills(np.asfortranarray(np.ones((2, 3), np.float32)),
+                                  [np.ones((2, 3), np.float32)], 0)  # not C-contiguous
+    # whatever _fills says, the Concat's result is its parts one after the other, by hand
     got = session_mod._concat(parts + [buf], {"axis": 1})[0]
-    np.testing.assert_array_equal(got, np.concatenate(parts, axis=1))
+    want = np.array([[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]],
+                     [[16, 17, 18, 19], [20, 21, 22, 23]]], np.float32).reshape(1, 6, 4)
+    want = {"ok": want, "order": np.concatenate([want[:, 2:], want[:, :2]], axis=1),
+            "gap": np.concatenate([want[:, :2], want[:, 3:]], axis=1), "copy": want}.get(case)
+    if want is not None:
+        np.testing.assert_array_equal(got, want)
+    else:  # int32 bits of the first part next to float32 values: numpy's promotion of both
+        assert got.shape == (1, 6, 4) and got.dtype == np.float64

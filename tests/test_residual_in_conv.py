@@ -56,6 +56,10 @@ def test_the_convolution_adds_the_residual_and_applies_the_relu(tmp_path, relu, 
     assert part not in sess._steps
     rows = [r for r in sess.profile() if r["node"] == part.label]
     assert len(rows) == 3 and all(r["wall_s"] == 0.0 for r in rows)
+    assert {r["op_type"] for r in rows} == {f"{len(part.nodes)} in conv"}
+    # conv2's weights live in its residual session alone; conv1 keeps its plain one
+    convs = [k for k in sess._kernels._ort if k[0] == "conv"]
+    assert sorted(k[-1] == "residual" for k in convs) == [False, True]
 
 
 def test_without_a_convolution_the_partition_adds_it(tmp_path):

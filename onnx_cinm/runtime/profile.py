@@ -30,6 +30,11 @@ FIELDS = ["run", "node", "op_type", "device", "mode", "wall_s", "latency_s", "en
 _SUMMED = ("wall_s", "latency_s", "energy_j", "writes", "bytes_moved")
 
 
+#: How a host partition's ``op_type`` ends when a convolution computed it (the provider's
+#: residual Add and Relu, :meth:`onnx_cinm.runtime.session.InferenceSession._run_partition`).
+IN_CONV = " in conv"
+
+
 def steady(records: list[dict]) -> list[dict]:
     """The records of the runs after the first when there is more than one run, else all of
     them: the first run of a session includes one-time work (the matrix kernel chosen per
@@ -315,6 +320,10 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
+    if any(r["op_type"].endswith(IN_CONV) for r in records if r["device"] == "host"):
+        notes.append(f"'N{IN_CONV}': a host partition of a residual Add (and Relu) that the "
+                     "convolution before it computed in its own onnxruntime session, as "
+                     "onnxruntime fuses them in a whole model: no wall time of its own")
     host_nodes = counts["nodes"]
     head = (f"profile: {len(rows)} rows, over {n_runs} run(s): {_count(parts, 'host partition')} "
             f"({_count(host_nodes, 'node')}" + (f", {modeled} of them device nodes in model mode, "

@@ -63,7 +63,7 @@ from ..options import OptionSpec, from_text, option, specs, validate
 from ..passes.branches import branch_model
 from ..passes.graph_names import names_used_by
 from ..sim import blas, scratch
-from . import numpy_kernels
+from . import numpy_kernels, profile
 
 PROVIDER = "CinmExecutionProvider"
 #: The kind (:meth:`InferenceSession.partitions`) of a cinm op on the host that the provider
@@ -363,6 +363,8 @@ def _concat(inputs: list, attrs: dict) -> list:
 def _fills(buf: np.ndarray, parts: list, axis: int) -> bool:
     """Whether ``parts`` are, in order, the consecutive slices along ``axis`` of C-contiguous
     ``buf`` that fill it, each in ``buf``'s own memory (not a copy of it)."""
+    if not buf.flags.c_contiguous:
+        return False
     at = buf.__array_interface__["data"][0]
     step = buf.itemsize * math.prod(buf.shape[axis + 1:])
     for x in parts:
@@ -1187,8 +1189,10 @@ class InferenceSession:
                        outs: list | None = None) -> None:
         """Run host partition ``p`` on ``values`` (its outputs added there, its profile
         records to ``records``); ``outs`` given: its outputs, computed by the convolution it
-        is attached to (:meth:`_attach_residuals`), recorded with no wall time."""
-        if outs is None:
+        is attached to (:meth:`_attach_residuals`), recorded with no wall time and its
+        ``op_type`` saying so (``"2 in conv"``, :data:`onnx_cinm.runtime.profile.IN_CONV`)."""
+        done = outs is not None
+        if not done:
             if p.session is None:
                 self._late_session(p, values)
             t0 = time.perf_counter()
@@ -1200,7 +1204,8 @@ class InferenceSession:
         else:
             wall = 0.0
         values.update(zip(p.outputs, outs))
-        records.append({"run": run_index, "node": p.label, "op_type": p.op_text,
+        records.append({"run": run_index, "node": p.label,
+                        "op_type": f"{len(p.nodes)}{profile.IN_CONV}" if done else p.op_text,
                         "device": "host", "mode": "onnxruntime", "wall_s": wall,
                         "latency_s": None, "energy_j": None, "writes": 0, "bytes_moved": 0,
                         "nodes": len(p.nodes), "basis": None})
@@ -1263,11 +1268,13 @@ class InferenceSession:
                     values.pop(post.reads, None)
                 return
         ins = [(values[n] if n in values else self._consts[n]) if n else None for n in d.inputs]
-        if d.joins:  # the buffer its producers wrote into, if any did
-            ins.append(values.pop(d.joins, None))
         t0 = time.perf_counter()
         empty = any((x.size if isinstance(x, np.ndarray) else np.size(x)) == 0
                     for x in ins if x is not None)
+        if d.joins:  # the buffer its producers wrote into, if any did
+            buf = values.pop(d.joins, None)
+            if not empty:
+                ins.append(buf)
         if empty:  # nothing to compute: no kernel is launched (issue 12 #8)
             outs, metrics = self._run_empty(d, ins), {"latency_s": 0.0, "energy_j": 0.0,
                                                       "bytes_moved": 0}

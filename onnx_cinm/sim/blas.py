@@ -663,6 +663,16 @@ class MatrixKernels:
             self._conv_choice[key] = kind
         return kind
 
+    def release_conv(self, W: np.ndarray) -> None:
+        """Drop the sessions of plain convolutions (no residual input) of weight array ``W``
+        (:meth:`conv`), at every level: for a caller that convolves ``W`` only with a
+        residual from now on, so its weights are not held twice."""
+        addr = W.__array_interface__["data"][0]
+        with self._lock:
+            for k in [k for k in self._ort if k[0] == "conv" and k[1] == addr and
+                      k[-1] != "residual"]:
+                del self._ort[k]
+
     def _conv_key(self, x, W, bias, geo, activation, level=None, residual=False) -> tuple:
         """The key in ``self._ort`` of :meth:`_ort_conv`'s session: the weight and bias arrays
         (by address), the geometry, the activation, the graph optimization level (None: the

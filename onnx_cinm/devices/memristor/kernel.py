@@ -529,6 +529,8 @@ class CrossbarKernel:
             conv = self._residual_conv(x, geometry, residual_activation)
             if conv is None:
                 return None
+        elif conv is None:  # released for the residual one (_residual_conv): the patches
+            return None
         with self._lock:
             outs, c = self._sim.run({inp: X}, transposed=transposed, data=False)
             if order is None:  # the node's output is the simulator's buffer, as it is laid out
@@ -546,15 +548,22 @@ class CrossbarKernel:
     def _residual_conv(self, x, geometry, activation):
         """The convolution of inputs of ``x``'s shape that adds a residual input and then
         applies ``activation`` (:meth:`onnx_cinm.sim.blas.MatrixKernels.conv`, ``residual``),
-        built once per shape; None when the matrix kernels do not convolve it."""
+        built once per shape; None when the matrix kernels do not convolve it. Once built, the
+        plain convolution's session of that shape is released (a kernel the provider gives a
+        residual always runs with it): ResNet50's weights are then not held twice."""
         key = (x.shape, activation)
         got = self._residual_convs.get(key)
         if got is None:
             _, w, b, _ = self._affine()
             bias = None if b is None else self._sim.const[b].reshape(-1)
-            got = blas.current().conv(x, self._sim.const[w][0], bias, geometry, activation,
-                                      residual=True) or False
+            kernels = blas.current()
+            got = kernels.conv(x, self._sim.const[w][0], bias, geometry, activation,
+                               residual=True) or False
             self._residual_convs[key] = got
+            plan = self._patch_plans.get(x.shape)
+            if got and plan:  # the plain convolution's session, not needed: its weights go
+                self._patch_plans[x.shape] = plan[:-1] + (None,)
+                kernels.release_conv(self._sim.const[w][0])
         return got or None
 
     def _affine(self):
