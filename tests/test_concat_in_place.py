@@ -13,7 +13,7 @@ from onnx_cinm.runtime import session as session_mod
 from onnx_cinm.runtime.session import InferenceSession
 
 
-def _fire(batch: int):
+def _fire(batch):
     """x [batch, 4, 9, 7] -> conv 3x3 (pad 1) -> Relu -> a [.., 6, ..]; x -> conv 1x1 -> b
     [.., 5, ..]; Concat(a, b, axis 1) -> MaxPool 2x2 -> y: a fire module's expand half."""
     rng = np.random.default_rng(3)
@@ -31,7 +31,7 @@ def _fire(batch: int):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _session(tmp_path, batch: int, matmul: str = "onnxruntime"):
+def _session(tmp_path, batch, matmul: str = "onnxruntime"):
     original = _fire(batch)
     res = optimize(original, place=[("conv*/Gemm", "memristor"), ("conv*/Im2Col", "upmem"),
                                     ("relu1", "upmem")])
@@ -58,6 +58,21 @@ def test_convolutions_write_their_parts_into_the_concat(tmp_path, monkeypatch):
     assert filled == [True] * 3
     cats = [r for r in sess.profile() if r["op_type"] == "Concat"]
     assert [(r["device"], r["mode"]) for r in cats] == [("host", "numpy")] * 3
+
+
+def test_a_symbolic_batch_is_in_place_at_the_runs_of_batch_one(tmp_path, monkeypatch):
+    """A model of a symbolic batch ``N``: the Concat is the provider's, in place at the runs
+    of batch 1 and concatenated by numpy at batch 3, onnxruntime's numbers at both."""
+    filled = []
+    real = session_mod._fills
+    monkeypatch.setattr(session_mod, "_fills", lambda *a: filled.append(real(*a)) or filled[-1])
+    original, sess = _session(tmp_path, "N")
+    assert sum(d.into is not None for d in sess._device_nodes) == 2
+    for batch in (1, 3, 1):
+        x = np.random.default_rng(batch).standard_normal((batch, 4, 9, 7)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0],
+                                   run_onnxruntime(original, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert filled == [True, True]  # the two runs at batch 1; at 3 no buffer to fill
 
 
 def test_a_part_written_elsewhere_is_copied(tmp_path):

@@ -281,7 +281,8 @@ class _DeviceNode:
     #: which its producers leave the buffer they wrote their parts into
     joins: str = ""
     #: for a node whose convolution may write its (or its Relu's) output straight into its
-    #: slice of a Concat's buffer: (that key, the slice, the buffer's shape, its dtype)
+    #: slice of a Concat's buffer: (that key, the slice, the buffer's shape (None first: the
+    #: run's batch, in place when 1), its dtype)
     into: tuple | None = None
     #: for a node whose convolution may add a residual connection itself
     #: (:meth:`_attach_residuals`): (the host partition of that Add and Relu, run right after
@@ -854,21 +855,29 @@ class InferenceSession:
         """The axis of host Concat ``node`` when the provider runs it itself, in place
         (:func:`_concat`, :meth:`_join_in_place`), else None: every input is made by a device
         node and read by this Concat alone (not a graph output), and its output's shape is
-        static with only 1s before the axis (each part then a contiguous block of it, a
-        channel concatenation at batch 1: light SqueezeNet's fire modules)."""
+        static from the axis on, with only 1s before it (each part then a contiguous block of
+        it, a channel concatenation at batch 1: light SqueezeNet's fire modules) or a symbolic
+        batch before the channels (in place at the runs of batch 1)."""
         if node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or \
                 len(node.input) < 2 or len(node.output) != 1:
             return None
         out = infos.get(node.output[0])
         shape = getattr(out, "shape", None)
-        if shape is None or not all(isinstance(d, int) for d in shape) or \
-                getattr(out, "dtype", None) is None:
+        if shape is None or getattr(out, "dtype", None) is None:
             return None
         axis = cinm.node_attrs(node).get("axis")
         if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
             return None
         axis %= len(shape)
-        if math.prod(shape[:axis]) != 1 or len(set(node.input)) != len(node.input) or \
+        if not all(isinstance(d, int) for d in shape[axis:]):
+            return None
+        lead = shape[:axis]
+        if all(isinstance(d, int) for d in lead):
+            if math.prod(lead) != 1:
+                return None
+        elif axis != 1:  # only a symbolic batch before the channels: 1 or not, at run time
+            return None
+        if len(set(node.input)) != len(node.input) or \
                 any(n not in made_by or uses.get(n) != 1 for n in node.input):
             return None
         return axis
@@ -892,12 +901,14 @@ class InferenceSession:
             c.joins = f"\0concat {c.label}"
             axis = c.kernel.attrs["axis"]
             info = infos[c.outputs[0]]
-            shape, dtype = tuple(info.shape), np.dtype(info.dtype)
+            # a symbolic batch as None: the producer's batch at run time (_run_device)
+            shape = tuple(v if isinstance(v, int) else None for v in info.shape)
+            dtype = np.dtype(info.dtype)
             at = 0
             for n in c.inputs:
                 part = getattr(infos.get(n), "shape", None)
-                if part is None or not all(isinstance(v, int) for v in part) or \
-                        len(part) != len(shape):
+                if part is None or len(part) != len(shape) or \
+                        not all(isinstance(v, int) for v in part[axis:]):
                     break
                 d = writer.get(n)
                 if d is not None and accepts_keyword(d.patches[1], "out"):
@@ -1236,10 +1247,15 @@ class InferenceSession:
                     got = runner(x)
                 else:  # its part of a Concat's buffer, written in place
                     key, part, shape, dtype = d.into
-                    buf = values.get(key)
-                    if buf is None:
-                        buf = values[key] = scratch.take(shape, dtype)
-                    got = runner(x, out=buf[part])
+                    if shape[0] is None:  # a symbolic batch: this run's, in place at 1
+                        shape = (x.shape[0],) + shape[1:]
+                    if shape[0] != 1 and None in d.into[2]:
+                        got = runner(x)
+                    else:
+                        buf = values.get(key)
+                        if buf is None:
+                            buf = values[key] = scratch.take(shape, dtype)
+                        got = runner(x, out=buf[part])
             except ValueError as e:
                 raise self._named(CinmError(str(e).splitlines()[0]), d.node, d.device,
                                   "failed") from None
