@@ -250,6 +250,25 @@ def test_compare_after_overwrite_input_shape_needs_no_dim(tmp_path, capsys):
     assert "2x32x8x8" in capsys.readouterr().out
 
 
+def test_compare_after_overwrite_input_shape_with_one_name_for_two_dims(tmp_path, capsys):
+    """Height and width both named '?' (PP-OCR's classifier, as exported) and baked to 8 x 24:
+    the name sized both dims alike, so compare drew 8 x 8 and the optimized model refused it
+    (a reviewer's finding); the baked shape is now drawn whole."""
+    m = _dynamic_convnet()
+    for d, name in zip(m.graph.input[0].type.tensor_type.shape.dim, ["?", None, "?", "?"]):
+        if name:
+            d.dim_param = name
+    m.graph.output[0].type.tensor_type.shape.Clear()
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(m, src)
+    assert main(["optimize", str(src), "-o", str(out), "-q", "--overwrite-input-shape",
+                 "images:1,3,8,24"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(src), str(out), "--rtol", "1e-3", "--atol", "1e-3"]) == 0
+    printed = capsys.readouterr().out
+    assert "1x32x4x12" in printed and "NaN/Inf check: 1 run" in printed
+
+
 def _two_inputs():
     """a[batch, n] + b[batch, n] -> Relu."""
     nodes = [h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Relu", ["s"], ["y"])]

@@ -437,10 +437,16 @@ def _cmd_compare(args, parser) -> int:
     opts.setdefault("matmul", "onnxruntime")
     sess = _session(args.optimized, opts)
     _refuse_other_model(original, sess._model, args)
-    shapes = {name: arr.shape for name, arr in given.items()}
-    # the sizes it was planned for, or baked in (optimize --overwrite-input-shape), by default;
-    # then those of the given arrays; then --dim
-    dims = {**frontend.planned_dims(sess._model), **golden.dims_from_shapes(original, _static_inputs(sess._model)),
+    # inputs baked to fixed shapes (optimize --overwrite-input-shape) are drawn at them whole:
+    # their dims' names may not tell them apart (PP-OCR's cls names height and width both '?')
+    baked = _static_inputs(sess._model)
+    declared = {vi.name: vi for vi in golden.real_inputs(original.graph)}
+    shapes = {name: tuple(shape) for name, shape in baked.items()
+              if name in declared and len(declared[name].type.tensor_type.shape.dim) == len(shape)}
+    shapes.update((name, arr.shape) for name, arr in given.items())
+    # the sizes it was planned for, or baked in, by default; then those of the given arrays;
+    # then --dim
+    dims = {**frontend.planned_dims(sess._model), **golden.dims_from_shapes(original, baked),
             **golden.dims_from_shapes(original, shapes), **dims}
     _warn_if_nothing_on_devices(sess, args)
     feeds = None
@@ -453,8 +459,8 @@ def _cmd_compare(args, parser) -> int:
                  for i in range(args.runs)]
     try:
         report = golden.compare(original, sess.as_runner(), n=args.runs, rtol=args.rtol,
-                                atol=args.atol, dims=dims, feeds=feeds, stepwise=args.optimized,
-                                progress=True)
+                                atol=args.atol, dims=dims, shapes=shapes or None, feeds=feeds,
+                                stepwise=args.optimized, progress=True)
     except ReferenceFailed as e:
         if every:  # the user's own arrays: no drawn input or size to blame
             raise CinmError(f"the original does not run on the --input arrays: {e}") from None
@@ -502,7 +508,8 @@ def _cmd_compare(args, parser) -> int:
     elif not given:  # NaN/Inf inputs, apart: the provider's kernels must place them as ORT does
         try:
             special = golden.compare_special(original, sess.as_runner(), rtol=args.rtol,
-                                             atol=args.atol, dims=dims, stepwise=args.optimized)
+                                             atol=args.atol, dims=dims, shapes=shapes or None,
+                                             stepwise=args.optimized)
         except ReferenceFailed:
             special = None  # the original itself cannot run on NaN/Inf inputs: nothing to judge
         if special is not None:
