@@ -187,13 +187,14 @@ _LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger", 
 
 def _partition_level(level: str, nodes) -> str:
     """The graph optimization level a host partition of ``nodes`` runs at: ``level`` (a key of
-    :data:`onnx_cinm.sim.blas.GRAPH_LEVELS`), but ``extended`` for ``all`` when no node is a
+    :data:`onnx_cinm.sim.blas.GRAPH_LEVELS`), but ``extended`` (every fusion, no layout
+    transform: :data:`onnx_cinm.sim.blas.CONV_PLAIN_LEVEL`) for ``all`` when no node is a
     convolution (:data:`_LAYOUT_OPS`). Without a convolution the layout level only wraps the
     partition's pools in reorders to the blocked layout and back: measured on the project
     machine (1 thread, best of 50), a MaxPool 3x3/2 of 1x64x111x111 (light SqueezeNet's first,
     a partition of its own) took 436 us at ``all`` and 285 us at ``extended``."""
     if level == "all" and not any(n.op_type in _LAYOUT_OPS for n in nodes):
-        return "extended"
+        return blas.CONV_PLAIN_LEVEL
     return level
 
 
@@ -288,6 +289,14 @@ class _DeviceNode:
     #: (:meth:`_attach_residuals`): (the host partition of that Add and Relu, run right after
     #: this node when the convolution does not, the Add's other input, "Relu" or None)
     residual: tuple | None = None
+
+
+def _owner(d: _DeviceNode) -> _DeviceNode:
+    """The device node whose step runs ``d``: ``d``, or the node it is fused into, followed to
+    the end of the chain (a Relu applied after a bias Add applied after a product)."""
+    while d.fused_into is not None:
+        d = d.fused_into
+    return d
 
 
 def _group_views(g: onnx.GraphProto, inits: dict, uses: dict) -> dict:
@@ -732,7 +741,7 @@ class InferenceSession:
             d.label, d.outputs = self._label(d.node), [o for o in d.node.output if o]
             d.inputs = list(d.node.input)
         self._fuse_patches(consumed_later, graph_outputs)
-        self._join_in_place(made_by, infos)
+        self._join_in_place(infos)
         for p in self._parts:
             p.modeled_records = [
                 {"node": self._label(node), "op_type": node.op_type, "device": dev,
@@ -760,12 +769,6 @@ class InferenceSession:
         included, and what an If's branches capture) and that are no graph output. Without
         it a run held every intermediate to its end: 1.5 GB of activations on DNSMOS at batch
         4 where onnxruntime keeps what is still to be read."""
-        at: dict = {}
-        for d in self._device_nodes:
-            owner = d
-            while owner.fused_into is not None:
-                owner = owner.fused_into
-            at[id(d)] = owner
         index = {id(step): i for i, step in enumerate(self._steps)}
         last: dict = {}
         for i, step in enumerate(self._steps):
@@ -784,7 +787,7 @@ class InferenceSession:
                         last[n] = max(last.get(n, i), i)
             if d.fused_into is None:
                 continue
-            i = index.get(id(at[id(d)]))
+            i = index.get(id(_owner(d)))
             if i is None:
                 continue
             for n in list(names_used_by(d.node)) + [o for o in d.node.output if o]:
@@ -851,7 +854,8 @@ class InferenceSession:
         src.post, post.reads = post, node.input[x]
         return post
 
-    def _concat_axis(self, node, made_by: dict, uses: dict, infos: dict) -> int | None:
+    @staticmethod
+    def _concat_axis(node, made_by: dict, uses: dict, infos: dict) -> int | None:
         """The axis of host Concat ``node`` when the provider runs it itself, in place
         (:func:`_concat`, :meth:`_join_in_place`), else None: every input is made by a device
         node and read by this Concat alone (not a graph output), and its output's shape is
@@ -882,7 +886,7 @@ class InferenceSession:
             return None
         return axis
 
-    def _join_in_place(self, made_by: dict, infos: dict) -> None:
+    def _join_in_place(self, infos: dict) -> None:
         """Give each Concat the provider runs (:meth:`_concat_axis`) a key for its buffer, and
         each of its producers whose convolution computes its part and takes an ``out`` array
         (:meth:`Device.from_patches`) the slice of that buffer to write it into
@@ -933,9 +937,7 @@ class InferenceSession:
             for node in nodes:
                 made_at.update((o, i) for o in node.output if o)
         for d in self._device_nodes:  # a fused node's (a post op's) in its owner's step
-            owner = d
-            while owner.fused_into is not None:
-                owner = owner.fused_into
+            owner = _owner(d)
             if owner is not d and id(owner) in index:
                 made_at.update((o, index[id(owner)]) for o in d.outputs)
         by_output = {d.outputs[0]: d for d in self._device_nodes

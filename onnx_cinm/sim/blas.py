@@ -564,7 +564,9 @@ class MatrixKernels:
         big = x.shape[0] * math.prod(_conv_out(x.shape[2:], geo)) * W.shape[0] * 4 > IM2COL_BYTES
         if self.mode == "numpy":
             return _tiled_numpy_conv(W, bias, geo, activation) if big and not residual else None
-        key = (tuple(x.shape), W.shape[1], geo, None if residual else activation)
+        # a residual's convolution takes the plain one's choice (its Add follows the Conv)
+        plain_act = None if residual else activation
+        key = (tuple(x.shape), W.shape[1], geo, plain_act)
         kind = self._conv_choice.get(key)
         if kind is None and self.mode == "onnxruntime":
             with self._lock:
@@ -573,7 +575,7 @@ class MatrixKernels:
             with self._deciding:
                 kind = self._conv_choice.get(key)
                 if kind is None:
-                    kind = self._decide_conv(key, x, W, bias, geo, key[3])
+                    kind = self._decide_conv(key, x, W, bias, geo, plain_act)
         if kind == "numpy":
             return _tiled_numpy_conv(W, bias, geo, activation) if big and not residual else None
         return self._ort_conv(x, W, bias, geo, activation,
