@@ -1194,13 +1194,16 @@ def compare(
 
     reference, exact = _exact_integers(reference)
     ref_model = _OrtModel(reference)
-    # widens the default atol only; at the sizes of the first set compared (an LSTM's steps)
-    sized = dims_from_shapes(reference, {name: np.shape(v) for name, v in (
-        first if feeds is None else input_sets[0]).items()})
-    # (never below what the model alone gives: a size known only from probed shapes, which
-    # inference at given dims does not read, stays counted)
-    k = max(reduction_length(reference), reduction_length(reference, {**sized, **(dims or {})})) \
-        if atol is None else 1
+    k = 1  # widens the default atol only
+    if atol is None:
+        k = reduction_length(reference)
+        # at the sizes of the first set compared too (an LSTM's steps); never below what the
+        # model alone gives: a size known only from probed shapes, which inference at given
+        # dims does not read, stays counted (no dim sized: the same figure, not asked twice)
+        sized = {**dims_from_shapes(reference, {name: np.shape(v) for name, v in (
+            first if feeds is None else input_sets[0]).items()}), **(dims or {})}
+        if sized:
+            k = max(k, reduction_length(reference, sized))
     header = _load_header(reference)
     steps = quantref.output_steps(header)
     try:
