@@ -61,6 +61,12 @@ def is_recurrent(node: onnx.NodeProto) -> bool:
     return node.op_type in ("LSTM", "GRU", "RNN") and node.domain in _DEFAULT_DOMAINS
 
 
+def recurrent_layout(node: onnx.NodeProto) -> int:
+    """The ``layout`` attribute of a recurrent ``node`` (:func:`is_recurrent`): 0 (the default),
+    X ``[seq, batch, input]``; 1, X ``[batch, seq, input]``."""
+    return next((a.i for a in node.attribute if a.name == "layout"), 0)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -1385,7 +1391,7 @@ def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     # the batch axis, by the usual layouts: the first, but the second of an input an ONNX
     # LSTM/GRU/RNN reads as its time-major X (layout 0: [seq, batch, input])
     time_major = {n.input[0] for n in model.graph.node if is_recurrent(n) and n.input
-                  and not any(a.name == "layout" and a.i for a in n.attribute)}
+                  and not recurrent_layout(n)}
     batch_dims = set()
     for vi in model.graph.input:
         dims_ = vi.type.tensor_type.shape.dim

@@ -39,7 +39,7 @@ from onnx import TensorProto
 
 from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
-from .frontend import is_recurrent, iter_graphs
+from .frontend import is_recurrent, iter_graphs, recurrent_layout
 from .text import progress_bar
 # re-exported: the tolerances are the check's public names
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, TOLERANCE_ULPS, default_tolerance  # noqa: F401
@@ -144,8 +144,7 @@ def reduction_length(model: ModelLike, dims: Mapping[str, int] | None = None) ->
             k = max(1, ins[0].numel // max(1, infos[node.output[0]].numel))
         elif is_recurrent(node) and len(ins) > 2 \
                 and all(t is not None and t.shape for t in ins[:3]):
-            layout = next((x.i for x in node.attribute[:] if x.name == "layout"), 0)
-            steps = ins[0].static_shape[1 if layout else 0]
+            steps = ins[0].static_shape[1 if recurrent_layout(node) else 0]
             k = steps * (ins[1].static_shape[-1] + ins[2].static_shape[-1])
         longest = max(longest, int(k))
     return longest
