@@ -581,7 +581,7 @@ def _recurrent_flops(node: onnx.NodeProto, ins: list) -> int:
     x, w = ins[0], ins[1] if len(ins) > 1 else None
     if w is None or w.shape is None or len(w.shape) != 3:
         return 0
-    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    layout = frontend.recurrent_layout(node)
     sx, sw = (x.static_shape if x is not None and x.shape and len(x.shape) == 3 else (1, 1, 1)), w.static_shape
     seq, batch = (sx[1], sx[0]) if layout else (sx[0], sx[1])  # unknown X: one step of one row
     contrib = (node.domain, node.op_type) == _CONTRIB_LSTM

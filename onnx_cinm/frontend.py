@@ -32,7 +32,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import CinmError
-from .protowire import copy_except, initializer_raw_sizes, write_streamed
+from .protowire import copy_without_initializers as _without_initializers
+from .protowire import initializer_raw_sizes, write_streamed
 
 #: Oldest default-domain opset accepted by :func:`load_model`.
 MIN_OPSET = 9
@@ -59,6 +60,12 @@ def is_recurrent(node: onnx.NodeProto) -> bool:
     """Whether ``node`` is an ONNX LSTM, GRU or RNN (the default domain's; time-major X
     ``[seq, batch, input]`` unless its ``layout`` is 1)."""
     return node.op_type in ("LSTM", "GRU", "RNN") and node.domain in _DEFAULT_DOMAINS
+
+
+def recurrent_layout(node: onnx.NodeProto) -> int:
+    """The ``layout`` attribute of a recurrent ``node`` (:func:`is_recurrent`): 0 (the default),
+    X ``[seq, batch, input]``; 1, X ``[batch, seq, input]``."""
+    return next((a.i for a in node.attribute if a.name == "layout"), 0)
 
 
 def _first_line(error: BaseException) -> str:
@@ -808,16 +815,6 @@ def stage_model(
     return staged
 
 
-def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose main graph has no initializers. The graph is copied into the
-    copy's once (a graph built apart and then copied in was copied twice: 0.7 of the 3.5 ms of
-    :func:`strip_weights` on light DenseNet121)."""
-    skeleton = copy_except(model, "graph")
-    skeleton.graph.SetInParent()  # present even when ``model``'s graph has nothing to copy
-    copy_except(model.graph, "initializer", into=skeleton.graph)
-    return skeleton
-
-
 def strip_weights(
     model: onnx.ModelProto, max_elements: int = WEIGHTLESS_MAX_ELEMENTS
 ) -> tuple[onnx.ModelProto, set[str]]:
@@ -1385,7 +1382,7 @@ def batch_note(model: onnx.ModelProto, dims: dict[str, int]) -> str:
     # the batch axis, by the usual layouts: the first, but the second of an input an ONNX
     # LSTM/GRU/RNN reads as its time-major X (layout 0: [seq, batch, input])
     time_major = {n.input[0] for n in model.graph.node if is_recurrent(n) and n.input
-                  and not any(a.name == "layout" and a.i for a in n.attribute)}
+                  and not recurrent_layout(n)}
     batch_dims = set()
     for vi in model.graph.input:
         dims_ = vi.type.tensor_type.shape.dim

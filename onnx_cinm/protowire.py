@@ -188,6 +188,17 @@ def _without_initializers(graph: onnx.GraphProto) -> bytes | None:
     return b"".join(parts)
 
 
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose main graph has no initializers (the weightless skeletons of
+    :mod:`onnx_cinm.frontend`, :func:`write_streamed`'s first part). The graph is copied into
+    the copy's once (a graph built apart and then copied in was copied twice: 0.7 of the
+    3.5 ms of ``strip_weights`` on light DenseNet121)."""
+    skeleton = copy_except(model, "graph")
+    skeleton.graph.SetInParent()  # present even when ``model``'s graph has nothing to copy
+    copy_except(model.graph, "initializer", into=skeleton.graph)
+    return skeleton
+
+
 def write_streamed(handle, model: onnx.ModelProto) -> int:
     """Write ``model`` serialized, one initializer at a time: the model without its weights,
     then per initializer the encoding of a ModelProto whose graph holds just that tensor.
@@ -198,10 +209,7 @@ def write_streamed(handle, model: onnx.ModelProto) -> int:
     graph_key = varint(_GRAPH_FIELD << 3 | 2)  # length-delimited: wire type 2
     graph = _without_initializers(model.graph)
     if graph is None:  # a field it does not spell out: through a copy of the graph
-        head = copy_except(model, "graph")
-        head.graph.SetInParent()  # present even when empty, as a CopyFrom into it makes it
-        copy_except(model.graph, "initializer", into=head.graph)  # copied once, not twice
-        first = head.SerializeToString()
+        first = copy_without_initializers(model).SerializeToString()
     else:  # the graph's bytes in the place of its field number among the model's fields
         rest = copy_except(model, "graph").SerializeToString()  # small: no graph
         cut = next((at for number, _, at, _, _ in message_fields(memoryview(rest), 0, len(rest))

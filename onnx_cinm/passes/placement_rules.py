@@ -54,6 +54,8 @@ class HintLog:
 
     def first(self, node) -> tuple[int, str, str] | None:
         """``(index, pattern, device)`` of the first hint matching ``node``, or None."""
+        if not self.hints:  # (none given, the usual case: none matches)
+            return None
         source_op = self.sources.get(node.name)
         ks = [k for k, (pattern, _) in enumerate(self.hints)
               if hint_matches(node, pattern, source_op)]

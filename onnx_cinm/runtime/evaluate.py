@@ -405,11 +405,9 @@ def nonfinite_text(exact: int, records: list[dict], samples: int,
     where = [f"in {exact} of {samples} samples of the exact run"] if exact else []
     if hit:
         worst = max(hit, key=lambda r: r["nonfinite"])
-        at = _value_text(worst["sweep"], worst["value"], options)
-        if worst["compensation"] is not None:
-            at += f", compensation {'on' if worst['compensation'] else 'off'}"
         where.append(f"in {len(hit)} of {len(records)} device runs (most {worst['nonfinite']} "
-                     f"of {samples} samples, at {at}, seed {worst['seed']})")
+                     f"of {samples} samples, at {_point_text(worst, options)}, seed "
+                     f"{worst['seed']})")
     if where:
         return ("warning: " + (f"{held}; " if data else "") + "the judged output is NaN or Inf "
                 + " and ".join(where) + ": those samples' classes are no prediction (a NaN "
@@ -431,11 +429,8 @@ def clipped_text(records: list[dict], options: dict | None = None) -> str | None
     if not hit:
         return None
     worst = max(hit, key=lambda r: r["adc_clipped"])
-    where = _value_text(worst["sweep"], worst["value"], options)
-    if worst["compensation"] is not None:
-        where += f", compensation {'on' if worst['compensation'] else 'off'}"
     return (f"ADC: conversions saturated in {len(hit)} of {len(records)} runs (most "
-            f"{worst['adc_clipped']:,}, at {where}, seed {worst['seed']}): "
+            f"{worst['adc_clipped']:,}, at {_point_text(worst, options)}, seed {worst['seed']}): "
             + saturation_text(worst.get("clipped_note", "")))
 
 
@@ -463,6 +458,15 @@ def duration_text(seconds: float) -> str:
         if seconds >= s:
             return f"{seconds / s:.3g} {unit}"
     return f"{seconds:.3g} s"
+
+
+def _point_text(record: dict, options: dict | None = None) -> str:
+    """The sweep point of one run of :meth:`Evaluator.run` (its value, and its compensation
+    when the sweep has one), as the notes on that run name it."""
+    text = _value_text(record["sweep"], record["value"], options)
+    if record["compensation"] is not None:
+        text += f", compensation {'on' if record['compensation'] else 'off'}"
+    return text
 
 
 def _value_text(sweep: str, value, options: dict | None = None) -> str:

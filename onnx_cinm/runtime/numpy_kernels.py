@@ -105,24 +105,24 @@ class Im2Col:
     """
 
     def __init__(self) -> None:
-        self._plans: dict = {}  # input shape -> (_Plan, its buffers callable)
+        self._plans: dict = {}  # input shape -> _Plan
+        self._pads: tuple = ()  # the node's pads, set with the first plan
+
+    def _buffer(self, role: str, shape: tuple, dtype) -> np.ndarray:
+        """:func:`im2col`'s ``buffers``, from the session's scratch pool."""
+        if role == "padded":  # the shape and pads fix the interior
+            return scratch.take(shape, dtype, ("Im2Col padded", shape, self._pads), zeros=True)
+        return scratch.take(shape, dtype)
 
     def __call__(self, inputs: list, attrs: dict) -> list:
         x = np.asarray(inputs[0])
-        got = self._plans.get(x.shape)
-        if got is None:  # attrs are the node's own: fixed for this kernel's lifetime
-            plan = _Plan(x.shape, attrs["kernel_shape"], attrs["strides"], attrs["pads"],
-                         attrs["dilations"])
-            pads = tuple(int(p) for p in attrs["pads"])
-
-            def buffers(role, shape, dtype):
-                if role == "padded":  # the shape and pads fix the interior
-                    return scratch.take(shape, dtype, ("Im2Col padded", shape, pads), zeros=True)
-                return scratch.take(shape, dtype)
-
-            got = self._plans[x.shape] = (plan, buffers)
-        plan, buffers = got
-        return [plan.apply(x, buffers)]
+        plan = self._plans.get(x.shape)
+        if plan is None:  # attrs are the node's own: fixed for this kernel's lifetime
+            plan = self._plans[x.shape] = _Plan(x.shape, attrs["kernel_shape"],
+                                                attrs["strides"], attrs["pads"],
+                                                attrs["dilations"])
+            self._pads = tuple(int(p) for p in attrs["pads"])
+        return [plan.apply(x, self._buffer)]
 
 
 #: cinm op type -> a class whose instance is one node's kernel, ``kernel(inputs, attrs) ->

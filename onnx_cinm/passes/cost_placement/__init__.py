@@ -35,14 +35,15 @@ Constraints (a placement that breaks one is never chosen; user hints still win a
   is priced from the device's model-wide plans (:meth:`Device.price_all`) instead, where a
   kernel streaming alone keeps some tiles on the crossbars the pinned kernels leave it.
 * **Endurance** (``max_writes_per_cell``, CLI ``--max-writes-per-cell``): writes per cell per
-  inference of the most-written cells = tile writes per inference summed over a device's
-  crossbar kernels / the crossbars the kept tiles leave, ``P - kept`` (at least 1): crossbars
+  inference of the most-written cells = ceil(tile writes per inference summed over a device's
+  crossbar kernels / the crossbars the kept tiles leave, ``P - kept`` (at least 1)): crossbars
   kept by resident kernels are written at load only, and the weight-stationary schedules
-  rotate the streamed tiles round-robin over the rest, so wear is even there; a tile write
-  programs each cell once (the device's wear line, :meth:`Device.wear`, reports the same
-  figure). With ``lifetime_inferences = L`` (CLI ``--lifetime-inferences``, default 1) the
-  budget is for ``L`` inferences: ``L * writes_per_inference / (P - kept) <=
-  max_writes_per_cell``. Writes at load (once per model load, at most one per cell) are not
+  spread the streamed tiles round-robin over the rest, the same ones every inference, so
+  wear is as even there as whole writes allow; a tile write programs each cell once
+  (:func:`~onnx_cinm.paradigms.cim.wear.writes_per_cell`; the device's wear line,
+  :meth:`Device.wear`, reports the same figure). With ``lifetime_inferences = L`` (CLI
+  ``--lifetime-inferences``, default 1) the budget is for ``L`` inferences:
+  ``L * ceil(writes_per_inference / (P - kept)) <= max_writes_per_cell``. Writes at load (once per model load, at most one per cell) are not
   counted. Example: PCM endures 3.2e7 writes per cell; to last 1e9 inferences give
   ``--max-writes-per-cell 3.2e7 --lifetime-inferences 1e9`` (``max_writes_per_cell = 0``
   admits no write per inference at all).

@@ -284,7 +284,7 @@ def build_problem(model: onnx.ModelProto, options: dict, hints=(), infos=None,
                 cands.extend(r)
             elif r:
                 refused.append((dev.name, r))
-        hint = hint_log.first(node) if hint_log.hints else None  # (none given: none matches)
+        hint = hint_log.first(node)
         if hint is not None:
             k, pattern, dev_name = hint
             pick = next((c for c in cands if c.device == dev_name), None)
