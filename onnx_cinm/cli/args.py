@@ -324,8 +324,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("-o", "--output",
                    help="output .onnx path (required unless listing); its kernels go in the "
                         "folder of its name minus .onnx plus .cinm (other names whole plus "
-                        ".cinm: out.v1 -> out.v1.cinm); an existing file that is not an ONNX "
-                        "model is refused, not overwritten")
+                        ".cinm: out.v1 -> out.v1.cinm); an existing file whose name does not "
+                        "end in .onnx and that is not an ONNX model is refused, not "
+                        "overwritten")
     o.add_argument("--check", type=_count, default=None, metavar="N",
                    help="random-input runs comparing onnxruntime on input and output; 0 disables "
                         "(default: 1, or 2 - compare's default - for a model that quantizes at run "
