@@ -65,9 +65,12 @@ def _byte_compile() -> None:
         sys.exit(f"cannot byte-compile onnx_cinm ({folder or out.stderr.strip()[-300:]})")
 
 
-def _run(cmd: list[str]) -> tuple[float, int, float]:
+def _run(cmd: list[str], output: str | None = None) -> tuple[float, int, float]:
     """(wall seconds, peak RSS bytes, CPU seconds: user + system) of ``cmd`` in a fresh process;
-    exits on failure."""
+    exits on failure. ``output``: the model file the command writes, deleted afterwards with
+    onnx-cinm's kernel folder next to it (``X.cinm``), so every run writes a new file (none
+    replaces an earlier run's) and the temporary folder does not grow by a model per run
+    (VGG19: 7 runs of two tools wrote 8 GB)."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=_ENV)
@@ -78,6 +81,10 @@ def _run(cmd: list[str]) -> tuple[float, int, float]:
             err.seek(0)
             sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n"
                      f"{err.read().decode(errors='replace').strip()[-2000:]}")
+    if output is not None:
+        out = Path(output)
+        out.unlink(missing_ok=True)
+        shutil.rmtree(out.with_suffix(".cinm"), ignore_errors=True)
     return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
@@ -126,8 +133,9 @@ def scaling(cinm_exe: str, tmp: str, repeat: int, emit) -> list[dict]:
         out = subprocess.run([sys.executable, __file__, "--build", family, str(size), str(path)],
                              capture_output=True, text=True, check=True)
         wbytes = int(out.stdout.strip().splitlines()[-1])
-        runs = [_run([cinm_exe, "optimize", str(path), "-o", f"{tmp}/o_{family}{size}.onnx",
-                      "--check", "0", "-q"]) for _ in range(repeat)]
+        runs = [_run([cinm_exe, "optimize", str(path), "-o", f"{tmp}/o_{family}{size}_{k}.onnx",
+                      "--check", "0", "-q"], f"{tmp}/o_{family}{size}_{k}.onnx")
+                for k in range(repeat)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[2] for r in runs)
         rss = max(r[1] for r in runs)
@@ -174,12 +182,15 @@ def main() -> int:
                 sys.exit(f"no light model '{short}' in {LIGHT_DIR}")
             runs = {"onnx-cinm": [], "onnxsim": []}
             if short == args.models[0]:  # untimed: both tools' files into the page cache
-                _run([cinm_exe, "optimize", str(model), "-o", f"{tmp}/w.onnx", "--check", "0", "-q"])
-                _run([sim_exe, str(model), f"{tmp}/w_s.onnx", "0"])
+                _run([cinm_exe, "optimize", str(model), "-o", f"{tmp}/w.onnx", "--check", "0", "-q"],
+                     f"{tmp}/w.onnx")
+                _run([sim_exe, str(model), f"{tmp}/w_s.onnx", "0"], f"{tmp}/w_s.onnx")
             for k in range(args.repeat):
                 runs["onnx-cinm"].append(_run([cinm_exe, "optimize", str(model), "-o",
-                                               f"{tmp}/c{k}.onnx", "--check", "0", "-q"]))
-                runs["onnxsim"].append(_run([sim_exe, str(model), f"{tmp}/s{k}.onnx", "0"]))
+                                               f"{tmp}/{short}_c{k}.onnx", "--check", "0", "-q"],
+                                              f"{tmp}/{short}_c{k}.onnx"))
+                runs["onnxsim"].append(_run([sim_exe, str(model), f"{tmp}/{short}_s{k}.onnx", "0"],
+                                            f"{tmp}/{short}_s{k}.onnx"))
             med = {tool: statistics.median(r[0] for r in rs) for tool, rs in runs.items()}
             cpu = {tool: statistics.median(r[2] for r in rs) for tool, rs in runs.items()}
             rss = {tool: max(r[1] for r in rs) for tool, rs in runs.items()}
