@@ -107,10 +107,22 @@ def table(columns: Sequence[Column | str], rows: Iterable[Sequence], *, totals: 
         return (indent + "  ".join(parts)).rstrip()
 
     def lines(cells: list) -> list[str]:
-        # a cell past its column's fit stands whole on a line of its own; the row's later
-        # cells follow on the next line, in their columns (a long kernel name shifted them)
+        # a cell past its column's fit spans the empty cells after it when it fits there (a
+        # profile's 'total host (6 partitions, 22 nodes; ...)' over the op, device and mode
+        # columns); else it stands whole on a line of its own and the row's later cells
+        # follow on the next line, in their columns (a long kernel name shifted them)
         for i, (c, v, w) in enumerate(zip(cols, cells, widths)):
             if c.fit is not None and len(v) > w and any(cells[i + 1:]):
+                j, room = i + 1, w
+                while j < len(cells) and not cells[j]:
+                    room += 2 + widths[j]
+                    j += 1
+                if len(v) <= room:  # (j > i + 1: the cell is longer than its own width)
+                    parts = [f"{u:{k.align}{x}}" for k, u, x in zip(cols, cells[:i], widths)]
+                    parts.append(f"{v:{c.align}{room}}")
+                    parts += [f"{u:{k.align}{x}}" for k, u, x in
+                              zip(cols[j:], cells[j:], widths[j:])]
+                    return [(indent + "  ".join(parts)).rstrip()]
                 return [line(cells[:i + 1])] + lines([""] * (i + 1) + list(cells[i + 1:]))
         return [line(cells)]
 

@@ -89,3 +89,21 @@ def test_a_residual_made_after_the_convolution_is_not_attached(tmp_path):
     # conv3 runs last, so only it may add c2 (made before it); conv2 never adds c3
     assert [(d.label, d.residual[1]) for d in sess._device_nodes if d.residual] == \
         [("conv3/Gemm", "c2")]
+
+
+def test_the_im2col_computed_inside_the_convolution_is_named_and_explained(tmp_path):
+    """An Im2Col whose convolution took its product from the Im2Col's input has no wall time of
+    its own: its records name that convolution (``fused_into``) and the profile's table says
+    why its row reads 0 s; run through numpy products the Im2Col runs itself: no such record,
+    no such note."""
+    from onnx_cinm.runtime import profile
+
+    sess = _run(tmp_path, _block(), "onnxruntime")
+    recs = [r for r in sess.profile() if r["node"] == "conv1/Im2Col"]
+    assert len(recs) == 3 and all(r["wall_s"] == 0.0 and r["fused_into"] == "conv1/Gemm"
+                                  for r in recs)
+    assert "computed inside the convolution's own kernel (conv1/Gemm's" in \
+        profile.table(sess.profile())
+    sess = _run(tmp_path, _block(), "numpy")
+    assert not any(r.get("fused_into") for r in sess.profile())
+    assert "computed inside the convolution's own kernel" not in profile.table(sess.profile())

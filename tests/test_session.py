@@ -1099,8 +1099,7 @@ def test_run_profile_counts_partitions_alike_with_nodes_outside_them(tmp_path, c
     assert (f"over 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
             f"device nodes in model mode, each also a row), {own}\n") in out
     if place:
-        assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes; 1 node on numpy " \
-               "kernels)" in out
+        assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes; 1 on numpy)" in out
         assert "total upmem (13 nodes, in host partitions)" in out
     else:
         assert f"total host ({n_parts} partitions, {n_nodes - 1} nodes)" in out

@@ -39,6 +39,14 @@ def test_table_aligns_escapes_cuts_and_adds_totals():
                  totals=[("total of all", 23)]).splitlines() == [
         "k    n", "------", "ab   1", "abcdef", "    22", "------", "total of all", "    23"]
     assert table([Column("k", fit=3), "v"], [("abcdef", "")]).splitlines()[2] == "abcdef"
+    # a long cell followed by empty cells spans them when it fits there (a profile's total row
+    # over the op, device and mode columns); a longer one still stands on its own line
+    cols = [Column("k", fit=3), "op", "dev", Column("n", ">")]
+    rows = [("ab", "Gemm", "host", 1)]
+    assert table(cols, rows, totals=[("total (3 x)", "", "", 23)]).splitlines()[-1] == \
+        "total (3 x)     23"  # k 2 + 2 + op 4 + 2 + dev 4 = 14 wide, then "  " and n
+    assert table(cols, rows, totals=[("total of all of it", "", "", 23)]).splitlines()[-2:] == \
+        ["total of all of it", "                23"]
 
 
 def test_fold_rows_folds_one_source_ops_repeats_and_keeps_the_sums():

@@ -9,8 +9,9 @@ were counted on this run's inputs, at their sizes; ``plan``: they are the record
 the sizes the model was planned at; None on the host) and, on a crossbar kernel whose
 programmed operand is an activation of another shape than planned, ``replanned`` (``[planned
 [G, K, N], this run's]``: the run's figures are those of a program planned again at that
-shape), and ``adc_clipped``/``adc_conversions`` on a crossbar kernel whose ADC saturated.
-Missing figures are None: host
+shape), ``adc_clipped``/``adc_conversions`` on a crossbar kernel whose ADC saturated, and
+``fused_into`` (the node whose kernel computed it: an Im2Col, view or Relu with 0 s wall of its
+own) on a node computed inside a convolution's kernel. Missing figures are None: host
 partitions have no modeled device figures, nodes charged by a cost model have no wall time of
 their own.
 """
@@ -272,8 +273,8 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
             in_parts = sum(r["nodes"] for r in rows if r["device"] == dev
                            and r["mode"] == "onnxruntime")
             what = f"{_count(t['partitions'], 'partition')}, {_count(in_parts, 'node')}"
-            if own.get(dev):
-                what += f"; {_count(own[dev], 'node')} on numpy kernels"
+            if own.get(dev):  # (short: the label spans the op, device and mode columns)
+                what += f"; {own[dev]} on numpy"
         else:
             what = _count(t["nodes"], "node")
             if inside:
@@ -320,6 +321,12 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     if modeled:
         notes.append("nodes in 'model' mode run inside a host partition (counted among its "
                      "nodes) and are charged by their device's cost model")
+    fused = next((r for r in records if r.get("fused_into")), None)
+    if fused is not None:
+        notes.append(f"0 s rows of an Im2Col, a view between it and its convolution, or the "
+                     f"Relu a convolution applies (e.g. {fused['node']}): computed inside the "
+                     f"convolution's own kernel ({fused['fused_into']}'s, from the Im2Col's "
+                     "input), whose wall time includes them")
     if any(r["op_type"].endswith(IN_CONV) for r in records if r["device"] == "host"):
         notes.append(f"'N{IN_CONV}': a host partition of a residual Add (and Relu) that the "
                      "convolution before it computed in its own onnxruntime session, as "

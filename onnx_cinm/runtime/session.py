@@ -1269,7 +1269,7 @@ class InferenceSession:
             else:
                 wall = time.perf_counter() - t0
                 for v in [src] + between:
-                    records.append(self._fused_record(v, run_index))
+                    records.append(self._fused_record(v, run_index, d.label))
                 records.append(self._record(d, run_index, wall, got[1], False))
                 if res is not None:  # its outputs are the residual partition's
                     self._run_partition(res[0], values, records, run_index, got[0])
@@ -1277,7 +1277,7 @@ class InferenceSession:
                 post = d.post
                 if post is not None and post.conv_act:  # the Relu was applied by the convolution
                     values[post.outputs[0]] = got[0][0]
-                    records.append(self._fused_record(post, run_index))
+                    records.append(self._fused_record(post, run_index, d.label))
                     d, post = post, post.post
                 else:
                     values.update(zip(d.outputs, got[0]))
@@ -1313,13 +1313,15 @@ class InferenceSession:
         if d.residual is not None:  # the convolution declined it: its partition adds it
             self._run_partition(d.residual[0], values, records, run_index)
 
-    def _fused_record(self, d: _DeviceNode, run_index: int) -> dict:
-        """The record of model-mode node ``d`` computed inside its neighbour's kernel (an
-        Im2Col or view before a convolution, a Relu it applies), with no wall time of its own:
+    def _fused_record(self, d: _DeviceNode, run_index: int, owner: str) -> dict:
+        """The record of model-mode node ``d`` computed inside the kernel of its neighbour
+        labelled ``owner`` (an Im2Col or view before a convolution, a Relu it applies), with no
+        wall time of its own (``fused_into``: ``owner``, which the profile's note explains):
         the same at every run but ``run``, so built once per session and copied."""
         rec = self._fused_records.get(id(d))
         if rec is None:
-            rec = self._fused_records[id(d)] = self._record(d, 0, 0.0, d.kernel.metrics, False)
+            rec = self._fused_records[id(d)] = {
+                **self._record(d, 0, 0.0, d.kernel.metrics, False), "fused_into": owner}
         rec = dict(rec)
         rec["run"] = run_index
         return rec
