@@ -66,8 +66,9 @@ class Column:
         keep: which end of a cut cell stays: ``"start"`` or ``"end"`` (e.g. the last dims of a
             long shape).
         fit: the column is as wide as its widest cell up to this many characters (None: no
-            limit); a longer cell is shown whole on a line of its own, and the rest of its row
-            follows on the next line in the columns of the others.
+            limit); a longer cell spans the empty cells after it when it fits there (a total
+            row's label), else it is shown whole on a line of its own, and the rest of its
+            row follows on the next line in the columns of the others.
     """
 
     title: str
