@@ -66,6 +66,9 @@ reason it was chosen); paradigm passes add their plan attributes the same way.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -922,16 +925,54 @@ def _make_schema(spec: OpSpec, shared: list) -> OpSchema:
     return schema
 
 
+class _ReferenceWithoutCinm(importlib.abc.MetaPathFinder):
+    """Imports ``onnx.reference.op_run`` (imported by ``onnx.reference``) with the cinm
+    schemas left out of what it indexes: it indexes every registered schema by op name alone
+    when it is imported and raises NotImplementedError for two domains under one name
+    (cinm.Mul next to Mul). While its module runs, ``onnx.defs.get_all_schemas_with_history``
+    (what it reads) lists every schema but the cinm ops'; the schemas stay registered for
+    everyone else (shape inference and the checker in other threads), and ``onnx.reference``
+    never runs cinm ops (a model's cinm ops carry their reference bodies as functions).
+    Importing ``onnx.reference`` before registering instead cost every process 20 ms
+    (``python -c 'import onnx, onnx.reference'`` against ``import onnx``: 142 / 122 ms,
+    session 35) that almost none needs."""
+
+    NAME = "onnx.reference.op_run"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.NAME:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module) -> None:
+            listed = onnx.defs.get_all_schemas_with_history
+            onnx.defs.get_all_schemas_with_history = lambda: [
+                x for x in listed() if x.domain != DOMAIN]
+            try:
+                run(module)
+            finally:
+                onnx.defs.get_all_schemas_with_history = listed
+
+        loader.exec_module = exec_module  # (this spec's own loader object)
+        return spec
+
+
+def _guard_reference_import() -> None:
+    """Put :class:`_ReferenceWithoutCinm` first on ``sys.meta_path`` (once), unless
+    ``onnx.reference.op_run`` is imported already (it indexed the schemas before ours)."""
+    if _ReferenceWithoutCinm.NAME not in sys.modules and \
+            not any(isinstance(f, _ReferenceWithoutCinm) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ReferenceWithoutCinm())
+
+
 def register_schemas() -> None:
-    """Register the schemas of every cinm op with ``onnx.defs`` (idempotent).
-
-    ``onnx.reference`` indexes every registered schema by op name alone when it is first
-    imported and refuses two domains under one name (cinm.Mul next to Mul), so it is imported
-    first (27 ms of start-up). Taking the cinm schemas out while it is imported later instead
-    left them unregistered, process-wide, for any other thread inferring shapes meanwhile.
-    """
-    import onnx.reference  # noqa: F401  (see the docstring)
-
+    """Register the schemas of every cinm op with ``onnx.defs`` (idempotent); a later import
+    of ``onnx.reference`` leaves them out of its index (:class:`_ReferenceWithoutCinm`)."""
+    _guard_reference_import()
     shared = None  # built once for every op (66 attributes each with every device's plans)
     for spec in OPS.values():
         if not onnx.defs.has(spec.name, DOMAIN):
