@@ -6,6 +6,12 @@
 The compiler (onnx, numpy, onnxruntime) is imported on first use, so ``onnx-cinm --help`` is
 quick and a Ctrl-C while the command line starts up is handled like any other interrupt.
 """
+import time as _time
+
+#: ``time.perf_counter()`` when this package's first line ran: the command line's clock bounds
+#: a process start that came long before it (:func:`onnx_cinm.cli.clock.mark`)
+_FIRST_LINE = _time.perf_counter()
+
 __version__ = "0.1.0"
 
 __all__ = ["optimize", "OptimizeResult", "__version__"]
