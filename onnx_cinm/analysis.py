@@ -274,10 +274,12 @@ def _weightless_copy(model: onnx.ModelProto, dims: dict,
 
 
 def open_tensors(model: onnx.ModelProto, names: list[str] | Callable[[], list[str]],
-                 first_inference: Callable[[], onnx.ModelProto | None] | None = None) -> list[str]:
+                 first_inference: Callable[[], onnx.ModelProto | None] | None = None,
+                 assume: dict | None = None) -> list[str]:
     """The tensors of ``names`` (node outputs of the main graph) whose shape
     :func:`tensor_infos` leaves open: no info, no shape, or a dim without a size; in the order
-    given. ``names`` may be a callable giving them: called only when no fast answer below
+    given. ``assume``: symbolic dims taken as sized besides the planned ones (the batches a
+    planning probe runs at 1: a tensor whose only open dims are these is not open). ``names`` may be a callable giving them: called only when no fast answer below
     gives "none" (the planning probe's list costs a walk of every node and of what each reads).
 
     When the model records no probed shapes and has no value_info (a model as loaded), the
@@ -298,10 +300,11 @@ def open_tensors(model: onnx.ModelProto, names: list[str] | Callable[[], list[st
     Raises:
         CinmError: the model's planned-dims record is malformed.
     """
-    dims = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
+    planned = {**frontend.planned_dims(model, frontend.BRANCH_DIMS_KEY), **frontend.planned_dims(model)}
+    dims = {**(assume or {}), **planned}
     if not frontend.probed_shapes(model) and not len(model.graph.value_info):
         inferred = None
-        if first_inference is not None and not dims and \
+        if first_inference is not None and not planned and \
                 not frontend.wants_data_propagation(model.graph):
             inferred = first_inference()
             consts = {init.name for init in model.graph.initializer[:]}
@@ -317,8 +320,9 @@ def open_tensors(model: onnx.ModelProto, names: list[str] | Callable[[], list[st
             return []
     names = names() if callable(names) else names
     infos = tensor_infos(model)
+    sized = set(assume or ())
     return [o for o in names if o not in infos or infos[o].shape is None or
-            not all(isinstance(d, int) for d in infos[o].shape)]
+            not all(isinstance(d, int) or d in sized for d in infos[o].shape)]
 
 
 def _all_sized(graph: onnx.GraphProto, consts: dict, dims: dict, names: list[str]) -> bool:

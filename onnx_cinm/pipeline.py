@@ -532,6 +532,33 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict,
     return total, on_dev, host, exact
 
 
+#: Ops that run over a sequence whose length a probed size would fix (``recurrent`` unrolls a
+#: recurrence of known length): a model holding one is not probed at sizes it was not given.
+_SEQUENCE_OPS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "Scan", "Loop"}
+
+
+def _batches_only(model: onnx.ModelProto, names: list[str]) -> bool:
+    """Whether the symbolic dims ``names`` may be probed as batches: on axis 0 of ``model``'s
+    real graph inputs and nowhere else, in a model with no :data:`_SEQUENCE_OPS` (an axis 0
+    may be a sequence: silero-vad's ``input [sequence_length, 576]``, whose LSTM a size would
+    unroll). Planning takes an unsized dim as 1, and so does a batch's random input
+    (:data:`onnx_cinm.golden.DEFAULT_FIRST_DIM`): one run of the model at 1 sizes what shape
+    inference leaves open (a Pad's pads computed from ``Shape(x)``, in PyTorch's exports) as
+    it is planned, and the graph's types stay symbolic. (An unsized height or width stays
+    unprobed: a run at 1 is no size the model was made for, and most convolutions refuse it.)"""
+    if any(node.op_type in _SEQUENCE_OPS for g in frontend.iter_graphs(model.graph)
+           for node in g.node):
+        return False
+    wanted = set(names)
+    for vi in golden.real_inputs(model.graph):
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return False
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if axis and d.dim_param in wanted:
+                return False
+    return True
+
+
 def _probe_feeds(original: onnx.ModelProto, inputs: dict | None, check: int,
                  dims: dict) -> tuple[dict | None, str]:
     """One input set for a probe run of ``original`` at the planned sizes (the check's first,
@@ -551,7 +578,8 @@ _SIZED_BY_DATA = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop"}
 
 
 def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
-                       by_data_too: bool = False, ctx: PassContext | None = None) -> dict | None:
+                       by_data_too: bool = False, ctx: PassContext | None = None,
+                       assume: dict | None = None) -> dict | None:
     """Shapes of the main graph's tensors that shape inference leaves open at the planned sizes
     and that a node or graph output reads (anonymous dims, or no shape at all: a contrib op's
     outputs), from one onnxruntime run of ``model`` on ``feeds()``
@@ -565,7 +593,9 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
     onnxruntime could not run the model (then nothing is recorded: those dims count 1).
     With ``ctx``, a model below opset 13 is told open or not by the inference its opset
     conversion runs first, handed on to it in ``ctx.opset_inference``
-    (:func:`onnx_cinm.passes.canonicalize.conversion_inference`): run once, not twice."""
+    (:func:`onnx_cinm.passes.canonicalize.conversion_inference`): run once, not twice.
+    ``assume``: the unsized batches ``feeds()`` draws at 1 (:func:`_batches_only`): a tensor
+    open only in them is not open (:func:`onnx_cinm.analysis.open_tensors`)."""
     from .passes.graph_names import names_read
 
     def asked() -> list[str]:
@@ -590,7 +620,7 @@ def _probe_open_shapes(model: onnx.ModelProto, feeds: Callable[[], dict | None],
         return ctx.opset_inference and ctx.opset_inference[3]
 
     # (asked is listed only when the first inference leaves some node output open)
-    open_ = open_tensors(model, asked, first_inference if ctx is not None else None)
+    open_ = open_tensors(model, asked, first_inference if ctx is not None else None, assume)
     if not open_:
         return None
     if ctx is not None:  # the model may change here (the record): not handed on
@@ -615,7 +645,8 @@ STEPS = {
     "imports": "load the compiler's modules (the command line's)",
     "load": "read and validate the input model (and copy it, when the check needs the original)",
     "probe_shapes": "one onnxruntime run of the original at the planned sizes, for the shapes "
-                    "inference leaves open (only when every input dim has a size and some are)",
+                    "inference leaves open (only when every input dim has a size, or the dims "
+                    "without one are batches, planned at 1, and some shapes are open)",
     "if_bodies": "compile the branches of If nodes through the same passes (only with an If)",
     "shape_inference": "infer the shapes of the rewritten model afresh (not when the passes' "
                        "last shapes are of this very graph and all static: they are kept)",
@@ -936,8 +967,9 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     check's first input set, or random inputs with ``check=0``); Loop and Scan bodies stay as
     they are.
 
-    When every input dim has a size (``dims``, ``inputs`` or a static shape) and shape
-    inference still leaves tensors open (a Pad's pads computed from ``Shape(x)``, a contrib op
+    When every input dim has a size (``dims``, ``inputs`` or a static shape), or the dims
+    without one are batches (axis 0 of the inputs alone: planned at 1, :func:`_batches_only`),
+    and shape inference still leaves tensors open (a Pad's pads computed from ``Shape(x)``, a contrib op
     onnx has no schema for), one onnxruntime run of the original on that same input set gives
     their shapes, recorded in the model (:data:`onnx_cinm.frontend.PROBED_SHAPES_KEY`) for
     FLOPs, placement, tiling, mapping and the report at the planned sizes; the graph's types
@@ -1093,13 +1125,17 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         if short and check:
             raise CinmError(f"{short}: choose smaller sizes, or plan at them without running the "
                             "original: --check 0")
-    if not unsized and not short:  # every size known: what inference leaves open, one run can tell
+    # every size known, or only batches left unsized (planned at 1, as the check draws them):
+    # what inference leaves open, one run at those sizes can tell
+    if (not unsized or _batches_only(original, unsized)) and not short:
         t0 = time.perf_counter()
         # the user's own arrays for every input: what their data sizes (the rows after a
         # Unique) is what the model meets, so it is planned at those sizes too
         given = bool(inputs) and {vi.name for vi in golden.real_inputs(original.graph)} <= set(inputs)
-        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, dims)[0],
-                                    by_data_too=given, ctx=ctx)
+        batches = {d: golden.DEFAULT_FIRST_DIM for d in unsized}
+        at = {**dims, **batches}
+        probed = _probe_open_shapes(work, lambda: _probe_feeds(original, inputs, check, at)[0],
+                                    by_data_too=given, ctx=ctx, assume=batches)
         if probed is not None:
             ctx.stats["probed_shapes"] = len(probed)
             pm.timings.append(("probe_shapes", time.perf_counter() - t0))

@@ -87,10 +87,30 @@ def test_asked_at_other_sizes_the_probed_shapes_do_not_apply():
     assert len(shape) == 4 and not any(isinstance(d, int) for d in shape)
 
 
+def test_an_unsized_batch_is_probed_at_1_as_it_is_planned():
+    """N unsized (a batch: axis 0 of the input alone) is planned at 1, and the run sizing the
+    open dims runs at 1 too (a fresh user, s35: PyTorch's open_nsfw planned every convolution
+    after its computed Pad at M = 1 without --dim, 252 MFLOP against 2.17 GFLOP with --dim
+    batch=1): the same FLOPs and crossbar rows as N=1 given, the summary still saying N was
+    taken as 1."""
+    res = optimize(_computed_pad(), dims={"H": 6, "W": 6}, check=0, place=[("*", "memristor")])
+    given = optimize(_computed_pad(), dims={"N": 1, "H": 6, "W": 6}, check=0,
+                     place=[("*", "memristor")])
+    # the Conv's as with N=1; the pads' Div (2 elements) stays in the graph with N open
+    # (Shape(x) is not a constant there), computed at run time: 2 FLOPs more
+    assert given.flops_total == _flops(1, 6) and res.flops_total == _flops(1, 6) + 2
+    assert frontend.probed_shapes(res.model)["xp"] == (TP.FLOAT, (1, 4, 10, 10))
+    rows = lambda r: {n.name: h.get_attribute_value(a) for n in r.model.graph.node  # noqa: E731
+                      for a in n.attribute if a.name == "cim_M"}
+    assert rows(res) == rows(given) == {"conv/Gemm": 8 * 8}
+    assert res.anonymous_dims == {} and "symbolic dims taken as 1: N" in res.summary()
+
+
 def test_without_sizes_the_summary_says_the_open_dims_count_one_and_how_to_size_them():
-    """N unsized: no run at the planned sizes, so the padded dims count 1 (and the Conv
-    nothing) and the summary says so plainly and names the fix."""
-    res = optimize(_computed_pad(), dims={"H": 6, "W": 6}, check=0)
+    """H unsized (not a batch: a run at 1 is no size the model was made for): no run at the
+    planned sizes, so the padded dims count 1 (and the Conv nothing) and the summary says so
+    plainly and names the fix."""
+    res = optimize(_computed_pad(), dims={"N": 1, "W": 6}, check=0)
     assert res.anonymous_dims and frontend.probed_shapes(res.model) == {}
     assert res.flops_total < _flops(1, 6)
     text = res.summary()
