@@ -496,7 +496,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise CinmError(f"cannot read '{path}': {error.strerror or _first_line(error)}") from None
     except (DecodeError, ValueError, RuntimeError) as error:
         raise CinmError(
-            f"'{path}' is not an ONNX model (protobuf parse failed: {_first_line(error)})"
+            f"'{path}' is not an ONNX model, or is truncated or corrupt (protobuf parse "
+            f"failed: {_first_line(error)})"
         ) from None
     if not model.HasField("graph"):
         raise CinmError(f"'{path}' is not an ONNX model: it has no graph")

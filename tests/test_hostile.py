@@ -189,7 +189,8 @@ def _output_in_cinm_through_a_link(src, dst):
 CASES = {
     "empty_file": _plain(b"", "is empty"),
     "random_bytes": _plain(np.random.default_rng(0).bytes(300), "is not an ONNX model"),
-    "truncated_protobuf": _plain(_good_bytes()[: len(_good_bytes()) // 2], "is not an ONNX model"),
+    "truncated_protobuf": _plain(_good_bytes()[: len(_good_bytes()) // 2],
+                                 "is not an ONNX model, or is truncated or corrupt"),
     "graph_with_a_cycle": _plain(_model([
         h.make_node("Add", ["x", "b"], ["a"]), h.make_node("Relu", ["a"], ["b"]),
         h.make_node("Relu", ["a"], ["y"])]), "has a cycle"),

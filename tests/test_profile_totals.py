@@ -39,3 +39,18 @@ def test_host_total_line_prints_dashes():
     # wall 3 ms, modeled -, energy -, no basis, writes 0, bytes 0 B
     assert host == ["3", "ms", "-", "-", "0", "0", "B"]
     assert "117" in mem and "us" in mem and "11.8" in mem and "run" in mem  # 117.3 us, 11.84 uJ
+
+
+def test_a_device_with_no_wall_time_of_its_own_is_not_0_s_in_the_median_line():
+    """upmem nodes in model mode run inside host partitions (wall None): the median-per-run
+    line says so, as their total row's '-' does, instead of 'upmem 0 s' (a fresh user, s35:
+    it read as free); the host's median is its runs' sum, 3 ms."""
+    recs = []
+    for run in range(3):
+        recs += [{**r, "run": run} for r in _records()]
+        recs.append(dict(run=run, node="relu", op_type="Relu", device="upmem", mode="model",
+                         wall_s=None, latency_s=2e-6, energy_j=1e-6, writes=0, bytes_moved=0,
+                         nodes=1, basis="plan", in_partition=True))
+    text = table(recs)
+    line = next(ln for ln in text.splitlines() if ln.startswith("median wall per run"))
+    assert line.endswith("host 3 ms, memristor 1 ms, upmem - (in host partitions)"), line

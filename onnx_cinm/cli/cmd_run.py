@@ -262,12 +262,12 @@ def _sizes_note(planned: dict, replanned: dict, records: list) -> str:
     if "plan" not in by:
         return (head + "the modeled figures were counted on this run's inputs (basis 'run'), "
                 f"on plans made for the planned sizes{again_at or ''}; {again} to plan for "
-                "these")
+                "these sizes")
     plan = ", ".join(sorted(by["plan"]))
     ran = (f"; those of {', '.join(sorted(by['run']))} (basis 'run') were counted on this run's "
            "inputs, so the two do not add up to one inference at one size") if "run" in by else ""
     return (head + f"the modeled figures of {plan} (basis 'plan') are for the planned sizes{ran}; "
-            f"{again} to cost these")
+            f"{again} to cost these sizes")
 
 
 def _partitions_line(sess) -> str:

@@ -295,9 +295,13 @@ def table(records: list[dict], max_rows: int | None = None, planned: str | None 
     first = first_run_wall(records)
     if n_runs > 1:
         which = f"runs 2-{n_runs}" if n_runs > 2 else "run 2"  # not "runs 2-2"
+        # a device whose nodes have no wall time of their own (model mode, in host
+        # partitions) is '-', as its total row, not '0 s', which reads as free
+        timed = {r["device"] for r in records if r.get("wall_s") is not None}
         notes.append(f"median wall per run ({which}; the median of each run's sum, where "
                      "a total row adds up its nodes' medians): " + ", ".join(
-            f"{d} {si(v, 's')}" for d, v in median_split(steady(records)).items()))
+            f"{d} {si(v, 's') if d in timed else '- (in host partitions)'}"
+            for d, v in median_split(steady(records)).items()))
         notes.append(f"first run, including one-time kernel selection: {si(first, 's')} "
                      "(left out of the wall column)")
     elif n_runs == 1:
