@@ -1164,6 +1164,34 @@ def k_from_constants(graph: onnx.GraphProto, weights: dict | None = None) -> boo
     return changed
 
 
+def check_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict:
+    """Check ``shapes`` (``{input name: dims}``, ``--overwrite-input-shape``) against
+    ``model``'s graph inputs without changing it; returns ``{name: ValueInfoProto}`` of its
+    inputs (initializers are not inputs here).
+
+    Raises:
+        CinmError: a name is not a graph input, a rank differs from the input's declared
+            rank, or a dimension is not positive.
+    """
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise CinmError(
+                f"--overwrite-input-shape: the model has no input '{name}' "
+                f"(inputs: {', '.join(inputs) or 'none'})"
+            )
+        tensor_type = inputs[name].type.tensor_type
+        if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
+            raise CinmError(
+                f"--overwrite-input-shape: input '{name}' has rank {len(tensor_type.shape.dim)}, "
+                f"got {len(dims)} dimensions"
+            )
+        if any(int(d) <= 0 for d in dims):
+            raise CinmError(f"--overwrite-input-shape: dimensions of '{name}' must be positive")
+    return inputs
+
+
 def overwrite_input_shapes(
     model: onnx.ModelProto, shapes: dict[str, list[int]]
 ) -> onnx.ModelProto:
@@ -1191,22 +1219,9 @@ def overwrite_input_shapes(
         A name is not a graph input (initializers are not inputs here), a rank differs from the
         input's declared rank, or a dimension is not positive.
     """
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    inputs = check_input_shapes(model, shapes)
     for name, dims in shapes.items():
-        if name not in inputs:
-            raise CinmError(
-                f"--overwrite-input-shape: the model has no input '{name}' "
-                f"(inputs: {', '.join(inputs) or 'none'})"
-            )
         tensor_type = inputs[name].type.tensor_type
-        if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
-            raise CinmError(
-                f"--overwrite-input-shape: input '{name}' has rank {len(tensor_type.shape.dim)}, "
-                f"got {len(dims)} dimensions"
-            )
-        if any(int(d) <= 0 for d in dims):
-            raise CinmError(f"--overwrite-input-shape: dimensions of '{name}' must be positive")
         tensor_type.shape.Clear()
         for d in dims:
             tensor_type.shape.dim.add().dim_value = int(d)

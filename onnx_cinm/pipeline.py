@@ -93,6 +93,11 @@ class OptimizeResult:
         source_ops: ``{cinm node name: op type of the node to_cinm lowered it from}``
             (:attr:`onnx_cinm.passes.PassContext.source_ops`): what placement hints naming an
             ONNX op type (``MatMul=upmem``) match in a later run of the passes.
+        shaped_dims: ``{dim: size}``, the input model's symbolic dims that ``input_shapes``
+            (``--overwrite-input-shape``) fixed, by their names there: planned at those sizes
+            as ``dims`` are, though the compiled model no longer names them.
+        shaped_note: :func:`onnx_cinm.frontend.batch_note` of the input model at
+            ``shaped_dims`` and ``dims`` ('' without ``input_shapes``): what one inference is.
     """
 
     model: onnx.ModelProto
@@ -120,6 +125,8 @@ class OptimizeResult:
     wall_s: float | None = None
     startup_s: float | None = None
     counted: bool = True
+    shaped_dims: dict = field(default_factory=dict)
+    shaped_note: str = ""
 
     @property
     def device_flops_share(self) -> float:
@@ -153,10 +160,10 @@ class OptimizeResult:
             + ("" if self.flops_exact else " (estimate: control flow known only at run time)")
             + (f" (If branches: those {self.branches_from} take)" if self.flops_exact
                and self.branches_from else "")
-            + _sizes_note(self.dims, self.unsized_dims)
+            + _sizes_note({**self.shaped_dims, **self.dims}, self.unsized_dims)
             + (f"; {_no_device_ops(self.model)}" if none else ""),
         ]
-        batch = frontend.batch_note(self.model, self.dims)
+        batch = self.shaped_note or frontend.batch_note(self.model, self.dims)
         if batch:
             lines.append(batch)
         if self.anonymous_dims:
@@ -1072,8 +1079,14 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
         original = model
     # what compare checks its original against; a re-optimized model keeps its first source's
     source = frontend.recorded_source(original) or frontend.source_digest(original)
+    shaped, shaped_note = {}, ""
     if input_shapes:
         named = set(golden.symbolic_dims(original))
+        # the dims the new shapes fix, by the names the input gave them: the summary's
+        # "(at batch=4)" and its per-inference note, as --dim batch=4 has them (s35 trial)
+        shaped = {k: v for k, v in golden.dims_from_shapes(original, input_shapes).items()
+                  if k not in (dims or {})}
+        shaped_note = frontend.batch_note(original, {**shaped, **(dims or {})})
         if original is model:  # never change the caller's model
             original = onnx.ModelProto()
             original.CopyFrom(model)
@@ -1316,4 +1329,5 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
     return OptimizeResult(work, nodes_before, len(work.graph.node), by_dev, total, on_dev, timings,
                           report, ctx.stats, placements, skipped, special, dims, unsized, host, exact,
                           anonymous, special_skipped, branches_from, fixed, ctx.origins,
-                          source_ops=ctx.source_ops, wall_s=time.perf_counter() - begin, counted=totals)
+                          source_ops=ctx.source_ops, wall_s=time.perf_counter() - begin, counted=totals,
+                          shaped_dims=shaped, shaped_note=shaped_note)

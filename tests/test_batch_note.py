@@ -26,6 +26,18 @@ def test_summary_and_report_say_an_inference_is_the_whole_batch():
     assert f"({NOTE})" in totals["notes"]
 
 
+def test_a_batch_fixed_by_overwrite_input_shape_is_said_as_a_dim_given():
+    """--overwrite-input-shape x:8,64 plans at batch 8 as --dim batch=8 does: the summary says
+    so the same way ('at batch=8' and the per-inference note; a fresh user, s35: open_nsfw's
+    summary dropped both), though the compiled model no longer names the dim."""
+    res = optimize(_matmul(), input_shapes={"x": [8, 64]}, check=0, host_roofline="nominal")
+    lines = res.summary().splitlines()
+    assert NOTE in lines and "(at batch=8)" in lines[2]
+    assert res.shaped_dims == {"batch": 8}
+    at_one = optimize(_matmul(), input_shapes={"x": [1, 64]}, check=0, host_roofline="nominal")
+    assert "per inference: one run" not in at_one.summary()
+
+
 def test_no_note_at_one_sample_or_a_fixed_batch():
     for model, dims in ((_matmul(), {"batch": 1}), (_matmul(8), {})):
         res = optimize(model, dims=dims, check=0, host_roofline="nominal")

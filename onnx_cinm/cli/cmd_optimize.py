@@ -139,12 +139,17 @@ def _cmd_optimize(args, parser) -> int:
     # (a model handed in is copied first, a second copy of every weight)
     model = get_example(args.example) if args.example else args.input
     header = model
-    if dims:
+    if dims or shapes:
         from .. import golden
 
         # the looks at the inputs below parse a path's whole file: parse it once for them
         header = golden._load_header(model)
-        _check_dim_names(header, dims, parser)
+        if dims:
+            _check_dim_names(header, dims, parser)
+        try:  # a name or rank the model's inputs do not have: a usage error, as --dim's
+            frontend.check_input_shapes(header, shapes)
+        except CinmError as e:
+            parser.error(str(e))
     if given:
         _drop_labels(args, header, given)
     try:
