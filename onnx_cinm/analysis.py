@@ -278,9 +278,10 @@ def open_tensors(model: onnx.ModelProto, names: list[str] | Callable[[], list[st
                  assume: dict | None = None) -> list[str]:
     """The tensors of ``names`` (node outputs of the main graph) whose shape
     :func:`tensor_infos` leaves open: no info, no shape, or a dim without a size; in the order
-    given. ``assume``: symbolic dims taken as sized besides the planned ones (the batches a
-    planning probe runs at 1: a tensor whose only open dims are these is not open). ``names`` may be a callable giving them: called only when no fast answer below
+    given. ``names`` may be a callable giving them: called only when no fast answer below
     gives "none" (the planning probe's list costs a walk of every node and of what each reads).
+    ``assume``: symbolic dims taken as sized besides the planned ones (the batches a planning
+    probe runs at 1: a tensor whose only open dims are these is not open).
 
     When the model records no probed shapes and has no value_info (a model as loaded), the
     first inference :func:`tensor_infos` runs (:func:`onnx_cinm.anonymous_dims.infer_once` of
