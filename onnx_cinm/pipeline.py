@@ -539,22 +539,24 @@ def _graph_flops(graph: onnx.GraphProto, infos: dict, values: dict, taken: dict,
     return total, on_dev, host, exact
 
 
-#: Ops that run over a sequence whose length a probed size would fix (``recurrent`` unrolls a
-#: recurrence of known length): a model holding one is not probed at sizes it was not given.
-_SEQUENCE_OPS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "Scan", "Loop"}
+#: Ops besides ONNX's LSTM/GRU/RNN (:func:`onnx_cinm.frontend.is_recurrent`) that run over a
+#: sequence whose length a probed size would fix (``recurrent`` unrolls a recurrence of known
+#: length): a model holding one is not probed at sizes it was not given.
+_SEQUENCE_OPS = {"DynamicQuantizeLSTM", "Scan", "Loop"}
 
 
 def _batches_only(model: onnx.ModelProto, names: list[str]) -> bool:
     """Whether the symbolic dims ``names`` may be probed as batches: on axis 0 of ``model``'s
-    real graph inputs and nowhere else, in a model with no :data:`_SEQUENCE_OPS` (an axis 0
+    real graph inputs and nowhere else, in a model with no recurrence (:func:`onnx_cinm.
+    frontend.is_recurrent`) and no :data:`_SEQUENCE_OPS` (an axis 0
     may be a sequence: silero-vad's ``input [sequence_length, 576]``, whose LSTM a size would
     unroll). Planning takes an unsized dim as 1, and so does a batch's random input
     (:data:`onnx_cinm.golden.DEFAULT_FIRST_DIM`): one run of the model at 1 sizes what shape
     inference leaves open (a Pad's pads computed from ``Shape(x)``, in PyTorch's exports) as
     it is planned, and the graph's types stay symbolic. (An unsized height or width stays
     unprobed: a run at 1 is no size the model was made for, and most convolutions refuse it.)"""
-    if any(node.op_type in _SEQUENCE_OPS for g in frontend.iter_graphs(model.graph)
-           for node in g.node):
+    if any(frontend.is_recurrent(node) or node.op_type in _SEQUENCE_OPS
+           for g in frontend.iter_graphs(model.graph) for node in g.node):
         return False
     wanted = set(names)
     for vi in golden.real_inputs(model.graph):
