@@ -490,6 +490,41 @@ def test_device_effects_are_seeded(tmp_path):
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
+def test_kernels_over_the_same_weights_draw_their_tiles_once(tmp_path, monkeypatch):
+    """Kernels over the same weights (an unrolled recurrence's steps) seed their device effects
+    alike, so each drew the same conductances: the draws are made once and shared, and every
+    output is what drawing apart gives. 200 x 40 weights on 128 x 32 crossbars: 2 x 2 tiles,
+    so 4 draws (a hand count) for any number of such kernels; another seed draws its own."""
+    from dataclasses import replace
+
+    from onnx_cinm.sim.crossbar import simulator
+
+    rng = np.random.default_rng(12)
+    W = rng.standard_normal((200, 40)).astype(np.float32)
+    X = rng.standard_normal((3, 200)).astype(np.float32)
+    mode = compose("device", PCM_HERMES, 86400.0)
+    prm = type(PCM_OCC)(rows=128, cols=32, crossbars=4)
+    p = plan(len(X), 200, 40, prm, "weight_stationary")
+    for name, m in (("a", mode), ("b", mode), ("c", replace(mode, seed=1))):
+        emit_kernel(p, prm, W, tmp_path, name, mode=m)
+    draws = []
+    real = physics.tile_state
+    monkeypatch.setattr(physics, "tile_state", lambda *a: draws.append(1) or real(*a))
+    sims = [CrossbarSimulator(tmp_path / f"{k}.xbar") for k in "ab"]
+    ya, yb = (s.run({"X": X})[0]["Y"] for s in sims)
+    assert len(draws) == 4 and np.array_equal(ya, yb)
+    CrossbarSimulator(tmp_path / "c.xbar").run({"X": X})
+    assert len(draws) == 8
+
+    class Unkept(dict):  # nothing is shared: each simulator draws its own tiles
+        def __setitem__(self, key, value):
+            pass
+
+    monkeypatch.setattr(simulator, "_PROGRAMMED", Unkept())
+    apart = CrossbarSimulator(tmp_path / "b.xbar").run({"X": X})[0]["Y"]
+    assert len(draws) == 12 and np.array_equal(apart, yb)
+
+
 def test_cli_device_mode_and_preset_costs_reach_the_kernels(tmp_path):
     from onnx_cinm.cli import main
 
