@@ -68,6 +68,10 @@ class OutputCheck:
     stepwise : bool
         Beyond tolerance end to end, but judged OK tensor by tensor (a quantized model whose
         one-step rounding-tie differences cascade: :class:`StepwiseCheck`).
+    by_node : bool
+        Beyond tolerance end to end, but judged OK node by node (every device node computes
+        what onnxruntime computes on its inputs, and the model quantizes at run time:
+        :class:`NodeCheck`).
     """
 
     name: str
@@ -86,6 +90,7 @@ class OutputCheck:
     rel_err_ref: float = 0.0
     k: int = 1
     stepwise: bool = False
+    by_node: bool = False
     widened_by: str = ""
     #: rows (every index but the last axis's, every run) of a float output whose last axis has
     #: at least 2 entries, and of them those where candidate and reference take their largest
@@ -132,7 +137,7 @@ class OutputCheck:
         """Why a passing output's ``max_rel_err`` exceeds ``rtol`` ('' if it does not): the
         element is smaller than ``atol / rtol``, where ``atol`` allows more than ``rtol`` does
         (``|c - r| <= atol + rtol |r|``), and what widened ``atol`` (:meth:`widened_text`)."""
-        if not self.ok or self.stepwise or self.rtol is None or not math.isfinite(self.max_rel_err) \
+        if not self.ok or self.stepwise or self.by_node or self.rtol is None or not math.isfinite(self.max_rel_err) \
                 or self.max_rel_err <= self.rtol:
             return ""
         why = self.widened_text()
@@ -179,6 +184,10 @@ class CheckReport:
     stepwise : StepwiseCheck or None
         The tensor-by-tensor check of a quantized model that failed end to end (None: not
         run); when it passed, ``ok`` is True and the outputs it cleared say ``stepwise``.
+    nodes : NodeCheck or None
+        The check node by node of a failure of the CINM provider's run (None: not run); when
+        it explains the failure (:attr:`NodeCheck.ok`), ``ok`` is True and the outputs it
+        cleared say ``by_node``.
     """
 
     ok: bool
@@ -191,6 +200,7 @@ class CheckReport:
     special: bool = False
     notes: list[str] = field(default_factory=list)
     stepwise: StepwiseCheck | None = None
+    nodes: NodeCheck | None = None
 
     @property
     def max_abs_err(self) -> float:
@@ -232,6 +242,8 @@ class CheckReport:
                     f"{'; '.join(nonfinite[:2])}){why}")
         if self.ok and self.stepwise is not None:
             return f"{head}: OK tensor by tensor ({self.stepwise.summary()}){why}"
+        if self.ok and self.nodes is not None:
+            return f"{head}: OK node by node ({self.nodes.summary()}){why}"
         if self.ok:
             return f"{head}: OK{why}"
         reasons = list(self.problems)
@@ -244,6 +256,7 @@ class CheckReport:
                                else f"{o.name}: {o.mismatched} of {o.elements} elements off{tol}")
         more = f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else ""
         step = f"; {self.stepwise.summary()}" if self.stepwise is not None else ""
+        step += f"; {self.nodes.summary()}" if self.nodes is not None else ""
         return f"{head}: FAILED ({'; '.join(reasons[:3])}{more}{step})"
 
     def table(self, verdict: bool = True) -> str:
@@ -254,7 +267,8 @@ class CheckReport:
                  f"{o.mismatched}/{o.elements}",
                  ("FAIL: " + o.note) if o.note else
                  ("not meaningful" if o.meaningless and not self.special else
-                  "ok tensor by tensor" if o.stepwise else "ok") if o.ok
+                  "ok tensor by tensor" if o.stepwise else
+                  "ok node by node" if o.by_node else "ok") if o.ok
                  else "FAIL" if verdict else "-")
                 for o in self.outputs]
         return (f"golden check: {self.runs} run{'s' * (self.runs != 1)}, {self.tolerances()}\n"
@@ -288,6 +302,78 @@ class CheckReport:
         if not self.ok:
             raise CheckFailed(self.summary())
         return self
+
+
+@dataclass
+class NodeCheck:
+    """The check node by node of a failed comparison with the CINM provider
+    (:func:`onnx_cinm.golden.compare_node_by_node`): each device node's outputs, as the provider
+    computed them, against onnxruntime's run of the node's reference body on the very inputs
+    the provider gave it, with :func:`onnx_cinm.golden.compare`'s default tolerances. Where
+    every device node agrees, a difference of the outputs is the last bits in which a device
+    kernel rounds otherwise (an emulated DPU's ``tanhf`` against onnxruntime's vectorized
+    approximation) grown by what follows: a model that quantizes at run time
+    (:data:`onnx_cinm.golden.RUNTIME_QUANTIZERS`: one scale from the whole tensor's range)
+    moves a value near a rounding boundary by a whole step, which the layers after it carry.
+
+    Attributes
+    ----------
+    total : int
+        Device nodes of the optimized model's main graph.
+    nodes : list[tuple[str, str, str, list[OutputCheck]]]
+        The nodes judged, in graph order: ``(label, op type, device, one check per output the
+        provider kept)``, accumulated over the input sets.
+    unjudged : list[str]
+        Labels of the device nodes not judged: their outputs were computed inside a
+        neighbour's kernel and are read by a node that is not judged with them.
+    quantizers : list[str]
+        The ops of :data:`onnx_cinm.golden.RUNTIME_QUANTIZERS` in the original model.
+    """
+
+    total: int
+    nodes: list = field(default_factory=list)
+    unjudged: list = field(default_factory=list)
+    quantizers: list = field(default_factory=list)
+
+    @property
+    def off(self) -> list:
+        """The entries of :attr:`nodes` with an output beyond tolerance."""
+        return [n for n in self.nodes if not all(o.ok for o in n[3])]
+
+    @property
+    def ok(self) -> bool:
+        """Whether this explains the end-to-end failure: every device node judged, each within
+        tolerance, and the model quantizes at run time (without that, agreeing nodes leave the
+        failure unexplained: it stands)."""
+        return bool(self.nodes) and not self.off and not self.unjudged and bool(self.quantizers)
+
+    def summary(self) -> str:
+        """One clause for :meth:`CheckReport.summary`."""
+        if not self.nodes:
+            return "node by node: the provider keeps no device node's output to judge"
+        if self.off:
+            label, op, device, outs = self.off[0]
+            o = next(o for o in outs if not o.ok)
+            what = o.note or (f"{o.mismatched} of {o.elements} elements off, max abs err "
+                              f"{o.max_abs_err:.3g}")
+            more = f" (+{len(self.off) - 1} more nodes)" if len(self.off) > 1 else ""
+            return (f"node by node, on the inputs the provider gave it, the first device node "
+                    f"off is {op} '{label}' on {device}: {what}{more}")
+        label, op, device, outs = max(self.nodes, key=lambda n: max(o.max_abs_err for o in n[3]))
+        worst = max(o.max_abs_err for o in outs)
+        agree = (f"each of the {len(self.nodes)} device nodes judged computes, on the inputs the "
+                 f"provider gave it, what onnxruntime computes from its reference body (largest "
+                 f"difference: max abs err {worst:.3g}, {op} '{label}' on {device})")
+        if self.unjudged:
+            names = ", ".join(f"'{n}'" for n in self.unjudged[:3])
+            more = f" and {len(self.unjudged) - 3} more" if len(self.unjudged) > 3 else ""
+            return (f"{agree}; {len(self.unjudged)} more device nodes are not judged (their "
+                    f"outputs are computed inside a neighbour's kernel: {names}{more})")
+        if not self.quantizers:
+            return f"{agree}: the outputs' difference grows in the nodes after them"
+        return (f"{agree}; the model quantizes at run time ({', '.join(self.quantizers)}: one "
+                f"scale from the whole tensor's range), where a last-bit difference before it "
+                f"moves whole quantization steps")
 
 
 @dataclass

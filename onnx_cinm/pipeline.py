@@ -670,29 +670,16 @@ STEPS = {
 }
 
 
-#: Ops that quantize with a scale computed at run time from their input's range: a last-bit
-#: difference upstream can move a whole quantization step, on some inputs and not others.
-RUNTIME_QUANTIZERS = frozenset({"DynamicQuantizeLinear", "com.microsoft::DynamicQuantizeMatMul",
-                                "com.microsoft::DynamicQuantizeLSTM"})
-
-
 def default_check_runs(model: onnx.ModelProto) -> int:
     """The check's default number of random input sets: 2 (``compare``'s default, same seeds
-    0 and 1) when any graph of ``model`` has an op of :data:`RUNTIME_QUANTIZERS`, else 1.
+    0 and 1) when any graph of ``model`` has an op of
+    :data:`onnx_cinm.golden.RUNTIME_QUANTIZERS`, else 1.
 
     A difference in the last bit before a dynamic quantization shows on some inputs only
     (trial finding 3: seed 0 passed, seed 1 was off by whole int8 steps), so one set can
     pass what ``compare`` then fails; a second set costs one more onnxruntime run of each model.
     """
-    return 2 if _runtime_quantizers(model) else 1
-
-
-def _runtime_quantizers(model: onnx.ModelProto) -> list[str]:
-    """The ops of :data:`RUNTIME_QUANTIZERS` in any graph of ``model`` (``domain::op`` for a
-    contrib op), sorted."""
-    keys = {node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-            for node in cinm.all_nodes(model.graph)}
-    return sorted(keys & RUNTIME_QUANTIZERS)
+    return 2 if golden.runtime_quantizers(model) else 1
 
 
 def _check_unrolled(original: onnx.ModelProto, inputs: dict | None, dims: dict,
@@ -1279,7 +1266,7 @@ def optimize(model: onnx.ModelProto | str | Path, *, placement: str | None = Non
             # rounding to widen a tolerance for
             rounding = report.stepwise is None and any(
                 not o.ok and not o.note and o.dtype.startswith("float") for o in report.outputs)
-            quantizers = _runtime_quantizers(original) if rounding else []
+            quantizers = golden.runtime_quantizers(original) if rounding else []
             if quantizers:  # a last-bit difference moves whole steps: not a tolerance matter
                 hint = (f"; the model quantizes at run time ({', '.join(quantizers)}: one scale "
                         "over the whole tensor, the batch included), where a last-bit difference "

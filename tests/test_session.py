@@ -1195,8 +1195,12 @@ def test_compare_sums_crossbar_products_in_the_references_order(tmp_path, capsys
     args = ["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--input", str(tmp_path / "in.npz")]
     assert main(args) == 0
     assert "max abs err 0, max rel err 0: OK" in capsys.readouterr().out
-    assert main(args + ["--provider-option", "matmul=numpy"]) == 1  # the user's choice wins
-    assert "FAILED" in capsys.readouterr().out
+    # the user's choice wins: numpy's product, whose last bit DynamicQuantizeLinear moves by a
+    # step; the crossbar node alone agrees with onnxruntime on its inputs (golden's check node
+    # by node), so the check passes that way, not with error 0
+    assert main(args + ["--provider-option", "matmul=numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "OK node by node" in out and "max abs err 0," not in out
 
 
 def test_compare_sums_a_product_over_constant_weights_in_the_references_order(tmp_path, capsys):

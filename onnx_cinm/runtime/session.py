@@ -1180,23 +1180,39 @@ class InferenceSession:
                 values[n] = numpy_helper.to_array(init)
         return [values[n] for n in names]
 
-    def _execute(self, feed: dict, run_index: int) -> tuple[dict, list]:
+    def _execute(self, feed: dict, run_index: int, keep: dict | None = None) -> tuple[dict, list]:
         """Run every partition and device node once on ``feed``: ``(the graph's outputs and
         what else is still held, by name; the profile records of this run)``; each value is
-        dropped after the last step that reads it (:meth:`_last_uses`)."""
+        dropped after the last step that reads it (:meth:`_last_uses`). ``keep``: a copy of
+        every tensor value present after each step is added to it, by name (see
+        :meth:`run_keeping`)."""
         values = dict(feed)
         records: list = []
         pop = values.pop
         for step, drops in zip(self._steps, self._drops):
             if type(step) is not _Partition:
                 self._run_device(step, values, records, run_index)
-                for n in drops:
-                    pop(n, None)
-                continue
-            self._run_partition(step, values, records, run_index)
+            else:
+                self._run_partition(step, values, records, run_index)
+            if keep is not None:
+                _keep_new(values, keep)
             for n in drops:
                 pop(n, None)
         return values, records
+
+    def run_keeping(self, input_feed: dict) -> dict:
+        """One inference that returns every tensor value it computes, by name: a copy of each
+        as the step that made it left it (graph outputs, device nodes' and host partitions'
+        outputs), for a check node by node (:func:`onnx_cinm.golden.compare_node_by_node`).
+        A value computed inside a neighbour's kernel and never held (the patches of an
+        Im2Col fused into its convolution, a convolution's output its Relu overwrote in
+        place) is not among them. Not profiled; the kernels run as in :meth:`run`. Raises
+        as :meth:`run`."""
+        feed = self._check_feed(input_feed)
+        keep: dict = {}
+        with self._kernels.active(), scratch.use(self._scratch):
+            self._execute(feed, self._runs, keep)
+        return keep
 
     def _run_partition(self, p: _Partition, values: dict, records: list, run_index: int,
                        outs: list | None = None) -> None:
@@ -1561,14 +1577,29 @@ class InferenceSession:
         return out
 
 
+def _keep_new(values: dict, keep: dict) -> None:
+    """Add to ``keep`` a copy of each array of ``values`` it does not hold yet (not the
+    buffers a Concat's producers write into, whose names start with NUL)."""
+    for name, v in values.items():
+        if name not in keep and isinstance(v, np.ndarray) and not name.startswith("\0"):
+            keep[name] = v.copy()
+
+
 class _Runner:
     def __init__(self, sess: InferenceSession) -> None:
         self.sess = sess
         self.input_names = [a.name for a in sess.get_inputs()]
         self.output_names = [a.name for a in sess.get_outputs()]
+        #: whether every device kernel is meant to be exact (:meth:`InferenceSession.inexact_kernels`)
+        self.exact = not sess.inexact_kernels()
 
     def run(self, feeds) -> list:
         return self.sess.run(None, {n: feeds[n] for n in self.input_names if n in feeds})
+
+    def run_keeping(self, feeds) -> dict:
+        """:meth:`InferenceSession.run_keeping` on ``feeds`` (inputs the model does not take
+        are dropped)."""
+        return self.sess.run_keeping({n: feeds[n] for n in self.input_names if n in feeds})
 
 
 @dataclass(frozen=True)
