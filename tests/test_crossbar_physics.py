@@ -525,6 +525,26 @@ def test_kernels_over_the_same_weights_draw_their_tiles_once(tmp_path, monkeypat
     assert len(draws) == 12 and np.array_equal(apart, yb)
 
 
+def test_simulators_given_one_weight_array_quantize_it_once(tmp_path):
+    """Simulators of kernels given one weight array and one ``checked`` dict (a session's:
+    the steps of an unrolled recurrence) hold one copy of its quantized levels, read-only,
+    and compute what a simulator of their own computes."""
+    rng = np.random.default_rng(13)
+    W = rng.standard_normal((200, 40)).astype(np.float32)
+    X = rng.standard_normal((3, 200)).astype(np.float32)
+    prm = type(PCM_OCC)(rows=128, cols=32, crossbars=4)
+    emit_kernel(plan(len(X), 200, 40, prm, "weight_stationary"), prm, W, tmp_path, "k",
+                mode=compose("device", PCM_HERMES, 86400.0))
+    shared: dict = {}
+    W3 = W[None]
+    a, b = (CrossbarSimulator(tmp_path / "k.xbar", {"W": W3}, checked=shared) for _ in "ab")
+    assert a._q["W"] is b._q["W"] and not a._q["W"].flags.writeable
+    alone = CrossbarSimulator(tmp_path / "k.xbar", {"W": W3})
+    assert alone._q["W"] is not a._q["W"]
+    ya, yb, y1 = (s.run({"X": X})[0]["Y"] for s in (a, b, alone))
+    assert np.array_equal(ya, y1) and np.array_equal(yb, y1)
+
+
 def test_cli_device_mode_and_preset_costs_reach_the_kernels(tmp_path):
     from onnx_cinm.cli import main
 

@@ -474,7 +474,8 @@ class CrossbarSimulator:
         checked: a dict the caller keeps across simulators (None: none) recording the arrays
             of ``constants`` a ``dtype int32`` file's checks passed, by the array and the
             levels checked against, so simulators given one array (the steps of an unrolled
-            recurrence) check it once.
+            recurrence) check it once; in ``mode quantized`` also the levels and scales each
+            array quantizes to (read-only, shared: one copy for all those simulators).
 
     ``load_counters`` holds what the ``LOAD`` section did (run at construction). Each
     :meth:`run` is one inference; crossbar contents and wear persist between runs.
@@ -523,6 +524,7 @@ class CrossbarSimulator:
                     if checked is not None:
                         checked[key] = arr  # held: its id is not reused while the entry lives
             self.const[r.name] = arr
+        self._shared = checked
         self.mode = program.mode
         if self.mode is None:  # an XbarProgram built by hand, not by parse()
             self.mode = CrossbarMode(h["mode"])
@@ -558,25 +560,38 @@ class CrossbarSimulator:
 
     # -- quantized mode
     def _init_quantized(self) -> None:
-        """Per-channel weight quantization of every weight region (mode.py, effect 1)."""
+        """Per-channel weight quantization of every weight region (mode.py, effect 1); an
+        array another simulator of the caller's ``checked`` dict quantized at the same levels
+        is not quantized again (an unrolled recurrence's steps: 128 copies of one weight's
+        levels, float64, on silero-vad at 128 steps in device mode)."""
         m = self.mode
         Lw = m.weight_levels
         self._q: dict[str, np.ndarray] = {}       # float64 integers [G, K, N] in -Lw..Lw
         self._wscale: dict[str, np.ndarray] = {}  # float64 [G, N]
+        self._qinfo: dict = {}  # weight region -> its shared entry [array, q, scale, fingerprint]
         for r in self.prog.regions.values():
             if r.kind != "weight":
                 continue
-            W = self.const[r.name].astype(np.float64)
-            s = np.abs(W).max(axis=1) / Lw
-            s[s == 0] = 1.0
-            self._q[r.name] = np.clip(np.rint(W / s[:, None, :]), -Lw, Lw)
-            self._wscale[r.name] = s
+            arr = self.const[r.name]
+            key = ("quantized", id(arr), Lw)
+            entry = self._shared.get(key) if self._shared is not None else None
+            if entry is None or entry[0] is not arr:
+                W = arr.astype(np.float64)
+                s = np.abs(W).max(axis=1) / Lw
+                s[s == 0] = 1.0
+                q = np.clip(np.rint(W / s[:, None, :]), -Lw, Lw)
+                q.setflags(write=False)
+                s.setflags(write=False)
+                entry = [arr, q, s, None]  # (the array held: its id is not reused meanwhile)
+                if self._shared is not None:
+                    self._shared[key] = entry
+            self._qinfo[r.name] = entry
+            self._q[r.name], self._wscale[r.name] = entry[1], entry[2]
         self._rng = np.random.default_rng(m.seed)
         self._qtile: list = [None] * self.P  # (tag, prepared slices) per crossbar
         if m.physical:  # device effects: their own generator, so read-noise draws stay put
             self._physics = physics
             self._dev_rng = np.random.default_rng([m.seed, 15])
-            self._qprints: dict = {}  # weight region -> fingerprint of its levels
             self._adc_err = physics.adc_errors(m, self.P, m.slices * self.C, self._dev_rng)
         self._Lx = 2 ** (m.dac_bits - 1) - 1 if m.dac_bits else 1
         self._La = 2 ** (m.adc_bits - 1) - 1 if m.adc_bits else 0
@@ -633,10 +648,11 @@ class CrossbarSimulator:
         mode and the generator's state. On silero-vad unrolled for 128 steps in device mode,
         the first run drew 266 tile states (1.6 s of 1.8 s) for 6 distinct tiles."""
         rng = self._dev_rng
-        fp = self._qprints.get(w)
-        if fp is None:
-            q = np.ascontiguousarray(self._q[w])
-            fp = self._qprints[w] = (q.shape, hashlib.blake2b(q.data, digest_size=16).digest())
+        entry = self._qinfo[w]
+        fp = entry[3]
+        if fp is None:  # once per quantized array, however many simulators share it
+            q = np.ascontiguousarray(entry[1])
+            fp = entry[3] = (q.shape, hashlib.blake2b(q.data, digest_size=16).digest())
         key = (fp, tag[1:], self.R, self.C, self.mode, self._physics,
                _frozen(rng.bit_generator.state))
         with _PROGRAMMED_LOCK:
