@@ -325,7 +325,8 @@ class NodeCheck:
         provider kept)``, accumulated over the input sets.
     unjudged : list[str]
         Labels of the device nodes not judged: their outputs were computed inside a
-        neighbour's kernel and are read by a node that is not judged with them.
+        neighbour's kernel and are read by a node that is not judged with them, or they are
+        in an If branch.
     quantizers : list[str]
         The ops of :data:`onnx_cinm.golden.RUNTIME_QUANTIZERS` in the original model.
     """
@@ -367,8 +368,8 @@ class NodeCheck:
         if self.unjudged:
             names = ", ".join(f"'{n}'" for n in self.unjudged[:3])
             more = f" and {len(self.unjudged) - 3} more" if len(self.unjudged) > 3 else ""
-            return (f"{agree}; {len(self.unjudged)} more device nodes are not judged (their "
-                    f"outputs are computed inside a neighbour's kernel: {names}{more})")
+            return (f"{agree}; {len(self.unjudged)} more device nodes are not judged (in an If "
+                    f"branch, or computed inside a neighbour's kernel: {names}{more})")
         if not self.quantizers:
             return f"{agree}: the outputs' difference grows in the nodes after them"
         return (f"{agree}; the model quantizes at run time ({', '.join(self.quantizers)}: one "

@@ -1354,7 +1354,8 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     returning its outputs: a difference upstream of a node cannot reach it. A node whose
     outputs the runner never holds (an Im2Col computed inside its convolution's kernel) is
     computed by onnxruntime on the way and judged with the device nodes that read it; one read
-    by any other node is listed as not judged.
+    by any other node, and every device node of an If branch (run inside its If's kernel), is
+    listed as not judged.
 
     Memory: a copy of every value of one run of the runner, and one more session of the model.
 
@@ -1372,8 +1373,13 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
             where = cinm.node_attrs(node, frozenset({"device"})).get("device", "host")
             if where != "host":
                 device[i] = where
-    check = NodeCheck(total=len(device))
+    # device nodes in If branches run inside their If's kernel, which is not judged: listed
+    nested = [node.name or node.output[0] for sub in list(iter_graphs(graph))[1:]
+              for node in sub.node if node.domain == cinm.DOMAIN
+              and cinm.node_attrs(node, frozenset({"device"})).get("device", "host") != "host"]
+    check = NodeCheck(total=len(device) + len(nested))
     if not device:
+        check.unjudged = nested
         return check
     outer = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
     k = reduction_length(model)
@@ -1388,7 +1394,7 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
             session = _OrtModel(_reading_fed(model, list(device), fed, outs))
             judged = _judged(graph, device, set(outs))
             check.unjudged = [graph.node[i].name or graph.node[i].output[0]
-                              for i in device if i not in judged]
+                              for i in device if i not in judged] + nested
         given = {**{n: feeds[n] for n in session.input_names if n in feeds},
                  **{n + PROVIDER_SUFFIX: kept[n] for n in fed}}
         got = dict(zip(session.output_names, session.run(given)))
