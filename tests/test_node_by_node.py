@@ -145,3 +145,4 @@ def test_agreeing_nodes_explain_nothing_without_a_runtime_quantizer():
     assert agree.ok
     agree.unjudged = ["im2col"]
     assert not agree.ok and "not judged" in agree.summary()
+
