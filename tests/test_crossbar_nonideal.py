@@ -340,6 +340,32 @@ def test_read_noise_seeded_and_sized(tmp_path):
     assert abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.05
 
 
+@pytest.mark.parametrize("mode", ["q8-noisy data", "device data"])
+def test_rows_in_blocks_give_what_one_block_gives(tmp_path, monkeypatch, mode):
+    # a quantized MVM runs its rows in blocks of _ROW_BLOCK_BYTES of currents (at batch 8 a
+    # whole activation made 1 GB temporaries, trial s36). Every row is its own: a block of 256
+    # rows at a time gives what one block of all 1,000 gives, the read-noise draws (row after
+    # row, as one draw), the ADC calibrated on every row of the first inference and its
+    # saturation count included.
+    from onnx_cinm.devices.memristor import PCM_HERMES
+    from onnx_cinm.devices.memristor.nonideal import compose
+    from onnx_cinm.sim.crossbar import simulator
+
+    kind, cal = mode.split()
+    m = compose(kind, PCM_HERMES, adc_calibration=cal)
+    X, W = _data(1000, 150, 70, seed=5)
+    _, paths = _emit(tmp_path, X, W, m, name="k")
+    runs = {}
+    for block in (1 << 40, 1):  # one block of every row; then the least, 256 rows
+        monkeypatch.setattr(simulator, "_ROW_BLOCK_BYTES", block)
+        sim = CrossbarSimulator(paths[0])
+        runs[block] = [sim.run({"X": X * s}) for s in (1.0, 3.0)]  # the second one clips
+    for (one, c1), (blocks, c2) in zip(runs[1 << 40], runs[1]):
+        np.testing.assert_array_equal(one["Y"], blocks["Y"])
+        assert c1.adc_clipped == c2.adc_clipped
+    assert runs[1][1][1].adc_clipped > 0
+
+
 def test_counters_scale_with_slices_and_orders_agree(tmp_path):
     X, W = _data(10, 150, 70, seed=2)  # Kt = 3, Nt = 2: T = 6 tiles on P = 4
     m = replace(Q8, adc_range=0.5)
