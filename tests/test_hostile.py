@@ -1005,7 +1005,7 @@ def test_run_summary_and_profile_count_partitions_and_nodes_alike(tmp_path, caps
     assert main(["run", str(out), "--profile"]) == 0
     text = capsys.readouterr().out
     assert (f"  partitions: 1 host partition ({n_nodes} nodes; {n_upmem} of them upmem nodes "
-            "charged by its cost model)") in text
+            "charged by their device's cost model)") in text
     # the header counted the model-mode nodes as device nodes beside the partition holding
     # them ('(25 host partitions, 170 device nodes)' against 'memristor 36 nodes'): now it
     # says what each number counts, as the run line and the totals do

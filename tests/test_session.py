@@ -1095,7 +1095,7 @@ def test_run_profile_counts_partitions_alike_with_nodes_outside_them(tmp_path, c
     n_parts = [k for k, _ in sess.partitions()].count("host")
     own = ("host 1 node on numpy kernels" if place else "upmem 1 node")
     assert (f"  partitions: {n_parts} host partitions ({n_nodes - 1} nodes; 13 of them upmem "
-            f"nodes charged by its cost model), {own}\n") in out
+            f"nodes charged by their device's cost model), {own}\n") in out
     assert (f"over 1 run(s): {n_parts} host partitions ({n_nodes - 1} nodes, 13 of them "
             f"device nodes in model mode, each also a row), {own}\n") in out
     if place:
@@ -1452,3 +1452,25 @@ def test_memory_held_between_runs_follows_the_live_set_not_the_kernel_count(tmp_
         tracemalloc.stop()
         assert block <= sess._scratch.nbytes() <= 2 * block
     assert held[8] - held[2] < block
+
+
+def test_compare_names_the_upmem_im2col_its_crossbar_convolution_computes(tmp_path, capsys):
+    # trial s36: compare said 'except 1 upmem node run by onnxruntime' for a model with 3 UPMEM
+    # nodes, 2 of them Im2Cols whose crossbar convolutions compute their patches from the
+    # Im2Col's input: no UPMEM kernel ran for them either. A one-conv model, Im2Col on UPMEM
+    # (model mode), its Gemm on crossbars: 1 UPMEM node, computed inside the convolution
+    rng = np.random.default_rng(0)
+    W = numpy_helper.from_array((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+                          "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [W])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    res = optimize(model, place=[("Im2Col", "upmem"), ("Gemm", "memristor")], check=0)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert ("device nodes in their kernels, except 1 upmem node computed inside the kernel of the "
+            "node on another device that reads it, whose device arithmetic is not in this "
+            "comparison") in out

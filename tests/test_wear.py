@@ -221,3 +221,42 @@ def test_lifetime_without_a_budget_is_a_warning(tmp_path, capsys):
     # and nothing said why)
     assert "; within the endurance budget of 3.2e+07 writes per cell over 1e+08 inference(s)" \
         in out_text
+
+
+def test_streaming_kernels_continue_one_round_robin_over_the_pool(tmp_path):
+    # two products of activations (an attention's, batch 3: 3 groups of one 64 x 64 tile each)
+    # stream through the shared pool of pcm-hermes's 64 crossbars. Each kernel's tiles used to
+    # start at the pool's first crossbar, so crossbars 0-2 took 2 writes per inference while
+    # the wear line said 1 (trial s36); now the second continues where the first stopped:
+    # crossbars 0-2 and 3-5, 1 write per cell per inference, 6 crossbars in use (hand counts)
+    import re
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnx_cinm import artifacts
+
+    f = TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "y"], ["t"], name="first"),
+         helper.make_node("MatMul", ["t", "z"], ["u"], name="second")], "attn",
+        [helper.make_tensor_value_info(n, f, [3, 64, 64]) for n in "xyz"],
+        [helper.make_tensor_value_info("u", f, [3, 64, 64])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    res = optimize(model, place=[("MatMul", "memristor")], check=1)
+    artifacts.save(res.model, tmp_path / "o.onnx")
+    xbars = {}
+    for node in res.model.graph.node:
+        a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+        if a.get(b"device", a.get("device")) in (b"memristor", "memristor"):
+            text = (tmp_path / "o.cinm" / a["kernel"].decode()).read_text()
+            xbars[node.name.split("/")[0]] = sorted(
+                {int(m) for m in re.findall(r"^PROGRAM (\d+) ", text, re.M)})
+            assert a["cim_shared"] == 1 and a["cim_crossbars"] == 64
+    assert xbars == {"first": [0, 1, 2], "second": [3, 4, 5]}
+    w = pipeline.device_wear(res.model, 1e-3)["memristor"]
+    assert w.figures["writes_per_cell_per_inference"] == 1.0
+    tables = res.device_tables()
+    assert "6 tile writes/inference land on 6 of the 64 streamed crossbars" in tables
+    assert "(crossbars: 6 in use of the chip's 64, 0 kept by resident kernels, 6 of a pool " \
+           "of 64 streamed through by 2 kernels" in tables

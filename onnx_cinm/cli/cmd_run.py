@@ -294,24 +294,38 @@ def _partitions_line(sess) -> str:
 
 
 def _modeled_text(sess) -> str:
-    """``, except 4 <device> nodes ...``: the device nodes of ``sess`` that ran as their
-    reference bodies inside host partitions, charged by their device's cost model (a device's
-    ``model`` run mode), whose device arithmetic (FP16, say) the comparison therefore did not
-    see (a trial read "max abs err 0 ... device nodes in their kernels" for nodes that the
-    device's simulate mode puts 0.0032 off); '' when there are none."""
+    """``, except 4 <device> nodes ...``: the device nodes of ``sess`` whose device arithmetic
+    the comparison did not see: those that ran as their reference bodies inside host
+    partitions, charged by their device's cost model (a device's ``model`` run mode; a trial
+    read "max abs err 0 ... device nodes in their kernels" for nodes that the device's simulate
+    mode puts 0.0032 off), and those computed inside the kernel of a node on another device
+    that reads them (an Im2Col on UPMEM whose crossbar convolution takes its input: trial s36
+    read "except 1 upmem node" for 3); '' when there are none."""
     from collections import Counter
 
-    counts = Counter(dev for _, dev in sess.modeled_nodes())
-    if not counts:
+    modeled = Counter(dev for _, dev in sess.modeled_nodes())
+    records = sess.profile()
+    owner = {r["node"]: r["device"] for r in records if not r.get("fused_into")}
+    fused = Counter(dev for _, dev in {(r["node"], r["device"]) for r in records
+                                       if r.get("fused_into")
+                                       and owner.get(r["fused_into"], r["device"]) != r["device"]})
+    if not modeled and not fused:
         return ""
-    nodes = ", ".join(f"{n} {d} node{'s' * (n != 1)}" for d, n in sorted(counts.items()))
-    return (f", except {nodes} run by onnxruntime as their reference bodies and charged by "
-            "the device's cost model, so their device arithmetic is not in this comparison "
+    parts = []
+    for dev in sorted(set(modeled) | set(fused)):
+        m, f = modeled[dev], fused[dev]
+        run = (f"run by onnxruntime as {'its reference body' if m == 1 else 'their reference bodies'}"
+               " and charged by the device's cost model")
+        inside = f"computed inside the kernel of the node on another device that reads {'it' if f == 1 else 'them'}"
+        n = m + f
+        ways = f"({m} {run}; {f} {inside})" if m and f else run if m else inside
+        parts.append(f"{n} {dev} node{'s' * (n != 1)} {ways}")
+    return (f", except {', '.join(parts)}, whose device arithmetic is not in this comparison "
             "(onnx-cinm devices lists the run modes that simulate it)")
 
 
 def _partition_text(counts: dict) -> str:
-    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by its cost model),
+    """``2 host partitions (5 nodes; 2 of them upmem nodes charged by their device's cost model),
     memristor 1 node``: the counts of :func:`onnx_cinm.runtime.profile.ran`, with their
     units."""
     from ..runtime.profile import own_nodes_text
@@ -319,7 +333,8 @@ def _partition_text(counts: dict) -> str:
     n = counts["partitions"]
     text = f"{n} host partition{'s' * (n != 1)} ({counts['nodes']} nodes"
     if counts["modeled"]:
-        text += "; " + ", ".join(f"{k} of them {d} nodes charged by its cost model"
+        text += "; " + ", ".join(f"{k} of them {d} node{'s' * (k != 1)} charged by "
+                                 f"{'its' if k == 1 else 'their'} device's cost model"
                                  for d, k in sorted(counts["modeled"].items()))
     text += ")"
     return text + own_nodes_text(dict(sorted(counts["own"].items())))

@@ -148,7 +148,10 @@ LINK_J_PER_BYTE = 20e-12
 #: over one tile set (the same constant, programmed the same way) carry ``cim_tile_users``
 #: (kernels over the set); all but its first carry ``cim_tile_owner`` (the node whose kernel
 #: programs the tiles, at load) and, at the device level, ``cim_tile_kernel`` (that kernel's
-#: file; all of them name the same tensor of the model).
+#: file; all of them name the same tensor of the model). A kernel streaming through the shared
+#: pool (``cim_shared``) carries ``cim_first_crossbar``, the crossbar of the pool its first
+#: tile goes to: the streaming kernels continue one round-robin over the pool, in execution
+#: order (:meth:`MemristorDevice.lower`).
 PLAN_ATTRS = {
     "cim_rows": "int", "cim_cols": "int", "cim_crossbars": "int", "cim_shared": "int",
     "cim_device_crossbars": "int", "cim_loop_order": "string", "cim_operand": "string",
@@ -159,7 +162,7 @@ PLAN_ATTRS = {
     "cim_time_s": "float", "cim_effects": "string",
     "cim_tile_users": "int", "cim_tile_owner": "string", "cim_tile_kernel": "string",
     "cim_latency_parts_s": "floats", "cim_energy_parts_j": "floats", "cim_area_parts_mm2": "floats",
-    "cim_bytes_moved": "int", "cim_link_gbps": "float",
+    "cim_bytes_moved": "int", "cim_link_gbps": "float", "cim_first_crossbar": "int",
 }
 
 #: The terms of the cost breakdown (``Cost.parts``, plan attributes ``cim_*_parts_*`` in this
@@ -459,7 +462,10 @@ class MemristorDevice(Device):
 
         ``cim_crossbars`` is the number of crossbars the kernel uses, ``cim_device_crossbars``
         the ``P`` all kernels share; ``cim_shared`` says whether other kernels use them too.
-        Raises CinmError on bad options.
+        The kernels streaming through the shared pool continue one round-robin over it
+        (``cim_first_crossbar``, :func:`_first_crossbars`), so their tile writes per
+        inference spread over the pool as the wear figures assume (:meth:`wear`), instead of
+        each kernel's starting at its first crossbar. Raises CinmError on bad options.
         """
         return self._lower(items, self._attrs)
 
@@ -474,9 +480,13 @@ class MemristorDevice(Device):
             return []
         _validate(items[0][1], self.params)
         P, planned, owners = self._allocate(items)
+        firsts = _first_crossbars(items, [e[0][0] for e in planned])
         out = []
         for i, ((op, opts), e, (owner, uses)) in enumerate(zip(items, planned, owners)):
-            attrs = attrs_of(op, opts, *e[0])
+            ent = e[0]
+            if firsts[i]:
+                ent = (replace(ent[0], first=firsts[i]), *ent[1:])
+            attrs = attrs_of(op, opts, *ent)
             attrs["cim_device_crossbars"] = P
             if uses > 1:
                 attrs["cim_tile_users"] = uses
@@ -576,6 +586,8 @@ class MemristorDevice(Device):
             "cim_writes_load": p.writes_load, "cim_writes": p.writes_per_inference,
             "cim_mvms": p.mvms,
         }
+        if p.shared:
+            attrs["cim_first_crossbar"] = p.first
         base = op.attrs.get("placement", "")
         if not const and why not in base:  # the reason does not say which activation is
             attrs["placement"] = f"{base}; {why}"  # programmed (said once, not per lowering)
@@ -649,9 +661,9 @@ class MemristorDevice(Device):
         inference), MVMs, modeled latency and energy per inference, the energy of its array,
         ADC/DAC and periphery, the conversions' share of the latency and the area of its
         crossbars; then the totals, in which a tile set shared by several kernels counts once
-        and the crossbars and area are those in use: each resident kernel's own plus the
-        streaming pool once, all of its crossbars (the streamed tiles go round-robin over them,
-        :meth:`wear`), however few tiles a streaming kernel has.
+        and the crossbars and area are those in use: each resident kernel's own plus those of
+        the streaming pool its kernels write (:func:`_streamed_crossbars`: the streamed tiles
+        continue one round-robin over the pool, :meth:`wear`).
         ``plans`` is ``[(node name, op type, attrs)]``; the per-inference totals (writes/inf,
         MVMs, latency, energy and its parts) leave out the kernels ``counted`` marks False
         (their figures shown in parentheses), the load-time ones (crossbars, tiles,
@@ -676,7 +688,7 @@ class MemristorDevice(Device):
         rows = []
         tot = {"tiles": 0, "wl": 0, "w": 0, "mvms": 0, "lat": 0.0, "en": 0.0}
         parts_tot = [[0.0, 0.0, 0.0] for _ in PART_TERMS]  # latency, energy, area per term
-        shared_area = 0.0
+        per_crossbar = 0.0  # area of one crossbar of the streaming pool
         for (name, _op, a), per_inf in zip(plans, flags):
             mkn = f"{a['cim_M']}x{a['cim_K']}x{a['cim_N']}" + (f"x{a['cim_groups']}g" if a["cim_groups"] > 1 else "")
             xb = f"{a['cim_crossbars']}{'s' if a.get('cim_shared') else ''}"
@@ -702,14 +714,13 @@ class MemristorDevice(Device):
                 parts_tot[i][1] += en_p[i] if per_inf else 0.0
                 if a["cim_resident"] and not a.get("cim_tile_owner"):  # a shared set once
                     parts_tot[i][2] += ar_p[i]
-            if not a["cim_resident"] and a["cim_tiles"]:  # the whole pool it streams through
-                # (its row: the min(crossbars, tiles) its own tiles occupy; trial T F4)
-                shared_area = max(shared_area, sum(ar_p) * a["cim_crossbars"]
-                                  / min(a["cim_crossbars"], a["cim_tiles"]))
-        # crossbars in use: each resident kernel's own, plus the streaming pool once
-        pool = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"]]
+            if not a["cim_resident"] and a["cim_tiles"]:  # one crossbar of the pool's area
+                per_crossbar = max(per_crossbar, sum(ar_p) / min(a["cim_crossbars"], a["cim_tiles"]))
+        # crossbars in use: each resident kernel's own, plus those of the streaming pool written
+        streaming = _streamed_crossbars(plans)
         used = sum(a["cim_crossbars"] for *_, a in plans
-                   if a["cim_resident"] and not a.get("cim_tile_owner")) + max(pool, default=0)
+                   if a["cim_resident"] and not a.get("cim_tile_owner")) + streaming
+        shared_area = per_crossbar * streaming
         t_conv = parts_tot[1][0] / tot["lat"] if tot["lat"] else 0.0
         area = sum(p[2] for p in parts_tot) + shared_area
         n_inf = sum(flags)
@@ -787,9 +798,13 @@ class MemristorDevice(Device):
         what = ("the crossbar kernels' own latency: a lower bound" if own
                 else "the model's modeled latency")
         one = w.tile_writes == 1
+        same = "the same one every inference" if one else "round-robin, the same ones every inference"
+        spread = (f"land{'s' * one} on {w.tile_writes} of the {w.crossbars} streamed crossbars "
+                  f"({same})" if w.tile_writes < w.crossbars
+                  else f"{'goes' if one else 'go'} round-robin over {w.crossbars} streamed "
+                       f"crossbar{'s' * (w.crossbars != 1)}")
         line = (f"{head}: {w.tile_writes} tile write{'s' * (not one)}/inference "
-                f"{'goes' if one else 'go'} round-robin over {w.crossbars} streamed "
-                f"crossbar{'s' * (w.crossbars != 1)}, {w.per_cell:.3g} "
+                f"{spread}, {w.per_cell:.3g} "
                 f"write{'s' * (w.per_cell != 1)} per cell per "
                 f"inference; worn out after {w.inferences:.3g} inferences, "
                 f"{cim_wear.duration(w.seconds)} back to back at {si(w.seconds_per_inference, 's')} "
@@ -872,7 +887,7 @@ class MemristorDevice(Device):
             key = (op.op_type, attrs["cim_operand"], ins[0].static_shape, ins[1].static_shape,
                    attrs["cim_rows"], attrs["cim_cols"], attrs["cim_crossbars"],
                    attrs["cim_loop_order"], attrs.get("cim_preset", OLD_DEFAULT),
-                   bool(attrs.get("cim_shared", 0)))
+                   bool(attrs.get("cim_shared", 0)), int(attrs.get("cim_first_crossbar", 0)))
             hit = memo.get(key)
         except (IndexError, KeyError, TypeError):  # made again, for its own error
             key = hit = None
@@ -946,7 +961,7 @@ def plan_recorded(v, attrs: dict, base: CrossbarParams = DEFAULT) -> tuple:
     """``(plan, params)``: the :class:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan` of the
     product ``v`` (a :class:`~onnx_cinm.paradigms.cim.layout.ProductView`) under the plan
     options a crossbar node records (``cim_rows``, ``cim_cols``, ``cim_crossbars``,
-    ``cim_loop_order``, ``cim_preset``, ``cim_shared``), and the
+    ``cim_loop_order``, ``cim_preset``, ``cim_shared``, ``cim_first_crossbar``), and the
     :class:`~.presets.CrossbarParams` they select from ``base``. What :meth:`MemristorDevice.emit`
     writes a kernel from, and what a kernel whose programmed operand is an activation is
     planned again from at a run's sizes (:class:`.kernel.CrossbarKernel`). Raises KeyError
@@ -956,8 +971,30 @@ def plan_recorded(v, attrs: dict, base: CrossbarParams = DEFAULT) -> tuple:
                "cim_preset": attrs.get("cim_preset", OLD_DEFAULT)}
     params = params_from_options(options, base)
     p = schedule.plan_product(v, params, attrs["cim_loop_order"],
-                              shared=bool(attrs.get("cim_shared", 0)))
+                              shared=bool(attrs.get("cim_shared", 0)),
+                              first=int(attrs.get("cim_first_crossbar", 0)))
     return p, params
+
+
+def _first_crossbars(items: list, plans: list) -> list[int]:
+    """Per kernel (``items`` ``[(OpInfo, options)]`` in execution order, ``plans`` their
+    :class:`~onnx_cinm.paradigms.cim.schedule.CrossbarPlan`), the crossbar of the shared pool
+    its first tile goes to (0 for a kernel that does not stream through it): the streamed
+    kernels that run every inference continue one round-robin over the pool in execution
+    order, then those that do not (an If branch the planning probe saw untaken), so the tile
+    writes of an inference land ``ceil(writes / pool)`` times at most on any crossbar
+    (:mod:`onnx_cinm.paradigms.cim.wear`). Each kernel starting at the pool's first crossbar
+    wrote it once per streaming kernel: two attention products of a GRU decoder at batch 3,
+    3 tiles each over a pool of 48, wrote crossbars 0-2 twice per inference, while the wear
+    line said once (trial s36)."""
+    out = [0] * len(plans)
+    at = 0
+    for runs in (True, False):
+        for i, ((_, opts), p) in enumerate(zip(items, plans)):
+            if p.shared and bool(opts.get("per_inference", True)) == runs:
+                out[i] = at % p.crossbars
+                at += p.writes_per_inference
+    return out
 
 
 #: The crossbar table's energy column of each cost term.
@@ -970,6 +1007,18 @@ def _folded_terms(attrs: dict) -> tuple[tuple, str]:
     ``folded_into``; ``((), "array")`` for a preset not known here)."""
     p = PRESETS.get(attrs.get("cim_preset", OLD_DEFAULT))
     return (p.folded, p.folded_into) if p is not None else ((), "array")
+
+
+def _streamed_crossbars(plans: list) -> int:
+    """The crossbars of the streaming pool the kernels of ``plans`` (``[(name, op type,
+    attrs)]``) write: a kernel streaming alone (not ``cim_shared``: more tiles than its
+    crossbars, serpentine) every crossbar of its ``cim_crossbars``; kernels sharing the pool
+    continue one round-robin over it (``cim_first_crossbar``), so their tile writes per
+    inference, all of them summed, up to the pool's size. 0 when no kernel streams."""
+    alone = [a["cim_crossbars"] for *_, a in plans if not a["cim_resident"] and not a.get("cim_shared")]
+    pool = max((a["cim_crossbars"] for *_, a in plans if a.get("cim_shared")), default=0)
+    writes = sum(a["cim_writes"] for *_, a in plans if a.get("cim_shared"))
+    return max(max(alone, default=0), min(pool, writes))
 
 
 def _use_note(plans: list, used: int) -> str:
@@ -989,7 +1038,9 @@ def _use_note(plans: list, used: int) -> str:
     if streamed:
         shown = ", ".join(streamed[:3]) + (f" and {len(streamed) - 3} more" if len(streamed) > 3
                                            else "")
-        text += f", {used - kept} streamed through by {len(streamed)} kernel" \
+        pool = max(a["cim_crossbars"] for *_, a in plans if not a["cim_resident"])
+        of = f" of a pool of {pool}" if used - kept < pool else ""
+        text += f", {used - kept}{of} streamed through by {len(streamed)} kernel" \
                 f"{'s' * (len(streamed) != 1)} ({shown})"
     if chip and used > chip:
         text += f"; EXCEEDS the chip's {chip} crossbars (plans made apart: compile again)"

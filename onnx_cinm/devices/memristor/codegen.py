@@ -47,7 +47,7 @@ def schedule_rounds(plan) -> tuple[list[dict], list[list[dict]]]:
         return [], rounds
     tiles = _tiles(plan)
     for j, t in enumerate(tiles):
-        t["x"] = j % P
+        t["x"] = (plan.first + j) % P  # (first: 0 unless it streams through a shared pool)
     rounds = [tiles[r:r + P] for r in range(0, len(tiles), P)]
     return ([] if plan.shared else tiles[:P]), rounds
 
@@ -93,7 +93,7 @@ def text_key(plan) -> tuple:
     (MVMs, conversions, ``Mt``) are not written."""
     return (plan.groups, plan.K, plan.N, plan.rows, plan.cols, plan.crossbars, plan.loop_order,
             plan.m_block, plan.Kt, plan.Nt, plan.tiles, plan.resident, plan.shared,
-            plan.writes_load, plan.writes_per_inference)
+            plan.writes_load, plan.writes_per_inference, plan.first)
 
 
 def render_parts(plan, params, bias: bool, *, mode=None, int_cells=None) -> tuple:

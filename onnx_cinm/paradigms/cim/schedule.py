@@ -115,6 +115,9 @@ class CrossbarPlan:
             nothing at load (see :func:`plan`, ``shared=True``).
         rounds: barrier-delimited rounds per inference.
         write_rounds: rounds per inference in which at least one tile is written.
+        first: the crossbar (of ``P``) a shared plan's first tile goes to; tile ``j`` goes to
+            ``(first + j) mod P``, so kernels streaming through one pool continue its
+            round-robin where the kernel before them stopped (0 for any other plan).
         round_rows: rows streamed per round (``M``, or ``m_block`` for naive).
         itemsize: bytes per element (4 for fp32).
     """
@@ -143,6 +146,7 @@ class CrossbarPlan:
     write_rounds: int
     itemsize: int = 4
     shared: bool = False
+    first: int = 0
 
     @property
     def writes_lower_bound(self) -> int:
@@ -260,7 +264,7 @@ def cells_prefix(count: int, K: int, N: int, rows: int, cols: int) -> int:
 
 def plan(M: int, K: int, N: int, params: CrossbarArray, loop_order: str = "weight_stationary", *,
          groups: int = 1, m_block: int = 1, crossbars: int | None = None,
-         itemsize: int = 4, shared: bool = False) -> CrossbarPlan:
+         itemsize: int = 4, shared: bool = False, first: int = 0) -> CrossbarPlan:
     """Plan ``[groups] x (M x K) @ (K x N)`` on the crossbars of ``params``.
 
     Args:
@@ -277,6 +281,8 @@ def plan(M: int, K: int, N: int, params: CrossbarArray, loop_order: str = "weigh
         shared: the crossbars are shared with other kernels (weight-stationary only): the tiles
             are written every inference in ``ceil(T / P)`` rounds, none stays resident, nothing
             is programmed at load: ``writes_per_inference = T``.
+        first: with ``shared``, the crossbar its first tile goes to (taken modulo ``P``;
+            :attr:`CrossbarPlan.first`); ignored otherwise.
 
     Returns:
         A :class:`CrossbarPlan`; see the module docstring for every formula.
@@ -310,7 +316,7 @@ def plan(M: int, K: int, N: int, params: CrossbarArray, loop_order: str = "weigh
     if shared:
         return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, False,
                             0, T, 0, total, mvms, adc, rounds=rounds, write_rounds=rounds,
-                            itemsize=itemsize, shared=True)
+                            itemsize=itemsize, shared=True, first=int(first) % P)
     if T <= P:
         return CrossbarPlan(M, K, N, groups, R, C, P, order, 1, Kt, Nt, 1, T, True,
                             T, 0, total, 0, mvms, adc, rounds=rounds, write_rounds=0,
@@ -325,9 +331,10 @@ def plan(M: int, K: int, N: int, params: CrossbarArray, loop_order: str = "weigh
 
 
 def plan_product(v: ProductView, params: CrossbarArray, loop_order: str, *,
-                 crossbars: int | None = None, shared: bool = False) -> CrossbarPlan:
+                 crossbars: int | None = None, shared: bool = False,
+                 first: int = 0) -> CrossbarPlan:
     """:func:`plan` of the product a :class:`~.layout.ProductView` describes: ``v.rows`` streamed
     rows (at least 1: a product with an empty batch still has its tiles), ``v.K x v.N``
     programmed per group, ``v.G`` groups (at least 1). Arguments as in :func:`plan`."""
     return plan(max(v.rows, 1), v.K, v.N, params, loop_order, groups=max(v.G, 1),
-                crossbars=crossbars, shared=shared)
+                crossbars=crossbars, shared=shared, first=first)

@@ -1,7 +1,9 @@
 """Cell wear and lifetime of a crossbar chip under a model's plans (any crossbar chip).
 
 A tile write programs each cell of one crossbar once. The weight-stationary schedules spread a
-device's streamed tiles round-robin over the crossbars they stream through, so wear is as even
+device's streamed tiles round-robin over the crossbars they stream through, each streaming
+kernel continuing where the one before it stopped (its plan's ``first`` crossbar, node
+attribute ``cim_first_crossbar``), so wear is as even
 over those crossbars as whole writes allow (the assumption cost placement's endurance budget
 makes, field notes ``crossbar.md`` §3 "Wear": rotate the tile-to-crossbar assignment to level
 wear); crossbars kept by resident kernels are written once, at load. The assignment is fixed
