@@ -2,6 +2,7 @@
 bodies, each against a count done by hand from the test model's shapes; and the summary's
 per-op-type share of what stays on the host."""
 import numpy as np
+import pytest
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -144,3 +145,30 @@ def test_totals_false_leaves_the_summary_figures_out_and_writes_the_same_model()
     assert "cinm ops per device, FLOPs: not counted (optimize(totals=False))" in text
     assert "FLOP " not in text and "0 cinm ops" not in text and "per device: none" not in text
     assert "FLOPs on devices: " in counted.summary()
+
+
+def test_flops_line_gives_the_devices_share_of_the_modeled_energy_and_time(tmp_path, capsys):
+    # trial s36: 'FLOPs on devices: 97.6%' read as the work's share where the host spent
+    # 99.5% of the modeled energy. LeNet: the share must agree with the cost placement line's
+    # own split (memristor 1.38 uJ of 587 uJ: 0.24%; 13.6 us of 43.8 us: 31%)
+    import re
+
+    from onnx_cinm.cli import main
+
+    assert main(["optimize", "--example", "lenet", "-o", str(tmp_path / "l.onnx"), "--check", "0"]) == 0
+    text = "\n".join(x.strip() for x in capsys.readouterr().out.splitlines())
+    flops = next(x for x in text.splitlines() if x.startswith("FLOPs on devices"))
+    e, t = map(float, re.search(r"modeled on devices: ([\d.]+)% of the energy, ([\d.]+)% of "
+                                r"the time$", flops).groups())
+    cost = next(x for x in text.splitlines() if x.startswith("cost placement"))
+    units = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0}
+
+    def value(s):
+        num, unit = re.fullmatch(r"([\d.]+) ?([num]?)[sJ]", s).groups()
+        return float(num) * units[unit]
+
+    total_t, total_e = map(value, re.search(r"modeled ([\d.]+ ?\w?s), ([\d.]+ ?\w?J)", cost).groups())
+    dev_t, dev_e = map(value, re.search(r"memristor ([\d.]+ ?\w?s) / ([\d.]+ ?\w?J)", cost).groups())
+    # (the share is printed to 2 significant digits, the figures to 3: within 5%)
+    assert e == pytest.approx(100 * dev_e / total_e, rel=0.05)
+    assert t == pytest.approx(100 * dev_t / total_t, rel=0.05)
