@@ -1214,7 +1214,12 @@ def compare(
         layers of a QDQ model) on onnxruntime's run of this model, after the runner's outputs
         (kept from the main comparison for every input set, so the runner is run once per set)
         are found to equal that run's. A candidate given as a model is used itself (this
-        argument is then ignored). Not used for a reference with no quantized tensor.
+        argument is then ignored). Not used for a reference with no quantized tensor. With a
+        runner that keeps its values (``run_keeping``) and whose kernels are all exact
+        (``exact``: the CINM provider's), float outputs still off are then judged node by
+        node on this model (:func:`compare_node_by_node`; ``CheckReport.nodes``): they pass
+        when every device node matches onnxruntime on its own inputs and the reference
+        quantizes at run time (:data:`RUNTIME_QUANTIZERS`).
     progress : bool
         Show a progress bar on stderr (only when it is a terminal) for the tensor-by-tensor
         check, which takes a few onnxruntime runs of both models per input set.
