@@ -307,34 +307,50 @@ class CheckReport:
 @dataclass
 class NodeCheck:
     """The check node by node of a failed comparison with the CINM provider
-    (:func:`onnx_cinm.golden.compare_node_by_node`): each device node's outputs, as the provider
-    computed them, against onnxruntime's run of the node's reference body on the very inputs
-    the provider gave it, with :func:`onnx_cinm.golden.compare`'s default tolerances. Where
-    every device node agrees, a difference of the outputs is the last bits in which a device
-    kernel rounds otherwise (an emulated DPU's ``tanhf`` against onnxruntime's vectorized
-    approximation) grown by what follows: a model that quantizes at run time
+    (:func:`onnx_cinm.golden.compare_node_by_node`): every value the provider computed, against
+    onnxruntime's run of the node that makes it (a device node's reference body, a host node
+    as it is) on the very inputs the provider gave it, with
+    :func:`onnx_cinm.golden.compare`'s default tolerances; and onnxruntime on the optimized
+    model against the original, end to end (the rewrite of the host ops and the reference
+    bodies, which a node-by-node comparison of the provider cannot see: a host node changed
+    in the optimized model computes, node by node, exactly what it says). Where all of it
+    agrees, a difference of the outputs is the last bits in which a device kernel rounds
+    otherwise (an emulated DPU's ``tanhf`` against onnxruntime's vectorized approximation)
+    grown by what follows: a model that quantizes at run time
     (:data:`onnx_cinm.golden.RUNTIME_QUANTIZERS`: one scale from the whole tensor's range)
     moves a value near a rounding boundary by a whole step, which the layers after it carry.
 
     Attributes
     ----------
     total : int
-        Device nodes of the optimized model's main graph.
+        Device nodes of the optimized model (those in If branches included).
+    judged : int
+        Of them, those judged: an output held by the provider, or read only by judged nodes
+        (an If's branch kernels with the If's outputs).
     nodes : list[tuple[str, str, str, list[OutputCheck]]]
-        The nodes judged, in graph order: ``(label, op type, device, one check per output the
-        provider kept)``, accumulated over the input sets.
+        The device nodes whose outputs the provider kept, in graph order: ``(label, op type,
+        device, one check per output)``, accumulated over the input sets.
+    host_off : list[tuple[str, str, str, list[OutputCheck]]]
+        Host nodes (as ``nodes``) with a value the provider computed otherwise than
+        onnxruntime from the same inputs.
     unjudged : list[str]
-        Labels of the device nodes not judged: their outputs were computed inside a
-        neighbour's kernel and are read by a node that is not judged with them, or they are
-        in an If branch.
+        Labels of the device nodes not judged: their outputs are never held by the provider
+        and a node that is not judged reads them.
     quantizers : list[str]
         The ops of :data:`onnx_cinm.golden.RUNTIME_QUANTIZERS` in the original model.
+    rewrite : str or None
+        onnxruntime on the optimized model against the original: '' when they agree, else the
+        check's summary; None when not compared (a node was off already, or nothing
+        quantizes at run time).
     """
 
     total: int
+    judged: int = 0
     nodes: list = field(default_factory=list)
+    host_off: list = field(default_factory=list)
     unjudged: list = field(default_factory=list)
     quantizers: list = field(default_factory=list)
+    rewrite: str | None = None
 
     @property
     def off(self) -> list:
@@ -343,38 +359,56 @@ class NodeCheck:
 
     @property
     def ok(self) -> bool:
-        """Whether this explains the end-to-end failure: every device node judged, each within
-        tolerance, and the model quantizes at run time (without that, agreeing nodes leave the
-        failure unexplained: it stands)."""
-        return bool(self.nodes) and not self.off and not self.unjudged and bool(self.quantizers)
+        """Whether this explains the end-to-end failure: every device node judged and within
+        tolerance, every host value too, onnxruntime on the optimized model agreeing with the
+        original, and the model quantizing at run time (without that, agreeing nodes leave
+        the failure unexplained: it stands)."""
+        return (self.judged > 0 and not self.off and not self.host_off and not self.unjudged
+                and bool(self.quantizers) and self.rewrite == "")
 
     def summary(self) -> str:
         """One clause for :meth:`CheckReport.summary`."""
-        if not self.nodes:
-            return "node by node: the provider keeps no device node's output to judge"
-        if self.off:
-            label, op, device, outs = self.off[0]
+        def first_off(entries: list, what: str) -> str:
+            label, op, device, outs = entries[0]
             o = next(o for o in outs if not o.ok)
-            what = o.note or (f"{o.mismatched} of {o.elements} elements off, max abs err "
-                              f"{o.max_abs_err:.3g}")
-            more = f" (+{len(self.off) - 1} more nodes)" if len(self.off) > 1 else ""
-            return (f"node by node, on the inputs the provider gave it, the first device node "
-                    f"off is {op} '{label}' on {device}: {what}{more}")
-        label, op, device, outs = max(self.nodes, key=lambda n: max(o.max_abs_err for o in n[3]))
-        worst = max(o.max_abs_err for o in outs)
-        agree = (f"each of the {len(self.nodes)} device nodes judged computes, on the inputs the "
-                 f"provider gave it, what onnxruntime computes from its reference body (largest "
-                 f"difference: max abs err {worst:.3g}, {op} '{label}' on {device})")
+            err = o.note or (f"{o.mismatched} of {o.elements} elements off, max abs err "
+                             f"{o.max_abs_err:.3g}")
+            more = f" (+{len(entries) - 1} more)" if len(entries) > 1 else ""
+            return (f"node by node, on the inputs the provider gave it, the first {what} off is "
+                    f"{op} '{label}' on {device}: {err}{more}")
+
+        if self.off:
+            return first_off(self.off, "device node")
+        if self.host_off:
+            return first_off(self.host_off, "host node")
+        if not self.judged:
+            return "node by node: the provider keeps no device node's output to judge"
+        largest = ""
+        if self.nodes:
+            label, op, device, outs = max(self.nodes,
+                                          key=lambda n: max(o.max_abs_err for o in n[3]))
+            largest = (f" (largest difference: max abs err "
+                       f"{max(o.max_abs_err for o in outs):.3g}, {op} '{label}' on {device})")
+        n = self.judged
+        agree = (f"each of the {n} device node{'s' * (n != 1)} judged computes, on the inputs "
+                 f"the provider gave it, what onnxruntime computes from its reference "
+                 f"body{largest}, and so does every host node")
         if self.unjudged:
-            names = ", ".join(f"'{n}'" for n in self.unjudged[:3])
+            names = ", ".join(f"'{x}'" for x in self.unjudged[:3])
             more = f" and {len(self.unjudged) - 3} more" if len(self.unjudged) > 3 else ""
-            return (f"{agree}; {len(self.unjudged)} more device nodes are not judged (in an If "
-                    f"branch, or computed inside a neighbour's kernel: {names}{more})")
+            k = len(self.unjudged)
+            return (f"{agree}; {k} more device node{'s' * (k != 1)} not judged (the provider "
+                    f"holds no output of {'it' if k == 1 else 'them'} that a judged node "
+                    f"reads: {names}{more})")
         if not self.quantizers:
             return f"{agree}: the outputs' difference grows in the nodes after them"
+        if self.rewrite:
+            return (f"{agree}; but onnxruntime on the optimized model differs from the original "
+                    f"itself ({self.rewrite}): the rewrite is off, not a device kernel")
         return (f"{agree}; the model quantizes at run time ({', '.join(self.quantizers)}: one "
                 f"scale from the whole tensor's range), where a last-bit difference before it "
-                f"moves whole quantization steps")
+                f"moves whole quantization steps; onnxruntime on the optimized model matches "
+                f"the original")
 
 
 @dataclass

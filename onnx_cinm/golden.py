@@ -39,7 +39,7 @@ from onnx import TensorProto
 
 from . import quantref
 from .errors import CheckFailed, CinmError, ReferenceFailed
-from .frontend import is_recurrent, iter_graphs, recurrent_layout
+from .frontend import is_recurrent, iter_graphs, recurrent_layout, subgraphs
 from .text import progress_bar
 # re-exported: the tolerances are the check's public names
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, TOLERANCE_ULPS, default_tolerance  # noqa: F401
@@ -1365,7 +1365,7 @@ def compare(
     if failed and runner is not None and stepwise is not None and not report.problems \
             and getattr(runner, "exact", False) and hasattr(runner, "run_keeping") \
             and all(not o.note and o.dtype.startswith("float") for o in failed):
-        _judge_by_node(report, failed, stepwise, runner, ran, header)
+        _judge_by_node(report, failed, reference, stepwise, runner, ran, header)
     return report
 
 
@@ -1383,13 +1383,16 @@ def runtime_quantizers(model: onnx.ModelProto) -> list[str]:
     return sorted(keys & RUNTIME_QUANTIZERS)
 
 
-def _judge_by_node(report: CheckReport, failed: list[OutputCheck], candidate: ModelLike,
-                   runner, input_sets: list, header: onnx.ModelProto) -> None:
+def _judge_by_node(report: CheckReport, failed: list[OutputCheck], reference: ModelLike,
+                   candidate: ModelLike, runner, input_sets: list, header: onnx.ModelProto) -> None:
     """Judge the failed outputs of a runner's comparison node by node
     (:func:`compare_node_by_node`), recorded in ``report.nodes``; when that explains the
     failure (:attr:`~onnx_cinm.checkreport.NodeCheck.ok`), the outputs in ``failed`` are
-    cleared (``by_node``) and ``report`` passes. ``header``: the original model (its graph:
-    which ops quantize at run time). A model without device nodes adds nothing."""
+    cleared (``by_node``) and ``report`` passes. ``reference``: the original, which onnxruntime
+    on ``candidate`` must match end to end (:func:`compare`, model against model: the rewrite
+    of the host ops and the cinm ops' reference bodies, which no node-by-node comparison of
+    the runner sees); ``header``: its graph (which ops quantize at run time). A model without
+    device nodes adds nothing."""
     try:
         check = compare_node_by_node(candidate, runner, input_sets)
     except CinmError as e:  # the end-to-end verdict stands; say why it was not refined
@@ -1398,6 +1401,12 @@ def _judge_by_node(report: CheckReport, failed: list[OutputCheck], candidate: Mo
     if not check.total:
         return
     check.quantizers = runtime_quantizers(header)
+    if check.quantizers and not check.off and not check.unjudged:
+        try:
+            rewrite = compare(reference, candidate, feeds=input_sets)
+            check.rewrite = "" if rewrite.ok else rewrite.summary()
+        except CinmError as e:
+            check.rewrite = f"onnxruntime could not run it: {e}"
     report.nodes = check
     if check.ok:
         for o in failed:
@@ -1405,26 +1414,31 @@ def _judge_by_node(report: CheckReport, failed: list[OutputCheck], candidate: Mo
         report.ok = True
 
 
-#: Suffix of the graph inputs through which :func:`compare_node_by_node` gives a device node
-#: the runner's value of one of its inputs.
+#: Suffix of the graph inputs through which :func:`compare_node_by_node` gives a node the
+#: runner's value of one of its inputs.
 PROVIDER_SUFFIX = "__provider"
 
 
 def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> NodeCheck:
-    """Judge each device node of ``candidate`` (an optimized model: the cinm nodes of its main
-    graph placed on a device) on its own: its outputs as ``runner`` computed them
-    (``runner.run_keeping(feeds) -> {name: array}``, every value the CINM provider computed:
-    ``InferenceSession.as_runner``) against onnxruntime's run of the node's reference body on
-    the very inputs the runner gave it, with :func:`compare`'s default tolerances (the atol
-    widened for the model's longest reduction), over every set of ``input_sets``.
+    """Judge the runner's computation of ``candidate`` (an optimized model) node by node: every
+    value ``runner`` computed (``runner.run_keeping(feeds) -> {name: array}``, the CINM
+    provider's: ``InferenceSession.as_runner``) against onnxruntime's run of the node that
+    makes it (a device node's reference body, a host node as it is) on the very inputs the
+    runner gave that node, with :func:`compare`'s default tolerances (the atol widened for the
+    model's longest reduction), over every set of ``input_sets``.
 
-    One onnxruntime session runs ``candidate`` with each device node reading the runner's
-    values of its inputs through new graph inputs (``name`` + :data:`PROVIDER_SUFFIX`) and
-    returning its outputs: a difference upstream of a node cannot reach it. A node whose
-    outputs the runner never holds (an Im2Col computed inside its convolution's kernel) is
-    computed by onnxruntime on the way and judged with the device nodes that read it; one read
-    by any other node, and every device node of an If branch (run inside its If's kernel), is
-    listed as not judged.
+    One onnxruntime session runs ``candidate`` with each node of its main graph reading the
+    runner's values of its inputs through new graph inputs (``name`` +
+    :data:`PROVIDER_SUFFIX`) and returning what it makes: a difference upstream of a node
+    cannot reach it. A value the runner never holds (an Im2Col computed inside its
+    convolution's kernel, a node inside a host partition) is computed by onnxruntime on the
+    way, and its node is judged with the nodes that read it; a device node in an If branch
+    with its If. A device node none of whose readers are judged is listed as not judged.
+    The device nodes are :attr:`~onnx_cinm.checkreport.NodeCheck.nodes`; a host value off is
+    in :attr:`~onnx_cinm.checkreport.NodeCheck.host_off`.
+
+    Whether onnxruntime on ``candidate`` computes what the original computes is not judged
+    here (:func:`_judge_by_node` compares the two models).
 
     Memory: a copy of every value of one run of the runner, and one more session of the model.
 
@@ -1434,21 +1448,21 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     from .checkreport import NodeCheck, OutputCheck
     from .dialects import cinm
 
+    def on_device(node) -> str:
+        if node.domain != cinm.DOMAIN:
+            return "host"
+        return cinm.node_attrs(node, frozenset({"device"})).get("device", "host")
+
     model = _full_model(candidate)
     graph = model.graph
-    device = {}  # node index -> its device
-    for i, node in enumerate(graph.node):
-        if node.domain == cinm.DOMAIN:
-            where = cinm.node_attrs(node, frozenset({"device"})).get("device", "host")
-            if where != "host":
-                device[i] = where
-    # device nodes in If branches run inside their If's kernel, which is not judged: listed
-    nested = [node.name or node.output[0] for sub in list(iter_graphs(graph))[1:]
-              for node in sub.node if node.domain == cinm.DOMAIN
-              and cinm.node_attrs(node, frozenset({"device"})).get("device", "host") != "host"]
-    check = NodeCheck(total=len(device) + len(nested))
-    if not device:
-        check.unjudged = nested
+    device = {i: on_device(n) for i, n in enumerate(graph.node) if on_device(n) != "host"}
+    # device nodes in the branches of each main-graph node (an If): judged with it
+    nested = {i: [m.name or m.output[0] for body in subgraphs(n) for sub in iter_graphs(body)
+                  for m in sub.node if on_device(m) != "host"]
+              for i, n in enumerate(graph.node)}
+    nested = {i: names for i, names in nested.items() if names}
+    check = NodeCheck(total=len(device) + sum(map(len, nested.values())))
+    if not check.total:
         return check
     outer = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
     k = reduction_length(model)
@@ -1457,37 +1471,42 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     for feeds in input_sets:
         kept = runner.run_keeping(feeds)
         if session is None:
-            fed = {n: kept[n] for i in device for n in graph.node[i].input
+            fed = {n: kept[n] for node in graph.node for n in node.input
                    if n in kept and n not in outer}
-            outs = {o: kept[o] for i in device for o in graph.node[i].output if o in kept}
-            session = _OrtModel(_reading_fed(model, list(device), fed, outs))
-            judged = _judged(graph, device, set(outs))
+            outs = {o: kept[o] for node in graph.node for o in node.output if o in kept}
+            session = _OrtModel(_reading_fed(model, fed, outs))
+            judged = _judged(graph, set(outs))
             check.unjudged = [graph.node[i].name or graph.node[i].output[0]
-                              for i in device if i not in judged] + nested
+                              for i in device if i not in judged] + \
+                [name for i, names in nested.items() if i not in judged for name in names]
+            check.judged = check.total - len(check.unjudged)
         given = {**{n: feeds[n] for n in session.input_names if n in feeds},
                  **{n + PROVIDER_SUFFIX: kept[n] for n in fed}}
         got = dict(zip(session.output_names, session.run(given)))
         for o in outs:
             _compare_arrays(records.setdefault(o, OutputCheck(o)), got[o], kept[o], None, None, k)
-    for i in device:
-        node = graph.node[i]
+    for i, node in enumerate(graph.node):
         checks = [records[o] for o in node.output if o in records]
-        if checks:
-            check.nodes.append((node.name or node.output[0], f"{node.domain}.{node.op_type}",
-                                device[i], checks))
+        if not checks:
+            continue
+        entry = (node.name or node.output[0], f"{node.domain or 'ai.onnx'}.{node.op_type}",
+                 device.get(i, "host"), checks)
+        if i in device:
+            check.nodes.append(entry)
+        elif not all(o.ok for o in checks):
+            check.host_off.append(entry)
     return check
 
 
-def _reading_fed(model: onnx.ModelProto, nodes: list[int], fed: dict, outs: dict) -> onnx.ModelProto:
-    """A copy of ``model`` whose nodes at indices ``nodes`` read each tensor of ``fed``
-    (``{name: an array of it}``) from a new graph input ``name`` + :data:`PROVIDER_SUFFIX`, and
-    that also returns the tensors of ``outs`` (likewise)."""
+def _reading_fed(model: onnx.ModelProto, fed: dict, outs: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose main-graph nodes read each tensor of ``fed`` (``{name: an
+    array of it}``) from a new graph input ``name`` + :data:`PROVIDER_SUFFIX`, and that also
+    returns the tensors of ``outs`` (likewise)."""
     from onnx import helper
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for i in nodes:
-        node = out.graph.node[i]
+    for node in out.graph.node:
         for j, name in enumerate(node.input):
             if name in fed:
                 node.input[j] = name + PROVIDER_SUFFIX
@@ -1502,17 +1521,17 @@ def _reading_fed(model: onnx.ModelProto, nodes: list[int], fed: dict, outs: dict
     return out
 
 
-def _judged(graph: onnx.GraphProto, device: dict, kept: set) -> set:
-    """The indices of ``device``'s nodes judged by :func:`compare_node_by_node`: those with an
-    output in ``kept``, and those whose every output is read only by judged device nodes (and is
-    no graph output)."""
+def _judged(graph: onnx.GraphProto, kept: set) -> set:
+    """The indices of the main graph's nodes :func:`compare_node_by_node` judges: those with an
+    output in ``kept``, and those whose every output is read only by judged nodes (and is no
+    graph output)."""
     readers: dict = {}
     for j, node in enumerate(graph.node):
         for name in node.input:
             readers.setdefault(name, []).append(j)
     outputs = {o.name for o in graph.output}
     judged: set = set()
-    for i in sorted(device, reverse=True):  # readers come after their producer
+    for i in range(len(graph.node) - 1, -1, -1):  # readers come after their producer
         made = [o for o in graph.node[i].output if o]
         if any(o in kept for o in made) or all(
                 o not in outputs and all(j in judged for j in readers.get(o, ())) for o in made):

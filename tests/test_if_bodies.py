@@ -688,10 +688,10 @@ def test_a_hint_naming_a_branch_ops_source_type_holds_in_optimize_and_sweep(tmp_
     assert [r["devices"] for r in rows] == ["memristor:1 upmem:1"] * 2
 
 
-def test_node_by_node_lists_the_branch_kernels_as_not_judged(compiled_if):
-    # a device node in an If branch runs inside its If's kernel, whose output onnxruntime
-    # recomputes from its own values: a wrong branch kernel could not show, so none is
-    # judged and such a check never passes a failure (golden.compare_node_by_node)
+def test_node_by_node_judges_the_branch_kernels_with_their_if(compiled_if):
+    # a device node in an If branch runs inside its If's kernel: it is judged with the If's
+    # outputs (onnxruntime runs the If, its branch's reference bodies, on the provider's
+    # inputs), and a wrong branch kernel shows as the If off (golden.compare_node_by_node)
     from onnx_cinm import golden
 
     res, path = compiled_if
@@ -699,9 +699,19 @@ def test_node_by_node_lists_the_branch_kernels_as_not_judged(compiled_if):
     runner = InferenceSession(path).as_runner()
     feeds = {"x": np.ones((ROWS, K), np.float32), "c": np.array(True)}
     check = golden.compare_node_by_node(path, runner, [feeds])
-    assert check.total == len(branch) == 2 and not check.nodes
-    assert sorted(check.unjudged) == sorted(n.name for a in next(
-        n for n in res.model.graph.node if n.op_type == "If").attribute
-        for n in a.g.node if n.domain == cinm.DOMAIN)
-    check.quantizers = ["DynamicQuantizeLinear"]
-    assert not check.ok
+    assert check.total == check.judged == len(branch) == 2 and not check.unjudged
+    assert not check.nodes and not check.host_off  # no device node in the main graph
+
+    class Wrong:
+        input_names, output_names, exact = runner.input_names, runner.output_names, True
+
+        def run_keeping(self, f):
+            kept = runner.run_keeping(f)
+            kept["y"] = kept["y"] + np.float32(0.5)
+            return kept
+
+    check = golden.compare_node_by_node(path, Wrong(), [feeds])
+    ((label, op, device, outs),) = check.host_off
+    assert (label, op, device) == ("pick", "ai.onnx.If", "host")
+    assert outs[0].mismatched == outs[0].elements == ROWS * N
+    assert "first host node off is ai.onnx.If 'pick' on host" in check.summary()

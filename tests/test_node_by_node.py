@@ -139,10 +139,34 @@ def test_run_keeping_holds_what_run_returns_and_the_device_nodes_outputs(attenti
 def test_agreeing_nodes_explain_nothing_without_a_runtime_quantizer():
     from onnx_cinm.checkreport import NodeCheck, OutputCheck
 
-    agree = NodeCheck(total=1, nodes=[("n", "cinm.Gemm", "memristor", [OutputCheck("y")])])
+    agree = NodeCheck(total=1, judged=1, nodes=[("n", "cinm.Gemm", "memristor", [OutputCheck("y")])],
+                      rewrite="")
     assert not agree.ok and "grows in the nodes after them" in agree.summary()
     agree.quantizers = ["DynamicQuantizeLinear"]
     assert agree.ok
-    agree.unjudged = ["im2col"]
+    agree.rewrite = None  # onnxruntime on the optimized model not compared with the original
+    assert not agree.ok
+    agree.rewrite, agree.unjudged = "", ["im2col"]
     assert not agree.ok and "not judged" in agree.summary()
 
+
+def test_a_host_node_changed_in_the_optimized_model_fails(attention, tmp_path):
+    # trial s36b: the inputs of a host Sub swapped in the optimized model: every node computes
+    # what it says on its inputs, so node by node alone passed 'OK node by node' with every
+    # output element off. onnxruntime on the optimized model is now compared with the original
+    # too: the rewrite is off, and the failure stands
+    original, optimized, _ = attention
+    model = onnx.load(str(optimized))
+    sub = next(n for n in model.graph.node if n.op_type == "Sub" and n.domain == "")
+    sub.input[0], sub.input[1] = sub.input[1], sub.input[0]
+    bad = tmp_path / "swapped.onnx"
+    artifacts.save(model, bad)
+    sess = InferenceSession(bad, provider_options=[{"upmem_mode": "emulate",
+                                                    "graph_optimization": "disable_all",
+                                                    "matmul": "onnxruntime"}, {}])
+    report = golden.compare(str(original), sess.as_runner(), n=2, dims={"batch": 2},
+                            stepwise=str(bad))
+    assert not report.ok and report.nodes is not None and not report.nodes.ok
+    assert not report.nodes.off and not report.nodes.host_off  # each node as it says
+    assert report.nodes.rewrite.startswith("check: 2 runs") and "FAILED" in report.nodes.rewrite
+    assert "onnxruntime on the optimized model differs from the original itself" in report.summary()
