@@ -136,14 +136,19 @@ def _cmd_run(args, parser) -> int:
         except CinmError as e:
             if i or not at_one:
                 raise
-            # too small to run at all (a pooling window wider than 1): the random inputs' sizes
+            # too small to run at all (a pooling window wider than 1): the random inputs' sizes,
+            # said only when they run (else the first error, which the sizes did not cause:
+            # a note blaming them came before an unrolled model's length error, trial s36b)
+            sizes = {k: v for k, v in dims.items() if k not in at_one}
+            feeds = {**golden.random_inputs(sess._model, seed=i, dims=sizes, shapes=shapes), **given}
+            try:
+                outs = sess.run(None, feeds)
+            except CinmError:
+                raise e from None
             note(args, f"the model does not run with {', '.join(at_one)} at 1, the "
                  f"size its plans took ({e}); ran at the random inputs' sizes instead (give "
                  "--dim NAME=SIZE)")
-            dims = {k: v for k, v in dims.items() if k not in at_one}
-            at_one = []
-            feeds = {**golden.random_inputs(sess._model, seed=i, dims=dims, shapes=shapes), **given}
-            outs = sess.run(None, feeds)
+            dims, at_one = sizes, []
     ran = golden.dims_from_shapes(sess._model, {k: v.shape for k, v in feeds.items()})
     replanned = {k: v for k, v in sorted(ran.items()) if v != planned.get(k, 1)}
     names = [o.name for o in sess.get_outputs()]
