@@ -750,3 +750,17 @@ def test_placement_reasons_say_a_pinned_kernel_has_no_room():
                 assert "no room" not in text
                 # streaming instead rewrites the one tile every inference: one write's energy
                 assert "memristor (streamed) +3.2 nJ" in text.split("; "), text
+
+
+def test_an_all_host_start_with_hints_says_the_hinted_ops_are_not_in_it(tmp_path):
+    # trial s36b: 'best start: all-host' read as a placement with everything on the host
+    # while the Tanh hinted to UPMEM was there: the hinted ops are not the search's to place
+    from test_node_by_node import _attention
+
+    path = tmp_path / "attn_int8.onnx"
+    _attention(path)
+    stats = optimize(str(path), dims={"batch": 2}, check=0, stop_after="placement",
+                     place=[("Tanh", "upmem")]).stats["placement"]
+    assert stats["method"].endswith("best start: all-host (the ops without a hint)")
+    plain = optimize(str(path), dims={"batch": 2}, check=0, stop_after="placement").stats["placement"]
+    assert "(the ops without a hint)" not in plain["method"]

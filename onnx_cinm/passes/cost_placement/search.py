@@ -1098,8 +1098,11 @@ def solve(prob: Problem, objective: str) -> Solution:
     if exact:
         method = "exact dynamic program (the cinm ops form a chain)"
     else:
+        start = best_name if not best_name.startswith("dp") else "dynamic program"
+        if prob.hint_note and start.startswith("all-host"):  # the hinted ops are not in it
+            start += " (the ops without a hint)"
         method = (f"dynamic program + local search ({'chain' if chain else 'DAG'}), "
-                  f"best start: {best_name if not best_name.startswith('dp') else 'dynamic program'}")
+                  f"best start: {start}")
     if results[best_name][0] != least:  # a tie went to the other figure
         method += (f"; of the results within {TIE:g} of the least {objective}, the one of "
                    f"least {'energy' if objective == 'latency' else 'latency'}")
