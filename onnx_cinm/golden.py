@@ -1471,7 +1471,8 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     for feeds in input_sets:
         kept = runner.run_keeping(feeds)
         if session is None:
-            fed = {n: kept[n] for node in graph.node for n in node.input
+            # (an If's branches read values of the main graph too: fed alike)
+            fed = {n: kept[n] for node in graph.node for n in _reads(node)
                    if n in kept and n not in outer}
             outs = {o: kept[o] for node in graph.node for o in node.output if o in kept}
             session = _OrtModel(_reading_fed(model, fed, outs))
@@ -1484,7 +1485,8 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
                  **{n + PROVIDER_SUFFIX: kept[n] for n in fed}}
         got = dict(zip(session.output_names, session.run(given)))
         for o in outs:
-            _compare_arrays(records.setdefault(o, OutputCheck(o)), got[o], kept[o], None, None, k)
+            _compare_arrays(records.setdefault(o, OutputCheck(o)), got[o], kept[o], None,
+                            _node_atol(got[o], k), k)
     for i, node in enumerate(graph.node):
         checks = [records[o] for o in node.output if o in records]
         if not checks:
@@ -1499,17 +1501,20 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
 
 
 def _reading_fed(model: onnx.ModelProto, fed: dict, outs: dict) -> onnx.ModelProto:
-    """A copy of ``model`` whose main-graph nodes read each tensor of ``fed`` (``{name: an
-    array of it}``) from a new graph input ``name`` + :data:`PROVIDER_SUFFIX`, and that also
-    returns the tensors of ``outs`` (likewise)."""
+    """A copy of ``model`` whose nodes read each tensor of ``fed`` (``{name: an array of it}``,
+    values of the main graph) from a new graph input ``name`` + :data:`PROVIDER_SUFFIX`, those
+    of its If branches and Loop bodies too (an adversarial review: a branch's DynamicQuantize-
+    Linear of onnxruntime's own recomputation of a UPMEM Tanh's output failed a correct
+    model), and that also returns the tensors of ``outs`` (likewise)."""
     from onnx import helper
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for node in out.graph.node:
-        for j, name in enumerate(node.input):
-            if name in fed:
-                node.input[j] = name + PROVIDER_SUFFIX
+    for graph in iter_graphs(out.graph):  # the branches' reads of the main graph's values too
+        for node in graph.node:
+            for j, name in enumerate(node.input):
+                if name in fed:
+                    node.input[j] = name + PROVIDER_SUFFIX
 
     def info(name: str, value: np.ndarray):
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
@@ -1521,13 +1526,40 @@ def _reading_fed(model: onnx.ModelProto, fed: dict, outs: dict) -> onnx.ModelPro
     return out
 
 
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads: its inputs, then what its branches and bodies read from
+    outside them (in order, with repeats)."""
+    names = list(node.input)
+    for body in subgraphs(node):
+        made = {o for g in iter_graphs(body) for n in g.node for o in n.output} | \
+            {v.name for g in iter_graphs(body) for v in g.input} | \
+            {t.name for g in iter_graphs(body) for t in g.initializer}
+        names += [x for g in iter_graphs(body) for n in g.node for x in n.input if x not in made]
+    return names
+
+
+def _node_atol(ref: np.ndarray, k: int) -> float | None:
+    """The absolute tolerance of one value in :func:`compare_node_by_node`: the dtype's
+    default (1e-5 for float32) scaled down to the value's own size when it is smaller than 1,
+    and at least :func:`accumulation_atol`; None (the default) for a non-float value. A fixed
+    1e-5 let a Tanh kernel with its sign flipped pass on values of size 1e-7 (an adversarial
+    review), which a DynamicQuantizeLinear after it then scaled to whole int8 steps: what this
+    check excuses is the last bits of a value, in proportion to it."""
+    if ref.dtype.kind != "f" or not ref.size:
+        return None
+    finite = ref[np.isfinite(ref)]
+    top = float(np.max(np.abs(finite))) if finite.size else 0.0
+    floor = default_tolerance(ref.dtype)[1] * (min(1.0, top) if top > 0 else 1.0)
+    return max(accumulation_atol(ref, k), floor)
+
+
 def _judged(graph: onnx.GraphProto, kept: set) -> set:
     """The indices of the main graph's nodes :func:`compare_node_by_node` judges: those with an
     output in ``kept``, and those whose every output is read only by judged nodes (and is no
     graph output)."""
     readers: dict = {}
     for j, node in enumerate(graph.node):
-        for name in node.input:
+        for name in _reads(node):
             readers.setdefault(name, []).append(j)
     outputs = {o.name for o in graph.output}
     judged: set = set()

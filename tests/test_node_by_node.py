@@ -170,3 +170,41 @@ def test_a_host_node_changed_in_the_optimized_model_fails(attention, tmp_path):
     assert not report.nodes.off and not report.nodes.host_off  # each node as it says
     assert report.nodes.rewrite.startswith("check: 2 runs") and "FAILED" in report.nodes.rewrite
     assert "onnxruntime on the optimized model differs from the original itself" in report.summary()
+
+
+def test_each_value_is_judged_at_its_own_scale():
+    # an adversarial review: a UPMEM Tanh returning -tanh(x) passed on values of size 1e-7
+    # (a fixed atol of 1e-5), and the DynamicQuantizeLinear after it scaled them to whole int8
+    # steps. The atol is now the float32 default (1e-5) times the value's largest magnitude
+    # when below 1, and at least the rounding of the model's longest sum (k terms)
+    small = np.array([3e-7, -1e-7], np.float32)
+    assert golden._node_atol(small, 1) == pytest.approx(1e-5 * 3e-7)
+    assert golden._node_atol(np.array([5.0, -2.0], np.float32), 1) == pytest.approx(1e-5)
+    assert golden._node_atol(np.zeros(3, np.float32), 1) == pytest.approx(1e-5)
+    assert golden._node_atol(np.array([1, 2], np.int32), 1) is None
+    ones = np.ones(4, np.float32)  # rms 1: ACCUMULATION_SIGMAS * eps * sqrt(k)
+    assert golden._node_atol(ones, 10_000) == pytest.approx(
+        golden.ACCUMULATION_SIGMAS * float(np.finfo(np.float32).eps) * 100)
+
+
+def test_a_branch_reads_the_providers_value_as_its_if_does():
+    # an adversarial review: an If whose branch quantized a UPMEM Tanh's output read
+    # onnxruntime's own recomputation of it, not the provider's, and failed a correct model;
+    # a value the branches read from the main graph is fed like the If's own inputs
+    f = TensorProto.FLOAT
+    then = helper.make_graph([helper.make_node("Relu", ["t"], ["a"])], "then", [],
+                             [helper.make_tensor_value_info("a", f, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["t"], ["b"])], "else", [],
+                              [helper.make_tensor_value_info("b", f, [2])])
+    g = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"]),
+                           helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                          "g", [helper.make_tensor_value_info("x", f, [2]),
+                                helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", f, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert golden._reads(model.graph.node[1]) == ["c", "t", "t"]
+    fed = golden._reading_fed(model, {"t": np.zeros(2, np.float32)}, {})
+    branches = {a.name: a.g.node[0].input[0] for a in fed.graph.node[1].attribute}
+    assert branches == {"then_branch": "t" + golden.PROVIDER_SUFFIX,
+                        "else_branch": "t" + golden.PROVIDER_SUFFIX}
+    assert [i.name for i in fed.graph.input][-1] == "t" + golden.PROVIDER_SUFFIX
