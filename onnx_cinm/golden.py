@@ -1424,11 +1424,11 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     value ``runner`` computed (``runner.run_keeping(feeds) -> {name: array}``, the CINM
     provider's: ``InferenceSession.as_runner``) against onnxruntime's run of the node that
     makes it (a device node's reference body, a host node as it is) on the very inputs the
-    runner gave that node, with :func:`compare`'s default tolerances (the atol widened for the
-    model's longest reduction), over every set of ``input_sets``.
+    runner gave that node, with :func:`compare`'s default rtol and an atol at the value's own
+    scale (:func:`_node_atol`), over every set of ``input_sets``.
 
-    One onnxruntime session runs ``candidate`` with each node of its main graph reading the
-    runner's values of its inputs through new graph inputs (``name`` +
+    One onnxruntime session runs ``candidate`` with each node (in If branches too) reading the
+    runner's values of the main graph it reads through new graph inputs (``name`` +
     :data:`PROVIDER_SUFFIX`) and returning what it makes: a difference upstream of a node
     cannot reach it. A value the runner never holds (an Im2Col computed inside its
     convolution's kernel, a node inside a host partition) is computed by onnxruntime on the
