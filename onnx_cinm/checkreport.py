@@ -324,9 +324,6 @@ class NodeCheck:
     ----------
     total : int
         Device nodes of the optimized model (those in If branches included).
-    judged : int
-        Of them, those judged: an output held by the provider, or read only by judged nodes
-        (an If's branch kernels with the If's outputs).
     nodes : list[tuple[str, str, str, list[OutputCheck]]]
         The device nodes whose outputs the provider kept, in graph order: ``(label, op type,
         device, one check per output)``, accumulated over the input sets.
@@ -345,12 +342,17 @@ class NodeCheck:
     """
 
     total: int
-    judged: int = 0
     nodes: list = field(default_factory=list)
     host_off: list = field(default_factory=list)
     unjudged: list = field(default_factory=list)
     quantizers: list = field(default_factory=list)
     rewrite: str | None = None
+
+    @property
+    def judged(self) -> int:
+        """Device nodes judged: an output held by the provider, or read only by judged nodes
+        (an If's branch kernels with the If's outputs); :attr:`total` but the unjudged."""
+        return self.total - len(self.unjudged)
 
     @property
     def off(self) -> list:

@@ -1480,7 +1480,6 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
             check.unjudged = [graph.node[i].name or graph.node[i].output[0]
                               for i in device if i not in judged] + \
                 [name for i, names in nested.items() if i not in judged for name in names]
-            check.judged = check.total - len(check.unjudged)
         given = {**{n: feeds[n] for n in session.input_names if n in feeds},
                  **{n + PROVIDER_SUFFIX: kept[n] for n in fed}}
         got = dict(zip(session.output_names, session.run(given)))

@@ -139,14 +139,14 @@ def test_run_keeping_holds_what_run_returns_and_the_device_nodes_outputs(attenti
 def test_agreeing_nodes_explain_nothing_without_a_runtime_quantizer():
     from onnx_cinm.checkreport import NodeCheck, OutputCheck
 
-    agree = NodeCheck(total=1, judged=1, nodes=[("n", "cinm.Gemm", "memristor", [OutputCheck("y")])],
+    agree = NodeCheck(total=1, nodes=[("n", "cinm.Gemm", "memristor", [OutputCheck("y")])],
                       rewrite="")
     assert not agree.ok and "grows in the nodes after them" in agree.summary()
     agree.quantizers = ["DynamicQuantizeLinear"]
     assert agree.ok
     agree.rewrite = None  # onnxruntime on the optimized model not compared with the original
     assert not agree.ok
-    agree.rewrite, agree.unjudged = "", ["im2col"]
+    agree.total, agree.rewrite, agree.unjudged = 2, "", ["im2col"]  # one more, not judged
     assert not agree.ok and "not judged" in agree.summary()
 
 
