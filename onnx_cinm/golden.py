@@ -1449,9 +1449,7 @@ def compare_node_by_node(candidate: ModelLike, runner, input_sets: list) -> Node
     from .dialects import cinm
 
     def on_device(node) -> str:
-        if node.domain != cinm.DOMAIN:
-            return "host"
-        return cinm.node_attrs(node, frozenset({"device"})).get("device", "host")
+        return (cinm.device_of(node) or "host") if node.domain == cinm.DOMAIN else "host"
 
     model = _full_model(candidate)
     graph = model.graph
